@@ -1,0 +1,37 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test` (the suite).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+EXTRAS ?= test
+OUT    ?= out
+
+.PHONY: setup demo test lint format schema clean
+
+setup: $(VENV)/.installed-$(EXTRAS)
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+demo: setup
+	mkdir -p $(OUT)
+	$(VENV)/bin/ninfer-sample $(OUT)/sample.ninfer --force
+	$(VENV)/bin/ninfer-inspect $(OUT)/sample.ninfer --verify --strict
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest -q -n auto
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+schema: setup
+	$(PY) -m ninfer_format.json_schema
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache .hypothesis

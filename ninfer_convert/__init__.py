@@ -1,0 +1,1 @@
+"""Checkpoint conversion into .ninfer v3 artifacts (sources, recipes, quantizers)."""

@@ -1,0 +1,9 @@
+"""Architecture binders: config-derived parameter names, shapes, formats and uses (spec 2.10).
+
+Importing this package registers every built-in binder.
+"""
+
+from . import qwen3_5  # noqa: F401  (registration)
+from .registry import BinderReport, bind, register_binder, registered_model_types
+
+__all__ = ["BinderReport", "bind", "register_binder", "registered_model_types"]

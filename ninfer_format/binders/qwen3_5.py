@@ -1,0 +1,834 @@
+"""Binder for the Qwen3.5 text family (spec section 5): dense, MoE, MTP and the proposal head.
+
+Every expected parameter name, shape and Use input is derived from the text config, so an
+artifact is checked against its own geometry rather than against a list of known checkpoints.
+The name tables below are written one small generator per block type, in the order of the
+spec's table 5.2, so they can be read side by side with it.
+
+Vision and DFlash components are not checked here (they carry their own geometry that this
+binder does not model); the report says so instead of silently passing them.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..schema import Directory, PartsBinding, Resource, Tensor, Use, WholeBinding
+from .registry import Findings, register_binder
+
+Binding = WholeBinding | PartsBinding
+Objects = Mapping[str, Tensor | Resource]
+
+DENSE = "qwen3_5_text"
+MOE = "qwen3_5_moe_text"
+ARCHITECTURE_OF = {DENSE: "Qwen3_5ForCausalLM", MOE: "Qwen3_5MoeForCausalLM"}
+MTP_ARCHITECTURE_OF = {DENSE: "Qwen3_5MTP", MOE: "Qwen3_5MoeMTP"}
+
+FULL_ATTENTION = "full_attention"
+LINEAR_ATTENTION = "linear_attention"
+
+#: Components that read hidden states through a head: each adds a Use input on the text head
+#: and on ``proposal/head``. Only mtp is checked by this binder; dflash/dflash2 are not.
+DRAFTERS = ("mtp", "dflash", "dflash2")
+#: Parameter-name prefixes this binder owns; anything else bound under them is unexpected.
+CHECKED_PREFIXES = ("text/", "mtp/", "proposal/")
+TEXT_RESOURCE_ROLES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+DIRECT_FORMATS = frozenset({"bf16", "fp32"})
+INTEGER_FORMATS = frozenset({"int32", "int64"})
+FLOAT_MATRIX_FORMATS = frozenset(
+    {
+        "bf16",
+        "fp32",
+        "q4_g64_fp16",
+        "q5_g64_fp16",
+        "q6_g64_fp16",
+        "q8_g32_fp16",
+        "nf4_g64_fp16",
+        "nvfp4",
+        "fp8_e4m3fn_row_bf16",
+    }
+)
+GGUF_PREFIX = "gguf_"
+
+#: Expected-parameter enumeration stops this far beyond the number of bindings: a config
+#: claiming e.g. 10**9 experts must yield an error line, not exhaust memory.
+ENUMERATION_SLACK = 100_000
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter specs
+
+
+class Role(enum.Enum):
+    """How a parameter is consumed, which decides the formats it may be stored in."""
+
+    MATRIX = "matrix"  # multiplied with activations (or gathered): any float weight format
+    VECTOR = "vector"  # norms: read elementwise, so a direct format
+    FP32_VECTOR = "fp32 vector"  # GDN a_log / dt_bias: the recurrence needs full precision
+    CONVOLUTION = "convolution"  # GDN short convolution, read elementwise: direct
+    TOKEN_IDS = "token ids"  # proposal row -> token id map: int32 whole object
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    role: Role
+    inputs: tuple[str, ...] = ()
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+
+def _matrix(name: str, rows: int, cols: int, *inputs: str) -> ParamSpec:
+    return ParamSpec(name, (rows, cols), Role.MATRIX, inputs)
+
+
+def _vector(name: str, length: int) -> ParamSpec:
+    return ParamSpec(name, (length,), Role.VECTOR)
+
+
+def _fp32_vector(name: str, length: int) -> ParamSpec:
+    return ParamSpec(name, (length,), Role.FP32_VECTOR)
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometry read from the text config
+
+
+@dataclass(frozen=True)
+class Attention:
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class Gdn:
+    key_heads: int
+    key_dim: int
+    value_heads: int
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def key_width(self) -> int:  # Kg
+        return self.key_heads * self.key_dim
+
+    @property
+    def value_width(self) -> int:  # Vg
+        return self.value_heads * self.value_dim
+
+
+@dataclass(frozen=True)
+class DenseMlp:
+    intermediate: int
+
+
+@dataclass(frozen=True)
+class Moe:
+    experts: int
+    top_k: int
+    expert_width: int
+    shared_width: int
+
+
+@dataclass(frozen=True)
+class Geometry:
+    hidden: int
+    vocab: int
+    layer_types: tuple[str, ...]
+    attention: Attention | None
+    gdn: Gdn | None
+    ffn: DenseMlp | Moe
+
+
+# ---------------------------------------------------------------------------------------------
+# Name tables (spec 5.2, 5.3, 5.6), one generator per block type
+
+
+def _text_globals(g: Geometry, drafters: Sequence[str]) -> Iterator[ParamSpec]:
+    head_inputs = ("text/final_hidden", *(f"{d}/final_hidden" for d in drafters))
+    yield _matrix("text/token_embedding", g.vocab, g.hidden)  # gathered, never multiplied
+    yield _matrix("text/output_head", g.vocab, g.hidden, *head_inputs)
+    yield _vector("text/final_norm", g.hidden)
+
+
+def _attention_block(L: str, a: Attention, hidden: int) -> Iterator[ParamSpec]:
+    q, kv, x = a.heads * a.head_dim, a.kv_heads * a.head_dim, L + "mixer_input"
+    yield _matrix(L + "attention/query", q, hidden, x)
+    yield _matrix(L + "attention/gate", q, hidden, x)
+    yield _matrix(L + "attention/key", kv, hidden, x)
+    yield _matrix(L + "attention/value", kv, hidden, x)
+    yield _vector(L + "attention/query_norm", a.head_dim)
+    yield _vector(L + "attention/key_norm", a.head_dim)
+    yield _matrix(L + "attention/output", hidden, q, L + "attention/gated_output")
+
+
+def _gdn_block(L: str, n: Gdn, hidden: int) -> Iterator[ParamSpec]:
+    kg, vg, x = n.key_width, n.value_width, L + "mixer_input"
+    yield _fp32_vector(L + "gdn/a_log", n.value_heads)
+    yield _fp32_vector(L + "gdn/dt_bias", n.value_heads)
+    yield ParamSpec(L + "gdn/convolution", (n.conv_kernel, 2 * kg + vg), Role.CONVOLUTION)
+    yield _matrix(L + "gdn/a_projection", n.value_heads, hidden, x)
+    yield _matrix(L + "gdn/b_projection", n.value_heads, hidden, x)
+    yield _matrix(L + "gdn/query", kg, hidden, x)
+    yield _matrix(L + "gdn/key", kg, hidden, x)
+    yield _matrix(L + "gdn/value", vg, hidden, x)
+    yield _matrix(L + "gdn/z", vg, hidden, x)
+    yield _vector(L + "gdn/norm", n.value_dim)
+    yield _matrix(L + "gdn/output", hidden, vg, L + "gdn/gated_output")
+
+
+def _dense_mlp(L: str, m: DenseMlp, hidden: int) -> Iterator[ParamSpec]:
+    x = L + "ffn_input"
+    yield _matrix(L + "mlp/gate", m.intermediate, hidden, x)
+    yield _matrix(L + "mlp/up", m.intermediate, hidden, x)
+    yield _matrix(L + "mlp/down", hidden, m.intermediate, L + "mlp/product")
+
+
+def _moe(L: str, m: Moe, hidden: int) -> Iterator[ParamSpec]:
+    x = L + "ffn_input"
+    yield _matrix(L + "moe/router", m.experts, hidden, x)
+    yield _matrix(L + "moe/shared_score", 1, hidden, x)
+    for e in range(m.experts):
+        expert = f"{L}moe/experts/{e}/"
+        yield _matrix(expert + "gate", m.expert_width, hidden, x)
+        yield _matrix(expert + "up", m.expert_width, hidden, x)
+        yield _matrix(expert + "down", hidden, m.expert_width, expert + "product")
+    yield _matrix(L + "moe/shared/gate", m.shared_width, hidden, x)
+    yield _matrix(L + "moe/shared/up", m.shared_width, hidden, x)
+    yield _matrix(L + "moe/shared/down", hidden, m.shared_width, L + "moe/shared/product")
+
+
+def _decoder_layer(L: str, layer_type: str, g: Geometry) -> Iterator[ParamSpec]:
+    yield _vector(L + "input_norm", g.hidden)
+    yield _vector(L + "post_attention_norm", g.hidden)
+    if layer_type == FULL_ATTENTION:
+        assert g.attention is not None  # the config reader requires it for such layers
+        yield from _attention_block(L, g.attention, g.hidden)
+    else:
+        assert g.gdn is not None
+        yield from _gdn_block(L, g.gdn, g.hidden)
+    if isinstance(g.ffn, Moe):
+        yield from _moe(L, g.ffn, g.hidden)
+    else:
+        yield from _dense_mlp(L, g.ffn, g.hidden)
+
+
+def _mtp(g: Geometry) -> Iterator[ParamSpec]:
+    # Concat order of the stem input is embedding first, hidden second: [H, 2H].
+    yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input")
+    yield _vector("mtp/embedding_norm", g.hidden)
+    yield _vector("mtp/hidden_norm", g.hidden)
+    yield _vector("mtp/final_norm", g.hidden)
+    yield from _decoder_layer("mtp/layers/0/", FULL_ATTENTION, g)
+
+
+def _proposal(rows: int, hidden: int, drafters: Sequence[str]) -> Iterator[ParamSpec]:
+    yield _matrix("proposal/head", rows, hidden, *(f"{d}/final_hidden" for d in drafters))
+    yield ParamSpec("proposal/token_ids", (rows,), Role.TOKEN_IDS)
+
+
+def _all_parameters(
+    g: Geometry, drafters: Sequence[str], with_mtp: bool, proposal_rows: int | None
+) -> Iterator[ParamSpec]:
+    yield from _text_globals(g, drafters)
+    for i, layer_type in enumerate(g.layer_types):
+        yield from _decoder_layer(f"text/layers/{i}/", layer_type, g)
+    if with_mtp:
+        yield from _mtp(g)
+    if proposal_rows is not None:
+        yield from _proposal(proposal_rows, g.hidden, drafters)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config reading: free-form JSON in, typed geometry or error lines out
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "nothing"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # not JSON, or an int beyond Python's str() digit limit
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Config:
+    """Typed access to one free-form config object; each bad member becomes one error line."""
+
+    def __init__(self, values: Mapping[str, Any], where: str, findings: Findings) -> None:
+        self.values = values
+        self.where = where  # e.g. "text config member 'rope_parameters."
+        self.findings = findings
+        self.why = ""  # appended to "is missing" lines, e.g. " (full-attention layers need it)"
+
+    def error(self, key: str, problem: str) -> None:
+        self.findings.error(f"{self.where}{key}' {problem}")
+
+    def _get(self, key: str) -> Any:
+        if key not in self.values:
+            self.error(key, "is missing" + self.why)
+            return _MISSING
+        return self.values[key]
+
+    def positive_int(self, key: str) -> int | None:
+        value = self._get(key)
+        if value is _MISSING:
+            return None
+        if type(value) is not int or value <= 0:  # type() also rejects bool
+            self.error(key, f"must be a positive integer, got {_show(value)}")
+            return None
+        return value
+
+    def positive_number(self, key: str) -> int | float | None:
+        value = self._get(key)
+        if value is _MISSING:
+            return None
+        # int is checked apart from float: math.isfinite(10**400) raises OverflowError.
+        finite = type(value) is int or (type(value) is float and math.isfinite(value))
+        if not finite or value <= 0:
+            self.error(key, f"must be a positive number, got {_show(value)}")
+            return None
+        return value
+
+    def boolean(self, key: str) -> bool | None:
+        value = self._get(key)
+        if value is _MISSING:
+            return None
+        if type(value) is not bool:
+            self.error(key, f"must be true or false, got {_show(value)}")
+            return None
+        return value
+
+    def int_list(self, key: str, length: int) -> list[int] | None:
+        value = self._get(key)
+        if value is _MISSING:
+            return None
+        if (
+            not isinstance(value, list)
+            or len(value) != length
+            or any(type(v) is not int or v < 0 for v in value)
+        ):
+            self.error(key, f"must be a list of {length} non-negative integers, got {_show(value)}")
+            return None
+        return value
+
+    def string_list(self, key: str) -> list[str] | None:
+        value = self._get(key)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.error(key, f"must be a list of strings, got {_show(value)}")
+            return None
+        return value
+
+    def section(self, key: str) -> _Config | None:
+        value = self._get(key)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, dict):
+            self.error(key, f"must be an object, got {_show(value)}")
+            return None
+        inner = _Config(value, f"{self.where}{key}.", self.findings)
+        inner.why = self.why
+        return inner
+
+
+def _read_layer_types(c: _Config, layers: int | None) -> tuple[str, ...] | None:
+    types = c.string_list("layer_types")
+    if types is None:
+        return None
+    allowed = (FULL_ATTENTION, LINEAR_ATTENTION)
+    bad = [i for i, t in enumerate(types) if t not in allowed]
+    for i in bad:
+        c.error(f"layer_types[{i}]", f"must be {' or '.join(allowed)}, got {_show(types[i])}")
+    if layers is not None and len(types) != layers:
+        c.error("layer_types", f"has {len(types)} entries but num_hidden_layers is {layers}")
+        return None
+    return None if bad else tuple(types)
+
+
+def _read_attention(c: _Config, why: str) -> Attention | None:
+    c.why = why
+    heads = c.positive_int("num_attention_heads")
+    kv_heads = c.positive_int("num_key_value_heads")
+    head_dim = c.positive_int("head_dim")
+    rope = c.section("rope_parameters")
+    if rope is not None:
+        rope.positive_number("rope_theta")
+        factor = rope.positive_number("partial_rotary_factor")
+        mrope = rope.int_list("mrope_section", 3)
+        if factor is not None and factor > 1:
+            rope.error("partial_rotary_factor", f"must be at most 1, got {_show(factor)}")
+        elif factor is not None and mrope is not None and head_dim is not None:
+            # mrope splits the rotary frequency pairs over (t, h, w): 2·Σ = rotated dims.
+            # Configs may carry f32-rounded factors (spec 8.6), hence a relative tolerance.
+            covered = 2 * sum(mrope)
+            try:
+                rotated = head_dim * factor
+                matches = math.isclose(covered, rotated, rel_tol=1e-6)
+            except OverflowError:  # head_dim beyond float range: cannot match a real section
+                rotated, matches = math.inf, False
+            if not matches:
+                rope.error(
+                    "mrope_section",
+                    f"covers {covered} rotated dims but head_dim × partial_rotary_factor"
+                    f" = {rotated:g}",
+                )
+    c.why = ""
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        c.error(
+            "num_attention_heads",
+            f"({heads}) must be a multiple of num_key_value_heads ({kv_heads})",
+        )
+    if None in (heads, kv_heads, head_dim):
+        return None
+    return Attention(heads, kv_heads, head_dim)  # type: ignore[arg-type]
+
+
+def _read_gdn(c: _Config) -> Gdn | None:
+    c.why = " (linear_attention layers need it)"
+    values = [
+        c.positive_int(key)
+        for key in (
+            "linear_num_key_heads",
+            "linear_key_head_dim",
+            "linear_num_value_heads",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        )
+    ]
+    c.why = ""
+    key_heads, _, value_heads, _, _ = values
+    if key_heads is not None and value_heads is not None and value_heads % key_heads:
+        c.error(
+            "linear_num_value_heads",
+            f"({value_heads}) must be a multiple of linear_num_key_heads ({key_heads})",
+        )
+    if None in values:
+        return None
+    return Gdn(*values)  # type: ignore[arg-type]
+
+
+def _read_ffn(c: _Config, moe: bool) -> DenseMlp | Moe | None:
+    if not moe:
+        width = c.positive_int("intermediate_size")
+        return None if width is None else DenseMlp(width)
+    experts = c.positive_int("num_experts")
+    top_k = c.positive_int("num_experts_per_tok")
+    expert_width = c.positive_int("moe_intermediate_size")
+    shared_width = c.positive_int("shared_expert_intermediate_size")
+    if experts is not None and top_k is not None and top_k > experts:
+        c.error("num_experts_per_tok", f"({top_k}) exceeds num_experts ({experts})")
+    if None in (experts, top_k, expert_width, shared_width):
+        return None
+    return Moe(experts, top_k, expert_width, shared_width)  # type: ignore[arg-type]
+
+
+def _read_geometry(
+    config: Mapping[str, Any], moe: bool, with_mtp: bool, findings: Findings
+) -> Geometry | None:
+    """The text geometry, or None after reporting every member that prevents deriving it."""
+    before = len(findings.errors)
+    c = _Config(config, "text config member '", findings)
+    hidden = c.positive_int("hidden_size")
+    vocab = c.positive_int("vocab_size")
+    layers = c.positive_int("num_hidden_layers")
+    c.positive_int("max_position_embeddings")
+    c.boolean("tie_word_embeddings")
+    c.positive_number("rms_norm_eps")
+    layer_types = _read_layer_types(c, layers)
+    types = set(layer_types or ())
+    attention = gdn = None
+    if FULL_ATTENTION in types:
+        attention = _read_attention(c, " (full-attention layers need it)")
+    elif with_mtp:
+        attention = _read_attention(c, " (the mtp block is a full-attention block)")
+    if LINEAR_ATTENTION in types:
+        gdn = _read_gdn(c)
+    ffn = _read_ffn(c, moe)
+    if len(findings.errors) > before:
+        return None
+    assert hidden is not None and vocab is not None and layer_types is not None
+    assert ffn is not None
+    return Geometry(hidden, vocab, layer_types, attention, gdn, ffn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Component-level checks
+
+
+def _check_identity(config: Mapping[str, Any], model_type: str, findings: Findings) -> None:
+    """model_type and architectures must agree on dense vs MoE (the binder relies on it)."""
+    expected = ARCHITECTURE_OF[model_type]
+    if "model_type" not in config:
+        findings.warning(f"text config has no model_type; {model_type} taken from architectures")
+    elif config["model_type"] != model_type:  # selected through architectures[0]
+        findings.error(
+            f"text config member 'model_type' must be {json.dumps(model_type)},"
+            f" got {_show(config['model_type'])}"
+        )
+    if "architectures" not in config:
+        findings.warning(f"text config has no architectures member (expected [{expected}])")
+        return
+    architectures = config["architectures"]
+    if architectures == [expected]:
+        return
+    first = architectures[0] if isinstance(architectures, list) and architectures else None
+    message = (
+        f"text config member 'architectures' is {_show(architectures)} but"
+        f" model_type {model_type} means [{json.dumps(expected)}]"
+    )
+    if first in ARCHITECTURE_OF.values():  # the other Qwen3.5 variant: dense/MoE confusion
+        findings.error(message)
+    else:
+        findings.warning(message)
+
+
+def _check_mtp_component(directory: Directory, model_type: str, findings: Findings) -> None:
+    mtp = directory.components["mtp"]
+    expected = [MTP_ARCHITECTURE_OF[model_type]]
+    architectures = mtp.config.get("architectures", _MISSING)
+    if architectures != expected:
+        findings.error(
+            f"mtp config member 'architectures' must be {json.dumps(expected)} with a"
+            f" {model_type} text component, got {_show(architectures)}"
+        )
+    if mtp.target != "text":
+        findings.error(f'mtp component must have target "text", got {_show(mtp.target)}')
+
+
+def _check_text_resources(directory: Directory, findings: Findings) -> None:
+    resources = directory.components["text"].resources or {}
+    for role in TEXT_RESOURCE_ROLES:
+        if role not in resources:
+            findings.warning(f"text resource {role!r} is absent; frontends need it")
+    for role in sorted(set(resources) - set(TEXT_RESOURCE_ROLES)):
+        findings.warning(f"text resource role {role!r} is not one the Qwen3.5 frontend reads")
+
+
+def _proposal_rows(
+    directory: Directory, g: Geometry, drafters: Sequence[str], findings: Findings
+) -> int | None:
+    proposal = directory.components["text"].proposal
+    if proposal is None or proposal.domain != "indexed" or proposal.rows is None:
+        return None
+    if proposal.rows > g.vocab:
+        findings.error(f"text proposal rows ({proposal.rows}) exceed vocab_size ({g.vocab})")
+    if not drafters:
+        findings.warning("text has an indexed proposal but no drafter component reads it")
+    return proposal.rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding checks
+
+
+def _describe(tensor: Tensor) -> str:
+    return f"object {tensor.id!r} ({tensor.format} {list(tensor.shape)})"
+
+
+def _tensors(binding: Binding, objects: Objects) -> list[Tensor] | str:
+    """The tensors a binding reads, or a reason why they cannot be resolved."""
+    if isinstance(binding, WholeBinding):
+        ids = [binding.object]
+    else:
+        ids = [p.object for p in binding.parts]
+    out = []
+    for object_id in ids:
+        obj = objects.get(object_id)
+        if not isinstance(obj, Tensor):
+            return f"object {object_id!r} is {'not a tensor' if obj else 'not in the directory'}"
+        out.append(obj)
+    return out
+
+
+def _unique(tensors: Iterable[Tensor]) -> list[Tensor]:
+    return list({t.id: t for t in tensors}.values())
+
+
+def _format_problem(role: Role, fmt: str) -> tuple[str, str] | None:
+    """(severity, reason) when ``fmt`` does not suit ``role``; None when it does."""
+    if role is Role.MATRIX:
+        if fmt in FLOAT_MATRIX_FORMATS or fmt.startswith(GGUF_PREFIX):
+            return None
+        if fmt in INTEGER_FORMATS:
+            return "error", f"a weight matrix cannot be stored in the integer format {fmt}"
+        return "warning", f"format {fmt} is not a float weight format this binder knows"
+    if role in (Role.VECTOR, Role.CONVOLUTION):
+        if fmt in DIRECT_FORMATS:
+            return None
+        return "error", f"a {role.value} must be stored as bf16 or fp32, not {fmt}"
+    wanted = "fp32" if role is Role.FP32_VECTOR else "int32"
+    return None if fmt == wanted else ("error", f"must be stored as {wanted}, not {fmt}")
+
+
+def _check_binding(spec: ParamSpec, binding: Binding, objects: Objects, f: Findings) -> None:
+    tensors = _tensors(binding, objects)
+    if isinstance(tensors, str):
+        f.error(f"{spec.name}: {tensors}")
+        return
+    shape = list(spec.shape)
+    if isinstance(binding, WholeBinding):
+        if tuple(tensors[0].shape) != spec.shape:
+            f.error(f"{spec.name}: {_describe(tensors[0])} does not have the shape {shape}")
+    else:
+        if spec.role is Role.TOKEN_IDS:
+            f.error(f"{spec.name}: must bind a whole int32 object, not parts")
+        total = sum(p.elements for p in binding.parts)
+        if total != spec.elements:
+            f.error(
+                f"{spec.name}: parts total {total} elements but the parameter {shape} has"
+                f" {spec.elements}"
+            )
+    for tensor in _unique(tensors):
+        problem = _format_problem(spec.role, tensor.format)
+        if problem is not None:
+            severity, reason = problem
+            line = f"{spec.name}: {_describe(tensor)}: {reason}"
+            (f.error if severity == "error" else f.warning)(line)
+
+
+def _check_bindings(
+    directory: Directory, specs: Mapping[str, ParamSpec], objects: Objects, f: Findings
+) -> None:
+    components = directory.components
+    unchecked: Counter[str] = Counter()
+    for name, binding in directory.bindings.items():
+        spec = specs.get(name)
+        if spec is not None:
+            _check_binding(spec, binding, objects, f)
+        elif name.startswith(CHECKED_PREFIXES):
+            hint = _absence_hint(name, directory)
+            f.error(f"{name}: bound but not a parameter of this model{hint}")
+        else:
+            component = name.split("/", 1)[0]
+            if component in components:
+                unchecked[component] += 1
+            else:
+                f.error(f"{name}: bound but there is no component {component!r}")
+    for component in sorted(set(components) - {"text", "mtp"}):
+        f.warning(
+            f"component {component!r} ({unchecked[component]} bound parameters):"
+            " not checked by this binder"
+        )
+    missing = [
+        f"{spec.name}: not bound (expected shape {list(spec.shape)})"
+        for spec in specs.values()
+        if spec.name not in directory.bindings
+    ]
+    f.errors_capped(missing, "unbound parameters")
+
+
+def _absence_hint(name: str, directory: Directory) -> str:
+    if name.startswith("mtp/") and "mtp" not in directory.components:
+        return " (there is no mtp component)"
+    proposal = directory.components["text"].proposal
+    if name.startswith("proposal/") and (proposal is None or proposal.domain != "indexed"):
+        return " (text has no indexed proposal)"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Use checks
+
+
+def _use_site(use: Use) -> str:
+    return f"use {use.parameter} @ {use.input}"
+
+
+def _aux_vector(
+    where: str, role: str, aux: Binding, fmt: str, length: int, objects: Objects, f: Findings
+) -> bool:
+    """Shared shape/format rule of the EXT vector auxiliaries: ``fmt`` values, ``[length]``."""
+    tensors = _tensors(aux, objects)
+    if isinstance(tensors, str):
+        f.error(f"{where}: {role} {tensors}")
+        return False
+    formats = sorted({t.format for t in tensors})
+    if isinstance(aux, WholeBinding):
+        size_ok = list(tensors[0].shape) == [length]
+        got = _describe(tensors[0])
+    else:
+        total = sum(p.elements for p in aux.parts)
+        size_ok = total == length
+        got = f"parts of {total} {'/'.join(formats)} elements"
+    if formats != [fmt] or not size_ok:
+        f.error(f"{where}: {role} must be {fmt} [{length}] (the weight's input width), got {got}")
+        return False
+    return True
+
+
+def _check_divisor(
+    where: str, aux: Binding, spec: ParamSpec, weights: list[Tensor], objects: Objects, f: Findings
+) -> None:
+    tensors = _tensors(aux, objects)
+    if isinstance(tensors, str):
+        f.error(f"{where}: activation_input_divisor {tensors}")
+        return
+    if isinstance(aux, WholeBinding):
+        ok = tensors[0].format == "fp32" and list(tensors[0].shape) == []
+        got = _describe(tensors[0])
+    else:
+        part = aux.parts[0]
+        ok = (
+            len(aux.parts) == 1
+            and part.elements == 1
+            and tensors[0].format == "fp32"
+            and len(tensors[0].shape) == 1
+        )
+        got = f"{len(aux.parts)} part(s) of {sum(p.elements for p in aux.parts)} element(s)"
+        got += f" of {_describe(tensors[0])}"
+    if not ok:
+        f.error(
+            f"{where}: activation_input_divisor must bind an fp32 scalar (shape []) or one"
+            f" element of an fp32 vector, got {got}"
+        )
+
+
+def _check_input_columns(
+    where: str, aux: Binding, spec: ParamSpec, weights: list[Tensor], objects: Objects, f: Findings
+) -> None:
+    _aux_vector(where, "input_columns", aux, "int32", spec.shape[-1], objects, f)
+    other = sorted({w.format for w in weights if not w.format.startswith(GGUF_PREFIX)})
+    if other:
+        f.error(f"{where}: input_columns only applies to gguf_* weights, the weight is {other}")
+
+
+def _check_hadamard_signs(
+    where: str, aux: Binding, spec: ParamSpec, weights: list[Tensor], objects: Objects, f: Findings
+) -> None:
+    width = spec.shape[-1]
+    if _aux_vector(where, "hadamard_signs", aux, "bf16", width, objects, f) and width % 1024:
+        f.error(
+            f"{where}: hadamard_signs needs an input width that is a multiple of 1024, got {width}"
+        )
+
+
+_AUXILIARY_CHECKS = {
+    "activation_input_divisor": _check_divisor,
+    "input_columns": _check_input_columns,
+    "hadamard_signs": _check_hadamard_signs,
+}
+
+
+def _check_use(
+    use: Use, spec: ParamSpec, directory: Directory, objects: Objects, f: Findings
+) -> None:
+    where = _use_site(use)
+    weights = _tensors(directory.bindings[use.parameter], objects)
+    if isinstance(weights, str):
+        return  # the binding check already reported it
+    weights = _unique(weights)
+    auxiliaries = use.auxiliaries or {}
+    policy = use.activation_policy
+    if policy is None:
+        f.warning(
+            f"{where}: no activation_policy (the binder requires one; A16Only is the safe reading)"
+        )
+    elif policy == "AllowA4":
+        for weight in weights:
+            if weight.format != "nvfp4":
+                f.error(
+                    f"{where}: AllowA4 but {_describe(weight)} is not nvfp4; the weight"
+                    " cannot serve A4 activations"
+                )
+        if "activation_input_divisor" not in auxiliaries:
+            f.error(f"{where}: AllowA4 needs an activation_input_divisor auxiliary")
+    if policy != "AllowA4" and "activation_input_divisor" in auxiliaries:
+        f.warning(f"{where}: activation_input_divisor is only read by AllowA4 uses")
+    for role, aux in auxiliaries.items():
+        check = _AUXILIARY_CHECKS.get(role)
+        if check is None:
+            known = ", ".join(sorted(_AUXILIARY_CHECKS))
+            f.error(f"{where}: unknown auxiliary role {role!r} (known: {known})")
+        else:
+            check(where, aux, spec, weights, objects, f)
+
+
+def _check_uses(
+    directory: Directory, specs: Mapping[str, ParamSpec], objects: Objects, f: Findings
+) -> None:
+    expected = {
+        (spec.name, site)
+        for spec in specs.values()
+        if spec.name in directory.bindings  # an unbound parameter is reported once, as unbound
+        for site in spec.inputs
+    }
+    seen: set[tuple[str, str]] = set()
+    for use in directory.uses:
+        spec = specs.get(use.parameter)
+        if spec is None:
+            continue  # unexpected or unchecked parameter: reported (or skipped) with bindings
+        if (use.parameter, use.input) not in expected:
+            defined = ", ".join(spec.inputs) or "none"
+            f.error(f"{_use_site(use)}: input not defined for this parameter (defined: {defined})")
+            continue
+        seen.add((use.parameter, use.input))
+        _check_use(use, spec, directory, objects, f)
+    unused = expected - seen
+    missing = [
+        f"use {spec.name} @ {site}: missing"
+        for spec in specs.values()
+        for site in spec.inputs
+        if (spec.name, site) in unused
+    ]
+    f.errors_capped(missing, "missing uses")
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+@register_binder(
+    DENSE,
+    MOE,
+    architectures={arch: model_type for model_type, arch in ARCHITECTURE_OF.items()},
+    name="qwen3_5",
+)
+def bind_qwen3_5(directory: Directory, model_type: str, f: Findings) -> None:
+    """Check a Qwen3.5 directory: configs, parameter coverage/shapes/formats, uses."""
+    text = directory.components["text"]
+    with_mtp = "mtp" in directory.components
+    drafters = [d for d in DRAFTERS if d in directory.components]
+    _check_identity(text.config, model_type, f)
+    if with_mtp:
+        _check_mtp_component(directory, model_type, f)
+    _check_text_resources(directory, f)
+    geometry = _read_geometry(text.config, model_type == MOE, with_mtp, f)
+    if geometry is None:
+        f.warning("parameters were not checked: the text config does not define the geometry")
+        return
+    rows = _proposal_rows(directory, geometry, drafters, f)
+    cap = len(directory.bindings) + ENUMERATION_SLACK
+    generated = list(itertools.islice(_all_parameters(geometry, drafters, with_mtp, rows), cap + 1))
+    if len(generated) > cap:
+        f.error(
+            f"text config implies more than {cap} parameters but only"
+            f" {len(directory.bindings)} are bound; check num_hidden_layers and num_experts"
+        )
+        return
+    specs = {spec.name: spec for spec in generated}
+    f.parameters.update((name, spec.shape) for name, spec in specs.items())
+    objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
+    _check_bindings(directory, specs, objects, f)
+    _check_uses(directory, specs, objects, f)

@@ -1,0 +1,152 @@
+"""Open-time validation of a directory (rules R4-R12), shared by the reader and the writer.
+
+Every problem found is collected, so a tool can print all of them at once; the caller gets one
+``DirectoryError`` whose ``problems`` lists a line per problem.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import DirectoryError
+from .schema import Directory, PartsBinding, Resource, Tensor, WholeBinding
+
+_UNION_TAGS = {"tensor", "resource", "WholeBinding", "PartsBinding"}
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for item in loc:
+        if isinstance(item, int):
+            out += f"[{item}]"
+        elif item in _UNION_TAGS:
+            out += f"<{item}>"
+        else:
+            out += f".{item}" if out else str(item)
+    return out or "directory"
+
+
+def parse_directory(document: Any) -> Directory:
+    """Schema check (R4, R5 and record-local parts of R6-R12) of a parsed JSON document."""
+    if not isinstance(document, dict):
+        raise DirectoryError("JSON directory: the root must be an object")
+    try:
+        return Directory.model_validate(document)
+    except ValidationError as exc:
+        problems = [f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise DirectoryError(problems=problems) from None
+
+
+def check_directory(directory: Directory, entry_name: str) -> None:
+    """Cross-record rules R6, R8-R12; raises ``DirectoryError`` listing every problem."""
+    problems: list[str] = []
+    problems += _check_files(directory, entry_name)
+    objects = _check_objects(directory, problems)
+    _check_components(directory, objects, problems)
+    for name, binding in directory.bindings.items():
+        _check_binding(f"bindings[{name!r}]", binding, objects, problems)
+    seen: set[tuple[str, str]] = set()
+    for i, use in enumerate(directory.uses):
+        where = f"uses[{i}]"
+        if use.parameter not in directory.bindings:
+            problems.append(f"{where}: parameter {use.parameter!r} has no binding")
+        if (use.parameter, use.input) in seen:
+            problems.append(f"{where}: duplicate use of {use.parameter!r} at input {use.input!r}")
+        seen.add((use.parameter, use.input))
+        for role, binding in (use.auxiliaries or {}).items():
+            _check_binding(f"{where}.auxiliaries[{role!r}]", binding, objects, problems)
+    name = (directory.metadata or {}).get("name")
+    if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
+        problems.append("metadata.name: must be a non-empty string without U+0000")
+    if problems:
+        raise DirectoryError(problems=problems)
+
+
+def _check_files(directory: Directory, entry_name: str) -> list[str]:
+    problems = []
+    files = directory.files
+    if files[0].path is not None:
+        problems.append("files[0].path: must be null (the entry file)")
+    seen: set[str] = set()
+    for i, f in enumerate(files[1:], start=1):
+        if f.path is None:
+            problems.append(f"files[{i}].path: continuation files need a path")
+            continue
+        if f.path in (".", "..") or any(c in f.path for c in "/\\"):
+            problems.append(f"files[{i}].path: {f.path!r} must be a plain sibling file name")
+        if f.path == entry_name:
+            problems.append(f"files[{i}].path: {f.path!r} is the entry file itself")
+        if f.path in seen:
+            problems.append(f"files[{i}].path: {f.path!r} appears twice")
+        seen.add(f.path)
+    if directory.payload_bytes > 2**64 - 1:
+        problems.append("files: total payload_bytes does not fit in 64 bits")
+    return problems
+
+
+def _check_objects(directory: Directory, problems: list[str]) -> dict[str, Tensor | Resource]:
+    objects: dict[str, Tensor | Resource] = {}
+    end = 0
+    payload = directory.payload_bytes
+    for i, obj in enumerate(directory.objects):
+        where = f"objects[{i}] ({obj.id!r})"
+        if obj.id in objects:
+            problems.append(f"{where}: duplicate object id")
+        objects[obj.id] = obj
+        if obj.offset < end:
+            problems.append(
+                f"{where}: offset {obj.offset} overlaps or precedes the previous object "
+                f"(which ends at {end}); objects must be sorted and must not overlap"
+            )
+        end = max(end, obj.offset + obj.bytes)
+        if obj.offset + obj.bytes > payload:
+            problems.append(
+                f"{where}: range [{obj.offset}, {obj.offset + obj.bytes}) runs past the "
+                f"payload ({payload} bytes)"
+            )
+    return objects
+
+
+def _check_components(
+    directory: Directory, objects: dict[str, Tensor | Resource], problems: list[str]
+) -> None:
+    if "text" not in directory.components:
+        problems.append("components: the required component 'text' is missing")
+    for cid, comp in directory.components.items():
+        where = f"components[{cid!r}]"
+        if comp.target is not None and comp.target not in directory.components:
+            problems.append(f"{where}.target: names missing component {comp.target!r}")
+        for role, oid in (comp.resources or {}).items():
+            obj = objects.get(oid)
+            if obj is None:
+                problems.append(f"{where}.resources[{role!r}]: object {oid!r} does not exist")
+            elif not isinstance(obj, Resource):
+                problems.append(f"{where}.resources[{role!r}]: object {oid!r} is not a resource")
+        if comp.proposal is not None and cid != "text":
+            problems.append(f"{where}.proposal: only the text component may have a proposal")
+
+
+def _check_binding(
+    where: str,
+    binding: WholeBinding | PartsBinding,
+    objects: dict[str, Tensor | Resource],
+    problems: list[str],
+) -> None:
+    parts = (
+        [(binding.object, None)]
+        if isinstance(binding, WholeBinding)
+        else [(p.object, p.range) for p in binding.parts]
+    )
+    for i, (oid, rng) in enumerate(parts):
+        at = where if rng is None else f"{where}.parts[{i}]"
+        obj = objects.get(oid)
+        if obj is None:
+            problems.append(f"{at}: object {oid!r} does not exist")
+        elif not isinstance(obj, Tensor):
+            problems.append(f"{at}: object {oid!r} is a resource, bindings need tensors")
+        elif rng is not None and rng[1] > obj.elements:
+            problems.append(
+                f"{at}: range {rng} ends past the {obj.elements} elements of {oid!r}"
+            )

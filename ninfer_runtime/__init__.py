@@ -1,0 +1,1 @@
+"""The inference engine: models, backends, scheduler, frontend."""

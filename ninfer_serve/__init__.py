@@ -1,0 +1,1 @@
+"""The HTTP server (OpenAI and Anthropic compatible)."""

@@ -1,0 +1,1 @@
+"""Conversion recipes, one module per model, discovered by name."""
