@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import DirectoryError
 from ..schema import Directory, PartsBinding, Resource, Tensor, Use, WholeBinding
 from .registry import Findings, register_binder
 
@@ -832,3 +833,21 @@ def bind_qwen3_5(directory: Directory, model_type: str, f: Findings) -> None:
     objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
     _check_bindings(directory, specs, objects, f)
     _check_uses(directory, specs, objects, f)
+
+
+def expected_parameters(
+    text_config: Mapping[str, Any],
+    *,
+    components: Sequence[str] = ("text",),
+    proposal_rows: int | None = None,
+) -> list[ParamSpec]:
+    """The contract as data, for producers (converter, sample writer): every logical parameter
+    with its shape, role and use inputs, for a text config and the selected components."""
+    f = Findings()
+    model_type = text_config.get("model_type", DENSE)
+    with_mtp = "mtp" in components
+    geometry = _read_geometry(text_config, model_type == MOE, with_mtp, f)
+    if geometry is None:
+        raise DirectoryError("text config cannot define a Qwen3.5 geometry", problems=f.errors)
+    drafters = [d for d in DRAFTERS if d in components]
+    return list(_all_parameters(geometry, drafters, with_mtp, proposal_rows))
