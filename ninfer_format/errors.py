@@ -44,7 +44,7 @@ class LookupFailed(ArtifactError, KeyError):
 
 
 class WriteError(ArtifactError):
-    """The writer was asked for something it cannot produce, or the output could not be published."""
+    """The writer was asked for something it cannot produce, or could not publish the output."""
 
 
 class MissingFile(ArtifactError, FileNotFoundError):

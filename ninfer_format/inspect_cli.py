@@ -31,12 +31,13 @@ def _print_text(s: dict[str, Any], show_objects: bool) -> None:
     echo(f"artifact     {s['path']}")
     echo(f"artifact_id  {s['artifact_id']}")
     echo(f"dialects     {', '.join(s['dialects'])}")
-    echo(f"payload      {s['payload_bytes']} bytes ({_human(s['payload_bytes'])}), "
-         f"directory {s['json_bytes']} bytes, payload starts at {s['entry_payload_start']}")
+    echo(
+        f"payload      {s['payload_bytes']} bytes ({_human(s['payload_bytes'])}), "
+        f"directory {s['json_bytes']} bytes, payload starts at {s['entry_payload_start']}"
+    )
     echo("files")
     for f in s["files"]:
-        echo(f"  [{f['index']}] {f['path']}  {f['file_size']} bytes "
-             f"(payload {f['payload_bytes']})")
+        echo(f"  [{f['index']}] {f['path']}  {f['file_size']} bytes (payload {f['payload_bytes']})")
     echo("components")
     for cid, c in s["components"].items():
         target = f" -> {c['target']}" if c["target"] else ""
@@ -68,8 +69,10 @@ def _print_text(s: dict[str, Any], show_objects: bool) -> None:
     v = s["verify"]
     if v is not None:
         rate = v["checked_bytes"] / max(v["seconds"], 1e-9) / 1e9
-        echo(f"verify       {v['checked_bytes']} bytes in {v['seconds']:.2f} s ({rate:.2f} GB/s), "
-             f"{v['checksummed_objects']} of {len(s['objects'])} objects checksummed")
+        echo(
+            f"verify       {v['checked_bytes']} bytes in {v['seconds']:.2f} s ({rate:.2f} GB/s), "
+            f"{v['checksummed_objects']} of {len(s['objects'])} objects checksummed"
+        )
     for w in s["warnings"]:
         echo(f"warning: {w}")
     for e in s["errors"]:
@@ -107,14 +110,28 @@ Exit status: 0 valid, 1 invalid artifact, 2 bad usage or missing file."""
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @click.option("--verify", "deep", is_flag=True, help="Read every byte: checksums, codes, scales.")
-@click.option("--strict", is_flag=True,
-              help="Also check padding outside objects; warnings make the artifact invalid.")
-@click.option("--dump", "dump_name", metavar="OBJECT_OR_PARAMETER",
-              help="Decode one object or bound parameter to a .npy file (needs -o).")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Also check padding outside objects; warnings make the artifact invalid.",
+)
+@click.option(
+    "--dump",
+    "dump_name",
+    metavar="OBJECT_OR_PARAMETER",
+    help="Decode one object or bound parameter to a .npy file (needs -o).",
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File for --dump.")
 @click.option("--objects/--no-objects", default=True, help="List every object (text view).")
-def main(path: Path, as_json: bool, deep: bool, strict: bool, dump_name: str | None,
-         output: Path | None, objects: bool) -> None:
+def main(
+    path: Path,
+    as_json: bool,
+    deep: bool,
+    strict: bool,
+    dump_name: str | None,
+    output: Path | None,
+    objects: bool,
+) -> None:
     """Describe and validate the .ninfer v3 artifact at PATH (the entry file)."""
     if dump_name and output is None:
         raise click.UsageError("--dump needs -o FILE")
@@ -129,16 +146,24 @@ def main(path: Path, as_json: bool, deep: bool, strict: bool, dump_name: str | N
     sys.exit(code)
 
 
-def _run(path: Path, as_json: bool, deep: bool, strict: bool, dump_name: str | None,
-         output: Path | None, objects: bool) -> int:
+def _run(
+    path: Path,
+    as_json: bool,
+    deep: bool,
+    strict: bool,
+    dump_name: str | None,
+    output: Path | None,
+    objects: bool,
+) -> int:
     try:
         artifact = Artifact.open(path)
     except MissingFile:
         raise
     except ArtifactError as exc:
         if as_json:
-            click.echo(json.dumps({"path": str(path), "valid": False, "errors": exc.problems},
-                                  indent=2))
+            click.echo(
+                json.dumps({"path": str(path), "valid": False, "errors": exc.problems}, indent=2)
+            )
         else:
             for p in exc.problems:
                 click.echo(f"error: {p}")
@@ -161,9 +186,13 @@ def _run(path: Path, as_json: bool, deep: bool, strict: bool, dump_name: str | N
             report = verify(artifact, strict=strict)
             s["errors"] += report.errors
             s["warnings"] += report.warnings
-            s["verify"] = {"checked_bytes": report.checked_bytes, "seconds": report.seconds,
-                           "checksummed_objects": report.checksummed,
-                           "errors": len(report.errors), "warnings": len(report.warnings)}
+            s["verify"] = {
+                "checked_bytes": report.checked_bytes,
+                "seconds": report.seconds,
+                "checksummed_objects": report.checksummed,
+                "errors": len(report.errors),
+                "warnings": len(report.warnings),
+            }
         if strict and s["warnings"]:
             s["errors"] += [f"strict: {w}" for w in s["warnings"]]
             s["warnings"] = []

@@ -1,7 +1,9 @@
 """Strict JSON text parsing for the directory (rule R3).
 
 The standard library parser is used with hooks that reject what the format forbids: duplicate
-member names at any depth, NaN/Infinity literals, non-finite floats and byte-order marks. Every
+member names at any depth, NaN/Infinity literals, non-finite floats, byte-order marks and lone
+surrogates. Pathological nesting stops at the parser's recursion guard; the free-form members
+(config, metadata, provenance) are limited to ``MAX_DEPTH`` levels by the validator. Every
 failure becomes a ``DirectoryError``.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from .errors import DirectoryError
@@ -17,12 +20,12 @@ MAX_DEPTH = 64
 
 
 def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DirectoryError(f"JSON directory: duplicate member {key!r} in one object")
-        out[key] = value
-    return out
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise DirectoryError(f"JSON directory: duplicate member {duplicate!r} in one object")
+    return members
 
 
 def _reject_constant(name: str) -> Any:
@@ -36,26 +39,38 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _depth(text: str) -> int:
-    """Deepest nesting of [ and { outside strings (cheap guard before recursive parsing)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """Depth of nested containers, stopping once ``limit`` is passed (for free-form members)."""
+    if isinstance(value, dict):
+        children = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return 0
+    deepest = 0
+    for child in children:
+        if isinstance(child, dict | list):
+            deepest = max(deepest, nesting_depth(child, limit - 1))
+            if deepest >= limit:
+                break
+    return deepest + 1
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 def parse_directory_text(raw: bytes) -> Any:
@@ -66,10 +81,8 @@ def parse_directory_text(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DirectoryError(f"JSON directory: not valid UTF-8 at byte {exc.start}") from None
-    if _depth(text) > MAX_DEPTH:
-        raise DirectoryError(f"JSON directory: nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(
+        document = json.loads(
             text,
             object_pairs_hook=_unique_members,
             parse_constant=_reject_constant,
@@ -81,12 +94,17 @@ def parse_directory_text(raw: bytes) -> Any:
         raise DirectoryError(
             f"JSON directory: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise DirectoryError("JSON directory: nested too deeply") from None
+    except ValueError as exc:
         raise DirectoryError(f"JSON directory: {exc}") from None
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(document):
+        raise DirectoryError("JSON directory: a string holds a lone surrogate (not valid UTF-8)")
+    return document
 
 
 def dump_directory_text(document: dict[str, Any]) -> bytes:
     """Compact UTF-8 JSON as the reference writer emits it."""
-    return json.dumps(
-        document, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-    ).encode("utf-8")
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(
+        "utf-8"
+    )

@@ -74,8 +74,13 @@ PLAN = [
     ("attention/gate", "q5_g64_fp16"),
     ("attention/value", "q5_g64_fp16"),
 ]
-GROUPS = [("attention/query", "attention/key"), ("attention/gate", "attention/value"),
-          ("gdn/query", "gdn/key"), ("gdn/value", "gdn/z"), ("mlp/gate", "mlp/up")]
+GROUPS = [
+    ("attention/query", "attention/key"),
+    ("attention/gate", "attention/value"),
+    ("gdn/query", "gdn/key"),
+    ("gdn/value", "gdn/z"),
+    ("mlp/gate", "mlp/up"),
+]
 
 
 @dataclass
@@ -109,8 +114,9 @@ def _parents(params: list[ParamSpec]) -> list[Parent]:
         rows = sum(m.shape[0] for m in members)
         shape = (rows, *p.shape[1:]) if len(members) > 1 else p.shape
         oid = f"weight/{len(parents):06d}"
-        parents.append(Parent(TensorSpec(oid, shape, fmt, LAYOUT.get(fmt, "row_split_k128_v1")),
-                              members))
+        parents.append(
+            Parent(TensorSpec(oid, shape, fmt, LAYOUT.get(fmt, "row_split_k128_v1")), members)
+        )
     return parents
 
 
@@ -128,8 +134,10 @@ def _values(rng: np.random.Generator, parent: Parent) -> np.ndarray:
 def _resources() -> dict[str, bytes]:
     vocab = {f"<t{i}>": i for i in range(CONFIG["vocab_size"] - 3)}
     vocab |= {"<|endoftext|>": 1021, "<|im_start|>": 1022, "<|im_end|>": 1023}
-    tokenizer = {"version": "1.0", "model": {"type": "WordLevel", "vocab": vocab,
-                                             "unk_token": "<t0>"}}
+    tokenizer = {
+        "version": "1.0",
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<t0>"},
+    }
     return {
         "tokenizer.json": json.dumps(tokenizer).encode(),
         "tokenizer_config.json": json.dumps({"eos_token": "<|im_end|>"}).encode(),
@@ -159,8 +167,9 @@ def write_sample(path: Path, *, overwrite: bool = False, seed: int = 0) -> None:
             if len(parent.members) == 1:
                 bindings[m.name] = {"object": parent.spec.id}
             else:
-                bindings[m.name] = {"parts": [{"object": parent.spec.id,
-                                               "range": [start, start + n]}]}
+                bindings[m.name] = {
+                    "parts": [{"object": parent.spec.id, "range": [start, start + n]}]
+                }
             start += n
             for site in m.inputs:
                 use: dict = {"parameter": m.name, "input": site, "activation_policy": "A16Only"}
@@ -172,14 +181,22 @@ def write_sample(path: Path, *, overwrite: bool = False, seed: int = 0) -> None:
                 uses.append(use)
     specs += [TensorSpec(a, (), "fp32", "contiguous_le_v1") for a in divisors]
     components = {
-        "text": {"config": CONFIG,
-                 "resources": {role: f"resource/text/{role}" for role in resources}},
+        "text": {
+            "config": CONFIG,
+            "resources": {role: f"resource/text/{role}" for role in resources},
+        },
         "mtp": {"config": {"architectures": ["Qwen3_5MTP"]}, "target": "text"},
     }
-    with ArtifactWriter(path, components=components, objects=specs, bindings=bindings,
-                        uses=uses, metadata={"name": "ninfer-sample"},
-                        provenance={"writer": "ninfer-sample", "seed": seed},
-                        overwrite=overwrite) as w:
+    with ArtifactWriter(
+        path,
+        components=components,
+        objects=specs,
+        bindings=bindings,
+        uses=uses,
+        metadata={"name": "ninfer-sample"},
+        provenance={"writer": "ninfer-sample", "seed": seed},
+        overwrite=overwrite,
+    ) as w:
         for role, data in resources.items():
             w.write(f"resource/text/{role}", data)
         for parent in parents:
@@ -189,8 +206,10 @@ def write_sample(path: Path, *, overwrite: bool = False, seed: int = 0) -> None:
             w.write(aux, np.array(448.0 * 6 / 4.0, np.float32))
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]},
-               epilog="Example: ninfer-sample out/sample.ninfer --force")
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Example: ninfer-sample out/sample.ninfer --force",
+)
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Replace an existing artifact.")
 @click.option("--seed", default=0, show_default=True, help="Random seed of the weights.")

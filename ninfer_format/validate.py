@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import DirectoryError
+from .jsontext import MAX_DEPTH, nesting_depth
 from .schema import Directory, PartsBinding, Resource, Tensor, WholeBinding
 
 _UNION_TAGS = {"tensor", "resource", "WholeBinding", "PartsBinding"}
@@ -57,11 +58,20 @@ def check_directory(directory: Directory, entry_name: str) -> None:
         seen.add((use.parameter, use.input))
         for role, binding in (use.auxiliaries or {}).items():
             _check_binding(f"{where}.auxiliaries[{role!r}]", binding, objects, problems)
+    for where, value in _free_form(directory):
+        if nesting_depth(value) > MAX_DEPTH:
+            problems.append(f"{where}: nested deeper than {MAX_DEPTH} levels")
     name = (directory.metadata or {}).get("name")
     if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
         problems.append("metadata.name: must be a non-empty string without U+0000")
     if problems:
         raise DirectoryError(problems=problems)
+
+
+def _free_form(directory: Directory) -> list[tuple[str, Any]]:
+    found = [(f"components[{c!r}].config", comp.config) for c, comp in directory.components.items()]
+    found += [("metadata", directory.metadata), ("provenance", directory.provenance)]
+    return found
 
 
 def _check_files(directory: Directory, entry_name: str) -> list[str]:
@@ -91,21 +101,22 @@ def _check_objects(directory: Directory, problems: list[str]) -> dict[str, Tenso
     end = 0
     payload = directory.payload_bytes
     for i, obj in enumerate(directory.objects):
-        where = f"objects[{i}] ({obj.id!r})"
-        if obj.id in objects:
-            problems.append(f"{where}: duplicate object id")
+        offset, stop = obj.offset, obj.offset + obj.bytes
+        if obj.id in objects or offset < end or stop > payload:
+            where = f"objects[{i}] ({obj.id!r})"
+            if obj.id in objects:
+                problems.append(f"{where}: duplicate object id")
+            if offset < end:
+                problems.append(
+                    f"{where}: offset {offset} overlaps or precedes the previous object "
+                    f"(which ends at {end}); objects must be sorted and must not overlap"
+                )
+            if stop > payload:
+                problems.append(
+                    f"{where}: range [{offset}, {stop}) runs past the payload ({payload} bytes)"
+                )
         objects[obj.id] = obj
-        if obj.offset < end:
-            problems.append(
-                f"{where}: offset {obj.offset} overlaps or precedes the previous object "
-                f"(which ends at {end}); objects must be sorted and must not overlap"
-            )
-        end = max(end, obj.offset + obj.bytes)
-        if obj.offset + obj.bytes > payload:
-            problems.append(
-                f"{where}: range [{obj.offset}, {obj.offset + obj.bytes}) runs past the "
-                f"payload ({payload} bytes)"
-            )
+        end = max(end, stop)
     return objects
 
 
@@ -134,19 +145,25 @@ def _check_binding(
     objects: dict[str, Tensor | Resource],
     problems: list[str],
 ) -> None:
-    parts = (
-        [(binding.object, None)]
-        if isinstance(binding, WholeBinding)
-        else [(p.object, p.range) for p in binding.parts]
-    )
-    for i, (oid, rng) in enumerate(parts):
-        at = where if rng is None else f"{where}.parts[{i}]"
-        obj = objects.get(oid)
-        if obj is None:
-            problems.append(f"{at}: object {oid!r} does not exist")
-        elif not isinstance(obj, Tensor):
-            problems.append(f"{at}: object {oid!r} is a resource, bindings need tensors")
-        elif rng is not None and rng[1] > obj.elements:
+    if isinstance(binding, WholeBinding):
+        if not isinstance(objects.get(binding.object), Tensor):
+            _reference_problem(where, binding.object, objects, problems)
+        return
+    for i, part in enumerate(binding.parts):
+        obj = objects.get(part.object)
+        if not isinstance(obj, Tensor):
+            _reference_problem(f"{where}.parts[{i}]", part.object, objects, problems)
+        elif part.range[1] > obj.elements:
             problems.append(
-                f"{at}: range {rng} ends past the {obj.elements} elements of {oid!r}"
+                f"{where}.parts[{i}]: range {part.range} ends past the {obj.elements} "
+                f"elements of {part.object!r}"
             )
+
+
+def _reference_problem(
+    where: str, oid: str, objects: dict[str, Tensor | Resource], problems: list[str]
+) -> None:
+    if oid not in objects:
+        problems.append(f"{where}: object {oid!r} does not exist")
+    else:
+        problems.append(f"{where}: object {oid!r} is a resource, bindings need tensors")

@@ -14,6 +14,7 @@ import os
 import secrets
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -309,10 +310,8 @@ class ArtifactWriter:
         """Remove every temporary file; nothing is published."""
         self._closed = True
         for target in self._targets:
-            try:
+            with suppress(OSError):
                 target.handle.close()
-            except OSError:
-                pass
             target.temp.unlink(missing_ok=True)
 
     def __enter__(self) -> ArtifactWriter:

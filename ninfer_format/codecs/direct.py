@@ -18,6 +18,7 @@ from .registry import Finding, Profile, register
 
 ALIGNMENT = 256
 MAX_RANK = 16
+FLOAT32 = np.dtype(np.float32)
 
 
 # --- helpers shared by the codecs of this package --------------------------------------------
@@ -55,7 +56,9 @@ def check_dims(codec: Any, shape: Any, rank: int | None = None) -> tuple[int, ..
 
 def check_single_divisor(codec: Any, divisors: Any) -> None:
     if isinstance(divisors, bool) or divisors != 1:
-        raise codec_error(codec, f"has no divisors member (only nvfp4 has), got divisors={divisors!r}")
+        raise codec_error(
+            codec, f"has no divisors member (only nvfp4 has), got divisors={divisors!r}"
+        )
 
 
 def as_object_bytes(codec: Any, data: Any, expected: int) -> np.ndarray:
@@ -63,7 +66,11 @@ def as_object_bytes(codec: Any, data: Any, expected: int) -> np.ndarray:
     if isinstance(data, bytes | bytearray | memoryview):
         data = np.frombuffer(data, dtype=np.uint8)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1:
-        kind = f"{data.dtype} array of rank {data.ndim}" if isinstance(data, np.ndarray) else type(data).__name__
+        kind = (
+            f"{data.dtype} array of rank {data.ndim}"
+            if isinstance(data, np.ndarray)
+            else type(data).__name__
+        )
         raise codec_error(codec, f"needs the object's bytes as a 1-D uint8 array, got {kind}")
     if data.size != expected:
         raise codec_error(codec, f"object must be {expected} bytes, got {data.size}")
@@ -102,7 +109,9 @@ def nonzero_gap_findings(data: np.ndarray, gaps: list[tuple[int, int, str]]) -> 
         count = int(np.count_nonzero(data[start:stop]))
         if count:
             findings.append(
-                Finding("warning", f"non-zero padding: {count} bytes in the {name} [{start}, {stop})")
+                Finding(
+                    "warning", f"non-zero padding: {count} bytes in the {name} [{start}, {stop})"
+                )
             )
     return findings
 
@@ -184,6 +193,6 @@ def _to_int32(codec: ContiguousCodec, values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32)
 
 
-BF16 = register(ContiguousCodec("bf16", "<u2", np.dtype(np.float32)))
-FP32 = register(ContiguousCodec("fp32", "<u4", np.dtype(np.float32)))
+BF16 = register(ContiguousCodec("bf16", "<u2", FLOAT32))
+FP32 = register(ContiguousCodec("fp32", "<u4", FLOAT32))
 INT32 = register(ContiguousCodec("int32", "<u4", np.dtype(np.int32)))

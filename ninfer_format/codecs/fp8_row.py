@@ -14,6 +14,7 @@ from ..framing import align_up
 from ..numeric import E4M3FN_MAX, E4M3FN_VALUES, bf16_to_f32, f32_to_bf16, f32_to_e4m3fn
 from .direct import (
     ALIGNMENT,
+    FLOAT32,
     as_object_bytes,
     check_dims,
     check_single_divisor,
@@ -41,7 +42,9 @@ def pack_fp8_row(codes: np.ndarray, scales: np.ndarray) -> bytes:
     """Lay out E4M3FN code bytes ``[N, K]`` and BF16 scale words ``[N]`` as one object."""
     codes = np.asarray(codes)
     if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
-        raise codec_error(CODEC, f"codes must be a rank-2 integer array, got {codes.dtype} {codes.shape}")
+        raise codec_error(
+            CODEC, f"codes must be a rank-2 integer array, got {codes.dtype} {codes.shape}"
+        )
     geo = CODEC.geometry(codes.shape)
     scales = np.asarray(scales)
     if scales.shape != (geo.rows,) or not np.issubdtype(scales.dtype, np.integer):
@@ -99,9 +102,12 @@ def _maxabs_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     amax = np.abs(x).max(axis=1)
     words = f32_to_bf16((amax.astype(np.float64) / E4M3FN_MAX).astype(np.float32))
     words[(words == 0) & (amax > 0)] = 0x0001  # underflow rescue: smallest BF16 subnormal
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        # Below 2^-128 the reciprocal overflows to Inf (as in the reference); zeros must then
+        # stay zeros instead of becoming Inf * 0 = NaN. Otherwise this is exactly f32(x * inv).
         inv = np.where(words == 0, np.float32(0), np.float32(1) / bf16_to_f32(words))
-    y = np.clip(x * inv[:, None], np.float32(-E4M3FN_MAX), np.float32(E4M3FN_MAX))
+        y = np.where(x == 0, x, x * inv[:, None])
+    y = np.clip(y, np.float32(-E4M3FN_MAX), np.float32(E4M3FN_MAX))
     codes = f32_to_e4m3fn(y)
     codes[words == 0] = 0x00  # all-zero rows are +0 throughout, even for -0 inputs
     return codes, words
@@ -113,14 +119,16 @@ class Fp8RowCodec:
     layout: str = LAYOUT
     alignment: int = ALIGNMENT
     profile: Profile = "CORE"
-    decoded_dtype: np.dtype = np.dtype(np.float32)
+    decoded_dtype: np.dtype = FLOAT32
     bits_per_weight: float = 8.0
 
     def geometry(self, shape: tuple[int, ...], divisors: int = 1) -> Fp8RowGeometry:
         check_single_divisor(self, divisors)
         n, k = check_dims(self, shape, rank=2)
         scale_offset = align_up(n * k, ALIGNMENT)
-        return Fp8RowGeometry(rows=n, columns=k, scale_offset=scale_offset, size=scale_offset + 2 * n)
+        return Fp8RowGeometry(
+            rows=n, columns=k, scale_offset=scale_offset, size=scale_offset + 2 * n
+        )
 
     def check_shape(self, shape: tuple[int, ...], divisors: int = 1) -> None:
         self.geometry(shape, divisors)

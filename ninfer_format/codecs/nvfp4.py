@@ -25,6 +25,7 @@ from ..numeric import (
 )
 from .direct import (
     ALIGNMENT,
+    FLOAT32,
     as_object_bytes,
     check_dims,
     codec_error,
@@ -92,9 +93,13 @@ def pack_nvfp4(codes: np.ndarray, scales: np.ndarray, divisors: np.ndarray) -> b
     codes = np.asarray(codes)
     divs = np.atleast_1d(np.asarray(divisors))
     if divs.ndim != 1 or not np.issubdtype(divs.dtype, np.floating):
-        raise codec_error(CODEC, f"divisors must be a 1-D float array, got {divs.dtype} {divs.shape}")
+        raise codec_error(
+            CODEC, f"divisors must be a 1-D float array, got {divs.dtype} {divs.shape}"
+        )
     if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
-        raise codec_error(CODEC, f"codes must be a rank-2 integer array, got {codes.dtype} {codes.shape}")
+        raise codec_error(
+            CODEC, f"codes must be a rank-2 integer array, got {codes.dtype} {codes.shape}"
+        )
     geo = CODEC.geometry(codes.shape, len(divs))
     scales = np.asarray(scales)
     blocks = (geo.rows, geo.columns // BLOCK)
@@ -136,7 +141,9 @@ def _divisors(geo: Nvfp4Geometry, raw: np.ndarray) -> np.ndarray:
 # --- reference encoder ------------------------------------------------------------------------
 
 
-def nvfp4_absmax(values: np.ndarray, divisors: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def nvfp4_absmax(
+    values: np.ndarray, divisors: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Notes 2.5 ``nvfp4_absmax``: codes, natural scales and one divisor per stacked matrix."""
     values = np.asarray(values)
     if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
@@ -184,7 +191,7 @@ class Nvfp4Codec:
     layout: str = LAYOUT
     alignment: int = ALIGNMENT
     profile: Profile = "CORE"
-    decoded_dtype: np.dtype = np.dtype(np.float32)
+    decoded_dtype: np.dtype = FLOAT32
     bits_per_weight: float = 4.5
 
     def geometry(self, shape: tuple[int, ...], divisors: int = 1) -> Nvfp4Geometry:

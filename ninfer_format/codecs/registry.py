@@ -75,7 +75,9 @@ def codec_for(format: str, layout: str) -> TensorCodec:
     if layout not in _LAYOUTS:
         raise CodecError(f"layout {layout!r} is not implemented")
     allowed = sorted(lay for f, lay in _CODECS if f == format)
-    raise CodecError(f"format {format!r} cannot be stored in layout {layout!r} (allowed: {allowed})")
+    raise CodecError(
+        f"format {format!r} cannot be stored in layout {layout!r} (allowed: {allowed})"
+    )
 
 
 def all_codecs() -> list[TensorCodec]:

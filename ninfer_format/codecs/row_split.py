@@ -20,6 +20,7 @@ from ..framing import align_up
 from ..numeric import NF4_CODEBOOK, NF4_ZERO_CODE, f16_to_f32, f32_to_f16, nf4_nearest
 from .direct import (
     ALIGNMENT,
+    FLOAT32,
     as_object_bytes,
     check_dims,
     check_single_divisor,
@@ -126,14 +127,17 @@ def pack_row_split(format: str, codes: np.ndarray, scales: np.ndarray) -> bytes:
     fmt = codec.spec
     codes = np.asarray(codes)
     if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
-        raise codec_error(codec, f"codes must be a rank-2 integer array, got {codes.dtype} {codes.shape}")
+        raise codec_error(
+            codec, f"codes must be a rank-2 integer array, got {codes.dtype} {codes.shape}"
+        )
     geo = codec.geometry(codes.shape)
     scales = np.asarray(scales)
-    if scales.shape != (geo.rows, geo.real_groups) or not np.issubdtype(scales.dtype, np.integer):
+    want = (geo.rows, geo.real_groups)
+    if scales.shape != want or not np.issubdtype(scales.dtype, np.integer):
         raise codec_error(
             codec,
-            f"scales must be integer binary16 words of shape "
-            f"{shape_text((geo.rows, geo.real_groups))}, got {scales.dtype} {shape_text(scales.shape)}",
+            f"scales must be integer binary16 words of shape {shape_text(want)}, "
+            f"got {scales.dtype} {shape_text(scales.shape)}",
         )
     if codes.size and (codes.min() < fmt.qmin or codes.max() > fmt.qmax):
         raise codec_error(codec, f"codes must lie in [{fmt.qmin}, {fmt.qmax}]")
@@ -191,12 +195,17 @@ def _padded_codes(fmt: RowSplitFormat, geo: RowSplitGeometry, raw: np.ndarray) -
         return lanes
     high = raw[geo.high_offset : geo.high_offset + geo.high_bytes]
     if fmt.bits == 5:
-        lanes |= np.unpackbits(high, bitorder="little").reshape(shape) << 4
-    elif fmt.bits == 6:
-        lanes |= np.take(_U2_QUADS, high, axis=0).reshape(shape) << 4
-    # Two's complement sign extension of a b-bit word held in a byte.
-    half = np.uint8(1 << (fmt.bits - 1))
-    return (lanes ^ half).view(np.int8) - half.astype(np.int8)
+        bits = np.unpackbits(high, bitorder="little").reshape(shape)
+    else:
+        bits = np.take(_U2_QUADS, high, axis=0).reshape(shape)
+    np.left_shift(bits, 4, out=bits)
+    lanes |= bits
+    # Two's complement sign extension of a b-bit word held in a byte, in place.
+    half = 1 << (fmt.bits - 1)
+    lanes ^= np.uint8(half)
+    signed = lanes.view(np.int8)
+    signed -= np.int8(half)
+    return signed
 
 
 # --- the codec --------------------------------------------------------------------------------
@@ -207,7 +216,7 @@ class RowSplitCodec:
     spec: RowSplitFormat
     layout: str = LAYOUT
     alignment: int = ALIGNMENT
-    decoded_dtype: np.dtype = np.dtype(np.float32)
+    decoded_dtype: np.dtype = FLOAT32
 
     @property
     def format(self) -> str:
@@ -334,9 +343,8 @@ def _absmax_rows(
         inv = np.where(words == 0, np.float32(0), np.float32(1) / scale)
     y = groups * inv[:, :, None]  # reciprocal-then-multiply is normative
     if fmt.nf4:
-        codes = nf4_nearest(y)
-    else:
-        codes = np.clip(np.rint(y), fmt.qmin, fmt.qmax).astype(np.int8)
+        return nf4_nearest(y).reshape(rows, -1)[:, :columns], words
+    codes = np.clip(np.rint(y), fmt.qmin, fmt.qmax).astype(np.int8)
     return codes.reshape(rows, -1)[:, :columns], words
 
 

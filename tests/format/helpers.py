@@ -82,15 +82,28 @@ def small_artifact(path, *, shard_limit=0, tensors=None, **kwargs):
     for i, (shape, f, lay) in tensors.items():
         values = RNG.standard_normal(shape).astype(np.float32)
         encoded[i] = codec_for(f, lay).encode(values)
-    components = {"text": {"config": {"model_type": "toy"}, "resources": {"tokenizer.json": "r.tok"}}}
-    bindings = {"p.a": {"object": "w.a"}, "p.ab": {"parts": [
-        {"object": "w.a", "range": [8, 16]}, {"object": "w.b", "range": [0, 130]}]}}
+    components = {
+        "text": {"config": {"model_type": "toy"}, "resources": {"tokenizer.json": "r.tok"}}
+    }
+    bindings = {
+        "p.a": {"object": "w.a"},
+        "p.ab": {
+            "parts": [{"object": "w.a", "range": [8, 16]}, {"object": "w.b", "range": [0, 130]}]
+        },
+    }
     uses = [{"parameter": "p.a", "input": "x", "activation_policy": "A16Only"}]
     if custom:
         bindings, uses = {}, []
-    with ArtifactWriter(path, components=components, objects=specs, bindings=bindings,
-                        uses=uses, metadata={"name": "toy"}, shard_limit=shard_limit,
-                        **kwargs) as w:
+    with ArtifactWriter(
+        path,
+        components=components,
+        objects=specs,
+        bindings=bindings,
+        uses=uses,
+        metadata={"name": "toy"},
+        shard_limit=shard_limit,
+        **kwargs,
+    ) as w:
         for spec in specs:
             w.write(spec.id, encoded[spec.id])
     return encoded

@@ -17,7 +17,11 @@ def as_data(raw: bytes) -> np.ndarray:
 
 
 def test_registered_with_attributes():
-    for codec, bits, dtype in ((BF16, 16, np.float32), (FP32, 32, np.float32), (INT32, 32, np.int32)):
+    for codec, bits, dtype in (
+        (BF16, 16, np.float32),
+        (FP32, 32, np.float32),
+        (INT32, 32, np.int32),
+    ):
         assert codec_for(codec.format, LAYOUT) is codec
         assert codec.layout == LAYOUT and codec.alignment == 256 and codec.profile == "CORE"
         assert codec.bits_per_weight == bits and codec.decoded_dtype == np.dtype(dtype)
@@ -33,7 +37,12 @@ def test_encoded_sizes_and_scalars():
 
 @pytest.mark.parametrize(
     ("shape", "why"),
-    [((2,) * 17, "rank <= 16"), ((3, 0), "dimension > 0"), ((2.0, 3), "integers"), ((True,), "integers")],
+    [
+        ((2,) * 17, "rank <= 16"),
+        ((3, 0), "dimension > 0"),
+        ((2.0, 3), "integers"),
+        ((True,), "integers"),
+    ],
 )
 def test_bad_shapes(shape, why):
     with pytest.raises(CodecError, match=f"fp32/contiguous_le_v1 needs .*{why}"):
@@ -48,7 +57,10 @@ def test_divisors_rejected():
 def test_little_endian_words():
     assert BF16.decode(as_data(b"\x80\x3f\x00\xc0"), (2,)).tolist() == [1.0, -2.0]
     assert FP32.decode(as_data(b"\x00\x00\x80\x3f"), (1,)).tolist() == [1.0]
-    assert INT32.decode(as_data(b"\xff\xff\xff\xff\x00\x00\x00\x80"), (2,)).tolist() == [-1, -(2**31)]
+    assert INT32.decode(as_data(b"\xff\xff\xff\xff\x00\x00\x00\x80"), (2,)).tolist() == [
+        -1,
+        -(2**31),
+    ]
     assert INT32.decode(as_data(b"\x01\x00\x00\x00"), (1,)).dtype == np.int32
 
 
@@ -77,8 +89,16 @@ def test_bf16_encode_rounds_to_nearest_even():
 
 def test_int32_encode_checks_values():
     assert INT32.encode(np.array([1.0, -2.0])) == b"\x01\x00\x00\x00\xfe\xff\xff\xff"
-    assert INT32.encode(np.array([2**31 - 1, -(2**31)], np.int64)) == b"\xff\xff\xff\x7f\x00\x00\x00\x80"
-    for bad in (np.array([1.5]), np.array([np.nan]), np.array([2.0**31]), np.array([2**40], np.int64)):
+    assert (
+        INT32.encode(np.array([2**31 - 1, -(2**31)], np.int64))
+        == b"\xff\xff\xff\x7f\x00\x00\x00\x80"
+    )
+    for bad in (
+        np.array([1.5]),
+        np.array([np.nan]),
+        np.array([2.0**31]),
+        np.array([2**40], np.int64),
+    ):
         with pytest.raises(CodecError):
             INT32.encode(bad)
 

@@ -65,8 +65,9 @@ def test_negative_zero_and_zero_rows():
 
 
 def test_scale_underflow_rescue():
-    _, scales = fp8_row_maxabs(np.array([[1e-39]], np.float32))
-    assert scales.tolist() == [0x0001]
+    # The reciprocal of the smallest BF16 subnormal overflows: non-zero values saturate.
+    codes, scales = fp8_row_maxabs(np.array([[1e-39, 0, -0.0, -1e-39]], np.float32))
+    assert scales.tolist() == [0x0001] and codes.tolist() == [[0x7E, 0x00, 0x80, 0xFE]]
 
 
 def test_pack_layout_and_unpack():
@@ -113,7 +114,9 @@ def test_scan_nan_codes(code, text):
     codes, scales = random_parts((3, 5))
     codes[2, 1] = code
     [finding] = CODEC.scan(as_data(pack_fp8_row(codes, scales)), (3, 5))
-    assert finding.severity == "error" and text in finding.message and "row 2 (1)" in finding.message
+    assert (
+        finding.severity == "error" and text in finding.message and "row 2 (1)" in finding.message
+    )
 
 
 @pytest.mark.parametrize(

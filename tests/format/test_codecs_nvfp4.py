@@ -65,7 +65,10 @@ def test_bad_shapes(shape, divisors, message):
 def test_shape_message_is_exact():
     with pytest.raises(CodecError) as caught:
         CODEC.check_shape((100, 64))
-    assert str(caught.value) == "nvfp4/block_scale_k16_m128x4_v1 needs N % 128 == 0, got shape [100, 64]"
+    assert (
+        str(caught.value)
+        == "nvfp4/block_scale_k16_m128x4_v1 needs N % 128 == 0, got shape [100, 64]"
+    )
 
 
 def test_swizzle_offsets_spec_vectors():
@@ -157,9 +160,11 @@ def test_absmax_round_trip(divisors):
     x[128:] *= 50  # the second matrix has its own range
     raw = as_data(CODEC.encode(x, divisors))
     assert CODEC.scan(raw, x.shape, divisors) == []
-    codes, scales, divs = unpack_nvfp4(raw, x.shape, divisors)
+    _, scales, divs = unpack_nvfp4(raw, x.shape, divisors)
     assert len(divs) == divisors
-    step = np.repeat(nm.e4m3fn_to_f32(scales), 16, axis=1) / np.repeat(divs, 256 // divisors)[:, None]
+    step = (
+        np.repeat(nm.e4m3fn_to_f32(scales), 16, axis=1) / np.repeat(divs, 256 // divisors)[:, None]
+    )
     err = np.abs(CODEC.decode(raw, x.shape, divisors) - x)
     assert np.all(err <= step * 1.0001)  # largest E2M1 half-gap (between 4 and 6) is 1
 

@@ -39,7 +39,9 @@ def reference_pack(format: str, codes: np.ndarray, scales: np.ndarray) -> bytes:
         for g in range(geo.groups_per_row):
             j = n * geo.groups_per_row + g
             scale = int(scales[n, g]) if g < geo.real_groups else 0
-            out[geo.scale_offset + 2 * j : geo.scale_offset + 2 * j + 2] = scale.to_bytes(2, "little")
+            out[geo.scale_offset + 2 * j : geo.scale_offset + 2 * j + 2] = scale.to_bytes(
+                2, "little"
+            )
             for i in range(fmt.group):
                 column = g * fmt.group + i
                 code = int(codes[n, column]) if column < k else fmt.pad_code

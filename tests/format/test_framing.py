@@ -48,13 +48,13 @@ def test_entry_header_rules():
         parse_entry_header(b"NINFER\x00\x02" + bytes(24), 4096, "m")
     with pytest.raises(FramingError, match="continuation"):
         parse_entry_header(PART_MAGIC + bytes(24), 4096, "m")
-    with pytest.raises(FramingError, match="not a .ninfer v3"):
+    with pytest.raises(FramingError, match=r"not a \.ninfer v3"):
         parse_entry_header(b"GGUF" + bytes(28), 4096, "m")
     with pytest.raises(FramingError, match="json_bytes=0"):
         parse_entry_header(ENTRY_MAGIC + bytes(24), 4096, "m")
     with pytest.raises(FramingError, match="json_bytes=5000"):
         parse_entry_header(ENTRY_MAGIC + (5000).to_bytes(8, "little") + bytes(16), 4096, "m")
-    with pytest.raises(FramingError, match="shorter"):
+    with pytest.raises(FramingError, match=r"shorter"):
         parse_entry_header(ENTRY_MAGIC, 8, "m")
 
 

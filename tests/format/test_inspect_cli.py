@@ -27,8 +27,17 @@ def artifact(tmp_path):
 def test_text_summary(artifact):
     code, out = run(artifact)
     assert code == 0, out
-    for needle in ("artifact_id", "components", "w.b", "q5_g64_fp16", "row_split_k128_v1",
-                   "[3, 130]", "totals per format", "no binder for architecture", "valid"):
+    for needle in (
+        "artifact_id",
+        "components",
+        "w.b",
+        "q5_g64_fp16",
+        "row_split_k128_v1",
+        "[3, 130]",
+        "totals per format",
+        "no binder for architecture",
+        "valid",
+    ):
         assert needle in out
 
 
@@ -97,8 +106,11 @@ def test_invalid_artifact_lists_problems(tmp_path):
 def test_garbage_file_is_invalid_without_traceback(tmp_path):
     path = tmp_path / "junk.ninfer"
     path.write_bytes(b"\x00" * 100)
-    proc = subprocess.run([sys.executable, "-m", "ninfer_format.inspect_cli", str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ninfer_format.inspect_cli", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "not a .ninfer v3 entry" in proc.stdout

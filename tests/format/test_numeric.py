@@ -136,6 +136,17 @@ def test_e4m3fn_saturates_and_keeps_nan():
     assert nm.f32_to_e4m3fn(np.float32([-0.0, 0.0])).tolist() == [0x80, 0x00]
 
 
+def test_e4m3fn_bit_rounding_agrees_with_threshold_rounding():
+    # Two independent roundings over a sweep of ~1M float32 words, every exponent included.
+    x = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = x[~np.isnan(x)]
+    codes = nm.f32_to_e4m3fn(x)
+    grid = nm.E4M3FN_VALUES[:0x7F]
+    expected = nm.nearest_level(np.minimum(np.abs(x), np.float32(448)), grid)
+    assert np.array_equal(codes & 0x7F, expected)
+    assert np.array_equal(codes >> 7, np.signbit(x))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.floats(-500, 500, width=32))
 def test_e4m3fn_matches_brute_force(x):
@@ -205,6 +216,10 @@ def test_nf4_codebook():
 def test_nearest_level_ties_to_even_index_and_clamps():
     grid = np.array([0.0, 1.0, 2.0, 3.0])
     assert nm.nearest_level(np.array([0.5, 1.5, 2.5, -5, 9]), grid).tolist() == [0, 2, 2, 0, 3]
+    # A midpoint that is no float32: 1 + 2^-23 and 1 + 2^-22 straddle 1 + 1.5 * 2^-23.
+    grid = np.float32([1.0, 1 + 2.0**-23, 1 + 2.0**-22])
+    values = np.float32([1 + 2.0**-23, 1 + 2.0**-22])
+    assert nm.nearest_level(values, grid).tolist() == [1, 2]
 
 
 @settings(max_examples=200, deadline=None)

@@ -21,6 +21,7 @@ from ninfer_format.resources import encode_resource
 
 from .helpers import RNG, load_example, small_artifact, write_raw
 
+
 def test_round_trip_single_file(tmp_path):
     path = tmp_path / "m.ninfer"
     encoded = small_artifact(path)
@@ -93,8 +94,11 @@ def test_segments_worked_example_from_spec(tmp_path):
 
 def test_continuation_files_are_opened_lazily_and_checked(tmp_path):
     path = tmp_path / "m.ninfer"
-    small_artifact(path, shard_limit=4096 * 3,
-                   tensors={f"w.{i}": ((64, 64), "bf16", "contiguous_le_v1") for i in range(6)})
+    small_artifact(
+        path,
+        shard_limit=4096 * 3,
+        tensors={f"w.{i}": ((64, 64), "bf16", "contiguous_le_v1") for i in range(6)},
+    )
     last = sorted(tmp_path.glob("m.ninfer.part-*"))[-1]
     last.rename(tmp_path / "moved")
     with Artifact.open(path) as art:  # opening needs the entry only
@@ -174,26 +178,33 @@ def test_writer_refuses_to_overwrite_and_cleans_up(tmp_path):
 
 def test_writer_failure_leaves_nothing(tmp_path):
     path = tmp_path / "m.ninfer"
-    specs = [TensorSpec("w.a", (4,), "fp32", "contiguous_le_v1"),
-             TensorSpec("w.b", (4,), "fp32", "contiguous_le_v1")]
+    specs = [
+        TensorSpec("w.a", (4,), "fp32", "contiguous_le_v1"),
+        TensorSpec("w.b", (4,), "fp32", "contiguous_le_v1"),
+    ]
     comps = {"text": {"config": {}}}
-    with pytest.raises(RuntimeError), ArtifactWriter(path, components=comps, objects=specs,
-                                                     bindings={}) as w:
+    with (
+        pytest.raises(RuntimeError),
+        ArtifactWriter(path, components=comps, objects=specs, bindings={}) as w,
+    ):
         w.write("w.a", np.zeros(4, np.float32))
         raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(WriteError, match="not written"), ArtifactWriter(
-        path, components=comps, objects=specs, bindings={}
-    ) as w:
+    with (
+        pytest.raises(WriteError, match="not written"),
+        ArtifactWriter(path, components=comps, objects=specs, bindings={}) as w,
+    ):
         w.write("w.a", np.zeros(4, np.float32))
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(WriteError, match="out of order"), ArtifactWriter(
-        path, components=comps, objects=specs, bindings={}
-    ) as w:
+    with (
+        pytest.raises(WriteError, match="out of order"),
+        ArtifactWriter(path, components=comps, objects=specs, bindings={}) as w,
+    ):
         w.write("w.b", np.zeros(4, np.float32))
-    with pytest.raises(WriteError, match="holds 16"), ArtifactWriter(
-        path, components=comps, objects=specs, bindings={}
-    ) as w:
+    with (
+        pytest.raises(WriteError, match="holds 16"),
+        ArtifactWriter(path, components=comps, objects=specs, bindings={}) as w,
+    ):
         w.write("w.a", np.zeros(5, np.float32))
     assert list(tmp_path.iterdir()) == []
 
@@ -202,16 +213,27 @@ def test_writer_validates_before_creating_files(tmp_path):
     path = tmp_path / "m.ninfer"
     specs = [TensorSpec("w.a", (4,), "fp32", "contiguous_le_v1")]
     with pytest.raises(WriteError) as err:
-        ArtifactWriter(path, components={"text": {"config": {}}}, objects=specs,
-                       bindings={"p": {"object": "nope"}})
+        ArtifactWriter(
+            path,
+            components={"text": {"config": {}}},
+            objects=specs,
+            bindings={"p": {"object": "nope"}},
+        )
     assert any("'nope' does not exist" in p for p in err.value.problems)
     with pytest.raises(WriteError, match="not implemented"):
-        ArtifactWriter(path, components={"text": {"config": {}}},
-                       objects=[TensorSpec("w", (4,), "fp99", "contiguous_le_v1")], bindings={})
+        ArtifactWriter(
+            path,
+            components={"text": {"config": {}}},
+            objects=[TensorSpec("w", (4,), "fp99", "contiguous_le_v1")],
+            bindings={},
+        )
     with pytest.raises(WriteError, match="N % 128"):
-        ArtifactWriter(path, components={"text": {"config": {}}},
-                       objects=[TensorSpec("w", (100, 64), "nvfp4", "block_scale_k16_m128x4_v1")],
-                       bindings={})
+        ArtifactWriter(
+            path,
+            components={"text": {"config": {}}},
+            objects=[TensorSpec("w", (100, 64), "nvfp4", "block_scale_k16_m128x4_v1")],
+            bindings={},
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -220,10 +242,16 @@ def test_zstd_resource_round_trip(tmp_path):
     raw = json.dumps({"vocab": list(range(2000))}).encode()
     stored = encode_resource("zstd_v1", raw)
     assert len(stored) < len(raw)
-    specs = [ResourceSpec("r", "zstd_v1", len(stored)), TensorSpec("w", (2,), "fp32",
-                                                                    "contiguous_le_v1")]
-    with ArtifactWriter(path, components={"text": {"config": {}, "resources": {"t.json": "r"}}},
-                        objects=specs, bindings={}) as w:
+    specs = [
+        ResourceSpec("r", "zstd_v1", len(stored)),
+        TensorSpec("w", (2,), "fp32", "contiguous_le_v1"),
+    ]
+    with ArtifactWriter(
+        path,
+        components={"text": {"config": {}, "resources": {"t.json": "r"}}},
+        objects=specs,
+        bindings={},
+    ) as w:
         w.write("r", stored)
         w.write("w", np.ones(2, np.float32))
     with Artifact.open(path) as art:

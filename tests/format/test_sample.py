@@ -16,8 +16,17 @@ def test_sample_is_valid_strict_and_binds(tmp_path):
         report = verify(art, strict=True)
         assert report.ok and not report.warnings
         formats = {o.format for o in art.objects.values() if o.kind == "tensor"}
-        assert {"q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16", "nvfp4",
-                "fp8_e4m3fn_row_bf16", "nf4_g64_fp16", "bf16", "fp32"} <= formats
+        assert {
+            "q4_g64_fp16",
+            "q5_g64_fp16",
+            "q6_g64_fp16",
+            "q8_g32_fp16",
+            "nvfp4",
+            "fp8_e4m3fn_row_bf16",
+            "nf4_g64_fp16",
+            "bf16",
+            "fp32",
+        } <= formats
         q = art.parameter("text/layers/1/attention/query")
         assert q.shape == (256, 256) and np.isfinite(q).all() and q.std() > 0
     result = CliRunner().invoke(inspect_main, [str(path), "--strict"])
