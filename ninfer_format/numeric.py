@@ -67,7 +67,7 @@ def f32_to_bf16(values: np.ndarray) -> np.ndarray:
     A NaN whose payload lives only in the low half would truncate to Inf, so it gets the quiet
     bit; any NaN that came from a bfloat16 word keeps that word exactly.
     """
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    bits = np.asarray(values, dtype=np.float32).view(np.uint32)
     rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     high = bits >> np.uint32(16)
     is_nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)

@@ -56,9 +56,7 @@ def check_dims(codec: Any, shape: Any, rank: int | None = None) -> tuple[int, ..
 
 def check_single_divisor(codec: Any, divisors: Any) -> None:
     if isinstance(divisors, bool) or divisors != 1:
-        raise codec_error(
-            codec, f"has no divisors member (only nvfp4 has), got divisors={divisors!r}"
-        )
+        raise codec_error(codec, f"takes no divisors (only nvfp4 does), got divisors={divisors!r}")
 
 
 def as_object_bytes(codec: Any, data: Any, expected: int) -> np.ndarray:

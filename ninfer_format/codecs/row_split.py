@@ -174,9 +174,10 @@ def unpack_row_split(
     codec = _codec(format)
     geo = codec.geometry(shape)
     raw = as_object_bytes(codec, data, geo.size)
-    codes = _padded_codes(codec.spec, geo, raw)[:, : geo.columns]
-    scales = _padded_scales(geo, raw)[:, : geo.real_groups]
-    return np.ascontiguousarray(codes), np.ascontiguousarray(scales)
+    # Copies: q8 codes would otherwise be a view of the caller's (maybe mapped) bytes.
+    codes = _padded_codes(codec.spec, geo, raw)[:, : geo.columns].copy()
+    scales = _padded_scales(geo, raw)[:, : geo.real_groups].copy()
+    return codes, scales
 
 
 def _padded_scales(geo: RowSplitGeometry, raw: np.ndarray) -> np.ndarray:
@@ -186,20 +187,30 @@ def _padded_scales(geo: RowSplitGeometry, raw: np.ndarray) -> np.ndarray:
 
 def _padded_codes(fmt: RowSplitFormat, geo: RowSplitGeometry, raw: np.ndarray) -> np.ndarray:
     """All ``[N, K_pad]`` lanes: signed int8 codes, or uint8 indices for nf4."""
-    base = raw[: geo.base_bytes]
-    shape = (geo.rows, geo.padded_columns)
+    everything = (slice(None), slice(None))
+    return _group_lanes(fmt, geo, raw, everything).reshape(geo.rows, geo.padded_columns)
+
+
+def _group_lanes(
+    fmt: RowSplitFormat, geo: RowSplitGeometry, raw: np.ndarray, select: tuple
+) -> np.ndarray:
+    """Lanes ``[..., G]`` of the groups picked by ``select``, an index into ``[N, groups]``
+    (slices for everything, index arrays for a few groups, as the scan needs)."""
+    grid = (geo.rows, geo.groups_per_row)
+    base = raw[: geo.base_bytes].reshape(*grid, -1)[select]
     if fmt.bits == 8:
-        return base.view(np.int8).reshape(shape)
-    lanes = np.take(_U4_PAIRS, base, axis=0).reshape(shape)
+        return base.view(np.int8)
+    lanes = np.take(_U4_PAIRS, base, axis=0).reshape(*base.shape[:-1], fmt.group)
     if fmt.nf4:
         return lanes
-    high = raw[geo.high_offset : geo.high_offset + geo.high_bytes]
-    if fmt.bits == 5:
-        bits = np.unpackbits(high, bitorder="little").reshape(shape)
-    else:
-        bits = np.take(_U2_QUADS, high, axis=0).reshape(shape)
-    np.left_shift(bits, 4, out=bits)
-    lanes |= bits
+    if fmt.bits > 4:
+        high = raw[geo.high_offset : geo.high_offset + geo.high_bytes].reshape(*grid, -1)[select]
+        if fmt.bits == 5:
+            bits = np.unpackbits(high, axis=-1, bitorder="little")
+        else:
+            bits = np.take(_U2_QUADS, high, axis=0).reshape(lanes.shape)
+        np.left_shift(bits, 4, out=bits)
+        lanes |= bits
     # Two's complement sign extension of a b-bit word held in a byte, in place.
     half = 1 << (fmt.bits - 1)
     lanes ^= np.uint8(half)
@@ -352,10 +363,10 @@ def _absmax_rows(
 
 
 def _scan(codec: RowSplitCodec, geo: RowSplitGeometry, raw: np.ndarray) -> list[Finding]:
+    """Scale checks read only the scale plane; code checks decode only the groups they concern
+    (zero-scale groups, padded groups), so verifying runs near memory speed."""
     fmt = codec.spec
     findings: list[Finding] = []
-    grouped = (geo.rows, geo.groups_per_row, fmt.group)
-    lanes = _padded_codes(fmt, geo, raw).reshape(grouped)
     words = _padded_scales(geo, raw)
     real = geo.real_groups
     scale = words[:, :real]
@@ -375,24 +386,40 @@ def _scan(codec: RowSplitCodec, geo: RowSplitGeometry, raw: np.ndarray) -> list[
             text = "negative scale (EXT-ALL dialect): " + where_text(negative)
             findings.append(Finding("warning", text))
 
-    column = np.arange(geo.padded_columns).reshape(geo.groups_per_row, fmt.group)
-    is_real = column < geo.columns
-    off_zero = lanes != fmt.pad_code
-    bad_zero_group = ((off_zero & is_real).sum(axis=2)[:, :real]) * (scale == 0)
-    if bad_zero_group.any():
-        text = "non-zero codes in groups whose scale is +0: " + where_text(bad_zero_group, "lanes")
-        findings.append(Finding("error", text))
-    if fmt.bits == 8:
-        illegal = ((lanes == -128) & is_real).sum(axis=2)[:, :real]
-        if illegal.any():
-            text = "illegal code 0x80 (-128): " + where_text(illegal, "lanes")
-            findings.append(Finding("error", text))
+    def off_pad_counts(rows: np.ndarray, groups: np.ndarray, real_lanes: bool) -> np.ndarray:
+        lanes = _group_lanes(fmt, geo, raw, (rows, groups))
+        column = groups[:, None] * fmt.group + np.arange(fmt.group)
+        in_range = (column < geo.columns) == real_lanes
+        counts = np.zeros((geo.rows, geo.groups_per_row), dtype=np.int64)
+        counts[rows, groups] = ((lanes != fmt.pad_code) & in_range).sum(axis=1)
+        return counts
 
-    pad_lanes = (off_zero & ~is_real).sum(axis=2)
-    if pad_lanes.any():
-        zero = "code 7" if fmt.nf4 else "0"
-        text = f"non-zero padding: lanes at columns >= {geo.columns} not {zero}: "
-        findings.append(Finding("warning", text + where_text(pad_lanes, "lanes")))
+    rows, groups = np.nonzero(scale == 0)
+    if rows.size:
+        bad = off_pad_counts(rows, groups, real_lanes=True)[:, :real]
+        if bad.any():
+            text = "non-zero codes in groups whose scale is +0: " + where_text(bad, "lanes")
+            findings.append(Finding("error", text))
+    if fmt.bits == 8:
+        minus_128 = raw[: geo.base_bytes] == 0x80
+        if minus_128.any():
+            lanes = minus_128.reshape(geo.rows, geo.groups_per_row, fmt.group)
+            column = np.arange(geo.padded_columns).reshape(geo.groups_per_row, fmt.group)
+            illegal = (lanes & (column < geo.columns)).sum(axis=2)[:, :real]
+            if illegal.any():
+                text = "illegal code 0x80 (-128): " + where_text(illegal, "lanes")
+                findings.append(Finding("error", text))
+
+    if geo.columns < geo.padded_columns:
+        first = geo.columns // fmt.group
+        rows, groups = np.meshgrid(
+            np.arange(geo.rows), np.arange(first, geo.groups_per_row), indexing="ij"
+        )
+        pad_lanes = off_pad_counts(rows.ravel(), groups.ravel(), real_lanes=False)
+        if pad_lanes.any():
+            zero = "code 7" if fmt.nf4 else "0"
+            text = f"non-zero padding: lanes at columns >= {geo.columns} not {zero}: "
+            findings.append(Finding("warning", text + where_text(pad_lanes, "lanes")))
     pad_scales = words[:, real:] != 0
     if pad_scales.any():
         text = "non-zero padding: scale of wholly padded groups not 0x0000: "
