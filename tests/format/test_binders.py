@@ -197,9 +197,14 @@ class Doc:
     def resource(self, role: str) -> str:
         object_id = f"r.{role}"
         self.doc["objects"].append(
-            {"id": object_id, "kind": "resource", "encoding": "raw_bytes_v1", "offset": self.end,
-             "bytes": 10}
-        )  # fmt: skip
+            {
+                "id": object_id,
+                "kind": "resource",
+                "encoding": "raw_bytes_v1",
+                "offset": self.end,
+                "bytes": 10,
+            }
+        )
         self.end += 10
         return object_id
 
@@ -265,9 +270,16 @@ def add_scalar(doc: dict[str, Any], shape: list[int]) -> str:
     size = 4 * math.prod(shape)
     object_id = f"aux.{len(doc['objects'])}"
     doc["objects"].append(
-        {"id": object_id, "kind": "tensor", "shape": shape, "format": "fp32",
-         "layout": "contiguous_le_v1", "offset": offset, "bytes": size}
-    )  # fmt: skip
+        {
+            "id": object_id,
+            "kind": "tensor",
+            "shape": shape,
+            "format": "fp32",
+            "layout": "contiguous_le_v1",
+            "offset": offset,
+            "bytes": size,
+        }
+    )
     doc["files"][0]["payload_bytes"] = offset + size
     return object_id
 
@@ -318,9 +330,11 @@ def test_parts_bindings_with_packed_parents_bind_cleanly() -> None:
     parent_id = parent["id"]
     # Use the [H] final norm's object as two halves of itself, and pack gdn q/k into one parent.
     doc["bindings"]["text/final_norm"] = {
-        "parts": [{"object": parent_id, "range": [0, H // 2]},
-                  {"object": parent_id, "range": [H // 2, H]}]
-    }  # fmt: skip
+        "parts": [
+            {"object": parent_id, "range": [0, H // 2]},
+            {"object": parent_id, "range": [H // 2, H]},
+        ]
+    }
     q = object_of(doc, "text/layers/0/gdn/query")
     q["shape"] = [2 * KG, H]
     doc["bindings"]["text/layers/0/gdn/query"] = {
@@ -460,12 +474,22 @@ def test_missing_mtp_head_use() -> None:
 
 def test_use_with_undefined_input() -> None:
     doc = make_doc()
-    doc["uses"].append({"parameter": "text/layers/1/attention/query", "input": "text/final_hidden",
-                        "activation_policy": "A16Only"})  # fmt: skip
+    doc["uses"].append(
+        {
+            "parameter": "text/layers/1/attention/query",
+            "input": "text/final_hidden",
+            "activation_policy": "A16Only",
+        }
+    )
     single_error(run(doc), "text/layers/1/attention/query @ text/final_hidden", "not defined")
     doc = make_doc()  # a dflash input on the head without a dflash component
-    doc["uses"].append({"parameter": "text/output_head", "input": "dflash/final_hidden",
-                        "activation_policy": "A16Only"})  # fmt: skip
+    doc["uses"].append(
+        {
+            "parameter": "text/output_head",
+            "input": "dflash/final_hidden",
+            "activation_policy": "A16Only",
+        }
+    )
     single_error(run(doc), "dflash/final_hidden", "not defined")
 
 
@@ -510,8 +534,10 @@ def test_allow_a4_on_nvfp4_weight() -> None:
     set_format(doc, name, "nvfp4")
     use = use_of(doc, name)
     use["activation_policy"] = "AllowA4"
-    assert run(doc).errors == ["use text/layers/1/mlp/gate @ text/layers/1/ffn_input:"
-                               " AllowA4 needs an activation_input_divisor auxiliary"]  # fmt: skip
+    assert run(doc).errors == [
+        "use text/layers/1/mlp/gate @ text/layers/1/ffn_input:"
+        " AllowA4 needs an activation_input_divisor auxiliary"
+    ]
     use["auxiliaries"] = {"activation_input_divisor": {"object": add_scalar(doc, [])}}
     assert run(doc).errors == []
     vector = add_scalar(doc, [2])  # a single-element Part of an fp32 vector is also fine

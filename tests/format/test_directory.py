@@ -145,8 +145,14 @@ def test_document_round_trip_keeps_member_order(example):
     directory = parse_directory(example)
     doc = directory.to_document()
     assert list(doc) == [
-        "components", "objects", "bindings", "uses", "metadata", "provenance", "files",
-    ]  # fmt: skip
+        "components",
+        "objects",
+        "bindings",
+        "uses",
+        "metadata",
+        "provenance",
+        "files",
+    ]
     assert doc["files"][0] == {"path": None, "payload_bytes": 63934464}
     assert json.loads(json.dumps(doc)) == doc
     assert "divisors" not in doc["objects"][5]

@@ -1,0 +1,81 @@
+"""Shared types of the architecture adapters and their registry."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ..errors import RecipeError
+
+
+class Loader(Protocol):
+    def load(self, name: str) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class SourcePiece:
+    """Rows ``[start, stop)`` of a source tensor viewed as 2-D ``[-1, last_dim]`` (None = all)."""
+
+    tensor: str
+    rows: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class LogicalTensor:
+    """One logical parameter and where its values come from."""
+
+    name: str
+    shape: tuple[int, ...]
+    role: str  # ParamSpec role value: "matrix", "vector", "fp32 vector", ...
+    inputs: tuple[str, ...]
+    pieces: tuple[SourcePiece, ...]
+    transpose: bool = False  # GDN convolution: source [C, 1, T] -> logical [T, C]
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    def load(self, source: Loader) -> torch.Tensor:
+        """The parameter's values in the source dtype, in the logical shape."""
+        chunks = []
+        for piece in self.pieces:
+            x = source.load(piece.tensor)
+            if piece.rows is not None:
+                x = x.reshape(-1, x.shape[-1])[piece.rows[0] : piece.rows[1]]
+            chunks.append(x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x)
+        x = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=0)
+        if self.transpose:
+            x = x.reshape(self.shape[1], self.shape[0]).t().contiguous()
+        if x.numel() != self.elements:
+            raise RecipeError(
+                f"{self.name}: source gives {x.numel()} values, the parameter has {self.elements}"
+            )
+        return x.reshape(self.shape)
+
+
+#: adapter(source tensor names, text config, components) -> logical name -> LogicalTensor
+Adapter = Callable[[set[str], Mapping[str, Any], tuple[str, ...]], dict[str, LogicalTensor]]
+_ADAPTERS: dict[str, Adapter] = {}
+
+
+def register_adapter(*model_types: str) -> Callable[[Adapter], Adapter]:
+    def decorate(fn: Adapter) -> Adapter:
+        for model_type in model_types:
+            _ADAPTERS[model_type] = fn
+        return fn
+
+    return decorate
+
+
+def adapter_for(model_type: str) -> Adapter:
+    try:
+        return _ADAPTERS[model_type]
+    except KeyError:
+        raise RecipeError(
+            f"no architecture adapter for model_type {model_type!r} "
+            f"(known: {', '.join(sorted(_ADAPTERS))})"
+        ) from None

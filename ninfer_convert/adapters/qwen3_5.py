@@ -1,0 +1,157 @@
+"""Qwen3.5 / Qwen3.6 dense and MoE checkpoints (HF names) -> v3 logical parameters (spec 5).
+
+Handles both prefixes of real checkpoints (text-only ``model.`` and VLM
+``model.language_model.``), MoE experts stored per expert or fused (``experts.gate_up_proj``
+``[E, 2I, H]``, ``experts.down_proj`` ``[E, H, I]``), the per-head query/gate interleave of
+``q_proj``, the ``in_proj_qkv`` row split and the GDN convolution transpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer_format.binders.qwen3_5 import expected_parameters
+
+from ..errors import RecipeError
+from .base import LogicalTensor, SourcePiece, register_adapter
+
+Pieces = tuple[SourcePiece, ...]
+
+
+def _whole(name: str) -> Pieces:
+    return (SourcePiece(name),)
+
+
+def _rows(name: str, start: int, stop: int) -> Pieces:
+    return (SourcePiece(name, (start, stop)),)
+
+
+class _Names:
+    """Source names for one checkpoint: prefixes found once, lookups by logical suffix."""
+
+    def __init__(self, keys: set[str], config: Mapping[str, Any]):
+        self.keys = keys
+        self.text = (
+            "model.language_model."
+            if any(k.startswith("model.language_model.") for k in keys)
+            else "model."
+        )
+        self.config = config
+        self.head_dim = int(config.get("head_dim") or 0)
+        self.key_width = int(config.get("linear_num_key_heads", 0)) * int(
+            config.get("linear_key_head_dim", 0)
+        )
+        self.value_width = int(config.get("linear_num_value_heads", 0)) * int(
+            config.get("linear_value_head_dim", 0)
+        )
+        self.experts_width = int(config.get("moe_intermediate_size") or 0)
+
+    def globals(self, suffix: str) -> Pieces:
+        if suffix == "token_embedding":
+            return _whole(self.text + "embed_tokens.weight")
+        if suffix == "final_norm":
+            return _whole(self.text + "norm.weight")
+        if "lm_head.weight" not in self.keys and self.config.get("tie_word_embeddings"):
+            return _whole(self.text + "embed_tokens.weight")
+        return _whole("lm_head.weight")
+
+    def layer(self, prefix: str, suffix: str) -> Pieces:
+        """``prefix`` is the HF layer prefix (``model.layers.3.`` or ``mtp.layers.0.``)."""
+        simple = {
+            "input_norm": "input_layernorm.weight",
+            "post_attention_norm": "post_attention_layernorm.weight",
+            "attention/key": "self_attn.k_proj.weight",
+            "attention/value": "self_attn.v_proj.weight",
+            "attention/output": "self_attn.o_proj.weight",
+            "attention/query_norm": "self_attn.q_norm.weight",
+            "attention/key_norm": "self_attn.k_norm.weight",
+            "gdn/z": "linear_attn.in_proj_z.weight",
+            "gdn/a_projection": "linear_attn.in_proj_a.weight",
+            "gdn/b_projection": "linear_attn.in_proj_b.weight",
+            "gdn/a_log": "linear_attn.A_log",
+            "gdn/dt_bias": "linear_attn.dt_bias",
+            "gdn/norm": "linear_attn.norm.weight",
+            "gdn/output": "linear_attn.out_proj.weight",
+            "gdn/convolution": "linear_attn.conv1d.weight",
+            "mlp/gate": "mlp.gate_proj.weight",
+            "mlp/up": "mlp.up_proj.weight",
+            "mlp/down": "mlp.down_proj.weight",
+            "moe/router": "mlp.gate.weight",
+            "moe/shared_score": "mlp.shared_expert_gate.weight",
+            "moe/shared/gate": "mlp.shared_expert.gate_proj.weight",
+            "moe/shared/up": "mlp.shared_expert.up_proj.weight",
+            "moe/shared/down": "mlp.shared_expert.down_proj.weight",
+        }
+        if suffix in simple:
+            return _whole(prefix + simple[suffix])
+        if suffix in ("attention/query", "attention/gate"):
+            return self._query_or_gate(prefix + "self_attn.q_proj.weight", suffix)
+        if suffix.startswith("gdn/") and suffix[4:] in ("query", "key", "value"):
+            kg, vg = self.key_width, self.value_width
+            start, width = {"query": (0, kg), "key": (kg, kg), "value": (2 * kg, vg)}[suffix[4:]]
+            return _rows(prefix + "linear_attn.in_proj_qkv.weight", start, start + width)
+        if suffix.startswith("moe/experts/"):
+            _, _, e, which = suffix.split("/")
+            return self._expert(prefix, int(e), which)
+        raise RecipeError(f"no source mapping for {prefix}{suffix}")
+
+    def _query_or_gate(self, name: str, suffix: str) -> Pieces:
+        d = self.head_dim
+        heads = int(self.config["num_attention_heads"])
+        offset = 0 if suffix == "attention/query" else d
+        return tuple(
+            SourcePiece(name, (2 * h * d + offset, 2 * h * d + offset + d)) for h in range(heads)
+        )
+
+    def _expert(self, prefix: str, e: int, which: str) -> Pieces:
+        per_expert = f"{prefix}mlp.experts.{e}.{which}_proj.weight"
+        if per_expert in self.keys:
+            return _whole(per_expert)
+        width = self.experts_width
+        if which == "down":
+            hidden = int(self.config["hidden_size"])
+            return _rows(f"{prefix}mlp.experts.down_proj", e * hidden, (e + 1) * hidden)
+        start = e * 2 * width + (0 if which == "gate" else width)
+        return _rows(f"{prefix}mlp.experts.gate_up_proj", start, start + width)
+
+
+def _mtp_pieces(names: _Names, suffix: str) -> Pieces:
+    fixed = {
+        "input_projection": "mtp.fc.weight",
+        "embedding_norm": "mtp.pre_fc_norm_embedding.weight",
+        "hidden_norm": "mtp.pre_fc_norm_hidden.weight",
+        "final_norm": "mtp.norm.weight",
+    }
+    if suffix in fixed:
+        return _whole(fixed[suffix])
+    _, index, rest = suffix.split("/", 2)  # layers/0/...
+    return names.layer(f"mtp.layers.{index}.", rest)
+
+
+@register_adapter("qwen3_5_text", "qwen3_5_moe_text")
+def map_qwen3_5(
+    keys: set[str], text_config: Mapping[str, Any], components: tuple[str, ...]
+) -> dict[str, LogicalTensor]:
+    names = _Names(keys, text_config)
+    out: dict[str, LogicalTensor] = {}
+    for spec in expected_parameters(text_config, components=components):
+        component, rest = spec.name.split("/", 1)
+        if component == "text" and rest.startswith("layers/"):
+            _, index, suffix = rest.split("/", 2)
+            pieces = names.layer(f"{names.text}layers.{index}.", suffix)
+        elif component == "text":
+            pieces = names.globals(rest)
+        elif component == "mtp":
+            pieces = _mtp_pieces(names, rest)
+        else:
+            continue  # proposal parameters are built by the pipeline, not read from a source
+        out[spec.name] = LogicalTensor(
+            spec.name,
+            spec.shape,
+            spec.role.value,
+            spec.inputs,
+            pieces,
+            transpose=spec.name.endswith("gdn/convolution"),
+        )
+    return out

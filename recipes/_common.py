@@ -1,0 +1,103 @@
+"""Building blocks shared by recipes (format groups that several recipes use)."""
+
+from __future__ import annotations
+
+from ninfer_convert.recipe import Recipe
+
+Q4, Q5, Q6, Q8 = "q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16"
+NF4, NVFP4, FP8 = "nf4_g64_fp16", "nvfp4", "fp8_e4m3fn_row_bf16"
+
+TEXT = "text/layers/*/"
+#: every text projection matrix of a layer (attention, GDN, dense MLP, MoE)
+TEXT_PROJECTIONS = [
+    TEXT + s
+    for s in (
+        "attention/query",
+        "attention/key",
+        "attention/gate",
+        "attention/value",
+        "attention/output",
+        "gdn/query",
+        "gdn/key",
+        "gdn/value",
+        "gdn/z",
+        "gdn/output",
+        "gdn/a_projection",
+        "gdn/b_projection",
+        "mlp/gate",
+        "mlp/up",
+        "mlp/down",
+        "moe/router",
+        "moe/shared_score",
+        "moe/experts/*/gate",
+        "moe/experts/*/up",
+        "moe/experts/*/down",
+        "moe/shared/gate",
+        "moe/shared/up",
+        "moe/shared/down",
+    )
+]
+#: small matrices that stay bf16 in every quantized recipe (upstream keeps them direct)
+KEEP_BF16 = [
+    TEXT + "gdn/a_projection",
+    TEXT + "gdn/b_projection",
+    TEXT + "moe/router",
+    TEXT + "moe/shared_score",
+    "mtp/layers/*/moe/router",
+    "mtp/layers/*/moe/shared_score",
+]
+
+
+def mtp_q8(recipe: Recipe) -> Recipe:
+    """Every MTP projection Q8 (upstream's rule for optional components), router/score bf16."""
+    recipe.assign(
+        "mtp/input_projection",
+        "mtp/layers/*/attention/*",
+        "mtp/layers/*/mlp/*",
+        "mtp/layers/*/moe/*",
+        format=Q8,
+    )
+    recipe.assign(
+        "mtp/layers/*/attention/query_norm", "mtp/layers/*/attention/key_norm", format="bf16"
+    )
+    recipe.assign("mtp/layers/*/moe/router", "mtp/layers/*/moe/shared_score", format="bf16")
+    return recipe
+
+
+def dense_groupwise(recipe: Recipe, vocabulary: tuple[str, str]) -> Recipe:
+    """The published dense split: Q4 for query/key (attention and GDN) and MLP gate/up, Q5 for
+    every other text projection, a/b projections bf16, vocabulary (embedding, head) as given."""
+    recipe.assign(*TEXT_PROJECTIONS, format=Q5)
+    recipe.assign(
+        TEXT + "attention/query",
+        TEXT + "attention/key",
+        TEXT + "gdn/query",
+        TEXT + "gdn/key",
+        TEXT + "mlp/gate",
+        TEXT + "mlp/up",
+        format=Q4,
+    )
+    recipe.assign(*KEEP_BF16, format="bf16")
+    recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
+    recipe.assign("text/token_embedding", format=vocabulary[0])
+    recipe.assign("text/output_head", format=vocabulary[1])
+    return mtp_q8(recipe)
+
+
+def uniform(recipe: Recipe, format: str) -> Recipe:
+    """Every projection (text, MTP, vocabulary) in one format; small matrices stay bf16."""
+    recipe.assign(
+        *TEXT_PROJECTIONS,
+        "text/token_embedding",
+        "text/output_head",
+        "mtp/input_projection",
+        "mtp/layers/*/attention/*",
+        "mtp/layers/*/mlp/*",
+        "mtp/layers/*/moe/*",
+        format=format,
+    )
+    recipe.assign(
+        "mtp/layers/*/attention/query_norm", "mtp/layers/*/attention/key_norm", format="bf16"
+    )
+    recipe.assign(*KEEP_BF16, format="bf16")
+    return recipe
