@@ -170,38 +170,56 @@ def _run(
             click.echo(f"INVALID ({len(exc.problems)} errors)")
         return EXIT_INVALID
     with artifact:
-        if dump_name:
-            try:
-                click.echo(_dump(artifact, dump_name, output))  # type: ignore[arg-type]
-            except LookupFailed as exc:
-                click.echo(f"ninfer-inspect: {exc}", err=True)
-                return EXIT_USAGE
-            except ArtifactError as exc:
-                for p in exc.problems:
-                    click.echo(f"error: {p}")
-                return EXIT_INVALID
-            return EXIT_VALID
-        s = summarize(artifact)
-        if deep or strict:
-            report = verify(artifact, strict=strict)
-            s["errors"] += report.errors
-            s["warnings"] += report.warnings
-            s["verify"] = {
-                "checked_bytes": report.checked_bytes,
-                "seconds": report.seconds,
-                "checksummed_objects": report.checksummed,
-                "errors": len(report.errors),
-                "warnings": len(report.warnings),
-            }
-        if strict and s["warnings"]:
-            s["errors"] += [f"strict: {w}" for w in s["warnings"]]
-            s["warnings"] = []
-        s["valid"] = not s["errors"]
-        if as_json:
-            click.echo(json.dumps(s, indent=2))
-        else:
-            _print_text(s, objects)
-        return EXIT_VALID if s["valid"] else EXIT_INVALID
+        try:
+            return _report(artifact, as_json, deep, strict, dump_name, output, objects)
+        except ArtifactError as exc:  # something the per-object checks did not attribute
+            for p in exc.problems:
+                click.echo(f"error: {p}")
+            click.echo(f"INVALID ({len(exc.problems)} errors)")
+            return EXIT_INVALID
+
+
+def _report(
+    artifact: Artifact,
+    as_json: bool,
+    deep: bool,
+    strict: bool,
+    dump_name: str | None,
+    output: Path | None,
+    objects: bool,
+) -> int:
+    if dump_name:
+        try:
+            click.echo(_dump(artifact, dump_name, output))  # type: ignore[arg-type]
+        except LookupFailed as exc:
+            click.echo(f"ninfer-inspect: {exc}", err=True)
+            return EXIT_USAGE
+        except ArtifactError as exc:
+            for p in exc.problems:
+                click.echo(f"error: {p}")
+            return EXIT_INVALID
+        return EXIT_VALID
+    s = summarize(artifact)
+    if deep or strict:
+        report = verify(artifact, strict=strict)
+        s["errors"] += report.errors
+        s["warnings"] += report.warnings
+        s["verify"] = {
+            "checked_bytes": report.checked_bytes,
+            "seconds": report.seconds,
+            "checksummed_objects": report.checksummed,
+            "errors": len(report.errors),
+            "warnings": len(report.warnings),
+        }
+    if strict and s["warnings"]:
+        s["errors"] += [f"strict: {w}" for w in s["warnings"]]
+        s["warnings"] = []
+    s["valid"] = not s["errors"]
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+    else:
+        _print_text(s, objects)
+    return EXIT_VALID if s["valid"] else EXIT_INVALID
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from .errors import (
     LookupFailed,
     MissingFile,
     PartFileError,
+    ResourceError,
 )
 from .framing import (
     HEADER_BYTES,
@@ -181,6 +182,8 @@ class Artifact:
             return mm
         f = self.files[index]
         name = f.path.name
+        if f.path.exists() and not f.path.is_file():  # a FIFO would block open() forever
+            raise PartFileError(f"{name}: file {index} of the set is not a regular file")
         try:
             with f.path.open("rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -230,6 +233,8 @@ class Artifact:
         if len(segs) == 1:
             i, at, _, n = segs[0]
             return self.read_file(i, at, n)
+        for i, *_ in segs:
+            self._map(i)  # every file checked (R15) before a buffer of that size exists
         out = np.empty(length, dtype=np.uint8)
         for i, at, dest, n in segs:
             out[dest : dest + n] = self.read_file(i, at, n)
@@ -300,6 +305,12 @@ class Artifact:
         if isinstance(binding, WholeBinding):
             values = self.tensor(binding.object)
         else:
+            total = sum(p.elements for p in binding.parts)
+            if total > self._stored_elements:
+                raise ArtifactError(
+                    f"parameter {name!r}: its parts total {total} elements, more than the "
+                    f"{self._stored_elements} the artifact stores in all tensors"
+                )
             decoded: dict[str, np.ndarray] = {}
             pieces = []
             for part in binding.parts:
@@ -317,6 +328,10 @@ class Artifact:
             values = values.reshape(shape)
         return values
 
+    @cached_property
+    def _stored_elements(self) -> int:
+        return sum(o.elements for o in self.directory.objects if isinstance(o, Tensor))
+
     # ------------------------------------------------------------- resources
     def resource(self, role: str, component: str = "text") -> bytes:
         """A frontend file by role (e.g. ``tokenizer.json``), decoded from its encoding."""
@@ -328,4 +343,7 @@ class Artifact:
             raise LookupFailed(f"component {component!r} has no resource {role!r}")
         obj = self.objects[oid]
         assert isinstance(obj, Resource)
-        return decode_resource(obj.encoding, self.raw(oid).tobytes())
+        try:
+            return decode_resource(obj.encoding, self.raw(oid).tobytes())
+        except ResourceError as exc:
+            raise ResourceError(f"resource {role!r} (object {oid!r}): {exc}") from None

@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 from .errors import ResourceError
 
-_MAX_RESOURCE = 1 << 32  # 4 GiB of decompressed resource is far beyond any tokenizer file
+#: Largest decompressed resource: tokenizer files are ~10 MB; this bounds a hostile frame.
+MAX_RESOURCE_BYTES = 256 << 20
 
 
 def _zstd_encode(raw: bytes) -> bytes:
@@ -19,9 +20,15 @@ def _zstd_decode(stored: bytes) -> bytes:
     import zstandard
 
     try:
-        return zstandard.ZstdDecompressor().decompress(stored, max_output_size=_MAX_RESOURCE)
+        # Stream with a cap: a frame header may declare any content size, and one-shot
+        # decompression would allocate it before noticing the data is short.
+        with zstandard.ZstdDecompressor().stream_reader(stored) as reader:
+            raw = reader.read(MAX_RESOURCE_BYTES + 1)
     except zstandard.ZstdError as exc:
         raise ResourceError(f"zstd_v1 resource does not decompress: {exc}") from None
+    if len(raw) > MAX_RESOURCE_BYTES:
+        raise ResourceError(f"zstd_v1 resource expands beyond {MAX_RESOURCE_BYTES} bytes")
+    return raw
 
 
 ENCODINGS: dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]] = {

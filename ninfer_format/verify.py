@@ -67,7 +67,10 @@ def verify(
         if progress is not None:
             progress(obj.bytes)
     if strict:
-        report.warnings.extend(_outside_padding(artifact))
+        try:
+            report.warnings.extend(_outside_padding(artifact))
+        except ArtifactError as exc:
+            report.errors.extend(exc.problems)
     report.seconds = time.perf_counter() - started
     return report
 

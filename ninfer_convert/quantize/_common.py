@@ -126,17 +126,16 @@ def bf16_words(x: torch.Tensor) -> torch.Tensor:
     return ((words ^ 0x8000) - 0x8000).to(torch.int16)
 
 
-def e4m3fn_codes(magnitude: torch.Tensor) -> torch.Tensor:
-    """Finite float32 magnitudes in [0, 448] -> E4M3FN code words (int32, sign bit clear).
+def e4m3fn_bytes(y: torch.Tensor) -> torch.Tensor:
+    """Finite float32 in [-448, 448] -> E4M3FN bytes (uint8): nearest value, ties to the even
+    code word, sign from signbit; the rule of ``numeric.f32_to_e4m3fn``.
 
-    Normals: RNE of the float32 pattern to 3 fraction bits (a carry into the exponent is the
-    right answer). Below 2^-6 the values are the multiples of 2^-9, so the code is
-    ``rint(m * 512)``; the product is exact (power-of-two scaling).
+    PyTorch's own float8_e4m3fn conversion is exactly that rule in range (checked against the
+    numpy reference for every float32 of magnitude <= 448 on CPU, and by the tests on CUDA),
+    and it is one pass instead of a dozen bit operations. Out of range it would give NaN, so
+    callers clamp first.
     """
-    bits = magnitude.view(torch.int32)
-    normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) >> 20) - ((127 - 7) << 3)
-    subnormal = torch.round(magnitude * 512.0).to(torch.int32)
-    return torch.where(magnitude >= 2.0**-6, normal, subnormal)
+    return y.to(torch.float8_e4m3fn).view(torch.uint8)
 
 
 def pass_thresholds(levels: np.ndarray) -> np.ndarray:

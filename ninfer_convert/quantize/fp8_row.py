@@ -27,9 +27,10 @@ def fp8_row_maxabs(values: torch.Tensor, format: str = FORMAT) -> bytes:
     geo = CODEC.geometry((n, k))
     out = np.zeros(geo.size, dtype=np.uint8)
     words = np.zeros(n, dtype="<u2")
+    exact = values.dtype == torch.bfloat16  # already on the BF16 grid: no rounding pass
     for rows in common.row_chunks(n, k, common.CHUNK_VALUES):
         try:
-            codes, words[rows] = _rows(common.as_f32(values[rows]))
+            codes, words[rows] = _rows(common.as_f32(values[rows]), exact)
         except common.NonFinite:
             common.raise_non_finite(values[rows], rows.start)
         out[rows.start * k : rows.stop * k] = common.host(codes.reshape(-1))
@@ -37,21 +38,25 @@ def fp8_row_maxabs(values: torch.Tensor, format: str = FORMAT) -> bytes:
     return out.tobytes()
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+def _rows(x: torch.Tensor, bf16_exact: bool) -> tuple[torch.Tensor, np.ndarray]:
     raw_amax = common.host(x.abs().amax(dim=1))
     common.check_amax(raw_amax)  # before rounding: the bit trick is not meant for NaN
     # RNE is monotonic, so the absmax of the rounded row is the rounded absmax.
     amax = bf16_to_f32(f32_to_bf16(raw_amax))
-    x = common.bf16_round_bits(x).view(torch.float32)
+    if not bf16_exact:
+        x = common.bf16_round_bits(x).view(torch.float32)
     # Host: scale word and reciprocal, exactly as the numpy reference computes them.
     words = f32_to_bf16((amax.astype(np.float64) / E4M3FN_MAX).astype(np.float32))
     words[(words == 0) & (amax > 0)] = 0x0001
     with np.errstate(divide="ignore", over="ignore"):
-        # Below 2^-128 the reciprocal overflows to Inf, as in the reference; zeros stay zeros.
         inv = np.where(words == 0, np.float32(0), np.float32(1) / bf16_to_f32(words))
-    inv_t = common.device_tensor(inv.astype(np.float32), x)[:, None]
-    y = torch.where(x == 0, x, x * inv_t).clamp_(-E4M3FN_MAX, E4M3FN_MAX)
-    codes = common.e4m3fn_codes(y.abs()) | (torch.signbit(y).to(torch.int32) << 7)
-    zero_rows = common.device_tensor(words == 0, x)[:, None]
-    codes = torch.where(zero_rows, 0, codes)  # all-zero rows: +0 codes, even for -0 inputs
-    return codes.to(torch.uint8), words
+    inv = inv.astype(np.float32)
+    y = x * common.device_tensor(inv, x)[:, None]
+    if np.isinf(inv).any():
+        # Below 2^-128 the reciprocal overflows to Inf, as in the reference; zeros stay zeros
+        # instead of becoming Inf * 0 = NaN.
+        y = torch.where(x == 0, x, y)
+    codes = common.e4m3fn_bytes(y.clamp_(-E4M3FN_MAX, E4M3FN_MAX))
+    if np.any(words == 0):  # all-zero rows: +0 codes, even for -0 inputs
+        codes = torch.where(common.device_tensor(words == 0, x)[:, None], 0, codes)
+    return codes, words
