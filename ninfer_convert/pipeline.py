@@ -2,6 +2,12 @@
 
 Peak memory stays near the largest parent object: each parent's members are loaded from the
 memory-mapped sources, encoded, written and released before the next one.
+
+Each parameter is read from the source role its recipe choice names. How a parent's bytes are
+made depends on its method: an importer (``encoded.py``: ``import_encoded``, ``gguf_import``)
+copies stored words, any other method quantizes float values (``encoder_for``). Importers are
+prepared before the writer opens, so a bad field, divisor or header fails in the first second
+and never leaves a partial artifact.
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ from ninfer_format.codecs import codec_for
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
 
 from .adapters import LogicalTensor, adapter_for
+from .adapters.qwen3_5_gguf import has_mtp as gguf_has_mtp
+from .adapters.qwen3_5_gguf import map_qwen3_5_gguf, open_config_only
+from .encoded import Importer, importers, values_view, weight_names
 from .errors import ConvertError, RecipeError, SourceError
-from .plan import Parent, bindings_and_uses, plan_parents
+from .plan import Auxiliary, Parent, attach_auxiliaries, bindings_and_uses, plan_parents
 from .quantize import quantize
-from .recipe import Recipe, load_recipe
-from .sources import open_source
+from .recipe import Choice, Recipe, load_recipe
+from .sources import GgufSource, open_source
 
 TEXT_RESOURCES = (
     "tokenizer.json",
@@ -67,7 +76,7 @@ class ConversionReport:
 
     def totals(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
-        for obj in self.objects:
+        for obj in (o for o in self.objects if o["kind"] == "tensor"):
             t = out.setdefault(obj["format"], {"objects": 0, "bytes": 0, "elements": 0})
             t["objects"] += 1
             t["bytes"] += obj["bytes"]
@@ -95,15 +104,16 @@ class ConversionReport:
         }
 
 
-def _components(source: Any, recipe: Recipe, requested: tuple[str, ...] | None) -> tuple[str, ...]:
-    has_mtp = any(k.startswith("mtp.") for k in source.keys())  # noqa: SIM118 (a source, not a dict)
+def _components(
+    has_mtp: bool, source_id: str, recipe: Recipe, requested: tuple[str, ...] | None
+) -> tuple[str, ...]:
     wanted = requested or recipe.components
     if "text" not in wanted:
         raise RecipeError("the text component is required")
     if "mtp" in wanted and not has_mtp:
         if requested:
             raise SourceError(
-                f"{source.id}: --components asks for mtp but the source has no mtp.* tensors"
+                f"{source_id}: --components asks for mtp but the source has no mtp tensors"
             )
         wanted = tuple(c for c in wanted if c != "mtp")
     unknown = set(wanted) - {"text", "mtp"}
@@ -114,29 +124,158 @@ def _components(source: Any, recipe: Recipe, requested: tuple[str, ...] | None) 
     return tuple(wanted)
 
 
-def _check_sources(
-    logical: Mapping[str, LogicalTensor], sources: Mapping[str, Any], recipe: Recipe
-) -> None:
-    for t in logical.values():
-        role = recipe.choice(t.name, t.role).source
-        source = sources.get(role)
-        if source is None:
+def _has_mtp(sources: Mapping[str, Any], recipe: Recipe, config: Mapping[str, Any]) -> bool:
+    """Whether the source the MTP weights would come from holds them."""
+    source = sources.get(recipe.choice("mtp/input_projection", "matrix").source, sources["base"])
+    if isinstance(source, GgufSource):
+        return gguf_has_mtp(source, config)
+    return any(k.startswith("mtp.") for k in source.keys())  # noqa: SIM118 (a source, not a dict)
+
+
+def open_sources(source_specs: Mapping[str, str], recipe: Recipe) -> dict[str, Any]:
+    """Every ``--source``; the base may be config-only when the recipe reads no weights from it."""
+    if "base" not in source_specs:
+        raise SourceError("a base source is required: --source PATH_OR_REPO_ID")
+    return {
+        role: open_config_only(spec)
+        if role == "base" and not recipe.base_weights
+        else open_source(spec)
+        for role, spec in source_specs.items()
+    }
+
+
+@dataclass
+class Prepared:
+    """What planning and verification share: per-role logical maps and the final choices."""
+
+    recipe: Recipe
+    sources: dict[str, Any]
+    #: per role, what float values are read through (quantized safetensors decode)
+    views: dict[str, Any]
+    components: tuple[str, ...]
+    model_type: str
+    text_config: dict[str, Any]
+    logical: dict[str, LogicalTensor]
+    choices: dict[str, Choice]
+    importers: dict[str, Importer]
+
+
+def _role_map(
+    source: Any, model_type: str, config: Mapping[str, Any], components: tuple[str, ...]
+) -> Mapping[str, LogicalTensor]:
+    """The logical map of one non-base source: GGUF names, or the HF adapter run on the
+    source's own names (its expert layout and prefixes may differ from the base's)."""
+    if isinstance(source, GgufSource):
+        return map_qwen3_5_gguf(source, config, components)
+    return adapter_for(model_type)(weight_names(source), config, components)
+
+
+def prepare(
+    recipe: Recipe, sources: dict[str, Any], components: tuple[str, ...] | None = None
+) -> Prepared:
+    """Resolve every parameter's source, pieces and choice, and prepare the importers."""
+    base = sources["base"]
+    text_config = dict(getattr(base, "text_config", None) or {})
+    model_type = text_config.get("model_type")
+    if not model_type:
+        raise SourceError(f"{base.id}: config.json has no model_type")
+    comps = _components(_has_mtp(sources, recipe, text_config), base.id, recipe, components)
+    logical = adapter_for(model_type)(set(base.keys()), text_config, comps)
+    raw = {name: recipe.choice(name, t.role) for name, t in logical.items()}
+    for name, choice in raw.items():
+        if choice.source not in sources:
             raise SourceError(
-                f"{t.name}: recipe {recipe.name} reads it from --source {role}=..., "
+                f"{name}: recipe {recipe.name} reads it from --source {choice.source}=..., "
                 "which was not given"
             )
-        keys = set(source.keys())
+    for role in sorted({c.source for c in raw.values()} - {"base"}):
+        mapped = _role_map(sources[role], model_type, text_config, comps)
+        logical.update({n: mapped[n] for n, c in raw.items() if c.source == role})
+    methods = importers(sources, recipe)
+    choices = {
+        name: methods[c.method].resolve(logical[name], c) if c.method in methods else c
+        for name, c in raw.items()
+    }
+    views = {role: values_view(s) for role, s in sources.items()}
+    _check_pieces(logical, choices, views, methods)
+    for importer in methods.values():
+        importer.prepare(logical, choices)
+    return Prepared(
+        recipe, sources, views, comps, model_type, text_config, logical, choices, methods
+    )
+
+
+def _check_pieces(
+    logical: Mapping[str, LogicalTensor],
+    choices: Mapping[str, Choice],
+    views: Mapping[str, Any],
+    methods: Mapping[str, Importer],
+) -> None:
+    """Float-read parameters: every source tensor exists (importers check their own)."""
+    for name, t in logical.items():
+        if choices[name].method in methods:
+            continue
+        view = views[choices[name].source]
         for piece in t.pieces:
-            if piece.tensor not in keys:
-                raise SourceError(f"{source.id}: tensor {piece.tensor!r} (for {t.name}) is missing")
+            if piece.tensor not in view:
+                raise SourceError(f"{view.id}: tensor {piece.tensor!r} (for {t.name}) is missing")
 
 
-def _parent_values(parent: Parent, sources: Mapping[str, Any]) -> torch.Tensor:
-    source = sources[parent.choice.source]
+def _parent_values(parent: Parent, views: Mapping[str, Any]) -> torch.Tensor:
+    source = views[parent.choice.source]
     values = [m.load(source) for m in parent.stacked]
     if len(values) == 1:
         return values[0]
     return torch.cat([v.reshape(-1, v.shape[-1]) for v in values], dim=0)
+
+
+#: makes a parent's object bytes and the source values the decoded object should match
+ParentEncoder = Callable[[Parent], tuple[bytes, "torch.Tensor | np.ndarray"]]
+
+
+def encoder_for(parent: Parent, prepared: Prepared, device: str) -> ParentEncoder:
+    """An importer for its method, else quantization of the float values."""
+    importer = prepared.importers.get(parent.choice.method)
+    if importer is not None:
+        return importer.encode
+
+    def quantized(parent: Parent) -> tuple[bytes, torch.Tensor]:
+        values = _parent_values(parent, prepared.views)
+        encoded = quantize(
+            parent.choice.method,
+            values.to(device),
+            parent.choice.format,
+            divisors=parent.divisors or 1,
+            **dict(parent.choice.params),
+        )
+        return encoded, values
+
+    return quantized
+
+
+def _stacking(prepared: Prepared) -> Callable[[Any, Choice], int]:
+    def stacking(members: Any, choice: Choice) -> int:
+        importer = prepared.importers.get(choice.method)
+        return importer.stacking(members, choice) if importer is not None else 1
+
+    return stacking
+
+
+def plan(prepared: Prepared) -> tuple[list[Parent], dict[str, Any], list[dict], list[Auxiliary]]:
+    """Parents, bindings, uses and the auxiliary objects their uses bind."""
+    parents = plan_parents(
+        prepared.logical,
+        prepared.recipe,
+        choices=prepared.choices,
+        stacking=_stacking(prepared),
+    )
+    bindings, uses = bindings_and_uses(parents)
+
+    def provide(parent: Parent, use: dict[str, Any]) -> Any:
+        importer = prepared.importers.get(parent.choice.method)
+        return importer.auxiliaries(parent, use) if importer is not None else {}
+
+    return parents, bindings, uses, attach_auxiliaries(parents, uses, provide)
 
 
 ERROR_CHUNK = 1 << 22  # elements per step of the error statistics (bounded temporaries)
@@ -159,14 +298,17 @@ def _error_stats(decoded: np.ndarray, source: np.ndarray) -> tuple[float, float,
     return rmse, worst, rmse / rms if rms else 0.0
 
 
-def _errors(parent: Parent, encoded: bytes, source_values: torch.Tensor) -> list[ParameterReport]:
+def _errors(
+    parent: Parent, encoded: bytes, source_values: torch.Tensor | np.ndarray
+) -> list[ParameterReport]:
+    """Decoded object vs the source values (for imports: the decoded source words)."""
     codec = codec_for(parent.choice.format, parent.layout)
     decoded = codec.decode(np.frombuffer(encoded, np.uint8), parent.shape, parent.divisors or 1)
     flat_decoded = decoded.reshape(-1)
-    flat_source = source_values.reshape(-1)
-    if flat_source.dtype == torch.bfloat16:
-        flat_source = flat_source.float()
-    flat_source = flat_source.cpu().numpy()
+    if isinstance(source_values, torch.Tensor):
+        flat = source_values.reshape(-1)
+        source_values = (flat.float() if flat.dtype == torch.bfloat16 else flat).cpu().numpy()
+    flat_source = np.asarray(source_values).reshape(-1)
     ranges, start = {}, 0
     for m in parent.stacked:
         ranges[(m.pieces, m.transpose)] = (start, start + m.elements)
@@ -191,7 +333,7 @@ def _errors(parent: Parent, encoded: bytes, source_values: torch.Tensor) -> list
 
 
 def convert(
-    recipe_name: str,
+    recipe_name: str | Recipe,
     source_specs: Mapping[str, str],
     output: Path,
     *,
@@ -201,22 +343,21 @@ def convert(
     force: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> ConversionReport:
-    """Convert and publish ``output``; returns the per-parameter report (also saved as JSON)."""
+    """Convert and publish ``output``; returns the per-parameter report (also saved as JSON).
+
+    ``recipe_name`` is a recipe module name, or a ``Recipe`` built by the caller.
+    """
     started = time.perf_counter()
-    recipe = load_recipe(recipe_name)
-    if "base" not in source_specs:
-        raise SourceError("a base source is required: --source PATH_OR_REPO_ID")
-    sources = {role: open_source(spec) for role, spec in source_specs.items()}
+    recipe = recipe_name if isinstance(recipe_name, Recipe) else load_recipe(recipe_name)
+    sources = open_sources(source_specs, recipe)
+    prepared = prepare(recipe, sources, components)
     base = sources["base"]
-    text_config = dict(getattr(base, "text_config", None) or {})
-    model_type = text_config.get("model_type")
-    if not model_type:
-        raise SourceError(f"{base.id}: config.json has no model_type")
-    comps = _components(base, recipe, components)
-    logical = adapter_for(model_type)(set(base.keys()), text_config, comps)
-    _check_sources(logical, sources, recipe)
-    parents = plan_parents(logical, recipe)
-    bindings, uses = bindings_and_uses(parents)
+    text_config, model_type, comps = (
+        prepared.text_config,
+        prepared.model_type,
+        prepared.components,
+    )
+    parents, bindings, uses, auxiliaries = plan(prepared)
 
     resources = {r: base.resources[r] for r in TEXT_RESOURCES if r in base.resources}
     text_config["architectures"] = [ARCHITECTURES[model_type]]
@@ -233,6 +374,7 @@ def convert(
         for r, data in resources.items()
     ]
     specs += [TensorSpec(p.id, p.shape, p.choice.format, p.layout, p.divisors) for p in parents]
+    specs += [TensorSpec(a.id, a.shape, a.format, "contiguous_le_v1") for a in auxiliaries]
     from . import __version__
 
     provenance = {
@@ -259,35 +401,21 @@ def convert(
             for role, data in resources.items():
                 writer.write(f"resource/text/{role}", data)
             for parent in parents:
-                values = _parent_values(parent, sources)
                 try:
-                    encoded = quantize(
-                        parent.choice.method,
-                        values.to(device),
-                        parent.choice.format,
-                        divisors=parent.divisors or 1,
-                        **dict(parent.choice.params),
-                    )
+                    encoded, reference = encoder_for(parent, prepared, device)(parent)
                 except ConvertError as exc:
                     names = ", ".join(m.name for m in parent.members)
                     raise RecipeError(f"{names}: {exc}") from None
                 writer.write(parent.id, encoded)
-                report.parameters += _errors(parent, encoded, values)
-                report.objects.append(
-                    {
-                        "id": parent.id,
-                        "kind": "tensor",
-                        "format": parent.choice.format,
-                        "shape": list(parent.shape),
-                        "bytes": len(encoded),
-                        "elements": math.prod(parent.shape),
-                        "parameters": [m.name for m in parent.members],
-                    }
-                )
+                report.parameters += _errors(parent, encoded, reference)
+                report.objects.append(_object_record(parent, len(encoded)))
                 done += math.prod(parent.shape)
                 if progress:
                     progress(", ".join(m.name for m in parent.members), done, total)
-                del values, encoded
+                del reference, encoded
+            for aux in auxiliaries:
+                writer.write(aux.id, aux.data)
+                report.objects.append(_auxiliary_record(aux))
             directory = writer.directory
     except ArtifactError as exc:
         raise ConvertError(f"{output}: {exc}") from None
@@ -300,3 +428,30 @@ def convert(
     tmp.write_text(json.dumps(report.as_dict(), indent=2))
     tmp.replace(report_path)
     return report
+
+
+def _object_record(parent: Parent, size: int) -> dict[str, Any]:
+    record = {
+        "id": parent.id,
+        "kind": "tensor",
+        "format": parent.choice.format,
+        "method": parent.choice.method,
+        "shape": list(parent.shape),
+        "bytes": size,
+        "elements": math.prod(parent.shape),
+        "parameters": [m.name for m in parent.members],
+    }
+    if parent.divisors:
+        record["divisors"] = parent.divisors
+    return record
+
+
+def _auxiliary_record(aux: Auxiliary) -> dict[str, Any]:
+    return {
+        "id": aux.id,
+        "kind": "auxiliary",
+        "format": aux.format,
+        "shape": list(aux.shape),
+        "bytes": len(aux.data),
+        "elements": math.prod(aux.shape),
+    }

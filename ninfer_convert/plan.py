@@ -3,11 +3,14 @@
 Packing follows spec 5.2: members of a group share one parent (rows stacked) when their
 choices agree, the recipe does not separate them, and the stacked shape fits the layout;
 larger groups are tried first. Parameters with identical sources and choices (a tied head)
-share one object.
+share one object. Encoded imports add one rule: NVFP4 members share a parent only when their
+weight divisors allow it (``Stacking``). Auxiliary objects (per-Use activation divisors,
+input column maps) are numbered after the weights.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,20 +84,40 @@ def _expert_banks(names: list[str]) -> list[tuple[str, list[str]]]:
     return [(members[0], members) for members in banks.values()]
 
 
-def _fits(members: list[LogicalTensor], choice: Choice) -> tuple[int, ...] | None:
+#: for members about to share a parent: 0 if they may not, else the parent's divisor count
+#: (1 = one divisor or none; n > 1 = one divisor per stacked member, EXT-ALL ``divisors``)
+Stacking = Callable[[Sequence[LogicalTensor], Choice], int]
+
+
+def _one_divisor(members: Sequence[LogicalTensor], choice: Choice) -> int:
+    return 1
+
+
+def _fits(
+    members: list[LogicalTensor], choice: Choice, divisors: int = 1
+) -> tuple[int, ...] | None:
     shapes = {m.shape[1:] for m in members}
     if len(shapes) != 1 or any(len(m.shape) != 2 for m in members):
         return None
     shape = (sum(m.shape[0] for m in members), *members[0].shape[1:])
     try:
-        codec_for(choice.format, layout_of(choice.format)).check_shape(shape)
+        codec_for(choice.format, layout_of(choice.format)).check_shape(shape, divisors)
     except CodecError:
         return None
     return shape
 
 
-def plan_parents(logical: dict[str, LogicalTensor], recipe: Recipe) -> list[Parent]:
-    choices = {name: recipe.choice(name, t.role) for name, t in logical.items()}
+def plan_parents(
+    logical: dict[str, LogicalTensor],
+    recipe: Recipe,
+    *,
+    choices: Mapping[str, Choice] | None = None,
+    stacking: Stacking = _one_divisor,
+) -> list[Parent]:
+    """Parents in emission order. ``choices`` (default: the recipe's) may be resolved
+    further by the caller, e.g. a GGUF tensor's own block format."""
+    if choices is None:
+        choices = {name: recipe.choice(name, t.role) for name, t in logical.items()}
     names = list(logical)
     groups: dict[str, list[list[str]]] = {}
     for template in PACK_GROUPS:
@@ -111,16 +134,20 @@ def plan_parents(logical: dict[str, LogicalTensor], recipe: Recipe) -> list[Pare
     for name in names:
         if name in placed:
             continue
-        members = [name]
+        members, divisors = [name], 1
         for candidate in groups.get(name, []):
-            if all(
+            if not all(
                 m in logical
                 and m not in placed
                 and not recipe.is_separate(m)
                 and choices[m].pack_key == choices[name].pack_key
                 for m in candidate
-            ) and _fits([logical[m] for m in candidate], choices[name]):
-                members = candidate
+            ):
+                continue
+            tensors = [logical[m] for m in candidate]
+            count = stacking(tensors, choices[name])
+            if count and _fits(tensors, choices[name], count):
+                members, divisors = candidate, count
                 break
         tensors = [logical[m] for m in members]
         key = (tuple((t.pieces, t.transpose) for t in tensors), choices[name].pack_key)
@@ -128,11 +155,17 @@ def plan_parents(logical: dict[str, LogicalTensor], recipe: Recipe) -> list[Pare
             placed[name] = shared[key]
             shared[key].members.append(logical[name])
             continue
-        shape = _fits(tensors, choices[name]) if len(tensors) > 1 else tensors[0].shape
+        shape = _fits(tensors, choices[name], divisors) if len(tensors) > 1 else tensors[0].shape
         assert shape is not None
-        parent = Parent(f"weight/{len(parents):06d}", tensors, choices[name], shape)
+        parent = Parent(
+            f"weight/{len(parents):06d}",
+            tensors,
+            choices[name],
+            shape,
+            divisors if divisors > 1 else None,
+        )
         try:
-            codec_for(parent.choice.format, parent.layout).check_shape(shape)
+            codec_for(parent.choice.format, parent.layout).check_shape(shape, divisors)
         except CodecError as exc:
             raise RecipeError(f"recipe {recipe.name}: {name}: {exc}") from None
         parents.append(parent)
@@ -170,3 +203,37 @@ def bindings_and_uses(
                     {"parameter": m.name, "input": site, "activation_policy": parent.choice.policy}
                 )
     return bindings, uses
+
+
+@dataclass(frozen=True)
+class Auxiliary:
+    """A small object a Use binds by role (spec 2.6): written after every weight."""
+
+    id: str
+    format: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+#: the auxiliaries one Use needs: role -> (format, shape, bytes)
+AuxiliaryValues = dict[str, tuple[str, tuple[int, ...], bytes]]
+
+
+def attach_auxiliaries(
+    parents: list[Parent],
+    uses: list[dict[str, Any]],
+    provide: Callable[[Parent, dict[str, Any]], AuxiliaryValues],
+) -> list[Auxiliary]:
+    """Ask ``provide`` for every Use's auxiliaries, give each its own object and bind it.
+
+    One object per (Use, role), never shared, so two aliased parameters (or two sites of one
+    parameter) can later carry different values without renumbering.
+    """
+    owner = {m.name: p for p in parents for m in p.members}
+    out: list[Auxiliary] = []
+    for use in uses:
+        for role, (fmt, shape, data) in provide(owner[use["parameter"]], use).items():
+            aux = Auxiliary(f"auxiliary/{len(out):06d}", fmt, shape, data)
+            use.setdefault("auxiliaries", {})[role] = {"object": aux.id}
+            out.append(aux)
+    return out

@@ -1,8 +1,14 @@
 """``ninfer-convert verify``: decode an artifact's parameters and compare them with the source.
 
-Direct formats must reproduce the source rounded to that format exactly; quantized formats
+Direct formats must reproduce the source rounded to that format exactly; imported parameters
+(``import_encoded``, ``gguf_import``) must reproduce the decoded source words exactly (unless
+the import is documented lossy: F32 FP8 row scales rounded to BF16); other quantized formats
 must stay within a relative RMS error that only a wrong mapping (swapped rows, transposes,
 another tensor) exceeds.
+
+Which source each parameter came from, and how, is read from the recipe recorded in the
+artifact's provenance (or the one given); without a known recipe every parameter is compared
+with the base source.
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ import torch
 from ninfer_format import Artifact, ArtifactError
 from ninfer_format.verify import verify as verify_bytes
 
-from .adapters import adapter_for
-from .errors import ConvertError, SourceError
-from .sources import open_source
+from .errors import ConvertError, RecipeError
+from .pipeline import Prepared, open_sources, prepare
+from .recipe import Recipe, load_recipe
 
 #: relative RMS error a correct conversion stays below (random Gaussian weights, absmax)
 RELATIVE_BOUND = {
@@ -41,7 +47,78 @@ def _formats(art: Artifact, name: str) -> set[str]:
     return {art.objects[i].format for i in ids}  # type: ignore[union-attr]
 
 
-def verify_against_source(artifact: Path, source_specs: Mapping[str, str]) -> dict[str, Any]:
+def _recipe(art: Artifact, recipe: Recipe | str | None) -> Recipe:
+    """The recipe that made the artifact; a rule-less one (all from base) if unknown."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    name = recipe or art.provenance.get("recipe")
+    if isinstance(name, str):
+        try:
+            return load_recipe(name)
+        except RecipeError:
+            if recipe is not None:
+                raise
+    return Recipe("verify", "every parameter compared with the base source")
+
+
+def _input_columns(art: Artifact, name: str) -> np.ndarray | None:
+    """The ``input_columns`` map of a Use of ``name``, if its weight keeps tiled columns."""
+    for use in art.uses:
+        aux = (use.auxiliaries or {}).get("input_columns")
+        if use.parameter == name and aux is not None and hasattr(aux, "object"):
+            return art.tensor(aux.object)
+    return None
+
+
+def _decoded(art: Artifact, name: str) -> torch.Tensor:
+    """The parameter as the runtime computes with it (stored input columns put in place)."""
+    values = art.parameter(name).astype(np.float64)
+    columns = _input_columns(art, name)
+    if columns is not None:
+        grouped = np.empty_like(values)
+        grouped[:, columns] = values
+        values = grouped
+    return torch.from_numpy(values)
+
+
+def _compare(
+    prepared: Prepared, name: str, fmt: str, decoded: torch.Tensor, source: torch.Tensor
+) -> tuple[dict[str, Any], str | None]:
+    """One report row and the error it implies, if any."""
+    choice = prepared.choices[name]
+    importer = prepared.importers.get(choice.method)
+    exact = fmt in DIRECT_DTYPES or (importer is not None and importer.lossless(name))
+    if fmt in DIRECT_DTYPES:
+        source = source.to(DIRECT_DTYPES[fmt])
+    source = source.to(torch.float64).reshape(decoded.shape)
+    diff = decoded - source
+    rms = math.sqrt(float((source**2).mean())) or 1.0
+    rmse = math.sqrt(float((diff**2).mean()))
+    row = {
+        "name": name,
+        "format": fmt,
+        "source": choice.source,
+        "method": choice.method,
+        "rmse": rmse,
+        "max_abs": float(diff.abs().max()),
+        "relative": rmse / rms,
+    }
+    if exact and not torch.equal(decoded, source):
+        what = "imported words decode differently from" if importer else f"{fmt} values differ from"
+        return row, f"{name}: {what} the source (max {row['max_abs']:.3e})"
+    if not exact and fmt in RELATIVE_BOUND and row["relative"] > RELATIVE_BOUND[fmt]:
+        return row, (
+            f"{name}: relative error {row['relative']:.3f} exceeds {RELATIVE_BOUND[fmt]} "
+            f"for {fmt} (wrong source tensor or row mapping?)"
+        )
+    return row, None
+
+
+def verify_against_source(
+    artifact: Path, source_specs: Mapping[str, str], recipe: Recipe | str | None = None
+) -> dict[str, Any]:
+    """Compare every parameter with the source it was converted from; ``source_specs`` are the
+    conversion's ``--source`` roles (base, quantized, gguf ...)."""
     try:
         art = Artifact.open(artifact)
     except ArtifactError as exc:
@@ -49,48 +126,23 @@ def verify_against_source(artifact: Path, source_specs: Mapping[str, str]) -> di
     with art:
         errors = [f"binder: {e}" for e in art.binder_report.errors]
         errors += verify_bytes(art).errors
-        sources = {role: open_source(spec) for role, spec in source_specs.items()}
-        base = sources.get("base")
-        if base is None:
-            raise SourceError("verify needs the base source: --source PATH_OR_REPO_ID")
-        config = art.components["text"].config
-        logical = adapter_for(config["model_type"])(
-            set(base.keys()), base.text_config, tuple(art.components)
-        )
+        chosen = _recipe(art, recipe)
+        prepared = prepare(chosen, open_sources(source_specs, chosen), tuple(art.components))
         rows = []
-        for name, t in logical.items():
+        for name, t in prepared.logical.items():
             if name not in art.bindings:
                 errors.append(f"{name}: not bound in the artifact")
                 continue
             formats = _formats(art, name)
             fmt = formats.pop() if len(formats) == 1 else "mixed"
             try:
-                decoded = torch.from_numpy(art.parameter(name).astype(np.float64))
-                source = t.load(base)
+                decoded = _decoded(art, name)
+                source = t.load(prepared.views[prepared.choices[name].source])
             except (ArtifactError, ConvertError) as exc:
                 errors.append(f"{name}: {exc}")
                 continue
-            if fmt in DIRECT_DTYPES:
-                source = source.to(DIRECT_DTYPES[fmt])
-            source = source.to(torch.float64).reshape(decoded.shape)
-            diff = decoded - source
-            rms = math.sqrt(float((source**2).mean())) or 1.0
-            rmse = math.sqrt(float((diff**2).mean()))
-            row = {
-                "name": name,
-                "format": fmt,
-                "rmse": rmse,
-                "max_abs": float(diff.abs().max()),
-                "relative": rmse / rms,
-            }
+            row, error = _compare(prepared, name, fmt, decoded, source)
             rows.append(row)
-            if fmt in DIRECT_DTYPES and not torch.equal(decoded, source):
-                errors.append(
-                    f"{name}: {fmt} values differ from the source (max {row['max_abs']:.3e})"
-                )
-            elif fmt in RELATIVE_BOUND and row["relative"] > RELATIVE_BOUND[fmt]:
-                errors.append(
-                    f"{name}: relative error {row['relative']:.3f} exceeds {RELATIVE_BOUND[fmt]} "
-                    f"for {fmt} (wrong source tensor or row mapping?)"
-                )
+            if error:
+                errors.append(error)
         return {"artifact": str(artifact), "parameters": rows, "errors": errors}

@@ -101,7 +101,9 @@ def add_mtp(directory: Path, model: torch.nn.Module) -> None:
     tensors["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden) * (0.6 / (2 * hidden) ** 0.5)
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         tensors[f"mtp.{norm}.weight"] = 0.3 * torch.randn(hidden)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+    dtype = tensors["lm_head.weight"].dtype
+    tensors = {k: (v.to(dtype) if k.startswith("mtp.") else v).contiguous() for k, v in tensors.items()}
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 SPECIAL_TOKENS = [
@@ -128,7 +130,7 @@ CORPUS = [
 ] * 20
 
 
-def write_tokenizer(directory: Path, vocab_size: int = 512) -> None:
+def write_tokenizer(directory: Path, vocab_size: int = 512, corpus: list[str] | None = None) -> None:
     """A small byte-level BPE with the Qwen special tokens, ids below ``vocab_size``."""
     import json
 
@@ -142,7 +144,7 @@ def write_tokenizer(directory: Path, vocab_size: int = 512) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(corpus or CORPUS, trainer)
     tok.add_special_tokens(SPECIAL_TOKENS)
     tok.save(str(directory / "tokenizer.json"))
     config = {
@@ -154,6 +156,17 @@ def write_tokenizer(directory: Path, vocab_size: int = 512) -> None:
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (directory / "chat_template.jinja").write_text(CHATML)
+    write_generation_config(directory)
+
+
+def write_generation_config(directory: Path) -> None:
+    """EOS ids and sampling defaults (``save_pretrained`` writes one without them)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    generation = {"eos_token_id": eos, "pad_token_id": eos[1], "do_sample": False}
+    generation = {"eos_token_id": eos, "pad_token_id": eos[1], "do_sample": True,
+                  "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2))

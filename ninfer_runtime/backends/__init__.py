@@ -1,0 +1,53 @@
+"""Backends by name: ``cpu`` (numpy float32 reference); ``cuda`` registers itself later.
+
+A registry instead of an if-chain so a new backend is an addition: it calls
+``register_backend`` at import and users select it by the name they type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import EngineError
+from .base import Array, Backend, ExpertWeights, MoeWeights, Weight
+
+_FACTORIES: dict[str, Callable[[], Backend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    """Make ``factory`` available as ``get_backend(name)``."""
+    _FACTORIES[name] = factory
+
+
+def available_backends() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def get_backend(name: str | Backend) -> Backend:
+    """A backend instance by name; an instance passes through (tests inject their own)."""
+    if not isinstance(name, str):
+        return name
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise EngineError(f"no backend {name!r}; known: {', '.join(available_backends())}")
+    return factory()
+
+
+def _cpu() -> Backend:
+    from .cpu import CpuBackend
+
+    return CpuBackend()
+
+
+register_backend("cpu", _cpu)
+
+__all__ = [
+    "Array",
+    "Backend",
+    "ExpertWeights",
+    "MoeWeights",
+    "Weight",
+    "available_backends",
+    "get_backend",
+    "register_backend",
+]

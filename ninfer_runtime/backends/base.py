@@ -1,0 +1,131 @@
+"""The contract between model code and the machine that runs it.
+
+Model files (``models/<arch>/``) describe the math once; a backend supplies the few heavy
+operations the math needs (projections, attention over a cache, the Gated DeltaNet scan, the
+mixture of experts) on its own arrays. The CPU backend is the float32 numpy reference; a CUDA
+backend implements the same protocol with packed quantized weights and kernels, so the model
+code never changes.
+
+Conventions shared by every backend:
+
+* Arrays are the backend's array type (``backend.xp`` is its numpy-compatible module) holding
+  float32 activations; token ids are int arrays.
+* A ``Weight`` is an opaque handle made by ``prepare``: the model only passes it back to ops.
+  Small tensors that elementwise glue needs (norm vectors, the conv kernel, ``a_log``) are
+  turned into plain arrays once with ``backend.array``.
+* Ops that carry recurrent state (``causal_conv``, ``gdn_chunk``, ``gdn_step``) update the state
+  array **in place**: states live in preallocated buffers (``SequenceState``) so a GPU backend
+  can keep them resident and a scheduler can address them by slot.
+* Shapes use ``T`` for tokens of one lane, ``N`` for rows of a batch (all lanes stacked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+#: An array of the backend's array module (``numpy.ndarray`` on CPU).
+Array = Any
+
+
+@runtime_checkable
+class Weight(Protocol):
+    """A prepared parameter. Only its logical shape is public; the storage is the backend's."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One gated MLP: ``down(silu(gate x) * up x)`` (a routed expert or the shared expert)."""
+
+    gate: Weight  # [I, H]
+    up: Weight  # [I, H]
+    down: Weight  # [H, I]
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    """A Qwen3.5-MoE block: softmax router over all experts, renormalised top-k, and a shared
+    expert scaled by a sigmoid score. Kept together so a backend can fuse the whole block."""
+
+    router: Weight  # [E, H]
+    experts: Sequence[ExpertWeights]
+    shared: ExpertWeights
+    shared_score: Weight  # [1, H]
+    top_k: int
+
+
+class Backend(Protocol):
+    """Operations a model may ask of a machine. See the module docstring for conventions."""
+
+    name: str
+    xp: ModuleType
+
+    def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
+        """Load each logical parameter once (``artifact.parameter(name)``) into backend form."""
+        ...
+
+    def array(self, weight: Weight) -> Array:
+        """A small parameter (norm weight, conv kernel, ``a_log``) as a float32 array."""
+        ...
+
+    def embedding(self, ids: Array, table: Weight) -> Array:
+        """Rows of ``table`` [R, H] for ``ids`` [N] -> [N, H]."""
+        ...
+
+    def linear(self, x: Array, w: Weight) -> Array:
+        """``x @ wᵀ``: x [N, K], w [M, K] (``nn.Linear`` convention) -> [N, M]."""
+        ...
+
+    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
+        """Normalise the last axis: ``x / sqrt(mean(x²) + eps) * (offset + w)``.
+
+        ``offset`` is 1.0 for Qwen3.5's zero-centred norms (stored ``w`` starts at 0) and 0.0
+        for the plain-weight gated norm of Gated DeltaNet.
+        """
+        ...
+
+    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
+        """Rotate the first ``rd = cos.shape[-1]`` dims of every head, NeoX rotate-half pairs
+        (i, i + rd/2): x [N, heads, D], cos/sin [N, rd] -> [N, heads, D]."""
+        ...
+
+    def attention(
+        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
+    ) -> Array:
+        """Causal GQA of one lane over its cache.
+
+        q [T, Nq, D] are the lane's queries at cache slots ``start .. start+T-1``; the caches
+        [S, Nkv, D] already hold keys/values through slot ``start+T-1``. Query head j reads kv
+        head ``j // (Nq / Nkv)``. Returns [T, Nq, D].
+        """
+        ...
+
+    def causal_conv(self, x: Array, kernel: Array, state: Array) -> Array:
+        """Depthwise causal convolution of one lane, continuing from ``state``.
+
+        x [T, C], kernel [K, C] (tap K-1 hits the current token), state [C, K-1] = the last
+        K-1 inputs before x (zeros for a new sequence; updated in place). No activation.
+        """
+        ...
+
+    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+        """Gated delta rule over T tokens of one lane in the chunked (parallel) form.
+
+        q, k [T, Hk, dk] (q l2-normalised and scaled, k l2-normalised), v [T, Hv, dv],
+        log-decay g [T, Hv] (<= 0), write strength beta [T, Hv]; value head h reads key head
+        ``h // (Hv / Hk)``. state [Hv, dk, dv] float32, updated in place. Returns [T, Hv, dv].
+        """
+        ...
+
+    def gdn_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+        """The same rule as ``gdn_chunk``, token by token (the decode path)."""
+        ...
+
+    def moe(self, x: Array, weights: MoeWeights) -> Array:
+        """The mixture-of-experts block on rows x [N, H] -> [N, H]."""
+        ...

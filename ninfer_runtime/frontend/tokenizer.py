@@ -1,0 +1,358 @@
+"""The artifact's tokenizer: text <-> token ids, special tokens, EOS ids and sampling defaults.
+
+Everything comes from the artifact's frontend resources (``tokenizer.json``,
+``tokenizer_config.json``, ``generation_config.json``), so the engine never needs the original
+checkpoint directory or ``transformers`` at serving time; ``tokenizers`` runs the BPE.
+
+Streaming needs more than ``decode``: a byte-level BPE token can hold half of a multi-byte UTF-8
+character, so ``DetokenizeStream`` turns ids into text deltas that never split a character.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from ninfer_runtime.frontend._errors import artifact_error
+from ninfer_runtime.frontend._resources import (
+    GENERATION_CONFIG,
+    TOKENIZER_CONFIG,
+    TOKENIZER_JSON,
+    read_json_object,
+    read_text,
+    token_content,
+)
+
+__all__ = [
+    "ENDOFTEXT",
+    "IM_END",
+    "IM_START",
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "DetokenizeStream",
+    "SpecialTokens",
+    "Tokenizer",
+    "byte_to_unicode",
+]
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+TOOL_RESPONSE_OPEN = "<tool_response>"
+TOOL_RESPONSE_CLOSE = "</tool_response>"
+
+#: Markers the output parsers read; streaming keeps them even when special tokens are skipped.
+STRUCTURAL_TOKENS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+
+#: generation_config fields that are sampling defaults, with the type each must have.
+_SAMPLING_FIELDS: dict[str, type] = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "repetition_penalty": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+}
+
+
+@cache
+def byte_to_unicode() -> dict[int, str]:
+    """The byte-level BPE alphabet: each byte as one printable character.
+
+    Printable Latin-1 bytes stand for themselves; the 68 others (controls, space, NBSP, soft
+    hyphen) are moved to code points 256 and up, in byte order. Vocabulary strings of byte-level
+    tokenizers are written in this alphabet.
+    """
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + shifted)
+            shifted += 1
+    return table
+
+
+@cache
+def _unicode_to_byte() -> dict[str, int]:
+    return {char: b for b, char in byte_to_unicode().items()}
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of the ChatML / Qwen structural tokens; ``None`` where the vocabulary lacks one."""
+
+    im_start: int | None
+    im_end: int | None
+    endoftext: int | None
+    think_open: int | None
+    think_close: int | None
+    tool_call_open: int | None
+    tool_call_close: int | None
+    tool_response_open: int | None
+    tool_response_close: int | None
+
+
+class Tokenizer:
+    """Encode, decode and describe the artifact's vocabulary.
+
+    Build with ``from_resources``; the constructor takes already-parsed pieces so tests can make
+    one without an artifact.
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        tokenizer_config: Mapping[str, Any] | None = None,
+        generation_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        from tokenizers import decoders
+
+        self._backend = backend
+        tokenizer_config = tokenizer_config or {}
+        generation_config = generation_config or {}
+
+        added = _added_tokens(backend, tokenizer_config)
+        self._added_content: dict[int, str] = {i: content for i, (content, _) in added.items()}
+        self.special_ids: frozenset[int] = frozenset(i for i, (_, sp) in added.items() if sp)
+        #: Public token domain: one past the largest id (model ids run from 0; added ids may
+        #: leave gaps, so the count of tokens is not enough).
+        self.vocab_size: int = max(
+            backend.get_vocab_size(with_added_tokens=False), max(added, default=-1) + 1
+        )
+
+        self.special = SpecialTokens(
+            im_start=self.token_id(IM_START),
+            im_end=self.token_id(IM_END),
+            endoftext=self.token_id(ENDOFTEXT),
+            think_open=self.token_id(THINK_OPEN),
+            think_close=self.token_id(THINK_CLOSE),
+            tool_call_open=self.token_id(TOOL_CALL_OPEN),
+            tool_call_close=self.token_id(TOOL_CALL_CLOSE),
+            tool_response_open=self.token_id(TOOL_RESPONSE_OPEN),
+            tool_response_close=self.token_id(TOOL_RESPONSE_CLOSE),
+        )
+        self.structural_ids: frozenset[int] = frozenset(
+            i for i in (self.token_id(t) for t in STRUCTURAL_TOKENS) if i is not None
+        )
+        #: Special-token strings the chat template sees (``bos_token``, ``eos_token``, ...).
+        self.template_tokens: dict[str, str] = {}
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            content = token_content(tokenizer_config.get(key))
+            if content is not None:
+                self.template_tokens[key] = content
+        self.eos_token_ids: tuple[int, ...] = self._eos_ids(generation_config)
+        self.generation_defaults: dict[str, float | int] = _sampling_defaults(generation_config)
+        max_length = tokenizer_config.get("model_max_length")
+        #: The context length the tokenizer was published with (HF uses 1e30 for "unset").
+        self.model_max_length: int | None = (
+            int(max_length)
+            if isinstance(max_length, int | float) and 0 < max_length < 2**40
+            else None
+        )
+        self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_resources(cls, resources: Mapping[str, bytes]) -> Tokenizer:
+        """Build from the artifact's ``components.text.resources`` (role -> raw bytes)."""
+        from tokenizers import Tokenizer as Backend
+
+        text = read_text(resources, TOKENIZER_JSON)
+        if text is None:
+            raise artifact_error(TOKENIZER_JSON, "missing; the text component needs a tokenizer")
+        try:
+            backend = Backend.from_str(text)
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise artifact_error(TOKENIZER_JSON, f"cannot be loaded: {exc}") from None
+        return cls(
+            backend,
+            tokenizer_config=read_json_object(resources, TOKENIZER_CONFIG),
+            generation_config=read_json_object(resources, GENERATION_CONFIG),
+        )
+
+    def _eos_ids(self, generation_config: Mapping[str, Any]) -> tuple[int, ...]:
+        """EOS ids: generation_config first (it lists ``<|im_end|>`` for chat models), then the
+        tokenizer_config ``eos_token`` string.
+        """
+        value = generation_config.get("eos_token_id")
+        if value is not None:
+            ids = value if isinstance(value, list) else [value]
+            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise artifact_error(
+                    GENERATION_CONFIG, f"eos_token_id must be an id or a list of ids, got {value!r}"
+                )
+            return tuple(dict.fromkeys(ids))
+        content = self.template_tokens.get("eos_token")
+        if content is not None:
+            token = self.token_id(content)
+            if token is None:
+                raise artifact_error(
+                    TOKENIZER_CONFIG, f"eos_token {content!r} is not in vocabulary"
+                )
+            return (token,)
+        return ()
+
+    # -- encode / decode ----------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token strings in it (from a template) become their ids.
+
+        No BOS/EOS is added: chat templates write every special token themselves.
+        """
+        return list(self._backend.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 (a cut-off character) becomes U+FFFD."""
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, content: str) -> int | None:
+        """The id of a single token by its text, or ``None`` if it is not one token."""
+        return self._backend.token_to_id(content)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary string of ``token_id`` (byte-level alphabet for BPE tokens)."""
+        return self._backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes a token contributes to the output text.
+
+        Added tokens contribute their content; byte-level BPE tokens map their alphabet back to
+        bytes. Other decoders fall back to ``decode`` of the single token.
+        """
+        content = self._added_content.get(token_id)
+        if content is not None:
+            return content.encode("utf-8")
+        if self._byte_level:
+            piece = self._backend.id_to_token(token_id)
+            if piece is None:
+                return b""
+            table = _unicode_to_byte()
+            out = bytearray()
+            for char in piece:
+                b = table.get(char)
+                if b is None:
+                    out += char.encode("utf-8")
+                else:
+                    out.append(b)
+            return bytes(out)
+        return self.decode([token_id]).encode("utf-8")
+
+    def detokenize_stream(self, *, skip_special_tokens: bool = False) -> DetokenizeStream:
+        """A fresh incremental decoder for one request's output."""
+        return DetokenizeStream(self, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def byte_level(self) -> bool:
+        """Whether vocabulary strings use the byte-level alphabet (exact streaming path)."""
+        return self._byte_level
+
+
+class DetokenizeStream:
+    """Turns token ids, one at a time, into text deltas that never split a UTF-8 character.
+
+    Byte-level vocabularies take the exact path: every token's bytes go through an incremental
+    UTF-8 decoder, which holds back only an incomplete trailing sequence and turns genuinely
+    invalid bytes into U+FFFD at once (so a stray byte cannot stall the stream). Other decoders
+    take the usual windowed path: decode a short window and emit once it no longer ends in U+FFFD.
+
+    With ``skip_special_tokens`` special tokens vanish from the text, except the structural
+    markers (``<think>``, ``<tool_call>`` ...) the output parser needs.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._ids: list[int] = []
+        self._prefix = 0  # windowed path: start of the context window
+        self._read = 0  # windowed path: ids already turned into text
+
+    def _skipped(self, token_id: int) -> bool:
+        tok = self._tokenizer
+        return self._skip and token_id in tok.special_ids and token_id not in tok.structural_ids
+
+    def add(self, token_id: int) -> str:
+        """Append one generated id; returns the text that became complete (maybe ``""``)."""
+        if self._skipped(token_id):
+            return ""
+        if self._tokenizer.byte_level:
+            return self._utf8.decode(self._tokenizer.token_bytes(token_id))
+        self._ids.append(token_id)
+        window = self._ids[self._prefix :]
+        before = self._tokenizer.decode(self._ids[self._prefix : self._read])
+        after = self._tokenizer.decode(window)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self._ids)
+            return after[len(before) :]
+        return ""
+
+    def add_many(self, token_ids: Iterable[int]) -> str:
+        """Append several ids (e.g. an accepted speculative run); returns their joint delta."""
+        return "".join(self.add(t) for t in token_ids)
+
+    def flush(self) -> str:
+        """End of output: whatever is still held (an incomplete character becomes U+FFFD)."""
+        if self._tokenizer.byte_level:
+            return self._utf8.decode(b"", final=True)
+        before = self._tokenizer.decode(self._ids[self._prefix : self._read])
+        after = self._tokenizer.decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return after[len(before) :]
+
+
+def _added_tokens(backend: Any, tokenizer_config: Mapping[str, Any]) -> dict[int, tuple[str, bool]]:
+    """id -> (content, special) for every added token, from both files (config wins on flags)."""
+    added: dict[int, tuple[str, bool]] = {
+        int(i): (token.content, bool(token.special))
+        for i, token in backend.get_added_tokens_decoder().items()
+    }
+    decoder = tokenizer_config.get("added_tokens_decoder") or {}
+    if isinstance(decoder, Mapping):
+        for key, entry in decoder.items():
+            if isinstance(entry, Mapping) and str(key).isdigit():
+                content = entry.get("content")
+                if isinstance(content, str):
+                    added[int(key)] = (content, bool(entry.get("special", False)))
+    return added
+
+
+def _sampling_defaults(generation_config: Mapping[str, Any]) -> dict[str, float | int]:
+    """Sampling fields of generation_config, named as ``SamplingParams`` names them.
+
+    An explicit ``do_sample: false`` means the publisher wants greedy decoding, so it becomes
+    ``temperature = 0``; an absent ``do_sample`` is not read as greedy (vLLM behaves the same).
+    """
+    defaults: dict[str, float | int] = {}
+    for key, kind in _SAMPLING_FIELDS.items():
+        value = generation_config.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is int:
+            ok = ok and float(value).is_integer()
+        if not ok:
+            raise artifact_error(GENERATION_CONFIG, f"{key} must be a number, got {value!r}")
+        defaults[key] = kind(value)
+    if generation_config.get("do_sample") is False:
+        defaults["temperature"] = 0.0
+    max_new = generation_config.get("max_new_tokens")
+    if isinstance(max_new, int) and not isinstance(max_new, bool) and max_new >= 1:
+        defaults["max_tokens"] = max_new
+    return defaults

@@ -1,0 +1,34 @@
+"""Elementwise glue shared by model files, written once for any numpy-compatible module.
+
+The array's own namespace is used (``x.__array_namespace__()``: numpy 2, CuPy), so these run
+on whichever backend produced ``x`` without the model passing ``xp`` around.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Array = Any
+
+
+def _xp(x: Array) -> Any:
+    return x.__array_namespace__()
+
+
+def sigmoid(x: Array) -> Array:
+    # the tanh form never overflows, unlike 1 / (1 + exp(-x)) for very negative x
+    return 0.5 * (1.0 + _xp(x).tanh(0.5 * x))
+
+
+def silu(x: Array) -> Array:
+    return x * sigmoid(x)
+
+
+def softplus(x: Array) -> Array:
+    return _xp(x).logaddexp(0.0, x)
+
+
+def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+    """``x / sqrt(sum(x²) + eps)`` over the last axis; the eps sits inside the root."""
+    xp = _xp(x)
+    return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)

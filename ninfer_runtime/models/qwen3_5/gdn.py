@@ -1,0 +1,91 @@
+"""Gated DeltaNet (Qwen3.5 ``linear_attn``), notes 5.5.
+
+mixed   = [query x | key x | value x]            conv channels [q | k | v]
+q, k, v = split(silu(causal_conv(mixed)))        depthwise, K taps, state = last K-1 inputs
+q, k    = l2norm(q) / sqrt(dk), l2norm(k)
+beta    = sigmoid(b x);  g = -exp(a_log) * softplus(a x + dt_bias)     (log-decay <= 0)
+S_t     = exp(g_t) (I - beta_t k_t k_tᵀ) S_{t-1} + beta_t k_t v_tᵀ;  o_t = S_tᵀ q_t
+          (value head h uses key head h // (Hv / Hk): repeat-interleave, never tiling)
+out     = output (RMSNorm_plain(o; norm) * silu(z x))   (norm per head over dv)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...backends import Backend, Weight
+from ...state import GdnState
+from ..batch import Batch
+from ..functional import l2_normalize, sigmoid, silu, softplus
+from .config import GdnConfig
+
+Array = Any
+
+
+class GatedDeltaNet:
+    def __init__(
+        self,
+        prefix: str,
+        c: GdnConfig,
+        eps: float,
+        backend: Backend,
+        weights: Mapping[str, Weight],
+    ):
+        p = prefix + "gdn/"
+        self.c, self.eps, self.backend = c, eps, backend
+        self.query = weights[p + "query"]
+        self.key = weights[p + "key"]
+        self.value = weights[p + "value"]
+        self.z = weights[p + "z"]
+        self.output = weights[p + "output"]
+        self.a_projection = weights[p + "a_projection"]
+        self.b_projection = weights[p + "b_projection"]
+        self.a_log = backend.array(weights[p + "a_log"])
+        self.dt_bias = backend.array(weights[p + "dt_bias"])
+        self.convolution = backend.array(weights[p + "convolution"])  # [K, conv_dim]
+        self.norm = backend.array(weights[p + "norm"])
+
+    @staticmethod
+    def parameter_names(prefix: str) -> list[str]:
+        p = prefix + "gdn/"
+        return [
+            p + s
+            for s in (
+                "query",
+                "key",
+                "value",
+                "z",
+                "output",
+                "a_projection",
+                "b_projection",
+                "a_log",
+                "dt_bias",
+                "convolution",
+                "norm",
+            )
+        ]
+
+    def __call__(self, x: Array, batch: Batch, states: Sequence[GdnState]) -> Array:
+        be, c = self.backend, self.c
+        xp, n = be.xp, x.shape[0]
+        mixed = xp.concatenate(
+            [be.linear(x, self.query), be.linear(x, self.key), be.linear(x, self.value)], axis=-1
+        )
+        z = be.linear(x, self.z).reshape(n, c.value_heads, c.value_dim)
+        beta = sigmoid(be.linear(x, self.b_projection))
+        g = -xp.exp(self.a_log) * softplus(be.linear(x, self.a_projection) + self.dt_bias)
+
+        o = xp.empty((n, c.value_heads, c.value_dim), dtype=xp.float32)
+        for lane, state in zip(batch.lanes, states, strict=True):
+            r = lane.rows
+            conv = silu(be.causal_conv(mixed[r], self.convolution, state.conv))
+            q, k, v = xp.split(conv, [c.key_width, 2 * c.key_width], axis=-1)
+            q = l2_normalize(q.reshape(-1, c.key_heads, c.key_dim)) * c.key_dim**-0.5
+            k = l2_normalize(k.reshape(-1, c.key_heads, c.key_dim))
+            v = v.reshape(-1, c.value_heads, c.value_dim)
+            scan = be.gdn_step if lane.tokens == 1 else be.gdn_chunk
+            o[r] = scan(q, k, v, g[r], beta[r], state.recurrent)
+
+        y = be.rms_norm(o, self.norm, self.eps, offset=0.0) * silu(z)
+        return be.linear(y.reshape(n, c.value_width), self.output)

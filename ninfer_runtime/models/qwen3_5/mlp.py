@@ -1,0 +1,63 @@
+"""Feed-forward blocks: the dense gated MLP and the Qwen3.5-MoE block (notes 5.6-5.7).
+
+dense: down(silu(gate x) * up x)
+MoE:   p = softmax(router x) over all experts; top-k of p renormalised to sum 1;
+       routed = Σ_j p_j expert_j(x);  out = routed + sigmoid(shared_score x) * shared(x)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...backends import Backend, ExpertWeights, MoeWeights, Weight
+from ..functional import silu
+from .config import MoeConfig
+
+Array = Any
+
+
+class DenseMlp:
+    def __init__(self, prefix: str, backend: Backend, weights: Mapping[str, Weight]):
+        p = prefix + "mlp/"
+        self.backend = backend
+        self.gate, self.up, self.down = weights[p + "gate"], weights[p + "up"], weights[p + "down"]
+
+    @staticmethod
+    def parameter_names(prefix: str) -> list[str]:
+        return [f"{prefix}mlp/{s}" for s in ("gate", "up", "down")]
+
+    def __call__(self, x: Array) -> Array:
+        be = self.backend
+        return be.linear(silu(be.linear(x, self.gate)) * be.linear(x, self.up), self.down)
+
+
+class SparseMoe:
+    """Routing and expert math live in ``backend.moe`` so a GPU backend can group tokens by
+    expert; this class only assembles the block's weights."""
+
+    def __init__(self, prefix: str, m: MoeConfig, backend: Backend, weights: Mapping[str, Weight]):
+        p = prefix + "moe/"
+        self.backend = backend
+
+        def expert(q: str) -> ExpertWeights:
+            return ExpertWeights(weights[q + "gate"], weights[q + "up"], weights[q + "down"])
+
+        self.weights = MoeWeights(
+            router=weights[p + "router"],
+            experts=[expert(f"{p}experts/{e}/") for e in range(m.experts)],
+            shared=expert(p + "shared/"),
+            shared_score=weights[p + "shared_score"],
+            top_k=m.top_k,
+        )
+
+    @staticmethod
+    def parameter_names(prefix: str, m: MoeConfig) -> list[str]:
+        p = prefix + "moe/"
+        names = [p + "router", p + "shared_score"]
+        for q in [*(f"{p}experts/{e}/" for e in range(m.experts)), p + "shared/"]:
+            names += [q + "gate", q + "up", q + "down"]
+        return names
+
+    def __call__(self, x: Array) -> Array:
+        return self.backend.moe(x, self.weights)

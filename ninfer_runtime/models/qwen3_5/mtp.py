@@ -1,0 +1,59 @@
+"""The multi-token-prediction head (Qwen3.5 ``mtp``), notes 5.8.
+
+To draft token t+2 it combines what the main model knew at t with the token chosen at t+1:
+
+    e = RMSNorm_1p(embed(id_{t+1}); embedding_norm);  hh = RMSNorm_1p(h_t; hidden_norm)
+    x = input_projection [e | hh]                      (embedding first, then hidden)
+    x = full-attention decoder layer at the position of token t+1, with its own K/V cache
+    logits = output_head RMSNorm_1p(x; final_norm)        (embedding and head shared with text)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...backends import Backend, Weight
+from ...state import KvCache
+from ..batch import Batch
+from .config import FULL_ATTENTION, Qwen35Config
+
+Array = Any
+PREFIX = "mtp/layers/0/"
+
+
+class MtpHead:
+    def __init__(
+        self,
+        c: Qwen35Config,
+        backend: Backend,
+        weights: Mapping[str, Weight],
+        token_embedding: Weight,
+        output_head: Weight,
+    ):
+        from .model import DecoderLayer  # the block is a text layer; avoid an import cycle
+
+        self.backend, self.eps = backend, c.eps
+        self.token_embedding, self.output_head = token_embedding, output_head
+        self.input_projection = weights["mtp/input_projection"]
+        self.embedding_norm = backend.array(weights["mtp/embedding_norm"])
+        self.hidden_norm = backend.array(weights["mtp/hidden_norm"])
+        self.final_norm = backend.array(weights["mtp/final_norm"])
+        self.block = DecoderLayer(PREFIX, FULL_ATTENTION, c, backend, weights)
+
+    @staticmethod
+    def parameter_names(c: Qwen35Config) -> list[str]:
+        from .model import DecoderLayer
+
+        names = ["mtp/input_projection", "mtp/embedding_norm", "mtp/hidden_norm", "mtp/final_norm"]
+        return names + DecoderLayer.parameter_names(PREFIX, FULL_ATTENTION, c)
+
+    def __call__(self, hidden: Array, next_ids: Array, batch: Batch, cache: KvCache) -> Array:
+        be, eps = self.backend, self.eps
+        e = be.rms_norm(
+            be.embedding(next_ids, self.token_embedding), self.embedding_norm, eps, offset=1.0
+        )
+        h = be.rms_norm(hidden, self.hidden_norm, eps, offset=1.0)
+        x = be.linear(be.xp.concatenate([e, h], axis=-1), self.input_projection)
+        x = self.block(x, batch, [cache])
+        return be.linear(be.rms_norm(x, self.final_norm, eps, offset=1.0), self.output_head)

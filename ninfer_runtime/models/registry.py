@@ -1,0 +1,63 @@
+"""Architectures by ``model_type``: the text component's config names the math to run.
+
+Each architecture package registers a factory at import; ``load_model`` opens the artifact
+(if given a path), picks the factory and hands it a backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..backends import Backend, get_backend
+from ..errors import ModelError
+from .base import Model
+
+Factory = Callable[[Any, Backend], Model]
+
+_FACTORIES: dict[str, Factory] = {}
+#: packages imported on first lookup so their ``register_model`` calls run
+_PACKAGES = ("ninfer_runtime.models.qwen3_5",)
+
+
+def register_model(*model_types: str) -> Callable[[Factory], Factory]:
+    """Decorator: ``factory(artifact, backend) -> Model`` serves these ``model_type`` values."""
+
+    def wrap(factory: Factory) -> Factory:
+        for model_type in model_types:
+            _FACTORIES[model_type] = factory
+        return factory
+
+    return wrap
+
+
+def known_architectures() -> list[str]:
+    for package in _PACKAGES:
+        importlib.import_module(package)
+    return sorted(_FACTORIES)
+
+
+def model_factory(model_type: str) -> Factory:
+    known = known_architectures()
+    factory = _FACTORIES.get(model_type)
+    if factory is None:
+        raise ModelError(f"no model for architecture {model_type}; known: {', '.join(known)}")
+    return factory
+
+
+def load_model(artifact: Any, backend: str | Backend = "cpu") -> Model:
+    """The runnable model of an artifact (an open ``Artifact`` or a path to its entry file)."""
+    if isinstance(artifact, str | os.PathLike):
+        from ninfer_format import Artifact
+
+        artifact = Artifact.open(Path(artifact))
+    text = artifact.components.get("text")
+    if text is None:
+        raise ModelError("artifact has no text component")
+    model_type = (text.config or {}).get("model_type")
+    if not model_type:
+        raise ModelError("the text component's config has no model_type")
+    return model_factory(str(model_type))(artifact, get_backend(backend))

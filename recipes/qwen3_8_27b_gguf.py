@@ -1,0 +1,30 @@
+"""Qwen3.8-27B from a llama.cpp GGUF (--source gguf=FILE.gguf; the base directory supplies
+config.json and the tokenizer files only): every text and MTP matrix keeps its GGUF blocks
+verbatim (gguf_* formats, AllowA8); GDN a/b and float-stored matrices bf16; norms, A_log,
+dt_bias and the convolution cast from the GGUF values (notes 4.3)."""
+
+from ninfer_convert.recipe import GGUF_NATIVE, Recipe
+
+from ._common import KEEP_BF16, TEXT, TEXT_PROJECTIONS
+
+MATRICES = [
+    *TEXT_PROJECTIONS,
+    "text/token_embedding",
+    "text/output_head",
+    "mtp/input_projection",
+    "mtp/layers/*/attention/query",
+    "mtp/layers/*/attention/key",
+    "mtp/layers/*/attention/gate",
+    "mtp/layers/*/attention/value",
+    "mtp/layers/*/attention/output",
+    "mtp/layers/*/mlp/*",
+]
+
+
+def build() -> Recipe:
+    recipe = Recipe("qwen3_8_27b_gguf", __doc__.strip(), base_weights=False)
+    recipe.assign("text/*", "mtp/*", source="gguf")
+    recipe.assign(*MATRICES, format=GGUF_NATIVE, method="gguf_import", policy="AllowA8")
+    recipe.assign(*KEEP_BF16, format="bf16", policy="A16Only")
+    recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
+    return recipe
