@@ -32,7 +32,7 @@ def cast(values: torch.Tensor, format: str, *, allow_non_finite: bool = False) -
         raise RecipeError(f"{format}: needs rank <= 16, got rank {values.dim()}")
     flat = values.reshape(-1)
     out = np.empty(flat.numel() * _WORD[format].itemsize, dtype=np.uint8)
-    step = common.CHUNK_VALUES
+    step = common.chunk_values(values.device)
     for start in range(0, flat.numel(), step):
         chunk = flat[start : start + step]
         words = (

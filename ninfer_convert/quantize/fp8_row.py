@@ -28,7 +28,7 @@ def fp8_row_maxabs(values: torch.Tensor, format: str = FORMAT) -> bytes:
     out = np.zeros(geo.size, dtype=np.uint8)
     words = np.zeros(n, dtype="<u2")
     exact = values.dtype == torch.bfloat16  # already on the BF16 grid: no rounding pass
-    for rows in common.row_chunks(n, k, common.CHUNK_VALUES):
+    for rows in common.row_chunks(n, k, common.chunk_values(values.device)):
         try:
             codes, words[rows] = _rows(common.as_f32(values[rows]), exact)
         except common.NonFinite:

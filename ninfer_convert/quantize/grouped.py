@@ -141,4 +141,6 @@ def choose_absmax(fmt: RowSplitFormat, groups: torch.Tensor) -> tuple[torch.Tens
 
 def grouped_absmax(values: torch.Tensor, format: str) -> bytes:
     """Spec 3.2 ``grouped_absmax`` (nf4: decision 4) into ``row_split_k128_v1`` bytes."""
-    return encode_row_split(FORMATS[format], values, choose_absmax, common.CHUNK_VALUES)
+    return encode_row_split(
+        FORMATS[format], values, choose_absmax, common.chunk_values(values.device)
+    )

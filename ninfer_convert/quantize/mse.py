@@ -172,7 +172,9 @@ def choose_mse(fmt: RowSplitFormat, groups: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def stored_scale_mse_grouped(values: torch.Tensor, format: str) -> bytes:
-    return grouped.encode_row_split(FORMATS[format], values, choose_mse, common.SEARCH_CHUNK_VALUES)
+    return grouped.encode_row_split(
+        FORMATS[format], values, choose_mse, common.chunk_values(values.device, search=True)
+    )
 
 
 # --- nvfp4 ------------------------------------------------------------------------------------
@@ -215,4 +217,6 @@ def choose_mse_nvfp4(blocks: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tenso
 
 
 def stored_scale_mse_nvfp4(values: torch.Tensor, divisors: int = 1) -> bytes:
-    return nvfp4.encode_nvfp4(values, divisors, choose_mse_nvfp4, common.SEARCH_CHUNK_VALUES)
+    return nvfp4.encode_nvfp4(
+        values, divisors, choose_mse_nvfp4, common.chunk_values(values.device, search=True)
+    )

@@ -131,4 +131,4 @@ def choose_absmax(blocks: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def nvfp4_absmax(values: torch.Tensor, format: str = FORMAT, divisors: int = 1) -> bytes:
-    return encode_nvfp4(values, divisors, choose_absmax, common.CHUNK_VALUES)
+    return encode_nvfp4(values, divisors, choose_absmax, common.chunk_values(values.device))

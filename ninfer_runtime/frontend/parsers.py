@@ -40,6 +40,7 @@ __all__ = [
     "ToolCallStart",
     "convert_parameter",
     "parse_output",
+    "prompt_opens_reasoning",
     "tool_parameter_schemas",
 ]
 
@@ -117,6 +118,17 @@ class ParseWarning:
 ParseEvent = (
     ReasoningDelta | TextDelta | ToolCallStart | ToolCallArgumentsDelta | ToolCallEnd | ParseWarning
 )
+
+
+def prompt_opens_reasoning(prompt: str) -> bool:
+    """Whether the rendered prompt leaves a ``<think>`` open, so the output starts in reasoning.
+
+    This is the ``starts_in_reasoning`` flag for ``OutputParser``: Qwen3.5 templates end the
+    generation prompt with ``<think>\n`` when thinking is on and with a closed, empty think block
+    when it is off.
+    """
+    opened = prompt.rfind(THINK_OPEN)
+    return opened >= 0 and prompt.find(THINK_CLOSE, opened) < 0
 
 
 # -- parameter conversion -----------------------------------------------------------------------

@@ -297,8 +297,8 @@ def test_chunked_equals_unchunked(monkeypatch, device):
             ("cast", "bf16"),
         ]
     }
-    monkeypatch.setattr(_common, "CHUNK_VALUES", 300)
-    monkeypatch.setattr(_common, "SEARCH_CHUNK_VALUES", 300)
+    monkeypatch.setattr(_common, "CHUNK_VALUES", {"cpu": 300, "cuda": 300})
+    monkeypatch.setattr(_common, "SEARCH_CHUNK_VALUES", {"cpu": 300, "cuda": 300})
     for (method, fmt), data in whole.items():
         assert q(method, x, fmt, device) == data, (method, fmt)
     assert whole[("grouped_absmax", "q5_g64_fp16")] == CODECS["q5_g64_fp16"].encode(x)

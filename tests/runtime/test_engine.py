@@ -1,0 +1,184 @@
+"""The engine, `ninfer` and `ninfer-perplexity` on the bundled default model."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ninfer_convert.pipeline import convert
+from ninfer_runtime.cli import main as ninfer_cli
+from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+from ninfer_runtime.errors import EngineError, ModelError, RequestError
+from ninfer_runtime.frontend import ReasoningDelta, SamplingParams, TextDelta
+from ninfer_runtime.perplexity import main as perplexity_cli
+from ninfer_runtime.perplexity import perplexity
+
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundled") / "tiny.ninfer"
+    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(artifact):
+    return Engine(artifact, max_context=256)
+
+
+def ask(engine, question, **sampling):
+    request = GenerationRequest(messages=[{"role": "user", "content": question}],
+                                sampling=SamplingParams(**{"temperature": 0.0, **sampling}))
+    text, reasoning, ids, finished = [], [], [], None
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            ids.append(event.token_id)
+        elif isinstance(event, OutputEvent) and isinstance(event.event, TextDelta):
+            text.append(event.event.text)
+        elif isinstance(event, OutputEvent) and isinstance(event.event, ReasoningDelta):
+            reasoning.append(event.event.text)
+        elif isinstance(event, Finished):
+            finished = event
+    return "".join(text).strip(), "".join(reasoning), ids, finished
+
+
+def test_bundled_model_answers(engine):
+    text, reasoning, ids, finished = ask(engine, "What is the capital of France?")
+    assert text == "The capital of France is Paris."
+    assert reasoning.strip() == ""
+    assert finished.reason == "stop" and finished.stop.kind == "eos"
+    assert finished.usage.completion_tokens == len(ids)
+
+
+def test_lanes_give_the_same_tokens_as_one_at_a_time(engine):
+    questions = ["Hello!", "Tell me a joke.", "What is two plus two?"]
+    alone = [ask(engine, q)[2] for q in questions]
+    requests = [GenerationRequest(messages=[{"role": "user", "content": q}],
+                                  sampling=SamplingParams(temperature=0.0)) for q in questions]
+    ids = {engine.submit(r): [] for r in requests}
+    done = 0
+    lanes_seen = 0
+    while done < len(requests):
+        lanes_seen = max(lanes_seen, engine.lanes_in_use)
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                ids[event.request_id].append(event.token_id)
+            elif isinstance(event, Finished):
+                done += 1
+    assert lanes_seen == 3
+    assert [ids[r.request_id] for r in requests] == alone
+    assert engine.lanes_in_use == 0
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    a = ask(engine, "Name a color.", temperature=1.5, seed=7)[2]
+    b = ask(engine, "Name a color.", temperature=1.5, seed=7)[2]
+    assert a == b
+    outs = {tuple(ask(engine, "Name a color.", temperature=1.5, seed=s)[2]) for s in range(6)}
+    assert len(outs) > 1
+
+
+def test_stop_string_and_max_tokens(engine):
+    text, _, _, finished = ask(engine, "What is the capital of France?", stop=["France"])
+    assert text == "The capital of" and finished.stop.value == "France"
+    text, _, ids, finished = ask(engine, "What is the capital of France?", max_tokens=3)
+    assert finished.reason == "length" and len(ids) == 3
+
+
+def test_cancel_frees_the_lane(engine):
+    rid = engine.submit(
+        GenerationRequest(prompt="Hello", sampling=SamplingParams(max_tokens=50, ignore_eos=True))
+    )
+    engine.step()
+    assert engine.lanes_in_use == 1
+    finished = engine.cancel(rid)
+    assert finished.reason == "cancelled" and engine.lanes_in_use == 0
+    assert not engine.has_work
+
+
+def test_request_errors(engine):
+    with pytest.raises(RequestError) as err:
+        engine.submit(GenerationRequest(prompt_ids=list(range(300))))
+    assert err.value.code == "context_length_exceeded" and "300 tokens" in str(err.value)
+    with pytest.raises(RequestError, match="exactly one"):
+        engine.submit(GenerationRequest(prompt="a", prompt_ids=[1]))
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        engine.submit(GenerationRequest(prompt_ids=[10**6]))
+    with pytest.raises(RequestError, match="temperature"):
+        SamplingParams(temperature=-1)
+
+
+def test_perplexity_matches_a_direct_computation(engine):
+    ids = engine.tokenizer.encode("What is the capital of France? The capital of France is Paris.")
+    ppl, scored, _ = perplexity(engine, ids, context=256, stride=256)
+    state = engine.model.new_state(len(ids))
+    logits = np.asarray(engine.model.forward([np.asarray(ids)], [state]).logits[0], np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    direct = math.exp(-np.mean(logp[np.arange(len(ids) - 1), ids[1:]]))
+    assert scored == len(ids) - 1
+    assert ppl == pytest.approx(direct, rel=1e-5)
+    strided, scored2, _ = perplexity(engine, ids, context=8, stride=4)
+    assert scored2 == len(ids) - 1
+    # by hand: token t is scored in the first window that holds it with t > the previous end
+    nll, previous_end = 0.0, 1
+    for begin in range(0, len(ids) - 1, 4):
+        window = ids[begin : begin + 8]
+        state = engine.model.new_state(len(window))
+        out = engine.model.forward([np.asarray(window)], [state]).logits[0]
+        logits = np.asarray(out, np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        for t in range(max(previous_end, begin + 1), begin + len(window)):
+            nll -= logp[t - begin - 1, ids[t]]
+        previous_end = begin + len(window)
+        if previous_end == len(ids):
+            break
+    assert strided == pytest.approx(math.exp(nll / (len(ids) - 1)), rel=1e-5)
+
+
+def test_cli(artifact, tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(ninfer_cli, [str(artifact), "--prompt", "What is the capital of Italy?",
+                                     "--greedy", "--print-token-ids"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "The capital of Italy is Rome."
+    ids = json.loads(lines[-1])
+    assert ids and all(isinstance(i, int) for i in ids)
+    assert "generated at" in out.stderr
+    messages = tmp_path / "chat.json"
+    messages.write_text(json.dumps([{"role": "user", "content": "Hello!"}]))
+    out = runner.invoke(ninfer_cli, [str(artifact), "--messages", str(messages), "--greedy",
+                                     "--no-thinking", "--stream"])
+    assert out.exit_code == 0 and "How can I help you today?" in out.output
+    raw = runner.invoke(ninfer_cli, [str(artifact), "--raw", "--prompt", "The quick brown",
+                                     "--greedy", "--max-tokens", "4"])
+    assert raw.exit_code == 0, raw.output
+    bad = runner.invoke(ninfer_cli, [str(artifact), "--prompt", "x", "--top-p", "2"])
+    assert bad.exit_code == 1 and "top_p" in bad.output and "Traceback" not in bad.output
+    assert runner.invoke(ninfer_cli, [str(artifact)]).exit_code == 2
+    assert runner.invoke(ninfer_cli, [str(tmp_path / "nope.ninfer"), "--prompt", "x"]).exit_code == 2
+    text = tmp_path / "t.txt"
+    text.write_text("Hello! How can I help you today? The weather is sunny and warm today.")
+    ppl = runner.invoke(perplexity_cli, [str(artifact), "--text", str(text), "--context", "16"])
+    assert ppl.exit_code == 0 and ppl.output.startswith("perplexity ")
+
+
+def test_unknown_architecture_is_a_clear_error(tmp_path):
+    from ninfer_format import ArtifactWriter, TensorSpec
+
+    path = tmp_path / "llama.ninfer"
+    spec = TensorSpec("w", (4,), "fp32", "contiguous_le_v1")
+    with ArtifactWriter(path, components={"text": {"config": {"model_type": "llama"}}},
+                        objects=[spec], bindings={"p": {"object": "w"}}) as w:
+        w.write("w", np.zeros(4, np.float32))
+    with pytest.raises(ModelError, match="no model for architecture llama"):
+        Engine(path)
+    result = CliRunner().invoke(ninfer_cli, [str(path), "--prompt", "x"])
+    assert result.exit_code == 1 and "no model for architecture" in result.output
