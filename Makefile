@@ -16,10 +16,16 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
+MODEL  ?= models/tiny-qwen3_5
+RECIPE ?= tiny_mixed
+PROMPT ?= What is the capital of France?
+
+# The whole pipeline on the bundled model: convert (every CORE format), inspect, generate.
 demo: setup
 	mkdir -p $(OUT)
-	$(VENV)/bin/ninfer-sample $(OUT)/sample.ninfer --force
-	$(VENV)/bin/ninfer-inspect $(OUT)/sample.ninfer --verify --strict
+	$(VENV)/bin/ninfer-convert --recipe $(RECIPE) --source $(MODEL) -o $(OUT)/tiny.ninfer --force
+	$(VENV)/bin/ninfer-inspect $(OUT)/tiny.ninfer --verify --strict --no-objects
+	$(VENV)/bin/ninfer $(OUT)/tiny.ninfer --prompt "$(PROMPT)" --greedy
 
 lint: setup
 	$(VENV)/bin/ruff check .

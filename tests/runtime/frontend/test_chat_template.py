@@ -317,3 +317,29 @@ def test_tojson_does_not_escape_html() -> None:
     assert template.render([{"role": "user", "content": "x"}], tools=tools) == (
         '[{"type": "function", "function": {"name": "a<b>&c", "description": "é"}}]'
     )
+
+
+def test_parsed_reply_renders_back_to_what_the_model_wrote(template: ChatTemplate) -> None:
+    """History re-rendered from the parsed reply extends the prompt + output verbatim, so the
+    next turn's prompt shares the whole previous turn as a prefix (exact prefix reuse)."""
+    from ninfer_runtime.frontend.parsers import parse_output, prompt_opens_reasoning
+
+    user = {"role": "user", "content": "Weather in Paris?"}
+    prompt = template.render([user], tools=TOOLS)
+    output = (
+        "The user wants Paris.\n</think>\n\nChecking.\n\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n"
+        "</tool_call>"
+    )
+    parsed = parse_output(output, starts_in_reasoning=prompt_opens_reasoning(prompt), tools=TOOLS)
+    reply = {
+        "role": "assistant",
+        "reasoning_content": parsed.reasoning,
+        "content": parsed.content,
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls
+        ],
+    }
+    history = [user, reply, {"role": "tool", "content": "18C"}]
+    assert template.render(history, tools=TOOLS).startswith(prompt + output + "<|im_end|>\n")
