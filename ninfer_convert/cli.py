@@ -87,6 +87,19 @@ def _print_report(report) -> None:  # type: ignore[no-untyped-def]
     help="Maximum bytes per file (0 = one file).",
 )
 @click.option("--force", is_flag=True, help="Replace an existing artifact.")
+@click.option(
+    "--proposal",
+    "ranking",
+    type=click.Path(path_type=Path),
+    help="int64 token ranking file: adds the indexed proposal head.",
+)
+@click.option(
+    "--proposal-rows",
+    type=int,
+    default=131072,
+    show_default=True,
+    help="Rows of the proposal head (special tokens always kept).",
+)
 @click.option("--list-recipes", is_flag=True, help="List the recipes and exit.")
 @click.option("--quiet", is_flag=True, help="No progress bar and no report table.")
 @click.pass_context
@@ -99,6 +112,8 @@ def main(
     device: str,
     shard_limit: int,
     force: bool,
+    ranking: Path | None,
+    proposal_rows: int,
     list_recipes: bool,
     quiet: bool,
 ) -> None:
@@ -122,7 +137,7 @@ def main(
 
         if not torch.cuda.is_available():
             _fail(ConvertError("--device cuda: torch sees no CUDA device"))
-    from .pipeline import convert
+    from .pipeline import ProposalRequest, convert
 
     comps = tuple(c.strip() for c in components.split(",")) if components else None
     bar = None
@@ -147,6 +162,7 @@ def main(
             shard_limit=shard_limit,
             force=force,
             progress=progress,
+            proposal=ProposalRequest(ranking, proposal_rows) if ranking else None,
         )
     except ConvertError as exc:
         _fail(exc)

@@ -468,8 +468,8 @@ class EncodedImport(Importer):
 def _unique(members: Sequence[LogicalTensor]) -> list[LogicalTensor]:
     out, seen = [], set()
     for m in members:
-        if (m.pieces, m.transpose) not in seen:
-            seen.add((m.pieces, m.transpose))
+        if m.identity not in seen:
+            seen.add(m.identity)
             out.append(m)
     return out
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ninfer_format import ArtifactError, ArtifactWriter, ResourceSpec, TensorSpec
+from ninfer_format.binders.qwen3_5 import expected_parameters
 from ninfer_format.codecs import codec_for
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
 
@@ -33,8 +34,9 @@ from .adapters.qwen3_5_gguf import map_qwen3_5_gguf, open_config_only
 from .encoded import Importer, importers, values_view, weight_names
 from .errors import ConvertError, RecipeError, SourceError
 from .plan import Auxiliary, Parent, attach_auxiliaries, bindings_and_uses, plan_parents
+from .proposal import DEFAULT_ROWS, read_ranking, select_shortlist, token_domain
 from .quantize import quantize
-from .recipe import Choice, Recipe, load_recipe
+from .recipe import DEFAULT_METHOD, Choice, Recipe, load_recipe
 from .sources import GgufSource, open_source
 
 TEXT_RESOURCES = (
@@ -170,8 +172,54 @@ def _role_map(
     return adapter_for(model_type)(weight_names(source), config, components)
 
 
+@dataclass(frozen=True)
+class ProposalRequest:
+    """``--proposal RANKING_FILE --proposal-rows N``."""
+
+    ranking: Path
+    rows: int = DEFAULT_ROWS
+
+
+def _add_proposal(
+    request: ProposalRequest,
+    logical: dict[str, LogicalTensor],
+    choices: dict[str, Choice],
+    base: Any,
+    config: Mapping[str, Any],
+    components: tuple[str, ...],
+    recipe: Recipe,
+) -> None:
+    """``proposal/head`` (rows of the output head's source) and ``proposal/token_ids``."""
+    count, special = token_domain(base.resources)
+    vocab = int(config["vocab_size"])
+    ranking = read_ranking(request.ranking, vocab)
+    ids = select_shortlist(ranking, request.rows, min(count, vocab), special)
+    specs = {
+        s.name: s
+        for s in expected_parameters(config, components=components, proposal_rows=request.rows)
+    }
+    head = logical["text/output_head"]
+    head_spec, ids_spec = specs["proposal/head"], specs["proposal/token_ids"]
+    gather = tuple(int(i) for i in ids)
+    logical["proposal/head"] = LogicalTensor(
+        "proposal/head", head_spec.shape, "matrix", head_spec.inputs, head.pieces,
+        gather=gather,
+    )  # fmt: skip
+    logical["proposal/token_ids"] = LogicalTensor(
+        "proposal/token_ids", ids_spec.shape, "token ids", (), (), constant=gather
+    )
+    fmt = recipe.proposal_format
+    choices["proposal/head"] = Choice(
+        format=fmt, method=DEFAULT_METHOD[fmt], source=choices["text/output_head"].source
+    )
+    choices["proposal/token_ids"] = Choice(format="int32", method="cast")
+
+
 def prepare(
-    recipe: Recipe, sources: dict[str, Any], components: tuple[str, ...] | None = None
+    recipe: Recipe,
+    sources: dict[str, Any],
+    components: tuple[str, ...] | None = None,
+    proposal: ProposalRequest | None = None,
 ) -> Prepared:
     """Resolve every parameter's source, pieces and choice, and prepare the importers."""
     base = sources["base"]
@@ -191,6 +239,8 @@ def prepare(
     for role in sorted({c.source for c in raw.values()} - {"base"}):
         mapped = _role_map(sources[role], model_type, text_config, comps)
         logical.update({n: mapped[n] for n, c in raw.items() if c.source == role})
+    if proposal is not None:
+        _add_proposal(proposal, logical, raw, base, text_config, comps, recipe)
     methods = importers(sources, recipe)
     choices = {
         name: methods[c.method].resolve(logical[name], c) if c.method in methods else c
@@ -281,17 +331,22 @@ def plan(prepared: Prepared) -> tuple[list[Parent], dict[str, Any], list[dict], 
 ERROR_CHUNK = 1 << 22  # elements per step of the error statistics (bounded temporaries)
 
 
-def _error_stats(decoded: np.ndarray, source: np.ndarray) -> tuple[float, float, float]:
-    """RMSE, max |error| and RMSE relative to the source RMS, accumulated in float64."""
-    squared = err_squared = 0.0
-    worst = 0.0
+def _error_stats(
+    decoded: np.ndarray, source: torch.Tensor | np.ndarray
+) -> tuple[float, float, float]:
+    """RMSE, max |error| and RMSE relative to the source RMS, accumulated in float64 chunk by
+    chunk (a bf16 source is widened one chunk at a time, never as a whole copy)."""
+    squared = err_squared = worst = 0.0
     for start in range(0, decoded.size, ERROR_CHUNK):
         d = decoded[start : start + ERROR_CHUNK].astype(np.float64)
-        x = source[start : start + ERROR_CHUNK].astype(np.float64)
+        chunk = source[start : start + ERROR_CHUNK]
+        if isinstance(chunk, torch.Tensor):
+            chunk = chunk.to(torch.float64).cpu().numpy()
+        x = np.asarray(chunk, dtype=np.float64)
         diff = d - x
         err_squared += float(np.dot(diff, diff))
         squared += float(np.dot(x, x))
-        worst = max(worst, float(np.max(np.abs(diff))))
+        worst = max(worst, float(np.max(np.abs(diff))) if diff.size else 0.0)
     n = max(decoded.size, 1)
     rmse = math.sqrt(err_squared / n)
     rms = math.sqrt(squared / n)
@@ -305,17 +360,14 @@ def _errors(
     codec = codec_for(parent.choice.format, parent.layout)
     decoded = codec.decode(np.frombuffer(encoded, np.uint8), parent.shape, parent.divisors or 1)
     flat_decoded = decoded.reshape(-1)
-    if isinstance(source_values, torch.Tensor):
-        flat = source_values.reshape(-1)
-        source_values = (flat.float() if flat.dtype == torch.bfloat16 else flat).cpu().numpy()
-    flat_source = np.asarray(source_values).reshape(-1)
+    flat_source = source_values.reshape(-1)
     ranges, start = {}, 0
     for m in parent.stacked:
-        ranges[(m.pieces, m.transpose)] = (start, start + m.elements)
+        ranges[m.identity] = (start, start + m.elements)
         start += m.elements
     out = []
     for m in parent.members:
-        a, b = ranges[(m.pieces, m.transpose)]
+        a, b = ranges[m.identity]
         rmse, worst, relative = _error_stats(flat_decoded[a:b], flat_source[a:b])
         out.append(
             ParameterReport(
@@ -342,6 +394,7 @@ def convert(
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     force: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
+    proposal: ProposalRequest | None = None,
 ) -> ConversionReport:
     """Convert and publish ``output``; returns the per-parameter report (also saved as JSON).
 
@@ -350,7 +403,7 @@ def convert(
     started = time.perf_counter()
     recipe = recipe_name if isinstance(recipe_name, Recipe) else load_recipe(recipe_name)
     sources = open_sources(source_specs, recipe)
-    prepared = prepare(recipe, sources, components)
+    prepared = prepare(recipe, sources, components, proposal)
     base = sources["base"]
     text_config, model_type, comps = (
         prepared.text_config,
@@ -364,6 +417,8 @@ def convert(
     component_records: dict[str, Any] = {
         "text": {"config": text_config, "resources": {r: f"resource/text/{r}" for r in resources}},
     }
+    if proposal is not None:
+        component_records["text"]["proposal"] = {"domain": "indexed", "rows": proposal.rows}
     if "mtp" in comps:
         component_records["mtp"] = {
             "config": {"architectures": [MTP_ARCHITECTURES[model_type]]},

@@ -66,8 +66,8 @@ class Parent:
         """Members that own rows of the parent (a shared member reuses another's rows)."""
         out, seen = [], set()
         for m in self.members:
-            if (m.pieces, m.transpose) not in seen:
-                seen.add((m.pieces, m.transpose))
+            if m.identity not in seen:
+                seen.add(m.identity)
                 out.append(m)
         return out
 
@@ -150,7 +150,7 @@ def plan_parents(
                 members, divisors = candidate, count
                 break
         tensors = [logical[m] for m in members]
-        key = (tuple((t.pieces, t.transpose) for t in tensors), choices[name].pack_key)
+        key = (tuple(t.identity for t in tensors), choices[name].pack_key)
         if key in shared:  # e.g. a tied output head: same source, same encoding
             placed[name] = shared[key]
             shared[key].members.append(logical[name])
@@ -185,7 +185,7 @@ def bindings_and_uses(
         start = 0
         seen_pieces: dict[Any, tuple[int, int]] = {}
         for m in parent.members:
-            key = (m.pieces, m.transpose)
+            key = m.identity
             if key in seen_pieces:  # shared object: same range as the first holder
                 begin, end = seen_pieces[key]
             else:

@@ -22,7 +22,9 @@ def read_ranking(path: Path, vocab_size: int) -> np.ndarray:
     try:
         size = path.stat().st_size
     except OSError as exc:
-        raise SourceError(f"{path}: cannot read the proposal ranking file: {exc.strerror}") from None
+        raise SourceError(
+            f"{path}: cannot read the proposal ranking file: {exc.strerror}"
+        ) from None
     row_bytes = vocab_size * 8
     if size == 0 or size % row_bytes:
         raise SourceError(
@@ -56,11 +58,15 @@ def token_domain(resources: dict[str, bytes]) -> tuple[int, set[int]]:
     return count, special
 
 
-def select_shortlist(counts: np.ndarray, rows: int, token_count: int, forced: set[int]) -> np.ndarray:
+def select_shortlist(
+    counts: np.ndarray, rows: int, token_count: int, forced: set[int]
+) -> np.ndarray:
     """``rows`` unique token ids, most frequent first (ties by id); ``forced`` always included."""
     forced = {t for t in forced if t < token_count}
     if not 0 < rows <= token_count:
-        raise RecipeError(f"--proposal-rows {rows} must be in [1, {token_count}] (the token domain)")
+        raise RecipeError(
+            f"--proposal-rows {rows} must be in [1, {token_count}] (the token domain)"
+        )
     if len(forced) > rows:
         raise RecipeError(f"--proposal-rows {rows} cannot hold the {len(forced)} special tokens")
     candidates = counts[:token_count]

@@ -29,8 +29,9 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
             raise click.BadParameter(f"{messages_file}: {exc}", param_hint="--messages") from None
         messages = data.get("messages") if isinstance(data, dict) else data
         if not isinstance(messages, list):
-            raise click.BadParameter("expected a JSON list of messages (or {\"messages\": [...]})",
-                                     param_hint="--messages")
+            raise click.BadParameter(
+                'expected a JSON list of messages (or {"messages": [...]})', param_hint="--messages"
+            )
     else:
         messages = [{"role": "user", "content": prompt}]
     if system:
@@ -41,8 +42,12 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--prompt", help="The user message (or the raw text with --raw).")
-@click.option("--messages", "messages_file", type=click.Path(path_type=Path),
-              help="JSON file with a list of chat messages.")
+@click.option(
+    "--messages",
+    "messages_file",
+    type=click.Path(path_type=Path),
+    help="JSON file with a list of chat messages.",
+)
 @click.option("--system", help="A system message put first.")
 @click.option("--max-tokens", type=int, default=None, help="Generated tokens at most.")
 @click.option("--temperature", type=float, default=None)
@@ -57,11 +62,25 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--max-context", type=int, default=4096, show_default=True)
-def main(model: Path, prompt: str | None, messages_file: Path | None, system: str | None,
-         max_tokens: int | None, temperature: float | None, top_p: float | None,
-         top_k: int | None, min_p: float | None, seed: int | None, greedy: bool,
-         no_thinking: bool, raw: bool, print_token_ids: bool, stream: bool, backend: str,
-         max_context: int) -> None:
+def main(
+    model: Path,
+    prompt: str | None,
+    messages_file: Path | None,
+    system: str | None,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    min_p: float | None,
+    seed: int | None,
+    greedy: bool,
+    no_thinking: bool,
+    raw: bool,
+    print_token_ids: bool,
+    stream: bool,
+    backend: str,
+    max_context: int,
+) -> None:
     """Generate a reply from the .ninfer artifact MODEL."""
     if (prompt is None) == (messages_file is None):
         raise click.UsageError("give exactly one of --prompt and --messages")
@@ -71,35 +90,76 @@ def main(model: Path, prompt: str | None, messages_file: Path | None, system: st
         click.echo(f"ninfer: {model}: no such file", err=True)
         sys.exit(2)
     try:
-        _run(model, prompt, messages_file, system, max_tokens, temperature, top_p, top_k, min_p,
-             seed, greedy, no_thinking, raw, print_token_ids, stream, backend, max_context)
+        _run(
+            model,
+            prompt,
+            messages_file,
+            system,
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            seed,
+            greedy,
+            no_thinking,
+            raw,
+            print_token_ids,
+            stream,
+            backend,
+            max_context,
+        )
     except EngineError as exc:
         click.echo(f"ninfer: error: {exc}", err=True)
         sys.exit(1)
 
 
-def _run(model: Path, prompt: str | None, messages_file: Path | None, system: str | None,
-         max_tokens: int | None, temperature: float | None, top_p: float | None,
-         top_k: int | None, min_p: float | None, seed: int | None, greedy: bool,
-         no_thinking: bool, raw: bool, print_token_ids: bool, stream: bool, backend: str,
-         max_context: int) -> None:
+def _run(
+    model: Path,
+    prompt: str | None,
+    messages_file: Path | None,
+    system: str | None,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    min_p: float | None,
+    seed: int | None,
+    greedy: bool,
+    no_thinking: bool,
+    raw: bool,
+    print_token_ids: bool,
+    stream: bool,
+    backend: str,
+    max_context: int,
+) -> None:
     from .engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
-    from .frontend import ReasoningDelta, SamplingParams, TextDelta, ToolCallArgumentsDelta
-    from .frontend import ToolCallStart
+    from .frontend import (
+        ReasoningDelta,
+        SamplingParams,
+        TextDelta,
+        ToolCallArgumentsDelta,
+        ToolCallStart,
+    )
 
     started = time.perf_counter()
     engine = Engine(model, backend=backend, max_context=max_context)
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(
         engine.tokenizer.generation_defaults,
-        temperature=0.0 if greedy else temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        seed=seed, max_tokens=max_tokens,
+        temperature=0.0 if greedy else temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=seed,
+        max_tokens=max_tokens,
     )
     if raw:
         request = GenerationRequest(prompt=prompt, sampling=params, parse_output=False)
     else:
         request = GenerationRequest(
-            messages=_messages(prompt, messages_file, system), sampling=params,
+            messages=_messages(prompt, messages_file, system),
+            sampling=params,
             enable_thinking=False if no_thinking else None,
         )
     reasoning, text, ids = [], [], []
@@ -118,8 +178,11 @@ def _run(model: Path, prompt: str | None, messages_file: Path | None, system: st
                         in_reasoning = True
                     click.secho(e.text, dim=True, nl=False)
             elif isinstance(e, TextDelta | ToolCallStart | ToolCallArgumentsDelta):
-                piece = (e.text if isinstance(e, TextDelta | ToolCallArgumentsDelta)
-                         else f"\n[tool call {e.name}] ")
+                piece = (
+                    e.text
+                    if isinstance(e, TextDelta | ToolCallArgumentsDelta)
+                    else f"\n[tool call {e.name}] "
+                )
                 text.append(piece)
                 if stream:
                     if in_reasoning:
@@ -144,7 +207,8 @@ def _run(model: Path, prompt: str | None, messages_file: Path | None, system: st
     click.secho(
         f"[{u.prompt_tokens} prompt tokens at {prompt_rate:.1f} tok/s, {u.completion_tokens} "
         f"generated at {decode_rate:.1f} tok/s, finish: {finished.reason}, load {loaded:.2f} s]",
-        dim=True, err=True,
+        dim=True,
+        err=True,
     )
 
 

@@ -152,7 +152,9 @@ class Engine:
         """Prompt token ids, and whether the output starts inside reasoning."""
         given = [x is not None for x in (request.messages, request.prompt, request.prompt_ids)]
         if sum(given) != 1:
-            raise RequestError("give exactly one of messages, prompt or prompt_ids", param="messages")
+            raise RequestError(
+                "give exactly one of messages, prompt or prompt_ids", param="messages"
+            )
         if request.prompt_ids is not None:
             ids = [int(t) for t in request.prompt_ids]
             return ids, False
@@ -182,8 +184,9 @@ class Engine:
         vocab = self.model.config.vocab
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
-                               param="prompt_ids")
+            raise RequestError(
+                f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt_ids"
+            )
         params = request.sampling
         room = self.max_context - len(ids)
         max_tokens = min(params.max_tokens or room, room)
@@ -288,7 +291,9 @@ class Engine:
         if stop is None or stop.kind != "stop_string":
             tail = a.detokenizer.flush()
             step = a.stops.feed(tail) if tail and a.stops.stopped is None else None
-            text = (step.text if step else "") + (a.stops.flush() if a.stops.stopped is None else "")
+            text = (step.text if step else "") + (
+                a.stops.flush() if a.stops.stopped is None else ""
+            )
             self._parse(a, text, events)
         events.append(self._finish(a, reason, stop, events))
 
@@ -322,4 +327,3 @@ class Engine:
                         return
             if not self.has_work:
                 return
-

@@ -52,12 +52,18 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
     return math.exp(nll / scored), scored, time.perf_counter() - started
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]},
-               epilog="Example: ninfer-perplexity model.ninfer --text wiki.txt --context 1024 "
-                      "--stride 512")
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Example: ninfer-perplexity model.ninfer --text wiki.txt --context 1024 --stride 512",
+)
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--text", "text_file", type=click.Path(path_type=Path), required=True,
-              help="UTF-8 text file to score.")
+@click.option(
+    "--text",
+    "text_file",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="UTF-8 text file to score.",
+)
 @click.option("--context", type=int, default=1024, show_default=True, help="Window in tokens.")
 @click.option("--stride", type=int, default=None, help="Window step (default: context / 2).")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
@@ -80,8 +86,10 @@ def main(model: Path, text_file: Path, context: int, stride: int | None, backend
     except EngineError as exc:
         click.echo(f"ninfer-perplexity: error: {exc}", err=True)
         sys.exit(1)
-    click.echo(f"perplexity {ppl:.4f} over {scored} tokens ({len(ids)} in the text), "
-               f"{scored / seconds:.1f} tok/s")
+    click.echo(
+        f"perplexity {ppl:.4f} over {scored} tokens ({len(ids)} in the text), "
+        f"{scored / seconds:.1f} tok/s"
+    )
 
 
 if __name__ == "__main__":

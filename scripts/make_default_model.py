@@ -83,8 +83,10 @@ def main(out: Path) -> None:
     if TEMPLATE.exists():
         shutil.copy(TEMPLATE, out / "chat_template.jinja")
     config = json.loads((out / "config.json").read_text())
-    print(f"wrote {out} ({sum(f.stat().st_size for f in out.iterdir())} bytes), "
-          f"{config['num_hidden_layers']} layers")
+    print(
+        f"wrote {out} ({sum(f.stat().st_size for f in out.iterdir())} bytes), "
+        f"{config['num_hidden_layers']} layers"
+    )
 
 
 if __name__ == "__main__":

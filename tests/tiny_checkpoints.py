@@ -102,7 +102,9 @@ def add_mtp(directory: Path, model: torch.nn.Module) -> None:
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         tensors[f"mtp.{norm}.weight"] = 0.3 * torch.randn(hidden)
     dtype = tensors["lm_head.weight"].dtype
-    tensors = {k: (v.to(dtype) if k.startswith("mtp.") else v).contiguous() for k, v in tensors.items()}
+    tensors = {
+        k: (v.to(dtype) if k.startswith("mtp.") else v).contiguous() for k, v in tensors.items()
+    }
     save_file(tensors, path, metadata={"format": "pt"})
 
 
@@ -130,7 +132,9 @@ CORPUS = [
 ] * 20
 
 
-def write_tokenizer(directory: Path, vocab_size: int = 512, corpus: list[str] | None = None) -> None:
+def write_tokenizer(
+    directory: Path, vocab_size: int = 512, corpus: list[str] | None = None
+) -> None:
     """A small byte-level BPE with the Qwen special tokens, ids below ``vocab_size``."""
     import json
 
@@ -167,6 +171,12 @@ def write_generation_config(directory: Path) -> None:
 
     tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    generation = {"eos_token_id": eos, "pad_token_id": eos[1], "do_sample": True,
-                  "temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    generation = {
+        "eos_token_id": eos,
+        "pad_token_id": eos[1],
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+    }
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2))

@@ -34,13 +34,22 @@ class LogicalTensor:
     inputs: tuple[str, ...]
     pieces: tuple[SourcePiece, ...]
     transpose: bool = False  # GDN convolution: source [C, 1, T] -> logical [T, C]
+    gather: tuple[int, ...] | None = None  # rows picked after loading (the proposal head)
+    constant: tuple[int, ...] | None = None  # int32 values not read from any source
 
     @property
     def elements(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """Equal for parameters holding the same values (such parameters share rows)."""
+        return (self.pieces, self.transpose, self.gather, self.constant)
+
     def load(self, source: Loader) -> torch.Tensor:
         """The parameter's values in the source dtype, in the logical shape."""
+        if self.constant is not None:
+            return torch.tensor(self.constant, dtype=torch.int32).reshape(self.shape)
         chunks = []
         for piece in self.pieces:
             x = source.load(piece.tensor)
@@ -50,6 +59,8 @@ class LogicalTensor:
         x = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=0)
         if self.transpose:
             x = x.reshape(self.shape[1], self.shape[0]).t().contiguous()
+        if self.gather is not None:
+            x = x.reshape(-1, x.shape[-1])[torch.tensor(self.gather, dtype=torch.long)]
         if x.numel() != self.elements:
             raise RecipeError(
                 f"{self.name}: source gives {x.numel()} values, the parameter has {self.elements}"

@@ -33,3 +33,34 @@ def test_ranking_file_and_token_domain(tmp_path):
            "added_tokens": [{"id": 2, "content": "<s>", "special": True}]}  # fmt: skip
     count, special = token_domain({"tokenizer.json": json.dumps(tok).encode()})
     assert (count, special) == (3, {2})
+
+
+def test_convert_with_proposal_head(tmp_path, tiny_dense):
+    from ninfer_convert.pipeline import ProposalRequest, convert
+    from ninfer_format import Artifact
+    from ninfer_format.verify import verify
+
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 1000, size=512).astype("<i8")
+    ranking = tmp_path / "rank.bin"
+    counts.tofile(ranking)
+    out = tmp_path / "p.ninfer"
+    convert("qwen3_6_27b", {"base": str(tiny_dense)}, out,
+            proposal=ProposalRequest(ranking, rows=256))  # fmt: skip
+    with Artifact.open(out) as art:
+        assert art.binder_report.ok, art.binder_report.errors
+        assert verify(art, strict=True).ok
+        assert art.components["text"].proposal.rows == 256
+        ids = art.parameter("proposal/token_ids")
+        assert ids.dtype == np.int32 and len(set(ids.tolist())) == 256
+        tok = json.loads(art.resource("tokenizer.json"))
+        specials = {a["id"] for a in tok["added_tokens"] if a["special"]}
+        assert specials <= set(ids.tolist())
+        head = art.parameter("text/output_head")  # q6
+        proposal = art.parameter("proposal/head")  # q4 of the same source rows
+        assert proposal.shape == (256, 128)
+        assert art.objects[art.bindings["proposal/head"].object].format == "q4_g64_fp16"
+        err = np.abs(proposal - head[ids]).max() / np.abs(head[ids]).max()
+        assert err < 0.3  # same rows, coarser format
+        uses = {(u.parameter, u.input) for u in art.uses}
+        assert ("proposal/head", "mtp/final_hidden") in uses

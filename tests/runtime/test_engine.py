@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from ninfer_convert.pipeline import convert
 from ninfer_runtime.cli import main as ninfer_cli
 from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
-from ninfer_runtime.errors import EngineError, ModelError, RequestError
+from ninfer_runtime.errors import ModelError, RequestError
 from ninfer_runtime.frontend import ReasoningDelta, SamplingParams, TextDelta
 from ninfer_runtime.perplexity import main as perplexity_cli
 from ninfer_runtime.perplexity import perplexity
@@ -32,8 +32,10 @@ def engine(artifact):
 
 
 def ask(engine, question, **sampling):
-    request = GenerationRequest(messages=[{"role": "user", "content": question}],
-                                sampling=SamplingParams(**{"temperature": 0.0, **sampling}))
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": question}],
+        sampling=SamplingParams(**{"temperature": 0.0, **sampling}),
+    )
     text, reasoning, ids, finished = [], [], [], None
     for event in engine.generate(request):
         if isinstance(event, TokenEvent):
@@ -58,8 +60,12 @@ def test_bundled_model_answers(engine):
 def test_lanes_give_the_same_tokens_as_one_at_a_time(engine):
     questions = ["Hello!", "Tell me a joke.", "What is two plus two?"]
     alone = [ask(engine, q)[2] for q in questions]
-    requests = [GenerationRequest(messages=[{"role": "user", "content": q}],
-                                  sampling=SamplingParams(temperature=0.0)) for q in questions]
+    requests = [
+        GenerationRequest(
+            messages=[{"role": "user", "content": q}], sampling=SamplingParams(temperature=0.0)
+        )
+        for q in questions
+    ]
     ids = {engine.submit(r): [] for r in requests}
     done = 0
     lanes_seen = 0
@@ -144,8 +150,16 @@ def test_perplexity_matches_a_direct_computation(engine):
 
 def test_cli(artifact, tmp_path):
     runner = CliRunner()
-    out = runner.invoke(ninfer_cli, [str(artifact), "--prompt", "What is the capital of Italy?",
-                                     "--greedy", "--print-token-ids"])
+    out = runner.invoke(
+        ninfer_cli,
+        [
+            str(artifact),
+            "--prompt",
+            "What is the capital of Italy?",
+            "--greedy",
+            "--print-token-ids",
+        ],
+    )
     assert out.exit_code == 0, out.output
     lines = out.stdout.strip().splitlines()
     assert lines[0] == "The capital of Italy is Rome."
@@ -154,16 +168,22 @@ def test_cli(artifact, tmp_path):
     assert "generated at" in out.stderr
     messages = tmp_path / "chat.json"
     messages.write_text(json.dumps([{"role": "user", "content": "Hello!"}]))
-    out = runner.invoke(ninfer_cli, [str(artifact), "--messages", str(messages), "--greedy",
-                                     "--no-thinking", "--stream"])
+    out = runner.invoke(
+        ninfer_cli,
+        [str(artifact), "--messages", str(messages), "--greedy", "--no-thinking", "--stream"],
+    )
     assert out.exit_code == 0 and "How can I help you today?" in out.output
-    raw = runner.invoke(ninfer_cli, [str(artifact), "--raw", "--prompt", "The quick brown",
-                                     "--greedy", "--max-tokens", "4"])
+    raw = runner.invoke(
+        ninfer_cli,
+        [str(artifact), "--raw", "--prompt", "The quick brown", "--greedy", "--max-tokens", "4"],
+    )
     assert raw.exit_code == 0, raw.output
     bad = runner.invoke(ninfer_cli, [str(artifact), "--prompt", "x", "--top-p", "2"])
     assert bad.exit_code == 1 and "top_p" in bad.output and "Traceback" not in bad.output
     assert runner.invoke(ninfer_cli, [str(artifact)]).exit_code == 2
-    assert runner.invoke(ninfer_cli, [str(tmp_path / "nope.ninfer"), "--prompt", "x"]).exit_code == 2
+    assert (
+        runner.invoke(ninfer_cli, [str(tmp_path / "nope.ninfer"), "--prompt", "x"]).exit_code == 2
+    )
     text = tmp_path / "t.txt"
     text.write_text("Hello! How can I help you today? The weather is sunny and warm today.")
     ppl = runner.invoke(perplexity_cli, [str(artifact), "--text", str(text), "--context", "16"])
@@ -175,8 +195,12 @@ def test_unknown_architecture_is_a_clear_error(tmp_path):
 
     path = tmp_path / "llama.ninfer"
     spec = TensorSpec("w", (4,), "fp32", "contiguous_le_v1")
-    with ArtifactWriter(path, components={"text": {"config": {"model_type": "llama"}}},
-                        objects=[spec], bindings={"p": {"object": "w"}}) as w:
+    with ArtifactWriter(
+        path,
+        components={"text": {"config": {"model_type": "llama"}}},
+        objects=[spec],
+        bindings={"p": {"object": "w"}},
+    ) as w:
         w.write("w", np.zeros(4, np.float32))
     with pytest.raises(ModelError, match="no model for architecture llama"):
         Engine(path)

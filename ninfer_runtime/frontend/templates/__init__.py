@@ -1,0 +1,1 @@
+"""Chat templates shipped with ninfer (a package so the *.jinja package-data rule ships them)."""
