@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--verify-mb", type=int, default=512, help="size of the verify artifact")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ninfer-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     rows = []
 
     big = work / "sparse.ninfer"

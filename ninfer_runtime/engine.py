@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,12 @@ from .state import SequenceState
 
 THINK_OPEN = "<think>"
 
+#: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
+#: sampling (constrained decoding masks tokens with ``-inf``). It sees only the answer part:
+#: it is not called while the output is still inside reasoning, so a grammar applies after
+#: ``</think>`` and thinking stays free.
+LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
+
 
 @dataclass
 class GenerationRequest:
@@ -49,8 +55,13 @@ class GenerationRequest:
     tools: Sequence[Mapping[str, Any]] | None = None
     enable_thinking: bool | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
+    #: Leave the final assistant message open and continue it (assistant prefill).
+    continue_final_message: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
     parse_output: bool = True
+    #: Read ``<tool_call>`` blocks as calls; off, they stay text (``tool_choice: none``).
+    parse_tool_calls: bool = True
+    logits_processor: LogitsProcessor | None = None
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
 
 
@@ -59,6 +70,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    #: Generated tokens that were reasoning (up to and including ``</think>``).
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,8 @@ class _Active:
     detokenizer: DetokenizeStream
     parser: OutputParser | None
     max_tokens: int
+    #: Index in ``generated`` where the answer starts; ``None`` while still in reasoning.
+    answer_start: int | None = 0
     prefilled: int = 0
     generated: list[int] = field(default_factory=list)
     pending: int | None = None  # sampled token not yet fed to the model
@@ -163,15 +178,25 @@ class Engine:
         text = self.template.render(
             request.messages,  # type: ignore[arg-type]
             tools=request.tools,
+            add_generation_prompt=not request.continue_final_message,
+            continue_final_message=request.continue_final_message,
             enable_thinking=request.enable_thinking,
             chat_template_kwargs=request.chat_template_kwargs,
         )
         opened = text.rstrip().endswith(THINK_OPEN)
         return self.tokenizer.encode(text), opened
 
-    def submit(self, request: GenerationRequest) -> str:
-        """Validate and queue a request; it gets a lane in the next steps when one is free."""
-        ids, in_reasoning = self.render(request)
+    def submit(
+        self, request: GenerationRequest, *, rendered: tuple[Sequence[int], bool] | None = None
+    ) -> str:
+        """Validate and queue a request; it gets a lane in the next steps when one is free.
+
+        ``rendered`` is ``render(request)`` when the caller already ran it (a server renders
+        first to count tokens and refuse oversized prompts before queueing), so the prompt is
+        not rendered twice.
+        """
+        ids, in_reasoning = rendered if rendered is not None else self.render(request)
+        ids = [int(t) for t in ids]
         if not ids:
             raise RequestError("the prompt is empty", param="messages")
         if len(ids) >= self.max_context:
@@ -192,7 +217,11 @@ class Engine:
         max_tokens = min(params.max_tokens or room, room)
         parser = None
         if request.parse_output:
-            parser = OutputParser(starts_in_reasoning=in_reasoning, tools=request.tools)
+            parser = OutputParser(
+                starts_in_reasoning=in_reasoning,
+                tools=request.tools,
+                parse_tool_calls=request.parse_tool_calls,
+            )
         active = _Active(
             request=request,
             prompt_ids=np.asarray(ids, dtype=np.int64),
@@ -202,6 +231,7 @@ class Engine:
             detokenizer=self.tokenizer.detokenize_stream(skip_special_tokens=True),
             parser=parser,
             max_tokens=max_tokens,
+            answer_start=None if in_reasoning else 0,
         )
         if request.request_id in self._active or any(
             w.request.request_id == request.request_id for w in self._waiting
@@ -252,10 +282,14 @@ class Engine:
             self._emit(a, token, events)
 
     def _sample(self, lanes: list[_Active], logits: list[Any]) -> list[int]:
-        return [
-            a.sampler.sample(np.asarray(row[-1], dtype=np.float32))
-            for a, row in zip(lanes, logits, strict=True)
-        ]
+        tokens = []
+        for a, row in zip(lanes, logits, strict=True):
+            scores = np.asarray(row[-1], dtype=np.float32)
+            process = a.request.logits_processor
+            if process is not None and a.answer_start is not None:
+                scores = process(scores.copy(), a.generated[a.answer_start :])
+            tokens.append(a.sampler.sample(scores))
+        return tokens
 
     def _emit(self, a: _Active, token: int, events: list[Event]) -> None:
         rid = a.request.request_id
@@ -265,6 +299,8 @@ class Engine:
             self._close(a, "stop", stop, events)
             return
         a.generated.append(token)
+        if a.answer_start is None and token == self.tokenizer.special.think_close:
+            a.answer_start = len(a.generated)
         events.append(TokenEvent(rid, token))
         step = a.stops.feed(a.detokenizer.add(token))
         self._parse(a, step.text, events)
@@ -306,11 +342,12 @@ class Engine:
         now = time.perf_counter()
         first = a.first_token or now
         a.state = None  # type: ignore[assignment]  (the lane's memory goes with it)
+        reasoning = len(a.generated) if a.answer_start is None else a.answer_start
         return Finished(
             rid,
             reason,
             stop,
-            Usage(len(a.prompt_ids), len(a.generated)),
+            Usage(len(a.prompt_ids), len(a.generated), reasoning_tokens=reasoning),
             prompt_seconds=first - a.started,
             decode_seconds=now - first,
         )

@@ -35,6 +35,8 @@ evaluates them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -54,16 +56,19 @@ MAX_E4M3_WORD = 0x7E
 # --- grouped formats --------------------------------------------------------------------------
 
 
-def _f16_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Value and ``f32(1/value)`` of every binary16 word (host-computed; +0 -> inverse 0)."""
+@functools.cache
+def _f16_host_tables() -> tuple[np.ndarray, np.ndarray]:
     words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     values = f16_to_f32(words)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         inverse = np.where(values == 0, np.float32(0), np.float32(1) / values)
-    return (
-        common.table("f16_values", values, device),
-        common.table("f16_inverse", inverse.astype(np.float32), device),
-    )
+    return values, inverse.astype(np.float32)
+
+
+def _f16_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Value and ``f32(1/value)`` of every binary16 word (host-computed; +0 -> inverse 0)."""
+    values, inverse = _f16_host_tables()
+    return common.table("f16_values", values, device), common.table("f16_inverse", inverse, device)
 
 
 def _search_words(candidate: np.ndarray, amax: np.ndarray) -> np.ndarray:

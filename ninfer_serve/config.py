@@ -1,0 +1,163 @@
+"""Server settings: one pydantic model per TOML table, filled from ``--config`` then flags.
+
+Why pydantic with ``extra="forbid"``: a misspelt key in a config file must stop the server with
+a message naming the key, not be ignored while the server runs with a default the user did not
+mean. Flags win over the file; both land in the same models, so validation happens once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "ConfigError",
+    "ContextCacheSettings",
+    "EngineSettings",
+    "ServerSettings",
+    "Settings",
+    "SpeculativeSettings",
+    "is_loopback",
+    "load_settings",
+]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file, key and problem."""
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerSettings(_Table):
+    """``[server]``: the HTTP side."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    api_key: str | None = None
+    model_id: str | None = None
+    allow_insecure: bool = False
+    max_request_mib: float = Field(384, gt=0)
+    #: Used when a request gives no max_tokens (None: the rest of the context).
+    default_max_tokens: int | None = Field(None, ge=1)
+    #: Template default for requests that do not say (None: the template's own default).
+    enable_thinking: bool | None = None
+    response_store_max_records: int = Field(1024, ge=0)
+    #: Seconds a Ctrl-C waits for running requests before cancelling them.
+    drain_timeout_s: float = Field(30, ge=0)
+    #: An SSE comment is sent after this many seconds without an event (proxies drop idle
+    #: connections, and a queued or long-prefilling request is otherwise silent).
+    keepalive_s: float = Field(5, gt=0)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+
+class EngineSettings(_Table):
+    """``[engine]``: the engine and admission."""
+
+    backend: Literal["cpu", "cuda"] = "cpu"
+    max_context: int = Field(8192, ge=2)
+    max_concurrency: int = Field(1, ge=1, le=8)
+    max_pending_requests: int = Field(16, ge=0)
+    pending_timeout_ms: int = Field(30000, ge=1)
+    prefill_chunk: int = Field(1024, ge=1)
+    chat_template: Path | None = None
+
+
+class ContextCacheSettings(_Table):
+    """``[context_cache]``: prefix reuse across requests (the engine has none yet)."""
+
+    enabled: bool = False
+
+    @model_validator(mode="after")
+    def _available(self) -> ContextCacheSettings:
+        if self.enabled:
+            raise ValueError(
+                "context_cache.enabled = true: this engine has no prefix cache yet "
+                "(every prompt is prefilled in full; cached_tokens is always 0)"
+            )
+        return self
+
+
+class SpeculativeSettings(_Table):
+    """``[speculative]``: draft-and-verify decoding (the engine has none yet)."""
+
+    method: Literal["off", "mtp", "dflash", "dflash2"] = "off"
+    draft_tokens: int | None = Field(None, ge=1, le=15)
+
+    @model_validator(mode="after")
+    def _available(self) -> SpeculativeSettings:
+        if self.method != "off":
+            raise ValueError(
+                f"speculative.method = {self.method!r}: this engine has no speculative "
+                "decoding yet; use 'off'"
+            )
+        return self
+
+
+class Settings(_Table):
+    """The whole configuration: the four TOML tables."""
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    context_cache: ContextCacheSettings = Field(default_factory=ContextCacheSettings)
+    speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.server.max_request_mib * 1024 * 1024)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"])
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key {key!r}")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{source}: {key}: {message}")
+    return "\n".join(lines)
+
+
+def load_settings(config: Path | None, overrides: dict[str, dict[str, Any]]) -> Settings:
+    """Settings from a TOML file (optional) with flag ``overrides`` per table on top.
+
+    ``overrides`` holds only the flags the user gave (``None`` values are dropped), so a default
+    flag never masks a value from the file.
+    """
+    data: dict[str, Any] = {}
+    source = "flags"
+    if config is not None:
+        source = str(config)
+        try:
+            data = tomllib.loads(config.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{config}: cannot read: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config}: not valid TOML: {exc}") from None
+    for table, values in overrides.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if given:
+            current = data.get(table)
+            if current is not None and not isinstance(current, dict):
+                raise ConfigError(f"{source}: {table} must be a table")
+            data[table] = {**(current or {}), **given}
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None

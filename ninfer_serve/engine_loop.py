@@ -1,0 +1,435 @@
+"""The engine thread and admission: who runs, who waits, who is refused.
+
+The engine is synchronous and not thread-safe, so exactly one thread owns it (it also loads it:
+a GPU backend binds its context to the loading thread). That thread takes submissions and
+cancellations from a queue, calls ``step()`` while there is work, and hands each step's events
+to the asyncio loop in one ``call_soon_threadsafe`` per step. Everything else (admission,
+per-request queues, metrics) lives on the asyncio side, so no lock is shared between threads.
+
+Admission follows NInfer: ``max_concurrency`` requests hold decode lanes, ``max_pending`` more
+may wait (FIFO) for one; a request beyond that is refused at once (429), and one that waits
+longer than the pending timeout, measured from arrival, is refused with 503. A request leaves
+its lane when the engine reports it finished, including after a cancellation, so a client that
+disconnects frees its lane and the lane's memory within one engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+from ninfer_runtime.errors import EngineError, RequestError
+from ninfer_runtime.frontend import ParseEvent
+
+from .metrics import Metrics
+
+__all__ = [
+    "Chunk",
+    "EngineLoop",
+    "EngineUnavailable",
+    "Overloaded",
+    "QueueTimeout",
+    "RequestStream",
+    "Ticket",
+]
+
+log = logging.getLogger("ninfer_serve")
+
+
+class Overloaded(Exception):
+    """Running plus waiting requests are at capacity (HTTP 429, Anthropic 529)."""
+
+
+class QueueTimeout(Exception):
+    """No lane became free within the pending timeout (HTTP 503, Anthropic 504)."""
+
+
+class EngineUnavailable(Exception):
+    """The engine is loading, failed, or the server is shutting down (HTTP 503)."""
+
+    def __init__(self, message: str, *, loading: bool = False):
+        super().__init__(message)
+        self.loading = loading
+
+
+@dataclass
+class Chunk:
+    """What one engine step produced for one request."""
+
+    events: list[ParseEvent] = field(default_factory=list)
+    tokens: int = 0
+    finished: Finished | None = None
+    error: Exception | None = None
+    stamp: float = 0.0  # perf_counter on the engine thread when the step ended
+
+    @property
+    def last(self) -> bool:
+        return self.finished is not None or self.error is not None
+
+
+@dataclass
+class Ticket:
+    """One admitted request, from arrival until its lane is released."""
+
+    arrival: float
+    deadline: float
+    has_lane: bool = False
+    released: bool = False
+
+
+class RequestStream:
+    """The asyncio side of one submitted request: its chunks, in order, and its cancel."""
+
+    def __init__(self, owner: EngineLoop, request_id: str, ticket: Ticket):
+        self.owner = owner
+        self.request_id = request_id
+        self.ticket = ticket
+        self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self.done = False
+        self.first_token_at: float | None = None
+        self._last_token_at: float | None = None
+
+    def _deliver(self, chunk: Chunk) -> None:
+        metrics = self.owner.metrics
+        if chunk.tokens:
+            if self._last_token_at is None:
+                self.first_token_at = chunk.stamp
+                metrics.first_token(chunk.stamp - self.ticket.arrival)
+                metrics.tokens(chunk.tokens, None)
+            else:
+                metrics.tokens(chunk.tokens, chunk.stamp - self._last_token_at)
+            self._last_token_at = chunk.stamp
+        if chunk.finished is not None:
+            f = chunk.finished
+            outcome = "cancelled" if f.reason == "cancelled" else "completed"
+            metrics.finished(outcome, f.reason, chunk.stamp - self.ticket.arrival,
+                             f.usage.completion_tokens, f.usage.reasoning_tokens)
+        elif chunk.error is not None:
+            metrics.requests.labels("failed").inc()
+        self.queue.put_nowait(chunk)
+
+    async def chunks(self, keepalive: float | None = None) -> AsyncIterator[Chunk | None]:
+        """Chunks until the last one; ``None`` after ``keepalive`` seconds without one."""
+        while not self.done:
+            try:
+                if keepalive is None:
+                    chunk = await self.queue.get()
+                else:
+                    chunk = await asyncio.wait_for(self.queue.get(), keepalive)
+            except TimeoutError:
+                yield None
+                continue
+            if chunk.last:
+                self.done = True
+            yield chunk
+
+    def cancel(self) -> None:
+        """Stop generating now (client gone, or the reply is complete); idempotent."""
+        if not self.done:
+            self.owner.cancel(self.request_id)
+
+
+@dataclass
+class _Submit:
+    request: GenerationRequest
+    rendered: tuple[list[int], bool]
+
+
+@dataclass
+class _Cancel:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+class EngineLoop:
+    """Owns the engine thread and the admission state of one server."""
+
+    def __init__(
+        self,
+        load: Callable[[], Engine],
+        *,
+        max_concurrency: int,
+        max_pending: int,
+        pending_timeout_s: float,
+        metrics: Metrics,
+    ):
+        self._load = load
+        self.max_concurrency = max_concurrency
+        self.max_pending = max_pending
+        self.pending_timeout_s = pending_timeout_s
+        self.metrics = metrics
+        self.engine: Engine | None = None
+        self.load_error: str | None = None
+        self.failed: str | None = None
+        self.draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._admitted = 0  # tickets not yet released (preparing, waiting or running)
+        self._free_lanes = max_concurrency
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._loaded = asyncio.Event()
+        self.on_loaded: Callable[[Engine | None, str | None], None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; it loads the engine, then serves (call on the loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._thread_main, name="ninfer-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    async def wait_loaded(self) -> None:
+        await self._loaded.wait()
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.failed is None and not self.draining
+
+    @property
+    def running(self) -> int:
+        return self.max_concurrency - self._free_lanes
+
+    @property
+    def waiting(self) -> int:
+        return self._admitted - self.running
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new work, let running requests finish for up to ``timeout`` s, then stop."""
+        self.draining = True
+        self.metrics.set_ready(False)
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for rid in list(self._streams):
+            self.cancel(rid)
+        self._commands.put(_Stop())
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+
+    def _loaded_callback(self, engine: Engine | None, error: str | None) -> None:
+        self.engine = engine
+        self.load_error = error
+        self.metrics.set_ready(engine is not None)
+        self._loaded.set()
+        if self.on_loaded is not None:
+            self.on_loaded(engine, error)
+
+    # -- admission (asyncio side) ---------------------------------------------------------------
+
+    def check_available(self) -> None:
+        if self.engine is None:
+            if self.load_error is not None:
+                raise EngineUnavailable(f"the model failed to load: {self.load_error}")
+            raise EngineUnavailable("the model is still loading", loading=True)
+        if self.failed is not None:
+            raise EngineUnavailable(f"the engine failed and cannot serve: {self.failed}")
+        if self.draining:
+            raise EngineUnavailable("the server is shutting down")
+
+    def admit(self) -> Ticket:
+        """A ticket for a new request, or ``Overloaded`` when running + waiting is full."""
+        self.check_available()
+        if self._admitted >= self.max_concurrency + self.max_pending:
+            self.metrics.rejected("overloaded")
+            raise Overloaded(
+                f"the server is at capacity ({self.max_concurrency} running, "
+                f"{self.max_pending} waiting); retry later"
+            )
+        now = time.perf_counter()
+        self._admitted += 1
+        self._gauges()
+        return Ticket(arrival=now, deadline=now + self.pending_timeout_s)
+
+    async def acquire_lane(self, ticket: Ticket) -> None:
+        """Wait (FIFO) for a decode lane until the ticket's deadline."""
+        if self._free_lanes > 0 and not self._waiters:
+            self._free_lanes -= 1
+            ticket.has_lane = True
+            self._gauges()
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        remaining = ticket.deadline - time.perf_counter()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), max(remaining, 0.0))
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._pass_lane_on()  # granted at the last moment: give it to the next one
+            else:
+                waiter.cancel()
+            self._remove_waiter(waiter)
+            self.release(ticket)
+            if isinstance(exc, TimeoutError):
+                self.metrics.rejected("queue_timeout")
+                raise QueueTimeout(
+                    f"no decode lane became free within {self.pending_timeout_s * 1000:.0f} ms "
+                    f"({self.max_concurrency} running, {self.waiting} waiting)"
+                ) from None
+            raise
+        ticket.has_lane = True
+        self._gauges()
+
+    def _remove_waiter(self, waiter: asyncio.Future[bool]) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    def _pass_lane_on(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+        self._free_lanes += 1
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back the ticket (and its lane); idempotent."""
+        if ticket.released:
+            return
+        ticket.released = True
+        self._admitted -= 1
+        if ticket.has_lane:
+            ticket.has_lane = False
+            self._pass_lane_on()
+        self._gauges()
+
+    def _gauges(self) -> None:
+        self.metrics.set_queue(self.running, self.waiting)
+
+    # -- requests (asyncio side) ----------------------------------------------------------------
+
+    def submit(
+        self, ticket: Ticket, request: GenerationRequest, rendered: tuple[list[int], bool]
+    ) -> RequestStream:
+        """Hand a prepared request to the engine thread; the ticket must hold a lane."""
+        assert ticket.has_lane, "submit needs a lane"
+        stream = RequestStream(self, request.request_id, ticket)
+        self._streams[request.request_id] = stream
+        self.metrics.started(len(rendered[0]), 0, time.perf_counter() - ticket.arrival)
+        self._commands.put(_Submit(request, rendered))
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._commands.put(_Cancel(request_id))
+
+    def _dispatch(self, batch: dict[str, Chunk], lanes: int) -> None:
+        self.metrics.set_lanes(lanes)
+        for rid, chunk in batch.items():
+            stream = self._streams.get(rid)
+            if stream is None:
+                continue
+            stream._deliver(chunk)
+            if chunk.last:
+                del self._streams[rid]
+                self.release(stream.ticket)
+
+    def _engine_failed(self, message: str) -> None:
+        self.failed = message
+        self.metrics.set_ready(False)
+
+    # -- the engine thread ----------------------------------------------------------------------
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: the server is gone
+            pass
+
+    def _thread_main(self) -> None:
+        try:
+            engine = self._load()
+        except Exception as exc:  # any load failure is reported, not raised in a thread
+            message = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, EngineError):
+                log.error("loading the engine failed:\n%s", traceback.format_exc())
+            self._post(self._loaded_callback, None, message)
+            return
+        self._post(self._loaded_callback, engine, None)
+        self._serve(engine)
+
+    def _serve(self, engine: Engine) -> None:
+        inflight: set[str] = set()
+        failed: str | None = None
+        while True:
+            batch: dict[str, Chunk] = {}
+            commands = [self._commands.get()] if not engine.has_work else []
+            while True:
+                try:
+                    commands.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+            for command in commands:
+                if isinstance(command, _Stop):
+                    for rid in list(inflight):
+                        engine.cancel(rid)
+                    return
+                if isinstance(command, _Submit):
+                    rid = command.request.request_id
+                    if failed is not None:
+                        batch[rid] = Chunk(error=EngineUnavailable(failed))
+                        continue
+                    try:
+                        engine.submit(command.request, rendered=command.rendered)
+                        inflight.add(rid)
+                    except Exception as exc:
+                        batch[rid] = Chunk(error=exc)
+                elif isinstance(command, _Cancel) and command.request_id in inflight:
+                    finished = engine.cancel(command.request_id)
+                    if finished is not None:
+                        inflight.discard(command.request_id)
+                        batch.setdefault(command.request_id, Chunk()).finished = finished
+            if engine.has_work and failed is None:
+                try:
+                    events = engine.step()
+                except Exception as exc:
+                    failed = f"{type(exc).__name__}: {exc}"
+                    log.error("engine step failed:\n%s", traceback.format_exc())
+                    self._post(self._engine_failed, failed)
+                    for rid in list(inflight):
+                        try:
+                            engine.cancel(rid)
+                        except Exception:  # the engine is broken; the request fails anyway
+                            pass
+                        batch.setdefault(rid, Chunk()).error = EngineUnavailable(failed)
+                    inflight.clear()
+                    events = []
+                for event in events:
+                    chunk = batch.get(event.request_id)
+                    if chunk is None:
+                        chunk = batch[event.request_id] = Chunk()
+                    if isinstance(event, TokenEvent):
+                        chunk.tokens += 1
+                    elif isinstance(event, OutputEvent):
+                        chunk.events.append(event.event)
+                    elif isinstance(event, Finished):
+                        chunk.finished = event
+                        inflight.discard(event.request_id)
+            if batch:
+                stamp = time.perf_counter()
+                for chunk in batch.values():
+                    chunk.stamp = stamp
+                self._post(self._dispatch, batch, engine.lanes_in_use)
+
+
+def is_request_error(exc: BaseException) -> bool:
+    """Whether a submit error is the caller's fault (HTTP 400) rather than the server's."""
+    return isinstance(exc, RequestError)

@@ -1,0 +1,214 @@
+"""Constrained decoding with llguidance: grammars for JSON output and forced tool calls.
+
+Why llguidance: it computes token masks from a tokenizer JSON and a grammar without torch, fast
+enough per token on a CPU, and it takes JSON schemas, Lark and special tokens in one grammar.
+
+The mask is applied through the engine's per-request ``logits_processor``, which the engine
+calls only after the reasoning part has ended: a thinking model reasons freely and the grammar
+governs the answer (the "JSON output silently disables thinking" bug of other servers).
+
+Grammars:
+
+* ``json_object`` / ``json_schema``: optional leading whitespace, then one JSON value of the
+  schema, then end of output. Separators are fixed (``", "`` and ``": "``, no other
+  whitespace) so a weak model cannot loop on whitespace forever.
+* ``tool_choice`` ``required`` / named: one (or, with ``parallel_tool_calls``, several) tool
+  calls in the model's native XML form (``<tool_call><function=NAME><parameter=ARG>...``),
+  string arguments as text and other arguments as JSON of their schema, then end of output.
+  Constrained string arguments cannot contain ``<`` (the parameter close tag starts with it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.errors import RequestError
+
+__all__ = ["Constraints", "GrammarProcessor"]
+
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_LEAD = r"/[ \t\r\n]{0,8}/"
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal (JSON escapes are valid Lark escapes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _styled(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema with ninfer's JSON layout, unless the caller set ``x-guidance`` itself."""
+    out = dict(schema)
+    out.setdefault("x-guidance", {**_JSON_STYLE, "lenient": True})
+    return out
+
+
+class GrammarProcessor:
+    """The per-request logits processor: feeds answer tokens to the matcher, masks the rest."""
+
+    def __init__(self, matcher: Any, vocab: int, eos_ids: Sequence[int]):
+        self._matcher = matcher
+        self._vocab = vocab
+        self._eos = np.asarray(list(eos_ids), dtype=np.int64)
+        self._consumed = 0
+
+    def __call__(self, logits: np.ndarray, answer_ids: Sequence[int]) -> np.ndarray:
+        m = self._matcher
+        while self._consumed < len(answer_ids):
+            token = int(answer_ids[self._consumed])
+            self._consumed += 1
+            if not m.consume_token(token):
+                break
+        if m.is_error():
+            # cannot happen with tokens drawn from our own masks; end the output cleanly
+            allowed = np.zeros(logits.shape[-1], dtype=bool)
+            allowed[self._eos[self._eos < allowed.size]] = True
+        else:
+            bits = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
+            allowed = np.unpackbits(bits, bitorder="little", count=self._vocab).astype(bool)
+            if allowed.size < logits.shape[-1]:
+                allowed = np.concatenate(
+                    [allowed, np.zeros(logits.shape[-1] - allowed.size, dtype=bool)]
+                )
+            allowed = allowed[: logits.shape[-1]]
+        logits[~allowed] = -np.inf
+        return logits
+
+
+class Constraints:
+    """Builds grammars and processors for one engine's tokenizer (thread-safe, lazy)."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+        self._valid: dict[str, str] = {}  # grammar -> "" or the error, a small memo
+
+    def _llg_tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance
+
+                engine = self._engine
+                raw = engine.artifact.resource("tokenizer.json")
+                self._tokenizer = llguidance.LLTokenizer(
+                    bytes(raw).decode("utf-8"),
+                    n_vocab=engine.model.config.vocab,
+                    eos_token=list(engine.tokenizer.eos_token_ids) or None,
+                )
+            return self._tokenizer
+
+    # -- grammars -------------------------------------------------------------------------------
+
+    def json_grammar(self, schema: Mapping[str, Any] | None, param: str) -> str:
+        """Grammar for one JSON value of ``schema`` (``None``: any JSON object)."""
+        if schema is not None and not isinstance(schema, Mapping):
+            raise RequestError("the JSON schema must be an object", param=param,
+                               code="invalid_json_schema")
+        body = _styled(schema if schema is not None else {"type": "object"})
+        lark = f"start: {_LEAD} answer\nanswer: %json {json.dumps(body)}\n"
+        return self._checked(lark, param, "invalid_json_schema")
+
+    def tool_grammar(
+        self, tools: Sequence[Mapping[str, Any]], only: str | None, parallel: bool, param: str
+    ) -> str:
+        """Grammar forcing tool calls (of ``only`` when named) in the native XML form."""
+        functions = []
+        for tool in tools:
+            fn = tool.get("function", tool)
+            if only is None or fn.get("name") == only:
+                functions.append(fn)
+        if not functions:
+            raise RequestError(f"tool_choice names {only!r}, which is not in tools",
+                               param=param, code="invalid_tool_choice")
+        tokenizer = self._engine.tokenizer
+        open_id = tokenizer.special.tool_call_open
+        close_id = tokenizer.special.tool_call_close
+        opener = f"<[{open_id}]>" if open_id is not None else _literal("<tool_call>")
+        closer = f"<[{close_id}]>" if close_id is not None else _literal("</tool_call>")
+        rules = [
+            f"start: {_LEAD} calls",
+            'calls: call ("\\n" call)*' if parallel else "calls: call",
+            f'call: {opener} "\\n" ({" | ".join(f"fn_{i}" for i in range(len(functions)))}) '
+            f'"</function>\\n" {closer}',
+        ]
+        for i, fn in enumerate(functions):
+            rules.extend(self._function_rules(i, fn))
+        return self._checked("\n".join(rules) + "\n", param, "invalid_tool_schema")
+
+    def _function_rules(self, i: int, fn: Mapping[str, Any]) -> list[str]:
+        name = fn.get("name", "")
+        params = fn.get("parameters") or {}
+        props = params.get("properties") if isinstance(params, Mapping) else None
+        props = props if isinstance(props, Mapping) else {}
+        required = params.get("required") if isinstance(params, Mapping) else None
+        required = [r for r in (required or []) if r in props]
+        order = required + [p for p in props if p not in required]
+        parts = []
+        rules = []
+        for j, arg in enumerate(order):
+            rule = f"p_{i}_{j}"
+            parts.append(rule if arg in required else f"{rule}?")
+            head = _literal(f"<parameter={arg}>\n")
+            rules.append(f"{rule}: {head} {self._value(props[arg])}")
+        header = _literal(f"<function={name}>\n")
+        return [f"fn_{i}: {header} {' '.join(parts)}".rstrip(), *rules]
+
+    @staticmethod
+    def _value(schema: Any) -> str:
+        """A parameter value and its close tag, as the parser of the XML form reads them."""
+        close = _literal("\n</parameter>\n")
+        if isinstance(schema, Mapping) and _string_only(schema):
+            if "const" in schema and isinstance(schema["const"], str):
+                return f"{_literal(schema['const'])} {close}"
+            enum = schema.get("enum")
+            if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+                return f"({' | '.join(_literal(v) for v in enum)}) {close}"
+            low = int(schema.get("minLength", 0) or 0)
+            high = schema.get("maxLength")
+            count = f"{{{low},{int(high)}}}" if isinstance(high, int) else f"{{{low},}}"
+            return f"/[^<]{count}\\n<\\/parameter>\\n/"
+        body = _styled(schema if isinstance(schema, Mapping) else {})
+        return f"%json {json.dumps(body)} {close}"
+
+    def _checked(self, lark: str, param: str, code: str) -> str:
+        import llguidance
+
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        error = self._valid.get(grammar)
+        if error is None:
+            error = llguidance.LLMatcher.validate_grammar(grammar, self._llg_tokenizer())
+            if len(self._valid) > 256:
+                self._valid.clear()
+            self._valid[grammar] = error
+        if error and not error.startswith("WARNING"):
+            raise RequestError(f"the schema cannot be used for constrained decoding: {error}",
+                               param=param, code=code)
+        return grammar
+
+    def processor(self, grammar: str) -> GrammarProcessor:
+        """A fresh processor (its own matcher state) for one request."""
+        import llguidance
+
+        tokenizer = self._llg_tokenizer()
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise RequestError(f"constrained decoding cannot start: {matcher.get_error()}",
+                               param="response_format", code="invalid_json_schema")
+        return GrammarProcessor(matcher, self._engine.model.config.vocab,
+                                self._engine.tokenizer.eos_token_ids)
+
+
+def _string_only(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    if kind == "string":
+        return True
+    enum = schema.get("enum")
+    return kind is None and isinstance(enum, list) and bool(enum) and all(
+        isinstance(v, str) for v in enum
+    )
