@@ -163,17 +163,25 @@ class Constraints:
     def _value(schema: Any) -> str:
         """A parameter value and its close tag, as the parser of the XML form reads them."""
         close = _literal("\n</parameter>\n")
-        if isinstance(schema, Mapping) and _string_only(schema):
+        schema = schema if isinstance(schema, Mapping) else {}
+        if _admits_text(schema):
             if "const" in schema and isinstance(schema["const"], str):
                 return f"{_literal(schema['const'])} {close}"
             enum = schema.get("enum")
             if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
                 return f"({' | '.join(_literal(v) for v in enum)}) {close}"
-            low = int(schema.get("minLength", 0) or 0)
+            # text without "<" that does not end in a newline (the layout newline before the
+            # close tag is the grammar's), bounded by minLength / maxLength
+            low = max(int(schema.get("minLength", 0) or 0) - 1, 0)
             high = schema.get("maxLength")
-            count = f"{{{low},{int(high)}}}" if isinstance(high, int) else f"{{{low},}}"
-            return f"/[^<]{count}\\n<\\/parameter>\\n/"
-        body = _styled(schema if isinstance(schema, Mapping) else {})
+            if isinstance(high, int) and high < 1:
+                return close
+            count = f"{{{low},{high - 1}}}" if isinstance(high, int) else f"{{{low},}}"
+            text = f"[^<]{count}[^<\\n]"
+            if not schema.get("minLength"):
+                text = f"({text})?"
+            return f"/{text}\\n<\\/parameter>\\n/"
+        body = _styled(schema)
         return f"%json {json.dumps(body)} {close}"
 
     def _checked(self, lark: str, param: str, code: str) -> str:
@@ -187,6 +195,7 @@ class Constraints:
                 self._valid.clear()
             self._valid[grammar] = error
         if error and not error.startswith("WARNING"):
+            error = error.splitlines()[0].split(": ", 1)[-1]
             raise RequestError(f"the schema cannot be used for constrained decoding: {error}",
                                param=param, code=code)
         return grammar
@@ -204,11 +213,20 @@ class Constraints:
                                 self._engine.tokenizer.eos_token_ids)
 
 
-def _string_only(schema: Mapping[str, Any]) -> bool:
+def _admits_text(schema: Mapping[str, Any]) -> bool:
+    """Whether the XML-form parser keeps this parameter's value as raw text (the schema admits
+    a string, or says nothing about the type), mirroring ``frontend.parsers``."""
     kind = schema.get("type")
-    if kind == "string":
-        return True
+    if isinstance(kind, str):
+        return kind == "string"
+    if isinstance(kind, list):
+        return not kind or "string" in kind
+    options = [o for key in ("anyOf", "oneOf") for o in schema.get(key) or ()]
+    if options:
+        return any(isinstance(o, Mapping) and _admits_text(o) for o in options)
+    if "properties" in schema or "items" in schema:
+        return False
     enum = schema.get("enum")
-    return kind is None and isinstance(enum, list) and bool(enum) and all(
-        isinstance(v, str) for v in enum
-    )
+    if isinstance(enum, list) and enum:
+        return any(isinstance(v, str) for v in enum)
+    return True
