@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,20 +124,13 @@ Exit status: 0 valid, 1 invalid artifact, 2 bad usage or missing file."""
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File for --dump.")
 @click.option("--objects/--no-objects", default=True, help="List every object (text view).")
-def main(
-    path: Path,
-    as_json: bool,
-    deep: bool,
-    strict: bool,
-    dump_name: str | None,
-    output: Path | None,
-    objects: bool,
-) -> None:
+def main(path: Path, **options: Any) -> None:
     """Describe and validate the .ninfer v3 artifact at PATH (the entry file)."""
-    if dump_name and output is None:
+    opts = Options(**options)
+    if opts.dump_name and opts.output is None:
         raise click.UsageError("--dump needs -o FILE")
     try:
-        code = _run(path, as_json, deep, strict, dump_name, output, objects)
+        code = _run(path, opts)
     except MissingFile as exc:
         click.echo(f"ninfer-inspect: {exc}", err=True)
         code = EXIT_USAGE
@@ -146,62 +140,53 @@ def main(
     sys.exit(code)
 
 
-def _run(
-    path: Path,
-    as_json: bool,
-    deep: bool,
-    strict: bool,
-    dump_name: str | None,
-    output: Path | None,
-    objects: bool,
-) -> int:
+@dataclass(frozen=True)
+class Options:
+    as_json: bool
+    deep: bool
+    strict: bool
+    dump_name: str | None
+    output: Path | None
+    objects: bool
+
+
+def _print_problems(problems: list[str]) -> None:
+    for p in problems:
+        click.echo(f"error: {p}")
+    click.echo(f"INVALID ({len(problems)} errors)")
+
+
+def _run(path: Path, opts: Options) -> int:
     try:
         artifact = Artifact.open(path)
     except MissingFile:
         raise
     except ArtifactError as exc:
-        if as_json:
-            click.echo(
-                json.dumps({"path": str(path), "valid": False, "errors": exc.problems}, indent=2)
-            )
+        if opts.as_json:
+            doc = {"path": str(path), "valid": False, "errors": exc.problems}
+            click.echo(json.dumps(doc, indent=2))
         else:
-            for p in exc.problems:
-                click.echo(f"error: {p}")
-            click.echo(f"INVALID ({len(exc.problems)} errors)")
+            _print_problems(exc.problems)
         return EXIT_INVALID
     with artifact:
         try:
-            return _report(artifact, as_json, deep, strict, dump_name, output, objects)
+            return _report(artifact, opts)
         except ArtifactError as exc:  # something the per-object checks did not attribute
-            for p in exc.problems:
-                click.echo(f"error: {p}")
-            click.echo(f"INVALID ({len(exc.problems)} errors)")
+            _print_problems(exc.problems)
             return EXIT_INVALID
 
 
-def _report(
-    artifact: Artifact,
-    as_json: bool,
-    deep: bool,
-    strict: bool,
-    dump_name: str | None,
-    output: Path | None,
-    objects: bool,
-) -> int:
-    if dump_name:
+def _report(artifact: Artifact, opts: Options) -> int:
+    if opts.dump_name:
         try:
-            click.echo(_dump(artifact, dump_name, output))  # type: ignore[arg-type]
+            click.echo(_dump(artifact, opts.dump_name, opts.output))  # type: ignore[arg-type]
         except LookupFailed as exc:
             click.echo(f"ninfer-inspect: {exc}", err=True)
             return EXIT_USAGE
-        except ArtifactError as exc:
-            for p in exc.problems:
-                click.echo(f"error: {p}")
-            return EXIT_INVALID
         return EXIT_VALID
     s = summarize(artifact)
-    if deep or strict:
-        report = verify(artifact, strict=strict)
+    if opts.deep or opts.strict:
+        report = verify(artifact, strict=opts.strict)
         s["errors"] += report.errors
         s["warnings"] += report.warnings
         s["verify"] = {
@@ -211,14 +196,14 @@ def _report(
             "errors": len(report.errors),
             "warnings": len(report.warnings),
         }
-    if strict and s["warnings"]:
+    if opts.strict and s["warnings"]:
         s["errors"] += [f"strict: {w}" for w in s["warnings"]]
         s["warnings"] = []
     s["valid"] = not s["errors"]
-    if as_json:
+    if opts.as_json:
         click.echo(json.dumps(s, indent=2))
     else:
-        _print_text(s, objects)
+        _print_text(s, opts.objects)
     return EXIT_VALID if s["valid"] else EXIT_INVALID
 
 

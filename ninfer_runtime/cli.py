@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -62,77 +63,24 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--max-context", type=int, default=4096, show_default=True)
-def main(
-    model: Path,
-    prompt: str | None,
-    messages_file: Path | None,
-    system: str | None,
-    max_tokens: int | None,
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    min_p: float | None,
-    seed: int | None,
-    greedy: bool,
-    no_thinking: bool,
-    raw: bool,
-    print_token_ids: bool,
-    stream: bool,
-    backend: str,
-    max_context: int,
-) -> None:
+def main(model: Path, **options: Any) -> None:
     """Generate a reply from the .ninfer artifact MODEL."""
-    if (prompt is None) == (messages_file is None):
+    o = SimpleNamespace(**options)
+    if (o.prompt is None) == (o.messages_file is None):
         raise click.UsageError("give exactly one of --prompt and --messages")
-    if raw and messages_file is not None:
+    if o.raw and o.messages_file is not None:
         raise click.UsageError("--raw takes --prompt text, not --messages")
     if not model.is_file():
         click.echo(f"ninfer: {model}: no such file", err=True)
         sys.exit(2)
     try:
-        _run(
-            model,
-            prompt,
-            messages_file,
-            system,
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            min_p,
-            seed,
-            greedy,
-            no_thinking,
-            raw,
-            print_token_ids,
-            stream,
-            backend,
-            max_context,
-        )
+        _run(model, o)
     except EngineError as exc:
         click.echo(f"ninfer: error: {exc}", err=True)
         sys.exit(1)
 
 
-def _run(
-    model: Path,
-    prompt: str | None,
-    messages_file: Path | None,
-    system: str | None,
-    max_tokens: int | None,
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    min_p: float | None,
-    seed: int | None,
-    greedy: bool,
-    no_thinking: bool,
-    raw: bool,
-    print_token_ids: bool,
-    stream: bool,
-    backend: str,
-    max_context: int,
-) -> None:
+def _run(model: Path, o: SimpleNamespace) -> None:
     from .engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
     from .frontend import (
         ReasoningDelta,
@@ -143,25 +91,26 @@ def _run(
     )
 
     started = time.perf_counter()
-    engine = Engine(model, backend=backend, max_context=max_context)
+    engine = Engine(model, backend=o.backend, max_context=o.max_context)
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(
         engine.tokenizer.generation_defaults,
-        temperature=0.0 if greedy else temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        seed=seed,
-        max_tokens=max_tokens,
+        temperature=0.0 if o.greedy else o.temperature,
+        top_p=o.top_p,
+        top_k=o.top_k,
+        min_p=o.min_p,
+        seed=o.seed,
+        max_tokens=o.max_tokens,
     )
-    if raw:
-        request = GenerationRequest(prompt=prompt, sampling=params, parse_output=False)
+    if o.raw:
+        request = GenerationRequest(prompt=o.prompt, sampling=params, parse_output=False)
     else:
         request = GenerationRequest(
-            messages=_messages(prompt, messages_file, system),
+            messages=_messages(o.prompt, o.messages_file, o.system),
             sampling=params,
-            enable_thinking=False if no_thinking else None,
+            enable_thinking=False if o.no_thinking else None,
         )
+    stream = o.stream
     reasoning, text, ids = [], [], []
     in_reasoning = False
     finished = None
@@ -198,7 +147,7 @@ def _run(
             click.secho("[reasoning] " + "".join(reasoning).strip(), dim=True)
             click.echo("")
         click.echo("".join(text))
-    if print_token_ids:
+    if o.print_token_ids:
         click.echo(json.dumps(ids))
     assert finished is not None
     u = finished.usage

@@ -1,0 +1,108 @@
+"""HTTP errors in each API's own shape.
+
+Why one type for all: the same failure (overload, a bad field, a queue timeout) must reach an
+OpenAI client as ``{"error": {message, type, param, code}}`` and an Anthropic client as
+``{"type": "error", "error": {type, message}}`` with the status codes each SDK retries on
+(Anthropic: 529 for overload, 504 for timeouts). Handlers raise ``ApiError``; the app renders
+it for the API the path belongs to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer_runtime.errors import EngineError, RequestError
+
+from .engine_loop import EngineUnavailable, Overloaded, QueueTimeout
+
+__all__ = ["ApiError", "anthropic_body", "from_exception", "openai_body"]
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+class ApiError(Exception):
+    """An error response: status, message, machine-readable ``code`` and the blamed ``param``.
+
+    ``anthropic_status`` is the status an Anthropic client gets when it differs (overload is
+    429 for OpenAI clients and 529 for Anthropic ones).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        anthropic_status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.anthropic_status = anthropic_status or status
+        self.headers = headers or {}
+
+    def openai(self) -> tuple[int, dict[str, Any]]:
+        return self.status, openai_body(self.status, self.message, self.code, self.param)
+
+    def anthropic(self, request_id: str | None) -> tuple[int, dict[str, Any]]:
+        return self.anthropic_status, anthropic_body(self.anthropic_status, self.message,
+                                                     request_id)
+
+
+def openai_body(status: int, message: str, code: str | None, param: str | None) -> dict[str, Any]:
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def anthropic_body(status: int, message: str, request_id: str | None) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error")
+    body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    if request_id:
+        body["request_id"] = request_id
+    return body
+
+
+def from_exception(exc: BaseException) -> ApiError:
+    """The response for an exception raised while serving a request."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestError):
+        return ApiError(400, str(exc), code=exc.code, param=exc.param)
+    if isinstance(exc, Overloaded):
+        return ApiError(429, str(exc), code="server_overloaded", anthropic_status=529,
+                        headers={"retry-after": "1"})
+    if isinstance(exc, QueueTimeout):
+        return ApiError(503, str(exc), code="request_queue_timeout", anthropic_status=504,
+                        headers={"retry-after": "1"})
+    if isinstance(exc, EngineUnavailable):
+        code = "model_loading" if exc.loading else "service_unavailable"
+        headers = {"retry-after": "2"} if exc.loading else {}
+        return ApiError(503, str(exc), code=code, headers=headers)
+    if isinstance(exc, EngineError):
+        return ApiError(500, f"engine error: {exc}", code="engine_error")
+    return ApiError(500, "internal server error; the server log has the details",
+                    code="internal_error")

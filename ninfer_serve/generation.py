@@ -1,0 +1,305 @@
+"""The engine adapter every front door shares: a protocol-neutral ``Job`` in, events out.
+
+The OpenAI Chat, OpenAI Responses and Anthropic Messages handlers each translate their wire
+request into a ``Job`` and translate the events back; admission, prompt rendering, sampling
+defaults, constrained decoding, tool-choice policy and usage accounting happen here once, so the
+three APIs cannot drift apart in behaviour.
+
+Order of work for a request (NInfer's): take an admission ticket (429 when full; the pending
+deadline starts now), prepare the prompt and grammar in a worker thread (400 on a bad request),
+wait for a decode lane (503 at the deadline), submit to the engine thread, stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ninfer_runtime.engine import Finished, GenerationRequest
+from ninfer_runtime.errors import RequestError
+from ninfer_runtime.frontend import (
+    OutputAccumulator,
+    ParsedOutput,
+    ParseEvent,
+    ParseWarning,
+    SamplingParams,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+from .engine_loop import EngineLoop, RequestStream, Ticket
+from .structured import Constraints
+
+__all__ = ["Generator", "Job", "Outcome", "Run", "ToolChoice"]
+
+ToolChoice = Literal["auto", "none", "required"] | str  # a str other than those: a named tool
+
+
+@dataclass
+class Job:
+    """One generation request, in no particular API's terms."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    #: ``None`` (free text), ``{}`` (any JSON object) or a JSON schema
+    json_schema: Mapping[str, Any] | None = None
+    json_schema_param: str = "response_format"
+    sampling: dict[str, Any] = field(default_factory=dict)
+    enable_thinking: bool | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    continue_final_message: bool = False
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class Outcome:
+    """How a generation ended, with everything a final response or usage block needs."""
+
+    finish_reason: Literal["stop", "length", "tool_calls", "cancelled"]
+    stop_value: int | str | None
+    stop_kind: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    prompt_seconds: float
+    decode_seconds: float
+    context_exhausted: bool
+    output: ParsedOutput
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def timings(self) -> dict[str, Any]:
+        """llama.cpp's ``timings`` block (tools that read llama-server responses use it)."""
+        predicted = max(self.completion_tokens - 1, 0)
+        return {
+            "cache_n": self.cached_tokens,
+            "prompt_n": self.prompt_tokens - self.cached_tokens,
+            "prompt_ms": round(self.prompt_seconds * 1000, 3),
+            "predicted_n": self.completion_tokens,
+            "predicted_ms": round(self.decode_seconds * 1000, 3),
+            "predicted_per_second": (
+                round(predicted / self.decode_seconds, 3) if self.decode_seconds > 0 else None
+            ),
+        }
+
+
+class Run:
+    """A submitted job: iterate ``events()`` for parse events, then read ``outcome``."""
+
+    def __init__(self, gen: Generator, job: Job, stream: RequestStream, prompt_tokens: int,
+                 keepalive: float):
+        self._gen = gen
+        self.job = job
+        self._stream = stream
+        self.prompt_tokens = prompt_tokens
+        self._keepalive = keepalive
+        self.outcome: Outcome | None = None
+        self.created = int(time.time())
+        self._accumulator = OutputAccumulator()
+        self._tool_calls_done = 0
+        self._truncated = False
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+    async def events(self) -> AsyncIterator[ParseEvent | None]:
+        """Parse events as they come; ``None`` marks ``keepalive`` seconds of silence.
+
+        With ``parallel_tool_calls`` off, the reply ends after the first complete call: the
+        engine request is cancelled there and later events are dropped.
+        """
+        single = not self.job.parallel_tool_calls
+        finished: Finished | None = None
+        try:
+            async for chunk in self._stream.chunks(self._keepalive):
+                if chunk is None:
+                    yield None
+                    continue
+                if chunk.error is not None:
+                    raise chunk.error
+                for event in chunk.events:
+                    if self._truncated:
+                        break
+                    self._accumulator.add([event])
+                    yield event
+                    if isinstance(event, ToolCallEnd):
+                        self._tool_calls_done += 1
+                        if single:
+                            self._truncated = True
+                            self._stream.cancel()
+                finished = chunk.finished
+        finally:
+            if finished is None:
+                self._stream.cancel()  # the consumer went away (client disconnect)
+        assert finished is not None
+        self.outcome = self._outcome(finished)
+
+    async def collect(self) -> Outcome:
+        """Run to the end (non-streaming responses)."""
+        async for _ in self.events():
+            pass
+        assert self.outcome is not None
+        return self.outcome
+
+    def _outcome(self, f: Finished) -> Outcome:
+        output = self._accumulator.result()
+        reason: Literal["stop", "length", "tool_calls", "cancelled"]
+        if self._truncated or (f.reason == "stop" and output.tool_calls):
+            reason = "tool_calls"
+        elif f.reason in ("stop", "length", "cancelled"):
+            reason = f.reason  # type: ignore[assignment]
+        else:
+            reason = "stop"
+        usage = f.usage
+        return Outcome(
+            finish_reason=reason,
+            stop_value=f.stop.value if f.stop is not None else None,
+            stop_kind=f.stop.kind if f.stop is not None else None,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cached_tokens=usage.cached_tokens,
+            prompt_seconds=f.prompt_seconds,
+            decode_seconds=f.decode_seconds,
+            context_exhausted=usage.prompt_tokens + usage.completion_tokens
+            >= self._gen.max_context,
+            output=output,
+        )
+
+
+class Generator:
+    """Turns jobs into runs on one engine loop."""
+
+    def __init__(self, loop: EngineLoop, *, default_max_tokens: int | None,
+                 enable_thinking: bool | None, keepalive: float):
+        self.loop = loop
+        self.default_max_tokens = default_max_tokens
+        self.enable_thinking = enable_thinking
+        self.keepalive = keepalive
+        self._constraints: Constraints | None = None
+
+    @property
+    def engine(self) -> Any:
+        self.loop.check_available()
+        return self.loop.engine
+
+    @property
+    def max_context(self) -> int:
+        engine = self.loop.engine
+        return engine.max_context if engine is not None else 0
+
+    def _constraints_for(self) -> Constraints:
+        if self._constraints is None:
+            self._constraints = Constraints(self.engine)
+        return self._constraints
+
+    # -- preparation (worker thread) ------------------------------------------------------------
+
+    def _request(self, job: Job) -> GenerationRequest:
+        engine = self.engine
+        fields = dict(job.sampling)
+        if fields.get("max_tokens") is None:
+            fields["max_tokens"] = self.default_max_tokens
+        try:
+            sampling = SamplingParams.resolve(engine.tokenizer.generation_defaults, **fields)
+        except TypeError as exc:  # an adapter passed a field SamplingParams does not know
+            raise RequestError(str(exc)) from None
+        tools = job.tools if job.tool_choice != "none" else None
+        thinking = job.enable_thinking
+        kwargs = job.chat_template_kwargs
+        if thinking is None and self.enable_thinking is not None and not (
+            kwargs and "enable_thinking" in kwargs
+        ):
+            thinking = self.enable_thinking
+        return GenerationRequest(
+            messages=job.messages,
+            tools=tools or None,
+            enable_thinking=thinking,
+            chat_template_kwargs=kwargs,
+            continue_final_message=job.continue_final_message,
+            sampling=sampling,
+            parse_tool_calls=job.tool_choice != "none",
+            request_id=job.request_id,
+        )
+
+    def count(self, job: Job) -> int:
+        """Prompt tokens of ``job`` (the count endpoints; no admission, no engine time)."""
+        request = self._request(job)
+        ids, _ = self.engine.render(request)
+        return len(ids)
+
+    def prepare(self, job: Job) -> tuple[GenerationRequest, tuple[list[int], bool]]:
+        """Render, check the context budget and build the grammar (CPU work, no lane)."""
+        request = self._request(job)
+        engine = self.engine
+        ids, opened = engine.render(request)
+        limit = engine.max_context
+        if len(ids) >= limit:
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"prompt has {len(ids)} tokens (prompt plus at least one generated token must "
+                "fit). Please shorten the messages.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        grammar = None
+        if job.tool_choice not in ("auto", "none") and job.tools:
+            only = None if job.tool_choice == "required" else job.tool_choice
+            grammar = self._constraints_for().tool_grammar(
+                job.tools, only, job.parallel_tool_calls, "tool_choice"
+            )
+            kind = "tool_choice"
+        elif job.tool_choice not in ("auto", "none"):
+            raise RequestError("tool_choice requires tools", param="tool_choice")
+        elif job.json_schema is not None:
+            schema = job.json_schema or None
+            grammar = self._constraints_for().json_grammar(schema, job.json_schema_param)
+            kind = "json_schema" if schema else "json_object"
+        if grammar is not None:
+            request.logits_processor = self._constraints_for().processor(grammar)
+            self.loop.metrics.constrained(kind)
+        return request, (ids, opened)
+
+    # -- running (event loop) -------------------------------------------------------------------
+
+    async def start(self, job: Job) -> Run:
+        """Admit, prepare, wait for a lane and submit; errors are raised before any output."""
+        ticket: Ticket = self.loop.admit()
+        submitted = False
+        try:
+            request, rendered = await asyncio.to_thread(self.prepare, job)
+            await self.loop.acquire_lane(ticket)
+            stream = self.loop.submit(ticket, request, rendered)
+            submitted = True
+            return Run(self, job, stream, len(rendered[0]), self.keepalive)
+        finally:
+            if not submitted:
+                self.loop.release(ticket)
+
+
+def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """Function names of OpenAI-shaped tools (for checking a named tool_choice)."""
+    names = []
+    for tool in tools or ():
+        fn = tool.get("function", tool)
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            names.append(fn["name"])
+    return names
+
+
+def is_abandoned(event: ParseEvent) -> bool:
+    """A parser warning that takes back an announced tool call (it fell back to text)."""
+    return isinstance(event, ParseWarning) and event.index is not None
+
+
+def is_call_start(event: ParseEvent) -> bool:
+    return isinstance(event, ToolCallStart)
