@@ -77,7 +77,11 @@ def _print_report(report) -> None:  # type: ignore[no-untyped-def]
     "with roles such as quantized=...",
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Artifact entry file.")
-@click.option("--components", help="Comma-separated components (default: the recipe's).")
+@click.option(
+    "--components",
+    help="Comma-separated components: text, mtp, vision (default: the recipe's, plus vision "
+    "when the source holds model.visual.* weights).",
+)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option(
     "--shard-limit",

@@ -26,6 +26,7 @@ import torch
 from ninfer_format import ArtifactError, ArtifactWriter, ResourceSpec, TensorSpec
 from ninfer_format.binders.qwen3_5 import expected_parameters
 from ninfer_format.codecs import codec_for
+from ninfer_format.errors import DirectoryError
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
 
 from .adapters import LogicalTensor, adapter_for
@@ -38,6 +39,8 @@ from .proposal import DEFAULT_ROWS, read_ranking, select_shortlist, token_domain
 from .quantize import quantize
 from .recipe import DEFAULT_METHOD, Choice, Recipe, load_recipe
 from .sources import GgufSource, open_source
+from .vision import VISION_RESOURCES, check_processors, check_vision_source, has_vision
+from .vision import vision_config as read_vision_config
 
 TEXT_RESOURCES = (
     "tokenizer.json",
@@ -45,6 +48,9 @@ TEXT_RESOURCES = (
     "chat_template.jinja",
     "generation_config.json",
 )
+#: frontend resources each component carries (spec 5.7), read from the base source
+RESOURCES = {"text": TEXT_RESOURCES, "vision": VISION_RESOURCES}
+KNOWN_COMPONENTS = ("text", "mtp", "vision")
 ARCHITECTURES = {"qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
 MTP_ARCHITECTURES = {"qwen3_5_text": "Qwen3_5MTP", "qwen3_5_moe_text": "Qwen3_5MoeMTP"}
 
@@ -107,22 +113,34 @@ class ConversionReport:
 
 
 def _components(
-    has_mtp: bool, source_id: str, recipe: Recipe, requested: tuple[str, ...] | None
+    available: Mapping[str, bool],
+    source_id: str,
+    recipe: Recipe,
+    requested: tuple[str, ...] | None,
 ) -> tuple[str, ...]:
+    """The components to convert. ``available``: per optional component, whether the source
+    holds it. Without ``--components``, the recipe's list plus vision when the source has a
+    vision tower (spec 2.3: vision weights are passed through when present)."""
     wanted = requested or recipe.components
     if "text" not in wanted:
         raise RecipeError("the text component is required")
-    if "mtp" in wanted and not has_mtp:
-        if requested:
-            raise SourceError(
-                f"{source_id}: --components asks for mtp but the source has no mtp tensors"
-            )
-        wanted = tuple(c for c in wanted if c != "mtp")
-    unknown = set(wanted) - {"text", "mtp"}
+    unknown = set(wanted) - set(KNOWN_COMPONENTS)
     if unknown:
         raise RecipeError(
-            f"unsupported components: {', '.join(sorted(unknown))} (known: text, mtp)"
+            f"unsupported components: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(KNOWN_COMPONENTS)})"
         )
+    if not requested and available.get("vision") and "vision" not in wanted:
+        wanted = (*wanted, "vision")
+    for component in ("mtp", "vision"):
+        if component in wanted and not available.get(component):
+            if requested:
+                raise SourceError(
+                    f"{source_id}: --components asks for {component} but the source has no "
+                    f"{component} tensors"
+                    + (" (model.visual.* with a vision_config)" if component == "vision" else "")
+                )
+            wanted = tuple(c for c in wanted if c != component)
     return tuple(wanted)
 
 
@@ -160,16 +178,40 @@ class Prepared:
     logical: dict[str, LogicalTensor]
     choices: dict[str, Choice]
     importers: dict[str, Importer]
+    #: the vision component's config (spec 5.1), when vision is converted
+    vision_config: dict[str, Any] | None = None
 
 
 def _role_map(
-    source: Any, model_type: str, config: Mapping[str, Any], components: tuple[str, ...]
+    source: Any,
+    model_type: str,
+    config: Mapping[str, Any],
+    components: tuple[str, ...],
+    vision: Mapping[str, Any] | None,
 ) -> Mapping[str, LogicalTensor]:
-    """The logical map of one non-base source: GGUF names, or the HF adapter run on the
-    source's own names (its expert layout and prefixes may differ from the base's)."""
+    """The logical map of one non-base source: GGUF names (text and MTP only), or the HF
+    adapter run on the source's own names (its expert layout and prefixes may differ)."""
     if isinstance(source, GgufSource):
-        return map_qwen3_5_gguf(source, config, components)
-    return adapter_for(model_type)(weight_names(source), config, components)
+        return map_qwen3_5_gguf(source, config, tuple(c for c in components if c != "vision"))
+    return adapter_for(model_type)(weight_names(source), config, components, vision)
+
+
+def _base_map(
+    base: Any,
+    model_type: str,
+    config: Mapping[str, Any],
+    components: tuple[str, ...],
+    vision: Mapping[str, Any] | None,
+) -> dict[str, LogicalTensor]:
+    """The adapter on the base's names; a config the binder cannot read is a source error."""
+    try:
+        logical = adapter_for(model_type)(set(base.keys()), config, components, vision)
+    except DirectoryError as exc:
+        raise SourceError(f"{base.id}: config.json: {'; '.join(exc.problems)}") from None
+    if vision is not None:
+        check_vision_source(base, logical)
+        check_processors(base.id, vision, base.resources)
+    return logical
 
 
 @dataclass(frozen=True)
@@ -191,12 +233,14 @@ def _add_proposal(
 ) -> None:
     """``proposal/head`` (rows of the output head's source) and ``proposal/token_ids``."""
     count, special = token_domain(base.resources)
+    # the proposal's shape and inputs depend on text and drafters only, not on the vision tower
+    drafting = tuple(c for c in components if c != "vision")
     vocab = int(config["vocab_size"])
     ranking = read_ranking(request.ranking, vocab)
     ids = select_shortlist(ranking, request.rows, min(count, vocab), special)
     specs = {
         s.name: s
-        for s in expected_parameters(config, components=components, proposal_rows=request.rows)
+        for s in expected_parameters(config, components=drafting, proposal_rows=request.rows)
     }
     head = logical["text/output_head"]
     head_spec, ids_spec = specs["proposal/head"], specs["proposal/token_ids"]
@@ -227,8 +271,10 @@ def prepare(
     model_type = text_config.get("model_type")
     if not model_type:
         raise SourceError(f"{base.id}: config.json has no model_type")
-    comps = _components(_has_mtp(sources, recipe, text_config), base.id, recipe, components)
-    logical = adapter_for(model_type)(set(base.keys()), text_config, comps)
+    available = {"mtp": _has_mtp(sources, recipe, text_config), "vision": has_vision(base)}
+    comps = _components(available, base.id, recipe, components)
+    vision = read_vision_config(base, model_type) if "vision" in comps else None
+    logical = _base_map(base, model_type, text_config, comps, vision)
     raw = {name: recipe.choice(name, t.role) for name, t in logical.items()}
     for name, choice in raw.items():
         if choice.source not in sources:
@@ -237,7 +283,7 @@ def prepare(
                 "which was not given"
             )
     for role in sorted({c.source for c in raw.values()} - {"base"}):
-        mapped = _role_map(sources[role], model_type, text_config, comps)
+        mapped = _role_map(sources[role], model_type, text_config, comps, vision)
         logical.update({n: mapped[n] for n, c in raw.items() if c.source == role})
     if proposal is not None:
         _add_proposal(proposal, logical, raw, base, text_config, comps, recipe)
@@ -251,7 +297,7 @@ def prepare(
     for importer in methods.values():
         importer.prepare(logical, choices)
     return Prepared(
-        recipe, sources, views, comps, model_type, text_config, logical, choices, methods
+        recipe, sources, views, comps, model_type, text_config, logical, choices, methods, vision
     )
 
 
@@ -404,29 +450,12 @@ def convert(
     recipe = recipe_name if isinstance(recipe_name, Recipe) else load_recipe(recipe_name)
     sources = open_sources(source_specs, recipe)
     prepared = prepare(recipe, sources, components, proposal)
-    base = sources["base"]
-    text_config, model_type, comps = (
-        prepared.text_config,
-        prepared.model_type,
-        prepared.components,
-    )
     parents, bindings, uses, auxiliaries = plan(prepared)
 
-    resources = {r: base.resources[r] for r in TEXT_RESOURCES if r in base.resources}
-    text_config["architectures"] = [ARCHITECTURES[model_type]]
-    component_records: dict[str, Any] = {
-        "text": {"config": text_config, "resources": {r: f"resource/text/{r}" for r in resources}},
-    }
-    if proposal is not None:
-        component_records["text"]["proposal"] = {"domain": "indexed", "rows": proposal.rows}
-    if "mtp" in comps:
-        component_records["mtp"] = {
-            "config": {"architectures": [MTP_ARCHITECTURES[model_type]]},
-            "target": "text",
-        }
+    resources = _resources(sources["base"].resources, prepared.components)
+    component_records = _component_records(prepared, resources, proposal)
     specs: list[TensorSpec | ResourceSpec] = [
-        ResourceSpec(f"resource/text/{r}", "raw_bytes_v1", len(data))
-        for r, data in resources.items()
+        ResourceSpec(object_id, "raw_bytes_v1", len(data)) for object_id, data in resources.items()
     ]
     specs += [TensorSpec(p.id, p.shape, p.choice.format, p.layout, p.divisors) for p in parents]
     specs += [TensorSpec(a.id, a.shape, a.format, "contiguous_le_v1") for a in auxiliaries]
@@ -453,8 +482,8 @@ def convert(
             shard_limit=shard_limit,
             overwrite=force,
         ) as writer:
-            for role, data in resources.items():
-                writer.write(f"resource/text/{role}", data)
+            for object_id, data in resources.items():
+                writer.write(object_id, data)
             for parent in parents:
                 try:
                     encoded, reference = encoder_for(parent, prepared, device)(parent)
@@ -483,6 +512,48 @@ def convert(
     tmp.write_text(json.dumps(report.as_dict(), indent=2))
     tmp.replace(report_path)
     return report
+
+
+def _resource_id(component: str, role: str) -> str:
+    return f"resource/{component}/{role}"  # spec 5.7 reference converter IDs
+
+
+def _resources(available: Mapping[str, bytes], components: tuple[str, ...]) -> dict[str, bytes]:
+    """Resource object ID -> bytes, for the roles of each converted component the source has."""
+    return {
+        _resource_id(component, role): available[role]
+        for component in components
+        for role in RESOURCES.get(component, ())
+        if role in available
+    }
+
+
+def _component_records(
+    prepared: Prepared, resources: Mapping[str, bytes], proposal: ProposalRequest | None
+) -> dict[str, Any]:
+    """Spec 2.3 component records: configs (5.1), targets and resource roles (5.7)."""
+    model_type = prepared.model_type
+    configs = {
+        "text": {**prepared.text_config, "architectures": [ARCHITECTURES[model_type]]},
+        "mtp": {"architectures": [MTP_ARCHITECTURES[model_type]]},
+        "vision": prepared.vision_config,
+    }
+    records: dict[str, Any] = {}
+    for component in prepared.components:
+        record: dict[str, Any] = {"config": configs[component]}
+        if component != "text":
+            record["target"] = "text"
+        roles = {
+            role: _resource_id(component, role)
+            for role in RESOURCES.get(component, ())
+            if _resource_id(component, role) in resources
+        }
+        if roles or component == "text":
+            record["resources"] = roles
+        records[component] = record
+    if proposal is not None:
+        records["text"]["proposal"] = {"domain": "indexed", "rows": proposal.rows}
+    return records
 
 
 def _object_record(parent: Parent, size: int) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 Packing follows spec 5.2: members of a group share one parent (rows stacked) when their
 choices agree, the recipe does not separate them, and the stacked shape fits the layout;
-larger groups are tried first. Parameters with identical sources and choices (a tied head)
-share one object. Encoded imports add one rule: NVFP4 members share a parent only when their
-weight divisors allow it (``Stacking``). Auxiliary objects (per-Use activation divisors,
-input column maps) are numbered after the weights.
+larger groups are tried first. Vision blocks have groups of their own (upstream's adapter packs
+query/key/value and their biases), so a vision name never joins a text group. Parameters with
+identical sources and choices (a tied head) share one object. Encoded imports add one rule:
+NVFP4 members share a parent only when their weight divisors allow it (``Stacking``).
+Auxiliary objects (per-Use activation divisors, input column maps) are numbered after the
+weights.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ PACK_GROUPS: tuple[tuple[str, ...], ...] = (
     ("moe/router", "moe/shared_score"),
     ("moe/shared/gate", "moe/shared/up"),
 )
+VISION_PACK_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("attention/query", "attention/key", "attention/value"),
+    ("attention/query_bias", "attention/key_bias", "attention/value_bias"),
+)
+
+
+def _pack_templates(name: str) -> tuple[tuple[str, ...], ...]:
+    return VISION_PACK_GROUPS if name.startswith("vision/") else PACK_GROUPS
 
 
 def layout_of(format: str) -> str:
@@ -97,7 +107,8 @@ def _fits(
     members: list[LogicalTensor], choice: Choice, divisors: int = 1
 ) -> tuple[int, ...] | None:
     shapes = {m.shape[1:] for m in members}
-    if len(shapes) != 1 or any(len(m.shape) != 2 for m in members):
+    ranks = {len(m.shape) for m in members}
+    if len(shapes) != 1 or ranks not in ({1}, {2}):  # matrices by rows, vectors end to end
         return None
     shape = (sum(m.shape[0] for m in members), *members[0].shape[1:])
     try:
@@ -120,8 +131,8 @@ def plan_parents(
         choices = {name: recipe.choice(name, t.role) for name, t in logical.items()}
     names = list(logical)
     groups: dict[str, list[list[str]]] = {}
-    for template in PACK_GROUPS:
-        for name in names:
+    for name in names:
+        for template in _pack_templates(name):
             if name.endswith("/" + template[0]):
                 prefix = name[: -len(template[0])]
                 groups.setdefault(name, []).append([prefix + s for s in template])

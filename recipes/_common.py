@@ -64,9 +64,31 @@ def mtp_q8(recipe: Recipe) -> Recipe:
     return recipe
 
 
+VISION = "vision/layers/*/"
+
+
+def vision_formats(recipe: Recipe) -> Recipe:
+    """Upstream's formats for vision projections (notes 1.4; they apply only when the vision
+    component is converted): patch embedding Q6, merger Q8, attention query/key/value and MLP
+    fc1 Q4, attention output and MLP fc2 Q5. Every one is a plain [N, K] matrix, which the
+    row_split layout takes at any size; biases, norms and the position table stay bf16."""
+    recipe.assign("vision/patch_embedding", format=Q6)
+    recipe.assign("vision/merger/fc1", "vision/merger/fc2", format=Q8)
+    recipe.assign(
+        VISION + "attention/query",
+        VISION + "attention/key",
+        VISION + "attention/value",
+        VISION + "mlp/fc1",
+        format=Q4,
+    )
+    recipe.assign(VISION + "attention/output", VISION + "mlp/fc2", format=Q5)
+    return recipe
+
+
 def dense_groupwise(recipe: Recipe, vocabulary: tuple[str, str]) -> Recipe:
     """The published dense split: Q4 for query/key (attention and GDN) and MLP gate/up, Q5 for
-    every other text projection, a/b projections bf16, vocabulary (embedding, head) as given."""
+    every other text projection, a/b projections bf16, vocabulary (embedding, head) as given;
+    MTP and vision projections in upstream's formats."""
     recipe.assign(*TEXT_PROJECTIONS, format=Q5)
     recipe.assign(
         TEXT + "attention/query",
@@ -81,7 +103,7 @@ def dense_groupwise(recipe: Recipe, vocabulary: tuple[str, str]) -> Recipe:
     recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
     recipe.assign("text/token_embedding", format=vocabulary[0])
     recipe.assign("text/output_head", format=vocabulary[1])
-    return mtp_q8(recipe)
+    return vision_formats(mtp_q8(recipe))
 
 
 def uniform(recipe: Recipe, format: str) -> Recipe:

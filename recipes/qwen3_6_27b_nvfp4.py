@@ -1,11 +1,11 @@
 """Qwen3.6-27B NVFP4: every text projection imported bit-exact from an NVFP4 checkpoint
 (--source quantized=...; AllowA4), except attention on layers < 24, attention/output of layers 3
 and 7 and gdn/output of layer 4 (bf16 from the base); GDN a/b bf16; embedding and head Q8 from
-the base; MTP projections Q8."""
+the base; MTP projections Q8; vision (when present) in upstream's formats."""
 
 from ninfer_convert.recipe import Recipe
 
-from ._common import KEEP_BF16, NVFP4, Q8, TEXT, TEXT_PROJECTIONS, mtp_q8
+from ._common import KEEP_BF16, NVFP4, Q8, TEXT, TEXT_PROJECTIONS, mtp_q8, vision_formats
 
 #: upstream's bf16 exceptions (N-rec): layers whose NVFP4 weights hurt quality most
 ATTENTION = ("query", "key", "gate", "value")
@@ -29,4 +29,4 @@ def build() -> Recipe:
     recipe.assign(*BF16_EXCEPTIONS, *KEEP_BF16, format="bf16", policy="A16Only", source="base")
     recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
     recipe.assign("text/token_embedding", "text/output_head", format=Q8)
-    return mtp_q8(recipe)
+    return vision_formats(mtp_q8(recipe))

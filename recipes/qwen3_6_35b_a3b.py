@@ -1,10 +1,10 @@
 """Qwen3.6-35B-A3B: routed experts gate/up Q4, down Q5 (Q6 on layers 34, 38, 39); shared
 experts, attention and GDN Q8; router, shared_score and GDN a/b bf16; embedding Q8, head Q6;
-MTP projections Q8."""
+MTP projections Q8; vision (when present) in upstream's formats."""
 
 from ninfer_convert.recipe import Recipe
 
-from ._common import KEEP_BF16, Q4, Q5, Q6, Q8, TEXT, TEXT_PROJECTIONS, mtp_q8
+from ._common import KEEP_BF16, Q4, Q5, Q6, Q8, TEXT, TEXT_PROJECTIONS, mtp_q8, vision_formats
 
 
 def build() -> Recipe:
@@ -17,4 +17,4 @@ def build() -> Recipe:
     recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
     recipe.assign("text/token_embedding", format=Q8)
     recipe.assign("text/output_head", format=Q6)
-    return mtp_q8(recipe)
+    return vision_formats(mtp_q8(recipe))

@@ -1,11 +1,12 @@
 """Qwen3.6-35B-A3B NVFP4: routed and shared experts imported bit-exact from a compressed-tensors
 NVFP4 checkpoint (--source quantized=...; AllowA4), each layer's expert banks stacked with one
 divisor per expert matrix; attention, GDN Q8 and router, shared_score, GDN a/b bf16 from the
-base; embedding Q8, head Q6; MTP projections Q8."""
+base; embedding Q8, head Q6; MTP projections Q8;
+vision (when present) in upstream's formats."""
 
 from ninfer_convert.recipe import Recipe
 
-from ._common import KEEP_BF16, NVFP4, Q6, Q8, TEXT, TEXT_PROJECTIONS, mtp_q8
+from ._common import KEEP_BF16, NVFP4, Q6, Q8, TEXT, TEXT_PROJECTIONS, mtp_q8, vision_formats
 
 
 def build() -> Recipe:
@@ -24,4 +25,4 @@ def build() -> Recipe:
     recipe.stack_divisors(TEXT + "moe/experts/*")
     recipe.assign("text/token_embedding", format=Q8)
     recipe.assign("text/output_head", format=Q6)
-    return mtp_q8(recipe)
+    return vision_formats(mtp_q8(recipe))

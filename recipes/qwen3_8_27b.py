@@ -1,5 +1,5 @@
-"""Qwen3.8-27B: as qwen3_6_27b (Q4/Q5 text projections, a/b bf16, MTP Q8) with embedding and
-head Q8."""
+"""Qwen3.8-27B: as qwen3_6_27b (Q4/Q5 text projections, a/b bf16, MTP Q8, vision as
+upstream) with embedding and head Q8."""
 
 from ninfer_convert.recipe import Recipe
 

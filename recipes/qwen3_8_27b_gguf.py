@@ -1,11 +1,12 @@
 """Qwen3.8-27B from a llama.cpp GGUF (--source gguf=FILE.gguf; the base directory supplies
 config.json and the tokenizer files only): every text and MTP matrix keeps its GGUF blocks
 verbatim (gguf_* formats, AllowA8); GDN a/b and float-stored matrices bf16; norms, A_log,
-dt_bias and the convolution cast from the GGUF values (notes 4.3)."""
+dt_bias and the convolution cast from the GGUF values (notes 4.3); vision
+(when the base holds it) from the base in upstream's formats."""
 
 from ninfer_convert.recipe import GGUF_NATIVE, Recipe
 
-from ._common import KEEP_BF16, TEXT, TEXT_PROJECTIONS
+from ._common import KEEP_BF16, TEXT, TEXT_PROJECTIONS, vision_formats
 
 MATRICES = [
     *TEXT_PROJECTIONS,
@@ -27,4 +28,4 @@ def build() -> Recipe:
     recipe.assign(*MATRICES, format=GGUF_NATIVE, method="gguf_import", policy="AllowA8")
     recipe.assign(*KEEP_BF16, format="bf16", policy="A16Only")
     recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
-    return recipe
+    return vision_formats(recipe)

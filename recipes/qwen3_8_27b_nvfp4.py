@@ -1,12 +1,12 @@
 """Qwen3.8-27B NVFP4 (Unsloth compressed-tensors checkpoint, --source quantized=...): every
 text tensor but the embedding read from the quantized checkpoint; MLP of layers 0-55 imported
 NVFP4 (AllowA4), every other text projection and the head imported FP8 (AllowA8), norms and
-GDN a/b cast from it; embedding FP8 re-quantized from the base; MTP projections Q8 from the
-base."""
+GDN a/b cast from it; embedding FP8 re-quantized from the base; MTP projections Q8 and
+vision (when present) in upstream's formats from the base."""
 
 from ninfer_convert.recipe import Recipe
 
-from ._common import FP8, KEEP_BF16, NVFP4, TEXT, TEXT_PROJECTIONS, mtp_q8
+from ._common import FP8, KEEP_BF16, NVFP4, TEXT, TEXT_PROJECTIONS, mtp_q8, vision_formats
 
 NVFP4_MLP_LAYERS = range(56)
 
@@ -30,4 +30,4 @@ def build() -> Recipe:
     recipe.assign(*KEEP_BF16, format="bf16", policy="A16Only")
     recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
     recipe.assign("text/token_embedding", format=FP8, source="base")
-    return mtp_q8(recipe)
+    return vision_formats(mtp_q8(recipe))

@@ -18,7 +18,10 @@ class Loader(Protocol):
 
 @dataclass(frozen=True)
 class SourcePiece:
-    """Rows ``[start, stop)`` of a source tensor viewed as 2-D ``[-1, last_dim]`` (None = all)."""
+    """Rows ``[start, stop)`` of a source tensor viewed as 2-D ``[-1, last_dim]`` (None = all).
+
+    A 1-D tensor's rows are its elements, so a fused bias splits like its fused weight.
+    """
 
     tensor: str
     rows: tuple[int, int] | None = None
@@ -54,7 +57,8 @@ class LogicalTensor:
         for piece in self.pieces:
             x = source.load(piece.tensor)
             if piece.rows is not None:
-                x = x.reshape(-1, x.shape[-1])[piece.rows[0] : piece.rows[1]]
+                rows = x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x
+                x = rows[piece.rows[0] : piece.rows[1]]
             chunks.append(x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x)
         x = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=0)
         if self.transpose:
@@ -68,8 +72,21 @@ class LogicalTensor:
         return x.reshape(self.shape)
 
 
-#: adapter(source tensor names, text config, components) -> logical name -> LogicalTensor
-Adapter = Callable[[set[str], Mapping[str, Any], tuple[str, ...]], dict[str, LogicalTensor]]
+class Adapter(Protocol):
+    """Source tensor names, text config and components -> logical name -> LogicalTensor.
+
+    ``vision_config`` (the vision component's config) is needed when "vision" is selected.
+    """
+
+    def __call__(
+        self,
+        keys: set[str],
+        text_config: Mapping[str, Any],
+        components: tuple[str, ...],
+        vision_config: Mapping[str, Any] | None = None,
+    ) -> dict[str, LogicalTensor]: ...
+
+
 _ADAPTERS: dict[str, Adapter] = {}
 
 

@@ -3,12 +3,15 @@
 Handles both prefixes of real checkpoints (text-only ``model.`` and VLM
 ``model.language_model.``), MoE experts stored per expert or fused (``experts.gate_up_proj``
 ``[E, 2I, H]``, ``experts.down_proj`` ``[E, H, I]``), the per-head query/gate interleave of
-``q_proj``, the ``in_proj_qkv`` row split and the GDN convolution transpose.
+``q_proj``, the ``in_proj_qkv`` row split and the GDN convolution transpose. A VLM
+checkpoint's vision tower (``model.visual.*``, spec 5.4) maps when the vision component is
+selected: the fused ``attn.qkv`` weight and bias split by rows into query/key/value thirds, and
+the ``[h, 3, pt, ps, ps]`` patch convolution is read flat as ``[h, 3·pt·ps·ps]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ninfer_format.binders.qwen3_5 import expected_parameters
@@ -116,6 +119,58 @@ class _Names:
         return _rows(f"{prefix}mlp.experts.gate_up_proj", start, start + width)
 
 
+#: HF prefix of the vision tower in VLM checkpoints (notes 4.1)
+VISUAL = "model.visual."
+#: vision parameters outside the blocks: logical suffix after ``vision/`` -> HF name suffix
+_VISION_GLOBALS = {
+    "patch_embedding": "patch_embed.proj.weight",  # Conv3d [h, 3, pt, ps, ps], read flat
+    "patch_embedding_bias": "patch_embed.proj.bias",
+    "position_embedding": "pos_embed.weight",
+    "merger/norm_weight": "merger.norm.weight",
+    "merger/norm_bias": "merger.norm.bias",
+    "merger/fc1": "merger.linear_fc1.weight",
+    "merger/fc1_bias": "merger.linear_fc1.bias",
+    "merger/fc2": "merger.linear_fc2.weight",
+    "merger/fc2_bias": "merger.linear_fc2.bias",
+}
+#: per block (``vision/layers/{i}/`` -> ``model.visual.blocks.{i}.``), except query/key/value
+_VISION_BLOCK = {
+    "norm1_weight": "norm1.weight",
+    "norm1_bias": "norm1.bias",
+    "norm2_weight": "norm2.weight",
+    "norm2_bias": "norm2.bias",
+    "attention/output": "attn.proj.weight",
+    "attention/output_bias": "attn.proj.bias",
+    "mlp/fc1": "mlp.linear_fc1.weight",
+    "mlp/fc1_bias": "mlp.linear_fc1.bias",
+    "mlp/fc2": "mlp.linear_fc2.weight",
+    "mlp/fc2_bias": "mlp.linear_fc2.bias",
+}
+#: HF ``attn.qkv`` output rows are [query | key | value], each h wide (all heads together)
+_QKV = ("query", "key", "value")
+
+
+def has_vision_weights(keys: Iterable[str]) -> bool:
+    return any(k.startswith(VISUAL) for k in keys)
+
+
+def _vision_pieces(suffix: str, hidden: int) -> Pieces:
+    """``suffix`` is the logical name after ``vision/``; ``hidden`` the vision width h."""
+    if suffix in _VISION_GLOBALS:
+        return _whole(VISUAL + _VISION_GLOBALS[suffix])
+    _, index, rest = suffix.split("/", 2)  # layers/{i}/...
+    block = f"{VISUAL}blocks.{index}."
+    if rest in _VISION_BLOCK:
+        return _whole(block + _VISION_BLOCK[rest])
+    projection = rest.removeprefix("attention/")
+    which = projection.removesuffix("_bias")
+    if which not in _QKV:
+        raise RecipeError(f"no source mapping for vision/{suffix}")
+    fused = block + ("attn.qkv.bias" if projection.endswith("_bias") else "attn.qkv.weight")
+    start = _QKV.index(which) * hidden
+    return _rows(fused, start, start + hidden)
+
+
 def _mtp_pieces(names: _Names, suffix: str) -> Pieces:
     fixed = {
         "input_projection": "mtp.fc.weight",
@@ -131,11 +186,15 @@ def _mtp_pieces(names: _Names, suffix: str) -> Pieces:
 
 @register_adapter("qwen3_5_text", "qwen3_5_moe_text")
 def map_qwen3_5(
-    keys: set[str], text_config: Mapping[str, Any], components: tuple[str, ...]
+    keys: set[str],
+    text_config: Mapping[str, Any],
+    components: tuple[str, ...],
+    vision_config: Mapping[str, Any] | None = None,
 ) -> dict[str, LogicalTensor]:
     names = _Names(keys, text_config)
     out: dict[str, LogicalTensor] = {}
-    for spec in expected_parameters(text_config, components=components):
+    specs = expected_parameters(text_config, components=components, vision_config=vision_config)
+    for spec in specs:
         component, rest = spec.name.split("/", 1)
         if component == "text" and rest.startswith("layers/"):
             _, index, suffix = rest.split("/", 2)
@@ -144,6 +203,9 @@ def map_qwen3_5(
             pieces = names.globals(rest)
         elif component == "mtp":
             pieces = _mtp_pieces(names, rest)
+        elif component == "vision":
+            assert vision_config is not None  # expected_parameters requires it for vision
+            pieces = _vision_pieces(rest, int(vision_config["hidden_size"]))
         else:
             continue  # proposal parameters are built by the pipeline, not read from a source
         out[spec.name] = LogicalTensor(

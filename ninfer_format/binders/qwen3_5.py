@@ -1,12 +1,13 @@
-"""Binder for the Qwen3.5 text family (spec section 5): dense, MoE, MTP and the proposal head.
+"""Binder for the Qwen3.5 family (spec section 5): dense, MoE, MTP, vision and the proposal head.
 
-Every expected parameter name, shape and Use input is derived from the text config, so an
-artifact is checked against its own geometry rather than against a list of known checkpoints.
-The name tables below are written one small generator per block type, in the order of the
-spec's table 5.2, so they can be read side by side with it.
+Every expected parameter name, shape and Use input is derived from the component configs (text,
+and the vision component's own config), so an artifact is checked against its own geometry
+rather than against a list of known checkpoints. The name tables below are written one small
+generator per block type, in the order of the spec's tables 5.2-5.4, so they can be read side by
+side with them.
 
-Vision and DFlash components are not checked here (they carry their own geometry that this
-binder does not model); the report says so instead of silently passing them.
+DFlash components are not checked here (they carry their own geometry that this binder does not
+model); the report says so instead of silently passing them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DirectoryError
-from ..schema import Directory, PartsBinding, Resource, Tensor, Use, WholeBinding
+from ..schema import Component, Directory, PartsBinding, Resource, Tensor, Use, WholeBinding
 from .registry import Findings, register_binder
 
 Binding = WholeBinding | PartsBinding
@@ -31,6 +32,21 @@ DENSE = "qwen3_5_text"
 MOE = "qwen3_5_moe_text"
 ARCHITECTURE_OF = {DENSE: "Qwen3_5ForCausalLM", MOE: "Qwen3_5MoeForCausalLM"}
 MTP_ARCHITECTURE_OF = {DENSE: "Qwen3_5MTP", MOE: "Qwen3_5MoeMTP"}
+#: spec 5.1: the vision tower's model_type follows the text variant it feeds
+VISION_MODEL_TYPE_OF = {DENSE: "qwen3_5_vision", MOE: "qwen3_5_moe_vision"}
+#: spec 5.1 vision config members, all positive integers
+VISION_MEMBERS = (
+    "depth",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "patch_size",
+    "temporal_patch_size",
+    "spatial_merge_size",
+    "num_position_embeddings",
+)
+#: spec 5.4 fixes the patch embedding's input width at 3 colour channels
+PATCH_CHANNELS = 3
 
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
@@ -39,6 +55,7 @@ LINEAR_ATTENTION = "linear_attention"
 #: and on ``proposal/head``. Only mtp is checked by this binder; dflash/dflash2 are not.
 DRAFTERS = ("mtp", "dflash", "dflash2")
 #: Parameter-name prefixes this binder owns; anything else bound under them is unexpected.
+#: ``vision/`` joins them when the vision component's config defines a geometry.
 CHECKED_PREFIXES = ("text/", "mtp/", "proposal/")
 TEXT_RESOURCE_ROLES = (
     "tokenizer.json",
@@ -46,6 +63,9 @@ TEXT_RESOURCE_ROLES = (
     "chat_template.jinja",
     "generation_config.json",
 )
+#: spec 5.7: the image processor config is what a frontend cannot do without; video is optional
+VISION_REQUIRED_ROLES = ("preprocessor_config.json",)
+VISION_RESOURCE_ROLES = (*VISION_REQUIRED_ROLES, "video_preprocessor_config.json")
 
 DIRECT_FORMATS = frozenset({"bf16", "fp32"})
 INTEGER_FORMATS = frozenset({"int32", "int64"})
@@ -158,6 +178,30 @@ class Geometry:
     ffn: DenseMlp | Moe
 
 
+@dataclass(frozen=True)
+class Vision:
+    """Vision tower geometry (spec 5.1 vision members); the merger's output width is the text
+    hidden size, so it is not part of this record."""
+
+    depth: int
+    hidden: int  # h
+    intermediate: int  # I_v
+    heads: int
+    patch: int  # ps
+    temporal_patch: int  # pt
+    merge: int  # spatial_merge_size
+    positions: int  # num_position_embeddings
+
+    @property
+    def patch_width(self) -> int:
+        """Input width of the patch embedding: one flattened [3, pt, ps, ps] patch."""
+        return PATCH_CHANNELS * self.temporal_patch * self.patch * self.patch
+
+    @property
+    def merged(self) -> int:  # m: merge x merge neighbouring patches concatenated
+        return self.merge * self.merge * self.hidden
+
+
 # ---------------------------------------------------------------------------------------------
 # Name tables (spec 5.2, 5.3, 5.6), one generator per block type
 
@@ -245,14 +289,53 @@ def _proposal(rows: int, hidden: int, drafters: Sequence[str]) -> Iterator[Param
     yield ParamSpec("proposal/token_ids", (rows,), Role.TOKEN_IDS)
 
 
+def _vision_block(V: str, v: Vision) -> Iterator[ParamSpec]:
+    h, width = v.hidden, v.intermediate
+    for norm in ("norm1_weight", "norm1_bias", "norm2_weight", "norm2_bias"):
+        yield _vector(V + norm, h)
+    for projection in ("query", "key", "value"):
+        yield _matrix(f"{V}attention/{projection}", h, h, V + "attention_input")
+    for projection in ("query", "key", "value"):
+        yield _vector(f"{V}attention/{projection}_bias", h)
+    yield _matrix(V + "attention/output", h, h, V + "attention_output")
+    yield _vector(V + "attention/output_bias", h)
+    yield _matrix(V + "mlp/fc1", width, h, V + "mlp_input")
+    yield _vector(V + "mlp/fc1_bias", width)
+    yield _matrix(V + "mlp/fc2", h, width, V + "mlp_activation")
+    yield _vector(V + "mlp/fc2_bias", h)
+
+
+def _vision(v: Vision, text_hidden: int) -> Iterator[ParamSpec]:
+    yield _matrix("vision/patch_embedding", v.hidden, v.patch_width, "vision/patch_input")
+    yield _vector("vision/patch_embedding_bias", v.hidden)
+    # Rows are gathered and interpolated per image grid, never multiplied with activations.
+    yield _matrix("vision/position_embedding", v.positions, v.hidden)
+    for i in range(v.depth):
+        yield from _vision_block(f"vision/layers/{i}/", v)
+    m = v.merged
+    yield _vector("vision/merger/norm_weight", v.hidden)
+    yield _vector("vision/merger/norm_bias", v.hidden)
+    yield _matrix("vision/merger/fc1", m, m, "vision/merger/input")
+    yield _vector("vision/merger/fc1_bias", m)
+    # The merger's output enters the text model as token embeddings: width H.
+    yield _matrix("vision/merger/fc2", text_hidden, m, "vision/merger/activation")
+    yield _vector("vision/merger/fc2_bias", text_hidden)
+
+
 def _all_parameters(
-    g: Geometry, drafters: Sequence[str], with_mtp: bool, proposal_rows: int | None
+    g: Geometry,
+    drafters: Sequence[str],
+    with_mtp: bool,
+    proposal_rows: int | None,
+    vision: Vision | None = None,
 ) -> Iterator[ParamSpec]:
     yield from _text_globals(g, drafters)
     for i, layer_type in enumerate(g.layer_types):
         yield from _decoder_layer(f"text/layers/{i}/", layer_type, g)
     if with_mtp:
         yield from _mtp(g)
+    if vision is not None:
+        yield from _vision(vision, g.hidden)
     if proposal_rows is not None:
         yield from _proposal(proposal_rows, g.hidden, drafters)
 
@@ -474,6 +557,27 @@ def _read_geometry(
     return Geometry(hidden, vocab, layer_types, attention, gdn, ffn)
 
 
+def _read_vision(config: Mapping[str, Any], text_hidden: int, findings: Findings) -> Vision | None:
+    """The vision geometry, or None after reporting every member that prevents deriving it.
+
+    Members that do not change a shape (head count, the optional HF ``in_channels`` and
+    ``out_hidden_size``) are still checked, but a bad one does not stop the parameter checks.
+    """
+    c = _Config(config, "vision config member '", findings)
+    values = [c.positive_int(key) for key in VISION_MEMBERS]
+    _, hidden, _, heads, *_ = values
+    if hidden is not None and heads is not None and hidden % heads:
+        c.error("hidden_size", f"({hidden}) must be a multiple of num_heads ({heads})")
+    # Spec 5.4 fixes the patch width at 3·pt·ps·ps and the merger output at the text width;
+    # HF configs may still spell both out, and then they must agree.
+    for key, wanted in (("in_channels", PATCH_CHANNELS), ("out_hidden_size", text_hidden)):
+        if key in config and config[key] != wanted:
+            c.error(key, f"must be {wanted} when present, got {_show(config[key])}")
+    if None in values:
+        return None
+    return Vision(*values)  # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------------------------------------
 # Component-level checks
 
@@ -518,13 +622,38 @@ def _check_mtp_component(directory: Directory, model_type: str, findings: Findin
         findings.error(f'mtp component must have target "text", got {_show(mtp.target)}')
 
 
-def _check_text_resources(directory: Directory, findings: Findings) -> None:
-    resources = directory.components["text"].resources or {}
-    for role in TEXT_RESOURCE_ROLES:
+def _check_resources(
+    component_id: str,
+    directory: Directory,
+    required: Sequence[str],
+    known: Sequence[str],
+    findings: Findings,
+) -> None:
+    """Frontend resources (spec 5.7): absent required roles and unknown roles are warnings,
+    since the weights are still usable without them."""
+    resources = directory.components[component_id].resources or {}
+    for role in required:
         if role not in resources:
-            findings.warning(f"text resource {role!r} is absent; frontends need it")
-    for role in sorted(set(resources) - set(TEXT_RESOURCE_ROLES)):
-        findings.warning(f"text resource role {role!r} is not one the Qwen3.5 frontend reads")
+            findings.warning(f"{component_id} resource {role!r} is absent; frontends need it")
+    for role in sorted(set(resources) - set(known)):
+        findings.warning(
+            f"{component_id} resource role {role!r} is not one the Qwen3.5 frontend reads"
+        )
+
+
+def _check_vision_component(directory: Directory, model_type: str, findings: Findings) -> None:
+    """Identity, target and resources of the vision component; its geometry is read later."""
+    vision: Component = directory.components["vision"]
+    expected = VISION_MODEL_TYPE_OF[model_type]
+    found = vision.config.get("model_type", _MISSING)
+    if found != expected:
+        findings.error(
+            f"vision config member 'model_type' must be {json.dumps(expected)} with a"
+            f" {model_type} text component, got {_show(found)}"
+        )
+    if vision.target != "text":
+        findings.error(f'vision component must have target "text", got {_show(vision.target)}')
+    _check_resources("vision", directory, VISION_REQUIRED_ROLES, VISION_RESOURCE_ROLES, findings)
 
 
 def _proposal_rows(
@@ -610,15 +739,20 @@ def _check_binding(spec: ParamSpec, binding: Binding, objects: Objects, f: Findi
 
 
 def _check_bindings(
-    directory: Directory, specs: Mapping[str, ParamSpec], objects: Objects, f: Findings
+    directory: Directory,
+    specs: Mapping[str, ParamSpec],
+    objects: Objects,
+    f: Findings,
+    prefixes: tuple[str, ...] = CHECKED_PREFIXES,
 ) -> None:
+    """``prefixes``: the parameter-name prefixes whose every binding must be an expected one."""
     components = directory.components
     unchecked: Counter[str] = Counter()
     for name, binding in directory.bindings.items():
         spec = specs.get(name)
         if spec is not None:
             _check_binding(spec, binding, objects, f)
-        elif name.startswith(CHECKED_PREFIXES):
+        elif name.startswith(prefixes):
             hint = _absence_hint(name, directory)
             f.error(f"{name}: bound but not a parameter of this model{hint}")
         else:
@@ -627,7 +761,8 @@ def _check_bindings(
                 unchecked[component] += 1
             else:
                 f.error(f"{name}: bound but there is no component {component!r}")
-    for component in sorted(set(components) - {"text", "mtp"}):
+    # vision is reported by bind_qwen3_5 itself when its config cannot be read
+    for component in sorted(set(components) - {"text", "mtp", "vision"}):
         f.warning(
             f"component {component!r} ({unchecked[component]} bound parameters):"
             " not checked by this binder"
@@ -811,27 +946,38 @@ def bind_qwen3_5(directory: Directory, model_type: str, f: Findings) -> None:
     text = directory.components["text"]
     with_mtp = "mtp" in directory.components
     drafters = [d for d in DRAFTERS if d in directory.components]
+    with_vision = "vision" in directory.components
     _check_identity(text.config, model_type, f)
     if with_mtp:
         _check_mtp_component(directory, model_type, f)
-    _check_text_resources(directory, f)
+    _check_resources("text", directory, TEXT_RESOURCE_ROLES, TEXT_RESOURCE_ROLES, f)
+    if with_vision:
+        _check_vision_component(directory, model_type, f)
     geometry = _read_geometry(text.config, model_type == MOE, with_mtp, f)
     if geometry is None:
         f.warning("parameters were not checked: the text config does not define the geometry")
         return
+    vision = None
+    if with_vision:
+        vision = _read_vision(directory.components["vision"].config, geometry.hidden, f)
+        if vision is None:
+            f.warning("vision parameters were not checked: the vision config lacks its geometry")
     rows = _proposal_rows(directory, geometry, drafters, f)
     cap = len(directory.bindings) + ENUMERATION_SLACK
-    generated = list(itertools.islice(_all_parameters(geometry, drafters, with_mtp, rows), cap + 1))
+    everything = _all_parameters(geometry, drafters, with_mtp, rows, vision)
+    generated = list(itertools.islice(everything, cap + 1))
     if len(generated) > cap:
         f.error(
-            f"text config implies more than {cap} parameters but only"
-            f" {len(directory.bindings)} are bound; check num_hidden_layers and num_experts"
+            f"text config{' with the vision tower' if vision else ''} implies more than {cap}"
+            f" parameters but only {len(directory.bindings)} are bound; check"
+            f" num_hidden_layers, num_experts{' and the vision depth' if vision else ''}"
         )
         return
     specs = {spec.name: spec for spec in generated}
     f.parameters.update((name, spec.shape) for name, spec in specs.items())
     objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
-    _check_bindings(directory, specs, objects, f)
+    prefixes = (*CHECKED_PREFIXES, "vision/") if vision else CHECKED_PREFIXES
+    _check_bindings(directory, specs, objects, f, prefixes)
     _check_uses(directory, specs, objects, f)
 
 
@@ -840,14 +986,21 @@ def expected_parameters(
     *,
     components: Sequence[str] = ("text",),
     proposal_rows: int | None = None,
+    vision_config: Mapping[str, Any] | None = None,
 ) -> list[ParamSpec]:
     """The contract as data, for producers (converter, sample writer): every logical parameter
-    with its shape, role and use inputs, for a text config and the selected components."""
+    with its shape, role and use inputs, for a text config and the selected components
+    (``vision_config``, the vision component's config, is needed when "vision" is selected)."""
     f = Findings()
     model_type = text_config.get("model_type", DENSE)
     with_mtp = "mtp" in components
     geometry = _read_geometry(text_config, model_type == MOE, with_mtp, f)
     if geometry is None:
         raise DirectoryError("text config cannot define a Qwen3.5 geometry", problems=f.errors)
+    vision = None
+    if "vision" in components:
+        vision = _read_vision(vision_config or {}, geometry.hidden, f)
+        if vision is None or f.errors:
+            raise DirectoryError("vision config cannot define a vision geometry", problems=f.errors)
     drafters = [d for d in DRAFTERS if d in components]
-    return list(_all_parameters(geometry, drafters, with_mtp, proposal_rows))
+    return list(_all_parameters(geometry, drafters, with_mtp, proposal_rows, vision))

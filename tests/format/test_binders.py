@@ -27,6 +27,9 @@ KG, VG, NV, DV, T = 32, 64, 4, 16, 4
 I_DENSE = 96
 E, IR, IS = 4, 32, 48
 ROWS = 16
+# vision tower: hidden, MLP width, heads, patch, temporal patch, merge, positions, depth
+VH, VI, VHEADS, PS, PT, MERGE, NPOS, DEPTH = 32, 48, 2, 2, 2, 2, 16, 2
+M = MERGE * MERGE * VH  # merger width
 
 ELEMENT_BYTES = {"bf16": 2, "fp32": 4, "int32": 4}
 LAYOUT = {
@@ -167,6 +170,53 @@ def model_rows(moe: bool, mtp: bool, proposal: bool) -> list[Row]:
     return rows
 
 
+def vision_config(moe: bool = False) -> dict[str, Any]:
+    return {
+        "model_type": "qwen3_5_moe_vision" if moe else "qwen3_5_vision",
+        "depth": DEPTH,
+        "hidden_size": VH,
+        "intermediate_size": VI,
+        "num_heads": VHEADS,
+        "patch_size": PS,
+        "temporal_patch_size": PT,
+        "spatial_merge_size": MERGE,
+        "num_position_embeddings": NPOS,
+    }
+
+
+def vision_rows() -> list[Row]:
+    """Spec 5.4, written out: every vector bf16, every matrix bf16."""
+    rows: list[Row] = [
+        ("vision/patch_embedding", [VH, 3 * PT * PS * PS], ["vision/patch_input"], "bf16"),
+        ("vision/patch_embedding_bias", [VH], [], "bf16"),
+        ("vision/position_embedding", [NPOS, VH], [], "bf16"),
+    ]
+    for i in range(DEPTH):
+        v = f"vision/layers/{i}/"
+        rows += [(v + n, [VH], [], "bf16") for n in ("norm1_weight", "norm1_bias")]
+        rows += [(v + n, [VH], [], "bf16") for n in ("norm2_weight", "norm2_bias")]
+        for p in ("query", "key", "value"):
+            rows.append((f"{v}attention/{p}", [VH, VH], [v + "attention_input"], "bf16"))
+            rows.append((f"{v}attention/{p}_bias", [VH], [], "bf16"))
+        rows += [
+            (v + "attention/output", [VH, VH], [v + "attention_output"], "bf16"),
+            (v + "attention/output_bias", [VH], [], "bf16"),
+            (v + "mlp/fc1", [VI, VH], [v + "mlp_input"], "bf16"),
+            (v + "mlp/fc1_bias", [VI], [], "bf16"),
+            (v + "mlp/fc2", [VH, VI], [v + "mlp_activation"], "bf16"),
+            (v + "mlp/fc2_bias", [VH], [], "bf16"),
+        ]
+    rows += [
+        ("vision/merger/norm_weight", [VH], [], "bf16"),
+        ("vision/merger/norm_bias", [VH], [], "bf16"),
+        ("vision/merger/fc1", [M, M], ["vision/merger/input"], "bf16"),
+        ("vision/merger/fc1_bias", [M], [], "bf16"),
+        ("vision/merger/fc2", [H, M], ["vision/merger/activation"], "bf16"),
+        ("vision/merger/fc2_bias", [H], [], "bf16"),
+    ]
+    return rows
+
+
 class Doc:
     """A directory document under construction: objects get sequential fake offsets."""
 
@@ -220,7 +270,9 @@ class Doc:
         return self.doc
 
 
-def make_doc(moe: bool = False, mtp: bool = False, proposal: bool = False) -> dict[str, Any]:
+def make_doc(
+    moe: bool = False, mtp: bool = False, proposal: bool = False, vision: bool = False
+) -> dict[str, Any]:
     d = Doc()
     roles = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
     roles.append("generation_config.json")
@@ -234,7 +286,15 @@ def make_doc(moe: bool = False, mtp: bool = False, proposal: bool = False) -> di
     if mtp:
         arch = "Qwen3_5MoeMTP" if moe else "Qwen3_5MTP"
         d.doc["components"]["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
-    for row in model_rows(moe, mtp, proposal):
+    rows = model_rows(moe, mtp, proposal)
+    if vision:
+        d.doc["components"]["vision"] = {
+            "config": vision_config(moe),
+            "target": "text",
+            "resources": {"preprocessor_config.json": d.resource("preprocessor_config.json")},
+        }
+        rows += vision_rows()
+    for row in rows:
         d.param(*row)
     return d.finish()
 
@@ -507,14 +567,110 @@ def test_unexpected_parameters() -> None:
     single_error(run(doc), "vision/merger/fc1", "no component 'vision'")
 
 
-def test_vision_and_dflash_are_not_checked() -> None:
+def test_dflash_is_not_checked() -> None:
     doc = make_doc()
-    doc["components"]["vision"] = {"config": {"model_type": "qwen3_5_vision"}, "target": "text"}
-    doc["bindings"]["vision/anything"] = {"object": object_of(doc, "text/final_norm")["id"]}
+    doc["components"]["dflash"] = {"config": {"model_type": "qwen3"}, "target": "text"}
+    doc["bindings"]["dflash/anything"] = {"object": object_of(doc, "text/final_norm")["id"]}
+    head_use = {"parameter": "text/output_head", "input": "dflash/final_hidden"}
+    doc["uses"].append({**head_use, "activation_policy": "A16Only"})
     report = run(doc)
     assert report.errors == []
     assert report.warnings == [
-        "component 'vision' (1 bound parameters): not checked by this binder"
+        "component 'dflash' (1 bound parameters): not checked by this binder"
+    ]
+
+
+# --- vision (spec 5.1, 5.4, 5.7) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_valid_vision_directory_binds_cleanly(moe: bool) -> None:
+    report = run(make_doc(moe=moe, mtp=True, vision=True))
+    assert (report.errors, report.warnings) == ([], [])
+    for name, shape, _, _ in vision_rows():
+        assert report.parameters[name] == tuple(shape)
+
+
+def test_vision_quantized_matrices_are_allowed() -> None:
+    doc = make_doc(vision=True)
+    set_format(doc, "vision/patch_embedding", "q4_g64_fp16")
+    set_format(doc, "vision/merger/fc2", "nvfp4")
+    assert run(doc).errors == []
+
+
+def test_wrong_vision_shape() -> None:
+    doc = make_doc(vision=True)
+    object_of(doc, "vision/merger/fc2")["shape"] = [VH, M]  # vision width instead of text H
+    single_error(run(doc), "vision/merger/fc2", f"[{VH}, {M}]", f"[{H}, {M}]")
+    doc = make_doc(vision=True)
+    object_of(doc, "vision/patch_embedding")["shape"] = [VH, PT * PS * PS]  # one channel only
+    single_error(run(doc), "vision/patch_embedding", f"[{VH}, {3 * PT * PS * PS}]")
+
+
+def test_vision_bias_stored_q4() -> None:
+    doc = make_doc(vision=True)
+    set_format(doc, "vision/layers/1/attention/key_bias", "q4_g64_fp16")
+    single_error(run(doc), "vision/layers/1/attention/key_bias", "bf16 or fp32")
+
+
+def test_missing_and_unexpected_vision_parameters() -> None:
+    doc = make_doc(vision=True)
+    name = "vision/layers/1/mlp/fc2"
+    del doc["bindings"][name]
+    doc["uses"] = [u for u in doc["uses"] if u["parameter"] != name]
+    single_error(run(doc), name, "not bound", f"[{VH}, {VI}]")
+    doc = make_doc(vision=True)  # a block beyond the configured depth
+    doc["bindings"]["vision/layers/2/norm1_weight"] = {
+        "object": object_of(doc, "vision/layers/1/norm1_weight")["id"]
+    }
+    single_error(run(doc), "vision/layers/2/norm1_weight", "not a parameter")
+
+
+def test_missing_vision_use() -> None:
+    doc = make_doc(vision=True)
+    doc["uses"].remove(use_of(doc, "vision/layers/0/attention/value"))
+    single_error(
+        run(doc), "use vision/layers/0/attention/value @ vision/layers/0/attention_input", "missing"
+    )
+
+
+@pytest.mark.parametrize(
+    ("member", "value", "fragment"),
+    [
+        ("model_type", "qwen3_5_moe_vision", "'model_type' must be \"qwen3_5_vision\""),
+        ("num_heads", 3, f"'hidden_size' ({VH}) must be a multiple of num_heads (3)"),
+        ("out_hidden_size", VH, f"'out_hidden_size' must be {H} when present"),
+        ("in_channels", 4, "'in_channels' must be 3 when present"),
+    ],
+)
+def test_vision_config_errors(member: str, value: Any, fragment: str) -> None:
+    doc = make_doc(vision=True)
+    doc["components"]["vision"]["config"][member] = value
+    single_error(run(doc), "vision config member", fragment)
+
+
+def test_vision_config_without_geometry_skips_its_parameters() -> None:
+    doc = make_doc(vision=True)
+    del doc["components"]["vision"]["config"]["depth"]
+    report = run(doc)
+    single_error(report, "vision config member 'depth' is missing")
+    assert report.warnings == [
+        "vision parameters were not checked: the vision config lacks its geometry"
+    ]
+
+
+def test_vision_target_and_resources() -> None:
+    doc = make_doc(vision=True)
+    del doc["components"]["vision"]["target"]
+    single_error(run(doc), 'vision component must have target "text"')
+    doc = make_doc(vision=True)
+    resources = doc["components"]["vision"]["resources"]
+    resources["processor.json"] = resources.pop("preprocessor_config.json")
+    report = run(doc)
+    assert report.errors == []
+    assert report.warnings == [
+        "vision resource 'preprocessor_config.json' is absent; frontends need it",
+        "vision resource role 'processor.json' is not one the Qwen3.5 frontend reads",
     ]
 
 
