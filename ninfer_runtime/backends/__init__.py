@@ -39,7 +39,14 @@ def _cpu() -> Backend:
     return CpuBackend()
 
 
+def _cuda() -> Backend:
+    from .cuda import create_backend  # imports CuPy only when the backend is selected
+
+    return create_backend()
+
+
 register_backend("cpu", _cpu)
+register_backend("cuda", _cuda)
 
 __all__ = [
     "Array",

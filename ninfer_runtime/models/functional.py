@@ -6,13 +6,18 @@ on whichever backend produced ``x`` without the model passing ``xp`` around.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 Array = Any
 
 
 def _xp(x: Array) -> Any:
-    return x.__array_namespace__()
+    namespace = getattr(x, "__array_namespace__", None)
+    if namespace is not None:
+        return namespace()
+    # CuPy 14 arrays have no __array_namespace__ yet; their module is the namespace.
+    return importlib.import_module(type(x).__module__.split(".")[0])
 
 
 def sigmoid(x: Array) -> Array:

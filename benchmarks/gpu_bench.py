@@ -1,0 +1,224 @@
+"""GEMV kernels of the CUDA backend against the memory-bandwidth floor of the device.
+
+    python benchmarks/gpu_bench.py [--json OUT.json] [--tune]
+
+For each packed layout: a random object of the MLP shapes of a 27B-class model
+([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1 and M = 8 activation rows.
+Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
+bytes at the bandwidth of a measured device-to-device copy (read + write bytes per second);
+"% of floor" is floor time / kernel time. Several copies of each object rotate so that no
+call finds its weights in the 50 MB L2. Calls are captured into a CUDA graph and timed with
+CUDA events (median of 7 replays after a warm-up), so host launch overhead is excluded.
+Prints a table; copy it with date, machine and commit into docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import cupy as cp
+import numpy as np
+
+from ninfer_runtime.backends.cuda import formats as F
+from ninfer_runtime.backends.cuda import kernels
+
+SHAPES = [(17408, 5120), (5120, 17408)]
+LAYOUTS = [
+    ("q4_g64_fp16", "row_split_k128_v1"),
+    ("q5_g64_fp16", "row_split_k128_v1"),
+    ("q6_g64_fp16", "row_split_k128_v1"),
+    ("q8_g32_fp16", "row_split_k128_v1"),
+    ("nf4_g64_fp16", "row_split_k128_v1"),
+    ("nvfp4", "block_scale_k16_m128x4_v1"),
+    ("fp8_e4m3fn_row_bf16", "row_scale_v1"),
+    ("bf16", "contiguous_le_v1"),
+]
+ROTATE_BYTES = 400 << 20  # rotate copies until this many bytes: 8x the L2
+
+
+def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
+    """Median time of ``fn``'s GPU work: ``fn`` is captured ``reps`` times into a CUDA graph,
+    so host launch overhead (tens of microseconds per CuPy call) is not measured."""
+    for _ in range(warmup):
+        fn()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for _ in range(reps):
+            fn()
+        graph = stream.end_capture()
+    times = []
+    for _ in range(7):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(stream)
+        graph.launch(stream)
+        b.record(stream)
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b) / reps)
+    return float(np.median(times))
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> tuple[float, dict[str, float]]:
+    """Bytes read + written per second by the faster of two device-to-device copies of
+    ``nbytes`` (cudaMemcpy and CuPy's copy kernel), each timed alone with CUDA events: a
+    2 GiB copy takes about a millisecond, so launch overhead does not matter, while inside
+    a CUDA graph a memcpy node may be served by a slower copy engine."""
+    src = cp.random.randint(0, 255, nbytes // 4, dtype=cp.int32)
+    dst = cp.empty_like(src)
+    ways = {
+        "memcpy": lambda: dst.data.copy_from_device_async(src.data, src.nbytes),
+        "copy kernel": lambda: cp.copyto(dst, src),
+    }
+    rates = {}
+    for name, fn in ways.items():
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(10):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, b))
+        rates[name] = 2 * src.nbytes / (float(np.median(times)) * 1e-3)
+    return max(rates.values()), rates
+
+
+def random_object(fmt: str, layout: str, shape: tuple[int, int]) -> tuple[cp.ndarray, F.Planes]:
+    """Valid, non-degenerate bytes: random codes, finite positive scales, divisor 1."""
+    p = F.planes(fmt, layout, shape)
+    n, k = shape
+    if p.code in F.ROW_SPLIT_CODES.values():
+        size = p.off2 + n * p.stride * 2
+    elif p.code == F.NVFP4:
+        size = p.off2 + 4
+    elif p.code == F.FP8:
+        size = p.off1 + 2 * n
+    else:
+        size = 2 * n * k
+    data = cp.random.randint(0, 256, size, dtype=cp.int32).astype(cp.uint8)
+    if p.code in F.ROW_SPLIT_CODES.values():  # binary16 scales in [2^-8, 2^-4)
+        words = cp.random.randint(0x1C00, 0x2C00, n * p.stride, dtype=cp.int32).astype(cp.uint16)
+        data[p.off2 :] = words.view(cp.uint8)
+    elif p.code == F.NVFP4:  # E4M3FN scales 0.25 .. 8, divisor 1.0
+        data[p.off1 : p.off2] = cp.random.randint(0x30, 0x58, p.off2 - p.off1).astype(cp.uint8)
+        data[p.off2 :] = cp.asarray(np.frombuffer(np.float32(1).tobytes(), dtype=np.uint8))
+    elif p.code == F.FP8:
+        codes = data[: n * k]
+        codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes
+        data[p.off1 :] = cp.full(n, 0x3C00, dtype=cp.uint16).view(cp.uint8)  # bf16 1/128
+    else:  # bf16 values with exponents near 1
+        words = data.view(cp.uint16)
+        words[...] = (words & 0x807F) | 0x3F00
+    return data, p
+
+
+def _rotating_call(
+    copies: list,
+    p: F.Planes,
+    n: int,
+    x: cp.ndarray,
+    y: cp.ndarray,
+    r: int | None = None,
+    ks: int | None = None,
+):
+    """One GEMV per call, each on the next copy of the weights."""
+    turn = [0]
+
+    def call() -> None:
+        data = copies[turn[0] % len(copies)]
+        kernels.gemv(data, p, 0, n, x, y, n, rows_per_warp=r, k_split=ks)
+        turn[0] += 1
+
+    return call
+
+
+def _copies(fmt: str, layout: str, shape: tuple[int, int]) -> tuple[list, F.Planes]:
+    first, p = random_object(fmt, layout, shape)
+    count = max(1, -(-ROTATE_BYTES // first.nbytes))
+    return [first] + [random_object(fmt, layout, shape)[0] for _ in range(count - 1)], p
+
+
+def tune(copy_bps: float) -> list[dict]:
+    """% of floor for compiled (M, rows per warp R, K split KS) choices."""
+    combos = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (1, 2, 4), (1, 4, 4), (1, 8, 4)]
+    combos += [(8, 2, 1), (8, 4, 1), (8, 4, 4)]
+    rows = []
+    for fmt, layout in [LAYOUTS[0], LAYOUTS[3], LAYOUTS[5], LAYOUTS[6]]:
+        for shape in SHAPES:
+            copies, p = _copies(fmt, layout, shape)
+            line = []
+            for m, r, ks in combos:
+                x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
+                y = cp.empty((m, shape[0]), dtype=cp.float32)
+                ms = median_ms(_rotating_call(copies, p, shape[0], x, y, r, ks))
+                pct = 100 * (copies[0].nbytes + x.nbytes + y.nbytes) / copy_bps / (ms * 1e-3)
+                rows.append(
+                    {"format": fmt, "shape": list(shape), "M": m, "R": r, "KS": ks, "pct": pct}
+                )
+                line.append(f"{m}/{r}/{ks} {pct:4.1f}%")
+            print(f"tune M/R/KS {fmt:<12} {shape[0]:>5}x{shape[1]:<5}", " ".join(line), flush=True)
+    return rows
+
+
+def bench(copy_bps: float) -> list[dict]:
+    rows = []
+    for fmt, layout in LAYOUTS:
+        for shape in SHAPES:
+            copies, p = _copies(fmt, layout, shape)
+            first = copies[0]
+            for m in (1, 8):
+                x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
+                y = cp.empty((m, shape[0]), dtype=cp.float32)
+                call = _rotating_call(copies, p, shape[0], x, y)
+                ms = median_ms(call)
+                nbytes = first.nbytes + x.nbytes + y.nbytes
+                floor_ms = nbytes / copy_bps * 1e3
+                rows.append(
+                    {
+                        "format": fmt,
+                        "shape": list(shape),
+                        "M": m,
+                        "us": ms * 1e3,
+                        "MB": nbytes / 1e6,
+                        "GBps": nbytes / (ms * 1e-3) / 1e9,
+                        "floor_us": floor_ms * 1e3,
+                        "pct_floor": 100 * floor_ms / ms,
+                    }
+                )
+                r = rows[-1]
+                print(
+                    f"{fmt:<22} {shape[0]:>6}x{shape[1]:<6} M={m}  {r['us']:8.1f} us  "
+                    f"{r['MB']:7.1f} MB  {r['GBps']:7.0f} GB/s  floor {r['floor_us']:7.1f} us  "
+                    f"{r['pct_floor']:5.1f}% of floor",
+                    flush=True,
+                )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--tune", action="store_true", help="also compare rows-per-warp choices")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    kernels.compile_all()
+    compile_s = time.perf_counter() - start
+    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    copy_bps, ways = copy_bandwidth()
+    print(f"device {dev['name'].decode()}, kernels ready in {compile_s:.1f} s")
+    detail = ", ".join(f"{name} {bps / 1e9:.0f}" for name, bps in ways.items())
+    print(f"device-to-device copy: {copy_bps / 1e9:.0f} GB/s read + write ({detail})")
+    rows = bench(copy_bps)
+    tuning = tune(copy_bps) if args.tune else []
+    if args.json:
+        with open(args.json, "w") as fh:
+            result = {"copy_GBps": copy_bps / 1e9, "compile_s": compile_s, "rows": rows}
+            json.dump({**result, "tuning": tuning}, fh)
+
+
+if __name__ == "__main__":
+    main()

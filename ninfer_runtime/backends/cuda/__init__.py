@@ -1,0 +1,38 @@
+"""The CUDA backend (``get_backend("cuda")``): CuPy plus our own kernels.
+
+Importing this package needs nothing beyond the CPU install; CuPy and a device are checked
+only when the backend is created, so ``ninfer`` works on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import EngineError
+
+NEEDS = "the cuda backend needs CuPy (pip install ninfer[gpu]) and an NVIDIA GPU"
+
+
+def unavailable_reason() -> str | None:
+    """Why the backend cannot run here (None when it can)."""
+    try:
+        import cupy
+    except ImportError:
+        return NEEDS
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError when there is no driver
+        return f"{NEEDS} ({exc})"
+    return None if count > 0 else f"{NEEDS} (no device found)"
+
+
+def create_backend() -> Any:
+    reason = unavailable_reason()
+    if reason is not None:
+        raise EngineError(reason)
+    from .backend import CudaBackend
+
+    return CudaBackend()
+
+
+__all__ = ["NEEDS", "create_backend", "unavailable_reason"]

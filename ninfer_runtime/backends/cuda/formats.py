@@ -1,0 +1,106 @@
+"""Which stored layouts the CUDA kernels read in place, and the plane offsets they need.
+
+Every number here comes from the codec's own geometry in ``ninfer_format.codecs``, so the
+kernels and the numpy decoders (the oracle) can never disagree about where a plane starts.
+Format codes match the ``FMT_*`` macros in ``kernels/common.cuh``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ninfer_format.codecs import fp8_row, nvfp4
+from ninfer_format.codecs.row_split import LAYOUT as ROW_SPLIT
+from ninfer_format.codecs.row_split import row_split_geometry
+
+Q4, Q5, Q6, Q8, NF4, NVFP4, FP8, BF16 = range(8)
+
+ROW_SPLIT_CODES = {
+    "q4_g64_fp16": Q4,
+    "q5_g64_fp16": Q5,
+    "q6_g64_fp16": Q6,
+    "q8_g32_fp16": Q8,
+    "nf4_g64_fp16": NF4,
+}
+#: (format, layout) -> code for every layout a GEMV kernel reads directly
+PACKED: dict[tuple[str, str], int] = {
+    **{(name, ROW_SPLIT): code for name, code in ROW_SPLIT_CODES.items()},
+    (nvfp4.FORMAT, nvfp4.LAYOUT): NVFP4,
+    (fp8_row.FORMAT, fp8_row.LAYOUT): FP8,
+    ("bf16", "contiguous_le_v1"): BF16,
+}
+
+
+@dataclass(frozen=True)
+class Planes:
+    """Kernel arguments describing one ``[rows, columns]`` object.
+
+    ``off1``/``off2``: the layout's second and third plane (row_split: high bits, scales;
+    nvfp4: scales, divisors; fp8: row scales). ``stride``: groups per row for row_split, else
+    K. ``x_width``: columns the GEMV reads from x (row_split pads rows to 128; x is padded
+    with zeros to match). ``units``: 16-byte units per row. ``gemv``: whether the vectorised
+    GEMV may read this shape (fp8 and bf16 need rows that start on 16-byte boundaries).
+    """
+
+    code: int
+    rows: int
+    columns: int
+    off1: int = 0
+    off2: int = 0
+    stride: int = 0
+    rows_per_divisor: int = 1
+    x_width: int = 0
+    units: int = 0
+    gemv: bool = True
+
+
+def planes(format: str, layout: str, shape: tuple[int, int], divisors: int = 1) -> Planes:
+    code = PACKED[(format, layout)]
+    rows, columns = shape
+    if code in ROW_SPLIT_CODES.values():
+        geo = row_split_geometry(format, (rows, columns))
+        per_unit = 16 if code == Q8 else 32
+        return Planes(
+            code,
+            rows,
+            columns,
+            off1=geo.high_offset,
+            off2=geo.scale_offset,
+            stride=geo.groups_per_row,
+            x_width=geo.padded_columns,
+            units=geo.padded_columns // per_unit,
+        )
+    if code == NVFP4:
+        geo4 = nvfp4.CODEC.geometry((rows, columns), divisors)
+        return Planes(
+            code,
+            rows,
+            columns,
+            off1=geo4.scale_offset,
+            off2=geo4.divisor_offset,
+            stride=columns,
+            rows_per_divisor=geo4.rows_per_divisor,
+            x_width=columns,
+            units=columns // 32,
+        )
+    if code == FP8:
+        geo8 = fp8_row.CODEC.geometry((rows, columns))
+        return Planes(
+            code,
+            rows,
+            columns,
+            off1=geo8.scale_offset,
+            stride=columns,
+            x_width=columns,
+            units=columns // 16,
+            gemv=columns % 16 == 0,
+        )
+    return Planes(
+        code,
+        rows,
+        columns,
+        stride=columns,
+        x_width=columns,
+        units=columns // 8,
+        gemv=columns % 8 == 0,
+    )

@@ -1,0 +1,94 @@
+// Scalar decoders shared by every kernel family.
+//
+// No CUDA headers are included: NVRTC then needs no include path, and every conversion is
+// written on bit patterns so the GPU produces exactly the values of the numpy decoders in
+// ninfer_format/codecs (the CPU reference). Format codes match ninfer_runtime/backends/cuda/
+// formats.py.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FMT_Q4 0
+#define FMT_Q5 1
+#define FMT_Q6 2
+#define FMT_Q8 3
+#define FMT_NF4 4
+#define FMT_NVFP4 5
+#define FMT_FP8 6
+#define FMT_BF16 7
+
+// 2^23 as a float: OR-ing a small integer u into its mantissa gives exactly 2^23 + u, so
+// u -> float costs one logic op and one add instead of a (slower) integer conversion.
+#define MAGIC_BITS 0x4B000000u
+#define MAGIC_F 8388608.0f
+
+__device__ __forceinline__ float small_uint_to_f32(u32 u, float bias) {
+  // exactly (float)u - bias for u < 2^23 and a bias that keeps the result exact
+  return __uint_as_float(MAGIC_BITS | u) - (MAGIC_F + bias);
+}
+
+// Byte i of x as 2^23 + byte (one PRMT): [x.byte_i, 0, 0, 0x4B] read as a float.
+__device__ __forceinline__ float magic_byte(u32 x, int i) {
+  return __uint_as_float(__byte_perm(x, MAGIC_BITS, 0x7540u | (u32)i));
+}
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
+
+// E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; 0x7F/0xFF are NaN.
+__device__ __forceinline__ float e4m3_to_f32(u32 b) {
+  const u32 e = (b >> 3) & 0xFu, m = b & 7u;
+  float v;
+  if ((b & 0x7Fu) == 0x7Fu) {
+    v = __uint_as_float(0x7FC00000u);
+  } else if (e == 0) {
+    v = (float)m * 0.001953125f;  // subnormal: m * 2^-9
+  } else {
+    v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+  }
+  return __uint_as_float(__float_as_uint(v) | ((b & 0x80u) << 24));
+}
+
+// E2M1 nibble: bit 3 sign, then magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+__device__ __forceinline__ float e2m1_to_f32(u32 c) {
+  const u32 i = c & 7u, e = i >> 1, m = i & 1u;
+  const u32 bits = (i >= 2u) ? (((126u + e) << 23) | (m << 22)) : (i ? (126u << 23) : 0u);
+  return __uint_as_float(bits | ((c & 8u) << 28));
+}
+
+// Two E4M3FN bytes (low byte first) -> two floats. Hopper and Ada convert in hardware; the
+// bit-pattern decoder is the portable path (both are exact: every E4M3FN value is a binary16).
+__device__ __forceinline__ void e4m3x2_to_f32(u32 two, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  u32 h2;
+  const u16 in = (u16)two;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  lo = f16_to_f32((u16)(h2 & 0xFFFFu));
+  hi = f16_to_f32((u16)(h2 >> 16));
+#else
+  lo = e4m3_to_f32(two & 0xFFu);
+  hi = e4m3_to_f32((two >> 8) & 0xFFu);
+#endif
+}
+
+// The QLoRA NF4 levels (ninfer_format.numeric.NF4_CODEBOOK), bit-exact float32.
+__device__ __constant__ float NF4_LEVELS[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+// Byte offset of the E4M3FN scale of block (n, g) in the 128x4 swizzled plane of an NVFP4
+// object with K columns (ninfer_format.codecs.nvfp4.swizzle_offsets).
+__device__ __forceinline__ long long nvfp4_scale_offset(long long n, long long g, long long k) {
+  const long long tile = (n >> 7) * (k >> 6) + (g >> 2);
+  const long long ri = n & 127;
+  return tile * 512 + (ri & 31) * 16 + (ri >> 5) * 4 + (g & 3);
+}

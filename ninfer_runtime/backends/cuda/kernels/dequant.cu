@@ -1,0 +1,50 @@
+// Dequantize selected rows of a packed object to float32: out[i, k] = W[rows[i], k].
+//
+// Used where a GEMV does not apply: prefill (M > 8: dequantize into a reusable scratch buffer,
+// then cuBLAS), embedding lookups, and small parameters the model reads as arrays. Each thread
+// computes one element exactly as the numpy decoder does (same float32 operations in the same
+// order), so the result is bit-identical to ninfer_format's decode. Arguments follow the GEMV
+// kernels: off1/off2 are the layout's plane offsets, stride is gpr (row_split) or K.
+
+template <int FMT>
+__device__ __forceinline__ float element(const u8* __restrict__ obj, long long off1, long long off2,
+                                         long long stride, int rpd, long long n, long long k) {
+  if (FMT == FMT_Q4 || FMT == FMT_Q5 || FMT == FMT_Q6 || FMT == FMT_Q8 || FMT == FMT_NF4) {
+    const int g_size = FMT == FMT_Q8 ? 32 : 64;
+    const long long g = k / g_size, i = k % g_size, group = n * stride + g;
+    const u8* base = obj + group * 32;
+    const float s = f16_to_f32(reinterpret_cast<const u16*>(obj + off2)[group]);
+    if (FMT == FMT_Q8) return (float)(signed char)base[i] * s;
+    u32 c = (base[i >> 1] >> (4 * (i & 1))) & 0xFu;
+    if (FMT == FMT_NF4) return NF4_LEVELS[c] * s;
+    if (FMT == FMT_Q4) return (float)((int)(c ^ 8u) - 8) * s;
+    if (FMT == FMT_Q5) {
+      c |= ((obj[off1 + group * 8 + (i >> 3)] >> (i & 7)) & 1u) << 4;
+      return (float)((int)(c ^ 16u) - 16) * s;
+    }
+    c |= ((obj[off1 + group * 16 + (i >> 2)] >> (2 * (i & 3))) & 3u) << 4;
+    return (float)((int)(c ^ 32u) - 32) * s;
+  } else if (FMT == FMT_NVFP4) {
+    const u32 byte = obj[n * (stride >> 1) + (k >> 1)];
+    const float scale = e4m3_to_f32(obj[off1 + nvfp4_scale_offset(n, k >> 4, stride)]);
+    const float d = reinterpret_cast<const float*>(obj + off2)[n / rpd];
+    return (e2m1_to_f32(byte >> (4 * (k & 1))) * scale) / d;
+  } else if (FMT == FMT_FP8) {
+    const float s = bf16_to_f32(reinterpret_cast<const u16*>(obj + off1)[n]);
+    return e4m3_to_f32(obj[n * stride + k]) * s;
+  } else {  // FMT_BF16
+    return bf16_to_f32(reinterpret_cast<const u16*>(obj)[n * stride + k]);
+  }
+}
+
+template <int FMT>
+__global__ void dequant_rows(const u8* __restrict__ obj, long long off1, long long off2,
+                             int stride, int rpd, const int* __restrict__ rows, int nrows, int k,
+                             float* __restrict__ out) {
+  const long long total = (long long)nrows * k;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+       e += (long long)gridDim.x * blockDim.x) {
+    const long long i = e / k, col = e % k;
+    out[e] = element<FMT>(obj, off1, off2, stride, rpd, rows[i], col);
+  }
+}

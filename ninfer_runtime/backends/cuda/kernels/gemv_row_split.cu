@@ -1,0 +1,106 @@
+// GEMV over row_split_k128_v1 objects (q4 / q5 / q6 / q8 / nf4), read in place.
+//
+// Layout (ninfer_format/codecs/row_split.py): row n's base plane is gpr groups of 32 bytes
+// (4-bit formats: 64 lanes, byte i holds lanes 2i low / 2i+1 high; q8: 32 int8 lanes), then
+// the high-bit plane at off1 (q5: 8 bytes per group, bit i = lane i's bit 4; q6: 16 bytes,
+// bits 2i..2i+1 = lane i's bits 4-5), then binary16 group scales at off2. A 16-byte unit is
+// half a group, so one scale covers a whole unit. Rows are padded to a multiple of 128
+// columns with zero-valued codes; the launcher pads x with zeros to match (ldx = K_pad).
+
+template <int BITS>
+struct RowSplitInt {
+  static constexpr int KU = BITS == 8 ? 16 : 32;
+  struct Unit {
+    uint4 q;
+    u32 h0, h1;  // high bits (q5: h0; q6: h0 | h1 << 32)
+    float s;
+  };
+  static __device__ __forceinline__ void setup() {}
+  static __device__ __forceinline__ void load(Unit& w, const GemvArgs& a, long long n, int u) {
+    const long long group = n * a.stride + (u >> 1);
+    w.q = __ldg(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 32) + u);
+    w.s = f16_to_f32(__ldg(reinterpret_cast<const u16*>(a.obj + a.off2) + group));
+    if (BITS == 5) {
+      w.h0 = __ldg(reinterpret_cast<const u32*>(a.obj + a.off1 + group * 8) + (u & 1));
+    } else if (BITS == 6) {
+      const uint2 h = __ldg(reinterpret_cast<const uint2*>(a.obj + a.off1 + group * 16) + (u & 1));
+      w.h0 = h.x;
+      w.h1 = h.y;
+    }
+  }
+  static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
+    if (BITS == 8) {  // offset-binary bytes straight into the magic float: 2 ops a weight
+      const u32 lo = unit_word(w.q, 2 * s) ^ 0x80808080u;
+      const u32 hi = unit_word(w.q, 2 * s + 1) ^ 0x80808080u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[j] = magic_byte(lo, j) - (MAGIC_F + 128.f);
+        v[4 + j] = magic_byte(hi, j) - (MAGIC_F + 128.f);
+      }
+      return;
+    }
+    if (BITS == 4) {  // even and odd nibbles as bytes, each byte to a float by one permute
+      const u32 word = unit_word(w.q, s) ^ 0x88888888u;
+      const u32 even = word & 0x0F0F0F0Fu, odd = (word >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[2 * i] = magic_byte(even, i) - (MAGIC_F + 8.f);
+        v[2 * i + 1] = magic_byte(odd, i) - (MAGIC_F + 8.f);
+      }
+      return;
+    }
+    const u32 word = unit_word(w.q, s);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      u32 c = (word >> (4 * j)) & 0xFu;
+      if (BITS == 5) {
+        c |= ((w.h0 >> (8 * s + j)) & 1u) << 4;
+        v[j] = small_uint_to_f32(c ^ 16u, 16.f);
+      } else {
+        const u32 h = s < 2 ? w.h0 : w.h1;
+        c |= ((h >> (2 * (8 * (s & 1) + j))) & 3u) << 4;
+        v[j] = small_uint_to_f32(c ^ 32u, 32.f);
+      }
+    }
+  }
+  static __device__ __forceinline__ float scale(const Unit& w, int) { return w.s; }
+  static __device__ __forceinline__ float finish(float acc, const GemvArgs&, long long) {
+    return acc;
+  }
+};
+
+// NF4 levels live in shared memory for the GEMV: lanes index them with different nibbles,
+// which the constant cache would serialize; 16 words sit in 16 distinct banks.
+__shared__ float NF4_SHARED[16];
+
+struct RowSplitNf4 {
+  static constexpr int KU = 32;
+  struct Unit {
+    uint4 q;
+    float s;
+  };
+  static __device__ __forceinline__ void setup() {
+    if (threadIdx.x < 16) NF4_SHARED[threadIdx.x] = NF4_LEVELS[threadIdx.x];
+    __syncthreads();
+  }
+  static __device__ __forceinline__ void load(Unit& w, const GemvArgs& a, long long n, int u) {
+    const long long group = n * a.stride + (u >> 1);
+    w.q = __ldg(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 32) + u);
+    w.s = f16_to_f32(__ldg(reinterpret_cast<const u16*>(a.obj + a.off2) + group));
+  }
+  static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
+    const u32 word = unit_word(w.q, s);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = NF4_SHARED[(word >> (4 * j)) & 0xFu];
+  }
+  static __device__ __forceinline__ float scale(const Unit& w, int) { return w.s; }
+  static __device__ __forceinline__ float finish(float acc, const GemvArgs&, long long) {
+    return acc;
+  }
+};
+
+DEFINE_GEMV(gemv_q4, RowSplitInt<4>)
+DEFINE_GEMV(gemv_q5, RowSplitInt<5>)
+DEFINE_GEMV(gemv_q6, RowSplitInt<6>)
+DEFINE_GEMV(gemv_q8, RowSplitInt<8>)
+DEFINE_GEMV(gemv_nf4, RowSplitNf4)

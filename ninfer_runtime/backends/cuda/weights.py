@@ -1,0 +1,206 @@
+"""Weight residency: each parent object uploaded once, exactly as stored.
+
+A logical parameter becomes either
+
+* a ``PackedWeight``: one or more row ranges (``Segment``) of resident parent objects whose
+  layout a GEMV kernel reads in place (parts bound by whole rows: Q|K|V packs, gate|up,
+  stacked experts), so no dequantized copy of a projection ever stays on the device; or
+* a ``DenseWeight``: a float32 device array, for what the model only reads as an array (norm
+  vectors, ``a_log``, 1-D tensors) and for bindings no kernel can read in place (element
+  ranges that cut rows, layouts without a kernel); the latter are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ninfer_format.schema import Tensor, WholeBinding
+
+from .formats import PACKED, Planes, planes
+
+log = logging.getLogger("ninfer.cuda")
+
+#: bytes per host -> device copy while streaming an object (bounds pinned staging)
+UPLOAD_CHUNK = 64 << 20
+
+
+@dataclass
+class Parent:
+    """A resident object: its stored bytes on the device and the planes the kernels read."""
+
+    object_id: str
+    data: Any  # uint8 device array, the object's bytes verbatim
+    planes: Planes
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows ``row0 .. row0 + rows - 1`` of a parent, in the parameter's row order."""
+
+    parent: Parent
+    row0: int
+    rows: int
+
+
+@dataclass
+class PackedWeight:
+    segments: list[Segment]
+    shape: tuple[int, int]
+    dense: Any = field(default=None, repr=False)  # float32 copy, made only if asked for
+
+    @property
+    def columns(self) -> int:
+        return self.shape[1]
+
+
+@dataclass
+class DenseWeight:
+    array: Any  # float32 device array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+
+@dataclass
+class LoadReport:
+    objects: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    dense_fallbacks: list[str] = field(default_factory=list)
+
+
+def plan_segments(artifact: Any, name: str) -> list[tuple[str, int, int]] | None:
+    """``[(object_id, row0, rows)]`` when the parameter is whole rows of packed rank-2 objects
+    with its own column count; None when it must be decoded instead."""
+    shape = artifact.binder_report.parameters.get(name)
+    binding = artifact.bindings[name]
+    if shape is None or len(shape) != 2:
+        return None
+    rows, columns = (int(d) for d in shape)
+    if isinstance(binding, WholeBinding):
+        pieces = [(binding.object, 0, None)]
+    else:
+        pieces = [(p.object, p.range[0], p.range[1]) for p in binding.parts]
+    out: list[tuple[str, int, int]] = []
+    for oid, begin, end in pieces:
+        obj = artifact.objects.get(oid)
+        if not isinstance(obj, Tensor) or (obj.format, obj.layout) not in PACKED:
+            return None
+        if len(obj.shape) != 2 or int(obj.shape[1]) != columns:
+            return None
+        parent_rows = int(obj.shape[0])
+        if end is None:
+            begin, end = 0, parent_rows * columns
+        if begin % columns or end % columns:
+            return None  # an element range that cuts a row
+        row0, count = begin // columns, (end - begin) // columns
+        if out and out[-1][0] == oid and out[-1][1] + out[-1][2] == row0:
+            out[-1] = (oid, out[-1][1], out[-1][2] + count)  # adjacent ranges: one segment
+        else:
+            out.append((oid, row0, count))
+    if sum(count for _, _, count in out) != rows:
+        return None
+    return out
+
+
+class Residency:
+    """Uploads parents on demand, once each, and builds weights from them."""
+
+    def __init__(self, xp: Any):
+        self.xp = xp
+        self.parents: dict[str, Parent] = {}
+        self.report = LoadReport()
+
+    def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
+        names = list(names)
+        plans = {name: plan_segments(artifact, name) for name in names}
+        needed = sorted({oid for plan in plans.values() if plan for oid, _, _ in plan})
+        self._upload(artifact, [oid for oid in needed if oid not in self.parents])
+        out: dict[str, Any] = {}
+        for name in names:
+            plan = plans[name]
+            if plan is None:
+                out[name] = self._dense(artifact, name)
+                continue
+            shape = tuple(int(d) for d in artifact.binder_report.parameters[name])
+            segments = [Segment(self.parents[oid], row0, rows) for oid, row0, rows in plan]
+            out[name] = PackedWeight(segments, (shape[0], shape[1]))
+        return out
+
+    def _dense(self, artifact: Any, name: str) -> DenseWeight:
+        values = artifact.parameter(name)
+        if values.ndim == 2:
+            self.report.dense_fallbacks.append(name)
+            log.info("%s: no in-place kernel for its binding; kept as a float32 copy", name)
+        return DenseWeight(self.xp.asarray(values, dtype=self.xp.float32))
+
+    def _upload(self, artifact: Any, object_ids: list[str]) -> None:
+        if not object_ids:
+            return
+        objects = [artifact.objects[oid] for oid in object_ids]
+        total = sum(int(obj.bytes) for obj in objects)
+        start = time.perf_counter()
+        with _progress(total) as bar:
+            for obj in objects:
+                self.parents[obj.id] = Parent(
+                    obj.id,
+                    self._stream(artifact, obj, bar),
+                    planes(
+                        obj.format,
+                        obj.layout,
+                        (int(obj.shape[0]), int(obj.shape[1])),
+                        int(obj.divisors or 1),
+                    ),
+                )
+        self.xp.cuda.Device().synchronize()
+        seconds = time.perf_counter() - start
+        self.report.objects += len(objects)
+        self.report.bytes += total
+        self.report.seconds += seconds
+        log.info(
+            "uploaded %d objects, %.2f GB in %.2f s (%.2f GB/s)",
+            len(objects),
+            total / 1e9,
+            seconds,
+            total / 1e9 / max(seconds, 1e-9),
+        )
+
+    def _stream(self, artifact: Any, obj: Tensor, bar: Any) -> Any:
+        raw = artifact.raw(obj.id)  # a view of the memory map: pages are read as copied
+        data = self.xp.empty(int(obj.bytes), dtype=self.xp.uint8)
+        for a in range(0, raw.size, UPLOAD_CHUNK):
+            b = min(a + UPLOAD_CHUNK, raw.size)
+            data[a:b].set(raw[a:b])
+            bar.update(b - a)
+        return data
+
+
+class _progress:
+    """tqdm over bytes when it is installed and the load is large, else nothing."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> _progress:
+        if self.total >= 256 << 20:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc="upload")
+            except ImportError:
+                self.bar = None
+        return self
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
