@@ -16,6 +16,7 @@ disconnects frees its lane and the lane's memory within one engine step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
-from ninfer_runtime.errors import EngineError, RequestError
+from ninfer_runtime.errors import EngineError
 from ninfer_runtime.frontend import ParseEvent
 
 from .metrics import Metrics
@@ -95,6 +96,9 @@ class RequestStream:
         self.ticket = ticket
         self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
         self.done = False
+        #: set when the consumer ends the request on purpose (the reply was complete), so the
+        #: cancellation counts as a completed request
+        self.ended_early = False
         self.first_token_at: float | None = None
         self._last_token_at: float | None = None
 
@@ -110,9 +114,15 @@ class RequestStream:
             self._last_token_at = chunk.stamp
         if chunk.finished is not None:
             f = chunk.finished
-            outcome = "cancelled" if f.reason == "cancelled" else "completed"
-            metrics.finished(outcome, f.reason, chunk.stamp - self.ticket.arrival,
-                             f.usage.completion_tokens, f.usage.reasoning_tokens)
+            cancelled = f.reason == "cancelled" and not self.ended_early
+            outcome = "cancelled" if cancelled else "completed"
+            metrics.finished(
+                outcome,
+                f.reason,
+                chunk.stamp - self.ticket.arrival,
+                f.usage.completion_tokens,
+                f.usage.reasoning_tokens,
+            )
         elif chunk.error is not None:
             metrics.requests.labels("failed").inc()
         self.queue.put_nowait(chunk)
@@ -120,11 +130,11 @@ class RequestStream:
     async def chunks(self, keepalive: float | None = None) -> AsyncIterator[Chunk | None]:
         """Chunks until the last one; ``None`` after ``keepalive`` seconds without one."""
         while not self.done:
+            # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a cancellation that
+            # races with a completed get(), and a disconnect would then go unnoticed
             try:
-                if keepalive is None:
+                async with asyncio.timeout(keepalive):
                     chunk = await self.queue.get()
-                else:
-                    chunk = await asyncio.wait_for(self.queue.get(), keepalive)
             except TimeoutError:
                 yield None
                 continue
@@ -189,8 +199,7 @@ class EngineLoop:
     def start(self) -> None:
         """Start the engine thread; it loads the engine, then serves (call on the loop)."""
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._thread_main, name="ninfer-engine",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._thread_main, name="ninfer-engine", daemon=True)
         self._thread.start()
 
     async def wait_loaded(self) -> None:
@@ -265,9 +274,10 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(waiter)
-        remaining = ticket.deadline - time.perf_counter()
+        deadline = loop.time() + (ticket.deadline - time.perf_counter())
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), max(remaining, 0.0))
+            async with asyncio.timeout_at(deadline):
+                await asyncio.shield(waiter)
         except (TimeoutError, asyncio.CancelledError) as exc:
             if waiter.done() and not waiter.cancelled():
                 self._pass_lane_on()  # granted at the last moment: give it to the next one
@@ -286,10 +296,8 @@ class EngineLoop:
         self._gauges()
 
     def _remove_waiter(self, waiter: asyncio.Future[bool]) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
-        except ValueError:
-            pass
 
     def _pass_lane_on(self) -> None:
         while self._waiters:
@@ -349,10 +357,8 @@ class EngineLoop:
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
             self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop is closed: the server is gone
-            pass
 
     def _thread_main(self) -> None:
         try:
@@ -405,10 +411,8 @@ class EngineLoop:
                     log.error("engine step failed:\n%s", traceback.format_exc())
                     self._post(self._engine_failed, failed)
                     for rid in list(inflight):
-                        try:
+                        with contextlib.suppress(Exception):  # broken engine: fails anyway
                             engine.cancel(rid)
-                        except Exception:  # the engine is broken; the request fails anyway
-                            pass
                         batch.setdefault(rid, Chunk()).error = EngineUnavailable(failed)
                     inflight.clear()
                     events = []
@@ -428,8 +432,3 @@ class EngineLoop:
                 for chunk in batch.values():
                     chunk.stamp = stamp
                 self._post(self._dispatch, batch, engine.lanes_in_use)
-
-
-def is_request_error(exc: BaseException) -> bool:
-    """Whether a submit error is the caller's fault (HTTP 400) rather than the server's."""
-    return isinstance(exc, RequestError)

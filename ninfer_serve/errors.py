@@ -9,13 +9,25 @@ it for the API the path belongs to.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from pydantic import BaseModel
 
 from ninfer_runtime.errors import EngineError, RequestError
 
 from .engine_loop import EngineUnavailable, Overloaded, QueueTimeout
 
-__all__ = ["ApiError", "anthropic_body", "from_exception", "openai_body"]
+__all__ = [
+    "AnthropicErrorBody",
+    "ApiError",
+    "OpenAIErrorBody",
+    "anthropic_body",
+    "from_exception",
+    "openai_body",
+]
+
+log = logging.getLogger("ninfer_serve")
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -38,6 +50,32 @@ _ANTHROPIC_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
+
+
+class _OpenAIError(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorBody(BaseModel):
+    """The OpenAI error shape (for the OpenAPI schema; bodies are built by ``openai_body``)."""
+
+    error: _OpenAIError
+
+
+class _AnthropicError(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(BaseModel):
+    """The Anthropic error shape (for the OpenAPI schema)."""
+
+    type: str = "error"
+    error: _AnthropicError
+    request_id: str | None = None
 
 
 class ApiError(Exception):
@@ -69,8 +107,9 @@ class ApiError(Exception):
         return self.status, openai_body(self.status, self.message, self.code, self.param)
 
     def anthropic(self, request_id: str | None) -> tuple[int, dict[str, Any]]:
-        return self.anthropic_status, anthropic_body(self.anthropic_status, self.message,
-                                                     request_id)
+        return self.anthropic_status, anthropic_body(
+            self.anthropic_status, self.message, request_id
+        )
 
 
 def openai_body(status: int, message: str, code: str | None, param: str | None) -> dict[str, Any]:
@@ -93,16 +132,27 @@ def from_exception(exc: BaseException) -> ApiError:
     if isinstance(exc, RequestError):
         return ApiError(400, str(exc), code=exc.code, param=exc.param)
     if isinstance(exc, Overloaded):
-        return ApiError(429, str(exc), code="server_overloaded", anthropic_status=529,
-                        headers={"retry-after": "1"})
+        return ApiError(
+            429,
+            str(exc),
+            code="server_overloaded",
+            anthropic_status=529,
+            headers={"retry-after": "1"},
+        )
     if isinstance(exc, QueueTimeout):
-        return ApiError(503, str(exc), code="request_queue_timeout", anthropic_status=504,
-                        headers={"retry-after": "1"})
+        return ApiError(
+            503,
+            str(exc),
+            code="request_queue_timeout",
+            anthropic_status=504,
+            headers={"retry-after": "1"},
+        )
     if isinstance(exc, EngineUnavailable):
         code = "model_loading" if exc.loading else "service_unavailable"
         headers = {"retry-after": "2"} if exc.loading else {}
         return ApiError(503, str(exc), code=code, headers=headers)
     if isinstance(exc, EngineError):
         return ApiError(500, f"engine error: {exc}", code="engine_error")
-    return ApiError(500, "internal server error; the server log has the details",
-                    code="internal_error")
+    return ApiError(
+        500, "internal server error; the server log has the details", code="internal_error"
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,10 +25,8 @@ from ninfer_runtime.frontend import (
     OutputAccumulator,
     ParsedOutput,
     ParseEvent,
-    ParseWarning,
     SamplingParams,
     ToolCallEnd,
-    ToolCallStart,
 )
 
 from .engine_loop import EngineLoop, RequestStream, Ticket
@@ -95,8 +93,9 @@ class Outcome:
 class Run:
     """A submitted job: iterate ``events()`` for parse events, then read ``outcome``."""
 
-    def __init__(self, gen: Generator, job: Job, stream: RequestStream, prompt_tokens: int,
-                 keepalive: float):
+    def __init__(
+        self, gen: Generator, job: Job, stream: RequestStream, prompt_tokens: int, keepalive: float
+    ):
         self._gen = gen
         self.job = job
         self._stream = stream
@@ -105,7 +104,6 @@ class Run:
         self.outcome: Outcome | None = None
         self.created = int(time.time())
         self._accumulator = OutputAccumulator()
-        self._tool_calls_done = 0
         self._truncated = False
 
     def cancel(self) -> None:
@@ -131,11 +129,10 @@ class Run:
                         break
                     self._accumulator.add([event])
                     yield event
-                    if isinstance(event, ToolCallEnd):
-                        self._tool_calls_done += 1
-                        if single:
-                            self._truncated = True
-                            self._stream.cancel()
+                    if isinstance(event, ToolCallEnd) and single:
+                        self._truncated = True
+                        self._stream.ended_early = True
+                        self._stream.cancel()
                 finished = chunk.finished
         finally:
             if finished is None:
@@ -179,8 +176,14 @@ class Run:
 class Generator:
     """Turns jobs into runs on one engine loop."""
 
-    def __init__(self, loop: EngineLoop, *, default_max_tokens: int | None,
-                 enable_thinking: bool | None, keepalive: float):
+    def __init__(
+        self,
+        loop: EngineLoop,
+        *,
+        default_max_tokens: int | None,
+        enable_thinking: bool | None,
+        keepalive: float,
+    ):
         self.loop = loop
         self.default_max_tokens = default_max_tokens
         self.enable_thinking = enable_thinking
@@ -216,8 +219,10 @@ class Generator:
         tools = job.tools if job.tool_choice != "none" else None
         thinking = job.enable_thinking
         kwargs = job.chat_template_kwargs
-        if thinking is None and self.enable_thinking is not None and not (
-            kwargs and "enable_thinking" in kwargs
+        if (
+            thinking is None
+            and self.enable_thinking is not None
+            and not (kwargs and "enable_thinking" in kwargs)
         ):
             thinking = self.enable_thinking
         return GenerationRequest(
@@ -284,22 +289,3 @@ class Generator:
         finally:
             if not submitted:
                 self.loop.release(ticket)
-
-
-def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
-    """Function names of OpenAI-shaped tools (for checking a named tool_choice)."""
-    names = []
-    for tool in tools or ():
-        fn = tool.get("function", tool)
-        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-            names.append(fn["name"])
-    return names
-
-
-def is_abandoned(event: ParseEvent) -> bool:
-    """A parser warning that takes back an announced tool call (it fell back to text)."""
-    return isinstance(event, ParseWarning) and event.index is not None
-
-
-def is_call_start(event: ParseEvent) -> bool:
-    return isinstance(event, ToolCallStart)

@@ -8,15 +8,64 @@ Each server gets its own registry (tests run several in one process; no global s
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# the *_created series double the page and no board reads them (vLLM turns them off too)
+disable_created_metrics()
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
-_LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-            7.5, 10.0, 20.0, 40.0, 80.0)
-_TOKEN_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-                  0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_LATENCY = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_TOKEN_LATENCY = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
@@ -27,88 +76,160 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         m = {"model_name": model_id}
         self._labels = m
-        info = Gauge("ninfer_model_info", "Served model (value 1)", ["model_id", "backend"],
-                     registry=r)
+        info = Gauge(
+            "ninfer_model_info", "Served model (value 1)", ["model_id", "backend"], registry=r
+        )
         info.labels(model_id, backend).set(1)
-        Gauge("ninfer_max_concurrency", "Decode lanes (max running requests)",
-              registry=r).set(max_concurrency)
-        Gauge("ninfer_max_context_tokens", "Context length per request",
-              registry=r).set(max_context)
+        Gauge("ninfer_max_concurrency", "Decode lanes (max running requests)", registry=r).set(
+            max_concurrency
+        )
+        Gauge("ninfer_max_context_tokens", "Context length per request", registry=r).set(
+            max_context
+        )
         self.ready = Gauge("ninfer_engine_ready", "1 while the engine accepts work", registry=r)
 
         # scheduler state
-        self.running = Gauge("ninfer_requests_running", "Requests holding a decode lane",
-                             registry=r)
-        self.waiting = Gauge("ninfer_requests_waiting",
-                             "Requests admitted but waiting for a lane (incl. preparation)",
-                             registry=r)
-        self.lanes = Gauge("ninfer_lanes_in_use", "Lanes the engine thread reports busy",
-                           registry=r)
-        self.v_running = Gauge("vllm:num_requests_running", "Running requests", ["model_name"],
-                               registry=r).labels(**m)
-        self.v_waiting = Gauge("vllm:num_requests_waiting", "Waiting requests", ["model_name"],
-                               registry=r).labels(**m)
-        self.v_kv = Gauge("vllm:kv_cache_usage_perc",
-                          "Fraction of lane memory in use (each lane reserves a full context)",
-                          ["model_name"], registry=r).labels(**m)
+        self.running = Gauge(
+            "ninfer_requests_running", "Requests holding a decode lane", registry=r
+        )
+        self.waiting = Gauge(
+            "ninfer_requests_waiting",
+            "Requests admitted but waiting for a lane (incl. preparation)",
+            registry=r,
+        )
+        self.lanes = Gauge(
+            "ninfer_lanes_in_use", "Lanes the engine thread reports busy", registry=r
+        )
+        self.v_running = Gauge(
+            "vllm:num_requests_running", "Running requests", ["model_name"], registry=r
+        ).labels(**m)
+        self.v_waiting = Gauge(
+            "vllm:num_requests_waiting", "Waiting requests", ["model_name"], registry=r
+        ).labels(**m)
+        self.v_kv = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "Fraction of lane memory in use (each lane reserves a full context)",
+            ["model_name"],
+            registry=r,
+        ).labels(**m)
         self._max_lanes = max_concurrency
 
         # tokens
-        self.prompt_tokens = Counter("ninfer_prompt_tokens", "Prompt tokens of started requests",
-                                     registry=r)
-        self.cached_tokens = Counter("ninfer_prompt_tokens_cached",
-                                     "Prompt tokens served from the context cache", registry=r)
-        self.prefill_tokens = Counter("ninfer_prefill_tokens", "Prompt tokens computed",
-                                      registry=r)
-        self.generation_tokens = Counter("ninfer_generation_tokens", "Generated tokens",
-                                         registry=r)
-        self.reasoning_tokens = Counter("ninfer_reasoning_tokens",
-                                        "Generated tokens inside reasoning", registry=r)
-        self.v_prompt = Counter("vllm:prompt_tokens", "Prompt tokens", ["model_name"],
-                                registry=r).labels(**m)
-        self.v_generation = Counter("vllm:generation_tokens", "Generated tokens", ["model_name"],
-                                    registry=r).labels(**m)
-        self.v_prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up",
-                                        ["model_name"], registry=r).labels(**m)
-        self.v_prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found cached",
-                                     ["model_name"], registry=r).labels(**m)
+        self.prompt_tokens = Counter(
+            "ninfer_prompt_tokens", "Prompt tokens of started requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "ninfer_prompt_tokens_cached", "Prompt tokens served from the context cache", registry=r
+        )
+        self.prefill_tokens = Counter("ninfer_prefill_tokens", "Prompt tokens computed", registry=r)
+        self.generation_tokens = Counter("ninfer_generation_tokens", "Generated tokens", registry=r)
+        self.reasoning_tokens = Counter(
+            "ninfer_reasoning_tokens", "Generated tokens inside reasoning", registry=r
+        )
+        self.v_prompt = Counter(
+            "vllm:prompt_tokens", "Prompt tokens", ["model_name"], registry=r
+        ).labels(**m)
+        self.v_generation = Counter(
+            "vllm:generation_tokens", "Generated tokens", ["model_name"], registry=r
+        ).labels(**m)
+        self.v_prefix_queries = Counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up", ["model_name"], registry=r
+        ).labels(**m)
+        self.v_prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found cached", ["model_name"], registry=r
+        ).labels(**m)
 
         # requests
-        self.requests = Counter("ninfer_requests", "Finished requests by outcome", ["outcome"],
-                                registry=r)
-        self.rejections = Counter("ninfer_admission_rejections",
-                                  "Requests refused by admission", ["reason"], registry=r)
-        self.v_success = Counter("vllm:request_success", "Finished requests",
-                                 ["model_name", "finished_reason"], registry=r)
-        self.ttft = Histogram("ninfer_time_to_first_token_seconds",
-                              "Arrival to first generated token", buckets=_LATENCY, registry=r)
-        self.itl = Histogram("ninfer_inter_token_latency_seconds",
-                             "Time between consecutive generated tokens", buckets=_TOKEN_LATENCY,
-                             registry=r)
-        self.e2e = Histogram("ninfer_request_duration_seconds", "Arrival to last token",
-                             buckets=_LATENCY, registry=r)
-        self.queue = Histogram("ninfer_request_queue_seconds", "Arrival to lane assignment",
-                               buckets=_LATENCY, registry=r)
-        self.v_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token",
-                                ["model_name"], buckets=_LATENCY, registry=r).labels(**m)
-        self.v_itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency",
-                               ["model_name"], buckets=_TOKEN_LATENCY, registry=r).labels(**m)
-        self.v_tpot = Histogram("vllm:time_per_output_token_seconds",
-                                "Time per output token (older name of the ITL series)",
-                                ["model_name"], buckets=_TOKEN_LATENCY, registry=r).labels(**m)
-        self.v_e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end latency",
-                               ["model_name"], buckets=_LATENCY, registry=r).labels(**m)
-        self.v_queue = Histogram("vllm:request_queue_time_seconds", "Queue time",
-                                 ["model_name"], buckets=_LATENCY, registry=r).labels(**m)
-        self.v_prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt length",
-                                      ["model_name"], buckets=_TOKENS, registry=r).labels(**m)
-        self.v_gen_len = Histogram("vllm:request_generation_tokens", "Generation length",
-                                   ["model_name"], buckets=_TOKENS, registry=r).labels(**m)
+        self.requests = Counter(
+            "ninfer_requests", "Finished requests by outcome", ["outcome"], registry=r
+        )
+        self.rejections = Counter(
+            "ninfer_admission_rejections", "Requests refused by admission", ["reason"], registry=r
+        )
+        self.v_success = Counter(
+            "vllm:request_success",
+            "Finished requests",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "ninfer_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "ninfer_inter_token_latency_seconds",
+            "Time between consecutive generated tokens",
+            buckets=_TOKEN_LATENCY,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "ninfer_request_duration_seconds", "Arrival to last token", buckets=_LATENCY, registry=r
+        )
+        self.queue = Histogram(
+            "ninfer_request_queue_seconds",
+            "Arrival to lane assignment",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.v_ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            ["model_name"],
+            buckets=_LATENCY,
+            registry=r,
+        ).labels(**m)
+        self.v_itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Inter-token latency",
+            ["model_name"],
+            buckets=_TOKEN_LATENCY,
+            registry=r,
+        ).labels(**m)
+        self.v_tpot = Histogram(
+            "vllm:time_per_output_token_seconds",
+            "Time per output token (older name of the ITL series)",
+            ["model_name"],
+            buckets=_TOKEN_LATENCY,
+            registry=r,
+        ).labels(**m)
+        self.v_e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end latency",
+            ["model_name"],
+            buckets=_LATENCY,
+            registry=r,
+        ).labels(**m)
+        self.v_queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Queue time",
+            ["model_name"],
+            buckets=_LATENCY,
+            registry=r,
+        ).labels(**m)
+        self.v_prompt_len = Histogram(
+            "vllm:request_prompt_tokens",
+            "Prompt length",
+            ["model_name"],
+            buckets=_TOKENS,
+            registry=r,
+        ).labels(**m)
+        self.v_gen_len = Histogram(
+            "vllm:request_generation_tokens",
+            "Generation length",
+            ["model_name"],
+            buckets=_TOKENS,
+            registry=r,
+        ).labels(**m)
 
         # constrained decoding
-        self.constraints = Counter("ninfer_constraint_requests",
-                                   "Requests with constrained decoding, by kind", ["kind"],
-                                   registry=r)
+        self.constraints = Counter(
+            "ninfer_constraint_requests",
+            "Requests with constrained decoding, by kind",
+            ["kind"],
+            registry=r,
+        )
 
         # speculative decoding: exported (always 0) so boards find the series; the engine has
         # no draft model yet
@@ -160,8 +281,9 @@ class Metrics:
                 self.v_itl.observe(each)
                 self.v_tpot.observe(each)
 
-    def finished(self, outcome: str, reason: str, seconds: float, completion: int,
-                 reasoning: int) -> None:
+    def finished(
+        self, outcome: str, reason: str, seconds: float, completion: int, reasoning: int
+    ) -> None:
         self.requests.labels(outcome).inc()
         self.reasoning_tokens.inc(reasoning)
         self.e2e.observe(seconds)

@@ -108,8 +108,9 @@ class Constraints:
     def json_grammar(self, schema: Mapping[str, Any] | None, param: str) -> str:
         """Grammar for one JSON value of ``schema`` (``None``: any JSON object)."""
         if schema is not None and not isinstance(schema, Mapping):
-            raise RequestError("the JSON schema must be an object", param=param,
-                               code="invalid_json_schema")
+            raise RequestError(
+                "the JSON schema must be an object", param=param, code="invalid_json_schema"
+            )
         body = _styled(schema if schema is not None else {"type": "object"})
         lark = f"start: {_LEAD} answer\nanswer: %json {json.dumps(body)}\n"
         return self._checked(lark, param, "invalid_json_schema")
@@ -124,8 +125,11 @@ class Constraints:
             if only is None or fn.get("name") == only:
                 functions.append(fn)
         if not functions:
-            raise RequestError(f"tool_choice names {only!r}, which is not in tools",
-                               param=param, code="invalid_tool_choice")
+            raise RequestError(
+                f"tool_choice names {only!r}, which is not in tools",
+                param=param,
+                code="invalid_tool_choice",
+            )
         tokenizer = self._engine.tokenizer
         open_id = tokenizer.special.tool_call_open
         close_id = tokenizer.special.tool_call_close
@@ -196,8 +200,11 @@ class Constraints:
             self._valid[grammar] = error
         if error and not error.startswith("WARNING"):
             error = error.splitlines()[0].split(": ", 1)[-1]
-            raise RequestError(f"the schema cannot be used for constrained decoding: {error}",
-                               param=param, code=code)
+            raise RequestError(
+                f"the schema cannot be used for constrained decoding: {error}",
+                param=param,
+                code=code,
+            )
         return grammar
 
     def processor(self, grammar: str) -> GrammarProcessor:
@@ -207,10 +214,14 @@ class Constraints:
         tokenizer = self._llg_tokenizer()
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise RequestError(f"constrained decoding cannot start: {matcher.get_error()}",
-                               param="response_format", code="invalid_json_schema")
-        return GrammarProcessor(matcher, self._engine.model.config.vocab,
-                                self._engine.tokenizer.eos_token_ids)
+            raise RequestError(
+                f"constrained decoding cannot start: {matcher.get_error()}",
+                param="response_format",
+                code="invalid_json_schema",
+            )
+        return GrammarProcessor(
+            matcher, self._engine.model.config.vocab, self._engine.tokenizer.eos_token_ids
+        )
 
 
 def _admits_text(schema: Mapping[str, Any]) -> bool:

@@ -1,0 +1,1 @@
+"""The Anthropic front door: Messages and token counting."""

@@ -1,0 +1,381 @@
+"""The Litestar application: routes, the auth and request-id gate, error shapes, OpenAPI.
+
+Routes are thin: each validates its wire model (Litestar + pydantic), hands it to the protocol
+module (``openai.chat``, ``openai.responses``, ``anthropic.messages``) and returns what that
+gives. Cross-cutting rules live here once:
+
+* the ``Gate`` (plain ASGI, outermost) gives every response ``x-request-id`` and
+  ``request-id`` headers and checks the API key before any body is read (``/health`` is open);
+* the body limit (``max_request_mib``) is Litestar's, checked on ``content-length`` before
+  reading and on the bytes read, so an oversized body is refused before any parsing;
+* every exception becomes an error in the shape of the API its path belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from litestar import Litestar, Request, Response, delete, get, post
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi import OpenAPIConfig, ResponseSpec
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from ninfer_runtime.engine import Engine
+
+from .anthropic import messages as anthropic_messages
+from .anthropic.models import CountTokensRequest, MessagesRequest
+from .config import Settings
+from .engine_loop import EngineLoop
+from .errors import AnthropicErrorBody, ApiError, OpenAIErrorBody, from_exception
+from .generation import Generator
+from .http import ClientGone, ServerState
+from .metrics import CONTENT_TYPE_LATEST, Metrics
+from .openai import chat, responses
+from .openai.models import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
+
+__all__ = ["create_app"]
+
+_OPEN_PATHS = frozenset({"/health"})
+_REQUEST_ID = "ninfer.request_id"
+
+
+def _is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+class Gate:
+    """Outermost ASGI layer: request ids on every response, API-key check before the body."""
+
+    def __init__(self, app: Any, api_key: str | None):
+        self.app = app
+        self._key = api_key.encode() if api_key else None
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        assert self._key is not None
+        offered = headers.get(b"x-api-key")
+        if offered is None:
+            auth = headers.get(b"authorization", b"")
+            scheme, _, token = auth.partition(b" ")
+            offered = token.strip() if scheme.lower() == b"bearer" else None
+        return offered is not None and hmac.compare_digest(offered, self._key)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        ok = 0 < len(given) <= 128 and given.isprintable()
+        request_id = given if ok else f"req_{secrets.token_hex(12)}"
+        scope[_REQUEST_ID] = request_id
+        extra = [(b"x-request-id", request_id.encode()), (b"request-id", request_id.encode())]
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        if (
+            self._key is not None
+            and scope["path"] not in _OPEN_PATHS
+            and not self._authorized(headers)
+        ):
+            error = ApiError(
+                401,
+                "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                code="invalid_api_key",
+            )
+            status, body = (
+                error.anthropic(request_id) if _is_anthropic(scope["path"]) else error.openai()
+            )
+            await Response(body, status_code=status).to_asgi_response(
+                None, Request(scope, receive)
+            )(scope, receive, send_with_id)
+            return
+        await self.app(scope, receive, send_with_id)
+
+
+_STATUS = {
+    400: "invalid request (the body names the field in param)",
+    401: "missing or wrong API key",
+    404: "unknown model, response or endpoint",
+    413: "request body over --max-request-mib",
+    429: "server_overloaded: running and waiting requests at capacity",
+    503: "request_queue_timeout, model_loading or service_unavailable",
+    504: "Anthropic: no lane within the pending timeout",
+    529: "Anthropic: running and waiting requests at capacity",
+}
+_OPENAI_ERRORS = {
+    status: ResponseSpec(data_container=OpenAIErrorBody, description=text)
+    for status, text in _STATUS.items()
+    if status not in (504, 529)
+}
+_ANTHROPIC_ERRORS = {
+    status: ResponseSpec(data_container=AnthropicErrorBody, description=text)
+    for status, text in _STATUS.items()
+    if status != 429
+}
+
+
+def _http_error(exc: HTTPException) -> ApiError:
+    """Litestar's own errors (404 route, 405, 413, bad JSON, validation) as ``ApiError``."""
+    status = exc.status_code
+    if isinstance(exc, ValidationException):
+        problems = exc.extra if isinstance(exc.extra, list) else []
+        parts, param = [], None
+        for problem in problems:
+            key = problem.get("key") if isinstance(problem, dict) else None
+            message = problem.get("message") if isinstance(problem, dict) else str(problem)
+            if key == "data":
+                parts.append("the request body is missing or is not a JSON object")
+                continue
+            param = param or key
+            parts.append(f"{key}: {message}" if key else str(message))
+        text = "; ".join(parts) or str(exc.detail)
+        return ApiError(400, f"invalid request: {text}", code="invalid_request", param=param)
+    if status == 413:
+        return ApiError(
+            413,
+            "the request body is larger than the server's limit (--max-request-mib)",
+            code="request_too_large",
+        )
+    if status == 404:
+        return ApiError(404, "no such endpoint", code="not_found")
+    if status == 405:
+        return ApiError(405, "method not allowed for this endpoint", code="method_not_allowed")
+    if status == 400:
+        return ApiError(400, f"invalid request: {exc.detail}", code="invalid_json")
+    return ApiError(status, str(exc.detail), code="http_error")
+
+
+def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    if isinstance(exc, ClientGone):
+        return Response({"detail": "client disconnected"}, status_code=499)
+    error = _http_error(exc) if isinstance(exc, HTTPException) else from_exception(exc)
+    if _is_anthropic(request.url.path):
+        status, body = error.anthropic(request.scope.get(_REQUEST_ID))  # type: ignore[call-overload]
+    else:
+        status, body = error.openai()
+    return Response(body, status_code=status, headers=error.headers)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    model_id: str,
+    load: Callable[[], Engine],
+    on_loaded: Callable[[Engine | None, str | None], None] | None = None,
+) -> Gate:
+    """The ASGI app of one server; the engine loads in its own thread at startup."""
+    engine_settings = settings.engine
+    metrics = Metrics(
+        model_id,
+        backend=engine_settings.backend,
+        max_concurrency=engine_settings.max_concurrency,
+        max_context=engine_settings.max_context,
+    )
+    loop = EngineLoop(
+        load,
+        max_concurrency=engine_settings.max_concurrency,
+        max_pending=engine_settings.max_pending_requests,
+        pending_timeout_s=engine_settings.pending_timeout_ms / 1000,
+        metrics=metrics,
+    )
+    loop.on_loaded = on_loaded
+    generator = Generator(
+        loop,
+        default_max_tokens=settings.server.default_max_tokens,
+        enable_thinking=settings.server.enable_thinking,
+        keepalive=settings.server.keepalive_s,
+    )
+    state = ServerState(
+        settings=settings,
+        model_id=model_id,
+        loop=loop,
+        generator=generator,
+        metrics=metrics,
+        responses=responses.ResponseStore(settings.server.response_store_max_records),
+    )
+    created = int(time.time())
+
+    def model_object() -> dict[str, Any]:
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": created,
+            "owned_by": "ninfer",
+            "max_model_len": engine_settings.max_context,
+            # Anthropic's model object, so both SDKs can list models
+            "type": "model",
+            "display_name": model_id,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+        }
+
+    @get("/health", tags=["server"], summary="Readiness: 200 when the engine accepts work")
+    async def health() -> Response[dict[str, str]]:
+        if loop.ready:
+            return Response({"status": "ok"})
+        if loop.draining:
+            status = "draining"
+        elif loop.engine is None and loop.load_error is None:
+            status = "loading"
+        else:
+            status = "unavailable"
+        return Response({"status": status}, status_code=503)
+
+    @get("/metrics", tags=["server"], summary="Prometheus metrics (ninfer_* and vllm:* names)")
+    async def metrics_endpoint() -> Response[bytes]:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @get("/v1/models", tags=["models"], summary="The served model")
+    async def list_models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [model_object()],
+            "has_more": False,
+            "first_id": model_id,
+            "last_id": model_id,
+        }
+
+    @get("/v1/models/{name:path}", tags=["models"], summary="One model, with max_model_len")
+    async def get_model(name: str) -> dict[str, Any]:
+        state.check_model(name.lstrip("/"))
+        return model_object()
+
+    @post(
+        "/v1/chat/completions",
+        status_code=200,
+        responses=_OPENAI_ERRORS,
+        tags=["openai"],
+        summary="OpenAI Chat Completions (stream with SSE)",
+    )
+    async def chat_completions(
+        request: Request[Any, Any, Any], data: ChatCompletionRequest
+    ) -> Response[Any]:
+        return await chat.chat_completions(state, request, data)
+
+    @post(
+        "/v1/responses",
+        status_code=200,
+        responses=_OPENAI_ERRORS,
+        tags=["openai"],
+        summary="OpenAI Responses (core; stream with semantic SSE events)",
+    )
+    async def create_response(
+        request: Request[Any, Any, Any], data: ResponsesRequest
+    ) -> Response[Any]:
+        return await responses.create_response(state, request, data)
+
+    @post(
+        "/v1/responses/input_tokens",
+        status_code=200,
+        responses=_OPENAI_ERRORS,
+        tags=["openai"],
+        summary="Input tokens of a Responses request",
+    )
+    async def input_tokens(data: InputTokensRequest) -> dict[str, Any]:
+        return await asyncio.to_thread(responses.count_input_tokens, state, data, generator.count)
+
+    @get("/v1/responses/{response_id:str}", tags=["openai"], summary="A stored response")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses.get_response(state, response_id)
+
+    @get(
+        "/v1/responses/{response_id:str}/input_items",
+        tags=["openai"],
+        summary="Input items of a stored response",
+    )
+    async def get_input_items(response_id: str) -> dict[str, Any]:
+        return responses.get_input_items(state, response_id)
+
+    @delete(
+        "/v1/responses/{response_id:str}",
+        status_code=200,
+        tags=["openai"],
+        summary="Delete a stored response",
+    )
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return responses.delete_response(state, response_id)
+
+    @post(
+        "/v1/responses/{response_id:str}/cancel",
+        status_code=200,
+        tags=["openai"],
+        summary="Not supported: responses are never background jobs",
+    )
+    async def cancel_response(response_id: str) -> dict[str, Any]:
+        state.responses.get(response_id)
+        raise ApiError(
+            400,
+            "only background responses can be cancelled, and this server runs none",
+            code="not_background",
+            param="response_id",
+        )
+
+    @post(
+        "/v1/messages",
+        status_code=200,
+        responses=_ANTHROPIC_ERRORS,
+        tags=["anthropic"],
+        summary="Anthropic Messages (stream with the content-block lifecycle)",
+    )
+    async def messages(request: Request[Any, Any, Any], data: MessagesRequest) -> Response[Any]:
+        return await anthropic_messages.create_message(state, request, data)
+
+    @post(
+        "/v1/messages/count_tokens",
+        status_code=200,
+        responses=_ANTHROPIC_ERRORS,
+        tags=["anthropic"],
+        summary="Input tokens of a Messages request",
+    )
+    async def count_tokens(data: CountTokensRequest) -> dict[str, Any]:
+        return await asyncio.to_thread(anthropic_messages.count_tokens, state, data)
+
+    @get("/openapi.json", include_in_schema=False)
+    async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return request.app.openapi_schema.to_schema()
+
+    async def startup() -> None:
+        loop.start()
+
+    async def shutdown() -> None:
+        await loop.drain(settings.server.drain_timeout_s)
+
+    app = Litestar(
+        route_handlers=[
+            health,
+            metrics_endpoint,
+            list_models,
+            get_model,
+            chat_completions,
+            create_response,
+            input_tokens,
+            get_response,
+            get_input_items,
+            delete_response,
+            cancel_response,
+            messages,
+            count_tokens,
+            openapi_json,
+        ],
+        on_startup=[startup],
+        on_shutdown=[shutdown],
+        exception_handlers={Exception: _error_response},
+        request_max_body_size=settings.max_request_bytes,
+        openapi_config=OpenAPIConfig(
+            title="ninfer-serve",
+            version="1",
+            description=f"Serving {model_id}",
+            path="/docs",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        debug=False,
+    )
+    app.state.ninfer = state
+    return Gate(app, settings.server.api_key)

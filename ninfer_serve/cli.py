@@ -1,0 +1,254 @@
+"""``ninfer-serve``: serve a .ninfer artifact over HTTP (OpenAI and Anthropic APIs).
+
+The port is bound first and the model loads in the engine thread while ``/health`` answers
+503 ``loading``, so an orchestrator sees a live process at once; the "ready" line follows when
+requests can be served. Ctrl-C (or SIGTERM) stops accepting connections, lets running requests
+finish for up to ``drain_timeout_s``, cancels the rest and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .config import ConfigError, Settings, is_loopback, load_settings
+
+__all__ = ["main"]
+
+EXAMPLES = """
+\b
+Examples:
+  ninfer-serve model.ninfer
+  ninfer-serve model.ninfer --max-concurrency 4 --max-context 32768 --backend cuda
+  ninfer-serve model.ninfer --config ninfer.toml --host 0.0.0.0 --api-key "$KEY"
+"""
+
+
+def _say(text: str) -> None:
+    click.echo(f"ninfer-serve: {text}", err=True)
+
+
+@click.command(epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="TOML file with [server], [engine], [context_cache], [speculative] tables; "
+    "flags win over it.",
+)
+@click.option("--host", help="Address to bind.  [default: 127.0.0.1]")
+@click.option("--port", type=int, help="Port (0: any free port).  [default: 8080]")
+@click.option("--api-key", help="Require this key (Bearer or x-api-key); also $NINFER_API_KEY.")
+@click.option(
+    "--allow-insecure",
+    is_flag=True,
+    default=None,
+    help="Allow a non-loopback --host without an API key.",
+)
+@click.option("--model-id", help="Model name clients use.  [default: the artifact's name]")
+@click.option(
+    "--max-context", type=int, help="Tokens per request (prompt + output).  [default: 8192]"
+)
+@click.option("--max-concurrency", type=int, help="Requests decoding at once, 1..8.  [default: 1]")
+@click.option(
+    "--max-pending-requests",
+    type=int,
+    help="Requests that may wait for a lane; beyond that 429.  [default: 16]",
+)
+@click.option(
+    "--pending-timeout-ms", type=int, help="Longest wait for a lane before 503.  [default: 30000]"
+)
+@click.option("--max-request-mib", type=float, help="Largest request body.  [default: 384]")
+@click.option("--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]")
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
+@click.option(
+    "--spec",
+    type=click.Choice(["off", "mtp", "dflash", "dflash2"]),
+    help="Speculative decoding method.  [default: off]",
+)
+@click.option("--draft-tokens", type=int, help="Draft tokens per speculative round.")
+@click.option(
+    "--default-max-tokens",
+    type=int,
+    help="max_tokens for requests that give none.  [default: rest of the context]",
+)
+@click.option(
+    "--no-thinking",
+    "no_thinking",
+    is_flag=True,
+    default=None,
+    help="Templates skip reasoning unless a request asks for it.",
+)
+@click.option(
+    "--chat-template",
+    type=click.Path(path_type=Path),
+    help="Jinja chat template to use instead of the artifact's.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    help="[default: info]",
+)
+def main(model: Path, config_path: Path | None, **flags: Any) -> None:
+    """Serve the .ninfer artifact MODEL over HTTP: OpenAI Chat Completions and Responses,
+    Anthropic Messages, /health and Prometheus /metrics."""
+    api_key = flags["api_key"] or os.environ.get("NINFER_API_KEY") or None
+    overrides = {
+        "server": {
+            "host": flags["host"],
+            "port": flags["port"],
+            "api_key": api_key,
+            "allow_insecure": flags["allow_insecure"],
+            "model_id": flags["model_id"],
+            "max_request_mib": flags["max_request_mib"],
+            "default_max_tokens": flags["default_max_tokens"],
+            "enable_thinking": False if flags["no_thinking"] else None,
+            "log_level": flags["log_level"],
+        },
+        "engine": {
+            "backend": flags["backend"],
+            "max_context": flags["max_context"],
+            "max_concurrency": flags["max_concurrency"],
+            "max_pending_requests": flags["max_pending_requests"],
+            "pending_timeout_ms": flags["pending_timeout_ms"],
+            "prefill_chunk": flags["prefill_chunk"],
+            "chat_template": flags["chat_template"],
+        },
+        "speculative": {"method": flags["spec"], "draft_tokens": flags["draft_tokens"]},
+    }
+    try:
+        settings = load_settings(config_path, overrides)
+    except ConfigError as exc:
+        _say(f"error: {exc}")
+        sys.exit(2)
+    server = settings.server
+    if not is_loopback(server.host) and not server.api_key and not server.allow_insecure:
+        _say(
+            f"error: refusing to listen on {server.host} without an API key; give --api-key "
+            "(or $NINFER_API_KEY), or --allow-insecure if the network is trusted"
+        )
+        sys.exit(2)
+    if not model.is_file():
+        _say(f"error: {model}: no such file")
+        sys.exit(2)
+    sys.exit(serve(model, settings))
+
+
+def _model_id(model: Path, settings: Settings) -> tuple[Any, str]:
+    from ninfer_format import Artifact
+
+    artifact = Artifact.open(model)
+    name = settings.server.model_id
+    if name is None:
+        metadata = getattr(artifact, "metadata", None) or {}
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+    return artifact, str(name or model.stem)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted connections only when the
+    # socket says it is TCP, and without it Nagle holds each small SSE event until the
+    # client's delayed ACK (~40 ms added to the first token)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}"
+
+
+def serve(model: Path, settings: Settings) -> int:
+    """Run the server until Ctrl-C / SIGTERM; the process exit status."""
+    import uvicorn
+
+    from ninfer_format import ArtifactError
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.errors import EngineError
+
+    from .app import create_app
+
+    logging.basicConfig(
+        level=settings.server.log_level.upper(), format="ninfer-serve: %(levelname)s %(message)s"
+    )
+    engine_cfg = settings.engine
+    try:
+        artifact, model_id = _model_id(model, settings)
+        template = engine_cfg.chat_template.read_text("utf-8") if engine_cfg.chat_template else None
+    except (ArtifactError, EngineError, OSError, ValueError) as exc:
+        _say(f"error: cannot open {model}: {exc}")
+        return 1
+    try:
+        sock = _bind(settings.server.host, settings.server.port)
+    except OSError as exc:
+        _say(
+            f"error: cannot listen on {settings.server.host}:{settings.server.port}: "
+            f"{exc.strerror or exc}"
+        )
+        return 1
+    port = sock.getsockname()[1]
+    url = _url(settings.server.host, port)
+    started = time.perf_counter()
+    _say(
+        f"loading {model} (backend {engine_cfg.backend}, max_context {engine_cfg.max_context}, "
+        f"{engine_cfg.max_concurrency} lane(s)); {url}/health answers 503 until ready"
+    )
+    outcome = {"status": 0}
+    holder: dict[str, Any] = {}
+
+    def load() -> Engine:
+        return Engine(
+            artifact,
+            backend=engine_cfg.backend,
+            max_context=engine_cfg.max_context,
+            max_lanes=engine_cfg.max_concurrency,
+            prefill_chunk=engine_cfg.prefill_chunk,
+            chat_template=template,
+        )
+
+    def on_loaded(engine: Engine | None, error: str | None) -> None:
+        if engine is None:
+            _say(f"error: cannot load {model}: {error}")
+            outcome["status"] = 1
+            holder["server"].should_exit = True
+            return
+        seconds = time.perf_counter() - started
+        _say(f"serving {model_id!r} at {url}/v1 (ready in {seconds:.1f} s; Ctrl-C to stop)")
+
+    app = create_app(settings, model_id=model_id, load=load, on_loaded=on_loaded)
+    config = uvicorn.Config(
+        app,
+        log_level=settings.server.log_level,
+        access_log=settings.server.log_level == "debug",
+        timeout_graceful_shutdown=max(int(settings.server.drain_timeout_s), 1),
+        lifespan="on",
+        server_header=False,
+    )
+    holder["server"] = server = uvicorn.Server(config)
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # uvicorn re-raises the signal that stopped it once it has drained; make that a clean exit
+    signal.signal(signal.SIGTERM, stop)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+    if outcome["status"] == 0:
+        _say("stopped")
+    return outcome["status"]

@@ -1,0 +1,1 @@
+"""The OpenAI front door: Chat Completions and Responses."""

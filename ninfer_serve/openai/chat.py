@@ -1,0 +1,272 @@
+"""POST /v1/chat/completions: OpenAI Chat Completions on the shared engine adapter.
+
+Behaviour follows OpenAI where OpenAI defines it and vLLM where it extends it (``top_k``,
+``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs``,
+``reasoning_content``, ``stop_reason``). Fields that would change the result but cannot be
+honoured (``n > 1``, ``logit_bias``, ``logprobs``, audio, predicted outputs, legacy functions)
+are refused with a 400 that names them instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response
+from litestar.response import Stream
+
+from ninfer_runtime.frontend import (
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
+
+from ..errors import ApiError, from_exception
+from ..generation import Job, Outcome, Run
+from ..http import (
+    KEEPALIVE,
+    ServerState,
+    sse_data,
+    sse_response,
+    until_disconnect,
+)
+from .models import ChatCompletionRequest
+
+__all__ = [
+    "chat_completions",
+    "check_text_only",
+    "completion_body",
+    "thinking_from_effort",
+    "to_job",
+    "usage_block",
+]
+
+MAX_STOP = 16
+
+
+def _unsupported(param: str, why: str) -> ApiError:
+    return ApiError(400, f"{param}: {why}", code="unsupported_parameter", param=param)
+
+
+def _refuse_unsupported(body: ChatCompletionRequest) -> None:
+    if body.n not in (None, 1):
+        raise _unsupported("n", "only n = 1 is supported (one choice per request)")
+    if body.logit_bias and any(v != 0 for v in body.logit_bias.values()):
+        raise _unsupported("logit_bias", "logit_bias is not supported")
+    if body.logprobs:
+        raise _unsupported("logprobs", "logprobs are not supported")
+    if body.top_logprobs:
+        raise _unsupported("top_logprobs", "logprobs are not supported")
+    if body.audio is not None:
+        raise _unsupported("audio", "audio output is not supported")
+    if body.modalities and any(m != "text" for m in body.modalities):
+        raise _unsupported("modalities", "only the text modality is supported")
+    if body.prediction is not None:
+        raise _unsupported("prediction", "predicted outputs are not supported")
+    if body.web_search_options is not None:
+        raise _unsupported("web_search_options", "web search is not supported")
+    if body.functions is not None or body.function_call is not None:
+        param = "functions" if body.functions is not None else "function_call"
+        raise _unsupported(param, "the legacy functions API is not supported; use tools")
+
+
+def thinking_from_effort(effort: str | None) -> bool | None:
+    """Qwen templates have no effort levels, only thinking on or off: ``none``/``minimal``
+    turn it off, the other levels on, absent leaves the default."""
+    if effort is None:
+        return None
+    return effort not in ("none", "minimal")
+
+
+def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> None:
+    """Refuse media parts up front with a clear message (no vision or audio input here)."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in ("text", "input_text", "output_text", "refusal"):
+                    raise ApiError(
+                        400,
+                        f"{where}[{i}].content[{j}]: content part type {kind!r} is not "
+                        "supported; this server takes text input only",
+                        code="unsupported_content",
+                        param=f"{where}[{i}].content[{j}].type",
+                    )
+
+
+def to_job(body: ChatCompletionRequest) -> Job:
+    """The protocol-neutral job for a validated Chat Completions request."""
+    _refuse_unsupported(body)
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    check_text_only(messages)
+    stop = body.stop
+    if isinstance(stop, list) and len(stop) > MAX_STOP:
+        raise ApiError(400, f"stop: at most {MAX_STOP} stop strings", param="stop")
+    tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]
+    choice = body.tool_choice
+    if choice is None:
+        tool_choice = "auto" if tools else "none"
+    elif isinstance(choice, str):
+        tool_choice = choice
+    else:
+        tool_choice = choice.function.name
+        if tool_choice not in {t["function"]["name"] for t in tools}:
+            raise ApiError(
+                400,
+                f"tool_choice names {tool_choice!r}, which is not in tools",
+                param="tool_choice",
+            )
+    if tool_choice == "required" and not tools:
+        raise ApiError(400, "tool_choice 'required' needs tools", param="tool_choice")
+    schema = None
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        schema = {}
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise ApiError(
+                400,
+                "response_format.json_schema.schema is required",
+                param="response_format.json_schema.schema",
+            )
+        schema = fmt.json_schema.schema_
+    thinking = body.enable_thinking
+    if thinking is None:
+        thinking = thinking_from_effort(body.reasoning_effort)
+    top_k = body.top_k
+    return Job(
+        messages=messages,
+        tools=tools or None,
+        tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        json_schema=schema,
+        json_schema_param="response_format.json_schema.schema",
+        sampling={
+            "max_tokens": body.max_completion_tokens or body.max_tokens,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "top_k": 0 if top_k == -1 else top_k,
+            "min_p": body.min_p,
+            "presence_penalty": body.presence_penalty,
+            "frequency_penalty": body.frequency_penalty,
+            "repetition_penalty": body.repetition_penalty,
+            "seed": body.seed,
+            "stop": stop,
+            "stop_token_ids": body.stop_token_ids,
+            "ignore_eos": body.ignore_eos,
+        },
+        enable_thinking=thinking,
+        chat_template_kwargs=body.chat_template_kwargs,
+    )
+
+
+def usage_block(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": outcome.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens},
+    }
+
+
+def _finish(outcome: Outcome) -> str:
+    return "stop" if outcome.finish_reason == "cancelled" else outcome.finish_reason
+
+
+def _stop_reason(outcome: Outcome) -> int | str | None:
+    """vLLM's ``stop_reason``: the stop string or stop token id that ended the output."""
+    return outcome.stop_value if outcome.stop_kind in ("stop_string", "stop_token") else None
+
+
+def completion_body(cid: str, model: str, created: int, outcome: Outcome) -> dict[str, Any]:
+    out = outcome.output
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in out.tool_calls
+    ]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": out.content if (out.content or not calls) else None,
+        "reasoning_content": out.reasoning or None,
+        "tool_calls": calls,
+    }
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": _finish(outcome),
+                "stop_reason": _stop_reason(outcome),
+            }
+        ],
+        "usage": usage_block(outcome),
+        "timings": outcome.timings(),
+    }
+
+
+async def _chunks(cid: str, model: str, run: Run, include_usage: bool) -> AsyncIterator[bytes]:
+    base = {"id": cid, "object": "chat.completion.chunk", "created": run.created, "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
+        payload = {**base, "choices": [choice]}
+        if include_usage:
+            payload["usage"] = None
+        return sse_data(payload)
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for event in run.events():
+            if event is None:
+                yield KEEPALIVE
+            elif isinstance(event, TextDelta):
+                yield chunk({"content": event.text})
+            elif isinstance(event, ReasoningDelta):
+                yield chunk({"reasoning_content": event.text})
+            elif isinstance(event, ToolCallStart):
+                call = {
+                    "index": event.index,
+                    "id": event.id,
+                    "type": "function",
+                    "function": {"name": event.name, "arguments": ""},
+                }
+                yield chunk({"tool_calls": [call]})
+            elif isinstance(event, ToolCallArgumentsDelta):
+                call = {"index": event.index, "function": {"arguments": event.text}}
+                yield chunk({"tool_calls": [call]})
+    except Exception as exc:  # the engine failed mid-stream: say so in-band, then end
+        _, body = from_exception(exc).openai()
+        yield sse_data(body)
+        yield b"data: [DONE]\n\n"
+        return
+    outcome = run.outcome
+    assert outcome is not None
+    yield chunk({}, _finish(outcome), stop_reason=_stop_reason(outcome))
+    if include_usage:
+        yield sse_data({**base, "choices": [], "usage": usage_block(outcome)})
+    yield b"data: [DONE]\n\n"
+
+
+async def chat_completions(
+    state: ServerState, request: Request[Any, Any, Any], body: ChatCompletionRequest
+) -> Response[Any] | Stream:
+    model = state.check_model(body.model)
+    job = to_job(body)
+    run = await until_disconnect(request, state.generator.start(job))
+    cid = f"chatcmpl-{run.job.request_id}"
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(_chunks(cid, model, run, include_usage), run.cancel)
+    try:
+        outcome = await until_disconnect(request, run.collect())
+    finally:
+        run.cancel()  # no-op when finished; frees the lane when the wait was cut short
+    return Response(completion_body(cid, model, run.created, outcome))
