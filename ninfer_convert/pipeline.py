@@ -433,7 +433,7 @@ def _errors(
 def convert(
     recipe_name: str | Recipe,
     source_specs: Mapping[str, str],
-    output: Path,
+    output: str | Path,
     *,
     components: tuple[str, ...] | None = None,
     device: str = "cpu",
@@ -447,6 +447,7 @@ def convert(
     ``recipe_name`` is a recipe module name, or a ``Recipe`` built by the caller.
     """
     started = time.perf_counter()
+    output = Path(output)
     recipe = recipe_name if isinstance(recipe_name, Recipe) else load_recipe(recipe_name)
     sources = open_sources(source_specs, recipe)
     prepared = prepare(recipe, sources, components, proposal)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ninfer_format import Artifact, ArtifactError
 
+from .backends.base import to_numpy
 from .errors import EngineError, RequestError
 from .frontend import (
     ChatTemplate,
@@ -284,7 +285,7 @@ class Engine:
     def _sample(self, lanes: list[_Active], logits: list[Any]) -> list[int]:
         tokens = []
         for a, row in zip(lanes, logits, strict=True):
-            scores = np.asarray(row[-1], dtype=np.float32)
+            scores = to_numpy(row[-1]).astype(np.float32, copy=False)
             process = a.request.logits_processor
             if process is not None and a.answer_start is not None:
                 scores = process(scores.copy(), a.generated[a.answer_start :])

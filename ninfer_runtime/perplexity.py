@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from .backends.base import to_numpy
 from .errors import EngineError
 
 
@@ -39,7 +40,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
         logits = []
         for a in range(0, len(window), engine.prefill_chunk):
             out = model.forward([window[a : a + engine.prefill_chunk]], [state])
-            logits.append(np.asarray(out.logits[0], dtype=np.float32))
+            logits.append(to_numpy(out.logits[0]).astype(np.float32, copy=False))
         rows = np.concatenate(logits)[:-1]  # row t predicts token t+1
         targets = window[1:]
         first = max(previous_end, begin + 1) - (begin + 1)

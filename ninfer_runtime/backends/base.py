@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 #: An array of the backend's array module (``numpy.ndarray`` on CPU).
 Array = Any
 
@@ -129,3 +131,11 @@ class Backend(Protocol):
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         """The mixture-of-experts block on rows x [N, H] -> [N, H]."""
         ...
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A host copy of a backend array (numpy passes through; CuPy arrays are copied down)."""
+    if isinstance(x, np.ndarray):
+        return x
+    get = getattr(x, "get", None)  # cupy.ndarray.get() copies to the host
+    return get() if callable(get) else np.asarray(x)
