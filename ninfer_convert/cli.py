@@ -207,3 +207,7 @@ def verify(artifact: Path, source_specs: tuple[str, ...], as_json: bool) -> None
             click.echo(f"error: {problem}")
         click.echo("ok" if not result["errors"] else f"FAILED ({len(result['errors'])} errors)")
     sys.exit(0 if not result["errors"] else 1)
+
+
+if __name__ == "__main__":
+    main()
