@@ -3,7 +3,7 @@
 ``linear`` is the hot path. For M <= 8 rows (batched decode) it runs the GEMV kernel of the
 weight's layout over each resident segment; for more rows (prefill chunks) it dequantizes the
 weight, a slab of rows at a time, into one reusable float32 scratch buffer and multiplies with
-cuBLAS. Everything else mirrors the CPU reference (``ops.py``).
+cuBLAS. Everything else runs the shared reference math (``backends/array_ops.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
+from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import kernels, ops
+from . import kernels
 from .weights import DenseWeight, PackedWeight, Residency, Segment
 
 #: bytes of the dequantization scratch buffer (float32 rows of one weight at a time)

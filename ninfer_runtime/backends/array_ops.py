@@ -1,0 +1,140 @@
+"""The reference math of the non-projection ops, written once for any numpy-like module.
+
+The CPU backend runs these on numpy; the CUDA backend runs the same functions on CuPy arrays
+until a dedicated kernel replaces one. The array module comes from the arguments, so there is
+one statement of each op: norms, RoPE, attention over the cache, the causal convolution and
+both Gated DeltaNet forms (notes 5.2-5.5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models.functional import _xp
+
+Array = Any
+
+#: Chunk length of the parallel Gated DeltaNet form (HF and fla use 64; any length is exact).
+GDN_CHUNK = 64
+
+
+def sigmoid(x: Array) -> Array:
+    # tanh form: no overflow warning for large |x|, equal to 1/(1+e^-x) up to rounding
+    return 0.5 * (1.0 + _xp(x).tanh(0.5 * x))
+
+
+def silu(x: Array) -> Array:
+    return x * sigmoid(x)
+
+
+def softmax(x: Array) -> Array:
+    e = _xp(x).exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def rms_norm(x: Array, w: Array, eps: float, offset: float) -> Array:
+    xp = _xp(x)
+    inv = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + xp.float32(eps))
+    return (x * inv) * (w + xp.float32(offset))
+
+
+def rope(x: Array, cos: Array, sin: Array) -> Array:
+    """NeoX rotate-half on the first ``rd`` dims of each head; the rest pass through."""
+    xp = _xp(x)
+    rd = cos.shape[-1]
+    half = rd // 2
+    rot, rest = x[..., :rd], x[..., rd:]
+    rotated_half = xp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    rot = rot * cos[:, None, :] + rotated_half * sin[:, None, :]
+    return xp.concatenate([rot, rest], axis=-1)
+
+
+def attention(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float) -> Array:
+    """Causal GQA of ``q`` [T, Nq, D] (positions start..start+T-1) over cache rows 0..start+T-1."""
+    xp = _xp(q)
+    t, nq, d = q.shape
+    nkv = k_cache.shape[1]
+    group = nq // nkv
+    s = start + t
+    k = k_cache[:s].transpose(1, 2, 0)[:, None]  # [Nkv, 1, D, S]
+    v = v_cache[:s].transpose(1, 0, 2)[:, None]  # [Nkv, 1, S, D]
+    qg = q.reshape(t, nkv, group, d).transpose(1, 2, 0, 3)  # [Nkv, group, T, D]
+    scores = (qg @ k) * xp.float32(scale)  # [Nkv, group, T, S]
+    visible = xp.arange(s)[None, :] <= (start + xp.arange(t))[:, None]  # [T, S]
+    scores = xp.where(visible, scores, xp.float32(-xp.inf))
+    out = softmax(scores) @ v  # [Nkv, group, T, D]
+    return out.transpose(2, 0, 1, 3).reshape(t, nq, d)
+
+
+def causal_conv(x: Array, kernel: Array, state: Array) -> Array:
+    """Depthwise causal convolution of x [T, C] with kernel [K, C]; state keeps the last K-1."""
+    xp = _xp(x)
+    taps = kernel.shape[0]
+    window = xp.concatenate([state.T, x], axis=0)  # [K-1+T, C]
+    t = x.shape[0]
+    y = xp.zeros_like(x)
+    for j in range(taps):
+        y += kernel[j] * window[j : j + t]
+    state[...] = window[t:].T
+    return y
+
+
+def heads_major(
+    q: Array, k: Array, v: Array, g: Array, beta: Array
+) -> tuple[Array, Array, Array, Array, Array]:
+    """[T, heads, ...] -> [Hv, T, ...], key heads repeated so value head h reads h // r."""
+    xp = _xp(q)
+    group = v.shape[1] // q.shape[1]
+    q = xp.repeat(q, group, axis=1).transpose(1, 0, 2)
+    k = xp.repeat(k, group, axis=1).transpose(1, 0, 2)
+    return q, k, v.transpose(1, 0, 2), g.T, beta.T
+
+
+def gdn_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+    """Recurrent form: decay, read what the memory holds for k, write the correction."""
+    xp = _xp(q)
+    q, k, v, g, beta = heads_major(q, k, v, g, beta)
+    out = xp.empty_like(v)
+    for i in range(v.shape[1]):
+        state *= xp.exp(g[:, i])[:, None, None]
+        recalled = xp.einsum("hkv,hk->hv", state, k[:, i])
+        delta = beta[:, i, None] * (v[:, i] - recalled)
+        state += k[:, i, :, None] * delta[:, None, :]
+        out[:, i] = xp.einsum("hkv,hk->hv", state, q[:, i])
+    return out.transpose(1, 0, 2)
+
+
+def gdn_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+    """Chunked form: inside a chunk the delta-rule writes form a unit-lower-triangular system
+    solved at once; between chunks the state carries everything."""
+    xp = _xp(q)
+    q, k, v, g, beta = heads_major(q, k, v, g, beta)
+    t = v.shape[1]
+    out = xp.empty_like(v)
+    for a in range(0, t, GDN_CHUNK):
+        b = min(a + GDN_CHUNK, t)
+        out[:, a:b] = _one_chunk(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], state)
+    return out.transpose(1, 0, 2)
+
+
+def _one_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+    """One chunk for all heads: q, k [Hv, C, dk], v [Hv, C, dv], g, beta [Hv, C]."""
+    xp = _xp(q)
+    c = v.shape[1]
+    gamma = xp.cumsum(g, axis=-1)  # [Hv, C] cumulative log-decay inside the chunk
+    causal = xp.tri(c, c, 0, dtype=bool)
+    span = xp.where(causal, gamma[:, :, None] - gamma[:, None, :], xp.float32(-xp.inf))
+    decay = xp.exp(span)  # D_ij = exp(γ_i − γ_j) for j <= i, else 0
+    kk = k @ k.transpose(0, 2, 1)
+    strictly_lower = xp.tri(c, c, -1, dtype=bool)
+    a = xp.where(strictly_lower, beta[:, :, None] * kk * decay, xp.float32(0))
+    system = xp.eye(c, dtype=xp.float32) + a  # (I + A) is unit lower triangular
+    u = xp.linalg.solve(system, beta[:, :, None] * v)
+    w = xp.linalg.solve(system, (beta * xp.exp(gamma))[:, :, None] * k)
+    v_new = u - w @ state  # the writes after subtracting what the carried state recalls
+    out = (q * xp.exp(gamma)[:, :, None]) @ state + ((q @ k.transpose(0, 2, 1)) * decay) @ v_new
+    last = gamma[:, -1]
+    tail = xp.exp(last[:, None] - gamma)[:, :, None] * k  # [Hv, C, dk]
+    state *= xp.exp(last)[:, None, None]
+    state += tail.transpose(0, 2, 1) @ v_new
+    return out
