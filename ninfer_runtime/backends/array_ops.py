@@ -138,3 +138,34 @@ def _one_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array
     state *= xp.exp(last)[:, None, None]
     state += tail.transpose(0, 2, 1) @ v_new
     return out
+
+
+class ReferenceOps:
+    """The backend methods both backends take from this module as they are: mixed into a
+    backend class that provides ``linear`` (the GPU backend overrides these one by one as
+    kernels replace them)."""
+
+    linear: Any
+
+    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
+        return rms_norm(x, w, eps, offset)
+
+    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
+        return rope(x, cos, sin)
+
+    def attention(
+        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
+    ) -> Array:
+        return attention(q, k_cache, v_cache, start, scale)
+
+    def causal_conv(self, x: Array, kernel: Array, state: Array) -> Array:
+        return causal_conv(x, kernel, state)
+
+    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+        return gdn_chunk(q, k, v, g, beta, state)
+
+    def gdn_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+        return gdn_step(q, k, v, g, beta, state)
+
+    def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
+        return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)

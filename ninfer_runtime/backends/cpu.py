@@ -16,7 +16,7 @@ from . import array_ops as ops
 from .base import Array, MoeWeights, Weight
 
 
-class CpuBackend:
+class CpuBackend(ops.ReferenceOps):
     """Backend protocol on numpy; a ``Weight`` here is simply a float32 ndarray."""
 
     name = "cpu"
@@ -38,32 +38,7 @@ class CpuBackend:
     def linear(self, x: Array, w: Weight) -> Array:
         return x @ w.T  # type: ignore[attr-defined]
 
-    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
-        return ops.rms_norm(x, w, eps, offset)
-
-    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
-        return ops.rope(x, cos, sin)
-
-    # ---------------------------------------------------------------------- attention
-    def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
-    ) -> Array:
-        return ops.attention(q, k_cache, v_cache, start, scale)
-
-    # ------------------------------------------------------------------ Gated DeltaNet
-    def causal_conv(self, x: Array, kernel: Array, state: Array) -> Array:
-        return ops.causal_conv(x, kernel, state)
-
-    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        return ops.gdn_chunk(q, k, v, g, beta, state)
-
-    def gdn_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        return ops.gdn_step(q, k, v, g, beta, state)
-
     # ---------------------------------------------------------------- mixture of experts
-    def _mlp(self, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
-        return self.linear(ops.silu(self.linear(x, gate)) * self.linear(x, up), down)
-
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         probs = ops.softmax(self.linear(x, weights.router))  # [N, E] over all experts
         top = np.argsort(-probs, axis=-1, kind="stable")[:, : weights.top_k]

@@ -23,7 +23,7 @@ from .weights import DenseWeight, PackedWeight, Residency, Segment
 SCRATCH_BYTES = 256 << 20
 
 
-class CudaBackend:
+class CudaBackend(ops.ReferenceOps):
     name = "cuda"
     xp = cp
 
@@ -103,32 +103,7 @@ class CudaBackend:
             kernels.dequant_rows(seg.parent.data, seg.parent.planes, rows, w)
             y[:, a:b] = cp.matmul(x, w.T)
 
-    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
-        return ops.rms_norm(x, w, eps, offset)
-
-    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
-        return ops.rope(x, cos, sin)
-
-    # ---------------------------------------------------------------------- attention
-    def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
-    ) -> Array:
-        return ops.attention(q, k_cache, v_cache, start, scale)
-
-    # ------------------------------------------------------------------ Gated DeltaNet
-    def causal_conv(self, x: Array, kernel: Array, state: Array) -> Array:
-        return ops.causal_conv(x, kernel, state)
-
-    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        return ops.gdn_chunk(q, k, v, g, beta, state)
-
-    def gdn_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        return ops.gdn_step(q, k, v, g, beta, state)
-
     # ---------------------------------------------------------------- mixture of experts
-    def _mlp(self, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
-        return self.linear(ops.silu(self.linear(x, gate)) * self.linear(x, up), down)
-
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         """Router on the device; the top-k choice is read back (N x E floats) so only the
         selected experts' weights are touched, as in the reference."""
