@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -144,17 +145,20 @@ def main(
     from .pipeline import ProposalRequest, convert
 
     comps = tuple(c.strip() for c in components.split(",")) if components else None
-    bar = None
-    if not quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(total=0, unit="w", unit_scale=True, desc="converting", file=sys.stderr)
+    bars: list[Any] = []  # created on the first weight, so early errors print alone
 
     def progress(name: str, done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.set_postfix_str(name[-48:])
-            bar.update(done - bar.n)
+        if quiet:
+            return
+        if not bars:
+            from tqdm import tqdm
+
+            bars.append(
+                tqdm(total=total, unit="w", unit_scale=True, desc="converting", file=sys.stderr)
+            )
+        bar = bars[0]
+        bar.set_postfix_str(name[-48:])
+        bar.update(done - bar.n)
 
     try:
         report = convert(
@@ -174,7 +178,7 @@ def main(
         click.echo("ninfer-convert: interrupted; no artifact was written", err=True)
         sys.exit(130)
     finally:
-        if bar is not None:
+        for bar in bars:
             bar.close()
     if not quiet:
         _print_report(report)
