@@ -1,0 +1,1 @@
+"""``ninfer-bench``: synthetic artifacts of the official geometries, for engine benchmarks."""

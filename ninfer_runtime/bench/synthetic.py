@@ -1,0 +1,543 @@
+"""Synthetic ``.ninfer`` v3 artifacts: random but valid encoded weights at any geometry.
+
+No checkpoint is read and nothing is quantized: every object's bytes are drawn directly as
+codes and scales of its format, in chunks of a few MB, so a full-size artifact (17 GB for the
+27B geometry) is written with bounded memory at near disk speed. Parameters are packed into
+parents exactly as a real conversion with the same recipe packs them (``plan_parents``,
+``bindings_and_uses``), so object shapes, bindings and uses match a converted artifact.
+
+Value distributions (so a forward pass stays finite and activations keep their scale):
+
+- matrices decode to values of standard deviation ~ 1/sqrt(K) (K = input width): random code
+  bytes, and scale words (binary16 / E4M3FN / BF16) chosen from the code distribution's RMS;
+- zero-centred norms (RMSNorm_1p: gain ``1 + w``) get ``w`` ~ 0 (gain ~ 1); the GDN output
+  norm (plain gain) ~ 1; the GDN convolution ~ N(0, 1/sqrt(T));
+- ``gdn/a_log`` = log U(1, 16), ``gdn/dt_bias`` ~ N(0, 0.5), both fp32;
+- NVFP4 AllowA4 uses get an activation divisor (fp32 auxiliary) like an import would.
+
+Provenance records ``"synthetic": true`` with the geometry, recipe and seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ninfer_convert.adapters import LogicalTensor, SourcePiece
+from ninfer_convert.plan import (
+    Auxiliary,
+    Parent,
+    attach_auxiliaries,
+    bindings_and_uses,
+    plan_parents,
+)
+from ninfer_convert.recipe import Choice, Recipe, load_recipe
+from ninfer_format import ArtifactWriter, ResourceSpec, TensorSpec
+from ninfer_format.binders.qwen3_5 import (
+    ARCHITECTURE_OF,
+    DENSE,
+    MOE,
+    MTP_ARCHITECTURE_OF,
+    expected_parameters,
+)
+from ninfer_format.codecs.nvfp4 import CODEC as NVFP4_CODEC
+from ninfer_format.codecs.nvfp4 import TILE_ROWS
+from ninfer_format.codecs.row_split import FORMATS as ROW_SPLIT_FORMATS
+from ninfer_format.codecs.row_split import row_split_geometry
+from ninfer_format.framing import DEFAULT_SHARD_LIMIT
+from ninfer_format.numeric import E2M1_VALUES, E4M3FN_VALUES, NF4_CODEBOOK, NF4_ZERO_CODE
+from ninfer_format.writer import place_objects
+
+#: bytes per ``write`` call (and per generated temporary)
+CHUNK_BYTES = 4 << 20
+
+_ROPE = {
+    "rope_type": "default",
+    "rope_theta": 1e7,
+    "partial_rotary_factor": 0.25,
+    "mrope_interleaved": True,
+}
+
+
+def _layer_types(layers: int) -> list[str]:
+    return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+
+
+def _config(model_type: str, layers: int, mrope: list[int], **fields: Any) -> dict[str, Any]:
+    return {
+        "model_type": model_type,
+        "num_hidden_layers": layers,
+        "layer_types": _layer_types(layers),
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 262144,
+        "rope_parameters": {**_ROPE, "mrope_section": mrope},
+        **fields,
+    }
+
+
+_TINY = dict(
+    vocab_size=512,
+    hidden_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+)
+_GDN_128 = dict(linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4)
+
+#: text configs (spec 5.1) of the official geometries, and tiny ones that fit every format
+GEOMETRIES: dict[str, dict[str, Any]] = {
+    "qwen3_6_27b": _config(
+        DENSE, 64, [11, 11, 10],
+        vocab_size=248320, hidden_size=5120, intermediate_size=17408,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=48, **_GDN_128,
+    ),
+    "qwen3_6_35b_a3b": _config(
+        MOE, 40, [11, 11, 10],
+        vocab_size=248320, hidden_size=2048,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=32, **_GDN_128,
+        num_experts=256, num_experts_per_tok=8,
+        moe_intermediate_size=512, shared_expert_intermediate_size=512,
+    ),
+    "tiny_dense": _config(DENSE, 4, [4, 2, 2], intermediate_size=256, **_TINY),
+    "tiny_moe": _config(
+        MOE, 4, [4, 2, 2],
+        num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=128, shared_expert_intermediate_size=128, **_TINY,
+    ),
+}  # fmt: skip
+
+#: the activation divisor of synthetic AllowA4 uses: 6 * 448 / (an activation amax of 8)
+ACTIVATION_DIVISOR = np.float32(6 * 448 / 8)
+
+
+@dataclass
+class SyntheticPlan:
+    """Everything fixed before the first byte: what ``write_synthetic`` streams."""
+
+    geometry: str
+    recipe: Recipe
+    text_config: dict[str, Any]
+    components: dict[str, Any]
+    logical: dict[str, LogicalTensor]
+    parents: list[Parent]
+    auxiliaries: list[Auxiliary]
+    bindings: dict[str, Any]
+    uses: list[dict[str, Any]]
+    resources: dict[str, bytes]
+    specs: list[TensorSpec | ResourceSpec]
+
+    @property
+    def objects(self) -> list[dict[str, Any]]:
+        """Object records with placement (offsets, bytes), as the writer will lay them out."""
+        return place_objects(self.specs)
+
+    @property
+    def payload_bytes(self) -> int:
+        last = self.objects[-1]
+        return int(last["offset"] + last["bytes"])
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(r["bytes"] for r in self.objects if r["kind"] == "tensor")
+
+    def bytes_by_format(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.objects:
+            if r["kind"] == "tensor":
+                out[r["format"]] = out.get(r["format"], 0) + r["bytes"]
+        return out
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte -> printable character map (what a byte-level BPE vocabulary holds)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def text_resources() -> dict[str, bytes]:
+    """A minimal byte-level BPE tokenizer (256 byte tokens, no merges, the Qwen specials) and
+    the other three text resources; ids stay below every geometry's vocabulary."""
+    vocab = {c: i for i, c in enumerate(_byte_alphabet())}
+    added = [
+        {"id": 256 + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+        for i, t in enumerate(SPECIAL_TOKENS)
+    ]  # fmt: skip
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}  # fmt: skip
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "ignore_merges": False, "vocab": vocab, "merges": [],
+        },
+    }  # fmt: skip
+    config = {
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "model_max_length": 262144,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    generation = {"eos_token_id": [256 + SPECIAL_TOKENS.index("<|im_end|>"), 256],
+                  "do_sample": False}  # fmt: skip
+    return {
+        "tokenizer.json": json.dumps(tokenizer).encode(),
+        "tokenizer_config.json": json.dumps(config, indent=2).encode(),
+        "chat_template.jinja": CHATML.encode(),
+        "generation_config.json": json.dumps(generation, indent=2).encode(),
+    }
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _recipe(formats: str | Recipe) -> Recipe:
+    return formats if isinstance(formats, Recipe) else load_recipe(formats)
+
+
+def _stacking(recipe: Recipe) -> Callable[[Sequence[LogicalTensor], Choice], int]:
+    """What ``EncodedImport.stacking`` answers for a checkpoint whose divisors are equal
+    within every packing group: expert banks of ``stack_divisors`` keep one per member."""
+
+    def stacking(members: Sequence[LogicalTensor], choice: Choice) -> int:
+        if choice.method != "import_encoded" or choice.format != "nvfp4":
+            return 1
+        rows = {m.shape[0] for m in members}
+        if (
+            all(recipe.stacks_divisors(m.name) for m in members)
+            and len(rows) == 1
+            and rows.pop() % TILE_ROWS == 0
+        ):
+            return len(members)
+        return 1
+
+    return stacking
+
+
+def plan_synthetic(geometry: str, formats: str | Recipe) -> SyntheticPlan:
+    """Parents, bindings, uses, auxiliaries and object specs, without generating any bytes."""
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"unknown geometry {geometry!r} (known: {', '.join(GEOMETRIES)})")
+    recipe = _recipe(formats)
+    config = dict(GEOMETRIES[geometry])
+    model_type = config["model_type"]
+    comps = tuple(c for c in recipe.components if c in ("text", "mtp"))
+    logical = {
+        s.name: LogicalTensor(s.name, s.shape, s.role.value, s.inputs, (SourcePiece(s.name),))
+        for s in expected_parameters(config, components=comps)
+    }
+    choices = {name: recipe.choice(name, t.role) for name, t in logical.items()}
+    parents = plan_parents(logical, recipe, choices=choices, stacking=_stacking(recipe))
+    bindings, uses = bindings_and_uses(parents)
+
+    def provide(parent: Parent, use: dict[str, Any]) -> Any:
+        if parent.choice.format == "nvfp4" and use.get("activation_policy") == "AllowA4":
+            return {"activation_input_divisor": ("fp32", (), ACTIVATION_DIVISOR.tobytes())}
+        return {}
+
+    auxiliaries = attach_auxiliaries(parents, uses, provide)
+    resources = {f"resource/text/{role}": data for role, data in text_resources().items()}
+    components: dict[str, Any] = {
+        "text": {
+            "config": {**config, "architectures": [ARCHITECTURE_OF[model_type]]},
+            "resources": {rid.rsplit("/", 1)[1]: rid for rid in resources},
+        }
+    }
+    if "mtp" in comps:
+        components["mtp"] = {
+            "config": {"architectures": [MTP_ARCHITECTURE_OF[model_type]]},
+            "target": "text",
+        }
+    specs: list[TensorSpec | ResourceSpec] = [
+        ResourceSpec(rid, "raw_bytes_v1", len(data)) for rid, data in resources.items()
+    ]
+    specs += [TensorSpec(p.id, p.shape, p.choice.format, p.layout, p.divisors) for p in parents]
+    specs += [TensorSpec(a.id, a.shape, a.format, "contiguous_le_v1") for a in auxiliaries]
+    return SyntheticPlan(
+        geometry, recipe, config, components, logical, parents, auxiliaries, bindings, uses,
+        resources, specs,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.frombuffer(rng.bytes(n), dtype=np.uint8).copy()
+
+
+def _row_chunks(rows: int, row_bytes: int) -> Iterator[tuple[int, int]]:
+    step = max(1, CHUNK_BYTES // max(row_bytes, 1))
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+def _zeros(n: int) -> Iterator[bytes]:
+    while n > 0:
+        step = min(n, CHUNK_BYTES)
+        yield bytes(step)
+        n -= step
+
+
+def _lane_mask(columns: int, padded: int, bits: int) -> np.ndarray:
+    """Per-row byte mask of a plane holding ``bits`` per lane: 1 bits on real columns."""
+    valid = np.arange(padded) < columns
+    return np.packbits(np.repeat(valid, bits), bitorder="little")
+
+
+def _code_rms(format: str) -> float:
+    spec = ROW_SPLIT_FORMATS[format]
+    if spec.nf4:
+        return float(np.sqrt(np.mean(NF4_CODEBOOK.astype(np.float64) ** 2)))
+    levels = np.arange(-(1 << (spec.bits - 1)), 1 << (spec.bits - 1), dtype=np.float64)
+    if spec.bits == 8:
+        levels[0] = 0  # -128 is illegal: drawn as 0
+    return float(np.sqrt(np.mean(levels**2)))
+
+
+def _f16_scales(rng: np.random.Generator, shape: tuple[int, ...], target: float) -> np.ndarray:
+    """Positive normal binary16 words near ``target`` (mantissa jitter of about +-6%)."""
+    base = int(np.float16(target).view(np.uint16))
+    jitter = rng.integers(-64, 65, size=shape, dtype=np.int32)
+    return (base + jitter).astype("<u2")
+
+
+def _row_split(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.ndarray]:
+    fmt = ROW_SPLIT_FORMATS[parent.choice.format]
+    rows, columns = parent.shape
+    geo = row_split_geometry(fmt.name, (rows, columns))
+    padded = geo.columns < geo.padded_columns
+    base_bits = 8 if fmt.bits == 8 else 4
+    base_row = geo.base_bytes // rows
+    mask = _lane_mask(columns, geo.padded_columns, base_bits)
+    fill = (~mask & (NF4_ZERO_CODE * 0x11 if fmt.nf4 else 0)).astype(np.uint8)
+    for a, b in _row_chunks(rows, base_row):
+        chunk = _random_bytes(rng, (b - a) * base_row).reshape(b - a, base_row)
+        if fmt.bits == 8:
+            chunk[chunk == 0x80] = 0
+        if padded:
+            chunk &= mask
+            chunk |= fill
+        yield chunk
+    yield from _zeros(geo.high_offset - geo.base_bytes)
+    if geo.high_bytes:
+        high_row = geo.high_bytes // rows
+        high_mask = _lane_mask(columns, geo.padded_columns, fmt.bits - 4)
+        for a, b in _row_chunks(rows, high_row):
+            chunk = _random_bytes(rng, (b - a) * high_row).reshape(b - a, high_row)
+            if padded:
+                chunk &= high_mask
+            yield chunk
+    yield from _zeros(geo.scale_offset - geo.high_offset - geo.high_bytes)
+    target = 1.0 / (math.sqrt(columns) * _code_rms(fmt.name))
+    for a, b in _row_chunks(rows, 2 * geo.groups_per_row):
+        words = np.zeros((b - a, geo.groups_per_row), dtype="<u2")
+        words[:, : geo.real_groups] = _f16_scales(rng, (b - a, geo.real_groups), target)
+        yield words
+
+
+#: E4M3FN block scales drawn from [8, 16): bytes 0x50..0x57 (exponent 3, any mantissa)
+_NVFP4_SCALE_BYTES = np.arange(0x50, 0x58, dtype=np.uint8)
+
+
+def nvfp4_divisor(columns: int) -> float:
+    """The weight divisor that makes random codes and scales decode with std ~ 1/sqrt(K)."""
+    e2m1_rms = float(np.sqrt(np.mean(E2M1_VALUES.astype(np.float64) ** 2)))
+    scales = E4M3FN_VALUES[_NVFP4_SCALE_BYTES].astype(np.float64)
+    return e2m1_rms * float(np.sqrt(np.mean(scales**2))) * math.sqrt(columns)
+
+
+def _nvfp4(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.ndarray]:
+    geo = NVFP4_CODEC.geometry(parent.shape, parent.divisors or 1)
+    for start in range(0, geo.code_bytes, CHUNK_BYTES):
+        yield _random_bytes(rng, min(CHUNK_BYTES, geo.code_bytes - start))
+    yield from _zeros(geo.scale_offset - geo.code_bytes)
+    for start in range(0, geo.scale_bytes, CHUNK_BYTES):
+        n = min(CHUNK_BYTES, geo.scale_bytes - start)
+        yield _random_bytes(rng, n) % np.uint8(8) + np.uint8(0x50)
+    divisor = np.float32(nvfp4_divisor(geo.columns))
+    yield np.full(geo.divisors, divisor, dtype="<f4")
+
+
+def _fp8_row(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.ndarray]:
+    rows, columns = parent.shape
+    finite = E4M3FN_VALUES[np.isfinite(E4M3FN_VALUES)].astype(np.float64)
+    rms = float(np.sqrt(np.mean(finite**2)))
+    for a, b in _row_chunks(rows, columns):
+        chunk = _random_bytes(rng, (b - a) * columns)
+        chunk[(chunk & 0x7F) == 0x7F] -= 1  # NaN codes -> the largest finite magnitude
+        yield chunk
+    yield from _zeros((-(rows * columns)) % 256)
+    target = np.float32(1.0 / (math.sqrt(columns) * rms))
+    base = int(target.view(np.uint32) >> 16)
+    yield (base + rng.integers(-8, 9, size=rows, dtype=np.int32)).astype("<u2")
+
+
+def _bf16_words(values: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 words by rounding to nearest (values are finite)."""
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+
+
+def _vector_values(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if name.endswith("gdn/a_log"):
+        return np.log(rng.uniform(1.0, 16.0, size=shape))
+    if name.endswith("gdn/dt_bias"):
+        return rng.normal(0.0, 0.5, size=shape)
+    if name.endswith("gdn/norm"):  # plain gain
+        return 1.0 + 0.05 * rng.standard_normal(shape)
+    if name.endswith("gdn/convolution"):
+        return rng.normal(0.0, 1.0 / math.sqrt(shape[0]), size=shape)
+    return 0.05 * rng.standard_normal(shape)  # zero-centred norms: gain 1 + w ~ 1
+
+
+def _direct(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.ndarray]:
+    fmt = parent.choice.format
+    for member in parent.stacked:
+        if member.role == "matrix":
+            rows, columns = member.shape
+            for a, b in _row_chunks(rows, 4 * columns):
+                x = rng.standard_normal((b - a, columns), dtype=np.float32)
+                x *= np.float32(1.0 / math.sqrt(columns))
+                yield _bf16_words(x) if fmt == "bf16" else x.astype("<f4")
+            continue
+        values = _vector_values(member.name, member.shape, rng).astype(np.float32)
+        if fmt == "bf16":
+            yield _bf16_words(values)
+        elif fmt == "fp32":
+            yield values.astype("<f4")
+        else:
+            yield np.zeros(member.shape, dtype="<i4")
+
+
+def parent_chunks(parent: Parent, seed: int) -> Iterator[bytes | np.ndarray]:
+    """The parent's object bytes, in chunks of at most about ``CHUNK_BYTES``."""
+    rng = np.random.default_rng([seed, int(parent.id.rsplit("/", 1)[1])])
+    fmt = parent.choice.format
+    if fmt in ROW_SPLIT_FORMATS:
+        return _row_split(parent, rng)
+    if fmt == "nvfp4":
+        return _nvfp4(parent, rng)
+    if fmt == "fp8_e4m3fn_row_bf16":
+        return _fp8_row(parent, rng)
+    if fmt in ("bf16", "fp32", "int32"):
+        return _direct(parent, rng)
+    raise ValueError(f"{parent.id}: synthetic {fmt} objects are not supported")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass
+class SynthesisReport:
+    path: str
+    geometry: str
+    recipe: str
+    payload_bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / 1e6 / self.seconds if self.seconds else 0.0
+
+
+def write_synthetic(
+    path: str | Path,
+    geometry: str,
+    formats: str | Recipe,
+    seed: int = 0,
+    overwrite: bool = False,
+    *,
+    shard_limit: int = DEFAULT_SHARD_LIMIT,
+    progress: Callable[[int, int], None] | None = None,
+) -> SynthesisReport:
+    """Write a synthetic artifact of ``geometry`` with the formats of recipe ``formats``."""
+    started = time.perf_counter()
+    path = Path(path)
+    plan = plan_synthetic(geometry, formats)
+    provenance = {
+        "converter": "ninfer-bench synth",
+        "synthetic": True,
+        "source": "synthetic",
+        "geometry": geometry,
+        "recipe": plan.recipe.name,
+        "seed": seed,
+    }
+    sizes = {r["id"]: r["bytes"] for r in plan.objects}
+    total, done = sum(sizes.values()), 0
+    with ArtifactWriter(
+        path,
+        components=plan.components,
+        objects=plan.specs,
+        bindings=plan.bindings,
+        uses=plan.uses,
+        metadata={"name": path.stem, "synthetic": True},
+        provenance=provenance,
+        shard_limit=shard_limit,
+        overwrite=overwrite,
+    ) as writer:
+        for rid, data in plan.resources.items():
+            writer.write(rid, data)
+        for parent in plan.parents:
+            for chunk in parent_chunks(parent, seed):
+                writer.write(parent.id, chunk)
+            done += sizes[parent.id]
+            if progress is not None:
+                progress(done, total)
+        for aux in plan.auxiliaries:
+            writer.write(aux.id, aux.data)
+        payload = writer.directory.payload_bytes
+    return SynthesisReport(
+        str(path), geometry, plan.recipe.name, payload, time.perf_counter() - started
+    )

@@ -1,0 +1,84 @@
+"""Synthetic artifacts (ninfer-bench synth): valid, bindable, sane values, runnable."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ninfer_format import Artifact
+from ninfer_format.verify import verify
+from ninfer_runtime.bench.cli import main
+from ninfer_runtime.bench.synthetic import plan_synthetic, write_synthetic
+from ninfer_runtime.models import load_model
+
+CASES = [
+    ("tiny_dense", "qwen3_6_27b"),
+    ("tiny_dense", "qwen3_6_27b_nvfp4"),
+    ("tiny_moe", "qwen3_6_35b_a3b"),
+    ("tiny_moe", "qwen3_6_35b_a3b_nvfp4"),
+]
+
+
+@pytest.mark.parametrize(("geometry", "formats"), CASES)
+def test_tiny_synthetic_is_valid_and_runs(tmp_path, geometry, formats):
+    out = tmp_path / "s.ninfer"
+    report = write_synthetic(out, geometry, formats, seed=1)
+    assert report.payload_bytes > 0
+    with Artifact.open(out) as art:
+        assert art.provenance["synthetic"] is True
+        assert art.binder_report.ok, art.binder_report.errors
+        assert not art.binder_report.warnings, art.binder_report.warnings
+        checked = verify(art, strict=True)
+        assert checked.ok and not checked.warnings, checked.errors + checked.warnings
+        formats_seen = {o.format for o in art.objects.values() if hasattr(o, "format")}
+        if formats.endswith("nvfp4"):
+            assert "nvfp4" in formats_seen
+        plan = plan_synthetic(geometry, formats)
+        for name, t in plan.logical.items():
+            values = art.parameter(name)
+            assert np.isfinite(values).all(), name
+            if t.role == "matrix":
+                want = 1 / math.sqrt(t.shape[1])
+                got = float(np.std(values))
+                assert want / 3 < got < want * 3, (name, got, want)
+        model = load_model(art)
+        tokens = np.array([1, 5, 42, 300, 7, 99], dtype=np.int64)
+        state = model.new_state(len(tokens))
+        logits = np.asarray(model.forward([tokens], [state]).logits[0], np.float64)
+        assert logits.shape[-1] == 512 and np.isfinite(logits).all()
+        assert logits.std() > 0
+
+
+def test_seed_is_deterministic(tmp_path):
+    a, b = tmp_path / "a.ninfer", tmp_path / "b.ninfer"
+    write_synthetic(a, "tiny_dense", "qwen3_6_27b", seed=3)
+    write_synthetic(b, "tiny_dense", "qwen3_6_27b", seed=3)
+    with Artifact.open(a) as x, Artifact.open(b) as y:
+        assert x.provenance["checksums"] == y.provenance["checksums"]
+
+
+@pytest.mark.parametrize(
+    ("geometry", "formats", "low", "high"),
+    [
+        ("qwen3_6_27b", "qwen3_6_27b", 16e9, 18e9),
+        ("qwen3_6_27b", "qwen3_6_27b_nvfp4", 16e9, 19e9),
+    ],
+)
+def test_full_geometry_plan_size(geometry, formats, low, high):
+    plan = plan_synthetic(geometry, formats)
+    assert low < plan.payload_bytes < high
+    shapes = {p.members[0].name: p.shape for p in plan.parents}
+    assert shapes["text/token_embedding"] == (248320, 5120)
+    assert shapes["text/layers/0/mlp/gate"] == (2 * 17408, 5120)
+
+
+def test_cli_synth(tmp_path):
+    out = tmp_path / "c.ninfer"
+    result = CliRunner().invoke(
+        main, ["synth", "--geometry", "tiny_moe", "--formats", "qwen3_6_35b_a3b", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "MB/s" in result.output and out.exists()
