@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ninfer_runtime.bench.synthetic import CHATML, SPECIAL_TOKENS
+
 COMMON = dict(
     vocab_size=512,
     hidden_size=128,
@@ -108,21 +110,6 @@ def add_mtp(directory: Path, model: torch.nn.Module) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-]
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Hello, world! How are you today? I am fine, thank you.",
@@ -149,7 +136,7 @@ def write_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(corpus or CORPUS, trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.save(str(directory / "tokenizer.json"))
     config = {
         "eos_token": "<|im_end|>",
