@@ -140,6 +140,83 @@ def _one_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array
     return out
 
 
+# ----------------------------------------------------------------------------------------
+# Batched decode: one token for each of N lanes, states addressed by pool slot. No host
+# synchronisation anywhere (the indices stay on the device), so on CuPy a whole decode step
+# can be captured once into a CUDA graph and replayed.
+
+
+def kv_write(
+    k_pages: Array,
+    v_pages: Array,
+    page_table: Array,
+    slots: Array,
+    positions: Array,
+    k: Array,
+    v: Array,
+) -> None:
+    """Store each row's key/value at its position: page ``page_table[slot, pos // P]``, row
+    ``pos % P`` of the pools [pages, P, Nkv, D]."""
+    p = k_pages.shape[1]
+    pages = page_table[slots, positions // p]
+    k_pages[pages, positions % p] = k.astype(k_pages.dtype, copy=False)
+    v_pages[pages, positions % p] = v.astype(v_pages.dtype, copy=False)
+
+
+def attention_decode(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array,
+    page_table: Array,
+    slots: Array,
+    positions: Array,
+    scale: float,
+) -> Array:
+    """q [N, Nq, D]: row i attends over tokens 0..positions[i] of the sequence in slot
+    ``slots[i]``, whose keys/values sit in the pages ``page_table[slots[i]]`` of the pools
+    [pages, P, Nkv, D]. GQA: query head j reads kv head ``j // (Nq / Nkv)``. -> [N, Nq, D]."""
+    xp = _xp(q)
+    n, nq, d = q.shape
+    p, nkv = k_pages.shape[1], k_pages.shape[2]
+    group = nq // nkv
+    pages = page_table[slots]  # [N, max_pages]: every page the table can name (static shape)
+    s = pages.shape[1] * p
+    k = k_pages[pages].reshape(n, s, nkv, d).astype(xp.float32, copy=False).transpose(0, 2, 3, 1)
+    v = v_pages[pages].reshape(n, s, nkv, d).astype(xp.float32, copy=False).transpose(0, 2, 1, 3)
+    qg = q.reshape(n, nkv, group, 1, d)
+    scores = (qg @ k[:, :, None]) * xp.float32(scale)  # [N, Nkv, group, 1, S]
+    visible = xp.arange(s)[None, :] <= positions[:, None]  # [N, S]
+    scores = xp.where(visible[:, None, None, None, :], scores, xp.float32(-xp.inf))
+    out = softmax(scores) @ v[:, :, None]  # [N, Nkv, group, 1, D]
+    return out.reshape(n, nq, d)
+
+
+def conv_step(x: Array, kernel: Array, conv_states: Array, slots: Array) -> Array:
+    """One token of the depthwise causal convolution for each row: x [N, C], kernel [K, C],
+    conv_states [S, C, K-1] (the last K-1 inputs of each slot, updated). No activation."""
+    xp = _xp(x)
+    window = xp.concatenate([conv_states[slots], x[:, :, None]], axis=2)  # [N, C, K]
+    conv_states[slots] = window[:, :, 1:]
+    return (window * kernel.T[None]).sum(axis=2)
+
+
+def gdn_step_slots(
+    q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
+) -> Array:
+    """``gdn_step`` for N lanes at once, one token each: q, k [N, Hk, dk] (already
+    normalised), v [N, Hv, dv], g, beta [N, Hv]; states [S, Hv, dk, dv] float32 indexed by
+    ``slots`` (distinct), updated. -> [N, Hv, dv]."""
+    xp = _xp(q)
+    group = v.shape[1] // q.shape[1]
+    q, k = xp.repeat(q, group, axis=1), xp.repeat(k, group, axis=1)
+    state = states[slots] * xp.exp(g)[:, :, None, None]  # [N, Hv, dk, dv]
+    recalled = xp.einsum("nhkv,nhk->nhv", state, k)
+    delta = beta[:, :, None] * (v - recalled)
+    state += k[:, :, :, None] * delta[:, :, None, :]
+    states[slots] = state
+    return xp.einsum("nhkv,nhk->nhv", state, q)
+
+
 class ReferenceOps:
     """The backend methods both backends take from this module as they are: mixed into a
     backend class that provides ``linear`` (the GPU backend overrides these one by one as
@@ -166,6 +243,39 @@ class ReferenceOps:
 
     def gdn_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
         return gdn_step(q, k, v, g, beta, state)
+
+    def kv_write(
+        self,
+        k_pages: Array,
+        v_pages: Array,
+        page_table: Array,
+        slots: Array,
+        positions: Array,
+        k: Array,
+        v: Array,
+    ) -> None:
+        kv_write(k_pages, v_pages, page_table, slots, positions, k, v)
+
+    def attention_decode(
+        self,
+        q: Array,
+        k_pages: Array,
+        v_pages: Array,
+        page_table: Array,
+        slots: Array,
+        positions: Array,
+        *,
+        scale: float,
+    ) -> Array:
+        return attention_decode(q, k_pages, v_pages, page_table, slots, positions, scale)
+
+    def conv_step(self, x: Array, kernel: Array, conv_states: Array, slots: Array) -> Array:
+        return conv_step(x, kernel, conv_states, slots)
+
+    def gdn_step_slots(
+        self, q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
+    ) -> Array:
+        return gdn_step_slots(q, k, v, g, beta, states, slots)
 
     def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
         return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)

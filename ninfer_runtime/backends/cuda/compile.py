@@ -42,6 +42,34 @@ def target_arch(compute_capability: str) -> str:
     return "sm_90a" if compute_capability == "90" else f"sm_{compute_capability}"
 
 
+#: kernel family (a ``kernels/<family>.cu`` file) -> the name expressions it instantiates
+FAMILIES: dict[str, list[str]] = {}
+_MODULES: dict[str, Module] = {}
+
+
+def register_family(family: str, names: Sequence[str]) -> None:
+    """Declare a family's kernels; launcher modules call this at import (without CuPy), so
+    ``scripts/check_kernels.py`` can compile every family on a machine with no GPU."""
+    FAMILIES.setdefault(family, [])
+    FAMILIES[family].extend(n for n in names if n not in FAMILIES[family])
+
+
+def function(family: str, name: str) -> Any:
+    """A launchable kernel, its family compiled on first use (cubins cached on disk)."""
+    module = _MODULES.get(family)
+    if module is None:
+        module = _MODULES[family] = Module(family, FAMILIES[family])
+    return module.function(name)
+
+
+def compile_all() -> list[str]:
+    """Build every registered family now (benchmarks and tests time this separately)."""
+    for family in FAMILIES:
+        if family not in _MODULES:
+            _MODULES[family] = Module(family, FAMILIES[family])
+    return sorted(FAMILIES)
+
+
 class Module:
     """One compiled family: ``module.function("gemv_q4<1>")`` is a launchable kernel."""
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import formats as F
-from .compile import Module
+from .compile import compile_all, function, register_family
 
 MAX_GEMV_ROWS = 8
 #: must match GEMV_WARPS in kernels/gemv.cuh
@@ -60,29 +60,11 @@ _GEMV_KERNELS = {
 GEMV_CONFIGS = sorted(
     {(m, r, ks) for m, r in ROWS_PER_WARP.items() for ks in K_SPLITS} | set(TUNING)
 )
-_FAMILY_NAMES: dict[str, list[str]] = {}
 for _family, _kernel in _GEMV_KERNELS.values():
-    _FAMILY_NAMES.setdefault(_family, []).extend(
-        f"{_kernel}<{m}, {r}, {ks}>" for m, r, ks in GEMV_CONFIGS
-    )
-_FAMILY_NAMES["dequant"] = [f"dequant_rows<{code}>" for code in sorted(_GEMV_KERNELS)]
+    register_family(_family, [f"{_kernel}<{m}, {r}, {ks}>" for m, r, ks in GEMV_CONFIGS])
+register_family("dequant", [f"dequant_rows<{code}>" for code in sorted(_GEMV_KERNELS)])
 
-_MODULES: dict[str, Module] = {}
-
-
-def _function(family: str, name: str) -> Any:
-    module = _MODULES.get(family)
-    if module is None:
-        module = _MODULES[family] = Module(family, _FAMILY_NAMES[family])
-    return module.function(name)
-
-
-def compile_all() -> list[str]:
-    """Build every family now (benchmarks and tests time this separately)."""
-    for family in _FAMILY_NAMES:
-        if family not in _MODULES:
-            _MODULES[family] = Module(family, _FAMILY_NAMES[family])
-    return sorted(_FAMILY_NAMES)
+__all__ = ["compile_all", "dequant_rows", "gemv"]
 
 
 def gemv(
@@ -108,7 +90,7 @@ def gemv(
     ks = k_split or default_k_split(rows, p.units)
     r = rows_per_warp or default_rows_per_warp(p.code, m, rows, ks)
     family, kernel = _GEMV_KERNELS[p.code]
-    fn = _function(family, f"{kernel}<{m}, {r}, {ks}>")
+    fn = function(family, f"{kernel}<{m}, {r}, {ks}>")
     per_block = GEMV_WARPS // ks * r
     fn(
         ((rows + per_block - 1) // per_block,),
@@ -139,7 +121,7 @@ def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
     total = n * p.columns
     threads = 256
     grid = min((total + threads - 1) // threads, 65535 * 8)
-    _function("dequant", f"dequant_rows<{p.code}>")(
+    function("dequant", f"dequant_rows<{p.code}>")(
         (grid,),
         (threads,),
         (

@@ -1,0 +1,127 @@
+"""Compile every CUDA kernel family for sm_90a with NVRTC, without a GPU.
+
+A development aid for machines with no device: NVRTC only needs its shared library, which the
+``nvidia-cuda-nvrtc`` wheel ships. Point ``NVRTC_LIB`` at ``libnvrtc.so.13`` (default: the one
+in the installed wheel) and run ``python scripts/check_kernels.py [family ...]``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ninfer_runtime.backends.cuda import compile as C
+
+
+def _library() -> ctypes.CDLL:
+    path = os.environ.get("NVRTC_LIB")
+    if path is None:
+        import nvidia.cu13  # type: ignore[import-not-found]
+
+        path = str(Path(next(iter(nvidia.cu13.__path__))) / "lib" / "libnvrtc.so.13")
+    for builtins in Path(path).parent.glob("libnvrtc-builtins.so.*"):
+        if ".alt." not in builtins.name:  # NVRTC opens it by name: load it first
+            ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(path)
+
+
+class NvrtcError(Exception):
+    pass
+
+
+class Nvrtc:
+    """The few NVRTC calls ``compile.compile_nvrtc`` makes, over ctypes."""
+
+    NVRTCError = NvrtcError
+
+    def __init__(self) -> None:
+        self.lib = _library()
+
+    def _check(self, status: int) -> None:
+        if status:
+            self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            raise NvrtcError(self.lib.nvrtcGetErrorString(status).decode())
+
+    def getVersion(self) -> tuple[int, int]:
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)))
+        return major.value, minor.value
+
+    def createProgram(
+        self, source: str, name: str, headers: tuple, includes: tuple
+    ) -> ctypes.c_void_p:
+        prog = ctypes.c_void_p()
+        self._check(
+            self.lib.nvrtcCreateProgram(
+                ctypes.byref(prog), source.encode(), name.encode(), 0, None, None
+            )
+        )
+        return prog
+
+    def addNameExpression(self, prog: ctypes.c_void_p, name: str) -> None:
+        self._check(self.lib.nvrtcAddNameExpression(prog, name.encode()))
+
+    def compileProgram(self, prog: ctypes.c_void_p, options: tuple[str, ...]) -> None:
+        arr = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        self._check(self.lib.nvrtcCompileProgram(prog, len(options), arr))
+
+    def getProgramLog(self, prog: ctypes.c_void_p) -> str:
+        size = ctypes.c_size_t()
+        self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        self.lib.nvrtcGetProgramLog(prog, buf)
+        return buf.value.decode(errors="replace")
+
+    def getCUBIN(self, prog: ctypes.c_void_p) -> bytes:
+        size = ctypes.c_size_t()
+        self._check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(size.value)
+        self._check(self.lib.nvrtcGetCUBIN(prog, buf))
+        return buf.raw
+
+    def getPTX(self, prog: ctypes.c_void_p) -> bytes:
+        size = ctypes.c_size_t()
+        self._check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(size.value)
+        self._check(self.lib.nvrtcGetPTX(prog, buf))
+        return buf.raw
+
+    def getLoweredName(self, prog: ctypes.c_void_p, name: str) -> str:
+        out = ctypes.c_char_p()
+        self._check(self.lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(out)))
+        return out.value.decode()
+
+    def destroyProgram(self, prog: ctypes.c_void_p) -> None:
+        self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def main(families: list[str]) -> int:
+    import importlib
+    import pkgutil
+
+    import ninfer_runtime.backends.cuda as package
+
+    for info in pkgutil.iter_modules(package.__path__):  # launchers register their families
+        if info.name not in ("backend", "weights"):  # these two need CuPy at import
+            importlib.import_module(f"{package.__name__}.{info.name}")
+    nvrtc = Nvrtc()
+    failed = 0
+    for family in families or sorted(C.FAMILIES):
+        try:
+            image, _ = C._nvrtc_program(
+                nvrtc, C.family_source(family), C.FAMILIES[family], "-arch=sm_90a", cubin=True
+            )
+        except C.CompileError as exc:
+            failed += 1
+            print(f"FAIL {family}\n{exc}")
+        else:
+            print(f"ok   {family}: {len(image)} bytes")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
