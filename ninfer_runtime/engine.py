@@ -34,7 +34,7 @@ from .frontend import (
     Tokenizer,
 )
 from .models import load_model
-from .state import SequenceState
+from .state import PAGE_TOKENS, ContextPool, SequenceState
 
 THINK_OPEN = "<think>"
 
@@ -133,6 +133,7 @@ class Engine:
         max_lanes: int = 8,
         prefill_chunk: int = 512,
         chat_template: str | None = None,
+        context_capacity: int | str | None = None,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -152,6 +153,7 @@ class Engine:
         self.max_context = max_context
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
+        self.pool = make_pool(self.model, context_capacity, max_lanes, max_context)
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
 
@@ -214,7 +216,14 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt_ids"
             )
         params = request.sampling
-        room = self.max_context - len(ids)
+        room = min(self.max_context, self.pool.pages * self.pool.page_tokens) - len(ids)
+        if room < 1:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; the context pool holds "
+                f"{self.pool.pages * self.pool.page_tokens} in all",
+                param="messages",
+                code="context_length_exceeded",
+            )
         max_tokens = min(params.max_tokens or room, room)
         parser = None
         if request.parse_output:
@@ -256,9 +265,13 @@ class Engine:
     def step(self) -> list[Event]:
         events: list[Event] = []
         while self._waiting and len(self._active) < self.max_lanes:
-            active = self._waiting.popleft()
-            active.state = self.model.new_state(self.max_context)
-            self._active[active.request.request_id] = active
+            head = self._waiting[0]
+            need = len(head.prompt_ids) + head.max_tokens
+            if not self.pool.can_open(need):
+                break  # first come, first served: wait until running requests free pages
+            self._waiting.popleft()
+            head.state = self.pool.open(need)
+            self._active[head.request.request_id] = head
         prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
         if prefilling:
             self._prefill_chunk(prefilling[0], events)
@@ -342,7 +355,9 @@ class Engine:
             events.extend(OutputEvent(rid, e) for e in a.parser.finish())
         now = time.perf_counter()
         first = a.first_token or now
-        a.state = None  # type: ignore[assignment]  (the lane's memory goes with it)
+        if a.state is not None:
+            self.pool.close(a.state)  # the lane's slot and pages go back to the pool
+        a.state = None  # type: ignore[assignment]
         reasoning = len(a.generated) if a.answer_start is None else a.answer_start
         return Finished(
             rid,
@@ -365,3 +380,31 @@ class Engine:
                         return
             if not self.has_work:
                 return
+
+
+def make_pool(model: Any, capacity: int | str | None, lanes: int, max_context: int) -> ContextPool:
+    """The engine's context pool: ``lanes`` slots, and K/V pages from ``capacity`` bytes
+    (``None``: enough for every lane at ``max_context``; ``"auto"``: what the backend has
+    free after weights and workspace)."""
+    specs, mtp = model.state_specs()
+    page = PAGE_TOKENS
+    page_bytes = ContextPool.page_bytes_of(specs, mtp, page)
+    slot_bytes = ContextPool.slot_bytes_of(specs)
+    pages_per_lane = -(-max_context // page)
+    if capacity is None:
+        pages = lanes * pages_per_lane
+    else:
+        budget = model.backend.context_budget() if capacity == "auto" else int(capacity)
+        if budget is None:  # a backend without a memory limit: no sharing needed
+            pages = lanes * pages_per_lane
+        else:
+            pages = min((budget - lanes * slot_bytes) // max(page_bytes, 1), lanes * pages_per_lane)
+            if pages < 1:
+                need = lanes * slot_bytes + page_bytes
+                raise EngineError(
+                    f"context capacity {budget / 2**20:.0f} MiB holds no K/V page: {lanes} lanes "
+                    f"need {lanes * slot_bytes / 2**20:.0f} MiB of recurrent state plus "
+                    f"{page_bytes / 2**20:.1f} MiB per {page}-token page "
+                    f"(>= {need / 2**20:.0f} MiB)"
+                )
+    return model.new_pool(slots=lanes, pages=max(int(pages), 1), max_context=max_context)

@@ -1,27 +1,42 @@
-"""Per-request state: everything a sequence carries from one forward call to the next.
+"""Context memory: one pool per engine, a slot and some pages per sequence.
 
 Qwen3.5 is hybrid, so a sequence's memory has two kinds of layers: full-attention layers keep
-a K/V cache that grows with the context, Gated DeltaNet layers keep a fixed-size recurrent
-matrix per value head plus the last few convolution inputs. Both are preallocated here with
-explicit shapes, so the engine knows a request's footprint up front and a GPU backend can keep
-the buffers resident.
+keys/values that grow with the context, Gated DeltaNet layers keep a fixed-size recurrent
+matrix per value head plus the last few convolution inputs. The pool holds both, allocated
+once with explicit shapes:
+
+* K/V live in **pages** of ``page_tokens`` tokens, ``[pages, page_tokens, Nkv, D]`` per
+  attention layer; a sequence owns a list of page ids (the same ids in every layer), written
+  into row ``slot`` of the device ``page_table``.
+* recurrent and convolution states live in **slots**, ``[slots, Hv, dk, dv]`` and
+  ``[slots, C, K-1]`` per GDN layer; a sequence owns one slot.
+
+Every buffer keeps its address for the life of the pool, so a decode step addresses sequences
+by (slot, position) indices alone and a GPU backend can capture it once in a CUDA graph. The
+engine admits a request when the pool has a free slot and pages for its whole budget.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from .errors import EngineError
 
 Array = Any
 
+#: tokens per K/V page (the decode attention kernel reads one page at a time)
+PAGE_TOKENS = 256
+
 
 @dataclass(frozen=True)
 class KvSpec:
-    """A full-attention layer: keys and values per cache slot, after k_norm and RoPE."""
+    """A full-attention layer: keys and values per token, after k_norm and RoPE."""
 
     kv_heads: int
     head_dim: int
@@ -38,84 +53,208 @@ class GdnSpec:
     conv_kernel: int
 
 
-@dataclass
-class KvCache:
-    k: Array  # [max_context, Nkv, D] float32
-    v: Array  # [max_context, Nkv, D] float32
+class PoolFull(EngineError):
+    """The pool has no free slot, or too few free pages, for a request right now."""
 
 
-@dataclass
-class GdnState:
-    recurrent: Array  # [Hv, dk, dv] float32, k-major like HF's cache
-    conv: Array  # [conv_dim, K-1] float32, pre-convolution inputs, oldest first
+class AttentionPages:
+    """One attention layer's keys and values, ``[pages, page_tokens, Nkv, D]`` each."""
+
+    def __init__(self, spec: KvSpec, pages: int, page_tokens: int, xp: ModuleType):
+        shape = (pages, page_tokens, spec.kv_heads, spec.head_dim)
+        self.k = xp.zeros(shape, xp.float32)
+        self.v = xp.zeros(shape, xp.float32)
+
+    def write(self, state: SequenceState, start: int, k: Array, v: Array) -> None:
+        """Keys/values of tokens ``start .. start + len(k) - 1`` of one sequence."""
+        page, row = state.addresses(start, k.shape[0])
+        self.k[page, row] = k
+        self.v[page, row] = v
+
+    def read(self, state: SequenceState, length: int) -> tuple[Array, Array]:
+        """Keys and values of tokens ``0 .. length - 1``, contiguous ``[length, Nkv, D]``."""
+        page, row = state.addresses(0, length)
+        return self.k[page, row], self.v[page, row]
 
 
-LayerState = KvCache | GdnState
+class GdnSlots:
+    """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``."""
+
+    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType):
+        s = spec
+        self.recurrent = xp.zeros((slots, s.value_heads, s.key_dim, s.value_dim), xp.float32)
+        self.conv = xp.zeros((slots, s.conv_channels, s.conv_kernel - 1), xp.float32)
+
+
+LayerPool = AttentionPages | GdnSlots
 
 
 @dataclass
 class SequenceState:
-    """The memory of one sequence.
+    """The memory of one sequence: a slot of the pool and the pages it reserved.
 
-    ``length`` tokens have been consumed by the main model (their K/V are in slots
-    ``0 .. length-1`` and their effect is folded into the GDN states). ``mtp`` is the MTP
-    layer's own K/V cache: slot j holds the entry built from hidden state j and token j+1;
-    ``mtp_length`` counts those entries.
+    ``length`` tokens have been consumed by the main model (their K/V are stored and their
+    effect is folded into the GDN states). The MTP layer keeps its own K/V in the same pages:
+    entry j is built from hidden state j and token j+1; ``mtp_length`` counts those entries.
+    ``max_context`` is what the reserved pages hold.
     """
 
+    pool: ContextPool
+    slot: int
+    pages: list[int]
     max_context: int
-    layers: list[LayerState]
-    mtp: KvCache | None = None
     length: int = 0
     mtp_length: int = 0
 
-    @classmethod
-    def allocate(
-        cls,
-        specs: Sequence[KvSpec | GdnSpec],
-        max_context: int,
-        xp: ModuleType,
-        *,
-        mtp: KvSpec | None = None,
-    ) -> SequenceState:
-        if max_context <= 0:
-            raise EngineError(f"max_context must be positive, got {max_context}")
-        layers: list[LayerState] = [_allocate(s, max_context, xp) for s in specs]
-        mtp_cache = _allocate(mtp, max_context, xp) if mtp is not None else None
-        assert mtp_cache is None or isinstance(mtp_cache, KvCache)
-        return cls(max_context, layers, mtp_cache)
-
     @property
     def free(self) -> int:
-        """Tokens the main model can still take before the K/V caches are full."""
+        """Tokens the main model can still take before the reserved pages are full."""
         return self.max_context - self.length
 
+    def addresses(self, start: int, count: int) -> tuple[Array, Array]:
+        """(page id, row in page) of tokens ``start .. start + count - 1``, as device arrays."""
+        positions = np.arange(start, start + count)
+        p = self.pool.page_tokens
+        page = np.asarray(self.pages, dtype=np.int64)[positions // p]
+        xp = self.pool.xp
+        return xp.asarray(page), xp.asarray(positions % p)
+
     def reset(self) -> None:
-        """Forget the sequence (zero the recurrent parts; K/V slots are simply overwritten)."""
+        """Forget the sequence (zero its recurrent states; K/V rows are simply overwritten)."""
         self.length = 0
         self.mtp_length = 0
-        for layer in self.layers:
-            if isinstance(layer, GdnState):
-                layer.recurrent[...] = 0
-                layer.conv[...] = 0
+        for layer in self.pool.layers:
+            if isinstance(layer, GdnSlots):
+                layer.recurrent[self.slot] = 0
+                layer.conv[self.slot] = 0
 
     def nbytes(self) -> int:
-        """Bytes held by the buffers (the request's memory footprint)."""
-        total = 0
-        for layer in [*self.layers, *([self.mtp] if self.mtp is not None else [])]:
-            if isinstance(layer, KvCache):
-                total += layer.k.nbytes + layer.v.nbytes
-            else:
-                total += layer.recurrent.nbytes + layer.conv.nbytes
-        return int(total)
+        """Bytes of the pool this sequence holds (its slot and its pages)."""
+        return self.pool.slot_bytes + len(self.pages) * self.pool.page_bytes
 
 
-def _allocate(spec: KvSpec | GdnSpec, max_context: int, xp: ModuleType) -> LayerState:
-    f32 = xp.float32
-    if isinstance(spec, KvSpec):
-        shape = (max_context, spec.kv_heads, spec.head_dim)
-        return KvCache(xp.zeros(shape, f32), xp.zeros(shape, f32))
-    return GdnState(
-        xp.zeros((spec.value_heads, spec.key_dim, spec.value_dim), f32),
-        xp.zeros((spec.conv_channels, spec.conv_kernel - 1), f32),
+class ContextPool:
+    """Slots and pages for up to ``slots`` sequences (see the module docstring)."""
+
+    def __init__(
+        self,
+        specs: Sequence[KvSpec | GdnSpec],
+        xp: ModuleType,
+        *,
+        slots: int,
+        pages: int,
+        max_context: int,
+        mtp: KvSpec | None = None,
+        page_tokens: int = PAGE_TOKENS,
+    ):
+        if slots <= 0 or max_context <= 0 or page_tokens <= 0:
+            raise EngineError("a context pool needs positive slots, max_context and page_tokens")
+        self.xp, self.page_tokens, self.max_context = xp, page_tokens, max_context
+        self.specs, self.mtp_spec = list(specs), mtp
+        self.max_pages = math.ceil(max_context / page_tokens)
+        self.pages = pages
+        self.layers: list[LayerPool] = [
+            AttentionPages(s, pages, page_tokens, xp)
+            if isinstance(s, KvSpec)
+            else GdnSlots(s, slots, xp)
+            for s in specs
+        ]
+        self.mtp = AttentionPages(mtp, pages, page_tokens, xp) if mtp is not None else None
+        # rows of unused slots point at page 0: reads there are masked, never trusted
+        self.page_table = xp.zeros((slots, self.max_pages), dtype=xp.int32)
+        self._free_slots = list(range(slots))[::-1]
+        self._free_pages = list(range(pages))[::-1]
+
+    # -------------------------------------------------------------------------- sizing
+    @staticmethod
+    def page_bytes_of(specs: Sequence[KvSpec | GdnSpec], mtp: KvSpec | None, tokens: int) -> int:
+        kv = [s for s in specs if isinstance(s, KvSpec)] + ([mtp] if mtp else [])
+        return sum(2 * tokens * s.kv_heads * s.head_dim * 4 for s in kv)
+
+    @staticmethod
+    def slot_bytes_of(specs: Sequence[KvSpec | GdnSpec]) -> int:
+        gdn = [s for s in specs if isinstance(s, GdnSpec)]
+        return sum(
+            4 * (s.value_heads * s.key_dim * s.value_dim + s.conv_channels * (s.conv_kernel - 1))
+            for s in gdn
+        )
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_bytes_of(self.specs, self.mtp_spec, self.page_tokens)
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.slot_bytes_of(self.specs)
+
+    @property
+    def slots(self) -> int:
+        return int(self.page_table.shape[0])
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free_pages)
+
+    def nbytes(self) -> int:
+        return self.slots * self.slot_bytes + self.pages * self.page_bytes
+
+    # -------------------------------------------------------------------- sequences
+    def pages_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.page_tokens)
+
+    def can_open(self, tokens: int) -> bool:
+        return bool(self._free_slots) and self.pages_for(tokens) <= len(self._free_pages)
+
+    def open(self, tokens: int) -> SequenceState:
+        """A fresh sequence with room for ``tokens`` tokens (zeroed recurrent state)."""
+        if not 0 < tokens <= self.max_context:
+            raise EngineError(f"a sequence needs 1..{self.max_context} tokens, asked {tokens}")
+        need = self.pages_for(tokens)
+        if not self._free_slots:
+            raise PoolFull(f"context pool: all {self.slots} slots are in use")
+        if need > len(self._free_pages):
+            raise PoolFull(
+                f"context pool: {tokens} tokens need {need} pages, {len(self._free_pages)} free"
+            )
+        slot = self._free_slots.pop()
+        pages = [self._free_pages.pop() for _ in range(need)]
+        row = np.zeros(self.max_pages, dtype=np.int32)
+        row[:need] = pages
+        self.page_table[slot] = self.xp.asarray(row)
+        state = SequenceState(self, slot, pages, min(tokens, need * self.page_tokens))
+        state.reset()
+        return state
+
+    def close(self, state: SequenceState) -> None:
+        """Give a sequence's slot and pages back (the state must not be used afterwards)."""
+        if state.pool is not self or state.slot < 0:
+            raise EngineError("close: this state does not belong to this pool (or was closed)")
+        self._free_pages.extend(reversed(state.pages))
+        self._free_slots.append(state.slot)
+        state.slot, state.pages, state.max_context = -1, [], 0
+
+
+def single_sequence_pool(
+    specs: Sequence[KvSpec | GdnSpec],
+    xp: ModuleType,
+    max_context: int,
+    *,
+    mtp: KvSpec | None = None,
+) -> ContextPool:
+    """A pool that holds exactly one sequence of ``max_context`` tokens."""
+    if max_context <= 0:
+        raise EngineError(f"max_context must be positive, got {max_context}")
+    p = min(PAGE_TOKENS, max_context)
+    return ContextPool(
+        specs,
+        xp,
+        slots=1,
+        pages=math.ceil(max_context / p),
+        max_context=max_context,
+        mtp=mtp,
+        page_tokens=p,
     )

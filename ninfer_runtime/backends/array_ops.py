@@ -223,6 +223,16 @@ class ReferenceOps:
     kernels replace them)."""
 
     linear: Any
+    xp: Any
+
+    def context_budget(self) -> int | None:
+        """Bytes the context pool may take (``--context-capacity auto``); None: no limit."""
+        return None
+
+    def compile_step(self, fn: Any, lanes: int) -> Any:
+        """A decode step taking host index arrays; run eagerly (a GPU backend captures it)."""
+        xp = self.xp
+        return lambda *host: fn(*(xp.asarray(a) for a in host))
 
     def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
         return rms_norm(x, w, eps, offset)

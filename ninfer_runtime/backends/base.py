@@ -21,7 +21,7 @@ Conventions shared by every backend:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
@@ -130,6 +130,53 @@ class Backend(Protocol):
 
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         """The mixture-of-experts block on rows x [N, H] -> [N, H]."""
+        ...
+
+    # ------------------------------------------------------------------ batched decode
+    # One token for each of N lanes; lanes are addressed by device index arrays (pool slot,
+    # position), never by host integers, so a step holds no host synchronisation.
+
+    def kv_write(
+        self,
+        k_pages: Array,
+        v_pages: Array,
+        page_table: Array,
+        slots: Array,
+        positions: Array,
+        k: Array,
+        v: Array,
+    ) -> None:
+        """Store k, v [N, Nkv, D] at each row's position in the paged pools (``state.py``)."""
+        ...
+
+    def attention_decode(
+        self,
+        q: Array,
+        k_pages: Array,
+        v_pages: Array,
+        page_table: Array,
+        slots: Array,
+        positions: Array,
+        *,
+        scale: float,
+    ) -> Array:
+        """Row i of q [N, Nq, D] attends over tokens 0..positions[i] of slot slots[i]."""
+        ...
+
+    def conv_step(self, x: Array, kernel: Array, conv_states: Array, slots: Array) -> Array:
+        """``causal_conv`` of one token per row, states [S, C, K-1] indexed by slot."""
+        ...
+
+    def gdn_step_slots(
+        self, q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
+    ) -> Array:
+        """``gdn_step`` of one token per row, states [S, Hv, dk, dv] indexed by slot."""
+        ...
+
+    def compile_step(self, fn: Callable[..., Any], lanes: int) -> Callable[..., Any]:
+        """Make ``fn(ids, slots, positions)`` (device int32 [lanes] each, returning device
+        arrays) callable with host arrays. The CPU runs it as it is; the CUDA backend
+        captures it once into a CUDA graph and replays it."""
         ...
 
 

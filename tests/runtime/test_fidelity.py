@@ -201,7 +201,10 @@ def test_batched_decode_equals_each_lane_alone(
 ) -> None:
     model = load_model(artifact_path(BF16_RECIPES[kind], kind))
     prompts = [prompt(n, seed=n) for n in (9, 70, 131)]
-    batched = [model.new_state(160) for _ in prompts]
+    # lanes of one batch share a pool; small pages so sequences span several, out of order
+    pool = model.new_pool(slots=4, pages=40, max_context=160, page_tokens=16)
+    pool.open(40)  # a slot and pages taken first, so the lanes' ids are not 0, 1, 2 ...
+    batched = [pool.open(160) for _ in prompts]
     alone = [model.new_state(160) for _ in prompts]
     last = []
     for ids, a, b in zip(prompts, batched, alone, strict=True):

@@ -30,9 +30,12 @@ def create_backend() -> Any:
     reason = unavailable_reason()
     if reason is not None:
         raise EngineError(reason)
+    import os
+
     from .backend import CudaBackend
 
-    return CudaBackend()
+    # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly (for debugging and comparison)
+    return CudaBackend(graphs=os.environ.get("NINFER_CUDA_GRAPHS", "1") != "0")
 
 
 __all__ = ["NEEDS", "create_backend", "unavailable_reason"]

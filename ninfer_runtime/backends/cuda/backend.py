@@ -17,6 +17,7 @@ import numpy as np
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
 from . import kernels
+from .graphs import EagerStep, GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
 
 #: bytes of the dequantization scratch buffer (float32 rows of one weight at a time)
@@ -27,9 +28,28 @@ class CudaBackend(ops.ReferenceOps):
     name = "cuda"
     xp = cp
 
-    def __init__(self) -> None:
+    def __init__(self, *, graphs: bool = True) -> None:
         self.residency = Residency(cp)
         self._scratch: Any = None
+        self.graphs = graphs
+        # decode graphs run on a blocking stream (ordered after the legacy default stream the
+        # rest of the work uses) and allocate from a pool no other work touches
+        self._stream = cp.cuda.Stream(non_blocking=False)
+        self._graph_pool = cp.cuda.MemoryPool()
+
+    # ------------------------------------------------------------------- decode steps
+    def compile_step(self, fn: Any, lanes: int) -> Any:
+        if not self.graphs:
+            return EagerStep(fn)
+        return GraphStep(fn, lanes, self._stream, self._graph_pool)
+
+    def context_budget(self) -> int | None:
+        """Free device memory less a reserve for activations, scratch and decode graphs."""
+        free, total = cp.cuda.runtime.memGetInfo()
+        pool = cp.get_default_memory_pool()
+        free += pool.free_bytes()  # cached by CuPy, reusable
+        reserve = max(2 << 30, total // 20) + SCRATCH_BYTES
+        return max(int(free) - reserve, 0)
 
     @property
     def load_report(self) -> Any:

@@ -9,13 +9,13 @@ out     = output (o * sigmoid(gate))
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ...backends import Backend, Weight
-from ...state import KvCache
+from ...state import AttentionPages
 from ..batch import Batch
 from ..functional import sigmoid
 from .config import AttentionConfig
@@ -28,18 +28,31 @@ class Rotary:
 
     Qwen3.5's multimodal RoPE gives each frequency slot a T, H or W position; for text all
     three are the token index, so the interleaved sections collapse to plain 1-D RoPE.
+    Angles are computed in float64 on the host; decode steps gather rows of a device table
+    (``table``) so their positions never leave the device.
     """
 
     def __init__(self, a: AttentionConfig, xp: Any):
         self.xp = xp
         rd = a.rotary_dim
         self.inv_freq = 1.0 / a.rope_theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd)
+        self._table: tuple[Array, Array] = (xp.zeros((0, rd), xp.float32),) * 2
 
-    def __call__(self, positions: np.ndarray) -> tuple[Array, Array]:
+    def host(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         angles = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
         angles = np.concatenate([angles, angles], axis=-1)
-        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def __call__(self, positions: np.ndarray) -> tuple[Array, Array]:
+        cos, sin = self.host(positions)
         return self.xp.asarray(cos), self.xp.asarray(sin)
+
+    def table(self, positions: int) -> tuple[Array, Array]:
+        """Device cos/sin rows for positions ``0 .. positions - 1`` (grown, never shrunk)."""
+        if self._table[0].shape[0] < positions:
+            cos, sin = self.host(np.arange(positions))
+            self._table = (self.xp.asarray(cos), self.xp.asarray(sin))
+        return self._table
 
 
 class GatedAttention:
@@ -66,9 +79,9 @@ class GatedAttention:
             p + s for s in ("query", "gate", "key", "value", "output", "query_norm", "key_norm")
         ]
 
-    def __call__(self, x: Array, batch: Batch, caches: Sequence[KvCache]) -> Array:
+    def __call__(self, x: Array, batch: Batch, memory: AttentionPages) -> Array:
         be, a = self.backend, self.a
-        n = x.shape[0]
+        n, scale = x.shape[0], a.head_dim**-0.5
         q = be.linear(x, self.query).reshape(n, a.heads, a.head_dim)
         gate = be.linear(x, self.gate)
         k = be.linear(x, self.key).reshape(n, a.kv_heads, a.head_dim)
@@ -76,12 +89,18 @@ class GatedAttention:
         q = be.rope(be.rms_norm(q, self.query_norm, self.eps, offset=1.0), batch.cos, batch.sin)
         k = be.rope(be.rms_norm(k, self.key_norm, self.eps, offset=1.0), batch.cos, batch.sin)
 
-        o = be.xp.empty_like(q)
-        for lane, cache in zip(batch.lanes, caches, strict=True):
-            slots = slice(lane.start, lane.start + lane.tokens)
-            cache.k[slots] = k[lane.rows]
-            cache.v[slots] = v[lane.rows]
-            o[lane.rows] = be.attention(
-                q[lane.rows], cache.k, cache.v, start=lane.start, scale=a.head_dim**-0.5
+        if batch.decode is not None:  # one token per lane, every lane at once
+            d = batch.decode
+            be.kv_write(memory.k, memory.v, d.page_table, d.slots, d.positions, k, v)
+            o = be.attention_decode(
+                q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
             )
+        else:
+            o = be.xp.empty_like(q)
+            for lane in batch.lanes:
+                memory.write(lane.state, lane.start, k[lane.rows], v[lane.rows])
+                keys, values = memory.read(lane.state, lane.start + lane.tokens)
+                o[lane.rows] = be.attention(
+                    q[lane.rows], keys, values, start=lane.start, scale=scale
+                )
         return be.linear(o.reshape(n, a.heads * a.head_dim) * sigmoid(gate), self.output)

@@ -11,11 +11,11 @@ out     = output (RMSNorm_plain(o; norm) * silu(z x))   (norm per head over dv)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ...backends import Backend, Weight
-from ...state import GdnState
+from ...state import GdnSlots
 from ..batch import Batch
 from ..functional import l2_normalize, sigmoid, silu, softplus
 from .config import GdnConfig
@@ -66,7 +66,7 @@ class GatedDeltaNet:
             )
         ]
 
-    def __call__(self, x: Array, batch: Batch, states: Sequence[GdnState]) -> Array:
+    def __call__(self, x: Array, batch: Batch, memory: GdnSlots) -> Array:
         be, c = self.backend, self.c
         xp, n = be.xp, x.shape[0]
         mixed = xp.concatenate(
@@ -76,16 +76,27 @@ class GatedDeltaNet:
         beta = sigmoid(be.linear(x, self.b_projection))
         g = -xp.exp(self.a_log) * softplus(be.linear(x, self.a_projection) + self.dt_bias)
 
-        o = xp.empty((n, c.value_heads, c.value_dim), dtype=xp.float32)
-        for lane, state in zip(batch.lanes, states, strict=True):
-            r = lane.rows
-            conv = silu(be.causal_conv(mixed[r], self.convolution, state.conv))
-            q, k, v = xp.split(conv, [c.key_width, 2 * c.key_width], axis=-1)
-            q = l2_normalize(q.reshape(-1, c.key_heads, c.key_dim)) * c.key_dim**-0.5
-            k = l2_normalize(k.reshape(-1, c.key_heads, c.key_dim))
-            v = v.reshape(-1, c.value_heads, c.value_dim)
-            scan = be.gdn_step if lane.tokens == 1 else be.gdn_chunk
-            o[r] = scan(q, k, v, g[r], beta[r], state.recurrent)
+        if batch.decode is not None:  # one token per lane, states addressed by slot
+            slots = batch.decode.slots
+            conv = silu(be.conv_step(mixed, self.convolution, memory.conv, slots))
+            q, k, v = self._heads(conv)
+            o = be.gdn_step_slots(q, k, v, g, beta, memory.recurrent, slots)
+        else:
+            o = xp.empty((n, c.value_heads, c.value_dim), dtype=xp.float32)
+            for lane in batch.lanes:
+                r, slot = lane.rows, lane.state.slot
+                conv = silu(be.causal_conv(mixed[r], self.convolution, memory.conv[slot]))
+                q, k, v = self._heads(conv)
+                scan = be.gdn_step if lane.tokens == 1 else be.gdn_chunk
+                o[r] = scan(q, k, v, g[r], beta[r], memory.recurrent[slot])
 
         y = be.rms_norm(o, self.norm, self.eps, offset=0.0) * silu(z)
         return be.linear(y.reshape(n, c.value_width), self.output)
+
+    def _heads(self, conv: Array) -> tuple[Array, Array, Array]:
+        """Split the convolved channels [q | k | v] into heads; q, k l2-normalised, q scaled."""
+        c = self.c
+        q, k, v = self.backend.xp.split(conv, [c.key_width, 2 * c.key_width], axis=-1)
+        q = l2_normalize(q.reshape(-1, c.key_heads, c.key_dim)) * c.key_dim**-0.5
+        k = l2_normalize(k.reshape(-1, c.key_heads, c.key_dim))
+        return q, k, v.reshape(-1, c.value_heads, c.value_dim)

@@ -18,9 +18,17 @@ import numpy as np
 
 from ...backends import Backend, Weight
 from ...errors import EngineError, ModelError
-from ...state import GdnSpec, KvSpec, SequenceState
+from ...state import (
+    PAGE_TOKENS,
+    ContextPool,
+    GdnSpec,
+    KvSpec,
+    LayerPool,
+    SequenceState,
+    single_sequence_pool,
+)
 from ..base import ForwardOutput
-from ..batch import Batch, Lane
+from ..batch import Batch, DecodeIndex, Lane
 from ..registry import register_model
 from .attention import GatedAttention, Rotary
 from .config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
@@ -71,9 +79,9 @@ class DecoderLayer:
             names += DenseMlp.parameter_names(prefix)
         return names
 
-    def __call__(self, h: Array, batch: Batch, states: Sequence[Any]) -> Array:
+    def __call__(self, h: Array, batch: Batch, memory: LayerPool) -> Array:
         norm = self.backend.rms_norm
-        h = h + self.mixer(norm(h, self.input_norm, self.eps, offset=1.0), batch, states)
+        h = h + self.mixer(norm(h, self.input_norm, self.eps, offset=1.0), batch, memory)  # type: ignore[arg-type]
         return h + self.ffn(norm(h, self.post_attention_norm, self.eps, offset=1.0))
 
 
@@ -107,6 +115,7 @@ class Qwen35Model:
         self.mtp = (
             MtpHead(c, backend, w, self.token_embedding, self.output_head) if with_mtp else None
         )
+        self._steps: dict[tuple[int, int], Any] = {}
 
     @staticmethod
     def parameter_names(c: Qwen35Config, with_mtp: bool) -> list[str]:
@@ -122,7 +131,8 @@ class Qwen35Model:
         return self.mtp is not None
 
     # ------------------------------------------------------------------------- state
-    def new_state(self, max_context: int) -> SequenceState:
+    def state_specs(self) -> tuple[list[KvSpec | GdnSpec], KvSpec | None]:
+        """What each layer (and the MTP layer, if any) keeps per sequence."""
         c = self.config
         specs: list[KvSpec | GdnSpec] = []
         for kind in c.layer_types:
@@ -138,7 +148,27 @@ class Qwen35Model:
         mtp = None
         if self.mtp is not None and c.attention is not None:
             mtp = KvSpec(c.attention.kv_heads, c.attention.head_dim)
-        return SequenceState.allocate(specs, max_context, self.backend.xp, mtp=mtp)
+        return specs, mtp
+
+    def new_pool(
+        self, *, slots: int, pages: int, max_context: int, page_tokens: int = PAGE_TOKENS
+    ) -> ContextPool:
+        specs, mtp = self.state_specs()
+        return ContextPool(
+            specs,
+            self.backend.xp,
+            slots=slots,
+            pages=pages,
+            max_context=max_context,
+            mtp=mtp,
+            page_tokens=page_tokens,
+        )
+
+    def new_state(self, max_context: int) -> SequenceState:
+        """A sequence of up to ``max_context`` tokens in a pool of its own."""
+        specs, mtp = self.state_specs()
+        pool = single_sequence_pool(specs, self.backend.xp, max_context, mtp=mtp)
+        return pool.open(max_context)
 
     # ----------------------------------------------------------------------- forward
     def forward(
@@ -151,12 +181,23 @@ class Qwen35Model:
         """Advance every lane by its tokens; lanes share projections, not memory."""
         be = self.backend
         lanes, ids = self._plan(tokens_per_lane, states)
+        pool = states[0].pool
+        if all(lane.tokens == 1 for lane in lanes):
+            logits, h = self._decode_step(pool, len(lanes))(
+                np.concatenate(ids).astype(np.int32),
+                np.asarray([s.slot for s in states], dtype=np.int32),
+                np.asarray([s.length for s in states], dtype=np.int32),
+            )
+            for state in states:
+                state.length += 1
+            rows = [slice(i, i + 1) for i in range(len(lanes))]
+            return ForwardOutput([logits[r] for r in rows], [h[r] for r in rows])
+
         positions = np.concatenate([np.arange(ln.start, ln.start + ln.tokens) for ln in lanes])
         batch = self._batch(lanes, positions)
-
         h = be.embedding(be.xp.asarray(np.concatenate(ids)), self.token_embedding)
-        for i, layer in enumerate(self.layers):
-            h = layer(h, batch, [s.layers[i] for s in states])
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            h = layer(h, batch, memory)
         h = be.rms_norm(h, self.final_norm, self.config.eps, offset=1.0)
         for lane, state in zip(lanes, states, strict=True):
             state.length += lane.tokens
@@ -198,7 +239,7 @@ class Qwen35Model:
         """
         if self.mtp is None:
             raise ModelError("artifact has no mtp component")
-        if state.mtp is None:
+        if state.pool.mtp is None:
             raise EngineError("this state was made without an MTP cache")
         start = state.mtp_length if start is None else start
         ids = np.asarray(next_token_ids).reshape(-1)
@@ -217,10 +258,44 @@ class Qwen35Model:
         self._check_ids(ids, "mtp_logits")
         assert self.rotary is not None
         positions = np.arange(start + 1, start + 1 + t)  # positions of the embedded tokens
-        batch = self._batch([Lane(slice(0, t), start)], positions)
-        logits = self.mtp(hidden, self.backend.xp.asarray(ids), batch, state.mtp)
+        batch = self._batch([Lane(slice(0, t), start, state)], positions)
+        assert state.pool.mtp is not None
+        logits = self.mtp(hidden, self.backend.xp.asarray(ids), batch, state.pool.mtp)
         state.mtp_length = start + t
         return logits
+
+    # ----------------------------------------------------------------------- decoding
+    def _decode_step(self, pool: ContextPool, lanes: int) -> Any:
+        """The decode step for ``lanes`` lanes of ``pool``, made once: the backend may
+        capture it (a CUDA graph per lane count) and replay it every token."""
+        key = (id(pool), lanes)
+        step = self._steps.get(key)
+        if step is None:
+            if self.rotary is not None:
+                self.rotary.table(pool.max_context)  # sized before any capture
+            step = self.backend.compile_step(
+                lambda ids, slots, positions: self._decode_rows(pool, ids, slots, positions),
+                lanes,
+            )
+            self._steps = {k: v for k, v in self._steps.items() if k[0] == id(pool)}
+            self._steps[key] = step
+        return step
+
+    def _decode_rows(
+        self, pool: ContextPool, ids: Array, slots: Array, positions: Array
+    ) -> tuple[Array, Array]:
+        """One token for each row, every index on the device: (logits, hidden) [N, ...]."""
+        be = self.backend
+        cos = sin = None
+        if self.rotary is not None:
+            cos_table, sin_table = self.rotary.table(pool.max_context)
+            cos, sin = cos_table[positions], sin_table[positions]
+        batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table))
+        h = be.embedding(ids, self.token_embedding)
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            h = layer(h, batch, memory)
+        h = be.rms_norm(h, self.final_norm, self.config.eps, offset=1.0)
+        return be.linear(h, self.output_head), h
 
     # --------------------------------------------------------------------- internals
     def _batch(self, lanes: list[Lane], positions: np.ndarray) -> Batch:
@@ -241,14 +316,18 @@ class Qwen35Model:
         lanes, ids, row = [], [], 0
         for i, (tokens, state) in enumerate(zip(tokens_per_lane, states, strict=True)):
             toks = np.asarray(tokens).reshape(-1)
-            if len(state.layers) != len(self.layers):
+            if len(state.pool.layers) != len(self.layers):
                 raise EngineError(
-                    f"lane {i}: state has {len(state.layers)} layers, the model "
+                    f"lane {i}: state has {len(state.pool.layers)} layers, the model "
                     f"{len(self.layers)} (made by another model?)"
                 )
             self._check_capacity(i, len(toks), state)
             self._check_ids(toks, f"lane {i}")
-            lanes.append(Lane(slice(row, row + len(toks)), state.length))
+            if state.pool is not states[0].pool:
+                raise EngineError(f"lane {i}: its state lives in another context pool")
+            if state.slot < 0:
+                raise EngineError(f"lane {i}: its state was closed")
+            lanes.append(Lane(slice(row, row + len(toks)), state.length, state))
             ids.append(toks.astype(np.int64))
             row += len(toks)
         return lanes, ids

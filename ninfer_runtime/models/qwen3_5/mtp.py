@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...backends import Backend, Weight
-from ...state import KvCache
+from ...state import AttentionPages
 from ..batch import Batch
 from .config import FULL_ATTENTION, Qwen35Config
 
@@ -48,12 +48,14 @@ class MtpHead:
         names = ["mtp/input_projection", "mtp/embedding_norm", "mtp/hidden_norm", "mtp/final_norm"]
         return names + DecoderLayer.parameter_names(PREFIX, FULL_ATTENTION, c)
 
-    def __call__(self, hidden: Array, next_ids: Array, batch: Batch, cache: KvCache) -> Array:
+    def __call__(
+        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+    ) -> Array:
         be, eps = self.backend, self.eps
         e = be.rms_norm(
             be.embedding(next_ids, self.token_embedding), self.embedding_norm, eps, offset=1.0
         )
         h = be.rms_norm(hidden, self.hidden_norm, eps, offset=1.0)
         x = be.linear(be.xp.concatenate([e, h], axis=-1), self.input_projection)
-        x = self.block(x, batch, [cache])
+        x = self.block(x, batch, memory)
         return be.linear(be.rms_norm(x, self.final_norm, eps, offset=1.0), self.output_head)

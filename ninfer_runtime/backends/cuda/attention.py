@@ -1,0 +1,201 @@
+"""Launchers for decode attention over a paged KV pool and the KV-cache write
+(``kernels/attention.cu``), matching ``array_ops.attention_decode`` and ``array_ops.kv_write``.
+
+Pools are ``[pages, PAGE, Nkv, D]`` float32, or uint16 holding bfloat16 words. Launches never
+read device memory or synchronise: the split count depends only on the table's reach
+(``max_pages * PAGE``), so a launch can be captured in a CUDA graph and replayed with other
+positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .compile import function, register_family
+
+FAMILY = "attention"
+HEAD_DIMS = (32, 64, 128, 256)
+MAX_GROUP = 8
+#: must match ATTN_WARPS in kernels/attention.cu
+ATTN_WARPS = 4
+_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16"}
+
+register_family(
+    FAMILY,
+    [
+        f"attn_partial<{d}, {g}, {t}>"
+        for d in HEAD_DIMS
+        for g in range(1, MAX_GROUP + 1)
+        for t in _DTYPES.values()
+    ]
+    + [f"attn_combine<{d}>" for d in HEAD_DIMS]
+    + [f"kv_write<{t}>" for t in _DTYPES.values()]
+    + ["to_bf16"],
+)
+
+__all__ = ["attention_decode", "kv_write", "split_policy", "to_bf16_bits"]
+
+
+def split_policy(max_context: int) -> tuple[int, int]:
+    """(chunk, splits) for a table reaching ``max_context`` tokens: chunks of at least 128
+    tokens (a multiple of 64), at most 128 of them. Enough blocks to fill the GPU at one lane
+    and a few kv heads, and the partials stay small next to the K/V they summarise."""
+    per_split = -(-max_context // 128)  # ceil: the chunk if there were 128 splits
+    chunk = max(128, -(-per_split // 64) * 64)
+    return chunk, -(-max_context // chunk)
+
+
+def _check(name: str, a: Any, dtypes: tuple[Any, ...], ndim: int) -> None:
+    if getattr(a, "ndim", None) != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d device array, got {getattr(a, 'shape', a)}")
+    if a.dtype not in [np.dtype(t) for t in dtypes]:
+        raise ValueError(f"{name}: dtype {a.dtype}, expected one of {[str(t) for t in dtypes]}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: must be C-contiguous")
+
+
+def _check_paged(
+    k_pages: Any, v_pages: Any, page_table: Any, slots: Any, positions: Any
+) -> tuple[int, int, int, int]:
+    """Validate the pool, table and per-lane arrays -> (N, PAGE, Nkv, D)."""
+    _check("k_pages", k_pages, tuple(_DTYPES), 4)
+    _check("v_pages", v_pages, tuple(_DTYPES), 4)
+    if v_pages.shape != k_pages.shape or v_pages.dtype != k_pages.dtype:
+        raise ValueError(
+            f"v_pages: {v_pages.shape} {v_pages.dtype} differs from k_pages "
+            f"{k_pages.shape} {k_pages.dtype}"
+        )
+    _, page, nkv, d = k_pages.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"k_pages: head dim {d} not supported (one of {HEAD_DIMS})")
+    for name, pool in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if pool.data.ptr % 16:
+            raise ValueError(f"{name}: must be 16-byte aligned (rows are read as vectors)")
+    _check("page_table", page_table, (np.int32,), 2)
+    _check("slots", slots, (np.int32,), 1)
+    _check("positions", positions, (np.int32,), 1)
+    n = slots.shape[0]
+    if positions.shape != (n,):
+        raise ValueError(f"positions: shape {positions.shape}, expected ({n},) like slots")
+    if page_table.shape[1] * page >= 2**31:
+        raise ValueError("page_table: max_pages * PAGE must fit in int32")
+    return n, page, nkv, d
+
+
+def attention_decode(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    slots: Any,
+    positions: Any,
+    scale: float,
+) -> Any:
+    """q [N, Nq, D] float32: row i attends over tokens 0..positions[i] of slot ``slots[i]``
+    (query head j reads kv head ``j // (Nq / Nkv)``) -> float32 [N, Nq, D], a new array."""
+    import cupy as cp
+
+    n, page, nkv, d = _check_paged(k_pages, v_pages, page_table, slots, positions)
+    _check("q", q, (np.float32,), 3)
+    if q.shape[0] != n or q.shape[2] != d:
+        raise ValueError(f"q: shape {q.shape}, expected ({n}, Nq, {d})")
+    nq = q.shape[1]
+    if nq % nkv or not 1 <= nq // nkv <= MAX_GROUP:
+        raise ValueError(f"q: {nq} heads over {nkv} kv heads: group must be 1..{MAX_GROUP}")
+    group = nq // nkv
+    out = cp.empty((n, nq, d), dtype=cp.float32)
+    if n == 0:
+        return out
+    max_context = page_table.shape[1] * page
+    chunk, splits = split_policy(max_context)
+    ws_acc = cp.empty((n, nkv, splits, group, d), dtype=cp.float32)
+    ws_ml = cp.empty((n, nkv, splits, group, 2), dtype=cp.float32)
+    kind = _DTYPES[k_pages.dtype]
+    function(FAMILY, f"attn_partial<{d}, {group}, {kind}>")(
+        (n, nkv, splits),
+        (ATTN_WARPS * 32,),
+        (
+            q,
+            k_pages,
+            v_pages,
+            page_table,
+            slots,
+            positions,
+            np.int32(nkv),
+            np.int32(page),
+            np.int32(page_table.shape[1]),
+            np.int32(chunk),
+            np.float32(scale),
+            ws_acc,
+            ws_ml,
+        ),
+    )
+    function(FAMILY, f"attn_combine<{d}>")(
+        (n, nq),
+        (d,),
+        (
+            ws_acc,
+            ws_ml,
+            positions,
+            np.int32(nkv),
+            np.int32(group),
+            np.int32(splits),
+            np.int32(chunk),
+            np.int32(max_context),
+            out,
+        ),
+    )
+    return out
+
+
+def kv_write(
+    k_pages: Any, v_pages: Any, page_table: Any, slots: Any, positions: Any, k: Any, v: Any
+) -> None:
+    """Store k, v [N, Nkv, D] float32 at each row's position: page
+    ``page_table[slot, pos // PAGE]``, row ``pos % PAGE`` (bf16 pools round to nearest even).
+    Positions outside ``0 .. max_pages * PAGE - 1`` write nothing."""
+    n, page, nkv, d = _check_paged(k_pages, v_pages, page_table, slots, positions)
+    for name, a in (("k", k), ("v", v)):
+        _check(name, a, (np.float32,), 3)
+        if a.shape != (n, nkv, d):
+            raise ValueError(f"{name}: shape {a.shape}, expected ({n}, {nkv}, {d})")
+    total = n * nkv * d
+    if total == 0:
+        return
+    threads = 256
+    function(FAMILY, f"kv_write<{_DTYPES[k_pages.dtype]}>")(
+        (min(-(-total // threads), 4096),),
+        (threads,),
+        (
+            k_pages,
+            v_pages,
+            page_table,
+            slots,
+            positions,
+            k,
+            v,
+            np.int32(n),
+            np.int32(nkv * d),
+            np.int32(page),
+            np.int32(page_table.shape[1]),
+        ),
+    )
+
+
+def to_bf16_bits(x: Any) -> Any:
+    """float32 device array -> uint16 bfloat16 words of the same shape (round to nearest
+    even, NaN stays NaN; as ``ninfer_format.numeric.f32_to_bf16``)."""
+    import cupy as cp
+
+    if x.dtype != np.float32:
+        raise ValueError(f"x: dtype {x.dtype}, expected float32")
+    x = cp.ascontiguousarray(x)
+    out = cp.empty(x.shape, dtype=cp.uint16)
+    if x.size:
+        threads = 256
+        function(FAMILY, "to_bf16")(
+            (min(-(-x.size // threads), 65536),), (threads,), (x, out, np.int64(x.size))
+        )
+    return out

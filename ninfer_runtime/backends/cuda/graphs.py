@@ -1,0 +1,64 @@
+"""Decode steps captured once as CUDA graphs and replayed every token.
+
+A decode step launches a few hundred small kernels; replaying them as one graph removes the
+Python and launch overhead between them. What makes a step capturable is the model's job (no
+host synchronisation, lanes addressed by device index arrays); this module owns the rest:
+
+* the step's inputs (token ids, slots, positions) live in static device buffers that the
+  host overwrites before each replay;
+* everything the step allocates comes from a memory pool of its own, which is never handed
+  to anything else, so the addresses baked into the graph stay valid for its lifetime;
+* the outputs are the arrays the capture produced, copied out after each replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+log = logging.getLogger("ninfer.cuda")
+
+
+class GraphStep:
+    """``fn(ids, slots, positions)`` for a fixed lane count, captured on first call."""
+
+    def __init__(self, fn: Callable[..., tuple[Any, ...]], lanes: int, stream: Any, pool: Any):
+        self.fn, self.lanes, self.stream, self.pool = fn, lanes, stream, pool
+        self.inputs = [cp.zeros(lanes, dtype=cp.int32) for _ in range(3)]
+        self.graph: Any = None
+        self.outputs: tuple[Any, ...] = ()
+
+    def __call__(self, *host: np.ndarray) -> tuple[Any, ...]:
+        with self.stream:
+            for buf, values in zip(self.inputs, host, strict=True):
+                buf.set(np.ascontiguousarray(values, dtype=np.int32), stream=self.stream)
+            if self.graph is None:
+                self._capture()
+            self.graph.launch(self.stream)
+            return tuple(out.copy() for out in self.outputs)
+
+    def _capture(self) -> None:
+        # a warm-up run first: kernels compile and cuBLAS/cuRAND set up outside the capture
+        self.fn(*self.inputs)
+        self.stream.synchronize()
+        with cp.cuda.using_allocator(self.pool.malloc):
+            self.stream.begin_capture()
+            try:
+                self.outputs = tuple(self.fn(*self.inputs))
+            finally:
+                self.graph = self.stream.end_capture()
+        log.info("captured the decode step for %d lane(s)", self.lanes)
+
+
+class EagerStep:
+    """The same call without a graph (``graphs=False``, or for comparison in tests)."""
+
+    def __init__(self, fn: Callable[..., tuple[Any, ...]]):
+        self.fn = fn
+
+    def __call__(self, *host: np.ndarray) -> tuple[Any, ...]:
+        return tuple(self.fn(*(cp.asarray(np.asarray(h, dtype=np.int32)) for h in host)))

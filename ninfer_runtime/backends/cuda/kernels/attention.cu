@@ -1,0 +1,288 @@
+// Decode attention over a paged KV pool (split-K "flash decoding"), and the KV-cache write.
+//
+// Pools are [pages, PAGE, Nkv, D], float32 or bf16 words (u16); token t of the sequence in
+// slot s lives in page page_table[s, t / PAGE], row t % PAGE. Each lane i has one query token
+// that attends over tokens 0..positions[i]. The reference is array_ops.attention_decode.
+//
+// attn_partial: grid (N, Nkv, SPLITS), ATTN_WARPS warps. A block takes one kv head, the G
+// query heads that read it, and the tokens [split * chunk, split * chunk + chunk) clipped to
+// the lane's position. Each warp runs an online softmax over its own tokens (a whole D-wide
+// row per warp: coalesced loads, dot products finished with shuffles); the warps' states are
+// merged through shared memory into one partial (m, l, acc[D]) per query head. Scores are
+// kept in the log2 domain (q is pre-scaled by scale * log2(e)) so every exponential is exp2f.
+// attn_combine: grid (N, Nq), D threads: merges the used splits of each query head.
+
+#define ATTN_WARPS 4
+#define ATTN_UNROLL 4  // tokens per warp per step: 4 K rows and 4 V rows in flight per warp
+#define NEG_INF __int_as_float(0xff800000)
+#define LOG2E 1.4426950408889634f
+
+// The D / 32 columns of a row that `lane` holds, element c: float rows are read as float4
+// pieces interleaved across the warp (each load instruction covers 512 contiguous bytes);
+// bf16 rows as one load of D / 32 contiguous words (at most 16 bytes) per lane.
+template <int D, typename T>
+__device__ __forceinline__ int column(int lane, int c) {
+  constexpr int VEC = D / 32;
+  if (sizeof(T) == 4 && VEC >= 4) return ((c >> 2) * 32 + lane) * 4 + (c & 3);
+  return lane * VEC + c;
+}
+
+template <int D>
+__device__ __forceinline__ void load_row(const float* __restrict__ row, int lane,
+                                         float (&x)[D / 32]) {
+  constexpr int VEC = D / 32;
+  if constexpr (VEC >= 4) {
+#pragma unroll
+    for (int p = 0; p < VEC / 4; ++p) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(row) + p * 32 + lane);
+      x[4 * p] = f.x;
+      x[4 * p + 1] = f.y;
+      x[4 * p + 2] = f.z;
+      x[4 * p + 3] = f.w;
+    }
+  } else if constexpr (VEC == 2) {
+    const float2 f = __ldg(reinterpret_cast<const float2*>(row) + lane);
+    x[0] = f.x;
+    x[1] = f.y;
+  } else {
+    x[0] = __ldg(row + lane);
+  }
+}
+
+// Two bf16 words packed little-endian in w (element 0 in the low half) -> two floats.
+__device__ __forceinline__ void bf16x2(u32 w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xFFFF0000u);
+}
+
+template <int D>
+__device__ __forceinline__ void load_row(const u16* __restrict__ row, int lane,
+                                         float (&x)[D / 32]) {
+  constexpr int VEC = D / 32;
+  if constexpr (VEC == 8) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(row) + lane);
+    bf16x2(u.x, x[0], x[1]);
+    bf16x2(u.y, x[2], x[3]);
+    bf16x2(u.z, x[4], x[5]);
+    bf16x2(u.w, x[6], x[7]);
+  } else if constexpr (VEC == 4) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + lane);
+    bf16x2(u.x, x[0], x[1]);
+    bf16x2(u.y, x[2], x[3]);
+  } else if constexpr (VEC == 2) {
+    bf16x2(__ldg(reinterpret_cast<const u32*>(row) + lane), x[0], x[1]);
+  } else {
+    x[0] = bf16_to_f32(__ldg(row + lane));
+  }
+}
+
+// ws_acc [N, Nkv, SPLITS, G, D] and ws_ml [N, Nkv, SPLITS, G, 2] (m in log2 units, l): the
+// unnormalised partials. A split that starts past the position writes m = -inf, l = 0.
+template <int D, int G, typename T>
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
+    attn_partial(const float* __restrict__ q, const T* __restrict__ k_pages,
+                 const T* __restrict__ v_pages, const int* __restrict__ page_table,
+                 const int* __restrict__ slots, const int* __restrict__ positions, int nkv,
+                 int page, int max_pages, int chunk, float scale, float* __restrict__ ws_acc,
+                 float* __restrict__ ws_ml) {
+  constexpr int VEC = D / 32;
+  __shared__ float s_acc[ATTN_WARPS][G][D];
+  __shared__ float s_m[ATTN_WARPS][G], s_l[ATTN_WARPS][G];
+
+  const int i = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long part = ((long long)(i * nkv + h) * gridDim.z + split) * G;  // (i, h, split, 0)
+  const int start = split * chunk;
+  // inclusive; a position past the table's reach attends to every token it names (as the
+  // reference does), so nothing is read beyond the table
+  const int end = min(min(positions[i], max_pages * page - 1), start + chunk - 1);
+  if (start > end) {
+    if (threadIdx.x < G) {
+      ws_ml[(part + threadIdx.x) * 2] = NEG_INF;
+      ws_ml[(part + threadIdx.x) * 2 + 1] = 0.f;
+    }
+    return;
+  }
+
+  // q of the group, pre-scaled into the log2 domain; in shared memory rather than registers,
+  // which go to the K/V rows in flight and the accumulators
+  __shared__ float s_q[G][D];
+  for (int e = threadIdx.x; e < G * D; e += ATTN_WARPS * 32)
+    s_q[e / D][e % D] = q[((long long)i * nkv * G + h * G) * D + e] * (scale * LOG2E);
+  __syncthreads();
+
+  const int* table = page_table + (long long)slots[i] * max_pages;
+  const long long token_stride = (long long)nkv * D;
+  float m[G], l[G], acc[G][VEC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = NEG_INF;
+    l[g] = 0.f;
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) acc[g][c] = 0.f;
+  }
+
+  // page ids of the step's tokens, fetched one step ahead so the row loads do not wait on them
+  int pg[ATTN_UNROLL];
+  int t0 = start + warp * ATTN_UNROLL;
+#pragma unroll
+  for (int u = 0; u < ATTN_UNROLL; ++u) pg[u] = t0 + u <= end ? table[(t0 + u) / page] : 0;
+  for (; t0 <= end; t0 += ATTN_WARPS * ATTN_UNROLL) {
+    float kx[ATTN_UNROLL][VEC], vx[ATTN_UNROLL][VEC];
+#pragma unroll
+    for (int u = 0; u < ATTN_UNROLL; ++u) {
+      const int t = t0 + u;
+      if (t <= end) {
+        const long long off =
+            ((long long)pg[u] * page + t % page) * token_stride + (long long)h * D;
+        load_row<D>(k_pages + off, lane, kx[u]);
+        load_row<D>(v_pages + off, lane, vx[u]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) kx[u][c] = vx[u][c] = 0.f;
+      }
+    }
+    const int next = t0 + ATTN_WARPS * ATTN_UNROLL;
+#pragma unroll
+    for (int u = 0; u < ATTN_UNROLL; ++u) pg[u] = next + u <= end ? table[(next + u) / page] : 0;
+    float s[ATTN_UNROLL][G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float qg[VEC];
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) qg[c] = s_q[g][column<D, T>(lane, c)];
+#pragma unroll
+      for (int u = 0; u < ATTN_UNROLL; ++u) {
+        float dot = 0.f;
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) dot = fmaf(qg[c], kx[u][c], dot);
+        s[u][g] = dot;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (int u = 0; u < ATTN_UNROLL; ++u) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xFFFFFFFFu, s[u][g], off);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < ATTN_UNROLL; ++u)
+        if (t0 + u <= end) mx = fmaxf(mx, s[u][g]);
+      const float alpha = exp2f(m[g] - mx);  // 0 on the first step (m = -inf)
+      float p[ATTN_UNROLL];
+#pragma unroll
+      for (int u = 0; u < ATTN_UNROLL; ++u) {
+        p[u] = t0 + u <= end ? exp2f(s[u][g] - mx) : 0.f;
+        l[g] = u == 0 ? fmaf(l[g], alpha, p[0]) : l[g] + p[u];
+      }
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) {
+        float a = acc[g][c] * alpha;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; ++u) a = fmaf(p[u], vx[u][c], a);
+        acc[g][c] = a;
+      }
+      m[g] = mx;
+    }
+  }
+
+  // merge the warps (a warp with no tokens has m = -inf, l = 0, acc = 0; warp 0 always has
+  // the split's first token, so the merged max is finite)
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) s_acc[warp][g][column<D, T>(lane, c)] = acc[g][c];
+    if (lane == 0) {
+      s_m[warp][g] = m[g];
+      s_l[warp][g] = l[g];
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < G * D; e += ATTN_WARPS * 32) {
+    const int g = e / D, d = e % D;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
+    float a = 0.f, sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+      const float wt = s_m[w][g] == NEG_INF ? 0.f : exp2f(s_m[w][g] - mx);
+      a = fmaf(s_acc[w][g][d], wt, a);
+      sum = fmaf(s_l[w][g], wt, sum);
+    }
+    ws_acc[(part + g) * D + d] = a;
+    if (d == 0) {
+      ws_ml[(part + g) * 2] = mx;
+      ws_ml[(part + g) * 2 + 1] = sum;
+    }
+  }
+}
+
+// out [N, Nq, D]: block (i, j) merges the splits of lane i that hold tokens (those up to its
+// position), query head j; thread d writes column d.
+template <int D>
+__global__ void __launch_bounds__(D)
+    attn_combine(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                 const int* __restrict__ positions, int nkv, int group, int splits, int chunk,
+                 int max_context, float* __restrict__ out) {
+  const int i = blockIdx.x, j = blockIdx.y, d = threadIdx.x;
+  const int h = j / group, g = j % group;
+  const int last = min(positions[i], max_context - 1);
+  const int used = last < 0 ? 0 : min(last / chunk + 1, splits);
+  const long long base = (long long)(i * nkv + h) * splits * group + g;  // (i, h, 0, g)
+  float mx = NEG_INF;
+  for (int s = 0; s < used; ++s) mx = fmaxf(mx, ws_ml[(base + (long long)s * group) * 2]);
+  float a = 0.f, sum = 0.f;
+  for (int s = 0; s < used; ++s) {
+    const long long e = base + (long long)s * group;
+    const float m = ws_ml[e * 2];
+    const float wt = m == NEG_INF ? 0.f : exp2f(m - mx);
+    sum = fmaf(ws_ml[e * 2 + 1], wt, sum);
+    a = fmaf(ws_acc[e * D + d], wt, a);
+  }
+  // no visible token (a negative position): 0 / 0 = NaN, as the reference's softmax gives
+  out[((long long)i * nkv * group + j) * D + d] = a / sum;
+}
+
+// float32 -> bf16 word, round to nearest even; NaN stays NaN (ninfer_format.numeric.f32_to_bf16:
+// a NaN whose payload is only in the low half gets the quiet bit instead of becoming Inf).
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+  const u32 bits = __float_as_uint(f), high = bits >> 16;
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((high & 0x7Fu) == 0 ? high | 0x40u : high);
+  return (u16)((bits + 0x7FFFu + (high & 1u)) >> 16);
+}
+
+__device__ __forceinline__ void store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store(u16* p, float x) { *p = f32_to_bf16(x); }
+
+// Row i of k, v [N, Nkv, D] (float32) goes to token positions[i] of slot slots[i]. A position
+// outside the table's reach (negative, or >= max_pages * page) writes nothing.
+template <typename T>
+__global__ void kv_write(T* __restrict__ k_pages, T* __restrict__ v_pages,
+                         const int* __restrict__ page_table, const int* __restrict__ slots,
+                         const int* __restrict__ positions, const float* __restrict__ k,
+                         const float* __restrict__ v, int n, int row_width, int page,
+                         int max_pages) {
+  const long long total = (long long)n * row_width;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+       e += (long long)gridDim.x * blockDim.x) {
+    const int i = (int)(e / row_width), r = (int)(e % row_width);
+    const int pos = positions[i];
+    if (pos < 0 || pos >= max_pages * page) continue;
+    const long long pg = page_table[(long long)slots[i] * max_pages + pos / page];
+    const long long dst = (pg * page + pos % page) * row_width + r;
+    store(k_pages + dst, k[e]);
+    store(v_pages + dst, v[e]);
+  }
+}
+
+__global__ void to_bf16(const float* __restrict__ x, u16* __restrict__ y, long long n) {
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
+       e += (long long)gridDim.x * blockDim.x)
+    y[e] = f32_to_bf16(x[e]);
+}

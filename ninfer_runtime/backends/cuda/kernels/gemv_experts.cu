@@ -1,0 +1,37 @@
+// Expert-indexed GEMV for mixture-of-experts decode, reusing gemv.cuh's driver and the layout
+// policies. The policies live in gemv_row_split.cu, gemv_nvfp4.cu, gemv_fp8.cu and
+// gemv_bf16.cu, so this family's translation unit is common.cuh + gemv.cuh + those four files
+// + this one (moe.py extends compile.family_source for it); nothing is included here.
+//
+// Pair p = blockIdx.y of the N * k (token row, slot) pairs uses expert e = ids[p]:
+//   y[p, r] = sum_k x[xrow(p), k] W_e[r, k]   for r < rows,
+// where W_e is rows row0[e] .. row0[e] + rows - 1 of the resident object whose bytes start at
+// device address base[e]. Every expert shares one geometry (off1, off2, stride, rpd, units),
+// which holds for the experts of one layer whether stacked in one object or stored apart.
+// xrow(p) = p / k for gate / up (x is [N, K]) and p for down (x is the per-pair [N * k, I]).
+// blockIdx.x tiles the rows exactly as the plain GEMV does with M = 1.
+
+#define DEFINE_GEMV_EXPERTS(NAME, POLICY)                                                   \
+  template <int R, int KS>                                                                  \
+  __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
+      NAME(const u64* __restrict__ base, const int* __restrict__ row0,                      \
+           const int* __restrict__ ids, int k, int x_per_pair, long long off1,              \
+           long long off2, int stride, int rpd, int rows, int units,                        \
+           const float* __restrict__ x, int ldx, float* __restrict__ y, int ldy) {          \
+    POLICY::setup();                                                                        \
+    const int p = blockIdx.y;                                                               \
+    const int e = __ldg(ids + p);                                                           \
+    GemvArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};      \
+    const float* xp = x + (long long)(x_per_pair ? p : p / k) * ldx;                       \
+    gemv_driver<POLICY, 1, R, KS>(a, __ldg(row0 + e), rows, units, xp, ldx,                \
+                                  y + (long long)p * ldy, ldy);                             \
+  }
+
+DEFINE_GEMV_EXPERTS(gemv_experts_q4, RowSplitInt<4>)
+DEFINE_GEMV_EXPERTS(gemv_experts_q5, RowSplitInt<5>)
+DEFINE_GEMV_EXPERTS(gemv_experts_q6, RowSplitInt<6>)
+DEFINE_GEMV_EXPERTS(gemv_experts_q8, RowSplitInt<8>)
+DEFINE_GEMV_EXPERTS(gemv_experts_nf4, RowSplitNf4)
+DEFINE_GEMV_EXPERTS(gemv_experts_nvfp4, Nvfp4)
+DEFINE_GEMV_EXPERTS(gemv_experts_fp8, Fp8Row)
+DEFINE_GEMV_EXPERTS(gemv_experts_bf16, Bf16Row)

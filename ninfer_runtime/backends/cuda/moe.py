@@ -1,0 +1,277 @@
+"""Graph-capturable mixture-of-experts decode (N <= 8 token rows).
+
+The router's top-k choice never leaves the device: ``moe_router`` writes expert ids and
+renormalised shares, and the expert-indexed GEMV (``kernels/gemv_experts.cu``) looks each
+pair's expert up in an ``ExpertTable`` of device addresses, so ``moe_decode`` issues a fixed
+sequence of launches with no host synchronisation and can be captured in a CUDA graph.
+
+Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by probability
+(ties to the lower index), shares divided by their sum, routed output
+``sum_j share_j * down(silu(gate x) * up x)``, plus ``sigmoid(shared_score x) * shared(x)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import array_ops as ops
+from ..base import MoeWeights
+from . import compile as C
+from . import formats as F
+from . import kernels
+from .compile import function, register_family
+
+#: must match MOE_ROUTER_THREADS / MOE_MAX_EXPERTS / MOE_MAX_TOP_K in kernels/moe.cu
+ROUTER_THREADS = 256
+MAX_EXPERTS = 1024
+MAX_TOP_K = 64
+#: threads per block of the elementwise helpers
+THREADS = 256
+
+EXPERTS_FAMILY = "gemv_experts"
+#: the files holding the layout policies the expert GEMV instantiates
+POLICY_FILES = ("gemv_row_split", "gemv_nvfp4", "gemv_fp8", "gemv_bf16")
+_SUFFIX = {F.Q4: "q4", F.Q5: "q5", F.Q6: "q6", F.Q8: "q8", F.NF4: "nf4"}
+_SUFFIX.update({F.NVFP4: "nvfp4", F.FP8: "fp8", F.BF16: "bf16"})
+#: compiled (rows per warp, K split) pairs: everything the M = 1 defaults of kernels.py pick
+EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
+
+register_family("moe", ["moe_router", "moe_silu_mul", "moe_combine"])
+register_family(
+    EXPERTS_FAMILY,
+    [f"gemv_experts_{s}<{r}, {ks}>" for s in _SUFFIX.values() for r, ks in EXPERT_CONFIGS],
+)
+
+
+def _family_source(family: str, _base: Any = C.family_source) -> str:
+    """``compile.family_source`` plus the policy files for the expert GEMV, whose policies live
+    in the per-layout ``.cu`` files rather than in gemv.cuh (their templates cost nothing
+    until instantiated). TODO: move this into compile.family_source."""
+    if family != EXPERTS_FAMILY:
+        return _base(family)
+    parts = ["common.cuh", "gemv.cuh", *(f"{f}.cu" for f in POLICY_FILES), f"{family}.cu"]
+    return "\n".join((C.KERNEL_DIR / p).read_text() for p in parts)
+
+
+if not getattr(C.family_source, "extended_for_experts", False):
+    _family_source.extended_for_experts = True  # type: ignore[attr-defined]
+    C.family_source = _family_source
+
+
+class ExpertTableError(ValueError):
+    """The experts cannot be read by the expert GEMV (the caller should fall back)."""
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One projection (gate, up or down) of every expert: ``rows`` rows starting at row
+    ``row0[e]`` of the object whose bytes start at device address ``base[e]``."""
+
+    planes: F.Planes
+    rows: int
+    base: Any  # int64 device array [E]
+    row0: Any  # int32 device array [E]
+
+    @classmethod
+    def build(cls, segments: list[Any], what: str = "expert") -> Projection:
+        """From one ``Segment`` per expert, all of one planes and row count."""
+        import cupy as cp
+
+        planes, rows = segments[0].parent.planes, segments[0].rows
+        if any(s.parent.planes != planes or s.rows != rows for s in segments):
+            raise ExpertTableError(f"experts' {what} weights differ in layout or shape")
+        if not planes.gemv or planes.code not in _SUFFIX:
+            raise ExpertTableError(f"experts' {what} layout has no in-place GEMV for this shape")
+        base = np.array([s.parent.data.data.ptr for s in segments], dtype=np.int64)
+        row0 = np.array([s.row0 for s in segments], dtype=np.int32)
+        return cls(planes, rows, cp.asarray(base), cp.asarray(row0))
+
+
+class ExpertTable:
+    """Device tables of a layer's routed experts, built once from its ``MoeWeights``.
+
+    Each expert's gate, up and down must be a ``PackedWeight`` of a single segment, and all
+    experts must share the planes (format, layout and geometry) of each projection; otherwise
+    ``ExpertTableError`` is raised. ``fused`` is set when every expert's up rows directly
+    follow its gate rows in the same object (gate|up packing): one launch then covers both.
+    """
+
+    def __init__(self, weights: MoeWeights):
+        experts = list(weights.experts)
+        self.experts = len(experts)
+        self.top_k = int(weights.top_k)
+        if not 0 < self.top_k <= min(self.experts, MAX_TOP_K) or self.experts > MAX_EXPERTS:
+            raise ExpertTableError(
+                f"{self.experts} experts, top {self.top_k}: the router kernel takes at most "
+                f"{MAX_EXPERTS} experts and top-{MAX_TOP_K}"
+            )
+        segs = {
+            name: [
+                _single_segment(getattr(ex, name), f"expert {e} {name}")
+                for e, ex in enumerate(experts)
+            ]
+            for name in ("gate", "up", "down")
+        }
+        self.gate, self.up, self.down = (
+            Projection.build(segs[name], name) for name in ("gate", "up", "down")
+        )
+        self.intermediate, self.hidden = self.gate.rows, self.down.rows
+        if (
+            self.up.rows != self.intermediate
+            or self.gate.planes.columns != self.hidden
+            or self.up.planes.columns != self.hidden
+            or self.down.planes.columns != self.intermediate
+        ):
+            raise ExpertTableError("expert gate/up/down shapes do not form a gated MLP")
+        self.fused = all(
+            g.parent is u.parent and u.row0 == g.row0 + g.rows
+            for g, u in zip(segs["gate"], segs["up"], strict=True)
+        )
+
+
+def _single_segment(w: Any, what: str) -> Any:
+    segments = getattr(w, "segments", None)
+    if segments is None or len(segments) != 1:
+        raise ExpertTableError(f"{what}: not a packed weight of a single segment")
+    return segments[0]
+
+
+def expert_gemv(
+    proj: Projection,
+    ids: Any,
+    x: Any,
+    x_per_pair: bool,
+    y: Any,
+    ldy: int,
+    rows: int | None = None,
+    rows_per_warp: int | None = None,
+    k_split: int | None = None,
+) -> None:
+    """``y[p, r] = sum_k x[xrow(p), k] W_{ids[p]}[r, k]`` for the ``P = ids.size`` pairs and
+    ``r < rows`` (default ``proj.rows``), with ``xrow(p) = p`` if ``x_per_pair`` else
+    ``p // k`` (k = ``ids.shape[1]``). ``ids``: int32 device array [N, k]; ``x``: float32,
+    C-contiguous, ``proj.planes.x_width`` columns (zero padded), 16-byte aligned; ``y``:
+    float32 device view whose rows are ``ldy`` apart."""
+    p = proj.planes
+    rows = proj.rows if rows is None else rows
+    pairs, k = int(ids.size), int(ids.shape[-1])
+    ks = k_split or kernels.default_k_split(rows, p.units)
+    r = rows_per_warp or kernels.default_rows_per_warp(p.code, 1, rows, ks)
+    per_block = kernels.GEMV_WARPS // ks * r
+    function(EXPERTS_FAMILY, f"gemv_experts_{_SUFFIX[p.code]}<{r}, {ks}>")(
+        ((rows + per_block - 1) // per_block, pairs),
+        (kernels.GEMV_WARPS * 32,),
+        (
+            proj.base,
+            proj.row0,
+            ids,
+            np.int32(k),
+            np.int32(x_per_pair),
+            np.int64(p.off1),
+            np.int64(p.off2),
+            np.int32(p.stride),
+            np.int32(p.rows_per_divisor),
+            np.int32(rows),
+            np.int32(p.units),
+            x,
+            np.int32(x.shape[1]),
+            y,
+            np.int32(ldy),
+        ),
+    )
+
+
+def route(logits: Any, top_k: int) -> tuple[Any, Any]:
+    """``(ids int32 [N, k], shares float32 [N, k])`` from router logits ``[N, E]`` float32."""
+    import cupy as cp
+
+    n, e = logits.shape
+    if e > MAX_EXPERTS or not 0 < top_k <= min(e, MAX_TOP_K):
+        raise ValueError(f"router kernel: {e} experts, top {top_k} out of range")
+    logits = cp.ascontiguousarray(logits, dtype=cp.float32)
+    ids = cp.empty((n, top_k), dtype=cp.int32)
+    shares = cp.empty((n, top_k), dtype=cp.float32)
+    function("moe", "moe_router")(
+        (n,), (ROUTER_THREADS,), (logits, np.int32(e), np.int32(e), np.int32(top_k), ids, shares)
+    )
+    return ids, shares
+
+
+def moe_decode(backend: Any, x: Any, weights: MoeWeights, table: ExpertTable) -> Any:
+    """The MoE block for ``N = x.shape[0] <= 8`` rows, ``[N, H]`` float32, with device-side
+    routing only (no host synchronisation, no device -> host reads): safe to capture."""
+    import cupy as cp
+
+    n = x.shape[0]
+    k, inter, hidden = table.top_k, table.intermediate, table.hidden
+    pairs = n * k
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    ids, shares = route(backend.linear(x, weights.router), k)
+
+    gu = cp.empty((pairs, 2 * inter), dtype=cp.float32)  # gate | up of every pair
+    if table.fused:
+        expert_gemv(
+            table.gate, ids, _padded(x, table.gate.planes), False, gu, 2 * inter, rows=2 * inter
+        )
+    else:
+        expert_gemv(table.gate, ids, _padded(x, table.gate.planes), False, gu, 2 * inter)
+        expert_gemv(table.up, ids, _padded(x, table.up.planes), False, gu[:, inter:], 2 * inter)
+    ldh = table.down.planes.x_width
+    h = cp.empty((pairs, ldh), dtype=cp.float32)
+    function("moe", "moe_silu_mul")(
+        (_blocks(pairs * ldh),),
+        (THREADS,),
+        (
+            gu,
+            np.int32(2 * inter),
+            np.int32(inter),
+            np.int32(inter),
+            h,
+            np.int32(ldh),
+            np.int32(pairs),
+        ),
+    )
+    y = cp.empty((pairs, hidden), dtype=cp.float32)
+    expert_gemv(table.down, ids, h, True, y, hidden)
+
+    sh = weights.shared
+    shared = backend.linear(
+        ops.silu(backend.linear(x, sh.gate)) * backend.linear(x, sh.up), sh.down
+    )
+    shared = cp.ascontiguousarray(shared, dtype=cp.float32)
+    score = cp.ascontiguousarray(backend.linear(x, weights.shared_score), dtype=cp.float32)
+    out = cp.empty((n, hidden), dtype=cp.float32)
+    function("moe", "moe_combine")(
+        (_blocks(n * hidden),),
+        (THREADS,),
+        (
+            y,
+            np.int32(hidden),
+            shares,
+            np.int32(k),
+            shared,
+            score,
+            np.int32(hidden),
+            np.int32(n),
+            out,
+        ),
+    )
+    return out
+
+
+def _padded(x: Any, p: F.Planes) -> Any:
+    """x with ``p.x_width`` zero-padded columns, 16-byte aligned (x itself when it is)."""
+    import cupy as cp
+
+    if x.shape[1] == p.x_width and x.data.ptr % 16 == 0:
+        return x
+    out = cp.zeros((x.shape[0], p.x_width), dtype=cp.float32)
+    out[:, : x.shape[1]] = x
+    return out
+
+
+def _blocks(total: int) -> int:
+    return max(1, min((total + THREADS - 1) // THREADS, 1024))

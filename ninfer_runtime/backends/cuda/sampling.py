@@ -1,0 +1,154 @@
+"""On-device token selection (``kernels/sampling.cu``): only token ids cross to the host.
+
+``sample`` launches one 1024-thread block per lane (N <= 8 lanes) that applies greedy /
+temperature / top_k / top_p / min_p exactly as the reference ``Sampler.probabilities`` does and
+draws by Gumbel-max from a counter-based hash of (seed, counter, token id), so a seeded lane
+reproduces its tokens whatever else is in the batch (not the host sampler's tokens: the random
+streams differ). Every parameter lives in device memory and the launcher never synchronises,
+so the launch can be captured in a CUDA graph; ``DeviceSampler`` owns those arrays.
+
+Penalties stay on the host: ``supports(params)`` is False for a lane that needs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...frontend.sampling import SamplingParams
+from .compile import function, register_family
+
+__all__ = ["MAX_LANES", "THREADS", "DeviceSampler", "sample", "supports"]
+
+MAX_LANES = 8
+#: must match SAMPLE_THREADS in kernels/sampling.cu
+THREADS = 1024
+_MASK64 = (1 << 64) - 1
+
+register_family("sampling", ["sample_tokens"])
+
+
+def supports(params: SamplingParams) -> bool:
+    """Whether the device sampler can take this lane (penalties need the host sampler)."""
+    return (
+        params.presence_penalty == 0.0
+        and params.frequency_penalty == 0.0
+        and params.repetition_penalty == 1.0
+    )
+
+
+def sample(
+    logits: Any,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    seeds: Any,
+    counters: Any,
+    out: Any,
+) -> Any:
+    """``out[i]`` = the token drawn for row i of ``logits`` (float32 ``[N, V]``, rows may be
+    strided, unit column stride) with lane i's parameters: float32 ``temperature`` (<= 0:
+    greedy), int32 ``top_k`` (0: off), float32 ``top_p`` (1: off), float32 ``min_p`` (0: off),
+    uint64 ``seeds`` and ``counters`` (device arrays of at least N). ``out``: int32 ``[N]``;
+    -1 marks a row without a finite logit. Returns ``out``; never synchronises."""
+    n, vocab = logits.shape
+    if not 0 < n <= MAX_LANES:
+        raise ValueError(f"sample: {n} lanes (1..{MAX_LANES} supported)")
+    if logits.dtype != np.float32 or logits.strides[1] != 4:
+        raise ValueError("sample: logits must be float32 with unit column stride")
+    function("sampling", "sample_tokens")(
+        (n,),
+        (THREADS,),
+        (
+            logits,
+            np.int64(logits.strides[0] // 4),
+            np.int32(vocab),
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seeds,
+            counters,
+            out,
+        ),
+    )
+    return out
+
+
+class DeviceSampler:
+    """Device-resident parameters for up to ``MAX_LANES`` lanes and the output ids.
+
+    ``set_lane`` (host side, outside graph capture) writes one lane and uploads the whole
+    256-byte parameter block in one copy; ``sample`` only launches, so it can be captured and
+    the graph replayed after later ``set_lane`` / ``advance`` calls. Fresh lanes are greedy-off
+    defaults (temperature 1, no filters, seed 0, counter 0).
+    """
+
+    #: byte offset, dtype of each parameter array inside the block (MAX_LANES entries each)
+    _LAYOUT = {
+        "seeds": (0, np.uint64),
+        "counters": (64, np.uint64),
+        "temperature": (128, np.float32),
+        "top_p": (160, np.float32),
+        "min_p": (192, np.float32),
+        "top_k": (224, np.int32),
+    }
+    _BYTES = 256
+
+    def __init__(self) -> None:
+        import cupy as cp
+
+        self._host = np.zeros(self._BYTES, np.uint8)
+        self._device = cp.zeros(self._BYTES, cp.uint8)
+        self.host: dict[str, np.ndarray] = {}
+        self.device: dict[str, Any] = {}
+        for name, (offset, dtype) in self._LAYOUT.items():
+            size = MAX_LANES * np.dtype(dtype).itemsize
+            self.host[name] = self._host[offset : offset + size].view(dtype)
+            self.device[name] = self._device[offset : offset + size].view(dtype)
+        self.host["temperature"][:] = 1.0
+        self.host["top_p"][:] = 1.0
+        self._device.set(self._host)
+        self.out = cp.zeros(MAX_LANES, cp.int32)
+
+    supports = staticmethod(supports)
+
+    def set_lane(self, i: int, params: SamplingParams, seed: int, counter: int) -> None:
+        """Lane ``i`` samples with ``params`` from the stream (seed, counter); a request
+        without a seed gets a random one from the caller. Seeds are taken modulo 2^64."""
+        if not 0 <= i < MAX_LANES:
+            raise IndexError(f"lane {i} out of range 0..{MAX_LANES - 1}")
+        if not supports(params):
+            raise ValueError("penalties are applied by the host sampler, not DeviceSampler")
+        h = self.host
+        h["temperature"][i] = params.temperature
+        h["top_k"][i] = min(params.top_k, np.iinfo(np.int32).max)
+        h["top_p"][i] = params.top_p
+        h["min_p"][i] = params.min_p
+        h["seeds"][i] = seed & _MASK64
+        h["counters"][i] = counter & _MASK64
+        self._device.set(self._host)
+
+    def advance(self, lanes: int = MAX_LANES) -> None:
+        """Counter += 1 on the first ``lanes`` lanes (one upload): the next token's stream."""
+        self.host["counters"][:lanes] += np.uint64(1)
+        self._device.set(self._host)
+
+    def sample(self, logits: Any) -> Any:
+        """int32 ``[N]`` token ids for the N rows of ``logits`` (a view of ``self.out``,
+        overwritten by the next call)."""
+        n = logits.shape[0]
+        d = self.device
+        out = self.out[:n]
+        return sample(
+            logits,
+            d["temperature"],
+            d["top_k"],
+            d["top_p"],
+            d["min_p"],
+            d["seeds"],
+            d["counters"],
+            out,
+        )
