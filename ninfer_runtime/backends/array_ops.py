@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models.functional import _xp
+from ..models.functional import _xp, l2_normalize
 
 Array = Any
 
@@ -200,14 +200,31 @@ def conv_step(x: Array, kernel: Array, conv_states: Array, slots: Array) -> Arra
     return (window * kernel.T[None]).sum(axis=2)
 
 
-def gdn_step_slots(
-    q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
+def gdn_decode(
+    mixed: Array,
+    kernel: Array,
+    conv_states: Array,
+    g: Array,
+    beta: Array,
+    states: Array,
+    slots: Array,
+    *,
+    key_heads: int,
+    key_dim: int,
+    value_heads: int,
+    value_dim: int,
 ) -> Array:
-    """``gdn_step`` for N lanes at once, one token each: q, k [N, Hk, dk] (already
-    normalised), v [N, Hv, dv], g, beta [N, Hv]; states [S, Hv, dk, dv] float32 indexed by
-    ``slots`` (distinct), updated. -> [N, Hv, dv]."""
-    xp = _xp(q)
-    group = v.shape[1] // q.shape[1]
+    """One Gated DeltaNet token for each row (notes 5.5): convolution step and SiLU over
+    mixed [N, C = 2 Hk dk + Hv dv] = [q | k | v], q and k l2-normalised (q scaled by
+    dk^-1/2), then the delta rule on states [S, Hv, dk, dv] float32 indexed by ``slots``
+    (distinct); g, beta [N, Hv]. Conv and recurrent states are updated. -> [N, Hv, dv]."""
+    xp = _xp(mixed)
+    n, width = mixed.shape[0], key_heads * key_dim
+    conv = silu(conv_step(mixed, kernel, conv_states, slots))
+    q = l2_normalize(conv[:, :width].reshape(n, key_heads, key_dim)) * key_dim**-0.5
+    k = l2_normalize(conv[:, width : 2 * width].reshape(n, key_heads, key_dim))
+    v = conv[:, 2 * width :].reshape(n, value_heads, value_dim)
+    group = value_heads // key_heads
     q, k = xp.repeat(q, group, axis=1), xp.repeat(k, group, axis=1)
     state = states[slots] * xp.exp(g)[:, :, None, None]  # [N, Hv, dk, dv]
     recalled = xp.einsum("nhkv,nhk->nhv", state, k)
@@ -282,10 +299,18 @@ class ReferenceOps:
     def conv_step(self, x: Array, kernel: Array, conv_states: Array, slots: Array) -> Array:
         return conv_step(x, kernel, conv_states, slots)
 
-    def gdn_step_slots(
-        self, q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
+    def gdn_decode(
+        self,
+        mixed: Array,
+        kernel: Array,
+        conv_states: Array,
+        g: Array,
+        beta: Array,
+        states: Array,
+        slots: Array,
+        **dims: int,
     ) -> Array:
-        return gdn_step_slots(q, k, v, g, beta, states, slots)
+        return gdn_decode(mixed, kernel, conv_states, g, beta, states, slots, **dims)
 
     def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
         return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)

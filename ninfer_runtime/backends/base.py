@@ -163,14 +163,24 @@ class Backend(Protocol):
         """Row i of q [N, Nq, D] attends over tokens 0..positions[i] of slot slots[i]."""
         ...
 
-    def conv_step(self, x: Array, kernel: Array, conv_states: Array, slots: Array) -> Array:
-        """``causal_conv`` of one token per row, states [S, C, K-1] indexed by slot."""
-        ...
-
-    def gdn_step_slots(
-        self, q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
+    def gdn_decode(
+        self,
+        mixed: Array,
+        kernel: Array,
+        conv_states: Array,
+        g: Array,
+        beta: Array,
+        states: Array,
+        slots: Array,
+        *,
+        key_heads: int,
+        key_dim: int,
+        value_heads: int,
+        value_dim: int,
     ) -> Array:
-        """``gdn_step`` of one token per row, states [S, Hv, dk, dv] indexed by slot."""
+        """A Gated DeltaNet token per row from the projected [q | k | v] channels: the
+        convolution step (states [S, C, K-1]), SiLU, q/k normalisation and the delta rule
+        (states [S, Hv, dk, dv]), both indexed by slot. -> [N, Hv, dv]."""
         ...
 
     def compile_step(self, fn: Callable[..., Any], lanes: int) -> Callable[..., Any]:

@@ -54,14 +54,21 @@ def max_abs(a: Any, b: Any) -> float:
     return float(np.max(np.abs(host(a).astype(np.float64) - host(b).astype(np.float64))))
 
 
+CASES = [(r, True) for r in RECIPES] + [("bf16", False), ("tiny_mixed", False)]
+
+
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize(
+    ("recipe", "graphs"), CASES, ids=[f"{r}-{'graphs' if g else 'eager'}" for r, g in CASES]
+)
 def test_matches_cpu_reference(
-    recipe: str, kind: str, gpu_artifact: Callable[[str, str], Path]
+    recipe: str, graphs: bool, kind: str, gpu_artifact: Callable[[str, str], Path]
 ) -> None:
+    from ninfer_runtime.backends.cuda.backend import CudaBackend
+
     path = gpu_artifact(BF16[kind] if recipe == "bf16" else recipe, kind)
     cpu = load_model(Artifact.open(path), "cpu")
-    gpu = load_model(Artifact.open(path), "cuda")
+    gpu = load_model(Artifact.open(path), CudaBackend(graphs=graphs))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, VOCAB, 3 + 5 * i) for i in range(LANES)]  # 3..38 tokens
 
@@ -69,8 +76,10 @@ def test_matches_cpu_reference(
     states = {"cpu": [], "gpu": []}
     last: dict[str, list[np.ndarray]] = {"cpu": [], "gpu": []}
     for name, model in (("cpu", cpu), ("gpu", gpu)):
+        # lanes share one pool; 16-token pages so every sequence spans several
+        pool = model.new_pool(slots=LANES, pages=LANES * 8, max_context=128, page_tokens=16)
         for ids in prompts:
-            state = model.new_state(128)
+            state = pool.open(128)
             logits = host(model.forward([ids], [state]).logits[0])
             states[name].append(state)
             last[name].append(logits[-1])
@@ -107,7 +116,7 @@ def test_matches_cpu_reference(
                     ties += 1
             tokens["cpu"][i], tokens["gpu"][i] = t_cpu, t_gpu
 
-    case = f"{kind}/{recipe}"
+    case = f"{kind}/{recipe}" + ("" if graphs else " (eager)")
     REPORT.append((case, "logits max|Δ| (rel to max|logit|)", f"{err:.2e} ({err / scale:.1e})"))
     REPORT.append((case, "identical greedy tokens per lane", f"{decoded} ties {ties}"))
     print(case, f"max|Δ| {err:.2e}", f"rel {err / scale:.2e}", "tokens", decoded, "ties", ties)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import kernels
+from . import attention, gdn, kernels
 from .graphs import EagerStep, GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
 
@@ -122,6 +122,60 @@ class CudaBackend(ops.ReferenceOps):
             rows = cp.arange(seg.row0 + a, seg.row0 + b, dtype=cp.int32)
             kernels.dequant_rows(seg.parent.data, seg.parent.planes, rows, w)
             y[:, a:b] = cp.matmul(x, w.T)
+
+    # ------------------------------------------------------------------ batched decode
+    def kv_write(
+        self,
+        k_pages: Array,
+        v_pages: Array,
+        page_table: Array,
+        slots: Array,
+        positions: Array,
+        k: Array,
+        v: Array,
+    ) -> None:
+        attention.kv_write(
+            k_pages,
+            v_pages,
+            page_table,
+            slots,
+            positions,
+            cp.ascontiguousarray(k),
+            cp.ascontiguousarray(v),
+        )
+
+    def attention_decode(
+        self,
+        q: Array,
+        k_pages: Array,
+        v_pages: Array,
+        page_table: Array,
+        slots: Array,
+        positions: Array,
+        *,
+        scale: float,
+    ) -> Array:
+        return attention.attention_decode(
+            cp.ascontiguousarray(q), k_pages, v_pages, page_table, slots, positions, scale
+        )
+
+    def gdn_decode(
+        self,
+        mixed: Array,
+        kernel: Array,
+        conv_states: Array,
+        g: Array,
+        beta: Array,
+        states: Array,
+        slots: Array,
+        **dims: int,
+    ) -> Array:
+        if dims["key_dim"] not in gdn.KEY_DIMS or kernel.shape[0] not in gdn.CONV_TAPS:
+            return super().gdn_decode(mixed, kernel, conv_states, g, beta, states, slots, **dims)
+        conv = gdn.conv_step(cp.ascontiguousarray(mixed), kernel, conv_states, slots)
+        return gdn.gdn_step(
+            conv, cp.ascontiguousarray(g), cp.ascontiguousarray(beta), states, slots, **dims
+        )
 
     # ---------------------------------------------------------------- mixture of experts
     def moe(self, x: Array, weights: MoeWeights) -> Array:

@@ -77,10 +77,19 @@ class GatedDeltaNet:
         g = -xp.exp(self.a_log) * softplus(be.linear(x, self.a_projection) + self.dt_bias)
 
         if batch.decode is not None:  # one token per lane, states addressed by slot
-            slots = batch.decode.slots
-            conv = silu(be.conv_step(mixed, self.convolution, memory.conv, slots))
-            q, k, v = self._heads(conv)
-            o = be.gdn_step_slots(q, k, v, g, beta, memory.recurrent, slots)
+            o = be.gdn_decode(
+                mixed,
+                self.convolution,
+                memory.conv,
+                g,
+                beta,
+                memory.recurrent,
+                batch.decode.slots,
+                key_heads=c.key_heads,
+                key_dim=c.key_dim,
+                value_heads=c.value_heads,
+                value_dim=c.value_dim,
+            )
         else:
             o = xp.empty((n, c.value_heads, c.value_dim), dtype=xp.float32)
             for lane in batch.lanes:

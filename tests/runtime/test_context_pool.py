@@ -1,0 +1,130 @@
+"""The context pool: slots and pages handed out and taken back, and the engine admitting
+requests by what the pool can hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent, make_pool
+from ninfer_runtime.errors import EngineError, RequestError
+from ninfer_runtime.frontend import SamplingParams
+from ninfer_runtime.state import ContextPool, GdnSpec, KvSpec, PoolFull
+
+from .test_engine import artifact  # noqa: F401  (module fixture: the bundled model converted)
+
+SPECS = [KvSpec(2, 8), GdnSpec(2, 4, 4, 24, 4)]
+
+
+def pool(slots: int = 2, pages: int = 6, page_tokens: int = 4) -> ContextPool:
+    return ContextPool(SPECS, np, slots=slots, pages=pages, max_context=16, page_tokens=page_tokens)
+
+
+def test_open_reserves_a_slot_and_pages_and_close_returns_them() -> None:
+    p = pool()
+    a = p.open(10)  # 3 pages of 4 tokens
+    assert len(a.pages) == 3 and a.max_context == 10 and a.free == 10
+    assert p.free_pages == 3 and p.free_slots == 1
+    assert list(p.page_table[a.slot, :3]) == a.pages
+    b = p.open(12)
+    assert set(a.pages).isdisjoint(b.pages) and a.slot != b.slot
+    p.close(a)
+    assert p.free_pages == 3 and p.free_slots == 1
+    with pytest.raises(EngineError, match="closed"):
+        p.close(a)
+
+
+def test_full_pool_is_a_clear_error_and_can_open_says_so() -> None:
+    p = pool()
+    p.open(16)
+    assert not p.can_open(12) and p.can_open(8)
+    with pytest.raises(PoolFull, match="need 3 pages, 2 free"):
+        p.open(12)
+    p.open(4)
+    with pytest.raises(PoolFull, match="all 2 slots"):
+        p.open(1)
+    with pytest.raises(EngineError, match=r"1\.\.16"):
+        pool().open(17)
+
+
+def test_reopened_slot_starts_from_zero_state() -> None:
+    p = pool(slots=1)
+    a = p.open(8)
+    gdn = p.layers[1]
+    gdn.recurrent[a.slot] = 1.0
+    gdn.conv[a.slot] = 2.0
+    p.close(a)
+    b = p.open(8)
+    assert not gdn.recurrent[b.slot].any() and not gdn.conv[b.slot].any()
+
+
+def test_attention_pages_round_trip_across_page_boundaries() -> None:
+    p = pool(pages=8)
+    p.open(5)  # so the next sequence's pages are not 0, 1, 2
+    s = p.open(14)
+    kv = p.layers[0]
+    k = np.random.default_rng(0).standard_normal((14, 2, 8)).astype(np.float32)
+    kv.write(s, 0, k[:6], -k[:6])
+    kv.write(s, 6, k[6:], -k[6:])
+    keys, values = kv.read(s, 14)
+    np.testing.assert_array_equal(keys, k)
+    np.testing.assert_array_equal(values, -k)
+
+
+def test_sizes_add_up() -> None:
+    p = pool()
+    assert p.page_bytes == 2 * 4 * 2 * 8 * 4
+    assert p.slot_bytes == 4 * (2 * 4 * 4 + 24 * 3)
+    assert p.nbytes() == 2 * p.slot_bytes + 6 * p.page_bytes
+
+
+def ask(question: str) -> GenerationRequest:
+    return GenerationRequest(
+        messages=[{"role": "user", "content": question}],
+        sampling=SamplingParams(temperature=0.0, max_tokens=24),
+    )
+
+
+def run_all(engine: Engine, requests: list[GenerationRequest]) -> tuple[dict, int]:
+    for r in requests:
+        engine.submit(r)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    most = 0
+    while engine.has_work:
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                tokens[event.request_id].append(event.token_id)
+            assert not isinstance(event, Finished) or event.reason in ("stop", "length")
+        most = max(most, engine.lanes_in_use)
+    return tokens, most
+
+
+def test_engine_admits_by_what_the_pool_holds(artifact) -> None:  # noqa: F811
+    questions = ["What is the capital of France?", "Hello!", "Name a colour."]
+    roomy = Engine(artifact, max_context=256, max_lanes=3)
+    expected, most = run_all(roomy, [ask(q) for q in questions])
+    assert most == 3
+
+    # room for one request's pages at a time: the others wait, then get the same answers
+    one = roomy.pool.slot_bytes * 3 + roomy.pool.page_bytes * 1
+    tight = Engine(artifact, max_context=256, max_lanes=3, context_capacity=one)
+    assert tight.pool.pages == 1
+    requests = [ask(q) for q in questions]
+    got, most = run_all(tight, requests)
+    assert most == 1
+    assert [got[r.request_id] for r in requests] == list(expected.values())
+    assert tight.pool.free_pages == 1 and tight.pool.free_slots == 3
+
+
+def test_prompt_larger_than_the_pool_is_refused(artifact) -> None:  # noqa: F811
+    e = Engine(artifact, max_context=1024, max_lanes=1, context_capacity=10**6)
+    assert e.pool.pages * e.pool.page_tokens < 1024
+    with pytest.raises(RequestError, match="context pool holds") as info:
+        e.submit(GenerationRequest(prompt_ids=[5] * 600))
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_capacity_too_small_for_one_page_is_a_clear_error(artifact) -> None:  # noqa: F811
+    engine = Engine(artifact, max_context=64, max_lanes=1)
+    with pytest.raises(EngineError, match="holds no K/V page"):
+        make_pool(engine.model, 1000, 8, 64)
