@@ -91,7 +91,7 @@ def _run(model: Path, o: SimpleNamespace) -> None:
     )
 
     started = time.perf_counter()
-    engine = Engine(model, backend=o.backend, max_context=o.max_context)
+    engine = Engine(model, backend=o.backend, max_context=o.max_context, max_lanes=1)
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(
         engine.tokenizer.generation_defaults,

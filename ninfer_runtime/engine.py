@@ -153,7 +153,7 @@ class Engine:
         self.max_context = max_context
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
-        self.pool = make_pool(self.model, context_capacity, max_lanes, max_context)
+        self.pool = make_pool(self.model, parse_capacity(context_capacity), max_lanes, max_context)
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
 
@@ -380,6 +380,31 @@ class Engine:
                         return
             if not self.has_work:
                 return
+
+
+_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+_UNITS.update({f"{u}B": v for u, v in list(_UNITS.items()) if u not in ("", "B")})
+_UNITS.update({f"{u}IB": 1024 ** "KMGT".index(u) * 1024 for u in "KMGT"})
+
+
+def parse_capacity(text: str | int | None) -> int | str | None:
+    """``auto``, a byte count, or a size with a unit (``24GiB``, ``16G``, ``512 MiB``)."""
+    if text is None or isinstance(text, int):
+        return text
+    value = text.strip().upper().replace(" ", "")
+    if value == "AUTO":
+        return "auto"
+    number = value.rstrip("KMGTIB")
+    unit = value[len(number) :]
+    try:
+        size = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise EngineError(
+            f"context capacity {text!r}: expected 'auto' or a size such as 24GiB, 16G, 512MiB"
+        ) from None
+    if size <= 0:
+        raise EngineError(f"context capacity {text!r} must be positive")
+    return int(size)
 
 
 def make_pool(model: Any, capacity: int | str | None, lanes: int, max_context: int) -> ContextPool:

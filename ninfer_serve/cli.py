@@ -70,6 +70,10 @@ def _say(text: str) -> None:
 )
 @click.option("--max-request-mib", type=float, help="Largest request body.  [default: 384]")
 @click.option("--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]")
+@click.option(
+    "--context-capacity",
+    help="Memory for K/V pages and recurrent states: auto or a size like 24GiB.  [default: auto]",
+)
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
 @click.option(
     "--spec",
@@ -123,6 +127,7 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "pending_timeout_ms": flags["pending_timeout_ms"],
             "prefill_chunk": flags["prefill_chunk"],
             "chat_template": flags["chat_template"],
+            "context_capacity": flags["context_capacity"],
         },
         "speculative": {"method": flags["spec"], "draft_tokens": flags["draft_tokens"]},
     }
@@ -220,6 +225,7 @@ def serve(model: Path, settings: Settings) -> int:
             max_lanes=engine_cfg.max_concurrency,
             prefill_chunk=engine_cfg.prefill_chunk,
             chat_template=template,
+            context_capacity=engine_cfg.context_capacity,
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

@@ -66,6 +66,20 @@ class EngineSettings(_Table):
     pending_timeout_ms: int = Field(30000, ge=1)
     prefill_chunk: int = Field(1024, ge=1)
     chat_template: Path | None = None
+    #: Memory for K/V pages and recurrent states: ``auto`` (what the device has free after
+    #: the weights) or a size such as ``24GiB``; requests wait until their pages fit.
+    context_capacity: str = "auto"
+
+    @model_validator(mode="after")
+    def _capacity(self) -> EngineSettings:
+        from ninfer_runtime.engine import parse_capacity
+        from ninfer_runtime.errors import EngineError
+
+        try:
+            parse_capacity(self.context_capacity)
+        except EngineError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
 
 class ContextCacheSettings(_Table):

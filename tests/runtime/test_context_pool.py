@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent, make_pool
+from ninfer_runtime.engine import (
+    Engine,
+    Finished,
+    GenerationRequest,
+    TokenEvent,
+    make_pool,
+    parse_capacity,
+)
 from ninfer_runtime.errors import EngineError, RequestError
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.state import ContextPool, GdnSpec, KvSpec, PoolFull
@@ -128,3 +135,31 @@ def test_capacity_too_small_for_one_page_is_a_clear_error(artifact) -> None:  # 
     engine = Engine(artifact, max_context=64, max_lanes=1)
     with pytest.raises(EngineError, match="holds no K/V page"):
         make_pool(engine.model, 1000, 8, 64)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("auto", "auto"),
+        ("1024", 1024),
+        ("16G", 16 * 10**9),
+        ("24GiB", 24 * 2**30),
+        ("512 MiB", 512 * 2**20),
+        ("1.5GB", 1_500_000_000),
+        (None, None),
+    ],
+)
+def test_capacity_sizes(text, value) -> None:
+    assert parse_capacity(text) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "12XB", "-3G", "0"])
+def test_bad_capacity_names_the_value(text) -> None:
+    with pytest.raises(EngineError, match="context capacity"):
+        parse_capacity(text)
+    from pydantic import ValidationError
+
+    from ninfer_serve.config import EngineSettings
+
+    with pytest.raises(ValidationError, match="context capacity"):
+        EngineSettings(context_capacity=text)
