@@ -8,6 +8,7 @@ drive the same object; the model underneath is the same on every backend.
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections import deque
@@ -119,6 +120,8 @@ class _Active:
     pending: int | None = None  # sampled token not yet fed to the model
     started: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
+    #: the device sampler's random stream (the request's seed, else a random one)
+    seed: int = field(default_factory=lambda: secrets.randbits(63))
 
 
 class Engine:
@@ -153,6 +156,7 @@ class Engine:
         self.max_context = max_context
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
+        self._device_sampler = self.model.backend.device_sampler()
         self.pool = make_pool(self.model, parse_capacity(context_capacity), max_lanes, max_context)
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
@@ -243,6 +247,8 @@ class Engine:
             max_tokens=max_tokens,
             answer_start=None if in_reasoning else 0,
         )
+        if params.seed is not None:
+            active.seed = params.seed
         if request.request_id in self._active or any(
             w.request.request_id == request.request_id for w in self._waiting
         ):
@@ -296,6 +302,17 @@ class Engine:
             self._emit(a, token, events)
 
     def _sample(self, lanes: list[_Active], logits: list[Any]) -> list[int]:
+        on_device = self._device_sampler is not None and all(
+            self._device_sampler.supports(a.request.sampling)
+            and (a.request.logits_processor is None or a.answer_start is None)
+            for a in lanes
+        )
+        if on_device:  # only the token ids cross to the host
+            sampler = self._device_sampler
+            for i, a in enumerate(lanes):
+                sampler.set_lane(i, a.request.sampling, a.seed, len(a.generated))
+            rows = self.model.backend.xp.concatenate([row[-1:] for row in logits])
+            return [int(t) for t in to_numpy(sampler.sample(rows))]
         tokens = []
         for a, row in zip(lanes, logits, strict=True):
             scores = to_numpy(row[-1]).astype(np.float32, copy=False)

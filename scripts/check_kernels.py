@@ -7,6 +7,7 @@ in the installed wheel) and run ``python scripts/check_kernels.py [family ...]``
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -106,10 +107,9 @@ def main(families: list[str]) -> int:
     import ninfer_runtime.backends.cuda as package
 
     for info in pkgutil.iter_modules(package.__path__):  # launchers register their families
-        try:
+        # a module that needs CuPy at import launches no kernel family
+        with contextlib.suppress(ImportError):
             importlib.import_module(f"{package.__name__}.{info.name}")
-        except ImportError:  # a module that needs CuPy at import launches no kernel family
-            pass
     nvrtc = Nvrtc()
     failed = 0
     for family in families or sorted(C.FAMILIES):

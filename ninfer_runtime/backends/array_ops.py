@@ -246,6 +246,10 @@ class ReferenceOps:
         """Bytes the context pool may take (``--context-capacity auto``); None: no limit."""
         return None
 
+    def device_sampler(self) -> Any:
+        """A sampler that picks tokens where the logits are (None: the host samples)."""
+        return None
+
     def compile_step(self, fn: Any, lanes: int) -> Any:
         """A decode step taking host index arrays; run eagerly (a GPU backend captures it)."""
         xp = self.xp

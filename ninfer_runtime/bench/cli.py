@@ -48,5 +48,87 @@ def synth(
     )
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True, dir_okay=False))
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True)
+@click.option("--lanes", default="1,2,4,8", show_default=True, help="decode lane counts")
+@click.option("--contexts", default="1024,16384", show_default=True, help="decode contexts")
+@click.option("--steps", type=int, default=32, show_default=True, help="timed decode steps")
+@click.option("--prefill", type=int, default=7680, show_default=True, help="0 skips prefill")
+@click.option("--chunk", type=int, default=2048, show_default=True, help="prefill chunk")
+@click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="write rows as JSON")
+def run(
+    artifact: str,
+    backend: str,
+    lanes: str,
+    contexts: str,
+    steps: int,
+    prefill: int,
+    chunk: int,
+    profile_lanes: int,
+    json_out: str | None,
+) -> None:
+    """Decode and prefill rates of ARTIFACT beside their floors.
+
+    \b
+    Example (27B shapes, q4/q5 weights, on the GPU):
+      ninfer-bench synth --geometry qwen3_6_27b --formats qwen3_6_27b -o 27b.ninfer
+      ninfer-bench run 27b.ninfer
+    """
+    import json
+
+    from ninfer_format import Artifact
+
+    from ..models import load_model
+    from . import measure as M
+
+    started = time.perf_counter()
+    model = load_model(Artifact.open(artifact), backend)
+    click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
+    xp = model.backend.xp
+    bandwidth = M.copy_bandwidth(xp)
+    click.echo(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write)")
+    rows: list[dict] = []
+    click.echo(
+        f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
+        f"{'floor ms':>8} {'% floor':>7}"
+    )
+    for context in _ints(contexts):
+        for n in _ints(lanes):
+            r = M.decode_rate(model, n, context, steps=steps, floor_bw=bandwidth)
+            rows.append({"kind": "decode", **M.as_row(r)})
+            click.echo(
+                f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
+                f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
+            )
+    if prefill:
+        rate = M.matmul_rate(xp)
+        p = M.prefill_rate(model, prefill, chunk=chunk, flop_rate=rate)
+        rows.append({"kind": "prefill", **M.as_row(p), "matmul_flops": rate})
+        click.echo(
+            f"prefill {p.tokens} tokens (chunk {p.chunk}): {p.tokens_per_s:.0f} tok/s, "
+            f"{p.seconds:.2f} s; {p.flops / 1e12:.1f} TFLOP at a measured "
+            f"{rate / 1e12:.0f} TFLOP/s fp16 matmul = {p.floor_s:.2f} s floor "
+            f"({p.percent_of_floor:.1f}%)"
+        )
+    if profile_lanes:
+        spent = M.profile_decode(model, profile_lanes, _ints(contexts)[0])
+        rows.append({"kind": "profile", "lanes": profile_lanes, **spent})
+        click.echo(f"profile, {profile_lanes} lane(s), ms per step (eager, synchronised):")
+        for name, ms in spent.items():
+            click.echo(f"  {name:<18} {ms:8.3f}")
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 if __name__ == "__main__":
     sys.exit(main())

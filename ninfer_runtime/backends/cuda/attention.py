@@ -20,6 +20,8 @@ HEAD_DIMS = (32, 64, 128, 256)
 MAX_GROUP = 8
 #: must match ATTN_WARPS in kernels/attention.cu
 ATTN_WARPS = 4
+#: must match MAX_SPLITS in kernels/attention.cu (the combine's shared weights)
+MAX_SPLITS = 256
 _DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16"}
 
 register_family(
@@ -39,11 +41,12 @@ __all__ = ["attention_decode", "kv_write", "split_policy", "to_bf16_bits"]
 
 
 def split_policy(max_context: int) -> tuple[int, int]:
-    """(chunk, splits) for a table reaching ``max_context`` tokens: chunks of at least 128
-    tokens (a multiple of 64), at most 128 of them. Enough blocks to fill the GPU at one lane
-    and a few kv heads, and the partials stay small next to the K/V they summarise."""
-    per_split = -(-max_context // 128)  # ceil: the chunk if there were 128 splits
-    chunk = max(128, -(-per_split // 64) * 64)
+    """(chunk, splits) for a table reaching ``max_context`` tokens: chunks of at least 64
+    tokens (a multiple of 64), at most ``MAX_SPLITS`` of them. Many small splits keep the
+    GPU busy with one lane and few kv heads (each warp has only a few steps to run); the
+    partials they write stay small next to the K/V they summarise."""
+    per_split = -(-max_context // MAX_SPLITS)  # ceil: the chunk if there were MAX_SPLITS
+    chunk = max(64, -(-per_split // 64) * 64)
     return chunk, -(-max_context // chunk)
 
 

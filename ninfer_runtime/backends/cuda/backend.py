@@ -8,6 +8,7 @@ cuBLAS. Everything else runs the shared reference math (``backends/array_ops.py`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,9 +17,12 @@ import numpy as np
 
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import attention, gdn, kernels
+from . import attention, gdn, kernels, sampling
+from . import moe as moe_kernels
 from .graphs import EagerStep, GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
+
+log = logging.getLogger("ninfer.cuda")
 
 #: bytes of the dequantization scratch buffer (float32 rows of one weight at a time)
 SCRATCH_BYTES = 256 << 20
@@ -36,12 +40,16 @@ class CudaBackend(ops.ReferenceOps):
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
         self._graph_pool = cp.cuda.MemoryPool()
+        self._expert_tables: dict[int, Any] = {}  # id(MoeWeights) -> ExpertTable or None
 
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, lanes: int) -> Any:
         if not self.graphs:
             return EagerStep(fn)
         return GraphStep(fn, lanes, self._stream, self._graph_pool)
+
+    def device_sampler(self) -> Any:
+        return sampling.DeviceSampler()
 
     def context_budget(self) -> int | None:
         """Free device memory less a reserve for activations, scratch and decode graphs."""
@@ -178,9 +186,24 @@ class CudaBackend(ops.ReferenceOps):
         )
 
     # ---------------------------------------------------------------- mixture of experts
+    def _expert_table(self, weights: MoeWeights) -> Any:
+        key = id(weights)
+        if key not in self._expert_tables:
+            try:
+                self._expert_tables[key] = moe_kernels.ExpertTable(weights)
+            except moe_kernels.ExpertTableError as exc:
+                log.info("MoE layer without the expert GEMV (%s): top-k read back", exc)
+                self._expert_tables[key] = None
+        return self._expert_tables[key]
+
     def moe(self, x: Array, weights: MoeWeights) -> Array:
-        """Router on the device; the top-k choice is read back (N x E floats) so only the
-        selected experts' weights are touched, as in the reference."""
+        """Decode-sized batches run ``moe.moe_decode`` (routing and expert GEMVs on the
+        device, capturable); prefill chunks read the top-k choice back (N x E floats) and
+        run each selected expert once over its rows."""
+        if x.shape[0] <= kernels.MAX_GEMV_ROWS:
+            table = self._expert_table(weights)
+            if table is not None:
+                return moe_kernels.moe_decode(self, x, weights, table)
         probs = ops.softmax(self.linear(x, weights.router))
         host = cp.asnumpy(probs)
         top = np.argsort(-host, axis=-1, kind="stable")[:, : weights.top_k]

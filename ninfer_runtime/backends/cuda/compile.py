@@ -29,12 +29,14 @@ CACHE_DIR = Path.home() / ".cache/ninfer/kernels"
 
 def family_source(family: str) -> str:
     """A family's translation unit: the shared decoders, the GEMV driver for GEMV families,
-    then the family's own file (NVRTC gets one string, so no include path is needed)."""
-    parts = [(KERNEL_DIR / "common.cuh").read_text()]
+    the families it builds on (``register_family(..., needs=)``), then its own file (NVRTC
+    gets one string, so no include path is needed)."""
+    parts = ["common.cuh"]
     if family.startswith("gemv_"):
-        parts.append((KERNEL_DIR / "gemv.cuh").read_text())
-    parts.append((KERNEL_DIR / f"{family}.cu").read_text())
-    return "\n".join(parts)
+        parts.append("gemv.cuh")
+    parts += [f"{f}.cu" for f in NEEDS.get(family, ())]
+    parts.append(f"{family}.cu")
+    return "\n".join((KERNEL_DIR / part).read_text() for part in parts)
 
 
 def target_arch(compute_capability: str) -> str:
@@ -44,12 +46,16 @@ def target_arch(compute_capability: str) -> str:
 
 #: kernel family (a ``kernels/<family>.cu`` file) -> the name expressions it instantiates
 FAMILIES: dict[str, list[str]] = {}
+#: family -> the other families' files its source includes first (their templates)
+NEEDS: dict[str, tuple[str, ...]] = {}
 _MODULES: dict[str, Module] = {}
 
 
-def register_family(family: str, names: Sequence[str]) -> None:
+def register_family(family: str, names: Sequence[str], *, needs: Sequence[str] = ()) -> None:
     """Declare a family's kernels; launcher modules call this at import (without CuPy), so
     ``scripts/check_kernels.py`` can compile every family on a machine with no GPU."""
+    if needs:
+        NEEDS[family] = tuple(needs)
     FAMILIES.setdefault(family, [])
     FAMILIES[family].extend(n for n in names if n not in FAMILIES[family])
 

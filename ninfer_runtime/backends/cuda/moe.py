@@ -19,7 +19,6 @@ import numpy as np
 
 from .. import array_ops as ops
 from ..base import MoeWeights
-from . import compile as C
 from . import formats as F
 from . import kernels
 from .compile import function, register_family
@@ -43,22 +42,8 @@ register_family("moe", ["moe_router", "moe_silu_mul", "moe_combine"])
 register_family(
     EXPERTS_FAMILY,
     [f"gemv_experts_{s}<{r}, {ks}>" for s in _SUFFIX.values() for r, ks in EXPERT_CONFIGS],
+    needs=POLICY_FILES,  # the layout policies live in the per-layout GEMV files
 )
-
-
-def _family_source(family: str, _base: Any = C.family_source) -> str:
-    """``compile.family_source`` plus the policy files for the expert GEMV, whose policies live
-    in the per-layout ``.cu`` files rather than in gemv.cuh (their templates cost nothing
-    until instantiated). TODO: move this into compile.family_source."""
-    if family != EXPERTS_FAMILY:
-        return _base(family)
-    parts = ["common.cuh", "gemv.cuh", *(f"{f}.cu" for f in POLICY_FILES), f"{family}.cu"]
-    return "\n".join((C.KERNEL_DIR / p).read_text() for p in parts)
-
-
-if not getattr(C.family_source, "extended_for_experts", False):
-    _family_source.extended_for_experts = True  # type: ignore[attr-defined]
-    C.family_source = _family_source
 
 
 class ExpertTableError(ValueError):

@@ -28,6 +28,17 @@ _MASK64 = (1 << 64) - 1
 
 register_family("sampling", ["sample_tokens"])
 
+#: the parameter block: name -> (byte offset, dtype), MAX_LANES entries each
+_LAYOUT: dict[str, tuple[int, type]] = {
+    "seeds": (0, np.uint64),
+    "counters": (64, np.uint64),
+    "top_p": (128, np.float64),
+    "min_p": (192, np.float64),
+    "temperature": (256, np.float32),
+    "top_k": (288, np.int32),
+}
+_BYTES = 320
+
 
 def supports(params: SamplingParams) -> bool:
     """Whether the device sampler can take this lane (penalties need the host sampler)."""
@@ -50,7 +61,7 @@ def sample(
 ) -> Any:
     """``out[i]`` = the token drawn for row i of ``logits`` (float32 ``[N, V]``, rows may be
     strided, unit column stride) with lane i's parameters: float32 ``temperature`` (<= 0:
-    greedy), int32 ``top_k`` (0: off), float32 ``top_p`` (1: off), float32 ``min_p`` (0: off),
+    greedy), int32 ``top_k`` (0: off), float64 ``top_p`` (1: off), float64 ``min_p`` (0: off),
     uint64 ``seeds`` and ``counters`` (device arrays of at least N). ``out``: int32 ``[N]``;
     -1 marks a row without a finite logit. Returns ``out``; never synchronises."""
     n, vocab = logits.shape
@@ -81,30 +92,19 @@ class DeviceSampler:
     """Device-resident parameters for up to ``MAX_LANES`` lanes and the output ids.
 
     ``set_lane`` (host side, outside graph capture) writes one lane and uploads the whole
-    256-byte parameter block in one copy; ``sample`` only launches, so it can be captured and
-    the graph replayed after later ``set_lane`` / ``advance`` calls. Fresh lanes are greedy-off
-    defaults (temperature 1, no filters, seed 0, counter 0).
+    320-byte parameter block in one copy; ``sample`` only launches, so it can be captured and
+    the graph replayed after later ``set_lane`` / ``advance`` calls. A lane never set samples
+    at temperature 1 with no filters, seed 0, counter 0.
     """
-
-    #: byte offset, dtype of each parameter array inside the block (MAX_LANES entries each)
-    _LAYOUT = {
-        "seeds": (0, np.uint64),
-        "counters": (64, np.uint64),
-        "temperature": (128, np.float32),
-        "top_p": (160, np.float32),
-        "min_p": (192, np.float32),
-        "top_k": (224, np.int32),
-    }
-    _BYTES = 256
 
     def __init__(self) -> None:
         import cupy as cp
 
-        self._host = np.zeros(self._BYTES, np.uint8)
-        self._device = cp.zeros(self._BYTES, cp.uint8)
+        self._host = np.zeros(_BYTES, np.uint8)
+        self._device = cp.zeros(_BYTES, cp.uint8)
         self.host: dict[str, np.ndarray] = {}
         self.device: dict[str, Any] = {}
-        for name, (offset, dtype) in self._LAYOUT.items():
+        for name, (offset, dtype) in _LAYOUT.items():
             size = MAX_LANES * np.dtype(dtype).itemsize
             self.host[name] = self._host[offset : offset + size].view(dtype)
             self.device[name] = self._device[offset : offset + size].view(dtype)

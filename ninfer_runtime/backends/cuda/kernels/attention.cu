@@ -13,7 +13,6 @@
 // attn_combine: grid (N, Nq), D threads: merges the used splits of each query head.
 
 #define ATTN_WARPS 4
-#define ATTN_UNROLL 4  // tokens per warp per step: 4 K rows and 4 V rows in flight per warp
 #define NEG_INF __int_as_float(0xff800000)
 #define LOG2E 1.4426950408889634f
 
@@ -86,6 +85,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
                  int page, int max_pages, int chunk, float scale, float* __restrict__ ws_acc,
                  float* __restrict__ ws_ml) {
   constexpr int VEC = D / 32;
+  // tokens per warp per step (that many K and V rows in flight per warp): fewer when q and
+  // the accumulators already take many registers
+  constexpr int UNROLL = G * VEC > 16 ? 2 : 4;
   __shared__ float s_acc[ATTN_WARPS][G][D];
   __shared__ float s_m[ATTN_WARPS][G], s_l[ATTN_WARPS][G];
 
@@ -104,12 +106,14 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
     return;
   }
 
-  // q of the group, pre-scaled into the log2 domain; in shared memory rather than registers,
-  // which go to the K/V rows in flight and the accumulators
-  __shared__ float s_q[G][D];
-  for (int e = threadIdx.x; e < G * D; e += ATTN_WARPS * 32)
-    s_q[e / D][e % D] = q[((long long)i * nkv * G + h * G) * D + e] * (scale * LOG2E);
-  __syncthreads();
+  // q of the group in registers, pre-scaled into the log2 domain
+  float qr[G][VEC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float* qh = q + ((long long)i * nkv * G + h * G + g) * D;
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) qr[g][c] = qh[column<D, T>(lane, c)] * (scale * LOG2E);
+  }
 
   const int* table = page_table + (long long)slots[i] * max_pages;
   const long long token_stride = (long long)nkv * D;
@@ -123,14 +127,14 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   }
 
   // page ids of the step's tokens, fetched one step ahead so the row loads do not wait on them
-  int pg[ATTN_UNROLL];
-  int t0 = start + warp * ATTN_UNROLL;
+  int pg[UNROLL];
+  int t0 = start + warp * UNROLL;
 #pragma unroll
-  for (int u = 0; u < ATTN_UNROLL; ++u) pg[u] = t0 + u <= end ? table[(t0 + u) / page] : 0;
-  for (; t0 <= end; t0 += ATTN_WARPS * ATTN_UNROLL) {
-    float kx[ATTN_UNROLL][VEC], vx[ATTN_UNROLL][VEC];
+  for (int u = 0; u < UNROLL; ++u) pg[u] = t0 + u <= end ? table[(t0 + u) / page] : 0;
+  for (; t0 <= end; t0 += ATTN_WARPS * UNROLL) {
+    float kx[UNROLL][VEC], vx[UNROLL][VEC];
 #pragma unroll
-    for (int u = 0; u < ATTN_UNROLL; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
       const int t = t0 + u;
       if (t <= end) {
         const long long off =
@@ -142,27 +146,24 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
         for (int c = 0; c < VEC; ++c) kx[u][c] = vx[u][c] = 0.f;
       }
     }
-    const int next = t0 + ATTN_WARPS * ATTN_UNROLL;
+    const int next = t0 + ATTN_WARPS * UNROLL;
 #pragma unroll
-    for (int u = 0; u < ATTN_UNROLL; ++u) pg[u] = next + u <= end ? table[(next + u) / page] : 0;
-    float s[ATTN_UNROLL][G];
+    for (int u = 0; u < UNROLL; ++u) pg[u] = next + u <= end ? table[(next + u) / page] : 0;
+    float s[UNROLL][G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float qg[VEC];
 #pragma unroll
-      for (int c = 0; c < VEC; ++c) qg[c] = s_q[g][column<D, T>(lane, c)];
-#pragma unroll
-      for (int u = 0; u < ATTN_UNROLL; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         float dot = 0.f;
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) dot = fmaf(qg[c], kx[u][c], dot);
+        for (int c = 0; c < VEC; ++c) dot = fmaf(qr[g][c], kx[u][c], dot);
         s[u][g] = dot;
       }
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
 #pragma unroll
-      for (int u = 0; u < ATTN_UNROLL; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xFFFFFFFFu, s[u][g], off);
       }
@@ -171,12 +172,12 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
     for (int g = 0; g < G; ++g) {
       float mx = m[g];
 #pragma unroll
-      for (int u = 0; u < ATTN_UNROLL; ++u)
+      for (int u = 0; u < UNROLL; ++u)
         if (t0 + u <= end) mx = fmaxf(mx, s[u][g]);
       const float alpha = exp2f(m[g] - mx);  // 0 on the first step (m = -inf)
-      float p[ATTN_UNROLL];
+      float p[UNROLL];
 #pragma unroll
-      for (int u = 0; u < ATTN_UNROLL; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         p[u] = t0 + u <= end ? exp2f(s[u][g] - mx) : 0.f;
         l[g] = u == 0 ? fmaf(l[g], alpha, p[0]) : l[g] + p[u];
       }
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
       for (int c = 0; c < VEC; ++c) {
         float a = acc[g][c] * alpha;
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) a = fmaf(p[u], vx[u][c], a);
+        for (int u = 0; u < UNROLL; ++u) a = fmaf(p[u], vx[u][c], a);
         acc[g][c] = a;
       }
       m[g] = mx;
@@ -223,28 +224,56 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   }
 }
 
+#define MAX_SPLITS 256  // must match MAX_SPLITS in attention.py
+
+// Sum (or max) over the block's D threads; every thread gets the result.
+template <int D, bool MAX>
+__device__ __forceinline__ float block_reduce(float x, float* s_red) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float y = __shfl_xor_sync(0xFFFFFFFFu, x, off);
+    x = MAX ? fmaxf(x, y) : x + y;
+  }
+  if (D == 32) return x;
+  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  x = s_red[0];
+#pragma unroll
+  for (int w = 1; w < D / 32; ++w) x = MAX ? fmaxf(x, s_red[w]) : x + s_red[w];
+  __syncthreads();  // s_red is reused by the next reduction
+  return x;
+}
+
 // out [N, Nq, D]: block (i, j) merges the splits of lane i that hold tokens (those up to its
-// position), query head j; thread d writes column d.
+// position), query head j; the threads first share out the splits' weights, then thread d
+// sums column d (independent loads, unrolled so several are in flight).
 template <int D>
 __global__ void __launch_bounds__(D)
     attn_combine(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                  const int* __restrict__ positions, int nkv, int group, int splits, int chunk,
                  int max_context, float* __restrict__ out) {
+  __shared__ float s_w[MAX_SPLITS];
+  __shared__ float s_red[D / 32];
   const int i = blockIdx.x, j = blockIdx.y, d = threadIdx.x;
   const int h = j / group, g = j % group;
   const int last = min(positions[i], max_context - 1);
   const int used = last < 0 ? 0 : min(last / chunk + 1, splits);
   const long long base = (long long)(i * nkv + h) * splits * group + g;  // (i, h, 0, g)
   float mx = NEG_INF;
-  for (int s = 0; s < used; ++s) mx = fmaxf(mx, ws_ml[(base + (long long)s * group) * 2]);
-  float a = 0.f, sum = 0.f;
-  for (int s = 0; s < used; ++s) {
-    const long long e = base + (long long)s * group;
-    const float m = ws_ml[e * 2];
+  for (int s = d; s < used; s += D) mx = fmaxf(mx, ws_ml[(base + (long long)s * group) * 2]);
+  mx = block_reduce<D, true>(mx, s_red);
+  float sum = 0.f;
+  for (int s = d; s < used; s += D) {
+    const long long e = (base + (long long)s * group) * 2;
+    const float m = ws_ml[e];
     const float wt = m == NEG_INF ? 0.f : exp2f(m - mx);
-    sum = fmaf(ws_ml[e * 2 + 1], wt, sum);
-    a = fmaf(ws_acc[e * D + d], wt, a);
+    s_w[s] = wt;
+    sum = fmaf(ws_ml[e + 1], wt, sum);
   }
+  sum = block_reduce<D, false>(sum, s_red);  // its barrier also publishes s_w
+  float a = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < used; ++s) a = fmaf(ws_acc[(base + (long long)s * group) * D + d], s_w[s], a);
   // no visible token (a negative position): 0 / 0 = NaN, as the reference's softmax gives
   out[((long long)i * nkv * group + j) * D + d] = a / sum;
 }

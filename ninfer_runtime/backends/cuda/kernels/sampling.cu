@@ -17,6 +17,9 @@
 // of the logit (each pass counts, or sums exp over, the row at 8 probe keys; at most 11 passes
 // narrow the 32-bit key range to one key, each an L2-resident read of the row), all sums in a fixed order so
 // the result is deterministic. PROBES = 8 keeps the pass spill-free at 1024 threads.
+// Cost (H200, 8 lanes, V = 248,320, 2026-11-29): a pass over a row takes ~30 us on one SM, so
+// greedy ~33 us, temperature only ~150 us, top_k ~430 us, top_p ~0.6-1 ms. Splitting a row over
+// several blocks (or compacting the candidates above a safe bound first) is the next step.
 // Non-finite logits are never candidates; a row with no finite logit yields -1.
 // Probabilities are float32 exp summed in float64 (the reference is float64 throughout), so a
 // top_p or min_p boundary within ~1e-6 relative of a token's mass may fall differently.
@@ -25,6 +28,39 @@
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 #define PROBES 8
 #define FULL_MASK 0xFFFFFFFFu
+#define ROW_UNROLL 2  // 16-byte loads in flight per thread on a pass over a row
+
+// Calls f(value, id) for the tokens of the row this thread owns, always the same ones in the
+// same order (so sums are deterministic). Aligned rows are read with ROW_UNROLL float4 loads in
+// flight per thread: one block reads a whole row per pass, so a pass is latency-bound without.
+template <class F>
+__device__ __forceinline__ void for_row(const float* __restrict__ x, int V, F&& f) {
+  int done = 0;
+  if ((reinterpret_cast<u64>(x) & 15) == 0) {
+    const float4* __restrict__ x4 = reinterpret_cast<const float4*>(x);
+    const int n4 = V >> 2;
+    for (int base = threadIdx.x; base < n4; base += SAMPLE_THREADS * ROW_UNROLL) {
+      float4 v[ROW_UNROLL];
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; ++u) {
+        const int j = base + u * SAMPLE_THREADS;
+        if (j < n4) v[u] = x4[j];
+      }
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; ++u) {
+        const int j = base + u * SAMPLE_THREADS;
+        if (j < n4) {
+          f(v[u].x, 4 * j);
+          f(v[u].y, 4 * j + 1);
+          f(v[u].z, 4 * j + 2);
+          f(v[u].w, 4 * j + 3);
+        }
+      }
+    }
+    done = n4 * 4;
+  }
+  for (int i = done + threadIdx.x; i < V; i += SAMPLE_THREADS) f(x[i], i);
+}
 
 struct SampleShared {
   u32 probe[PROBES];
@@ -74,7 +110,7 @@ __device__ __forceinline__ u64 mix64(u64 z) {
 __device__ __forceinline__ float gumbel(u64 stream, int id) {
   const u64 h = mix64(stream + (u64)(id + 1) * GOLDEN);
   const float u = ((float)(u32)(h >> 40) + 0.5f) * 5.9604644775390625e-8f;  // (0, 1)
-  return -logf(-logf(u));
+  return -__logf(-logf(u));  // inner log exact near u = 1, where __logf's error is absolute
 }
 
 __device__ u64 block_max(u64 v, SampleShared& sh) {
@@ -116,18 +152,17 @@ __device__ void measure(const float* __restrict__ x, int V, float top, float tem
   double acc[PROBES], above = 0.0;
 #pragma unroll
   for (int j = 0; j < PROBES; ++j) acc[j] = 0.0;
-  for (int i = threadIdx.x; i < V; i += SAMPLE_THREADS) {
-    const float s = x[i];
+  for_row(x, V, [&](float s, int) {
     const u32 k = logit_key(s);
-    if (k < lo) continue;
+    if (k < lo) return;
     const double w = mass ? (double)expf((s - top) / temp) : 1.0;
     if (k > hi) {
       above += w;
-      continue;
+      return;
     }
 #pragma unroll
     for (int j = 0; j < PROBES; ++j) acc[j] += k >= sh.probe[j] ? w : 0.0;
-  }
+  });
 #pragma unroll
   for (int j = 0; j < PROBES; ++j) acc[j] += above;
   block_sum(acc, sh);
@@ -160,28 +195,32 @@ __device__ u32 search(const float* __restrict__ x, int V, float top, float temp,
 }
 
 // How many tokens with key == v the nucleus keeps (the first ones by id): v is the boundary
-// key, kfloor the top_k key. Tied token j (0-based) is kept while mass(> v) + j * p_v < top_p.
+// key, kfloor the top_k key. Tied token j (0-based) stays while (mass(> v) + j p_v) / mass <
+// top_p, evaluated as written (an exact boundary, e.g. 10 equal tokens and top_p = 0.3, keeps
+// 3; the reference's running float64 cumsum can round such a case either way).
 __device__ int nucleus_ties(const float* __restrict__ x, int V, float top, float temp, u32 kfloor,
-                            u32 v, float top_p, int* ties, SampleShared& sh) {
-  double acc[3] = {0.0, 0.0, 0.0};  // mass >= floor, mass > v, count == v
-  for (int i = threadIdx.x; i < V; i += SAMPLE_THREADS) {
-    const float s = x[i];
+                            u32 v, double top_p, int* ties, SampleShared& sh) {
+  double acc[3] = {0.0, 0.0, 0.0};  // mass >= kfloor, mass > v, count == v
+  for_row(x, V, [&](float s, int) {
     const u32 k = logit_key(s);
-    if (k < kfloor) continue;
+    if (k < kfloor) return;
     const double e = (double)expf((s - top) / temp);
     acc[0] += e;
     if (k > v) acc[1] += e;
     if (k == v) acc[2] += 1.0;
-  }
+  });
   block_sum(acc, sh);
-  const double target = (double)top_p * sh.sum[0], above = sh.sum[1];
+  const double total = sh.sum[0], above = sh.sum[1];
   const int count = (int)sh.sum[2];
-  const double e_v = (double)expf((key_value(v) - top) / temp);
-  double keep = e_v > 0.0 ? ceil((target - above) / e_v) : (double)count;
-  keep = keep < 1.0 ? 1.0 : (keep > count ? count : keep);
   __syncthreads();
   *ties = count;
-  return (int)keep;
+  const double e_v = (double)expf((key_value(v) - top) / temp);
+  if (!(e_v > 0.0)) return count;
+  double guess = ceil((top_p * total - above) / e_v);
+  int keep = guess < 1.0 ? 1 : (guess > count ? count : (int)guess);
+  while (keep > 1 && !((above + (keep - 1) * e_v) / total < top_p)) --keep;
+  while (keep < count && (above + keep * e_v) / total < top_p) ++keep;
+  return keep;
 }
 
 // The id of the n-th (0-based) token with key == v, in id order; n < the number of them.
@@ -217,7 +256,7 @@ __device__ int nth_tie(const float* __restrict__ x, int V, u32 v, int n, SampleS
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_tokens(const float* __restrict__ logits, long long ld, int V,
                   const float* __restrict__ temperature, const int* __restrict__ top_k,
-                  const float* __restrict__ top_p, const float* __restrict__ min_p,
+                  const double* __restrict__ top_p, const double* __restrict__ min_p,
                   const u64* __restrict__ seeds, const u64* __restrict__ counters,
                   int* __restrict__ out) {
   __shared__ SampleShared sh;
@@ -226,10 +265,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 
   // the maximum (and greedy's answer): largest key, lowest id
   u64 best = 0;
-  for (int i = threadIdx.x; i < V; i += SAMPLE_THREADS) {
-    const u64 b = pack_best(logit_key(x[i]), i);
+  for_row(x, V, [&](float s, int i) {
+    const u64 b = pack_best(logit_key(s), i);
     best = b > best ? b : best;
-  }
+  });
   best = block_max(best, sh);
   const float temp = temperature[lane];
   if ((best >> 32) == 0 || !(temp > 0.0f)) {  // no finite logit, or greedy
@@ -245,26 +284,27 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 
   u32 cut = kfloor;  // keys > cut survive top_p; key == cut only below id cut_id
   int cut_id = V;
-  const float p = top_p[lane];
-  if (p < 1.0f) {
-    cut = search(x, V, top, temp, true, kfloor, top_key, (double)p, sh);
+  const double p = top_p[lane];
+  if (p < 1.0) {
+    cut = search(x, V, top, temp, true, kfloor, top_key, p, sh);
     int ties;
     const int keep = nucleus_ties(x, V, top, temp, kfloor, cut, p, &ties, sh);
     if (keep < ties) cut_id = nth_tie(x, V, cut, keep, sh);
   }
 
-  const float mp = min_p[lane];
+  const double mp = min_p[lane];
   const u64 stream = mix64(mix64(seeds[lane]) + counters[lane] * GOLDEN);
   best = 0;
-  for (int i = threadIdx.x; i < V; i += SAMPLE_THREADS) {
-    const float s = x[i];
+  for_row(x, V, [&](float s, int i) {
     const u32 key = logit_key(s);
-    if (key < cut || (key == cut && i >= cut_id)) continue;
+    if (key < cut || (key == cut && i >= cut_id)) return;
     const float z = (s - top) / temp;
-    if (mp > 0.0f && !(expf(z) >= mp)) continue;
+    // G lies in [-2.9, 17.4] (u is 24-bit, in (0, 1)) and the top token scores G >= -2.9, so
+    // z < -21 can never win: skipping it saves the hash for most of a peaked vocabulary
+    if (z < -21.0f || (mp > 0.0 && !((double)expf(z) >= mp))) return;
     const u64 b = pack_best(order_key(z + gumbel(stream, i)), i);
     best = b > best ? b : best;
-  }
+  });
   best = block_max(best, sh);
   if (threadIdx.x == 0) out[lane] = best_id(best);
 }

@@ -1,0 +1,282 @@
+"""The device-side MoE decode path (``backends/cuda/moe.py``) against numpy and the CPU backend.
+
+The router kernel against a numpy top-k (ties included), the expert-indexed GEMV of every
+layout against the numpy decoders with experts stacked in one object and stored apart, the
+whole ``moe_decode`` against ``CpuBackend.moe``, and a CUDA-graph capture replayed on new
+inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_format.codecs import codec_for
+from ninfer_runtime.backends.base import ExpertWeights, MoeWeights
+from ninfer_runtime.backends.cpu import CpuBackend
+from ninfer_runtime.backends.cuda import formats as F
+from ninfer_runtime.backends.cuda.weights import PackedWeight, Parent, Segment
+
+from .conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+RS = "row_split_k128_v1"
+LAYOUTS = {
+    "q4_g64_fp16": RS,
+    "q5_g64_fp16": RS,
+    "q6_g64_fp16": RS,
+    "q8_g32_fp16": RS,
+    "nf4_g64_fp16": RS,
+    "nvfp4": "block_scale_k16_m128x4_v1",
+    "fp8_e4m3fn_row_bf16": "row_scale_v1",
+    "bf16": "contiguous_le_v1",
+}
+
+
+def resident(values: np.ndarray, fmt: str, divisors: int = 1) -> tuple[Parent, np.ndarray]:
+    """A resident object holding ``values`` encoded in ``fmt``, and its decoded values."""
+    import cupy as cp
+
+    layout = LAYOUTS[fmt]
+    codec = codec_for(fmt, layout)
+    raw = np.frombuffer(codec.encode(values.astype(np.float32), divisors), dtype=np.uint8)
+    decoded = codec.decode(raw, values.shape, divisors)
+    return Parent("test", cp.asarray(raw), F.planes(fmt, layout, values.shape, divisors)), decoded
+
+
+def numpy_route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = e / e.sum(axis=-1, keepdims=True)
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    share = np.take_along_axis(probs, top, axis=-1)
+    return top, share / share.sum(axis=-1, keepdims=True)
+
+
+# ------------------------------------------------------------------------------------ router
+@pytest.mark.parametrize("n,e,k", [(1, 10, 3), (8, 37, 5), (3, 512, 8), (2, 300, 1), (4, 8, 8)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_router(n: int, e: int, k: int, ties: bool, cuda_backend: Any) -> None:
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import route
+
+    rng = np.random.default_rng(e + k)
+    if ties:  # few distinct values: many exact ties, broken toward the lower expert
+        logits = (rng.integers(0, 4, (n, e)) / 2).astype(np.float32)
+    else:
+        logits = (3 * rng.standard_normal((n, e))).astype(np.float32)
+    ids, shares = route(cp.asarray(logits), k)
+    top, share = numpy_route(logits, k)
+    assert np.array_equal(cp.asnumpy(ids), top)
+    np.testing.assert_allclose(cp.asnumpy(shares), share, rtol=2e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------------- expert-indexed GEMV
+GEMV_CASES = [
+    # (format, experts, rows per expert, K, divisors of the stacked object)
+    ("q4_g64_fp16", 5, 72, 200, 1),
+    ("q5_g64_fp16", 5, 72, 200, 1),
+    ("q6_g64_fp16", 5, 72, 200, 1),
+    ("q8_g32_fp16", 5, 72, 200, 1),
+    ("nf4_g64_fp16", 5, 72, 200, 1),
+    ("q8_g32_fp16", 3, 40, 1000, 1),
+    ("nvfp4", 4, 128, 192, 4),
+    ("nvfp4", 4, 96, 320, 1),  # experts start inside a 128-row scale tile
+    ("fp8_e4m3fn_row_bf16", 5, 72, 208, 1),
+    ("bf16", 5, 72, 200, 1),
+]
+
+
+def expert_objects(
+    fmt: str, e: int, rows: int, k: int, divisors: int, stacked: bool, seed: int
+) -> tuple[list[Segment], np.ndarray]:
+    """One segment per expert and the decoded weights [E, rows, K]."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((e, rows, k)) * np.exp(rng.uniform(-2, 2, (e, rows, 1)))
+    if stacked:
+        parent, w = resident(values.reshape(e * rows, k), fmt, divisors)
+        return [Segment(parent, i * rows, rows) for i in range(e)], w.reshape(e, rows, k)
+    pairs = [resident(values[i], fmt) for i in range(e)]
+    return [Segment(p, 0, rows) for p, _ in pairs], np.stack([w for _, w in pairs])
+
+
+def check_pairs(got: Any, xs: np.ndarray, w: np.ndarray) -> None:
+    """got[p] = w[p] @ xs[p] within float32 accumulation error (w: [P, rows, K])."""
+    import cupy as cp
+
+    got = cp.asnumpy(got).astype(np.float64)
+    ref = np.einsum("prk,pk->pr", w.astype(np.float64), xs.astype(np.float64))
+    bound = 2e-6 * np.einsum("prk,pk->pr", np.abs(w), np.abs(xs).astype(np.float64)) + 1e-30
+    assert np.all(np.isfinite(got))
+    ratio = np.max(np.abs(got - ref) / bound)
+    assert ratio <= 1.0, f"error {ratio:.2f}x the float32 bound"
+
+
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "separate"])
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}x{c[3]}")
+def test_expert_gemv(case: Any, stacked: bool, cuda_backend: Any) -> None:
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import EXPERT_CONFIGS, Projection, expert_gemv
+
+    fmt, e, rows, k, divisors = case
+    if fmt == "nvfp4" and not stacked and rows % 128:
+        pytest.skip("an NVFP4 object needs a multiple of 128 rows")
+    segments, w = expert_objects(fmt, e, rows, k, divisors, stacked, seed=7)
+    proj = Projection.build(segments)
+    width = proj.planes.x_width
+    rng = np.random.default_rng(8)
+    for n, top in ((1, 1), (3, 4), (8, 3)):
+        top = min(top, e)  # distinct experts in a row, as the router gives; rows share some
+        ids = np.stack([rng.choice(e, top, replace=False) for _ in range(n)]).astype(np.int32)
+        flat = ids.reshape(-1)
+        ids_d = cp.asarray(ids)
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        xp = np.zeros((n, width), np.float32)
+        xp[:, :k] = x
+        per_pair = rng.standard_normal((n * top, k)).astype(np.float32)
+        pp = np.zeros((n * top, width), np.float32)
+        pp[:, :k] = per_pair
+        for r, ks in [(None, None), *EXPERT_CONFIGS]:
+            y = cp.full((n * top, rows), np.nan, dtype=cp.float32)
+            expert_gemv(proj, ids_d, cp.asarray(xp), False, y, rows, rows_per_warp=r, k_split=ks)
+            check_pairs(y, np.repeat(x, top, axis=0), w[flat])
+            y = cp.full((n * top, rows + 3), np.nan, dtype=cp.float32)  # ldy > rows
+            expert_gemv(proj, ids_d, cp.asarray(pp), True, y, rows + 3, rows_per_warp=r, k_split=ks)
+            check_pairs(y[:, :rows], per_pair, w[flat])
+
+
+# ------------------------------------------------------------------------------- whole block
+E, TOP_K, H, INTER = 10, 3, 96, 40
+
+
+def random_moe(fmt: str, fused: bool, seed: int = 0) -> tuple[MoeWeights, MoeWeights]:
+    """The same random MoE block as CUDA weights (packed) and CPU weights (decoded float32).
+    ``fused``: every expert's gate|up rows in one object and all downs in another (stacked);
+    otherwise each expert projection is an object of its own."""
+    rng = np.random.default_rng(seed)
+
+    def values(rows: int, cols: int) -> np.ndarray:
+        return rng.standard_normal((rows, cols)) / np.sqrt(cols)
+
+    def single(rows: int, cols: int) -> tuple[PackedWeight, np.ndarray]:
+        parent, w = resident(values(rows, cols), fmt)
+        return PackedWeight([Segment(parent, 0, rows)], (rows, cols)), w
+
+    def mlp() -> tuple[ExpertWeights, ExpertWeights]:
+        (g, gw), (u, uw), (d, dw) = single(INTER, H), single(INTER, H), single(H, INTER)
+        return ExpertWeights(g, u, d), ExpertWeights(gw, uw, dw)
+
+    if fused:
+        gu_parent, gu = resident(values(E * 2 * INTER, H), fmt)
+        down_parent, down = resident(values(E * H, INTER), fmt)
+        gpu_experts, cpu_experts = [], []
+        for e in range(E):
+            a = e * 2 * INTER
+            gpu_experts.append(
+                ExpertWeights(
+                    PackedWeight([Segment(gu_parent, a, INTER)], (INTER, H)),
+                    PackedWeight([Segment(gu_parent, a + INTER, INTER)], (INTER, H)),
+                    PackedWeight([Segment(down_parent, e * H, H)], (H, INTER)),
+                )
+            )
+            cpu_experts.append(
+                ExpertWeights(
+                    gu[a : a + INTER], gu[a + INTER : a + 2 * INTER], down[e * H : (e + 1) * H]
+                )
+            )
+    else:
+        gpu_experts, cpu_experts = (list(t) for t in zip(*(mlp() for _ in range(E)), strict=True))
+    (router, router_w), (score, score_w) = single(E, H), single(1, H)
+    shared_gpu, shared_cpu = mlp()
+    return (
+        MoeWeights(router, gpu_experts, shared_gpu, score, TOP_K),
+        MoeWeights(router_w, cpu_experts, shared_cpu, score_w, TOP_K),
+    )
+
+
+def assert_close(got: Any, ref: np.ndarray) -> None:
+    import cupy as cp
+
+    got = cp.asnumpy(got)
+    assert got.shape == ref.shape and np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["stacked", "separate"])
+@pytest.mark.parametrize("fmt", ["q8_g32_fp16", "bf16", "q4_g64_fp16"])
+def test_moe_decode_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> None:
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_decode
+
+    gpu_w, cpu_w = random_moe(fmt, fused)
+    table = ExpertTable(gpu_w)
+    assert table.fused == fused
+    rng = np.random.default_rng(1)
+    for n in range(1, 9):
+        x = rng.standard_normal((n, H)).astype(np.float32)
+        assert_close(
+            moe_decode(cuda_backend, cp.asarray(x), gpu_w, table), CpuBackend().moe(x, cpu_w)
+        )
+
+
+def test_expert_table_rejects_unreadable_experts(cuda_backend: Any) -> None:
+    from ninfer_runtime.backends.cuda.moe import ExpertTable, ExpertTableError
+
+    gpu_w, _ = random_moe("q8_g32_fp16", fused=False)
+    ex = gpu_w.experts[0]
+    two = PackedWeight([Segment(ex.gate.segments[0].parent, 0, INTER // 2)] * 2, (INTER, H))
+    bad = MoeWeights(
+        gpu_w.router,
+        [ExpertWeights(two, ex.up, ex.down), *gpu_w.experts[1:]],
+        gpu_w.shared,
+        gpu_w.shared_score,
+        TOP_K,
+    )
+    with pytest.raises(ExpertTableError):
+        ExpertTable(bad)
+    other, _ = random_moe("bf16", fused=False)  # one expert of another format
+    mixed = MoeWeights(
+        gpu_w.router,
+        [other.experts[0], *gpu_w.experts[1:]],
+        gpu_w.shared,
+        gpu_w.shared_score,
+        TOP_K,
+    )
+    with pytest.raises(ExpertTableError):
+        ExpertTable(mixed)
+
+
+def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_decode
+
+    gpu_w, cpu_w = random_moe("q8_g32_fp16", fused=True, seed=3)
+    table = ExpertTable(gpu_w)
+    n = 4
+    rng = np.random.default_rng(4)
+    s = cp.cuda.Stream(non_blocking=True)
+    pool = cp.cuda.MemoryPool()  # the graph's addresses: never handed to anyone else
+    x = cp.zeros((n, H), dtype=cp.float32)
+    with s, cp.cuda.using_allocator(pool.malloc):
+        first = rng.standard_normal((n, H)).astype(np.float32)
+        x.set(first, stream=s)
+        warm = moe_decode(cuda_backend, x, gpu_w, table)  # compiles; fills the pool
+        s.synchronize()
+        assert_close(warm, CpuBackend().moe(first, cpu_w))
+        s.begin_capture()
+        try:
+            out = moe_decode(cuda_backend, x, gpu_w, table)
+        finally:
+            graph = s.end_capture()
+        for _ in range(3):
+            host = rng.standard_normal((n, H)).astype(np.float32)
+            x.set(host, stream=s)
+            graph.launch(s)
+            s.synchronize()
+            assert_close(out, CpuBackend().moe(host, cpu_w))
