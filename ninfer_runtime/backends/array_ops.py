@@ -218,13 +218,22 @@ def gdn_decode(
     mixed [N, C = 2 Hk dk + Hv dv] = [q | k | v], q and k l2-normalised (q scaled by
     dk^-1/2), then the delta rule on states [S, Hv, dk, dv] float32 indexed by ``slots``
     (distinct); g, beta [N, Hv]. Conv and recurrent states are updated. -> [N, Hv, dv]."""
-    xp = _xp(mixed)
     n, width = mixed.shape[0], key_heads * key_dim
     conv = silu(conv_step(mixed, kernel, conv_states, slots))
     q = l2_normalize(conv[:, :width].reshape(n, key_heads, key_dim)) * key_dim**-0.5
     k = l2_normalize(conv[:, width : 2 * width].reshape(n, key_heads, key_dim))
     v = conv[:, 2 * width :].reshape(n, value_heads, value_dim)
-    group = value_heads // key_heads
+    return gdn_step_slots(q, k, v, g, beta, states, slots)
+
+
+def gdn_step_slots(
+    q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
+) -> Array:
+    """The delta rule of ``gdn_step`` for N lanes, one token each: q, k [N, Hk, dk]
+    (normalised), v [N, Hv, dv], g, beta [N, Hv]; states [S, Hv, dk, dv] indexed by
+    ``slots`` (distinct), updated. -> [N, Hv, dv]."""
+    xp = _xp(q)
+    group = v.shape[1] // q.shape[1]
     q, k = xp.repeat(q, group, axis=1), xp.repeat(k, group, axis=1)
     state = states[slots] * xp.exp(g)[:, :, None, None]  # [N, Hv, dk, dv]
     recalled = xp.einsum("nhkv,nhk->nhv", state, k)

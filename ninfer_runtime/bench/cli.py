@@ -48,18 +48,25 @@ def synth(
     )
 
 
-def _ints(text: str) -> list[int]:
+def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+        values = []
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"expected comma-separated positive integers, got {text!r}")
+    return values
 
 
 @main.command()
 @click.argument("artifact", type=click.Path(exists=True, dir_okay=False))
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True)
-@click.option("--lanes", default="1,2,4,8", show_default=True, help="decode lane counts")
-@click.option("--contexts", default="1024,16384", show_default=True, help="decode contexts")
+@click.option(
+    "--lanes", default="1,2,4,8", show_default=True, callback=_ints, help="decode lane counts"
+)
+@click.option(
+    "--contexts", default="1024,16384", show_default=True, callback=_ints, help="decode contexts"
+)
 @click.option("--steps", type=int, default=32, show_default=True, help="timed decode steps")
 @click.option("--prefill", type=int, default=7680, show_default=True, help="0 skips prefill")
 @click.option("--chunk", type=int, default=2048, show_default=True, help="prefill chunk")
@@ -68,8 +75,8 @@ def _ints(text: str) -> list[int]:
 def run(
     artifact: str,
     backend: str,
-    lanes: str,
-    contexts: str,
+    lanes: list[int],
+    contexts: list[int],
     steps: int,
     prefill: int,
     chunk: int,
@@ -85,13 +92,17 @@ def run(
     """
     import json
 
-    from ninfer_format import Artifact
+    from ninfer_format import Artifact, ArtifactError
 
+    from ..errors import EngineError
     from ..models import load_model
     from . import measure as M
 
     started = time.perf_counter()
-    model = load_model(Artifact.open(artifact), backend)
+    try:
+        model = load_model(Artifact.open(artifact), backend)
+    except (ArtifactError, EngineError) as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
     xp = model.backend.xp
     bandwidth = M.copy_bandwidth(xp)
@@ -101,8 +112,8 @@ def run(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
         f"{'floor ms':>8} {'% floor':>7}"
     )
-    for context in _ints(contexts):
-        for n in _ints(lanes):
+    for context in contexts:
+        for n in lanes:
             r = M.decode_rate(model, n, context, steps=steps, floor_bw=bandwidth)
             rows.append({"kind": "decode", **M.as_row(r)})
             click.echo(
@@ -120,9 +131,9 @@ def run(
             f"({p.percent_of_floor:.1f}%)"
         )
     if profile_lanes:
-        spent = M.profile_decode(model, profile_lanes, _ints(contexts)[0])
+        spent = M.profile_decode(model, profile_lanes, contexts[0])
         rows.append({"kind": "profile", "lanes": profile_lanes, **spent})
-        click.echo(f"profile, {profile_lanes} lane(s), ms per step (eager, synchronised):")
+        click.echo(f"profile, {profile_lanes} lane(s): ms per step taken by each op (ablation)")
         for name, ms in spent.items():
             click.echo(f"  {name:<18} {ms:8.3f}")
     if json_out:

@@ -54,21 +54,32 @@ def max_abs(a: Any, b: Any) -> float:
     return float(np.max(np.abs(host(a).astype(np.float64) - host(b).astype(np.float64))))
 
 
-CASES = [(r, True) for r in RECIPES] + [("bf16", False), ("tiny_mixed", False)]
+#: (recipe, CUDA graphs, TF32 prefill products); float32 prefill keeps the comparison tight
+CASES = [(r, True, False) for r in RECIPES] + [
+    ("bf16", False, False),
+    ("tiny_mixed", False, False),
+    ("bf16", True, True),
+    ("tiny_mixed", True, True),
+]
+#: TF32 rounds products' inputs to 10 mantissa bits: a looser bound, and near-ties allowed
+TF32_TOL = 2e-2
+
+
+def case_name(recipe: str, graphs: bool, tf32: bool) -> str:
+    return f"{recipe}-{'graphs' if graphs else 'eager'}" + ("-tf32" if tf32 else "")
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-@pytest.mark.parametrize(
-    ("recipe", "graphs"), CASES, ids=[f"{r}-{'graphs' if g else 'eager'}" for r, g in CASES]
-)
+@pytest.mark.parametrize(("recipe", "graphs", "tf32"), CASES, ids=[case_name(*c) for c in CASES])
 def test_matches_cpu_reference(
-    recipe: str, graphs: bool, kind: str, gpu_artifact: Callable[[str, str], Path]
+    recipe: str, graphs: bool, tf32: bool, kind: str, gpu_artifact: Callable[[str, str], Path]
 ) -> None:
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
+    tol, tie = (TF32_TOL, TF32_TOL) if tf32 else (LOGIT_TOL, TIE)
     path = gpu_artifact(BF16[kind] if recipe == "bf16" else recipe, kind)
     cpu = load_model(Artifact.open(path), "cpu")
-    gpu = load_model(Artifact.open(path), CudaBackend(graphs=graphs))
+    gpu = load_model(Artifact.open(path), CudaBackend(graphs=graphs, tf32=tf32))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, VOCAB, 3 + 5 * i) for i in range(LANES)]  # 3..38 tokens
 
@@ -89,7 +100,10 @@ def test_matches_cpu_reference(
 
     tokens = {n: [int(np.argmax(x)) for x in last[n]] for n in ("cpu", "gpu")}
     compared = [tokens["cpu"][i] == tokens["gpu"][i] for i in range(LANES)]
-    assert all(compared), f"prefill argmax differs: {tokens}"
+    for i, same in enumerate(compared):
+        ref = last["cpu"][i]
+        gap = float(ref[tokens["cpu"][i]] - ref[tokens["gpu"][i]])
+        assert same or gap < tie, f"lane {i}: prefill argmax differs, reference gap {gap:.2e}"
     decoded = [0] * LANES
     ties = 0
     for step in range(STEPS):
@@ -109,16 +123,16 @@ def test_matches_cpu_reference(
                     decoded[i] += 1
                 else:
                     gap = float(ref[t_cpu] - ref[t_gpu])
-                    assert gap < TIE, (
+                    assert gap < tie, (
                         f"lane {i} step {step}: cpu {t_cpu} gpu {t_gpu}, reference gap {gap:.2e}"
                     )
                     compared[i] = False
                     ties += 1
             tokens["cpu"][i], tokens["gpu"][i] = t_cpu, t_gpu
 
-    case = f"{kind}/{recipe}" + ("" if graphs else " (eager)")
+    case = f"{kind}/{case_name(recipe, graphs, tf32)}"
     REPORT.append((case, "logits max|Δ| (rel to max|logit|)", f"{err:.2e} ({err / scale:.1e})"))
     REPORT.append((case, "identical greedy tokens per lane", f"{decoded} ties {ties}"))
     print(case, f"max|Δ| {err:.2e}", f"rel {err / scale:.2e}", "tokens", decoded, "ties", ties)
-    assert err < LOGIT_TOL * max(1.0, scale), err
+    assert err < tol * max(1.0, scale), err
     assert decoded[0] == STEPS or ties, decoded

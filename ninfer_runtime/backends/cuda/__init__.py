@@ -34,8 +34,12 @@ def create_backend() -> Any:
 
     from .backend import CudaBackend
 
-    # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly (for debugging and comparison)
-    return CudaBackend(graphs=os.environ.get("NINFER_CUDA_GRAPHS", "1") != "0")
+    # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly, NINFER_CUDA_TF32=0 keeps prefill
+    # products in full float32 (for debugging and comparison)
+    return CudaBackend(
+        graphs=os.environ.get("NINFER_CUDA_GRAPHS", "1") != "0",
+        tf32=os.environ.get("NINFER_CUDA_TF32", "1") != "0",
+    )
 
 
 __all__ = ["NEEDS", "create_backend", "unavailable_reason"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import cupy as cp
 import numpy as np
+from cupy_backends.cuda.libs import cublas
 
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
@@ -32,10 +33,12 @@ class CudaBackend(ops.ReferenceOps):
     name = "cuda"
     xp = cp
 
-    def __init__(self, *, graphs: bool = True) -> None:
+    def __init__(self, *, graphs: bool = True, tf32: bool = True) -> None:
         self.residency = Residency(cp)
         self._scratch: Any = None
         self.graphs = graphs
+        # prefill products (M > 8 rows) on TF32 tensor cores: float32 range, 10-bit inputs
+        self._math_mode = cublas.CUBLAS_TF32_TENSOR_OP_MATH if tf32 else cublas.CUBLAS_DEFAULT_MATH
         # decode graphs run on a blocking stream (ordered after the legacy default stream the
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
@@ -120,6 +123,8 @@ class CudaBackend(ops.ReferenceOps):
         kernels.gemv(seg.parent.data, p, seg.row0, seg.rows, x, y, ldy)
 
     def _dequant_matmul(self, x: Array, seg: Segment, y: Array) -> None:
+        # per call: CuPy keeps one cuBLAS handle per thread, and the engine may step on any
+        cublas.setMathMode(cp.cuda.device.get_cublas_handle(), self._math_mode)
         k = seg.parent.planes.columns
         slab = max(1, min(seg.rows, SCRATCH_BYTES // (4 * k)))
         if self._scratch is None or self._scratch.size < slab * k:

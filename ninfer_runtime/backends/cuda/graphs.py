@@ -30,20 +30,24 @@ class GraphStep:
         self.fn, self.lanes, self.stream, self.pool = fn, lanes, stream, pool
         self.inputs = [cp.zeros(lanes, dtype=cp.int32) for _ in range(3)]
         self.graph: Any = None
+        self.warm = False
         self.outputs: tuple[Any, ...] = ()
 
     def __call__(self, *host: np.ndarray) -> tuple[Any, ...]:
         with self.stream:
             for buf, values in zip(self.inputs, host, strict=True):
                 buf.set(np.ascontiguousarray(values, dtype=np.int32), stream=self.stream)
+            if not self.warm:
+                # the first call runs eagerly: kernels compile and libraries set up outside
+                # any capture (a step updates recurrent states, so it must run exactly once)
+                self.warm = True
+                return tuple(out.copy() for out in self.fn(*self.inputs))
             if self.graph is None:
                 self._capture()
             self.graph.launch(self.stream)
             return tuple(out.copy() for out in self.outputs)
 
     def _capture(self) -> None:
-        # a warm-up run first: kernels compile and cuBLAS/cuRAND set up outside the capture
-        self.fn(*self.inputs)
         self.stream.synchronize()
         with cp.cuda.using_allocator(self.pool.malloc):
             self.stream.begin_capture()
