@@ -10,21 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models.functional import _xp, l2_normalize
+from ..models.functional import _xp, l2_normalize, sigmoid, silu
+
+__all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
 
 Array = Any
 
 #: Chunk length of the parallel Gated DeltaNet form (HF and fla use 64; any length is exact).
 GDN_CHUNK = 64
-
-
-def sigmoid(x: Array) -> Array:
-    # tanh form: no overflow warning for large |x|, equal to 1/(1+e^-x) up to rounding
-    return 0.5 * (1.0 + _xp(x).tanh(0.5 * x))
-
-
-def silu(x: Array) -> Array:
-    return x * sigmoid(x)
 
 
 def softmax(x: Array) -> Array:
@@ -106,38 +99,75 @@ def gdn_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) 
 
 def gdn_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
     """Chunked form: inside a chunk the delta-rule writes form a unit-lower-triangular system
-    solved at once; between chunks the state carries everything."""
+    solved at once; between chunks the state carries everything.
+
+    Everything that does not depend on the carried state is computed for all chunks at once
+    (batched over a chunk axis, one solve); what is left in sequence is one affine map of the
+    state per chunk, S' = M S + N (two array ops). The outputs then follow for all chunks at
+    once from the state each chunk started from."""
     xp = _xp(q)
     q, k, v, g, beta = heads_major(q, k, v, g, beta)
-    t = v.shape[1]
-    out = xp.empty_like(v)
-    for a in range(0, t, GDN_CHUNK):
-        b = min(a + GDN_CHUNK, t)
-        out[:, a:b] = _one_chunk(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], state)
+    hv, t, dv = v.shape
+    if t == 0:
+        return xp.empty((0, hv, dv), dtype=v.dtype)
+    c = min(GDN_CHUNK, t)
+    n = -(-t // c)
+    q, k, v, g, beta = (_chunked(x, n, c) for x in (q, k, v, g, beta))
+    transition, inflow, u, w, qg, qk = _chunk_terms(q, k, v, g, beta)
+    starts = xp.empty((n + 1, *state.shape), dtype=state.dtype)  # the state before chunk i
+    starts[0] = state
+    for i in range(n):
+        xp.matmul(transition[i], starts[i], out=starts[i + 1])
+        starts[i + 1] += inflow[i]
+    state[...] = starts[n]
+    starts = starts[:n]  # [n, Hv, dk, dv]
+    v_new = u - w @ starts  # the writes after subtracting what the carried state recalls
+    out = qg @ starts + qk @ v_new  # [n, Hv, C, dv]
+    out = out.transpose(1, 0, 2, 3).reshape(hv, n * c, dv)[:, :t]
     return out.transpose(1, 0, 2)
 
 
-def _one_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-    """One chunk for all heads: q, k [Hv, C, dk], v [Hv, C, dv], g, beta [Hv, C]."""
+def _chunked(x: Array, n: int, c: int) -> Array:
+    """[Hv, T, ...] -> [n, Hv, C, ...], the last chunk padded with zeros (a zero token has
+    g = 0, beta = 0, k = 0: it neither decays nor writes, and its outputs are dropped)."""
+    xp = _xp(x)
+    hv, t = x.shape[:2]
+    if n * c != t:
+        padded = xp.zeros((hv, n * c, *x.shape[2:]), dtype=x.dtype)
+        padded[:, :t] = x
+        x = padded
+    return x.reshape(hv, n, c, *x.shape[2:]).swapaxes(0, 1)
+
+
+def _chunk_terms(
+    q: Array, k: Array, v: Array, g: Array, beta: Array
+) -> tuple[Array, Array, Array, Array, Array, Array]:
+    """The state-independent part of every chunk at once: q, k [n, Hv, C, dk],
+    v [n, Hv, C, dv], g, beta [n, Hv, C]. Returns the state map S' = M S + N of each chunk
+    (M [n, Hv, dk, dk], N [n, Hv, dk, dv]), u and w with v_new = u - w S, and the output
+    terms q exp(γ) and (q kᵀ) ⊙ D with out = q exp(γ) S + ((q kᵀ) ⊙ D) v_new."""
     xp = _xp(q)
-    c = v.shape[1]
-    gamma = xp.cumsum(g, axis=-1)  # [Hv, C] cumulative log-decay inside the chunk
+    c, dk, dv = k.shape[-2], k.shape[-1], v.shape[-1]
+    gamma = xp.cumsum(g, axis=-1)  # [n, Hv, C] cumulative log-decay inside each chunk
     causal = xp.tri(c, c, 0, dtype=bool)
-    span = xp.where(causal, gamma[:, :, None] - gamma[:, None, :], xp.float32(-xp.inf))
+    span = xp.where(causal, gamma[..., :, None] - gamma[..., None, :], xp.float32(-xp.inf))
     decay = xp.exp(span)  # D_ij = exp(γ_i − γ_j) for j <= i, else 0
-    kk = k @ k.transpose(0, 2, 1)
+    k_t = k.swapaxes(-1, -2)
     strictly_lower = xp.tri(c, c, -1, dtype=bool)
-    a = xp.where(strictly_lower, beta[:, :, None] * kk * decay, xp.float32(0))
-    system = xp.eye(c, dtype=xp.float32) + a  # (I + A) is unit lower triangular
-    u = xp.linalg.solve(system, beta[:, :, None] * v)
-    w = xp.linalg.solve(system, (beta * xp.exp(gamma))[:, :, None] * k)
-    v_new = u - w @ state  # the writes after subtracting what the carried state recalls
-    out = (q * xp.exp(gamma)[:, :, None]) @ state + ((q @ k.transpose(0, 2, 1)) * decay) @ v_new
-    last = gamma[:, -1]
-    tail = xp.exp(last[:, None] - gamma)[:, :, None] * k  # [Hv, C, dk]
-    state *= xp.exp(last)[:, None, None]
-    state += tail.transpose(0, 2, 1) @ v_new
-    return out
+    a = xp.where(strictly_lower, beta[..., None] * (k @ k_t) * decay, xp.float32(0))
+    system = a + xp.eye(c, dtype=xp.float32)  # (I + A) is unit lower triangular
+    growth = xp.exp(gamma)
+    rhs = xp.concatenate([beta[..., None] * v, (beta * growth)[..., None] * k], axis=-1)
+    uw = xp.linalg.solve(system, rhs)  # one batched solve for u and w of every chunk
+    u, w = uw[..., :dv], uw[..., dv:]
+    last = gamma[..., -1]  # [n, Hv]
+    tail_t = (xp.exp(last[..., None] - gamma)[..., None] * k).swapaxes(-1, -2)  # [n, Hv, dk, C]
+    # S' = exp(last) S + tailᵀ (u − w S) = (exp(last) I − tailᵀ w) S + tailᵀ u
+    transition = xp.exp(last)[..., None, None] * xp.eye(dk, dtype=xp.float32) - tail_t @ w
+    inflow = tail_t @ u
+    qg = q * growth[..., None]
+    qk = (q @ k_t) * decay
+    return transition, inflow, u, w, qg, qk
 
 
 # ----------------------------------------------------------------------------------------

@@ -75,6 +75,11 @@ class Backend(Protocol):
         """A small parameter (norm weight, conv kernel, ``a_log``) as a float32 array."""
         ...
 
+    def join_rows(self, weights: list[Weight]) -> Weight:
+        """One weight with the rows of ``weights`` stacked in order (same column count), so
+        projections of the same input run as one product (Q|K|V, gate|up)."""
+        ...
+
     def embedding(self, ids: Array, table: Weight) -> Array:
         """Rows of ``table`` [R, H] for ``ids`` [N] -> [N, H]."""
         ...

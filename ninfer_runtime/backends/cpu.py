@@ -31,6 +31,9 @@ class CpuBackend(ops.ReferenceOps):
     def array(self, weight: Weight) -> Array:
         return weight
 
+    def join_rows(self, weights: list[Weight]) -> Weight:
+        return np.concatenate(weights, axis=0)
+
     # ------------------------------------------------------------------ dense algebra
     def embedding(self, ids: Array, table: Weight) -> Array:
         return table[np.asarray(ids, dtype=np.int64)]  # type: ignore[index]

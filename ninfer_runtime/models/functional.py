@@ -20,13 +20,38 @@ def _xp(x: Array) -> Any:
     return importlib.import_module(type(x).__module__.split(".")[0])
 
 
-def sigmoid(x: Array) -> Array:
+def _sigmoid(x: Array, xp: Any) -> Array:
     # the tanh form never overflows, unlike 1 / (1 + exp(-x)) for very negative x
-    return 0.5 * (1.0 + _xp(x).tanh(0.5 * x))
+    return 0.5 * (1.0 + xp.tanh(0.5 * x))
+
+
+def _silu(x: Array, xp: Any) -> Array:
+    return x * _sigmoid(x, xp)
+
+
+_FUSED: dict[tuple[str, Any], Any] = {}
+
+
+def _elementwise(fn: Any, x: Array) -> Array:
+    """``fn(x, xp)``; on a GPU array module compiled into one fused kernel (CuPy would launch
+    one kernel per operator), with the same arithmetic."""
+    xp = _xp(x)
+    fuse = getattr(xp, "fuse", None)
+    if fuse is None:
+        return fn(x, xp)
+    key = (fn.__name__, xp)
+    if key not in _FUSED:
+        _FUSED[key] = fuse(kernel_name=fn.__name__.lstrip("_"))(lambda v: fn(v, xp))
+    out = _FUSED[key](x)
+    return out if out.dtype == x.dtype else out.astype(x.dtype)
+
+
+def sigmoid(x: Array) -> Array:
+    return _elementwise(_sigmoid, x)
 
 
 def silu(x: Array) -> Array:
-    return x * sigmoid(x)
+    return _elementwise(_silu, x)
 
 
 def softplus(x: Array) -> Array:

@@ -18,7 +18,7 @@ from cupy_backends.cuda.libs import cublas
 
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import attention, gdn, kernels, sampling
+from . import attention, gdn, glue, kernels, sampling
 from . import moe as moe_kernels
 from .graphs import EagerStep, GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
@@ -69,6 +69,22 @@ class CudaBackend(ops.ReferenceOps):
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
         return self.residency.prepare(artifact, names)
+
+    def join_rows(self, weights: list[Weight]) -> Weight:
+        """One weight whose rows are the given weights' rows in order; segments that continue
+        one another in the same object merge, so a packed Q|K|V is one GEMV launch."""
+        if not all(isinstance(w, PackedWeight) for w in weights):
+            return DenseWeight(cp.concatenate([self.array(w) for w in weights]))
+        segments: list[Segment] = []
+        for w in weights:
+            for seg in w.segments:  # type: ignore[union-attr]
+                last = segments[-1] if segments else None
+                if last and last.parent is seg.parent and last.row0 + last.rows == seg.row0:
+                    segments[-1] = Segment(seg.parent, last.row0, last.rows + seg.rows)
+                else:
+                    segments.append(seg)
+        rows = sum(w.shape[0] for w in weights)
+        return PackedWeight(segments, (rows, weights[0].shape[1]))
 
     def array(self, weight: Weight) -> Array:
         if isinstance(weight, DenseWeight):
@@ -135,6 +151,13 @@ class CudaBackend(ops.ReferenceOps):
             rows = cp.arange(seg.row0 + a, seg.row0 + b, dtype=cp.int32)
             kernels.dequant_rows(seg.parent.data, seg.parent.planes, rows, w)
             y[:, a:b] = cp.matmul(x, w.T)
+
+    # ---------------------------------------------------------------------------- glue
+    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
+        return glue.rms_norm(x, w, eps, offset)
+
+    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
+        return glue.rope(x, cos, sin)
 
     # ------------------------------------------------------------------ batched decode
     def kv_write(

@@ -34,14 +34,13 @@ class GatedDeltaNet:
     ):
         p = prefix + "gdn/"
         self.c, self.eps, self.backend = c, eps, backend
-        self.query = weights[p + "query"]
-        self.key = weights[p + "key"]
-        self.value = weights[p + "value"]
+        # [query | key | value] rows: the convolution's channels in one product
+        self.qkv = backend.join_rows([weights[p + s] for s in ("query", "key", "value")])
         self.z = weights[p + "z"]
         self.output = weights[p + "output"]
         self.a_projection = weights[p + "a_projection"]
         self.b_projection = weights[p + "b_projection"]
-        self.a_log = backend.array(weights[p + "a_log"])
+        self.a = -backend.xp.exp(backend.array(weights[p + "a_log"]))  # A = -exp(a_log)
         self.dt_bias = backend.array(weights[p + "dt_bias"])
         self.convolution = backend.array(weights[p + "convolution"])  # [K, conv_dim]
         self.norm = backend.array(weights[p + "norm"])
@@ -69,12 +68,10 @@ class GatedDeltaNet:
     def __call__(self, x: Array, batch: Batch, memory: GdnSlots) -> Array:
         be, c = self.backend, self.c
         xp, n = be.xp, x.shape[0]
-        mixed = xp.concatenate(
-            [be.linear(x, self.query), be.linear(x, self.key), be.linear(x, self.value)], axis=-1
-        )
+        mixed = be.linear(x, self.qkv)  # [q | k | v] channels
         z = be.linear(x, self.z).reshape(n, c.value_heads, c.value_dim)
         beta = sigmoid(be.linear(x, self.b_projection))
-        g = -xp.exp(self.a_log) * softplus(be.linear(x, self.a_projection) + self.dt_bias)
+        g = self.a * softplus(be.linear(x, self.a_projection) + self.dt_bias)
 
         if batch.decode is not None:  # one token per lane, states addressed by slot
             o = be.gdn_decode(

@@ -21,7 +21,8 @@ class DenseMlp:
     def __init__(self, prefix: str, backend: Backend, weights: Mapping[str, Weight]):
         p = prefix + "mlp/"
         self.backend = backend
-        self.gate, self.up, self.down = weights[p + "gate"], weights[p + "up"], weights[p + "down"]
+        self.gate_up = backend.join_rows([weights[p + "gate"], weights[p + "up"]])
+        self.down = weights[p + "down"]
 
     @staticmethod
     def parameter_names(prefix: str) -> list[str]:
@@ -29,7 +30,8 @@ class DenseMlp:
 
     def __call__(self, x: Array) -> Array:
         be = self.backend
-        return be.linear(silu(be.linear(x, self.gate)) * be.linear(x, self.up), self.down)
+        gate, up = be.xp.split(be.linear(x, self.gate_up), 2, axis=-1)
+        return be.linear(silu(gate) * up, self.down)
 
 
 class SparseMoe:

@@ -1,0 +1,43 @@
+// The per-token glue of a decoder layer, one kernel each: RMSNorm over the last axis and
+// partial NeoX RoPE. CuPy would spend several launches on each (reduce, sqrt, divide,
+// multiply ...), which inside a decode graph costs more than the work itself.
+
+#define GLUE_THREADS 256
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + offset); one block per row.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+    rms_norm_rows(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                  int d, float eps, float offset) {
+  const float* xr = x + (long long)blockIdx.x * d;
+  float* yr = y + (long long)blockIdx.x * d;
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) sum = fmaf(xr[i], xr[i], sum);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+  __shared__ float warp_sums[GLUE_THREADS / 32];
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < GLUE_THREADS / 32; ++i) total += warp_sums[i];
+  const float inv = 1.f / sqrtf(total / (float)d + eps);
+  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) yr[i] = (xr[i] * inv) * (w[i] + offset);
+}
+
+// x, y [rows, heads, d]; cos, sin [rows, rd]: the first rd dims of each head rotate in pairs
+// (i, i + rd/2), the rest pass through.
+extern "C" __global__ void rope_rows(const float* __restrict__ x, const float* __restrict__ cos_t,
+                                     const float* __restrict__ sin_t, float* __restrict__ y,
+                                     int heads, int d, int rd, long long total) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int j = (int)(i % d);
+  const long long row = i / ((long long)heads * d);
+  if (j >= rd) {
+    y[i] = x[i];
+    return;
+  }
+  const int half = rd / 2;
+  const float partner = j < half ? -x[i + half] : x[i - half];
+  y[i] = x[i] * cos_t[row * rd + j] + partner * sin_t[row * rd + j];
+}
