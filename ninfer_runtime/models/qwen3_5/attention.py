@@ -66,8 +66,9 @@ class GatedAttention:
     ):
         p = prefix + "attention/"
         self.a, self.eps, self.backend = a, eps, backend
-        self.query, self.gate = weights[p + "query"], weights[p + "gate"]
-        self.key, self.value = weights[p + "key"], weights[p + "value"]
+        # the four projections of the layer input as one product: [query | gate | key | value]
+        inputs = ("query", "gate", "key", "value")
+        self.projections = backend.join_rows([weights[p + s] for s in inputs])
         self.output = weights[p + "output"]
         self.query_norm = backend.array(weights[p + "query_norm"])
         self.key_norm = backend.array(weights[p + "key_norm"])
@@ -82,10 +83,12 @@ class GatedAttention:
     def __call__(self, x: Array, batch: Batch, memory: AttentionPages) -> Array:
         be, a = self.backend, self.a
         n, scale = x.shape[0], a.head_dim**-0.5
-        q = be.linear(x, self.query).reshape(n, a.heads, a.head_dim)
-        gate = be.linear(x, self.gate)
-        k = be.linear(x, self.key).reshape(n, a.kv_heads, a.head_dim)
-        v = be.linear(x, self.value).reshape(n, a.kv_heads, a.head_dim)
+        width, kv_width = a.heads * a.head_dim, a.kv_heads * a.head_dim
+        ends = np.cumsum([width, width, kv_width])
+        q, gate, k, v = be.xp.split(be.linear(x, self.projections), ends, axis=-1)
+        q = q.reshape(n, a.heads, a.head_dim)
+        k = k.reshape(n, a.kv_heads, a.head_dim)
+        v = v.reshape(n, a.kv_heads, a.head_dim)
         q = be.rope(be.rms_norm(q, self.query_norm, self.eps, offset=1.0), batch.cos, batch.sin)
         k = be.rope(be.rms_norm(k, self.key_norm, self.eps, offset=1.0), batch.cos, batch.sin)
 

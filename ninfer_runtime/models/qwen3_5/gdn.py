@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ...backends import Backend, Weight
 from ...state import GdnSlots
 from ..batch import Batch
@@ -34,12 +36,11 @@ class GatedDeltaNet:
     ):
         p = prefix + "gdn/"
         self.c, self.eps, self.backend = c, eps, backend
-        # [query | key | value] rows: the convolution's channels in one product
-        self.qkv = backend.join_rows([weights[p + s] for s in ("query", "key", "value")])
-        self.z = weights[p + "z"]
+        # every projection of the layer input as one product: [q | k | v] (the convolution's
+        # channels), then z, b and a
+        inputs = ("query", "key", "value", "z", "b_projection", "a_projection")
+        self.projections = backend.join_rows([weights[p + s] for s in inputs])
         self.output = weights[p + "output"]
-        self.a_projection = weights[p + "a_projection"]
-        self.b_projection = weights[p + "b_projection"]
         self.a = -backend.xp.exp(backend.array(weights[p + "a_log"]))  # A = -exp(a_log)
         self.dt_bias = backend.array(weights[p + "dt_bias"])
         self.convolution = backend.array(weights[p + "convolution"])  # [K, conv_dim]
@@ -68,10 +69,12 @@ class GatedDeltaNet:
     def __call__(self, x: Array, batch: Batch, memory: GdnSlots) -> Array:
         be, c = self.backend, self.c
         xp, n = be.xp, x.shape[0]
-        mixed = be.linear(x, self.qkv)  # [q | k | v] channels
-        z = be.linear(x, self.z).reshape(n, c.value_heads, c.value_dim)
-        beta = sigmoid(be.linear(x, self.b_projection))
-        g = self.a * softplus(be.linear(x, self.a_projection) + self.dt_bias)
+        ends = np.cumsum([c.conv_channels, c.value_width, c.value_heads])
+        mixed, z, b, a = xp.split(be.linear(x, self.projections), ends, axis=-1)
+        mixed = xp.ascontiguousarray(mixed)  # [q | k | v] channels
+        z = z.reshape(n, c.value_heads, c.value_dim)
+        beta = sigmoid(b)
+        g = self.a * softplus(a + self.dt_bias)
 
         if batch.decode is not None:  # one token per lane, states addressed by slot
             o = be.gdn_decode(
