@@ -136,3 +136,28 @@ def test_matches_cpu_reference(
     print(case, f"max|Δ| {err:.2e}", f"rel {err / scale:.2e}", "tokens", decoded, "ties", ties)
     assert err < tol * max(1.0, scale), err
     assert decoded[0] == STEPS or ties, decoded
+
+
+def test_engine_on_the_gpu_samples_on_the_device(
+    gpu_artifact: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine with the cuda backend: greedy answers equal the CPU engine's token for token
+    (tokens picked by the device sampler), and a seeded sampled request repeats itself."""
+    from ninfer_runtime.engine import Engine, GenerationRequest, TokenEvent
+    from ninfer_runtime.frontend import SamplingParams
+
+    monkeypatch.setenv("NINFER_CUDA_TF32", "0")  # float32 prefill: token-for-token comparable
+    path = gpu_artifact("tiny_mixed", "dense")
+    cpu, gpu = Engine(path, max_context=128), Engine(path, backend="cuda", max_context=128)
+    assert gpu._device_sampler is not None and cpu._device_sampler is None
+
+    def tokens(engine: Engine, **sampling: Any) -> list[int]:
+        request = GenerationRequest(
+            prompt_ids=list(range(3, 40)), sampling=SamplingParams(max_tokens=24, **sampling)
+        )
+        return [e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent)]
+
+    assert tokens(gpu, temperature=0.0) == tokens(cpu, temperature=0.0)
+    sampled = tokens(gpu, temperature=0.9, top_p=0.9, top_k=50, seed=7)
+    assert sampled == tokens(gpu, temperature=0.9, top_p=0.9, top_k=50, seed=7)
+    assert len(sampled) == 24 and all(0 <= t < VOCAB for t in sampled)

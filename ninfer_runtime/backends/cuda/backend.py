@@ -25,6 +25,9 @@ from .weights import DenseWeight, PackedWeight, Residency, Segment
 
 log = logging.getLogger("ninfer.cuda")
 
+#: cublasMath_t CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h); CuPy does not export the name
+TF32_TENSOR_OP_MATH = 3
+
 #: bytes of the dequantization scratch buffer (float32 rows of one weight at a time)
 SCRATCH_BYTES = 256 << 20
 
@@ -38,7 +41,7 @@ class CudaBackend(ops.ReferenceOps):
         self._scratch: Any = None
         self.graphs = graphs
         # prefill products (M > 8 rows) on TF32 tensor cores: float32 range, 10-bit inputs
-        self._math_mode = cublas.CUBLAS_TF32_TENSOR_OP_MATH if tf32 else cublas.CUBLAS_DEFAULT_MATH
+        self._math_mode = TF32_TENSOR_OP_MATH if tf32 else cublas.CUBLAS_DEFAULT_MATH
         # decode graphs run on a blocking stream (ordered after the legacy default stream the
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
