@@ -35,7 +35,7 @@ from .frontend import (
     Tokenizer,
 )
 from .models import load_model
-from .state import PAGE_TOKENS, ContextPool, SequenceState
+from .state import KV_DTYPES, PAGE_TOKENS, ContextPool, SequenceState
 
 THINK_OPEN = "<think>"
 
@@ -137,6 +137,7 @@ class Engine:
         prefill_chunk: int = 512,
         chat_template: str | None = None,
         context_capacity: int | str | None = None,
+        kv_dtype: str = "float32",
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -157,7 +158,9 @@ class Engine:
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
         self._device_sampler = self.model.backend.device_sampler()
-        self.pool = make_pool(self.model, parse_capacity(context_capacity), max_lanes, max_context)
+        self.pool = make_pool(
+            self.model, parse_capacity(context_capacity), max_lanes, max_context, kv_dtype
+        )
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
 
@@ -424,13 +427,21 @@ def parse_capacity(text: str | int | None) -> int | str | None:
     return int(size)
 
 
-def make_pool(model: Any, capacity: int | str | None, lanes: int, max_context: int) -> ContextPool:
+def make_pool(
+    model: Any,
+    capacity: int | str | None,
+    lanes: int,
+    max_context: int,
+    kv_dtype: str = "float32",
+) -> ContextPool:
     """The engine's context pool: ``lanes`` slots, and K/V pages from ``capacity`` bytes
     (``None``: enough for every lane at ``max_context``; ``"auto"``: what the backend has
-    free after weights and workspace)."""
+    free after weights and workspace), K/V stored as ``kv_dtype``."""
+    if kv_dtype not in KV_DTYPES:
+        raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
     specs, mtp = model.state_specs()
     page = PAGE_TOKENS
-    page_bytes = ContextPool.page_bytes_of(specs, mtp, page)
+    page_bytes = ContextPool.page_bytes_of(specs, mtp, page, kv_dtype)
     slot_bytes = ContextPool.slot_bytes_of(specs)
     pages_per_lane = -(-max_context // page)
     if capacity is None:
@@ -449,4 +460,6 @@ def make_pool(model: Any, capacity: int | str | None, lanes: int, max_context: i
                     f"{page_bytes / 2**20:.1f} MiB per {page}-token page "
                     f"(>= {need / 2**20:.0f} MiB)"
                 )
-    return model.new_pool(slots=lanes, pages=max(int(pages), 1), max_context=max_context)
+    return model.new_pool(
+        slots=lanes, pages=max(int(pages), 1), max_context=max_context, kv_dtype=kv_dtype
+    )

@@ -32,6 +32,42 @@ Array = Any
 
 #: tokens per K/V page (the decode attention kernel reads one page at a time)
 PAGE_TOKENS = 256
+#: how K/V may be stored: name -> bytes per value (bfloat16 is kept as uint16 words)
+KV_DTYPES = {"float32": 4, "bfloat16": 2}
+
+
+def to_bf16_words(x: Array) -> Array:
+    """float32 -> bfloat16 words (uint16), round to nearest even; a NaN stays a NaN (the same
+    rule as ``ninfer_format.numeric.f32_to_bf16`` and the GPU ``kv_write`` kernel)."""
+    xp = _array_module(x)
+    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    high = bits >> 16
+    rounded = (bits + 0x7FFF + (high & 1)) >> 16
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    nan_word = xp.where((high & 0x7F) == 0, high | 0x40, high)
+    return xp.where(nan, nan_word, rounded).astype(xp.uint16)
+
+
+def from_bf16_words(words: Array) -> Array:
+    """bfloat16 words (uint16) -> float32, exactly."""
+    xp = _array_module(words)
+    return (words.astype(xp.uint32) << 16).view(xp.float32)
+
+
+def store_kv(values: Array, dtype: Any) -> Array:
+    """float32 keys/values in the pool's storage dtype."""
+    return to_bf16_words(values) if dtype == np.uint16 else values
+
+
+def load_kv(stored: Array) -> Array:
+    """Keys/values from the pool as float32."""
+    return from_bf16_words(stored) if stored.dtype == np.uint16 else stored
+
+
+def _array_module(x: Array) -> ModuleType:
+    import importlib
+
+    return importlib.import_module(type(x).__module__.split(".")[0])
 
 
 @dataclass(frozen=True)
@@ -58,23 +94,25 @@ class PoolFull(EngineError):
 
 
 class AttentionPages:
-    """One attention layer's keys and values, ``[pages, page_tokens, Nkv, D]`` each."""
+    """One attention layer's keys and values, ``[pages, page_tokens, Nkv, D]`` each, float32
+    or bfloat16 words (uint16)."""
 
-    def __init__(self, spec: KvSpec, pages: int, page_tokens: int, xp: ModuleType):
+    def __init__(self, spec: KvSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str):
         shape = (pages, page_tokens, spec.kv_heads, spec.head_dim)
-        self.k = xp.zeros(shape, xp.float32)
-        self.v = xp.zeros(shape, xp.float32)
+        dtype = xp.uint16 if kv_dtype == "bfloat16" else xp.float32
+        self.k = xp.zeros(shape, dtype)
+        self.v = xp.zeros(shape, dtype)
 
     def write(self, state: SequenceState, start: int, k: Array, v: Array) -> None:
         """Keys/values of tokens ``start .. start + len(k) - 1`` of one sequence."""
         page, row = state.addresses(start, k.shape[0])
-        self.k[page, row] = k
-        self.v[page, row] = v
+        self.k[page, row] = store_kv(k, self.k.dtype)
+        self.v[page, row] = store_kv(v, self.v.dtype)
 
     def read(self, state: SequenceState, length: int) -> tuple[Array, Array]:
-        """Keys and values of tokens ``0 .. length - 1``, contiguous ``[length, Nkv, D]``."""
+        """Keys and values of tokens ``0 .. length - 1``, float32 ``[length, Nkv, D]``."""
         page, row = state.addresses(0, length)
-        return self.k[page, row], self.v[page, row]
+        return load_kv(self.k[page, row]), load_kv(self.v[page, row])
 
 
 class GdnSlots:
@@ -146,20 +184,26 @@ class ContextPool:
         max_context: int,
         mtp: KvSpec | None = None,
         page_tokens: int = PAGE_TOKENS,
+        kv_dtype: str = "float32",
     ):
         if slots <= 0 or max_context <= 0 or page_tokens <= 0:
             raise EngineError("a context pool needs positive slots, max_context and page_tokens")
+        if kv_dtype not in KV_DTYPES:
+            raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
         self.xp, self.page_tokens, self.max_context = xp, page_tokens, max_context
+        self.kv_dtype = kv_dtype
         self.specs, self.mtp_spec = list(specs), mtp
         self.max_pages = math.ceil(max_context / page_tokens)
         self.pages = pages
         self.layers: list[LayerPool] = [
-            AttentionPages(s, pages, page_tokens, xp)
+            AttentionPages(s, pages, page_tokens, xp, kv_dtype)
             if isinstance(s, KvSpec)
             else GdnSlots(s, slots, xp)
             for s in specs
         ]
-        self.mtp = AttentionPages(mtp, pages, page_tokens, xp) if mtp is not None else None
+        self.mtp = (
+            AttentionPages(mtp, pages, page_tokens, xp, kv_dtype) if mtp is not None else None
+        )
         # rows of unused slots point at page 0: reads there are masked, never trusted
         self.page_table = xp.zeros((slots, self.max_pages), dtype=xp.int32)
         self._free_slots = list(range(slots))[::-1]
@@ -167,9 +211,15 @@ class ContextPool:
 
     # -------------------------------------------------------------------------- sizing
     @staticmethod
-    def page_bytes_of(specs: Sequence[KvSpec | GdnSpec], mtp: KvSpec | None, tokens: int) -> int:
+    def page_bytes_of(
+        specs: Sequence[KvSpec | GdnSpec],
+        mtp: KvSpec | None,
+        tokens: int,
+        kv_dtype: str = "float32",
+    ) -> int:
         kv = [s for s in specs if isinstance(s, KvSpec)] + ([mtp] if mtp else [])
-        return sum(2 * tokens * s.kv_heads * s.head_dim * 4 for s in kv)
+        size = KV_DTYPES[kv_dtype]
+        return sum(2 * tokens * s.kv_heads * s.head_dim * size for s in kv)
 
     @staticmethod
     def slot_bytes_of(specs: Sequence[KvSpec | GdnSpec]) -> int:
@@ -181,7 +231,7 @@ class ContextPool:
 
     @property
     def page_bytes(self) -> int:
-        return self.page_bytes_of(self.specs, self.mtp_spec, self.page_tokens)
+        return self.page_bytes_of(self.specs, self.mtp_spec, self.page_tokens, self.kv_dtype)
 
     @property
     def slot_bytes(self) -> int:

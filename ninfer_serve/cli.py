@@ -71,6 +71,11 @@ def _say(text: str) -> None:
 @click.option("--max-request-mib", type=float, help="Largest request body.  [default: 384]")
 @click.option("--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]")
 @click.option(
+    "--kv-dtype",
+    type=click.Choice(["float32", "bfloat16"]),
+    help="How K/V are stored.  [default: float32]",
+)
+@click.option(
     "--context-capacity",
     help="Memory for K/V pages and recurrent states: auto or a size like 24GiB.  [default: auto]",
 )
@@ -128,6 +133,7 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "prefill_chunk": flags["prefill_chunk"],
             "chat_template": flags["chat_template"],
             "context_capacity": flags["context_capacity"],
+            "kv_dtype": flags["kv_dtype"],
         },
         "speculative": {"method": flags["spec"], "draft_tokens": flags["draft_tokens"]},
     }
@@ -226,6 +232,7 @@ def serve(model: Path, settings: Settings) -> int:
             prefill_chunk=engine_cfg.prefill_chunk,
             chat_template=template,
             context_capacity=engine_cfg.context_capacity,
+            kv_dtype=engine_cfg.kv_dtype,
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

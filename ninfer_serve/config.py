@@ -69,6 +69,8 @@ class EngineSettings(_Table):
     #: Memory for K/V pages and recurrent states: ``auto`` (what the device has free after
     #: the weights) or a size such as ``24GiB``; requests wait until their pages fit.
     context_capacity: str = "auto"
+    #: How K/V are stored: float32 (exact) or bfloat16 (half the memory and bandwidth).
+    kv_dtype: Literal["float32", "bfloat16"] = "float32"
 
     @model_validator(mode="after")
     def _capacity(self) -> EngineSettings:

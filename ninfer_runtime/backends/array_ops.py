@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models.functional import _xp, l2_normalize, sigmoid, silu
+from ..state import load_kv, store_kv
 
 __all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
 
@@ -189,8 +190,8 @@ def kv_write(
     ``pos % P`` of the pools [pages, P, Nkv, D]."""
     p = k_pages.shape[1]
     pages = page_table[slots, positions // p]
-    k_pages[pages, positions % p] = k.astype(k_pages.dtype, copy=False)
-    v_pages[pages, positions % p] = v.astype(v_pages.dtype, copy=False)
+    k_pages[pages, positions % p] = store_kv(k, k_pages.dtype)
+    v_pages[pages, positions % p] = store_kv(v, v_pages.dtype)
 
 
 def attention_decode(
@@ -211,8 +212,8 @@ def attention_decode(
     group = nq // nkv
     pages = page_table[slots]  # [N, max_pages]: every page the table can name (static shape)
     s = pages.shape[1] * p
-    k = k_pages[pages].reshape(n, s, nkv, d).astype(xp.float32, copy=False).transpose(0, 2, 3, 1)
-    v = v_pages[pages].reshape(n, s, nkv, d).astype(xp.float32, copy=False).transpose(0, 2, 1, 3)
+    k = load_kv(k_pages[pages]).reshape(n, s, nkv, d).transpose(0, 2, 3, 1)
+    v = load_kv(v_pages[pages]).reshape(n, s, nkv, d).transpose(0, 2, 1, 3)
     qg = q.reshape(n, nkv, group, 1, d)
     scores = (qg @ k[:, :, None]) * xp.float32(scale)  # [N, Nkv, group, 1, S]
     visible = xp.arange(s)[None, :] <= positions[:, None]  # [N, S]

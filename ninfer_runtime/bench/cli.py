@@ -70,6 +70,9 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
 @click.option("--steps", type=int, default=32, show_default=True, help="timed decode steps")
 @click.option("--prefill", type=int, default=7680, show_default=True, help="0 skips prefill")
 @click.option("--chunk", type=int, default=2048, show_default=True, help="prefill chunk")
+@click.option(
+    "--kv-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True
+)
 @click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="write rows as JSON")
 def run(
@@ -80,6 +83,7 @@ def run(
     steps: int,
     prefill: int,
     chunk: int,
+    kv_dtype: str,
     profile_lanes: int,
     json_out: str | None,
 ) -> None:
@@ -106,7 +110,7 @@ def run(
     click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
     xp = model.backend.xp
     bandwidth = M.copy_bandwidth(xp)
-    click.echo(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write)")
+    click.echo(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}")
     rows: list[dict] = []
     click.echo(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
@@ -114,7 +118,7 @@ def run(
     )
     for context in contexts:
         for n in lanes:
-            r = M.decode_rate(model, n, context, steps=steps, floor_bw=bandwidth)
+            r = M.decode_rate(model, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype)
             rows.append({"kind": "decode", **M.as_row(r)})
             click.echo(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "

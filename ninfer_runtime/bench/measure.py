@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..models.qwen3_5.mlp import SparseMoe
+from ..state import store_kv
 
 #: bytes of the buffer the copy-bandwidth probe copies (well beyond the 50 MB L2)
 COPY_BYTES = 2 << 30
@@ -98,7 +99,7 @@ def _weights_of(block: Any) -> list[Any]:
     return [v for v in vars(block).values() if hasattr(v, "shape") and len(v.shape) == 2]
 
 
-def decode_step_bytes(model: Any, lanes: int, context: int) -> int:
+def decode_step_bytes(model: Any, lanes: int, context: int, kv_dtype: str = "float32") -> int:
     """Bytes one decode step of ``lanes`` lanes at ``context`` tokens must move."""
     total = weight_bytes(model.output_head) + lanes * weight_bytes(model.token_embedding) // (
         model.config.vocab
@@ -119,7 +120,7 @@ def decode_step_bytes(model: Any, lanes: int, context: int) -> int:
     specs, _ = model.state_specs()
     from ..state import ContextPool
 
-    per_token = ContextPool.page_bytes_of(specs, None, 1)
+    per_token = ContextPool.page_bytes_of(specs, None, 1, kv_dtype)
     states = ContextPool.slot_bytes_of(specs)
     return int(total + lanes * (context * per_token + 2 * states))
 
@@ -152,16 +153,24 @@ def _fill_random(pool: Any, xp: Any, seed: int) -> None:
         for name in ("k", "v", "recurrent", "conv"):
             a = getattr(layer, name, None)
             if a is not None:
-                a[...] = (rng.standard_normal(a.shape, dtype=xp.float32) * 0.05).astype(a.dtype)
+                values = rng.standard_normal(a.shape, dtype=xp.float32) * xp.float32(0.05)
+                a[...] = store_kv(values, a.dtype) if name in ("k", "v") else values
 
 
 def decode_rate(
-    model: Any, lanes: int, context: int, *, steps: int = 32, warmup: int = 4, floor_bw: float
+    model: Any,
+    lanes: int,
+    context: int,
+    *,
+    steps: int = 32,
+    warmup: int = 4,
+    floor_bw: float,
+    kv_dtype: str = "float32",
 ) -> DecodeResult:
     xp = model.backend.xp
     room = context + warmup + steps + 1
     pages = lanes * -(-room // 256)
-    pool = model.new_pool(slots=lanes, pages=pages, max_context=room)
+    pool = model.new_pool(slots=lanes, pages=pages, max_context=room, kv_dtype=kv_dtype)
     states = [pool.open(room) for _ in range(lanes)]
     _fill_random(pool, xp, lanes * 7919 + context)
     for s in states:
@@ -176,7 +185,7 @@ def decode_rate(
         model.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
     _sync(xp)
     step = (time.perf_counter() - start) / steps
-    moved = decode_step_bytes(model, lanes, context)
+    moved = decode_step_bytes(model, lanes, context, kv_dtype)
     return DecodeResult(lanes, context, lanes / step, 1e3 * step, moved, 1e3 * moved / floor_bw)
 
 

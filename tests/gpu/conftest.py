@@ -26,9 +26,10 @@ REPORT: list[tuple[str, str, str]] = []
 
 @pytest.fixture(scope="session")
 def cuda_backend() -> Any:
-    from ninfer_runtime.backends import get_backend
+    """Float32 products throughout (TF32 off): kernel tests hold float32 error bounds."""
+    from ninfer_runtime.backends.cuda.backend import CudaBackend
 
-    return get_backend("cuda")
+    return CudaBackend(tf32=False)
 
 
 @pytest.fixture(scope="session")

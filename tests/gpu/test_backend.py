@@ -54,25 +54,35 @@ def max_abs(a: Any, b: Any) -> float:
     return float(np.max(np.abs(host(a).astype(np.float64) - host(b).astype(np.float64))))
 
 
-#: (recipe, CUDA graphs, TF32 prefill products); float32 prefill keeps the comparison tight
-CASES = [(r, True, False) for r in RECIPES] + [
-    ("bf16", False, False),
-    ("tiny_mixed", False, False),
-    ("bf16", True, True),
-    ("tiny_mixed", True, True),
+#: (recipe, CUDA graphs, TF32 prefill products, K/V dtype); float32 prefill products keep the
+#: comparison tight; with bfloat16 K/V both backends round the same values the same way
+CASES = [(r, True, False, "float32") for r in RECIPES] + [
+    ("bf16", False, False, "float32"),
+    ("tiny_mixed", False, False, "float32"),
+    ("bf16", True, True, "float32"),
+    ("tiny_mixed", True, True, "float32"),
+    ("tiny_mixed", True, False, "bfloat16"),
 ]
 #: TF32 rounds products' inputs to 10 mantissa bits: a looser bound, and near-ties allowed
 TF32_TOL = 2e-2
 
 
-def case_name(recipe: str, graphs: bool, tf32: bool) -> str:
-    return f"{recipe}-{'graphs' if graphs else 'eager'}" + ("-tf32" if tf32 else "")
+def case_name(recipe: str, graphs: bool, tf32: bool, kv: str) -> str:
+    name = f"{recipe}-{'graphs' if graphs else 'eager'}" + ("-tf32" if tf32 else "")
+    return name + ("-bf16kv" if kv == "bfloat16" else "")
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-@pytest.mark.parametrize(("recipe", "graphs", "tf32"), CASES, ids=[case_name(*c) for c in CASES])
+@pytest.mark.parametrize(
+    ("recipe", "graphs", "tf32", "kv"), CASES, ids=[case_name(*c) for c in CASES]
+)
 def test_matches_cpu_reference(
-    recipe: str, graphs: bool, tf32: bool, kind: str, gpu_artifact: Callable[[str, str], Path]
+    recipe: str,
+    graphs: bool,
+    tf32: bool,
+    kv: str,
+    kind: str,
+    gpu_artifact: Callable[[str, str], Path],
 ) -> None:
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
@@ -88,7 +98,9 @@ def test_matches_cpu_reference(
     last: dict[str, list[np.ndarray]] = {"cpu": [], "gpu": []}
     for name, model in (("cpu", cpu), ("gpu", gpu)):
         # lanes share one pool; 16-token pages so every sequence spans several
-        pool = model.new_pool(slots=LANES, pages=LANES * 8, max_context=128, page_tokens=16)
+        pool = model.new_pool(
+            slots=LANES, pages=LANES * 8, max_context=128, page_tokens=16, kv_dtype=kv
+        )
         for ids in prompts:
             state = pool.open(128)
             logits = host(model.forward([ids], [state]).logits[0])
@@ -130,7 +142,7 @@ def test_matches_cpu_reference(
                     ties += 1
             tokens["cpu"][i], tokens["gpu"][i] = t_cpu, t_gpu
 
-    case = f"{kind}/{case_name(recipe, graphs, tf32)}"
+    case = f"{kind}/{case_name(recipe, graphs, tf32, kv)}"
     REPORT.append((case, "logits max|Δ| (rel to max|logit|)", f"{err:.2e} ({err / scale:.1e})"))
     REPORT.append((case, "identical greedy tokens per lane", f"{decoded} ties {ties}"))
     print(case, f"max|Δ| {err:.2e}", f"rel {err / scale:.2e}", "tokens", decoded, "ties", ties)

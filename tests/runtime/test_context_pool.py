@@ -163,3 +163,46 @@ def test_bad_capacity_names_the_value(text) -> None:
 
     with pytest.raises(ValidationError, match="context capacity"):
         EngineSettings(context_capacity=text)
+
+
+def test_bf16_words_match_the_format_codec() -> None:
+    from ninfer_format.numeric import f32_to_bf16
+    from ninfer_runtime.state import from_bf16_words, to_bf16_words
+
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    values = np.concatenate(
+        [bits.view(np.float32), np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1.00390625])]
+    )
+    words = to_bf16_words(values)
+    assert words.dtype == np.uint16
+    np.testing.assert_array_equal(words, f32_to_bf16(values))
+    back = from_bf16_words(words)
+    np.testing.assert_array_equal(to_bf16_words(back), words)  # exact round trip
+
+
+def test_bf16_pages_store_rounded_values() -> None:
+    from ninfer_runtime.state import from_bf16_words, to_bf16_words
+
+    p = ContextPool(SPECS, np, slots=1, pages=4, max_context=16, page_tokens=4, kv_dtype="bfloat16")
+    assert p.layers[0].k.dtype == np.uint16 and p.page_bytes == 2 * 4 * 2 * 8 * 2
+    s = p.open(9)
+    k = np.random.default_rng(0).standard_normal((9, 2, 8)).astype(np.float32)
+    p.layers[0].write(s, 0, k, 2 * k)
+    keys, values = p.layers[0].read(s, 9)
+    assert keys.dtype == np.float32
+    np.testing.assert_array_equal(keys, from_bf16_words(to_bf16_words(k)))
+    np.testing.assert_array_equal(values, from_bf16_words(to_bf16_words(2 * k)))
+    with pytest.raises(EngineError, match="kv_dtype 'fp8'"):
+        ContextPool(SPECS, np, slots=1, pages=1, max_context=4, kv_dtype="fp8")
+
+
+def test_engine_with_bf16_kv_answers_the_same(artifact) -> None:  # noqa: F811
+    exact = Engine(artifact, max_context=256, max_lanes=2)
+    half = Engine(artifact, max_context=256, max_lanes=2, kv_dtype="bfloat16")
+    assert half.pool.page_bytes * 2 == exact.pool.page_bytes
+    requests = [ask("What is the capital of France?"), ask("Hello!")]
+    want, _ = run_all(exact, requests)
+    requests = [ask("What is the capital of France?"), ask("Hello!")]
+    got, _ = run_all(half, requests)
+    assert list(got.values()) == list(want.values())

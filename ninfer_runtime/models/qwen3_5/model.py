@@ -151,7 +151,13 @@ class Qwen35Model:
         return specs, mtp
 
     def new_pool(
-        self, *, slots: int, pages: int, max_context: int, page_tokens: int = PAGE_TOKENS
+        self,
+        *,
+        slots: int,
+        pages: int,
+        max_context: int,
+        page_tokens: int = PAGE_TOKENS,
+        kv_dtype: str = "float32",
     ) -> ContextPool:
         specs, mtp = self.state_specs()
         return ContextPool(
@@ -162,6 +168,7 @@ class Qwen35Model:
             max_context=max_context,
             mtp=mtp,
             page_tokens=page_tokens,
+            kv_dtype=kv_dtype,
         )
 
     def new_state(self, max_context: int) -> SequenceState:
