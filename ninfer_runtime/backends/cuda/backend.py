@@ -3,7 +3,10 @@
 ``linear`` is the hot path. For M <= 8 rows (batched decode) it runs the GEMV kernel of the
 weight's layout over each resident segment; for more rows (prefill chunks) it dequantizes the
 weight, a slab of rows at a time, into one reusable float32 scratch buffer and multiplies with
-cuBLAS. Everything else runs the shared reference math (``backends/array_ops.py``).
+cuBLAS (TF32 tensor cores unless ``tf32=False``). The decode-step ops (paged attention, the
+GDN step, MoE routing and experts, RMSNorm, RoPE) have kernels of their own, so a decode step
+never waits on the host and is captured once per lane count as a CUDA graph (``graphs.py``);
+prefill-only ops run the shared reference math (``backends/array_ops.py``) on CuPy.
 """
 
 from __future__ import annotations
