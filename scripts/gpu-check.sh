@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Everything the GPU machine is for, in one device call (its time is short): the wheels it
+# lacks, every kernel family, the GPU tests, then ninfer-bench on the 27B and 35B-A3B shapes.
+# Results land in $OUT (gpu-tests.txt, bench27.json, bench35.json). BENCH=0 skips the bench.
+#   run (carry .whl): bash scripts/gpu-check.sh
+set -u
+source scripts/gpu-prelude.sh
+export NINFER_KERNEL_CACHE=$PWD/.kcache
+OUT=${OUT:-/tmp/ninfer-gpu-check}
+mkdir -p "$OUT"
+python3 scripts/warm_kernels.py
+timeout 240 python3 -m pytest -q tests/gpu -p no:cacheprovider --tb=short >"$OUT/gpu-tests.txt" 2>&1
+grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
+[ "${BENCH:-1}" = 1 ] || exit 0
+for shape in qwen3_6_27b:27 qwen3_6_35b_a3b:35; do
+  geometry=${shape%%:*}
+  name=${shape##*:}
+  artifact=/tmp/bench$name.ninfer
+  timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
+    --formats "$geometry" -o "$artifact" --force | tail -1
+  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" --profile 1 \
+    --json "$OUT/bench$name.json" 2>&1 | grep -v upload
+  rm -f "$artifact"*
+done
