@@ -170,6 +170,11 @@ class Engine:
         return len(self._active)
 
     @property
+    def context_usage(self) -> float:
+        """Fraction of the context pool's K/V pages held by running requests."""
+        return (self.pool.pages - self.pool.free_pages) / self.pool.pages
+
+    @property
     def has_work(self) -> bool:
         return bool(self._active or self._waiting)
 

@@ -338,8 +338,8 @@ class EngineLoop:
         if request_id in self._streams:
             self._commands.put(_Cancel(request_id))
 
-    def _dispatch(self, batch: dict[str, Chunk], lanes: int) -> None:
-        self.metrics.set_lanes(lanes)
+    def _dispatch(self, batch: dict[str, Chunk], lanes: int, context_usage: float) -> None:
+        self.metrics.set_lanes(lanes, context_usage)
         for rid, chunk in batch.items():
             stream = self._streams.get(rid)
             if stream is None:
@@ -431,4 +431,4 @@ class EngineLoop:
                 stamp = time.perf_counter()
                 for chunk in batch.values():
                     chunk.stamp = stamp
-                self._post(self._dispatch, batch, engine.lanes_in_use)
+                self._post(self._dispatch, batch, engine.lanes_in_use, engine.context_usage)

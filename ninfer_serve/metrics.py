@@ -108,11 +108,10 @@ class Metrics:
         ).labels(**m)
         self.v_kv = Gauge(
             "vllm:kv_cache_usage_perc",
-            "Fraction of lane memory in use (each lane reserves a full context)",
+            "Fraction of the context pool's K/V pages held by running requests",
             ["model_name"],
             registry=r,
         ).labels(**m)
-        self._max_lanes = max_concurrency
 
         # tokens
         self.prompt_tokens = Counter(
@@ -247,9 +246,9 @@ class Metrics:
         self.v_running.set(running)
         self.v_waiting.set(waiting)
 
-    def set_lanes(self, lanes: int) -> None:
+    def set_lanes(self, lanes: int, context_usage: float) -> None:
         self.lanes.set(lanes)
-        self.v_kv.set(lanes / self._max_lanes)
+        self.v_kv.set(context_usage)
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
