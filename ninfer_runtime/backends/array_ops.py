@@ -340,9 +340,6 @@ class ReferenceOps:
     ) -> Array:
         return attention_decode(q, k_pages, v_pages, page_table, slots, positions, scale)
 
-    def conv_step(self, x: Array, kernel: Array, conv_states: Array, slots: Array) -> Array:
-        return conv_step(x, kernel, conv_states, slots)
-
     def gdn_decode(
         self,
         mixed: Array,

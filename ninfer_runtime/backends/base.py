@@ -188,6 +188,15 @@ class Backend(Protocol):
         (states [S, Hv, dk, dv]), both indexed by slot. -> [N, Hv, dv]."""
         ...
 
+    def device_sampler(self) -> Any:
+        """A sampler that picks tokens where the logits live (``None``: the host samples)."""
+        ...
+
+    def context_budget(self) -> int | None:
+        """Bytes the context pool may take under ``--context-capacity auto`` (``None``: no
+        device limit, every lane gets a full context)."""
+        ...
+
     def compile_step(self, fn: Callable[..., Any], lanes: int) -> Callable[..., Any]:
         """Make ``fn(ids, slots, positions)`` (device int32 [lanes] each, returning device
         arrays) callable with host arrays. The CPU runs it as it is; the CUDA backend
