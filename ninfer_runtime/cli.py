@@ -63,6 +63,13 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--max-context", type=int, default=4096, show_default=True)
+@click.option(
+    "--kv-dtype",
+    type=click.Choice(["float32", "bfloat16"]),
+    default="float32",
+    show_default=True,
+    help="How keys and values are kept (bfloat16: half the memory).",
+)
 def main(model: Path, **options: Any) -> None:
     """Generate a reply from the .ninfer artifact MODEL."""
     o = SimpleNamespace(**options)
@@ -91,7 +98,9 @@ def _run(model: Path, o: SimpleNamespace) -> None:
     )
 
     started = time.perf_counter()
-    engine = Engine(model, backend=o.backend, max_context=o.max_context, max_lanes=1)
+    engine = Engine(
+        model, backend=o.backend, max_context=o.max_context, max_lanes=1, kv_dtype=o.kv_dtype
+    )
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(
         engine.tokenizer.generation_defaults,

@@ -56,14 +56,10 @@ def test_moe_bytes_grow_with_the_experts_a_batch_touches(artifacts):
 
 def test_run_prints_a_table_and_writes_rows(artifacts, tmp_path):
     out = tmp_path / "rows.json"
+    args = "--backend cpu --lanes 1,3 --contexts 40 --steps 2 --prefill 70 --chunk 32 --profile 2"
     result = CliRunner().invoke(
-        main,
-        [
-            "run", str(artifacts["tiny_moe"]), "--backend", "cpu", "--lanes", "1,3",
-            "--contexts", "40", "--steps", "2", "--prefill", "70", "--chunk", "32",
-            "--profile", "2", "--json", str(out),
-        ],
-    )  # fmt: skip
+        main, ["run", str(artifacts["tiny_moe"]), *args.split(), "--json", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert "% floor" in result.output and "prefill 70 tokens" in result.output
     rows = json.loads(out.read_text())

@@ -173,6 +173,9 @@ def test_cli(artifact, tmp_path):
         [str(artifact), "--messages", str(messages), "--greedy", "--no-thinking", "--stream"],
     )
     assert out.exit_code == 0 and "How can I help you today?" in out.output
+    question = ["--prompt", "What is the capital of Italy?", "--greedy"]
+    half = runner.invoke(ninfer_cli, [str(artifact), *question, "--kv-dtype", "bfloat16"])
+    assert half.exit_code == 0 and half.stdout.startswith("The capital of Italy is Rome.")
     raw = runner.invoke(
         ninfer_cli,
         [str(artifact), "--raw", "--prompt", "The quick brown", "--greedy", "--max-tokens", "4"],

@@ -25,9 +25,15 @@ def rms_norm(x: Any, w: Any, eps: float, offset: float) -> Any:
         function("glue", "rms_norm_rows")(
             (rows,),
             (THREADS,),
-            (x, cp.ascontiguousarray(w, dtype=cp.float32), y, np.int32(d), np.float32(eps),
-             np.float32(offset)),
-        )  # fmt: skip
+            (
+                x,
+                cp.ascontiguousarray(w, dtype=cp.float32),
+                y,
+                np.int32(d),
+                np.float32(eps),
+                np.float32(offset),
+            ),
+        )
     return y
 
 
@@ -44,7 +50,15 @@ def rope(x: Any, cos: Any, sin: Any) -> Any:
         function("glue", "rope_rows")(
             ((total + THREADS - 1) // THREADS,),
             (THREADS,),
-            (x, cp.ascontiguousarray(cos), cp.ascontiguousarray(sin), y, np.int32(heads),
-             np.int32(d), np.int32(rd), np.int64(total)),
-        )  # fmt: skip
+            (
+                x,
+                cp.ascontiguousarray(cos),
+                cp.ascontiguousarray(sin),
+                y,
+                np.int32(heads),
+                np.int32(d),
+                np.int32(rd),
+                np.int64(total),
+            ),
+        )
     return y
