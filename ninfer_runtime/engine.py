@@ -35,7 +35,7 @@ from .frontend import (
     Tokenizer,
 )
 from .models import load_model
-from .state import KV_DTYPES, PAGE_TOKENS, ContextPool, SequenceState
+from .state import PAGE_TOKENS, ContextPool, SequenceState
 
 THINK_OPEN = "<think>"
 
@@ -228,11 +228,11 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt_ids"
             )
         params = request.sampling
-        room = min(self.max_context, self.pool.pages * self.pool.page_tokens) - len(ids)
+        room = min(self.max_context, self.pool.capacity_tokens) - len(ids)
         if room < 1:
             raise RequestError(
                 f"the prompt has {len(ids)} tokens; the context pool holds "
-                f"{self.pool.pages * self.pool.page_tokens} in all",
+                f"{self.pool.capacity_tokens} in all",
                 param="messages",
                 code="context_length_exceeded",
             )
@@ -442,8 +442,6 @@ def make_pool(
     """The engine's context pool: ``lanes`` slots, and K/V pages from ``capacity`` bytes
     (``None``: enough for every lane at ``max_context``; ``"auto"``: what the backend has
     free after weights and workspace), K/V stored as ``kv_dtype``."""
-    if kv_dtype not in KV_DTYPES:
-        raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
     specs, mtp = model.state_specs()
     page = PAGE_TOKENS
     page_bytes = ContextPool.page_bytes_of(specs, mtp, page, kv_dtype)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import array_module
 from .errors import EngineError
 
 Array = Any
@@ -36,10 +37,17 @@ PAGE_TOKENS = 256
 KV_DTYPES = {"float32": 4, "bfloat16": 2}
 
 
+def kv_value_bytes(kv_dtype: str) -> int:
+    """Bytes per stored key/value element; a clear error for an unknown dtype."""
+    if kv_dtype not in KV_DTYPES:
+        raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
+    return KV_DTYPES[kv_dtype]
+
+
 def to_bf16_words(x: Array) -> Array:
     """float32 -> bfloat16 words (uint16), round to nearest even; a NaN stays a NaN (the same
     rule as ``ninfer_format.numeric.f32_to_bf16`` and the GPU ``kv_write`` kernel)."""
-    xp = _array_module(x)
+    xp = array_module(x)
     bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
     high = bits >> 16
     rounded = (bits + 0x7FFF + (high & 1)) >> 16
@@ -50,7 +58,7 @@ def to_bf16_words(x: Array) -> Array:
 
 def from_bf16_words(words: Array) -> Array:
     """bfloat16 words (uint16) -> float32, exactly."""
-    xp = _array_module(words)
+    xp = array_module(words)
     return (words.astype(xp.uint32) << 16).view(xp.float32)
 
 
@@ -62,12 +70,6 @@ def store_kv(values: Array, dtype: Any) -> Array:
 def load_kv(stored: Array) -> Array:
     """Keys/values from the pool as float32."""
     return from_bf16_words(stored) if stored.dtype == np.uint16 else stored
-
-
-def _array_module(x: Array) -> ModuleType:
-    import importlib
-
-    return importlib.import_module(type(x).__module__.split(".")[0])
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,7 @@ class ContextPool:
     ):
         if slots <= 0 or max_context <= 0 or page_tokens <= 0:
             raise EngineError("a context pool needs positive slots, max_context and page_tokens")
-        if kv_dtype not in KV_DTYPES:
-            raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
+        kv_value_bytes(kv_dtype)
         self.xp, self.page_tokens, self.max_context = xp, page_tokens, max_context
         self.kv_dtype = kv_dtype
         self.specs, self.mtp_spec = list(specs), mtp
@@ -218,7 +219,7 @@ class ContextPool:
         kv_dtype: str = "float32",
     ) -> int:
         kv = [s for s in specs if isinstance(s, KvSpec)] + ([mtp] if mtp else [])
-        size = KV_DTYPES[kv_dtype]
+        size = kv_value_bytes(kv_dtype)
         return sum(2 * tokens * s.kv_heads * s.head_dim * size for s in kv)
 
     @staticmethod
@@ -240,6 +241,11 @@ class ContextPool:
     @property
     def slots(self) -> int:
         return int(self.page_table.shape[0])
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens all the pages hold together (the longest sequence the pool can take)."""
+        return self.pages * self.page_tokens
 
     @property
     def free_slots(self) -> int:

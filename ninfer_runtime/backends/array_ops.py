@@ -295,63 +295,16 @@ class ReferenceOps:
         xp = self.xp
         return lambda *host: fn(*(xp.asarray(a) for a in host))
 
-    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
-        return rms_norm(x, w, eps, offset)
-
-    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
-        return rope(x, cos, sin)
-
-    def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
-    ) -> Array:
-        return attention(q, k_cache, v_cache, start, scale)
-
-    def causal_conv(self, x: Array, kernel: Array, state: Array) -> Array:
-        return causal_conv(x, kernel, state)
-
-    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        return gdn_chunk(q, k, v, g, beta, state)
-
-    def gdn_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        return gdn_step(q, k, v, g, beta, state)
-
-    def kv_write(
-        self,
-        k_pages: Array,
-        v_pages: Array,
-        page_table: Array,
-        slots: Array,
-        positions: Array,
-        k: Array,
-        v: Array,
-    ) -> None:
-        kv_write(k_pages, v_pages, page_table, slots, positions, k, v)
-
-    def attention_decode(
-        self,
-        q: Array,
-        k_pages: Array,
-        v_pages: Array,
-        page_table: Array,
-        slots: Array,
-        positions: Array,
-        *,
-        scale: float,
-    ) -> Array:
-        return attention_decode(q, k_pages, v_pages, page_table, slots, positions, scale)
-
-    def gdn_decode(
-        self,
-        mixed: Array,
-        kernel: Array,
-        conv_states: Array,
-        g: Array,
-        beta: Array,
-        states: Array,
-        slots: Array,
-        **dims: int,
-    ) -> Array:
-        return gdn_decode(mixed, kernel, conv_states, g, beta, states, slots, **dims)
+    # the reference functions themselves (their signatures are the protocol's, base.py)
+    rms_norm = staticmethod(rms_norm)
+    rope = staticmethod(rope)
+    attention = staticmethod(attention)
+    causal_conv = staticmethod(causal_conv)
+    gdn_chunk = staticmethod(gdn_chunk)
+    gdn_step = staticmethod(gdn_step)
+    kv_write = staticmethod(kv_write)
+    attention_decode = staticmethod(attention_decode)
+    gdn_decode = staticmethod(gdn_decode)
 
     def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
         return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)

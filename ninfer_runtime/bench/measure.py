@@ -56,18 +56,27 @@ def _sync(xp: Any) -> None:
         xp.cuda.Device().synchronize()
 
 
-def copy_bandwidth(xp: Any) -> float:
-    """Bytes per second read plus written by a large device-to-device copy (median of 5)."""
-    src = xp.ones(COPY_BYTES // 4, dtype=xp.float32)
-    dst = xp.empty_like(src)
+def _median_seconds(xp: Any, fn: Any, repeats: int = 5) -> float:
+    """Median wall time of ``fn()`` with the device drained around it, after one warm-up."""
     times = []
-    for _ in range(6):
+    for _ in range(repeats + 1):
         _sync(xp)
         start = time.perf_counter()
-        dst[...] = src
+        fn()
         _sync(xp)
         times.append(time.perf_counter() - start)
-    return 2 * COPY_BYTES / float(np.median(times[1:]))
+    return float(np.median(times[1:]))
+
+
+def copy_bandwidth(xp: Any) -> float:
+    """Bytes per second read plus written by a large device-to-device copy."""
+    src = xp.ones(COPY_BYTES // 4, dtype=xp.float32)
+    dst = xp.empty_like(src)
+
+    def copy() -> None:
+        dst[...] = src
+
+    return 2 * COPY_BYTES / _median_seconds(xp, copy)
 
 
 def matmul_rate(xp: Any) -> float:
@@ -75,14 +84,7 @@ def matmul_rate(xp: Any) -> float:
     gpu = hasattr(xp, "cuda")
     n, dtype = (8192, xp.float16) if gpu else (1024, xp.float32)
     a = xp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype=dtype)
-    times = []
-    for _ in range(6):
-        _sync(xp)
-        start = time.perf_counter()
-        a @ a
-        _sync(xp)
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / float(np.median(times[1:]))
+    return 2 * n**3 / _median_seconds(xp, lambda: a @ a)
 
 
 # -------------------------------------------------------------------------------- bytes

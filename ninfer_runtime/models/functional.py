@@ -6,18 +6,14 @@ on whichever backend produced ``x`` without the model passing ``xp`` around.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from ..arrays import array_module
 
 Array = Any
 
 
-def _xp(x: Array) -> Any:
-    namespace = getattr(x, "__array_namespace__", None)
-    if namespace is not None:
-        return namespace()
-    # CuPy 14 arrays have no __array_namespace__ yet; their module is the namespace.
-    return importlib.import_module(type(x).__module__.split(".")[0])
+_xp = array_module
 
 
 def _sigmoid(x: Array, xp: Any) -> Array:

@@ -23,7 +23,7 @@ from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
 from . import attention, gdn, glue, kernels, sampling
 from . import moe as moe_kernels
-from .graphs import EagerStep, GraphStep
+from .graphs import GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
 
 log = logging.getLogger("ninfer.cuda")
@@ -54,7 +54,7 @@ class CudaBackend(ops.ReferenceOps):
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, lanes: int) -> Any:
         if not self.graphs:
-            return EagerStep(fn)
+            return super().compile_step(fn, lanes)
         return GraphStep(fn, lanes, self._stream, self._graph_pool)
 
     def device_sampler(self) -> Any:

@@ -56,13 +56,3 @@ class GraphStep:
             finally:
                 self.graph = self.stream.end_capture()
         log.info("captured the decode step for %d lane(s)", self.lanes)
-
-
-class EagerStep:
-    """The same call without a graph (``graphs=False``, or for comparison in tests)."""
-
-    def __init__(self, fn: Callable[..., tuple[Any, ...]]):
-        self.fn = fn
-
-    def __call__(self, *host: np.ndarray) -> tuple[Any, ...]:
-        return tuple(self.fn(*(cp.asarray(np.asarray(h, dtype=np.int32)) for h in host)))
