@@ -12,20 +12,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ninfer_runtime.bench.synthetic import CHATML, SPECIAL_TOKENS
+from ninfer_runtime.bench.synthetic import CHATML, SPECIAL_TOKENS, TINY_SHAPES
 
 COMMON = dict(
-    vocab_size=512,
-    hidden_size=128,
+    **TINY_SHAPES,
     num_hidden_layers=4,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=64,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=32,
-    linear_value_head_dim=64,
-    linear_conv_kernel_dim=4,
     layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
     rms_norm_eps=1e-6,
     tie_word_embeddings=False,

@@ -83,7 +83,8 @@ def _config(model_type: str, layers: int, mrope: list[int], **fields: Any) -> di
     }
 
 
-_TINY = dict(
+#: the shapes of the tiny test models (also built as real checkpoints by the tests)
+TINY_SHAPES = dict(
     vocab_size=512,
     hidden_size=128,
     num_attention_heads=2,
@@ -113,11 +114,11 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
         num_experts=256, num_experts_per_tok=8,
         moe_intermediate_size=512, shared_expert_intermediate_size=512,
     ),
-    "tiny_dense": _config(DENSE, 4, [4, 2, 2], intermediate_size=256, **_TINY),
+    "tiny_dense": _config(DENSE, 4, [4, 2, 2], intermediate_size=256, **TINY_SHAPES),
     "tiny_moe": _config(
         MOE, 4, [4, 2, 2],
         num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=128, shared_expert_intermediate_size=128, **_TINY,
+        moe_intermediate_size=128, shared_expert_intermediate_size=128, **TINY_SHAPES,
     ),
 }  # fmt: skip
 
