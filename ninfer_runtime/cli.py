@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from .errors import EngineError
+from .state import KV_DTYPES
 
 EPILOG = """\b
 Examples:
@@ -65,10 +66,10 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
 @click.option("--max-context", type=int, default=4096, show_default=True)
 @click.option(
     "--kv-dtype",
-    type=click.Choice(["float32", "bfloat16"]),
+    type=click.Choice(list(KV_DTYPES)),
     default="float32",
     show_default=True,
-    help="How keys and values are kept (bfloat16: half the memory).",
+    help="How keys and values are kept (bfloat16: half the memory, fp8_e4m3: a quarter).",
 )
 def main(model: Path, **options: Any) -> None:
     """Generate a reply from the .ninfer artifact MODEL."""

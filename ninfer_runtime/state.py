@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ninfer_format.numeric import E4M3FN_MAX, E4M3FN_VALUES
+
 from .arrays import array_module
 from .errors import EngineError
 
@@ -33,15 +35,25 @@ Array = Any
 
 #: tokens per K/V page (the decode attention kernel reads one page at a time)
 PAGE_TOKENS = 256
-#: how K/V may be stored: name -> bytes per value (bfloat16 is kept as uint16 words)
-KV_DTYPES = {"float32": 4, "bfloat16": 2}
+#: how K/V may be stored: name -> the pools' dtype (bfloat16 as uint16 words, fp8_e4m3 as
+#: unscaled E4M3FN bytes); the one place that maps a ``kv_dtype`` to its storage
+KV_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(np.uint16),
+    "fp8_e4m3": np.dtype(np.uint8),
+}
 
 
-def kv_value_bytes(kv_dtype: str) -> int:
-    """Bytes per stored key/value element; a clear error for an unknown dtype."""
+def kv_storage_dtype(kv_dtype: str) -> np.dtype:
+    """The pool dtype that holds K/V stored as ``kv_dtype``; a clear error for an unknown one."""
     if kv_dtype not in KV_DTYPES:
         raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
     return KV_DTYPES[kv_dtype]
+
+
+def kv_value_bytes(kv_dtype: str) -> int:
+    """Bytes per stored key/value element."""
+    return kv_storage_dtype(kv_dtype).itemsize
 
 
 def to_bf16_words(x: Array) -> Array:
@@ -62,14 +74,48 @@ def from_bf16_words(words: Array) -> Array:
     return (words.astype(xp.uint32) << 16).view(xp.float32)
 
 
+def to_e4m3_bytes(x: Array) -> Array:
+    """float32 -> E4M3FN bytes (uint8), unscaled: round to nearest even, magnitudes beyond 448
+    (infinities too) saturate to +-448, a NaN becomes the NaN byte with its sign.
+
+    The rule of ``ninfer_format.numeric.f32_to_e4m3fn`` and of the GPU ``kv_write`` kernel,
+    written for any array module (that one takes numpy only, and prefill writes device arrays
+    into the pool): normal codes round the float32 pattern to 3 fraction bits, codes below
+    2^-6 are ``rint(|x| * 512)``.
+    """
+    xp = array_module(x)
+    x = xp.ascontiguousarray(x, dtype=xp.float32)
+    nan = xp.isnan(x)
+    magnitude = xp.where(nan, xp.float32(0), xp.minimum(xp.abs(x), xp.float32(E4M3FN_MAX)))
+    bits = magnitude.view(xp.uint32)
+    rounded = (bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20
+    normal = rounded.astype(xp.int32) - ((127 - 7) << 3)
+    subnormal = xp.rint(magnitude * xp.float32(512)).astype(xp.int32)
+    code = xp.where(magnitude >= xp.float32(2.0**-6), normal, subnormal)
+    code = xp.where(nan, 0x7F, code).astype(xp.uint8)
+    return code | (xp.signbit(x).astype(xp.uint8) << 7)
+
+
+def from_e4m3_bytes(codes: Array) -> Array:
+    """E4M3FN bytes (uint8) -> float32, exactly (both NaN bytes give the same NaN)."""
+    xp = array_module(codes)
+    return xp.take(xp.asarray(E4M3FN_VALUES), codes)
+
+
+_ENCODERS = {np.dtype(np.uint16): to_bf16_words, np.dtype(np.uint8): to_e4m3_bytes}
+_DECODERS = {np.dtype(np.uint16): from_bf16_words, np.dtype(np.uint8): from_e4m3_bytes}
+
+
 def store_kv(values: Array, dtype: Any) -> Array:
     """float32 keys/values in the pool's storage dtype."""
-    return to_bf16_words(values) if dtype == np.uint16 else values
+    encode = _ENCODERS.get(np.dtype(dtype))
+    return values if encode is None else encode(values)
 
 
 def load_kv(stored: Array) -> Array:
     """Keys/values from the pool as float32."""
-    return from_bf16_words(stored) if stored.dtype == np.uint16 else stored
+    decode = _DECODERS.get(np.dtype(stored.dtype))
+    return stored if decode is None else decode(stored)
 
 
 @dataclass(frozen=True)
@@ -96,12 +142,12 @@ class PoolFull(EngineError):
 
 
 class AttentionPages:
-    """One attention layer's keys and values, ``[pages, page_tokens, Nkv, D]`` each, float32
-    or bfloat16 words (uint16)."""
+    """One attention layer's keys and values, ``[pages, page_tokens, Nkv, D]`` each, in the
+    storage dtype of ``kv_dtype`` (``KV_DTYPES``)."""
 
     def __init__(self, spec: KvSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str):
         shape = (pages, page_tokens, spec.kv_heads, spec.head_dim)
-        dtype = xp.uint16 if kv_dtype == "bfloat16" else xp.float32
+        dtype = kv_storage_dtype(kv_dtype)
         self.k = xp.zeros(shape, dtype)
         self.v = xp.zeros(shape, dtype)
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from ninfer_runtime.state import KV_DTYPES
+
 from .config import ConfigError, Settings, is_loopback, load_settings
 
 __all__ = ["main"]
@@ -72,7 +74,7 @@ def _say(text: str) -> None:
 @click.option("--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]")
 @click.option(
     "--kv-dtype",
-    type=click.Choice(["float32", "bfloat16"]),
+    type=click.Choice(list(KV_DTYPES)),
     help="How K/V are stored.  [default: float32]",
 )
 @click.option(

@@ -12,7 +12,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "ConfigError",
@@ -69,8 +76,21 @@ class EngineSettings(_Table):
     #: Memory for K/V pages and recurrent states: ``auto`` (what the device has free after
     #: the weights) or a size such as ``24GiB``; requests wait until their pages fit.
     context_capacity: str = "auto"
-    #: How K/V are stored: float32 (exact) or bfloat16 (half the memory and bandwidth).
-    kv_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: How K/V are stored (``ninfer_runtime.state.KV_DTYPES``): float32 (exact), bfloat16
+    #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
+    kv_dtype: str = "float32"
+
+    @field_validator("kv_dtype")
+    @classmethod
+    def _kv_dtype(cls, value: str) -> str:
+        from ninfer_runtime.errors import EngineError
+        from ninfer_runtime.state import kv_storage_dtype
+
+        try:
+            kv_storage_dtype(value)
+        except EngineError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @model_validator(mode="after")
     def _capacity(self) -> EngineSettings:

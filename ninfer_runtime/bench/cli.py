@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ..state import KV_DTYPES
 from .synthetic import GEOMETRIES, plan_synthetic, write_synthetic
 
 
@@ -71,7 +72,7 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
 @click.option("--prefill", type=int, default=7680, show_default=True, help="0 skips prefill")
 @click.option("--chunk", type=int, default=2048, show_default=True, help="prefill chunk")
 @click.option(
-    "--kv-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True
+    "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
 )
 @click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="write rows as JSON")

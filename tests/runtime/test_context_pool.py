@@ -16,7 +16,7 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.errors import EngineError, RequestError
 from ninfer_runtime.frontend import SamplingParams
-from ninfer_runtime.state import ContextPool, GdnSpec, KvSpec, PoolFull
+from ninfer_runtime.state import AttentionPages, ContextPool, GdnSpec, KvSpec, PoolFull
 
 from .test_engine import artifact  # noqa: F401  (module fixture: the bundled model converted)
 
@@ -209,3 +209,88 @@ def test_engine_with_bf16_kv_answers_the_same(artifact) -> None:  # noqa: F811
     requests = [ask("What is the capital of France?"), ask("Hello!")]
     got, _ = run_all(half, requests)
     assert list(got.values()) == list(want.values())
+
+
+def test_e4m3_bytes_match_the_format_codec() -> None:
+    """The pool's encoder (any array module) is ``f32_to_e4m3fn``: every sign, exponent and
+    3-bit fraction with the discarded low 20 bits at and around the rounding midpoint, plus
+    random patterns. (A one-off run over all 2^32 float32 patterns agreed as well.)"""
+    from ninfer_format.numeric import e4m3fn_to_f32, f32_to_e4m3fn
+    from ninfer_runtime.state import from_e4m3_bytes, to_e4m3_bytes
+
+    high = np.arange(1 << 12, dtype=np.uint32) << 20
+    low = np.array([0, 1, 0x7FFFF, 0x80000, 0x80001, 0xFFFFF], dtype=np.uint32)
+    rng = np.random.default_rng(5)
+    random = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    bits = np.concatenate([(high[:, None] | low[None, :]).ravel(), random])
+    values = bits.view(np.float32)
+    codes = to_e4m3_bytes(values)
+    assert codes.dtype == np.uint8 and codes.shape == values.shape
+    np.testing.assert_array_equal(codes, f32_to_e4m3fn(values))
+
+    corners = {
+        1.0625: 0x38,  # halfway between 1 and 1.125: ties to the even code (1.0)
+        1.1875: 0x3A,  # halfway between 1.125 and 1.25: up to the even code (1.25)
+        448.0: 0x7E,
+        464.0: 0x7E,  # the midpoint towards the NaN code saturates
+        1e30: 0x7E,
+        np.inf: 0x7E,
+        -np.inf: 0xFE,
+        2.0**-10: 0x00,  # half the smallest subnormal: ties to 0
+        3 * 2.0**-10: 0x02,
+        2.0**-6 - 2.0**-12: 0x08,  # rounds up into the smallest normal
+        -0.0: 0x80,
+        np.nan: 0x7F,
+        -np.nan: 0xFF,
+    }
+    got = to_e4m3_bytes(np.array(list(corners), dtype=np.float32))
+    assert [hex(c) for c in got] == [hex(c) for c in corners.values()]
+
+    every = np.arange(256, dtype=np.uint8)
+    decoded = from_e4m3_bytes(every)
+    assert decoded.dtype == np.float32
+    np.testing.assert_array_equal(decoded.view(np.uint32), e4m3fn_to_f32(every).view(np.uint32))
+    # exact round trip (the decoder's NaN has no sign, so 0xFF comes back as 0x7F)
+    np.testing.assert_array_equal(to_e4m3_bytes(decoded)[:255], every[:255])
+
+
+def test_fp8_pages_store_rounded_values() -> None:
+    from ninfer_format.numeric import e4m3fn_to_f32, f32_to_e4m3fn
+
+    p = ContextPool(SPECS, np, slots=1, pages=4, max_context=16, page_tokens=4, kv_dtype="fp8_e4m3")
+    assert p.layers[0].k.dtype == np.uint8 and p.page_bytes == 2 * 4 * 2 * 8 * 1
+    s = p.open(9)
+    k = np.random.default_rng(0).standard_normal((9, 2, 8)).astype(np.float32)
+    k[3, 1, :4] = [500.0, -1e4, 3e-3, -1e-4]  # saturated, subnormal, flushed to -0
+    p.layers[0].write(s, 0, k, 2 * k)
+    keys, values = p.layers[0].read(s, 9)
+    assert keys.dtype == np.float32
+    np.testing.assert_array_equal(keys, e4m3fn_to_f32(f32_to_e4m3fn(k)))
+    np.testing.assert_array_equal(values, e4m3fn_to_f32(f32_to_e4m3fn(2 * k)))
+    assert keys[3, 1, :2].tolist() == [448.0, -448.0]
+
+
+@pytest.mark.parametrize(("name", "size"), [("float32", 4), ("bfloat16", 2), ("fp8_e4m3", 1)])
+def test_kv_dtypes_are_accepted_everywhere(name: str, size: int) -> None:
+    from ninfer_runtime.state import KV_DTYPES, kv_value_bytes
+    from ninfer_serve.config import EngineSettings
+
+    assert kv_value_bytes(name) == KV_DTYPES[name].itemsize == size
+    assert EngineSettings(kv_dtype=name).kv_dtype == name
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="kv_dtype 'fp8'"):
+        EngineSettings(kv_dtype="fp8")
+
+
+def test_engine_with_fp8_kv_runs(artifact) -> None:  # noqa: F811
+    """A quarter of the float32 K/V bytes. The text is not compared with float32's: 3-bit
+    mantissas move this model's logits by up to ~5% of their scale."""
+    exact = Engine(artifact, max_context=256, max_lanes=2)
+    fp8 = Engine(artifact, max_context=256, max_lanes=2, kv_dtype="fp8_e4m3")
+    assert fp8.pool.page_bytes * 4 == exact.pool.page_bytes
+    assert {layer.k.dtype for layer in fp8.pool.layers if isinstance(layer, AttentionPages)} == {
+        np.dtype(np.uint8)
+    }
+    got, _ = run_all(fp8, [ask("What is the capital of France?"), ask("Hello!")])
+    assert len(got) == 2 and all(got.values())

@@ -1,10 +1,10 @@
 """Launchers for decode attention over a paged KV pool and the KV-cache write
 (``kernels/attention.cu``), matching ``array_ops.attention_decode`` and ``array_ops.kv_write``.
 
-Pools are ``[pages, PAGE, Nkv, D]`` float32, or uint16 holding bfloat16 words. Launches never
-read device memory or synchronise: the split count depends only on the table's reach
-(``max_pages * PAGE``), so a launch can be captured in a CUDA graph and replayed with other
-positions.
+Pools are ``[pages, PAGE, Nkv, D]`` float32, uint16 holding bfloat16 words, or uint8 holding
+unscaled E4M3FN bytes (``state.KV_DTYPES``). Launches never read device memory or synchronise:
+the split count depends only on the table's reach (``max_pages * PAGE``), so a launch can be
+captured in a CUDA graph and replayed with other positions.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ MAX_GROUP = 8
 ATTN_WARPS = 4
 #: must match MAX_SPLITS in kernels/attention.cu (the combine's shared weights)
 MAX_SPLITS = 256
-_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16"}
+_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16", np.dtype(np.uint8): "u8"}
 
 register_family(
     FAMILY,
@@ -157,7 +157,8 @@ def kv_write(
     k_pages: Any, v_pages: Any, page_table: Any, slots: Any, positions: Any, k: Any, v: Any
 ) -> None:
     """Store k, v [N, Nkv, D] float32 at each row's position: page
-    ``page_table[slot, pos // PAGE]``, row ``pos % PAGE`` (bf16 pools round to nearest even).
+    ``page_table[slot, pos // PAGE]``, row ``pos % PAGE`` (bf16 and E4M3 pools round to nearest
+    even, E4M3 saturating at +-448: ``state.store_kv``, bit for bit).
     Positions outside ``0 .. max_pages * PAGE - 1`` write nothing."""
     n, page, nkv, d = _check_paged(k_pages, v_pages, page_table, slots, positions)
     for name, a in (("k", k), ("v", v)):

@@ -1,8 +1,9 @@
 // Decode attention over a paged KV pool (split-K "flash decoding"), and the KV-cache write.
 //
-// Pools are [pages, PAGE, Nkv, D], float32 or bf16 words (u16); token t of the sequence in
-// slot s lives in page page_table[s, t / PAGE], row t % PAGE. Each lane i has one query token
-// that attends over tokens 0..positions[i]. The reference is array_ops.attention_decode.
+// Pools are [pages, PAGE, Nkv, D]: float32, bf16 words (u16) or unscaled E4M3FN bytes (u8);
+// token t of the sequence in slot s lives in page page_table[s, t / PAGE], row t % PAGE. Each
+// lane i has one query token that attends over tokens 0..positions[i]. The reference is
+// array_ops.attention_decode.
 //
 // attn_partial: grid (N, Nkv, SPLITS), ATTN_WARPS warps. A block takes one kv head, the G
 // query heads that read it, and the tokens [split * chunk, split * chunk + chunk) clipped to
@@ -18,7 +19,7 @@
 
 // The D / 32 columns of a row that `lane` holds, element c: float rows are read as float4
 // pieces interleaved across the warp (each load instruction covers 512 contiguous bytes);
-// bf16 rows as one load of D / 32 contiguous words (at most 16 bytes) per lane.
+// bf16 and E4M3 rows as one load of D / 32 contiguous elements (at most 16 bytes) per lane.
 template <int D, typename T>
 __device__ __forceinline__ int column(int lane, int c) {
   constexpr int VEC = D / 32;
@@ -72,6 +73,28 @@ __device__ __forceinline__ void load_row(const u16* __restrict__ row, int lane,
     bf16x2(__ldg(reinterpret_cast<const u32*>(row) + lane), x[0], x[1]);
   } else {
     x[0] = bf16_to_f32(__ldg(row + lane));
+  }
+}
+
+// E4M3FN bytes are decoded in pairs (one conversion instruction per pair on sm_89+).
+template <int D>
+__device__ __forceinline__ void load_row(const u8* __restrict__ row, int lane,
+                                         float (&x)[D / 32]) {
+  constexpr int VEC = D / 32;
+  if constexpr (VEC == 8) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + lane);
+    e4m3x2_to_f32(u.x, x[0], x[1]);
+    e4m3x2_to_f32(u.x >> 16, x[2], x[3]);
+    e4m3x2_to_f32(u.y, x[4], x[5]);
+    e4m3x2_to_f32(u.y >> 16, x[6], x[7]);
+  } else if constexpr (VEC == 4) {
+    const u32 u = __ldg(reinterpret_cast<const u32*>(row) + lane);
+    e4m3x2_to_f32(u, x[0], x[1]);
+    e4m3x2_to_f32(u >> 16, x[2], x[3]);
+  } else if constexpr (VEC == 2) {
+    e4m3x2_to_f32(__ldg(reinterpret_cast<const u16*>(row) + lane), x[0], x[1]);
+  } else {
+    x[0] = e4m3_to_f32(__ldg(row + lane));
   }
 }
 
@@ -286,8 +309,23 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
   return (u16)((bits + 0x7FFFu + (high & 1u)) >> 16);
 }
 
+// float32 -> E4M3FN byte, unscaled (ninfer_runtime.state.to_e4m3_bytes): round to nearest
+// even, magnitudes beyond 448 saturate (the format has no infinity), NaN keeps its sign.
+// Normal codes round the float32 pattern to 3 fraction bits (a carry into the exponent is
+// the right answer); below 2^-6 the codes are the multiples of 2^-9.
+__device__ __forceinline__ u8 f32_to_e4m3(float f) {
+  const u32 bits = __float_as_uint(f), sign = (bits >> 24) & 0x80u;
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (u8)(sign | 0x7Fu);
+  const float a = fminf(fabsf(f), 448.f);
+  const u32 m = __float_as_uint(a);
+  const u32 code = a >= 0.015625f ? ((m + 0x7FFFFu + ((m >> 20) & 1u)) >> 20) - (120u << 3)
+                                  : (u32)__float2int_rn(a * 512.f);
+  return (u8)(sign | code);
+}
+
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store(u16* p, float x) { *p = f32_to_bf16(x); }
+__device__ __forceinline__ void store(u8* p, float x) { *p = f32_to_e4m3(x); }
 
 // Row i of k, v [N, Nkv, D] (float32) goes to token positions[i] of slot slots[i]. A position
 // outside the table's reach (negative, or >= max_pages * page) writes nothing.
