@@ -26,10 +26,10 @@ REPORT: list[tuple[str, str, str]] = []
 
 @pytest.fixture(scope="session")
 def cuda_backend() -> Any:
-    """Float32 products throughout (TF32 off): kernel tests hold float32 error bounds."""
+    """Float32 products throughout (prefill too): kernel tests hold float32 error bounds."""
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
-    return CudaBackend(tf32=False)
+    return CudaBackend(prefill_precision="float32")
 
 
 @pytest.fixture(scope="session")

@@ -33,12 +33,14 @@ def create_backend() -> Any:
     import os
 
     from .backend import CudaBackend
+    from .prefill import precision_from_env
 
-    # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly, NINFER_CUDA_TF32=0 keeps prefill
-    # products in full float32 (for debugging and comparison)
+    # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly; NINFER_CUDA_PREFILL=bf16|tf32|float32
+    # picks the prefill products' precision (bf16 tensor cores by default; float32 for
+    # debugging and token-for-token comparison with the CPU reference)
     return CudaBackend(
         graphs=os.environ.get("NINFER_CUDA_GRAPHS", "1") != "0",
-        tf32=os.environ.get("NINFER_CUDA_TF32", "1") != "0",
+        prefill_precision=precision_from_env(),
     )
 
 

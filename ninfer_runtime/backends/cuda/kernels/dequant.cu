@@ -1,10 +1,26 @@
-// Dequantize selected rows of a packed object to float32: out[i, k] = W[rows[i], k].
+// Dequantize selected rows of a packed object: out[i, k] = W[rows[i], k], as float32
+// (dequant_rows) or as bfloat16 bit patterns (dequant_rows_bf16).
 //
-// Used where a GEMV does not apply: prefill (M > 8: dequantize into a reusable scratch buffer,
-// then cuBLAS), embedding lookups, and small parameters the model reads as arrays. Each thread
-// computes one element exactly as the numpy decoder does (same float32 operations in the same
-// order), so the result is bit-identical to ninfer_format's decode. Arguments follow the GEMV
-// kernels: off1/off2 are the layout's plane offsets, stride is gpr (row_split) or K.
+// Used where a GEMV does not apply: prefill (M > 8: dequantize a slab of rows into a reusable
+// scratch buffer, then cuBLAS), embedding lookups, and small parameters the model reads as
+// arrays. Each thread computes one element exactly as the numpy decoder does (same float32
+// operations in the same order), so the float32 result is bit-identical to ninfer_format's
+// decode; the bf16 variant rounds that value to nearest even (exact for bf16 weights, a bf16
+// rounding of code x scale products otherwise). Arguments follow the GEMV kernels: off1/off2
+// are the layout's plane offsets, stride is gpr (row_split) or K.
+
+// float32 -> bfloat16 bits, round to nearest even, as ninfer_format.numeric.f32_to_bf16: a NaN
+// keeps its high payload (gaining the quiet bit if that half alone would read as Inf).
+__device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
+  const u32 bits = __float_as_uint(f), high = bits >> 16;
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((high & 0x7Fu) == 0 ? high | 0x40u : high);
+  return (u16)((bits + 0x7FFFu + (high & 1u)) >> 16);
+}
+
+__device__ __forceinline__ void store_element(float* out, long long e, float v) { out[e] = v; }
+__device__ __forceinline__ void store_element(u16* out, long long e, float v) {
+  out[e] = f32_to_bf16_rn(v);
+}
 
 template <int FMT>
 __device__ __forceinline__ float element(const u8* __restrict__ obj, long long off1, long long off2,
@@ -37,14 +53,38 @@ __device__ __forceinline__ float element(const u8* __restrict__ obj, long long o
   }
 }
 
-template <int FMT>
-__global__ void dequant_rows(const u8* __restrict__ obj, long long off1, long long off2,
-                             int stride, int rpd, const int* __restrict__ rows, int nrows, int k,
-                             float* __restrict__ out) {
+template <int FMT, typename T>
+__device__ __forceinline__ void dequant_rows_body(const u8* __restrict__ obj, long long off1,
+                                                  long long off2, int stride, int rpd,
+                                                  const int* __restrict__ rows, int nrows, int k,
+                                                  T* __restrict__ out) {
   const long long total = (long long)nrows * k;
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
        e += (long long)gridDim.x * blockDim.x) {
     const long long i = e / k, col = e % k;
-    out[e] = element<FMT>(obj, off1, off2, stride, rpd, rows[i], col);
+    store_element(out, e, element<FMT>(obj, off1, off2, stride, rpd, rows[i], col));
+  }
+}
+
+template <int FMT>
+__global__ void dequant_rows(const u8* __restrict__ obj, long long off1, long long off2,
+                             int stride, int rpd, const int* __restrict__ rows, int nrows, int k,
+                             float* __restrict__ out) {
+  dequant_rows_body<FMT>(obj, off1, off2, stride, rpd, rows, nrows, k, out);
+}
+
+// The same rows as bfloat16 bits (the prefill GEMM's weight operand, C-contiguous [nrows, k]).
+template <int FMT>
+__global__ void dequant_rows_bf16(const u8* __restrict__ obj, long long off1, long long off2,
+                                  int stride, int rpd, const int* __restrict__ rows, int nrows,
+                                  int k, u16* __restrict__ out) {
+  dequant_rows_body<FMT>(obj, off1, off2, stride, rpd, rows, nrows, k, out);
+}
+
+// x (float32) -> bfloat16 bits, element for element (the prefill GEMM's activation operand).
+__global__ void f32_to_bf16(const float* __restrict__ x, long long n, u16* __restrict__ out) {
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
+       e += (long long)gridDim.x * blockDim.x) {
+    out[e] = f32_to_bf16_rn(x[e]);
   }
 }

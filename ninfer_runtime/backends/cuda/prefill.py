@@ -1,0 +1,226 @@
+"""Prefill products (M > 8 activation rows) in bfloat16 on tensor cores.
+
+``CudaBackend.linear`` hands each weight segment that no GEMV serves to
+``CudaBackend._dequant_matmul``. With ``prefill_precision="bf16"`` (the default) that
+
+1. rounds the activations x [M, K] (float32) to bfloat16 words once (``to_bf16``);
+2. dequantizes a slab of weight rows straight to bfloat16 words (``dequant_rows_bf16``; bf16
+   weights need no copy: their stored rows are the operand, ``bf16_rows``);
+3. multiplies with ``gemm_bf16``: one ``cublasGemmEx`` (A/B ``CUDA_R_16BF``, C ``CUDA_R_32F``,
+   ``CUBLAS_COMPUTE_32F``, default algorithm) writing float32 into the output's column slice.
+
+Precision: the products see bf16-rounded x and bf16-rounded weights (exact for bf16 weights;
+``code x scale`` rounded to 8 mantissa bits otherwise) and accumulate in float32.
+``"tf32"`` and ``"float32"`` keep the float32 scratch + ``cp.matmul`` path (TF32 tensor-op
+math, or full float32). The environment's ``NINFER_CUDA_PREFILL`` picks the mode for
+``create_backend``.
+
+Like every launcher module this one imports without CuPy, so ``scripts/check_kernels.py``
+sees the kernels it registers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from . import formats as F
+from .compile import function, register_family
+
+#: prefill product precisions, most accurate last
+PRECISIONS = ("bf16", "tf32", "float32")
+DEFAULT_PRECISION = "bf16"
+#: environment variable ``create_backend`` reads the precision from
+ENV = "NINFER_CUDA_PREFILL"
+
+#: cudaDataType_t (library_types.h)
+CUDA_R_32F = 0
+CUDA_R_16BF = 14
+#: cublasComputeType_t (cublas_api.h): float32 accumulation, inputs as given
+CUBLAS_COMPUTE_32F = 68
+#: cublasGemmAlgo_t: cuBLAS's heuristic choice (tensor cores for bf16 inputs)
+CUBLAS_GEMM_DEFAULT = -1
+#: cublasOperation_t
+CUBLAS_OP_N = 0
+CUBLAS_OP_T = 1
+
+THREADS = 256
+#: grid cap of the grid-stride element loops
+MAX_BLOCKS = 65535 * 8
+
+register_family(
+    "dequant",
+    [f"dequant_rows_bf16<{code}>" for code in sorted(F.PACKED.values())] + ["f32_to_bf16"],
+)
+
+# alpha = 1, beta = 0 as host scalars (CUBLAS_POINTER_MODE_HOST reads them during the call)
+_ONE = np.ones(1, dtype=np.float32)
+_ZERO = np.zeros(1, dtype=np.float32)
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"prefill precision {precision!r}: expected one of {PRECISIONS}")
+    return precision
+
+
+def precision_from_env(environ: Any = None) -> str:
+    """``NINFER_CUDA_PREFILL`` (bf16 | tf32 | float32), default bf16."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ENV, "").strip().lower() or DEFAULT_PRECISION
+    try:
+        return check_precision(value)
+    except ValueError as exc:
+        raise ValueError(f"{ENV}={environ.get(ENV)!r}: expected one of {PRECISIONS}") from exc
+
+
+def _grid(total: int) -> int:
+    return max(1, min((total + THREADS - 1) // THREADS, MAX_BLOCKS))
+
+
+def to_bf16(x: Any, out: Any = None) -> Any:
+    """float32 device array -> uint16 bfloat16 words of the same shape, round to nearest even
+    (as ``ninfer_format.numeric.f32_to_bf16``). ``out``: an optional C-contiguous uint16
+    array of x's shape to write."""
+    import cupy as cp
+
+    if x.dtype != np.float32:
+        raise ValueError(f"x: dtype {x.dtype}, expected float32")
+    x = cp.ascontiguousarray(x)
+    if out is None:
+        out = cp.empty(x.shape, dtype=cp.uint16)
+    elif out.dtype != np.uint16 or out.shape != x.shape or not out.flags.c_contiguous:
+        raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous uint16 {x.shape}")
+    if x.size:
+        function("dequant", "f32_to_bf16")((_grid(x.size),), (THREADS,), (x, np.int64(x.size), out))
+    return out
+
+
+def dequant_rows_bf16(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
+    """``out[i, :] = bf16(W[rows[i], :])`` (rows: int32 device array of absolute rows; out:
+    C-contiguous uint16 ``[len(rows), p.columns]``): the float32 value ``kernels.dequant_rows``
+    gives, rounded to nearest even."""
+    n = int(rows.shape[0])
+    if n == 0:
+        return
+    if out.dtype != np.uint16 or tuple(out.shape) != (n, p.columns) or not out.flags.c_contiguous:
+        raise ValueError(f"out: {out.dtype} {out.shape}, expected uint16 {(n, p.columns)}")
+    function("dequant", f"dequant_rows_bf16<{p.code}>")(
+        (_grid(n * p.columns),),
+        (THREADS,),
+        (
+            data,
+            np.int64(p.off1),
+            np.int64(p.off2),
+            np.int32(p.stride),
+            np.int32(p.rows_per_divisor),
+            rows,
+            np.int32(n),
+            np.int32(p.columns),
+            out,
+        ),
+    )
+
+
+def is_bf16(p: F.Planes) -> bool:
+    """Whether the object is stored as bf16 rows (``bf16_rows`` serves them in place)."""
+    return p.code == F.BF16
+
+
+def bf16_rows(data: Any, p: F.Planes, row0: int, rows: int) -> Any:
+    """Rows ``row0 .. row0 + rows - 1`` of a stored bf16 (``contiguous_le_v1``) object as a
+    uint16 ``[rows, K]`` view of its bytes: already the GEMM's operand, nothing to decode."""
+    if p.code != F.BF16:
+        raise ValueError(f"format code {p.code} is not bf16")
+    k = p.columns
+    start = row0 * k * 2
+    return data[start : start + rows * k * 2].view(np.uint16).reshape(rows, k)
+
+
+def gemm_operands(
+    n: int, k: int, m: int, y_strides: tuple[int, int]
+) -> tuple[int, int, int, int, int, int, int, int]:
+    """``(transa, transb, m', n', k', lda, ldb, ldc)`` of the column-major GEMM that computes
+    ``y[M, N] = x[M, K] · w[N, K]ᵀ`` with w and x C-contiguous and y float32 rows
+    ``y_strides[0]`` bytes apart (pure arithmetic: ``tests/gpu/test_prefill_gemm.py`` checks it
+    against a column-major emulation on any machine).
+
+    cuBLAS is column-major: the row-major y with row stride ``ldy`` is, read column-major, the
+    ``N x M`` matrix yᵀ with leading dimension ``ldy``; row-major w [N, K] is the ``K x N``
+    matrix wᵀ (ld K) and row-major x [M, K] the ``K x M`` matrix xᵀ (ld K). So yᵀ = w · xᵀ is
+    ``op(A) = Aᵀ`` on w (transa = T, lda = K), ``op(B) = B`` on x (transb = N, ldb = K),
+    m' = N, n' = M, k' = K and ldc = ldy: the "TN" GEMM, tensor cores' natural layout.
+    """
+    row_bytes, col_bytes = y_strides
+    if (col_bytes != 4 and n > 1) or row_bytes % 4 or (m > 1 and row_bytes < 4 * n):
+        raise ValueError(f"y strides {y_strides}: not a row-major float32 column slice")
+    ldy = max(row_bytes // 4, n, 1)  # any value >= N serves when M == 1
+    return CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, max(k, 1), max(k, 1), ldy
+
+
+def gemm_bf16(w: Any, x: Any, y: Any) -> None:
+    """``y[m, r] = Σ_k x[m, k] w[r, k]`` in float32 from bfloat16 operands, on tensor cores.
+
+    ``w``: uint16 bf16 words ``[N, K]``, ``x``: uint16 bf16 words ``[M, K]`` (both
+    C-contiguous); ``y``: float32 ``[M, N]`` whose rows may be further apart than N (a column
+    slice of a wider row-major output; written, not accumulated). Operands: ``gemm_operands``.
+    """
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+
+    n, k = w.shape
+    m = x.shape[0]
+    if w.dtype != np.uint16 or x.dtype != np.uint16 or y.dtype != np.float32:
+        raise ValueError(f"gemm_bf16: w {w.dtype}, x {x.dtype}, y {y.dtype}")
+    if x.shape != (m, k) or tuple(y.shape) != (m, n):
+        raise ValueError(f"gemm_bf16: w {w.shape}, x {x.shape}, y {y.shape}")
+    if not (w.flags.c_contiguous and x.flags.c_contiguous):
+        raise ValueError("gemm_bf16: w and x must be C-contiguous")
+    transa, transb, gm, gn, gk, lda, ldb, ldc = gemm_operands(n, k, m, y.strides)
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        y[...] = 0
+        return
+    handle = cp.cuda.device.get_cublas_handle()
+    # CuPy shares this handle: set what the call relies on rather than assume it
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    cublas.gemmEx(
+        handle,
+        transa,
+        transb,
+        gm,
+        gn,
+        gk,
+        _ONE.ctypes.data,
+        w.data.ptr,
+        CUDA_R_16BF,
+        lda,
+        x.data.ptr,
+        CUDA_R_16BF,
+        ldb,
+        _ZERO.ctypes.data,
+        y.data.ptr,
+        CUDA_R_32F,
+        ldc,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+
+
+__all__ = [
+    "DEFAULT_PRECISION",
+    "ENV",
+    "PRECISIONS",
+    "bf16_rows",
+    "check_precision",
+    "dequant_rows_bf16",
+    "gemm_bf16",
+    "gemm_operands",
+    "is_bf16",
+    "precision_from_env",
+    "to_bf16",
+]
