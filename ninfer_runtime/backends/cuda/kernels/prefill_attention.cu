@@ -1,0 +1,386 @@
+// Causal prefill attention of one lane over its contiguous cache, flash style: no [T, S]
+// score matrix, an online softmax over tiles of keys. The reference is array_ops.attention.
+//
+// q [T, Nq, D], k/v [S, Nkv, D] float32; query i (position start + i) sees keys 0..start+i;
+// query head j reads kv head j / G (G = Nq / Nkv). For kv head h the queries that read it
+// form T*G rows r = t*G + g (token-major), so a block's rows are a few consecutive tokens of
+// all G heads and every K/V tile it loads serves all of them.
+//
+// prefill_attention: grid (Nkv, ceil(T*G / PF_ROWS), splits), PF_WARPS warps of 16 rows. K/V
+// tiles of BN keys are double-buffered in shared memory by cp.async; both products run on
+// tensor cores (mma.sync m16n8k8 TF32 with float32 accumulation); scores are in the log2
+// domain (q is pre-scaled by scale * log2(e) as it is staged). PREC picks operand precision:
+//   PF_TF32      both products on TF32 operands (10-bit mantissas, like cuBLAS TF32);
+//   PF_SPLIT_QK  Q.K^T in 3xTF32 (x = hi + lo, hi*hi + hi*lo + lo*hi: about float32), P.V
+//                in TF32. Score errors are what grows with the scores' magnitude (peaked
+//                attention): this stays near 3e-4 of the output scale where plain TF32
+//                reaches 1e-2;
+//   PF_SPLIT     both products in 3xTF32 (the backend with TF32 off: float32 comparisons).
+// With splits > 1 each block takes only a range of its key tiles and writes unnormalised
+// partials (O, m, l); prefill_combine merges them (short chunks over long contexts would
+// otherwise leave most of the GPU idle).
+
+#define PF_WARPS 4
+#define PF_ROWS (PF_WARPS * 16)
+#define PF_NEG_INF __int_as_float(0xff800000)
+
+#define PF_TF32 0
+#define PF_SPLIT_QK 1
+#define PF_SPLIT 2
+
+// Tile geometry, mirrored by prefill_attention.py (tile_keys, smem_bytes). Row strides in
+// floats: Q and K fragments are read as float4 by lanes (g, tig) at row g, column 4*tig, so
+// a stride of 16 mod 32 words puts rows g and g+1 in different bank halves; V fragments are
+// read at rows 2*tig (+1), column 4*g, so a stride of 4 mod 32 spreads them over all banks.
+template <int D>
+struct PfTile {
+  static constexpr int BN = D <= 64 ? 64 : 32;
+  static constexpr int QS = D + 16;
+  static constexpr int KS = D + 16;
+  static constexpr int VS = D + 4;
+};
+
+__device__ __forceinline__ u32 pf_smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// 16 bytes global -> shared, bypassing L1; zero-filled when !ok (nothing is read then)
+__device__ __forceinline__ void pf_cp_async16(float* dst, const float* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(pf_smem_addr(dst)),
+               "l"(src), "r"(ok ? 16 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void pf_cp_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void pf_cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ u32 pf_tf32(float x) {
+  u32 r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = hi + lo with both TF32: hi keeps the top 10 mantissa bits (x - hi is then exact)
+__device__ __forceinline__ void pf_split(float x, u32& hi, u32& lo) {
+  hi = __float_as_uint(x) & 0xFFFFE000u;
+  lo = pf_tf32(x - __uint_as_float(hi));
+}
+
+// d += a * b, a 16x8 (row-major fragment), b 8x8 (column-major fragment), TF32 operands
+__device__ __forceinline__ void pf_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment as TF32 operands: rounded (hi), or split into hi + lo for three products
+template <bool SPLIT>
+__device__ __forceinline__ void pf_operand(const float (&x)[4], u32 (&hi)[4], u32 (&lo)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (SPLIT) {
+      pf_split(x[i], hi[i], lo[i]);
+    } else {
+      hi[i] = pf_tf32(x[i]);
+      lo[i] = 0u;
+    }
+  }
+}
+
+// d += a * b for b in float32: one TF32 product, or three (the lo*lo term is dropped)
+template <bool SPLIT>
+__device__ __forceinline__ void pf_product(float (&d)[4], const u32 (&ah)[4], const u32 (&al)[4],
+                                           float b0, float b1) {
+  if constexpr (SPLIT) {
+    u32 bh0, bl0, bh1, bl1;
+    pf_split(b0, bh0, bl0);
+    pf_split(b1, bh1, bl1);
+    pf_mma(d, al, bh0, bh1);  // small terms first
+    pf_mma(d, ah, bl0, bl1);
+    pf_mma(d, ah, bh0, bh1);
+  } else {
+    pf_mma(d, ah, pf_tf32(b0), pf_tf32(b1));
+  }
+}
+
+// ws_o [splits, T*Nq, D] and ws_ml [splits, T*Nq, 2] (m in log2 units, l) are only used
+// when gridDim.z > 1; rows of a split with no visible key get m = -inf, l = 0, O = 0.
+template <int D, int PREC>
+__global__ void __launch_bounds__(PF_WARPS * 32, 1)
+    prefill_attention(const float* __restrict__ q, const float* __restrict__ k,
+                      const float* __restrict__ v, float* __restrict__ out,
+                      float* __restrict__ ws_o, float* __restrict__ ws_ml, int T, int nq,
+                      int nkv, int start, int tiles_per_split, float qscale) {
+  constexpr int BN = PfTile<D>::BN, QS = PfTile<D>::QS, KS = PfTile<D>::KS,
+                VS = PfTile<D>::VS;
+  constexpr int NT = BN / 8;  // 8-key column tiles of the scores
+  constexpr int DT = D / 8;   // 8-column tiles of the output
+  constexpr bool SPLIT_QK = PREC != PF_TF32, SPLIT_PV = PREC == PF_SPLIT;
+  extern __shared__ float4 pf_smem[];
+  float* q_s = reinterpret_cast<float*>(pf_smem);  // [PF_ROWS][QS]
+  float* k_s = q_s + PF_ROWS * QS;                 // [2][BN][KS]
+  float* v_s = k_s + 2 * BN * KS;                  // [2][BN][VS]
+
+  const int h = blockIdx.x;
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * PF_ROWS;  // the latest (longest) rows first
+  const int split = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tig = lane & 3;  // mma fragment coordinates
+  const int group = nq / nkv, rows = T * group;
+  const long long kv_stride = (long long)nkv * D;
+
+  const int key_end = start + min(T - 1, (m0 + PF_ROWS - 1) / group) + 1;  // exclusive
+  const int tile0 = split * tiles_per_split;
+  const int tile1 = min((key_end + BN - 1) / BN, tile0 + tiles_per_split);
+
+  // the last key each of the thread's rows (warp*16 + g, + 8) sees; padding rows past T*G
+  // act as the last token and are never written
+  const int wrow = m0 + warp * 16;
+  int lim[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) lim[i] = start + min(T - 1, (wrow + g + 8 * i) / group);
+  const int warp_lo = start + min(T - 1, wrow / group);
+  const int warp_hi = start + min(T - 1, (wrow + 15) / group);
+
+  float o[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  float m[2] = {PF_NEG_INF, PF_NEG_INF}, l[2] = {0.f, 0.f};
+
+  auto load_tile = [&](int tile, int buf) {
+    const int n0 = tile * BN;
+    float* ks = k_s + buf * BN * KS;
+    float* vs = v_s + buf * BN * VS;
+    for (int e = threadIdx.x; e < BN * D / 4; e += PF_WARPS * 32) {
+      const int r = e / (D / 4), c = 4 * (e % (D / 4));
+      const bool ok = n0 + r < key_end;  // keys past the block's last are zero-filled
+      const long long off = ok ? (n0 + r) * kv_stride + (long long)h * D + c : 0;
+      pf_cp_async16(ks + r * KS + c, k + off, ok);
+      pf_cp_async16(vs + r * VS + c, v + off, ok);
+    }
+    pf_cp_commit();
+  };
+
+  if (tile0 < tile1) {
+    load_tile(tile0, 0);
+    for (int e = threadIdx.x; e < PF_ROWS * D / 4; e += PF_WARPS * 32) {
+      const int r = e / (D / 4), c = 4 * (e % (D / 4));
+      float4 x = {0.f, 0.f, 0.f, 0.f};
+      if (m0 + r < rows) {
+        const int t = (m0 + r) / group, gq = (m0 + r) - t * group;
+        x = __ldg(reinterpret_cast<const float4*>(
+            q + ((long long)t * nq + (long long)h * group + gq) * D + c));
+        x.x *= qscale;
+        x.y *= qscale;
+        x.z *= qscale;
+        x.w *= qscale;
+      }
+      *reinterpret_cast<float4*>(q_s + r * QS + c) = x;
+    }
+  }
+
+  for (int tile = tile0; tile < tile1; ++tile) {
+    const int buf = (tile - tile0) & 1;
+    if (tile + 1 < tile1) {
+      load_tile(tile + 1, buf ^ 1);
+      pf_cp_wait<1>();
+    } else {
+      pf_cp_wait<0>();
+    }
+    __syncthreads();  // the tile (and, the first time, q) is visible to every warp
+    const int n0 = tile * BN;
+    if (n0 <= warp_hi) {  // else every key of the tile is in the future of the warp's rows
+      const float* qw = q_s + warp * 16 * QS;
+      const float* ks = k_s + buf * BN * KS;
+      const float* vs = v_s + buf * BN * VS;
+
+      // S = Q K^T. The reduction over d may visit d in any order: mma k-step 2*jp + half
+      // takes column tig <-> d = 16*jp + 4*tig + 2*half and column tig + 4 <-> that d + 1,
+      // so each lane reads its Q and K values as whole float4s.
+      // three accumulator sets (summed after the loop) so that more independent mma chains
+      // are in flight: with one warp per SM sub-partition, mma latency would set the pace
+      float s[NT][4], c0[NT][4], c1[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = c0[nt][e] = c1[nt][e] = 0.f;
+      }
+#pragma unroll
+      for (int jp = 0; jp < D / 16; ++jp) {
+        const float4 qa = *reinterpret_cast<const float4*>(qw + g * QS + 16 * jp + 4 * tig);
+        const float4 qb =
+            *reinterpret_cast<const float4*>(qw + (g + 8) * QS + 16 * jp + 4 * tig);
+        const float f0[4] = {qa.x, qb.x, qa.y, qb.y}, f1[4] = {qa.z, qb.z, qa.w, qb.w};
+        u32 h0[4], l0[4], h1[4], l1[4];
+        pf_operand<SPLIT_QK>(f0, h0, l0);
+        pf_operand<SPLIT_QK>(f1, h1, l1);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float4 kb =
+              *reinterpret_cast<const float4*>(ks + (8 * nt + g) * KS + 16 * jp + 4 * tig);
+          if constexpr (SPLIT_QK) {
+            u32 bh[4], bl[4];
+            pf_split(kb.x, bh[0], bl[0]);
+            pf_split(kb.y, bh[1], bl[1]);
+            pf_split(kb.z, bh[2], bl[2]);
+            pf_split(kb.w, bh[3], bl[3]);
+            pf_mma(c0[nt], l0, bh[0], bh[1]);
+            pf_mma(c1[nt], l1, bh[2], bh[3]);
+            pf_mma(c0[nt], h0, bl[0], bl[1]);
+            pf_mma(c1[nt], h1, bl[2], bl[3]);
+            pf_mma(s[nt], h0, bh[0], bh[1]);
+            pf_mma(s[nt], h1, bh[2], bh[3]);
+          } else {
+            pf_mma(s[nt], h0, pf_tf32(kb.x), pf_tf32(kb.y));
+            pf_mma(c0[nt], h1, pf_tf32(kb.z), pf_tf32(kb.w));
+          }
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] += c0[nt][e] + c1[nt][e];
+      }
+
+      // s[nt][e]: row g (e < 2) or g + 8, key n0 + 8*nt + 2*tig + (e & 1)
+      if (n0 + BN - 1 > warp_lo) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (n0 + 8 * nt + 2 * tig + (e & 1) > lim[e >> 1]) s[nt][e] = PF_NEG_INF;
+        }
+      }
+      float mx[2] = {m[0], m[1]};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+      }
+      float alpha[2], base[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {  // a row's values sit in the 4 lanes of a quad
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
+        base[i] = mx[i] == PF_NEG_INF ? 0.f : mx[i];  // no visible key yet: p = 0, not NaN
+        alpha[i] = exp2f(m[i] - base[i]);
+        m[i] = mx[i];
+        l[i] *= alpha[i];  // l is per lane (its own columns) until the end
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
+          l[e >> 1] += s[nt][e];
+        }
+      }
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+      }
+
+      // O += P V. The scores' accumulator layout becomes the A fragment directly: k-step nt
+      // takes column tig <-> key 8*nt + 2*tig and column tig + 4 <-> key 8*nt + 2*tig + 1.
+      // Output tile dt, column n <-> d = 32*(dt/4) + 4*n + dt%4, so a lane reads V as float4s
+      // and finally holds 8 contiguous columns of each row per 32.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float f[4] = {s[nt][0], s[nt][2], s[nt][1], s[nt][3]};
+        u32 ph[4], pl[4];
+        pf_operand<SPLIT_PV>(f, ph, pl);
+        const float* v0 = vs + (8 * nt + 2 * tig) * VS + 4 * g;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          const float4 x0 = *reinterpret_cast<const float4*>(v0 + 32 * c);
+          const float4 x1 = *reinterpret_cast<const float4*>(v0 + VS + 32 * c);
+          pf_product<SPLIT_PV>(o[4 * c], ph, pl, x0.x, x1.x);
+          pf_product<SPLIT_PV>(o[4 * c + 1], ph, pl, x0.y, x1.y);
+          pf_product<SPLIT_PV>(o[4 * c + 2], ph, pl, x0.z, x1.z);
+          pf_product<SPLIT_PV>(o[4 * c + 3], ph, pl, x0.w, x1.w);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xFFFFFFFFu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xFFFFFFFFu, l[i], 2);
+  }
+  const bool partial = gridDim.z > 1;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = wrow + g + 8 * i;
+    if (r >= rows) continue;
+    const int t = r / group, gq = r - t * group;
+    const long long orow = (long long)t * nq + (long long)h * group + gq;
+    float* dst;
+    float inv;
+    if (partial) {
+      const long long prow = (long long)split * T * nq + orow;
+      dst = ws_o + prow * D;
+      inv = 1.f;
+      if (tig == 0) {
+        ws_ml[prow * 2] = m[i];
+        ws_ml[prow * 2 + 1] = l[i];
+      }
+    } else {
+      dst = out + orow * D;
+      inv = 1.f / l[i];
+    }
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      const float4 lo = {o[4 * c][2 * i] * inv, o[4 * c + 1][2 * i] * inv,
+                         o[4 * c + 2][2 * i] * inv, o[4 * c + 3][2 * i] * inv};
+      const float4 hi = {o[4 * c][2 * i + 1] * inv, o[4 * c + 1][2 * i + 1] * inv,
+                         o[4 * c + 2][2 * i + 1] * inv, o[4 * c + 3][2 * i + 1] * inv};
+      *reinterpret_cast<float4*>(dst + 32 * c + 8 * tig) = lo;
+      *reinterpret_cast<float4*>(dst + 32 * c + 8 * tig + 4) = hi;
+    }
+  }
+}
+
+// out [rows, D] from the splits' partials: block = one row, thread = 4 columns.
+template <int D>
+__global__ void __launch_bounds__(D / 4)
+    prefill_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
+                    float* __restrict__ out, int rows, int splits) {
+  const long long row = blockIdx.x;
+  const int c = 4 * threadIdx.x;
+  float mx = PF_NEG_INF;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ws_ml[((long long)s * rows + row) * 2]);
+  float4 acc = {0.f, 0.f, 0.f, 0.f};
+  float sum = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const long long prow = (long long)s * rows + row;
+    const float ms = ws_ml[prow * 2];
+    if (ms == PF_NEG_INF) continue;  // a split with no visible key for this row
+    const float w = exp2f(ms - mx);
+    sum = fmaf(ws_ml[prow * 2 + 1], w, sum);
+    const float4 x = *reinterpret_cast<const float4*>(ws_o + prow * D + c);
+    acc.x = fmaf(x.x, w, acc.x);
+    acc.y = fmaf(x.y, w, acc.y);
+    acc.z = fmaf(x.z, w, acc.z);
+    acc.w = fmaf(x.w, w, acc.w);
+  }
+  const float inv = 1.f / sum;
+  acc.x *= inv;
+  acc.y *= inv;
+  acc.z *= inv;
+  acc.w *= inv;
+  *reinterpret_cast<float4*>(out + row * D + c) = acc;
+}
