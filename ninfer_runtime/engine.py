@@ -34,7 +34,7 @@ from .frontend import (
     StopReason,
     Tokenizer,
 )
-from .models import load_model
+from .models import ForwardOutput, load_model
 from .state import PAGE_TOKENS, ContextPool, SequenceState
 
 THINK_OPEN = "<think>"
@@ -301,15 +301,15 @@ class Engine:
         a.prefilled += len(chunk)
         if a.prefilled == len(a.prompt_ids):
             a.first_token = time.perf_counter()
-            self._emit(a, self._sample([a], out.logits)[0], events)
+            self._emit(a, self._sample([a], out)[0], events)
 
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
         out = self.model.forward(tokens, [a.state for a in lanes], last_only=True)
-        for a, token in zip(lanes, self._sample(lanes, out.logits), strict=True):
+        for a, token in zip(lanes, self._sample(lanes, out), strict=True):
             self._emit(a, token, events)
 
-    def _sample(self, lanes: list[_Active], logits: list[Any]) -> list[int]:
+    def _sample(self, lanes: list[_Active], out: ForwardOutput) -> list[int]:
         on_device = self._device_sampler is not None and all(
             self._device_sampler.supports(a.request.sampling)
             and (a.request.logits_processor is None or a.answer_start is None)
@@ -317,12 +317,13 @@ class Engine:
         )
         if on_device:  # only the token ids cross to the host
             sampler = self._device_sampler
-            for i, a in enumerate(lanes):
-                sampler.set_lane(i, a.request.sampling, a.seed, len(a.generated))
-            rows = self.model.backend.xp.concatenate([row[-1:] for row in logits])
+            sampler.set_lanes([(a.request.sampling, a.seed, len(a.generated)) for a in lanes])
+            rows = out.last_logits
+            if rows is None:
+                rows = self.model.backend.xp.concatenate([row[-1:] for row in out.logits])
             return [int(t) for t in to_numpy(sampler.sample(rows))]
         tokens = []
-        for a, row in zip(lanes, logits, strict=True):
+        for a, row in zip(lanes, out.logits, strict=True):
             scores = to_numpy(row[-1]).astype(np.float32, copy=False)
             process = a.request.logits_processor
             if process is not None and a.answer_start is not None:

@@ -32,6 +32,13 @@ def rms_norm(x: Array, w: Array, eps: float, offset: float) -> Array:
     return (x * inv) * (w + xp.float32(offset))
 
 
+def add_rms_norm(
+    h: Array, delta: Array, w: Array, eps: float, offset: float
+) -> tuple[Array, Array]:
+    s = h + delta
+    return s, rms_norm(s, w, eps, offset)
+
+
 def rope(x: Array, cos: Array, sin: Array) -> Array:
     """NeoX rotate-half on the first ``rd`` dims of each head; the rest pass through."""
     xp = _xp(x)
@@ -297,6 +304,7 @@ class ReferenceOps:
 
     # the reference functions themselves (their signatures are the protocol's, base.py)
     rms_norm = staticmethod(rms_norm)
+    add_rms_norm = staticmethod(add_rms_norm)
     rope = staticmethod(rope)
     attention = staticmethod(attention)
     causal_conv = staticmethod(causal_conv)

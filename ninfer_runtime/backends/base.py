@@ -96,6 +96,14 @@ class Backend(Protocol):
         """
         ...
 
+    def add_rms_norm(
+        self, h: Array, delta: Array, w: Array, eps: float, *, offset: float
+    ) -> tuple[Array, Array]:
+        """A residual add and the norm of its result in one op: ``(s, rms_norm(s, w, eps,
+        offset=offset))`` with ``s = h + delta`` (h and delta [N, H]), the same values as
+        the two steps apart."""
+        ...
+
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         """Rotate the first ``rd = cos.shape[-1]`` dims of every head, NeoX rotate-half pairs
         (i, i + rd/2): x [N, heads, D], cos/sin [N, rd] -> [N, heads, D]."""

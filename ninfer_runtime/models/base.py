@@ -17,10 +17,14 @@ class ForwardOutput:
 
     ``logits[i]`` is [T_i, V] (or [1, V] when only the last row was asked for);
     ``hidden[i]`` is [T_i, H], the post-final-norm hidden states the MTP head consumes.
+    ``last_logits`` is [lanes, V], every lane's last logits row in one array, when the model
+    computed them as one (a decode step, ``last_only``), so a sampler need not gather them;
+    ``None`` otherwise.
     """
 
     logits: list[Array]
     hidden: list[Array]
+    last_logits: Array | None = None
 
 
 class Model(Protocol):

@@ -230,3 +230,30 @@ def test_supports_only_penalty_free_lanes() -> None:
     assert not S.supports(SamplingParams(repetition_penalty=1.1))
     with pytest.raises(ValueError):
         S.DeviceSampler().set_lane(0, SamplingParams(repetition_penalty=1.2), seed=0, counter=0)
+
+
+def test_set_lanes_is_set_lane_for_every_lane_in_one_upload() -> None:
+    import cupy as cp
+
+    rng = np.random.default_rng(13)
+    logits = cp.asarray((rng.standard_normal((5, 4000)) * 2).astype(np.float32))
+    lanes = [
+        (SamplingParams(temperature=0.9, top_p=0.95), 7, 3),
+        (SamplingParams(temperature=0.0), 8, 0),
+        (SamplingParams(top_k=40, min_p=0.05), 2**64 + 9, 11),
+        (SamplingParams(temperature=1.7), 10, 2),
+        (SamplingParams(top_k=5, top_p=0.5), 11, 1),
+    ]
+    one_by_one = S.DeviceSampler()
+    for i, (params, seed, counter) in enumerate(lanes):
+        one_by_one.set_lane(i, params, seed, counter)
+    together = S.DeviceSampler()
+    together.set_lanes(lanes)
+    np.testing.assert_array_equal(cp.asnumpy(together._device), cp.asnumpy(one_by_one._device))
+    np.testing.assert_array_equal(
+        cp.asnumpy(together.sample(logits)), cp.asnumpy(one_by_one.sample(logits))
+    )
+    with pytest.raises(ValueError):
+        together.set_lanes([(SamplingParams(presence_penalty=0.5), 0, 0)])
+    with pytest.raises(IndexError):
+        together.set_lanes([(SamplingParams(), 0, 0)] * (LANES + 1))

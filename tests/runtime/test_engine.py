@@ -81,6 +81,51 @@ def test_lanes_give_the_same_tokens_as_one_at_a_time(engine):
     assert engine.lanes_in_use == 0
 
 
+class GreedyDeviceSampler:
+    """Stands in for the CUDA device sampler and records what the engine hands it."""
+
+    supports = staticmethod(lambda params: True)
+
+    def __init__(self):
+        self.uploads, self.rows = [], []
+
+    def set_lanes(self, lanes):
+        self.uploads.append(len(lanes))
+
+    def sample(self, logits):
+        self.rows.append(logits)
+        return np.argmax(logits, axis=1)
+
+
+def test_device_sampler_gets_one_upload_and_the_stacked_logits_a_step(engine, monkeypatch):
+    questions = ["Hello!", "Tell me a joke."]
+    alone = [ask(engine, q)[2] for q in questions]
+    fake = GreedyDeviceSampler()
+    outputs = []
+    forward = engine.model.forward
+
+    def recorded(*args, **kwargs):
+        outputs.append(forward(*args, **kwargs))
+        return outputs[-1]
+
+    monkeypatch.setattr(engine, "_device_sampler", fake)
+    monkeypatch.setattr(engine.model, "forward", recorded)
+    ids = {}
+    for q in questions:
+        request = GenerationRequest(
+            messages=[{"role": "user", "content": q}], sampling=SamplingParams(temperature=0.0)
+        )
+        ids[engine.submit(request)] = []
+    while engine.has_work:
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                ids[event.request_id].append(event.token_id)
+    assert list(ids.values()) == alone
+    assert 2 in fake.uploads  # a two-lane decode step
+    assert len(fake.uploads) == len(fake.rows) == len(outputs)  # one upload per sampling
+    assert all(rows is out.last_logits for rows, out in zip(fake.rows, outputs, strict=True))
+
+
 def test_seeded_sampling_is_reproducible(engine):
     a = ask(engine, "Name a color.", temperature=1.5, seed=7)[2]
     b = ask(engine, "Name a color.", temperature=1.5, seed=7)[2]
@@ -176,6 +221,8 @@ def test_cli(artifact, tmp_path):
     question = ["--prompt", "What is the capital of Italy?", "--greedy"]
     half = runner.invoke(ninfer_cli, [str(artifact), *question, "--kv-dtype", "bfloat16"])
     assert half.exit_code == 0 and half.stdout.startswith("The capital of Italy is Rome.")
+    fp8 = runner.invoke(ninfer_cli, [str(artifact), *question, "--kv-dtype", "fp8_e4m3"])
+    assert fp8.exit_code == 0 and fp8.stdout.strip(), fp8.output
     raw = runner.invoke(
         ninfer_cli,
         [str(artifact), "--raw", "--prompt", "The quick brown", "--greedy", "--max-tokens", "4"],

@@ -1,4 +1,5 @@
-"""Launchers for ``kernels/glue.cu``: RMSNorm and partial RoPE in one kernel each."""
+"""Launchers for ``kernels/glue.cu``: RMSNorm (alone or after a residual add) and partial
+RoPE in one kernel each."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .compile import function, register_family
 
 THREADS = 256  # GLUE_THREADS in kernels/glue.cu
 
-register_family("glue", ["rms_norm_rows", "rope_rows"])
+register_family("glue", ["rms_norm_rows", "add_rms_norm_rows", "rope_rows"])
 
 
 def rms_norm(x: Any, w: Any, eps: float, offset: float) -> Any:
@@ -35,6 +36,36 @@ def rms_norm(x: Any, w: Any, eps: float, offset: float) -> Any:
             ),
         )
     return y
+
+
+def add_rms_norm(h: Any, delta: Any, w: Any, eps: float, offset: float) -> tuple[Any, Any]:
+    """``s = h + delta`` and ``rms_norm(s, w, eps, offset)`` in one pass (float32): the same
+    values as the add followed by ``rms_norm``."""
+    import cupy as cp
+
+    h = cp.ascontiguousarray(h, dtype=cp.float32)
+    delta = cp.ascontiguousarray(delta, dtype=cp.float32)
+    if h.shape != delta.shape:
+        raise ValueError(f"add_rms_norm: h {h.shape} and delta {delta.shape} differ")
+    d = h.shape[-1]
+    s, y = cp.empty_like(h), cp.empty_like(h)
+    rows = h.size // d if d else 0
+    if rows:
+        function("glue", "add_rms_norm_rows")(
+            (rows,),
+            (THREADS,),
+            (
+                h,
+                delta,
+                cp.ascontiguousarray(w, dtype=cp.float32),
+                s,
+                y,
+                np.int32(d),
+                np.float32(eps),
+                np.float32(offset),
+            ),
+        )
+    return s, y
 
 
 def rope(x: Any, cos: Any, sin: Any) -> Any:

@@ -12,6 +12,7 @@ Penalties stay on the host: ``supports(params)`` is False for a lane that needs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -91,10 +92,11 @@ def sample(
 class DeviceSampler:
     """Device-resident parameters for up to ``MAX_LANES`` lanes and the output ids.
 
-    ``set_lane`` (host side, outside graph capture) writes one lane and uploads the whole
-    320-byte parameter block in one copy; ``sample`` only launches, so it can be captured and
-    the graph replayed after later ``set_lane`` / ``advance`` calls. A lane never set samples
-    at temperature 1 with no filters, seed 0, counter 0.
+    ``set_lanes`` (host side, outside graph capture) writes every lane of a step and uploads
+    the whole 320-byte parameter block in one copy (``set_lane``: one lane, one copy);
+    ``sample`` only launches, so it can be captured and the graph replayed after later
+    ``set_lanes`` / ``advance`` calls. A lane never set samples at temperature 1 with no
+    filters, seed 0, counter 0.
     """
 
     def __init__(self) -> None:
@@ -115,9 +117,24 @@ class DeviceSampler:
 
     supports = staticmethod(supports)
 
+    def set_lanes(self, lanes: Sequence[tuple[SamplingParams, int, int]]) -> None:
+        """Lane i samples with ``lanes[i] = (params, seed, counter)``, all lanes uploaded in
+        one copy; lanes past ``len(lanes)`` keep what they had."""
+        if len(lanes) > MAX_LANES:
+            raise IndexError(f"{len(lanes)} lanes (at most {MAX_LANES})")
+        if not all(supports(params) for params, _, _ in lanes):
+            raise ValueError("penalties are applied by the host sampler, not DeviceSampler")
+        for i, (params, seed, counter) in enumerate(lanes):
+            self._write(i, params, seed, counter)
+        self._device.set(self._host)
+
     def set_lane(self, i: int, params: SamplingParams, seed: int, counter: int) -> None:
         """Lane ``i`` samples with ``params`` from the stream (seed, counter); a request
         without a seed gets a random one from the caller. Seeds are taken modulo 2^64."""
+        self._write(i, params, seed, counter)
+        self._device.set(self._host)
+
+    def _write(self, i: int, params: SamplingParams, seed: int, counter: int) -> None:
         if not 0 <= i < MAX_LANES:
             raise IndexError(f"lane {i} out of range 0..{MAX_LANES - 1}")
         if not supports(params):
@@ -129,7 +146,6 @@ class DeviceSampler:
         h["min_p"][i] = params.min_p
         h["seeds"][i] = seed & _MASK64
         h["counters"][i] = counter & _MASK64
-        self._device.set(self._host)
 
     def advance(self, lanes: int = MAX_LANES) -> None:
         """Counter += 1 on the first ``lanes`` lanes (one upload): the next token's stream."""

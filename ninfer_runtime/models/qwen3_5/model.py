@@ -6,7 +6,9 @@
     hidden = RMSNorm_1p(h; final_norm)                 (what the MTP head consumes)
     logits = output_head hidden
 
-RMSNorm_1p is the zero-centred norm ``x / rms(x) * (1 + w)``.
+RMSNorm_1p is the zero-centred norm ``x / rms(x) * (1 + w)``. Each residual add is done
+together with the norm that reads its result (``add_norm``), so a layer hands its ffn output
+to the next layer (or the final norm) still pending.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ from .mlp import DenseMlp, SparseMoe
 from .mtp import MtpHead
 
 Array = Any
+
+
+def add_norm(
+    backend: Backend, h: Array, delta: Array | None, w: Array, eps: float
+) -> tuple[Array, Array]:
+    """``h + delta`` and its RMSNorm_1p in one op; ``delta`` None: nothing to add."""
+    if delta is None:
+        return h, backend.rms_norm(h, w, eps, offset=1.0)
+    return backend.add_rms_norm(h, delta, w, eps, offset=1.0)
 
 
 class DecoderLayer:
@@ -79,10 +90,16 @@ class DecoderLayer:
             names += DenseMlp.parameter_names(prefix)
         return names
 
-    def __call__(self, h: Array, batch: Batch, memory: LayerPool) -> Array:
-        norm = self.backend.rms_norm
-        h = h + self.mixer(norm(h, self.input_norm, self.eps, offset=1.0), batch, memory)  # type: ignore[arg-type]
-        return h + self.ffn(norm(h, self.post_attention_norm, self.eps, offset=1.0))
+    def __call__(
+        self, h: Array, pending: Array | None, batch: Batch, memory: LayerPool
+    ) -> tuple[Array, Array]:
+        """The residual stream ``h`` with ``pending`` (the previous layer's ffn output, None
+        before the first layer) not yet added -> the same pair after this layer."""
+        be, eps = self.backend, self.eps
+        h, x = add_norm(be, h, pending, self.input_norm, eps)
+        mixed = self.mixer(x, batch, memory)  # type: ignore[arg-type]
+        h, x = add_norm(be, h, mixed, self.post_attention_norm, eps)
+        return h, self.ffn(x)
 
 
 class Qwen35Model:
@@ -198,14 +215,11 @@ class Qwen35Model:
             for state in states:
                 state.length += 1
             rows = [slice(i, i + 1) for i in range(len(lanes))]
-            return ForwardOutput([logits[r] for r in rows], [h[r] for r in rows])
+            return ForwardOutput([logits[r] for r in rows], [h[r] for r in rows], logits)
 
         positions = np.concatenate([np.arange(ln.start, ln.start + ln.tokens) for ln in lanes])
         batch = self._batch(lanes, positions)
-        h = be.embedding(be.xp.asarray(np.concatenate(ids)), self.token_embedding)
-        for layer, memory in zip(self.layers, pool.layers, strict=True):
-            h = layer(h, batch, memory)
-        h = be.rms_norm(h, self.final_norm, self.config.eps, offset=1.0)
+        h = self._hidden(be.xp.asarray(np.concatenate(ids)), batch, pool)
         for lane, state in zip(lanes, states, strict=True):
             state.length += lane.tokens
 
@@ -213,7 +227,7 @@ class Qwen35Model:
         if last_only:
             last = be.xp.asarray([lane.rows.stop - 1 for lane in lanes])
             logits = be.linear(h[last], self.output_head)
-            return ForwardOutput([logits[i : i + 1] for i in range(len(lanes))], hidden)
+            return ForwardOutput([logits[i : i + 1] for i in range(len(lanes))], hidden, logits)
         logits = be.linear(h, self.output_head)
         return ForwardOutput([logits[lane.rows] for lane in lanes], hidden)
 
@@ -298,13 +312,17 @@ class Qwen35Model:
             cos_table, sin_table = self.rotary.table(pool.max_context)
             cos, sin = cos_table[positions], sin_table[positions]
         batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table))
-        h = be.embedding(ids, self.token_embedding)
-        for layer, memory in zip(self.layers, pool.layers, strict=True):
-            h = layer(h, batch, memory)
-        h = be.rms_norm(h, self.final_norm, self.config.eps, offset=1.0)
+        h = self._hidden(ids, batch, pool)
         return be.linear(h, self.output_head), h
 
     # --------------------------------------------------------------------- internals
+    def _hidden(self, ids: Array, batch: Batch, pool: ContextPool) -> Array:
+        """Token ids [N] through the embedding, every layer and the final norm -> [N, H]."""
+        h, pending = self.backend.embedding(ids, self.token_embedding), None
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            h, pending = layer(h, pending, batch, memory)
+        return add_norm(self.backend, h, pending, self.final_norm, self.config.eps)[1]
+
     def _batch(self, lanes: list[Lane], positions: np.ndarray) -> Batch:
         cos, sin = self.rotary(positions) if self.rotary is not None else (None, None)
         return Batch(tuple(lanes), cos, sin)

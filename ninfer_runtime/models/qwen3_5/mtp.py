@@ -57,5 +57,6 @@ class MtpHead:
         )
         h = be.rms_norm(hidden, self.hidden_norm, eps, offset=1.0)
         x = be.linear(be.xp.concatenate([e, h], axis=-1), self.input_projection)
-        x = self.block(x, batch, memory)
-        return be.linear(be.rms_norm(x, self.final_norm, eps, offset=1.0), self.output_head)
+        x, pending = self.block(x, None, batch, memory)
+        _, x = be.add_rms_norm(x, pending, self.final_norm, eps, offset=1.0)
+        return be.linear(x, self.output_head)

@@ -1,8 +1,21 @@
-// The per-token glue of a decoder layer, one kernel each: RMSNorm over the last axis and
-// partial NeoX RoPE. CuPy would spend several launches on each (reduce, sqrt, divide,
+// The per-token glue of a decoder layer, one kernel each: RMSNorm over the last axis (alone or
+// fused with the residual add before it) and partial NeoX RoPE. CuPy would spend several launches on each (reduce, sqrt, divide,
 // multiply ...), which inside a decode graph costs more than the work itself.
 
 #define GLUE_THREADS 256
+
+// 1 / sqrt(mean(x^2) + eps) of a row from each thread's partial sum of squares.
+__device__ __forceinline__ float block_inv_rms(float sum, int d, float eps) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+  __shared__ float warp_sums[GLUE_THREADS / 32];
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < GLUE_THREADS / 32; ++i) total += warp_sums[i];
+  return 1.f / sqrtf(total / (float)d + eps);
+}
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + offset); one block per row.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
@@ -12,16 +25,27 @@ extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
   float* yr = y + (long long)blockIdx.x * d;
   float sum = 0.f;
   for (int i = threadIdx.x; i < d; i += GLUE_THREADS) sum = fmaf(xr[i], xr[i], sum);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
-  __shared__ float warp_sums[GLUE_THREADS / 32];
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int i = 0; i < GLUE_THREADS / 32; ++i) total += warp_sums[i];
-  const float inv = 1.f / sqrtf(total / (float)d + eps);
+  const float inv = block_inv_rms(sum, d, eps);
   for (int i = threadIdx.x; i < d; i += GLUE_THREADS) yr[i] = (xr[i] * inv) * (w[i] + offset);
+}
+
+// s[r, :] = h[r, :] + delta[r, :] and y[r, :] = rms_norm(s[r, :]); one block per row. The
+// second pass reads back the sums this same thread wrote, so h and delta are read once.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+    add_rms_norm_rows(const float* __restrict__ h, const float* __restrict__ delta,
+                      const float* __restrict__ w, float* __restrict__ s, float* __restrict__ y,
+                      int d, float eps, float offset) {
+  const long long row = (long long)blockIdx.x * d;
+  float* sr = s + row;
+  float* yr = y + row;
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) {
+    const float v = h[row + i] + delta[row + i];
+    sr[i] = v;
+    sum = fmaf(v, v, sum);
+  }
+  const float inv = block_inv_rms(sum, d, eps);
+  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) yr[i] = (sr[i] * inv) * (w[i] + offset);
 }
 
 // x, y [rows, heads, d]; cos, sin [rows, rd]: the first rd dims of each head rotate in pairs

@@ -1,0 +1,91 @@
+"""The glue kernels (kernels/glue.cu) against numpy: the residual add fused into RMSNorm.
+
+Widths are awkward on purpose (1, below a warp, around the 256-thread block, not a multiple of
+anything) and the weight takes both offsets (1: Qwen3.5's zero-centred norms, 0: plain). The
+fused kernel must also give exactly the values of the add followed by ``rms_norm``, the pair of
+launches it replaces in a decode step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends.cuda import glue
+
+from .conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+EPS = 1e-6
+SHAPES = [(1, 1), (3, 31), (8, 255), (8, 256), (5, 257), (2, 1000), (8, 4099), (65, 2048)]
+
+
+def oracle(h: np.ndarray, delta: np.ndarray, w: np.ndarray, offset: float) -> np.ndarray:
+    s = h.astype(np.float64) + delta
+    return s / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + EPS) * (w + offset)
+
+
+def inputs(shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    h = (rng.standard_normal(shape) * np.exp(rng.uniform(-4, 4, (*shape[:-1], 1)))).astype(
+        np.float32
+    )
+    delta = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal(shape[-1]) * 0.2).astype(np.float32)
+    return h, delta, w
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_add_rms_norm_matches_numpy(
+    shape: tuple[int, int], offset: float, cuda_backend: Any
+) -> None:
+    import cupy as cp
+
+    h, delta, w = inputs(shape, shape[-1])
+    s, y = cuda_backend.add_rms_norm(
+        cp.asarray(h), cp.asarray(delta), cp.asarray(w), EPS, offset=offset
+    )
+    np.testing.assert_array_equal(cp.asnumpy(s), h + delta)
+    ref = oracle(h, delta, w, offset)
+    scale = np.abs(ref).max(axis=-1, keepdims=True) + 1e-30
+    assert np.all(np.abs(cp.asnumpy(y) - ref) <= 2e-6 * scale + 1e-6 * np.abs(ref))
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("shape", [(8, 257), (3, 4, 1000), (65, 2048)])
+def test_add_rms_norm_equals_the_add_then_the_norm(shape: tuple[int, ...], offset: float) -> None:
+    import cupy as cp
+
+    h, delta, w = (cp.asarray(a) for a in inputs(shape, 7))
+    s, y = glue.add_rms_norm(h, delta, w, EPS, offset)
+    assert s.shape == y.shape == shape and s.dtype == y.dtype == cp.float32
+    expected = glue.rms_norm(h + delta, w, EPS, offset)
+    np.testing.assert_array_equal(cp.asnumpy(s), cp.asnumpy(h + delta))
+    np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(expected))
+
+
+def test_add_rms_norm_takes_strided_inputs_and_leaves_them_alone() -> None:
+    import cupy as cp
+
+    h, delta, w = inputs((6, 300), 3)
+    wide = cp.asarray(np.concatenate([delta, delta], axis=1))[:, 1:301]  # not contiguous
+    h_d = cp.asarray(h)
+    s, y = glue.add_rms_norm(h_d, wide, cp.asarray(w), EPS, 1.0)
+    shifted = np.concatenate([delta, delta], axis=1)[:, 1:301]
+    np.testing.assert_array_equal(cp.asnumpy(h_d), h)
+    np.testing.assert_array_equal(cp.asnumpy(s), h + shifted)
+    np.testing.assert_array_equal(
+        cp.asnumpy(y), cp.asnumpy(glue.rms_norm(cp.asarray(h + shifted), cp.asarray(w), EPS, 1.0))
+    )
+
+
+def test_add_rms_norm_with_no_rows() -> None:
+    import cupy as cp
+
+    empty = cp.zeros((0, 64), cp.float32)
+    s, y = glue.add_rms_norm(empty, empty, cp.ones(64, cp.float32), EPS, 1.0)
+    assert s.shape == y.shape == (0, 64)
