@@ -1,9 +1,11 @@
 """GEMV kernels of the CUDA backend against the memory-bandwidth floor of the device.
 
-    python benchmarks/gpu_bench.py [--json OUT.json] [--tune]
+    python benchmarks/gpu_bench.py [--json OUT.json] [--formats q4_g64_fp16,...] [--tune simt|small]
 
 For each packed layout: a random object of the MLP shapes of a 27B-class model
-([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1 and M = 8 activation rows.
+([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1 and M = 8 activation rows,
+through ``kernels.product`` (and the SIMT GEMV beside it where the tensor-core kernel reads
+the layout).
 Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
 bytes at the bandwidth of a measured device-to-device copy (read + write bytes per second);
 "% of floor" is floor time / kernel time. Several copies of each object rotate so that no
@@ -15,8 +17,10 @@ Prints a table; copy it with date, machine and commit into docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
+from typing import Any
 
 import cupy as cp
 import numpy as np
@@ -116,21 +120,12 @@ def random_object(fmt: str, layout: str, shape: tuple[int, int]) -> tuple[cp.nda
     return data, p
 
 
-def _rotating_call(
-    copies: list,
-    p: F.Planes,
-    n: int,
-    x: cp.ndarray,
-    y: cp.ndarray,
-    r: int | None = None,
-    ks: int | None = None,
-):
-    """One GEMV per call, each on the next copy of the weights."""
+def _rotating_call(copies: list, launch: Any) -> Any:
+    """One product per call, each on the next copy of the weights: ``launch(data)``."""
     turn = [0]
 
     def call() -> None:
-        data = copies[turn[0] % len(copies)]
-        kernels.gemv(data, p, 0, n, x, y, n, rows_per_warp=r, k_split=ks)
+        launch(copies[turn[0] % len(copies)])
         turn[0] += 1
 
     return call
@@ -154,7 +149,9 @@ def tune(copy_bps: float) -> list[dict]:
             for m, r, ks in combos:
                 x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
-                ms = median_ms(_rotating_call(copies, p, shape[0], x, y, r, ks))
+                n = shape[0]
+                launch = lambda d: kernels.gemv(d, p, 0, n, x, y, n, rows_per_warp=r, k_split=ks)  # noqa: E731, B023
+                ms = median_ms(_rotating_call(copies, launch))
                 pct = 100 * (copies[0].nbytes + x.nbytes + y.nbytes) / copy_bps / (ms * 1e-3)
                 rows.append(
                     {"format": fmt, "shape": list(shape), "M": m, "R": r, "KS": ks, "pct": pct}
@@ -164,22 +161,64 @@ def tune(copy_bps: float) -> list[dict]:
     return rows
 
 
-def bench(copy_bps: float) -> list[dict]:
+def tune_small(copy_bps: float) -> list[dict]:
+    """% of floor of the tensor-core kernel for each compiled (R, U) and K slices S."""
+    rows = []
+    for fmt, layout in [LAYOUTS[0], LAYOUTS[3]]:
+        for shape in SHAPES:
+            copies, p = _copies(fmt, layout, shape)
+            line = []
+            for m in (1, 8, 32):
+                nt = 1 << max(0, (m - 1).bit_length() - 3)
+                for tiles, split in itertools.product(kernels.SMALL_TILES[nt], (None, 4, 16)):
+                    if split and split * m * shape[0] > kernels.PARTIAL_FLOATS:
+                        continue
+                    x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
+                    y = cp.empty((m, shape[0]), dtype=cp.float32)
+                    n = shape[0]
+                    launch = lambda d: kernels.small_gemm(d, p, 0, n, x, y, n, tiles, split)  # noqa: E731, B023
+                    ms = median_ms(_rotating_call(copies, launch))
+                    nbytes = copies[0].nbytes + x.nbytes + y.nbytes
+                    pct = 100 * nbytes / copy_bps / (ms * 1e-3)
+                    rows.append(
+                        {
+                            "format": fmt,
+                            "shape": list(shape),
+                            "M": m,
+                            "R": tiles[0],
+                            "U": tiles[1],
+                            "split": split,
+                            "pct": pct,
+                        }
+                    )
+                    line.append(f"{m}/{tiles[0]}/{tiles[1]}/{split or '-'} {pct:4.1f}%")
+            label = f"tune tc M/R/U/S {fmt:<12} {shape[0]:>5}x{shape[1]:<5}"
+            print(label, " ".join(line), flush=True)
+    return rows
+
+
+def bench(copy_bps: float, formats: list[str] | None) -> list[dict]:
     rows = []
     for fmt, layout in LAYOUTS:
+        if formats and fmt not in formats:
+            continue
         for shape in SHAPES:
             copies, p = _copies(fmt, layout, shape)
             first = copies[0]
-            for m in (1, 8):
+            kinds = {"product": kernels.product}
+            if kernels.max_rows(p) > kernels.MAX_GEMV_ROWS:  # the tensor-core kernel vs SIMT
+                kinds["simt"] = kernels.gemv
+            for (kind, fn), m in itertools.product(kinds.items(), (1, 8)):
                 x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
-                call = _rotating_call(copies, p, shape[0], x, y)
-                ms = median_ms(call)
+                n = shape[0]
+                ms = median_ms(_rotating_call(copies, lambda d: fn(d, p, 0, n, x, y, n)))  # noqa: B023
                 nbytes = first.nbytes + x.nbytes + y.nbytes
                 floor_ms = nbytes / copy_bps * 1e3
                 rows.append(
                     {
                         "format": fmt,
+                        "kernel": kind,
                         "shape": list(shape),
                         "M": m,
                         "us": ms * 1e3,
@@ -191,7 +230,7 @@ def bench(copy_bps: float) -> list[dict]:
                 )
                 r = rows[-1]
                 print(
-                    f"{fmt:<22} {shape[0]:>6}x{shape[1]:<6} M={m}  {r['us']:8.1f} us  "
+                    f"{fmt:<20} {kind:<7} {shape[0]:>6}x{shape[1]:<6} M={m}  {r['us']:8.1f} us  "
                     f"{r['MB']:7.1f} MB  {r['GBps']:7.0f} GB/s  floor {r['floor_us']:7.1f} us  "
                     f"{r['pct_floor']:5.1f}% of floor",
                     flush=True,
@@ -202,7 +241,10 @@ def bench(copy_bps: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--tune", action="store_true", help="also compare rows-per-warp choices")
+    parser.add_argument("--formats", help="only these formats (comma-separated names)")
+    parser.add_argument(
+        "--tune", choices=["simt", "small"], help="also compare the tile choices of a kernel"
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     kernels.compile_all()
@@ -212,8 +254,8 @@ def main() -> None:
     print(f"device {dev['name'].decode()}, kernels ready in {compile_s:.1f} s")
     detail = ", ".join(f"{name} {bps / 1e9:.0f}" for name, bps in ways.items())
     print(f"device-to-device copy: {copy_bps / 1e9:.0f} GB/s read + write ({detail})")
-    rows = bench(copy_bps)
-    tuning = tune(copy_bps) if args.tune else []
+    rows = bench(copy_bps, args.formats.split(",") if args.formats else None)
+    tuning = {"simt": tune, "small": tune_small}[args.tune](copy_bps) if args.tune else []
     if args.json:
         with open(args.json, "w") as fh:
             result = {"copy_GBps": copy_bps / 1e9, "compile_s": compile_s, "rows": rows}

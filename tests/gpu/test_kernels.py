@@ -60,17 +60,23 @@ def make_weight(case: tuple[str, str, tuple[int, int], int], seed: int = 0) -> t
     return parent, decoded
 
 
-def check_close(got: Any, x: np.ndarray, w: np.ndarray) -> float:
-    """|got - x wᵀ| within float32 accumulation error of the magnitudes involved."""
+def check_close(got: Any, x: np.ndarray, w: np.ndarray, tensor_cores: bool = False) -> float:
+    """|got - x wᵀ| within float32 accumulation error of the magnitudes involved; products on
+    the tensor-core kernel carry x as two bf16 halves (~16 bits): a 1e-5 bound there."""
     import cupy as cp
 
     got = cp.asnumpy(got).astype(np.float64)
     ref = x.astype(np.float64) @ w.astype(np.float64).T
-    bound = 2e-6 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T) + 1e-30
+    rel = 1e-5 if tensor_cores else 2e-6
+    bound = rel * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T) + 1e-30
     assert np.all(np.isfinite(got))
     ratio = np.max(np.abs(got - ref) / bound)
     assert ratio <= 1.0, f"error {ratio:.2f}x the float32 bound"
     return float(np.max(np.abs(got - ref) / (np.abs(ref).max() + 1e-30)))
+
+
+def on_tensor_cores(parent: Any, m: int) -> bool:
+    return m <= kernels.max_rows(parent.planes) and kernels.max_rows(parent.planes) > 8
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -84,7 +90,8 @@ def test_gemv_every_lane_count(case: Any, cuda_backend: Any) -> None:
     worst = 0.0
     for m in range(1, 9):
         x = rng.standard_normal((m, k)).astype(np.float32)
-        worst = max(worst, check_close(cuda_backend.linear(cp.asarray(x), weight), x, w))
+        got = cuda_backend.linear(cp.asarray(x), weight)
+        worst = max(worst, check_close(got, x, w, on_tensor_cores(parent, m)))
     if parent.planes.gemv:  # every compiled (M, rows per warp, K split), not just defaults
         for m, r, ks in kernels.GEMV_CONFIGS:
             x = rng.standard_normal((m, k)).astype(np.float32)
@@ -119,7 +126,8 @@ def test_row_views_and_segments(case: Any, cuda_backend: Any) -> None:
     rng = np.random.default_rng(3)
     for m in (1, 3, 8, 21):  # 21: the dequantize + cuBLAS path
         x = rng.standard_normal((m, k)).astype(np.float32)
-        check_close(cuda_backend.linear(cp.asarray(x), weight), x, w[rows])
+        got = cuda_backend.linear(cp.asarray(x), weight)
+        check_close(got, x, w[rows], on_tensor_cores(parent, m))
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

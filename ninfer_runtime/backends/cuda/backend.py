@@ -1,12 +1,17 @@
 """The CUDA backend: packed weights read in place by our kernels, CuPy for the glue.
 
-``linear`` is the hot path. For M <= 8 rows (batched decode) it runs the GEMV kernel of the
-weight's layout over each resident segment; for more rows (prefill chunks) it dequantizes the
-weight, a slab of rows at a time, into one reusable float32 scratch buffer and multiplies with
-cuBLAS (TF32 tensor cores unless ``tf32=False``). The decode-step ops (paged attention, the
-GDN step, MoE routing and experts, RMSNorm, RoPE) have kernels of their own, so a decode step
-never waits on the host and is captured once per lane count as a CUDA graph (``graphs.py``);
-prefill-only ops run the shared reference math (``backends/array_ops.py``) on CuPy.
+``linear`` is the hot path. For few rows (batched decode, an expert's share of a prefill
+chunk) it runs the small-M product of the weight's layout over each resident segment
+(``kernels.product``: tensor cores for row_split q4..q8 and bf16 up to 64 rows, the SIMT GEMV
+up to 8 rows for the other layouts); for more rows (prefill chunks) it rounds x to
+bfloat16, dequantizes the weight, a slab of rows at a time, to bfloat16 in one reusable scratch
+buffer (bf16 weights are read in place) and multiplies with ``cublasGemmEx`` on tensor cores,
+accumulating in float32 (``prefill.py``). ``prefill_precision="tf32"`` or ``"float32"`` keeps
+a float32 scratch buffer and ``cp.matmul`` with TF32 or full float32 math. The decode-step ops
+(paged attention, the GDN step, MoE routing and experts, RMSNorm, RoPE) have kernels of their
+own, so a decode step never waits on the host and is captured once per lane count as a CUDA
+graph (``graphs.py``). Prefill attention is a flash-style kernel (``prefill_attention.py``);
+the chunked GDN runs the shared reference math (``backends/array_ops.py``) on CuPy.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from cupy_backends.cuda.libs import cublas
 
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import attention, gdn, glue, kernels, sampling
+from . import attention, gdn, glue, kernels, prefill, sampling
 from . import moe as moe_kernels
 from .graphs import GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
@@ -31,7 +36,7 @@ log = logging.getLogger("ninfer.cuda")
 #: cublasMath_t CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h); CuPy does not export the name
 TF32_TENSOR_OP_MATH = 3
 
-#: bytes of the dequantization scratch buffer (float32 rows of one weight at a time)
+#: bytes of the dequantization scratch buffer (bf16 or float32 rows of one weight at a time)
 SCRATCH_BYTES = 256 << 20
 
 
@@ -39,11 +44,15 @@ class CudaBackend(ops.ReferenceOps):
     name = "cuda"
     xp = cp
 
-    def __init__(self, *, graphs: bool = True, tf32: bool = True) -> None:
+    def __init__(self, *, graphs: bool = True, prefill_precision: str = "bf16") -> None:
         self.residency = Residency(cp)
         self._scratch: Any = None
         self.graphs = graphs
-        # prefill products (M > 8 rows) on TF32 tensor cores: float32 range, 10-bit inputs
+        # prefill products (M > 8 rows): "bf16" (bf16 operands, float32 accumulation), "tf32"
+        # (float32 operands, 10-bit mantissas inside the tensor cores) or "float32"
+        self.prefill_precision = prefill.check_precision(prefill_precision)
+        tf32 = prefill_precision == "tf32"
+        # cuBLAS math mode of the float32 products: TF32 only when asked for
         self._math_mode = TF32_TENSOR_OP_MATH if tf32 else cublas.CUBLAS_DEFAULT_MATH
         # decode graphs run on a blocking stream (ordered after the legacy default stream the
         # rest of the work uses) and allocate from a pool no other work touches
@@ -127,43 +136,78 @@ class CudaBackend(ops.ReferenceOps):
             return out
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         col = 0
+        xb = None  # x as bf16 words, made once for all segments of a bf16 prefill product
         for seg in w.segments:
             y = out[:, col : col + seg.rows]
-            if m <= kernels.MAX_GEMV_ROWS and seg.parent.planes.gemv:
-                self._gemv(x, seg, y, out.shape[1])
+            if m <= kernels.max_rows(seg.parent.planes):
+                self._small_product(x, seg, y, out.shape[1])
             else:
-                self._dequant_matmul(x, seg, y)
+                if xb is None and self.prefill_precision == "bf16":
+                    xb = prefill.to_bf16(x)
+                self._dequant_matmul(x, seg, y, xb)
             col += seg.rows
         return out
 
-    def _gemv(self, x: Array, seg: Segment, y: Array, ldy: int) -> None:
+    def _small_product(self, x: Array, seg: Segment, y: Array, ldy: int) -> None:
         p = seg.parent.planes
         if x.shape[1] != p.x_width or x.data.ptr % 16:
             padded = cp.zeros((x.shape[0], p.x_width), dtype=cp.float32)
             padded[:, : x.shape[1]] = x
             x = padded
-        kernels.gemv(seg.parent.data, p, seg.row0, seg.rows, x, y, ldy)
+        kernels.product(seg.parent.data, p, seg.row0, seg.rows, x, y, ldy)
 
-    def _dequant_matmul(self, x: Array, seg: Segment, y: Array) -> None:
+    def _dequant_matmul(self, x: Array, seg: Segment, y: Array, xb: Array | None = None) -> None:
+        """``y = x · W[seg]ᵀ`` for a prefill-sized x; bf16 products take x as bf16 words
+        (``prefill.to_bf16``), made once per ``linear``."""
         # per call: CuPy keeps one cuBLAS handle per thread, and the engine may step on any
         cublas.setMathMode(cp.cuda.device.get_cublas_handle(), self._math_mode)
-        k = seg.parent.planes.columns
-        slab = max(1, min(seg.rows, SCRATCH_BYTES // (4 * k)))
-        if self._scratch is None or self._scratch.size < slab * k:
-            self._scratch = cp.empty(slab * k, dtype=cp.float32)
+        p = seg.parent.planes
+        k = p.columns
+        bf16 = self.prefill_precision == "bf16"
+        if bf16 and prefill.is_bf16(p):  # the stored rows are the operand as they are
+            prefill.gemm_bf16(prefill.bf16_rows(seg.parent.data, p, seg.row0, seg.rows), xb, y)
+            return
+        dtype = np.dtype(np.uint16 if bf16 else np.float32)
+        slab = max(1, min(seg.rows, SCRATCH_BYTES // (dtype.itemsize * k)))
+        scratch = self._scratch
+        if scratch is None or scratch.dtype != dtype or scratch.size < slab * k:
+            scratch = self._scratch = cp.empty(slab * k, dtype=dtype)
         for a in range(0, seg.rows, slab):
             b = min(a + slab, seg.rows)
-            w = self._scratch[: (b - a) * k].reshape(b - a, k)
+            w = scratch[: (b - a) * k].reshape(b - a, k)
             rows = cp.arange(seg.row0 + a, seg.row0 + b, dtype=cp.int32)
-            kernels.dequant_rows(seg.parent.data, seg.parent.planes, rows, w)
-            y[:, a:b] = cp.matmul(x, w.T)
+            if bf16:
+                prefill.dequant_rows_bf16(seg.parent.data, p, rows, w)
+                prefill.gemm_bf16(w, xb, y[:, a:b])
+            else:
+                kernels.dequant_rows(seg.parent.data, p, rows, w)
+                y[:, a:b] = cp.matmul(x, w.T)
 
     # ---------------------------------------------------------------------------- glue
     def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
         return glue.rms_norm(x, w, eps, offset)
 
+    def add_rms_norm(
+        self, h: Array, delta: Array, w: Array, eps: float, *, offset: float
+    ) -> tuple[Array, Array]:
+        return glue.add_rms_norm(h, delta, w, eps, offset)
+
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         return glue.rope(x, cos, sin)
+
+    def attention(
+        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
+    ) -> Array:
+        from . import prefill_attention as pfa
+
+        if not pfa.supported(q, k_cache, v_cache):
+            return super().attention(q, k_cache, v_cache, start=start, scale=scale)
+        # scores in 3xTF32 either way; float32 prefill makes P.V 3xTF32 too
+        precision = "split" if self.prefill_precision == "float32" else "split_qk"
+        q, k_cache, v_cache = (pfa.kernel_input(a) for a in (q, k_cache, v_cache))
+        return pfa.prefill_attention(
+            q, k_cache, v_cache, start=start, scale=scale, precision=precision
+        )
 
     # ------------------------------------------------------------------ batched decode
     def kv_write(

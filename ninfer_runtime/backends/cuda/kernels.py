@@ -1,6 +1,9 @@
-"""Launchers for the packed-weight kernels: GEMV (M <= 8) and row dequantization.
+"""Launchers for the packed-weight kernels: small-M products and row dequantization.
 
-Kernels are compiled lazily, one family (one ``.cu`` file) at a time, on first use.
+``product`` is the entry point for M <= 64 activation rows: the tensor-core kernel
+(``kernels/gemm_small.cu``) for the layouts it reads (row_split q4/q5/q6/q8, bf16), else the
+SIMT GEMV (``kernels/gemv_*.cu``, M <= 8). Kernels are compiled lazily, one family (one
+``.cu`` file) at a time, on first use.
 """
 
 from __future__ import annotations
@@ -64,7 +67,159 @@ for _family, _kernel in _GEMV_KERNELS.values():
     register_family(_family, [f"{_kernel}<{m}, {r}, {ks}>" for m, r, ks in GEMV_CONFIGS])
 register_family("dequant", [f"dequant_rows<{code}>" for code in sorted(_GEMV_KERNELS)])
 
-__all__ = ["compile_all", "dequant_rows", "gemv"]
+SMALL_FAMILY = "gemm_small"
+_SMALL_KERNELS = {
+    F.Q4: "small_q4",
+    F.Q5: "small_q5",
+    F.Q6: "small_q6",
+    F.Q8: "small_q8",
+    F.BF16: "small_bf16",
+}
+#: weights per group step of each tensor-core layout
+_SMALL_GROUP = {F.Q4: 64, F.Q5: 64, F.Q6: 64, F.Q8: 32, F.BF16: 64}
+#: must match SMALL_WARPS in kernels/gemm_small.cu
+SMALL_WARPS = 4
+MAX_SMALL_ROWS = 64
+#: (R, U) compiled for each count NT of 8-row activation tiles: R 16-row weight tiles per
+#: warp, U groups per loop step; the first is the default
+SMALL_TILES = {
+    1: [(2, 2), (2, 4), (1, 4), (4, 2), (4, 1), (1, 8)],
+    2: [(1, 4), (2, 2)],
+    4: [(1, 2)],
+    8: [(1, 1)],
+}
+#: most K slices a product is split into, and the fewest groups a slice may get
+MAX_SPLIT = 16
+MIN_SPLIT_GROUPS = 2
+#: float32 partial sums the K-split products share (split * M * rows must fit)
+PARTIAL_FLOATS = 4 << 20
+SMALL_CONFIGS = [(nt, r, u) for nt, tiles in SMALL_TILES.items() for r, u in tiles]
+register_family(
+    SMALL_FAMILY,
+    [f"{k}<{nt}, {r}, {u}>" for k in _SMALL_KERNELS.values() for nt, r, u in SMALL_CONFIGS]
+    + [f"{k}_x" for k in _SMALL_KERNELS.values()],
+)
+
+__all__ = ["compile_all", "dequant_rows", "gemv", "product", "small_gemm"]
+
+
+def max_rows(p: F.Planes) -> int:
+    """The most activation rows ``product`` takes for this object (more: dequantize + GEMM)."""
+    if not p.gemv:
+        return 0
+    return MAX_SMALL_ROWS if _small_groups(p) else MAX_GEMV_ROWS
+
+
+def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
+    """``y[m, r] = Σ_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= max_rows(p)``, with
+    the arguments of ``gemv``. One activation row runs the SIMT GEMV, which reads these
+    layouts faster than the tensor-core kernel does today (``benchmarks/gpu_bench.py``);
+    from two rows on, the tensor-core kernel is several times faster."""
+    if _small_groups(p) and x.shape[0] > 1:
+        small_gemm(data, p, row0, rows, x, y, ldy)
+    else:
+        gemv(data, p, row0, rows, x, y, ldy)
+
+
+def _small_groups(p: F.Planes) -> int:
+    """Group steps per row the tensor-core kernel walks, 0 when it cannot read ``p``."""
+    step = _SMALL_GROUP.get(p.code)
+    if step is None or p.x_width % step:
+        return 0
+    return p.x_width // step
+
+
+def _resident(fn: Any, sms: int) -> int:
+    """Blocks of ``fn`` the device runs at once: registers are what limit these kernels
+    (allocated per warp in units of 256)."""
+    per_thread = -(-fn.num_regs // 8) * 8
+    return sms * max(1, min(32, 65536 // (per_thread * SMALL_WARPS * 32)))
+
+
+class _SplitBuffers:
+    """Partial sums and per-block arrival counters of the K-split products (one set per
+    process: products on a device run one after another, and each launch leaves its
+    counters at zero)."""
+
+    partial: Any = None
+    counters: Any = None
+    sms: int = 0
+
+    @classmethod
+    def get(cls) -> tuple[Any, Any, int]:
+        """The partial-sum buffer, the counters, and the device's SM count."""
+        if cls.partial is None:
+            import cupy as cp
+
+            cls.partial = cp.empty(PARTIAL_FLOATS, dtype=cp.float32)
+            cls.counters = cp.zeros(1 << 16, dtype=cp.uint32)
+            cls.sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        return cls.partial, cls.counters, cls.sms
+
+
+def small_gemm(
+    data: Any,
+    p: F.Planes,
+    row0: int,
+    rows: int,
+    x: Any,
+    y: Any,
+    ldy: int,
+    tiles: tuple[int, int] | None = None,
+    split: int | None = None,
+) -> None:
+    """The tensor-core product for ``M = x.shape[0] <= 64`` (arguments as ``gemv``; the
+    layout must have a kernel: ``max_rows(p) == MAX_SMALL_ROWS``). ``tiles`` (R, U: one of
+    ``SMALL_TILES``) and ``split`` (K slices) override the defaults."""
+    m = x.shape[0]
+    nt = 1 << max(0, (m - 1).bit_length() - 3)  # 8-row activation tiles: 1, 2, 4 or 8
+    groups = _small_groups(p)
+    r, u = tiles or SMALL_TILES[nt][0]
+    blocks = -(-rows // (SMALL_WARPS * 16 * r))
+    kernel = _SMALL_KERNELS[p.code]
+    fn = function(SMALL_FAMILY, f"{kernel}<{nt}, {r}, {u}>")
+    partial, counters, sms = _SplitBuffers.get()
+    if split is None:  # K slices to fill the device in one wave (a second, partial wave
+        # would double the time), each slice at least MIN_SPLIT_GROUPS loop steps long
+        split = min(MAX_SPLIT, groups // (MIN_SPLIT_GROUPS * u), _resident(fn, sms) // blocks)
+        split = max(1, min(split, PARTIAL_FLOATS // (m * rows)))
+    if split > 1 and (split * m * rows > PARTIAL_FLOATS or blocks > counters.size):
+        raise ValueError(f"split {split}: partial sums for {m} x {rows} do not fit")
+    xf = _x_fragments(kernel, x, groups, nt)
+    fn(
+        (blocks, split),
+        (SMALL_WARPS * 32,),
+        (
+            data,
+            np.int64(p.off1),
+            np.int64(p.off2),
+            np.int32(p.stride),
+            np.int32(row0),
+            np.int32(rows),
+            np.int32(groups),
+            xf,
+            np.int32(m),
+            y,
+            np.int32(ldy),
+            partial,
+            counters,
+        ),
+    )
+
+
+def _x_fragments(kernel: str, x: Any, groups: int, nt: int) -> Any:
+    """x [M, K] float32 in the kernel's fragment order: 32 bytes per weight column per
+    8-row activation tile (bf16 hi and lo halves)."""
+    import cupy as cp
+
+    threads = groups * nt * 32
+    out = cp.empty(x.shape[1] * nt * 8, dtype=cp.uint32)
+    function(SMALL_FAMILY, f"{kernel}_x")(
+        (-(-threads // 256),),
+        (256,),
+        (x, np.int32(x.shape[1]), np.int32(x.shape[0]), np.int32(groups), np.int32(nt), out),
+    )
+    return out
 
 
 def gemv(

@@ -1,0 +1,380 @@
+// Small-M products on tensor cores: y[m, r] = sum_k x[m, k] W[r, k] for M <= 8 * NT rows of x,
+// reading the packed object in place (row_split q4/q5/q6/q8 and bf16).
+//
+// One mma.sync m16n8k16 multiplies a 16-row x 16-k tile of W (operand A, decoded from the
+// packed codes straight into bf16 fragments) by a 16-k x 8 tile of xᵀ (operand B: eight
+// activation rows). Every code value is an integer of at most 8 bits, exact in bf16; the group
+// scale is applied to the fp32 result of the group's mmas. x is split as x = hi + lo, both
+// bf16, so each product carries ~16 bits of x (error below 2^-16 |x|, far inside bf16
+// tolerance) for two mmas per tile: the tensor pipe has room, the kernel is bound by memory.
+// The split and the k order are done once per product (NAME_x, into fragment order), not by
+// every warp that reads the same x.
+//
+// The sum over k may visit k in any order as long as A and B agree, so each lane's k-slots
+// map to the weights that are cheapest to unpack from the bytes it loaded (F::PERM below).
+// Thread (g, c) of a warp (g = lane / 4, c = lane % 4) owns rows g and g + 8 of each 16-row
+// tile and the c-th quarter ("chunk") of every group; fragment slot i of mma j holds the
+// chunk's weight PERM[j][i] (slots 2c, 2c+1, 2c+8, 2c+9 in the mma's numbering).
+//
+// Work split: a block's 4 warps take 4 consecutive tiles of 16 * R rows, walking U groups per
+// iteration (all their loads issued before the first mma); gridDim.y splits
+// the groups into S contiguous ranges. With S > 1 each block leaves its partial sums in
+// `partial`, and the last block of a row range to finish (a counter per row range) adds the
+// S partials in order: deterministic, and no second launch.
+
+#define SMALL_WARPS 4
+
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) -> bf16x2, round to nearest even; lo in the low half
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ u32 sub_bf16x2(u32 a, u32 b) {
+  u32 r;
+  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// x0, x1 -> (hi, lo) bf16x2 words with x = hi + lo to ~16 bits
+__device__ __forceinline__ void split_pair(float x0, float x1, u32& hi, u32& lo) {
+  hi = pack_bf16(x0, x1);
+  lo = pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xFFFF0000u));
+}
+
+// The offset-binary magic of the bf16 fragments: 0x4300 | u is the bf16 128 + u (u < 128).
+#define BF16_MAGIC2 0x43004300u
+
+// --------------------------------------------------------------------- layout policies
+// A policy F has:
+//   GW               weights per row per group (one scale each), a multiple of 32
+//   Raw              what a thread loads for one (row, group): its chunk of GW / 4 weights
+//   SCALED           whether groups carry a scale
+//   load(raw, a, n, q, c)           chunk c of group q of absolute row n
+//   frag(raw, j, lo, hi)            the two bf16x2 words of mma j: slots (2c, 2c+1), (2c+8, 2c+9)
+//   scale(raw)                      the group scale
+//   perm(j, i)                      chunk weight of slot i (0..3) of mma j
+
+struct SmallArgs {
+  const u8* obj;
+  long long off1;  // row_split: high-bit plane
+  long long off2;  // row_split: group scales
+  int stride;      // row_split: groups per row; bf16: K
+};
+
+// row_split_k128_v1, 4/5/6-bit codes: a group is 64 weights in 32 bytes, a chunk 16 weights
+// (two words: nibble i of word w is weight 8w + i). Pair s of a word is (nibble s, nibble
+// s + 4), which one shift and one mask place in the two halves of a bf16x2 word.
+template <int BITS>
+struct SmallRowSplit {
+  static constexpr int GW = 64;
+  static constexpr bool SCALED = true;
+  struct Raw {
+    uint2 q;
+    u32 h;  // the chunk's high bits (q5: 16 bits, q6: 32 bits)
+    float s;
+  };
+  static __device__ __forceinline__ void load(Raw& r, const SmallArgs& a, long long n, int q,
+                                              int c) {
+    const long long group = n * a.stride + q;
+    r.q = __ldg(reinterpret_cast<const uint2*>(a.obj + group * 32) + c);
+    r.s = f16_to_f32(__ldg(reinterpret_cast<const u16*>(a.obj + a.off2) + group));
+    if (BITS == 5) r.h = __ldg(reinterpret_cast<const u16*>(a.obj + a.off1 + group * 8) + c);
+    if (BITS == 6) r.h = __ldg(reinterpret_cast<const u32*>(a.obj + a.off1 + group * 16) + c);
+  }
+  // pair s (0..3) of word w (0..1): codes (8w + s, 8w + s + 4) as bf16 values
+  static __device__ __forceinline__ u32 pair(const Raw& r, int w, int s) {
+    constexpr u32 top = 1u << (BITS - 1);  // two's complement: flip the sign bit, subtract
+    const u32 word = (w == 0 ? r.q.x : r.q.y) ^ (BITS == 4 ? 0x88888888u : 0u);
+    u32 v = ((word >> (4 * s)) & 0x000F000Fu) | BF16_MAGIC2;
+    if (BITS == 5) {
+      // bits 8w .. 8w+7 of h are the chunk word's high bits; bit s -> 4, bit s+4 -> 20
+      const u32 hb = (r.h >> (8 * w)) ^ 0xFFu;
+      const u32 spread = (hb & 0x0Fu) | ((hb & 0xF0u) << 12);
+      v |= ((spread >> s) & 0x00010001u) << 4;
+    } else if (BITS == 6) {
+      // bits 16w .. 16w+15 of h: two per weight; weight s -> bits 4-5, weight s+4 -> 20-21
+      const u32 hb = (r.h >> (16 * w)) ^ 0xAAAAu;
+      const u32 spread = (hb & 0xFFu) | ((hb & 0xFF00u) << 8);
+      v |= ((spread >> (2 * s)) & 0x00030003u) << 4;
+    }
+    // (128 + (code ^ top)) - (128 + top) = code; 0x4300 + top is the bf16 128 + top
+    constexpr u32 off = 0x4300u + top;
+    return sub_bf16x2(v, off | (off << 16));
+  }
+  static __device__ __forceinline__ void frag(const Raw& r, int j, u32& lo, u32& hi) {
+    lo = pair(r, j >> 1, 2 * (j & 1));
+    hi = pair(r, j >> 1, 2 * (j & 1) + 1);
+  }
+  static __device__ __forceinline__ float scale(const Raw& r) { return r.s; }
+  static __device__ __forceinline__ int perm(int j, int i) {
+    // slots (2c, 2c+1) <- pair 2(j&1), slots (2c+8, 2c+9) <- pair 2(j&1)+1 of word j>>1
+    const int s = 2 * (j & 1) + (i >> 1);
+    return 8 * (j >> 1) + s + 4 * (i & 1);
+  }
+};
+
+// row_split_k128_v1, q8: a group is 32 int8 codes in 32 bytes, a chunk 8 codes (two words);
+// 128 + u needs 8 mantissa bits, so bytes go through float (exact) and pack to bf16.
+struct SmallQ8 {
+  static constexpr int GW = 32;
+  static constexpr bool SCALED = true;
+  struct Raw {
+    uint2 q;
+    float s;
+  };
+  static __device__ __forceinline__ void load(Raw& r, const SmallArgs& a, long long n, int q,
+                                              int c) {
+    const long long group = n * a.stride + q;
+    r.q = __ldg(reinterpret_cast<const uint2*>(a.obj + group * 32) + c);
+    r.s = f16_to_f32(__ldg(reinterpret_cast<const u16*>(a.obj + a.off2) + group));
+  }
+  // bytes (2p, 2p + 1) of word w as bf16 values of the signed codes
+  static __device__ __forceinline__ u32 pair(const Raw& r, int w, int p) {
+    const u32 word = (w == 0 ? r.q.x : r.q.y) ^ 0x80808080u;
+    const float a = magic_byte(word, 2 * p) - (MAGIC_F + 128.f);
+    const float b = magic_byte(word, 2 * p + 1) - (MAGIC_F + 128.f);
+    return pack_bf16(a, b);
+  }
+  static __device__ __forceinline__ void frag(const Raw& r, int j, u32& lo, u32& hi) {
+    lo = pair(r, j, 0);
+    hi = pair(r, j, 1);
+  }
+  static __device__ __forceinline__ float scale(const Raw& r) { return r.s; }
+  static __device__ __forceinline__ int perm(int j, int i) { return 4 * j + i; }
+};
+
+// contiguous bf16 rows (K % 64 == 0): a chunk is 16 weights in two 16-byte loads, no scale.
+struct SmallBf16 {
+  static constexpr int GW = 64;
+  static constexpr bool SCALED = false;
+  struct Raw {
+    uint4 a, b;
+  };
+  static __device__ __forceinline__ void load(Raw& r, const SmallArgs& a, long long n, int q,
+                                              int c) {
+    const uint4* p = reinterpret_cast<const uint4*>(a.obj + (n * a.stride + q * 64LL) * 2) + 2 * c;
+    r.a = __ldg(p);
+    r.b = __ldg(p + 1);
+  }
+  static __device__ __forceinline__ void frag(const Raw& r, int j, u32& lo, u32& hi) {
+    const uint4& u = j < 2 ? r.a : r.b;
+    lo = (j & 1) ? u.z : u.x;
+    hi = (j & 1) ? u.w : u.y;
+  }
+  static __device__ __forceinline__ float scale(const Raw&) { return 1.f; }
+  static __device__ __forceinline__ int perm(int j, int i) { return 4 * j + i; }
+};
+
+// x in fragment order, made once per product by small_x_prep: for group q, activation
+// tile t and lane (g, c), one uint4 per mma j holding the B fragment of row t * 8 + g at the
+// chunk weights PERM[j][0..3] as (hi0, hi1, lo0, lo1): x = hi + lo, both bf16.
+template <class F>
+__device__ __forceinline__ void prep_x(const float* __restrict__ x, int ldx, int m_rows,
+                                       int groups, int nt, uint4* __restrict__ out) {
+  constexpr int CHUNK = F::GW / 4, MMAS = F::GW / 16;
+  const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (id >= (long long)groups * nt * 32) return;
+  const int lane = (int)(id & 31), t = (int)((id >> 5) % nt), q = (int)(id / (32LL * nt));
+  const int m = t * 8 + (lane >> 2), c = lane & 3;
+  float xs[CHUNK];
+  if (m < m_rows) {
+    const float4* src = reinterpret_cast<const float4*>(x + (long long)m * ldx +
+                                                        (long long)q * F::GW + c * CHUNK);
+#pragma unroll
+    for (int i = 0; i < CHUNK / 4; ++i) {
+      const float4 v = __ldg(src + i);
+      xs[4 * i] = v.x; xs[4 * i + 1] = v.y; xs[4 * i + 2] = v.z; xs[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) xs[i] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < MMAS; ++j) {
+    uint4 f;
+    split_pair(xs[F::perm(j, 0)], xs[F::perm(j, 1)], f.x, f.z);
+    split_pair(xs[F::perm(j, 2)], xs[F::perm(j, 3)], f.y, f.w);
+    out[id * MMAS + j] = f;
+  }
+}
+
+// The packed weights of groups q .. q+U-1 (those below q1) for rows n[r][0..1].
+template <class F, int R, int U>
+__device__ __forceinline__ void load_groups(typename F::Raw (&w)[U][R][2], const SmallArgs& a,
+                                            const long long (&n)[R][2], int q, int q1, int c) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (q + u < q1) {
+        F::load(w[u][r][0], a, n[r][0], q + u, c);
+        F::load(w[u][r][1], a, n[r][1], q + u, c);
+      }
+}
+
+// ------------------------------------------------------------------------------ driver
+template <class F, int NT, int R, int U>
+__device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int rows, int groups,
+                                           const uint4* __restrict__ xf, int m_rows,
+                                           float* __restrict__ y, int ldy,
+                                           float* __restrict__ partial,
+                                           unsigned* __restrict__ counters) {
+  constexpr int MMAS = F::GW / 16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int tile0 = (blockIdx.x * SMALL_WARPS + warp) * 16 * R;  // first row of the warp
+
+  // groups of this block's K slice
+  const int per = (groups + gridDim.y - 1) / gridDim.y;
+  const int q0 = blockIdx.y * per, q1 = min(groups, q0 + per);
+
+  long long n[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    n[r][0] = (long long)row0 + min(tile0 + 16 * r + g, rows - 1);
+    n[r][1] = (long long)row0 + min(tile0 + 16 * r + g + 8, rows - 1);
+  }
+  float acc[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
+
+  // U groups per iteration, and the next iteration's loads issued before this one's mmas:
+  // a warp always has the weights of U groups in flight
+  typename F::Raw w[U][R][2], next[U][R][2];
+  if (tile0 < rows) load_groups<F, R, U>(w, a, n, q0, q1, c);
+  for (int q = q0; tile0 < rows && q < q1; q += U) {
+    if (q + U < q1) load_groups<F, R, U>(next, a, n, q + U, q1, c);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (q + u >= q1) break;
+      u32 bh[NT][MMAS][2], bl[NT][MMAS][2];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const uint4* src = xf + (((long long)(q + u) * NT + t) * 32 + lane) * MMAS;
+        const bool live = t * 8 + g < m_rows;
+#pragma unroll
+        for (int j = 0; j < MMAS; ++j) {
+          const uint4 f = live ? __ldg(src + j) : make_uint4(0u, 0u, 0u, 0u);
+          bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = f.z; bl[t][j][1] = f.w;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float part[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < MMAS; ++j) {
+          u32 frag[4];
+          F::frag(w[u][r][0], j, frag[0], frag[2]);  // row g: slots (2c, 2c+1), (2c+8, 2c+9)
+          F::frag(w[u][r][1], j, frag[1], frag[3]);  // row g + 8
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            float* dst = F::SCALED ? part[t] : acc[r][t];
+            mma_bf16(dst, frag, bh[t][j][0], bh[t][j][1]);
+            mma_bf16(dst, frag, bl[t][j][0], bl[t][j][1]);
+          }
+        }
+        if (F::SCALED) {
+          const float s0 = F::scale(w[u][r][0]), s1 = F::scale(w[u][r][1]);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            acc[r][t][0] = fmaf(s0, part[t][0], acc[r][t][0]);
+            acc[r][t][1] = fmaf(s0, part[t][1], acc[r][t][1]);
+            acc[r][t][2] = fmaf(s1, part[t][2], acc[r][t][2]);
+            acc[r][t][3] = fmaf(s1, part[t][3], acc[r][t][3]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        w[u][r][0] = next[u][r][0];
+        w[u][r][1] = next[u][r][1];
+      }
+  }
+
+  // accumulator (i): row g + 8 * (i >> 1) of the tile, activation row t * 8 + 2c + (i & 1)
+  if (gridDim.y == 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = tile0 + 16 * r + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
+          if (row < rows && m < m_rows) y[(long long)m * ldy + row] = acc[r][t][i];
+        }
+    return;
+  }
+  // partial[s][m][row] for this block's rows; the last block of the row range sums them
+  const long long slice = (long long)m_rows * rows;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = tile0 + 16 * r + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
+        if (row < rows && m < m_rows)
+          partial[blockIdx.y * slice + (long long)m * rows + row] = acc[r][t][i];
+      }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int first = blockIdx.x * SMALL_WARPS * 16 * R;
+  const int count = min(rows - first, SMALL_WARPS * 16 * R);
+  for (int e = threadIdx.x; e < count * m_rows; e += blockDim.x) {
+    const int m = e / count, row = first + e % count;
+    float s = 0.f;
+    for (int k = 0; k < (int)gridDim.y; ++k)
+      s += __ldcg(partial + k * slice + (long long)m * rows + row);
+    y[(long long)m * ldy + row] = s;
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
+#define DEFINE_SMALL_GEMM(NAME, POLICY)                                                       \
+  template <int NT, int R, int U>                                                             \
+  __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
+      NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int row0,  \
+           int rows, int groups, const uint4* __restrict__ xf, int m_rows,                    \
+           float* __restrict__ y, int ldy, float* __restrict__ partial,                       \
+           unsigned* __restrict__ counters) {                                                 \
+    SmallArgs a{obj, off1, off2, stride};                                                     \
+    small_gemm<POLICY, NT, R, U>(a, row0, rows, groups, xf, m_rows, y, ldy, partial,          \
+                                 counters);                                                   \
+  }                                                                                           \
+  __global__ void NAME##_x(const float* __restrict__ x, int ldx, int m_rows, int groups,      \
+                           int nt, uint4* __restrict__ out) {                                 \
+    prep_x<POLICY>(x, ldx, m_rows, groups, nt, out);                                          \
+  }
+
+DEFINE_SMALL_GEMM(small_q4, SmallRowSplit<4>)
+DEFINE_SMALL_GEMM(small_q5, SmallRowSplit<5>)
+DEFINE_SMALL_GEMM(small_q6, SmallRowSplit<6>)
+DEFINE_SMALL_GEMM(small_q8, SmallQ8)
+DEFINE_SMALL_GEMM(small_bf16, SmallBf16)

@@ -1,0 +1,94 @@
+"""The tensor-core small-M product (``kernels/gemm_small.cu``) against the numpy decoders.
+
+x is split into two bf16 halves (hi + lo) inside the kernel, so each product carries about 16
+bits of x: the bound is 1e-5 of Σ|x||w| (float32 accumulation alone is ~1e-6). Sizes are
+awkward on purpose: rows not a multiple of the 64-row warp tile, K not a multiple of 128 (the
+row_split padding), activation counts on both sides of each 8-row tile, K split into slices
+whose partial sums the last block adds (run twice: the sums must be bit-identical).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends.cuda import kernels
+
+from .conftest import REPORT, requires_gpu
+from .test_kernels import RS, case_id, make_weight
+
+pytestmark = requires_gpu
+
+CASES = [
+    ("q4_g64_fp16", RS, (300, 200), 1),
+    ("q5_g64_fp16", RS, (300, 200), 1),
+    ("q6_g64_fp16", RS, (300, 200), 1),
+    ("q8_g32_fp16", RS, (300, 200), 1),
+    ("q4_g64_fp16", RS, (77, 1000), 1),
+    ("q5_g64_fp16", RS, (1030, 520), 1),
+    ("q8_g32_fp16", RS, (77, 1000), 1),
+    ("bf16", "contiguous_le_v1", (300, 256), 1),
+    ("bf16", "contiguous_le_v1", (70, 192), 1),
+]
+TC_BOUND = 1e-5
+
+
+def check(got: Any, x: np.ndarray, w: np.ndarray) -> float:
+    import cupy as cp
+
+    got = cp.asnumpy(got).astype(np.float64)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = TC_BOUND * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T) + 1e-30
+    assert np.all(np.isfinite(got))
+    ratio = np.max(np.abs(got - ref) / bound)
+    assert ratio <= 1.0, f"error {ratio:.2f}x the bound"
+    return float(np.max(np.abs(got - ref) / (np.abs(ref).max() + 1e-30)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_every_tile_and_split(case: Any) -> None:
+    import cupy as cp
+
+    parent, w = make_weight(case, seed=7)
+    p = parent.planes
+    assert kernels.max_rows(p) == kernels.MAX_SMALL_ROWS
+    n, k = case[2]
+    rng = np.random.default_rng(8)
+    worst = 0.0
+    for m in (1, 2, 5, 8, 9, 16, 23, 33, 64):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        padded = cp.zeros((m, p.x_width), dtype=cp.float32)
+        padded[:, :k] = cp.asarray(x)
+        nt = 1 << max(0, (m - 1).bit_length() - 3)
+        for tiles in kernels.SMALL_TILES[nt]:
+            for split in (1, 3, None):
+                y = cp.full((m, n), np.nan, dtype=cp.float32)
+                kernels.small_gemm(parent.data, p, 0, n, padded, y, n, tiles, split)
+                worst = max(worst, check(y, x, w))
+                again = cp.full((m, n), np.nan, dtype=cp.float32)
+                kernels.small_gemm(parent.data, p, 0, n, padded, again, n, tiles, split)
+                same = cp.array_equal(y, again)
+                assert same, f"M={m} (R, U)={tiles} split={split}: not deterministic"
+    REPORT.append((case_id(case), "tensor-core M=1..64 max rel err", f"{worst:.2e}"))
+
+
+@pytest.mark.parametrize("case", CASES[:1] + CASES[-2:-1], ids=case_id)
+def test_row_range_into_a_wider_output(case: Any) -> None:
+    """Rows row0 .. row0+rows of the object land in a column slice of a wider output."""
+    import cupy as cp
+
+    parent, w = make_weight(case, seed=9)
+    p = parent.planes
+    n, k = case[2]
+    row0, rows, width, col = 37, n - 50, n + 11, 5
+    for m in (1, 8, 12):
+        x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+        padded = cp.zeros((m, p.x_width), dtype=cp.float32)
+        padded[:, :k] = cp.asarray(x)
+        out = cp.full((m, width), 7.0, dtype=cp.float32)
+        kernels.small_gemm(parent.data, p, row0, rows, padded, out[:, col:], width)
+        check(out[:, col : col + rows], x, w[row0 : row0 + rows])
+        untouched = cp.asnumpy(out)
+        assert (untouched[:, :col] == 7).all() and (untouched[:, col + rows :] == 7).all()
