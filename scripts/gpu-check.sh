@@ -9,7 +9,7 @@ export NINFER_KERNEL_CACHE=$PWD/.kcache
 OUT=${OUT:-/tmp/ninfer-gpu-check}
 mkdir -p "$OUT"
 python3 scripts/warm_kernels.py
-timeout 240 python3 -m pytest -q tests/gpu -p no:cacheprovider --tb=short >"$OUT/gpu-tests.txt" 2>&1
+timeout 300 python3 -m pytest -q tests/gpu -p no:cacheprovider --tb=short >"$OUT/gpu-tests.txt" 2>&1
 grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
 [ "${BENCH:-1}" = 1 ] || exit 0
 for shape in qwen3_6_27b:27 qwen3_6_35b_a3b:35; do

@@ -127,7 +127,8 @@ def run_case(
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.isfinite(got).all()
     err = np.abs(got - want).max() / np.abs(want).max()
-    assert err <= 1e-5, f"max error {err:.3g} of the output scale"
+    # float32 sums in another order (split-K partials, online softmax): ~1e-5 of the scale
+    assert err <= 3e-5, f"max error {err:.3g} of the output scale"
 
 
 @pytest.mark.parametrize("kv", KINDS)

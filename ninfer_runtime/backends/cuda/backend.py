@@ -158,12 +158,14 @@ class CudaBackend(ops.ReferenceOps):
 
     def _dequant_matmul(self, x: Array, seg: Segment, y: Array, xb: Array | None = None) -> None:
         """``y = x · W[seg]ᵀ`` for a prefill-sized x; bf16 products take x as bf16 words
-        (``prefill.to_bf16``), made once per ``linear``."""
+        (``prefill.to_bf16``; ``linear`` makes them once for all segments)."""
         # per call: CuPy keeps one cuBLAS handle per thread, and the engine may step on any
         cublas.setMathMode(cp.cuda.device.get_cublas_handle(), self._math_mode)
         p = seg.parent.planes
         k = p.columns
         bf16 = self.prefill_precision == "bf16"
+        if bf16 and xb is None:
+            xb = prefill.to_bf16(x)
         if bf16 and prefill.is_bf16(p):  # the stored rows are the operand as they are
             prefill.gemm_bf16(prefill.bf16_rows(seg.parent.data, p, seg.row0, seg.rows), xb, y)
             return

@@ -129,10 +129,17 @@ def _small_groups(p: F.Planes) -> int:
     return p.x_width // step
 
 
+#: CUfunction_attribute CU_FUNC_ATTRIBUTE_NUM_REGS (cuda.h)
+FUNC_ATTRIBUTE_NUM_REGS = 4
+
+
 def _resident(fn: Any, sms: int) -> int:
     """Blocks of ``fn`` the device runs at once: registers are what limit these kernels
     (allocated per warp in units of 256)."""
-    per_thread = -(-fn.num_regs // 8) * 8
+    import cupy as cp
+
+    regs = cp.cuda.driver.funcGetAttribute(FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
+    per_thread = -(-regs // 8) * 8
     return sms * max(1, min(32, 65536 // (per_thread * SMALL_WARPS * 32)))
 
 

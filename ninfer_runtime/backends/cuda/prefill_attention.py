@@ -102,10 +102,16 @@ _SMS: list[int] = []
 _SMEM_SET: set[str] = set()
 
 
+#: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h)
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED = 8
+
+
 def _kernel(name: str, shared: int) -> Any:
+    import cupy as cp
+
     fn = function(FAMILY, name)
-    if name not in _SMEM_SET:
-        fn.max_dynamic_shared_size_bytes = shared  # above the 48 KB default
+    if name not in _SMEM_SET:  # above the 48 KB a launch may take by default
+        cp.cuda.driver.funcSetAttribute(fn.ptr, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared)
         _SMEM_SET.add(name)
     return fn
 
