@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from ninfer_format.numeric import bf16_to_f32, f32_to_bf16
-from ninfer_runtime.backends.cuda import prefill
+from ninfer_runtime.backends.cuda import kernels, prefill
 
 from .conftest import REPORT, requires_gpu
 from .test_kernels import make_weight
@@ -202,8 +202,8 @@ def test_bf16_product(case: Any, bf16_backend: Any) -> None:
     worst_tight, worst_rel = 0.0, 0.0
     for m in ROWS:
         x = (rng.standard_normal((m, k)) * np.exp(rng.uniform(-2, 2, (m, 1)))).astype(np.float32)
-        if m <= 8 and parent.planes.gemv:
-            # the GEMV serves these rows in linear: call the product directly
+        if m <= kernels.max_rows(parent.planes):
+            # a small-M kernel serves these rows in linear: call the product directly
             y = cp.empty((m, n), dtype=cp.float32)
             bf16_backend._dequant_matmul(cp.asarray(x), Segment(parent, 0, n), y)
         else:
@@ -248,7 +248,8 @@ def test_slabs_and_segments(case: Any, bf16_backend: Any, monkeypatch: pytest.Mo
     a, b = (37, min(100, n - 40)), (n - 40, 40)
     weight = PackedWeight([Segment(parent, *b), Segment(parent, *a)], (a[1] + b[1], k))
     rows = np.r_[np.arange(b[0], b[0] + b[1]), np.arange(a[0], a[0] + a[1])]
-    x = np.random.default_rng(14).standard_normal((45, k)).astype(np.float32)
+    rows_x = kernels.MAX_SMALL_ROWS + 6  # past every small-M kernel
+    x = np.random.default_rng(14).standard_normal((rows_x, k)).astype(np.float32)
     check_product(bf16_backend.linear(cp.asarray(x), weight), x, w[rows])
 
 
@@ -264,7 +265,8 @@ def test_float32_scratch_modes(precision: str) -> None:
     backend = CudaBackend(prefill_precision=precision)
     parent, w = make_weight(CASES[0], seed=15)
     n, k = CASES[0][2]
-    x = np.random.default_rng(16).standard_normal((21, k)).astype(np.float32)
+    x = np.random.default_rng(16).standard_normal((kernels.MAX_SMALL_ROWS + 6, k))
+    x = x.astype(np.float32)
     got = cp.asnumpy(backend.linear(cp.asarray(x), PackedWeight([Segment(parent, 0, n)], (n, k))))
     rel = 2e-6 if precision == "float32" else 2e-3  # TF32: inputs to 10 mantissa bits
     assert ratio(got, x.astype(np.float64) @ w.astype(np.float64).T, x, w, rel) <= 1.0
