@@ -1,6 +1,6 @@
 """The bf16 prefill product (``backends/cuda/prefill.py``) against numpy oracles.
 
-* the operands are exact: ``to_bf16`` and ``dequant_rows_bf16`` give, bit for bit,
+* the operands are exact: ``to_bf16`` and ``kernels.dequant_rows`` into uint16 give, bit for bit,
   ``ninfer_format.numeric.f32_to_bf16`` of x and of the numpy decoder's weights;
 * the product is the float64 product of those bf16 operands within float32 accumulation
   error (a tight bound), and the float32 product within bf16 rounding of the inputs;
@@ -180,7 +180,7 @@ def test_dequant_rows_bf16_is_bit_exact(case: Any) -> None:
     n, k = case[2]
     rows = np.array([n - 1, 0, 5, 5, n // 2, *range(17, min(n, 60))], dtype=np.int32)
     out = cp.empty((len(rows), k), dtype=cp.uint16)
-    prefill.dequant_rows_bf16(parent.data, parent.planes, cp.asarray(rows), out)
+    kernels.dequant_rows(parent.data, parent.planes, cp.asarray(rows), out)
     assert np.array_equal(cp.asnumpy(out), f32_to_bf16(w[rows]))
     if prefill.is_bf16(parent.planes):
         view = prefill.bf16_rows(parent.data, parent.planes, 37, n - 40)

@@ -110,7 +110,8 @@ class CudaBackend(ops.ReferenceOps):
             start = 0
             for seg in weight.segments:
                 rows = cp.arange(seg.row0, seg.row0 + seg.rows, dtype=cp.int32)
-                kernels.dequant_rows(seg.parent.data, seg.parent.planes, rows, out[start:])
+                view = out[start : start + seg.rows]
+                kernels.dequant_rows(seg.parent.data, seg.parent.planes, rows, view)
                 start += seg.rows
             weight.dense = out
         return weight.dense
@@ -178,11 +179,10 @@ class CudaBackend(ops.ReferenceOps):
             b = min(a + slab, seg.rows)
             w = scratch[: (b - a) * k].reshape(b - a, k)
             rows = cp.arange(seg.row0 + a, seg.row0 + b, dtype=cp.int32)
+            kernels.dequant_rows(seg.parent.data, p, rows, w)
             if bf16:
-                prefill.dequant_rows_bf16(seg.parent.data, p, rows, w)
                 prefill.gemm_bf16(w, xb, y[:, a:b])
             else:
-                kernels.dequant_rows(seg.parent.data, p, rows, w)
                 y[:, a:b] = cp.matmul(x, w.T)
 
     # ---------------------------------------------------------------------------- glue

@@ -65,7 +65,11 @@ GEMV_CONFIGS = sorted(
 )
 for _family, _kernel in _GEMV_KERNELS.values():
     register_family(_family, [f"{_kernel}<{m}, {r}, {ks}>" for m, r, ks in GEMV_CONFIGS])
-register_family("dequant", [f"dequant_rows<{code}>" for code in sorted(_GEMV_KERNELS)])
+#: dequantization kernel by output dtype: float32 values, or bf16 words
+_DEQUANT_KERNELS = {np.dtype(np.float32): "dequant_rows", np.dtype(np.uint16): "dequant_rows_bf16"}
+register_family(
+    "dequant", [f"{k}<{code}>" for k in _DEQUANT_KERNELS.values() for code in sorted(_GEMV_KERNELS)]
+)
 
 SMALL_FAMILY = "gemm_small"
 _SMALL_KERNELS = {
@@ -275,15 +279,21 @@ def gemv(
 
 
 def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
-    """``out[i, :] = W[rows[i], :]`` as float32 (rows: int32 device array of absolute rows;
-    out: C-contiguous float32 ``[len(rows), p.columns]``)."""
+    """``out[i, :] = W[rows[i], :]`` (rows: int32 device array of absolute rows; out:
+    C-contiguous ``[len(rows), p.columns]``, float32, or uint16 for bf16 words: the float32
+    values rounded to nearest even)."""
     n = int(rows.shape[0])
     if n == 0:
         return
+    kernel = _DEQUANT_KERNELS.get(np.dtype(out.dtype))
+    if kernel is None or tuple(out.shape) != (n, p.columns) or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out: {out.dtype} {out.shape}, expected float32 or uint16 {(n, p.columns)}"
+        )
     total = n * p.columns
     threads = 256
     grid = min((total + threads - 1) // threads, 65535 * 8)
-    function("dequant", f"dequant_rows<{p.code}>")(
+    function("dequant", f"{kernel}<{p.code}>")(
         (grid,),
         (threads,),
         (

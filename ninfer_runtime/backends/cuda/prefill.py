@@ -1,10 +1,10 @@
-"""Prefill products (M > 8 activation rows) in bfloat16 on tensor cores.
+"""Prefill products (more rows than the small-M kernels take) in bfloat16 on tensor cores.
 
-``CudaBackend.linear`` hands each weight segment that no GEMV serves to
+``CudaBackend.linear`` hands each weight segment that no small-M kernel serves to
 ``CudaBackend._dequant_matmul``. With ``prefill_precision="bf16"`` (the default) that
 
 1. rounds the activations x [M, K] (float32) to bfloat16 words once (``to_bf16``);
-2. dequantizes a slab of weight rows straight to bfloat16 words (``dequant_rows_bf16``; bf16
+2. dequantizes a slab of weight rows straight to bfloat16 words (``kernels.dequant_rows``; bf16
    weights need no copy: their stored rows are the operand, ``bf16_rows``);
 3. multiplies with ``gemm_bf16``: one ``cublasGemmEx`` (A/B ``CUDA_R_16BF``, C ``CUDA_R_32F``,
    ``CUBLAS_COMPUTE_32F``, default algorithm) writing float32 into the output's column slice.
@@ -50,10 +50,7 @@ THREADS = 256
 #: grid cap of the grid-stride element loops
 MAX_BLOCKS = 65535 * 8
 
-register_family(
-    "dequant",
-    [f"dequant_rows_bf16<{code}>" for code in sorted(F.PACKED.values())] + ["f32_to_bf16"],
-)
+register_family("dequant", ["f32_to_bf16"])
 
 # alpha = 1, beta = 0 as host scalars (CUBLAS_POINTER_MODE_HOST reads them during the call)
 _ONE = np.ones(1, dtype=np.float32)
@@ -96,32 +93,6 @@ def to_bf16(x: Any, out: Any = None) -> Any:
     if x.size:
         function("dequant", "f32_to_bf16")((_grid(x.size),), (THREADS,), (x, np.int64(x.size), out))
     return out
-
-
-def dequant_rows_bf16(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
-    """``out[i, :] = bf16(W[rows[i], :])`` (rows: int32 device array of absolute rows; out:
-    C-contiguous uint16 ``[len(rows), p.columns]``): the float32 value ``kernels.dequant_rows``
-    gives, rounded to nearest even."""
-    n = int(rows.shape[0])
-    if n == 0:
-        return
-    if out.dtype != np.uint16 or tuple(out.shape) != (n, p.columns) or not out.flags.c_contiguous:
-        raise ValueError(f"out: {out.dtype} {out.shape}, expected uint16 {(n, p.columns)}")
-    function("dequant", f"dequant_rows_bf16<{p.code}>")(
-        (_grid(n * p.columns),),
-        (THREADS,),
-        (
-            data,
-            np.int64(p.off1),
-            np.int64(p.off2),
-            np.int32(p.stride),
-            np.int32(p.rows_per_divisor),
-            rows,
-            np.int32(n),
-            np.int32(p.columns),
-            out,
-        ),
-    )
 
 
 def is_bf16(p: F.Planes) -> bool:
@@ -217,7 +188,6 @@ __all__ = [
     "PRECISIONS",
     "bf16_rows",
     "check_precision",
-    "dequant_rows_bf16",
     "gemm_bf16",
     "gemm_operands",
     "is_bf16",
