@@ -190,6 +190,7 @@ class EngineLoop:
         self._streams: dict[str, RequestStream] = {}
         self._admitted = 0  # tickets not yet released (preparing, waiting or running)
         self._free_lanes = max_concurrency
+        self._engine_lanes = 0  # requests the engine runs (a lane and their context pages)
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._loaded = asyncio.Event()
         self.on_loaded: Callable[[Engine | None, str | None], None] | None = None
@@ -319,7 +320,7 @@ class EngineLoop:
         self._gauges()
 
     def _gauges(self) -> None:
-        self.metrics.set_queue(self.running, self.waiting)
+        self.metrics.set_queue(self.running, self.waiting, min(self._engine_lanes, self._admitted))
 
     # -- requests (asyncio side) ----------------------------------------------------------------
 
@@ -339,7 +340,9 @@ class EngineLoop:
             self._commands.put(_Cancel(request_id))
 
     def _dispatch(self, batch: dict[str, Chunk], lanes: int, context_usage: float) -> None:
+        self._engine_lanes = lanes
         self.metrics.set_lanes(lanes, context_usage)
+        self._gauges()
         for rid, chunk in batch.items():
             stream = self._streams.get(rid)
             if stream is None:

@@ -240,11 +240,14 @@ class Metrics:
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)
 
-    def set_queue(self, running: int, waiting: int) -> None:
+    def set_queue(self, running: int, waiting: int, scheduled: int) -> None:
+        """``running``/``waiting``: requests holding a server lane / admitted without one;
+        ``scheduled``: those the engine runs. vLLM's gauges count what the engine runs, so a
+        request whose lane waits for context-pool pages is waiting there."""
         self.running.set(running)
         self.waiting.set(waiting)
-        self.v_running.set(running)
-        self.v_waiting.set(waiting)
+        self.v_running.set(scheduled)
+        self.v_waiting.set(running + waiting - scheduled)
 
     def set_lanes(self, lanes: int, context_usage: float) -> None:
         self.lanes.set(lanes)

@@ -1,0 +1,70 @@
+"""A request that holds a server lane while the engine waits for context-pool pages.
+
+Two lanes, and a context pool with pages for one long request but not two: the second long
+request gets a lane from the server yet waits inside the engine. vLLM's gauges must show it
+as waiting (the engine runs one request), the server's own lane gauge as running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from ninfer_runtime.models import load_model
+from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+from .conftest import Server, metric, start_server, wait_for
+from .test_admission import LONG, Long, idle
+
+LANES = 2
+
+
+def one_long_request_of_capacity(artifact) -> int:
+    """Bytes of a pool with LANES slots and pages for one LONG request, not two."""
+    specs, mtp = load_model(artifact).state_specs()
+    page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS, "float32")
+    slot = ContextPool.slot_bytes_of(specs)
+    pages_one = -(-(LONG["max_tokens"] + 64) // PAGE_TOKENS)  # + a generous prompt
+    return LANES * slot + (pages_one + pages_one // 2) * page
+
+
+@pytest.fixture(scope="module")
+def server(artifact) -> Iterator[Server]:
+    yield from start_server(
+        artifact,
+        "--max-concurrency", str(LANES),
+        "--context-capacity", str(one_long_request_of_capacity(artifact)),
+        "--max-context", "8192",
+    )  # fmt: skip
+
+
+def test_waiting_for_pages_counts_as_waiting(server):
+    first = Long(server.url)
+    second = None
+    try:
+        assert metric(server.url, "vllm:num_requests_running") == 1
+        # the second holds the other server lane but no pages: it produces nothing yet
+        second_client = httpx.Client(timeout=30)
+        cm = second_client.stream("POST", server.url + "/v1/chat/completions", json=LONG)
+        second = (second_client, cm, cm.__enter__())
+
+        def queued() -> bool:
+            return (
+                metric(server.url, "ninfer_requests_running") == 2
+                and metric(server.url, "vllm:num_requests_running") == 1
+                and metric(server.url, "vllm:num_requests_waiting") == 1
+            )
+
+        assert wait_for(queued, timeout=5)
+        assert metric(server.url, "ninfer_lanes_in_use") == 1
+    finally:
+        first.close()
+        if second is not None:
+            client, cm, _ = second
+            cm.__exit__(None, None, None)
+            client.close()
+    assert wait_for(lambda: idle(server.url), timeout=5)
+    assert metric(server.url, "vllm:num_requests_running") == 0
+    assert metric(server.url, "vllm:num_requests_waiting") == 0
