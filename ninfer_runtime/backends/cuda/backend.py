@@ -48,8 +48,9 @@ class CudaBackend(ops.ReferenceOps):
         self.residency = Residency(cp)
         self._scratch: Any = None
         self.graphs = graphs
-        # prefill products (M > 8 rows): "bf16" (bf16 operands, float32 accumulation), "tf32"
-        # (float32 operands, 10-bit mantissas inside the tensor cores) or "float32"
+        # prefill products (rows past the small-M kernels): "bf16" (bf16 operands, float32
+        # accumulation), "tf32" (float32 operands, 10-bit mantissas inside the tensor cores)
+        # or "float32"
         self.prefill_precision = prefill.check_precision(prefill_precision)
         tf32 = prefill_precision == "tf32"
         # cuBLAS math mode of the float32 products: TF32 only when asked for
