@@ -1,6 +1,7 @@
 """GEMV kernels of the CUDA backend against the memory-bandwidth floor of the device.
 
     python benchmarks/gpu_bench.py [--json OUT.json] [--formats q4_g64_fp16,...] [--tune simt|small]
+        [--shapes 8192x2048,...] [--rows 1,2,4,8]
 
 For each packed layout: a random object of the MLP shapes of a 27B-class model
 ([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1 and M = 8 activation rows,
@@ -197,18 +198,24 @@ def tune_small(copy_bps: float) -> list[dict]:
     return rows
 
 
-def bench(copy_bps: float, formats: list[str] | None) -> list[dict]:
+def bench(
+    copy_bps: float,
+    formats: list[str] | None,
+    shapes: list[tuple[int, int]] = SHAPES,
+    activation_rows: tuple[int, ...] = (1, 8),
+) -> list[dict]:
     rows = []
     for fmt, layout in LAYOUTS:
         if formats and fmt not in formats:
             continue
-        for shape in SHAPES:
+        for shape in shapes:
             copies, p = _copies(fmt, layout, shape)
             first = copies[0]
             kinds = {"product": kernels.product}
             if kernels.max_rows(p) > kernels.MAX_GEMV_ROWS:  # the tensor-core kernel vs SIMT
                 kinds["simt"] = kernels.gemv
-            for (kind, fn), m in itertools.product(kinds.items(), (1, 8)):
+                kinds["tc"] = kernels.small_gemm
+            for (kind, fn), m in itertools.product(kinds.items(), activation_rows):
                 x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
                 n = shape[0]
@@ -245,7 +252,13 @@ def main() -> None:
     parser.add_argument(
         "--tune", choices=["simt", "small"], help="also compare the tile choices of a kernel"
     )
+    parser.add_argument("--shapes", help="weight shapes ROWSxK,... (default: the 27B MLP's)")
+    parser.add_argument("--rows", default="1,8", help="activation row counts M (default 1,8)")
     args = parser.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    activation_rows = tuple(int(m) for m in args.rows.split(","))
     start = time.perf_counter()
     kernels.compile_all()
     compile_s = time.perf_counter() - start
@@ -254,7 +267,8 @@ def main() -> None:
     print(f"device {dev['name'].decode()}, kernels ready in {compile_s:.1f} s")
     detail = ", ".join(f"{name} {bps / 1e9:.0f}" for name, bps in ways.items())
     print(f"device-to-device copy: {copy_bps / 1e9:.0f} GB/s read + write ({detail})")
-    rows = bench(copy_bps, args.formats.split(",") if args.formats else None)
+    formats = args.formats.split(",") if args.formats else None
+    rows = bench(copy_bps, formats, shapes, activation_rows)
     tuning = {"simt": tune, "small": tune_small}[args.tune](copy_bps) if args.tune else []
     if args.json:
         with open(args.json, "w") as fh:

@@ -1,0 +1,34 @@
+"""Launch one small-M product repeatedly, for a kernel profiler to look at.
+
+    ncu --set full -k regex:gemv -s 5 -c 1 python benchmarks/profile_product.py \\
+        q4_g64_fp16 5120x17408 1 simt
+
+KIND is ``simt`` (the SIMT GEMV), ``tc`` (the tensor-core kernel) or ``product`` (what the
+backend picks). The weights are random valid bytes (``gpu_bench.random_object``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cupy as cp
+from gpu_bench import LAYOUTS, random_object
+
+from ninfer_runtime.backends.cuda import kernels
+
+KINDS = {"simt": kernels.gemv, "tc": kernels.small_gemm, "product": kernels.product}
+
+
+def main() -> None:
+    fmt, shape_text, m_text, kind = sys.argv[1:5]
+    shape = tuple(int(v) for v in shape_text.split("x"))
+    data, p = random_object(fmt, dict(LAYOUTS)[fmt], shape)
+    x = cp.random.standard_normal((int(m_text), p.x_width), dtype=cp.float32)
+    y = cp.empty((x.shape[0], shape[0]), dtype=cp.float32)
+    for _ in range(10):
+        KINDS[kind](data, p, 0, shape[0], x, y, shape[0])
+    cp.cuda.Device().synchronize()
+
+
+if __name__ == "__main__":
+    main()
