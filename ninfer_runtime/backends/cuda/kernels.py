@@ -116,13 +116,38 @@ def max_rows(p: F.Planes) -> int:
 
 def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
     """``y[m, r] = Σ_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= max_rows(p)``, with
-    the arguments of ``gemv``. One activation row runs the SIMT GEMV, which reads these
-    layouts faster than the tensor-core kernel does today (``benchmarks/gpu_bench.py``);
-    from two rows on, the tensor-core kernel is several times faster."""
-    if _small_groups(p) and x.shape[0] > 1:
+    the arguments of ``gemv``: the tensor-core kernel where ``uses_tensor_cores`` says it is
+    the faster one, else the SIMT GEMV."""
+    if uses_tensor_cores(p, rows, x.shape[0]):
         small_gemm(data, p, row0, rows, x, y, ldy)
     else:
         gemv(data, p, row0, rows, x, y, ldy)
+
+
+#: (fewest activation rows M, fewest weights rows x K) from which the tensor-core kernel
+#: beats the SIMT GEMV, per layout. The tensor-core kernel costs a few microseconds more per
+#: call (an x-fragment pass, the K-split sum) and barely slows down with M; the GEMV's time
+#: grows with M, more slowly for q8 and bf16, which it decodes cheaply. One row always runs
+#: the GEMV. Measured on the H200: `benchmarks/gpu_bench.py --rows 1,2,4,8 --shapes ...`
+#: (docs/performance.md, "Choosing the small-M kernel").
+TENSOR_CORES_FROM = {
+    F.Q4: ((2, 30_000_000), (4, 4_000_000)),
+    F.Q5: ((2, 40_000_000), (4, 4_000_000)),
+    F.Q6: ((2, 30_000_000), (4, 4_000_000)),
+    F.Q8: ((5, 16_000_000),),
+    F.BF16: ((4, 32_000_000), (8, 16_000_000)),
+}
+
+
+def uses_tensor_cores(p: F.Planes, rows: int, m: int) -> bool:
+    """Whether ``product`` runs ``rows`` rows of ``p`` for ``m`` activation rows on the
+    tensor-core kernel (always beyond ``MAX_GEMV_ROWS``, which the GEMV does not take)."""
+    if not _small_groups(p):
+        return False
+    if m > MAX_GEMV_ROWS:
+        return True
+    weights = rows * p.columns
+    return any(m >= m_min and weights >= w_min for m_min, w_min in TENSOR_CORES_FROM[p.code])
 
 
 def _small_groups(p: F.Planes) -> int:

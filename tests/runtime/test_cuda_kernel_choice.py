@@ -1,0 +1,49 @@
+"""Which small-M kernel ``kernels.product`` picks (plain Python: no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer_runtime.backends.cuda import formats as F
+from ninfer_runtime.backends.cuda import kernels
+
+ROW_SPLIT = "row_split_k128_v1"
+
+
+def planes(fmt: str, shape: tuple[int, int]) -> F.Planes:
+    layout = "contiguous_le_v1" if fmt == "bf16" else ROW_SPLIT
+    return F.planes(fmt, layout, shape)
+
+
+@pytest.mark.parametrize("fmt", ["q4_g64_fp16", "q5_g64_fp16", "q8_g32_fp16", "bf16"])
+def test_one_row_always_runs_the_gemv(fmt: str) -> None:
+    p = planes(fmt, (34816, 5120))
+    assert not kernels.uses_tensor_cores(p, 34816, 1)
+
+
+def test_large_4_bit_products_use_tensor_cores_from_two_rows() -> None:
+    p = planes("q4_g64_fp16", (34816, 5120))  # a 27B MLP gate|up
+    assert kernels.uses_tensor_cores(p, 34816, 2)
+
+
+def test_small_products_stay_on_the_gemv() -> None:
+    shared_expert = planes("q8_g32_fp16", (1024, 2048))  # 35B-A3B shared expert gate|up
+    assert not any(kernels.uses_tensor_cores(shared_expert, 1024, m) for m in range(1, 9))
+    router = planes("bf16", (256, 2048))
+    assert not any(kernels.uses_tensor_cores(router, 256, m) for m in range(1, 9))
+
+
+def test_rows_of_a_slice_count_not_the_whole_object() -> None:
+    p = planes("q4_g64_fp16", (34816, 5120))
+    assert kernels.uses_tensor_cores(p, 34816, 2)
+    assert not kernels.uses_tensor_cores(p, 512, 2)
+
+
+def test_beyond_the_gemv_rows_only_the_tensor_core_kernel_runs() -> None:
+    p = planes("q8_g32_fp16", (1024, 2048))
+    assert kernels.uses_tensor_cores(p, 1024, kernels.MAX_GEMV_ROWS + 1)
+
+
+def test_layouts_without_a_tensor_core_kernel_never_use_it() -> None:
+    p = planes("nf4_g64_fp16", (34816, 5120))
+    assert not any(kernels.uses_tensor_cores(p, 34816, m) for m in range(1, 9))
