@@ -214,7 +214,7 @@ def test_moe_decode_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> Non
     from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_decode
 
     gpu_w, cpu_w = random_moe(fmt, fused)
-    table = ExpertTable(gpu_w)
+    table = ExpertTable(gpu_w, cuda_backend.join_rows)
     assert table.fused == fused
     rng = np.random.default_rng(1)
     for n in range(1, 9):
@@ -238,7 +238,7 @@ def test_expert_table_rejects_unreadable_experts(cuda_backend: Any) -> None:
         TOP_K,
     )
     with pytest.raises(ExpertTableError):
-        ExpertTable(bad)
+        ExpertTable(bad, cuda_backend.join_rows)
     other, _ = random_moe("bf16", fused=False)  # one expert of another format
     mixed = MoeWeights(
         gpu_w.router,
@@ -248,7 +248,7 @@ def test_expert_table_rejects_unreadable_experts(cuda_backend: Any) -> None:
         TOP_K,
     )
     with pytest.raises(ExpertTableError):
-        ExpertTable(mixed)
+        ExpertTable(mixed, cuda_backend.join_rows)
 
 
 def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
@@ -257,7 +257,7 @@ def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
     from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_decode
 
     gpu_w, cpu_w = random_moe("q8_g32_fp16", fused=True, seed=3)
-    table = ExpertTable(gpu_w)
+    table = ExpertTable(gpu_w, cuda_backend.join_rows)
     n = 4
     rng = np.random.default_rng(4)
     s = cp.cuda.Stream(non_blocking=True)

@@ -271,7 +271,7 @@ class CudaBackend(ops.ReferenceOps):
         key = id(weights)
         if key not in self._expert_tables:
             try:
-                self._expert_tables[key] = moe_kernels.ExpertTable(weights)
+                self._expert_tables[key] = moe_kernels.ExpertTable(weights, self.join_rows)
             except moe_kernels.ExpertTableError as exc:
                 log.info("MoE layer without the expert GEMV (%s): top-k read back", exc)
                 self._expert_tables[key] = None

@@ -27,20 +27,17 @@ TUNING = [(1, 1, 1), (1, 2, 1), (1, 8, 1), (8, 1, 1), (8, 2, 1), (1, 2, 4), (1, 
 
 
 def default_rows_per_warp(code: int, m: int, rows: int, k_split: int) -> int:
-    """R for one launch, from ``benchmarks/gpu_bench.py --tune`` on the H200 (2026-11-29,
-    [17408, 5120] and [5120, 17408]): with one activation row, the integer row_split layouts
-    keep more loads in flight with 8 rows per warp, nvfp4 and fp8 with few rows did best
-    with 2; with several activation rows R = 4 was best for every layout."""
+    """R for one launch, from ``benchmarks/gpu_bench.py --tune simt`` on the H200 (2026-11-29,
+    [17408, 5120] and [5120, 17408]): with one activation row, the 4- to 6-bit row_split
+    layouts keep more loads in flight with 8 rows per warp (on many or split rows), q8, fp8
+    and bf16 did best with 4 (q8: 81-86% of the floor against 72-74% with 8), nvfp4 with 2;
+    with several activation rows R = 4 was best for every layout."""
     if m > 1:
         return ROWS_PER_WARP[m]
     if code == F.NVFP4:
         return 2
-    if code == F.FP8:
-        return 8 if rows >= 16384 and k_split == 1 else 2
-    if code == F.BF16:
+    if code in (F.Q8, F.FP8, F.BF16):
         return 4
-    if code == F.Q8 and k_split == 1:
-        return 2 if rows < 16384 else 8
     return 8 if rows >= 16384 or k_split > 1 else 4
 
 

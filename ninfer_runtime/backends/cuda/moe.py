@@ -12,13 +12,13 @@ Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .. import array_ops as ops
-from ..base import MoeWeights
+from ..base import MoeWeights, Weight
 from . import formats as F
 from . import kernels
 from .compile import function, register_family
@@ -82,9 +82,17 @@ class ExpertTable:
     experts must share the planes (format, layout and geometry) of each projection; otherwise
     ``ExpertTableError`` is raised. ``fused`` is set when every expert's up rows directly
     follow its gate rows in the same object (gate|up packing): one launch then covers both.
+
+    ``join_rows`` (the backend's) stacks the router with the shared-expert score and the
+    shared expert's gate with its up, so that each pair is one product where they are packed
+    in one object (the converter packs both pairs).
     """
 
-    def __init__(self, weights: MoeWeights):
+    def __init__(self, weights: MoeWeights, join_rows: Callable[[list[Weight]], Weight]):
+        self.router_score = join_rows([weights.router, weights.shared_score])
+        self.shared_gate_up = join_rows([weights.shared.gate, weights.shared.up])
+        self.shared_down = weights.shared.down
+        self.shared_intermediate = weights.shared.down.shape[1]
         experts = list(weights.experts)
         self.experts = len(experts)
         self.top_k = int(weights.top_k)
@@ -169,32 +177,62 @@ def expert_gemv(
     )
 
 
-def route(logits: Any, top_k: int) -> tuple[Any, Any]:
-    """``(ids int32 [N, k], shares float32 [N, k])`` from router logits ``[N, E]`` float32."""
+def route(logits: Any, top_k: int, experts: int | None = None) -> tuple[Any, Any]:
+    """``(ids int32 [N, k], shares float32 [N, k])`` from the router logits in the first
+    ``experts`` columns (all by default) of C-contiguous float32 ``logits``."""
     import cupy as cp
 
-    n, e = logits.shape
-    if e > MAX_EXPERTS or not 0 < top_k <= min(e, MAX_TOP_K):
+    n, width = logits.shape
+    e = width if experts is None else experts
+    if e > MAX_EXPERTS or not 0 < top_k <= min(e, MAX_TOP_K) or e > width:
         raise ValueError(f"router kernel: {e} experts, top {top_k} out of range")
     logits = cp.ascontiguousarray(logits, dtype=cp.float32)
     ids = cp.empty((n, top_k), dtype=cp.int32)
     shares = cp.empty((n, top_k), dtype=cp.float32)
     function("moe", "moe_router")(
-        (n,), (ROUTER_THREADS,), (logits, np.int32(e), np.int32(e), np.int32(top_k), ids, shares)
+        (n,),
+        (ROUTER_THREADS,),
+        (logits, np.int32(width), np.int32(e), np.int32(top_k), ids, shares),
     )
     return ids, shares
 
 
+def silu_mul(gu: Any, up: int, inter: int, width: int) -> Any:
+    """``silu(gu[:, :inter]) * gu[:, up:up + inter]`` as ``[P, width]`` float32, zero beyond
+    ``inter`` (the padding a GEMV reads); ``gu``: C-contiguous float32 rows."""
+    import cupy as cp
+
+    pairs = gu.shape[0]
+    h = cp.empty((pairs, width), dtype=cp.float32)
+    function("moe", "moe_silu_mul")(
+        (_blocks(pairs * width),),
+        (THREADS,),
+        (
+            gu,
+            np.int32(gu.shape[1]),
+            np.int32(up),
+            np.int32(inter),
+            h,
+            np.int32(width),
+            np.int32(pairs),
+        ),
+    )
+    return h
+
+
 def moe_decode(backend: Any, x: Any, weights: MoeWeights, table: ExpertTable) -> Any:
     """The MoE block for ``N = x.shape[0] <= 8`` rows, ``[N, H]`` float32, with device-side
-    routing only (no host synchronisation, no device -> host reads): safe to capture."""
+    routing only (no host synchronisation, no device -> host reads): safe to capture.
+    Launches: router | shared score, top-k, the experts' gate|up, silu * up, the experts'
+    down, the shared expert's gate|up, silu * up and down, and the combine."""
     import cupy as cp
 
     n = x.shape[0]
     k, inter, hidden = table.top_k, table.intermediate, table.hidden
     pairs = n * k
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    ids, shares = route(backend.linear(x, weights.router), k)
+    logits = backend.linear(x, table.router_score)  # [N, E + 1]: the score is the last column
+    ids, shares = route(logits, k, table.experts)
 
     gu = cp.empty((pairs, 2 * inter), dtype=cp.float32)  # gate | up of every pair
     if table.fused:
@@ -204,30 +242,13 @@ def moe_decode(backend: Any, x: Any, weights: MoeWeights, table: ExpertTable) ->
     else:
         expert_gemv(table.gate, ids, _padded(x, table.gate.planes), False, gu, 2 * inter)
         expert_gemv(table.up, ids, _padded(x, table.up.planes), False, gu[:, inter:], 2 * inter)
-    ldh = table.down.planes.x_width
-    h = cp.empty((pairs, ldh), dtype=cp.float32)
-    function("moe", "moe_silu_mul")(
-        (_blocks(pairs * ldh),),
-        (THREADS,),
-        (
-            gu,
-            np.int32(2 * inter),
-            np.int32(inter),
-            np.int32(inter),
-            h,
-            np.int32(ldh),
-            np.int32(pairs),
-        ),
-    )
+    h = silu_mul(gu, inter, inter, table.down.planes.x_width)
     y = cp.empty((pairs, hidden), dtype=cp.float32)
     expert_gemv(table.down, ids, h, True, y, hidden)
 
-    sh = weights.shared
-    shared = backend.linear(
-        ops.silu(backend.linear(x, sh.gate)) * backend.linear(x, sh.up), sh.down
-    )
-    shared = cp.ascontiguousarray(shared, dtype=cp.float32)
-    score = cp.ascontiguousarray(backend.linear(x, weights.shared_score), dtype=cp.float32)
+    si = table.shared_intermediate
+    shared_h = silu_mul(backend.linear(x, table.shared_gate_up), si, si, si)
+    shared = cp.ascontiguousarray(backend.linear(shared_h, table.shared_down), dtype=cp.float32)
     out = cp.empty((n, hidden), dtype=cp.float32)
     function("moe", "moe_combine")(
         (_blocks(n * hidden),),
@@ -238,7 +259,8 @@ def moe_decode(backend: Any, x: Any, weights: MoeWeights, table: ExpertTable) ->
             shares,
             np.int32(k),
             shared,
-            score,
+            logits[:, table.experts :],
+            np.int32(logits.shape[1]),
             np.int32(hidden),
             np.int32(n),
             out,

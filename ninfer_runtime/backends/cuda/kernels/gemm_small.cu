@@ -23,10 +23,6 @@
 // S partials in order: deterministic, and no second launch.
 
 #define SMALL_WARPS 4
-// Blocks per SM the register allocation must leave room for (as GEMV_MIN_BLOCKS)
-#ifndef SMALL_MIN_BLOCKS
-#define SMALL_MIN_BLOCKS 1
-#endif
 
 __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -363,7 +359,7 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 
 #define DEFINE_SMALL_GEMM(NAME, POLICY)                                                       \
   template <int NT, int R, int U>                                                             \
-  __global__ void __launch_bounds__(SMALL_WARPS * 32, SMALL_MIN_BLOCKS)                       \
+  __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
       NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int row0,  \
            int rows, int groups, const uint4* __restrict__ xf, int m_rows,                    \
            float* __restrict__ y, int ldy, float* __restrict__ partial,                       \

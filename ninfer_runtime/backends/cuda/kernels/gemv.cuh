@@ -25,11 +25,6 @@ struct GemvArgs {
 };
 
 #define GEMV_WARPS 4
-// Blocks per SM the register allocation must leave room for (__launch_bounds__' second
-// argument): more resident warps hide more load latency, fewer registers each.
-#ifndef GEMV_MIN_BLOCKS
-#define GEMV_MIN_BLOCKS 1
-#endif
 
 // KS > 1 splits K: the KS warps of a group share the same R rows and take every KS-th unit,
 // then add their sums through shared memory. For few, long rows (N = 5120, K = 17408) this
@@ -136,7 +131,7 @@ __device__ __forceinline__ u32 unit_word(const uint4& q, int s) {
 // ways; launched with GEMV_WARPS * 32 threads, so a block covers GEMV_WARPS / KS * R rows.
 #define DEFINE_GEMV(NAME, POLICY)                                                           \
   template <int M, int R, int KS>                                                           \
-  __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)                       \
+  __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
       NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int rpd, \
            int row0, int rows, int units, const float* __restrict__ x, int ldx,             \
            float* __restrict__ y, int ldy) {                                                \

@@ -13,7 +13,7 @@
 
 #define DEFINE_GEMV_EXPERTS(NAME, POLICY)                                                   \
   template <int R, int KS>                                                                  \
-  __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)                       \
+  __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
       NAME(const u64* __restrict__ base, const int* __restrict__ row0,                      \
            const int* __restrict__ ids, int k, int x_per_pair, long long off1,              \
            long long off2, int stride, int rpd, int rows, int units,                        \

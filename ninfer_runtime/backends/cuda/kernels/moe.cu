@@ -123,12 +123,13 @@ extern "C" __global__ void moe_silu_mul(const float* __restrict__ gu, int ldgu, 
   }
 }
 
-// out[n, c] = sum_j share[n, j] * y[n * k + j, c] + sigmoid(score[n]) * shared[n, c] for the
-// N x H outputs (y rows ldy apart; shared and out C-contiguous [N, H]; score [N]).
+// out[n, c] = sum_j share[n, j] * y[n * k + j, c] + sigmoid(score[n * lds]) * shared[n, c]
+// for the N x H outputs (y rows ldy apart; shared and out C-contiguous [N, H]; score: one
+// value per row, lds apart, e.g. the column after the router logits).
 extern "C" __global__ void moe_combine(const float* __restrict__ y, int ldy,
                                        const float* __restrict__ shares, int k,
                                        const float* __restrict__ shared,
-                                       const float* __restrict__ score, int H, int N,
+                                       const float* __restrict__ score, int lds, int H, int N,
                                        float* __restrict__ out) {
   const long long total = (long long)N * H;
   for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
@@ -137,6 +138,6 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, int ldy,
     float acc = 0.f;
     for (int j = 0; j < k; ++j)
       acc = fmaf(shares[n * k + j], y[(long long)(n * k + j) * ldy + c], acc);
-    out[t] = acc + moe_sigmoid(score[n]) * shared[t];
+    out[t] = acc + moe_sigmoid(score[(long long)n * lds]) * shared[t];
   }
 }
