@@ -27,25 +27,44 @@ __device__ __forceinline__ int column(int lane, int c) {
   return lane * VEC + c;
 }
 
-template <int D>
-__device__ __forceinline__ void load_row(const float* __restrict__ row, int lane,
-                                         float (&x)[D / 32]) {
-  constexpr int VEC = D / 32;
-  if constexpr (VEC >= 4) {
+// A lane's D / 32 elements of one K or V row as stored: rows are kept in registers in this
+// form and decoded where they are used, so narrower storage keeps proportionally more rows in
+// flight for the same registers.
+template <int D, typename T>
+struct RowBits {
+  static constexpr int WORDS = (D / 32) * (int)sizeof(T) >= 4 ? (D / 32) * (int)sizeof(T) / 4 : 1;
+  u32 w[WORDS];
+};
+
+template <int D, typename T>
+__device__ __forceinline__ void load_bits(const T* __restrict__ row, int lane,
+                                          RowBits<D, T>& b) {
+  constexpr int VEC = D / 32, BYTES = VEC * (int)sizeof(T);
+  if constexpr (sizeof(T) == 4 && VEC >= 4) {  // interleaved float4 pieces (see column)
 #pragma unroll
     for (int p = 0; p < VEC / 4; ++p) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(row) + p * 32 + lane);
-      x[4 * p] = f.x;
-      x[4 * p + 1] = f.y;
-      x[4 * p + 2] = f.z;
-      x[4 * p + 3] = f.w;
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(row) + p * 32 + lane);
+      b.w[4 * p] = u.x;
+      b.w[4 * p + 1] = u.y;
+      b.w[4 * p + 2] = u.z;
+      b.w[4 * p + 3] = u.w;
     }
-  } else if constexpr (VEC == 2) {
-    const float2 f = __ldg(reinterpret_cast<const float2*>(row) + lane);
-    x[0] = f.x;
-    x[1] = f.y;
+  } else if constexpr (BYTES == 16) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(row) + lane);
+    b.w[0] = u.x;
+    b.w[1] = u.y;
+    b.w[2] = u.z;
+    b.w[3] = u.w;
+  } else if constexpr (BYTES == 8) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + lane);
+    b.w[0] = u.x;
+    b.w[1] = u.y;
+  } else if constexpr (BYTES == 4) {
+    b.w[0] = __ldg(reinterpret_cast<const u32*>(row) + lane);
+  } else if constexpr (BYTES == 2) {
+    b.w[0] = __ldg(reinterpret_cast<const u16*>(row) + lane);
   } else {
-    x[0] = __ldg(row + lane);
+    b.w[0] = __ldg(reinterpret_cast<const u8*>(row) + lane);
   }
 }
 
@@ -55,46 +74,27 @@ __device__ __forceinline__ void bf16x2(u32 w, float& lo, float& hi) {
   hi = __uint_as_float(w & 0xFFFF0000u);
 }
 
-template <int D>
-__device__ __forceinline__ void load_row(const u16* __restrict__ row, int lane,
-                                         float (&x)[D / 32]) {
+template <int D, typename T>
+__device__ __forceinline__ void decode_row(const RowBits<D, T>& b, float (&x)[D / 32]) {
   constexpr int VEC = D / 32;
-  if constexpr (VEC == 8) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(row) + lane);
-    bf16x2(u.x, x[0], x[1]);
-    bf16x2(u.y, x[2], x[3]);
-    bf16x2(u.z, x[4], x[5]);
-    bf16x2(u.w, x[6], x[7]);
-  } else if constexpr (VEC == 4) {
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + lane);
-    bf16x2(u.x, x[0], x[1]);
-    bf16x2(u.y, x[2], x[3]);
-  } else if constexpr (VEC == 2) {
-    bf16x2(__ldg(reinterpret_cast<const u32*>(row) + lane), x[0], x[1]);
-  } else {
-    x[0] = bf16_to_f32(__ldg(row + lane));
-  }
-}
-
-// E4M3FN bytes are decoded in pairs (one conversion instruction per pair on sm_89+).
-template <int D>
-__device__ __forceinline__ void load_row(const u8* __restrict__ row, int lane,
-                                         float (&x)[D / 32]) {
-  constexpr int VEC = D / 32;
-  if constexpr (VEC == 8) {
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + lane);
-    e4m3x2_to_f32(u.x, x[0], x[1]);
-    e4m3x2_to_f32(u.x >> 16, x[2], x[3]);
-    e4m3x2_to_f32(u.y, x[4], x[5]);
-    e4m3x2_to_f32(u.y >> 16, x[6], x[7]);
-  } else if constexpr (VEC == 4) {
-    const u32 u = __ldg(reinterpret_cast<const u32*>(row) + lane);
-    e4m3x2_to_f32(u, x[0], x[1]);
-    e4m3x2_to_f32(u >> 16, x[2], x[3]);
-  } else if constexpr (VEC == 2) {
-    e4m3x2_to_f32(__ldg(reinterpret_cast<const u16*>(row) + lane), x[0], x[1]);
-  } else {
-    x[0] = e4m3_to_f32(__ldg(row + lane));
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) x[c] = __uint_as_float(b.w[c]);
+  } else if constexpr (sizeof(T) == 2) {
+    if constexpr (VEC == 1) {
+      x[0] = bf16_to_f32(b.w[0]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC / 2; ++j) bf16x2(b.w[j], x[2 * j], x[2 * j + 1]);
+    }
+  } else {  // E4M3FN bytes, decoded in pairs (one conversion instruction per pair on sm_89+)
+    if constexpr (VEC == 1) {
+      x[0] = e4m3_to_f32(b.w[0]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC / 2; ++j)
+        e4m3x2_to_f32(b.w[j / 2] >> (16 * (j & 1)), x[2 * j], x[2 * j + 1]);
+    }
   }
 }
 
@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
                  float* __restrict__ ws_ml) {
   constexpr int VEC = D / 32;
   // tokens per warp per step (that many K and V rows in flight per warp): fewer when q and
-  // the accumulators already take many registers
-  constexpr int UNROLL = G * VEC > 16 ? 2 : 4;
+  // the accumulators already take many registers, twice as many for 1- and 2-byte storage
+  constexpr int UNROLL = (G * VEC > 16 ? 2 : 4) * (sizeof(T) == 4 ? 1 : 2);
   __shared__ float s_acc[ATTN_WARPS][G][D];
   __shared__ float s_m[ATTN_WARPS][G], s_l[ATTN_WARPS][G];
 
@@ -155,18 +155,18 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) pg[u] = t0 + u <= end ? table[(t0 + u) / page] : 0;
   for (; t0 <= end; t0 += ATTN_WARPS * UNROLL) {
-    float kx[UNROLL][VEC], vx[UNROLL][VEC];
+    RowBits<D, T> kb[UNROLL], vb[UNROLL];  // all zero bits decode to 0 in every storage type
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int t = t0 + u;
       if (t <= end) {
         const long long off =
             ((long long)pg[u] * page + t % page) * token_stride + (long long)h * D;
-        load_row<D>(k_pages + off, lane, kx[u]);
-        load_row<D>(v_pages + off, lane, vx[u]);
+        load_bits<D>(k_pages + off, lane, kb[u]);
+        load_bits<D>(v_pages + off, lane, vb[u]);
       } else {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) kx[u][c] = vx[u][c] = 0.f;
+        for (int j = 0; j < RowBits<D, T>::WORDS; ++j) kb[u].w[j] = vb[u].w[j] = 0u;
       }
     }
     const int next = t0 + ATTN_WARPS * UNROLL;
@@ -174,12 +174,14 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
     for (int u = 0; u < UNROLL; ++u) pg[u] = next + u <= end ? table[(next + u) / page] : 0;
     float s[UNROLL][G];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int u = 0; u < UNROLL; ++u) {
+      float kx[VEC];
+      decode_row<D>(kb[u], kx);
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
+      for (int g = 0; g < G; ++g) {
         float dot = 0.f;
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) dot = fmaf(qr[g][c], kx[u][c], dot);
+        for (int c = 0; c < VEC; ++c) dot = fmaf(qr[g][c], kx[c], dot);
         s[u][g] = dot;
       }
     }
@@ -191,6 +193,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xFFFFFFFFu, s[u][g], off);
       }
     }
+    // s becomes the step's probabilities p (unnormalised); acc is rescaled to the new max
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float mx = m[g];
@@ -198,20 +201,23 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
       for (int u = 0; u < UNROLL; ++u)
         if (t0 + u <= end) mx = fmaxf(mx, s[u][g]);
       const float alpha = exp2f(m[g] - mx);  // 0 on the first step (m = -inf)
-      float p[UNROLL];
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        p[u] = t0 + u <= end ? exp2f(s[u][g] - mx) : 0.f;
-        l[g] = u == 0 ? fmaf(l[g], alpha, p[0]) : l[g] + p[u];
+        s[u][g] = t0 + u <= end ? exp2f(s[u][g] - mx) : 0.f;
+        l[g] = u == 0 ? fmaf(l[g], alpha, s[0][g]) : l[g] + s[u][g];
       }
 #pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        float a = acc[g][c] * alpha;
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) a = fmaf(p[u], vx[u][c], a);
-        acc[g][c] = a;
-      }
+      for (int c = 0; c < VEC; ++c) acc[g][c] *= alpha;
       m[g] = mx;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      float vx[VEC];
+      decode_row<D>(vb[u], vx);
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) acc[g][c] = fmaf(s[u][g], vx[c], acc[g][c]);
     }
   }
 
