@@ -95,9 +95,11 @@ def attention_decode(
     slots: Any,
     positions: Any,
     scale: float,
+    chunk: int | None = None,
 ) -> Any:
     """q [N, Nq, D] float32: row i attends over tokens 0..positions[i] of slot ``slots[i]``
-    (query head j reads kv head ``j // (Nq / Nkv)``) -> float32 [N, Nq, D], a new array."""
+    (query head j reads kv head ``j // (Nq / Nkv)``) -> float32 [N, Nq, D], a new array.
+    ``chunk`` (tokens per split, a multiple of 64) overrides ``split_policy``."""
     import cupy as cp
 
     n, page, nkv, d = _check_paged(k_pages, v_pages, page_table, slots, positions)
@@ -112,7 +114,12 @@ def attention_decode(
     if n == 0:
         return out
     max_context = page_table.shape[1] * page
-    chunk, splits = split_policy(max_context)
+    if chunk is None:
+        chunk, splits = split_policy(max_context)
+    elif chunk % 64 or -(-max_context // chunk) > MAX_SPLITS:
+        raise ValueError(f"chunk {chunk}: a multiple of 64 with at most {MAX_SPLITS} splits")
+    else:
+        splits = -(-max_context // chunk)
     ws_acc = cp.empty((n, nkv, splits, group, d), dtype=cp.float32)
     ws_ml = cp.empty((n, nkv, splits, group, 2), dtype=cp.float32)
     kind = _DTYPES[k_pages.dtype]
