@@ -1,17 +1,18 @@
 """The CUDA backend: packed weights read in place by our kernels, CuPy for the glue.
 
-``linear`` is the hot path. For few rows (batched decode, an expert's share of a prefill
-chunk) it runs the small-M product of the weight's layout over each resident segment
-(``kernels.product``: tensor cores for row_split q4..q8 and bf16 up to 64 rows, the SIMT GEMV
-up to 8 rows for the other layouts); for more rows (prefill chunks) it rounds x to
-bfloat16, dequantizes the weight, a slab of rows at a time, to bfloat16 in one reusable scratch
-buffer (bf16 weights are read in place) and multiplies with ``cublasGemmEx`` on tensor cores,
-accumulating in float32 (``prefill.py``). ``prefill_precision="tf32"`` or ``"float32"`` keeps
-a float32 scratch buffer and ``cp.matmul`` with TF32 or full float32 math. The decode-step ops
-(paged attention, the GDN step, MoE routing and experts, RMSNorm, RoPE) have kernels of their
-own, so a decode step never waits on the host and is captured once per lane count as a CUDA
-graph (``graphs.py``). Prefill attention is a flash-style kernel (``prefill_attention.py``);
-the chunked GDN runs the shared reference math (``backends/array_ops.py``) on CuPy.
+``linear`` is the hot path. For few rows (batched decode, an expert's share of a prefill chunk)
+it runs the small-M product of the weight's layout over each resident segment
+(``kernels.product``: tensor cores for row_split q4..q8 and bf16 up to 64 rows, or the SIMT GEMV
+up to 8 rows where it is faster, as for one row or small weights); for more rows (prefill
+chunks) it rounds x to bfloat16, dequantizes the weight, a slab of rows at a time, to bfloat16
+in one reusable scratch buffer (bf16 weights are read in place) and multiplies with
+``cublasGemmEx`` on tensor cores, accumulating in float32 (``prefill.py``).
+``prefill_precision="tf32"`` or ``"float32"`` keeps a float32 scratch buffer and ``cp.matmul``
+with TF32 or full float32 math. The decode-step ops (paged attention, the GDN step, MoE routing
+and experts, RMSNorm, RoPE) have kernels of their own, so a decode step never waits on the host
+and is captured once per lane count as a CUDA graph (``graphs.py``). Prefill attention is a
+flash-style kernel (``prefill_attention.py``); the chunked GDN runs the shared reference math
+(``backends/array_ops.py``) on CuPy.
 """
 
 from __future__ import annotations

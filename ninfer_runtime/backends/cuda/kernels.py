@@ -1,8 +1,9 @@
 """Launchers for the packed-weight kernels: small-M products and row dequantization.
 
 ``product`` is the entry point for M <= 64 activation rows: the tensor-core kernel
-(``kernels/gemm_small.cu``) for the layouts it reads (row_split q4/q5/q6/q8, bf16), else the
-SIMT GEMV (``kernels/gemv_*.cu``, M <= 8). Kernels are compiled lazily, one family (one
+(``kernels/gemm_small.cu``, row_split q4/q5/q6/q8 and bf16) or the SIMT GEMV
+(``kernels/gemv_*.cu``, every layout, M <= 8), whichever ``uses_tensor_cores`` says is
+faster for the shape. Kernels are compiled lazily, one family (one
 ``.cu`` file) at a time, on first use.
 """
 
