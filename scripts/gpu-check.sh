@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything the GPU machine is for, in one device call (its time is short): the wheels it
 # lacks, every kernel family, the GPU tests, then ninfer-bench on the 27B and 35B-A3B shapes.
-# Results land in $OUT (gpu-tests.txt, bench27.json, bench35.json). BENCH=0 skips the bench.
-#   run (carry .whl): bash scripts/gpu-check.sh
+# Results land in $OUT (gpu-tests.txt, bench27.json, bench35.json, and records.md: the runs as
+# markdown for docs/performance.md). BENCH=0 skips the bench. The copy of the tree on the GPU
+# machine has no git history, so pass the commit:
+#   run (carry .whl): COMMIT=<short hash> bash scripts/gpu-check.sh
 set -u
 source scripts/gpu-prelude.sh
 export NINFER_KERNEL_CACHE=$PWD/.kcache
@@ -19,6 +21,7 @@ for shape in qwen3_6_27b:27 qwen3_6_35b_a3b:35; do
   timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
     --formats "$geometry" -o "$artifact" --force | tail -1
   timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" --profile 1 \
-    --json "$OUT/bench$name.json" 2>&1 | grep -v upload
+    --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
+    2>&1 | grep -v upload
   rm -f "$artifact"*
 done

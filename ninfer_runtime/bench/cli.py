@@ -76,6 +76,15 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
 )
 @click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="write rows as JSON")
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, writable=True),
+    help="append the run (date, device, commit, tables) to this markdown file",
+)
+@click.option(
+    "--commit",
+    help="the source commit --record names (default: git describe of the source tree)",
+)
 def run(
     artifact: str,
     backend: str,
@@ -87,22 +96,28 @@ def run(
     kv_dtype: str,
     profile_lanes: int,
     json_out: str | None,
+    record: str | None,
+    commit: str | None,
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors.
 
     \b
     Example (27B shapes, q4/q5 weights, on the GPU):
       ninfer-bench synth --geometry qwen3_6_27b --formats qwen3_6_27b -o 27b.ninfer
-      ninfer-bench run 27b.ninfer
+      ninfer-bench run 27b.ninfer --record docs/performance.md
     """
     import json
+    import os
 
     from ninfer_format import Artifact, ArtifactError
 
     from ..errors import EngineError
     from ..models import load_model
     from . import measure as M
+    from . import record as R
 
+    if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
+        raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
     started = time.perf_counter()
     try:
         model = load_model(Artifact.open(artifact), backend)
@@ -144,6 +159,10 @@ def run(
     if json_out:
         with open(json_out, "w") as f:
             json.dump(rows, f, indent=1)
+    if record:
+        context = R.run_context(xp, artifact, kv_dtype, bandwidth, commit)
+        R.append(record, R.markdown(rows, context))
+        click.echo(f"recorded in {record}")
 
 
 if __name__ == "__main__":

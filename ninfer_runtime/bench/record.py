@@ -1,0 +1,133 @@
+"""Recording an ``ninfer-bench run`` as a dated markdown section (``--record FILE``).
+
+A record names what the numbers depend on: the date, the device, the source commit (or the
+installed version outside a git checkout), the artifact, the K/V storage and the measured
+copy bandwidth; then the decode table, the prefill line and the profile, as the CLI printed
+them. Sections are appended, so a file such as ``docs/performance.md`` keeps every run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SOURCE_DIR = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a run's numbers depend on besides the rows themselves."""
+
+    date: str
+    device: str
+    commit: str
+    artifact: str
+    kv_dtype: str
+    copy_gbps: float
+
+
+def device_name(xp: Any) -> str:
+    """The GPU's name for CuPy, the host's processor for numpy."""
+    if xp.__name__ == "cupy":
+        props = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)
+        return props["name"].decode()
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def source_commit(source: Path = SOURCE_DIR) -> str:
+    """``git describe`` of the source tree (``-dirty`` with uncommitted changes), else the
+    installed distribution's version."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(source), "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        try:
+            return f"ninfer {metadata.version('ninfer')}"
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+
+def run_context(
+    xp: Any, artifact: str, kv_dtype: str, copy_bps: float, commit: str | None = None
+) -> RunContext:
+    """The context of a run that ends now; ``commit`` overrides ``source_commit()`` (for a
+    copy of the tree without its git history)."""
+    now = dt.datetime.now(dt.UTC)
+    return RunContext(
+        date=now.strftime("%Y-%m-%d %H:%M UTC"),
+        device=device_name(xp),
+        commit=commit or source_commit(),
+        artifact=os.path.basename(artifact),
+        kv_dtype=kv_dtype,
+        copy_gbps=copy_bps / 1e9,
+    )
+
+
+def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
+    """One section for ``rows`` (the ``--json`` rows of a run)."""
+    lines = [
+        f"### `ninfer-bench run` {ctx.artifact}, {ctx.date}",
+        "",
+        f"{ctx.device}, commit {ctx.commit}, K/V {ctx.kv_dtype}, "
+        f"device-to-device copy {ctx.copy_gbps:.0f} GB/s (read + write).",
+        "",
+    ]
+    decode = [r for r in rows if r["kind"] == "decode"]
+    if decode:
+        lines += [
+            "| lanes | context | tok/s | ms/step | GB/step | floor ms | % of floor |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['lanes']} | {r['context']} | {r['tokens_per_s']:.1f} | {r['step_ms']:.2f} "
+            f"| {r['bytes_per_step'] / 1e9:.2f} | {r['floor_ms']:.2f} "
+            f"| {r['percent_of_floor']:.1f}% |"
+            for r in decode
+        ]
+        lines.append("")
+    for r in rows:
+        if r["kind"] == "prefill":
+            lines += [
+                f"Prefill of {r['tokens']} tokens (chunks of {r['chunk']}): "
+                f"{r['tokens_per_s']:.0f} tok/s, {r['seconds']:.2f} s; {r['flops'] / 1e12:.1f} "
+                f"TFLOP at a measured {r['matmul_flops'] / 1e12:.0f} TFLOP/s fp16 matmul = "
+                f"{r['floor_s']:.2f} s floor ({r['percent_of_floor']:.1f}%).",
+                "",
+            ]
+        elif r["kind"] == "profile":
+            spent = ", ".join(
+                f"`{name}` {ms:.3f}" for name, ms in r.items() if name not in ("kind", "lanes")
+            )
+            lines += [f"Profile, {r['lanes']} lane(s), ms per step (ablation): {spent}.", ""]
+    return "\n".join(lines)
+
+
+def append(path: str | os.PathLike[str], section: str) -> None:
+    """Add ``section`` at the end of ``path`` (created if missing): the new file replaces the
+    old one in one rename, so an interrupted write loses neither."""
+    target = Path(path)
+    old = target.read_text() if target.exists() else ""
+    if old and not old.endswith("\n\n"):
+        old += "\n" if old.endswith("\n") else "\n\n"
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(old + section.rstrip("\n") + "\n")
+        os.chmod(tmp, target.stat().st_mode if target.exists() else 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
