@@ -219,9 +219,7 @@ def test_moe_decode_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> Non
     rng = np.random.default_rng(1)
     for n in range(1, 9):
         x = rng.standard_normal((n, H)).astype(np.float32)
-        assert_close(
-            moe_decode(cuda_backend, cp.asarray(x), gpu_w, table), CpuBackend().moe(x, cpu_w)
-        )
+        assert_close(moe_decode(cuda_backend, cp.asarray(x), table), CpuBackend().moe(x, cpu_w))
 
 
 def test_expert_table_rejects_unreadable_experts(cuda_backend: Any) -> None:
@@ -266,12 +264,12 @@ def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
     with s, cp.cuda.using_allocator(pool.malloc):
         first = rng.standard_normal((n, H)).astype(np.float32)
         x.set(first, stream=s)
-        warm = moe_decode(cuda_backend, x, gpu_w, table)  # compiles; fills the pool
+        warm = moe_decode(cuda_backend, x, table)  # compiles; fills the pool
         s.synchronize()
         assert_close(warm, CpuBackend().moe(first, cpu_w))
         s.begin_capture()
         try:
-            out = moe_decode(cuda_backend, x, gpu_w, table)
+            out = moe_decode(cuda_backend, x, table)
         finally:
             graph = s.end_capture()
         for _ in range(3):

@@ -285,7 +285,7 @@ class CudaBackend(ops.ReferenceOps):
         if x.shape[0] <= kernels.MAX_GEMV_ROWS:
             table = self._expert_table(weights)
             if table is not None:
-                return moe_kernels.moe_decode(self, x, weights, table)
+                return moe_kernels.moe_decode(self, x, table)
         probs = ops.softmax(self.linear(x, weights.router))
         host = cp.asnumpy(probs)
         top = np.argsort(-host, axis=-1, kind="stable")[:, : weights.top_k]

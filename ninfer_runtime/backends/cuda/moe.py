@@ -220,7 +220,7 @@ def silu_mul(gu: Any, up: int, inter: int, width: int) -> Any:
     return h
 
 
-def moe_decode(backend: Any, x: Any, weights: MoeWeights, table: ExpertTable) -> Any:
+def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
     """The MoE block for ``N = x.shape[0] <= 8`` rows, ``[N, H]`` float32, with device-side
     routing only (no host synchronisation, no device -> host reads): safe to capture.
     Launches: router | shared score, top-k, the experts' gate|up, silu * up, the experts'
