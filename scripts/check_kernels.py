@@ -2,7 +2,9 @@
 
 A development aid for machines with no device: NVRTC only needs its shared library, which the
 ``nvidia-cuda-nvrtc`` wheel ships. Point ``NVRTC_LIB`` at ``libnvrtc.so.13`` (default: the one
-in the installed wheel) and run ``python scripts/check_kernels.py [family ...]``.
+in the installed wheel) and run ``python scripts/check_kernels.py [--resources] [family ...]``.
+``--resources`` also prints each kernel's registers and spill bytes (ptxas's report): the
+occupancy a change costs, before any GPU runs it.
 """
 
 from __future__ import annotations
@@ -100,6 +102,31 @@ class Nvrtc:
         self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def resources(nvrtc: Nvrtc, family: str) -> list[str]:
+    """``name: registers, spills`` for each kernel of ``family``, from ptxas's verbose log."""
+    names = C.FAMILIES[family]
+    prog = nvrtc.createProgram(C.family_source(family), "ninfer_kernels.cu", (), ())
+    try:
+        for name in names:
+            nvrtc.addNameExpression(prog, name)
+        nvrtc.compileProgram(prog, (*C.OPTIONS, "-arch=sm_90a", "--ptxas-options=-v"))
+        log = nvrtc.getProgramLog(prog)
+        readable = {nvrtc.getLoweredName(prog, n): n for n in names}
+    finally:
+        nvrtc.destroyProgram(prog)
+    lines, current, spills = [], None, ""
+    for line in log.splitlines():
+        if "Compiling entry function" in line:
+            current = readable.get(line.split("'")[1], line.split("'")[1])
+        elif "spill stores" in line:
+            spills = line.split(".", 1)[1].strip()
+        elif "Used" in line and "registers" in line and current:
+            used = line.split("Used", 1)[1].split(",")[0].strip()
+            lines.append(f"     {current}: {used}, {spills}")
+            current = None
+    return lines
+
+
 def main(families: list[str]) -> int:
     import importlib
     import pkgutil
@@ -110,6 +137,8 @@ def main(families: list[str]) -> int:
         # a module that needs CuPy at import launches no kernel family
         with contextlib.suppress(ImportError):
             importlib.import_module(f"{package.__name__}.{info.name}")
+    show = "--resources" in families
+    families = [f for f in families if f != "--resources"]
     nvrtc = Nvrtc()
     failed = 0
     for family in families or sorted(C.FAMILIES):
@@ -122,6 +151,8 @@ def main(families: list[str]) -> int:
             print(f"FAIL {family}\n{exc}")
         else:
             print(f"ok   {family}: {len(image)} bytes")
+            if show:
+                print("\n".join(resources(nvrtc, family)))
     return 1 if failed else 0
 
 
