@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -108,6 +108,17 @@ class Run:
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+    async def frames(
+        self, feed: Callable[[ParseEvent], Iterable[bytes]], keepalive: bytes
+    ) -> AsyncIterator[bytes]:
+        """The stream frames ``feed`` makes of each event, and ``keepalive`` for each silence."""
+        async for event in self.events():
+            if event is None:
+                yield keepalive
+            else:
+                for data in feed(event):
+                    yield data
 
     async def events(self) -> AsyncIterator[ParseEvent | None]:
         """Parse events as they come; ``None`` marks ``keepalive`` seconds of silence.

@@ -367,12 +367,8 @@ async def _events(mid: str, model: str, run: Run) -> AsyncIterator[bytes]:
     yield _PING
     blocks = _Blocks()
     try:
-        async for event in run.events():
-            if event is None:
-                yield _PING
-                continue
-            for data in blocks.feed(event):
-                yield data
+        async for data in run.frames(blocks.feed, _PING):
+            yield data
     except Exception as exc:
         _, body = from_exception(exc).anthropic(None)
         yield sse_event("error", body)

@@ -561,12 +561,8 @@ async def _events(
     yield builder.event("response.created", response=builder.response())
     yield builder.event("response.in_progress", response=builder.response())
     try:
-        async for event in run.events():
-            if event is None:
-                yield KEEPALIVE
-                continue
-            for data in builder.feed(event):
-                yield data
+        async for data in run.frames(builder.feed, KEEPALIVE):
+            yield data
     except Exception as exc:
         error = from_exception(exc)
         yield builder.event(
