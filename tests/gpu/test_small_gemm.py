@@ -1,10 +1,11 @@
 """The tensor-core small-M product (``kernels/gemm_small.cu``) against the numpy decoders.
 
 x is split into two bf16 halves (hi + lo) inside the kernel, so each product carries about 16
-bits of x: the bound is 1e-5 of Σ|x||w| (float32 accumulation alone is ~1e-6). Sizes are
-awkward on purpose: rows not a multiple of the 64-row warp tile, K not a multiple of 128 (the
-row_split padding), activation counts on both sides of each 8-row tile, K split into slices
-whose partial sums the last block adds (run twice: the sums must be bit-identical).
+bits of x: the bound is 1e-5 of Σ|x||w| (float32 accumulation alone is ~1e-6). Sizes are awkward
+on purpose: rows not a multiple of the 64-row warp tile, K not a multiple of 128 (the row_split
+padding), NVFP4 objects with one and with two divisors, activation counts on both sides of each
+8-row tile, K split into slices whose partial sums the last block adds (run twice: the sums must
+be bit-identical).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ CASES = [
     ("q8_g32_fp16", RS, (77, 1000), 1),
     ("bf16", "contiguous_le_v1", (300, 256), 1),
     ("bf16", "contiguous_le_v1", (70, 192), 1),
+    ("nvfp4", "block_scale_k16_m128x4_v1", (384, 192), 1),
+    ("nvfp4", "block_scale_k16_m128x4_v1", (512, 320), 2),  # two divisors, 256 rows each
 ]
 TC_BOUND = 1e-5
 
@@ -74,7 +77,7 @@ def test_every_tile_and_split(case: Any) -> None:
     REPORT.append((case_id(case), "tensor-core M=1..64 max rel err", f"{worst:.2e}"))
 
 
-@pytest.mark.parametrize("case", CASES[:1] + CASES[-2:-1], ids=case_id)
+@pytest.mark.parametrize("case", [CASES[0], CASES[7], CASES[-1]], ids=case_id)  # q4, bf16, nvfp4
 def test_row_range_into_a_wider_output(case: Any) -> None:
     """Rows row0 .. row0+rows of the object land in a column slice of a wider output."""
     import cupy as cp

@@ -47,3 +47,9 @@ def test_beyond_the_gemv_rows_only_the_tensor_core_kernel_runs() -> None:
 def test_layouts_without_a_tensor_core_kernel_never_use_it() -> None:
     p = planes("nf4_g64_fp16", (34816, 5120))
     assert not any(kernels.uses_tensor_cores(p, 34816, m) for m in range(1, 9))
+
+
+def test_nvfp4_uses_tensor_cores_from_two_rows() -> None:
+    p = F.planes("nvfp4", "block_scale_k16_m128x4_v1", (34816, 5120))
+    assert not kernels.uses_tensor_cores(p, 34816, 1)
+    assert kernels.uses_tensor_cores(p, 34816, 2)

@@ -1,7 +1,7 @@
 """Launchers for the packed-weight kernels: small-M products and row dequantization.
 
 ``product`` is the entry point for M <= 64 activation rows: the tensor-core kernel
-(``kernels/gemm_small.cu``, row_split q4/q5/q6/q8 and bf16) or the SIMT GEMV
+(``kernels/gemm_small.cu``, row_split q4/q5/q6/q8, NVFP4 and bf16) or the SIMT GEMV
 (``kernels/gemv_*.cu``, every layout, M <= 8), whichever ``uses_tensor_cores`` says is
 faster for the shape. Kernels are compiled lazily, one family (one ``.cu`` file) at a time,
 on first use.
@@ -75,10 +75,11 @@ _SMALL_KERNELS = {
     F.Q5: "small_q5",
     F.Q6: "small_q6",
     F.Q8: "small_q8",
+    F.NVFP4: "small_nvfp4",
     F.BF16: "small_bf16",
 }
 #: weights per group step of each tensor-core layout
-_SMALL_GROUP = {F.Q4: 64, F.Q5: 64, F.Q6: 64, F.Q8: 32, F.BF16: 64}
+_SMALL_GROUP = {F.Q4: 64, F.Q5: 64, F.Q6: 64, F.Q8: 32, F.NVFP4: 64, F.BF16: 64}
 #: must match SMALL_WARPS in kernels/gemm_small.cu
 SMALL_WARPS = 4
 MAX_SMALL_ROWS = 64
@@ -133,6 +134,7 @@ TENSOR_CORES_FROM = {
     F.Q5: ((2, 40_000_000), (4, 4_000_000)),
     F.Q6: ((2, 30_000_000), (4, 4_000_000)),
     F.Q8: ((5, 16_000_000),),
+    F.NVFP4: ((2, 4_000_000),),  # not yet measured: the SIMT GEMV reads NVFP4 at 5% with 8 rows
     F.BF16: ((4, 32_000_000), (8, 16_000_000)),
 }
 
@@ -228,6 +230,7 @@ def small_gemm(
             np.int64(p.off1),
             np.int64(p.off2),
             np.int32(p.stride),
+            np.int32(p.rows_per_divisor),
             np.int32(row0),
             np.int32(rows),
             np.int32(groups),

@@ -100,8 +100,16 @@ __device__ __forceinline__ void decode_row(const RowBits<D, T>& b, float (&x)[D 
 
 // ws_acc [N, Nkv, SPLITS, G, D] and ws_ml [N, Nkv, SPLITS, G, 2] (m in log2 units, l): the
 // unnormalised partials. A split that starts past the position writes m = -inf, l = 0.
+// Three blocks per SM where q and the accumulators leave room (G * D / 32 <= 48, e.g. the
+// 27B's D 256 with 6 query heads per kv head): without the bound the bf16 instance there
+// takes 208 registers and only two blocks fit.
+template <int D, int G>
+__host__ __device__ constexpr int attn_min_blocks() {
+  return G * (D / 32) <= 48 ? 3 : 1;
+}
+
 template <int D, int G, typename T>
-__global__ void __launch_bounds__(ATTN_WARPS * 32)
+__global__ void __launch_bounds__(ATTN_WARPS * 32, attn_min_blocks<D, G>())
     attn_partial(const float* __restrict__ q, const T* __restrict__ k_pages,
                  const T* __restrict__ v_pages, const int* __restrict__ page_table,
                  const int* __restrict__ slots, const int* __restrict__ positions, int nkv,

@@ -1,5 +1,5 @@
 // Small-M products on tensor cores: y[m, r] = sum_k x[m, k] W[r, k] for M <= 8 * NT rows of x,
-// reading the packed object in place (row_split q4/q5/q6/q8 and bf16).
+// reading the packed object in place (row_split q4/q5/q6/q8, NVFP4 and bf16).
 //
 // One mma.sync m16n8k16 multiplies a 16-row x 16-k tile of W (operand A, decoded from the
 // packed codes straight into bf16 fragments) by a 16-k x 8 tile of xᵀ (operand B: eight
@@ -65,16 +65,24 @@ __device__ __forceinline__ void split_pair(float x0, float x1, u32& hi, u32& lo)
 
 struct SmallArgs {
   const u8* obj;
-  long long off1;  // row_split: high-bit plane
-  long long off2;  // row_split: group scales
-  int stride;      // row_split: groups per row; bf16: K
+  long long off1;  // row_split: high-bit plane; nvfp4: block scales
+  long long off2;  // row_split: group scales; nvfp4: divisors
+  int stride;      // row_split: groups per row; nvfp4, bf16: K
+  int rpd;         // nvfp4: rows per divisor
+};
+
+// The result of a row as accumulated (every layout but NVFP4, whose rows end with a divisor).
+struct PlainRows {
+  static __device__ __forceinline__ float finish(float acc, const SmallArgs&, long long) {
+    return acc;
+  }
 };
 
 // row_split_k128_v1, 4/5/6-bit codes: a group is 64 weights in 32 bytes, a chunk 16 weights
 // (two words: nibble i of word w is weight 8w + i). Pair s of a word is (nibble s, nibble
 // s + 4), which one shift and one mask place in the two halves of a bf16x2 word.
 template <int BITS>
-struct SmallRowSplit {
+struct SmallRowSplit : PlainRows {
   static constexpr int GW = 64;
   static constexpr bool SCALED = true;
   struct Raw {
@@ -124,7 +132,7 @@ struct SmallRowSplit {
 
 // row_split_k128_v1, q8: a group is 32 int8 codes in 32 bytes, a chunk 8 codes (two words);
 // 128 + u needs 8 mantissa bits, so bytes go through float (exact) and pack to bf16.
-struct SmallQ8 {
+struct SmallQ8 : PlainRows {
   static constexpr int GW = 32;
   static constexpr bool SCALED = true;
   struct Raw {
@@ -153,7 +161,7 @@ struct SmallQ8 {
 };
 
 // contiguous bf16 rows (K % 64 == 0): a chunk is 16 weights in two 16-byte loads, no scale.
-struct SmallBf16 {
+struct SmallBf16 : PlainRows {
   static constexpr int GW = 64;
   static constexpr bool SCALED = false;
   struct Raw {
@@ -172,6 +180,70 @@ struct SmallBf16 {
   }
   static __device__ __forceinline__ float scale(const Raw&) { return 1.f; }
   static __device__ __forceinline__ int perm(int j, int i) { return 4 * j + i; }
+};
+
+// block_scale_k16_m128x4_v1 (NVFP4): E2M1 codes, two per byte (low nibble first), K / 2 bytes
+// per row; one E4M3FN scale per 16 weights in the 128x4 swizzled plane; a float32 divisor per
+// rpd rows. A group is 64 weights (32 bytes), so a thread's chunk of 16 is exactly one scale
+// block. Each weight e2m1 * e4m3 has at most 2 + 4 significant bits and lies in [2^-10,
+// 2688]: exact in bf16, so the fragments carry the scaled weights (no per-group scale step)
+// and the divisor is applied to each row's sum.
+__device__ __forceinline__ u32 mul_bf16x2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// Low and high bytes of the bf16 E2M1 magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, as two
+// 8-byte PRMT tables (bytes 0..3 in the first word).
+#define E2M1_BF16_LO0 0xC0800000u
+#define E2M1_BF16_LO1 0xC0804000u
+#define E2M1_BF16_HI0 0x3F3F3F00u
+#define E2M1_BF16_HI1 0x40404040u
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+struct SmallNvfp4 {
+  static constexpr int GW = 64;
+  static constexpr bool SCALED = false;
+  struct Raw {
+    uint2 q;
+    u32 s2;  // the chunk's block scale as a bf16 pair
+  };
+  static __device__ __forceinline__ void load(Raw& r, const SmallArgs& a, long long n, int q,
+                                              int c) {
+    const long long k = a.stride;
+    r.q = __ldg(reinterpret_cast<const uint2*>(a.obj + n * (k >> 1) + 32LL * q) + c);
+    const u32 s = __ldg(a.obj + a.off1 + nvfp4_scale_offset(n, 4LL * q + c, k));
+    const u32 bits = __float_as_uint(e4m3_to_f32(s)) >> 16;  // exact: 4 significant bits
+    r.s2 = bits | (bits << 16);
+  }
+  // weights (4h, 4h + 1) and (4h + 2, 4h + 3) of word w (h = 0, 1) as scaled bf16 pairs
+  static __device__ __forceinline__ void quad(const Raw& r, int w, int h, u32& p01, u32& p23) {
+    const u32 word = (w == 0 ? r.q.x : r.q.y) >> (16 * h);
+    const u32 sel = word & 0x7777u;  // four magnitude indices, one per result byte
+    const u32 lo = prmt(E2M1_BF16_LO0, E2M1_BF16_LO1, sel);
+    const u32 hi = prmt(E2M1_BF16_HI0, E2M1_BF16_HI1, sel);
+    // sign bits 3, 7, 11, 15 of the four codes -> bits 15 and 31 of each pair
+    const u32 s01 = ((word << 12) & 0x8000u) | ((word << 24) & 0x80000000u);
+    const u32 s23 = ((word << 4) & 0x8000u) | ((word << 16) & 0x80000000u);
+    p01 = mul_bf16x2(prmt(lo, hi, 0x5140u) | s01, r.s2);
+    p23 = mul_bf16x2(prmt(lo, hi, 0x7362u) | s23, r.s2);
+  }
+  // mma j takes chunk weights 4j .. 4j + 3: slots (2c, 2c+1) the first pair, (2c+8, 2c+9)
+  // the second
+  static __device__ __forceinline__ void frag(const Raw& r, int j, u32& lo, u32& hi) {
+    quad(r, j >> 1, j & 1, lo, hi);
+  }
+  static __device__ __forceinline__ float scale(const Raw&) { return 1.f; }
+  static __device__ __forceinline__ int perm(int j, int i) { return 4 * j + i; }
+  static __device__ __forceinline__ float finish(float acc, const SmallArgs& a, long long n) {
+    return acc / __ldg(reinterpret_cast<const float*>(a.obj + a.off2) + n / a.rpd);
+  }
 };
 
 // x in fragment order, made once per product by small_x_prep: for group q, activation
@@ -320,7 +392,8 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = tile0 + 16 * r + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
-          if (row < rows && m < m_rows) y[(long long)m * ldy + row] = acc[r][t][i];
+          if (row < rows && m < m_rows)
+            y[(long long)m * ldy + row] = F::finish(acc[r][t][i], a, (long long)row0 + row);
         }
     return;
   }
@@ -352,7 +425,7 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
     float s = 0.f;
     for (int k = 0; k < (int)gridDim.y; ++k)
       s += __ldcg(partial + k * slice + (long long)m * rows + row);
-    y[(long long)m * ldy + row] = s;
+    y[(long long)m * ldy + row] = F::finish(s, a, (long long)row0 + row);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
 }
@@ -360,11 +433,11 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 #define DEFINE_SMALL_GEMM(NAME, POLICY)                                                       \
   template <int NT, int R, int U>                                                             \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
-      NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int row0,  \
-           int rows, int groups, const uint4* __restrict__ xf, int m_rows,                    \
+      NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int rpd,   \
+           int row0, int rows, int groups, const uint4* __restrict__ xf, int m_rows,          \
            float* __restrict__ y, int ldy, float* __restrict__ partial,                       \
            unsigned* __restrict__ counters) {                                                 \
-    SmallArgs a{obj, off1, off2, stride};                                                     \
+    SmallArgs a{obj, off1, off2, stride, rpd};                                                \
     small_gemm<POLICY, NT, R, U>(a, row0, rows, groups, xf, m_rows, y, ldy, partial,          \
                                  counters);                                                   \
   }                                                                                           \
@@ -377,4 +450,5 @@ DEFINE_SMALL_GEMM(small_q4, SmallRowSplit<4>)
 DEFINE_SMALL_GEMM(small_q5, SmallRowSplit<5>)
 DEFINE_SMALL_GEMM(small_q6, SmallRowSplit<6>)
 DEFINE_SMALL_GEMM(small_q8, SmallQ8)
+DEFINE_SMALL_GEMM(small_nvfp4, SmallNvfp4)
 DEFINE_SMALL_GEMM(small_bf16, SmallBf16)
