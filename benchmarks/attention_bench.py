@@ -47,7 +47,7 @@ def main() -> None:
     q = cp.random.standard_normal((n, KV_HEADS * GROUP, HEAD_DIM), dtype=cp.float32)
     print(f"lanes {n}, context {ctx}, copy {copy_bps / 1e9:.0f} GB/s")
     print(f"{'K/V':<9} {'chunk':>7} {'us':>8} {'GB/s':>7} {'floor us':>9} {'% floor':>8}")
-    policy = attention.split_policy(per_lane * PAGE)[0]
+    policy = attention.split_policy(per_lane * PAGE, n * KV_HEADS)[0]
     for dtype in ("float32", "bfloat16", "fp8_e4m3"):
         k, v = pool(dtype, n * per_lane), pool(dtype, n * per_lane)
         nbytes = 2 * n * ctx * KV_HEADS * HEAD_DIM * k.itemsize

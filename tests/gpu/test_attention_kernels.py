@@ -171,17 +171,6 @@ def test_attention_split_policies(page: int, max_pages: int, positions: list[int
         )
 
 
-def test_split_policy() -> None:
-    assert attention.split_policy(40) == (64, 1)
-    assert attention.split_policy(4096) == (64, 64)
-    assert attention.split_policy(16384) == (64, 256)
-    assert attention.split_policy(20032) == (128, 157)
-    for ctx in (1, 127, 128, 129, 5000, 65536, 262144, 10**6):
-        chunk, splits = attention.split_policy(ctx)
-        assert chunk % 64 == 0 and splits <= attention.MAX_SPLITS
-        assert (splits - 1) * chunk < ctx <= splits * chunk
-
-
 @pytest.mark.parametrize("kv", KINDS)
 def test_kv_write(kv: str) -> None:
     import cupy as cp

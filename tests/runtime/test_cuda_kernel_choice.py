@@ -49,7 +49,8 @@ def test_layouts_without_a_tensor_core_kernel_never_use_it() -> None:
     assert not any(kernels.uses_tensor_cores(p, 34816, m) for m in range(1, 9))
 
 
-def test_nvfp4_uses_tensor_cores_from_two_rows() -> None:
+def test_nvfp4_uses_tensor_cores_from_one_row_on_large_objects() -> None:
     p = F.planes("nvfp4", "block_scale_k16_m128x4_v1", (34816, 5120))
-    assert not kernels.uses_tensor_cores(p, 34816, 1)
-    assert kernels.uses_tensor_cores(p, 34816, 2)
+    assert kernels.uses_tensor_cores(p, 34816, 1)
+    assert not kernels.uses_tensor_cores(p, 1024, 1)
+    assert kernels.uses_tensor_cores(p, 1024, 2)

@@ -22,6 +22,10 @@ MAX_GROUP = 8
 ATTN_WARPS = 4
 #: must match MAX_SPLITS in kernels/attention.cu (the combine's shared weights)
 MAX_SPLITS = 256
+#: blocks one decode-attention launch aims for (pairs x splits): at 8 lanes x 4 kv heads x
+#: 16k tokens on the H200, 512-token splits (1,024 blocks) ran 15-20% faster than 64-token
+#: ones (8,192 blocks) and than 1,024-token ones (512 blocks); benchmarks/attention_bench.py
+TARGET_BLOCKS = 1024
 _DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16", np.dtype(np.uint8): "u8"}
 
 register_family(
@@ -40,12 +44,14 @@ register_family(
 __all__ = ["attention_decode", "kv_write", "split_policy", "to_bf16_bits"]
 
 
-def split_policy(max_context: int) -> tuple[int, int]:
-    """(chunk, splits) for a table reaching ``max_context`` tokens: chunks of at least 64
-    tokens (a multiple of 64), at most ``MAX_SPLITS`` of them. Many small splits keep the
-    GPU busy with one lane and few kv heads (each warp has only a few steps to run); the
-    partials they write stay small next to the K/V they summarise."""
-    per_split = -(-max_context // MAX_SPLITS)  # ceil: the chunk if there were MAX_SPLITS
+def split_policy(max_context: int, pairs: int = 1) -> tuple[int, int]:
+    """(chunk, splits) for a table reaching ``max_context`` tokens, with ``pairs`` (lane,
+    kv head) pairs to run: chunks of at least 64 tokens (a multiple of 64), cut so that pairs
+    x splits come to about ``TARGET_BLOCKS`` blocks (at most ``MAX_SPLITS`` splits). One lane
+    with few kv heads needs many small splits to fill the GPU; many lanes fill it anyway, and
+    then longer splits read K/V in longer runs and write fewer partials."""
+    want = max(1, min(MAX_SPLITS, -(-TARGET_BLOCKS // pairs)))
+    per_split = -(-max_context // want)
     chunk = max(64, -(-per_split // 64) * 64)
     return chunk, -(-max_context // chunk)
 
@@ -115,7 +121,7 @@ def attention_decode(
         return out
     max_context = page_table.shape[1] * page
     if chunk is None:
-        chunk, splits = split_policy(max_context)
+        chunk, splits = split_policy(max_context, n * nkv)
     elif chunk % 64 or -(-max_context // chunk) > MAX_SPLITS:
         raise ValueError(f"chunk {chunk}: a multiple of 64 with at most {MAX_SPLITS} splits")
     else:

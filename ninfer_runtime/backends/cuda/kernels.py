@@ -126,15 +126,16 @@ def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: i
 #: (fewest activation rows M, fewest weights rows x K) from which the tensor-core kernel
 #: beats the SIMT GEMV, per layout. The tensor-core kernel costs a few microseconds more per
 #: call (an x-fragment pass, the K-split sum) and barely slows down with M; the GEMV's time
-#: grows with M, more slowly for q8 and bf16, which it decodes cheaply. One row always runs
-#: the GEMV. Measured on the H200: `benchmarks/gpu_bench.py --rows 1,2,4,8 --shapes ...`
-#: (docs/performance.md, "Choosing the small-M kernel").
+#: grows with M, more slowly for q8 and bf16, which it decodes cheaply. One row runs the GEMV
+#: except for large NVFP4 objects, whose E2M1 decode costs the GEMV most. Measured on the
+#: H200: `benchmarks/gpu_bench.py --rows 1,2,4,8 --shapes ...` (docs/performance.md,
+#: "Choosing the small-M kernel").
 TENSOR_CORES_FROM = {
     F.Q4: ((2, 30_000_000), (4, 4_000_000)),
     F.Q5: ((2, 40_000_000), (4, 4_000_000)),
     F.Q6: ((2, 30_000_000), (4, 4_000_000)),
     F.Q8: ((5, 16_000_000),),
-    F.NVFP4: ((2, 4_000_000),),  # not yet measured: the SIMT GEMV reads NVFP4 at 5% with 8 rows
+    F.NVFP4: ((1, 80_000_000), (2, 4_000_000)),
     F.BF16: ((4, 32_000_000), (8, 16_000_000)),
 }
 
