@@ -9,10 +9,15 @@
 //
 // A layout is a policy struct F with:
 //   KU                     weights per 16-byte unit (multiple of 8)
+//   SCALE_RUN              sub-chunks of 8 weights that share one scale (divides KU / 8)
+//   CODE_SCALE, CODE_BIAS  decode's values v stand for weights CODE_SCALE * v + CODE_BIAS
+//                          (before the scale): 1 and 0 for exact values; integer codes come
+//                          as 2 + c / 64 (one byte permute each, see RowSplitInt), and the
+//                          bias is applied once per run through the sum of x (M <= R)
 //   Unit                   what a lane holds for one (row, unit)
 //   load(w, args, n, u)    fetch unit u of absolute row n
-//   decode(w, s, v)        the 8 weights of sub-chunk s (no group scale applied)
-//   scale(w, s)            the group scale of sub-chunk s
+//   decode(w, s, v)        the 8 values of sub-chunk s (no scale applied)
+//   scale(w, s)            the scale of sub-chunk s
 //   finish(acc, args, n)   the row's final value (row scale, divisor)
 //   setup()                block-wide preparation before any warp may return (tables)
 
@@ -49,13 +54,20 @@ __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int row
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
+  // Codes with a bias: the x sums cost 8 adds per activation row and sub-chunk, shared by the
+  // R rows; turning each code into its value costs 8 per weight row. Sum x when M <= R.
+  constexpr bool CODES = F::CODE_BIAS != 0.f, BIASED = CODES && M <= R;
+  static_assert(CODES || F::CODE_SCALE == 1.f, "exact values need no scale");
+  static_assert((F::KU / 8) % F::SCALE_RUN == 0, "a unit holds whole scale runs");
   for (int u = lane + 32 * slice; u < units; u += 32 * KS) {
     typename F::Unit w[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], u);
     const float* xu = x + (long long)u * F::KU;
+    float t[R][M], xsum[M];
 #pragma unroll
     for (int s = 0; s < F::KU / 8; ++s) {
+      const bool run_start = s % F::SCALE_RUN == 0;
       float xs[M][8];
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -64,18 +76,39 @@ __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int row
             __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s + 4));
         xs[m][0] = lo.x; xs[m][1] = lo.y; xs[m][2] = lo.z; xs[m][3] = lo.w;
         xs[m][4] = hi.x; xs[m][5] = hi.y; xs[m][6] = hi.z; xs[m][7] = hi.w;
+        if (BIASED) {
+          float sum = run_start ? 0.f : xsum[m];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum += xs[m][j];
+          xsum[m] = sum;
+        }
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float v[8];
         F::decode(w[r], s, v);
-        const float sc = F::scale(w[r], s);
+        if (CODES && !BIASED) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = fmaf(F::CODE_SCALE, v[j], F::CODE_BIAS);
+        }
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          float t = 0.f;
+          float dot = run_start ? 0.f : t[r][m];
 #pragma unroll
-          for (int j = 0; j < 8; ++j) t = fmaf(v[j], xs[m][j], t);
-          acc[r][m] = fmaf(sc, t, acc[r][m]);
+          for (int j = 0; j < 8; ++j) dot = fmaf(v[j], xs[m][j], dot);
+          t[r][m] = dot;
+        }
+      }
+      if ((s + 1) % F::SCALE_RUN == 0) {  // the run's sums to weights, times its scale
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float sc = F::scale(w[r], s);
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const float run =
+                BIASED ? fmaf(F::CODE_SCALE, t[r][m], F::CODE_BIAS * xsum[m]) : t[r][m];
+            acc[r][m] = fmaf(sc, run, acc[r][m]);
+          }
         }
       }
     }

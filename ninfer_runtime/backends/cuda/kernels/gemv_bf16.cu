@@ -2,6 +2,8 @@
 
 struct Bf16Row {
   static constexpr int KU = 8;
+  static constexpr int SCALE_RUN = 1;
+  static constexpr float CODE_SCALE = 1.f, CODE_BIAS = 0.f;
   struct Unit {
     uint4 q;
   };

@@ -6,6 +6,8 @@
 
 struct Fp8Row {
   static constexpr int KU = 16;
+  static constexpr int SCALE_RUN = 2;  // scale 1: the row scale comes in finish
+  static constexpr float CODE_SCALE = 1.f, CODE_BIAS = 0.f;
   struct Unit {
     uint4 q;
   };

@@ -8,6 +8,8 @@
 
 struct Nvfp4 {
   static constexpr int KU = 32;
+  static constexpr int SCALE_RUN = 2;  // one E4M3 scale per 16 weights
+  static constexpr float CODE_SCALE = 1.f, CODE_BIAS = 0.f;
   struct Unit {
     uint4 q;
     float s0, s1;
