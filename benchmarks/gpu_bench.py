@@ -138,12 +138,14 @@ def _copies(fmt: str, layout: str, shape: tuple[int, int]) -> tuple[list, F.Plan
     return [first] + [random_object(fmt, layout, shape)[0] for _ in range(count - 1)], p
 
 
-def tune(copy_bps: float) -> list[dict]:
-    """% of floor for compiled (M, rows per warp R, K split KS) choices."""
+def tune(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
+    """% of floor for compiled (M, rows per warp R, K split KS) choices (default formats:
+    q4, q8, nvfp4, fp8)."""
     combos = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (1, 2, 4), (1, 4, 4), (1, 8, 4)]
     combos += [(8, 2, 1), (8, 4, 1), (8, 4, 4)]
     rows = []
-    for fmt, layout in [LAYOUTS[0], LAYOUTS[3], LAYOUTS[5], LAYOUTS[6]]:
+    chosen = formats or [LAYOUTS[i][0] for i in (0, 3, 5, 6)]
+    for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
         for shape in SHAPES:
             copies, p = _copies(fmt, layout, shape)
             line = []
@@ -162,10 +164,12 @@ def tune(copy_bps: float) -> list[dict]:
     return rows
 
 
-def tune_small(copy_bps: float) -> list[dict]:
-    """% of floor of the tensor-core kernel for each compiled (R, U) and K slices S."""
+def tune_small(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
+    """% of floor of the tensor-core kernel for each compiled (R, U) and K slices S (default
+    formats: q4, q8)."""
     rows = []
-    for fmt, layout in [LAYOUTS[0], LAYOUTS[3]]:
+    chosen = formats or [LAYOUTS[i][0] for i in (0, 3)]
+    for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
         for shape in SHAPES:
             copies, p = _copies(fmt, layout, shape)
             line = []
@@ -269,7 +273,7 @@ def main() -> None:
     print(f"device-to-device copy: {copy_bps / 1e9:.0f} GB/s read + write ({detail})")
     formats = args.formats.split(",") if args.formats else None
     rows = bench(copy_bps, formats, shapes, activation_rows)
-    tuning = {"simt": tune, "small": tune_small}[args.tune](copy_bps) if args.tune else []
+    tuning = {"simt": tune, "small": tune_small}[args.tune](copy_bps, formats) if args.tune else []
     if args.json:
         with open(args.json, "w") as fh:
             result = {"copy_GBps": copy_bps / 1e9, "compile_s": compile_s, "rows": rows}

@@ -7,26 +7,42 @@
 // half a group, so one scale covers a whole unit. Rows are padded to a multiple of 128
 // columns with zero-valued codes; the launcher pads x with zeros to match (ldx = K_pad).
 
-// q4 and q5 codes c (offset binary, c = q + 2^(b-1) < 0x80) become floats by one byte permute:
-// byte c under the exponent byte 0x40 is the float 2 + c / 64, exact, so the weight q is
-// 64 v - 128 - 2^(b-1) and the driver applies that bias once per group through the sum of x.
-// The loop of gemv_q4<1, 8, 1> runs 2.98 SASS instructions a weight this way, against 3.91
-// converting each code to its value (permute, subtract); q5 3.83 against 7.9 (bit by bit).
-// q6 and q8 decode to values.
+// 4- to 6-bit codes c (offset binary: c = q + 2^(b-1)) become floats by one byte permute. With
+// c at the top of a byte's low 7 bits and 0x40 as the exponent byte, the float is
+// v = 2 + c / 2^(b-1), exact, so q = 2^(b-1) (v - 3) and the driver applies the bias once per
+// group through the sum of x. Keeping c at the top of the mantissa keeps each product's
+// rounding error within 2^-(20-b) of the weight's own. The loop of gemv_q4<1, 8, 1> runs 2.98
+// SASS instructions a weight this way, against 3.91 converting each code to its value
+// (permute, subtract); q5 3.83 against 7.9 and q6 5.08 against 7.7 (bit by bit). q8 bytes
+// decode to values (a byte has no room for the exponent's bit).
 __device__ __forceinline__ float code_byte(u32 bytes, int i) {
   return __uint_as_float(__byte_perm(bytes, 0x40000000u, 0x7054u | ((u32)i << 8)));
+}
+
+// The 2-bit fields at bits 4i, 4i + 1 of h (i = 0..3) moved to bits 8i + 5, 8i + 6
+__device__ __forceinline__ u32 spread_pairs(u32 h) {
+  h &= 0x3333u;
+  h = (h | (h << 8)) & 0x00330033u;        // fields at 0, 4, 16, 20
+  return ((h << 5) | (h << 9)) & 0x60606060u;  // 0 -> 5, 4 -> 13, 16 -> 21, 20 -> 29
+}
+
+// (a & mask) ^ flip as one LOP3 (the compiler splits it when both are immediates)
+__device__ __forceinline__ u32 and_xor(u32 a, u32 mask, u32 flip) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(mask), "r"(flip));
+  return d;
 }
 
 template <int BITS>
 struct RowSplitInt {
   static constexpr int KU = BITS == 8 ? 16 : 32;
   static constexpr int SCALE_RUN = KU / 8;  // a unit is half a group: one scale
-  static constexpr bool CODES = BITS == 4 || BITS == 5;
-  static constexpr float CODE_SCALE = CODES ? 64.f : 1.f;
-  static constexpr float CODE_BIAS = CODES ? -(128.f + (1 << (BITS - 1))) : 0.f;
+  static constexpr bool CODES = BITS < 8;
+  static constexpr float CODE_SCALE = CODES ? 1 << (BITS - 1) : 1.f;
+  static constexpr float CODE_BIAS = CODES ? -3.f * (1 << (BITS - 1)) : 0.f;
   struct Unit {
     uint4 q;
-    u32 h0, h1;  // high bits (q5: h0; q6: h0 | h1 << 32)
+    u32 h0, h1;  // high bits, their sign bits flipped (q5: h0; q6: h0 | h1 << 32)
     float s;
   };
   static __device__ __forceinline__ void setup() {}
@@ -38,8 +54,8 @@ struct RowSplitInt {
       w.h0 = ~__ldg(reinterpret_cast<const u32*>(a.obj + a.off1 + group * 8) + (u & 1));
     } else if (BITS == 6) {
       const uint2 h = __ldg(reinterpret_cast<const uint2*>(a.obj + a.off1 + group * 16) + (u & 1));
-      w.h0 = h.x;
-      w.h1 = h.y;
+      w.h0 = h.x ^ 0xAAAAAAAAu;  // bit 5 of each weight: the sign bit
+      w.h1 = h.y ^ 0xAAAAAAAAu;
     }
   }
   static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
@@ -53,32 +69,25 @@ struct RowSplitInt {
       }
       return;
     }
-    if (CODES) {  // byte i of even / odd: the code of weight 8s + 2i / 8s + 2i + 1
-      u32 even, odd;
-      if (BITS == 4) {  // flip each nibble's sign bit: two's complement to offset binary
-        const u32 word = unit_word(w.q, s) ^ 0x88888888u;
-        even = word & 0x0F0F0F0Fu;
-        odd = (word >> 4) & 0x0F0F0F0Fu;
-      } else {  // q5: byte s of h0 holds bit 4 of weights 8s..8s+7, spread to bit 4 of each byte
-        // (load keeps h0 inverted: bit 4 is the sign bit, flipped to offset binary)
-        const u32 word = unit_word(w.q, s), h = w.h0 >> (8 * s);
-        even = (word & 0x0F0F0F0Fu) | (((h & 0x55u) * 0x00410410u) & 0x10101010u);  // 2i -> 8i+4
-        odd = ((word >> 4) & 0x0F0F0F0Fu) | (((h & 0xAAu) * 0x00208208u) & 0x10101010u);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v[2 * i] = code_byte(even, i);
-        v[2 * i + 1] = code_byte(odd, i);
-      }
-      return;
-    }
+    // byte i of even / odd: the code of weight 8s + 2i / 8s + 2i + 1, at bits 7-b..6
+    u32 even, odd;
     const u32 word = unit_word(w.q, s);
+    if (BITS == 4) {  // nibbles to bits 3-6, their sign bit flipped: to offset binary
+      even = and_xor(word << 3, 0x78787878u, 0x40404040u);
+      odd = and_xor(word >> 1, 0x78787878u, 0x40404040u);
+    } else if (BITS == 5) {  // byte s of h0: bit 4 of weights 8s..8s+7, to bit 6 of each byte
+      const u32 h = w.h0 >> (8 * s);
+      even = ((word << 2) & 0x3C3C3C3Cu) | (((h & 0x55u) * 0x01041040u) & 0x40404040u);
+      odd = ((word >> 2) & 0x3C3C3C3Cu) | (((h & 0xAAu) * 0x00820820u) & 0x40404040u);
+    } else {  // q6: 16 bits of h0 / h1, two per weight (bits 4, 5), to bits 5-6 of each byte
+      const u32 h = (s < 2 ? w.h0 : w.h1) >> (16 * (s & 1));
+      even = ((word << 1) & 0x1E1E1E1Eu) | spread_pairs(h);  // pairs at 4i -> 8i + 5
+      odd = ((word >> 3) & 0x1E1E1E1Eu) | spread_pairs(h >> 2);
+    }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      u32 c = (word >> (4 * j)) & 0xFu;
-      const u32 h = s < 2 ? w.h0 : w.h1;  // q6
-      c |= ((h >> (2 * (8 * (s & 1) + j))) & 3u) << 4;
-      v[j] = small_uint_to_f32(c ^ 32u, 32.f);
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = code_byte(even, i);
+      v[2 * i + 1] = code_byte(odd, i);
     }
   }
   static __device__ __forceinline__ float scale(const Unit& w, int) { return w.s; }
