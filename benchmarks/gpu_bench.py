@@ -48,6 +48,9 @@ def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
     so host launch overhead (tens of microseconds per CuPy call) is not measured."""
     for _ in range(warmup):
         fn()
+    # the timing stream does not wait for the default one: finish any pending work (the
+    # random weights of a fresh shape) first, or the first replays time it too
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
