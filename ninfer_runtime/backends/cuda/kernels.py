@@ -32,7 +32,8 @@ def default_rows_per_warp(code: int, m: int, rows: int, k_split: int) -> int:
     [17408, 5120] and [5120, 17408]): with one activation row, the 4- to 6-bit row_split
     layouts keep more loads in flight with 8 rows per warp (on many or split rows), q8, fp8
     and bf16 did best with 4 (q8: 81-86% of the floor against 72-74% with 8), nvfp4 with 2;
-    with several activation rows R = 4 was best for every layout."""
+    with several activation rows R = 4 was best for every layout. Re-measured for q4/q5/q6
+    after their one-permute decode (2026-11-30): these choices stay within 2-4% of the best."""
     if m > 1:
         return ROWS_PER_WARP[m]
     if code == F.NVFP4:
