@@ -19,15 +19,10 @@ typedef unsigned long long u64;
 #define FMT_FP8 6
 #define FMT_BF16 7
 
-// 2^23 as a float: OR-ing a small integer u into its mantissa gives exactly 2^23 + u, so
-// u -> float costs one logic op and one add instead of a (slower) integer conversion.
+// 2^23 as a float: a small integer u in its mantissa is exactly 2^23 + u, so u -> float costs
+// one permute and one add instead of a (slower) integer conversion.
 #define MAGIC_BITS 0x4B000000u
 #define MAGIC_F 8388608.0f
-
-__device__ __forceinline__ float small_uint_to_f32(u32 u, float bias) {
-  // exactly (float)u - bias for u < 2^23 and a bias that keeps the result exact
-  return __uint_as_float(MAGIC_BITS | u) - (MAGIC_F + bias);
-}
 
 // Byte i of x as 2^23 + byte (one PRMT): [x.byte_i, 0, 0, 0x4B] read as a float.
 __device__ __forceinline__ float magic_byte(u32 x, int i) {

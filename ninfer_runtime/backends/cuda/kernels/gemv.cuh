@@ -11,9 +11,9 @@
 //   KU                     weights per 16-byte unit (multiple of 8)
 //   SCALE_RUN              sub-chunks of 8 weights that share one scale (divides KU / 8)
 //   CODE_SCALE, CODE_BIAS  decode's values v stand for weights CODE_SCALE * v + CODE_BIAS
-//                          (before the scale): 1 and 0 for exact values; integer codes come
-//                          as 2 + c / 64 (one byte permute each, see RowSplitInt), and the
-//                          bias is applied once per run through the sum of x (M <= R)
+//                          (before the scale): 1 and 0 for exact values; 4- to 6-bit codes
+//                          come as 2 + c / 2^(b-1) (one byte permute each, see RowSplitInt),
+//                          and the bias is applied once per run through the sum of x (M <= R)
 //   Unit                   what a lane holds for one (row, unit)
 //   load(w, args, n, u)    fetch unit u of absolute row n
 //   decode(w, s, v)        the 8 values of sub-chunk s (no scale applied)

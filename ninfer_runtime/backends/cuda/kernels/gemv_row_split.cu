@@ -10,7 +10,8 @@
 // 4- to 6-bit codes c (offset binary: c = q + 2^(b-1)) become floats by one byte permute. With
 // c at the top of a byte's low 7 bits and 0x40 as the exponent byte, the float is
 // v = 2 + c / 2^(b-1), exact, so q = 2^(b-1) (v - 3) and the driver applies the bias once per
-// group through the sum of x. Keeping c at the top of the mantissa keeps each product's
+// group through the sum of x (or to each value when x has more rows than the warp has weight
+// rows, see gemv.cuh). Keeping c at the top of the mantissa keeps each product's
 // rounding error within 2^-(20-b) of the weight's own. The loop of gemv_q4<1, 8, 1> runs 2.98
 // SASS instructions a weight this way, against 3.91 converting each code to its value
 // (permute, subtract); q5 3.83 against 7.9 and q6 5.08 against 7.7 (bit by bit). q8 bytes
