@@ -236,16 +236,6 @@ def test_kv_write_encodes_like_numpy(kv: str) -> None:
     np.testing.assert_array_equal(cp.asnumpy(load_kv(codes)).view(np.uint32), want)
 
 
-def test_to_bf16_bits() -> None:
-    import cupy as cp
-
-    rng = np.random.default_rng(4)
-    bits = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
-    x = np.concatenate([bits.view(np.float32), rng.standard_normal(1000).astype(np.float32)])
-    got = cp.asnumpy(attention.to_bf16_bits(cp.asarray(x.reshape(-1, 8))))
-    np.testing.assert_array_equal(got.reshape(-1), f32_to_bf16(x))
-
-
 def test_bad_arguments_named() -> None:
     import cupy as cp
 

@@ -172,6 +172,17 @@ def test_to_bf16_matches_numpy() -> None:
 
 
 @on_gpu
+def test_to_bf16_random_bit_patterns() -> None:
+    import cupy as cp
+
+    rng = np.random.default_rng(4)
+    bits = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([bits.view(np.float32), rng.standard_normal(1000).astype(np.float32)])
+    got = cp.asnumpy(prefill.to_bf16(cp.asarray(x.reshape(-1, 8))))
+    np.testing.assert_array_equal(got.reshape(-1), f32_to_bf16(x))
+
+
+@on_gpu
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_dequant_rows_bf16_is_bit_exact(case: Any) -> None:
     import cupy as cp

@@ -37,11 +37,10 @@ register_family(
         for t in _DTYPES.values()
     ]
     + [f"attn_combine<{d}>" for d in HEAD_DIMS]
-    + [f"kv_write<{t}>" for t in _DTYPES.values()]
-    + ["to_bf16"],
+    + [f"kv_write<{t}>" for t in _DTYPES.values()],
 )
 
-__all__ = ["attention_decode", "kv_write", "split_policy", "to_bf16_bits"]
+__all__ = ["attention_decode", "kv_write", "split_policy"]
 
 
 def split_policy(max_context: int, pairs: int = 1) -> tuple[int, int]:
@@ -199,20 +198,3 @@ def kv_write(
             np.int32(page_table.shape[1]),
         ),
     )
-
-
-def to_bf16_bits(x: Any) -> Any:
-    """float32 device array -> uint16 bfloat16 words of the same shape (round to nearest
-    even, NaN stays NaN; as ``ninfer_format.numeric.f32_to_bf16``)."""
-    import cupy as cp
-
-    if x.dtype != np.float32:
-        raise ValueError(f"x: dtype {x.dtype}, expected float32")
-    x = cp.ascontiguousarray(x)
-    out = cp.empty(x.shape, dtype=cp.uint16)
-    if x.size:
-        threads = 256
-        function(FAMILY, "to_bf16")(
-            (min(-(-x.size // threads), 65536),), (threads,), (x, out, np.int64(x.size))
-        )
-    return out

@@ -315,14 +315,6 @@ __global__ void __launch_bounds__(D)
   out[((long long)i * nkv * group + j) * D + d] = a / sum;
 }
 
-// float32 -> bf16 word, round to nearest even; NaN stays NaN (ninfer_format.numeric.f32_to_bf16:
-// a NaN whose payload is only in the low half gets the quiet bit instead of becoming Inf).
-__device__ __forceinline__ u16 f32_to_bf16(float f) {
-  const u32 bits = __float_as_uint(f), high = bits >> 16;
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((high & 0x7Fu) == 0 ? high | 0x40u : high);
-  return (u16)((bits + 0x7FFFu + (high & 1u)) >> 16);
-}
-
 // float32 -> E4M3FN byte, unscaled (ninfer_runtime.state.to_e4m3_bytes): round to nearest
 // even, magnitudes beyond 448 saturate (the format has no infinity), NaN keeps its sign.
 // Normal codes round the float32 pattern to 3 fraction bits (a carry into the exponent is
@@ -338,7 +330,7 @@ __device__ __forceinline__ u8 f32_to_e4m3(float f) {
 }
 
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
-__device__ __forceinline__ void store(u16* p, float x) { *p = f32_to_bf16(x); }
+__device__ __forceinline__ void store(u16* p, float x) { *p = f32_to_bf16_rn(x); }
 __device__ __forceinline__ void store(u8* p, float x) { *p = f32_to_e4m3(x); }
 
 // Row i of k, v [N, Nkv, D] (float32) goes to token positions[i] of slot slots[i]. A position
@@ -360,10 +352,4 @@ __global__ void kv_write(T* __restrict__ k_pages, T* __restrict__ v_pages,
     store(k_pages + dst, k[e]);
     store(v_pages + dst, v[e]);
   }
-}
-
-__global__ void to_bf16(const float* __restrict__ x, u16* __restrict__ y, long long n) {
-  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
-       e += (long long)gridDim.x * blockDim.x)
-    y[e] = f32_to_bf16(x[e]);
 }

@@ -29,6 +29,14 @@ __device__ __forceinline__ float magic_byte(u32 x, int i) {
   return __uint_as_float(__byte_perm(x, MAGIC_BITS, 0x7540u | (u32)i));
 }
 
+// float32 -> bfloat16 bits, round to nearest even, as ninfer_format.numeric.f32_to_bf16: a NaN
+// keeps its high payload (gaining the quiet bit if that half alone would read as Inf).
+__device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
+  const u32 bits = __float_as_uint(f), high = bits >> 16;
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((high & 0x7Fu) == 0 ? high | 0x40u : high);
+  return (u16)((bits + 0x7FFFu + (high & 1u)) >> 16);
+}
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -9,14 +9,6 @@
 // rounding of code x scale products otherwise). Arguments follow the GEMV kernels: off1/off2
 // are the layout's plane offsets, stride is gpr (row_split) or K.
 
-// float32 -> bfloat16 bits, round to nearest even, as ninfer_format.numeric.f32_to_bf16: a NaN
-// keeps its high payload (gaining the quiet bit if that half alone would read as Inf).
-__device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
-  const u32 bits = __float_as_uint(f), high = bits >> 16;
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((high & 0x7Fu) == 0 ? high | 0x40u : high);
-  return (u16)((bits + 0x7FFFu + (high & 1u)) >> 16);
-}
-
 __device__ __forceinline__ void store_element(float* out, long long e, float v) { out[e] = v; }
 __device__ __forceinline__ void store_element(u16* out, long long e, float v) {
   out[e] = f32_to_bf16_rn(v);
