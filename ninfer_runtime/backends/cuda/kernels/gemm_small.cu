@@ -294,6 +294,22 @@ __device__ __forceinline__ void load_groups(typename F::Raw (&w)[U][R][2], const
 }
 
 // ------------------------------------------------------------------------------ driver
+// put(row, m, value) for each accumulator inside the product: accumulator (i) of tile r,
+// activation tile t is row g + 8 * (i >> 1) of the tile, activation row t * 8 + 2c + (i & 1)
+template <int R, int NT, class Put>
+__device__ __forceinline__ void each_result(const float (&acc)[R][NT][4], int tile0, int g,
+                                            int c, int rows, int m_rows, Put put) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = tile0 + 16 * r + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
+        if (row < rows && m < m_rows) put(row, m, acc[r][t][i]);
+      }
+}
+
 template <class F, int NT, int R, int U>
 __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                            const uint4* __restrict__ xf, int m_rows,
@@ -383,32 +399,17 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
       }
   }
 
-  // accumulator (i): row g + 8 * (i >> 1) of the tile, activation row t * 8 + 2c + (i & 1)
   if (gridDim.y == 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = tile0 + 16 * r + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
-          if (row < rows && m < m_rows)
-            y[(long long)m * ldy + row] = F::finish(acc[r][t][i], a, (long long)row0 + row);
-        }
+    each_result<R, NT>(acc, tile0, g, c, rows, m_rows, [&](int row, int m, float v) {
+      y[(long long)m * ldy + row] = F::finish(v, a, (long long)row0 + row);
+    });
     return;
   }
   // partial[s][m][row] for this block's rows; the last block of the row range sums them
   const long long slice = (long long)m_rows * rows;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = tile0 + 16 * r + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
-        if (row < rows && m < m_rows)
-          partial[blockIdx.y * slice + (long long)m * rows + row] = acc[r][t][i];
-      }
+  each_result<R, NT>(acc, tile0, g, c, rows, m_rows, [&](int row, int m, float v) {
+    partial[blockIdx.y * slice + (long long)m * rows + row] = v;
+  });
   __threadfence();
   __syncthreads();
   __shared__ bool last;
