@@ -54,3 +54,12 @@ def test_nvfp4_uses_tensor_cores_from_one_row_on_large_objects() -> None:
     assert kernels.uses_tensor_cores(p, 34816, 1)
     assert not kernels.uses_tensor_cores(p, 1024, 1)
     assert kernels.uses_tensor_cores(p, 1024, 2)
+
+
+def test_kernel_args_are_the_planes_in_launch_order_and_widths() -> None:
+    import numpy as np
+
+    p = F.planes("nvfp4", "block_scale_k16_m128x4_v1", (512, 320), 2)
+    off1, off2, stride, rpd = p.kernel_args()
+    assert (off1, off2, stride, rpd) == (p.off1, p.off2, p.stride, 256)
+    assert [type(a) for a in p.kernel_args()] == [np.int64, np.int64, np.int32, np.int32]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ninfer_format.codecs import fp8_row, nvfp4
 from ninfer_format.codecs.row_split import LAYOUT as ROW_SPLIT
 from ninfer_format.codecs.row_split import row_split_geometry
@@ -52,6 +54,16 @@ class Planes:
     x_width: int = 0
     units: int = 0
     gemv: bool = True
+
+    def kernel_args(self) -> tuple[np.int64, np.int64, np.int32, np.int32]:
+        """``off1, off2, stride, rows_per_divisor`` as every packed-weight kernel takes them
+        (after the object's bytes)."""
+        return (
+            np.int64(self.off1),
+            np.int64(self.off2),
+            np.int32(self.stride),
+            np.int32(self.rows_per_divisor),
+        )
 
 
 def planes(format: str, layout: str, shape: tuple[int, int], divisors: int = 1) -> Planes:
