@@ -10,6 +10,7 @@ process on a machine pays for compilation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -25,6 +26,14 @@ KERNEL_DIR = Path(__file__).with_name("kernels")
 OPTIONS = ("-std=c++17",)
 #: where cubins are kept (``NINFER_KERNEL_CACHE`` overrides)
 CACHE_DIR = Path.home() / ".cache/ninfer/kernels"
+
+
+@functools.cache
+def sm_count() -> int:
+    """Streaming multiprocessors of the device in use (asked once; launch shapes use it)."""
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
 def family_source(family: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import formats as F
-from .compile import compile_all, function, register_family
+from .compile import compile_all, function, register_family, sm_count
 
 MAX_GEMV_ROWS = 8
 #: must match GEMV_WARPS in kernels/gemv.cuh
@@ -164,14 +164,14 @@ def _small_groups(p: F.Planes) -> int:
 FUNC_ATTRIBUTE_NUM_REGS = 4
 
 
-def _resident(fn: Any, sms: int) -> int:
+def _resident(fn: Any) -> int:
     """Blocks of ``fn`` the device runs at once: registers are what limit these kernels
     (allocated per warp in units of 256)."""
     import cupy as cp
 
     regs = cp.cuda.driver.funcGetAttribute(FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
     per_thread = -(-regs // 8) * 8
-    return sms * max(1, min(32, 65536 // (per_thread * SMALL_WARPS * 32)))
+    return sm_count() * max(1, min(32, 65536 // (per_thread * SMALL_WARPS * 32)))
 
 
 class _SplitBuffers:
@@ -181,18 +181,16 @@ class _SplitBuffers:
 
     partial: Any = None
     counters: Any = None
-    sms: int = 0
 
     @classmethod
-    def get(cls) -> tuple[Any, Any, int]:
-        """The partial-sum buffer, the counters, and the device's SM count."""
+    def get(cls) -> tuple[Any, Any]:
+        """The partial-sum buffer and the counters."""
         if cls.partial is None:
             import cupy as cp
 
             cls.partial = cp.empty(PARTIAL_FLOATS, dtype=cp.float32)
             cls.counters = cp.zeros(1 << 16, dtype=cp.uint32)
-            cls.sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        return cls.partial, cls.counters, cls.sms
+        return cls.partial, cls.counters
 
 
 def small_gemm(
@@ -216,10 +214,10 @@ def small_gemm(
     blocks = -(-rows // (SMALL_WARPS * 16 * r))
     kernel = _SMALL_KERNELS[p.code]
     fn = function(SMALL_FAMILY, f"{kernel}<{nt}, {r}, {u}>")
-    partial, counters, sms = _SplitBuffers.get()
+    partial, counters = _SplitBuffers.get()
     if split is None:  # K slices to fill the device in one wave (a second, partial wave
         # would double the time), each slice at least MIN_SPLIT_GROUPS loop steps long
-        split = min(MAX_SPLIT, groups // (MIN_SPLIT_GROUPS * u), _resident(fn, sms) // blocks)
+        split = min(MAX_SPLIT, groups // (MIN_SPLIT_GROUPS * u), _resident(fn) // blocks)
         split = max(1, min(split, PARTIAL_FLOATS // (m * rows)))
     if split > 1 and (split * m * rows > PARTIAL_FLOATS or blocks > counters.size):
         raise ValueError(f"split {split}: partial sums for {m} x {rows} do not fit")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .compile import function, register_family
+from .compile import function, register_family, sm_count
 
 FAMILY = "prefill_attention"
 HEAD_DIMS = (64, 128, 256)
@@ -98,7 +98,6 @@ def _check(name: str, a: Any, ndim: int) -> None:
         raise ValueError(f"{name}: must be 16-byte aligned (rows are read as vectors)")
 
 
-_SMS: list[int] = []
 _SMEM_SET: set[str] = set()
 
 
@@ -160,10 +159,8 @@ def prefill_attention(
     bn = tile_keys(d)
     max_tiles = -(-(start + t) // bn)
     if splits is None:
-        if not _SMS:
-            _SMS.append(int(cp.cuda.Device().attributes["MultiProcessorCount"]))
         per_sm = max(1, (227 << 10) // smem_bytes(d))
-        splits = split_count(mblocks * nkv, max_tiles, _SMS[0], per_sm)
+        splits = split_count(mblocks * nkv, max_tiles, sm_count(), per_sm)
     splits = max(1, min(int(splits), max_tiles))
     per_split = -(-max_tiles // splits)
     splits = -(-max_tiles // per_split)  # no split that is empty for every block
