@@ -120,11 +120,10 @@ def attention_decode(
         return out
     max_context = page_table.shape[1] * page
     if chunk is None:
-        chunk, splits = split_policy(max_context, n * nkv)
-    elif chunk % 64 or -(-max_context // chunk) > MAX_SPLITS:
+        chunk = split_policy(max_context, n * nkv)[0]
+    splits = -(-max_context // chunk)
+    if chunk % 64 or splits > MAX_SPLITS:
         raise ValueError(f"chunk {chunk}: a multiple of 64 with at most {MAX_SPLITS} splits")
-    else:
-        splits = -(-max_context // chunk)
     ws_acc = cp.empty((n, nkv, splits, group, d), dtype=cp.float32)
     ws_ml = cp.empty((n, nkv, splits, group, 2), dtype=cp.float32)
     kind = _DTYPES[k_pages.dtype]
