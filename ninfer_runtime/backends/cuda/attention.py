@@ -121,8 +121,8 @@ def attention_decode(
     max_context = page_table.shape[1] * page
     if chunk is None:
         chunk = split_policy(max_context, n * nkv)[0]
-    splits = -(-max_context // chunk)
-    if chunk % 64 or splits > MAX_SPLITS:
+    splits = -(-max_context // chunk) if chunk > 0 else 0
+    if chunk % 64 or not 0 < splits <= MAX_SPLITS:
         raise ValueError(f"chunk {chunk}: a multiple of 64 with at most {MAX_SPLITS} splits")
     ws_acc = cp.empty((n, nkv, splits, group, d), dtype=cp.float32)
     ws_ml = cp.empty((n, nkv, splits, group, 2), dtype=cp.float32)
