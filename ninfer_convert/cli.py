@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -36,9 +35,26 @@ def _sources(specs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception | str) -> None:
     click.echo(f"ninfer-convert: error: {exc}", err=True)
     sys.exit(1)
+
+
+def _os_error(exc: OSError) -> str:
+    """One line for a failure of the operating system (disk full, read-only, I/O error)."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+def _summary(description: str, indent: int) -> str:
+    """A recipe's first paragraph, wrapped to the terminal below its name."""
+    import shutil
+    import textwrap
+
+    paragraph = " ".join(description.split("\n\n")[0].split())
+    width = max(shutil.get_terminal_size().columns, indent + 40)
+    lines = textwrap.wrap(paragraph, width - indent) or [""]
+    return ("\n" + " " * indent).join(lines)
 
 
 def _print_report(report) -> None:  # type: ignore[no-untyped-def]
@@ -130,10 +146,10 @@ def main(
     if list_recipes:
         for name in available_recipes():
             try:
-                text = load_recipe(name).description.splitlines()[0]
+                text = load_recipe(name).description
             except ConvertError as exc:
                 text = f"(broken: {exc})"
-            click.echo(f"{name:<24} {text}")
+            click.echo(f"{name:<24} {_summary(text, 25)}")
         return
     if not recipe or not source_specs or output is None:
         raise click.UsageError("--recipe, --source and -o are required (or --list-recipes)")
@@ -142,24 +158,12 @@ def main(
 
         if not torch.cuda.is_available():
             _fail(ConvertError("--device cuda: torch sees no CUDA device"))
-    from .pipeline import ProposalRequest, convert
+    from ninfer_format.progress import silent, terminal_bar
+
+    from .errors import OutputExists
+    from .pipeline import ProposalRequest, convert, report_path
 
     comps = tuple(c.strip() for c in components.split(",")) if components else None
-    bars: list[Any] = []  # created on the first weight, so early errors print alone
-
-    def progress(name: str, done: int, total: int) -> None:
-        if quiet:
-            return
-        if not bars:
-            from tqdm import tqdm
-
-            bars.append(
-                tqdm(total=total, unit="w", unit_scale=True, desc="converting", file=sys.stderr)
-            )
-        bar = bars[0]
-        bar.set_postfix_str(name[-48:])
-        bar.update(done - bar.n)
-
     try:
         report = convert(
             recipe,
@@ -169,20 +173,21 @@ def main(
             device=device,
             shard_limit=shard_limit,
             force=force,
-            progress=progress,
+            progress=silent if quiet else terminal_bar,
             proposal=ProposalRequest(ranking, proposal_rows) if ranking else None,
         )
+    except OutputExists as exc:
+        _fail(f"{exc.path}: already exists; add --force to replace it")
     except ConvertError as exc:
         _fail(exc)
+    except OSError as exc:
+        _fail(_os_error(exc))
     except KeyboardInterrupt:
-        click.echo("ninfer-convert: interrupted; no artifact was written", err=True)
+        click.echo("ninfer-convert: interrupted; the target is unchanged", err=True)
         sys.exit(130)
-    finally:
-        for bar in bars:
-            bar.close()
     if not quiet:
         _print_report(report)
-    click.echo(f"wrote {output} (report: {output.name}.conversion.json)")
+    click.echo(f"wrote {output} (report: {report_path(output)})")
 
 
 @main.command()
@@ -193,12 +198,16 @@ def main(
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def verify(artifact: Path, source_specs: tuple[str, ...], as_json: bool) -> None:
     """Decode every parameter of ARTIFACT and compare it with the source checkpoint."""
+    from ninfer_format.progress import terminal_bar
+
     from .verify import verify_against_source
 
     try:
-        result = verify_against_source(artifact, _sources(source_specs))
+        result = verify_against_source(artifact, _sources(source_specs), progress=terminal_bar)
     except ConvertError as exc:
         _fail(exc)
+    except OSError as exc:
+        _fail(_os_error(exc))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

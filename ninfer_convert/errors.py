@@ -13,3 +13,11 @@ class RecipeError(ConvertError):
 
 class SourceError(ConvertError):
     """A checkpoint source cannot be opened or does not hold what was asked of it."""
+
+
+class OutputExists(ConvertError):
+    """The output artifact exists and ``force`` was not given."""
+
+    def __init__(self, path: object):
+        self.path = path
+        super().__init__(f"{path}: already exists (force=True replaces it)")

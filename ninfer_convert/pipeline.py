@@ -23,17 +23,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from ninfer_format import ArtifactError, ArtifactWriter, ResourceSpec, TensorSpec
+from ninfer_format import (
+    ArtifactError,
+    ArtifactWriter,
+    ResourceSpec,
+    TargetExists,
+    TensorSpec,
+    WriteError,
+)
 from ninfer_format.binders.qwen3_5 import expected_parameters
 from ninfer_format.codecs import codec_for
 from ninfer_format.errors import DirectoryError
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
+from ninfer_format.progress import ProgressBar, silent
 
 from .adapters import LogicalTensor, adapter_for
 from .adapters.qwen3_5_gguf import has_mtp as gguf_has_mtp
 from .adapters.qwen3_5_gguf import map_qwen3_5_gguf, open_config_only
 from .encoded import Importer, importers, values_view, weight_names
-from .errors import ConvertError, RecipeError, SourceError
+from .errors import ConvertError, OutputExists, RecipeError, SourceError
 from .plan import Auxiliary, Parent, attach_auxiliaries, bindings_and_uses, plan_parents
 from .proposal import DEFAULT_ROWS, read_ranking, select_shortlist, token_domain
 from .quantize import quantize
@@ -53,6 +61,13 @@ RESOURCES = {"text": TEXT_RESOURCES, "vision": VISION_RESOURCES}
 KNOWN_COMPONENTS = ("text", "mtp", "vision")
 ARCHITECTURES = {"qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
 MTP_ARCHITECTURES = {"qwen3_5_text": "Qwen3_5MTP", "qwen3_5_moe_text": "Qwen3_5MoeMTP"}
+#: the conversion report is published beside the entry, as ``<entry>.conversion.json``
+REPORT_SUFFIX = ".conversion.json"
+
+
+def report_path(output: str | Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.name + REPORT_SUFFIX)
 
 
 @dataclass
@@ -439,12 +454,14 @@ def convert(
     device: str = "cpu",
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     force: bool = False,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: ProgressBar = silent,
     proposal: ProposalRequest | None = None,
 ) -> ConversionReport:
-    """Convert and publish ``output``; returns the per-parameter report (also saved as JSON).
+    """Convert and publish ``output``; returns the per-parameter report, which is published
+    with the artifact as ``report_path(output)`` (never beside another artifact).
 
-    ``recipe_name`` is a recipe module name, or a ``Recipe`` built by the caller.
+    ``recipe_name`` is a recipe module name, or a ``Recipe`` built by the caller; ``progress``
+    shows the weights written (``ninfer_format.progress.terminal_bar`` draws a bar).
     """
     started = time.perf_counter()
     output = Path(output)
@@ -470,19 +487,21 @@ def convert(
     }
     report = ConversionReport(recipe.name, str(output), device=device)
     total = sum(math.prod(p.shape) for p in parents)
-    done = 0
     try:
-        with ArtifactWriter(
-            output,
-            components=component_records,
-            objects=specs,
-            bindings=bindings,
-            uses=uses,
-            provenance=provenance,
-            metadata={"name": output.stem},
-            shard_limit=shard_limit,
-            overwrite=force,
-        ) as writer:
+        with (
+            ArtifactWriter(
+                output,
+                components=component_records,
+                objects=specs,
+                bindings=bindings,
+                uses=uses,
+                provenance=provenance,
+                metadata={"name": output.stem},
+                shard_limit=shard_limit,
+                overwrite=force,
+            ) as writer,
+            progress(total, "converting", "w") as advance,
+        ):
             for object_id, data in resources.items():
                 writer.write(object_id, data)
             for parent in parents:
@@ -494,24 +513,22 @@ def convert(
                 writer.write(parent.id, encoded)
                 report.parameters += _errors(parent, encoded, reference)
                 report.objects.append(_object_record(parent, len(encoded)))
-                done += math.prod(parent.shape)
-                if progress:
-                    progress(", ".join(m.name for m in parent.members), done, total)
+                advance(math.prod(parent.shape), ", ".join(m.name for m in parent.members))
                 del reference, encoded
             for aux in auxiliaries:
                 writer.write(aux.id, aux.data)
                 report.objects.append(_auxiliary_record(aux))
-            directory = writer.directory
+            report.artifact_id = writer.artifact_id.hex()
+            report.files = [f.model_dump() for f in writer.directory.files]
+            report.payload_bytes = writer.directory.payload_bytes
+            report.seconds = time.perf_counter() - started
+            writer.add_sidecar(REPORT_SUFFIX, json.dumps(report.as_dict(), indent=2).encode())
+    except TargetExists as exc:
+        raise OutputExists(exc.path) from None
+    except WriteError as exc:  # its message starts with the output path
+        raise ConvertError(str(exc)) from None
     except ArtifactError as exc:
         raise ConvertError(f"{output}: {exc}") from None
-    report.artifact_id = writer.artifact_id.hex()
-    report.files = [f.model_dump() for f in directory.files]
-    report.payload_bytes = directory.payload_bytes
-    report.seconds = time.perf_counter() - started
-    report_path = output.with_name(output.name + ".conversion.json")
-    tmp = report_path.with_name(report_path.name + ".tmp")
-    tmp.write_text(json.dumps(report.as_dict(), indent=2))
-    tmp.replace(report_path)
     return report
 
 

@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from ninfer_format import Artifact, ArtifactError
+from ninfer_format.progress import ProgressBar, silent
 from ninfer_format.verify import verify as verify_bytes
 
+from .adapters import LogicalTensor
 from .errors import ConvertError, RecipeError
 from .pipeline import Prepared, open_sources, prepare
 from .recipe import Recipe, load_recipe
@@ -115,34 +117,45 @@ def _compare(
 
 
 def verify_against_source(
-    artifact: Path, source_specs: Mapping[str, str], recipe: Recipe | str | None = None
+    artifact: Path,
+    source_specs: Mapping[str, str],
+    recipe: Recipe | str | None = None,
+    progress: ProgressBar = silent,
 ) -> dict[str, Any]:
     """Compare every parameter with the source it was converted from; ``source_specs`` are the
-    conversion's ``--source`` roles (base, quantized, gguf ...)."""
+    conversion's ``--source`` roles (base, quantized, gguf ...). ``progress`` shows the bytes
+    checked, then the parameters compared."""
     try:
         art = Artifact.open(artifact)
     except ArtifactError as exc:
         raise ConvertError(f"{artifact}: {exc}") from None
     with art:
         errors = [f"binder: {e}" for e in art.binder_report.errors]
-        errors += verify_bytes(art).errors
+        with progress(art.payload_bytes, "checking bytes", "B") as advance:
+            errors += verify_bytes(art, progress=advance).errors
         chosen = _recipe(art, recipe)
         prepared = prepare(chosen, open_sources(source_specs, chosen), tuple(art.components))
         rows = []
-        for name, t in prepared.logical.items():
-            if name not in art.bindings:
-                errors.append(f"{name}: not bound in the artifact")
-                continue
-            formats = _formats(art, name)
-            fmt = formats.pop() if len(formats) == 1 else "mixed"
-            try:
-                decoded = _decoded(art, name)
-                source = t.load(prepared.views[prepared.choices[name].source])
-            except (ArtifactError, ConvertError) as exc:
-                errors.append(f"{name}: {exc}")
-                continue
-            row, error = _compare(prepared, name, fmt, decoded, source)
-            rows.append(row)
-            if error:
-                errors.append(error)
+        with progress(len(prepared.logical), "comparing", "parameter") as advance:
+            for name, t in prepared.logical.items():
+                row, error = _compare_parameter(art, prepared, name, t)
+                rows += [row] if row else []
+                errors += [error] if error else []
+                advance(1, name)
         return {"artifact": str(artifact), "parameters": rows, "errors": errors}
+
+
+def _compare_parameter(
+    art: Artifact, prepared: Prepared, name: str, t: LogicalTensor
+) -> tuple[dict[str, Any] | None, str | None]:
+    """One parameter's report row (None when it cannot be decoded) and its error, if any."""
+    if name not in art.bindings:
+        return None, f"{name}: not bound in the artifact"
+    formats = _formats(art, name)
+    fmt = formats.pop() if len(formats) == 1 else "mixed"
+    try:
+        decoded = _decoded(art, name)
+        source = t.load(prepared.views[prepared.choices[name].source])
+    except (ArtifactError, ConvertError) as exc:
+        return None, f"{name}: {exc}"
+    return _compare(prepared, name, fmt, decoded, source)

@@ -9,6 +9,7 @@ from .errors import (
     MissingFile,
     PartFileError,
     ResourceError,
+    TargetExists,
     WriteError,
 )
 from .reader import Artifact
@@ -26,6 +27,7 @@ __all__ = [
     "PartFileError",
     "ResourceError",
     "ResourceSpec",
+    "TargetExists",
     "TensorSpec",
     "WriteError",
 ]

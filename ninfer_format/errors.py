@@ -47,6 +47,14 @@ class WriteError(ArtifactError):
     """The writer was asked for something it cannot produce, or could not publish the output."""
 
 
+class TargetExists(WriteError):
+    """The output path exists and replacing it was not asked for."""
+
+    def __init__(self, path: object):
+        self.path = path
+        super().__init__(f"{path}: already exists (overwrite=True replaces it)")
+
+
 class MissingFile(ArtifactError, FileNotFoundError):
     """The entry file named by the user does not exist or is not a regular file."""
 

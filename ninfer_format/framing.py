@@ -21,9 +21,13 @@ def align_up(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def part_file_name(entry_name: str, index: int) -> str:
-    """Writer naming rule: ``<entry>.part-0001``; five or more digits are written in full."""
-    return f"{entry_name}.part-{index:04d}"
+def part_file_name(entry_name: str, index: int, generation: str | None = None) -> str:
+    """Writer naming rule: ``<entry>.part-0001``; five or more digits are written in full.
+
+    A replacement whose old artifact holds those names adds a ``.<generation>`` suffix, so the
+    new parts never overwrite the old ones (readers find parts by ``files[i].path`` only)."""
+    name = f"{entry_name}.part-{index:04d}"
+    return name if generation is None else f"{name}.{generation}"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import click
 import numpy as np
 
 from .errors import ArtifactError, LookupFailed, MissingFile
+from .progress import terminal_bar
 from .reader import Artifact
 from .summary import summarize
 from .verify import verify
@@ -186,7 +187,8 @@ def _report(artifact: Artifact, opts: Options) -> int:
         return EXIT_VALID
     s = summarize(artifact)
     if opts.deep or opts.strict:
-        report = verify(artifact, strict=opts.strict)
+        with terminal_bar(artifact.payload_bytes, "verifying", "B") as advance:
+            report = verify(artifact, strict=opts.strict, progress=advance)
         s["errors"] += report.errors
         s["warnings"] += report.warnings
         s["verify"] = {

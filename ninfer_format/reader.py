@@ -33,6 +33,7 @@ from .errors import (
     PartFileError,
     ResourceError,
 )
+from .fileset import name_limit
 from .framing import (
     HEADER_BYTES,
     PAGE,
@@ -60,6 +61,30 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _not_an_entry(path: Path) -> MissingFile:
+    if path.is_dir():
+        entries = sorted(p.name for p in path.glob("*.ninfer") if p.is_file())
+        listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        return MissingFile(
+            f"{path}: is a directory; an artifact is opened by its entry file"
+            + (f" (here: {listed})" if entries else " (none here ends in .ninfer)")
+        )
+    if path.exists():
+        return MissingFile(f"{path}: not a regular file; an artifact is opened by its entry file")
+    return MissingFile(f"{path}: no such file")
+
+
+def _check_name_length(path: Path, index: int) -> None:
+    """A part name the file system cannot hold names a file that cannot exist."""
+    size, limit = len(os.fsencode(path.name)), name_limit(path.parent)
+    if size > limit:
+        shown = path.name if len(path.name) <= 40 else f"{path.name[:28]}...{path.name[-8:]}"
+        raise PartFileError(
+            f"files[{index}].path {shown!r} is {size} bytes, longer than the {limit}-byte "
+            "file-name limit: that part file cannot exist"
+        )
 
 
 @dataclass(frozen=True)
@@ -107,7 +132,7 @@ class Artifact:
     def open(cls, path: str | os.PathLike[str]) -> Artifact:
         path = Path(path)
         if not path.is_file():
-            raise MissingFile(f"{path}: no such file")
+            raise _not_an_entry(path)
         try:
             with path.open("rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -182,9 +207,10 @@ class Artifact:
             return mm
         f = self.files[index]
         name = f.path.name
-        if f.path.exists() and not f.path.is_file():  # a FIFO would block open() forever
-            raise PartFileError(f"{name}: file {index} of the set is not a regular file")
+        _check_name_length(f.path, index)
         try:
+            if f.path.exists() and not f.path.is_file():  # a FIFO would block open() forever
+                raise PartFileError(f"{name}: file {index} of the set is not a regular file")
             with f.path.open("rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if index > 0:
@@ -341,9 +367,17 @@ class Artifact:
         oid = (comp.resources or {}).get(role)
         if oid is None:
             raise LookupFailed(f"component {component!r} has no resource {role!r}")
-        obj = self.objects[oid]
-        assert isinstance(obj, Resource)
         try:
-            return decode_resource(obj.encoding, self.raw(oid).tobytes())
+            return self.decoded_resource(oid)
         except ResourceError as exc:
-            raise ResourceError(f"resource {role!r} (object {oid!r}): {exc}") from None
+            raise ResourceError(f"resource {role!r}: {exc}") from None
+
+    def decoded_resource(self, object_id: str) -> bytes:
+        """A resource object's bytes, decoded from its encoding."""
+        obj = self.object(object_id)
+        if not isinstance(obj, Resource):
+            raise LookupFailed(f"object {object_id!r} is a tensor, not a resource")
+        try:
+            return decode_resource(obj.encoding, self.raw(object_id).tobytes())
+        except ResourceError as exc:
+            raise ResourceError(f"object {object_id!r}: {exc}") from None

@@ -12,7 +12,7 @@ from typing import Any
 from .codecs import codec_for
 from .errors import ArtifactError
 from .reader import Artifact
-from .resources import CORE_ENCODINGS
+from .resources import CORE_ENCODINGS, ENCODINGS
 from .schema import Resource, Tensor
 
 CONFIG_KEYS = (
@@ -31,7 +31,12 @@ def object_checks(artifact: Artifact) -> tuple[list[str], list[str], set[str]]:
     errors, warnings, dialects = [], [], {"CORE"}
     for obj in artifact.directory.objects:
         if isinstance(obj, Resource):
-            if obj.encoding not in CORE_ENCODINGS:
+            if obj.encoding not in ENCODINGS:
+                warnings.append(
+                    f"object {obj.id!r}: resource encoding {obj.encoding!r} is unknown "
+                    f"(known: {', '.join(sorted(ENCODINGS))}); it cannot be decoded"
+                )
+            elif obj.encoding not in CORE_ENCODINGS:
                 dialects.add("ninfer")
             continue
         if obj.divisors is not None:

@@ -1,14 +1,16 @@
 """Deep verification: read every byte of an artifact and check what the directory promises.
 
-Checks per object: the recorded xxh3-64 checksum, the lazy rules R13/R14, and the codec's scan
-of code words, scales and in-object padding. With ``strict`` also the padding outside objects
-(header gap, part header pages, gaps between objects) must be zero.
+Checks per object: the recorded xxh3-64 checksum, then for a tensor the lazy rules R13/R14
+and the codec's scan of code words, scales and in-object padding, for a resource its decoding
+(unknown encoding, corrupt ``zstd_v1`` frame). Checksum bookkeeping is checked too: a key that
+names no object and an object without a digest are warnings (an artifact with no digests at
+all is fine, project decision 7). With ``strict`` also the padding outside objects (header
+gap, part header pages, gaps between objects) must be zero.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +18,7 @@ import xxhash
 
 from .codecs import Finding
 from .errors import ArtifactError
+from .progress import Advance
 from .reader import Artifact
 from .schema import Tensor
 
@@ -44,13 +47,12 @@ def _digest(artifact: Artifact, offset: int, length: int) -> str:
 
 
 def verify(
-    artifact: Artifact, *, strict: bool = False, progress: Callable[[int], None] | None = None
+    artifact: Artifact, *, strict: bool = False, progress: Advance | None = None
 ) -> VerifyReport:
+    """``progress(n)`` is called with the bytes of each object once it is checked."""
     report = VerifyReport()
     started = time.perf_counter()
-    checksums = artifact.provenance.get("checksums")
-    if not isinstance(checksums, dict):
-        checksums = {}  # optional (project decision 7): other writers do not record digests
+    checksums = _recorded_checksums(artifact, report)
     for obj in artifact.directory.objects:
         where = f"object {obj.id!r}"
         try:
@@ -61,6 +63,8 @@ def verify(
                     report.errors.append(f"{where}: checksum mismatch (recorded {expected!r})")
             if isinstance(obj, Tensor):
                 _scan(artifact, obj, report)
+            else:
+                artifact.decoded_resource(obj.id)
         except ArtifactError as exc:
             report.errors.extend(f"{where}: {p}" if obj.id not in p else p for p in exc.problems)
         report.checked_bytes += obj.bytes
@@ -73,6 +77,24 @@ def verify(
             report.errors.extend(exc.problems)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _recorded_checksums(artifact: Artifact, report: VerifyReport) -> dict[str, object]:
+    """``provenance.checksums``, with a warning for every digest that checks nothing and every
+    object it leaves unchecked (a damaged key would otherwise drop its object silently)."""
+    provenance = artifact.provenance
+    if "checksums" not in provenance:
+        return {}  # optional (project decision 7): other writers do not record digests
+    checksums = provenance["checksums"]
+    if not isinstance(checksums, dict):
+        report.warnings.append("provenance.checksums is not an object: no checksum was checked")
+        return {}
+    for key in sorted(set(checksums) - set(artifact.objects)):
+        report.warnings.append(f"provenance.checksums: {key!r} names no object")
+    for obj in artifact.directory.objects:
+        if obj.id not in checksums:
+            report.warnings.append(f"object {obj.id!r}: no checksum in provenance.checksums")
+    return checksums
 
 
 def _scan(artifact: Artifact, obj: Tensor, report: VerifyReport) -> None:

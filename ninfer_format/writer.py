@@ -3,9 +3,16 @@
 Every object's size follows from its declaration (shape, format, layout; a resource's stored
 length), so the writer fixes the whole directory before the first payload byte: placement,
 sharding and the JSON reservation. Objects are then streamed in directory order, each exactly
-once, into temporary files next to the target. Checksums (xxh3-64, fixed 16 hex digits) are
-patched into the reserved JSON at the end, continuation files are renamed into place first and
-the entry last. Any failure, including Ctrl-C, removes the temporary files.
+once, into locked temporary files next to the target (see ``fileset``). Checksums (xxh3-64,
+fixed 16 hex digits) are patched into the reserved JSON at the end.
+
+Publishing replaces the artifact in one step, the rename of the entry file. The continuation
+files are renamed first, to names no file has (the spec's ``<entry>.part-0001`` where free,
+else with a generation suffix), so the old artifact stays whole until its entry is replaced;
+the parts only the old artifact used are deleted after. Sidecar files (a conversion report)
+are removed before that rename and renamed in after it, so a sidecar never describes another
+artifact. A failure before the entry rename, Ctrl-C included, removes every new file; what a
+killed writer leaves behind, the next writer of the same target removes.
 """
 
 from __future__ import annotations
@@ -13,8 +20,8 @@ from __future__ import annotations
 import os
 import secrets
 import uuid
-from collections.abc import Iterable, Sequence
-from contextlib import suppress
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,7 +30,14 @@ import numpy as np
 import xxhash
 
 from .codecs import codec_for
-from .errors import ArtifactError, WriteError
+from .errors import ArtifactError, TargetExists, WriteError
+from .fileset import (
+    create_locked,
+    name_limit,
+    remove_stale_temps,
+    remove_unused_parts,
+    temp_name,
+)
 from .framing import (
     DEFAULT_SHARD_LIMIT,
     HEADER_BYTES,
@@ -59,11 +73,26 @@ class ResourceSpec:
 
 
 @dataclass
-class _Target:
+class _File:
+    """One file being written: its final path, its locked temporary file, its progress."""
+
     final: Path
     temp: Path
     handle: BinaryIO
-    written: int = 0
+    written: int = 0  # payload bytes (entry and parts)
+    moved: bool = False
+
+    @property
+    def location(self) -> Path:
+        return self.final if self.moved else self.temp
+
+    def seal(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+    def move(self) -> None:
+        os.replace(self.temp, self.final)
+        self.moved = True
 
 
 @dataclass
@@ -103,6 +132,9 @@ class ArtifactWriter:
     >>> with ArtifactWriter(path, components=..., objects=specs, bindings=..., uses=...) as w:
     ...     for spec in specs:
     ...         w.write(spec.id, encoded_bytes_of(spec))
+
+    Every ``WriteError`` it raises starts with the target path; operating-system failures
+    (no space, read-only or failing disk) are ``WriteError`` too, and leave the target as it was.
     """
 
     def __init__(
@@ -122,15 +154,21 @@ class ArtifactWriter:
         self.path = Path(path)
         self.overwrite = overwrite
         self.artifact_id = artifact_id or uuid.uuid4().bytes
+        self._targets: list[_File] = []  # the entry, then the parts
+        self._sidecars: list[_File] = []
+        self._closed = False
         if len(self.artifact_id) != 16:
-            raise WriteError("artifact_id must be 16 bytes")
+            raise WriteError(f"{self.path}: artifact_id must be 16 bytes")
         if shard_limit < 0:
-            raise WriteError(f"shard limit must be >= 0, got {shard_limit}")
+            raise WriteError(f"{self.path}: shard limit must be >= 0, got {shard_limit}")
         if not self.path.parent.is_dir():
             raise WriteError(f"{self.path.parent}: output directory does not exist")
-        self._refuse_existing([self.path])
+        self._refuse_existing()
 
-        records = place_objects(objects)
+        try:
+            records = place_objects(objects)
+        except WriteError as exc:
+            raise WriteError(f"{self.path}: {exc}") from None
         payload = records[-1]["offset"] + records[-1]["bytes"] if records else 0
         provenance = dict(provenance or {})
         provenance["checksums"] = {r["id"]: CHECKSUM_PLACEHOLDER for r in records}
@@ -142,31 +180,36 @@ class ArtifactWriter:
             "metadata": metadata or {},
             "provenance": provenance,
         }
-        self.directory, self._json = self._reserve(document, payload, shard_limit)
+        self.directory, self._json = self._plan_files(document, payload, shard_limit)
         self._records = records
-        self._part_names = [part_file_name(self.path.name, i) for i in range(1, len(self.files))]
-        self._refuse_existing([self.path.with_name(n) for n in self._part_names])
+        self._token = secrets.token_hex(4)
+        self._check_name_lengths([self.path.name, *(f.path for f in self.files[1:])])
         self._progress = _Progress()
         self._checksums: dict[str, str] = {}
-        self._targets: list[_Target] = []
         self._cursor = 0  # logical payload bytes written so far
-        self._closed = False
-        try:
+        with self._cleaning_up():
+            remove_stale_temps(self.path.parent, self.path.name)
             self._open_targets()
-        except BaseException:
-            self.abort()
-            raise
 
     # ----------------------------------------------------------------- planning
-    def _refuse_existing(self, paths: list[Path]) -> None:
-        if self.overwrite:
-            return
-        for p in paths:
-            if p.exists():
-                raise WriteError(f"{p}: already exists (pass overwrite=True / --force to replace)")
+    def _refuse_existing(self) -> None:
+        if not self.overwrite and os.path.lexists(self.path):
+            raise TargetExists(self.path)
+
+    def _plan_files(
+        self, document: dict[str, Any], payload: int, limit: int
+    ) -> tuple[Directory, bytes]:
+        """The directory with part names that no existing file has (see the module docstring)."""
+        generation = None
+        while True:
+            directory, text = self._reserve(document, payload, limit, generation)
+            parts = [self.path.with_name(f.path) for f in directory.files[1:]]
+            if not any(os.path.lexists(p) for p in parts):
+                return directory, text
+            generation = secrets.token_hex(4)
 
     def _reserve(
-        self, document: dict[str, Any], payload: int, limit: int
+        self, document: dict[str, Any], payload: int, limit: int, generation: str | None
     ) -> tuple[Directory, bytes]:
         """The section 1.6 loop: reserve JSON space to a page boundary, then shard."""
         document = dict(document, files=[{"path": None, "payload_bytes": payload}])
@@ -174,10 +217,13 @@ class ArtifactWriter:
         reserve = align_up(HEADER_BYTES + len(dump_directory_text(directory.to_document())), PAGE)
         reserve -= HEADER_BYTES
         while True:
-            sizes = shard_sizes(HEADER_BYTES + reserve, payload, limit)
+            try:
+                sizes = shard_sizes(HEADER_BYTES + reserve, payload, limit)
+            except WriteError as exc:
+                raise WriteError(f"{self.path}: {exc}") from None
             files = [{"path": None, "payload_bytes": sizes[0]}]
             files += [
-                {"path": part_file_name(self.path.name, i), "payload_bytes": n}
+                {"path": part_file_name(self.path.name, i, generation), "payload_bytes": n}
                 for i, n in enumerate(sizes[1:], start=1)
             ]
             directory = self._validated(dict(document, files=files))
@@ -192,29 +238,41 @@ class ArtifactWriter:
             check_directory(directory, self.path.name)
         except ArtifactError as exc:
             raise WriteError(
-                f"{self.path.name}: the directory to write is invalid", problems=exc.problems
+                f"{self.path}: the directory to write is invalid", problems=exc.problems
             ) from None
         return directory
+
+    def _check_name_lengths(self, names: Iterable[str]) -> None:
+        limit = name_limit(self.path.parent)
+        for name in names:
+            size = len(os.fsencode(temp_name(name, self._token)))
+            if size > limit:
+                raise WriteError(
+                    f"{self.path}: file name {name!r} is too long: its temporary name takes "
+                    f"{size} bytes, the file system allows {limit}"
+                )
 
     @property
     def files(self) -> list[Any]:
         return self.directory.files
 
     # ------------------------------------------------------------------ writing
+    def _create(self, final_name: str) -> _File:
+        final = self.path.with_name(final_name)
+        temp = self.path.with_name(temp_name(final_name, self._token))
+        return _File(final, temp, create_locked(temp))
+
     def _open_targets(self) -> None:
-        token = secrets.token_hex(4)
-        names = [self.path.name, *self._part_names]
+        names = [self.path.name, *(f.path for f in self.files[1:])]
         for i, name in enumerate(names):
-            final = self.path.with_name(name)
-            temp = self.path.with_name(f".{name}.tmp-{token}")
-            handle = temp.open("xb")
-            self._targets.append(_Target(final, temp, handle))
+            target = self._create(name)
+            self._targets.append(target)
             if i == 0:
-                handle.write(EntryHeader(len(self._json), self.artifact_id).pack())
-                handle.write(self._json)
+                target.handle.write(EntryHeader(len(self._json), self.artifact_id).pack())
+                target.handle.write(self._json)
             else:
-                handle.write(pack_part_header(i, self.artifact_id))
-                handle.write(bytes(PART_PAYLOAD_START - HEADER_BYTES))
+                target.handle.write(pack_part_header(i, self.artifact_id))
+                target.handle.write(bytes(PART_PAYLOAD_START - HEADER_BYTES))
 
     def _emit(self, data: memoryview) -> None:
         """Append logical payload bytes, splitting them across files."""
@@ -234,64 +292,104 @@ class ArtifactWriter:
             if offset < start + f.payload_bytes:
                 return i, start
             start += f.payload_bytes
-        raise WriteError(f"{self.path.name}: write past the end of the planned payload")
+        raise WriteError(f"{self.path}: write past the end of the planned payload")
 
     def write(self, object_id: str, data: bytes | bytearray | memoryview | np.ndarray) -> None:
         """Append bytes of the next object in directory order (several calls may fill one)."""
         if self._closed:
-            raise WriteError(f"{self.path.name}: writer is closed")
+            raise WriteError(f"{self.path}: writer is closed")
         progress = self._progress
         if progress.index >= len(self._records):
-            raise WriteError(f"object {object_id!r}: every planned object is already written")
+            raise WriteError(
+                f"{self.path}: object {object_id!r}: every planned object is already written"
+            )
         record = self._records[progress.index]
         if record["id"] != object_id:
             raise WriteError(
-                f"object {object_id!r} written out of order: the next object is {record['id']!r}"
+                f"{self.path}: object {object_id!r} written out of order: the next object is "
+                f"{record['id']!r}"
             )
         view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data)
         view = view.cast("B")
         if progress.filled + view.nbytes > record["bytes"]:
             raise WriteError(
-                f"object {object_id!r}: {progress.filled + view.nbytes} bytes given, "
-                f"the object holds {record['bytes']}"
+                f"{self.path}: object {object_id!r}: {progress.filled + view.nbytes} bytes "
+                f"given, the object holds {record['bytes']}"
             )
-        if progress.filled == 0 and self._cursor < record["offset"]:
-            self._emit(memoryview(bytes(record["offset"] - self._cursor)))
-        self._emit(view)
+        with self._cleaning_up():
+            if progress.filled == 0 and self._cursor < record["offset"]:
+                self._emit(memoryview(bytes(record["offset"] - self._cursor)))
+            self._emit(view)
         progress.hasher.update(view)
         progress.filled += view.nbytes
         if progress.filled == record["bytes"]:
             self._checksums[object_id] = progress.hasher.hexdigest()
             self._progress = _Progress(progress.index + 1)
 
+    def add_sidecar(self, suffix: str, data: bytes) -> None:
+        """Publish ``data`` as ``<entry><suffix>`` together with the artifact (e.g. a conversion
+        report). It is removed before the entry is swapped and renamed in after, so the file
+        beside an entry never describes another artifact (at worst, after a kill, it is absent).
+        """
+        if self._closed:
+            raise WriteError(f"{self.path}: writer is closed")
+        if not suffix.startswith(".") or "/" in suffix or "\\" in suffix:
+            raise WriteError(f"{self.path}: sidecar suffix {suffix!r} must be like '.report.json'")
+        name = self.path.name + suffix
+        self._check_name_lengths([name])
+        with self._cleaning_up():
+            sidecar = self._create(name)
+            self._sidecars.append(sidecar)
+            sidecar.handle.write(data)
+
     # --------------------------------------------------------------- finishing
     def close(self) -> Directory:
-        """Check completeness, patch checksums, publish parts then the entry."""
+        """Check completeness, patch checksums, publish (parts, entry, sidecars)."""
         if self._closed:
             return self.directory
-        try:
+        with self._cleaning_up():
             missing = [r["id"] for r in self._records[self._progress.index :]]
             if missing:
                 raise WriteError(
-                    f"{self.path.name}: {len(missing)} planned objects were not written "
+                    f"{self.path}: {len(missing)} planned objects were not written "
                     f"(first: {missing[0]!r})"
                 )
             self._patch_checksums()
             for target, f in zip(self._targets, self.files, strict=True):
                 if target.written != f.payload_bytes:
-                    raise WriteError(f"{target.final.name}: payload size mismatch")
-                target.handle.flush()
-                os.fsync(target.handle.fileno())
-                target.handle.close()
-            self._refuse_existing([t.final for t in self._targets])
-            for target in [*self._targets[1:], self._targets[0]]:
-                os.replace(target.temp, target.final)
-            _fsync_dir(self.path.parent)
-        except BaseException:
-            self.abort()
-            raise
+                    raise WriteError(f"{self.path}: {target.final.name}: payload size mismatch")
+            for f in [*self._targets, *self._sidecars]:
+                f.seal()
+            self._publish()
+        self._release()
         self._closed = True
         return self.directory
+
+    def _publish(self) -> None:
+        self._refuse_existing()
+        entry, *parts = self._targets
+        for part in parts:
+            part.move()  # to a name no file had: the old artifact is untouched
+        for sidecar in self._sidecars:
+            sidecar.final.unlink(missing_ok=True)
+        _fsync_dir(self.path.parent)  # parts durable before the entry refers to them
+        entry.move()  # the one step that replaces the artifact
+        for sidecar in self._sidecars:
+            sidecar.move()
+        _fsync_dir(self.path.parent)
+        if self._published():  # another writer of this target may have swapped in since
+            used = {f.path for f in self.files[1:]}
+            remove_unused_parts(self.path.parent, self.path.name, used)
+
+    def _published(self) -> bool:
+        """Whether the file at the target path is the entry this writer made."""
+        if not self._targets:
+            return False
+        try:
+            mine = os.fstat(self._targets[0].handle.fileno())
+            return os.path.samestat(mine, os.stat(self.path))
+        except (OSError, ValueError):  # ValueError: the handle is closed
+            return False
 
     def _patch_checksums(self) -> None:
         document = self.directory.to_document()
@@ -306,13 +404,42 @@ class ArtifactWriter:
         entry.seek(0, os.SEEK_END)
         self.directory = directory
 
+    @contextmanager
+    def _cleaning_up(self) -> Iterator[None]:
+        """Any failure aborts; an operating-system error becomes a one-line ``WriteError``."""
+        try:
+            yield
+        except OSError as exc:
+            error = self._os_error(exc)
+            self.abort()
+            raise error from None
+        except BaseException:
+            self.abort()
+            raise
+
+    def _os_error(self, exc: OSError) -> WriteError:
+        reason = exc.strerror or str(exc)
+        if exc.filename:
+            reason = f"{Path(exc.filename).name}: {reason}"
+        if self._published():
+            return WriteError(f"{self.path}: published, but a sidecar failed: {reason}")
+        return WriteError(f"{self.path}: cannot write ({reason}); the target is unchanged")
+
     def abort(self) -> None:
-        """Remove every temporary file; nothing is published."""
+        """Remove every file not published; nothing of a failed run stays visible."""
         self._closed = True
-        for target in self._targets:
+        published = self._published()
+        for f in [*self._targets, *self._sidecars]:
+            if not (published and f.moved):
+                with suppress(OSError):
+                    f.location.unlink(missing_ok=True)
+        self._release()
+
+    def _release(self) -> None:
+        """Close every handle, which also drops the locks."""
+        for f in [*self._targets, *self._sidecars]:
             with suppress(OSError):
-                target.handle.close()
-            target.temp.unlink(missing_ok=True)
+                f.handle.close()
 
     def __enter__(self) -> ArtifactWriter:
         return self

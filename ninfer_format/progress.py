@@ -1,0 +1,43 @@
+"""Progress bars for long steps: shown on a terminal, silent elsewhere.
+
+A bar is a context manager ``bar(total, description, unit)`` that yields ``advance(n, note="")``.
+``terminal_bar`` draws one with tqdm on standard error when that is a terminal; tqdm comes with
+the ``convert`` extra, not the base install, so without it the bar is silent too. Library
+functions take a bar factory and default to ``silent``; the command-line tools pass
+``terminal_bar``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+Advance = Callable[..., None]
+ProgressBar = Callable[[int, str, str], AbstractContextManager[Advance]]
+
+
+@contextmanager
+def silent(total: int, description: str, unit: str = "B") -> Iterator[Advance]:
+    yield lambda n, note="": None
+
+
+@contextmanager
+def terminal_bar(total: int, description: str, unit: str = "B") -> Iterator[Advance]:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        with silent(total, description, unit) as advance:
+            yield advance
+        return
+    # disable=None: tqdm draws nothing unless the stream is a terminal
+    with tqdm(
+        total=total, desc=description, unit=unit, unit_scale=True, file=sys.stderr, disable=None
+    ) as bar:
+
+        def advance(n: int, note: str = "") -> None:
+            if note:
+                bar.set_postfix_str(note[-48:], refresh=False)
+            bar.update(n)
+
+        yield advance
