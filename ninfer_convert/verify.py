@@ -23,6 +23,7 @@ import torch
 
 from ninfer_format import Artifact, ArtifactError
 from ninfer_format.progress import ProgressBar, silent
+from ninfer_format.verify import bytes_to_check
 from ninfer_format.verify import verify as verify_bytes
 
 from .adapters import LogicalTensor
@@ -131,7 +132,7 @@ def verify_against_source(
         raise ConvertError(f"{artifact}: {exc}") from None
     with art:
         errors = [f"binder: {e}" for e in art.binder_report.errors]
-        with progress(art.payload_bytes, "checking bytes", "B") as advance:
+        with progress(bytes_to_check(art), "checking bytes", "B") as advance:
             errors += verify_bytes(art, progress=advance).errors
         chosen = _recipe(art, recipe)
         prepared = prepare(chosen, open_sources(source_specs, chosen), tuple(art.components))

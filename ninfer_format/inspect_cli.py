@@ -15,7 +15,7 @@ from .errors import ArtifactError, LookupFailed, MissingFile
 from .progress import terminal_bar
 from .reader import Artifact
 from .summary import summarize
-from .verify import verify
+from .verify import bytes_to_check, verify
 
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -187,7 +187,7 @@ def _report(artifact: Artifact, opts: Options) -> int:
         return EXIT_VALID
     s = summarize(artifact)
     if opts.deep or opts.strict:
-        with terminal_bar(artifact.payload_bytes, "verifying", "B") as advance:
+        with terminal_bar(bytes_to_check(artifact), "verifying", "B") as advance:
             report = verify(artifact, strict=opts.strict, progress=advance)
         s["errors"] += report.errors
         s["warnings"] += report.warnings

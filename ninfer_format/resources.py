@@ -13,22 +13,28 @@ MAX_RESOURCE_BYTES = 256 << 20
 def _zstd_encode(raw: bytes) -> bytes:
     import zstandard
 
-    return zstandard.ZstdCompressor(level=19).compress(raw)
+    # the frame's own checksum lets a decoder notice a damaged frame that still parses
+    return zstandard.ZstdCompressor(level=19, write_checksum=True).compress(raw)
 
 
 def _zstd_decode(stored: bytes) -> bytes:
+    """Exactly one whole frame that declares its size (our encoder always does): truncated
+    frames, trailing bytes and frame checksum mismatches are errors, and nothing larger than
+    the cap is allocated, whatever a hostile header claims."""
     import zstandard
 
     try:
-        # Stream with a cap: a frame header may declare any content size, and one-shot
-        # decompression would allocate it before noticing the data is short.
-        with zstandard.ZstdDecompressor().stream_reader(stored) as reader:
-            raw = reader.read(MAX_RESOURCE_BYTES + 1)
+        declared = zstandard.get_frame_parameters(stored).content_size
+        if declared == zstandard.CONTENTSIZE_UNKNOWN:
+            raise ResourceError("zstd_v1 frame does not declare its content size")
+        if declared > MAX_RESOURCE_BYTES:
+            raise ResourceError(
+                f"zstd_v1 resource declares {declared} bytes, beyond the "
+                f"{MAX_RESOURCE_BYTES}-byte limit"
+            )
+        return zstandard.ZstdDecompressor().decompress(stored, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise ResourceError(f"zstd_v1 resource does not decompress: {exc}") from None
-    if len(raw) > MAX_RESOURCE_BYTES:
-        raise ResourceError(f"zstd_v1 resource expands beyond {MAX_RESOURCE_BYTES} bytes")
-    return raw
 
 
 ENCODINGS: dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]] = {

@@ -46,6 +46,11 @@ def _digest(artifact: Artifact, offset: int, length: int) -> str:
     return hasher.hexdigest()
 
 
+def bytes_to_check(artifact: Artifact) -> int:
+    """The total that ``verify`` reports progress against: every object's bytes."""
+    return sum(obj.bytes for obj in artifact.directory.objects)
+
+
 def verify(
     artifact: Artifact, *, strict: bool = False, progress: Advance | None = None
 ) -> VerifyReport:

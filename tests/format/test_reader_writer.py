@@ -12,12 +12,13 @@ from ninfer_format import (
     LookupFailed,
     MissingFile,
     PartFileError,
+    ResourceError,
     ResourceSpec,
     TensorSpec,
     WriteError,
 )
 from ninfer_format.codecs import codec_for
-from ninfer_format.resources import encode_resource
+from ninfer_format.resources import decode_resource, encode_resource
 
 from .helpers import RNG, load_example, small_artifact, write_raw
 
@@ -258,6 +259,37 @@ def test_zstd_resource_round_trip(tmp_path):
         assert art.resource("t.json") == raw
         with pytest.raises(LookupFailed, match="no resource"):
             art.resource("other")
+
+
+def _damaged(frame: bytes, how: str) -> bytes:
+    if how == "truncated":
+        return frame[:-3]
+    if how == "trailing":
+        return frame + b"\x00"
+    middle = len(frame) // 2
+    return frame[:middle] + bytes([frame[middle] ^ 0xFF]) + frame[middle + 1 :]
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("truncated", "did not decompress full frame"),
+        ("trailing", "1 bytes of unused data"),
+        ("flipped", "doesn't match checksum"),
+    ],
+)
+def test_zstd_resource_damage_is_an_error(how, message):
+    frame = encode_resource("zstd_v1", json.dumps({"vocab": list(range(500))}).encode())
+    with pytest.raises(ResourceError, match=message):
+        decode_resource("zstd_v1", _damaged(frame, how))
+
+
+def test_zstd_frame_must_declare_its_size():
+    import zstandard
+
+    frame = zstandard.ZstdCompressor(write_content_size=False).compress(b"{}" * 100)
+    with pytest.raises(ResourceError, match="does not declare its content size"):
+        decode_resource("zstd_v1", frame)
 
 
 def test_large_sparse_layout_numbers(tmp_path):
