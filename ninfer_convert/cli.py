@@ -53,7 +53,7 @@ def _summary(description: str, indent: int) -> str:
 
     paragraph = " ".join(description.split("\n\n")[0].split())
     width = max(shutil.get_terminal_size().columns, indent + 40)
-    lines = textwrap.wrap(paragraph, width - indent) or [""]
+    lines = textwrap.wrap(paragraph, width - indent, break_on_hyphens=False) or [""]
     return ("\n" + " " * indent).join(lines)
 
 

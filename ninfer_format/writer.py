@@ -10,9 +10,10 @@ Publishing replaces the artifact in one step, the rename of the entry file. The 
 files are renamed first, to names no file has (the spec's ``<entry>.part-0001`` where free,
 else with a generation suffix), so the old artifact stays whole until its entry is replaced;
 the parts only the old artifact used are deleted after. Sidecar files (a conversion report)
-are removed before that rename and renamed in after it, so a sidecar never describes another
-artifact. A failure before the entry rename, Ctrl-C included, removes every new file; what a
-killed writer leaves behind, the next writer of the same target removes.
+are moved aside before that rename and renamed in after it, so a sidecar never describes
+another artifact. A failure before the entry rename, Ctrl-C included, removes every new file
+and puts a moved sidecar back; what a killed writer leaves behind, the next writer of the same
+target removes.
 """
 
 from __future__ import annotations
@@ -79,8 +80,10 @@ class _File:
     final: Path
     temp: Path
     handle: BinaryIO
+    aside: Path  # where a sidecar's predecessor waits for the swap (a stale temp, should we die)
     written: int = 0  # payload bytes (entry and parts)
     moved: bool = False
+    predecessor_aside: bool = False
 
     @property
     def location(self) -> Path:
@@ -93,6 +96,23 @@ class _File:
     def move(self) -> None:
         os.replace(self.temp, self.final)
         self.moved = True
+
+    def set_aside(self) -> None:
+        """Move the file this one replaces out of the way; a failure before the swap restores
+        it, a success deletes it."""
+        try:
+            os.replace(self.final, self.aside)
+        except FileNotFoundError:
+            return
+        self.predecessor_aside = True
+
+    def settle_aside(self, *, published: bool) -> None:
+        if self.predecessor_aside:
+            if published:
+                self.aside.unlink(missing_ok=True)
+            else:
+                os.replace(self.aside, self.final)
+            self.predecessor_aside = False
 
 
 @dataclass
@@ -260,7 +280,8 @@ class ArtifactWriter:
     def _create(self, final_name: str) -> _File:
         final = self.path.with_name(final_name)
         temp = self.path.with_name(temp_name(final_name, self._token))
-        return _File(final, temp, create_locked(temp))
+        aside = self.path.with_name(temp_name(f"{final_name}.old", self._token))
+        return _File(final, temp, create_locked(temp), aside)
 
     def _open_targets(self) -> None:
         names = [self.path.name, *(f.path for f in self.files[1:])]
@@ -328,15 +349,16 @@ class ArtifactWriter:
 
     def add_sidecar(self, suffix: str, data: bytes) -> None:
         """Publish ``data`` as ``<entry><suffix>`` together with the artifact (e.g. a conversion
-        report). It is removed before the entry is swapped and renamed in after, so the file
-        beside an entry never describes another artifact (at worst, after a kill, it is absent).
+        report). The old one is moved aside before the entry is swapped and the new one renamed
+        in after, so the file beside an entry never describes another artifact: a failure puts
+        the old one back; a kill in the instant around the swap can only leave none.
         """
         if self._closed:
             raise WriteError(f"{self.path}: writer is closed")
         if not suffix.startswith(".") or "/" in suffix or "\\" in suffix:
             raise WriteError(f"{self.path}: sidecar suffix {suffix!r} must be like '.report.json'")
         name = self.path.name + suffix
-        self._check_name_lengths([name])
+        self._check_name_lengths([f"{name}.old"])  # the longest name it goes by
         with self._cleaning_up():
             sidecar = self._create(name)
             self._sidecars.append(sidecar)
@@ -370,13 +392,22 @@ class ArtifactWriter:
         entry, *parts = self._targets
         for part in parts:
             part.move()  # to a name no file had: the old artifact is untouched
-        for sidecar in self._sidecars:
-            sidecar.final.unlink(missing_ok=True)
         _fsync_dir(self.path.parent)  # parts durable before the entry refers to them
-        entry.move()  # the one step that replaces the artifact
         for sidecar in self._sidecars:
-            sidecar.move()
-        _fsync_dir(self.path.parent)
+            sidecar.set_aside()
+        entry.move()  # the one step that replaces the artifact
+        try:
+            for sidecar in self._sidecars:
+                sidecar.move()
+            _fsync_dir(self.path.parent)
+        finally:
+            self._remove_replaced()
+
+    def _remove_replaced(self) -> None:
+        """After the swap, whatever else happens: delete what only the old artifact used."""
+        for sidecar in self._sidecars:
+            with suppress(OSError):
+                sidecar.settle_aside(published=True)
         if self._published():  # another writer of this target may have swapped in since
             used = {f.path for f in self.files[1:]}
             remove_unused_parts(self.path.parent, self.path.name, used)
@@ -430,9 +461,10 @@ class ArtifactWriter:
         self._closed = True
         published = self._published()
         for f in [*self._targets, *self._sidecars]:
-            if not (published and f.moved):
-                with suppress(OSError):
+            with suppress(OSError):
+                if not (published and f.moved):
                     f.location.unlink(missing_ok=True)
+                f.settle_aside(published=published)
         self._release()
 
     def _release(self) -> None:

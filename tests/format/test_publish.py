@@ -21,6 +21,7 @@ from ninfer_format.verify import verify
 
 MUTATIONS = ("replace", "rename", "unlink")
 SIDECAR = ".report.json"
+OLD = (1).to_bytes(16, "little")  # the artifact id of the one being replaced (seed 1)
 #: entry payload 4096 bytes, then parts of 4096 bytes: a 16 KiB tensor spans four files
 SHARDED = 8192
 
@@ -116,7 +117,7 @@ def _setup(tmp_path: Path, layout: str, replaced_before: bool) -> tuple[Path, di
     if replaced_before:
         _write(path, 90, tensors=old_n, shard_limit=old_limit, overwrite=False)
     _write(path, 1, tensors=old_n, shard_limit=old_limit, overwrite=True)
-    versions = {(1).to_bytes(16, "little"): _values(1, old_n)}
+    versions = {OLD: _values(1, old_n)}
     versions[(2).to_bytes(16, "little")] = _values(2, new[0])
     return path, versions, new
 
@@ -163,7 +164,8 @@ def test_failure_at_every_directory_change(tmp_path, monkeypatch, layout, replac
             except (WriteError, KeyboardInterrupt) as exc:
                 if isinstance(exc, WriteError):
                     assert str(exc).startswith(str(path)) and "\n" not in str(exc)
-        _which(path, versions)
+        if _which(path, versions) == OLD:  # a failure (not a kill) puts the old sidecar back
+            assert path.with_name(path.name + SIDECAR).exists()
         _rerun_cleans_up(path, n, limit)
 
 
