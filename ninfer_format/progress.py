@@ -30,9 +30,15 @@ def terminal_bar(total: int, description: str, unit: str = "B") -> Iterator[Adva
         with silent(total, description, unit) as advance:
             yield advance
         return
-    # disable=None: tqdm draws nothing unless the stream is a terminal
+    # disable=None: tqdm draws nothing unless the stream is a terminal; SI prefixes (k, M, G)
+    # for large counts only, so that 75 parameters do not read "75.0"
     with tqdm(
-        total=total, desc=description, unit=unit, unit_scale=True, file=sys.stderr, disable=None
+        total=total,
+        desc=description,
+        unit=unit,
+        unit_scale=total >= 10_000,
+        file=sys.stderr,
+        disable=None,
     ) as bar:
 
         def advance(n: int, note: str = "") -> None:
