@@ -22,7 +22,7 @@ from litestar.response import Stream
 
 from .config import Settings
 from .engine_loop import EngineLoop
-from .errors import ApiError
+from .errors import ApiError, shown
 from .generation import Generator
 from .metrics import Metrics
 
@@ -64,7 +64,8 @@ class ServerState:
             return self.model_id
         raise ApiError(
             404,
-            f"The model `{requested}` does not exist; this server serves `{self.model_id}`.",
+            f"The model {shown(requested)} does not exist; this server serves "
+            f"{shown(self.model_id)}.",
             code="model_not_found",
             param="model",
         )
