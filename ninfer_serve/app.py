@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from .openai.models import ChatCompletionRequest, InputTokensRequest, ResponsesR
 
 __all__ = ["create_app"]
 
+log = logging.getLogger("ninfer_serve")
 _OPEN_PATHS = frozenset({"/health"})
 _SHUTTING_DOWN = ApiError(503, "the server is shutting down", code="service_unavailable")
 _REQUEST_ID = "ninfer.request_id"
@@ -156,6 +158,8 @@ class _Request(Request[Any, Any, Any]):
 
 def _http_error(exc: HTTPException) -> ApiError:
     """Litestar's own errors (404 route, 405, 413, bad JSON, validation) as ``ApiError``."""
+    if exc.status_code >= 500:
+        log.error("error while serving a request", exc_info=exc)
     error = _http_error_of(exc)
     error.headers = {**(exc.headers or {}), **error.headers}  # 405 keeps its Allow header
     return error

@@ -76,7 +76,7 @@ def _say(text: str) -> None:
 @click.option(
     "--max-request-mib",
     type=float,
-    help="Largest request body.  [default: 64 bytes per context token, at least 1]",
+    help="Largest request body.  [default: 32 bytes per context token, at least 1]",
 )
 @click.option("--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]")
 @click.option(

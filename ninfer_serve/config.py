@@ -34,10 +34,11 @@ __all__ = [
 ]
 
 DEFAULT_MAX_CONTEXT = 8192
-#: A generous bound on request-body bytes per prompt token: text is ~4 bytes a token, and
-#: JSON escaping (``\\uXXXX`` for every non-ASCII character) and message structure add a
-#: few times that. The default body limit is the context times this, at least 1 MiB.
-BODY_BYTES_PER_TOKEN = 64
+#: A generous bound on request-body bytes per prompt token: text is about 4 bytes a token,
+#: JSON-escaped CJK (``\uXXXX``) about 9. The default body limit is the context times this,
+#: at least 1 MiB. It also bounds the parsing and validation a body costs on the event loop
+#: (about 0.1 s per MiB of the smallest messages).
+BODY_BYTES_PER_TOKEN = 32
 _MIB = 1024 * 1024
 
 

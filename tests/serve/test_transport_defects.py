@@ -20,6 +20,7 @@ import httpx
 import pytest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from ninfer_serve.config import BODY_BYTES_PER_TOKEN, ConfigError, fit_to_model, load_settings
 from ninfer_serve.errors import from_exception
 
 from .conftest import ROOT, Server, metric, start_server, wait_for
@@ -302,3 +303,18 @@ def test_shutdown_answers_running_and_queued_requests_in_json(artifact, tmp_path
         assert response.headers["content-type"] == "application/json"
         assert error_code(response, "/v1/chat/completions") == "service_unavailable"
     assert "Traceback" not in server.log, server.log
+
+
+def test_context_and_body_limit_follow_the_model():
+    settings = load_settings(None, {})
+    fit_to_model(settings, 4096)
+    assert settings.engine.max_context == 4096  # the default, clamped
+    assert settings.max_request_bytes == 1024 * 1024  # at least 1 MiB
+    settings = load_settings(None, {"engine": {"max_context": 262144}})
+    fit_to_model(settings, 262144)
+    assert settings.max_request_bytes == 262144 * BODY_BYTES_PER_TOKEN
+    settings = load_settings(None, {"server": {"max_request_mib": 2}})
+    assert settings.max_request_bytes == 2 * 1024 * 1024  # explicit: as given
+    settings = load_settings(None, {"engine": {"max_context": 4097}})
+    with pytest.raises(ConfigError, match="4097 is more than the model's 4096 positions"):
+        fit_to_model(settings, 4096)
