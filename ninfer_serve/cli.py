@@ -187,21 +187,6 @@ def _positions(artifact: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-class _DrainingServer:
-    """Mixin for ``uvicorn.Server``: drain the engine before waiting for connections.
-
-    uvicorn waits for open connections and then cancels what is left before it runs the
-    application's shutdown; draining first answers every request (queued ones with 503, running
-    ones when they finish or are cancelled at the drain timeout) before anything is cut off.
-    """
-
-    drain: Any
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self.drain()
-        await super().shutdown(sockets)  # type: ignore[misc]
-
-
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted connections only when the
@@ -295,11 +280,24 @@ def serve(model: Path, settings: Settings) -> int:
         lifespan="on",
         server_header=False,
     )
-    server_class = type("Server", (_DrainingServer, uvicorn.Server), {})
-    holder["server"] = server = server_class(config)
     assert app.state is not None
-    loop = app.state.loop
-    server.drain = lambda: loop.drain(settings.server.drain_timeout_s)
+    engine_loop = app.state.loop
+
+    class DrainingServer(uvicorn.Server):
+        """Drains the engine before uvicorn waits for open connections.
+
+        uvicorn waits for connections, then cancels what is left, and only then runs the
+        application's shutdown; draining first answers every request (queued ones 503, running
+        ones when they finish or are cancelled at the drain timeout) before anything is cut off.
+        """
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            for listener in self.servers:
+                listener.close()  # stop accepting connections first
+            await engine_loop.drain(settings.server.drain_timeout_s)
+            await super().shutdown(sockets)
+
+    holder["server"] = server = DrainingServer(config)
 
     def stop(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt

@@ -319,7 +319,7 @@ class EngineLoop:
         if not waiter.result():  # refused by drain
             self._remove_waiter(waiter)
             self.release(ticket)
-            self.check_available()
+            raise EngineUnavailable("the server is shutting down")
         ticket.has_lane = True
         self._gauges()
 

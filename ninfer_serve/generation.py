@@ -61,7 +61,7 @@ def _verbatim_bytes(messages: list[dict[str, Any]]) -> int:
         for part in parts:
             text = part.get("text") if isinstance(part, dict) else part
             if isinstance(text, str):
-                total += len(text.encode("utf-8", "surrogatepass"))
+                total += len(text.encode("utf-8"))
     return total
 
 
@@ -295,10 +295,9 @@ class Generator:
     def _longest_token_bytes(self) -> int:
         if self._longest_token is None:
             tokenizer = self.engine.tokenizer
-            self._longest_token = max(
-                (len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=1
-            )
-        return max(self._longest_token, 1)
+            sizes = (len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size))
+            self._longest_token = max(1, *sizes)
+        return self._longest_token
 
     def check_fits(self, job: Job) -> None:
         """Refuse a prompt whose text alone needs more tokens than the context holds."""
@@ -362,7 +361,7 @@ class Generator:
             submitted = True
             return Run(self, job, stream, len(rendered[0]), self.keepalive)
         except asyncio.CancelledError:  # the client left while the request was queued
-            self.loop.metrics.requests.labels("cancelled").inc()
+            self.loop.metrics.left_before_start()
             raise
         finally:
             if not submitted:

@@ -261,6 +261,10 @@ class Metrics:
         self.rejections.labels(reason).inc()
         self.requests.labels("rejected").inc()
 
+    def left_before_start(self) -> None:
+        """The client went away while its request was being prepared or queued."""
+        self.requests.labels("cancelled").inc()
+
     def started(self, prompt_tokens: int, cached_tokens: int, queue_seconds: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)
         self.cached_tokens.inc(cached_tokens)
