@@ -7,11 +7,15 @@ limit large enough (32 MiB) that a 16 MB prompt reaches the context check.
 from __future__ import annotations
 
 import ast
+import asyncio
+import contextlib
+import gc
 import json
 import logging
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from ninfer_serve.config import BODY_BYTES_PER_TOKEN, ConfigError, fit_to_model, load_settings
 from ninfer_serve.errors import from_exception
+from ninfer_serve.http import until_disconnect
 
 from .conftest import ROOT, Server, metric, start_server, wait_for
 from .test_admission import Long
@@ -318,3 +323,33 @@ def test_context_and_body_limit_follow_the_model():
     settings = load_settings(None, {"engine": {"max_context": 4097}})
     with pytest.raises(ConfigError, match="4097 is more than the model's 4096 positions"):
         fit_to_model(settings, 4096)
+
+
+def test_a_refused_request_frees_its_data_at_once():
+    """No reference cycle keeps a failed request's data until the next full collection (16 MB
+    prompts refused one after another used to pile up)."""
+
+    class Prompt:
+        pass
+
+    class Connected:
+        async def receive(self) -> dict:
+            await asyncio.Event().wait()
+            return {}
+
+    async def refuse(prompt: Prompt) -> None:
+        raise ValueError("refused")
+
+    async def serve_one() -> weakref.ref:
+        prompt = Prompt()
+        alive = weakref.ref(prompt)
+        with contextlib.suppress(ValueError):
+            await until_disconnect(Connected(), refuse(prompt))  # type: ignore[arg-type]
+        del prompt
+        return alive
+
+    gc.disable()
+    try:
+        assert asyncio.run(serve_one())() is None
+    finally:
+        gc.enable()
