@@ -170,7 +170,7 @@ def fit_to_model(settings: Settings, positions: int | None) -> None:
     if "max_context" in engine.model_fields_set:
         raise ConfigError(
             f"max_context {engine.max_context} is more than the model's {positions} positions "
-            f"(max_position_embeddings); give --max-context {positions} or less"
+            f"(its max_position_embeddings); give {positions} or less"
         )
     engine.max_context = positions
 
