@@ -6,22 +6,26 @@ gives. Cross-cutting rules live here once:
 
 * the ``Gate`` (plain ASGI, outermost) gives every response ``x-request-id`` and
   ``request-id`` headers and checks the API key before any body is read (``/health`` is open);
-* the body limit (``max_request_mib``) is Litestar's, checked on ``content-length`` before
-  reading and on the bytes read, so an oversized body is refused before any parsing;
-* every exception becomes an error in the shape of the API its path belongs to.
+* the body limit (``max_request_mib``, by default sized for the context) is Litestar's, checked
+  on ``content-length`` before reading and on the bytes read, so an oversized body is refused
+  before any parsing;
+* every exception becomes an error in the shape of the API its path belongs to, with a code
+  (a request cut off by shutdown included).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import logging
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
-from litestar import Litestar, Request, Response, delete, get, post
-from litestar.exceptions import HTTPException, ValidationException
+from litestar import Litestar, MediaType, Request, Response, delete, get, post
+from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
@@ -34,13 +38,15 @@ from .engine_loop import EngineLoop
 from .errors import AnthropicErrorBody, ApiError, OpenAIErrorBody, from_exception
 from .generation import Generator
 from .http import ClientGone, ServerState
-from .metrics import CONTENT_TYPE_LATEST, Metrics
+from .metrics import EXPOSITION_CONTENT_TYPE, Metrics
 from .openai import chat, responses
 from .openai.models import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
 
 __all__ = ["create_app"]
 
+log = logging.getLogger("ninfer_serve")
 _OPEN_PATHS = frozenset({"/health"})
+_SHUTTING_DOWN = ApiError(503, "the server is shutting down", code="service_unavailable")
 _REQUEST_ID = "ninfer.request_id"
 
 
@@ -54,6 +60,7 @@ class Gate:
     def __init__(self, app: Any, api_key: str | None):
         self.app = app
         self._key = api_key.encode() if api_key else None
+        self.state: ServerState | None = None  # set by create_app
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         assert self._key is not None
@@ -63,6 +70,15 @@ class Gate:
             scheme, _, token = auth.partition(b" ")
             offered = token.strip() if scheme.lower() == b"bearer" else None
         return offered is not None and hmac.compare_digest(offered, self._key)
+
+    async def _send_error(self, error: ApiError, scope: Any, receive: Any, send: Any) -> None:
+        request_id = scope[_REQUEST_ID]
+        status, body = (
+            error.anthropic(request_id) if _is_anthropic(scope["path"]) else error.openai()
+        )
+        await Response(body, status_code=status, headers=error.headers).to_asgi_response(
+            None, Request(scope, receive)
+        )(scope, receive, send)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -75,8 +91,12 @@ class Gate:
         scope[_REQUEST_ID] = request_id
         extra = [(b"x-request-id", request_id.encode()), (b"request-id", request_id.encode())]
 
+        started = False
+
         async def send_with_id(message: Any) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
@@ -90,40 +110,62 @@ class Gate:
                 "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
                 code="invalid_api_key",
             )
-            status, body = (
-                error.anthropic(request_id) if _is_anthropic(scope["path"]) else error.openai()
-            )
-            await Response(body, status_code=status).to_asgi_response(
-                None, Request(scope, receive)
-            )(scope, receive, send_with_id)
+            await self._send_error(error, scope, receive, send_with_id)
             return
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            # the server cancels what is still running when its shutdown grace ends; the
+            # client gets the API's error shape, not the ASGI server's plain-text 500
+            if not started:
+                with contextlib.suppress(Exception):
+                    await self._send_error(_SHUTTING_DOWN, scope, receive, send_with_id)
+            raise
 
 
 _STATUS = {
     400: "invalid request (the body names the field in param)",
     401: "missing or wrong API key",
-    404: "unknown model, response or endpoint",
-    413: "request body over --max-request-mib",
+    404: "unknown model or response",
+    413: "request body over the limit (--max-request-mib)",
     429: "server_overloaded: running and waiting requests at capacity",
     503: "request_queue_timeout, model_loading or service_unavailable",
     504: "Anthropic: no lane within the pending timeout",
     529: "Anthropic: running and waiting requests at capacity",
 }
-_OPENAI_ERRORS = {
-    status: ResponseSpec(data_container=OpenAIErrorBody, description=text)
-    for status, text in _STATUS.items()
-    if status not in (504, 529)
-}
-_ANTHROPIC_ERRORS = {
-    status: ResponseSpec(data_container=AnthropicErrorBody, description=text)
-    for status, text in _STATUS.items()
-    if status != 429
-}
+_GENERATION = (400, 401, 404, 413, 429, 503)
+
+
+def _errors(*statuses: int, anthropic: bool = False) -> dict[int, ResponseSpec]:
+    """OpenAPI responses for the errors a route can give, in its API's shape (Anthropic
+    clients get 529 and 504 where OpenAI clients get 429 and 503)."""
+    if anthropic:
+        statuses = tuple({429: 529}.get(s, s) for s in statuses)
+        statuses += (504,) if 503 in statuses else ()
+    body = AnthropicErrorBody if anthropic else OpenAIErrorBody
+    return {s: ResponseSpec(data_container=body, description=_STATUS[s]) for s in statuses}
+
+
+class _Request(Request[Any, Any, Any]):
+    """Litestar's request, with a body nested deeper than the JSON decoder goes as a 400."""
+
+    async def json(self) -> Any:
+        try:
+            return await super().json()
+        except RecursionError:
+            raise ClientException("the JSON body is nested too deeply") from None
 
 
 def _http_error(exc: HTTPException) -> ApiError:
     """Litestar's own errors (404 route, 405, 413, bad JSON, validation) as ``ApiError``."""
+    if exc.status_code >= 500:
+        log.error("error while serving a request", exc_info=exc)
+    error = _http_error_of(exc)
+    error.headers = {**(exc.headers or {}), **error.headers}  # 405 keeps its Allow header
+    return error
+
+
+def _http_error_of(exc: HTTPException) -> ApiError:
     status = exc.status_code
     if isinstance(exc, ValidationException):
         problems = exc.extra if isinstance(exc.extra, list) else []
@@ -154,9 +196,12 @@ def _http_error(exc: HTTPException) -> ApiError:
 
 
 def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    if isinstance(exc, ClientGone):
-        return Response({"detail": "client disconnected"}, status_code=499)
-    error = _http_error(exc) if isinstance(exc, HTTPException) else from_exception(exc)
+    if isinstance(exc, ClientGone):  # nobody reads it; the access log shows 499
+        error = ApiError(499, "the client disconnected", code="client_closed_request")
+    elif isinstance(exc, HTTPException):
+        error = _http_error(exc)
+    else:
+        error = from_exception(exc)
     if _is_anthropic(request.url.path):
         status, body = error.anthropic(request.scope.get(_REQUEST_ID))  # type: ignore[call-overload]
     else:
@@ -216,7 +261,14 @@ def create_app(
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
         }
 
-    @get("/health", tags=["server"], summary="Readiness: 200 when the engine accepts work")
+    @get(
+        "/health",
+        tags=["server"],
+        summary="Readiness: 200 when the engine accepts work",
+        responses={
+            503: ResponseSpec(dict[str, str], description="loading, draining or unavailable")
+        },
+    )
     async def health() -> Response[dict[str, str]]:
         if loop.ready:
             return Response({"status": "ok"})
@@ -228,11 +280,19 @@ def create_app(
             status = "unavailable"
         return Response({"status": status}, status_code=503)
 
-    @get("/metrics", tags=["server"], summary="Prometheus metrics (ninfer_* and vllm:* names)")
+    @get(
+        "/metrics",
+        tags=["server"],
+        summary="Prometheus metrics (ninfer_* and vllm:* names)",
+        media_type=MediaType.TEXT,
+        responses=_errors(401),
+    )
     async def metrics_endpoint() -> Response[bytes]:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # the header as given: Litestar would append a second charset to a text/* media type,
+        # and Prometheus refuses a Content-Type with a duplicated parameter
+        return Response(metrics.render(), headers={"content-type": EXPOSITION_CONTENT_TYPE})
 
-    @get("/v1/models", tags=["models"], summary="The served model")
+    @get("/v1/models", tags=["models"], summary="The served model", responses=_errors(401))
     async def list_models() -> dict[str, Any]:
         return {
             "object": "list",
@@ -242,7 +302,12 @@ def create_app(
             "last_id": model_id,
         }
 
-    @get("/v1/models/{name:path}", tags=["models"], summary="One model, with max_model_len")
+    @get(
+        "/v1/models/{name:path}",
+        tags=["models"],
+        summary="One model, with max_model_len",
+        responses=_errors(401, 404),
+    )
     async def get_model(name: str) -> dict[str, Any]:
         state.check_model(name.lstrip("/"))
         return model_object()
@@ -250,7 +315,7 @@ def create_app(
     @post(
         "/v1/chat/completions",
         status_code=200,
-        responses=_OPENAI_ERRORS,
+        responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="OpenAI Chat Completions (stream with SSE)",
     )
@@ -262,7 +327,7 @@ def create_app(
     @post(
         "/v1/responses",
         status_code=200,
-        responses=_OPENAI_ERRORS,
+        responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="OpenAI Responses (core; stream with semantic SSE events)",
     )
@@ -274,14 +339,19 @@ def create_app(
     @post(
         "/v1/responses/input_tokens",
         status_code=200,
-        responses=_OPENAI_ERRORS,
+        responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="Input tokens of a Responses request",
     )
     async def input_tokens(data: InputTokensRequest) -> dict[str, Any]:
-        return await asyncio.to_thread(responses.count_input_tokens, state, data, generator.count)
+        return await responses.count_input_tokens(state, data)
 
-    @get("/v1/responses/{response_id:str}", tags=["openai"], summary="A stored response")
+    @get(
+        "/v1/responses/{response_id:str}",
+        tags=["openai"],
+        summary="A stored response",
+        responses=_errors(401, 404),
+    )
     async def get_response(response_id: str) -> dict[str, Any]:
         return responses.get_response(state, response_id)
 
@@ -289,6 +359,7 @@ def create_app(
         "/v1/responses/{response_id:str}/input_items",
         tags=["openai"],
         summary="Input items of a stored response",
+        responses=_errors(401, 404),
     )
     async def get_input_items(response_id: str) -> dict[str, Any]:
         return responses.get_input_items(state, response_id)
@@ -298,6 +369,7 @@ def create_app(
         status_code=200,
         tags=["openai"],
         summary="Delete a stored response",
+        responses=_errors(401, 404),
     )
     async def delete_response(response_id: str) -> dict[str, Any]:
         return responses.delete_response(state, response_id)
@@ -307,6 +379,7 @@ def create_app(
         status_code=200,
         tags=["openai"],
         summary="Not supported: responses are never background jobs",
+        responses=_errors(400, 401, 404),
     )
     async def cancel_response(response_id: str) -> dict[str, Any]:
         state.responses.get(response_id)
@@ -320,7 +393,7 @@ def create_app(
     @post(
         "/v1/messages",
         status_code=200,
-        responses=_ANTHROPIC_ERRORS,
+        responses=_errors(*_GENERATION, anthropic=True),
         tags=["anthropic"],
         summary="Anthropic Messages (stream with the content-block lifecycle)",
     )
@@ -330,12 +403,12 @@ def create_app(
     @post(
         "/v1/messages/count_tokens",
         status_code=200,
-        responses=_ANTHROPIC_ERRORS,
+        responses=_errors(*_GENERATION, anthropic=True),
         tags=["anthropic"],
         summary="Input tokens of a Messages request",
     )
     async def count_tokens(data: CountTokensRequest) -> dict[str, Any]:
-        return await asyncio.to_thread(anthropic_messages.count_tokens, state, data)
+        return await anthropic_messages.count_tokens(state, data)
 
     @get("/openapi.json", include_in_schema=False)
     async def openapi_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -345,7 +418,7 @@ def create_app(
         loop.start()
 
     async def shutdown() -> None:
-        await loop.drain(settings.server.drain_timeout_s)
+        await loop.stop(settings.server.drain_timeout_s)
 
     app = Litestar(
         route_handlers=[
@@ -367,6 +440,7 @@ def create_app(
         on_startup=[startup],
         on_shutdown=[shutdown],
         exception_handlers={Exception: _error_response},
+        request_class=_Request,
         request_max_body_size=settings.max_request_bytes,
         openapi_config=OpenAPIConfig(
             title="ninfer-serve",
@@ -378,4 +452,6 @@ def create_app(
         debug=False,
     )
     app.state.ninfer = state
-    return Gate(app, settings.server.api_key)
+    gate = Gate(app, settings.server.api_key)
+    gate.state = state
+    return gate

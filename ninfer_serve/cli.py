@@ -22,7 +22,7 @@ import click
 
 from ninfer_runtime.state import KV_DTYPES
 
-from .config import ConfigError, Settings, is_loopback, load_settings
+from .config import ConfigError, Settings, fit_to_model, is_loopback, load_settings
 
 __all__ = ["main"]
 
@@ -59,7 +59,10 @@ def _say(text: str) -> None:
 )
 @click.option("--model-id", help="Model name clients use.  [default: the artifact's name]")
 @click.option(
-    "--max-context", type=int, help="Tokens per request (prompt + output).  [default: 8192]"
+    "--max-context",
+    type=int,
+    help="Tokens per request (prompt + output), at most the model's positions.  "
+    "[default: 8192 or the model's positions if fewer]",
 )
 @click.option("--max-concurrency", type=int, help="Requests decoding at once, 1..8.  [default: 1]")
 @click.option(
@@ -70,7 +73,11 @@ def _say(text: str) -> None:
 @click.option(
     "--pending-timeout-ms", type=int, help="Longest wait for a lane before 503.  [default: 30000]"
 )
-@click.option("--max-request-mib", type=float, help="Largest request body.  [default: 384]")
+@click.option(
+    "--max-request-mib",
+    type=float,
+    help="Largest request body.  [default: 32 bytes per context token, at least 1]",
+)
 @click.option("--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]")
 @click.option(
     "--kv-dtype",
@@ -151,6 +158,11 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "(or $NINFER_API_KEY), or --allow-insecure if the network is trusted"
         )
         sys.exit(2)
+    if not is_loopback(server.host) and not server.api_key:
+        _say(
+            f"warning: listening on {server.host} without an API key (--allow-insecure): "
+            "anyone who can reach this port can use the model"
+        )
     if not model.is_file():
         _say(f"error: {model}: no such file")
         sys.exit(2)
@@ -166,6 +178,13 @@ def _model_id(model: Path, settings: Settings) -> tuple[Any, str]:
         metadata = getattr(artifact, "metadata", None) or {}
         name = metadata.get("name") if isinstance(metadata, dict) else None
     return artifact, str(name or model.stem)
+
+
+def _positions(artifact: Any) -> int | None:
+    """The model's ``max_position_embeddings`` (None when the artifact does not say)."""
+    text = artifact.components.get("text")
+    value = (text.config or {}).get("max_position_embeddings") if text is not None else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -207,6 +226,11 @@ def serve(model: Path, settings: Settings) -> int:
     except (ArtifactError, EngineError, OSError, ValueError) as exc:
         _say(f"error: cannot open {model}: {exc}")
         return 1
+    try:
+        fit_to_model(settings, _positions(artifact))
+    except ConfigError as exc:
+        _say(f"error: {exc}")
+        return 2
     try:
         sock = _bind(settings.server.host, settings.server.port)
     except OSError as exc:
@@ -251,11 +275,29 @@ def serve(model: Path, settings: Settings) -> int:
         app,
         log_level=settings.server.log_level,
         access_log=settings.server.log_level == "debug",
-        timeout_graceful_shutdown=max(int(settings.server.drain_timeout_s), 1),
+        # after the drain only answers already decided are still being written
+        timeout_graceful_shutdown=10,
         lifespan="on",
         server_header=False,
     )
-    holder["server"] = server = uvicorn.Server(config)
+    assert app.state is not None
+    engine_loop = app.state.loop
+
+    class DrainingServer(uvicorn.Server):
+        """Drains the engine before uvicorn waits for open connections.
+
+        uvicorn waits for connections, then cancels what is left, and only then runs the
+        application's shutdown; draining first answers every request (queued ones 503, running
+        ones when they finish or are cancelled at the drain timeout) before anything is cut off.
+        """
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            for listener in self.servers:
+                listener.close()  # stop accepting connections first
+            await engine_loop.drain(settings.server.drain_timeout_s)
+            await super().shutdown(sockets)
+
+    holder["server"] = server = DrainingServer(config)
 
     def stop(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt

@@ -28,9 +28,18 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "SpeculativeSettings",
+    "fit_to_model",
     "is_loopback",
     "load_settings",
 ]
+
+DEFAULT_MAX_CONTEXT = 8192
+#: A generous bound on request-body bytes per prompt token: text is about 4 bytes a token,
+#: JSON-escaped CJK (``\uXXXX``) about 9. The default body limit is the context times this,
+#: at least 1 MiB. It also bounds the parsing and validation a body costs on the event loop
+#: (about 0.1 s per MiB of the smallest messages).
+BODY_BYTES_PER_TOKEN = 32
+_MIB = 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -49,7 +58,8 @@ class ServerSettings(_Table):
     api_key: str | None = None
     model_id: str | None = None
     allow_insecure: bool = False
-    max_request_mib: float = Field(384, gt=0)
+    #: None: sized for the context (``max_context`` × ``BODY_BYTES_PER_TOKEN``, at least 1 MiB)
+    max_request_mib: float | None = Field(None, gt=0)
     #: Used when a request gives no max_tokens (None: the rest of the context).
     default_max_tokens: int | None = Field(None, ge=1)
     #: Template default for requests that do not say (None: the template's own default).
@@ -67,7 +77,8 @@ class EngineSettings(_Table):
     """``[engine]``: the engine and admission."""
 
     backend: Literal["cpu", "cuda"] = "cpu"
-    max_context: int = Field(8192, ge=2)
+    #: an explicit value must not exceed the model's positions; the default is clamped to them
+    max_context: int = Field(DEFAULT_MAX_CONTEXT, ge=2)
     max_concurrency: int = Field(1, ge=1, le=8)
     max_pending_requests: int = Field(16, ge=0)
     pending_timeout_ms: int = Field(30000, ge=1)
@@ -145,7 +156,23 @@ class Settings(_Table):
 
     @property
     def max_request_bytes(self) -> int:
-        return int(self.server.max_request_mib * 1024 * 1024)
+        if self.server.max_request_mib is not None:
+            return int(self.server.max_request_mib * _MIB)
+        return max(self.engine.max_context * BODY_BYTES_PER_TOKEN, _MIB)
+
+
+def fit_to_model(settings: Settings, positions: int | None) -> None:
+    """Clamp a default ``max_context`` to the model's ``positions`` (its
+    ``max_position_embeddings``); an explicit larger value is a ``ConfigError``."""
+    engine = settings.engine
+    if positions is None or engine.max_context <= positions:
+        return
+    if "max_context" in engine.model_fields_set:
+        raise ConfigError(
+            f"max_context {engine.max_context} is more than the model's {positions} positions "
+            f"(its max_position_embeddings); give {positions} or less"
+        )
+    engine.max_context = positions
 
 
 def is_loopback(host: str) -> bool:

@@ -45,6 +45,9 @@ __all__ = [
 
 log = logging.getLogger("ninfer_serve")
 
+#: seconds a cancelled request may take to be ended by the engine (one step) at shutdown
+_CANCEL_GRACE_S = 5.0
+
 
 class Overloaded(Exception):
     """Running plus waiting requests are at capacity (HTTP 429, Anthropic 529)."""
@@ -219,17 +222,35 @@ class EngineLoop:
         return self._admitted - self.running
 
     async def drain(self, timeout: float) -> None:
-        """Refuse new work, let running requests finish for up to ``timeout`` s, then stop."""
+        """Refuse new work and fail the queued requests (503), let running requests finish for
+        up to ``timeout`` s, then cancel the rest and wait for the engine to end them.
+
+        Idempotent. The server drains before it waits for open connections, so every request
+        gets its answer from here rather than being cut off by the ASGI server.
+        """
         self.draining = True
         self.metrics.set_ready(False)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(False)
         deadline = time.monotonic() + timeout
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for rid in list(self._streams):
             self.cancel(rid)
+        deadline = time.monotonic() + _CANCEL_GRACE_S
+        while self._streams and self._thread_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def stop(self, timeout: float) -> None:
+        """Drain (see ``drain``), then end the engine thread."""
+        await self.drain(timeout)
         self._commands.put(_Stop())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
+
+    def _thread_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _loaded_callback(self, engine: Engine | None, error: str | None) -> None:
         self.engine = engine
@@ -266,7 +287,9 @@ class EngineLoop:
         return Ticket(arrival=now, deadline=now + self.pending_timeout_s)
 
     async def acquire_lane(self, ticket: Ticket) -> None:
-        """Wait (FIFO) for a decode lane until the ticket's deadline."""
+        """Wait (FIFO) for a decode lane until the ticket's deadline (``EngineUnavailable``
+        when the server starts shutting down meanwhile)."""
+        self.check_available()
         if self._free_lanes > 0 and not self._waiters:
             self._free_lanes -= 1
             ticket.has_lane = True
@@ -280,7 +303,7 @@ class EngineLoop:
             async with asyncio.timeout_at(deadline):
                 await asyncio.shield(waiter)
         except (TimeoutError, asyncio.CancelledError) as exc:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.result():
                 self._pass_lane_on()  # granted at the last moment: give it to the next one
             else:
                 waiter.cancel()
@@ -293,6 +316,10 @@ class EngineLoop:
                     f"({self.max_concurrency} running, {self.waiting} waiting)"
                 ) from None
             raise
+        if not waiter.result():  # refused by drain
+            self._remove_waiter(waiter)
+            self.release(ticket)
+            raise EngineUnavailable("the server is shutting down")
         ticket.has_lane = True
         self._gauges()
 
@@ -389,7 +416,10 @@ class EngineLoop:
             for command in commands:
                 if isinstance(command, _Stop):
                     for rid in list(inflight):
-                        engine.cancel(rid)
+                        finished = engine.cancel(rid)
+                        if finished is not None:
+                            batch.setdefault(rid, Chunk()).finished = finished
+                    self._post_batch(batch, engine)
                     return
                 if isinstance(command, _Submit):
                     rid = command.request.request_id
@@ -430,8 +460,11 @@ class EngineLoop:
                     elif isinstance(event, Finished):
                         chunk.finished = event
                         inflight.discard(event.request_id)
-            if batch:
-                stamp = time.perf_counter()
-                for chunk in batch.values():
-                    chunk.stamp = stamp
-                self._post(self._dispatch, batch, engine.lanes_in_use, engine.context_usage)
+            self._post_batch(batch, engine)
+
+    def _post_batch(self, batch: dict[str, Chunk], engine: Engine) -> None:
+        if batch:
+            stamp = time.perf_counter()
+            for chunk in batch.values():
+                chunk.stamp = stamp
+            self._post(self._dispatch, batch, engine.lanes_in_use, engine.context_usage)

@@ -25,6 +25,7 @@ __all__ = [
     "anthropic_body",
     "from_exception",
     "openai_body",
+    "shown",
 ]
 
 log = logging.getLogger("ninfer_serve")
@@ -56,7 +57,7 @@ class _OpenAIError(BaseModel):
     message: str
     type: str
     param: str | None
-    code: str | None
+    code: str
 
 
 class OpenAIErrorBody(BaseModel):
@@ -81,6 +82,7 @@ class AnthropicErrorBody(BaseModel):
 class ApiError(Exception):
     """An error response: status, message, machine-readable ``code`` and the blamed ``param``.
 
+    ``code`` is required: clients branch on it, so no error goes out without one.
     ``anthropic_status`` is the status an Anthropic client gets when it differs (overload is
     429 for OpenAI clients and 529 for Anthropic ones).
     """
@@ -90,7 +92,7 @@ class ApiError(Exception):
         status: int,
         message: str,
         *,
-        code: str | None = None,
+        code: str,
         param: str | None = None,
         anthropic_status: int | None = None,
         headers: dict[str, str] | None = None,
@@ -112,7 +114,15 @@ class ApiError(Exception):
         )
 
 
-def openai_body(status: int, message: str, code: str | None, param: str | None) -> dict[str, Any]:
+def shown(value: str, limit: int = 80) -> str:
+    """``value`` quoted for an error message, cut to ``limit`` characters (a client may send
+    megabytes where a name belongs, and an error must not echo them back)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def openai_body(status: int, message: str, code: str, param: str | None) -> dict[str, Any]:
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -151,6 +161,7 @@ def from_exception(exc: BaseException) -> ApiError:
         code = "model_loading" if exc.loading else "service_unavailable"
         headers = {"retry-after": "2"} if exc.loading else {}
         return ApiError(503, str(exc), code=code, headers=headers)
+    log.error("error while serving a request", exc_info=exc)
     if isinstance(exc, EngineError):
         return ApiError(500, f"engine error: {exc}", code="engine_error")
     return ApiError(

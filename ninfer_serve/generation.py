@@ -7,7 +7,13 @@ three APIs cannot drift apart in behaviour.
 
 Order of work for a request (NInfer's): take an admission ticket (429 when full; the pending
 deadline starts now), prepare the prompt and grammar in a worker thread (400 on a bad request),
-wait for a decode lane (503 at the deadline), submit to the engine thread, stream.
+wait for a decode lane (503 at the deadline), submit to the engine thread, stream. Counting a
+prompt's tokens takes a ticket too: it is the same tokenizer work as preparing one.
+
+Before a prompt is rendered and tokenized, its text is measured against the context: no token
+is longer than the vocabulary's longest, so a prompt whose text needs more tokens than the
+context holds, even at that length each, is refused at once instead of after tokenizing it all
+(the tokenizer holds the GIL, so a huge prompt would stall every other request meanwhile).
 """
 
 from __future__ import annotations
@@ -29,12 +35,44 @@ from ninfer_runtime.frontend import (
     ToolCallEnd,
 )
 
-from .engine_loop import EngineLoop, RequestStream, Ticket
+from .engine_loop import EngineLoop, EngineUnavailable, RequestStream, Ticket
 from .structured import Constraints
 
 __all__ = ["Generator", "Job", "Outcome", "Run", "ToolChoice"]
 
 ToolChoice = Literal["auto", "none", "required"] | str  # a str other than those: a named tool
+
+#: roles whose content a chat template writes into the prompt verbatim (an assistant turn's
+#: reasoning may be dropped from history, so assistant text is not counted)
+_VERBATIM_ROLES = frozenset({"system", "developer", "user", "tool"})
+#: how much Unicode normalization can shrink UTF-8 text (NFC composing three Hangul jamo
+#: into one syllable: 9 bytes to 3), so the bound holds for normalizing tokenizers too
+_NORMALIZATION_SHRINK = 3
+
+
+def _verbatim_bytes(messages: list[dict[str, Any]]) -> int:
+    """UTF-8 bytes of the message text the template renders as given."""
+    total = 0
+    for message in messages:
+        if message.get("role") not in _VERBATIM_ROLES:
+            continue
+        content = message.get("content")
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) else part
+            if isinstance(text, str):
+                total += len(text.encode("utf-8"))
+    return total
+
+
+def _context_exceeded(limit: int, tokens: str) -> RequestError:
+    return RequestError(
+        f"This model's maximum context length is {limit} tokens. However, your prompt has "
+        f"{tokens} tokens (prompt plus at least one generated token must fit). Please shorten "
+        "the messages.",
+        param="messages",
+        code="context_length_exceeded",
+    )
 
 
 @dataclass
@@ -149,6 +187,12 @@ class Run:
             if finished is None:
                 self._stream.cancel()  # the consumer went away (client disconnect)
         assert finished is not None
+        if (
+            finished.reason == "cancelled"
+            and not self._stream.ended_early
+            and self._gen.loop.draining
+        ):
+            raise EngineUnavailable("the server shut down before the request finished")
         self.outcome = self._outcome(finished)
 
     async def collect(self) -> Outcome:
@@ -200,6 +244,7 @@ class Generator:
         self.enable_thinking = enable_thinking
         self.keepalive = keepalive
         self._constraints: Constraints | None = None
+        self._longest_token: int | None = None
 
     @property
     def engine(self) -> Any:
@@ -247,26 +292,36 @@ class Generator:
             request_id=job.request_id,
         )
 
-    def count(self, job: Job) -> int:
-        """Prompt tokens of ``job`` (the count endpoints; no admission, no engine time)."""
-        request = self._request(job)
-        ids, _ = self.engine.render(request)
+    def _longest_token_bytes(self) -> int:
+        if self._longest_token is None:
+            tokenizer = self.engine.tokenizer
+            sizes = (len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size))
+            self._longest_token = max(1, *sizes)
+        return self._longest_token
+
+    def check_fits(self, job: Job) -> None:
+        """Refuse a prompt whose text alone needs more tokens than the context holds."""
+        limit = self.engine.max_context
+        shortest = _verbatim_bytes(job.messages) // (
+            self._longest_token_bytes() * _NORMALIZATION_SHRINK
+        )
+        if shortest >= limit:
+            raise _context_exceeded(limit, f"at least {shortest}")
+
+    def _count(self, job: Job) -> int:
+        self.check_fits(job)
+        ids, _ = self.engine.render(self._request(job))
         return len(ids)
 
     def prepare(self, job: Job) -> tuple[GenerationRequest, tuple[list[int], bool]]:
         """Render, check the context budget and build the grammar (CPU work, no lane)."""
+        self.check_fits(job)
         request = self._request(job)
         engine = self.engine
         ids, opened = engine.render(request)
         limit = engine.max_context
         if len(ids) >= limit:
-            raise RequestError(
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"prompt has {len(ids)} tokens (prompt plus at least one generated token must "
-                "fit). Please shorten the messages.",
-                param="messages",
-                code="context_length_exceeded",
-            )
+            raise _context_exceeded(limit, str(len(ids)))
         grammar = None
         if job.tool_choice not in ("auto", "none") and job.tools:
             only = None if job.tool_choice == "required" else job.tool_choice
@@ -287,6 +342,14 @@ class Generator:
 
     # -- running (event loop) -------------------------------------------------------------------
 
+    async def count(self, job: Job) -> int:
+        """Prompt tokens of ``job`` (the count endpoints: admitted, no lane, no engine time)."""
+        ticket = self.loop.admit()
+        try:
+            return await asyncio.to_thread(self._count, job)
+        finally:
+            self.loop.release(ticket)
+
     async def start(self, job: Job) -> Run:
         """Admit, prepare, wait for a lane and submit; errors are raised before any output."""
         ticket: Ticket = self.loop.admit()
@@ -297,6 +360,9 @@ class Generator:
             stream = self.loop.submit(ticket, request, rendered)
             submitted = True
             return Run(self, job, stream, len(rendered[0]), self.keepalive)
+        except asyncio.CancelledError:  # the client left while the request was queued
+            self.loop.metrics.left_before_start()
+            raise
         finally:
             if not submitted:
                 self.loop.release(ticket)

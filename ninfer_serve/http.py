@@ -22,7 +22,7 @@ from litestar.response import Stream
 
 from .config import Settings
 from .engine_loop import EngineLoop
-from .errors import ApiError
+from .errors import ApiError, shown
 from .generation import Generator
 from .metrics import Metrics
 
@@ -64,7 +64,8 @@ class ServerState:
             return self.model_id
         raise ApiError(
             404,
-            f"The model `{requested}` does not exist; this server serves `{self.model_id}`.",
+            f"The model {shown(requested)} does not exist; this server serves "
+            f"{shown(self.model_id)}.",
             code="model_not_found",
             param="model",
         )
@@ -133,18 +134,24 @@ async def until_disconnect(request: Request[Any, Any, Any], work: Awaitable[T]) 
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            watcher.cancel()
+            raise
+        if task.done():
+            watcher.cancel()
+            return task.result()
         task.cancel()
-        watcher.cancel()
-        raise
-    if task.done():
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        late = await task
-        # the work finished just as it was cancelled: undo what it started (a submitted run)
-        if callable(getattr(late, "cancel", None)):
-            late.cancel()
-    raise ClientGone()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            late = await task
+            # the work finished just as it was cancelled: undo what it started (a submitted run)
+            if callable(getattr(late, "cancel", None)):
+                late.cancel()
+        raise ClientGone()
+    finally:
+        # an error raised here keeps this frame in its traceback, and the frame keeps the task
+        # that holds the error: a cycle that would hold the request's body and prompt until the
+        # next full garbage collection, which large strings do not bring on
+        del task, watcher

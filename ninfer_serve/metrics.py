@@ -16,12 +16,16 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 # the *_created series double the page and no board reads them (vLLM turns them off too)
 disable_created_metrics()
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+__all__ = ["EXPOSITION_CONTENT_TYPE", "Metrics"]
+
+#: The type of what ``generate_latest`` writes: the classic text format (names escaped with
+#: underscores), which every Prometheus reads
+EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 _LATENCY = (
     0.001,
@@ -256,6 +260,10 @@ class Metrics:
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
         self.requests.labels("rejected").inc()
+
+    def left_before_start(self) -> None:
+        """The client went away while its request was being prepared or queued."""
+        self.requests.labels("cancelled").inc()
 
     def started(self, prompt_tokens: int, cached_tokens: int, queue_seconds: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)

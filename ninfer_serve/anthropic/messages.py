@@ -37,7 +37,7 @@ _PING = sse_event("ping", {"type": "ping"})
 
 
 def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param)
+    return ApiError(400, message, code="invalid_request", param=param)
 
 
 def _block_text(content: Any, where: str) -> str:
@@ -406,6 +406,6 @@ async def create_message(
     return Response(message_body(mid, model, outcome))
 
 
-def count_tokens(state: ServerState, body: CountTokensRequest) -> dict[str, Any]:
+async def count_tokens(state: ServerState, body: CountTokensRequest) -> dict[str, Any]:
     state.check_model(body.model)
-    return {"input_tokens": state.generator.count(to_job(body))}
+    return {"input_tokens": await state.generator.count(to_job(body))}

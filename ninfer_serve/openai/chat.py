@@ -22,7 +22,7 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
-from ..errors import ApiError, from_exception
+from ..errors import ApiError, from_exception, shown
 from ..generation import Job, Outcome, Run
 from ..http import (
     KEEPALIVE,
@@ -103,7 +103,9 @@ def to_job(body: ChatCompletionRequest) -> Job:
     check_text_only(messages)
     stop = body.stop
     if isinstance(stop, list) and len(stop) > MAX_STOP:
-        raise ApiError(400, f"stop: at most {MAX_STOP} stop strings", param="stop")
+        raise ApiError(
+            400, f"stop: at most {MAX_STOP} stop strings", code="invalid_value", param="stop"
+        )
     tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]
     choice = body.tool_choice
     if choice is None:
@@ -115,11 +117,17 @@ def to_job(body: ChatCompletionRequest) -> Job:
         if tool_choice not in {t["function"]["name"] for t in tools}:
             raise ApiError(
                 400,
-                f"tool_choice names {tool_choice!r}, which is not in tools",
+                f"tool_choice names {shown(tool_choice)}, which is not in tools",
+                code="invalid_tool_choice",
                 param="tool_choice",
             )
     if tool_choice == "required" and not tools:
-        raise ApiError(400, "tool_choice 'required' needs tools", param="tool_choice")
+        raise ApiError(
+            400,
+            "tool_choice 'required' needs tools",
+            code="invalid_tool_choice",
+            param="tool_choice",
+        )
     schema = None
     fmt = body.response_format
     if fmt is not None and fmt.type == "json_object":
@@ -129,6 +137,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
             raise ApiError(
                 400,
                 "response_format.json_schema.schema is required",
+                code="invalid_request",
                 param="response_format.json_schema.schema",
             )
         schema = fmt.json_schema.schema_

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
-from ..errors import ApiError, from_exception
+from ..errors import ApiError, from_exception, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
 from .chat import check_text_only, thinking_from_effort
@@ -73,7 +73,10 @@ class ResponseStore:
         record = self._items.get(rid)
         if record is None:
             raise ApiError(
-                404, f"Response with id {rid!r} not found.", code="response_not_found", param=param
+                404,
+                f"Response with id {shown(rid)} not found.",
+                code="response_not_found",
+                param=param,
             )
         self._items.move_to_end(rid)
         return record
@@ -90,7 +93,12 @@ def _text_of(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ApiError(400, f"{where} must be a string or a list of content parts", param=where)
+        raise ApiError(
+            400,
+            f"{where} must be a string or a list of content parts",
+            code="invalid_request",
+            param=where,
+        )
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -104,7 +112,12 @@ def _text_of(content: Any, where: str) -> str:
             )
         text = part.get("text", part.get("refusal"))
         if not isinstance(text, str):
-            raise ApiError(400, f"{where}[{j}].text must be a string", param=f"{where}[{j}].text")
+            raise ApiError(
+                400,
+                f"{where}[{j}].text must be a string",
+                code="invalid_request",
+                param=f"{where}[{j}].text",
+            )
         texts.append(text)
     return "".join(texts)
 
@@ -116,6 +129,31 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
             400, f"{where}.{key} must be a string", param=f"{where}.{key}", code="invalid_request"
         )
     return value
+
+
+def _part_texts(item: dict[str, Any], key: str, where: str) -> str:
+    """The joined ``text`` of a reasoning item's ``content`` or ``summary`` parts."""
+    parts = item.get(key) or []
+    if not isinstance(parts, list):
+        raise ApiError(
+            400,
+            f"{where}.{key} must be a list of parts",
+            code="invalid_request",
+            param=f"{where}.{key}",
+        )
+    texts = []
+    for j, part in enumerate(parts):
+        text = part.get("text") if isinstance(part, dict) else None
+        if not isinstance(text, str):
+            here = f"{where}.{key}[{j}]"
+            raise ApiError(
+                400,
+                f"{here} must be an object with a string text",
+                code="invalid_request",
+                param=here,
+            )
+        texts.append(text)
+    return "".join(texts)
 
 
 def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -142,7 +180,7 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise ApiError(400, f"{where} must be an object", param=where)
+            raise ApiError(400, f"{where} must be an object", code="invalid_request", param=where)
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -176,9 +214,8 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
                 {"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text}
             )
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            texts = [p.get("text", "") for p in parts if isinstance(p, dict)]
-            reasoning = (reasoning or "") + "".join(t for t in texts if isinstance(t, str))
+            content, summary = (_part_texts(item, key, where) for key in ("content", "summary"))
+            reasoning = (reasoning or "") + (content or summary)
         else:
             raise ApiError(
                 400,
@@ -262,7 +299,7 @@ def conversation(
     if body.instructions:
         prompt.insert(0, {"role": "system", "content": body.instructions})
     if not prompt:
-        raise ApiError(400, "input is empty", param="input")
+        raise ApiError(400, "input is empty", code="invalid_request", param="input")
     return prompt, history
 
 
@@ -285,17 +322,30 @@ def to_job(
         t["function"]["name"] for t in tools
     }:
         raise ApiError(
-            400, f"tool_choice names {tool_choice!r}, which is not in tools", param="tool_choice"
+            400,
+            f"tool_choice names {shown(tool_choice)}, which is not in tools",
+            code="invalid_tool_choice",
+            param="tool_choice",
         )
     if tool_choice == "required" and not tools:
-        raise ApiError(400, "tool_choice 'required' needs tools", param="tool_choice")
+        raise ApiError(
+            400,
+            "tool_choice 'required' needs tools",
+            code="invalid_tool_choice",
+            param="tool_choice",
+        )
     schema = None
     fmt = body.text.format if body.text is not None else None
     if fmt is not None and fmt.type == "json_object":
         schema = {}
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
-            raise ApiError(400, "text.format.schema is required", param="text.format.schema")
+            raise ApiError(
+                400,
+                "text.format.schema is required",
+                code="invalid_request",
+                param="text.format.schema",
+            )
         schema = fmt.schema_
     sampling: dict[str, Any] = {}
     if isinstance(body, ResponsesRequest):
@@ -629,9 +679,7 @@ def delete_response(state: ServerState, response_id: str) -> dict[str, Any]:
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
-def count_input_tokens(
-    state: ServerState, body: InputTokensRequest, count: Callable[[Job], int]
-) -> dict[str, Any]:
+async def count_input_tokens(state: ServerState, body: InputTokensRequest) -> dict[str, Any]:
     state.check_model(body.model)
     job, _ = to_job(state, body)
-    return {"object": "response.input_tokens", "input_tokens": count(job)}
+    return {"object": "response.input_tokens", "input_tokens": await state.generator.count(job)}

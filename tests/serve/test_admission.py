@@ -31,7 +31,7 @@ def server(artifact) -> Iterator[Server]:
         "--max-concurrency", "1",
         "--max-pending-requests", "1",
         "--pending-timeout-ms", "800",
-        "--max-context", "8192",
+        "--max-context", "4096",
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from .conftest import Server, metric, start_server, wait_for
 from .test_admission import LONG, Long, idle
 
 LANES = 2
+CONTEXT = 4096
 
 
 def one_long_request_of_capacity(artifact) -> int:
@@ -26,7 +27,8 @@ def one_long_request_of_capacity(artifact) -> int:
     specs, mtp = load_model(artifact).state_specs()
     page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS, "float32")
     slot = ContextPool.slot_bytes_of(specs)
-    pages_one = -(-(LONG["max_tokens"] + 64) // PAGE_TOKENS)  # + a generous prompt
+    # a request reserves pages for its prompt plus max_tokens, clamped to the context
+    pages_one = -(-min(LONG["max_tokens"] + 64, CONTEXT) // PAGE_TOKENS)
     return LANES * slot + (pages_one + pages_one // 2) * page
 
 
@@ -36,7 +38,7 @@ def server(artifact) -> Iterator[Server]:
         artifact,
         "--max-concurrency", str(LANES),
         "--context-capacity", str(one_long_request_of_capacity(artifact)),
-        "--max-context", "8192",
+        "--max-context", str(CONTEXT),
     )  # fmt: skip
 
 
