@@ -378,7 +378,8 @@ class Engine:
     ) -> Finished:
         rid = a.request.request_id
         if a.parser is not None:
-            events.extend(OutputEvent(rid, e) for e in a.parser.finish())
+            cut_off = reason == "length"
+            events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
         now = time.perf_counter()
         first = a.first_token or now
         if a.state is not None:

@@ -451,7 +451,7 @@ class ResponseBuilder:
             ]
         if isinstance(event, ToolCallEnd) and event.index in self._calls:
             item = self._calls[event.index]
-            item["status"] = "completed"
+            item["status"] = "incomplete" if event.cut_off else "completed"
             index = self.output.index(item)
             if self._open is item:
                 self._open = None
@@ -470,7 +470,7 @@ class ResponseBuilder:
     def finish(self) -> list[bytes]:
         out = self._close_open()
         # a call that never ended (abandoned by the parser) is not part of the answer
-        self.output[:] = [i for i in self.output if i["status"] == "completed"]
+        self.output[:] = [i for i in self.output if i["status"] != "in_progress"]
         return out
 
 
