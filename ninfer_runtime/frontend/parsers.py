@@ -26,6 +26,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer_runtime.frontend.tokenizer import THINK_CLOSE, THINK_OPEN
+from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
+from ninfer_runtime.frontend.tokenizer import TOOL_CALL_OPEN as CALL_OPEN
+
 __all__ = [
     "OutputAccumulator",
     "OutputParser",
@@ -44,10 +48,6 @@ __all__ = [
     "tool_parameter_schemas",
 ]
 
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
 PARAM_OPEN = "<parameter="

@@ -147,6 +147,8 @@ class Tokenizer:
             tool_response_open=self.token_id(TOOL_RESPONSE_OPEN),
             tool_response_close=self.token_id(TOOL_RESPONSE_CLOSE),
         )
+        #: The ids that write ``</think>``, which ends reasoning (one special id for Qwen).
+        self.think_close_ids: tuple[int, ...] = tuple(self.encode(THINK_CLOSE))
         self.structural_ids: frozenset[int] = frozenset(
             i for i in (self.token_id(t) for t in STRUCTURAL_TOKENS) if i is not None
         )

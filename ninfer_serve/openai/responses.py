@@ -30,7 +30,7 @@ from ninfer_runtime.frontend import (
 from ..errors import ApiError, from_exception
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
-from .chat import check_text_only, thinking_from_effort
+from .chat import check_text_only, thinking_for_effort
 from .models import InputTokensRequest, ResponsesRequest
 
 __all__ = [
@@ -297,9 +297,12 @@ def to_job(
         if fmt.schema_ is None:
             raise ApiError(400, "text.format.schema is required", param="text.format.schema")
         schema = fmt.schema_
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    thinking, budget = thinking_for_effort(effort)
     sampling: dict[str, Any] = {}
     if isinstance(body, ResponsesRequest):
         sampling = {
+            "max_thinking_tokens": body.max_thinking_tokens or budget,
             "max_tokens": body.max_output_tokens,
             "temperature": body.temperature,
             "top_p": body.top_p,
@@ -307,7 +310,6 @@ def to_job(
             "min_p": body.min_p,
             "seed": body.seed,
         }
-    effort = body.reasoning.effort if body.reasoning is not None else None
     job = Job(
         messages=prompt,
         tools=tools or None,
@@ -316,7 +318,7 @@ def to_job(
         json_schema=schema,
         json_schema_param="text.format.schema",
         sampling=sampling,
-        enable_thinking=thinking_from_effort(effort),
+        enable_thinking=thinking,
     )
     return job, history
 

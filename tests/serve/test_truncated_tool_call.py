@@ -21,8 +21,8 @@ WEATHER = {
     },
 }
 ASK = [{"role": "user", "content": "How is the weather?"}]
-#: cuts before the call's name, inside it, inside the string value, inside the integer, after
-LIMITS = (3, 30, 45, 75, 88)
+#: cuts before the call's name, inside the string value, inside the integer, before the close tags
+LIMITS = (3, 45, 75, 88)
 MARKUP = ("<tool_call", "<function", "<parameter", "</", "<think")
 
 
