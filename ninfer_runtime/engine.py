@@ -42,8 +42,8 @@ from .state import PAGE_TOKENS, ContextPool, SequenceState
 #: sampling (constrained decoding masks tokens with ``-inf``). It sees only the answer part:
 #: it is not called while the output is still inside reasoning, so a grammar applies after
 #: ``</think>`` and thinking stays free. Reasoning is bounded so the answer always comes: by
-#: ``SamplingParams.max_thinking_tokens``, else (with a processor) by half of ``max_tokens``;
-#: with a processor, a stop token drawn inside reasoning ends the reasoning instead.
+#: ``SamplingParams.max_thinking_tokens``; with a processor, by at most half of ``max_tokens``
+#: too, and a stop token drawn inside reasoning ends the reasoning instead.
 LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
 
 
@@ -241,8 +241,8 @@ class Engine:
             )
         max_tokens = min(params.max_tokens or room, room)
         budget = params.max_thinking_tokens
-        if budget is None and request.logits_processor is not None:
-            budget = max(max_tokens // 2, 1)  # a constrained answer is never starved
+        if request.logits_processor is not None:  # a constrained answer is never starved
+            budget = min(budget or max_tokens, max(max_tokens // 2, 1))
         parser = None
         if request.parse_output:
             parser = OutputParser(

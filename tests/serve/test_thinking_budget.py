@@ -109,6 +109,10 @@ def test_structured_output_gets_a_default_budget(server: Server, long_thinker: i
     )
     assert reasoning_tokens(reply) == 30  # half of max_tokens
     assert json.loads(reply["choices"][0]["message"]["content"])["city"] in ("Paris", "Rome")
+    larger = {"max_thinking_tokens": 50, "response_format": JSON_FORMAT, "ignore_eos": True}
+    reply = chat(server, seed=long_thinker, max_tokens=60, **larger)
+    assert reasoning_tokens(reply) == 30, "a budget over half of max_tokens is cut to it"
+    assert json.loads(reply["choices"][0]["message"]["content"])["city"] in ("Paris", "Rome")
 
 
 def test_a_stop_inside_reasoning_still_gets_the_answer(server: Server) -> None:
