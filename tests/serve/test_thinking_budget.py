@@ -265,3 +265,40 @@ def test_anthropic_thinking_mapping() -> None:
     assert adaptive.enable_thinking is True and adaptive.sampling["max_thinking_tokens"] is None
     with pytest.raises(ApiError, match=r"thinking\.budget_tokens"):
         _messages({"type": "enabled", "budget_tokens": 100})
+
+
+# -- the engine, in process -----------------------------------------------------------------------
+
+
+def test_a_closing_tag_of_several_tokens_is_written_whole(artifact) -> None:
+    """A vocabulary without a single ``</think>`` token: the budget writes all its pieces."""
+    from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+    from ninfer_runtime.frontend import OutputAccumulator, SamplingParams
+
+    engine = Engine(artifact, max_context=256)
+    tokenizer = engine.tokenizer
+    pieces = (*tokenizer.encode("</"), *tokenizer.encode("think>"))
+    assert len(pieces) > 1
+    tokenizer.think_close_ids = pieces
+    for seed in range(32):
+        sampling = SamplingParams(
+            temperature=2, seed=seed, max_tokens=24, ignore_eos=True, max_thinking_tokens=10
+        )
+        request = GenerationRequest(messages=ASK, enable_thinking=True, sampling=sampling)
+        ids, parsed, finished = [], OutputAccumulator(), None
+        for event in engine.generate(request):
+            if isinstance(event, TokenEvent):
+                ids.append(event.token_id)
+            elif isinstance(event, OutputEvent):
+                parsed.add([event.event])
+            elif isinstance(event, Finished):
+                finished = event
+        assert finished is not None
+        if tokenizer.special.think_close not in ids[:10]:  # the model did not close it itself
+            break
+    else:
+        raise AssertionError("every seed closed the reasoning by itself")
+    assert tuple(ids[10 - len(pieces) : 10]) == pieces
+    assert finished.usage.reasoning_tokens == 10
+    result = parsed.result()
+    assert "</" not in result.reasoning and result.content
