@@ -361,7 +361,8 @@ class Engine:
             and a.stops.is_stop_token(token)
         ):
             a.thinking_budget = len(a.generated) + len(self.tokenizer.think_close_ids)
-            return self._forced(a) or token
+            forced = self._forced(a)
+            return token if forced is None else forced
         return token
 
     def _emit(self, a: _Active, token: int, events: list[Event]) -> None:

@@ -213,9 +213,9 @@ def _thinking(body: MessagesRequest | CountTokensRequest) -> tuple[bool, int | N
     absent or ``disabled``, the model does not think (as on Anthropic's API)."""
     if body.thinking is None or body.thinking.type == "disabled":
         return False, None
-    budget = body.thinking.budget_tokens
     if body.thinking.type == "adaptive":
         return True, None
+    budget = body.thinking.budget_tokens
     if budget is None or budget < 1:
         raise _bad("thinking.budget_tokens must be a positive integer", "thinking.budget_tokens")
     max_tokens = getattr(body, "max_tokens", None)
