@@ -302,3 +302,13 @@ def test_a_closing_tag_of_several_tokens_is_written_whole(artifact) -> None:
     assert finished.usage.reasoning_tokens == 10
     result = parsed.result()
     assert "</" not in result.reasoning and result.content
+
+
+@pytest.mark.parametrize("value", [0, -3, "8", 2.5, True])
+def test_sampling_params_check_the_budget(value: Any) -> None:
+    from ninfer_runtime.errors import RequestError
+    from ninfer_runtime.frontend import SamplingParams
+
+    with pytest.raises(RequestError, match="max_thinking_tokens") as error:
+        SamplingParams(max_thinking_tokens=value)
+    assert error.value.param == "max_thinking_tokens"
