@@ -414,7 +414,8 @@ class Engine:
     ) -> Finished:
         rid = a.request.request_id
         if a.parser is not None:
-            cut_off = reason == "length"
+            # a limit ended the output (max_tokens, the context, a stop the client asked for)
+            cut_off = reason == "length" or (stop is not None and stop.kind != "eos")
             events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
         now = time.perf_counter()
         first = a.first_token or now

@@ -354,7 +354,8 @@ class OutputParser:
     def finish(self, *, cut_off: bool = False) -> list[ParseEvent]:
         """End of output: settle held text and any unclosed call.
 
-        ``cut_off`` says a limit ended the output (``max_tokens``, the context), not the model.
+        ``cut_off`` says a limit ended the output (``max_tokens``, the context, a stop string or
+        stop token the client set), not the model.
         Then an unfinished call is closed rather than fallen back to text, so no markup reaches
         the reply: a call whose function name was complete ends with the arguments written so
         far (an unfinished string value keeps its text; an unfinished value of another type is
@@ -735,12 +736,13 @@ def _read_json_call(body: str) -> tuple[str, str, dict[str, Any]]:
 
 @dataclass
 class ParsedToolCall:
-    """A finished call: ``arguments`` is the JSON object text."""
+    """A finished call: ``arguments`` is the JSON object text; ``cut_off`` as in ``ToolCallEnd``."""
 
     index: int
     id: str
     name: str
     arguments: str
+    cut_off: bool = False
 
 
 @dataclass
@@ -760,7 +762,7 @@ class OutputAccumulator:
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._calls: dict[int, tuple[str, str, list[str]]] = {}
-        self._ended: set[int] = set()
+        self._ended: dict[int, bool] = {}  # index -> cut off
         self._warnings: list[ParseWarning] = []
 
     def add(self, events: Iterable[ParseEvent]) -> None:
@@ -774,13 +776,13 @@ class OutputAccumulator:
             elif isinstance(event, ToolCallArgumentsDelta):
                 self._calls[event.index][2].append(event.text)
             elif isinstance(event, ToolCallEnd):
-                self._ended.add(event.index)
+                self._ended[event.index] = event.cut_off
             else:
                 self._warnings.append(event)
 
     def result(self) -> ParsedOutput:
         calls = [
-            ParsedToolCall(index, call_id, name, "".join(parts))
+            ParsedToolCall(index, call_id, name, "".join(parts), self._ended[index])
             for index, (call_id, name, parts) in sorted(self._calls.items())
             if index in self._ended
         ]

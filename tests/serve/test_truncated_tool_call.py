@@ -48,8 +48,9 @@ def _post(server: Server, path: str, body: dict[str, Any]) -> Any:
             return list(_sse(reply))
 
 
-def chat(server: Server, limit: int, stream: bool) -> tuple:
+def chat(server: Server, limit: int, stream: bool, **extra: Any) -> tuple:
     body = {
+        **extra,
         "model": server.model,
         "messages": ASK,
         "tools": [{"type": "function", "function": WEATHER}],
@@ -126,8 +127,9 @@ def _response_items(reply: dict[str, Any]) -> tuple:
     return text, calls, reply["status"], reason
 
 
-def messages(server: Server, limit: int, stream: bool) -> tuple:
+def messages(server: Server, limit: int, stream: bool, **extra: Any) -> tuple:
     body = {
+        **extra,
         "model": server.model,
         "messages": ASK,
         "tools": [{"name": WEATHER["name"], "input_schema": WEATHER["parameters"]}],
@@ -201,3 +203,20 @@ def test_a_call_that_fits_is_complete(server: Server) -> None:
     text, calls, finish = chat(server, 400, stream=False)
     assert finish == "tool_calls" and text == ""
     assert set(json.loads(calls[0][1])) == {"city", "days"}
+
+
+def test_a_stop_string_inside_the_call_cuts_it_the_same_way(server: Server) -> None:
+    # the tiny model's city argument starts "The capital"
+    plain = chat(server, 400, stream=False, stop=["capital"])
+    assert chat(server, 400, stream=True, stop=["capital"]) == plain
+    text, calls, finish = plain
+    assert finish == "stop" and text == ""
+    assert [(name, json.loads(arguments)) for name, arguments in calls] == [
+        ("get_weather", {"city": "The "})
+    ]
+    blocks, reason = messages(server, 400, stream=False, stop_sequences=["capital"])
+    assert messages(server, 400, stream=True, stop_sequences=["capital"]) == (blocks, reason)
+    assert reason == "stop_sequence"
+    assert [b for b in blocks if b[0] == "tool_use"] == [
+        ("tool_use", "get_weather", {"city": "The "})
+    ]
