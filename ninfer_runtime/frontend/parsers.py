@@ -355,12 +355,11 @@ class OutputParser:
         """End of output: settle held text and any unclosed call.
 
         ``cut_off`` says a limit ended the output (``max_tokens``, the context, a stop string or
-        stop token the client set), not the model.
-        Then an unfinished call is closed rather than fallen back to text, so no markup reaches
-        the reply: a call whose function name was complete ends with the arguments written so
-        far (an unfinished string value keeps its text; an unfinished value of another type is
-        left out), an earlier one is dropped with a ``ParseWarning``. A suffix held because it
-        might have become a marker is dropped too.
+        stop token the client set), not the model. Then an unfinished call is closed instead of
+        falling back to text, so no markup reaches the reply: a call whose function name was
+        complete ends with the arguments written so far (an unfinished string value keeps its
+        text; an unfinished value of another type is left out), an earlier one is dropped with
+        a ``ParseWarning``. A suffix held because it might have become a marker is dropped too.
         """
         if self._finished:
             return []
