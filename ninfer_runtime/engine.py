@@ -34,15 +34,16 @@ from .frontend import (
     StopReason,
     Tokenizer,
 )
+from .frontend.tokenizer import THINK_OPEN
 from .models import ForwardOutput, load_model
 from .state import PAGE_TOKENS, ContextPool, SequenceState
-
-THINK_OPEN = "<think>"
 
 #: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
 #: sampling (constrained decoding masks tokens with ``-inf``). It sees only the answer part:
 #: it is not called while the output is still inside reasoning, so a grammar applies after
-#: ``</think>`` and thinking stays free.
+#: ``</think>`` and thinking stays free. Reasoning is bounded so the answer always comes: by
+#: ``SamplingParams.max_thinking_tokens``; with a processor, by at most half of ``max_tokens``
+#: too, and a stop token drawn inside reasoning ends the reasoning instead.
 LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
 
 
@@ -115,6 +116,8 @@ class _Active:
     max_tokens: int
     #: Index in ``generated`` where the answer starts; ``None`` while still in reasoning.
     answer_start: int | None = 0
+    #: Most reasoning tokens (``</think>`` included) before the engine writes ``</think>``.
+    thinking_budget: int | None = None
     prefilled: int = 0
     generated: list[int] = field(default_factory=list)
     pending: int | None = None  # sampled token not yet fed to the model
@@ -237,6 +240,9 @@ class Engine:
                 code="context_length_exceeded",
             )
         max_tokens = min(params.max_tokens or room, room)
+        budget = params.max_thinking_tokens
+        if request.logits_processor is not None:  # a constrained answer is never starved
+            budget = min(budget or max_tokens, max(max_tokens // 2, 1))
         parser = None
         if request.parse_output:
             parser = OutputParser(
@@ -254,6 +260,7 @@ class Engine:
             parser=parser,
             max_tokens=max_tokens,
             answer_start=None if in_reasoning else 0,
+            thinking_budget=budget if in_reasoning else None,
         )
         if params.seed is not None:
             active.seed = params.seed
@@ -310,6 +317,7 @@ class Engine:
             self._emit(a, token, events)
 
     def _sample(self, lanes: list[_Active], out: ForwardOutput) -> list[int]:
+        forced = [self._forced(a) for a in lanes]
         on_device = self._device_sampler is not None and all(
             self._device_sampler.supports(a.request.sampling)
             and (a.request.logits_processor is None or a.answer_start is None)
@@ -321,9 +329,14 @@ class Engine:
             rows = out.last_logits
             if rows is None:
                 rows = self.model.backend.xp.concatenate([row[-1:] for row in out.logits])
-            return [int(t) for t in to_numpy(sampler.sample(rows))]
+            drawn = [int(t) for t in to_numpy(sampler.sample(rows))]
+            return [t if f is None else f for t, f in zip(drawn, forced, strict=True)]
         tokens = []
-        for a, row in zip(lanes, out.logits, strict=True):
+        for a, row, token in zip(lanes, out.logits, forced, strict=True):
+            if token is not None:
+                a.sampler.accept(token)  # counts for the penalties like a drawn token
+                tokens.append(token)
+                continue
             scores = to_numpy(row[-1]).astype(np.float32, copy=False)
             process = a.request.logits_processor
             if process is not None and a.answer_start is not None:
@@ -331,15 +344,38 @@ class Engine:
             tokens.append(a.sampler.sample(scores))
         return tokens
 
+    def _forced(self, a: _Active) -> int | None:
+        """The token the thinking budget imposes now: once it is spent, ``</think>``."""
+        if a.answer_start is not None or a.thinking_budget is None:
+            return None
+        close = self.tokenizer.think_close_ids
+        at = len(a.generated) - max(a.thinking_budget - len(close), 0)
+        return close[at] if 0 <= at < len(close) else None
+
+    def _answer_instead_of_stop(self, a: _Active, token: int) -> int:
+        """A constrained request must answer: a stop token drawn inside its reasoning spends
+        the thinking budget there, so ``</think>`` and then the grammar's answer follow."""
+        if (
+            a.answer_start is None
+            and a.request.logits_processor is not None
+            and a.stops.is_stop_token(token)
+        ):
+            a.thinking_budget = len(a.generated) + len(self.tokenizer.think_close_ids)
+            forced = self._forced(a)
+            return token if forced is None else forced
+        return token
+
     def _emit(self, a: _Active, token: int, events: list[Event]) -> None:
         rid = a.request.request_id
         a.pending = None
+        token = self._answer_instead_of_stop(a, token)
         stop = a.stops.check_token(token)
         if stop is not None:
             self._close(a, "stop", stop, events)
             return
         a.generated.append(token)
-        if a.answer_start is None and token == self.tokenizer.special.think_close:
+        close = self.tokenizer.think_close_ids
+        if a.answer_start is None and close and tuple(a.generated[-len(close) :]) == close:
             a.answer_start = len(a.generated)
         events.append(TokenEvent(rid, token))
         step = a.stops.feed(a.detokenizer.add(token))
@@ -378,7 +414,9 @@ class Engine:
     ) -> Finished:
         rid = a.request.request_id
         if a.parser is not None:
-            events.extend(OutputEvent(rid, e) for e in a.parser.finish())
+            # a limit ended the output (max_tokens, the context, a stop the client asked for)
+            cut_off = reason == "length" or (stop is not None and stop.kind != "eos")
+            events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
         now = time.perf_counter()
         first = a.first_token or now
         if a.state is not None:

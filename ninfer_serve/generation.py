@@ -205,7 +205,8 @@ class Run:
     def _outcome(self, f: Finished) -> Outcome:
         output = self._accumulator.result()
         reason: Literal["stop", "length", "tool_calls", "cancelled"]
-        if self._truncated or (f.reason == "stop" and output.tool_calls):
+        complete_calls = output.tool_calls and not any(c.cut_off for c in output.tool_calls)
+        if self._truncated or (f.reason == "stop" and complete_calls):
             reason = "tool_calls"
         elif f.reason in ("stop", "length", "cancelled"):
             reason = f.reason  # type: ignore[assignment]

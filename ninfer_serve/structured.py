@@ -5,7 +5,9 @@ enough per token on a CPU, and it takes JSON schemas, Lark and special tokens in
 
 The mask is applied through the engine's per-request ``logits_processor``, which the engine
 calls only after the reasoning part has ended: a thinking model reasons freely and the grammar
-governs the answer (the "JSON output silently disables thinking" bug of other servers).
+governs the answer (the "JSON output silently disables thinking" bug of other servers). The
+engine bounds that reasoning (a thinking budget, by default half of ``max_tokens`` for a
+constrained request), so the answer the grammar governs always comes.
 
 Grammars:
 

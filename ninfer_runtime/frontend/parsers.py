@@ -26,6 +26,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer_runtime.frontend.tokenizer import THINK_CLOSE, THINK_OPEN
+from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
+from ninfer_runtime.frontend.tokenizer import TOOL_CALL_OPEN as CALL_OPEN
+
 __all__ = [
     "OutputAccumulator",
     "OutputParser",
@@ -44,10 +48,6 @@ __all__ = [
     "tool_parameter_schemas",
 ]
 
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
 PARAM_OPEN = "<parameter="
@@ -96,9 +96,14 @@ class ToolCallArgumentsDelta:
 
 @dataclass(frozen=True)
 class ToolCallEnd:
-    """The call is complete and its arguments are valid JSON."""
+    """The call ended and its arguments are valid JSON.
+
+    ``cut_off``: a limit ended the output inside the call, so arguments may be missing or a
+    string value may stop short (``OutputParser.finish``).
+    """
 
     index: int
+    cut_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -333,6 +338,7 @@ class OutputParser:
         self._call: _Call | None = None
         self._next_index = 0
         self._finished = False
+        self._cut_off = False
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -345,11 +351,20 @@ class OutputParser:
         self._run(out, final=False)
         return out
 
-    def finish(self) -> list[ParseEvent]:
-        """End of output: settle held text and any unclosed call."""
+    def finish(self, *, cut_off: bool = False) -> list[ParseEvent]:
+        """End of output: settle held text and any unclosed call.
+
+        ``cut_off`` says a limit ended the output (``max_tokens``, the context, a stop string or
+        stop token the client set), not the model. Then an unfinished call is closed instead of
+        falling back to text, so no markup reaches the reply: a call whose function name was
+        complete ends with the arguments written so far (an unfinished string value keeps its
+        text; an unfinished value of another type is left out), an earlier one is dropped with
+        a ``ParseWarning``. A suffix held because it might have become a marker is dropped too.
+        """
         if self._finished:
             return []
         self._finished = True
+        self._cut_off = cut_off
         out: list[ParseEvent] = []
         self._run(out, final=True)
         for channel in self._channels.values():
@@ -386,7 +401,7 @@ class OutputParser:
         found, marker = _earliest(self._buf, markers)
         channel = self._channels[self._channel]
         if marker is None:
-            keep = 0 if final else _held_suffix(self._buf, markers)
+            keep = 0 if final and not self._cut_off else _held_suffix(self._buf, markers)
             ready = self._buf[: len(self._buf) - keep]
             self._buf = self._buf[len(ready) :]
             if ready:
@@ -417,7 +432,7 @@ class OutputParser:
         handler = getattr(self, f"_phase_{call.phase}")
         progressed = handler(call, out)
         if not progressed and final and self._call is call:
-            self._unclosed(call, out)
+            (self._cut_off_call if self._cut_off else self._unclosed)(call, out)
             return True
         return progressed
 
@@ -567,9 +582,9 @@ class OutputParser:
         prefix = "{" if call.params == 0 else ", "
         self._emit(call, ToolCallArgumentsDelta(call.index, prefix + text), out)
 
-    def _end_function(self, call: _Call, out: list[ParseEvent]) -> None:
+    def _end_function(self, call: _Call, out: list[ParseEvent], cut_off: bool = False) -> None:
         self._emit(call, ToolCallArgumentsDelta(call.index, "}" if call.params else "{}"), out)
-        self._emit(call, ToolCallEnd(call.index), out)
+        self._emit(call, ToolCallEnd(call.index, cut_off), out)
         out.extend(call.held)
         call.held = []
         call.announced = False
@@ -632,6 +647,24 @@ class OutputParser:
                 return
         self._take(call, len(self._buf))
         self._fall_back(call, out, "tool call not closed at end of output")
+
+    def _cut_off_call(self, call: _Call, out: list[ParseEvent]) -> None:
+        """A limit ended the output inside a call: close it (see ``finish``), never as text."""
+        self._call = None
+        rest = self._take(call, len(self._buf))
+        if call.phase == "after_function":  # only the close tag was missing
+            return
+        if call.phase == "json":
+            problem, name, arguments = _read_json_call(call.json_body + rest)
+            if not problem:
+                self._json_call(name, arguments, out)
+                return
+        if call.index is None:  # the function name was not complete: nothing to keep
+            out.append(ParseWarning("tool call cut off before its name was dropped", call.raw))
+            return
+        if call.phase == "param_value" and _is_string_schema(call.param_schema):
+            self._end_param(call, out)
+        self._end_function(call, out, cut_off=True)
 
     def _fall_back(self, call: _Call, out: list[ParseEvent], reason: str) -> None:
         """Give up on this call: its raw text becomes text of the channel it interrupted.
@@ -702,12 +735,13 @@ def _read_json_call(body: str) -> tuple[str, str, dict[str, Any]]:
 
 @dataclass
 class ParsedToolCall:
-    """A finished call: ``arguments`` is the JSON object text."""
+    """A finished call: ``arguments`` is the JSON object text; ``cut_off`` as in ``ToolCallEnd``."""
 
     index: int
     id: str
     name: str
     arguments: str
+    cut_off: bool = False
 
 
 @dataclass
@@ -727,7 +761,7 @@ class OutputAccumulator:
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._calls: dict[int, tuple[str, str, list[str]]] = {}
-        self._ended: set[int] = set()
+        self._ended: dict[int, bool] = {}  # index -> cut off
         self._warnings: list[ParseWarning] = []
 
     def add(self, events: Iterable[ParseEvent]) -> None:
@@ -741,13 +775,13 @@ class OutputAccumulator:
             elif isinstance(event, ToolCallArgumentsDelta):
                 self._calls[event.index][2].append(event.text)
             elif isinstance(event, ToolCallEnd):
-                self._ended.add(event.index)
+                self._ended[event.index] = event.cut_off
             else:
                 self._warnings.append(event)
 
     def result(self) -> ParsedOutput:
         calls = [
-            ParsedToolCall(index, call_id, name, "".join(parts))
+            ParsedToolCall(index, call_id, name, "".join(parts), self._ended[index])
             for index, (call_id, name, parts) in sorted(self._calls.items())
             if index in self._ended
         ]

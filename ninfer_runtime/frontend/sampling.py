@@ -57,6 +57,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     max_tokens: int | None = None
+    #: The most tokens reasoning may take, its closing tag included; then the engine closes it.
+    max_thinking_tokens: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -92,8 +94,10 @@ class SamplingParams:
         set_(self, "repetition_penalty", repetition)
         if self.seed is not None:
             _integer("seed", self.seed)
-        if self.max_tokens is not None and _integer("max_tokens", self.max_tokens) < 1:
-            raise request_error(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+        for name in ("max_tokens", "max_thinking_tokens"):
+            value = getattr(self, name)
+            if value is not None and _integer(name, value) < 1:
+                raise request_error(f"{name} must be >= 1, got {value}", name)
         set_(self, "stop", self._stops(self.stop))
         set_(self, "stop_token_ids", self._token_ids(self.stop_token_ids))
         for name in ("ignore_eos", "include_stop_str_in_output"):

@@ -78,6 +78,10 @@ class StopMatcher:
         """Text currently held back as a possible stop-string start."""
         return self._held
 
+    def is_stop_token(self, token_id: int) -> bool:
+        """Whether ``check_token`` would stop on this id (it records nothing)."""
+        return token_id in self._eos_ids or token_id in self._stop_ids
+
     def check_token(self, token_id: int) -> StopReason | None:
         """A stop by token id, decided before the token's text is shown (its text is dropped)."""
         if token_id in self._eos_ids:

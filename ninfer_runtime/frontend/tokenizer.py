@@ -5,12 +5,12 @@ Everything comes from the artifact's frontend resources (``tokenizer.json``,
 checkpoint directory or ``transformers`` at serving time; ``tokenizers`` runs the BPE.
 
 Streaming needs more than ``decode``: a byte-level BPE token can hold half of a multi-byte UTF-8
-character, so ``DetokenizeStream`` turns ids into text deltas that never split a character.
+character, so ``DetokenizeStream`` (on ``tokenizers``' ``DecodeStream``) turns ids into text
+deltas that never split a character.
 """
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -147,6 +147,8 @@ class Tokenizer:
             tool_response_open=self.token_id(TOOL_RESPONSE_OPEN),
             tool_response_close=self.token_id(TOOL_RESPONSE_CLOSE),
         )
+        #: The ids that write ``</think>``, which ends reasoning (one special id for Qwen).
+        self.think_close_ids: tuple[int, ...] = tuple(self.encode(THINK_CLOSE))
         self.structural_ids: frozenset[int] = frozenset(
             i for i in (self.token_id(t) for t in STRUCTURAL_TOKENS) if i is not None
         )
@@ -259,30 +261,30 @@ class Tokenizer:
         return DetokenizeStream(self, skip_special_tokens=skip_special_tokens)
 
     @property
-    def byte_level(self) -> bool:
-        """Whether vocabulary strings use the byte-level alphabet (exact streaming path)."""
-        return self._byte_level
+    def backend(self) -> Any:
+        """The ``tokenizers.Tokenizer`` underneath."""
+        return self._backend
 
 
 class DetokenizeStream:
     """Turns token ids, one at a time, into text deltas that never split a UTF-8 character.
 
-    Byte-level vocabularies take the exact path: every token's bytes go through an incremental
-    UTF-8 decoder, which holds back only an incomplete trailing sequence and turns genuinely
-    invalid bytes into U+FFFD at once (so a stray byte cannot stall the stream). Other decoders
-    take the usual windowed path: decode a short window and emit once it no longer ends in U+FFFD.
+    ``tokenizers.decoders.DecodeStream`` does the work through the vocabulary's own decoder
+    (byte-level BPE, byte fallback, metaspace alike): it holds ids back while their text ends in
+    an incomplete character. ``flush`` settles what is still held at the end of the output (an
+    incomplete character becomes U+FFFD).
 
     With ``skip_special_tokens`` special tokens vanish from the text, except the structural
     markers (``<think>``, ``<tool_call>`` ...) the output parser needs.
     """
 
     def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = False) -> None:
+        from tokenizers.decoders import DecodeStream
+
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._ids: list[int] = []
-        self._prefix = 0  # windowed path: start of the context window
-        self._read = 0  # windowed path: ids already turned into text
+        self._stream = DecodeStream(skip_special_tokens=False)
+        self._held: list[int] = []  # ids added since the last text came out
 
     def _skipped(self, token_id: int) -> bool:
         tok = self._tokenizer
@@ -292,16 +294,12 @@ class DetokenizeStream:
         """Append one generated id; returns the text that became complete (maybe ``""``)."""
         if self._skipped(token_id):
             return ""
-        if self._tokenizer.byte_level:
-            return self._utf8.decode(self._tokenizer.token_bytes(token_id))
-        self._ids.append(token_id)
-        window = self._ids[self._prefix :]
-        before = self._tokenizer.decode(self._ids[self._prefix : self._read])
-        after = self._tokenizer.decode(window)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self._prefix, self._read = self._read, len(self._ids)
-            return after[len(before) :]
-        return ""
+        text = self._stream.step(self._tokenizer.backend, token_id)
+        if text is None:
+            self._held.append(token_id)
+            return ""
+        self._held.clear()
+        return text
 
     def add_many(self, token_ids: Iterable[int]) -> str:
         """Append several ids (e.g. an accepted speculative run); returns their joint delta."""
@@ -309,12 +307,8 @@ class DetokenizeStream:
 
     def flush(self) -> str:
         """End of output: whatever is still held (an incomplete character becomes U+FFFD)."""
-        if self._tokenizer.byte_level:
-            return self._utf8.decode(b"", final=True)
-        before = self._tokenizer.decode(self._ids[self._prefix : self._read])
-        after = self._tokenizer.decode(self._ids[self._prefix :])
-        self._prefix = self._read = len(self._ids)
-        return after[len(before) :]
+        held, self._held = self._held, []
+        return self._tokenizer.decode(held) if held else ""
 
 
 def _added_tokens(backend: Any, tokenizer_config: Mapping[str, Any]) -> dict[int, tuple[str, bool]]:

@@ -183,18 +183,7 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
             tool_choice = choice.name
     if tool_choice == "required" and not tools:
         raise _bad("tool_choice 'any' needs tools", "tool_choice")
-    thinking = False
-    if body.thinking is not None and body.thinking.type != "disabled":
-        thinking = True
-        budget = body.thinking.budget_tokens
-        if body.thinking.type == "enabled":
-            if budget is None or budget < 1024:
-                raise _bad("thinking.budget_tokens must be at least 1024", "thinking.budget_tokens")
-            max_tokens = getattr(body, "max_tokens", None)
-            if max_tokens is not None and budget >= max_tokens:
-                raise _bad(
-                    "thinking.budget_tokens must be less than max_tokens", "thinking.budget_tokens"
-                )
+    thinking, budget = _thinking(body)
     fmt = body.output_format or (body.output_config.format if body.output_config else None)
     sampling: dict[str, Any] = {}
     if isinstance(body, MessagesRequest):
@@ -204,6 +193,7 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
             "top_p": body.top_p,
             "top_k": body.top_k,
             "stop": body.stop_sequences or None,
+            "max_thinking_tokens": budget,
         }
     return Job(
         messages=messages,
@@ -216,6 +206,22 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
         enable_thinking=thinking,
         continue_final_message=prefill,
     )
+
+
+def _thinking(body: MessagesRequest | CountTokensRequest) -> tuple[bool, int | None]:
+    """(thinking on, its budget): ``enabled`` with ``budget_tokens``, ``adaptive`` without one;
+    absent or ``disabled``, the model does not think (as on Anthropic's API)."""
+    if body.thinking is None or body.thinking.type == "disabled":
+        return False, None
+    if body.thinking.type == "adaptive":
+        return True, None
+    budget = body.thinking.budget_tokens
+    if budget is None or budget < 1:
+        raise _bad("thinking.budget_tokens must be a positive integer", "thinking.budget_tokens")
+    max_tokens = getattr(body, "max_tokens", None)
+    if max_tokens is not None and budget >= max_tokens:
+        raise _bad("thinking.budget_tokens must be less than max_tokens", "thinking.budget_tokens")
+    return True, budget
 
 
 # -- output ---------------------------------------------------------------------------------------

@@ -37,12 +37,14 @@ __all__ = [
     "chat_completions",
     "check_text_only",
     "completion_body",
-    "thinking_from_effort",
+    "thinking_for_effort",
     "to_job",
     "usage_block",
 ]
 
 MAX_STOP = 16
+#: ``reasoning_effort`` levels as thinking budgets (tokens of reasoning, ``</think>`` included)
+EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
 
 
 def _unsupported(param: str, why: str) -> ApiError:
@@ -71,12 +73,17 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
         raise _unsupported(param, "the legacy functions API is not supported; use tools")
 
 
-def thinking_from_effort(effort: str | None) -> bool | None:
-    """Qwen templates have no effort levels, only thinking on or off: ``none``/``minimal``
-    turn it off, the other levels on, absent leaves the default."""
+def thinking_for_effort(effort: str | None) -> tuple[bool | None, int | None]:
+    """(thinking on or off, thinking budget) for a reasoning effort.
+
+    Qwen templates know only thinking on or off, so the levels become budgets
+    (``EFFORT_BUDGETS``): ``none``/``minimal`` turn thinking off, absent leaves the defaults.
+    """
     if effort is None:
-        return None
-    return effort not in ("none", "minimal")
+        return None, None
+    if effort in ("none", "minimal"):
+        return False, None
+    return True, EFFORT_BUDGETS[effort]
 
 
 def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> None:
@@ -141,9 +148,9 @@ def to_job(body: ChatCompletionRequest) -> Job:
                 param="response_format.json_schema.schema",
             )
         schema = fmt.json_schema.schema_
-    thinking = body.enable_thinking
-    if thinking is None:
-        thinking = thinking_from_effort(body.reasoning_effort)
+    thinking, budget = thinking_for_effort(body.reasoning_effort)
+    if body.enable_thinking is not None:
+        thinking = body.enable_thinking
     top_k = body.top_k
     return Job(
         messages=messages,
@@ -165,6 +172,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
             "stop": stop,
             "stop_token_ids": body.stop_token_ids,
             "ignore_eos": body.ignore_eos,
+            "max_thinking_tokens": body.max_thinking_tokens or budget,
         },
         enable_thinking=thinking,
         chat_template_kwargs=body.chat_template_kwargs,

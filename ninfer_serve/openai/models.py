@@ -119,6 +119,7 @@ class ChatCompletionRequest(_Open):
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: bool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    max_thinking_tokens: int | None = Field(None, ge=1)
     # accepted so that setting them is refused by name (they would change the result)
     n: int | None = Field(None, ge=1)
     logit_bias: dict[str, float] | None = None
@@ -181,6 +182,7 @@ class ResponsesRequest(_Closed):
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
+    max_thinking_tokens: int | None = Field(None, ge=1)
     stream: bool | None = False
     store: bool | None = True
     temperature: float | None = Field(None, ge=0, le=2)

@@ -30,7 +30,7 @@ from ninfer_runtime.frontend import (
 from ..errors import ApiError, from_exception, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
-from .chat import check_text_only, thinking_from_effort
+from .chat import check_text_only, thinking_for_effort
 from .models import InputTokensRequest, ResponsesRequest
 
 __all__ = [
@@ -347,9 +347,12 @@ def to_job(
                 param="text.format.schema",
             )
         schema = fmt.schema_
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    thinking, budget = thinking_for_effort(effort)
     sampling: dict[str, Any] = {}
     if isinstance(body, ResponsesRequest):
         sampling = {
+            "max_thinking_tokens": body.max_thinking_tokens or budget,
             "max_tokens": body.max_output_tokens,
             "temperature": body.temperature,
             "top_p": body.top_p,
@@ -357,7 +360,6 @@ def to_job(
             "min_p": body.min_p,
             "seed": body.seed,
         }
-    effort = body.reasoning.effort if body.reasoning is not None else None
     job = Job(
         messages=prompt,
         tools=tools or None,
@@ -366,7 +368,7 @@ def to_job(
         json_schema=schema,
         json_schema_param="text.format.schema",
         sampling=sampling,
-        enable_thinking=thinking_from_effort(effort),
+        enable_thinking=thinking,
     )
     return job, history
 
@@ -501,7 +503,7 @@ class ResponseBuilder:
             ]
         if isinstance(event, ToolCallEnd) and event.index in self._calls:
             item = self._calls[event.index]
-            item["status"] = "completed"
+            item["status"] = "incomplete" if event.cut_off else "completed"
             index = self.output.index(item)
             if self._open is item:
                 self._open = None
@@ -520,7 +522,7 @@ class ResponseBuilder:
     def finish(self) -> list[bytes]:
         out = self._close_open()
         # a call that never ended (abandoned by the parser) is not part of the answer
-        self.output[:] = [i for i in self.output if i["status"] == "completed"]
+        self.output[:] = [i for i in self.output if i["status"] != "in_progress"]
         return out
 
 

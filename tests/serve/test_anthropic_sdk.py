@@ -154,7 +154,7 @@ def test_errors_in_anthropic_shape(client, server):
             model=server.model,
             max_tokens=64,
             messages=QUESTION,
-            thinking={"type": "enabled", "budget_tokens": 10},
+            thinking={"type": "enabled", "budget_tokens": 64},
         )
     body = err.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"

@@ -163,18 +163,6 @@ def test_missing_or_broken_tokenizer_json(tiny_resources: dict[str, bytes]) -> N
         Tokenizer.from_resources(resources)
 
 
-def test_windowed_stream_path(tiny_tokenizer: Tokenizer) -> None:
-    """The path for non-byte-level decoders gives the same text, also for split characters."""
-    text = "Hello é 你 🎉 world"
-    ids = tiny_tokenizer.encode(text)
-    tiny_tokenizer_windowed = Tokenizer.__new__(Tokenizer)
-    tiny_tokenizer_windowed.__dict__.update(tiny_tokenizer.__dict__, _byte_level=False)
-    stream = tiny_tokenizer_windowed.detokenize_stream()
-    deltas = [stream.add(i) for i in ids] + [stream.flush()]
-    assert "".join(deltas) == text
-    assert all("\ufffd" not in d for d in deltas)
-
-
 def test_incomplete_character_at_end_becomes_replacement(tiny_tokenizer: Tokenizer) -> None:
     ids = tiny_tokenizer.encode("🎉")
     assert len(ids) > 1  # a 512-token vocabulary spells the emoji in bytes
