@@ -431,6 +431,20 @@ def _stray(entry: Path) -> list[str]:
     return sorted(p.name for p in entry.parent.iterdir() if p.name not in keep)
 
 
+def _describe_strays(entry: Path, strays: list[str]) -> str:
+    """How many are temporary files, parts of a replaced artifact, or other; with examples."""
+    groups: dict[str, list[str]] = {}
+    for name in strays:
+        if name.startswith(f".{entry.name}"):
+            kind = "temporary files"
+        elif name.startswith(f"{entry.name}.part-"):
+            kind = "parts the new artifact does not list"
+        else:
+            kind = "other files"
+        groups.setdefault(kind, []).append(name)
+    return "; ".join(f"{len(v)} {k} (e.g. {v[0]})" for k, v in groups.items())
+
+
 def _restore(entry: Path, pristine: Path) -> None:
     """Put the old artifact back; hidden temporary files stay, for later runs to clean."""
     for p in entry.parent.iterdir():
@@ -442,8 +456,10 @@ def _restore(entry: Path, pristine: Path) -> None:
 
 def _fault_plan() -> Iterator[tuple[str, str, int]]:
     """(layout, mode, at) forever: a kill before each rename in turn, an EIO at each rename
-    in turn and a kill at a random time, interleaved; three sharded cases to one single-file."""
-    at = {(mode, layout): 1 for mode in ("kill", "eio") for layout in LAYOUTS}
+    in turn and a kill at a random time, interleaved; three sharded cases to one single-file.
+    Each rename stream starts at the second rename, the first with one file already replaced;
+    ``attack_kills`` wraps ``at`` past the last rename round to the first."""
+    at = {(mode, layout): 2 for mode in ("kill", "eio") for layout in LAYOUTS}
     for turn in itertools.count():
         layout = "sharded" if turn % 4 < 3 else "single"
         mode = ("kill", "eio", "random")[turn % 3]
@@ -518,7 +534,7 @@ def _check_run(target: Path, run: Run, mode: str) -> str | None:
             return f"ninfer-convert said {len(lines)} lines for one OS error"
     strays = _stray(target) if run.status == 0 else []
     if strays:
-        return f"a completed run left {len(strays)} stray files: {short(strays[:3], 200)}"
+        return f"a completed run left stray files: {_describe_strays(target, strays)}"
     return None
 
 
