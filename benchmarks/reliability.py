@@ -496,6 +496,8 @@ def attack_kills(budget: Budget, rng: random.Random, work: Path, tally: Tally) -
             what = f"{layout}: {'SIGKILL before' if mode == 'kill' else 'EIO at'} rename {at}"
         if run.status == 0:
             seconds, renames[layout] = run.seconds, run.renames
+            if mode != "random":
+                what += f" (not reached: a complete run makes {run.renames})"
         problem = _check_run(target, run, mode)
         tally.case(problem and f"{problem} <- {what}")
         new_strays = set(_stray(target)) - before
@@ -755,20 +757,19 @@ def _large_prompt(budget: Budget, rng: random.Random, server: Any, tally: Tally)
     text = rng.randbytes(LARGE_PROMPT_BYTES).translate(LETTERS).decode()
     body = {"model": server.model, "messages": [{"role": "user", "content": text}]}
     what = f"POST /v1/chat/completions with a {LARGE_PROMPT_BYTES >> 20} MiB prompt"
+    problems = []
+    wait = max(budget.left(), 1.0)
     with HealthProbe(server.url) as probe:
         try:
-            response = httpx.post(
-                f"{server.url}/v1/chat/completions", json=body, timeout=max(budget.left(), 1)
-            )
-            problem = None
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=wait)
             if response.status_code >= 500 and response.status_code not in ALLOWED_5XX:
-                problem = f"{response.status_code} <- {what}"
+                problems.append(f"answered {response.status_code}")
         except httpx.TimeoutException:
-            problem = f"no answer within the budget <- {what}"
-    if not problem and probe.slow:
-        problem = (f"/health late or failing {len(probe.slow)} of {probe.probes} times "
-                   f"(first: {probe.slow[0]}) <- {what}")  # fmt: skip
-    tally.case(problem)
+            problems.append(f"no answer within {wait:.1f} s")
+    if probe.slow:
+        problems.append(f"/health late or failing {len(probe.slow)} of {probe.probes} times "
+                        f"(first: {probe.slow[0]})")  # fmt: skip
+    tally.case(problems and f"{'; '.join(problems)} <- {what}")
 
 
 # ------------------------------------------------------------------------ 4. malformed bodies
@@ -1040,7 +1041,7 @@ def kinds(failures: list[str]) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for failure in failures:
         what = failure.split(" <- ")[0]
-        key = re.sub(r"'[^']*'|\d+", "_", what)[:50]
+        key = re.sub(r"'[^']*'|[0-9a-f]{8,}|\d+", "_", what)[:50]
         groups.setdefault(key, []).append(failure)
     return groups
 
