@@ -216,9 +216,12 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings in it (from a template) become their ids.
 
-        No BOS/EOS is added: chat templates write every special token themselves.
+        No BOS/EOS is added: chat templates write every special token themselves. The batch
+        call releases the GIL while it runs (the single one does not), so a long prompt encoded
+        in a worker thread does not stall the server's event loop.
         """
-        return list(self._backend.encode(text, add_special_tokens=False).ids)
+        (encoding,) = self._backend.encode_batch([text], add_special_tokens=False)
+        return list(encoding.ids)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 (a cut-off character) becomes U+FFFD."""

@@ -169,3 +169,35 @@ def test_incomplete_character_at_end_becomes_replacement(tiny_tokenizer: Tokeniz
     stream = tiny_tokenizer.detokenize_stream()
     assert stream.add(ids[0]) == ""
     assert stream.flush() == "\ufffd"
+
+
+def test_encoding_in_a_thread_lets_other_threads_run(tiny_tokenizer: Tokenizer) -> None:
+    """A server tokenizes prompts in a worker thread: the event loop must keep running meanwhile.
+
+    While the GIL is held the ticker below cannot run, so its longest gap equals the whole encode.
+    """
+    import threading
+    import time
+
+    text = "The capital of France is Paris. " * 60_000
+    done = threading.Event()
+    gaps: list[float] = []
+
+    def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    time.sleep(0.02)
+    start = time.perf_counter()
+    ids = tiny_tokenizer.encode(text)
+    took = time.perf_counter() - start
+    done.set()
+    thread.join()
+    assert len(ids) > 60_000
+    assert max(gaps) < 0.5 * took, f"longest pause {max(gaps):.3f} s of a {took:.3f} s encode"
