@@ -15,6 +15,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from ninfer_format.extras import require_extra
+
 from .backends.base import to_numpy
 from .errors import EngineError
 
@@ -70,6 +72,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 def main(model: Path, text_file: Path, context: int, stride: int | None, backend: str) -> None:
     """Print the perplexity of a text file under the .ninfer artifact MODEL."""
+    require_extra("runtime", "ninfer-perplexity")
     from .engine import Engine
 
     try:
