@@ -7,11 +7,13 @@ secondary: BLAS does the matrix products, everything else is vectorised over hea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from ..progress import progress_bar
 from . import array_ops as ops
 from .base import Array, MoeWeights, Weight
 
@@ -24,9 +26,15 @@ class CpuBackend(ops.ReferenceOps):
 
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
-        return {
-            name: np.ascontiguousarray(artifact.parameter(name), dtype=np.float32) for name in names
-        }
+        names = list(names)
+        shapes = artifact.binder_report.parameters
+        weights: dict[str, Weight] = {}
+        total = sum(math.prod(shapes.get(name, ())) for name in names)
+        with progress_bar(total, "loading weights", "w") as bar:
+            for name in names:
+                weights[name] = np.ascontiguousarray(artifact.parameter(name), dtype=np.float32)
+                bar.update(weights[name].size)
+        return weights
 
     def array(self, weight: Weight) -> Array:
         return weight
