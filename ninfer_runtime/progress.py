@@ -16,7 +16,6 @@ def progress_bar(total: int, desc: str, unit: str) -> tqdm:
         total=total,
         desc=desc,
         unit=unit,
-        unit_scale=True,
         file=sys.stderr,
         leave=False,
         disable=None,

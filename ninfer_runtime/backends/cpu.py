@@ -7,7 +7,6 @@ secondary: BLAS does the matrix products, everything else is vectorised over hea
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,13 +26,11 @@ class CpuBackend(ops.ReferenceOps):
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
         names = list(names)
-        shapes = artifact.binder_report.parameters
         weights: dict[str, Weight] = {}
-        total = sum(math.prod(shapes.get(name, ())) for name in names)
-        with progress_bar(total, "loading weights", "w") as bar:
+        with progress_bar(len(names), "loading weights", "parameter") as bar:
             for name in names:
                 weights[name] = np.ascontiguousarray(artifact.parameter(name), dtype=np.float32)
-                bar.update(weights[name].size)
+                bar.update()
         return weights
 
     def array(self, weight: Weight) -> Array:
