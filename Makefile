@@ -6,14 +6,35 @@ OUT    ?= out
 
 .PHONY: setup demo test lint format schema clean
 
+# pip shows its progress on a terminal and is quiet in logs (CI), where the commands are enough.
+PIP := $(PY) -m pip $(if $(shell [ -t 2 ] && echo tty),,-q)
+
+# torch (the converter, the tests' references) comes first, on its own: the CPU-only build
+# from PyTorch's CPU index unless the machine has an NVIDIA GPU (then PyPI's CUDA build, for
+# `ninfer-convert --device cuda`); PyPI's torch for Linux is the CUDA build plus ~18 nvidia
+# wheels. `make setup TORCH=cpu` or `TORCH=cuda` chooses by hand. Only torch is looked up on
+# the CPU index, with one retry and a 20 s timeout, so a machine that cannot reach it but has
+# the wheel from another source does not wait on it; its dependencies come with ninfer below.
+TORCH_VERSION := 2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
+# (PyPI's macOS wheels are CPU-only; the CPU index names them without +cpu)
+ifeq ($(TORCH)-$(shell uname -s),cpu-Darwin)
+TORCH_INSTALL := torch==$(TORCH_VERSION)
+else ifeq ($(TORCH),cpu)
+TORCH_INSTALL := --retries 1 --timeout 20 --extra-index-url $(TORCH_CPU_INDEX) torch==$(TORCH_VERSION)+cpu
+else
+TORCH_INSTALL := torch==$(TORCH_VERSION)
+endif
+
 setup: $(VENV)/.installed-$(EXTRAS)
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PIP) install --upgrade pip
+	@echo "setup: torch $(TORCH_VERSION) ($(TORCH) build), then ninfer[$(EXTRAS)]"
+	$(PIP) install --no-deps $(TORCH_INSTALL)
+	$(PIP) install -e '.[$(EXTRAS)]'
 	touch $@
 
 MODEL  ?= models/tiny-qwen3_5

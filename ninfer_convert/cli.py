@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ninfer_format.extras import require_extra
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
 
 from .errors import ConvertError
@@ -153,6 +154,7 @@ def main(
         return
     if not recipe or not source_specs or output is None:
         raise click.UsageError("--recipe, --source and -o are required (or --list-recipes)")
+    require_extra("convert", "ninfer-convert")
     if device == "cuda":
         import torch
 
@@ -198,6 +200,7 @@ def main(
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def verify(artifact: Path, source_specs: tuple[str, ...], as_json: bool) -> None:
     """Decode every parameter of ARTIFACT and compare it with the source checkpoint."""
+    require_extra("convert", "ninfer-convert verify")
     from ninfer_format.progress import terminal_bar
 
     from .verify import verify_against_source

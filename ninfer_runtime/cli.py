@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from ninfer_format.extras import require_extra
+
 from .errors import EngineError
 from .state import KV_DTYPES
 
@@ -78,6 +80,7 @@ def main(model: Path, **options: Any) -> None:
         raise click.UsageError("give exactly one of --prompt and --messages")
     if o.raw and o.messages_file is not None:
         raise click.UsageError("--raw takes --prompt text, not --messages")
+    require_extra("runtime", "ninfer")
     if not model.is_file():
         click.echo(f"ninfer: {model}: no such file", err=True)
         sys.exit(2)

@@ -15,8 +15,11 @@ from pathlib import Path
 import click
 import numpy as np
 
+from ninfer_format.extras import require_extra
+
 from .backends.base import to_numpy
 from .errors import EngineError
+from .progress import progress_bar
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -33,23 +36,25 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
     model = engine.model
     nll, scored, started = 0.0, 0, time.perf_counter()
     previous_end = 1  # token 0 is never scored (nothing predicts it)
-    for begin in range(0, len(ids) - 1, stride):
-        end = min(begin + context, len(ids))
-        window = np.asarray(ids[begin:end], dtype=np.int64)
-        state = model.new_state(len(window))
-        logits = []
-        for a in range(0, len(window), engine.prefill_chunk):
-            out = model.forward([window[a : a + engine.prefill_chunk]], [state])
-            logits.append(to_numpy(out.logits[0]).astype(np.float32, copy=False))
-        rows = np.concatenate(logits)[:-1]  # row t predicts token t+1
-        targets = window[1:]
-        first = max(previous_end, begin + 1) - (begin + 1)
-        lp = _log_softmax(rows[first:])
-        nll -= float(lp[np.arange(len(lp)), targets[first:]].sum())
-        scored += len(lp)
-        previous_end = end
-        if end == len(ids):
-            break
+    with progress_bar(len(ids) - 1, "scoring", "tok") as bar:
+        for begin in range(0, len(ids) - 1, stride):
+            end = min(begin + context, len(ids))
+            window = np.asarray(ids[begin:end], dtype=np.int64)
+            state = model.new_state(len(window))
+            logits = []
+            for a in range(0, len(window), engine.prefill_chunk):
+                out = model.forward([window[a : a + engine.prefill_chunk]], [state])
+                logits.append(to_numpy(out.logits[0]).astype(np.float32, copy=False))
+            rows = np.concatenate(logits)[:-1]  # row t predicts token t+1
+            targets = window[1:]
+            first = max(previous_end, begin + 1) - (begin + 1)
+            lp = _log_softmax(rows[first:])
+            nll -= float(lp[np.arange(len(lp)), targets[first:]].sum())
+            scored += len(lp)
+            bar.update(len(lp))
+            previous_end = end
+            if end == len(ids):
+                break
     return math.exp(nll / scored), scored, time.perf_counter() - started
 
 
@@ -70,6 +75,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 def main(model: Path, text_file: Path, context: int, stride: int | None, backend: str) -> None:
     """Print the perplexity of a text file under the .ninfer artifact MODEL."""
+    require_extra("runtime", "ninfer-perplexity")
     from .engine import Engine
 
     try:

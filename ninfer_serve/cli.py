@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from ninfer_format.extras import require_extra
 from ninfer_runtime.state import KV_DTYPES
 
 from .config import ConfigError, Settings, fit_to_model, is_loopback, load_settings
@@ -120,6 +121,7 @@ def _say(text: str) -> None:
 def main(model: Path, config_path: Path | None, **flags: Any) -> None:
     """Serve the .ninfer artifact MODEL over HTTP: OpenAI Chat Completions and Responses,
     Anthropic Messages, /health and Prometheus /metrics."""
+    require_extra("serve", "ninfer-serve")
     api_key = flags["api_key"] or os.environ.get("NINFER_API_KEY") or None
     overrides = {
         "server": {

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ninfer_runtime.bench.synthetic import CHATML, SPECIAL_TOKENS, TINY_SHAPES
+from ninfer_runtime.bench.geometries import TINY_SHAPES
+from ninfer_runtime.bench.synthetic import CHATML, SPECIAL_TOKENS
 
 COMMON = dict(
     **TINY_SHAPES,

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..progress import progress_bar
 from . import array_ops as ops
 from .base import Array, MoeWeights, Weight
 
@@ -24,9 +25,13 @@ class CpuBackend(ops.ReferenceOps):
 
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
-        return {
-            name: np.ascontiguousarray(artifact.parameter(name), dtype=np.float32) for name in names
-        }
+        names = list(names)
+        weights: dict[str, Weight] = {}
+        with progress_bar(len(names), "loading weights", "parameter") as bar:
+            for name in names:
+                weights[name] = np.ascontiguousarray(artifact.parameter(name), dtype=np.float32)
+                bar.update()
+        return weights
 
     def array(self, weight: Weight) -> Array:
         return weight

@@ -7,11 +7,13 @@ import time
 
 import click
 
+from ninfer_format.extras import require_extra
+
 from ..state import KV_DTYPES
-from .synthetic import GEOMETRIES, plan_synthetic, write_synthetic
+from .geometries import GEOMETRIES
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """ninfer benchmark tools."""
 
@@ -27,6 +29,9 @@ def synth(
     geometry: str, formats: str, output: str, seed: int, force: bool, plan_only: bool
 ) -> None:
     """Write a synthetic artifact: random valid codes and scales, no checkpoint needed."""
+    require_extra("convert", "ninfer-bench synth")
+    from .synthetic import plan_synthetic, write_synthetic
+
     plan = plan_synthetic(geometry, formats)
     click.echo(
         f"{geometry} / {plan.recipe.name}: {len(plan.parents)} weight objects, "
