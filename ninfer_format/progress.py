@@ -2,9 +2,9 @@
 
 A bar is a context manager ``bar(total, description, unit)`` that yields ``advance(n, note="")``.
 ``terminal_bar`` draws one with tqdm on standard error when that is a terminal; tqdm comes with
-the ``convert`` extra, not the base install, so without it the bar is silent too. Library
-functions take a bar factory and default to ``silent``; the command-line tools pass
-``terminal_bar``.
+the ``convert`` and ``runtime`` extras, not the base install, so without it the bar is silent
+too. Library functions take a bar factory and default to ``silent``; the command-line tools and
+the engine's weight loading use ``terminal_bar``.
 """
 
 from __future__ import annotations

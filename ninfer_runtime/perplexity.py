@@ -16,10 +16,10 @@ import click
 import numpy as np
 
 from ninfer_format.extras import require_extra
+from ninfer_format.progress import terminal_bar
 
 from .backends.base import to_numpy
 from .errors import EngineError
-from .progress import progress_bar
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
     model = engine.model
     nll, scored, started = 0.0, 0, time.perf_counter()
     previous_end = 1  # token 0 is never scored (nothing predicts it)
-    with progress_bar(len(ids) - 1, "scoring", "tok") as bar:
+    with terminal_bar(len(ids) - 1, "scoring", "tok") as advance:
         for begin in range(0, len(ids) - 1, stride):
             end = min(begin + context, len(ids))
             window = np.asarray(ids[begin:end], dtype=np.int64)
@@ -51,7 +51,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
             lp = _log_softmax(rows[first:])
             nll -= float(lp[np.arange(len(lp)), targets[first:]].sum())
             scored += len(lp)
-            bar.update(len(lp))
+            advance(len(lp))
             previous_end = end
             if end == len(ids):
                 break

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..progress import progress_bar
+from ninfer_format.progress import terminal_bar
+
 from . import array_ops as ops
 from .base import Array, MoeWeights, Weight
 
@@ -27,10 +28,10 @@ class CpuBackend(ops.ReferenceOps):
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
         names = list(names)
         weights: dict[str, Weight] = {}
-        with progress_bar(len(names), "loading weights", "parameter") as bar:
+        with terminal_bar(len(names), "loading weights", "parameter") as advance:
             for name in names:
                 weights[name] = np.ascontiguousarray(artifact.parameter(name), dtype=np.float32)
-                bar.update()
+                advance(1)
         return weights
 
     def array(self, weight: Weight) -> Array:

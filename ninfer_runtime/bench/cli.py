@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ninfer_format.errors import ArtifactError, TargetExists
 from ninfer_format.extras import require_extra
 
 from ..state import KV_DTYPES
@@ -47,7 +48,12 @@ def synth(
             last[0] = now
             click.echo(f"  {done / 1e9:.2f} / {total / 1e9:.2f} GB", err=True)
 
-    report = write_synthetic(output, geometry, formats, seed, force, progress=progress)
+    try:
+        report = write_synthetic(output, geometry, formats, seed, force, progress=progress)
+    except TargetExists:
+        raise click.ClickException(f"{output}: already exists; add --force to replace it") from None
+    except (ArtifactError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(
         f"wrote {output}: {report.payload_bytes / 1e9:.3f} GB in {report.seconds:.1f} s "
         f"({report.mb_per_s:.0f} MB/s)"

@@ -82,3 +82,9 @@ def test_cli_synth(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "MB/s" in result.output and out.exists()
+    again = CliRunner().invoke(
+        main, ["synth", "--geometry", "tiny_moe", "--formats", "qwen3_6_35b_a3b", "-o", str(out)]
+    )
+    assert again.exit_code == 1, again.output
+    assert again.output.strip().endswith(f"{out}: already exists; add --force to replace it")
+    assert "Traceback" not in again.output and "overwrite=True" not in again.output

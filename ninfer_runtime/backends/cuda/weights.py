@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
 
 from .formats import PACKED, Planes, planes
@@ -145,11 +146,11 @@ class Residency:
         objects = [artifact.objects[oid] for oid in object_ids]
         total = sum(int(obj.bytes) for obj in objects)
         start = time.perf_counter()
-        with _progress(total) as bar:
+        with terminal_bar(total, "upload", "B") as advance:
             for obj in objects:
                 self.parents[obj.id] = Parent(
                     obj.id,
-                    self._stream(artifact, obj, bar),
+                    self._stream(artifact, obj, advance),
                     planes(
                         obj.format,
                         obj.layout,
@@ -170,37 +171,11 @@ class Residency:
             total / 1e9 / max(seconds, 1e-9),
         )
 
-    def _stream(self, artifact: Any, obj: Tensor, bar: Any) -> Any:
+    def _stream(self, artifact: Any, obj: Tensor, advance: Advance) -> Any:
         raw = artifact.raw(obj.id)  # a view of the memory map: pages are read as copied
         data = self.xp.empty(int(obj.bytes), dtype=self.xp.uint8)
         for a in range(0, raw.size, UPLOAD_CHUNK):
             b = min(a + UPLOAD_CHUNK, raw.size)
             data[a:b].set(raw[a:b])
-            bar.update(b - a)
+            advance(b - a)
         return data
-
-
-class _progress:
-    """tqdm over bytes when it is installed and the load is large, else nothing."""
-
-    def __init__(self, total: int):
-        self.total = total
-        self.bar: Any = None
-
-    def __enter__(self) -> _progress:
-        if self.total >= 256 << 20:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc="upload")
-            except ImportError:
-                self.bar = None
-        return self
-
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
