@@ -3,9 +3,10 @@
 Checks per object: the recorded xxh3-64 checksum, then for a tensor the lazy rules R13/R14
 and the codec's scan of code words, scales and in-object padding, for a resource its decoding
 (unknown encoding, corrupt ``zstd_v1`` frame). Checksum bookkeeping is checked too: a key that
-names no object and an object without a digest are warnings (an artifact with no digests at
-all is fine, project decision 7). With ``strict`` also the padding outside objects (header
-gap, part header pages, gaps between objects) must be zero.
+names no object, an object without a digest and an artifact with no digests at all are
+warnings (such an artifact is valid, project decision 7, but ``strict`` does not pass it).
+With ``strict`` also the padding outside objects (header gap, part header pages, gaps between
+objects) must be zero.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def _recorded_checksums(artifact: Artifact, report: VerifyReport) -> dict[str, o
     object it leaves unchecked (a damaged key would otherwise drop its object silently)."""
     provenance = artifact.provenance
     if "checksums" not in provenance:
-        return {}  # optional (project decision 7): other writers do not record digests
+        # valid (project decision 7: other writers record no digests), but nothing checked the
+        # bytes, so strict, which turns warnings into errors, cannot pass it
+        report.warnings.append("provenance.checksums is absent: no object's bytes were checked")
+        return {}
     checksums = provenance["checksums"]
     if not isinstance(checksums, dict):
         report.warnings.append("provenance.checksums is not an object: no checksum was checked")

@@ -178,6 +178,17 @@ def test_strict_flags_a_damaged_checksum_key(artifact):
     assert "4 of 5 objects checksummed" in out
 
 
+def test_strict_flags_an_artifact_without_digests(artifact):
+    # "checksums" -> "checksumz": the same length, so framing stays valid and no digest remains
+    _edit_directory(artifact, b'"checksums"', b'"checksumz"')
+    code, out = run(artifact, "--verify")
+    assert code == 0  # valid without digests (project decision 7)...
+    assert "warning: provenance.checksums is absent: no object's bytes were checked" in out
+    code, out = run(artifact, "--verify", "--strict")
+    assert code == 1  # ...but strict does not pass bytes that nothing checked
+    assert "error: strict: provenance.checksums is absent" in out
+
+
 def test_a_part_name_over_the_file_name_limit_is_an_artifact_error(tmp_path):
     doc = {
         "components": {"text": {"config": {"model_type": "toy"}}},
