@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from litestar import Litestar, MediaType, Request, Response, delete, get, post
+from litestar import HttpMethod, Litestar, MediaType, Request, Response, delete, get, post, route
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
+from pydantic.json_schema import models_json_schema
 
 from ninfer_runtime.engine import Engine
 
@@ -144,6 +145,27 @@ def _errors(*statuses: int, anthropic: bool = False) -> dict[int, ResponseSpec]:
         statuses += (504,) if 503 in statuses else ()
     body = AnthropicErrorBody if anthropic else OpenAIErrorBody
     return {s: ResponseSpec(data_container=body, description=_STATUS[s]) for s in statuses}
+
+
+_REQUEST_MODELS = (
+    ChatCompletionRequest,
+    ResponsesRequest,
+    InputTokensRequest,
+    MessagesRequest,
+    CountTokensRequest,
+)
+
+
+def _request_body_schemas() -> dict[str, Any]:
+    """The request bodies' JSON Schemas as pydantic states them for the models that validate
+    them. Litestar's own translation of a model loses constraints (a bound of 0, ``gt``, the
+    size of a dict, a field's published-only schema), and a schema laxer than the validation
+    promises clients bodies the server refuses."""
+    _, schema = models_json_schema(
+        [(model, "validation") for model in _REQUEST_MODELS],
+        ref_template="#/components/schemas/{model}",
+    )
+    return schema["$defs"]
 
 
 class _Request(Request[Any, Any, Any]):
@@ -364,6 +386,14 @@ def create_app(
     async def get_input_items(response_id: str) -> dict[str, Any]:
         return responses.get_input_items(state, response_id)
 
+    @route(
+        "/v1/responses/{response_id:str}", http_method=HttpMethod.OPTIONS, include_in_schema=False
+    )
+    async def stored_response_options(response_id: str) -> Response[None]:
+        # Litestar answers OPTIONS with the methods of the first handler registered for a path
+        # (GET here) and would leave DELETE out of Allow
+        return Response(None, status_code=204, headers={"Allow": "DELETE, GET, OPTIONS"})
+
     @delete(
         "/v1/responses/{response_id:str}",
         status_code=200,
@@ -429,6 +459,7 @@ def create_app(
             chat_completions,
             create_response,
             input_tokens,
+            stored_response_options,  # before the path's other handlers, or Litestar adds its own
             get_response,
             get_input_items,
             delete_response,
@@ -451,6 +482,8 @@ def create_app(
         ),
         debug=False,
     )
+    # published once, for /openapi.json and the Swagger UI alike
+    app.openapi_schema.components.schemas.update(_request_body_schemas())
     app.state.ninfer = state
     gate = Gate(app, settings.server.api_key)
     gate.state = state
