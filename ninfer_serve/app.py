@@ -28,6 +28,7 @@ from litestar import HttpMethod, Litestar, MediaType, Request, Response, delete,
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIType, Reference, Schema
 from pydantic.json_schema import models_json_schema
 
 from ninfer_runtime.engine import Engine
@@ -166,6 +167,22 @@ def _request_body_schemas() -> dict[str, Any]:
         ref_template="#/components/schemas/{model}",
     )
     return schema["$defs"]
+
+
+_STREAMING = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
+
+
+def _complete_the_schema(openapi: OpenAPI) -> None:
+    """What Litestar's generated document leaves out: the request bodies' exact schemas, and
+    the server-sent events a streaming request (``"stream": true``) is answered with."""
+    assert openapi.components.schemas is not None and openapi.paths is not None
+    openapi.components.schemas.update(_request_body_schemas())
+    for path in _STREAMING:
+        operation = openapi.paths[path].post
+        assert operation is not None and operation.responses is not None
+        ok = operation.responses["200"]
+        assert not isinstance(ok, Reference) and ok.content is not None
+        ok.content["text/event-stream"] = OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING))
 
 
 class _Request(Request[Any, Any, Any]):
@@ -482,8 +499,7 @@ def create_app(
         ),
         debug=False,
     )
-    # published once, for /openapi.json and the Swagger UI alike
-    app.openapi_schema.components.schemas.update(_request_body_schemas())
+    _complete_the_schema(app.openapi_schema)  # once, for /openapi.json and Swagger UI alike
     app.state.ninfer = state
     gate = Gate(app, settings.server.api_key)
     gate.state = state

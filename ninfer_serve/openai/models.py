@@ -145,7 +145,8 @@ class ChatCompletionRequest(_Open):
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0)
+    # below 0.01 a penalty only overflows the (float32) logits of the tokens already seen
+    repetition_penalty: float | None = Field(None, ge=0.01)
     seed: int | None = None
     stop: Annotated[str | list[str] | None, _STOP] = None
     stop_token_ids: list[int] | None = None
