@@ -28,7 +28,8 @@ from litestar import HttpMethod, Litestar, MediaType, Request, Response, delete,
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
-from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIType, Reference, Schema
+from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, Reference
+from litestar.plugins.pydantic import PydanticPlugin
 from pydantic.json_schema import models_json_schema
 
 from ninfer_runtime.engine import Engine
@@ -136,6 +137,19 @@ _STATUS = {
     529: "Anthropic: running and waiting requests at capacity",
 }
 _GENERATION = (400, 401, 404, 413, 429, 503)
+#: the rules across fields that a request body's schema cannot state (docs/serve.md)
+_TOOL_RULE = "a tool_choice naming a tool needs it in tools, one requiring a tool needs tools"
+_CONTEXT_RULE = "the rendered prompt must fit the context (tools add several hundred tokens)"
+_RULES = {
+    "chat": f"Also refused: {_TOOL_RULE}; tool_calls only on assistant messages, other roles "
+    "need content, an assistant message content, reasoning or tool_calls; json_schema needs its "
+    f"schema; tool call arguments must be a JSON object; {_CONTEXT_RULE}.",
+    "responses": f"Also refused: {_TOOL_RULE}; an empty prompt (instructions, history and input "
+    f"together); function_call arguments that are not a JSON object; {_CONTEXT_RULE}.",
+    "messages": f"Also refused: {_TOOL_RULE}; thinking enabled without budget_tokens below "
+    "max_tokens; a last assistant message (a prefill) without text; a conversation that maps to "
+    f"no message; {_CONTEXT_RULE}.",
+}
 
 
 def _errors(*statuses: int, anthropic: bool = False) -> dict[int, ResponseSpec]:
@@ -182,7 +196,7 @@ def _complete_the_schema(openapi: OpenAPI) -> None:
         assert operation is not None and operation.responses is not None
         ok = operation.responses["200"]
         assert not isinstance(ok, Reference) and ok.content is not None
-        ok.content["text/event-stream"] = OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING))
+        ok.content["text/event-stream"] = OpenAPIMediaType()  # one JSON object per event
 
 
 class _Request(Request[Any, Any, Any]):
@@ -357,6 +371,7 @@ def create_app(
         responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="OpenAI Chat Completions (stream with SSE)",
+        description=_RULES["chat"],
     )
     async def chat_completions(
         request: Request[Any, Any, Any], data: ChatCompletionRequest
@@ -369,6 +384,7 @@ def create_app(
         responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="OpenAI Responses (core; stream with semantic SSE events)",
+        description=_RULES["responses"],
     )
     async def create_response(
         request: Request[Any, Any, Any], data: ResponsesRequest
@@ -381,6 +397,7 @@ def create_app(
         responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="Input tokens of a Responses request",
+        description=_RULES["responses"],
     )
     async def input_tokens(data: InputTokensRequest) -> dict[str, Any]:
         return await responses.count_input_tokens(state, data)
@@ -443,6 +460,7 @@ def create_app(
         responses=_errors(*_GENERATION, anthropic=True),
         tags=["anthropic"],
         summary="Anthropic Messages (stream with the content-block lifecycle)",
+        description=_RULES["messages"],
     )
     async def messages(request: Request[Any, Any, Any], data: MessagesRequest) -> Response[Any]:
         return await anthropic_messages.create_message(state, request, data)
@@ -453,6 +471,7 @@ def create_app(
         responses=_errors(*_GENERATION, anthropic=True),
         tags=["anthropic"],
         summary="Input tokens of a Messages request",
+        description=_RULES["messages"],
     )
     async def count_tokens(data: CountTokensRequest) -> dict[str, Any]:
         return await anthropic_messages.count_tokens(state, data)
@@ -489,6 +508,9 @@ def create_app(
         on_shutdown=[shutdown],
         exception_handlers={Exception: _error_response},
         request_class=_Request,
+        # the wire models are strict, and the schema says so; Litestar's default plugin
+        # validates with strict=False, which overrides them (false for an int, 0 for a bool)
+        plugins=[PydanticPlugin(validate_strict=True)],
         request_max_body_size=settings.max_request_bytes,
         openapi_config=OpenAPIConfig(
             title="ninfer-serve",

@@ -37,11 +37,10 @@ def _block(kind: str, **fields: dict[str, Any]) -> dict[str, Any]:
 
 _STRING = {"type": "string"}
 _TEXT = _block("text", text=_STRING)
-_TOOL_RESULT = _block(
-    "tool_result",
-    tool_use_id=_STRING,
-    content={"anyOf": [_STRING, {"type": "array", "items": _TEXT}, {"type": "null"}]},
-)
+_TOOL_RESULT = _block("tool_result", tool_use_id=_STRING)
+_TOOL_RESULT["properties"]["content"] = {
+    "anyOf": [_STRING, {"type": "array", "items": _TEXT}, {"type": "null"}]
+}
 #: the blocks ``messages.py`` reads, by role (media blocks are refused: text input only)
 _BLOCKS = {
     "user": [_TEXT, _TOOL_RESULT],

@@ -30,6 +30,18 @@ def _is_blank(text: Any) -> bool:
     return not isinstance(text, str) or not text.strip()
 
 
+def _integral_floats_as_ints(value: Any) -> Any:
+    """``827.0`` is an integer to JSON Schema but a float to the server's strict validation
+    (as to Python's JSON), so a body meant to be valid writes it as ``827``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(item) for item in value]
+    return value
+
+
 def _json_object_arguments(call: dict[str, Any]) -> None:
     """A tool call's ``arguments`` string must hold a JSON object (JSON Schema's
     ``contentMediaType`` is only an annotation)."""
@@ -169,6 +181,7 @@ def before_call(context, case, **kwargs):  # type: ignore[no-untyped-def]
     if steering is None or case.meta is None or not case.meta.generation.mode.is_positive:
         return
     steer, prompt_key = steering
+    body = case.body = _integral_floats_as_ints(body)
     with contextlib.suppress(AttributeError, KeyError, TypeError):  # a shape the rule skips
         steer(body)
         _fit_the_context(body, case.operation.base_url, prompt_key)
