@@ -149,7 +149,7 @@ class ChatCompletionRequest(_Open):
     repetition_penalty: float | None = Field(None, ge=0.01)
     seed: int | None = None
     stop: Annotated[str | list[str] | None, _STOP] = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     ignore_eos: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
