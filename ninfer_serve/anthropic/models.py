@@ -38,8 +38,9 @@ def _block(kind: str, **fields: dict[str, Any]) -> dict[str, Any]:
 _STRING = {"type": "string"}
 _TEXT = _block("text", text=_STRING)
 _TOOL_RESULT = _block("tool_result", tool_use_id=_STRING)
+# a tool result's text blocks may leave their text out (it reads as empty)
 _TOOL_RESULT["properties"]["content"] = {
-    "anyOf": [_STRING, {"type": "array", "items": _TEXT}, {"type": "null"}]
+    "anyOf": [_STRING, {"type": "array", "items": _block("text")}, {"type": "null"}]
 }
 #: the blocks ``messages.py`` reads, by role (media blocks are refused: text input only)
 _BLOCKS = {
