@@ -24,10 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from litestar import Litestar, MediaType, Request, Response, delete, get, post
+from litestar import HttpMethod, Litestar, MediaType, Request, Response, delete, get, post, route
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, Reference
+from litestar.plugins.pydantic import PydanticPlugin
+from pydantic.json_schema import models_json_schema
 
 from ninfer_runtime.engine import Engine
 
@@ -134,6 +137,19 @@ _STATUS = {
     529: "Anthropic: running and waiting requests at capacity",
 }
 _GENERATION = (400, 401, 404, 413, 429, 503)
+#: the rules across fields that a request body's schema cannot state (docs/serve.md)
+_TOOL_RULE = "a tool_choice naming a tool needs it in tools, one requiring a tool needs tools"
+_CONTEXT_RULE = "the rendered prompt must fit the context (tools add several hundred tokens)"
+_RULES = {
+    "chat": f"Also refused: {_TOOL_RULE}; tool_calls only on assistant messages, other roles "
+    "need content, an assistant message content, reasoning or tool_calls; json_schema needs its "
+    f"schema; tool call arguments must be a JSON object; {_CONTEXT_RULE}.",
+    "responses": f"Also refused: {_TOOL_RULE}; an empty prompt (instructions, history and input "
+    f"together); function_call arguments that are not a JSON object; {_CONTEXT_RULE}.",
+    "messages": f"Also refused: {_TOOL_RULE}; thinking enabled without budget_tokens below "
+    "max_tokens; a last assistant message (a prefill) without text; a conversation that maps to "
+    f"no message; {_CONTEXT_RULE}.",
+}
 
 
 def _errors(*statuses: int, anthropic: bool = False) -> dict[int, ResponseSpec]:
@@ -144,6 +160,43 @@ def _errors(*statuses: int, anthropic: bool = False) -> dict[int, ResponseSpec]:
         statuses += (504,) if 503 in statuses else ()
     body = AnthropicErrorBody if anthropic else OpenAIErrorBody
     return {s: ResponseSpec(data_container=body, description=_STATUS[s]) for s in statuses}
+
+
+_REQUEST_MODELS = (
+    ChatCompletionRequest,
+    ResponsesRequest,
+    InputTokensRequest,
+    MessagesRequest,
+    CountTokensRequest,
+)
+
+
+def _request_body_schemas() -> dict[str, Any]:
+    """The request bodies' JSON Schemas as pydantic states them for the models that validate
+    them. Litestar's own translation of a model loses constraints (a bound of 0, ``gt``, the
+    size of a dict, a field's published-only schema), and a schema laxer than the validation
+    promises clients bodies the server refuses."""
+    _, schema = models_json_schema(
+        [(model, "validation") for model in _REQUEST_MODELS],
+        ref_template="#/components/schemas/{model}",
+    )
+    return schema["$defs"]
+
+
+_STREAMING = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
+
+
+def _complete_the_schema(openapi: OpenAPI) -> None:
+    """What Litestar's generated document leaves out: the request bodies' exact schemas, and
+    the server-sent events a streaming request (``"stream": true``) is answered with."""
+    assert openapi.components.schemas is not None and openapi.paths is not None
+    openapi.components.schemas.update(_request_body_schemas())
+    for path in _STREAMING:
+        operation = openapi.paths[path].post
+        assert operation is not None and operation.responses is not None
+        ok = operation.responses["200"]
+        assert not isinstance(ok, Reference) and ok.content is not None
+        ok.content["text/event-stream"] = OpenAPIMediaType()  # one JSON object per event
 
 
 class _Request(Request[Any, Any, Any]):
@@ -318,6 +371,7 @@ def create_app(
         responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="OpenAI Chat Completions (stream with SSE)",
+        description=_RULES["chat"],
     )
     async def chat_completions(
         request: Request[Any, Any, Any], data: ChatCompletionRequest
@@ -330,6 +384,7 @@ def create_app(
         responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="OpenAI Responses (core; stream with semantic SSE events)",
+        description=_RULES["responses"],
     )
     async def create_response(
         request: Request[Any, Any, Any], data: ResponsesRequest
@@ -342,6 +397,7 @@ def create_app(
         responses=_errors(*_GENERATION),
         tags=["openai"],
         summary="Input tokens of a Responses request",
+        description=_RULES["responses"],
     )
     async def input_tokens(data: InputTokensRequest) -> dict[str, Any]:
         return await responses.count_input_tokens(state, data)
@@ -363,6 +419,14 @@ def create_app(
     )
     async def get_input_items(response_id: str) -> dict[str, Any]:
         return responses.get_input_items(state, response_id)
+
+    @route(
+        "/v1/responses/{response_id:str}", http_method=HttpMethod.OPTIONS, include_in_schema=False
+    )
+    async def stored_response_options(response_id: str) -> Response[None]:
+        # Litestar answers OPTIONS with the methods of the first handler registered for a path
+        # (GET here) and would leave DELETE out of Allow
+        return Response(None, status_code=204, headers={"Allow": "DELETE, GET, OPTIONS"})
 
     @delete(
         "/v1/responses/{response_id:str}",
@@ -396,6 +460,7 @@ def create_app(
         responses=_errors(*_GENERATION, anthropic=True),
         tags=["anthropic"],
         summary="Anthropic Messages (stream with the content-block lifecycle)",
+        description=_RULES["messages"],
     )
     async def messages(request: Request[Any, Any, Any], data: MessagesRequest) -> Response[Any]:
         return await anthropic_messages.create_message(state, request, data)
@@ -406,6 +471,7 @@ def create_app(
         responses=_errors(*_GENERATION, anthropic=True),
         tags=["anthropic"],
         summary="Input tokens of a Messages request",
+        description=_RULES["messages"],
     )
     async def count_tokens(data: CountTokensRequest) -> dict[str, Any]:
         return await anthropic_messages.count_tokens(state, data)
@@ -429,6 +495,7 @@ def create_app(
             chat_completions,
             create_response,
             input_tokens,
+            stored_response_options,  # before the path's other handlers, or Litestar adds its own
             get_response,
             get_input_items,
             delete_response,
@@ -441,6 +508,9 @@ def create_app(
         on_shutdown=[shutdown],
         exception_handlers={Exception: _error_response},
         request_class=_Request,
+        # the wire models are strict, and the schema says so; Litestar's default plugin
+        # validates with strict=False, which overrides them (false for an int, 0 for a bool)
+        plugins=[PydanticPlugin(validate_strict=True)],
         request_max_body_size=settings.max_request_bytes,
         openapi_config=OpenAPIConfig(
             title="ninfer-serve",
@@ -451,6 +521,7 @@ def create_app(
         ),
         debug=False,
     )
+    _complete_the_schema(app.openapi_schema)  # once, for /openapi.json and Swagger UI alike
     app.state.ninfer = state
     gate = Gate(app, settings.server.api_key)
     gate.state = state

@@ -6,13 +6,18 @@ schema. What a field means is decided in ``chat.py`` / ``responses.py``. Validat
 (clients send vendor extensions); Responses refuses them (``unknown_parameter``), as NInfer does.
 Fields that are accepted only to be refused when set (``n``, ``logit_bias``, ``audio`` ...) are
 declared so the refusal can name them.
+
+The published OpenAPI schema is generated from these models. Where the protocol module checks a
+value itself (so that its refusal names the field and says why), the field's annotation states
+the accepted values for the schema (``WithJsonSchema``); rules across fields (a named tool that
+must be in ``tools``, content a role needs) cannot be stated and are listed in docs/serve.md.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 __all__ = [
     "ChatCompletionRequest",
@@ -20,6 +25,41 @@ __all__ = [
     "InputTokensRequest",
     "ResponsesRequest",
 ]
+
+
+#: what the schema states for a field that is refused whenever it is set
+_UNSET = WithJsonSchema({"type": "null"})
+#: the most stop strings a request may give (checked in ``chat.py``)
+MAX_STOP = 16
+
+
+def _nullable(schema: dict[str, Any]) -> WithJsonSchema:
+    return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
+
+
+#: a Chat message's content: a string or text parts (``chat.py`` refuses media parts; the
+#: bundled models' template renders ``text`` parts only)
+_CHAT_CONTENT = _nullable(
+    {
+        "anyOf": [
+            {"type": "string"},
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                    "required": ["type", "text"],
+                },
+            },
+        ]
+    }
+)
+
+
+_NONEMPTY = {"type": "string", "minLength": 1}
+_STOP = _nullable(
+    {"anyOf": [_NONEMPTY, {"type": "array", "items": _NONEMPTY, "maxItems": MAX_STOP}]}
+)
 
 
 class _Open(BaseModel):
@@ -34,7 +74,7 @@ class _Closed(BaseModel):
 
 
 class FunctionCall(_Open):
-    name: str
+    name: str = Field(min_length=1)
     arguments: str | dict[str, Any] | None = None
 
 
@@ -46,7 +86,7 @@ class ToolCall(_Open):
 
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str | list[dict[str, Any]] | None, _CHAT_CONTENT] = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -105,10 +145,11 @@ class ChatCompletionRequest(_Open):
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0)
+    # below 0.01 a penalty only overflows the (float32) logits of the tokens already seen
+    repetition_penalty: float | None = Field(None, ge=0.01)
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: Annotated[str | list[str] | None, _STOP] = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     ignore_eos: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -121,16 +162,20 @@ class ChatCompletionRequest(_Open):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     max_thinking_tokens: int | None = Field(None, ge=1)
     # accepted so that setting them is refused by name (they would change the result)
-    n: int | None = Field(None, ge=1)
-    logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    audio: dict[str, Any] | None = None
-    modalities: list[str] | None = None
-    prediction: dict[str, Any] | None = None
-    web_search_options: dict[str, Any] | None = None
-    functions: list[dict[str, Any]] | None = None
-    function_call: str | dict[str, Any] | None = None
+    n: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = Field(None, ge=1)
+    logit_bias: Annotated[
+        dict[str, float] | None, _nullable({"type": "object", "additionalProperties": {"const": 0}})
+    ] = None
+    logprobs: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = None
+    top_logprobs: Annotated[int | None, WithJsonSchema({"enum": [0, None]})] = None
+    audio: Annotated[dict[str, Any] | None, _UNSET] = None
+    modalities: Annotated[
+        list[str] | None, _nullable({"type": "array", "items": {"const": "text"}})
+    ] = None
+    prediction: Annotated[dict[str, Any] | None, _UNSET] = None
+    web_search_options: Annotated[dict[str, Any] | None, _UNSET] = None
+    functions: Annotated[list[dict[str, Any]] | None, _UNSET] = None
+    function_call: Annotated[str | dict[str, Any] | None, _UNSET] = None
     # accepted and without effect on the result
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -173,12 +218,79 @@ class ReasoningConfig(_Closed):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
+def _string_fields(*names: str) -> dict[str, Any]:
+    return {name: {"type": "string"} for name in names}
+
+
+_PARTS = {
+    "type": "array",
+    "items": {"type": "object", "properties": _string_fields("text"), "required": ["text"]},
+}
+_INPUT_TEXT_PART = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["input_text", "output_text", "text"]},
+                "text": {"type": "string"},
+            },
+            "required": ["type", "text"],
+        },
+        {
+            "type": "object",
+            "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+            "required": ["type", "refusal"],
+        },
+    ]
+}
+_INPUT_TEXT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _INPUT_TEXT_PART}]}
+#: the input items ``responses.py`` reads (a message's ``type`` may be left out)
+_INPUT_ITEM = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "message"},
+                "role": {"enum": ["user", "assistant", "system", "developer"]},
+                "content": _INPUT_TEXT,
+            },
+            "required": ["role", "content"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "function_call"},
+                "name": {"type": "string", "minLength": 1},
+            }
+            | _string_fields("call_id", "arguments"),
+            "required": ["type", "call_id", "name", "arguments"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "function_call_output"},
+                "call_id": {"type": "string"},
+                "output": _INPUT_TEXT,
+            },
+            "required": ["type", "call_id", "output"],
+        },
+        {
+            "type": "object",
+            "properties": {"type": {"const": "reasoning"}, "content": _PARTS, "summary": _PARTS},
+            "required": ["type"],
+        },
+    ]
+}
+_INPUT = WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": _INPUT_ITEM}]})
+_TRUNCATION = WithJsonSchema({"enum": ["disabled", None]})
+
+
 class ResponsesRequest(_Closed):
     """POST /v1/responses. ``input`` items are checked item by item in ``responses.py`` so an
     error can name ``input[3].content`` precisely."""
 
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: Annotated[str | list[dict[str, Any]], _INPUT]
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
@@ -197,8 +309,8 @@ class ResponsesRequest(_Closed):
     tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(None, ge=1)
-    truncation: Literal["disabled", "auto"] | None = None
-    background: bool | None = None
+    truncation: Annotated[Literal["disabled", "auto"] | None, _TRUNCATION] = None
+    background: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = None
     include: list[str] | None = None
     service_tier: str | None = None
     user: str | None = None
@@ -206,14 +318,14 @@ class ResponsesRequest(_Closed):
     prompt_cache_key: str | None = None
     client_metadata: dict[str, Any] | None = None
     stream_options: dict[str, Any] | None = None
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: Annotated[int | None, WithJsonSchema({"enum": [0, None]})] = Field(None, ge=0)
 
 
 class InputTokensRequest(_Closed):
     """POST /v1/responses/input_tokens: the prompt-defining subset of a Responses request."""
 
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: Annotated[str | list[dict[str, Any]] | None, _nullable(_INPUT.json_schema)] = None
     instructions: str | None = None
     previous_response_id: str | None = None
     tools: list[FunctionTool] | None = None
@@ -221,5 +333,5 @@ class InputTokensRequest(_Closed):
     parallel_tool_calls: bool | None = None
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
-    truncation: Literal["disabled", "auto"] | None = None
-    conversation: str | dict[str, Any] | None = None
+    truncation: Annotated[Literal["disabled", "auto"] | None, _TRUNCATION] = None
+    conversation: Annotated[str | dict[str, Any] | None, _UNSET] = None
