@@ -40,6 +40,11 @@ def _integer(name: str, value: Any) -> int:
     return int(value)
 
 
+#: Seen tokens' positive logits are divided by the repetition penalty: below this, float32
+#: logits overflow to inf and no token can be sampled.
+MIN_REPETITION_PENALTY = 0.01
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each token of one request.
@@ -87,9 +92,11 @@ class SamplingParams:
                 raise request_error(f"{name} must be in [-2, 2], got {value}", name)
             set_(self, name, value)
         repetition = _number("repetition_penalty", self.repetition_penalty)
-        if repetition <= 0:
+        if repetition < MIN_REPETITION_PENALTY:
             raise request_error(
-                f"repetition_penalty must be > 0 (1 = off), got {repetition}", "repetition_penalty"
+                f"repetition_penalty must be >= {MIN_REPETITION_PENALTY} (1 = off), "
+                f"got {repetition}",
+                "repetition_penalty",
             )
         set_(self, "repetition_penalty", repetition)
         if self.seed is not None:

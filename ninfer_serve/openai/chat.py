@@ -31,7 +31,7 @@ from ..http import (
     sse_response,
     until_disconnect,
 )
-from .models import ChatCompletionRequest
+from .models import MAX_STOP, ChatCompletionRequest
 
 __all__ = [
     "chat_completions",
@@ -42,7 +42,6 @@ __all__ = [
     "usage_block",
 ]
 
-MAX_STOP = 16
 #: ``reasoning_effort`` levels as thinking budgets (tokens of reasoning, ``</think>`` included)
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
 

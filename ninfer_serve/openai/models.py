@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from ninfer_runtime.frontend.sampling import MIN_REPETITION_PENALTY
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
@@ -146,7 +148,7 @@ class ChatCompletionRequest(_Open):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     # below 0.01 a penalty only overflows the (float32) logits of the tokens already seen
-    repetition_penalty: float | None = Field(None, ge=0.01)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY)
     seed: int | None = None
     stop: Annotated[str | list[str] | None, _STOP] = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None

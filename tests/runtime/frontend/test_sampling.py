@@ -38,6 +38,7 @@ def candidates(params: SamplingParams, logits: np.ndarray, prompt: tuple = ()) -
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -2.01}, "frequency_penalty"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": 5e-324}, "repetition_penalty"),  # logits / it overflow
         ({"seed": 1.5}, "seed"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": ["ok", ""]}, "stop[1]"),
