@@ -1,6 +1,6 @@
 """The recipe API: which format and method each logical parameter gets, and how parents pack.
 
-A recipe is a small Python module in ``recipes/`` that builds a ``Recipe``::
+A recipe is a small Python module in ``ninfer_convert/recipes/`` that builds a ``Recipe``::
 
     recipe = Recipe("qwen3_6_27b", "Q4/Q5 text projections, Q6 vocabulary")
     recipe.assign("text/layers/*/attention/query", format="q4_g64_fp16")
@@ -195,7 +195,7 @@ class Recipe:
 
 
 def available_recipes() -> list[str]:
-    import recipes
+    from . import recipes
 
     return sorted(
         m.name for m in pkgutil.iter_modules(recipes.__path__) if not m.name.startswith("_")
@@ -203,11 +203,12 @@ def available_recipes() -> list[str]:
 
 
 def load_recipe(name: str) -> Recipe:
-    """Import ``recipes.<name>`` and build its recipe (``build()`` returns a fresh one)."""
+    """Import ``ninfer_convert.recipes.<name>`` and build its recipe (``build()`` returns a
+    fresh one)."""
     if name not in available_recipes():
         known = ", ".join(available_recipes())
         raise RecipeError(f"unknown recipe {name!r}; known recipes: {known}")
-    module = importlib.import_module(f"recipes.{name}")
+    module = importlib.import_module(f"{__package__}.recipes.{name}")
     recipe = module.build()
     if not isinstance(recipe, Recipe):
         raise RecipeError(f"recipes.{name}.build() must return a Recipe")

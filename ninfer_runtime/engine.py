@@ -36,7 +36,8 @@ from .frontend import (
 )
 from .frontend.tokenizer import THINK_OPEN
 from .models import ForwardOutput, load_model
-from .state import PAGE_TOKENS, ContextPool, SequenceState
+from .runner import ModelRunner
+from .state import SequenceState
 
 #: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
 #: sampling (constrained decoding masks tokens with ``-inf``). It sees only the answer part:
@@ -160,9 +161,13 @@ class Engine:
         self.max_context = max_context
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
+        self.runner = ModelRunner(self.model)
         self._device_sampler = self.model.backend.device_sampler()
-        self.pool = make_pool(
-            self.model, parse_capacity(context_capacity), max_lanes, max_context, kv_dtype
+        self.pool = self.runner.new_pool(
+            lanes=max_lanes,
+            max_context=max_context,
+            budget=budget_bytes(parse_capacity(context_capacity), self.model.backend),
+            kv_dtype=kv_dtype,
         )
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
@@ -304,7 +309,7 @@ class Engine:
     def _prefill_chunk(self, a: _Active, events: list[Event]) -> None:
         start = a.prefilled
         chunk = a.prompt_ids[start : start + self.prefill_chunk]
-        out = self.model.forward([chunk], [a.state], last_only=True)
+        out = self.runner.forward([chunk], [a.state], last_only=True)
         a.prefilled += len(chunk)
         if a.prefilled == len(a.prompt_ids):
             a.first_token = time.perf_counter()
@@ -312,7 +317,7 @@ class Engine:
 
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
-        out = self.model.forward(tokens, [a.state for a in lanes], last_only=True)
+        out = self.runner.forward(tokens, [a.state for a in lanes], last_only=True)
         for a, token in zip(lanes, self._sample(lanes, out), strict=True):
             self._emit(a, token, events)
 
@@ -471,37 +476,10 @@ def parse_capacity(text: str | int | None) -> int | str | None:
     return int(size)
 
 
-def make_pool(
-    model: Any,
-    capacity: int | str | None,
-    lanes: int,
-    max_context: int,
-    kv_dtype: str = "float32",
-) -> ContextPool:
-    """The engine's context pool: ``lanes`` slots, and K/V pages from ``capacity`` bytes
-    (``None``: enough for every lane at ``max_context``; ``"auto"``: what the backend has
-    free after weights and workspace), K/V stored as ``kv_dtype``."""
-    specs, mtp = model.state_specs()
-    page = PAGE_TOKENS
-    page_bytes = ContextPool.page_bytes_of(specs, mtp, page, kv_dtype)
-    slot_bytes = ContextPool.slot_bytes_of(specs)
-    pages_per_lane = -(-max_context // page)
-    if capacity is None:
-        pages = lanes * pages_per_lane
-    else:
-        budget = model.backend.context_budget() if capacity == "auto" else int(capacity)
-        if budget is None:  # a backend without a memory limit: no sharing needed
-            pages = lanes * pages_per_lane
-        else:
-            pages = min((budget - lanes * slot_bytes) // max(page_bytes, 1), lanes * pages_per_lane)
-            if pages < 1:
-                need = lanes * slot_bytes + page_bytes
-                raise EngineError(
-                    f"context capacity {budget / 2**20:.0f} MiB holds no K/V page: {lanes} lanes "
-                    f"need {lanes * slot_bytes / 2**20:.0f} MiB of recurrent state plus "
-                    f"{page_bytes / 2**20:.1f} MiB per {page}-token page "
-                    f"(>= {need / 2**20:.0f} MiB)"
-                )
-    return model.new_pool(
-        slots=lanes, pages=max(int(pages), 1), max_context=max_context, kv_dtype=kv_dtype
-    )
+def budget_bytes(capacity: int | str | None, backend: Any) -> int | None:
+    """The context pool's byte budget: ``capacity`` as given (``None``: no limit), or for
+    ``"auto"`` what the backend has free after weights and workspace (``None`` when it has
+    no memory limit)."""
+    if capacity == "auto":
+        return backend.context_budget()
+    return None if capacity is None else int(capacity)

@@ -33,17 +33,17 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
         raise EngineError("the text needs at least two tokens")
     if not 0 < stride <= context:
         raise EngineError(f"--stride must be in 1..--context ({context}), got {stride}")
-    model = engine.model
+    runner = engine.runner
     nll, scored, started = 0.0, 0, time.perf_counter()
     previous_end = 1  # token 0 is never scored (nothing predicts it)
     with terminal_bar(len(ids) - 1, "scoring", "tok") as advance:
         for begin in range(0, len(ids) - 1, stride):
             end = min(begin + context, len(ids))
             window = np.asarray(ids[begin:end], dtype=np.int64)
-            state = model.new_state(len(window))
+            state = runner.new_state(len(window))
             logits = []
             for a in range(0, len(window), engine.prefill_chunk):
-                out = model.forward([window[a : a + engine.prefill_chunk]], [state])
+                out = runner.forward([window[a : a + engine.prefill_chunk]], [state])
                 logits.append(to_numpy(out.logits[0]).astype(np.float32, copy=False))
             rows = np.concatenate(logits)[:-1]  # row t predicts token t+1
             targets = window[1:]

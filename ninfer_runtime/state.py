@@ -14,6 +14,7 @@ once with explicit shapes:
 Every buffer keeps its address for the life of the pool, so a decode step addresses sequences
 by (slot, position) indices alone and a GPU backend can capture it once in a CUDA graph. The
 engine admits a request when the pool has a free slot and pages for its whole budget.
+``ContextPool.for_budget`` is the one place a pool's size is worked out.
 """
 
 from __future__ import annotations
@@ -257,6 +258,47 @@ class ContextPool:
         self._free_pages = list(range(pages))[::-1]
 
     # -------------------------------------------------------------------------- sizing
+    @classmethod
+    def for_budget(
+        cls,
+        specs: Sequence[KvSpec | GdnSpec],
+        xp: ModuleType,
+        *,
+        lanes: int,
+        max_context: int,
+        budget: int | None = None,
+        mtp: KvSpec | None = None,
+        page_tokens: int = PAGE_TOKENS,
+        kv_dtype: str = "float32",
+    ) -> ContextPool:
+        """``lanes`` slots, and pages for every lane at ``max_context`` tokens, or as many
+        as ``budget`` bytes hold beside the lanes' recurrent state (``None``: no limit)."""
+        if lanes <= 0 or max_context <= 0 or page_tokens <= 0:
+            raise EngineError("a context pool needs positive slots, max_context and page_tokens")
+        page_bytes = cls.page_bytes_of(specs, mtp, page_tokens, kv_dtype)
+        pages = lanes * math.ceil(max_context / page_tokens)
+        if budget is not None:
+            slot_bytes = lanes * cls.slot_bytes_of(specs)
+            pages = min((budget - slot_bytes) // max(page_bytes, 1), pages)
+            if pages < 1:
+                need = slot_bytes + page_bytes
+                raise EngineError(
+                    f"context capacity {budget / 2**20:.0f} MiB holds no K/V page: {lanes} lanes "
+                    f"need {slot_bytes / 2**20:.0f} MiB of recurrent state plus "
+                    f"{page_bytes / 2**20:.1f} MiB per {page_tokens}-token page "
+                    f"(>= {need / 2**20:.0f} MiB)"
+                )
+        return cls(
+            specs,
+            xp,
+            slots=lanes,
+            pages=int(pages),
+            max_context=max_context,
+            mtp=mtp,
+            page_tokens=page_tokens,
+            kv_dtype=kv_dtype,
+        )
+
     @staticmethod
     def page_bytes_of(
         specs: Sequence[KvSpec | GdnSpec],
@@ -338,25 +380,3 @@ class ContextPool:
         self._free_pages.extend(reversed(state.pages))
         self._free_slots.append(state.slot)
         state.slot, state.pages, state.max_context = -1, [], 0
-
-
-def single_sequence_pool(
-    specs: Sequence[KvSpec | GdnSpec],
-    xp: ModuleType,
-    max_context: int,
-    *,
-    mtp: KvSpec | None = None,
-) -> ContextPool:
-    """A pool that holds exactly one sequence of ``max_context`` tokens."""
-    if max_context <= 0:
-        raise EngineError(f"max_context must be positive, got {max_context}")
-    p = min(PAGE_TOKENS, max_context)
-    return ContextPool(
-        specs,
-        xp,
-        slots=1,
-        pages=math.ceil(max_context / p),
-        max_context=max_context,
-        mtp=mtp,
-        page_tokens=p,
-    )

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 BUNDLED = ROOT / "models" / "tiny-qwen3_5"
-PACKAGES = ["ninfer_format", "ninfer_convert", "ninfer_runtime", "ninfer_serve", "recipes"]
+PACKAGES = ["ninfer_format", "ninfer_convert", "ninfer_runtime", "ninfer_serve"]
 
 pytestmark = pytest.mark.slow
 #: the venv sees only what is installed in it, not this tree through $PYTHONPATH

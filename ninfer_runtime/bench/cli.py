@@ -124,6 +124,7 @@ def run(
 
     from ..errors import EngineError
     from ..models import load_model
+    from ..runner import ModelRunner
     from . import measure as M
     from . import record as R
 
@@ -131,11 +132,11 @@ def run(
         raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
     started = time.perf_counter()
     try:
-        model = load_model(Artifact.open(artifact), backend)
+        runner = ModelRunner(load_model(Artifact.open(artifact), backend))
     except (ArtifactError, EngineError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
-    xp = model.backend.xp
+    xp = runner.backend.xp
     bandwidth = M.copy_bandwidth(xp)
     click.echo(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}")
     rows: list[dict] = []
@@ -145,7 +146,9 @@ def run(
     )
     for context in contexts:
         for n in lanes:
-            r = M.decode_rate(model, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype)
+            r = M.decode_rate(
+                runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype
+            )
             rows.append({"kind": "decode", **M.as_row(r)})
             click.echo(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
@@ -153,7 +156,7 @@ def run(
             )
     if prefill:
         rate = M.matmul_rate(xp)
-        p = M.prefill_rate(model, prefill, chunk=chunk, flop_rate=rate)
+        p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate)
         rows.append({"kind": "prefill", **M.as_row(p), "matmul_flops": rate})
         click.echo(
             f"prefill {p.tokens} tokens (chunk {p.chunk}): {p.tokens_per_s:.0f} tok/s, "
@@ -162,7 +165,7 @@ def run(
             f"({p.percent_of_floor:.1f}%)"
         )
     if profile_lanes:
-        spent = M.profile_decode(model, profile_lanes, contexts[0])
+        spent = M.profile_decode(runner, profile_lanes, contexts[0])
         rows.append({"kind": "profile", "lanes": profile_lanes, **spent})
         click.echo(f"profile, {profile_lanes} lane(s): ms per step taken by each op (ablation)")
         for name, ms in spent.items():

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..models.qwen3_5.mlp import SparseMoe
+from ..runner import ModelRunner
 from ..state import store_kv
 
 #: bytes of the buffer the copy-bandwidth probe copies (well beyond the 50 MB L2)
@@ -160,7 +161,7 @@ def _fill_random(pool: Any, xp: Any, seed: int) -> None:
 
 
 def decode_rate(
-    model: Any,
+    runner: ModelRunner,
     lanes: int,
     context: int,
     *,
@@ -169,10 +170,9 @@ def decode_rate(
     floor_bw: float,
     kv_dtype: str = "float32",
 ) -> DecodeResult:
-    xp = model.backend.xp
+    model, xp = runner.model, runner.backend.xp
     room = context + warmup + steps + 1
-    pages = lanes * -(-room // 256)
-    pool = model.new_pool(slots=lanes, pages=pages, max_context=room, kv_dtype=kv_dtype)
+    pool = runner.new_pool(lanes=lanes, max_context=room, kv_dtype=kv_dtype)
     states = [pool.open(room) for _ in range(lanes)]
     _fill_random(pool, xp, lanes * 7919 + context)
     for s in states:
@@ -180,30 +180,32 @@ def decode_rate(
     rng = np.random.default_rng(0)
     vocab = model.config.vocab
     for _ in range(warmup):
-        model.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
+        runner.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
     _sync(xp)
     start = time.perf_counter()
     for _ in range(steps):
-        model.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
+        runner.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
     _sync(xp)
     step = (time.perf_counter() - start) / steps
     moved = decode_step_bytes(model, lanes, context, kv_dtype)
     return DecodeResult(lanes, context, lanes / step, 1e3 * step, moved, 1e3 * moved / floor_bw)
 
 
-def prefill_rate(model: Any, tokens: int, *, chunk: int, flop_rate: float) -> PrefillResult:
-    xp = model.backend.xp
-    ids = np.random.default_rng(1).integers(0, model.config.vocab, tokens)
-    warm = model.new_state(min(tokens, 2 * chunk) + 1)
-    model.prefill(ids[: min(tokens, 2 * chunk)], warm, chunk=chunk)  # compile, plan, cache
+def prefill_rate(
+    runner: ModelRunner, tokens: int, *, chunk: int, flop_rate: float
+) -> PrefillResult:
+    xp = runner.backend.xp
+    ids = np.random.default_rng(1).integers(0, runner.model.config.vocab, tokens)
+    warm = runner.new_state(min(tokens, 2 * chunk) + 1)
+    runner.prefill(ids[: min(tokens, 2 * chunk)], warm, chunk=chunk)  # compile, plan, cache
     del warm
-    state = model.new_state(tokens + 1)
+    state = runner.new_state(tokens + 1)
     _sync(xp)
     start = time.perf_counter()
-    model.prefill(ids, state, chunk=chunk)
+    runner.prefill(ids, state, chunk=chunk)
     _sync(xp)
     seconds = time.perf_counter() - start
-    flops = prefill_flops(model, tokens)
+    flops = prefill_flops(runner.model, tokens)
     return PrefillResult(tokens, chunk, tokens / seconds, seconds, flops, flops / flop_rate)
 
 
@@ -226,22 +228,23 @@ PROFILED_OPS: dict[str, Any] = {
 }
 
 
-def profile_decode(model: Any, lanes: int, context: int, *, steps: int = 16) -> dict[str, float]:
+def profile_decode(
+    runner: ModelRunner, lanes: int, context: int, *, steps: int = 16
+) -> dict[str, float]:
     """Where a decode step's time goes, by ablation: the step (as it really runs, CUDA graph
     replays included) is timed whole, then once with each backend op replaced by an empty
     output of the right shape; an op's share is the difference. ``rest`` is the step with
     every listed op removed (elementwise glue, embedding, K/V writes, sampling input)."""
-    be = model.backend
+    be = runner.backend
     xp = be.xp
 
-    def step_ms() -> float:
-        model._steps = {}  # a fresh capture with the ops as they are now
-        return decode_rate(model, lanes, context, steps=steps, floor_bw=1.0).step_ms
+    def step_ms() -> float:  # a runner of its own: a fresh capture with the ops as they are now
+        fresh = ModelRunner(runner.model)
+        return decode_rate(fresh, lanes, context, steps=steps, floor_bw=1.0).step_ms
 
     def hollow(shape_of: Any) -> Any:
         return lambda *a, **k: xp.zeros(shape_of(*a, **k), dtype=xp.float32)
 
-    saved = model._steps
     out = {"step": step_ms()}
     try:
         for name, shape_of in PROFILED_OPS.items():
@@ -255,5 +258,4 @@ def profile_decode(model: Any, lanes: int, context: int, *, steps: int = 16) -> 
         for name in PROFILED_OPS:
             if name in vars(be):
                 delattr(be, name)
-        model._steps = saved
     return out

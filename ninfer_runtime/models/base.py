@@ -1,12 +1,18 @@
-"""What every architecture offers the engine: states, a batched forward, optional drafting."""
+"""What every architecture offers the runner and the bench: its math, never its bookkeeping."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..state import SequenceState
+import numpy as np
+
+from ..state import AttentionPages, ContextPool, GdnSpec, KvSpec
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+    from .batch import Batch
 
 Array = Any
 
@@ -28,26 +34,42 @@ class ForwardOutput:
 
 
 class Model(Protocol):
-    """A loaded architecture on a backend; the engine drives it through this surface."""
+    """A loaded architecture on a backend: the surface ``ModelRunner`` and ``ninfer-bench``
+    use. Lanes, batches, prefill chunks and decode-step capture are the runner's; a model
+    only computes. ``config`` has at least ``vocab`` and ``hidden``; ``layers``,
+    ``token_embedding`` and ``output_head`` are read by the bench to count a step's bytes."""
+
+    config: Any
+    backend: Backend
+    layers: Sequence[Any]
+    token_embedding: Any
+    output_head: Any
 
     @property
     def has_mtp(self) -> bool: ...
 
-    def new_state(self, max_context: int) -> SequenceState: ...
+    def state_specs(self) -> tuple[list[KvSpec | GdnSpec], KvSpec | None]:
+        """What each layer, and the MTP layer (None: no MTP), keeps per sequence."""
+        ...
 
-    def forward(
-        self,
-        tokens_per_lane: Sequence[Array],
-        states: Sequence[SequenceState],
-        *,
-        last_only: bool = False,
-    ) -> ForwardOutput: ...
+    def rope(self, positions: np.ndarray) -> tuple[Array, Array]:
+        """Device cos/sin rows of host positions ((None, None): no attention)."""
+        ...
+
+    def rope_table(self, positions: int) -> tuple[Array, Array] | None:
+        """Device cos/sin tables of positions ``0 .. positions - 1`` (None: no attention)."""
+        ...
+
+    def hidden_states(self, ids: Array, batch: Batch, pool: ContextPool) -> Array:
+        """Token ids [N] laid out by ``batch`` -> post-final-norm hidden states [N, H]."""
+        ...
+
+    def logits(self, hidden: Array) -> Array:
+        """[N, H] -> [N, V]."""
+        ...
 
     def mtp_logits(
-        self,
-        hidden: Array,
-        next_token_ids: Array,
-        state: SequenceState,
-        *,
-        start: int | None = None,
-    ) -> Array: ...
+        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+    ) -> Array:
+        """The MTP block's draft logits for main-model hidden rows and the tokens after them."""
+        ...

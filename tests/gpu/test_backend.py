@@ -20,6 +20,7 @@ import pytest
 
 from ninfer_format import Artifact
 from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
 
 from .conftest import REPORT, requires_gpu
 
@@ -104,22 +105,23 @@ def test_matches_cpu_reference(
     if kv == "fp8_e4m3":
         reduced, tol = True, max(tol, FP8_KV_TOL)
     path = gpu_artifact(BF16[kind] if recipe == "bf16" else recipe, kind)
-    cpu = load_model(Artifact.open(path), "cpu")
-    gpu = load_model(Artifact.open(path), CudaBackend(graphs=graphs, prefill_precision=precision))
+    cpu = ModelRunner(load_model(Artifact.open(path), "cpu"))
+    gpu = ModelRunner(
+        load_model(Artifact.open(path), CudaBackend(graphs=graphs, prefill_precision=precision))
+    )
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, VOCAB, 3 + 5 * i) for i in range(LANES)]  # 3..38 tokens
 
     scale, err = 0.0, 0.0
     states = {"cpu": [], "gpu": []}
     last: dict[str, list[np.ndarray]] = {"cpu": [], "gpu": []}
-    for name, model in (("cpu", cpu), ("gpu", gpu)):
+    for name, runner in (("cpu", cpu), ("gpu", gpu)):
         # lanes share one pool; 16-token pages so every sequence spans several
-        pool = model.new_pool(
-            slots=LANES, pages=LANES * 8, max_context=128, page_tokens=16, kv_dtype=kv
-        )
+        pool = runner.new_pool(lanes=LANES, max_context=128, page_tokens=16, kv_dtype=kv)
+        assert pool.pages == LANES * 8
         for ids in prompts:
             state = pool.open(128)
-            logits = host(model.forward([ids], [state]).logits[0])
+            logits = host(runner.forward([ids], [state]).logits[0])
             states[name].append(state)
             last[name].append(logits[-1])
             if name == "cpu":
@@ -141,9 +143,9 @@ def test_matches_cpu_reference(
     for step in range(STEPS):
         active = range(1 + step % LANES)
         out = {}
-        for name, model in (("cpu", cpu), ("gpu", gpu)):
+        for name, runner in (("cpu", cpu), ("gpu", gpu)):
             feed = [np.array([tokens[name][i]]) for i in active]
-            logits = model.forward(feed, [states[name][i] for i in active]).logits
+            logits = runner.forward(feed, [states[name][i] for i in active]).logits
             out[name] = [host(x)[0] for x in logits]
         for j, i in enumerate(active):
             ref, got = out["cpu"][j], out["gpu"][j]

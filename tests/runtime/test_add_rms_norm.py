@@ -14,6 +14,7 @@ import pytest
 from ninfer_runtime.backends.array_ops import add_rms_norm, rms_norm
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
 
 EPS = 1e-6
 
@@ -48,11 +49,12 @@ def unfused_hidden(self: Any, ids: Any, batch: Any, pool: Any) -> Any:
     return be.rms_norm(h, self.final_norm, eps, offset=1.0)
 
 
-def unfused_mtp(model: Any, hidden: Any, ids: np.ndarray, state: Any) -> Any:
+def unfused_mtp(runner: ModelRunner, hidden: Any, ids: np.ndarray, state: Any) -> Any:
     """``mtp_logits`` with the MTP block's residual adds unfused."""
+    model = runner.model
     be, mtp, eps = model.backend, model.mtp, model.config.eps
     start = state.mtp_length
-    batch = model._batch(
+    batch = runner.batch(
         [_lane(len(ids), start, state)], np.arange(start + 1, start + 1 + len(ids))
     )
     e = be.rms_norm(be.embedding(ids, mtp.token_embedding), mtp.embedding_norm, eps, offset=1.0)
@@ -77,22 +79,23 @@ def test_fused_stack_equals_the_unfused_one_bit_for_bit(
 ) -> None:
     recipe = {"dense": "qwen3_5_bf16", "moe": "qwen3_5_moe_bf16"}[kind]
     model = load_model(artifact_path(recipe, kind))
+    runner = ModelRunner(model)
     assert model.mtp is not None
     prompt = np.random.default_rng(1).integers(0, model.config.vocab, 21)
 
     def run(unfused: bool) -> list[np.ndarray]:
-        state = model.new_state(64)
-        out = model.forward([prompt], [state])  # prefill
+        state = runner.new_state(64)
+        out = runner.forward([prompt], [state])  # prefill
         got = [out.logits[0], out.hidden[0]]
         for _ in range(3):  # decode steps (one token, device-indexed batch)
             token = int(np.argmax(out.logits[0][-1]))
-            out = model.forward([np.array([token])], [state])
+            out = runner.forward([np.array([token])], [state])
             got += [out.logits[0], out.hidden[0]]
-        mtp = unfused_mtp(model, got[1][:-1], prompt[1:], state) if unfused else None
-        return [*got, model.mtp_logits(got[1][:-1], prompt[1:], state) if mtp is None else mtp]
+        mtp = unfused_mtp(runner, got[1][:-1], prompt[1:], state) if unfused else None
+        return [*got, runner.mtp_logits(got[1][:-1], prompt[1:], state) if mtp is None else mtp]
 
     fused = run(unfused=False)
-    model._hidden = types.MethodType(unfused_hidden, model)  # type: ignore[method-assign]
+    model.hidden_states = types.MethodType(unfused_hidden, model)  # type: ignore[method-assign]
     unfused = run(unfused=True)
     for a, b in zip(fused, unfused, strict=True):
         np.testing.assert_array_equal(a, b)

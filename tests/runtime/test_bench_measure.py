@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -75,3 +77,40 @@ def test_run_prints_a_table_and_writes_rows(artifacts, tmp_path):
 def test_bad_lane_list_is_a_usage_error(artifacts):
     result = CliRunner().invoke(main, ["run", str(artifacts["tiny_dense"]), "--lanes", "1,x"])
     assert result.exit_code == 2 and "comma-separated positive integers" in result.output
+
+
+#: a Python prelude that refuses the converter and torch, as on ``pip install ninfer[gpu]``
+WITHOUT_CONVERT = """
+import importlib.abc, sys
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("ninfer_convert", "torch", "safetensors"):
+            raise ImportError(f"{name} is not installed here")
+
+sys.meta_path.insert(0, Refuse())
+"""
+
+
+def _bench_without_convert(*args: str, code: str = "") -> subprocess.CompletedProcess[str]:
+    run = "from ninfer_runtime.bench.cli import main; sys.argv[0] = 'ninfer-bench'; main()"
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_CONVERT + (code or run), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_run_needs_neither_the_converter_nor_torch(artifacts):
+    blocked = _bench_without_convert(code="import ninfer_runtime.bench.synthetic")
+    assert blocked.returncode != 0 and "ninfer_convert is not installed" in blocked.stderr
+    modules = (
+        "import ninfer_runtime.bench.measure, ninfer_runtime.bench.record, ninfer_runtime.runner"
+    )
+    assert _bench_without_convert(code=modules).returncode == 0
+    helped = _bench_without_convert("run", "--help")
+    assert helped.returncode == 0 and "Usage: ninfer-bench run" in helped.stdout, helped.stderr
+    args = "--backend cpu --lanes 1 --contexts 8 --steps 1 --prefill 16 --chunk 8"
+    ran = _bench_without_convert("run", str(artifacts["tiny_dense"]), *args.split())
+    assert ran.returncode == 0 and "% floor" in ran.stdout, ran.stderr

@@ -13,6 +13,7 @@ from ninfer_format.verify import verify
 from ninfer_runtime.bench.cli import main
 from ninfer_runtime.bench.synthetic import plan_synthetic, write_synthetic
 from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
 
 CASES = [
     ("tiny_dense", "qwen3_6_27b"),
@@ -44,10 +45,10 @@ def test_tiny_synthetic_is_valid_and_runs(tmp_path, geometry, formats):
                 want = 1 / math.sqrt(t.shape[1])
                 got = float(np.std(values))
                 assert want / 3 < got < want * 3, (name, got, want)
-        model = load_model(art)
+        runner = ModelRunner(load_model(art))
         tokens = np.array([1, 5, 42, 300, 7, 99], dtype=np.int64)
-        state = model.new_state(len(tokens))
-        logits = np.asarray(model.forward([tokens], [state]).logits[0], np.float64)
+        state = runner.new_state(len(tokens))
+        logits = np.asarray(runner.forward([tokens], [state]).logits[0], np.float64)
         assert logits.shape[-1] == 512 and np.isfinite(logits).all()
         assert logits.std() > 0
 

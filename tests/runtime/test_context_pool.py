@@ -11,7 +11,6 @@ from ninfer_runtime.engine import (
     Finished,
     GenerationRequest,
     TokenEvent,
-    make_pool,
     parse_capacity,
 )
 from ninfer_runtime.errors import EngineError, RequestError
@@ -134,10 +133,23 @@ def test_prompt_larger_than_the_pool_is_refused(artifact) -> None:  # noqa: F811
     assert info.value.code == "context_length_exceeded"
 
 
+def test_for_budget_sizes_pages_from_the_budget_beside_the_recurrent_state() -> None:
+    page = ContextPool.page_bytes_of(SPECS, None, 16)
+    slot = ContextPool.slot_bytes_of(SPECS)
+    every = ContextPool.for_budget(SPECS, np, lanes=3, max_context=100, page_tokens=16)
+    assert (every.slots, every.pages, every.max_context) == (3, 3 * 7, 100)
+    tight = ContextPool.for_budget(
+        SPECS, np, lanes=3, max_context=100, page_tokens=16, budget=3 * slot + 5 * page + 1
+    )
+    assert (tight.slots, tight.pages) == (3, 5)
+    roomy = ContextPool.for_budget(SPECS, np, lanes=3, max_context=100, budget=10**9)
+    assert roomy.pages == 3  # never more than every lane at max_context needs
+
+
 def test_capacity_too_small_for_one_page_is_a_clear_error(artifact) -> None:  # noqa: F811
     engine = Engine(artifact, max_context=64, max_lanes=1)
     with pytest.raises(EngineError, match="holds no K/V page"):
-        make_pool(engine.model, 1000, 8, 64)
+        engine.runner.new_pool(lanes=8, max_context=64, budget=1000)
 
 
 @pytest.mark.parametrize(

@@ -102,14 +102,14 @@ def test_device_sampler_gets_one_upload_and_the_stacked_logits_a_step(engine, mo
     alone = [ask(engine, q)[2] for q in questions]
     fake = GreedyDeviceSampler()
     outputs = []
-    forward = engine.model.forward
+    forward = engine.runner.forward
 
     def recorded(*args, **kwargs):
         outputs.append(forward(*args, **kwargs))
         return outputs[-1]
 
     monkeypatch.setattr(engine, "_device_sampler", fake)
-    monkeypatch.setattr(engine.model, "forward", recorded)
+    monkeypatch.setattr(engine.runner, "forward", recorded)
     ids = {}
     for q in questions:
         request = GenerationRequest(
@@ -167,8 +167,8 @@ def test_request_errors(engine):
 def test_perplexity_matches_a_direct_computation(engine):
     ids = engine.tokenizer.encode("What is the capital of France? The capital of France is Paris.")
     ppl, scored, _ = perplexity(engine, ids, context=256, stride=256)
-    state = engine.model.new_state(len(ids))
-    logits = np.asarray(engine.model.forward([np.asarray(ids)], [state]).logits[0], np.float64)
+    state = engine.runner.new_state(len(ids))
+    logits = np.asarray(engine.runner.forward([np.asarray(ids)], [state]).logits[0], np.float64)
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     direct = math.exp(-np.mean(logp[np.arange(len(ids) - 1), ids[1:]]))
@@ -180,8 +180,8 @@ def test_perplexity_matches_a_direct_computation(engine):
     nll, previous_end = 0.0, 1
     for begin in range(0, len(ids) - 1, 4):
         window = ids[begin : begin + 8]
-        state = engine.model.new_state(len(window))
-        out = engine.model.forward([np.asarray(window)], [state]).logits[0]
+        state = engine.runner.new_state(len(window))
+        out = engine.runner.forward([np.asarray(window)], [state]).logits[0]
         logits = np.asarray(out, np.float64)
         logp = logits - logits.max(-1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(-1, keepdims=True))

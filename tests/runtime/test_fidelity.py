@@ -19,6 +19,7 @@ import pytest
 from ninfer_format import Artifact
 from ninfer_runtime.errors import EngineError, ModelError
 from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
 
 from .conftest import QUALITY_ROWS
 
@@ -168,18 +169,18 @@ def hf_with_artifact_weights(checkpoint: Path, art: Artifact) -> Any:
 def test_bf16_prefill_chunks_and_decode_match_transformers(
     kind: str, artifact_path: Callable[[str, str], Path], hf_bf16: Callable[[str], Any]
 ) -> None:
-    model = load_model(artifact_path(BF16_RECIPES[kind], kind))
+    runner = ModelRunner(load_model(artifact_path(BF16_RECIPES[kind], kind)))
     ids = prompt(155)
 
-    whole = model.new_state(256)
-    prefill = model.forward([ids], [whole]).logits[0]
-    chunked = model.new_state(256)
+    whole = runner.new_state(256)
+    prefill = runner.forward([ids], [whole]).logits[0]
+    chunked = runner.new_state(256)
     pieces = [
-        model.forward([ids[a:b]], [chunked]).logits[0] for a, b in [(0, 50), (50, 110), (110, 155)]
+        runner.forward([ids[a:b]], [chunked]).logits[0] for a, b in [(0, 50), (50, 110), (110, 155)]
     ]
     greedy, decode = [int(np.argmax(prefill[-1]))], []
     for _ in range(32):
-        decode.append(model.forward([np.array(greedy[-1:])], [whole]).logits[0][0])
+        decode.append(runner.forward([np.array(greedy[-1:])], [whole]).logits[0][0])
         greedy.append(int(np.argmax(decode[-1])))
     greedy = greedy[:32]
 
@@ -199,23 +200,24 @@ def test_bf16_prefill_chunks_and_decode_match_transformers(
 def test_batched_decode_equals_each_lane_alone(
     kind: str, artifact_path: Callable[[str, str], Path]
 ) -> None:
-    model = load_model(artifact_path(BF16_RECIPES[kind], kind))
+    runner = ModelRunner(load_model(artifact_path(BF16_RECIPES[kind], kind)))
     prompts = [prompt(n, seed=n) for n in (9, 70, 131)]
     # lanes of one batch share a pool; small pages so sequences span several, out of order
-    pool = model.new_pool(slots=4, pages=40, max_context=160, page_tokens=16)
+    pool = runner.new_pool(lanes=4, max_context=160, page_tokens=16)
+    assert pool.pages == 40
     pool.open(40)  # a slot and pages taken first, so the lanes' ids are not 0, 1, 2 ...
     batched = [pool.open(160) for _ in prompts]
-    alone = [model.new_state(160) for _ in prompts]
+    alone = [runner.new_state(160) for _ in prompts]
     last = []
     for ids, a, b in zip(prompts, batched, alone, strict=True):
-        last.append(model.forward([ids], [a], last_only=True).logits[0][0])
-        model.prefill(ids, b, chunk=32)  # the chunked-prefill helper must agree too
+        last.append(runner.forward([ids], [a], last_only=True).logits[0][0])
+        runner.prefill(ids, b, chunk=32)  # the chunked-prefill helper must agree too
     tokens = [int(np.argmax(x)) for x in last]
     worst = 0.0
     for _ in range(6):
-        out = model.forward([np.array([t]) for t in tokens], batched).logits
+        out = runner.forward([np.array([t]) for t in tokens], batched).logits
         for lane, (t, state) in enumerate(zip(tokens, alone, strict=True)):
-            single = model.forward([np.array([t])], [state]).logits[0]
+            single = runner.forward([np.array([t])], [state]).logits[0]
             worst = max(worst, max_abs(out[lane], single))
         tokens = [int(np.argmax(x[0])) for x in out]
     assert worst < 1e-5, worst
@@ -240,12 +242,12 @@ def test_mtp_draft_logits_match_transformers_mtp_model(
         hm = ref_models.mtp.forward_layer(0, h[:, :-1], pos[:, 1:], cache, input_ids=ids_t[:, 1:])
         ref = ref_models.mtp._project_to_logits(hm)[0].numpy()
 
-    model = load_model(artifact_path(BF16_RECIPES[kind], kind))
-    state = model.new_state(64)
-    hidden = model.forward([ids], [state]).hidden[0]
+    runner = ModelRunner(load_model(artifact_path(BF16_RECIPES[kind], kind)))
+    state = runner.new_state(64)
+    hidden = runner.forward([ids], [state]).hidden[0]
     # in two calls, so the second reads the MTP layer's own cache from the first
-    first = model.mtp_logits(hidden[:25], ids[1:26], state)
-    second = model.mtp_logits(hidden[25:59], ids[26:60], state)
+    first = runner.mtp_logits(hidden[:25], ids[1:26], state)
+    second = runner.mtp_logits(hidden[25:59], ids[26:60], state)
     error = max_abs(np.concatenate([first, second]), ref)
     print(kind, f"mtp draft logits max|Δ| {error:.2e}")
     assert error < TOL
@@ -255,8 +257,8 @@ def test_mtp_draft_logits_match_transformers_mtp_model(
 # --------------------------------------------------------------------------- quantized
 @pytest.fixture(scope="session")
 def bf16_quality_logits(artifact_path: Callable[[str, str], Path]) -> np.ndarray:
-    model = load_model(artifact_path("qwen3_5_bf16", "dense"))
-    return model.forward([prompt(150, seed=7)], [model.new_state(150)]).logits[0]
+    runner = ModelRunner(load_model(artifact_path("qwen3_5_bf16", "dense")))
+    return runner.forward([prompt(150, seed=7)], [runner.new_state(150)]).logits[0]
 
 
 @pytest.mark.parametrize("recipe", list(QUANTIZED))
@@ -267,11 +269,11 @@ def test_quantized_matches_transformers_on_decoded_weights(
     bf16_quality_logits: np.ndarray,
 ) -> None:
     art = Artifact.open(artifact_path(recipe, "dense"))
-    model = load_model(art)
+    runner = ModelRunner(load_model(art))
     ids = prompt(150, seed=7)
-    state = model.new_state(160)
-    logits = model.forward([ids], [state]).logits[0]
-    decode = [model.forward([np.array([t])], [state]).logits[0][0] for t in (5, 77, 300)]
+    state = runner.new_state(160)
+    logits = runner.forward([ids], [state]).logits[0]
+    decode = [runner.forward([np.array([t])], [state]).logits[0][0] for t in (5, 77, 300)]
 
     reference = hf_with_artifact_weights(checkpoints["dense"], art)
     ref = hf_forward(reference, np.concatenate([ids, [5, 77, 300]])).logits[0].numpy()
@@ -348,8 +350,8 @@ def test_wrong_weight_mapping_is_caught(
     ids = prompt(40, seed=11)
     ref = hf_forward(hf_bf16("dense").main, ids).logits[0].numpy()
     monkeypatch.setattr(Artifact, "parameter", wrong_loader)
-    model = load_model(artifact_path("qwen3_5_bf16", "dense"))
-    error = max_abs(model.forward([ids], [model.new_state(40)]).logits[0], ref)
+    runner = ModelRunner(load_model(artifact_path("qwen3_5_bf16", "dense")))
+    error = max_abs(runner.forward([ids], [runner.new_state(40)]).logits[0], ref)
     print(mistake.__name__, f"max|Δ| {error:.3f}")
     assert error > 0.1
 
@@ -357,11 +359,11 @@ def test_wrong_weight_mapping_is_caught(
 # ------------------------------------------------------------------------------ errors
 def test_errors_name_what_is_wrong(artifact_path: Callable[[str, str], Path]) -> None:
     art = Artifact.open(artifact_path("qwen3_5_bf16", "dense"))
-    model = load_model(art)
-    state = model.new_state(16)
-    model.forward([prompt(10)], [state])
+    runner = ModelRunner(load_model(art))
+    state = runner.new_state(16)
+    runner.forward([prompt(10)], [state])
     with pytest.raises(EngineError, match=r"lane 0: 7 tokens do not fit.*10 of max_context 16"):
-        model.forward([prompt(7)], [state])
+        runner.forward([prompt(7)], [state])
     assert state.length == 10  # a refused call changes nothing
 
     foreign = SimpleNamespace(components={"text": SimpleNamespace(config={"model_type": "llama"})})
@@ -373,6 +375,6 @@ def test_errors_name_what_is_wrong(artifact_path: Callable[[str, str], Path]) ->
         bindings=art.bindings,
         parameter=art.parameter,
     )
-    text_only = load_model(text_only_artifact)
+    text_only = ModelRunner(load_model(text_only_artifact))
     with pytest.raises(ModelError, match="artifact has no mtp component"):
         text_only.mtp_logits(np.zeros((1, 128), np.float32), np.array([1]), state)

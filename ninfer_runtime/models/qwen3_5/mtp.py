@@ -17,6 +17,7 @@ from ...backends import Backend, Weight
 from ...state import AttentionPages
 from ..batch import Batch
 from .config import FULL_ATTENTION, Qwen35Config
+from .layer import DecoderLayer
 
 Array = Any
 PREFIX = "mtp/layers/0/"
@@ -31,8 +32,6 @@ class MtpHead:
         token_embedding: Weight,
         output_head: Weight,
     ):
-        from .model import DecoderLayer  # the block is a text layer; avoid an import cycle
-
         self.backend, self.eps = backend, c.eps
         self.token_embedding, self.output_head = token_embedding, output_head
         self.input_projection = weights["mtp/input_projection"]
@@ -43,8 +42,6 @@ class MtpHead:
 
     @staticmethod
     def parameter_names(c: Qwen35Config) -> list[str]:
-        from .model import DecoderLayer
-
         names = ["mtp/input_projection", "mtp/embedding_norm", "mtp/hidden_norm", "mtp/final_norm"]
         return names + DecoderLayer.parameter_names(PREFIX, FULL_ATTENTION, c)
 

@@ -1,0 +1,28 @@
+"""The model runner's decode steps: made once per lane count, for the pool they address."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
+
+
+def test_a_decode_step_is_made_once_per_lane_count_and_pool(artifact_path, monkeypatch) -> None:
+    runner = ModelRunner(load_model(artifact_path("qwen3_5_bf16", "dense")))
+    made = []
+    compile_step = runner.backend.compile_step
+
+    def counted(fn, lanes):
+        made.append(lanes)
+        return compile_step(fn, lanes)
+
+    monkeypatch.setattr(runner.backend, "compile_step", counted)
+    pool, other = (runner.new_pool(lanes=2, max_context=32) for _ in range(2))
+    a, b, c = pool.open(32), pool.open(32), other.open(32)
+    one = [np.array([5])]
+    for states in ([a], [a], [a, b], [a, b], [c], [a]):
+        runner.forward(one * len(states), states)
+    # pool: 1 lane, 2 lanes; other: 1 lane; back to pool: its steps are made again
+    assert made == [1, 2, 1, 1]
+    assert (a.length, b.length, c.length) == (5, 2, 1)
