@@ -9,6 +9,7 @@ import click
 
 from ninfer_format.errors import ArtifactError, TargetExists
 from ninfer_format.extras import require_extra
+from ninfer_format.progress import terminal_bar
 
 from ..state import KV_DTYPES
 from .geometries import GEOMETRIES
@@ -40,16 +41,8 @@ def synth(
     )
     if plan_only:
         return
-    last = [0.0]
-
-    def progress(done: int, total: int) -> None:
-        now = time.perf_counter()
-        if now - last[0] > 2 or done == total:
-            last[0] = now
-            click.echo(f"  {done / 1e9:.2f} / {total / 1e9:.2f} GB", err=True)
-
     try:
-        report = write_synthetic(output, geometry, formats, seed, force, progress=progress)
+        report = write_synthetic(output, geometry, formats, seed, force, progress=terminal_bar)
     except TargetExists:
         raise click.ClickException(f"{output}: already exists; add --force to replace it") from None
     except (ArtifactError, OSError) as exc:

@@ -51,6 +51,7 @@ from ninfer_format.codecs.row_split import FORMATS as ROW_SPLIT_FORMATS
 from ninfer_format.codecs.row_split import row_split_geometry
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
 from ninfer_format.numeric import E2M1_VALUES, E4M3FN_VALUES, NF4_CODEBOOK, NF4_ZERO_CODE
+from ninfer_format.progress import ProgressBar, silent
 from ninfer_format.writer import place_objects
 
 from .geometries import GEOMETRIES
@@ -437,9 +438,10 @@ def write_synthetic(
     overwrite: bool = False,
     *,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressBar = silent,
 ) -> SynthesisReport:
-    """Write a synthetic artifact of ``geometry`` with the formats of recipe ``formats``."""
+    """Write a synthetic artifact of ``geometry`` with the formats of recipe ``formats``;
+    ``progress`` shows the weight bytes written (``terminal_bar`` draws a bar)."""
     started = time.perf_counter()
     path = Path(path)
     plan = plan_synthetic(geometry, formats)
@@ -452,26 +454,27 @@ def write_synthetic(
         "seed": seed,
     }
     sizes = {r["id"]: r["bytes"] for r in plan.objects}
-    total, done = sum(sizes.values()), 0
-    with ArtifactWriter(
-        path,
-        components=plan.components,
-        objects=plan.specs,
-        bindings=plan.bindings,
-        uses=plan.uses,
-        metadata={"name": path.stem, "synthetic": True},
-        provenance=provenance,
-        shard_limit=shard_limit,
-        overwrite=overwrite,
-    ) as writer:
+    total = sum(sizes.values())
+    with (
+        ArtifactWriter(
+            path,
+            components=plan.components,
+            objects=plan.specs,
+            bindings=plan.bindings,
+            uses=plan.uses,
+            metadata={"name": path.stem, "synthetic": True},
+            provenance=provenance,
+            shard_limit=shard_limit,
+            overwrite=overwrite,
+        ) as writer,
+        progress(total, "writing", "B") as advance,
+    ):
         for rid, data in plan.resources.items():
             writer.write(rid, data)
         for parent in plan.parents:
             for chunk in parent_chunks(parent, seed):
                 writer.write(parent.id, chunk)
-            done += sizes[parent.id]
-            if progress is not None:
-                progress(done, total)
+            advance(sizes[parent.id])
         for aux in plan.auxiliaries:
             writer.write(aux.id, aux.data)
         payload = writer.directory.payload_bytes

@@ -83,6 +83,8 @@ def test_cli_synth(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "MB/s" in result.output and out.exists()
+    # not a terminal: the plan and the result, no progress lines
+    assert len(result.output.splitlines()) == 2, result.output
     again = CliRunner().invoke(
         main, ["synth", "--geometry", "tiny_moe", "--formats", "qwen3_6_35b_a3b", "-o", str(out)]
     )
