@@ -102,7 +102,16 @@ class Finished:
     decode_seconds: float
 
 
-Event = TokenEvent | OutputEvent | Finished
+@dataclass(frozen=True)
+class Failed:
+    """A request ended by an error of its own (its sampling or its logits processor raised);
+    its lane and memory are freed and the other requests go on."""
+
+    request_id: str
+    error: Exception
+
+
+Event = TokenEvent | OutputEvent | Finished | Failed
 
 
 @dataclass
@@ -313,15 +322,20 @@ class Engine:
         a.prefilled += len(chunk)
         if a.prefilled == len(a.prompt_ids):
             a.first_token = time.perf_counter()
-            self._emit(a, self._sample([a], out)[0], events)
+            for lane, token in self._sample([a], out, events):
+                self._emit(lane, token, events)
 
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
         out = self.runner.forward(tokens, [a.state for a in lanes], last_only=True)
-        for a, token in zip(lanes, self._sample(lanes, out), strict=True):
+        for a, token in self._sample(lanes, out, events):
             self._emit(a, token, events)
 
-    def _sample(self, lanes: list[_Active], out: ForwardOutput) -> list[int]:
+    def _sample(
+        self, lanes: list[_Active], out: ForwardOutput, events: list[Event]
+    ) -> list[tuple[_Active, int]]:
+        """Each lane's next token; a lane whose own sampling fails is ended with ``Failed``
+        (in ``events``) and left out, so one request's error never stops the others."""
         forced = [self._forced(a) for a in lanes]
         on_device = self._device_sampler is not None and all(
             self._device_sampler.supports(a.request.sampling)
@@ -335,19 +349,35 @@ class Engine:
             if rows is None:
                 rows = self.model.backend.xp.concatenate([row[-1:] for row in out.logits])
             drawn = [int(t) for t in to_numpy(sampler.sample(rows))]
-            return [t if f is None else f for t, f in zip(drawn, forced, strict=True)]
+            return [
+                (a, t if f is None else f) for a, t, f in zip(lanes, drawn, forced, strict=True)
+            ]
         tokens = []
         for a, row, token in zip(lanes, out.logits, forced, strict=True):
             if token is not None:
                 a.sampler.accept(token)  # counts for the penalties like a drawn token
-                tokens.append(token)
+                tokens.append((a, token))
                 continue
-            scores = to_numpy(row[-1]).astype(np.float32, copy=False)
-            process = a.request.logits_processor
-            if process is not None and a.answer_start is not None:
-                scores = process(scores.copy(), a.generated[a.answer_start :])
-            tokens.append(a.sampler.sample(scores))
+            try:
+                scores = to_numpy(row[-1]).astype(np.float32, copy=False)
+                process = a.request.logits_processor
+                if process is not None and a.answer_start is not None:
+                    scores = process(scores.copy(), a.generated[a.answer_start :])
+                tokens.append((a, a.sampler.sample(scores)))
+            except Exception as exc:  # this request's parameters or hook, not the engine's
+                self._fail(a, exc, events)
         return tokens
+
+    def _fail(self, a: _Active, error: Exception, events: list[Event]) -> None:
+        self._active.pop(a.request.request_id, None)
+        self._release(a)
+        events.append(Failed(a.request.request_id, error))
+
+    def _release(self, a: _Active) -> None:
+        """The lane's slot and pages go back to the pool."""
+        if a.state is not None:
+            self.pool.close(a.state)
+        a.state = None  # type: ignore[assignment]
 
     def _forced(self, a: _Active) -> int | None:
         """The token the thinking budget imposes now: once it is spent, ``</think>``."""
@@ -424,9 +454,7 @@ class Engine:
             events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
         now = time.perf_counter()
         first = a.first_token or now
-        if a.state is not None:
-            self.pool.close(a.state)  # the lane's slot and pages go back to the pool
-        a.state = None  # type: ignore[assignment]
+        self._release(a)
         reasoning = len(a.generated) if a.answer_start is None else a.answer_start
         return Finished(
             rid,
@@ -444,6 +472,8 @@ class Engine:
         while True:
             for event in self.step():
                 if event.request_id == rid:
+                    if isinstance(event, Failed):
+                        raise event.error
                     yield event
                     if isinstance(event, Finished):
                         return

@@ -27,7 +27,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+from ninfer_runtime.engine import (
+    Engine,
+    Failed,
+    Finished,
+    GenerationRequest,
+    OutputEvent,
+    TokenEvent,
+)
 from ninfer_runtime.errors import EngineError
 from ninfer_runtime.frontend import ParseEvent
 
@@ -459,6 +466,9 @@ class EngineLoop:
                         chunk.events.append(event.event)
                     elif isinstance(event, Finished):
                         chunk.finished = event
+                        inflight.discard(event.request_id)
+                    elif isinstance(event, Failed):
+                        chunk.error = event.error
                         inflight.discard(event.request_id)
             self._post_batch(batch, engine)
 

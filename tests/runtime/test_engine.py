@@ -10,7 +10,14 @@ from click.testing import CliRunner
 
 from ninfer_convert.pipeline import convert
 from ninfer_runtime.cli import main as ninfer_cli
-from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+from ninfer_runtime.engine import (
+    Engine,
+    Failed,
+    Finished,
+    GenerationRequest,
+    OutputEvent,
+    TokenEvent,
+)
 from ninfer_runtime.errors import ModelError, RequestError
 from ninfer_runtime.frontend import ReasoningDelta, SamplingParams, TextDelta
 from ninfer_runtime.perplexity import main as perplexity_cli
@@ -79,6 +86,44 @@ def test_lanes_give_the_same_tokens_as_one_at_a_time(engine):
     assert lanes_seen == 3
     assert [ids[r.request_id] for r in requests] == alone
     assert engine.lanes_in_use == 0
+
+
+def test_one_requests_failure_ends_only_that_request(engine):
+    """A request whose own logits processor raises is ended with ``Failed``; the requests
+    sharing its steps go on and give the tokens they give alone, and its lane is freed."""
+    questions = ["Hello!", "Tell me a joke."]
+    alone = [ask(engine, q)[2] for q in questions]
+
+    def broken(scores, answer):
+        if len(answer) == 3:
+            raise ValueError("grammar state lost")
+        return scores
+
+    requests = [
+        GenerationRequest(
+            messages=[{"role": "user", "content": q}],
+            sampling=SamplingParams(temperature=0.0),
+            logits_processor=broken if i == 0 else None,
+        )
+        for i, q in enumerate(questions)
+    ]
+    ids = {engine.submit(r): [] for r in requests}
+    ended = {}
+    while len(ended) < len(requests):
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                ids[event.request_id].append(event.token_id)
+            elif isinstance(event, Finished | Failed):
+                ended[event.request_id] = event
+    first, second = (ended[r.request_id] for r in requests)
+    assert isinstance(first, Failed) and str(first.error) == "grammar state lost"
+    cut = ids[requests[0].request_id]  # three answer tokens, after the reasoning
+    assert 3 < len(cut) < len(alone[0]) and cut == alone[0][: len(cut)]
+    assert isinstance(second, Finished) and ids[requests[1].request_id] == alone[1]
+    assert engine.lanes_in_use == 0 and not engine.has_work
+    with pytest.raises(ValueError, match="grammar state lost"):  # generate() raises it
+        list(engine.generate(requests[0]))
+    assert ask(engine, questions[1])[2] == alone[1]  # the engine still serves
 
 
 class GreedyDeviceSampler:
