@@ -24,6 +24,7 @@ __all__ = [
     "OpenAIErrorBody",
     "anthropic_body",
     "from_exception",
+    "invalid_request",
     "openai_body",
     "shown",
 ]
@@ -112,6 +113,11 @@ class ApiError(Exception):
         return self.anthropic_status, anthropic_body(
             self.anthropic_status, self.message, request_id
         )
+
+
+def invalid_request(message: str, param: str | None) -> ApiError:
+    """A 400 for a field whose value the protocol module refuses."""
+    return ApiError(400, message, code="invalid_request", param=param)
 
 
 def shown(value: str, limit: int = 80) -> str:

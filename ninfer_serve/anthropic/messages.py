@@ -26,7 +26,7 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
-from ..errors import ApiError, from_exception
+from ..errors import ApiError, from_exception, invalid_request
 from ..generation import Job, Outcome, Run
 from ..http import ServerState, sse_event, sse_response, until_disconnect
 from .models import CountTokensRequest, MessagesRequest
@@ -36,10 +36,6 @@ __all__ = ["count_tokens", "create_message", "message_body", "to_job"]
 _PING = sse_event("ping", {"type": "ping"})
 
 
-def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, message, code="invalid_request", param=param)
-
-
 def _block_text(content: Any, where: str) -> str:
     """Text of a tool_result's content (a string or text blocks)."""
     if content is None:
@@ -47,12 +43,12 @@ def _block_text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"{where}: content must be a string or a list of blocks", where)
+        raise invalid_request(f"{where}: content must be a string or a list of blocks", where)
     texts = []
     for j, block in enumerate(content):
         if not isinstance(block, dict) or block.get("type") != "text":
             kind = block.get("type") if isinstance(block, dict) else None
-            raise _bad(
+            raise invalid_request(
                 f"{where}[{j}]: block type {kind!r} is not supported in tool results (text only)",
                 f"{where}[{j}]",
             )
@@ -63,7 +59,7 @@ def _block_text(content: Any, where: str) -> str:
 def _string(block: dict[str, Any], key: str, where: str) -> str:
     value = block.get(key)
     if not isinstance(value, str):
-        raise _bad(f"{where}.{key} must be a string", f"{where}.{key}")
+        raise invalid_request(f"{where}.{key} must be a string", f"{where}.{key}")
     return value
 
 
@@ -94,7 +90,9 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
                 param=f"{here}.type",
             )
         else:
-            raise _bad(f"{here}: unknown or unsupported block type {kind!r}", f"{here}.type")
+            raise invalid_request(
+                f"{here}: unknown or unsupported block type {kind!r}", f"{here}.type"
+            )
     if texts:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
@@ -116,7 +114,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
         elif kind == "tool_use":
             arguments = block.get("input")
             if not isinstance(arguments, dict):
-                raise _bad(f"{here}.input must be an object", f"{here}.input")
+                raise invalid_request(f"{here}.input must be an object", f"{here}.input")
             message.setdefault("tool_calls", []).append(
                 {
                     "id": _string(block, "id", here),
@@ -125,7 +123,9 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
                 }
             )
         else:
-            raise _bad(f"{here}: unknown or unsupported block type {kind!r}", f"{here}.type")
+            raise invalid_request(
+                f"{here}: unknown or unsupported block type {kind!r}", f"{here}.type"
+            )
     if not message["content"] and message.get("tool_calls"):
         message["content"] = None
     return message
@@ -179,10 +179,12 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
             tool_choice = "none"
         elif choice.type == "tool":
             if not choice.name or choice.name not in {t["function"]["name"] for t in tools}:
-                raise _bad(f"tool_choice.name {choice.name!r} is not in tools", "tool_choice.name")
+                raise invalid_request(
+                    f"tool_choice.name {choice.name!r} is not in tools", "tool_choice.name"
+                )
             tool_choice = choice.name
     if tool_choice == "required" and not tools:
-        raise _bad("tool_choice 'any' needs tools", "tool_choice")
+        raise invalid_request("tool_choice 'any' needs tools", "tool_choice")
     thinking, budget = _thinking(body)
     fmt = body.output_format or (body.output_config.format if body.output_config else None)
     sampling: dict[str, Any] = {}
@@ -217,10 +219,14 @@ def _thinking(body: MessagesRequest | CountTokensRequest) -> tuple[bool, int | N
         return True, None
     budget = body.thinking.budget_tokens
     if budget is None or budget < 1:
-        raise _bad("thinking.budget_tokens must be a positive integer", "thinking.budget_tokens")
+        raise invalid_request(
+            "thinking.budget_tokens must be a positive integer", "thinking.budget_tokens"
+        )
     max_tokens = getattr(body, "max_tokens", None)
     if max_tokens is not None and budget >= max_tokens:
-        raise _bad("thinking.budget_tokens must be less than max_tokens", "thinking.budget_tokens")
+        raise invalid_request(
+            "thinking.budget_tokens must be less than max_tokens", "thinking.budget_tokens"
+        )
     return True, budget
 
 

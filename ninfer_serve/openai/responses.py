@@ -27,7 +27,7 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
-from ..errors import ApiError, from_exception, shown
+from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
 from .chat import check_text_only, thinking_for_effort
@@ -93,12 +93,7 @@ def _text_of(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ApiError(
-            400,
-            f"{where} must be a string or a list of content parts",
-            code="invalid_request",
-            param=where,
-        )
+        raise invalid_request(f"{where} must be a string or a list of content parts", where)
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -112,12 +107,7 @@ def _text_of(content: Any, where: str) -> str:
             )
         text = part.get("text", part.get("refusal"))
         if not isinstance(text, str):
-            raise ApiError(
-                400,
-                f"{where}[{j}].text must be a string",
-                code="invalid_request",
-                param=f"{where}[{j}].text",
-            )
+            raise invalid_request(f"{where}[{j}].text must be a string", f"{where}[{j}].text")
         texts.append(text)
     return "".join(texts)
 
@@ -125,9 +115,7 @@ def _text_of(content: Any, where: str) -> str:
 def _string(item: dict[str, Any], key: str, where: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
-        raise ApiError(
-            400, f"{where}.{key} must be a string", param=f"{where}.{key}", code="invalid_request"
-        )
+        raise invalid_request(f"{where}.{key} must be a string", f"{where}.{key}")
     return value
 
 
@@ -135,23 +123,13 @@ def _part_texts(item: dict[str, Any], key: str, where: str) -> str:
     """The joined ``text`` of a reasoning item's ``content`` or ``summary`` parts."""
     parts = item.get(key) or []
     if not isinstance(parts, list):
-        raise ApiError(
-            400,
-            f"{where}.{key} must be a list of parts",
-            code="invalid_request",
-            param=f"{where}.{key}",
-        )
+        raise invalid_request(f"{where}.{key} must be a list of parts", f"{where}.{key}")
     texts = []
     for j, part in enumerate(parts):
         text = part.get("text") if isinstance(part, dict) else None
         if not isinstance(text, str):
             here = f"{where}.{key}[{j}]"
-            raise ApiError(
-                400,
-                f"{here} must be an object with a string text",
-                code="invalid_request",
-                param=here,
-            )
+            raise invalid_request(f"{here} must be an object with a string text", here)
         texts.append(text)
     return "".join(texts)
 
@@ -180,7 +158,7 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise ApiError(400, f"{where} must be an object", code="invalid_request", param=where)
+            raise invalid_request(f"{where} must be an object", where)
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -299,7 +277,7 @@ def conversation(
     if body.instructions:
         prompt.insert(0, {"role": "system", "content": body.instructions})
     if not prompt:
-        raise ApiError(400, "input is empty", code="invalid_request", param="input")
+        raise invalid_request("input is empty", "input")
     return prompt, history
 
 
@@ -340,12 +318,7 @@ def to_job(
         schema = {}
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
-            raise ApiError(
-                400,
-                "text.format.schema is required",
-                code="invalid_request",
-                param="text.format.schema",
-            )
+            raise invalid_request("text.format.schema is required", "text.format.schema")
         schema = fmt.schema_
     effort = body.reasoning.effort if body.reasoning is not None else None
     thinking, budget = thinking_for_effort(effort)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -113,3 +114,19 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def generate_all(engine: Any, request: Any) -> tuple[list[int], Any, Any]:
+    """Run one request in process: (token ids, the parsed reply, its ``Finished`` event)."""
+    from ninfer_runtime.engine import Finished, OutputEvent, TokenEvent
+    from ninfer_runtime.frontend import OutputAccumulator
+
+    ids, parsed, finished = [], OutputAccumulator(), None
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            ids.append(event.token_id)
+        elif isinstance(event, OutputEvent):
+            parsed.add([event.event])
+        elif isinstance(event, Finished):
+            finished = event
+    return ids, parsed.result(), finished

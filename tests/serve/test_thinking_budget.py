@@ -17,7 +17,7 @@ from ninfer_serve.openai.chat import EFFORT_BUDGETS
 from ninfer_serve.openai.chat import to_job as chat_job
 from ninfer_serve.openai.models import ChatCompletionRequest
 
-from .conftest import Server, start_server
+from .conftest import Server, generate_all, start_server
 
 ASK = [{"role": "user", "content": "Hello!"}]
 #: flat sampling, so the tiny model (trained to close reasoning at once) keeps thinking
@@ -272,8 +272,8 @@ def test_anthropic_thinking_mapping() -> None:
 
 def test_a_closing_tag_of_several_tokens_is_written_whole(artifact) -> None:
     """A vocabulary without a single ``</think>`` token: the budget writes all its pieces."""
-    from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
-    from ninfer_runtime.frontend import OutputAccumulator, SamplingParams
+    from ninfer_runtime.engine import Engine, GenerationRequest
+    from ninfer_runtime.frontend import SamplingParams
 
     engine = Engine(artifact, max_context=256)
     tokenizer = engine.tokenizer
@@ -285,14 +285,7 @@ def test_a_closing_tag_of_several_tokens_is_written_whole(artifact) -> None:
             temperature=2, seed=seed, max_tokens=24, ignore_eos=True, max_thinking_tokens=10
         )
         request = GenerationRequest(messages=ASK, enable_thinking=True, sampling=sampling)
-        ids, parsed, finished = [], OutputAccumulator(), None
-        for event in engine.generate(request):
-            if isinstance(event, TokenEvent):
-                ids.append(event.token_id)
-            elif isinstance(event, OutputEvent):
-                parsed.add([event.event])
-            elif isinstance(event, Finished):
-                finished = event
+        ids, result, finished = generate_all(engine, request)
         assert finished is not None
         if tokenizer.special.think_close not in ids[:10]:  # the model did not close it itself
             break
@@ -300,7 +293,6 @@ def test_a_closing_tag_of_several_tokens_is_written_whole(artifact) -> None:
         raise AssertionError("every seed closed the reasoning by itself")
     assert tuple(ids[10 - len(pieces) : 10]) == pieces
     assert finished.usage.reasoning_tokens == 10
-    result = parsed.result()
     assert "</" not in result.reasoning and result.content
 
 

@@ -8,9 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+from ninfer_runtime.engine import Engine, GenerationRequest
 from ninfer_runtime.frontend import (
-    OutputAccumulator,
     ReasoningDelta,
     SamplingParams,
     TextDelta,
@@ -23,24 +22,14 @@ from ninfer_serve.anthropic.messages import to_job as anthropic_job
 from ninfer_serve.anthropic.models import MessagesRequest
 from ninfer_serve.openai.responses import ResponseBuilder, input_messages
 
+from .conftest import generate_all
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def engine(artifact) -> Engine:
     return Engine(artifact, max_context=1024)
-
-
-def run(engine: Engine, request: GenerationRequest):
-    ids, text, finished = [], OutputAccumulator(), None
-    for event in engine.generate(request):
-        if isinstance(event, TokenEvent):
-            ids.append(event.token_id)
-        elif isinstance(event, OutputEvent):
-            text.add([event.event])
-        elif isinstance(event, Finished):
-            finished = event
-    return ids, text.result(), finished
 
 
 def test_processor_sees_only_the_answer(engine):
@@ -52,7 +41,7 @@ def test_processor_sees_only_the_answer(engine):
 
     request = GenerationRequest(messages=QUESTION, logits_processor=watch,
                                 sampling=SamplingParams(temperature=0))  # fmt: skip
-    ids, out, finished = run(engine, request)
+    ids, out, finished = generate_all(engine, request)
     think_close = engine.tokenizer.special.think_close
     answer = ids[ids.index(think_close) + 1 :]
     assert out.content == "The capital of France is Paris."
@@ -71,7 +60,7 @@ def test_processor_masks_tokens(engine):
         return out
 
     request = GenerationRequest(messages=QUESTION, enable_thinking=False, logits_processor=force)
-    _, out, finished = run(engine, request)
+    _, out, finished = generate_all(engine, request)
     assert out.content == "Rome" and finished.stop.kind == "eos"
 
 
@@ -85,8 +74,8 @@ def test_tool_call_parsing_can_be_off(engine):
         return out
 
     base = {"messages": QUESTION, "enable_thinking": False, "logits_processor": force}
-    on = run(engine, GenerationRequest(**base))[1]
-    off = run(engine, GenerationRequest(**base, parse_tool_calls=False))[1]
+    on = generate_all(engine, GenerationRequest(**base))[1]
+    off = generate_all(engine, GenerationRequest(**base, parse_tool_calls=False))[1]
     assert [c.name for c in on.tool_calls] == ["f"] and on.content == ""
     assert off.tool_calls == [] and off.content.startswith("<tool_call>")
 
@@ -97,7 +86,7 @@ def test_continue_final_message(engine):
                                 sampling=SamplingParams(temperature=0))  # fmt: skip
     ids, opened = engine.render(request)
     assert engine.tokenizer.decode(ids).endswith("The capital of") and not opened
-    _, out, _ = run(engine, request)
+    _, out, _ = generate_all(engine, request)
     assert out.content.startswith("France")
 
 
