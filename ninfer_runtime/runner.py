@@ -10,9 +10,10 @@ runner drives it:
 * prefill chunking, so a long prompt's activations stay bounded;
 * decode steps, made once per lane count and handed to the backend to compile (a CUDA graph
   captured per lane count, replayed every token), for the pool they were made for;
-* draft-and-verify rounds of speculative decoding (the MTP block proposes, one batched
-  forward verifies, the accepted prefix commits) belong here too, on top of ``forward`` and
-  ``mtp_logits``.
+* draft-and-verify rounds of speculative decoding: ``speculate`` lets the MTP block propose
+  K tokens per lane and verifies them with one batched forward of K+1 rows per lane (one
+  compiled step); ``commit`` then folds the accepted prefix into the recurrent states
+  (``gdn_verify`` / ``gdn_commit``: exact, the states equal plain decoding's).
 
 Pools are sized by ``ContextPool.for_budget``; ``new_pool`` and ``new_state`` fill in what the
 model keeps per sequence.
@@ -20,17 +21,31 @@ model keeps per sequence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .backends.base import to_numpy
 from .errors import EngineError, ModelError
 from .models.base import ForwardOutput, Model
 from .models.batch import Batch, DecodeIndex, Lane
-from .state import PAGE_TOKENS, ContextPool, SequenceState
+from .state import PAGE_TOKENS, ContextPool, DraftSpec, SequenceState
 
 Array = Any
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One ``speculate`` pass: per lane the K drafted tokens (host int [lanes, K]), the main
+    model's argmax at each of the K+1 verified positions (host int [lanes, K+1]; row j
+    follows the pending token and drafts 1..j), and the verified logits (device
+    [lanes * (K+1), V], lane-major) for requests that sample."""
+
+    drafts: np.ndarray
+    targets: np.ndarray
+    logits: Array
 
 
 class ModelRunner:
@@ -43,7 +58,7 @@ class ModelRunner:
         # decode steps by lane count, all for ``_step_pool``: a captured step addresses that
         # pool's buffers, so a new pool gets new steps (and the old pool is let go)
         self._step_pool: ContextPool | None = None
-        self._steps: dict[int, Any] = {}
+        self._steps: dict[tuple[Any, ...], Any] = {}
 
     # ------------------------------------------------------------------------- state
     def new_pool(
@@ -54,12 +69,20 @@ class ModelRunner:
         budget: int | None = None,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
+        draft_tokens: int = 0,
     ) -> ContextPool:
-        """A pool for this model's layers (see ``ContextPool.for_budget``)."""
+        """A pool for this model's layers (see ``ContextPool.for_budget``); ``draft_tokens``
+        > 0 adds what speculative rounds of that many drafts keep per sequence."""
+        draft = None
+        if draft_tokens:
+            if not self.model.has_mtp:
+                raise ModelError("artifact has no mtp component: speculative decoding needs one")
+            draft = DraftSpec(draft_tokens + 1, self.model.config.hidden)
         return ContextPool.for_budget(
             self.specs,
             self.backend.xp,
             mtp=self.mtp_spec,
+            draft=draft,
             lanes=lanes,
             max_context=max_context,
             budget=budget,
@@ -182,16 +205,28 @@ class ModelRunner:
     def _decode_step(self, pool: ContextPool, lanes: int) -> Any:
         """The decode step for ``lanes`` lanes of ``pool``, made once: the backend may
         capture it (a CUDA graph per lane count) and replay it every token."""
+        return self._step(
+            pool,
+            ("decode", lanes),
+            lambda ids, slots, positions: self._decode_rows(pool, ids, slots, positions),
+            [(lanes,)] * 3,
+        )
+
+    def _step(
+        self,
+        pool: ContextPool,
+        key: tuple[Any, ...],
+        fn: Callable[..., Any],
+        shapes: Sequence[tuple[int, ...]],
+    ) -> Any:
+        """``fn`` compiled once per ``key`` for ``pool`` (a captured step addresses that pool's
+        buffers, so another pool gets new steps and the old pool is let go)."""
         if pool is not self._step_pool:
             self._step_pool, self._steps = pool, {}
-        step = self._steps.get(lanes)
+        step = self._steps.get(key)
         if step is None:
-            self.model.rope_table(pool.max_context)  # sized before any capture
-            step = self.backend.compile_step(
-                lambda ids, slots, positions: self._decode_rows(pool, ids, slots, positions),
-                lanes,
-            )
-            self._steps[lanes] = step
+            self.model.rope_table(pool.max_context + 1)  # sized before any capture
+            step = self._steps[key] = self.backend.compile_step(fn, shapes)
         return step
 
     def _decode_rows(
@@ -205,6 +240,143 @@ class ModelRunner:
         batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table))
         h = self.model.hidden_states(ids, batch, pool)
         return self.model.logits(h), h
+
+    # ------------------------------------------------------------ speculative decoding
+    def mtp_prefill(self, hidden: Array, next_ids: Array, state: SequenceState) -> None:
+        """The drafter's view of a prompt chunk just prefilled: ``hidden`` [t, H] are the
+        chunk's rows (positions ``state.mtp_length`` on) and ``next_ids`` the prompt tokens
+        after them. Rows with a next token become MTP entries; a row without one (the
+        prompt's last) is kept for the first ``speculate``, which pairs it with the token
+        sampled from it."""
+        ids = np.asarray(next_ids).reshape(-1)
+        t, rows = len(ids), hidden.shape[0]
+        memory, kept = state.pool.mtp, state.pool.draft_hidden
+        if memory is None or kept is None:
+            raise EngineError("mtp_prefill: this pool was made without draft_tokens")
+        if rows not in (t, t + 1):
+            raise EngineError(f"mtp_prefill: {rows} hidden rows for {t} next tokens")
+        if t:
+            self._check_ids(ids, "mtp_prefill")
+            start = state.mtp_length
+            batch = self.batch(
+                [Lane(slice(0, t), start, state)], np.arange(start + 1, start + 1 + t)
+            )
+            self.model.mtp_hidden(hidden[:t], self.backend.xp.asarray(ids), batch, memory)
+            state.mtp_length = start + t
+        if rows > t:
+            kept[state.slot, 0] = hidden[t]
+            state.draft_carry = []
+
+    def speculate(
+        self, states: Sequence[SequenceState], pending: Sequence[int], draft_tokens: int
+    ) -> Proposal:
+        """One draft-and-verify pass for every lane, as one compiled step: the MTP block
+        writes the entries of the last round's accepted tokens and drafts ``draft_tokens``
+        tokens after each lane's ``pending`` token (its most likely token each time), then
+        the main model reads pending + drafts, K+1 rows per lane, without changing any
+        recurrent state. ``commit`` makes the accepted part permanent."""
+        n, t = len(states), draft_tokens + 1
+        if draft_tokens < 1:
+            raise EngineError(f"speculate needs at least one draft token, got {draft_tokens}")
+        if len(pending) != n or not n:
+            raise EngineError(f"speculate got {len(pending)} pending tokens for {n} lanes")
+        pool = states[0].pool
+        if pool.draft_hidden is None or pool.draft_hidden.shape[1] < t:
+            raise EngineError(f"speculate: this pool was not made for {draft_tokens} drafts")
+        carry = np.zeros((n, t), dtype=np.int32)
+        last = np.zeros(n, dtype=np.int32)
+        for i, (s, token) in enumerate(zip(states, pending, strict=True)):
+            if s.pool is not pool or s.slot < 0:
+                raise EngineError(f"lane {i}: its state is closed or lives in another pool")
+            row = [*s.draft_carry, int(token)]
+            if s.mtp_length + len(row) != s.length or len(row) > t:
+                raise EngineError(
+                    f"lane {i}: MTP entries ({s.mtp_length} + {len(row)}) are out of step "
+                    f"with the sequence ({s.length}); prefill it with mtp_prefill"
+                )
+            self._check_capacity(i, t, s)
+            self._check_ids(np.asarray(row), f"lane {i}")
+            carry[i, : len(row)], carry[i, len(row) :], last[i] = row, row[-1], len(row) - 1
+        slots = np.asarray([s.slot for s in states], dtype=np.int32)
+        lengths = np.asarray([s.length for s in states], dtype=np.int32)
+        starts = np.asarray([s.mtp_length for s in states], dtype=np.int32)
+        step = self._step(
+            pool,
+            ("speculate", n, t),
+            lambda *inputs: self._speculate_rows(pool, t, *inputs),
+            [(n,), (n,), (n,), (n,), (n, t)],
+        )
+        tokens, logits = step(slots, lengths, starts, last, carry)
+        tokens = to_numpy(tokens)  # the round's one host synchronisation
+        return Proposal(tokens[:, :draft_tokens], tokens[:, draft_tokens:], logits)
+
+    def commit(self, states: Sequence[SequenceState], accepted: Sequence[Sequence[int]]) -> None:
+        """After ``speculate``: lane i consumed its pending token and the drafts verification
+        kept, ``accepted[i]`` (a prefix of its drafts); their recurrent states are folded in
+        exactly and the rest of the round is dropped (its K/V rows lie past the length)."""
+        if len(accepted) != len(states) or not states:
+            raise EngineError(f"commit got {len(accepted)} accepted lists for {len(states)} lanes")
+        pool, n = states[0].pool, len(states)
+        counts = np.asarray([len(a) + 1 for a in accepted], dtype=np.int32)
+        step = self._step(
+            pool,
+            ("commit", n),
+            lambda slots, counts: self.model.commit(pool, slots, counts),
+            [(n,), (n,)],
+        )
+        step(np.asarray([s.slot for s in states], dtype=np.int32), counts)
+        for s, kept in zip(states, accepted, strict=True):
+            s.mtp_length = s.length
+            s.length += len(kept) + 1
+            s.draft_carry = [int(t) for t in kept]
+
+    def _speculate_rows(
+        self,
+        pool: ContextPool,
+        t: int,
+        slots: Array,
+        lengths: Array,
+        starts: Array,
+        last: Array,
+        carry: Array,
+    ) -> tuple[Array, Array]:
+        """The device side of ``speculate`` (no host synchronisation): -> (int32 [n, K + t]
+        drafts then argmax targets, logits [n * t, V])."""
+        xp, model, n = self.backend.xp, self.model, slots.shape[0]
+        cos, sin = self.model.rope_table(pool.max_context + 1) or (None, None)
+        steps = xp.arange(t, dtype=xp.int32)
+
+        def rows(slot: Array, position: Array, rope_at: Array, tokens: int = 1) -> Batch:
+            index = DecodeIndex(slot, position, pool.page_table, tokens)
+            if cos is None:
+                return Batch((), None, None, index)
+            return Batch((), cos[rope_at], sin[rope_at], index)
+
+        # the MTP entries of the carried rows (pad rows past them are overwritten later)
+        row_slots = xp.repeat(slots, t)
+        entries = (starts[:, None] + steps[None, :]).reshape(-1)
+        hidden = pool.draft_hidden[slots].reshape(n * t, -1)
+        x = model.mtp_hidden(
+            hidden, carry.reshape(-1), rows(row_slots, entries, entries + 1, t), pool.mtp
+        )
+        pick = xp.arange(n, dtype=xp.int32) * t + last
+        x, entry = x[pick], starts + last
+        pending = carry.reshape(-1)[pick]
+        drafts = []
+        for i in range(t - 1):
+            drafts.append(model.propose(x))
+            if i + 2 < t:
+                entry = entry + 1
+                x = model.mtp_hidden(x, drafts[-1], rows(slots, entry, entry + 1), pool.mtp)
+        drafted = xp.stack(drafts, axis=1).astype(xp.int32)  # [n, K]
+
+        ids = xp.concatenate([pending[:, None].astype(xp.int32), drafted], axis=1).reshape(-1)
+        positions = (lengths[:, None] + steps[None, :]).reshape(-1)
+        h = model.hidden_states(ids, rows(row_slots, positions, positions, t), pool)
+        pool.draft_hidden[slots] = h.reshape(n, t, -1)
+        logits = model.logits(h)
+        targets = xp.argmax(logits, axis=-1).astype(xp.int32).reshape(n, t)
+        return xp.concatenate([drafted, targets], axis=1), logits
 
     # ----------------------------------------------------------------------- checks
     def _plan(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -138,6 +138,17 @@ class GdnSpec:
     conv_kernel: int
 
 
+@dataclass(frozen=True)
+class DraftSpec:
+    """What speculative decoding keeps per sequence for a round of ``rows`` positions (the
+    draft tokens plus one): the main model's hidden rows of the last verification, which
+    the MTP block continues from, and per GDN layer each verified row's inputs
+    (``GdnDrafts``), from which the accepted prefix is folded into the states."""
+
+    rows: int
+    hidden: int
+
+
 class PoolFull(EngineError):
     """The pool has no free slot, or too few free pages, for a request right now."""
 
@@ -164,13 +175,30 @@ class AttentionPages:
         return load_kv(self.k[page, row]), load_kv(self.v[page, row])
 
 
-class GdnSlots:
-    """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``."""
+class GdnDrafts:
+    """One GDN layer's record of a verification: each lane's rows of projected conv inputs
+    ``mixed [slots, rows, C]``, ``g`` and ``beta`` ``[slots, rows, Hv]`` (backend
+    ``gdn_verify`` writes them, ``gdn_commit`` folds the accepted ones into the states)."""
 
-    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType):
+    def __init__(self, spec: GdnSpec, slots: int, rows: int, xp: ModuleType):
+        self.mixed = xp.zeros((slots, rows, spec.conv_channels), xp.float32)
+        self.g = xp.zeros((slots, rows, spec.value_heads), xp.float32)
+        self.beta = xp.zeros((slots, rows, spec.value_heads), xp.float32)
+
+    @staticmethod
+    def bytes_per_row(spec: GdnSpec) -> int:
+        return 4 * (spec.conv_channels + 2 * spec.value_heads)
+
+
+class GdnSlots:
+    """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``,
+    and with speculative decoding the record of the last verification (``drafts``)."""
+
+    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, draft_rows: int = 0):
         s = spec
         self.recurrent = xp.zeros((slots, s.value_heads, s.key_dim, s.value_dim), xp.float32)
         self.conv = xp.zeros((slots, s.conv_channels, s.conv_kernel - 1), xp.float32)
+        self.drafts = GdnDrafts(s, slots, draft_rows, xp) if draft_rows else None
 
 
 LayerPool = AttentionPages | GdnSlots
@@ -184,6 +212,11 @@ class SequenceState:
     effect is folded into the GDN states). The MTP layer keeps its own K/V in the same pages:
     entry j is built from hidden state j and token j+1; ``mtp_length`` counts those entries.
     ``max_context`` is what the reserved pages hold.
+
+    With speculative decoding, ``draft_carry`` are the tokens that pair with the hidden rows
+    kept in the pool's ``draft_hidden`` for this slot and whose MTP entries (from slot
+    ``mtp_length`` on) the next round writes first: the drafts the last round accepted (the
+    token after them, not yet consumed, is the caller's pending token).
     """
 
     pool: ContextPool
@@ -192,6 +225,7 @@ class SequenceState:
     max_context: int
     length: int = 0
     mtp_length: int = 0
+    draft_carry: list[int] = field(default_factory=list)
 
     @property
     def free(self) -> int:
@@ -210,6 +244,7 @@ class SequenceState:
         """Forget the sequence (zero its recurrent states; K/V rows are simply overwritten)."""
         self.length = 0
         self.mtp_length = 0
+        self.draft_carry = []
         for layer in self.pool.layers:
             if isinstance(layer, GdnSlots):
                 layer.recurrent[self.slot] = 0
@@ -232,6 +267,7 @@ class ContextPool:
         pages: int,
         max_context: int,
         mtp: KvSpec | None = None,
+        draft: DraftSpec | None = None,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
     ):
@@ -240,15 +276,20 @@ class ContextPool:
         kv_value_bytes(kv_dtype)
         self.xp, self.page_tokens, self.max_context = xp, page_tokens, max_context
         self.kv_dtype = kv_dtype
-        self.specs, self.mtp_spec = list(specs), mtp
+        self.specs, self.mtp_spec, self.draft = list(specs), mtp, draft
         self.max_pages = math.ceil(max_context / page_tokens)
         self.pages = pages
+        rows = draft.rows if draft else 0
         self.layers: list[LayerPool] = [
             AttentionPages(s, pages, page_tokens, xp, kv_dtype)
             if isinstance(s, KvSpec)
-            else GdnSlots(s, slots, xp)
+            else GdnSlots(s, slots, xp, rows)
             for s in specs
         ]
+        #: speculative decoding: each slot's main-model hidden rows of its last verification
+        self.draft_hidden = (
+            xp.zeros((slots, draft.rows, draft.hidden), xp.float32) if draft else None
+        )
         self.mtp = (
             AttentionPages(mtp, pages, page_tokens, xp, kv_dtype) if mtp is not None else None
         )
@@ -268,6 +309,7 @@ class ContextPool:
         max_context: int,
         budget: int | None = None,
         mtp: KvSpec | None = None,
+        draft: DraftSpec | None = None,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
     ) -> ContextPool:
@@ -278,7 +320,7 @@ class ContextPool:
         page_bytes = cls.page_bytes_of(specs, mtp, page_tokens, kv_dtype)
         pages = lanes * math.ceil(max_context / page_tokens)
         if budget is not None:
-            slot_bytes = lanes * cls.slot_bytes_of(specs)
+            slot_bytes = lanes * cls.slot_bytes_of(specs, draft)
             pages = min((budget - slot_bytes) // max(page_bytes, 1), pages)
             if pages < 1:
                 need = slot_bytes + page_bytes
@@ -295,6 +337,7 @@ class ContextPool:
             pages=int(pages),
             max_context=max_context,
             mtp=mtp,
+            draft=draft,
             page_tokens=page_tokens,
             kv_dtype=kv_dtype,
         )
@@ -311,12 +354,16 @@ class ContextPool:
         return sum(2 * tokens * s.kv_heads * s.head_dim * size for s in kv)
 
     @staticmethod
-    def slot_bytes_of(specs: Sequence[KvSpec | GdnSpec]) -> int:
+    def slot_bytes_of(specs: Sequence[KvSpec | GdnSpec], draft: DraftSpec | None = None) -> int:
+        """Bytes of one slot: the GDN states, and a speculative round's records."""
         gdn = [s for s in specs if isinstance(s, GdnSpec)]
-        return sum(
+        size = sum(
             4 * (s.value_heads * s.key_dim * s.value_dim + s.conv_channels * (s.conv_kernel - 1))
             for s in gdn
         )
+        if draft is not None:
+            size += draft.rows * (4 * draft.hidden + sum(GdnDrafts.bytes_per_row(s) for s in gdn))
+        return size
 
     @property
     def page_bytes(self) -> int:
@@ -324,7 +371,7 @@ class ContextPool:
 
     @property
     def slot_bytes(self) -> int:
-        return self.slot_bytes_of(self.specs)
+        return self.slot_bytes_of(self.specs, self.draft)
 
     @property
     def slots(self) -> int:

@@ -264,6 +264,65 @@ def gdn_decode(
     return gdn_step_slots(q, k, v, g, beta, states, slots)
 
 
+def gdn_verify(
+    mixed: Array,
+    kernel: Array,
+    conv_states: Array,
+    g: Array,
+    beta: Array,
+    states: Array,
+    slots: Array,
+    records: Any,
+    *,
+    tokens: int,
+    **dims: int,
+) -> Array:
+    """``tokens`` consecutive tokens of each lane through ``gdn_decode``, one after the other,
+    from the lanes' states, **without changing them**: rows are lane-major (lane i is rows
+    i*T .. i*T+T-1), ``slots`` [lanes] the lanes' slots. The rows' inputs (mixed, g, beta)
+    are kept in ``records`` (``GdnDrafts``) for ``gdn_commit``. -> [N, Hv, dv]."""
+    xp = _xp(mixed)
+    lanes = slots.shape[0]
+    per_lane = [x.reshape(lanes, tokens, *x.shape[1:]) for x in (mixed, g, beta)]
+    for stored, x in zip((records.mixed, records.g, records.beta), per_lane, strict=True):
+        stored[slots, :tokens] = x
+    conv, state, local = conv_states[slots], states[slots], xp.arange(lanes)  # copies
+    m, gs, bs = (xp.ascontiguousarray(x.swapaxes(0, 1)) for x in per_lane)  # token-major
+    out = [
+        gdn_decode(m[j], kernel, conv, gs[j], bs[j], state, local, **dims) for j in range(tokens)
+    ]
+    return xp.stack(out, axis=1).reshape(lanes * tokens, *out[0].shape[1:])
+
+
+def gdn_commit(
+    kernel: Array,
+    conv_states: Array,
+    states: Array,
+    slots: Array,
+    records: Any,
+    counts: Array,
+    **dims: int,
+) -> None:
+    """Fold the first ``counts[i]`` tokens ``gdn_verify`` recorded for lane i (slot
+    ``slots[i]``) into its conv and recurrent states, token by token through ``gdn_decode``:
+    the states end exactly as decoding those tokens one at a time leaves them."""
+    xp = _xp(states)
+    counts = xp.asarray(counts)
+    for j in range(int(counts.max()) if counts.size else 0):
+        lanes = xp.flatnonzero(counts > j)
+        rows = slots[lanes]
+        gdn_decode(
+            records.mixed[rows, j],
+            kernel,
+            conv_states,
+            records.g[rows, j],
+            records.beta[rows, j],
+            states,
+            rows,
+            **dims,
+        )
+
+
 def gdn_step_slots(
     q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
 ) -> Array:
@@ -297,8 +356,8 @@ class ReferenceOps:
         """A sampler that picks tokens where the logits are (None: the host samples)."""
         return None
 
-    def compile_step(self, fn: Any, lanes: int) -> Any:
-        """A decode step taking host index arrays; run eagerly (a GPU backend captures it)."""
+    def compile_step(self, fn: Any, shapes: Any) -> Any:
+        """A step taking host index arrays; run eagerly (a GPU backend captures it)."""
         xp = self.xp
         return lambda *host: fn(*(xp.asarray(a) for a in host))
 
@@ -313,6 +372,8 @@ class ReferenceOps:
     kv_write = staticmethod(kv_write)
     attention_decode = staticmethod(attention_decode)
     gdn_decode = staticmethod(gdn_decode)
+    gdn_verify = staticmethod(gdn_verify)
+    gdn_commit = staticmethod(gdn_commit)
 
     def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
         return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)

@@ -24,9 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..state import GdnDrafts
 
 #: An array of the backend's array module (``numpy.ndarray`` on CPU).
 Array = Any
@@ -196,6 +199,48 @@ class Backend(Protocol):
         (states [S, Hv, dk, dv]), both indexed by slot. -> [N, Hv, dv]."""
         ...
 
+    def gdn_verify(
+        self,
+        mixed: Array,
+        kernel: Array,
+        conv_states: Array,
+        g: Array,
+        beta: Array,
+        states: Array,
+        slots: Array,
+        records: GdnDrafts,
+        *,
+        tokens: int,
+        key_heads: int,
+        key_dim: int,
+        value_heads: int,
+        value_dim: int,
+    ) -> Array:
+        """Speculative verification: ``tokens`` consecutive tokens per lane (rows lane-major,
+        ``slots`` [lanes]) through the ``gdn_decode`` math one token after another, from the
+        lanes' states, which are left **unchanged**; the rows' mixed, g and beta are stored
+        in ``records`` for ``gdn_commit``. -> [N, Hv, dv]."""
+        ...
+
+    def gdn_commit(
+        self,
+        kernel: Array,
+        conv_states: Array,
+        states: Array,
+        slots: Array,
+        records: GdnDrafts,
+        counts: Array,
+        *,
+        key_heads: int,
+        key_dim: int,
+        value_heads: int,
+        value_dim: int,
+    ) -> None:
+        """Fold the first ``counts[i]`` (int32 [lanes], 1..tokens) tokens ``gdn_verify``
+        recorded for lane i into its conv and recurrent states: they end as decoding those
+        tokens one at a time would leave them (bit for bit on the CPU)."""
+        ...
+
     def device_sampler(self) -> Any:
         """A sampler that picks tokens where the logits live (``None``: the host samples)."""
         ...
@@ -205,10 +250,12 @@ class Backend(Protocol):
         device limit, every lane gets a full context)."""
         ...
 
-    def compile_step(self, fn: Callable[..., Any], lanes: int) -> Callable[..., Any]:
-        """Make ``fn(ids, slots, positions)`` (device int32 [lanes] each, returning device
-        arrays) callable with host arrays. The CPU runs it as it is; the CUDA backend
-        captures it once into a CUDA graph and replays it."""
+    def compile_step(
+        self, fn: Callable[..., Any], shapes: Sequence[tuple[int, ...]]
+    ) -> Callable[..., Any]:
+        """Make ``fn(*inputs)`` (device int32 arrays of ``shapes``, returning device arrays)
+        callable with host arrays. The CPU runs it as it is; the CUDA backend captures it
+        once into a CUDA graph and replays it (so ``fn`` must not synchronise)."""
         ...
 
 

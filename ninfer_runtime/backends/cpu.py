@@ -17,6 +17,12 @@ from ninfer_format.progress import terminal_bar
 from . import array_ops as ops
 from .base import Array, MoeWeights, Weight
 
+#: Up to this many rows a product is one matrix-vector product per row, so a row's result
+#: never depends on which rows share the call: a decode step of any lane count and a
+#: speculative verification give bit-identical rows (BLAS picks other kernels, with other
+#: summation orders, for other row counts).
+ROW_STABLE_ROWS = 64
+
 
 class CpuBackend(ops.ReferenceOps):
     """Backend protocol on numpy; a ``Weight`` here is simply a float32 ndarray."""
@@ -45,6 +51,8 @@ class CpuBackend(ops.ReferenceOps):
         return table[np.asarray(ids, dtype=np.int64)]  # type: ignore[index]
 
     def linear(self, x: Array, w: Weight) -> Array:
+        if 0 < x.shape[0] <= ROW_STABLE_ROWS:
+            return np.stack([w @ row for row in x])  # type: ignore[operator]
         return x @ w.T  # type: ignore[attr-defined]
 
     # ---------------------------------------------------------------- mixture of experts

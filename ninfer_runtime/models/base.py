@@ -73,3 +73,18 @@ class Model(Protocol):
     ) -> Array:
         """The MTP block's draft logits for main-model hidden rows and the tokens after them."""
         ...
+
+    def mtp_hidden(
+        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+    ) -> Array:
+        """The MTP block's post-norm output rows (``logits`` of them are its draft logits)."""
+        ...
+
+    def propose(self, hidden: Array) -> Array:
+        """The drafter's most likely next token for each MTP output row -> int [N]."""
+        ...
+
+    def commit(self, pool: ContextPool, slots: Array, counts: Array) -> None:
+        """After a verification forward: fold lane i's first ``counts[i]`` tokens into the
+        recurrent states of the sequence in slot ``slots[i]``."""
+        ...

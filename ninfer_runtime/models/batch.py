@@ -33,12 +33,24 @@ class Lane:
 
 @dataclass(frozen=True)
 class DecodeIndex:
-    """One token per row, all on the device: row i is the token at ``positions[i]`` of the
-    sequence in pool slot ``slots[i]`` (int32 [N] each); ``page_table`` is the pool's."""
+    """Rows addressed on the device: row i is the token at ``positions[i]`` of the sequence
+    in pool slot ``slots[i]`` (int32 [N] each); ``page_table`` is the pool's.
+
+    ``tokens`` rows per lane, lane-major: 1 is a decode step; more is a speculative
+    verification (row i*T + j is lane i's j-th token), whose recurrent layers run the tokens
+    one after another without changing the lanes' states (``commit`` folds in the accepted
+    ones) and whose attention layers store every row's keys and values.
+    """
 
     slots: Array
     positions: Array
     page_table: Array
+    tokens: int = 1
+
+    @property
+    def lane_slots(self) -> Array:
+        """Each lane's slot (int32 [N / tokens])."""
+        return self.slots[:: self.tokens]
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class Batch:
     lanes: tuple[Lane, ...]
     cos: Array  # [N, rotary_dim] RoPE tables of every row's position (None: no attention)
     sin: Array
-    decode: DecodeIndex | None = None  # set when every lane has exactly one token
+    decode: DecodeIndex | None = None  # rows addressed on the device (decode, verification)
 
     @property
     def rows(self) -> int:

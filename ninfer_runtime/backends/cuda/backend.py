@@ -63,10 +63,10 @@ class CudaBackend(ops.ReferenceOps):
         self._expert_tables: dict[int, Any] = {}  # id(MoeWeights) -> ExpertTable or None
 
     # ------------------------------------------------------------------- decode steps
-    def compile_step(self, fn: Any, lanes: int) -> Any:
+    def compile_step(self, fn: Any, shapes: Any) -> Any:
         if not self.graphs:
-            return super().compile_step(fn, lanes)
-        return GraphStep(fn, lanes, self._stream, self._graph_pool)
+            return super().compile_step(fn, shapes)
+        return GraphStep(fn, shapes, self._stream, self._graph_pool)
 
     def device_sampler(self) -> Any:
         return sampling.DeviceSampler()

@@ -4,8 +4,8 @@ A decode step launches a few hundred small kernels; replaying them as one graph 
 Python and launch overhead between them. What makes a step capturable is the model's job (no
 host synchronisation, lanes addressed by device index arrays); this module owns the rest:
 
-* the step's inputs (token ids, slots, positions) live in static device buffers that the
-  host overwrites before each replay;
+* the step's inputs (token ids, slots, positions, ...: int32 arrays of fixed shapes) live in
+  static device buffers that the host overwrites before each replay;
 * everything the step allocates comes from a memory pool of its own, which is never handed
   to anything else, so the addresses baked into the graph stay valid for its lifetime;
 * the outputs are the arrays the capture produced, copied out after each replay.
@@ -14,7 +14,7 @@ host synchronisation, lanes addressed by device index arrays); this module owns 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cupy as cp
@@ -24,11 +24,17 @@ log = logging.getLogger("ninfer.cuda")
 
 
 class GraphStep:
-    """``fn(ids, slots, positions)`` for a fixed lane count, captured on first call."""
+    """``fn(*inputs)`` on int32 inputs of fixed ``shapes``, captured on the second call."""
 
-    def __init__(self, fn: Callable[..., tuple[Any, ...]], lanes: int, stream: Any, pool: Any):
-        self.fn, self.lanes, self.stream, self.pool = fn, lanes, stream, pool
-        self.inputs = [cp.zeros(lanes, dtype=cp.int32) for _ in range(3)]
+    def __init__(
+        self,
+        fn: Callable[..., tuple[Any, ...]],
+        shapes: Sequence[tuple[int, ...]],
+        stream: Any,
+        pool: Any,
+    ):
+        self.fn, self.shapes, self.stream, self.pool = fn, tuple(shapes), stream, pool
+        self.inputs = [cp.zeros(shape, dtype=cp.int32) for shape in self.shapes]
         self.graph: Any = None
         self.warm = False
         self.outputs: tuple[Any, ...] = ()
@@ -55,4 +61,4 @@ class GraphStep:
                 self.outputs = tuple(self.fn(*self.inputs))
             finally:
                 self.graph = self.stream.end_capture()
-        log.info("captured the decode step for %d lane(s)", self.lanes)
+        log.info("captured a step with inputs %s", self.shapes)

@@ -76,7 +76,21 @@ class GatedDeltaNet:
         beta = sigmoid(b)
         g = self.a * softplus(a + self.dt_bias)
 
-        if batch.decode is not None:  # one token per lane, states addressed by slot
+        d = batch.decode
+        if d is not None and d.tokens > 1:  # verification: states stay, inputs recorded
+            o = be.gdn_verify(
+                mixed,
+                self.convolution,
+                memory.conv,
+                g,
+                beta,
+                memory.recurrent,
+                d.lane_slots,
+                memory.drafts,
+                tokens=d.tokens,
+                **self._dims,
+            )
+        elif d is not None:  # one token per lane, states addressed by slot
             o = be.gdn_decode(
                 mixed,
                 self.convolution,
@@ -84,11 +98,8 @@ class GatedDeltaNet:
                 g,
                 beta,
                 memory.recurrent,
-                batch.decode.slots,
-                key_heads=c.key_heads,
-                key_dim=c.key_dim,
-                value_heads=c.value_heads,
-                value_dim=c.value_dim,
+                d.slots,
+                **self._dims,
             )
         else:
             o = xp.empty((n, c.value_heads, c.value_dim), dtype=xp.float32)
@@ -101,6 +112,29 @@ class GatedDeltaNet:
 
         y = be.rms_norm(o, self.norm, self.eps, offset=0.0) * silu(z)
         return be.linear(y.reshape(n, c.value_width), self.output)
+
+    def commit(self, memory: GdnSlots, slots: Array, counts: Array) -> None:
+        """Fold the first ``counts[i]`` verified tokens of lane i (slot ``slots[i]``) into
+        its states (see ``gdn_verify``)."""
+        self.backend.gdn_commit(
+            self.convolution,
+            memory.conv,
+            memory.recurrent,
+            slots,
+            memory.drafts,
+            counts,
+            **self._dims,
+        )
+
+    @property
+    def _dims(self) -> dict[str, int]:
+        c = self.c
+        return {
+            "key_heads": c.key_heads,
+            "key_dim": c.key_dim,
+            "value_heads": c.value_heads,
+            "value_dim": c.value_dim,
+        }
 
     def _heads(self, conv: Array) -> tuple[Array, Array, Array]:
         """Split the convolved channels [q | k | v] into heads; q, k l2-normalised, q scaled."""

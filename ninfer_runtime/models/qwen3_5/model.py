@@ -27,6 +27,7 @@ from ..batch import Batch
 from ..registry import register_model
 from .attention import Rotary
 from .config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
+from .gdn import GatedDeltaNet
 from .layer import DecoderLayer, add_norm
 from .mtp import MtpHead
 
@@ -122,9 +123,30 @@ class Qwen35Model:
         self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
     ) -> Array:
         """Draft logits of the MTP block (``MtpHead``) for rows laid out by ``batch``."""
+        return self._mtp_head()(hidden, next_ids, batch, memory)
+
+    def mtp_hidden(
+        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+    ) -> Array:
+        """The MTP block's post-norm output (what the next draft step continues from)."""
+        return self._mtp_head().hidden(hidden, next_ids, batch, memory)
+
+    def propose(self, hidden: Array) -> Array:
+        """The drafter's most likely next token for each MTP output row -> int [N]."""
+        return self.backend.xp.argmax(self.logits(hidden), axis=-1)
+
+    def commit(self, pool: ContextPool, slots: Array, counts: Array) -> None:
+        """After a verification (``DecodeIndex.tokens > 1``): fold each lane's first
+        ``counts[i]`` tokens into its recurrent states (attention K/V needs nothing: rows
+        past a sequence's length are never read)."""
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layer.mixer.commit(memory, slots, counts)  # type: ignore[arg-type]
+
+    def _mtp_head(self) -> MtpHead:
         if self.mtp is None:
             raise ModelError("artifact has no mtp component")
-        return self.mtp(hidden, next_ids, batch, memory)
+        return self.mtp
 
 
 @register_model("qwen3_5_text", "qwen3_5_moe_text")

@@ -48,6 +48,11 @@ class MtpHead:
     def __call__(
         self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
     ) -> Array:
+        return self.backend.linear(self.hidden(hidden, next_ids, batch, memory), self.output_head)
+
+    def hidden(self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages) -> Array:
+        """The block's post-norm output [N, H]: what the head reads, and what the next draft
+        step pairs with the token drafted from it."""
         be, eps = self.backend, self.eps
         e = be.rms_norm(
             be.embedding(next_ids, self.token_embedding), self.embedding_norm, eps, offset=1.0
@@ -55,5 +60,4 @@ class MtpHead:
         h = be.rms_norm(hidden, self.hidden_norm, eps, offset=1.0)
         x = be.linear(be.xp.concatenate([e, h], axis=-1), self.input_projection)
         x, pending = self.block(x, None, batch, memory)
-        _, x = be.add_rms_norm(x, pending, self.final_norm, eps, offset=1.0)
-        return be.linear(x, self.output_head)
+        return be.add_rms_norm(x, pending, self.final_norm, eps, offset=1.0)[1]
