@@ -2,7 +2,10 @@
 
 One ``step()`` runs one prefill chunk of the oldest request still reading its prompt and one
 batched decode step for every request that is generating, so long prompts never stall the
-lanes that are already streaming (continuous batching). The CLI, perplexity and the server
+lanes that are already streaming (continuous batching). With speculative decoding
+(``spec``) the decode step is a round: the MTP block drafts K tokens per lane, one batched
+forward verifies them, and each lane emits the tokens it keeps (``speculative``); a token
+is emitted only once its round has committed. The CLI, perplexity and the server
 drive the same object; the model underneath is the same on every backend.
 """
 
@@ -37,6 +40,7 @@ from .frontend import (
 from .frontend.tokenizer import THINK_OPEN
 from .models import ForwardOutput, load_model
 from .runner import ModelRunner
+from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
 from .state import SequenceState
 
 #: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
@@ -76,6 +80,9 @@ class Usage:
     cached_tokens: int = 0
     #: Generated tokens that were reasoning (up to and including ``</think>``).
     reasoning_tokens: int = 0
+    #: Speculative decoding: drafted tokens verification kept, and those it turned down.
+    accepted_draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,8 @@ class _Active:
     first_token: float | None = None
     #: the device sampler's random stream (the request's seed, else a random one)
     seed: int = field(default_factory=lambda: secrets.randbits(63))
+    drafted: int = 0
+    accepted: int = 0
 
 
 class Engine:
@@ -151,6 +160,7 @@ class Engine:
         chat_template: str | None = None,
         context_capacity: int | str | None = None,
         kv_dtype: str = "float32",
+        spec: SpecConfig | None = None,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -172,11 +182,22 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.runner = ModelRunner(self.model)
         self._device_sampler = self.model.backend.device_sampler()
+        self.spec = spec
+        self.spec_stats = SpecStats(spec.draft_tokens) if spec else None
+        if spec is not None and not self.model.has_mtp:
+            raise EngineError(
+                f"{self.artifact.path}: the artifact has no mtp component; speculative "
+                f"method {spec.method!r} needs one (convert with --components text,mtp)"
+            )
+        # a round writes up to K+1 positions past a sequence's length: every reservation
+        # holds that margin beyond the request's own tokens
+        self._margin = spec.draft_tokens + 1 if spec else 0
         self.pool = self.runner.new_pool(
             lanes=max_lanes,
-            max_context=max_context,
+            max_context=max_context + self._margin,
             budget=budget_bytes(parse_capacity(context_capacity), self.model.backend),
             kv_dtype=kv_dtype,
+            draft_tokens=spec.draft_tokens if spec else 0,
         )
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
@@ -245,11 +266,11 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt_ids"
             )
         params = request.sampling
-        room = min(self.max_context, self.pool.capacity_tokens) - len(ids)
+        holds = self.pool.capacity_tokens - self._margin
+        room = min(self.max_context, holds) - len(ids)
         if room < 1:
             raise RequestError(
-                f"the prompt has {len(ids)} tokens; the context pool holds "
-                f"{self.pool.capacity_tokens} in all",
+                f"the prompt has {len(ids)} tokens; the context pool holds {holds} in all",
                 param="messages",
                 code="context_length_exceeded",
             )
@@ -301,7 +322,7 @@ class Engine:
         events: list[Event] = []
         while self._waiting and len(self._active) < self.max_lanes:
             head = self._waiting[0]
-            need = len(head.prompt_ids) + head.max_tokens
+            need = len(head.prompt_ids) + head.max_tokens + self._margin
             if not self.pool.can_open(need):
                 break  # first come, first served: wait until running requests free pages
             self._waiting.popleft()
@@ -311,7 +332,9 @@ class Engine:
         if prefilling:
             self._prefill_chunk(prefilling[0], events)
         decoding = [a for a in self._active.values() if a.pending is not None]
-        if decoding:
+        if decoding and self.spec is not None:
+            self._speculate(decoding, events)
+        elif decoding:
             self._decode(decoding, events)
         return events
 
@@ -319,6 +342,9 @@ class Engine:
         start = a.prefilled
         chunk = a.prompt_ids[start : start + self.prefill_chunk]
         out = self.runner.forward([chunk], [a.state], last_only=True)
+        if self.spec is not None:  # the drafter reads the prompt too
+            nxt = a.prompt_ids[start + 1 : start + 1 + len(chunk)]
+            self.runner.mtp_prefill(out.hidden[0], nxt, a.state)
         a.prefilled += len(chunk)
         if a.prefilled == len(a.prompt_ids):
             a.first_token = time.perf_counter()
@@ -330,6 +356,65 @@ class Engine:
         out = self.runner.forward(tokens, [a.state for a in lanes], last_only=True)
         for a, token in self._sample(lanes, out, events):
             self._emit(a, token, events)
+
+    def _speculate(self, lanes: list[_Active], events: list[Event]) -> None:
+        """One speculative round for every generating lane. A lane whose next tokens the
+        engine constrains (a logits processor, a thinking budget closing within the round)
+        keeps only the main model's first token, sampled as in a plain step."""
+        k = self.spec.draft_tokens  # type: ignore[union-attr]
+        proposal = self.runner.speculate([a.state for a in lanes], [a.pending for a in lanes], k)
+        kept: dict[str, list[int]] = {}
+        for i, a in enumerate(lanes):
+            rows = slice(i * (k + 1), (i + 1) * (k + 1))
+            if not self._may_speculate(a, k):
+                first = ForwardOutput([proposal.logits[rows.start : rows.start + 1]], [None])
+                tokens = [t for _, t in self._sample([a], first, events)]
+                drafts: list[int] = []
+            else:
+                try:
+                    tokens = self._accept(
+                        a, proposal.drafts[i], proposal.targets[i], proposal.logits[rows]
+                    )
+                except Exception as exc:  # this request's parameters, not the engine's
+                    self._fail(a, exc, events)
+                    continue
+                drafts = tokens[:-1]
+                a.drafted += k
+                a.accepted += len(drafts)
+                self.spec_stats.record(len(drafts))  # type: ignore[union-attr]
+            for token in tokens:
+                self._emit(a, token, events)
+                if a.pending is None:  # the request ended inside the round
+                    break
+            kept[a.request.request_id] = drafts
+        # lanes still generating commit what they kept (the others have been released)
+        survivors = [a for a in lanes if self._active.get(a.request.request_id) is a]
+        if survivors:
+            self.runner.commit(
+                [a.state for a in survivors], [kept[a.request.request_id] for a in survivors]
+            )
+
+    def _may_speculate(self, a: _Active, k: int) -> bool:
+        if a.request.logits_processor is not None:
+            return False
+        if a.answer_start is not None or a.thinking_budget is None:
+            return True
+        forced_from = a.thinking_budget - len(self.tokenizer.think_close_ids)
+        return len(a.generated) + k < forced_from
+
+    @staticmethod
+    def _accept(a: _Active, drafts: Any, targets: Any, rows: Any) -> list[int]:
+        """The tokens lane ``a`` keeps from its round; they count for its penalties."""
+        params = a.request.sampling
+        plain_greedy = params.greedy and not (
+            params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+        )
+        if plain_greedy:
+            tokens = accept_greedy(drafts, targets)
+        else:
+            tokens = accept_sampled(a.sampler, drafts, to_numpy(rows).astype(np.float32))
+        a.sampler.accept(tokens)
+        return tokens
 
     def _sample(
         self, lanes: list[_Active], out: ForwardOutput, events: list[Event]
@@ -460,7 +545,13 @@ class Engine:
             rid,
             reason,
             stop,
-            Usage(len(a.prompt_ids), len(a.generated), reasoning_tokens=reasoning),
+            Usage(
+                len(a.prompt_ids),
+                len(a.generated),
+                reasoning_tokens=reasoning,
+                accepted_draft_tokens=a.accepted,
+                rejected_draft_tokens=a.drafted - a.accepted,
+            ),
             prompt_seconds=first - a.started,
             decode_seconds=now - first,
         )

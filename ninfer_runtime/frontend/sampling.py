@@ -23,7 +23,7 @@ import numpy as np
 
 from ninfer_runtime.frontend._errors import EngineError, request_error
 
-__all__ = ["Sampler", "SamplingParams", "sample_lanes"]
+__all__ = ["Sampler", "SamplingParams", "draw", "sample_lanes"]
 
 
 def _number(name: str, value: Any) -> float:
@@ -200,32 +200,44 @@ class Sampler:
 
     # -- the math -------------------------------------------------------------------------------
 
-    def penalized(self, logits: np.ndarray) -> np.ndarray:
-        """A float32 copy of ``logits`` [V] with the penalties applied."""
+    def penalized(self, logits: np.ndarray, extra: Sequence[int] = ()) -> np.ndarray:
+        """A float32 copy of ``logits`` [V] with the penalties applied; ``extra`` tokens
+        count as generated too, without being recorded (speculative drafts before it)."""
         out = np.array(logits, dtype=np.float32, copy=True)
         if out.ndim != 1:
             raise EngineError(f"Sampler expects one logits row [V], got shape {out.shape}")
         p = self.params
+        tally = dict(self._counts)
+        for token in extra:
+            tally[int(token)] = tally.get(int(token), 0) + 1
         if p.repetition_penalty != 1.0:
-            idx = np.flatnonzero(self._seen_mask(out.size))
+            seen = self._seen_mask(out.size)
+            if extra:
+                seen = seen.copy()
+                inside = [int(t) for t in extra if 0 <= int(t) < out.size]
+                seen[inside] = True
+            idx = np.flatnonzero(seen)
             values = out[idx]
             out[idx] = np.where(
                 values > 0, values / p.repetition_penalty, values * p.repetition_penalty
             )
-        if (p.presence_penalty or p.frequency_penalty) and self._counts:
-            ids = np.fromiter(self._counts.keys(), dtype=np.int64)
-            counts = np.fromiter(self._counts.values(), dtype=np.float32)
+        if (p.presence_penalty or p.frequency_penalty) and tally:
+            ids = np.fromiter(tally.keys(), dtype=np.int64)
+            counts = np.fromiter(tally.values(), dtype=np.float32)
             keep = (ids >= 0) & (ids < out.size)
             ids, counts = ids[keep], counts[keep]
             out[ids] -= p.frequency_penalty * counts + p.presence_penalty
         return out
 
-    def probabilities(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, probabilities) of the candidates left after all filters.
+    def probabilities(
+        self, logits: np.ndarray, extra: Sequence[int] = ()
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, probabilities) of the candidates left after all filters (``extra``:
+        see ``penalized``).
 
         Probabilities are float64 and sum to 1; ids ascend. Greedy gives the argmax alone.
         """
-        scores = self.penalized(logits)
+        scores = self.penalized(logits, extra)
         top = float(scores.max()) if scores.size else math.nan
         if math.isnan(top) or math.isinf(top) or np.isnan(scores).any():
             raise EngineError("logits contain NaN or no finite value; cannot sample")
@@ -261,16 +273,19 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, *, commit: bool = True) -> int:
         """The next token for this request (recorded for the penalties unless ``commit=False``)."""
-        ids, probs = self.probabilities(logits)
-        if ids.size == 1:
-            token = int(ids[0])
-        else:
-            cumulative = np.cumsum(probs)
-            at = int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right"))
-            token = int(ids[min(at, ids.size - 1)])
+        token = draw(*self.probabilities(logits), self.rng)
         if commit:
             self.accept(token)
         return token
+
+
+def draw(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One of ``ids`` with probabilities ``probs`` (a lone candidate takes no random draw)."""
+    if ids.size == 1:
+        return int(ids[0])
+    cumulative = np.cumsum(probs)
+    at = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return int(ids[min(at, ids.size - 1)])
 
 
 def sample_lanes(samplers: Sequence[Sampler], logits: np.ndarray) -> np.ndarray:
