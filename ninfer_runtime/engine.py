@@ -370,6 +370,7 @@ class Engine:
                 first = ForwardOutput([proposal.logits[rows.start : rows.start + 1]], [None])
                 tokens = [t for _, t in self._sample([a], first, events)]
                 drafts: list[int] = []
+                self.spec_stats.fallbacks += 1  # type: ignore[union-attr]
             else:
                 try:
                     tokens = self._accept(

@@ -63,11 +63,13 @@ class SpecConfig:
 @dataclass
 class SpecStats:
     """Counters since the engine started: ``rounds`` (one per speculating lane and round),
-    tokens ``drafted`` and ``accepted``, and how often the draft at each position (0-based)
-    was accepted."""
+    tokens ``drafted`` and ``accepted``, how often the draft at each position (0-based) was
+    accepted, and ``fallbacks``: lanes in a round that kept one token without speculating
+    (their next tokens constrained by a logits processor or a closing thinking budget)."""
 
     draft_tokens: int
     rounds: int = 0
+    fallbacks: int = 0
     drafted: int = 0
     accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
