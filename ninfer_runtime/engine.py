@@ -362,7 +362,12 @@ class Engine:
         engine constrains (a logits processor, a thinking budget closing within the round)
         keeps only the main model's first token, sampled as in a plain step."""
         k = self.spec.draft_tokens  # type: ignore[union-attr]
-        proposal = self.runner.speculate([a.state for a in lanes], [a.pending for a in lanes], k)
+        proposal = self.runner.speculate(
+            [a.state for a in lanes],
+            [a.pending for a in lanes],
+            k,
+            optimized_head=self.spec.proposal_head == "optimized",  # type: ignore[union-attr]
+        )
         kept: dict[str, list[int]] = {}
         for i, a in enumerate(lanes):
             rows = slice(i * (k + 1), (i + 1) * (k + 1))

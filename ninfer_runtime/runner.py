@@ -268,13 +268,20 @@ class ModelRunner:
             state.draft_carry = []
 
     def speculate(
-        self, states: Sequence[SequenceState], pending: Sequence[int], draft_tokens: int
+        self,
+        states: Sequence[SequenceState],
+        pending: Sequence[int],
+        draft_tokens: int,
+        *,
+        optimized_head: bool = True,
     ) -> Proposal:
         """One draft-and-verify pass for every lane, as one compiled step: the MTP block
         writes the entries of the last round's accepted tokens and drafts ``draft_tokens``
         tokens after each lane's ``pending`` token (its most likely token each time), then
         the main model reads pending + drafts, K+1 rows per lane, without changing any
-        recurrent state. ``commit`` makes the accepted part permanent."""
+        recurrent state. ``commit`` makes the accepted part permanent. ``optimized_head``:
+        the drafter scores only the proposal head's rows when the artifact has one
+        (verification always uses the full head)."""
         n, t = len(states), draft_tokens + 1
         if draft_tokens < 1:
             raise EngineError(f"speculate needs at least one draft token, got {draft_tokens}")
@@ -302,8 +309,8 @@ class ModelRunner:
         starts = np.asarray([s.mtp_length for s in states], dtype=np.int32)
         step = self._step(
             pool,
-            ("speculate", n, t),
-            lambda *inputs: self._speculate_rows(pool, t, *inputs),
+            ("speculate", n, t, optimized_head),
+            lambda *inputs: self._speculate_rows(pool, t, optimized_head, *inputs),
             [(n,), (n,), (n,), (n,), (n, t)],
         )
         tokens, logits = step(slots, lengths, starts, last, carry)
@@ -334,6 +341,7 @@ class ModelRunner:
         self,
         pool: ContextPool,
         t: int,
+        optimized_head: bool,
         slots: Array,
         lengths: Array,
         starts: Array,
@@ -364,7 +372,7 @@ class ModelRunner:
         pending = carry.reshape(-1)[pick]
         drafts = []
         for i in range(t - 1):
-            drafts.append(model.propose(x))
+            drafts.append(model.propose(x, optimized=optimized_head))
             if i + 2 < t:
                 entry = entry + 1
                 x = model.mtp_hidden(x, drafts[-1], rows(slots, entry, entry + 1), pool.mtp)

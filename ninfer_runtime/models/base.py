@@ -80,8 +80,14 @@ class Model(Protocol):
         """The MTP block's post-norm output rows (``logits`` of them are its draft logits)."""
         ...
 
-    def propose(self, hidden: Array) -> Array:
-        """The drafter's most likely next token for each MTP output row -> int [N]."""
+    @property
+    def has_proposal_head(self) -> bool:
+        """Whether the artifact holds an indexed proposal head (spec 5.6) for the drafter."""
+        ...
+
+    def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
+        """The drafter's most likely next token for each MTP output row -> int [N]; over
+        the proposal head's rows when there is one and ``optimized``, else the full head."""
         ...
 
     def commit(self, pool: ContextPool, slots: Array, counts: Array) -> None:

@@ -32,6 +32,7 @@ from .layer import DecoderLayer, add_norm
 from .mtp import MtpHead
 
 Array = Any
+PROPOSAL_HEAD, PROPOSAL_IDS = "proposal/head", "proposal/token_ids"
 
 
 class Qwen35Model:
@@ -52,7 +53,9 @@ class Qwen35Model:
             raise ModelError(
                 f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
             )
-        w = backend.prepare(artifact, names)
+        # the indexed proposal head (spec 5.6): the rows of the output head the drafter scores
+        proposal = with_mtp and PROPOSAL_HEAD in artifact.bindings
+        w = backend.prepare(artifact, names + [PROPOSAL_HEAD] * proposal)
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
         self.final_norm = backend.array(w["text/final_norm"])
@@ -64,6 +67,11 @@ class Qwen35Model:
         self.mtp = (
             MtpHead(c, backend, w, self.token_embedding, self.output_head) if with_mtp else None
         )
+        self.proposal_head = self.proposal_ids = None
+        if proposal:
+            self.proposal_head = w[PROPOSAL_HEAD]
+            ids = np.asarray(artifact.parameter(PROPOSAL_IDS), dtype=np.int32)
+            self.proposal_ids = backend.xp.asarray(ids)
 
     @staticmethod
     def parameter_names(c: Qwen35Config, with_mtp: bool) -> list[str]:
@@ -131,9 +139,18 @@ class Qwen35Model:
         """The MTP block's post-norm output (what the next draft step continues from)."""
         return self._mtp_head().hidden(hidden, next_ids, batch, memory)
 
-    def propose(self, hidden: Array) -> Array:
-        """The drafter's most likely next token for each MTP output row -> int [N]."""
-        return self.backend.xp.argmax(self.logits(hidden), axis=-1)
+    @property
+    def has_proposal_head(self) -> bool:
+        return self.proposal_head is not None
+
+    def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
+        """The drafter's most likely next token for each MTP output row -> int [N]; scored
+        over the proposal head's rows when the artifact has one and ``optimized``."""
+        xp = self.backend.xp
+        if optimized and self.proposal_head is not None:
+            best = xp.argmax(self.backend.linear(hidden, self.proposal_head), axis=-1)
+            return self.proposal_ids[best]
+        return xp.argmax(self.logits(hidden), axis=-1)
 
     def commit(self, pool: ContextPool, slots: Array, counts: Array) -> None:
         """After a verification (``DecodeIndex.tokens > 1``): fold each lane's first
