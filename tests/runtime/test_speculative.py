@@ -81,7 +81,7 @@ def test_speculate_checks_its_lanes(artifact_path) -> None:
     runner = ModelRunner(load_model(artifact_path("qwen3_5_bf16", "dense")))
     pool = runner.new_pool(lanes=2, max_context=16, draft_tokens=2)
     state, first = _prefilled(runner, pool, np.array([3, 4, 5]), drafter=False)
-    with pytest.raises(EngineError, match="out of step.*mtp_prefill"):
+    with pytest.raises(EngineError, match=r"out of step.*mtp_prefill"):
         runner.speculate([state], [first], 2)
     with pytest.raises(EngineError, match="not made for 4 drafts"):
         runner.speculate([state], [first], 4)
@@ -117,7 +117,7 @@ class OracleDrafter:
                 ahead = ahead + [0] * (k - len(ahead))
                 wrong = self.rng.random(k) > self.accuracy
                 rows.append(
-                    [(t + 1) % model.config.vocab if w else t for t, w in zip(ahead, wrong)]
+                    [(t + 1) % model.config.vocab if w else t for t, w in zip(ahead, wrong, strict=True)]
                 )
             self.columns = list(np.asarray(rows).T)
             return speculate(states, pending, k, **kw)
