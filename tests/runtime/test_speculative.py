@@ -116,8 +116,9 @@ class OracleDrafter:
                 ahead = self.expected[a.request.request_id][len(a.generated) :][:k]
                 ahead = ahead + [0] * (k - len(ahead))
                 wrong = self.rng.random(k) > self.accuracy
+                vocab = model.config.vocab
                 rows.append(
-                    [(t + 1) % model.config.vocab if w else t for t, w in zip(ahead, wrong, strict=True)]
+                    [(t + 1) % vocab if w else t for t, w in zip(ahead, wrong, strict=True)]
                 )
             self.columns = list(np.asarray(rows).T)
             return speculate(states, pending, k, **kw)
