@@ -325,12 +325,12 @@ class ModelRunner:
             raise EngineError(f"commit got {len(accepted)} accepted lists for {len(states)} lanes")
         pool, n = states[0].pool, len(states)
         counts = np.asarray([len(a) + 1 for a in accepted], dtype=np.int32)
-        step = self._step(
-            pool,
-            ("commit", n),
-            lambda slots, counts: self.model.commit(pool, slots, counts),
-            [(n,), (n,)],
-        )
+
+        def fold(slots: Array, counts: Array) -> tuple[()]:
+            self.model.commit(pool, slots, counts)
+            return ()  # a step with no outputs
+
+        step = self._step(pool, ("commit", n), fold, [(n,), (n,)])
         step(np.asarray([s.slot for s in states], dtype=np.int32), counts)
         for s, kept in zip(states, accepted, strict=True):
             s.mtp_length = s.length
