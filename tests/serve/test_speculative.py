@@ -42,6 +42,10 @@ def samples(url: str) -> dict[tuple[str, str | None], float]:
     }
 
 
+def gained(before: dict, after: dict) -> dict[tuple[str, str | None], float]:
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
+
+
 def chat(url: str, model: str, **extra: Any) -> dict[str, Any]:
     body = {"model": model, "messages": QUESTION, "temperature": 0, **extra}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
@@ -66,6 +70,7 @@ def drafts_of(details: dict[str, Any]) -> tuple[int, int]:
 def test_counters_and_usage_count_every_draft(server):
     """Concurrent greedy requests (plain, streamed, Responses): each usage splits its drafts
     into accepted and rejected, and the counters hold exactly their sum, under both names."""
+    before = samples(server.url)
     with ThreadPoolExecutor(3) as pool:
         plain = pool.submit(chat, server.url, server.model)
         stream = pool.submit(streamed_usage, server.url, server.model)
@@ -79,7 +84,7 @@ def test_counters_and_usage_count_every_draft(server):
         drafts_of(answer["usage"]["output_tokens_details"]),
     ]
     assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 0
-    m = samples(server.url)
+    m = gained(before, samples(server.url))
     rounds = m[("ninfer_spec_decode_rounds_total", None)]
     drafted = m[("ninfer_spec_decode_draft_tokens_total", None)]
     accepted = m[("ninfer_spec_decode_accepted_tokens_total", None)]
@@ -119,3 +124,16 @@ def test_speculative_table(tmp_path):
         with pytest.raises(ConfigError, match=f"^{config}: .*{message}") as error:
             load_settings(config, {})
         assert "\n" not in str(error.value)
+
+
+def test_constrained_requests_fall_back_to_plain_steps(server):
+    """A grammar decides a constrained request's next token, so its lane keeps one token a
+    round without drafts: counted as fallback steps, no drafts in its usage."""
+    before = samples(server.url)
+    reply = chat(server.url, server.model, max_tokens=6, response_format={"type": "json_object"})
+    m = gained(before, samples(server.url))
+    assert drafts_of(reply["usage"]["completion_tokens_details"]) == (0, 0)
+    assert m[("ninfer_spec_decode_fallback_steps_total", None)] == pytest.approx(
+        reply["usage"]["completion_tokens"] - 1
+    )
+    assert m[("ninfer_spec_decode_rounds_total", None)] == 0
