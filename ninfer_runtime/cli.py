@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,12 +16,16 @@ from ninfer_format.extras import require_extra
 from .errors import EngineError
 from .state import KV_DTYPES
 
+if TYPE_CHECKING:
+    from .speculative import SpecConfig, SpecStats
+
 EPILOG = """\b
 Examples:
   ninfer model.ninfer --prompt "What is the capital of France?"
   ninfer model.ninfer --prompt "Tell me a joke." --temperature 0.7 --seed 1 --stream
   ninfer model.ninfer --messages chat.json --no-thinking --max-tokens 200
   ninfer model.ninfer --raw --prompt "Once upon a time" --greedy --print-token-ids
+  ninfer model.ninfer --prompt "Count to ten." --spec mtp --draft-tokens 3 --stats
 """
 
 
@@ -73,6 +77,24 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
     show_default=True,
     help="How keys and values are kept (bfloat16: half the memory, fp8_e4m3: a quarter).",
 )
+@click.option(
+    "--spec",
+    default="off",
+    show_default=True,
+    metavar="off|mtp",
+    help="Speculative decoding: mtp drafts with the artifact's MTP component "
+    "(dflash, dflash2: not available yet).",
+)
+@click.option(
+    "--draft-tokens", type=int, help="Tokens drafted per round with --spec mtp, 1..5.  [default: 3]"
+)
+@click.option(
+    "--proposal-head",
+    type=click.Choice(["optimized", "full"]),
+    help="The drafter scores the artifact's proposal rows or the whole vocabulary.  "
+    "[default: optimized when the artifact has them]",
+)
+@click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
 def main(model: Path, **options: Any) -> None:
     """Generate a reply from the .ninfer artifact MODEL."""
     o = SimpleNamespace(**options)
@@ -81,17 +103,52 @@ def main(model: Path, **options: Any) -> None:
     if o.raw and o.messages_file is not None:
         raise click.UsageError("--raw takes --prompt text, not --messages")
     require_extra("runtime", "ninfer")
+    try:
+        spec = _spec_config(o)
+    except EngineError as exc:
+        click.echo(f"ninfer: error: {exc}", err=True)
+        sys.exit(2)
     if not model.is_file():
         click.echo(f"ninfer: {model}: no such file", err=True)
         sys.exit(2)
     try:
-        _run(model, o)
+        _run(model, o, spec)
     except EngineError as exc:
         click.echo(f"ninfer: error: {exc}", err=True)
         sys.exit(1)
 
 
-def _run(model: Path, o: SimpleNamespace) -> None:
+def _spec_config(o: SimpleNamespace) -> SpecConfig | None:
+    """Speculative decoding's settings from ``--spec``, ``--draft-tokens`` and
+    ``--proposal-head`` (None: off); SpecConfig says which values are refused."""
+    from .speculative import SpecConfig
+
+    given = {"draft_tokens": o.draft_tokens, "proposal_head": o.proposal_head}
+    given = {key: value for key, value in given.items() if value is not None}
+    if o.spec == "off":
+        if given:
+            flags = ", ".join("--" + key.replace("_", "-") for key in given)
+            raise EngineError(f"{flags} needs --spec mtp")
+        return None
+    return SpecConfig(o.spec, **given)
+
+
+def _spec_summary(stats: SpecStats | None) -> str:
+    """The ``--stats`` line: how many drafts verification kept, overall and by position."""
+    if stats is None:
+        return "[speculative decoding off]"
+    by_position = " ".join(
+        f"{count / max(stats.rounds, 1):.0%}" for count in stats.accepted_per_position
+    )
+    fallbacks = f", {stats.fallbacks} step(s) without drafts" if stats.fallbacks else ""
+    return (
+        f"[speculative: {stats.accepted}/{stats.drafted} drafts accepted "
+        f"({stats.acceptance_rate:.1%}), {stats.tokens_per_round:.2f} tokens per round over "
+        f"{stats.rounds} rounds, by position {by_position}{fallbacks}]"
+    )
+
+
+def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
     from .engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
     from .frontend import (
         ReasoningDelta,
@@ -103,7 +160,12 @@ def _run(model: Path, o: SimpleNamespace) -> None:
 
     started = time.perf_counter()
     engine = Engine(
-        model, backend=o.backend, max_context=o.max_context, max_lanes=1, kv_dtype=o.kv_dtype
+        model,
+        backend=o.backend,
+        max_context=o.max_context,
+        max_lanes=1,
+        kv_dtype=o.kv_dtype,
+        spec=spec,
     )
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(
@@ -172,6 +234,8 @@ def _run(model: Path, o: SimpleNamespace) -> None:
         dim=True,
         err=True,
     )
+    if o.stats:
+        click.secho(_spec_summary(engine.spec_stats), dim=True, err=True)
 
 
 if __name__ == "__main__":

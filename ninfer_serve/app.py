@@ -271,11 +271,13 @@ def create_app(
 ) -> Gate:
     """The ASGI app of one server; the engine loads in its own thread at startup."""
     engine_settings = settings.engine
+    spec = settings.speculative.spec_config()
     metrics = Metrics(
         model_id,
         backend=engine_settings.backend,
         max_concurrency=engine_settings.max_concurrency,
         max_context=engine_settings.max_context,
+        draft_tokens=spec.draft_tokens if spec else 0,
     )
     loop = EngineLoop(
         load,

@@ -92,10 +92,19 @@ def _say(text: str) -> None:
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
 @click.option(
     "--spec",
-    type=click.Choice(["off", "mtp", "dflash", "dflash2"]),
-    help="Speculative decoding method.  [default: off]",
+    metavar="off|mtp",
+    help="Speculative decoding: mtp drafts with the artifact's MTP component "
+    "(dflash, dflash2: not available yet).  [default: off]",
 )
-@click.option("--draft-tokens", type=int, help="Draft tokens per speculative round.")
+@click.option(
+    "--draft-tokens", type=int, help="Tokens drafted per round with --spec mtp, 1..5.  [default: 3]"
+)
+@click.option(
+    "--proposal-head",
+    type=click.Choice(["optimized", "full"]),
+    help="The drafter scores the artifact's proposal rows or the whole vocabulary.  "
+    "[default: optimized when the artifact has them]",
+)
 @click.option(
     "--default-max-tokens",
     type=int,
@@ -146,7 +155,11 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "context_capacity": flags["context_capacity"],
             "kv_dtype": flags["kv_dtype"],
         },
-        "speculative": {"method": flags["spec"], "draft_tokens": flags["draft_tokens"]},
+        "speculative": {
+            "method": flags["spec"],
+            "draft_tokens": flags["draft_tokens"],
+            "proposal_head": flags["proposal_head"],
+        },
     }
     try:
         settings = load_settings(config_path, overrides)
@@ -244,9 +257,11 @@ def serve(model: Path, settings: Settings) -> int:
     port = sock.getsockname()[1]
     url = _url(settings.server.host, port)
     started = time.perf_counter()
+    spec = settings.speculative.spec_config()
+    drafting = f", {spec.method} drafting {spec.draft_tokens} token(s)" if spec else ""
     _say(
         f"loading {model} (backend {engine_cfg.backend}, max_context {engine_cfg.max_context}, "
-        f"{engine_cfg.max_concurrency} lane(s)); {url}/health answers 503 until ready"
+        f"{engine_cfg.max_concurrency} lane(s){drafting}); {url}/health answers 503 until ready"
     )
     outcome = {"status": 0}
     holder: dict[str, Any] = {}
@@ -261,6 +276,7 @@ def serve(model: Path, settings: Settings) -> int:
             chat_template=template,
             context_capacity=engine_cfg.context_capacity,
             kv_dtype=engine_cfg.kv_dtype,
+            spec=spec,
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

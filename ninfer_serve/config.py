@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,6 +20,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+if TYPE_CHECKING:
+    from ninfer_runtime.speculative import SpecConfig
 
 __all__ = [
     "ConfigError",
@@ -131,19 +134,37 @@ class ContextCacheSettings(_Table):
 
 
 class SpeculativeSettings(_Table):
-    """``[speculative]``: draft-and-verify decoding (the engine has none yet)."""
+    """``[speculative]``: draft-and-verify decoding. ``off``, or ``mtp``: the artifact's MTP
+    component drafts ``draft_tokens`` (1..5, default 3) tokens a round, scoring the indexed
+    proposal rows (``proposal_head = "optimized"``, when the artifact has them) or the whole
+    vocabulary (``"full"``). The engine's ``SpecConfig`` decides what is valid."""
 
-    method: Literal["off", "mtp", "dflash", "dflash2"] = "off"
-    draft_tokens: int | None = Field(None, ge=1, le=15)
+    method: str = "off"
+    draft_tokens: int | None = None
+    proposal_head: str | None = None
 
     @model_validator(mode="after")
-    def _available(self) -> SpeculativeSettings:
-        if self.method != "off":
-            raise ValueError(
-                f"speculative.method = {self.method!r}: this engine has no speculative "
-                "decoding yet; use 'off'"
-            )
+    def _valid(self) -> SpeculativeSettings:
+        from ninfer_runtime.errors import EngineError
+
+        try:
+            self.spec_config()
+        except EngineError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    def spec_config(self) -> SpecConfig | None:
+        """The engine's ``SpecConfig`` (None: off); an ``EngineError`` when it is refused."""
+        from ninfer_runtime.errors import EngineError
+        from ninfer_runtime.speculative import SpecConfig
+
+        given = {"draft_tokens": self.draft_tokens, "proposal_head": self.proposal_head}
+        given = {key: value for key, value in given.items() if value is not None}
+        if self.method == "off":
+            if given:
+                raise EngineError(f"{', '.join(given)} needs method 'mtp' (method is 'off')")
+            return None
+        return SpecConfig(self.method, **given)
 
 
 class Settings(_Table):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import queue
 import threading
@@ -37,6 +38,7 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.errors import EngineError
 from ninfer_runtime.frontend import ParseEvent
+from ninfer_runtime.speculative import SpecStats
 
 from .metrics import Metrics
 
@@ -203,6 +205,8 @@ class EngineLoop:
         self._engine_lanes = 0  # requests the engine runs (a lane and their context pages)
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._loaded = asyncio.Event()
+        #: the engine's speculative totals at the last post (engine thread only)
+        self._spec_seen: SpecStats | None = None
         self.on_loaded: Callable[[Engine | None, str | None], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -373,9 +377,17 @@ class EngineLoop:
         if request_id in self._streams:
             self._commands.put(_Cancel(request_id))
 
-    def _dispatch(self, batch: dict[str, Chunk], lanes: int, context_usage: float) -> None:
+    def _dispatch(
+        self,
+        batch: dict[str, Chunk],
+        lanes: int,
+        context_usage: float,
+        spec_gained: SpecStats | None,
+    ) -> None:
         self._engine_lanes = lanes
         self.metrics.set_lanes(lanes, context_usage)
+        if spec_gained is not None:
+            self.metrics.speculated(spec_gained)
         self._gauges()
         for rid, chunk in batch.items():
             stream = self._streams.get(rid)
@@ -473,8 +485,31 @@ class EngineLoop:
             self._post_batch(batch, engine)
 
     def _post_batch(self, batch: dict[str, Chunk], engine: Engine) -> None:
-        if batch:
+        spec_gained = self._spec_gained(engine.spec_stats)
+        if batch or spec_gained is not None:
             stamp = time.perf_counter()
             for chunk in batch.values():
                 chunk.stamp = stamp
-            self._post(self._dispatch, batch, engine.lanes_in_use, engine.context_usage)
+            self._post(
+                self._dispatch, batch, engine.lanes_in_use, engine.context_usage, spec_gained
+            )
+
+    def _spec_gained(self, totals: SpecStats | None) -> SpecStats | None:
+        """What the engine's speculative ``totals`` gained since the previous call (None:
+        nothing, or no speculation). Counters move by these increments, so every round is
+        counted once however the steps and the posts interleave."""
+        if totals is None:
+            return None
+        seen = self._spec_seen or SpecStats(totals.draft_tokens)
+        if (totals.rounds, totals.fallbacks) == (seen.rounds, seen.fallbacks):
+            return None
+        self._spec_seen = copy.deepcopy(totals)
+        per_position = zip(totals.accepted_per_position, seen.accepted_per_position, strict=True)
+        return SpecStats(
+            totals.draft_tokens,
+            rounds=totals.rounds - seen.rounds,
+            fallbacks=totals.fallbacks - seen.fallbacks,
+            drafted=totals.drafted - seen.drafted,
+            accepted=totals.accepted - seen.accepted,
+            accepted_per_position=[now - before for now, before in per_position],
+        )

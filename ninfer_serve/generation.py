@@ -104,6 +104,9 @@ class Outcome:
     completion_tokens: int
     reasoning_tokens: int
     cached_tokens: int
+    #: speculative decoding: drafted tokens verification kept / turned down (0 without it)
+    accepted_draft_tokens: int
+    rejected_draft_tokens: int
     prompt_seconds: float
     decode_seconds: float
     context_exhausted: bool
@@ -221,6 +224,8 @@ class Run:
             completion_tokens=usage.completion_tokens,
             reasoning_tokens=usage.reasoning_tokens,
             cached_tokens=usage.cached_tokens,
+            accepted_draft_tokens=usage.accepted_draft_tokens,
+            rejected_draft_tokens=usage.rejected_draft_tokens,
             prompt_seconds=f.prompt_seconds,
             decode_seconds=f.decode_seconds,
             context_exhausted=usage.prompt_tokens + usage.completion_tokens

@@ -8,6 +8,8 @@ Each server gets its own registry (tests run several in one process; no global s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -17,6 +19,9 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+if TYPE_CHECKING:
+    from ninfer_runtime.speculative import SpecStats
 
 # the *_created series double the page and no board reads them (vLLM turns them off too)
 disable_created_metrics()
@@ -76,7 +81,15 @@ _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 5
 class Metrics:
     """All series of one server; the methods are the events that move them."""
 
-    def __init__(self, model_id: str, *, backend: str, max_concurrency: int, max_context: int):
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        backend: str,
+        max_concurrency: int,
+        max_context: int,
+        draft_tokens: int = 0,
+    ):
         r = self.registry = CollectorRegistry(auto_describe=True)
         m = {"model_name": model_id}
         self._labels = m
@@ -234,10 +247,45 @@ class Metrics:
             registry=r,
         )
 
-        # speculative decoding: exported (always 0) so boards find the series; the engine has
-        # no draft model yet
-        for name in ("rounds", "draft_tokens", "accepted_tokens", "fallback_steps"):
-            Counter(f"ninfer_spec_decode_{name}", f"Speculative decoding {name}", registry=r)
+        # speculative decoding (0 with it off, so boards find the series): a round is one
+        # speculating lane's draft-and-verify; positions are 0-based, one series each
+        self.spec_rounds = Counter(
+            "ninfer_spec_decode_rounds", "Speculative rounds (per speculating lane)", registry=r
+        )
+        self.spec_drafted = Counter("ninfer_spec_decode_draft_tokens", "Tokens drafted", registry=r)
+        self.spec_accepted = Counter(
+            "ninfer_spec_decode_accepted_tokens", "Drafted tokens verification kept", registry=r
+        )
+        self.spec_fallbacks = Counter(
+            "ninfer_spec_decode_fallback_steps",
+            "Lanes in a round that kept one token without drafts (constrained next tokens)",
+            registry=r,
+        )
+        per_position = Counter(
+            "ninfer_spec_decode_accepted_per_position",
+            "Rounds whose draft at this position was kept",
+            ["position"],
+            registry=r,
+        )
+        self.v_spec_drafts = Counter(
+            "vllm:spec_decode_num_drafts", "Draft rounds", ["model_name"], registry=r
+        ).labels(**m)
+        self.v_spec_drafted = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens", ["model_name"], registry=r
+        ).labels(**m)
+        self.v_spec_accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "Accepted tokens", ["model_name"], registry=r
+        ).labels(**m)
+        v_per_position = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position",
+            ["model_name", "position"],
+            registry=r,
+        )
+        self._spec_positions = [
+            (per_position.labels(str(j)), v_per_position.labels(model_id, str(j)))
+            for j in range(draft_tokens)
+        ]
 
     # -- events -------------------------------------------------------------------------------
 
@@ -303,6 +351,21 @@ class Metrics:
 
     def constrained(self, kind: str) -> None:
         self.constraints.labels(kind).inc()
+
+    def speculated(self, gained: SpecStats) -> None:
+        """What the engine's speculative counters gained since the previous call."""
+        self.spec_rounds.inc(gained.rounds)
+        self.spec_drafted.inc(gained.drafted)
+        self.spec_accepted.inc(gained.accepted)
+        self.spec_fallbacks.inc(gained.fallbacks)
+        self.v_spec_drafts.inc(gained.rounds)
+        self.v_spec_drafted.inc(gained.drafted)
+        self.v_spec_accepted.inc(gained.accepted)
+        for (ours, theirs), count in zip(
+            self._spec_positions, gained.accepted_per_position, strict=True
+        ):
+            ours.inc(count)
+            theirs.inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

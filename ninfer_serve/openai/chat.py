@@ -184,7 +184,11 @@ def usage_block(outcome: Outcome) -> dict[str, Any]:
         "completion_tokens": outcome.completion_tokens,
         "total_tokens": outcome.total_tokens,
         "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": outcome.reasoning_tokens,
+            "accepted_prediction_tokens": outcome.accepted_draft_tokens,
+            "rejected_prediction_tokens": outcome.rejected_draft_tokens,
+        },
     }
 
 

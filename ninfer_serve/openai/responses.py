@@ -504,7 +504,11 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
         "input_tokens": outcome.prompt_tokens,
         "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
         "output_tokens": outcome.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens},
+        "output_tokens_details": {
+            "reasoning_tokens": outcome.reasoning_tokens,
+            "accepted_prediction_tokens": outcome.accepted_draft_tokens,
+            "rejected_prediction_tokens": outcome.rejected_draft_tokens,
+        },
         "total_tokens": outcome.total_tokens,
     }
 

@@ -129,9 +129,11 @@ def test_config_errors_name_the_key(artifact, tmp_path):
     config.write_text("[engine]\nmax_concurency = 2\n")
     result = run_cli(str(artifact), "--config", str(config))
     assert result.returncode == 2 and "unknown key 'engine.max_concurency'" in result.stderr
-    config.write_text("[speculative]\nmethod = 'mtp'\n")
+    config.write_text("[speculative]\nmethod = 'dflash'\n")
     result = run_cli(str(artifact), "--config", str(config))
-    assert result.returncode == 2 and "no speculative decoding" in result.stderr
+    assert result.returncode == 2 and "'dflash' is not available yet" in result.stderr
+    result = run_cli(str(artifact), "--draft-tokens", "2")
+    assert result.returncode == 2 and "draft_tokens needs method 'mtp'" in result.stderr
     result = run_cli(str(artifact), "--max-concurrency", "9")
     assert result.returncode == 2 and "max_concurrency" in result.stderr
     assert run_cli(str(tmp_path / "missing.ninfer")).returncode == 2
