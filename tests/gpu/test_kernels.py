@@ -76,7 +76,7 @@ def check_close(got: Any, x: np.ndarray, w: np.ndarray, tensor_cores: bool = Fal
 
 
 def on_tensor_cores(parent: Any, m: int) -> bool:
-    return m <= kernels.max_rows(parent.planes) and kernels.max_rows(parent.planes) > 8
+    return m <= kernels.max_rows(parent.planes) and kernels.has_tensor_cores(parent.planes)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
