@@ -3,7 +3,8 @@
 ``linear`` is the hot path. For few rows (batched decode, an expert's share of a prefill chunk)
 it runs the small-M product of the weight's layout over each resident segment
 (``kernels.product``: tensor cores for row_split q4..q8, NVFP4 and bf16 up to 64 rows, or the
-SIMT GEMV up to 8 rows where it is faster, as for one row or small weights); for more rows (prefill
+SIMT GEMV, 8 rows per launch, where it is faster, as for one row or small weights, or where the
+layout has no tensor-core kernel, NF4 and FP8, up to 64 rows); for more rows (prefill
 chunks) it rounds x to bfloat16, dequantizes the weight, a slab of rows at a time, to bfloat16
 in one reusable scratch buffer (bf16 weights are read in place) and multiplies with
 ``cublasGemmEx`` on tensor cores, accumulating in float32 (``prefill.py``).
