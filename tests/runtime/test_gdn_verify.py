@@ -77,3 +77,18 @@ def test_verify_then_commit_equals_decoding_in_turn(lanes: int, tokens: int) -> 
     assert np.array_equal(states, states_ref)
     others = np.setdiff1d(np.arange(POOL), slots)
     assert np.array_equal(states[others], states0[others])
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_speculative_rounds_equal_plain_decoding_on_the_cpu(artifact_path, k: int) -> None:
+    """Through the runner: every verified row's logits and, after the commits of random
+    accepted prefixes, every GDN state equal plain decoding's bit for bit (CPU products are
+    row-stable up to 64 rows)."""
+    from ninfer_runtime.backends.cpu import CpuBackend
+    from tests.speculation import speculate_against_decoding
+
+    path = artifact_path("qwen3_5_bf16", "dense")
+    err, scale, state_err = speculate_against_decoding(
+        path, CpuBackend, lanes=3, k=k, rounds=4, seed=k
+    )
+    assert scale > 0 and err == 0.0 and state_err == 0.0
