@@ -219,7 +219,7 @@ def bench(
             copies, p = _copies(fmt, layout, shape)
             first = copies[0]
             kinds = {"product": kernels.product}
-            if kernels.max_rows(p) > kernels.MAX_GEMV_ROWS:  # the tensor-core kernel vs SIMT
+            if kernels.has_tensor_cores(p):  # the tensor-core kernel vs SIMT
                 kinds["simt"] = kernels.gemv
                 kinds["tc"] = kernels.small_gemm
             for (kind, fn), m in itertools.product(kinds.items(), activation_rows):

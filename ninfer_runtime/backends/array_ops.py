@@ -305,22 +305,28 @@ def gdn_commit(
 ) -> None:
     """Fold the first ``counts[i]`` tokens ``gdn_verify`` recorded for lane i (slot
     ``slots[i]``) into its conv and recurrent states, token by token through ``gdn_decode``:
-    the states end exactly as decoding those tokens one at a time leaves them."""
+    the states end exactly as decoding those tokens one at a time leaves them. Every
+    recorded row runs for every lane and is kept where ``j < counts[i]``, so ``counts`` is
+    never read on the host (on CuPy the commit can be captured in a CUDA graph)."""
     xp = _xp(states)
-    counts = xp.asarray(counts)
-    for j in range(int(counts.max()) if counts.size else 0):
-        lanes = xp.flatnonzero(counts > j)
-        rows = slots[lanes]
+    keep = xp.asarray(counts)[:, None] > xp.arange(records.mixed.shape[1])[None, :]
+    conv, state, local = conv_states[slots], states[slots], xp.arange(slots.shape[0])  # copies
+    for j in range(records.mixed.shape[1]):
+        conv_j, state_j = conv.copy(), state.copy()
         gdn_decode(
-            records.mixed[rows, j],
+            records.mixed[slots, j],
             kernel,
-            conv_states,
-            records.g[rows, j],
-            records.beta[rows, j],
-            states,
-            rows,
+            conv_j,
+            records.g[slots, j],
+            records.beta[slots, j],
+            state_j,
+            local,
             **dims,
         )
+        conv = xp.where(keep[:, j, None, None], conv_j, conv)
+        state = xp.where(keep[:, j, None, None, None], state_j, state)
+    conv_states[slots] = conv
+    states[slots] = state
 
 
 def gdn_step_slots(

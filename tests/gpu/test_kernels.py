@@ -76,7 +76,7 @@ def check_close(got: Any, x: np.ndarray, w: np.ndarray, tensor_cores: bool = Fal
 
 
 def on_tensor_cores(parent: Any, m: int) -> bool:
-    return m <= kernels.max_rows(parent.planes) and kernels.max_rows(parent.planes) > 8
+    return m <= kernels.max_rows(parent.planes) and kernels.has_tensor_cores(parent.planes)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -124,10 +124,42 @@ def test_row_views_and_segments(case: Any, cuda_backend: Any) -> None:
     weight = PackedWeight([Segment(parent, *b), Segment(parent, *a)], (a[1] + b[1], k))
     rows = np.r_[np.arange(b[0], b[0] + b[1]), np.arange(a[0], a[0] + a[1])]
     rng = np.random.default_rng(3)
-    for m in (1, 3, 8, 21):  # 21: the dequantize + cuBLAS path
+    for m in (1, 3, 8, 21):  # 21: the tensor-core kernel, 8-row GEMVs or dequantize + cuBLAS
         x = rng.standard_normal((m, k)).astype(np.float32)
         got = cuda_backend.linear(cp.asarray(x), weight)
         check_close(got, x, w[rows], on_tensor_cores(parent, m))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_verification_rows_stay_on_the_small_m_kernels(
+    case: Any, cuda_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """9..64 rows (a speculative verification: lanes x (drafts + 1)) on every layout a GEMV
+    reads run the small-M kernels, never the dequantize + GEMM path: the tensor-core kernel,
+    or the GEMV 8 rows at a time, each 8 rows exactly what one GEMV launch of them gives."""
+    import cupy as cp
+
+    parent, w = make_weight(case, seed=8)
+    n, k = case[2]
+    weight = PackedWeight([Segment(parent, 0, n)], (n, k))
+    p = parent.planes
+    if p.gemv:
+
+        def refused(*args: Any) -> None:
+            raise AssertionError("a verification-sized product took the dequantize path")
+
+        monkeypatch.setattr(cuda_backend, "_dequant_matmul", refused)
+    rng = np.random.default_rng(9)
+    for m in (9, 16, 21, 48, 64):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got = cuda_backend.linear(cp.asarray(x), weight)
+        check_close(got, x, w, on_tensor_cores(parent, m))
+        if p.gemv and not kernels.has_tensor_cores(p):
+            for a in range(0, m, kernels.MAX_GEMV_ROWS):
+                alone = cuda_backend.linear(cp.asarray(x[a : a + kernels.MAX_GEMV_ROWS]), weight)
+                assert np.array_equal(
+                    cp.asnumpy(got[a : a + kernels.MAX_GEMV_ROWS]), cp.asnumpy(alone)
+                )
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

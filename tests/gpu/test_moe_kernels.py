@@ -278,3 +278,35 @@ def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
             graph.launch(s)
             s.synchronize()
             assert_close(out, CpuBackend().moe(host, cpu_w))
+
+
+@pytest.mark.parametrize("fmt", ["q8_g32_fp16", "q4_g64_fp16"])
+def test_verification_sized_batches_run_on_the_device(fmt: str) -> None:
+    """``CudaBackend.moe`` on 9..64 rows (a speculative verification) runs ``moe_decode`` over
+    8-row chunks: the CPU reference's values, each chunk exactly what it gives alone, and no
+    host read-back (compiled with ``compile_step``: eager, captured, replayed)."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.backend import MOE_DEVICE_ROWS, CudaBackend
+
+    gpu_w, cpu_w = random_moe(fmt, fused=True, seed=5)
+    be = CudaBackend(graphs=True, prefill_precision="float32")
+    rng = np.random.default_rng(6)
+    for n in (9, 24, 48, MOE_DEVICE_ROWS):
+        x = cp.asarray(rng.standard_normal((n, H)).astype(np.float32))
+        got = be.moe(x, gpu_w)
+        assert_close(got, CpuBackend().moe(cp.asnumpy(x), cpu_w))
+        for a in range(0, n, 8):
+            alone = cp.asnumpy(be.moe(x[a : a + 8], gpu_w))
+            assert np.array_equal(cp.asnumpy(got[a : a + 8]), alone), (n, a)
+
+    n = 48
+    x = cp.zeros((n, H), dtype=cp.float32)
+    step = be.compile_step(lambda _unused: (be.moe(x, gpu_w),), [(1,)])
+    for _ in range(3):  # eager, captured, replayed
+        host = rng.standard_normal((n, H)).astype(np.float32)
+        x.set(host)
+        cp.cuda.Device().synchronize()
+        (out,) = step(np.zeros(1, dtype=np.int32))
+        assert_close(out, CpuBackend().moe(host, cpu_w))
+    assert step.graph is not None

@@ -3,7 +3,8 @@
 ``linear`` is the hot path. For few rows (batched decode, an expert's share of a prefill chunk)
 it runs the small-M product of the weight's layout over each resident segment
 (``kernels.product``: tensor cores for row_split q4..q8, NVFP4 and bf16 up to 64 rows, or the
-SIMT GEMV up to 8 rows where it is faster, as for one row or small weights); for more rows (prefill
+SIMT GEMV, 8 rows per launch, where it is faster, as for one row or small weights, or where the
+layout has no tensor-core kernel, NF4 and FP8, up to 64 rows); for more rows (prefill
 chunks) it rounds x to bfloat16, dequantizes the weight, a slab of rows at a time, to bfloat16
 in one reusable scratch buffer (bf16 weights are read in place) and multiplies with
 ``cublasGemmEx`` on tensor cores, accumulating in float32 (``prefill.py``).
@@ -39,6 +40,9 @@ TF32_TENSOR_OP_MATH = 3
 
 #: bytes of the dequantization scratch buffer (bf16 or float32 rows of one weight at a time)
 SCRATCH_BYTES = 256 << 20
+#: most rows ``moe`` runs on the device (capturable) path: a speculative verification has
+#: up to 8 lanes x (5 drafts + 1) = 48
+MOE_DEVICE_ROWS = 64
 
 
 class CudaBackend(ops.ReferenceOps):
@@ -176,7 +180,10 @@ class CudaBackend(ops.ReferenceOps):
         slab = max(1, min(seg.rows, SCRATCH_BYTES // (dtype.itemsize * k)))
         scratch = self._scratch
         if scratch is None or scratch.dtype != dtype or scratch.size < slab * k:
-            scratch = self._scratch = cp.empty(slab * k, dtype=dtype)
+            # made once at full size: a captured step (a verification's rows past the small-M
+            # kernels) holds its address, so it must never be replaced and freed
+            size = max(slab * k, SCRATCH_BYTES // dtype.itemsize)
+            scratch = self._scratch = cp.empty(size, dtype=dtype)
         for a in range(0, seg.rows, slab):
             b = min(a + slab, seg.rows)
             w = scratch[: (b - a) * k].reshape(b - a, k)
@@ -260,12 +267,52 @@ class CudaBackend(ops.ReferenceOps):
         slots: Array,
         **dims: int,
     ) -> Array:
-        if dims["key_dim"] not in gdn.KEY_DIMS or kernel.shape[0] not in gdn.CONV_TAPS:
+        if not gdn.supported(kernel, dims["key_dim"]):
             return super().gdn_decode(mixed, kernel, conv_states, g, beta, states, slots, **dims)
         conv = gdn.conv_step(cp.ascontiguousarray(mixed), kernel, conv_states, slots)
         return gdn.gdn_step(
             conv, cp.ascontiguousarray(g), cp.ascontiguousarray(beta), states, slots, **dims
         )
+
+    def gdn_verify(
+        self,
+        mixed: Array,
+        kernel: Array,
+        conv_states: Array,
+        g: Array,
+        beta: Array,
+        states: Array,
+        slots: Array,
+        records: Any,
+        *,
+        tokens: int,
+        **dims: int,
+    ) -> Array:
+        args = (mixed, kernel, conv_states, g, beta, states, slots, records)
+        if not gdn.supported(kernel, dims["key_dim"]):
+            return super().gdn_verify(*args, tokens=tokens, **dims)
+        mixed, g, beta = (cp.ascontiguousarray(a) for a in (mixed, g, beta))
+        # the lanes' slots are every T-th row's (a strided view): the kernels take them packed
+        slots = cp.ascontiguousarray(slots, dtype=cp.int32)
+        return gdn.gdn_verify(
+            mixed, kernel, conv_states, g, beta, states, slots, records, tokens=tokens, **dims
+        )
+
+    def gdn_commit(
+        self,
+        kernel: Array,
+        conv_states: Array,
+        states: Array,
+        slots: Array,
+        records: Any,
+        counts: Array,
+        **dims: int,
+    ) -> None:
+        if not gdn.supported(kernel, dims["key_dim"]):
+            super().gdn_commit(kernel, conv_states, states, slots, records, counts, **dims)
+            return
+        slots, counts = (cp.ascontiguousarray(cp.asarray(a), cp.int32) for a in (slots, counts))
+        gdn.gdn_commit(kernel, conv_states, states, slots, records, counts, **dims)
 
     # ---------------------------------------------------------------- mixture of experts
     def _expert_table(self, weights: MoeWeights) -> Any:
@@ -279,13 +326,17 @@ class CudaBackend(ops.ReferenceOps):
         return self._expert_tables[key]
 
     def moe(self, x: Array, weights: MoeWeights) -> Array:
-        """Decode-sized batches run ``moe.moe_decode`` (routing and expert GEMVs on the
-        device, capturable); prefill chunks read the top-k choice back (N x E floats) and
-        run each selected expert once over its rows."""
-        if x.shape[0] <= kernels.MAX_GEMV_ROWS:
-            table = self._expert_table(weights)
-            if table is not None:
-                return moe_kernels.moe_decode(self, x, table)
+        """Up to ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
+        ``moe.moe_decode`` (routing and expert GEMVs on the device, capturable), over chunks
+        of at most ``MAX_GEMV_ROWS`` rows; prefill chunks read the top-k choice back (N x E
+        floats) and run each selected expert once over its rows."""
+        n, step = x.shape[0], kernels.MAX_GEMV_ROWS
+        table = self._expert_table(weights) if 0 < n <= MOE_DEVICE_ROWS else None
+        if table is not None:
+            chunks = [
+                moe_kernels.moe_decode(self, x[a : a + step], table) for a in range(0, n, step)
+            ]
+            return chunks[0] if len(chunks) == 1 else cp.concatenate(chunks)
         probs = ops.softmax(self.linear(x, weights.router))
         host = cp.asnumpy(probs)
         top = np.argsort(-host, axis=-1, kind="stable")[:, : weights.top_k]

@@ -47,18 +47,23 @@ class GraphStep:
                 # the first call runs eagerly: kernels compile and libraries set up outside
                 # any capture (a step updates recurrent states, so it must run exactly once)
                 self.warm = True
-                return tuple(out.copy() for out in self.fn(*self.inputs))
+                return tuple(out.copy() for out in self._run())
             if self.graph is None:
                 self._capture()
             self.graph.launch(self.stream)
             return tuple(out.copy() for out in self.outputs)
+
+    def _run(self) -> tuple[Any, ...]:
+        """``fn`` on the input buffers; a step that only updates state returns None: ()."""
+        outputs = self.fn(*self.inputs)
+        return () if outputs is None else tuple(outputs)
 
     def _capture(self) -> None:
         self.stream.synchronize()
         with cp.cuda.using_allocator(self.pool.malloc):
             self.stream.begin_capture()
             try:
-                self.outputs = tuple(self.fn(*self.inputs))
+                self.outputs = self._run()
             finally:
                 self.graph = self.stream.end_capture()
         log.info("captured a step with inputs %s", self.shapes)

@@ -2,8 +2,8 @@
 
 ``product`` is the entry point for M <= 64 activation rows: the tensor-core kernel
 (``kernels/gemm_small.cu``, row_split q4/q5/q6/q8, NVFP4 and bf16) or the SIMT GEMV
-(``kernels/gemv_*.cu``, every layout, M <= 8), whichever ``uses_tensor_cores`` says is
-faster for the shape. Kernels are compiled lazily, one family (one ``.cu`` file) at a time,
+(``kernels/gemv_*.cu``, every layout, 8 rows per launch), whichever ``uses_tensor_cores``
+says is faster for the shape. Kernels are compiled lazily, one family (one ``.cu`` file) at a time,
 on first use.
 """
 
@@ -108,20 +108,28 @@ __all__ = ["compile_all", "dequant_rows", "gemv", "product", "small_gemm"]
 
 
 def max_rows(p: F.Planes) -> int:
-    """The most activation rows ``product`` takes for this object (more: dequantize + GEMM)."""
-    if not p.gemv:
-        return 0
-    return MAX_SMALL_ROWS if _small_groups(p) else MAX_GEMV_ROWS
+    """The most activation rows ``product`` takes for this object (more: dequantize + GEMM):
+    ``MAX_SMALL_ROWS`` wherever the GEMV reads the layout, 0 where it cannot."""
+    return MAX_SMALL_ROWS if p.gemv else 0
+
+
+def has_tensor_cores(p: F.Planes) -> bool:
+    """Whether the tensor-core small-M kernel reads this object."""
+    return _small_groups(p) > 0
 
 
 def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
     """``y[m, r] = Σ_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= max_rows(p)``, with
     the arguments of ``gemv``: the tensor-core kernel where ``uses_tensor_cores`` says it is
-    the faster one, else the SIMT GEMV."""
-    if uses_tensor_cores(p, rows, x.shape[0]):
+    the faster one, else the SIMT GEMV, ``MAX_GEMV_ROWS`` rows of x at a time (a layout
+    without a tensor-core kernel: a speculative verification's rows get the float32 math
+    of decode steps rather than the prefill GEMM's bf16)."""
+    m = x.shape[0]
+    if uses_tensor_cores(p, rows, m):
         small_gemm(data, p, row0, rows, x, y, ldy)
-    else:
-        gemv(data, p, row0, rows, x, y, ldy)
+        return
+    for a in range(0, m, MAX_GEMV_ROWS):
+        gemv(data, p, row0, rows, x[a : a + MAX_GEMV_ROWS], y[a : a + MAX_GEMV_ROWS], ldy)
 
 
 #: (fewest activation rows M, fewest weights rows x K) from which the tensor-core kernel
@@ -143,8 +151,8 @@ TENSOR_CORES_FROM = {
 
 def uses_tensor_cores(p: F.Planes, rows: int, m: int) -> bool:
     """Whether ``product`` runs ``rows`` rows of ``p`` for ``m`` activation rows on the
-    tensor-core kernel (always beyond ``MAX_GEMV_ROWS``, which the GEMV does not take)."""
-    if not _small_groups(p):
+    tensor-core kernel (always beyond ``MAX_GEMV_ROWS`` where it reads the layout)."""
+    if not has_tensor_cores(p):
         return False
     if m > MAX_GEMV_ROWS:
         return True
@@ -205,7 +213,7 @@ def small_gemm(
     split: int | None = None,
 ) -> None:
     """The tensor-core product for ``M = x.shape[0] <= 64`` (arguments as ``gemv``; the
-    layout must have a kernel: ``max_rows(p) == MAX_SMALL_ROWS``). ``tiles`` (R, U: one of
+    layout must have a kernel: ``has_tensor_cores(p)``). ``tiles`` (R, U: one of
     ``SMALL_TILES``) and ``split`` (K slices) override the defaults."""
     m = x.shape[0]
     nt = 1 << max(0, (m - 1).bit_length() - 3)  # 8-row activation tiles: 1, 2, 4 or 8

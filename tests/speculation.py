@@ -1,0 +1,79 @@
+"""Shared by the CPU and GPU tests of speculative decoding: a runner's speculative rounds
+beside plain decoding of the same tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ninfer_runtime.backends.base import to_numpy
+from ninfer_runtime.state import GdnSlots
+
+
+def host(a: Any) -> np.ndarray:
+    return np.asarray(to_numpy(a))
+
+
+def gdn_layers(pool: Any) -> list[GdnSlots]:
+    return [layer for layer in pool.layers if isinstance(layer, GdnSlots)]
+
+
+def speculate_against_decoding(
+    path: Path, make_backend: Callable[[], Any], *, lanes: int, k: int, rounds: int, seed: int
+) -> tuple[float, float, float]:
+    """``rounds`` speculative rounds of ``lanes`` lanes (each accepting a random prefix of its
+    drafts) beside a runner that decodes the same tokens one step at a time. -> (max |Δ| of
+    the verified logits vs the decode steps', max |logit|, max |Δ| of the GDN states after
+    the last commit relative to their magnitude)."""
+    from ninfer_runtime.models import load_model
+    from ninfer_runtime.runner import ModelRunner
+
+    plain = ModelRunner(load_model(path, make_backend()))
+    spec = ModelRunner(load_model(path, make_backend()))
+    rng = np.random.default_rng(seed)
+    vocab = plain.model.config.vocab
+    plain_pool = plain.new_pool(lanes=lanes, max_context=256)
+    spec_pool = spec.new_pool(lanes=lanes, max_context=256, draft_tokens=k)
+    plain_states, spec_states, pending = [], [], []
+    for i in range(lanes):
+        prompt = rng.integers(0, vocab, 3 + 4 * i)
+        a, b = plain_pool.open(256), spec_pool.open(256)
+        logits = host(plain.forward([prompt], [a]).logits[0])
+        out = spec.forward([prompt], [b])
+        spec.mtp_prefill(out.hidden[0], prompt[1:], b)
+        plain_states.append(a)
+        spec_states.append(b)
+        pending.append(int(np.argmax(logits[-1])))
+
+    err = scale = 0.0
+    for _ in range(rounds):
+        proposal = spec.speculate(spec_states, pending, k)
+        verified = host(proposal.logits).reshape(lanes, k + 1, -1)
+        kept = [int(m) for m in rng.integers(0, k + 1, lanes)]
+        kept[0] = k  # every row of lane 0 is compared
+        feed = [
+            [pending[i], *(int(t) for t in proposal.drafts[i, : kept[i]])] for i in range(lanes)
+        ]
+        for j in range(k + 1):
+            live = [i for i in range(lanes) if j < len(feed[i])]
+            out = plain.forward([[feed[i][j]] for i in live], [plain_states[i] for i in live])
+            for i, row in zip(live, out.logits, strict=True):
+                row = host(row)[0]
+                err = max(err, float(np.abs(row - verified[i, j]).max()))
+                scale = max(scale, float(np.abs(row).max()))
+                if j == kept[i]:
+                    pending[i] = int(np.argmax(row))  # both runners go on with this token
+        spec.commit(spec_states, [list(feed[i][1:]) for i in range(lanes)])
+        for a, b in zip(plain_states, spec_states, strict=True):
+            assert a.length == b.length
+    state_err = 0.0
+    for a, b in zip(gdn_layers(plain_pool), gdn_layers(spec_pool), strict=True):
+        for pa, pb in zip(plain_states, spec_states, strict=True):
+            for x, y in ((a.recurrent, b.recurrent), (a.conv, b.conv)):
+                xa, xb = host(x[pa.slot]), host(y[pb.slot])
+                rel = np.abs(xa - xb).max() / (np.abs(xa).max() + 1e-30)
+                state_err = max(state_err, float(rel))
+    return err, scale, state_err
