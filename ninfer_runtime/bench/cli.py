@@ -27,22 +27,54 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="overwrite an existing artifact")
 @click.option("--plan-only", is_flag=True, help="print the planned size, write nothing")
+@click.option(
+    "--mtp/--no-mtp",
+    default=True,
+    show_default=True,
+    help="write the recipe's MTP component (the drafter of --spec mtp)",
+)
+@click.option(
+    "--proposal-rows",
+    type=int,
+    help="rows of the indexed proposal head (default: 131072 capped by the vocabulary when "
+    "there is an MTP component; 0: none)",
+)
 def synth(
-    geometry: str, formats: str, output: str, seed: int, force: bool, plan_only: bool
+    geometry: str,
+    formats: str,
+    output: str,
+    seed: int,
+    force: bool,
+    plan_only: bool,
+    mtp: bool,
+    proposal_rows: int | None,
 ) -> None:
     """Write a synthetic artifact: random valid codes and scales, no checkpoint needed."""
     require_extra("convert", "ninfer-bench synth")
     from .synthetic import plan_synthetic, write_synthetic
 
-    plan = plan_synthetic(geometry, formats)
+    try:
+        plan = plan_synthetic(geometry, formats, mtp=mtp, proposal_rows=proposal_rows)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--proposal-rows") from None
+    parts = ", ".join(f"{c} {b / 1e9:.3f}" for c, b in plan.bytes_by_component().items())
     click.echo(
         f"{geometry} / {plan.recipe.name}: {len(plan.parents)} weight objects, "
-        f"{plan.payload_bytes / 1e9:.3f} GB planned"
+        f"{plan.payload_bytes / 1e9:.3f} GB planned ({parts} GB)"
     )
     if plan_only:
         return
     try:
-        report = write_synthetic(output, geometry, formats, seed, force, progress=terminal_bar)
+        report = write_synthetic(
+            output,
+            geometry,
+            formats,
+            seed,
+            force,
+            mtp=mtp,
+            proposal_rows=proposal_rows,
+            progress=terminal_bar,
+        )
     except TargetExists:
         raise click.ClickException(f"{output}: already exists; add --force to replace it") from None
     except (ArtifactError, OSError) as exc:
