@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -95,6 +96,10 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
     return values
 
 
+def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) -> list[int] | None:
+    return None if text is None else _ints(ctx, param, text)
+
+
 @main.command()
 @click.argument("artifact", type=click.Path(exists=True, dir_okay=False))
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True)
@@ -121,6 +126,25 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
     "--commit",
     help="the source commit --record names (default: git describe of the source tree)",
 )
+@click.option(
+    "--spec",
+    type=click.Choice(["off", "mtp", "dflash", "dflash2"]),
+    default="off",
+    show_default=True,
+    help="also time speculative rounds of this drafter against the plain step",
+)
+@click.option(
+    "--draft-tokens",
+    callback=_ints_or_none,
+    help="draft tokens per round, comma-separated  [default with --spec mtp: 1,2,3,4,5]",
+)
+@click.option("--rounds", type=int, default=16, show_default=True, help="timed rounds (median)")
+@click.option(
+    "--measure-acceptance",
+    is_flag=True,
+    help="with --spec mtp: greedy answers to the demo prompts through the engine, with and "
+    "without rounds (meaningful on a model whose MTP head is trained)",
+)
 def run(
     artifact: str,
     backend: str,
@@ -134,13 +158,19 @@ def run(
     json_out: str | None,
     record: str | None,
     commit: str | None,
+    spec: str,
+    draft_tokens: list[int] | None,
+    rounds: int,
+    measure_acceptance: bool,
 ) -> None:
-    """Decode and prefill rates of ARTIFACT beside their floors.
+    """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
+    rounds against the plain step.
 
     \b
     Example (27B shapes, q4/q5 weights, on the GPU):
       ninfer-bench synth --geometry qwen3_6_27b --formats qwen3_6_27b -o 27b.ninfer
       ninfer-bench run 27b.ninfer --record docs/performance.md
+      ninfer-bench run 27b.ninfer --spec mtp --prefill 0 --record docs/performance.md
     """
     import json
     import os
@@ -155,11 +185,18 @@ def run(
 
     if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
         raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
+    drafts = _draft_tokens(spec, draft_tokens, measure_acceptance)
     started = time.perf_counter()
     try:
-        runner = ModelRunner(load_model(Artifact.open(artifact), backend))
+        opened = Artifact.open(artifact)
+        runner = ModelRunner(load_model(opened, backend))
     except (ArtifactError, EngineError) as exc:
         raise click.ClickException(str(exc)) from None
+    if drafts and not runner.model.has_mtp:
+        raise click.ClickException(
+            f"{artifact}: the artifact has no mtp component; --spec mtp needs one "
+            "(ninfer-bench synth writes it unless --no-mtp)"
+        )
     click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
     xp = runner.backend.xp
     bandwidth = M.copy_bandwidth(xp)
@@ -169,16 +206,22 @@ def run(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
         f"{'floor ms':>8} {'% floor':>7}"
     )
+    plain: dict[tuple[int, int], float] = {}
     for context in contexts:
         for n in lanes:
             r = M.decode_rate(
                 runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype
             )
+            plain[n, context] = r.step_ms
             rows.append({"kind": "decode", **M.as_row(r)})
             click.echo(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
                 f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
             )
+    if drafts:
+        rows += _spec_tables(runner, drafts, plain, rounds, bandwidth, kv_dtype)
+    if measure_acceptance:
+        rows += _acceptance_table(opened, backend, drafts, kv_dtype)
     if prefill:
         rate = M.matmul_rate(xp)
         p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate)
@@ -202,6 +245,106 @@ def run(
         context = R.run_context(xp, artifact, kv_dtype, bandwidth, commit)
         R.append(record, R.markdown(rows, context))
         click.echo(f"recorded in {record}")
+
+
+def _draft_tokens(spec: str, given: list[int] | None, acceptance: bool) -> list[int]:
+    """The K values to time: none without --spec; 1..5 by default with --spec mtp."""
+    from ..errors import EngineError
+    from ..speculative import MAX_DRAFT_TOKENS, SpecConfig
+
+    if spec == "off":
+        if given is not None or acceptance:
+            option = "--draft-tokens" if given is not None else "--measure-acceptance"
+            raise click.BadParameter(f"{option} needs --spec mtp", param_hint="--spec")
+        return []
+    drafts = given or list(range(1, MAX_DRAFT_TOKENS + 1))
+    try:
+        for k in drafts:
+            SpecConfig(method=spec, draft_tokens=k)
+    except EngineError as exc:
+        hint = "--spec" if "method" in str(exc) else "--draft-tokens"
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    return drafts
+
+
+def _spec_tables(
+    runner: Any,
+    drafts: list[int],
+    plain: dict[tuple[int, int], float],
+    rounds: int,
+    bandwidth: float,
+    kv_dtype: str,
+) -> list[dict]:
+    """A round of each K at each (lanes, context) against the plain step, then a draft
+    step's cost with the proposal head and with the full vocabulary."""
+    from . import measure as M
+
+    rows: list[dict] = []
+    rates = "".join(f" {f'a={a:g}':>14}" for a in M.ACCEPTANCE_RATES)
+    click.echo(
+        "speculative rounds (draft + verify + commit); tok/s (speed-up) at per-position "
+        "acceptance a"
+    )
+    click.echo(
+        f"{'lanes':>5} {'context':>7} {'K':>2} {'ms/step':>8} {'ms/round':>8} {'ratio':>6} "
+        f"{'GB/round':>8} {'floor ms':>8} {'% floor':>7} {'plain tok/s':>11}{rates}"
+    )
+    for (n, context), step_ms in plain.items():
+        for k in drafts:
+            r = M.spec_round_rate(
+                runner, n, context, k, step_ms=step_ms, floor_bw=bandwidth, rounds=rounds,
+                kv_dtype=kv_dtype,
+            )  # fmt: skip
+            rows.append({"kind": "spec", **M.as_row(r)})
+            implied = "".join(
+                f" {f'{r.tokens_per_s(a):.1f} ({r.speedup(a):.2f}x)':>14}"
+                for a in M.ACCEPTANCE_RATES
+            )
+            click.echo(
+                f"{n:>5} {context:>7} {k:>2} {r.step_ms:>8.2f} {r.round_ms:>8.2f} "
+                f"{r.ratio:>5.2f}x {r.bytes_per_round / 1e9:>8.2f} {r.floor_ms:>8.2f} "
+                f"{r.percent_of_floor:>6.1f}% {r.plain_tokens_per_s:>11.1f}{implied}"
+            )
+    if runner.model.proposal_head is None:
+        click.echo("no proposal head: draft steps score the full vocabulary")
+        return rows
+    click.echo("one draft step (MTP block + head): proposal rows (optimized) vs full vocabulary")
+    click.echo(
+        f"{'lanes':>5} {'context':>7} {'rows':>7} {'opt ms':>8} {'floor ms':>8} "
+        f"{'full ms':>8} {'floor ms':>8} {'saved':>6}"
+    )
+    for n, context in plain:
+        d = M.draft_step_rate(runner, n, context, floor_bw=bandwidth, kv_dtype=kv_dtype)
+        rows.append({"kind": "draft", **M.as_row(d)})
+        click.echo(
+            f"{n:>5} {context:>7} {d.proposal_rows:>7} {d.optimized_ms:>8.3f} "
+            f"{d.optimized_floor_ms:>8.3f} {d.full_ms:>8.3f} {d.full_floor_ms:>8.3f} "
+            f"{100 * (1 - d.optimized_ms / d.full_ms):>5.0f}%"
+        )
+    return rows
+
+
+def _acceptance_table(artifact: Any, backend: str, drafts: list[int], kv_dtype: str) -> list[dict]:
+    """Measured acceptance and tok/s of greedy answers to the demo prompts, per K."""
+    from . import measure as M
+
+    results = M.measure_acceptance(artifact, backend, drafts, kv_dtype=kv_dtype)
+    click.echo(
+        f"measured on {len(M.DEMO_PROMPTS)} demo prompts (greedy, one lane, through the engine)"
+    )
+    click.echo(
+        f"{'K':>2} {'tokens':>6} {'accepted':>8} {'tok/round':>9} {'tok/s':>8} "
+        f"{'plain tok/s':>11} {'speed-up':>8} {'same tokens':>11}"
+    )
+    rows = []
+    for a in results:
+        rows.append({"kind": "acceptance", **M.as_row(a)})
+        click.echo(
+            f"{a.draft_tokens:>2} {a.tokens:>6} {100 * a.acceptance:>7.1f}% "
+            f"{a.tokens_per_round:>9.2f} {a.tokens_per_s:>8.1f} {a.plain_tokens_per_s:>11.1f} "
+            f"{a.speedup:>7.2f}x {'yes' if a.same_tokens else 'NO':>11}"
+        )
+    return rows
 
 
 if __name__ == "__main__":
