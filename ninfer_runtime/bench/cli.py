@@ -145,6 +145,13 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     help="with --spec mtp: greedy answers to the demo prompts through the engine, with and "
     "without rounds (meaningful on a model whose MTP head is trained)",
 )
+@click.option(
+    "--answer-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="with --measure-acceptance: the most tokens of each answer",
+)
 def run(
     artifact: str,
     backend: str,
@@ -162,6 +169,7 @@ def run(
     draft_tokens: list[int] | None,
     rounds: int,
     measure_acceptance: bool,
+    answer_tokens: int,
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
     rounds against the plain step.
@@ -221,7 +229,7 @@ def run(
     if drafts:
         rows += _spec_tables(runner, drafts, plain, rounds, bandwidth, kv_dtype)
     if measure_acceptance:
-        rows += _acceptance_table(opened, backend, drafts, kv_dtype)
+        rows += _acceptance_table(opened, backend, drafts, answer_tokens, kv_dtype)
     if prefill:
         rate = M.matmul_rate(xp)
         p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate)
@@ -324,11 +332,15 @@ def _spec_tables(
     return rows
 
 
-def _acceptance_table(artifact: Any, backend: str, drafts: list[int], kv_dtype: str) -> list[dict]:
+def _acceptance_table(
+    artifact: Any, backend: str, drafts: list[int], answer_tokens: int, kv_dtype: str
+) -> list[dict]:
     """Measured acceptance and tok/s of greedy answers to the demo prompts, per K."""
     from . import measure as M
 
-    results = M.measure_acceptance(artifact, backend, drafts, kv_dtype=kv_dtype)
+    results = M.measure_acceptance(
+        artifact, backend, drafts, max_tokens=answer_tokens, kv_dtype=kv_dtype
+    )
     click.echo(
         f"measured on {len(M.DEMO_PROMPTS)} demo prompts (greedy, one lane, through the engine)"
     )
