@@ -425,7 +425,7 @@ def draft_step_rate(
     xp = be.xp
     room = context + 2
     pool, _ = _speculating_pool(runner, lanes, room, 1, kv_dtype, lanes + context)
-    hidden = pool.draft_hidden[:lanes, 0]
+    hidden = xp.ascontiguousarray(pool.draft_hidden[:lanes, 0])
     table = model.rope_table(room + 1)
     args = (
         np.arange(lanes, dtype=np.int32),
@@ -502,8 +502,10 @@ def measure_acceptance(
     def engine(spec: SpecConfig | None) -> Engine:
         return Engine(artifact, backend=backend, max_lanes=1, kv_dtype=kv_dtype, spec=spec)
 
-    _generate_all(engine(None), 4)  # warm-up: compiled steps, caches
-    plain, plain_s = _generate_all(engine(None), max_tokens)
+    reference = engine(None)
+    _generate_all(reference, 4)  # warm-up: compiled steps, caches
+    plain, plain_s = _generate_all(reference, max_tokens)
+    del reference  # its weights go before the next engine loads its own
     tokens = sum(len(a) for a in plain)
     out = []
     for k in draft_tokens:
@@ -515,6 +517,7 @@ def measure_acceptance(
         answers, seconds = _generate_all(spec, max_tokens)  # counted from here
         rounds, accepted = stats.rounds - rounds, stats.accepted - accepted
         drafted = stats.drafted - drafted
+        del spec
         generated = sum(len(a) for a in answers)
         out.append(
             AcceptanceResult(
