@@ -52,10 +52,14 @@ def synth(
 ) -> None:
     """Write a synthetic artifact: random valid codes and scales, no checkpoint needed."""
     require_extra("convert", "ninfer-bench synth")
+    from ninfer_convert.errors import RecipeError
+
     from .synthetic import plan_synthetic, write_synthetic
 
     try:
         plan = plan_synthetic(geometry, formats, mtp=mtp, proposal_rows=proposal_rows)
+    except RecipeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--formats") from None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--proposal-rows") from None
     parts = ", ".join(f"{c} {b / 1e9:.3f}" for c, b in plan.bytes_by_component().items())

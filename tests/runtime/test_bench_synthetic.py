@@ -139,3 +139,11 @@ def test_cli_plan_only_names_the_mtp_bytes(tmp_path):
     assert bad.exit_code == 2 and "needs the mtp component" in bad.output, bad.output
     big = CliRunner().invoke(main, [*args, "-o", "x", "--proposal-rows", "300000"])
     assert big.exit_code == 2 and "0..248320" in big.output, big.output
+
+
+def test_cli_unknown_formats_is_a_usage_error():
+    args = ["synth", "--geometry", "tiny_dense", "--formats", "nope", "-o", "x", "--plan-only"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --formats: unknown recipe 'nope'" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
