@@ -52,9 +52,7 @@ def synth(
 ) -> None:
     """Write a synthetic artifact: random valid codes and scales, no checkpoint needed."""
     require_extra("convert", "ninfer-bench synth")
-    from ninfer_convert.errors import RecipeError
-
-    from .synthetic import plan_synthetic, write_synthetic
+    from .synthetic import RecipeError, plan_synthetic, write_synthetic
 
     try:
         plan = plan_synthetic(geometry, formats, mtp=mtp, proposal_rows=proposal_rows)

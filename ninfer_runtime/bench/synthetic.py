@@ -21,7 +21,8 @@ lists it (every shipped recipe does). With MTP, the indexed proposal head (spec 
 Ns - 1 (the synthetic tokenizer's tokens first); Ns defaults to ``DEFAULT_ROWS`` capped by
 the vocabulary.
 
-Provenance records ``"synthetic": true`` with the geometry, recipe and seed.
+Provenance records ``"synthetic": true`` with the geometry, recipe, seed, components and
+proposal rows.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ninfer_convert.adapters import LogicalTensor, SourcePiece
+from ninfer_convert.errors import RecipeError
 from ninfer_convert.plan import (
     Auxiliary,
     Parent,
@@ -62,6 +64,8 @@ from ninfer_format.progress import ProgressBar, silent
 from ninfer_format.writer import place_objects
 
 from .geometries import GEOMETRIES
+
+__all__ = ["RecipeError", "plan_synthetic", "write_synthetic"]  # RecipeError: for the CLI
 
 #: bytes per ``write`` call (and per generated temporary)
 CHUNK_BYTES = 4 << 20
