@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -27,22 +28,56 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="overwrite an existing artifact")
 @click.option("--plan-only", is_flag=True, help="print the planned size, write nothing")
+@click.option(
+    "--mtp/--no-mtp",
+    default=True,
+    show_default=True,
+    help="write the recipe's MTP component (the drafter of --spec mtp)",
+)
+@click.option(
+    "--proposal-rows",
+    type=int,
+    help="rows of the indexed proposal head (default: 131072 capped by the vocabulary when "
+    "there is an MTP component; 0: none)",
+)
 def synth(
-    geometry: str, formats: str, output: str, seed: int, force: bool, plan_only: bool
+    geometry: str,
+    formats: str,
+    output: str,
+    seed: int,
+    force: bool,
+    plan_only: bool,
+    mtp: bool,
+    proposal_rows: int | None,
 ) -> None:
     """Write a synthetic artifact: random valid codes and scales, no checkpoint needed."""
     require_extra("convert", "ninfer-bench synth")
-    from .synthetic import plan_synthetic, write_synthetic
+    from .synthetic import RecipeError, plan_synthetic, write_synthetic
 
-    plan = plan_synthetic(geometry, formats)
+    try:
+        plan = plan_synthetic(geometry, formats, mtp=mtp, proposal_rows=proposal_rows)
+    except RecipeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--formats") from None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--proposal-rows") from None
+    parts = ", ".join(f"{c} {b / 1e9:.3f}" for c, b in plan.bytes_by_component().items())
     click.echo(
         f"{geometry} / {plan.recipe.name}: {len(plan.parents)} weight objects, "
-        f"{plan.payload_bytes / 1e9:.3f} GB planned"
+        f"{plan.payload_bytes / 1e9:.3f} GB planned ({parts} GB)"
     )
     if plan_only:
         return
     try:
-        report = write_synthetic(output, geometry, formats, seed, force, progress=terminal_bar)
+        report = write_synthetic(
+            output,
+            geometry,
+            formats,
+            seed,
+            force,
+            mtp=mtp,
+            proposal_rows=proposal_rows,
+            progress=terminal_bar,
+        )
     except TargetExists:
         raise click.ClickException(f"{output}: already exists; add --force to replace it") from None
     except (ArtifactError, OSError) as exc:
@@ -61,6 +96,10 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
     if not values or min(values) < 1:
         raise click.BadParameter(f"expected comma-separated positive integers, got {text!r}")
     return values
+
+
+def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) -> list[int] | None:
+    return None if text is None else _ints(ctx, param, text)
 
 
 @main.command()
@@ -89,6 +128,32 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
     "--commit",
     help="the source commit --record names (default: git describe of the source tree)",
 )
+@click.option(
+    "--spec",
+    type=click.Choice(["off", "mtp", "dflash", "dflash2"]),
+    default="off",
+    show_default=True,
+    help="also time speculative rounds of this drafter against the plain step",
+)
+@click.option(
+    "--draft-tokens",
+    callback=_ints_or_none,
+    help="draft tokens per round, comma-separated  [default with --spec mtp: 1,2,3,4,5]",
+)
+@click.option("--rounds", type=int, default=16, show_default=True, help="timed rounds (median)")
+@click.option(
+    "--measure-acceptance",
+    is_flag=True,
+    help="with --spec mtp: greedy answers to the demo prompts through the engine, with and "
+    "without rounds (meaningful on a model whose MTP head is trained)",
+)
+@click.option(
+    "--answer-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="with --measure-acceptance: the most tokens of each answer",
+)
 def run(
     artifact: str,
     backend: str,
@@ -102,13 +167,20 @@ def run(
     json_out: str | None,
     record: str | None,
     commit: str | None,
+    spec: str,
+    draft_tokens: list[int] | None,
+    rounds: int,
+    measure_acceptance: bool,
+    answer_tokens: int,
 ) -> None:
-    """Decode and prefill rates of ARTIFACT beside their floors.
+    """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
+    rounds against the plain step.
 
     \b
     Example (27B shapes, q4/q5 weights, on the GPU):
       ninfer-bench synth --geometry qwen3_6_27b --formats qwen3_6_27b -o 27b.ninfer
       ninfer-bench run 27b.ninfer --record docs/performance.md
+      ninfer-bench run 27b.ninfer --spec mtp --prefill 0 --record docs/performance.md
     """
     import json
     import os
@@ -123,11 +195,18 @@ def run(
 
     if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
         raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
+    drafts = _draft_tokens(spec, draft_tokens, measure_acceptance)
     started = time.perf_counter()
     try:
-        runner = ModelRunner(load_model(Artifact.open(artifact), backend))
+        opened = Artifact.open(artifact)
+        runner = ModelRunner(load_model(opened, backend))
     except (ArtifactError, EngineError) as exc:
         raise click.ClickException(str(exc)) from None
+    if drafts and not runner.model.has_mtp:
+        raise click.ClickException(
+            f"{artifact}: the artifact has no mtp component; --spec mtp needs one "
+            "(ninfer-bench synth writes it unless --no-mtp)"
+        )
     click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
     xp = runner.backend.xp
     bandwidth = M.copy_bandwidth(xp)
@@ -137,16 +216,22 @@ def run(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
         f"{'floor ms':>8} {'% floor':>7}"
     )
+    plain: dict[tuple[int, int], float] = {}
     for context in contexts:
         for n in lanes:
             r = M.decode_rate(
                 runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype
             )
+            plain[n, context] = r.step_ms
             rows.append({"kind": "decode", **M.as_row(r)})
             click.echo(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
                 f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
             )
+    if drafts:
+        rows += _spec_tables(runner, drafts, plain, rounds, bandwidth, kv_dtype)
+    if measure_acceptance:
+        rows += _acceptance_table(opened, backend, drafts, answer_tokens, kv_dtype)
     if prefill:
         rate = M.matmul_rate(xp)
         p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate)
@@ -170,6 +255,110 @@ def run(
         context = R.run_context(xp, artifact, kv_dtype, bandwidth, commit)
         R.append(record, R.markdown(rows, context))
         click.echo(f"recorded in {record}")
+
+
+def _draft_tokens(spec: str, given: list[int] | None, acceptance: bool) -> list[int]:
+    """The K values to time: none without --spec; 1..5 by default with --spec mtp."""
+    from ..errors import EngineError
+    from ..speculative import MAX_DRAFT_TOKENS, SpecConfig
+
+    if spec == "off":
+        if given is not None or acceptance:
+            option = "--draft-tokens" if given is not None else "--measure-acceptance"
+            raise click.BadParameter(f"{option} needs --spec mtp", param_hint="--spec")
+        return []
+    drafts = given or list(range(1, MAX_DRAFT_TOKENS + 1))
+    try:
+        for k in drafts:
+            SpecConfig(method=spec, draft_tokens=k)
+    except EngineError as exc:
+        hint = "--spec" if "method" in str(exc) else "--draft-tokens"
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    return drafts
+
+
+def _spec_tables(
+    runner: Any,
+    drafts: list[int],
+    plain: dict[tuple[int, int], float],
+    rounds: int,
+    bandwidth: float,
+    kv_dtype: str,
+) -> list[dict]:
+    """A round of each K at each (lanes, context) against the plain step, then a draft
+    step's cost with the proposal head and with the full vocabulary."""
+    from . import measure as M
+
+    rows: list[dict] = []
+    rates = "".join(f" {f'a={a:g}':>14}" for a in M.ACCEPTANCE_RATES)
+    click.echo(
+        "speculative rounds (draft + verify + commit); tok/s (speed-up) at per-position "
+        "acceptance a"
+    )
+    click.echo(
+        f"{'lanes':>5} {'context':>7} {'K':>2} {'ms/step':>8} {'ms/round':>8} {'ratio':>6} "
+        f"{'GB/round':>8} {'floor ms':>8} {'% floor':>7} {'plain tok/s':>11}{rates}"
+    )
+    for (n, context), step_ms in plain.items():
+        for k in drafts:
+            r = M.spec_round_rate(
+                runner, n, context, k, step_ms=step_ms, floor_bw=bandwidth, rounds=rounds,
+                kv_dtype=kv_dtype,
+            )  # fmt: skip
+            rows.append({"kind": "spec", **M.as_row(r)})
+            implied = "".join(
+                f" {f'{r.tokens_per_s(a):.1f} ({r.speedup(a):.2f}x)':>14}"
+                for a in M.ACCEPTANCE_RATES
+            )
+            click.echo(
+                f"{n:>5} {context:>7} {k:>2} {r.step_ms:>8.2f} {r.round_ms:>8.2f} "
+                f"{r.ratio:>5.2f}x {r.bytes_per_round / 1e9:>8.2f} {r.floor_ms:>8.2f} "
+                f"{r.percent_of_floor:>6.1f}% {r.plain_tokens_per_s:>11.1f}{implied}"
+            )
+    if runner.model.proposal_head is None:
+        click.echo("no proposal head: draft steps score the full vocabulary")
+        return rows
+    click.echo("one draft step (MTP block + head): proposal rows (optimized) vs full vocabulary")
+    click.echo(
+        f"{'lanes':>5} {'context':>7} {'rows':>7} {'opt ms':>8} {'floor ms':>8} "
+        f"{'full ms':>8} {'floor ms':>8} {'saved':>6}"
+    )
+    for n, context in plain:
+        d = M.draft_step_rate(runner, n, context, floor_bw=bandwidth, kv_dtype=kv_dtype)
+        rows.append({"kind": "draft", **M.as_row(d)})
+        click.echo(
+            f"{n:>5} {context:>7} {d.proposal_rows:>7} {d.optimized_ms:>8.3f} "
+            f"{d.optimized_floor_ms:>8.3f} {d.full_ms:>8.3f} {d.full_floor_ms:>8.3f} "
+            f"{100 * (1 - d.optimized_ms / d.full_ms):>5.0f}%"
+        )
+    return rows
+
+
+def _acceptance_table(
+    artifact: Any, backend: str, drafts: list[int], answer_tokens: int, kv_dtype: str
+) -> list[dict]:
+    """Measured acceptance and tok/s of greedy answers to the demo prompts, per K."""
+    from . import measure as M
+
+    results = M.measure_acceptance(
+        artifact, backend, drafts, max_tokens=answer_tokens, kv_dtype=kv_dtype
+    )
+    click.echo(
+        f"measured on {len(M.DEMO_PROMPTS)} demo prompts (greedy, one lane, through the engine)"
+    )
+    click.echo(
+        f"{'K':>2} {'tokens':>6} {'accepted':>8} {'tok/round':>9} {'tok/s':>8} "
+        f"{'plain tok/s':>11} {'speed-up':>8} {'same tokens':>11}"
+    )
+    rows = []
+    for a in results:
+        rows.append({"kind": "acceptance", **M.as_row(a)})
+        click.echo(
+            f"{a.draft_tokens:>2} {a.tokens:>6} {100 * a.acceptance:>7.1f}% "
+            f"{a.tokens_per_round:>9.2f} {a.tokens_per_s:>8.1f} {a.plain_tokens_per_s:>11.1f} "
+            f"{a.speedup:>7.2f}x {'yes' if a.same_tokens else 'NO':>11}"
+        )
+    return rows
 
 
 if __name__ == "__main__":

@@ -16,12 +16,18 @@ from typing import Any
 
 import numpy as np
 
+from ..models.batch import Batch, DecodeIndex
 from ..models.qwen3_5.mlp import SparseMoe
 from ..runner import ModelRunner
 from ..state import store_kv
 
-#: bytes of the buffer the copy-bandwidth probe copies (well beyond the 50 MB L2)
+#: bytes of the buffer the copy-bandwidth probe copies: well beyond the GPU's 50 MB L2, and
+#: beyond a CPU's last-level cache (a 2 GiB copy on the CPU took most of a tiny CPU run)
 COPY_BYTES = 2 << 30
+CPU_COPY_BYTES = 128 << 20
+
+#: per-position acceptance rates at which the speculative table gives the implied tok/s
+ACCEPTANCE_RATES = (0.0, 0.5, 0.68, 0.8, 1.0)
 
 
 @dataclass
@@ -36,6 +42,84 @@ class DecodeResult:
     @property
     def percent_of_floor(self) -> float:
         return 100 * self.floor_ms / self.step_ms
+
+
+def expected_tokens(rate: float, draft_tokens: int) -> float:
+    """Tokens a lane gains per round when each draft is accepted with probability ``rate``
+    (given the ones before it): sum of rate**j for j = 0..K."""
+    return sum(rate**j for j in range(draft_tokens + 1))
+
+
+@dataclass
+class SpecResult:
+    """A speculative round (``speculate`` + ``commit``) against a plain decode step."""
+
+    lanes: int
+    context: int
+    draft_tokens: int
+    step_ms: float
+    round_ms: float
+    bytes_per_round: int
+    floor_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.round_ms / self.step_ms
+
+    @property
+    def percent_of_floor(self) -> float:
+        return 100 * self.floor_ms / self.round_ms
+
+    @property
+    def plain_tokens_per_s(self) -> float:
+        return 1e3 * self.lanes / self.step_ms
+
+    def tokens_per_s(self, rate: float) -> float:
+        """What rounds give at per-position acceptance ``rate``."""
+        return 1e3 * self.lanes * expected_tokens(rate, self.draft_tokens) / self.round_ms
+
+    def speedup(self, rate: float) -> float:
+        return self.tokens_per_s(rate) / self.plain_tokens_per_s
+
+
+@dataclass
+class DraftStepResult:
+    """One MTP draft step (block + head) scoring the proposal rows and the full vocabulary."""
+
+    lanes: int
+    context: int
+    proposal_rows: int
+    optimized_ms: float
+    full_ms: float
+    optimized_bytes: int
+    full_bytes: int
+    floor_bw: float
+
+    @property
+    def optimized_floor_ms(self) -> float:
+        return 1e3 * self.optimized_bytes / self.floor_bw
+
+    @property
+    def full_floor_ms(self) -> float:
+        return 1e3 * self.full_bytes / self.floor_bw
+
+
+@dataclass
+class AcceptanceResult:
+    """Greedy generation of the demo prompts with rounds of K drafts and without."""
+
+    draft_tokens: int
+    prompts: int
+    tokens: int
+    acceptance: float
+    tokens_per_round: float
+    tokens_per_s: float
+    plain_tokens_per_s: float
+    same_tokens: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.tokens_per_s / self.plain_tokens_per_s
 
 
 @dataclass
@@ -71,13 +155,14 @@ def _median_seconds(xp: Any, fn: Any, repeats: int = 5) -> float:
 
 def copy_bandwidth(xp: Any) -> float:
     """Bytes per second read plus written by a large device-to-device copy."""
-    src = xp.ones(COPY_BYTES // 4, dtype=xp.float32)
+    size = COPY_BYTES if hasattr(xp, "cuda") else CPU_COPY_BYTES
+    src = xp.ones(size // 4, dtype=xp.float32)
     dst = xp.empty_like(src)
 
     def copy() -> None:
         dst[...] = src
 
-    return 2 * COPY_BYTES / _median_seconds(xp, copy)
+    return 2 * size / _median_seconds(xp, copy)
 
 
 def matmul_rate(xp: Any) -> float:
@@ -102,30 +187,80 @@ def _weights_of(block: Any) -> list[Any]:
     return [v for v in vars(block).values() if hasattr(v, "shape") and len(v.shape) == 2]
 
 
-def decode_step_bytes(model: Any, lanes: int, context: int, kv_dtype: str = "float32") -> int:
-    """Bytes one decode step of ``lanes`` lanes at ``context`` tokens must move."""
-    total = weight_bytes(model.output_head) + lanes * weight_bytes(model.token_embedding) // (
-        model.config.vocab
-    )
-    for layer in model.layers:
-        total += sum(weight_bytes(w) for w in _weights_of(layer.mixer))
-        if isinstance(layer.ffn, SparseMoe):
-            m = layer.ffn.weights
-            experts = len(m.experts)
-            # distinct experts a batch touches, on average, with uniform routing
-            touched = experts * (1 - (1 - m.top_k / experts) ** lanes)
-            per_expert = sum(weight_bytes(w) for w in vars(m.experts[0]).values())
-            shared = sum(weight_bytes(w) for w in vars(m.shared).values())
-            total += int(touched * per_expert) + shared
-            total += weight_bytes(m.router) + weight_bytes(m.shared_score)
-        else:
-            total += sum(weight_bytes(w) for w in _weights_of(layer.ffn))
-    specs, _ = model.state_specs()
+def _layer_bytes(layer: Any, rows: int) -> int:
+    """Weight bytes one decoder layer reads for a batch of ``rows`` rows."""
+    total = sum(weight_bytes(w) for w in _weights_of(layer.mixer))
+    if isinstance(layer.ffn, SparseMoe):
+        m = layer.ffn.weights
+        experts = len(m.experts)
+        # distinct experts a batch touches, on average, with uniform routing
+        touched = experts * (1 - (1 - m.top_k / experts) ** rows)
+        per_expert = sum(weight_bytes(w) for w in vars(m.experts[0]).values())
+        shared = sum(weight_bytes(w) for w in vars(m.shared).values())
+        total += int(touched * per_expert) + shared
+        total += weight_bytes(m.router) + weight_bytes(m.shared_score)
+    else:
+        total += sum(weight_bytes(w) for w in _weights_of(layer.ffn))
+    return total
+
+
+def _main_weight_bytes(model: Any, rows: int) -> int:
+    """The main model's weights for ``rows`` rows: every layer, the head, embedding rows."""
+    embedding_row = weight_bytes(model.token_embedding) // model.config.vocab
+    layers = sum(_layer_bytes(layer, rows) for layer in model.layers)
+    return weight_bytes(model.output_head) + rows * embedding_row + layers
+
+
+def _context_bytes(model: Any, lanes: int, context: int, kv_dtype: str) -> int:
+    """Each lane's K/V up to ``context`` tokens read, its GDN states read and written."""
     from ..state import ContextPool
 
+    specs, _ = model.state_specs()
     per_token = ContextPool.page_bytes_of(specs, None, 1, kv_dtype)
-    states = ContextPool.slot_bytes_of(specs)
-    return int(total + lanes * (context * per_token + 2 * states))
+    return lanes * (context * per_token + 2 * ContextPool.slot_bytes_of(specs))
+
+
+def decode_step_bytes(model: Any, lanes: int, context: int, kv_dtype: str = "float32") -> int:
+    """Bytes one decode step of ``lanes`` lanes at ``context`` tokens must move."""
+    return int(_main_weight_bytes(model, lanes) + _context_bytes(model, lanes, context, kv_dtype))
+
+
+def draft_head(model: Any, optimized: bool) -> Any:
+    """The head a draft step scores with: the proposal rows when asked and present."""
+    if optimized and model.proposal_head is not None:
+        return model.proposal_head
+    return model.output_head
+
+
+def draft_step_bytes(
+    model: Any, lanes: int, context: int, kv_dtype: str = "float32", *, optimized: bool = True
+) -> int:
+    """Bytes one MTP draft step moves: the block's weights (input projection and its decoder
+    layer), its K/V up to ``context`` per lane, and the head it scores with."""
+    from ..state import ContextPool
+
+    _, mtp = model.state_specs()
+    block = model.mtp.block
+    weights = weight_bytes(model.mtp.input_projection) + _layer_bytes(block, lanes)
+    kv = lanes * context * ContextPool.page_bytes_of([], mtp, 1, kv_dtype)
+    return int(weights + kv + weight_bytes(draft_head(model, optimized)))
+
+
+def round_bytes(
+    model: Any,
+    lanes: int,
+    context: int,
+    draft_tokens: int,
+    kv_dtype: str = "float32",
+    *,
+    optimized: bool = True,
+) -> int:
+    """Bytes one speculative round moves: K draft steps, then one verification of K+1 rows
+    per lane (the main weights read once, each lane's K/V and GDN states as a decode step)."""
+    rows = lanes * (draft_tokens + 1)
+    verify = _main_weight_bytes(model, rows) + _context_bytes(model, lanes, context, kv_dtype)
+    draft = draft_step_bytes(model, lanes, context, kv_dtype, optimized=optimized)
+    return int(verify + draft_tokens * draft)
 
 
 def prefill_flops(model: Any, tokens: int) -> float:
@@ -209,8 +344,194 @@ def prefill_rate(
     return PrefillResult(tokens, chunk, tokens / seconds, seconds, flops, flops / flop_rate)
 
 
-def as_row(result: DecodeResult | PrefillResult) -> dict[str, Any]:
-    return {**asdict(result), "percent_of_floor": result.percent_of_floor}
+def as_row(result: Any) -> dict[str, Any]:
+    """A result's fields and derived figures (its properties), as ``--json`` writes them."""
+    derived = {
+        n: getattr(result, n) for n, v in vars(type(result)).items() if isinstance(v, property)
+    }
+    row = {**asdict(result), **derived}
+    if isinstance(result, SpecResult):
+        row["tokens_per_s_at"] = {f"{a:g}": result.tokens_per_s(a) for a in ACCEPTANCE_RATES}
+        row["speedup_at"] = {f"{a:g}": result.speedup(a) for a in ACCEPTANCE_RATES}
+    return row
+
+
+# ------------------------------------------------------------------ speculative decoding
+def _speculating_pool(
+    runner: ModelRunner, lanes: int, room: int, draft_tokens: int, kv_dtype: str, seed: int
+) -> tuple[Any, list[Any]]:
+    """A pool of ``lanes`` sequences of ``room`` tokens for rounds of ``draft_tokens``,
+    random K/V, states and kept hidden rows."""
+    xp = runner.backend.xp
+    pool = runner.new_pool(
+        lanes=lanes, max_context=room, kv_dtype=kv_dtype, draft_tokens=draft_tokens
+    )
+    states = [pool.open(room) for _ in range(lanes)]
+    _fill_random(pool, xp, seed)
+    rng = np.random.default_rng(seed)
+    pool.draft_hidden[...] = xp.asarray(rng.standard_normal(pool.draft_hidden.shape), xp.float32)
+    return pool, states
+
+
+def spec_round_rate(
+    runner: ModelRunner,
+    lanes: int,
+    context: int,
+    draft_tokens: int,
+    *,
+    step_ms: float,
+    floor_bw: float,
+    rounds: int = 16,
+    warmup: int = 3,
+    kv_dtype: str = "float32",
+    optimized_head: bool = True,
+) -> SpecResult:
+    """Median time of a round (``speculate`` then ``commit``) of ``lanes`` lanes at
+    ``context`` tokens, against a plain step of ``step_ms``. Every round commits all its
+    drafts (the most the commit replays) so the lanes advance by K+1 tokens a round."""
+    k = draft_tokens
+    room = context + (warmup + rounds + 1) * (k + 1)
+    _, states = _speculating_pool(runner, lanes, room, k, kv_dtype, lanes * 7919 + context + k)
+    for s in states:  # as if the prompt's `context` tokens were read, MTP entries included
+        s.length, s.mtp_length, s.draft_carry = context, context - 1, []
+    pending = np.random.default_rng(k).integers(0, runner.model.config.vocab, lanes)
+    xp, times = runner.backend.xp, []
+    for _ in range(warmup + rounds):
+        _sync(xp)
+        start = time.perf_counter()
+        proposal = runner.speculate(states, pending, k, optimized_head=optimized_head)
+        runner.commit(states, [list(d) for d in proposal.drafts])
+        _sync(xp)
+        times.append(time.perf_counter() - start)
+        pending = proposal.targets[:, k]
+    round_ms = 1e3 * float(np.median(times[warmup:]))
+    moved = round_bytes(runner.model, lanes, context, k, kv_dtype, optimized=optimized_head)
+    return SpecResult(lanes, context, k, step_ms, round_ms, moved, 1e3 * moved / floor_bw)
+
+
+def draft_step_rate(
+    runner: ModelRunner,
+    lanes: int,
+    context: int,
+    *,
+    floor_bw: float,
+    repeats: int = 16,
+    kv_dtype: str = "float32",
+) -> DraftStepResult:
+    """One MTP draft step of ``lanes`` lanes at ``context`` MTP entries (the block, then its
+    most likely token), compiled as the round's steps are, scoring the proposal head's rows
+    and the full vocabulary."""
+    model, be = runner.model, runner.backend
+    xp = be.xp
+    room = context + 2
+    pool, _ = _speculating_pool(runner, lanes, room, 1, kv_dtype, lanes + context)
+    hidden = xp.ascontiguousarray(pool.draft_hidden[:lanes, 0])
+    table = model.rope_table(room + 1)
+    args = (
+        np.arange(lanes, dtype=np.int32),
+        np.full(lanes, context, dtype=np.int32),
+        np.random.default_rng(lanes).integers(0, model.config.vocab, lanes).astype(np.int32),
+    )
+
+    def ms(optimized: bool) -> float:
+        def step(slots: Any, entries: Any, ids: Any) -> Any:
+            index = DecodeIndex(slots, entries, pool.page_table)
+            cos, sin = (table[0][entries + 1], table[1][entries + 1]) if table else (None, None)
+            x = model.mtp_hidden(hidden, ids, Batch((), cos, sin, index), pool.mtp)
+            return model.propose(x, optimized=optimized)
+
+        compiled = be.compile_step(step, [(lanes,)] * 3)
+        return 1e3 * _median_seconds(xp, lambda: compiled(*args), repeats)
+
+    rows = model.proposal_head.shape[0] if model.proposal_head is not None else 0
+    return DraftStepResult(
+        lanes,
+        context,
+        rows,
+        ms(True),
+        ms(False),
+        draft_step_bytes(model, lanes, context, kv_dtype, optimized=True),
+        draft_step_bytes(model, lanes, context, kv_dtype, optimized=False),
+        floor_bw,
+    )
+
+
+#: the demo prompts acceptance is measured on (chat messages, greedy)
+DEMO_PROMPTS = (
+    "What is the capital of France?",
+    "Hello!",
+    "What is two plus two?",
+    "Tell me a joke.",
+)
+
+
+def _generate_all(engine: Any, max_tokens: int) -> tuple[list[list[int]], float]:
+    """Greedy answers to the demo prompts, one at a time: their token ids and decode seconds."""
+    from ..engine import Finished, GenerationRequest, TokenEvent
+    from ..frontend.sampling import SamplingParams
+
+    answers, seconds = [], 0.0
+    for prompt in DEMO_PROMPTS:
+        request = GenerationRequest(
+            messages=[{"role": "user", "content": prompt}],
+            sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        )
+        ids = []
+        for event in engine.generate(request):
+            if isinstance(event, TokenEvent):
+                ids.append(event.token_id)
+            elif isinstance(event, Finished):
+                seconds += event.decode_seconds
+        answers.append(ids)
+    return answers, seconds
+
+
+def measure_acceptance(
+    artifact: Any,
+    backend: str,
+    draft_tokens: list[int],
+    *,
+    max_tokens: int = 64,
+    kv_dtype: str = "float32",
+) -> list[AcceptanceResult]:
+    """Measured acceptance and tok/s of greedy generation on ``DEMO_PROMPTS`` through an
+    ``Engine`` with rounds of each K in ``draft_tokens``, against the same without."""
+    from ..engine import Engine
+    from ..speculative import SpecConfig
+
+    def engine(spec: SpecConfig | None) -> Engine:
+        return Engine(artifact, backend=backend, max_lanes=1, kv_dtype=kv_dtype, spec=spec)
+
+    reference = engine(None)
+    _generate_all(reference, 4)  # warm-up: compiled steps, caches
+    plain, plain_s = _generate_all(reference, max_tokens)
+    del reference  # its weights go before the next engine loads its own
+    tokens = sum(len(a) for a in plain)
+    out = []
+    for k in draft_tokens:
+        spec = engine(SpecConfig(draft_tokens=k))
+        _generate_all(spec, 4)
+        stats = spec.spec_stats
+        assert stats is not None
+        rounds, accepted, drafted = stats.rounds, stats.accepted, stats.drafted
+        answers, seconds = _generate_all(spec, max_tokens)  # counted from here
+        rounds, accepted = stats.rounds - rounds, stats.accepted - accepted
+        drafted = stats.drafted - drafted
+        del spec
+        generated = sum(len(a) for a in answers)
+        out.append(
+            AcceptanceResult(
+                k,
+                len(DEMO_PROMPTS),
+                generated,
+                accepted / drafted if drafted else 0.0,
+                1 + accepted / rounds if rounds else 0.0,
+                generated / seconds,
+                tokens / plain_s,
+                answers == plain,
+            )
+        )
+    return out
 
 
 #: backend ops the profile takes out one at a time, with the shape of what each returns

@@ -2,8 +2,9 @@
 
 A record names what the numbers depend on: the date, the device, the source commit (or the
 installed version outside a git checkout), the artifact, the K/V storage and the measured
-copy bandwidth; then the decode table, the prefill line and the profile, as the CLI printed
-them. Sections are appended, so a file such as ``docs/performance.md`` keeps every run.
+copy bandwidth; then the decode table, the speculative tables (``--spec mtp``), the prefill
+line and the profile, as the CLI printed them. Sections are appended, so a file such as
+``docs/performance.md`` keeps every run.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
             for r in decode
         ]
         lines.append("")
+    lines += _spec_lines(rows)
     for r in rows:
         if r["kind"] == "prefill":
             lines += [
@@ -113,6 +115,66 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
             )
             lines += [f"Profile, {r['lanes']} lane(s), ms per step (ablation): {spent}.", ""]
     return "\n".join(lines)
+
+
+def _spec_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The speculative tables: rounds against the plain step, draft steps, acceptance."""
+    lines: list[str] = []
+    spec = [r for r in rows if r["kind"] == "spec"]
+    if spec:
+        rates = list(spec[0]["tokens_per_s_at"])
+        lines += [
+            "Speculative rounds (draft + verify + commit); tok/s (speed-up over the plain "
+            "step) at per-position acceptance a:",
+            "",
+            "| lanes | context | K | ms/step | ms/round | ratio | GB/round | floor ms "
+            "| % of floor | plain tok/s | " + " | ".join(f"a={a}" for a in rates) + " |",
+            "|---:" * (10 + len(rates)) + "|",
+        ]
+        lines += [
+            f"| {r['lanes']} | {r['context']} | {r['draft_tokens']} | {r['step_ms']:.2f} "
+            f"| {r['round_ms']:.2f} | {r['ratio']:.2f}x | {r['bytes_per_round'] / 1e9:.2f} "
+            f"| {r['floor_ms']:.2f} | {r['percent_of_floor']:.1f}% "
+            f"| {r['plain_tokens_per_s']:.1f} | "
+            + " | ".join(
+                f"{r['tokens_per_s_at'][a]:.1f} ({r['speedup_at'][a]:.2f}x)" for a in rates
+            )
+            + " |"
+            for r in spec
+        ]
+        lines.append("")
+    draft = [r for r in rows if r["kind"] == "draft"]
+    if draft:
+        lines += [
+            "One draft step (MTP block + head), proposal rows (optimized) vs full vocabulary:",
+            "",
+            "| lanes | context | proposal rows | optimized ms | floor ms | full ms | floor ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['lanes']} | {r['context']} | {r['proposal_rows']} | {r['optimized_ms']:.3f} "
+            f"| {r['optimized_floor_ms']:.3f} | {r['full_ms']:.3f} | {r['full_floor_ms']:.3f} |"
+            for r in draft
+        ]
+        lines.append("")
+    measured = [r for r in rows if r["kind"] == "acceptance"]
+    if measured:
+        lines += [
+            f"Measured on {measured[0]['prompts']} demo prompts (greedy, one lane, engine):",
+            "",
+            "| K | tokens | acceptance | tokens/round | tok/s | plain tok/s | speed-up "
+            "| same tokens |",
+            "|---:|---:|---:|---:|---:|---:|---:|:---|",
+        ]
+        lines += [
+            f"| {r['draft_tokens']} | {r['tokens']} | {100 * r['acceptance']:.1f}% "
+            f"| {r['tokens_per_round']:.2f} | {r['tokens_per_s']:.1f} "
+            f"| {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x "
+            f"| {'yes' if r['same_tokens'] else 'no'} |"
+            for r in measured
+        ]
+        lines.append("")
+    return lines
 
 
 def append(path: str | os.PathLike[str], section: str) -> None:

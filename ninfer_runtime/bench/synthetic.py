@@ -15,7 +15,14 @@ Value distributions (so a forward pass stays finite and activations keep their s
 - ``gdn/a_log`` = log U(1, 16), ``gdn/dt_bias`` ~ N(0, 0.5), both fp32;
 - NVFP4 AllowA4 uses get an activation divisor (fp32 auxiliary) like an import would.
 
-Provenance records ``"synthetic": true`` with the geometry, recipe and seed.
+Components: text, and the MTP block (``mtp/*``, in the recipe's MTP formats) when the recipe
+lists it (every shipped recipe does). With MTP, the indexed proposal head (spec 5.6) too:
+``proposal/head`` [Ns, H] in the recipe's proposal format and ``proposal/token_ids`` = 0 ..
+Ns - 1 (the synthetic tokenizer's tokens first); Ns defaults to ``DEFAULT_ROWS`` capped by
+the vocabulary.
+
+Provenance records ``"synthetic": true`` with the geometry, recipe, seed, components and
+proposal rows.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ninfer_convert.adapters import LogicalTensor, SourcePiece
+from ninfer_convert.errors import RecipeError
 from ninfer_convert.plan import (
     Auxiliary,
     Parent,
@@ -38,7 +46,8 @@ from ninfer_convert.plan import (
     bindings_and_uses,
     plan_parents,
 )
-from ninfer_convert.recipe import Choice, Recipe, load_recipe
+from ninfer_convert.proposal import DEFAULT_ROWS
+from ninfer_convert.recipe import DEFAULT_METHOD, Choice, Recipe, load_recipe
 from ninfer_format import ArtifactWriter, ResourceSpec, TensorSpec
 from ninfer_format.binders.qwen3_5 import (
     ARCHITECTURE_OF,
@@ -55,6 +64,8 @@ from ninfer_format.progress import ProgressBar, silent
 from ninfer_format.writer import place_objects
 
 from .geometries import GEOMETRIES
+
+__all__ = ["RecipeError", "plan_synthetic", "write_synthetic"]  # RecipeError: for the CLI
 
 #: bytes per ``write`` call (and per generated temporary)
 CHUNK_BYTES = 4 << 20
@@ -78,6 +89,7 @@ class SyntheticPlan:
     uses: list[dict[str, Any]]
     resources: dict[str, bytes]
     specs: list[TensorSpec | ResourceSpec]
+    proposal_rows: int = 0
 
     @property
     def objects(self) -> list[dict[str, Any]]:
@@ -92,6 +104,15 @@ class SyntheticPlan:
     @property
     def weight_bytes(self) -> int:
         return sum(r["bytes"] for r in self.objects if r["kind"] == "tensor")
+
+    def bytes_by_component(self) -> dict[str, int]:
+        """Weight bytes per component (``text``, ``mtp``, ``proposal``), auxiliaries aside."""
+        sizes = {r["id"]: r["bytes"] for r in self.objects}
+        out: dict[str, int] = {}
+        for p in self.parents:
+            component = p.members[0].name.split("/", 1)[0]
+            out[component] = out.get(component, 0) + sizes[p.id]
+        return out
 
     def bytes_by_format(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -203,19 +224,55 @@ def _stacking(recipe: Recipe) -> Callable[[Sequence[LogicalTensor], Choice], int
     return stacking
 
 
-def plan_synthetic(geometry: str, formats: str | Recipe) -> SyntheticPlan:
-    """Parents, bindings, uses, auxiliaries and object specs, without generating any bytes."""
+def proposal_rows_for(geometry: str, rows: int | None, mtp: bool) -> int:
+    """Rows of the synthetic proposal head: ``rows`` as asked (0: none), by default
+    ``DEFAULT_ROWS`` capped by the vocabulary when there is a drafter to read it."""
+    vocab = int(GEOMETRIES[geometry]["vocab_size"])
+    if rows is None:
+        return min(DEFAULT_ROWS, vocab) if mtp else 0
+    if rows and not mtp:
+        raise ValueError("a proposal head needs the mtp component (its drafter)")
+    if not 0 <= rows <= vocab:
+        raise ValueError(f"proposal rows {rows} must be in 0..{vocab} (the vocabulary)")
+    return rows
+
+
+def _logical(spec: Any) -> LogicalTensor:
+    """The parameter as a tensor of its own; the proposal's token ids are 0 .. Ns - 1."""
+    if spec.name == "proposal/token_ids":
+        ids = tuple(range(spec.shape[0]))
+        return LogicalTensor(spec.name, spec.shape, spec.role.value, (), (), constant=ids)
+    piece = (SourcePiece(spec.name),)
+    return LogicalTensor(spec.name, spec.shape, spec.role.value, spec.inputs, piece)
+
+
+def _choice(recipe: Recipe, tensor: LogicalTensor) -> Choice:
+    if tensor.name == "proposal/token_ids":
+        return Choice(format="int32", method="cast")
+    if tensor.name == "proposal/head":
+        fmt = recipe.proposal_format
+        return Choice(format=fmt, method=DEFAULT_METHOD[fmt])
+    return recipe.choice(tensor.name, tensor.role)
+
+
+def plan_synthetic(
+    geometry: str, formats: str | Recipe, *, mtp: bool = True, proposal_rows: int | None = None
+) -> SyntheticPlan:
+    """Parents, bindings, uses, auxiliaries and object specs, without generating any bytes.
+    ``mtp``: the MTP component when the recipe has one; ``proposal_rows``: see
+    ``proposal_rows_for``."""
     if geometry not in GEOMETRIES:
         raise ValueError(f"unknown geometry {geometry!r} (known: {', '.join(GEOMETRIES)})")
     recipe = _recipe(formats)
     config = dict(GEOMETRIES[geometry])
     model_type = config["model_type"]
-    comps = tuple(c for c in recipe.components if c in ("text", "mtp"))
+    comps = tuple(c for c in recipe.components if c == "text" or (c == "mtp" and mtp))
+    rows = proposal_rows_for(geometry, proposal_rows, "mtp" in comps)
     logical = {
-        s.name: LogicalTensor(s.name, s.shape, s.role.value, s.inputs, (SourcePiece(s.name),))
-        for s in expected_parameters(config, components=comps)
+        s.name: _logical(s)
+        for s in expected_parameters(config, components=comps, proposal_rows=rows or None)
     }
-    choices = {name: recipe.choice(name, t.role) for name, t in logical.items()}
+    choices = {name: _choice(recipe, t) for name, t in logical.items()}
     parents = plan_parents(logical, recipe, choices=choices, stacking=_stacking(recipe))
     bindings, uses = bindings_and_uses(parents)
 
@@ -232,6 +289,8 @@ def plan_synthetic(geometry: str, formats: str | Recipe) -> SyntheticPlan:
             "resources": {rid.rsplit("/", 1)[1]: rid for rid in resources},
         }
     }
+    if rows:
+        components["text"]["proposal"] = {"domain": "indexed", "rows": rows}
     if "mtp" in comps:
         components["mtp"] = {
             "config": {"architectures": [MTP_ARCHITECTURE_OF[model_type]]},
@@ -244,7 +303,7 @@ def plan_synthetic(geometry: str, formats: str | Recipe) -> SyntheticPlan:
     specs += [TensorSpec(a.id, a.shape, a.format, "contiguous_le_v1") for a in auxiliaries]
     return SyntheticPlan(
         geometry, recipe, config, components, logical, parents, auxiliaries, bindings, uses,
-        resources, specs,
+        resources, specs, rows,
     )  # fmt: skip
 
 
@@ -390,13 +449,11 @@ def _direct(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.nda
                 x *= np.float32(1.0 / math.sqrt(columns))
                 yield _bf16_words(x) if fmt == "bf16" else x.astype("<f4")
             continue
+        if fmt == "int32":  # the proposal's token ids
+            yield np.asarray(member.constant or np.zeros(member.shape), dtype="<i4")
+            continue
         values = _vector_values(member.name, member.shape, rng).astype(np.float32)
-        if fmt == "bf16":
-            yield _bf16_words(values)
-        elif fmt == "fp32":
-            yield values.astype("<f4")
-        else:
-            yield np.zeros(member.shape, dtype="<i4")
+        yield _bf16_words(values) if fmt == "bf16" else values.astype("<f4")
 
 
 def parent_chunks(parent: Parent, seed: int) -> Iterator[bytes | np.ndarray]:
@@ -437,14 +494,17 @@ def write_synthetic(
     seed: int = 0,
     overwrite: bool = False,
     *,
+    mtp: bool = True,
+    proposal_rows: int | None = None,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: ProgressBar = silent,
 ) -> SynthesisReport:
-    """Write a synthetic artifact of ``geometry`` with the formats of recipe ``formats``;
-    ``progress`` shows the weight bytes written (``terminal_bar`` draws a bar)."""
+    """Write a synthetic artifact of ``geometry`` with the formats of recipe ``formats``
+    (``mtp``, ``proposal_rows``: as ``plan_synthetic``); ``progress`` shows the weight bytes
+    written (``terminal_bar`` draws a bar)."""
     started = time.perf_counter()
     path = Path(path)
-    plan = plan_synthetic(geometry, formats)
+    plan = plan_synthetic(geometry, formats, mtp=mtp, proposal_rows=proposal_rows)
     provenance = {
         "converter": "ninfer-bench synth",
         "synthetic": True,
@@ -452,6 +512,8 @@ def write_synthetic(
         "geometry": geometry,
         "recipe": plan.recipe.name,
         "seed": seed,
+        "components": sorted(plan.components),
+        "proposal_rows": plan.proposal_rows,
     }
     sizes = {r["id"]: r["bytes"] for r in plan.objects}
     total = sum(sizes.values())

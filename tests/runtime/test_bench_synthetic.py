@@ -91,3 +91,59 @@ def test_cli_synth(tmp_path):
     assert again.exit_code == 1, again.output
     assert again.output.strip().endswith(f"{out}: already exists; add --force to replace it")
     assert "Traceback" not in again.output and "overwrite=True" not in again.output
+
+
+def test_tiny_synthetic_with_mtp_and_proposal_head_speculates(tmp_path):
+    out = tmp_path / "p.ninfer"
+    write_synthetic(out, "tiny_dense", "qwen3_6_27b", seed=2, proposal_rows=128)
+    with Artifact.open(out) as art:
+        assert art.binder_report.ok and not art.binder_report.warnings, art.binder_report
+        assert art.components["text"].proposal.rows == 128
+        assert "mtp" in art.components
+        np.testing.assert_array_equal(art.parameter("proposal/token_ids"), np.arange(128))
+        model = load_model(art)
+        assert model.has_mtp and model.has_proposal_head
+        runner = ModelRunner(model)
+        pool = runner.new_pool(lanes=2, max_context=32, draft_tokens=3)
+        states = [pool.open(32) for _ in range(2)]
+        for s, prompt in zip(states, ([1, 5, 42, 300], [7, 99, 3]), strict=True):
+            hidden = runner.prefill(np.array(prompt), s).hidden[0]
+            runner.mtp_prefill(hidden, np.array(prompt[1:]), s)
+        proposal = runner.speculate(states, [11, 12], 3)
+        assert proposal.drafts.shape == (2, 3) and proposal.targets.shape == (2, 4)
+        assert proposal.drafts.max() < 128  # drafted from the proposal rows only
+        runner.commit(states, [list(proposal.drafts[0, :2]), []])
+        assert [s.length for s in states] == [4 + 3, 3 + 1]
+
+
+def test_plan_counts_mtp_and_proposal_bytes():
+    plan = plan_synthetic("qwen3_6_27b", "qwen3_6_27b")
+    parts = plan.bytes_by_component()
+    assert set(parts) == {"text", "mtp", "proposal"}
+    assert 0.3e9 < parts["mtp"] < 0.6e9  # one decoder layer plus the input projection, Q8
+    assert plan.proposal_rows == 131072
+    assert plan.logical["proposal/head"].shape == (131072, 5120)
+    bare = plan_synthetic("qwen3_6_27b", "qwen3_6_27b", mtp=False)
+    assert set(bare.bytes_by_component()) == {"text"}
+    assert bare.payload_bytes + parts["mtp"] + parts["proposal"] <= plan.payload_bytes
+    # capped by the vocabulary
+    assert plan_synthetic("tiny_dense", "qwen3_6_27b").proposal_rows == 512
+
+
+def test_cli_plan_only_names_the_mtp_bytes(tmp_path):
+    args = ["synth", "--geometry", "qwen3_6_27b", "--formats", "qwen3_6_27b", "--plan-only"]
+    result = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "x.ninfer")])
+    assert result.exit_code == 0, result.output
+    assert "mtp 0.451" in result.output and "proposal 0.357" in result.output, result.output
+    bad = CliRunner().invoke(main, [*args, "-o", "x", "--no-mtp", "--proposal-rows", "8"])
+    assert bad.exit_code == 2 and "needs the mtp component" in bad.output, bad.output
+    big = CliRunner().invoke(main, [*args, "-o", "x", "--proposal-rows", "300000"])
+    assert big.exit_code == 2 and "0..248320" in big.output, big.output
+
+
+def test_cli_unknown_formats_is_a_usage_error():
+    args = ["synth", "--geometry", "tiny_dense", "--formats", "nope", "-o", "x", "--plan-only"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --formats: unknown recipe 'nope'" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
