@@ -307,7 +307,7 @@ def gdn_commit(
     ``slots[i]``) into its conv and recurrent states, token by token through ``gdn_decode``:
     the states end exactly as decoding those tokens one at a time leaves them. Every
     recorded row runs for every lane and is kept where ``j < counts[i]``, so ``counts`` is
-    never read on the host (on CuPy the commit can be captured in a CUDA graph)."""
+    never read on the host."""
     xp = _xp(states)
     keep = xp.asarray(counts)[:, None] > xp.arange(records.mixed.shape[1])[None, :]
     conv, state, local = conv_states[slots], states[slots], xp.arange(slots.shape[0])  # copies

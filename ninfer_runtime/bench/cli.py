@@ -248,6 +248,15 @@ def run(
         click.echo(f"profile, {profile_lanes} lane(s): ms per step taken by each op (ablation)")
         for name, ms in spent.items():
             click.echo(f"  {name:<18} {ms:8.3f}")
+        for k in drafts:
+            spent = M.profile_round(runner, profile_lanes, contexts[0], k)
+            rows.append({"kind": "round profile", "lanes": profile_lanes, "k": k, **spent})
+            click.echo(
+                f"round profile, {profile_lanes} lane(s), K = {k}: ms per round taken by each "
+                "op (ablation)"
+            )
+            for name, ms in spent.items():
+                click.echo(f"  {name:<18} {ms:8.3f}")
     if json_out:
         with open(json_out, "w") as f:
             json.dump(rows, f, indent=1)

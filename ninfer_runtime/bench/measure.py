@@ -547,6 +547,12 @@ PROFILED_OPS: dict[str, Any] = {
     ),
     "moe": lambda x, *_, **__: x.shape,
 }
+#: a round's ops: a decode step's, and the verification's recurrent pair
+ROUND_OPS: dict[str, Any] = {
+    **PROFILED_OPS,
+    "gdn_verify": PROFILED_OPS["gdn_decode"],
+    "gdn_commit": lambda *_, **__: (),
+}
 
 
 def profile_decode(
@@ -556,27 +562,46 @@ def profile_decode(
     replays included) is timed whole, then once with each backend op replaced by an empty
     output of the right shape; an op's share is the difference. ``rest`` is the step with
     every listed op removed (elementwise glue, embedding, K/V writes, sampling input)."""
-    be = runner.backend
-    xp = be.xp
 
     def step_ms() -> float:  # a runner of its own: a fresh capture with the ops as they are now
         fresh = ModelRunner(runner.model)
         return decode_rate(fresh, lanes, context, steps=steps, floor_bw=1.0).step_ms
 
+    return _ablate(runner.backend, PROFILED_OPS, step_ms, "step")
+
+
+def profile_round(
+    runner: ModelRunner, lanes: int, context: int, draft_tokens: int, *, rounds: int = 8
+) -> dict[str, float]:
+    """``profile_decode`` for a speculative round (``speculate`` + ``commit``), with the
+    verification's recurrent ops (``gdn_verify``, ``gdn_commit``) among the ablated ones."""
+
+    def round_ms() -> float:
+        fresh = ModelRunner(runner.model)
+        return spec_round_rate(
+            fresh, lanes, context, draft_tokens, step_ms=0.0, floor_bw=1.0, rounds=rounds
+        ).round_ms
+
+    return _ablate(runner.backend, ROUND_OPS, round_ms, "round")
+
+
+def _ablate(be: Any, ops: dict[str, Any], measure: Any, whole: str) -> dict[str, float]:
+    xp = be.xp
+
     def hollow(shape_of: Any) -> Any:
         return lambda *a, **k: xp.zeros(shape_of(*a, **k), dtype=xp.float32)
 
-    out = {"step": step_ms()}
+    out = {whole: measure()}
     try:
-        for name, shape_of in PROFILED_OPS.items():
+        for name, shape_of in ops.items():
             setattr(be, name, hollow(shape_of))
-            out[name] = out["step"] - step_ms()
+            out[name] = out[whole] - measure()
             delattr(be, name)
-        for name, shape_of in PROFILED_OPS.items():
+        for name, shape_of in ops.items():
             setattr(be, name, hollow(shape_of))
-        out["rest"] = step_ms()
+        out["rest"] = measure()
     finally:
-        for name in PROFILED_OPS:
+        for name in ops:
             if name in vars(be):
                 delattr(be, name)
     return out

@@ -114,6 +114,15 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
                 f"`{name}` {ms:.3f}" for name, ms in r.items() if name not in ("kind", "lanes")
             )
             lines += [f"Profile, {r['lanes']} lane(s), ms per step (ablation): {spent}.", ""]
+        elif r["kind"] == "round profile":
+            spent = ", ".join(
+                f"`{name}` {ms:.3f}" for name, ms in r.items() if name not in ("kind", "lanes", "k")
+            )
+            lines += [
+                f"Round profile, {r['lanes']} lane(s), K = {r['k']}, ms per round "
+                f"(ablation): {spent}.",
+                "",
+            ]
     return "\n".join(lines)
 
 
