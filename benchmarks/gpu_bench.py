@@ -167,6 +167,10 @@ def tune(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
     return rows
 
 
+#: activation rows the tensor-core tiles are compared at (a speculative round has up to 48)
+TUNE_SMALL_ROWS = (1, 8, 16, 32, 48)
+
+
 def tune_small(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
     """% of floor of the tensor-core kernel for each compiled (R, U) and K slices S (default
     formats: q4, q8)."""
@@ -176,7 +180,7 @@ def tune_small(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
         for shape in SHAPES:
             copies, p = _copies(fmt, layout, shape)
             line = []
-            for m in (1, 8, 32):
+            for m in TUNE_SMALL_ROWS:
                 nt = 1 << max(0, (m - 1).bit_length() - 3)
                 for tiles, split in itertools.product(kernels.SMALL_TILES[nt], (None, 4, 16)):
                     if split and split * m * shape[0] > kernels.PARTIAL_FLOATS:

@@ -365,7 +365,7 @@ class ReferenceOps:
     def compile_step(self, fn: Any, shapes: Any) -> Any:
         """A step taking host index arrays; run eagerly (a GPU backend captures it)."""
         xp = self.xp
-        return lambda *host: fn(*(xp.asarray(a) for a in host))
+        return lambda *host: fn(*(xp.asarray(a) for a in host)) or ()  # as a captured step
 
     # the reference functions themselves (their signatures are the protocol's, base.py)
     rms_norm = staticmethod(rms_norm)

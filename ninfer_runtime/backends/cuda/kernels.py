@@ -85,12 +85,15 @@ _SMALL_GROUP = {F.Q4: 64, F.Q5: 64, F.Q6: 64, F.Q8: 32, F.NVFP4: 64, F.BF16: 64}
 SMALL_WARPS = 4
 MAX_SMALL_ROWS = 64
 #: (R, U) compiled for each count NT of 8-row activation tiles: R 16-row weight tiles per
-#: warp, U groups per loop step; the first is the default
+#: warp, U groups per loop step; the first is the default. From two activation tiles on
+#: (a speculative verification's 9..64 rows), two weight tiles per warp halve the
+#: activation fragments loaded per weight byte: 1.2-1.5x on the 27B projections
+#: (docs/performance.md, "Tiles for 9..64 rows")
 SMALL_TILES = {
     1: [(2, 2), (2, 4), (1, 4), (4, 2), (4, 1), (1, 8)],
-    2: [(1, 4), (2, 2)],
-    4: [(1, 2)],
-    8: [(1, 1)],
+    2: [(2, 1), (1, 4), (2, 2), (4, 1)],
+    4: [(2, 1), (1, 2), (2, 2), (1, 1)],
+    8: [(2, 1), (1, 1)],
 }
 #: most K slices a product is split into, and the fewest groups a slice may get
 MAX_SPLIT = 16
