@@ -365,7 +365,12 @@ class ReferenceOps:
     def compile_step(self, fn: Any, shapes: Any) -> Any:
         """A step taking host index arrays; run eagerly (a GPU backend captures it)."""
         xp = self.xp
-        return lambda *host: fn(*(xp.asarray(a) for a in host)) or ()  # as a captured step
+
+        def step(*host: Any) -> Any:
+            out = fn(*(xp.asarray(a) for a in host))
+            return () if out is None else out  # as a captured step
+
+        return step
 
     # the reference functions themselves (their signatures are the protocol's, base.py)
     rms_norm = staticmethod(rms_norm)
