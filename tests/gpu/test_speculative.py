@@ -244,7 +244,8 @@ def test_verify_and_commit_replay_in_cuda_graphs(shape: str) -> None:
         assert_close(o, o_ref, f"verified rows, call {call}")
         assert_close(p.d_states, states_ref, f"committed states, call {call}")
         assert_close(p.d_conv, conv_ref, f"committed conv states, call {call}")
-    assert verify_step.graph is not None and commit_step.graph is not None
+    if shape != "fallback":  # captured and replayed, not run eagerly
+        assert verify_step.graph is not None and commit_step.graph is not None
 
 
 # ------------------------------------------------------------------------- runner and engine
