@@ -39,6 +39,7 @@ from .frontend import (
 )
 from .frontend.tokenizer import THINK_OPEN
 from .models import ForwardOutput, load_model
+from .prefix_cache import PrefixCache
 from .runner import ModelRunner
 from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
 from .state import SequenceState
@@ -50,6 +51,10 @@ from .state import SequenceState
 #: ``SamplingParams.max_thinking_tokens``; with a processor, by at most half of ``max_tokens``
 #: too, and a stop token drawn inside reasoning ends the reasoning instead.
 LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
+
+#: with the prefix cache, GDN state snapshots kept per lane (checkpoints of prompts and of
+#: finished generations; more are evicted least recently used first)
+CACHE_SNAPSHOTS_PER_LANE = 4
 
 
 @dataclass
@@ -144,6 +149,11 @@ class _Active:
     seed: int = field(default_factory=lambda: secrets.randbits(63))
     drafted: int = 0
     accepted: int = 0
+    #: prompt tokens resumed from a cached checkpoint instead of prefilled
+    cached: int = 0
+    #: with the prefix cache, where the prompt stops being what the next chat turn resends
+    #: (it renders this turn's reply without the reasoning opener): a checkpoint goes there
+    history_end: int | None = None
 
 
 class Engine:
@@ -161,11 +171,15 @@ class Engine:
         context_capacity: int | str | None = None,
         kv_dtype: str = "float32",
         spec: SpecConfig | None = None,
+        prefix_cache: bool = False,
+        checkpoint_interval: int = 8192,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
-        if max_context < 2 or prefill_chunk < 1:
-            raise EngineError("max_context must be >= 2 and prefill_chunk >= 1")
+        if max_context < 2 or prefill_chunk < 1 or checkpoint_interval < 1:
+            raise EngineError(
+                "max_context must be >= 2, prefill_chunk and checkpoint_interval >= 1"
+            )
         try:
             self.artifact = artifact if isinstance(artifact, Artifact) else Artifact.open(artifact)
             resources = {
@@ -198,7 +212,11 @@ class Engine:
             budget=budget_bytes(parse_capacity(context_capacity), self.model.backend),
             kv_dtype=kv_dtype,
             draft_tokens=spec.draft_tokens if spec else 0,
+            snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
         )
+        #: checkpoints of earlier prompts and generations, resumed by later requests
+        self.cache = PrefixCache(self.pool) if prefix_cache else None
+        self.checkpoint_interval = checkpoint_interval
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
 
@@ -299,6 +317,8 @@ class Engine:
         )
         if params.seed is not None:
             active.seed = params.seed
+        if self.cache is not None:
+            active.history_end = self._history_end(request, ids)
         if request.request_id in self._active or any(
             w.request.request_id == request.request_id for w in self._waiting
         ):
@@ -322,12 +342,14 @@ class Engine:
         events: list[Event] = []
         while self._waiting and len(self._active) < self.max_lanes:
             head = self._waiting[0]
-            need = len(head.prompt_ids) + head.max_tokens + self._margin
-            if not self.pool.can_open(need):
+            if not self._admit(head):
                 break  # first come, first served: wait until running requests free pages
             self._waiting.popleft()
-            head.state = self.pool.open(need)
             self._active[head.request.request_id] = head
+            if head.prefilled == len(head.prompt_ids):  # the whole prompt was cached
+                assert head.state.resumed_logits is not None
+                logits = head.state.resumed_logits
+                self._start(head, ForwardOutput([logits[None]], [None]), events)
         prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
         if prefilling:
             self._prefill_chunk(prefilling[0], events)
@@ -338,18 +360,92 @@ class Engine:
             self._decode(decoding, events)
         return events
 
+    def _history_end(self, request: GenerationRequest, ids: list[int]) -> int | None:
+        """How many of a chat prompt's tokens the next turn resends unchanged: the prompt's
+        common prefix with the conversation rendered as history (this turn answered, one
+        more user message), None when that is all of it or nothing."""
+        if request.messages is None or request.continue_final_message:
+            return None
+        placeholder = [{"role": "assistant", "content": "x"}, {"role": "user", "content": "x"}]
+        text = self.template.render(
+            [*request.messages, *placeholder],
+            tools=request.tools,
+            add_generation_prompt=False,
+            enable_thinking=request.enable_thinking,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
+        later = self.tokenizer.encode(text)
+        shared = next(
+            (i for i, (x, y) in enumerate(zip(ids, later, strict=False)) if x != y),
+            min(len(ids), len(later)),
+        )
+        return shared if 0 < shared < len(ids) else None
+
+    def _admit(self, a: _Active) -> bool:
+        """Open a lane's memory for ``a`` (its prompt, max_tokens and a round's margin),
+        continuing from the deepest cached checkpoint of its prompt; False: not now."""
+        need = len(a.prompt_ids) + a.max_tokens + self._margin
+        prefix = self.cache.lookup(a.prompt_ids) if self.cache is not None else None
+        fresh = self.pool.pages_for(need) - (
+            prefix.length // self.pool.page_tokens if prefix else 0
+        )
+        if self.pool.free_pages < fresh and self.cache is not None:
+            self.cache.make_room(pages=fresh, keep=prefix)
+        if self.pool.free_pages < fresh:
+            return False
+        a.state = self.pool.open(need, prefix)
+        if self.cache is not None:
+            self.cache.count(len(a.prompt_ids), prefix)
+        if prefix is not None:
+            a.prefilled = a.cached = prefix.length
+            if self.spec is not None and prefix.length < len(a.prompt_ids):
+                # the drafter's entry of the last kept token, now that the next is known
+                nxt = a.prompt_ids[prefix.length : prefix.length + 1]
+                self.runner.mtp_prefill(prefix.hidden[None], nxt, a.state)
+        return True
+
+    def _checkpoint(
+        self, a: _Active, tokens: np.ndarray, hidden: Any = None, logits: Any = None
+    ) -> None:
+        """Keep ``a``'s memory at its length in the prefix cache (``tokens``: what it has
+        consumed; ``logits``: the last token's, when a request may resume with nothing
+        left to prefill)."""
+        if self.cache is None or a.state.length <= a.cached:
+            return
+        if self.cache.refresh(tokens[: a.state.length]):
+            return
+        if not self.pool.free_snapshots:
+            self.cache.make_room(snapshots=1)
+        kept = self.pool.keep(a.state, hidden, logits)
+        if kept is not None:
+            self.cache.insert(tokens[: a.state.length], kept)
+
     def _prefill_chunk(self, a: _Active, events: list[Event]) -> None:
-        start = a.prefilled
-        chunk = a.prompt_ids[start : start + self.prefill_chunk]
+        start, prompt = a.prefilled, a.prompt_ids
+        end = min(start + self.prefill_chunk, len(prompt))
+        if self.cache is not None:  # chunks end where checkpoints go
+            end = min(end, (start // self.checkpoint_interval + 1) * self.checkpoint_interval)
+            if a.history_end is not None and start < a.history_end:
+                end = min(end, a.history_end)
+        chunk = prompt[start:end]
         out = self.runner.forward([chunk], [a.state], last_only=True)
         if self.spec is not None:  # the drafter reads the prompt too
-            nxt = a.prompt_ids[start + 1 : start + 1 + len(chunk)]
-            self.runner.mtp_prefill(out.hidden[0], nxt, a.state)
-        a.prefilled += len(chunk)
-        if a.prefilled == len(a.prompt_ids):
-            a.first_token = time.perf_counter()
-            for lane, token in self._sample([a], out, events):
-                self._emit(lane, token, events)
+            self.runner.mtp_prefill(out.hidden[0], prompt[start + 1 : end + 1], a.state)
+        a.prefilled = end
+        last = out.hidden[0][-1] if self.spec is not None else None
+        if end < len(prompt):
+            if end % self.checkpoint_interval == 0 or end == a.history_end:
+                self._checkpoint(a, prompt, last)
+            return
+        logits = out.logits[0][-1]
+        self._checkpoint(a, prompt, last, logits)
+        self._start(a, ForwardOutput([logits[None]], [None]), events)
+
+    def _start(self, a: _Active, out: ForwardOutput, events: list[Event]) -> None:
+        """The prompt is in: the first token, from its last logits."""
+        a.first_token = time.perf_counter()
+        for lane, token in self._sample([a], out, events):
+            self._emit(lane, token, events)
 
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
@@ -545,6 +641,10 @@ class Engine:
             events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
         now = time.perf_counter()
         first = a.first_token or now
+        if reason in ("stop", "length") and self.spec is None and a.state is not None:
+            # the next chat turn resends this exchange: keep where the generation ended
+            consumed = np.concatenate([a.prompt_ids, np.asarray(a.generated, dtype=np.int64)])
+            self._checkpoint(a, consumed)
         self._release(a)
         reasoning = len(a.generated) if a.answer_start is None else a.answer_start
         return Finished(
@@ -554,6 +654,7 @@ class Engine:
             Usage(
                 len(a.prompt_ids),
                 len(a.generated),
+                cached_tokens=a.cached,
                 reasoning_tokens=reasoning,
                 accepted_draft_tokens=a.accepted,
                 rejected_draft_tokens=a.drafted - a.accepted,

@@ -70,6 +70,7 @@ class ModelRunner:
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
         draft_tokens: int = 0,
+        snapshots: int = 0,
     ) -> ContextPool:
         """A pool for this model's layers (see ``ContextPool.for_budget``); ``draft_tokens``
         > 0 adds what speculative rounds of that many drafts keep per sequence."""
@@ -83,6 +84,7 @@ class ModelRunner:
             self.backend.xp,
             mtp=self.mtp_spec,
             draft=draft,
+            snapshots=snapshots,
             lanes=lanes,
             max_context=max_context,
             budget=budget,

@@ -191,17 +191,37 @@ class GdnDrafts:
 
 
 class GdnSlots:
-    """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``,
-    and with speculative decoding the record of the last verification (``drafts``)."""
+    """One GDN layer's states: ``recurrent [slots + snapshots, Hv, dk, dv]``, ``conv [slots +
+    snapshots, C, K-1]`` (the lanes' slots first, then the prefix cache's snapshots), and
+    with speculative decoding the record of the last verification (``drafts``)."""
 
-    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, draft_rows: int = 0):
-        s = spec
-        self.recurrent = xp.zeros((slots, s.value_heads, s.key_dim, s.value_dim), xp.float32)
-        self.conv = xp.zeros((slots, s.conv_channels, s.conv_kernel - 1), xp.float32)
+    def __init__(
+        self, spec: GdnSpec, slots: int, xp: ModuleType, draft_rows: int = 0, snapshots: int = 0
+    ):
+        s, n = spec, slots + snapshots
+        self.recurrent = xp.zeros((n, s.value_heads, s.key_dim, s.value_dim), xp.float32)
+        self.conv = xp.zeros((n, s.conv_channels, s.conv_kernel - 1), xp.float32)
         self.drafts = GdnDrafts(s, slots, draft_rows, xp) if draft_rows else None
 
 
 LayerPool = AttentionPages | GdnSlots
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A sequence's memory after ``length`` consumed tokens, kept when it moves on or ends:
+    the K/V pages covering them (shared: the pool counts each page's holders), its GDN
+    states copied into snapshot slot ``snapshot``, and with speculative decoding the main
+    model's hidden row of the last token (the drafter pairs it with the next token; the
+    MTP entries of the tokens before it are in the pages)."""
+
+    length: int
+    pages: tuple[int, ...]
+    snapshot: int
+    hidden: Array | None = None
+    #: the last token's logits [V], when kept: a request whose whole prompt this is starts
+    #: generating from them with nothing to prefill
+    logits: Array | None = None
 
 
 @dataclass
@@ -226,6 +246,8 @@ class SequenceState:
     length: int = 0
     mtp_length: int = 0
     draft_carry: list[int] = field(default_factory=list)
+    #: when opened from a checkpoint that kept them: its last token's logits
+    resumed_logits: Array | None = None
 
     @property
     def free(self) -> int:
@@ -268,6 +290,7 @@ class ContextPool:
         max_context: int,
         mtp: KvSpec | None = None,
         draft: DraftSpec | None = None,
+        snapshots: int = 0,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
     ):
@@ -283,7 +306,7 @@ class ContextPool:
         self.layers: list[LayerPool] = [
             AttentionPages(s, pages, page_tokens, xp, kv_dtype)
             if isinstance(s, KvSpec)
-            else GdnSlots(s, slots, xp, rows)
+            else GdnSlots(s, slots, xp, rows, snapshots)
             for s in specs
         ]
         #: speculative decoding: each slot's main-model hidden rows of its last verification
@@ -297,6 +320,10 @@ class ContextPool:
         self.page_table = xp.zeros((slots, self.max_pages), dtype=xp.int32)
         self._free_slots = list(range(slots))[::-1]
         self._free_pages = list(range(pages))[::-1]
+        self._free_snapshots = list(range(slots, slots + snapshots))[::-1]
+        self.snapshots = snapshots
+        #: holders of each page: the sequences and checkpoints whose tokens it stores
+        self._holders = np.zeros(pages, dtype=np.int64)
 
     # -------------------------------------------------------------------------- sizing
     @classmethod
@@ -310,17 +337,21 @@ class ContextPool:
         budget: int | None = None,
         mtp: KvSpec | None = None,
         draft: DraftSpec | None = None,
+        snapshots: int = 0,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
     ) -> ContextPool:
         """``lanes`` slots, and pages for every lane at ``max_context`` tokens, or as many
-        as ``budget`` bytes hold beside the lanes' recurrent state (``None``: no limit)."""
+        as ``budget`` bytes hold beside the lanes' recurrent state and ``snapshots`` state
+        snapshots for the prefix cache (``None``: no limit)."""
         if lanes <= 0 or max_context <= 0 or page_tokens <= 0:
             raise EngineError("a context pool needs positive slots, max_context and page_tokens")
         page_bytes = cls.page_bytes_of(specs, mtp, page_tokens, kv_dtype)
         pages = lanes * math.ceil(max_context / page_tokens)
         if budget is not None:
-            slot_bytes = lanes * cls.slot_bytes_of(specs, draft)
+            slot_bytes = lanes * cls.slot_bytes_of(specs, draft) + snapshots * cls.slot_bytes_of(
+                specs
+            )
             pages = min((budget - slot_bytes) // max(page_bytes, 1), pages)
             if pages < 1:
                 need = slot_bytes + page_bytes
@@ -338,6 +369,7 @@ class ContextPool:
             max_context=max_context,
             mtp=mtp,
             draft=draft,
+            snapshots=snapshots,
             page_tokens=page_tokens,
             kv_dtype=kv_dtype,
         )
@@ -390,8 +422,17 @@ class ContextPool:
     def free_pages(self) -> int:
         return len(self._free_pages)
 
+    @property
+    def free_snapshots(self) -> int:
+        return len(self._free_snapshots)
+
     def nbytes(self) -> int:
-        return self.slots * self.slot_bytes + self.pages * self.page_bytes
+        snapshots = self.snapshots * self.slot_bytes_of(self.specs)
+        return self.slots * self.slot_bytes + snapshots + self.pages * self.page_bytes
+
+    def holders(self) -> np.ndarray:
+        """How many sequences and checkpoints hold each page (0: free)."""
+        return self._holders.copy()
 
     # -------------------------------------------------------------------- sequences
     def pages_for(self, tokens: int) -> int:
@@ -400,30 +441,93 @@ class ContextPool:
     def can_open(self, tokens: int) -> bool:
         return bool(self._free_slots) and self.pages_for(tokens) <= len(self._free_pages)
 
-    def open(self, tokens: int) -> SequenceState:
-        """A fresh sequence with room for ``tokens`` tokens (zeroed recurrent state)."""
+    def open(self, tokens: int, prefix: Checkpoint | None = None) -> SequenceState:
+        """A sequence with room for ``tokens`` tokens: fresh (zeroed recurrent state), or
+        continuing from ``prefix``: its full pages shared, its last partial page copied (the
+        sequence will write the rest of it), its GDN states copied from the snapshot."""
         if not 0 < tokens <= self.max_context:
             raise EngineError(f"a sequence needs 1..{self.max_context} tokens, asked {tokens}")
         need = self.pages_for(tokens)
+        shared = list(prefix.pages[: prefix.length // self.page_tokens]) if prefix else []
+        if prefix is not None and prefix.length >= tokens:
+            raise EngineError(f"a {tokens}-token sequence cannot continue {prefix.length} tokens")
         if not self._free_slots:
             raise PoolFull(f"context pool: all {self.slots} slots are in use")
-        if need > len(self._free_pages):
+        if need - len(shared) > len(self._free_pages):
             raise PoolFull(
-                f"context pool: {tokens} tokens need {need} pages, {len(self._free_pages)} free"
+                f"context pool: {tokens} tokens need {need - len(shared)} pages, "
+                f"{len(self._free_pages)} free"
             )
         slot = self._free_slots.pop()
-        pages = [self._free_pages.pop() for _ in range(need)]
+        pages = shared + [self._free_pages.pop() for _ in range(need - len(shared))]
+        self._holders[pages] += 1
         row = np.zeros(self.max_pages, dtype=np.int32)
         row[:need] = pages
         self.page_table[slot] = self.xp.asarray(row)
         state = SequenceState(self, slot, pages, min(tokens, need * self.page_tokens))
         state.reset()
+        if prefix is not None:
+            self._resume(state, prefix)
         return state
+
+    def _resume(self, state: SequenceState, prefix: Checkpoint) -> None:
+        rows = prefix.length % self.page_tokens
+        if rows:  # the partial page: a copy of the rows the prefix wrote
+            src, dst = (
+                prefix.pages[len(prefix.pages) - 1],
+                state.pages[prefix.length // self.page_tokens],
+            )
+            for layer in self._attention_layers():
+                layer.k[dst, :rows] = layer.k[src, :rows]
+                layer.v[dst, :rows] = layer.v[src, :rows]
+        for layer in self.layers:
+            if isinstance(layer, GdnSlots):
+                layer.recurrent[state.slot] = layer.recurrent[prefix.snapshot]
+                layer.conv[state.slot] = layer.conv[prefix.snapshot]
+        state.length = prefix.length
+        state.resumed_logits = prefix.logits
+        if prefix.hidden is not None and self.draft_hidden is not None:
+            self.draft_hidden[state.slot, 0] = prefix.hidden
+            state.mtp_length = prefix.length - 1
+
+    def keep(
+        self, state: SequenceState, hidden: Array | None = None, logits: Array | None = None
+    ) -> Checkpoint | None:
+        """A checkpoint of ``state`` at its length (None: no snapshot slot is free, or no
+        token yet). ``hidden``: the last token's hidden row, for speculative decoding;
+        ``logits``: its logits."""
+        if not self._free_snapshots or state.length == 0:
+            return None
+        snapshot = self._free_snapshots.pop()
+        for layer in self.layers:
+            if isinstance(layer, GdnSlots):
+                layer.recurrent[snapshot] = layer.recurrent[state.slot]
+                layer.conv[snapshot] = layer.conv[state.slot]
+        pages = tuple(state.pages[: self.pages_for(state.length)])
+        self._holders[list(pages)] += 1
+
+        def copy(x: Array | None) -> Array | None:
+            return None if x is None else self.xp.array(x, copy=True)
+
+        return Checkpoint(state.length, pages, snapshot, copy(hidden), copy(logits))
+
+    def drop(self, checkpoint: Checkpoint) -> None:
+        """Let a checkpoint go: its snapshot slot, and its hold on its pages."""
+        self._release(list(checkpoint.pages))
+        self._free_snapshots.append(checkpoint.snapshot)
 
     def close(self, state: SequenceState) -> None:
         """Give a sequence's slot and pages back (the state must not be used afterwards)."""
         if state.pool is not self or state.slot < 0:
             raise EngineError("close: this state does not belong to this pool (or was closed)")
-        self._free_pages.extend(reversed(state.pages))
+        self._release(state.pages)
         self._free_slots.append(state.slot)
         state.slot, state.pages, state.max_context = -1, [], 0
+
+    def _release(self, pages: list[int]) -> None:
+        self._holders[pages] -= 1
+        self._free_pages.extend(p for p in reversed(pages) if self._holders[p] == 0)
+
+    def _attention_layers(self) -> list[AttentionPages]:
+        layers = [layer for layer in self.layers if isinstance(layer, AttentionPages)]
+        return layers + ([self.mtp] if self.mtp is not None else [])

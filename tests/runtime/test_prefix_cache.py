@@ -1,0 +1,198 @@
+"""The prefix cache on the CPU reference: requests resume from checkpoints of earlier prompts
+and generations, and their outputs equal cold runs token for token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer_convert.pipeline import convert
+from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
+from ninfer_runtime.frontend import SamplingParams
+from ninfer_runtime.speculative import SpecConfig
+
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+
+
+def _requests(seed: int = 0) -> list[list[int]]:
+    """A shared 300-token "system prompt" with branches of different lengths after it, a
+    prompt that leaves it after 150 tokens, then the branches again, the last one twice."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, 400, 300).tolist()
+    branches = [system + rng.integers(0, 400, n).tolist() for n in (5, 40, 1, 77)]
+    return [*branches[:1], [*system[:150], 1, 2, 3], *branches[1:], *branches, branches[-1]]
+
+
+def _serve(engine: Engine, prompts, **sampling) -> list[tuple[list[int], Finished]]:
+    """One request at a time (so each can find the checkpoints of those before it)."""
+    out = []
+    for prompt in prompts:
+        params = SamplingParams(**{"temperature": 0.0, "max_tokens": 20, **sampling})
+        request = GenerationRequest(prompt_ids=prompt, sampling=params, parse_output=False)
+        tokens, finished = [], None
+        for event in engine.generate(request):
+            if isinstance(event, TokenEvent):
+                tokens.append(event.token_id)
+            elif isinstance(event, Finished):
+                finished = event
+        out.append((tokens, finished))
+    return out
+
+
+def _engine(art: Path, cache: bool, **kw) -> Engine:
+    return Engine(
+        art, max_lanes=2, max_context=4096, prefill_chunk=128, prefix_cache=cache,
+        checkpoint_interval=64, **kw,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_outputs_equal_a_cold_run(artifact_path, kind) -> None:
+    art = artifact_path("qwen3_5_bf16", kind)
+    prompts = _requests()
+    for sampling in ({}, {"temperature": 0.9, "seed": 5}):
+        cold = _serve(_engine(art, False), prompts, **sampling)
+        warm_engine = _engine(art, True)
+        warm = _serve(warm_engine, prompts, **sampling)
+        assert [t for t, _ in warm] == [t for t, _ in cold]
+        cached = [f.usage.cached_tokens for _, f in warm]
+        assert cached[0] == 0
+        assert cached[1] == 128  # the last 64-token boundary before it leaves the system prompt
+        assert cached[2:5] == [256] * 3  # the system prompt's last boundary
+        # the same prompts again: at least the system prompt (their own checkpoints may
+        # have been evicted for the ones after them: 8 snapshot slots in all), and a prompt
+        # repeated at once resumes whole, from its own checkpoint's logits
+        assert all(c >= 256 for c in cached[5:])
+        assert cached[-1] == len(prompts[-1])
+        stats = warm_engine.cache.stats
+        assert stats.hit_tokens == sum(cached)
+        assert [f.usage.cached_tokens for _, f in cold] == [0] * len(prompts)
+
+
+def test_concurrent_lanes_share_the_prefix(artifact_path) -> None:
+    """Requests running at once: later ones resume from the checkpoints earlier ones left."""
+    art = artifact_path("qwen3_5_bf16", "dense")
+    prompts = _requests(seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+
+    def run(cache: bool) -> dict[str, list[int]]:
+        engine = _engine(art, cache)
+        ids = {}
+        for p in prompts:
+            request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
+            ids[engine.submit(request)] = []
+        while engine.has_work:
+            for e in engine.step():
+                if isinstance(e, TokenEvent):
+                    ids[e.request_id].append(e.token_id)
+            if cache:
+                _check_pool(engine)
+        return list(ids.values())
+
+    assert run(True) == run(False)
+
+
+def test_speculative_decoding_resumes_too(artifact_path) -> None:
+    art = artifact_path("qwen3_5_bf16", "dense")
+    prompts = _requests(seed=1)
+    cold = _serve(_engine(art, False), prompts)
+    warm_engine = _engine(art, True, spec=SpecConfig(draft_tokens=3))
+    warm = _serve(warm_engine, prompts)
+    assert [t for t, _ in warm] == [t for t, _ in cold]
+    assert warm_engine.cache.stats.hit_tokens > 0
+
+
+def test_a_chat_turn_resumes_after_the_last_reply(tmp_path) -> None:
+    """Turn 2 resends turn 1 as history: it resumes after every token of turn 1's prompt and
+    reply that the template renders the same again (here up to the reasoning opener it
+    leaves out of the history), and answers as a cold run does."""
+    art = tmp_path / "tiny.ninfer"
+    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, art)
+    engine = Engine(art, max_context=512, prefix_cache=True)
+    greedy = SamplingParams(temperature=0.0)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    first = GenerationRequest(messages=messages, sampling=greedy)
+    prompt_ids, _ = engine.render(first)
+    reply_ids = [e.token_id for e in engine.generate(first) if isinstance(e, TokenEvent)]
+    reply = engine.tokenizer.decode(reply_ids, skip_special_tokens=True)
+    assert "Paris" in reply
+    history = [*messages, {"role": "assistant", "content": reply.split("</think>")[-1].strip()}]
+    second = GenerationRequest(
+        messages=[*history, {"role": "user", "content": "What is the capital of Italy?"}],
+        sampling=greedy,
+    )
+    second_ids, _ = engine.render(second)
+    turn_one = list(prompt_ids) + reply_ids
+    shared = next(i for i, (x, y) in enumerate(zip(turn_one, second_ids, strict=False)) if x != y)
+    assert shared > len(prompt_ids) // 2
+    events = list(engine.generate(second))
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.usage.cached_tokens == shared
+    cold = Engine(art, max_context=512).generate(second)
+    assert [e.token_id for e in events if isinstance(e, TokenEvent)] == [
+        e.token_id for e in cold if isinstance(e, TokenEvent)
+    ]
+
+
+def test_a_changed_tool_reuses_the_prefix_before_it(artifact_path) -> None:
+    """Two prompts equal up to token 200 (a tool definition changes there): the second
+    resumes from the last checkpoint boundary before 200, and its output is a cold run's."""
+    art = artifact_path("qwen3_5_bf16", "dense")
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 400, 330).tolist()
+    b = a[:200] + rng.integers(0, 400, 130).tolist()
+    engine = _engine(art, True)
+    _serve(engine, [a])
+    ((tokens, finished),) = _serve(engine, [b])
+    assert finished.usage.cached_tokens == 192  # 200 rounded down to the 64-token boundary
+    assert tokens == _serve(_engine(art, False), [b])[0][0]
+
+
+def test_eviction_never_frees_a_page_still_held(artifact_path) -> None:
+    """A long random workload on a small pool: after every step the pages' holder counts
+    equal the live sequences' and checkpoints' references, free pages are unheld, and
+    every request completes as a cold run does."""
+    art = artifact_path("qwen3_5_bf16", "dense")
+    rng = np.random.default_rng(11)
+    bases = [rng.integers(0, 400, 200).tolist() for _ in range(3)]
+    prompts = [
+        bases[rng.integers(0, 3)][: rng.integers(20, 200)] + rng.integers(0, 400, 9).tolist()
+        for _ in range(30)
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+
+    def run(cache: bool) -> list[list[int]]:
+        engine = Engine(
+            art, max_lanes=3, max_context=320, prefill_chunk=64, prefix_cache=cache,
+            checkpoint_interval=32,
+        )  # fmt: skip
+        ids = {}
+        for p in prompts:
+            request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
+            ids[engine.submit(request)] = []
+        while engine.has_work:
+            for e in engine.step():
+                if isinstance(e, TokenEvent):
+                    ids[e.request_id].append(e.token_id)
+            if cache:
+                _check_pool(engine)
+        if cache:
+            assert engine.cache.stats.evictions > 0 and engine.cache.stats.hit_tokens > 0
+        return list(ids.values())
+
+    assert run(True) == run(False)
+
+
+def _check_pool(engine: Engine) -> None:
+    pool = engine.pool
+    held = np.zeros(pool.pages, dtype=np.int64)
+    for a in engine._active.values():
+        held[a.state.pages] += 1
+    for checkpoint in engine.cache.checkpoints():
+        held[list(checkpoint.pages)] += 1
+    assert np.array_equal(pool.holders(), held)
+    free = set(pool._free_pages)
+    assert len(free) == pool.free_pages
+    assert free == set(np.flatnonzero(held == 0).tolist())
