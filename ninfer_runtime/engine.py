@@ -154,6 +154,11 @@ class _Active:
     #: with the prefix cache, where the prompt stops being what the next chat turn resends
     #: (it renders this turn's reply without the reasoning opener): a checkpoint goes there
     history_end: int | None = None
+    #: tokens the lane resumed from at its latest admission (a checkpoint's length)
+    resumed: int = 0
+    #: after a preemption: generated tokens to feed again (never sampled, never emitted)
+    #: before the lane generates; the last is its pending token
+    replay: list[int] = field(default_factory=list)
 
 
 class Engine:
@@ -206,6 +211,12 @@ class Engine:
         # a round writes up to K+1 positions past a sequence's length: every reservation
         # holds that margin beyond the request's own tokens
         self._margin = spec.draft_tokens + 1 if spec else 0
+        # without speculation a lane's pages grow as it generates, and a lane is preempted
+        # (its memory freed, its tokens replayed later) when the pool runs short; with
+        # speculation a request reserves its whole budget when admitted
+        self._grows = spec is None
+        self.preemptions = 0
+        self.replayed_tokens = 0
         self.pool = self.runner.new_pool(
             lanes=max_lanes,
             max_context=max_context + self._margin,
@@ -347,12 +358,14 @@ class Engine:
             self._waiting.popleft()
             self._active[head.request.request_id] = head
             if head.prefilled == len(head.prompt_ids):  # the whole prompt was cached
-                assert head.state.resumed_logits is not None
                 logits = head.state.resumed_logits
-                self._start(head, ForwardOutput([logits[None]], [None]), events)
+                out = None if logits is None else ForwardOutput([logits[None]], [None])
+                self._prompt_done(head, out, events)
         prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
         if prefilling:
             self._prefill_chunk(prefilling[0], events)
+        if self._grows:
+            self._make_room([a for a in self._active.values() if a.pending is not None])
         decoding = [a for a in self._active.values() if a.pending is not None]
         if decoding and self.spec is not None:
             self._speculate(decoding, events)
@@ -382,27 +395,71 @@ class Engine:
         return shared if 0 < shared < len(ids) else None
 
     def _admit(self, a: _Active) -> bool:
-        """Open a lane's memory for ``a`` (its prompt, max_tokens and a round's margin),
-        continuing from the deepest cached checkpoint of its prompt; False: not now."""
-        need = len(a.prompt_ids) + a.max_tokens + self._margin
-        prefix = self.cache.lookup(a.prompt_ids) if self.cache is not None else None
-        fresh = self.pool.pages_for(need) - (
-            prefix.length // self.pool.page_tokens if prefix else 0
-        )
+        """Open a lane's memory for ``a``, continuing from the deepest cached checkpoint of
+        what it has consumed; False: not now. Pages for what it has consumed and its next
+        token when lanes grow, else for its prompt, max_tokens and a round's margin."""
+        consumed = self._consumed(a)
+        need = len(consumed) + 1 if self._grows else len(a.prompt_ids) + a.max_tokens + self._margin
+        prefix = None
+        if self.cache is not None:
+            prefix = self.cache.lookup(consumed, whole=bool(a.generated))
+        shared = prefix.length // self.pool.page_tokens if prefix else 0
+        fresh = self.pool.pages_for(need) - shared
         if self.pool.free_pages < fresh and self.cache is not None:
             self.cache.make_room(pages=fresh, keep=prefix)
+            if self.pool.free_pages < fresh and prefix is not None:
+                # the checkpoint's own pages are in the way: let it go too, start afresh
+                fresh, prefix = self.pool.pages_for(need), None
+                self.cache.make_room(pages=fresh)
         if self.pool.free_pages < fresh:
             return False
         a.state = self.pool.open(need, prefix)
-        if self.cache is not None:
+        first = not a.generated
+        if self.cache is not None and first:
             self.cache.count(len(a.prompt_ids), prefix)
+        a.resumed = prefix.length if prefix is not None else 0
+        a.prefilled = min(a.resumed, len(a.prompt_ids))
+        if not first:  # preempted: feed again what it generated after the resumed point
+            a.replay = a.generated[max(a.resumed - len(a.prompt_ids), 0) :]
+            self.replayed_tokens += len(a.replay) - 1
         if prefix is not None:
-            a.prefilled = a.cached = prefix.length
+            if first:
+                a.cached = prefix.length
             if self.spec is not None and prefix.length < len(a.prompt_ids):
                 # the drafter's entry of the last kept token, now that the next is known
                 nxt = a.prompt_ids[prefix.length : prefix.length + 1]
                 self.runner.mtp_prefill(prefix.hidden[None], nxt, a.state)
         return True
+
+    @staticmethod
+    def _consumed(a: _Active) -> np.ndarray:
+        """The tokens a lane's memory holds once it is all back: the prompt, and every
+        generated token but the pending one."""
+        if not a.generated:
+            return a.prompt_ids
+        return np.concatenate([a.prompt_ids, np.asarray(a.generated[:-1], dtype=np.int64)])
+
+    def _make_room(self, lanes: list[_Active]) -> None:
+        """Pages for every generating lane's next token (and a round's margin): evict
+        cached checkpoints, then preempt the most recently admitted lanes."""
+        for a in lanes:
+            while self._active.get(a.request.request_id) is a and a.state.free < 1 + self._margin:
+                if self.pool.grow(a.state):
+                    continue
+                if self.cache is not None and self.cache.make_room(pages=1):
+                    continue
+                self._preempt(list(self._active.values())[-1])
+
+    def _preempt(self, a: _Active) -> None:
+        """Free a lane's memory now and queue it first; when it is admitted again it
+        resumes (from a checkpoint, else from its prompt) and replays what it generated,
+        so its stream goes on where it was, with the same tokens."""
+        self._active.pop(a.request.request_id)
+        self._release(a)
+        a.prefilled, a.replay = 0, []
+        a.pending = None
+        self._waiting.appendleft(a)
+        self.preemptions += 1
 
     def _checkpoint(
         self, a: _Active, tokens: np.ndarray, hidden: Any = None, logits: Any = None
@@ -410,7 +467,7 @@ class Engine:
         """Keep ``a``'s memory at its length in the prefix cache (``tokens``: what it has
         consumed; ``logits``: the last token's, when a request may resume with nothing
         left to prefill)."""
-        if self.cache is None or a.state.length <= a.cached:
+        if self.cache is None or a.state.length <= a.resumed:
             return
         if self.cache.refresh(tokens[: a.state.length]):
             return
@@ -437,12 +494,16 @@ class Engine:
             if end % self.checkpoint_interval == 0 or end == a.history_end:
                 self._checkpoint(a, prompt, last)
             return
-        logits = out.logits[0][-1]
-        self._checkpoint(a, prompt, last, logits)
-        self._start(a, ForwardOutput([logits[None]], [None]), events)
+        self._checkpoint(a, prompt, last, out.logits[0][-1])
+        self._prompt_done(a, out, events)
 
-    def _start(self, a: _Active, out: ForwardOutput, events: list[Event]) -> None:
-        """The prompt is in: the first token, from its last logits."""
+    def _prompt_done(self, a: _Active, out: ForwardOutput | None, events: list[Event]) -> None:
+        """The prompt is in: the first token from its last logits (``out``), or for a
+        preempted lane the first token to replay."""
+        if a.generated:
+            a.pending = a.replay.pop(0)
+            return
+        assert out is not None
         a.first_token = time.perf_counter()
         for lane, token in self._sample([a], out, events):
             self._emit(lane, token, events)
@@ -450,7 +511,15 @@ class Engine:
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
         out = self.runner.forward(tokens, [a.state for a in lanes], last_only=True)
-        for a, token in self._sample(lanes, out, events):
+        generating = [i for i, a in enumerate(lanes) if not a.replay]
+        for a in lanes:
+            if a.replay:  # replaying after a preemption: the next token is known
+                a.pending = a.replay.pop(0)
+        if len(generating) < len(lanes):
+            out = ForwardOutput(
+                [out.logits[i] for i in generating], [out.hidden[i] for i in generating]
+            )
+        for a, token in self._sample([lanes[i] for i in generating], out, events):
             self._emit(a, token, events)
 
     def _speculate(self, lanes: list[_Active], events: list[Event]) -> None:

@@ -53,16 +53,19 @@ class PrefixCache:
     def _key(ids: np.ndarray) -> tuple[int, int]:
         return len(ids), hash(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
 
-    def lookup(self, prompt: Sequence[int] | np.ndarray) -> Checkpoint | None:
+    def lookup(
+        self, prompt: Sequence[int] | np.ndarray, *, whole: bool = False
+    ) -> Checkpoint | None:
         """The deepest checkpoint whose tokens begin ``prompt`` (None: none): one that
-        leaves some of it to prefill, or all of it when it kept its last logits."""
+        leaves some of it to prefill, or all of it when it kept its last logits (or when
+        ``whole``: the caller needs no logits, as a preempted request that resumes)."""
         ids = np.asarray(prompt, dtype=np.int64)
         for length in sorted({n for n, _ in self._entries}, reverse=True):
             if length > len(ids):
                 continue
             key = self._key(ids[:length])
             entry = self._entries.get(key)
-            if entry is None or (length == len(ids) and entry[1].logits is None):
+            if entry is None or (length == len(ids) and entry[1].logits is None and not whole):
                 continue
             if np.array_equal(entry[0], ids[:length]):
                 self._entries.move_to_end(key)

@@ -490,6 +490,22 @@ class ContextPool:
             self.draft_hidden[state.slot, 0] = prefix.hidden
             state.mtp_length = prefix.length - 1
 
+    def grow(self, state: SequenceState) -> bool:
+        """Room for more tokens in ``state``: the rest of its last page, else one more page
+        (False: none is free, or it has all it may have)."""
+        held = min(len(state.pages) * self.page_tokens, self.max_context)
+        if state.max_context < held:
+            state.max_context = held
+            return True
+        if not self._free_pages or len(state.pages) >= self.max_pages:
+            return False
+        page = self._free_pages.pop()
+        self._holders[page] += 1
+        self.page_table[state.slot, len(state.pages)] = page
+        state.pages.append(page)
+        state.max_context = min(len(state.pages) * self.page_tokens, self.max_context)
+        return True
+
     def keep(
         self, state: SequenceState, hidden: Array | None = None, logits: Array | None = None
     ) -> Checkpoint | None:

@@ -277,6 +277,8 @@ def serve(model: Path, settings: Settings) -> int:
             context_capacity=engine_cfg.context_capacity,
             kv_dtype=engine_cfg.kv_dtype,
             spec=spec,
+            prefix_cache=settings.context_cache.enabled,
+            checkpoint_interval=settings.context_cache.checkpoint_interval,
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

@@ -119,18 +119,13 @@ class EngineSettings(_Table):
 
 
 class ContextCacheSettings(_Table):
-    """``[context_cache]``: prefix reuse across requests (the engine has none yet)."""
+    """``[context_cache]``: prefix reuse across requests. On by default: requests resume from
+    checkpoints of earlier prompts and generations (token-exact), kept at the end of each
+    prompt and generation, where a chat prompt stops being what the next turn resends, and
+    every ``checkpoint_interval`` tokens of a long prefill."""
 
-    enabled: bool = False
-
-    @model_validator(mode="after")
-    def _available(self) -> ContextCacheSettings:
-        if self.enabled:
-            raise ValueError(
-                "context_cache.enabled = true: this engine has no prefix cache yet "
-                "(every prompt is prefilled in full; cached_tokens is always 0)"
-            )
-        return self
+    enabled: bool = True
+    checkpoint_interval: int = Field(8192, ge=1)
 
 
 class SpeculativeSettings(_Table):

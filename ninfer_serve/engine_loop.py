@@ -207,6 +207,8 @@ class EngineLoop:
         self._loaded = asyncio.Event()
         #: the engine's speculative totals at the last post (engine thread only)
         self._spec_seen: SpecStats | None = None
+        #: the engine's pool counters at the last post (engine thread only)
+        self._memory_seen: dict[str, int] = {}
         self.on_loaded: Callable[[Engine | None, str | None], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -383,11 +385,14 @@ class EngineLoop:
         lanes: int,
         context_usage: float,
         spec_gained: SpecStats | None,
+        memory_gained: dict[str, int],
     ) -> None:
         self._engine_lanes = lanes
         self.metrics.set_lanes(lanes, context_usage)
         if spec_gained is not None:
             self.metrics.speculated(spec_gained)
+        if memory_gained:
+            self.metrics.memory(memory_gained)
         self._gauges()
         for rid, chunk in batch.items():
             stream = self._streams.get(rid)
@@ -486,13 +491,31 @@ class EngineLoop:
 
     def _post_batch(self, batch: dict[str, Chunk], engine: Engine) -> None:
         spec_gained = self._spec_gained(engine.spec_stats)
-        if batch or spec_gained is not None:
+        memory_gained = self._memory_gained(engine)
+        if batch or spec_gained is not None or memory_gained:
             stamp = time.perf_counter()
             for chunk in batch.values():
                 chunk.stamp = stamp
             self._post(
-                self._dispatch, batch, engine.lanes_in_use, engine.context_usage, spec_gained
+                self._dispatch,
+                batch,
+                engine.lanes_in_use,
+                engine.context_usage,
+                spec_gained,
+                memory_gained,
             )
+
+    def _memory_gained(self, engine: Engine) -> dict[str, int]:
+        """The engine's pool counters' increments since the previous call (only those
+        that moved)."""
+        totals = {
+            "cache_evictions": engine.cache.stats.evictions if engine.cache else 0,
+            "preemptions": engine.preemptions,
+            "replayed_tokens": engine.replayed_tokens,
+        }
+        gained = {k: v - self._memory_seen.get(k, 0) for k, v in totals.items()}
+        self._memory_seen = totals
+        return {k: v for k, v in gained.items() if v}
 
     def _spec_gained(self, totals: SpecStats | None) -> SpecStats | None:
         """What the engine's speculative ``totals`` gained since the previous call (None:

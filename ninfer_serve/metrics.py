@@ -247,6 +247,17 @@ class Metrics:
             registry=r,
         )
 
+        # the context pool under pressure: prefix-cache checkpoints let go, lanes preempted
+        # (memory freed, resumed later) and the generated tokens they fed again
+        self.memory_events = {
+            name: Counter(f"ninfer_{name}", text, registry=r)
+            for name, text in (
+                ("cache_evictions", "Prefix-cache checkpoints let go for room"),
+                ("preemptions", "Lanes preempted for room (resumed later, nothing lost)"),
+                ("replayed_tokens", "Generated tokens fed again after a preemption"),
+            )
+        }
+
         # speculative decoding (0 with it off, so boards find the series): a round is one
         # speculating lane's draft-and-verify; positions are 0-based, one series each
         self.spec_rounds = Counter(
@@ -351,6 +362,11 @@ class Metrics:
 
     def constrained(self, kind: str) -> None:
         self.constraints.labels(kind).inc()
+
+    def memory(self, gained: dict[str, int]) -> None:
+        """What the engine's pool counters (``memory_events``) gained since the last call."""
+        for name, count in gained.items():
+            self.memory_events[name].inc(count)
 
     def speculated(self, gained: SpecStats) -> None:
         """What the engine's speculative counters gained since the previous call."""

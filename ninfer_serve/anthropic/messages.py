@@ -255,11 +255,15 @@ def _stop(outcome: Outcome) -> tuple[str, str | None]:
 
 
 def _usage(outcome: Outcome | None, prompt_tokens: int) -> dict[str, Any]:
+    """Anthropic's split of the prompt: read from the cache, and the rest. Caching is
+    automatic (``cache_control`` is accepted, not needed), so nothing counts as a paid
+    cache write: ``cache_creation_input_tokens`` is 0 and the three add up to the prompt."""
+    cached = outcome.cached_tokens if outcome else 0
     return {
-        "input_tokens": prompt_tokens,
+        "input_tokens": prompt_tokens - cached,
         "output_tokens": outcome.completion_tokens if outcome else 0,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": outcome.cached_tokens if outcome else 0,
+        "cache_read_input_tokens": cached,
     }
 
 

@@ -196,3 +196,41 @@ def _check_pool(engine: Engine) -> None:
     free = set(pool._free_pages)
     assert len(free) == pool.free_pages
     assert free == set(np.flatnonzero(held == 0).tolist())
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_small_pool_preempts_and_replays_exactly(artifact_path, cache) -> None:
+    """Four requests whose generations need twice the pages the pool has: lanes are
+    preempted (memory freed) and replayed later, and every stream equals an unconstrained
+    run's, token for token, none repeated (greedy and seeded sampling)."""
+    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+    art = artifact_path("qwen3_5_bf16", "dense")
+    roomy = Engine(art, max_lanes=4, max_context=512)
+    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
+    snapshots = 16 if cache else 0  # CACHE_SNAPSHOTS_PER_LANE * lanes
+    budget = (4 + snapshots) * ContextPool.slot_bytes_of(specs) + 5 * ContextPool.page_bytes_of(
+        specs, mtp, PAGE_TOKENS
+    )
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
+    for sampling in ({"temperature": 0.0}, {"temperature": 0.8, "seed": 3}):
+        params = SamplingParams(max_tokens=300, ignore_eos=True, **sampling)
+
+        def run(engine: Engine, params: SamplingParams = params) -> list[list[int]]:
+            ids = {}
+            for p in prompts:
+                request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
+                ids[engine.submit(request)] = []
+            while engine.has_work:
+                for e in engine.step():
+                    if isinstance(e, TokenEvent):
+                        ids[e.request_id].append(e.token_id)
+            return list(ids.values())
+
+        small = Engine(
+            art, max_lanes=4, max_context=512, context_capacity=budget, prefix_cache=cache
+        )
+        assert small.pool.pages == 5
+        assert run(small) == run(roomy)
+        assert small.preemptions > 0 and small.replayed_tokens > 0

@@ -1,8 +1,9 @@
 """A request that holds a server lane while the engine waits for context-pool pages.
 
-Two lanes, and a context pool with pages for one long request but not two: the second long
-request gets a lane from the server yet waits inside the engine. vLLM's gauges must show it
-as waiting (the engine runs one request), the server's own lane gauge as running.
+Two lanes, and a context pool of three pages: both long requests start (a lane's pages grow
+as it generates), and when the first needs another page the second is preempted: it keeps
+its server lane yet waits inside the engine. vLLM's gauges must show it as waiting (the
+engine runs one request), the server's own lane gauge as running.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ LANES = 2
 CONTEXT = 4096
 
 
-def one_long_request_of_capacity(artifact) -> int:
-    """Bytes of a pool with LANES slots and pages for one LONG request, not two."""
+def three_pages_of_capacity(artifact) -> int:
+    """Bytes of a pool with LANES slots, their prefix-cache snapshots and three pages."""
+    from ninfer_runtime.engine import CACHE_SNAPSHOTS_PER_LANE
+
     specs, mtp = load_model(artifact).state_specs()
     page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS, "float32")
     slot = ContextPool.slot_bytes_of(specs)
-    # a request reserves pages for its prompt plus max_tokens, clamped to the context
-    pages_one = -(-min(LONG["max_tokens"] + 64, CONTEXT) // PAGE_TOKENS)
-    return LANES * slot + (pages_one + pages_one // 2) * page
+    return LANES * (1 + CACHE_SNAPSHOTS_PER_LANE) * slot + 3 * page
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def server(artifact) -> Iterator[Server]:
     yield from start_server(
         artifact,
         "--max-concurrency", str(LANES),
-        "--context-capacity", str(one_long_request_of_capacity(artifact)),
+        "--context-capacity", str(three_pages_of_capacity(artifact)),
         "--max-context", str(CONTEXT),
     )  # fmt: skip
 
@@ -59,8 +60,9 @@ def test_waiting_for_pages_counts_as_waiting(server):
                 and metric(server.url, "vllm:num_requests_waiting") == 1
             )
 
-        assert wait_for(queued, timeout=5)
+        assert wait_for(queued, timeout=30)  # once the first fills its first page
         assert metric(server.url, "ninfer_lanes_in_use") == 1
+        assert metric(server.url, "ninfer_preemptions_total") >= 1
     finally:
         first.close()
         if second is not None:
