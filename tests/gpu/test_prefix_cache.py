@@ -1,0 +1,87 @@
+"""The prefix cache and preemption on the CUDA backend (graphs on), on the bundled model:
+answers with the cache equal cold answers, a chat turn resumes after the shared history, and
+a pool too small for every lane's generation preempts and replays to the same streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
+from ninfer_runtime.frontend import SamplingParams
+
+from .conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+SYSTEM = "You are a tiny demo model bundled with ninfer. " * 12
+QUESTIONS = ["What is the capital of France?", "Tell me a joke.", "Hello!", "Name a color."]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ninfer_convert.pipeline import convert
+
+    out = tmp_path_factory.mktemp("cache_bundled") / "tiny.ninfer"
+    convert("tiny_mixed", {"base": str(BUNDLED)}, out)
+    return out
+
+
+def _answers(engine: Engine, questions: list[str], **sampling) -> list[tuple[list[int], int]]:
+    out = []
+    for q in questions:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+        params = SamplingParams(**{"temperature": 0.0, "max_tokens": 48, **sampling})
+        ids, cached = [], None
+        for e in engine.generate(GenerationRequest(messages=messages, sampling=params)):
+            if isinstance(e, TokenEvent):
+                ids.append(e.token_id)
+            elif isinstance(e, Finished):
+                cached = e.usage.cached_tokens
+        out.append((ids, cached))
+    return out
+
+
+def test_cached_answers_equal_cold_answers(artifact: Path) -> None:
+    kw = dict(backend="cuda", max_context=1024, checkpoint_interval=32)
+    cold = _answers(Engine(artifact, **kw), QUESTIONS * 2)
+    warm = _answers(Engine(artifact, prefix_cache=True, **kw), QUESTIONS * 2)
+    assert [ids for ids, _ in warm] == [ids for ids, _ in cold]
+    cached = [c for _, c in warm]
+    assert cached[0] == 0 and all(c >= 32 for c in cached[1:])
+    assert all(c > 32 for c in cached[len(QUESTIONS) :])  # the same prompts again
+
+
+def test_a_small_pool_preempts_and_replays(artifact: Path) -> None:
+    from ninfer_runtime.engine import CACHE_SNAPSHOTS_PER_LANE
+    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+    roomy = Engine(artifact, backend="cuda", max_lanes=4, max_context=1024)
+    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
+    slot, page = (
+        ContextPool.slot_bytes_of(specs),
+        ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS),
+    )
+    budget = 4 * (1 + CACHE_SNAPSHOTS_PER_LANE) * slot + 5 * page
+    params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+    def run(engine: Engine) -> list[list[int]]:
+        ids = {}
+        for q in QUESTIONS:
+            messages = [{"role": "user", "content": q}]
+            ids[engine.submit(GenerationRequest(messages=messages, sampling=params))] = []
+        while engine.has_work:
+            for e in engine.step():
+                if isinstance(e, TokenEvent):
+                    ids[e.request_id].append(e.token_id)
+        return list(ids.values())
+
+    small = Engine(
+        artifact, backend="cuda", max_lanes=4, max_context=1024, context_capacity=budget,
+        prefix_cache=True,
+    )  # fmt: skip
+    assert small.pool.pages == 5
+    assert run(small) == run(roomy)
+    assert small.preemptions > 0 and small.replayed_tokens > 0
