@@ -404,7 +404,10 @@ class Engine:
         if self.cache is not None:
             prefix = self.cache.lookup(consumed, whole=bool(a.generated))
         shared = prefix.length // self.pool.page_tokens if prefix else 0
-        fresh = self.pool.pages_for(need) - shared
+        # a preempted request comes back when it can also take its next page, so it is not
+        # preempted again at once for the page it gave up
+        headroom = bool(a.generated) and self._grows and self.pool.pages_for(need) < self.pool.pages
+        fresh = self.pool.pages_for(need) - shared + int(headroom)
         if self.pool.free_pages < fresh and self.cache is not None:
             self.cache.make_room(pages=fresh, keep=prefix)
             if self.pool.free_pages < fresh and prefix is not None:

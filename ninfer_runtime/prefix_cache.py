@@ -117,12 +117,20 @@ class PrefixCache:
             if enough():
                 break
             checkpoint = self._entries[key][1]
-            if checkpoint is keep:
+            if checkpoint is keep or not self._would_help(checkpoint, pages, snapshots):
                 continue
             del self._entries[key]
             self.pool.drop(checkpoint)
             self.stats.evictions += 1
         return enough()
+
+    def _would_help(self, checkpoint: Checkpoint, pages: int, snapshots: int) -> bool:
+        """Whether letting ``checkpoint`` go frees what is short: a snapshot slot, or a
+        page no one else holds (a page a running sequence shares stays in use)."""
+        if self.pool.free_snapshots < snapshots:
+            return True
+        holders = self.pool.holders()
+        return self.pool.free_pages < pages and any(holders[p] == 1 for p in checkpoint.pages)
 
     def checkpoints(self) -> list[Checkpoint]:
         return [checkpoint for _, checkpoint in self._entries.values()]
