@@ -19,6 +19,19 @@ layer, the engine-thread hand-off and SSE add to every generated token.
     python benchmarks/serve_bench.py --model out/tiny.ninfer --concurrency 1,2,4,8 \\
         --engine-baseline --server-cpus 0 --client-cpus 1
     python benchmarks/serve_bench.py --url http://127.0.0.1:8080 --concurrency 1,4
+
+``--workload agent`` is an agent-like chat instead: ``--clients`` conversations run at once,
+each ``--turns`` turns long, all opening with one shared system prompt of about
+``--system-tokens`` tokens (text plus a list of function ``tools``); every turn resends the
+client's whole history (earlier user messages and the assistant replies as streamed) plus a
+new short user message, as a chat client does. With ``--model`` it runs twice, against a
+server with the prefix cache on and one with it off (``[context_cache] enabled = false``), and
+reports per mode the TTFT by turn (turn 1 against later turns), output tok/s, the share of
+prompt tokens served from the cache (``usage.prompt_tokens_details.cached_tokens``) and the
+lanes preempted (``/metrics``):
+
+    python benchmarks/serve_bench.py --workload agent --model out/tiny.ninfer \
+        --system-tokens 1500 --clients 4 --turns 3 --output-len 32 --max-context 4096
 """
 
 from __future__ import annotations
@@ -29,12 +42,16 @@ import json
 import os
 import random
 import re
+import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 
@@ -55,8 +72,10 @@ class Sample:
     e2el: float = 0.0
     output_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     itl: list[float] = field(default_factory=list)
     ok: bool = False
+    text: str = ""
 
     @property
     def tpot(self) -> float | None:
@@ -76,9 +95,17 @@ def prompts(count: int, words: int, seed: int) -> list[str]:
 async def one_request(
     client: httpx.AsyncClient, url: str, model: str, prompt: str, output_len: int
 ) -> Sample:
+    messages = [{"role": "user", "content": prompt}]
+    return await stream_chat(client, url, {"model": model, "messages": messages}, output_len)
+
+
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, request: dict, output_len: int
+) -> Sample:
+    """One streamed chat request (``request`` holds model, messages and any tools), timed as
+    a client sees it; the reply's text is kept for a conversation's next turn."""
     body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        **request,
         "max_tokens": output_len,
         "ignore_eos": True,
         "temperature": 0,
@@ -89,6 +116,7 @@ async def one_request(
     sample = Sample()
     start = time.perf_counter()
     last = None
+    text = []
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
@@ -97,12 +125,15 @@ async def one_request(
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                sample.output_tokens = chunk["usage"]["completion_tokens"]
-                sample.prompt_tokens = chunk["usage"]["prompt_tokens"]
+            if usage := chunk.get("usage"):
+                sample.output_tokens = usage["completion_tokens"]
+                sample.prompt_tokens = usage["prompt_tokens"]
+                details = usage.get("prompt_tokens_details") or {}
+                sample.cached_tokens = details.get("cached_tokens") or 0
             choices = chunk.get("choices") or []
             delta = choices[0].get("delta", {}) if choices else {}
-            if delta.get("content") or delta.get("reasoning_content"):
+            text.append(delta.get("content") or "")
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
                 now = time.perf_counter()
                 if last is None:
                     sample.ttft = now - start
@@ -111,6 +142,7 @@ async def one_request(
                 last = now
     sample.e2el = time.perf_counter() - start
     sample.ok = sample.output_tokens > 0
+    sample.text = "".join(text)
     return sample
 
 
@@ -282,11 +314,234 @@ def table(levels: list[tuple[int, dict[str, float], dict[str, float] | None]]) -
     return "\n".join(lines)
 
 
+# -- agent workload -------------------------------------------------------------------------------
+
+#: the tools every agent request lists (they are rendered into the shared system prompt)
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    arg: {"type": kind, "description": f"the {arg.replace('_', ' ')}"}
+                    for arg, kind in args.items()
+                },
+                "required": list(args)[:1],
+            },
+        },
+    }
+    for name, description, args in (
+        ("get_weather", "Current weather for a city", {"city": "string", "unit": "string"}),
+        ("search_web", "Search the web", {"query": "string", "count": "integer"}),
+        ("read_file", "Read a workspace file", {"path": "string", "max_lines": "integer"}),
+        ("run_shell", "Run a shell command", {"command": "string", "timeout_s": "number"}),
+    )
+]  # fmt: skip
+
+
+def words(count: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+@dataclass
+class Conversation:
+    """One agent client: the shared system prompt, then its own turns, each resent whole."""
+
+    system: str
+    user_words: int
+    rng: random.Random
+    messages: list[dict] = field(default_factory=list)
+
+    def next_turn(self) -> list[dict]:
+        """The history plus a new short user message: what this turn sends."""
+        if not self.messages:
+            self.messages.append({"role": "system", "content": self.system})
+        self.messages.append({"role": "user", "content": words(self.user_words, self.rng)})
+        return list(self.messages)
+
+    def reply(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+
+
+def agent_conversations(
+    clients: int, system_words: int, user_words: int, seed: int
+) -> list[Conversation]:
+    system = "You are a helpful agent. " + words(system_words, random.Random(seed))
+    return [
+        Conversation(system, user_words, random.Random(seed * 1000 + c + 1)) for c in range(clients)
+    ]
+
+
+async def system_words_for(url: str, model: str, tokens: int) -> int:
+    """Words of system text that, with the tools, make about ``tokens`` prompt tokens, from
+    three short probes (their prompts share no prefix with the workload's, so they seed no
+    cache for it): tokens per word, and what the tools block adds."""
+    probe = words(64, random.Random(-1))
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def prompt_tokens(text: str, tools: bool) -> int:
+            request = {"model": model, "messages": [{"role": "user", "content": text}]}
+            sample = await stream_chat(
+                client, url, request | ({"tools": AGENT_TOOLS} if tools else {}), 1
+            )
+            if not sample.ok:
+                raise RuntimeError(f"the probe request to {url} failed")
+            return sample.prompt_tokens
+
+        one = await prompt_tokens(probe, tools=False)
+        two = await prompt_tokens(f"{probe} {probe}", tools=False)
+        with_tools = await prompt_tokens(probe, tools=True)
+    per_word = max(two - one, 1) / 64
+    return max(0, round((tokens - (with_tools - one)) / per_word))
+
+
+async def run_agent(
+    url: str, model: str, conversations: list[Conversation], turns: int, output_len: int
+) -> tuple[list[list[Sample]], float]:
+    """Every client's turns one after another, the clients at once; samples by turn."""
+    limits = httpx.Limits(max_connections=len(conversations))
+    by_turn: list[list[Sample]] = [[] for _ in range(turns)]
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def chat(conversation: Conversation) -> None:
+            for turn in range(turns):
+                request = {
+                    "model": model,
+                    "messages": conversation.next_turn(),
+                    "tools": AGENT_TOOLS,
+                }
+                sample = await stream_chat(client, url, request, output_len)
+                by_turn[turn].append(sample)
+                conversation.reply(sample.text)
+
+        await one_request(client, url, model, "hello", 4)  # warm the connection
+        started = time.perf_counter()
+        await asyncio.gather(*(chat(c) for c in conversations))
+        return by_turn, time.perf_counter() - started
+
+
+def metric(url: str, name: str) -> float:
+    """One unlabelled series of the server's /metrics (0 when it has none)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(match[1]) if match else 0.0
+
+
+def agent_stats(by_turn: list[list[Sample]], duration: float, preemptions: float) -> dict:
+    def ttft(samples: list[Sample]) -> dict[str, float]:
+        values = [s.ttft * 1000 for s in samples if s.ok]
+        mean = statistics.fmean(values) if values else float("nan")
+        return {"ttft_mean": mean, "ttft_p50": pct(values, 50), "ttft_p90": pct(values, 90)}
+
+    def share(samples: list[Sample]) -> float:
+        prompt = sum(s.prompt_tokens for s in samples if s.ok)
+        return sum(s.cached_tokens for s in samples if s.ok) / prompt if prompt else 0.0
+
+    every = [s for turn in by_turn for s in turn]
+    ok = [s for s in every if s.ok]
+    return {
+        "ok": len(ok), "failed": len(every) - len(ok), "duration_s": duration,
+        "prompt_tokens": sum(s.prompt_tokens for s in ok),
+        "cached_tokens": sum(s.cached_tokens for s in ok),
+        "output_tokens": sum(s.output_tokens for s in ok),
+        "out_tok_s": sum(s.output_tokens for s in ok) / duration,
+        "cached_share": share(every), "preemptions": preemptions,
+        "first_turn": ttft(by_turn[0]),
+        "later_turns": ttft([s for turn in by_turn[1:] for s in turn]),
+        "turns": [
+            {"turn": i + 1, "requests": len(turn), "prompt_tokens_mean": statistics.fmean(
+                [s.prompt_tokens for s in turn if s.ok] or [0]),
+             "cached_share": share(turn), **ttft(turn)}
+            for i, turn in enumerate(by_turn)
+        ],
+    }  # fmt: skip
+
+
+def agent_table(modes: dict[str, dict]) -> str:
+    """Per mode: TTFT of every turn, then turn 1 against the later turns and the totals."""
+    lines = [
+        "| cache | turn | requests | prompt tokens (mean) | cached share "
+        "| TTFT mean / p50 / p90 ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for mode, s in modes.items():
+        for t in s["turns"]:
+            lines.append(
+                f"| {mode} | {t['turn']} | {t['requests']} | {t['prompt_tokens_mean']:.0f} | "
+                f"{t['cached_share']:.1%} | {t['ttft_mean']:.1f} / {t['ttft_p50']:.1f} / "
+                f"{t['ttft_p90']:.1f} |"
+            )
+    lines += [
+        "",
+        "| cache | turn 1 TTFT mean / p50 / p90 ms | turns 2+ TTFT mean / p50 / p90 ms "
+        "| out tok/s | cached share | preemptions | ok / failed | duration s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, s in modes.items():
+        first, later = (
+            " / ".join(f"{t[k]:.1f}" for k in ("ttft_mean", "ttft_p50", "ttft_p90"))
+            for t in (s["first_turn"], s["later_turns"])
+        )
+        lines.append(
+            f"| {mode} | {first} | {later} | {s['out_tok_s']:.1f} | {s['cached_share']:.1%} "
+            f"| {s['preemptions']:.0f} "
+            f"| {s['ok']} / {s['failed']} | {s['duration_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def agent_main(args: argparse.Namespace) -> None:
+    """The agent workload against ``--url``, or twice against servers started on
+    ``--model``: the prefix cache on, then off; the same conversations (greedy) in both."""
+    modes = ["server"] if args.url else ["on", "off"]
+    results: dict[str, dict] = {}
+    replies: dict[str, list[str]] = {}
+    system_words = None
+    for mode in modes:
+        process = None
+        url, model = args.url, args.model_id
+        try:
+            if args.model is not None:
+                process, url, served = start_server(
+                    args.model, min(args.clients, 8), args.max_context, args.server_cpus,
+                    server_args(args, cache=mode == "on"),
+                )  # fmt: skip
+                model = model or served
+            if system_words is None:  # the same prompts for every mode
+                system_words = asyncio.run(system_words_for(url, model, args.system_tokens))
+            conversations = agent_conversations(
+                args.clients, system_words, args.user_words, args.seed
+            )
+            before = metric(url, "ninfer_preemptions_total")
+            by_turn, duration = asyncio.run(
+                run_agent(url, model, conversations, args.turns, args.output_len)
+            )
+            preemptions = metric(url, "ninfer_preemptions_total") - before
+        finally:
+            if process is not None:
+                stop_server(process)
+        results[mode] = agent_stats(by_turn, duration, preemptions)
+        replies[mode] = [m["content"] for c in conversations for m in c.messages]
+    print(agent_table(results))
+    if len(replies) == 2:
+        same = replies["on"] == replies["off"]
+        print(f"\nconversations identical with the cache on and off: {'yes' if same else 'NO'}")
+    if args.json:
+        workload = {
+            k: getattr(args, k) for k in ("system_tokens", "clients", "turns", "user_words")
+        }
+        workload |= {"output_len": args.output_len, "system_words": system_words}
+        args.json.write_text(json.dumps({"workload": workload, "modes": results}, indent=2))
+
+
 # -- server process -------------------------------------------------------------------------------
 
 
 def start_server(
-    model: Path, concurrency: int, max_context: int, cpus: str | None
+    model: Path, concurrency: int, max_context: int, cpus: str | None, extra: list[str] = ()
 ) -> tuple[subprocess.Popen[str], str, str]:
     command = [
         sys.executable,
@@ -303,6 +558,7 @@ def start_server(
         "1024",
         "--log-level",
         "warning",
+        *extra,
     ]
     if cpus:
         command = ["taskset", "-c", cpus, *command]  # comma-separated CPU numbers
@@ -312,8 +568,35 @@ def start_server(
     for line in process.stderr:
         match = re.search(r"serving '([^']+)' at (http://\S+)/v1", line)
         if match:
+            # keep reading its log: a full pipe would block the server at its next message
+            threading.Thread(target=echo_errors, args=(process.stderr,), daemon=True).start()
             return process, match[2], match[1]
     raise RuntimeError("the server did not start")
+
+
+def echo_errors(log: TextIO) -> None:
+    """The server's log after start-up, shown (it runs at level warning: nothing to hide)."""
+    for line in log:
+        sys.stderr.write(f"[server] {line}")
+
+
+def stop_server(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
+
+
+def server_args(args: argparse.Namespace, cache: bool = True) -> list[str]:
+    """``--server-args``, plus a config turning the prefix cache off when ``cache`` is false."""
+    extra = shlex.split(args.server_args or "")
+    if not cache:
+        config = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "cache-off.toml"
+        config.write_text("[context_cache]\nenabled = false\n")
+        extra += ["--config", str(config)]
+    return extra
 
 
 def main() -> None:
@@ -327,7 +610,18 @@ def main() -> None:
     )
     parser.add_argument("--input-words", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--max-context", type=int, default=1024)
+    parser.add_argument(
+        "--max-context", type=int, help="server's context per request (default: 1024; agent: 8192)"
+    )
+    parser.add_argument("--workload", choices=["random", "agent"], default="random")
+    parser.add_argument("--system-tokens", type=int, default=4000, help="agent: shared prefix")
+    parser.add_argument("--clients", type=int, default=8, help="agent: conversations at once")
+    parser.add_argument("--turns", type=int, default=5, help="agent: turns per conversation")
+    parser.add_argument("--user-words", type=int, default=24, help="agent: words per user turn")
+    parser.add_argument(
+        "--server-args",
+        help='more ninfer-serve flags, e.g. "--backend cuda --context-capacity 8GiB"',
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine-baseline", action="store_true")
     parser.add_argument("--repeat", type=int, default=1, help="runs per level, pooled")
@@ -343,6 +637,13 @@ def main() -> None:
         parser.error("--engine-baseline needs --model")
     if args.client_cpus:
         os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
+    if args.max_context is None:
+        args.max_context = 8192 if args.workload == "agent" else 1024
+    if args.workload == "agent":
+        if args.engine_baseline:
+            parser.error("--engine-baseline is for the random workload")
+        agent_main(args)
+        return
     levels = []
     for c in (int(x) for x in args.concurrency.split(",")):
         count = args.num_prompts or max(16, 4 * c)
@@ -350,7 +651,9 @@ def main() -> None:
         process = None
         url, model = args.url, args.model_id
         if args.model is not None:
-            process, url, served = start_server(args.model, c, args.max_context, args.server_cpus)
+            process, url, served = start_server(
+                args.model, c, args.max_context, args.server_cpus, server_args(args)
+            )
             model = model or served
         runs: dict[str, tuple[list[Sample], float]] = {"server": ([], 0.0), "engine": ([], 0.0)}
         try:
@@ -364,8 +667,7 @@ def main() -> None:
                     runs["engine"] = (runs["engine"][0] + samples, runs["engine"][1] + duration)
         finally:
             if process is not None:
-                process.terminate()
-                process.wait(30)
+                stop_server(process)
         server = Level(c, *runs["server"]).stats()
         print(vllm_block(f"Serving Benchmark Result (C={c})", server))
         engine = None
