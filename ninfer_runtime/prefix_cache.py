@@ -46,9 +46,6 @@ class PrefixCache:
         self._entries: OrderedDict[tuple[int, int], tuple[np.ndarray, Checkpoint]] = OrderedDict()
         self.stats = CacheStats()
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     @staticmethod
     def _key(ids: np.ndarray) -> tuple[int, int]:
         return len(ids), hash(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
@@ -113,15 +110,20 @@ class PrefixCache:
             pool = self.pool
             return pool.free_pages >= pages and pool.free_snapshots >= snapshots
 
-        for key in list(self._entries):
-            if enough():
-                break
-            checkpoint = self._entries[key][1]
-            if checkpoint is keep or not self._would_help(checkpoint, pages, snapshots):
-                continue
-            del self._entries[key]
-            self.pool.drop(checkpoint)
-            self.stats.evictions += 1
+        # first the checkpoints whose going frees what is short by itself, then (pages
+        # several checkpoints share) any, least recently used first
+        for selective in (True, False):
+            for key in list(self._entries):
+                if enough():
+                    break
+                checkpoint = self._entries[key][1]
+                if checkpoint is keep:
+                    continue
+                if selective and not self._would_help(checkpoint, pages, snapshots):
+                    continue
+                del self._entries[key]
+                self.pool.drop(checkpoint)
+                self.stats.evictions += 1
         return enough()
 
     def _would_help(self, checkpoint: Checkpoint, pages: int, snapshots: int) -> bool:

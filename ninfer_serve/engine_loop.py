@@ -388,12 +388,7 @@ class EngineLoop:
         memory_gained: dict[str, int],
     ) -> None:
         self._engine_lanes = lanes
-        self.metrics.set_lanes(lanes, context_usage)
-        if spec_gained is not None:
-            self.metrics.speculated(spec_gained)
-        if memory_gained:
-            self.metrics.memory(memory_gained)
-        self._gauges()
+        # the streams first: nothing a counter does may keep their tokens from them
         for rid, chunk in batch.items():
             stream = self._streams.get(rid)
             if stream is None:
@@ -402,6 +397,12 @@ class EngineLoop:
             if chunk.last:
                 del self._streams[rid]
                 self.release(stream.ticket)
+        self.metrics.set_lanes(lanes, context_usage)
+        if spec_gained is not None:
+            self.metrics.speculated(spec_gained)
+        if memory_gained:
+            self.metrics.memory(memory_gained)
+        self._gauges()
 
     def _engine_failed(self, message: str) -> None:
         self.failed = message
@@ -509,7 +510,7 @@ class EngineLoop:
         """The engine's pool counters' increments since the previous call (only those
         that moved)."""
         totals = {
-            "cache_evictions": engine.cache.stats.evictions if engine.cache else 0,
+            "cache_evictions": engine.cache.stats.evictions if engine.cache is not None else 0,
             "preemptions": engine.preemptions,
             "replayed_tokens": engine.replayed_tokens,
         }

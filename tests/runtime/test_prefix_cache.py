@@ -234,3 +234,23 @@ def test_a_small_pool_preempts_and_replays_exactly(artifact_path, cache) -> None
         assert small.pool.pages == 5
         assert run(small) == run(roomy)
         assert small.preemptions > 0 and small.replayed_tokens > 0
+
+
+def test_checkpoints_sharing_every_page_never_block_admission(artifact_path) -> None:
+    """Two one-page lanes and checkpoints that all share the pages: a waiting request makes
+    them go (all of them if need be), and every request finishes."""
+    art = artifact_path("qwen3_5_bf16", "dense")
+    engine = Engine(art, max_lanes=2, max_context=256, prefix_cache=True, checkpoint_interval=16)
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 400, 250).tolist()
+    for _ in range(24):
+        prompt = base[: rng.integers(10, 250)]
+        params = SamplingParams(temperature=1.0, max_tokens=int(rng.choice([1, 5, 100])))
+        engine.submit(GenerationRequest(prompt_ids=prompt, sampling=params, parse_output=False))
+    finished = 0
+    for _ in range(5000):
+        if not engine.has_work:
+            break
+        finished += sum(isinstance(e, Finished) for e in engine.step())
+        _check_pool(engine)
+    assert finished == 24 and not engine.has_work
