@@ -241,6 +241,24 @@ class Engine:
         """Fraction of the context pool's K/V pages held by running requests."""
         return (self.pool.pages - self.pool.free_pages) / self.pool.pages
 
+    def pool_bytes(self) -> dict[str, int]:
+        """The context pool's bytes by use: K/V pages running requests hold, pages only
+        prefix-cache checkpoints hold, free pages, the lanes' recurrent state slots, and the
+        snapshot slots checkpoints use."""
+        pool, holders = self.pool, self.pool.holders()
+        running = np.zeros(pool.pages, dtype=bool)
+        for a in self._active.values():
+            if a.state is not None:
+                running[a.state.pages] = True
+        snapshot = pool.slot_bytes_of(pool.specs)
+        return {
+            "kv_running": int(running.sum()) * pool.page_bytes,
+            "kv_cached": int(((holders > 0) & ~running).sum()) * pool.page_bytes,
+            "kv_free": pool.free_pages * pool.page_bytes,
+            "states": pool.slots * pool.slot_bytes,
+            "snapshots": (pool.snapshots - pool.free_snapshots) * snapshot,
+        }
+
     @property
     def has_work(self) -> bool:
         return bool(self._active or self._waiting)

@@ -386,6 +386,7 @@ class EngineLoop:
         context_usage: float,
         spec_gained: SpecStats | None,
         memory_gained: dict[str, int],
+        pool_bytes: dict[str, int],
     ) -> None:
         self._engine_lanes = lanes
         # the streams first: nothing a counter does may keep their tokens from them
@@ -397,7 +398,7 @@ class EngineLoop:
             if chunk.last:
                 del self._streams[rid]
                 self.release(stream.ticket)
-        self.metrics.set_lanes(lanes, context_usage)
+        self.metrics.set_lanes(lanes, context_usage, pool_bytes)
         if spec_gained is not None:
             self.metrics.speculated(spec_gained)
         if memory_gained:
@@ -504,6 +505,7 @@ class EngineLoop:
                 engine.context_usage,
                 spec_gained,
                 memory_gained,
+                engine.pool_bytes(),
             )
 
     def _memory_gained(self, engine: Engine) -> dict[str, int]:

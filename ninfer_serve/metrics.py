@@ -247,6 +247,12 @@ class Metrics:
             registry=r,
         )
 
+        self.pool_bytes = Gauge(
+            "ninfer_context_pool_bytes",
+            "Context pool bytes by use (kv_running, kv_cached, kv_free, states, snapshots)",
+            ["use"],
+            registry=r,
+        )
         # the context pool under pressure: prefix-cache checkpoints let go, lanes preempted
         # (memory freed, resumed later) and the generated tokens they fed again
         self.memory_events = {
@@ -312,9 +318,13 @@ class Metrics:
         self.v_running.set(scheduled)
         self.v_waiting.set(running + waiting - scheduled)
 
-    def set_lanes(self, lanes: int, context_usage: float) -> None:
+    def set_lanes(
+        self, lanes: int, context_usage: float, pool_bytes: dict[str, int] | None = None
+    ) -> None:
         self.lanes.set(lanes)
         self.v_kv.set(context_usage)
+        for use, size in (pool_bytes or {}).items():
+            self.pool_bytes.labels(use).set(size)
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
