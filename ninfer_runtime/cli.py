@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,39 @@ from .state import KV_DTYPES
 
 if TYPE_CHECKING:
     from .speculative import SpecConfig, SpecStats
+
+
+def speculative_options(spec_default: str | None) -> Callable[[Any], Any]:
+    """``--spec``, ``--draft-tokens`` and ``--proposal-head``, as ``ninfer`` and
+    ``ninfer-serve`` both take them (``spec_default`` None: a config file may set it)."""
+    options = [
+        click.option(
+            "--spec",
+            default=spec_default,
+            metavar="off|mtp",
+            help="Speculative decoding: mtp drafts with the artifact's MTP component "
+            "(dflash, dflash2: not available yet).  [default: off]",
+        ),
+        click.option(
+            "--draft-tokens",
+            type=int,
+            help="Tokens drafted per round with --spec mtp, 1..5.  [default: 3]",
+        ),
+        click.option(
+            "--proposal-head",
+            type=click.Choice(["optimized", "full"]),
+            help="The drafter scores the artifact's proposal rows or the whole vocabulary.  "
+            "[default: optimized when the artifact has them]",
+        ),
+    ]
+
+    def apply(fn: Any) -> Any:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
 
 EPILOG = """\b
 Examples:
@@ -77,23 +111,7 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
     show_default=True,
     help="How keys and values are kept (bfloat16: half the memory, fp8_e4m3: a quarter).",
 )
-@click.option(
-    "--spec",
-    default="off",
-    show_default=True,
-    metavar="off|mtp",
-    help="Speculative decoding: mtp drafts with the artifact's MTP component "
-    "(dflash, dflash2: not available yet).",
-)
-@click.option(
-    "--draft-tokens", type=int, help="Tokens drafted per round with --spec mtp, 1..5.  [default: 3]"
-)
-@click.option(
-    "--proposal-head",
-    type=click.Choice(["optimized", "full"]),
-    help="The drafter scores the artifact's proposal rows or the whole vocabulary.  "
-    "[default: optimized when the artifact has them]",
-)
+@speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
 def main(model: Path, **options: Any) -> None:
     """Generate a reply from the .ninfer artifact MODEL."""

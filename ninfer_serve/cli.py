@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from ninfer_format.extras import require_extra
+from ninfer_runtime.cli import speculative_options
 from ninfer_runtime.state import KV_DTYPES
 
 from .config import ConfigError, Settings, fit_to_model, is_loopback, load_settings
@@ -90,21 +91,7 @@ def _say(text: str) -> None:
     help="Memory for K/V pages and recurrent states: auto or a size like 24GiB.  [default: auto]",
 )
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
-@click.option(
-    "--spec",
-    metavar="off|mtp",
-    help="Speculative decoding: mtp drafts with the artifact's MTP component "
-    "(dflash, dflash2: not available yet).  [default: off]",
-)
-@click.option(
-    "--draft-tokens", type=int, help="Tokens drafted per round with --spec mtp, 1..5.  [default: 3]"
-)
-@click.option(
-    "--proposal-head",
-    type=click.Choice(["optimized", "full"]),
-    help="The drafter scores the artifact's proposal rows or the whole vocabulary.  "
-    "[default: optimized when the artifact has them]",
-)
+@speculative_options(None)
 @click.option(
     "--default-max-tokens",
     type=int,

@@ -41,6 +41,22 @@ def _serve(engine: Engine, prompts, **sampling) -> list[tuple[list[int], Finishe
     return out
 
 
+def _concurrent(engine: Engine, prompts, params: SamplingParams) -> list[list[int]]:
+    """Every prompt submitted at once, stepped to the end (the pool checked after every
+    step when the engine caches): each request's streamed token ids."""
+    ids = {}
+    for p in prompts:
+        request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
+        ids[engine.submit(request)] = []
+    while engine.has_work:
+        for e in engine.step():
+            if isinstance(e, TokenEvent):
+                ids[e.request_id].append(e.token_id)
+        if engine.cache is not None:
+            _check_pool(engine)
+    return list(ids.values())
+
+
 def _engine(art: Path, cache: bool, **kw) -> Engine:
     return Engine(
         art, max_lanes=2, max_context=4096, prefill_chunk=128, prefix_cache=cache,
@@ -77,19 +93,8 @@ def test_concurrent_lanes_share_the_prefix(artifact_path) -> None:
     prompts = _requests(seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=16)
 
-    def run(cache: bool) -> dict[str, list[int]]:
-        engine = _engine(art, cache)
-        ids = {}
-        for p in prompts:
-            request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
-            ids[engine.submit(request)] = []
-        while engine.has_work:
-            for e in engine.step():
-                if isinstance(e, TokenEvent):
-                    ids[e.request_id].append(e.token_id)
-            if cache:
-                _check_pool(engine)
-        return list(ids.values())
+    def run(cache: bool) -> list[list[int]]:
+        return _concurrent(_engine(art, cache), prompts, params)
 
     assert run(True) == run(False)
 
@@ -168,19 +173,10 @@ def test_eviction_never_frees_a_page_still_held(artifact_path) -> None:
             art, max_lanes=3, max_context=320, prefill_chunk=64, prefix_cache=cache,
             checkpoint_interval=32,
         )  # fmt: skip
-        ids = {}
-        for p in prompts:
-            request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
-            ids[engine.submit(request)] = []
-        while engine.has_work:
-            for e in engine.step():
-                if isinstance(e, TokenEvent):
-                    ids[e.request_id].append(e.token_id)
-            if cache:
-                _check_pool(engine)
+        ids = _concurrent(engine, prompts, params)
         if cache:
             assert engine.cache.stats.evictions > 0 and engine.cache.stats.hit_tokens > 0
-        return list(ids.values())
+        return ids
 
     assert run(True) == run(False)
 
@@ -217,22 +213,11 @@ def test_a_small_pool_preempts_and_replays_exactly(artifact_path, cache) -> None
     for sampling in ({"temperature": 0.0}, {"temperature": 0.8, "seed": 3}):
         params = SamplingParams(max_tokens=300, ignore_eos=True, **sampling)
 
-        def run(engine: Engine, params: SamplingParams = params) -> list[list[int]]:
-            ids = {}
-            for p in prompts:
-                request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
-                ids[engine.submit(request)] = []
-            while engine.has_work:
-                for e in engine.step():
-                    if isinstance(e, TokenEvent):
-                        ids[e.request_id].append(e.token_id)
-            return list(ids.values())
-
         small = Engine(
             art, max_lanes=4, max_context=512, context_capacity=budget, prefix_cache=cache
         )
         assert small.pool.pages == 5
-        assert run(small) == run(roomy)
+        assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
         assert small.preemptions > 0 and small.replayed_tokens > 0
 
 
