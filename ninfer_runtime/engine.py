@@ -52,8 +52,9 @@ from .state import SequenceState
 #: too, and a stop token drawn inside reasoning ends the reasoning instead.
 LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
 
-#: with the prefix cache, GDN state snapshots kept per lane (checkpoints of prompts and of
-#: finished generations; more are evicted least recently used first)
+#: with the prefix cache and no context capacity given, the pool holds beside every lane's
+#: full context this many checkpoints' GDN state snapshots per lane (a capacity given is
+#: all shared: pages go to K/V or snapshots as the workload needs)
 CACHE_SNAPSHOTS_PER_LANE = 4
 
 
@@ -226,10 +227,16 @@ class Engine:
             snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
         )
         #: checkpoints of earlier prompts and generations, resumed by later requests
-        self.cache = PrefixCache(self.pool) if prefix_cache else None
+        self.cache = (
+            PrefixCache(self.pool, self._cache_salt(backend, kv_dtype)) if prefix_cache else None
+        )
         self.checkpoint_interval = checkpoint_interval
         self._waiting: deque[_Active] = deque()
         self._active: dict[str, _Active] = {}
+
+    def _cache_salt(self, backend: str, kv_dtype: str) -> bytes:
+        """What decides a checkpoint's states besides its tokens."""
+        return b"|".join([self.artifact.artifact_id, backend.encode(), kv_dtype.encode()])
 
     # ------------------------------------------------------------------ admission
     @property
@@ -238,25 +245,26 @@ class Engine:
 
     @property
     def context_usage(self) -> float:
-        """Fraction of the context pool's K/V pages held by running requests."""
-        return (self.pool.pages - self.pool.free_pages) / self.pool.pages
+        """Fraction of the context pool's pages held by running requests (pages only
+        checkpoints hold are the cache's: they go when a request needs them)."""
+        return self.pool_bytes()["kv_running"] / (self.pool.pages * self.pool.page_bytes or 1)
 
     def pool_bytes(self) -> dict[str, int]:
         """The context pool's bytes by use: K/V pages running requests hold, pages only
         prefix-cache checkpoints hold, free pages, the lanes' recurrent state slots, and the
-        snapshot slots checkpoints use."""
+        pages checkpoints' state snapshots take."""
         pool, holders = self.pool, self.pool.holders()
         running = np.zeros(pool.pages, dtype=bool)
         for a in self._active.values():
             if a.state is not None:
                 running[a.state.pages] = True
-        snapshot = pool.slot_bytes_of(pool.specs)
+        cached = int(((holders > 0) & ~running).sum()) - pool.snapshot_pages_used
         return {
             "kv_running": int(running.sum()) * pool.page_bytes,
-            "kv_cached": int(((holders > 0) & ~running).sum()) * pool.page_bytes,
+            "kv_cached": cached * pool.page_bytes,
             "kv_free": pool.free_pages * pool.page_bytes,
             "states": pool.slots * pool.slot_bytes,
-            "snapshots": (pool.snapshots - pool.free_snapshots) * snapshot,
+            "snapshots": pool.snapshot_pages_used * pool.page_bytes,
         }
 
     @property
@@ -492,8 +500,8 @@ class Engine:
             return
         if self.cache.refresh(tokens[: a.state.length]):
             return
-        if not self.pool.free_snapshots:
-            self.cache.make_room(snapshots=1)
+        if self.pool.free_pages < self.pool.snapshot_pages:
+            self.cache.make_room(pages=self.pool.snapshot_pages)
         kept = self.pool.keep(a.state, hidden, logits)
         if kept is not None:
             self.cache.insert(tokens[: a.state.length], kept)

@@ -1,54 +1,83 @@
 """Prefix reuse: checkpoints of earlier sequences, found again by their exact tokens.
 
 A hybrid model can resume a prompt only where its recurrent state was kept, so the cache
-holds **checkpoints** (``state.Checkpoint``): the GDN states copied into a snapshot slot and
+holds **checkpoints** (``state.Checkpoint``): the GDN states copied into snapshot pages and
 the K/V pages of the tokens before them, shared with whatever else holds those pages. The
 engine keeps one at the end of every prompt and at the end of every finished generation
 (the next chat turn resends it and continues after it). Long prompts are also kept every
 ``checkpoint_interval`` tokens (prefill chunks end there), so requests that share a long
 system prompt and tools but differ after it resume from the last boundary before they
-differ. A new request resumes
-from the deepest checkpoint whose tokens are exactly the first tokens of its prompt and
-prefills only the rest; a prompt's own checkpoint keeps its last logits, so the same prompt
-again starts generating at once.
+differ. A new request resumes from the deepest checkpoint whose tokens are exactly the first
+tokens of its prompt and prefills only the rest; a prompt's own checkpoint keeps its last
+logits, so the same prompt again starts generating at once.
 
-Identity is token-exact: the key is the token ids themselves (hashed for the lookup and
-compared in full on a hit). Everything else that changes a state (the artifact, the K/V
-storage type, the backend) is fixed for the engine that owns the cache, so it needs no salt.
-Entries go least recently used first when the pool needs their pages or snapshot slots.
+Identity is token-exact. A checkpoint's key chains a hash over its tokens block by block
+(``BLOCK_TOKENS`` at a time, each block's hash seeded by the one before, the first by the
+cache's salt), then hashes the tokens after the last whole block; a lookup hashes the prompt
+once and compares the tokens in full on a hit. The salt names what else decides a state and
+is fixed for the engine that owns the cache (the artifact, the K/V storage type, the
+backend), so keys never match across them.
+
+When pages run short, checkpoints go by value: the prefill tokens a checkpoint saves per
+page only it holds (its snapshot, and K/V pages nothing else holds), in powers of two, the
+lowest first, and within a power of two the least recently used first.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import xxhash
 
 from .state import Checkpoint, ContextPool
+
+#: tokens per hashed block of a key's chain
+BLOCK_TOKENS = 256
 
 
 @dataclass
 class CacheStats:
-    """Prompt tokens looked up, and those found (resumed instead of prefilled)."""
+    """Prompt tokens looked up, those found (resumed instead of prefilled), and
+    checkpoints let go to make room."""
 
     queried_tokens: int = 0
     hit_tokens: int = 0
     evictions: int = 0
 
 
+class _Chain:
+    """The chained block hashes of one token sequence: ``key(n)`` is the key of its first
+    ``n`` tokens."""
+
+    def __init__(self, ids: np.ndarray, salt: bytes):
+        self.ids = np.ascontiguousarray(ids, dtype=np.int64)
+        self.blocks = [xxhash.xxh3_64_digest(salt)]
+        for start in range(0, len(self.ids) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+            block = self.ids[start : start + BLOCK_TOKENS].tobytes()
+            self.blocks.append(xxhash.xxh3_64_digest(block, seed=self._seed(-1)))
+
+    def _seed(self, index: int) -> int:
+        return int.from_bytes(self.blocks[index], "little")
+
+    def key(self, length: int) -> tuple[int, int]:
+        whole = length // BLOCK_TOKENS
+        tail = self.ids[whole * BLOCK_TOKENS : length].tobytes()
+        return length, xxhash.xxh3_64_intdigest(tail, seed=self._seed(whole))
+
+
 class PrefixCache:
     """The checkpoints of one engine's pool, by their token ids."""
 
-    def __init__(self, pool: ContextPool):
+    def __init__(self, pool: ContextPool, salt: bytes = b""):
         self.pool = pool
+        self.salt = salt
+        # key -> (tokens, checkpoint), least recently used first
         self._entries: OrderedDict[tuple[int, int], tuple[np.ndarray, Checkpoint]] = OrderedDict()
         self.stats = CacheStats()
-
-    @staticmethod
-    def _key(ids: np.ndarray) -> tuple[int, int]:
-        return len(ids), hash(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
 
     def lookup(
         self, prompt: Sequence[int] | np.ndarray, *, whole: bool = False
@@ -56,15 +85,17 @@ class PrefixCache:
         """The deepest checkpoint whose tokens begin ``prompt`` (None: none): one that
         leaves some of it to prefill, or all of it when it kept its last logits (or when
         ``whole``: the caller needs no logits, as a preempted request that resumes)."""
-        ids = np.asarray(prompt, dtype=np.int64)
+        chain = _Chain(np.asarray(prompt, dtype=np.int64), self.salt)
         for length in sorted({n for n, _ in self._entries}, reverse=True):
-            if length > len(ids):
+            if length > len(chain.ids):
                 continue
-            key = self._key(ids[:length])
+            key = chain.key(length)
             entry = self._entries.get(key)
-            if entry is None or (length == len(ids) and entry[1].logits is None and not whole):
+            if entry is None:
                 continue
-            if np.array_equal(entry[0], ids[:length]):
+            if length == len(chain.ids) and entry[1].logits is None and not whole:
+                continue
+            if np.array_equal(entry[0], chain.ids[:length]):
                 self._entries.move_to_end(key)
                 return entry[1]
         return None
@@ -78,7 +109,7 @@ class PrefixCache:
         """Whether a checkpoint of exactly ``tokens`` is kept (it becomes the most recently
         used): then there is no need to keep another."""
         ids = np.asarray(tokens, dtype=np.int64)
-        key = self._key(ids)
+        key = _Chain(ids, self.salt).key(len(ids))
         entry = self._entries.get(key)
         if entry is None or not np.array_equal(entry[0], ids):
             return False
@@ -91,7 +122,7 @@ class PrefixCache:
         ids = np.array(tokens, dtype=np.int64)
         if len(ids) != checkpoint.length:
             raise ValueError(f"{len(ids)} tokens for a checkpoint of {checkpoint.length}")
-        key = self._key(ids)
+        key = _Chain(ids, self.salt).key(len(ids))
         if key in self._entries and np.array_equal(self._entries[key][0], ids):
             self._entries.move_to_end(key)
             self.pool.drop(checkpoint)
@@ -100,39 +131,37 @@ class PrefixCache:
             self.pool.drop(self._entries.pop(key)[1])
         self._entries[key] = (ids, checkpoint)
 
-    def make_room(
-        self, *, pages: int = 0, snapshots: int = 0, keep: Checkpoint | None = None
-    ) -> bool:
-        """Let checkpoints go, least recently used first (never ``keep``), until the pool
-        has ``pages`` free pages and ``snapshots`` free snapshot slots; whether it has."""
-
-        def enough() -> bool:
-            pool = self.pool
-            return pool.free_pages >= pages and pool.free_snapshots >= snapshots
-
-        # first the checkpoints whose going frees what is short by itself, then (pages
-        # several checkpoints share) any, least recently used first
+    def make_room(self, *, pages: int, keep: Checkpoint | None = None) -> bool:
+        """Let checkpoints go, least valuable first (never ``keep``), until the pool has
+        ``pages`` free pages; whether it has."""
+        # first those whose going frees a page by itself, then (K/V pages several
+        # checkpoints share) any, in the same order
         for selective in (True, False):
-            for key in list(self._entries):
-                if enough():
+            while self.pool.free_pages < pages:
+                holders = self.pool.holders()
+                candidates = [
+                    (self._value(checkpoint, own), age, key)
+                    for age, (key, (_, checkpoint)) in enumerate(self._entries.items())
+                    if checkpoint is not keep
+                    and ((own := self._own_pages(checkpoint, holders)) or not selective)
+                ]
+                if not candidates:
                     break
-                checkpoint = self._entries[key][1]
-                if checkpoint is keep:
-                    continue
-                if selective and not self._would_help(checkpoint, pages, snapshots):
-                    continue
-                del self._entries[key]
-                self.pool.drop(checkpoint)
+                _, _, key = min(candidates)
+                self.pool.drop(self._entries.pop(key)[1])
                 self.stats.evictions += 1
-        return enough()
+        return self.pool.free_pages >= pages
 
-    def _would_help(self, checkpoint: Checkpoint, pages: int, snapshots: int) -> bool:
-        """Whether letting ``checkpoint`` go frees what is short: a snapshot slot, or a
-        page no one else holds (a page a running sequence shares stays in use)."""
-        if self.pool.free_snapshots < snapshots:
-            return True
-        holders = self.pool.holders()
-        return self.pool.free_pages < pages and any(holders[p] == 1 for p in checkpoint.pages)
+    @staticmethod
+    def _own_pages(checkpoint: Checkpoint, holders: np.ndarray) -> int:
+        """Pages that go back to the pool with ``checkpoint``: its snapshot, and K/V pages
+        nothing else holds."""
+        return len(checkpoint.snapshot) + int((holders[list(checkpoint.pages)] == 1).sum())
+
+    @staticmethod
+    def _value(checkpoint: Checkpoint, own_pages: int) -> int:
+        """Prefill tokens saved per page freed, as a power of two (ties: age decides)."""
+        return int(math.log2(max(checkpoint.length / max(own_pages, 1), 1)))
 
     def checkpoints(self) -> list[Checkpoint]:
         return [checkpoint for _, checkpoint in self._entries.values()]

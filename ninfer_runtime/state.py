@@ -9,12 +9,15 @@ once with explicit shapes:
   attention layer; a sequence owns a list of page ids (the same ids in every layer), written
   into row ``slot`` of the device ``page_table``.
 * recurrent and convolution states live in **slots**, ``[slots, Hv, dk, dv]`` and
-  ``[slots, C, K-1]`` per GDN layer; a sequence owns one slot.
+  ``[slots, C, K-1]`` per GDN layer; a running sequence owns one slot (its lane's).
 
-Every buffer keeps its address for the life of the pool, so a decode step addresses sequences
-by (slot, position) indices alone and a GPU backend can capture it once in a CUDA graph. The
-engine admits a request when the pool has a free slot and pages for its whole budget.
-``ContextPool.for_budget`` is the one place a pool's size is worked out.
+The pages are the one shared store: K/V of running sequences, K/V that prefix-cache
+checkpoints keep, and the checkpoints' copies of the GDN states (a **snapshot** is written
+into ``snapshot_pages`` pages of its own, byte for byte across the attention layers' page
+memory), so pages go wherever the workload needs them. Every buffer keeps its address for
+the life of the pool, so a decode step addresses sequences by (slot, position) indices alone
+and a GPU backend can capture it once in a CUDA graph. ``ContextPool.for_budget`` is the one
+place a pool's size is worked out.
 """
 
 from __future__ import annotations
@@ -191,16 +194,13 @@ class GdnDrafts:
 
 
 class GdnSlots:
-    """One GDN layer's states: ``recurrent [slots + snapshots, Hv, dk, dv]``, ``conv [slots +
-    snapshots, C, K-1]`` (the lanes' slots first, then the prefix cache's snapshots), and
-    with speculative decoding the record of the last verification (``drafts``)."""
+    """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``,
+    and with speculative decoding the record of the last verification (``drafts``)."""
 
-    def __init__(
-        self, spec: GdnSpec, slots: int, xp: ModuleType, draft_rows: int = 0, snapshots: int = 0
-    ):
-        s, n = spec, slots + snapshots
-        self.recurrent = xp.zeros((n, s.value_heads, s.key_dim, s.value_dim), xp.float32)
-        self.conv = xp.zeros((n, s.conv_channels, s.conv_kernel - 1), xp.float32)
+    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, draft_rows: int = 0):
+        s = spec
+        self.recurrent = xp.zeros((slots, s.value_heads, s.key_dim, s.value_dim), xp.float32)
+        self.conv = xp.zeros((slots, s.conv_channels, s.conv_kernel - 1), xp.float32)
         self.drafts = GdnDrafts(s, slots, draft_rows, xp) if draft_rows else None
 
 
@@ -210,14 +210,14 @@ LayerPool = AttentionPages | GdnSlots
 @dataclass(frozen=True)
 class Checkpoint:
     """A sequence's memory after ``length`` consumed tokens, kept when it moves on or ends:
-    the K/V pages covering them (shared: the pool counts each page's holders), its GDN
-    states copied into snapshot slot ``snapshot``, and with speculative decoding the main
-    model's hidden row of the last token (the drafter pairs it with the next token; the
+    the K/V pages covering them (shared: the pool counts each page's holders), the pages its
+    GDN states were copied into (``snapshot``, its own), and with speculative decoding the
+    main model's hidden row of the last token (the drafter pairs it with the next token; the
     MTP entries of the tokens before it are in the pages)."""
 
     length: int
     pages: tuple[int, ...]
-    snapshot: int
+    snapshot: tuple[int, ...]
     hidden: Array | None = None
     #: the last token's logits [V], when kept: a request whose whole prompt this is starts
     #: generating from them with nothing to prefill
@@ -290,7 +290,6 @@ class ContextPool:
         max_context: int,
         mtp: KvSpec | None = None,
         draft: DraftSpec | None = None,
-        snapshots: int = 0,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
     ):
@@ -306,7 +305,7 @@ class ContextPool:
         self.layers: list[LayerPool] = [
             AttentionPages(s, pages, page_tokens, xp, kv_dtype)
             if isinstance(s, KvSpec)
-            else GdnSlots(s, slots, xp, rows, snapshots)
+            else GdnSlots(s, slots, xp, rows)
             for s in specs
         ]
         #: speculative decoding: each slot's main-model hidden rows of its last verification
@@ -320,10 +319,18 @@ class ContextPool:
         self.page_table = xp.zeros((slots, self.max_pages), dtype=xp.int32)
         self._free_slots = list(range(slots))[::-1]
         self._free_pages = list(range(pages))[::-1]
-        self._free_snapshots = list(range(slots, slots + snapshots))[::-1]
-        self.snapshots = snapshots
-        #: holders of each page: the sequences and checkpoints whose tokens it stores
+        #: holders of each page: the sequences and checkpoints whose tokens (or states) it
+        #: stores
         self._holders = np.zeros(pages, dtype=np.int64)
+        self._snapshot_plan = self._plan_snapshots()
+        #: pages one snapshot of a sequence's GDN states takes
+        self.snapshot_pages = max((c.page for c in self._snapshot_plan), default=-1) + 1
+        # states, and no page memory to keep them in: checkpoints cannot be kept
+        self._keeps = bool(self._snapshot_plan) or not any(
+            part.size for part in self._state_parts()
+        )
+        #: pages snapshots take now
+        self.snapshot_pages_used = 0
 
     # -------------------------------------------------------------------------- sizing
     @classmethod
@@ -341,18 +348,21 @@ class ContextPool:
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
     ) -> ContextPool:
-        """``lanes`` slots, and pages for every lane at ``max_context`` tokens, or as many
-        as ``budget`` bytes hold beside the lanes' recurrent state and ``snapshots`` state
-        snapshots for the prefix cache (``None``: no limit)."""
+        """``lanes`` slots, and pages for every lane at ``max_context`` tokens plus
+        ``snapshots`` snapshots of the GDN states (prefix-cache checkpoints); with a
+        ``budget``, as many pages as its bytes hold beside the lanes' recurrent state (all
+        of them when checkpoints are kept, else no more than the lanes can use)."""
         if lanes <= 0 or max_context <= 0 or page_tokens <= 0:
             raise EngineError("a context pool needs positive slots, max_context and page_tokens")
         page_bytes = cls.page_bytes_of(specs, mtp, page_tokens, kv_dtype)
         pages = lanes * math.ceil(max_context / page_tokens)
+        if snapshots and page_bytes:
+            pages += snapshots * math.ceil(cls.slot_bytes_of(specs) / page_bytes)
         if budget is not None:
-            slot_bytes = lanes * cls.slot_bytes_of(specs, draft) + snapshots * cls.slot_bytes_of(
-                specs
-            )
-            pages = min((budget - slot_bytes) // max(page_bytes, 1), pages)
+            slot_bytes = lanes * cls.slot_bytes_of(specs, draft)
+            held = (budget - slot_bytes) // max(page_bytes, 1)
+            # with checkpoints to keep, every page is of use; without, only the lanes' own
+            pages = held if snapshots else min(held, pages)
             if pages < 1:
                 need = slot_bytes + page_bytes
                 raise EngineError(
@@ -369,7 +379,6 @@ class ContextPool:
             max_context=max_context,
             mtp=mtp,
             draft=draft,
-            snapshots=snapshots,
             page_tokens=page_tokens,
             kv_dtype=kv_dtype,
         )
@@ -422,13 +431,8 @@ class ContextPool:
     def free_pages(self) -> int:
         return len(self._free_pages)
 
-    @property
-    def free_snapshots(self) -> int:
-        return len(self._free_snapshots)
-
     def nbytes(self) -> int:
-        snapshots = self.snapshots * self.slot_bytes_of(self.specs)
-        return self.slots * self.slot_bytes + snapshots + self.pages * self.page_bytes
+        return self.slots * self.slot_bytes + self.pages * self.page_bytes
 
     def holders(self) -> np.ndarray:
         """How many sequences and checkpoints hold each page (0: free)."""
@@ -444,7 +448,7 @@ class ContextPool:
     def open(self, tokens: int, prefix: Checkpoint | None = None) -> SequenceState:
         """A sequence with room for ``tokens`` tokens: fresh (zeroed recurrent state), or
         continuing from ``prefix``: its full pages shared, its last partial page copied (the
-        sequence will write the rest of it), its GDN states copied from the snapshot."""
+        sequence will write the rest of it), its GDN states copied back from the snapshot."""
         if not 0 < tokens <= self.max_context:
             raise EngineError(f"a sequence needs 1..{self.max_context} tokens, asked {tokens}")
         need = self.pages_for(tokens)
@@ -480,10 +484,7 @@ class ContextPool:
             for layer in self._attention_layers():
                 layer.k[dst, :rows] = layer.k[src, :rows]
                 layer.v[dst, :rows] = layer.v[src, :rows]
-        for layer in self.layers:
-            if isinstance(layer, GdnSlots):
-                layer.recurrent[state.slot] = layer.recurrent[prefix.snapshot]
-                layer.conv[state.slot] = layer.conv[prefix.snapshot]
+        self._copy_snapshot(state.slot, prefix.snapshot, restore=True)
         state.length = prefix.length
         state.resumed_logits = prefix.logits
         if prefix.hidden is not None and self.draft_hidden is not None:
@@ -509,16 +510,15 @@ class ContextPool:
     def keep(
         self, state: SequenceState, hidden: Array | None = None, logits: Array | None = None
     ) -> Checkpoint | None:
-        """A checkpoint of ``state`` at its length (None: no snapshot slot is free, or no
-        token yet). ``hidden``: the last token's hidden row, for speculative decoding;
-        ``logits``: its logits."""
-        if not self._free_snapshots or state.length == 0:
+        """A checkpoint of ``state`` at its length (None: fewer than ``snapshot_pages``
+        pages are free, or no token yet). ``hidden``: the last token's hidden row, for
+        speculative decoding; ``logits``: its logits."""
+        if not self._keeps or len(self._free_pages) < self.snapshot_pages or not state.length:
             return None
-        snapshot = self._free_snapshots.pop()
-        for layer in self.layers:
-            if isinstance(layer, GdnSlots):
-                layer.recurrent[snapshot] = layer.recurrent[state.slot]
-                layer.conv[snapshot] = layer.conv[state.slot]
+        snapshot = tuple(self._free_pages.pop() for _ in range(self.snapshot_pages))
+        self._holders[list(snapshot)] += 1
+        self.snapshot_pages_used += len(snapshot)
+        self._copy_snapshot(state.slot, snapshot, restore=False)
         pages = tuple(state.pages[: self.pages_for(state.length)])
         self._holders[list(pages)] += 1
 
@@ -528,9 +528,9 @@ class ContextPool:
         return Checkpoint(state.length, pages, snapshot, copy(hidden), copy(logits))
 
     def drop(self, checkpoint: Checkpoint) -> None:
-        """Let a checkpoint go: its snapshot slot, and its hold on its pages."""
-        self._release(list(checkpoint.pages))
-        self._free_snapshots.append(checkpoint.snapshot)
+        """Let a checkpoint go: its snapshot's pages, and its hold on its K/V pages."""
+        self._release(list(checkpoint.pages) + list(checkpoint.snapshot))
+        self.snapshot_pages_used -= len(checkpoint.snapshot)
 
     def close(self, state: SequenceState) -> None:
         """Give a sequence's slot and pages back (the state must not be used afterwards)."""
@@ -547,3 +547,61 @@ class ContextPool:
     def _attention_layers(self) -> list[AttentionPages]:
         layers = [layer for layer in self.layers if isinstance(layer, AttentionPages)]
         return layers + ([self.mtp] if self.mtp is not None else [])
+
+    # -------------------------------------------------------------------- snapshots
+    def _page_parts(self) -> list[Array]:
+        """The arrays whose row ``p`` is page ``p``'s memory, in the order snapshots fill it."""
+        return [part for layer in self._attention_layers() for part in (layer.k, layer.v)]
+
+    def _state_parts(self) -> list[Array]:
+        """The arrays whose row ``slot`` is a sequence's GDN states, in snapshot order."""
+        gdn = [layer for layer in self.layers if isinstance(layer, GdnSlots)]
+        return [part for layer in gdn for part in (layer.recurrent, layer.conv)]
+
+    def _plan_snapshots(self) -> list[_SnapshotCopy]:
+        """Where each byte of a sequence's GDN states goes in a snapshot: the states laid
+        end to end, filling page after page (each page its parts one after the other)."""
+        row_bytes = [part[0].nbytes for part in self._page_parts()]
+        if not sum(row_bytes):
+            return []
+        plan, page, part, at = [], 0, 0, 0
+        for state, source in enumerate(self._state_parts()):
+            done, size = 0, source[0].nbytes
+            while done < size:
+                n = min(size - done, row_bytes[part] - at)
+                plan.append(_SnapshotCopy(state, done, page, part, at, n))
+                done, at = done + n, at + n
+                if at == row_bytes[part]:
+                    part, at = part + 1, 0
+                    if part == len(row_bytes):
+                        page, part = page + 1, 0
+        return plan
+
+    def _copy_snapshot(self, slot: int, pages: tuple[int, ...], *, restore: bool) -> None:
+        """Slot ``slot``'s GDN states into the snapshot ``pages`` (``restore``: back)."""
+        states, page_parts = self._state_parts(), self._page_parts()
+
+        def row_bytes(array: Array, row: int) -> Array:
+            return array[row].reshape(-1).view(self.xp.uint8)
+
+        for c in self._snapshot_plan:
+            state = row_bytes(states[c.state], slot)[c.state_at : c.state_at + c.size]
+            page = row_bytes(page_parts[c.part], pages[c.page])[c.page_at : c.page_at + c.size]
+            if restore:
+                state[...] = page
+            else:
+                page[...] = state
+
+
+@dataclass(frozen=True)
+class _SnapshotCopy:
+    """One contiguous run of a snapshot: ``size`` bytes from byte ``state_at`` of state part
+    ``state`` (``ContextPool._state_parts``) to byte ``page_at`` of the snapshot's ``page``-th
+    page in page part ``part``."""
+
+    state: int
+    state_at: int
+    page: int
+    part: int
+    page_at: int
+    size: int

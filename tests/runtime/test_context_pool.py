@@ -306,3 +306,68 @@ def test_engine_with_fp8_kv_runs(artifact) -> None:  # noqa: F811
     }
     got, _ = run_all(fp8, [ask("What is the capital of France?"), ask("Hello!")])
     assert len(got) == 2 and all(got.values())
+
+
+def test_snapshots_keep_the_states_in_pages_byte_for_byte() -> None:
+    """A checkpoint copies the GDN states into pages of its own (here two pages, runs that
+    cross the K/V parts of a page and the pages), never touches other pages, and a sequence
+    resumed from it gets back exactly the states."""
+    specs = [KvSpec(2, 8), GdnSpec(2, 4, 4, 24, 4), KvSpec(1, 8), GdnSpec(2, 4, 4, 24, 4)]
+    p = ContextPool(specs, np, slots=2, pages=8, max_context=16, page_tokens=4)
+    assert p.snapshot_pages == 2  # 832 bytes of states, 768 bytes a page
+    rng = np.random.default_rng(0)
+    a = p.open(8)
+    gdn = [layer for layer in p.layers if not isinstance(layer, AttentionPages)]
+    kv = [layer for layer in p.layers if isinstance(layer, AttentionPages)]
+    for layer in gdn:
+        layer.recurrent[a.slot] = rng.standard_normal(layer.recurrent[a.slot].shape)
+        layer.conv[a.slot] = rng.standard_normal(layer.conv[a.slot].shape)
+    for layer in kv:
+        layer.k[a.pages] = rng.standard_normal(layer.k[a.pages].shape)
+    a.length = 6
+    states = [(layer.recurrent[a.slot].copy(), layer.conv[a.slot].copy()) for layer in gdn]
+    pages_before = [layer.k[a.pages].copy() for layer in kv]
+    kept = p.keep(a)
+    assert len(kept.snapshot) == 2 and set(kept.snapshot).isdisjoint(a.pages)
+    assert p.free_pages == 8 - 2 - 2 and p.snapshot_pages_used == 2
+    assert all(
+        np.array_equal(layer.k[a.pages], b) for layer, b in zip(kv, pages_before, strict=True)
+    )
+    for layer in gdn:  # the lane moves on
+        layer.recurrent[a.slot] = 0
+        layer.conv[a.slot] = 0
+    b = p.open(10, prefix=kept)
+    assert b.length == 6
+    for layer, (recurrent, conv) in zip(gdn, states, strict=True):
+        assert np.array_equal(layer.recurrent[b.slot], recurrent)
+        assert np.array_equal(layer.conv[b.slot], conv)
+    p.close(a)
+    p.close(b)
+    p.drop(kept)
+    assert p.free_pages == 8 and p.snapshot_pages_used == 0
+
+
+def test_a_checkpoint_needs_free_pages_for_its_snapshot() -> None:
+    p = pool(slots=1, pages=3)  # 416 bytes of states fit one 512-byte page
+    a = p.open(12)  # all three pages
+    a.length = 5
+    assert p.keep(a) is None
+    p.close(a)
+    a = p.open(8)
+    a.length = 5
+    assert p.keep(a) is not None and p.free_pages == 0
+
+
+def test_a_budget_shares_every_page_when_checkpoints_are_kept() -> None:
+    page = ContextPool.page_bytes_of(SPECS, None, 4)
+    budget = 2 * ContextPool.slot_bytes_of(SPECS) + 20 * page
+    plain = ContextPool.for_budget(SPECS, np, lanes=2, max_context=16, budget=budget, page_tokens=4)
+    caching = ContextPool.for_budget(
+        SPECS, np, lanes=2, max_context=16, budget=budget, page_tokens=4, snapshots=1
+    )
+    assert plain.pages == 8  # what two lanes of 16 tokens can use
+    assert caching.pages == 20  # the rest goes to checkpoints (their K/V and snapshots)
+    unlimited = ContextPool.for_budget(
+        SPECS, np, lanes=2, max_context=16, page_tokens=4, snapshots=3
+    )
+    assert unlimited.pages == 8 + 3

@@ -187,7 +187,7 @@ def _check_pool(engine: Engine) -> None:
     for a in engine._active.values():
         held[a.state.pages] += 1
     for checkpoint in engine.cache.checkpoints():
-        held[list(checkpoint.pages)] += 1
+        held[list(checkpoint.pages) + list(checkpoint.snapshot)] += 1
     assert np.array_equal(pool.holders(), held)
     free = set(pool._free_pages)
     assert len(free) == pool.free_pages
@@ -204,8 +204,8 @@ def test_a_small_pool_preempts_and_replays_exactly(artifact_path, cache) -> None
     art = artifact_path("qwen3_5_bf16", "dense")
     roomy = Engine(art, max_lanes=4, max_context=512)
     specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
-    snapshots = 16 if cache else 0  # CACHE_SNAPSHOTS_PER_LANE * lanes
-    budget = (4 + snapshots) * ContextPool.slot_bytes_of(specs) + 5 * ContextPool.page_bytes_of(
+    # five pages, shared by the lanes' K/V and (with the cache) the checkpoints
+    budget = 4 * ContextPool.slot_bytes_of(specs) + 5 * ContextPool.page_bytes_of(
         specs, mtp, PAGE_TOKENS
     )
     rng = np.random.default_rng(2)
@@ -239,3 +239,52 @@ def test_checkpoints_sharing_every_page_never_block_admission(artifact_path) -> 
         finished += sum(isinstance(e, Finished) for e in engine.step())
         _check_pool(engine)
     assert finished == 24 and not engine.has_work
+
+
+def _kept(pool, cache, tokens: list[int]):
+    """A checkpoint of a sequence that consumed ``tokens`` (the sequence then ends)."""
+    state = pool.open(len(tokens) + 1)
+    state.length = len(tokens)
+    checkpoint = pool.keep(state)
+    cache.insert(tokens, checkpoint)
+    pool.close(state)
+    return checkpoint
+
+
+def test_eviction_goes_by_tokens_saved_per_page_then_age() -> None:
+    """The checkpoint that saves the fewest prefill tokens per page it frees goes first,
+    an older one before a newer one of the same worth; a more valuable one stays even when
+    it is the oldest."""
+    from ninfer_runtime.prefix_cache import PrefixCache
+    from ninfer_runtime.state import ContextPool, GdnSpec, KvSpec
+
+    pool = ContextPool(
+        [KvSpec(2, 8), GdnSpec(2, 4, 4, 24, 4)], np, slots=1, pages=12, max_context=16,
+        page_tokens=4,
+    )  # fmt: skip
+    cache = PrefixCache(pool)
+    deep = _kept(pool, cache, list(range(12)))  # 12 tokens for 3 + 1 pages
+    _kept(pool, cache, [7, 8])  # 2 tokens for 1 + 1 pages
+    other = _kept(pool, cache, [9, 9, 9])  # 3 tokens for 1 + 1 pages
+    assert pool.free_pages == 12 - 8
+    assert cache.make_room(pages=6)
+    assert cache.checkpoints() == [deep, other] and cache.stats.evictions == 1
+    assert cache.make_room(pages=8)
+    assert cache.checkpoints() == [deep]
+    assert not cache.make_room(pages=13) and not cache.checkpoints()
+
+
+def test_keys_chain_blocks_and_carry_the_salt() -> None:
+    """A key names exactly its first n tokens (the same in any longer sequence, across block
+    boundaries) and the engine's salt: another artifact or K/V type never matches."""
+    from ninfer_runtime.prefix_cache import BLOCK_TOKENS, _Chain
+
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 1000, 3 * BLOCK_TOKENS + 7)
+    long, salted = _Chain(ids, b"a"), _Chain(ids, b"b")
+    for n in (1, BLOCK_TOKENS - 1, BLOCK_TOKENS, BLOCK_TOKENS + 1, 2 * BLOCK_TOKENS + 5):
+        assert long.key(n) == _Chain(ids[:n], b"a").key(n)
+        assert long.key(n) != salted.key(n)
+    changed = ids.copy()
+    changed[3] += 1
+    assert _Chain(changed, b"a").key(2 * BLOCK_TOKENS) != long.key(2 * BLOCK_TOKENS)

@@ -24,13 +24,10 @@ CONTEXT = 4096
 
 
 def three_pages_of_capacity(artifact) -> int:
-    """Bytes of a pool with LANES slots, their prefix-cache snapshots and three pages."""
-    from ninfer_runtime.engine import CACHE_SNAPSHOTS_PER_LANE
-
+    """Bytes of a pool with LANES slots and three pages."""
     specs, mtp = load_model(artifact).state_specs()
     page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS, "float32")
-    slot = ContextPool.slot_bytes_of(specs)
-    return LANES * (1 + CACHE_SNAPSHOTS_PER_LANE) * slot + 3 * page
+    return LANES * ContextPool.slot_bytes_of(specs) + 3 * page
 
 
 @pytest.fixture(scope="module")
