@@ -42,7 +42,7 @@ from .models import ForwardOutput, load_model
 from .prefix_cache import PrefixCache
 from .runner import ModelRunner
 from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
-from .state import SequenceState
+from .state import HostCopy, SequenceState
 
 #: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
 #: sampling (constrained decoding masks tokens with ``-inf``). It sees only the answer part:
@@ -160,6 +160,11 @@ class _Active:
     #: after a preemption: generated tokens to feed again (never sampled, never emitted)
     #: before the lane generates; the last is its pending token
     replay: list[int] = field(default_factory=list)
+    #: with speculation and the prefix cache: the main model's hidden row of the last token
+    #: consumed before the current round (what a checkpoint at the lane's length keeps)
+    last_hidden: Any = None
+    #: while preempted to host memory: its memory there (resumed as it was, nothing replayed)
+    saved: HostCopy | None = None
 
 
 class Engine:
@@ -175,10 +180,12 @@ class Engine:
         prefill_chunk: int = 512,
         chat_template: str | None = None,
         context_capacity: int | str | None = None,
+        memory_headroom: int | str | None = None,
         kv_dtype: str = "float32",
         spec: SpecConfig | None = None,
         prefix_cache: bool = False,
         checkpoint_interval: int = 8192,
+        host_context_capacity: int | str | None = 0,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -209,19 +216,20 @@ class Engine:
                 f"{self.artifact.path}: the artifact has no mtp component; speculative "
                 f"method {spec.method!r} needs one (convert with --components text,mtp)"
             )
-        # a round writes up to K+1 positions past a sequence's length: every reservation
-        # holds that margin beyond the request's own tokens
+        # a round writes up to K+1 positions past a sequence's length: a lane's pages grow
+        # to hold that margin beyond its own tokens before every round
         self._margin = spec.draft_tokens + 1 if spec else 0
-        # without speculation a lane's pages grow as it generates, and a lane is preempted
-        # (its memory freed, its tokens replayed later) when the pool runs short; with
-        # speculation a request reserves its whole budget when admitted
-        self._grows = spec is None
         self.preemptions = 0
         self.replayed_tokens = 0
+        #: host memory preempted lanes may be copied to (beyond it they are replayed)
+        self.host_capacity = parse_size(host_context_capacity, "host context capacity") or 0
+        self.host_bytes = 0
         self.pool = self.runner.new_pool(
             lanes=max_lanes,
             max_context=max_context + self._margin,
-            budget=budget_bytes(parse_capacity(context_capacity), self.model.backend),
+            budget=budget_bytes(
+                parse_capacity(context_capacity), self.model.backend, parse_size(memory_headroom)
+            ),
             kv_dtype=kv_dtype,
             draft_tokens=spec.draft_tokens if spec else 0,
             snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
@@ -383,20 +391,27 @@ class Engine:
                 break  # first come, first served: wait until running requests free pages
             self._waiting.popleft()
             self._active[head.request.request_id] = head
-            if head.prefilled == len(head.prompt_ids):  # the whole prompt was cached
+            if head.pending is None and head.prefilled == len(head.prompt_ids):
+                # the whole prompt was cached, or a preempted lane's replay begins
                 logits = head.state.resumed_logits
                 out = None if logits is None else ForwardOutput([logits[None]], [None])
                 self._prompt_done(head, out, events)
         prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
         if prefilling:
             self._prefill_chunk(prefilling[0], events)
-        if self._grows:
-            self._make_room([a for a in self._active.values() if a.pending is not None])
+        self._make_room([a for a in self._active.values() if a.pending is not None])
         decoding = [a for a in self._active.values() if a.pending is not None]
-        if decoding and self.spec is not None:
-            self._speculate(decoding, events)
-        elif decoding:
-            self._decode(decoding, events)
+        if self.spec is None:
+            if decoding:
+                self._decode(decoding, events)
+            return events
+        # lanes replaying after a preemption feed their known tokens one step at a time
+        replaying = [a for a in decoding if a.replay]
+        generating = [a for a in decoding if not a.replay]
+        if replaying:
+            self._decode(replaying, events)
+        if generating:
+            self._speculate(generating, events)
         return events
 
     def _history_end(self, request: GenerationRequest, ids: list[int]) -> int | None:
@@ -423,16 +438,18 @@ class Engine:
     def _admit(self, a: _Active) -> bool:
         """Open a lane's memory for ``a``, continuing from the deepest cached checkpoint of
         what it has consumed; False: not now. Pages for what it has consumed and its next
-        token when lanes grow, else for its prompt, max_tokens and a round's margin."""
+        token (they grow as it generates)."""
+        if a.saved is not None:
+            return self._restore(a)
         consumed = self._consumed(a)
-        need = len(consumed) + 1 if self._grows else len(a.prompt_ids) + a.max_tokens + self._margin
+        need = len(consumed) + 1
         prefix = None
         if self.cache is not None:
             prefix = self.cache.lookup(consumed, whole=bool(a.generated))
         shared = prefix.length // self.pool.page_tokens if prefix else 0
         # a preempted request comes back when it can also take its next page, so it is not
         # preempted again at once for the page it gave up
-        headroom = bool(a.generated) and self._grows and self.pool.pages_for(need) < self.pool.pages
+        headroom = bool(a.generated) and self.pool.pages_for(need) < self.pool.pages
         fresh = self.pool.pages_for(need) - shared + int(headroom)
         if self.pool.free_pages < fresh and self.cache is not None:
             self.cache.make_room(pages=fresh, keep=prefix)
@@ -460,6 +477,26 @@ class Engine:
                 self.runner.mtp_prefill(prefix.hidden[None], nxt, a.state)
         return True
 
+    def _restore(self, a: _Active) -> bool:
+        """A lane preempted to host memory back in the pool as it was, with room for its
+        next token (and its next page, so it is not preempted again at once)."""
+        saved = a.saved
+        need = saved.length + 1 + self._margin  # type: ignore[union-attr]
+        pages = self.pool.pages_for(need)
+        fresh = pages + int(pages < min(self.pool.pages, self.pool.max_pages))
+        if self.pool.free_pages < fresh and self.cache is not None:
+            self.cache.make_room(pages=fresh)
+        if self.pool.free_pages < fresh:
+            return False
+        a.state = self.pool.restore(saved, need)  # type: ignore[arg-type]
+        self._drop_saved(a)
+        return True
+
+    def _drop_saved(self, a: _Active) -> None:
+        if a.saved is not None:
+            self.host_bytes -= a.saved.nbytes
+            a.saved = None
+
     @staticmethod
     def _consumed(a: _Active) -> np.ndarray:
         """The tokens a lane's memory holds once it is all back: the prompt, and every
@@ -480,13 +517,20 @@ class Engine:
                 self._preempt(list(self._active.values())[-1])
 
     def _preempt(self, a: _Active) -> None:
-        """Free a lane's memory now and queue it first; when it is admitted again it
-        resumes (from a checkpoint, else from its prompt) and replays what it generated,
-        so its stream goes on where it was, with the same tokens."""
+        """Free a lane's memory now and queue it first. Its memory goes to host memory when
+        that has room (and comes back as it was), else it is let go: when admitted again
+        the lane resumes (from a checkpoint, else from its prompt) and replays what it
+        generated. Either way its stream goes on where it was, with the same tokens."""
         self._active.pop(a.request.request_id)
-        self._release(a)
-        a.prefilled, a.replay = 0, []
-        a.pending = None
+        size = self.pool.host_bytes(a.state)
+        if a.state.length and self.host_bytes + size <= self.host_capacity:
+            a.saved = self.pool.save(a.state)
+            self.host_bytes += a.saved.nbytes
+        else:
+            a.prefilled, a.replay = 0, []
+            a.pending = None
+        self.pool.close(a.state)
+        a.state = None  # type: ignore[assignment]
         self._waiting.appendleft(a)
         self.preemptions += 1
 
@@ -497,6 +541,8 @@ class Engine:
         consumed; ``logits``: the last token's, when a request may resume with nothing
         left to prefill)."""
         if self.cache is None or a.state.length <= a.resumed:
+            return
+        if self.spec is not None and hidden is None:  # the drafter could not resume from it
             return
         if self.cache.refresh(tokens[: a.state.length]):
             return
@@ -540,6 +586,11 @@ class Engine:
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
         out = self.runner.forward(tokens, [a.state for a in lanes], last_only=True)
+        if self.spec is not None:  # replaying: the drafter's entries follow the tokens
+            xp, kept = self.model.backend.xp, self.pool.draft_hidden
+            for a, fed, hidden in zip(lanes, tokens, out.hidden, strict=True):
+                rows = xp.concatenate([kept[a.state.slot, :1], hidden[-1:]])
+                self.runner.mtp_prefill(rows, fed, a.state)
         generating = [i for i, a in enumerate(lanes) if not a.replay]
         for a in lanes:
             if a.replay:  # replaying after a preemption: the next token is known
@@ -556,6 +607,13 @@ class Engine:
         engine constrains (a logits processor, a thinking budget closing within the round)
         keeps only the main model's first token, sampled as in a plain step."""
         k = self.spec.draft_tokens  # type: ignore[union-attr]
+        if self.cache is not None:  # a lane ending in this round keeps a checkpoint with it
+            rows = self.pool.draft_hidden[
+                np.asarray([a.state.slot for a in lanes]),
+                np.asarray([len(a.state.draft_carry) for a in lanes]),
+            ]
+            for a, row in zip(lanes, rows, strict=True):
+                a.last_hidden = row
         proposal = self.runner.speculate(
             [a.state for a in lanes],
             [a.pending for a in lanes],
@@ -659,10 +717,12 @@ class Engine:
         events.append(Failed(a.request.request_id, error))
 
     def _release(self, a: _Active) -> None:
-        """The lane's slot and pages go back to the pool."""
+        """The lane's slot and pages go back to the pool (and a host copy of them, if any,
+        is let go)."""
         if a.state is not None:
             self.pool.close(a.state)
         a.state = None  # type: ignore[assignment]
+        self._drop_saved(a)
 
     def _forced(self, a: _Active) -> int | None:
         """The token the thinking budget imposes now: once it is spent, ``</think>``."""
@@ -739,10 +799,11 @@ class Engine:
             events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
         now = time.perf_counter()
         first = a.first_token or now
-        if reason in ("stop", "length") and self.spec is None and a.state is not None:
+        if reason in ("stop", "length") and a.state is not None:
             # the next chat turn resends this exchange: keep where the generation ended
+            # (with speculation, before the round it ended in: that round is not committed)
             consumed = np.concatenate([a.prompt_ids, np.asarray(a.generated, dtype=np.int64)])
-            self._checkpoint(a, consumed)
+            self._checkpoint(a, consumed, a.last_hidden)
         self._release(a)
         reasoning = len(a.generated) if a.answer_start is None else a.answer_start
         return Finished(
@@ -784,28 +845,42 @@ _UNITS.update({f"{u}IB": 1024 ** "KMGT".index(u) * 1024 for u in "KMGT"})
 
 def parse_capacity(text: str | int | None) -> int | str | None:
     """``auto``, a byte count, or a size with a unit (``24GiB``, ``16G``, ``512 MiB``)."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    size = _parse_size(text, "context capacity", "'auto' or a size such as 24GiB, 16G, 512MiB")
+    if size is not None and size <= 0:
+        raise EngineError(f"context capacity {text!r} must be positive")
+    return size
+
+
+def parse_size(text: str | int | None, what: str = "memory headroom") -> int | None:
+    """A byte count, or a size with a unit (``4GiB``), zero or more; ``None`` stays ``None``."""
+    return _parse_size(text, what, "a size such as 4GiB, 512MiB or a byte count")
+
+
+def _parse_size(text: str | int | None, what: str, expected: str) -> int | None:
     if text is None or isinstance(text, int):
+        if text is not None and text < 0:
+            raise EngineError(f"{what} {text!r} must not be negative")
         return text
     value = text.strip().upper().replace(" ", "")
-    if value == "AUTO":
-        return "auto"
     number = value.rstrip("KMGTIB")
     unit = value[len(number) :]
     try:
         size = float(number) * _UNITS[unit]
     except (KeyError, ValueError):
-        raise EngineError(
-            f"context capacity {text!r}: expected 'auto' or a size such as 24GiB, 16G, 512MiB"
-        ) from None
-    if size <= 0:
-        raise EngineError(f"context capacity {text!r} must be positive")
+        raise EngineError(f"{what} {text!r}: expected {expected}") from None
+    if size < 0:
+        raise EngineError(f"{what} {text!r} must not be negative")
     return int(size)
 
 
-def budget_bytes(capacity: int | str | None, backend: Any) -> int | None:
+def budget_bytes(
+    capacity: int | str | None, backend: Any, headroom: int | None = None
+) -> int | None:
     """The context pool's byte budget: ``capacity`` as given (``None``: no limit), or for
-    ``"auto"`` what the backend has free after weights and workspace (``None`` when it has
-    no memory limit)."""
+    ``"auto"`` what the backend has free after weights and workspace, less ``headroom``
+    (``None``: the backend's default; the result is ``None`` when it has no memory limit)."""
     if capacity == "auto":
-        return backend.context_budget()
+        return backend.context_budget(headroom)
     return None if capacity is None else int(capacity)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ninfer_format.numeric import E4M3FN_MAX, E4M3FN_VALUES
 
-from .arrays import array_module
+from .arrays import array_module, host_copy
 from .errors import EngineError
 
 Array = Any
@@ -222,6 +222,27 @@ class Checkpoint:
     #: the last token's logits [V], when kept: a request whose whole prompt this is starts
     #: generating from them with nothing to prefill
     logits: Array | None = None
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """A paused sequence's memory in host memory (``ContextPool.save``): the rows of the
+    pages covering its ``length`` tokens per page part, its slot's GDN states per state part,
+    and with speculative decoding its hidden rows and where its drafter stands."""
+
+    length: int
+    mtp_length: int
+    draft_carry: tuple[int, ...]
+    pages: tuple[Array, ...]
+    states: tuple[Array, ...]
+    draft_hidden: Array | None
+
+    @property
+    def nbytes(self) -> int:
+        parts = [*self.pages, *self.states]
+        if self.draft_hidden is not None:
+            parts.append(self.draft_hidden)
+        return sum(int(part.nbytes) for part in parts)
 
 
 @dataclass
@@ -531,6 +552,43 @@ class ContextPool:
         """Let a checkpoint go: its snapshot's pages, and its hold on its K/V pages."""
         self._release(list(checkpoint.pages) + list(checkpoint.snapshot))
         self.snapshot_pages_used -= len(checkpoint.snapshot)
+
+    def host_bytes(self, state: SequenceState) -> int:
+        """Bytes ``save(state)`` takes in host memory."""
+        hidden = self.draft_hidden[0].nbytes if self.draft_hidden is not None else 0
+        return (
+            self.pages_for(state.length) * self.page_bytes + self.slot_bytes_of(self.specs) + hidden
+        )
+
+    def save(self, state: SequenceState) -> HostCopy:
+        """``state``'s memory copied to host memory (the state itself is left as it is)."""
+        pages = self.xp.asarray(state.pages[: self.pages_for(state.length)])
+        hidden = self.draft_hidden
+        return HostCopy(
+            state.length,
+            state.mtp_length,
+            tuple(state.draft_carry),
+            tuple(host_copy(part[pages]) for part in self._page_parts()),
+            tuple(host_copy(part[state.slot]) for part in self._state_parts()),
+            None if hidden is None else host_copy(hidden[state.slot]),
+        )
+
+    def restore(self, saved: HostCopy, tokens: int) -> SequenceState:
+        """A sequence with room for ``tokens`` tokens holding exactly what ``saved`` held."""
+        if tokens <= saved.length:
+            raise EngineError(f"restore: {tokens} tokens cannot hold {saved.length}")
+        state = self.open(tokens)
+        xp = self.xp
+        pages = xp.asarray(state.pages[: self.pages_for(saved.length)])
+        for part, rows in zip(self._page_parts(), saved.pages, strict=True):
+            part[pages] = xp.asarray(rows)
+        for part, row in zip(self._state_parts(), saved.states, strict=True):
+            part[state.slot] = xp.asarray(row)
+        if saved.draft_hidden is not None:
+            self.draft_hidden[state.slot] = xp.asarray(saved.draft_hidden)  # type: ignore[index]
+        state.length, state.mtp_length = saved.length, saved.mtp_length
+        state.draft_carry = list(saved.draft_carry)
+        return state
 
     def close(self, state: SequenceState) -> None:
         """Give a sequence's slot and pages back (the state must not be used afterwards)."""

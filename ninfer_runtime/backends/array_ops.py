@@ -354,7 +354,7 @@ class ReferenceOps:
     linear: Any
     xp: Any
 
-    def context_budget(self) -> int | None:
+    def context_budget(self, headroom: int | None = None) -> int | None:
         """Bytes the context pool may take (``--context-capacity auto``); None: no limit."""
         return None
 

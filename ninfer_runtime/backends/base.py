@@ -245,9 +245,10 @@ class Backend(Protocol):
         """A sampler that picks tokens where the logits live (``None``: the host samples)."""
         ...
 
-    def context_budget(self) -> int | None:
-        """Bytes the context pool may take under ``--context-capacity auto`` (``None``: no
-        device limit, every lane gets a full context)."""
+    def context_budget(self, headroom: int | None = None) -> int | None:
+        """Bytes the context pool may take under ``--context-capacity auto``, leaving
+        ``headroom`` bytes of the device free (``None``: the backend's default); ``None``:
+        no device limit, every lane gets a full context."""
         ...
 
     def compile_step(

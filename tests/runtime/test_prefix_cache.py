@@ -109,13 +109,15 @@ def test_speculative_decoding_resumes_too(artifact_path) -> None:
     assert warm_engine.cache.stats.hit_tokens > 0
 
 
-def test_a_chat_turn_resumes_after_the_last_reply(tmp_path) -> None:
+@pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=3)], ids=["plain", "mtp"])
+def test_a_chat_turn_resumes_after_the_last_reply(tmp_path, spec) -> None:
     """Turn 2 resends turn 1 as history: it resumes after every token of turn 1's prompt and
     reply that the template renders the same again (here up to the reasoning opener it
-    leaves out of the history), and answers as a cold run does."""
+    leaves out of the history), and answers as a cold run does; with speculative decoding
+    too."""
     art = tmp_path / "tiny.ninfer"
     convert("qwen3_5_bf16", {"base": str(BUNDLED)}, art)
-    engine = Engine(art, max_context=512, prefix_cache=True)
+    engine = Engine(art, max_context=512, prefix_cache=True, spec=spec)
     greedy = SamplingParams(temperature=0.0)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     first = GenerationRequest(messages=messages, sampling=greedy)
@@ -139,6 +141,26 @@ def test_a_chat_turn_resumes_after_the_last_reply(tmp_path) -> None:
     assert [e.token_id for e in events if isinstance(e, TokenEvent)] == [
         e.token_id for e in cold if isinstance(e, TokenEvent)
     ]
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=3)], ids=["plain", "mtp"])
+def test_the_next_turn_resumes_where_the_generation_ended(artifact_path, spec) -> None:
+    """A prompt that continues a finished request's prompt and output resumes from the
+    checkpoint kept where that generation ended: after every token it consumed, or with
+    speculative decoding where its last (uncommitted) round began, at most K + 1 before."""
+    art = artifact_path("qwen3_5_bf16", "dense")
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 400, 100).tolist()
+    engine = _engine(art, True, spec=spec)
+    ((reply, _),) = _serve(engine, [prompt], ignore_eos=True)
+    turn = prompt + reply + rng.integers(0, 400, 10).tolist()
+    ((tokens, finished),) = _serve(engine, [turn])
+    consumed = len(prompt) + len(reply) - 1  # the last token was never fed
+    if spec is None:
+        assert finished.usage.cached_tokens == consumed
+    else:
+        assert consumed - 4 <= finished.usage.cached_tokens <= consumed
+    assert tokens == _serve(_engine(art, False), [turn])[0][0]
 
 
 def test_a_changed_tool_reuses_the_prefix_before_it(artifact_path) -> None:
@@ -221,6 +243,32 @@ def test_a_small_pool_preempts_and_replays_exactly(artifact_path, cache) -> None
         assert small.preemptions > 0 and small.replayed_tokens > 0
 
 
+def test_speculative_lanes_grow_and_are_preempted_exactly(artifact_path) -> None:
+    """With MTP rounds, lanes' pages grow too (a round's margin ahead), and a pool too small
+    for them preempts and replays (the drafter's entries replayed with the tokens): greedy
+    streams equal plain decoding's, none repeated."""
+    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+    art = artifact_path("qwen3_5_bf16", "dense")
+    roomy = Engine(art, max_lanes=4, max_context=512)
+    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
+    spec = SpecConfig(draft_tokens=3)
+    lane = roomy.runner.new_pool(lanes=1, max_context=8, draft_tokens=3).slot_bytes
+    budget = 4 * lane + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
+    params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0)
+    for cache in (False, True):
+        small = Engine(
+            art, max_lanes=4, max_context=512, context_capacity=budget, prefix_cache=cache,
+            spec=spec,
+        )  # fmt: skip
+        assert small.pool.pages == 5
+        assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
+        assert small.preemptions > 0 and small.replayed_tokens > 0
+        assert small.spec_stats.rounds > 0
+
+
 def test_checkpoints_sharing_every_page_never_block_admission(artifact_path) -> None:
     """Two one-page lanes and checkpoints that all share the pages: a waiting request makes
     them go (all of them if need be), and every request finishes."""
@@ -288,3 +336,29 @@ def test_keys_chain_blocks_and_carry_the_salt() -> None:
     changed = ids.copy()
     changed[3] += 1
     assert _Chain(changed, b"a").key(2 * BLOCK_TOKENS) != long.key(2 * BLOCK_TOKENS)
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=3)], ids=["plain", "mtp"])
+def test_preempted_lanes_go_to_host_memory_and_come_back_exactly(artifact_path, spec) -> None:
+    """With host memory for them, preempted lanes are copied out and back instead of
+    replayed: streams equal an unconstrained run's (greedy; seeded too without rounds),
+    nothing is replayed, and the host memory is all given back at the end."""
+    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+    art = artifact_path("qwen3_5_bf16", "dense")
+    roomy = Engine(art, max_lanes=4, max_context=512, spec=spec)
+    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
+    budget = 4 * roomy.pool.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
+    samplings = [{"temperature": 0.0}] + ([{"temperature": 0.8, "seed": 3}] if spec is None else [])
+    for sampling in samplings:
+        params = SamplingParams(max_tokens=300, ignore_eos=True, **sampling)
+        small = Engine(
+            art, max_lanes=4, max_context=512, context_capacity=budget, spec=spec,
+            host_context_capacity="1GiB", prefix_cache=True,
+        )  # fmt: skip
+        assert small.pool.pages == 5
+        assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
+        assert small.preemptions > 0 and small.replayed_tokens == 0
+        assert small.host_bytes == 0

@@ -60,7 +60,8 @@ def test_waiting_for_pages_counts_as_waiting(server, artifact):
         assert wait_for(queued, timeout=30)  # once the first fills its first page
         assert metric(server.url, "ninfer_lanes_in_use") == 1
         assert metric(server.url, "ninfer_preemptions_total") >= 1
-        # the three page uses add up to the pool's three pages
+        # the page uses (K/V of running requests, cached K/V, free, snapshots) add up to
+        # the pool's three pages
         text = httpx.get(server.url + "/metrics", timeout=10).text
         uses = {
             line.split('use="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
@@ -69,7 +70,8 @@ def test_waiting_for_pages_counts_as_waiting(server, artifact):
         }
         specs, mtp = load_model(artifact).state_specs()
         page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS, "float32")
-        assert uses["kv_running"] + uses["kv_cached"] + uses["kv_free"] == 3 * page
+        pages = ("kv_running", "kv_cached", "kv_free", "snapshots")
+        assert sum(uses[use] for use in pages) == 3 * page
         assert uses["kv_running"] > 0
     finally:
         first.close()

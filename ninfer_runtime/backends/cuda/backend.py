@@ -75,13 +75,15 @@ class CudaBackend(ops.ReferenceOps):
     def device_sampler(self) -> Any:
         return sampling.DeviceSampler()
 
-    def context_budget(self) -> int | None:
-        """Free device memory less a reserve for activations, scratch and decode graphs."""
+    def context_budget(self, headroom: int | None = None) -> int | None:
+        """Free device memory less ``headroom`` for activations, decode graphs and other
+        processes (default: 2 GiB or 5% of the device, whichever is more) and the scratch."""
         free, total = cp.cuda.runtime.memGetInfo()
         pool = cp.get_default_memory_pool()
         free += pool.free_bytes()  # cached by CuPy, reusable
-        reserve = max(2 << 30, total // 20) + SCRATCH_BYTES
-        return max(int(free) - reserve, 0)
+        if headroom is None:
+            headroom = max(2 << 30, total // 20)
+        return max(int(free) - headroom - SCRATCH_BYTES, 0)
 
     @property
     def load_report(self) -> Any:
