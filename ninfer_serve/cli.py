@@ -90,6 +90,16 @@ def _say(text: str) -> None:
     "--context-capacity",
     help="Memory for K/V pages and recurrent states: auto or a size like 24GiB.  [default: auto]",
 )
+@click.option(
+    "--memory-headroom",
+    help="With --context-capacity auto: GPU memory left free beside the pool, e.g. 4GiB.  "
+    "[default: 2GiB or 5% of the GPU, whichever is more]",
+)
+@click.option(
+    "--host-context-capacity",
+    help="Host memory preempted requests are copied to (and back from, exactly); beyond it "
+    "they replay their tokens.  [default: 4GiB]",
+)
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
 @speculative_options(None)
 @click.option(
@@ -140,6 +150,8 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "prefill_chunk": flags["prefill_chunk"],
             "chat_template": flags["chat_template"],
             "context_capacity": flags["context_capacity"],
+            "memory_headroom": flags["memory_headroom"],
+            "host_context_capacity": flags["host_context_capacity"],
             "kv_dtype": flags["kv_dtype"],
         },
         "speculative": {
@@ -262,6 +274,8 @@ def serve(model: Path, settings: Settings) -> int:
             prefill_chunk=engine_cfg.prefill_chunk,
             chat_template=template,
             context_capacity=engine_cfg.context_capacity,
+            memory_headroom=engine_cfg.memory_headroom,
+            host_context_capacity=engine_cfg.host_context_capacity,
             kv_dtype=engine_cfg.kv_dtype,
             spec=spec,
             prefix_cache=settings.context_cache.enabled,

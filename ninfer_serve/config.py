@@ -90,6 +90,12 @@ class EngineSettings(_Table):
     #: Memory for K/V pages and recurrent states: ``auto`` (what the device has free after
     #: the weights) or a size such as ``24GiB``; requests wait until their pages fit.
     context_capacity: str = "auto"
+    #: With ``context_capacity = "auto"``: device memory left free beside the pool
+    #: (activations, decode graphs, other processes); unset: 2 GiB or 5% of the GPU.
+    memory_headroom: str | None = None
+    #: Host memory preempted requests' context is copied to (pinned on the GPU) and copied
+    #: back from, exactly; beyond it (or at 0) they are resumed by replaying their tokens.
+    host_context_capacity: str = "4GiB"
     #: How K/V are stored (``ninfer_runtime.state.KV_DTYPES``): float32 (exact), bfloat16
     #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
     kv_dtype: str = "float32"
@@ -108,11 +114,13 @@ class EngineSettings(_Table):
 
     @model_validator(mode="after")
     def _capacity(self) -> EngineSettings:
-        from ninfer_runtime.engine import parse_capacity
+        from ninfer_runtime.engine import parse_capacity, parse_size
         from ninfer_runtime.errors import EngineError
 
         try:
             parse_capacity(self.context_capacity)
+            parse_size(self.memory_headroom)
+            parse_size(self.host_context_capacity, "host context capacity")
         except EngineError as exc:
             raise ValueError(str(exc)) from None
         return self

@@ -387,6 +387,7 @@ class EngineLoop:
         spec_gained: SpecStats | None,
         memory_gained: dict[str, int],
         pool_bytes: dict[str, int],
+        host_bytes: int,
     ) -> None:
         self._engine_lanes = lanes
         # the streams first: nothing a counter does may keep their tokens from them
@@ -398,7 +399,7 @@ class EngineLoop:
             if chunk.last:
                 del self._streams[rid]
                 self.release(stream.ticket)
-        self.metrics.set_lanes(lanes, context_usage, pool_bytes)
+        self.metrics.set_lanes(lanes, context_usage, pool_bytes, host_bytes)
         if spec_gained is not None:
             self.metrics.speculated(spec_gained)
         if memory_gained:
@@ -506,6 +507,7 @@ class EngineLoop:
                 spec_gained,
                 memory_gained,
                 engine.pool_bytes(),
+                engine.host_bytes,
             )
 
     def _memory_gained(self, engine: Engine) -> dict[str, int]:

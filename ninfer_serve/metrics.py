@@ -253,6 +253,11 @@ class Metrics:
             ["use"],
             registry=r,
         )
+        self.host_bytes = Gauge(
+            "ninfer_host_context_bytes",
+            "Host memory holding preempted lanes' context (--host-context-capacity)",
+            registry=r,
+        )
         # the context pool under pressure: prefix-cache checkpoints let go, lanes preempted
         # (memory freed, resumed later) and the generated tokens they fed again
         self.memory_events = {
@@ -319,12 +324,17 @@ class Metrics:
         self.v_waiting.set(running + waiting - scheduled)
 
     def set_lanes(
-        self, lanes: int, context_usage: float, pool_bytes: dict[str, int] | None = None
+        self,
+        lanes: int,
+        context_usage: float,
+        pool_bytes: dict[str, int] | None = None,
+        host_bytes: int = 0,
     ) -> None:
         self.lanes.set(lanes)
         self.v_kv.set(context_usage)
         for use, size in (pool_bytes or {}).items():
             self.pool_bytes.labels(use).set(size)
+        self.host_bytes.set(host_bytes)
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()

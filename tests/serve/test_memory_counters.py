@@ -30,3 +30,28 @@ def test_gains_are_increments_even_when_the_cache_empties() -> None:
     engine.preemptions = 2
     assert loop._memory_gained(engine) == {"preemptions": 1}
     assert loop._memory_gained(engine) == {}
+
+
+def test_memory_settings_are_read_and_bad_sizes_named(tmp_path) -> None:
+    import pytest
+
+    from ninfer_serve.config import ConfigError, load_settings
+
+    config = tmp_path / "ninfer.toml"
+    config.write_text("[engine]\nmemory_headroom = '6GiB'\nhost_context_capacity = '0'\n")
+    engine = load_settings(config, {}).engine
+    assert (engine.memory_headroom, engine.host_context_capacity) == ("6GiB", "0")
+    defaults = load_settings(None, {}).engine
+    assert (defaults.memory_headroom, defaults.host_context_capacity) == (None, "4GiB")
+    flags = {"engine": {"host_context_capacity": "1GiB"}}
+    assert load_settings(config, flags).engine.host_context_capacity == "1GiB"
+    refused = {
+        "memory_headroom = 'lots'": "memory headroom 'lots': expected a size",
+        "host_context_capacity = 'auto'": "host context capacity 'auto': expected a size",
+        "host_context_capacity = '-1G'": "host context capacity '-1G' must not be negative",
+    }
+    for line, message in refused.items():
+        config.write_text(f"[engine]\n{line}\n")
+        with pytest.raises(ConfigError, match=f"^{config}: .*{message}") as error:
+            load_settings(config, {})
+        assert "\n" not in str(error.value)
