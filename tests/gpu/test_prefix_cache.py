@@ -1,6 +1,7 @@
 """The prefix cache and preemption on the CUDA backend (graphs on), on the bundled model:
 answers with the cache equal cold answers, a chat turn resumes after the shared history, and
-a pool too small for every lane's generation preempts and replays to the same streams."""
+a pool too small for every lane's generation preempts (replaying, or through host memory)
+to the same streams, with and without speculative decoding."""
 
 from __future__ import annotations
 
@@ -54,17 +55,22 @@ def test_cached_answers_equal_cold_answers(artifact: Path) -> None:
     assert all(c > 32 for c in cached[len(QUESTIONS) :])  # the same prompts again
 
 
-def test_a_small_pool_preempts_and_replays(artifact: Path) -> None:
-    from ninfer_runtime.engine import CACHE_SNAPSHOTS_PER_LANE
+@pytest.mark.parametrize(
+    ("host", "spec"), [("0", False), ("1GiB", False), ("0", True), ("1GiB", True)]
+)
+def test_a_small_pool_preempts_and_resumes(artifact: Path, host: str, spec: bool) -> None:
+    """Four lanes in a pool of five pages (shared with the checkpoints): lanes are
+    preempted, replayed (host 0) or copied to pinned host memory and back, with MTP rounds
+    or without, and every greedy stream equals an unconstrained run's."""
+    from ninfer_runtime.speculative import SpecConfig
     from ninfer_runtime.state import PAGE_TOKENS, ContextPool
 
-    roomy = Engine(artifact, backend="cuda", max_lanes=4, max_context=1024)
+    kw = dict(backend="cuda", max_lanes=4, max_context=1024)
+    draft = SpecConfig(draft_tokens=3) if spec else None
+    roomy = Engine(artifact, **kw)
     specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
-    slot, page = (
-        ContextPool.slot_bytes_of(specs),
-        ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS),
-    )
-    budget = 4 * (1 + CACHE_SNAPSHOTS_PER_LANE) * slot + 5 * page
+    lane = roomy.runner.new_pool(lanes=1, max_context=8, draft_tokens=3 if spec else 0)
+    budget = 4 * lane.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
     params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
 
     def run(engine: Engine) -> list[list[int]]:
@@ -79,9 +85,11 @@ def test_a_small_pool_preempts_and_replays(artifact: Path) -> None:
         return list(ids.values())
 
     small = Engine(
-        artifact, backend="cuda", max_lanes=4, max_context=1024, context_capacity=budget,
-        prefix_cache=True,
+        artifact, context_capacity=budget, prefix_cache=True, host_context_capacity=host,
+        spec=draft, **kw,
     )  # fmt: skip
     assert small.pool.pages == 5
     assert run(small) == run(roomy)
-    assert small.preemptions > 0 and small.replayed_tokens > 0
+    assert small.preemptions > 0
+    assert (small.replayed_tokens > 0) == (host == "0")
+    assert small.host_bytes == 0
