@@ -478,17 +478,17 @@ class Engine:
         return True
 
     def _restore(self, a: _Active) -> bool:
-        """A lane preempted to host memory back in the pool as it was, with room for its
-        next token (and its next page, so it is not preempted again at once)."""
-        saved = a.saved
-        need = saved.length + 1 + self._margin  # type: ignore[union-attr]
+        """A lane preempted to host memory back in the pool as it was, with room for the
+        rest of its prompt or its next token (and its next page, so it is not preempted
+        again at once)."""
+        need = len(self._consumed(a)) + 1 + self._margin
         pages = self.pool.pages_for(need)
         fresh = pages + int(pages < min(self.pool.pages, self.pool.max_pages))
         if self.pool.free_pages < fresh and self.cache is not None:
             self.cache.make_room(pages=fresh)
         if self.pool.free_pages < fresh:
             return False
-        a.state = self.pool.restore(saved, need)  # type: ignore[arg-type]
+        a.state = self.pool.restore(a.saved, need)  # type: ignore[arg-type]
         self._drop_saved(a)
         return True
 
@@ -608,9 +608,10 @@ class Engine:
         keeps only the main model's first token, sampled as in a plain step."""
         k = self.spec.draft_tokens  # type: ignore[union-attr]
         if self.cache is not None:  # a lane ending in this round keeps a checkpoint with it
+            xp = self.model.backend.xp
             rows = self.pool.draft_hidden[
-                np.asarray([a.state.slot for a in lanes]),
-                np.asarray([len(a.state.draft_carry) for a in lanes]),
+                xp.asarray([a.state.slot for a in lanes]),
+                xp.asarray([len(a.state.draft_carry) for a in lanes]),
             ]
             for a, row in zip(lanes, rows, strict=True):
                 a.last_hidden = row

@@ -340,13 +340,14 @@ def test_keys_chain_blocks_and_carry_the_salt() -> None:
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=3)], ids=["plain", "mtp"])
 def test_preempted_lanes_go_to_host_memory_and_come_back_exactly(artifact_path, spec) -> None:
-    """With host memory for them, preempted lanes are copied out and back instead of
-    replayed: streams equal an unconstrained run's (greedy; seeded too without rounds),
-    nothing is replayed, and the host memory is all given back at the end."""
+    """With host memory for them, preempted lanes (some in the middle of their prompts:
+    short prefill chunks) are copied out and back instead of replayed: streams equal an
+    unconstrained run's (greedy; seeded too without rounds), nothing is replayed, and the
+    host memory is all given back at the end."""
     from ninfer_runtime.state import PAGE_TOKENS, ContextPool
 
     art = artifact_path("qwen3_5_bf16", "dense")
-    roomy = Engine(art, max_lanes=4, max_context=512, spec=spec)
+    roomy = Engine(art, max_lanes=4, max_context=512, spec=spec, prefill_chunk=32)
     specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
     budget = 4 * roomy.pool.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
     rng = np.random.default_rng(6)
@@ -356,9 +357,39 @@ def test_preempted_lanes_go_to_host_memory_and_come_back_exactly(artifact_path, 
         params = SamplingParams(max_tokens=300, ignore_eos=True, **sampling)
         small = Engine(
             art, max_lanes=4, max_context=512, context_capacity=budget, spec=spec,
-            host_context_capacity="1GiB", prefix_cache=True,
+            host_context_capacity="1GiB", prefix_cache=True, prefill_chunk=32,
         )  # fmt: skip
         assert small.pool.pages == 5
         assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
         assert small.preemptions > 0 and small.replayed_tokens == 0
         assert small.host_bytes == 0
+
+
+@pytest.mark.parametrize("host", ["0", "1GiB"])
+def test_a_lane_preempted_while_reading_its_prompt_resumes_it(artifact_path, host) -> None:
+    """A generating lane needs a page while a later lane is still prefilling (short chunks):
+    the later lane is preempted in its prompt, copied to host memory or let go, and both
+    streams equal an unconstrained run's."""
+    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+    art = artifact_path("qwen3_5_bf16", "dense")
+    kw = dict(max_lanes=2, max_context=512, prefill_chunk=16)
+    roomy = Engine(art, **kw)
+    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
+    budget = 2 * roomy.pool.slot_bytes + 3 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 400, 250).tolist(), rng.integers(0, 400, 400).tolist()]
+    params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
+    small = Engine(art, context_capacity=budget, host_context_capacity=host, **kw)
+    assert small.pool.pages == 3
+    preempted_in_prompt = []
+    preempt = small._preempt
+
+    def spy(a) -> None:
+        preempted_in_prompt.append(a.prefilled < len(a.prompt_ids))
+        preempt(a)
+
+    small._preempt = spy
+    assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
+    assert any(preempted_in_prompt)
+    assert small.host_bytes == 0
