@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import Backend
 from ..engine import Engine, Finished, GenerationRequest, TokenEvent
 from ..frontend import SamplingParams
 from ..state import PAGE_TOKENS
@@ -98,7 +97,7 @@ def _first_token_s(engine: Engine, ids: np.ndarray) -> tuple[float, Finished]:
 
 def prefix_ttft(
     artifact: Any,
-    backend: str | Backend,
+    backend: str,
     *,
     prefix: int,
     suffix: int,
@@ -188,7 +187,7 @@ def _run_together(engine: Engine, prompts: np.ndarray, max_tokens: int) -> _Run:
 
 def memory_pressure(
     artifact: Any,
-    backend: str | Backend,
+    backend: str,
     *,
     requests: int,
     full_requests: int,
@@ -272,7 +271,7 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
                 f"({r['context'] - r['max_tokens']} prompt + {r['max_tokens']} greedy), pool "
                 f"sized for {r['full_requests']} at full length ({r['pool_pages']} pages of "
                 f"the {r['requests'] * r['pages_per_request']} all would take, "
-                f"{r['capacity_bytes'] / 2**20:.1f} MiB with the state slots).",
+                f"{r['capacity_bytes'] / 2**20:.1f} MiB with the state and snapshot slots).",
                 "",
                 "| completed | wall s | generated tok/s | most running | preemptions "
                 "| replayed tokens | outputs as unconstrained |",

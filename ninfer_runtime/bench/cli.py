@@ -390,15 +390,15 @@ def cache(
         )
     started = time.perf_counter()
     try:
-        opened, device = Artifact.open(artifact), get_backend(backend)  # one for every engine
+        opened = Artifact.open(artifact)
         ttft = C.prefix_ttft(
-            opened, device, prefix=prefix, suffix=suffix, cached_requests=cached_requests,
+            opened, backend, prefix=prefix, suffix=suffix, cached_requests=cached_requests,
             chunk=chunk, kv_dtype=kv_dtype,
         )  # fmt: skip
         rows = [{"kind": "prefix ttft", **M.as_row(ttft)}]
         click.echo("\n".join(C.table_lines(rows)))
         pressure = C.memory_pressure(
-            opened, device, requests=requests, full_requests=full_requests, context=context,
+            opened, backend, requests=requests, full_requests=full_requests, context=context,
             max_tokens=max_tokens, check=check, chunk=chunk, kv_dtype=kv_dtype,
         )  # fmt: skip
     except (ArtifactError, EngineError, C.CacheMiss) as exc:
@@ -410,7 +410,7 @@ def cache(
         with open(json_out, "w") as f:
             json.dump(rows, f, indent=1)
     if record:
-        xp = device.xp
+        xp = get_backend(backend).xp
         context = R.run_context(xp, artifact, kv_dtype, M.copy_bandwidth(xp), commit)
         R.append(record, C.markdown(rows, context))
         click.echo(f"recorded in {record}")
