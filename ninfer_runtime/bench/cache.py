@@ -174,14 +174,15 @@ def _run_together(engine: Engine, prompts: np.ndarray, max_tokens: int) -> _Run:
     completed, most = 0, 0
     start = time.perf_counter()
     while engine.has_work:
-        for event in engine.step():
+        events = engine.step()
+        for event in events:
             if isinstance(event, TokenEvent):
                 outputs[event.request_id].append(event.token_id)
             elif isinstance(event, Finished):
                 completed += event.reason in ("stop", "length")
         most = max(most, engine.lanes_in_use)
-        if engine.has_work and not engine.lanes_in_use:
-            break  # what waits can never be admitted: it does not complete
+        if not events and not engine.lanes_in_use:
+            break  # a step that admitted nothing with no lane running: the rest never will
     return _Run(list(outputs.values()), completed, time.perf_counter() - start, most)
 
 

@@ -322,7 +322,8 @@ def run(
     "--check/--no-check",
     default=True,
     show_default=True,
-    help="compare the outputs under pressure with an unconstrained run of the same requests",
+    help="compare the outputs under pressure with an unconstrained run of the same requests "
+    "(without it the unconstrained engine is still loaded: its pool sizes the small one)",
 )
 @click.option(
     "--chunk",

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from ninfer_runtime.bench import cache as C
 from ninfer_runtime.bench import measure as M
 from ninfer_runtime.bench.cli import main
+from ninfer_runtime.engine import Finished, TokenEvent, Usage
 from ninfer_runtime.models import load_model
 
 #: 300-token requests take 2 pages of 256 tokens each: 4 of them cannot all grow in a pool
@@ -74,3 +77,41 @@ def test_max_tokens_must_leave_a_prompt(artifact_path) -> None:
     art = str(artifact_path("qwen3_5_bf16", "dense"))
     result = CliRunner().invoke(main, ["cache", art, "--context", "64", "--max-tokens", "64"])
     assert result.exit_code == 2 and "--max-tokens" in result.output
+
+
+class _Scripted:
+    """An engine whose steps are given: (events, lanes in use after the step)."""
+
+    def __init__(self, steps):
+        self.steps, self.lanes_in_use, self._ids = list(steps), 0, iter("ab")
+
+    def submit(self, request) -> str:
+        return next(self._ids)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.steps)
+
+    def step(self):
+        events, self.lanes_in_use = self.steps.pop(0)
+        return events
+
+
+def _done(rid: str) -> Finished:
+    return Finished(rid, "length", None, Usage(3, 1), 0.0, 0.0)
+
+
+def test_waiting_requests_are_served_after_every_lane_ends_in_one_step() -> None:
+    """All running lanes may end in the same step, the waiting ones admitted in the next."""
+    engine = _Scripted([
+        ([TokenEvent("a", 7), _done("a")], 0), ([], 1), ([TokenEvent("b", 8), _done("b")], 0),
+    ])  # fmt: skip
+    run = C._run_together(engine, np.zeros((2, 3), dtype=np.int64), 1)
+    assert (run.completed, run.outputs, run.most_running) == (2, [[7], [8]], 1)
+
+
+def test_a_request_that_can_never_be_admitted_ends_the_run_incomplete() -> None:
+    engine = _Scripted([([TokenEvent("a", 7), _done("a")], 0), ([], 0), ([], 0)])
+    run = C._run_together(engine, np.zeros((2, 3), dtype=np.int64), 1)
+    assert (run.completed, run.outputs) == (1, [[7], []])
+    assert engine.steps == [([], 0)]  # it stopped at the first idle step
