@@ -263,9 +263,10 @@ def round_bytes(
     return int(verify + draft_tokens * draft)
 
 
-def prefill_flops(model: Any, tokens: int) -> float:
+def prefill_flops(model: Any, tokens: int, past: int = 0) -> float:
     """Multiply-add FLOPs of the projections (2 per weight per token; MoE: active experts),
-    plus the causal attention products."""
+    plus the causal attention products, for ``tokens`` tokens read after ``past`` tokens
+    already in the context (a prefix resumed from a checkpoint)."""
     params = 0
     for layer in model.layers:
         params += sum(int(np.prod(w.shape)) for w in _weights_of(layer.mixer))
@@ -279,7 +280,8 @@ def prefill_flops(model: Any, tokens: int) -> float:
     a = model.config.attention
     if a is not None:
         full = sum(1 for t in model.config.layer_types if t == "full_attention")
-        flops += full * 2 * 2 * a.heads * a.head_dim * tokens * tokens / 2
+        # each new token attends to the past and, on average, half of the new tokens
+        flops += full * 2 * 2 * a.heads * a.head_dim * tokens * (past + tokens / 2)
     return flops
 
 
