@@ -680,6 +680,8 @@ class Engine:
     ) -> list[tuple[_Active, int]]:
         """Each lane's next token; a lane whose own sampling fails is ended with ``Failed``
         (in ``events``) and left out, so one request's error never stops the others."""
+        if not lanes:  # every lane of the step was replaying
+            return []
         forced = [self._forced(a) for a in lanes]
         on_device = self._device_sampler is not None and all(
             self._device_sampler.supports(a.request.sampling)

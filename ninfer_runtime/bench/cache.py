@@ -10,9 +10,10 @@ measured matrix product (``measure.prefill_flops``, ``measure.matmul_rate``).
 
 **Memory pressure.** ``requests`` requests of ``context`` tokens each (a random prompt, then
 ``max_tokens`` greedy tokens) submitted at once to an engine whose context capacity holds
-only ``full_requests`` of them at full length, beside the lanes' recurrent state and the
-cache's snapshot slots: every request must complete, through cache eviction and
-preemption with replay, with the tokens of the same requests run unconstrained.
+only ``full_requests`` of them at full length beside the lanes' recurrent state (the
+checkpoints' snapshots share those pages): every request must complete, through cache
+eviction and preemption (replay, or with ``host_context_capacity`` a copy to host memory
+and back), with the tokens of the same requests run unconstrained.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class PressureResult:
     most_running: int
     preemptions: int
     replayed_tokens: int
+    #: host memory preempted lanes could be copied to (``"0"``: they replay)
+    host_context_capacity: str
     #: whether every output equals the same request's in an unconstrained engine (None: not
     #: checked)
     matches: bool | None
@@ -197,6 +200,7 @@ def memory_pressure(
     check: bool = True,
     chunk: int = 1024,
     kv_dtype: str = "float32",
+    host_context_capacity: str = "0",
     seed: int = 1,
 ) -> PressureResult:
     """``requests`` requests at once in a pool that holds ``full_requests`` of them."""
@@ -212,11 +216,12 @@ def memory_pressure(
             kv_dtype=kv_dtype,
             prefix_cache=True,
             context_capacity=capacity,
+            host_context_capacity=host_context_capacity if capacity is not None else 0,
         )
 
     unconstrained = engine(None)
     pool = unconstrained.pool
-    # what the pool holds besides K/V pages (state slots, snapshot slots), and the pages
+    # what the pool holds besides pages (the lanes' state slots), and the pages
     pages = full_requests * pool.pages_for(context)
     capacity = pool.nbytes() - pool.pages * pool.page_bytes + pages * pool.page_bytes
     rng = np.random.default_rng(seed)
@@ -241,6 +246,7 @@ def memory_pressure(
         run.most_running,
         constrained.preemptions,
         constrained.replayed_tokens,
+        host_context_capacity,
         None if expected is None else run.outputs == expected,
     )
 
@@ -272,7 +278,8 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
                 f"({r['context'] - r['max_tokens']} prompt + {r['max_tokens']} greedy), pool "
                 f"sized for {r['full_requests']} at full length ({r['pool_pages']} pages of "
                 f"the {r['requests'] * r['pages_per_request']} all would take, "
-                f"{r['capacity_bytes'] / 2**20:.1f} MiB with the state and snapshot slots).",
+                f"{r['capacity_bytes'] / 2**20:.1f} MiB with the lanes' state slots); host "
+                f"memory for preempted lanes: {r.get('host_context_capacity', '0')}.",
                 "",
                 "| completed | wall s | generated tok/s | most running | preemptions "
                 "| replayed tokens | outputs as unconstrained |",

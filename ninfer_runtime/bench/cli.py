@@ -319,6 +319,12 @@ def run(
     help="memory pressure: full-length requests the pool's K/V pages hold",
 )
 @click.option(
+    "--host-context-capacity",
+    default="0",
+    show_default=True,
+    help="memory pressure: host memory preempted lanes are copied to (0: they replay)",
+)
+@click.option(
     "--check/--no-check",
     default=True,
     show_default=True,
@@ -355,6 +361,7 @@ def cache(
     max_tokens: int,
     requests: int,
     full_requests: int,
+    host_context_capacity: str,
     check: bool,
     chunk: int,
     kv_dtype: str,
@@ -401,6 +408,7 @@ def cache(
         pressure = C.memory_pressure(
             opened, backend, requests=requests, full_requests=full_requests, context=context,
             max_tokens=max_tokens, check=check, chunk=chunk, kv_dtype=kv_dtype,
+            host_context_capacity=host_context_capacity,
         )  # fmt: skip
     except (ArtifactError, EngineError, C.CacheMiss) as exc:
         raise click.ClickException(str(exc)) from None

@@ -393,3 +393,42 @@ def test_a_lane_preempted_while_reading_its_prompt_resumes_it(artifact_path, hos
     assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
     assert any(preempted_in_prompt)
     assert small.host_bytes == 0
+
+
+class _ArgmaxOnDevice:
+    """A device sampler for greedy lanes (the CUDA backend has one; the CPU none)."""
+
+    def supports(self, params: SamplingParams) -> bool:
+        return params.greedy
+
+    def set_lanes(self, lanes) -> None:
+        self.lanes = lanes
+
+    def sample(self, rows):
+        return np.argmax(rows, axis=-1)
+
+
+def test_a_step_where_every_decoding_lane_replays_samples_nothing(artifact_path) -> None:
+    """With a device sampler, a decode step whose lanes all replay has no rows to sample
+    (on CUDA it once failed concatenating none); greedy streams still equal a roomy run's."""
+    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+    art = artifact_path("qwen3_5_bf16", "dense")
+    roomy = Engine(art, max_lanes=4, max_context=512)
+    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
+    budget = 4 * roomy.pool.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    small = Engine(art, max_lanes=4, max_context=512, context_capacity=budget)
+    small._device_sampler = _ArgmaxOnDevice()
+    steps_all_replaying = []
+    decode = small._decode
+
+    def spy(lanes, events) -> None:
+        steps_all_replaying.append(all(a.replay for a in lanes))
+        decode(lanes, events)
+
+    small._decode = spy
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
+    params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0)
+    assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
+    assert any(steps_all_replaying) and small.replayed_tokens > 0
