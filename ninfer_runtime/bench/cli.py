@@ -300,7 +300,7 @@ def run(
 @click.option(
     "--max-tokens",
     type=click.IntRange(min=1),
-    default=256,
+    default=768,
     show_default=True,
     help="memory pressure: tokens each request generates (greedy)",
 )
