@@ -222,6 +222,38 @@ def test_moe_decode_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> Non
         assert_close(moe_decode(cuda_backend, cp.asarray(x), table), CpuBackend().moe(x, cpu_w))
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["stacked", "separate"])
+@pytest.mark.parametrize("fmt", ["q8_g32_fp16", "bf16", "q4_g64_fp16"])
+def test_moe_prefill_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> None:
+    """Prefill rows (past the decode path's 64) through ``moe_prefill``: pairs sorted by
+    expert, one launch per projection; a chunk split in passes too (PREFILL_ROWS)."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda import moe
+    from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_prefill
+
+    def close(got: Any, ref: np.ndarray) -> None:  # the shared expert: a bf16 prefill GEMM
+        got = cp.asnumpy(got)
+        assert got.shape == ref.shape and np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, ref, rtol=2e-2, atol=1e-2 * np.abs(ref).max())
+
+    gpu_w, cpu_w = random_moe(fmt, fused)
+    table = ExpertTable(gpu_w, cuda_backend.join_rows)
+    rng = np.random.default_rng(2)
+    for n in (65, 300):
+        x = rng.standard_normal((n, H)).astype(np.float32)
+        ref = CpuBackend().moe(x, cpu_w)
+        close(moe_prefill(cuda_backend, cp.asarray(x), table), ref)
+        close(cuda_backend.moe(cp.asarray(x), gpu_w), ref)  # the backend's choice
+    passes = moe.PREFILL_ROWS
+    try:
+        moe.PREFILL_ROWS = 100
+        x = rng.standard_normal((250, H)).astype(np.float32)
+        close(moe_prefill(cuda_backend, cp.asarray(x), table), CpuBackend().moe(x, cpu_w))
+    finally:
+        moe.PREFILL_ROWS = passes
+
+
 def test_expert_table_rejects_unreadable_experts(cuda_backend: Any) -> None:
     from ninfer_runtime.backends.cuda.moe import ExpertTable, ExpertTableError
 

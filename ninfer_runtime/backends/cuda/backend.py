@@ -328,12 +328,15 @@ class CudaBackend(ops.ReferenceOps):
         return self._expert_tables[key]
 
     def moe(self, x: Array, weights: MoeWeights) -> Array:
-        """Up to ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
-        ``moe.moe_decode`` (routing and expert GEMVs on the device, capturable), over chunks
-        of at most ``MAX_GEMV_ROWS`` rows; prefill chunks read the top-k choice back (N x E
-        floats) and run each selected expert once over its rows."""
+        """On the device when the experts have an expert GEMV (``moe.ExpertTable``): up to
+        ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
+        ``moe.moe_decode`` (capturable) over chunks of at most ``MAX_GEMV_ROWS`` rows, more
+        rows (prefill chunks) ``moe.moe_prefill``. Other experts: the top-k choice is read
+        back (N x E floats) and each selected expert runs once over its rows."""
         n, step = x.shape[0], kernels.MAX_GEMV_ROWS
-        table = self._expert_table(weights) if 0 < n <= MOE_DEVICE_ROWS else None
+        table = self._expert_table(weights) if n > 0 else None
+        if table is not None and n > MOE_DEVICE_ROWS:
+            return moe_kernels.moe_prefill(self, x, table)
         if table is not None:
             chunks = [
                 moe_kernels.moe_decode(self, x[a : a + step], table) for a in range(0, n, step)

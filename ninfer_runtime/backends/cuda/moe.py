@@ -1,9 +1,12 @@
-"""Graph-capturable mixture-of-experts decode (N <= 8 token rows).
+"""Mixture-of-experts on the device: graph-capturable decode (N <= 8 token rows) and prefill.
 
 The router's top-k choice never leaves the device: ``moe_router`` writes expert ids and
 renormalised shares, and the expert-indexed GEMV (``kernels/gemv_experts.cu``) looks each
 pair's expert up in an ``ExpertTable`` of device addresses, so ``moe_decode`` issues a fixed
 sequence of launches with no host synchronisation and can be captured in a CUDA graph.
+``moe_prefill`` does the same for a prefill chunk's rows: it sorts the (token, expert) pairs
+by expert on the device, so the consecutive pairs of one expert read its weights from L2,
+and runs every pair of the chunk in one launch per projection (no loop over experts).
 
 Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by probability
 (ties to the lower index), shares divided by their sum, routed output
@@ -29,6 +32,12 @@ MAX_EXPERTS = 1024
 MAX_TOP_K = 64
 #: threads per block of the elementwise helpers
 THREADS = 256
+#: most token rows one ``moe_prefill`` pass takes (its pairs are one launch's grid rows,
+#: at most 65535, and its per-pair buffers stay a few hundred MB)
+PREFILL_ROWS = 4096
+MAX_GRID_Y = 65535
+#: rows per router product in a prefill pass (``kernels.MAX_SMALL_ROWS``)
+MOE_ROUTER_ROWS = kernels.MAX_SMALL_ROWS
 
 EXPERTS_FAMILY = "gemv_experts"
 #: the files holding the layout policies the expert GEMV instantiates
@@ -243,6 +252,63 @@ def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
     y = cp.empty((pairs, hidden), dtype=cp.float32)
     expert_gemv(table.down, ids, h, True, y, hidden)
 
+    return _shared_and_combine(backend, x, table, logits, y, shares)
+
+
+def moe_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
+    """The MoE block for any number of rows ``[N, H]`` float32, all on the device: routed,
+    the ``N * k`` pairs sorted by expert, each projection one expert-GEMV launch over them
+    all, the outputs put back in pair order and combined as in ``moe_decode``."""
+    import cupy as cp
+
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    step = max(1, min(PREFILL_ROWS, MAX_GRID_Y // table.top_k))
+    parts = [_prefill_rows(backend, x[a : a + step], table) for a in range(0, x.shape[0], step)]
+    return parts[0] if len(parts) == 1 else cp.concatenate(parts)
+
+
+def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
+    import cupy as cp
+
+    k, inter, hidden = table.top_k, table.intermediate, table.hidden
+    pairs = x.shape[0] * k
+    # the router at the decode steps' precision, 64 rows at a time (the small-M products):
+    # a prefill GEMM's bf16 operands could flip a near tie in the top-k choice
+    logits = cp.concatenate(
+        [
+            backend.linear(x[a : a + MOE_ROUTER_ROWS], table.router_score)
+            for a in range(0, len(x), MOE_ROUTER_ROWS)
+        ]
+    )
+    logits = cp.ascontiguousarray(logits, dtype=cp.float32)
+    ids, shares = route(logits, k, table.experts)
+    order = cp.argsort(ids.reshape(-1))  # pairs by expert
+    by_expert = cp.ascontiguousarray(ids.reshape(-1)[order].reshape(pairs, 1))
+    xs = _padded(x[order // k], table.gate.planes)  # each pair's token row
+    gu = cp.empty((pairs, 2 * inter), dtype=cp.float32)
+    if table.fused:
+        expert_gemv(table.gate, by_expert, xs, True, gu, 2 * inter, rows=2 * inter)
+    else:
+        expert_gemv(table.gate, by_expert, xs, True, gu, 2 * inter)
+        expert_gemv(
+            table.up, by_expert, _padded(xs, table.up.planes), True, gu[:, inter:], 2 * inter
+        )
+    h = silu_mul(gu, inter, inter, table.down.planes.x_width)
+    ys = cp.empty((pairs, hidden), dtype=cp.float32)
+    expert_gemv(table.down, by_expert, h, True, ys, hidden)
+    y = cp.empty_like(ys)
+    y[order] = ys  # back in (token, slot) order
+    return _shared_and_combine(backend, x, table, logits, y, shares)
+
+
+def _shared_and_combine(
+    backend: Any, x: Any, table: ExpertTable, logits: Any, y: Any, shares: Any
+) -> Any:
+    """``sum_j share_j y[(n, j)] + sigmoid(score) * shared(x)`` for the rows of x, from the
+    routed pairs' outputs ``y [N * k, H]`` and the router | score ``logits``."""
+    import cupy as cp
+
+    n, k, hidden = x.shape[0], table.top_k, table.hidden
     si = table.shared_intermediate
     shared_h = silu_mul(backend.linear(x, table.shared_gate_up), si, si, si)
     shared = cp.ascontiguousarray(backend.linear(shared_h, table.shared_down), dtype=cp.float32)
