@@ -5,8 +5,9 @@ renormalised shares, and the expert-indexed GEMV (``kernels/gemv_experts.cu``) l
 pair's expert up in an ``ExpertTable`` of device addresses, so ``moe_decode`` issues a fixed
 sequence of launches with no host synchronisation and can be captured in a CUDA graph.
 ``moe_prefill`` does the same for a prefill chunk's rows: it sorts the (token, expert) pairs
-by expert on the device, so the consecutive pairs of one expert read its weights from L2,
-and runs every pair of the chunk in one launch per projection (no loop over experts).
+by expert on the device and cuts each expert's pairs into groups of ``GROUP_PAIRS`` (the last
+padded with zero rows), so one weight load serves a group; every group of the chunk runs in
+one launch per projection (``gemv_expert_groups``; no loop over experts on the host).
 
 Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by probability
 (ties to the lower index), shares divided by their sum, routed output
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ...arrays import array_module
 from ..base import MoeWeights, Weight
 from . import formats as F
 from . import kernels
@@ -46,11 +48,18 @@ _SUFFIX = {F.Q4: "q4", F.Q5: "q5", F.Q6: "q6", F.Q8: "q8", F.NF4: "nf4"}
 _SUFFIX.update({F.NVFP4: "nvfp4", F.FP8: "fp8", F.BF16: "bf16"})
 #: compiled (rows per warp, K split) pairs: everything the M = 1 defaults of kernels.py pick
 EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
+#: pairs of one expert per weight load in a prefill pass (the GEMV's most activation rows)
+GROUP_PAIRS = kernels.MAX_GEMV_ROWS
 
 register_family("moe", ["moe_router", "moe_silu_mul", "moe_combine"])
 register_family(
     EXPERTS_FAMILY,
-    [f"gemv_experts_{s}<{r}, {ks}>" for s in _SUFFIX.values() for r, ks in EXPERT_CONFIGS],
+    [f"gemv_experts_{s}<{r}, {ks}>" for s in _SUFFIX.values() for r, ks in EXPERT_CONFIGS]
+    + [
+        f"gemv_expert_groups_{s}<{GROUP_PAIRS}, {kernels.ROWS_PER_WARP[GROUP_PAIRS]}, {ks}>"
+        for s in _SUFFIX.values()
+        for ks in kernels.K_SPLITS
+    ],
     needs=POLICY_FILES,  # the layout policies live in the per-layout GEMV files
 )
 
@@ -183,6 +192,69 @@ def expert_gemv(
     )
 
 
+def expert_groups_gemv(
+    proj: Projection, group_expert: Any, x: Any, y: Any, ldy: int, rows: int | None = None
+) -> None:
+    """``y[g * M + m, r] = sum_k x[g * M + m, k] W_{group_expert[g]}[r, k]`` for every group
+    g of ``M = GROUP_PAIRS`` rows and ``r < rows`` (default ``proj.rows``); ``x`` as for
+    ``expert_gemv``, ``len(group_expert) * M`` rows."""
+    p = proj.planes
+    rows = proj.rows if rows is None else rows
+    m, ks = GROUP_PAIRS, kernels.default_k_split(rows, p.units)
+    r = kernels.ROWS_PER_WARP[m]
+    per_block = kernels.GEMV_WARPS // ks * r
+    function(EXPERTS_FAMILY, f"gemv_expert_groups_{_SUFFIX[p.code]}<{m}, {r}, {ks}>")(
+        ((rows + per_block - 1) // per_block, int(group_expert.size)),
+        (kernels.GEMV_WARPS * 32,),
+        (
+            proj.base,
+            proj.row0,
+            group_expert,
+            *p.kernel_args(),
+            np.int32(rows),
+            np.int32(p.units),
+            x,
+            np.int32(x.shape[1]),
+            y,
+            np.int32(ldy),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PairGroups:
+    """A prefill pass's (token, slot) pairs laid out by expert in groups of ``size`` rows:
+    ``row[p]`` is the grouped row of pair ``p`` (in token-major order), ``expert[g]`` group
+    g's expert; rows no pair takes are padding."""
+
+    row: Any  # int64 [P]
+    expert: Any  # int32 [G]
+    size: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.expert.size) * self.size
+
+    @classmethod
+    def of(cls, ids: Any, experts: int, size: int) -> PairGroups:
+        """From the router's choice ``ids`` [N, k] (any array module); one host read: the
+        number of groups."""
+        xp = array_module(ids)
+        flat = ids.reshape(-1)
+        order = xp.argsort(flat)
+        counts = xp.bincount(flat, minlength=experts)
+        groups = (counts + size - 1) // size
+        first_group = xp.cumsum(groups) - groups
+        first_pair = xp.cumsum(counts) - counts
+        expert = flat[order]
+        within = xp.arange(flat.size) - first_pair[expert]
+        row = xp.empty(flat.size, dtype=xp.int64)
+        row[order] = (first_group[expert] + within // size) * size + within % size
+        total = int(groups.sum())
+        group_expert = xp.searchsorted(xp.cumsum(groups), xp.arange(total), side="right")
+        return cls(row, group_expert.astype(xp.int32), size)
+
+
 def route(logits: Any, top_k: int, experts: int | None = None) -> tuple[Any, Any]:
     """``(ids int32 [N, k], shares float32 [N, k])`` from the router logits in the first
     ``experts`` columns (all by default) of C-contiguous float32 ``logits``."""
@@ -271,7 +343,6 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     import cupy as cp
 
     k, inter, hidden = table.top_k, table.intermediate, table.hidden
-    pairs = x.shape[0] * k
     # the router at the decode steps' precision, 64 rows at a time (the small-M products):
     # a prefill GEMM's bf16 operands could flip a near tie in the top-k choice
     logits = cp.concatenate(
@@ -282,22 +353,20 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     )
     logits = cp.ascontiguousarray(logits, dtype=cp.float32)
     ids, shares = route(logits, k, table.experts)
-    order = cp.argsort(ids.reshape(-1))  # pairs by expert
-    by_expert = cp.ascontiguousarray(ids.reshape(-1)[order].reshape(pairs, 1))
-    xs = _padded(x[order // k], table.gate.planes)  # each pair's token row
-    gu = cp.empty((pairs, 2 * inter), dtype=cp.float32)
+    groups = PairGroups.of(ids, table.experts, GROUP_PAIRS)
+    xs = cp.zeros((groups.rows, table.gate.planes.x_width), dtype=cp.float32)
+    xs[groups.row, : x.shape[1]] = cp.repeat(x, k, axis=0)  # each pair's token row
+    gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
     if table.fused:
-        expert_gemv(table.gate, by_expert, xs, True, gu, 2 * inter, rows=2 * inter)
+        expert_groups_gemv(table.gate, groups.expert, xs, gu, 2 * inter, rows=2 * inter)
     else:
-        expert_gemv(table.gate, by_expert, xs, True, gu, 2 * inter)
-        expert_gemv(
-            table.up, by_expert, _padded(xs, table.up.planes), True, gu[:, inter:], 2 * inter
-        )
+        expert_groups_gemv(table.gate, groups.expert, xs, gu, 2 * inter)
+        up_x = _padded(xs, table.up.planes)
+        expert_groups_gemv(table.up, groups.expert, up_x, gu[:, inter:], 2 * inter)
     h = silu_mul(gu, inter, inter, table.down.planes.x_width)
-    ys = cp.empty((pairs, hidden), dtype=cp.float32)
-    expert_gemv(table.down, by_expert, h, True, ys, hidden)
-    y = cp.empty_like(ys)
-    y[order] = ys  # back in (token, slot) order
+    ys = cp.empty((groups.rows, hidden), dtype=cp.float32)
+    expert_groups_gemv(table.down, groups.expert, h, ys, hidden)
+    y = ys[groups.row]  # back in (token, slot) order
     return _shared_and_combine(backend, x, table, logits, y, shares)
 
 

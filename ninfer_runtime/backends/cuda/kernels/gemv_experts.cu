@@ -27,6 +27,25 @@
                                   y + (long long)p * ldy, ldy);                             \
   }
 
+// Groups of M pairs of one expert (a prefill chunk's pairs sorted by expert, each expert's
+// padded to a multiple of M with zero rows): group g = blockIdx.y uses expert
+// group_expert[g] for the M consecutive rows g * M .. g * M + M - 1 of x and of y, so one
+// weight load serves M pairs. rows of x are ldx apart, of y ldy apart.
+#define DEFINE_GEMV_EXPERT_GROUPS(NAME, POLICY)                                             \
+  template <int M, int R, int KS>                                                           \
+  __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
+      NAME(const u64* __restrict__ base, const int* __restrict__ row0,                      \
+           const int* __restrict__ group_expert, long long off1, long long off2, int stride, \
+           int rpd, int rows, int units, const float* __restrict__ x, int ldx,              \
+           float* __restrict__ y, int ldy) {                                                \
+    POLICY::setup();                                                                        \
+    const long long g = blockIdx.y;                                                         \
+    const int e = __ldg(group_expert + g);                                                  \
+    GemvArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};      \
+    gemv_driver<POLICY, M, R, KS>(a, __ldg(row0 + e), rows, units, x + g * M * ldx, ldx,    \
+                                  y + g * M * ldy, ldy);                                    \
+  }
+
 DEFINE_GEMV_EXPERTS(gemv_experts_q4, RowSplitInt<4>)
 DEFINE_GEMV_EXPERTS(gemv_experts_q5, RowSplitInt<5>)
 DEFINE_GEMV_EXPERTS(gemv_experts_q6, RowSplitInt<6>)
@@ -35,3 +54,12 @@ DEFINE_GEMV_EXPERTS(gemv_experts_nf4, RowSplitNf4)
 DEFINE_GEMV_EXPERTS(gemv_experts_nvfp4, Nvfp4)
 DEFINE_GEMV_EXPERTS(gemv_experts_fp8, Fp8Row)
 DEFINE_GEMV_EXPERTS(gemv_experts_bf16, Bf16Row)
+
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_q4, RowSplitInt<4>)
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_q5, RowSplitInt<5>)
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_q6, RowSplitInt<6>)
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_q8, RowSplitInt<8>)
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_nf4, RowSplitNf4)
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_nvfp4, Nvfp4)
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_fp8, Fp8Row)
+DEFINE_GEMV_EXPERT_GROUPS(gemv_expert_groups_bf16, Bf16Row)
