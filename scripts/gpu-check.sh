@@ -2,7 +2,8 @@
 # Everything the GPU machine is for, in one device call (its time is short): the wheels it
 # lacks, every kernel family, the GPU tests, then ninfer-bench on the 27B and 35B-A3B shapes.
 # Results land in $OUT (gpu-tests.txt, bench27.json, bench35.json, and records.md: the runs as
-# markdown for docs/performance.md). BENCH=0 skips the bench. SPEC=1 adds speculative rounds
+# markdown for docs/performance.md). BENCH=0 skips the bench. LONG=1 adds one 131,072-token
+# prompt on the 27B shape, timed by part (long27.json). SPEC=1 adds speculative rounds
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
 # SKIP_TESTS=1 when one device call must hold it all). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
@@ -24,9 +25,14 @@ for shape in qwen3_6_27b:27 qwen3_6_35b_a3b:35; do
   artifact=/tmp/bench$name.ninfer
   timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
     --formats "$geometry" -o "$artifact" --force | tail -1
-  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" --profile 1 \
+  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" --profile 1 --profile-prefill \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
     2>&1 | grep -v upload
+  if [ "$name" = 27 ] && [ "${LONG:-0}" = 1 ]; then
+    timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1 --contexts 1024 \
+      --steps 4 --prefill 0 --long-prefill 131072 --kv-dtype bfloat16 --json "$OUT/long$name.json" \
+      --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+  fi
   if [ "$name" = 27 ] && [ "${SPEC:-0}" = 1 ]; then
     timeout 400 python3 -m ninfer_runtime.bench.cli run "$artifact" --spec mtp \
       --lanes 1,2,4,8 --contexts 1024 --prefill 0 --json "$OUT/spec$name.json" \

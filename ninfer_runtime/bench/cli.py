@@ -115,6 +115,18 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
 @click.option("--prefill", type=int, default=7680, show_default=True, help="0 skips prefill")
 @click.option("--chunk", type=int, default=2048, show_default=True, help="prefill chunk")
 @click.option(
+    "--long-prefill",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="also prefill one prompt of this many tokens, timed by part (e.g. 131072)",
+)
+@click.option(
+    "--profile-prefill",
+    is_flag=True,
+    help="also profile one prefill chunk of --chunk tokens (ablation, ms per op)",
+)
+@click.option(
     "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
 )
 @click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
@@ -162,6 +174,8 @@ def run(
     steps: int,
     prefill: int,
     chunk: int,
+    long_prefill: int,
+    profile_prefill: bool,
     kv_dtype: str,
     profile_lanes: int,
     json_out: str | None,
@@ -242,6 +256,25 @@ def run(
             f"{rate / 1e12:.0f} TFLOP/s fp16 matmul = {p.floor_s:.2f} s floor "
             f"({p.percent_of_floor:.1f}%)"
         )
+    if long_prefill:
+        rate = M.matmul_rate(xp)
+        segments = M.long_prefill(
+            runner, long_prefill, chunk=chunk, flop_rate=rate, kv_dtype=kv_dtype
+        )
+        parts = [{"kind": "long prefill", "chunk": chunk, **M.as_row(s)} for s in segments]
+        rows += parts
+        total = sum(s.seconds for s in segments)
+        click.echo(
+            f"one {long_prefill}-token prompt (chunk {chunk}): {long_prefill / total:.0f} "
+            f"tok/s, {total:.2f} s; by part (floor: FLOPs at {rate / 1e12:.0f} TFLOP/s):"
+        )
+        click.echo("\n".join(R.long_prefill_table(parts)))
+    if profile_prefill:
+        spent = M.profile_prefill(runner, chunk)
+        rows.append({"kind": "prefill profile", "tokens": chunk, "past": 0, **spent})
+        click.echo(f"prefill profile, one {chunk}-token chunk: ms taken by each op (ablation)")
+        for name, ms in spent.items():
+            click.echo(f"  {name:<18} {ms:8.2f}")
     if profile_lanes:
         spent = M.profile_decode(runner, profile_lanes, contexts[0])
         rows.append({"kind": "profile", "lanes": profile_lanes, **spent})

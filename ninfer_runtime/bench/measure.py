@@ -346,6 +346,86 @@ def prefill_rate(
     return PrefillResult(tokens, chunk, tokens / seconds, seconds, flops, flops / flop_rate)
 
 
+@dataclass
+class PrefillSegment:
+    """Part of one long prompt's prefill: tokens ``start .. end - 1``, read after ``start``
+    tokens already in the context (their attention FLOPs grow with it)."""
+
+    start: int
+    end: int
+    seconds: float
+    flops: float
+    floor_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return (self.end - self.start) / self.seconds
+
+    @property
+    def percent_of_floor(self) -> float:
+        return 100 * self.floor_s / self.seconds
+
+
+def long_prefill(
+    runner: ModelRunner,
+    tokens: int,
+    *,
+    chunk: int,
+    flop_rate: float,
+    segments: int = 8,
+    kv_dtype: str = "float32",
+) -> list[PrefillSegment]:
+    """One ``tokens``-token prompt prefilled in chunks of ``chunk``, timed in ``segments``
+    parts of whole chunks: where the time goes as the context grows."""
+    xp, model = runner.backend.xp, runner.model
+    ids = np.random.default_rng(2).integers(0, model.config.vocab, tokens)
+    warm = runner.new_state(min(tokens, chunk) + 1)
+    runner.forward([ids[: min(tokens, chunk)]], [warm], last_only=True)  # compile, plan
+    del warm
+    pool = runner.new_pool(lanes=1, max_context=tokens + 1, kv_dtype=kv_dtype)
+    state = pool.open(tokens + 1)
+    chunks = -(-tokens // chunk)
+    bounds = sorted(
+        {min(tokens, chunk * round(chunks * i / segments)) for i in range(1, segments + 1)}
+    )
+    out, start = [], 0
+    for end in bounds:
+        if end <= start:
+            continue
+        _sync(xp)
+        began = time.perf_counter()
+        for a in range(start, end, chunk):
+            runner.forward([ids[a : min(a + chunk, end)]], [state], last_only=True)
+        _sync(xp)
+        flops = prefill_flops(model, end - start, past=start)
+        out.append(
+            PrefillSegment(start, end, time.perf_counter() - began, flops, flops / flop_rate)
+        )
+        start = end
+    return out
+
+
+def profile_prefill(runner: ModelRunner, tokens: int, *, past: int = 0) -> dict[str, float]:
+    """Where a prefill chunk's time goes, by ablation (as ``profile_decode``): one chunk of
+    ``tokens`` tokens after ``past`` tokens of context, timed whole and with each backend op
+    of the prefill path replaced by an empty output of its shape."""
+    xp, model = runner.backend.xp, runner.model
+    ids = np.random.default_rng(3).integers(0, model.config.vocab, past + tokens)
+
+    def chunk_ms() -> float:
+        state = runner.new_state(past + tokens + 1)
+        if past:
+            runner.prefill(ids[:past], state, chunk=tokens)
+        _sync(xp)
+        began = time.perf_counter()
+        runner.forward([ids[past:]], [state], last_only=True)
+        _sync(xp)
+        return 1000 * (time.perf_counter() - began)
+
+    chunk_ms()  # compile, plan
+    return _ablate(runner.backend, PREFILL_OPS, chunk_ms, "chunk")
+
+
 def as_row(result: Any) -> dict[str, Any]:
     """A result's fields and derived figures (its properties), as ``--json`` writes them."""
     derived = {
@@ -548,6 +628,17 @@ PROFILED_OPS: dict[str, Any] = {
         value_dim,
     ),
     "moe": lambda x, *_, **__: x.shape,
+}
+#: the ops of a prefill chunk's path (products, norms, RoPE, attention over the lane's cache,
+#: the GDN convolution and chunked scan, MoE)
+PREFILL_OPS: dict[str, Any] = {
+    "linear": PROFILED_OPS["linear"],
+    "rms_norm": PROFILED_OPS["rms_norm"],
+    "rope": PROFILED_OPS["rope"],
+    "attention": lambda q, *_, **__: q.shape,
+    "causal_conv": lambda x, *_, **__: x.shape,
+    "gdn_chunk": lambda q, k, v, *_, **__: v.shape,
+    "moe": PROFILED_OPS["moe"],
 }
 #: a round's ops: a decode step's, and the verification's recurrent pair
 ROUND_OPS: dict[str, Any] = {

@@ -100,6 +100,7 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
         ]
         lines.append("")
     lines += _spec_lines(rows)
+    lines += _long_prefill_lines(rows)
     for r in rows:
         if r["kind"] == "prefill":
             lines += [
@@ -107,6 +108,17 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
                 f"{r['tokens_per_s']:.0f} tok/s, {r['seconds']:.2f} s; {r['flops'] / 1e12:.1f} "
                 f"TFLOP at a measured {r['matmul_flops'] / 1e12:.0f} TFLOP/s fp16 matmul = "
                 f"{r['floor_s']:.2f} s floor ({r['percent_of_floor']:.1f}%).",
+                "",
+            ]
+        elif r["kind"] == "prefill profile":
+            spent = ", ".join(
+                f"`{name}` {ms:.2f}"
+                for name, ms in r.items()
+                if name not in ("kind", "tokens", "past")
+            )
+            lines += [
+                f"Prefill profile, one chunk of {r['tokens']} tokens after {r['past']}, ms "
+                f"(ablation): {spent}.",
                 "",
             ]
         elif r["kind"] == "profile":
@@ -124,6 +136,35 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
                 "",
             ]
     return "\n".join(lines)
+
+
+def long_prefill_table(segments: list[dict[str, Any]]) -> list[str]:
+    """One long prompt's prefill by part: tok/s and the FLOPs floor as the context grows."""
+    lines = [
+        "| tokens | tok/s | s | TFLOP | floor s | % of floor |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['start']}-{r['end']} | {r['tokens_per_s']:.0f} | {r['seconds']:.2f} "
+        f"| {r['flops'] / 1e12:.1f} | {r['floor_s']:.3f} | {r['percent_of_floor']:.1f}% |"
+        for r in segments
+    ]
+    return lines
+
+
+def _long_prefill_lines(rows: list[dict[str, Any]]) -> list[str]:
+    segments = [r for r in rows if r["kind"] == "long prefill"]
+    if not segments:
+        return []
+    total = sum(r["seconds"] for r in segments)
+    tokens = segments[-1]["end"]
+    return [
+        f"One {tokens}-token prompt (chunks of {segments[0]['chunk']}): {tokens / total:.0f} "
+        f"tok/s, {total:.2f} s in all; by part of the prompt:",
+        "",
+        *long_prefill_table(segments),
+        "",
+    ]
 
 
 def _spec_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -72,6 +73,45 @@ def test_run_prints_a_table_and_writes_rows(artifacts, tmp_path):
         assert r["percent_of_floor"] == pytest.approx(100 * r["floor_ms"] / r["step_ms"])
     profile = next(r for r in rows if r["kind"] == "profile")
     assert set(M.PROFILED_OPS) <= set(profile) and profile["step"] > 0
+
+
+@pytest.mark.parametrize("geometry", ["tiny_dense", "tiny_moe"])
+def test_long_prefill_by_part_and_the_prefill_profile(artifacts, tmp_path, geometry):
+    """--long-prefill times one prompt in parts of whole chunks (covering it exactly, each
+    part's floor counting attention over the context before it); --profile-prefill ablates
+    every op of the prefill path; both go into the record."""
+    from ninfer_runtime.bench.record import RunContext, markdown
+
+    out = tmp_path / "rows.json"
+    args = "--backend cpu --lanes 1 --contexts 8 --steps 1 --prefill 0 --chunk 16"
+    result = CliRunner().invoke(
+        main,
+        [
+            "run", str(artifacts[geometry]), *args.split(), "--long-prefill", "100",
+            "--profile-prefill", "--json", str(out),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "one 100-token prompt" in result.output and "prefill profile" in result.output
+    rows = json.loads(out.read_text())
+    parts = [r for r in rows if r["kind"] == "long prefill"]
+    assert parts[0]["start"] == 0 and parts[-1]["end"] == 100
+    assert all(a["end"] == b["start"] for a, b in itertools.pairwise(parts))
+    assert all(r["start"] % 16 == 0 and r["tokens_per_s"] > 0 for r in parts)
+    model = load_model(Artifact.open(artifacts[geometry]))
+    for r in parts:
+        assert r["flops"] == pytest.approx(
+            M.prefill_flops(model, r["end"] - r["start"], r["start"])
+        )
+    later, first = parts[-1], parts[0]  # the same tokens cost more attention later on
+    per_token = [r["flops"] / (r["end"] - r["start"]) for r in (first, later)]
+    assert per_token[1] > per_token[0]
+    profile = next(r for r in rows if r["kind"] == "prefill profile")
+    assert set(M.PREFILL_OPS) <= set(profile) and profile["chunk"] > 0 and "rest" in profile
+    context = RunContext("2026-12-02", "cpu", "abc", "s.ninfer", "float32", 1.0)
+    text = markdown(rows, context)
+    assert "One 100-token prompt (chunks of 16)" in text and "Prefill profile, one chunk" in text
+    assert text.count("| 0-") == 1
 
 
 def test_bad_lane_list_is_a_usage_error(artifacts):
