@@ -34,7 +34,7 @@ MAX_EXPERTS = 1024
 MAX_TOP_K = 64
 #: threads per block of the elementwise helpers
 THREADS = 256
-#: most token rows one ``moe_prefill`` pass takes (its pairs are one launch's grid rows,
+#: most token rows one ``moe_prefill`` pass takes (its groups are one launch's grid rows,
 #: at most 65535, and its per-pair buffers stay a few hundred MB)
 PREFILL_ROWS = 4096
 MAX_GRID_Y = 65535
@@ -225,7 +225,10 @@ def expert_groups_gemv(
 class PairGroups:
     """A prefill pass's (token, slot) pairs laid out by expert in groups of ``size`` rows:
     ``row[p]`` is the grouped row of pair ``p`` (in token-major order), ``expert[g]`` group
-    g's expert; rows no pair takes are padding."""
+    g's expert. There are as many groups as a pass of this many pairs can need (each
+    expert's pairs in whole groups: at most pairs / size + experts), so nothing is read back
+    to size the launches; groups past the real ones have expert -1, and rows no pair takes
+    are padding."""
 
     row: Any  # int64 [P]
     expert: Any  # int32 [G]
@@ -237,21 +240,21 @@ class PairGroups:
 
     @classmethod
     def of(cls, ids: Any, experts: int, size: int) -> PairGroups:
-        """From the router's choice ``ids`` [N, k] (any array module); one host read: the
-        number of groups."""
+        """From the router's choice ``ids`` [N, k] (any array module), on its device."""
         xp = array_module(ids)
         flat = ids.reshape(-1)
         order = xp.argsort(flat)
         counts = xp.bincount(flat, minlength=experts)
         groups = (counts + size - 1) // size
-        first_group = xp.cumsum(groups) - groups
+        ends = xp.cumsum(groups)
         first_pair = xp.cumsum(counts) - counts
         expert = flat[order]
         within = xp.arange(flat.size) - first_pair[expert]
         row = xp.empty(flat.size, dtype=xp.int64)
-        row[order] = (first_group[expert] + within // size) * size + within % size
-        total = int(groups.sum())
-        group_expert = xp.searchsorted(xp.cumsum(groups), xp.arange(total), side="right")
+        row[order] = (ends[expert] - groups[expert] + within // size) * size + within % size
+        slots = xp.arange(flat.size // size + experts)
+        group_expert = xp.searchsorted(ends, slots, side="right")
+        group_expert = xp.where(slots < ends[-1], group_expert, -1)
         return cls(row, group_expert.astype(xp.int32), size)
 
 

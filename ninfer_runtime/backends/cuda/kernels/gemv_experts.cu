@@ -30,7 +30,9 @@
 // Groups of M pairs of one expert (a prefill chunk's pairs sorted by expert, each expert's
 // padded to a multiple of M with zero rows): group g = blockIdx.y uses expert
 // group_expert[g] for the M consecutive rows g * M .. g * M + M - 1 of x and of y, so one
-// weight load serves M pairs. rows of x are ldx apart, of y ldy apart.
+// weight load serves M pairs. rows of x are ldx apart, of y ldy apart. The grid covers the
+// most groups a pass can have (its size known without reading the routing back): a group
+// past the real ones has expert -1 and its blocks return at once.
 #define DEFINE_GEMV_EXPERT_GROUPS(NAME, POLICY)                                             \
   template <int M, int R, int KS>                                                           \
   __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
@@ -41,6 +43,7 @@
     POLICY::setup();                                                                        \
     const long long g = blockIdx.y;                                                         \
     const int e = __ldg(group_expert + g);                                                  \
+    if (e < 0) return;                                                                      \
     GemvArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};      \
     gemv_driver<POLICY, M, R, KS>(a, __ldg(row0 + e), rows, units, x + g * M * ldx, ldx,    \
                                   y + g * M * ldy, ldy);                                    \
