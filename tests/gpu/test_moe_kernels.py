@@ -222,15 +222,22 @@ def test_moe_decode_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> Non
         assert_close(moe_decode(cuda_backend, cp.asarray(x), table), CpuBackend().moe(x, cpu_w))
 
 
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tensor-cores", "gemv"])
 @pytest.mark.parametrize("fused", [True, False], ids=["stacked", "separate"])
 @pytest.mark.parametrize("fmt", ["q8_g32_fp16", "bf16", "q4_g64_fp16"])
-def test_moe_prefill_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> None:
-    """Prefill rows (past the decode path's 64) through ``moe_prefill``: pairs sorted by
-    expert, one launch per projection; a chunk split in passes too (PREFILL_ROWS)."""
+def test_moe_prefill_matches_cpu(
+    fmt: str, fused: bool, tensor_cores: bool, cuda_backend: Any, monkeypatch: Any
+) -> None:
+    """Prefill rows (past the decode path's 64) through ``moe_prefill``: pairs grouped by
+    expert, one launch per projection, on the tensor cores or the 8-row GEMV (the layouts
+    without a tensor-core kernel); a chunk split in passes too (PREFILL_ROWS)."""
     import cupy as cp
 
     from ninfer_runtime.backends.cuda import moe
     from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_prefill
+
+    if not tensor_cores:
+        monkeypatch.setattr(moe, "_tensor_core_groups", lambda table: False)
 
     def close(got: Any, ref: np.ndarray) -> None:  # the shared expert: a bf16 prefill GEMM
         got = cp.asnumpy(got)
@@ -239,6 +246,8 @@ def test_moe_prefill_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> No
 
     gpu_w, cpu_w = random_moe(fmt, fused)
     table = ExpertTable(gpu_w, cuda_backend.join_rows)
+    # bf16 rows of 96 or 40 values have no tensor-core kernel: the GEMV groups either way
+    assert moe._tensor_core_groups(table) == (tensor_cores and fmt != "bf16")
     rng = np.random.default_rng(2)
     for n in (65, 300):
         x = rng.standard_normal((n, H)).astype(np.float32)

@@ -67,3 +67,80 @@ def test_a_pass_never_needs_more_groups_than_a_launch_grid_holds() -> None:
     tokens = min(moe.PREFILL_ROWS, MAX_GRID_Y // k)
     ids = np.tile(np.arange(k, dtype=np.int32), (tokens, 1))
     assert PairGroups.of(ids, experts, GROUP_PAIRS).expert.size <= MAX_GRID_Y
+
+
+class _Launches:
+    """Stands in for ``compile.function``: records each launch (no GPU needed)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, tuple, tuple, tuple]] = []
+
+    def __call__(self, family: str, name: str):
+        from ninfer_runtime.backends.cuda.compile import FAMILIES
+
+        assert name in FAMILIES[family], f"{name} is not compiled in {family}"
+
+        def launch(grid, block, args) -> None:
+            self.calls.append((family, name, grid, block, args))
+
+        return launch
+
+
+def _planes(fmt: str, shape: tuple[int, int]):
+    from ninfer_runtime.backends.cuda import formats as F
+
+    layout = "contiguous_le_v1" if fmt == "bf16" else "row_split_k128_v1"
+    return F.planes(fmt, layout, shape)
+
+
+@pytest.mark.parametrize("fmt", ["q4_g64_fp16", "q8_g32_fp16", "bf16"])
+def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
+    """The grouped tensor-core product: one fragment pass over every group (grid y = the
+    groups) into one buffer, then one product launch with the groups on grid z; kernels
+    that the family compiles, arguments in the kernel's order and types."""
+    from ninfer_runtime.backends.cuda import kernels
+
+    launches = _Launches()
+    monkeypatch.setattr(kernels, "function", launches)
+    p = _planes(fmt, (1024, 2048))
+    group_expert = np.array([0, 3, -1], dtype=np.int32)
+    m = 8 * kernels.GROUP_TILES
+    x = np.zeros((3 * m, p.x_width), dtype=np.float32)
+    y = np.zeros((3 * m, 1024), dtype=np.float32)
+    base, row0 = np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int32)
+    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024)
+    (_, prep, pgrid, _, pargs), (_, gemm, grid, block, args) = launches.calls
+    assert prep.endswith("_groups_x") and "_groups<" in gemm
+    steps = kernels._small_groups(p)
+    assert pgrid == (-(-steps * kernels.GROUP_TILES * 32 // 256), 3)
+    r = kernels.GROUP_CONFIG[0]
+    assert grid == (-(-1024 // (kernels.SMALL_WARPS * 16 * r)), 1, 3)
+    assert block == (kernels.SMALL_WARPS * 32,)
+    xf = pargs[-1]
+    assert xf is args[-3] and xf.dtype == np.uint32
+    assert xf.size == 3 * p.x_width * kernels.GROUP_TILES * 8  # 32 bytes a column a tile
+    assert len(args) == 12 and len(pargs) == 5  # the kernels' parameters
+    assert args[:3] == (base, row0, group_expert)
+    assert args[3 : 3 + len(p.kernel_args())] == tuple(p.kernel_args())
+    assert [int(a) for a in args[-5:-3]] == [1024, steps] and args[-2] is y
+    assert all(isinstance(a, np.int32) for a in (pargs[1], pargs[2], pargs[3], args[-1]))
+
+
+def test_grouped_gemv_launch(monkeypatch) -> None:
+    from ninfer_runtime.backends.cuda import kernels, moe
+
+    launches = _Launches()
+    monkeypatch.setattr(moe, "function", launches)
+    p = _planes("q4_g64_fp16", (1024, 2048))
+    proj = moe.Projection(p, 1024, np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int32))
+    group_expert = np.array([1, -1], dtype=np.int32)
+    x = np.zeros((2 * GROUP_PAIRS, p.x_width), dtype=np.float32)
+    y = np.zeros((2 * GROUP_PAIRS, 1024), dtype=np.float32)
+    moe.expert_groups_gemv(proj, group_expert, x, y, 1024)
+    ((_, name, grid, block, args),) = launches.calls
+    ks = kernels.default_k_split(1024, p.units)
+    r = kernels.ROWS_PER_WARP[GROUP_PAIRS]
+    assert name == f"gemv_expert_groups_q4<{GROUP_PAIRS}, {r}, {ks}>"
+    assert grid == (-(-1024 // (kernels.GEMV_WARPS // ks * r)), 2)
+    assert block == (kernels.GEMV_WARPS * 32,)
+    assert len(args) == 13 and args[2] is group_expert and args[-4] is x and args[-2] is y

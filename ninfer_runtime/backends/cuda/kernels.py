@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ...arrays import array_module
 from . import formats as F
 from .compile import compile_all, function, register_family, sm_count
 
@@ -101,10 +102,19 @@ MIN_SPLIT_GROUPS = 2
 #: float32 partial sums the K-split products share (split * M * rows must fit)
 PARTIAL_FLOATS = 4 << 20
 SMALL_CONFIGS = [(nt, r, u) for nt, tiles in SMALL_TILES.items() for r, u in tiles]
+#: activation tiles of 8 rows per group of the grouped product (MoE prefill: one expert's
+#: pairs, 32 rows a group), and its weight tiles (R, U): the default for that many tiles
+GROUP_TILES = 4
+GROUP_CONFIG = SMALL_TILES[GROUP_TILES][0]
 register_family(
     SMALL_FAMILY,
     [f"{k}<{nt}, {r}, {u}>" for k in _SMALL_KERNELS.values() for nt, r, u in SMALL_CONFIGS]
-    + [f"{k}_x" for k in _SMALL_KERNELS.values()],
+    + [f"{k}_x" for k in _SMALL_KERNELS.values()]
+    + [
+        f"{k}_groups<{GROUP_TILES}, {GROUP_CONFIG[0]}, {GROUP_CONFIG[1]}>"
+        for k in _SMALL_KERNELS.values()
+    ]
+    + [f"{k}_groups_x" for k in _SMALL_KERNELS.values()],
 )
 
 __all__ = ["compile_all", "dequant_rows", "gemv", "product", "small_gemm"]
@@ -248,6 +258,42 @@ def small_gemm(
             np.int32(ldy),
             partial,
             counters,
+        ),
+    )
+
+
+def small_gemm_groups(
+    base: Any, row0: Any, group_expert: Any, p: F.Planes, rows: int, x: Any, y: Any, ldy: int
+) -> None:
+    """``y[g * M + m, r] = sum_k x[g * M + m, k] W_e[row0[e] + r, k]`` with ``e =
+    group_expert[g]`` for every group g of ``M = 8 * GROUP_TILES`` rows (-1: the group is
+    skipped) on the tensor cores; ``base``/``row0``: each expert's object address and first
+    row (int64 / int32 device arrays), all of planes ``p`` (``has_tensor_cores(p)``);
+    ``x``: float32, ``p.x_width`` columns, ``len(group_expert) * M`` rows."""
+    nt, (r, u) = GROUP_TILES, GROUP_CONFIG
+    kernel, groups, count = _SMALL_KERNELS[p.code], _small_groups(p), int(group_expert.size)
+    mmas = _SMALL_GROUP[p.code] // 16
+    xp = array_module(x)
+    xf = xp.empty(count * groups * nt * 32 * mmas * 4, dtype=xp.uint32)
+    threads = groups * nt * 32
+    function(SMALL_FAMILY, f"{kernel}_groups_x")(
+        (-(-threads // 256), count),
+        (256,),
+        (x, np.int32(x.shape[1]), np.int32(groups), np.int32(nt), xf),
+    )
+    function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {u}>")(
+        (-(-rows // (SMALL_WARPS * 16 * r)), 1, count),
+        (SMALL_WARPS * 32,),
+        (
+            base,
+            row0,
+            group_expert,
+            *p.kernel_args(),
+            np.int32(rows),
+            np.int32(groups),
+            xf,
+            y,
+            np.int32(ldy),
         ),
     )
 

@@ -5,9 +5,11 @@ renormalised shares, and the expert-indexed GEMV (``kernels/gemv_experts.cu``) l
 pair's expert up in an ``ExpertTable`` of device addresses, so ``moe_decode`` issues a fixed
 sequence of launches with no host synchronisation and can be captured in a CUDA graph.
 ``moe_prefill`` does the same for a prefill chunk's rows: it sorts the (token, expert) pairs
-by expert on the device and cuts each expert's pairs into groups of ``GROUP_PAIRS`` (the last
-padded with zero rows), so one weight load serves a group; every group of the chunk runs in
-one launch per projection (``gemv_expert_groups``; no loop over experts on the host).
+by expert on the device and cuts each expert's pairs into groups (the last padded with zero
+rows), so one weight load serves a group; every group of the chunk runs in one launch per
+projection, on the tensor cores (``small_*_groups`` of ``gemm_small.cu``, 32 rows a group)
+where the layout has a tensor-core kernel, else on the 8-row GEMV (``gemv_expert_groups``).
+No loop over experts on the host, and nothing read back.
 
 Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by probability
 (ties to the lower index), shares divided by their sum, routed output
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -48,8 +51,10 @@ _SUFFIX = {F.Q4: "q4", F.Q5: "q5", F.Q6: "q6", F.Q8: "q8", F.NF4: "nf4"}
 _SUFFIX.update({F.NVFP4: "nvfp4", F.FP8: "fp8", F.BF16: "bf16"})
 #: compiled (rows per warp, K split) pairs: everything the M = 1 defaults of kernels.py pick
 EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
-#: pairs of one expert per weight load in a prefill pass (the GEMV's most activation rows)
+#: pairs of one expert per weight load in a prefill pass: on the GEMV (its most activation
+#: rows), and on the tensor cores
 GROUP_PAIRS = kernels.MAX_GEMV_ROWS
+TENSOR_GROUP_PAIRS = 8 * kernels.GROUP_TILES
 
 register_family("moe", ["moe_router", "moe_silu_mul", "moe_combine"])
 register_family(
@@ -356,21 +361,46 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     )
     logits = cp.ascontiguousarray(logits, dtype=cp.float32)
     ids, shares = route(logits, k, table.experts)
-    groups = PairGroups.of(ids, table.experts, GROUP_PAIRS)
+    tensor_cores = _tensor_core_groups(table)
+    size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS
+    groups = PairGroups.of(ids, table.experts, size)
+    project = partial(_grouped, groups=groups, tensor_cores=tensor_cores)
     xs = cp.zeros((groups.rows, table.gate.planes.x_width), dtype=cp.float32)
     xs[groups.row, : x.shape[1]] = cp.repeat(x, k, axis=0)  # each pair's token row
     gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
     if table.fused:
-        expert_groups_gemv(table.gate, groups.expert, xs, gu, 2 * inter, rows=2 * inter)
+        project(table.gate, xs, gu, 2 * inter, rows=2 * inter)
     else:
-        expert_groups_gemv(table.gate, groups.expert, xs, gu, 2 * inter)
-        up_x = _padded(xs, table.up.planes)
-        expert_groups_gemv(table.up, groups.expert, up_x, gu[:, inter:], 2 * inter)
+        project(table.gate, xs, gu, 2 * inter)
+        project(table.up, _padded(xs, table.up.planes), gu[:, inter:], 2 * inter)
     h = silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, hidden), dtype=cp.float32)
-    expert_groups_gemv(table.down, groups.expert, h, ys, hidden)
+    project(table.down, h, ys, hidden)
     y = ys[groups.row]  # back in (token, slot) order
     return _shared_and_combine(backend, x, table, logits, y, shares)
+
+
+def _tensor_core_groups(table: ExpertTable) -> bool:
+    """Whether every routed projection of the table has the grouped tensor-core product."""
+    return all(kernels.has_tensor_cores(p.planes) for p in (table.gate, table.up, table.down))
+
+
+def _grouped(
+    proj: Projection,
+    x: Any,
+    y: Any,
+    ldy: int,
+    rows: int | None = None,
+    *,
+    groups: PairGroups,
+    tensor_cores: bool,
+) -> None:
+    """One projection of every group (``rows``: default ``proj.rows``)."""
+    rows = proj.rows if rows is None else rows
+    if tensor_cores:
+        kernels.small_gemm_groups(proj.base, proj.row0, groups.expert, proj.planes, rows, x, y, ldy)
+    else:
+        expert_groups_gemv(proj, groups.expert, x, y, ldy, rows=rows)
 
 
 def _shared_and_combine(

@@ -447,9 +447,46 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
     prep_x<POLICY>(x, ldx, m_rows, groups, nt, out);                                          \
   }
 
+// Groups of 8 * NT rows of x, each multiplied by the weights of one expert: group g =
+// blockIdx.z uses the object at base[group_expert[g]] (every expert one geometry, as for
+// the expert GEMV), rows row0[e] .. row0[e] + rows - 1, x rows g * 8 * NT onwards (their
+// fragments at g * groups * NT * 32 * MMAS) and y rows likewise; a group whose expert is -1
+// returns at once. No K split (gridDim.y is 1). NAME_groups_x writes every group's fragments,
+// blockIdx.y being the group.
+#define DEFINE_SMALL_GEMM_GROUPS(NAME, POLICY)                                                \
+  template <int NT, int R, int U>                                                             \
+  __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
+      NAME##_groups(const u64* __restrict__ base, const int* __restrict__ row0,               \
+                    const int* __restrict__ group_expert, long long off1, long long off2,     \
+                    int stride, int rpd, int rows, int groups, const uint4* __restrict__ xf,  \
+                    float* __restrict__ y, int ldy) {                                         \
+    constexpr int MMAS = POLICY::GW / 16;                                                     \
+    const long long g = blockIdx.z;                                                           \
+    const int e = __ldg(group_expert + g);                                                    \
+    if (e < 0) return;                                                                        \
+    SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
+    small_gemm<POLICY, NT, R, U>(a, __ldg(row0 + e), rows, groups,                            \
+                                 xf + g * groups * NT * 32 * MMAS, 8 * NT,                    \
+                                 y + g * 8 * NT * ldy, ldy, nullptr, nullptr);                \
+  }                                                                                           \
+  __global__ void NAME##_groups_x(const float* __restrict__ x, int ldx, int groups, int nt,   \
+                                  uint4* __restrict__ out) {                                  \
+    constexpr int MMAS = POLICY::GW / 16;                                                     \
+    const long long g = blockIdx.y;                                                           \
+    prep_x<POLICY>(x + g * 8 * nt * ldx, ldx, 8 * nt, groups, nt,                             \
+                   out + g * groups * nt * 32 * MMAS);                                        \
+  }
+
 DEFINE_SMALL_GEMM(small_q4, SmallRowSplit<4>)
 DEFINE_SMALL_GEMM(small_q5, SmallRowSplit<5>)
 DEFINE_SMALL_GEMM(small_q6, SmallRowSplit<6>)
 DEFINE_SMALL_GEMM(small_q8, SmallQ8)
 DEFINE_SMALL_GEMM(small_nvfp4, SmallNvfp4)
 DEFINE_SMALL_GEMM(small_bf16, SmallBf16)
+
+DEFINE_SMALL_GEMM_GROUPS(small_q4, SmallRowSplit<4>)
+DEFINE_SMALL_GEMM_GROUPS(small_q5, SmallRowSplit<5>)
+DEFINE_SMALL_GEMM_GROUPS(small_q6, SmallRowSplit<6>)
+DEFINE_SMALL_GEMM_GROUPS(small_q8, SmallQ8)
+DEFINE_SMALL_GEMM_GROUPS(small_nvfp4, SmallNvfp4)
+DEFINE_SMALL_GEMM_GROUPS(small_bf16, SmallBf16)
