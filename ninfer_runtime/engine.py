@@ -383,7 +383,11 @@ class Engine:
         return self._finish(active, "cancelled", None, [])
 
     # ----------------------------------------------------------------------- steps
-    def step(self) -> list[Event]:
+    def step(self, flush: Callable[[list[Event]], None] | None = None) -> list[Event]:
+        """Admit what fits, run one prefill chunk and one decode step (or round); the
+        events of all three. ``flush``, when given, gets the admission and prefill part's
+        events as soon as they are known, before the decode step runs (a server streams a
+        first token without waiting for it); they are then left out of the list returned."""
         events: list[Event] = []
         while self._waiting and len(self._active) < self.max_lanes:
             head = self._waiting[0]
@@ -399,6 +403,9 @@ class Engine:
         prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
         if prefilling:
             self._prefill_chunk(prefilling[0], events)
+        if flush is not None and events:
+            flush(events)
+            events = []
         self._make_room([a for a in self._active.values() if a.pending is not None])
         decoding = [a for a in self._active.values() if a.pending is not None]
         if self.spec is None:

@@ -26,10 +26,12 @@ import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ninfer_runtime.engine import (
     Engine,
+    Event,
     Failed,
     Finished,
     GenerationRequest,
@@ -465,7 +467,9 @@ class EngineLoop:
                         batch.setdefault(command.request_id, Chunk()).finished = finished
             if engine.has_work and failed is None:
                 try:
-                    events = engine.step()
+                    # a step's first tokens go out before its decode step runs
+                    flush = partial(self._deliver_events, engine, inflight)
+                    events = engine.step(flush=flush)
                 except Exception as exc:
                     failed = f"{type(exc).__name__}: {exc}"
                     log.error("engine step failed:\n%s", traceback.format_exc())
@@ -476,21 +480,32 @@ class EngineLoop:
                         batch.setdefault(rid, Chunk()).error = EngineUnavailable(failed)
                     inflight.clear()
                     events = []
-                for event in events:
-                    chunk = batch.get(event.request_id)
-                    if chunk is None:
-                        chunk = batch[event.request_id] = Chunk()
-                    if isinstance(event, TokenEvent):
-                        chunk.tokens += 1
-                    elif isinstance(event, OutputEvent):
-                        chunk.events.append(event.event)
-                    elif isinstance(event, Finished):
-                        chunk.finished = event
-                        inflight.discard(event.request_id)
-                    elif isinstance(event, Failed):
-                        chunk.error = event.error
-                        inflight.discard(event.request_id)
+                self._add_events(batch, events, inflight)
             self._post_batch(batch, engine)
+
+    def _deliver_events(self, engine: Engine, inflight: set[str], events: list[Event]) -> None:
+        batch: dict[str, Chunk] = {}
+        self._add_events(batch, events, inflight)
+        self._post_batch(batch, engine)
+
+    @staticmethod
+    def _add_events(batch: dict[str, Chunk], events: list[Event], inflight: set[str]) -> None:
+        """The engine's events as chunks per request (a finished or failed request leaves
+        ``inflight``)."""
+        for event in events:
+            chunk = batch.get(event.request_id)
+            if chunk is None:
+                chunk = batch[event.request_id] = Chunk()
+            if isinstance(event, TokenEvent):
+                chunk.tokens += 1
+            elif isinstance(event, OutputEvent):
+                chunk.events.append(event.event)
+            elif isinstance(event, Finished):
+                chunk.finished = event
+                inflight.discard(event.request_id)
+            elif isinstance(event, Failed):
+                chunk.error = event.error
+                inflight.discard(event.request_id)
 
     def _post_batch(self, batch: dict[str, Chunk], engine: Engine) -> None:
         spec_gained = self._spec_gained(engine.spec_stats)

@@ -326,3 +326,38 @@ def test_unknown_architecture_is_a_clear_error(tmp_path):
         Engine(path)
     result = CliRunner().invoke(ninfer_cli, [str(path), "--prompt", "x"])
     assert result.exit_code == 1 and "no model for architecture" in result.output
+
+
+def test_a_step_flushes_its_first_tokens_before_its_decode_step(artifact):
+    """``step(flush=...)``: the admission and prefill part's events (a new request's first
+    token) reach ``flush`` before the step's decode runs; the decode's events are returned,
+    and all of them together are the events of a step without ``flush``."""
+    from ninfer_runtime.engine import TokenEvent
+
+    def run(with_flush: bool) -> list[tuple[str, list, list]]:
+        engine = Engine(artifact, max_context=256, max_lanes=2)
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        first = GenerationRequest(prompt="Hello", sampling=params, request_id="a")
+        engine.submit(first)
+        engine.step()  # "a" is generating
+        engine.submit(GenerationRequest(prompt="Paris", sampling=params, request_id="b"))
+        steps = []
+        while engine.has_work:
+            flushed: list = []
+            returned = engine.step(flush=flushed.extend) if with_flush else engine.step()
+            steps.append((flushed, returned))
+        return steps
+
+    plain, flushed = run(False), run(True)
+    first_b = next(i for i, (_, ev) in enumerate(plain) if any(e.request_id == "b" for e in ev))
+    early, late = flushed[first_b]
+    assert [(e.request_id, type(e)) for e in early if isinstance(e, TokenEvent)] == [
+        ("b", TokenEvent)
+    ]  # b's first token, before the decode step that also gives "a" a token
+    assert any(isinstance(e, TokenEvent) and e.request_id == "a" for e in late)
+    tokens = [
+        [(e.request_id, e.token_id) for e in f + r if isinstance(e, TokenEvent)] for f, r in flushed
+    ]
+    assert tokens == [
+        [(e.request_id, e.token_id) for e in r if isinstance(e, TokenEvent)] for _, r in plain
+    ]

@@ -219,11 +219,11 @@ def test_engine_failure_fails_requests_and_health(engine):
         def __getattr__(self, name: str):
             return getattr(self.inner, name)
 
-        def step(self):
+        def step(self, flush=None):
             self.steps += 1
             if self.steps == 2:
                 raise RuntimeError("device lost")
-            return self.inner.step()
+            return self.inner.step(flush=flush)
 
     async def scenario() -> tuple[Exception | None, str | None, bool]:
         metrics = Metrics("tiny", backend="cpu", max_concurrency=1, max_context=1024)
