@@ -432,3 +432,59 @@ def test_a_step_where_every_decoding_lane_replays_samples_nothing(artifact_path)
     params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0)
     assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
     assert any(steps_all_replaying) and small.replayed_tokens > 0
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=2)], ids=["plain", "mtp"])
+def test_a_random_workload_under_every_kind_of_pressure(artifact_path, spec) -> None:
+    """Shared prefixes, a pool too small for the lanes, host memory for only some of the
+    preempted lanes (others replay), and requests cancelled at random points: after every
+    step the pool's holder counts match its sequences and checkpoints and host memory is
+    accounted; every request not cancelled streams what an unconstrained engine streams;
+    at the end only the cache holds pages and no host memory is held."""
+    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
+
+    art = artifact_path("qwen3_5_bf16", "dense")
+    rng = np.random.default_rng(21)
+    bases = [rng.integers(0, 400, 300).tolist() for _ in range(2)]
+    prompts = [
+        bases[rng.integers(0, 2)][: rng.integers(30, 300)] + rng.integers(0, 400, 5).tolist()
+        for _ in range(14)
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    kw = dict(max_lanes=4, max_context=512, prefill_chunk=48, spec=spec)
+    expected = _concurrent(Engine(art, **kw), prompts, params)
+
+    roomy = Engine(art, **kw)
+    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
+    page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    engine = Engine(
+        art, context_capacity=4 * roomy.pool.slot_bytes + 6 * page, prefix_cache=True,
+        checkpoint_interval=64, host_context_capacity=2 * page, **kw,
+    )  # fmt: skip
+    saves = []
+    save = engine.pool.save
+    engine.pool.save = lambda state: saves.append(state.slot) or save(state)
+    ids = {}
+    for p in prompts:
+        request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
+        ids[engine.submit(request)] = []
+    order, cancelled = list(ids), set()
+    steps = 0
+    while engine.has_work:
+        steps += 1
+        if steps % 37 == 0:  # cancel one request, wherever it is (waiting, paused, running)
+            victim = order[rng.integers(0, len(order))]
+            if victim not in cancelled and engine.cancel(victim) is not None:
+                cancelled.add(victim)
+        for e in engine.step():
+            if isinstance(e, TokenEvent):
+                ids[e.request_id].append(e.token_id)
+        _check_pool(engine)
+        assert 0 <= engine.host_bytes <= engine.host_capacity
+    assert cancelled and engine.preemptions > len(saves) > 0 and engine.replayed_tokens > 0
+    for rid, want in zip(order, expected, strict=True):
+        got = ids[rid]
+        assert got == (want[: len(got)] if rid in cancelled else want), rid
+    assert engine.host_bytes == 0
+    engine.cache.clear()
+    assert engine.pool.free_pages == engine.pool.pages and engine.pool.snapshot_pages_used == 0
