@@ -337,8 +337,9 @@ def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
 
 def moe_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
     """The MoE block for any number of rows ``[N, H]`` float32, all on the device: routed,
-    the ``N * k`` pairs sorted by expert, each projection one expert-GEMV launch over them
-    all, the outputs put back in pair order and combined as in ``moe_decode``."""
+    the ``N * k`` pairs grouped by expert (``PairGroups``), each projection one grouped
+    launch over them all (``_grouped``), the outputs put back in pair order and combined as
+    in ``moe_decode``; passes of at most ``PREFILL_ROWS`` rows."""
     import cupy as cp
 
     x = cp.ascontiguousarray(x, dtype=cp.float32)
