@@ -57,6 +57,11 @@ def _concurrent(engine: Engine, prompts, params: SamplingParams) -> list[list[in
     return list(ids.values())
 
 
+def _capacity(pool, pages: int) -> int:
+    """Bytes of a pool with ``pool``'s lanes (their state slots) and ``pages`` pages."""
+    return pool.slots * pool.slot_bytes + pages * pool.page_bytes
+
+
 def _engine(art: Path, cache: bool, **kw) -> Engine:
     return Engine(
         art, max_lanes=2, max_context=4096, prefill_chunk=128, prefix_cache=cache,
@@ -221,15 +226,10 @@ def test_a_small_pool_preempts_and_replays_exactly(artifact_path, cache) -> None
     """Four requests whose generations need twice the pages the pool has: lanes are
     preempted (memory freed) and replayed later, and every stream equals an unconstrained
     run's, token for token, none repeated (greedy and seeded sampling)."""
-    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
-
     art = artifact_path("qwen3_5_bf16", "dense")
     roomy = Engine(art, max_lanes=4, max_context=512)
-    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
     # five pages, shared by the lanes' K/V and (with the cache) the checkpoints
-    budget = 4 * ContextPool.slot_bytes_of(specs) + 5 * ContextPool.page_bytes_of(
-        specs, mtp, PAGE_TOKENS
-    )
+    budget = _capacity(roomy.pool, 5)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
     for sampling in ({"temperature": 0.0}, {"temperature": 0.8, "seed": 3}):
@@ -247,14 +247,10 @@ def test_speculative_lanes_grow_and_are_preempted_exactly(artifact_path) -> None
     """With MTP rounds, lanes' pages grow too (a round's margin ahead), and a pool too small
     for them preempts and replays (the drafter's entries replayed with the tokens): greedy
     streams equal plain decoding's, none repeated."""
-    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
-
     art = artifact_path("qwen3_5_bf16", "dense")
     roomy = Engine(art, max_lanes=4, max_context=512)
-    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
     spec = SpecConfig(draft_tokens=3)
-    lane = roomy.runner.new_pool(lanes=1, max_context=8, draft_tokens=3).slot_bytes
-    budget = 4 * lane + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    budget = _capacity(roomy.runner.new_pool(lanes=4, max_context=8, draft_tokens=3), 5)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
     params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0)
@@ -344,12 +340,9 @@ def test_preempted_lanes_go_to_host_memory_and_come_back_exactly(artifact_path, 
     short prefill chunks) are copied out and back instead of replayed: streams equal an
     unconstrained run's (greedy; seeded too without rounds), nothing is replayed, and the
     host memory is all given back at the end."""
-    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
-
     art = artifact_path("qwen3_5_bf16", "dense")
     roomy = Engine(art, max_lanes=4, max_context=512, spec=spec, prefill_chunk=32)
-    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
-    budget = 4 * roomy.pool.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    budget = _capacity(roomy.pool, 5)
     rng = np.random.default_rng(6)
     prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
     samplings = [{"temperature": 0.0}] + ([{"temperature": 0.8, "seed": 3}] if spec is None else [])
@@ -370,13 +363,10 @@ def test_a_lane_preempted_while_reading_its_prompt_resumes_it(artifact_path, hos
     """A generating lane needs a page while a later lane is still prefilling (short chunks):
     the later lane is preempted in its prompt, copied to host memory or let go, and both
     streams equal an unconstrained run's."""
-    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
-
     art = artifact_path("qwen3_5_bf16", "dense")
     kw = dict(max_lanes=2, max_context=512, prefill_chunk=16)
     roomy = Engine(art, **kw)
-    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
-    budget = 2 * roomy.pool.slot_bytes + 3 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    budget = _capacity(roomy.pool, 3)
     rng = np.random.default_rng(8)
     prompts = [rng.integers(0, 400, 250).tolist(), rng.integers(0, 400, 400).tolist()]
     params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
@@ -411,12 +401,9 @@ class _ArgmaxOnDevice:
 def test_a_step_where_every_decoding_lane_replays_samples_nothing(artifact_path) -> None:
     """With a device sampler, a decode step whose lanes all replay has no rows to sample
     (on CUDA it once failed concatenating none); greedy streams still equal a roomy run's."""
-    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
-
     art = artifact_path("qwen3_5_bf16", "dense")
     roomy = Engine(art, max_lanes=4, max_context=512)
-    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
-    budget = 4 * roomy.pool.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    budget = _capacity(roomy.pool, 5)
     small = Engine(art, max_lanes=4, max_context=512, context_capacity=budget)
     small._device_sampler = _ArgmaxOnDevice()
     steps_all_replaying = []
@@ -441,7 +428,6 @@ def test_a_random_workload_under_every_kind_of_pressure(artifact_path, spec) -> 
     step the pool's holder counts match its sequences and checkpoints and host memory is
     accounted; every request not cancelled streams what an unconstrained engine streams;
     at the end only the cache holds pages and no host memory is held."""
-    from ninfer_runtime.state import PAGE_TOKENS, ContextPool
 
     art = artifact_path("qwen3_5_bf16", "dense")
     rng = np.random.default_rng(21)
@@ -455,11 +441,9 @@ def test_a_random_workload_under_every_kind_of_pressure(artifact_path, spec) -> 
     expected = _concurrent(Engine(art, **kw), prompts, params)
 
     roomy = Engine(art, **kw)
-    specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
-    page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
     engine = Engine(
-        art, context_capacity=4 * roomy.pool.slot_bytes + 6 * page, prefix_cache=True,
-        checkpoint_interval=64, host_context_capacity=2 * page, **kw,
+        art, context_capacity=_capacity(roomy.pool, 6), prefix_cache=True,
+        checkpoint_interval=64, host_context_capacity=2 * roomy.pool.page_bytes, **kw,
     )  # fmt: skip
     saves = []
     save = engine.pool.save
