@@ -12,8 +12,8 @@ in one reusable scratch buffer (bf16 weights are read in place) and multiplies w
 with TF32 or full float32 math. The decode-step ops (paged attention, the GDN step, MoE routing
 and experts, RMSNorm, RoPE) have kernels of their own, so a decode step never waits on the host
 and is captured once per lane count as a CUDA graph (``graphs.py``). Prefill attention is a
-flash-style kernel (``prefill_attention.py``); the chunked GDN runs the shared reference math
-(``backends/array_ops.py``) on CuPy.
+flash-style kernel (``prefill_attention.py``) and the chunked GDN has three launches of its own
+(``gdn_chunk.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cupy_backends.cuda.libs import cublas
 
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import attention, gdn, glue, kernels, prefill, sampling
+from . import attention, gdn, gdn_chunk, glue, kernels, prefill, sampling
 from . import moe as moe_kernels
 from .graphs import GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
@@ -221,6 +221,11 @@ class CudaBackend(ops.ReferenceOps):
         return pfa.prefill_attention(
             q, k_cache, v_cache, start=start, scale=scale, precision=precision
         )
+
+    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+        if not gdn_chunk.supported(q, k, v, state):
+            return super().gdn_chunk(q, k, v, g, beta, state)
+        return gdn_chunk.gdn_chunk(q, k, v, g, beta, state)
 
     # ------------------------------------------------------------------ batched decode
     def kv_write(

@@ -69,12 +69,20 @@ def register_family(family: str, names: Sequence[str], *, needs: Sequence[str] =
     FAMILIES[family].extend(n for n in names if n not in FAMILIES[family])
 
 
-def function(family: str, name: str) -> Any:
-    """A launchable kernel, its family compiled on first use (cubins cached on disk)."""
+#: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h)
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED = 8
+#: dynamic shared memory a launch may take without opting in
+DEFAULT_SHARED = 48 << 10
+
+
+def function(family: str, name: str, *, shared: int = 0) -> Any:
+    """A launchable kernel, its family compiled on first use (cubins cached on disk).
+    ``shared``: the dynamic shared memory its launches take; above 48 KB the kernel is
+    opted in to that much once."""
     module = _MODULES.get(family)
     if module is None:
         module = _MODULES[family] = Module(family, FAMILIES[family])
-    return module.function(name)
+    return module.function(name, shared)
 
 
 def compile_all() -> list[str]:
@@ -97,6 +105,7 @@ class Module:
         start = time.perf_counter()
         source = family_source(family)
         self._functions: dict[str, Any]
+        self._shared: dict[str, int] = {}  # kernel -> the dynamic shared memory it may take
         try:
             image, lowered = _compile_cached(source, list(names), self.arch)
         except (AttributeError, TypeError) as exc:  # a CuPy whose NVRTC binding differs
@@ -116,8 +125,14 @@ class Module:
             time.perf_counter() - start,
         )
 
-    def function(self, name: str) -> Any:
-        return self._functions[name]
+    def function(self, name: str, shared: int = 0) -> Any:
+        fn = self._functions[name]
+        if shared > max(DEFAULT_SHARED, self._shared.get(name, 0)):
+            import cupy
+
+            cupy.cuda.driver.funcSetAttribute(fn.ptr, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared)
+            self._shared[name] = shared
+        return fn
 
 
 def _compile_cached(

@@ -98,23 +98,6 @@ def _check(name: str, a: Any, ndim: int) -> None:
         raise ValueError(f"{name}: must be 16-byte aligned (rows are read as vectors)")
 
 
-_SMEM_SET: set[str] = set()
-
-
-#: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h)
-FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED = 8
-
-
-def _kernel(name: str, shared: int) -> Any:
-    import cupy as cp
-
-    fn = function(FAMILY, name)
-    if name not in _SMEM_SET:  # above the 48 KB a launch may take by default
-        cp.cuda.driver.funcSetAttribute(fn.ptr, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared)
-        _SMEM_SET.add(name)
-    return fn
-
-
 def prefill_attention(
     q: Any,
     k_cache: Any,
@@ -165,7 +148,7 @@ def prefill_attention(
     per_split = -(-max_tiles // splits)
     splits = -(-max_tiles // per_split)  # no split that is empty for every block
     shared = smem_bytes(d)
-    kernel = _kernel(f"prefill_attention<{d}, {PRECISIONS[precision]}>", shared)
+    kernel = function(FAMILY, f"prefill_attention<{d}, {PRECISIONS[precision]}>", shared=shared)
     if splits > 1:
         ws_o = cp.empty((splits, t * nq, d), dtype=cp.float32)
         ws_ml = cp.empty((splits, t * nq, 2), dtype=cp.float32)

@@ -1,0 +1,122 @@
+"""Launcher of the chunked Gated DeltaNet prefill (``kernels/gdn_chunk.cu``): the same rule as
+``array_ops.gdn_chunk`` over one lane's T tokens, in three launches (what each chunk needs
+without the state, for all chunks at once; the state through the chunks in order; the
+outputs, all chunks at once). Launches only: no synchronisation and no device reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .compile import function, register_family
+
+FAMILY = "gdn_chunk"
+#: key head sizes compiled; the value head size is a runtime argument (a multiple of 4)
+KEY_DIMS = (16, 32, 64, 128)
+#: must match GC, GDN_CHUNK_THREADS and GdnChunk<DK>::SC / OC in the kernel
+CHUNK = 64
+THREADS = 256
+STATE_COLUMNS = 32
+OUTPUT_COLUMNS = 64
+
+register_family(
+    FAMILY,
+    [
+        f"{name}<{d}>"
+        for name in ("gdn_chunk_prepare", "gdn_chunk_states", "gdn_chunk_output")
+        for d in KEY_DIMS
+    ],
+)
+
+__all__ = ["gdn_chunk", "shared_bytes", "supported"]
+
+
+def supported(q: Any, k: Any, v: Any, state: Any) -> bool:
+    """Whether the kernels take these arrays (else the reference runs)."""
+    return (
+        getattr(q, "ndim", None) == 3
+        and q.shape[2] in KEY_DIMS
+        and k.shape == q.shape
+        and v.ndim == 3
+        and v.shape[2] % 4 == 0
+        and v.shape[1] % q.shape[1] == 0
+        and state.shape == (v.shape[1], q.shape[2], v.shape[2])
+        and all(a.dtype == np.float32 for a in (q, k, v, state))
+        and state.flags.c_contiguous
+        and state.data.ptr % 16 == 0
+    )
+
+
+def shared_bytes(kind: str, dk: int, dv: int) -> int:
+    """Dynamic shared memory of one block of ``gdn_chunk_<kind><dk>`` (tile strides as in
+    ``GdnChunk``)."""
+    kp, cp = dk + 4, CHUNK + 4
+    if kind == "prepare":
+        return 4 * (2 * CHUNK + CHUNK * cp + max(2 * dk * cp, CHUNK * (dv + dk + 1)))
+    if kind == "states":
+        sp = STATE_COLUMNS + 4
+        return 4 * (2 * CHUNK * kp + dk * sp + CHUNK * sp + CHUNK)
+    if kind == "output":
+        op = OUTPUT_COLUMNS + 4
+        return 4 * (CHUNK * kp + dk * op + CHUNK * cp + CHUNK * op)
+    raise ValueError(f"kind {kind!r}: expected prepare, states or output")
+
+
+def _aligned(a: Any) -> Any:
+    import cupy as cp
+
+    a = cp.ascontiguousarray(a, dtype=cp.float32)
+    if a.data.ptr % 16:
+        a = a.copy()
+    return a
+
+
+def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
+    """q, k [T, Hk, dk], v [T, Hv, dv], g, beta [T, Hv], state [Hv, dk, dv] (updated in place)
+    -> out [T, Hv, dv] float32 (see ``Backend.gdn_chunk``)."""
+    import cupy as cp
+
+    if not supported(q, k, v, state):
+        raise ValueError(
+            f"gdn_chunk: q {q.shape}, k {k.shape}, v {v.shape}, state {state.shape}: expected "
+            f"float32 with a key head size in {KEY_DIMS}, a value head size that is a multiple "
+            "of 4 and a C-contiguous, 16-byte aligned state"
+        )
+    t, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if g.shape != (t, hv) or beta.shape != (t, hv):
+        raise ValueError(f"gdn_chunk: g {g.shape}, beta {beta.shape}, expected ({t}, {hv})")
+    out = cp.empty((t, hv, dv), dtype=cp.float32)
+    if t == 0:
+        return out
+    q, k, v, g, beta = (_aligned(a) for a in (q, k, v, g, beta))
+    n = -(-t // CHUNK)
+    u = cp.empty((n, hv, CHUNK, dv), dtype=cp.float32)
+    w = cp.empty((n, hv, CHUNK, dk), dtype=cp.float32)
+    qk = cp.empty((n, hv, CHUNK, CHUNK), dtype=cp.float32)
+    gam = cp.empty((n, hv, CHUNK), dtype=cp.float32)
+    starts = cp.empty((n, hv, dk, dv), dtype=cp.float32)
+    vnew = cp.empty((n, hv, CHUNK, dv), dtype=cp.float32)
+    dims = (np.int32(t), np.int32(hk), np.int32(hv), np.int32(dv))
+
+    shared = shared_bytes("prepare", dk, dv)
+    function(FAMILY, f"gdn_chunk_prepare<{dk}>", shared=shared)(
+        (n, hv), (THREADS,), (q, k, v, g, beta, *dims, u, w, qk, gam), shared_mem=shared
+    )
+    shared = shared_bytes("states", dk, dv)
+    function(FAMILY, f"gdn_chunk_states<{dk}>", shared=shared)(
+        (-(-dv // STATE_COLUMNS), hv),
+        (THREADS,),
+        (k, u, w, gam, *dims, state, starts, vnew),
+        shared_mem=shared,
+    )
+    shared = shared_bytes("output", dk, dv)
+    function(FAMILY, f"gdn_chunk_output<{dk}>", shared=shared)(
+        (n, hv, -(-dv // OUTPUT_COLUMNS)),
+        (THREADS,),
+        (q, qk, gam, starts, vnew, *dims, out),
+        shared_mem=shared,
+    )
+    return out

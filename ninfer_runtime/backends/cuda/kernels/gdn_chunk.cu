@@ -1,0 +1,303 @@
+// Gated DeltaNet prefill of one lane in the chunked form (array_ops.gdn_chunk), chunks of
+// GC = 64 tokens, in three launches:
+//
+//   gdn_chunk_prepare  (chunk, value head): everything that does not depend on the carried
+//       state. γ = cumsum(g) inside the chunk, D_ij = exp(γ_i - γ_j); A = β (k kᵀ) ⊙ D strictly
+//       below the diagonal and QK = (q kᵀ) ⊙ D on and below it; then [u | w] from the unit
+//       lower-triangular system (I + A) [u | w] = [β v | β e^γ k], by forward substitution
+//       (each thread owns whole columns, so the substitution needs no barrier).
+//   gdn_chunk_states   (32 state columns, value head): the chunks in order, the state S in
+//       registers. Writes the state each chunk starts from, v_new = u - w S, and then
+//       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new).
+//   gdn_chunk_output   (chunk, value head, 64 columns): out = e^γ ⊙ (q S) + QK v_new.
+//
+// Layouts: q, k [T, Hk, DK] (value head h reads key head h / (Hv / Hk)), v [T, Hv, dv],
+// g, beta [T, Hv]; workspaces u [n, Hv, GC, dv], w [n, Hv, GC, DK], qk [n, Hv, GC, GC],
+// gam [n, Hv, GC], starts [n, Hv, DK, dv], vnew [n, Hv, GC, dv]; state [Hv, DK, dv].
+// Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). float32
+// on the CUDA cores throughout; dv is a multiple of 4 and every array 16-byte aligned.
+
+#define GC 64
+#define GDN_CHUNK_THREADS 256
+
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void fma4(float4& acc, float a, float4 b) {
+  acc.x = fmaf(a, b.x, acc.x);
+  acc.y = fmaf(a, b.y, acc.y);
+  acc.z = fmaf(a, b.z, acc.z);
+  acc.w = fmaf(a, b.w, acc.w);
+}
+
+template <int DK>
+struct GdnChunk {
+  static constexpr int KP = DK + 4;  // row stride (floats) of [GC][DK] tiles
+  static constexpr int CP = GC + 4;  // row stride of [.][GC] tiles
+  static constexpr int SC = 32;      // state columns of a gdn_chunk_states block
+  static constexpr int SP = SC + 4;
+  static constexpr int OC = 64;      // output columns of a gdn_chunk_output block
+  static constexpr int OP = OC + 4;
+};
+
+template <int DK>
+__global__ void __launch_bounds__(GDN_CHUNK_THREADS)
+    gdn_chunk_prepare(const float* __restrict__ q, const float* __restrict__ k,
+                      const float* __restrict__ v, const float* __restrict__ g,
+                      const float* __restrict__ beta, int tokens, int key_heads, int value_heads,
+                      int dv, float* __restrict__ u, float* __restrict__ w,
+                      float* __restrict__ qk, float* __restrict__ gam) {
+  using G = GdnChunk<DK>;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* gs = smem;                 // [GC] γ
+  float* bs = gs + GC;              // [GC] β
+  float* as = bs + GC;              // [GC][GC + 4] A
+  float* big = as + GC * G::CP;     // kT, qT [DK][CP]; later X [GC][width + 1]
+  float* kT = big;
+  float* qT = big + DK * G::CP;
+  const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int hk = h / (value_heads / key_heads);
+  const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+  const long long head = (long long)chunk * value_heads + h;
+
+  if (tid < GC) {
+    const bool in = tid < rows;
+    gs[tid] = in ? g[(long long)(t0 + tid) * value_heads + h] : 0.0f;
+    bs[tid] = in ? beta[(long long)(t0 + tid) * value_heads + h] : 0.0f;
+  }
+  for (int e = tid; e < GC * DK; e += GDN_CHUNK_THREADS) {
+    const int i = e / DK, d = e % DK;
+    const bool in = i < rows;
+    const long long src = ((long long)(t0 + i) * key_heads + hk) * DK + d;
+    kT[d * G::CP + i] = in ? k[src] : 0.0f;
+    qT[d * G::CP + i] = in ? q[src] : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) {  // inclusive prefix sum in token order
+    float acc = 0.0f;
+    for (int i = 0; i < GC; ++i) gs[i] = acc += gs[i];
+  }
+  __syncthreads();
+
+  {  // A and QK, a 4 x 4 tile per thread
+    const int ti = tid / 16, tj = tid % 16;
+    float kk[4][4] = {}, qq[4][4] = {};
+#pragma unroll 4
+    for (int d = 0; d < DK; ++d) {
+      const float4 a = load4(kT + d * G::CP + 4 * ti), b = load4(kT + d * G::CP + 4 * tj);
+      const float4 c = load4(qT + d * G::CP + 4 * ti);
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+      const float cv[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          kk[r][s] = fmaf(av[r], bv[s], kk[r][s]);
+          qq[r][s] = fmaf(cv[r], bv[s], qq[r][s]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = 4 * ti + r;
+      float out[4];
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int j = 4 * tj + s;
+        const float decay = j <= i ? expf(gs[i] - gs[j]) : 0.0f;
+        as[i * G::CP + j] = j < i ? bs[i] * kk[r][s] * decay : 0.0f;
+        out[s] = j <= i ? qq[r][s] * decay : 0.0f;
+      }
+      store4(qk + (head * GC + i) * GC + 4 * tj, make_float4(out[0], out[1], out[2], out[3]));
+    }
+  }
+  __syncthreads();  // kT and qT are no longer read: X takes their place
+
+  const int width = dv + DK, xs = width + 1;
+  float* X = big;
+  for (int e = tid; e < GC * width; e += GDN_CHUNK_THREADS) {
+    const int i = e / width, c = e % width;
+    float x = 0.0f;
+    if (i < rows) {
+      const long long t = t0 + i;
+      x = c < dv ? bs[i] * v[(t * value_heads + h) * dv + c]
+                 : bs[i] * expf(gs[i]) * k[(t * key_heads + hk) * DK + (c - dv)];
+    }
+    X[i * xs + c] = x;
+  }
+  __syncthreads();
+  for (int c = tid; c < width; c += GDN_CHUNK_THREADS) {
+    for (int i = 1; i < rows; ++i) {
+      const float* a = as + i * G::CP;
+      float acc = X[i * xs + c];
+      for (int j = 0; j < i; ++j) acc = fmaf(-a[j], X[j * xs + c], acc);
+      X[i * xs + c] = acc;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < GC * width; e += GDN_CHUNK_THREADS) {
+    const int i = e / width, c = e % width;
+    const float x = X[i * xs + c];
+    if (c < dv) {
+      u[(head * GC + i) * dv + c] = x;
+    } else {
+      w[(head * GC + i) * DK + (c - dv)] = x;
+    }
+  }
+  if (tid < GC) gam[head * GC + tid] = gs[tid];
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GDN_CHUNK_THREADS)
+    gdn_chunk_states(const float* __restrict__ k, const float* __restrict__ u,
+                     const float* __restrict__ w, const float* __restrict__ gam, int tokens,
+                     int key_heads, int value_heads, int dv, float* __restrict__ state,
+                     float* __restrict__ starts, float* __restrict__ vnew) {
+  using G = GdnChunk<DK>;
+  constexpr int GROUPS = G::SC / 4;                                    // float4 columns
+  constexpr int OWNED = (DK * GROUPS + GDN_CHUNK_THREADS - 1) / GDN_CHUNK_THREADS;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* ws = smem;               // [GC][KP] w
+  float* ks = ws + GC * G::KP;    // [GC][KP] k
+  float* ss = ks + GC * G::KP;    // [DK][SP] the chunk's starting state, columns c0 ..
+  float* vs = ss + DK * G::SP;    // [GC][SP] u, then e^{γ_last - γ} ⊙ v_new
+  float* gs = vs + GC * G::SP;    // [GC] γ
+  const int h = blockIdx.y, c0 = blockIdx.x * G::SC, tid = threadIdx.x;
+  const int hk = h / (value_heads / key_heads);
+  const int chunks = (tokens + GC - 1) / GC;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float* st = state + (long long)h * DK * dv;
+
+  // this thread's part of the state: float4 groups e = tid + THREADS * r of the [DK][GROUPS] grid
+  float4 s[OWNED];
+#pragma unroll
+  for (int r = 0; r < OWNED; ++r) {
+    const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, col = c0 + 4 * (e % GROUPS);
+    s[r] = e < DK * GROUPS && col < dv ? load4(st + (long long)d * dv + col) : zero;
+  }
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const long long head = (long long)chunk * value_heads + h;
+    const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+#pragma unroll
+    for (int r = 0; r < OWNED; ++r) {
+      const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, grp = e % GROUPS;
+      if (e < DK * GROUPS) {
+        store4(ss + d * G::SP + 4 * grp, s[r]);
+        if (c0 + 4 * grp < dv) store4(starts + (head * DK + d) * dv + c0 + 4 * grp, s[r]);
+      }
+    }
+    for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
+      const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
+      store4(ws + i * G::KP + d, load4(w + (head * GC + i) * DK + d));
+      store4(ks + i * G::KP + d,
+             i < rows ? load4(k + ((long long)(t0 + i) * key_heads + hk) * DK + d) : zero);
+    }
+    for (int e = tid; e < GC * GROUPS; e += GDN_CHUNK_THREADS) {
+      const int i = e / GROUPS, col = c0 + 4 * (e % GROUPS);
+      store4(vs + i * G::SP + 4 * (e % GROUPS),
+             col < dv ? load4(u + (head * GC + i) * dv + col) : zero);
+    }
+    if (tid < GC) gs[tid] = gam[head * GC + tid];
+    __syncthreads();
+
+    {  // v_new = u - w S: rows ty and ty + 32, columns 4 tx .. 4 tx + 3 (each thread reads
+       // and rewrites only its own entries of vs)
+      const int ty = tid / GROUPS, tx = tid % GROUPS;
+      for (int i = ty; i < GC; i += GDN_CHUNK_THREADS / GROUPS) {
+        float4 acc = load4(vs + i * G::SP + 4 * tx);
+#pragma unroll 8
+        for (int d = 0; d < DK; ++d) fma4(acc, -ws[i * G::KP + d], load4(ss + d * G::SP + 4 * tx));
+        const int col = c0 + 4 * tx;
+        if (col < dv) store4(vnew + (head * GC + i) * dv + col, acc);
+        const float f = expf(gs[GC - 1] - gs[i]);
+        store4(vs + i * G::SP + 4 * tx, make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f));
+      }
+    }
+    __syncthreads();
+    const float decay = expf(gs[GC - 1]);
+#pragma unroll
+    for (int r = 0; r < OWNED; ++r) {
+      const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, grp = e % GROUPS;
+      if (e < DK * GROUPS) {
+        float4 acc = make_float4(s[r].x * decay, s[r].y * decay, s[r].z * decay, s[r].w * decay);
+#pragma unroll 8
+        for (int i = 0; i < GC; ++i) fma4(acc, ks[i * G::KP + d], load4(vs + i * G::SP + 4 * grp));
+        s[r] = acc;
+      }
+    }
+    __syncthreads();  // the next chunk overwrites every tile
+  }
+#pragma unroll
+  for (int r = 0; r < OWNED; ++r) {
+    const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, col = c0 + 4 * (e % GROUPS);
+    if (e < DK * GROUPS && col < dv) store4(st + (long long)d * dv + col, s[r]);
+  }
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GDN_CHUNK_THREADS)
+    gdn_chunk_output(const float* __restrict__ q, const float* __restrict__ qk,
+                     const float* __restrict__ gam, const float* __restrict__ starts,
+                     const float* __restrict__ vnew, int tokens, int key_heads, int value_heads,
+                     int dv, float* __restrict__ out) {
+  using G = GdnChunk<DK>;
+  constexpr int GROUPS = G::OC / 4;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* qs = smem;               // [GC][KP] e^γ ⊙ q
+  float* ss = qs + GC * G::KP;    // [DK][OP] the chunk's starting state, columns c0 ..
+  float* ds = ss + DK * G::OP;    // [GC][CP] QK
+  float* vs = ds + GC * G::CP;    // [GC][OP] v_new
+  const int chunk = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * G::OC, tid = threadIdx.x;
+  const int hk = h / (value_heads / key_heads);
+  const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+  const long long head = (long long)chunk * value_heads + h;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
+    const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
+    float4 x = zero;
+    if (i < rows) {
+      const float f = expf(gam[head * GC + i]);
+      x = load4(q + ((long long)(t0 + i) * key_heads + hk) * DK + d);
+      x = make_float4(x.x * f, x.y * f, x.z * f, x.w * f);
+    }
+    store4(qs + i * G::KP + d, x);
+  }
+  for (int e = tid; e < DK * GROUPS; e += GDN_CHUNK_THREADS) {
+    const int d = e / GROUPS, col = c0 + 4 * (e % GROUPS);
+    store4(ss + d * G::OP + 4 * (e % GROUPS),
+           col < dv ? load4(starts + (head * DK + d) * dv + col) : zero);
+  }
+  for (int e = tid; e < GC * (GC / 4); e += GDN_CHUNK_THREADS) {
+    const int i = e / (GC / 4), j = 4 * (e % (GC / 4));
+    store4(ds + i * G::CP + j, load4(qk + (head * GC + i) * GC + j));
+  }
+  for (int e = tid; e < GC * GROUPS; e += GDN_CHUNK_THREADS) {
+    const int i = e / GROUPS, col = c0 + 4 * (e % GROUPS);
+    store4(vs + i * G::OP + 4 * (e % GROUPS),
+           col < dv ? load4(vnew + (head * GC + i) * dv + col) : zero);
+  }
+  __syncthreads();
+
+  const int ty = tid / GROUPS, tx = tid % GROUPS;  // rows 4 ty .. 4 ty + 3, columns 4 tx ..
+  float4 acc[4] = {zero, zero, zero, zero};
+#pragma unroll 4
+  for (int d = 0; d < DK; ++d) {
+    const float4 b = load4(ss + d * G::OP + 4 * tx);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) fma4(acc[r], qs[(4 * ty + r) * G::KP + d], b);
+  }
+  for (int j = 0; j < 4 * ty + 4; ++j) {  // QK is zero above the diagonal
+    const float4 b = load4(vs + j * G::OP + 4 * tx);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) fma4(acc[r], ds[(4 * ty + r) * G::CP + j], b);
+  }
+  const int col = c0 + 4 * tx;
+  if (col >= dv) return;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int i = 4 * ty + r;
+    if (i < rows) store4(out + ((long long)(t0 + i) * value_heads + h) * dv + col, acc[r]);
+  }
+}
