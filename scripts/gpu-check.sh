@@ -5,7 +5,8 @@
 # markdown for docs/performance.md). BENCH=0 skips the bench. LONG=1 adds one 131,072-token
 # prompt on the 27B shape, timed by part (long27.json). SPEC=1 adds speculative rounds
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
-# SKIP_TESTS=1 when one device call must hold it all). The copy of the tree on the GPU
+# SKIP_TESTS=1 when one device call must hold it all). TESTS picks the test files (default
+# tests/gpu); DECODE="--lanes 1 --contexts 1024" narrows the decode table. The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
 #   run (carry .whl): COMMIT=<short hash> bash scripts/gpu-check.sh
 set -u
@@ -15,7 +16,7 @@ OUT=${OUT:-/tmp/ninfer-gpu-check}
 mkdir -p "$OUT"
 python3 scripts/warm_kernels.py
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 python3 -m pytest -q tests/gpu -p no:cacheprovider --tb=short >"$OUT/gpu-tests.txt" 2>&1
+  timeout 300 python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short >"$OUT/gpu-tests.txt" 2>&1
   grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
 fi
 [ "${BENCH:-1}" = 1 ] || exit 0
@@ -25,7 +26,7 @@ for shape in qwen3_6_27b:27 qwen3_6_35b_a3b:35; do
   artifact=/tmp/bench$name.ninfer
   timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
     --formats "$geometry" -o "$artifact" --force | tail -1
-  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" --profile 1 --profile-prefill \
+  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} --profile 1 --profile-prefill \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
     2>&1 | grep -v upload
   if [ "$name" = 27 ] && [ "${LONG:-0}" = 1 ]; then

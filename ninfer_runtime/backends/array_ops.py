@@ -256,12 +256,43 @@ def gdn_decode(
     mixed [N, C = 2 Hk dk + Hv dv] = [q | k | v], q and k l2-normalised (q scaled by
     dk^-1/2), then the delta rule on states [S, Hv, dk, dv] float32 indexed by ``slots``
     (distinct); g, beta [N, Hv]. Conv and recurrent states are updated. -> [N, Hv, dv]."""
-    n, width = mixed.shape[0], key_heads * key_dim
     conv = silu(conv_step(mixed, kernel, conv_states, slots))
+    q, k, v = gdn_heads(conv, key_heads, key_dim, value_heads, value_dim)
+    return gdn_step_slots(q, k, v, g, beta, states, slots)
+
+
+def gdn_heads(
+    conv: Array, key_heads: int, key_dim: int, value_heads: int, value_dim: int
+) -> tuple[Array, Array, Array]:
+    """Convolved channels [N, q | k | v] -> q, k [N, Hk, dk] l2-normalised (q scaled by
+    dk^-1/2) and v [N, Hv, dv]."""
+    n, width = conv.shape[0], key_heads * key_dim
     q = l2_normalize(conv[:, :width].reshape(n, key_heads, key_dim)) * key_dim**-0.5
     k = l2_normalize(conv[:, width : 2 * width].reshape(n, key_heads, key_dim))
-    v = conv[:, 2 * width :].reshape(n, value_heads, value_dim)
-    return gdn_step_slots(q, k, v, g, beta, states, slots)
+    return q, k, conv[:, 2 * width :].reshape(n, value_heads, value_dim)
+
+
+def gdn_prefill(
+    mixed: Array,
+    kernel: Array,
+    conv_state: Array,
+    g: Array,
+    beta: Array,
+    state: Array,
+    *,
+    key_heads: int,
+    key_dim: int,
+    value_heads: int,
+    value_dim: int,
+) -> Array:
+    """T tokens of one lane (notes 5.5): the causal convolution of mixed [T, C] = [q | k | v]
+    continuing conv_state [C, K-1], SiLU, q and k l2-normalised (q scaled by dk^-1/2), then
+    the delta rule from state [Hv, dk, dv] in the chunked form (one token: the recurrent
+    one); g, beta [T, Hv]. Both states are updated. -> [T, Hv, dv]."""
+    conv = silu(causal_conv(mixed, kernel, conv_state))
+    q, k, v = gdn_heads(conv, key_heads, key_dim, value_heads, value_dim)
+    scan = gdn_step if mixed.shape[0] == 1 else gdn_chunk
+    return scan(q, k, v, g, beta, state)
 
 
 def gdn_verify(
@@ -377,9 +408,7 @@ class ReferenceOps:
     add_rms_norm = staticmethod(add_rms_norm)
     rope = staticmethod(rope)
     attention = staticmethod(attention)
-    causal_conv = staticmethod(causal_conv)
-    gdn_chunk = staticmethod(gdn_chunk)
-    gdn_step = staticmethod(gdn_step)
+    gdn_prefill = staticmethod(gdn_prefill)
     kv_write = staticmethod(kv_write)
     attention_decode = staticmethod(attention_decode)
     gdn_decode = staticmethod(gdn_decode)

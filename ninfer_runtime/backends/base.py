@@ -13,9 +13,9 @@ Conventions shared by every backend:
 * A ``Weight`` is an opaque handle made by ``prepare``: the model only passes it back to ops.
   Small tensors that elementwise glue needs (norm vectors, the conv kernel, ``a_log``) are
   turned into plain arrays once with ``backend.array``.
-* Ops that carry recurrent state (``causal_conv``, ``gdn_chunk``, ``gdn_step``) update the state
-  array **in place**: states live in preallocated buffers (``SequenceState``) so a GPU backend
-  can keep them resident and a scheduler can address them by slot.
+* Ops that carry recurrent state (``gdn_prefill``, ``gdn_decode``, ``gdn_commit``) update the
+  state arrays **in place**: states live in preallocated buffers (``SequenceState``) so a GPU
+  backend can keep them resident and a scheduler can address them by slot.
 * Shapes use ``T`` for tokens of one lane, ``N`` for rows of a batch (all lanes stacked).
 """
 
@@ -123,25 +123,27 @@ class Backend(Protocol):
         """
         ...
 
-    def causal_conv(self, x: Array, kernel: Array, state: Array) -> Array:
-        """Depthwise causal convolution of one lane, continuing from ``state``.
-
-        x [T, C], kernel [K, C] (tap K-1 hits the current token), state [C, K-1] = the last
-        K-1 inputs before x (zeros for a new sequence; updated in place). No activation.
-        """
-        ...
-
-    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        """Gated delta rule over T tokens of one lane in the chunked (parallel) form.
-
-        q, k [T, Hk, dk] (q l2-normalised and scaled, k l2-normalised), v [T, Hv, dv],
-        log-decay g [T, Hv] (<= 0), write strength beta [T, Hv]; value head h reads key head
-        ``h // (Hv / Hk)``. state [Hv, dk, dv] float32, updated in place. Returns [T, Hv, dv].
-        """
-        ...
-
-    def gdn_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        """The same rule as ``gdn_chunk``, token by token (the decode path)."""
+    def gdn_prefill(
+        self,
+        mixed: Array,
+        kernel: Array,
+        conv_state: Array,
+        g: Array,
+        beta: Array,
+        state: Array,
+        *,
+        key_heads: int,
+        key_dim: int,
+        value_heads: int,
+        value_dim: int,
+    ) -> Array:
+        """Gated DeltaNet over T tokens of one lane from the projected [q | k | v] channels
+        mixed [T, C]: the depthwise causal convolution (kernel [K, C], tap K-1 hits the
+        current token; conv_state [C, K-1] = the last K-1 inputs before mixed, zeros for a new
+        sequence), SiLU, q/k l2-normalisation (q scaled by dk^-1/2), then the gated delta rule
+        (log-decay g [T, Hv] <= 0, write strength beta [T, Hv]; value head h reads key head
+        ``h // (Hv / Hk)``) from state [Hv, dk, dv] float32. Both states are updated in
+        place. Returns [T, Hv, dv]."""
         ...
 
     def moe(self, x: Array, weights: MoeWeights) -> Array:

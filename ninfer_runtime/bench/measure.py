@@ -636,8 +636,11 @@ PREFILL_OPS: dict[str, Any] = {
     "rms_norm": PROFILED_OPS["rms_norm"],
     "rope": PROFILED_OPS["rope"],
     "attention": lambda q, *_, **__: q.shape,
-    "causal_conv": lambda x, *_, **__: x.shape,
-    "gdn_chunk": lambda q, k, v, *_, **__: v.shape,
+    "gdn_prefill": lambda x, *_, value_heads, value_dim, **__: (
+        x.shape[0],
+        value_heads,
+        value_dim,
+    ),
     "moe": PROFILED_OPS["moe"],
 }
 #: a round's ops: a decode step's, and the verification's recurrent pair

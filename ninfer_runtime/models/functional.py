@@ -25,21 +25,29 @@ def _silu(x: Array, xp: Any) -> Array:
     return x * _sigmoid(x, xp)
 
 
+def _silu_mul(x: Array, y: Array, xp: Any) -> Array:
+    return _silu(x, xp) * y
+
+
+def _mul_sigmoid(x: Array, y: Array, xp: Any) -> Array:
+    return x * _sigmoid(y, xp)
+
+
 _FUSED: dict[tuple[str, Any], Any] = {}
 
 
-def _elementwise(fn: Any, x: Array) -> Array:
-    """``fn(x, xp)``; on a GPU array module compiled into one fused kernel (CuPy would launch
-    one kernel per operator), with the same arithmetic."""
-    xp = _xp(x)
+def _elementwise(fn: Any, *xs: Array) -> Array:
+    """``fn(*xs, xp)``; on a GPU array module compiled into one fused kernel (CuPy would
+    launch one kernel per operator), with the same arithmetic."""
+    xp = _xp(xs[0])
     fuse = getattr(xp, "fuse", None)
     if fuse is None:
-        return fn(x, xp)
+        return fn(*xs, xp)
     key = (fn.__name__, xp)
     if key not in _FUSED:
-        _FUSED[key] = fuse(kernel_name=fn.__name__.lstrip("_"))(lambda v: fn(v, xp))
-    out = _FUSED[key](x)
-    return out if out.dtype == x.dtype else out.astype(x.dtype)
+        _FUSED[key] = fuse(kernel_name=fn.__name__.lstrip("_"))(lambda *v: fn(*v, xp))
+    out = _FUSED[key](*xs)
+    return out if out.dtype == xs[0].dtype else out.astype(xs[0].dtype)
 
 
 def sigmoid(x: Array) -> Array:
@@ -48,6 +56,16 @@ def sigmoid(x: Array) -> Array:
 
 def silu(x: Array) -> Array:
     return _elementwise(_silu, x)
+
+
+def silu_mul(x: Array, y: Array) -> Array:
+    """``silu(x) * y`` in one pass (the gated MLP's and the GDN output gate's product)."""
+    return _elementwise(_silu_mul, x, y)
+
+
+def mul_sigmoid(x: Array, y: Array) -> Array:
+    """``x * sigmoid(y)`` in one pass (the attention output gate)."""
+    return _elementwise(_mul_sigmoid, x, y)
 
 
 def softplus(x: Array) -> Array:

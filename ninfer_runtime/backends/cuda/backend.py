@@ -12,8 +12,8 @@ in one reusable scratch buffer (bf16 weights are read in place) and multiplies w
 with TF32 or full float32 math. The decode-step ops (paged attention, the GDN step, MoE routing
 and experts, RMSNorm, RoPE) have kernels of their own, so a decode step never waits on the host
 and is captured once per lane count as a CUDA graph (``graphs.py``). Prefill attention is a
-flash-style kernel (``prefill_attention.py``) and the chunked GDN has three launches of its own
-(``gdn_chunk.py``).
+flash-style kernel (``prefill_attention.py``); a lane's GDN prefill is a convolution launch and
+the chunked delta rule in three launches (``gdn_prefill.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cupy_backends.cuda.libs import cublas
 
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import attention, gdn, gdn_chunk, glue, kernels, prefill, sampling
+from . import attention, gdn, gdn_prefill, glue, kernels, prefill, sampling
 from . import moe as moe_kernels
 from .graphs import GraphStep
 from .weights import DenseWeight, PackedWeight, Residency, Segment
@@ -222,10 +222,26 @@ class CudaBackend(ops.ReferenceOps):
             q, k_cache, v_cache, start=start, scale=scale, precision=precision
         )
 
-    def gdn_chunk(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
-        if not gdn_chunk.supported(q, k, v, state):
-            return super().gdn_chunk(q, k, v, g, beta, state)
-        return gdn_chunk.gdn_chunk(q, k, v, g, beta, state)
+    def gdn_prefill(
+        self,
+        mixed: Array,
+        kernel: Array,
+        conv_state: Array,
+        g: Array,
+        beta: Array,
+        state: Array,
+        **dims: int,
+    ) -> Array:
+        hk, dk, hv, dv = (dims[n] for n in ("key_heads", "key_dim", "value_heads", "value_dim"))
+        if kernel.shape[0] not in gdn_prefill.CONV_TAPS:
+            return super().gdn_prefill(mixed, kernel, conv_state, g, beta, state, **dims)
+        q, k, v = gdn_prefill.conv_heads(
+            mixed, kernel, conv_state, key_heads=hk, key_dim=dk, value_width=hv * dv
+        )
+        v = v.reshape(-1, hv, dv)
+        if not gdn_prefill.supported(q, k, v, state):
+            return ops.gdn_chunk(q, k, v, g, beta, state)
+        return gdn_prefill.gdn_chunk(q, k, v, g, beta, state)
 
     # ------------------------------------------------------------------ batched decode
     def kv_write(

@@ -67,8 +67,15 @@ for _family, _kernel in _GEMV_KERNELS.values():
     register_family(_family, [f"{_kernel}<{m}, {r}, {ks}>" for m, r, ks in GEMV_CONFIGS])
 #: dequantization kernel by output dtype: float32 values, or bf16 words
 _DEQUANT_KERNELS = {np.dtype(np.float32): "dequant_rows", np.dtype(np.uint16): "dequant_rows_bf16"}
+#: bf16 words eight a thread (rows of a multiple of 8 columns)
+_DEQUANT_BF16_X8 = "dequant_rows_bf16x8"
 register_family(
-    "dequant", [f"{k}<{code}>" for k in _DEQUANT_KERNELS.values() for code in sorted(_GEMV_KERNELS)]
+    "dequant",
+    [
+        f"{k}<{code}>"
+        for k in (*_DEQUANT_KERNELS.values(), _DEQUANT_BF16_X8)
+        for code in sorted(_GEMV_KERNELS)
+    ],
 )
 
 SMALL_FAMILY = "gemm_small"
@@ -368,6 +375,8 @@ def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
             f"out: {out.dtype} {out.shape}, expected float32 or uint16 {(n, p.columns)}"
         )
     total = n * p.columns
+    if out.dtype == np.uint16 and p.columns % 8 == 0 and total // 8 < 2**32:
+        kernel, total = _DEQUANT_BF16_X8, total // 8
     threads = 256
     grid = min((total + threads - 1) // threads, 65535 * 8)
     function("dequant", f"{kernel}<{p.code}>")(

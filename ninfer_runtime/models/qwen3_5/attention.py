@@ -17,7 +17,7 @@ import numpy as np
 from ...backends import Backend, Weight
 from ...state import AttentionPages
 from ..batch import Batch
-from ..functional import sigmoid
+from ..functional import mul_sigmoid
 from .config import AttentionConfig
 
 Array = Any
@@ -106,4 +106,4 @@ class GatedAttention:
                 o[lane.rows] = be.attention(
                     q[lane.rows], keys, values, start=lane.start, scale=scale
                 )
-        return be.linear(o.reshape(n, a.heads * a.head_dim) * sigmoid(gate), self.output)
+        return be.linear(mul_sigmoid(o.reshape(n, a.heads * a.head_dim), gate), self.output)

@@ -19,7 +19,7 @@ import numpy as np
 from ...backends import Backend, Weight
 from ...state import GdnSlots
 from ..batch import Batch
-from ..functional import l2_normalize, sigmoid, silu, softplus
+from ..functional import sigmoid, silu_mul, softplus
 from .config import GdnConfig
 
 Array = Any
@@ -105,12 +105,17 @@ class GatedDeltaNet:
             o = xp.empty((n, c.value_heads, c.value_dim), dtype=xp.float32)
             for lane in batch.lanes:
                 r, slot = lane.rows, lane.state.slot
-                conv = silu(be.causal_conv(mixed[r], self.convolution, memory.conv[slot]))
-                q, k, v = self._heads(conv)
-                scan = be.gdn_step if lane.tokens == 1 else be.gdn_chunk
-                o[r] = scan(q, k, v, g[r], beta[r], memory.recurrent[slot])
+                o[r] = be.gdn_prefill(
+                    mixed[r],
+                    self.convolution,
+                    memory.conv[slot],
+                    g[r],
+                    beta[r],
+                    memory.recurrent[slot],
+                    **self._dims,
+                )
 
-        y = be.rms_norm(o, self.norm, self.eps, offset=0.0) * silu(z)
+        y = silu_mul(z, be.rms_norm(o, self.norm, self.eps, offset=0.0))
         return be.linear(y.reshape(n, c.value_width), self.output)
 
     def commit(self, memory: GdnSlots, slots: Array, counts: Array) -> None:
@@ -135,11 +140,3 @@ class GatedDeltaNet:
             "value_heads": c.value_heads,
             "value_dim": c.value_dim,
         }
-
-    def _heads(self, conv: Array) -> tuple[Array, Array, Array]:
-        """Split the convolved channels [q | k | v] into heads; q, k l2-normalised, q scaled."""
-        c = self.c
-        q, k, v = self.backend.xp.split(conv, [c.key_width, 2 * c.key_width], axis=-1)
-        q = l2_normalize(q.reshape(-1, c.key_heads, c.key_dim)) * c.key_dim**-0.5
-        k = l2_normalize(k.reshape(-1, c.key_heads, c.key_dim))
-        return q, k, v.reshape(-1, c.value_heads, c.value_dim)

@@ -1,7 +1,9 @@
-"""Launcher of the chunked Gated DeltaNet prefill (``kernels/gdn_chunk.cu``): the same rule as
-``array_ops.gdn_chunk`` over one lane's T tokens, in three launches (what each chunk needs
-without the state, for all chunks at once; the state through the chunks in order; the
-outputs, all chunks at once). Launches only: no synchronisation and no device reads.
+"""Launchers of the Gated DeltaNet prefill (``kernels/gdn_prefill.cu``), one lane's T tokens
+as ``array_ops.gdn_prefill``: ``conv_heads`` (the convolution, SiLU and the q/k
+normalisation, one launch) and ``gdn_chunk`` (the delta rule in the chunked form, in three
+launches: what each chunk needs without the state, for all chunks at once; the state through
+the chunks in order; the outputs, all chunks at once). Launches only: no synchronisation and
+no device reads.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import numpy as np
 
 from .compile import function, register_family
 
-FAMILY = "gdn_chunk"
+FAMILY = "gdn_prefill"
 #: key head sizes compiled; the value head size is a runtime argument (a multiple of 4)
 KEY_DIMS = (16, 32, 64, 128)
 #: must match GC, GDN_CHUNK_THREADS and GdnChunk<DK>::SC / OC in the kernel
@@ -21,16 +23,78 @@ THREADS = 256
 STATE_COLUMNS = 32
 OUTPUT_COLUMNS = 64
 
+#: conv taps compiled
+CONV_TAPS = (2, 3, 4)
+CONV_THREADS = 256
+
 register_family(
     FAMILY,
-    [
+    [f"gdn_prefill_conv<{taps}>" for taps in CONV_TAPS]
+    + [
         f"{name}<{d}>"
         for name in ("gdn_chunk_prepare", "gdn_chunk_states", "gdn_chunk_output")
         for d in KEY_DIMS
     ],
+    needs=("gdn",),
 )
 
-__all__ = ["gdn_chunk", "shared_bytes", "supported"]
+__all__ = ["conv_heads", "gdn_chunk", "shared_bytes", "supported"]
+
+
+def conv_heads(
+    mixed: Any, kernel: Any, conv_state: Any, *, key_heads: int, key_dim: int, value_width: int
+) -> tuple[Any, Any, Any]:
+    """One lane's rows mixed [T, >= C] (the [q | k | v] channels first; rows may be a wider
+    array's) through the causal convolution continuing conv_state [C, K-1] (updated), SiLU,
+    and the split into heads -> q, k [T, Hk, dk] (l2-normalised, q scaled by dk^-1/2) and
+    v [T, C - 2 Hk dk] float32."""
+    import cupy as cp
+
+    taps, channels = kernel.shape
+    t = mixed.shape[0]
+    if (
+        taps not in CONV_TAPS
+        or conv_state.shape != (channels, taps - 1)
+        or conv_state.dtype != np.float32
+        or not conv_state.flags.c_contiguous
+    ):
+        raise ValueError(
+            f"conv_heads: kernel {kernel.shape}, conv_state {conv_state.dtype} "
+            f"{conv_state.shape}: expected [K, C] with K in {CONV_TAPS} and a C-contiguous "
+            "float32 [C, K-1] state"
+        )
+    if channels != 2 * key_heads * key_dim + value_width or mixed.shape[1] < channels:
+        raise ValueError(f"conv_heads: mixed {mixed.shape} has not the {channels} channels")
+    if mixed.dtype != np.float32 or mixed.strides[1] != 4:
+        mixed = cp.ascontiguousarray(mixed, dtype=cp.float32)
+    kernel = cp.ascontiguousarray(kernel, dtype=cp.float32)
+    q = cp.empty((t, key_heads, key_dim), dtype=cp.float32)
+    k = cp.empty((t, key_heads, key_dim), dtype=cp.float32)
+    v = cp.empty((t, value_width), dtype=cp.float32)
+    if t == 0:
+        return q, k, v
+    shared = 4 * channels
+    function(FAMILY, f"gdn_prefill_conv<{taps}>", shared=shared)(
+        (t,),
+        (CONV_THREADS,),
+        (
+            mixed,
+            np.int64(mixed.strides[0] // 4),
+            kernel,
+            conv_state,
+            np.int32(key_heads),
+            np.int32(key_dim),
+            np.int32(value_width),
+            q,
+            k,
+            v,
+        ),
+        shared_mem=shared,
+    )
+    # after the launch (stream order): the state becomes the window's last K-1 inputs
+    window = cp.concatenate([conv_state.T, mixed[max(0, t - (taps - 1)) :, :channels]])
+    conv_state[...] = window[-(taps - 1) :].T
+    return q, k, v
 
 
 def supported(q: Any, k: Any, v: Any, state: Any) -> bool:
@@ -75,7 +139,7 @@ def _aligned(a: Any) -> Any:
 
 def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
     """q, k [T, Hk, dk], v [T, Hv, dv], g, beta [T, Hv], state [Hv, dk, dv] (updated in place)
-    -> out [T, Hv, dv] float32 (see ``Backend.gdn_chunk``)."""
+    -> out [T, Hv, dv] float32 (as ``array_ops.gdn_chunk``)."""
     import cupy as cp
 
     if not supported(q, k, v, state):

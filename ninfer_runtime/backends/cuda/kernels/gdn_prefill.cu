@@ -1,5 +1,6 @@
-// Gated DeltaNet prefill of one lane in the chunked form (array_ops.gdn_chunk), chunks of
-// GC = 64 tokens, in three launches:
+// Gated DeltaNet prefill of one lane (array_ops.gdn_prefill): the convolution and the split
+// into heads (gdn_prefill_conv, one block per token), then the delta rule in the chunked form
+// (array_ops.gdn_chunk), chunks of GC = 64 tokens, in three launches:
 //
 //   gdn_chunk_prepare  (chunk, value head): everything that does not depend on the carried
 //       state. γ = cumsum(g) inside the chunk, D_ij = exp(γ_i - γ_j); A = β (k kᵀ) ⊙ D strictly
@@ -16,6 +17,50 @@
 // gam [n, Hv, GC], starts [n, Hv, DK, dv], vnew [n, Hv, GC, dv]; state [Hv, DK, dv].
 // Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). float32
 // on the CUDA cores throughout; dv is a multiple of 4 and every array 16-byte aligned.
+// Built after gdn.cu (silu_f, warp_sum).
+
+// Token t = blockIdx.x of the lane: the depthwise convolution of its [q | k | v] channels
+// over the window of K inputs ending at it (inputs before the lane's first token come from
+// conv_state [C, K-1], read only), SiLU, then q and k l2-normalised per key head (q also
+// scaled by key_dim^-1/2) and everything written out by head. mixed rows are row_stride
+// floats apart (the channels first); kernel [K, C]. Dynamic shared memory: C floats.
+template <int K>
+__global__ void gdn_prefill_conv(const float* __restrict__ mixed, long long row_stride,
+                                 const float* __restrict__ kernel,
+                                 const float* __restrict__ conv_state, int key_heads,
+                                 int key_dim, int value_width, float* __restrict__ q,
+                                 float* __restrict__ k, float* __restrict__ v) {
+  extern __shared__ float4 smem4[];
+  float* row = reinterpret_cast<float*>(smem4);
+  const int t = blockIdx.x, key_width = key_heads * key_dim;
+  const int channels = 2 * key_width + value_width;
+  for (int c = threadIdx.x; c < channels; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) {  // tap j multiplies input t - (K - 1) + j
+      const int s = t - (K - 1) + j;
+      const float x = s >= 0 ? mixed[s * row_stride + c] : conv_state[c * (K - 1) + (K - 1) + s];
+      acc += kernel[j * channels + c] * x;
+    }
+    row[c] = silu_f(acc);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int head = warp; head < 2 * key_heads; head += warps) {
+    const float* src = row + head * key_dim;
+    float sq = 0.0f;
+    for (int d = lane; d < key_dim; d += 32) sq += src[d] * src[d];
+    sq = warp_sum(sq);
+    const bool is_q = head < key_heads;
+    const float scale = is_q ? 1.0f / sqrtf((float)key_dim) : 1.0f;
+    float* dst = (is_q ? q + (long long)t * key_width + head * key_dim
+                       : k + (long long)t * key_width + (head - key_heads) * key_dim);
+    const float inv = 1.0f / sqrtf(sq + 1e-6f);
+    for (int d = lane; d < key_dim; d += 32) dst[d] = src[d] * inv * scale;
+  }
+  for (int c = threadIdx.x; c < value_width; c += blockDim.x)
+    v[(long long)t * value_width + c] = row[2 * key_width + c];
+}
 
 #define GC 64
 #define GDN_CHUNK_THREADS 256

@@ -1,0 +1,137 @@
+"""The Gated DeltaNet prefill kernels (``cuda/gdn_prefill.py``) against the reference
+(``array_ops.causal_conv`` / ``gdn_heads`` / ``gdn_chunk`` in float64 on the same float32
+inputs).
+
+Awkward sizes on purpose: token counts around the 64-token chunk, a value head size that
+does not fill the 32/64-column tiles, value heads sharing key heads 1, 2 or 3 ways, every
+compiled key head size, and a state carried in from before (as a prefill chunk after the
+first has)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends import array_ops as A
+from ninfer_runtime.backends.cuda import gdn_prefill
+from ninfer_runtime.models.functional import l2_normalize
+
+from .conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+
+def _inputs(rng: np.random.Generator, t: int, hk: int, hv: int, dk: int, dv: int) -> tuple:
+    q = l2_normalize(rng.standard_normal((t, hk, dk))) * dk**-0.5
+    k = l2_normalize(rng.standard_normal((t, hk, dk)))
+    v = rng.standard_normal((t, hv, dv))
+    g = -np.log1p(np.exp(rng.standard_normal((t, hv)))) * 0.3  # log-decay <= 0
+    beta = 1 / (1 + np.exp(-rng.standard_normal((t, hv))))
+    state = rng.standard_normal((hv, dk, dv)) * 0.5
+    return tuple(a.astype(np.float32) for a in (q, k, v, g, beta, state))
+
+
+CASES = [  # (tokens, key heads, value heads, dk, dv)
+    (1, 1, 1, 16, 16),
+    (63, 2, 4, 16, 36),
+    (64, 1, 3, 32, 64),
+    (65, 2, 2, 64, 20),
+    (200, 2, 6, 128, 128),
+    (333, 16, 48, 128, 128),  # the 27B layer's heads
+]
+
+
+@pytest.mark.parametrize(("t", "hk", "hv", "dk", "dv"), CASES)
+def test_gdn_chunk_matches_the_reference(t: int, hk: int, hv: int, dk: int, dv: int) -> None:
+    import cupy as cp
+
+    rng = np.random.default_rng(t * 7 + dk)
+    q, k, v, g, beta, state = _inputs(rng, t, hk, hv, dk, dv)
+    want_state = state.astype(np.float64)
+    want = A.gdn_chunk(*(a.astype(np.float64) for a in (q, k, v, g, beta)), want_state)
+
+    got_state = cp.asarray(state)
+    got = gdn_prefill.gdn_chunk(*(cp.asarray(a) for a in (q, k, v, g, beta)), got_state)
+    for name, x, ref in (("out", got, want), ("state", got_state, want_state)):
+        x = cp.asnumpy(x).astype(np.float64)
+        assert np.all(np.isfinite(x)), name
+        scale = float(np.abs(ref).max())
+        np.testing.assert_allclose(x, ref, rtol=1e-4, atol=2e-5 * scale, err_msg=name)
+
+
+def test_gdn_chunk_continues_where_an_earlier_chunk_left_off() -> None:
+    """Two calls over halves equal one call over the whole (the state carries everything)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    q, k, v, g, beta, state = (cp.asarray(a) for a in _inputs(rng, 150, 2, 4, 64, 64))
+    whole_state = state.copy()
+    whole = gdn_prefill.gdn_chunk(q, k, v, g, beta, whole_state)
+    halves = [
+        gdn_prefill.gdn_chunk(q[s], k[s], v[s], g[s], beta[s], state)
+        for s in (slice(0, 77), slice(77, 150))
+    ]
+    np.testing.assert_allclose(
+        cp.asnumpy(cp.concatenate(halves)), cp.asnumpy(whole), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(cp.asnumpy(state), cp.asnumpy(whole_state), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("t", "taps", "hk", "dk", "value_width"),
+    [(1, 4, 1, 16, 48), (3, 2, 2, 32, 40), (130, 4, 16, 128, 6144)],
+)
+def test_conv_heads_matches_the_reference(
+    t: int, taps: int, hk: int, dk: int, value_width: int
+) -> None:
+    """Rows of a wider array (as the model's projection output), a conv state carried in,
+    fewer tokens than the window on the first case."""
+    import cupy as cp
+
+    rng = np.random.default_rng(t + taps)
+    channels = 2 * hk * dk + value_width
+    wide = rng.standard_normal((t, channels + 7)).astype(np.float32)
+    kernel = (rng.standard_normal((taps, channels)) * 0.5).astype(np.float32)
+    state = rng.standard_normal((channels, taps - 1)).astype(np.float32)
+    want_state = state.astype(np.float64)
+    conv = A.silu(
+        A.causal_conv(wide[:, :channels].astype(np.float64), kernel.astype(np.float64), want_state)
+    )
+    want = A.gdn_heads(conv, hk, dk, 1, value_width)
+
+    got_state = cp.asarray(state)
+    got = gdn_prefill.conv_heads(
+        cp.asarray(wide)[:, : channels + 7],
+        cp.asarray(kernel),
+        got_state,
+        key_heads=hk,
+        key_dim=dk,
+        value_width=value_width,
+    )
+    for name, x, ref in zip("qkv", got, want, strict=True):
+        np.testing.assert_allclose(
+            cp.asnumpy(x).reshape(ref.shape), ref, rtol=1e-5, atol=1e-6, err_msg=name
+        )
+    np.testing.assert_array_equal(cp.asnumpy(got_state), want_state.astype(np.float32))
+
+
+def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:
+    """``CudaBackend.gdn_prefill`` (kernels) against ``array_ops.gdn_prefill`` run on CuPy,
+    states included; a value head size the kernels do not take goes to the reference."""
+    import cupy as cp
+
+    rng = np.random.default_rng(1)
+    for t, hk, hv, dk, dv in ((70, 1, 2, 32, 32), (5, 1, 2, 32, 18)):
+        channels = 2 * hk * dk + hv * dv
+        mixed = cp.asarray(rng.standard_normal((t, channels)), cp.float32)
+        kernel = cp.asarray(rng.standard_normal((4, channels)) * 0.5, cp.float32)
+        g = cp.asarray(-np.abs(rng.standard_normal((t, hv))) * 0.3, cp.float32)
+        beta = cp.asarray(rng.random((t, hv)), cp.float32)
+        conv = cp.asarray(rng.standard_normal((channels, 3)), cp.float32)
+        state = cp.asarray(rng.standard_normal((hv, dk, dv)) * 0.5, cp.float32)
+        dims = {"key_heads": hk, "key_dim": dk, "value_heads": hv, "value_dim": dv}
+        ref_conv, ref_state = conv.copy(), state.copy()
+        got = cuda_backend.gdn_prefill(mixed, kernel, conv, g, beta, state, **dims)
+        want = A.gdn_prefill(mixed, kernel, ref_conv, g, beta, ref_state, **dims)
+        for x, ref in ((got, want), (state, ref_state), (conv, ref_conv)):
+            np.testing.assert_allclose(cp.asnumpy(x), cp.asnumpy(ref), rtol=1e-4, atol=1e-5)
