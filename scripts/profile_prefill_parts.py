@@ -1,0 +1,225 @@
+"""Where a prefill chunk's products and MoE blocks spend their time, part by part (CUDA).
+
+    python scripts/profile_prefill_parts.py ARTIFACT [--tokens 2048]
+
+For the first GDN layer and the first full-attention layer of the artifact: each projection's
+segments timed as bf16 dequantization alone, the cuBLAS product alone, and ``linear`` whole,
+beside the floors (bytes read and written at the measured copy bandwidth; FLOPs at the
+measured fp16 matmul rate). For a MoE layer, the stages of ``moe.moe_prefill``. Medians of
+5 runs, device time by CUDA events. A development aid: ``ninfer-bench run --profile-prefill``
+is the op-level profile.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _ms(fn: Any, repeats: int = 5) -> float:
+    import cupy as cp
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def _segment(seg: Any, xb: Any, rate: float, bw: float) -> str:
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda import kernels, prefill
+
+    p, m = seg.parent.planes, xb.shape[0]
+    n, k = seg.rows, p.columns
+    flop = 2 * m * n * k
+    y = cp.empty((m, n), dtype=cp.float32)
+    deq = 0.0
+    if prefill.is_bf16(p):
+        wb = prefill.bf16_rows(seg.parent.data, p, seg.row0, seg.rows)
+    else:
+        wb = cp.empty((n, k), dtype=cp.uint16)
+        rows = cp.arange(seg.row0, seg.row0 + n, dtype=cp.int32)
+        deq = _ms(lambda: kernels.dequant_rows(seg.parent.data, p, rows, wb))
+    gemm = _ms(lambda: prefill.gemm_bf16(wb, xb, y))
+    packed = seg.parent.data.nbytes * n // max(p.rows, 1)
+    deq_floor = (packed + 2 * n * k) / bw * 1e3
+    return (
+        f"{n}x{k} code {p.code}: dequant {deq:7.3f} ms (floor {deq_floor:6.3f})  "
+        f"gemm {gemm:7.3f} ms (floor {flop / rate * 1e3:6.3f}, {flop / gemm / 1e9:4.0f} TFLOP/s)"
+    )
+
+
+def _products(be: Any, name: str, w: Any, x: Any, rate: float, bw: float) -> None:
+    from ninfer_runtime.backends.cuda import prefill
+
+    xb = prefill.to_bf16(x)
+    for i, seg in enumerate(w.segments):
+        print(f"  {name}[{i}] {_segment(seg, xb, rate, bw)}")
+    print(f"  {name} linear whole: {_ms(lambda: be.linear(x, w)):.3f} ms")
+
+
+def _kernel_times(module: Any, fn: Any) -> dict[str, float]:
+    """ms of each kernel ``fn()`` launches through ``module.function`` (events around each
+    launch, in stream order), summed by kernel name."""
+    import cupy as cp
+
+    original, pending = module.function, []
+
+    def timed(family: str, name: str, **kw: Any) -> Any:
+        kernel = original(family, name, **kw)
+
+        def launch(*args: Any, **kwargs: Any) -> None:
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            kernel(*args, **kwargs)
+            end.record()
+            pending.append((name, start, end))
+
+        return launch
+
+    fn()  # warm
+    module.function = timed
+    try:
+        fn()
+    finally:
+        module.function = original
+    cp.cuda.Device().synchronize()
+    out: dict[str, float] = {}
+    for name, start, end in pending:
+        out[name] = out.get(name, 0.0) + cp.cuda.get_elapsed_time(start, end)
+    return out
+
+
+def _gdn_parts(be: Any, mixer: Any, tokens: int) -> None:
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda import gdn_prefill
+
+    c, rng = mixer.c, np.random.default_rng(4)
+    mixed = cp.asarray(rng.standard_normal((tokens, c.conv_channels)), cp.float32)
+    g = cp.asarray(-np.abs(rng.standard_normal((tokens, c.value_heads))) * 0.1, cp.float32)
+    beta = cp.asarray(rng.random((tokens, c.value_heads)), cp.float32)
+    conv = cp.zeros((c.conv_channels, mixer.convolution.shape[0] - 1), cp.float32)
+    state = cp.zeros((c.value_heads, c.key_dim, c.value_dim), cp.float32)
+
+    def run() -> Any:
+        return be.gdn_prefill(mixed, mixer.convolution, conv, g, beta, state, **mixer._dims)
+
+    print(f"  gdn_prefill whole: {_ms(run):.3f} ms")
+    for name, ms in _kernel_times(gdn_prefill, run).items():
+        print(f"  gdn_prefill {name:28s} {ms:8.3f} ms")
+
+
+def _moe_stages(be: Any, table: Any, x: Any) -> None:
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda import moe
+
+    k, inter = table.top_k, table.intermediate
+    stages: dict[str, Any] = {}
+
+    def router() -> Any:
+        return cp.concatenate(
+            [
+                be.linear(x[a : a + moe.MOE_ROUTER_ROWS], table.router_score)
+                for a in range(0, len(x), moe.MOE_ROUTER_ROWS)
+            ]
+        )
+
+    logits = cp.ascontiguousarray(router(), dtype=cp.float32)
+    stages["router"] = router
+    stages["route"] = lambda: moe.route(logits, k, table.experts)
+    ids, shares = moe.route(logits, k, table.experts)
+    tc = moe._tensor_core_groups(table)
+    size = moe.TENSOR_GROUP_PAIRS if tc else moe.GROUP_PAIRS
+    stages["pair_groups"] = lambda: moe.PairGroups.of(ids, table.experts, size)
+    groups = moe.PairGroups.of(ids, table.experts, size)
+    xs = cp.zeros((groups.rows, table.gate.planes.x_width), dtype=cp.float32)
+
+    def scatter() -> None:
+        xs[groups.row, : x.shape[1]] = cp.repeat(x, k, axis=0)
+
+    stages["scatter"] = scatter
+    gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
+    project = moe.partial(moe._grouped, groups=groups, tensor_cores=tc)
+    if table.fused:
+        stages["gate_up"] = lambda: project(table.gate, xs, gu, 2 * inter, rows=2 * inter)
+    else:
+        stages["gate"] = lambda: project(table.gate, xs, gu, 2 * inter)
+    h = moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
+    stages["silu_mul"] = lambda: moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
+    ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
+    stages["down"] = lambda: project(table.down, h, ys, table.hidden)
+    stages["gather"] = lambda: ys[groups.row]
+    y = ys[groups.row]
+    stages["shared_combine"] = lambda: moe._shared_and_combine(be, x, table, logits, y, shares)
+    stages["whole"] = lambda: moe.moe_prefill(be, x, table)
+    print(f"  MoE: {groups.expert.size} groups of {size} pairs, tensor cores {tc}")
+    for name, fn in stages.items():
+        print(f"  moe {name:15s} {_ms(fn):8.3f} ms")
+    whole = stages["whole"]
+    for module in (moe, moe.kernels):
+        for name, ms in _kernel_times(module, whole).items():
+            print(f"  moe kernel {name:40s} {ms:8.3f} ms")
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokens", type=int, default=2048, show_default=True)
+def main(artifact: str, tokens: int) -> None:
+    import cupy as cp
+
+    from ninfer_format import Artifact
+    from ninfer_runtime.backends.cuda.backend import CudaBackend
+    from ninfer_runtime.bench import measure as M
+    from ninfer_runtime.models import load_model
+    from ninfer_runtime.models.qwen3_5.attention import GatedAttention
+    from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
+
+    be = CudaBackend()
+    model = load_model(Artifact.open(artifact), be)
+    rate, bw = M.matmul_rate(cp), M.copy_bandwidth(cp)
+    print(f"fp16 matmul {rate / 1e12:.0f} TFLOP/s, copy {bw / 1e9:.0f} GB/s, {tokens} rows")
+    x = cp.asarray(
+        np.random.default_rng(0).standard_normal((tokens, model.config.hidden)), cp.float32
+    )
+    seen: set[str] = set()
+    for i, layer in enumerate(model.layers):
+        kind = type(layer.mixer).__name__
+        if kind in seen:
+            continue
+        seen.add(kind)
+        print(f"layer {i} ({kind})")
+        mixer = layer.mixer
+        width = mixer.output.shape[1]
+        _products(be, "projections", mixer.projections, x, rate, bw)
+        xo = cp.asarray(np.random.default_rng(1).standard_normal((tokens, width)), cp.float32)
+        _products(be, "output", mixer.output, xo, rate, bw)
+        if not isinstance(mixer, GatedAttention):
+            _gdn_parts(be, mixer, tokens)
+        if isinstance(layer.ffn, SparseMoe):
+            _moe_stages(be, be._expert_table(layer.ffn.weights), x)
+        else:
+            _products(be, "gate_up", layer.ffn.gate_up, x, rate, bw)
+            inner = layer.ffn.down.shape[1]
+            xd = cp.asarray(np.random.default_rng(2).standard_normal((tokens, inner)), cp.float32)
+            _products(be, "down", layer.ffn.down, xd, rate, bw)
+        if isinstance(mixer, GatedAttention) and len(seen) == 2:
+            break
+
+
+if __name__ == "__main__":
+    main()
