@@ -133,6 +133,21 @@ def test_gemm_operands_column_major(m: int, n: int, k: int, width: int, col: int
     assert np.all(np.isnan(out[:, outside]))
 
 
+@pytest.mark.parametrize(
+    ("rows", "most"), [(34816, 26214), (100, 200), (1000, 130), (9000, 100), (256, 256)]
+)
+def test_slabs_cover_the_weight_in_aligned_equal_parts(rows: int, most: int) -> None:
+    slab = prefill.slab_rows(rows, most)
+    if rows <= most:
+        assert slab == rows
+        return
+    starts = range(0, rows, slab)
+    assert all(a % prefill.SLAB_ALIGN == 0 for a in starts)  # each slab's column slice aligned
+    assert slab <= max(most, prefill.SLAB_ALIGN)  # fits the scratch (at least one aligned slab)
+    # as few slabs as an aligned slab size allows, and no tiny remainder beyond rounding
+    assert len(starts) == -(-rows // slab) <= -(-rows // max(most // 128 * 128, 128))
+
+
 def test_gemm_operands_reject_non_slices() -> None:
     with pytest.raises(ValueError):
         prefill.gemm_operands(8, 4, 3, (16, 4))  # rows closer than N

@@ -179,7 +179,7 @@ class CudaBackend(ops.ReferenceOps):
             prefill.gemm_bf16(prefill.bf16_rows(seg.parent.data, p, seg.row0, seg.rows), xb, y)
             return
         dtype = np.dtype(np.uint16 if bf16 else np.float32)
-        slab = max(1, min(seg.rows, SCRATCH_BYTES // (dtype.itemsize * k)))
+        slab = prefill.slab_rows(seg.rows, SCRATCH_BYTES // (dtype.itemsize * k))
         scratch = self._scratch
         if scratch is None or scratch.dtype != dtype or scratch.size < slab * k:
             # made once at full size: a captured step (a verification's rows past the small-M

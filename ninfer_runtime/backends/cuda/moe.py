@@ -41,8 +41,6 @@ THREADS = 256
 #: at most 65535, and its per-pair buffers stay a few hundred MB)
 PREFILL_ROWS = 4096
 MAX_GRID_Y = 65535
-#: rows per router product in a prefill pass (``kernels.MAX_SMALL_ROWS``)
-MOE_ROUTER_ROWS = kernels.MAX_SMALL_ROWS
 
 EXPERTS_FAMILY = "gemv_experts"
 #: the files holding the layout policies the expert GEMV instantiates
@@ -352,22 +350,19 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     import cupy as cp
 
     k, inter, hidden = table.top_k, table.intermediate, table.hidden
-    # the router at the decode steps' precision, 64 rows at a time (the small-M products):
-    # a prefill GEMM's bf16 operands could flip a near tie in the top-k choice
-    logits = cp.concatenate(
-        [
-            backend.linear(x[a : a + MOE_ROUTER_ROWS], table.router_score)
-            for a in range(0, len(x), MOE_ROUTER_ROWS)
-        ]
-    )
-    logits = cp.ascontiguousarray(logits, dtype=cp.float32)
+    # the router in float32 from its rows decoded once (a prefill GEMM's bf16 operands could
+    # flip a near tie in the top-k choice), one product for all rows
+    logits = cp.ascontiguousarray(x @ backend.array(table.router_score).T, dtype=cp.float32)
     ids, shares = route(logits, k, table.experts)
     tensor_cores = _tensor_core_groups(table)
     size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS
     groups = PairGroups.of(ids, table.experts, size)
     project = partial(_grouped, groups=groups, tensor_cores=tensor_cores)
-    xs = cp.zeros((groups.rows, table.gate.planes.x_width), dtype=cp.float32)
-    xs[groups.row, : x.shape[1]] = cp.repeat(x, k, axis=0)  # each pair's token row
+    # each pair's token row; rows no pair takes are never read back, but padding columns
+    # past the hidden size must be zero
+    width = table.gate.planes.x_width
+    xs = (cp.empty if width == x.shape[1] else cp.zeros)((groups.rows, width), dtype=cp.float32)
+    xs[groups.row, : x.shape[1]] = cp.repeat(x, k, axis=0)
     gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
     if table.fused:
         project(table.gate, xs, gu, 2 * inter, rows=2 * inter)

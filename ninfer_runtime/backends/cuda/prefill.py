@@ -57,6 +57,24 @@ _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 
 
+#: slabs start on multiples of this many rows, so the output column slice each product
+#: writes starts 16-byte aligned (the 27B's gate|up, 34,816 rows, in slabs of 26,214 and
+#: 8,602 rows took 3.3 ms on the H200 against 1.3 ms for its dequantization and product
+#: timed whole)
+SLAB_ALIGN = 128
+
+
+def slab_rows(rows: int, most: int) -> int:
+    """Rows per slab of a ``rows``-row weight when the scratch holds ``most`` rows: as few
+    slabs as fit, of equal size rounded up to SLAB_ALIGN (the last one takes the rest)."""
+    if rows <= most:
+        return rows
+    most = max(SLAB_ALIGN, most // SLAB_ALIGN * SLAB_ALIGN)
+    slabs = -(-rows // most)
+    even = -(-rows // slabs)
+    return min(most, -(-even // SLAB_ALIGN) * SLAB_ALIGN)
+
+
 def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"prefill precision {precision!r}: expected one of {PRECISIONS}")
@@ -192,5 +210,6 @@ __all__ = [
     "gemm_operands",
     "is_bf16",
     "precision_from_env",
+    "slab_rows",
     "to_bf16",
 ]
