@@ -635,7 +635,7 @@ PREFILL_OPS: dict[str, Any] = {
     "linear": PROFILED_OPS["linear"],
     "rms_norm": PROFILED_OPS["rms_norm"],
     "rope": PROFILED_OPS["rope"],
-    "attention": lambda q, *_, **__: q.shape,
+    "attention_pages": lambda q, *_, **__: q.shape,
     "causal_conv": lambda x, *_, **__: x.shape,
     "gdn_chunk": lambda q, k, v, *_, **__: v.shape,
     "moe": PROFILED_OPS["moe"],
