@@ -122,6 +122,16 @@ def load_kv(stored: Array) -> Array:
     return stored if decode is None else decode(stored)
 
 
+def gather_kv(stored: Array, pages: Array, length: int) -> Array:
+    """Tokens ``0 .. length - 1`` of a sequence from one pool array ``[pages, PAGE, Nkv, D]``
+    as float32 ``[length, Nkv, D]``: token t is row ``t % PAGE`` of page ``pages[t // PAGE]``
+    (``pages``: the sequence's page ids in order, an int array on the pool's device)."""
+    xp = array_module(stored)
+    positions = xp.arange(length)
+    per_page = stored.shape[1]
+    return load_kv(stored[pages[positions // per_page], positions % per_page])
+
+
 @dataclass(frozen=True)
 class KvSpec:
     """A full-attention layer: keys and values per token, after k_norm and RoPE."""
@@ -171,11 +181,6 @@ class AttentionPages:
         page, row = state.addresses(start, k.shape[0])
         self.k[page, row] = store_kv(k, self.k.dtype)
         self.v[page, row] = store_kv(v, self.v.dtype)
-
-    def read(self, state: SequenceState, length: int) -> tuple[Array, Array]:
-        """Keys and values of tokens ``0 .. length - 1``, float32 ``[length, Nkv, D]``."""
-        page, row = state.addresses(0, length)
-        return load_kv(self.k[page, row]), load_kv(self.v[page, row])
 
 
 class GdnDrafts:
@@ -274,6 +279,12 @@ class SequenceState:
     def free(self) -> int:
         """Tokens the main model can still take before the reserved pages are full."""
         return self.max_context - self.length
+
+    @property
+    def page_ids(self) -> Array:
+        """The sequence's page ids in order, on the pool's device: its row of the page table
+        (int32 [max_pages]; entries past its own pages name nothing of it)."""
+        return self.pool.page_table[self.slot]
 
     def addresses(self, start: int, count: int) -> tuple[Array, Array]:
         """(page id, row in page) of tokens ``start .. start + count - 1``, as device arrays."""

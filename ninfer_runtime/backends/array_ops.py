@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models.functional import _xp, l2_normalize, sigmoid, silu
-from ..state import load_kv, store_kv
+from ..state import gather_kv, load_kv, store_kv
 
 __all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
 
@@ -65,6 +65,18 @@ def attention(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float
     scores = xp.where(visible, scores, xp.float32(-xp.inf))
     out = softmax(scores) @ v  # [Nkv, group, T, D]
     return out.transpose(2, 0, 1, 3).reshape(t, nq, d)
+
+
+def attention_pages(
+    q: Array, k_pages: Array, v_pages: Array, pages: Array, start: int, scale: float
+) -> Array:
+    """``attention`` of one lane whose keys/values sit in the paged pools [pages, P, Nkv, D]
+    (any storage dtype): token t in page ``pages[t // P]``, row ``t % P``. The rows
+    0..start+T-1 are gathered and decoded to float32, then attended exactly as ``attention``
+    does."""
+    s = start + q.shape[0]
+    k, v = gather_kv(k_pages, pages, s), gather_kv(v_pages, pages, s)
+    return attention(q, k, v, start, scale)
 
 
 def causal_conv(x: Array, kernel: Array, state: Array) -> Array:
@@ -407,7 +419,7 @@ class ReferenceOps:
     rms_norm = staticmethod(rms_norm)
     add_rms_norm = staticmethod(add_rms_norm)
     rope = staticmethod(rope)
-    attention = staticmethod(attention)
+    attention_pages = staticmethod(attention_pages)
     gdn_prefill = staticmethod(gdn_prefill)
     kv_write = staticmethod(kv_write)
     attention_decode = staticmethod(attention_decode)

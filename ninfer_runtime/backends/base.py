@@ -16,6 +16,11 @@ Conventions shared by every backend:
 * Ops that carry recurrent state (``gdn_prefill``, ``gdn_decode``, ``gdn_commit``) update the
   state arrays **in place**: states live in preallocated buffers (``SequenceState``) so a GPU
   backend can keep them resident and a scheduler can address them by slot.
+* Attention takes keys/values where the context pool keeps them (``state.py``: pages of P
+  tokens in the pool's storage dtype), a prefill chunk through its lane's page ids
+  (``attention_pages``), a decode step through the page table (``attention_decode``); how
+  they are read is the backend's (the reference gathers and decodes them, the CUDA kernels
+  read the pages in place).
 * Shapes use ``T`` for tokens of one lane, ``N`` for rows of a batch (all lanes stacked).
 """
 
@@ -112,14 +117,25 @@ class Backend(Protocol):
         (i, i + rd/2): x [N, heads, D], cos/sin [N, rd] -> [N, heads, D]."""
         ...
 
-    def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
+    def attention_pages(
+        self,
+        q: Array,
+        k_pages: Array,
+        v_pages: Array,
+        pages: Array,
+        *,
+        start: int,
+        scale: float,
     ) -> Array:
-        """Causal GQA of one lane over its cache.
+        """Causal GQA of one lane (a prefill chunk) over its keys/values in the paged pool.
 
-        q [T, Nq, D] are the lane's queries at cache slots ``start .. start+T-1``; the caches
-        [S, Nkv, D] already hold keys/values through slot ``start+T-1``. Query head j reads kv
-        head ``j // (Nq / Nkv)``. Returns [T, Nq, D].
+        q [T, Nq, D] are the lane's queries at positions ``start .. start+T-1``; k_pages,
+        v_pages are the layer's pools [num_pages, P, Nkv, D] in their storage dtype
+        (``state.KV_DTYPES``), already holding the lane's tokens through ``start+T-1``: token
+        t is row ``t % P`` of page ``pages[t // P]`` (``pages``: the lane's page ids, int32
+        on the device, ``SequenceState.page_ids``). Query head j reads kv head
+        ``j // (Nq / Nkv)``. Returns float32 [T, Nq, D]: exactly ``array_ops.attention`` over
+        the gathered, decoded rows ``0 .. start+T-1`` (``array_ops.attention_pages``).
         """
         ...
 

@@ -635,7 +635,7 @@ PREFILL_OPS: dict[str, Any] = {
     "linear": PROFILED_OPS["linear"],
     "rms_norm": PROFILED_OPS["rms_norm"],
     "rope": PROFILED_OPS["rope"],
-    "attention": lambda q, *_, **__: q.shape,
+    "attention_pages": lambda q, *_, **__: q.shape,
     "gdn_prefill": lambda x, *_, value_heads, value_dim, **__: (
         x.shape[0],
         value_heads,

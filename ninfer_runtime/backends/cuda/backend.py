@@ -12,8 +12,10 @@ in one reusable scratch buffer (bf16 weights are read in place) and multiplies w
 with TF32 or full float32 math. The decode-step ops (paged attention, the GDN step, MoE routing
 and experts, RMSNorm, RoPE) have kernels of their own, so a decode step never waits on the host
 and is captured once per lane count as a CUDA graph (``graphs.py``). Prefill attention is a
-flash-style kernel (``prefill_attention.py``); a lane's GDN prefill is a convolution launch and
-the chunked delta rule in three launches (``gdn_prefill.py``).
+flash-style kernel (``prefill_attention.py``) that reads each lane's K/V tiles through its page
+ids straight from the paged pool (float32, bf16 or E4M3 storage, decoded as tiles land in
+shared memory); a lane's GDN prefill is a convolution launch and the chunked delta rule in
+three launches (``gdn_prefill.py``).
 """
 
 from __future__ import annotations
@@ -208,18 +210,30 @@ class CudaBackend(ops.ReferenceOps):
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         return glue.rope(x, cos, sin)
 
-    def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, *, start: int, scale: float
+    def attention_pages(
+        self,
+        q: Array,
+        k_pages: Array,
+        v_pages: Array,
+        pages: Array,
+        *,
+        start: int,
+        scale: float,
     ) -> Array:
         from . import prefill_attention as pfa
 
-        if not pfa.supported(q, k_cache, v_cache):
-            return super().attention(q, k_cache, v_cache, start=start, scale=scale)
+        if not pfa.supported(q, k_pages, v_pages):
+            return super().attention_pages(q, k_pages, v_pages, pages, start=start, scale=scale)
         # scores in 3xTF32 either way; float32 prefill makes P.V 3xTF32 too
         precision = "split" if self.prefill_precision == "float32" else "split_qk"
-        q, k_cache, v_cache = (pfa.kernel_input(a) for a in (q, k_cache, v_cache))
         return pfa.prefill_attention(
-            q, k_cache, v_cache, start=start, scale=scale, precision=precision
+            pfa.kernel_input(q),
+            k_pages,
+            v_pages,
+            cp.ascontiguousarray(pages, dtype=cp.int32),
+            start=start,
+            scale=scale,
+            precision=precision,
         )
 
     def gdn_prefill(

@@ -100,10 +100,14 @@ class GatedAttention:
             )
         else:
             o = be.xp.empty_like(q)
-            for lane in batch.lanes:
+            for lane in batch.lanes:  # a prefill chunk: each lane over its own pages
                 memory.write(lane.state, lane.start, k[lane.rows], v[lane.rows])
-                keys, values = memory.read(lane.state, lane.start + lane.tokens)
-                o[lane.rows] = be.attention(
-                    q[lane.rows], keys, values, start=lane.start, scale=scale
+                o[lane.rows] = be.attention_pages(
+                    q[lane.rows],
+                    memory.k,
+                    memory.v,
+                    lane.state.page_ids,
+                    start=lane.start,
+                    scale=scale,
                 )
         return be.linear(mul_sigmoid(o.reshape(n, a.heads * a.head_dim), gate), self.output)

@@ -68,12 +68,6 @@ __device__ __forceinline__ void load_bits(const T* __restrict__ row, int lane,
   }
 }
 
-// Two bf16 words packed little-endian in w (element 0 in the low half) -> two floats.
-__device__ __forceinline__ void bf16x2(u32 w, float& lo, float& hi) {
-  lo = __uint_as_float(w << 16);
-  hi = __uint_as_float(w & 0xFFFF0000u);
-}
-
 template <int D, typename T>
 __device__ __forceinline__ void decode_row(const RowBits<D, T>& b, float (&x)[D / 32]) {
   constexpr int VEC = D / 32;

@@ -45,6 +45,12 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
 
 __device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
 
+// Two bf16 words packed little-endian in w (element 0 in the low half) -> two floats.
+__device__ __forceinline__ void bf16x2(u32 w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xFFFF0000u);
+}
+
 // E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; 0x7F/0xFF are NaN.
 __device__ __forceinline__ float e4m3_to_f32(u32 b) {
   const u32 e = (b >> 3) & 0xFu, m = b & 7u;

@@ -1,15 +1,21 @@
-// Causal prefill attention of one lane over its contiguous cache, flash style: no [T, S]
-// score matrix, an online softmax over tiles of keys. The reference is array_ops.attention.
+// Causal prefill attention of one lane over its keys/values in the paged pool, flash style:
+// no [T, S] score matrix, an online softmax over tiles of keys. The reference is
+// array_ops.attention_pages (array_ops.attention over the gathered, decoded rows).
 //
-// q [T, Nq, D], k/v [S, Nkv, D] float32; query i (position start + i) sees keys 0..start+i;
-// query head j reads kv head j / G (G = Nq / Nkv). For kv head h the queries that read it
-// form T*G rows r = t*G + g (token-major), so a block's rows are a few consecutive tokens of
-// all G heads and every K/V tile it loads serves all of them.
+// q [T, Nq, D] float32; pools k/v [pages, PAGE, Nkv, D] in the pool's storage type KV (float32,
+// bf16 words u16 or unscaled E4M3FN bytes u8, as attention.cu reads them for decode); token t
+// of the lane is row t % PAGE of page pages[t / PAGE]. Query i (position start + i) sees keys
+// 0..start+i; query head j reads kv head j / G (G = Nq / Nkv). For kv head h the queries that
+// read it form T*G rows r = t*G + g (token-major), so a block's rows are a few consecutive
+// tokens of all G heads and every K/V tile it loads serves all of them.
 //
 // prefill_attention: grid (Nkv, ceil(T*G / PF_ROWS), splits), PF_WARPS warps of 16 rows. K/V
-// tiles of BN keys are double-buffered in shared memory by cp.async; both products run on
-// tensor cores (mma.sync m16n8k8 TF32 with float32 accumulation); scores are in the log2
-// domain (q is pre-scaled by scale * log2(e) as it is staged). PREC picks operand precision:
+// tiles of BN keys are double-buffered by cp.async, each row fetched from its page: float32
+// rows straight into the float tiles the products read; narrower rows into a raw staging
+// buffer, decoded to float32 into the (single) float tiles once the tile has arrived. Both
+// products run on tensor cores (mma.sync m16n8k8 TF32 with float32 accumulation); scores are in
+// the log2 domain (q is pre-scaled by scale * log2(e) as it is staged). PREC picks operand
+// precision:
 //   PF_TF32      both products on TF32 operands (10-bit mantissas, like cuBLAS TF32);
 //   PF_SPLIT_QK  Q.K^T in 3xTF32 (x = hi + lo, hi*hi + hi*lo + lo*hi: about float32), P.V
 //                in TF32. Score errors are what grows with the scores' magnitude (peaked
@@ -32,12 +38,20 @@
 // floats: Q and K fragments are read as float4 by lanes (g, tig) at row g, column 4*tig, so
 // a stride of 16 mod 32 words puts rows g and g+1 in different bank halves; V fragments are
 // read at rows 2*tig (+1), column 4*g, so a stride of 4 mod 32 spreads them over all banks.
-template <int D>
+// Storage narrower than float32 (NARROW) keeps one float tile of K and of V and stages the
+// raw rows ([2][BN][D] elements of KV each, unpadded) for the double buffering instead.
+template <int D, typename KV>
 struct PfTile {
   static constexpr int BN = D <= 64 ? 64 : 32;
   static constexpr int QS = D + 16;
   static constexpr int KS = D + 16;
   static constexpr int VS = D + 4;
+  static constexpr bool NARROW = sizeof(KV) < 4;
+  static constexpr int FLOAT_BUFS = NARROW ? 1 : 2;
+  static constexpr int CHUNK = 16 / (int)sizeof(KV);  // elements of one 16-byte copy
+  // where a tile's copies land: the float tiles themselves, or the raw staging rows
+  static constexpr int KSTAGE = NARROW ? D : KS;
+  static constexpr int VSTAGE = NARROW ? D : VS;
 };
 
 __device__ __forceinline__ u32 pf_smem_addr(const void* p) {
@@ -47,7 +61,7 @@ __device__ __forceinline__ u32 pf_smem_addr(const void* p) {
 }
 
 // 16 bytes global -> shared, bypassing L1; zero-filled when !ok (nothing is read then)
-__device__ __forceinline__ void pf_cp_async16(float* dst, const float* src, bool ok) {
+__device__ __forceinline__ void pf_cp_async16(void* dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(pf_smem_addr(dst)),
                "l"(src), "r"(ok ? 16 : 0)
                : "memory");
@@ -60,6 +74,22 @@ __device__ __forceinline__ void pf_cp_commit() {
 template <int N>
 __device__ __forceinline__ void pf_cp_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four stored elements (8 bytes of bf16 words, 4 of E4M3 bytes, in shared memory) as floats
+template <typename KV>
+__device__ __forceinline__ float4 pf_decode4(const KV* p) {
+  float4 x;
+  if constexpr (sizeof(KV) == 2) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    bf16x2(w.x, x.x, x.y);
+    bf16x2(w.y, x.z, x.w);
+  } else {
+    const u32 w = *reinterpret_cast<const u32*>(p);
+    e4m3x2_to_f32(w, x.x, x.y);
+    e4m3x2_to_f32(w >> 16, x.z, x.w);
+  }
+  return x;
 }
 
 __device__ __forceinline__ u32 pf_tf32(float x) {
@@ -114,21 +144,29 @@ __device__ __forceinline__ void pf_product(float (&d)[4], const u32 (&ah)[4], co
 
 // ws_o [splits, T*Nq, D] and ws_ml [splits, T*Nq, 2] (m in log2 units, l) are only used
 // when gridDim.z > 1; rows of a split with no visible key get m = -inf, l = 0, O = 0.
-template <int D, int PREC>
+template <int D, int PREC, typename KV>
 __global__ void __launch_bounds__(PF_WARPS * 32, 1)
-    prefill_attention(const float* __restrict__ q, const float* __restrict__ k,
-                      const float* __restrict__ v, float* __restrict__ out,
-                      float* __restrict__ ws_o, float* __restrict__ ws_ml, int T, int nq,
-                      int nkv, int start, int tiles_per_split, float qscale) {
-  constexpr int BN = PfTile<D>::BN, QS = PfTile<D>::QS, KS = PfTile<D>::KS,
-                VS = PfTile<D>::VS;
+    prefill_attention(const float* __restrict__ q, const KV* __restrict__ k,
+                      const KV* __restrict__ v, const int* __restrict__ pages,
+                      float* __restrict__ out, float* __restrict__ ws_o,
+                      float* __restrict__ ws_ml, int T, int nq, int nkv, int page, int start,
+                      int tiles_per_split, float qscale) {
+  using Tile = PfTile<D, KV>;
+  constexpr int BN = Tile::BN, QS = Tile::QS, KS = Tile::KS, VS = Tile::VS;
+  constexpr int CHUNK = Tile::CHUNK, KSTAGE = Tile::KSTAGE, VSTAGE = Tile::VSTAGE;
   constexpr int NT = BN / 8;  // 8-key column tiles of the scores
   constexpr int DT = D / 8;   // 8-column tiles of the output
   constexpr bool SPLIT_QK = PREC != PF_TF32, SPLIT_PV = PREC == PF_SPLIT;
+  // a tile's 16-byte copies: each thread takes the same column in rows RSTEP apart
+  constexpr int ROW_CHUNKS = D / CHUNK, RSTEP = PF_WARPS * 32 / ROW_CHUNKS;
+  static_assert(PF_WARPS * 32 % ROW_CHUNKS == 0 && BN % RSTEP == 0, "tile copy layout");
   extern __shared__ float4 pf_smem[];
-  float* q_s = reinterpret_cast<float*>(pf_smem);  // [PF_ROWS][QS]
-  float* k_s = q_s + PF_ROWS * QS;                 // [2][BN][KS]
-  float* v_s = k_s + 2 * BN * KS;                  // [2][BN][VS]
+  float* q_s = reinterpret_cast<float*>(pf_smem);    // [PF_ROWS][QS]
+  float* k_s = q_s + PF_ROWS * QS;                   // [FLOAT_BUFS][BN][KS]
+  float* v_s = k_s + Tile::FLOAT_BUFS * BN * KS;     // [FLOAT_BUFS][BN][VS]
+  // the copies' destinations: [2][BN][KSTAGE] and [2][BN][VSTAGE] elements of KV
+  KV* k_stage = Tile::NARROW ? reinterpret_cast<KV*>(v_s + BN * VS) : reinterpret_cast<KV*>(k_s);
+  KV* v_stage = Tile::NARROW ? k_stage + 2 * BN * D : reinterpret_cast<KV*>(v_s);
 
   const int h = blockIdx.x;
   const int m0 = (gridDim.y - 1 - blockIdx.y) * PF_ROWS;  // the latest (longest) rows first
@@ -156,18 +194,45 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
   for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float m[2] = {PF_NEG_INF, PF_NEG_INF}, l[2] = {0.f, 0.f};
 
+  // Key n of the tile is row n % page of page pages[n / page]; a thread's rows step by RSTEP,
+  // so its page and row in the page advance without a division per copy. Keys past the
+  // block's last are zero-filled (all zero bits decode to 0 in every storage type).
+  const int copy_row = threadIdx.x / ROW_CHUNKS, copy_col = CHUNK * (threadIdx.x % ROW_CHUNKS);
   auto load_tile = [&](int tile, int buf) {
-    const int n0 = tile * BN;
-    float* ks = k_s + buf * BN * KS;
-    float* vs = v_s + buf * BN * VS;
-    for (int e = threadIdx.x; e < BN * D / 4; e += PF_WARPS * 32) {
-      const int r = e / (D / 4), c = 4 * (e % (D / 4));
-      const bool ok = n0 + r < key_end;  // keys past the block's last are zero-filled
-      const long long off = ok ? (n0 + r) * kv_stride + (long long)h * D + c : 0;
-      pf_cp_async16(ks + r * KS + c, k + off, ok);
-      pf_cp_async16(vs + r * VS + c, v + off, ok);
+    KV* ks = k_stage + buf * BN * KSTAGE;
+    KV* vs = v_stage + buf * BN * VSTAGE;
+    int n = tile * BN + copy_row;
+    int pi = n / page, pr = n - pi * page, loaded = -1;
+    long long base = 0;
+#pragma unroll 4
+    for (int r = copy_row; r < BN; r += RSTEP, n += RSTEP, pr += RSTEP) {
+      while (pr >= page) {
+        pr -= page;
+        ++pi;
+      }
+      const bool ok = n < key_end;
+      if (ok && pi != loaded) {
+        loaded = pi;
+        base = (long long)__ldg(pages + pi) * page;
+      }
+      const long long off = ok ? (base + pr) * kv_stride + (long long)h * D + copy_col : 0;
+      pf_cp_async16(ks + r * KSTAGE + copy_col, k + off, ok);
+      pf_cp_async16(vs + r * VSTAGE + copy_col, v + off, ok);
     }
     pf_cp_commit();
+  };
+
+  // narrow storage: the staged raw rows of buffer buf -> the float tiles, four at a time
+  auto decode_tile = [&](int buf) {
+    if constexpr (Tile::NARROW) {
+      const KV* ks = k_stage + buf * BN * D;
+      const KV* vs = v_stage + buf * BN * D;
+      for (int e = threadIdx.x; e < BN * D / 4; e += PF_WARPS * 32) {
+        const int r = e / (D / 4), c = 4 * (e % (D / 4));
+        *reinterpret_cast<float4*>(k_s + r * KS + c) = pf_decode4(ks + r * D + c);
+        *reinterpret_cast<float4*>(v_s + r * VS + c) = pf_decode4(vs + r * D + c);
+      }
+    }
   };
 
   if (tile0 < tile1) {
@@ -197,11 +262,16 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
       pf_cp_wait<0>();
     }
     __syncthreads();  // the tile (and, the first time, q) is visible to every warp
+    if constexpr (Tile::NARROW) {
+      decode_tile(buf);
+      __syncthreads();
+    }
     const int n0 = tile * BN;
     if (n0 <= warp_hi) {  // else every key of the tile is in the future of the warp's rows
       const float* qw = q_s + warp * 16 * QS;
-      const float* ks = k_s + buf * BN * KS;
-      const float* vs = v_s + buf * BN * VS;
+      const int fbuf = Tile::NARROW ? 0 : buf;
+      const float* ks = k_s + fbuf * BN * KS;
+      const float* vs = v_s + fbuf * BN * VS;
 
       // S = Q K^T. The reduction over d may visit d in any order: mma k-step 2*jp + half
       // takes column tig <-> d = 16*jp + 4*tig + 2*half and column tig + 4 <-> that d + 1,
@@ -313,7 +383,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
         }
       }
     }
-    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+    __syncthreads();  // the next iteration's prefetch (or decode) overwrites this buffer
   }
 
 #pragma unroll

@@ -1,0 +1,100 @@
+"""Prefill attention over the paged pool (``attention_pages``) on the CPU reference: exactly
+``attention`` over the lane's rows gathered token by token and decoded, for every K/V
+storage type, shuffled page ids, pages of other lanes (and unwritten rows) holding NaN, and
+starts on and off page boundaries. The model's prefill goes through it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends import array_ops
+from ninfer_runtime.backends.cpu import CpuBackend
+from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
+from ninfer_runtime.state import KV_DTYPES, ContextPool, KvSpec, gather_kv, load_kv, store_kv
+
+PAGE = 4
+
+
+def pool_with(
+    rng: np.random.Generator, kv_dtype: str, nkv: int, d: int, tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(k_pages, v_pages, page ids) of a lane's ``tokens`` random keys/values in shuffled
+    pages of a larger pool whose every other row is a stored NaN."""
+    dtype = KV_DTYPES[kv_dtype]
+    count = -(-tokens // PAGE)
+    pages = rng.permutation(count + 3)[:count].astype(np.int32)
+    nan = store_kv(np.full(1, np.nan, np.float32), dtype)[0]
+    pools = []
+    for _ in range(2):
+        pool = np.full((count + 3, PAGE, nkv, d), nan, dtype)
+        rows = rng.standard_normal((tokens, nkv, d)).astype(np.float32)
+        for t in range(tokens):
+            pool[pages[t // PAGE], t % PAGE] = store_kv(rows[t], dtype)
+        pools.append(pool)
+    return pools[0], pools[1], pages
+
+
+@pytest.mark.parametrize("kv_dtype", list(KV_DTYPES))
+@pytest.mark.parametrize(
+    ("nq", "nkv", "tokens", "start"),
+    [(2, 2, 7, 0), (4, 2, 5, 8), (6, 2, 6, 5), (3, 1, 1, 10)],  # groups 1, 2, 3; mid-page
+)
+def test_cpu_attention_pages_is_the_gathered_reference(
+    kv_dtype: str, nq: int, nkv: int, tokens: int, start: int
+) -> None:
+    rng = np.random.default_rng(nq * 100 + start)
+    d = 8
+    k_pages, v_pages, pages = pool_with(rng, kv_dtype, nkv, d, start + tokens)
+    q = rng.standard_normal((tokens, nq, d)).astype(np.float32)
+    # the rows 0..start+T-1 gathered one token at a time, then decoded
+    keys = load_kv(np.stack([k_pages[pages[t // PAGE], t % PAGE] for t in range(start + tokens)]))
+    values = load_kv(np.stack([v_pages[pages[t // PAGE], t % PAGE] for t in range(start + tokens)]))
+    want = array_ops.attention(q, keys, values, start, 0.35)
+    got = CpuBackend().attention_pages(q, k_pages, v_pages, pages, start=start, scale=0.35)
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_page_ids_are_the_sequences_row_of_the_page_table() -> None:
+    """``SequenceState.page_ids`` names the sequence's pages in order, also after it grows,
+    and ``gather_kv`` reads what ``write`` stored through them."""
+    p = ContextPool([KvSpec(2, 8)], np, slots=2, pages=8, max_context=16, page_tokens=PAGE)
+    p.open(6)  # so the next sequence's pages are not the first ones
+    s = p.open(5)
+    assert list(s.page_ids[: len(s.pages)]) == s.pages and s.page_ids.dtype == np.int32
+    while s.max_context < 11:
+        assert p.grow(s)
+    assert list(s.page_ids[: len(s.pages)]) == s.pages and len(s.pages) == 3
+    kv = p.layers[0]
+    k = np.random.default_rng(1).standard_normal((11, 2, 8)).astype(np.float32)
+    kv.write(s, 0, k[:5], -k[:5])
+    kv.write(s, 5, k[5:], -k[5:])
+    np.testing.assert_array_equal(gather_kv(kv.k, s.page_ids, 11), k)
+    np.testing.assert_array_equal(gather_kv(kv.v, s.page_ids, 11), -k)
+
+
+def test_prefill_attends_through_the_lanes_pages(artifact_path, monkeypatch) -> None:
+    """A prefill chunk's attention layers call ``attention_pages`` with the lane's page-table
+    row and the layer's pools as stored (no gathered copy); decode steps do not."""
+    model = load_model(artifact_path("qwen3_5_bf16", "dense"))
+    calls: list[tuple[int, int, list[int]]] = []
+    reference = model.backend.attention_pages
+
+    def spy(q, k_pages, v_pages, pages, *, start, scale):  # type: ignore[no-untyped-def]
+        assert k_pages.ndim == 4 and k_pages.dtype == v_pages.dtype == np.uint16
+        calls.append((q.shape[0], start, [int(i) for i in pages[:3]]))
+        return reference(q, k_pages, v_pages, pages, start=start, scale=scale)
+
+    monkeypatch.setattr(model.backend, "attention_pages", spy)
+    runner = ModelRunner(model)
+    pool = runner.new_pool(lanes=2, max_context=64, page_tokens=8, kv_dtype="bfloat16")
+    pool.open(9)  # the prefilled sequence's pages come after these
+    state = pool.open(40)
+    runner.prefill(np.arange(1, 30), state, chunk=12)
+    layers = model.config.layer_types.count("full_attention")
+    chunks = [(12, 0), (12, 12), (5, 24)]
+    assert calls == [(t, s, state.pages[:3]) for t, s in chunks for _ in range(layers)]
+    runner.forward([np.array([3])], [state])
+    assert len(calls) == len(chunks) * layers
