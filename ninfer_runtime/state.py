@@ -287,12 +287,12 @@ class SequenceState:
         return self.pool.page_table[self.slot]
 
     def addresses(self, start: int, count: int) -> tuple[Array, Array]:
-        """(page id, row in page) of tokens ``start .. start + count - 1``, as device arrays."""
-        positions = np.arange(start, start + count)
+        """(page id, row in page) of tokens ``start .. start + count - 1``, as device arrays
+        computed on the device from ``page_ids`` (a host array copied over would make the
+        stream wait for the device)."""
+        positions = self.pool.xp.arange(start, start + count)
         p = self.pool.page_tokens
-        page = np.asarray(self.pages, dtype=np.int64)[positions // p]
-        xp = self.pool.xp
-        return xp.asarray(page), xp.asarray(positions % p)
+        return self.page_ids[positions // p], positions % p
 
     def reset(self) -> None:
         """Forget the sequence (zero its recurrent states; K/V rows are simply overwritten)."""

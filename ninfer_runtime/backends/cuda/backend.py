@@ -33,6 +33,7 @@ from ..base import Array, MoeWeights, Weight
 from . import attention, gdn, gdn_prefill, glue, kernels, prefill, sampling
 from . import moe as moe_kernels
 from .graphs import GraphStep
+from .slabs import SlabBuffers
 from .weights import DenseWeight, PackedWeight, Residency, Segment
 
 log = logging.getLogger("ninfer.cuda")
@@ -40,8 +41,9 @@ log = logging.getLogger("ninfer.cuda")
 #: cublasMath_t CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h); CuPy does not export the name
 TF32_TENSOR_OP_MATH = 3
 
-#: bytes of the dequantization scratch buffer (bf16 or float32 rows of one weight at a time)
-SCRATCH_BYTES = 256 << 20
+#: bytes of each of the dequantization scratch buffers (``slabs.SlabBuffers``: two for
+#: eager products, one for captured ones)
+SCRATCH_BYTES = 128 << 20
 #: most rows ``moe`` runs on the device (capturable) path: a speculative verification has
 #: up to 8 lanes x (5 drafts + 1) = 48
 MOE_DEVICE_ROWS = 64
@@ -53,7 +55,7 @@ class CudaBackend(ops.ReferenceOps):
 
     def __init__(self, *, graphs: bool = True, prefill_precision: str = "bf16") -> None:
         self.residency = Residency(cp)
-        self._scratch: Any = None
+        self._slabs = SlabBuffers(SCRATCH_BYTES)
         self.graphs = graphs
         # prefill products (rows past the small-M kernels): "bf16" (bf16 operands, float32
         # accumulation), "tf32" (float32 operands, 10-bit mantissas inside the tensor cores)
@@ -85,7 +87,7 @@ class CudaBackend(ops.ReferenceOps):
         free += pool.free_bytes()  # cached by CuPy, reusable
         if headroom is None:
             headroom = max(2 << 30, total // 20)
-        return max(int(free) - headroom - SCRATCH_BYTES, 0)
+        return max(int(free) - headroom - 3 * SCRATCH_BYTES, 0)
 
     @property
     def load_report(self) -> Any:
@@ -181,22 +183,20 @@ class CudaBackend(ops.ReferenceOps):
             prefill.gemm_bf16(prefill.bf16_rows(seg.parent.data, p, seg.row0, seg.rows), xb, y)
             return
         dtype = np.dtype(np.uint16 if bf16 else np.float32)
-        slab = prefill.slab_rows(seg.rows, SCRATCH_BYTES // (dtype.itemsize * k))
-        scratch = self._scratch
-        if scratch is None or scratch.dtype != dtype or scratch.size < slab * k:
-            # made once at full size: a captured step (a verification's rows past the small-M
-            # kernels) holds its address, so it must never be replaced and freed
-            size = max(slab * k, SCRATCH_BYTES // dtype.itemsize)
-            scratch = self._scratch = cp.empty(size, dtype=dtype)
+        slab = prefill.slab_rows(seg.rows, self._slabs.rows(dtype, k))
         for a in range(0, seg.rows, slab):
             b = min(a + slab, seg.rows)
-            w = scratch[: (b - a) * k].reshape(b - a, k)
-            rows = cp.arange(seg.row0 + a, seg.row0 + b, dtype=cp.int32)
-            kernels.dequant_rows(seg.parent.data, p, rows, w)
+
+            def dequantize(w: Array, a: int = a, b: int = b) -> None:
+                rows = cp.arange(seg.row0 + a, seg.row0 + b, dtype=cp.int32)
+                kernels.dequant_rows(seg.parent.data, p, rows, w)
+
+            w, ticket = self._slabs.fill(b - a, k, dtype, dequantize)
             if bf16:
                 prefill.gemm_bf16(w, xb, y[:, a:b])
             else:
                 y[:, a:b] = cp.matmul(x, w.T)
+            self._slabs.release(ticket)
 
     # ---------------------------------------------------------------------------- glue
     def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:

@@ -243,18 +243,19 @@ class PairGroups:
 
     @classmethod
     def of(cls, ids: Any, experts: int, size: int) -> PairGroups:
-        """From the router's choice ``ids`` [N, k] (any array module), on its device."""
+        """From the router's choice ``ids`` [N, k] (any array module), on its device, with
+        nothing read back: a pair's rank among its expert's pairs comes from a running count
+        over the pairs in order (no sort; CuPy's sort and bincount wait for the device)."""
         xp = array_module(ids)
         flat = ids.reshape(-1)
-        order = xp.argsort(flat)
-        counts = xp.bincount(flat, minlength=experts)
+        pairs = xp.arange(flat.size)
+        seen = xp.cumsum(flat[:, None] == xp.arange(experts)[None, :], axis=0, dtype=xp.int32)
+        counts = seen[-1] if flat.size else xp.zeros(experts, dtype=xp.int32)
+        within = seen[pairs, flat] - 1  # earlier pairs of the same expert
         groups = (counts + size - 1) // size
         ends = xp.cumsum(groups)
-        first_pair = xp.cumsum(counts) - counts
-        expert = flat[order]
-        within = xp.arange(flat.size) - first_pair[expert]
-        row = xp.empty(flat.size, dtype=xp.int64)
-        row[order] = (ends[expert] - groups[expert] + within // size) * size + within % size
+        row = (ends[flat] - groups[flat] + within // size) * size + within % size
+        row = row.astype(xp.int64)
         slots = xp.arange(flat.size // size + experts)
         group_expert = xp.searchsorted(ends, slots, side="right")
         group_expert = xp.where(slots < ends[-1], group_expert, -1)

@@ -1,0 +1,80 @@
+"""Scratch buffers for the dequantized weight slabs of prefill products, filled on a side
+stream so that one slab's dequantization (memory-bound) runs while the product of the slab
+before it (compute-bound) still holds the tensor cores.
+
+Two buffers alternate: the side stream fills one once the product that last read it is
+done (an event the caller's stream records), and the caller's stream waits for the fill
+before its product. Under a CUDA graph capture everything runs on the capturing stream, in
+a third buffer that eager work never touches (a captured graph holds its address and may be
+replayed while eager slabs are in flight). Buffers are made once at full size and never
+replaced, for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SlabBuffers"]
+
+
+class SlabBuffers:
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes  # of each buffer
+        self._buffers: dict[tuple[str, Any], Any] = {}  # ("eager" 0/1 | "captured", dtype)
+        self._free: list[Any] = [None, None]  # event after the last product that read each
+        self._next = 0
+        self._side: Any = None
+
+    def rows(self, dtype: Any, columns: int) -> int:
+        """Rows of ``columns`` elements one buffer holds."""
+        return max(1, self.nbytes // (np.dtype(dtype).itemsize * max(columns, 1)))
+
+    def fill(
+        self, rows: int, columns: int, dtype: Any, dequantize: Callable[[Any], None]
+    ) -> tuple[Any, int | None]:
+        """A ``[rows, columns]`` buffer view after ``dequantize(view)`` has run into it, the
+        current stream made to wait for that; returns ``(view, ticket)`` and the caller
+        passes the ticket to ``release`` once its product is queued."""
+        import cupy as cp
+
+        stream = cp.cuda.get_current_stream()
+        if stream.is_capturing():
+            view = self._view(("captured", np.dtype(dtype)), rows, columns, dtype)
+            dequantize(view)
+            return view, None
+        i, self._next = self._next, self._next ^ 1
+        view = self._view((f"eager{i}", np.dtype(dtype)), rows, columns, dtype)
+        if self._side is None:
+            self._side = cp.cuda.Stream(non_blocking=True)
+        if self._free[i] is not None:
+            self._side.wait_event(self._free[i])
+        with self._side:
+            dequantize(view)
+            ready = cp.cuda.Event(block=False, disable_timing=True)
+            ready.record(self._side)
+        stream.wait_event(ready)
+        return view, i
+
+    def release(self, ticket: int | None) -> None:
+        """The product that read ticket's buffer is queued on the current stream."""
+        if ticket is None:
+            return
+        import cupy as cp
+
+        done = cp.cuda.Event(block=False, disable_timing=True)
+        done.record(cp.cuda.get_current_stream())
+        self._free[ticket] = done
+
+    def _view(self, key: tuple[str, Any], rows: int, columns: int, dtype: Any) -> Any:
+        import cupy as cp
+
+        size = rows * columns
+        if size * np.dtype(dtype).itemsize > self.nbytes:
+            raise ValueError(f"slab of {rows} x {columns}: more than a {self.nbytes}-byte buffer")
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            buffer = self._buffers[key] = cp.empty(self.nbytes // np.dtype(dtype).itemsize, dtype)
+        return buffer[:size].reshape(rows, columns)
