@@ -34,6 +34,7 @@ __global__ void gdn_prefill_conv(const float* __restrict__ mixed, long long row_
   float* row = reinterpret_cast<float*>(smem4);
   const int t = blockIdx.x, key_width = key_heads * key_dim;
   const int channels = 2 * key_width + value_width;
+#pragma unroll 4
   for (int c = threadIdx.x; c < channels; c += blockDim.x) {
     float acc = 0.0f;
 #pragma unroll
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     gs[tid] = in ? g[(long long)(t0 + tid) * value_heads + h] : 0.0f;
     bs[tid] = in ? beta[(long long)(t0 + tid) * value_heads + h] : 0.0f;
   }
+#pragma unroll 8
   for (int e = tid; e < GC * DK; e += GDN_CHUNK_THREADS) {
     const int i = e / DK, d = e % DK;
     const bool in = i < rows;
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
 
   const int width = dv + DK, xs = width + 1;
   float* X = big;
+#pragma unroll 8
   for (int e = tid; e < GC * width; e += GDN_CHUNK_THREADS) {
     const int i = e / width, c = e % width;
     float x = 0.0f;
@@ -179,6 +182,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     }
   }
   __syncthreads();
+#pragma unroll 8
   for (int e = tid; e < GC * width; e += GDN_CHUNK_THREADS) {
     const int i = e / width, c = e % width;
     const float x = X[i * xs + c];
@@ -231,12 +235,14 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
         if (c0 + 4 * grp < dv) store4(starts + (head * DK + d) * dv + c0 + 4 * grp, s[r]);
       }
     }
+#pragma unroll
     for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
       const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
       store4(ws + i * G::KP + d, load4(w + (head * GC + i) * DK + d));
       store4(ks + i * G::KP + d,
              i < rows ? load4(k + ((long long)(t0 + i) * key_heads + hk) * DK + d) : zero);
     }
+#pragma unroll
     for (int e = tid; e < GC * GROUPS; e += GDN_CHUNK_THREADS) {
       const int i = e / GROUPS, col = c0 + 4 * (e % GROUPS);
       store4(vs + i * G::SP + 4 * (e % GROUPS),
@@ -299,6 +305,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
   const long long head = (long long)chunk * value_heads + h;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
+#pragma unroll
   for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
     const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
     float4 x = zero;
@@ -309,15 +316,18 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     }
     store4(qs + i * G::KP + d, x);
   }
+#pragma unroll
   for (int e = tid; e < DK * GROUPS; e += GDN_CHUNK_THREADS) {
     const int d = e / GROUPS, col = c0 + 4 * (e % GROUPS);
     store4(ss + d * G::OP + 4 * (e % GROUPS),
            col < dv ? load4(starts + (head * DK + d) * dv + col) : zero);
   }
+#pragma unroll
   for (int e = tid; e < GC * (GC / 4); e += GDN_CHUNK_THREADS) {
     const int i = e / (GC / 4), j = 4 * (e % (GC / 4));
     store4(ds + i * G::CP + j, load4(qk + (head * GC + i) * GC + j));
   }
+#pragma unroll
   for (int e = tid; e < GC * GROUPS; e += GDN_CHUNK_THREADS) {
     const int i = e / GROUPS, col = c0 + 4 * (e % GROUPS);
     store4(vs + i * G::OP + 4 * (e % GROUPS),
