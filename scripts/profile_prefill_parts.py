@@ -145,18 +145,24 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     size = moe.TENSOR_GROUP_PAIRS if tc else moe.GROUP_PAIRS
     stages["pair_groups"] = lambda: moe.PairGroups.of(ids, table.experts, size)
     groups = moe.PairGroups.of(ids, table.experts, size)
-    xs = cp.zeros((groups.rows, table.gate.planes.x_width), dtype=cp.float32)
+    if tc:
+        stages["sources"] = lambda: groups.sources(k)
+        xs, x_rows = x, groups.sources(k)
+    else:
+        xs = cp.empty((groups.rows, x.shape[1]), dtype=cp.float32)
 
-    def scatter() -> None:
-        xs[groups.row, : x.shape[1]] = cp.repeat(x, k, axis=0)
+        def scatter() -> None:
+            xs[groups.row] = cp.repeat(x, k, axis=0)
 
-    stages["scatter"] = scatter
+        stages["scatter"] = scatter
+        x_rows = None
+    xs = moe._padded(xs, table.gate.planes)
     gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
     project = moe.partial(moe._grouped, groups=groups, tensor_cores=tc)
-    if table.fused:
-        stages["gate_up"] = lambda: project(table.gate, xs, gu, 2 * inter, rows=2 * inter)
-    else:
-        stages["gate"] = lambda: project(table.gate, xs, gu, 2 * inter)
+    rows = 2 * inter if table.fused else None
+    stages["gate_up" if table.fused else "gate"] = lambda: project(
+        table.gate, xs, gu, 2 * inter, rows, x_rows
+    )
     h = moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
     stages["silu_mul"] = lambda: moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)

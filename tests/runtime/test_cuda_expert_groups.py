@@ -58,6 +58,24 @@ def test_the_grouped_product_equals_one_product_per_pair() -> None:
     np.testing.assert_allclose(y, want, rtol=1e-12)
 
 
+def test_sources_gather_the_rows_the_scatter_laid_out() -> None:
+    """``x[sources]`` (what the tensor-core groups read through their row indices) is the
+    grouped layout ``xs[row] = repeat(x, k)``, and rows no pair takes read nothing (-1)."""
+    rng = np.random.default_rng(3)
+    tokens, experts, k, hidden = 90, 12, 3, 5
+    ids = _route(rng, tokens, experts, k)
+    g = PairGroups.of(ids, experts, GROUP_PAIRS)
+    x = rng.standard_normal((tokens, hidden))
+    src = g.sources(k)
+    assert src.shape == (g.rows,) and src.dtype == np.int32
+    taken = np.zeros(g.rows, dtype=bool)
+    taken[g.row] = True
+    assert np.all(src[~taken] == -1) and np.all(src[taken] >= 0)
+    xs = np.zeros((g.rows, hidden))
+    xs[g.row] = np.repeat(x, k, axis=0)
+    np.testing.assert_array_equal(x[src[taken]], xs[taken])
+
+
 def test_a_pass_never_needs_more_groups_than_a_launch_grid_holds() -> None:
     """A pass takes at most MAX_GRID_Y // k tokens: the groups it launches (the most it can
     need) stay within the grid's y dimension."""
@@ -119,11 +137,17 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     xf = pargs[-1]
     assert xf is args[-3] and xf.dtype == np.uint32
     assert xf.size == 3 * p.x_width * kernels.GROUP_TILES * 8  # 32 bytes a column a tile
-    assert len(args) == 12 and len(pargs) == 5  # the kernels' parameters
+    assert len(args) == 12 and len(pargs) == 6  # the kernels' parameters
     assert args[:3] == (base, row0, group_expert)
     assert args[3 : 3 + len(p.kernel_args())] == tuple(p.kernel_args())
     assert [int(a) for a in args[-5:-3]] == [1024, steps] and args[-2] is y
-    assert all(isinstance(a, np.int32) for a in (pargs[1], pargs[2], pargs[3], args[-1]))
+    assert all(isinstance(a, np.int32) for a in (pargs[1], pargs[3], pargs[4], args[-1]))
+    # rows in order: a null row-index pointer (8 bytes of zeros)
+    assert isinstance(pargs[2], np.uint64) and int(pargs[2]) == 0
+    # gathered rows: the index array itself, x any rows of x_width columns
+    x_rows = np.array([5, -1, 2] * m, dtype=np.int32)
+    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x[:7], y, 1024, x_rows)
+    assert launches.calls[2][4][2] is x_rows and launches.calls[2][4][0].shape[0] == 7
 
 
 def test_grouped_gemv_launch(monkeypatch) -> None:

@@ -270,13 +270,23 @@ def small_gemm(
 
 
 def small_gemm_groups(
-    base: Any, row0: Any, group_expert: Any, p: F.Planes, rows: int, x: Any, y: Any, ldy: int
+    base: Any,
+    row0: Any,
+    group_expert: Any,
+    p: F.Planes,
+    rows: int,
+    x: Any,
+    y: Any,
+    ldy: int,
+    x_rows: Any = None,
 ) -> None:
     """``y[g * M + m, r] = sum_k x[g * M + m, k] W_e[row0[e] + r, k]`` with ``e =
     group_expert[g]`` for every group g of ``M = 8 * GROUP_TILES`` rows (-1: the group is
-    skipped) on the tensor cores; ``base``/``row0``: each expert's object address and first
-    row (int64 / int32 device arrays), all of planes ``p`` (``has_tensor_cores(p)``);
-    ``x``: float32, ``p.x_width`` columns, ``len(group_expert) * M`` rows."""
+    skipped) on the tensor cores, x rounded to bf16; ``base``/``row0``: each expert's object
+    address and first row (int64 / int32 device arrays), all of planes ``p``
+    (``has_tensor_cores(p)``); ``x``: float32, ``p.x_width`` columns, ``len(group_expert) *
+    M`` rows, or with ``x_rows`` (int32 [len(group_expert) * M]) any rows, product row i
+    reading row ``x_rows[i]`` of x (-1: zeros)."""
     nt, (r, u) = GROUP_TILES, GROUP_CONFIG
     kernel, groups, count = _SMALL_KERNELS[p.code], _small_groups(p), int(group_expert.size)
     mmas = _SMALL_GROUP[p.code] // 16
@@ -286,7 +296,14 @@ def small_gemm_groups(
     function(SMALL_FAMILY, f"{kernel}_groups_x")(
         (-(-threads // 256), count),
         (256,),
-        (x, np.int32(x.shape[1]), np.int32(groups), np.int32(nt), xf),
+        (
+            x,
+            np.int32(x.shape[1]),
+            np.uint64(0) if x_rows is None else x_rows,  # a null pointer: rows in order
+            np.int32(groups),
+            np.int32(nt),
+            xf,
+        ),
     )
     function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {u}>")(
         (-(-rows // (SMALL_WARPS * 16 * r)), 1, count),

@@ -261,6 +261,14 @@ class PairGroups:
         group_expert = xp.where(slots < ends[-1], group_expert, -1)
         return cls(row, group_expert.astype(xp.int32), size)
 
+    def sources(self, top_k: int) -> Any:
+        """int32 [rows]: the token each grouped row belongs to (pairs are token-major, k a
+        token), -1 for rows no pair takes."""
+        xp = array_module(self.row)
+        src = xp.full(self.rows, -1, dtype=xp.int32)
+        src[self.row] = (xp.arange(self.row.size) // top_k).astype(xp.int32)
+        return src
+
 
 def route(logits: Any, top_k: int, experts: int | None = None) -> tuple[Any, Any]:
     """``(ids int32 [N, k], shares float32 [N, k])`` from the router logits in the first
@@ -359,17 +367,18 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS
     groups = PairGroups.of(ids, table.experts, size)
     project = partial(_grouped, groups=groups, tensor_cores=tensor_cores)
-    # each pair's token row; rows no pair takes are never read back, but padding columns
-    # past the hidden size must be zero
-    width = table.gate.planes.x_width
-    xs = (cp.empty if width == x.shape[1] else cp.zeros)((groups.rows, width), dtype=cp.float32)
-    xs[groups.row, : x.shape[1]] = cp.repeat(x, k, axis=0)
+    if tensor_cores:  # the products gather each pair's token row themselves
+        xs, x_rows = x, groups.sources(k)
+    else:  # each pair's token row laid out by group (rows no pair takes are never read back)
+        xs = cp.empty((groups.rows, x.shape[1]), dtype=cp.float32)
+        xs[groups.row] = cp.repeat(x, k, axis=0)
+        x_rows = None
     gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
     if table.fused:
-        project(table.gate, xs, gu, 2 * inter, rows=2 * inter)
+        project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, 2 * inter, x_rows)
     else:
-        project(table.gate, xs, gu, 2 * inter)
-        project(table.up, _padded(xs, table.up.planes), gu[:, inter:], 2 * inter)
+        project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, None, x_rows)
+        project(table.up, _padded(xs, table.up.planes), gu[:, inter:], 2 * inter, None, x_rows)
     h = silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, hidden), dtype=cp.float32)
     project(table.down, h, ys, hidden)
@@ -388,14 +397,18 @@ def _grouped(
     y: Any,
     ldy: int,
     rows: int | None = None,
+    x_rows: Any = None,
     *,
     groups: PairGroups,
     tensor_cores: bool,
 ) -> None:
-    """One projection of every group (``rows``: default ``proj.rows``)."""
+    """One projection of every group (``rows``: default ``proj.rows``); x holds the groups'
+    rows in order, or (tensor cores) any rows that ``x_rows`` picks for them."""
     rows = proj.rows if rows is None else rows
     if tensor_cores:
-        kernels.small_gemm_groups(proj.base, proj.row0, groups.expert, proj.planes, rows, x, y, ldy)
+        kernels.small_gemm_groups(
+            proj.base, proj.row0, groups.expert, proj.planes, rows, x, y, ldy, x_rows
+        )
     else:
         expert_groups_gemv(proj, groups.expert, x, y, ldy, rows=rows)
 

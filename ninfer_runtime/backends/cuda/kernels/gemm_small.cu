@@ -249,17 +249,20 @@ struct SmallNvfp4 {
 // x in fragment order, made once per product by small_x_prep: for group q, activation
 // tile t and lane (g, c), one uint4 per mma j holding the B fragment of row t * 8 + g at the
 // chunk weights PERM[j][0..3] as (hi0, hi1, lo0, lo1): x = hi + lo, both bf16.
+// With x_rows, row m of the product is row x_rows[m] of x (negative: a row of zeros).
 template <class F>
 __device__ __forceinline__ void prep_x(const float* __restrict__ x, int ldx, int m_rows,
-                                       int groups, int nt, uint4* __restrict__ out) {
+                                       int groups, int nt, uint4* __restrict__ out,
+                                       const int* __restrict__ x_rows = nullptr) {
   constexpr int CHUNK = F::GW / 4, MMAS = F::GW / 16;
   const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (id >= (long long)groups * nt * 32) return;
   const int lane = (int)(id & 31), t = (int)((id >> 5) % nt), q = (int)(id / (32LL * nt));
   const int m = t * 8 + (lane >> 2), c = lane & 3;
+  const int xm = m >= m_rows ? -1 : x_rows ? __ldg(x_rows + m) : m;
   float xs[CHUNK];
-  if (m < m_rows) {
-    const float4* src = reinterpret_cast<const float4*>(x + (long long)m * ldx +
+  if (xm >= 0) {
+    const float4* src = reinterpret_cast<const float4*>(x + (long long)xm * ldx +
                                                         (long long)q * F::GW + c * CHUNK);
 #pragma unroll
     for (int i = 0; i < CHUNK / 4; ++i) {
@@ -310,7 +313,9 @@ __device__ __forceinline__ void each_result(const float (&acc)[R][NT][4], int ti
       }
 }
 
-template <class F, int NT, int R, int U>
+// SPLIT_X: both halves of x (x = hi + lo, ~16 bits); without it only hi, bf16 x as the
+// prefill products take it (one mma per tile instead of two: the MoE prefill's groups).
+template <class F, int NT, int R, int U, bool SPLIT_X = true>
 __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                            const uint4* __restrict__ xf, int m_rows,
                                            float* __restrict__ y, int ldy,
@@ -355,8 +360,14 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
         const bool live = t * 8 + g < m_rows;
 #pragma unroll
         for (int j = 0; j < MMAS; ++j) {
-          const uint4 f = live ? __ldg(src + j) : make_uint4(0u, 0u, 0u, 0u);
-          bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = f.z; bl[t][j][1] = f.w;
+          if constexpr (SPLIT_X) {
+            const uint4 f = live ? __ldg(src + j) : make_uint4(0u, 0u, 0u, 0u);
+            bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = f.z; bl[t][j][1] = f.w;
+          } else {  // the hi half only: the first 8 bytes of the fragment
+            const uint2 f = live ? __ldg(reinterpret_cast<const uint2*>(src + j))
+                                 : make_uint2(0u, 0u);
+            bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = bl[t][j][1] = 0u;
+          }
         }
       }
 #pragma unroll
@@ -375,7 +386,7 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
           for (int t = 0; t < NT; ++t) {
             float* dst = F::SCALED ? part[t] : acc[r][t];
             mma_bf16(dst, frag, bh[t][j][0], bh[t][j][1]);
-            mma_bf16(dst, frag, bl[t][j][0], bl[t][j][1]);
+            if constexpr (SPLIT_X) mma_bf16(dst, frag, bl[t][j][0], bl[t][j][1]);
           }
         }
         if (F::SCALED) {
@@ -451,8 +462,10 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 // blockIdx.z uses the object at base[group_expert[g]] (every expert one geometry, as for
 // the expert GEMV), rows row0[e] .. row0[e] + rows - 1, x rows g * 8 * NT onwards (their
 // fragments at g * groups * NT * 32 * MMAS) and y rows likewise; a group whose expert is -1
-// returns at once. No K split (gridDim.y is 1). NAME_groups_x writes every group's fragments,
-// blockIdx.y being the group.
+// returns at once. No K split (gridDim.y is 1). x enters as bf16 (the hi half alone), as in
+// every prefill product. NAME_groups_x writes every group's fragments, blockIdx.y being the
+// group; with x_rows it gathers them: row g * 8 * NT + m is row x_rows[g * 8 * NT + m] of x
+// (-1: a padding row, zeros), else x holds the groups' rows in order.
 #define DEFINE_SMALL_GEMM_GROUPS(NAME, POLICY)                                                \
   template <int NT, int R, int U>                                                             \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
@@ -465,16 +478,18 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
     const int e = __ldg(group_expert + g);                                                    \
     if (e < 0) return;                                                                        \
     SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
-    small_gemm<POLICY, NT, R, U>(a, __ldg(row0 + e), rows, groups,                            \
-                                 xf + g * groups * NT * 32 * MMAS, 8 * NT,                    \
-                                 y + g * 8 * NT * ldy, ldy, nullptr, nullptr);                \
+    small_gemm<POLICY, NT, R, U, false>(a, __ldg(row0 + e), rows, groups,                     \
+                                        xf + g * groups * NT * 32 * MMAS, 8 * NT,             \
+                                        y + g * 8 * NT * ldy, ldy, nullptr, nullptr);         \
   }                                                                                           \
-  __global__ void NAME##_groups_x(const float* __restrict__ x, int ldx, int groups, int nt,   \
+  __global__ void NAME##_groups_x(const float* __restrict__ x, int ldx,                      \
+                                  const int* __restrict__ x_rows, int groups, int nt,         \
                                   uint4* __restrict__ out) {                                  \
     constexpr int MMAS = POLICY::GW / 16;                                                     \
     const long long g = blockIdx.y;                                                           \
-    prep_x<POLICY>(x + g * 8 * nt * ldx, ldx, 8 * nt, groups, nt,                             \
-                   out + g * groups * nt * 32 * MMAS);                                        \
+    const int* rows = x_rows ? x_rows + g * 8 * nt : nullptr;                                 \
+    prep_x<POLICY>(rows ? x : x + g * 8 * nt * ldx, ldx, 8 * nt, groups, nt,                  \
+                   out + g * groups * nt * 32 * MMAS, rows);                                  \
   }
 
 DEFINE_SMALL_GEMM(small_q4, SmallRowSplit<4>)
