@@ -55,7 +55,9 @@ def split_policy(max_context: int, pairs: int = 1) -> tuple[int, int]:
     return chunk, -(-max_context // chunk)
 
 
-def _check(name: str, a: Any, dtypes: tuple[Any, ...], ndim: int) -> None:
+def check_array(name: str, a: Any, dtypes: tuple[Any, ...], ndim: int) -> None:
+    """ValueError naming ``name`` unless ``a`` is a C-contiguous ``ndim``-d device array of
+    one of ``dtypes``."""
     if getattr(a, "ndim", None) != ndim:
         raise ValueError(f"{name}: expected a {ndim}-d device array, got {getattr(a, 'shape', a)}")
     if a.dtype not in [np.dtype(t) for t in dtypes]:
@@ -68,8 +70,8 @@ def _check_paged(
     k_pages: Any, v_pages: Any, page_table: Any, slots: Any, positions: Any
 ) -> tuple[int, int, int, int]:
     """Validate the pool, table and per-lane arrays -> (N, PAGE, Nkv, D)."""
-    _check("k_pages", k_pages, tuple(_DTYPES), 4)
-    _check("v_pages", v_pages, tuple(_DTYPES), 4)
+    check_array("k_pages", k_pages, tuple(_DTYPES), 4)
+    check_array("v_pages", v_pages, tuple(_DTYPES), 4)
     if v_pages.shape != k_pages.shape or v_pages.dtype != k_pages.dtype:
         raise ValueError(
             f"v_pages: {v_pages.shape} {v_pages.dtype} differs from k_pages "
@@ -81,9 +83,9 @@ def _check_paged(
     for name, pool in (("k_pages", k_pages), ("v_pages", v_pages)):
         if pool.data.ptr % 16:
             raise ValueError(f"{name}: must be 16-byte aligned (rows are read as vectors)")
-    _check("page_table", page_table, (np.int32,), 2)
-    _check("slots", slots, (np.int32,), 1)
-    _check("positions", positions, (np.int32,), 1)
+    check_array("page_table", page_table, (np.int32,), 2)
+    check_array("slots", slots, (np.int32,), 1)
+    check_array("positions", positions, (np.int32,), 1)
     n = slots.shape[0]
     if positions.shape != (n,):
         raise ValueError(f"positions: shape {positions.shape}, expected ({n},) like slots")
@@ -108,7 +110,7 @@ def attention_decode(
     import cupy as cp
 
     n, page, nkv, d = _check_paged(k_pages, v_pages, page_table, slots, positions)
-    _check("q", q, (np.float32,), 3)
+    check_array("q", q, (np.float32,), 3)
     if q.shape[0] != n or q.shape[2] != d:
         raise ValueError(f"q: shape {q.shape}, expected ({n}, Nq, {d})")
     nq = q.shape[1]
@@ -173,7 +175,7 @@ def kv_write(
     Positions outside ``0 .. max_pages * PAGE - 1`` write nothing."""
     n, page, nkv, d = _check_paged(k_pages, v_pages, page_table, slots, positions)
     for name, a in (("k", k), ("v", v)):
-        _check(name, a, (np.float32,), 3)
+        check_array(name, a, (np.float32,), 3)
         if a.shape != (n, nkv, d):
             raise ValueError(f"{name}: shape {a.shape}, expected ({n}, {nkv}, {d})")
     total = n * nkv * d

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .attention import check_array
 from .compile import function, register_family, sm_count
 
 FAMILY = "prefill_attention"
@@ -144,12 +145,7 @@ def launch_shape(
 def _check_device(
     name: str, a: Any, ndim: int, dtypes: tuple[Any, ...], *, vectors: bool = True
 ) -> None:
-    if getattr(a, "ndim", None) != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-d device array, got {getattr(a, 'shape', a)}")
-    if a.dtype not in [np.dtype(t) for t in dtypes]:
-        raise ValueError(f"{name}: dtype {a.dtype}, expected one of {[str(t) for t in dtypes]}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name}: must be C-contiguous")
+    check_array(name, a, dtypes, ndim)
     if vectors and a.data.ptr % 16:
         raise ValueError(f"{name}: must be 16-byte aligned (rows are read as vectors)")
 
