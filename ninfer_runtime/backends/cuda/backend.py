@@ -225,8 +225,8 @@ class CudaBackend(ops.ReferenceOps):
 
         if not pfa.supported(q, k_pages, v_pages):
             return super().attention_pages(q, k_pages, v_pages, pages, start=start, scale=scale)
-        # scores in 3xTF32 either way; float32 prefill makes P.V 3xTF32 too
-        precision = "split" if self.prefill_precision == "float32" else "split_qk"
+        # the scores split into two halves always (their error grows with their size)
+        precision = {"bf16": "bf16", "tf32": "split_qk", "float32": "split"}[self.prefill_precision]
         return pfa.prefill_attention(
             pfa.kernel_input(q),
             k_pages,

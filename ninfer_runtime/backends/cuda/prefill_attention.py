@@ -8,10 +8,12 @@ storage dtype (float32, bfloat16 words, E4M3 bytes: ``state.KV_DTYPES``), decodi
 as a tile lands in shared memory; a prefill chunk over a long context moves each stored byte
 once per row block, never a float32 copy of the whole context per layer.
 
-Precisions (the kernel's ``PREC``): ``"tf32"`` runs both products on TF32 tensor cores;
-``"split_qk"`` computes the scores in 3xTF32 (about float32) and P·V in TF32, which keeps the
-result within about 3e-4 of float32 even for peaked attention (plain TF32 scores reach 1e-2
-there); ``"split"`` does both in 3xTF32 (about 1e-6).
+Precisions (the kernel's ``PREC``): ``"bf16"`` computes the scores in 3xBF16 (about 16
+mantissa bits) and P·V on bf16 operands, half the tensor-core instructions of ``"split_qk"``,
+which computes the scores in 3xTF32 (about float32) and P·V in TF32 (within about 3e-4 of
+float32 even for peaked attention; plain TF32 or bf16 scores reach 1e-2 there); ``"split"``
+does both in 3xTF32 (about 1e-6). The backend picks them by its prefill precision: bf16,
+tf32 and float32 in that order.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .compile import function, register_family, sm_count
 
 FAMILY = "prefill_attention"
 HEAD_DIMS = (64, 128, 256)
-PRECISIONS = {"tf32": 0, "split_qk": 1, "split": 2}
+PRECISIONS = {"bf16": 3, "split_qk": 1, "split": 2}
 #: pool storage dtype -> the kernel's KV type (as ``attention.py``)
 STORAGE = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16", np.dtype(np.uint8): "u8"}
 #: must match PF_WARPS / PF_ROWS in the kernel: query rows (token, head) per block

@@ -13,14 +13,15 @@
 // tiles of BN keys are double-buffered by cp.async, each row fetched from its page: float32
 // rows straight into the float tiles the products read; narrower rows into a raw staging
 // buffer, decoded to float32 into the (single) float tiles once the tile has arrived. Both
-// products run on tensor cores (mma.sync m16n8k8 TF32 with float32 accumulation); scores are in
-// the log2 domain (q is pre-scaled by scale * log2(e) as it is staged). PREC picks operand
-// precision:
-//   PF_TF32      both products on TF32 operands (10-bit mantissas, like cuBLAS TF32);
-//   PF_SPLIT_QK  Q.K^T in 3xTF32 (x = hi + lo, hi*hi + hi*lo + lo*hi: about float32), P.V
-//                in TF32. Score errors are what grows with the scores' magnitude (peaked
-//                attention): this stays near 3e-4 of the output scale where plain TF32
-//                reaches 1e-2;
+// products run on tensor cores with float32 accumulation; scores are in the log2 domain (q is
+// pre-scaled by scale * log2(e) as it is staged). PREC picks operand precision:
+//   PF_BF16      Q.K^T in 3xBF16 (mma.sync m16n8k16: x = hi + lo, both bf16, hi*hi + hi*lo +
+//                lo*hi: about 16 mantissa bits), P.V on bf16 P and V: half the mmas of
+//                PF_SPLIT_QK, at the bf16 rounding the prefill products have anyway;
+//   PF_SPLIT_QK  Q.K^T in 3xTF32 (m16n8k8, x = hi + lo: about float32), P.V in TF32. Score
+//                errors are what grows with the scores' magnitude (peaked attention): split
+//                scores keep the error near the P.V rounding where plain TF32 or bf16 scores
+//                reach 1e-2;
 //   PF_SPLIT     both products in 3xTF32 (the backend with TF32 off: float32 comparisons).
 // With splits > 1 each block takes only a range of its key tiles and writes unnormalised
 // partials (O, m, l); prefill_combine merges them (short chunks over long contexts would
@@ -30,9 +31,9 @@
 #define PF_ROWS (PF_WARPS * 16)
 #define PF_NEG_INF __int_as_float(0xff800000)
 
-#define PF_TF32 0
 #define PF_SPLIT_QK 1
 #define PF_SPLIT 2
+#define PF_BF16 3
 
 // Tile geometry, mirrored by prefill_attention.py (tile_keys, smem_bytes). Row strides in
 // floats: Q and K fragments are read as float4 by lanes (g, tig) at row g, column 4*tig, so
@@ -142,6 +143,27 @@ __device__ __forceinline__ void pf_product(float (&d)[4], const u32 (&ah)[4], co
   }
 }
 
+// (x0, x1) -> bf16x2, round to nearest even; x0 in the low half (the lower k index)
+__device__ __forceinline__ u32 pf_bf16x2(float x0, float x1) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+  return r;
+}
+
+// (x0, x1) = hi + lo, both bf16x2 (x - hi is exact in float32, its rounding to bf16 the lo)
+__device__ __forceinline__ void pf_split_bf16(float x0, float x1, u32& hi, u32& lo) {
+  hi = pf_bf16x2(x0, x1);
+  lo = pf_bf16x2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xFFFF0000u));
+}
+
+// d += a * b, a 16x16 (row-major fragment), b 16x8 (column-major fragment), bf16 operands
+__device__ __forceinline__ void pf_mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // ws_o [splits, T*Nq, D] and ws_ml [splits, T*Nq, 2] (m in log2 units, l) are only used
 // when gridDim.z > 1; rows of a split with no visible key get m = -inf, l = 0, O = 0.
 template <int D, int PREC, typename KV>
@@ -156,7 +178,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
   constexpr int CHUNK = Tile::CHUNK, KSTAGE = Tile::KSTAGE, VSTAGE = Tile::VSTAGE;
   constexpr int NT = BN / 8;  // 8-key column tiles of the scores
   constexpr int DT = D / 8;   // 8-column tiles of the output
-  constexpr bool SPLIT_QK = PREC != PF_TF32, SPLIT_PV = PREC == PF_SPLIT;
+  constexpr bool BF16 = PREC == PF_BF16, SPLIT_PV = PREC == PF_SPLIT;
+  static_assert(PREC == PF_BF16 || PREC == PF_SPLIT_QK || PREC == PF_SPLIT, "precision");
   // a tile's 16-byte copies: each thread takes the same column in rows RSTEP apart
   constexpr int ROW_CHUNKS = D / CHUNK, RSTEP = PF_WARPS * 32 / ROW_CHUNKS;
   static_assert(PF_WARPS * 32 % ROW_CHUNKS == 0 && BN % RSTEP == 0, "tile copy layout");
@@ -289,15 +312,36 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
         const float4 qa = *reinterpret_cast<const float4*>(qw + g * QS + 16 * jp + 4 * tig);
         const float4 qb =
             *reinterpret_cast<const float4*>(qw + (g + 8) * QS + 16 * jp + 4 * tig);
+        if constexpr (BF16) {
+          // one m16n8k16 per 16 d: k slots (2tig, 2tig+1) <-> d = 16jp + 4tig + (0, 1) and
+          // (2tig+8, 2tig+9) <-> d + (2, 3), in A (rows g, g+8) and B (key 8nt + g) alike
+          u32 qh[4], ql[4];
+          pf_split_bf16(qa.x, qa.y, qh[0], ql[0]);
+          pf_split_bf16(qb.x, qb.y, qh[1], ql[1]);
+          pf_split_bf16(qa.z, qa.w, qh[2], ql[2]);
+          pf_split_bf16(qb.z, qb.w, qh[3], ql[3]);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const float4 kb =
+                *reinterpret_cast<const float4*>(ks + (8 * nt + g) * KS + 16 * jp + 4 * tig);
+            u32 kh0, kl0, kh1, kl1;
+            pf_split_bf16(kb.x, kb.y, kh0, kl0);
+            pf_split_bf16(kb.z, kb.w, kh1, kl1);
+            pf_mma_bf16(c0[nt], ql, kh0, kh1);  // small terms first
+            pf_mma_bf16(c1[nt], qh, kl0, kl1);
+            pf_mma_bf16(s[nt], qh, kh0, kh1);
+          }
+          continue;
+        }
         const float f0[4] = {qa.x, qb.x, qa.y, qb.y}, f1[4] = {qa.z, qb.z, qa.w, qb.w};
         u32 h0[4], l0[4], h1[4], l1[4];
-        pf_operand<SPLIT_QK>(f0, h0, l0);
-        pf_operand<SPLIT_QK>(f1, h1, l1);
+        pf_operand<true>(f0, h0, l0);
+        pf_operand<true>(f1, h1, l1);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const float4 kb =
               *reinterpret_cast<const float4*>(ks + (8 * nt + g) * KS + 16 * jp + 4 * tig);
-          if constexpr (SPLIT_QK) {
+          {
             u32 bh[4], bl[4];
             pf_split(kb.x, bh[0], bl[0]);
             pf_split(kb.y, bh[1], bl[1]);
@@ -309,9 +353,6 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
             pf_mma(c1[nt], h1, bl[2], bl[3]);
             pf_mma(s[nt], h0, bh[0], bh[1]);
             pf_mma(s[nt], h1, bh[2], bh[3]);
-          } else {
-            pf_mma(s[nt], h0, pf_tf32(kb.x), pf_tf32(kb.y));
-            pf_mma(c0[nt], h1, pf_tf32(kb.z), pf_tf32(kb.w));
           }
         }
       }
@@ -366,6 +407,30 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
       // takes column tig <-> key 8*nt + 2*tig and column tig + 4 <-> key 8*nt + 2*tig + 1.
       // Output tile dt, column n <-> d = 32*(dt/4) + 4*n + dt%4, so a lane reads V as float4s
       // and finally holds 8 contiguous columns of each row per 32.
+      if constexpr (BF16) {
+        // m16n8k16 per 16 keys: A = P from two score tiles (keys 16p + 2tig (+1) and
+        // 16p + 8 + 2tig (+1), rows g and g + 8), B = V at those keys; output tile dt,
+        // column n <-> d = 32*(dt/4) + 4*n + dt%4 as below
+#pragma unroll
+        for (int p = 0; p < NT / 2; ++p) {
+          const u32 pa[4] = {pf_bf16x2(s[2 * p][0], s[2 * p][1]),
+                             pf_bf16x2(s[2 * p][2], s[2 * p][3]),
+                             pf_bf16x2(s[2 * p + 1][0], s[2 * p + 1][1]),
+                             pf_bf16x2(s[2 * p + 1][2], s[2 * p + 1][3])};
+          const float* v0 = vs + (16 * p + 2 * tig) * VS + 4 * g;
+#pragma unroll
+          for (int c = 0; c < D / 32; ++c) {
+            const float4 r0 = *reinterpret_cast<const float4*>(v0 + 32 * c);
+            const float4 r1 = *reinterpret_cast<const float4*>(v0 + VS + 32 * c);
+            const float4 r8 = *reinterpret_cast<const float4*>(v0 + 8 * VS + 32 * c);
+            const float4 r9 = *reinterpret_cast<const float4*>(v0 + 9 * VS + 32 * c);
+            pf_mma_bf16(o[4 * c], pa, pf_bf16x2(r0.x, r1.x), pf_bf16x2(r8.x, r9.x));
+            pf_mma_bf16(o[4 * c + 1], pa, pf_bf16x2(r0.y, r1.y), pf_bf16x2(r8.y, r9.y));
+            pf_mma_bf16(o[4 * c + 2], pa, pf_bf16x2(r0.z, r1.z), pf_bf16x2(r8.z, r9.z));
+            pf_mma_bf16(o[4 * c + 3], pa, pf_bf16x2(r0.w, r1.w), pf_bf16x2(r8.w, r9.w));
+          }
+        }
+      } else {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const float f[4] = {s[nt][0], s[nt][2], s[nt][1], s[nt][3]};
@@ -381,6 +446,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
           pf_product<SPLIT_PV>(o[4 * c + 2], ph, pl, x0.z, x1.z);
           pf_product<SPLIT_PV>(o[4 * c + 3], ph, pl, x0.w, x1.w);
         }
+      }
       }
     }
     __syncthreads();  // the next iteration's prefetch (or decode) overwrites this buffer
