@@ -9,6 +9,7 @@ host round trip and can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,3 +64,9 @@ class Batch:
     @property
     def rows(self) -> int:
         return self.lanes[-1].rows.stop if self.lanes else 0
+
+    def each_lane(self, fn: Callable[[Lane], Array], xp: Any) -> Array:
+        """``fn(lane)`` for every lane, stacked in row order (one lane's result as it is,
+        without a copy)."""
+        outs = [fn(lane) for lane in self.lanes]
+        return outs[0] if len(outs) == 1 else xp.concatenate(outs)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...backends import Backend, Weight
 from ...state import AttentionPages
-from ..batch import Batch
+from ..batch import Batch, Lane
 from ..functional import mul_sigmoid
 from .config import AttentionConfig
 
@@ -98,16 +98,21 @@ class GatedAttention:
             o = be.attention_decode(
                 q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
             )
-        else:
-            o = be.xp.empty_like(q)
-            for lane in batch.lanes:  # a prefill chunk: each lane over its own pages
-                memory.write(lane.state, lane.start, k[lane.rows], v[lane.rows])
-                o[lane.rows] = be.attention_pages(
-                    q[lane.rows],
-                    memory.k,
-                    memory.v,
-                    lane.state.page_ids,
-                    start=lane.start,
-                    scale=scale,
-                )
+        else:  # a prefill chunk: each lane over its own pages
+            o = batch.each_lane(lambda lane: self._prefill(lane, q, k, v, memory, scale), be.xp)
         return be.linear(mul_sigmoid(o.reshape(n, a.heads * a.head_dim), gate), self.output)
+
+    def _prefill(
+        self, lane: Lane, q: Array, k: Array, v: Array, memory: AttentionPages, scale: float
+    ) -> Array:
+        """Store the lane's keys and values, then attend over its pages."""
+        r = lane.rows
+        memory.write(lane.state, lane.start, k[r], v[r])
+        return self.backend.attention_pages(
+            q[r],
+            memory.k,
+            memory.v,
+            lane.state.page_ids,
+            start=lane.start,
+            scale=scale,
+        )

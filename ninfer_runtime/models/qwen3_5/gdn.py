@@ -70,8 +70,8 @@ class GatedDeltaNet:
         be, c = self.backend, self.c
         xp, n = be.xp, x.shape[0]
         ends = np.cumsum([c.conv_channels, c.value_width, c.value_heads])
+        # mixed: the [q | k | v] channels (a column slice: the backend's ops take it so)
         mixed, z, b, a = xp.split(be.linear(x, self.projections), ends, axis=-1)
-        mixed = xp.ascontiguousarray(mixed)  # [q | k | v] channels
         z = z.reshape(n, c.value_heads, c.value_dim)
         beta = sigmoid(b)
         g = self.a * softplus(a + self.dt_bias)
@@ -102,18 +102,18 @@ class GatedDeltaNet:
                 **self._dims,
             )
         else:
-            o = xp.empty((n, c.value_heads, c.value_dim), dtype=xp.float32)
-            for lane in batch.lanes:
-                r, slot = lane.rows, lane.state.slot
-                o[r] = be.gdn_prefill(
-                    mixed[r],
+            o = batch.each_lane(
+                lambda lane: be.gdn_prefill(
+                    mixed[lane.rows],
                     self.convolution,
-                    memory.conv[slot],
-                    g[r],
-                    beta[r],
-                    memory.recurrent[slot],
+                    memory.conv[lane.state.slot],
+                    g[lane.rows],
+                    beta[lane.rows],
+                    memory.recurrent[lane.state.slot],
                     **self._dims,
-                )
+                ),
+                xp,
+            )
 
         y = silu_mul(z, be.rms_norm(o, self.norm, self.eps, offset=0.0))
         return be.linear(y.reshape(n, c.value_width), self.output)
