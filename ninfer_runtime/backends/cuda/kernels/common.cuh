@@ -101,3 +101,26 @@ __device__ __forceinline__ long long nvfp4_scale_offset(long long n, long long g
   const long long ri = n & 127;
   return tile * 512 + (ri & 31) * 16 + (ri >> 5) * 4 + (g & 3);
 }
+
+// ------------------------------------------------------------ tensor-core helpers (TF32)
+__device__ __forceinline__ u32 tf32_round(float x) {
+  u32 r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = hi + lo with both TF32: hi keeps the top 10 mantissa bits (x - hi is then exact)
+__device__ __forceinline__ void tf32_split(float x, u32& hi, u32& lo) {
+  hi = __float_as_uint(x) & 0xFFFFE000u;
+  lo = tf32_round(x - __uint_as_float(hi));
+}
+
+// d += a * b, a 16x8 (row-major fragment: rows g, g + 8; columns tig, tig + 4), b 8x8
+// (column-major fragment: rows tig, tig + 4 of column g), TF32 operands, float32 d (rows g,
+// g + 8; columns 2 tig, 2 tig + 1)
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}

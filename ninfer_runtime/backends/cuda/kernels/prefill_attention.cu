@@ -93,35 +93,15 @@ __device__ __forceinline__ float4 pf_decode4(const KV* p) {
   return x;
 }
 
-__device__ __forceinline__ u32 pf_tf32(float x) {
-  u32 r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// x = hi + lo with both TF32: hi keeps the top 10 mantissa bits (x - hi is then exact)
-__device__ __forceinline__ void pf_split(float x, u32& hi, u32& lo) {
-  hi = __float_as_uint(x) & 0xFFFFE000u;
-  lo = pf_tf32(x - __uint_as_float(hi));
-}
-
-// d += a * b, a 16x8 (row-major fragment), b 8x8 (column-major fragment), TF32 operands
-__device__ __forceinline__ void pf_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // A fragment as TF32 operands: rounded (hi), or split into hi + lo for three products
 template <bool SPLIT>
 __device__ __forceinline__ void pf_operand(const float (&x)[4], u32 (&hi)[4], u32 (&lo)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     if constexpr (SPLIT) {
-      pf_split(x[i], hi[i], lo[i]);
+      tf32_split(x[i], hi[i], lo[i]);
     } else {
-      hi[i] = pf_tf32(x[i]);
+      hi[i] = tf32_round(x[i]);
       lo[i] = 0u;
     }
   }
@@ -133,13 +113,13 @@ __device__ __forceinline__ void pf_product(float (&d)[4], const u32 (&ah)[4], co
                                            float b0, float b1) {
   if constexpr (SPLIT) {
     u32 bh0, bl0, bh1, bl1;
-    pf_split(b0, bh0, bl0);
-    pf_split(b1, bh1, bl1);
-    pf_mma(d, al, bh0, bh1);  // small terms first
-    pf_mma(d, ah, bl0, bl1);
-    pf_mma(d, ah, bh0, bh1);
+    tf32_split(b0, bh0, bl0);
+    tf32_split(b1, bh1, bl1);
+    mma_tf32(d, al, bh0, bh1);  // small terms first
+    mma_tf32(d, ah, bl0, bl1);
+    mma_tf32(d, ah, bh0, bh1);
   } else {
-    pf_mma(d, ah, pf_tf32(b0), pf_tf32(b1));
+    mma_tf32(d, ah, tf32_round(b0), tf32_round(b1));
   }
 }
 
@@ -343,16 +323,16 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
               *reinterpret_cast<const float4*>(ks + (8 * nt + g) * KS + 16 * jp + 4 * tig);
           {
             u32 bh[4], bl[4];
-            pf_split(kb.x, bh[0], bl[0]);
-            pf_split(kb.y, bh[1], bl[1]);
-            pf_split(kb.z, bh[2], bl[2]);
-            pf_split(kb.w, bh[3], bl[3]);
-            pf_mma(c0[nt], l0, bh[0], bh[1]);
-            pf_mma(c1[nt], l1, bh[2], bh[3]);
-            pf_mma(c0[nt], h0, bl[0], bl[1]);
-            pf_mma(c1[nt], h1, bl[2], bl[3]);
-            pf_mma(s[nt], h0, bh[0], bh[1]);
-            pf_mma(s[nt], h1, bh[2], bh[3]);
+            tf32_split(kb.x, bh[0], bl[0]);
+            tf32_split(kb.y, bh[1], bl[1]);
+            tf32_split(kb.z, bh[2], bl[2]);
+            tf32_split(kb.w, bh[3], bl[3]);
+            mma_tf32(c0[nt], l0, bh[0], bh[1]);
+            mma_tf32(c1[nt], l1, bh[2], bh[3]);
+            mma_tf32(c0[nt], h0, bl[0], bl[1]);
+            mma_tf32(c1[nt], h1, bl[2], bl[3]);
+            mma_tf32(s[nt], h0, bh[0], bh[1]);
+            mma_tf32(s[nt], h1, bh[2], bh[3]);
           }
         }
       }
