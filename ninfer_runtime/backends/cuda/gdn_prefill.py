@@ -120,8 +120,8 @@ def shared_bytes(kind: str, dk: int, dv: int) -> int:
     if kind == "prepare":
         return 4 * (2 * CHUNK + CHUNK * cp + max(2 * dk * cp, CHUNK * (dv + dk + 1)))
     if kind == "states":
-        sp = STATE_COLUMNS + 4
-        return 4 * (2 * CHUNK * kp + dk * sp + CHUNK * sp + CHUNK)
+        sp, skp = STATE_COLUMNS + 8, dk + 8
+        return 4 * (CHUNK * kp + CHUNK * skp + dk * sp + CHUNK * sp + CHUNK)
     if kind == "output":
         op = OUTPUT_COLUMNS + 4
         return 4 * (CHUNK * kp + dk * op + CHUNK * cp + CHUNK * op)

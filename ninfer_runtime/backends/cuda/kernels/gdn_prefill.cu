@@ -9,14 +9,16 @@
 //       (each thread owns whole columns, so the substitution needs no barrier).
 //   gdn_chunk_states   (32 state columns, value head): the chunks in order, the state S in
 //       registers. Writes the state each chunk starts from, v_new = u - w S, and then
-//       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new).
+//       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new), both products on tensor cores in
+//       3xTF32 (about float32).
 //   gdn_chunk_output   (chunk, value head, 64 columns): out = e^γ ⊙ (q S) + QK v_new.
 //
 // Layouts: q, k [T, Hk, DK] (value head h reads key head h / (Hv / Hk)), v [T, Hv, dv],
 // g, beta [T, Hv]; workspaces u [n, Hv, GC, dv], w [n, Hv, GC, DK], qk [n, Hv, GC, GC],
 // gam [n, Hv, GC], starts [n, Hv, DK, dv], vnew [n, Hv, GC, dv]; state [Hv, DK, dv].
 // Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). float32
-// on the CUDA cores throughout; dv is a multiple of 4 and every array 16-byte aligned.
+// on the CUDA cores but for gdn_chunk_states; dv is a multiple of 4 and every array 16-byte
+// aligned.
 // Built after gdn.cu (silu_f, warp_sum).
 
 // Token t = blockIdx.x of the lane: the depthwise convolution of its [q | k | v] channels
@@ -80,7 +82,10 @@ struct GdnChunk {
   static constexpr int KP = DK + 4;  // row stride (floats) of [GC][DK] tiles
   static constexpr int CP = GC + 4;  // row stride of [.][GC] tiles
   static constexpr int SC = 32;      // state columns of a gdn_chunk_states block
-  static constexpr int SP = SC + 4;
+  // its row strides: the mma fragments read rows tig (k) or g (w) apart, so 8 mod 32 words
+  // for the tiles read by column (k, state, values) and 4 for w, read by row
+  static constexpr int SP = SC + 8;
+  static constexpr int SKP = DK + 8;
   static constexpr int OC = 64;      // output columns of a gdn_chunk_output block
   static constexpr int OP = OC + 4;
 };
@@ -195,6 +200,23 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
   if (tid < GC) gam[head * GC + tid] = gs[tid];
 }
 
+// d += a b to about float32 on TF32 tensor cores: a = ah + al, b = bh + bl, the al bl term
+// dropped, small terms first (fragments as mma_tf32 takes them)
+__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const float (&a)[4], float b0,
+                                           float b1) {
+  u32 ah[4], al[4], bh0, bl0, bh1, bl1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) tf32_split(a[i], ah[i], al[i]);
+  tf32_split(b0, bh0, bl0);
+  tf32_split(b1, bh1, bl1);
+  mma_tf32(d, al, bh0, bh1);
+  mma_tf32(d, ah, bl0, bl1);
+  mma_tf32(d, ah, bh0, bh1);
+}
+
+// Both products of a chunk on tensor cores (3xTF32): v_new [GC x 32] = u - w S as 16 tiles
+// of 16 x 8, two per warp; S [DK x 32] += kᵀ (...) as DK / 4 tiles, each warp keeping its
+// tiles of S in registers across the chunks (DK = 16: warps 4-7 hold none).
 template <int DK>
 __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     gdn_chunk_states(const float* __restrict__ k, const float* __restrict__ u,
@@ -202,44 +224,53 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
                      int key_heads, int value_heads, int dv, float* __restrict__ state,
                      float* __restrict__ starts, float* __restrict__ vnew) {
   using G = GdnChunk<DK>;
-  constexpr int GROUPS = G::SC / 4;                                    // float4 columns
-  constexpr int OWNED = (DK * GROUPS + GDN_CHUNK_THREADS - 1) / GDN_CHUNK_THREADS;
+  constexpr int GROUPS = G::SC / 4;  // float4 columns
+  constexpr int TILES = DK / 16 * (G::SC / 8), PER_WARP = TILES >= 8 ? TILES / 8 : 1;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  float* ws = smem;               // [GC][KP] w
-  float* ks = ws + GC * G::KP;    // [GC][KP] k
-  float* ss = ks + GC * G::KP;    // [DK][SP] the chunk's starting state, columns c0 ..
-  float* vs = ss + DK * G::SP;    // [GC][SP] u, then e^{γ_last - γ} ⊙ v_new
-  float* gs = vs + GC * G::SP;    // [GC] γ
+  float* ws = smem;                // [GC][KP] w
+  float* ks = ws + GC * G::KP;     // [GC][SKP] k
+  float* ss = ks + GC * G::SKP;    // [DK][SP] the chunk's starting state, columns c0 ..
+  float* vs = ss + DK * G::SP;     // [GC][SP] u, then e^{γ_last - γ} ⊙ v_new
+  float* gs = vs + GC * G::SP;     // [GC] γ
   const int h = blockIdx.y, c0 = blockIdx.x * G::SC, tid = threadIdx.x;
+  const int warp = tid >> 5, g = (tid & 31) >> 2, tig = tid & 3;
   const int hk = h / (value_heads / key_heads);
   const int chunks = (tokens + GC - 1) / GC;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float* st = state + (long long)h * DK * dv;
+  const bool holds = warp * PER_WARP < TILES;
 
-  // this thread's part of the state: float4 groups e = tid + THREADS * r of the [DK][GROUPS] grid
-  float4 s[OWNED];
+  // element e of the warp's state tile j: row 16 (t / 4) + g + 8 (e / 2), column
+  // 8 (t % 4) + 2 tig + e % 2 of the block's columns, t = warp * PER_WARP + j
+  auto s_row = [&](int j, int e) { return 16 * ((warp * PER_WARP + j) / 4) + g + 8 * (e >> 1); };
+  auto s_col = [&](int j, int e) { return 8 * ((warp * PER_WARP + j) % 4) + 2 * tig + (e & 1); };
+  float s[PER_WARP][4];
 #pragma unroll
-  for (int r = 0; r < OWNED; ++r) {
-    const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, col = c0 + 4 * (e % GROUPS);
-    s[r] = e < DK * GROUPS && col < dv ? load4(st + (long long)d * dv + col) : zero;
-  }
+  for (int j = 0; j < PER_WARP; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = c0 + s_col(j, e);
+      s[j][e] = holds && col < dv ? st[(long long)s_row(j, e) * dv + col] : 0.0f;
+    }
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const long long head = (long long)chunk * value_heads + h;
     const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+    if (holds) {
 #pragma unroll
-    for (int r = 0; r < OWNED; ++r) {
-      const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, grp = e % GROUPS;
-      if (e < DK * GROUPS) {
-        store4(ss + d * G::SP + 4 * grp, s[r]);
-        if (c0 + 4 * grp < dv) store4(starts + (head * DK + d) * dv + c0 + 4 * grp, s[r]);
-      }
+      for (int j = 0; j < PER_WARP; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = s_row(j, e), col = s_col(j, e);
+          ss[row * G::SP + col] = s[j][e];
+          if (c0 + col < dv) starts[(head * DK + row) * dv + c0 + col] = s[j][e];
+        }
     }
 #pragma unroll
     for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
       const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
       store4(ws + i * G::KP + d, load4(w + (head * GC + i) * DK + d));
-      store4(ks + i * G::KP + d,
+      store4(ks + i * G::SKP + d,
              i < rows ? load4(k + ((long long)(t0 + i) * key_heads + hk) * DK + d) : zero);
     }
 #pragma unroll
@@ -251,37 +282,59 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     if (tid < GC) gs[tid] = gam[head * GC + tid];
     __syncthreads();
 
-    {  // v_new = u - w S: rows ty and ty + 32, columns 4 tx .. 4 tx + 3 (each thread reads
+    {  // v_new = u - w S: warp's rows 16 mt .., column tiles nb and nb + 1 (each lane reads
        // and rewrites only its own entries of vs)
-      const int ty = tid / GROUPS, tx = tid % GROUPS;
-      for (int i = ty; i < GC; i += GDN_CHUNK_THREADS / GROUPS) {
-        float4 acc = load4(vs + i * G::SP + 4 * tx);
-#pragma unroll 8
-        for (int d = 0; d < DK; ++d) fma4(acc, -ws[i * G::KP + d], load4(ss + d * G::SP + 4 * tx));
-        const int col = c0 + 4 * tx;
-        if (col < dv) store4(vnew + (head * GC + i) * dv + col, acc);
-        const float f = expf(gs[GC - 1] - gs[i]);
-        store4(vs + i * G::SP + 4 * tx, make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f));
+      const int mt = warp >> 1, nb = 2 * (warp & 1);
+      float acc[2][4] = {};
+#pragma unroll 4
+      for (int kk = 0; kk < DK / 8; ++kk) {
+        const float* w0 = ws + (16 * mt + g) * G::KP + 8 * kk + tig;
+        const float a[4] = {w0[0], w0[8 * G::KP], w0[4], w0[8 * G::KP + 4]};
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const float* b = ss + (8 * kk + tig) * G::SP + 8 * (nb + n) + g;
+          mma_tf32x3(acc[n], a, b[0], b[4 * G::SP]);
+        }
       }
+      const float last = gs[GC - 1];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = 16 * mt + g + 8 * (e >> 1), col = 8 * (nb + n) + 2 * tig + (e & 1);
+          const float x = vs[row * G::SP + col] - acc[n][e];
+          if (c0 + col < dv) vnew[(head * GC + row) * dv + c0 + col] = x;
+          vs[row * G::SP + col] = x * expf(last - gs[row]);
+        }
     }
     __syncthreads();
-    const float decay = expf(gs[GC - 1]);
+    if (holds) {  // S <- e^{γ_last} S + kᵀ vs
+      const float decay = expf(gs[GC - 1]);
 #pragma unroll
-    for (int r = 0; r < OWNED; ++r) {
-      const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, grp = e % GROUPS;
-      if (e < DK * GROUPS) {
-        float4 acc = make_float4(s[r].x * decay, s[r].y * decay, s[r].z * decay, s[r].w * decay);
-#pragma unroll 8
-        for (int i = 0; i < GC; ++i) fma4(acc, ks[i * G::KP + d], load4(vs + i * G::SP + 4 * grp));
-        s[r] = acc;
+      for (int j = 0; j < PER_WARP; ++j) {
+        const int t = warp * PER_WARP + j, mt = t / 4, nt = t % 4;
+        float acc[4] = {};
+#pragma unroll 4
+        for (int kk = 0; kk < GC / 8; ++kk) {
+          const float* k0 = ks + (8 * kk + tig) * G::SKP + 16 * mt + g;
+          const float a[4] = {k0[0], k0[8], k0[4 * G::SKP], k0[4 * G::SKP + 8]};
+          const float* b = vs + (8 * kk + tig) * G::SP + 8 * nt + g;
+          mma_tf32x3(acc, a, b[0], b[4 * G::SP]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = fmaf(s[j][e], decay, acc[e]);
       }
     }
     __syncthreads();  // the next chunk overwrites every tile
   }
+  if (holds) {
 #pragma unroll
-  for (int r = 0; r < OWNED; ++r) {
-    const int e = tid + GDN_CHUNK_THREADS * r, d = e / GROUPS, col = c0 + 4 * (e % GROUPS);
-    if (e < DK * GROUPS && col < dv) store4(st + (long long)d * dv + col, s[r]);
+    for (int j = 0; j < PER_WARP; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = c0 + s_col(j, e);
+        if (col < dv) st[(long long)s_row(j, e) * dv + col] = s[j][e];
+      }
   }
 }
 
