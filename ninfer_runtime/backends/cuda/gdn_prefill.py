@@ -123,7 +123,7 @@ def shared_bytes(kind: str, dk: int, dv: int) -> int:
         sp, skp = STATE_COLUMNS + 8, dk + 8
         return 4 * (CHUNK * kp + CHUNK * skp + dk * sp + CHUNK * sp + CHUNK)
     if kind == "output":
-        op = OUTPUT_COLUMNS + 4
+        op = OUTPUT_COLUMNS + 8
         return 4 * (CHUNK * kp + dk * op + CHUNK * cp + CHUNK * op)
     raise ValueError(f"kind {kind!r}: expected prepare, states or output")
 

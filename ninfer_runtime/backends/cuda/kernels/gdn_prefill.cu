@@ -11,14 +11,15 @@
 //       registers. Writes the state each chunk starts from, v_new = u - w S, and then
 //       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new), both products on tensor cores in
 //       3xTF32 (about float32).
-//   gdn_chunk_output   (chunk, value head, 64 columns): out = e^γ ⊙ (q S) + QK v_new.
+//   gdn_chunk_output   (chunk, value head, 64 columns): out = e^γ ⊙ (q S) + QK v_new, on
+//       tensor cores in 3xTF32.
 //
 // Layouts: q, k [T, Hk, DK] (value head h reads key head h / (Hv / Hk)), v [T, Hv, dv],
 // g, beta [T, Hv]; workspaces u [n, Hv, GC, dv], w [n, Hv, GC, DK], qk [n, Hv, GC, GC],
 // gam [n, Hv, GC], starts [n, Hv, DK, dv], vnew [n, Hv, GC, dv]; state [Hv, DK, dv].
-// Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). float32
-// on the CUDA cores but for gdn_chunk_states; dv is a multiple of 4 and every array 16-byte
-// aligned.
+// Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). The
+// preparation runs float32 on the CUDA cores, the products of the other two 3xTF32 on the
+// tensor cores (about float32); dv is a multiple of 4 and every array 16-byte aligned.
 // Built after gdn.cu (silu_f, warp_sum).
 
 // Token t = blockIdx.x of the lane: the depthwise convolution of its [q | k | v] channels
@@ -87,7 +88,7 @@ struct GdnChunk {
   static constexpr int SP = SC + 8;
   static constexpr int SKP = DK + 8;
   static constexpr int OC = 64;      // output columns of a gdn_chunk_output block
-  static constexpr int OP = OC + 4;
+  static constexpr int OP = OC + 8;  // read by column in the mma fragments, as SP
 };
 
 template <int DK>
@@ -388,24 +389,40 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
   }
   __syncthreads();
 
-  const int ty = tid / GROUPS, tx = tid % GROUPS;  // rows 4 ty .. 4 ty + 3, columns 4 tx ..
-  float4 acc[4] = {zero, zero, zero, zero};
+  // on tensor cores (3xTF32): 4 x 8 tiles of 16 x 8; warp w takes rows 16 mt .. (mt = w / 2)
+  // and column tiles nb .. nb + 3 (nb = 4 (w % 2))
+  const int warp = tid >> 5, g = (tid & 31) >> 2, tig = tid & 3;
+  const int mt = warp >> 1, nb = 4 * (warp & 1);
+  float acc[4][4] = {};
 #pragma unroll 4
-  for (int d = 0; d < DK; ++d) {
-    const float4 b = load4(ss + d * G::OP + 4 * tx);
+  for (int kk = 0; kk < DK / 8; ++kk) {  // e^γ q S
+    const float* q0 = qs + (16 * mt + g) * G::KP + 8 * kk + tig;
+    const float a[4] = {q0[0], q0[8 * G::KP], q0[4], q0[8 * G::KP + 4]};
 #pragma unroll
-    for (int r = 0; r < 4; ++r) fma4(acc[r], qs[(4 * ty + r) * G::KP + d], b);
+    for (int n = 0; n < 4; ++n) {
+      const float* b = ss + (8 * kk + tig) * G::OP + 8 * (nb + n) + g;
+      mma_tf32x3(acc[n], a, b[0], b[4 * G::OP]);
+    }
   }
-  for (int j = 0; j < 4 * ty + 4; ++j) {  // QK is zero above the diagonal
-    const float4 b = load4(vs + j * G::OP + 4 * tx);
+  for (int kk = 0; kk < 2 * mt + 2; ++kk) {  // QK v_new (QK is zero above the diagonal)
+    const float* d0 = ds + (16 * mt + g) * G::CP + 8 * kk + tig;
+    const float a[4] = {d0[0], d0[8 * G::CP], d0[4], d0[8 * G::CP + 4]};
 #pragma unroll
-    for (int r = 0; r < 4; ++r) fma4(acc[r], ds[(4 * ty + r) * G::CP + j], b);
+    for (int n = 0; n < 4; ++n) {
+      const float* b = vs + (8 * kk + tig) * G::OP + 8 * (nb + n) + g;
+      mma_tf32x3(acc[n], a, b[0], b[4 * G::OP]);
+    }
   }
-  const int col = c0 + 4 * tx;
-  if (col >= dv) return;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int i = 4 * ty + r;
-    if (i < rows) store4(out + ((long long)(t0 + i) * value_heads + h) * dv + col, acc[r]);
+  for (int n = 0; n < 4; ++n) {
+    const int col = c0 + 8 * (nb + n) + 2 * tig;  // and col + 1 (dv is even)
+    if (col >= dv) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * mt + g + 8 * half;
+      if (i < rows)
+        *reinterpret_cast<float2*>(out + ((long long)(t0 + i) * value_heads + h) * dv + col) =
+            make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+    }
   }
 }
