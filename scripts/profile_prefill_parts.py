@@ -167,9 +167,9 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     stages["silu_mul"] = lambda: moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
     stages["down"] = lambda: project(table.down, h, ys, table.hidden)
-    stages["gather"] = lambda: ys[groups.row]
-    y = ys[groups.row]
-    stages["shared_combine"] = lambda: moe._shared_and_combine(be, x, table, logits, y, shares)
+    stages["shared_combine"] = lambda: moe._shared_and_combine(
+        be, x, table, logits, ys, shares, groups.row
+    )
     stages["whole"] = lambda: moe.moe_prefill(be, x, table)
     print(f"  MoE: {groups.expert.size} groups of {size} pairs, tensor cores {tc}")
     for name, fn in stages.items():

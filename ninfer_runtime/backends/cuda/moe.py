@@ -382,8 +382,8 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     h = silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, hidden), dtype=cp.float32)
     project(table.down, h, ys, hidden)
-    y = ys[groups.row]  # back in (token, slot) order
-    return _shared_and_combine(backend, x, table, logits, y, shares)
+    # the combine reads each (token, slot) pair's row where its group left it
+    return _shared_and_combine(backend, x, table, logits, ys, shares, groups.row)
 
 
 def _tensor_core_groups(table: ExpertTable) -> bool:
@@ -414,10 +414,17 @@ def _grouped(
 
 
 def _shared_and_combine(
-    backend: Any, x: Any, table: ExpertTable, logits: Any, y: Any, shares: Any
+    backend: Any,
+    x: Any,
+    table: ExpertTable,
+    logits: Any,
+    y: Any,
+    shares: Any,
+    y_rows: Any = None,
 ) -> Any:
     """``sum_j share_j y[(n, j)] + sigmoid(score) * shared(x)`` for the rows of x, from the
-    routed pairs' outputs ``y [N * k, H]`` and the router | score ``logits``."""
+    routed pairs' outputs ``y`` (pair p = n * k + j in row p, or in row ``y_rows[p]``, int64)
+    and the router | score ``logits``."""
     import cupy as cp
 
     n, k, hidden = x.shape[0], table.top_k, table.hidden
@@ -431,6 +438,7 @@ def _shared_and_combine(
         (
             y,
             np.int32(hidden),
+            np.uint64(0) if y_rows is None else y_rows,  # a null pointer: rows in pair order
             shares,
             np.int32(k),
             shared,

@@ -123,10 +123,12 @@ extern "C" __global__ void moe_silu_mul(const float* __restrict__ gu, int ldgu, 
   }
 }
 
-// out[n, c] = sum_j share[n, j] * y[n * k + j, c] + sigmoid(score[n * lds]) * shared[n, c]
-// for the N x H outputs (y rows ldy apart; shared and out C-contiguous [N, H]; score: one
-// value per row, lds apart, e.g. the column after the router logits).
+// out[n, c] = sum_j share[n, j] * y[p, c] + sigmoid(score[n * lds]) * shared[n, c] with
+// p = y_rows[n * k + j] (y_rows null: p = n * k + j) for the N x H outputs (y rows ldy apart;
+// shared and out C-contiguous [N, H]; score: one value per row, lds apart, e.g. the column
+// after the router logits).
 extern "C" __global__ void moe_combine(const float* __restrict__ y, int ldy,
+                                       const long long* __restrict__ y_rows,
                                        const float* __restrict__ shares, int k,
                                        const float* __restrict__ shared,
                                        const float* __restrict__ score, int lds, int H, int N,
@@ -136,8 +138,10 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, int ldy,
        t += (long long)gridDim.x * blockDim.x) {
     const int n = (int)(t / H), c = (int)(t - (long long)n * H);
     float acc = 0.f;
-    for (int j = 0; j < k; ++j)
-      acc = fmaf(shares[n * k + j], y[(long long)(n * k + j) * ldy + c], acc);
+    for (int j = 0; j < k; ++j) {
+      const long long p = y_rows ? __ldg(y_rows + n * k + j) : (long long)(n * k + j);
+      acc = fmaf(shares[n * k + j], y[p * ldy + c], acc);
+    }
     out[t] = acc + moe_sigmoid(score[(long long)n * lds]) * shared[t];
   }
 }
