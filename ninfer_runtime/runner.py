@@ -116,14 +116,19 @@ class ModelRunner:
             return self._decode(lanes, ids)
         return self._chunk(lanes, ids, last_only)
 
-    def prefill(self, tokens: Array, state: SequenceState, *, chunk: int = 512) -> ForwardOutput:
+    def prefill(
+        self, tokens: Array, state: SequenceState, *, chunk: int = 512, last_only: bool = False
+    ) -> ForwardOutput:
         """A whole prompt through ``forward`` in chunks of ``chunk`` tokens, so activations stay
-        bounded; returns the last chunk's logits and every chunk's hidden rows."""
+        bounded; returns the last chunk's logits (``last_only``: its last row's, as a served
+        prompt needs) and every chunk's hidden rows. Earlier chunks compute no more than
+        their last row's logits."""
         tokens = np.asarray(tokens)
         self._check_capacity(0, len(tokens), state)
         hidden, out = [], None
         for a in range(0, len(tokens), chunk):
-            out = self.forward([tokens[a : a + chunk]], [state])
+            final = a + chunk >= len(tokens)
+            out = self.forward([tokens[a : a + chunk]], [state], last_only=last_only or not final)
             hidden.append(out.hidden[0])
         if out is None:
             raise EngineError("prefill needs at least one token")

@@ -334,12 +334,13 @@ def prefill_rate(
     xp = runner.backend.xp
     ids = np.random.default_rng(1).integers(0, runner.model.config.vocab, tokens)
     warm = runner.new_state(min(tokens, 2 * chunk) + 1)
-    runner.prefill(ids[: min(tokens, 2 * chunk)], warm, chunk=chunk)  # compile, plan, cache
+    # as a served prompt: logits of the last row only
+    runner.prefill(ids[: min(tokens, 2 * chunk)], warm, chunk=chunk, last_only=True)
     del warm
     state = runner.new_state(tokens + 1)
     _sync(xp)
     start = time.perf_counter()
-    runner.prefill(ids, state, chunk=chunk)
+    runner.prefill(ids, state, chunk=chunk, last_only=True)
     _sync(xp)
     seconds = time.perf_counter() - start
     flops = prefill_flops(runner.model, tokens)
@@ -415,7 +416,7 @@ def profile_prefill(runner: ModelRunner, tokens: int, *, past: int = 0) -> dict[
     def chunk_ms() -> float:
         state = runner.new_state(past + tokens + 1)
         if past:
-            runner.prefill(ids[:past], state, chunk=tokens)
+            runner.prefill(ids[:past], state, chunk=tokens, last_only=True)
         _sync(xp)
         began = time.perf_counter()
         runner.forward([ids[past:]], [state], last_only=True)
