@@ -6,7 +6,7 @@
 //       state. γ = cumsum(g) inside the chunk, D_ij = exp(γ_i - γ_j); A = β (k kᵀ) ⊙ D strictly
 //       below the diagonal and QK = (q kᵀ) ⊙ D on and below it; then [u | w] from the unit
 //       lower-triangular system (I + A) [u | w] = [β v | β e^γ k], by forward substitution
-//       (each thread owns whole columns, so the substitution needs no barrier).
+//       (each thread owns whole columns in registers, so the substitution needs no barrier).
 //   gdn_chunk_states   (32 state columns, value head): the chunks in order, the state S in
 //       registers. Writes the state each chunk starts from, v_new = u - w S, and then
 //       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new), both products on tensor cores in
@@ -92,7 +92,7 @@ struct GdnChunk {
 };
 
 template <int DK>
-__global__ void __launch_bounds__(GDN_CHUNK_THREADS)
+__global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 128 registers
     gdn_chunk_prepare(const float* __restrict__ q, const float* __restrict__ k,
                       const float* __restrict__ v, const float* __restrict__ g,
                       const float* __restrict__ beta, int tokens, int key_heads, int value_heads,
@@ -179,13 +179,20 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     X[i * xs + c] = x;
   }
   __syncthreads();
+  // forward substitution down a column held in registers, row j folded into every later row
+  // once it is final: each row gets its terms in the order j = 0, 1, ... (as a row-by-row
+  // solve would), but the rows' updates are independent, so the FMAs do not wait on one
+  // another (padding rows are zeros and stay so)
   for (int c = tid; c < width; c += GDN_CHUNK_THREADS) {
-    for (int i = 1; i < rows; ++i) {
-      const float* a = as + i * G::CP;
-      float acc = X[i * xs + c];
-      for (int j = 0; j < i; ++j) acc = fmaf(-a[j], X[j * xs + c], acc);
-      X[i * xs + c] = acc;
-    }
+    float x[GC];
+#pragma unroll
+    for (int i = 0; i < GC; ++i) x[i] = X[i * xs + c];
+#pragma unroll
+    for (int j = 0; j < GC - 1; ++j)
+#pragma unroll
+      for (int i = j + 1; i < GC; ++i) x[i] = fmaf(-as[i * G::CP + j], x[j], x[i]);
+#pragma unroll
+    for (int i = 0; i < GC; ++i) X[i * xs + c] = x[i];
   }
   __syncthreads();
 #pragma unroll 8
