@@ -13,18 +13,15 @@ from typing import Any
 import numpy as np
 
 from .compile import function, register_family
+from .gdn import CONV_TAPS, KEY_DIMS  # the decode kernels' sizes: one set for both
 
 FAMILY = "gdn_prefill"
-#: key head sizes compiled; the value head size is a runtime argument (a multiple of 4)
-KEY_DIMS = (16, 32, 64, 128)
 #: must match GC, GDN_CHUNK_THREADS and GdnChunk<DK>::SC / OC in the kernel
 CHUNK = 64
 THREADS = 256
 STATE_COLUMNS = 32
 OUTPUT_COLUMNS = 64
 
-#: conv taps compiled
-CONV_TAPS = (2, 3, 4)
 CONV_THREADS = 256
 
 register_family(
@@ -98,7 +95,8 @@ def conv_heads(
 
 
 def supported(q: Any, k: Any, v: Any, state: Any) -> bool:
-    """Whether the kernels take these arrays (else the reference runs)."""
+    """Whether the kernels take these arrays (else the reference runs): a compiled key head
+    size, a value head size that is a multiple of 4."""
     return (
         getattr(q, "ndim", None) == 3
         and q.shape[2] in KEY_DIMS
