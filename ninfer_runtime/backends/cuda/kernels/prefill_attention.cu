@@ -321,19 +321,17 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
         for (int nt = 0; nt < NT; ++nt) {
           const float4 kb =
               *reinterpret_cast<const float4*>(ks + (8 * nt + g) * KS + 16 * jp + 4 * tig);
-          {
-            u32 bh[4], bl[4];
-            tf32_split(kb.x, bh[0], bl[0]);
-            tf32_split(kb.y, bh[1], bl[1]);
-            tf32_split(kb.z, bh[2], bl[2]);
-            tf32_split(kb.w, bh[3], bl[3]);
-            mma_tf32(c0[nt], l0, bh[0], bh[1]);
-            mma_tf32(c1[nt], l1, bh[2], bh[3]);
-            mma_tf32(c0[nt], h0, bl[0], bl[1]);
-            mma_tf32(c1[nt], h1, bl[2], bl[3]);
-            mma_tf32(s[nt], h0, bh[0], bh[1]);
-            mma_tf32(s[nt], h1, bh[2], bh[3]);
-          }
+          u32 bh[4], bl[4];
+          tf32_split(kb.x, bh[0], bl[0]);
+          tf32_split(kb.y, bh[1], bl[1]);
+          tf32_split(kb.z, bh[2], bl[2]);
+          tf32_split(kb.w, bh[3], bl[3]);
+          mma_tf32(c0[nt], l0, bh[0], bh[1]);
+          mma_tf32(c1[nt], l1, bh[2], bh[3]);
+          mma_tf32(c0[nt], h0, bl[0], bl[1]);
+          mma_tf32(c1[nt], h1, bl[2], bl[3]);
+          mma_tf32(s[nt], h0, bh[0], bh[1]);
+          mma_tf32(s[nt], h1, bh[2], bh[3]);
         }
       }
 #pragma unroll
@@ -412,21 +410,21 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
         }
       } else {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float f[4] = {s[nt][0], s[nt][2], s[nt][1], s[nt][3]};
-        u32 ph[4], pl[4];
-        pf_operand<SPLIT_PV>(f, ph, pl);
-        const float* v0 = vs + (8 * nt + 2 * tig) * VS + 4 * g;
+        for (int nt = 0; nt < NT; ++nt) {
+          const float f[4] = {s[nt][0], s[nt][2], s[nt][1], s[nt][3]};
+          u32 ph[4], pl[4];
+          pf_operand<SPLIT_PV>(f, ph, pl);
+          const float* v0 = vs + (8 * nt + 2 * tig) * VS + 4 * g;
 #pragma unroll
-        for (int c = 0; c < D / 32; ++c) {
-          const float4 x0 = *reinterpret_cast<const float4*>(v0 + 32 * c);
-          const float4 x1 = *reinterpret_cast<const float4*>(v0 + VS + 32 * c);
-          pf_product<SPLIT_PV>(o[4 * c], ph, pl, x0.x, x1.x);
-          pf_product<SPLIT_PV>(o[4 * c + 1], ph, pl, x0.y, x1.y);
-          pf_product<SPLIT_PV>(o[4 * c + 2], ph, pl, x0.z, x1.z);
-          pf_product<SPLIT_PV>(o[4 * c + 3], ph, pl, x0.w, x1.w);
+          for (int c = 0; c < D / 32; ++c) {
+            const float4 x0 = *reinterpret_cast<const float4*>(v0 + 32 * c);
+            const float4 x1 = *reinterpret_cast<const float4*>(v0 + VS + 32 * c);
+            pf_product<SPLIT_PV>(o[4 * c], ph, pl, x0.x, x1.x);
+            pf_product<SPLIT_PV>(o[4 * c + 1], ph, pl, x0.y, x1.y);
+            pf_product<SPLIT_PV>(o[4 * c + 2], ph, pl, x0.z, x1.z);
+            pf_product<SPLIT_PV>(o[4 * c + 3], ph, pl, x0.w, x1.w);
+          }
         }
-      }
       }
     }
     __syncthreads();  // the next iteration's prefetch (or decode) overwrites this buffer
