@@ -126,9 +126,17 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 12
     qT[d * G::CP + i] = in ? q[src] : 0.0f;
   }
   __syncthreads();
-  if (tid == 0) {  // inclusive prefix sum in token order
-    float acc = 0.0f;
-    for (int i = 0; i < GC; ++i) gs[i] = acc += gs[i];
+  if (tid < 32) {  // inclusive prefix sum: lane l holds tokens 2l, 2l + 1 (GC = 64)
+    const float a = gs[2 * tid], pair = a + gs[2 * tid + 1];
+    float run = pair;
+#pragma unroll
+    for (int step = 1; step < 32; step *= 2) {
+      const float before = __shfl_up_sync(0xFFFFFFFFu, run, step);
+      if (tid >= step) run += before;
+    }
+    const float before = __shfl_up_sync(0xFFFFFFFFu, run, 1);  // the pairs before this one
+    gs[2 * tid] = (tid ? before : 0.0f) + a;
+    gs[2 * tid + 1] = run;
   }
   __syncthreads();
 
