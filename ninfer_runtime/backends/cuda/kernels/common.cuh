@@ -102,6 +102,29 @@ __device__ __forceinline__ long long nvfp4_scale_offset(long long n, long long g
   return tile * 512 + (ri & 31) * 16 + (ri >> 5) * 4 + (g & 3);
 }
 
+// ------------------------------------------------------------ tensor-core helpers (bf16)
+// d += a * b, a 16x16 (row-major fragment: rows g, g + 8; columns 2 tig (+1), 2 tig + 8 (+1)),
+// b 16x8 (column-major fragment: rows 2 tig (+1), 2 tig + 8 (+1) of column g), bf16 operands
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) -> bf16x2, round to nearest even; lo in the low half
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// x0, x1 -> (hi, lo) bf16x2 words with x = hi + lo to ~16 bits
+__device__ __forceinline__ void split_pair(float x0, float x1, u32& hi, u32& lo) {
+  hi = pack_bf16(x0, x1);
+  lo = pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xFFFF0000u));
+}
+
 // ------------------------------------------------------------ tensor-core helpers (TF32)
 __device__ __forceinline__ u32 tf32_round(float x) {
   u32 r;

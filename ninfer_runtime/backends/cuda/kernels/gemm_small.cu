@@ -24,30 +24,10 @@
 
 #define SMALL_WARPS 4
 
-__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (lo, hi) -> bf16x2, round to nearest even; lo in the low half
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 __device__ __forceinline__ u32 sub_bf16x2(u32 a, u32 b) {
   u32 r;
   asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
-}
-
-// x0, x1 -> (hi, lo) bf16x2 words with x = hi + lo to ~16 bits
-__device__ __forceinline__ void split_pair(float x0, float x1, u32& hi, u32& lo) {
-  hi = pack_bf16(x0, x1);
-  lo = pack_bf16(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xFFFF0000u));
 }
 
 // The offset-binary magic of the bf16 fragments: 0x4300 | u is the bf16 128 + u (u < 128).

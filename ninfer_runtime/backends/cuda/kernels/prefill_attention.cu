@@ -123,27 +123,6 @@ __device__ __forceinline__ void pf_product(float (&d)[4], const u32 (&ah)[4], co
   }
 }
 
-// (x0, x1) -> bf16x2, round to nearest even; x0 in the low half (the lower k index)
-__device__ __forceinline__ u32 pf_bf16x2(float x0, float x1) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
-  return r;
-}
-
-// (x0, x1) = hi + lo, both bf16x2 (x - hi is exact in float32, its rounding to bf16 the lo)
-__device__ __forceinline__ void pf_split_bf16(float x0, float x1, u32& hi, u32& lo) {
-  hi = pf_bf16x2(x0, x1);
-  lo = pf_bf16x2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xFFFF0000u));
-}
-
-// d += a * b, a 16x16 (row-major fragment), b 16x8 (column-major fragment), bf16 operands
-__device__ __forceinline__ void pf_mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // ws_o [splits, T*Nq, D] and ws_ml [splits, T*Nq, 2] (m in log2 units, l) are only used
 // when gridDim.z > 1; rows of a split with no visible key get m = -inf, l = 0, O = 0.
 template <int D, int PREC, typename KV>
@@ -296,20 +275,20 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
           // one m16n8k16 per 16 d: k slots (2tig, 2tig+1) <-> d = 16jp + 4tig + (0, 1) and
           // (2tig+8, 2tig+9) <-> d + (2, 3), in A (rows g, g+8) and B (key 8nt + g) alike
           u32 qh[4], ql[4];
-          pf_split_bf16(qa.x, qa.y, qh[0], ql[0]);
-          pf_split_bf16(qb.x, qb.y, qh[1], ql[1]);
-          pf_split_bf16(qa.z, qa.w, qh[2], ql[2]);
-          pf_split_bf16(qb.z, qb.w, qh[3], ql[3]);
+          split_pair(qa.x, qa.y, qh[0], ql[0]);
+          split_pair(qb.x, qb.y, qh[1], ql[1]);
+          split_pair(qa.z, qa.w, qh[2], ql[2]);
+          split_pair(qb.z, qb.w, qh[3], ql[3]);
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             const float4 kb =
                 *reinterpret_cast<const float4*>(ks + (8 * nt + g) * KS + 16 * jp + 4 * tig);
             u32 kh0, kl0, kh1, kl1;
-            pf_split_bf16(kb.x, kb.y, kh0, kl0);
-            pf_split_bf16(kb.z, kb.w, kh1, kl1);
-            pf_mma_bf16(c0[nt], ql, kh0, kh1);  // small terms first
-            pf_mma_bf16(c1[nt], qh, kl0, kl1);
-            pf_mma_bf16(s[nt], qh, kh0, kh1);
+            split_pair(kb.x, kb.y, kh0, kl0);
+            split_pair(kb.z, kb.w, kh1, kl1);
+            mma_bf16(c0[nt], ql, kh0, kh1);  // small terms first
+            mma_bf16(c1[nt], qh, kl0, kl1);
+            mma_bf16(s[nt], qh, kh0, kh1);
           }
           continue;
         }
@@ -391,10 +370,10 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
         // column n <-> d = 32*(dt/4) + 4*n + dt%4 as below
 #pragma unroll
         for (int p = 0; p < NT / 2; ++p) {
-          const u32 pa[4] = {pf_bf16x2(s[2 * p][0], s[2 * p][1]),
-                             pf_bf16x2(s[2 * p][2], s[2 * p][3]),
-                             pf_bf16x2(s[2 * p + 1][0], s[2 * p + 1][1]),
-                             pf_bf16x2(s[2 * p + 1][2], s[2 * p + 1][3])};
+          const u32 pa[4] = {pack_bf16(s[2 * p][0], s[2 * p][1]),
+                             pack_bf16(s[2 * p][2], s[2 * p][3]),
+                             pack_bf16(s[2 * p + 1][0], s[2 * p + 1][1]),
+                             pack_bf16(s[2 * p + 1][2], s[2 * p + 1][3])};
           const float* v0 = vs + (16 * p + 2 * tig) * VS + 4 * g;
 #pragma unroll
           for (int c = 0; c < D / 32; ++c) {
@@ -402,10 +381,10 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
             const float4 r1 = *reinterpret_cast<const float4*>(v0 + VS + 32 * c);
             const float4 r8 = *reinterpret_cast<const float4*>(v0 + 8 * VS + 32 * c);
             const float4 r9 = *reinterpret_cast<const float4*>(v0 + 9 * VS + 32 * c);
-            pf_mma_bf16(o[4 * c], pa, pf_bf16x2(r0.x, r1.x), pf_bf16x2(r8.x, r9.x));
-            pf_mma_bf16(o[4 * c + 1], pa, pf_bf16x2(r0.y, r1.y), pf_bf16x2(r8.y, r9.y));
-            pf_mma_bf16(o[4 * c + 2], pa, pf_bf16x2(r0.z, r1.z), pf_bf16x2(r8.z, r9.z));
-            pf_mma_bf16(o[4 * c + 3], pa, pf_bf16x2(r0.w, r1.w), pf_bf16x2(r8.w, r9.w));
+            mma_bf16(o[4 * c], pa, pack_bf16(r0.x, r1.x), pack_bf16(r8.x, r9.x));
+            mma_bf16(o[4 * c + 1], pa, pack_bf16(r0.y, r1.y), pack_bf16(r8.y, r9.y));
+            mma_bf16(o[4 * c + 2], pa, pack_bf16(r0.z, r1.z), pack_bf16(r8.z, r9.z));
+            mma_bf16(o[4 * c + 3], pa, pack_bf16(r0.w, r1.w), pack_bf16(r8.w, r9.w));
           }
         }
       } else {
