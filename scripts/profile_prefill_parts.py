@@ -184,17 +184,26 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
 @click.argument("artifact", type=click.Path(exists=True, dir_okay=False))
 @click.option("--tokens", type=int, default=2048, show_default=True)
 def main(artifact: str, tokens: int) -> None:
+    from ninfer_runtime.backends.cuda import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise click.ClickException(reason)
     import cupy as cp
 
-    from ninfer_format import Artifact
+    from ninfer_format import Artifact, ArtifactError
     from ninfer_runtime.backends.cuda.backend import CudaBackend
     from ninfer_runtime.bench import measure as M
+    from ninfer_runtime.errors import EngineError
     from ninfer_runtime.models import load_model
     from ninfer_runtime.models.qwen3_5.attention import GatedAttention
     from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
 
     be = CudaBackend()
-    model = load_model(Artifact.open(artifact), be)
+    try:
+        model = load_model(Artifact.open(artifact), be)
+    except (ArtifactError, EngineError) as exc:
+        raise click.ClickException(str(exc)) from None
     rate, bw = M.matmul_rate(cp), M.copy_bandwidth(cp)
     print(f"fp16 matmul {rate / 1e12:.0f} TFLOP/s, copy {bw / 1e9:.0f} GB/s, {tokens} rows")
     x = cp.asarray(
