@@ -13,6 +13,7 @@ is the op-level profile.
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,7 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     stages["pair_groups"] = lambda: moe.PairGroups.of(ids, table.experts, size)
     groups = moe.PairGroups.of(ids, table.experts, size)
     if tc:
-        stages["sources"] = lambda: groups.sources(k)
-        xs, x_rows = x, groups.sources(k)
+        xs, x_rows = x, groups.source
     else:
         xs = cp.empty((groups.rows, x.shape[1]), dtype=cp.float32)
 
@@ -167,6 +167,32 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     stages["silu_mul"] = lambda: moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
     stages["down"] = lambda: project(table.down, h, ys, table.hidden)
+    for tiles in moe.kernels.GROUP_WEIGHT_TILES[1:] if tc else ():  # the other tilings
+        stages[f"gate_up R={tiles}"] = partial(
+            moe.kernels.small_gemm_groups,
+            table.gate.base,
+            table.gate.row0,
+            groups.expert,
+            table.gate.planes,
+            rows or inter,
+            xs,
+            gu,
+            2 * inter,
+            x_rows,
+            weight_tiles=tiles,
+        )
+        stages[f"down R={tiles}"] = partial(
+            moe.kernels.small_gemm_groups,
+            table.down.base,
+            table.down.row0,
+            groups.expert,
+            table.down.planes,
+            table.hidden,
+            h,
+            ys,
+            table.hidden,
+            weight_tiles=tiles,
+        )
     stages["shared_combine"] = lambda: moe._shared_and_combine(
         be, x, table, logits, ys, shares, groups.row
     )

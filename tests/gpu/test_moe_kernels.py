@@ -1,6 +1,7 @@
 """The device-side MoE decode path (``backends/cuda/moe.py``) against numpy and the CPU backend.
 
-The router kernel against a numpy top-k (ties included), the expert-indexed GEMV of every
+The router kernel against a numpy top-k (ties included), the prefill pair grouping against
+its numpy definition, the expert-indexed GEMV of every
 layout against the numpy decoders with experts stacked in one object and stored apart, the
 whole ``moe_decode`` against ``CpuBackend.moe``, and a CUDA-graph capture replayed on new
 inputs.
@@ -53,6 +54,29 @@ def numpy_route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
     share = np.take_along_axis(probs, top, axis=-1)
     return top, share / share.sum(axis=-1, keepdims=True)
+
+
+# ------------------------------------------------------------------------------ pair groups
+@pytest.mark.parametrize(
+    ("tokens", "experts", "k", "size"),
+    [(1, 4, 2, 32), (65, 10, 3, 8), (700, 64, 8, 32), (2048, 256, 8, 32), (300, 1024, 4, 32)],
+)
+def test_pair_groups_on_the_device_match_numpy(tokens, experts, k, size) -> None:
+    """The two grouping kernels lay the pairs out exactly as the numpy definition does (row,
+    group expert and source of every row), popular and empty experts included."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import PairGroups
+
+    rng = np.random.default_rng(tokens + experts)
+    weights = rng.dirichlet(np.full(experts, 0.2))
+    ids = np.stack(
+        [rng.choice(experts, size=k, replace=False, p=weights) for _ in range(tokens)]
+    ).astype(np.int32)
+    want = PairGroups.of(ids, experts, size)
+    got = PairGroups.of(cp.asarray(ids), experts, size)
+    for field in ("row", "expert", "source"):
+        np.testing.assert_array_equal(cp.asnumpy(getattr(got, field)), getattr(want, field))
 
 
 # ------------------------------------------------------------------------------------ router

@@ -95,3 +95,52 @@ def test_row_range_into_a_wider_output(case: Any) -> None:
         check(out[:, col : col + rows], x, w[row0 : row0 + rows])
         untouched = cp.asnumpy(out)
         assert (untouched[:, :col] == 7).all() and (untouched[:, col + rows :] == 7).all()
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bf16 (to nearest, ties to even), as the grouped product takes x."""
+    u = x.astype(np.float32).view(np.uint32)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+# one case of each tensor-core layout (rows: two experts of 150 / 192 / 256 rows, none a
+# multiple of the 128- or 256-row block)
+GROUP_CASES = [CASES[0], CASES[1], CASES[2], CASES[3], CASES[7], CASES[9], CASES[10]]
+
+
+@pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
+@pytest.mark.parametrize("tiles", kernels.GROUP_WEIGHT_TILES)
+def test_grouped_product(case: Any, tiles: int) -> None:
+    """``small_gemm_groups``: each group multiplies the bf16-rounded x rows it gathers (rows
+    of -1 read zeros) by its expert's rows (two experts: the two halves of one object), a
+    group of expert -1 writes nothing; bit-identical when run again."""
+    import cupy as cp
+
+    parent, w = make_weight(case, seed=11)
+    p = parent.planes
+    n, k = case[2]
+    half = n // 2
+    m = 8 * kernels.GROUP_TILES
+    group_expert = np.array([1, -1, 0, 1, 0], dtype=np.int32)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    x_rows = rng.integers(-1, 40, size=group_expert.size * m).astype(np.int32)
+    padded = cp.zeros((40, p.x_width), dtype=cp.float32)
+    padded[:, :k] = cp.asarray(x)
+    base = cp.asarray(np.full(2, parent.data.data.ptr, dtype=np.int64))
+    row0 = cp.asarray(np.array([0, half], dtype=np.int32))
+    args = (base, row0, cp.asarray(group_expert), p, half)
+    runs = []
+    for _ in range(2):
+        y = cp.full((group_expert.size * m, half), np.nan, dtype=cp.float32)
+        kernels.small_gemm_groups(*args, padded, y, half, cp.asarray(x_rows), weight_tiles=tiles)
+        runs.append(cp.asnumpy(y))
+    assert np.array_equal(runs[0], runs[1], equal_nan=True), "not deterministic"
+    xb = np.where(x_rows[:, None] >= 0, _bf16(x)[np.maximum(x_rows, 0)], 0.0)
+    for g, e in enumerate(group_expert):
+        got = runs[0][g * m : (g + 1) * m]
+        if e < 0:
+            assert np.isnan(got).all()  # never written
+            continue
+        check(got, xb[g * m : (g + 1) * m], w[e * half : (e + 1) * half])

@@ -59,14 +59,14 @@ def test_the_grouped_product_equals_one_product_per_pair() -> None:
 
 
 def test_sources_gather_the_rows_the_scatter_laid_out() -> None:
-    """``x[sources]`` (what the tensor-core groups read through their row indices) is the
+    """``x[source]`` (what the tensor-core groups read through their row indices) is the
     grouped layout ``xs[row] = repeat(x, k)``, and rows no pair takes read nothing (-1)."""
     rng = np.random.default_rng(3)
     tokens, experts, k, hidden = 90, 12, 3, 5
     ids = _route(rng, tokens, experts, k)
     g = PairGroups.of(ids, experts, GROUP_PAIRS)
     x = rng.standard_normal((tokens, hidden))
-    src = g.sources(k)
+    src = g.source
     assert src.shape == (g.rows,) and src.dtype == np.int32
     taken = np.zeros(g.rows, dtype=bool)
     taken[g.row] = True
@@ -131,12 +131,12 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     assert prep.endswith("_groups_x") and "_groups<" in gemm
     steps = kernels._small_groups(p)
     assert pgrid == (-(-steps * kernels.GROUP_TILES * 32 // 256), 3)
-    r = kernels.GROUP_CONFIG[0]
+    r = kernels.GROUP_WEIGHT_TILES[0]
     assert grid == (-(-1024 // (kernels.SMALL_WARPS * 16 * r)), 1, 3)
     assert block == (kernels.SMALL_WARPS * 32,)
     xf = pargs[-1]
     assert xf is args[-3] and xf.dtype == np.uint32
-    assert xf.size == 3 * p.x_width * kernels.GROUP_TILES * 8  # 32 bytes a column a tile
+    assert xf.size == 3 * p.x_width * kernels.GROUP_TILES * 4  # 16 bytes a column a tile
     assert len(args) == 12 and len(pargs) == 6  # the kernels' parameters
     assert args[:3] == (base, row0, group_expert)
     assert args[3 : 3 + len(p.kernel_args())] == tuple(p.kernel_args())

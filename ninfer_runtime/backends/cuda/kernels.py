@@ -110,16 +110,18 @@ MIN_SPLIT_GROUPS = 2
 PARTIAL_FLOATS = 4 << 20
 SMALL_CONFIGS = [(nt, r, u) for nt, tiles in SMALL_TILES.items() for r, u in tiles]
 #: activation tiles of 8 rows per group of the grouped product (MoE prefill: one expert's
-#: pairs, 32 rows a group), and its weight tiles (R, U): the default for that many tiles
+#: pairs, 32 rows a group), and the 16-row weight tiles R per warp it compiles (the first is
+#: the default)
 GROUP_TILES = 4
-GROUP_CONFIG = SMALL_TILES[GROUP_TILES][0]
+GROUP_WEIGHT_TILES = (2, 4)
 register_family(
     SMALL_FAMILY,
     [f"{k}<{nt}, {r}, {u}>" for k in _SMALL_KERNELS.values() for nt, r, u in SMALL_CONFIGS]
     + [f"{k}_x" for k in _SMALL_KERNELS.values()]
     + [
-        f"{k}_groups<{GROUP_TILES}, {GROUP_CONFIG[0]}, {GROUP_CONFIG[1]}>"
+        f"{k}_groups<{GROUP_TILES}, {r}>"
         for k in _SMALL_KERNELS.values()
+        for r in GROUP_WEIGHT_TILES
     ]
     + [f"{k}_groups_x" for k in _SMALL_KERNELS.values()],
 )
@@ -279,6 +281,7 @@ def small_gemm_groups(
     y: Any,
     ldy: int,
     x_rows: Any = None,
+    weight_tiles: int = GROUP_WEIGHT_TILES[0],
 ) -> None:
     """``y[g * M + m, r] = sum_k x[g * M + m, k] W_e[row0[e] + r, k]`` with ``e =
     group_expert[g]`` for every group g of ``M = 8 * GROUP_TILES`` rows (-1: the group is
@@ -286,12 +289,14 @@ def small_gemm_groups(
     address and first row (int64 / int32 device arrays), all of planes ``p``
     (``has_tensor_cores(p)``); ``x``: float32, ``p.x_width`` columns, ``len(group_expert) *
     M`` rows, or with ``x_rows`` (int32 [len(group_expert) * M]) any rows, product row i
-    reading row ``x_rows[i]`` of x (-1: zeros)."""
-    nt, (r, u) = GROUP_TILES, GROUP_CONFIG
+    reading row ``x_rows[i]`` of x (-1: zeros); ``weight_tiles``: one of
+    ``GROUP_WEIGHT_TILES``, 16-row weight tiles per warp."""
+    nt, r = GROUP_TILES, weight_tiles
     kernel, groups, count = _SMALL_KERNELS[p.code], _small_groups(p), int(group_expert.size)
     mmas = _SMALL_GROUP[p.code] // 16
     xp = array_module(x)
-    xf = xp.empty(count * groups * nt * 32 * mmas * 4, dtype=xp.uint32)
+    # 8 bytes (a bf16 B fragment) per mma, per lane, per activation tile, per k-group
+    xf = xp.empty(count * groups * nt * 32 * mmas * 2, dtype=xp.uint32)
     threads = groups * nt * 32
     function(SMALL_FAMILY, f"{kernel}_groups_x")(
         (-(-threads // 256), count),
@@ -305,7 +310,7 @@ def small_gemm_groups(
             xf,
         ),
     )
-    function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {u}>")(
+    function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}>")(
         (-(-rows // (SMALL_WARPS * 16 * r)), 1, count),
         (SMALL_WARPS * 32,),
         (

@@ -4,8 +4,8 @@ The router's top-k choice never leaves the device: ``moe_router`` writes expert 
 renormalised shares, and the expert-indexed GEMV (``kernels/gemv_experts.cu``) looks each
 pair's expert up in an ``ExpertTable`` of device addresses, so ``moe_decode`` issues a fixed
 sequence of launches with no host synchronisation and can be captured in a CUDA graph.
-``moe_prefill`` does the same for a prefill chunk's rows: it sorts the (token, expert) pairs
-by expert on the device and cuts each expert's pairs into groups (the last padded with zero
+``moe_prefill`` does the same for a prefill chunk's rows: it lays the (token, expert) pairs
+out by expert on the device and cuts each expert's pairs into groups (the last padded with zero
 rows), so one weight load serves a group; every group of the chunk runs in one launch per
 projection, on the tensor cores (``small_*_groups`` of ``gemm_small.cu``, 32 rows a group)
 where the layout has a tensor-core kernel, else on the 8-row GEMV (``gemv_expert_groups``).
@@ -31,8 +31,10 @@ from . import formats as F
 from . import kernels
 from .compile import function, register_family
 
-#: must match MOE_ROUTER_THREADS / MOE_MAX_EXPERTS / MOE_MAX_TOP_K in kernels/moe.cu
+#: must match MOE_ROUTER_THREADS / MOE_MAX_EXPERTS / MOE_MAX_TOP_K / MOE_GROUP_THREADS in
+#: kernels/moe.cu
 ROUTER_THREADS = 256
+GROUP_THREADS = 1024
 MAX_EXPERTS = 1024
 MAX_TOP_K = 64
 #: threads per block of the elementwise helpers
@@ -54,7 +56,9 @@ EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
 GROUP_PAIRS = kernels.MAX_GEMV_ROWS
 TENSOR_GROUP_PAIRS = 8 * kernels.GROUP_TILES
 
-register_family("moe", ["moe_router", "moe_silu_mul", "moe_combine"])
+register_family(
+    "moe", ["moe_router", "moe_silu_mul", "moe_combine", "moe_pair_ranks", "moe_pair_rows"]
+)
 register_family(
     EXPERTS_FAMILY,
     [f"gemv_experts_{s}<{r}, {ks}>" for s in _SUFFIX.values() for r, ks in EXPERT_CONFIGS]
@@ -228,13 +232,16 @@ def expert_groups_gemv(
 class PairGroups:
     """A prefill pass's (token, slot) pairs laid out by expert in groups of ``size`` rows:
     ``row[p]`` is the grouped row of pair ``p`` (in token-major order), ``expert[g]`` group
-    g's expert. There are as many groups as a pass of this many pairs can need (each
-    expert's pairs in whole groups: at most pairs / size + experts), so nothing is read back
-    to size the launches; groups past the real ones have expert -1, and rows no pair takes
-    are padding."""
+    g's expert, ``source[r]`` the token grouped row r belongs to. A pair's rank among its
+    expert's pairs is the number of earlier pairs of that expert; expert e's groups follow
+    those of the experts below it. There are as many groups as a pass of this many pairs can
+    need (each expert's pairs in whole groups: at most pairs / size + experts), so nothing
+    is read back to size the launches; groups past the real ones have expert -1, and rows no
+    pair takes are padding (source -1)."""
 
     row: Any  # int64 [P]
     expert: Any  # int32 [G]
+    source: Any  # int32 [G * size]
     size: int
 
     @property
@@ -242,32 +249,62 @@ class PairGroups:
         return int(self.expert.size) * self.size
 
     @classmethod
-    def of(cls, ids: Any, experts: int, size: int) -> PairGroups:
-        """From the router's choice ``ids`` [N, k] (any array module), on its device, with
-        nothing read back: a pair's rank among its expert's pairs comes from a running count
-        over the pairs in order (no sort; CuPy's sort and bincount wait for the device)."""
-        xp = array_module(ids)
-        flat = ids.reshape(-1)
-        pairs = xp.arange(flat.size)
-        seen = xp.cumsum(flat[:, None] == xp.arange(experts)[None, :], axis=0, dtype=xp.int32)
-        counts = seen[-1] if flat.size else xp.zeros(experts, dtype=xp.int32)
+    def of(cls, ids: Any, experts: int, size: int, top_k: int | None = None) -> PairGroups:
+        """From the router's choice ``ids`` [N, k] (``top_k`` = k unless given), on its
+        device with nothing read back: two launches on CuPy arrays (``moe_pair_ranks``,
+        ``moe_pair_rows``), the same layout by array operations on numpy ones."""
+        k = int(ids.shape[-1]) if top_k is None else top_k
+        if array_module(ids) is np:
+            return cls._of_numpy(np.asarray(ids).reshape(-1), experts, size, k)
+        import cupy as cp
+
+        flat = cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32)
+        pairs = int(flat.size)
+        count = pairs // size + experts
+        rank = cp.empty(pairs, dtype=cp.int32)
+        counts = cp.empty(experts, dtype=cp.int32)
+        row = cp.empty(pairs, dtype=cp.int64)
+        group_expert = cp.empty(count, dtype=cp.int32)
+        source = cp.empty(count * size, dtype=cp.int32)
+        warps = GROUP_THREADS // 32
+        function("moe", "moe_pair_ranks")(
+            (-(-experts // warps),),
+            (GROUP_THREADS,),
+            (flat, np.int32(pairs), np.int32(experts), rank, counts),
+        )
+        function("moe", "moe_pair_rows")(
+            (1,),
+            (GROUP_THREADS,),
+            (
+                flat,
+                np.int32(pairs),
+                np.int32(experts),
+                np.int32(size),
+                np.int32(k),
+                rank,
+                counts,
+                np.int32(count),
+                row,
+                group_expert,
+                source,
+            ),
+        )
+        return cls(row, group_expert, source, size)
+
+    @classmethod
+    def _of_numpy(cls, flat: np.ndarray, experts: int, size: int, k: int) -> PairGroups:
+        pairs = np.arange(flat.size)
+        seen = np.cumsum(flat[:, None] == np.arange(experts)[None, :], axis=0, dtype=np.int32)
+        counts = seen[-1] if flat.size else np.zeros(experts, dtype=np.int32)
         within = seen[pairs, flat] - 1  # earlier pairs of the same expert
         groups = (counts + size - 1) // size
-        ends = xp.cumsum(groups)
-        row = (ends[flat] - groups[flat] + within // size) * size + within % size
-        row = row.astype(xp.int64)
-        slots = xp.arange(flat.size // size + experts)
-        group_expert = xp.searchsorted(ends, slots, side="right")
-        group_expert = xp.where(slots < ends[-1], group_expert, -1)
-        return cls(row, group_expert.astype(xp.int32), size)
-
-    def sources(self, top_k: int) -> Any:
-        """int32 [rows]: the token each grouped row belongs to (pairs are token-major, k a
-        token), -1 for rows no pair takes."""
-        xp = array_module(self.row)
-        src = xp.full(self.rows, -1, dtype=xp.int32)
-        src[self.row] = (xp.arange(self.row.size) // top_k).astype(xp.int32)
-        return src
+        ends = np.cumsum(groups)
+        row = ((ends[flat] - groups[flat] + within // size) * size + within % size).astype(np.int64)
+        slots = np.arange(flat.size // size + experts)
+        group_expert = np.where(slots < ends[-1], np.searchsorted(ends, slots, side="right"), -1)
+        source = np.full(slots.size * size, -1, dtype=np.int32)
+        source[row] = (pairs // k).astype(np.int32)
+        return cls(row, group_expert.astype(np.int32), source, size)
 
 
 def route(logits: Any, top_k: int, experts: int | None = None) -> tuple[Any, Any]:
@@ -368,7 +405,7 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     groups = PairGroups.of(ids, table.experts, size)
     project = partial(_grouped, groups=groups, tensor_cores=tensor_cores)
     if tensor_cores:  # the products gather each pair's token row themselves
-        xs, x_rows = x, groups.sources(k)
+        xs, x_rows = x, groups.source
     else:  # each pair's token row laid out by group (rows no pair takes are never read back)
         xs = cp.empty((groups.rows, x.shape[1]), dtype=cp.float32)
         xs[groups.row] = cp.repeat(x, k, axis=0)

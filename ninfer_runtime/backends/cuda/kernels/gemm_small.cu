@@ -438,38 +438,173 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
     prep_x<POLICY>(x, ldx, m_rows, groups, nt, out);                                          \
   }
 
-// Groups of 8 * NT rows of x, each multiplied by the weights of one expert: group g =
-// blockIdx.z uses the object at base[group_expert[g]] (every expert one geometry, as for
-// the expert GEMV), rows row0[e] .. row0[e] + rows - 1, x rows g * 8 * NT onwards (their
-// fragments at g * groups * NT * 32 * MMAS) and y rows likewise; a group whose expert is -1
-// returns at once. No K split (gridDim.y is 1). x enters as bf16 (the hi half alone), as in
-// every prefill product. NAME_groups_x writes every group's fragments, blockIdx.y being the
-// group; with x_rows it gathers them: row g * 8 * NT + m is row x_rows[g * 8 * NT + m] of x
-// (-1: a padding row, zeros), else x holds the groups' rows in order.
+// ------------------------------------------------------------------ grouped products
+// Groups of 8 * NT rows of x, each multiplied by the weights of one expert (the MoE
+// prefill). x enters as bf16 (one mma a tile, as in every prefill product), made once per
+// product by NAME_groups_x in the order the warps read it: for group g, k-group q,
+// activation tile t, pair jj of mmas and lane (g', c), one uint4 holding the B fragments of
+// mmas 2 jj and 2 jj + 1 (row t * 8 + g', the chunk weights PERM[j][0..3]). A k-group's
+// fragments of one group (STAGE uint4) are contiguous, so a block copies them to shared
+// memory in one coalesced cp.async sweep, double-buffered one k-group ahead, and its warps
+// read them without bank conflicts (lanes take consecutive uint4): every warp of the block
+// shares one copy, and no warp waits on a global load of x before its mmas.
+template <class F>
+__device__ __forceinline__ void prep_x_groups(const float* __restrict__ x, int ldx,
+                                              const int* __restrict__ x_rows, int groups,
+                                              int nt, uint4* __restrict__ out) {
+  constexpr int CHUNK = F::GW / 4, PAIRS = F::GW / 32;
+  const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (id >= (long long)groups * nt * 32) return;
+  const long long g = blockIdx.y;
+  const int lane = (int)(id & 31), t = (int)((id >> 5) % nt), q = (int)(id / (32LL * nt));
+  const int m = t * 8 + (lane >> 2), c = lane & 3;
+  const long long row = g * 8 * nt + m;
+  const int xm = x_rows ? __ldg(x_rows + row) : (int)row;
+  float xs[CHUNK];
+  if (xm >= 0) {
+    const float4* src = reinterpret_cast<const float4*>(x + (long long)xm * ldx +
+                                                        (long long)q * F::GW + c * CHUNK);
+#pragma unroll
+    for (int i = 0; i < CHUNK / 4; ++i) {
+      const float4 v = __ldg(src + i);
+      xs[4 * i] = v.x; xs[4 * i + 1] = v.y; xs[4 * i + 2] = v.z; xs[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) xs[i] = 0.f;
+  }
+  uint4* dst = out + ((g * groups + q) * nt + t) * PAIRS * 32 + lane;
+#pragma unroll
+  for (int jj = 0; jj < PAIRS; ++jj) {
+    const int j = 2 * jj;
+    uint4 f;
+    f.x = pack_bf16(xs[F::perm(j, 0)], xs[F::perm(j, 1)]);
+    f.y = pack_bf16(xs[F::perm(j, 2)], xs[F::perm(j, 3)]);
+    f.z = pack_bf16(xs[F::perm(j + 1, 0)], xs[F::perm(j + 1, 1)]);
+    f.w = pack_bf16(xs[F::perm(j + 1, 2)], xs[F::perm(j + 1, 3)]);
+    dst[jj * 32] = f;
+  }
+}
+
+// One group's product: block x of the grid takes SMALL_WARPS * 16 * R weight rows (every
+// warp of the block runs every k-group, so that all take part in the shared copies; rows
+// past `rows` are clamped loads, never stored), the whole K (no split).
+template <class F, int NT, int R>
+__device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int rows, int groups,
+                                            const uint4* __restrict__ xf,
+                                            float* __restrict__ y, int ldy) {
+  constexpr int MMAS = F::GW / 16, PAIRS = MMAS / 2, STAGE = NT * PAIRS * 32;
+  __shared__ uint4 xs[2][STAGE];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int tile0 = (blockIdx.x * SMALL_WARPS + warp) * 16 * R;
+
+  long long n[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    n[r][0] = (long long)row0 + min(tile0 + 16 * r + g, rows - 1);
+    n[r][1] = (long long)row0 + min(tile0 + 16 * r + g + 8, rows - 1);
+  }
+  float acc[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
+
+  const auto stage = [&](int q, int buf) {
+    const uint4* src = xf + (long long)q * STAGE;
+    for (int i = threadIdx.x; i < STAGE; i += SMALL_WARPS * 32)
+      cp_async16(&xs[buf][i], src + i, true);
+    cp_commit();
+  };
+  typename F::Raw w[1][R][2], next[1][R][2];
+  stage(0, 0);
+  load_groups<F, R, 1>(w, a, n, 0, groups, c);
+  for (int q = 0; q < groups; ++q) {
+    const int buf = q & 1;
+    if (q + 1 < groups) {
+      stage(q + 1, buf ^ 1);
+      load_groups<F, R, 1>(next, a, n, q + 1, groups, c);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    u32 b[NT][MMAS][2];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int jj = 0; jj < PAIRS; ++jj) {
+        const uint4 f = xs[buf][(t * PAIRS + jj) * 32 + lane];
+        b[t][2 * jj][0] = f.x; b[t][2 * jj][1] = f.y;
+        b[t][2 * jj + 1][0] = f.z; b[t][2 * jj + 1][1] = f.w;
+      }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float part[NT][4];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+#pragma unroll
+      for (int j = 0; j < MMAS; ++j) {
+        u32 frag[4];
+        F::frag(w[0][r][0], j, frag[0], frag[2]);
+        F::frag(w[0][r][1], j, frag[1], frag[3]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          mma_bf16(F::SCALED ? part[t] : acc[r][t], frag, b[t][j][0], b[t][j][1]);
+      }
+      if (F::SCALED) {
+        const float s0 = F::scale(w[0][r][0]), s1 = F::scale(w[0][r][1]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t][0] = fmaf(s0, part[t][0], acc[r][t][0]);
+          acc[r][t][1] = fmaf(s0, part[t][1], acc[r][t][1]);
+          acc[r][t][2] = fmaf(s1, part[t][2], acc[r][t][2]);
+          acc[r][t][3] = fmaf(s1, part[t][3], acc[r][t][3]);
+        }
+      }
+    }
+    __syncthreads();  // the buffer is refilled by the next iteration's copy
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      w[0][r][0] = next[0][r][0];
+      w[0][r][1] = next[0][r][1];
+    }
+  }
+  each_result<R, NT>(acc, tile0, g, c, rows, 8 * NT, [&](int row, int m, float v) {
+    y[(long long)m * ldy + row] = F::finish(v, a, (long long)row0 + row);
+  });
+}
+
+// Group g = blockIdx.z uses the object at base[group_expert[g]] (every expert one geometry,
+// as for the expert GEMV), rows row0[e] .. row0[e] + rows - 1, and writes y rows g * 8 * NT
+// onwards; a group whose expert is -1 returns at once. NAME_groups_x writes every group's
+// fragments, blockIdx.y being the group; with x_rows it gathers them: row g * 8 * NT + m is
+// row x_rows[g * 8 * NT + m] of x (-1: a padding row, zeros), else x holds the groups' rows
+// in order.
 #define DEFINE_SMALL_GEMM_GROUPS(NAME, POLICY)                                                \
-  template <int NT, int R, int U>                                                             \
+  template <int NT, int R>                                                                    \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
       NAME##_groups(const u64* __restrict__ base, const int* __restrict__ row0,               \
                     const int* __restrict__ group_expert, long long off1, long long off2,     \
                     int stride, int rpd, int rows, int groups, const uint4* __restrict__ xf,  \
                     float* __restrict__ y, int ldy) {                                         \
-    constexpr int MMAS = POLICY::GW / 16;                                                     \
+    constexpr int STAGE = NT * (POLICY::GW / 32) * 32;                                        \
     const long long g = blockIdx.z;                                                           \
     const int e = __ldg(group_expert + g);                                                    \
     if (e < 0) return;                                                                        \
     SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
-    small_gemm<POLICY, NT, R, U, false>(a, __ldg(row0 + e), rows, groups,                     \
-                                        xf + g * groups * NT * 32 * MMAS, 8 * NT,             \
-                                        y + g * 8 * NT * ldy, ldy, nullptr, nullptr);         \
+    groups_gemm<POLICY, NT, R>(a, __ldg(row0 + e), rows, groups, xf + g * groups * STAGE,     \
+                               y + g * 8 * NT * ldy, ldy);                                    \
   }                                                                                           \
   __global__ void NAME##_groups_x(const float* __restrict__ x, int ldx,                      \
                                   const int* __restrict__ x_rows, int groups, int nt,         \
                                   uint4* __restrict__ out) {                                  \
-    constexpr int MMAS = POLICY::GW / 16;                                                     \
-    const long long g = blockIdx.y;                                                           \
-    const int* rows = x_rows ? x_rows + g * 8 * nt : nullptr;                                 \
-    prep_x<POLICY>(rows ? x : x + g * 8 * nt * ldx, ldx, 8 * nt, groups, nt,                  \
-                   out + g * groups * nt * 32 * MMAS, rows);                                  \
+    prep_x_groups<POLICY>(x, ldx, x_rows, groups, nt, out);                                   \
   }
 
 DEFINE_SMALL_GEMM(small_q4, SmallRowSplit<4>)

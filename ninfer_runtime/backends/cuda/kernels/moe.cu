@@ -145,3 +145,86 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, int ldy,
     out[t] = acc + moe_sigmoid(score[(long long)n * lds]) * shared[t];
   }
 }
+
+// ------------------------------------------------------------------ prefill pair groups
+// A prefill pass's P (token, slot) pairs laid out by expert in groups of `size` rows, as
+// moe.PairGroups defines it: pair p's rank among its expert's pairs is the number of earlier
+// pairs of that expert, expert e's groups follow those of the experts below it, and pair p
+// takes row (start[e] + rank / size) * size + rank % size.
+
+#define MOE_GROUP_THREADS 1024
+
+// Warp w of block b counts the pairs of expert 32 b + w in pair order: rank[p] for its
+// pairs, counts[e] their number (one ballot per 32 pairs; no atomics, so no reordering).
+extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
+    moe_pair_ranks(const int* __restrict__ ids, int P, int E, int* __restrict__ rank,
+                   int* __restrict__ counts) {
+  const int lane = threadIdx.x & 31;
+  const int e = blockIdx.x * (MOE_GROUP_THREADS / 32) + (threadIdx.x >> 5);
+  if (e >= E) return;
+  int seen = 0;
+  for (int p0 = 0; p0 < P; p0 += 32) {
+    const int p = p0 + lane;
+    const bool mine = p < P && __ldg(ids + p) == e;
+    const unsigned hits = __ballot_sync(0xFFFFFFFFu, mine);
+    if (mine) rank[p] = seen + __popc(hits & ((1u << lane) - 1u));
+    seen += __popc(hits);
+  }
+  if (lane == 0) counts[e] = seen;
+}
+
+// One block: each expert's first group (an exclusive scan of its group counts), then every
+// pair's row, each group's expert (-1 past the real ones) and each row's token (-1 for rows
+// no pair takes). G groups of `size` rows; pairs are token-major, top_k a token.
+extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
+    moe_pair_rows(const int* __restrict__ ids, int P, int E, int size, int top_k,
+                  const int* __restrict__ rank, const int* __restrict__ counts, int G,
+                  long long* __restrict__ row, int* __restrict__ group_expert,
+                  int* __restrict__ source) {
+  __shared__ int start[MOE_MAX_EXPERTS + 1];
+  __shared__ int warp_sum[MOE_GROUP_THREADS / 32];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int mine = t < E ? (counts[t] + size - 1) / size : 0;
+  int v = mine;  // inclusive scan: in the warp, then over the warps' sums
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int u = __shfl_up_sync(0xFFFFFFFFu, v, off);
+    if (lane >= off) v += u;
+  }
+  if (lane == 31) warp_sum[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int s = warp_sum[lane];
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int u = __shfl_up_sync(0xFFFFFFFFu, s, off);
+      if (lane >= off) s += u;
+    }
+    warp_sum[lane] = s;  // inclusive over the warps
+  }
+  __syncthreads();
+  const int inclusive = v + (warp > 0 ? warp_sum[warp - 1] : 0);
+  if (t < E) start[t] = inclusive - mine;
+  if (t == 0) start[E] = warp_sum[MOE_GROUP_THREADS / 32 - 1];  // the real groups
+  for (int r = t; r < G * size; r += MOE_GROUP_THREADS) source[r] = -1;
+  __syncthreads();
+  const int total = start[E];
+  for (int g = t; g < G; g += MOE_GROUP_THREADS) {
+    int e = -1;
+    if (g < total) {  // the last expert whose first group is at or below g
+      int lo = 0, hi = E - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (start[mid] <= g) lo = mid; else hi = mid - 1;
+      }
+      e = lo;
+    }
+    group_expert[g] = e;
+  }
+  for (int p = t; p < P; p += MOE_GROUP_THREADS) {
+    const int e = __ldg(ids + p), k = __ldg(rank + p);
+    const long long r = (long long)(start[e] + k / size) * size + k % size;
+    row[p] = r;
+    source[r] = p / top_k;
+  }
+}

@@ -55,28 +55,6 @@ struct PfTile {
   static constexpr int VSTAGE = NARROW ? D : VS;
 };
 
-__device__ __forceinline__ u32 pf_smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-
-// 16 bytes global -> shared, bypassing L1; zero-filled when !ok (nothing is read then)
-__device__ __forceinline__ void pf_cp_async16(void* dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(pf_smem_addr(dst)),
-               "l"(src), "r"(ok ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void pf_cp_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void pf_cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Four stored elements (8 bytes of bf16 words, 4 of E4M3 bytes, in shared memory) as floats
 template <typename KV>
 __device__ __forceinline__ float4 pf_decode4(const KV* p) {
@@ -198,10 +176,10 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
         base = (long long)__ldg(pages + pi) * page;
       }
       const long long off = ok ? (base + pr) * kv_stride + (long long)h * D + copy_col : 0;
-      pf_cp_async16(ks + r * KSTAGE + copy_col, k + off, ok);
-      pf_cp_async16(vs + r * VSTAGE + copy_col, v + off, ok);
+      cp_async16(ks + r * KSTAGE + copy_col, k + off, ok);
+      cp_async16(vs + r * VSTAGE + copy_col, v + off, ok);
     }
-    pf_cp_commit();
+    cp_commit();
   };
 
   // narrow storage: the staged raw rows of buffer buf -> the float tiles, four at a time
@@ -239,9 +217,9 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
     const int buf = (tile - tile0) & 1;
     if (tile + 1 < tile1) {
       load_tile(tile + 1, buf ^ 1);
-      pf_cp_wait<1>();
+      cp_wait<1>();
     } else {
-      pf_cp_wait<0>();
+      cp_wait<0>();
     }
     __syncthreads();  // the tile (and, the first time, q) is visible to every warp
     if constexpr (Tile::NARROW) {
