@@ -167,8 +167,8 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     stages["silu_mul"] = lambda: moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
     stages["down"] = lambda: project(table.down, h, ys, table.hidden)
-    for tiles in moe.kernels.GROUP_WEIGHT_TILES[1:] if tc else ():  # the other tilings
-        stages[f"gate_up R={tiles}"] = partial(
+    for steps in moe.kernels.GROUP_STEPS[1:] if tc else ():  # the other step sizes
+        stages[f"gate_up U={steps}"] = partial(
             moe.kernels.small_gemm_groups,
             table.gate.base,
             table.gate.row0,
@@ -179,9 +179,9 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
             gu,
             2 * inter,
             x_rows,
-            weight_tiles=tiles,
+            steps=steps,
         )
-        stages[f"down R={tiles}"] = partial(
+        stages[f"down U={steps}"] = partial(
             moe.kernels.small_gemm_groups,
             table.down.base,
             table.down.row0,
@@ -191,11 +191,14 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
             h,
             ys,
             table.hidden,
-            weight_tiles=tiles,
+            steps=steps,
         )
-    stages["shared_combine"] = lambda: moe._shared_and_combine(
-        be, x, table, logits, ys, shares, groups.row
+    shared = moe._shared_prefill(be, x, table)
+    stages["shared (grouped)" if table.shared_groups else "shared"] = lambda: moe._shared_prefill(
+        be, x, table
     )
+    stages["shared (linear)"] = lambda: moe._shared(be, x, table)
+    stages["combine"] = lambda: moe._combine(x, table, logits, ys, shares, shared, groups.row)
     stages["whole"] = lambda: moe.moe_prefill(be, x, table)
     print(f"  MoE: {groups.expert.size} groups of {size} pairs, tensor cores {tc}")
     for name, fn in stages.items():

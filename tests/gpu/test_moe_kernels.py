@@ -215,7 +215,17 @@ def random_moe(fmt: str, fused: bool, seed: int = 0) -> tuple[MoeWeights, MoeWei
     else:
         gpu_experts, cpu_experts = (list(t) for t in zip(*(mlp() for _ in range(E)), strict=True))
     (router, router_w), (score, score_w) = single(E, H), single(1, H)
-    shared_gpu, shared_cpu = mlp()
+    if fused:  # the shared expert's gate|up in one object too (its prefill takes the groups)
+        sgu_parent, sgu = resident(values(2 * INTER, H), fmt)
+        sd, sdw = single(H, INTER)
+        shared_gpu = ExpertWeights(
+            PackedWeight([Segment(sgu_parent, 0, INTER)], (INTER, H)),
+            PackedWeight([Segment(sgu_parent, INTER, INTER)], (INTER, H)),
+            sd,
+        )
+        shared_cpu = ExpertWeights(sgu[:INTER], sgu[INTER:], sdw)
+    else:
+        shared_gpu, shared_cpu = mlp()
     return (
         MoeWeights(router, gpu_experts, shared_gpu, score, TOP_K),
         MoeWeights(router_w, cpu_experts, shared_cpu, score_w, TOP_K),
@@ -272,6 +282,8 @@ def test_moe_prefill_matches_cpu(
     table = ExpertTable(gpu_w, cuda_backend.join_rows)
     # bf16 rows of 96 or 40 values have no tensor-core kernel: the GEMV groups either way
     assert moe._tensor_core_groups(table) == (tensor_cores and fmt != "bf16")
+    # the shared expert on the grouped product where its gate|up is one object
+    assert (table.shared_groups is not None) == (fused and fmt != "bf16")
     rng = np.random.default_rng(2)
     for n in (65, 300):
         x = rng.standard_normal((n, H)).astype(np.float32)

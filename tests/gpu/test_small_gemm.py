@@ -110,8 +110,8 @@ GROUP_CASES = [CASES[0], CASES[1], CASES[2], CASES[3], CASES[7], CASES[9], CASES
 
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
-@pytest.mark.parametrize("tiles", kernels.GROUP_WEIGHT_TILES)
-def test_grouped_product(case: Any, tiles: int) -> None:
+@pytest.mark.parametrize("steps", kernels.GROUP_STEPS)
+def test_grouped_product(case: Any, steps: int) -> None:
     """``small_gemm_groups``: each group multiplies the bf16-rounded x rows it gathers (rows
     of -1 read zeros) by its expert's rows (two experts: the two halves of one object), a
     group of expert -1 writes nothing; bit-identical when run again."""
@@ -134,7 +134,7 @@ def test_grouped_product(case: Any, tiles: int) -> None:
     runs = []
     for _ in range(2):
         y = cp.full((group_expert.size * m, half), np.nan, dtype=cp.float32)
-        kernels.small_gemm_groups(*args, padded, y, half, cp.asarray(x_rows), weight_tiles=tiles)
+        kernels.small_gemm_groups(*args, padded, y, half, cp.asarray(x_rows), steps=steps)
         runs.append(cp.asnumpy(y))
     assert np.array_equal(runs[0], runs[1], equal_nan=True), "not deterministic"
     xb = np.where(x_rows[:, None] >= 0, _bf16(x)[np.maximum(x_rows, 0)], 0.0)

@@ -131,7 +131,7 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     assert prep.endswith("_groups_x") and "_groups<" in gemm
     steps = kernels._small_groups(p)
     assert pgrid == (-(-steps * kernels.GROUP_TILES * 32 // 256), 3)
-    r = kernels.GROUP_WEIGHT_TILES[0]
+    r = kernels.GROUP_WEIGHT_TILES
     assert grid == (-(-1024 // (kernels.SMALL_WARPS * 16 * r)), 1, 3)
     assert block == (kernels.SMALL_WARPS * 32,)
     xf = pargs[-1]

@@ -119,7 +119,7 @@ def shared_bytes(kind: str, dk: int, dv: int) -> int:
         return 4 * (2 * CHUNK + CHUNK * cp + max(2 * dk * cp, CHUNK * (dv + dk + 1)))
     if kind == "states":
         sp, skp = STATE_COLUMNS + 8, dk + 8
-        return 4 * (CHUNK * kp + CHUNK * skp + dk * sp + CHUNK * sp + CHUNK)
+        return 4 * (CHUNK * kp + CHUNK * skp + dk * sp + 2 * CHUNK * sp + 2 * CHUNK)
     if kind == "output":
         op = OUTPUT_COLUMNS + 8
         return 4 * (CHUNK * kp + dk * op + CHUNK * cp + CHUNK * op)

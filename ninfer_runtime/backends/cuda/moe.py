@@ -148,6 +148,24 @@ class ExpertTable:
             g.parent is u.parent and u.row0 == g.row0 + g.rows
             for g, u in zip(segs["gate"], segs["up"], strict=True)
         )
+        self.shared_groups = _shared_groups(self.shared_gate_up, self.shared_down)
+
+
+def _shared_groups(gate_up: Weight, down: Weight) -> tuple[Projection, Projection] | None:
+    """The shared expert's gate|up and down as one-expert projections of the grouped
+    tensor-core product (a prefill chunk's rows in groups of one expert, each group reading
+    the codes in place instead of a dequantized slab), where both are single segments of a
+    layout that product reads; else None (the prefill then takes ``linear``)."""
+    try:
+        projections = tuple(
+            Projection.build([_single_segment(w, f"shared {what}")], f"shared {what}")
+            for w, what in ((gate_up, "gate|up"), (down, "down"))
+        )
+    except ExpertTableError:
+        return None
+    if not all(kernels.has_tensor_cores(p.planes) for p in projections):
+        return None
+    return projections[0], projections[1]
 
 
 def _single_segment(w: Any, what: str) -> Any:
@@ -376,7 +394,7 @@ def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
     y = cp.empty((pairs, hidden), dtype=cp.float32)
     expert_gemv(table.down, ids, h, True, y, hidden)
 
-    return _shared_and_combine(backend, x, table, logits, y, shares)
+    return _combine(x, table, logits, y, shares, _shared(backend, x, table))
 
 
 def moe_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
@@ -419,8 +437,42 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     h = silu_mul(gu, inter, inter, table.down.planes.x_width)
     ys = cp.empty((groups.rows, hidden), dtype=cp.float32)
     project(table.down, h, ys, hidden)
+    shared = _shared_prefill(backend, x, table)
     # the combine reads each (token, slot) pair's row where its group left it
-    return _shared_and_combine(backend, x, table, logits, ys, shares, groups.row)
+    return _combine(x, table, logits, ys, shares, shared, groups.row)
+
+
+def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
+    """The shared expert over a prefill pass's rows: every row in groups of the one expert
+    on the grouped tensor-core product where the table has ``shared_groups``."""
+    import cupy as cp
+
+    if table.shared_groups is None:
+        return _shared(backend, x, table)
+    gate_up, down = table.shared_groups
+    n, si, size = x.shape[0], table.shared_intermediate, TENSOR_GROUP_PAIRS
+    count = -(-n // size)
+    expert = cp.zeros(count, dtype=cp.int32)
+    x_rows = cp.arange(count * size, dtype=cp.int32)
+    x_rows[n:] = -1  # the last group's padding reads zeros
+    gu = cp.empty((count * size, 2 * si), dtype=cp.float32)
+    kernels.small_gemm_groups(
+        gate_up.base,
+        gate_up.row0,
+        expert,
+        gate_up.planes,
+        2 * si,
+        _padded(x, gate_up.planes),
+        gu,
+        2 * si,
+        x_rows,
+    )
+    h = silu_mul(gu, si, si, down.planes.x_width)
+    out = cp.empty((count * size, table.hidden), dtype=cp.float32)
+    kernels.small_gemm_groups(
+        down.base, down.row0, expert, down.planes, table.hidden, h, out, table.hidden
+    )
+    return out[:n]
 
 
 def _tensor_core_groups(table: ExpertTable) -> bool:
@@ -450,24 +502,30 @@ def _grouped(
         expert_groups_gemv(proj, groups.expert, x, y, ldy, rows=rows)
 
 
-def _shared_and_combine(
-    backend: Any,
+def _shared(backend: Any, x: Any, table: ExpertTable) -> Any:
+    """The shared expert's output (before its sigmoid gate) for the rows of x."""
+    import cupy as cp
+
+    si = table.shared_intermediate
+    shared_h = silu_mul(backend.linear(x, table.shared_gate_up), si, si, si)
+    return cp.ascontiguousarray(backend.linear(shared_h, table.shared_down), dtype=cp.float32)
+
+
+def _combine(
     x: Any,
     table: ExpertTable,
     logits: Any,
     y: Any,
     shares: Any,
+    shared: Any,
     y_rows: Any = None,
 ) -> Any:
-    """``sum_j share_j y[(n, j)] + sigmoid(score) * shared(x)`` for the rows of x, from the
-    routed pairs' outputs ``y`` (pair p = n * k + j in row p, or in row ``y_rows[p]``, int64)
-    and the router | score ``logits``."""
+    """``sum_j share_j y[(n, j)] + sigmoid(score) * shared`` for the rows of x, from the
+    routed pairs' outputs ``y`` (pair p = n * k + j in row p, or in row ``y_rows[p]``, int64),
+    the router | score ``logits`` and the shared expert's C-contiguous rows."""
     import cupy as cp
 
     n, k, hidden = x.shape[0], table.top_k, table.hidden
-    si = table.shared_intermediate
-    shared_h = silu_mul(backend.linear(x, table.shared_gate_up), si, si, si)
-    shared = cp.ascontiguousarray(backend.linear(shared_h, table.shared_down), dtype=cp.float32)
     out = cp.empty((n, hidden), dtype=cp.float32)
     function("moe", "moe_combine")(
         (_blocks(n * hidden),),

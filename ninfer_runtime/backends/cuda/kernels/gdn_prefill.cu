@@ -10,7 +10,7 @@
 //   gdn_chunk_states   (32 state columns, value head): the chunks in order, the state S in
 //       registers. Writes the state each chunk starts from, v_new = u - w S, and then
 //       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new), both products on tensor cores in
-//       3xTF32 (about float32).
+//       3xTF32 (about float32), the next chunk's inputs copied in by cp.async meanwhile.
 //   gdn_chunk_output   (chunk, value head, 64 columns): out = e^γ ⊙ (q S) + QK v_new, on
 //       tensor cores in 3xTF32.
 //
@@ -233,6 +233,10 @@ __device__ __forceinline__ void mma_tf32x3(float (&d)[4], const float (&a)[4], f
 // Both products of a chunk on tensor cores (3xTF32): v_new [GC x 32] = u - w S as 16 tiles
 // of 16 x 8, two per warp; S [DK x 32] += kᵀ (...) as DK / 4 tiles, each warp keeping its
 // tiles of S in registers across the chunks (DK = 16: warps 4-7 hold none).
+// The next chunk's inputs are copied by cp.async while this one's products run, each into
+// the tile its last reader has finished with: w, u (and γ, double-buffered: the state update
+// still reads this chunk's) once v_new is made, k once the state is updated. Two commit
+// groups a chunk, in the order they are waited on: [w, u, γ], then [k].
 template <int DK>
 __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     gdn_chunk_states(const float* __restrict__ k, const float* __restrict__ u,
@@ -247,15 +251,42 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
   float* ws = smem;                // [GC][KP] w
   float* ks = ws + GC * G::KP;     // [GC][SKP] k
   float* ss = ks + GC * G::SKP;    // [DK][SP] the chunk's starting state, columns c0 ..
-  float* vs = ss + DK * G::SP;     // [GC][SP] u, then e^{γ_last - γ} ⊙ v_new
-  float* gs = vs + GC * G::SP;     // [GC] γ
+  float* us = ss + DK * G::SP;     // [GC][SP] u
+  float* vs = us + GC * G::SP;     // [GC][SP] e^{γ_last - γ} ⊙ v_new
+  float* gs = vs + GC * G::SP;     // [2][GC] γ, by chunk parity
   const int h = blockIdx.y, c0 = blockIdx.x * G::SC, tid = threadIdx.x;
   const int warp = tid >> 5, g = (tid & 31) >> 2, tig = tid & 3;
   const int hk = h / (value_heads / key_heads);
   const int chunks = (tokens + GC - 1) / GC;
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float* st = state + (long long)h * DK * dv;
   const bool holds = warp * PER_WARP < TILES;
+
+  const auto copy_wu = [&](int chunk) {  // w, u and γ of a chunk
+    const long long head = (long long)chunk * value_heads + h;
+#pragma unroll
+    for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
+      const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
+      cp_async16(ws + i * G::KP + d, w + (head * GC + i) * DK + d, true);
+    }
+#pragma unroll
+    for (int e = tid; e < GC * GROUPS; e += GDN_CHUNK_THREADS) {
+      const int i = e / GROUPS, col = c0 + 4 * (e % GROUPS);
+      cp_async16(us + i * G::SP + 4 * (e % GROUPS), u + (head * GC + i) * dv + min(col, dv - 4),
+                 col < dv);
+    }
+    if (tid < GC / 4) cp_async16(gs + (chunk & 1) * GC + 4 * tid, gam + head * GC + 4 * tid, true);
+    cp_commit();
+  };
+  const auto copy_k = [&](int chunk) {  // k of a chunk (zeros past the last token)
+    const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+#pragma unroll
+    for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
+      const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
+      const int t = t0 + min(i, rows - 1);
+      cp_async16(ks + i * G::SKP + d, k + ((long long)t * key_heads + hk) * DK + d, i < rows);
+    }
+    cp_commit();
+  };
 
   // element e of the warp's state tile j: row 16 (t / 4) + g + 8 (e / 2), column
   // 8 (t % 4) + 2 tig + e % 2 of the block's columns, t = warp * PER_WARP + j
@@ -269,9 +300,11 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
       const int col = c0 + s_col(j, e);
       s[j][e] = holds && col < dv ? st[(long long)s_row(j, e) * dv + col] : 0.0f;
     }
+  copy_wu(0);
+  copy_k(0);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const long long head = (long long)chunk * value_heads + h;
-    const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+    const float* gc = gs + (chunk & 1) * GC;
     if (holds) {
 #pragma unroll
       for (int j = 0; j < PER_WARP; ++j)
@@ -282,24 +315,10 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
           if (c0 + col < dv) starts[(head * DK + row) * dv + c0 + col] = s[j][e];
         }
     }
-#pragma unroll
-    for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
-      const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
-      store4(ws + i * G::KP + d, load4(w + (head * GC + i) * DK + d));
-      store4(ks + i * G::SKP + d,
-             i < rows ? load4(k + ((long long)(t0 + i) * key_heads + hk) * DK + d) : zero);
-    }
-#pragma unroll
-    for (int e = tid; e < GC * GROUPS; e += GDN_CHUNK_THREADS) {
-      const int i = e / GROUPS, col = c0 + 4 * (e % GROUPS);
-      store4(vs + i * G::SP + 4 * (e % GROUPS),
-             col < dv ? load4(u + (head * GC + i) * dv + col) : zero);
-    }
-    if (tid < GC) gs[tid] = gam[head * GC + tid];
+    cp_wait<1>();  // this chunk's w, u, γ (its k may still be in flight)
     __syncthreads();
 
-    {  // v_new = u - w S: warp's rows 16 mt .., column tiles nb and nb + 1 (each lane reads
-       // and rewrites only its own entries of vs)
+    {  // v_new = u - w S: warp's rows 16 mt .., column tiles nb and nb + 1
       const int mt = warp >> 1, nb = 2 * (warp & 1);
       float acc[2][4] = {};
 #pragma unroll 4
@@ -312,20 +331,27 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
           mma_tf32x3(acc[n], a, b[0], b[4 * G::SP]);
         }
       }
-      const float last = gs[GC - 1];
+      const float last = gc[GC - 1];
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = 16 * mt + g + 8 * (e >> 1), col = 8 * (nb + n) + 2 * tig + (e & 1);
-          const float x = vs[row * G::SP + col] - acc[n][e];
+          const float x = us[row * G::SP + col] - acc[n][e];
           if (c0 + col < dv) vnew[(head * GC + row) * dv + c0 + col] = x;
-          vs[row * G::SP + col] = x * expf(last - gs[row]);
+          vs[row * G::SP + col] = x * expf(last - gc[row]);
         }
+    }
+    __syncthreads();  // w, u and the other γ buffer are free: the next chunk's come in
+    if (chunk + 1 < chunks) {
+      copy_wu(chunk + 1);
+      cp_wait<1>();  // this chunk's k
+    } else {
+      cp_wait<0>();
     }
     __syncthreads();
     if (holds) {  // S <- e^{γ_last} S + kᵀ vs
-      const float decay = expf(gs[GC - 1]);
+      const float decay = expf(gc[GC - 1]);
 #pragma unroll
       for (int j = 0; j < PER_WARP; ++j) {
         const int t = warp * PER_WARP + j, mt = t / 4, nt = t % 4;
@@ -341,7 +367,8 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
         for (int e = 0; e < 4; ++e) s[j][e] = fmaf(s[j][e], decay, acc[e]);
       }
     }
-    __syncthreads();  // the next chunk overwrites every tile
+    __syncthreads();  // k and vs are free
+    if (chunk + 1 < chunks) copy_k(chunk + 1);
   }
   if (holds) {
 #pragma unroll

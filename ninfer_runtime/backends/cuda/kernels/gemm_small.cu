@@ -229,17 +229,15 @@ struct SmallNvfp4 {
 // x in fragment order, made once per product by small_x_prep: for group q, activation
 // tile t and lane (g, c), one uint4 per mma j holding the B fragment of row t * 8 + g at the
 // chunk weights PERM[j][0..3] as (hi0, hi1, lo0, lo1): x = hi + lo, both bf16.
-// With x_rows, row m of the product is row x_rows[m] of x (negative: a row of zeros).
 template <class F>
 __device__ __forceinline__ void prep_x(const float* __restrict__ x, int ldx, int m_rows,
-                                       int groups, int nt, uint4* __restrict__ out,
-                                       const int* __restrict__ x_rows = nullptr) {
+                                       int groups, int nt, uint4* __restrict__ out) {
   constexpr int CHUNK = F::GW / 4, MMAS = F::GW / 16;
   const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (id >= (long long)groups * nt * 32) return;
   const int lane = (int)(id & 31), t = (int)((id >> 5) % nt), q = (int)(id / (32LL * nt));
   const int m = t * 8 + (lane >> 2), c = lane & 3;
-  const int xm = m >= m_rows ? -1 : x_rows ? __ldg(x_rows + m) : m;
+  const int xm = m >= m_rows ? -1 : m;
   float xs[CHUNK];
   if (xm >= 0) {
     const float4* src = reinterpret_cast<const float4*>(x + (long long)xm * ldx +
@@ -293,9 +291,7 @@ __device__ __forceinline__ void each_result(const float (&acc)[R][NT][4], int ti
       }
 }
 
-// SPLIT_X: both halves of x (x = hi + lo, ~16 bits); without it only hi, bf16 x as the
-// prefill products take it (one mma per tile instead of two: the MoE prefill's groups).
-template <class F, int NT, int R, int U, bool SPLIT_X = true>
+template <class F, int NT, int R, int U>
 __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                            const uint4* __restrict__ xf, int m_rows,
                                            float* __restrict__ y, int ldy,
@@ -340,14 +336,8 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
         const bool live = t * 8 + g < m_rows;
 #pragma unroll
         for (int j = 0; j < MMAS; ++j) {
-          if constexpr (SPLIT_X) {
-            const uint4 f = live ? __ldg(src + j) : make_uint4(0u, 0u, 0u, 0u);
-            bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = f.z; bl[t][j][1] = f.w;
-          } else {  // the hi half only: the first 8 bytes of the fragment
-            const uint2 f = live ? __ldg(reinterpret_cast<const uint2*>(src + j))
-                                 : make_uint2(0u, 0u);
-            bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = bl[t][j][1] = 0u;
-          }
+          const uint4 f = live ? __ldg(src + j) : make_uint4(0u, 0u, 0u, 0u);
+          bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = f.z; bl[t][j][1] = f.w;
         }
       }
 #pragma unroll
@@ -366,7 +356,7 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
           for (int t = 0; t < NT; ++t) {
             float* dst = F::SCALED ? part[t] : acc[r][t];
             mma_bf16(dst, frag, bh[t][j][0], bh[t][j][1]);
-            if constexpr (SPLIT_X) mma_bf16(dst, frag, bl[t][j][0], bl[t][j][1]);
+            mma_bf16(dst, frag, bl[t][j][0], bl[t][j][1]);
           }
         }
         if (F::SCALED) {
@@ -488,13 +478,15 @@ __device__ __forceinline__ void prep_x_groups(const float* __restrict__ x, int l
 
 // One group's product: block x of the grid takes SMALL_WARPS * 16 * R weight rows (every
 // warp of the block runs every k-group, so that all take part in the shared copies; rows
-// past `rows` are clamped loads, never stored), the whole K (no split).
-template <class F, int NT, int R>
+// past `rows` are clamped loads, never stored), the whole K (no split), U k-groups a step:
+// the next step's weights (registers) and x (shared memory) are in flight during this one's
+// mmas.
+template <class F, int NT, int R, int U>
 __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                             const uint4* __restrict__ xf,
                                             float* __restrict__ y, int ldy) {
   constexpr int MMAS = F::GW / 16, PAIRS = MMAS / 2, STAGE = NT * PAIRS * 32;
-  __shared__ uint4 xs[2][STAGE];
+  __shared__ uint4 xs[2][U * STAGE];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tile0 = (blockIdx.x * SMALL_WARPS + warp) * 16 * R;
@@ -513,67 +505,74 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
 
-  const auto stage = [&](int q, int buf) {
+  const auto stage = [&](int q, int buf) {  // k-groups q .. q + U - 1 (those below groups)
     const uint4* src = xf + (long long)q * STAGE;
-    for (int i = threadIdx.x; i < STAGE; i += SMALL_WARPS * 32)
+    const int count = min(U, groups - q) * STAGE;
+    for (int i = threadIdx.x; i < count; i += SMALL_WARPS * 32)
       cp_async16(&xs[buf][i], src + i, true);
     cp_commit();
   };
-  typename F::Raw w[1][R][2], next[1][R][2];
+  typename F::Raw w[U][R][2], next[U][R][2];
   stage(0, 0);
-  load_groups<F, R, 1>(w, a, n, 0, groups, c);
-  for (int q = 0; q < groups; ++q) {
-    const int buf = q & 1;
-    if (q + 1 < groups) {
-      stage(q + 1, buf ^ 1);
-      load_groups<F, R, 1>(next, a, n, q + 1, groups, c);
+  load_groups<F, R, U>(w, a, n, 0, groups, c);
+  for (int q = 0; q < groups; q += U) {
+    const int buf = (q / U) & 1;
+    if (q + U < groups) {
+      stage(q + U, buf ^ 1);
+      load_groups<F, R, U>(next, a, n, q + U, groups, c);
       cp_wait<1>();
     } else {
       cp_wait<0>();
     }
     __syncthreads();
-    u32 b[NT][MMAS][2];
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int jj = 0; jj < PAIRS; ++jj) {
-        const uint4 f = xs[buf][(t * PAIRS + jj) * 32 + lane];
-        b[t][2 * jj][0] = f.x; b[t][2 * jj][1] = f.y;
-        b[t][2 * jj + 1][0] = f.z; b[t][2 * jj + 1][1] = f.w;
-      }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float part[NT][4];
+    for (int u = 0; u < U; ++u) {
+      if (q + u >= groups) break;
+      u32 b[NT][MMAS][2];
 #pragma unroll
       for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+        for (int jj = 0; jj < PAIRS; ++jj) {
+          const uint4 f = xs[buf][u * STAGE + (t * PAIRS + jj) * 32 + lane];
+          b[t][2 * jj][0] = f.x; b[t][2 * jj][1] = f.y;
+          b[t][2 * jj + 1][0] = f.z; b[t][2 * jj + 1][1] = f.w;
+        }
 #pragma unroll
-      for (int j = 0; j < MMAS; ++j) {
-        u32 frag[4];
-        F::frag(w[0][r][0], j, frag[0], frag[2]);
-        F::frag(w[0][r][1], j, frag[1], frag[3]);
+      for (int r = 0; r < R; ++r) {
+        float part[NT][4];
 #pragma unroll
         for (int t = 0; t < NT; ++t)
-          mma_bf16(F::SCALED ? part[t] : acc[r][t], frag, b[t][j][0], b[t][j][1]);
-      }
-      if (F::SCALED) {
-        const float s0 = F::scale(w[0][r][0]), s1 = F::scale(w[0][r][1]);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          acc[r][t][0] = fmaf(s0, part[t][0], acc[r][t][0]);
-          acc[r][t][1] = fmaf(s0, part[t][1], acc[r][t][1]);
-          acc[r][t][2] = fmaf(s1, part[t][2], acc[r][t][2]);
-          acc[r][t][3] = fmaf(s1, part[t][3], acc[r][t][3]);
+          for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < MMAS; ++j) {
+          u32 frag[4];
+          F::frag(w[u][r][0], j, frag[0], frag[2]);
+          F::frag(w[u][r][1], j, frag[1], frag[3]);
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+            mma_bf16(F::SCALED ? part[t] : acc[r][t], frag, b[t][j][0], b[t][j][1]);
+        }
+        if (F::SCALED) {
+          const float s0 = F::scale(w[u][r][0]), s1 = F::scale(w[u][r][1]);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            acc[r][t][0] = fmaf(s0, part[t][0], acc[r][t][0]);
+            acc[r][t][1] = fmaf(s0, part[t][1], acc[r][t][1]);
+            acc[r][t][2] = fmaf(s1, part[t][2], acc[r][t][2]);
+            acc[r][t][3] = fmaf(s1, part[t][3], acc[r][t][3]);
+          }
         }
       }
     }
-    __syncthreads();  // the buffer is refilled by the next iteration's copy
+    __syncthreads();  // the buffer is refilled by the next step's copy
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      w[0][r][0] = next[0][r][0];
-      w[0][r][1] = next[0][r][1];
-    }
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        w[u][r][0] = next[u][r][0];
+        w[u][r][1] = next[u][r][1];
+      }
   }
   each_result<R, NT>(acc, tile0, g, c, rows, 8 * NT, [&](int row, int m, float v) {
     y[(long long)m * ldy + row] = F::finish(v, a, (long long)row0 + row);
@@ -587,7 +586,7 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
 // row x_rows[g * 8 * NT + m] of x (-1: a padding row, zeros), else x holds the groups' rows
 // in order.
 #define DEFINE_SMALL_GEMM_GROUPS(NAME, POLICY)                                                \
-  template <int NT, int R>                                                                    \
+  template <int NT, int R, int U>                                                             \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
       NAME##_groups(const u64* __restrict__ base, const int* __restrict__ row0,               \
                     const int* __restrict__ group_expert, long long off1, long long off2,     \
@@ -598,8 +597,8 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
     const int e = __ldg(group_expert + g);                                                    \
     if (e < 0) return;                                                                        \
     SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
-    groups_gemm<POLICY, NT, R>(a, __ldg(row0 + e), rows, groups, xf + g * groups * STAGE,     \
-                               y + g * 8 * NT * ldy, ldy);                                    \
+    groups_gemm<POLICY, NT, R, U>(a, __ldg(row0 + e), rows, groups,                          \
+                                  xf + g * groups * STAGE, y + g * 8 * NT * ldy, ldy);        \
   }                                                                                           \
   __global__ void NAME##_groups_x(const float* __restrict__ x, int ldx,                      \
                                   const int* __restrict__ x_rows, int groups, int nt,         \
