@@ -267,11 +267,11 @@ class PairGroups:
         return int(self.expert.size) * self.size
 
     @classmethod
-    def of(cls, ids: Any, experts: int, size: int, top_k: int | None = None) -> PairGroups:
-        """From the router's choice ``ids`` [N, k] (``top_k`` = k unless given), on its
-        device with nothing read back: two launches on CuPy arrays (``moe_pair_ranks``,
-        ``moe_pair_rows``), the same layout by array operations on numpy ones."""
-        k = int(ids.shape[-1]) if top_k is None else top_k
+    def of(cls, ids: Any, experts: int, size: int) -> PairGroups:
+        """From the router's choice ``ids`` [N, k], on its device with nothing read back:
+        two launches on CuPy arrays (``moe_pair_ranks``, ``moe_pair_rows``), the same layout
+        by array operations on numpy ones (the kernels' oracle)."""
+        k = int(ids.shape[-1])
         if array_module(ids) is np:
             return cls._of_numpy(np.asarray(ids).reshape(-1), experts, size, k)
         import cupy as cp
