@@ -167,7 +167,12 @@ async def run_level(
 
 
 def engine_level(
-    model: Path, texts: list[str], output_len: int, concurrency: int, max_context: int
+    model: Path,
+    texts: list[str],
+    output_len: int,
+    concurrency: int,
+    max_context: int,
+    backend: str = "cpu",
 ) -> tuple[list[Sample], float]:
     """The same workload through ``Engine.step`` directly (the server's engine thread, minus
     everything around it)."""
@@ -175,10 +180,10 @@ def engine_level(
     from ninfer_runtime.frontend import ReasoningDelta as Reasoning
     from ninfer_runtime.frontend import SamplingParams, TextDelta
 
-    engine = _ENGINES.get((model, concurrency))
+    engine = _ENGINES.get((model, concurrency, backend))
     if engine is None:
-        engine = _ENGINES[(model, concurrency)] = Engine(
-            model, max_context=max_context, max_lanes=concurrency
+        engine = _ENGINES[(model, concurrency, backend)] = Engine(
+            model, max_context=max_context, max_lanes=concurrency, backend=backend
         )
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     pending = list(texts)
@@ -213,7 +218,7 @@ def engine_level(
     return list(samples.values()), time.perf_counter() - started
 
 
-_ENGINES: dict[tuple[Path, int], object] = {}
+_ENGINES: dict[tuple[Path, int, str], object] = {}
 
 
 def engine_on(cpus: str | None, *args: object) -> tuple[list[Sample], float]:
@@ -590,8 +595,9 @@ def stop_server(process: subprocess.Popen[str]) -> None:
 
 
 def server_args(args: argparse.Namespace, cache: bool = True) -> list[str]:
-    """``--server-args``, plus a config turning the prefix cache off when ``cache`` is false."""
-    extra = shlex.split(args.server_args or "")
+    """``--backend`` and ``--server-args``, plus a config turning the prefix cache off when
+    ``cache`` is false."""
+    extra = ["--backend", args.backend, *shlex.split(args.server_args or "")]
     if not cache:
         config = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "cache-off.toml"
         config.write_text("[context_cache]\nenabled = false\n")
@@ -621,6 +627,9 @@ def main() -> None:
     parser.add_argument(
         "--server-args",
         help='more ninfer-serve flags, e.g. "--backend cuda --context-capacity 8GiB"',
+    )
+    parser.add_argument(
+        "--backend", choices=["cpu", "cuda"], default="cpu", help="server and engine baseline"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine-baseline", action="store_true")
@@ -662,7 +671,13 @@ def main() -> None:
                 runs["server"] = (runs["server"][0] + samples, runs["server"][1] + duration)
                 if args.engine_baseline:
                     samples, duration = engine_on(
-                        args.server_cpus, args.model, texts, args.output_len, c, args.max_context
+                        args.server_cpus,
+                        args.model,
+                        texts,
+                        args.output_len,
+                        c,
+                        args.max_context,
+                        args.backend,
                     )
                     runs["engine"] = (runs["engine"][0] + samples, runs["engine"][1] + duration)
         finally:
