@@ -261,14 +261,17 @@ class Engine:
         """The context pool's bytes by use: K/V pages running requests hold, pages only
         prefix-cache checkpoints hold, free pages, the lanes' recurrent state slots, and the
         pages checkpoints' state snapshots take."""
-        pool, holders = self.pool, self.pool.holders()
-        running = np.zeros(pool.pages, dtype=bool)
+        # counted over the held pages only: the server asks every step, and a pool can hold
+        # hundreds of thousands of pages (the bundled model's, filling an H200: about 350k)
+        pool = self.pool
+        running: set[int] = set()
         for a in self._active.values():
             if a.state is not None:
-                running[a.state.pages] = True
-        cached = int(((holders > 0) & ~running).sum()) - pool.snapshot_pages_used
+                running.update(a.state.pages)
+        held = pool.pages - pool.free_pages  # pages any sequence or checkpoint holds
+        cached = held - len(running) - pool.snapshot_pages_used
         return {
-            "kv_running": int(running.sum()) * pool.page_bytes,
+            "kv_running": len(running) * pool.page_bytes,
             "kv_cached": cached * pool.page_bytes,
             "kv_free": pool.free_pages * pool.page_bytes,
             "states": pool.slots * pool.slot_bytes,

@@ -219,6 +219,14 @@ def _check_pool(engine: Engine) -> None:
     free = set(pool._free_pages)
     assert len(free) == pool.free_pages
     assert free == set(np.flatnonzero(held == 0).tolist())
+    # the pool's bytes by use (counted over the held pages) as the holder counts say
+    running = np.zeros(pool.pages, dtype=bool)
+    for a in engine._active.values():
+        running[a.state.pages] = True
+    cached = int(((held > 0) & ~running).sum()) - pool.snapshot_pages_used
+    by_use = engine.pool_bytes()
+    assert by_use["kv_running"] == int(running.sum()) * pool.page_bytes
+    assert by_use["kv_cached"] == cached * pool.page_bytes
 
 
 @pytest.mark.parametrize("cache", [False, True])
