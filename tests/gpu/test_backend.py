@@ -195,3 +195,52 @@ def test_engine_on_the_gpu_samples_on_the_device(
     sampled = tokens(gpu, temperature=0.9, top_p=0.9, top_k=50, seed=7)
     assert sampled == tokens(gpu, temperature=0.9, top_p=0.9, top_k=50, seed=7)
     assert len(sampled) == 24 and all(0 <= t < VOCAB for t in sampled)
+
+
+#: a prompt of LONG_PROMPT tokens prefilled in chunks of LONG_CHUNK (four chunks: every
+#: prefill kernel meets earlier context, the chunked GDN carries its state across chunks),
+#: then LONG_STEPS greedy decode steps
+LONG_PROMPT, LONG_CHUNK, LONG_STEPS = 1000, 256, 24
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_long_prompt_matches_cpu_reference(
+    recipe: str, kind: str, gpu_artifact: Callable[[str, str], Path]
+) -> None:
+    """A 1,000-token prompt through the default CUDA prefill (bf16 products and attention
+    from the pages, the GDN chunk kernels, the MoE's grouped expert products), then greedy
+    decoding: the last prompt row's logits and every step's within the bf16 bound of the CPU
+    reference's, and the same greedy tokens (a step where the reference's top two are within
+    that bound of each other is a tie: the sequences may part there, and comparing stops)."""
+    path = gpu_artifact(BF16[kind] if recipe == "bf16" else recipe, kind)
+    ids = np.random.default_rng(1).integers(0, VOCAB, LONG_PROMPT)
+    tol = REDUCED_TOL["bf16"]
+    runners = {name: ModelRunner(load_model(Artifact.open(path), name)) for name in ("cpu", "cuda")}
+    states = {name: r.new_state(LONG_PROMPT + LONG_STEPS + 1) for name, r in runners.items()}
+    logits = {
+        name: host(r.prefill(ids, states[name], chunk=LONG_CHUNK, last_only=True).logits[0])[-1]
+        for name, r in runners.items()
+    }
+    scale, err, same = float(np.abs(logits["cpu"]).max()), 0.0, 0
+    for step in range(LONG_STEPS + 1):
+        ref, got = logits["cpu"], logits["cuda"]
+        err = max(err, max_abs(ref, got))
+        scale = max(scale, float(np.abs(ref).max()))
+        t_cpu, t_gpu = int(np.argmax(ref)), int(np.argmax(got))
+        if t_cpu != t_gpu:
+            gap = float(ref[t_cpu] - ref[t_gpu])
+            assert gap < tol * max(1.0, scale), (
+                f"step {step}: cpu {t_cpu} cuda {t_gpu}, reference gap {gap:.2e}"
+            )
+            break
+        same += 1
+        if step == LONG_STEPS:
+            break
+        for name, r in runners.items():
+            out = r.forward([np.array([t_cpu])], [states[name]]).logits[0]
+            logits[name] = host(out)[0]
+    case = f"{kind}/{recipe}-1000-token prompt"
+    REPORT.append((case, "logits max|Δ| (rel to max|logit|)", f"{err:.2e} ({err / scale:.1e})"))
+    REPORT.append((case, "identical greedy tokens", f"{same} of {LONG_STEPS + 1}"))
+    assert err < tol * max(1.0, scale), err
