@@ -64,24 +64,9 @@ def _recipe(art: Artifact, recipe: Recipe | str | None) -> Recipe:
     return Recipe("verify", "every parameter compared with the base source")
 
 
-def _input_columns(art: Artifact, name: str) -> np.ndarray | None:
-    """The ``input_columns`` map of a Use of ``name``, if its weight keeps tiled columns."""
-    for use in art.uses:
-        aux = (use.auxiliaries or {}).get("input_columns")
-        if use.parameter == name and aux is not None and hasattr(aux, "object"):
-            return art.tensor(aux.object)
-    return None
-
-
 def _decoded(art: Artifact, name: str) -> torch.Tensor:
     """The parameter as the runtime computes with it (stored input columns put in place)."""
-    values = art.parameter(name).astype(np.float64)
-    columns = _input_columns(art, name)
-    if columns is not None:
-        grouped = np.empty_like(values)
-        grouped[:, columns] = values
-        values = grouped
-    return torch.from_numpy(values)
+    return torch.from_numpy(art.parameter(name, in_order=True).astype(np.float64))
 
 
 def _compare(

@@ -319,31 +319,21 @@ class Artifact:
         except CodecError as exc:
             raise CodecError(f"object {object_id!r}: {exc}") from None
 
-    def parameter(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    def parameter(
+        self, name: str, shape: tuple[int, ...] | None = None, *, in_order: bool = False
+    ) -> np.ndarray:
         """A bound parameter: the whole object, or its parts concatenated (flat, C order).
 
         The result is reshaped to ``shape`` if given, else to the binder's expected shape when
-        the architecture is known, else left as the object's shape / a flat vector.
+        the architecture is known, else left as the object's shape / a flat vector. The
+        values are as stored; with ``in_order``, a weight whose input columns are stored out
+        of order (``input_columns``) has them put in place: the matrix a product computes
+        with.
         """
         binding = self.bindings.get(name)
         if binding is None:
             raise LookupFailed(f"parameter {name!r} has no binding")
-        if isinstance(binding, WholeBinding):
-            values = self.tensor(binding.object)
-        else:
-            total = sum(p.elements for p in binding.parts)
-            if total > self._stored_elements:
-                raise ArtifactError(
-                    f"parameter {name!r}: its parts total {total} elements, more than the "
-                    f"{self._stored_elements} the artifact stores in all tensors"
-                )
-            decoded: dict[str, np.ndarray] = {}
-            pieces = []
-            for part in binding.parts:
-                if part.object not in decoded:
-                    decoded[part.object] = self.tensor(part.object).reshape(-1)
-                pieces.append(decoded[part.object][part.range[0] : part.range[1]])
-            values = np.concatenate(pieces)
+        values = self._bound(binding, f"parameter {name!r}")
         if shape is None:
             shape = self.binder_report.parameters.get(name)
         if shape is not None:
@@ -352,7 +342,41 @@ class Artifact:
                     f"parameter {name!r}: {values.size} elements cannot take shape {list(shape)}"
                 )
             values = values.reshape(shape)
+        columns = self.input_columns(name) if in_order else None
+        if columns is not None:
+            placed = np.empty_like(values)
+            placed[:, columns] = values
+            values = placed
         return values
+
+    def input_columns(self, name: str) -> np.ndarray | None:
+        """Where the stored input columns of weight ``name`` belong (the ``input_columns``
+        auxiliary of its uses, which GGUF imports keep in llama.cpp's tiled order): stored
+        column ``c`` multiplies input element ``columns[c]``; None when they are in order."""
+        for use in self.uses:
+            aux = (use.auxiliaries or {}).get("input_columns")
+            if use.parameter == name and aux is not None:
+                where = f"use of {name!r}: input_columns"
+                return self._bound(aux, where).astype(np.int64)
+        return None
+
+    def _bound(self, binding: Any, what: str) -> np.ndarray:
+        """A binding's values: the whole object, or its parts concatenated (flat)."""
+        if isinstance(binding, WholeBinding):
+            return self.tensor(binding.object)
+        total = sum(p.elements for p in binding.parts)
+        if total > self._stored_elements:
+            raise ArtifactError(
+                f"{what}: its parts total {total} elements, more than the "
+                f"{self._stored_elements} the artifact stores in all tensors"
+            )
+        decoded: dict[str, np.ndarray] = {}
+        pieces = []
+        for part in binding.parts:
+            if part.object not in decoded:
+                decoded[part.object] = self.tensor(part.object).reshape(-1)
+            pieces.append(decoded[part.object][part.range[0] : part.range[1]])
+        return np.concatenate(pieces)
 
     @cached_property
     def _stored_elements(self) -> int:

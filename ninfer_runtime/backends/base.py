@@ -76,7 +76,8 @@ class Backend(Protocol):
     xp: ModuleType
 
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
-        """Load each logical parameter once (``artifact.parameter(name)``) into backend form."""
+        """Load each logical parameter once (``artifact.parameter(name, in_order=True)``) into
+        backend form."""
         ...
 
     def array(self, weight: Weight) -> Array:

@@ -36,7 +36,8 @@ class CpuBackend(ops.ReferenceOps):
         weights: dict[str, Weight] = {}
         with terminal_bar(len(names), "loading weights", "parameter") as advance:
             for name in names:
-                weights[name] = np.ascontiguousarray(artifact.parameter(name), dtype=np.float32)
+                values = artifact.parameter(name, in_order=True)
+                weights[name] = np.ascontiguousarray(values, dtype=np.float32)
                 advance(1)
         return weights
 

@@ -60,4 +60,25 @@ def load_model(artifact: Any, backend: str | Backend = "cpu") -> Model:
     model_type = (text.config or {}).get("model_type")
     if not model_type:
         raise ModelError("the text component's config has no model_type")
-    return model_factory(str(model_type))(artifact, get_backend(backend))
+    factory = model_factory(str(model_type))
+    check_auxiliaries(artifact)
+    return factory(artifact, get_backend(backend))
+
+
+#: the use auxiliaries the runtime honours: stored input columns are put in place as the
+#: weights load (``Artifact.parameter(..., in_order=True)``), and the NVFP4 A4 path's
+#: activation divisor does not apply (activations are never quantized below 16 bits)
+HONOURED_AUXILIARIES = frozenset({"input_columns", "activation_input_divisor"})
+
+
+def check_auxiliaries(artifact: Any) -> None:
+    """Refuse an artifact whose uses carry an auxiliary the runtime would not apply (such as
+    ``hadamard_signs``): running it would compute different products, silently."""
+    honoured = ", ".join(sorted(HONOURED_AUXILIARIES))
+    for use in artifact.uses:
+        for role in use.auxiliaries or {}:
+            if role not in HONOURED_AUXILIARIES:
+                raise ModelError(
+                    f"use of {use.parameter!r} at {use.input!r}: auxiliary {role!r} is not "
+                    f"applied by this runtime (it applies {honoured})"
+                )

@@ -57,13 +57,15 @@ def raw_q4_k(rows: int, k: int, seed: int) -> np.ndarray:
 class GgufBuilder:
     """Collects (name, values or blocks, type) and writes the file; keeps blocks for the oracle."""
 
-    def __init__(self) -> None:
+    def __init__(self, only: T | None = None) -> None:
         self.tensors: dict[str, tuple[np.ndarray, T]] = {}
+        self.only = only  # one quantization type for every quantized tensor
 
     def float32(self, name: str, x: np.ndarray) -> None:
         self.tensors[name] = (np.ascontiguousarray(x, dtype=np.float32), T.F32)
 
     def quantized(self, name: str, x: np.ndarray, qtype: T) -> None:
+        qtype = self.only or qtype
         self.tensors[name] = (gguf.quants.quantize(x.astype(np.float32), qtype), qtype)
 
     def raw(self, name: str, blocks: np.ndarray, qtype: T) -> None:
@@ -86,14 +88,18 @@ class GgufBuilder:
         return path
 
 
-def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int) -> None:
-    """One HF layer (``hf`` prefix) as GGUF tensors ``blk``."""
+def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int, faithful: bool) -> None:
+    """One HF layer (``hf`` prefix) as GGUF tensors ``blk`` (``faithful``: ``ffn_down`` too
+    quantized from the checkpoint's weights, instead of random Q4_K blocks)."""
     w = {k[len(hf) :]: v.float().numpy() for k, v in sd.items() if k.startswith(hf)}
     b.float32(blk + "attn_norm.weight", w["input_layernorm.weight"] + 1)
     b.float32(blk + "post_attention_norm.weight", w["post_attention_layernorm.weight"] + 1)
     b.quantized(blk + "ffn_gate.weight", w["mlp.gate_proj.weight"], T.Q4_0)
     b.quantized(blk + "ffn_up.weight", w["mlp.up_proj.weight"], T.Q8_0 if index == 2 else T.Q4_0)
-    b.raw(blk + "ffn_down.weight", raw_q4_k(128, 256, seed=index), T.Q4_K)
+    if faithful:
+        b.quantized(blk + "ffn_down.weight", w["mlp.down_proj.weight"], T.Q8_0)
+    else:
+        b.raw(blk + "ffn_down.weight", raw_q4_k(128, 256, seed=index), T.Q4_K)
     if "self_attn.q_proj.weight" in w:
         for ours, theirs, qtype in (("q", "q", T.Q8_0), ("k", "k", T.Q8_0), ("v", "v", T.Q8_0)):
             b.quantized(blk + f"attn_{ours}.weight", w[f"self_attn.{theirs}_proj.weight"], qtype)
@@ -119,18 +125,22 @@ def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int) -> None:
     )
 
 
-def build_gguf(hf_dir: Path, path: Path, **header_changes: int) -> GgufBuilder:
+def build_gguf(
+    hf_dir: Path, path: Path, *, faithful: bool = False, **header_changes: int
+) -> GgufBuilder:
+    """The tiny GGUF; ``faithful``: every projection Q8_0 from the checkpoint's own weights
+    (a file that answers as the checkpoint does, to within Q8_0's error)."""
     sd = load_file(hf_dir / "model.safetensors")
     config = json.loads((hf_dir / "config.json").read_text())
     layers = config["num_hidden_layers"]
-    b = GgufBuilder()
+    b = GgufBuilder(T.Q8_0 if faithful else None)
     b.quantized("token_embd.weight", sd["model.embed_tokens.weight"].numpy(), T.Q8_0)
     b.float32("output.weight", sd["lm_head.weight"].numpy())
     b.float32("output_norm.weight", sd["model.norm.weight"].numpy() + 1)
     for i in range(layers):
-        _layer(b, sd, f"model.layers.{i}.", f"blk.{i}.", i)
+        _layer(b, sd, f"model.layers.{i}.", f"blk.{i}.", i, faithful)
     mtp = f"blk.{layers}."
-    _layer(b, sd, "mtp.layers.0.", mtp, layers)
+    _layer(b, sd, "mtp.layers.0.", mtp, layers, faithful)
     b.quantized(mtp + "nextn.eh_proj.weight", sd["mtp.fc.weight"].numpy(), T.Q8_0)
     for ours, theirs in (("enorm", "pre_fc_norm_embedding"), ("hnorm", "pre_fc_norm_hidden")):
         b.float32(mtp + f"nextn.{ours}.weight", sd[f"mtp.{theirs}.weight"].numpy() + 1)

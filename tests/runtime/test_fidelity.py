@@ -344,8 +344,8 @@ def test_wrong_weight_mapping_is_caught(
     hf_bf16: Callable[[str], Any],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def wrong_loader(self: Artifact, name: str, shape: Any = None) -> np.ndarray:
-        return mistake(name, ORIGINAL_PARAMETER(self, name, shape), self)
+    def wrong_loader(self: Artifact, name: str, shape: Any = None, **kw: Any) -> np.ndarray:
+        return mistake(name, ORIGINAL_PARAMETER(self, name, shape, **kw), self)
 
     ids = prompt(40, seed=11)
     ref = hf_forward(hf_bf16("dense").main, ids).logits[0].numpy()
@@ -374,6 +374,7 @@ def test_errors_name_what_is_wrong(artifact_path: Callable[[str, str], Path]) ->
         components={"text": art.components["text"]},
         bindings=art.bindings,
         parameter=art.parameter,
+        uses=art.uses,
     )
     text_only = ModelRunner(load_model(text_only_artifact))
     with pytest.raises(ModelError, match="artifact has no mtp component"):

@@ -77,10 +77,11 @@ class LoadReport:
 
 def plan_segments(artifact: Any, name: str) -> list[tuple[str, int, int]] | None:
     """``[(object_id, row0, rows)]`` when the parameter is whole rows of packed rank-2 objects
-    with its own column count; None when it must be decoded instead."""
+    with its own column count; None when it must be decoded instead (also when its input
+    columns are stored out of order: the in-place kernels take them in order)."""
     shape = artifact.binder_report.parameters.get(name)
     binding = artifact.bindings[name]
-    if shape is None or len(shape) != 2:
+    if shape is None or len(shape) != 2 or artifact.input_columns(name) is not None:
         return None
     rows, columns = (int(d) for d in shape)
     if isinstance(binding, WholeBinding):
@@ -134,7 +135,7 @@ class Residency:
         return out
 
     def _dense(self, artifact: Any, name: str) -> DenseWeight:
-        values = artifact.parameter(name)
+        values = artifact.parameter(name, in_order=True)
         if values.ndim == 2:
             self.report.dense_fallbacks.append(name)
             log.info("%s: no in-place kernel for its binding; kept as a float32 copy", name)
