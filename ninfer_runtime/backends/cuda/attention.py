@@ -22,10 +22,14 @@ MAX_GROUP = 8
 ATTN_WARPS = 4
 #: must match MAX_SPLITS in kernels/attention.cu (the combine's shared weights)
 MAX_SPLITS = 256
-#: blocks one decode-attention launch aims for (pairs x splits): at 8 lanes x 4 kv heads x
-#: 16k tokens on the H200, 512-token splits (1,024 blocks) ran 15-20% faster than 64-token
-#: ones (8,192 blocks) and than 1,024-token ones (512 blocks); benchmarks/attention_bench.py
+#: blocks one decode-attention launch aims for (pairs x splits): BLOCKS_PER_PAIR a (lane, kv
+#: head) pair, at least MIN_BLOCKS and at most TARGET_BLOCKS. On the H200 at 16k tokens, 4 kv
+#: heads (benchmarks/attention_bench.py): 8 lanes ran 15-20% faster in 512-token splits (1,024
+#: blocks) than in 64- (8,192) or 1,024-token ones (512), 4 lanes fastest at 1,024 blocks too,
+#: and one lane 18-23% faster in 256-token splits (256 blocks) than in 64-token ones (1,024)
 TARGET_BLOCKS = 1024
+MIN_BLOCKS = 256
+BLOCKS_PER_PAIR = 64
 _DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16", np.dtype(np.uint8): "u8"}
 
 register_family(
@@ -46,10 +50,12 @@ __all__ = ["attention_decode", "kv_write", "split_policy"]
 def split_policy(max_context: int, pairs: int = 1) -> tuple[int, int]:
     """(chunk, splits) for a table reaching ``max_context`` tokens, with ``pairs`` (lane,
     kv head) pairs to run: chunks of at least 64 tokens (a multiple of 64), cut so that pairs
-    x splits come to about ``TARGET_BLOCKS`` blocks (at most ``MAX_SPLITS`` splits). One lane
-    with few kv heads needs many small splits to fill the GPU; many lanes fill it anyway, and
-    then longer splits read K/V in longer runs and write fewer partials."""
-    want = max(1, min(MAX_SPLITS, -(-TARGET_BLOCKS // pairs)))
+    x splits come to about ``BLOCKS_PER_PAIR`` blocks a pair, within ``MIN_BLOCKS`` ..
+    ``TARGET_BLOCKS`` (at most ``MAX_SPLITS`` splits). A few pairs need several splits each
+    to fill the GPU, but not so many that each split reads a short run; many lanes fill it
+    anyway, and then longer splits read K/V in longer runs and write fewer partials."""
+    blocks = min(TARGET_BLOCKS, max(MIN_BLOCKS, BLOCKS_PER_PAIR * pairs))
+    want = max(1, min(MAX_SPLITS, -(-blocks // pairs)))
     per_split = -(-max_context // want)
     chunk = max(64, -(-per_split // 64) * 64)
     return chunk, -(-max_context // chunk)
