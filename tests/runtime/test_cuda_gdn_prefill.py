@@ -23,11 +23,11 @@ def test_every_block_fits_the_shared_memory_two_blocks_an_sm_for_the_qwen_heads(
 
 def test_prepare_region_holds_both_its_phases() -> None:
     """kT and qT, then the [u | w] system, share one region: it must take the larger."""
-    chunk, cp = gdn_prefill.CHUNK, gdn_prefill.CHUNK + 4
+    chunk, cp, tp = gdn_prefill.CHUNK, gdn_prefill.CHUNK + 4, gdn_prefill.CHUNK + 8
     for dk, dv in ((16, 256), (128, 16), (128, 128)):
         head = 4 * (2 * chunk + chunk * cp)
         region = gdn_prefill.shared_bytes("prepare", dk, dv) - head
-        assert region >= 4 * 2 * dk * cp and region >= 4 * chunk * (dv + dk + 1)
+        assert region >= 4 * 2 * dk * tp and region >= 4 * chunk * (dv + dk + 1)
 
 
 def test_unknown_kind_is_refused() -> None:

@@ -114,9 +114,9 @@ def supported(q: Any, k: Any, v: Any, state: Any) -> bool:
 def shared_bytes(kind: str, dk: int, dv: int) -> int:
     """Dynamic shared memory of one block of ``gdn_chunk_<kind><dk>`` (tile strides as in
     ``GdnChunk``)."""
-    kp, cp = dk + 4, CHUNK + 4
+    kp, cp, tp = dk + 4, CHUNK + 4, CHUNK + 8
     if kind == "prepare":
-        return 4 * (2 * CHUNK + CHUNK * cp + max(2 * dk * cp, CHUNK * (dv + dk + 1)))
+        return 4 * (2 * CHUNK + CHUNK * cp + max(2 * dk * tp, CHUNK * (dv + dk + 1)))
     if kind == "states":
         sp, skp = STATE_COLUMNS + 8, dk + 8
         return 4 * (CHUNK * kp + CHUNK * skp + dk * sp + 2 * CHUNK * sp + 2 * CHUNK)

@@ -4,9 +4,10 @@
 //
 //   gdn_chunk_prepare  (chunk, value head): everything that does not depend on the carried
 //       state. γ = cumsum(g) inside the chunk, D_ij = exp(γ_i - γ_j); A = β (k kᵀ) ⊙ D strictly
-//       below the diagonal and QK = (q kᵀ) ⊙ D on and below it; then [u | w] from the unit
-//       lower-triangular system (I + A) [u | w] = [β v | β e^γ k], by forward substitution
-//       (each thread owns whole columns in registers, so the substitution needs no barrier).
+//       below the diagonal and QK = (q kᵀ) ⊙ D on and below it (both products on tensor
+//       cores in 3xTF32); then [u | w] from the unit lower-triangular system
+//       (I + A) [u | w] = [β v | β e^γ k], by forward substitution (each thread owns whole
+//       columns in registers, so the substitution needs no barrier).
 //   gdn_chunk_states   (32 state columns, value head): the chunks in order, the state S in
 //       registers. Writes the state each chunk starts from, v_new = u - w S, and then
 //       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new), both products on tensor cores in
@@ -17,9 +18,10 @@
 // Layouts: q, k [T, Hk, DK] (value head h reads key head h / (Hv / Hk)), v [T, Hv, dv],
 // g, beta [T, Hv]; workspaces u [n, Hv, GC, dv], w [n, Hv, GC, DK], qk [n, Hv, GC, GC],
 // gam [n, Hv, GC], starts [n, Hv, DK, dv], vnew [n, Hv, GC, dv]; state [Hv, DK, dv].
-// Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). The
-// preparation runs float32 on the CUDA cores, the products of the other two 3xTF32 on the
-// tensor cores (about float32); dv is a multiple of 4 and every array 16-byte aligned.
+// Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). Every
+// product (the preparation's k kᵀ and q kᵀ, the other two kernels' all) runs 3xTF32 on the
+// tensor cores (about float32); the forward substitution float32 on the CUDA cores; dv is a
+// multiple of 4 and every array 16-byte aligned.
 // Built after gdn.cu (silu_f, warp_sum).
 
 // Token t = blockIdx.x of the lane: the depthwise convolution of its [q | k | v] channels
@@ -78,10 +80,25 @@ __device__ __forceinline__ void fma4(float4& acc, float a, float4 b) {
   acc.w = fmaf(a, b.w, acc.w);
 }
 
+// d += a b to about float32 on TF32 tensor cores: a = ah + al, b = bh + bl, the al bl term
+// dropped, small terms first (fragments as mma_tf32 takes them)
+__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const float (&a)[4], float b0,
+                                           float b1) {
+  u32 ah[4], al[4], bh0, bl0, bh1, bl1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) tf32_split(a[i], ah[i], al[i]);
+  tf32_split(b0, bh0, bl0);
+  tf32_split(b1, bh1, bl1);
+  mma_tf32(d, al, bh0, bh1);
+  mma_tf32(d, ah, bl0, bl1);
+  mma_tf32(d, ah, bh0, bh1);
+}
+
 template <int DK>
 struct GdnChunk {
   static constexpr int KP = DK + 4;  // row stride (floats) of [GC][DK] tiles
   static constexpr int CP = GC + 4;  // row stride of [.][GC] tiles
+  static constexpr int TP = GC + 8;  // of the prepare's kT, qT: read by column in fragments
   static constexpr int SC = 32;      // state columns of a gdn_chunk_states block
   // its row strides: the mma fragments read rows tig (k) or g (w) apart, so 8 mod 32 words
   // for the tiles read by column (k, state, values) and 4 for w, read by row
@@ -104,9 +121,9 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 12
   float* gs = smem;                 // [GC] γ
   float* bs = gs + GC;              // [GC] β
   float* as = bs + GC;              // [GC][GC + 4] A
-  float* big = as + GC * G::CP;     // kT, qT [DK][CP]; later X [GC][width + 1]
+  float* big = as + GC * G::CP;     // kT, qT [DK][TP]; later X [GC][width + 1]
   float* kT = big;
-  float* qT = big + DK * G::CP;
+  float* qT = big + DK * G::TP;
   const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int hk = h / (value_heads / key_heads);
   const int t0 = chunk * GC, rows = min(GC, tokens - t0);
@@ -122,8 +139,8 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 12
     const int i = e / DK, d = e % DK;
     const bool in = i < rows;
     const long long src = ((long long)(t0 + i) * key_heads + hk) * DK + d;
-    kT[d * G::CP + i] = in ? k[src] : 0.0f;
-    qT[d * G::CP + i] = in ? q[src] : 0.0f;
+    kT[d * G::TP + i] = in ? k[src] : 0.0f;
+    qT[d * G::TP + i] = in ? q[src] : 0.0f;
   }
   __syncthreads();
   if (tid < 32) {  // inclusive prefix sum: lane l holds tokens 2l, 2l + 1 (GC = 64)
@@ -140,36 +157,39 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 12
   }
   __syncthreads();
 
-  {  // A and QK, a 4 x 4 tile per thread
-    const int ti = tid / 16, tj = tid % 16;
+  {  // k kᵀ and q kᵀ on tensor cores (3xTF32): warp w takes rows 16 (w / 2) .. and the
+     // column tiles 4 (w % 2) .. + 3 of both; then A and QK from each lane's own entries
+    const int warp = tid >> 5, g = (tid & 31) >> 2, tig = tid & 3;
+    const int mt = warp >> 1, nb = 4 * (warp & 1);
     float kk[4][4] = {}, qq[4][4] = {};
 #pragma unroll 4
-    for (int d = 0; d < DK; ++d) {
-      const float4 a = load4(kT + d * G::CP + 4 * ti), b = load4(kT + d * G::CP + 4 * tj);
-      const float4 c = load4(qT + d * G::CP + 4 * ti);
-      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-      const float cv[4] = {c.x, c.y, c.z, c.w};
+    for (int c = 0; c < DK / 8; ++c) {
+      const float* k0 = kT + (8 * c + tig) * G::TP + 16 * mt + g;
+      const float* q0 = qT + (8 * c + tig) * G::TP + 16 * mt + g;
+      const float ak[4] = {k0[0], k0[8], k0[4 * G::TP], k0[4 * G::TP + 8]};
+      const float aq[4] = {q0[0], q0[8], q0[4 * G::TP], q0[4 * G::TP + 8]};
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          kk[r][s] = fmaf(av[r], bv[s], kk[r][s]);
-          qq[r][s] = fmaf(cv[r], bv[s], qq[r][s]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = 4 * ti + r;
-      float out[4];
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int j = 4 * tj + s;
-        const float decay = j <= i ? expf(gs[i] - gs[j]) : 0.0f;
-        as[i * G::CP + j] = j < i ? bs[i] * kk[r][s] * decay : 0.0f;
-        out[s] = j <= i ? qq[r][s] * decay : 0.0f;
+      for (int n = 0; n < 4; ++n) {
+        const float* b = kT + (8 * c + tig) * G::TP + 8 * (nb + n) + g;
+        mma_tf32x3(kk[n], ak, b[0], b[4 * G::TP]);
+        mma_tf32x3(qq[n], aq, b[0], b[4 * G::TP]);
       }
-      store4(qk + (head * GC + i) * GC + 4 * tj, make_float4(out[0], out[1], out[2], out[3]));
     }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // rows g and g + 8 of the tile: two adjacent columns each
+        const int i = 16 * mt + g + 8 * h, j = 8 * (nb + n) + 2 * tig;
+        float out[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = j + e;
+          const float decay = col <= i ? expf(gs[i] - gs[col]) : 0.0f;
+          as[i * G::CP + col] = col < i ? bs[i] * kk[n][2 * h + e] * decay : 0.0f;
+          out[e] = col <= i ? qq[n][2 * h + e] * decay : 0.0f;
+        }
+        *reinterpret_cast<float2*>(qk + (head * GC + i) * GC + j) = make_float2(out[0], out[1]);
+      }
   }
   __syncthreads();  // kT and qT are no longer read: X takes their place
 
@@ -214,20 +234,6 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 12
     }
   }
   if (tid < GC) gam[head * GC + tid] = gs[tid];
-}
-
-// d += a b to about float32 on TF32 tensor cores: a = ah + al, b = bh + bl, the al bl term
-// dropped, small terms first (fragments as mma_tf32 takes them)
-__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const float (&a)[4], float b0,
-                                           float b1) {
-  u32 ah[4], al[4], bh0, bl0, bh1, bl1;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) tf32_split(a[i], ah[i], al[i]);
-  tf32_split(b0, bh0, bl0);
-  tf32_split(b1, bh1, bl1);
-  mma_tf32(d, al, bh0, bh1);
-  mma_tf32(d, ah, bl0, bl1);
-  mma_tf32(d, ah, bh0, bh1);
 }
 
 // Both products of a chunk on tensor cores (3xTF32): v_new [GC x 32] = u - w S as 16 tiles
