@@ -165,6 +165,20 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     )
     h = moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
     stages["silu_mul"] = lambda: moe.silu_mul(gu, inter, inter, table.down.planes.x_width)
+    if tc and table.fused:  # what the prefill runs: silu(gate) * up inside the product
+        stages["gate_up gated"] = partial(
+            moe.kernels.small_gemm_groups,
+            table.gate.base,
+            table.gate.row0,
+            groups.expert,
+            table.gate.planes,
+            inter,
+            xs,
+            h,
+            table.down.planes.x_width,
+            x_rows,
+            gated=True,
+        )
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
     stages["down"] = lambda: project(table.down, h, ys, table.hidden)
     for steps in moe.kernels.GROUP_STEPS[1:] if tc else ():  # the other step sizes

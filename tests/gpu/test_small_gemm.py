@@ -144,3 +144,45 @@ def test_grouped_product(case: Any, steps: int) -> None:
             assert np.isnan(got).all()  # never written
             continue
         check(got, xb[g * m : (g + 1) * m], w[e * half : (e + 1) * half])
+
+
+@pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
+def test_grouped_gated_product(case: Any) -> None:
+    """``small_gemm_groups(gated=True)``: each expert's rows ``row0 .. row0 + rows`` are a
+    gate and the next ``rows`` its up projection; the product writes ``silu(gate) * up``
+    (as ``moe_silu_mul`` computes it) for the gathered bf16 x rows, and nothing past ``rows``
+    of its output rows."""
+    import cupy as cp
+
+    parent, w = make_weight(case, seed=13)
+    p = parent.planes
+    n, k = case[2]
+    rows = n // 4  # two experts of gate | up, each 2 * rows rows
+    m = 8 * kernels.GROUP_TILES
+    group_expert = np.array([1, 0, -1, 1], dtype=np.int32)
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((30, k)).astype(np.float32)
+    x_rows = rng.integers(-1, 30, size=group_expert.size * m).astype(np.int32)
+    padded = cp.zeros((30, p.x_width), dtype=cp.float32)
+    padded[:, :k] = cp.asarray(x)
+    base = cp.asarray(np.full(2, parent.data.data.ptr, dtype=np.int64))
+    row0 = cp.asarray(np.array([0, 2 * rows], dtype=np.int32))
+    width = rows + 5
+    y = cp.full((group_expert.size * m, width), np.nan, dtype=cp.float32)
+    kernels.small_gemm_groups(
+        base, row0, cp.asarray(group_expert), p, rows, padded, y, width, cp.asarray(x_rows),
+        gated=True,
+    )  # fmt: skip
+    got = cp.asnumpy(y)
+    xb = np.where(x_rows[:, None] >= 0, _bf16(x)[np.maximum(x_rows, 0)], 0.0).astype(np.float64)
+    for g, e in enumerate(group_expert):
+        block = got[g * m : (g + 1) * m]
+        assert np.isnan(block[:, rows:]).all()  # columns past the gate rows untouched
+        if e < 0:
+            assert np.isnan(block).all()
+            continue
+        first = 2 * rows * e
+        gate = xb[g * m : (g + 1) * m] @ w[first : first + rows].astype(np.float64).T
+        up = xb[g * m : (g + 1) * m] @ w[first + rows : first + 2 * rows].astype(np.float64).T
+        want = gate / (1 + np.exp(-gate)) * up
+        np.testing.assert_allclose(block[:, :rows], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

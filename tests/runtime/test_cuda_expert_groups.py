@@ -135,19 +135,25 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     assert grid == (-(-1024 // (kernels.SMALL_WARPS * 16 * r)), 1, 3)
     assert block == (kernels.SMALL_WARPS * 32,)
     xf = pargs[-1]
-    assert xf is args[-3] and xf.dtype == np.uint32
+    assert xf is args[-4] and xf.dtype == np.uint32
     assert xf.size == 3 * p.x_width * kernels.GROUP_TILES * 4  # 16 bytes a column a tile
-    assert len(args) == 12 and len(pargs) == 6  # the kernels' parameters
+    assert len(args) == 13 and len(pargs) == 6  # the kernels' parameters
     assert args[:3] == (base, row0, group_expert)
     assert args[3 : 3 + len(p.kernel_args())] == tuple(p.kernel_args())
-    assert [int(a) for a in args[-5:-3]] == [1024, steps] and args[-2] is y
-    assert all(isinstance(a, np.int32) for a in (pargs[1], pargs[3], pargs[4], args[-1]))
+    assert [int(a) for a in args[-6:-4]] == [1024, steps] and args[-3] is y
+    assert all(isinstance(a, np.int32) for a in (pargs[1], pargs[3], pargs[4], *args[-2:]))
+    assert int(args[-1]) == 0  # not gated
+    # gated: rows are the gate's (the up rows follow them), a warp takes 16 of them
+    kernels.small_gemm_groups(base, row0, group_expert, p, 512, x, y, 1024, gated=True)
+    _, _, grid, _, args = launches.calls[-1]
+    assert grid == (-(-512 // (kernels.SMALL_WARPS * 16)), 1, 3) and int(args[-1]) == 1
+    assert int(args[-6]) == 512
     # rows in order: a null row-index pointer (8 bytes of zeros)
     assert isinstance(pargs[2], np.uint64) and int(pargs[2]) == 0
     # gathered rows: the index array itself, x any rows of x_width columns
     x_rows = np.array([5, -1, 2] * m, dtype=np.int32)
     kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x[:7], y, 1024, x_rows)
-    assert launches.calls[2][4][2] is x_rows and launches.calls[2][4][0].shape[0] == 7
+    assert launches.calls[4][4][2] is x_rows and launches.calls[4][4][0].shape[0] == 7
 
 
 def test_grouped_gemv_launch(monkeypatch) -> None:

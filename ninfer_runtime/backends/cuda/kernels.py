@@ -284,6 +284,7 @@ def small_gemm_groups(
     ldy: int,
     x_rows: Any = None,
     steps: int = GROUP_STEPS[0],
+    gated: bool = False,
 ) -> None:
     """``y[g * M + m, r] = sum_k x[g * M + m, k] W_e[row0[e] + r, k]`` with ``e =
     group_expert[g]`` for every group g of ``M = 8 * GROUP_TILES`` rows (-1: the group is
@@ -292,7 +293,9 @@ def small_gemm_groups(
     (``has_tensor_cores(p)``); ``x``: float32, ``p.x_width`` columns, ``len(group_expert) *
     M`` rows, or with ``x_rows`` (int32 [len(group_expert) * M]) any rows, product row i
     reading row ``x_rows[i]`` of x (-1: zeros); ``steps``: one of ``GROUP_STEPS``, k-groups
-    per loop step."""
+    per loop step. ``gated``: the expert's rows ``rows .. 2 rows - 1`` are the up projection
+    of gate rows ``0 .. rows - 1``, and ``y[., r] = silu(gate_r) * up_r`` (a gated MLP's
+    hidden rows, without the gate|up product ever leaving the kernel)."""
     nt, r = GROUP_TILES, GROUP_WEIGHT_TILES
     kernel, groups, count = _SMALL_KERNELS[p.code], _small_groups(p), int(group_expert.size)
     mmas = _SMALL_GROUP[p.code] // 16
@@ -312,8 +315,9 @@ def small_gemm_groups(
             xf,
         ),
     )
+    per_warp = 16 if gated else 16 * r  # gated: a warp's two tiles are one gate | up pair
     function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {steps}>")(
-        (-(-rows // (SMALL_WARPS * 16 * r)), 1, count),
+        (-(-rows // (SMALL_WARPS * per_warp)), 1, count),
         (SMALL_WARPS * 32,),
         (
             base,
@@ -325,6 +329,7 @@ def small_gemm_groups(
             xf,
             y,
             np.int32(ldy),
+            np.int32(gated),
         ),
     )
 

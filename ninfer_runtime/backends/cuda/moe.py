@@ -428,13 +428,21 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
         xs = cp.empty((groups.rows, x.shape[1]), dtype=cp.float32)
         xs[groups.row] = cp.repeat(x, k, axis=0)
         x_rows = None
-    gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
-    if table.fused:
-        project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, 2 * inter, x_rows)
+    width = table.down.planes.x_width
+    if tensor_cores and table.fused:  # silu(gate) * up straight from the gate|up product
+        h = _hidden_rows(groups.rows, inter, width)
+        kernels.small_gemm_groups(
+            table.gate.base, table.gate.row0, groups.expert, table.gate.planes, inter,
+            _padded(xs, table.gate.planes), h, width, x_rows, gated=True,
+        )  # fmt: skip
     else:
-        project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, None, x_rows)
-        project(table.up, _padded(xs, table.up.planes), gu[:, inter:], 2 * inter, None, x_rows)
-    h = silu_mul(gu, inter, inter, table.down.planes.x_width)
+        gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
+        if table.fused:
+            project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, 2 * inter, x_rows)
+        else:
+            project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, None, x_rows)
+            project(table.up, _padded(xs, table.up.planes), gu[:, inter:], 2 * inter, None, x_rows)
+        h = silu_mul(gu, inter, inter, width)
     ys = cp.empty((groups.rows, hidden), dtype=cp.float32)
     project(table.down, h, ys, hidden)
     shared = _shared_prefill(backend, x, table)
@@ -455,24 +463,25 @@ def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
     expert = cp.zeros(count, dtype=cp.int32)
     x_rows = cp.arange(count * size, dtype=cp.int32)
     x_rows[n:] = -1  # the last group's padding reads zeros
-    gu = cp.empty((count * size, 2 * si), dtype=cp.float32)
+    width = down.planes.x_width
+    h = _hidden_rows(count * size, si, width)
     kernels.small_gemm_groups(
-        gate_up.base,
-        gate_up.row0,
-        expert,
-        gate_up.planes,
-        2 * si,
-        _padded(x, gate_up.planes),
-        gu,
-        2 * si,
-        x_rows,
-    )
-    h = silu_mul(gu, si, si, down.planes.x_width)
+        gate_up.base, gate_up.row0, expert, gate_up.planes, si, _padded(x, gate_up.planes), h,
+        width, x_rows, gated=True,
+    )  # fmt: skip
     out = cp.empty((count * size, table.hidden), dtype=cp.float32)
     kernels.small_gemm_groups(
         down.base, down.row0, expert, down.planes, table.hidden, h, out, table.hidden
     )
     return out[:n]
+
+
+def _hidden_rows(rows: int, inter: int, width: int) -> Any:
+    """The gated hidden rows a down projection reads: [rows, width] float32, the columns past
+    ``inter`` zero (the padding its kernel reads)."""
+    import cupy as cp
+
+    return (cp.empty if width == inter else cp.zeros)((rows, width), dtype=cp.float32)
 
 
 def _tensor_core_groups(table: ExpertTable) -> bool:

@@ -476,26 +476,35 @@ __device__ __forceinline__ void prep_x_groups(const float* __restrict__ x, int l
   }
 }
 
+// silu(gate) * up, as moe_silu_mul computes it
+__device__ __forceinline__ float gated_silu(float gate, float up) {
+  return gate * (0.5f * (1.f + tanhf(0.5f * gate))) * up;
+}
+
 // One group's product: block x of the grid takes SMALL_WARPS * 16 * R weight rows (every
 // warp of the block runs every k-group, so that all take part in the shared copies; rows
 // past `rows` are clamped loads, never stored), the whole K (no split), U k-groups a step:
 // the next step's weights (registers) and x (shared memory) are in flight during this one's
-// mmas.
+// mmas. `gated` (R = 2): a warp's two tiles are the same 16 rows of the gate (rows 0 ..
+// rows - 1) and of the up projection (the next `rows` rows), and y gets silu(gate) * up.
 template <class F, int NT, int R, int U>
 __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                             const uint4* __restrict__ xf,
-                                            float* __restrict__ y, int ldy) {
+                                            float* __restrict__ y, int ldy, bool gated) {
   constexpr int MMAS = F::GW / 16, PAIRS = MMAS / 2, STAGE = NT * PAIRS * 32;
+  static_assert(R == 2, "the gated epilogue pairs a warp's two tiles");
   __shared__ uint4 xs[2][U * STAGE];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const int tile0 = (blockIdx.x * SMALL_WARPS + warp) * 16 * R;
+  const int tile0 = (blockIdx.x * SMALL_WARPS + warp) * 16 * (gated ? 1 : R);
 
   long long n[R][2];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    n[r][0] = (long long)row0 + min(tile0 + 16 * r + g, rows - 1);
-    n[r][1] = (long long)row0 + min(tile0 + 16 * r + g + 8, rows - 1);
+  for (int r = 0; r < R; ++r) {  // gated: tile r at row r * rows + (the warp's 16 rows)
+    const int first = gated ? tile0 : tile0 + 16 * r;
+    const long long base = (long long)row0 + (gated ? (long long)r * rows : 0);
+    n[r][0] = base + min(first + g, rows - 1);
+    n[r][1] = base + min(first + g + 8, rows - 1);
   }
   float acc[R][NT][4];
 #pragma unroll
@@ -574,14 +583,27 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
         w[u][r][1] = next[u][r][1];
       }
   }
+  if (gated) {  // accumulator i of tile 0 and of tile 1: the same row of gate and up
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = tile0 + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
+        if (row >= rows) continue;
+        const float gate = F::finish(acc[0][t][i], a, (long long)row0 + row);
+        const float up = F::finish(acc[1][t][i], a, (long long)row0 + rows + row);
+        y[(long long)m * ldy + row] = gated_silu(gate, up);
+      }
+    return;
+  }
   each_result<R, NT>(acc, tile0, g, c, rows, 8 * NT, [&](int row, int m, float v) {
     y[(long long)m * ldy + row] = F::finish(v, a, (long long)row0 + row);
   });
 }
 
 // Group g = blockIdx.z uses the object at base[group_expert[g]] (every expert one geometry,
-// as for the expert GEMV), rows row0[e] .. row0[e] + rows - 1, and writes y rows g * 8 * NT
-// onwards; a group whose expert is -1 returns at once. NAME_groups_x writes every group's
+// as for the expert GEMV), rows row0[e] .. row0[e] + rows - 1 (gated: twice as many, gate
+// then up), and writes y rows g * 8 * NT onwards; a group whose expert is -1 returns at once. NAME_groups_x writes every group's
 // fragments, blockIdx.y being the group; with x_rows it gathers them: row g * 8 * NT + m is
 // row x_rows[g * 8 * NT + m] of x (-1: a padding row, zeros), else x holds the groups' rows
 // in order.
@@ -591,14 +613,15 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
       NAME##_groups(const u64* __restrict__ base, const int* __restrict__ row0,               \
                     const int* __restrict__ group_expert, long long off1, long long off2,     \
                     int stride, int rpd, int rows, int groups, const uint4* __restrict__ xf,  \
-                    float* __restrict__ y, int ldy) {                                         \
+                    float* __restrict__ y, int ldy, int gated) {                              \
     constexpr int STAGE = NT * (POLICY::GW / 32) * 32;                                        \
     const long long g = blockIdx.z;                                                           \
     const int e = __ldg(group_expert + g);                                                    \
     if (e < 0) return;                                                                        \
     SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
     groups_gemm<POLICY, NT, R, U>(a, __ldg(row0 + e), rows, groups,                          \
-                                  xf + g * groups * STAGE, y + g * 8 * NT * ldy, ldy);        \
+                                  xf + g * groups * STAGE, y + g * 8 * NT * ldy, ldy,         \
+                                  gated != 0);                                                \
   }                                                                                           \
   __global__ void NAME##_groups_x(const float* __restrict__ x, int ldx,                      \
                                   const int* __restrict__ x_rows, int groups, int nt,         \
