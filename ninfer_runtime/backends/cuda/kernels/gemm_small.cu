@@ -226,6 +226,26 @@ struct SmallNvfp4 {
   }
 };
 
+// Chunk c of k-group q of row xm of x (the chunk weights a lane's fragments take), or zeros
+// for xm < 0.
+template <class F>
+__device__ __forceinline__ void load_x_chunk(const float* __restrict__ x, int ldx, int xm, int q,
+                                             int c, float (&xs)[F::GW / 4]) {
+  constexpr int CHUNK = F::GW / 4;
+  if (xm < 0) {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) xs[i] = 0.f;
+    return;
+  }
+  const float4* src = reinterpret_cast<const float4*>(x + (long long)xm * ldx +
+                                                      (long long)q * F::GW + c * CHUNK);
+#pragma unroll
+  for (int i = 0; i < CHUNK / 4; ++i) {
+    const float4 v = __ldg(src + i);
+    xs[4 * i] = v.x; xs[4 * i + 1] = v.y; xs[4 * i + 2] = v.z; xs[4 * i + 3] = v.w;
+  }
+}
+
 // x in fragment order, made once per product by small_x_prep: for group q, activation
 // tile t and lane (g, c), one uint4 per mma j holding the B fragment of row t * 8 + g at the
 // chunk weights PERM[j][0..3] as (hi0, hi1, lo0, lo1): x = hi + lo, both bf16.
@@ -239,18 +259,7 @@ __device__ __forceinline__ void prep_x(const float* __restrict__ x, int ldx, int
   const int m = t * 8 + (lane >> 2), c = lane & 3;
   const int xm = m >= m_rows ? -1 : m;
   float xs[CHUNK];
-  if (xm >= 0) {
-    const float4* src = reinterpret_cast<const float4*>(x + (long long)xm * ldx +
-                                                        (long long)q * F::GW + c * CHUNK);
-#pragma unroll
-    for (int i = 0; i < CHUNK / 4; ++i) {
-      const float4 v = __ldg(src + i);
-      xs[4 * i] = v.x; xs[4 * i + 1] = v.y; xs[4 * i + 2] = v.z; xs[4 * i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < CHUNK; ++i) xs[i] = 0.f;
-  }
+  load_x_chunk<F>(x, ldx, xm, q, c, xs);
 #pragma unroll
   for (int j = 0; j < MMAS; ++j) {
     uint4 f;
@@ -451,18 +460,7 @@ __device__ __forceinline__ void prep_x_groups(const float* __restrict__ x, int l
   const long long row = g * 8 * nt + m;
   const int xm = x_rows ? __ldg(x_rows + row) : (int)row;
   float xs[CHUNK];
-  if (xm >= 0) {
-    const float4* src = reinterpret_cast<const float4*>(x + (long long)xm * ldx +
-                                                        (long long)q * F::GW + c * CHUNK);
-#pragma unroll
-    for (int i = 0; i < CHUNK / 4; ++i) {
-      const float4 v = __ldg(src + i);
-      xs[4 * i] = v.x; xs[4 * i + 1] = v.y; xs[4 * i + 2] = v.z; xs[4 * i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < CHUNK; ++i) xs[i] = 0.f;
-  }
+  load_x_chunk<F>(x, ldx, xm, q, c, xs);
   uint4* dst = out + ((g * groups + q) * nt + t) * PAIRS * 32 + lane;
 #pragma unroll
   for (int jj = 0; jj < PAIRS; ++jj) {
