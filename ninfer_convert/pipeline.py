@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +50,7 @@ from .proposal import DEFAULT_ROWS, read_ranking, select_shortlist, token_domain
 from .quantize import quantize
 from .recipe import DEFAULT_METHOD, Choice, Recipe, load_recipe
 from .sources import GgufSource, open_source
+from .sources.gguf_base import write_base
 from .vision import VISION_RESOURCES, check_processors, check_vision_source, has_vision
 from .vision import vision_config as read_vision_config
 
@@ -168,15 +172,37 @@ def _has_mtp(sources: Mapping[str, Any], recipe: Recipe, config: Mapping[str, An
 
 
 def open_sources(source_specs: Mapping[str, str], recipe: Recipe) -> dict[str, Any]:
-    """Every ``--source``; the base may be config-only when the recipe reads no weights from it."""
+    """Every ``--source``; the base may be config-only when the recipe reads no weights from it.
+    A lone .gguf for a recipe that reads no base weights is both: the GGUF and the base
+    directory its metadata describes (``gguf_base``)."""
     if "base" not in source_specs:
         raise SourceError("a base source is required: --source PATH_OR_REPO_ID")
+    base = Path(source_specs["base"]).expanduser()
+    if base.suffix.lower() == ".gguf" and not recipe.base_weights and "gguf" not in source_specs:
+        gguf = GgufSource(base)
+        return {
+            **{role: open_source(spec) for role, spec in source_specs.items() if role != "base"},
+            "base": _base_of(gguf),
+            "gguf": gguf,
+        }
     return {
         role: open_config_only(spec)
         if role == "base" and not recipe.base_weights
         else open_source(spec)
         for role, spec in source_specs.items()
     }
+
+
+def _base_of(gguf: GgufSource) -> Any:
+    """The base directory written from ``gguf``'s metadata, removed with the source."""
+    directory = Path(tempfile.mkdtemp(prefix="ninfer-gguf-base-"))
+    try:
+        source = open_config_only(write_base(gguf, directory))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    weakref.finalize(source, shutil.rmtree, directory, True)
+    return source
 
 
 @dataclass

@@ -75,10 +75,19 @@ class GgufBuilder:
         data, qtype = self.tensors[name]
         return data if qtype == T.F32 else gguf.quants.dequantize(data, qtype)
 
-    def write(self, path: Path, header: dict[str, int]) -> Path:
+    def write(
+        self, path: Path, header: dict[str, int], extra: dict[str, tuple[str, object]]
+    ) -> Path:
         writer = gguf.GGUFWriter(str(path), "qwen35")
         for key, value in header.items():
             writer.add_uint32(f"qwen35.{key}", value)
+        for key, (kind, value) in extra.items():
+            if kind == "strings":
+                writer.add_array(key, list(value))  # type: ignore[call-overload]
+            elif kind == "ints":
+                writer.add_array(key, [int(v) for v in value])  # type: ignore[union-attr]
+            else:
+                getattr(writer, f"add_{kind}")(key, value)
         for name, (data, qtype) in self.tensors.items():
             writer.add_tensor(name, data, raw_dtype=None if qtype == T.F32 else qtype)
         writer.write_header_to_file()
@@ -126,10 +135,16 @@ def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int, faithful: bo
 
 
 def build_gguf(
-    hf_dir: Path, path: Path, *, faithful: bool = False, **header_changes: int
+    hf_dir: Path,
+    path: Path,
+    *,
+    faithful: bool = False,
+    extra: dict[str, tuple[str, object]] | None = None,
+    **header_changes: int,
 ) -> GgufBuilder:
     """The tiny GGUF; ``faithful``: every projection Q8_0 from the checkpoint's own weights
-    (a file that answers as the checkpoint does, to within Q8_0's error)."""
+    (a file that answers as the checkpoint does, to within Q8_0's error); ``extra``: more
+    metadata, full key -> (kind, value) with kind uint32, float32, string, strings or ints."""
     sd = load_file(hf_dir / "model.safetensors")
     config = json.loads((hf_dir / "config.json").read_text())
     layers = config["num_hidden_layers"]
@@ -161,7 +176,7 @@ def build_gguf(
         "block_count": layers + 1,
         **{k.replace("__", "."): v for k, v in header_changes.items()},
     }
-    b.write(path, header)
+    b.write(path, header, extra or {})
     return b
 
 
