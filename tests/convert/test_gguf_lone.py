@@ -159,3 +159,19 @@ def test_unknown_pre_tokenizer_and_missing_keys_are_refused(tiny_dense, tmp_path
     with pytest.raises(SourceError, match=r"metadata key 'qwen35.rope.freq_base' is missing"):
         convert("qwen3_8_27b_gguf", {"base": str(bare)}, tmp_path / "bare.ninfer")
     assert not (tmp_path / "odd.ninfer").exists() and not (tmp_path / "bare.ninfer").exists()
+
+
+def test_qwen2_pre_tokenizer_splits_as_its_rule() -> None:
+    """The ``qwen2`` rule by hand: a contraction, a lone space before digits, digits one by
+    one, punctuation with the newlines after it (bytes shown byte-level: Ġ space, Ċ
+    newline)."""
+    from ninfer_convert.sources.gguf_base import PRE_TOKENIZERS
+
+    _, pre = PRE_TOKENIZERS["qwen2"]
+    doc = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None, "pre_tokenizer": pre, "post_processor": None, "decoder": None,
+        "model": {"type": "BPE", "vocab": {}, "merges": []},
+    }  # fmt: skip
+    split = Tokenizer.from_str(json.dumps(doc)).pre_tokenizer.pre_tokenize_str("I'm 42!\n\nok")
+    assert [piece for piece, _ in split] == ["I", "'m", "Ġ", "4", "2", "!ĊĊ", "ok"]
