@@ -13,6 +13,11 @@ knows come from its table, Q2_0's from ``ninfer_format``'s block codec, which al
 
 Shapes are reported in NInfer/torch order (outermost first), i.e. ggml's ``ne`` reversed.
 
+A split GGUF (``NAME-00001-of-0000n.gguf`` ...: ``split.no`` / ``split.count`` /
+``split.tensors.count``, the metadata in the first part) is opened by its first part: the
+others are found beside it by name, each checked to be the part it says, and their tensors
+read as one table.
+
 Provenance records the file size and the xxh3-64 of everything before the tensor data (header,
 key/values and tensor table), for the same reason as for safetensors: hashing the data would
 read a multi-gigabyte file twice.
@@ -20,6 +25,7 @@ read a multi-gigabyte file twice.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -73,6 +79,8 @@ class _Tensor:
     offset: int
     #: (values per block, bytes per block), or None for a type nobody here knows
     block: tuple[int, int] | None
+    #: which part of a split GGUF holds it
+    part: int = 0
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -108,34 +116,85 @@ def _block_geometry(ggml_type: int) -> tuple[int, int] | None:
         return None
 
 
+def _open_reader(path: Path) -> _HeaderReader:
+    if not path.is_file():
+        raise SourceError(f"{path}: no such GGUF file")
+    try:
+        reader = _HeaderReader(path, "r")
+    except Exception as exc:  # gguf-py raises ValueError, IndexError, struct errors ...
+        raise SourceError(f"{path} is not a readable GGUF file: {exc}") from exc
+    if reader.byte_order != "I":
+        raise SourceError(f"{path} is a byte-swapped (big-endian) GGUF; not supported")
+    return reader
+
+
+def _field(reader: _HeaderReader, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+#: a part of a split GGUF, as llama.cpp's gguf-split and gguf-py's writer name them
+SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def _split_parts(path: Path, reader: _HeaderReader) -> list[tuple[Path, _HeaderReader]]:
+    """Every part of the GGUF ``path`` begins (itself alone when it is not split): the
+    metadata is the first part's, the tensors are spread over all of them."""
+    count = int(_field(reader, "split.count") or 1)
+    if count <= 1:
+        return [(path, reader)]
+    no = int(_field(reader, "split.no") or 0)
+    match = SPLIT_NAME.match(path.name)
+    if no != 0 or match is None:
+        raise SourceError(
+            f"{path} is part {no + 1} of a {count}-part GGUF: give the first part "
+            "(NAME-00001-of-NNNNN.gguf); the others are found beside it"
+        )
+    parts = [(path, reader)]
+    for i in range(1, count):
+        name = f"{match['stem']}-{i + 1:05d}-of-{count:05d}.gguf"
+        part = path.with_name(name)
+        other = _open_reader(part)
+        if (
+            int(_field(other, "split.no") or 0) != i
+            or int(_field(other, "split.count") or 1) != count
+        ):
+            raise SourceError(f"{part}: not part {i + 1} of {count} of {path.name}'s split GGUF")
+        parts.append((part, other))
+    return parts
+
+
 class GgufSource(TensorSource):
-    """Tensors and key/value metadata of one GGUF file (memory-mapped, read-only)."""
+    """Tensors and key/value metadata of one GGUF file (memory-mapped, read-only), or of a
+    split GGUF given its first part."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser().absolute()
         self.id = str(self.path)
-        if not self.path.is_file():
-            raise SourceError(f"{self.path}: no such GGUF file")
-        try:
-            reader = _HeaderReader(self.path, "r")
-        except Exception as exc:  # gguf-py raises ValueError, IndexError, struct errors ...
-            raise SourceError(f"{self.path} is not a readable GGUF file: {exc}") from exc
-        if reader.byte_order != "I":
-            raise SourceError(f"{self.path} is a byte-swapped (big-endian) GGUF; not supported")
+        reader = _open_reader(self.path)
         self._reader = reader
-        self.file_size = int(reader.data.shape[0])
         self.version = int(reader.fields["GGUF.version"].parts[0][0])
-        self._tensors = self._read_tensor_table()
+        self._parts = _split_parts(self.path, reader)
+        self._tensors: dict[str, _Tensor] = {}
+        for index, (part, part_reader) in enumerate(self._parts):
+            self._read_tensor_table(index, part, part_reader)
+        total = _field(reader, "split.tensors.count")
+        if total is not None and int(total) != len(self._tensors):
+            raise SourceError(
+                f"{self.path}: the split GGUF lists {int(total)} tensors, its parts hold "
+                f"{len(self._tensors)}"
+            )
         self._keys = sorted(self._tensors)
 
-    def _read_tensor_table(self) -> dict[str, _Tensor]:
-        tensors: dict[str, _Tensor] = {}
-        start = int(self._reader.data_offset)
-        for info in self._reader.tensor_infos:
+    def _read_tensor_table(self, index: int, path: Path, reader: _HeaderReader) -> None:
+        tensors = self._tensors
+        start = int(reader.data_offset)
+        file_size = int(reader.data.shape[0])
+        for info in reader.tensor_infos:
             _, name_bytes, _, dims, raw_type, rel_offset = info.parts
             name = bytes(name_bytes).decode("utf-8", errors="replace")
             if name in tensors:
-                raise SourceError(f"{self.path} holds two tensors named {name!r}")
+                raise SourceError(f"{path} holds a second tensor named {name!r}")
             ggml_type = int(raw_type[0])
             tensor = _Tensor(
                 name=name,
@@ -143,22 +202,22 @@ class GgufSource(TensorSource):
                 ne=tuple(int(d) for d in dims),
                 offset=start + int(rel_offset[0]),
                 block=_block_geometry(ggml_type),
+                part=index,
             )
             if tensor.block is not None:
                 values = tensor.block[0]
                 if tensor.ne and tensor.ne[0] % values:
                     raise SourceError(
-                        f"{self.path}: tensor {name!r} ({ggml_type_name(ggml_type)}) has a row "
+                        f"{path}: tensor {name!r} ({ggml_type_name(ggml_type)}) has a row "
                         f"of {tensor.ne[0]} values, not a multiple of the {values}-value block"
                     )
                 end = tensor.offset + tensor.rows * tensor.row_bytes
-                if end > self.file_size:
+                if end > file_size:
                     raise SourceError(
-                        f"{self.path}: tensor {name!r} ends at byte {end} but the file has "
-                        f"{self.file_size} bytes (truncated download?)"
+                        f"{path}: tensor {name!r} ends at byte {end} but the file has "
+                        f"{file_size} bytes (truncated download?)"
                     )
             tensors[name] = tensor
-        return tensors
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -234,7 +293,7 @@ class GgufSource(TensorSource):
                 "is unknown to gguf-py and to ninfer_format"
             )
         size = tensor.rows * tensor.row_bytes
-        data = self._reader.data[tensor.offset : tensor.offset + size]
+        data = self._parts[tensor.part][1].data[tensor.offset : tensor.offset + size]
         return data.reshape(tensor.rows, tensor.row_bytes)
 
     def load(self, name: str) -> torch.Tensor:
@@ -279,7 +338,13 @@ class GgufSource(TensorSource):
             return dequantize(blocks, GGMLQuantizationType(tensor.ggml_type))
 
     def provenance(self) -> dict[str, Any]:
-        header = bytes(self._reader.data[: int(self._reader.data_offset)])
+        files = {}
+        for path, reader in self._parts:
+            header = bytes(reader.data[: int(reader.data_offset)])
+            files[path.name] = {
+                "bytes": int(reader.data.shape[0]),
+                "header_xxh3_64": xxh3_hex(header),
+            }
         return {
             "kind": "gguf",
             "path": str(self.path),
@@ -287,9 +352,7 @@ class GgufSource(TensorSource):
             "revision": None,
             "commit": None,
             "architecture": self.architecture,
-            "files": {
-                self.path.name: {"bytes": self.file_size, "header_xxh3_64": xxh3_hex(header)}
-            },
+            "files": files,
         }
 
     def __repr__(self) -> str:

@@ -60,6 +60,7 @@ class GgufBuilder:
     def __init__(self, only: T | None = None) -> None:
         self.tensors: dict[str, tuple[np.ndarray, T]] = {}
         self.only = only  # one quantization type for every quantized tensor
+        self.path: Path | None = None  # the file written (a split's first part)
 
     def float32(self, name: str, x: np.ndarray) -> None:
         self.tensors[name] = (np.ascontiguousarray(x, dtype=np.float32), T.F32)
@@ -76,9 +77,15 @@ class GgufBuilder:
         return data if qtype == T.F32 else gguf.quants.dequantize(data, qtype)
 
     def write(
-        self, path: Path, header: dict[str, int], extra: dict[str, tuple[str, object]]
+        self,
+        path: Path,
+        header: dict[str, int],
+        extra: dict[str, tuple[str, object]],
+        split: int = 0,
     ) -> Path:
-        writer = gguf.GGUFWriter(str(path), "qwen35")
+        """``split``: at most this many tensors a part (gguf-py names the parts
+        ``NAME-0000i-of-0000n.gguf``; the first one is returned)."""
+        writer = gguf.GGUFWriter(str(path), "qwen35", split_max_tensors=split)
         for key, value in header.items():
             writer.add_uint32(f"qwen35.{key}", value)
         for key, (kind, value) in extra.items():
@@ -94,7 +101,7 @@ class GgufBuilder:
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        return path
+        return writer.format_shard_names(path)[0]
 
 
 def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int, faithful: bool) -> None:
@@ -140,6 +147,7 @@ def build_gguf(
     *,
     faithful: bool = False,
     extra: dict[str, tuple[str, object]] | None = None,
+    split: int = 0,
     **header_changes: int,
 ) -> GgufBuilder:
     """The tiny GGUF; ``faithful``: every projection Q8_0 from the checkpoint's own weights
@@ -176,7 +184,7 @@ def build_gguf(
         "block_count": layers + 1,
         **{k.replace("__", "."): v for k, v in header_changes.items()},
     }
-    b.write(path, header, extra or {})
+    b.path = b.write(path, header, extra or {}, split)
     return b
 
 
