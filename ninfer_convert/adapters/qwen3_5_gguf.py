@@ -1,4 +1,5 @@
-"""Qwen3.5 dense GGUF files (llama.cpp architecture ``qwen35``) -> v3 logical parameters.
+"""Qwen3.5 GGUF files (llama.cpp architectures ``qwen35``, dense, and ``qwen35moe``) -> v3
+logical parameters.
 
 llama.cpp's converter renames every tensor and changes a few on the way (notes 4.3); this
 adapter undoes that, with the geometry taken from the base checkpoint's config.json (never
@@ -12,6 +13,10 @@ hard-coded, so a tiny file works the same as a 27B one):
   grouped order. ``ssm_out``'s *input columns* are tiled too; a block-copied ``ssm_out`` keeps
   them and its Use gets an ``input_columns`` auxiliary, a float one is permuted.
 * ``ssm_a = -exp(A_log)``: ``A_log = ln(-ssm_a)`` in float32.
+* MoE: each projection of all routed experts is one rank-3 bank (``ffn_gate_exps`` /
+  ``ffn_up_exps`` [E, I, H], ``ffn_down_exps`` [E, H, I]); expert e is the e-th run of its
+  rows. The router is ``ffn_gate_inp``, the shared expert ``ffn_{gate,up,down}_shexp`` and its
+  sigmoid score the vector ``ffn_gate_inp_shexp``.
 * ``ssm_conv1d.weight`` is ``[channels, taps]``; the parameter is ``[taps, channels]``.
 
 Row selection is expressed with ``SourcePiece`` row ranges (a vector is viewed as ``[n, 1]``),
@@ -36,6 +41,8 @@ from .base import Loader, LogicalTensor, SourcePiece
 
 Pieces = tuple[SourcePiece, ...]
 ARCHITECTURE = "qwen35"
+MOE_ARCHITECTURE = "qwen35moe"
+TEXT_TYPES = {"qwen3_5_text": ARCHITECTURE, "qwen3_5_moe_text": MOE_ARCHITECTURE}
 MINUS_ONE, A_LOG = "minus_one", "a_log"
 
 
@@ -106,8 +113,15 @@ class Geometry:
     value_heads: int
     value_dim: int
     taps: int
-    intermediate: int
+    intermediate: int  # the dense MLP's width (0 with MoE)
     full_interval: int
+    experts: int = 0  # MoE (qwen35moe): routed experts, their width, the shared expert's
+    expert_width: int = 0
+    shared_width: int = 0
+
+    @property
+    def architecture(self) -> str:
+        return MOE_ARCHITECTURE if self.experts else ARCHITECTURE
 
     @property
     def key_width(self) -> int:
@@ -143,10 +157,12 @@ def _full_interval(config: Mapping[str, Any]) -> int:
 
 
 def geometry(config: Mapping[str, Any]) -> Geometry:
-    if config.get("model_type") != "qwen3_5_text":
+    model_type = config.get("model_type")
+    if model_type not in TEXT_TYPES:
         raise RecipeError(
-            f"GGUF import handles dense Qwen3.5 (qwen3_5_text), not {config.get('model_type')!r}"
+            f"GGUF import handles Qwen3.5 ({', '.join(TEXT_TYPES)}), not {model_type!r}"
         )
+    moe = model_type == "qwen3_5_moe_text"
     try:
         g = Geometry(
             hidden=int(config["hidden_size"]),
@@ -160,8 +176,11 @@ def geometry(config: Mapping[str, Any]) -> Geometry:
             value_heads=int(config["linear_num_value_heads"]),
             value_dim=int(config["linear_value_head_dim"]),
             taps=int(config["linear_conv_kernel_dim"]),
-            intermediate=int(config["intermediate_size"]),
+            intermediate=0 if moe else int(config["intermediate_size"]),
             full_interval=_full_interval(config),
+            experts=int(config["num_experts"]) if moe else 0,
+            expert_width=int(config["moe_intermediate_size"]) if moe else 0,
+            shared_width=int(config["shared_expert_intermediate_size"]) if moe else 0,
         )
     except KeyError as exc:
         raise RecipeError(f"config.json lacks {exc.args[0]!r}, needed for GGUF import") from None
@@ -224,12 +243,41 @@ def _layer(p: str, suffix: str, g: Geometry) -> _Entry:
     }
     if suffix in plain:
         return _whole(p + plain[suffix][0], plain[suffix][1])
+    if suffix.startswith("moe/"):
+        return _moe(p, suffix, g)
     if suffix in ("attention/query", "attention/gate"):
         name, offset = p + "attn_q.weight", 0 if suffix == "attention/query" else d
         starts = [2 * i * d + offset for i in range(g.heads)]
         pieces = tuple(_rows(name, a, a + d) for a in starts)
         return _Entry(pieces, {name: (2 * g.heads * d, h)})
     return _gdn(p, suffix, g)
+
+
+def _moe(p: str, suffix: str, g: Geometry) -> _Entry:
+    """A MoE block's parameter: llama.cpp keeps each projection of all routed experts in one
+    rank-3 tensor ([E, I, H] gate and up, [E, H, I] down), expert e's rows one run of it."""
+    h, e, i, s = g.hidden, g.experts, g.expert_width, g.shared_width
+    plain = {
+        "moe/router": ("ffn_gate_inp.weight", (e, h)),
+        "moe/shared_score": ("ffn_gate_inp_shexp.weight", (h,)),
+        "moe/shared/gate": ("ffn_gate_shexp.weight", (s, h)),
+        "moe/shared/up": ("ffn_up_shexp.weight", (s, h)),
+        "moe/shared/down": ("ffn_down_shexp.weight", (h, s)),
+    }
+    if suffix in plain:
+        name, shape = plain[suffix]
+        return _Entry((_rows(p + name, 0, shape[0]),), {p + name: shape})
+    _, _, index, projection = suffix.split("/")
+    banks = {
+        "gate": ("ffn_gate_exps.weight", (e, i, h), i),
+        "up": ("ffn_up_exps.weight", (e, i, h), i),
+        "down": ("ffn_down_exps.weight", (e, h, i), h),
+    }
+    if projection not in banks:
+        raise RecipeError(f"no GGUF mapping for {p}{suffix}")
+    name, shape, rows = banks[projection]
+    first = int(index) * rows
+    return _Entry((_rows(p + name, first, first + rows),), {p + name: shape})
 
 
 def _gdn(p: str, suffix: str, g: Geometry) -> _Entry:
@@ -298,13 +346,13 @@ def has_mtp(source: GgufSource, config: Mapping[str, Any]) -> bool:
 def check_header(source: GgufSource, g: Geometry, with_mtp: bool) -> None:
     """Notes 4.4: the header must describe the config's model (it is validated, not used)."""
     arch = source.architecture
-    if arch != ARCHITECTURE:
+    if arch != g.architecture:
         raise SourceError(
-            f"{source.id}: general.architecture is {arch!r}; this adapter reads {ARCHITECTURE!r}"
+            f"{source.id}: general.architecture is {arch!r}; the config's model is "
+            f"{g.architecture!r}"
         )
     expected = {
         "embedding_length": g.hidden,
-        "feed_forward_length": g.intermediate,
         "attention.head_count": g.heads,
         "attention.head_count_kv": g.kv_heads,
         "attention.key_length": g.head_dim,
@@ -317,11 +365,17 @@ def check_header(source: GgufSource, g: Geometry, with_mtp: bool) -> None:
         "full_attention_interval": g.full_interval,
         "block_count": g.layers + (1 if with_mtp else 0),
     }
+    if g.experts:
+        expected["expert_count"] = g.experts
+        expected["expert_feed_forward_length"] = g.expert_width
+        expected["expert_shared_feed_forward_length"] = g.shared_width
+    else:
+        expected["feed_forward_length"] = g.intermediate
     wrong = []
     for key, value in expected.items():
-        found = source.get(f"{ARCHITECTURE}.{key}")
+        found = source.get(f"{arch}.{key}")
         if found is None or int(found) != value:
-            wrong.append(f"{ARCHITECTURE}.{key} = {found!r} (config.json implies {value})")
+            wrong.append(f"{arch}.{key} = {found!r} (config.json implies {value})")
     if wrong:
         raise SourceError(
             f"{source.id} does not describe the base checkpoint's config.json: " + "; ".join(wrong)

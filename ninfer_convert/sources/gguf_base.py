@@ -1,12 +1,12 @@
-"""The base directory a llama.cpp ``qwen35`` GGUF carries in its own metadata.
+"""The base directory a llama.cpp ``qwen35`` / ``qwen35moe`` GGUF carries in its metadata.
 
 A GGUF import reads its weights from the .gguf file and the model's config and frontend
 files from a base directory. A GGUF written by llama.cpp holds everything that directory
-would: the architecture (``qwen35.*`` keys, gguf-py's ``Keys`` names), the BPE vocabulary
-(``tokenizer.ggml.*``), the chat template and the special token ids. ``write_base`` writes
-them out as ``config.json``, ``tokenizer.json``, ``tokenizer_config.json``,
-``chat_template.jinja`` and ``generation_config.json``, so ``--source model.gguf`` alone
-converts.
+would: the architecture (``qwen35.*`` or ``qwen35moe.*`` keys, gguf-py's ``Keys`` names),
+the BPE vocabulary (``tokenizer.ggml.*``), the chat template and the special token ids.
+``write_base`` writes them out as ``config.json``, ``tokenizer.json``,
+``tokenizer_config.json``, ``chat_template.jinja`` and ``generation_config.json``, so
+``--source model.gguf`` alone converts.
 
 The tokenizer is rebuilt only where the file's pre-tokenizer (``tokenizer.ggml.pre``) is one
 whose splitting rule is known here; any other is refused with the way round it (a base
@@ -26,7 +26,8 @@ from gguf.constants import Keys, TokenType
 from ..errors import SourceError
 from .gguf_file import GgufSource
 
-ARCHITECTURE = "qwen35"
+#: llama.cpp architecture -> the text config's model_type
+MODEL_TYPES = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
 #: Qwen2's splitting rule (contractions, letters, single digits, punctuation runs, newlines)
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -77,7 +78,7 @@ def write_base(source: GgufSource, directory: Path) -> Path:
 
 
 def _key(source: GgufSource, template: str, *, default: Any = None) -> Any:
-    key = template.format(arch=ARCHITECTURE)
+    key = template.format(arch=source.architecture)
     value = source.get(key, default)
     if value is None:
         raise SourceError(f"{source.path}: metadata key {key!r} is missing; it defines the model")
@@ -85,11 +86,13 @@ def _key(source: GgufSource, template: str, *, default: Any = None) -> Any:
 
 
 def text_config(source: GgufSource) -> dict[str, Any]:
-    """The Qwen3.5 text config (``config.json``) the ``qwen35.*`` keys describe."""
-    if source.architecture != ARCHITECTURE:
+    """The Qwen3.5 text config (``config.json``) the ``qwen35.*`` (``qwen35moe.*``) keys
+    describe."""
+    model_type = MODEL_TYPES.get(source.architecture or "")
+    if model_type is None:
         raise SourceError(
             f"{source.path}: general.architecture is {source.architecture!r}; a config can be "
-            f"read from {ARCHITECTURE!r} files (add --source base=DIR for others)"
+            f"read from {', '.join(MODEL_TYPES)} files (add --source base=DIR for others)"
         )
     nextn = int(_key(source, Keys.LLM.NEXTN_PREDICT_LAYERS, default=0))
     layers = int(_key(source, Keys.LLM.BLOCK_COUNT)) - nextn
@@ -99,6 +102,17 @@ def text_config(source: GgufSource) -> dict[str, Any]:
     # the multimodal rotary sections (llama.cpp pads them to four with zeros), interleaved
     # as Qwen3.5 lays them out
     sections = [int(s) for s in _key(source, Keys.Rope.DIMENSION_SECTIONS) if int(s)]
+    if model_type == "qwen3_5_moe_text":
+        widths = {
+            "num_experts": int(_key(source, Keys.LLM.EXPERT_COUNT)),
+            "num_experts_per_tok": int(_key(source, Keys.LLM.EXPERT_USED_COUNT)),
+            "moe_intermediate_size": int(_key(source, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)),
+            "shared_expert_intermediate_size": int(
+                _key(source, Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH)
+            ),
+        }
+    else:
+        widths = {"intermediate_size": int(_key(source, Keys.LLM.FEED_FORWARD_LENGTH))}
     rope: dict[str, Any] = {
         "rope_type": "default",
         "rope_theta": float(_key(source, Keys.Rope.FREQ_BASE)),
@@ -108,10 +122,9 @@ def text_config(source: GgufSource) -> dict[str, Any]:
     }
     vocab = source.get(Keys.Tokenizer.LIST)
     return {
-        "architectures": ["Qwen3_5ForCausalLM"],
-        "model_type": "qwen3_5_text",
+        "model_type": model_type,
         "hidden_size": int(_key(source, Keys.LLM.EMBEDDING_LENGTH)),
-        "intermediate_size": int(_key(source, Keys.LLM.FEED_FORWARD_LENGTH)),
+        **widths,
         "num_hidden_layers": layers,
         "layer_types": [
             "full_attention" if (i + 1) % interval == 0 else "linear_attention"

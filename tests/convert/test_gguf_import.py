@@ -82,12 +82,13 @@ class GgufBuilder:
         header: dict[str, int],
         extra: dict[str, tuple[str, object]],
         split: int = 0,
+        arch: str = "qwen35",
     ) -> Path:
         """``split``: at most this many tensors a part (gguf-py names the parts
         ``NAME-0000i-of-0000n.gguf``; the first one is returned)."""
-        writer = gguf.GGUFWriter(str(path), "qwen35", split_max_tensors=split)
+        writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split)
         for key, value in header.items():
-            writer.add_uint32(f"qwen35.{key}", value)
+            writer.add_uint32(f"{arch}.{key}", value)
         for key, (kind, value) in extra.items():
             if kind == "strings":
                 writer.add_array(key, list(value))  # type: ignore[call-overload]
@@ -110,12 +111,23 @@ def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int, faithful: bo
     w = {k[len(hf) :]: v.float().numpy() for k, v in sd.items() if k.startswith(hf)}
     b.float32(blk + "attn_norm.weight", w["input_layernorm.weight"] + 1)
     b.float32(blk + "post_attention_norm.weight", w["post_attention_layernorm.weight"] + 1)
-    b.quantized(blk + "ffn_gate.weight", w["mlp.gate_proj.weight"], T.Q4_0)
-    b.quantized(blk + "ffn_up.weight", w["mlp.up_proj.weight"], T.Q8_0 if index == 2 else T.Q4_0)
-    if faithful:
-        b.quantized(blk + "ffn_down.weight", w["mlp.down_proj.weight"], T.Q8_0)
+    if "mlp.gate.weight" in w:  # MoE: llama.cpp's expert banks, router and shared expert
+        experts = sorted({int(k.split(".")[2]) for k in w if k.startswith("mlp.experts.")})
+        for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            bank = np.stack([w[f"mlp.experts.{e}.{theirs}.weight"] for e in experts])
+            b.quantized(blk + f"ffn_{ours}_exps.weight", bank, T.Q8_0)
+            b.quantized(blk + f"ffn_{ours}_shexp.weight", w[f"mlp.shared_expert.{theirs}.weight"],
+                        T.Q8_0)  # fmt: skip
+        b.float32(blk + "ffn_gate_inp.weight", w["mlp.gate.weight"])
+        b.float32(blk + "ffn_gate_inp_shexp.weight", w["mlp.shared_expert_gate.weight"][0])
     else:
-        b.raw(blk + "ffn_down.weight", raw_q4_k(128, 256, seed=index), T.Q4_K)
+        b.quantized(blk + "ffn_gate.weight", w["mlp.gate_proj.weight"], T.Q4_0)
+        up = T.Q8_0 if index == 2 else T.Q4_0
+        b.quantized(blk + "ffn_up.weight", w["mlp.up_proj.weight"], up)
+        if faithful:
+            b.quantized(blk + "ffn_down.weight", w["mlp.down_proj.weight"], T.Q8_0)
+        else:
+            b.raw(blk + "ffn_down.weight", raw_q4_k(128, 256, seed=index), T.Q4_K)
     if "self_attn.q_proj.weight" in w:
         for ours, theirs, qtype in (("q", "q", T.Q8_0), ("k", "k", T.Q8_0), ("v", "v", T.Q8_0)):
             b.quantized(blk + f"attn_{ours}.weight", w[f"self_attn.{theirs}_proj.weight"], qtype)
@@ -168,9 +180,16 @@ def build_gguf(
     for ours, theirs in (("enorm", "pre_fc_norm_embedding"), ("hnorm", "pre_fc_norm_hidden")):
         b.float32(mtp + f"nextn.{ours}.weight", sd[f"mtp.{theirs}.weight"].numpy() + 1)
     b.float32(mtp + "nextn.shared_head_norm.weight", sd["mtp.norm.weight"].numpy() + 1)
+    moe = config["model_type"] == "qwen3_5_moe_text"
+    widths = {
+        "expert_count": config.get("num_experts"),
+        "expert_used_count": config.get("num_experts_per_tok"),
+        "expert_feed_forward_length": config.get("moe_intermediate_size"),
+        "expert_shared_feed_forward_length": config.get("shared_expert_intermediate_size"),
+    }
     header = {
         "embedding_length": 128,
-        "feed_forward_length": 256,
+        **(widths if moe else {"feed_forward_length": 256}),
         "attention.head_count": HEADS,
         "attention.head_count_kv": 1,
         "attention.key_length": HEAD_DIM,
@@ -184,7 +203,9 @@ def build_gguf(
         "block_count": layers + 1,
         **{k.replace("__", "."): v for k, v in header_changes.items()},
     }
-    b.path = b.write(path, header, extra or {}, split)
+    arch = "qwen35moe" if moe else "qwen35"
+    extra = {k.replace("qwen35.", f"{arch}.", 1): v for k, v in (extra or {}).items()}
+    b.path = b.write(path, header, extra, split, arch)
     return b
 
 

@@ -1,8 +1,9 @@
 """A GGUF-block artifact through the engine: a GGUF written with ``gguf``'s own writer from
-the tiny dense checkpoint (the way llama.cpp lays a ``qwen35`` model out, every projection
-Q8_0 from the checkpoint's weights), converted with its blocks kept, answers as the bf16
-artifact of the same checkpoint does, to within Q8_0's error (about 1% of the largest logit
-here; 36% with the stored columns taken as they lie).
+the tiny dense and MoE checkpoints (the way llama.cpp lays a ``qwen35`` / ``qwen35moe``
+model out, every projection Q8_0 from the checkpoint's weights, the experts in rank-3
+banks), converted with its blocks kept (with the base directory, or alone from its metadata),
+answers as the bf16 artifact of the same checkpoint does, to within Q8_0's error (about 1%
+of the largest logit on a typical row; 30-40% with the stored columns taken as they lie).
 
 The GDN output projection keeps llama.cpp's tiled input columns, with an ``input_columns``
 map on its use; the model must compute with them put in place.
@@ -31,28 +32,50 @@ def _prompt_logits(path: Path) -> np.ndarray:
     return np.asarray(runner.forward([ids], [state]).logits[0], dtype=np.float64)
 
 
-@pytest.fixture(scope="module")
-def gguf_artifact(checkpoints, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gguf_engine")
-    build_gguf(checkpoints["dense"], root / "tiny.gguf", faithful=True)
-    base = config_only(checkpoints["dense"], root / "base")
+#: per kind: the GGUF recipe, and the bf16 recipe of the same checkpoint
+RECIPES = {
+    "dense": ("qwen3_8_27b_gguf", "qwen3_5_bf16"),
+    "moe": ("qwen3_6_35b_a3b_gguf", "qwen3_5_moe_bf16"),
+}
+
+
+def _gguf_artifact(checkpoint: Path, root: Path, kind: str, alone: bool) -> Path:
+    """The GGUF of ``checkpoint`` converted with its blocks kept: with the checkpoint's base
+    directory, or (``alone``) from the file and its metadata only."""
+    from tests.convert.test_gguf_lone import metadata
+
+    path = build_gguf(
+        checkpoint, root / "tiny.gguf", faithful=True, extra=metadata(checkpoint)
+    ).path
     out = root / "g.ninfer"
-    convert("qwen3_8_27b_gguf", {"base": str(base), "gguf": str(root / "tiny.gguf")}, out)
+    specs = {"base": str(path)}
+    if not alone:
+        specs = {"base": str(config_only(checkpoint, root / "base")), "gguf": str(path)}
+    convert(RECIPES[kind][0], specs, out)
     return out
 
 
-def test_gguf_blocks_answer_as_the_float_artifact(gguf_artifact, artifact_path, monkeypatch):
+@pytest.mark.parametrize(("kind", "alone"), [("dense", False), ("moe", False), ("moe", True)])
+def test_gguf_blocks_answer_as_the_float_artifact(
+    kind, alone, checkpoints, artifact_path, tmp_path, monkeypatch
+):
+    gguf_artifact = _gguf_artifact(checkpoints[kind], tmp_path, kind, alone)
     with Artifact.open(gguf_artifact) as art:
         tiled = [u.parameter for u in art.uses if "input_columns" in (u.auxiliaries or {})]
         assert tiled and all(art.input_columns(name) is not None for name in tiled)
-    reference = _prompt_logits(artifact_path("qwen3_5_bf16", "dense"))
+    reference = _prompt_logits(artifact_path(RECIPES[kind][1], kind))
     scale = float(np.abs(reference).max())
-    err = float(np.abs(_prompt_logits(gguf_artifact) - reference).max())
-    assert err < 0.03 * scale, f"max |Δ| {err:.3g} of max |logit| {scale:.3g}"
+
+    def row_errors() -> np.ndarray:  # each prompt row's max |Δ logit|
+        return np.abs(_prompt_logits(gguf_artifact) - reference).max(axis=-1)
+
+    # Q8_0's error: ~1% of the largest logit on a typical row; the MoE's top-2 of 4 experts
+    # can flip on a near tie, which moves a few rows further
+    rows = row_errors()
+    assert np.median(rows) < 0.015 * scale and rows.max() < 0.1 * scale, (rows, scale)
     # the same weights with the stored columns taken as they lie: far off (what the test guards)
     monkeypatch.setattr(Artifact, "input_columns", lambda self, name: None)
-    unplaced = float(np.abs(_prompt_logits(gguf_artifact) - reference).max())
-    assert unplaced > 10 * err, (unplaced, err)
+    assert np.median(row_errors()) > 10 * np.median(rows)
 
 
 def test_an_auxiliary_the_runtime_does_not_apply_is_refused() -> None:
