@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ninfer_convert.recipe import Recipe
+from ninfer_convert.recipe import GGUF_NATIVE, Recipe
 
 Q4, Q5, Q6, Q8 = "q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16"
 NF4, NVFP4, FP8 = "nf4_g64_fp16", "nvfp4", "fp8_e4m3fn_row_bf16"
@@ -123,3 +123,29 @@ def uniform(recipe: Recipe, format: str) -> Recipe:
     )
     recipe.assign(*KEEP_BF16, format="bf16")
     return recipe
+
+
+def gguf_blocks(name: str, description: str) -> Recipe:
+    """A GGUF import (the weights from ``--source gguf=``, or the .gguf alone): every text and
+    MTP matrix keeps its GGUF blocks verbatim (gguf_* formats, AllowA8; whichever of the MTP
+    layer's MLP or MoE the model has), the small matrices of ``KEEP_BF16`` and GDN a/b bf16,
+    vision in upstream's formats."""
+    matrices = [
+        *TEXT_PROJECTIONS,
+        "text/token_embedding",
+        "text/output_head",
+        "mtp/input_projection",
+        "mtp/layers/*/attention/query",
+        "mtp/layers/*/attention/key",
+        "mtp/layers/*/attention/gate",
+        "mtp/layers/*/attention/value",
+        "mtp/layers/*/attention/output",
+        "mtp/layers/*/mlp/*",
+        "mtp/layers/*/moe/*",
+    ]
+    recipe = Recipe(name, description, base_weights=False)
+    recipe.assign("text/*", "mtp/*", source="gguf")
+    recipe.assign(*matrices, format=GGUF_NATIVE, method="gguf_import", policy="AllowA8")
+    recipe.assign(*KEEP_BF16, format="bf16", policy="A16Only")
+    recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
+    return vision_formats(recipe)

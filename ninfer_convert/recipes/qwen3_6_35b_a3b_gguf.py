@@ -4,28 +4,10 @@ matrix keeps its GGUF blocks verbatim (gguf_* formats, AllowA8), each routed exp
 of the expert banks' rows; the router, the shared-expert score, GDN a/b and float-stored
 matrices bf16; norms, A_log, dt_bias and the convolution cast from the GGUF values."""
 
-from ninfer_convert.recipe import GGUF_NATIVE, Recipe
+from ninfer_convert.recipe import Recipe
 
-from ._common import KEEP_BF16, TEXT, TEXT_PROJECTIONS, vision_formats
-
-MATRICES = [
-    *TEXT_PROJECTIONS,
-    "text/token_embedding",
-    "text/output_head",
-    "mtp/input_projection",
-    "mtp/layers/*/attention/query",
-    "mtp/layers/*/attention/key",
-    "mtp/layers/*/attention/gate",
-    "mtp/layers/*/attention/value",
-    "mtp/layers/*/attention/output",
-    "mtp/layers/*/moe/*",
-]
+from ._common import gguf_blocks
 
 
 def build() -> Recipe:
-    recipe = Recipe("qwen3_6_35b_a3b_gguf", __doc__.strip(), base_weights=False)
-    recipe.assign("text/*", "mtp/*", source="gguf")
-    recipe.assign(*MATRICES, format=GGUF_NATIVE, method="gguf_import", policy="AllowA8")
-    recipe.assign(*KEEP_BF16, format="bf16", policy="A16Only")
-    recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
-    return vision_formats(recipe)
+    return gguf_blocks("qwen3_6_35b_a3b_gguf", __doc__.strip())

@@ -4,28 +4,10 @@ verbatim (gguf_* formats, AllowA8); GDN a/b and float-stored matrices bf16; norm
 dt_bias and the convolution cast from the GGUF values (notes 4.3); vision
 (when the base holds it) from the base in upstream's formats."""
 
-from ninfer_convert.recipe import GGUF_NATIVE, Recipe
+from ninfer_convert.recipe import Recipe
 
-from ._common import KEEP_BF16, TEXT, TEXT_PROJECTIONS, vision_formats
-
-MATRICES = [
-    *TEXT_PROJECTIONS,
-    "text/token_embedding",
-    "text/output_head",
-    "mtp/input_projection",
-    "mtp/layers/*/attention/query",
-    "mtp/layers/*/attention/key",
-    "mtp/layers/*/attention/gate",
-    "mtp/layers/*/attention/value",
-    "mtp/layers/*/attention/output",
-    "mtp/layers/*/mlp/*",
-]
+from ._common import gguf_blocks
 
 
 def build() -> Recipe:
-    recipe = Recipe("qwen3_8_27b_gguf", __doc__.strip(), base_weights=False)
-    recipe.assign("text/*", "mtp/*", source="gguf")
-    recipe.assign(*MATRICES, format=GGUF_NATIVE, method="gguf_import", policy="AllowA8")
-    recipe.assign(*KEEP_BF16, format="bf16", policy="A16Only")
-    recipe.separate(TEXT + "gdn/a_projection", TEXT + "gdn/b_projection")
-    return vision_formats(recipe)
+    return gguf_blocks("qwen3_8_27b_gguf", __doc__.strip())
