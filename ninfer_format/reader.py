@@ -353,12 +353,21 @@ class Artifact:
         """Where the stored input columns of weight ``name`` belong (the ``input_columns``
         auxiliary of its uses, which GGUF imports keep in llama.cpp's tiled order): stored
         column ``c`` multiplies input element ``columns[c]``; None when they are in order."""
+        aux = self._input_column_maps.get(name)
+        if aux is None:
+            return None
+        return self._bound(aux, f"use of {name!r}: input_columns").astype(np.int64)
+
+    @cached_property
+    def _input_column_maps(self) -> dict[str, Any]:
+        """Parameter -> its uses' ``input_columns`` binding (one pass over the uses: loading
+        asks for every parameter)."""
+        maps: dict[str, Any] = {}
         for use in self.uses:
             aux = (use.auxiliaries or {}).get("input_columns")
-            if use.parameter == name and aux is not None:
-                where = f"use of {name!r}: input_columns"
-                return self._bound(aux, where).astype(np.int64)
-        return None
+            if aux is not None:
+                maps.setdefault(use.parameter, aux)
+        return maps
 
     def _bound(self, binding: Any, what: str) -> np.ndarray:
         """A binding's values: the whole object, or its parts concatenated (flat)."""

@@ -49,12 +49,10 @@ PRE_TOKENIZERS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
         },
     ),
 }  # fmt: skip
-FILES = (
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "generation_config.json",
+#: what a user does when the metadata cannot stand in for the base directory
+WAY_ROUND = (
+    "give the checkpoint's config and tokenizer files as a base directory instead "
+    "(--source base=DIR --source gguf=FILE.gguf)"
 )
 
 
@@ -92,7 +90,7 @@ def text_config(source: GgufSource) -> dict[str, Any]:
     if model_type is None:
         raise SourceError(
             f"{source.path}: general.architecture is {source.architecture!r}; a config can be "
-            f"read from {', '.join(MODEL_TYPES)} files (add --source base=DIR for others)"
+            f"read from {', '.join(MODEL_TYPES)} files ({WAY_ROUND})"
         )
     nextn = int(_key(source, Keys.LLM.NEXTN_PREDICT_LAYERS, default=0))
     layers = int(_key(source, Keys.LLM.BLOCK_COUNT)) - nextn
@@ -157,13 +155,12 @@ def tokenizer_json(source: GgufSource) -> dict[str, Any]:
     if model != "gpt2":
         raise SourceError(
             f"{source.path}: tokenizer.ggml.model is {model!r}; a tokenizer can be rebuilt "
-            "from 'gpt2' (byte-level BPE) only: add --source base=DIR with tokenizer.json"
+            f"from 'gpt2' (byte-level BPE) only: {WAY_ROUND}"
         )
     if pre not in PRE_TOKENIZERS:
         raise SourceError(
             f"{source.path}: tokenizer.ggml.pre {pre!r} is not one whose splitting rule is "
-            f"known here ({', '.join(PRE_TOKENIZERS)}): add --source base=DIR with "
-            "tokenizer.json"
+            f"known here ({', '.join(PRE_TOKENIZERS)}): {WAY_ROUND}"
         )
     tokens = list(source.get(Keys.Tokenizer.LIST) or ())
     types = list(source.get(Keys.Tokenizer.TOKEN_TYPE) or [TokenType.NORMAL] * len(tokens))
