@@ -570,13 +570,15 @@ def start_server(
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
+    seen: list[str] = []
     for line in process.stderr:
+        seen = [*seen[-19:], line]
         match = re.search(r"serving '([^']+)' at (http://\S+)/v1", line)
         if match:
             # keep reading its log: a full pipe would block the server at its next message
             threading.Thread(target=echo_errors, args=(process.stderr,), daemon=True).start()
             return process, match[2], match[1]
-    raise RuntimeError("the server did not start")
+    raise RuntimeError("the server did not start; its last lines:\n" + "".join(seen))
 
 
 def echo_errors(log: TextIO) -> None:
