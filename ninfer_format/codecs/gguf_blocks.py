@@ -115,6 +115,23 @@ def _iq1_m_scale(blocks: np.ndarray) -> np.ndarray:
     )
 
 
+def set_scales(fmt: str, blocks: np.ndarray, bits: np.ndarray) -> None:
+    """Write the binary16 words ``bits`` (one per block) into every scale field of
+    ``blocks`` (uint8 ``[n, block_bytes]``, in place): d and dmin where a type has both;
+    iq1_m's scale spread over the top nibbles of its four ``scales`` words."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    if fmt == "gguf_iq1_m":
+        for i in range(4):
+            hi = _IQ1_M_SCALES_OFFSET + 2 * i + 1  # high byte of little-endian word i
+            nibble = ((bits >> np.uint16(4 * i)) & np.uint16(0xF)).astype(np.uint8)
+            blocks[:, hi] = (blocks[:, hi] & np.uint8(0x0F)) | (nibble << np.uint8(4))
+        return
+    block_type = next(bt for bt in _BLOCK_TYPES if bt.format == fmt)
+    for _, offset in block_type.f16_fields:
+        blocks[:, offset] = (bits & np.uint16(0xFF)).astype(np.uint8)
+        blocks[:, offset + 1] = (bits >> np.uint16(8)).astype(np.uint8)
+
+
 def _dequantize_q2_0(blocks: np.ndarray) -> np.ndarray:
     """ggml Q2_0: 64 two-bit codes per block, ``w[j] = (code_j - 1) * d``, 4 codes per byte."""
     d = _f16_bits(blocks, 0).view(np.float16).astype(np.float32)

@@ -54,6 +54,9 @@ from ninfer_format.binders.qwen3_5 import (
     MTP_ARCHITECTURE_OF,
     expected_parameters,
 )
+from ninfer_format.codecs import codec_for
+from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, set_scales
+from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_format.codecs.nvfp4 import CODEC as NVFP4_CODEC
 from ninfer_format.codecs.nvfp4 import TILE_ROWS
 from ninfer_format.codecs.row_split import FORMATS as ROW_SPLIT_FORMATS
@@ -64,6 +67,7 @@ from ninfer_format.progress import ProgressBar, silent
 from ninfer_format.writer import place_objects
 
 from .geometries import GEOMETRIES
+from .gguf_mixes import MIXES, mix_recipe
 
 __all__ = ["RecipeError", "plan_synthetic", "write_synthetic"]  # RecipeError: for the CLI
 
@@ -201,8 +205,13 @@ def text_resources() -> dict[str, bytes]:
 # --------------------------------------------------------------------------- planning
 
 
-def _recipe(formats: str | Recipe) -> Recipe:
-    return formats if isinstance(formats, Recipe) else load_recipe(formats)
+def _recipe(formats: str | Recipe, geometry: str) -> Recipe:
+    """A recipe, by name or given; also a GGUF type mix of ``gguf_mixes`` by its name."""
+    if isinstance(formats, Recipe):
+        return formats
+    if formats in MIXES:
+        return mix_recipe(formats, GEOMETRIES[geometry])
+    return load_recipe(formats)
 
 
 def _stacking(recipe: Recipe) -> Callable[[Sequence[LogicalTensor], Choice], int]:
@@ -263,7 +272,7 @@ def plan_synthetic(
     ``proposal_rows_for``."""
     if geometry not in GEOMETRIES:
         raise ValueError(f"unknown geometry {geometry!r} (known: {', '.join(GEOMETRIES)})")
-    recipe = _recipe(formats)
+    recipe = _recipe(formats, geometry)
     config = dict(GEOMETRIES[geometry])
     model_type = config["model_type"]
     comps = tuple(c for c in recipe.components if c == "text" or (c == "mtp" and mtp))
@@ -421,6 +430,30 @@ def _fp8_row(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.nd
     yield (base + rng.integers(-8, 9, size=rows, dtype=np.int32)).astype("<u2")
 
 
+def _gguf_scale(fmt: str) -> float:
+    """The RMS of the values of random ``fmt`` blocks whose scale fields are all 1.0 (values
+    are linear in d and dmin together, so this sets the scale for any target)."""
+    _, values_per_block, block_bytes = FORMAT_BLOCKS[fmt]
+    blocks = _random_bytes(np.random.default_rng(0), 64 * block_bytes).reshape(64, block_bytes)
+    set_scales(fmt, blocks, np.full(64, 0x3C00, dtype=np.uint16))
+    values = codec_for(fmt, GGUF_LAYOUT).decode(blocks.reshape(-1), (64, values_per_block))
+    return float(np.sqrt(np.mean(values.astype(np.float64) ** 2)))
+
+
+def _gguf(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.ndarray]:
+    """Random ggml blocks whose scale fields make the values' std ~ 1/sqrt(K)."""
+    fmt = parent.choice.format
+    _, values, block_bytes = FORMAT_BLOCKS[fmt]
+    columns = parent.shape[-1]
+    rows = math.prod(parent.shape[:-1])
+    row_bytes = columns // values * block_bytes
+    target = 1.0 / (math.sqrt(columns) * _gguf_scale(fmt))
+    for a, b in _row_chunks(rows, row_bytes):
+        blocks = _random_bytes(rng, (b - a) * row_bytes).reshape(-1, block_bytes)
+        set_scales(fmt, blocks, _f16_scales(rng, (blocks.shape[0],), target))
+        yield blocks
+
+
 def _bf16_words(values: np.ndarray) -> np.ndarray:
     """float32 -> bf16 words by rounding to nearest (values are finite)."""
     bits = values.astype(np.float32).view(np.uint32)
@@ -468,6 +501,8 @@ def parent_chunks(parent: Parent, seed: int) -> Iterator[bytes | np.ndarray]:
         return _fp8_row(parent, rng)
     if fmt in ("bf16", "fp32", "int32"):
         return _direct(parent, rng)
+    if fmt in FORMAT_BLOCKS:
+        return _gguf(parent, rng)
     raise ValueError(f"{parent.id}: synthetic {fmt} objects are not supported")
 
 

@@ -39,32 +39,13 @@ def _index(fmt: str) -> int:
     return [bt.format for bt in gguf_blocks._BLOCK_TYPES].index(fmt)
 
 
-def _set_iq1_m_scale(blocks: np.ndarray, bits: np.ndarray) -> None:
-    """Spread the f16 ``bits`` over the top nibbles of the four u16 words at byte 48."""
-    for i in range(4):
-        hi = 49 + 2 * i  # high byte of little-endian word i
-        nibble = ((bits >> (4 * i)) & 0xF).astype(np.uint8)
-        blocks[:, hi] = (blocks[:, hi] & 0x0F) | (nibble << 4)
-
-
-def _set_scale(fmt: str, blocks: np.ndarray, bits: np.ndarray) -> None:
-    """Write f16 ``bits`` (one per block) into every scale field of ``blocks``."""
-    bits = np.asarray(bits, dtype=np.uint16)
-    if fmt == "gguf_iq1_m":
-        _set_iq1_m_scale(blocks, bits)
-        return
-    for offset in _scale_fields(fmt):
-        blocks[:, offset] = (bits & 0xFF).astype(np.uint8)
-        blocks[:, offset + 1] = (bits >> 8).astype(np.uint8)
-
-
 def _random_blocks(fmt: str, n_blocks: int, seed: int = 0) -> np.ndarray:
     """Random block bytes whose scale fields are small finite positive halves."""
     _, _, block_bytes = FORMAT_BLOCKS[fmt]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
     scales = rng.uniform(0.01, 0.02, size=n_blocks).astype(np.float16).view(np.uint16)
-    _set_scale(fmt, blocks, scales)
+    gguf_blocks.set_scales(fmt, blocks, scales)
     return blocks
 
 
@@ -213,7 +194,7 @@ def test_scan_finds_bad_scales(fmt: str) -> None:
     assert codec.scan(blocks.reshape(-1), shape) == []
     bits = np.full(8, np.float16(0.015).view(np.uint16), dtype=np.uint16)
     bits[5], bits[7] = F16_NAN, F16_INF
-    _set_scale(fmt, blocks, bits)
+    gguf_blocks.set_scales(fmt, blocks, bits)
     findings = codec.scan(blocks.reshape(-1), shape)
     n_fields = 1 if fmt == "gguf_iq1_m" else len(_scale_fields(fmt))
     assert len(findings) == n_fields  # one summary per scale field, never one per block
@@ -233,7 +214,7 @@ def test_scan_names_dmin() -> None:
 
 def test_nan_scale_decodes_quietly() -> None:
     blocks = _random_blocks("gguf_q2_k", 2)
-    _set_scale("gguf_q2_k", blocks, np.array([F16_NAN, F16_INF]))
+    gguf_blocks.set_scales("gguf_q2_k", blocks, np.array([F16_NAN, F16_INF]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         values = _codec("gguf_q2_k").decode(blocks.reshape(-1), (1, 512))

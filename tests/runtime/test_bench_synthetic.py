@@ -147,3 +147,56 @@ def test_cli_unknown_formats_is_a_usage_error():
     assert result.exit_code == 2, result.output
     assert "Invalid value for --formats: unknown recipe 'nope'" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_tiny_synthetic_in_gguf_blocks_runs(tmp_path):
+    """A GGUF-block artifact (32-value blocks fit the tiny model's 128-wide rows): valid, the
+    matrices at the scale the others have, and the engine runs it."""
+    from ninfer_convert.recipe import Recipe
+    from ninfer_convert.recipes._common import uniform
+
+    out = tmp_path / "g.ninfer"
+    write_synthetic(out, "tiny_dense", uniform(Recipe("tiny_gguf", "t"), "gguf_q4_0"), seed=2)
+    with Artifact.open(out) as art:
+        assert verify(art, strict=True).ok
+        assert "gguf_q4_0" in {getattr(o, "format", None) for o in art.objects.values()}
+        values = art.parameter("text/layers/0/mlp/down")
+        want = 1 / math.sqrt(values.shape[1])
+        assert want / 1.5 < float(np.std(values)) < want * 1.5
+        runner = ModelRunner(load_model(art))
+        logits = runner.forward([np.array([1, 5, 42])], [runner.new_state(3)]).logits[0]
+        assert np.isfinite(np.asarray(logits)).all()
+
+
+@pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_q6_k", "gguf_iq2_xxs", "gguf_iq1_m"])
+def test_synthetic_gguf_blocks_decode_at_the_matrix_scale(fmt):
+    from types import SimpleNamespace
+
+    from ninfer_format.codecs import codec_for
+    from ninfer_format.codecs.gguf_blocks import LAYOUT
+    from ninfer_runtime.bench.synthetic import parent_chunks
+
+    parent = SimpleNamespace(
+        id="p/7", choice=SimpleNamespace(format=fmt), shape=(2, 16, 1024), stacked=()
+    )
+    raw = np.concatenate(
+        [np.asarray(c).reshape(-1).view(np.uint8) for c in parent_chunks(parent, 0)]
+    )
+    values = codec_for(fmt, LAYOUT).decode(raw, (32, 1024))
+    assert np.isfinite(values).all()
+    assert 0.7 / 32 < float(np.std(values)) < 1.4 / 32
+
+
+def test_gguf_q4_k_m_mix_follows_the_more_bits_layers():
+    plan = plan_synthetic("qwen3_6_27b", "gguf_q4_k_m")
+    fmt = {m.name: p.choice.format for p in plan.parents for m in p.members}
+    assert fmt["text/output_head"] == "gguf_q6_k"
+    assert fmt["text/token_embedding"] == "gguf_q4_k"
+    assert fmt["text/layers/0/gdn/query"] == "gguf_q5_k"
+    # downs: layers 0-7 and 56-63, then every third from layer 10
+    downs = {i for i in range(64) if fmt[f"text/layers/{i}/mlp/down"] == "gguf_q6_k"}
+    assert downs == set(range(8)) | set(range(56, 64)) | set(range(10, 56, 3))
+    # values of the 16 attention layers (3, 7, ...): the first and last two, every third between
+    values = [i for i in range(3, 64, 4) if fmt[f"text/layers/{i}/attention/value"] == "gguf_q6_k"]
+    assert values == [3, 7, 19, 31, 43, 55, 59, 63]
+    assert 15.5 * 2**30 < plan.payload_bytes < 16.5 * 2**30
