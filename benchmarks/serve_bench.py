@@ -74,6 +74,8 @@ class Sample:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     itl: list[float] = field(default_factory=list)
+    #: mean TTFT the server measured (request admitted to first token out of the engine)
+    server_ttft: float = float("nan")
     ok: bool = False
     text: str = ""
 
@@ -158,9 +160,20 @@ async def run_level(
                 return await one_request(client, url, model, text, output_len)
 
         await one_request(client, url, model, texts[0], 4)  # warm the connection and caches
+        before = server_ttft(url)
         started = time.perf_counter()
         samples = await asyncio.gather(*(bounded(t) for t in texts))
-        return list(samples), time.perf_counter() - started
+        duration = time.perf_counter() - started
+        after = server_ttft(url)
+        for sample in samples:  # the server's own view: arrival to first token, mean
+            sample.server_ttft = (after[0] - before[0]) / max(after[1] - before[1], 1)
+        return list(samples), duration
+
+
+def server_ttft(url: str) -> tuple[float, float]:
+    """The server's time-to-first-token histogram so far: (sum of seconds, count)."""
+    name = "ninfer_time_to_first_token_seconds"
+    return metric(url, f"{name}_sum"), metric(url, f"{name}_count")
 
 
 # -- engine alone ---------------------------------------------------------------------------------
@@ -256,7 +269,7 @@ class Level:
         itl = [x for s in ok for x in s.itl]
         e2el = [s.e2el for s in ok]
         out = sum(s.output_tokens for s in ok)
-        ms = 1000.0
+        ms, nan = 1000.0, float("nan")
         return {
             "ok": len(ok), "failed": len(self.samples) - len(ok),
             "duration_s": self.duration,
@@ -269,6 +282,7 @@ class Level:
             "itl_mean": statistics.fmean(itl) * ms, "itl_p50": pct(itl, 50) * ms,
             "itl_p99": pct(itl, 99) * ms,
             "e2el_p50": pct(e2el, 50) * ms, "e2el_p99": pct(e2el, 99) * ms,
+            "server_ttft_mean": statistics.fmean([s.server_ttft for s in ok] or [nan]) * ms,
         }  # fmt: skip
 
 
@@ -285,6 +299,7 @@ def vllm_block(title: str, s: dict[str, float]) -> str:
         ("Mean TTFT (ms):", f"{s['ttft_mean']:.2f}"),
         ("Median TTFT (ms):", f"{s['ttft_p50']:.2f}"),
         ("P99 TTFT (ms):", f"{s['ttft_p99']:.2f}"),
+        ("Mean TTFT in the server (ms):", f"{s['server_ttft_mean']:.2f}"),
         ("Mean TPOT (ms):", f"{s['tpot_mean']:.2f}"),
         ("Median TPOT (ms):", f"{s['tpot_p50']:.2f}"),
         ("P99 TPOT (ms):", f"{s['tpot_p99']:.2f}"),
