@@ -91,3 +91,32 @@ def test_an_auxiliary_the_runtime_does_not_apply_is_refused() -> None:
     check_auxiliaries(artifact("input_columns", "activation_input_divisor"))
     with pytest.raises(ModelError, match="use of 'w' at 'x': auxiliary 'hadamard_signs' is not"):
         check_auxiliaries(artifact("input_columns", "hadamard_signs"))
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_the_cuda_backend_reads_every_gguf_matrix_in_place(kind, checkpoints, tmp_path):
+    """Every parameter bound to ``gguf_*`` blocks plans as rows of resident objects (the
+    experts' rank-3 banks as their rows, the GDN output projection with its stored column
+    order), so the CUDA backend keeps no float32 copy of any of them."""
+    from ninfer_format.codecs.gguf_blocks import LAYOUT
+    from ninfer_runtime.backends.cuda.weights import plan_segments
+
+    path = _gguf_artifact(checkpoints[kind], tmp_path, kind, alone=False)
+    with Artifact.open(path) as art:
+        report = art.binder_report.parameters
+        in_gguf = {
+            name
+            for name, binding in art.bindings.items()
+            if name in report
+            and any(art.objects[oid].layout == LAYOUT for oid in _objects(binding))
+        }
+        assert any("experts" in name for name in in_gguf) == (kind == "moe")
+        unplanned = sorted(name for name in in_gguf if plan_segments(art, name) is None)
+        assert unplanned == []
+        tiled = [u.parameter for u in art.uses if "input_columns" in (u.auxiliaries or {})]
+        assert tiled and set(tiled) <= in_gguf
+
+
+def _objects(binding) -> list[str]:
+    parts = getattr(binding, "parts", None)
+    return [p.object for p in parts] if parts is not None else [binding.object]

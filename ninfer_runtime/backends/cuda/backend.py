@@ -101,7 +101,7 @@ class CudaBackend(ops.ReferenceOps):
     def join_rows(self, weights: list[Weight]) -> Weight:
         """One weight whose rows are the given weights' rows in order; segments that continue
         one another in the same object merge, so a packed Q|K|V is one GEMV launch."""
-        if not all(isinstance(w, PackedWeight) for w in weights):
+        if not all(isinstance(w, PackedWeight) and w.input_columns is None for w in weights):
             return DenseWeight(cp.concatenate([self.array(w) for w in weights]))
         segments: list[Segment] = []
         for w in weights:
@@ -126,6 +126,10 @@ class CudaBackend(ops.ReferenceOps):
                 view = out[start : start + seg.rows]
                 kernels.dequant_rows(seg.parent.data, seg.parent.planes, rows, view)
                 start += seg.rows
+            if weight.input_columns is not None:
+                placed = cp.empty_like(out)
+                placed[:, weight.input_columns] = out
+                out = placed
             weight.dense = out
         return weight.dense
 
@@ -149,6 +153,8 @@ class CudaBackend(ops.ReferenceOps):
         if m == 0:
             return out
         x = cp.ascontiguousarray(x, dtype=cp.float32)
+        if w.input_columns is not None:
+            x = x[:, w.input_columns]  # the stored column order
         col = 0
         xb = None  # x as bf16 words, made once for all segments of a bf16 prefill product
         for seg in w.segments:

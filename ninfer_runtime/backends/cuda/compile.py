@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +37,19 @@ def sm_count() -> int:
 
 
 def family_source(family: str) -> str:
-    """A family's translation unit: the shared decoders, the GEMV driver for GEMV families,
-    the families it builds on (``register_family(..., needs=)``), then its own file (NVRTC
-    gets one string, so no include path is needed)."""
+    """A family's translation unit: the shared decoders, its generated prelude
+    (``register_family(..., prelude=)``), the GEMV driver for GEMV families, the families it
+    builds on (``needs=``), then its own file (NVRTC gets one string, so no include path is
+    needed)."""
     parts = ["common.cuh"]
     if family.startswith("gemv_"):
         parts.append("gemv.cuh")
     parts += [f"{f}.cu" for f in NEEDS.get(family, ())]
     parts.append(f"{family}.cu")
-    return "\n".join((KERNEL_DIR / part).read_text() for part in parts)
+    texts = [(KERNEL_DIR / part).read_text() for part in parts]
+    if family in PRELUDES:
+        texts.insert(1, PRELUDES[family]())
+    return "\n".join(texts)
 
 
 def target_arch(compute_capability: str) -> str:
@@ -57,14 +61,24 @@ def target_arch(compute_capability: str) -> str:
 FAMILIES: dict[str, list[str]] = {}
 #: family -> the other families' files its source includes first (their templates)
 NEEDS: dict[str, tuple[str, ...]] = {}
+#: family -> a function giving source text generated at run time (tables from a library)
+PRELUDES: dict[str, Callable[[], str]] = {}
 _MODULES: dict[str, Module] = {}
 
 
-def register_family(family: str, names: Sequence[str], *, needs: Sequence[str] = ()) -> None:
+def register_family(
+    family: str,
+    names: Sequence[str],
+    *,
+    needs: Sequence[str] = (),
+    prelude: Callable[[], str] | None = None,
+) -> None:
     """Declare a family's kernels; launcher modules call this at import (without CuPy), so
     ``scripts/check_kernels.py`` can compile every family on a machine with no GPU."""
     if needs:
         NEEDS[family] = tuple(needs)
+    if prelude is not None:
+        PRELUDES[family] = prelude
     FAMILIES.setdefault(family, [])
     FAMILIES[family].extend(n for n in names if n not in FAMILIES[family])
 

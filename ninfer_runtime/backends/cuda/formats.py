@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ninfer_format.codecs import fp8_row, nvfp4
+from ninfer_format.codecs import fp8_row, gguf_blocks, nvfp4
 from ninfer_format.codecs.row_split import LAYOUT as ROW_SPLIT
 from ninfer_format.codecs.row_split import row_split_geometry
 
@@ -24,13 +24,23 @@ ROW_SPLIT_CODES = {
     "q8_g32_fp16": Q8,
     "nf4_g64_fp16": NF4,
 }
+#: ``gguf_*`` codes are this plus the ggml type id (the template argument of kernels/gguf.cu)
+GGUF_BASE = 100
+GGUF_CODES = {
+    name: GGUF_BASE + ggml_type for name, (ggml_type, _, _) in gguf_blocks.FORMAT_BLOCKS.items()
+}
 #: (format, layout) -> code for every layout a GEMV kernel reads directly
 PACKED: dict[tuple[str, str], int] = {
     **{(name, ROW_SPLIT): code for name, code in ROW_SPLIT_CODES.items()},
     (nvfp4.FORMAT, nvfp4.LAYOUT): NVFP4,
     (fp8_row.FORMAT, fp8_row.LAYOUT): FP8,
     ("bf16", "contiguous_le_v1"): BF16,
+    **{(name, gguf_blocks.LAYOUT): code for name, code in GGUF_CODES.items()},
 }
+
+
+def is_gguf(code: int) -> bool:
+    return code >= GGUF_BASE
 
 
 @dataclass(frozen=True)
@@ -38,9 +48,10 @@ class Planes:
     """Kernel arguments describing one ``[rows, columns]`` object.
 
     ``off1``/``off2``: the layout's second and third plane (row_split: high bits, scales;
-    nvfp4: scales, divisors; fp8: row scales). ``stride``: groups per row for row_split, else
-    K. ``x_width``: columns the GEMV reads from x (row_split pads rows to 128; x is padded
-    with zeros to match). ``units``: 16-byte units per row. ``gemv``: whether the vectorised
+    nvfp4: scales, divisors; fp8: row scales). ``stride``: groups per row for row_split,
+    ggml blocks per row for ``gguf_*``, else K. ``x_width``: columns the GEMV reads from x
+    (row_split pads rows to 128; x is padded with zeros to match). ``units``: 16-byte units
+    per row (``gguf_*``: groups of 32 values). ``gemv``: whether the vectorised
     GEMV may read this shape (fp8 and bf16 need rows that start on 16-byte boundaries).
     """
 
@@ -94,6 +105,11 @@ def planes(format: str, layout: str, shape: tuple[int, int], divisors: int = 1) 
             rows_per_divisor=geo4.rows_per_divisor,
             x_width=columns,
             units=columns // 32,
+        )
+    if is_gguf(code):
+        _, values, _ = gguf_blocks.FORMAT_BLOCKS[format]
+        return Planes(
+            code, rows, columns, stride=columns // values, x_width=columns, units=columns // 32
         )
     if code == FP8:
         geo8 = fp8_row.CODEC.geometry((rows, columns))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...arrays import array_module
 from . import formats as F
+from . import gguf_blocks
 from .compile import compile_all, function, register_family, sm_count
 
 MAX_GEMV_ROWS = 8
@@ -369,6 +370,9 @@ def gemv(
     ``K_SPLITS`` and ``TUNING`` are compiled).
     """
     m = x.shape[0]
+    if F.is_gguf(p.code):
+        gguf_blocks.gemv(data, p, row0, rows, x, y, ldy)
+        return
     ks = k_split or default_k_split(rows, p.units)
     r = rows_per_warp or default_rows_per_warp(p.code, m, rows, ks)
     family, kernel = _GEMV_KERNELS[p.code]
@@ -403,6 +407,9 @@ def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
         raise ValueError(
             f"out: {out.dtype} {out.shape}, expected float32 or uint16 {(n, p.columns)}"
         )
+    if F.is_gguf(p.code):
+        gguf_blocks.dequant_rows(data, p, rows, out)
+        return
     total = n * p.columns
     if out.dtype == np.uint16 and p.columns % 8 == 0 and total // 8 < 2**32:
         kernel, total = _DEQUANT_BF16_X8, total // 8

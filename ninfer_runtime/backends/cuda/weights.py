@@ -13,11 +13,13 @@ A logical parameter becomes either
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
 
@@ -51,6 +53,9 @@ class Segment:
 class PackedWeight:
     segments: list[Segment]
     shape: tuple[int, int]
+    #: int device array when the input columns are stored out of order (GGUF imports):
+    #: stored column c multiplies input element ``input_columns[c]``
+    input_columns: Any = field(default=None, repr=False)
     dense: Any = field(default=None, repr=False)  # float32 copy, made only if asked for
 
     @property
@@ -75,13 +80,22 @@ class LoadReport:
     dense_fallbacks: list[str] = field(default_factory=list)
 
 
+def matrix_shape(obj: Tensor) -> tuple[int, int] | None:
+    """The ``[rows, columns]`` matrix a kernel reads an object as: rank 2, or any rank for
+    ``gguf_*`` blocks (rows are stored in order, so an expert bank ``[E, N, K]`` is
+    ``[E·N, K]``); None otherwise."""
+    shape = [int(d) for d in obj.shape]
+    if len(shape) == 2 or (len(shape) > 2 and obj.layout == GGUF_LAYOUT):
+        return math.prod(shape[:-1]), shape[-1]
+    return None
+
+
 def plan_segments(artifact: Any, name: str) -> list[tuple[str, int, int]] | None:
-    """``[(object_id, row0, rows)]`` when the parameter is whole rows of packed rank-2 objects
-    with its own column count; None when it must be decoded instead (also when its input
-    columns are stored out of order: the in-place kernels take them in order)."""
+    """``[(object_id, row0, rows)]`` when the parameter is whole rows of packed objects with
+    its own column count; None when it must be decoded instead."""
     shape = artifact.binder_report.parameters.get(name)
     binding = artifact.bindings[name]
-    if shape is None or len(shape) != 2 or artifact.input_columns(name) is not None:
+    if shape is None or len(shape) != 2:
         return None
     rows, columns = (int(d) for d in shape)
     if isinstance(binding, WholeBinding):
@@ -93,11 +107,11 @@ def plan_segments(artifact: Any, name: str) -> list[tuple[str, int, int]] | None
         obj = artifact.objects.get(oid)
         if not isinstance(obj, Tensor) or (obj.format, obj.layout) not in PACKED:
             return None
-        if len(obj.shape) != 2 or int(obj.shape[1]) != columns:
+        matrix = matrix_shape(obj)
+        if matrix is None or matrix[1] != columns:
             return None
-        parent_rows = int(obj.shape[0])
         if end is None:
-            begin, end = 0, parent_rows * columns
+            begin, end = 0, matrix[0] * columns
         if begin % columns or end % columns:
             return None  # an element range that cuts a row
         row0, count = begin // columns, (end - begin) // columns
@@ -131,7 +145,10 @@ class Residency:
                 continue
             shape = tuple(int(d) for d in artifact.binder_report.parameters[name])
             segments = [Segment(self.parents[oid], row0, rows) for oid, row0, rows in plan]
-            out[name] = PackedWeight(segments, (shape[0], shape[1]))
+            columns = artifact.input_columns(name)
+            if columns is not None:
+                columns = self.xp.asarray(columns)
+            out[name] = PackedWeight(segments, (shape[0], shape[1]), columns)
         return out
 
     def _dense(self, artifact: Any, name: str) -> DenseWeight:
@@ -152,12 +169,7 @@ class Residency:
                 self.parents[obj.id] = Parent(
                     obj.id,
                     self._stream(artifact, obj, advance),
-                    planes(
-                        obj.format,
-                        obj.layout,
-                        (int(obj.shape[0]), int(obj.shape[1])),
-                        int(obj.divisors or 1),
-                    ),
+                    planes(obj.format, obj.layout, matrix_shape(obj), int(obj.divisors or 1)),
                 )
         self.xp.cuda.Device().synchronize()
         seconds = time.perf_counter() - start

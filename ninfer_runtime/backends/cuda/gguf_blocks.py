@@ -1,0 +1,78 @@
+"""Launchers for the kernels that read ``gguf_*`` objects in place (``kernels/gguf.cu``).
+
+The decoders are ``kernels/gguf_decode.cuh``, their lookup tables generated from the gguf
+package (``gguf_tables``); ``kernels.gemv`` and ``kernels.dequant_rows`` route ``gguf_*``
+planes here, so every product, prefill slab and embedding lookup reads the blocks as stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS
+
+from . import formats as F
+from .compile import KERNEL_DIR, function, register_family
+from .gguf_tables import source as table_source
+
+FAMILY = "gguf"
+#: must match GGUF_WARPS in kernels/gguf.cu
+WARPS = 8
+#: activation rows a GEMV launch takes at most; M is rounded up to one of these
+GEMV_ROWS = (1, 2, 4, 8)
+TYPES = sorted(ggml_type for ggml_type, _, _ in FORMAT_BLOCKS.values())
+
+
+def _prelude() -> str:
+    return table_source() + "\n" + (KERNEL_DIR / "gguf_decode.cuh").read_text()
+
+
+register_family(
+    FAMILY,
+    [f"gguf_dequant_rows<{t}>" for t in TYPES]
+    + [f"gguf_dequant_rows_bf16<{t}>" for t in TYPES]
+    + [f"gguf_gemv<{t}, {m}>" for t in TYPES for m in GEMV_ROWS],
+    prelude=_prelude,
+)
+
+
+def _type(p: F.Planes) -> int:
+    return p.code - F.GGUF_BASE
+
+
+def gemv(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
+    """``kernels.gemv`` for a ``gguf_*`` object (x: float32, ``p.columns`` wide, rows 16-byte
+    aligned; at most 8 rows)."""
+    m = x.shape[0]
+    bucket = next(b for b in GEMV_ROWS if b >= m)
+    function(FAMILY, f"gguf_gemv<{_type(p)}, {bucket}>")(
+        (-(-rows // WARPS),),
+        (WARPS * 32,),
+        (
+            data,
+            np.int32(p.stride),
+            np.int32(row0),
+            np.int32(rows),
+            np.int32(m),
+            x,
+            np.int32(x.shape[1]),
+            y,
+            np.int32(ldy),
+        ),
+    )
+
+
+def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
+    """``kernels.dequant_rows`` for a ``gguf_*`` object (out float32 or bf16 words)."""
+    n = int(rows.shape[0])
+    kernel = "gguf_dequant_rows" if out.dtype == np.float32 else "gguf_dequant_rows_bf16"
+    threads = 256
+    groups = n * (p.columns // 32)
+    grid = min(-(-groups // threads), 65535 * 8)
+    function(FAMILY, f"{kernel}<{_type(p)}>")(
+        (grid,),
+        (threads,),
+        (data, np.int32(p.stride), rows, np.int32(n), np.int32(p.columns), out),
+    )

@@ -1,0 +1,225 @@
+// Decoders of the 18 ggml block types kept verbatim in gguf_* objects, for the device and
+// for the host (the CPU test compiles this file with g++ against the numpy decoder).
+//
+// gguf_group<TYPE>(block, g, v): values 32g .. 32g+31 of one block, exactly as the numpy
+// decoder gives them (gguf-py's dequantizers): the same float32 operations in the same order,
+// with GG_MUL/GG_ADD/GG_SUB so the device never contracts them into an FMA. Blocks are packed
+// back to back at sizes like 18 or 110 bytes, so fields are read byte by byte. Needs the
+// typedefs of common.cuh and the tables and macros of gguf_tables.source() first.
+
+template <int TYPE>
+struct GgufBlock;
+#define GG_BLOCK(type, v, b)                   \
+  template <>                                  \
+  struct GgufBlock<type> {                     \
+    static constexpr int values = v, bytes = b; \
+  };
+GG_BLOCK(2, 32, 18)     // q4_0
+GG_BLOCK(6, 32, 22)     // q5_0
+GG_BLOCK(8, 32, 34)     // q8_0
+GG_BLOCK(10, 256, 84)   // q2_k
+GG_BLOCK(11, 256, 110)  // q3_k
+GG_BLOCK(12, 256, 144)  // q4_k
+GG_BLOCK(13, 256, 176)  // q5_k
+GG_BLOCK(14, 256, 210)  // q6_k
+GG_BLOCK(16, 256, 66)   // iq2_xxs
+GG_BLOCK(17, 256, 74)   // iq2_xs
+GG_BLOCK(18, 256, 98)   // iq3_xxs
+GG_BLOCK(19, 256, 50)   // iq1_s
+GG_BLOCK(20, 32, 18)    // iq4_nl
+GG_BLOCK(21, 256, 110)  // iq3_s
+GG_BLOCK(22, 256, 82)   // iq2_s
+GG_BLOCK(23, 256, 136)  // iq4_xs
+GG_BLOCK(29, 256, 56)   // iq1_m
+GG_BLOCK(42, 64, 18)    // q2_0
+#undef GG_BLOCK
+
+GG_HD u32 gg_u16(const u8* p) { return (u32)p[0] | ((u32)p[1] << 8); }
+GG_HD u32 gg_u32(const u8* p) { return gg_u16(p) | (gg_u16(p + 2) << 16); }
+
+GG_HD float gg_bits(u32 bits) {
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// binary16 bits -> float32 (exact; subnormals as m * 2^-24)
+GG_HD float gg_f16(u32 h) {
+  const u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0x1Fu) return gg_bits(sign | 0x7F800000u | (m << 13));
+  if (e != 0) return gg_bits(sign | ((e + 112u) << 23) | (m << 13));
+  const float f = (float)m * 5.9604644775390625e-08f;
+  return sign ? -f : f;
+}
+
+// the 6-bit scale and min of sub-block j (0..7) of a q4_k / q5_k block
+GG_HD void gg_scale_min_k4(const u8* s, int j, float& sc, float& mn) {
+  if (j < 4) {
+    sc = (float)(s[j] & 63);
+    mn = (float)(s[j + 4] & 63);
+  } else {
+    sc = (float)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+    mn = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// the value of grid row bits `row`, byte i, as float (int8 bytes)
+GG_HD float gg_grid(u64 row, int i) { return (float)(signed char)(u8)(row >> (8 * i)); }
+
+template <int TYPE>
+GG_HD void gguf_group(const u8* b, int g, float v[32]) {
+  if constexpr (TYPE == 2 || TYPE == 6 || TYPE == 20) {  // q4_0, q5_0, iq4_nl: 32 values
+    const float d = gg_f16(gg_u16(b));
+    const u8* qs = b + (TYPE == 6 ? 6 : 2);
+    const u32 qh = TYPE == 6 ? gg_u32(b + 2) : 0;
+    for (int j = 0; j < 32; ++j) {
+      const int c = (qs[j & 15] >> (4 * (j >> 4))) & 0xF;
+      if (TYPE == 20) {
+        v[j] = GG_MUL(d, (float)GG_IQ4_VALUES[c]);
+      } else if (TYPE == 2) {
+        v[j] = GG_MUL(d, (float)(c - 8));
+      } else {
+        v[j] = GG_MUL(d, (float)((c | (int)((qh >> j) & 1) << 4) - 16));
+      }
+    }
+  } else if constexpr (TYPE == 8) {  // q8_0
+    const float d = gg_f16(gg_u16(b));
+    for (int j = 0; j < 32; ++j) v[j] = GG_MUL((float)(signed char)b[2 + j], d);
+  } else if constexpr (TYPE == 42) {  // q2_0: 64 values
+    const float d = gg_f16(gg_u16(b));
+    for (int i = 0; i < 32; ++i) {
+      const int j = 32 * g + i;
+      v[i] = GG_MUL((float)(((b[2 + j / 4] >> (2 * (j % 4))) & 3) - 1), d);
+    }
+  } else if constexpr (TYPE == 10) {  // q2_k
+    const float d = gg_f16(gg_u16(b + 80)), dmin = gg_f16(gg_u16(b + 82));
+    for (int i = 0; i < 32; ++i) {
+      const int j = 32 * g + i, s = b[j / 16];
+      const int q = (b[16 + (j / 128) * 32 + j % 32] >> (2 * ((j % 128) / 32))) & 3;
+      const float dl = GG_MUL(d, (float)(s & 0xF)), ml = GG_MUL(dmin, (float)(s >> 4));
+      v[i] = GG_SUB(GG_MUL(dl, (float)q), ml);
+    }
+  } else if constexpr (TYPE == 11) {  // q3_k
+    const float d = gg_f16(gg_u16(b + 108));
+    const u8* sc = b + 96;
+    for (int i = 0; i < 32; ++i) {
+      const int j = 32 * g + i, k = j / 16;
+      const int lo = (sc[k % 8] >> (4 * (k / 8))) & 0xF, hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
+      const float dl = GG_MUL(d, (float)((signed char)(lo | (hi << 4)) - 32));
+      const int ql = (b[32 + (j / 128) * 32 + j % 32] >> (2 * ((j % 128) / 32))) & 3;
+      const int qh = (b[j % 32] >> (j / 32)) & 1;
+      v[i] = GG_MUL(dl, (float)(ql - ((qh ^ 1) << 2)));
+    }
+  } else if constexpr (TYPE == 12 || TYPE == 13) {  // q4_k, q5_k: sub-block g of 32
+    float sc, mn;
+    gg_scale_min_k4(b + 4, g, sc, mn);
+    const float dl = GG_MUL(gg_f16(gg_u16(b)), sc), ml = GG_MUL(gg_f16(gg_u16(b + 2)), mn);
+    const u8* qs = b + (TYPE == 12 ? 16 : 48) + (g / 2) * 32;
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[l] >> (4 * (g % 2))) & 0xF;
+      if (TYPE == 13) q |= ((b[16 + l] >> g) & 1) << 4;
+      v[l] = GG_SUB(GG_MUL(dl, (float)q), ml);
+    }
+  } else if constexpr (TYPE == 14) {  // q6_k
+    const float d = gg_f16(gg_u16(b + 208));
+    for (int i = 0; i < 32; ++i) {
+      const int j = 32 * g + i, h = j / 128, r = j % 128;
+      const int ql = (b[h * 64 + r % 64] >> (4 * (r / 64))) & 0xF;
+      const int qh = (b[128 + h * 32 + r % 32] >> (2 * (r / 32))) & 3;
+      const float dl = GG_MUL(d, (float)(signed char)b[192 + j / 16]);
+      v[i] = GG_MUL(dl, (float)((signed char)(ql | (qh << 4)) - 32));
+    }
+  } else if constexpr (TYPE == 16 || TYPE == 18) {  // iq2_xxs, iq3_xxs: sub-block g
+    const float d = gg_f16(gg_u16(b));
+    const u32 aux = TYPE == 16 ? gg_u32(b + 2 + 8 * g + 4) : gg_u32(b + 66 + 4 * g);
+    const float db = GG_MUL(GG_MUL(d, GG_ADD(0.5f, (float)(aux >> 28))), TYPE == 16 ? 0.25f : 0.5f);
+    for (int l = 0; l < 4; ++l) {
+      const u32 signs = GG_KSIGNS[(aux >> (7 * l)) & 0x7F];
+      for (int i = 0; i < 8; ++i) {
+        float w;
+        if (TYPE == 16) {
+          w = gg_grid(GG_IQ2XXS_GRID[b[2 + 8 * g + l]], i);
+        } else {
+          w = gg_grid(GG_IQ3XXS_GRID[b[2 + 8 * g + 2 * l + i / 4]], i % 4);
+        }
+        const float x = GG_MUL(db, w);
+        v[8 * l + i] = (signs >> i) & 1 ? -x : x;
+      }
+    }
+  } else if constexpr (TYPE == 17 || TYPE == 22) {  // iq2_xs, iq2_s: four grid rows of 8
+    const float d = gg_f16(gg_u16(b));
+    const u8* scales = b + (TYPE == 17 ? 66 : 74);
+    for (int u = 0; u < 4; ++u) {
+      const int t = 4 * g + u;  // grid row within the block
+      const float db =
+          GG_MUL(GG_MUL(d, GG_ADD(0.5f, (float)((scales[g] >> (4 * (u / 2))) & 0xF))), 0.25f);
+      u32 index, signs;
+      if (TYPE == 17) {
+        const u32 q = gg_u16(b + 2 + 2 * t);
+        index = q & 511;
+        signs = GG_KSIGNS[q >> 9];
+      } else {
+        index = b[2 + t] | (((b[66 + t / 4] >> (2 * (t % 4))) & 3) << 8);
+        signs = b[34 + t];
+      }
+      const u64 row = TYPE == 17 ? GG_IQ2XS_GRID[index] : GG_IQ2S_GRID[index];
+      for (int i = 0; i < 8; ++i) {
+        const float x = GG_MUL(db, gg_grid(row, i));
+        v[8 * u + i] = (signs >> i) & 1 ? -x : x;
+      }
+    }
+  } else if constexpr (TYPE == 21) {  // iq3_s
+    const float d = gg_f16(gg_u16(b));
+    const float db = GG_MUL(d, (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF)));
+    for (int u = 0; u < 8; ++u) {
+      const int t = 8 * g + u;  // grid row of 4 within the block
+      const u32 index = b[2 + t] | (((b[66 + t / 8] >> (t % 8)) & 1) << 8);
+      for (int i = 0; i < 4; ++i) {
+        const int j = 4 * t + i;
+        const float x = GG_MUL(db, gg_grid(GG_IQ3S_GRID[index], i));
+        v[4 * u + i] = (b[74 + j / 8] >> (j % 8)) & 1 ? -x : x;
+      }
+    }
+  } else if constexpr (TYPE == 19 || TYPE == 29) {  // iq1_s, iq1_m: four grid rows of 8
+    float d = 0.f;
+    u32 qh1 = 0;
+    if (TYPE == 19) {
+      d = gg_f16(gg_u16(b));
+      qh1 = gg_u16(b + 34 + 2 * g);
+    } else {
+      const u8* s = b + 48;
+      d = gg_f16((gg_u16(s) >> 12) | ((gg_u16(s + 2) >> 8) & 0xF0) | ((gg_u16(s + 4) >> 4) & 0xF00) |
+                 (gg_u16(s + 6) & 0xF000));
+    }
+    for (int u = 0; u < 4; ++u) {
+      const int t = 4 * g + u;
+      u32 index, scale, negative;
+      if (TYPE == 19) {
+        index = b[2 + t] | (((qh1 >> (3 * u)) & 7) << 8);
+        scale = (qh1 >> 12) & 7;
+        negative = qh1 & 0x8000;
+      } else {
+        const u32 qh = (b[32 + t / 2] >> (4 * (t % 2))) & 0xF;
+        index = b[t] | ((qh & 7) << 8);
+        scale = (gg_u16(b + 48 + 2 * (t / 8)) >> (3 * ((t / 2) % 4))) & 7;
+        negative = qh & 8;
+      }
+      const float dl = GG_MUL(d, (float)(2 * scale + 1));
+      const float delta = negative ? -GG_IQ1_DELTA : GG_IQ1_DELTA;
+      for (int i = 0; i < 8; ++i) {
+        v[8 * u + i] = GG_MUL(dl, GG_ADD(gg_grid(GG_IQ1S_GRID[index], i), delta));
+      }
+    }
+  } else if constexpr (TYPE == 23) {  // iq4_xs
+    const float d = gg_f16(gg_u16(b));
+    const int lo = (b[4 + g / 2] >> (4 * (g % 2))) & 0xF, hi = (gg_u16(b + 2) >> (2 * g)) & 3;
+    const float dl = GG_MUL(d, (float)((signed char)(lo | (hi << 4)) - 32));
+    for (int i = 0; i < 32; ++i) {
+      v[i] = GG_MUL(dl, (float)GG_IQ4_VALUES[(b[8 + 16 * g + i % 16] >> (4 * (i / 16))) & 0xF]);
+    }
+  }
+}

@@ -1,0 +1,86 @@
+"""The kernels that read ``gguf_*`` blocks in place (``kernels/gguf.cu``) against the numpy
+decoder, for all 18 block types: row dequantization bit for bit (float32, and bf16 as the
+nearest-even rounding of those values), the GEMV for 1, 3 and 8 activation rows within the
+float32 accumulation bound, and ``product`` for a speculative verification's 20 rows.
+Shapes are awkward on purpose: rows not a multiple of the 8-warp block, several blocks a row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_format.codecs import codec_for
+from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, LAYOUT
+from ninfer_runtime.backends.cuda import formats as F
+from ninfer_runtime.backends.cuda import kernels
+from ninfer_runtime.backends.cuda.weights import Parent
+from tests.format.test_codecs_gguf import _random_blocks
+
+from .conftest import requires_gpu
+from .test_kernels import check_close
+
+pytestmark = requires_gpu
+
+FORMATS = sorted(FORMAT_BLOCKS)
+ROWS = 45
+
+
+def _weight(fmt: str, seed: int = 0) -> tuple[Any, np.ndarray]:
+    """A resident ``[ROWS, K]`` object of random blocks (three 256-value blocks' worth of
+    columns, whatever the block size), and its numpy decode."""
+    import cupy as cp
+
+    _, values, _ = FORMAT_BLOCKS[fmt]
+    k = 768
+    blocks = _random_blocks(fmt, ROWS * k // values, seed)
+    raw = blocks.reshape(-1)
+    decoded = codec_for(fmt, LAYOUT).decode(raw, (ROWS, k))
+    return Parent("test", cp.asarray(raw), F.planes(fmt, LAYOUT, (ROWS, k))), decoded
+
+
+def _bf16_rn(values: np.ndarray) -> np.ndarray:
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequant_rows_is_exact(fmt: str) -> None:
+    import cupy as cp
+
+    parent, w = _weight(fmt)
+    rows = np.array([44, 0, 7, 7, 31], dtype=np.int32)
+    out = cp.empty((rows.size, w.shape[1]), dtype=cp.float32)
+    kernels.dequant_rows(parent.data, parent.planes, cp.asarray(rows), out)
+    np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), w[rows].view(np.uint32))
+    words = cp.empty((rows.size, w.shape[1]), dtype=cp.uint16)
+    kernels.dequant_rows(parent.data, parent.planes, cp.asarray(rows), words)
+    np.testing.assert_array_equal(cp.asnumpy(words), _bf16_rn(w[rows]))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gemv(fmt: str, m: int) -> None:
+    import cupy as cp
+
+    parent, w = _weight(fmt, seed=m)
+    x = np.random.default_rng(m).standard_normal((m, w.shape[1])).astype(np.float32)
+    y = cp.full((m, ROWS - 5), np.nan, dtype=cp.float32)
+    kernels.gemv(parent.data, parent.planes, 5, ROWS - 5, cp.asarray(x), y, y.shape[1])
+    check_close(y, x, w[5:])
+
+
+@pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_iq2_xxs", "gguf_q8_0"])
+def test_product_of_many_rows(fmt: str) -> None:
+    """``product`` takes up to 64 rows (a verification); for gguf it runs 8 at a time, into a
+    column slice of a wider output."""
+    import cupy as cp
+
+    parent, w = _weight(fmt, seed=3)
+    x = np.random.default_rng(3).standard_normal((20, w.shape[1])).astype(np.float32)
+    out = cp.full((20, ROWS + 3), np.nan, dtype=cp.float32)
+    kernels.product(parent.data, parent.planes, 0, ROWS, cp.asarray(x), out[:, 3:], ROWS + 3)
+    check_close(out[:, 3:], x, w)
+    assert bool(cp.isnan(out[:, :3]).all())
