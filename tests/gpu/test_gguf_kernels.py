@@ -84,3 +84,35 @@ def test_product_of_many_rows(fmt: str) -> None:
     kernels.product(parent.data, parent.planes, 0, ROWS, cp.asarray(x), out[:, 3:], ROWS + 3)
     check_close(out[:, 3:], x, w)
     assert bool(cp.isnan(out[:, :3]).all())
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_expert_products(group: int) -> None:
+    """The experts' GEMV over ``gguf_*`` banks: each unit (a pair, or a group of 8 pairs)
+    takes its expert's rows from that expert's object."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda import gguf_blocks
+
+    experts = [_weight("gguf_q4_k", seed=s) for s in range(3)]
+    base = cp.asarray([p.data.data.ptr for p, _ in experts], dtype=cp.int64)
+    row0 = cp.asarray([2, 0, 5], dtype=cp.int32)
+    units = np.array([2, 0, 2, 1], dtype=np.int32)
+    rows, k = 30, experts[0][1].shape[1]
+    x = np.random.default_rng(9).standard_normal((units.size * group, k)).astype(np.float32)
+    y = cp.full((units.size * group, rows), np.nan, dtype=cp.float32)
+    gguf_blocks.experts_gemv(
+        base,
+        row0,
+        experts[0][0].planes,
+        cp.asarray(units),
+        rows,
+        cp.asarray(x),
+        y,
+        rows,
+        group=group,
+    )
+    for u, e in enumerate(units):
+        start = int(cp.asnumpy(row0)[e])
+        w = experts[e][1][start : start + rows]
+        check_close(y[u * group : (u + 1) * group], x[u * group : (u + 1) * group], w)

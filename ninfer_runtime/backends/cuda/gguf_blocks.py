@@ -22,6 +22,8 @@ FAMILY = "gguf"
 WARPS = 8
 #: activation rows a GEMV launch takes at most; M is rounded up to one of these
 GEMV_ROWS = (1, 2, 4, 8)
+#: pairs a unit of the experts' grouped GEMV (``moe.GROUP_PAIRS``)
+EXPERT_GROUP = 8
 TYPES = sorted(ggml_type for ggml_type, _, _ in FORMAT_BLOCKS.values())
 
 
@@ -33,7 +35,8 @@ register_family(
     FAMILY,
     [f"gguf_dequant_rows<{t}>" for t in TYPES]
     + [f"gguf_dequant_rows_bf16<{t}>" for t in TYPES]
-    + [f"gguf_gemv<{t}, {m}>" for t in TYPES for m in GEMV_ROWS],
+    + [f"gguf_gemv<{t}, {m}>" for t in TYPES for m in GEMV_ROWS]
+    + [f"gguf_gemv_experts<{t}, {m}>" for t in TYPES for m in (1, EXPERT_GROUP)],
     prelude=_prelude,
 )
 
@@ -75,4 +78,41 @@ def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
         (grid,),
         (threads,),
         (data, np.int32(p.stride), rows, np.int32(n), np.int32(p.columns), out),
+    )
+
+
+def experts_gemv(
+    base: Any,
+    row0: Any,
+    p: F.Planes,
+    units: Any,
+    rows: int,
+    x: Any,
+    y: Any,
+    ldy: int,
+    *,
+    group: int = 1,
+    k: int = 1,
+    x_per_unit: bool = True,
+) -> None:
+    """The experts' product for ``gguf_*`` banks (``moe.expert_gemv`` with ``group`` 1,
+    ``moe.expert_groups_gemv`` with ``EXPERT_GROUP``): unit u (a pair, or a group of
+    ``group`` pairs) multiplies its x rows with rows ``row0[e] ..`` of the object at
+    ``base[e]``, ``e = units[u]``."""
+    function(FAMILY, f"gguf_gemv_experts<{_type(p)}, {group}>")(
+        (-(-rows // WARPS), int(units.size)),
+        (WARPS * 32,),
+        (
+            base,
+            row0,
+            units,
+            np.int32(k),
+            np.int32(x_per_unit),
+            np.int32(p.stride),
+            np.int32(rows),
+            x,
+            np.int32(x.shape[1]),
+            y,
+            np.int32(ldy),
+        ),
     )

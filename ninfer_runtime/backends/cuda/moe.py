@@ -28,7 +28,7 @@ import numpy as np
 from ...arrays import array_module
 from ..base import MoeWeights, Weight
 from . import formats as F
-from . import kernels
+from . import gguf_blocks, kernels
 from .compile import function, register_family
 
 #: must match MOE_ROUTER_THREADS / MOE_MAX_EXPERTS / MOE_MAX_TOP_K / MOE_GROUP_THREADS in
@@ -93,7 +93,7 @@ class Projection:
         planes, rows = segments[0].parent.planes, segments[0].rows
         if any(s.parent.planes != planes or s.rows != rows for s in segments):
             raise ExpertTableError(f"experts' {what} weights differ in layout or shape")
-        if not planes.gemv or planes.code not in _SUFFIX:
+        if not planes.gemv or (planes.code not in _SUFFIX and not F.is_gguf(planes.code)):
             raise ExpertTableError(f"experts' {what} layout has no in-place GEMV for this shape")
         base = np.array([s.parent.data.data.ptr for s in segments], dtype=np.int64)
         row0 = np.array([s.row0 for s in segments], dtype=np.int32)
@@ -194,6 +194,11 @@ def expert_gemv(
     p = proj.planes
     rows = proj.rows if rows is None else rows
     pairs, k = int(ids.size), int(ids.shape[-1])
+    if F.is_gguf(p.code):
+        gguf_blocks.experts_gemv(
+            proj.base, proj.row0, p, ids, rows, x, y, ldy, k=k, x_per_unit=x_per_pair
+        )
+        return
     ks = k_split or kernels.default_k_split(rows, p.units)
     r = rows_per_warp or kernels.default_rows_per_warp(p.code, 1, rows, ks)
     per_block = kernels.GEMV_WARPS // ks * r
@@ -225,6 +230,11 @@ def expert_groups_gemv(
     ``expert_gemv``, ``len(group_expert) * M`` rows."""
     p = proj.planes
     rows = proj.rows if rows is None else rows
+    if F.is_gguf(p.code):
+        gguf_blocks.experts_gemv(
+            proj.base, proj.row0, p, group_expert, rows, x, y, ldy, group=GROUP_PAIRS
+        )
+        return
     m, ks = GROUP_PAIRS, kernels.default_k_split(rows, p.units)
     r = kernels.ROWS_PER_WARP[m]
     per_block = kernels.GEMV_WARPS // ks * r

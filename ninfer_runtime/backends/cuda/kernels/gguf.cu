@@ -57,13 +57,14 @@ __global__ void gguf_dequant_rows_bf16(const u8* __restrict__ obj, int blocks_pe
   gguf_dequant_body<TYPE>(obj, blocks_per_row, rows, nrows, k, out);
 }
 
-// y[mm, r] = sum_k x[mm, k] W[row0 + r, k] for the m <= M rows of x: one warp per output row,
-// its lanes over the row's groups of 32 (neighbouring lanes read neighbouring bytes), float32
-// sums reduced across the warp at the end.
+// y[mm, r] = sum_k x[mm, k] W[row0 + r, k] for the m <= M rows of x: one warp per output row
+// (blockIdx.x picks the block's rows), its lanes over the row's groups of 32 (neighbouring
+// lanes read neighbouring bytes), float32 sums reduced across the warp at the end.
 template <int TYPE, int M>
-__global__ void __launch_bounds__(GGUF_WARPS * 32)
-    gguf_gemv(const u8* __restrict__ obj, int blocks_per_row, int row0, int rows, int m,
-              const float* __restrict__ x, int ldx, float* __restrict__ y, int ldy) {
+__device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int blocks_per_row,
+                                               int row0, int rows, int m,
+                                               const float* __restrict__ x, int ldx,
+                                               float* __restrict__ y, int ldy) {
   constexpr int G = GgufBlock<TYPE>::values / 32, B = GgufBlock<TYPE>::bytes;
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
@@ -97,4 +98,28 @@ __global__ void __launch_bounds__(GGUF_WARPS * 32)
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0 && mm < m) y[(long long)mm * ldy + r] = s;
   }
+}
+
+template <int TYPE, int M>
+__global__ void __launch_bounds__(GGUF_WARPS * 32)
+    gguf_gemv(const u8* __restrict__ obj, int blocks_per_row, int row0, int rows, int m,
+              const float* __restrict__ x, int ldx, float* __restrict__ y, int ldy) {
+  gguf_gemv_body<TYPE, M>(obj, blocks_per_row, row0, rows, m, x, ldx, y, ldy);
+}
+
+// The experts' product, one unit a blockIdx.y: y[u * M + mm, r] = x[xrow + mm] . row
+// row0[e] + r of the object at base[e], e = ids[u]. M = 1: units are (token, slot) pairs, xrow
+// = u when x_per_unit (x holds a row a pair) else u / k; M > 1: units are groups of M pairs of
+// one expert, xrow = u * M.
+template <int TYPE, int M>
+__global__ void __launch_bounds__(GGUF_WARPS * 32)
+    gguf_gemv_experts(const long long* __restrict__ base, const int* __restrict__ row0,
+                      const int* __restrict__ ids, int k, int x_per_unit, int blocks_per_row,
+                      int rows, const float* __restrict__ x, int ldx, float* __restrict__ y,
+                      int ldy) {
+  const long long u = blockIdx.y;
+  const int e = ids[u];
+  const long long xrow = M > 1 || x_per_unit ? u * M : u / k;
+  gguf_gemv_body<TYPE, M>(reinterpret_cast<const u8*>(base[e]), blocks_per_row, row0[e], rows, M,
+                          x + xrow * ldx, ldx, y + u * M * ldy, ldy);
 }

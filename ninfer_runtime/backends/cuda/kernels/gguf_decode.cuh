@@ -56,6 +56,18 @@ GG_HD float gg_f16(u32 h) {
   return sign ? -f : f;
 }
 
+// 32 bytes from a 16-byte aligned address (q4_k and q5_k blocks, 144 and 176 bytes, keep
+// their code planes aligned in any object, whose start is 256-aligned), two wide loads
+GG_HD void gg_copy32(const u8* p, u8 out[32]) {
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  const uint4 a = reinterpret_cast<const uint4*>(p)[0], c = reinterpret_cast<const uint4*>(p)[1];
+  const u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+  for (int i = 0; i < 32; ++i) out[i] = (u8)(w[i / 4] >> (8 * (i % 4)));
+#else
+  __builtin_memcpy(out, p, 32);
+#endif
+}
+
 // the 6-bit scale and min of sub-block j (0..7) of a q4_k / q5_k block
 GG_HD void gg_scale_min_k4(const u8* s, int j, float& sc, float& mn) {
   if (j < 4) {
@@ -118,10 +130,12 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     float sc, mn;
     gg_scale_min_k4(b + 4, g, sc, mn);
     const float dl = GG_MUL(gg_f16(gg_u16(b)), sc), ml = GG_MUL(gg_f16(gg_u16(b + 2)), mn);
-    const u8* qs = b + (TYPE == 12 ? 16 : 48) + (g / 2) * 32;
+    u8 qs[32], qh[32];
+    gg_copy32(b + (TYPE == 12 ? 16 : 48) + (g / 2) * 32, qs);
+    if (TYPE == 13) gg_copy32(b + 16, qh);
     for (int l = 0; l < 32; ++l) {
       int q = (qs[l] >> (4 * (g % 2))) & 0xF;
-      if (TYPE == 13) q |= ((b[16 + l] >> g) & 1) << 4;
+      if (TYPE == 13) q |= ((qh[l] >> g) & 1) << 4;
       v[l] = GG_SUB(GG_MUL(dl, (float)q), ml);
     }
   } else if constexpr (TYPE == 14) {  // q6_k
