@@ -12,11 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer_format.codecs import codec_for
+from ninfer_format.codecs import codec_for, gguf_blocks
 from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, LAYOUT
 from ninfer_runtime.backends.cuda.compile import KERNEL_DIR
 from ninfer_runtime.backends.cuda.gguf_tables import source
-from tests.format.test_codecs_gguf import _random_blocks
+
+N_BLOCKS = 37
+#: scale words every type sees in its first blocks: +0, -0, the smallest and the largest
+#: subnormal, the smallest normal (gg_f16's edge cases)
+EDGE_SCALES = (0x0000, 0x8000, 0x0001, 0x83FF, 0x0400)
 
 HARNESS = r"""
 typedef unsigned char u8;
@@ -54,6 +58,31 @@ int main(int argc, char** argv) {
 """
 
 
+def _scale_bits(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Finite binary16 words of either sign, zero and subnormals up to about 8 in magnitude
+    (large enough to reach every exponent path, small enough that no value overflows)."""
+    sign = rng.integers(0, 2, n, dtype=np.uint16) << np.uint16(15)
+    exponent = rng.integers(0, 18, n, dtype=np.uint16) << np.uint16(10)
+    bits = sign | exponent | rng.integers(0, 1024, n, dtype=np.uint16)
+    bits[: len(EDGE_SCALES)] = EDGE_SCALES
+    return bits
+
+
+def _random_blocks(fmt: str, seed: int) -> np.ndarray:
+    """Random block bytes with finite scales; d and dmin drawn independently."""
+    _, _, block_bytes = FORMAT_BLOCKS[fmt]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(N_BLOCKS, block_bytes), dtype=np.uint8)
+    if fmt == "gguf_iq1_m":  # its scale is spread over four words: set_scales knows how
+        gguf_blocks.set_scales(fmt, blocks, _scale_bits(rng, N_BLOCKS))
+    block_type = next(bt for bt in gguf_blocks._BLOCK_TYPES if bt.format == fmt)
+    for _, offset in block_type.f16_fields:
+        bits = _scale_bits(rng, N_BLOCKS)
+        blocks[:, offset] = (bits & np.uint16(0xFF)).astype(np.uint8)
+        blocks[:, offset + 1] = (bits >> np.uint16(8)).astype(np.uint8)
+    return blocks
+
+
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compiler = shutil.which("g++")
@@ -70,31 +99,26 @@ def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         }
     )
     binary = root / "decode"
-    subprocess.run(
-        [
-            compiler,
-            "-std=c++17",
-            "-O2",
-            "-ffp-contract=off",
-            "-o",
-            str(binary),
-            str(root / "decode.cpp"),
-        ],
-        check=True,
+    flags = ["-std=c++17", "-O2", "-ffp-contract=off"]
+    built = subprocess.run(
+        [compiler, *flags, "-o", str(binary), str(root / "decode.cpp")],
         capture_output=True,
+        text=True,
     )
+    assert built.returncode == 0, built.stderr
     return binary
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMAT_BLOCKS))
 def test_host_decoders_match_the_numpy_decoder(fmt: str, decoder: Path, tmp_path: Path) -> None:
     ggml_type, values, _ = FORMAT_BLOCKS[fmt]
-    blocks = _random_blocks(fmt, 37, seed=ggml_type)
+    blocks = _random_blocks(fmt, seed=ggml_type)
     (tmp_path / "in").write_bytes(blocks.tobytes())
     subprocess.run(
         [str(decoder), str(ggml_type), str(tmp_path / "in"), str(tmp_path / "out")], check=True
     )
     got = np.fromfile(tmp_path / "out", dtype=np.float32)
-    want = codec_for(fmt, LAYOUT).decode(blocks.reshape(-1), (37, values)).reshape(-1)
+    assert got.size == N_BLOCKS * values
+    want = codec_for(fmt, LAYOUT).decode(blocks.reshape(-1), (N_BLOCKS, values)).reshape(-1)
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -1,9 +1,9 @@
 """The lookup tables of the ``gguf_*`` decoders (``kernels/gguf_decode.cuh``) as C source.
 
-The grids, sign table and IQ4 values are ggml's; they are read from the gguf package at
-compile time, so the tree keeps no copy of them. Each grid row of 8 values is one u64 (byte
-j = value j as int8), of 4 values one u32. The text starts with the macros that let the
-decoders compile both for the device (NVRTC) and the host (the CPU test of the decoders).
+The grids, sign table and IQ4 values are ggml's; they are generated from the gguf package's
+own tables when the kernels are built, so the tree keeps no copy of them. Each grid row of 8
+values is one u64 (byte j = value j as int8), of 4 values one u32, and the text starts with
+the macros that let the decoders compile both for the device (NVRTC) and the host (g++).
 """
 
 from __future__ import annotations

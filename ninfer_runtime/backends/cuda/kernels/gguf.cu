@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(GGUF_WARPS * 32)
 // The experts' product, one unit a blockIdx.y: y[u * M + mm, r] = x[xrow + mm] . row
 // row0[e] + r of the object at base[e], e = ids[u]. M = 1: units are (token, slot) pairs, xrow
 // = u when x_per_unit (x holds a row a pair) else u / k; M > 1: units are groups of M pairs of
-// one expert, xrow = u * M.
+// one expert, xrow = u * M; a group past the real ones (expert -1) is skipped.
 template <int TYPE, int M>
 __global__ void __launch_bounds__(GGUF_WARPS * 32)
     gguf_gemv_experts(const long long* __restrict__ base, const int* __restrict__ row0,
@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(GGUF_WARPS * 32)
                       int ldy) {
   const long long u = blockIdx.y;
   const int e = ids[u];
+  if (e < 0) return;
   const long long xrow = M > 1 || x_per_unit ? u * M : u / k;
   gguf_gemv_body<TYPE, M>(reinterpret_cast<const u8*>(base[e]), blocks_per_row, row0[e], rows, M,
                           x + xrow * ldx, ldx, y + u * M * ldy, ldy);
