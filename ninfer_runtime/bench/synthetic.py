@@ -48,6 +48,7 @@ from ninfer_convert.plan import (
 )
 from ninfer_convert.proposal import DEFAULT_ROWS
 from ninfer_convert.recipe import DEFAULT_METHOD, Choice, Recipe, load_recipe
+from ninfer_convert.recipes._gguf_mixes import MIXES, mix_recipe
 from ninfer_format import ArtifactWriter, ResourceSpec, TensorSpec
 from ninfer_format.binders.qwen3_5 import (
     ARCHITECTURE_OF,
@@ -67,7 +68,6 @@ from ninfer_format.progress import ProgressBar, silent
 from ninfer_format.writer import place_objects
 
 from .geometries import GEOMETRIES
-from .gguf_mixes import MIXES, mix_recipe
 
 __all__ = ["RecipeError", "plan_synthetic", "write_synthetic"]  # RecipeError: for the CLI
 

@@ -1,5 +1,6 @@
 """llama.cpp's GGUF type mixes as recipes for synthetic artifacts, so a GGUF-block model can be
-benchmarked at full size without a GGUF file: ``ninfer-bench synth --formats gguf_q4_k_m``.
+benchmarked at full size without a GGUF file: ``ninfer-bench synth --formats gguf_q4_k_m``
+(not conversion recipes: K- and I-quant blocks can only be imported, never written here).
 
 Each mix assigns ``gguf_*`` formats by tensor the way llama.cpp's quantizer does for that
 file type (names mapped to ours: llama.cpp's ``attn_qkv`` is the GDN query/key/value,
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ninfer_convert.recipe import Recipe
-from ninfer_convert.recipes._common import TEXT, uniform
+
+from ._common import TEXT, uniform
 
 
 def more_bits(i: int, n: int) -> bool:
