@@ -76,6 +76,8 @@ class Sample:
     itl: list[float] = field(default_factory=list)
     #: mean TTFT the server measured (request admitted to first token out of the engine)
     server_ttft: float = float("nan")
+    #: mean prefill time the server measured (the engine taking it to its first token)
+    server_prefill: float = float("nan")
     ok: bool = False
     text: str = ""
 
@@ -160,20 +162,24 @@ async def run_level(
                 return await one_request(client, url, model, text, output_len)
 
         await one_request(client, url, model, texts[0], 4)  # warm the connection and caches
-        before = server_ttft(url)
+        before = server_means(url)
         started = time.perf_counter()
         samples = await asyncio.gather(*(bounded(t) for t in texts))
         duration = time.perf_counter() - started
-        after = server_ttft(url)
-        for sample in samples:  # the server's own view: arrival to first token, mean
-            sample.server_ttft = (after[0] - before[0]) / max(after[1] - before[1], 1)
+        after = server_means(url)
+        ttft, prefill = (
+            (a[0] - b[0]) / max(a[1] - b[1], 1) for a, b in zip(after, before, strict=True)
+        )
+        for sample in samples:  # the server's own view, means over the level
+            sample.server_ttft, sample.server_prefill = ttft, prefill
         return list(samples), duration
 
 
-def server_ttft(url: str) -> tuple[float, float]:
-    """The server's time-to-first-token histogram so far: (sum of seconds, count)."""
-    name = "ninfer_time_to_first_token_seconds"
-    return metric(url, f"{name}_sum"), metric(url, f"{name}_count")
+def server_means(url: str) -> list[tuple[float, float]]:
+    """(sum of seconds, count) so far of the server's time to first token (from admission)
+    and of its prefill time (the engine taking the request to its first token)."""
+    names = ("ninfer_time_to_first_token_seconds", "ninfer_request_prefill_seconds")
+    return [(metric(url, f"{n}_sum"), metric(url, f"{n}_count")) for n in names]
 
 
 # -- engine alone ---------------------------------------------------------------------------------
@@ -283,6 +289,7 @@ class Level:
             "itl_p99": pct(itl, 99) * ms,
             "e2el_p50": pct(e2el, 50) * ms, "e2el_p99": pct(e2el, 99) * ms,
             "server_ttft_mean": statistics.fmean([s.server_ttft for s in ok] or [nan]) * ms,
+            "server_prefill_mean": statistics.fmean([s.server_prefill for s in ok] or [nan]) * ms,
         }  # fmt: skip
 
 
@@ -300,6 +307,7 @@ def vllm_block(title: str, s: dict[str, float]) -> str:
         ("Median TTFT (ms):", f"{s['ttft_p50']:.2f}"),
         ("P99 TTFT (ms):", f"{s['ttft_p99']:.2f}"),
         ("Mean TTFT in the server (ms):", f"{s['server_ttft_mean']:.2f}"),
+        ("Mean prefill in the server (ms):", f"{s['server_prefill_mean']:.2f}"),
         ("Mean TPOT (ms):", f"{s['tpot_mean']:.2f}"),
         ("Median TPOT (ms):", f"{s['tpot_p50']:.2f}"),
         ("P99 TPOT (ms):", f"{s['tpot_p99']:.2f}"),

@@ -85,6 +85,8 @@ class Chunk:
     finished: Finished | None = None
     error: Exception | None = None
     stamp: float = 0.0  # perf_counter on the engine thread when the step ended
+    #: on a request's first token: when the engine took the request (engine thread)
+    accepted: float | None = None
 
     @property
     def last(self) -> bool:
@@ -122,6 +124,8 @@ class RequestStream:
             if self._last_token_at is None:
                 self.first_token_at = chunk.stamp
                 metrics.first_token(chunk.stamp - self.ticket.arrival)
+                if chunk.accepted is not None:
+                    metrics.prefilled(chunk.stamp - chunk.accepted)
                 metrics.tokens(chunk.tokens, None)
             else:
                 metrics.tokens(chunk.tokens, chunk.stamp - self._last_token_at)
@@ -207,6 +211,8 @@ class EngineLoop:
         self._engine_lanes = 0  # requests the engine runs (a lane and their context pages)
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._loaded = asyncio.Event()
+        #: request id -> when the engine took it, until its first token (engine thread only)
+        self._accepted: dict[str, float] = {}
         #: the engine's speculative totals at the last post (engine thread only)
         self._spec_seen: SpecStats | None = None
         #: the engine's pool counters at the last post (engine thread only)
@@ -458,12 +464,14 @@ class EngineLoop:
                     try:
                         engine.submit(command.request, rendered=command.rendered)
                         inflight.add(rid)
+                        self._accepted[rid] = time.perf_counter()
                     except Exception as exc:
                         batch[rid] = Chunk(error=exc)
                 elif isinstance(command, _Cancel) and command.request_id in inflight:
                     finished = engine.cancel(command.request_id)
                     if finished is not None:
                         inflight.discard(command.request_id)
+                        self._accepted.pop(command.request_id, None)
                         batch.setdefault(command.request_id, Chunk()).finished = finished
             if engine.has_work and failed is None:
                 try:
@@ -488,24 +496,28 @@ class EngineLoop:
         self._add_events(batch, events, inflight)
         self._post_batch(batch, engine)
 
-    @staticmethod
-    def _add_events(batch: dict[str, Chunk], events: list[Event], inflight: set[str]) -> None:
+    def _add_events(self, batch: dict[str, Chunk], events: list[Event], inflight: set[str]) -> None:
         """The engine's events as chunks per request (a finished or failed request leaves
-        ``inflight``)."""
+        ``inflight``; its first token carries when the engine took it)."""
         for event in events:
             chunk = batch.get(event.request_id)
             if chunk is None:
                 chunk = batch[event.request_id] = Chunk()
             if isinstance(event, TokenEvent):
                 chunk.tokens += 1
+                accepted = self._accepted.pop(event.request_id, None)
+                if accepted is not None:
+                    chunk.accepted = accepted
             elif isinstance(event, OutputEvent):
                 chunk.events.append(event.event)
             elif isinstance(event, Finished):
                 chunk.finished = event
                 inflight.discard(event.request_id)
+                self._accepted.pop(event.request_id, None)
             elif isinstance(event, Failed):
                 chunk.error = event.error
                 inflight.discard(event.request_id)
+                self._accepted.pop(event.request_id, None)
 
     def _post_batch(self, batch: dict[str, Chunk], engine: Engine) -> None:
         spec_gained = self._spec_gained(engine.spec_stats)

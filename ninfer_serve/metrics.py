@@ -189,6 +189,19 @@ class Metrics:
             buckets=_LATENCY,
             registry=r,
         )
+        self.prefill = Histogram(
+            "ninfer_request_prefill_seconds",
+            "The engine taking the request to its first token (the prompt's prefill)",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.v_prefill = Histogram(
+            "vllm:request_prefill_time_seconds",
+            "Prefill time",
+            ["model_name"],
+            buckets=_LATENCY,
+            registry=r,
+        ).labels(**m)
         self.v_ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token",
@@ -358,6 +371,10 @@ class Metrics:
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
         self.v_ttft.observe(seconds)
+
+    def prefilled(self, seconds: float) -> None:
+        self.prefill.observe(seconds)
+        self.v_prefill.observe(seconds)
 
     def tokens(self, count: int, gap_seconds: float | None) -> None:
         """``count`` tokens arrived together; ``gap_seconds`` since the previous arrival."""

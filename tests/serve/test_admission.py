@@ -140,3 +140,23 @@ def test_disconnect_of_waiting_and_non_streaming_requests(server):
             httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.4)
         assert wait_for(lambda: idle(server.url), timeout=2)
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+
+
+def test_prefill_time_is_part_of_the_first_token_time(server):
+    """``ninfer_request_prefill_seconds`` (the engine taking a request to its first token)
+    counts each request once and is a part of its time to first token (from arrival)."""
+    names = ("ninfer_request_prefill_seconds", "ninfer_time_to_first_token_seconds")
+
+    def totals() -> dict[str, float]:
+        return {f"{n}_{p}": metric(server.url, f"{n}_{p}") for n in names for p in ("count", "sum")}
+
+    assert wait_for(lambda: idle(server.url), timeout=3)
+    before = totals()
+    for _ in range(2):
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=SHORT, timeout=30).is_success
+    after = totals()
+    gained = {k: after[k] - before[k] for k in after}
+    assert gained["ninfer_request_prefill_seconds_count"] == 2
+    assert gained["ninfer_time_to_first_token_seconds_count"] == 2
+    prefill, ttft = (gained[f"{n}_sum"] for n in names)
+    assert 0 < prefill <= ttft
