@@ -4,11 +4,11 @@
 it runs the small-M product of the weight's layout over each resident segment
 (``kernels.product``: tensor cores for row_split q4..q8, NVFP4 and bf16 up to 64 rows, or the
 SIMT GEMV, 8 rows per launch, where it is faster, as for one row or small weights, or where the
-layout has no tensor-core kernel, NF4 and FP8, up to 64 rows); for more rows (prefill
-chunks) it rounds x to bfloat16, dequantizes the weight, a slab of rows at a time, to bfloat16
-in scratch buffers that a side stream fills while the previous slab's product runs
-(``slabs.py``; bf16 weights are read in place) and multiplies with ``cublasGemmEx`` on tensor
-cores, accumulating in float32 (``prefill.py``).
+layout has no tensor-core kernel, NF4, FP8 and the ``gguf_*`` blocks, up to 64 rows); for more
+rows (prefill chunks) it rounds x to bfloat16, dequantizes the weight, a slab of rows at a
+time, to bfloat16 in scratch buffers that a side stream fills while the previous slab's
+product runs (``slabs.py``; bf16 weights are read in place) and multiplies with
+``cublasGemmEx`` on tensor cores, accumulating in float32 (``prefill.py``).
 ``prefill_precision="tf32"`` or ``"float32"`` keeps float32 scratch slabs and ``cp.matmul``
 with TF32 or full float32 math. The decode-step ops (paged attention, the GDN step, MoE routing
 and experts, RMSNorm, RoPE) have kernels of their own, so a decode step never waits on the host

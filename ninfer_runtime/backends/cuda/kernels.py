@@ -2,9 +2,9 @@
 
 ``product`` is the entry point for M <= 64 activation rows: the tensor-core kernel
 (``kernels/gemm_small.cu``, row_split q4/q5/q6/q8, NVFP4 and bf16) or the SIMT GEMV
-(``kernels/gemv_*.cu``, every layout, 8 rows per launch), whichever ``uses_tensor_cores``
-says is faster for the shape. Kernels are compiled lazily, one family (one ``.cu`` file) at a time,
-on first use.
+(``kernels/gemv_*.cu``, every layout, 8 rows per launch; ``gguf_*`` blocks through
+``gguf_blocks``), whichever ``uses_tensor_cores`` says is faster for the shape. Kernels are
+compiled lazily, one family (one ``.cu`` file) at a time, on first use.
 """
 
 from __future__ import annotations
