@@ -28,13 +28,12 @@ FORMATS = sorted(FORMAT_BLOCKS)
 ROWS = 45
 
 
-def _weight(fmt: str, seed: int = 0) -> tuple[Any, np.ndarray]:
-    """A resident ``[ROWS, K]`` object of random blocks (three 256-value blocks' worth of
-    columns, whatever the block size), and its numpy decode."""
+def _weight(fmt: str, seed: int = 0, k: int = 768) -> tuple[Any, np.ndarray]:
+    """A resident ``[ROWS, k]`` object of random blocks (by default three 256-value blocks'
+    worth of columns, whatever the block size), and its numpy decode."""
     import cupy as cp
 
     _, values, _ = FORMAT_BLOCKS[fmt]
-    k = 768
     blocks = _random_blocks(fmt, ROWS * k // values, seed)
     raw = blocks.reshape(-1)
     decoded = codec_for(fmt, LAYOUT).decode(raw, (ROWS, k))
@@ -70,6 +69,22 @@ def test_gemv(fmt: str, m: int) -> None:
     y = cp.full((m, ROWS - 5), np.nan, dtype=cp.float32)
     kernels.gemv(parent.data, parent.planes, 5, ROWS - 5, cp.asarray(x), y, y.shape[1])
     check_close(y, x, w[5:])
+
+
+@pytest.mark.parametrize(
+    "fmt", ["gguf_q4_k", "gguf_q6_k", "gguf_q8_0", "gguf_iq2_xxs", "gguf_q2_0"]
+)
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_gemv_of_rows_longer_than_a_chunk(fmt: str, m: int) -> None:
+    """Rows of 2,304 values: two whole 1,024-value chunks the warp stages in shared memory and
+    a partial one (for 18- and 34-byte blocks the chunk starts off a 16-byte boundary)."""
+    import cupy as cp
+
+    parent, w = _weight(fmt, seed=m, k=2304)
+    x = np.random.default_rng(m).standard_normal((m, w.shape[1])).astype(np.float32)
+    y = cp.full((m, ROWS - 2), np.nan, dtype=cp.float32)
+    kernels.gemv(parent.data, parent.planes, 1, ROWS - 2, cp.asarray(x), y, y.shape[1])
+    check_close(y, x, w[1:-1])
 
 
 @pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_iq2_xxs", "gguf_q8_0"])

@@ -20,8 +20,10 @@ from .gguf_tables import source as table_source
 FAMILY = "gguf"
 #: must match GGUF_WARPS in kernels/gguf.cu
 WARPS = 8
-#: activation rows a GEMV launch takes at most; M is rounded up to one of these
-GEMV_ROWS = (1, 2, 4, 8)
+#: activation rows M a GEMV launch is compiled for (a launch's rows are rounded up to one),
+#: and the output rows R each warp takes for it: with one activation row, four weight rows
+#: share each x load; with more, x is read per row (holding it for several would not fit)
+ROWS_PER_WARP = {1: 4, 2: 2, 4: 1, 8: 1}
 #: pairs a unit of the experts' grouped GEMV (``moe.GROUP_PAIRS``)
 EXPERT_GROUP = 8
 TYPES = sorted(ggml_type for ggml_type, _, _ in FORMAT_BLOCKS.values())
@@ -35,8 +37,10 @@ register_family(
     FAMILY,
     [f"gguf_dequant_rows<{t}>" for t in TYPES]
     + [f"gguf_dequant_rows_bf16<{t}>" for t in TYPES]
-    + [f"gguf_gemv<{t}, {m}>" for t in TYPES for m in GEMV_ROWS]
-    + [f"gguf_gemv_experts<{t}, {m}>" for t in TYPES for m in (1, EXPERT_GROUP)],
+    + [f"gguf_gemv<{t}, {m}, {r}>" for t in TYPES for m, r in ROWS_PER_WARP.items()]
+    + [
+        f"gguf_gemv_experts<{t}, {m}, {ROWS_PER_WARP[m]}>" for t in TYPES for m in (1, EXPERT_GROUP)
+    ],
     prelude=_prelude,
 )
 
@@ -49,9 +53,10 @@ def gemv(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int)
     """``kernels.gemv`` for a ``gguf_*`` object (x: float32, ``p.columns`` wide, rows 16-byte
     aligned; at most 8 rows)."""
     m = x.shape[0]
-    bucket = next(b for b in GEMV_ROWS if b >= m)
-    function(FAMILY, f"gguf_gemv<{_type(p)}, {bucket}>")(
-        (-(-rows // WARPS),),
+    bucket = next(b for b in ROWS_PER_WARP if b >= m)
+    r = ROWS_PER_WARP[bucket]
+    function(FAMILY, f"gguf_gemv<{_type(p)}, {bucket}, {r}>")(
+        (-(-rows // (WARPS * r)),),
         (WARPS * 32,),
         (
             data,
@@ -99,8 +104,9 @@ def experts_gemv(
     ``moe.expert_groups_gemv`` with ``EXPERT_GROUP``): unit u (a pair, or a group of
     ``group`` pairs) multiplies its x rows with rows ``row0[e] ..`` of the object at
     ``base[e]``, ``e = units[u]``."""
-    function(FAMILY, f"gguf_gemv_experts<{_type(p)}, {group}>")(
-        (-(-rows // WARPS), int(units.size)),
+    r = ROWS_PER_WARP[group]
+    function(FAMILY, f"gguf_gemv_experts<{_type(p)}, {group}, {r}>")(
+        (-(-rows // (WARPS * r)), int(units.size)),
         (WARPS * 32,),
         (
             base,

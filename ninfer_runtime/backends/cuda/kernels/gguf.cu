@@ -57,61 +57,118 @@ __global__ void gguf_dequant_rows_bf16(const u8* __restrict__ obj, int blocks_pe
   gguf_dequant_body<TYPE>(obj, blocks_per_row, rows, nrows, k, out);
 }
 
-// y[mm, r] = sum_k x[mm, k] W[row0 + r, k] for the m <= M rows of x: one warp per output row
-// (blockIdx.x picks the block's rows), its lanes over the row's groups of 32 (neighbouring
-// lanes read neighbouring bytes), float32 sums reduced across the warp at the end.
-template <int TYPE, int M>
+// y[mm, r] = sum_k x[mm, k] W[row0 + r, k] for the m <= M rows of x. A warp owns R
+// consecutive output rows (blockIdx.x picks the block's) and walks them in chunks of about
+// 1,024 values: its lanes first copy every row's chunk of blocks into shared memory with
+// coalesced 16-byte loads (R rows' loads in flight at once), then each lane decodes one group
+// of 32 values of each row from there and multiplies it with the x values it loaded once for
+// all R rows. Float32 sums, reduced across the warp at the end. A copy starts at the 16-byte
+// boundary below its blocks and may read up to 15 bytes past an object's last row: device
+// allocations are rounded up to 512 bytes, so that stays inside the allocation.
+template <int TYPE>
+struct GgufChunk {
+  static constexpr int values = GgufBlock<TYPE>::values;
+  static constexpr int blocks = values >= 1024 ? 1 : 1024 / values;
+  static constexpr int groups = blocks * values / 32;  // 32: one group a lane
+  static constexpr int units = (blocks * GgufBlock<TYPE>::bytes + 15) / 16 + 1;  // 16-byte units
+};
+
+template <int TYPE, int M, int R>
 __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int blocks_per_row,
                                                int row0, int rows, int m,
                                                const float* __restrict__ x, int ldx,
                                                float* __restrict__ y, int ldy) {
+  using C = GgufChunk<TYPE>;
   constexpr int G = GgufBlock<TYPE>::values / 32, B = GgufBlock<TYPE>::bytes;
-  const int lane = threadIdx.x & 31;
-  const int r = blockIdx.x * GGUF_WARPS + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  const u8* row = obj + (long long)(row0 + r) * blocks_per_row * B;
-  const int groups = blocks_per_row * G;
-  float acc[M];
+  __shared__ uint4 stage[GGUF_WARPS][R][C::units];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int first = (blockIdx.x * GGUF_WARPS + warp) * R;
+  if (first >= rows) return;
+  const long long row_bytes = (long long)blocks_per_row * B;
+  float acc[R][M];
 #pragma unroll
-  for (int mm = 0; mm < M; ++mm) acc[mm] = 0.f;
-  for (int g = lane; g < groups; g += 32) {
-    float v[32];
-    gguf_group<TYPE>(row + (g / G) * B, g % G, v);
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int mm = 0; mm < M; ++mm) {
-      if (mm < m) {
-        const float4* xs = reinterpret_cast<const float4*>(x + (long long)mm * ldx + 32 * g);
-        float s = 0.f;
+    for (int mm = 0; mm < M; ++mm) acc[r][mm] = 0.f;
+  for (int b0 = 0; b0 < blocks_per_row; b0 += C::blocks) {
+    const int nb = min(C::blocks, blocks_per_row - b0);
+    int lead[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // rows past the end copy the last row (never written)
+      const u8* p = obj + (long long)(row0 + min(first + r, rows - 1)) * row_bytes + (long long)b0 * B;
+      const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<unsigned long long>(p) & ~15ull);
+      lead[r] = (int)(p - reinterpret_cast<const u8*>(a));
+      const int n16 = (lead[r] + nb * B + 15) / 16;
+      for (int i = lane; i < n16; i += 32) stage[warp][r][i] = a[i];
+    }
+    __syncwarp();
+    const int g = lane;  // this lane's group of the chunk
+    if (g < nb * G) {
+      const int col = (b0 * G + g) * 32;
+      float v[32];
+      if (M == 1) {
+        float xv[32];
+        const float4* xs = reinterpret_cast<const float4*>(x + col);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const float4 t = __ldg(xs + j);
-          s += v[4 * j] * t.x + v[4 * j + 1] * t.y + v[4 * j + 2] * t.z + v[4 * j + 3] * t.w;
+          xv[4 * j] = t.x, xv[4 * j + 1] = t.y, xv[4 * j + 2] = t.z, xv[4 * j + 3] = t.w;
         }
-        acc[mm] += s;
+#pragma unroll 1  // one row's decode at a time: unrolled, R rows need too many registers
+        for (int r = 0; r < R; ++r) {
+          gguf_group<TYPE>(reinterpret_cast<const u8*>(stage[warp][r]) + lead[r] + (g / G) * B,
+                           g % G, v);
+          float s = 0.f;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) s += v[j] * xv[j];
+          acc[r][0] += s;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          gguf_group<TYPE>(reinterpret_cast<const u8*>(stage[warp][r]) + lead[r] + (g / G) * B,
+                           g % G, v);
+#pragma unroll
+          for (int mm = 0; mm < M; ++mm) {
+            if (mm < m) {
+              const float4* xs = reinterpret_cast<const float4*>(x + (long long)mm * ldx + col);
+              float s = 0.f;
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                const float4 t = __ldg(xs + j);
+                s += v[4 * j] * t.x + v[4 * j + 1] * t.y + v[4 * j + 2] * t.z + v[4 * j + 3] * t.w;
+              }
+              acc[r][mm] += s;
+            }
+          }
+        }
       }
     }
+    __syncwarp();
   }
 #pragma unroll
-  for (int mm = 0; mm < M; ++mm) {
-    float s = acc[mm];
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0 && mm < m) y[(long long)mm * ldy + r] = s;
-  }
+    for (int mm = 0; mm < M; ++mm) {
+      float s = acc[r][mm];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && mm < m && first + r < rows) y[(long long)mm * ldy + first + r] = s;
+    }
 }
 
-template <int TYPE, int M>
+template <int TYPE, int M, int R>
 __global__ void __launch_bounds__(GGUF_WARPS * 32)
     gguf_gemv(const u8* __restrict__ obj, int blocks_per_row, int row0, int rows, int m,
               const float* __restrict__ x, int ldx, float* __restrict__ y, int ldy) {
-  gguf_gemv_body<TYPE, M>(obj, blocks_per_row, row0, rows, m, x, ldx, y, ldy);
+  gguf_gemv_body<TYPE, M, R>(obj, blocks_per_row, row0, rows, m, x, ldx, y, ldy);
 }
 
 // The experts' product, one unit a blockIdx.y: y[u * M + mm, r] = x[xrow + mm] . row
 // row0[e] + r of the object at base[e], e = ids[u]. M = 1: units are (token, slot) pairs, xrow
 // = u when x_per_unit (x holds a row a pair) else u / k; M > 1: units are groups of M pairs of
 // one expert, xrow = u * M; a group past the real ones (expert -1) is skipped.
-template <int TYPE, int M>
+template <int TYPE, int M, int R>
 __global__ void __launch_bounds__(GGUF_WARPS * 32)
     gguf_gemv_experts(const long long* __restrict__ base, const int* __restrict__ row0,
                       const int* __restrict__ ids, int k, int x_per_unit, int blocks_per_row,
@@ -121,6 +178,6 @@ __global__ void __launch_bounds__(GGUF_WARPS * 32)
   const int e = ids[u];
   if (e < 0) return;
   const long long xrow = M > 1 || x_per_unit ? u * M : u / k;
-  gguf_gemv_body<TYPE, M>(reinterpret_cast<const u8*>(base[e]), blocks_per_row, row0[e], rows, M,
+  gguf_gemv_body<TYPE, M, R>(reinterpret_cast<const u8*>(base[e]), blocks_per_row, row0[e], rows, M,
                           x + xrow * ldx, ldx, y + u * M * ldy, ldy);
 }

@@ -107,24 +107,30 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
       const int j = 32 * g + i;
       v[i] = GG_MUL((float)(((b[2 + j / 4] >> (2 * (j % 4))) & 3) - 1), d);
     }
-  } else if constexpr (TYPE == 10) {  // q2_k
+  } else if constexpr (TYPE == 10) {  // q2_k: group g is the 2-bit lane g % 4 of 32 bytes
     const float d = gg_f16(gg_u16(b + 80)), dmin = gg_f16(gg_u16(b + 82));
-    for (int i = 0; i < 32; ++i) {
-      const int j = 32 * g + i, s = b[j / 16];
-      const int q = (b[16 + (j / 128) * 32 + j % 32] >> (2 * ((j % 128) / 32))) & 3;
+    const u8* qs = b + 16 + (g / 4) * 32;
+    const int shift = 2 * (g % 4);
+    for (int half = 0; half < 2; ++half) {
+      const int s = b[2 * g + half];  // the 16 values' scale (low nibble) and min (high)
       const float dl = GG_MUL(d, (float)(s & 0xF)), ml = GG_MUL(dmin, (float)(s >> 4));
-      v[i] = GG_SUB(GG_MUL(dl, (float)q), ml);
+      for (int i = 16 * half; i < 16 * half + 16; ++i) {
+        v[i] = GG_SUB(GG_MUL(dl, (float)((qs[i] >> shift) & 3)), ml);
+      }
     }
-  } else if constexpr (TYPE == 11) {  // q3_k
+  } else if constexpr (TYPE == 11) {  // q3_k: low bits as q2_k, high bit g of hmask
     const float d = gg_f16(gg_u16(b + 108));
     const u8* sc = b + 96;
-    for (int i = 0; i < 32; ++i) {
-      const int j = 32 * g + i, k = j / 16;
+    const u8* qs = b + 32 + (g / 4) * 32;
+    const int shift = 2 * (g % 4);
+    for (int half = 0; half < 2; ++half) {
+      const int k = 2 * g + half;  // the 16 values' 6-bit signed scale
       const int lo = (sc[k % 8] >> (4 * (k / 8))) & 0xF, hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
       const float dl = GG_MUL(d, (float)((signed char)(lo | (hi << 4)) - 32));
-      const int ql = (b[32 + (j / 128) * 32 + j % 32] >> (2 * ((j % 128) / 32))) & 3;
-      const int qh = (b[j % 32] >> (j / 32)) & 1;
-      v[i] = GG_MUL(dl, (float)(ql - ((qh ^ 1) << 2)));
+      for (int i = 16 * half; i < 16 * half + 16; ++i) {
+        const int q = ((qs[i] >> shift) & 3) - ((((b[i] >> g) & 1) ^ 1) << 2);
+        v[i] = GG_MUL(dl, (float)q);
+      }
     }
   } else if constexpr (TYPE == 12 || TYPE == 13) {  // q4_k, q5_k: sub-block g of 32
     float sc, mn;
@@ -138,14 +144,17 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
       if (TYPE == 13) q |= ((qh[l] >> g) & 1) << 4;
       v[l] = GG_SUB(GG_MUL(dl, (float)q), ml);
     }
-  } else if constexpr (TYPE == 14) {  // q6_k
+  } else if constexpr (TYPE == 14) {  // q6_k: low nibbles from ql, two high bits from qh
     const float d = gg_f16(gg_u16(b + 208));
-    for (int i = 0; i < 32; ++i) {
-      const int j = 32 * g + i, h = j / 128, r = j % 128;
-      const int ql = (b[h * 64 + r % 64] >> (4 * (r / 64))) & 0xF;
-      const int qh = (b[128 + h * 32 + r % 32] >> (2 * (r / 32))) & 3;
-      const float dl = GG_MUL(d, (float)(signed char)b[192 + j / 16]);
-      v[i] = GG_MUL(dl, (float)((signed char)(ql | (qh << 4)) - 32));
+    const u8* ql = b + (g / 4) * 64 + (g % 2) * 32;
+    const u8* qh = b + 128 + (g / 4) * 32;
+    const int low_shift = 4 * ((g % 4) / 2), high_shift = 2 * (g % 4);
+    for (int half = 0; half < 2; ++half) {
+      const float dl = GG_MUL(d, (float)(signed char)b[192 + 2 * g + half]);
+      for (int i = 16 * half; i < 16 * half + 16; ++i) {
+        const int q = ((ql[i] >> low_shift) & 0xF) | (((qh[i] >> high_shift) & 3) << 4);
+        v[i] = GG_MUL(dl, (float)((signed char)q - 32));
+      }
     }
   } else if constexpr (TYPE == 16 || TYPE == 18) {  // iq2_xxs, iq3_xxs: sub-block g
     const float d = gg_f16(gg_u16(b));
