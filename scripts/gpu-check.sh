@@ -5,7 +5,8 @@
 # markdown for docs/performance.md). BENCH=0 skips the bench. LONG=1 adds one 131,072-token
 # prompt on the 27B shape, timed by part (long27.json). SPEC=1 adds speculative rounds
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
-# SKIP_TESTS=1 when one device call must hold it all). TESTS picks the test files (default
+# SKIP_TESTS=1 when one device call must hold it all). GGUF=1 adds the GGUF-block mixes
+# (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json). TESTS picks the test files (default
 # tests/gpu); DECODE="--lanes 1 --contexts 1024" narrows the decode table. The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
 #   run (carry .whl): COMMIT=<short hash> bash scripts/gpu-check.sh
@@ -41,3 +42,16 @@ for shape in qwen3_6_27b:27 qwen3_6_35b_a3b:35; do
   fi
   rm -f "$artifact"*
 done
+if [ "${GGUF:-0}" = 1 ]; then
+  for run in qwen3_6_27b:gguf_q4_k_m qwen3_6_35b_a3b:gguf_q4_k_m qwen3_6_27b:gguf_iq2_xxs; do
+    geometry=${run%%:*}
+    mix=${run##*:}
+    artifact=/tmp/gguf.ninfer
+    timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
+      --formats "$mix" -o "$artifact" --force | tail -1
+    timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} --profile 1 \
+      --json "$OUT/benchgguf_${geometry}_$mix.json" --record "$OUT/records.md" \
+      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+    rm -f "$artifact"*
+  done
+fi
