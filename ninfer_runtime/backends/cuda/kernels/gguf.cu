@@ -68,8 +68,7 @@ __global__ void gguf_dequant_rows_bf16(const u8* __restrict__ obj, int blocks_pe
 template <int TYPE>
 struct GgufChunk {
   static constexpr int values = GgufBlock<TYPE>::values;
-  static constexpr int blocks = values >= 1024 ? 1 : 1024 / values;
-  static constexpr int groups = blocks * values / 32;  // 32: one group a lane
+  static constexpr int blocks = values >= 1024 ? 1 : 1024 / values;  // 32 groups: one a lane
   static constexpr int units = (blocks * GgufBlock<TYPE>::bytes + 15) / 16 + 1;  // 16-byte units
 };
 
