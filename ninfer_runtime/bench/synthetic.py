@@ -206,7 +206,7 @@ def text_resources() -> dict[str, bytes]:
 
 
 def _recipe(formats: str | Recipe, geometry: str) -> Recipe:
-    """A recipe, by name or given; also a GGUF type mix of ``gguf_mixes`` by its name."""
+    """A recipe, by name or given; also a GGUF type mix (``recipes._gguf_mixes``) by name."""
     if isinstance(formats, Recipe):
         return formats
     if formats in MIXES:
