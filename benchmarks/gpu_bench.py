@@ -3,8 +3,9 @@
     python benchmarks/gpu_bench.py [--json OUT.json] [--formats q4_g64_fp16,...] [--tune simt|small]
         [--shapes 8192x2048,...] [--rows 1,2,4,8]
 
-For each packed layout: a random object of the MLP shapes of a 27B-class model
-([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1 and M = 8 activation rows,
+For each packed layout (the 18 ``gguf_*`` block types among them): a random object of the MLP
+shapes of a 27B-class model ([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1
+and M = 8 activation rows,
 through ``kernels.product`` (and the SIMT GEMV beside it where the tensor-core kernel reads
 the layout).
 Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
@@ -26,6 +27,8 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
+from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, set_scales
+from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels
 
@@ -39,6 +42,7 @@ LAYOUTS = [
     ("nvfp4", "block_scale_k16_m128x4_v1"),
     ("fp8_e4m3fn_row_bf16", "row_scale_v1"),
     ("bf16", "contiguous_le_v1"),
+    *((name, GGUF_LAYOUT) for name in sorted(FORMAT_BLOCKS)),
 ]
 ROTATE_BYTES = 400 << 20  # rotate copies until this many bytes: 8x the L2
 
@@ -99,6 +103,12 @@ def random_object(fmt: str, layout: str, shape: tuple[int, int]) -> tuple[cp.nda
     """Valid, non-degenerate bytes: random codes, finite positive scales, divisor 1."""
     p = F.planes(fmt, layout, shape)
     n, k = shape
+    if F.is_gguf(p.code):  # random blocks, every binary16 scale field in [2^-8, 2^-4)
+        _, values, block_bytes = FORMAT_BLOCKS[fmt]
+        rng = np.random.default_rng(0)
+        blocks = rng.integers(0, 256, (n * k // values, block_bytes), dtype=np.uint8)
+        set_scales(fmt, blocks, rng.integers(0x1C00, 0x2C00, blocks.shape[0], dtype=np.uint16))
+        return cp.asarray(blocks.reshape(-1)), p
     if p.code in F.ROW_SPLIT_CODES.values():
         size = p.off2 + n * p.stride * 2
     elif p.code == F.NVFP4:
