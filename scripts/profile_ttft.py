@@ -24,7 +24,25 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WORDS = "the capital of france is paris and the weather is sunny warm today tell me a joke".split()
+WORDS = [
+    "the",
+    "capital",
+    "of",
+    "france",
+    "is",
+    "paris",
+    "and",
+    "the",
+    "weather",
+    "is",
+    "sunny",
+    "warm",
+    "today",
+    "tell",
+    "me",
+    "a",
+    "joke",
+]
 
 
 def _requests(count: int, words: int) -> list:
