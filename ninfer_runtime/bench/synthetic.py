@@ -27,6 +27,7 @@ proposal rows.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -430,6 +431,7 @@ def _fp8_row(parent: Parent, rng: np.random.Generator) -> Iterator[bytes | np.nd
     yield (base + rng.integers(-8, 9, size=rows, dtype=np.int32)).astype("<u2")
 
 
+@functools.cache
 def _gguf_scale(fmt: str) -> float:
     """The RMS of the values of random ``fmt`` blocks whose scale fields are all 1.0 (values
     are linear in d and dmin together, so this sets the scale for any target)."""

@@ -122,3 +122,12 @@ def test_host_decoders_match_the_numpy_decoder(fmt: str, decoder: Path, tmp_path
     want = codec_for(fmt, LAYOUT).decode(blocks.reshape(-1), (N_BLOCKS, values)).reshape(-1)
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_the_gguf_gemv_takes_every_row_count_the_backend_gives_it() -> None:
+    """Launches of up to ``MAX_GEMV_ROWS`` rows, and the MoE's groups of that many pairs, each
+    have a compiled GGUF kernel (importing the launchers needs no GPU)."""
+    from ninfer_runtime.backends.cuda import gguf_blocks, kernels, moe
+
+    assert max(gguf_blocks.ROWS_PER_WARP) == kernels.MAX_GEMV_ROWS
+    assert gguf_blocks.EXPERT_GROUP == moe.GROUP_PAIRS

@@ -24,8 +24,9 @@ WARPS = 8
 #: and the output rows R each warp takes for it: with one activation row, four weight rows
 #: share each x load; with more, x is read per row (holding it for several would not fit)
 ROWS_PER_WARP = {1: 4, 2: 2, 4: 1, 8: 1}
-#: pairs a unit of the experts' grouped GEMV (``moe.GROUP_PAIRS``)
-EXPERT_GROUP = 8
+#: pairs a unit of the experts' grouped GEMV takes: the most rows a GEMV launch takes
+#: (``kernels.MAX_GEMV_ROWS``, which ``moe.GROUP_PAIRS`` is; a test holds them equal)
+EXPERT_GROUP = max(ROWS_PER_WARP)
 TYPES = sorted(ggml_type for ggml_type, _, _ in FORMAT_BLOCKS.values())
 
 
