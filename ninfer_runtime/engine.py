@@ -56,6 +56,11 @@ LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
 #: full context this many checkpoints' GDN state snapshots per lane (a capacity given is
 #: all shared: pages go to K/V or snapshots as the workload needs)
 CACHE_SNAPSHOTS_PER_LANE = 4
+#: prompt chunks of up to this many tokens run as one compiled multi-row step (as a
+#: speculative round's verification does), not as a prefill: a chat prompt's tail after
+#: the checkpoint the next turn resumes from is a few generation-prompt tokens, and a
+#: prefill of them would cost a whole prefill's launches
+SHORT_CHUNK_TOKENS = 8
 
 
 @dataclass
@@ -232,6 +237,7 @@ class Engine:
             ),
             kv_dtype=kv_dtype,
             draft_tokens=spec.draft_tokens if spec else 0,
+            step_rows=SHORT_CHUNK_TOKENS,
             snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
         )
         #: checkpoints of earlier prompts and generations, resumed by later requests

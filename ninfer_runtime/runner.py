@@ -9,7 +9,9 @@ runner drives it:
   arrays (``DecodeIndex``) that address every lane's memory at once;
 * prefill chunking, so a long prompt's activations stay bounded;
 * decode steps, made once per lane count and handed to the backend to compile (a CUDA graph
-  captured per lane count, replayed every token), for the pool they were made for;
+  captured per lane count, replayed every token), for the pool they were made for; a few
+  tokens per lane (a chat prompt's tail after its checkpoint) run the same way, as one
+  compiled step of several rows per lane, when the pool was made with room for them;
 * draft-and-verify rounds of speculative decoding: ``speculate`` lets the MTP block propose
   K tokens per lane and verifies them with one batched forward of K+1 rows per lane (one
   compiled step); ``commit`` then folds the accepted prefix into the recurrent states
@@ -70,10 +72,13 @@ class ModelRunner:
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
         draft_tokens: int = 0,
+        step_rows: int = 1,
         snapshots: int = 0,
     ) -> ContextPool:
         """A pool for this model's layers (see ``ContextPool.for_budget``); ``draft_tokens``
-        > 0 adds what speculative rounds of that many drafts keep per sequence."""
+        > 0 adds what speculative rounds of that many drafts keep per sequence, and
+        ``step_rows`` > 1 lets ``forward`` run up to that many tokens per lane as one
+        compiled step."""
         draft = None
         if draft_tokens:
             if not self.model.has_mtp:
@@ -84,6 +89,7 @@ class ModelRunner:
             self.backend.xp,
             mtp=self.mtp_spec,
             draft=draft,
+            step_rows=step_rows,
             snapshots=snapshots,
             lanes=lanes,
             max_context=max_context,
@@ -110,10 +116,15 @@ class ModelRunner:
         last_only: bool = False,
     ) -> ForwardOutput:
         """Advance every lane by its tokens; lanes share projections, not memory. One token
-        in every lane is a decode step; anything else is a chunk."""
+        in every lane is a decode step; the same few tokens in every lane, no more than the
+        pool's ``step_rows``, a compiled step of that many rows per lane; anything else is a
+        chunk."""
         lanes, ids = self._plan(tokens_per_lane, states)
-        if all(lane.tokens == 1 for lane in lanes):
+        tokens = {lane.tokens for lane in lanes}
+        if tokens == {1}:
             return self._decode(lanes, ids)
+        if len(tokens) == 1 and max(tokens) <= states[0].pool.step_rows:
+            return self._rows(lanes, ids, last_only)
         return self._chunk(lanes, ids, last_only)
 
     def prefill(
@@ -209,6 +220,32 @@ class ModelRunner:
         rows = [slice(i, i + 1) for i in range(len(lanes))]
         return ForwardOutput([logits[r] for r in rows], [h[r] for r in rows], logits)
 
+    def _rows(self, lanes: list[Lane], ids: list[np.ndarray], last_only: bool) -> ForwardOutput:
+        """``t`` tokens in each lane as one compiled step: the rows of a verification (the
+        recurrent layers record them), all of them then folded into the states."""
+        states, t = [lane.state for lane in lanes], lanes[0].tokens
+        pool, n = states[0].pool, len(lanes)
+
+        def rows(ids: Array, slots: Array, lengths: Array) -> tuple[Array, Array]:
+            xp = self.backend.xp
+            positions = (lengths[:, None] + xp.arange(t, dtype=xp.int32)[None, :]).reshape(-1)
+            h = self._hidden_rows(pool, ids, xp.repeat(slots, t), positions, t)
+            self.model.commit(pool, slots, xp.full(n, t, dtype=xp.int32))
+            return self.model.logits(h[t - 1 :: t] if last_only else h), h
+
+        step = self._step(pool, ("rows", n, t, last_only), rows, [(n * t,), (n,), (n,)])
+        logits, h = step(
+            np.concatenate(ids).astype(np.int32),
+            np.asarray([s.slot for s in states], dtype=np.int32),
+            np.asarray([s.length for s in states], dtype=np.int32),
+        )
+        for state in states:
+            state.length += t
+        hidden = [h[i * t : (i + 1) * t] for i in range(n)]
+        if last_only:
+            return ForwardOutput([logits[i : i + 1] for i in range(n)], hidden, logits)
+        return ForwardOutput([logits[i * t : (i + 1) * t] for i in range(n)], hidden)
+
     def _decode_step(self, pool: ContextPool, lanes: int) -> Any:
         """The decode step for ``lanes`` lanes of ``pool``, made once: the backend may
         capture it (a CUDA graph per lane count) and replay it every token."""
@@ -240,13 +277,20 @@ class ModelRunner:
         self, pool: ContextPool, ids: Array, slots: Array, positions: Array
     ) -> tuple[Array, Array]:
         """One token for each row, every index on the device: (logits, hidden) [N, ...]."""
+        h = self._hidden_rows(pool, ids, slots, positions)
+        return self.model.logits(h), h
+
+    def _hidden_rows(
+        self, pool: ContextPool, ids: Array, slots: Array, positions: Array, tokens: int = 1
+    ) -> Array:
+        """Hidden states of rows addressed by device (slot, position) indices, ``tokens``
+        consecutive rows per lane."""
         cos = sin = None
         table = self.model.rope_table(pool.max_context)
         if table is not None:
             cos, sin = table[0][positions], table[1][positions]
-        batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table))
-        h = self.model.hidden_states(ids, batch, pool)
-        return self.model.logits(h), h
+        batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table, tokens))
+        return self.model.hidden_states(ids, batch, pool)
 
     # ------------------------------------------------------------ speculative decoding
     def mtp_prefill(self, hidden: Array, next_ids: Array, state: SequenceState) -> None:

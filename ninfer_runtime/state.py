@@ -184,9 +184,10 @@ class AttentionPages:
 
 
 class GdnDrafts:
-    """One GDN layer's record of a verification: each lane's rows of projected conv inputs
-    ``mixed [slots, rows, C]``, ``g`` and ``beta`` ``[slots, rows, Hv]`` (backend
-    ``gdn_verify`` writes them, ``gdn_commit`` folds the accepted ones into the states)."""
+    """One GDN layer's record of a multi-row step (a verification, a prompt's short chunk):
+    each lane's rows of projected conv inputs ``mixed [slots, rows, C]``, ``g`` and ``beta``
+    ``[slots, rows, Hv]`` (backend ``gdn_verify`` writes them, ``gdn_commit`` folds the kept
+    ones into the states)."""
 
     def __init__(self, spec: GdnSpec, slots: int, rows: int, xp: ModuleType):
         self.mixed = xp.zeros((slots, rows, spec.conv_channels), xp.float32)
@@ -200,13 +201,13 @@ class GdnDrafts:
 
 class GdnSlots:
     """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``,
-    and with speculative decoding the record of the last verification (``drafts``)."""
+    and for pools that run multi-row steps the record of the last one (``drafts``)."""
 
-    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, draft_rows: int = 0):
+    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, step_rows: int = 1):
         s = spec
         self.recurrent = xp.zeros((slots, s.value_heads, s.key_dim, s.value_dim), xp.float32)
         self.conv = xp.zeros((slots, s.conv_channels, s.conv_kernel - 1), xp.float32)
-        self.drafts = GdnDrafts(s, slots, draft_rows, xp) if draft_rows else None
+        self.drafts = GdnDrafts(s, slots, step_rows, xp) if step_rows > 1 else None
 
 
 LayerPool = AttentionPages | GdnSlots
@@ -322,6 +323,7 @@ class ContextPool:
         max_context: int,
         mtp: KvSpec | None = None,
         draft: DraftSpec | None = None,
+        step_rows: int = 1,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
     ):
@@ -333,11 +335,12 @@ class ContextPool:
         self.specs, self.mtp_spec, self.draft = list(specs), mtp, draft
         self.max_pages = math.ceil(max_context / page_tokens)
         self.pages = pages
-        rows = draft.rows if draft else 0
+        #: the most tokens of one lane ``runner.forward`` runs as one compiled step
+        self.step_rows = step_rows
         self.layers: list[LayerPool] = [
             AttentionPages(s, pages, page_tokens, xp, kv_dtype)
             if isinstance(s, KvSpec)
-            else GdnSlots(s, slots, xp, rows)
+            else GdnSlots(s, slots, xp, self.record_rows(draft, step_rows))
             for s in specs
         ]
         #: speculative decoding: each slot's main-model hidden rows of its last verification
@@ -376,6 +379,7 @@ class ContextPool:
         budget: int | None = None,
         mtp: KvSpec | None = None,
         draft: DraftSpec | None = None,
+        step_rows: int = 1,
         snapshots: int = 0,
         page_tokens: int = PAGE_TOKENS,
         kv_dtype: str = "float32",
@@ -391,7 +395,7 @@ class ContextPool:
         if snapshots and page_bytes:
             pages += snapshots * math.ceil(cls.slot_bytes_of(specs) / page_bytes)
         if budget is not None:
-            slot_bytes = lanes * cls.slot_bytes_of(specs, draft)
+            slot_bytes = lanes * cls.slot_bytes_of(specs, draft, step_rows)
             held = (budget - slot_bytes) // max(page_bytes, 1)
             # with checkpoints to keep, every page is of use; without, only the lanes' own
             pages = held if snapshots else min(held, pages)
@@ -411,9 +415,16 @@ class ContextPool:
             max_context=max_context,
             mtp=mtp,
             draft=draft,
+            step_rows=step_rows,
             page_tokens=page_tokens,
             kv_dtype=kv_dtype,
         )
+
+    @staticmethod
+    def record_rows(draft: DraftSpec | None, step_rows: int) -> int:
+        """Rows per lane the GDN layers record for a multi-row step: the most of a compiled
+        step's and a speculative round's."""
+        return max(step_rows, draft.rows if draft else 1)
 
     @staticmethod
     def page_bytes_of(
@@ -426,16 +437,22 @@ class ContextPool:
         size = kv_value_bytes(kv_dtype)
         return sum(2 * tokens * s.kv_heads * s.head_dim * size for s in kv)
 
-    @staticmethod
-    def slot_bytes_of(specs: Sequence[KvSpec | GdnSpec], draft: DraftSpec | None = None) -> int:
-        """Bytes of one slot: the GDN states, and a speculative round's records."""
+    @classmethod
+    def slot_bytes_of(
+        cls, specs: Sequence[KvSpec | GdnSpec], draft: DraftSpec | None = None, step_rows: int = 1
+    ) -> int:
+        """Bytes of one slot: the GDN states, the records of a multi-row step, and a
+        speculative round's hidden rows."""
         gdn = [s for s in specs if isinstance(s, GdnSpec)]
         size = sum(
             4 * (s.value_heads * s.key_dim * s.value_dim + s.conv_channels * (s.conv_kernel - 1))
             for s in gdn
         )
+        rows = cls.record_rows(draft, step_rows)
+        if rows > 1:
+            size += rows * sum(GdnDrafts.bytes_per_row(s) for s in gdn)
         if draft is not None:
-            size += draft.rows * (4 * draft.hidden + sum(GdnDrafts.bytes_per_row(s) for s in gdn))
+            size += draft.rows * 4 * draft.hidden
         return size
 
     @property
@@ -444,7 +461,7 @@ class ContextPool:
 
     @property
     def slot_bytes(self) -> int:
-        return self.slot_bytes_of(self.specs, self.draft)
+        return self.slot_bytes_of(self.specs, self.draft, self.step_rows)
 
     @property
     def slots(self) -> int:

@@ -1,5 +1,6 @@
-"""Shared by the CPU and GPU tests of speculative decoding: a runner's speculative rounds
-beside plain decoding of the same tokens."""
+"""Shared by the CPU and GPU tests of multi-row steps: a runner's speculative rounds beside
+plain decoding of the same tokens, and short prompt chunks run as one compiled step beside
+prefill chunks."""
 
 from __future__ import annotations
 
@@ -72,6 +73,54 @@ def speculate_against_decoding(
     state_err = 0.0
     for a, b in zip(gdn_layers(plain_pool), gdn_layers(spec_pool), strict=True):
         for pa, pb in zip(plain_states, spec_states, strict=True):
+            for x, y in ((a.recurrent, b.recurrent), (a.conv, b.conv)):
+                xa, xb = host(x[pa.slot]), host(y[pb.slot])
+                rel = np.abs(xa - xb).max() / (np.abs(xa).max() + 1e-30)
+                state_err = max(state_err, float(rel))
+    return err, scale, state_err
+
+
+def short_chunks_against_prefill(
+    path: Path, make_backend: Callable[[], Any], *, lanes: int, tokens: int, seed: int
+) -> tuple[float, float, float]:
+    """Each lane's prompt as a prefill chunk, then ``tokens`` more per lane as one compiled
+    multi-row step of every lane, then a decode step, beside a runner that prefills the
+    same chunks (its pool runs no multi-row steps). -> (max |Δ| of the tail and decode
+    logits, max |logit|, max relative |Δ| of the GDN states)."""
+    from ninfer_runtime.models import load_model
+    from ninfer_runtime.runner import ModelRunner
+
+    plain = ModelRunner(load_model(path, make_backend()))
+    rows = ModelRunner(load_model(path, make_backend()))
+    rng = np.random.default_rng(seed)
+    vocab = plain.model.config.vocab
+    plain_pool = plain.new_pool(lanes=lanes, max_context=256)
+    rows_pool = rows.new_pool(lanes=lanes, max_context=256, step_rows=tokens)
+    plain_states = [plain_pool.open(256) for _ in range(lanes)]
+    rows_states = [rows_pool.open(256) for _ in range(lanes)]
+    tails = [rng.integers(0, vocab, tokens) for _ in range(lanes)]
+    for i in range(lanes):
+        head = rng.integers(0, vocab, tokens + 1 + 5 * i)  # longer than a step: a chunk
+        plain.forward([head], [plain_states[i]], last_only=True)
+        rows.forward([head], [rows_states[i]], last_only=True)
+    out = rows.forward(tails, rows_states)
+    if not any(key[0] == "rows" for key in rows._steps):
+        raise AssertionError("the short chunks did not run as a compiled multi-row step")
+    err = scale = 0.0
+    nxt = []
+    for i in range(lanes):
+        expected = host(plain.forward([tails[i]], [plain_states[i]]).logits[0])
+        got = host(out.logits[i])
+        err = max(err, float(np.abs(got - expected).max()))
+        scale = max(scale, float(np.abs(expected).max()))
+        nxt.append([int(np.argmax(expected[-1]))])
+    after = plain.forward(nxt, plain_states).logits, rows.forward(nxt, rows_states).logits
+    for a, b in zip(*after, strict=True):
+        err = max(err, float(np.abs(host(a) - host(b)).max()))
+    state_err = 0.0
+    for a, b in zip(gdn_layers(plain_pool), gdn_layers(rows_pool), strict=True):
+        for pa, pb in zip(plain_states, rows_states, strict=True):
+            assert pa.length == pb.length
             for x, y in ((a.recurrent, b.recurrent), (a.conv, b.conv)):
                 xa, xb = host(x[pa.slot]), host(y[pb.slot])
                 rel = np.abs(xa - xb).max() / (np.abs(xa).max() + 1e-30)

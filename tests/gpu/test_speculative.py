@@ -28,8 +28,9 @@ import pytest
 
 from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.base import to_numpy
+from ninfer_runtime.engine import SHORT_CHUNK_TOKENS
 from ninfer_runtime.state import GdnDrafts, GdnSpec
-from tests.speculation import speculate_against_decoding
+from tests.speculation import short_chunks_against_prefill, speculate_against_decoding
 
 from .conftest import REPORT, requires_gpu
 
@@ -51,8 +52,9 @@ RECIPES = [
 #: logits of a verification vs decode steps: test_backend.py's float32 bound (relative to
 #: max(1, max|logit|)), which a reference top-2 gap must undercut to count as a tie
 LOGIT_TOL = 2e-3
-#: rows per slot of the records (the most a round of 5 drafts verifies)
-RECORD_ROWS = 6
+#: rows per slot of the records (the most a short prompt chunk runs as one step; a round
+#: of 5 drafts verifies 6)
+RECORD_ROWS = SHORT_CHUNK_TOKENS
 
 
 def host(a: Any) -> np.ndarray:
@@ -87,6 +89,7 @@ KERNEL_CASES = [
     ("tiny", 5, 2),
     ("tiny", 8, 5),
     ("odd", 4, 4),
+    ("27b", 2, 8),
 ]
 POOL = 9
 
@@ -311,6 +314,47 @@ def test_verified_logits_equal_decode_steps(
     )
     case = f"spec {model}/{recipe} k{k} {'graphs' if graphs else 'eager'}"
     REPORT.append((case, "verified logits max|Δ| (rel)", f"{err:.2e} ({err / scale:.1e})"))
+    REPORT.append((case, "GDN states max|Δ| (rel)", f"{state_err:.1e}"))
+    assert err < LOGIT_TOL * max(1.0, scale), err
+    assert state_err < 1e-3, state_err
+
+
+SHORT_CHUNK_CASES = [
+    ("bundled", "tiny_mixed", 1, 2, True),
+    ("bundled", "qwen3_5_bf16", 3, 8, True),
+    ("bundled", "tiny_q4", 2, 5, False),
+    ("moe", "tiny_mixed", 2, 4, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "recipe", "lanes", "tokens", "graphs"),
+    SHORT_CHUNK_CASES,
+    ids=[f"{m}-{r}-{n}x{t}-{'graphs' if g else 'eager'}" for m, r, n, t, g in SHORT_CHUNK_CASES],
+)
+def test_short_chunks_as_one_step_equal_prefill(
+    model: str,
+    recipe: str,
+    lanes: int,
+    tokens: int,
+    graphs: bool,
+    bundled: Callable[[str], Path],
+    gpu_artifact: Callable[..., Path],
+) -> None:
+    """A prompt's few last tokens as one captured multi-row step (the engine's tail after a
+    checkpoint): logits, the decode step after and the GDN states as prefilling them."""
+    from ninfer_runtime.backends.cuda.backend import CudaBackend
+
+    path = artifact_for(model, recipe, bundled, gpu_artifact)
+    err, scale, state_err = short_chunks_against_prefill(
+        path,
+        lambda: CudaBackend(graphs=graphs, prefill_precision="float32"),
+        lanes=lanes,
+        tokens=tokens,
+        seed=tokens,
+    )
+    case = f"short chunk {model}/{recipe} {lanes}x{tokens} {'graphs' if graphs else 'eager'}"
+    REPORT.append((case, "logits max|Δ| (rel)", f"{err:.2e} ({err / scale:.1e})"))
     REPORT.append((case, "GDN states max|Δ| (rel)", f"{state_err:.1e}"))
     assert err < LOGIT_TOL * max(1.0, scale), err
     assert state_err < 1e-3, state_err

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from ninfer_convert.pipeline import convert
-from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
+from ninfer_runtime.engine import (
+    SHORT_CHUNK_TOKENS,
+    Engine,
+    Finished,
+    GenerationRequest,
+    TokenEvent,
+)
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.speculative import SpecConfig
 
@@ -115,19 +121,31 @@ def test_speculative_decoding_resumes_too(artifact_path) -> None:
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=3)], ids=["plain", "mtp"])
-def test_a_chat_turn_resumes_after_the_last_reply(tmp_path, spec) -> None:
+def test_a_chat_turn_resumes_after_the_last_reply(tmp_path, spec, monkeypatch) -> None:
     """Turn 2 resends turn 1 as history: it resumes after every token of turn 1's prompt and
     reply that the template renders the same again (here up to the reasoning opener it
     leaves out of the history), and answers as a cold run does; with speculative decoding
-    too."""
+    too. Turn 1's prompt is one prefill chunk up to the checkpoint there, its few tokens
+    after it one multi-row step."""
     art = tmp_path / "tiny.ninfer"
     convert("qwen3_5_bf16", {"base": str(BUNDLED)}, art)
     engine = Engine(art, max_context=512, prefix_cache=True, spec=spec)
+    chunks: list[int] = []
+    chunk = engine.runner._chunk
+
+    def counted(lanes, ids, last_only):
+        chunks.append(sum(len(i) for i in ids))
+        return chunk(lanes, ids, last_only)
+
+    monkeypatch.setattr(engine.runner, "_chunk", counted)
     greedy = SamplingParams(temperature=0.0)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     first = GenerationRequest(messages=messages, sampling=greedy)
     prompt_ids, _ = engine.render(first)
     reply_ids = [e.token_id for e in engine.generate(first) if isinstance(e, TokenEvent)]
+    history_end = engine._history_end(first, list(prompt_ids))
+    assert history_end is not None and 1 < len(prompt_ids) - history_end <= SHORT_CHUNK_TOKENS
+    assert chunks == [history_end]
     reply = engine.tokenizer.decode(reply_ids, skip_special_tokens=True)
     assert "Paris" in reply
     history = [*messages, {"role": "assistant", "content": reply.split("</think>")[-1].strip()}]
@@ -258,7 +276,10 @@ def test_speculative_lanes_grow_and_are_preempted_exactly(artifact_path) -> None
     art = artifact_path("qwen3_5_bf16", "dense")
     roomy = Engine(art, max_lanes=4, max_context=512)
     spec = SpecConfig(draft_tokens=3)
-    budget = _capacity(roomy.runner.new_pool(lanes=4, max_context=8, draft_tokens=3), 5)
+    budget = _capacity(
+        roomy.runner.new_pool(lanes=4, max_context=8, draft_tokens=3, step_rows=SHORT_CHUNK_TOKENS),
+        5,
+    )
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
     params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0)

@@ -1,11 +1,14 @@
-"""The model runner's decode steps: made once per lane count, for the pool they address."""
+"""The model runner's decode steps: made once per lane count, for the pool they address; short
+chunks as one compiled multi-row step."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ninfer_runtime.models import load_model
 from ninfer_runtime.runner import ModelRunner
+from tests.speculation import short_chunks_against_prefill
 
 
 def test_a_decode_step_is_made_once_per_lane_count_and_pool(artifact_path, monkeypatch) -> None:
@@ -50,3 +53,38 @@ def test_prefill_computes_the_logits_it_returns_and_no_others(artifact_path, mon
     assert rows == [1, 1, 1] and out.logits[0].shape == (1, whole.shape[1])
     np.testing.assert_allclose(out.logits[0][0], whole[-1], rtol=1e-5, atol=1e-5)
     assert out.hidden[0].shape[0] == len(ids)
+
+
+@pytest.mark.parametrize(
+    ("kind", "lanes", "tokens"), [("dense", 1, 2), ("dense", 3, 8), ("moe", 2, 5)]
+)
+def test_short_chunks_run_as_one_step_equal_to_prefill(artifact_path, kind, lanes, tokens) -> None:
+    """A few tokens per lane in a pool made for them: one compiled step whose logits, K/V
+    (the decode step after reads them) and GDN states equal prefilling the same chunk."""
+    from ninfer_runtime.backends.cpu import CpuBackend
+
+    err, scale, state_err = short_chunks_against_prefill(
+        artifact_path("qwen3_5_bf16", kind), CpuBackend, lanes=lanes, tokens=tokens, seed=lanes
+    )
+    assert scale > 0 and err < 1e-5 * scale, (err, scale)
+    assert state_err < 1e-5, state_err
+
+
+def test_chunks_longer_than_the_pools_step_rows_are_prefilled(artifact_path, monkeypatch) -> None:
+    runner = ModelRunner(load_model(artifact_path("qwen3_5_bf16", "dense")))
+    chunks = []
+    chunk = runner._chunk
+
+    def counted(lanes, ids, last_only):
+        chunks.append(sum(len(i) for i in ids))
+        return chunk(lanes, ids, last_only)
+
+    monkeypatch.setattr(runner, "_chunk", counted)
+    pool = runner.new_pool(lanes=2, max_context=64, step_rows=4)
+    a, b = pool.open(64), pool.open(64)
+    runner.forward([np.arange(5)], [a])  # 5 > 4: a chunk
+    runner.forward([np.arange(4)], [a])  # a step
+    runner.forward([np.arange(3), np.arange(3)], [a, b])  # a step of two lanes
+    runner.forward([np.arange(3), np.arange(2)], [a, b])  # uneven lanes: a chunk
+    assert chunks == [5, 5]
+    assert (a.length, b.length) == (15, 5)

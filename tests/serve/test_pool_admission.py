@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from ninfer_runtime.engine import SHORT_CHUNK_TOKENS
 from ninfer_runtime.models import load_model
 from ninfer_runtime.state import PAGE_TOKENS, ContextPool
 
@@ -27,7 +28,7 @@ def three_pages_of_capacity(artifact) -> int:
     """Bytes of a pool with LANES slots and three pages."""
     specs, mtp = load_model(artifact).state_specs()
     page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS, "float32")
-    return LANES * ContextPool.slot_bytes_of(specs) + 3 * page
+    return LANES * ContextPool.slot_bytes_of(specs, step_rows=SHORT_CHUNK_TOKENS) + 3 * page
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from .gguf_tables import source as table_source
 
 FAMILY = "gguf"
 #: must match GGUF_WARPS in kernels/gguf.cu
-WARPS = 8
+WARPS = 4
 #: activation rows M a GEMV launch is compiled for (a launch's rows are rounded up to one),
 #: and the output rows R each warp takes for it: with one activation row, four weight rows
 #: share each x load; with more, x is read per row (holding it for several would not fit)

@@ -2,7 +2,8 @@
 // ggml blocks back to back. TYPE is the ggml type id; gguf_group<TYPE> (gguf_decode.cuh)
 // decodes one group of 32 consecutive values of a block exactly as the numpy decoder does.
 
-#define GGUF_WARPS 8
+// warps of a GEMV block: each stages two chunks of R rows, up to 35 KB a block (q8_0)
+#define GGUF_WARPS 4
 
 // out[i, :] = W[rows[i], :], as float32 or as bf16 words (rounded to nearest even): one
 // thread per group of 32 values.
@@ -59,18 +60,40 @@ __global__ void gguf_dequant_rows_bf16(const u8* __restrict__ obj, int blocks_pe
 
 // y[mm, r] = sum_k x[mm, k] W[row0 + r, k] for the m <= M rows of x. A warp owns R
 // consecutive output rows (blockIdx.x picks the block's) and walks them in chunks of about
-// 1,024 values: its lanes first copy every row's chunk of blocks into shared memory with
-// coalesced 16-byte loads (R rows' loads in flight at once), then each lane decodes one group
-// of 32 values of each row from there and multiplies it with the x values it loaded once for
-// all R rows. Float32 sums, reduced across the warp at the end. A copy starts at the 16-byte
-// boundary below its blocks and may read up to 15 bytes past an object's last row: device
-// allocations are rounded up to 512 bytes, so that stays inside the allocation.
+// 1,024 values, two chunks in flight: while it works on one, cp.async copies every row's next
+// chunk of blocks into the other half of its shared memory (coalesced 16-byte copies, R rows'
+// at once). Each lane decodes one group of 32 values of each row from there and multiplies it
+// with the x values it loaded once for all R rows. Float32 sums, reduced across the warp at
+// the end. A copy starts at the 16-byte boundary below its blocks and may read up to 15 bytes
+// past an object's last row: device allocations are rounded up to 512 bytes, so that stays
+// inside the allocation.
 template <int TYPE>
 struct GgufChunk {
   static constexpr int values = GgufBlock<TYPE>::values;
   static constexpr int blocks = values >= 1024 ? 1 : 1024 / values;  // 32 groups: one a lane
   static constexpr int units = (blocks * GgufBlock<TYPE>::bytes + 15) / 16 + 1;  // 16-byte units
 };
+
+// the first byte of row r's chunk at block b0 (rows past the end copy the last row, never
+// written)
+__device__ __forceinline__ const u8* gguf_chunk_start(const u8* obj, long long row_bytes,
+                                                      int row, int b0, int block_bytes) {
+  return obj + (long long)row * row_bytes + (long long)b0 * block_bytes;
+}
+
+template <int TYPE, int R>
+__device__ __forceinline__ void gguf_issue_chunk(uint4 (*stage)[GgufChunk<TYPE>::units],
+                                                 const u8* obj, long long row_bytes, int row0,
+                                                 int first, int rows, int b0, int nb, int lane) {
+  constexpr int B = GgufBlock<TYPE>::bytes;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const u8* p = gguf_chunk_start(obj, row_bytes, row0 + min(first + r, rows - 1), b0, B);
+    const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<unsigned long long>(p) & ~15ull);
+    const int n16 = ((int)(p - reinterpret_cast<const u8*>(a)) + nb * B + 15) / 16;
+    for (int i = lane; i < n16; i += 32) cp_async16(&stage[r][i], a + i, true);
+  }
+}
 
 template <int TYPE, int M, int R>
 __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int blocks_per_row,
@@ -79,7 +102,7 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
                                                float* __restrict__ y, int ldy) {
   using C = GgufChunk<TYPE>;
   constexpr int G = GgufBlock<TYPE>::values / 32, B = GgufBlock<TYPE>::bytes;
-  __shared__ uint4 stage[GGUF_WARPS][R][C::units];
+  __shared__ uint4 stage[2][GGUF_WARPS][R][C::units];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int first = (blockIdx.x * GGUF_WARPS + warp) * R;
   if (first >= rows) return;
@@ -89,18 +112,18 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int mm = 0; mm < M; ++mm) acc[r][mm] = 0.f;
-  for (int b0 = 0; b0 < blocks_per_row; b0 += C::blocks) {
-    const int nb = min(C::blocks, blocks_per_row - b0);
-    int lead[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {  // rows past the end copy the last row (never written)
-      const u8* p = obj + (long long)(row0 + min(first + r, rows - 1)) * row_bytes + (long long)b0 * B;
-      const uint4* a = reinterpret_cast<const uint4*>(reinterpret_cast<unsigned long long>(p) & ~15ull);
-      lead[r] = (int)(p - reinterpret_cast<const u8*>(a));
-      const int n16 = (lead[r] + nb * B + 15) / 16;
-      for (int i = lane; i < n16; i += 32) stage[warp][r][i] = a[i];
-    }
+  gguf_issue_chunk<TYPE, R>(stage[0][warp], obj, row_bytes, row0, first, rows, 0,
+                            min(C::blocks, blocks_per_row), lane);
+  cp_commit();
+  for (int b0 = 0, c = 0; b0 < blocks_per_row; b0 += C::blocks, ++c) {
+    const int nb = min(C::blocks, blocks_per_row - b0), next = b0 + C::blocks;
+    if (next < blocks_per_row)
+      gguf_issue_chunk<TYPE, R>(stage[(c + 1) & 1][warp], obj, row_bytes, row0, first, rows, next,
+                                min(C::blocks, blocks_per_row - next), lane);
+    cp_commit();  // (an empty group at the last chunk keeps the count of groups in flight)
+    cp_wait<1>();
     __syncwarp();
+    uint4 (*here)[C::units] = stage[c & 1][warp];
     const int g = lane;  // this lane's group of the chunk
     if (g < nb * G) {
       const int col = (b0 * G + g) * 32;
@@ -115,8 +138,9 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
         }
 #pragma unroll 1  // one row's decode at a time: unrolled, R rows need too many registers
         for (int r = 0; r < R; ++r) {
-          gguf_group<TYPE>(reinterpret_cast<const u8*>(stage[warp][r]) + lead[r] + (g / G) * B,
-                           g % G, v);
+          const u8* p = gguf_chunk_start(obj, row_bytes, row0 + min(first + r, rows - 1), b0, B);
+          const int lead = (int)(reinterpret_cast<unsigned long long>(p) & 15ull);
+          gguf_group<TYPE>(reinterpret_cast<const u8*>(here[r]) + lead + (g / G) * B, g % G, v);
           float s = 0.f;
 #pragma unroll
           for (int j = 0; j < 32; ++j) s += v[j] * xv[j];
@@ -125,8 +149,9 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
       } else {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          gguf_group<TYPE>(reinterpret_cast<const u8*>(stage[warp][r]) + lead[r] + (g / G) * B,
-                           g % G, v);
+          const u8* p = gguf_chunk_start(obj, row_bytes, row0 + min(first + r, rows - 1), b0, B);
+          const int lead = (int)(reinterpret_cast<unsigned long long>(p) & 15ull);
+          gguf_group<TYPE>(reinterpret_cast<const u8*>(here[r]) + lead + (g / G) * B, g % G, v);
 #pragma unroll
           for (int mm = 0; mm < M; ++mm) {
             if (mm < m) {
@@ -143,7 +168,7 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
         }
       }
     }
-    __syncwarp();
+    __syncwarp();  // every lane is done with this half before the next copy into it
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
