@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
+from ninfer_runtime.engine import (
+    SHORT_CHUNK_TOKENS,
+    Engine,
+    Finished,
+    GenerationRequest,
+    TokenEvent,
+)
 from ninfer_runtime.frontend import SamplingParams
 
 from .conftest import requires_gpu
@@ -69,7 +75,9 @@ def test_a_small_pool_preempts_and_resumes(artifact: Path, host: str, spec: bool
     draft = SpecConfig(draft_tokens=3) if spec else None
     roomy = Engine(artifact, **kw)
     specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
-    lane = roomy.runner.new_pool(lanes=1, max_context=8, draft_tokens=3 if spec else 0)
+    lane = roomy.runner.new_pool(
+        lanes=1, max_context=8, draft_tokens=3 if spec else 0, step_rows=SHORT_CHUNK_TOKENS
+    )
     budget = 4 * lane.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
     params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
 
