@@ -4,6 +4,8 @@ The grids, sign table and IQ4 values are ggml's; they are generated from the ggu
 own tables when the kernels are built, so the tree keeps no copy of them. Each grid row of 8
 values is one u64 (byte j = value j as int8), of 4 values one u32, and the text starts with
 the macros that let the decoders compile both for the device (NVRTC) and the host (g++).
+On the device the tables sit in global memory, read through L1: the lanes of a warp look up
+different rows at once, which constant memory would serve one address at a time.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ import numpy as np
 PRELUDE = """\
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define GG_HD __device__ __forceinline__
-#define GG_TABLE __device__ __constant__ const
+#define GG_TABLE __device__ const
 #define GG_MUL(a, b) __fmul_rn(a, b)
 #define GG_ADD(a, b) __fadd_rn(a, b)
 #define GG_SUB(a, b) __fsub_rn(a, b)
+#define GG_I2F(q) __fsub_rn(__int_as_float(0x4B400000 + (int)(q)), 12582912.0f)
 #else
 #define GG_HD static inline
 #define GG_TABLE static const
 #define GG_MUL(a, b) ((a) * (b))
 #define GG_ADD(a, b) ((a) + (b))
 #define GG_SUB(a, b) ((a) - (b))
+#define GG_I2F(q) ((float)(int)(q))
 #endif
 """
 

@@ -3,7 +3,9 @@
 //
 // gguf_group<TYPE>(block, g, v): values 32g .. 32g+31 of one block, exactly as the numpy
 // decoder gives them (gguf-py's dequantizers): the same float32 operations in the same order,
-// with GG_MUL/GG_ADD/GG_SUB so the device never contracts them into an FMA. Blocks are packed
+// with GG_MUL/GG_ADD/GG_SUB so the device never contracts them into an FMA, and small
+// integers made floats by GG_I2F (exact; on the device two full-rate operations, where a
+// conversion instruction runs at a fraction of the rate and would bound the GEMV). Blocks are packed
 // back to back at sizes like 18 or 110 bytes, so fields are read byte by byte. Needs the
 // typedefs of common.cuh and the tables and macros of gguf_tables.source() first.
 
@@ -71,16 +73,16 @@ GG_HD void gg_copy32(const u8* p, u8 out[32]) {
 // the 6-bit scale and min of sub-block j (0..7) of a q4_k / q5_k block
 GG_HD void gg_scale_min_k4(const u8* s, int j, float& sc, float& mn) {
   if (j < 4) {
-    sc = (float)(s[j] & 63);
-    mn = (float)(s[j + 4] & 63);
+    sc = GG_I2F(s[j] & 63);
+    mn = GG_I2F(s[j + 4] & 63);
   } else {
-    sc = (float)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
-    mn = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    sc = GG_I2F((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+    mn = GG_I2F((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
   }
 }
 
 // the value of grid row bits `row`, byte i, as float (int8 bytes)
-GG_HD float gg_grid(u64 row, int i) { return (float)(signed char)(u8)(row >> (8 * i)); }
+GG_HD float gg_grid(u64 row, int i) { return GG_I2F((signed char)(u8)(row >> (8 * i))); }
 
 template <int TYPE>
 GG_HD void gguf_group(const u8* b, int g, float v[32]) {
@@ -91,21 +93,21 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     for (int j = 0; j < 32; ++j) {
       const int c = (qs[j & 15] >> (4 * (j >> 4))) & 0xF;
       if (TYPE == 20) {
-        v[j] = GG_MUL(d, (float)GG_IQ4_VALUES[c]);
+        v[j] = GG_MUL(d, GG_I2F(GG_IQ4_VALUES[c]));
       } else if (TYPE == 2) {
-        v[j] = GG_MUL(d, (float)(c - 8));
+        v[j] = GG_MUL(d, GG_I2F(c - 8));
       } else {
-        v[j] = GG_MUL(d, (float)((c | (int)((qh >> j) & 1) << 4) - 16));
+        v[j] = GG_MUL(d, GG_I2F((c | (int)((qh >> j) & 1) << 4) - 16));
       }
     }
   } else if constexpr (TYPE == 8) {  // q8_0
     const float d = gg_f16(gg_u16(b));
-    for (int j = 0; j < 32; ++j) v[j] = GG_MUL((float)(signed char)b[2 + j], d);
+    for (int j = 0; j < 32; ++j) v[j] = GG_MUL(GG_I2F((signed char)b[2 + j]), d);
   } else if constexpr (TYPE == 42) {  // q2_0: 64 values
     const float d = gg_f16(gg_u16(b));
     for (int i = 0; i < 32; ++i) {
       const int j = 32 * g + i;
-      v[i] = GG_MUL((float)(((b[2 + j / 4] >> (2 * (j % 4))) & 3) - 1), d);
+      v[i] = GG_MUL(GG_I2F(((b[2 + j / 4] >> (2 * (j % 4))) & 3) - 1), d);
     }
   } else if constexpr (TYPE == 10) {  // q2_k: group g is the 2-bit lane g % 4 of 32 bytes
     const float d = gg_f16(gg_u16(b + 80)), dmin = gg_f16(gg_u16(b + 82));
@@ -113,9 +115,9 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     const int shift = 2 * (g % 4);
     for (int half = 0; half < 2; ++half) {
       const int s = b[2 * g + half];  // the 16 values' scale (low nibble) and min (high)
-      const float dl = GG_MUL(d, (float)(s & 0xF)), ml = GG_MUL(dmin, (float)(s >> 4));
+      const float dl = GG_MUL(d, GG_I2F(s & 0xF)), ml = GG_MUL(dmin, GG_I2F(s >> 4));
       for (int i = 16 * half; i < 16 * half + 16; ++i) {
-        v[i] = GG_SUB(GG_MUL(dl, (float)((qs[i] >> shift) & 3)), ml);
+        v[i] = GG_SUB(GG_MUL(dl, GG_I2F((qs[i] >> shift) & 3)), ml);
       }
     }
   } else if constexpr (TYPE == 11) {  // q3_k: low bits as q2_k, high bit g of hmask
@@ -126,10 +128,10 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     for (int half = 0; half < 2; ++half) {
       const int k = 2 * g + half;  // the 16 values' 6-bit signed scale
       const int lo = (sc[k % 8] >> (4 * (k / 8))) & 0xF, hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
-      const float dl = GG_MUL(d, (float)((signed char)(lo | (hi << 4)) - 32));
+      const float dl = GG_MUL(d, GG_I2F((signed char)(lo | (hi << 4)) - 32));
       for (int i = 16 * half; i < 16 * half + 16; ++i) {
         const int q = ((qs[i] >> shift) & 3) - ((((b[i] >> g) & 1) ^ 1) << 2);
-        v[i] = GG_MUL(dl, (float)q);
+        v[i] = GG_MUL(dl, GG_I2F(q));
       }
     }
   } else if constexpr (TYPE == 12 || TYPE == 13) {  // q4_k, q5_k: sub-block g of 32
@@ -142,7 +144,7 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     for (int l = 0; l < 32; ++l) {
       int q = (qs[l] >> (4 * (g % 2))) & 0xF;
       if (TYPE == 13) q |= ((qh[l] >> g) & 1) << 4;
-      v[l] = GG_SUB(GG_MUL(dl, (float)q), ml);
+      v[l] = GG_SUB(GG_MUL(dl, GG_I2F(q)), ml);
     }
   } else if constexpr (TYPE == 14) {  // q6_k: low nibbles from ql, two high bits from qh
     const float d = gg_f16(gg_u16(b + 208));
@@ -150,16 +152,16 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     const u8* qh = b + 128 + (g / 4) * 32;
     const int low_shift = 4 * ((g % 4) / 2), high_shift = 2 * (g % 4);
     for (int half = 0; half < 2; ++half) {
-      const float dl = GG_MUL(d, (float)(signed char)b[192 + 2 * g + half]);
+      const float dl = GG_MUL(d, GG_I2F((signed char)b[192 + 2 * g + half]));
       for (int i = 16 * half; i < 16 * half + 16; ++i) {
         const int q = ((ql[i] >> low_shift) & 0xF) | (((qh[i] >> high_shift) & 3) << 4);
-        v[i] = GG_MUL(dl, (float)((signed char)q - 32));
+        v[i] = GG_MUL(dl, GG_I2F((signed char)q - 32));
       }
     }
   } else if constexpr (TYPE == 16 || TYPE == 18) {  // iq2_xxs, iq3_xxs: sub-block g
     const float d = gg_f16(gg_u16(b));
     const u32 aux = TYPE == 16 ? gg_u32(b + 2 + 8 * g + 4) : gg_u32(b + 66 + 4 * g);
-    const float db = GG_MUL(GG_MUL(d, GG_ADD(0.5f, (float)(aux >> 28))), TYPE == 16 ? 0.25f : 0.5f);
+    const float db = GG_MUL(GG_MUL(d, GG_ADD(0.5f, GG_I2F(aux >> 28))), TYPE == 16 ? 0.25f : 0.5f);
     for (int l = 0; l < 4; ++l) {
       const u32 signs = GG_KSIGNS[(aux >> (7 * l)) & 0x7F];
       for (int i = 0; i < 8; ++i) {
@@ -179,7 +181,7 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     for (int u = 0; u < 4; ++u) {
       const int t = 4 * g + u;  // grid row within the block
       const float db =
-          GG_MUL(GG_MUL(d, GG_ADD(0.5f, (float)((scales[g] >> (4 * (u / 2))) & 0xF))), 0.25f);
+          GG_MUL(GG_MUL(d, GG_ADD(0.5f, GG_I2F((scales[g] >> (4 * (u / 2))) & 0xF))), 0.25f);
       u32 index, signs;
       if (TYPE == 17) {
         const u32 q = gg_u16(b + 2 + 2 * t);
@@ -197,7 +199,7 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     }
   } else if constexpr (TYPE == 21) {  // iq3_s
     const float d = gg_f16(gg_u16(b));
-    const float db = GG_MUL(d, (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF)));
+    const float db = GG_MUL(d, GG_I2F(1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF)));
     for (int u = 0; u < 8; ++u) {
       const int t = 8 * g + u;  // grid row of 4 within the block
       const u32 index = b[2 + t] | (((b[66 + t / 8] >> (t % 8)) & 1) << 8);
@@ -231,7 +233,7 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
         scale = (gg_u16(b + 48 + 2 * (t / 8)) >> (3 * ((t / 2) % 4))) & 7;
         negative = qh & 8;
       }
-      const float dl = GG_MUL(d, (float)(2 * scale + 1));
+      const float dl = GG_MUL(d, GG_I2F(2 * scale + 1));
       const float delta = negative ? -GG_IQ1_DELTA : GG_IQ1_DELTA;
       for (int i = 0; i < 8; ++i) {
         v[8 * u + i] = GG_MUL(dl, GG_ADD(gg_grid(GG_IQ1S_GRID[index], i), delta));
@@ -240,9 +242,9 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
   } else if constexpr (TYPE == 23) {  // iq4_xs
     const float d = gg_f16(gg_u16(b));
     const int lo = (b[4 + g / 2] >> (4 * (g % 2))) & 0xF, hi = (gg_u16(b + 2) >> (2 * g)) & 3;
-    const float dl = GG_MUL(d, (float)((signed char)(lo | (hi << 4)) - 32));
+    const float dl = GG_MUL(d, GG_I2F((signed char)(lo | (hi << 4)) - 32));
     for (int i = 0; i < 32; ++i) {
-      v[i] = GG_MUL(dl, (float)GG_IQ4_VALUES[(b[8 + 16 * g + i % 16] >> (4 * (i / 16))) & 0xF]);
+      v[i] = GG_MUL(dl, GG_I2F(GG_IQ4_VALUES[(b[8 + 16 * g + i % 16] >> (4 * (i / 16))) & 0xF]));
     }
   }
 }
