@@ -18,6 +18,7 @@ from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels
 from ninfer_runtime.backends.cuda.weights import Parent
 from tests.format.test_codecs_gguf import _random_blocks
+from tests.gguf_terms import term_magnitudes
 
 from .conftest import requires_gpu
 from .test_kernels import check_close
@@ -31,13 +32,20 @@ ROWS = 45
 def _weight(fmt: str, seed: int = 0, k: int = 768) -> tuple[Any, np.ndarray]:
     """A resident ``[ROWS, k]`` object of random blocks (by default three 256-value blocks'
     worth of columns, whatever the block size), and its numpy decode."""
+    parent, decoded, _ = _weight_and_terms(fmt, seed, k)
+    return parent, decoded
+
+
+def _weight_and_terms(fmt: str, seed: int = 0, k: int = 768) -> tuple[Any, np.ndarray, Any]:
+    """``_weight`` and the magnitudes the GEMV sums (``term_magnitudes``)."""
     import cupy as cp
 
     _, values, _ = FORMAT_BLOCKS[fmt]
     blocks = _random_blocks(fmt, ROWS * k // values, seed)
     raw = blocks.reshape(-1)
     decoded = codec_for(fmt, LAYOUT).decode(raw, (ROWS, k))
-    return Parent("test", cp.asarray(raw), F.planes(fmt, LAYOUT, (ROWS, k))), decoded
+    parent = Parent("test", cp.asarray(raw), F.planes(fmt, LAYOUT, (ROWS, k)))
+    return parent, decoded, term_magnitudes(fmt, blocks, (ROWS, k))
 
 
 def _bf16_rn(values: np.ndarray) -> np.ndarray:
@@ -64,11 +72,11 @@ def test_dequant_rows_is_exact(fmt: str) -> None:
 def test_gemv(fmt: str, m: int) -> None:
     import cupy as cp
 
-    parent, w = _weight(fmt, seed=m)
+    parent, w, terms = _weight_and_terms(fmt, seed=m)
     x = np.random.default_rng(m).standard_normal((m, w.shape[1])).astype(np.float32)
     y = cp.full((m, ROWS - 5), np.nan, dtype=cp.float32)
     kernels.gemv(parent.data, parent.planes, 5, ROWS - 5, cp.asarray(x), y, y.shape[1])
-    check_close(y, x, w[5:])
+    check_close(y, x, w[5:], terms=terms[5:])
 
 
 @pytest.mark.parametrize(
@@ -80,11 +88,11 @@ def test_gemv_of_rows_longer_than_a_chunk(fmt: str, m: int) -> None:
     a partial one (for 18- and 34-byte blocks the chunk starts off a 16-byte boundary)."""
     import cupy as cp
 
-    parent, w = _weight(fmt, seed=m, k=2304)
+    parent, w, terms = _weight_and_terms(fmt, seed=m, k=2304)
     x = np.random.default_rng(m).standard_normal((m, w.shape[1])).astype(np.float32)
     y = cp.full((m, ROWS - 2), np.nan, dtype=cp.float32)
     kernels.gemv(parent.data, parent.planes, 1, ROWS - 2, cp.asarray(x), y, y.shape[1])
-    check_close(y, x, w[1:-1])
+    check_close(y, x, w[1:-1], terms=terms[1:-1])
 
 
 @pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_iq2_xxs", "gguf_q8_0"])
@@ -109,8 +117,8 @@ def test_expert_products(group: int) -> None:
 
     from ninfer_runtime.backends.cuda import gguf_blocks
 
-    experts = [_weight("gguf_q4_k", seed=s) for s in range(3)]
-    base = cp.asarray([p.data.data.ptr for p, _ in experts], dtype=cp.int64)
+    experts = [_weight_and_terms("gguf_q4_k", seed=s) for s in range(3)]
+    base = cp.asarray([p.data.data.ptr for p, _, _ in experts], dtype=cp.int64)
     row0 = cp.asarray([2, 0, 5], dtype=cp.int32)
     units = np.array([2, 0, 2, 1], dtype=np.int32)
     rows, k = 30, experts[0][1].shape[1]
@@ -129,5 +137,5 @@ def test_expert_products(group: int) -> None:
     )
     for u, e in enumerate(units):
         start = int(cp.asnumpy(row0)[e])
-        w = experts[e][1][start : start + rows]
-        check_close(y[u * group : (u + 1) * group], x[u * group : (u + 1) * group], w)
+        w, terms = (a[start : start + rows] for a in experts[e][1:])
+        check_close(y[u * group : (u + 1) * group], x[u * group : (u + 1) * group], w, terms=terms)

@@ -60,15 +60,23 @@ def make_weight(case: tuple[str, str, tuple[int, int], int], seed: int = 0) -> t
     return parent, decoded
 
 
-def check_close(got: Any, x: np.ndarray, w: np.ndarray, tensor_cores: bool = False) -> float:
-    """|got - x wᵀ| within float32 accumulation error of the magnitudes involved; products on
-    the tensor-core kernel carry x as two bf16 halves (~16 bits): a 1e-5 bound there."""
+def check_close(
+    got: Any,
+    x: np.ndarray,
+    w: np.ndarray,
+    tensor_cores: bool = False,
+    terms: np.ndarray | None = None,
+) -> float:
+    """|got - x wᵀ| within float32 accumulation error of the magnitudes involved (``terms``:
+    those of a kernel that sums w's parts apart, else |w|); products on the tensor-core
+    kernel carry x as two bf16 halves (~16 bits): a 1e-5 bound there."""
     import cupy as cp
 
     got = cp.asnumpy(got).astype(np.float64)
     ref = x.astype(np.float64) @ w.astype(np.float64).T
     rel = 1e-5 if tensor_cores else 2e-6
-    bound = rel * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T) + 1e-30
+    magnitudes = np.abs(w).astype(np.float64) if terms is None else terms
+    bound = rel * (np.abs(x).astype(np.float64) @ magnitudes.T) + 1e-30
     assert np.all(np.isfinite(got))
     ratio = np.max(np.abs(got - ref) / bound)
     assert ratio <= 1.0, f"error {ratio:.2f}x the float32 bound"

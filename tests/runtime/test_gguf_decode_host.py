@@ -16,6 +16,7 @@ from ninfer_format.codecs import codec_for, gguf_blocks
 from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, LAYOUT
 from ninfer_runtime.backends.cuda.compile import KERNEL_DIR
 from ninfer_runtime.backends.cuda.gguf_tables import source
+from tests.gguf_terms import term_magnitudes
 
 N_BLOCKS = 37
 #: scale words every type sees in its first blocks: +0, -0, the smallest and the largest
@@ -31,23 +32,39 @@ typedef unsigned long long u64;
 #include <vector>
 %(tables)s
 %(decoders)s
+// each group's 32 values, or with x (32 floats a group) each group's gguf_dot with its x
 template <int T>
-static void run(const std::vector<u8>& in, FILE* out) {
+static void run(const std::vector<u8>& in, const float* x, FILE* out) {
   const int blocks = (int)in.size() / GgufBlock<T>::bytes;
-  for (int n = 0; n < blocks; ++n)
-    for (int g = 0; g < GgufBlock<T>::values / 32; ++g) {
-      float v[32];
-      gguf_group<T>(in.data() + (size_t)n * GgufBlock<T>::bytes, g, v);
-      fwrite(v, 4, 32, out);
+  for (int n = 0, e = 0; n < blocks; ++n)
+    for (int g = 0; g < GgufBlock<T>::values / 32; ++g, ++e) {
+      const u8* block = in.data() + (size_t)n * GgufBlock<T>::bytes;
+      if (x == nullptr) {
+        float v[32];
+        gguf_group<T>(block, g, v);
+        fwrite(v, 4, 32, out);
+      } else {
+        float xg[32];
+        for (int j = 0; j < 32; ++j) xg[j] = x[32 * e + j];
+        const float xsum = gguf_dot_prepare<T>(xg);
+        const float dot = gguf_dot<T>(block, g, xg, xsum);
+        fwrite(&dot, 4, 1, out);
+      }
     }
+}
+static std::vector<u8> slurp(const char* path) {
+  FILE* f = fopen(path, "rb");
+  std::vector<u8> in;
+  for (int c; (c = fgetc(f)) != EOF;) in.push_back((u8)c);
+  fclose(f);
+  return in;
 }
 int main(int argc, char** argv) {
   int type = 0;
   sscanf(argv[1], "%%d", &type);
-  FILE* f = fopen(argv[2], "rb");
-  std::vector<u8> in;
-  for (int c; (c = fgetc(f)) != EOF;) in.push_back((u8)c);
-  fclose(f);
+  const std::vector<u8> in = slurp(argv[2]);
+  const std::vector<u8> xs = argc > 4 ? slurp(argv[4]) : std::vector<u8>();
+  const float* x = argc > 4 ? reinterpret_cast<const float*>(xs.data()) : nullptr;
   FILE* out = fopen(argv[3], "wb");
   switch (type) {
 %(cases)s
@@ -95,7 +112,7 @@ def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         % {
             "tables": source(),
             "decoders": (KERNEL_DIR / "gguf_decode.cuh").read_text(),
-            "cases": "\n".join(f"    case {t}: run<{t}>(in, out); break;" for t in types),
+            "cases": "\n".join(f"    case {t}: run<{t}>(in, x, out); break;" for t in types),
         }
     )
     binary = root / "decode"
@@ -122,6 +139,31 @@ def test_host_decoders_match_the_numpy_decoder(fmt: str, decoder: Path, tmp_path
     want = codec_for(fmt, LAYOUT).decode(blocks.reshape(-1), (N_BLOCKS, values)).reshape(-1)
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMAT_BLOCKS))
+def test_host_group_dot_products_are_within_float32_rounding(
+    fmt: str, decoder: Path, tmp_path: Path
+) -> None:
+    """``gguf_dot`` (the GEMV's per-group product, factored for some types) against the
+    float64 product with the numpy decoder's values, within float32 rounding of the
+    magnitudes it sums (``term_magnitudes``)."""
+    ggml_type, values, _ = FORMAT_BLOCKS[fmt]
+    blocks = _random_blocks(fmt, seed=ggml_type + 1)
+    groups = N_BLOCKS * values // 32
+    x = np.random.default_rng(ggml_type).standard_normal((groups, 32)).astype(np.float32)
+    (tmp_path / "in").write_bytes(blocks.tobytes())
+    (tmp_path / "x").write_bytes(x.tobytes())
+    args = [str(decoder), str(ggml_type), str(tmp_path / "in"), str(tmp_path / "out")]
+    subprocess.run([*args, str(tmp_path / "x")], check=True)
+    got = np.fromfile(tmp_path / "out", dtype=np.float32).astype(np.float64)
+    shape = (N_BLOCKS, values)
+    w = codec_for(fmt, LAYOUT).decode(blocks.reshape(-1), shape).astype(np.float64)
+    want = (x * w.reshape(groups, 32)).sum(axis=1)
+    terms = term_magnitudes(fmt, blocks, shape).reshape(groups, 32)
+    bound = 2e-6 * (np.abs(x) * terms).sum(axis=1) + 1e-30
+    assert got.shape == want.shape
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
 
 
 def test_the_gguf_gemv_takes_every_row_count_the_backend_gives_it() -> None:

@@ -22,6 +22,7 @@ PRELUDE = """\
 #define GG_ADD(a, b) __fadd_rn(a, b)
 #define GG_SUB(a, b) __fsub_rn(a, b)
 #define GG_I2F(q) __fsub_rn(__int_as_float(0x4B400000 + (int)(q)), 12582912.0f)
+#define GG_FMA(a, b, c) __fmaf_rn(a, b, c)
 #else
 #define GG_HD static inline
 #define GG_TABLE static const
@@ -29,6 +30,7 @@ PRELUDE = """\
 #define GG_ADD(a, b) ((a) + (b))
 #define GG_SUB(a, b) ((a) - (b))
 #define GG_I2F(q) ((float)(int)(q))
+#define GG_FMA(a, b, c) __builtin_fmaf(a, b, c)
 #endif
 """
 

@@ -62,8 +62,9 @@ __global__ void gguf_dequant_rows_bf16(const u8* __restrict__ obj, int blocks_pe
 // consecutive output rows (blockIdx.x picks the block's) and walks them in chunks of about
 // 1,024 values, two chunks in flight: while it works on one, cp.async copies every row's next
 // chunk of blocks into the other half of its shared memory (coalesced 16-byte copies, R rows'
-// at once). Each lane decodes one group of 32 values of each row from there and multiplies it
-// with the x values it loaded once for all R rows. Float32 sums, reduced across the warp at
+// at once). Each lane takes one group of 32 values of each row from there: with one x row,
+// its dot product with the x values it loaded once for all R rows (gguf_dot); with more, the
+// group decoded once and multiplied with each x row. Float32 sums, reduced across the warp at
 // the end. A copy starts at the 16-byte boundary below its blocks and may read up to 15 bytes
 // past an object's last row: device allocations are rounded up to 512 bytes, so that stays
 // inside the allocation.
@@ -136,15 +137,14 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
           const float4 t = __ldg(xs + j);
           xv[4 * j] = t.x, xv[4 * j + 1] = t.y, xv[4 * j + 2] = t.z, xv[4 * j + 3] = t.w;
         }
-#pragma unroll 1  // one row's decode at a time: unrolled, R rows need too many registers
+        const float xsum = gguf_dot_prepare<TYPE>(xv);
+        // unrolled, rows decoded whole (not factored) need too many registers
+#pragma unroll(GgufFactored<TYPE>::value ? R : 1)
         for (int r = 0; r < R; ++r) {
           const u8* p = gguf_chunk_start(obj, row_bytes, row0 + min(first + r, rows - 1), b0, B);
           const int lead = (int)(reinterpret_cast<unsigned long long>(p) & 15ull);
-          gguf_group<TYPE>(reinterpret_cast<const u8*>(here[r]) + lead + (g / G) * B, g % G, v);
-          float s = 0.f;
-#pragma unroll
-          for (int j = 0; j < 32; ++j) s += v[j] * xv[j];
-          acc[r][0] += s;
+          acc[r][0] += gguf_dot<TYPE>(reinterpret_cast<const u8*>(here[r]) + lead + (g / G) * B,
+                                      g % G, xv, xsum);
         }
       } else {
 #pragma unroll

@@ -49,13 +49,20 @@ GG_HD float gg_bits(u32 bits) {
 #endif
 }
 
-// binary16 bits -> float32 (exact; subnormals as m * 2^-24)
+// binary16 bits -> float32 (exact; subnormals as m * 2^-24; the device converts in one
+// instruction, a NaN's payload aside)
 GG_HD float gg_f16(u32 h) {
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+  return f;
+#else
   const u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0x1Fu) return gg_bits(sign | 0x7F800000u | (m << 13));
   if (e != 0) return gg_bits(sign | ((e + 112u) << 23) | (m << 13));
   const float f = (float)m * 5.9604644775390625e-08f;
   return sign ? -f : f;
+#endif
 }
 
 // 32 bytes from a 16-byte aligned address (q4_k and q5_k blocks, 144 and 176 bytes, keep
@@ -67,6 +74,16 @@ GG_HD void gg_copy32(const u8* p, u8 out[32]) {
   for (int i = 0; i < 32; ++i) out[i] = (u8)(w[i / 4] >> (8 * (i % 4)));
 #else
   __builtin_memcpy(out, p, 32);
+#endif
+}
+
+// the eight little-endian words of 32 bytes at a 16-byte aligned address
+GG_HD void gg_words32(const u8* p, u32 w[8]) {
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  const uint4 a = reinterpret_cast<const uint4*>(p)[0], c = reinterpret_cast<const uint4*>(p)[1];
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = c.x, w[5] = c.y, w[6] = c.z, w[7] = c.w;
+#else
+  for (int i = 0; i < 8; ++i) w[i] = gg_u32(p + 4 * i);
 #endif
 }
 
@@ -246,5 +263,74 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
     for (int i = 0; i < 32; ++i) {
       v[i] = GG_MUL(dl, GG_I2F(GG_IQ4_VALUES[(b[8 + 16 * g + i % 16] >> (4 * (i / 16))) & 0xF]));
     }
+  }
+}
+
+// Whether gguf_dot<TYPE> has a factored form (else it decodes the group and multiplies).
+template <int TYPE>
+struct GgufFactored {
+  static constexpr bool value = TYPE == 12 || TYPE == 13;
+};
+
+// What gguf_dot<TYPE> takes for a group's x (in place): for a factored type the odd entries
+// scaled by 2^-8 (exact; gg_dot_codes4 reads the odd bytes' codes 8 bits up). -> sum x.
+template <int TYPE>
+GG_HD float gguf_dot_prepare(float x[32]) {
+  float xsum = 0.f;
+  for (int j = 0; j < 32; ++j) xsum = GG_ADD(xsum, x[j]);
+  if (GgufFactored<TYPE>::value)
+    for (int j = 1; j < 32; j += 2) x[j] = GG_MUL(x[j], 0.00390625f);
+  return xsum;
+}
+
+// s0/s1 += x * code for the four codes of word c (code i in bits 8i .. under `mask`), x as
+// gguf_dot_prepare leaves it: each code is OR-ed into the mantissa of 2^23, which subtracting
+// 2^23 turns into the code (exact; the odd bytes' codes come out 2^8 times larger, and their
+// x 2^8 times smaller): an AND-OR, a subtraction and an FMA a code.
+GG_HD float gg_code_float(u32 c, u32 mask) {
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+  u32 bits;  // (c & mask) | 2^23's bits, one instruction (the compiler would make it two)
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(bits) : "r"(c), "r"(mask), "r"(0x4B000000u));
+  return GG_SUB(gg_bits(bits), 8388608.0f);
+#else
+  return GG_SUB(gg_bits((c & mask) | 0x4B000000u), 8388608.0f);
+#endif
+}
+
+GG_HD void gg_dot_codes4(u32 c, u32 mask, const float* x, float& s0, float& s1) {
+  const u32 hi = c >> 16;
+  s0 = GG_FMA(x[0], gg_code_float(c, mask), s0);
+  s1 = GG_FMA(x[1], gg_code_float(c, mask << 8), s1);
+  s0 = GG_FMA(x[2], gg_code_float(hi, mask), s0);
+  s1 = GG_FMA(x[3], gg_code_float(hi, mask << 8), s1);
+}
+
+// sum_j x[j] * value j of group g (values 32g .. 32g+31 of a block), for x and xsum from
+// gguf_dot_prepare<TYPE>. Factored types (q4_k, q5_k) take the codes' dot product with x and
+// apply the group's scale and min once, dl * sum x q - ml * xsum: float32 rounding of the
+// magnitudes dl * q and ml it sums. Others decode the values and multiply.
+template <int TYPE>
+GG_HD float gguf_dot(const u8* b, int g, const float x[32], float xsum) {
+  if constexpr (TYPE == 12 || TYPE == 13) {
+    float sc, mn;
+    gg_scale_min_k4(b + 4, g, sc, mn);
+    const float dl = GG_MUL(gg_f16(gg_u16(b)), sc), ml = GG_MUL(gg_f16(gg_u16(b + 2)), mn);
+    u32 qs[8], qh[8];
+    gg_words32(b + (TYPE == 12 ? 16 : 48) + (g / 2) * 32, qs);
+    if (TYPE == 13) gg_words32(b + 16, qh);
+    const int shift = 4 * (g % 2);
+    float s[4] = {0.f, 0.f, 0.f, 0.f};  // four chains of FMAs in flight
+    for (int w = 0; w < 8; ++w) {
+      u32 c = (qs[w] >> shift) & 0x0F0F0F0Fu;
+      if (TYPE == 13)  // bit g of each qh byte to bit 4 of the code's byte
+        c |= (g <= 4 ? qh[w] << (4 - g) : qh[w] >> (g - 4)) & 0x10101010u;
+      gg_dot_codes4(c, TYPE == 13 ? 0x1Fu : 0x0Fu, x + 4 * w, s[2 * (w % 2)], s[2 * (w % 2) + 1]);
+    }
+    return GG_SUB(GG_MUL(dl, GG_ADD(GG_ADD(s[0], s[1]), GG_ADD(s[2], s[3]))), GG_MUL(ml, xsum));
+  } else {
+    float v[32], s = 0.f;
+    gguf_group<TYPE>(b, g, v);
+    for (int j = 0; j < 32; ++j) s = GG_FMA(v[j], x[j], s);
+    return s;
   }
 }
