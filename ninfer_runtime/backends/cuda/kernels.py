@@ -80,16 +80,24 @@ register_family(
 )
 
 SMALL_FAMILY = "gemm_small"
-_SMALL_KERNELS = {
-    F.Q4: "small_q4",
-    F.Q5: "small_q5",
-    F.Q6: "small_q6",
-    F.Q8: "small_q8",
-    F.NVFP4: "small_nvfp4",
-    F.BF16: "small_bf16",
+_GGUF_Q4_K, _GGUF_Q5_K = F.GGUF_CODES["gguf_q4_k"], F.GGUF_CODES["gguf_q5_k"]
+#: the tensor-core layouts: kernel, weights per group step, and whether groups have a min
+#: (the kernel then reads a sum of x per group beside the fragments); the first six also
+#: have the grouped product (the MoE prefill)
+_SMALL = {
+    F.Q4: ("small_q4", 64, False),
+    F.Q5: ("small_q5", 64, False),
+    F.Q6: ("small_q6", 64, False),
+    F.Q8: ("small_q8", 32, False),
+    F.NVFP4: ("small_nvfp4", 64, False),
+    F.BF16: ("small_bf16", 64, False),
+    _GGUF_Q4_K: ("small_gguf_q4_k", 32, True),
+    _GGUF_Q5_K: ("small_gguf_q5_k", 32, True),
 }
+_SMALL_KERNELS = {code: kernel for code, (kernel, _, _) in _SMALL.items()}
+_GROUPED_KERNELS = {code: _SMALL_KERNELS[code] for code in list(_SMALL)[:6]}
 #: weights per group step of each tensor-core layout
-_SMALL_GROUP = {F.Q4: 64, F.Q5: 64, F.Q6: 64, F.Q8: 32, F.NVFP4: 64, F.BF16: 64}
+_SMALL_GROUP = {code: group for code, (_, group, _) in _SMALL.items()}
 #: must match SMALL_WARPS in kernels/gemm_small.cu
 SMALL_WARPS = 4
 MAX_SMALL_ROWS = 64
@@ -123,10 +131,10 @@ register_family(
     + [f"{k}_x" for k in _SMALL_KERNELS.values()]
     + [
         f"{k}_groups<{GROUP_TILES}, {GROUP_WEIGHT_TILES}, {u}>"
-        for k in _SMALL_KERNELS.values()
+        for k in _GROUPED_KERNELS.values()
         for u in GROUP_STEPS
     ]
-    + [f"{k}_groups_x" for k in _SMALL_KERNELS.values()],
+    + [f"{k}_groups_x" for k in _GROUPED_KERNELS.values()],
 )
 
 __all__ = ["compile_all", "dequant_rows", "gemv", "product", "small_gemm"]
@@ -141,6 +149,11 @@ def max_rows(p: F.Planes) -> int:
 def has_tensor_cores(p: F.Planes) -> bool:
     """Whether the tensor-core small-M kernel reads this object."""
     return _small_groups(p) > 0
+
+
+def has_grouped_product(p: F.Planes) -> bool:
+    """Whether the grouped tensor-core product (``small_gemm_groups``) reads this object."""
+    return p.code in _GROUPED_KERNELS and has_tensor_cores(p)
 
 
 def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
@@ -171,6 +184,10 @@ TENSOR_CORES_FROM = {
     F.Q8: ((5, 16_000_000),),
     F.NVFP4: ((1, 80_000_000), (2, 4_000_000)),
     F.BF16: ((4, 32_000_000), (8, 16_000_000)),
+    # the GGUF SIMT GEMV reads x again for every row at M > 1 (not yet measured against
+    # each other at M = 1)
+    _GGUF_Q4_K: ((2, 0),),
+    _GGUF_Q5_K: ((2, 0),),
 }
 
 
@@ -254,7 +271,7 @@ def small_gemm(
         split = max(1, min(split, PARTIAL_FLOATS // (m * rows)))
     if split > 1 and (split * m * rows > PARTIAL_FLOATS or blocks > counters.size):
         raise ValueError(f"split {split}: partial sums for {m} x {rows} do not fit")
-    xf = _x_fragments(kernel, x, groups, nt)
+    xf = _x_fragments(p.code, x, groups, nt)
     fn(
         (blocks, split),
         (SMALL_WARPS * 32,),
@@ -335,13 +352,16 @@ def small_gemm_groups(
     )
 
 
-def _x_fragments(kernel: str, x: Any, groups: int, nt: int) -> Any:
-    """x [M, K] float32 in the kernel's fragment order: 32 bytes per weight column per
-    8-row activation tile (bf16 hi and lo halves)."""
+def _x_fragments(code: int, x: Any, groups: int, nt: int) -> Any:
+    """x [M, K] float32 in the kernel's fragment order: per group step, 8-row activation
+    tile and lane, 16 bytes per mma (bf16 hi and lo halves), and for layouts with mins 16
+    more (the group's sums of x)."""
     import cupy as cp
 
+    kernel, group, mins = _SMALL[code]
+    slots = group // 16 + int(mins)
     threads = groups * nt * 32
-    out = cp.empty(x.shape[1] * nt * 8, dtype=cp.uint32)
+    out = cp.empty(threads * slots * 4, dtype=cp.uint32)
     function(SMALL_FAMILY, f"{kernel}_x")(
         (-(-threads // 256),),
         (256,),

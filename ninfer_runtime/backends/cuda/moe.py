@@ -163,7 +163,7 @@ def _shared_groups(gate_up: Weight, down: Weight) -> tuple[Projection, Projectio
         )
     except ExpertTableError:
         return None
-    if not all(kernels.has_tensor_cores(p.planes) for p in projections):
+    if not all(kernels.has_grouped_product(p.planes) for p in projections):
         return None
     return projections[0], projections[1]
 
@@ -496,7 +496,7 @@ def _hidden_rows(rows: int, inter: int, width: int) -> Any:
 
 def _tensor_core_groups(table: ExpertTable) -> bool:
     """Whether every routed projection of the table has the grouped tensor-core product."""
-    return all(kernels.has_tensor_cores(p.planes) for p in (table.gate, table.up, table.down))
+    return all(kernels.has_grouped_product(p.planes) for p in (table.gate, table.up, table.down))
 
 
 def _grouped(

@@ -1,5 +1,6 @@
 // Small-M products on tensor cores: y[m, r] = sum_k x[m, k] W[r, k] for M <= 8 * NT rows of x,
-// reading the packed object in place (row_split q4/q5/q6/q8, NVFP4 and bf16).
+// reading the packed object in place (row_split q4/q5/q6/q8, NVFP4, bf16, and ggml's q4_k and
+// q5_k blocks).
 //
 // One mma.sync m16n8k16 multiplies a 16-row x 16-k tile of W (operand A, decoded from the
 // packed codes straight into bf16 fragments) by a 16-k x 8 tile of xᵀ (operand B: eight
@@ -51,10 +52,17 @@ struct SmallArgs {
   int rpd;         // nvfp4: rows per divisor
 };
 
-// The result of a row as accumulated (every layout but NVFP4, whose rows end with a divisor).
+// The result of a row as accumulated (every layout but NVFP4, whose rows end with a divisor),
+// and groups without a min (w = scale * code; MINS layouts: w = scale * code - min, the min
+// times the group's sum of x taken apart: minimum(raw)).
 struct PlainRows {
+  static constexpr bool MINS = false;
   static __device__ __forceinline__ float finish(float acc, const SmallArgs&, long long) {
     return acc;
+  }
+  template <class Raw>
+  static __device__ __forceinline__ float minimum(const Raw&) {
+    return 0.f;
   }
 };
 
@@ -140,6 +148,61 @@ struct SmallQ8 : PlainRows {
   static __device__ __forceinline__ int perm(int j, int i) { return 4 * j + i; }
 };
 
+// ggml q4_k / q5_k blocks (gguf_blocks_v1; ``stride``: blocks per row): 256 weights a block
+// of 144 / 176 bytes, in 8 groups of 32 with a 6-bit scale and min each (w = d * sc * q -
+// dmin * m). A chunk is 8 weights: bytes 8c .. 8c + 7 of the group's 32 code bytes (the low
+// nibbles for even groups, the high for odd; q5_k's fifth bit is bit j of the same bytes of
+// qh). Pairs of a word are bytes (0, 2) and (1, 3), which one shift and mask place in the two
+// halves of a bf16x2 word.
+template <int TYPE>
+struct SmallGgufK : PlainRows {
+  static constexpr int GW = 32, BYTES = TYPE == 12 ? 144 : 176, CODES = TYPE == 12 ? 16 : 48;
+  static constexpr bool SCALED = true, MINS = true;
+  struct Raw {
+    uint2 q, h;  // the chunk's code bytes, q5_k's high-bit bytes
+    float s, m;
+    int j;       // the group within its block
+  };
+  static __device__ __forceinline__ void load(Raw& r, const SmallArgs& a, long long n, int q,
+                                              int c) {
+    const u8* block = a.obj + (n * a.stride + q / 8) * BYTES;
+    const int j = q % 8;
+    const uint4 head = __ldg(reinterpret_cast<const uint4*>(block));  // d, dmin, 12 scale bytes
+    const u32 sw[3] = {head.y, head.z, head.w};
+    const auto byte = [&](int i) { return (sw[i / 4] >> (8 * (i % 4))) & 0xFFu; };
+    u32 sc, mn;
+    if (j < 4) {
+      sc = byte(j) & 63u;
+      mn = byte(j + 4) & 63u;
+    } else {
+      sc = (byte(j + 4) & 0xFu) | ((byte(j - 4) >> 6) << 4);
+      mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+    }
+    r.s = f16_to_f32((u16)(head.x & 0xFFFFu)) * (float)sc;
+    r.m = f16_to_f32((u16)(head.x >> 16)) * (float)mn;
+    r.j = j;
+    r.q = __ldg(reinterpret_cast<const uint2*>(block + CODES + (j / 2) * 32) + c);
+    if (TYPE == 13) r.h = __ldg(reinterpret_cast<const uint2*>(block + 16) + c);
+  }
+  // bytes (b, b + 2) of word w as bf16 values of their codes
+  static __device__ __forceinline__ u32 pair(const Raw& r, int w, int b) {
+    const u32 word = w == 0 ? r.q.x : r.q.y;
+    u32 v = ((word >> (4 * (r.j % 2) + 8 * b)) & 0x000F000Fu) | BF16_MAGIC2;
+    if (TYPE == 13) {
+      const u32 high = w == 0 ? r.h.x : r.h.y;
+      v |= ((high >> (r.j + 8 * b)) & 0x00010001u) << 4;
+    }
+    return sub_bf16x2(v, BF16_MAGIC2);  // (128 + code) - 128
+  }
+  static __device__ __forceinline__ void frag(const Raw& r, int j, u32& lo, u32& hi) {
+    lo = pair(r, j, 0);
+    hi = pair(r, j, 1);
+  }
+  static __device__ __forceinline__ float scale(const Raw& r) { return r.s; }
+  static __device__ __forceinline__ float minimum(const Raw& r) { return r.m; }
+  static __device__ __forceinline__ int perm(int j, int i) { return 4 * j + 2 * (i & 1) + (i >> 1); }
+};
+
 // contiguous bf16 rows (K % 64 == 0): a chunk is 16 weights in two 16-byte loads, no scale.
 struct SmallBf16 : PlainRows {
   static constexpr int GW = 64;
@@ -187,7 +250,7 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
   return r;
 }
 
-struct SmallNvfp4 {
+struct SmallNvfp4 : PlainRows {  // (its own finish: the divisor)
   static constexpr int GW = 64;
   static constexpr bool SCALED = false;
   struct Raw {
@@ -246,15 +309,24 @@ __device__ __forceinline__ void load_x_chunk(const float* __restrict__ x, int ld
   }
 }
 
+// uint4 slots of x per lane, activation tile and group: one per mma, and for MINS layouts one
+// more holding the group's sums of x for the lane's two result columns
+template <class F>
+struct XSlots {
+  static constexpr int value = F::GW / 16 + (F::MINS ? 1 : 0);
+};
+
 // x in fragment order, made once per product by small_x_prep: for group q, activation
 // tile t and lane (g, c), one uint4 per mma j holding the B fragment of row t * 8 + g at the
-// chunk weights PERM[j][0..3] as (hi0, hi1, lo0, lo1): x = hi + lo, both bf16.
+// chunk weights PERM[j][0..3] as (hi0, hi1, lo0, lo1): x = hi + lo, both bf16; for MINS
+// layouts then (sum of the group's x in row t * 8 + 2c, in row t * 8 + 2c + 1, 0, 0) as float
+// bits, the rows of the lane's accumulators.
 template <class F>
 __device__ __forceinline__ void prep_x(const float* __restrict__ x, int ldx, int m_rows,
                                        int groups, int nt, uint4* __restrict__ out) {
-  constexpr int CHUNK = F::GW / 4, MMAS = F::GW / 16;
+  constexpr int CHUNK = F::GW / 4, MMAS = F::GW / 16, SLOTS = XSlots<F>::value;
   const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (id >= (long long)groups * nt * 32) return;
+  if (id >= (long long)groups * nt * 32) return;  // (whole warps: groups * nt * 32 threads)
   const int lane = (int)(id & 31), t = (int)((id >> 5) % nt), q = (int)(id / (32LL * nt));
   const int m = t * 8 + (lane >> 2), c = lane & 3;
   const int xm = m >= m_rows ? -1 : m;
@@ -265,7 +337,16 @@ __device__ __forceinline__ void prep_x(const float* __restrict__ x, int ldx, int
     uint4 f;
     split_pair(xs[F::perm(j, 0)], xs[F::perm(j, 1)], f.x, f.z);
     split_pair(xs[F::perm(j, 2)], xs[F::perm(j, 3)], f.y, f.w);
-    out[id * MMAS + j] = f;
+    out[id * SLOTS + j] = f;
+  }
+  if (F::MINS) {
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) sum += xs[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // the 4 chunks of row m: lanes 4g .. 4g+3
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float s0 = __shfl_sync(0xffffffffu, sum, 8 * c), s1 = __shfl_sync(0xffffffffu, sum, 8 * c + 4);
+    out[id * SLOTS + MMAS] = make_uint4(__float_as_uint(s0), __float_as_uint(s1), 0u, 0u);
   }
 }
 
@@ -306,7 +387,7 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
                                            float* __restrict__ y, int ldy,
                                            float* __restrict__ partial,
                                            unsigned* __restrict__ counters) {
-  constexpr int MMAS = F::GW / 16;
+  constexpr int MMAS = F::GW / 16, SLOTS = XSlots<F>::value;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tile0 = (blockIdx.x * SMALL_WARPS + warp) * 16 * R;  // first row of the warp
@@ -339,14 +420,20 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
     for (int u = 0; u < U; ++u) {
       if (q + u >= q1) break;
       u32 bh[NT][MMAS][2], bl[NT][MMAS][2];
+      float xsum[NT][2];  // MINS: the group's sums of x for the lane's result columns
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const uint4* src = xf + (((long long)(q + u) * NT + t) * 32 + lane) * MMAS;
+        const uint4* src = xf + (((long long)(q + u) * NT + t) * 32 + lane) * SLOTS;
         const bool live = t * 8 + g < m_rows;
 #pragma unroll
         for (int j = 0; j < MMAS; ++j) {
           const uint4 f = live ? __ldg(src + j) : make_uint4(0u, 0u, 0u, 0u);
           bh[t][j][0] = f.x; bh[t][j][1] = f.y; bl[t][j][0] = f.z; bl[t][j][1] = f.w;
+        }
+        if (F::MINS) {
+          const uint4 f = __ldg(src + MMAS);  // (rows past m_rows hold zeros)
+          xsum[t][0] = __uint_as_float(f.x);
+          xsum[t][1] = __uint_as_float(f.y);
         }
       }
 #pragma unroll
@@ -376,6 +463,16 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
             acc[r][t][1] = fmaf(s0, part[t][1], acc[r][t][1]);
             acc[r][t][2] = fmaf(s1, part[t][2], acc[r][t][2]);
             acc[r][t][3] = fmaf(s1, part[t][3], acc[r][t][3]);
+          }
+        }
+        if (F::MINS) {
+          const float m0 = F::minimum(w[u][r][0]), m1 = F::minimum(w[u][r][1]);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            acc[r][t][0] = fmaf(-m0, xsum[t][0], acc[r][t][0]);
+            acc[r][t][1] = fmaf(-m0, xsum[t][1], acc[r][t][1]);
+            acc[r][t][2] = fmaf(-m1, xsum[t][0], acc[r][t][2]);
+            acc[r][t][3] = fmaf(-m1, xsum[t][1], acc[r][t][3]);
           }
         }
       }
@@ -633,6 +730,8 @@ DEFINE_SMALL_GEMM(small_q6, SmallRowSplit<6>)
 DEFINE_SMALL_GEMM(small_q8, SmallQ8)
 DEFINE_SMALL_GEMM(small_nvfp4, SmallNvfp4)
 DEFINE_SMALL_GEMM(small_bf16, SmallBf16)
+DEFINE_SMALL_GEMM(small_gguf_q4_k, SmallGgufK<12>)
+DEFINE_SMALL_GEMM(small_gguf_q5_k, SmallGgufK<13>)
 
 DEFINE_SMALL_GEMM_GROUPS(small_q4, SmallRowSplit<4>)
 DEFINE_SMALL_GEMM_GROUPS(small_q5, SmallRowSplit<5>)
