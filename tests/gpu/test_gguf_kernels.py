@@ -2,7 +2,7 @@
 decoder, for all 18 block types: row dequantization bit for bit (float32, and bf16 as the
 nearest-even rounding of those values), the GEMV for 1, 3 and 8 activation rows within the
 float32 accumulation bound, ``product`` for a speculative verification's 20 rows, and the
-tensor-core kernel for q4_k and q5_k.
+tensor-core kernel for q4_k, q5_k and q6_k.
 Shapes are awkward on purpose: rows not a multiple of the 8-warp block, several blocks a row.
 """
 
@@ -96,10 +96,12 @@ def test_gemv_of_rows_longer_than_a_chunk(fmt: str, m: int) -> None:
     check_close(y, x, w[1:-1], terms=terms[1:-1])
 
 
-@pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_q5_k", "gguf_iq2_xxs", "gguf_q8_0"])
+@pytest.mark.parametrize(
+    "fmt", ["gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_iq2_xxs", "gguf_q8_0"]
+)
 def test_product_of_many_rows(fmt: str) -> None:
     """``product`` takes up to 64 rows (a verification), into a column slice of a wider
-    output: on the tensor cores for q4_k and q5_k, else 8 rows at a time by the GEMV."""
+    output: on the tensor cores for q4_k, q5_k and q6_k, else 8 rows at a time by the GEMV."""
     import cupy as cp
 
     parent, w, terms = _weight_and_terms(fmt, seed=3)
@@ -107,18 +109,19 @@ def test_product_of_many_rows(fmt: str) -> None:
     out = cp.full((20, ROWS + 3), np.nan, dtype=cp.float32)
     kernels.product(parent.data, parent.planes, 0, ROWS, cp.asarray(x), out[:, 3:], ROWS + 3)
     tensor_cores = kernels.uses_tensor_cores(parent.planes, ROWS, 20)
-    assert tensor_cores == (fmt in ("gguf_q4_k", "gguf_q5_k"))
+    assert tensor_cores == (fmt in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k"))
     check_close(out[:, 3:], x, w, tensor_cores, terms)
     assert bool(cp.isnan(out[:, :3]).all())
 
 
-@pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_q5_k"])
+@pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_q5_k", "gguf_q6_k"])
 @pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 33, 64])
 @pytest.mark.parametrize("split", [1, 3])
 def test_tensor_core_product(fmt: str, m: int, split: int) -> None:
-    """The tensor-core small-M kernel on ggml K-quant blocks (mins taken apart with the
-    group sums of x): every activation tile count, rows not a multiple of its 16-row
-    tiles, K split into slices or not; rows past the object's last are never written."""
+    """The tensor-core small-M kernel on ggml K-quant blocks (q4_k/q5_k mins taken apart
+    with the group sums of x, q6_k's 16-value groups): every activation tile count, rows
+    not a multiple of its 16-row tiles, K split into slices or not; rows past the object's
+    last are never written."""
     import cupy as cp
 
     parent, w, terms = _weight_and_terms(fmt, seed=m + split, k=1024)

@@ -80,7 +80,7 @@ register_family(
 )
 
 SMALL_FAMILY = "gemm_small"
-_GGUF_Q4_K, _GGUF_Q5_K = F.GGUF_CODES["gguf_q4_k"], F.GGUF_CODES["gguf_q5_k"]
+_GGUF_Q4_K, _GGUF_Q5_K, _GGUF_Q6_K = (F.GGUF_CODES[f"gguf_q{b}_k"] for b in (4, 5, 6))
 #: the tensor-core layouts: kernel, weights per group step, and whether groups have a min
 #: (the kernel then reads a sum of x per group beside the fragments); the first six also
 #: have the grouped product (the MoE prefill)
@@ -93,6 +93,7 @@ _SMALL = {
     F.BF16: ("small_bf16", 64, False),
     _GGUF_Q4_K: ("small_gguf_q4_k", 32, True),
     _GGUF_Q5_K: ("small_gguf_q5_k", 32, True),
+    _GGUF_Q6_K: ("small_gguf_q6_k", 16, False),
 }
 _SMALL_KERNELS = {code: kernel for code, (kernel, _, _) in _SMALL.items()}
 _GROUPED_KERNELS = {code: _SMALL_KERNELS[code] for code in list(_SMALL)[:6]}
@@ -188,6 +189,7 @@ TENSOR_CORES_FROM = {
     # each other at M = 1)
     _GGUF_Q4_K: ((2, 0),),
     _GGUF_Q5_K: ((2, 0),),
+    _GGUF_Q6_K: ((2, 0),),
 }
 
 

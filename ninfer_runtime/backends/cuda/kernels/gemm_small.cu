@@ -1,6 +1,6 @@
 // Small-M products on tensor cores: y[m, r] = sum_k x[m, k] W[r, k] for M <= 8 * NT rows of x,
-// reading the packed object in place (row_split q4/q5/q6/q8, NVFP4, bf16, and ggml's q4_k and
-// q5_k blocks).
+// reading the packed object in place (row_split q4/q5/q6/q8, NVFP4, bf16, and ggml's q4_k,
+// q5_k and q6_k blocks).
 //
 // One mma.sync m16n8k16 multiplies a 16-row x 16-k tile of W (operand A, decoded from the
 // packed codes straight into bf16 fragments) by a 16-k x 8 tile of xᵀ (operand B: eight
@@ -201,6 +201,44 @@ struct SmallGgufK : PlainRows {
   static __device__ __forceinline__ float scale(const Raw& r) { return r.s; }
   static __device__ __forceinline__ float minimum(const Raw& r) { return r.m; }
   static __device__ __forceinline__ int perm(int j, int i) { return 4 * j + 2 * (i & 1) + (i >> 1); }
+};
+
+// ggml q6_k blocks (gguf_blocks_v1): 256 weights in 210 bytes (ql[128] low nibbles, qh[64]
+// two high bits each, 16 int8 scales, d), one scale per 16 weights: a group is those 16
+// (GW = 16, one mma), a chunk 4 of them, w = d * sc * (q - 32). Within a block, group h is half
+// h % 2 of the 32 values of sub-block s = h / 2, whose bytes sit at ql[(s / 4) * 64 + (s % 2)
+// * 32 ..] (nibble (s % 4) / 2) and qh[(s / 4) * 32 ..] (bits 2 (s % 4)). Blocks are only
+// 2-byte aligned, so the chunk's 4 bytes of each plane are two 16-bit loads.
+struct SmallGgufQ6K : PlainRows {
+  static constexpr int GW = 16, BYTES = 210;
+  static constexpr bool SCALED = true;
+  struct Raw {
+    u32 codes;  // the chunk's four 6-bit codes, one a byte
+    float s;
+  };
+  static __device__ __forceinline__ u32 two_halves(const u8* p) {
+    const u16* h = reinterpret_cast<const u16*>(p);
+    return (u32)__ldg(h) | ((u32)__ldg(h + 1) << 16);
+  }
+  static __device__ __forceinline__ void load(Raw& r, const SmallArgs& a, long long n, int q,
+                                              int c) {
+    const u8* block = a.obj + (n * a.stride + q / 16) * BYTES;
+    const int h = q % 16, sub = h / 2, at = 16 * (h % 2) + 4 * c;  // first value in sub
+    const u32 low = two_halves(block + (sub / 4) * 64 + (sub % 2) * 32 + at);
+    const u32 high = two_halves(block + 128 + (sub / 4) * 32 + at);
+    r.codes = ((low >> (4 * ((sub % 4) / 2))) & 0x0F0F0F0Fu) |
+              (((high >> (2 * (sub % 4))) & 0x03030303u) << 4);
+    const float d = f16_to_f32(__ldg(reinterpret_cast<const u16*>(block + 208)));
+    r.s = d * (float)(signed char)__ldg(block + 192 + h);
+  }
+  // chunk values (0, 1) and (2, 3) as bf16 pairs of q - 32: (128 + q) - 160, exact
+  static __device__ __forceinline__ void frag(const Raw& r, int, u32& lo, u32& hi) {
+    const u32 c = r.codes;
+    lo = sub_bf16x2((c & 0x3Fu) | ((c & 0x3F00u) << 8) | BF16_MAGIC2, 0x43204320u);
+    hi = sub_bf16x2(((c >> 16) & 0x3Fu) | ((c >> 8) & 0x3F0000u) | BF16_MAGIC2, 0x43204320u);
+  }
+  static __device__ __forceinline__ float scale(const Raw& r) { return r.s; }
+  static __device__ __forceinline__ int perm(int, int i) { return i; }
 };
 
 // contiguous bf16 rows (K % 64 == 0): a chunk is 16 weights in two 16-byte loads, no scale.
@@ -732,6 +770,7 @@ DEFINE_SMALL_GEMM(small_nvfp4, SmallNvfp4)
 DEFINE_SMALL_GEMM(small_bf16, SmallBf16)
 DEFINE_SMALL_GEMM(small_gguf_q4_k, SmallGgufK<12>)
 DEFINE_SMALL_GEMM(small_gguf_q5_k, SmallGgufK<13>)
+DEFINE_SMALL_GEMM(small_gguf_q6_k, SmallGgufQ6K)
 
 DEFINE_SMALL_GEMM_GROUPS(small_q4, SmallRowSplit<4>)
 DEFINE_SMALL_GEMM_GROUPS(small_q5, SmallRowSplit<5>)
