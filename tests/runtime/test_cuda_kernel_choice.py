@@ -63,3 +63,20 @@ def test_kernel_args_are_the_planes_in_launch_order_and_widths() -> None:
     off1, off2, stride, rpd = p.kernel_args()
     assert (off1, off2, stride, rpd) == (p.off1, p.off2, p.stride, 256)
     assert [type(a) for a in p.kernel_args()] == [np.int64, np.int64, np.int32, np.int32]
+
+
+@pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_q5_k", "gguf_q6_k"])
+def test_gguf_k_quants_run_several_rows_on_tensor_cores(fmt: str) -> None:
+    """ggml K-quant blocks: one row on the GEMV, two or more on the tensor cores (the GGUF
+    GEMV reads x again for every row); the MoE's grouped product does not read them."""
+    p = F.planes(fmt, "gguf_blocks_v1", (5120, 17408))
+    assert not kernels.uses_tensor_cores(p, 5120, 1)
+    assert all(kernels.uses_tensor_cores(p, 5120, m) for m in (2, 8, 64))
+    assert not kernels.has_grouped_product(p)
+
+
+@pytest.mark.parametrize("fmt", ["gguf_q8_0", "gguf_iq2_xxs", "gguf_q3_k"])
+def test_other_gguf_types_stay_on_the_gemv(fmt: str) -> None:
+    p = F.planes(fmt, "gguf_blocks_v1", (5120, 17408))
+    assert not kernels.has_tensor_cores(p)
+    assert not any(kernels.uses_tensor_cores(p, 5120, m) for m in range(1, 9))
