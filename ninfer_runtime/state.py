@@ -203,11 +203,11 @@ class GdnSlots:
     """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``,
     and for pools that run multi-row steps the record of the last one (``drafts``)."""
 
-    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, step_rows: int = 1):
+    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, record_rows: int = 1):
         s = spec
         self.recurrent = xp.zeros((slots, s.value_heads, s.key_dim, s.value_dim), xp.float32)
         self.conv = xp.zeros((slots, s.conv_channels, s.conv_kernel - 1), xp.float32)
-        self.drafts = GdnDrafts(s, slots, step_rows, xp) if step_rows > 1 else None
+        self.drafts = GdnDrafts(s, slots, record_rows, xp) if record_rows > 1 else None
 
 
 LayerPool = AttentionPages | GdnSlots
