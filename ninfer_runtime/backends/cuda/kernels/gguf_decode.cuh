@@ -98,6 +98,14 @@ GG_HD void gg_scale_min_k4(const u8* s, int j, float& sc, float& mn) {
   }
 }
 
+// sub-block g's scale d * sc and min dmin * m of a q4_k / q5_k block
+GG_HD void gg_k4_scale_min(const u8* b, int g, float& dl, float& ml) {
+  float sc, mn;
+  gg_scale_min_k4(b + 4, g, sc, mn);
+  dl = GG_MUL(gg_f16(gg_u16(b)), sc);
+  ml = GG_MUL(gg_f16(gg_u16(b + 2)), mn);
+}
+
 // the value of grid row bits `row`, byte i, as float (int8 bytes)
 GG_HD float gg_grid(u64 row, int i) { return GG_I2F((signed char)(u8)(row >> (8 * i))); }
 
@@ -152,9 +160,8 @@ GG_HD void gguf_group(const u8* b, int g, float v[32]) {
       }
     }
   } else if constexpr (TYPE == 12 || TYPE == 13) {  // q4_k, q5_k: sub-block g of 32
-    float sc, mn;
-    gg_scale_min_k4(b + 4, g, sc, mn);
-    const float dl = GG_MUL(gg_f16(gg_u16(b)), sc), ml = GG_MUL(gg_f16(gg_u16(b + 2)), mn);
+    float dl, ml;
+    gg_k4_scale_min(b, g, dl, ml);
     u8 qs[32], qh[32];
     gg_copy32(b + (TYPE == 12 ? 16 : 48) + (g / 2) * 32, qs);
     if (TYPE == 13) gg_copy32(b + 16, qh);
@@ -312,9 +319,8 @@ GG_HD void gg_dot_codes4(u32 c, u32 mask, const float* x, float& s0, float& s1) 
 template <int TYPE>
 GG_HD float gguf_dot(const u8* b, int g, const float x[32], float xsum) {
   if constexpr (TYPE == 12 || TYPE == 13) {
-    float sc, mn;
-    gg_scale_min_k4(b + 4, g, sc, mn);
-    const float dl = GG_MUL(gg_f16(gg_u16(b)), sc), ml = GG_MUL(gg_f16(gg_u16(b + 2)), mn);
+    float dl, ml;
+    gg_k4_scale_min(b, g, dl, ml);
     u32 qs[8], qh[8];
     gg_words32(b + (TYPE == 12 ? 16 : 48) + (g / 2) * 32, qs);
     if (TYPE == 13) gg_words32(b + 16, qh);
