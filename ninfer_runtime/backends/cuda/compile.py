@@ -39,12 +39,13 @@ def sm_count() -> int:
 def family_source(family: str) -> str:
     """A family's translation unit: the shared decoders, its generated prelude
     (``register_family(..., prelude=)``), the GEMV driver for GEMV families, the families it
-    builds on (``needs=``), then its own file (NVRTC gets one string, so no include path is
-    needed)."""
+    builds on (``needs=``), its headers (``headers=``), then its own file (NVRTC gets one
+    string, so no include path is needed)."""
     parts = ["common.cuh"]
     if family.startswith("gemv_"):
         parts.append("gemv.cuh")
     parts += [f"{f}.cu" for f in NEEDS.get(family, ())]
+    parts += HEADERS.get(family, ())
     parts.append(f"{family}.cu")
     texts = [(KERNEL_DIR / part).read_text() for part in parts]
     if family in PRELUDES:
@@ -61,6 +62,8 @@ def target_arch(compute_capability: str) -> str:
 FAMILIES: dict[str, list[str]] = {}
 #: family -> the other families' files its source includes first (their templates)
 NEEDS: dict[str, tuple[str, ...]] = {}
+#: family -> the headers (``kernels/*.cuh``) its source includes before its own file
+HEADERS: dict[str, tuple[str, ...]] = {}
 #: family -> a function giving source text generated at run time (tables from a library)
 PRELUDES: dict[str, Callable[[], str]] = {}
 _MODULES: dict[str, Module] = {}
@@ -71,12 +74,15 @@ def register_family(
     names: Sequence[str],
     *,
     needs: Sequence[str] = (),
+    headers: Sequence[str] = (),
     prelude: Callable[[], str] | None = None,
 ) -> None:
     """Declare a family's kernels; launcher modules call this at import (without CuPy), so
     ``scripts/check_kernels.py`` can compile every family on a machine with no GPU."""
     if needs:
         NEEDS[family] = tuple(needs)
+    if headers:
+        HEADERS[family] = tuple(headers)
     if prelude is not None:
         PRELUDES[family] = prelude
     FAMILIES.setdefault(family, [])

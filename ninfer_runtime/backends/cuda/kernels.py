@@ -80,6 +80,8 @@ register_family(
 )
 
 SMALL_FAMILY = "gemm_small"
+#: the policy contract and the ggml K-quant policies, which the CPU tests also build
+SMALL_HEADERS = ("gemm_small_policy.cuh", "gemm_small_gguf.cuh")
 _GGUF_Q4_K, _GGUF_Q5_K, _GGUF_Q6_K = (F.GGUF_CODES[f"gguf_q{b}_k"] for b in (4, 5, 6))
 #: the tensor-core layouts: kernel, weights per group step, and whether groups have a min
 #: (the kernel then reads a sum of x per group beside the fragments); the first six also
@@ -136,6 +138,7 @@ register_family(
         for u in GROUP_STEPS
     ]
     + [f"{k}_groups_x" for k in _GROUPED_KERNELS.values()],
+    headers=SMALL_HEADERS,
 )
 
 __all__ = ["compile_all", "dequant_rows", "gemv", "product", "small_gemm"]
