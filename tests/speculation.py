@@ -22,6 +22,26 @@ def gdn_layers(pool: Any) -> list[GdnSlots]:
     return [layer for layer in pool.layers if isinstance(layer, GdnSlots)]
 
 
+def _two_runners(path: Path, make_backend: Callable[[], Any]) -> tuple[Any, Any]:
+    """Two runners of the artifact, each on a backend of its own."""
+    from ninfer_runtime.models import load_model
+    from ninfer_runtime.runner import ModelRunner
+
+    return tuple(ModelRunner(load_model(path, make_backend())) for _ in range(2))
+
+
+def _state_error(pool_a: Any, states_a: list, pool_b: Any, states_b: list) -> float:
+    """Max |Δ| of the GDN states (recurrent and conv) of paired sequences, relative to the
+    first one's magnitude."""
+    worst = 0.0
+    for a, b in zip(gdn_layers(pool_a), gdn_layers(pool_b), strict=True):
+        for sa, sb in zip(states_a, states_b, strict=True):
+            for x, y in ((a.recurrent, b.recurrent), (a.conv, b.conv)):
+                xa, xb = host(x[sa.slot]), host(y[sb.slot])
+                worst = max(worst, float(np.abs(xa - xb).max() / (np.abs(xa).max() + 1e-30)))
+    return worst
+
+
 def speculate_against_decoding(
     path: Path, make_backend: Callable[[], Any], *, lanes: int, k: int, rounds: int, seed: int
 ) -> tuple[float, float, float]:
@@ -29,11 +49,7 @@ def speculate_against_decoding(
     drafts) beside a runner that decodes the same tokens one step at a time. -> (max |Δ| of
     the verified logits vs the decode steps', max |logit|, max |Δ| of the GDN states after
     the last commit relative to their magnitude)."""
-    from ninfer_runtime.models import load_model
-    from ninfer_runtime.runner import ModelRunner
-
-    plain = ModelRunner(load_model(path, make_backend()))
-    spec = ModelRunner(load_model(path, make_backend()))
+    plain, spec = _two_runners(path, make_backend)
     rng = np.random.default_rng(seed)
     vocab = plain.model.config.vocab
     plain_pool = plain.new_pool(lanes=lanes, max_context=256)
@@ -70,14 +86,7 @@ def speculate_against_decoding(
         spec.commit(spec_states, [list(feed[i][1:]) for i in range(lanes)])
         for a, b in zip(plain_states, spec_states, strict=True):
             assert a.length == b.length
-    state_err = 0.0
-    for a, b in zip(gdn_layers(plain_pool), gdn_layers(spec_pool), strict=True):
-        for pa, pb in zip(plain_states, spec_states, strict=True):
-            for x, y in ((a.recurrent, b.recurrent), (a.conv, b.conv)):
-                xa, xb = host(x[pa.slot]), host(y[pb.slot])
-                rel = np.abs(xa - xb).max() / (np.abs(xa).max() + 1e-30)
-                state_err = max(state_err, float(rel))
-    return err, scale, state_err
+    return err, scale, _state_error(plain_pool, plain_states, spec_pool, spec_states)
 
 
 def short_chunks_against_prefill(
@@ -87,11 +96,7 @@ def short_chunks_against_prefill(
     multi-row step of every lane, then a decode step, beside a runner that prefills the
     same chunks (its pool runs no multi-row steps). -> (max |Δ| of the tail and decode
     logits, max |logit|, max relative |Δ| of the GDN states)."""
-    from ninfer_runtime.models import load_model
-    from ninfer_runtime.runner import ModelRunner
-
-    plain = ModelRunner(load_model(path, make_backend()))
-    rows = ModelRunner(load_model(path, make_backend()))
+    plain, rows = _two_runners(path, make_backend)
     rng = np.random.default_rng(seed)
     vocab = plain.model.config.vocab
     plain_pool = plain.new_pool(lanes=lanes, max_context=256)
@@ -117,12 +122,5 @@ def short_chunks_against_prefill(
     after = plain.forward(nxt, plain_states).logits, rows.forward(nxt, rows_states).logits
     for a, b in zip(*after, strict=True):
         err = max(err, float(np.abs(host(a) - host(b)).max()))
-    state_err = 0.0
-    for a, b in zip(gdn_layers(plain_pool), gdn_layers(rows_pool), strict=True):
-        for pa, pb in zip(plain_states, rows_states, strict=True):
-            assert pa.length == pb.length
-            for x, y in ((a.recurrent, b.recurrent), (a.conv, b.conv)):
-                xa, xb = host(x[pa.slot]), host(y[pb.slot])
-                rel = np.abs(xa - xb).max() / (np.abs(xa).max() + 1e-30)
-                state_err = max(state_err, float(rel))
-    return err, scale, state_err
+    assert [a.length for a in plain_states] == [b.length for b in rows_states]
+    return err, scale, _state_error(plain_pool, plain_states, rows_pool, rows_states)
