@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -593,9 +594,9 @@ def start_server(
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
-    seen: list[str] = []
+    seen: deque[str] = deque(maxlen=20)
     for line in process.stderr:
-        seen = [*seen[-19:], line]
+        seen.append(line)
         match = re.search(r"serving '([^']+)' at (http://\S+)/v1", line)
         if match:
             # keep reading its log: a full pipe would block the server at its next message

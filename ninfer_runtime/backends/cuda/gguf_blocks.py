@@ -18,7 +18,7 @@ from .compile import KERNEL_DIR, function, register_family
 from .gguf_tables import source as table_source
 
 FAMILY = "gguf"
-#: must match GGUF_WARPS in kernels/gguf.cu
+#: warps of a GEMV block (GGUF_WARPS in kernels/gguf.cu, defined by the prelude)
 WARPS = 4
 #: activation rows M a GEMV launch is compiled for (a launch's rows are rounded up to one),
 #: and the output rows R each warp takes for it: with one activation row, four weight rows
@@ -31,7 +31,8 @@ TYPES = sorted(ggml_type for ggml_type, _, _ in FORMAT_BLOCKS.values())
 
 
 def _prelude() -> str:
-    return table_source() + "\n" + (KERNEL_DIR / "gguf_decode.cuh").read_text()
+    decoders = (KERNEL_DIR / "gguf_decode.cuh").read_text()
+    return f"{table_source()}\n#define GGUF_WARPS {WARPS}\n{decoders}"
 
 
 register_family(

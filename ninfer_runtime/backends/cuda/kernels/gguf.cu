@@ -2,8 +2,8 @@
 // ggml blocks back to back. TYPE is the ggml type id; gguf_group<TYPE> (gguf_decode.cuh)
 // decodes one group of 32 consecutive values of a block exactly as the numpy decoder does.
 
-// warps of a GEMV block: each stages two chunks of R rows, up to 35 KB a block (q8_0)
-#define GGUF_WARPS 4
+// GGUF_WARPS, the warps of a GEMV block, comes from the launcher (gguf_blocks.WARPS) in the
+// prelude: each warp stages two chunks of R rows, up to 35 KB a block (q8_0).
 
 // out[i, :] = W[rows[i], :], as float32 or as bf16 words (rounded to nearest even): one
 // thread per group of 32 values.
