@@ -7,7 +7,9 @@
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
 # SKIP_TESTS=1 when one device call must hold it all). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
-# of the main GGUF types (gpubench_gguf.txt). TESTS picks the test files (default
+# of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
+# in the loop below). SHAPES picks the bench's shapes (default
+# "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
 # tests/gpu); DECODE="--lanes 1 --contexts 1024" narrows the decode table. The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
 #   run (carry .whl): COMMIT=<short hash> bash scripts/gpu-check.sh
@@ -22,7 +24,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
 fi
 [ "${BENCH:-1}" = 1 ] || exit 0
-for shape in qwen3_6_27b:27 qwen3_6_35b_a3b:35; do
+for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   geometry=${shape%%:*}
   name=${shape##*:}
   artifact=/tmp/bench$name.ninfer
@@ -47,7 +49,7 @@ if [ "${GGUF:-0}" = 1 ]; then
   timeout 120 python3 benchmarks/gpu_bench.py --rows 1,2,4,8 \
     --formats gguf_q4_k,gguf_q5_k,gguf_q6_k,gguf_q8_0,gguf_iq2_xxs >"$OUT/gpubench_gguf.txt" 2>&1
   grep -E "M=(1|8)" "$OUT/gpubench_gguf.txt" | grep -v " simt \| tc "
-  for run in qwen3_6_27b:gguf_q4_k_m qwen3_6_35b_a3b:gguf_q4_k_m qwen3_6_27b:gguf_iq2_xxs; do
+  for run in ${GGUF_RUNS-qwen3_6_27b:gguf_q4_k_m qwen3_6_35b_a3b:gguf_q4_k_m qwen3_6_27b:gguf_iq2_xxs}; do
     geometry=${run%%:*}
     mix=${run##*:}
     artifact=/tmp/gguf.ninfer
