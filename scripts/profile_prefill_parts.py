@@ -177,36 +177,26 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
             h,
             table.down.planes.x_width,
             x_rows,
+            groups.live,
             gated=True,
         )
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
     stages["down"] = lambda: project(table.down, h, ys, table.hidden)
-    for steps in moe.kernels.GROUP_STEPS[1:] if tc else ():  # the other step sizes
-        stages[f"gate_up U={steps}"] = partial(
-            moe.kernels.small_gemm_groups,
-            table.gate.base,
-            table.gate.row0,
-            groups.expert,
-            table.gate.planes,
-            rows or inter,
-            xs,
-            gu,
-            2 * inter,
-            x_rows,
-            steps=steps,
-        )
-        stages[f"down U={steps}"] = partial(
-            moe.kernels.small_gemm_groups,
-            table.down.base,
-            table.down.row0,
-            groups.expert,
-            table.down.planes,
-            table.hidden,
-            h,
-            ys,
-            table.hidden,
-            steps=steps,
-        )
+    for tiles, steps in moe.kernels.GROUP_CONFIGS if tc else ():  # each compiled config
+        other = moe.PairGroups.of(ids, table.experts, 8 * tiles)
+        hidden = moe._hidden_rows(other.rows, inter, table.down.planes.x_width)
+        out = cp.empty((other.rows, table.hidden), dtype=cp.float32)
+        gate, down = table.gate, table.down
+        config = {"tiles": tiles, "steps": steps}
+        stages[f"gate_up {tiles}x8 U={steps}"] = partial(
+            moe.kernels.small_gemm_groups, gate.base, gate.row0, other.expert, gate.planes,
+            inter, xs, hidden, table.down.planes.x_width, other.source, other.live,
+            gated=True, **config,
+        )  # fmt: skip
+        stages[f"down {tiles}x8 U={steps}"] = partial(
+            moe.kernels.small_gemm_groups, down.base, down.row0, other.expert, down.planes,
+            table.hidden, hidden, out, table.hidden, group_rows=other.live, **config,
+        )  # fmt: skip
     shared = moe._shared_prefill(be, x, table)
     stages["shared (grouped)" if table.shared_groups else "shared"] = lambda: moe._shared_prefill(
         be, x, table
@@ -214,7 +204,12 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     stages["shared (linear)"] = lambda: moe._shared(be, x, table)
     stages["combine"] = lambda: moe._combine(x, table, logits, ys, shares, shared, groups.row)
     stages["whole"] = lambda: moe.moe_prefill(be, x, table)
-    print(f"  MoE: {groups.expert.size} groups of {size} pairs, tensor cores {tc}")
+    real = int((groups.live > 0).sum())
+    computed = int((-(-groups.live // 8) * 8).sum())
+    print(
+        f"  MoE: {real} groups of up to {size} pairs ({groups.expert.size} launched), "
+        f"{int(groups.live.sum())} pairs in {computed} computed rows, tensor cores {tc}"
+    )
     for name, fn in stages.items():
         print(f"  moe {name:15s} {_ms(fn):8.3f} ms")
     whole = stages["whole"]

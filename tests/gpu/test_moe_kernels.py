@@ -59,7 +59,7 @@ def numpy_route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------------------ pair groups
 @pytest.mark.parametrize(
     ("tokens", "experts", "k", "size"),
-    [(1, 4, 2, 32), (65, 10, 3, 8), (700, 64, 8, 32), (2048, 256, 8, 32), (300, 1024, 4, 32)],
+    [(1, 4, 2, 32), (65, 10, 3, 8), (700, 64, 8, 96), (2048, 256, 8, 96), (300, 1024, 4, 32)],
 )
 def test_pair_groups_on_the_device_match_numpy(tokens, experts, k, size) -> None:
     """The two grouping kernels lay the pairs out exactly as the numpy definition does (row,
@@ -75,7 +75,7 @@ def test_pair_groups_on_the_device_match_numpy(tokens, experts, k, size) -> None
     ).astype(np.int32)
     want = PairGroups.of(ids, experts, size)
     got = PairGroups.of(cp.asarray(ids), experts, size)
-    for field in ("row", "expert", "source"):
+    for field in ("row", "expert", "source", "live"):
         np.testing.assert_array_equal(cp.asnumpy(getattr(got, field)), getattr(want, field))
 
 

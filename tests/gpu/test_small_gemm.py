@@ -109,20 +109,35 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 GROUP_CASES = [CASES[0], CASES[1], CASES[2], CASES[3], CASES[7], CASES[9], CASES[10]]
 
 
+def _live_rows(m: int) -> np.ndarray:
+    """Live rows of the five test groups: all, none (a group of expert -1), a partial first
+    tile, one short of all, and a tile and a bit."""
+    return np.array([m, 0, 5, m - 1, 17], dtype=np.int32)
+
+
+def _computed(live: int, m: int) -> int:
+    """The rows a group with ``live`` live rows writes: its whole 8-row tiles."""
+    return min(m, -(-live // 8) * 8)
+
+
 @pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
-@pytest.mark.parametrize("steps", kernels.GROUP_STEPS)
-def test_grouped_product(case: Any, steps: int) -> None:
+@pytest.mark.parametrize("config", kernels.GROUP_CONFIGS, ids=lambda c: f"tiles{c[0]}-U{c[1]}")
+@pytest.mark.parametrize("live", [False, True], ids=["all-rows", "live-rows"])
+def test_grouped_product(case: Any, config: tuple[int, int], live: bool) -> None:
     """``small_gemm_groups``: each group multiplies the bf16-rounded x rows it gathers (rows
     of -1 read zeros) by its expert's rows (two experts: the two halves of one object), a
-    group of expert -1 writes nothing; bit-identical when run again."""
+    group of expert -1 writes nothing; with ``group_rows``, a group writes the 8-row tiles
+    holding its live rows and nothing past them; bit-identical when run again."""
     import cupy as cp
 
+    tiles, steps = config
     parent, w = make_weight(case, seed=11)
     p = parent.planes
     n, k = case[2]
     half = n // 2
-    m = 8 * kernels.GROUP_TILES
+    m = 8 * tiles
     group_expert = np.array([1, -1, 0, 1, 0], dtype=np.int32)
+    rows = _live_rows(m) if live else None
     rng = np.random.default_rng(12)
     x = rng.standard_normal((40, k)).astype(np.float32)
     x_rows = rng.integers(-1, 40, size=group_expert.size * m).astype(np.int32)
@@ -134,32 +149,40 @@ def test_grouped_product(case: Any, steps: int) -> None:
     runs = []
     for _ in range(2):
         y = cp.full((group_expert.size * m, half), np.nan, dtype=cp.float32)
-        kernels.small_gemm_groups(*args, padded, y, half, cp.asarray(x_rows), steps=steps)
+        kernels.small_gemm_groups(
+            *args, padded, y, half, cp.asarray(x_rows), None if rows is None else cp.asarray(rows),
+            tiles=tiles, steps=steps,
+        )  # fmt: skip
         runs.append(cp.asnumpy(y))
     assert np.array_equal(runs[0], runs[1], equal_nan=True), "not deterministic"
     xb = np.where(x_rows[:, None] >= 0, _bf16(x)[np.maximum(x_rows, 0)], 0.0)
     for g, e in enumerate(group_expert):
         got = runs[0][g * m : (g + 1) * m]
+        done = m if rows is None else _computed(int(rows[g]), m)
+        assert np.isnan(got[done:]).all()  # tiles past the live rows never written
         if e < 0:
             assert np.isnan(got).all()  # never written
             continue
-        check(got, xb[g * m : (g + 1) * m], w[e * half : (e + 1) * half])
+        check(got[:done], xb[g * m : g * m + done], w[e * half : (e + 1) * half])
 
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
-def test_grouped_gated_product(case: Any) -> None:
+@pytest.mark.parametrize("config", kernels.GROUP_CONFIGS[:1] + kernels.GROUP_CONFIGS[-1:])
+def test_grouped_gated_product(case: Any, config: tuple[int, int]) -> None:
     """``small_gemm_groups(gated=True)``: each expert's rows ``row0 .. row0 + rows`` are a
     gate and the next ``rows`` its up projection; the product writes ``silu(gate) * up``
-    (as ``moe_silu_mul`` computes it) for the gathered bf16 x rows, and nothing past ``rows``
-    of its output rows."""
+    (as ``moe_silu_mul`` computes it) for the gathered bf16 x rows of the tiles holding each
+    group's live rows, and nothing past ``rows`` of its output rows or past those tiles."""
     import cupy as cp
 
+    tiles, steps = config
     parent, w = make_weight(case, seed=13)
     p = parent.planes
     n, k = case[2]
     rows = n // 4  # two experts of gate | up, each 2 * rows rows
-    m = 8 * kernels.GROUP_TILES
-    group_expert = np.array([1, 0, -1, 1], dtype=np.int32)
+    m = 8 * tiles
+    group_expert = np.array([1, -1, 0, 1, 0], dtype=np.int32)
+    live = _live_rows(m)
     rng = np.random.default_rng(14)
     x = rng.standard_normal((30, k)).astype(np.float32)
     x_rows = rng.integers(-1, 30, size=group_expert.size * m).astype(np.int32)
@@ -171,18 +194,23 @@ def test_grouped_gated_product(case: Any) -> None:
     y = cp.full((group_expert.size * m, width), np.nan, dtype=cp.float32)
     kernels.small_gemm_groups(
         base, row0, cp.asarray(group_expert), p, rows, padded, y, width, cp.asarray(x_rows),
-        gated=True,
+        cp.asarray(live), tiles=tiles, steps=steps, gated=True,
     )  # fmt: skip
     got = cp.asnumpy(y)
     xb = np.where(x_rows[:, None] >= 0, _bf16(x)[np.maximum(x_rows, 0)], 0.0).astype(np.float64)
     for g, e in enumerate(group_expert):
         block = got[g * m : (g + 1) * m]
+        done = _computed(int(live[g]), m)
         assert np.isnan(block[:, rows:]).all()  # columns past the gate rows untouched
+        assert np.isnan(block[done:]).all()  # tiles past the live rows untouched
         if e < 0:
             assert np.isnan(block).all()
             continue
         first = 2 * rows * e
-        gate = xb[g * m : (g + 1) * m] @ w[first : first + rows].astype(np.float64).T
-        up = xb[g * m : (g + 1) * m] @ w[first + rows : first + 2 * rows].astype(np.float64).T
+        xg = xb[g * m : g * m + done]
+        gate = xg @ w[first : first + rows].astype(np.float64).T
+        up = xg @ w[first + rows : first + 2 * rows].astype(np.float64).T
         want = gate / (1 + np.exp(-gate)) * up
-        np.testing.assert_allclose(block[:, :rows], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        np.testing.assert_allclose(
+            block[:done, :rows], want, rtol=1e-4, atol=1e-4 * np.abs(want).max()
+        )

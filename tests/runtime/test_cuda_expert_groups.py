@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_runtime.backends.cuda.moe import GROUP_PAIRS, MAX_GRID_Y, PairGroups
+from ninfer_runtime.backends.cuda.moe import (
+    GROUP_PAIRS,
+    MAX_GRID_Y,
+    TENSOR_GROUP_PAIRS,
+    PairGroups,
+)
 
 
 def _route(rng: np.random.Generator, tokens: int, experts: int, k: int) -> np.ndarray:
@@ -18,23 +23,29 @@ def _route(rng: np.random.Generator, tokens: int, experts: int, k: int) -> np.nd
 
 
 @pytest.mark.parametrize(("tokens", "experts", "k"), [(1, 4, 2), (65, 10, 3), (700, 64, 8)])
-def test_every_pair_gets_its_own_row_in_a_group_of_its_expert(tokens, experts, k) -> None:
+@pytest.mark.parametrize("size", [GROUP_PAIRS, TENSOR_GROUP_PAIRS])
+def test_every_pair_gets_its_own_row_in_a_group_of_its_expert(tokens, experts, k, size) -> None:
     rng = np.random.default_rng(tokens)
     ids = _route(rng, tokens, experts, k)
-    g = PairGroups.of(ids, experts, GROUP_PAIRS)
+    g = PairGroups.of(ids, experts, size)
     flat = ids.reshape(-1)
     assert g.row.shape == (flat.size,) and len(set(g.row.tolist())) == flat.size
     # groups for the most a pass of this many pairs can need, sized without a read back
-    assert g.expert.size == flat.size // GROUP_PAIRS + experts
-    assert g.rows == g.expert.size * GROUP_PAIRS and g.row.max() < g.rows
-    assert np.array_equal(g.expert[g.row // GROUP_PAIRS], flat)  # each row's group: its expert
+    assert g.expert.size == flat.size // size + experts
+    assert g.rows == g.expert.size * size and g.row.max() < g.rows
+    assert np.array_equal(g.expert[g.row // size], flat)  # each row's group: its expert
     real = g.expert[g.expert >= 0]
     assert np.all(g.expert[real.size :] == -1)  # the spare groups come last
     counts = np.bincount(flat, minlength=experts)
     assert np.array_equal(
-        np.bincount(real, minlength=experts), -(-counts // GROUP_PAIRS)
+        np.bincount(real, minlength=experts), -(-counts // size)
     )  # as few groups as an expert's pairs need
     assert np.all(np.diff(real) >= 0)  # an expert's groups one after another (L2 reuse)
+    # a group's pairs fill its first rows, and live counts them (the rows a product computes)
+    taken = g.source.reshape(-1, size) >= 0
+    assert g.live.dtype == np.int32 and np.array_equal(g.live, taken.sum(axis=1))
+    assert np.array_equal(taken, np.arange(size)[None, :] < g.live[:, None])
+    assert np.all(g.live[g.expert < 0] == 0) and np.all(g.live[g.expert >= 0] > 0)
 
 
 def test_the_grouped_product_equals_one_product_per_pair() -> None:
@@ -137,12 +148,24 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     xf = pargs[-1]
     assert xf is args[-4] and xf.dtype == np.uint32
     assert xf.size == 3 * p.x_width * kernels.GROUP_TILES * 4  # 16 bytes a column a tile
-    assert len(args) == 13 and len(pargs) == 6  # the kernels' parameters
+    assert len(args) == 14 and len(pargs) == 7  # the kernels' parameters
     assert args[:3] == (base, row0, group_expert)
-    assert args[3 : 3 + len(p.kernel_args())] == tuple(p.kernel_args())
+    assert args[4 : 4 + len(p.kernel_args())] == tuple(p.kernel_args())
     assert [int(a) for a in args[-6:-4]] == [1024, steps] and args[-3] is y
-    assert all(isinstance(a, np.int32) for a in (pargs[1], pargs[3], pargs[4], *args[-2:]))
+    assert all(isinstance(a, np.int32) for a in (pargs[1], pargs[4], pargs[5], *args[-2:]))
     assert int(args[-1]) == 0  # not gated
+    # every row live: a null group-rows pointer to both kernels
+    assert isinstance(args[3], np.uint64) and int(args[3]) == 0 and pargs[3] is args[3]
+    live = np.array([40, 3, 0], dtype=np.int32)
+    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, group_rows=live)
+    assert launches.calls[-1][4][3] is live and launches.calls[-2][4][3] is live
+    # another compiled configuration names its kernel; one not compiled is refused
+    tiles, u = kernels.GROUP_CONFIGS[-1]
+    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=tiles, steps=u)
+    assert launches.calls[-1][1].endswith(f"_groups<{tiles}, {r}, {u}>")
+    with pytest.raises(ValueError, match="not compiled"):
+        kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=3)
+    del launches.calls[2:]  # (the calls above)
     # gated: rows are the gate's (the up rows follow them), a warp takes 16 of them
     kernels.small_gemm_groups(base, row0, group_expert, p, 512, x, y, 1024, gated=True)
     _, _, grid, _, args = launches.calls[-1]

@@ -122,20 +122,21 @@ MIN_SPLIT_GROUPS = 2
 PARTIAL_FLOATS = 4 << 20
 SMALL_CONFIGS = [(nt, r, u) for nt, tiles in SMALL_TILES.items() for r, u in tiles]
 #: activation tiles of 8 rows per group of the grouped product (MoE prefill: one expert's
-#: pairs, 32 rows a group), its 16-row weight tiles per warp (4 measured slower: 0.60 against
-#: 0.54 ms on the 35B-A3B gate|up), and the k-groups per step U it compiles, the first the
-#: default (there, U = 2: 0.505 ms, U = 1: 0.529)
-GROUP_TILES = 4
+#: pairs, 8 * tiles rows a group; only a group's tiles holding live rows are computed, so a
+#: large group costs its pairs, and a weight decoded once serves them all), its 16-row
+#: weight tiles per warp (4 measured slower: 0.60 against 0.54 ms on the 35B-A3B gate|up, at
+#: 4 tiles), and the k-groups per step U; the compiled (tiles, U), the first the default
 GROUP_WEIGHT_TILES = 2
-GROUP_STEPS = (2, 1)
+GROUP_CONFIGS = ((12, 2), (12, 1), (8, 2), (4, 2))
+GROUP_TILES, GROUP_STEPS = GROUP_CONFIGS[0]
 register_family(
     SMALL_FAMILY,
     [f"{k}<{nt}, {r}, {u}>" for k in _SMALL_KERNELS.values() for nt, r, u in SMALL_CONFIGS]
     + [f"{k}_x" for k in _SMALL_KERNELS.values()]
     + [
-        f"{k}_groups<{GROUP_TILES}, {GROUP_WEIGHT_TILES}, {u}>"
+        f"{k}_groups<{nt}, {GROUP_WEIGHT_TILES}, {u}>"
         for k in _GROUPED_KERNELS.values()
-        for u in GROUP_STEPS
+        for nt, u in GROUP_CONFIGS
     ]
     + [f"{k}_groups_x" for k in _GROUPED_KERNELS.values()],
     headers=SMALL_HEADERS,
@@ -306,26 +307,34 @@ def small_gemm_groups(
     y: Any,
     ldy: int,
     x_rows: Any = None,
-    steps: int = GROUP_STEPS[0],
+    group_rows: Any = None,
+    *,
+    tiles: int = GROUP_TILES,
+    steps: int = GROUP_STEPS,
     gated: bool = False,
 ) -> None:
     """``y[g * M + m, r] = sum_k x[g * M + m, k] W_e[row0[e] + r, k]`` with ``e =
-    group_expert[g]`` for every group g of ``M = 8 * GROUP_TILES`` rows (-1: the group is
+    group_expert[g]`` for every group g of ``M = 8 * tiles`` rows (-1: the group is
     skipped) on the tensor cores, x rounded to bf16; ``base``/``row0``: each expert's object
     address and first row (int64 / int32 device arrays), all of planes ``p``
     (``has_tensor_cores(p)``); ``x``: float32, ``p.x_width`` columns, ``len(group_expert) *
     M`` rows, or with ``x_rows`` (int32 [len(group_expert) * M]) any rows, product row i
-    reading row ``x_rows[i]`` of x (-1: zeros); ``steps``: one of ``GROUP_STEPS``, k-groups
-    per loop step. ``gated``: the expert's rows ``rows .. 2 rows - 1`` are the up projection
-    of gate rows ``0 .. rows - 1``, and ``y[., r] = silu(gate_r) * up_r`` (a gated MLP's
-    hidden rows, without the gate|up product ever leaving the kernel)."""
-    nt, r = GROUP_TILES, GROUP_WEIGHT_TILES
+    reading row ``x_rows[i]`` of x (-1: zeros). ``group_rows`` (int32 [len(group_expert)]):
+    group g's live rows, its first ones; only the 8-row tiles holding them are computed and
+    written (default: all M). ``(tiles, steps)``: one of ``GROUP_CONFIGS``, steps being
+    k-groups per loop step. ``gated``: the expert's rows ``rows .. 2 rows - 1`` are the up
+    projection of gate rows ``0 .. rows - 1``, and ``y[., r] = silu(gate_r) * up_r`` (a
+    gated MLP's hidden rows, without the gate|up product ever leaving the kernel)."""
+    if (tiles, steps) not in GROUP_CONFIGS:
+        raise ValueError(f"grouped product: (tiles, steps) = {(tiles, steps)} is not compiled")
+    nt, r = tiles, GROUP_WEIGHT_TILES
     kernel, groups, count = _SMALL_KERNELS[p.code], _small_groups(p), int(group_expert.size)
     mmas = _SMALL_GROUP[p.code] // 16
     xp = array_module(x)
     # 8 bytes (a bf16 B fragment) per mma, per lane, per activation tile, per k-group
     xf = xp.empty(count * groups * nt * 32 * mmas * 2, dtype=xp.uint32)
     threads = groups * nt * 32
+    live = np.uint64(0) if group_rows is None else group_rows  # a null pointer: all rows
     function(SMALL_FAMILY, f"{kernel}_groups_x")(
         (-(-threads // 256), count),
         (256,),
@@ -333,6 +342,7 @@ def small_gemm_groups(
             x,
             np.int32(x.shape[1]),
             np.uint64(0) if x_rows is None else x_rows,  # a null pointer: rows in order
+            live,
             np.int32(groups),
             np.int32(nt),
             xf,
@@ -346,6 +356,7 @@ def small_gemm_groups(
             base,
             row0,
             group_expert,
+            live,
             *p.kernel_args(),
             np.int32(rows),
             np.int32(groups),

@@ -7,8 +7,9 @@ sequence of launches with no host synchronisation and can be captured in a CUDA 
 ``moe_prefill`` does the same for a prefill chunk's rows: it lays the (token, expert) pairs
 out by expert on the device and cuts each expert's pairs into groups (the last padded with zero
 rows), so one weight load serves a group; every group of the chunk runs in one launch per
-projection, on the tensor cores (``small_*_groups`` of ``gemm_small.cu``, 32 rows a group)
-where the layout has a tensor-core kernel, else on the 8-row GEMV (``gemv_expert_groups``).
+projection, on the tensor cores (``small_*_groups`` of ``gemm_small.cu``, groups of ``8 *
+kernels.GROUP_TILES`` rows, of which only the live ones cost) where the layout has a
+tensor-core kernel, else on the 8-row GEMV (``gemv_expert_groups``).
 No loop over experts on the host, and nothing read back.
 
 Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by probability
@@ -265,11 +266,13 @@ class PairGroups:
     those of the experts below it. There are as many groups as a pass of this many pairs can
     need (each expert's pairs in whole groups: at most pairs / size + experts), so nothing
     is read back to size the launches; groups past the real ones have expert -1, and rows no
-    pair takes are padding (source -1)."""
+    pair takes are padding (source -1). ``live[g]``: the pairs group g holds, in its first
+    rows (0 past the real groups)."""
 
     row: Any  # int64 [P]
     expert: Any  # int32 [G]
     source: Any  # int32 [G * size]
+    live: Any  # int32 [G]
     size: int
 
     @property
@@ -293,6 +296,7 @@ class PairGroups:
         counts = cp.empty(experts, dtype=cp.int32)
         row = cp.empty(pairs, dtype=cp.int64)
         group_expert = cp.empty(count, dtype=cp.int32)
+        live = cp.empty(count, dtype=cp.int32)
         source = cp.empty(count * size, dtype=cp.int32)
         warps = GROUP_THREADS // 32
         function("moe", "moe_pair_ranks")(
@@ -314,10 +318,11 @@ class PairGroups:
                 np.int32(count),
                 row,
                 group_expert,
+                live,
                 source,
             ),
         )
-        return cls(row, group_expert, source, size)
+        return cls(row, group_expert, source, live, size)
 
     @classmethod
     def _of_numpy(cls, flat: np.ndarray, experts: int, size: int, k: int) -> PairGroups:
@@ -329,10 +334,14 @@ class PairGroups:
         ends = np.cumsum(groups)
         row = ((ends[flat] - groups[flat] + within // size) * size + within % size).astype(np.int64)
         slots = np.arange(flat.size // size + experts)
-        group_expert = np.where(slots < ends[-1], np.searchsorted(ends, slots, side="right"), -1)
+        real = slots < ends[-1]
+        group_expert = np.where(real, np.searchsorted(ends, slots, side="right"), -1)
+        e = np.maximum(group_expert, 0)
+        earlier = (slots - (ends[e] - groups[e])) * size  # the expert's pairs in earlier groups
+        live = np.where(real, np.minimum(size, counts[e] - earlier), 0).astype(np.int32)
         source = np.full(slots.size * size, -1, dtype=np.int32)
         source[row] = (pairs // k).astype(np.int32)
-        return cls(row, group_expert.astype(np.int32), source, size)
+        return cls(row, group_expert.astype(np.int32), source, live, size)
 
 
 def route(logits: Any, top_k: int, experts: int | None = None) -> tuple[Any, Any]:
@@ -443,7 +452,7 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
         h = _hidden_rows(groups.rows, inter, width)
         kernels.small_gemm_groups(
             table.gate.base, table.gate.row0, groups.expert, table.gate.planes, inter,
-            _padded(xs, table.gate.planes), h, width, x_rows, gated=True,
+            _padded(xs, table.gate.planes), h, width, x_rows, groups.live, gated=True,
         )  # fmt: skip
     else:
         gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
@@ -473,16 +482,18 @@ def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
     expert = cp.zeros(count, dtype=cp.int32)
     x_rows = cp.arange(count * size, dtype=cp.int32)
     x_rows[n:] = -1  # the last group's padding reads zeros
+    live = cp.minimum(size, n - size * cp.arange(count, dtype=cp.int32)).astype(cp.int32)
     width = down.planes.x_width
     h = _hidden_rows(count * size, si, width)
     kernels.small_gemm_groups(
         gate_up.base, gate_up.row0, expert, gate_up.planes, si, _padded(x, gate_up.planes), h,
-        width, x_rows, gated=True,
+        width, x_rows, live, gated=True,
     )  # fmt: skip
     out = cp.empty((count * size, table.hidden), dtype=cp.float32)
     kernels.small_gemm_groups(
-        down.base, down.row0, expert, down.planes, table.hidden, h, out, table.hidden
-    )
+        down.base, down.row0, expert, down.planes, table.hidden, h, out, table.hidden,
+        group_rows=live,
+    )  # fmt: skip
     return out[:n]
 
 
@@ -515,7 +526,7 @@ def _grouped(
     rows = proj.rows if rows is None else rows
     if tensor_cores:
         kernels.small_gemm_groups(
-            proj.base, proj.row0, groups.expert, proj.planes, rows, x, y, ldy, x_rows
+            proj.base, proj.row0, groups.expert, proj.planes, rows, x, y, ldy, x_rows, groups.live
         )
     else:
         expert_groups_gemv(proj, groups.expert, x, y, ldy, rows=rows)

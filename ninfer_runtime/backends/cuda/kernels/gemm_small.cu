@@ -451,15 +451,18 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 // memory in one coalesced cp.async sweep, double-buffered one k-group ahead, and its warps
 // read them without bank conflicts (lanes take consecutive uint4): every warp of the block
 // shares one copy, and no warp waits on a global load of x before its mmas.
+// Tiles past a group's live rows (group_rows) are left unwritten: the product never reads them.
 template <class F>
 __device__ __forceinline__ void prep_x_groups(const float* __restrict__ x, int ldx,
-                                              const int* __restrict__ x_rows, int groups,
+                                              const int* __restrict__ x_rows,
+                                              const int* __restrict__ group_rows, int groups,
                                               int nt, uint4* __restrict__ out) {
   constexpr int CHUNK = F::GW / 4, PAIRS = F::GW / 32;
   const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (id >= (long long)groups * nt * 32) return;
   const long long g = blockIdx.y;
   const int lane = (int)(id & 31), t = (int)((id >> 5) % nt), q = (int)(id / (32LL * nt));
+  if (group_rows && t * 8 >= __ldg(group_rows + g)) return;
   const int m = t * 8 + (lane >> 2), c = lane & 3;
   const long long row = g * 8 * nt + m;
   const int xm = x_rows ? __ldg(x_rows + row) : (int)row;
@@ -487,11 +490,15 @@ __device__ __forceinline__ float gated_silu(float gate, float up) {
 // warp of the block runs every k-group, so that all take part in the shared copies; rows
 // past `rows` are clamped loads, never stored), the whole K (no split), U k-groups a step:
 // the next step's weights (registers) and x (shared memory) are in flight during this one's
-// mmas. `gated` (R = 2): a warp's two tiles are the same 16 rows of the gate (rows 0 ..
-// rows - 1) and of the up projection (the next `rows` rows), and y gets silu(gate) * up.
+// mmas. Only the group's first `tiles` activation tiles are copied, multiplied and stored
+// (the rest are padding), so a group can be as large as an expert's usual share of pairs at
+// the cost of its live rows only: each weight is decoded once per group, and the more tiles
+// a decode serves the less the tensor cores wait on it. `gated` (R = 2): a warp's two tiles
+// are the same 16 rows of the gate (rows 0 .. rows - 1) and of the up projection (the next
+// `rows` rows), and y gets silu(gate) * up.
 template <class F, int NT, int R, int U>
 __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int rows, int groups,
-                                            const uint4* __restrict__ xf,
+                                            int tiles, const uint4* __restrict__ xf,
                                             float* __restrict__ y, int ldy, bool gated) {
   constexpr int MMAS = F::GW / 16, PAIRS = MMAS / 2, STAGE = NT * PAIRS * 32;
   static_assert(R == 2, "the gated epilogue pairs a warp's two tiles");
@@ -516,11 +523,13 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
 
+  const int live = tiles * PAIRS * 32;  // uint4 of a k-group's live tiles
   const auto stage = [&](int q, int buf) {  // k-groups q .. q + U - 1 (those below groups)
-    const uint4* src = xf + (long long)q * STAGE;
-    const int count = min(U, groups - q) * STAGE;
-    for (int i = threadIdx.x; i < count; i += SMALL_WARPS * 32)
-      cp_async16(&xs[buf][i], src + i, true);
+    for (int u = 0; u < U && q + u < groups; ++u) {
+      const uint4* src = xf + (long long)(q + u) * STAGE;
+      for (int i = threadIdx.x; i < live; i += SMALL_WARPS * 32)
+        cp_async16(&xs[buf][u * STAGE + i], src + i, true);
+    }
     cp_commit();
   };
   typename F::Raw w[U][R][2], next[U][R][2];
@@ -539,40 +548,43 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (q + u >= groups) break;
-      u32 b[NT][MMAS][2];
+      // the k-group's weight fragments, decoded once for every activation tile
+      u32 frag[R][MMAS][4];
+      float s[R][2];
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int j = 0; j < MMAS; ++j) {
+          F::frag(w[u][r][0], j, frag[r][j][0], frag[r][j][2]);  // row g
+          F::frag(w[u][r][1], j, frag[r][j][1], frag[r][j][3]);  // row g + 8
+        }
+        s[r][0] = F::SCALED ? F::scale(w[u][r][0]) : 1.f;
+        s[r][1] = F::SCALED ? F::scale(w[u][r][1]) : 1.f;
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= tiles) break;
+        u32 b[MMAS][2];
 #pragma unroll
         for (int jj = 0; jj < PAIRS; ++jj) {
           const uint4 f = xs[buf][u * STAGE + (t * PAIRS + jj) * 32 + lane];
-          b[t][2 * jj][0] = f.x; b[t][2 * jj][1] = f.y;
-          b[t][2 * jj + 1][0] = f.z; b[t][2 * jj + 1][1] = f.w;
+          b[2 * jj][0] = f.x; b[2 * jj][1] = f.y;
+          b[2 * jj + 1][0] = f.z; b[2 * jj + 1][1] = f.w;
         }
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float part[NT][4];
+        for (int r = 0; r < R; ++r) {
+          if (!F::SCALED) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
-#pragma unroll
-        for (int j = 0; j < MMAS; ++j) {
-          u32 frag[4];
-          F::frag(w[u][r][0], j, frag[0], frag[2]);
-          F::frag(w[u][r][1], j, frag[1], frag[3]);
-#pragma unroll
-          for (int t = 0; t < NT; ++t)
-            mma_bf16(F::SCALED ? part[t] : acc[r][t], frag, b[t][j][0], b[t][j][1]);
-        }
-        if (F::SCALED) {
-          const float s0 = F::scale(w[u][r][0]), s1 = F::scale(w[u][r][1]);
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            acc[r][t][0] = fmaf(s0, part[t][0], acc[r][t][0]);
-            acc[r][t][1] = fmaf(s0, part[t][1], acc[r][t][1]);
-            acc[r][t][2] = fmaf(s1, part[t][2], acc[r][t][2]);
-            acc[r][t][3] = fmaf(s1, part[t][3], acc[r][t][3]);
+            for (int j = 0; j < MMAS; ++j) mma_bf16(acc[r][t], frag[r][j], b[j][0], b[j][1]);
+            continue;
           }
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int j = 0; j < MMAS; ++j) mma_bf16(part, frag[r][j], b[j][0], b[j][1]);
+          acc[r][t][0] = fmaf(s[r][0], part[0], acc[r][t][0]);
+          acc[r][t][1] = fmaf(s[r][0], part[1], acc[r][t][1]);
+          acc[r][t][2] = fmaf(s[r][1], part[2], acc[r][t][2]);
+          acc[r][t][3] = fmaf(s[r][1], part[3], acc[r][t][3]);
         }
       }
     }
@@ -587,7 +599,8 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
   }
   if (gated) {  // accumulator i of tile 0 and of tile 1: the same row of gate and up
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < NT; ++t) {
+      if (t >= tiles) break;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = tile0 + g + 8 * (i >> 1), m = t * 8 + 2 * c + (i & 1);
@@ -596,39 +609,45 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
         const float up = F::finish(acc[1][t][i], a, (long long)row0 + rows + row);
         y[(long long)m * ldy + row] = gated_silu(gate, up);
       }
+    }
     return;
   }
-  each_result<R, NT>(acc, tile0, g, c, rows, 8 * NT, [&](int row, int m, float v) {
+  each_result<R, NT>(acc, tile0, g, c, rows, 8 * tiles, [&](int row, int m, float v) {
     y[(long long)m * ldy + row] = F::finish(v, a, (long long)row0 + row);
   });
 }
 
 // Group g = blockIdx.z uses the object at base[group_expert[g]] (every expert one geometry,
 // as for the expert GEMV), rows row0[e] .. row0[e] + rows - 1 (gated: twice as many, gate
-// then up), and writes y rows g * 8 * NT onwards; a group whose expert is -1 returns at once. NAME_groups_x writes every group's
-// fragments, blockIdx.y being the group; with x_rows it gathers them: row g * 8 * NT + m is
-// row x_rows[g * 8 * NT + m] of x (-1: a padding row, zeros), else x holds the groups' rows
-// in order.
+// then up), and writes y rows g * 8 * NT onwards, those of its 8-row tiles that hold any of
+// its group_rows[g] live rows (all 8 * NT without group_rows); a group whose expert is -1,
+// or with no live rows, returns at once. NAME_groups_x writes every group's fragments,
+// blockIdx.y being the group; with x_rows it gathers them: row g * 8 * NT + m is row
+// x_rows[g * 8 * NT + m] of x (-1: a padding row, zeros), else x holds the groups' rows in
+// order.
 #define DEFINE_SMALL_GEMM_GROUPS(NAME, POLICY)                                                \
   template <int NT, int R, int U>                                                             \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
       NAME##_groups(const u64* __restrict__ base, const int* __restrict__ row0,               \
-                    const int* __restrict__ group_expert, long long off1, long long off2,     \
-                    int stride, int rpd, int rows, int groups, const uint4* __restrict__ xf,  \
-                    float* __restrict__ y, int ldy, int gated) {                              \
+                    const int* __restrict__ group_expert, const int* __restrict__ group_rows, \
+                    long long off1, long long off2, int stride, int rpd, int rows,            \
+                    int groups, const uint4* __restrict__ xf, float* __restrict__ y, int ldy, \
+                    int gated) {                                                              \
     constexpr int STAGE = NT * (POLICY::GW / 32) * 32;                                        \
     const long long g = blockIdx.z;                                                           \
     const int e = __ldg(group_expert + g);                                                    \
-    if (e < 0) return;                                                                        \
+    const int live = group_rows ? min(__ldg(group_rows + g), 8 * NT) : 8 * NT;                \
+    if (e < 0 || live <= 0) return;                                                           \
     SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
-    groups_gemm<POLICY, NT, R, U>(a, __ldg(row0 + e), rows, groups,                          \
+    groups_gemm<POLICY, NT, R, U>(a, __ldg(row0 + e), rows, groups, (live + 7) / 8,          \
                                   xf + g * groups * STAGE, y + g * 8 * NT * ldy, ldy,         \
                                   gated != 0);                                                \
   }                                                                                           \
   __global__ void NAME##_groups_x(const float* __restrict__ x, int ldx,                      \
-                                  const int* __restrict__ x_rows, int groups, int nt,         \
+                                  const int* __restrict__ x_rows,                             \
+                                  const int* __restrict__ group_rows, int groups, int nt,     \
                                   uint4* __restrict__ out) {                                  \
-    prep_x_groups<POLICY>(x, ldx, x_rows, groups, nt, out);                                   \
+    prep_x_groups<POLICY>(x, ldx, x_rows, group_rows, groups, nt, out);                       \
   }
 
 DEFINE_SMALL_GEMM(small_q4, SmallRowSplit<4>)

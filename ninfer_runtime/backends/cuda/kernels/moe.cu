@@ -174,13 +174,14 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
 }
 
 // One block: each expert's first group (an exclusive scan of its group counts), then every
-// pair's row, each group's expert (-1 past the real ones) and each row's token (-1 for rows
-// no pair takes). G groups of `size` rows; pairs are token-major, top_k a token.
+// pair's row, each group's expert (-1 past the real ones) and pairs (live: 0 past the real
+// ones) and each row's token (-1 for rows no pair takes). G groups of `size` rows; pairs are
+// token-major, top_k a token.
 extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
     moe_pair_rows(const int* __restrict__ ids, int P, int E, int size, int top_k,
                   const int* __restrict__ rank, const int* __restrict__ counts, int G,
                   long long* __restrict__ row, int* __restrict__ group_expert,
-                  int* __restrict__ source) {
+                  int* __restrict__ live, int* __restrict__ source) {
   __shared__ int start[MOE_MAX_EXPERTS + 1];
   __shared__ int warp_sum[MOE_GROUP_THREADS / 32];
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -220,6 +221,7 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
       e = lo;
     }
     group_expert[g] = e;
+    live[g] = e < 0 ? 0 : min(size, counts[e] - (g - start[e]) * size);
   }
   for (int p = t; p < P; p += MOE_GROUP_THREADS) {
     const int e = __ldg(ids + p), k = __ldg(rank + p);
