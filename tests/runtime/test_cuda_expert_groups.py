@@ -166,6 +166,9 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     with pytest.raises(ValueError, match="not compiled"):
         kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=3)
     del launches.calls[2:]  # (the calls above)
+    from ninfer_runtime.backends.cuda import moe
+
+    assert moe.SHARED_GROUPS in kernels.GROUP_CONFIGS  # the shared expert's groups compile
     # gated: rows are the gate's (the up rows follow them), a warp takes 16 of them
     kernels.small_gemm_groups(base, row0, group_expert, p, 512, x, y, 1024, gated=True)
     _, _, grid, _, args = launches.calls[-1]
