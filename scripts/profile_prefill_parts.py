@@ -182,18 +182,18 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
         )
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
     stages["down"] = lambda: project(table.down, h, ys, table.hidden)
-    for tiles, steps in moe.kernels.GROUP_CONFIGS if tc else ():  # each compiled config
+    for tiles, depth in moe.kernels.GROUP_CONFIGS if tc else ():  # each compiled config
         other = moe.PairGroups.of(ids, table.experts, 8 * tiles)
         hidden = moe._hidden_rows(other.rows, inter, table.down.planes.x_width)
         out = cp.empty((other.rows, table.hidden), dtype=cp.float32)
         gate, down = table.gate, table.down
-        config = {"tiles": tiles, "steps": steps}
-        stages[f"gate_up {tiles}x8 U={steps}"] = partial(
+        config = {"tiles": tiles, "depth": depth}
+        stages[f"gate_up {tiles}x8 D={depth}"] = partial(
             moe.kernels.small_gemm_groups, gate.base, gate.row0, other.expert, gate.planes,
             inter, xs, hidden, table.down.planes.x_width, other.source, other.live,
             gated=True, **config,
         )  # fmt: skip
-        stages[f"down {tiles}x8 U={steps}"] = partial(
+        stages[f"down {tiles}x8 D={depth}"] = partial(
             moe.kernels.small_gemm_groups, down.base, down.row0, other.expert, down.planes,
             table.hidden, hidden, out, table.hidden, group_rows=other.live, **config,
         )  # fmt: skip

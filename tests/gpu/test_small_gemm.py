@@ -121,7 +121,7 @@ def _computed(live: int, m: int) -> int:
 
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
-@pytest.mark.parametrize("config", kernels.GROUP_CONFIGS, ids=lambda c: f"tiles{c[0]}-U{c[1]}")
+@pytest.mark.parametrize("config", kernels.GROUP_CONFIGS, ids=lambda c: f"tiles{c[0]}-D{c[1]}")
 @pytest.mark.parametrize("live", [False, True], ids=["all-rows", "live-rows"])
 def test_grouped_product(case: Any, config: tuple[int, int], live: bool) -> None:
     """``small_gemm_groups``: each group multiplies the bf16-rounded x rows it gathers (rows
@@ -130,7 +130,7 @@ def test_grouped_product(case: Any, config: tuple[int, int], live: bool) -> None
     holding its live rows and nothing past them; bit-identical when run again."""
     import cupy as cp
 
-    tiles, steps = config
+    tiles, depth = config
     parent, w = make_weight(case, seed=11)
     p = parent.planes
     n, k = case[2]
@@ -151,7 +151,7 @@ def test_grouped_product(case: Any, config: tuple[int, int], live: bool) -> None
         y = cp.full((group_expert.size * m, half), np.nan, dtype=cp.float32)
         kernels.small_gemm_groups(
             *args, padded, y, half, cp.asarray(x_rows), None if rows is None else cp.asarray(rows),
-            tiles=tiles, steps=steps,
+            tiles=tiles, depth=depth,
         )  # fmt: skip
         runs.append(cp.asnumpy(y))
     assert np.array_equal(runs[0], runs[1], equal_nan=True), "not deterministic"
@@ -175,7 +175,7 @@ def test_grouped_gated_product(case: Any, config: tuple[int, int]) -> None:
     group's live rows, and nothing past ``rows`` of its output rows or past those tiles."""
     import cupy as cp
 
-    tiles, steps = config
+    tiles, depth = config
     parent, w = make_weight(case, seed=13)
     p = parent.planes
     n, k = case[2]
@@ -194,7 +194,7 @@ def test_grouped_gated_product(case: Any, config: tuple[int, int]) -> None:
     y = cp.full((group_expert.size * m, width), np.nan, dtype=cp.float32)
     kernels.small_gemm_groups(
         base, row0, cp.asarray(group_expert), p, rows, padded, y, width, cp.asarray(x_rows),
-        cp.asarray(live), tiles=tiles, steps=steps, gated=True,
+        cp.asarray(live), tiles=tiles, depth=depth, gated=True,
     )  # fmt: skip
     got = cp.asnumpy(y)
     xb = np.where(x_rows[:, None] >= 0, _bf16(x)[np.maximum(x_rows, 0)], 0.0).astype(np.float64)

@@ -160,9 +160,9 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, group_rows=live)
     assert launches.calls[-1][4][3] is live and launches.calls[-2][4][3] is live
     # another compiled configuration names its kernel; one not compiled is refused
-    tiles, u = kernels.GROUP_CONFIGS[-1]
-    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=tiles, steps=u)
-    assert launches.calls[-1][1].endswith(f"_groups<{tiles}, {r}, {u}>")
+    tiles, d = kernels.GROUP_CONFIGS[-1]
+    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=tiles, depth=d)
+    assert launches.calls[-1][1].endswith(f"_groups<{tiles}, {r}, {d}>")
     with pytest.raises(ValueError, match="not compiled"):
         kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=3)
     del launches.calls[2:]  # (the calls above)

@@ -125,20 +125,19 @@ SMALL_CONFIGS = [(nt, r, u) for nt, tiles in SMALL_TILES.items() for r, u in til
 #: pairs, 8 * tiles rows a group; only a group's tiles holding live rows are computed, so a
 #: large group costs its pairs, and a weight decoded once serves them all), its 16-row
 #: weight tiles per warp (4 measured slower: 0.60 against 0.54 ms on the 35B-A3B gate|up, at
-#: 4 tiles), and the k-groups per step U; the compiled (tiles, U), the first the default.
-#: On the 35B-A3B at 2,048 rows (about 64 pairs an expert), gate|up and down in ms: (12, 1)
-#: 0.467 / 0.323, (12, 2) 0.517 / 0.365, (8, 2) 0.496 / 0.393, (4, 2) 0.598 / 0.397
+#: 4 tiles), and the k-groups it keeps in flight; the compiled (tiles, depth), the first the
+#: default
 GROUP_WEIGHT_TILES = 2
-GROUP_CONFIGS = ((12, 1), (12, 2), (8, 2), (4, 2))
-GROUP_TILES, GROUP_STEPS = GROUP_CONFIGS[0]
+GROUP_CONFIGS = ((12, 3), (12, 2), (12, 4), (8, 3), (4, 3))
+GROUP_TILES, GROUP_DEPTH = GROUP_CONFIGS[0]
 register_family(
     SMALL_FAMILY,
     [f"{k}<{nt}, {r}, {u}>" for k in _SMALL_KERNELS.values() for nt, r, u in SMALL_CONFIGS]
     + [f"{k}_x" for k in _SMALL_KERNELS.values()]
     + [
-        f"{k}_groups<{nt}, {GROUP_WEIGHT_TILES}, {u}>"
+        f"{k}_groups<{nt}, {GROUP_WEIGHT_TILES}, {d}>"
         for k in _GROUPED_KERNELS.values()
-        for nt, u in GROUP_CONFIGS
+        for nt, d in GROUP_CONFIGS
     ]
     + [f"{k}_groups_x" for k in _GROUPED_KERNELS.values()],
     headers=SMALL_HEADERS,
@@ -312,7 +311,7 @@ def small_gemm_groups(
     group_rows: Any = None,
     *,
     tiles: int = GROUP_TILES,
-    steps: int = GROUP_STEPS,
+    depth: int = GROUP_DEPTH,
     gated: bool = False,
 ) -> None:
     """``y[g * M + m, r] = sum_k x[g * M + m, k] W_e[row0[e] + r, k]`` with ``e =
@@ -323,12 +322,12 @@ def small_gemm_groups(
     M`` rows, or with ``x_rows`` (int32 [len(group_expert) * M]) any rows, product row i
     reading row ``x_rows[i]`` of x (-1: zeros). ``group_rows`` (int32 [len(group_expert)]):
     group g's live rows, its first ones; only the 8-row tiles holding them are computed and
-    written (default: all M). ``(tiles, steps)``: one of ``GROUP_CONFIGS``, steps being
-    k-groups per loop step. ``gated``: the expert's rows ``rows .. 2 rows - 1`` are the up
+    written (default: all M). ``(tiles, depth)``: one of ``GROUP_CONFIGS``, depth being the
+    k-groups in flight. ``gated``: the expert's rows ``rows .. 2 rows - 1`` are the up
     projection of gate rows ``0 .. rows - 1``, and ``y[., r] = silu(gate_r) * up_r`` (a
     gated MLP's hidden rows, without the gate|up product ever leaving the kernel)."""
-    if (tiles, steps) not in GROUP_CONFIGS:
-        raise ValueError(f"grouped product: (tiles, steps) = {(tiles, steps)} is not compiled")
+    if (tiles, depth) not in GROUP_CONFIGS:
+        raise ValueError(f"grouped product: (tiles, depth) = {(tiles, depth)} is not compiled")
     nt, r = tiles, GROUP_WEIGHT_TILES
     kernel, groups, count = _SMALL_KERNELS[p.code], _small_groups(p), int(group_expert.size)
     mmas = _SMALL_GROUP[p.code] // 16
@@ -351,7 +350,7 @@ def small_gemm_groups(
         ),
     )
     per_warp = 16 if gated else 16 * r  # gated: a warp's two tiles are one gate | up pair
-    function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {steps}>")(
+    function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {depth}>")(
         (-(-rows // (SMALL_WARPS * per_warp)), 1, count),
         (SMALL_WARPS * 32,),
         (

@@ -448,7 +448,7 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 // activation tile t, pair jj of mmas and lane (g', c), one uint4 holding the B fragments of
 // mmas 2 jj and 2 jj + 1 (row t * 8 + g', the chunk weights PERM[j][0..3]). A k-group's
 // fragments of one group (STAGE uint4) are contiguous, so a block copies them to shared
-// memory in one coalesced cp.async sweep, double-buffered one k-group ahead, and its warps
+// memory in one coalesced cp.async sweep, a ring of stages some k-groups ahead, and its warps
 // read them without bank conflicts (lanes take consecutive uint4): every warp of the block
 // shares one copy, and no warp waits on a global load of x before its mmas.
 // Tiles past a group's live rows (group_rows) are left unwritten: the product never reads them.
@@ -488,21 +488,23 @@ __device__ __forceinline__ float gated_silu(float gate, float up) {
 
 // One group's product: block x of the grid takes SMALL_WARPS * 16 * R weight rows (every
 // warp of the block runs every k-group, so that all take part in the shared copies; rows
-// past `rows` are clamped loads, never stored), the whole K (no split), U k-groups a step:
-// the next step's weights (registers) and x (shared memory) are in flight during this one's
-// mmas. Only the group's first `tiles` activation tiles are copied, multiplied and stored
-// (the rest are padding), so a group can be as large as an expert's usual share of pairs at
-// the cost of its live rows only: each weight is decoded once per group, and the more tiles
-// a decode serves the less the tensor cores wait on it. `gated` (R = 2): a warp's two tiles
-// are the same 16 rows of the gate (rows 0 .. rows - 1) and of the up projection (the next
-// `rows` rows), and y gets silu(gate) * up.
-template <class F, int NT, int R, int U>
+// past `rows` are clamped loads, never stored), the whole K (no split), one k-group a step
+// with D k-groups in flight: the weights of the next D - 1 (or D, once this one's are
+// decoded) in registers and their x in a ring of D shared-memory stages, so a load has D - 1
+// steps of mmas to arrive in. Only the group's first `tiles` activation tiles are copied,
+// multiplied and stored (the rest are padding), so a group can be as large as an expert's
+// usual share of pairs at the cost of its live rows only: each weight is decoded once per
+// group, for all its tiles. `gated` (R = 2): a warp's two tiles are the same 16 rows of the
+// gate (rows 0 .. rows - 1) and of the up projection (the next `rows` rows), and y gets
+// silu(gate) * up.
+template <class F, int NT, int R, int D>
 __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                             int tiles, const uint4* __restrict__ xf,
                                             float* __restrict__ y, int ldy, bool gated) {
   constexpr int MMAS = F::GW / 16, PAIRS = MMAS / 2, STAGE = NT * PAIRS * 32;
   static_assert(R == 2, "the gated epilogue pairs a warp's two tiles");
-  __shared__ uint4 xs[2][U * STAGE];
+  static_assert(D >= 2, "at least the next k-group in flight");
+  __shared__ uint4 xs[D][STAGE];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tile0 = (blockIdx.x * SMALL_WARPS + warp) * 16 * (gated ? 1 : R);
@@ -524,50 +526,49 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
 
   const int live = tiles * PAIRS * 32;  // uint4 of a k-group's live tiles
-  const auto stage = [&](int q, int buf) {  // k-groups q .. q + U - 1 (those below groups)
-    for (int u = 0; u < U && q + u < groups; ++u) {
-      const uint4* src = xf + (long long)(q + u) * STAGE;
+  const auto stage = [&](int q, int buf) {  // k-group q's x into buffer buf (none past the end)
+    if (q < groups) {
+      const uint4* src = xf + (long long)q * STAGE;
       for (int i = threadIdx.x; i < live; i += SMALL_WARPS * 32)
-        cp_async16(&xs[buf][u * STAGE + i], src + i, true);
+        cp_async16(&xs[buf][i], src + i, true);
     }
-    cp_commit();
+    cp_commit();  // a group even when empty: the waits below count D - 2 younger ones
   };
-  typename F::Raw w[U][R][2], next[U][R][2];
-  stage(0, 0);
-  load_groups<F, R, U>(w, a, n, 0, groups, c);
-  for (int q = 0; q < groups; q += U) {
-    const int buf = (q / U) & 1;
-    if (q + U < groups) {
-      stage(q + U, buf ^ 1);
-      load_groups<F, R, U>(next, a, n, q + U, groups, c);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+  typename F::Raw w[D][1][R][2];  // k-group q's weights in slot q % D
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (q + u >= groups) break;
-      // the k-group's weight fragments, decoded once for every activation tile
+  for (int d = 0; d < D; ++d) load_groups<F, R, 1>(w[d], a, n, d, groups, c);
+#pragma unroll
+  for (int d = 0; d + 1 < D; ++d) stage(d, d);
+  for (int q0 = 0; q0 < groups; q0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int q = q0 + d;
+      if (q >= groups) break;
+      cp_wait<D - 2>();  // k-group q's x has landed for this thread ...
+      __syncthreads();   // ... and every thread; all warps are past step q - 1's mmas
+      stage(q + D - 1, (d + D - 1) % D);  // into the stage step q - 1 read
+      // the k-group's weight fragments, decoded once for every activation tile; the slot
+      // then takes k-group q + D's weights
       u32 frag[R][MMAS][4];
       float s[R][2];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int j = 0; j < MMAS; ++j) {
-          F::frag(w[u][r][0], j, frag[r][j][0], frag[r][j][2]);  // row g
-          F::frag(w[u][r][1], j, frag[r][j][1], frag[r][j][3]);  // row g + 8
+          F::frag(w[d][0][r][0], j, frag[r][j][0], frag[r][j][2]);  // row g
+          F::frag(w[d][0][r][1], j, frag[r][j][1], frag[r][j][3]);  // row g + 8
         }
-        s[r][0] = F::SCALED ? F::scale(w[u][r][0]) : 1.f;
-        s[r][1] = F::SCALED ? F::scale(w[u][r][1]) : 1.f;
+        s[r][0] = F::SCALED ? F::scale(w[d][0][r][0]) : 1.f;
+        s[r][1] = F::SCALED ? F::scale(w[d][0][r][1]) : 1.f;
       }
+      load_groups<F, R, 1>(w[d], a, n, q + D, groups, c);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t >= tiles) break;
         u32 b[MMAS][2];
 #pragma unroll
         for (int jj = 0; jj < PAIRS; ++jj) {
-          const uint4 f = xs[buf][u * STAGE + (t * PAIRS + jj) * 32 + lane];
+          const uint4 f = xs[d][(t * PAIRS + jj) * 32 + lane];
           b[2 * jj][0] = f.x; b[2 * jj][1] = f.y;
           b[2 * jj + 1][0] = f.z; b[2 * jj + 1][1] = f.w;
         }
@@ -588,14 +589,6 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
         }
       }
     }
-    __syncthreads();  // the buffer is refilled by the next step's copy
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        w[u][r][0] = next[u][r][0];
-        w[u][r][1] = next[u][r][1];
-      }
   }
   if (gated) {  // accumulator i of tile 0 and of tile 1: the same row of gate and up
 #pragma unroll
@@ -626,7 +619,7 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
 // x_rows[g * 8 * NT + m] of x (-1: a padding row, zeros), else x holds the groups' rows in
 // order.
 #define DEFINE_SMALL_GEMM_GROUPS(NAME, POLICY)                                                \
-  template <int NT, int R, int U>                                                             \
+  template <int NT, int R, int D>                                                             \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
       NAME##_groups(const u64* __restrict__ base, const int* __restrict__ row0,               \
                     const int* __restrict__ group_expert, const int* __restrict__ group_rows, \
@@ -639,7 +632,7 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
     const int live = group_rows ? min(__ldg(group_rows + g), 8 * NT) : 8 * NT;                \
     if (e < 0 || live <= 0) return;                                                           \
     SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
-    groups_gemm<POLICY, NT, R, U>(a, __ldg(row0 + e), rows, groups, (live + 7) / 8,          \
+    groups_gemm<POLICY, NT, R, D>(a, __ldg(row0 + e), rows, groups, (live + 7) / 8,          \
                                   xf + g * groups * STAGE, y + g * 8 * NT * ldy, ldy,         \
                                   gated != 0);                                                \
   }                                                                                           \
