@@ -182,20 +182,19 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
         )
     ys = cp.empty((groups.rows, table.hidden), dtype=cp.float32)
     stages["down"] = lambda: project(table.down, h, ys, table.hidden)
-    for tiles, depth in moe.kernels.GROUP_CONFIGS if tc else ():  # each compiled config
-        other = moe.PairGroups.of(ids, table.experts, 8 * tiles)
+    for config in moe.kernels.GROUP_CONFIGS if tc else ():  # each compiled configuration
+        other = moe.PairGroups.of(ids, table.experts, 8 * config[0])
         hidden = moe._hidden_rows(other.rows, inter, table.down.planes.x_width)
         out = cp.empty((other.rows, table.hidden), dtype=cp.float32)
         gate, down = table.gate, table.down
-        config = {"tiles": tiles, "depth": depth}
-        stages[f"gate_up {tiles}x8 D={depth}"] = partial(
+        stages[f"gate_up {config}"] = partial(
             moe.kernels.small_gemm_groups, gate.base, gate.row0, other.expert, gate.planes,
             inter, xs, hidden, table.down.planes.x_width, other.source, other.live,
-            gated=True, **config,
+            gated=True, config=config,
         )  # fmt: skip
-        stages[f"down {tiles}x8 D={depth}"] = partial(
+        stages[f"down {config}"] = partial(
             moe.kernels.small_gemm_groups, down.base, down.row0, other.expert, down.planes,
-            table.hidden, hidden, out, table.hidden, group_rows=other.live, **config,
+            table.hidden, hidden, out, table.hidden, group_rows=other.live, config=config,
         )  # fmt: skip
     shared = moe._shared_prefill(be, x, table)
     stages["shared (grouped)" if table.shared_groups else "shared"] = lambda: moe._shared_prefill(

@@ -121,16 +121,16 @@ def _computed(live: int, m: int) -> int:
 
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
-@pytest.mark.parametrize("config", kernels.GROUP_CONFIGS, ids=lambda c: f"tiles{c[0]}-D{c[1]}")
+@pytest.mark.parametrize("config", kernels.GROUP_CONFIGS, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("live", [False, True], ids=["all-rows", "live-rows"])
-def test_grouped_product(case: Any, config: tuple[int, int], live: bool) -> None:
+def test_grouped_product(case: Any, config: tuple[int, int, int], live: bool) -> None:
     """``small_gemm_groups``: each group multiplies the bf16-rounded x rows it gathers (rows
     of -1 read zeros) by its expert's rows (two experts: the two halves of one object), a
     group of expert -1 writes nothing; with ``group_rows``, a group writes the 8-row tiles
     holding its live rows and nothing past them; bit-identical when run again."""
     import cupy as cp
 
-    tiles, depth = config
+    tiles = config[0]
     parent, w = make_weight(case, seed=11)
     p = parent.planes
     n, k = case[2]
@@ -151,7 +151,7 @@ def test_grouped_product(case: Any, config: tuple[int, int], live: bool) -> None
         y = cp.full((group_expert.size * m, half), np.nan, dtype=cp.float32)
         kernels.small_gemm_groups(
             *args, padded, y, half, cp.asarray(x_rows), None if rows is None else cp.asarray(rows),
-            tiles=tiles, depth=depth,
+            config=config,
         )  # fmt: skip
         runs.append(cp.asnumpy(y))
     assert np.array_equal(runs[0], runs[1], equal_nan=True), "not deterministic"
@@ -168,14 +168,14 @@ def test_grouped_product(case: Any, config: tuple[int, int], live: bool) -> None
 
 @pytest.mark.parametrize("case", GROUP_CASES, ids=case_id)
 @pytest.mark.parametrize("config", kernels.GROUP_CONFIGS[:1] + kernels.GROUP_CONFIGS[-1:])
-def test_grouped_gated_product(case: Any, config: tuple[int, int]) -> None:
+def test_grouped_gated_product(case: Any, config: tuple[int, int, int]) -> None:
     """``small_gemm_groups(gated=True)``: each expert's rows ``row0 .. row0 + rows`` are a
     gate and the next ``rows`` its up projection; the product writes ``silu(gate) * up``
     (as ``moe_silu_mul`` computes it) for the gathered bf16 x rows of the tiles holding each
     group's live rows, and nothing past ``rows`` of its output rows or past those tiles."""
     import cupy as cp
 
-    tiles, depth = config
+    tiles = config[0]
     parent, w = make_weight(case, seed=13)
     p = parent.planes
     n, k = case[2]
@@ -194,7 +194,7 @@ def test_grouped_gated_product(case: Any, config: tuple[int, int]) -> None:
     y = cp.full((group_expert.size * m, width), np.nan, dtype=cp.float32)
     kernels.small_gemm_groups(
         base, row0, cp.asarray(group_expert), p, rows, padded, y, width, cp.asarray(x_rows),
-        cp.asarray(live), tiles=tiles, depth=depth, gated=True,
+        cp.asarray(live), config=config, gated=True,
     )  # fmt: skip
     got = cp.asnumpy(y)
     xb = np.where(x_rows[:, None] >= 0, _bf16(x)[np.maximum(x_rows, 0)], 0.0).astype(np.float64)

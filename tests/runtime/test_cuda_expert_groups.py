@@ -160,11 +160,11 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
     kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, group_rows=live)
     assert launches.calls[-1][4][3] is live and launches.calls[-2][4][3] is live
     # another compiled configuration names its kernel; one not compiled is refused
-    tiles, d = kernels.GROUP_CONFIGS[-1]
-    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=tiles, depth=d)
-    assert launches.calls[-1][1].endswith(f"_groups<{tiles}, {r}, {d}>")
+    tiles, depth, chunk = config = kernels.GROUP_CONFIGS[-1]
+    kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, config=config)
+    assert launches.calls[-1][1].endswith(f"_groups<{tiles}, {r}, {depth}, {chunk}>")
     with pytest.raises(ValueError, match="not compiled"):
-        kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, tiles=3)
+        kernels.small_gemm_groups(base, row0, group_expert, p, 1024, x, y, 1024, config=(3, 2, 1))
     del launches.calls[2:]  # (the calls above)
     from ninfer_runtime.backends.cuda import moe
 

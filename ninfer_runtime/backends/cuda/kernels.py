@@ -125,19 +125,19 @@ SMALL_CONFIGS = [(nt, r, u) for nt, tiles in SMALL_TILES.items() for r, u in til
 #: pairs, 8 * tiles rows a group; only a group's tiles holding live rows are computed, so a
 #: large group costs its pairs, and a weight decoded once serves them all), its 16-row
 #: weight tiles per warp (4 measured slower: 0.60 against 0.54 ms on the 35B-A3B gate|up, at
-#: 4 tiles), and the k-groups it keeps in flight; the compiled (tiles, depth), the first the
-#: default
+#: 4 tiles), the k-groups it keeps in flight and the tiles it multiplies side by side; the
+#: compiled (tiles, depth, chunk), the first the default
 GROUP_WEIGHT_TILES = 2
-GROUP_CONFIGS = ((12, 3), (12, 2), (12, 4), (8, 3), (4, 3))
-GROUP_TILES, GROUP_DEPTH = GROUP_CONFIGS[0]
+GROUP_CONFIGS = ((12, 3, 4), (12, 3, 2), (12, 2, 4), (8, 3, 4), (4, 3, 4))
+GROUP_TILES = GROUP_CONFIGS[0][0]
 register_family(
     SMALL_FAMILY,
     [f"{k}<{nt}, {r}, {u}>" for k in _SMALL_KERNELS.values() for nt, r, u in SMALL_CONFIGS]
     + [f"{k}_x" for k in _SMALL_KERNELS.values()]
     + [
-        f"{k}_groups<{nt}, {GROUP_WEIGHT_TILES}, {d}>"
+        f"{k}_groups<{nt}, {GROUP_WEIGHT_TILES}, {d}, {c}>"
         for k in _GROUPED_KERNELS.values()
-        for nt, d in GROUP_CONFIGS
+        for nt, d, c in GROUP_CONFIGS
     ]
     + [f"{k}_groups_x" for k in _GROUPED_KERNELS.values()],
     headers=SMALL_HEADERS,
@@ -310,25 +310,25 @@ def small_gemm_groups(
     x_rows: Any = None,
     group_rows: Any = None,
     *,
-    tiles: int = GROUP_TILES,
-    depth: int = GROUP_DEPTH,
+    config: tuple[int, int, int] = GROUP_CONFIGS[0],
     gated: bool = False,
 ) -> None:
     """``y[g * M + m, r] = sum_k x[g * M + m, k] W_e[row0[e] + r, k]`` with ``e =
-    group_expert[g]`` for every group g of ``M = 8 * tiles`` rows (-1: the group is
+    group_expert[g]`` for every group g of ``M = 8 * config[0]`` rows (-1: the group is
     skipped) on the tensor cores, x rounded to bf16; ``base``/``row0``: each expert's object
     address and first row (int64 / int32 device arrays), all of planes ``p``
     (``has_tensor_cores(p)``); ``x``: float32, ``p.x_width`` columns, ``len(group_expert) *
     M`` rows, or with ``x_rows`` (int32 [len(group_expert) * M]) any rows, product row i
     reading row ``x_rows[i]`` of x (-1: zeros). ``group_rows`` (int32 [len(group_expert)]):
     group g's live rows, its first ones; only the 8-row tiles holding them are computed and
-    written (default: all M). ``(tiles, depth)``: one of ``GROUP_CONFIGS``, depth being the
-    k-groups in flight. ``gated``: the expert's rows ``rows .. 2 rows - 1`` are the up
-    projection of gate rows ``0 .. rows - 1``, and ``y[., r] = silu(gate_r) * up_r`` (a
-    gated MLP's hidden rows, without the gate|up product ever leaving the kernel)."""
-    if (tiles, depth) not in GROUP_CONFIGS:
-        raise ValueError(f"grouped product: (tiles, depth) = {(tiles, depth)} is not compiled")
-    nt, r = tiles, GROUP_WEIGHT_TILES
+    written (default: all M). ``config``: one of ``GROUP_CONFIGS``, ``(tiles, depth, chunk)``:
+    the 8-row tiles of a group, the k-groups in flight, the tiles multiplied side by side.
+    ``gated``: the expert's rows ``rows .. 2 rows - 1`` are the up projection of gate rows
+    ``0 .. rows - 1``, and ``y[., r] = silu(gate_r) * up_r`` (a gated MLP's hidden rows,
+    without the gate|up product ever leaving the kernel)."""
+    if config not in GROUP_CONFIGS:
+        raise ValueError(f"grouped product: configuration {config} is not compiled")
+    (nt, depth, chunk), r = config, GROUP_WEIGHT_TILES
     kernel, groups, count = _SMALL_KERNELS[p.code], _small_groups(p), int(group_expert.size)
     mmas = _SMALL_GROUP[p.code] // 16
     xp = array_module(x)
@@ -350,7 +350,7 @@ def small_gemm_groups(
         ),
     )
     per_warp = 16 if gated else 16 * r  # gated: a warp's two tiles are one gate | up pair
-    function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {depth}>")(
+    function(SMALL_FAMILY, f"{kernel}_groups<{nt}, {r}, {depth}, {chunk}>")(
         (-(-rows // (SMALL_WARPS * per_warp)), 1, count),
         (SMALL_WARPS * 32,),
         (

@@ -56,10 +56,11 @@ EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
 #: rows), and on the tensor cores
 GROUP_PAIRS = kernels.MAX_GEMV_ROWS
 TENSOR_GROUP_PAIRS = 8 * kernels.GROUP_TILES
-#: (tiles, depth) of the shared expert's groups: every row is live there, so the group size only
-#: sets how many blocks a launch has, and small groups fill the device (35B-A3B, 2,048 rows:
-#: 96-row groups give 176 blocks, fewer than run at once, 0.39 ms; 32-row groups 0.19)
-SHARED_GROUPS = (4, 3)
+#: the configuration (``kernels.GROUP_CONFIGS``) of the shared expert's groups: every row
+#: is live there, so the group size only sets how many blocks a launch has, and small groups
+#: fill the device (35B-A3B, 2,048 rows: 96-row groups give 176 blocks, fewer than run at
+#: once, 0.39 ms; 32-row groups 0.23)
+SHARED_GROUPS = (4, 3, 4)
 
 register_family(
     "moe", ["moe_router", "moe_silu_mul", "moe_combine", "moe_pair_ranks", "moe_pair_rows"]
@@ -481,8 +482,7 @@ def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
     if table.shared_groups is None:
         return _shared(backend, x, table)
     gate_up, down = table.shared_groups
-    tiles, depth = SHARED_GROUPS
-    n, si, size = x.shape[0], table.shared_intermediate, 8 * tiles
+    n, si, size = x.shape[0], table.shared_intermediate, 8 * SHARED_GROUPS[0]
     count = -(-n // size)
     expert = cp.zeros(count, dtype=cp.int32)
     x_rows = cp.arange(count * size, dtype=cp.int32)
@@ -492,12 +492,12 @@ def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
     h = _hidden_rows(count * size, si, width)
     kernels.small_gemm_groups(
         gate_up.base, gate_up.row0, expert, gate_up.planes, si, _padded(x, gate_up.planes), h,
-        width, x_rows, live, tiles=tiles, depth=depth, gated=True,
+        width, x_rows, live, config=SHARED_GROUPS, gated=True,
     )  # fmt: skip
     out = cp.empty((count * size, table.hidden), dtype=cp.float32)
     kernels.small_gemm_groups(
         down.base, down.row0, expert, down.planes, table.hidden, h, out, table.hidden,
-        group_rows=live, tiles=tiles, depth=depth,
+        group_rows=live, config=SHARED_GROUPS,
     )  # fmt: skip
     return out[:n]
 

@@ -486,6 +486,87 @@ __device__ __forceinline__ float gated_silu(float gate, float up) {
   return gate * (0.5f * (1.f + tanhf(0.5f * gate))) * up;
 }
 
+// Tiles T0 .. T0 + C - 1 of one k-group: their x fragments from the stage, then C x R
+// accumulations side by side (independent mma chains, so that the tensor pipe has several
+// in flight; one 16-row tile's chain alone leaves it waiting), each group's sum scaled into
+// acc.
+template <class F, int NT, int R, int T0, int C>
+__device__ __forceinline__ void group_tiles(float (&acc)[R][NT][4],
+                                            const u32 (&frag)[R][F::GW / 16][4],
+                                            const float (&s)[R][2], const uint4* stage,
+                                            int lane) {
+  constexpr int MMAS = F::GW / 16, PAIRS = MMAS / 2;
+  static_assert(T0 + C <= NT, "tiles past the group");
+  float part[C][R][4];
+#pragma unroll
+  for (int i = 0; i < C; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[i][r][e] = 0.f;
+#pragma unroll
+  for (int jj = 0; jj < PAIRS; ++jj) {
+    uint4 f[C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) f[i] = stage[((T0 + i) * PAIRS + jj) * 32 + lane];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)  // mma 2 jj + h: words (x, y) or (z, w) of the fragment
+#pragma unroll
+      for (int i = 0; i < C; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const u32 b0 = h ? f[i].z : f[i].x, b1 = h ? f[i].w : f[i].y;
+          mma_bf16(F::SCALED ? part[i][r] : acc[r][T0 + i], frag[r][2 * jj + h], b0, b1);
+        }
+  }
+  if (!F::SCALED) return;
+#pragma unroll
+  for (int i = 0; i < C; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float* a = acc[r][T0 + i];
+      a[0] = fmaf(s[r][0], part[i][r][0], a[0]);
+      a[1] = fmaf(s[r][0], part[i][r][1], a[1]);
+      a[2] = fmaf(s[r][1], part[i][r][2], a[2]);
+      a[3] = fmaf(s[r][1], part[i][r][3], a[3]);
+    }
+}
+
+// Tiles T .. END - 1 one at a time, those below `tiles`.
+template <class F, int NT, int R, int T, int END>
+__device__ __forceinline__ void tiles_singly(float (&acc)[R][NT][4],
+                                             const u32 (&frag)[R][F::GW / 16][4],
+                                             const float (&s)[R][2], const uint4* stage,
+                                             int lane, int tiles) {
+  if constexpr (T < END) {
+    if (tiles > T) {
+      group_tiles<F, NT, R, T, 1>(acc, frag, s, stage, lane);
+      tiles_singly<F, NT, R, T + 1, END>(acc, frag, s, stage, lane, tiles);
+    }
+  }
+}
+
+// The live tiles from T0 on (`tiles` of them in all): chunks of C while whole chunks remain,
+// then the fewer than C left one at a time. The branches fall between chunks, so within one
+// the compiler interleaves its chains.
+template <class F, int NT, int R, int C, int T0>
+__device__ __forceinline__ void live_tiles(float (&acc)[R][NT][4],
+                                           const u32 (&frag)[R][F::GW / 16][4],
+                                           const float (&s)[R][2], const uint4* stage, int lane,
+                                           int tiles) {
+  if constexpr (T0 < NT) {
+    if constexpr (T0 + C <= NT) {
+      if (tiles >= T0 + C) {
+        group_tiles<F, NT, R, T0, C>(acc, frag, s, stage, lane);
+        live_tiles<F, NT, R, C, T0 + C>(acc, frag, s, stage, lane, tiles);
+        return;
+      }
+    }
+    constexpr int END = T0 + C <= NT ? T0 + C - 1 : NT;
+    tiles_singly<F, NT, R, T0, END>(acc, frag, s, stage, lane, tiles);
+  }
+}
+
 // One group's product: block x of the grid takes SMALL_WARPS * 16 * R weight rows (every
 // warp of the block runs every k-group, so that all take part in the shared copies; rows
 // past `rows` are clamped loads, never stored), the whole K (no split), one k-group a step
@@ -494,10 +575,10 @@ __device__ __forceinline__ float gated_silu(float gate, float up) {
 // steps of mmas to arrive in. Only the group's first `tiles` activation tiles are copied,
 // multiplied and stored (the rest are padding), so a group can be as large as an expert's
 // usual share of pairs at the cost of its live rows only: each weight is decoded once per
-// group, for all its tiles. `gated` (R = 2): a warp's two tiles are the same 16 rows of the
+// group, for all its tiles, C at a time (live_tiles). `gated` (R = 2): a warp's two tiles are the same 16 rows of the
 // gate (rows 0 .. rows - 1) and of the up projection (the next `rows` rows), and y gets
 // silu(gate) * up.
-template <class F, int NT, int R, int D>
+template <class F, int NT, int R, int D, int C>
 __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                             int tiles, const uint4* __restrict__ xf,
                                             float* __restrict__ y, int ldy, bool gated) {
@@ -562,32 +643,7 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
         s[r][1] = F::SCALED ? F::scale(w[d][0][r][1]) : 1.f;
       }
       load_groups<F, R, 1>(w[d], a, n, q + D, groups, c);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (t >= tiles) break;
-        u32 b[MMAS][2];
-#pragma unroll
-        for (int jj = 0; jj < PAIRS; ++jj) {
-          const uint4 f = xs[d][(t * PAIRS + jj) * 32 + lane];
-          b[2 * jj][0] = f.x; b[2 * jj][1] = f.y;
-          b[2 * jj + 1][0] = f.z; b[2 * jj + 1][1] = f.w;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (!F::SCALED) {
-#pragma unroll
-            for (int j = 0; j < MMAS; ++j) mma_bf16(acc[r][t], frag[r][j], b[j][0], b[j][1]);
-            continue;
-          }
-          float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int j = 0; j < MMAS; ++j) mma_bf16(part, frag[r][j], b[j][0], b[j][1]);
-          acc[r][t][0] = fmaf(s[r][0], part[0], acc[r][t][0]);
-          acc[r][t][1] = fmaf(s[r][0], part[1], acc[r][t][1]);
-          acc[r][t][2] = fmaf(s[r][1], part[2], acc[r][t][2]);
-          acc[r][t][3] = fmaf(s[r][1], part[3], acc[r][t][3]);
-        }
-      }
+      live_tiles<F, NT, R, C, 0>(acc, frag, s, xs[d], lane, tiles);
     }
   }
   if (gated) {  // accumulator i of tile 0 and of tile 1: the same row of gate and up
@@ -619,7 +675,7 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
 // x_rows[g * 8 * NT + m] of x (-1: a padding row, zeros), else x holds the groups' rows in
 // order.
 #define DEFINE_SMALL_GEMM_GROUPS(NAME, POLICY)                                                \
-  template <int NT, int R, int D>                                                             \
+  template <int NT, int R, int D, int C>                                                      \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
       NAME##_groups(const u64* __restrict__ base, const int* __restrict__ row0,               \
                     const int* __restrict__ group_expert, const int* __restrict__ group_rows, \
@@ -632,7 +688,7 @@ __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int ro
     const int live = group_rows ? min(__ldg(group_rows + g), 8 * NT) : 8 * NT;                \
     if (e < 0 || live <= 0) return;                                                           \
     SmallArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};       \
-    groups_gemm<POLICY, NT, R, D>(a, __ldg(row0 + e), rows, groups, (live + 7) / 8,          \
+    groups_gemm<POLICY, NT, R, D, C>(a, __ldg(row0 + e), rows, groups, (live + 7) / 8,       \
                                   xf + g * groups * STAGE, y + g * 8 * NT * ldy, ldy,         \
                                   gated != 0);                                                \
   }                                                                                           \
