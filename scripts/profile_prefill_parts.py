@@ -196,6 +196,8 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
             moe.kernels.small_gemm_groups, down.base, down.row0, other.expert, down.planes,
             table.hidden, hidden, out, table.hidden, group_rows=other.live, config=config,
         )  # fmt: skip
+    for config in moe.kernels.GROUP_CONFIGS if table.shared_groups else ():
+        stages[f"shared {config}"] = partial(_shared_with, be, x, table, config)
     shared = moe._shared_prefill(be, x, table)
     stages["shared (grouped)" if table.shared_groups else "shared"] = lambda: moe._shared_prefill(
         be, x, table
@@ -215,6 +217,17 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     for module in (moe, moe.kernels):
         for name, ms in _kernel_times(module, whole).items():
             print(f"  moe kernel {name:40s} {ms:8.3f} ms")
+
+
+def _shared_with(be: Any, x: Any, table: Any, config: tuple[int, int, int]) -> Any:
+    """The shared expert's grouped prefill with another configuration."""
+    from ninfer_runtime.backends.cuda import moe
+
+    default, moe.SHARED_GROUPS = moe.SHARED_GROUPS, config
+    try:
+        return moe._shared_prefill(be, x, table)
+    finally:
+        moe.SHARED_GROUPS = default
 
 
 def _moe_once(be: Any, model: Any, x: Any) -> None:

@@ -57,10 +57,10 @@ EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
 GROUP_PAIRS = kernels.MAX_GEMV_ROWS
 TENSOR_GROUP_PAIRS = 8 * kernels.GROUP_TILES
 #: the configuration (``kernels.GROUP_CONFIGS``) of the shared expert's groups: every row
-#: is live there, so the group size only sets how many blocks a launch has, and small groups
-#: fill the device (35B-A3B, 2,048 rows: 96-row groups give 176 blocks, fewer than run at
-#: once, 0.39 ms; 32-row groups 0.23)
-SHARED_GROUPS = (4, 3, 4)
+#: is live there, so the group size sets how many blocks a launch has (96-row groups give
+#: the 35B-A3B's 2,048 rows 176 blocks, fewer than run at once: 0.39 ms) and how often each
+#: weight is decoded (32-row groups: 64 times; 0.25 ms)
+SHARED_GROUPS = (8, 3, 4)
 
 register_family(
     "moe", ["moe_router", "moe_silu_mul", "moe_combine", "moe_pair_ranks", "moe_pair_rows"]
