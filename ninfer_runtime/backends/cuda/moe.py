@@ -57,9 +57,10 @@ EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
 GROUP_PAIRS = kernels.MAX_GEMV_ROWS
 TENSOR_GROUP_PAIRS = 8 * kernels.GROUP_TILES
 #: the configuration (``kernels.GROUP_CONFIGS``) of the shared expert's groups: every row
-#: is live there, so the group size sets how many blocks a launch has (96-row groups give
-#: the 35B-A3B's 2,048 rows 176 blocks, fewer than run at once: 0.39 ms) and how often each
-#: weight is decoded (32-row groups: 64 times; 0.25 ms)
+#: is live there, so the group size sets how many blocks a launch has and how often each
+#: weight is decoded (the 35B-A3B's 2,048 rows, the shared expert in ms: 64-row groups 0.238,
+#: 96-row 0.245 (176 blocks, fewer than run at once), 32-row 0.253 (each weight decoded 64
+#: times); `linear`, a bf16 slab and cuBLAS, 0.262)
 SHARED_GROUPS = (8, 3, 4)
 
 register_family(
