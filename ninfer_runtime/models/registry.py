@@ -16,7 +16,7 @@ from ..backends import Backend, get_backend
 from ..errors import ModelError
 from .base import Model
 
-Factory = Callable[[Any, Backend], Model]
+Factory = Callable[..., Model]  # (artifact, backend, collective=None) -> Model
 
 _FACTORIES: dict[str, Factory] = {}
 #: packages imported on first lookup so their ``register_model`` calls run
@@ -24,7 +24,8 @@ _PACKAGES = ("ninfer_runtime.models.qwen3_5",)
 
 
 def register_model(*model_types: str) -> Callable[[Factory], Factory]:
-    """Decorator: ``factory(artifact, backend) -> Model`` serves these ``model_type`` values."""
+    """Decorator: ``factory(artifact, backend) -> Model`` serves these ``model_type`` values
+    (and ``factory(..., collective=)`` if the architecture runs tensor-parallel)."""
 
     def wrap(factory: Factory) -> Factory:
         for model_type in model_types:
@@ -48,8 +49,10 @@ def model_factory(model_type: str) -> Factory:
     return factory
 
 
-def load_model(artifact: Any, backend: str | Backend = "cpu") -> Model:
-    """The runnable model of an artifact (an open ``Artifact`` or a path to its entry file)."""
+def load_model(artifact: Any, backend: str | Backend = "cpu", collective: Any = None) -> Model:
+    """The runnable model of an artifact (an open ``Artifact`` or a path to its entry file);
+    with a ``collective`` (``ninfer_runtime.parallel``) of more than one rank, this rank's
+    share of a tensor-parallel model."""
     if isinstance(artifact, str | os.PathLike):
         from ninfer_format import Artifact
 
@@ -62,7 +65,9 @@ def load_model(artifact: Any, backend: str | Backend = "cpu") -> Model:
         raise ModelError("the text component's config has no model_type")
     factory = model_factory(str(model_type))
     check_auxiliaries(artifact)
-    return factory(artifact, get_backend(backend))
+    if collective is None:
+        return factory(artifact, get_backend(backend))
+    return factory(artifact, get_backend(backend), collective=collective)
 
 
 #: the use auxiliaries the runtime honours: stored input columns are put in place as the

@@ -4,7 +4,7 @@ together with the norm that reads its result (``add_norm``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...backends import Backend, Weight
@@ -28,7 +28,9 @@ def add_norm(
 
 
 class DecoderLayer:
-    """Pre-norm residual block: a token mixer, then a feed-forward block."""
+    """Pre-norm residual block: a token mixer, then a feed-forward block. Under tensor
+    parallelism each computes this rank's share of its output, and ``reduce`` (the
+    collective's all-reduce) sums the shares; alone, it is the identity."""
 
     def __init__(
         self,
@@ -37,8 +39,10 @@ class DecoderLayer:
         c: Qwen35Config,
         backend: Backend,
         weights: Mapping[str, Weight],
+        reduce: Callable[[Array], Array] | None = None,
     ):
         self.backend, self.eps = backend, c.eps
+        self.reduce = reduce or _whole
         self.input_norm = backend.array(weights[prefix + "input_norm"])
         self.post_attention_norm = backend.array(weights[prefix + "post_attention_norm"])
         self.mixer: GatedAttention | GatedDeltaNet
@@ -74,6 +78,10 @@ class DecoderLayer:
         before the first layer) not yet added -> the same pair after this layer."""
         be, eps = self.backend, self.eps
         h, x = add_norm(be, h, pending, self.input_norm, eps)
-        mixed = self.mixer(x, batch, memory)  # type: ignore[arg-type]
+        mixed = self.reduce(self.mixer(x, batch, memory))  # type: ignore[arg-type]
         h, x = add_norm(be, h, mixed, self.post_attention_norm, eps)
-        return h, self.ffn(x)
+        return h, self.reduce(self.ffn(x))
+
+
+def _whole(x: Array) -> Array:
+    return x

@@ -22,6 +22,7 @@ import numpy as np
 
 from ...backends import Backend
 from ...errors import ModelError
+from ...parallel import Collective, Shard, Solo
 from ...state import AttentionPages, ContextPool, GdnSpec, KvSpec
 from ..batch import Batch
 from ..registry import register_model
@@ -30,6 +31,7 @@ from .config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
 from .gdn import GatedDeltaNet
 from .layer import DecoderLayer, add_norm
 from .mtp import MtpHead
+from .shard import ShardedArtifact, local_config
 
 Array = Any
 PROPOSAL_HEAD, PROPOSAL_IDS = "proposal/head", "proposal/token_ids"
@@ -38,8 +40,17 @@ PROPOSAL_HEAD, PROPOSAL_IDS = "proposal/head", "proposal/token_ids"
 class Qwen35Model:
     """The model's math: weights prepared on a backend once, state kept outside."""
 
-    def __init__(self, artifact: Any, backend: Backend):
-        self.config = c = Qwen35Config.from_text_config(artifact.components["text"].config)
+    def __init__(self, artifact: Any, backend: Backend, collective: Collective | None = None):
+        self.collective = collective = collective or Solo()
+        c = Qwen35Config.from_text_config(artifact.components["text"].config)
+        if collective.world > 1:  # this rank's heads and columns (shard.py)
+            if backend.name != "cpu":
+                raise ModelError(
+                    f"tensor parallelism runs on the cpu backend only so far, not {backend.name}"
+                )
+            artifact = ShardedArtifact(artifact, c, Shard(collective.rank, collective.world))
+            c = local_config(c, collective.world)
+        self.config = c
         self.backend = backend
         for kind in c.layer_types:
             if kind not in (FULL_ATTENTION, LINEAR_ATTENTION):
@@ -59,13 +70,16 @@ class Qwen35Model:
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
         self.final_norm = backend.array(w["text/final_norm"])
+        reduce = collective.all_reduce
         self.layers = [
-            DecoderLayer(f"text/layers/{i}/", kind, c, backend, w)
+            DecoderLayer(f"text/layers/{i}/", kind, c, backend, w, reduce)
             for i, kind in enumerate(c.layer_types)
         ]
         self.rotary = Rotary(c.attention, backend.xp) if c.attention else None
         self.mtp = (
-            MtpHead(c, backend, w, self.token_embedding, self.output_head) if with_mtp else None
+            MtpHead(c, backend, w, self.token_embedding, self.output_head, reduce)
+            if with_mtp
+            else None
         )
         self.proposal_head = self.proposal_ids = None
         if proposal:
@@ -167,5 +181,7 @@ class Qwen35Model:
 
 
 @register_model("qwen3_5_text", "qwen3_5_moe_text")
-def load_qwen3_5(artifact: Any, backend: Backend) -> Qwen35Model:
-    return Qwen35Model(artifact, backend)
+def load_qwen3_5(
+    artifact: Any, backend: Backend, collective: Collective | None = None
+) -> Qwen35Model:
+    return Qwen35Model(artifact, backend, collective)

@@ -10,7 +10,7 @@ To draft token t+2 it combines what the main model knew at t with the token chos
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...backends import Backend, Weight
@@ -31,6 +31,7 @@ class MtpHead:
         weights: Mapping[str, Weight],
         token_embedding: Weight,
         output_head: Weight,
+        reduce: Callable[[Array], Array] | None = None,
     ):
         self.backend, self.eps = backend, c.eps
         self.token_embedding, self.output_head = token_embedding, output_head
@@ -38,7 +39,7 @@ class MtpHead:
         self.embedding_norm = backend.array(weights["mtp/embedding_norm"])
         self.hidden_norm = backend.array(weights["mtp/hidden_norm"])
         self.final_norm = backend.array(weights["mtp/final_norm"])
-        self.block = DecoderLayer(PREFIX, FULL_ATTENTION, c, backend, weights)
+        self.block = DecoderLayer(PREFIX, FULL_ATTENTION, c, backend, weights, reduce)
 
     @staticmethod
     def parameter_names(c: Qwen35Config) -> list[str]:

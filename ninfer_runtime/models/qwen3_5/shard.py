@@ -1,0 +1,131 @@
+"""Qwen3.5 split over the ranks of a tensor-parallel run (Megatron-style, one all-reduce per
+block output):
+
+* gated attention: query and gate heads split; key/value heads split, or shared where there
+  are fewer of them than ranks; the output projection's input columns split alike;
+* Gated DeltaNet: key and value heads split (each rank's value heads read its key heads, the
+  ratio kept), and with them the convolution channels of each of q, k and v, z, a, b,
+  ``a_log`` and ``dt_bias``; the output projection's columns split alike;
+* the dense MLP, each routed expert and the shared expert: gate and up rows split, down
+  columns split;
+* everything else (embedding, norms, router, shared score, output head, the MTP block's
+  projections) whole on every rank.
+
+A rank's model is the same math on the local geometry (``local_config``), its block outputs
+summed over the ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ...parallel import Shard, ShardError
+from .config import Qwen35Config
+
+#: how a parameter splits, by its last path parts: the axis, then its blocks along that axis
+#: as (geometry field counting the block's units, geometry field giving a unit's width); a
+#: rank takes its units of each block. Names not here are whole on every rank.
+_HEADS = ("attention", "heads", "head_dim")
+_KV_HEADS = ("attention", "kv_heads", "head_dim")
+_KEY_HEADS = ("gdn", "key_heads", "key_dim")
+_VALUE_HEADS = ("gdn", "value_heads", "value_dim")
+_VALUES = ("gdn", "value_heads", None)  # one entry a value head
+_ROWS = (None, None, None)  # every row a unit
+SPLITS: dict[str, tuple[int, tuple[tuple[str | None, str | None, str | None], ...]]] = {
+    "attention/query": (0, (_HEADS,)),
+    "attention/gate": (0, (_HEADS,)),
+    "attention/key": (0, (_KV_HEADS,)),
+    "attention/value": (0, (_KV_HEADS,)),
+    "attention/output": (1, (_HEADS,)),
+    "gdn/query": (0, (_KEY_HEADS,)),
+    "gdn/key": (0, (_KEY_HEADS,)),
+    "gdn/value": (0, (_VALUE_HEADS,)),
+    "gdn/z": (0, (_VALUE_HEADS,)),
+    "gdn/b_projection": (0, (_VALUES,)),
+    "gdn/a_projection": (0, (_VALUES,)),
+    "gdn/a_log": (0, (_VALUES,)),
+    "gdn/dt_bias": (0, (_VALUES,)),
+    "gdn/convolution": (1, (_KEY_HEADS, _KEY_HEADS, _VALUE_HEADS)),  # [K, q | k | v]
+    "gdn/output": (1, (_VALUE_HEADS,)),
+    "gate": (0, (_ROWS,)),  # mlp/, moe/experts/<e>/ and moe/shared/
+    "up": (0, (_ROWS,)),
+    "down": (1, (_ROWS,)),
+}
+#: the names ending in gate/up/down that are a gated MLP's (attention/gate is a head split)
+_MLP_PARENTS = ("mlp", "shared")
+
+
+def split_of(name: str) -> tuple[int, tuple[Any, ...]] | None:
+    """``SPLITS``' entry for a parameter name, None if it is whole on every rank."""
+    parts = name.split("/")
+    two = "/".join(parts[-2:])
+    if two in SPLITS:
+        return SPLITS[two]
+    mlp = len(parts) >= 2 and (parts[-2] in _MLP_PARENTS or parts[-3:-2] == ["experts"])
+    return SPLITS.get(parts[-1]) if mlp else None
+
+
+def local_config(c: Qwen35Config, world: int) -> Qwen35Config:
+    """The geometry one of ``world`` ranks computes (its heads); ``ShardError`` naming the
+    field when one does not split."""
+    shard = Shard(0, world)
+    attention, gdn = c.attention, c.gdn
+    if attention is not None:
+        attention = dataclasses.replace(
+            attention,
+            heads=_split_evenly(attention.heads, world, "num_attention_heads"),
+            kv_heads=shard.local(attention.kv_heads, "num_key_value_heads"),
+        )
+    if gdn is not None:
+        gdn = dataclasses.replace(
+            gdn,
+            key_heads=_split_evenly(gdn.key_heads, world, "linear_num_key_heads"),
+            value_heads=_split_evenly(gdn.value_heads, world, "linear_num_value_heads"),
+        )
+    return dataclasses.replace(c, attention=attention, gdn=gdn)
+
+
+def _split_evenly(count: int, world: int, what: str) -> int:
+    if count % world:
+        raise ShardError(f"{what}: {count} do not split over {world} ranks")
+    return count // world
+
+
+def shard_parameter(name: str, values: np.ndarray, c: Qwen35Config, shard: Shard) -> np.ndarray:
+    """The rank's share of parameter ``name`` (its full ``values``), by ``SPLITS``."""
+    split = split_of(name)
+    if split is None or shard.world == 1:
+        return values
+    axis, blocks = split
+    values = np.asarray(values)
+    index, start = [], 0
+    for section, count_field, width_field in blocks:
+        geometry = getattr(c, section) if section else None
+        count = getattr(geometry, count_field) if geometry else values.shape[axis]
+        width = getattr(geometry, width_field) if width_field else 1
+        units = shard.units(count, f"{name} ({count_field or 'rows'})")
+        index.append(np.arange(start + units.start * width, start + units.stop * width))
+        start += count * width
+    if start != values.shape[axis]:
+        raise ShardError(
+            f"{name}: {values.shape[axis]} along axis {axis}, the geometry says {start}"
+        )
+    return np.take(values, np.concatenate(index), axis=axis)
+
+
+class ShardedArtifact:
+    """An artifact whose ``parameter`` gives one rank's share of each parameter; everything
+    else is the artifact's."""
+
+    def __init__(self, artifact: Any, config: Qwen35Config, shard: Shard):
+        self._artifact, self._config, self.shard = artifact, config, shard
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._artifact, name)
+
+    def parameter(self, name: str, **options: Any) -> np.ndarray:
+        full = self._artifact.parameter(name, **options)
+        return shard_parameter(name, full, self._config, self.shard)

@@ -1,0 +1,95 @@
+"""How the ranks of a tensor-parallel model combine their partial results.
+
+Split over ``world`` ranks, a block computes on each rank its share of the output (its
+attention or GDN heads, its columns of the MLP): the block's output is the sum of the shares,
+which ``all_reduce`` forms on every rank. ``Solo`` is the one-rank case; ``ThreadGroup`` runs
+the ranks as threads of one process, the CPU's simulation of a multi-GPU run with the same
+semantics as NCCL's all-reduce (every rank gets the same sum).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Array = Any
+
+
+class CollectiveError(RuntimeError):
+    """A rank stopped taking part (it failed, or never arrived): the collective is broken."""
+
+
+class Collective(Protocol):
+    """One rank's view of its group."""
+
+    rank: int
+    world: int
+
+    def all_reduce(self, x: Array) -> Array:
+        """The sum over the ranks of each rank's ``x`` (same shape everywhere), on every rank."""
+        ...
+
+
+@dataclass(frozen=True)
+class Solo:
+    """A model on one rank: nothing to combine."""
+
+    rank: int = 0
+    world: int = 1
+
+    def all_reduce(self, x: Array) -> Array:
+        return x
+
+
+class ThreadGroup:
+    """``world`` ranks as threads of one process. Each ``all_reduce`` sums the ranks' arrays
+    in rank order, so every rank gets the same bits. A rank that does not arrive within
+    ``timeout`` seconds, or calls ``abort`` (a rank that failed), breaks the group: the
+    others raise ``CollectiveError`` instead of waiting for ever."""
+
+    def __init__(self, world: int, timeout: float = 120.0):
+        if world < 1:
+            raise ValueError(f"a group needs at least one rank, not {world}")
+        self.world, self.timeout = world, timeout
+        self._barrier = threading.Barrier(world)
+        self._parts: list[Array] = [None] * world
+
+    def rank(self, rank: int) -> ThreadRank:
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} is not in a group of {self.world}")
+        return ThreadRank(self, rank)
+
+    def abort(self) -> None:
+        """Break the group: every rank waiting in, or later entering, a collective raises."""
+        self._barrier.abort()
+
+    def _wait(self, rank: int) -> None:
+        try:
+            self._barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            raise CollectiveError(
+                f"rank {rank}: another rank of the {self.world} stopped taking part"
+            ) from None
+
+
+@dataclass(frozen=True)
+class ThreadRank:
+    """One thread's rank in a ``ThreadGroup``."""
+
+    group: ThreadGroup
+    rank: int
+
+    @property
+    def world(self) -> int:
+        return self.group.world
+
+    def all_reduce(self, x: Array) -> Array:
+        g = self.group
+        g._parts[self.rank] = x
+        g._wait(self.rank)  # every rank's share is in
+        total = g._parts[0]
+        for part in g._parts[1:]:
+            total = total + part
+        g._wait(self.rank)  # every rank has read them: the slots may be reused
+        return total
