@@ -2,16 +2,20 @@
 
 Split over ``world`` ranks, a block computes on each rank its share of the output (its
 attention or GDN heads, its columns of the MLP): the block's output is the sum of the shares,
-which ``all_reduce`` forms on every rank. ``Solo`` is the one-rank case; ``ThreadGroup`` runs
-the ranks as threads of one process, the CPU's simulation of a multi-GPU run with the same
-semantics as NCCL's all-reduce (every rank gets the same sum).
+which ``all_reduce`` forms on every rank; the output head's vocabulary rows are split, and
+``all_gather`` puts the ranks' logits side by side. ``Solo`` is the one-rank case;
+``ThreadGroup`` runs the ranks as threads of one process, the CPU's simulation of a multi-GPU
+run with the semantics of NCCL's collectives (every rank gets the same result).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import numpy as np
 
 Array = Any
 
@@ -30,6 +34,10 @@ class Collective(Protocol):
         """The sum over the ranks of each rank's ``x`` (same shape everywhere), on every rank."""
         ...
 
+    def all_gather(self, x: Array) -> Array:
+        """The ranks' ``x`` side by side along the last axis, in rank order, on every rank."""
+        ...
+
 
 @dataclass(frozen=True)
 class Solo:
@@ -39,6 +47,9 @@ class Solo:
     world: int = 1
 
     def all_reduce(self, x: Array) -> Array:
+        return x
+
+    def all_gather(self, x: Array) -> Array:
         return x
 
 
@@ -85,11 +96,21 @@ class ThreadRank:
         return self.group.world
 
     def all_reduce(self, x: Array) -> Array:
+        def total(parts: list[Array]) -> Array:
+            out = parts[0]
+            for part in parts[1:]:
+                out = out + part
+            return out
+
+        return self._exchange(x, total)
+
+    def all_gather(self, x: Array) -> Array:
+        return self._exchange(x, lambda parts: np.concatenate(parts, axis=-1))
+
+    def _exchange(self, x: Array, combine: Callable[[list[Array]], Array]) -> Array:
         g = self.group
         g._parts[self.rank] = x
         g._wait(self.rank)  # every rank's share is in
-        total = g._parts[0]
-        for part in g._parts[1:]:
-            total = total + part
+        out = combine(list(g._parts))
         g._wait(self.rank)  # every rank has read them: the slots may be reused
-        return total
+        return out

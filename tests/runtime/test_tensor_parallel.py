@@ -74,12 +74,14 @@ def test_a_rank_holds_its_share_of_the_heads(artifact_path) -> None:
     path = artifact_path("qwen3_5_bf16", "dense")
     full = load_model(path).config
     group = ThreadGroup(2)
-    c = load_model(path, "cpu", collective=group.rank(1)).config
+    model = load_model(path, "cpu", collective=group.rank(1))
+    c = model.config
     assert c.attention.heads == full.attention.heads // 2
     assert c.attention.kv_heads == full.attention.kv_heads == 1
     assert c.gdn.key_heads == full.gdn.key_heads // 2
     assert c.gdn.value_heads == full.gdn.value_heads // 2
     assert (c.hidden, c.vocab) == (full.hidden, full.vocab)
+    assert model.output_head.shape == (full.vocab // 2, full.hidden)  # its vocabulary rows
 
 
 def test_the_shares_put_together_are_the_parameter(artifact_path) -> None:
@@ -163,3 +165,19 @@ def test_all_reduce_sums_in_rank_order_on_every_rank() -> None:
     want = (xs[0] + xs[1]) + xs[2]
     assert all(np.array_equal(o, want) for o in out)
     assert Solo().all_reduce(xs[0]) is xs[0]
+
+
+def test_all_gather_puts_the_ranks_side_by_side_in_rank_order() -> None:
+    group, out = ThreadGroup(2), [None] * 2
+    xs = [np.arange(6.0).reshape(2, 3), 10 + np.arange(4.0).reshape(2, 2)]
+
+    def rank(r: int) -> None:
+        out[r] = group.rank(r).all_gather(xs[r])
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = np.concatenate(xs, axis=-1)
+    assert all(np.array_equal(o, want) for o in out) and out[0].shape == (2, 5)

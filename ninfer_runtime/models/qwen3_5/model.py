@@ -77,9 +77,7 @@ class Qwen35Model:
         ]
         self.rotary = Rotary(c.attention, backend.xp) if c.attention else None
         self.mtp = (
-            MtpHead(c, backend, w, self.token_embedding, self.output_head, reduce)
-            if with_mtp
-            else None
+            MtpHead(c, backend, w, self.token_embedding, self.logits, reduce) if with_mtp else None
         )
         self.proposal_head = self.proposal_ids = None
         if proposal:
@@ -138,8 +136,9 @@ class Qwen35Model:
         return add_norm(self.backend, h, pending, self.final_norm, self.config.eps)[1]
 
     def logits(self, hidden: Array) -> Array:
-        """Hidden states [N, H] -> vocabulary logits [N, V]."""
-        return self.backend.linear(hidden, self.output_head)
+        """Hidden states [N, H] -> vocabulary logits [N, V] (each rank's rows of the head,
+        gathered)."""
+        return self.collective.all_gather(self.backend.linear(hidden, self.output_head))
 
     def mtp_logits(
         self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages

@@ -30,11 +30,11 @@ class MtpHead:
         backend: Backend,
         weights: Mapping[str, Weight],
         token_embedding: Weight,
-        output_head: Weight,
+        logits: Callable[[Array], Array],
         reduce: Callable[[Array], Array] | None = None,
     ):
         self.backend, self.eps = backend, c.eps
-        self.token_embedding, self.output_head = token_embedding, output_head
+        self.token_embedding, self.logits = token_embedding, logits
         self.input_projection = weights["mtp/input_projection"]
         self.embedding_norm = backend.array(weights["mtp/embedding_norm"])
         self.hidden_norm = backend.array(weights["mtp/hidden_norm"])
@@ -49,7 +49,7 @@ class MtpHead:
     def __call__(
         self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
     ) -> Array:
-        return self.backend.linear(self.hidden(hidden, next_ids, batch, memory), self.output_head)
+        return self.logits(self.hidden(hidden, next_ids, batch, memory))
 
     def hidden(self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages) -> Array:
         """The block's post-norm output [N, H]: what the head reads, and what the next draft

@@ -8,8 +8,9 @@ block output):
   ``a_log`` and ``dt_bias``; the output projection's columns split alike;
 * the dense MLP, each routed expert and the shared expert: gate and up rows split, down
   columns split;
-* everything else (embedding, norms, router, shared score, output head, the MTP block's
-  projections) whole on every rank.
+* the output head: vocabulary rows split, each rank's logits gathered;
+* everything else (embedding, norms, router, shared score, the MTP block's input
+  projection, the proposal head) whole on every rank.
 
 A rank's model is the same math on the local geometry (``local_config``), its block outputs
 summed over the ranks.
@@ -50,6 +51,7 @@ SPLITS: dict[str, tuple[int, tuple[tuple[str | None, str | None, str | None], ..
     "gdn/dt_bias": (0, (_VALUES,)),
     "gdn/convolution": (1, (_KEY_HEADS, _KEY_HEADS, _VALUE_HEADS)),  # [K, q | k | v]
     "gdn/output": (1, (_VALUE_HEADS,)),
+    "text/output_head": (0, (_ROWS,)),  # vocabulary rows: the logits are gathered
     "gate": (0, (_ROWS,)),  # mlp/, moe/experts/<e>/ and moe/shared/
     "up": (0, (_ROWS,)),
     "down": (1, (_ROWS,)),
