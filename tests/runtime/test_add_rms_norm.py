@@ -64,7 +64,7 @@ def unfused_mtp(runner: ModelRunner, hidden: Any, ids: np.ndarray, state: Any) -
     x = x + block.mixer(be.rms_norm(x, block.input_norm, eps, offset=1.0), batch, state.pool.mtp)
     x = x + block.ffn(be.rms_norm(x, block.post_attention_norm, eps, offset=1.0))
     state.mtp_length = start + len(ids)
-    return be.linear(be.rms_norm(x, mtp.final_norm, eps, offset=1.0), mtp.output_head)
+    return mtp.logits(be.rms_norm(x, mtp.final_norm, eps, offset=1.0))
 
 
 def _lane(tokens: int, start: int, state: Any) -> Any:

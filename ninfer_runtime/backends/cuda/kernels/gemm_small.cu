@@ -451,7 +451,8 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 // memory in one coalesced cp.async sweep, a ring of stages some k-groups ahead, and its warps
 // read them without bank conflicts (lanes take consecutive uint4): every warp of the block
 // shares one copy, and no warp waits on a global load of x before its mmas.
-// Tiles past a group's live rows (group_rows) are left unwritten: the product never reads them.
+// Tiles past a group's live rows (group_rows) are left unwritten: the product never reads
+// them.
 template <class F>
 __device__ __forceinline__ void prep_x_groups(const float* __restrict__ x, int ldx,
                                               const int* __restrict__ x_rows,
@@ -575,9 +576,9 @@ __device__ __forceinline__ void live_tiles(float (&acc)[R][NT][4],
 // steps of mmas to arrive in. Only the group's first `tiles` activation tiles are copied,
 // multiplied and stored (the rest are padding), so a group can be as large as an expert's
 // usual share of pairs at the cost of its live rows only: each weight is decoded once per
-// group, for all its tiles, C at a time (live_tiles). `gated` (R = 2): a warp's two tiles are the same 16 rows of the
-// gate (rows 0 .. rows - 1) and of the up projection (the next `rows` rows), and y gets
-// silu(gate) * up.
+// group, for all its tiles, C at a time (live_tiles). `gated` (R = 2): a warp's two tiles
+// are the same 16 rows of the gate (rows 0 .. rows - 1) and of the up projection (the next
+// `rows` rows), and y gets silu(gate) * up.
 template <class F, int NT, int R, int D, int C>
 __device__ __forceinline__ void groups_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                             int tiles, const uint4* __restrict__ xf,
