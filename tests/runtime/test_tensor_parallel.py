@@ -31,21 +31,20 @@ def greedy(runner: ModelRunner, tokens: int) -> tuple[list[int], list[np.ndarray
     return out, seen
 
 
-def on_ranks(path, world: int, tokens: int) -> list[tuple[list[int], list[np.ndarray]]]:
-    """``greedy`` on each rank of a ``world``-rank thread group."""
-    group = ThreadGroup(world, timeout=60)
-    results: list = [None] * world
+def each_rank(group: ThreadGroup, work) -> list:
+    """``work(rank)`` for every rank of the group, each in its own thread -> their results in
+    rank order; the first failure is raised (after breaking the group, so no rank waits)."""
+    results: list = [None] * group.world
     errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         try:
-            model = load_model(path, "cpu", collective=group.rank(r))
-            results[r] = greedy(ModelRunner(model), tokens)
-        except BaseException as exc:  # a failed rank breaks the group, not the test's wait
+            results[r] = work(group.rank(r))
+        except BaseException as exc:
             errors.append(exc)
             group.abort()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(group.world)]
     for t in threads:
         t.start()
     for t in threads:
@@ -53,6 +52,14 @@ def on_ranks(path, world: int, tokens: int) -> list[tuple[list[int], list[np.nda
     if errors:
         raise errors[0]
     return results
+
+
+def on_ranks(path, world: int, tokens: int) -> list[tuple[list[int], list[np.ndarray]]]:
+    """``greedy`` on each rank of a ``world``-rank thread group."""
+    return each_rank(
+        ThreadGroup(world, timeout=60),
+        lambda rank: greedy(ModelRunner(load_model(path, "cpu", collective=rank)), tokens),
+    )
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
@@ -150,34 +157,16 @@ def test_a_rank_that_fails_breaks_the_group_instead_of_hanging() -> None:
 
 
 def test_all_reduce_sums_in_rank_order_on_every_rank() -> None:
-    group, out = ThreadGroup(3), [None] * 3
     xs = [np.array([1e8, 1.0], dtype=np.float32), np.array([-1e8, 2.0], dtype=np.float32)]
     xs.append(np.array([3.0, 4.0], dtype=np.float32))
-
-    def rank(r: int) -> None:
-        out[r] = group.rank(r).all_reduce(xs[r])
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = each_rank(ThreadGroup(3), lambda rank: rank.all_reduce(xs[rank.rank]))
     want = (xs[0] + xs[1]) + xs[2]
     assert all(np.array_equal(o, want) for o in out)
     assert Solo().all_reduce(xs[0]) is xs[0]
 
 
 def test_all_gather_puts_the_ranks_side_by_side_in_rank_order() -> None:
-    group, out = ThreadGroup(2), [None] * 2
     xs = [np.arange(6.0).reshape(2, 3), 10 + np.arange(4.0).reshape(2, 2)]
-
-    def rank(r: int) -> None:
-        out[r] = group.rank(r).all_gather(xs[r])
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = each_rank(ThreadGroup(2), lambda rank: rank.all_gather(xs[rank.rank]))
     want = np.concatenate(xs, axis=-1)
     assert all(np.array_equal(o, want) for o in out) and out[0].shape == (2, 5)
