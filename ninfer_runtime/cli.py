@@ -111,6 +111,13 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
     show_default=True,
     help="How keys and values are kept (bfloat16: half the memory, fp8_e4m3: a quarter).",
 )
+@click.option(
+    "--tensor-parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Ranks the model is split over (cpu: threads of this process).",
+)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
 def main(model: Path, **options: Any) -> None:
@@ -184,6 +191,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         max_lanes=1,
         kv_dtype=o.kv_dtype,
         spec=spec,
+        tensor_parallel=o.tensor_parallel,
     )
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(

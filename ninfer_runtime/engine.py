@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from .prefix_cache import PrefixCache
 from .runner import ModelRunner
 from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
 from .state import HostCopy, SequenceState
+from .tensor_parallel import parallel_runner
 
 #: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
 #: sampling (constrained decoding masks tokens with ``-inf``). It sees only the answer part:
@@ -191,6 +193,7 @@ class Engine:
         prefix_cache: bool = False,
         checkpoint_interval: int = 8192,
         host_context_capacity: int | str | None = 0,
+        tensor_parallel: int = 1,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -206,13 +209,21 @@ class Engine:
             }
         except ArtifactError as exc:
             raise EngineError(str(exc)) from None
-        self.model = load_model(self.artifact, backend=backend)
+        if tensor_parallel < 1:
+            raise EngineError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+        if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
+            self.model, self.runner, leader = parallel_runner(
+                self.artifact, backend, tensor_parallel
+            )
+            weakref.finalize(self, leader.stop)
+        else:
+            self.model = load_model(self.artifact, backend=backend)
+            self.runner = ModelRunner(self.model)
         self.tokenizer = Tokenizer.from_resources(resources)
         self.template = ChatTemplate.from_resources(resources, override=chat_template)
         self.max_context = max_context
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
-        self.runner = ModelRunner(self.model)
         self._device_sampler = self.model.backend.device_sampler()
         self.spec = spec
         self.spec_stats = SpecStats(spec.draft_tokens) if spec else None

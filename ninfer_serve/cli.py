@@ -87,6 +87,11 @@ def _say(text: str) -> None:
     help="How K/V are stored.  [default: float32]",
 )
 @click.option(
+    "--tensor-parallel",
+    type=int,
+    help="Ranks the model is split over (cpu: threads of this process).  [default: 1]",
+)
+@click.option(
     "--context-capacity",
     help="Memory for K/V pages and recurrent states: auto or a size like 24GiB.  [default: auto]",
 )
@@ -159,6 +164,7 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "draft_tokens": flags["draft_tokens"],
             "proposal_head": flags["proposal_head"],
         },
+        "parallel": {"tensor_parallel": flags["tensor_parallel"]},
     }
     try:
         settings = load_settings(config_path, overrides)
@@ -280,6 +286,7 @@ def serve(model: Path, settings: Settings) -> int:
             spec=spec,
             prefix_cache=settings.context_cache.enabled,
             checkpoint_interval=settings.context_cache.checkpoint_interval,
+            tensor_parallel=settings.parallel.tensor_parallel,
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

@@ -170,13 +170,21 @@ class SpeculativeSettings(_Table):
         return SpecConfig(self.method, **given)
 
 
+class ParallelSettings(_Table):
+    """``[parallel]``: the model split over ranks (on the CPU backend, threads of the server's
+    process; rank 0 schedules and the others follow)."""
+
+    tensor_parallel: int = Field(1, ge=1)
+
+
 class Settings(_Table):
-    """The whole configuration: the four TOML tables."""
+    """The whole configuration: the five TOML tables."""
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     context_cache: ContextCacheSettings = Field(default_factory=ContextCacheSettings)
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    parallel: ParallelSettings = Field(default_factory=ParallelSettings)
 
     @property
     def max_request_bytes(self) -> int:

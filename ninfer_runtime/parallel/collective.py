@@ -17,10 +17,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import EngineError
+
 Array = Any
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(EngineError):
     """A rank stopped taking part (it failed, or never arrived): the collective is broken."""
 
 
@@ -65,14 +67,18 @@ class ThreadGroup:
         self.world, self.timeout = world, timeout
         self._barrier = threading.Barrier(world)
         self._parts: list[Array] = [None] * world
+        self._reason = "another rank stopped taking part"
 
     def rank(self, rank: int) -> ThreadRank:
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is not in a group of {self.world}")
         return ThreadRank(self, rank)
 
-    def abort(self) -> None:
-        """Break the group: every rank waiting in, or later entering, a collective raises."""
+    def abort(self, reason: str | None = None) -> None:
+        """Break the group: every rank waiting in, or later entering, a collective raises
+        ``CollectiveError`` (with ``reason``, say which rank failed and why)."""
+        if reason:
+            self._reason = reason
         self._barrier.abort()
 
     def _wait(self, rank: int) -> None:
@@ -80,7 +86,7 @@ class ThreadGroup:
             self._barrier.wait(self.timeout)
         except threading.BrokenBarrierError:
             raise CollectiveError(
-                f"rank {rank}: another rank of the {self.world} stopped taking part"
+                f"rank {rank} of {self.world}: {self._reason} (the group is broken)"
             ) from None
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ModelError
 
-class ShardError(ValueError):
+
+class ShardError(ModelError):
     """A dimension does not split over the ranks."""
 
 

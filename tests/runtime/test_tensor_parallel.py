@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from ninfer_runtime.models.qwen3_5.shard import local_config, shard_parameter, s
 from ninfer_runtime.parallel import CollectiveError, Shard, ShardError, Solo, ThreadGroup
 from ninfer_runtime.runner import ModelRunner
 
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
 
 
@@ -170,3 +172,98 @@ def test_all_gather_puts_the_ranks_side_by_side_in_rank_order() -> None:
     out = each_rank(ThreadGroup(2), lambda rank: rank.all_gather(xs[rank.rank]))
     want = np.concatenate(xs, axis=-1)
     assert all(np.array_equal(o, want) for o in out) and out[0].shape == (2, 5)
+
+
+# ----------------------------------------------------------------------------- the engine
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    from ninfer_convert.pipeline import convert
+
+    out = tmp_path_factory.mktemp("bundled_tp") / "tiny.ninfer"
+    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
+    return out
+
+
+def replies(engine, questions: list[str]) -> list[list[int]]:
+    """Greedy token ids for each question in turn, then for a follow-up turn of the first
+    (whose prompt starts with a cached one when the prefix cache is on)."""
+    from ninfer_runtime.engine import GenerationRequest, TokenEvent
+    from ninfer_runtime.frontend import SamplingParams
+
+    def ask(messages) -> list[int]:
+        request = GenerationRequest(
+            messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=24)
+        )
+        return [e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent)]
+
+    out = [ask([{"role": "user", "content": q}]) for q in questions]
+    first = [{"role": "user", "content": questions[0]}]
+    text = engine.tokenizer.decode(out[0])
+    follow_up = [*first, {"role": "assistant", "content": text}]
+    out.append(ask([*follow_up, {"role": "user", "content": "And why?"}]))
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"prefix_cache": True}, {"spec": "mtp"}],
+    ids=["plain", "prefix-cache", "speculative"],
+)
+def test_an_engine_over_two_ranks_answers_as_one_rank(bundled, options) -> None:
+    """``Engine(tensor_parallel=2)``: rank 0 schedules, rank 1 (a thread) makes its runner's
+    and pool's calls on its share of the model; the greedy replies are one rank's."""
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.speculative import SpecConfig
+
+    if options.get("spec"):
+        options = {"spec": SpecConfig(method="mtp", draft_tokens=2)}
+    questions = ["What is the capital of France?", "Hello!", "Tell me a joke."]
+    want = replies(Engine(bundled, max_context=256, **options), questions)
+    engine = Engine(bundled, max_context=256, tensor_parallel=2, **options)
+    assert engine.model.config.attention.heads == 1  # rank 0's share of the two heads
+    follower = next(t for t in threading.enumerate() if t.name == "ninfer-rank-1")
+    got = replies(engine, questions)
+    assert got == want and all(want)
+    del engine  # the engine's end ends the other rank's loop
+    follower.join(10)
+    assert not follower.is_alive()
+
+
+def test_a_rank_that_cannot_load_stops_the_engine_in_one_line(bundled) -> None:
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.errors import EngineError
+
+    with pytest.raises(EngineError, match="num_attention_heads: 2 do not split over 3 ranks"):
+        Engine(bundled, max_context=64, tensor_parallel=3)
+
+
+def test_the_server_reads_its_ranks_from_the_flag_or_the_parallel_table(tmp_path) -> None:
+    from ninfer_serve.config import ConfigError, load_settings
+
+    config = tmp_path / "ninfer.toml"
+    config.write_text("[parallel]\ntensor_parallel = 2\n")
+    assert load_settings(config, {}).parallel.tensor_parallel == 2
+    assert load_settings(None, {}).parallel.tensor_parallel == 1
+    flags = {"parallel": {"tensor_parallel": 4}}
+    assert load_settings(config, flags).parallel.tensor_parallel == 4
+    config.write_text("[parallel]\ntensor_parallel = 0\n")
+    with pytest.raises(ConfigError, match=f"^{config}: .*tensor_parallel") as error:
+        load_settings(config, {})
+    assert "\n" not in str(error.value)
+
+
+def test_ninfer_splits_the_model_over_the_ranks_it_is_given(bundled) -> None:
+    """The ``ninfer`` command with ``--tensor-parallel 2`` prints one rank's greedy reply;
+    with a count the heads do not split into, one line naming the field."""
+    from click.testing import CliRunner
+
+    from ninfer_runtime.cli import main
+
+    args = [str(bundled), "--prompt", "What is the capital of France?", "--greedy"]
+    one = CliRunner().invoke(main, args)
+    two = CliRunner().invoke(main, [*args, "--tensor-parallel", "2"])
+    assert one.exit_code == two.exit_code == 0 and two.stdout == one.stdout
+    assert "Paris" in two.stdout
+    bad = CliRunner().invoke(main, [*args, "--tensor-parallel", "3"])
+    assert bad.exit_code == 1
+    assert "num_attention_heads: 2 do not split over 3 ranks" in bad.output
