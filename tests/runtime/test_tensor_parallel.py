@@ -267,3 +267,24 @@ def test_ninfer_splits_the_model_over_the_ranks_it_is_given(bundled) -> None:
     bad = CliRunner().invoke(main, [*args, "--tensor-parallel", "3"])
     assert bad.exit_code == 1
     assert "num_attention_heads: 2 do not split over 3 ranks" in bad.output
+
+
+def test_a_rank_that_fails_in_a_step_stops_the_engine_naming_it(bundled, monkeypatch) -> None:
+    """Rank 1's forward raising makes rank 0's all-reduce raise at once (no wait for the
+    timeout), with one line naming rank 1 and its error."""
+    from ninfer_runtime.engine import Engine, GenerationRequest
+    from ninfer_runtime.parallel import CollectiveError
+
+    forward = ModelRunner.forward
+
+    def failing(self, *args, **kwargs):
+        if threading.current_thread().name == "ninfer-rank-1":
+            raise RuntimeError("out of memory on rank 1's device")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "forward", failing)
+    engine = Engine(bundled, max_context=64, tensor_parallel=2)
+    with pytest.raises(CollectiveError) as error:
+        list(engine.generate(GenerationRequest(prompt="Hello")))
+    message = str(error.value)
+    assert "rank 1 failed: out of memory on rank 1's device" in message and "\n" not in message
