@@ -212,10 +212,8 @@ class Engine:
         if tensor_parallel < 1:
             raise EngineError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
-            self.model, self.runner, leader = parallel_runner(
-                self.artifact, backend, tensor_parallel
-            )
-            weakref.finalize(self, leader.stop)
+            self.model, self.runner, stop = parallel_runner(self.artifact, backend, tensor_parallel)
+            weakref.finalize(self, stop)
         else:
             self.model = load_model(self.artifact, backend=backend)
             self.runner = ModelRunner(self.model)

@@ -1,51 +1,70 @@
-"""A model split over ranks (``parallel``), run by one scheduler: rank 0 holds the engine,
-and its runner's and pool's calls are made on every rank (``parallel.mirror``). The ranks are
-threads of this process on the CPU backend (one process per GPU over NCCL is not built yet)."""
+"""A model split over ranks (``parallel``), run by one scheduler: rank 0 (this process) holds
+the engine, and its runner's and pool's calls are made on every rank (``parallel.mirror``),
+one process a rank, joined by pipes (``parallel.processes``). On the CPU backend the pipes
+also carry the collectives; NCCL between GPUs is not built yet."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from pathlib import Path
+import multiprocessing
+from collections.abc import Callable
 from typing import Any
 
 from .models import Model, load_model
-from .parallel import Leader, ThreadGroup, follow
+from .parallel import Leader, follow
+from .parallel.processes import Inbox, Outbox, PipeRank
 from .runner import ModelRunner
 from .state import Checkpoint, ContextPool, HostCopy, SequenceState
 
 #: what the scheduler gets back from the runner and the pool and passes back later
 KEPT = (SequenceState, Checkpoint, HostCopy, ContextPool)
+#: how long the end of an engine waits for each other rank's process to finish
+STOP_SECONDS = 10.0
 
 
-def parallel_runner(artifact: Any, backend: str, world: int) -> tuple[Model, Any, Leader]:
-    """Rank 0's model, a runner whose calls ranks 1 .. world - 1 make too (each on its share
-    of the model, loaded from the same artifact in its own thread), and the leader (``stop``
-    ends the other ranks)."""
-    group = ThreadGroup(world)
-    inboxes: list[queue.Queue] = [queue.Queue() for _ in range(world - 1)]
-    for rank, inbox in enumerate(inboxes, start=1):
-        threading.Thread(
-            target=_follower,
-            args=(artifact.path, backend, group, rank, inbox),
+def parallel_runner(
+    artifact: Any, backend: str, world: int
+) -> tuple[Model, Any, Callable[[], None]]:
+    """Rank 0's model, a runner whose calls ranks 1 .. world - 1 make too (each a process
+    holding its share of the model, loaded from the same artifact), and what ends the other
+    ranks (their loops, then their processes)."""
+    context = multiprocessing.get_context("spawn")
+    plans, links, processes = [], [], []
+    for rank in range(1, world):
+        plan, plan_end = context.Pipe()
+        link, link_end = context.Pipe()
+        process = context.Process(
+            target=_rank_process,
+            args=(str(artifact.path), backend, rank, world, plan_end, link_end),
             name=f"ninfer-rank-{rank}",
             daemon=True,
-        ).start()
+        )
+        process.start()
+        processes.append(process)
+        plan_end.close()  # the child's ends: its exit then closes the pipes
+        link_end.close()
+        plans.append(plan)
+        links.append(link)
+    collective = PipeRank(0, world, links)
     try:
-        model = load_model(artifact, backend, collective=group.rank(0))
-    except BaseException:
-        group.abort("rank 0 failed to load")
-        for inbox in inboxes:
-            inbox.put(None)
-        raise
-    leader = Leader(inboxes, KEPT, wrapped=(ContextPool,))
-    return model, leader.wrap(ModelRunner(model)), leader
-
-
-def _follower(path: Path, backend: str, group: ThreadGroup, rank: int, inbox: queue.Queue) -> None:
-    try:
-        runner = ModelRunner(load_model(path, backend, collective=group.rank(rank)))
+        model = load_model(artifact, backend, collective=collective)
     except BaseException as exc:
-        group.abort(f"rank {rank} failed to load: {exc}")
+        collective.fail(f"could not load: {exc}")
+        raise
+    leader = Leader([Outbox(p) for p in plans], KEPT, wrapped=(ContextPool,))
+
+    def stop() -> None:
+        leader.stop()
+        for process in processes:  # let each end by itself, before the interpreter exits
+            process.join(STOP_SECONDS)
+
+    return model, leader.wrap(ModelRunner(model)), stop
+
+
+def _rank_process(path: str, backend: str, rank: int, world: int, plan: Any, link: Any) -> None:
+    collective = PipeRank(rank, world, [link])
+    try:
+        runner = ModelRunner(load_model(path, backend, collective=collective))
+    except BaseException as exc:
+        collective.fail(f"could not load: {exc}")
         return
-    follow(inbox, runner, KEPT, lambda exc: group.abort(f"rank {rank} failed: {exc}"))
+    follow(Inbox(plan), runner, KEPT, lambda exc: collective.fail(f"{type(exc).__name__}: {exc}"))

@@ -89,7 +89,7 @@ def _say(text: str) -> None:
 @click.option(
     "--tensor-parallel",
     type=int,
-    help="Ranks the model is split over (cpu: threads of this process).  [default: 1]",
+    help="Ranks the model is split over, a process each (cpu only so far).  [default: 1]",
 )
 @click.option(
     "--context-capacity",

@@ -171,8 +171,8 @@ class SpeculativeSettings(_Table):
 
 
 class ParallelSettings(_Table):
-    """``[parallel]``: the model split over ranks (on the CPU backend, threads of the server's
-    process; rank 0 schedules and the others follow)."""
+    """``[parallel]``: the model split over ranks, a process each (rank 0, the server's,
+    schedules and the others follow)."""
 
     tensor_parallel: int = Field(1, ge=1)
 

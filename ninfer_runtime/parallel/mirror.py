@@ -6,14 +6,13 @@ states, checkpoints, host copies, pools) are known on every rank by the number o
 that made them, so a follower resolves rank 0's object to its own.
 
 ``Leader`` wraps rank 0's objects; ``follow`` is a follower's loop. The calls travel through
-``queue.Queue``s here (ranks as threads); a process per rank would send the same messages
-through a pipe.
+anything with ``put`` on rank 0's side and ``get`` on the follower's: a ``queue.Queue``
+between threads, a pipe between processes (``processes.Outbox`` / ``Inbox``).
 """
 
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ class Leader:
 
     def __init__(
         self,
-        followers: Sequence[queue.Queue],
+        followers: Sequence[Any],  # each with put(message)
         kept: tuple[type, ...],
         wrapped: tuple[type, ...],
     ):
@@ -112,7 +111,7 @@ class _Proxy:
         )
 
 
-def follow(inbox: queue.Queue, runner: Any, kept: tuple[type, ...], failed: Callable) -> None:
+def follow(inbox: Any, runner: Any, kept: tuple[type, ...], failed: Callable) -> None:
     """A follower's loop: make each call rank 0 sends, on this rank's objects, until told to
     stop; ``failed(exc)`` on the first error (which should break the group)."""
     objects: dict[int, Any] = {RUNNER: runner}

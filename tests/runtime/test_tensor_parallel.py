@@ -1,9 +1,11 @@
-"""Tensor parallelism on the CPU: two ranks as threads of one process (``ThreadGroup``), each
-holding its share of the model (``models/qwen3_5/shard.py``), give one rank's greedy tokens."""
+"""Tensor parallelism on the CPU: two ranks, each holding its share of the model
+(``models/qwen3_5/shard.py``), give one rank's greedy tokens: as threads of one process
+(``ThreadGroup``) at the runner, as processes joined by pipes under the engine."""
 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import threading
 from pathlib import Path
 
@@ -204,13 +206,24 @@ def replies(engine, questions: list[str]) -> list[list[int]]:
     return out
 
 
+def engine_and_rank(path, **options):
+    """An engine over two ranks, and rank 1's process."""
+    from ninfer_runtime.engine import Engine
+
+    before = set(multiprocessing.active_children())
+    engine = Engine(path, tensor_parallel=2, **options)
+    (rank,) = [p for p in multiprocessing.active_children() if p not in before]
+    assert rank.name == "ninfer-rank-1"
+    return engine, rank
+
+
 @pytest.mark.parametrize(
     "options",
     [{}, {"prefix_cache": True}, {"spec": "mtp"}],
     ids=["plain", "prefix-cache", "speculative"],
 )
 def test_an_engine_over_two_ranks_answers_as_one_rank(bundled, options) -> None:
-    """``Engine(tensor_parallel=2)``: rank 0 schedules, rank 1 (a thread) makes its runner's
+    """``Engine(tensor_parallel=2)``: rank 0 schedules, rank 1 (a process) makes its runner's
     and pool's calls on its share of the model; the greedy replies are one rank's."""
     from ninfer_runtime.engine import Engine
     from ninfer_runtime.speculative import SpecConfig
@@ -219,14 +232,13 @@ def test_an_engine_over_two_ranks_answers_as_one_rank(bundled, options) -> None:
         options = {"spec": SpecConfig(method="mtp", draft_tokens=2)}
     questions = ["What is the capital of France?", "Hello!", "Tell me a joke."]
     want = replies(Engine(bundled, max_context=256, **options), questions)
-    engine = Engine(bundled, max_context=256, tensor_parallel=2, **options)
+    engine, follower = engine_and_rank(bundled, max_context=256, **options)
     assert engine.model.config.attention.heads == 1  # rank 0's share of the two heads
-    follower = next(t for t in threading.enumerate() if t.name == "ninfer-rank-1")
     got = replies(engine, questions)
     assert got == want and all(want)
-    del engine  # the engine's end ends the other rank's loop
-    follower.join(10)
-    assert not follower.is_alive()
+    del engine  # the engine's end ends the other rank's process
+    follower.join(30)
+    assert follower.exitcode == 0
 
 
 def test_a_rank_that_cannot_load_stops_the_engine_in_one_line(bundled) -> None:
@@ -269,22 +281,36 @@ def test_ninfer_splits_the_model_over_the_ranks_it_is_given(bundled) -> None:
     assert "num_attention_heads: 2 do not split over 3 ranks" in bad.output
 
 
-def test_a_rank_that_fails_in_a_step_stops_the_engine_naming_it(bundled, monkeypatch) -> None:
-    """Rank 1's forward raising makes rank 0's all-reduce raise at once (no wait for the
-    timeout), with one line naming rank 1 and its error."""
-    from ninfer_runtime.engine import Engine, GenerationRequest
+def test_a_rank_whose_process_ends_stops_the_engine_naming_it(bundled) -> None:
+    """Rank 1's process ending makes rank 0's next collective raise at once (no wait for
+    the timeout), in one line naming rank 1."""
+    from ninfer_runtime.engine import GenerationRequest
     from ninfer_runtime.parallel import CollectiveError
 
-    forward = ModelRunner.forward
-
-    def failing(self, *args, **kwargs):
-        if threading.current_thread().name == "ninfer-rank-1":
-            raise RuntimeError("out of memory on rank 1's device")
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(ModelRunner, "forward", failing)
-    engine = Engine(bundled, max_context=64, tensor_parallel=2)
+    engine, follower = engine_and_rank(bundled, max_context=64)
+    follower.kill()
+    follower.join(10)
     with pytest.raises(CollectiveError) as error:
         list(engine.generate(GenerationRequest(prompt="Hello")))
     message = str(error.value)
-    assert "rank 1 failed: out of memory on rank 1's device" in message and "\n" not in message
+    assert "rank 1's process ended" in message and "\n" not in message
+
+
+def test_a_rank_that_fails_sends_its_error_instead_of_its_share() -> None:
+    """Over the pipes: rank 1 failing (``fail``) makes rank 0's all-reduce raise naming rank
+    1 and its error; shares that arrive are combined in rank order and sent back."""
+    from multiprocessing import Pipe
+
+    from ninfer_runtime.parallel.processes import PipeRank
+
+    near, far = Pipe()
+    rank0, rank1 = PipeRank(0, 2, [near], timeout=30), PipeRank(1, 2, [far], timeout=30)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(rank1.all_reduce(np.array([2.0, 3.0]))))
+    t.start()
+    assert np.array_equal(rank0.all_reduce(np.array([1.0, 1.0])), [3.0, 4.0])
+    t.join(10)
+    assert np.array_equal(got[0], [3.0, 4.0])
+    rank1.fail("RuntimeError: out of memory")
+    with pytest.raises(CollectiveError, match="rank 1 failed: RuntimeError: out of memory"):
+        rank0.all_gather(np.ones(2))
