@@ -59,9 +59,10 @@ class Leader:
         self._known: dict[int, tuple[int, Any]] = {}  # id(obj) -> (handle, obj)
         self._lock = threading.Lock()
 
-    def wrap(self, obj: Any, number: int = RUNNER) -> Any:
-        self._known[id(obj)] = (number, obj)
-        return _Proxy(self, obj, number)
+    def wrap(self, runner: Any) -> Any:
+        """Rank 0's runner as the scheduler should hold it (known on every rank as ``RUNNER``)."""
+        self._known[id(runner)] = (RUNNER, runner)
+        return _Proxy(self, runner, RUNNER)
 
     def stop(self) -> None:
         """End the followers' loops."""
