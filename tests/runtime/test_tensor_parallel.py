@@ -314,3 +314,53 @@ def test_a_rank_that_fails_sends_its_error_instead_of_its_share() -> None:
     rank1.fail("RuntimeError: out of memory")
     with pytest.raises(CollectiveError, match="rank 1 failed: RuntimeError: out of memory"):
         rank0.all_gather(np.ones(2))
+
+
+def test_the_mirror_resolves_rank_0s_objects_to_each_ranks_own_and_forgets_closed_ones() -> None:
+    """A follower makes rank 0's calls on its own objects: a state rank 0 passes back (alone
+    or in a list) is the follower's state made by the same call, and once closed it is
+    forgotten on both sides."""
+    import queue
+
+    from ninfer_runtime.parallel import Leader, follow
+
+    class State:
+        def __init__(self, rank: int, n: int):
+            self.rank, self.n = rank, n
+
+    class Pool:
+        def __init__(self, rank: int):
+            self.rank, self.opened, self.log = rank, 0, []
+
+        def open(self) -> State:
+            self.opened += 1
+            return State(self.rank, self.opened)
+
+        def close(self, state: State) -> None:
+            self.log.append(("close", state.rank, state.n))
+
+    class Runner:
+        def __init__(self, rank: int):
+            self.rank, self.log = rank, []
+
+        def new_pool(self) -> Pool:
+            return Pool(self.rank)
+
+        def forward(self, ids, states) -> list[int]:
+            self.log.append((list(ids), [(s.rank, s.n) for s in states]))
+            return [s.n for s in states]
+
+    kept, inbox = (State, Pool), queue.Queue()
+    follower, failures = Runner(1), []
+    t = threading.Thread(target=follow, args=(inbox, follower, kept, failures.append))
+    t.start()
+    leader = Leader([inbox], kept, wrapped=(Pool,))
+    runner = leader.wrap(Runner(0))
+    pool = runner.new_pool()
+    a, b = pool.open(), pool.open()
+    assert runner.forward([5, 6], [a, b]) == [1, 2]
+    pool.close(a)
+    assert len(leader._known) == 3  # the runner, the pool and b
+    leader.stop()
+    t.join(10)
+    assert not failures and follower.log == [([5, 6], [(1, 1), (1, 2)])]
