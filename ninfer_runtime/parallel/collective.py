@@ -26,6 +26,19 @@ class CollectiveError(EngineError):
     """A rank stopped taking part (it failed, or never arrived): the collective is broken."""
 
 
+def summed(parts: list[Array]) -> Array:
+    """The ranks' shares added in rank order (the same bits wherever it is done)."""
+    out = parts[0]
+    for part in parts[1:]:
+        out = out + part
+    return out
+
+
+def side_by_side(parts: list[Array]) -> Array:
+    """The ranks' shares along the last axis, in rank order."""
+    return np.concatenate(parts, axis=-1)
+
+
 class Collective(Protocol):
     """One rank's view of its group."""
 
@@ -102,16 +115,10 @@ class ThreadRank:
         return self.group.world
 
     def all_reduce(self, x: Array) -> Array:
-        def total(parts: list[Array]) -> Array:
-            out = parts[0]
-            for part in parts[1:]:
-                out = out + part
-            return out
-
-        return self._exchange(x, total)
+        return self._exchange(x, summed)
 
     def all_gather(self, x: Array) -> Array:
-        return self._exchange(x, lambda parts: np.concatenate(parts, axis=-1))
+        return self._exchange(x, side_by_side)
 
     def _exchange(self, x: Array, combine: Callable[[list[Array]], Array]) -> Array:
         g = self.group

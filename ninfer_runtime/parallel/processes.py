@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
-
-from .collective import CollectiveError
+from .collective import CollectiveError, side_by_side, summed
 
 Array = Any
 
@@ -41,16 +39,10 @@ class PipeRank:
         self.rank, self.world, self.links, self.timeout = rank, world, links, timeout
 
     def all_reduce(self, x: Array) -> Array:
-        def total(parts: list[Array]) -> Array:
-            out = parts[0]
-            for part in parts[1:]:
-                out = out + part
-            return out
-
-        return self._exchange(x, total)
+        return self._exchange(x, summed)
 
     def all_gather(self, x: Array) -> Array:
-        return self._exchange(x, lambda parts: np.concatenate(parts, axis=-1))
+        return self._exchange(x, side_by_side)
 
     def fail(self, message: str) -> None:
         """Tell the group this rank failed (rank 0: every other rank; others: rank 0)."""
