@@ -151,29 +151,38 @@ def _copies(fmt: str, layout: str, shape: tuple[int, int]) -> tuple[list, F.Plan
     return [first] + [random_object(fmt, layout, shape)[0] for _ in range(count - 1)], p
 
 
-def tune(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
-    """% of floor for compiled (M, rows per warp R, K split KS) choices (default formats:
-    q4, q8, nvfp4, fp8)."""
-    combos = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (1, 2, 4), (1, 4, 4), (1, 8, 4)]
+def tune(
+    copy_bps: float, formats: list[str] | None = None, shapes: list[tuple[int, int]] = SHAPES
+) -> list[dict]:
+    """% of floor for compiled (M, rows per warp R, K split KS, prefetch P) choices (default
+    formats: q4, q8, nvfp4, fp8)."""
+    combos = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (1, 2, 4), (1, 8, 4)]
     combos += [(8, 2, 1), (8, 4, 1), (8, 4, 4)]
     rows = []
     chosen = formats or [LAYOUTS[i][0] for i in (0, 3, 5, 6)]
     for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
-        for shape in SHAPES:
+        for shape in shapes:
             copies, p = _copies(fmt, layout, shape)
-            line = []
-            for m, r, ks in combos:
-                x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
-                y = cp.empty((m, shape[0]), dtype=cp.float32)
-                n = shape[0]
-                launch = lambda d: kernels.gemv(d, p, 0, n, x, y, n, rows_per_warp=r, k_split=ks)  # noqa: E731, B023
-                ms = median_ms(_rotating_call(copies, launch))
-                pct = 100 * (copies[0].nbytes + x.nbytes + y.nbytes) / copy_bps / (ms * 1e-3)
-                rows.append(
-                    {"format": fmt, "shape": list(shape), "M": m, "R": r, "KS": ks, "pct": pct}
-                )
-                line.append(f"{m}/{r}/{ks} {pct:4.1f}%")
-            print(f"tune M/R/KS {fmt:<12} {shape[0]:>5}x{shape[1]:<5}", " ".join(line), flush=True)
+            for pf in kernels.PREFETCH:
+                line = []
+                for m, r, ks in combos:
+                    if (m, r, ks, pf) not in kernels.GEMV_CONFIGS:
+                        continue
+                    x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
+                    y = cp.empty((m, shape[0]), dtype=cp.float32)
+                    n = shape[0]
+                    choice = {"rows_per_warp": r, "k_split": ks, "prefetch": pf}
+                    launch = lambda d: kernels.gemv(d, p, 0, n, x, y, n, **choice)  # noqa: E731, B023
+                    ms = median_ms(_rotating_call(copies, launch))
+                    nbytes = copies[0].nbytes + x.nbytes + y.nbytes
+                    pct = 100 * nbytes / copy_bps / (ms * 1e-3)
+                    rows.append(
+                        {"format": fmt, "shape": list(shape), "M": m, "R": r, "KS": ks, "P": pf}
+                        | {"us": ms * 1e3, "pct": pct}
+                    )
+                    line.append(f"{m}/{r}/{ks} {pct:4.1f}%")
+                label = f"tune P={pf} M/R/KS {fmt:<12} {shape[0]:>5}x{shape[1]:<5}"
+                print(label, " ".join(line), flush=True)
     return rows
 
 
@@ -181,13 +190,15 @@ def tune(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
 TUNE_SMALL_ROWS = (1, 8, 16, 32, 48)
 
 
-def tune_small(copy_bps: float, formats: list[str] | None = None) -> list[dict]:
+def tune_small(
+    copy_bps: float, formats: list[str] | None = None, shapes: list[tuple[int, int]] = SHAPES
+) -> list[dict]:
     """% of floor of the tensor-core kernel for each compiled (R, U) and K slices S (default
     formats: q4, q8)."""
     rows = []
     chosen = formats or [LAYOUTS[i][0] for i in (0, 3)]
     for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
-        for shape in SHAPES:
+        for shape in shapes:
             copies, p = _copies(fmt, layout, shape)
             line = []
             for m in TUNE_SMALL_ROWS:
@@ -290,7 +301,11 @@ def main() -> None:
     print(f"device-to-device copy: {copy_bps / 1e9:.0f} GB/s read + write ({detail})")
     formats = args.formats.split(",") if args.formats else None
     rows = bench(copy_bps, formats, shapes, activation_rows)
-    tuning = {"simt": tune, "small": tune_small}[args.tune](copy_bps, formats) if args.tune else []
+    tuning = (
+        {"simt": tune, "small": tune_small}[args.tune](copy_bps, formats, shapes)
+        if args.tune
+        else []
+    )
     if args.json:
         with open(args.json, "w") as fh:
             result = {"copy_GBps": copy_bps / 1e9, "compile_s": compile_s, "rows": rows}

@@ -164,12 +164,13 @@ def test_expert_gemv(case: Any, stacked: bool, cuda_backend: Any) -> None:
         per_pair = rng.standard_normal((n * top, k)).astype(np.float32)
         pp = np.zeros((n * top, width), np.float32)
         pp[:, :k] = per_pair
-        for r, ks in [(None, None), *EXPERT_CONFIGS]:
+        for r, ks, pf in [(None, None, None), *EXPERT_CONFIGS]:
+            choice = {"rows_per_warp": r, "k_split": ks, "prefetch": pf}
             y = cp.full((n * top, rows), np.nan, dtype=cp.float32)
-            expert_gemv(proj, ids_d, cp.asarray(xp), False, y, rows, rows_per_warp=r, k_split=ks)
+            expert_gemv(proj, ids_d, cp.asarray(xp), False, y, rows, **choice)
             check_pairs(y, np.repeat(x, top, axis=0), w[flat])
             y = cp.full((n * top, rows + 3), np.nan, dtype=cp.float32)  # ldy > rows
-            expert_gemv(proj, ids_d, cp.asarray(pp), True, y, rows + 3, rows_per_warp=r, k_split=ks)
+            expert_gemv(proj, ids_d, cp.asarray(pp), True, y, rows + 3, **choice)
             check_pairs(y[:, :rows], per_pair, w[flat])
 
 

@@ -149,6 +149,11 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b
 }
 
 // ------------------------------------------------------------------- cp.async helpers
+// Ask L2 to fetch the line holding p (no register waits for it)
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   u32 a;
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));

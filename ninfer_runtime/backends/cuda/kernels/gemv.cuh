@@ -19,6 +19,7 @@
 //   decode(w, s, v)        the 8 values of sub-chunk s (no scale applied)
 //   scale(w, s)            the scale of sub-chunk s
 //   finish(acc, args, n)   the row's final value (row scale, divisor)
+//   prefetch(args, n, u)   ask L2 for every byte load(w, args, n, u) will read
 //   setup()                block-wide preparation before any warp may return (tables)
 
 struct GemvArgs {
@@ -31,10 +32,70 @@ struct GemvArgs {
 
 #define GEMV_WARPS 4
 
+// One 16-byte unit of each of the warp's R rows (w) against the matching KU values of every
+// activation row (xu, rows ldx apart), added to acc.
+template <class F, int M, int R>
+__device__ __forceinline__ void sum_unit(const typename F::Unit (&w)[R], const float* __restrict__ xu,
+                                         int ldx, float (&acc)[R][M]) {
+  // Codes with a bias: the x sums cost 8 adds per activation row and sub-chunk, shared by the
+  // R rows; turning each code into its value costs 8 per weight row. Sum x when M <= R.
+  constexpr bool CODES = F::CODE_BIAS != 0.f, BIASED = CODES && M <= R;
+  static_assert(CODES || F::CODE_SCALE == 1.f, "exact values need no scale");
+  static_assert((F::KU / 8) % F::SCALE_RUN == 0, "a unit holds whole scale runs");
+  float t[R][M], xsum[M];
+#pragma unroll
+  for (int s = 0; s < F::KU / 8; ++s) {
+    const bool run_start = s % F::SCALE_RUN == 0;
+    float xs[M][8];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float4 lo = __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s));
+      const float4 hi =
+          __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s + 4));
+      xs[m][0] = lo.x; xs[m][1] = lo.y; xs[m][2] = lo.z; xs[m][3] = lo.w;
+      xs[m][4] = hi.x; xs[m][5] = hi.y; xs[m][6] = hi.z; xs[m][7] = hi.w;
+      if (BIASED) {
+        float sum = run_start ? 0.f : xsum[m];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += xs[m][j];
+        xsum[m] = sum;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v[8];
+      F::decode(w[r], s, v);
+      if (CODES && !BIASED) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = fmaf(F::CODE_SCALE, v[j], F::CODE_BIAS);
+      }
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float dot = run_start ? 0.f : t[r][m];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot = fmaf(v[j], xs[m][j], dot);
+        t[r][m] = dot;
+      }
+    }
+    if ((s + 1) % F::SCALE_RUN == 0) {  // the run's sums to weights, times its scale
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float sc = F::scale(w[r], s);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float run =
+              BIASED ? fmaf(F::CODE_SCALE, t[r][m], F::CODE_BIAS * xsum[m]) : t[r][m];
+          acc[r][m] = fmaf(sc, run, acc[r][m]);
+        }
+      }
+    }
+  }
+}
+
 // KS > 1 splits K: the KS warps of a group share the same R rows and take every KS-th unit,
 // then add their sums through shared memory. For few, long rows (N = 5120, K = 17408) this
 // gives KS times more warps to keep loads in flight.
-template <class F, int M, int R, int KS>
+template <class F, int M, int R, int KS, int P>
 __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int rows, int units,
                                             const float* __restrict__ x, int ldx,
                                             float* __restrict__ y, int ldy) {
@@ -54,63 +115,43 @@ __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int row
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
-  // Codes with a bias: the x sums cost 8 adds per activation row and sub-chunk, shared by the
-  // R rows; turning each code into its value costs 8 per weight row. Sum x when M <= R.
-  constexpr bool CODES = F::CODE_BIAS != 0.f, BIASED = CODES && M <= R;
-  static_assert(CODES || F::CODE_SCALE == 1.f, "exact values need no scale");
-  static_assert((F::KU / 8) % F::SCALE_RUN == 0, "a unit holds whole scale runs");
-  for (int u = lane + 32 * slice; u < units; u += 32 * KS) {
-    typename F::Unit w[R];
+  // P chooses how a warp keeps loads in flight while it sums a unit (flags):
+  //   bit 0: the next unit's loads are issued before this one is summed, into a second set of
+  //          registers. The index is clamped rather than the load predicated (ptxas sinks
+  //          predicated loads below the sums); the last round reads its unit twice.
+  //   bits 1-2: L2 is asked for the unit that many rounds ahead (clamped the same way).
+  constexpr bool TWO_SETS = P & 1;
+  constexpr int AHEAD = P >> 1;
+  const int step = 32 * KS;
+  int u = lane + 32 * slice;
+  if (AHEAD > 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], u);
-    const float* xu = x + (long long)u * F::KU;
-    float t[R][M], xsum[M];
+    for (int d = 1; d < AHEAD; ++d)
 #pragma unroll
-    for (int s = 0; s < F::KU / 8; ++s) {
-      const bool run_start = s % F::SCALE_RUN == 0;
-      float xs[M][8];
+      for (int r = 0; r < R; ++r) F::prefetch(a, n[r], min(u + d * step, units - 1));
+  }
+  typename F::Unit w[R];
+  if (TWO_SETS) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float4 lo = __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s));
-        const float4 hi =
-            __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s + 4));
-        xs[m][0] = lo.x; xs[m][1] = lo.y; xs[m][2] = lo.z; xs[m][3] = lo.w;
-        xs[m][4] = hi.x; xs[m][5] = hi.y; xs[m][6] = hi.z; xs[m][7] = hi.w;
-        if (BIASED) {
-          float sum = run_start ? 0.f : xsum[m];
+    for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], min(u, units - 1));
+  }
+  for (; u < units; u += step) {
+    if (AHEAD > 0) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) sum += xs[m][j];
-          xsum[m] = sum;
-        }
-      }
+      for (int r = 0; r < R; ++r) F::prefetch(a, n[r], min(u + AHEAD * step, units - 1));
+    }
+    if (TWO_SETS) {
+      typename F::Unit next[R];
+      const int ahead = min(u + step, units - 1);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float v[8];
-        F::decode(w[r], s, v);
-        if (CODES && !BIASED) {
+      for (int r = 0; r < R; ++r) F::load(next[r], a, n[r], ahead);
+      sum_unit<F, M, R>(w, x + (long long)u * F::KU, ldx, acc);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] = fmaf(F::CODE_SCALE, v[j], F::CODE_BIAS);
-        }
+      for (int r = 0; r < R; ++r) w[r] = next[r];
+    } else {
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float dot = run_start ? 0.f : t[r][m];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) dot = fmaf(v[j], xs[m][j], dot);
-          t[r][m] = dot;
-        }
-      }
-      if ((s + 1) % F::SCALE_RUN == 0) {  // the run's sums to weights, times its scale
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float sc = F::scale(w[r], s);
-#pragma unroll
-          for (int m = 0; m < M; ++m) {
-            const float run =
-                BIASED ? fmaf(F::CODE_SCALE, t[r][m], F::CODE_BIAS * xsum[m]) : t[r][m];
-            acc[r][m] = fmaf(sc, run, acc[r][m]);
-          }
-        }
-      }
+      for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], u);
+      sum_unit<F, M, R>(w, x + (long long)u * F::KU, ldx, acc);
     }
   }
 
@@ -163,12 +204,12 @@ __device__ __forceinline__ u32 unit_word(const uint4& q, int s) {
 // One template kernel per layout: M activation rows, R output rows per warp, K split KS
 // ways; launched with GEMV_WARPS * 32 threads, so a block covers GEMV_WARPS / KS * R rows.
 #define DEFINE_GEMV(NAME, POLICY)                                                           \
-  template <int M, int R, int KS>                                                           \
+  template <int M, int R, int KS, int P>                                                    \
   __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
       NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int rpd, \
            int row0, int rows, int units, const float* __restrict__ x, int ldx,             \
            float* __restrict__ y, int ldy) {                                                \
     POLICY::setup();                                                                        \
     GemvArgs a{obj, off1, off2, stride, rpd};                                               \
-    gemv_driver<POLICY, M, R, KS>(a, row0, rows, units, x, ldx, y, ldy);                    \
+    gemv_driver<POLICY, M, R, KS, P>(a, row0, rows, units, x, ldx, y, ldy);                    \
   }

@@ -59,6 +59,12 @@ struct RowSplitInt {
       w.h1 = h.y ^ 0xAAAAAAAAu;
     }
   }
+  static __device__ __forceinline__ void prefetch(const GemvArgs& a, long long n, int u) {
+    const long long group = n * a.stride + (u >> 1);
+    prefetch_l2(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 32) + u);
+    prefetch_l2(reinterpret_cast<const u16*>(a.obj + a.off2) + group);
+    if (BITS == 5 || BITS == 6) prefetch_l2(a.obj + a.off1 + group * (BITS == 5 ? 8 : 16));
+  }
   static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
     if (BITS == 8) {  // offset-binary bytes straight into the magic float: 2 ops a weight
       const u32 lo = unit_word(w.q, 2 * s) ^ 0x80808080u;
@@ -117,6 +123,10 @@ struct RowSplitNf4 {
     const long long group = n * a.stride + (u >> 1);
     w.q = __ldg(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 32) + u);
     w.s = f16_to_f32(__ldg(reinterpret_cast<const u16*>(a.obj + a.off2) + group));
+  }
+  static __device__ __forceinline__ void prefetch(const GemvArgs& a, long long n, int u) {
+    prefetch_l2(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 32) + u);
+    prefetch_l2(reinterpret_cast<const u16*>(a.obj + a.off2) + n * a.stride + (u >> 1));
   }
   static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
     const u32 word = unit_word(w.q, s);
