@@ -164,13 +164,12 @@ def test_expert_gemv(case: Any, stacked: bool, cuda_backend: Any) -> None:
         per_pair = rng.standard_normal((n * top, k)).astype(np.float32)
         pp = np.zeros((n * top, width), np.float32)
         pp[:, :k] = per_pair
-        for r, ks, pf in [(None, None, None), *EXPERT_CONFIGS]:
-            choice = {"rows_per_warp": r, "k_split": ks, "prefetch": pf}
+        for r, ks in [(None, None), *EXPERT_CONFIGS]:
             y = cp.full((n * top, rows), np.nan, dtype=cp.float32)
-            expert_gemv(proj, ids_d, cp.asarray(xp), False, y, rows, **choice)
+            expert_gemv(proj, ids_d, cp.asarray(xp), False, y, rows, rows_per_warp=r, k_split=ks)
             check_pairs(y, np.repeat(x, top, axis=0), w[flat])
             y = cp.full((n * top, rows + 3), np.nan, dtype=cp.float32)  # ldy > rows
-            expert_gemv(proj, ids_d, cp.asarray(pp), True, y, rows + 3, **choice)
+            expert_gemv(proj, ids_d, cp.asarray(pp), True, y, rows + 3, rows_per_warp=r, k_split=ks)
             check_pairs(y[:, :rows], per_pair, w[flat])
 
 

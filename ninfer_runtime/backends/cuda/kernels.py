@@ -25,12 +25,18 @@ GEMV_WARPS = 4
 ROWS_PER_WARP = dict.fromkeys(range(1, MAX_GEMV_ROWS + 1), 4)
 #: K split ways (KS): 1, or every warp of the block on the same rows
 K_SPLITS = (1, GEMV_WARPS)
-#: P, how a warp keeps loads in flight while it sums (flags, see kernels/gemv.cuh): bit 0 the
-#: next unit loaded into a second set of registers, bits 1-2 rounds of L2 prefetch ahead;
-#: compiled for one activation row, the decode of one lane
-PREFETCH = (0, 1, 2, 3, 4)
-#: extra (M, R, KS, P) instantiations: single-row choices below, and what the benchmark compares
-TUNING = [(1, 1, 1, 0), (8, 1, 1, 0), (8, 2, 1, 0)]
+#: extra (M, R, KS, S) instantiations: single-row choices below, and what the benchmark compares
+TUNING = [(1, 1, 1, 0), (1, 2, 1, 0), (1, 8, 1, 0), (8, 1, 1, 0), (8, 2, 1, 0), (1, 2, 4, 0)]
+TUNING += [(1, 8, 4, 0)]
+#: (R, S) with S shared-memory stages of units in flight (kernels/gemv.cuh), for one activation
+#: row, per layout that can stage its units (a block's ring fits the 48 KB of static shared
+#: memory: R * S * 648 bytes a warp for q4 / q8, R * S * 904 for q5 / q6)
+STAGED = {
+    F.Q4: [(4, 2), (4, 3), (8, 2)],
+    F.Q8: [(4, 2), (4, 3), (8, 2)],
+    F.Q5: [(4, 2), (4, 3)],
+    F.Q6: [(4, 2), (4, 3)],
+}
 
 
 def default_rows_per_warp(code: int, m: int, rows: int, k_split: int) -> int:
@@ -49,8 +55,8 @@ def default_rows_per_warp(code: int, m: int, rows: int, k_split: int) -> int:
     return 8 if rows >= 16384 or k_split > 1 else 4
 
 
-def default_prefetch(code: int, m: int) -> int:
-    """P for one launch (to be chosen by ``benchmarks/gpu_bench.py --tune simt``)."""
+def default_stages(code: int, m: int, r: int) -> int:
+    """S for one launch (to be chosen by ``benchmarks/gpu_bench.py --tune simt``)."""
     return 0
 
 
@@ -69,14 +75,22 @@ _GEMV_KERNELS = {
     F.FP8: ("gemv_fp8", "gemv_fp8"),
     F.BF16: ("gemv_bf16", "gemv_bf16"),
 }
-#: every compiled (M, R, KS, P) GEMV configuration
-GEMV_CONFIGS = sorted(
-    {(m, r, ks, 0) for m, r in ROWS_PER_WARP.items() for ks in K_SPLITS}
-    | {(1, r, ks, p) for r in (2, 4, 8) for ks in K_SPLITS for p in PREFETCH}
-    | set(TUNING)
-)
-for _family, _kernel in _GEMV_KERNELS.values():
-    register_family(_family, [f"{_kernel}<{m}, {r}, {ks}, {p}>" for m, r, ks, p in GEMV_CONFIGS])
+
+
+def gemv_configs(code: int) -> list[tuple[int, int, int, int]]:
+    """Every compiled (M, R, KS, S) GEMV configuration of a layout."""
+    plain = {(m, r, ks, 0) for m, r in ROWS_PER_WARP.items() for ks in K_SPLITS}
+    staged = {(1, r, ks, st) for r, st in STAGED.get(code, ()) for ks in K_SPLITS}
+    return sorted(plain | staged | set(TUNING))
+
+
+_families_names: dict[str, list[str]] = {}
+for _code, (_family, _kernel) in _GEMV_KERNELS.items():
+    _families_names.setdefault(_family, []).extend(
+        f"{_kernel}<{m}, {r}, {ks}, {st}>" for m, r, ks, st in gemv_configs(_code)
+    )
+for _family, _names in _families_names.items():
+    register_family(_family, _names)
 #: dequantization kernel by output dtype: float32 values, or bf16 words
 _DEQUANT_KERNELS = {np.dtype(np.float32): "dequant_rows", np.dtype(np.uint16): "dequant_rows_bf16"}
 #: bf16 words eight a thread (rows of a multiple of 8 columns)
@@ -410,14 +424,14 @@ def gemv(
     ldy: int,
     rows_per_warp: int | None = None,
     k_split: int | None = None,
-    prefetch: int | None = None,
+    stages: int | None = None,
 ) -> None:
     """``y[m, r] = Σ_k x[m, k] W[row0 + r, k]`` for the ``M = x.shape[0] <= 8`` rows of x.
 
     ``data``: the object's bytes (uint8 device array); ``x``: float32, C-contiguous,
     ``p.x_width`` columns, 16-byte aligned; ``y``: float32 device view whose rows are
     ``ldy`` apart (a column slice of a wider output is fine). ``rows_per_warp``, ``k_split``
-    and ``prefetch`` override the tuned defaults (only ``GEMV_CONFIGS`` are compiled).
+    and ``stages`` override the tuned defaults (only ``gemv_configs(p.code)`` are compiled).
     """
     m = x.shape[0]
     if F.is_gguf(p.code):
@@ -425,9 +439,9 @@ def gemv(
         return
     ks = k_split or default_k_split(rows, p.units)
     r = rows_per_warp or default_rows_per_warp(p.code, m, rows, ks)
-    pf = default_prefetch(p.code, m) if prefetch is None else prefetch
+    st = default_stages(p.code, m, r) if stages is None else stages
     family, kernel = _GEMV_KERNELS[p.code]
-    fn = function(family, f"{kernel}<{m}, {r}, {ks}, {pf}>")
+    fn = function(family, f"{kernel}<{m}, {r}, {ks}, {st}>")
     per_block = GEMV_WARPS // ks * r
     fn(
         ((rows + per_block - 1) // per_block,),

@@ -51,7 +51,7 @@ POLICY_FILES = ("gemv_row_split", "gemv_nvfp4", "gemv_fp8", "gemv_bf16")
 _SUFFIX = {F.Q4: "q4", F.Q5: "q5", F.Q6: "q6", F.Q8: "q8", F.NF4: "nf4"}
 _SUFFIX.update({F.NVFP4: "nvfp4", F.FP8: "fp8", F.BF16: "bf16"})
 #: compiled (rows per warp, K split) pairs: everything the M = 1 defaults of kernels.py pick
-EXPERT_CONFIGS = [(r, ks, p) for r in (2, 4, 8) for ks in kernels.K_SPLITS for p in (0, 2, 3)]
+EXPERT_CONFIGS = [(r, ks) for r in (2, 4, 8) for ks in kernels.K_SPLITS]
 #: pairs of one expert per weight load in a prefill pass: on the GEMV (its most activation
 #: rows), and on the tensor cores
 GROUP_PAIRS = kernels.MAX_GEMV_ROWS
@@ -68,7 +68,7 @@ register_family(
 )
 register_family(
     EXPERTS_FAMILY,
-    [f"gemv_experts_{s}<{r}, {ks}, {p}>" for s in _SUFFIX.values() for r, ks, p in EXPERT_CONFIGS]
+    [f"gemv_experts_{s}<{r}, {ks}>" for s in _SUFFIX.values() for r, ks in EXPERT_CONFIGS]
     + [
         f"gemv_expert_groups_{s}<{GROUP_PAIRS}, {kernels.ROWS_PER_WARP[GROUP_PAIRS]}, {ks}>"
         for s in _SUFFIX.values()
@@ -192,7 +192,6 @@ def expert_gemv(
     rows: int | None = None,
     rows_per_warp: int | None = None,
     k_split: int | None = None,
-    prefetch: int | None = None,
 ) -> None:
     """``y[p, r] = sum_k x[xrow(p), k] W_{ids[p]}[r, k]`` for the ``P = ids.size`` pairs and
     ``r < rows`` (default ``proj.rows``), with ``xrow(p) = p`` if ``x_per_pair`` else
@@ -209,9 +208,8 @@ def expert_gemv(
         return
     ks = k_split or kernels.default_k_split(rows, p.units)
     r = rows_per_warp or kernels.default_rows_per_warp(p.code, 1, rows, ks)
-    pf = kernels.default_prefetch(p.code, 1) if prefetch is None else prefetch
     per_block = kernels.GEMV_WARPS // ks * r
-    function(EXPERTS_FAMILY, f"gemv_experts_{_SUFFIX[p.code]}<{r}, {ks}, {pf}>")(
+    function(EXPERTS_FAMILY, f"gemv_experts_{_SUFFIX[p.code]}<{r}, {ks}>")(
         ((rows + per_block - 1) // per_block, pairs),
         (kernels.GEMV_WARPS * 32,),
         (

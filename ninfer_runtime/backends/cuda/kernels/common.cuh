@@ -149,11 +149,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b
 }
 
 // ------------------------------------------------------------------- cp.async helpers
-// Ask L2 to fetch the line holding p (no register waits for it)
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   u32 a;
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -164,6 +159,15 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)),
                "l"(src), "r"(ok ? 16 : 0)
+               : "memory");
+}
+
+// 4 or 8 bytes global -> shared (through L1: .cg takes 16 only)
+template <int BYTES>
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
+  static_assert(BYTES == 4 || BYTES == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "n"(BYTES)
                : "memory");
 }
 

@@ -19,7 +19,6 @@
 //   decode(w, s, v)        the 8 values of sub-chunk s (no scale applied)
 //   scale(w, s)            the scale of sub-chunk s
 //   finish(acc, args, n)   the row's final value (row scale, divisor)
-//   prefetch(args, n, u)   ask L2 for every byte load(w, args, n, u) will read
 //   setup()                block-wide preparation before any warp may return (tables)
 
 struct GemvArgs {
@@ -92,10 +91,46 @@ __device__ __forceinline__ void sum_unit(const typename F::Unit (&w)[R], const f
   }
 }
 
+// S > 0: a warp's units reach its lanes through a ring of S stages in shared memory, filled
+// by cp.async S - 1 rounds ahead, so a lane's loads stay in flight while it sums (loads into
+// registers would be sunk by ptxas to just before their use). Each lane copies and reads back
+// only its own unit, so the ring needs no barrier. The unit index is clamped rather than the
+// copy skipped, so every round commits one group; the last rounds copy a unit again.
+// The policy provides Staged (one stage of one row for the warp's 32 lanes, a plane per part
+// so that lanes hit distinct banks), stage(a, n, u, Staged&, lane) (the cp.async copies of a
+// lane's unit) and unstage(w, a, n, u, const Staged&, lane) (the Unit from its slot).
+template <class F, int M, int R, int S>
+__device__ __forceinline__ void staged_units(const GemvArgs& a, const long long (&n)[R], int u0,
+                                             int step, int units, const float* __restrict__ x,
+                                             int ldx, float (&acc)[R][M], int warp) {
+  __shared__ typename F::Staged ring[GEMV_WARPS][S][R];
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < S - 1; ++t) {
+    const int u = min(u0 + t * step, units - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) F::stage(a, n[r], u, ring[warp][t][r], lane);
+    cp_commit();
+  }
+  int t = 0;
+  for (int u = u0; u < units; u += step, ++t) {
+    const int ahead = min(u + (S - 1) * step, units - 1), fill = (t + S - 1) % S;
+#pragma unroll
+    for (int r = 0; r < R; ++r) F::stage(a, n[r], ahead, ring[warp][fill][r], lane);
+    cp_commit();
+    cp_wait<S - 1>();
+    typename F::Unit w[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) F::unstage(w[r], a, n[r], u, ring[warp][t % S][r], lane);
+    sum_unit<F, M, R>(w, x + (long long)u * F::KU, ldx, acc);
+  }
+  cp_wait<0>();  // nothing may land in shared memory after the warp is done
+}
+
 // KS > 1 splits K: the KS warps of a group share the same R rows and take every KS-th unit,
 // then add their sums through shared memory. For few, long rows (N = 5120, K = 17408) this
 // gives KS times more warps to keep loads in flight.
-template <class F, int M, int R, int KS, int P>
+template <class F, int M, int R, int KS, int S>
 __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int rows, int units,
                                             const float* __restrict__ x, int ldx,
                                             float* __restrict__ y, int ldy) {
@@ -115,40 +150,13 @@ __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int row
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
-  // P chooses how a warp keeps loads in flight while it sums a unit (flags):
-  //   bit 0: the next unit's loads are issued before this one is summed, into a second set of
-  //          registers. The index is clamped rather than the load predicated (ptxas sinks
-  //          predicated loads below the sums); the last round reads its unit twice.
-  //   bits 1-2: L2 is asked for the unit that many rounds ahead (clamped the same way).
-  constexpr bool TWO_SETS = P & 1;
-  constexpr int AHEAD = P >> 1;
   const int step = 32 * KS;
-  int u = lane + 32 * slice;
-  if (AHEAD > 0) {
-#pragma unroll
-    for (int d = 1; d < AHEAD; ++d)
-#pragma unroll
-      for (int r = 0; r < R; ++r) F::prefetch(a, n[r], min(u + d * step, units - 1));
-  }
-  typename F::Unit w[R];
-  if (TWO_SETS) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], min(u, units - 1));
-  }
-  for (; u < units; u += step) {
-    if (AHEAD > 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) F::prefetch(a, n[r], min(u + AHEAD * step, units - 1));
-    }
-    if (TWO_SETS) {
-      typename F::Unit next[R];
-      const int ahead = min(u + step, units - 1);
-#pragma unroll
-      for (int r = 0; r < R; ++r) F::load(next[r], a, n[r], ahead);
-      sum_unit<F, M, R>(w, x + (long long)u * F::KU, ldx, acc);
-#pragma unroll
-      for (int r = 0; r < R; ++r) w[r] = next[r];
-    } else {
+  const int u0 = lane + 32 * slice;
+  if constexpr (S > 0) {
+    staged_units<F, M, R, S>(a, n, u0, step, units, x, ldx, acc, warp);
+  } else {
+    for (int u = u0; u < units; u += step) {
+      typename F::Unit w[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], u);
       sum_unit<F, M, R>(w, x + (long long)u * F::KU, ldx, acc);
@@ -202,14 +210,14 @@ __device__ __forceinline__ u32 unit_word(const uint4& q, int s) {
 }
 
 // One template kernel per layout: M activation rows, R output rows per warp, K split KS
-// ways; launched with GEMV_WARPS * 32 threads, so a block covers GEMV_WARPS / KS * R rows.
+// ways, S shared-memory stages (0: loads straight into registers); launched with GEMV_WARPS * 32 threads, so a block covers GEMV_WARPS / KS * R rows.
 #define DEFINE_GEMV(NAME, POLICY)                                                           \
-  template <int M, int R, int KS, int P>                                                    \
+  template <int M, int R, int KS, int S>                                                    \
   __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
       NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int rpd, \
            int row0, int rows, int units, const float* __restrict__ x, int ldx,             \
            float* __restrict__ y, int ldy) {                                                \
     POLICY::setup();                                                                        \
     GemvArgs a{obj, off1, off2, stride, rpd};                                               \
-    gemv_driver<POLICY, M, R, KS, P>(a, row0, rows, units, x, ldx, y, ldy);                    \
+    gemv_driver<POLICY, M, R, KS, S>(a, row0, rows, units, x, ldx, y, ldy);                    \
   }

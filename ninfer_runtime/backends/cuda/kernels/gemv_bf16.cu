@@ -11,9 +11,6 @@ struct Bf16Row {
   static __device__ __forceinline__ void load(Unit& w, const GemvArgs& a, long long n, int u) {
     w.q = __ldg(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 2) + u);
   }
-  static __device__ __forceinline__ void prefetch(const GemvArgs& a, long long n, int u) {
-    prefetch_l2(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 2) + u);
-  }
   static __device__ __forceinline__ void decode(const Unit& w, int, float v[8]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

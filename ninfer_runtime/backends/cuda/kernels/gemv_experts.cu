@@ -12,7 +12,7 @@
 // blockIdx.x tiles the rows exactly as the plain GEMV does with M = 1.
 
 #define DEFINE_GEMV_EXPERTS(NAME, POLICY)                                                   \
-  template <int R, int KS, int P>                                                           \
+  template <int R, int KS>                                                                  \
   __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
       NAME(const u64* __restrict__ base, const int* __restrict__ row0,                      \
            const int* __restrict__ ids, int k, int x_per_pair, long long off1,              \
@@ -23,7 +23,7 @@
     const int e = __ldg(ids + p);                                                           \
     GemvArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};      \
     const float* xp = x + (long long)(x_per_pair ? p : p / k) * ldx;                       \
-    gemv_driver<POLICY, 1, R, KS, P>(a, __ldg(row0 + e), rows, units, xp, ldx,             \
+    gemv_driver<POLICY, 1, R, KS, 0>(a, __ldg(row0 + e), rows, units, xp, ldx,             \
                                   y + (long long)p * ldy, ldy);                             \
   }
 

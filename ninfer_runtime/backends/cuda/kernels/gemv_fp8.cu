@@ -15,9 +15,6 @@ struct Fp8Row {
   static __device__ __forceinline__ void load(Unit& w, const GemvArgs& a, long long n, int u) {
     w.q = __ldg(reinterpret_cast<const uint4*>(a.obj + n * a.stride) + u);
   }
-  static __device__ __forceinline__ void prefetch(const GemvArgs& a, long long n, int u) {
-    prefetch_l2(reinterpret_cast<const uint4*>(a.obj + n * a.stride) + u);
-  }
   static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
     const u32 lo = unit_word(w.q, 2 * s), hi = unit_word(w.q, 2 * s + 1);
     e4m3x2_to_f32(lo & 0xFFFFu, v[0], v[1]);

@@ -23,11 +23,6 @@ struct Nvfp4 {
     w.s0 = e4m3_to_f32(pair & 0xFFu);
     w.s1 = e4m3_to_f32(pair >> 8);
   }
-  static __device__ __forceinline__ void prefetch(const GemvArgs& a, long long n, int u) {
-    const long long k = a.stride;
-    prefetch_l2(reinterpret_cast<const uint4*>(a.obj + n * (k >> 1)) + u);
-    prefetch_l2(a.obj + a.off1 + nvfp4_scale_offset(n, 2LL * u, k));
-  }
   static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
     const u32 word = unit_word(w.q, s);
 #pragma unroll
