@@ -154,30 +154,29 @@ def _copies(fmt: str, layout: str, shape: tuple[int, int]) -> tuple[list, F.Plan
 def tune(
     copy_bps: float, formats: list[str] | None = None, shapes: list[tuple[int, int]] = SHAPES
 ) -> list[dict]:
-    """% of floor for every compiled (M, rows per warp R, K split KS, stages S) choice at
-    M = 1 and 8 (default formats: q4, q8, nvfp4, fp8)."""
+    """% of floor for every compiled (M, rows per warp R, K split KS) choice at M = 1 and 8
+    (default formats: q4, q8, nvfp4, fp8)."""
     rows = []
     chosen = formats or [LAYOUTS[i][0] for i in (0, 3, 5, 6)]
     for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
         for shape in shapes:
             copies, p = _copies(fmt, layout, shape)
             line = []
-            for m, r, ks, st in kernels.gemv_configs(p.code):
+            for m, r, ks in kernels.GEMV_CONFIGS:
                 if m not in (1, 8):
                     continue
                 x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
                 n = shape[0]
-                choice = {"rows_per_warp": r, "k_split": ks, "stages": st}
-                launch = lambda d: kernels.gemv(d, p, 0, n, x, y, n, **choice)  # noqa: E731, B023
+                launch = lambda d: kernels.gemv(d, p, 0, n, x, y, n, rows_per_warp=r, k_split=ks)  # noqa: E731, B023
                 ms = median_ms(_rotating_call(copies, launch))
                 pct = 100 * (copies[0].nbytes + x.nbytes + y.nbytes) / copy_bps / (ms * 1e-3)
                 rows.append(
-                    {"format": fmt, "shape": list(shape), "M": m, "R": r, "KS": ks, "S": st}
+                    {"format": fmt, "shape": list(shape), "M": m, "R": r, "KS": ks}
                     | {"us": ms * 1e3, "pct": pct}
                 )
-                line.append(f"{m}/{r}/{ks}/{st} {pct:4.1f}%")
-            label = f"tune M/R/KS/S {fmt:<12} {shape[0]:>5}x{shape[1]:<5}"
+                line.append(f"{m}/{r}/{ks} {pct:4.1f}%")
+            label = f"tune M/R/KS {fmt:<12} {shape[0]:>5}x{shape[1]:<5}"
             print(label, " ".join(line), flush=True)
     return rows
 

@@ -194,7 +194,7 @@ def test_grouped_gemv_launch(monkeypatch) -> None:
     y = np.zeros((2 * GROUP_PAIRS, 1024), dtype=np.float32)
     moe.expert_groups_gemv(proj, group_expert, x, y, 1024)
     ((_, name, grid, block, args),) = launches.calls
-    ks = kernels.default_k_split(1024, p.units)
+    ks = kernels.default_k_split(p.code, 1024, p.units)
     r = kernels.ROWS_PER_WARP[GROUP_PAIRS]
     assert name == f"gemv_expert_groups_q4<{GROUP_PAIRS}, {r}, {ks}>"
     assert grid == (-(-1024 // (kernels.GEMV_WARPS // ks * r)), 2)

@@ -25,18 +25,8 @@ GEMV_WARPS = 4
 ROWS_PER_WARP = dict.fromkeys(range(1, MAX_GEMV_ROWS + 1), 4)
 #: K split ways (KS): 1, or every warp of the block on the same rows
 K_SPLITS = (1, GEMV_WARPS)
-#: extra (M, R, KS, S) instantiations: single-row choices below, and what the benchmark compares
-TUNING = [(1, 1, 1, 0), (1, 2, 1, 0), (1, 8, 1, 0), (8, 1, 1, 0), (8, 2, 1, 0), (1, 2, 4, 0)]
-TUNING += [(1, 8, 4, 0)]
-#: (R, S) with S shared-memory stages of units in flight (kernels/gemv.cuh), for one activation
-#: row, per layout that can stage its units (a block's ring fits the 48 KB of static shared
-#: memory: R * S * 648 bytes a warp for q4 / q8, R * S * 904 for q5 / q6)
-STAGED = {
-    F.Q4: [(4, 2), (4, 3), (8, 2)],
-    F.Q8: [(4, 2), (4, 3), (8, 2)],
-    F.Q5: [(4, 2), (4, 3)],
-    F.Q6: [(4, 2), (4, 3)],
-}
+#: extra (M, R, KS) instantiations: single-row choices below, and what the benchmark compares
+TUNING = [(1, 1, 1), (1, 2, 1), (1, 8, 1), (8, 1, 1), (8, 2, 1), (1, 2, 4), (1, 8, 4)]
 
 
 def default_rows_per_warp(code: int, m: int, rows: int, k_split: int) -> int:
@@ -45,24 +35,29 @@ def default_rows_per_warp(code: int, m: int, rows: int, k_split: int) -> int:
     layouts keep more loads in flight with 8 rows per warp (on many or split rows), q8, fp8
     and bf16 did best with 4 (q8: 81-86% of the floor against 72-74% with 8), nvfp4 with 2;
     with several activation rows R = 4 was best for every layout. Re-measured for q4/q5/q6
-    after their one-permute decode (2026-11-30): these choices stay within 2-4% of the best."""
+    after their one-permute decode (2026-11-30): these choices stay within 2-4% of the best.
+    Re-measured 2026-12-02 (q4/q5/q6/q8 on five shapes from [2048, 4096] to [17408, 5120]):
+    q8 with K split does best at 8 rows (73% of the floor on [17408, 5120], against 64% at 4
+    rows unsplit; 41% against 34% on [4096, 2048])."""
     if m > 1:
         return ROWS_PER_WARP[m]
     if code == F.NVFP4:
         return 2
-    if code in (F.Q8, F.FP8, F.BF16):
+    if code == F.Q8:
+        return 8 if k_split > 1 else 4
+    if code in (F.FP8, F.BF16):
         return 4
     return 8 if rows >= 16384 or k_split > 1 else 4
 
 
-def default_stages(code: int, m: int, r: int) -> int:
-    """S for one launch (to be chosen by ``benchmarks/gpu_bench.py --tune simt``)."""
-    return 0
-
-
-def default_k_split(rows: int, units: int) -> int:
-    """Split K over the block's warps when rows are few and long (too few warps otherwise)."""
-    return GEMV_WARPS if rows < 8192 and units >= 128 else 1
+def default_k_split(code: int, rows: int, units: int) -> int:
+    """Split K over the block's warps when rows are few and long (too few warps otherwise),
+    and for q4 and q8 on long rows whatever their number: on [17408, 5120] at one row,
+    measured 2026-12-02, q4 46% of the floor split against 42% (its grid of 544 blocks is 1.03
+    waves unsplit), q8 73% against 64%; q5 and q6 are faster unsplit there (50% against 45%)."""
+    if units < 128:
+        return 1
+    return GEMV_WARPS if rows < 8192 or code in (F.Q4, F.Q8) else 1
 
 
 _GEMV_KERNELS = {
@@ -75,22 +70,12 @@ _GEMV_KERNELS = {
     F.FP8: ("gemv_fp8", "gemv_fp8"),
     F.BF16: ("gemv_bf16", "gemv_bf16"),
 }
-
-
-def gemv_configs(code: int) -> list[tuple[int, int, int, int]]:
-    """Every compiled (M, R, KS, S) GEMV configuration of a layout."""
-    plain = {(m, r, ks, 0) for m, r in ROWS_PER_WARP.items() for ks in K_SPLITS}
-    staged = {(1, r, ks, st) for r, st in STAGED.get(code, ()) for ks in K_SPLITS}
-    return sorted(plain | staged | set(TUNING))
-
-
-_families_names: dict[str, list[str]] = {}
-for _code, (_family, _kernel) in _GEMV_KERNELS.items():
-    _families_names.setdefault(_family, []).extend(
-        f"{_kernel}<{m}, {r}, {ks}, {st}>" for m, r, ks, st in gemv_configs(_code)
-    )
-for _family, _names in _families_names.items():
-    register_family(_family, _names)
+#: every compiled (M, R, KS) GEMV configuration
+GEMV_CONFIGS = sorted(
+    {(m, r, ks) for m, r in ROWS_PER_WARP.items() for ks in K_SPLITS} | set(TUNING)
+)
+for _family, _kernel in _GEMV_KERNELS.values():
+    register_family(_family, [f"{_kernel}<{m}, {r}, {ks}>" for m, r, ks in GEMV_CONFIGS])
 #: dequantization kernel by output dtype: float32 values, or bf16 words
 _DEQUANT_KERNELS = {np.dtype(np.float32): "dequant_rows", np.dtype(np.uint16): "dequant_rows_bf16"}
 #: bf16 words eight a thread (rows of a multiple of 8 columns)
@@ -424,24 +409,23 @@ def gemv(
     ldy: int,
     rows_per_warp: int | None = None,
     k_split: int | None = None,
-    stages: int | None = None,
 ) -> None:
     """``y[m, r] = Σ_k x[m, k] W[row0 + r, k]`` for the ``M = x.shape[0] <= 8`` rows of x.
 
     ``data``: the object's bytes (uint8 device array); ``x``: float32, C-contiguous,
     ``p.x_width`` columns, 16-byte aligned; ``y``: float32 device view whose rows are
-    ``ldy`` apart (a column slice of a wider output is fine). ``rows_per_warp``, ``k_split``
-    and ``stages`` override the tuned defaults (only ``gemv_configs(p.code)`` are compiled).
+    ``ldy`` apart (a column slice of a wider output is fine). ``rows_per_warp`` and
+    ``k_split`` override the tuned defaults (only the combinations of ``ROWS_PER_WARP`` x
+    ``K_SPLITS`` and ``TUNING`` are compiled).
     """
     m = x.shape[0]
     if F.is_gguf(p.code):
         gguf_blocks.gemv(data, p, row0, rows, x, y, ldy)
         return
-    ks = k_split or default_k_split(rows, p.units)
+    ks = k_split or default_k_split(p.code, rows, p.units)
     r = rows_per_warp or default_rows_per_warp(p.code, m, rows, ks)
-    st = default_stages(p.code, m, r) if stages is None else stages
     family, kernel = _GEMV_KERNELS[p.code]
-    fn = function(family, f"{kernel}<{m}, {r}, {ks}, {st}>")
+    fn = function(family, f"{kernel}<{m}, {r}, {ks}>")
     per_block = GEMV_WARPS // ks * r
     fn(
         ((rows + per_block - 1) // per_block,),

@@ -206,7 +206,7 @@ def expert_gemv(
             proj.base, proj.row0, p, ids, rows, x, y, ldy, k=k, x_per_unit=x_per_pair
         )
         return
-    ks = k_split or kernels.default_k_split(rows, p.units)
+    ks = k_split or kernels.default_k_split(p.code, rows, p.units)
     r = rows_per_warp or kernels.default_rows_per_warp(p.code, 1, rows, ks)
     per_block = kernels.GEMV_WARPS // ks * r
     function(EXPERTS_FAMILY, f"gemv_experts_{_SUFFIX[p.code]}<{r}, {ks}>")(
@@ -242,7 +242,7 @@ def expert_groups_gemv(
             proj.base, proj.row0, p, group_expert, rows, x, y, ldy, group=GROUP_PAIRS
         )
         return
-    m, ks = GROUP_PAIRS, kernels.default_k_split(rows, p.units)
+    m, ks = GROUP_PAIRS, kernels.default_k_split(p.code, rows, p.units)
     r = kernels.ROWS_PER_WARP[m]
     per_block = kernels.GEMV_WARPS // ks * r
     function(EXPERTS_FAMILY, f"gemv_expert_groups_{_SUFFIX[p.code]}<{m}, {r}, {ks}>")(

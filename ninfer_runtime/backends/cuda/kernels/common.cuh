@@ -162,15 +162,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) 
                : "memory");
 }
 
-// 4 or 8 bytes global -> shared (through L1: .cg takes 16 only)
-template <int BYTES>
-__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
-  static_assert(BYTES == 4 || BYTES == 8, "cp.async.ca copies 4, 8 or 16 bytes");
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_addr(dst)), "l"(src),
-               "n"(BYTES)
-               : "memory");
-}
-
 __device__ __forceinline__ void cp_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }

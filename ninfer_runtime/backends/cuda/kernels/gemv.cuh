@@ -31,106 +31,10 @@ struct GemvArgs {
 
 #define GEMV_WARPS 4
 
-// One 16-byte unit of each of the warp's R rows (w) against the matching KU values of every
-// activation row (xu, rows ldx apart), added to acc.
-template <class F, int M, int R>
-__device__ __forceinline__ void sum_unit(const typename F::Unit (&w)[R], const float* __restrict__ xu,
-                                         int ldx, float (&acc)[R][M]) {
-  // Codes with a bias: the x sums cost 8 adds per activation row and sub-chunk, shared by the
-  // R rows; turning each code into its value costs 8 per weight row. Sum x when M <= R.
-  constexpr bool CODES = F::CODE_BIAS != 0.f, BIASED = CODES && M <= R;
-  static_assert(CODES || F::CODE_SCALE == 1.f, "exact values need no scale");
-  static_assert((F::KU / 8) % F::SCALE_RUN == 0, "a unit holds whole scale runs");
-  float t[R][M], xsum[M];
-#pragma unroll
-  for (int s = 0; s < F::KU / 8; ++s) {
-    const bool run_start = s % F::SCALE_RUN == 0;
-    float xs[M][8];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float4 lo = __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s));
-      const float4 hi =
-          __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s + 4));
-      xs[m][0] = lo.x; xs[m][1] = lo.y; xs[m][2] = lo.z; xs[m][3] = lo.w;
-      xs[m][4] = hi.x; xs[m][5] = hi.y; xs[m][6] = hi.z; xs[m][7] = hi.w;
-      if (BIASED) {
-        float sum = run_start ? 0.f : xsum[m];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sum += xs[m][j];
-        xsum[m] = sum;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v[8];
-      F::decode(w[r], s, v);
-      if (CODES && !BIASED) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = fmaf(F::CODE_SCALE, v[j], F::CODE_BIAS);
-      }
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float dot = run_start ? 0.f : t[r][m];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) dot = fmaf(v[j], xs[m][j], dot);
-        t[r][m] = dot;
-      }
-    }
-    if ((s + 1) % F::SCALE_RUN == 0) {  // the run's sums to weights, times its scale
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float sc = F::scale(w[r], s);
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          const float run =
-              BIASED ? fmaf(F::CODE_SCALE, t[r][m], F::CODE_BIAS * xsum[m]) : t[r][m];
-          acc[r][m] = fmaf(sc, run, acc[r][m]);
-        }
-      }
-    }
-  }
-}
-
-// S > 0: a warp's units reach its lanes through a ring of S stages in shared memory, filled
-// by cp.async S - 1 rounds ahead, so a lane's loads stay in flight while it sums (loads into
-// registers would be sunk by ptxas to just before their use). Each lane copies and reads back
-// only its own unit, so the ring needs no barrier. The unit index is clamped rather than the
-// copy skipped, so every round commits one group; the last rounds copy a unit again.
-// The policy provides Staged (one stage of one row for the warp's 32 lanes, a plane per part
-// so that lanes hit distinct banks), stage(a, n, u, Staged&, lane) (the cp.async copies of a
-// lane's unit) and unstage(w, a, n, u, const Staged&, lane) (the Unit from its slot).
-template <class F, int M, int R, int S>
-__device__ __forceinline__ void staged_units(const GemvArgs& a, const long long (&n)[R], int u0,
-                                             int step, int units, const float* __restrict__ x,
-                                             int ldx, float (&acc)[R][M], int warp) {
-  __shared__ typename F::Staged ring[GEMV_WARPS][S][R];
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int t = 0; t < S - 1; ++t) {
-    const int u = min(u0 + t * step, units - 1);
-#pragma unroll
-    for (int r = 0; r < R; ++r) F::stage(a, n[r], u, ring[warp][t][r], lane);
-    cp_commit();
-  }
-  int t = 0;
-  for (int u = u0; u < units; u += step, ++t) {
-    const int ahead = min(u + (S - 1) * step, units - 1), fill = (t + S - 1) % S;
-#pragma unroll
-    for (int r = 0; r < R; ++r) F::stage(a, n[r], ahead, ring[warp][fill][r], lane);
-    cp_commit();
-    cp_wait<S - 1>();
-    typename F::Unit w[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) F::unstage(w[r], a, n[r], u, ring[warp][t % S][r], lane);
-    sum_unit<F, M, R>(w, x + (long long)u * F::KU, ldx, acc);
-  }
-  cp_wait<0>();  // nothing may land in shared memory after the warp is done
-}
-
 // KS > 1 splits K: the KS warps of a group share the same R rows and take every KS-th unit,
 // then add their sums through shared memory. For few, long rows (N = 5120, K = 17408) this
 // gives KS times more warps to keep loads in flight.
-template <class F, int M, int R, int KS, int S>
+template <class F, int M, int R, int KS>
 __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int rows, int units,
                                             const float* __restrict__ x, int ldx,
                                             float* __restrict__ y, int ldy) {
@@ -150,16 +54,63 @@ __device__ __forceinline__ void gemv_driver(const GemvArgs& a, int row0, int row
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
-  const int step = 32 * KS;
-  const int u0 = lane + 32 * slice;
-  if constexpr (S > 0) {
-    staged_units<F, M, R, S>(a, n, u0, step, units, x, ldx, acc, warp);
-  } else {
-    for (int u = u0; u < units; u += step) {
-      typename F::Unit w[R];
+  // Codes with a bias: the x sums cost 8 adds per activation row and sub-chunk, shared by the
+  // R rows; turning each code into its value costs 8 per weight row. Sum x when M <= R.
+  constexpr bool CODES = F::CODE_BIAS != 0.f, BIASED = CODES && M <= R;
+  static_assert(CODES || F::CODE_SCALE == 1.f, "exact values need no scale");
+  static_assert((F::KU / 8) % F::SCALE_RUN == 0, "a unit holds whole scale runs");
+  for (int u = lane + 32 * slice; u < units; u += 32 * KS) {
+    typename F::Unit w[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], u);
-      sum_unit<F, M, R>(w, x + (long long)u * F::KU, ldx, acc);
+    for (int r = 0; r < R; ++r) F::load(w[r], a, n[r], u);
+    const float* xu = x + (long long)u * F::KU;
+    float t[R][M], xsum[M];
+#pragma unroll
+    for (int s = 0; s < F::KU / 8; ++s) {
+      const bool run_start = s % F::SCALE_RUN == 0;
+      float xs[M][8];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float4 lo = __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s));
+        const float4 hi =
+            __ldg(reinterpret_cast<const float4*>(xu + (long long)m * ldx + 8 * s + 4));
+        xs[m][0] = lo.x; xs[m][1] = lo.y; xs[m][2] = lo.z; xs[m][3] = lo.w;
+        xs[m][4] = hi.x; xs[m][5] = hi.y; xs[m][6] = hi.z; xs[m][7] = hi.w;
+        if (BIASED) {
+          float sum = run_start ? 0.f : xsum[m];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum += xs[m][j];
+          xsum[m] = sum;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float v[8];
+        F::decode(w[r], s, v);
+        if (CODES && !BIASED) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = fmaf(F::CODE_SCALE, v[j], F::CODE_BIAS);
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float dot = run_start ? 0.f : t[r][m];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) dot = fmaf(v[j], xs[m][j], dot);
+          t[r][m] = dot;
+        }
+      }
+      if ((s + 1) % F::SCALE_RUN == 0) {  // the run's sums to weights, times its scale
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float sc = F::scale(w[r], s);
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const float run =
+                BIASED ? fmaf(F::CODE_SCALE, t[r][m], F::CODE_BIAS * xsum[m]) : t[r][m];
+            acc[r][m] = fmaf(sc, run, acc[r][m]);
+          }
+        }
+      }
     }
   }
 
@@ -210,14 +161,14 @@ __device__ __forceinline__ u32 unit_word(const uint4& q, int s) {
 }
 
 // One template kernel per layout: M activation rows, R output rows per warp, K split KS
-// ways, S shared-memory stages (0: loads straight into registers); launched with GEMV_WARPS * 32 threads, so a block covers GEMV_WARPS / KS * R rows.
+// ways; launched with GEMV_WARPS * 32 threads, so a block covers GEMV_WARPS / KS * R rows.
 #define DEFINE_GEMV(NAME, POLICY)                                                           \
-  template <int M, int R, int KS, int S>                                                    \
+  template <int M, int R, int KS>                                                           \
   __global__ void __launch_bounds__(GEMV_WARPS * 32)                                        \
       NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int rpd, \
            int row0, int rows, int units, const float* __restrict__ x, int ldx,             \
            float* __restrict__ y, int ldy) {                                                \
     POLICY::setup();                                                                        \
     GemvArgs a{obj, off1, off2, stride, rpd};                                               \
-    gemv_driver<POLICY, M, R, KS, S>(a, row0, rows, units, x, ldx, y, ldy);                    \
+    gemv_driver<POLICY, M, R, KS>(a, row0, rows, units, x, ldx, y, ldy);                    \
   }

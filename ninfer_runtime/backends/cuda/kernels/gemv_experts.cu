@@ -23,7 +23,7 @@
     const int e = __ldg(ids + p);                                                           \
     GemvArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};      \
     const float* xp = x + (long long)(x_per_pair ? p : p / k) * ldx;                       \
-    gemv_driver<POLICY, 1, R, KS, 0>(a, __ldg(row0 + e), rows, units, xp, ldx,             \
+    gemv_driver<POLICY, 1, R, KS>(a, __ldg(row0 + e), rows, units, xp, ldx,                \
                                   y + (long long)p * ldy, ldy);                             \
   }
 
@@ -45,7 +45,7 @@
     const int e = __ldg(group_expert + g);                                                  \
     if (e < 0) return;                                                                      \
     GemvArgs a{reinterpret_cast<const u8*>(__ldg(base + e)), off1, off2, stride, rpd};      \
-    gemv_driver<POLICY, M, R, KS, 0>(a, __ldg(row0 + e), rows, units, x + g * M * ldx, ldx, \
+    gemv_driver<POLICY, M, R, KS>(a, __ldg(row0 + e), rows, units, x + g * M * ldx, ldx,    \
                                   y + g * M * ldy, ldy);                                    \
   }
 

@@ -46,50 +46,18 @@ struct RowSplitInt {
     u32 h0, h1;  // high bits, their sign bits flipped (q5: h0; q6: h0 | h1 << 32)
     float s;
   };
-  // a unit's parts in shared memory: the codes, the 4-byte word holding its scale (the pair of
-  // groups 2j, 2j + 1: rows hold an even number of groups, so the word is inside the plane)
-  // and its high bits (q5: 4 bytes, q6: 8)
-  struct Staged {
-    uint4 q[32];
-    u32 scales[32];
-    uint2 high[BITS == 5 || BITS == 6 ? 32 : 1];
-  };
   static __device__ __forceinline__ void setup() {}
-  static __device__ __forceinline__ const u8* codes(const GemvArgs& a, long long n, int u) {
-    return a.obj + (n * a.stride * 32 + 16LL * u);
-  }
-  static __device__ __forceinline__ const u8* high(const GemvArgs& a, long long group, int u) {
-    return a.obj + a.off1 + group * (BITS == 5 ? 8 : 16) + (BITS == 5 ? 4 : 8) * (u & 1);
-  }
-  static __device__ __forceinline__ void set_high(Unit& w, uint2 h) {
+  static __device__ __forceinline__ void load(Unit& w, const GemvArgs& a, long long n, int u) {
+    const long long group = n * a.stride + (u >> 1);
+    w.q = __ldg(reinterpret_cast<const uint4*>(a.obj + n * a.stride * 32) + u);
+    w.s = f16_to_f32(__ldg(reinterpret_cast<const u16*>(a.obj + a.off2) + group));
     if (BITS == 5) {
-      w.h0 = ~h.x;
+      w.h0 = ~__ldg(reinterpret_cast<const u32*>(a.obj + a.off1 + group * 8) + (u & 1));
     } else if (BITS == 6) {
+      const uint2 h = __ldg(reinterpret_cast<const uint2*>(a.obj + a.off1 + group * 16) + (u & 1));
       w.h0 = h.x ^ 0xAAAAAAAAu;  // bit 5 of each weight: the sign bit
       w.h1 = h.y ^ 0xAAAAAAAAu;
     }
-  }
-  static __device__ __forceinline__ void load(Unit& w, const GemvArgs& a, long long n, int u) {
-    const long long group = n * a.stride + (u >> 1);
-    w.q = __ldg(reinterpret_cast<const uint4*>(codes(a, n, u)));
-    w.s = f16_to_f32(__ldg(reinterpret_cast<const u16*>(a.obj + a.off2) + group));
-    if (BITS == 5) set_high(w, make_uint2(__ldg(reinterpret_cast<const u32*>(high(a, group, u))), 0));
-    if (BITS == 6) set_high(w, __ldg(reinterpret_cast<const uint2*>(high(a, group, u))));
-  }
-  static __device__ __forceinline__ void stage(const GemvArgs& a, long long n, int u, Staged& st,
-                                               int lane) {
-    const long long group = n * a.stride + (u >> 1);
-    cp_async16(&st.q[lane], codes(a, n, u), true);
-    cp_async_small<4>(&st.scales[lane], a.obj + a.off2 + 2 * (group & ~1LL));
-    if (BITS == 5) cp_async_small<4>(&st.high[lane], high(a, group, u));
-    if (BITS == 6) cp_async_small<8>(&st.high[lane], high(a, group, u));
-  }
-  static __device__ __forceinline__ void unstage(Unit& w, const GemvArgs& a, long long n, int u,
-                                                 const Staged& st, int lane) {
-    const long long group = n * a.stride + (u >> 1);
-    w.q = st.q[lane];
-    w.s = f16_to_f32((u16)(st.scales[lane] >> (16 * (group & 1))));
-    if (BITS == 5 || BITS == 6) set_high(w, st.high[lane]);
   }
   static __device__ __forceinline__ void decode(const Unit& w, int s, float v[8]) {
     if (BITS == 8) {  // offset-binary bytes straight into the magic float: 2 ops a weight
