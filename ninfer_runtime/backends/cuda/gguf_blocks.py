@@ -22,8 +22,8 @@ FAMILY = "gguf"
 WARPS = 4
 #: activation rows M a GEMV launch is compiled for (a launch's rows are rounded up to one),
 #: and the output rows R each warp takes for it: with one activation row, four weight rows
-#: share each x load; with more, x is read per row (holding it for several would not fit)
-ROWS_PER_WARP = {1: 4, 2: 2, 4: 1, 8: 1}
+#: share each x load; with more, two (their decoded groups are held while x streams by)
+ROWS_PER_WARP = {1: 4, 2: 2, 4: 2, 8: 2}
 #: pairs a unit of the experts' grouped GEMV takes: the most rows a GEMV launch takes
 #: (``kernels.MAX_GEMV_ROWS``, which ``moe.GROUP_PAIRS`` is; a test holds them equal)
 EXPERT_GROUP = max(ROWS_PER_WARP)

@@ -64,7 +64,7 @@ __global__ void gguf_dequant_rows_bf16(const u8* __restrict__ obj, int blocks_pe
 // chunk of blocks into the other half of its shared memory (coalesced 16-byte copies, R rows'
 // at once). Each lane takes one group of 32 values of each row from there: with one x row,
 // its dot product with the x values it loaded once for all R rows (gguf_dot); with more, the
-// group decoded once and multiplied with each x row. Float32 sums, reduced across the warp at
+// R rows' groups decoded once and each x row's values loaded once for all of them. Float32 sums, reduced across the warp at
 // the end. A copy starts at the 16-byte boundary below its blocks and may read up to 15 bytes
 // past an object's last row: device allocations are rounded up to 512 bytes, so that stays
 // inside the allocation.
@@ -128,7 +128,6 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
     const int g = lane;  // this lane's group of the chunk
     if (g < nb * G) {
       const int col = (b0 * G + g) * 32;
-      float v[32];
       if (M == 1) {
         float xv[32];
         const float4* xs = reinterpret_cast<const float4*>(x + col);
@@ -146,24 +145,31 @@ __device__ __forceinline__ void gguf_gemv_body(const u8* __restrict__ obj, int b
           acc[r][0] += gguf_dot<TYPE>(reinterpret_cast<const u8*>(here[r]) + lead + (g / G) * B,
                                       g % G, xv, xsum);
         }
-      } else {
+      } else {  // the R rows' groups decoded first, so that each x load serves all of them
+        float v[R][32];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const u8* p = gguf_chunk_start(obj, row_bytes, row0 + min(first + r, rows - 1), b0, B);
           const int lead = (int)(reinterpret_cast<unsigned long long>(p) & 15ull);
-          gguf_group<TYPE>(reinterpret_cast<const u8*>(here[r]) + lead + (g / G) * B, g % G, v);
+          gguf_group<TYPE>(reinterpret_cast<const u8*>(here[r]) + lead + (g / G) * B, g % G, v[r]);
+        }
 #pragma unroll
-          for (int mm = 0; mm < M; ++mm) {
-            if (mm < m) {
-              const float4* xs = reinterpret_cast<const float4*>(x + (long long)mm * ldx + col);
-              float s = 0.f;
+        for (int mm = 0; mm < M; ++mm) {
+          if (mm < m) {
+            const float4* xs = reinterpret_cast<const float4*>(x + (long long)mm * ldx + col);
+            float s[R];
 #pragma unroll
-              for (int j = 0; j < 8; ++j) {
-                const float4 t = __ldg(xs + j);
-                s += v[4 * j] * t.x + v[4 * j + 1] * t.y + v[4 * j + 2] * t.z + v[4 * j + 3] * t.w;
-              }
-              acc[r][mm] += s;
+            for (int r = 0; r < R; ++r) s[r] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float4 t = __ldg(xs + j);
+#pragma unroll
+              for (int r = 0; r < R; ++r)
+                s[r] += v[r][4 * j] * t.x + v[r][4 * j + 1] * t.y + v[r][4 * j + 2] * t.z +
+                        v[r][4 * j + 3] * t.w;
             }
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][mm] += s[r];
           }
         }
       }
