@@ -64,8 +64,8 @@ __global__ void gguf_dequant_rows_bf16(const u8* __restrict__ obj, int blocks_pe
 // chunk of blocks into the other half of its shared memory (coalesced 16-byte copies, R rows'
 // at once). Each lane takes one group of 32 values of each row from there: with one x row,
 // its dot product with the x values it loaded once for all R rows (gguf_dot); with more, the
-// R rows' groups decoded once and each x row's values loaded once for all of them. Float32 sums, reduced across the warp at
-// the end. A copy starts at the 16-byte boundary below its blocks and may read up to 15 bytes
+// R rows' groups decoded once and each x row's values loaded once for all of them. Float32
+// sums, reduced across the warp at the end. A copy starts at the 16-byte boundary below its blocks and may read up to 15 bytes
 // past an object's last row: device allocations are rounded up to 512 bytes, so that stays
 // inside the allocation.
 template <int TYPE>
