@@ -30,15 +30,13 @@ TUNING = [(1, 1, 1), (1, 2, 1), (1, 8, 1), (8, 1, 1), (8, 2, 1), (1, 2, 4), (1, 
 
 
 def default_rows_per_warp(code: int, m: int, rows: int, k_split: int) -> int:
-    """R for one launch, from ``benchmarks/gpu_bench.py --tune simt`` on the H200 (2026-11-29,
-    [17408, 5120] and [5120, 17408]): with one activation row, the 4- to 6-bit row_split
-    layouts keep more loads in flight with 8 rows per warp (on many or split rows), q8, fp8
-    and bf16 did best with 4 (q8: 81-86% of the floor against 72-74% with 8), nvfp4 with 2;
-    with several activation rows R = 4 was best for every layout. Re-measured for q4/q5/q6
-    after their one-permute decode (2026-11-30): these choices stay within 2-4% of the best.
-    Re-measured 2026-12-02 (q4/q5/q6/q8 on five shapes from [2048, 4096] to [17408, 5120]):
-    q8 with K split does best at 8 rows (73% of the floor on [17408, 5120], against 64% at 4
-    rows unsplit; 41% against 34% on [4096, 2048])."""
+    """R for one launch, by ``benchmarks/gpu_bench.py --tune simt`` on the H200 at one
+    activation row (last 2026-12-02, q4/q5/q6/q8 on five shapes from [2048, 4096] to
+    [17408, 5120]; fp8, bf16 and nvfp4 on 2026-11-29): the 4- to 6-bit row_split layouts
+    keep more loads in flight with 8 rows a warp on many or split rows; q8 takes 8 when K is
+    split (73% of the floor on [17408, 5120] against 64% at 4 unsplit), else 4; fp8 and bf16
+    do best with 4, nvfp4 with 2. With several activation rows R = 4 was best for every
+    layout."""
     if m > 1:
         return ROWS_PER_WARP[m]
     if code == F.NVFP4:
