@@ -230,6 +230,39 @@ def _shared_with(be: Any, x: Any, table: Any, config: tuple[int, int, int]) -> A
         moe.SHARED_GROUPS = default
 
 
+def _chunk_once(model: Any, tokens: int) -> None:
+    """One prefill chunk of ``tokens`` tokens timed (wall clock, and how long the host took
+    to issue it), then once more inside cudaProfilerStart/Stop: under ``ncu
+    --profile-from-start off --metrics gpu__time_duration.sum`` the sum of its kernels'
+    device times, set against the wall clock, says how long the device waited for the host."""
+    import time
+
+    import cupy as cp
+
+    from ninfer_runtime.runner import ModelRunner
+
+    runner = ModelRunner(model)
+    ids = np.random.default_rng(3).integers(0, model.config.vocab, tokens)
+
+    def chunk() -> tuple[float, float]:
+        state = runner.new_state(tokens + 1)
+        cp.cuda.Device().synchronize()
+        began = time.perf_counter()
+        runner.forward([ids], [state], last_only=True)
+        issued = time.perf_counter()
+        cp.cuda.Device().synchronize()
+        return 1e3 * (issued - began), 1e3 * (time.perf_counter() - began)
+
+    chunk()
+    times = [chunk() for _ in range(3)]
+    issued, wall = (float(np.median(t)) for t in zip(*times, strict=True))
+    print(f"chunk of {tokens} tokens: {wall:.2f} ms wall, issued by the host in {issued:.2f} ms")
+    cp.cuda.profiler.start()
+    chunk()
+    cp.cuda.profiler.stop()
+    print("chunk profiled once")
+
+
 def _moe_once(be: Any, model: Any, x: Any) -> None:
     import cupy as cp
 
@@ -258,7 +291,12 @@ def _moe_once(be: Any, model: Any, x: Any) -> None:
     help="only run the first MoE layer's prefill twice, the second inside cudaProfilerStart/"
     "Stop (for `ncu --profile-from-start off`)",
 )
-def main(artifact: str, tokens: int, moe_once: bool) -> None:
+@click.option(
+    "--chunk-once",
+    is_flag=True,
+    help="time one whole prefill chunk, then run it once inside cudaProfilerStart/Stop",
+)
+def main(artifact: str, tokens: int, moe_once: bool, chunk_once: bool) -> None:
     from ninfer_runtime.backends.cuda import unavailable_reason
 
     reason = unavailable_reason()
@@ -286,6 +324,9 @@ def main(artifact: str, tokens: int, moe_once: bool) -> None:
     )
     if moe_once:
         _moe_once(be, model, x)
+        return
+    if chunk_once:
+        _chunk_once(model, tokens)
         return
     seen: set[str] = set()
     for i, layer in enumerate(model.layers):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models.functional import _xp, l2_normalize, sigmoid, silu
+from ..models.functional import _xp, l2_normalize, sigmoid, silu, silu_mul
 from ..state import gather_kv, load_kv, store_kv
 
 __all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
@@ -37,6 +37,10 @@ def add_rms_norm(
 ) -> tuple[Array, Array]:
     s = h + delta
     return s, rms_norm(s, w, eps, offset)
+
+
+def gated_rms_norm(x: Array, gate: Array, w: Array, eps: float) -> Array:
+    return silu_mul(gate, rms_norm(x, w, eps, 0.0))
 
 
 def rope(x: Array, cos: Array, sin: Array) -> Array:
@@ -418,6 +422,7 @@ class ReferenceOps:
     # the reference functions themselves (their signatures are the protocol's, base.py)
     rms_norm = staticmethod(rms_norm)
     add_rms_norm = staticmethod(add_rms_norm)
+    gated_rms_norm = staticmethod(gated_rms_norm)
     rope = staticmethod(rope)
     attention_pages = staticmethod(attention_pages)
     gdn_prefill = staticmethod(gdn_prefill)

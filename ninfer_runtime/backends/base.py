@@ -113,6 +113,11 @@ class Backend(Protocol):
         the two steps apart."""
         ...
 
+    def gated_rms_norm(self, x: Array, gate: Array, w: Array, eps: float) -> Array:
+        """Gated DeltaNet's output norm in one op: ``silu(gate) * rms_norm(x, w, eps,
+        offset=0.0)`` over the last axis of x [T, heads, d]; gate has x's shape."""
+        ...
+
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         """Rotate the first ``rd = cos.shape[-1]`` dims of every head, NeoX rotate-half pairs
         (i, i + rd/2): x [N, heads, D], cos/sin [N, rd] -> [N, heads, D]."""

@@ -623,6 +623,7 @@ def measure_acceptance(
 PROFILED_OPS: dict[str, Any] = {
     "linear": lambda x, w, **_: (x.shape[0], w.shape[0]),
     "rms_norm": lambda x, *_, **__: x.shape,
+    "gated_rms_norm": lambda x, *_, **__: x.shape,
     "rope": lambda x, *_, **__: x.shape,
     "attention_decode": lambda q, *_, **__: q.shape,
     "gdn_decode": lambda mixed, *_, value_heads, value_dim, **__: (
@@ -637,6 +638,7 @@ PROFILED_OPS: dict[str, Any] = {
 PREFILL_OPS: dict[str, Any] = {
     "linear": PROFILED_OPS["linear"],
     "rms_norm": PROFILED_OPS["rms_norm"],
+    "gated_rms_norm": PROFILED_OPS["gated_rms_norm"],
     "rope": PROFILED_OPS["rope"],
     "attention_pages": lambda q, *_, **__: q.shape,
     "gdn_prefill": lambda x, *_, value_heads, value_dim, **__: (

@@ -89,3 +89,25 @@ def test_add_rms_norm_with_no_rows() -> None:
     empty = cp.zeros((0, 64), cp.float32)
     s, y = glue.add_rms_norm(empty, empty, cp.ones(64, cp.float32), EPS, 1.0)
     assert s.shape == y.shape == (0, 64)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 5, 128), (7, 2, 33), (2, 3, 1100), (0, 4, 128)])
+def test_gated_rms_norm_matches_numpy(shape: tuple[int, int, int], cuda_backend: Any) -> None:
+    """Gated DeltaNet's output norm, its gate a column slice of a wider array (as the layer's
+    projections give it), against float64: silu(gate) * rms_norm(x) * w."""
+    import cupy as cp
+
+    t, heads, d = shape
+    rng = np.random.default_rng(d)
+    x = (rng.standard_normal(shape) * np.exp(rng.uniform(-4, 4, (t, heads, 1)))).astype(np.float32)
+    wide = (rng.standard_normal((t, heads * d + 9)) * 3).astype(np.float32)
+    w = (rng.standard_normal(d) * 0.2).astype(np.float32)
+    gate_d = cp.asarray(wide)[:, 5 : 5 + heads * d].reshape(t, heads, d)  # rows not contiguous
+    y = cp.asnumpy(cuda_backend.gated_rms_norm(cp.asarray(x), gate_d, cp.asarray(w), EPS))
+    gate = wide[:, 5 : 5 + heads * d].reshape(t, heads, d).astype(np.float64)
+    xs = x.astype(np.float64)
+    normed = xs / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + EPS) * w
+    ref = gate / (1 + np.exp(-gate)) * normed
+    assert y.shape == shape and y.dtype == np.float32
+    scale = np.abs(ref).max(axis=-1, keepdims=True) + 1e-30 if ref.size else 1.0
+    assert np.all(np.abs(y - ref) <= 4e-6 * scale + 2e-6 * np.abs(ref))

@@ -184,6 +184,10 @@ def test_to_bf16_matches_numpy() -> None:
     shaped = x[: 7 * 143].reshape(7, 143)
     got2 = cp.asnumpy(prefill.to_bf16(cp.asarray(shaped)))
     assert got2.shape == shaped.shape and np.array_equal(got2, f32_to_bf16(shaped))
+    whole = cp.asarray(x)
+    for a, b in ((0, 5212), (4, 5212), (1, 5213), (8, 8)):  # four a thread; misaligned; none
+        got3 = cp.asnumpy(prefill.to_bf16(whole[a:b]))
+        assert np.array_equal(got3, f32_to_bf16(x[a:b])), (a, b)
 
 
 @on_gpu

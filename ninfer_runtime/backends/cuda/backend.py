@@ -214,6 +214,9 @@ class CudaBackend(ops.ReferenceOps):
     ) -> tuple[Array, Array]:
         return glue.add_rms_norm(h, delta, w, eps, offset)
 
+    def gated_rms_norm(self, x: Array, gate: Array, w: Array, eps: float) -> Array:
+        return glue.gated_rms_norm(x, gate, w, eps)
+
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         return glue.rope(x, cos, sin)
 

@@ -1,5 +1,5 @@
-"""Launchers for ``kernels/glue.cu``: RMSNorm (alone or after a residual add) and partial
-RoPE in one kernel each."""
+"""Launchers for ``kernels/glue.cu``: RMSNorm (alone, after a residual add, or gated by silu
+as Gated DeltaNet's output norm) and partial RoPE in one kernel each."""
 
 from __future__ import annotations
 
@@ -10,8 +10,29 @@ import numpy as np
 from .compile import function, register_family
 
 THREADS = 256  # GLUE_THREADS in kernels/glue.cu
+WARPS = THREADS // 32
+#: rows of at most this many elements take one warp each (GLUE_SHORT_ROW)
+SHORT_ROW = 1024
 
-register_family("glue", ["rms_norm_rows", "add_rms_norm_rows", "rope_rows"])
+register_family(
+    "glue",
+    [
+        "rms_norm_rows",
+        "rms_norm_short_rows",
+        "add_rms_norm_rows",
+        "add_rms_norm_short_rows",
+        "gated_rms_norm_rows",
+        "rope_rows",
+    ],
+)
+
+
+def _row_launch(name: str, rows: int, d: int) -> tuple[Any, tuple[int], tuple[Any, ...]]:
+    """The kernel for rows of d elements (a warp a row for short ones), its grid, and the
+    row count argument the short-row kernels take before d."""
+    if d <= SHORT_ROW:
+        return function("glue", f"{name}_short_rows"), (-(-rows // WARPS),), (np.int32(rows),)
+    return function("glue", f"{name}_rows"), (rows,), ()
 
 
 def rms_norm(x: Any, w: Any, eps: float, offset: float) -> Any:
@@ -23,13 +44,15 @@ def rms_norm(x: Any, w: Any, eps: float, offset: float) -> Any:
     y = cp.empty_like(x)
     rows = x.size // d if d else 0
     if rows:
-        function("glue", "rms_norm_rows")(
-            (rows,),
+        kernel, grid, count = _row_launch("rms_norm", rows, d)
+        kernel(
+            grid,
             (THREADS,),
             (
                 x,
                 cp.ascontiguousarray(w, dtype=cp.float32),
                 y,
+                *count,
                 np.int32(d),
                 np.float32(eps),
                 np.float32(offset),
@@ -51,8 +74,9 @@ def add_rms_norm(h: Any, delta: Any, w: Any, eps: float, offset: float) -> tuple
     s, y = cp.empty_like(h), cp.empty_like(h)
     rows = h.size // d if d else 0
     if rows:
-        function("glue", "add_rms_norm_rows")(
-            (rows,),
+        kernel, grid, count = _row_launch("add_rms_norm", rows, d)
+        kernel(
+            grid,
             (THREADS,),
             (
                 h,
@@ -60,12 +84,48 @@ def add_rms_norm(h: Any, delta: Any, w: Any, eps: float, offset: float) -> tuple
                 cp.ascontiguousarray(w, dtype=cp.float32),
                 s,
                 y,
+                *count,
                 np.int32(d),
                 np.float32(eps),
                 np.float32(offset),
             ),
         )
     return s, y
+
+
+def gated_rms_norm(x: Any, gate: Any, w: Any, eps: float) -> Any:
+    """``silu(gate) * rms_norm(x, w, eps, offset=0)`` over the last axis of x [T, heads, d]
+    (float32), one pass; gate has x's shape and may be a view whose token rows lie further
+    apart (a column slice of the projections)."""
+    import cupy as cp
+
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    if gate.shape != x.shape or x.ndim != 3:
+        raise ValueError(
+            f"gated_rms_norm: x {x.shape} and gate {gate.shape}: expected both [T, heads, d]"
+        )
+    t, heads, d = x.shape
+    if gate.dtype != np.float32 or gate.strides[1:] != (4 * d, 4) or gate.strides[0] % 4:
+        gate = cp.ascontiguousarray(gate, dtype=cp.float32)
+    y = cp.empty_like(x)
+    rows = t * heads
+    if rows and d:
+        function("glue", "gated_rms_norm_rows")(
+            (-(-rows // WARPS),),
+            (THREADS,),
+            (
+                x,
+                gate,
+                np.int64(gate.strides[0] // 4),
+                np.int32(heads),
+                cp.ascontiguousarray(w, dtype=cp.float32),
+                y,
+                np.int32(rows),
+                np.int32(d),
+                np.float32(eps),
+            ),
+        )
+    return y
 
 
 def rope(x: Any, cos: Any, sin: Any) -> Any:

@@ -50,7 +50,7 @@ THREADS = 256
 #: grid cap of the grid-stride element loops
 MAX_BLOCKS = 65535 * 8
 
-register_family("dequant", ["f32_to_bf16"])
+register_family("dequant", ["f32_to_bf16", "f32_to_bf16x4"])
 
 # alpha = 1, beta = 0 as host scalars (CUBLAS_POINTER_MODE_HOST reads them during the call)
 _ONE = np.ones(1, dtype=np.float32)
@@ -108,7 +108,11 @@ def to_bf16(x: Any, out: Any = None) -> Any:
         out = cp.empty(x.shape, dtype=cp.uint16)
     elif out.dtype != np.uint16 or out.shape != x.shape or not out.flags.c_contiguous:
         raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous uint16 {x.shape}")
-    if x.size:
+    if x.size % 4 == 0 and x.data.ptr % 16 == 0 and out.data.ptr % 8 == 0:
+        n4 = x.size // 4
+        if n4:
+            function("dequant", "f32_to_bf16x4")((_grid(n4),), (THREADS,), (x, np.int64(n4), out))
+    elif x.size:
         function("dequant", "f32_to_bf16")((_grid(x.size),), (THREADS,), (x, np.int64(x.size), out))
     return out
 

@@ -19,7 +19,7 @@ import numpy as np
 from ...backends import Backend, Weight
 from ...state import GdnSlots
 from ..batch import Batch
-from ..functional import sigmoid, silu_mul, softplus
+from ..functional import sigmoid, softplus
 from .config import GdnConfig
 
 Array = Any
@@ -115,7 +115,7 @@ class GatedDeltaNet:
                 xp,
             )
 
-        y = silu_mul(z, be.rms_norm(o, self.norm, self.eps, offset=0.0))
+        y = be.gated_rms_norm(o, z, self.norm, self.eps)
         return be.linear(y.reshape(n, c.value_width), self.output)
 
     def commit(self, memory: GdnSlots, slots: Array, counts: Array) -> None:

@@ -1,21 +1,39 @@
-// The per-token glue of a decoder layer, one kernel each: RMSNorm over the last axis (alone or
-// fused with the residual add before it) and partial NeoX RoPE. CuPy would spend several launches on each (reduce, sqrt, divide,
+// The per-token glue of a decoder layer, one kernel each: RMSNorm over the last axis (alone,
+// fused with the residual add before it, or gated by silu as Gated DeltaNet's output norm) and
+// partial NeoX RoPE. CuPy would spend several launches on each (reduce, sqrt, divide,
 // multiply ...), which inside a decode graph costs more than the work itself.
+//
+// Rows of up to GLUE_SHORT_ROW elements (the per-head norms: 128-256) take one warp each, eight
+// a block: a block for a 128-element row idled half its threads and paid a block barrier. The
+// launcher picks the kernel by the row length alone, so rms_norm and add_rms_norm sum a row's
+// squares in the same order whatever the number of rows.
 
 #define GLUE_THREADS 256
+#define GLUE_WARPS (GLUE_THREADS / 32)
+#define GLUE_SHORT_ROW 1024
 
 // 1 / sqrt(mean(x^2) + eps) of a row from each thread's partial sum of squares.
 __device__ __forceinline__ float block_inv_rms(float sum, int d, float eps) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
-  __shared__ float warp_sums[GLUE_THREADS / 32];
+  __shared__ float warp_sums[GLUE_WARPS];
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
   __syncthreads();
   float total = 0.f;
 #pragma unroll
-  for (int i = 0; i < GLUE_THREADS / 32; ++i) total += warp_sums[i];
+  for (int i = 0; i < GLUE_WARPS; ++i) total += warp_sums[i];
   return 1.f / sqrtf(total / (float)d + eps);
 }
+
+// The same from each lane's partial sum, when one warp holds the row.
+__device__ __forceinline__ float warp_inv_rms(float sum, int d, float eps) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+  return 1.f / sqrtf(sum / (float)d + eps);
+}
+
+// silu(a) in the tanh form of the reference (models/functional.py), which never overflows.
+__device__ __forceinline__ float glue_silu(float a) { return a * (0.5f * (1.f + tanhf(0.5f * a))); }
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + offset); one block per row.
 extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
@@ -46,6 +64,58 @@ extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
   }
   const float inv = block_inv_rms(sum, d, eps);
   for (int i = threadIdx.x; i < d; i += GLUE_THREADS) yr[i] = (sr[i] * inv) * (w[i] + offset);
+}
+
+// rms_norm_rows for rows of d <= GLUE_SHORT_ROW: one warp a row, GLUE_WARPS rows a block.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+    rms_norm_short_rows(const float* __restrict__ x, const float* __restrict__ w,
+                        float* __restrict__ y, int rows, int d, float eps, float offset) {
+  const int r = blockIdx.x * GLUE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const float* xr = x + (long long)r * d;
+  float* yr = y + (long long)r * d;
+  float sum = 0.f;
+  for (int i = lane; i < d; i += 32) sum = fmaf(xr[i], xr[i], sum);
+  const float inv = warp_inv_rms(sum, d, eps);
+  for (int i = lane; i < d; i += 32) yr[i] = (xr[i] * inv) * (w[i] + offset);
+}
+
+// add_rms_norm_rows for rows of d <= GLUE_SHORT_ROW, one warp a row (as rms_norm_short_rows).
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+    add_rms_norm_short_rows(const float* __restrict__ h, const float* __restrict__ delta,
+                            const float* __restrict__ w, float* __restrict__ s,
+                            float* __restrict__ y, int rows, int d, float eps, float offset) {
+  const int r = blockIdx.x * GLUE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const long long row = (long long)r * d;
+  float* sr = s + row;
+  float* yr = y + row;
+  float sum = 0.f;
+  for (int i = lane; i < d; i += 32) {
+    const float v = h[row + i] + delta[row + i];
+    sr[i] = v;
+    sum = fmaf(v, v, sum);
+  }
+  const float inv = warp_inv_rms(sum, d, eps);
+  for (int i = lane; i < d; i += 32) yr[i] = (sr[i] * inv) * (w[i] + offset);
+}
+
+// Gated DeltaNet's output norm: y[t, h, :] = silu(gate[t, h, :]) * rms_norm(x[t, h, :]) * w
+// (plain weight), one warp a (token, head) row. x, y [T, heads, d] contiguous; gate's token
+// rows are gate_stride floats apart (a column slice of the layer's projections), its heads d.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+    gated_rms_norm_rows(const float* __restrict__ x, const float* __restrict__ gate,
+                        long long gate_stride, int heads, const float* __restrict__ w,
+                        float* __restrict__ y, int rows, int d, float eps) {
+  const int r = blockIdx.x * GLUE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const float* xr = x + (long long)r * d;
+  const float* gr = gate + (long long)(r / heads) * gate_stride + (long long)(r % heads) * d;
+  float* yr = y + (long long)r * d;
+  float sum = 0.f;
+  for (int i = lane; i < d; i += 32) sum = fmaf(xr[i], xr[i], sum);
+  const float inv = warp_inv_rms(sum, d, eps);
+  for (int i = lane; i < d; i += 32) yr[i] = glue_silu(gr[i]) * ((xr[i] * inv) * w[i]);
 }
 
 // x, y [rows, heads, d]; cos, sin [rows, rd]: the first rd dims of each head rotate in pairs
