@@ -305,3 +305,31 @@ def test_float32_scratch_modes(precision: str) -> None:
     assert ratio(got, x.astype(np.float64) @ w.astype(np.float64).T, x, w, rel) <= 1.0
     with pytest.raises(ValueError):
         CudaBackend(prefill_precision="fp16")
+
+
+@on_gpu
+def test_split_tf32_is_exact() -> None:
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(3001) * np.exp(rng.uniform(-30, 30, 3001))).astype(np.float32)
+    hi, lo = (cp.asnumpy(a) for a in prefill.split_tf32(cp.asarray(x)))
+    assert np.all(hi.view(np.uint32) & 0x1FFF == 0)  # 10 mantissa bits
+    assert np.array_equal(hi.astype(np.float64) + lo, x.astype(np.float64))
+    assert np.all(np.abs(lo) <= np.abs(x) * 2.0**-11)
+
+
+@on_gpu
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (37, 257, 2048), (2048, 33, 129), (5, 0, 8)])
+def test_matmul_3xtf32_is_about_float32(m: int, n: int, k: int) -> None:
+    """The router's product: within a bound plain TF32 (10 mantissa bits) would miss."""
+    import cupy as cp
+
+    rng = np.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    got = cp.asnumpy(prefill.matmul_3xtf32(cp.asarray(x), cp.asarray(w)))
+    assert got.shape == (m, n)
+    if got.size:
+        ref = x.astype(np.float64) @ w.astype(np.float64).T
+        assert ratio(got, ref, x, w, 2e-6) <= 1

@@ -38,8 +38,10 @@ ENV = "NINFER_CUDA_PREFILL"
 #: cudaDataType_t (library_types.h)
 CUDA_R_32F = 0
 CUDA_R_16BF = 14
-#: cublasComputeType_t (cublas_api.h): float32 accumulation, inputs as given
+#: cublasComputeType_t (cublas_api.h): float32 accumulation, inputs as given or (FAST_TF32)
+#: float32 inputs rounded to TF32 on the tensor cores
 CUBLAS_COMPUTE_32F = 68
+CUBLAS_COMPUTE_32F_FAST_TF32 = 77
 #: cublasGemmAlgo_t: cuBLAS's heuristic choice (tensor cores for bf16 inputs)
 CUBLAS_GEMM_DEFAULT = -1
 #: cublasOperation_t
@@ -50,7 +52,7 @@ THREADS = 256
 #: grid cap of the grid-stride element loops
 MAX_BLOCKS = 65535 * 8
 
-register_family("dequant", ["f32_to_bf16", "f32_to_bf16x4"])
+register_family("dequant", ["f32_to_bf16", "f32_to_bf16x4", "f32_split_tf32"])
 
 # alpha = 1, beta = 0 as host scalars (CUBLAS_POINTER_MODE_HOST reads them during the call)
 _ONE = np.ones(1, dtype=np.float32)
@@ -160,22 +162,58 @@ def gemm_bf16(w: Any, x: Any, y: Any) -> None:
     C-contiguous); ``y``: float32 ``[M, N]`` whose rows may be further apart than N (a column
     slice of a wider row-major output; written, not accumulated). Operands: ``gemm_operands``.
     """
+    if w.dtype != np.uint16 or x.dtype != np.uint16 or y.dtype != np.float32:
+        raise ValueError(f"gemm_bf16: w {w.dtype}, x {x.dtype}, y {y.dtype}")
+    _gemm_ex(w, x, y, CUDA_R_16BF, CUBLAS_COMPUTE_32F, _ZERO, "gemm_bf16")
+
+
+def matmul_3xtf32(x: Any, w: Any) -> Any:
+    """``x @ wᵀ`` (float32 x [M, K], w [N, K]) to about float32 accuracy on tensor cores:
+    each operand split into a TF32 part and the float32 rest, then ``lo·hi + hi·lo + hi·hi``
+    (the small terms first) as three TF32 products accumulating into one float32 result;
+    the dropped ``lo·lo`` is below float32 rounding."""
+    import cupy as cp
+
+    if x.dtype != np.float32 or w.dtype != np.float32 or x.shape[1:] != w.shape[1:]:
+        raise ValueError(f"matmul_3xtf32: x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
+    (xh, xl), (wh, wl) = split_tf32(x), split_tf32(w)
+    y = cp.empty((x.shape[0], w.shape[0]), dtype=cp.float32)
+    for a, b, beta in ((wl, xh, _ZERO), (wh, xl, _ONE), (wh, xh, _ONE)):
+        _gemm_ex(a, b, y, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, beta, "matmul_3xtf32")
+    return y
+
+
+def split_tf32(x: Any) -> tuple[Any, Any]:
+    """float32 x -> (hi, lo): hi = x rounded to TF32 (10 mantissa bits, nearest, ties away),
+    lo = x - hi exactly, both float32 C-contiguous of x's shape."""
+    import cupy as cp
+
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    hi, lo = cp.empty_like(x), cp.empty_like(x)
+    if x.size:
+        function("dequant", "f32_split_tf32")(
+            (_grid(x.size),), (THREADS,), (x, np.int64(x.size), hi, lo)
+        )
+    return hi, lo
+
+
+def _gemm_ex(w: Any, x: Any, y: Any, ab_type: int, compute: int, beta: Any, what: str) -> None:
+    """One ``cublasGemmEx``: ``y = w·xᵀ`` as rows (``gemm_operands``), plus beta times y."""
     import cupy as cp
     from cupy_backends.cuda.libs import cublas
 
     n, k = w.shape
     m = x.shape[0]
-    if w.dtype != np.uint16 or x.dtype != np.uint16 or y.dtype != np.float32:
-        raise ValueError(f"gemm_bf16: w {w.dtype}, x {x.dtype}, y {y.dtype}")
     if x.shape != (m, k) or tuple(y.shape) != (m, n):
-        raise ValueError(f"gemm_bf16: w {w.shape}, x {x.shape}, y {y.shape}")
+        raise ValueError(f"{what}: w {w.shape}, x {x.shape}, y {y.shape}")
     if not (w.flags.c_contiguous and x.flags.c_contiguous):
-        raise ValueError("gemm_bf16: w and x must be C-contiguous")
+        raise ValueError(f"{what}: w and x must be C-contiguous")
     transa, transb, gm, gn, gk, lda, ldb, ldc = gemm_operands(n, k, m, y.strides)
     if m == 0 or n == 0:
         return
     if k == 0:
-        y[...] = 0
+        if beta is _ZERO:
+            y[...] = 0
         return
     handle = cp.cuda.device.get_cublas_handle()
     # CuPy shares this handle: set what the call relies on rather than assume it
@@ -190,16 +228,16 @@ def gemm_bf16(w: Any, x: Any, y: Any) -> None:
         gk,
         _ONE.ctypes.data,
         w.data.ptr,
-        CUDA_R_16BF,
+        ab_type,
         lda,
         x.data.ptr,
-        CUDA_R_16BF,
+        ab_type,
         ldb,
-        _ZERO.ctypes.data,
+        beta.ctypes.data,
         y.data.ptr,
         CUDA_R_32F,
         ldc,
-        CUBLAS_COMPUTE_32F,
+        compute,
         CUBLAS_GEMM_DEFAULT,
     )
 
@@ -213,7 +251,9 @@ __all__ = [
     "gemm_bf16",
     "gemm_operands",
     "is_bf16",
+    "matmul_3xtf32",
     "precision_from_env",
     "slab_rows",
+    "split_tf32",
     "to_bf16",
 ]

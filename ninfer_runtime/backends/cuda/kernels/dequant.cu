@@ -102,6 +102,20 @@ __global__ void f32_to_bf16(const float* __restrict__ x, long long n, u16* __res
   }
 }
 
+// x = hi + lo: hi rounded to TF32 (cvt.rna: nearest, ties away from zero), lo = x - hi (exact:
+// hi shares x's exponent or the next one up), the two halves of a 3xTF32 product's operand.
+__global__ void f32_split_tf32(const float* __restrict__ x, long long n, float* __restrict__ hi,
+                               float* __restrict__ lo) {
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
+       e += (long long)gridDim.x * blockDim.x) {
+    const float v = x[e];
+    u32 h;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(v));
+    hi[e] = __uint_as_float(h);
+    lo[e] = v - __uint_as_float(h);
+  }
+}
+
 // The same, four elements a thread (x and out 16- and 8-byte aligned, n4 = n / 4 groups).
 __global__ void f32_to_bf16x4(const float4* __restrict__ x, long long n4, uint2* __restrict__ out) {
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n4;
