@@ -77,31 +77,41 @@ def test_gdn_chunk_continues_where_an_earlier_chunk_left_off() -> None:
     np.testing.assert_allclose(cp.asnumpy(state), cp.asnumpy(whole_state), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("t", "taps", "hk", "dk", "value_width"),
-    [(1, 4, 1, 16, 48), (3, 2, 2, 32, 40), (130, 4, 16, 128, 6144)],
-)
+CONV_CASES = [  # (tokens, taps, key heads, dk, value width, mixed's first column, row width)
+    (1, 4, 1, 16, 48, 0, 87),  # fewer tokens than the window; row stride 87: one a thread
+    (3, 2, 2, 32, 40, 0, 175),
+    (130, 4, 16, 128, 6144, 0, 10247),
+    (130, 4, 16, 128, 6144, 0, 10304),  # float4, ten channel slices, a part token tile
+    (21, 3, 2, 64, 96, 4, 356),  # float4 from a column slice 16 bytes in
+    (21, 3, 2, 64, 96, 1, 356),  # a slice 4 bytes in: one a thread
+    (9, 4, 2, 16, 18, 0, 84),  # a value width that is not a multiple of 4
+    (24, 2, 2, 16, 32, 0, 100),  # whole token tiles
+    (11, 4, 40, 20, 8, 0, 1608),  # a slice boundary among the key heads (1020 channels)
+    (257, 4, 16, 128, 4096, 0, 12352),  # the 27B layer's layout
+]
+
+
+@pytest.mark.parametrize(("t", "taps", "hk", "dk", "value_width", "first", "width"), CONV_CASES)
 def test_conv_heads_matches_the_reference(
-    t: int, taps: int, hk: int, dk: int, value_width: int
+    t: int, taps: int, hk: int, dk: int, value_width: int, first: int, width: int
 ) -> None:
     """Rows of a wider array (as the model's projection output), a conv state carried in,
-    fewer tokens than the window on the first case."""
+    token counts that fill the 8-token tiles or not."""
     import cupy as cp
 
-    rng = np.random.default_rng(t + taps)
+    rng = np.random.default_rng(t + taps + first)
     channels = 2 * hk * dk + value_width
-    wide = rng.standard_normal((t, channels + 7)).astype(np.float32)
+    wide = rng.standard_normal((t, width)).astype(np.float32)
     kernel = (rng.standard_normal((taps, channels)) * 0.5).astype(np.float32)
     state = rng.standard_normal((channels, taps - 1)).astype(np.float32)
     want_state = state.astype(np.float64)
-    conv = A.silu(
-        A.causal_conv(wide[:, :channels].astype(np.float64), kernel.astype(np.float64), want_state)
-    )
+    rows = wide[:, first : first + channels].astype(np.float64)
+    conv = A.silu(A.causal_conv(rows, kernel.astype(np.float64), want_state))
     want = A.gdn_heads(conv, hk, dk, 1, value_width)
 
     got_state = cp.asarray(state)
     got = gdn_prefill.conv_heads(
-        cp.asarray(wide)[:, : channels + 7],
+        cp.asarray(wide)[:, first:],
         cp.asarray(kernel),
         got_state,
         key_heads=hk,
@@ -113,6 +123,27 @@ def test_conv_heads_matches_the_reference(
             cp.asnumpy(x).reshape(ref.shape), ref, rtol=1e-5, atol=1e-6, err_msg=name
         )
     np.testing.assert_array_equal(cp.asnumpy(got_state), want_state.astype(np.float32))
+
+
+def test_conv_heads_float4_and_one_a_thread_agree_to_the_bit() -> None:
+    """The same rows 16 bytes into a wider array (float4) and 4 bytes in (the scalar
+    fallback): the same float operations per element in the same order."""
+    import cupy as cp
+
+    rng = np.random.default_rng(3)
+    t, hk, dk, value_width = 37, 4, 128, 1024
+    channels = 2 * hk * dk + value_width
+    rows = cp.asarray(rng.standard_normal((t, channels)), cp.float32)
+    kernel = cp.asarray(rng.standard_normal((4, channels)) * 0.5, cp.float32)
+    state = cp.asarray(rng.standard_normal((channels, 3)), cp.float32)
+    dims = {"key_heads": hk, "key_dim": dk, "value_width": value_width}
+    got = []
+    for first in (4, 1):
+        wide = cp.zeros((t, channels + 8), cp.float32)
+        wide[:, first : first + channels] = rows
+        got.append(gdn_prefill.conv_heads(wide[:, first:], kernel, state.copy(), **dims))
+    for name, a, b in zip("qkv", *got, strict=True):
+        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b), err_msg=name)
 
 
 def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:

@@ -26,7 +26,7 @@ CONV_THREADS = 256
 
 register_family(
     FAMILY,
-    [f"gdn_prefill_conv<{taps}>" for taps in CONV_TAPS]
+    [f"gdn_prefill_conv<{taps}, {vec}>" for taps in CONV_TAPS for vec in (1, 4)]
     + [
         f"{name}<{d}>"
         for name in ("gdn_chunk_prepare", "gdn_chunk_states", "gdn_chunk_output")
@@ -44,8 +44,12 @@ def conv_heads(
     """One lane's rows mixed [T, >= C] (the [q | k | v] channels first; rows may be a wider
     array's) through the causal convolution continuing conv_state [C, K-1] (updated), SiLU,
     and the split into heads -> q, k [T, Hk, dk] (l2-normalised, q scaled by dk^-1/2) and
-    v [T, C - 2 Hk dk] float32."""
+    v [T, C - 2 Hk dk] float32. A block per 8 tokens and slice of channels (whole key heads),
+    four channels a thread in float4 where every row and pointer is 16-byte aligned, else
+    one."""
     import cupy as cp
+
+    tokens = 8  # GDN_CONV_TOKENS in the kernel (as CONV_THREADS is GDN_CONV_THREADS)
 
     taps, channels = kernel.shape
     t = mixed.shape[0]
@@ -70,18 +74,32 @@ def conv_heads(
     v = cp.empty((t, value_width), dtype=cp.float32)
     if t == 0:
         return q, k, v
-    shared = 4 * channels
-    function(FAMILY, f"gdn_prefill_conv<{taps}>", shared=shared)(
-        (t,),
+    row_stride = mixed.strides[0] // 4
+    aligned = (
+        mixed.data.ptr % 16 == 0
+        and kernel.data.ptr % 16 == 0
+        and row_stride % 4 == 0
+        and key_dim % 4 == 0
+        and value_width % 4 == 0  # with key_dim: channels and every output row
+    )
+    vec = 4 if aligned else 1
+    # a multiple of key_dim about a block wide, so that no key head straddles two blocks
+    unit = max(key_dim, 1)
+    slice_ = unit * max(1, vec * CONV_THREADS // unit)
+    shared = 4 * tokens * slice_
+    function(FAMILY, f"gdn_prefill_conv<{taps}, {vec}>", shared=shared)(
+        (-(-t // tokens), -(-channels // slice_)),
         (CONV_THREADS,),
         (
             mixed,
-            np.int64(mixed.strides[0] // 4),
+            np.int64(row_stride),
             kernel,
             conv_state,
+            np.int32(t),
             np.int32(key_heads),
             np.int32(key_dim),
             np.int32(value_width),
+            np.int32(slice_),
             q,
             k,
             v,

@@ -1,6 +1,6 @@
 // Gated DeltaNet prefill of one lane (array_ops.gdn_prefill): the convolution and the split
-// into heads (gdn_prefill_conv, one block per token), then the delta rule in the chunked form
-// (array_ops.gdn_chunk), chunks of GC = 64 tokens, in three launches:
+// into heads (gdn_prefill_conv, a block per 8 tokens and slice of channels), then the delta
+// rule in the chunked form (array_ops.gdn_chunk), chunks of GC = 64 tokens, in three launches:
 //
 //   gdn_chunk_prepare  (chunk, value head): everything that does not depend on the carried
 //       state. γ = cumsum(g) inside the chunk, D_ij = exp(γ_i - γ_j); A = β (k kᵀ) ⊙ D strictly
@@ -24,48 +24,116 @@
 // multiple of 4 and every array 16-byte aligned.
 // Built after gdn.cu (silu_f, warp_sum).
 
-// Token t = blockIdx.x of the lane: the depthwise convolution of its [q | k | v] channels
-// over the window of K inputs ending at it (inputs before the lane's first token come from
-// conv_state [C, K-1], read only), SiLU, then q and k l2-normalised per key head (q also
-// scaled by key_dim^-1/2) and everything written out by head. mixed rows are row_stride
-// floats apart (the channels first); kernel [K, C]. Dynamic shared memory: C floats.
-template <int K>
-__global__ void gdn_prefill_conv(const float* __restrict__ mixed, long long row_stride,
-                                 const float* __restrict__ kernel,
-                                 const float* __restrict__ conv_state, int key_heads,
-                                 int key_dim, int value_width, float* __restrict__ q,
-                                 float* __restrict__ k, float* __restrict__ v) {
-  extern __shared__ float4 smem4[];
-  float* row = reinterpret_cast<float*>(smem4);
-  const int t = blockIdx.x, key_width = key_heads * key_dim;
-  const int channels = 2 * key_width + value_width;
-#pragma unroll 4
-  for (int c = threadIdx.x; c < channels; c += blockDim.x) {
-    float acc = 0.0f;
+// A gdn_prefill_conv block's tokens and threads (conv_heads' tokens and CONV_THREADS in
+// cuda/gdn_prefill.py)
+#define GDN_CONV_TOKENS 8
+#define GDN_CONV_THREADS 256
+
+template <int VEC>
+__device__ __forceinline__ void conv_load(const float* p, float (&x)[VEC]) {
+  if constexpr (VEC == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    x[0] = a.x;
+    x[1] = a.y;
+    x[2] = a.z;
+    x[3] = a.w;
+  } else {
 #pragma unroll
-    for (int j = 0; j < K; ++j) {  // tap j multiplies input t - (K - 1) + j
-      const int s = t - (K - 1) + j;
-      const float x = s >= 0 ? mixed[s * row_stride + c] : conv_state[c * (K - 1) + (K - 1) + s];
-      acc += kernel[j * channels + c] * x;
+    for (int e = 0; e < VEC; ++e) x[e] = p[e];
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void conv_store(float* p, const float (&x)[VEC]) {
+  if constexpr (VEC == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) p[e] = x[e];
+  }
+}
+
+// Tokens t0 = GDN_CONV_TOKENS blockIdx.x onwards of the lane and the channels
+// [c0, c0 + slice) of [q | k | v], c0 = slice blockIdx.y (slice a multiple of key_dim, so no
+// key head straddles two blocks): the depthwise convolution of each token over the window of
+// K inputs ending at it (inputs before the lane's first token come from conv_state [C, K-1],
+// read only), SiLU, then q and k l2-normalised per key head (q also scaled by key_dim^-1/2)
+// and everything written out by head. A thread takes VEC adjacent channels (VEC = 4: float4
+// loads and stores, every row and pointer 16-byte aligned) and loads their K taps and the
+// tile's GDN_CONV_TOKENS + K - 1 inputs once. mixed rows are row_stride floats apart (the
+// channels first); kernel [K, C]. Dynamic shared memory: GDN_CONV_TOKENS * slice floats (the
+// q and k channels, until their norms are known).
+template <int K, int VEC>
+__global__ void __launch_bounds__(GDN_CONV_THREADS, 3)  // three blocks an SM: 85 registers
+    gdn_prefill_conv(const float* __restrict__ mixed, long long row_stride,
+                     const float* __restrict__ kernel, const float* __restrict__ conv_state,
+                     int tokens, int key_heads, int key_dim, int value_width, int slice,
+                     float* __restrict__ q, float* __restrict__ k, float* __restrict__ v) {
+  constexpr int TT = GDN_CONV_TOKENS, W = TT + K - 1;
+  extern __shared__ float4 smem4[];
+  float* rows = reinterpret_cast<float*>(smem4);  // [TT][slice]
+  const int t0 = blockIdx.x * TT, n = min(TT, tokens - t0);
+  const int key_width = key_heads * key_dim, qk_width = 2 * key_width;
+  const int channels = qk_width + value_width;
+  const int c0 = blockIdx.y * slice, c1 = min(c0 + slice, channels);
+  for (int c = c0 + VEC * threadIdx.x; c < c1; c += VEC * blockDim.x) {
+    float taps[K][VEC], x[W][VEC];
+#pragma unroll
+    for (int j = 0; j < K; ++j) conv_load<VEC>(kernel + j * channels + c, taps[j]);
+#pragma unroll
+    for (int i = 0; i < W; ++i) {  // x[i]: input t0 - (K - 1) + i
+      const int s = t0 - (K - 1) + i;
+      if (s < 0) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) x[i][e] = conv_state[(c + e) * (K - 1) + (K - 1) + s];
+      } else if (s < tokens) {
+        conv_load<VEC>(mixed + s * row_stride + c, x[i]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) x[i][e] = 0.0f;
+      }
     }
-    row[c] = silu_f(acc);
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt >= n) break;
+      float y[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < K; ++j) acc += taps[j][e] * x[tt + j][e];  // input t - (K - 1) + j
+        y[e] = silu_f(acc);
+      }
+      if (c < qk_width)
+        conv_store<VEC>(rows + tt * slice + (c - c0), y);
+      else
+        conv_store<VEC>(v + (long long)(t0 + tt) * value_width + (c - qk_width), y);
+    }
   }
   __syncthreads();
+  // a warp per (token, key head) of the slice
+  const int heads = qk_width > c0 ? (min(c1, qk_width) - c0) / key_dim : 0;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int head = warp; head < 2 * key_heads; head += warps) {
-    const float* src = row + head * key_dim;
+  for (int p = warp; p < n * heads; p += warps) {
+    const int tt = p / heads, head = c0 / key_dim + p % heads;
+    const float* src = rows + tt * slice + (head * key_dim - c0);
     float sq = 0.0f;
     for (int d = lane; d < key_dim; d += 32) sq += src[d] * src[d];
     sq = warp_sum(sq);
     const bool is_q = head < key_heads;
     const float scale = is_q ? 1.0f / sqrtf((float)key_dim) : 1.0f;
-    float* dst = (is_q ? q + (long long)t * key_width + head * key_dim
-                       : k + (long long)t * key_width + (head - key_heads) * key_dim);
+    const long long t = t0 + tt;
+    float* dst = (is_q ? q + t * key_width + head * key_dim
+                       : k + t * key_width + (head - key_heads) * key_dim);
     const float inv = 1.0f / sqrtf(sq + 1e-6f);
-    for (int d = lane; d < key_dim; d += 32) dst[d] = src[d] * inv * scale;
+    for (int d = VEC * lane; d < key_dim; d += 32 * VEC) {
+      float y[VEC];
+      conv_load<VEC>(src + d, y);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) y[e] = y[e] * inv * scale;
+      conv_store<VEC>(dst + d, y);
+    }
   }
-  for (int c = threadIdx.x; c < value_width; c += blockDim.x)
-    v[(long long)t * value_width + c] = row[2 * key_width + c];
 }
 
 #define GC 64
