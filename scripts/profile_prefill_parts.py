@@ -136,10 +136,11 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     stages: dict[str, Any] = {}
 
     def router() -> Any:
-        return x @ be.array(table.router_score).T
+        return moe.prefill.matmul_3xtf32(x, be.array(table.router_score))
 
     logits = cp.ascontiguousarray(router(), dtype=cp.float32)
     stages["router"] = router
+    stages["router (float32)"] = lambda: x @ be.array(table.router_score).T
     stages["route"] = lambda: moe.route(logits, k, table.experts)
     ids, shares = moe.route(logits, k, table.experts)
     tc = moe._tensor_core_groups(table)

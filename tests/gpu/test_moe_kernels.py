@@ -59,20 +59,33 @@ def numpy_route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------------------ pair groups
 @pytest.mark.parametrize(
     ("tokens", "experts", "k", "size"),
-    [(1, 4, 2, 32), (65, 10, 3, 8), (700, 64, 8, 96), (2048, 256, 8, 96), (300, 1024, 4, 32)],
+    [
+        (0, 4, 2, 32),  # no pairs
+        (1, 4, 2, 32),
+        (700, 1, 1, 32),  # one expert
+        (65, 10, 3, 8),
+        (64, 8, 8, 32),  # exactly one chunk of pairs (moe.CHUNK_PAIRS)
+        (65, 8, 8, 32),  # one pair into the next chunk
+        (700, 64, 8, 96),
+        (2048, 256, 8, 96),
+        (300, 1024, 4, 32),
+        (4095, 128, 16, 96),  # the most pairs a pass takes: 128 chunks
+    ],
 )
 def test_pair_groups_on_the_device_match_numpy(tokens, experts, k, size) -> None:
     """The two grouping kernels lay the pairs out exactly as the numpy definition does (row,
-    group expert and source of every row), popular and empty experts included."""
+    group expert and source of every row), popular and empty experts included, for pair
+    counts of one chunk, several and none."""
     import cupy as cp
 
     from ninfer_runtime.backends.cuda.moe import PairGroups
 
     rng = np.random.default_rng(tokens + experts)
     weights = rng.dirichlet(np.full(experts, 0.2))
-    ids = np.stack(
-        [rng.choice(experts, size=k, replace=False, p=weights) for _ in range(tokens)]
-    ).astype(np.int32)
+    ids = np.array(
+        [rng.choice(experts, size=k, replace=False, p=weights) for _ in range(tokens)],
+        dtype=np.int32,
+    ).reshape(tokens, k)
     want = PairGroups.of(ids, experts, size)
     got = PairGroups.of(cp.asarray(ids), experts, size)
     for field in ("row", "expert", "source", "live"):

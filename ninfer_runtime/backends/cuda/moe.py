@@ -29,13 +29,14 @@ import numpy as np
 from ...arrays import array_module
 from ..base import MoeWeights, Weight
 from . import formats as F
-from . import gguf_blocks, kernels
+from . import gguf_blocks, kernels, prefill
 from .compile import function, register_family
 
-#: must match MOE_ROUTER_THREADS / MOE_MAX_EXPERTS / MOE_MAX_TOP_K / MOE_GROUP_THREADS in
-#: kernels/moe.cu
+#: must match MOE_ROUTER_THREADS / MOE_MAX_EXPERTS / MOE_MAX_TOP_K / MOE_GROUP_THREADS /
+#: MOE_CHUNK_PAIRS in kernels/moe.cu
 ROUTER_THREADS = 256
 GROUP_THREADS = 1024
+CHUNK_PAIRS = 512
 MAX_EXPERTS = 1024
 MAX_TOP_K = 64
 #: threads per block of the elementwise helpers
@@ -288,8 +289,9 @@ class PairGroups:
     @classmethod
     def of(cls, ids: Any, experts: int, size: int) -> PairGroups:
         """From the router's choice ``ids`` [N, k], on its device with nothing read back:
-        two launches on CuPy arrays (``moe_pair_ranks``, ``moe_pair_rows``), the same layout
-        by array operations on numpy ones (the kernels' oracle)."""
+        two launches over chunks of ``CHUNK_PAIRS`` pairs on CuPy arrays (``moe_pair_ranks``:
+        ranks within a chunk and the chunks' counts; ``moe_pair_rows``: the rows), the same
+        layout by array operations on numpy ones (the kernels' oracle)."""
         k = int(ids.shape[-1])
         if array_module(ids) is np:
             return cls._of_numpy(np.asarray(ids).reshape(-1), experts, size, k)
@@ -298,20 +300,28 @@ class PairGroups:
         flat = cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32)
         pairs = int(flat.size)
         count = pairs // size + experts
-        rank = cp.empty(pairs, dtype=cp.int32)
-        counts = cp.empty(experts, dtype=cp.int32)
+        chunks = max(1, -(-pairs // CHUNK_PAIRS))
+        ranks = cp.empty(pairs + chunks * experts, dtype=cp.int32)  # in its chunk | counts
+        chunk_rank, chunk_counts = ranks[:pairs], ranks[pairs:]
         row = cp.empty(pairs, dtype=cp.int64)
         group_expert = cp.empty(count, dtype=cp.int32)
         live = cp.empty(count, dtype=cp.int32)
         source = cp.empty(count * size, dtype=cp.int32)
-        warps = GROUP_THREADS // 32
         function("moe", "moe_pair_ranks")(
-            (-(-experts // warps),),
-            (GROUP_THREADS,),
-            (flat, np.int32(pairs), np.int32(experts), rank, counts),
+            (chunks,),
+            (CHUNK_PAIRS,),
+            (
+                flat,
+                np.int32(pairs),
+                np.int32(experts),
+                chunk_rank,
+                chunk_counts,
+                np.int32(count * size),
+                source,
+            ),
         )
         function("moe", "moe_pair_rows")(
-            (1,),
+            (chunks,),
             (GROUP_THREADS,),
             (
                 flat,
@@ -319,8 +329,9 @@ class PairGroups:
                 np.int32(experts),
                 np.int32(size),
                 np.int32(k),
-                rank,
-                counts,
+                chunk_rank,
+                chunk_counts,
+                np.int32(chunks),
                 np.int32(count),
                 row,
                 group_expert,
@@ -439,9 +450,14 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     import cupy as cp
 
     k, inter, hidden = table.top_k, table.intermediate, table.hidden
-    # the router in float32 from its rows decoded once (a prefill GEMM's bf16 operands could
-    # flip a near tie in the top-k choice), one product for all rows
-    logits = cp.ascontiguousarray(x @ backend.array(table.router_score).T, dtype=cp.float32)
+    # the router at about float32 accuracy from its rows decoded once (a prefill GEMM's bf16
+    # operands could flip a near tie in the top-k choice): 3xTF32 on the tensor cores, or a
+    # float32 product where the backend computes prefill in float32
+    w = backend.array(table.router_score)
+    if backend.prefill_precision == "float32":
+        logits = cp.ascontiguousarray(x @ w.T, dtype=cp.float32)
+    else:
+        logits = prefill.matmul_3xtf32(x, w)
     ids, shares = route(logits, k, table.experts)
     tensor_cores = _tensor_core_groups(table)
     size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS

@@ -150,42 +150,95 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, int ldy,
 // A prefill pass's P (token, slot) pairs laid out by expert in groups of `size` rows, as
 // moe.PairGroups defines it: pair p's rank among its expert's pairs is the number of earlier
 // pairs of that expert, expert e's groups follow those of the experts below it, and pair p
-// takes row (start[e] + rank / size) * size + rank % size.
+// takes row (start[e] + rank / size) * size + rank % size = start[e] * size + rank.
+// Two launches over chunks of MOE_CHUNK_PAIRS consecutive pairs, no atomics: ranks within
+// each chunk, then every block adds up the chunks' counts itself and places its chunk's pairs.
 
 #define MOE_GROUP_THREADS 1024
+#define MOE_CHUNK_PAIRS 512
+#define MOE_CHUNK_WARPS (MOE_CHUNK_PAIRS / 32)
+// most threads that add up one expert's chunk counts in moe_pair_rows
+#define MOE_CHUNK_SPLIT 32
 
-// Warp w of block b counts the pairs of expert 32 b + w in pair order: rank[p] for its
-// pairs, counts[e] their number (one ballot per 32 pairs; no atomics, so no reordering).
-extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
-    moe_pair_ranks(const int* __restrict__ ids, int P, int E, int* __restrict__ rank,
-                   int* __restrict__ counts) {
-  const int lane = threadIdx.x & 31;
-  const int e = blockIdx.x * (MOE_GROUP_THREADS / 32) + (threadIdx.x >> 5);
-  if (e >= E) return;
-  int seen = 0;
-  for (int p0 = 0; p0 < P; p0 += 32) {
-    const int p = p0 + lane;
-    const bool mine = p < P && __ldg(ids + p) == e;
-    const unsigned hits = __ballot_sync(0xFFFFFFFFu, mine);
-    if (mine) rank[p] = seen + __popc(hits & ((1u << lane) - 1u));
-    seen += __popc(hits);
+// Block c: chunk_rank[p] for the chunk's pairs (earlier pairs of its expert in the chunk)
+// and chunk_counts[c, e] (the chunk's pairs of expert e); also every source row set to -1
+// (rows no pair takes), before moe_pair_rows writes the taken ones.
+extern "C" __global__ void __launch_bounds__(MOE_CHUNK_PAIRS)
+    moe_pair_ranks(const int* __restrict__ ids, int P, int E, int* __restrict__ chunk_rank,
+                   int* __restrict__ chunk_counts, int rows, int* __restrict__ source) {
+  __shared__ unsigned short warp_counts[MOE_CHUNK_WARPS * MOE_MAX_EXPERTS];  // [warp, expert]
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int p = blockIdx.x * MOE_CHUNK_PAIRS + t;
+  const int e = p < P ? __ldg(ids + p) : -1;
+  for (int i = t; i < MOE_CHUNK_WARPS * E; i += MOE_CHUNK_PAIRS) warp_counts[i] = 0;
+  for (int r = blockIdx.x * MOE_CHUNK_PAIRS + t; r < rows; r += gridDim.x * MOE_CHUNK_PAIRS)
+    source[r] = -1;
+  __syncthreads();
+  const unsigned same = __match_any_sync(0xFFFFFFFFu, e);
+  const int below = __popc(same & ((1u << lane) - 1u));  // earlier lanes of the same expert
+  if (e >= 0 && below == 0) warp_counts[warp * E + e] = __popc(same);
+  __syncthreads();
+  for (int x = t; x < E; x += MOE_CHUNK_PAIRS) {  // each expert's counts -> exclusive prefix
+    int n[MOE_CHUNK_WARPS];
+#pragma unroll
+    for (int w = 0; w < MOE_CHUNK_WARPS; ++w) n[w] = warp_counts[w * E + x];
+    int before = 0;
+#pragma unroll
+    for (int w = 0; w < MOE_CHUNK_WARPS; ++w) {
+      warp_counts[w * E + x] = before;
+      before += n[w];
+    }
+    chunk_counts[blockIdx.x * E + x] = before;
   }
-  if (lane == 0) counts[e] = seen;
+  __syncthreads();
+  if (e >= 0) chunk_rank[p] = warp_counts[warp * E + e] + below;
 }
 
-// One block: each expert's first group (an exclusive scan of its group counts), then every
-// pair's row, each group's expert (-1 past the real ones) and pairs (live: 0 past the real
-// ones) and each row's token (-1 for rows no pair takes). G groups of `size` rows; pairs are
+// Block c (chunks blocks in all): each expert's pairs in all chunks and in those before c,
+// each expert's first group (an exclusive scan of its group counts), then the rows of
+// chunk c's pairs and their source token, and (over the grid) each group's expert (-1 past
+// the real ones) and pairs (live: 0 past the real ones). G groups of `size` rows; pairs are
 // token-major, top_k a token.
 extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
     moe_pair_rows(const int* __restrict__ ids, int P, int E, int size, int top_k,
-                  const int* __restrict__ rank, const int* __restrict__ counts, int G,
-                  long long* __restrict__ row, int* __restrict__ group_expert,
+                  const int* __restrict__ chunk_rank, const int* __restrict__ chunk_counts,
+                  int chunks, int G, long long* __restrict__ row, int* __restrict__ group_expert,
                   int* __restrict__ live, int* __restrict__ source) {
   __shared__ int start[MOE_MAX_EXPERTS + 1];
+  __shared__ int count[MOE_MAX_EXPERTS];
+  __shared__ int earlier[MOE_MAX_EXPERTS];  // the expert's pairs in chunks before this one
+  __shared__ int part_count[MOE_GROUP_THREADS], part_earlier[MOE_GROUP_THREADS];
   __shared__ int warp_sum[MOE_GROUP_THREADS / 32];
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int mine = t < E ? (counts[t] + size - 1) / size : 0;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, chunk = blockIdx.x;
+  const int p = chunk * MOE_CHUNK_PAIRS + t;  // the thread's pair, read first: the loads
+  const bool pair = t < MOE_CHUNK_PAIRS && p < P;  // overlap the sums below
+  const int pair_expert = pair ? __ldg(ids + p) : 0;
+  const int pair_rank = pair ? __ldg(chunk_rank + p) : 0;
+  const int split = max(1, min(MOE_CHUNK_SPLIT, MOE_GROUP_THREADS / E));
+  const int part = t / E, x = t - part * E;  // adds up chunks part, part + split, ... of x
+  if (part < split) {
+    int n = 0, b = 0;
+#pragma unroll 4
+    for (int c = part; c < chunks; c += split) {
+      const int v = __ldg(chunk_counts + c * E + x);
+      n += v;
+      b += c < chunk ? v : 0;
+    }
+    part_count[t] = n;
+    part_earlier[t] = b;
+  }
+  __syncthreads();
+  int mine = 0;
+  if (t < E) {
+    int n = 0, b = 0;
+    for (int j = 0; j < split; ++j) {
+      n += part_count[j * E + t];
+      b += part_earlier[j * E + t];
+    }
+    count[t] = n;
+    earlier[t] = b;
+    mine = (n + size - 1) / size;
+  }
   int v = mine;  // inclusive scan: in the warp, then over the warps' sums
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
@@ -207,10 +260,9 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
   const int inclusive = v + (warp > 0 ? warp_sum[warp - 1] : 0);
   if (t < E) start[t] = inclusive - mine;
   if (t == 0) start[E] = warp_sum[MOE_GROUP_THREADS / 32 - 1];  // the real groups
-  for (int r = t; r < G * size; r += MOE_GROUP_THREADS) source[r] = -1;
   __syncthreads();
   const int total = start[E];
-  for (int g = t; g < G; g += MOE_GROUP_THREADS) {
+  for (int g = chunk * MOE_GROUP_THREADS + t; g < G; g += gridDim.x * MOE_GROUP_THREADS) {
     int e = -1;
     if (g < total) {  // the last expert whose first group is at or below g
       int lo = 0, hi = E - 1;
@@ -221,11 +273,11 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
       e = lo;
     }
     group_expert[g] = e;
-    live[g] = e < 0 ? 0 : min(size, counts[e] - (g - start[e]) * size);
+    live[g] = e < 0 ? 0 : min(size, count[e] - (g - start[e]) * size);
   }
-  for (int p = t; p < P; p += MOE_GROUP_THREADS) {
-    const int e = __ldg(ids + p), k = __ldg(rank + p);
-    const long long r = (long long)(start[e] + k / size) * size + k % size;
+  if (pair) {
+    const long long r =
+        (long long)start[pair_expert] * size + earlier[pair_expert] + pair_rank;
     row[p] = r;
     source[r] = p / top_k;
   }
