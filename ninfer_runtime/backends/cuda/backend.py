@@ -33,6 +33,7 @@ from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
 from . import attention, gdn, gdn_prefill, glue, kernels, prefill, sampling
 from . import moe as moe_kernels
+from .constants import device_constant
 from .graphs import GraphStep
 from .slabs import SlabBuffers
 from .weights import DenseWeight, PackedWeight, Residency, Segment
@@ -195,7 +196,10 @@ class CudaBackend(ops.ReferenceOps):
             b = min(a + slab, seg.rows)
 
             def dequantize(w: Array, a: int = a, b: int = b) -> None:
-                rows = cp.arange(seg.row0 + a, seg.row0 + b, dtype=cp.int32)
+                first, last = seg.row0 + a, seg.row0 + b
+                rows = device_constant(
+                    ("rows", first, last), lambda: cp.arange(first, last, dtype=cp.int32)
+                )
                 kernels.dequant_rows(seg.parent.data, p, rows, w)
 
             w, ticket = self._slabs.fill(b - a, k, dtype, dequantize)

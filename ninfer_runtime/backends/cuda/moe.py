@@ -31,6 +31,7 @@ from ..base import MoeWeights, Weight
 from . import formats as F
 from . import gguf_blocks, kernels, prefill
 from .compile import function, register_family
+from .constants import device_constant
 
 #: must match MOE_ROUTER_THREADS / MOE_MAX_EXPERTS / MOE_MAX_TOP_K / MOE_GROUP_THREADS /
 #: MOE_CHUNK_PAIRS in kernels/moe.cu
@@ -501,10 +502,7 @@ def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
     gate_up, down = table.shared_groups
     n, si, size = x.shape[0], table.shared_intermediate, 8 * SHARED_GROUPS[0]
     count = -(-n // size)
-    expert = cp.zeros(count, dtype=cp.int32)
-    x_rows = cp.arange(count * size, dtype=cp.int32)
-    x_rows[n:] = -1  # the last group's padding reads zeros
-    live = cp.minimum(size, n - size * cp.arange(count, dtype=cp.int32)).astype(cp.int32)
+    expert, x_rows, live = device_constant(("one expert", n, size), partial(_one_expert, n, size))
     width = down.planes.x_width
     h = _hidden_rows(count * size, si, width)
     kernels.small_gemm_groups(
@@ -517,6 +515,18 @@ def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
         group_rows=live, config=SHARED_GROUPS,
     )  # fmt: skip
     return out[:n]
+
+
+def _one_expert(n: int, size: int) -> tuple[Any, Any, Any]:
+    """n rows in groups of ``size`` of one expert: each group's expert (0), each grouped
+    row's token (-1 for the last group's padding, which reads zeros), each group's rows."""
+    import cupy as cp
+
+    count = -(-n // size)
+    x_rows = cp.arange(count * size, dtype=cp.int32)
+    x_rows[n:] = -1
+    live = cp.minimum(size, n - size * cp.arange(count, dtype=cp.int32)).astype(cp.int32)
+    return cp.zeros(count, dtype=cp.int32), x_rows, live
 
 
 def _hidden_rows(rows: int, inter: int, width: int) -> Any:
