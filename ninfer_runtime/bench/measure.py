@@ -411,22 +411,28 @@ def long_prefill(
 def profile_prefill(runner: ModelRunner, tokens: int, *, past: int = 0) -> dict[str, float]:
     """Where a prefill chunk's time goes, by ablation (as ``profile_decode``): one chunk of
     ``tokens`` tokens after ``past`` tokens of context, timed whole and with each backend op
-    of the prefill path replaced by an empty output of its shape."""
+    of the prefill path replaced by an empty output of its shape. ``host_issue``: when the
+    host had issued the whole chunk (``forward`` returned; the device may still be working).
+    Near ``chunk``, the chunk is bound by the host, and an op's empty output then costs the
+    host about what the op did: the ablation says little."""
     xp, model = runner.backend.xp, runner.model
     ids = np.random.default_rng(3).integers(0, model.config.vocab, past + tokens)
 
-    def chunk_ms() -> float:
+    def chunk_times() -> tuple[float, float]:  # ms: (whole, until the host had issued it)
         state = runner.new_state(past + tokens + 1)
         if past:
             runner.prefill(ids[:past], state, chunk=tokens, last_only=True)
         _sync(xp)
         began = time.perf_counter()
         runner.forward([ids[past:]], [state], last_only=True)
+        issued = time.perf_counter()
         _sync(xp)
-        return 1000 * (time.perf_counter() - began)
+        return 1000 * (time.perf_counter() - began), 1000 * (issued - began)
 
-    chunk_ms()  # compile, plan
-    return _ablate(runner.backend, PREFILL_OPS, chunk_ms, "chunk")
+    chunk_times()  # compile, plan
+    host_issue = chunk_times()[1]
+    spent = _ablate(runner.backend, PREFILL_OPS, lambda: chunk_times()[0], "chunk")
+    return {"chunk": spent.pop("chunk"), "host_issue": host_issue, **spent}
 
 
 def as_row(result: Any) -> dict[str, Any]:
