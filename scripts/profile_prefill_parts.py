@@ -231,11 +231,14 @@ def _shared_with(be: Any, x: Any, table: Any, config: tuple[int, int, int]) -> A
         moe.SHARED_GROUPS = default
 
 
-def _chunk_once(model: Any, tokens: int) -> None:
+def _chunk_once(model: Any, tokens: int, host_profile: bool) -> None:
     """One prefill chunk of ``tokens`` tokens timed (wall clock, and how long the host took
     to issue it), then once more inside cudaProfilerStart/Stop: under ``ncu
     --profile-from-start off --metrics gpu__time_duration.sum`` the sum of its kernels'
-    device times, set against the wall clock, says how long the device waited for the host."""
+    device times, set against the wall clock, says how long the device waited for the host.
+    ``host_profile``: that last run under cProfile instead, its functions by own time."""
+    import cProfile
+    import pstats
     import time
 
     import cupy as cp
@@ -258,6 +261,12 @@ def _chunk_once(model: Any, tokens: int) -> None:
     times = [chunk() for _ in range(3)]
     issued, wall = (float(np.median(t)) for t in zip(*times, strict=True))
     print(f"chunk of {tokens} tokens: {wall:.2f} ms wall, issued by the host in {issued:.2f} ms")
+    if host_profile:
+        profile = cProfile.Profile()
+        profile.runcall(chunk)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(50)
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(50)
+        return
     cp.cuda.profiler.start()
     chunk()
     cp.cuda.profiler.stop()
@@ -297,7 +306,12 @@ def _moe_once(be: Any, model: Any, x: Any) -> None:
     is_flag=True,
     help="time one whole prefill chunk, then run it once inside cudaProfilerStart/Stop",
 )
-def main(artifact: str, tokens: int, moe_once: bool, chunk_once: bool) -> None:
+@click.option(
+    "--host-profile",
+    is_flag=True,
+    help="with --chunk-once: the last run under cProfile (where the host's time goes)",
+)
+def main(artifact: str, tokens: int, moe_once: bool, chunk_once: bool, host_profile: bool) -> None:
     from ninfer_runtime.backends.cuda import unavailable_reason
 
     reason = unavailable_reason()
@@ -327,7 +341,7 @@ def main(artifact: str, tokens: int, moe_once: bool, chunk_once: bool) -> None:
         _moe_once(be, model, x)
         return
     if chunk_once:
-        _chunk_once(model, tokens)
+        _chunk_once(model, tokens, host_profile)
         return
     seen: set[str] = set()
     for i, layer in enumerate(model.layers):

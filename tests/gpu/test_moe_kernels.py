@@ -400,3 +400,27 @@ def test_verification_sized_batches_run_on_the_device(fmt: str) -> None:
         (out,) = step(np.zeros(1, dtype=np.int32))
         assert_close(out, CpuBackend().moe(host, cpu_w))
     assert step.graph is not None
+
+
+def test_prefill_router_is_about_float32() -> None:
+    """With bf16 prefill products the router still runs at about float32 accuracy (3xTF32,
+    its weight split once and kept on the table), so the top-k choice is the float32 one."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda import moe
+    from ninfer_runtime.backends.cuda.backend import CudaBackend
+    from ninfer_runtime.backends.cuda.moe import ExpertTable
+
+    backend = CudaBackend()  # prefill in bf16
+    gpu_w, _ = random_moe("q4_g64_fp16", True)
+    table = ExpertTable(gpu_w, backend.join_rows)
+    x = np.random.default_rng(5).standard_normal((300, H)).astype(np.float32)
+    w = cp.asnumpy(backend.array(table.router_score)).astype(np.float64)
+    ref = x.astype(np.float64) @ w.T
+    got = cp.asnumpy(moe._router_logits(backend, cp.asarray(x), table))
+    bound = 2e-6 * (np.abs(x).astype(np.float64) @ np.abs(w).T) + 1e-30
+    assert got.shape == ref.shape and np.all(np.abs(got - ref) <= bound)
+    kept = table.router_tf32
+    assert kept is not None
+    again = cp.asnumpy(moe._router_logits(backend, cp.asarray(x), table))
+    assert table.router_tf32 is kept and np.array_equal(again, got)

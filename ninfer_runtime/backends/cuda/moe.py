@@ -124,6 +124,7 @@ class ExpertTable:
 
     def __init__(self, weights: MoeWeights, join_rows: Callable[[list[Weight]], Weight]):
         self.router_score = join_rows([weights.router, weights.shared_score])
+        self.router_tf32: tuple[Any, Any] | None = None  # its split for prefill (made once)
         self.shared_gate_up = join_rows([weights.shared.gate, weights.shared.up])
         self.shared_down = weights.shared.down
         self.shared_intermediate = weights.shared.down.shape[1]
@@ -451,14 +452,7 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     import cupy as cp
 
     k, inter, hidden = table.top_k, table.intermediate, table.hidden
-    # the router at about float32 accuracy from its rows decoded once (a prefill GEMM's bf16
-    # operands could flip a near tie in the top-k choice): 3xTF32 on the tensor cores, or a
-    # float32 product where the backend computes prefill in float32
-    w = backend.array(table.router_score)
-    if backend.prefill_precision == "float32":
-        logits = cp.ascontiguousarray(x @ w.T, dtype=cp.float32)
-    else:
-        logits = prefill.matmul_3xtf32(x, w)
+    logits = _router_logits(backend, x, table)
     ids, shares = route(logits, k, table.experts)
     tensor_cores = _tensor_core_groups(table)
     size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS
@@ -490,6 +484,22 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     shared = _shared_prefill(backend, x, table)
     # the combine reads each (token, slot) pair's row where its group left it
     return _combine(x, table, logits, ys, shares, shared, groups.row)
+
+
+def _router_logits(backend: Any, x: Any, table: ExpertTable) -> Any:
+    """The router | shared score at about float32 accuracy, from its rows decoded once (a
+    prefill GEMM's bf16 operands could flip a near tie in the top-k choice): 3xTF32 on the
+    tensor cores, its weight split once, or a float32 product where the backend computes
+    prefill in float32."""
+    import cupy as cp
+
+    w = backend.array(table.router_score)
+    if backend.prefill_precision == "float32":
+        return cp.ascontiguousarray(x @ w.T, dtype=cp.float32)
+    parts = table.router_tf32 or prefill.split_tf32(w)
+    if not cp.cuda.get_current_stream().is_capturing():  # (a capture's exist on replay only)
+        table.router_tf32 = parts
+    return prefill.matmul_3xtf32(x, parts)
 
 
 def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:

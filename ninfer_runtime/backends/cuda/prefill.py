@@ -171,13 +171,15 @@ def matmul_3xtf32(x: Any, w: Any) -> Any:
     """``x @ wᵀ`` (float32 x [M, K], w [N, K]) to about float32 accuracy on tensor cores:
     each operand split into a TF32 part and the float32 rest, then ``lo·hi + hi·lo + hi·hi``
     (the small terms first) as three TF32 products accumulating into one float32 result;
-    the dropped ``lo·lo`` is below float32 rounding."""
+    the dropped ``lo·lo`` is below float32 rounding. ``w`` may also be given split, as the
+    pair ``split_tf32`` returns (a weight's split made once)."""
     import cupy as cp
 
-    if x.dtype != np.float32 or w.dtype != np.float32 or x.shape[1:] != w.shape[1:]:
-        raise ValueError(f"matmul_3xtf32: x {x.dtype} {x.shape}, w {w.dtype} {w.shape}")
-    (xh, xl), (wh, wl) = split_tf32(x), split_tf32(w)
-    y = cp.empty((x.shape[0], w.shape[0]), dtype=cp.float32)
+    wh, wl = w if isinstance(w, tuple) else split_tf32(w)
+    if x.dtype != np.float32 or wh.dtype != np.float32 or x.shape[1:] != wh.shape[1:]:
+        raise ValueError(f"matmul_3xtf32: x {x.dtype} {x.shape}, w {wh.dtype} {wh.shape}")
+    xh, xl = split_tf32(x)
+    y = cp.empty((x.shape[0], wh.shape[0]), dtype=cp.float32)
     for a, b, beta in ((wl, xh, _ZERO), (wh, xl, _ONE), (wh, xh, _ONE)):
         _gemm_ex(a, b, y, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, beta, "matmul_3xtf32")
     return y
