@@ -116,7 +116,7 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Ranks the model is split over, a process each (cpu backend only so far).",
+    help="Ranks the model is split over, a process each (cuda: a GPU each, NCCL between them).",
 )
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")

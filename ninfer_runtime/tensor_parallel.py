@@ -1,7 +1,8 @@
 """A model split over ranks (``parallel``), run by one scheduler: rank 0 (this process) holds
 the engine, and its runner's and pool's calls are made on every rank (``parallel.mirror``),
 one process a rank, joined by pipes (``parallel.processes``). On the CPU backend the pipes
-also carry the collectives; NCCL between GPUs is not built yet."""
+also carry the collectives; on the CUDA backend rank r runs on GPU r and NCCL carries them
+(``parallel.nccl``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
+from .errors import EngineError
 from .models import Model, load_model
 from .parallel import Leader, follow
 from .parallel.processes import Inbox, Outbox, PipeRank
@@ -27,6 +29,12 @@ def parallel_runner(
     """Rank 0's model, a runner whose calls ranks 1 .. world - 1 make too (each a process
     holding its share of the model, loaded from the same artifact), and what ends the other
     ranks (their loops, then their processes)."""
+    if backend == "cuda":
+        from .parallel.nccl import unavailable_reason
+
+        reason = unavailable_reason(world)
+        if reason is not None:
+            raise EngineError(f"--tensor-parallel {world}: {reason}")
     context = multiprocessing.get_context("spawn")
     plans, links, processes = [], [], []
     for rank in range(1, world):
@@ -44,8 +52,9 @@ def parallel_runner(
         link_end.close()
         plans.append(plan)
         links.append(link)
-    collective = PipeRank(0, world, links)
+    collective: Any = PipeRank(0, world, links)
     try:
+        collective = _on_device(backend, collective)
         model = load_model(artifact, backend, collective=collective)
     except BaseException as exc:
         collective.fail(f"could not load: {exc}")
@@ -61,10 +70,24 @@ def parallel_runner(
 
 
 def _rank_process(path: str, backend: str, rank: int, world: int, plan: Any, link: Any) -> None:
-    collective = PipeRank(rank, world, [link])
+    collective: Any = PipeRank(rank, world, [link])
     try:
+        collective = _on_device(backend, collective)
         runner = ModelRunner(load_model(path, backend, collective=collective))
     except BaseException as exc:
         collective.fail(f"could not load: {exc}")
         return
     follow(Inbox(plan), runner, KEPT, lambda exc: collective.fail(f"{type(exc).__name__}: {exc}"))
+
+
+def _on_device(backend: str, pipes: PipeRank) -> Any:
+    """The rank's collective: on the CUDA backend its GPU (rank r: device r) made current and
+    NCCL joined over it; otherwise the pipes themselves."""
+    if backend != "cuda":
+        return pipes
+    import cupy as cp
+
+    from .parallel.nccl import NcclRank
+
+    cp.cuda.Device(pipes.rank).use()
+    return NcclRank(pipes)

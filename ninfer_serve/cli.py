@@ -89,7 +89,10 @@ def _say(text: str) -> None:
 @click.option(
     "--tensor-parallel",
     type=int,
-    help="Ranks the model is split over, a process each (cpu only so far).  [default: 1]",
+    help=(
+        "Ranks the model is split over, a process each (cuda: a GPU each, NCCL between "
+        "them).  [default: 1]"
+    ),
 )
 @click.option(
     "--context-capacity",

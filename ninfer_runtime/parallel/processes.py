@@ -44,6 +44,14 @@ class PipeRank:
     def all_gather(self, x: Array) -> Array:
         return self._exchange(x, side_by_side)
 
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (what the others pass is ignored)."""
+        if self.rank != 0:
+            return self._receive(self.links[0], 0)
+        for link in self.links:
+            link.send(value)
+        return value
+
     def fail(self, message: str) -> None:
         """Tell the group this rank failed (rank 0: every other rank; others: rank 0)."""
         for link in self.links:

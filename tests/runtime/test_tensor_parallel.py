@@ -364,3 +364,32 @@ def test_the_mirror_resolves_rank_0s_objects_to_each_ranks_own_and_forgets_close
     leader.stop()
     t.join(10)
     assert not failures and follower.log == [([5, 6], [(1, 1), (1, 2)])]
+
+
+def test_rank_0_shares_a_value_down_the_pipes() -> None:
+    """``PipeRank.share``: what NCCL's unique id travels by (rank 0's value on every rank)."""
+    from ninfer_runtime.parallel.processes import PipeRank
+
+    pairs = [multiprocessing.Pipe() for _ in range(2)]
+    root = PipeRank(0, 3, [a for a, _ in pairs])
+    others = [PipeRank(r, 3, [b]) for r, (_, b) in enumerate(pairs, start=1)]
+    assert root.share(b"id") == b"id"
+    assert [rank.share(None) for rank in others] == [b"id", b"id"]
+
+
+def test_two_ranks_on_the_cuda_backend_need_two_gpus_and_nccl(bundled) -> None:
+    """Where this machine cannot run two GPU ranks, the engine says why in one line, before
+    any process starts."""
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.errors import EngineError
+    from ninfer_runtime.parallel.nccl import unavailable_reason
+
+    reason = unavailable_reason(2)
+    if reason is None:
+        pytest.skip("this machine runs two GPU ranks (tests/gpu/test_tensor_parallel_cuda.py)")
+    before = set(multiprocessing.active_children())
+    with pytest.raises(EngineError) as caught:
+        Engine(bundled, tensor_parallel=2, backend="cuda")
+    assert str(caught.value) == f"--tensor-parallel 2: {reason}"
+    assert "\n" not in str(caught.value)
+    assert set(multiprocessing.active_children()) == before

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
@@ -124,6 +126,44 @@ def plan_segments(artifact: Any, name: str) -> list[tuple[str, int, int]] | None
     return out
 
 
+def rows_of_plan(plan: list[tuple[str, int, int]], rows: Any) -> list[tuple[str, int, int]]:
+    """The segments of ``plan`` (a parameter's rows in order, as ``plan_segments`` gives them)
+    holding the parameter rows ``rows`` (sorted, distinct), in order, adjacent ones merged."""
+    rows = np.asarray(rows, dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, breaks) if r.size]
+    out: list[tuple[str, int, int]] = []
+    for a, b in runs:
+        start = 0  # the parameter row each segment of the plan starts at
+        for oid, row0, count in plan:
+            lo, hi = max(a, start), min(b, start + count)
+            if lo < hi:
+                first = row0 + lo - start
+                if out and out[-1][0] == oid and out[-1][1] + out[-1][2] == first:
+                    out[-1] = (oid, out[-1][1], out[-1][2] + hi - lo)
+                else:
+                    out.append((oid, first, hi - lo))
+            start += count
+    return out
+
+
+def rank_plan(
+    artifact: Any, name: str, plan: list[tuple[str, int, int]] | None
+) -> tuple[list[tuple[str, int, int]] | None, int | None]:
+    """A tensor-parallel rank's plan of parameter ``name`` and its row count: an artifact
+    with ``share`` (``models.qwen3_5.shard.ShardedArtifact``) gives the rank's rows of a split
+    by rows, read in place, and None (decode the rank's share) for a split along another axis;
+    any other artifact, or a parameter held whole: ``plan`` itself (row count None)."""
+    share = getattr(artifact, "share", None)
+    taken = share(name) if share is not None else None
+    if taken is None:
+        return plan, None
+    axis, index = taken
+    if axis != 0 or plan is None:
+        return None, None
+    return rows_of_plan(plan, index), len(index)
+
+
 class Residency:
     """Uploads parents on demand, once each, and builds weights from them."""
 
@@ -134,7 +174,9 @@ class Residency:
 
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
         names = list(names)
-        plans = {name: plan_segments(artifact, name) for name in names}
+        plans, local_rows = {}, {}
+        for name in names:
+            plans[name], local_rows[name] = rank_plan(artifact, name, plan_segments(artifact, name))
         needed = sorted({oid for plan in plans.values() if plan for oid, _, _ in plan})
         self._upload(artifact, [oid for oid in needed if oid not in self.parents])
         out: dict[str, Any] = {}
@@ -144,6 +186,8 @@ class Residency:
                 out[name] = self._dense(artifact, name)
                 continue
             shape = tuple(int(d) for d in artifact.binder_report.parameters[name])
+            if local_rows[name] is not None:  # this rank's rows of a split by rows
+                shape = (local_rows[name], shape[1])
             segments = [Segment(self.parents[oid], row0, rows) for oid, row0, rows in plan]
             columns = artifact.input_columns(name)
             if columns is not None:

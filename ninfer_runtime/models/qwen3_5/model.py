@@ -44,10 +44,6 @@ class Qwen35Model:
         self.collective = collective = collective or Solo()
         c = Qwen35Config.from_text_config(artifact.components["text"].config)
         if collective.world > 1:  # this rank's heads and columns (shard.py)
-            if backend.name != "cpu":
-                raise ModelError(
-                    f"tensor parallelism runs on the cpu backend only so far, not {backend.name}"
-                )
             artifact = ShardedArtifact(artifact, c, Shard(collective.rank, collective.world))
             c = local_config(c, collective.world)
         self.config = c

@@ -96,26 +96,39 @@ def _split_evenly(count: int, world: int, what: str) -> int:
     return count // world
 
 
+def shard_index(
+    name: str, length: int, c: Qwen35Config, shard: Shard
+) -> tuple[int, np.ndarray] | None:
+    """``(axis, indices)``: the rank's share of parameter ``name``, whose ``axis`` is
+    ``length`` long, as the sorted indices along that axis it takes (by ``SPLITS``); None
+    where the rank holds it whole."""
+    split = split_of(name)
+    if split is None or shard.world == 1:
+        return None
+    axis, blocks = split
+    index, start = [], 0
+    for section, count_field, width_field in blocks:
+        geometry = getattr(c, section) if section else None
+        count = getattr(geometry, count_field) if geometry else length
+        width = getattr(geometry, width_field) if width_field else 1
+        units = shard.units(count, f"{name} ({count_field or 'rows'})")
+        index.append(np.arange(start + units.start * width, start + units.stop * width))
+        start += count * width
+    if start != length:
+        raise ShardError(f"{name}: {length} along axis {axis}, the geometry says {start}")
+    return axis, np.concatenate(index)
+
+
 def shard_parameter(name: str, values: np.ndarray, c: Qwen35Config, shard: Shard) -> np.ndarray:
     """The rank's share of parameter ``name`` (its full ``values``), by ``SPLITS``."""
     split = split_of(name)
     if split is None or shard.world == 1:
         return values
-    axis, blocks = split
     values = np.asarray(values)
-    index, start = [], 0
-    for section, count_field, width_field in blocks:
-        geometry = getattr(c, section) if section else None
-        count = getattr(geometry, count_field) if geometry else values.shape[axis]
-        width = getattr(geometry, width_field) if width_field else 1
-        units = shard.units(count, f"{name} ({count_field or 'rows'})")
-        index.append(np.arange(start + units.start * width, start + units.stop * width))
-        start += count * width
-    if start != values.shape[axis]:
-        raise ShardError(
-            f"{name}: {values.shape[axis]} along axis {axis}, the geometry says {start}"
-        )
-    return np.take(values, np.concatenate(index), axis=axis)
+    share = shard_index(name, values.shape[split[0]], c, shard)
+    assert share is not None
+    axis, index = share
+    return np.take(values, index, axis=axis)
 
 
 class ShardedArtifact:
@@ -131,3 +144,14 @@ class ShardedArtifact:
     def parameter(self, name: str, **options: Any) -> np.ndarray:
         full = self._artifact.parameter(name, **options)
         return shard_parameter(name, full, self._config, self.shard)
+
+    def share(self, name: str) -> tuple[int, np.ndarray] | None:
+        """``(axis, indices)`` of parameter ``name`` this rank takes (``shard_index``), None
+        where it holds it whole: a backend that reads packed rows in place takes a split by
+        rows (axis 0) as those rows of the stored objects, and decodes ``parameter`` for any
+        other."""
+        split = split_of(name)
+        if split is None:
+            return None
+        shape = self._artifact.binder_report.parameters[name]
+        return shard_index(name, int(shape[split[0]]), self._config, self.shard)
