@@ -540,6 +540,18 @@ class ContextPool:
             self.draft_hidden[state.slot, 0] = prefix.hidden
             state.mtp_length = prefix.length - 1
 
+    def advance(self, state: SequenceState, tokens: int) -> None:
+        """Count ``tokens`` more tokens of ``state`` as read without computing them (their
+        K/V and states are whatever its pages and slot hold): a benchmark's way to decode at
+        a context without prefilling it, made by a call so that every rank of a tensor-parallel
+        run makes it too."""
+        if not 0 <= tokens <= state.max_context - state.length:
+            raise EngineError(
+                f"advance by {tokens}: the sequence has room for "
+                f"{state.max_context - state.length} more tokens"
+            )
+        state.length += tokens
+
     def grow(self, state: SequenceState) -> bool:
         """Room for more tokens in ``state``: the rest of its last page, else one more page
         (False: none is free, or it has all it may have)."""

@@ -10,7 +10,8 @@
 # of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
 # in the loop below). SHAPES picks the bench's shapes (default
 # "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
-# tests/gpu); DECODE="--lanes 1 --contexts 1024" narrows the decode table. The copy of the tree on the GPU
+# tests/gpu); DECODE="--lanes 1 --contexts 1024" narrows the decode table. TP=2 adds the
+# decode table over two GPUs beside one (on an nvidia-h200-x2 machine). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
 #   run (carry .whl): COMMIT=<short hash> bash scripts/gpu-check.sh
 set -u
@@ -30,7 +31,8 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   artifact=/tmp/bench$name.ninfer
   timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
     --formats "$geometry" -o "$artifact" --force | tail -1
-  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} --profile 1 --profile-prefill \
+  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} ${TP:+--tensor-parallel $TP} \
+    --profile 1 --profile-prefill \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
     2>&1 | grep -v upload
   if [ "$name" = 27 ] && [ "${LONG:-0}" = 1 ]; then

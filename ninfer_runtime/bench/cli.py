@@ -98,6 +98,60 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
     return values
 
 
+def _parallel_table(
+    opened: Any,
+    backend: str,
+    ranks: int,
+    lanes: list[int],
+    contexts: list[int],
+    steps: int,
+    one_rank: dict[tuple[int, int], float],
+    kv_dtype: str,
+) -> list[dict]:
+    """The decode table over ``ranks`` ranks (``tensor_parallel.parallel_runner``), each row
+    beside one rank's step (``one_rank``, ms by (lanes, context)); the floor is rank 0's
+    share of the step's bytes at the copy bandwidth measured on its device."""
+    import gc
+
+    from ..errors import EngineError
+    from ..tensor_parallel import parallel_runner
+    from . import measure as M
+
+    gc.collect()
+    try:
+        _, runner, stop = parallel_runner(opened, backend, ranks)
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from None
+    rows: list[dict] = []
+    try:
+        bandwidth = M.copy_bandwidth(runner.backend.xp)
+        click.echo(
+            f"{ranks} ranks (copy {bandwidth / 1e9:.0f} GB/s on rank 0's device; GB/step and "
+            "floor: rank 0's share)"
+        )
+        click.echo(
+            f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
+            f"{'floor ms':>8} {'% floor':>7} {'x 1 rank':>8}"
+        )
+        for context in contexts:
+            for n in lanes:
+                r = M.decode_rate(
+                    runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype
+                )
+                speedup = one_rank[n, context] / r.step_ms
+                rows.append(
+                    {"kind": "decode parallel", "ranks": ranks, **M.as_row(r), "speedup": speedup}
+                )
+                click.echo(
+                    f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
+                    f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} "
+                    f"{r.percent_of_floor:>6.1f}% {speedup:>7.2f}x"
+                )
+    finally:
+        stop()
+    return rows
+
+
 def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) -> list[int] | None:
     return None if text is None else _ints(ctx, param, text)
 
@@ -154,6 +208,15 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
 )
 @click.option("--rounds", type=int, default=16, show_default=True, help="timed rounds (median)")
 @click.option(
+    "--tensor-parallel",
+    "ranks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="also time the decode table over this many ranks (a process each; cuda: a GPU each), "
+    "beside one rank's",
+)
+@click.option(
     "--measure-acceptance",
     is_flag=True,
     help="with --spec mtp: greedy answers to the demo prompts through the engine, with and "
@@ -186,6 +249,7 @@ def run(
     rounds: int,
     measure_acceptance: bool,
     answer_tokens: int,
+    ranks: int,
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
     rounds against the plain step.
@@ -195,6 +259,7 @@ def run(
       ninfer-bench synth --geometry qwen3_6_27b --formats qwen3_6_27b -o 27b.ninfer
       ninfer-bench run 27b.ninfer --record docs/performance.md
       ninfer-bench run 27b.ninfer --spec mtp --prefill 0 --record docs/performance.md
+      ninfer-bench run 27b.ninfer --tensor-parallel 2 --prefill 0   # two GPUs against one
     """
     import json
     import os
@@ -290,6 +355,9 @@ def run(
             )
             for name, ms in spent.items():
                 click.echo(f"  {name:<18} {ms:8.3f}")
+    if ranks > 1:
+        del runner  # one rank's model leaves the device before the ranks load theirs
+        rows += _parallel_table(opened, backend, ranks, lanes, contexts, steps, plain, kv_dtype)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(rows, f, indent=1)

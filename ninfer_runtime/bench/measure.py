@@ -313,7 +313,7 @@ def decode_rate(
     states = [pool.open(room) for _ in range(lanes)]
     _fill_random(pool, xp, lanes * 7919 + context)
     for s in states:
-        s.length = context  # as if a prompt of `context` tokens had been read
+        pool.advance(s, context)  # as if a prompt of `context` tokens had been read
     rng = np.random.default_rng(0)
     vocab = model.config.vocab
     for _ in range(warmup):

@@ -99,6 +99,21 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
             for r in decode
         ]
         lines.append("")
+    parallel = [r for r in rows if r["kind"] == "decode parallel"]
+    if parallel:
+        lines += [
+            f"Over {parallel[0]['ranks']} ranks (GB/step and floor: rank 0's share):",
+            "",
+            "| lanes | context | tok/s | ms/step | GB/step | floor ms | % of floor | x one rank |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['lanes']} | {r['context']} | {r['tokens_per_s']:.1f} | {r['step_ms']:.2f} "
+            f"| {r['bytes_per_step'] / 1e9:.2f} | {r['floor_ms']:.2f} "
+            f"| {r['percent_of_floor']:.1f}% | {r['speedup']:.2f}x |"
+            for r in parallel
+        ]
+        lines.append("")
     lines += _spec_lines(rows)
     lines += _long_prefill_lines(rows)
     for r in rows:

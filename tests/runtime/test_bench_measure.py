@@ -75,6 +75,31 @@ def test_run_prints_a_table_and_writes_rows(artifacts, tmp_path):
     assert set(M.PROFILED_OPS) <= set(profile) and profile["step"] > 0
 
 
+def test_run_times_the_decode_table_over_ranks_beside_one_rank(artifacts, tmp_path):
+    """``--tensor-parallel 2``: the decode table again over two ranks (processes, on the CPU
+    backend), each row with its speedup over one rank's step and rank 0's share of the bytes
+    (less than the whole: its heads, columns and vocabulary rows); and in the record."""
+    out, record = tmp_path / "rows.json", tmp_path / "perf.md"
+    args = "--backend cpu --lanes 1,2 --contexts 24 --steps 2 --prefill 0 --tensor-parallel 2"
+    result = CliRunner().invoke(
+        main,
+        ["run", str(artifacts["tiny_dense"]), *args.split(), "--json", str(out), "--record",
+         str(record), "--commit", "abc"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "2 ranks" in result.output and "x 1 rank" in result.output
+    rows = json.loads(out.read_text())
+    one = {(r["lanes"], r["context"]): r for r in rows if r["kind"] == "decode"}
+    two = [r for r in rows if r["kind"] == "decode parallel"]
+    assert [(r["lanes"], r["context"]) for r in two] == [(1, 24), (2, 24)]
+    for r in two:
+        base = one[r["lanes"], r["context"]]
+        assert r["ranks"] == 2
+        assert r["speedup"] == pytest.approx(base["step_ms"] / r["step_ms"])
+        assert 0.3 * base["bytes_per_step"] < r["bytes_per_step"] < base["bytes_per_step"]
+    assert "Over 2 ranks" in record.read_text()
+
+
 @pytest.mark.parametrize("geometry", ["tiny_dense", "tiny_moe"])
 def test_long_prefill_by_part_and_the_prefill_profile(artifacts, tmp_path, geometry):
     """--long-prefill times one prompt in parts of whole chunks (covering it exactly, each

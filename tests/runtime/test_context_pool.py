@@ -53,6 +53,17 @@ def test_open_reserves_a_slot_and_pages_and_close_returns_them() -> None:
         p.close(a)
 
 
+def test_advance_counts_tokens_read_up_to_the_room_it_has() -> None:
+    p = pool()
+    a = p.open(10)
+    p.advance(a, 7)
+    assert a.length == 7 and a.free == 3
+    p.advance(a, 3)
+    assert a.length == 10 and a.free == 0
+    with pytest.raises(EngineError, match="room for 0 more tokens"):
+        p.advance(a, 1)
+
+
 def test_full_pool_is_a_clear_error_and_can_open_says_so() -> None:
     p = pool()
     p.open(16)
