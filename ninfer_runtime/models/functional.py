@@ -33,6 +33,10 @@ def _mul_sigmoid(x: Array, y: Array, xp: Any) -> Array:
     return x * _sigmoid(y, xp)
 
 
+def _log_decay(x: Array, bias: Array, scale: Array, xp: Any) -> Array:
+    return scale * xp.logaddexp(0.0, x + bias)
+
+
 _FUSED: dict[tuple[str, Any], Any] = {}
 
 
@@ -68,8 +72,9 @@ def mul_sigmoid(x: Array, y: Array) -> Array:
     return _elementwise(_mul_sigmoid, x, y)
 
 
-def softplus(x: Array) -> Array:
-    return _xp(x).logaddexp(0.0, x)
+def log_decay(x: Array, bias: Array, scale: Array) -> Array:
+    """``scale * softplus(x + bias)`` in one pass (Gated DeltaNet's log-decay g)."""
+    return _elementwise(_log_decay, x, bias, scale)
 
 
 def l2_normalize(x: Array, eps: float = 1e-6) -> Array:

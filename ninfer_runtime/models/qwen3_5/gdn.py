@@ -19,7 +19,7 @@ import numpy as np
 from ...backends import Backend, Weight
 from ...state import GdnSlots
 from ..batch import Batch
-from ..functional import sigmoid, softplus
+from ..functional import log_decay, sigmoid
 from .config import GdnConfig
 
 Array = Any
@@ -74,7 +74,7 @@ class GatedDeltaNet:
         mixed, z, b, a = xp.split(be.linear(x, self.projections), ends, axis=-1)
         z = z.reshape(n, c.value_heads, c.value_dim)
         beta = sigmoid(b)
-        g = self.a * softplus(a + self.dt_bias)
+        g = log_decay(a, self.dt_bias, self.a)
 
         d = batch.decode
         if d is not None and d.tokens > 1:  # verification: states stay, inputs recorded
