@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
+from ninfer_format.codecs.slicing import slice_object
 from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
 
@@ -147,21 +148,53 @@ def rows_of_plan(plan: list[tuple[str, int, int]], rows: Any) -> list[tuple[str,
     return out
 
 
-def rank_plan(
-    artifact: Any, name: str, plan: list[tuple[str, int, int]] | None
-) -> tuple[list[tuple[str, int, int]] | None, int | None]:
-    """A tensor-parallel rank's plan of parameter ``name`` and its row count: an artifact
-    with ``share`` (``models.qwen3_5.shard.ShardedArtifact``) gives the rank's rows of a split
-    by rows, read in place, and None (decode the rank's share) for a split along another axis;
-    any other artifact, or a parameter held whole: ``plan`` itself (row count None)."""
+@dataclass(frozen=True)
+class Cut:
+    """Rows ``row0 .. row0 + rows - 1`` and columns ``columns`` of a stored object: one
+    piece of a tensor-parallel rank's share of a parameter, held as an object of its own."""
+
+    object_id: str
+    row0: int
+    rows: int
+    columns: tuple[int, int]
+
+    @property
+    def key(self) -> str:
+        (c0, c1), end = self.columns, self.row0 + self.rows
+        return f"{self.object_id}[{self.row0}:{end}, {c0}:{c1}]"
+
+
+@dataclass(frozen=True)
+class Share:
+    """A rank's share of a parameter: ``cuts`` of the stored objects, in the parameter's row
+    order, making a ``shape`` matrix; no cuts: decode the share (``artifact.parameter``)."""
+
+    cuts: list[Cut] | None
+    shape: tuple[int, int]
+    by_rows: bool
+
+
+def rank_share(artifact: Any, name: str, plan: list[tuple[str, int, int]] | None) -> Share | None:
+    """What a tensor-parallel rank holds of parameter ``name`` (``plan``: its whole plan) on
+    an artifact with ``share`` (``models.qwen3_5.shard.ShardedArtifact``): its rows of a split
+    by rows, or its one run of columns of a split by columns, as cuts; None where it holds the
+    parameter whole (or the artifact is not split)."""
     share = getattr(artifact, "share", None)
     taken = share(name) if share is not None else None
     if taken is None:
-        return plan, None
+        return None
     axis, index = taken
-    if axis != 0 or plan is None:
-        return None, None
-    return rows_of_plan(plan, index), len(index)
+    full = tuple(int(d) for d in artifact.binder_report.parameters[name])
+    if plan is None or len(full) != 2:
+        return Share(None, (0, 0), axis == 0)
+    n, k = full
+    if axis == 0:
+        pieces = rows_of_plan(plan, index)
+        return Share([Cut(o, r0, rows, (0, k)) for o, r0, rows in pieces], (len(index), k), True)
+    c0, c1 = int(index[0]), int(index[-1]) + 1
+    if c1 - c0 != len(index) or artifact.input_columns(name) is not None:
+        return Share(None, (n, len(index)), False)  # (stored columns in another order)
+    return Share([Cut(o, r0, rows, (c0, c1)) for o, r0, rows in plan], (n, c1 - c0), False)
 
 
 class Residency:
@@ -174,26 +207,60 @@ class Residency:
 
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
         names = list(names)
-        plans, local_rows = {}, {}
-        for name in names:
-            plans[name], local_rows[name] = rank_plan(artifact, name, plan_segments(artifact, name))
-        needed = sorted({oid for plan in plans.values() if plan for oid, _, _ in plan})
+        plans = {name: plan_segments(artifact, name) for name in names}
+        shares = {name: rank_share(artifact, name, plans[name]) for name in names}
+        needed = sorted(
+            {oid for n in names if shares[n] is None and plans[n] for oid, _, _ in plans[n]}
+        )
         self._upload(artifact, [oid for oid in needed if oid not in self.parents])
         out: dict[str, Any] = {}
         for name in names:
-            plan = plans[name]
+            plan, share = plans[name], shares[name]
+            if share is not None:
+                out[name] = self._share(artifact, name, share)
+                continue
             if plan is None:
                 out[name] = self._dense(artifact, name)
                 continue
             shape = tuple(int(d) for d in artifact.binder_report.parameters[name])
-            if local_rows[name] is not None:  # this rank's rows of a split by rows
-                shape = (local_rows[name], shape[1])
             segments = [Segment(self.parents[oid], row0, rows) for oid, row0, rows in plan]
-            columns = artifact.input_columns(name)
-            if columns is not None:
-                columns = self.xp.asarray(columns)
-            out[name] = PackedWeight(segments, (shape[0], shape[1]), columns)
+            out[name] = PackedWeight(segments, (shape[0], shape[1]), self._columns(artifact, name))
         return out
+
+    def _columns(self, artifact: Any, name: str) -> Any:
+        columns = artifact.input_columns(name)
+        return None if columns is None else self.xp.asarray(columns)
+
+    def _share(self, artifact: Any, name: str, share: Share) -> Any:
+        """A tensor-parallel rank's share: its cuts of the stored objects, each uploaded as an
+        object of its own (the rank holds no other rows or columns of them); decoded where the
+        layout cannot be cut there."""
+        parents = [self._cut(artifact, cut) for cut in share.cuts or ()]
+        if share.cuts is None or any(p is None for p in parents):
+            return self._dense(artifact, name)
+        segments = [Segment(p, 0, cut.rows) for p, cut in zip(parents, share.cuts, strict=True)]
+        columns = self._columns(artifact, name) if share.by_rows else None
+        return PackedWeight(segments, share.shape, columns)
+
+    def _cut(self, artifact: Any, cut: Cut) -> Parent | None:
+        if cut.key in self.parents:
+            return self.parents[cut.key]
+        obj = artifact.objects[cut.object_id]
+        shape = matrix_shape(obj)
+        rows = (cut.row0, cut.row0 + cut.rows)
+        data = slice_object(obj.format, obj.layout, artifact.raw(obj.id), shape, rows, cut.columns)
+        if data is None:
+            return None
+        width = cut.columns[1] - cut.columns[0]
+        parent = Parent(
+            cut.key,
+            self.xp.asarray(np.frombuffer(data, dtype=np.uint8)),
+            planes(obj.format, obj.layout, (cut.rows, width), int(obj.divisors or 1)),
+        )
+        self.parents[cut.key] = parent
+        self.report.objects += 1
+        self.report.bytes += len(data)
+        return parent
 
     def _dense(self, artifact: Any, name: str) -> DenseWeight:
         values = artifact.parameter(name, in_order=True)
