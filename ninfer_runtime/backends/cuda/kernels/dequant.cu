@@ -45,6 +45,49 @@ __device__ __forceinline__ float element(const u8* __restrict__ obj, long long o
   }
 }
 
+// Elements c .. c + 7 of row n of a row_split object (c a multiple of 8, so one group holds
+// them): element<FMT>'s values, with the group's scale, code bytes and high bits loaded once
+// instead of once an element.
+template <int FMT>
+__device__ __forceinline__ void row_split_eight(const u8* __restrict__ obj, long long off1,
+                                                long long off2, long long stride, long long n,
+                                                unsigned c, float (&v)[8]) {
+  constexpr int G = FMT == FMT_Q8 ? 32 : 64;
+  const long long group = n * stride + c / G;
+  const unsigned i0 = c % G;
+  const float s = f16_to_f32(reinterpret_cast<const u16*>(obj + off2)[group]);
+  const u8* base = obj + group * 32;
+  if (FMT == FMT_Q8) {
+    const uint2 b = *reinterpret_cast<const uint2*>(base + i0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      v[j] = (float)(signed char)(((j < 4 ? b.x : b.y) >> (8 * (j & 3))) & 0xFFu) * s;
+    return;
+  }
+  const u32 q = *reinterpret_cast<const u32*>(base + i0 / 2);  // element i0 + j: nibble j
+  u32 high = 0;  // element i0 + j's high bits at bit j (q5) or 2j (q6)
+  if (FMT == FMT_Q5) high = obj[off1 + group * 8 + i0 / 8];
+  if (FMT == FMT_Q6) {
+    const u8* h = obj + off1 + group * 16 + i0 / 4;
+    high = (u32)h[0] | ((u32)h[1] << 8);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    u32 code = (q >> (4 * j)) & 0xFu;
+    if (FMT == FMT_NF4) {
+      v[j] = NF4_LEVELS[code] * s;
+    } else if (FMT == FMT_Q4) {
+      v[j] = (float)((int)(code ^ 8u) - 8) * s;
+    } else if (FMT == FMT_Q5) {
+      code |= ((high >> j) & 1u) << 4;
+      v[j] = (float)((int)(code ^ 16u) - 16) * s;
+    } else {
+      code |= ((high >> (2 * j)) & 3u) << 4;
+      v[j] = (float)((int)(code ^ 32u) - 32) * s;
+    }
+  }
+}
+
 template <int FMT, typename T>
 __device__ __forceinline__ void dequant_rows_body(const u8* __restrict__ obj, long long off1,
                                                   long long off2, int stride, int rpd,
@@ -74,7 +117,8 @@ __global__ void dequant_rows_bf16(const u8* __restrict__ obj, long long off1, lo
 }
 
 // dequant_rows_bf16 eight elements a thread, for k a multiple of 8 and nrows * k / 8 < 2^32:
-// the same values, with one division per eight elements and one 16-byte store.
+// the same values, with one division per eight elements and one 16-byte store (row_split:
+// one group's scale and code words loaded once for the eight).
 template <int FMT>
 __global__ void dequant_rows_bf16x8(const u8* __restrict__ obj, long long off1, long long off2,
                                     int stride, int rpd, const int* __restrict__ rows, int nrows,
@@ -84,11 +128,21 @@ __global__ void dequant_rows_bf16x8(const u8* __restrict__ obj, long long off1, 
     const unsigned i = e / k8, c = (e - i * k8) << 3;
     const long long n = rows[i];
     u32 w[4];
+    if constexpr (FMT == FMT_Q4 || FMT == FMT_Q5 || FMT == FMT_Q6 || FMT == FMT_Q8 ||
+                  FMT == FMT_NF4) {
+      float v[8];
+      row_split_eight<FMT>(obj, off1, off2, stride, n, c, v);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const u32 lo = f32_to_bf16_rn(element<FMT>(obj, off1, off2, stride, rpd, n, c + 2 * j));
-      const u32 hi = f32_to_bf16_rn(element<FMT>(obj, off1, off2, stride, rpd, n, c + 2 * j + 1));
-      w[j] = lo | (hi << 16);
+      for (int j = 0; j < 4; ++j)
+        w[j] = (u32)f32_to_bf16_rn(v[2 * j]) | ((u32)f32_to_bf16_rn(v[2 * j + 1]) << 16);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const u32 lo = f32_to_bf16_rn(element<FMT>(obj, off1, off2, stride, rpd, n, c + 2 * j));
+        const u32 hi =
+            f32_to_bf16_rn(element<FMT>(obj, off1, off2, stride, rpd, n, c + 2 * j + 1));
+        w[j] = lo | (hi << 16);
+      }
     }
     *reinterpret_cast<uint4*>(out + (long long)i * k + c) = make_uint4(w[0], w[1], w[2], w[3]);
   }
