@@ -4,10 +4,17 @@ The ranks' processes are already joined by pipes (``processes.PipeRank``): rank 
 NCCL's unique id and sends it down them, then each rank joins the communicator on its own
 GPU. The collectives run on the current CUDA stream with nothing read back, so a decode step
 captured as a CUDA graph holds them; the pipes still carry a failing rank's message.
+
+A collective whose peer has died would wait for ever, so a watchdog thread listens on the
+pipes, which carry nothing else once the communicator exists: a rank's failure message, or
+its end of a pipe closing with its process, aborts the communicator (the waiting collective
+then fails instead of hanging) and every later collective raises ``CollectiveError`` naming
+the rank.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -53,6 +60,8 @@ class NcclRank:
             self._comm = nccl.NcclCommunicator(self.world, uid, self.rank)
         except nccl.NcclError as exc:
             raise CollectiveError(f"rank {self.rank} of {self.world}: NCCL: {exc}") from None
+        self._broken: str | None = None
+        threading.Thread(target=self._watch, name="ninfer-nccl-watchdog", daemon=True).start()
 
     def all_reduce(self, x: Array) -> Array:
         x, kind = self._operand(x)
@@ -79,7 +88,15 @@ class NcclRank:
         return x, kind
 
     def _call(self, op: Any, *args: Any) -> None:
+        if self._broken is not None:
+            raise CollectiveError(self._broken)
         try:
             op(*args, self._cp.cuda.get_current_stream().ptr)
         except self._nccl.NcclError as exc:
-            raise CollectiveError(f"rank {self.rank} of {self.world}: NCCL: {exc}") from None
+            raise CollectiveError(
+                self._broken or f"rank {self.rank} of {self.world}: NCCL: {exc}"
+            ) from None
+
+    def _watch(self) -> None:
+        self._broken = self._pipes.wait_for_failure()
+        self._comm.abort()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .collective import CollectiveError, side_by_side, summed
@@ -51,6 +51,17 @@ class PipeRank:
         for link in self.links:
             link.send(value)
         return value
+
+    def wait_for_failure(self) -> str:
+        """Block until a peer's pipe speaks or closes (pipes that carry nothing else, as under
+        NCCL) -> what ``CollectiveError`` would say about it."""
+        ready = wait(self.links)[0]
+        peer = 0 if self.rank != 0 else self.links.index(ready) + 1
+        try:
+            self._receive(ready, peer)
+        except CollectiveError as exc:
+            return str(exc)
+        return f"rank {self.rank} of {self.world}: rank {peer} sent on the pipes unasked"
 
     def fail(self, message: str) -> None:
         """Tell the group this rank failed (rank 0: every other rank; others: rank 0)."""

@@ -393,3 +393,17 @@ def test_two_ranks_on_the_cuda_backend_need_two_gpus_and_nccl(bundled) -> None:
     assert str(caught.value) == f"--tensor-parallel 2: {reason}"
     assert "\n" not in str(caught.value)
     assert set(multiprocessing.active_children()) == before
+
+
+def test_a_peer_that_fails_or_ends_is_seen_on_quiet_pipes() -> None:
+    """``PipeRank.wait_for_failure``, what NCCL's watchdog waits on: a failure message, or a
+    pipe closing with its process, says which rank."""
+    from ninfer_runtime.parallel.processes import Failure, PipeRank
+
+    pairs = [multiprocessing.Pipe() for _ in range(2)]
+    root = PipeRank(0, 3, [a for a, _ in pairs])
+    pairs[1][1].send(Failure(2, "out of memory"))
+    assert root.wait_for_failure() == "rank 0 of 3: rank 2 failed: out of memory"
+    follower = PipeRank(1, 3, [pairs[0][1]])
+    pairs[0][0].close()
+    assert follower.wait_for_failure() == "rank 1 of 3: rank 0's process ended"
