@@ -6,6 +6,7 @@ stream."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import types
 from typing import Any
@@ -104,6 +105,25 @@ def test_fills_run_on_the_side_stream_ordered_against_the_products(fake_cupy: _L
                 op[2] for op in ops[products[tag - 2] :] if op[0] == "record" and op[1] == "main"
             )
             assert ("wait", "side", done) in ops[products[tag - 2] : d]
+
+
+def test_events_are_made_once_and_each_waited_on_before_its_next_record(fake_cupy: _Log) -> None:
+    """Four events serve any number of fills (two a buffer), and none is recorded anew before
+    the wait that needs its last record has been queued."""
+    log = fake_cupy
+    slabs = SlabBuffers(64)
+    made = _Event.count
+    for tag in range(9):
+        _fill(slabs, log, tag)
+    assert _Event.count - made == 4
+    records: dict[int, list[int]] = {}
+    for i, op in enumerate(log.ops):
+        if op[0] == "record":
+            records.setdefault(op[2], []).append(i)
+    for event, at in records.items():
+        waits = [i for i, op in enumerate(log.ops) if op[0] == "wait" and op[2] == event]
+        for a, b in itertools.pairwise(at):
+            assert any(a < w < b for w in waits), (event, a, b)
 
 
 def test_a_capture_fills_its_own_buffer_on_the_capturing_stream(fake_cupy: _Log) -> None:

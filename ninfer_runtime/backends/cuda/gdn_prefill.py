@@ -106,9 +106,14 @@ def conv_heads(
         ),
         shared_mem=shared,
     )
-    # after the launch (stream order): the state becomes the window's last K-1 inputs
-    window = cp.concatenate([conv_state.T, mixed[max(0, t - (taps - 1)) :, :channels]])
-    conv_state[...] = window[-(taps - 1) :].T
+    # after the launch (stream order): the state becomes the window's last K-1 inputs, all of
+    # them this lane's rows when it has that many (one copy)
+    keep = taps - 1
+    if t >= keep:
+        conv_state[...] = mixed[t - keep :, :channels].T
+    else:
+        window = cp.concatenate([conv_state.T, mixed[:, :channels]])
+        conv_state[...] = window[-keep:].T
     return q, k, v
 
 

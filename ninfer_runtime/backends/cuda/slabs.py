@@ -27,6 +27,10 @@ class SlabBuffers:
         self._free: list[Any] = [None, None]  # event after the last product that read each
         self._next = 0
         self._side: Any = None
+        # each buffer's two events, made once and recorded anew at every use: a wait takes an
+        # event as it stands when the wait is queued, and each is waited on before its next
+        # record (``fill`` waits on ``ready`` at once; the next fill of the buffer, on ``done``)
+        self._events: list[tuple[Any, Any]] = []
 
     def rows(self, dtype: Any, columns: int) -> int:
         """Rows of ``columns`` elements one buffer holds."""
@@ -49,11 +53,15 @@ class SlabBuffers:
         view = self._view((f"eager{i}", np.dtype(dtype)), rows, columns, dtype)
         if self._side is None:
             self._side = cp.cuda.Stream(non_blocking=True)
+            self._events = [
+                tuple(cp.cuda.Event(block=False, disable_timing=True) for _ in range(2))
+                for _ in range(2)
+            ]
         if self._free[i] is not None:
             self._side.wait_event(self._free[i])
+        ready = self._events[i][0]
         with self._side:
             dequantize(view)
-            ready = cp.cuda.Event(block=False, disable_timing=True)
             ready.record(self._side)
         stream.wait_event(ready)
         return view, i
@@ -64,7 +72,7 @@ class SlabBuffers:
             return
         import cupy as cp
 
-        done = cp.cuda.Event(block=False, disable_timing=True)
+        done = self._events[ticket][1]
         done.record(cp.cuda.get_current_stream())
         self._free[ticket] = done
 
