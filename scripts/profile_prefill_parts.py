@@ -135,8 +135,8 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     k, inter = table.top_k, table.intermediate
     stages: dict[str, Any] = {}
 
-    def router() -> Any:
-        return moe.prefill.matmul_3xtf32(x, be.array(table.router_score))
+    def router() -> Any:  # as the prefill runs it: the weight's split kept on the table
+        return moe._router_logits(be, x, table)
 
     logits = cp.ascontiguousarray(router(), dtype=cp.float32)
     stages["router"] = router

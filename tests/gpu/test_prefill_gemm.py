@@ -328,7 +328,7 @@ def test_matmul_3xtf32_is_about_float32(m: int, n: int, k: int) -> None:
     rng = np.random.default_rng(m + n + k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    got = cp.asnumpy(prefill.matmul_3xtf32(cp.asarray(x), cp.asarray(w)))
+    got = cp.asnumpy(prefill.matmul_3xtf32(cp.asarray(x), prefill.split_tf32(cp.asarray(w))))
     assert got.shape == (m, n)
     if got.size:
         ref = x.astype(np.float64) @ w.astype(np.float64).T

@@ -22,7 +22,8 @@ THREADS = 256
 STATE_COLUMNS = 32
 OUTPUT_COLUMNS = 64
 
-CONV_THREADS = 256
+CONV_THREADS = 256  # GDN_CONV_THREADS in the kernel
+CONV_TOKENS = 8  # GDN_CONV_TOKENS: a block's tokens
 
 register_family(
     FAMILY,
@@ -48,8 +49,6 @@ def conv_heads(
     four channels a thread in float4 where every row and pointer is 16-byte aligned, else
     one."""
     import cupy as cp
-
-    tokens = 8  # GDN_CONV_TOKENS in the kernel (as CONV_THREADS is GDN_CONV_THREADS)
 
     taps, channels = kernel.shape
     t = mixed.shape[0]
@@ -86,9 +85,9 @@ def conv_heads(
     # a multiple of key_dim about a block wide, so that no key head straddles two blocks
     unit = max(key_dim, 1)
     slice_ = unit * max(1, vec * CONV_THREADS // unit)
-    shared = 4 * tokens * slice_
+    shared = 4 * CONV_TOKENS * slice_
     function(FAMILY, f"gdn_prefill_conv<{taps}, {vec}>", shared=shared)(
-        (-(-t // tokens), -(-channels // slice_)),
+        (-(-t // CONV_TOKENS), -(-channels // slice_)),
         (CONV_THREADS,),
         (
             mixed,

@@ -167,15 +167,14 @@ def gemm_bf16(w: Any, x: Any, y: Any) -> None:
     _gemm_ex(w, x, y, CUDA_R_16BF, CUBLAS_COMPUTE_32F, _ZERO, "gemm_bf16")
 
 
-def matmul_3xtf32(x: Any, w: Any) -> Any:
-    """``x @ wᵀ`` (float32 x [M, K], w [N, K]) to about float32 accuracy on tensor cores:
-    each operand split into a TF32 part and the float32 rest, then ``lo·hi + hi·lo + hi·hi``
-    (the small terms first) as three TF32 products accumulating into one float32 result;
-    the dropped ``lo·lo`` is below float32 rounding. ``w`` may also be given split, as the
-    pair ``split_tf32`` returns (a weight's split made once)."""
+def matmul_3xtf32(x: Any, w_split: tuple[Any, Any]) -> Any:
+    """``x @ wᵀ`` (float32 x [M, K], w [N, K] given as ``split_tf32(w)``, a weight's split
+    made once) to about float32 accuracy on tensor cores: x split too, then ``lo·hi + hi·lo +
+    hi·hi`` (the small terms first) as three TF32 products accumulating into one float32
+    result; the dropped ``lo·lo`` is below float32 rounding."""
     import cupy as cp
 
-    wh, wl = w if isinstance(w, tuple) else split_tf32(w)
+    wh, wl = w_split
     if x.dtype != np.float32 or wh.dtype != np.float32 or x.shape[1:] != wh.shape[1:]:
         raise ValueError(f"matmul_3xtf32: x {x.dtype} {x.shape}, w {wh.dtype} {wh.shape}")
     xh, xl = split_tf32(x)

@@ -166,11 +166,12 @@ class Cut:
 
 @dataclass(frozen=True)
 class Share:
-    """A rank's share of a parameter: ``cuts`` of the stored objects, in the parameter's row
-    order, making a ``shape`` matrix; no cuts: decode the share (``artifact.parameter``)."""
+    """A rank's share of a parameter, of ``shape``: ``cuts`` of the stored objects in the
+    parameter's row order, or None where the share must be decoded (``artifact.parameter``);
+    ``by_rows``: split by rows, so the stored column order holds."""
 
     cuts: list[Cut] | None
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     by_rows: bool
 
 
@@ -185,16 +186,16 @@ def rank_share(artifact: Any, name: str, plan: list[tuple[str, int, int]] | None
         return None
     axis, index = taken
     full = tuple(int(d) for d in artifact.binder_report.parameters[name])
+    shape = (*full[:axis], len(index), *full[axis + 1 :])
     if plan is None or len(full) != 2:
-        return Share(None, (0, 0), axis == 0)
-    n, k = full
+        return Share(None, shape, axis == 0)
     if axis == 0:
         pieces = rows_of_plan(plan, index)
-        return Share([Cut(o, r0, rows, (0, k)) for o, r0, rows in pieces], (len(index), k), True)
+        return Share([Cut(o, r0, rows, (0, full[1])) for o, r0, rows in pieces], shape, True)
     c0, c1 = int(index[0]), int(index[-1]) + 1
     if c1 - c0 != len(index) or artifact.input_columns(name) is not None:
-        return Share(None, (n, len(index)), False)  # (stored columns in another order)
-    return Share([Cut(o, r0, rows, (c0, c1)) for o, r0, rows in plan], (n, c1 - c0), False)
+        return Share(None, shape, False)  # (stored columns in another order)
+    return Share([Cut(o, r0, rows, (c0, c1)) for o, r0, rows in plan], shape, False)
 
 
 class Residency:
@@ -240,7 +241,7 @@ class Residency:
             return self._dense(artifact, name)
         segments = [Segment(p, 0, cut.rows) for p, cut in zip(parents, share.cuts, strict=True)]
         columns = self._columns(artifact, name) if share.by_rows else None
-        return PackedWeight(segments, share.shape, columns)
+        return PackedWeight(segments, (share.shape[0], share.shape[1]), columns)
 
     def _cut(self, artifact: Any, cut: Cut) -> Parent | None:
         if cut.key in self.parents:

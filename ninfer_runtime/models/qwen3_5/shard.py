@@ -122,13 +122,11 @@ def shard_index(
 def shard_parameter(name: str, values: np.ndarray, c: Qwen35Config, shard: Shard) -> np.ndarray:
     """The rank's share of parameter ``name`` (its full ``values``), by ``SPLITS``."""
     split = split_of(name)
-    if split is None or shard.world == 1:
+    share = None if split is None else shard_index(name, np.shape(values)[split[0]], c, shard)
+    if share is None:
         return values
-    values = np.asarray(values)
-    share = shard_index(name, values.shape[split[0]], c, shard)
-    assert share is not None
     axis, index = share
-    return np.take(values, index, axis=axis)
+    return np.take(np.asarray(values), index, axis=axis)
 
 
 class ShardedArtifact:

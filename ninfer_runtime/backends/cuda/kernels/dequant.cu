@@ -14,6 +14,16 @@ __device__ __forceinline__ void store_element(u16* out, long long e, float v) {
   out[e] = f32_to_bf16_rn(v);
 }
 
+// A row_split element's value from its code (low bits | high bits << 4, q8: the byte) and its
+// group's scale.
+template <int FMT>
+__device__ __forceinline__ float row_split_value(u32 code, float s) {
+  if (FMT == FMT_Q8) return (float)(signed char)code * s;
+  if (FMT == FMT_NF4) return NF4_LEVELS[code] * s;
+  constexpr int half = FMT == FMT_Q4 ? 8 : FMT == FMT_Q5 ? 16 : 32;
+  return (float)((int)(code ^ (u32)half) - half) * s;
+}
+
 template <int FMT>
 __device__ __forceinline__ float element(const u8* __restrict__ obj, long long off1, long long off2,
                                          long long stride, int rpd, long long n, long long k) {
@@ -22,16 +32,11 @@ __device__ __forceinline__ float element(const u8* __restrict__ obj, long long o
     const long long g = k / g_size, i = k % g_size, group = n * stride + g;
     const u8* base = obj + group * 32;
     const float s = f16_to_f32(reinterpret_cast<const u16*>(obj + off2)[group]);
-    if (FMT == FMT_Q8) return (float)(signed char)base[i] * s;
+    if (FMT == FMT_Q8) return row_split_value<FMT>(base[i], s);
     u32 c = (base[i >> 1] >> (4 * (i & 1))) & 0xFu;
-    if (FMT == FMT_NF4) return NF4_LEVELS[c] * s;
-    if (FMT == FMT_Q4) return (float)((int)(c ^ 8u) - 8) * s;
-    if (FMT == FMT_Q5) {
-      c |= ((obj[off1 + group * 8 + (i >> 3)] >> (i & 7)) & 1u) << 4;
-      return (float)((int)(c ^ 16u) - 16) * s;
-    }
-    c |= ((obj[off1 + group * 16 + (i >> 2)] >> (2 * (i & 3))) & 3u) << 4;
-    return (float)((int)(c ^ 32u) - 32) * s;
+    if (FMT == FMT_Q5) c |= ((obj[off1 + group * 8 + (i >> 3)] >> (i & 7)) & 1u) << 4;
+    if (FMT == FMT_Q6) c |= ((obj[off1 + group * 16 + (i >> 2)] >> (2 * (i & 3))) & 3u) << 4;
+    return row_split_value<FMT>(c, s);
   } else if (FMT == FMT_NVFP4) {
     const u32 byte = obj[n * (stride >> 1) + (k >> 1)];
     const float scale = e4m3_to_f32(obj[off1 + nvfp4_scale_offset(n, k >> 4, stride)]);
@@ -61,7 +66,7 @@ __device__ __forceinline__ void row_split_eight(const u8* __restrict__ obj, long
     const uint2 b = *reinterpret_cast<const uint2*>(base + i0);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      v[j] = (float)(signed char)(((j < 4 ? b.x : b.y) >> (8 * (j & 3))) & 0xFFu) * s;
+      v[j] = row_split_value<FMT>(((j < 4 ? b.x : b.y) >> (8 * (j & 3))) & 0xFFu, s);
     return;
   }
   const u32 q = *reinterpret_cast<const u32*>(base + i0 / 2);  // element i0 + j: nibble j
@@ -74,17 +79,9 @@ __device__ __forceinline__ void row_split_eight(const u8* __restrict__ obj, long
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     u32 code = (q >> (4 * j)) & 0xFu;
-    if (FMT == FMT_NF4) {
-      v[j] = NF4_LEVELS[code] * s;
-    } else if (FMT == FMT_Q4) {
-      v[j] = (float)((int)(code ^ 8u) - 8) * s;
-    } else if (FMT == FMT_Q5) {
-      code |= ((high >> j) & 1u) << 4;
-      v[j] = (float)((int)(code ^ 16u) - 16) * s;
-    } else {
-      code |= ((high >> (2 * j)) & 3u) << 4;
-      v[j] = (float)((int)(code ^ 32u) - 32) * s;
-    }
+    if (FMT == FMT_Q5) code |= ((high >> j) & 1u) << 4;
+    if (FMT == FMT_Q6) code |= ((high >> (2 * j)) & 3u) << 4;
+    v[j] = row_split_value<FMT>(code, s);
   }
 }
 

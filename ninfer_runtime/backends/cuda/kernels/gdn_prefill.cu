@@ -24,7 +24,7 @@
 // multiple of 4 and every array 16-byte aligned.
 // Built after gdn.cu (silu_f, warp_sum).
 
-// A gdn_prefill_conv block's tokens and threads (conv_heads' tokens and CONV_THREADS in
+// A gdn_prefill_conv block's tokens and threads (CONV_TOKENS and CONV_THREADS in
 // cuda/gdn_prefill.py)
 #define GDN_CONV_TOKENS 8
 #define GDN_CONV_THREADS 256
