@@ -419,6 +419,10 @@ class ReferenceOps:
 
         return step
 
+    def gated_linear(self, gate_up: Array, w: Any) -> Array:
+        gate, up = self.xp.split(gate_up, 2, axis=-1)
+        return self.linear(silu_mul(gate, up), w)
+
     # the reference functions themselves (their signatures are the protocol's, base.py)
     rms_norm = staticmethod(rms_norm)
     add_rms_norm = staticmethod(add_rms_norm)

@@ -97,6 +97,11 @@ class Backend(Protocol):
         """``x @ wᵀ``: x [N, K], w [M, K] (``nn.Linear`` convention) -> [N, M]."""
         ...
 
+    def gated_linear(self, gate_up: Array, w: Weight) -> Array:
+        """The gated MLP's down projection: ``linear(silu(gate) * up, w)`` with gate | up the
+        two halves of gate_up's last axis (gate_up [N, 2I], w [H, I])."""
+        ...
+
     def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
         """Normalise the last axis: ``x / sqrt(mean(x²) + eps) * (offset + w)``.
 

@@ -111,3 +111,24 @@ def test_gated_rms_norm_matches_numpy(shape: tuple[int, int, int], cuda_backend:
     assert y.shape == shape and y.dtype == np.float32
     scale = np.abs(ref).max(axis=-1, keepdims=True) + 1e-30 if ref.size else 1.0
     assert np.all(np.abs(y - ref) <= 4e-6 * scale + 2e-6 * np.abs(ref))
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (3, 74), (5, 2048), (130, 8200), (0, 8)])
+def test_silu_mul_bf16_matches_numpy(shape: tuple[int, int]) -> None:
+    """The gated MLP's SiLU·up as bf16 words, against float64 rounded once: the quad path
+    (half-width a multiple of 4) and the element path (37)."""
+    import cupy as cp
+
+    from ninfer_format.numeric import bf16_to_f32
+
+    rng = np.random.default_rng(shape[1])
+    gu = (rng.standard_normal(shape) * 4).astype(np.float32)
+    got = cp.asnumpy(glue.silu_mul_bf16(cp.asarray(gu)))
+    inter = shape[1] // 2
+    assert got.shape == (shape[0], inter) and got.dtype == np.uint16
+    g, u = gu[:, :inter].astype(np.float64), gu[:, inter:]
+    ref = g / (1 + np.exp(-g)) * u
+    # one bf16 rounding (2^-9 relative) of a float32 value a few ulps from ref
+    assert np.all(np.abs(bf16_to_f32(got) - ref) <= 2.0**-9 * np.abs(ref) * 1.0001 + 1e-30)
+    with pytest.raises(ValueError):
+        glue.silu_mul_bf16(cp.zeros((2, 3), cp.float32))

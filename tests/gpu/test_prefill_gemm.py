@@ -287,6 +287,30 @@ def test_slabs_and_segments(case: Any, bf16_backend: Any, monkeypatch: pytest.Mo
 
 
 @on_gpu
+@pytest.mark.parametrize("case", [CASES[1], CASES[7], CASES[11]], ids=case_id)
+def test_gated_linear_is_the_product_of_silu_up(case: Any, bf16_backend: Any) -> None:
+    """The dense MLP's down projection with SiLU·up written as the GEMM's bf16 operand: the
+    values of silu_mul then ``linear`` (prefill rows), and the small-M path for a few rows."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.weights import PackedWeight, Segment
+    from ninfer_runtime.models.functional import silu_mul
+
+    parent, w = make_weight(case, seed=17)
+    n, k = case[2]
+    weight = PackedWeight([Segment(parent, 0, n)], (n, k))
+    for m in (3, kernels.MAX_SMALL_ROWS + 6):
+        gu = np.random.default_rng(m).standard_normal((m, 2 * k)).astype(np.float32)
+        got = cp.asnumpy(bf16_backend.gated_linear(cp.asarray(gu), weight))
+        h = silu_mul(gu[:, :k], gu[:, k:])
+        if m > kernels.max_rows(parent.planes):
+            check_product(got, h, w)
+        else:  # the small-M product of silu_mul's float32 rows
+            want = cp.asnumpy(bf16_backend.linear(cp.asarray(h), weight))
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@on_gpu
 @pytest.mark.parametrize("precision", ["tf32", "float32"])
 def test_float32_scratch_modes(precision: str) -> None:
     """tf32 and float32 keep the float32 scratch + cuBLAS path (float32 holds its bound)."""
@@ -308,15 +332,23 @@ def test_float32_scratch_modes(precision: str) -> None:
 
 
 @on_gpu
-def test_split_tf32_is_exact() -> None:
+@pytest.mark.parametrize("lo_slot", [0, 1, 2])
+def test_split_tf32_is_exact(lo_slot: int) -> None:
     import cupy as cp
 
     rng = np.random.default_rng(5)
-    x = (rng.standard_normal(3001) * np.exp(rng.uniform(-30, 30, 3001))).astype(np.float32)
-    hi, lo = (cp.asnumpy(a) for a in prefill.split_tf32(cp.asarray(x)))
+    x = (rng.standard_normal((7, 429)) * np.exp(rng.uniform(-30, 30, (7, 429)))).astype(np.float32)
+    got = cp.asnumpy(prefill.split_tf32(cp.asarray(x), lo_slot))
+    assert got.shape == (7, 3 * 429)
+    slots = [got[:, s * 429 : (s + 1) * 429] for s in range(3)]
+    lo = slots[lo_slot]
+    hi, *others = [slots[s] for s in range(3) if s != lo_slot]
+    assert all(np.array_equal(o, hi) for o in others)
     assert np.all(hi.view(np.uint32) & 0x1FFF == 0)  # 10 mantissa bits
     assert np.array_equal(hi.astype(np.float64) + lo, x.astype(np.float64))
     assert np.all(np.abs(lo) <= np.abs(x) * 2.0**-11)
+    with pytest.raises(ValueError):
+        prefill.split_tf32(cp.asarray(x), 3)
 
 
 @on_gpu
@@ -328,7 +360,8 @@ def test_matmul_3xtf32_is_about_float32(m: int, n: int, k: int) -> None:
     rng = np.random.default_rng(m + n + k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    got = cp.asnumpy(prefill.matmul_3xtf32(cp.asarray(x), prefill.split_tf32(cp.asarray(w))))
+    w_split = prefill.split_tf32(cp.asarray(w), 0)
+    got = cp.asnumpy(prefill.matmul_3xtf32(cp.asarray(x), w_split))
     assert got.shape == (m, n)
     if got.size:
         ref = x.astype(np.float64) @ w.astype(np.float64).T

@@ -150,22 +150,44 @@ class CudaBackend(ops.ReferenceOps):
             return cp.matmul(x, w.array.T)
         assert isinstance(w, PackedWeight)
         m = x.shape[0]
-        out = cp.empty((m, w.shape[0]), dtype=cp.float32)
         if m == 0:
-            return out
+            return cp.empty((0, w.shape[0]), dtype=cp.float32)
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         if w.input_columns is not None:
             x = x[:, w.input_columns]  # the stored column order
+        if self._bf16_prefill(w, m):
+            return self._linear_bf16(prefill.to_bf16(x), w)
+        out = cp.empty((m, w.shape[0]), dtype=cp.float32)
         col = 0
-        xb = None  # x as bf16 words, made once for all segments of a bf16 prefill product
         for seg in w.segments:
             y = out[:, col : col + seg.rows]
             if m <= kernels.max_rows(seg.parent.planes):
                 self._small_product(x, seg, y, out.shape[1])
             else:
-                if xb is None and self.prefill_precision == "bf16":
-                    xb = prefill.to_bf16(x)
-                self._dequant_matmul(x, seg, y, xb)
+                self._dequant_matmul(x, seg, y)
+            col += seg.rows
+        return out
+
+    def gated_linear(self, gate_up: Array, w: Weight) -> Array:
+        packed = isinstance(w, PackedWeight) and w.input_columns is None
+        if packed and self._bf16_prefill(w, gate_up.shape[0]):  # type: ignore[arg-type]
+            # SiLU·up written straight as the product's bf16 operand
+            return self._linear_bf16(glue.silu_mul_bf16(gate_up), w)  # type: ignore[arg-type]
+        return super().gated_linear(gate_up, w)
+
+    def _bf16_prefill(self, w: PackedWeight, m: int) -> bool:
+        """Whether every segment of ``w`` takes m rows as a bf16 prefill product."""
+        return self.prefill_precision == "bf16" and all(
+            m > kernels.max_rows(seg.parent.planes) for seg in w.segments
+        )
+
+    def _linear_bf16(self, xb: Array, w: PackedWeight) -> Array:
+        """``x @ wᵀ`` from x as bf16 words (``prefill.to_bf16``), every segment a prefill
+        product."""
+        out = cp.empty((xb.shape[0], w.shape[0]), dtype=cp.float32)
+        col = 0
+        for seg in w.segments:
+            self._dequant_matmul(None, seg, out[:, col : col + seg.rows], xb)
             col += seg.rows
         return out
 
@@ -179,7 +201,7 @@ class CudaBackend(ops.ReferenceOps):
 
     def _dequant_matmul(self, x: Array, seg: Segment, y: Array, xb: Array | None = None) -> None:
         """``y = x · W[seg]ᵀ`` for a prefill-sized x; bf16 products take x as bf16 words
-        (``prefill.to_bf16``; ``linear`` makes them once for all segments)."""
+        (``prefill.to_bf16``; given as xb, x is not read)."""
         # per call: CuPy keeps one cuBLAS handle per thread, and the engine may step on any
         cublas.setMathMode(cp.cuda.device.get_cublas_handle(), self._math_mode)
         p = seg.parent.planes

@@ -1,5 +1,6 @@
 """Launchers for ``kernels/glue.cu``: RMSNorm (alone, after a residual add, or gated by silu
-as Gated DeltaNet's output norm) and partial RoPE in one kernel each."""
+as Gated DeltaNet's output norm), partial RoPE and the gated MLP's SiLU·up as bf16 words in one
+kernel each."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ register_family(
         "add_rms_norm_short_rows",
         "gated_rms_norm_rows",
         "rope_rows",
+        "silu_mul_bf16_rows",
     ],
 )
 
@@ -126,6 +128,26 @@ def gated_rms_norm(x: Any, gate: Any, w: Any, eps: float) -> Any:
             ),
         )
     return y
+
+
+def silu_mul_bf16(gate_up: Any) -> Any:
+    """``silu(gate) * up`` rounded to bfloat16 words (uint16 [M, I]) for gate_up [M, 2I] =
+    gate | up (float32): the down projection's prefill operand, in one pass."""
+    import cupy as cp
+
+    gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
+    rows, width = gate_up.shape
+    if width % 2:
+        raise ValueError(f"silu_mul_bf16: gate_up {gate_up.shape}: expected an even width")
+    inter = width // 2
+    h = cp.empty((rows, inter), dtype=cp.uint16)
+    n = rows * (inter // 4 if inter % 4 == 0 else inter)
+    if n:
+        blocks = max(1, min(-(-n // THREADS), 65535 * 8))
+        function("glue", "silu_mul_bf16_rows")(
+            (blocks,), (THREADS,), (gate_up, np.int64(rows), np.int32(inter), h)
+        )
+    return h
 
 
 def rope(x: Any, cos: Any, sin: Any) -> Any:

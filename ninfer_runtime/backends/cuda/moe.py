@@ -124,7 +124,7 @@ class ExpertTable:
 
     def __init__(self, weights: MoeWeights, join_rows: Callable[[list[Weight]], Weight]):
         self.router_score = join_rows([weights.router, weights.shared_score])
-        self.router_tf32: tuple[Any, Any] | None = None  # its split for prefill (made once)
+        self.router_tf32: Any = None  # its 3xTF32 split for prefill (made once)
         self.shared_gate_up = join_rows([weights.shared.gate, weights.shared.up])
         self.shared_down = weights.shared.down
         self.shared_intermediate = weights.shared.down.shape[1]
@@ -496,7 +496,7 @@ def _router_logits(backend: Any, x: Any, table: ExpertTable) -> Any:
     w = backend.array(table.router_score)
     if backend.prefill_precision == "float32":
         return cp.ascontiguousarray(x @ w.T, dtype=cp.float32)
-    parts = table.router_tf32 or prefill.split_tf32(w)
+    parts = table.router_tf32 if table.router_tf32 is not None else prefill.split_tf32(w, 0)
     if not cp.cuda.get_current_stream().is_capturing():  # (a capture's exist on replay only)
         table.router_tf32 = parts
     return prefill.matmul_3xtf32(x, parts)

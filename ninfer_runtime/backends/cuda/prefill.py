@@ -167,35 +167,40 @@ def gemm_bf16(w: Any, x: Any, y: Any) -> None:
     _gemm_ex(w, x, y, CUDA_R_16BF, CUBLAS_COMPUTE_32F, _ZERO, "gemm_bf16")
 
 
-def matmul_3xtf32(x: Any, w_split: tuple[Any, Any]) -> Any:
-    """``x @ wᵀ`` (float32 x [M, K], w [N, K] given as ``split_tf32(w)``, a weight's split
-    made once) to about float32 accuracy on tensor cores: x split too, then ``lo·hi + hi·lo +
-    hi·hi`` (the small terms first) as three TF32 products accumulating into one float32
-    result; the dropped ``lo·lo`` is below float32 rounding."""
+def matmul_3xtf32(x: Any, w_split: Any) -> Any:
+    """``x @ wᵀ`` (float32 x [M, K], w [N, K] given as ``split_tf32(w, 0)``, a weight's split
+    made once) to about float32 accuracy on tensor cores: ``split_tf32(x, 1)`` against it is one
+    TF32 GEMM over 3K that sums ``lo·hi + hi·lo + hi·hi`` in float32; the dropped ``lo·lo`` is
+    below float32 rounding. (One GEMM, not three accumulating ones: cuBLAS splits the short-N
+    products over K, and three splits and reductions took twice as long.)"""
     import cupy as cp
 
-    wh, wl = w_split
-    if x.dtype != np.float32 or wh.dtype != np.float32 or x.shape[1:] != wh.shape[1:]:
-        raise ValueError(f"matmul_3xtf32: x {x.dtype} {x.shape}, w {wh.dtype} {wh.shape}")
-    xh, xl = split_tf32(x)
-    y = cp.empty((x.shape[0], wh.shape[0]), dtype=cp.float32)
-    for a, b, beta in ((wl, xh, _ZERO), (wh, xl, _ONE), (wh, xh, _ONE)):
-        _gemm_ex(a, b, y, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, beta, "matmul_3xtf32")
+    if x.dtype != np.float32 or w_split.dtype != np.float32 or 3 * x.shape[1] != w_split.shape[1]:
+        raise ValueError(
+            f"matmul_3xtf32: x {x.dtype} {x.shape}, w split {w_split.dtype} {w_split.shape}"
+        )
+    y = cp.empty((x.shape[0], w_split.shape[0]), dtype=cp.float32)
+    xs = split_tf32(x, 1)
+    _gemm_ex(w_split, xs, y, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, _ZERO, "matmul_3xtf32")
     return y
 
 
-def split_tf32(x: Any) -> tuple[Any, Any]:
-    """float32 x -> (hi, lo): hi = x rounded to TF32 (10 mantissa bits, nearest, ties away),
-    lo = x - hi exactly, both float32 C-contiguous of x's shape."""
+def split_tf32(x: Any, lo_slot: int) -> Any:
+    """float32 x [M, K] -> [M, 3K]: x = hi + lo exactly, hi rounded to TF32 (10 mantissa bits,
+    nearest, ties away); each row holds hi in its three K-wide slots but slot ``lo_slot``, which
+    holds lo (a weight's split takes slot 0, an activation's slot 1: ``matmul_3xtf32``)."""
     import cupy as cp
 
+    if lo_slot not in (0, 1, 2) or x.ndim != 2:
+        raise ValueError(f"split_tf32: x {x.shape}, lo_slot {lo_slot}: expected [M, K] and 0..2")
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    hi, lo = cp.empty_like(x), cp.empty_like(x)
+    rows, k = x.shape
+    out = cp.empty((rows, 3 * k), dtype=cp.float32)
     if x.size:
         function("dequant", "f32_split_tf32")(
-            (_grid(x.size),), (THREADS,), (x, np.int64(x.size), hi, lo)
+            (_grid(x.size),), (THREADS,), (x, np.int64(rows), np.int32(k), np.int32(lo_slot), out)
         )
-    return hi, lo
+    return out
 
 
 def _gemm_ex(w: Any, x: Any, y: Any, ab_type: int, compute: int, beta: Any, what: str) -> None:

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...backends import Backend, ExpertWeights, MoeWeights, Weight
-from ..functional import silu_mul
 from .config import MoeConfig
 
 Array = Any
@@ -30,8 +29,7 @@ class DenseMlp:
 
     def __call__(self, x: Array) -> Array:
         be = self.backend
-        gate, up = be.xp.split(be.linear(x, self.gate_up), 2, axis=-1)
-        return be.linear(silu_mul(gate, up), self.down)
+        return be.gated_linear(be.linear(x, self.gate_up), self.down)
 
 
 class SparseMoe:

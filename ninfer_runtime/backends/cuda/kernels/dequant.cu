@@ -153,17 +153,23 @@ __global__ void f32_to_bf16(const float* __restrict__ x, long long n, u16* __res
   }
 }
 
-// x = hi + lo: hi rounded to TF32 (cvt.rna: nearest, ties away from zero), lo = x - hi (exact:
-// hi shares x's exponent or the next one up), the two halves of a 3xTF32 product's operand.
-__global__ void f32_split_tf32(const float* __restrict__ x, long long n, float* __restrict__ hi,
-                               float* __restrict__ lo) {
+// x [rows, k] -> out [rows, 3k], a 3xTF32 product's operand as one matrix: x = hi + lo with hi
+// rounded to TF32 (cvt.rna: nearest, ties away from zero) and lo = x - hi (exact: hi shares x's
+// exponent or the next one up); each row's three k-wide slots hold hi, except slot lo_slot,
+// which holds lo. [wl | wh | wh] against [xh | xl | xh] sums wl·xh + wh·xl + wh·xh over 3k.
+__global__ void f32_split_tf32(const float* __restrict__ x, long long rows, int k, int lo_slot,
+                               float* __restrict__ out) {
+  const long long n = rows * k;
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
        e += (long long)gridDim.x * blockDim.x) {
+    const long long r = e / k;
     const float v = x[e];
     u32 h;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(v));
-    hi[e] = __uint_as_float(h);
-    lo[e] = v - __uint_as_float(h);
+    const float hi = __uint_as_float(h), lo = v - hi;
+    float* o = out + e + 2 * r * k;  // row r, column e - r k of slot 0
+#pragma unroll
+    for (int slot = 0; slot < 3; ++slot) o[slot * k] = slot == lo_slot ? lo : hi;
   }
 }
 
