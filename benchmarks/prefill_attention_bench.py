@@ -1,0 +1,83 @@
+"""Causal prefill attention of one chunk over a paged K/V pool against the tensor-core floor.
+
+    python benchmarks/prefill_attention_bench.py [--tokens 2048] [--starts 0,2048,6144,129024]
+
+The 27B (4 kv heads of 6 query heads) and 35B-A3B (2 of 8) attention shapes, D = 256: a chunk
+of ``--tokens`` queries at each start over K/V pages stored as float32 and bf16, in each
+prefill precision. A chunk at ``start`` does 4 D Nq FLOPs per (query, visible key) pair (Q·Kᵀ
+and P·V, one multiply-add each) over ``T start + T (T + 1) / 2`` pairs; the floor is those
+FLOPs at the fp16 matmul rate measured in the same run. Each call is timed inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import cupy as cp
+from gpu_bench import median_ms
+
+from ninfer_runtime.backends.cuda import prefill_attention as pfa
+from ninfer_runtime.bench.measure import matmul_rate
+
+#: shape -> (kv heads, query heads per kv head)
+SHAPES = {"27b": (4, 6), "35b-a3b": (2, 8)}
+HEAD_DIM, PAGE = 256, 256
+STORAGE = {"float32": cp.float32, "bfloat16": cp.uint16}
+
+
+def pages(dtype: str, count: int, nkv: int) -> cp.ndarray:
+    """Random finite K or V pages of one storage type."""
+    values = cp.random.standard_normal((count, PAGE, nkv, HEAD_DIM), dtype=cp.float32)
+    return values if dtype == "float32" else (values.view(cp.uint32) >> 16).astype(cp.uint16)
+
+
+def flops(nq: int, tokens: int, start: int) -> int:
+    return 4 * HEAD_DIM * nq * (tokens * start + tokens * (tokens + 1) // 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--starts", default="0,2048,6144,129024")
+    parser.add_argument("--precisions", default="bf16,split_qk")
+    args = parser.parse_args()
+    rate = matmul_rate(cp)
+    t = args.tokens
+    starts = [int(s) for s in args.starts.split(",")]
+    print(f"chunk of {t} queries, D {HEAD_DIM}, fp16 matmul {rate / 1e12:.0f} TFLOP/s")
+    print(
+        f"{'shape':<8} {'K/V':<9} {'precision':<9} {'start':>7} {'ms':>8} {'TFLOP/s':>8} "
+        f"{'floor ms':>9} {'% floor':>8}"
+    )
+    for shape, (nkv, group) in SHAPES.items():
+        nq = nkv * group
+        q = cp.random.standard_normal((t, nq, HEAD_DIM), dtype=cp.float32)
+        count = -(-(max(starts) + t) // PAGE)
+        page_ids = cp.random.permutation(count).astype(cp.int32)
+        for dtype in STORAGE:
+            k, v = pages(dtype, count, nkv), pages(dtype, count, nkv)
+            for precision in args.precisions.split(","):
+                for start in starts:
+                    call = functools.partial(
+                        pfa.prefill_attention,
+                        q,
+                        k,
+                        v,
+                        page_ids,
+                        start=start,
+                        scale=0.0625,
+                        precision=precision,
+                    )
+                    ms = median_ms(call, reps=10)
+                    work = flops(nq, t, start)
+                    floor_ms = work / rate * 1e3
+                    print(
+                        f"{shape:<8} {dtype:<9} {precision:<9} {start:>7} {ms:8.3f} "
+                        f"{work / ms / 1e9:8.1f} {floor_ms:9.3f} {100 * floor_ms / ms:7.1f}%",
+                        flush=True,
+                    )
+
+
+if __name__ == "__main__":
+    main()
