@@ -59,20 +59,6 @@ def test_prefill_tiles_fit_in_shared_memory(d: int, itemsize: int) -> None:
     assert prefill_attention.smem_bytes(256, 4) == 205_824  # the 27B's head dim: 1 block/SM
 
 
-@pytest.mark.parametrize("itemsize", [4, 2, 1])
-@pytest.mark.parametrize("d", prefill_attention.HEAD_DIMS)
-def test_bf16_prefill_tiles_fit_in_shared_memory(d: int, itemsize: int) -> None:
-    """The bf16 kernel: Q and K as bf16 hi/lo pair words (rows d/2 + 4 words), V as key-pair
-    words per column (bn/2 + 4), one raw K and V tile; d = 128 fits two blocks an SM."""
-    bn, rows = prefill_attention.tile_keys(d), prefill_attention.ROWS
-    words = 2 * rows * (d // 2 + 4) + 2 * bn * (d // 2 + 4) + d * (bn // 2 + 4)
-    got = prefill_attention.smem_bytes(d, itemsize, "bf16")
-    assert got == 4 * words + 2 * bn * d * itemsize <= prefill_attention.MAX_SHARED
-    assert (4 * words) % 16 == 0  # the raw tiles start 16-byte aligned (cp.async)
-    assert prefill_attention.smem_bytes(128, 4, "bf16") * 2 <= prefill_attention.MAX_SHARED
-    assert prefill_attention.kernel_name(d, "bf16", "u16") == f"prefill_attention_bf16<{d}, u16>"
-
-
 @pytest.mark.parametrize("splits", [None, 1, 5, 10**6])
 @pytest.mark.parametrize(
     ("tokens", "group", "nkv", "d", "start"),

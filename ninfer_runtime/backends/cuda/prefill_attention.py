@@ -8,13 +8,12 @@ storage dtype (float32, bfloat16 words, E4M3 bytes: ``state.KV_DTYPES``), decodi
 as a tile lands in shared memory; a prefill chunk over a long context moves each stored byte
 once per row block, never a float32 copy of the whole context per layer.
 
-Precisions: ``"bf16"`` (``prefill_attention_bf16``) computes the scores in 3xBF16 (about 16
-mantissa bits; 2xBF16 over bf16 or E4M3 storage, exact in bf16) and P·V on bf16 operands,
-from operands made once per block; ``"split_qk"`` (``prefill_attention``, PREC 1) computes
-the scores in 3xTF32 (about float32) and P·V in TF32 (within about 3e-4 of float32 even for
-peaked attention; plain TF32 or bf16 scores reach 1e-2 there); ``"split"`` (PREC 2) does both
-in 3xTF32 (about 1e-6). The backend picks them by its prefill precision: bf16, tf32 and
-float32 in that order.
+Precisions (the kernel's ``PREC``): ``"bf16"`` computes the scores in 3xBF16 (about 16
+mantissa bits) and P·V on bf16 operands, half the tensor-core instructions of ``"split_qk"``,
+which computes the scores in 3xTF32 (about float32) and P·V in TF32 (within about 3e-4 of
+float32 even for peaked attention; plain TF32 or bf16 scores reach 1e-2 there); ``"split"``
+does both in 3xTF32 (about 1e-6). The backend picks them by its prefill precision: bf16,
+tf32 and float32 in that order.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from .compile import function, register_family, sm_count
 
 FAMILY = "prefill_attention"
 HEAD_DIMS = (64, 128, 256)
-#: precision -> the ``prefill_attention`` PREC (bf16 has a kernel of its own)
-PRECISIONS = {"bf16": None, "split_qk": 1, "split": 2}
+PRECISIONS = {"bf16": 3, "split_qk": 1, "split": 2}
 #: pool storage dtype -> the kernel's KV type (as ``attention.py``)
 STORAGE = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16", np.dtype(np.uint8): "u8"}
 #: must match PF_WARPS / PF_ROWS in the kernel: query rows (token, head) per block
@@ -42,23 +40,19 @@ MIN_SPLIT_TILES = 8
 MAX_SHARED = 227 << 10
 LOG2E = 1.4426950408889634
 
-
-def kernel_name(d: int, precision: str, storage: str) -> str:
-    prec = PRECISIONS[precision]
-    if prec is None:
-        return f"prefill_attention_bf16<{d}, {storage}>"
-    return f"prefill_attention<{d}, {prec}, {storage}>"
-
-
 register_family(
     FAMILY,
-    [kernel_name(d, p, t) for d in HEAD_DIMS for p in PRECISIONS for t in STORAGE.values()]
+    [
+        f"prefill_attention<{d}, {p}, {t}>"
+        for d in HEAD_DIMS
+        for p in PRECISIONS.values()
+        for t in STORAGE.values()
+    ]
     + [f"prefill_combine<{d}>" for d in HEAD_DIMS],
 )
 
 __all__ = [
     "Launch",
-    "kernel_name",
     "launch_shape",
     "prefill_attention",
     "smem_bytes",
@@ -73,17 +67,11 @@ def tile_keys(d: int) -> int:
     return 64 if d <= 64 else 32
 
 
-def smem_bytes(d: int, itemsize: int = 4, precision: str = "split_qk") -> int:
-    """Dynamic shared memory of a launch for ``itemsize``-byte storage. ``prefill_attention``:
+def smem_bytes(d: int, itemsize: int = 4) -> int:
+    """Dynamic shared memory of ``prefill_attention<d, *, KV>`` for ``itemsize``-byte storage:
     the Q rows and two float K and V tiles (row strides as in ``PfTile``); narrower storage
-    keeps one float tile each and stages two raw tiles of each. ``prefill_attention_bf16``
-    (``PfBf16Tile``): Q and K as bf16 hi/lo pairs, V as key pairs per column, and one raw
-    tile of K and of V."""
+    keeps one float tile each and stages two raw tiles of each."""
     bn = tile_keys(d)
-    if PRECISIONS[precision] is None:
-        pairs = d // 2 + 4
-        words = 2 * ROWS * pairs + 2 * bn * pairs + d * (bn // 2 + 4)
-        return 4 * words + 2 * bn * d * itemsize
     q, k, v = ROWS * (d + 16), bn * (d + 16), bn * (d + 4)
     if itemsize == 4:
         return 4 * (q + 2 * k + 2 * v)
@@ -141,7 +129,6 @@ def launch_shape(
     *,
     itemsize: int,
     sms: int,
-    precision: str = "split_qk",
     splits: int | None = None,
 ) -> Launch:
     """The grid of a chunk of ``tokens`` queries (``group`` per kv head) at ``start``: row
@@ -150,7 +137,7 @@ def launch_shape(
     row_blocks = -(-(tokens * group) // ROWS)
     max_tiles = -(-(start + tokens) // tile_keys(d))
     if splits is None:
-        per_sm = max(1, MAX_SHARED // smem_bytes(d, itemsize, precision))
+        per_sm = max(1, MAX_SHARED // smem_bytes(d, itemsize))
         splits = split_count(row_blocks * nkv, max_tiles, sms, per_sm)
     splits = max(1, min(int(splits), max_tiles))
     per_split = -(-max_tiles // splits)
@@ -221,21 +208,12 @@ def prefill_attention(
         return out
     group = nq // nkv
     itemsize = k_pages.dtype.itemsize
-    shape = launch_shape(
-        t,
-        group,
-        nkv,
-        d,
-        start,
-        itemsize=itemsize,
-        sms=sm_count(),
-        precision=precision,
-        splits=splits,
-    )
+    shape = launch_shape(t, group, nkv, d, start, itemsize=itemsize, sms=sm_count(), splits=splits)
     if shape.row_blocks > 65535:
         raise ValueError(f"q: {t} tokens x {group} heads per kv head is too many rows")
-    shared = smem_bytes(d, itemsize, precision)
-    kernel = function(FAMILY, kernel_name(d, precision, STORAGE[k_pages.dtype]), shared=shared)
+    shared = smem_bytes(d, itemsize)
+    name = f"prefill_attention<{d}, {PRECISIONS[precision]}, {STORAGE[k_pages.dtype]}>"
+    kernel = function(FAMILY, name, shared=shared)
     if shape.splits > 1:
         ws_o = cp.empty((shape.splits, t * nq, d), dtype=cp.float32)
         ws_ml = cp.empty((shape.splits, t * nq, 2), dtype=cp.float32)
