@@ -30,9 +30,12 @@ HEAD_DIMS = (64, 128, 256)
 PRECISIONS = {"bf16": 3, "split_qk": 1, "split": 2}
 #: pool storage dtype -> the kernel's KV type (as ``attention.py``)
 STORAGE = {np.dtype(np.float32): "float", np.dtype(np.uint16): "u16", np.dtype(np.uint8): "u8"}
-#: must match PF_WARPS / PF_ROWS in the kernel: query rows (token, head) per block
-WARPS = 4
-ROWS = WARPS * 16
+#: must match PF_ROW_WARPS / PF_HALVES / PF_ROWS in the kernel: query rows (token, head) per
+#: block, 16 a warp, each warp with a partner that takes the other half of every key tile
+ROW_WARPS = 4
+HALVES = 2
+THREADS = ROW_WARPS * HALVES * 32
+ROWS = ROW_WARPS * 16
 #: most key-range splits of a launch, and the fewest key tiles a split should hold
 MAX_SPLITS = 64
 MIN_SPLIT_TILES = 8
@@ -221,7 +224,7 @@ def prefill_attention(
         ws_o = ws_ml = out  # not touched
     kernel(
         (nkv, shape.row_blocks, shape.splits),
-        (WARPS * 32,),
+        (THREADS,),
         (
             q,
             k_pages,

@@ -9,7 +9,11 @@
 // read it form T*G rows r = t*G + g (token-major), so a block's rows are a few consecutive
 // tokens of all G heads and every K/V tile it loads serves all of them.
 //
-// prefill_attention: grid (Nkv, ceil(T*G / PF_ROWS), splits), PF_WARPS warps of 16 rows. K/V
+// prefill_attention: grid (Nkv, ceil(T*G / PF_ROWS), splits), PF_ROW_WARPS warps of 16 rows,
+// each with a partner warp (PF_HALVES = 2): the two take the two halves of every key tile,
+// with their own online softmax, and merge their (O, m, l) at the end. Two warps per SM
+// sub-partition hide the products' and loads' latency that one alone waited on (the shared
+// memory of a block, its Q rows and K/V tiles, leaves room for one block an SM at D = 256). K/V
 // tiles of BN keys are double-buffered by cp.async, each row fetched from its page: float32
 // rows straight into the float tiles the products read; narrower rows into a raw staging
 // buffer, decoded to float32 into the (single) float tiles once the tile has arrived. Both
@@ -27,8 +31,10 @@
 // partials (O, m, l); prefill_combine merges them (short chunks over long contexts would
 // otherwise leave most of the GPU idle).
 
-#define PF_WARPS 4
-#define PF_ROWS (PF_WARPS * 16)
+#define PF_ROW_WARPS 4
+#define PF_HALVES 2
+#define PF_WARPS (PF_ROW_WARPS * PF_HALVES)
+#define PF_ROWS (PF_ROW_WARPS * 16)
 #define PF_NEG_INF __int_as_float(0xff800000)
 
 #define PF_SPLIT_QK 1
@@ -113,7 +119,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
   using Tile = PfTile<D, KV>;
   constexpr int BN = Tile::BN, QS = Tile::QS, KS = Tile::KS, VS = Tile::VS;
   constexpr int CHUNK = Tile::CHUNK, KSTAGE = Tile::KSTAGE, VSTAGE = Tile::VSTAGE;
-  constexpr int NT = BN / 8;  // 8-key column tiles of the scores
+  constexpr int HN = BN / PF_HALVES;  // keys of a tile each warp of a pair takes
+  constexpr int NT = HN / 8;         // its 8-key column tiles of the scores
   constexpr int DT = D / 8;   // 8-column tiles of the output
   constexpr bool BF16 = PREC == PF_BF16, SPLIT_PV = PREC == PF_SPLIT;
   static_assert(PREC == PF_BF16 || PREC == PF_SPLIT_QK || PREC == PF_SPLIT, "precision");
@@ -131,7 +138,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
   const int h = blockIdx.x;
   const int m0 = (gridDim.y - 1 - blockIdx.y) * PF_ROWS;  // the latest (longest) rows first
   const int split = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x >> 5) % PF_ROW_WARPS, half = (threadIdx.x >> 5) / PF_ROW_WARPS;
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, tig = lane & 3;  // mma fragment coordinates
   const int group = nq / nkv, rows = T * group;
   const long long kv_stride = (long long)nkv * D;
@@ -226,12 +234,12 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
       decode_tile(buf);
       __syncthreads();
     }
-    const int n0 = tile * BN;
-    if (n0 <= warp_hi) {  // else every key of the tile is in the future of the warp's rows
+    const int n0 = tile * BN + half * HN;  // the warp's first key of the tile
+    if (n0 <= warp_hi) {  // else every key of its half is in the future of the warp's rows
       const float* qw = q_s + warp * 16 * QS;
       const int fbuf = Tile::NARROW ? 0 : buf;
-      const float* ks = k_s + fbuf * BN * KS;
-      const float* vs = v_s + fbuf * BN * VS;
+      const float* ks = k_s + (fbuf * BN + half * HN) * KS;
+      const float* vs = v_s + (fbuf * BN + half * HN) * VS;
 
       // S = Q K^T. The reduction over d may visit d in any order: mma k-step 2*jp + half
       // takes column tig <-> d = 16*jp + 4*tig + 2*half and column tig + 4 <-> that d + 1,
@@ -298,7 +306,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
       }
 
       // s[nt][e]: row g (e < 2) or g + 8, key n0 + 8*nt + 2*tig + (e & 1)
-      if (n0 + BN - 1 > warp_lo) {
+      if (n0 + HN - 1 > warp_lo) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -385,6 +393,45 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
       }
     }
     __syncthreads();  // the next iteration's prefetch (or decode) overwrites this buffer
+  }
+
+  // the second warp of each pair hands its (O, m, l) to the first through the K/V tiles'
+  // space (free after the loop's last barrier), lane-minor so that the lanes' words differ
+  // in bank; the first merges them as the online softmax would, and writes the rows
+  constexpr int HAND = (4 * DT + 4) * 32;  // floats a warp hands over
+  static_assert(PF_ROW_WARPS * HAND <= Tile::FLOAT_BUFS * BN * (KS + VS) +
+                                           (Tile::NARROW ? BN * D * (int)sizeof(KV) : 0),
+                "the hand-over fits in the K/V tiles");
+  float* hand = k_s + warp * HAND + lane;
+  if (half == 1) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hand[(4 * dt + e) * 32] = o[dt][e];
+    }
+    hand[(4 * DT) * 32] = m[0];
+    hand[(4 * DT + 1) * 32] = m[1];
+    hand[(4 * DT + 2) * 32] = l[0];
+    hand[(4 * DT + 3) * 32] = l[1];
+  }
+  __syncthreads();
+  if (half == 1) return;
+  float a0[2], a1[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m1 = hand[(4 * DT + i) * 32], l1 = hand[(4 * DT + 2 + i) * 32];
+    const float mx = fmaxf(m[i], m1);
+    const float base = mx == PF_NEG_INF ? 0.f : mx;  // neither half saw a key: all zero
+    a0[i] = exp2f(m[i] - base);
+    a1[i] = exp2f(m1 - base);
+    m[i] = mx;
+    l[i] = l[i] * a0[i] + l1 * a1[i];
+  }
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      o[dt][e] = o[dt][e] * a0[e >> 1] + hand[(4 * dt + e) * 32] * a1[e >> 1];
   }
 
 #pragma unroll
