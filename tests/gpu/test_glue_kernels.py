@@ -116,9 +116,10 @@ def test_gated_rms_norm_matches_numpy(shape: tuple[int, int, int], cuda_backend:
 @pytest.mark.parametrize("shape", [(1, 2), (3, 74), (5, 2048), (130, 8200), (0, 8)])
 def test_silu_mul_bf16_matches_numpy(shape: tuple[int, int]) -> None:
     """The gated MLP's SiLU·up as bf16 words: the reference's float32 arithmetic (tanh-form
-    sigmoid) rounded to bf16, to within one bf16 step where the device's tanhf and numpy's
-    differ in the last float32 bit; and near float64 SiLU·up. The quad path (half-width a
-    multiple of 4) and the element path (37)."""
+    sigmoid) rounded to bf16, within one bf16 step where the device's tanhf and numpy's may
+    differ in the last float32 bit (gates above -8: below, 1 + tanh cancels and one bit of
+    tanh is a large part of the tiny result); and near float64 SiLU·up everywhere. The quad
+    path (half-width a multiple of 4) and the element path (37)."""
     import cupy as cp
 
     from ninfer_format.numeric import bf16_to_f32, f32_to_bf16
@@ -130,10 +131,9 @@ def test_silu_mul_bf16_matches_numpy(shape: tuple[int, int]) -> None:
     inter = shape[1] // 2
     assert got.shape == (shape[0], inter) and got.dtype == np.uint16
     want = f32_to_bf16(silu_mul(gu[:, :inter], gu[:, inter:]))
-    steps = np.abs(got.astype(np.int32) - want.astype(np.int32))
-    steps[(bf16_to_f32(got) == 0) & (bf16_to_f32(want) == 0)] = 0  # -0 and +0
-    assert steps.max(initial=0) <= 1 and np.mean(steps) < 0.01, np.argwhere(steps > 1)[:5]
     g, u = gu[:, :inter].astype(np.float64), gu[:, inter:]
+    steps = np.abs(got.astype(np.int32) - want.astype(np.int32))[g > -8]
+    assert steps.max(initial=0) <= 1 and np.sum(steps) <= 0.01 * steps.size
     err = np.abs(bf16_to_f32(got) - g / (1 + np.exp(-g)) * u)
     assert np.all(err <= 2.0**-7 * np.abs(g * u)), np.max(err / (np.abs(g * u) + 1e-30))
     with pytest.raises(ValueError):

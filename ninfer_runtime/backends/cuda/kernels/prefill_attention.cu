@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32, 1)
       // takes column tig <-> d = 16*jp + 4*tig + 2*half and column tig + 4 <-> that d + 1,
       // so each lane reads its Q and K values as whole float4s.
       // three accumulator sets (summed after the loop) so that more independent mma chains
-      // are in flight: with one warp per SM sub-partition, mma latency would set the pace
+      // are in flight: with two warps per SM sub-partition, mma latency still sets the pace
       float s[NT][4], c0[NT][4], c1[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
