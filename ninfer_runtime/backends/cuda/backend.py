@@ -169,10 +169,12 @@ class CudaBackend(ops.ReferenceOps):
         return out
 
     def gated_linear(self, gate_up: Array, w: Weight) -> Array:
-        packed = isinstance(w, PackedWeight) and w.input_columns is None
-        if packed and self._bf16_prefill(w, gate_up.shape[0]):  # type: ignore[arg-type]
-            # SiLU·up written straight as the product's bf16 operand
-            return self._linear_bf16(glue.silu_mul_bf16(gate_up), w)  # type: ignore[arg-type]
+        if (
+            isinstance(w, PackedWeight)
+            and w.input_columns is None
+            and self._bf16_prefill(w, gate_up.shape[0])
+        ):  # SiLU·up written straight as the product's bf16 operand
+            return self._linear_bf16(glue.silu_mul_bf16(gate_up), w)
         return super().gated_linear(gate_up, w)
 
     def _bf16_prefill(self, w: PackedWeight, m: int) -> bool:

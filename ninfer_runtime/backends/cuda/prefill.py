@@ -171,8 +171,9 @@ def matmul_3xtf32(x: Any, w_split: Any) -> Any:
     """``x @ wᵀ`` (float32 x [M, K], w [N, K] given as ``split_tf32(w, 0)``, a weight's split
     made once) to about float32 accuracy on tensor cores: ``split_tf32(x, 1)`` against it is one
     TF32 GEMM over 3K that sums ``lo·hi + hi·lo + hi·hi`` in float32; the dropped ``lo·lo`` is
-    below float32 rounding. (One GEMM, not three accumulating ones: cuBLAS splits the short-N
-    products over K, and three splits and reductions took twice as long.)"""
+    below float32 rounding. (One GEMM rather than three accumulating ones: at the router's
+    short N cuBLAS splits each product over K, and three splits with their reductions took
+    5.8 ms of a 35B-A3B prefill chunk.)"""
     import cupy as cp
 
     if x.dtype != np.float32 or w_split.dtype != np.float32 or 3 * x.shape[1] != w_split.shape[1]:
