@@ -20,9 +20,9 @@ from ninfer_runtime.backends.cuda import attention
 KV_HEADS, GROUP, HEAD_DIM, PAGE = 4, 6, 256, 64
 
 
-def pool(dtype: str, pages: int) -> cp.ndarray:
+def pool(dtype: str, pages: int, kv_heads: int = KV_HEADS, page: int = PAGE) -> cp.ndarray:
     """Random finite K or V pages of one storage type."""
-    shape = (pages, PAGE, KV_HEADS, HEAD_DIM)
+    shape = (pages, page, kv_heads, HEAD_DIM)
     values = cp.random.standard_normal(shape, dtype=cp.float32)
     if dtype == "float32":
         return values

@@ -15,6 +15,7 @@ import argparse
 import functools
 
 import cupy as cp
+from attention_bench import HEAD_DIM, pool
 from gpu_bench import median_ms
 
 from ninfer_runtime.backends.cuda import prefill_attention as pfa
@@ -22,14 +23,8 @@ from ninfer_runtime.bench.measure import matmul_rate
 
 #: shape -> (kv heads, query heads per kv head)
 SHAPES = {"27b": (4, 6), "35b-a3b": (2, 8)}
-HEAD_DIM, PAGE = 256, 256
-STORAGE = {"float32": cp.float32, "bfloat16": cp.uint16}
-
-
-def pages(dtype: str, count: int, nkv: int) -> cp.ndarray:
-    """Random finite K or V pages of one storage type."""
-    values = cp.random.standard_normal((count, PAGE, nkv, HEAD_DIM), dtype=cp.float32)
-    return values if dtype == "float32" else (values.view(cp.uint32) >> 16).astype(cp.uint16)
+PAGE = 256  # the pool's
+STORAGE = ("float32", "bfloat16")
 
 
 def flops(nq: int, tokens: int, start: int) -> int:
@@ -56,7 +51,7 @@ def main() -> None:
         count = -(-(max(starts) + t) // PAGE)
         page_ids = cp.random.permutation(count).astype(cp.int32)
         for dtype in STORAGE:
-            k, v = pages(dtype, count, nkv), pages(dtype, count, nkv)
+            k, v = pool(dtype, count, nkv, PAGE), pool(dtype, count, nkv, PAGE)
             for precision in args.precisions.split(","):
                 for start in starts:
                     call = functools.partial(

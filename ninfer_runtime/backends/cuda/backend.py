@@ -159,12 +159,15 @@ class CudaBackend(ops.ReferenceOps):
             return self._linear_bf16(prefill.to_bf16(x), w)
         out = cp.empty((m, w.shape[0]), dtype=cp.float32)
         col = 0
+        xb = None  # segments of both kinds: x as bf16 words, made once for the prefill ones
         for seg in w.segments:
             y = out[:, col : col + seg.rows]
             if m <= kernels.max_rows(seg.parent.planes):
                 self._small_product(x, seg, y, out.shape[1])
             else:
-                self._dequant_matmul(x, seg, y)
+                if xb is None and self.prefill_precision == "bf16":
+                    xb = prefill.to_bf16(x)
+                self._dequant_matmul(x, seg, y, xb)
             col += seg.rows
         return out
 
