@@ -7,7 +7,8 @@ For each packed layout (the 18 ``gguf_*`` block types among them): a random obje
 shapes of a 27B-class model ([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1
 and M = 8 activation rows,
 through ``kernels.product`` (and the SIMT GEMV beside it where the tensor-core kernel reads
-the layout).
+the layout; for the tile-packed formats q4/q5/q8 the tile kernel on packed copies, as the
+loader leaves them, and its variant without loads a step ahead).
 Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
 bytes at the bandwidth of a measured device-to-device copy (read + write bytes per second);
 "% of floor" is floor time / kernel time. Several copies of each object rotate so that no
@@ -30,7 +31,8 @@ import numpy as np
 from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, set_scales
 from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_runtime.backends.cuda import formats as F
-from ninfer_runtime.backends.cuda import kernels
+from ninfer_runtime.backends.cuda import kernels, tile_products
+from ninfer_runtime.backends.cuda import tiles as tile_packing
 
 SHAPES = [(17408, 5120), (5120, 17408)]
 LAYOUTS = [
@@ -237,17 +239,25 @@ def bench(
             continue
         for shape in shapes:
             copies, p = _copies(fmt, layout, shape)
-            first = copies[0]
-            kinds = {"product": kernels.product}
+            stored = (copies, p)
+            kinds = {"product": (kernels.product, stored)}
             if kernels.has_tensor_cores(p):  # the tensor-core kernel vs SIMT
-                kinds["simt"] = kernels.gemv
-                kinds["tc"] = kernels.small_gemm
-            for (kind, fn), m in itertools.product(kinds.items(), activation_rows):
-                x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
+                kinds["simt"] = (kernels.gemv, stored)
+                kinds["tc"] = (kernels.small_gemm, stored)
+            if p.code in tile_packing.TILED_CODES:  # as the loader packs them
+                packed = [tile_packing.pack_tiles(cp, c, p.code, *shape) for c in copies]
+                tiled = (packed, tile_packing.tiled_planes(p.code, *shape))
+                kinds["tiles"] = (tile_products.product, tiled)
+                kinds["tiles-"] = (
+                    lambda *a: tile_products.product(*a, ahead=False),
+                    tiled,
+                )
+            for (kind, (fn, (objs, q))), m in itertools.product(kinds.items(), activation_rows):
+                x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
                 n = shape[0]
-                ms = median_ms(_rotating_call(copies, lambda d: fn(d, p, 0, n, x, y, n)))  # noqa: B023
-                nbytes = first.nbytes + x.nbytes + y.nbytes
+                ms = median_ms(_rotating_call(objs, lambda d: fn(d, q, 0, n, x, y, n)))  # noqa: B023
+                nbytes = objs[0].nbytes + x.nbytes + y.nbytes
                 floor_ms = nbytes / copy_bps * 1e3
                 rows.append(
                     {

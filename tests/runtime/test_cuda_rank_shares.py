@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ninfer_format.codecs import codec_for
+from ninfer_runtime.backends.cuda.tiles import unpack_tiles
 from ninfer_runtime.backends.cuda.weights import (
     PackedWeight,
     Residency,
@@ -43,7 +44,7 @@ def test_a_ranks_cut_weights_decode_to_its_share(artifact_path, kind) -> None:
 
     art = Artifact.open(artifact_path("tiny_mixed", kind))
     c = Qwen35Config.from_text_config(art.components["text"].config)
-    by_rows = by_columns = 0
+    by_rows = by_columns = tiled = 0
     for rank in range(2):
         sharded = ShardedArtifact(art, c, Shard(rank, 2))
         residency = Residency(np)
@@ -63,13 +64,18 @@ def test_a_ranks_cut_weights_decode_to_its_share(artifact_path, kind) -> None:
                 obj = art.objects[cut.object_id]
                 width = cut.columns[1] - cut.columns[0]
                 codec = codec_for(obj.format, obj.layout)
-                parts.append(codec.decode(seg.parent.data, (cut.rows, width)))
+                data, planes = seg.parent.data, seg.parent.planes
+                if planes.tiled:  # tile packed at upload: the stored bytes come back
+                    data = unpack_tiles(np, data, planes.code, cut.rows, width)
+                    tiled += 1
+                parts.append(codec.decode(data, (cut.rows, width)))
                 # the rank holds that piece only, not the object it was cut from
-                assert seg.parent.data.nbytes == codec.encoded_size((cut.rows, width))
+                assert data.nbytes == codec.encoded_size((cut.rows, width))
             np.testing.assert_array_equal(np.concatenate(parts), want, err_msg=name)
             by_rows += share.by_rows
             by_columns += not share.by_rows
     assert by_rows > 10 and by_columns > 4  # projections, experts, the head; downs, outputs
+    assert tiled > 0  # the mixed recipe's q4/q5/q8 projections outside the MoE blocks
 
 
 def test_an_artifact_that_is_not_sharded_is_held_whole(artifact_path) -> None:

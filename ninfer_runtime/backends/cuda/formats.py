@@ -53,6 +53,8 @@ class Planes:
     (row_split pads rows to 128; x is padded with zeros to match). ``units``: 16-byte units
     per row (``gguf_*``: groups of 32 values). ``gemv``: whether the vectorised
     GEMV may read this shape (fp8 and bf16 need rows that start on 16-byte boundaries).
+    ``tiled``: the object was tile packed at upload (``tiles.py``); only the tile kernels
+    read it.
     """
 
     code: int
@@ -65,6 +67,7 @@ class Planes:
     x_width: int = 0
     units: int = 0
     gemv: bool = True
+    tiled: bool = False
 
     def kernel_args(self) -> tuple[np.int64, np.int64, np.int32, np.int32]:
         """``off1, off2, stride, rows_per_divisor`` as every packed-weight kernel takes them

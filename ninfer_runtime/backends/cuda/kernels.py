@@ -1,6 +1,7 @@
 """Launchers for the packed-weight kernels: small-M products and row dequantization.
 
-``product`` is the entry point for M <= 64 activation rows: the tensor-core kernel
+``product`` is the entry point for M <= 64 activation rows: over tile-packed objects the tile
+kernel (``tile_products``, eight rows a launch), else the tensor-core kernel
 (``kernels/gemm_small.cu``, row_split q4/q5/q6/q8, NVFP4 and bf16) or the SIMT GEMV
 (``kernels/gemv_*.cu``, every layout, 8 rows per launch; ``gguf_*`` blocks through
 ``gguf_blocks``), whichever ``uses_tensor_cores`` says is faster for the shape. Kernels are
@@ -15,7 +16,7 @@ import numpy as np
 
 from ...arrays import array_module
 from . import formats as F
-from . import gguf_blocks
+from . import gguf_blocks, tile_products
 from .compile import compile_all, function, register_family, sm_count
 
 MAX_GEMV_ROWS = 8
@@ -163,8 +164,8 @@ def max_rows(p: F.Planes) -> int:
 
 
 def has_tensor_cores(p: F.Planes) -> bool:
-    """Whether the tensor-core small-M kernel reads this object."""
-    return _small_groups(p) > 0
+    """Whether the tensor-core small-M kernel reads this object (in its stored layout)."""
+    return not p.tiled and _small_groups(p) > 0
 
 
 def has_grouped_product(p: F.Planes) -> bool:
@@ -179,6 +180,11 @@ def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: i
     without a tensor-core kernel: a speculative verification's rows get the float32 math
     of decode steps rather than the prefill GEMM's bf16)."""
     m = x.shape[0]
+    if p.tiled:
+        for a in range(0, m, tile_products.MAX_ROWS):
+            b = a + tile_products.MAX_ROWS
+            tile_products.product(data, p, row0, rows, x[a:b], y[a:b], ldy)
+        return
     if uses_tensor_cores(p, rows, m):
         small_gemm(data, p, row0, rows, x, y, ldy)
         return
@@ -417,6 +423,8 @@ def gemv(
     ``K_SPLITS`` and ``TUNING`` are compiled).
     """
     m = x.shape[0]
+    if p.tiled:
+        raise ValueError("gemv: a tile-packed object (tile_products reads it)")
     if F.is_gguf(p.code):
         gguf_blocks.gemv(data, p, row0, rows, x, y, ldy)
         return
@@ -456,6 +464,9 @@ def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
         )
     if F.is_gguf(p.code):
         gguf_blocks.dequant_rows(data, p, rows, out)
+        return
+    if p.tiled:
+        tile_products.decode_rows(data, p, rows, out)
         return
     total = n * p.columns
     if out.dtype == np.uint16 and p.columns % 8 == 0 and total // 8 < 2**32:

@@ -1,6 +1,8 @@
-"""Weight residency: each parent object uploaded once, exactly as stored.
+"""Weight residency: each parent object uploaded once, as stored or tile packed.
 
-A logical parameter becomes either
+Row_split q4/q5/q8 objects are tile packed at upload (``tiles.py``: the same bits in the order
+the decode products read fastest), except those of MoE blocks, whose expert kernels read the
+stored layout. A logical parameter becomes either
 
 * a ``PackedWeight``: one or more row ranges (``Segment``) of resident parent objects whose
   layout a GEMV kernel reads in place (parts bound by whole rows: Q|K|V packs, gate|up,
@@ -27,6 +29,7 @@ from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
 
 from .formats import PACKED, Planes, planes
+from .tiles import TILED_CODES, pack_tiles, tiled_planes
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -81,6 +84,12 @@ class LoadReport:
     bytes: int = 0
     seconds: float = 0.0
     dense_fallbacks: list[str] = field(default_factory=list)
+
+
+def keeps_layout(name: str) -> bool:
+    """Whether parameter ``name`` must stay in its stored layout: the MoE blocks' weights,
+    which the expert kernels read as stored (everything else is read by ``linear``)."""
+    return "/moe/" in name
 
 
 def matrix_shape(obj: Tensor) -> tuple[int, int] | None:
@@ -213,7 +222,8 @@ class Residency:
         needed = sorted(
             {oid for n in names if shares[n] is None and plans[n] for oid, _, _ in plans[n]}
         )
-        self._upload(artifact, [oid for oid in needed if oid not in self.parents])
+        kept = {oid for n in names if keeps_layout(n) for oid, _, _ in plans[n] or ()}
+        self._upload(artifact, [oid for oid in needed if oid not in self.parents], kept)
         out: dict[str, Any] = {}
         for name in names:
             plan, share = plans[name], shares[name]
@@ -236,14 +246,14 @@ class Residency:
         """A tensor-parallel rank's share: its cuts of the stored objects, each uploaded as an
         object of its own (the rank holds no other rows or columns of them); decoded where the
         layout cannot be cut there."""
-        parents = [self._cut(artifact, cut) for cut in share.cuts or ()]
+        parents = [self._cut(artifact, cut, name) for cut in share.cuts or ()]
         if share.cuts is None or any(p is None for p in parents):
             return self._dense(artifact, name)
         segments = [Segment(p, 0, cut.rows) for p, cut in zip(parents, share.cuts, strict=True)]
         columns = self._columns(artifact, name) if share.by_rows else None
         return PackedWeight(segments, (share.shape[0], share.shape[1]), columns)
 
-    def _cut(self, artifact: Any, cut: Cut) -> Parent | None:
+    def _cut(self, artifact: Any, cut: Cut, name: str) -> Parent | None:
         if cut.key in self.parents:
             return self.parents[cut.key]
         obj = artifact.objects[cut.object_id]
@@ -253,10 +263,11 @@ class Residency:
         if data is None:
             return None
         width = cut.columns[1] - cut.columns[0]
-        parent = Parent(
+        parent = self._resident(
             cut.key,
             self.xp.asarray(np.frombuffer(data, dtype=np.uint8)),
             planes(obj.format, obj.layout, (cut.rows, width), int(obj.divisors or 1)),
+            tile=not keeps_layout(name),
         )
         self.parents[cut.key] = parent
         self.report.objects += 1
@@ -270,7 +281,16 @@ class Residency:
             log.info("%s: no in-place kernel for its binding; kept as a float32 copy", name)
         return DenseWeight(self.xp.asarray(values, dtype=self.xp.float32))
 
-    def _upload(self, artifact: Any, object_ids: list[str]) -> None:
+    def _resident(self, object_id: str, data: Any, p: Planes, tile: bool) -> Parent:
+        """The parent of stored bytes ``data``, tile packed where ``tile`` and the layout
+        allows (the stored copy is then released)."""
+        if tile and p.code in TILED_CODES and not p.tiled:
+            data = pack_tiles(self.xp, data, p.code, p.rows, p.columns)
+            p = tiled_planes(p.code, p.rows, p.columns)
+        return Parent(object_id, data, p)
+
+    def _upload(self, artifact: Any, object_ids: list[str], kept: set[str]) -> None:
+        """Upload objects; those in ``kept`` stay in their stored layout."""
         if not object_ids:
             return
         objects = [artifact.objects[oid] for oid in object_ids]
@@ -278,10 +298,11 @@ class Residency:
         start = time.perf_counter()
         with terminal_bar(total, "upload", "B") as advance:
             for obj in objects:
-                self.parents[obj.id] = Parent(
+                self.parents[obj.id] = self._resident(
                     obj.id,
                     self._stream(artifact, obj, advance),
                     planes(obj.format, obj.layout, matrix_shape(obj), int(obj.divisors or 1)),
+                    tile=obj.id not in kept,
                 )
         self.xp.cuda.Device().synchronize()
         seconds = time.perf_counter() - start

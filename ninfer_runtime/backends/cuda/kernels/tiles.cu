@@ -1,0 +1,296 @@
+// Products of up to 8 activation rows over tile-packed row_split weights (tiles.py: the
+// layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
+//
+// A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
+// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (every
+// code is an integer of at most 8 bits, exact in bf16; the group scale multiplies the fp32
+// result), B is x split as hi + lo (both bf16, ~16 bits of x together) in columns 2m and
+// 2m + 1, so the lane holding column 2t of the result holds both halves of row m = t (+ 4 for
+// the second 8-column block). x is staged once per block in shared memory in fragment order
+// (no separate pass, and no global load of x between the mmas).
+//
+// Work split: block (b, s) of a (BX, S) grid takes groups [s * per, (s + 1) * per) of K, and
+// its warp w row tile 4 b + w: every warp the same work (one tile's slice), so no warp is left
+// alone streaming at the end. S is chosen so that the grid is about one wave. With S > 1 each
+// block leaves partial sums and the last of the S blocks of index b adds them in slice order:
+// deterministic.
+
+#define TILE_WARPS 4
+
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+#define BF16_ONE2 0x3F803F80u
+#define BF16_128_2 0x43004300u
+
+// q5's fifth bit at mantissa bit p of a bf16 128 + 2^p h: times 16 / 2^p, minus 2^(11-p) + 144,
+// is 16 h - 144 (exact); bf16 pairs of both constants for p = 0..6.
+__device__ __forceinline__ u32 q5_scale(int p) { return (u32)(0x4180 - 0x80 * p) * 0x10001u; }
+__device__ __forceinline__ u32 q5_bias(int p) {
+  return p == 0 ? 0xC509C509u : p == 1 ? 0xC492C492u : p == 2 ? 0xC424C424u
+       : p == 3 ? 0xC3C8C3C8u : p == 4 ? 0xC388C388u : p == 5 ? 0xC350C350u : 0xC330C330u;
+}
+
+// q4 / q5: a group is 64 weights; lane t's are k = 16 t + 4 j + i for mma j, slot i
+template <int BITS>
+struct TileInt {
+  static constexpr int GW = 64, MMAS = 4;
+  static constexpr bool HIGH = BITS == 5;
+  static __device__ __forceinline__ int k_of(int t, int j) { return 16 * t + 4 * j; }
+  // the four A registers of mma j from the lane's code words q and its high-bit word h
+  static __device__ __forceinline__ void frag(const uint4& q, u32 h, int j, u32 (&a)[4]) {
+    const u32 w = uint4_word(q, j);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const u32 raw = ((w >> (4 * i)) & 0x000F000Fu) | BF16_128_2;  // 128 + low nibble
+      if (BITS == 4) {
+        a[i] = fma_bf16x2(raw, BF16_ONE2, 0xC308C308u);  // - 136: the code's value
+      } else {
+        const int P = 4 * j + i, s = P < 7 ? 0 : P < 14 ? 7 : 14, p = P - s;
+        const u32 bit = ((h >> s) & (0x00010001u << p)) | BF16_128_2;  // 128 + 2^p h
+        a[i] = fma_bf16x2(raw, BF16_ONE2, fma_bf16x2(bit, q5_scale(p), q5_bias(p)));
+      }
+    }
+  }
+};
+
+// q8: a group is 32 weights; lane t's are k = 8 t + 4 j + i. A byte u = q + 128 is split into
+// nibbles: (128 + low) + (16 (128 + high) - 2304) = u - 128 = q, each step exact in bf16.
+struct TileQ8 {
+  static constexpr int GW = 32, MMAS = 2;
+  static constexpr bool HIGH = false;
+  static __device__ __forceinline__ int k_of(int t, int j) { return 8 * t + 4 * j; }
+  static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // pair i: word 2 j + i / 2, bytes (i % 2, i % 2 + 2)
+      const u32 w = uint4_word(q, 2 * j + i / 2) >> (8 * (i % 2));
+      const u32 lo = (w & 0x000F000Fu) | BF16_128_2, hi = ((w >> 4) & 0x000F000Fu) | BF16_128_2;
+      a[i] = fma_bf16x2(lo, BF16_ONE2, fma_bf16x2(hi, 0x41804180u, 0xC510C510u));
+    }
+  }
+};
+
+// What a lane loads for one tile and four groups: codes, q5's high bits, the scales.
+struct TileStep {
+  uint4 q[4];
+  uint4 h;
+  uint4 s;  // word u: (scale of row g, of row g + 8) of group u, binary16
+};
+
+template <class F>
+__device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ obj,
+                                          long long high, long long scales, int groups,
+                                          long long tile, int q, int lane) {
+  const uint4* codes = reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) st.q[u] = __ldcs(codes + 32 * u);  // streamed: evict first
+  const long long quad = tile * (groups / 4) + q / 4;
+  if (F::HIGH) st.h = __ldcs(reinterpret_cast<const uint4*>(obj + high) + quad * 32 + lane);
+  st.s = __ldg(reinterpret_cast<const uint4*>(obj + scales) + quad * 8 + (lane >> 2));
+}
+
+// Block-wide: x[m, q0 * GW ...] for groups q0 .. q0 + L - 1 into xs in fragment order. For
+// group ql, mma j: 8 * m_rows uint2, entry 8 m + 4 h + t the B fragment (k slots of lane t) of
+// column 2 m + h (h = 0: hi, 1: lo).
+template <class F>
+__device__ __forceinline__ void stage_x(uint2* xs, const float* __restrict__ x, int ldx,
+                                        int m_rows, int q0, int L) {
+  const int items = L * F::MMAS * m_rows * 4;
+  for (int e = threadIdx.x; e < items; e += blockDim.x) {
+    const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
+    const int j = jq % F::MMAS, ql = jq / F::MMAS;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(
+        x + (long long)m * ldx + (long long)(q0 + ql) * F::GW + F::k_of(t, j)));
+    uint2 hi, lo;
+    split_pair(v.x, v.y, hi.x, lo.x);
+    split_pair(v.z, v.w, hi.y, lo.y);
+    uint2* dst = xs + jq * 8 * m_rows + 8 * m + t;
+    dst[0] = hi;
+    dst[4] = lo;
+  }
+}
+
+extern __shared__ uint2 tile_x[];
+
+// NB 8-column blocks of B (1: M <= 4, 2: M <= 8). Object rows row0 .. row0 + rows - 1 are
+// tiles tile0 .. tile0 + tiles - 1 (row0 need not start a tile: rows outside are not stored).
+// AHEAD: the next step's loads are issued before this step's mmas (a second register set).
+template <class F, int NB, bool AHEAD>
+__device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long long high,
+                                              long long scales, int groups, int tile0,
+                                              int tiles, int row0, int rows, int per,
+                                              const float* __restrict__ x, int ldx, int m_rows,
+                                              float* __restrict__ y, int ldy,
+                                              float* __restrict__ partial,
+                                              unsigned* __restrict__ counters) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int q0 = blockIdx.y * per, steps = min(groups - q0, per) / 4;  // four groups a step
+  const int live = 8 * m_rows;
+  const int i = blockIdx.x * TILE_WARPS + warp;  // this warp's tile
+  const long long tile = tile0 + i;
+
+  TileStep cur, next;  // the first loads in flight while x is staged
+  if (i < tiles) load_step<F>(cur, obj, high, scales, groups, tile, q0, lane);
+  stage_x<F>(tile_x, x, ldx, m_rows, q0, 4 * steps);
+  __syncthreads();
+
+  float acc[NB][2];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = 0.f;
+  for (int s = 0; i < tiles && s < steps; ++s) {
+    if (AHEAD && s + 1 < steps) load_step<F>(next, obj, high, scales, groups, tile, q0 + 4 * s + 4, lane);
+    if (!AHEAD && s > 0) load_step<F>(cur, obj, high, scales, groups, tile, q0 + 4 * s, lane);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint2* xq = tile_x + (4 * s + u) * F::MMAS * live;
+      float part[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) part[nb][0] = part[nb][1] = part[nb][2] = part[nb][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < F::MMAS; ++j) {
+        u32 a[4];
+        F::frag(cur.q[u], uint4_word(cur.h, u), j, a);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          const int e = 32 * nb + lane;
+          const uint2 b = e < live ? xq[j * live + e] : make_uint2(0u, 0u);
+          mma_bf16(part[nb], a, b.x, b.y);
+        }
+      }
+      const u32 sw = uint4_word(cur.s, u);
+      const float s0 = f16_to_f32((u16)(sw & 0xFFFFu)), s1 = f16_to_f32((u16)(sw >> 16));
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {  // columns 2t, 2t + 1: hi and lo of one x row
+        acc[nb][0] = fmaf(s0, part[nb][0] + part[nb][1], acc[nb][0]);
+        acc[nb][1] = fmaf(s1, part[nb][2] + part[nb][3], acc[nb][1]);
+      }
+    }
+    if (AHEAD) cur = next;
+  }
+  if (i < tiles) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const int m = 4 * nb + t;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long row = tile * 16 + g + 8 * h - row0;
+        if (m >= m_rows || row < 0 || row >= rows) continue;
+        if (gridDim.y == 1) {
+          y[(long long)m * ldy + row] = acc[nb][h];
+        } else {
+          partial[((long long)blockIdx.y * m_rows + m) * rows + row] = acc[nb][h];
+        }
+      }
+    }
+  }
+  if (gridDim.y == 1) return;
+
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // the slices' partial sums of this block's rows, in slice order
+  const long long slice = (long long)m_rows * rows;
+  const long long first = ((long long)tile0 + blockIdx.x * TILE_WARPS) * 16 - row0;
+  for (int e = threadIdx.x; e < TILE_WARPS * 16 * m_rows; e += blockDim.x) {
+    const int m = e / (TILE_WARPS * 16);
+    const long long row = first + e % (TILE_WARPS * 16);
+    if (row < 0 || row >= rows) continue;
+    float sum = 0.f;
+    for (int sl = 0; sl < (int)gridDim.y; ++sl) sum += __ldcg(partial + sl * slice + m * rows + row);
+    y[(long long)m * ldy + row] = sum;
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
+#define DEFINE_TILES(NAME, POLICY)                                                          \
+  template <int NB, bool AHEAD>                                                             \
+  __global__ void __launch_bounds__(TILE_WARPS * 32)                                        \
+      NAME(const u8* __restrict__ obj, long long high, long long scales, int groups,       \
+           int tile0, int tiles, int row0, int rows, int per, const float* __restrict__ x,  \
+           int ldx, int m_rows, float* __restrict__ y, int ldy, float* __restrict__ partial, \
+           unsigned* __restrict__ counters) {                                               \
+    tiles_product<POLICY, NB, AHEAD>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
+                              ldx, m_rows, y, ldy, partial, counters);                      \
+  }
+
+DEFINE_TILES(tiles_q4, TileInt<4>)
+DEFINE_TILES(tiles_q5, TileInt<5>)
+DEFINE_TILES(tiles_q8, TileQ8)
+
+// ------------------------------------------------------------------ rows to float / bf16
+// out[i, k] = W[rows[i], k] for k < columns, eight consecutive k a thread (inside one lane's
+// words: groups are multiples of 8), as float32 or as bf16 words (BF16).
+template <class F, bool BF16>
+__device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long high,
+                                           long long scales, int groups,
+                                           const int* __restrict__ rows, int n, int columns,
+                                           void* __restrict__ out) {
+  const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int per_row = (columns + 7) / 8;
+  if (id >= (long long)n * per_row) return;
+  const int i = (int)(id / per_row), k0 = (int)(id % per_row) * 8;
+  const long long r = __ldg(rows + i), tile = r >> 4;
+  const int rr = (int)(r >> 3) & 1, g = (int)r & 7;
+  const int q = k0 / F::GW, kk = k0 % F::GW;
+  const int t = kk / (F::GW / 4), j0 = (kk % (F::GW / 4)) / 4;  // lane t, mmas j0, j0 + 1
+  const int lane = 4 * g + t;
+  const uint4 code = __ldg(reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane);
+  const long long quad = tile * (groups / 4) + q / 4;
+  u32 h = 0;
+  if (F::HIGH) h = __ldg(reinterpret_cast<const u32*>(obj + high) + (quad * 32 + lane) * 4 + q % 4);
+  const u16 sbits = __ldg(reinterpret_cast<const u16*>(obj + scales) + ((quad * 8 + g) * 4 + q % 4) * 2 + rr);
+  const float sc = f16_to_f32(sbits);
+  float v[8];
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    u32 a[4];
+    F::frag(code, h, j0 + jj, a);
+    // pair rr: slots 0-1 of this row, pair 2 + rr: slots 2-3 (the k order of mma j)
+    float x0, x1, x2, x3;
+    bf16x2(rr ? a[1] : a[0], x0, x1);
+    bf16x2(rr ? a[3] : a[2], x2, x3);
+    v[4 * jj] = x0 * sc; v[4 * jj + 1] = x1 * sc; v[4 * jj + 2] = x2 * sc; v[4 * jj + 3] = x3 * sc;
+  }
+  const long long at = (long long)i * columns + k0;
+  if (columns % 8 == 0 && BF16) {
+    u32 o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      o[e] = (u32)f32_to_bf16_rn(v[2 * e]) | ((u32)f32_to_bf16_rn(v[2 * e + 1]) << 16);
+    reinterpret_cast<uint4*>(out)[at / 8] = make_uint4(o[0], o[1], o[2], o[3]);
+  } else if (columns % 8 == 0) {
+    float4* o = reinterpret_cast<float4*>(out) + at / 4;
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {  // rows not 16-byte aligned: one element at a time, the row's end cut off
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (k0 + e >= columns) break;
+      if (BF16) reinterpret_cast<u16*>(out)[at + e] = f32_to_bf16_rn(v[e]);
+      else reinterpret_cast<float*>(out)[at + e] = v[e];
+    }
+  }
+}
+
+#define DEFINE_TILE_ROWS(NAME, POLICY)                                                          \
+  template <bool BF16>                                                                          \
+  __global__ void NAME##_rows(const u8* __restrict__ obj, long long high, long long scales,     \
+                              int groups, const int* __restrict__ rows, int n, int columns,     \
+                              void* __restrict__ out) {                                         \
+    tiles_rows<POLICY, BF16>(obj, high, scales, groups, rows, n, columns, out);                 \
+  }
+
+DEFINE_TILE_ROWS(tiles_q4, TileInt<4>)
+DEFINE_TILE_ROWS(tiles_q5, TileInt<5>)
+DEFINE_TILE_ROWS(tiles_q8, TileQ8)

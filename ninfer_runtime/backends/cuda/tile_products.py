@@ -1,0 +1,165 @@
+"""Launchers of ``kernels/tiles.cu``: products of up to 8 activation rows and row decoding
+over tile-packed objects (``tiles.py``).
+
+Launch shape of a product: a (BX, S) grid of 4-warp blocks, one row tile a warp (BX = tiles
+/ 4), S slices of K. S is as large as keeps the grid within one wave of resident warps (and
+every slice at least ``MIN_SLICE`` groups), and at least what fits each block's share of x in
+shared memory: few, long rows then still have enough warps streaming, and every warp does the
+same work, so none is left streaming alone at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import formats as F
+from .compile import function, register_family, sm_count
+from .tiles import TILE_ROWS
+
+FAMILY = "tiles"
+WARPS = 4
+#: most activation rows a launch takes (two 8-column blocks of hi|lo pairs)
+MAX_ROWS = 8
+#: most dynamic shared memory (staged x) a block takes
+MAX_SHARED = 96 << 10
+#: fewest groups a K slice gets (two loop steps)
+MIN_SLICE = 8
+#: shared memory and registers of one multiprocessor (sm_90), for the residency estimate
+SM_SHARED = 227 << 10
+SM_REGISTERS = 65536
+#: float32 partial sums the K-split launches share, and their per-block arrival counters
+PARTIAL_FLOATS = 4 << 20
+COUNTERS = 1 << 16
+
+_KERNELS = {F.Q4: "tiles_q4", F.Q5: "tiles_q5", F.Q8: "tiles_q8"}
+#: weights per group and mmas per group of each tiled format
+_GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32}
+#: whether the next step's loads are issued before this step's mmas (``AHEAD``), the default
+#: and what the benchmark compares
+AHEAD = (True, False)
+register_family(
+    FAMILY,
+    [f"{k}<{nb}, {str(a).lower()}>" for k in _KERNELS.values() for nb in (1, 2) for a in AHEAD]
+    + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
+)
+
+
+class _Split:
+    """The partial sums and counters of K-split launches (one set per process; each launch
+    leaves its counters at zero)."""
+
+    partial: Any = None
+    counters: Any = None
+
+    @classmethod
+    def get(cls) -> tuple[Any, Any]:
+        if cls.partial is None:
+            import cupy as cp
+
+            cls.partial = cp.empty(PARTIAL_FLOATS, dtype=cp.float32)
+            cls.counters = cp.zeros(COUNTERS, dtype=cp.uint32)
+        return cls.partial, cls.counters
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+#: CUfunction_attribute CU_FUNC_ATTRIBUTE_NUM_REGS (cuda.h)
+_NUM_REGS = 4
+
+
+def _resident_warps(fn: Any, shared: int) -> int:
+    """Warps of ``fn`` the device holds at once with ``shared`` bytes of staged x a block."""
+    import cupy as cp
+
+    regs = _ceil(cp.cuda.driver.funcGetAttribute(_NUM_REGS, fn.ptr), 8) * 8
+    blocks = min(32, SM_REGISTERS // (regs * WARPS * 32), SM_SHARED // (shared + 1024))
+    return sm_count() * max(1, blocks) * WARPS
+
+
+def shape(p: F.Planes, row0: int, rows: int, m: int, resident: int) -> tuple[int, int, int]:
+    """``(tiles, S, groups per slice)`` of a launch over rows ``row0 .. row0 + rows - 1`` for
+    m activation rows, ``resident`` warps fitting on the device at once."""
+    tiles = (row0 + rows - 1) // TILE_ROWS - row0 // TILE_ROWS + 1
+    groups = p.stride
+    staged = _staged(p, m)
+    fit = _ceil(groups * staged, MAX_SHARED)
+    split = max(fit, min(resident // tiles, groups // MIN_SLICE, PARTIAL_FLOATS // (m * rows)))
+    per = _ceil(_ceil(groups, max(1, split)), 4) * 4  # groups a slice, a multiple of 4
+    return tiles, _ceil(groups, per), per
+
+
+def _staged(p: F.Planes, m: int) -> int:
+    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma)."""
+    return 64 * m * (_GROUP[p.code] // 16)
+
+
+def product(
+    data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int, ahead: bool = True
+) -> None:
+    """``y[m, r] = sum_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= MAX_ROWS`` rows of
+    x (float32, C-contiguous, ``p.x_width`` columns, zero padded); ``y``: float32 rows
+    ``ldy`` apart. ``ahead``: the kernel variant that loads a step ahead."""
+    m = int(x.shape[0])
+    if not 0 < m <= MAX_ROWS or x.shape[1] != p.x_width:
+        raise ValueError(
+            f"tile product: x {tuple(x.shape)}, expected 1..{MAX_ROWS} rows of {p.x_width}"
+        )
+    name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {str(ahead).lower()}>"
+    fn = function(FAMILY, name, shared=MAX_SHARED)
+    per_max = _ceil(p.stride * _staged(p, m), MAX_SHARED)  # (a bound for the estimate)
+    resident = _resident_warps(fn, min(MAX_SHARED, _staged(p, m) * _ceil(p.stride, per_max)))
+    tiles, split, per = shape(p, row0, rows, m, resident)
+    blocks = _ceil(tiles, WARPS)
+    if blocks > COUNTERS:
+        raise ValueError(f"tile product: {rows} rows need {blocks} blocks, at most {COUNTERS}")
+    shared = per * _staged(p, m)
+    partial, counters = _Split.get()
+    fn(
+        (blocks, split),
+        (WARPS * 32,),
+        (
+            data,
+            np.int64(p.off1),
+            np.int64(p.off2),
+            np.int32(p.stride),
+            np.int32(row0 // TILE_ROWS),
+            np.int32(tiles),
+            np.int32(row0),
+            np.int32(rows),
+            np.int32(per),
+            x,
+            np.int32(x.shape[1]),
+            np.int32(m),
+            y,
+            np.int32(ldy),
+            partial,
+            counters,
+        ),
+        shared_mem=shared,
+    )
+
+
+def decode_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
+    """``out[i, :] = W[rows[i], :]`` (rows: int32 device array; out: ``[len(rows),
+    p.columns]`` float32, or uint16 bf16 words rounded to nearest even)."""
+    n = int(rows.shape[0])
+    bf16 = out.dtype == np.uint16
+    threads = n * (-(-p.columns // 8))
+    function(FAMILY, f"{_KERNELS[p.code]}_rows<{'true' if bf16 else 'false'}>")(
+        (-(-threads // 256),),
+        (256,),
+        (
+            data,
+            np.int64(p.off1),
+            np.int64(p.off2),
+            np.int32(p.stride),
+            rows,
+            np.int32(n),
+            np.int32(p.columns),
+            out,
+        ),
+    )

@@ -1,0 +1,112 @@
+"""The tile kernels (``kernels/tiles.cu``) over tile-packed objects against the numpy decoders.
+
+x enters as two bf16 halves (hi + lo, ~16 bits), so products are bounded like the tensor-core
+kernel's (1e-5 of sum |x||w|). Shapes are awkward on purpose: rows not a multiple of the
+16-row tile, K not a multiple of 128 or of four groups, row ranges that start inside a tile
+(a Q|K|V segment), K split into slices whose partial sums the last block adds (run twice: the
+sums must be bit-identical), M on both sides of the 4-row block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends.cuda import formats as F
+from ninfer_runtime.backends.cuda import kernels, tile_products, tiles
+
+from .conftest import requires_gpu
+from .test_kernels import RS, case_id, make_weight
+from .test_small_gemm import check
+
+pytestmark = requires_gpu
+
+CASES = [
+    ("q4_g64_fp16", RS, (300, 200), 1),
+    ("q5_g64_fp16", RS, (300, 200), 1),
+    ("q8_g32_fp16", RS, (300, 200), 1),
+    ("q4_g64_fp16", RS, (77, 1000), 1),
+    ("q5_g64_fp16", RS, (1030, 520), 1),
+    ("q8_g32_fp16", RS, (77, 1000), 1),
+    ("q4_g64_fp16", RS, (64, 8192), 1),  # few long rows: K split into many slices
+    ("q5_g64_fp16", RS, (40, 6000), 1),
+]
+
+
+def tiled(case: Any, seed: int = 0) -> tuple[Any, F.Planes, np.ndarray]:
+    parent, w = make_weight(case, seed)
+    p = parent.planes
+    import cupy as cp
+
+    data = tiles.pack_tiles(cp, parent.data, p.code, p.rows, p.columns)
+    return data, tiles.tiled_planes(p.code, p.rows, p.columns), w
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_product(case: Any) -> None:
+    import cupy as cp
+
+    data, p, w = tiled(case, seed=5)
+    n, k = case[2]
+    rng = np.random.default_rng(1)
+    for m in (1, 3, 4, 5, 8):
+        x = (rng.standard_normal((m, k)) * np.exp(rng.uniform(-2, 2, (m, 1)))).astype(np.float32)
+        xp = cp.zeros((m, p.x_width), dtype=cp.float32)
+        xp[:, :k] = cp.asarray(x)
+        for ahead in tile_products.AHEAD:
+            y = cp.full((m, n), np.nan, dtype=cp.float32)
+            tile_products.product(data, p, 0, n, xp, y, n, ahead=ahead)
+            check(y, x, w)
+            again = cp.full((m, n), np.nan, dtype=cp.float32)
+            tile_products.product(data, p, 0, n, xp, again, n, ahead=ahead)
+            assert cp.array_equal(y, again), "the K-split sums are not deterministic"
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=case_id)
+def test_row_ranges_and_wider_output(case: Any) -> None:
+    """Rows 21 .. n - 7 into columns of a wider y (ldy > rows), through ``kernels.product``,
+    and 13 activation rows (two launches of 8 and 5)."""
+    import cupy as cp
+
+    data, p, w = tiled(case, seed=9)
+    n, k = case[2]
+    rng = np.random.default_rng(2)
+    for m in (2, 13):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        xp = cp.zeros((m, p.x_width), dtype=cp.float32)
+        xp[:, :k] = cp.asarray(x)
+        r0, rows = 21, n - 28
+        out = cp.full((m, n + 10), np.nan, dtype=cp.float32)
+        kernels.product(data, p, r0, rows, xp, out[:, 3:], n + 10)
+        check(out[:, 3 : 3 + rows], x, w[r0 : r0 + rows])
+        assert cp.isnan(out[:, :3]).all() and cp.isnan(out[:, 3 + rows :]).all()
+
+
+@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+def test_decode_rows(case: Any) -> None:
+    """Rows to float32 and to bf16 words (prefill slabs, the embedding), in any order."""
+    import cupy as cp
+
+    data, p, w = tiled(case, seed=11)
+    n, k = case[2]
+    rows = np.array([n - 1, 0, 17, 16, 5, n // 2], dtype=np.int32)
+    out = cp.empty((rows.size, k), dtype=cp.float32)
+    kernels.dequant_rows(data, p, cp.asarray(rows), out)
+    np.testing.assert_array_equal(cp.asnumpy(out), w[rows])
+    words = cp.empty((rows.size, k), dtype=cp.uint16)
+    kernels.dequant_rows(data, p, cp.asarray(rows), words)
+    bits = w[rows].astype(np.float32).view(np.uint32)
+    want = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    np.testing.assert_array_equal(cp.asnumpy(words), want)
+
+
+def test_packing_on_the_device_matches_numpy() -> None:
+    import cupy as cp
+
+    parent, _ = make_weight(("q5_g64_fp16", RS, (77, 1000), 1), seed=3)
+    p = parent.planes
+    on_device = tiles.pack_tiles(cp, parent.data, p.code, p.rows, p.columns)
+    on_host = tiles.pack_tiles(np, cp.asnumpy(parent.data), p.code, p.rows, p.columns)
+    np.testing.assert_array_equal(cp.asnumpy(on_device), on_host)

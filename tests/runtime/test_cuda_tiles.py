@@ -1,0 +1,113 @@
+"""Tile packing (``backends/cuda/tiles.py``) on the CPU: the stored bytes come back exactly, and
+decoding the tiles the way ``kernels/tiles.cu`` does (the word layouts of the module's
+docstring, read here with numpy) gives the codec's own values at every (row, k)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_format.codecs import codec_for
+from ninfer_format.codecs.row_split import FORMATS, pack_row_split, row_split_geometry
+from ninfer_runtime.backends.cuda import formats as F
+from ninfer_runtime.backends.cuda import tiles as T
+
+NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
+# rows not a multiple of a tile, K not a multiple of 128 or of four groups, one-tile objects
+SHAPES = [(16, 128), (37, 200), (100, 640), (5, 64), (33, 1000)]
+
+
+def stored(code: int, shape: tuple[int, int], seed: int) -> np.ndarray:
+    fmt = FORMATS[NAMES[code]]
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(fmt.qmin, fmt.qmax + 1, size=shape)
+    scales = rng.integers(0, 0x7000, size=(shape[0], -(-shape[1] // fmt.group)))
+    return np.frombuffer(pack_row_split(fmt.name, codes, scales.astype(np.uint16)), np.uint8)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("code", sorted(NAMES))
+def test_round_trip(code: int, shape: tuple[int, int]) -> None:
+    raw = stored(code, shape, seed=shape[0])
+    tiled = T.pack_tiles(np, raw, code, *shape)
+    geo = T.tile_geometry(code, *shape)
+    assert tiled.size == geo.size and geo.groups % 4 == 0 and geo.row_tiles * 16 >= shape[0]
+    assert np.array_equal(T.unpack_tiles(np, tiled, code, *shape), raw)
+
+
+def _pairs_q4(words: np.ndarray, high: np.ndarray | None) -> np.ndarray:
+    """[..., 4 mmas, 4 pairs, 2] code values of a lane's words, as tiles.cu's frag reads them."""
+    j = np.arange(4)[:, None]
+    i = np.arange(4)[None, :]
+    w = words[..., :, None]
+    first = (w >> (4 * i)) & 15
+    second = (w >> (16 + 4 * i)) & 15
+    if high is None:
+        return np.stack([first, second], axis=-1).astype(np.int64) - 8
+    bit = 4 * j + i
+    h = high[..., None, None]
+    first = first | (((h >> bit) & 1) << 4)
+    second = second | (((h >> (16 + bit)) & 1) << 4)
+    return np.stack([first, second], axis=-1).astype(np.int64) - 16
+
+
+def _pairs_q8(words: np.ndarray) -> np.ndarray:
+    """[..., 2 mmas, 4 pairs, 2] code values: pair i of mma j is bytes (i % 2, i % 2 + 2) of
+    word 2 j + i // 2."""
+    out = np.empty((*words.shape[:-1], 2, 4, 2), dtype=np.int64)
+    for j in range(2):
+        for i in range(4):
+            w = words[..., 2 * j + i // 2] >> (8 * (i % 2))
+            out[..., j, i, 0] = (w & 0xFF).astype(np.int64) - 128
+            out[..., j, i, 1] = ((w >> 16) & 0xFF).astype(np.int64) - 128
+    return out
+
+
+def kernel_view(tiled: np.ndarray, code: int, shape: tuple[int, int]) -> np.ndarray:
+    """The [rows, K_pad] weights as the kernel's fragments place them: pair 0 row g slots
+    (0, 1), pair 1 row g + 8 slots (0, 1), pair 2 row g slots (2, 3), pair 3 row g + 8 slots
+    (2, 3); slot s of mma j on lane t is k = (16 or 8) t + 4 j + s; times the group scale."""
+    geo = T.tile_geometry(code, *shape)
+    words = tiled[: geo.high_offset].view(np.uint32).reshape(geo.row_tiles, geo.groups, 32, 4)
+    high = None
+    if code == F.Q5:
+        h = tiled[geo.high_offset : geo.scale_offset].view(np.uint32)
+        h = h.reshape(geo.row_tiles, geo.groups // 4, 32, 4).transpose(0, 1, 3, 2)
+        high = h.reshape(geo.row_tiles, geo.groups, 32)
+    pairs = _pairs_q8(words) if code == F.Q8 else _pairs_q4(words, high)
+    scales = tiled[geo.scale_offset :].view(np.float16).astype(np.float32)
+    scales = scales.reshape(geo.row_tiles, geo.groups // 4, 8, 4, 2)
+    out = np.zeros((geo.row_tiles * 16, geo.groups * geo.group), dtype=np.float32)
+    lanes_k = geo.group // 4
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for j in range(pairs.shape[-3]):
+            for i in range(4):
+                r = g + 8 * (i % 2)
+                for e in range(2):
+                    k = lanes_k * t + 4 * j + 2 * (i // 2) + e
+                    value = pairs[:, :, lane, j, i, e].astype(np.float32)
+                    s = scales[:, :, g, :, i % 2].reshape(geo.row_tiles, geo.groups)
+                    cols = np.arange(geo.groups) * geo.group + k
+                    rows = np.arange(geo.row_tiles)[:, None] * 16 + r
+                    out[rows, cols[None, :]] = value * s
+    return out[: shape[0]]
+
+
+@pytest.mark.parametrize("shape", [(37, 200), (16, 128), (33, 1000)])
+@pytest.mark.parametrize("code", sorted(NAMES))
+def test_fragments_hold_the_codec_values(code: int, shape: tuple[int, int]) -> None:
+    raw = stored(code, shape, seed=3)
+    want = codec_for(NAMES[code], "row_split_k128_v1").decode(raw, shape, 1)
+    got = kernel_view(T.pack_tiles(np, raw, code, *shape), code, shape)
+    k_pad = row_split_geometry(NAMES[code], shape).padded_columns
+    np.testing.assert_array_equal(got[:, : shape[1]], want)
+    assert not got[:, shape[1] :].any()  # row padding and padded groups: zero weights
+    assert got.shape[1] >= k_pad
+
+
+def test_planes_say_tiled() -> None:
+    p = T.tiled_planes(F.Q5, 37, 200)
+    geo = T.tile_geometry(F.Q5, 37, 200)
+    assert p.tiled and p.stride == geo.groups and p.x_width == geo.groups * 64
+    assert (p.off1, p.off2) == (geo.high_offset, geo.scale_offset)
