@@ -1,6 +1,7 @@
 """GEMV kernels of the CUDA backend against the memory-bandwidth floor of the device.
 
-    python benchmarks/gpu_bench.py [--json OUT.json] [--formats q4_g64_fp16,...] [--tune simt|small]
+    python benchmarks/gpu_bench.py [--json OUT.json] [--formats q4_g64_fp16,...]
+        [--tune simt|small|tiles]
         [--shapes 8192x2048,...] [--rows 1,2,4,8]
 
 For each packed layout (the 18 ``gguf_*`` block types among them): a random object of the MLP
@@ -227,6 +228,39 @@ def tune_small(
     return rows
 
 
+def tune_tiles(
+    copy_bps: float, formats: list[str] | None = None, shapes: list[tuple[int, int]] = SHAPES
+) -> list[dict]:
+    """% of floor of the tile kernel for K slices S (the default's first) and both loop
+    variants, at M = 1, 2, 4, 8 (default formats: q4, q5, q8)."""
+    rows = []
+    chosen = formats or [LAYOUTS[i][0] for i in (0, 1, 3)]
+    for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
+        for shape in shapes:
+            copies, p = _copies(fmt, layout, shape)
+            if p.code not in tile_packing.TILED_CODES:
+                continue
+            objs = [tile_packing.pack_tiles(cp, c, p.code, *shape) for c in copies]
+            q = tile_packing.tiled_planes(p.code, *shape)
+            for m in (1, 2, 4, 8):
+                line = []
+                x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
+                y = cp.empty((m, shape[0]), dtype=cp.float32)
+                n = shape[0]
+                for split, ahead in itertools.product((None, 1, 2, 4, 8, 16), (True, False)):
+                    launch = lambda d: tile_products.product(d, q, 0, n, x, y, n, ahead, split)  # noqa: E731, B023
+                    ms = median_ms(_rotating_call(objs, launch))
+                    pct = 100 * (objs[0].nbytes + x.nbytes + y.nbytes) / copy_bps / (ms * 1e-3)
+                    rows.append(
+                        {"format": fmt, "shape": list(shape), "M": m, "S": split}
+                        | {"ahead": ahead, "us": ms * 1e3, "pct": pct}
+                    )
+                    line.append(f"{split or '-'}{'a' if ahead else ''} {pct:4.1f}%")
+                label = f"tune tiles S {fmt:<12} {shape[0]:>5}x{shape[1]:<5} M={m}"
+                print(label, " ".join(line), flush=True)
+    return rows
+
+
 def bench(
     copy_bps: float,
     formats: list[str] | None,
@@ -287,7 +321,9 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--formats", help="only these formats (comma-separated names)")
     parser.add_argument(
-        "--tune", choices=["simt", "small"], help="also compare the tile choices of a kernel"
+        "--tune",
+        choices=["simt", "small", "tiles"],
+        help="also compare the tile choices of a kernel",
     )
     parser.add_argument("--shapes", help="weight shapes ROWSxK,... (default: the 27B MLP's)")
     parser.add_argument("--rows", default="1,8", help="activation row counts M (default 1,8)")
@@ -307,7 +343,9 @@ def main() -> None:
     formats = args.formats.split(",") if args.formats else None
     rows = bench(copy_bps, formats, shapes, activation_rows)
     tuning = (
-        {"simt": tune, "small": tune_small}[args.tune](copy_bps, formats, shapes)
+        {"simt": tune, "small": tune_small, "tiles": tune_tiles}[args.tune](
+            copy_bps, formats, shapes
+        )
         if args.tune
         else []
     )

@@ -3,8 +3,9 @@
     ncu --set full -k regex:gemv -s 5 -c 1 python benchmarks/profile_product.py \\
         q4_g64_fp16 5120x17408 1 simt
 
-KIND is ``simt`` (the SIMT GEMV), ``tc`` (the tensor-core kernel) or ``product`` (what the
-backend picks). The weights are random valid bytes (``gpu_bench.random_object``).
+KIND is ``simt`` (the SIMT GEMV), ``tc`` (the tensor-core kernel), ``tiles`` (the tile kernel
+on a tile-packed copy) or ``product`` (what the backend picks for the stored layout). The
+weights are random valid bytes (``gpu_bench.random_object``).
 """
 
 from __future__ import annotations
@@ -14,15 +15,23 @@ import sys
 import cupy as cp
 from gpu_bench import LAYOUTS, random_object
 
-from ninfer_runtime.backends.cuda import kernels
+from ninfer_runtime.backends.cuda import kernels, tile_products, tiles
 
-KINDS = {"simt": kernels.gemv, "tc": kernels.small_gemm, "product": kernels.product}
+KINDS = {
+    "simt": kernels.gemv,
+    "tc": kernels.small_gemm,
+    "product": kernels.product,
+    "tiles": tile_products.product,
+}
 
 
 def main() -> None:
     fmt, shape_text, m_text, kind = sys.argv[1:5]
     shape = tuple(int(v) for v in shape_text.split("x"))
     data, p = random_object(fmt, dict(LAYOUTS)[fmt], shape)
+    if kind == "tiles":
+        data = tiles.pack_tiles(cp, data, p.code, *shape)
+        p = tiles.tiled_planes(p.code, *shape)
     x = cp.random.standard_normal((int(m_text), p.x_width), dtype=cp.float32)
     y = cp.empty((x.shape[0], shape[0]), dtype=cp.float32)
     for _ in range(10):

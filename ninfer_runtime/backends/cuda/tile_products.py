@@ -71,24 +71,30 @@ def _ceil(a: int, b: int) -> int:
 _NUM_REGS = 4
 
 
-def _resident_warps(fn: Any, shared: int) -> int:
-    """Warps of ``fn`` the device holds at once with ``shared`` bytes of staged x a block."""
+def _blocks_by_registers(fn: Any) -> int:
+    """Blocks of ``fn`` one multiprocessor holds, as its registers allow."""
     import cupy as cp
 
     regs = _ceil(cp.cuda.driver.funcGetAttribute(_NUM_REGS, fn.ptr), 8) * 8
-    blocks = min(32, SM_REGISTERS // (regs * WARPS * 32), SM_SHARED // (shared + 1024))
-    return sm_count() * max(1, blocks) * WARPS
+    return max(1, min(32, SM_REGISTERS // (regs * WARPS * 32)))
 
 
-def shape(p: F.Planes, row0: int, rows: int, m: int, resident: int) -> tuple[int, int, int]:
+def shape(
+    p: F.Planes, row0: int, rows: int, m: int, blocks_per_sm: int, split: int | None = None
+) -> tuple[int, int, int]:
     """``(tiles, S, groups per slice)`` of a launch over rows ``row0 .. row0 + rows - 1`` for
-    m activation rows, ``resident`` warps fitting on the device at once."""
+    m activation rows, ``blocks_per_sm`` blocks fitting a multiprocessor by registers:
+    slices short enough that staged x does not lower that, and as many as keep about one
+    warp per (tile, slice) resident (``split`` overrides that choice)."""
     tiles = (row0 + rows - 1) // TILE_ROWS - row0 // TILE_ROWS + 1
-    groups = p.stride
-    staged = _staged(p, m)
-    fit = _ceil(groups * staged, MAX_SHARED)
-    split = max(fit, min(resident // tiles, groups // MIN_SLICE, PARTIAL_FLOATS // (m * rows)))
-    per = _ceil(_ceil(groups, max(1, split)), 4) * 4  # groups a slice, a multiple of 4
+    groups, staged = p.stride, _staged(p, m)
+    room = min(MAX_SHARED, SM_SHARED // blocks_per_sm - 1024)
+    longest = max(4, room // staged // 4 * 4)
+    fewest = _ceil(groups, longest)
+    if split is None:
+        resident = sm_count() * blocks_per_sm * WARPS
+        split = min(resident // tiles, groups // MIN_SLICE, PARTIAL_FLOATS // (m * rows))
+    per = _ceil(_ceil(groups, max(1, fewest, split)), 4) * 4  # a multiple of 4
     return tiles, _ceil(groups, per), per
 
 
@@ -98,11 +104,20 @@ def _staged(p: F.Planes, m: int) -> int:
 
 
 def product(
-    data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int, ahead: bool = True
+    data: Any,
+    p: F.Planes,
+    row0: int,
+    rows: int,
+    x: Any,
+    y: Any,
+    ldy: int,
+    ahead: bool = True,
+    split: int | None = None,
 ) -> None:
     """``y[m, r] = sum_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= MAX_ROWS`` rows of
     x (float32, C-contiguous, ``p.x_width`` columns, zero padded); ``y``: float32 rows
-    ``ldy`` apart. ``ahead``: the kernel variant that loads a step ahead."""
+    ``ldy`` apart. ``ahead``: the kernel variant that loads a step ahead; ``split``: K
+    slices (default: ``shape``'s choice)."""
     m = int(x.shape[0])
     if not 0 < m <= MAX_ROWS or x.shape[1] != p.x_width:
         raise ValueError(
@@ -110,9 +125,7 @@ def product(
         )
     name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {str(ahead).lower()}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
-    per_max = _ceil(p.stride * _staged(p, m), MAX_SHARED)  # (a bound for the estimate)
-    resident = _resident_warps(fn, min(MAX_SHARED, _staged(p, m) * _ceil(p.stride, per_max)))
-    tiles, split, per = shape(p, row0, rows, m, resident)
+    tiles, split, per = shape(p, row0, rows, m, _blocks_by_registers(fn), split)
     blocks = _ceil(tiles, WARPS)
     if blocks > COUNTERS:
         raise ValueError(f"tile product: {rows} rows need {blocks} blocks, at most {COUNTERS}")
