@@ -102,18 +102,31 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
 template <class F>
 __device__ __forceinline__ void stage_x(uint2* xs, const float* __restrict__ x, int ldx,
                                         int m_rows, int q0, int L) {
+  constexpr int BATCH = 8;  // loads in flight a thread before the first is used
   const int items = L * F::MMAS * m_rows * 4;
-  for (int e = threadIdx.x; e < items; e += blockDim.x) {
-    const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
-    const int j = jq % F::MMAS, ql = jq / F::MMAS;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(
-        x + (long long)m * ldx + (long long)(q0 + ql) * F::GW + F::k_of(t, j)));
-    uint2 hi, lo;
-    split_pair(v.x, v.y, hi.x, lo.x);
-    split_pair(v.z, v.w, hi.y, lo.y);
-    uint2* dst = xs + jq * 8 * m_rows + 8 * m + t;
-    dst[0] = hi;
-    dst[4] = lo;
+  for (int base = threadIdx.x; base < items; base += BATCH * blockDim.x) {
+    float4 v[BATCH];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int e = base + b * blockDim.x;
+      if (e >= items) break;
+      const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
+      const int j = jq % F::MMAS, ql = jq / F::MMAS;
+      v[b] = __ldg(reinterpret_cast<const float4*>(
+          x + (long long)m * ldx + (long long)(q0 + ql) * F::GW + F::k_of(t, j)));
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int e = base + b * blockDim.x;
+      if (e >= items) break;
+      const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
+      uint2 hi, lo;
+      split_pair(v[b].x, v[b].y, hi.x, lo.x);
+      split_pair(v[b].z, v[b].w, hi.y, lo.y);
+      uint2* dst = xs + jq * 8 * m_rows + 8 * m + t;
+      dst[0] = hi;
+      dst[4] = lo;
+    }
   }
 }
 
