@@ -9,7 +9,7 @@ shapes of a 27B-class model ([17408, 5120] gate/up and [5120, 17408] down), y = 
 and M = 8 activation rows,
 through ``kernels.product`` (and the SIMT GEMV beside it where the tensor-core kernel reads
 the layout; for the tile-packed formats q4/q5/q8 the tile kernel on packed copies, as the
-loader leaves them, and its variant without loads a step ahead).
+loader leaves them).
 Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
 bytes at the bandwidth of a measured device-to-device copy (read + write bytes per second);
 "% of floor" is floor time / kernel time. Several copies of each object rotate so that no
@@ -231,8 +231,8 @@ def tune_small(
 def tune_tiles(
     copy_bps: float, formats: list[str] | None = None, shapes: list[tuple[int, int]] = SHAPES
 ) -> list[dict]:
-    """% of floor of the tile kernel for K slices S (the default's first) and both loop
-    variants, at M = 1, 2, 4, 8 (default formats: q4, q5, q8)."""
+    """% of floor of the tile kernel for K slices S (the default's first), at M = 1, 2, 4, 8
+    (default formats: q4, q5, q8)."""
     rows = []
     chosen = formats or [LAYOUTS[i][0] for i in (0, 1, 3)]
     for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
@@ -247,15 +247,15 @@ def tune_tiles(
                 x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
                 n = shape[0]
-                for split, ahead in itertools.product((None, 1, 2, 4, 8, 16), (True, False)):
-                    launch = lambda d: tile_products.product(d, q, 0, n, x, y, n, ahead, split)  # noqa: E731, B023
+                for split in (None, 2, 4, 8, 16, 32):
+                    launch = lambda d: tile_products.product(d, q, 0, n, x, y, n, split)  # noqa: E731, B023
                     ms = median_ms(_rotating_call(objs, launch))
                     pct = 100 * (objs[0].nbytes + x.nbytes + y.nbytes) / copy_bps / (ms * 1e-3)
                     rows.append(
                         {"format": fmt, "shape": list(shape), "M": m, "S": split}
-                        | {"ahead": ahead, "us": ms * 1e3, "pct": pct}
+                        | {"us": ms * 1e3, "pct": pct}
                     )
-                    line.append(f"{split or '-'}{'a' if ahead else ''} {pct:4.1f}%")
+                    line.append(f"{split or '-'} {pct:4.1f}%")
                 label = f"tune tiles S {fmt:<12} {shape[0]:>5}x{shape[1]:<5} M={m}"
                 print(label, " ".join(line), flush=True)
     return rows
@@ -282,10 +282,6 @@ def bench(
                 packed = [tile_packing.pack_tiles(cp, c, p.code, *shape) for c in copies]
                 tiled = (packed, tile_packing.tiled_planes(p.code, *shape))
                 kinds["tiles"] = (tile_products.product, tiled)
-                kinds["tiles-"] = (
-                    lambda *a: tile_products.product(*a, ahead=False),
-                    tiled,
-                )
             for (kind, (fn, (objs, q))), m in itertools.product(kinds.items(), activation_rows):
                 x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)

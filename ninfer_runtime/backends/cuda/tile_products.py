@@ -36,12 +36,9 @@ COUNTERS = 1 << 16
 _KERNELS = {F.Q4: "tiles_q4", F.Q5: "tiles_q5", F.Q8: "tiles_q8"}
 #: weights per group and mmas per group of each tiled format
 _GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32}
-#: whether the next step's loads are issued before this step's mmas (``AHEAD``), the default
-#: and what the benchmark compares
-AHEAD = (True, False)
 register_family(
     FAMILY,
-    [f"{k}<{nb}, {str(a).lower()}>" for k in _KERNELS.values() for nb in (1, 2) for a in AHEAD]
+    [f"{k}<{nb}>" for k in _KERNELS.values() for nb in (1, 2)]
     + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
 )
 
@@ -84,8 +81,9 @@ def shape(
 ) -> tuple[int, int, int]:
     """``(tiles, S, groups per slice)`` of a launch over rows ``row0 .. row0 + rows - 1`` for
     m activation rows, ``blocks_per_sm`` blocks fitting a multiprocessor by registers:
-    slices short enough that staged x does not lower that, and as many as keep about one
-    warp per (tile, slice) resident (``split`` overrides that choice)."""
+    slices short enough that staged x does not lower that, and as many as give about two
+    (tile, slice) warps per resident one (measured: 2-4% faster than one; ``split``
+    overrides that choice)."""
     tiles = (row0 + rows - 1) // TILE_ROWS - row0 // TILE_ROWS + 1
     groups, staged = p.stride, _staged(p, m)
     room = min(MAX_SHARED, SM_SHARED // blocks_per_sm - 1024)
@@ -93,14 +91,15 @@ def shape(
     fewest = _ceil(groups, longest)
     if split is None:
         resident = sm_count() * blocks_per_sm * WARPS
-        split = min(resident // tiles, groups // MIN_SLICE, PARTIAL_FLOATS // (m * rows))
+        split = min(2 * resident // tiles, groups // MIN_SLICE, PARTIAL_FLOATS // (m * rows))
     per = _ceil(_ceil(groups, max(1, fewest, split)), 4) * 4  # a multiple of 4
     return tiles, _ceil(groups, per), per
 
 
 def _staged(p: F.Planes, m: int) -> int:
-    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma)."""
-    return 64 * m * (_GROUP[p.code] // 16)
+    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma), and for q4 its
+    sums of x (17 floats a row: the sum and its 16 parts)."""
+    return 64 * m * (_GROUP[p.code] // 16) + (68 * m if p.code == F.Q4 else 0)
 
 
 def product(
@@ -111,22 +110,22 @@ def product(
     x: Any,
     y: Any,
     ldy: int,
-    ahead: bool = True,
     split: int | None = None,
 ) -> None:
     """``y[m, r] = sum_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= MAX_ROWS`` rows of
     x (float32, C-contiguous, ``p.x_width`` columns, zero padded); ``y``: float32 rows
-    ``ldy`` apart. ``ahead``: the kernel variant that loads a step ahead; ``split``: K
-    slices (default: ``shape``'s choice)."""
+    ``ldy`` apart. ``split``: K slices (default: ``shape``'s choice)."""
     m = int(x.shape[0])
     if not 0 < m <= MAX_ROWS or x.shape[1] != p.x_width:
         raise ValueError(
             f"tile product: x {tuple(x.shape)}, expected 1..{MAX_ROWS} rows of {p.x_width}"
         )
-    name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {str(ahead).lower()}>"
+    name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
     tiles, split, per = shape(p, row0, rows, m, _blocks_by_registers(fn), split)
     blocks = _ceil(tiles, WARPS)
+    if split > 1 and split * m * rows > PARTIAL_FLOATS:
+        raise ValueError(f"tile product: {split} slices of {m} x {rows} partial sums do not fit")
     if blocks > COUNTERS:
         raise ValueError(f"tile product: {rows} rows need {blocks} blocks, at most {COUNTERS}")
     shared = per * _staged(p, m)

@@ -30,6 +30,9 @@ __device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
 #define BF16_ONE2 0x3F803F80u
 #define BF16_128_2 0x43004300u
 
+// the nibbles at bits 0-3 and 16-19 of w as bf16 128 + nibble
+__device__ __forceinline__ u32 magic_fields(u32 w) { return (w & 0x000F000Fu) | BF16_128_2; }
+
 // q5's fifth bit at mantissa bit p of a bf16 128 + 2^p h: times 16 / 2^p, minus 2^(11-p) + 144,
 // is 16 h - 144 (exact); bf16 pairs of both constants for p = 0..6.
 __device__ __forceinline__ u32 q5_scale(int p) { return (u32)(0x4180 - 0x80 * p) * 0x10001u; }
@@ -43,15 +46,18 @@ template <int BITS>
 struct TileInt {
   static constexpr int GW = 64, MMAS = 4;
   static constexpr bool HIGH = BITS == 5;
+  // q4's fragments hold 128 + c = q + 136: the product then takes 136 times the group's sum
+  // of x off (staged with x), instead of a subtraction per pair
+  static constexpr float OFFSET = BITS == 4 ? 136.f : 0.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return 16 * t + 4 * j; }
   // the four A registers of mma j from the lane's code words q and its high-bit word h
   static __device__ __forceinline__ void frag(const uint4& q, u32 h, int j, u32 (&a)[4]) {
     const u32 w = uint4_word(q, j);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const u32 raw = ((w >> (4 * i)) & 0x000F000Fu) | BF16_128_2;  // 128 + low nibble
+      const u32 raw = magic_fields(w >> (4 * i));  // 128 + low nibble
       if (BITS == 4) {
-        a[i] = fma_bf16x2(raw, BF16_ONE2, 0xC308C308u);  // - 136: the code's value
+        a[i] = raw;
       } else {
         const int P = 4 * j + i, s = P < 7 ? 0 : P < 14 ? 7 : 14, p = P - s;
         const u32 bit = ((h >> s) & (0x00010001u << p)) | BF16_128_2;  // 128 + 2^p h
@@ -66,12 +72,13 @@ struct TileInt {
 struct TileQ8 {
   static constexpr int GW = 32, MMAS = 2;
   static constexpr bool HIGH = false;
+  static constexpr float OFFSET = 0.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return 8 * t + 4 * j; }
   static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // pair i: word 2 j + i / 2, bytes (i % 2, i % 2 + 2)
       const u32 w = uint4_word(q, 2 * j + i / 2) >> (8 * (i % 2));
-      const u32 lo = (w & 0x000F000Fu) | BF16_128_2, hi = ((w >> 4) & 0x000F000Fu) | BF16_128_2;
+      const u32 lo = magic_fields(w), hi = magic_fields(w >> 4);
       a[i] = fma_bf16x2(lo, BF16_ONE2, fma_bf16x2(hi, 0x41804180u, 0xC510C510u));
     }
   }
@@ -98,10 +105,13 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
 
 // Block-wide: x[m, q0 * GW ...] for groups q0 .. q0 + L - 1 into xs in fragment order. For
 // group ql, mma j: 8 * m_rows uint2, entry 8 m + 4 h + t the B fragment (k slots of lane t) of
-// column 2 m + h (h = 0: hi, 1: lo).
+// column 2 m + h (h = 0: hi, 1: lo). With sums (F::OFFSET), also sums[m * L + ql] = the
+// group's sum of hi + lo (exact pairs, added in a fixed order: deterministic); parts (16
+// floats a group and row) holds the four-element sums on the way.
 template <class F>
-__device__ __forceinline__ void stage_x(uint2* xs, const float* __restrict__ x, int ldx,
-                                        int m_rows, int q0, int L) {
+__device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts,
+                                        const float* __restrict__ x, int ldx, int m_rows, int q0,
+                                        int L) {
   constexpr int BATCH = 8;  // loads in flight a thread before the first is used
   const int items = L * F::MMAS * m_rows * 4;
   for (int base = threadIdx.x; base < items; base += BATCH * blockDim.x) {
@@ -126,7 +136,26 @@ __device__ __forceinline__ void stage_x(uint2* xs, const float* __restrict__ x, 
       uint2* dst = xs + jq * 8 * m_rows + 8 * m + t;
       dst[0] = hi;
       dst[4] = lo;
+      if (F::OFFSET != 0.f) {
+        float a, b2, c, d;
+        bf16x2(hi.x, a, b2);
+        bf16x2(lo.x, c, d);
+        float sum = (a + c) + (b2 + d);
+        bf16x2(hi.y, a, b2);
+        bf16x2(lo.y, c, d);
+        sum += (a + c) + (b2 + d);
+        const int j = jq % F::MMAS, ql = jq / F::MMAS;
+        parts[(m * L + ql) * 16 + 4 * j + t] = sum;
+      }
     }
+  }
+  if (F::OFFSET == 0.f) return;
+  __syncthreads();
+  for (int e = threadIdx.x; e < L * m_rows; e += blockDim.x) {
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sum += parts[e * 16 + i];
+    sums[e] = sum;
   }
 }
 
@@ -134,8 +163,7 @@ extern __shared__ uint2 tile_x[];
 
 // NB 8-column blocks of B (1: M <= 4, 2: M <= 8). Object rows row0 .. row0 + rows - 1 are
 // tiles tile0 .. tile0 + tiles - 1 (row0 need not start a tile: rows outside are not stored).
-// AHEAD: the next step's loads are issued before this step's mmas (a second register set).
-template <class F, int NB, bool AHEAD>
+template <class F, int NB>
 __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long long high,
                                               long long scales, int groups, int tile0,
                                               int tiles, int row0, int rows, int per,
@@ -149,20 +177,22 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
   const int i = blockIdx.x * TILE_WARPS + warp;  // this warp's tile
   const long long tile = tile0 + i;
 
-  TileStep cur, next;  // the first loads in flight while x is staged
+  TileStep cur;  // the first loads in flight while x is staged
   if (i < tiles) load_step<F>(cur, obj, high, scales, groups, tile, q0, lane);
-  stage_x<F>(tile_x, x, ldx, m_rows, q0, 4 * steps);
+  const int L = 4 * steps;
+  uint2* xs = tile_x;
+  float* sums = reinterpret_cast<float*>(tile_x + L * F::MMAS * live);
+  stage_x<F>(xs, sums, sums + L * m_rows, x, ldx, m_rows, q0, L);
   __syncthreads();
 
   float acc[NB][2];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = 0.f;
   for (int s = 0; i < tiles && s < steps; ++s) {
-    if (AHEAD && s + 1 < steps) load_step<F>(next, obj, high, scales, groups, tile, q0 + 4 * s + 4, lane);
-    if (!AHEAD && s > 0) load_step<F>(cur, obj, high, scales, groups, tile, q0 + 4 * s, lane);
+    if (s > 0) load_step<F>(cur, obj, high, scales, groups, tile, q0 + 4 * s, lane);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const uint2* xq = tile_x + (4 * s + u) * F::MMAS * live;
+      const uint2* xq = xs + (4 * s + u) * F::MMAS * live;
       float part[NB][4];
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) part[nb][0] = part[nb][1] = part[nb][2] = part[nb][3] = 0.f;
@@ -181,11 +211,13 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
       const float s0 = f16_to_f32((u16)(sw & 0xFFFFu)), s1 = f16_to_f32((u16)(sw >> 16));
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {  // columns 2t, 2t + 1: hi and lo of one x row
-        acc[nb][0] = fmaf(s0, part[nb][0] + part[nb][1], acc[nb][0]);
-        acc[nb][1] = fmaf(s1, part[nb][2] + part[nb][3], acc[nb][1]);
+        const int m = 4 * nb + t;
+        const float off =
+            F::OFFSET != 0.f && m < m_rows ? F::OFFSET * sums[m * L + 4 * s + u] : 0.f;
+        acc[nb][0] = fmaf(s0, (part[nb][0] + part[nb][1]) - off, acc[nb][0]);
+        acc[nb][1] = fmaf(s1, (part[nb][2] + part[nb][3]) - off, acc[nb][1]);
       }
     }
-    if (AHEAD) cur = next;
   }
   if (i < tiles) {
 #pragma unroll
@@ -227,13 +259,13 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 }
 
 #define DEFINE_TILES(NAME, POLICY)                                                          \
-  template <int NB, bool AHEAD>                                                             \
+  template <int NB>                                                                         \
   __global__ void __launch_bounds__(TILE_WARPS * 32)                                        \
       NAME(const u8* __restrict__ obj, long long high, long long scales, int groups,       \
            int tile0, int tiles, int row0, int rows, int per, const float* __restrict__ x,  \
            int ldx, int m_rows, float* __restrict__ y, int ldy, float* __restrict__ partial, \
            unsigned* __restrict__ counters) {                                               \
-    tiles_product<POLICY, NB, AHEAD>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
+    tiles_product<POLICY, NB>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
                               ldx, m_rows, y, ldy, partial, counters);                      \
   }
 
@@ -273,7 +305,9 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
     float x0, x1, x2, x3;
     bf16x2(rr ? a[1] : a[0], x0, x1);
     bf16x2(rr ? a[3] : a[2], x2, x3);
-    v[4 * jj] = x0 * sc; v[4 * jj + 1] = x1 * sc; v[4 * jj + 2] = x2 * sc; v[4 * jj + 3] = x3 * sc;
+    constexpr float off = F::OFFSET;  // (q4: fragments hold q + 136)
+    v[4 * jj] = (x0 - off) * sc; v[4 * jj + 1] = (x1 - off) * sc;
+    v[4 * jj + 2] = (x2 - off) * sc; v[4 * jj + 3] = (x3 - off) * sc;
   }
   const long long at = (long long)i * columns + k0;
   if (columns % 8 == 0 && BF16) {
