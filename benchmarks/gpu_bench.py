@@ -231,8 +231,8 @@ def tune_small(
 def tune_tiles(
     copy_bps: float, formats: list[str] | None = None, shapes: list[tuple[int, int]] = SHAPES
 ) -> list[dict]:
-    """% of floor of the tile kernel for K slices S (the default's first), at M = 1, 2, 4, 8
-    (default formats: q4, q5, q8)."""
+    """% of floor of the tile kernel for each block size W and K slices S (the default's
+    first), at M = 1, 2, 4, 8 (default formats: q4, q5, q8)."""
     rows = []
     chosen = formats or [LAYOUTS[i][0] for i in (0, 1, 3)]
     for fmt, layout in [(f, lay) for f, lay in LAYOUTS if f in chosen]:
@@ -247,15 +247,17 @@ def tune_tiles(
                 x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
                 n = shape[0]
-                for split in (None, 2, 4, 8, 16, 32):
-                    launch = lambda d: tile_products.product(d, q, 0, n, x, y, n, split)  # noqa: E731, B023
+                for warps, split in itertools.product(
+                    tile_products.BLOCK_WARPS, (None, 2, 4, 8, 16)
+                ):
+                    launch = lambda d: tile_products.product(d, q, 0, n, x, y, n, split, warps)  # noqa: E731, B023
                     ms = median_ms(_rotating_call(objs, launch))
                     pct = 100 * (objs[0].nbytes + x.nbytes + y.nbytes) / copy_bps / (ms * 1e-3)
                     rows.append(
-                        {"format": fmt, "shape": list(shape), "M": m, "S": split}
+                        {"format": fmt, "shape": list(shape), "M": m, "S": split, "W": warps}
                         | {"us": ms * 1e3, "pct": pct}
                     )
-                    line.append(f"{split or '-'} {pct:4.1f}%")
+                    line.append(f"{warps}w{split or '-'} {pct:4.1f}%")
                 label = f"tune tiles S {fmt:<12} {shape[0]:>5}x{shape[1]:<5} M={m}"
                 print(label, " ".join(line), flush=True)
     return rows

@@ -1,8 +1,8 @@
 """Launchers of ``kernels/tiles.cu``: products of up to 8 activation rows and row decoding
 over tile-packed objects (``tiles.py``).
 
-Launch shape of a product: a (BX, S) grid of 4-warp blocks, one row tile a warp (BX = tiles
-/ 4), S slices of K. S is as large as keeps the grid within one wave of resident warps (and
+Launch shape of a product: a (BX, S) grid of blocks of W warps, one row tile a warp (BX =
+tiles / W), S slices of K. S is as large as keeps the grid within one wave of resident warps (and
 every slice at least ``MIN_SLICE`` groups), and at least what fits each block's share of x in
 shared memory: few, long rows then still have enough warps streaming, and every warp does the
 same work, so none is left streaming alone at the end.
@@ -19,7 +19,11 @@ from .compile import function, register_family, sm_count
 from .tiles import TILE_ROWS
 
 FAMILY = "tiles"
-WARPS = 4
+#: warps a block, by activation rows: with more rows a block's staged x costs more, so more
+#: warps share it
+WARPS = {m: 4 if m <= 4 else 8 for m in range(1, 9)}
+#: every compiled block size
+BLOCK_WARPS = (4, 8)
 #: most activation rows a launch takes (two 8-column blocks of hi|lo pairs)
 MAX_ROWS = 8
 #: most dynamic shared memory (staged x) a block takes
@@ -38,7 +42,7 @@ _KERNELS = {F.Q4: "tiles_q4", F.Q5: "tiles_q5", F.Q8: "tiles_q8"}
 _GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32}
 register_family(
     FAMILY,
-    [f"{k}<{nb}>" for k in _KERNELS.values() for nb in (1, 2)]
+    [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
     + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
 )
 
@@ -68,16 +72,23 @@ def _ceil(a: int, b: int) -> int:
 _NUM_REGS = 4
 
 
-def _blocks_by_registers(fn: Any) -> int:
-    """Blocks of ``fn`` one multiprocessor holds, as its registers allow."""
+def _blocks_by_registers(fn: Any, warps: int) -> int:
+    """Blocks of ``fn`` (``warps`` warps each) one multiprocessor holds, as its registers
+    allow."""
     import cupy as cp
 
     regs = _ceil(cp.cuda.driver.funcGetAttribute(_NUM_REGS, fn.ptr), 8) * 8
-    return max(1, min(32, SM_REGISTERS // (regs * WARPS * 32)))
+    return max(1, min(32, SM_REGISTERS // (regs * warps * 32)))
 
 
 def shape(
-    p: F.Planes, row0: int, rows: int, m: int, blocks_per_sm: int, split: int | None = None
+    p: F.Planes,
+    row0: int,
+    rows: int,
+    m: int,
+    blocks_per_sm: int,
+    warps: int,
+    split: int | None = None,
 ) -> tuple[int, int, int]:
     """``(tiles, S, groups per slice)`` of a launch over rows ``row0 .. row0 + rows - 1`` for
     m activation rows, ``blocks_per_sm`` blocks fitting a multiprocessor by registers:
@@ -90,7 +101,7 @@ def shape(
     longest = max(4, room // staged // 4 * 4)
     fewest = _ceil(groups, longest)
     if split is None:
-        resident = sm_count() * blocks_per_sm * WARPS
+        resident = sm_count() * blocks_per_sm * warps
         split = min(2 * resident // tiles, groups // MIN_SLICE, PARTIAL_FLOATS // (m * rows))
     per = _ceil(_ceil(groups, max(1, fewest, split)), 4) * 4  # a multiple of 4
     return tiles, _ceil(groups, per), per
@@ -111,19 +122,22 @@ def product(
     y: Any,
     ldy: int,
     split: int | None = None,
+    warps: int | None = None,
 ) -> None:
     """``y[m, r] = sum_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= MAX_ROWS`` rows of
     x (float32, C-contiguous, ``p.x_width`` columns, zero padded); ``y``: float32 rows
-    ``ldy`` apart. ``split``: K slices (default: ``shape``'s choice)."""
+    ``ldy`` apart. ``split``: K slices, ``warps``: warps a block (one of ``BLOCK_WARPS``;
+    defaults: ``shape``'s choice and ``WARPS``)."""
     m = int(x.shape[0])
     if not 0 < m <= MAX_ROWS or x.shape[1] != p.x_width:
         raise ValueError(
             f"tile product: x {tuple(x.shape)}, expected 1..{MAX_ROWS} rows of {p.x_width}"
         )
-    name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}>"
+    warps = warps or WARPS[m]
+    name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {warps}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
-    tiles, split, per = shape(p, row0, rows, m, _blocks_by_registers(fn), split)
-    blocks = _ceil(tiles, WARPS)
+    tiles, split, per = shape(p, row0, rows, m, _blocks_by_registers(fn, warps), warps, split)
+    blocks = _ceil(tiles, warps)
     if split > 1 and split * m * rows > PARTIAL_FLOATS:
         raise ValueError(f"tile product: {split} slices of {m} x {rows} partial sums do not fit")
     if blocks > COUNTERS:
@@ -132,7 +146,7 @@ def product(
     partial, counters = _Split.get()
     fn(
         (blocks, split),
-        (WARPS * 32,),
+        (warps * 32,),
         (
             data,
             np.int64(p.off1),
@@ -160,7 +174,7 @@ def decode_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
     p.columns]`` float32, or uint16 bf16 words rounded to nearest even)."""
     n = int(rows.shape[0])
     bf16 = out.dtype == np.uint16
-    threads = n * (-(-p.columns // 8))
+    threads = n * _ceil(p.columns, _GROUP[p.code] // 4)  # one lane's run of a group each
     function(FAMILY, f"{_KERNELS[p.code]}_rows<{'true' if bf16 else 'false'}>")(
         (-(-threads // 256),),
         (256,),

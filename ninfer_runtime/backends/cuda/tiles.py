@@ -1,5 +1,6 @@
-"""Tile packing: the one-time reordering of row_split q4/q5/q8 objects at upload that the
-decode products (``kernels/tiles.cu``) read with one 16-byte load a lane.
+"""Tile packing: the one-time reordering of row_split q4/q5/q8 objects that the decode products
+(``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs those of
+``PACKED_AT_LOAD``).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
 one group (64 weights for q4/q5, 32 for q8); tiles follow each other group by group along a
@@ -51,8 +52,14 @@ TILE_CODE_BYTES = 512
 CHUNK_TILES = 256
 
 _NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
-#: the row_split codes that are tile packed
+#: the row_split codes the tile kernels read
 TILED_CODES = frozenset(_NAMES)
+#: the codes the loader tile packs: those whose tile kernel is also the faster at one row.
+#: Measured on the H200 (benchmarks/gpu_bench.py, 2026-12-04, the 27B MLP shapes): q4 49% of
+#: the floor against the GEMV's 46% / 40% at one row, 45% against 30-33% at two; q5 44%
+#: against 49-51% and q8 65-66% against 69-75% at one row, so those keep the stored layout
+#: until their tile decode costs fewer instructions.
+PACKED_AT_LOAD = frozenset({F.Q4})
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,11 @@
 // the second 8-column block). x is staged once per block in shared memory in fragment order
 // (no separate pass, and no global load of x between the mmas).
 //
-// Work split: block (b, s) of a (BX, S) grid takes groups [s * per, (s + 1) * per) of K, and
-// its warp w row tile 4 b + w: every warp the same work (one tile's slice), so no warp is left
+// Work split: block (b, s) of a (BX, S) grid of W-warp blocks takes groups [s * per, (s + 1) *
+// per) of K, and its warp w row tile W b + w: every warp the same work (one tile's slice), so no warp is left
 // alone streaming at the end. S is chosen so that the grid is about one wave. With S > 1 each
 // block leaves partial sums and the last of the S blocks of index b adds them in slice order:
 // deterministic.
-
-#define TILE_WARPS 4
 
 __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
   u32 d;
@@ -161,9 +159,10 @@ __device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts,
 
 extern __shared__ uint2 tile_x[];
 
-// NB 8-column blocks of B (1: M <= 4, 2: M <= 8). Object rows row0 .. row0 + rows - 1 are
-// tiles tile0 .. tile0 + tiles - 1 (row0 need not start a tile: rows outside are not stored).
-template <class F, int NB>
+// NB 8-column blocks of B (1: M <= 4, 2: M <= 8), W warps a block (more warps share one
+// staging of x). Object rows row0 .. row0 + rows - 1 are tiles tile0 .. tile0 + tiles - 1
+// (row0 need not start a tile: rows outside are not stored).
+template <class F, int NB, int W>
 __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long long high,
                                               long long scales, int groups, int tile0,
                                               int tiles, int row0, int rows, int per,
@@ -174,7 +173,7 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int q0 = blockIdx.y * per, steps = min(groups - q0, per) / 4;  // four groups a step
   const int live = 8 * m_rows;
-  const int i = blockIdx.x * TILE_WARPS + warp;  // this warp's tile
+  const int i = blockIdx.x * W + warp;  // this warp's tile
   const long long tile = tile0 + i;
 
   TileStep cur;  // the first loads in flight while x is staged
@@ -246,10 +245,10 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
   __threadfence();
   // the slices' partial sums of this block's rows, in slice order
   const long long slice = (long long)m_rows * rows;
-  const long long first = ((long long)tile0 + blockIdx.x * TILE_WARPS) * 16 - row0;
-  for (int e = threadIdx.x; e < TILE_WARPS * 16 * m_rows; e += blockDim.x) {
-    const int m = e / (TILE_WARPS * 16);
-    const long long row = first + e % (TILE_WARPS * 16);
+  const long long first = ((long long)tile0 + blockIdx.x * W) * 16 - row0;
+  for (int e = threadIdx.x; e < W * 16 * m_rows; e += blockDim.x) {
+    const int m = e / (W * 16);
+    const long long row = first + e % (W * 16);
     if (row < 0 || row >= rows) continue;
     float sum = 0.f;
     for (int sl = 0; sl < (int)gridDim.y; ++sl) sum += __ldcg(partial + sl * slice + m * rows + row);
@@ -259,13 +258,13 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 }
 
 #define DEFINE_TILES(NAME, POLICY)                                                          \
-  template <int NB>                                                                         \
-  __global__ void __launch_bounds__(TILE_WARPS * 32)                                        \
+  template <int NB, int W>                                                                  \
+  __global__ void __launch_bounds__(W * 32)                                                 \
       NAME(const u8* __restrict__ obj, long long high, long long scales, int groups,       \
            int tile0, int tiles, int row0, int rows, int per, const float* __restrict__ x,  \
            int ldx, int m_rows, float* __restrict__ y, int ldy, float* __restrict__ partial, \
            unsigned* __restrict__ counters) {                                               \
-    tiles_product<POLICY, NB>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
+    tiles_product<POLICY, NB, W>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
                               ldx, m_rows, y, ldy, partial, counters);                      \
   }
 
@@ -274,55 +273,57 @@ DEFINE_TILES(tiles_q5, TileInt<5>)
 DEFINE_TILES(tiles_q8, TileQ8)
 
 // ------------------------------------------------------------------ rows to float / bf16
-// out[i, k] = W[rows[i], k] for k < columns, eight consecutive k a thread (inside one lane's
-// words: groups are multiples of 8), as float32 or as bf16 words (BF16).
+// out[i, k] = W[rows[i], k] for k < columns, as float32 or as bf16 words (BF16). A thread
+// takes one lane's run of a row: its GW / 4 consecutive k of one group (one 16-byte load).
 template <class F, bool BF16>
 __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long high,
                                            long long scales, int groups,
                                            const int* __restrict__ rows, int n, int columns,
                                            void* __restrict__ out) {
+  constexpr int RUN = F::GW / 4;
   const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int per_row = (columns + 7) / 8;
+  const int per_row = (columns + RUN - 1) / RUN;
   if (id >= (long long)n * per_row) return;
-  const int i = (int)(id / per_row), k0 = (int)(id % per_row) * 8;
+  const int i = (int)(id / per_row), k0 = (int)(id % per_row) * RUN;
   const long long r = __ldg(rows + i), tile = r >> 4;
   const int rr = (int)(r >> 3) & 1, g = (int)r & 7;
-  const int q = k0 / F::GW, kk = k0 % F::GW;
-  const int t = kk / (F::GW / 4), j0 = (kk % (F::GW / 4)) / 4;  // lane t, mmas j0, j0 + 1
-  const int lane = 4 * g + t;
+  const int q = k0 / F::GW, t = (k0 % F::GW) / RUN, lane = 4 * g + t;
   const uint4 code = __ldg(reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane);
   const long long quad = tile * (groups / 4) + q / 4;
   u32 h = 0;
   if (F::HIGH) h = __ldg(reinterpret_cast<const u32*>(obj + high) + (quad * 32 + lane) * 4 + q % 4);
   const u16 sbits = __ldg(reinterpret_cast<const u16*>(obj + scales) + ((quad * 8 + g) * 4 + q % 4) * 2 + rr);
   const float sc = f16_to_f32(sbits);
-  float v[8];
+  float v[RUN];
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
+  for (int j = 0; j < F::MMAS; ++j) {
     u32 a[4];
-    F::frag(code, h, j0 + jj, a);
-    // pair rr: slots 0-1 of this row, pair 2 + rr: slots 2-3 (the k order of mma j)
+    F::frag(code, h, j, a);
+    // pair rr: slots 0-1 of this row, pair 2 + rr: slots 2-3 (k = RUN t + 4 j + slot)
     float x0, x1, x2, x3;
     bf16x2(rr ? a[1] : a[0], x0, x1);
     bf16x2(rr ? a[3] : a[2], x2, x3);
     constexpr float off = F::OFFSET;  // (q4: fragments hold q + 136)
-    v[4 * jj] = (x0 - off) * sc; v[4 * jj + 1] = (x1 - off) * sc;
-    v[4 * jj + 2] = (x2 - off) * sc; v[4 * jj + 3] = (x3 - off) * sc;
+    v[4 * j] = (x0 - off) * sc; v[4 * j + 1] = (x1 - off) * sc;
+    v[4 * j + 2] = (x2 - off) * sc; v[4 * j + 3] = (x3 - off) * sc;
   }
   const long long at = (long long)i * columns + k0;
-  if (columns % 8 == 0 && BF16) {
-    u32 o[4];
+  if (columns % RUN == 0 && BF16) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      o[e] = (u32)f32_to_bf16_rn(v[2 * e]) | ((u32)f32_to_bf16_rn(v[2 * e + 1]) << 16);
-    reinterpret_cast<uint4*>(out)[at / 8] = make_uint4(o[0], o[1], o[2], o[3]);
-  } else if (columns % 8 == 0) {
+    for (int c = 0; c < RUN / 8; ++c) {
+      u32 o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o[e] = (u32)f32_to_bf16_rn(v[8 * c + 2 * e]) | ((u32)f32_to_bf16_rn(v[8 * c + 2 * e + 1]) << 16);
+      reinterpret_cast<uint4*>(out)[at / 8 + c] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  } else if (columns % RUN == 0) {
     float4* o = reinterpret_cast<float4*>(out) + at / 4;
-    o[0] = make_float4(v[0], v[1], v[2], v[3]);
-    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+    for (int c = 0; c < RUN / 4; ++c) o[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
   } else {  // rows not 16-byte aligned: one element at a time, the row's end cut off
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
+    for (int e = 0; e < RUN; ++e) {
       if (k0 + e >= columns) break;
       if (BF16) reinterpret_cast<u16*>(out)[at + e] = f32_to_bf16_rn(v[e]);
       else reinterpret_cast<float*>(out)[at + e] = v[e];
