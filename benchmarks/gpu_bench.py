@@ -248,7 +248,7 @@ def tune_tiles(
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
                 n = shape[0]
                 for warps, split in itertools.product(
-                    tile_products.BLOCK_WARPS, (None, 2, 4, 8, 16)
+                    tile_products.BLOCK_WARPS, (None, 1, 2, 4, 8, 16)
                 ):
                     launch = lambda d: tile_products.product(d, q, 0, n, x, y, n, split, warps)  # noqa: E731, B023
                     ms = median_ms(_rotating_call(objs, launch))
