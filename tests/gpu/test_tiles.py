@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.backends.cuda import formats as F
-from ninfer_runtime.backends.cuda import kernels, tile_products, tiles
+from ninfer_runtime.backends.cuda import kernels, tile_products, tiles, weights
 
 from .conftest import requires_gpu
+from . import test_backend
 from .test_kernels import RS, case_id, make_weight
 from .test_small_gemm import check
 
@@ -110,3 +111,20 @@ def test_packing_on_the_device_matches_numpy() -> None:
     on_device = tiles.pack_tiles(cp, parent.data, p.code, p.rows, p.columns)
     on_host = tiles.pack_tiles(np, cp.asnumpy(parent.data), p.code, p.rows, p.columns)
     np.testing.assert_array_equal(cp.asnumpy(on_device), on_host)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])
+def test_engine_with_every_q4_object_tile_packed(
+    recipe: str, kind: str, gpu_artifact: Any, monkeypatch: Any
+) -> None:
+    """The engine against the CPU reference (``test_backend``'s check: logits, greedy tokens)
+    with the tiny models' q4 objects tile packed as the loader packs large ones."""
+    monkeypatch.setattr(weights, "PACK_FROM_WEIGHTS", 0)
+    calls = []
+    product = tile_products.product
+    monkeypatch.setattr(
+        tile_products, "product", lambda *a, **k: calls.append(1) or product(*a, **k)
+    )
+    test_backend.test_matches_cpu_reference(recipe, True, "float32", "float32", kind, gpu_artifact)
+    assert calls, "no product ran on the tile kernel"

@@ -54,12 +54,16 @@ CHUNK_TILES = 256
 _NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
 #: the row_split codes the tile kernels read
 TILED_CODES = frozenset(_NAMES)
-#: the codes the loader tile packs: those whose tile kernel is also the faster at one row.
-#: Measured on the H200 (benchmarks/gpu_bench.py, 2026-12-04, the 27B MLP shapes): q4 49% of
-#: the floor against the GEMV's 46% / 40% at one row, 45% against 30-33% at two; q5 44%
-#: against 49-51% and q8 65-66% against 69-75% at one row, so those keep the stored layout
-#: until their tile decode costs fewer instructions.
+#: the codes the loader tile packs, and from how many weights an object: where the tile
+#: kernel is also the faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
+#: 2026-12-04): q4 [34816, 5120] 56% of the floor against the GEMV's 53% at one row, 37%
+#: against 30% at eight; [13312, 5120] 45% / 44% and 29% / 25%; but [4096, 5120] 28% against
+#: 35% at one row (a block's staging of x and the K-split sum cost a few microseconds a
+#: launch). q5 (44% against 49-51%) and q8 (65% against 68-74%) lose at one row even on the
+#: 27B MLP shapes, so they keep the stored layout until their tile decode costs fewer
+#: instructions.
 PACKED_AT_LOAD = frozenset({F.Q4})
+PACK_FROM_WEIGHTS = 50_000_000
 
 
 @dataclass(frozen=True)

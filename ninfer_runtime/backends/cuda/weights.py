@@ -1,7 +1,7 @@
 """Weight residency: each parent object uploaded once, as stored or tile packed.
 
-Row_split q4 objects are tile packed at upload (``tiles.py``: the same bits in the order the
-decode products read fastest), except those of MoE blocks, whose expert kernels read the
+Large row_split q4 objects are tile packed at upload (``tiles.py``: the same bits in the order
+the decode products read fastest), except those of MoE blocks, whose expert kernels read the
 stored layout. A logical parameter becomes either
 
 * a ``PackedWeight``: one or more row ranges (``Segment``) of resident parent objects whose
@@ -29,7 +29,7 @@ from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
 
 from .formats import PACKED, Planes, planes
-from .tiles import PACKED_AT_LOAD, pack_tiles, tiled_planes
+from .tiles import PACK_FROM_WEIGHTS, PACKED_AT_LOAD, pack_tiles, tiled_planes
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -282,9 +282,10 @@ class Residency:
         return DenseWeight(self.xp.asarray(values, dtype=self.xp.float32))
 
     def _resident(self, object_id: str, data: Any, p: Planes, tile: bool) -> Parent:
-        """The parent of stored bytes ``data``, tile packed where ``tile`` and the layout
-        allows (the stored copy is then released)."""
-        if tile and p.code in PACKED_AT_LOAD and not p.tiled:
+        """The parent of stored bytes ``data``, tile packed where ``tile`` and the layout and
+        size call for it (the stored copy is then released)."""
+        large = p.rows * p.columns >= PACK_FROM_WEIGHTS
+        if tile and large and p.code in PACKED_AT_LOAD and not p.tiled:
             data = pack_tiles(self.xp, data, p.code, p.rows, p.columns)
             p = tiled_planes(p.code, p.rows, p.columns)
         return Parent(object_id, data, p)
