@@ -17,8 +17,8 @@ import pytest
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels, tile_products, tiles, weights
 
-from .conftest import requires_gpu
 from . import test_backend
+from .conftest import requires_gpu
 from .test_kernels import RS, case_id, make_weight
 from .test_small_gemm import check
 
