@@ -32,7 +32,7 @@ import numpy as np
 from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, set_scales
 from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_runtime.backends.cuda import formats as F
-from ninfer_runtime.backends.cuda import kernels, tile_products
+from ninfer_runtime.backends.cuda import kernels, split_sums, tile_products
 from ninfer_runtime.backends.cuda import tiles as tile_packing
 
 SHAPES = [(17408, 5120), (5120, 17408)]
@@ -202,7 +202,7 @@ def tune_small(
             for m in TUNE_SMALL_ROWS:
                 nt = 1 << max(0, (m - 1).bit_length() - 3)
                 for tiles, split in itertools.product(kernels.SMALL_TILES[nt], (None, 4, 16)):
-                    if split and split * m * shape[0] > kernels.PARTIAL_FLOATS:
+                    if split and split * m * shape[0] > split_sums.PARTIAL_FLOATS:
                         continue
                     x = cp.random.standard_normal((m, p.x_width), dtype=cp.float32)
                     y = cp.empty((m, shape[0]), dtype=cp.float32)

@@ -16,8 +16,8 @@ import numpy as np
 
 from ...arrays import array_module
 from . import formats as F
-from . import gguf_blocks, tile_products
-from .compile import compile_all, function, register_family, sm_count
+from . import gguf_blocks, split_sums, tile_products
+from .compile import compile_all, function, register_family
 
 MAX_GEMV_ROWS = 8
 #: must match GEMV_WARPS in kernels/gemv.cuh
@@ -127,8 +127,6 @@ SMALL_TILES = {
 #: most K slices a product is split into, and the fewest groups a slice may get
 MAX_SPLIT = 16
 MIN_SPLIT_GROUPS = 2
-#: float32 partial sums the K-split products share (split * M * rows must fit)
-PARTIAL_FLOATS = 4 << 20
 SMALL_CONFIGS = [(nt, r, u) for nt, tiles in SMALL_TILES.items() for r, u in tiles]
 #: activation tiles of 8 rows per group of the grouped product (MoE prefill: one expert's
 #: pairs, 8 * tiles rows a group; only a group's tiles holding live rows are computed, so a
@@ -233,39 +231,6 @@ def _small_groups(p: F.Planes) -> int:
     return p.x_width // step
 
 
-#: CUfunction_attribute CU_FUNC_ATTRIBUTE_NUM_REGS (cuda.h)
-FUNC_ATTRIBUTE_NUM_REGS = 4
-
-
-def _resident(fn: Any) -> int:
-    """Blocks of ``fn`` the device runs at once: registers are what limit these kernels
-    (allocated per warp in units of 256)."""
-    import cupy as cp
-
-    regs = cp.cuda.driver.funcGetAttribute(FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
-    per_thread = -(-regs // 8) * 8
-    return sm_count() * max(1, min(32, 65536 // (per_thread * SMALL_WARPS * 32)))
-
-
-class _SplitBuffers:
-    """Partial sums and per-block arrival counters of the K-split products (one set per
-    process: products on a device run one after another, and each launch leaves its
-    counters at zero)."""
-
-    partial: Any = None
-    counters: Any = None
-
-    @classmethod
-    def get(cls) -> tuple[Any, Any]:
-        """The partial-sum buffer and the counters."""
-        if cls.partial is None:
-            import cupy as cp
-
-            cls.partial = cp.empty(PARTIAL_FLOATS, dtype=cp.float32)
-            cls.counters = cp.zeros(1 << 16, dtype=cp.uint32)
-        return cls.partial, cls.counters
-
-
 def small_gemm(
     data: Any,
     p: F.Planes,
@@ -287,12 +252,13 @@ def small_gemm(
     blocks = -(-rows // (SMALL_WARPS * 16 * r))
     kernel = _SMALL_KERNELS[p.code]
     fn = function(SMALL_FAMILY, f"{kernel}<{nt}, {r}, {u}>")
-    partial, counters = _SplitBuffers.get()
+    partial, counters = split_sums.buffers()
     if split is None:  # K slices to fill the device in one wave (a second, partial wave
         # would double the time), each slice at least MIN_SPLIT_GROUPS loop steps long
-        split = min(MAX_SPLIT, groups // (MIN_SPLIT_GROUPS * u), _resident(fn) // blocks)
-        split = max(1, min(split, PARTIAL_FLOATS // (m * rows)))
-    if split > 1 and (split * m * rows > PARTIAL_FLOATS or blocks > counters.size):
+        resident = split_sums.resident_blocks(fn, SMALL_WARPS * 32)
+        split = min(MAX_SPLIT, groups // (MIN_SPLIT_GROUPS * u), resident // blocks)
+        split = max(1, min(split, split_sums.PARTIAL_FLOATS // (m * rows)))
+    if split > 1 and (split * m * rows > split_sums.PARTIAL_FLOATS or blocks > counters.size):
         raise ValueError(f"split {split}: partial sums for {m} x {rows} do not fit")
     xf = _x_fragments(p.code, x, groups, nt)
     fn(

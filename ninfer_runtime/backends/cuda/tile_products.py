@@ -2,8 +2,8 @@
 over tile-packed objects (``tiles.py``).
 
 Launch shape of a product: a (BX, S) grid of blocks of W warps, one row tile a warp (BX =
-tiles / W), S slices of K. S is as large as keeps the grid within one wave of resident warps (and
-every slice at least ``MIN_SLICE`` groups), and at least what fits each block's share of x in
+tiles / W), S slices of K. S gives about two (tile, slice) warps per resident one (every
+slice at least ``MIN_SLICE`` groups), and at least what fits each block's share of x in
 shared memory: few, long rows then still have enough warps streaming, and every warp does the
 same work, so none is left streaming alone at the end.
 """
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import formats as F
+from . import split_sums
 from .compile import function, register_family, sm_count
 from .tiles import TILE_ROWS
 
@@ -31,12 +32,8 @@ MAX_ROWS = 8
 MAX_SHARED = 96 << 10
 #: fewest groups a K slice gets (two loop steps)
 MIN_SLICE = 8
-#: shared memory and registers of one multiprocessor (sm_90), for the residency estimate
+#: shared memory of one multiprocessor (sm_90), for the residency estimate
 SM_SHARED = 227 << 10
-SM_REGISTERS = 65536
-#: float32 partial sums the K-split launches share, and their per-block arrival counters
-PARTIAL_FLOATS = 4 << 20
-COUNTERS = 1 << 16
 
 _KERNELS = {F.Q4: "tiles_q4", F.Q5: "tiles_q5", F.Q8: "tiles_q8"}
 #: weights per group and mmas per group of each tiled format
@@ -48,38 +45,8 @@ register_family(
 )
 
 
-class _Split:
-    """The partial sums and counters of K-split launches (one set per process; each launch
-    leaves its counters at zero)."""
-
-    partial: Any = None
-    counters: Any = None
-
-    @classmethod
-    def get(cls) -> tuple[Any, Any]:
-        if cls.partial is None:
-            import cupy as cp
-
-            cls.partial = cp.empty(PARTIAL_FLOATS, dtype=cp.float32)
-            cls.counters = cp.zeros(COUNTERS, dtype=cp.uint32)
-        return cls.partial, cls.counters
-
-
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
-
-
-#: CUfunction_attribute CU_FUNC_ATTRIBUTE_NUM_REGS (cuda.h)
-_NUM_REGS = 4
-
-
-def _blocks_by_registers(fn: Any, warps: int) -> int:
-    """Blocks of ``fn`` (``warps`` warps each) one multiprocessor holds, as its registers
-    allow."""
-    import cupy as cp
-
-    regs = _ceil(cp.cuda.driver.funcGetAttribute(_NUM_REGS, fn.ptr), 8) * 8
-    return max(1, min(32, SM_REGISTERS // (regs * warps * 32)))
 
 
 def shape(
@@ -103,7 +70,8 @@ def shape(
     fewest = _ceil(groups, longest)
     if split is None:
         resident = sm_count() * blocks_per_sm * warps
-        split = min(2 * resident // tiles, groups // MIN_SLICE, PARTIAL_FLOATS // (m * rows))
+        partials = split_sums.PARTIAL_FLOATS // (m * rows)
+        split = min(2 * resident // tiles, groups // MIN_SLICE, partials)
     per = _ceil(_ceil(groups, max(1, fewest, split)), 4) * 4  # a multiple of 4
     return tiles, _ceil(groups, per), per
 
@@ -137,14 +105,15 @@ def product(
     warps = warps or WARPS[m]
     name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {warps}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
-    tiles, split, per = shape(p, row0, rows, m, _blocks_by_registers(fn, warps), warps, split)
+    by_registers = split_sums.blocks_per_sm(fn, warps * 32)
+    tiles, split, per = shape(p, row0, rows, m, by_registers, warps, split)
     blocks = _ceil(tiles, warps)
-    if split > 1 and split * m * rows > PARTIAL_FLOATS:
+    if split > 1 and split * m * rows > split_sums.PARTIAL_FLOATS:
         raise ValueError(f"tile product: {split} slices of {m} x {rows} partial sums do not fit")
-    if blocks > COUNTERS:
-        raise ValueError(f"tile product: {rows} rows need {blocks} blocks, at most {COUNTERS}")
+    if blocks > split_sums.COUNTERS:
+        raise ValueError(f"tile product: {rows} rows need {blocks} blocks, at most the counters'")
     shared = per * _staged(p, m)
-    partial, counters = _Split.get()
+    partial, counters = split_sums.buffers()
     fn(
         (blocks, split),
         (warps * 32,),
