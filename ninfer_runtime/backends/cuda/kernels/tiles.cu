@@ -9,11 +9,11 @@
 // the second 8-column block). x is staged once per block in shared memory in fragment order
 // (no separate pass, and no global load of x between the mmas).
 //
-// Work split: block (b, s) of a (BX, S) grid of W-warp blocks takes groups [s * per, (s + 1) *
-// per) of K, and its warp w row tile W b + w: every warp the same work (one tile's slice), so no warp is left
-// alone streaming at the end. S is chosen so that the grid is about one wave. With S > 1 each
-// block leaves partial sums and the last of the S blocks of index b adds them in slice order:
-// deterministic.
+// Work split: block (b, s) of a (BX, S) grid of W-warp blocks takes groups [s * per,
+// (s + 1) * per) of K, and its warp w row tile W b + w: every warp the same work (one tile's
+// slice), so no warp is left streaming alone at the end (tile_products.shape picks S). With
+// S > 1 each block leaves partial sums and the last of the S blocks of index b adds them in
+// slice order: deterministic.
 
 __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
   u32 d;
