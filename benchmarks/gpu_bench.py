@@ -9,7 +9,7 @@ shapes of a 27B-class model ([17408, 5120] gate/up and [5120, 17408] down), y = 
 and M = 8 activation rows,
 through ``kernels.product`` (and the SIMT GEMV beside it where the tensor-core kernel reads
 the layout; for the tile-packed formats q4/q5/q8 the tile kernel on packed copies, as the
-loader leaves them).
+loader leaves them, and q8's variant on fp16 operands).
 Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
 bytes at the bandwidth of a measured device-to-device copy (read + write bytes per second);
 "% of floor" is floor time / kernel time. Several copies of each object rotate so that no
@@ -284,6 +284,11 @@ def bench(
                 packed = [tile_packing.pack_tiles(cp, c, p.code, *shape) for c in copies]
                 tiled = (packed, tile_packing.tiled_planes(p.code, *shape))
                 kinds["tiles"] = (tile_products.product, tiled)
+                if p.code == F.Q8:  # and its variant on fp16 operands
+                    kinds["tiles-f16"] = (
+                        lambda *a: tile_products.product(*a, half=True),
+                        tiled,
+                    )
             for (kind, (fn, (objs, q))), m in itertools.product(kinds.items(), activation_rows):
                 x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)

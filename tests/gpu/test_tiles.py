@@ -45,23 +45,31 @@ def tiled(case: Any, seed: int = 0) -> tuple[Any, F.Planes, np.ndarray]:
     return data, tiles.tiled_planes(p.code, p.rows, p.columns), w
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_product(case: Any) -> None:
+#: (case, fp16-operand variant)
+PRODUCTS = [(c, False) for c in CASES] + [(c, True) for c in CASES if c[0] == "q8_g32_fp16"]
+
+
+@pytest.mark.parametrize(
+    ("case", "half"), PRODUCTS, ids=[case_id(c) + ("-f16" if h else "") for c, h in PRODUCTS]
+)
+def test_product(case: Any, half: bool) -> None:
     import cupy as cp
 
     data, p, w = tiled(case, seed=5)
     n, k = case[2]
     rng = np.random.default_rng(1)
+    spread = 9 if half else 2  # the fp16 variant scales each row into fp16's range
     for m in (1, 3, 4, 5, 8):
-        x = (rng.standard_normal((m, k)) * np.exp(rng.uniform(-2, 2, (m, 1)))).astype(np.float32)
+        x = rng.standard_normal((m, k)) * np.exp(rng.uniform(-spread, spread, (m, 1)))
+        x = x.astype(np.float32)
         xp = cp.zeros((m, p.x_width), dtype=cp.float32)
         xp[:, :k] = cp.asarray(x)
         for split in (None, 1, 5):
             y = cp.full((m, n), np.nan, dtype=cp.float32)
-            tile_products.product(data, p, 0, n, xp, y, n, split=split)
+            tile_products.product(data, p, 0, n, xp, y, n, split=split, half=half)
             check(y, x, w)
             again = cp.full((m, n), np.nan, dtype=cp.float32)
-            tile_products.product(data, p, 0, n, xp, again, n, split=split)
+            tile_products.product(data, p, 0, n, xp, again, n, split=split, half=half)
             assert cp.array_equal(y, again), "the K-split sums are not deterministic"
 
 

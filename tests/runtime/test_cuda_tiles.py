@@ -111,3 +111,26 @@ def test_planes_say_tiled() -> None:
     geo = T.tile_geometry(F.Q5, 37, 200)
     assert p.tiled and p.stride == geo.groups and p.x_width == geo.groups * 64
     assert (p.off1, p.off2) == (geo.high_offset, geo.scale_offset)
+
+
+def _prmt(a: np.ndarray, b: int, selector: int) -> np.ndarray:
+    """PTX prmt.b32 (default mode): result byte n is byte ``selector`` nibble n of b:a."""
+    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [
+        np.full_like(a, (b >> (8 * i)) & 0xFF) for i in range(4)
+    ]
+    return sum(pool[(selector >> (4 * n)) & 7] << (8 * n) for n in range(4))
+
+
+def test_q8_half_fragments_are_the_pairs() -> None:
+    """tiles.cu's TileQ8Half: one permute under the fp16 exponent byte 0x64 and a subtraction
+    of 1152 give pair i of mma j, as TileQ8 reads it (checked above against the codec)."""
+    rng = np.random.default_rng(4)
+    words = rng.integers(0, 2**32, size=(64, 4), dtype=np.uint64).astype(np.uint32)
+    want = _pairs_q8(words)
+    for j in range(2):
+        for i in range(4):
+            w = words[:, 2 * j + i // 2].astype(np.int64)
+            bits = _prmt(w, 0x64646464, 0x4341 if i % 2 else 0x4240)
+            halves = np.stack([bits & 0xFFFF, bits >> 16], axis=-1).astype(np.uint16)
+            got = halves.view(np.float16).astype(np.float64) - 1152
+            np.testing.assert_array_equal(got, want[:, j, i, :])

@@ -21,6 +21,34 @@ __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
   return d;
 }
 
+// d += a * b with fp16 operands (the layout of mma_bf16)
+__device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 sub_f16x2(u32 a, u32 b) {
+  u32 d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// x = hi + lo with both fp16 (about 22 bits of x; x must lie inside fp16's range), lo in the
+// low half of each word as for split_pair
+__device__ __forceinline__ void split_pair_f16(float x0, float x1, u32& hi, u32& lo) {
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
+  const float h0 = f16_to_f32((u16)(hi & 0xFFFFu)), h1 = f16_to_f32((u16)(hi >> 16));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x1 - h1), "f"(x0 - h0));
+}
+
 __device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
   return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
@@ -43,7 +71,7 @@ __device__ __forceinline__ u32 q5_bias(int p) {
 template <int BITS>
 struct TileInt {
   static constexpr int GW = 64, MMAS = 4;
-  static constexpr bool HIGH = BITS == 5;
+  static constexpr bool HIGH = BITS == 5, HALF = false;
   // q4's fragments hold 128 + c = q + 136: the product then takes 136 times the group's sum
   // of x off (staged with x), instead of a subtraction per pair
   static constexpr float OFFSET = BITS == 4 ? 136.f : 0.f;
@@ -69,7 +97,7 @@ struct TileInt {
 // nibbles: (128 + low) + (16 (128 + high) - 2304) = u - 128 = q, each step exact in bf16.
 struct TileQ8 {
   static constexpr int GW = 32, MMAS = 2;
-  static constexpr bool HIGH = false;
+  static constexpr bool HIGH = false, HALF = false;
   static constexpr float OFFSET = 0.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return 8 * t + 4 * j; }
   static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
@@ -78,6 +106,24 @@ struct TileQ8 {
       const u32 w = uint4_word(q, 2 * j + i / 2) >> (8 * (i % 2));
       const u32 lo = magic_fields(w), hi = magic_fields(w >> 4);
       a[i] = fma_bf16x2(lo, BF16_ONE2, fma_bf16x2(hi, 0x41804180u, 0xC510C510u));
+    }
+  }
+};
+
+// q8 on fp16 operands: a byte u = q + 128 goes under the fp16 exponent byte 0x64 by one
+// permute (1024 + u, exact), and one subtraction of 1152 leaves q: two instructions a pair
+// against five on bf16. x then enters as fp16 hi + lo, scaled by a power of two per block
+// and row into fp16's range (tiles_product undoes it).
+struct TileQ8Half {
+  static constexpr int GW = 32, MMAS = 2;
+  static constexpr bool HIGH = false, HALF = true;
+  static constexpr float OFFSET = 0.f;
+  static __device__ __forceinline__ int k_of(int t, int j) { return 8 * t + 4 * j; }
+  static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // pair i: bytes (i % 2, i % 2 + 2) of word 2 j + i / 2
+      const u32 w = uint4_word(q, 2 * j + i / 2);
+      a[i] = sub_f16x2(prmt(w, 0x64646464u, i % 2 ? 0x4341u : 0x4240u), 0x64806480u);
     }
   }
 };
@@ -105,23 +151,45 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
 // group ql, mma j: 8 * m_rows uint2, entry 8 m + 4 h + t the B fragment (k slots of lane t) of
 // column 2 m + h (h = 0: hi, 1: lo). With sums (F::OFFSET), also sums[m * L + ql] = the
 // group's sum of hi + lo (exact pairs, added in a fixed order: deterministic); parts (16
-// floats a group and row) holds the four-element sums on the way.
+// floats a group and row) holds the four-element sums on the way. With F::HALF, row m is
+// first scaled by 2^(14 - E), E the exponent of its largest |x| in the slice, into fp16's
+// range (exactly), and unscale[m] gets the inverse; scales holds m_rows words on the way.
 template <class F>
-__device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts,
-                                        const float* __restrict__ x, int ldx, int m_rows, int q0,
-                                        int L) {
+__device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts, float* unscale,
+                                        u32* scales, const float* __restrict__ x, int ldx,
+                                        int m_rows, int q0, int L) {
   constexpr int BATCH = 8;  // loads in flight a thread before the first is used
   const int items = L * F::MMAS * m_rows * 4;
+  const auto at = [&](int e) {
+    const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
+    const int j = jq % F::MMAS, ql = jq / F::MMAS;
+    return reinterpret_cast<const float4*>(x + (long long)m * ldx + (long long)(q0 + ql) * F::GW +
+                                           F::k_of(t, j));
+  };
+  if (F::HALF) {
+    if (threadIdx.x < m_rows) scales[threadIdx.x] = 0u;
+    __syncthreads();
+    for (int e = threadIdx.x; e < items; e += blockDim.x) {
+      const float4 v = __ldg(at(e));
+      const float big = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+      atomicMax(scales + (e >> 2) % m_rows, __float_as_uint(big));  // (order-free: exact)
+    }
+    __syncthreads();
+    if (threadIdx.x < m_rows) {
+      const int e = (int)(scales[threadIdx.x] >> 23) - 127;  // the largest |x|'s exponent
+      const int up = scales[threadIdx.x] == 0u ? 0 : max(-100, min(100, 14 - e));
+      scales[threadIdx.x] = (u32)(127 + up) << 23;
+      unscale[threadIdx.x] = __uint_as_float((u32)(127 - up) << 23);
+    }
+    __syncthreads();
+  }
   for (int base = threadIdx.x; base < items; base += BATCH * blockDim.x) {
     float4 v[BATCH];
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const int e = base + b * blockDim.x;
       if (e >= items) break;
-      const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
-      const int j = jq % F::MMAS, ql = jq / F::MMAS;
-      v[b] = __ldg(reinterpret_cast<const float4*>(
-          x + (long long)m * ldx + (long long)(q0 + ql) * F::GW + F::k_of(t, j)));
+      v[b] = __ldg(at(e));
     }
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
@@ -129,8 +197,14 @@ __device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts,
       if (e >= items) break;
       const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
       uint2 hi, lo;
-      split_pair(v[b].x, v[b].y, hi.x, lo.x);
-      split_pair(v[b].z, v[b].w, hi.y, lo.y);
+      if (F::HALF) {
+        const float up = __uint_as_float(scales[m]);
+        split_pair_f16(v[b].x * up, v[b].y * up, hi.x, lo.x);
+        split_pair_f16(v[b].z * up, v[b].w * up, hi.y, lo.y);
+      } else {
+        split_pair(v[b].x, v[b].y, hi.x, lo.x);
+        split_pair(v[b].z, v[b].w, hi.y, lo.y);
+      }
       uint2* dst = xs + jq * 8 * m_rows + 8 * m + t;
       dst[0] = hi;
       dst[4] = lo;
@@ -181,7 +255,9 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
   const int L = 4 * steps;
   uint2* xs = tile_x;
   float* sums = reinterpret_cast<float*>(tile_x + L * F::MMAS * live);
-  stage_x<F>(xs, sums, sums + L * m_rows, x, ldx, m_rows, q0, L);
+  __shared__ float unscale[8];
+  __shared__ u32 row_scales[8];
+  stage_x<F>(xs, sums, sums + L * m_rows, unscale, row_scales, x, ldx, m_rows, q0, L);
   __syncthreads();
 
   float acc[NB][2];
@@ -203,7 +279,11 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
         for (int nb = 0; nb < NB; ++nb) {
           const int e = 32 * nb + lane;
           const uint2 b = e < live ? xq[j * live + e] : make_uint2(0u, 0u);
-          mma_bf16(part[nb], a, b.x, b.y);
+          if (F::HALF) {
+            mma_f16(part[nb], a, b.x, b.y);
+          } else {
+            mma_bf16(part[nb], a, b.x, b.y);
+          }
         }
       }
       const u32 sw = uint4_word(cur.s, u);
@@ -226,10 +306,11 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
       for (int h = 0; h < 2; ++h) {
         const long long row = tile * 16 + g + 8 * h - row0;
         if (m >= m_rows || row < 0 || row >= rows) continue;
+        const float v = F::HALF ? acc[nb][h] * unscale[m] : acc[nb][h];  // (exact)
         if (gridDim.y == 1) {
-          y[(long long)m * ldy + row] = acc[nb][h];
+          y[(long long)m * ldy + row] = v;
         } else {
-          partial[((long long)blockIdx.y * m_rows + m) * rows + row] = acc[nb][h];
+          partial[((long long)blockIdx.y * m_rows + m) * rows + row] = v;
         }
       }
     }
@@ -271,6 +352,7 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 DEFINE_TILES(tiles_q4, TileInt<4>)
 DEFINE_TILES(tiles_q5, TileInt<5>)
 DEFINE_TILES(tiles_q8, TileQ8)
+DEFINE_TILES(tiles_q8h, TileQ8Half)
 
 // ------------------------------------------------------------------ rows to float / bf16
 // out[i, k] = W[rows[i], k] for k < columns, as float32 or as bf16 words (BF16). A thread
