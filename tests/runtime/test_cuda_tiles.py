@@ -35,20 +35,30 @@ def test_round_trip(code: int, shape: tuple[int, int]) -> None:
     assert np.array_equal(T.unpack_tiles(np, tiled, code, *shape), raw)
 
 
-def _pairs_q4(words: np.ndarray, high: np.ndarray | None) -> np.ndarray:
+def _pairs_q4(words: np.ndarray) -> np.ndarray:
     """[..., 4 mmas, 4 pairs, 2] code values of a lane's words, as tiles.cu's frag reads them."""
-    j = np.arange(4)[:, None]
     i = np.arange(4)[None, :]
     w = words[..., :, None]
     first = (w >> (4 * i)) & 15
     second = (w >> (16 + 4 * i)) & 15
-    if high is None:
-        return np.stack([first, second], axis=-1).astype(np.int64) - 8
-    bit = 4 * j + i
-    h = high[..., None, None]
-    first = first | (((h >> bit) & 1) << 4)
-    second = second | (((h >> (16 + bit)) & 1) << 4)
-    return np.stack([first, second], axis=-1).astype(np.int64) - 16
+    return np.stack([first, second], axis=-1).astype(np.int64) - 8
+
+
+def _pairs_q5(words: np.ndarray, fifth: np.ndarray) -> np.ndarray:
+    """The same for q5's five words: pair P < 15 in word P // 3, field P % 3; pair 15 from
+    bits 15 and 31 of the five words (code bit b in word b)."""
+    five = np.concatenate([words, fifth[..., None]], axis=-1).astype(np.int64)
+    out = np.empty((*words.shape[:-1], 4, 4, 2), dtype=np.int64)
+    for pair in range(16):
+        j, i = divmod(pair, 4)
+        for second in range(2):
+            if pair < 15:
+                w, f = divmod(pair, 3)
+                code = (five[..., w] >> (16 * second + 5 * f)) & 31
+            else:
+                code = sum(((five[..., b] >> (15 + 16 * second)) & 1) << b for b in range(5))
+            out[..., j, i, second] = code - 16
+    return out
 
 
 def _pairs_q8(words: np.ndarray) -> np.ndarray:
@@ -74,7 +84,12 @@ def kernel_view(tiled: np.ndarray, code: int, shape: tuple[int, int]) -> np.ndar
         h = tiled[geo.high_offset : geo.scale_offset].view(np.uint32)
         h = h.reshape(geo.row_tiles, geo.groups // 4, 32, 4).transpose(0, 1, 3, 2)
         high = h.reshape(geo.row_tiles, geo.groups, 32)
-    pairs = _pairs_q8(words) if code == F.Q8 else _pairs_q4(words, high)
+    if code == F.Q8:
+        pairs = _pairs_q8(words)
+    elif code == F.Q5:
+        pairs = _pairs_q5(words, high)
+    else:
+        pairs = _pairs_q4(words)
     scales = tiled[geo.scale_offset :].view(np.float16).astype(np.float32)
     scales = scales.reshape(geo.row_tiles, geo.groups // 4, 8, 4, 2)
     out = np.zeros((geo.row_tiles * 16, geo.groups * geo.group), dtype=np.float32)

@@ -10,8 +10,8 @@ need for rows ``g`` and ``g + 8``. Lane ``t`` takes the group's weights ``k = 16
 (q8: ``8 t + 4 j + i``) for mma ``j`` and fragment slots ``i = 0..3`` (the product may visit
 k in any order as long as x follows it; the kernel stages x the same way).
 
-Planes of a tiled object, one buffer: codes (512 bytes a tile), then for q5 the high bits
-(4 bytes a lane and group: 128 bytes a tile), then the scales (binary16; per row tile and
+Planes of a tiled object, one buffer: codes (512 bytes a tile), then for q5 a fifth word a
+lane (4 bytes a lane and group: 128 bytes a tile), then the scales (binary16; per row tile and
 four groups, lane group ``g`` reads the 16 bytes holding rows ``g`` and ``g + 8`` of the four
 groups). Rows are padded to whole row tiles and groups to a multiple of four with codes of
 value zero and scale 0. Codes are stored offset binary (``c = q + 2^(b-1)``) so the kernel
@@ -22,8 +22,12 @@ Word layouts (what ``tiles.cu`` decodes):
   element of fragment pair ``i``, nibble ``4 + i`` its second. Pair 0: row g, slots 0-1;
   pair 1: row g + 8, slots 0-1; pair 2: row g, slots 2-3; pair 3: row g + 8, slots 2-3 (the
   order of ``mma.m16n8k16``'s A registers), so pair i is ``(word >> 4 i) & 0x000F000F``.
-* q5 high bits: bit ``P = 4 j + i`` of the lane's word is the fifth bit of pair ``P``'s first
-  element, bit ``16 + P`` that of its second.
+* q5 (read on fp16 fragments, whose 10 mantissa bits hold a 5-bit code at bits 0-4 or 5-9 of
+  a half): the lane's five words (four in the code plane, the fifth in the q5 plane) hold
+  pair ``P = 4 j + i`` of mma j (the pairs of q4's word j) as whole 5-bit codes: for P < 15
+  word ``P // 3``, field ``P % 3`` (bits ``5 f .. 5 f + 4`` the first element, ``16 + 5 f ..``
+  the second); pair 15's codes are spread over bits 15 (first) and 31 (second) of the five
+  words, code bit b in word b.
 * q8: word ``2 j + h`` holds bytes ``(row g, slot 2h), (row g + 8, slot 2h), (row g, slot
   2h + 1), (row g + 8, slot 2h + 1)``.
 
@@ -59,9 +63,9 @@ TILED_CODES = frozenset(_NAMES)
 #: 2026-12-04): q4 [34816, 5120] 56% of the floor against the GEMV's 53% at one row, 37%
 #: against 30% at eight; [13312, 5120] 45% / 44% and 29% / 25%; but [4096, 5120] 28% against
 #: 35% at one row (a block's staging of x and the K-split sum cost a few microseconds a
-#: launch). q5 (44% against 49-51%) and q8 (65% against 68-74%) lose at one row even on the
-#: 27B MLP shapes, so they keep the stored layout until their tile decode costs fewer
-#: instructions.
+#: launch). q5 on bf16 fragments (44% against 49-51%) and q8 (65% against 68-74%) lost at
+#: one row; their fp16-fragment kernels (q5's layout here, q8's tiles_q8h) take 35-55% fewer
+#: instructions a step and have not run on a GPU yet, so q5 and q8 keep the stored layout.
 PACKED_AT_LOAD = frozenset({F.Q4})
 PACK_FROM_WEIGHTS = 50_000_000
 
@@ -131,19 +135,29 @@ def _code_order(code: int) -> np.ndarray:
     return (row * 64 + k).reshape(-1)
 
 
-def _high_order() -> np.ndarray:
-    """For each high bit of a q5 tile (lane, bit), the index into ``_code_order``'s fields of
-    the weight it belongs to: bit P < 16 is pair P's first element, bit 16 + P its second."""
-    lane = np.arange(LANES)[:, None]
-    bit = np.arange(32)[None, :]
-    pair = bit % 16
-    j, i, second = pair // 4, pair % 4, bit // 16
-    return (lane * 32 + j * 8 + i + 4 * second).reshape(-1)
+def _q5_bits() -> np.ndarray:
+    """For each bit of a q5 tile in stored order (lane, its 160 bits: words 0-4), the
+    (index into ``_code_order(Q4)``'s fields, code bit) it holds, as field * 5 + code bit."""
+    out = np.empty((LANES, 160), dtype=np.int64)
+    for lane in range(LANES):
+        for pair in range(16):
+            j, i = divmod(pair, 4)
+            for second in range(2):
+                field = lane * 32 + j * 8 + i + 4 * second  # q4's (lane, word j, nibble)
+                for b in range(5):
+                    if pair < 15:
+                        w, f = divmod(pair, 3)
+                        at = 32 * w + 16 * second + 5 * f + b
+                    else:
+                        at = 32 * b + 15 + 16 * second
+                    out[lane, at] = field * 5 + b
+    return out.reshape(-1)
 
 
 _CODE_ORDER = {code: _code_order(code) for code in TILED_CODES}
-_HIGH_ORDER = _high_order()
 _CODE_INVERSE = {code: np.argsort(order) for code, order in _CODE_ORDER.items()}
+_Q5_BITS = _q5_bits()
+_Q5_INVERSE = np.argsort(_Q5_BITS)  # (field, code bit) -> its bit of the tile
 
 
 # ------------------------------------------------------------------------ pack / unpack
@@ -186,16 +200,10 @@ def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> 
         full[: r1 - r0, :gpr] = values
         tiles = full.reshape(t1 - t0, TILE_ROWS, geo.groups, geo.group).transpose(0, 2, 1, 3)
         fields = tiles.reshape(t1 - t0, geo.groups, -1)[..., order]
-        low = fields & 15 if code != F.Q8 else fields
-        codes_out[t0:t1] = _pack_fields(xp, low, 4 if code != F.Q8 else 8)
         if code == F.Q5:
-            high = (fields >> 4)[..., xp.asarray(_HIGH_ORDER)]
-            high_out = out[geo.high_offset : geo.scale_offset].reshape(
-                geo.row_tiles, geo.groups // 4, 16 * LANES
-            )
-            words = _pack_fields(xp, high, 1).reshape(t1 - t0, geo.groups // 4, 4, LANES, 4)
-            # per lane, the four groups' words side by side (one 16-byte load)
-            high_out[t0:t1] = words.transpose(0, 1, 3, 2, 4).reshape(t1 - t0, geo.groups // 4, -1)
+            _pack_q5(xp, fields, out, geo, t0)
+        else:
+            codes_out[t0:t1] = _pack_fields(xp, fields, 4 if code == F.Q4 else 8)
         s = xp.zeros(((t1 - t0) * TILE_ROWS, geo.groups), dtype=xp.uint16)
         s[: r1 - r0, :gpr] = scales
         s = s.reshape(t1 - t0, 2, 8, geo.groups // 4, 4)
@@ -210,15 +218,12 @@ def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int)
     stored = row_split_geometry(_NAMES[code], (rows, columns))
     gpr = stored.groups_per_row
     out = xp.zeros(stored.size, dtype=xp.uint8)
-    n_fields = TILE_CODE_BYTES * 8 // (4 if code != F.Q8 else 8)
     words = tiled[: geo.high_offset].view(xp.uint32).reshape(geo.row_tiles, geo.groups, -1)
-    fields = _unpack_fields(xp, words, 4 if code != F.Q8 else 8, n_fields)
     if code == F.Q5:
-        high = tiled[geo.high_offset : geo.scale_offset].view(xp.uint32)
-        high = high.reshape(geo.row_tiles, geo.groups // 4, LANES, 4).transpose(0, 1, 3, 2)
-        bits = _unpack_fields(xp, high.reshape(geo.row_tiles, geo.groups, LANES), 1, 32 * LANES)
-        inverse_high = np.argsort(_HIGH_ORDER)
-        fields = fields | (bits[..., xp.asarray(inverse_high)] << 4)
+        fields = _unpack_q5(xp, tiled, words, geo)
+    else:
+        bits = 4 if code == F.Q4 else 8
+        fields = _unpack_fields(xp, words, bits, TILE_CODE_BYTES * 8 // bits)
     values = fields[..., xp.asarray(_CODE_INVERSE[code])]
     values = values.reshape(geo.row_tiles, geo.groups, TILE_ROWS, geo.group).transpose(0, 2, 1, 3)
     values = values.reshape(geo.row_tiles * TILE_ROWS, geo.groups, geo.group)[:rows, :gpr]
@@ -239,6 +244,36 @@ def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int)
     s = s.reshape(geo.row_tiles * TILE_ROWS, geo.groups)[:rows, :gpr]
     out[stored.scale_offset : stored.scale_offset + rows * gpr * 2] = s.reshape(-1).view(xp.uint8)
     return out
+
+
+def _pack_q5(xp: ModuleType, fields: Any, out: Any, geo: TileGeometry, t0: int) -> None:
+    """Row tiles t0 .. of q5 codes (fields in q4's code order, [n, groups, 1024]) into the
+    code plane (words 0-3 of each lane) and the q5 plane (word 4, four groups a 16-byte load)."""
+    n = fields.shape[0]
+    spread = fields.reshape(n, geo.groups, -1, 1) >> xp.arange(5, dtype=xp.uint8)
+    bits = (spread & 1).reshape(n, geo.groups, -1)[..., xp.asarray(_Q5_BITS)]
+    words = _pack_fields(xp, bits, 1).view(xp.uint32).reshape(n, geo.groups, LANES, 5)
+    codes = out[: geo.high_offset].view(xp.uint32).reshape(geo.row_tiles, geo.groups, LANES, 4)
+    codes[t0 : t0 + n] = words[..., :4]
+    fifth = out[geo.high_offset : geo.scale_offset].view(xp.uint32)
+    fifth = fifth.reshape(geo.row_tiles, geo.groups // 4, LANES, 4)
+    fifth[t0 : t0 + n] = words[..., 4].reshape(n, geo.groups // 4, 4, LANES).transpose(0, 1, 3, 2)
+
+
+def _unpack_q5(xp: ModuleType, tiled: Any, words: Any, geo: TileGeometry) -> Any:
+    """q5 codes in q4's code order ([row tiles, groups, 1024]) from a tiled object."""
+    fifth = tiled[geo.high_offset : geo.scale_offset].view(xp.uint32)
+    fifth = fifth.reshape(geo.row_tiles, geo.groups // 4, LANES, 4).transpose(0, 1, 3, 2)
+    lanes = xp.concatenate(
+        [
+            words.reshape(geo.row_tiles, geo.groups, LANES, 4),
+            fifth.reshape(geo.row_tiles, geo.groups, LANES, 1),
+        ],
+        axis=-1,
+    )
+    bits = _unpack_fields(xp, lanes.reshape(geo.row_tiles, geo.groups, -1), 1, 160 * LANES)
+    bits = bits[..., xp.asarray(_Q5_INVERSE)].reshape(geo.row_tiles, geo.groups, -1, 5)
+    return (bits << xp.arange(5, dtype=xp.uint8)).sum(axis=-1, dtype=xp.uint8)
 
 
 def _pack_fields(xp: ModuleType, fields: Any, bits: int) -> Any:

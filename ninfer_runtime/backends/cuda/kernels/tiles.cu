@@ -2,11 +2,12 @@
 // layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
 //
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
-// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (every
-// code is an integer of at most 8 bits, exact in bf16; the group scale multiplies the fp32
-// result), B is x split as hi + lo (both bf16, ~16 bits of x together) in columns 2m and
-// 2m + 1, so the lane holding column 2t of the result holds both halves of row m = t (+ 4 for
-// the second 8-column block). x is staged once per block in shared memory in fragment order
+// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4, q8;
+// every code is an integer of at most 8 bits, exact in bf16; the group scale multiplies the
+// fp32 result) or fp16 ones (q5, and q8's variant), B is x split as hi + lo (both bf16, ~16
+// bits of x together; fp16: ~22 bits, each row scaled by a power of two into range) in
+// columns 2m and 2m + 1, so the lane holding column 2t of the result holds both halves of
+// row m = t (+ 4 for the second 8-column block). x is staged once per block in shared memory in fragment order
 // (no separate pass, and no global load of x between the mmas).
 //
 // Work split: block (b, s) of a (BX, S) grid of W-warp blocks takes groups [s * per,
@@ -29,6 +30,12 @@ __device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ u32 fma_f16x2(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 __device__ __forceinline__ u32 sub_f16x2(u32 a, u32 b) {
   u32 d;
   asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -39,6 +46,12 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
   u32 d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
+}
+
+// Two fp16 values packed in w (element 0 in the low half) -> two floats
+__device__ __forceinline__ void f16x2(u32 w, float& lo, float& hi) {
+  lo = f16_to_f32((u16)(w & 0xFFFFu));
+  hi = f16_to_f32((u16)(w >> 16));
 }
 
 // x = hi + lo with both fp16 (about 22 bits of x; x must lie inside fp16's range), lo in the
@@ -59,35 +72,52 @@ __device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
 // the nibbles at bits 0-3 and 16-19 of w as bf16 128 + nibble
 __device__ __forceinline__ u32 magic_fields(u32 w) { return (w & 0x000F000Fu) | BF16_128_2; }
 
-// q5's fifth bit at mantissa bit p of a bf16 128 + 2^p h: times 16 / 2^p, minus 2^(11-p) + 144,
-// is 16 h - 144 (exact); bf16 pairs of both constants for p = 0..6.
-__device__ __forceinline__ u32 q5_scale(int p) { return (u32)(0x4180 - 0x80 * p) * 0x10001u; }
-__device__ __forceinline__ u32 q5_bias(int p) {
-  return p == 0 ? 0xC509C509u : p == 1 ? 0xC492C492u : p == 2 ? 0xC424C424u
-       : p == 3 ? 0xC3C8C3C8u : p == 4 ? 0xC388C388u : p == 5 ? 0xC350C350u : 0xC330C330u;
-}
-
-// q4 / q5: a group is 64 weights; lane t's are k = 16 t + 4 j + i for mma j, slot i
-template <int BITS>
-struct TileInt {
+// q4: a group is 64 weights; lane t's are k = 16 t + 4 j + i for mma j, slot i
+struct TileQ4 {
   static constexpr int GW = 64, MMAS = 4;
-  static constexpr bool HIGH = BITS == 5, HALF = false;
-  // q4's fragments hold 128 + c = q + 136: the product then takes 136 times the group's sum
+  static constexpr bool HIGH = false, HALF = false;
+  // the fragments hold 128 + c = q + 136: the product then takes 136 times the group's sum
   // of x off (staged with x), instead of a subtraction per pair
-  static constexpr float OFFSET = BITS == 4 ? 136.f : 0.f;
+  static constexpr float OFFSET = 136.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return 16 * t + 4 * j; }
-  // the four A registers of mma j from the lane's code words q and its high-bit word h
-  static __device__ __forceinline__ void frag(const uint4& q, u32 h, int j, u32 (&a)[4]) {
+  // the four A registers of mma j from the lane's code words q (and a fifth word h: q5)
+  static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
     const u32 w = uint4_word(q, j);
 #pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = magic_fields(w >> (4 * i));  // 128 + nibble
+  }
+};
+
+#define F16_MAGIC2 0x64006400u  // (bits | 0x6400) is the fp16 1024 + bits (bits < 1024)
+
+// q5 on fp16 operands (the layout in tiles.py): pair P < 15 is field P % 3 of word P / 3, a
+// 5-bit code c under the fp16 exponent of 1024 at bits 0-4 (1024 + c) or 5-9 (1024 + 32 c),
+// one mask each, then one subtraction (or fma by 1/32) to c - 16 = q; pair 15 gathers bit 15
+// and bit 31 of the five words. x enters as fp16 hi + lo, as for TileQ8Half.
+struct TileQ5Half {
+  static constexpr int GW = 64, MMAS = 4;
+  static constexpr bool HIGH = true, HALF = true;
+  static constexpr float OFFSET = 0.f;
+  static __device__ __forceinline__ int k_of(int t, int j) { return 16 * t + 4 * j; }
+  static __device__ __forceinline__ u32 word(const uint4& q, u32 h, int w) {
+    return w < 4 ? uint4_word(q, w) : h;
+  }
+  static __device__ __forceinline__ void frag(const uint4& q, u32 h, int j, u32 (&a)[4]) {
+#pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const u32 raw = magic_fields(w >> (4 * i));  // 128 + low nibble
-      if (BITS == 4) {
-        a[i] = raw;
+      const int P = 4 * j + i;
+      if (P < 15) {
+        const u32 w = word(q, h, P / 3);
+        if (P % 3 == 1) {  // (1024 + 32 c) / 32 - 48
+          a[i] = fma_f16x2((w & 0x03E003E0u) | F16_MAGIC2, 0x28002800u, 0xD200D200u);
+        } else {  // (1024 + c) - 1040
+          a[i] = sub_f16x2(((P % 3 == 0 ? w : w >> 10) & 0x001F001Fu) | F16_MAGIC2, 0x64106410u);
+        }
       } else {
-        const int P = 4 * j + i, s = P < 7 ? 0 : P < 14 ? 7 : 14, p = P - s;
-        const u32 bit = ((h >> s) & (0x00010001u << p)) | BF16_128_2;  // 128 + 2^p h
-        a[i] = fma_bf16x2(raw, BF16_ONE2, fma_bf16x2(bit, q5_scale(p), q5_bias(p)));
+        u32 c = 0;
+#pragma unroll
+        for (int b = 0; b < 5; ++b) c |= (word(q, h, b) >> (15 - b)) & (0x00010001u << b);
+        a[i] = sub_f16x2(c | F16_MAGIC2, 0x64106410u);
       }
     }
   }
@@ -349,8 +379,8 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
                               ldx, m_rows, y, ldy, partial, counters);                      \
   }
 
-DEFINE_TILES(tiles_q4, TileInt<4>)
-DEFINE_TILES(tiles_q5, TileInt<5>)
+DEFINE_TILES(tiles_q4, TileQ4)
+DEFINE_TILES(tiles_q5, TileQ5Half)
 DEFINE_TILES(tiles_q8, TileQ8)
 DEFINE_TILES(tiles_q8h, TileQ8Half)
 
@@ -383,8 +413,8 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
     F::frag(code, h, j, a);
     // pair rr: slots 0-1 of this row, pair 2 + rr: slots 2-3 (k = RUN t + 4 j + slot)
     float x0, x1, x2, x3;
-    bf16x2(rr ? a[1] : a[0], x0, x1);
-    bf16x2(rr ? a[3] : a[2], x2, x3);
+    F::HALF ? f16x2(rr ? a[1] : a[0], x0, x1) : bf16x2(rr ? a[1] : a[0], x0, x1);
+    F::HALF ? f16x2(rr ? a[3] : a[2], x2, x3) : bf16x2(rr ? a[3] : a[2], x2, x3);
     constexpr float off = F::OFFSET;  // (q4: fragments hold q + 136)
     v[4 * j] = (x0 - off) * sc; v[4 * j + 1] = (x1 - off) * sc;
     v[4 * j + 2] = (x2 - off) * sc; v[4 * j + 3] = (x3 - off) * sc;
@@ -421,6 +451,6 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
     tiles_rows<POLICY, BF16>(obj, high, scales, groups, rows, n, columns, out);                 \
   }
 
-DEFINE_TILE_ROWS(tiles_q4, TileInt<4>)
-DEFINE_TILE_ROWS(tiles_q5, TileInt<5>)
+DEFINE_TILE_ROWS(tiles_q4, TileQ4)
+DEFINE_TILE_ROWS(tiles_q5, TileQ5Half)
 DEFINE_TILE_ROWS(tiles_q8, TileQ8)
