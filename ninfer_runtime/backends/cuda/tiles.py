@@ -64,7 +64,7 @@ TILED_CODES = frozenset(_NAMES)
 #: against 30% at eight; [13312, 5120] 45% / 44% and 29% / 25%; but [4096, 5120] 28% against
 #: 35% at one row (a block's staging of x and the K-split sum cost a few microseconds a
 #: launch). q5 on bf16 fragments (44% against 49-51%) and q8 (65% against 68-74%) lost at
-#: one row; their fp16-fragment kernels (q5's layout here, q8's tiles_q8h) take 35-55% fewer
+#: one row; their fp16-fragment kernels (q5's layout here, q8's tiles_q8h) take 38-61% fewer
 #: instructions a step and have not run on a GPU yet, so q5 and q8 keep the stored layout.
 PACKED_AT_LOAD = frozenset({F.Q4})
 PACK_FROM_WEIGHTS = 50_000_000
