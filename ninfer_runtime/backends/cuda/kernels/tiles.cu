@@ -72,15 +72,24 @@ __device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
 // the nibbles at bits 0-3 and 16-19 of w as bf16 128 + nibble
 __device__ __forceinline__ u32 magic_fields(u32 w) { return (w & 0x000F000Fu) | BF16_128_2; }
 
-// q4: a group is 64 weights; lane t's are k = 16 t + 4 j + i for mma j, slot i
-struct TileQ4 {
-  static constexpr int GW = 64, MMAS = 4;
+// What every tile policy shares for groups of G weights: an mma per 16, and lane t's weights
+// of a group are k = (G / 4) t + 4 j + i for mma j, slot i. A policy adds frag (the four A
+// registers of mma j from the lane's code words q and, for q5, its fifth word h) and says
+// whether it reads a fifth word (HIGH), takes fp16 operands (HALF), and what offset its
+// fragments carry over the weights (OFFSET, taken off through staged sums of x).
+template <int G>
+struct TileGroups {
+  static constexpr int GW = G, MMAS = G / 16;
   static constexpr bool HIGH = false, HALF = false;
+  static constexpr float OFFSET = 0.f;
+  static __device__ __forceinline__ int k_of(int t, int j) { return G / 4 * t + 4 * j; }
+};
+
+// q4: a group is 64 weights
+struct TileQ4 : TileGroups<64> {
   // the fragments hold 128 + c = q + 136: the product then takes 136 times the group's sum
   // of x off (staged with x), instead of a subtraction per pair
   static constexpr float OFFSET = 136.f;
-  static __device__ __forceinline__ int k_of(int t, int j) { return 16 * t + 4 * j; }
-  // the four A registers of mma j from the lane's code words q (and a fifth word h: q5)
   static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
     const u32 w = uint4_word(q, j);
 #pragma unroll
@@ -94,11 +103,8 @@ struct TileQ4 {
 // 5-bit code c under the fp16 exponent of 1024 at bits 0-4 (1024 + c) or 5-9 (1024 + 32 c),
 // one mask each, then one subtraction (or fma by 1/32) to c - 16 = q; pair 15 gathers bit 15
 // and bit 31 of the five words. x enters as fp16 hi + lo, as for TileQ8Half.
-struct TileQ5Half {
-  static constexpr int GW = 64, MMAS = 4;
+struct TileQ5Half : TileGroups<64> {
   static constexpr bool HIGH = true, HALF = true;
-  static constexpr float OFFSET = 0.f;
-  static __device__ __forceinline__ int k_of(int t, int j) { return 16 * t + 4 * j; }
   static __device__ __forceinline__ u32 word(const uint4& q, u32 h, int w) {
     return w < 4 ? uint4_word(q, w) : h;
   }
@@ -123,13 +129,9 @@ struct TileQ5Half {
   }
 };
 
-// q8: a group is 32 weights; lane t's are k = 8 t + 4 j + i. A byte u = q + 128 is split into
-// nibbles: (128 + low) + (16 (128 + high) - 2304) = u - 128 = q, each step exact in bf16.
-struct TileQ8 {
-  static constexpr int GW = 32, MMAS = 2;
-  static constexpr bool HIGH = false, HALF = false;
-  static constexpr float OFFSET = 0.f;
-  static __device__ __forceinline__ int k_of(int t, int j) { return 8 * t + 4 * j; }
+// q8: a group is 32 weights. A byte u = q + 128 is split into nibbles: (128 + low) +
+// (16 (128 + high) - 2304) = u - 128 = q, each step exact in bf16.
+struct TileQ8 : TileGroups<32> {
   static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // pair i: word 2 j + i / 2, bytes (i % 2, i % 2 + 2)
@@ -144,11 +146,8 @@ struct TileQ8 {
 // permute (1024 + u, exact), and one subtraction of 1152 leaves q: two instructions a pair
 // against five on bf16. x then enters as fp16 hi + lo, scaled by a power of two per block
 // and row into fp16's range (tiles_product undoes it).
-struct TileQ8Half {
-  static constexpr int GW = 32, MMAS = 2;
-  static constexpr bool HIGH = false, HALF = true;
-  static constexpr float OFFSET = 0.f;
-  static __device__ __forceinline__ int k_of(int t, int j) { return 8 * t + 4 * j; }
+struct TileQ8Half : TileGroups<32> {
+  static constexpr bool HALF = true;
   static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // pair i: bytes (i % 2, i % 2 + 2) of word 2 j + i / 2
