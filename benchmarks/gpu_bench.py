@@ -284,11 +284,6 @@ def bench(
                 packed = [tile_packing.pack_tiles(cp, c, p.code, *shape) for c in copies]
                 tiled = (packed, tile_packing.tiled_planes(p.code, *shape))
                 kinds["tiles"] = (tile_products.product, tiled)
-                if p.code == F.Q8:  # and its variant on fp16 operands
-                    kinds["tiles-f16"] = (
-                        lambda *a: tile_products.product(*a, half=True),
-                        tiled,
-                    )
             for (kind, (fn, (objs, q))), m in itertools.product(kinds.items(), activation_rows):
                 x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)

@@ -43,7 +43,7 @@ def test_rows_of_a_plan_cross_its_segments_and_merge() -> None:
 def test_a_ranks_cut_weights_decode_to_its_share(artifact_path, kind, monkeypatch) -> None:
     from ninfer_format import Artifact
 
-    monkeypatch.setattr(weights, "PACK_FROM_WEIGHTS", 0)  # tile pack the tiny q4 objects too
+    monkeypatch.setattr(weights, "PACK_FROM_WEIGHTS", 0)  # tile pack the tiny q4/q5/q8 objects too
     art = Artifact.open(artifact_path("tiny_mixed", kind))
     c = Qwen35Config.from_text_config(art.components["text"].config)
     by_rows = by_columns = tiled = 0

@@ -136,9 +136,9 @@ def _prmt(a: np.ndarray, b: int, selector: int) -> np.ndarray:
     return sum(pool[(selector >> (4 * n)) & 7] << (8 * n) for n in range(4))
 
 
-def test_q8_half_fragments_are_the_pairs() -> None:
-    """tiles.cu's TileQ8Half: one permute under the fp16 exponent byte 0x64 and a subtraction
-    of 1152 give pair i of mma j, as TileQ8 reads it (checked above against the codec)."""
+def test_q8_fragments_are_the_pairs() -> None:
+    """tiles.cu's TileQ8: one permute under the fp16 exponent byte 0x64 and a subtraction of
+    1152 give pair i of mma j as the layout places it (checked above against the codec)."""
     rng = np.random.default_rng(4)
     words = rng.integers(0, 2**32, size=(64, 4), dtype=np.uint64).astype(np.uint32)
     want = _pairs_q8(words)

@@ -36,18 +36,11 @@ MIN_SLICE = 8
 SM_SHARED = 227 << 10
 
 _KERNELS = {F.Q4: "tiles_q4", F.Q5: "tiles_q5", F.Q8: "tiles_q8"}
-#: variants on fp16 operands (q8's bytes decoded by one permute; x scaled into fp16's range)
-_HALF_KERNELS = {F.Q8: "tiles_q8h"}
 #: weights per group and mmas per group of each tiled format
 _GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32}
 register_family(
     FAMILY,
-    [
-        f"{k}<{nb}, {w}>"
-        for k in (*_KERNELS.values(), *_HALF_KERNELS.values())
-        for nb in (1, 2)
-        for w in BLOCK_WARPS
-    ]
+    [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
     + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
 )
 
@@ -99,20 +92,18 @@ def product(
     ldy: int,
     split: int | None = None,
     warps: int | None = None,
-    half: bool = False,
 ) -> None:
     """``y[m, r] = sum_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= MAX_ROWS`` rows of
     x (float32, C-contiguous, ``p.x_width`` columns, zero padded); ``y``: float32 rows
     ``ldy`` apart. ``split``: K slices, ``warps``: warps a block (one of ``BLOCK_WARPS``;
-    defaults: ``shape``'s choice and ``WARPS``); ``half``: the fp16-operand variant (q8)."""
+    defaults: ``shape``'s choice and ``WARPS``)."""
     m = int(x.shape[0])
     if not 0 < m <= MAX_ROWS or x.shape[1] != p.x_width:
         raise ValueError(
             f"tile product: x {tuple(x.shape)}, expected 1..{MAX_ROWS} rows of {p.x_width}"
         )
     warps = warps or WARPS[m]
-    kernel = (_HALF_KERNELS if half else _KERNELS)[p.code]
-    name = f"{kernel}<{1 if m <= 4 else 2}, {warps}>"
+    name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {warps}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
     by_registers = split_sums.blocks_per_sm(fn, warps * 32)
     tiles, split, per = shape(p, row0, rows, m, by_registers, warps, split)

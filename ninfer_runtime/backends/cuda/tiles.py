@@ -60,13 +60,12 @@ _NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
 TILED_CODES = frozenset(_NAMES)
 #: the codes the loader tile packs, and from how many weights an object: where the tile
 #: kernel is also the faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
-#: 2026-12-04): q4 [34816, 5120] 56% of the floor against the GEMV's 53% at one row, 37%
-#: against 30% at eight; [13312, 5120] 45% / 44% and 29% / 25%; but [4096, 5120] 28% against
-#: 35% at one row (a block's staging of x and the K-split sum cost a few microseconds a
-#: launch). q5 on bf16 fragments (44% against 49-51%) and q8 (65% against 68-74%) lost at
-#: one row; their fp16-fragment kernels (q5's layout here, q8's tiles_q8h) take 38-61% fewer
-#: instructions a step and have not run on a GPU yet, so q5 and q8 keep the stored layout.
-PACKED_AT_LOAD = frozenset({F.Q4})
+#: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
+#: q4 [34816, 5120] 56 / 37 against 53 / 30; q5 [17408, 5120] 51 / 33 against 51 / 26; q8
+#: [17408, 5120] 77 / 56 against 74 / 40. Below about 50 M weights a block's staging of x and
+#: the K-split sum (a few microseconds a launch) lose at one row: q4 [4096, 5120] 28 against
+#: 35, q8 [12288, 2048] 51 against 56, q5 [2048, 4096] 19 against 27.
+PACKED_AT_LOAD = frozenset(TILED_CODES)
 PACK_FROM_WEIGHTS = 50_000_000
 
 

@@ -1,6 +1,6 @@
 """Weight residency: each parent object uploaded once, as stored or tile packed.
 
-Large row_split q4 objects are tile packed at upload (``tiles.py``: the same bits in the order
+Large row_split q4/q5/q8 objects are tile packed at upload (``tiles.py``: the same bits in the order
 the decode products read fastest), except those of MoE blocks, whose expert kernels read the
 stored layout. A logical parameter becomes either
 

@@ -2,25 +2,19 @@
 // layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
 //
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
-// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4, q8;
-// every code is an integer of at most 8 bits, exact in bf16; the group scale multiplies the
-// fp32 result) or fp16 ones (q5, and q8's variant), B is x split as hi + lo (both bf16, ~16
-// bits of x together; fp16: ~22 bits, each row scaled by a power of two into range) in
-// columns 2m and 2m + 1, so the lane holding column 2t of the result holds both halves of
-// row m = t (+ 4 for the second 8-column block). x is staged once per block in shared memory in fragment order
-// (no separate pass, and no global load of x between the mmas).
+// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4) or
+// fp16 ones (q5, q8; every code is an integer, exact in either; the group scale multiplies the
+// fp32 result), B is x split as hi + lo (both bf16, ~16 bits of x together; fp16: ~22 bits,
+// each row scaled by a power of two into range) in columns 2m and 2m + 1, so the lane holding
+// column 2t of the result holds both halves of row m = t (+ 4 for the second 8-column block).
+// x is staged once per block in shared memory in fragment order (no separate pass, and no
+// global load of x between the mmas).
 //
 // Work split: block (b, s) of a (BX, S) grid of W-warp blocks takes groups [s * per,
 // (s + 1) * per) of K, and its warp w row tile W b + w: every warp the same work (one tile's
 // slice), so no warp is left streaming alone at the end (tile_products.shape picks S). With
 // S > 1 each block leaves partial sums and the last of the S blocks of index b adds them in
 // slice order: deterministic.
-
-__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
-  u32 d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
 
 // d += a * b with fp16 operands (the layout of mma_bf16)
 __device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 b1) {
@@ -66,7 +60,6 @@ __device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
   return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
-#define BF16_ONE2 0x3F803F80u
 #define BF16_128_2 0x43004300u
 
 // the nibbles at bits 0-3 and 16-19 of w as bf16 128 + nibble
@@ -102,7 +95,7 @@ struct TileQ4 : TileGroups<64> {
 // q5 on fp16 operands (the layout in tiles.py): pair P < 15 is field P % 3 of word P / 3, a
 // 5-bit code c under the fp16 exponent of 1024 at bits 0-4 (1024 + c) or 5-9 (1024 + 32 c),
 // one mask each, then one subtraction (or fma by 1/32) to c - 16 = q; pair 15 gathers bit 15
-// and bit 31 of the five words. x enters as fp16 hi + lo, as for TileQ8Half.
+// and bit 31 of the five words. x enters as fp16 hi + lo, as for TileQ8.
 struct TileQ5Half : TileGroups<64> {
   static constexpr bool HIGH = true, HALF = true;
   static __device__ __forceinline__ u32 word(const uint4& q, u32 h, int w) {
@@ -129,24 +122,11 @@ struct TileQ5Half : TileGroups<64> {
   }
 };
 
-// q8: a group is 32 weights. A byte u = q + 128 is split into nibbles: (128 + low) +
-// (16 (128 + high) - 2304) = u - 128 = q, each step exact in bf16.
-struct TileQ8 : TileGroups<32> {
-  static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // pair i: word 2 j + i / 2, bytes (i % 2, i % 2 + 2)
-      const u32 w = uint4_word(q, 2 * j + i / 2) >> (8 * (i % 2));
-      const u32 lo = magic_fields(w), hi = magic_fields(w >> 4);
-      a[i] = fma_bf16x2(lo, BF16_ONE2, fma_bf16x2(hi, 0x41804180u, 0xC510C510u));
-    }
-  }
-};
-
 // q8 on fp16 operands: a byte u = q + 128 goes under the fp16 exponent byte 0x64 by one
 // permute (1024 + u, exact), and one subtraction of 1152 leaves q: two instructions a pair
 // against five on bf16. x then enters as fp16 hi + lo, scaled by a power of two per block
 // and row into fp16's range (tiles_product undoes it).
-struct TileQ8Half : TileGroups<32> {
+struct TileQ8 : TileGroups<32> {
   static constexpr bool HALF = true;
   static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
 #pragma unroll
@@ -381,7 +361,6 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 DEFINE_TILES(tiles_q4, TileQ4)
 DEFINE_TILES(tiles_q5, TileQ5Half)
 DEFINE_TILES(tiles_q8, TileQ8)
-DEFINE_TILES(tiles_q8h, TileQ8Half)
 
 // ------------------------------------------------------------------ rows to float / bf16
 // out[i, k] = W[rows[i], k] for k < columns, as float32 or as bf16 words (BF16). A thread
