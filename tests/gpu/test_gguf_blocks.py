@@ -3,7 +3,8 @@
 with every projection read in place (no float32 copy of any matrix; the GDN output
 projection takes its activation in the stored column order), and answers as on the CPU: prompt
 logits within float32 rounding, then 64 greedy steps with the same tokens (a step where the
-reference's top two are within that bound is a tie, where comparing stops)."""
+reference's top two are within that bound is a tie, where comparing stops); and so does the
+dense one with its q4_k objects tile packed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from ninfer_format import Artifact
+from ninfer_runtime.backends.cuda import tile_products, tiles, weights
 from ninfer_runtime.models import load_model
 from ninfer_runtime.runner import ModelRunner
 
@@ -29,12 +31,44 @@ PROMPT, STEPS, TOL = 40, 64, 2e-3
 def test_gguf_block_artifact_answers_as_on_the_cpu(
     kind: str, gpu_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    err, same = _answers_as_on_the_cpu(kind, gpu_checkpoints, tmp_path, monkeypatch, True)
+    REPORT.append((f"gguf {kind}", "prompt logits max|Δ|", f"{err:.2e}"))
+    REPORT.append((f"gguf {kind}", "identical greedy tokens", f"{same} of {STEPS}"))
+
+
+def test_tile_packed_q4_k_answers_as_on_the_cpu(
+    gpu_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dense GGUF with random Q4_K down projections, tile packed as the loader packs large
+    q4_k objects: their products and rows on the tile kernels."""
+    monkeypatch.setattr(weights, "PACK_FROM_WEIGHTS", 0)
+    calls = []
+    product = tile_products.product
+    monkeypatch.setattr(
+        tile_products, "product", lambda *a, **k: calls.append(a[1].code) or product(*a, **k)
+    )
+    err, same = _answers_as_on_the_cpu("dense", gpu_checkpoints, tmp_path, monkeypatch, False)
+    assert tiles.Q4_K in calls, "no q4_k product ran on the tile kernel"
+    REPORT.append(("gguf dense, q4_k tiles", "prompt logits max|Δ|", f"{err:.2e}"))
+    REPORT.append(("gguf dense, q4_k tiles", "identical greedy tokens", f"{same} of {STEPS}"))
+
+
+def _answers_as_on_the_cpu(
+    kind: str,
+    checkpoints: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    faithful: bool,
+) -> tuple[float, int]:
+    """Prompt logits max|Δ| and greedy tokens identical of the GGUF-block artifact (``faithful``:
+    every projection quantized from the checkpoint; else some random Q4_K blocks) on the CPU
+    and the GPU."""
     from ninfer_convert.pipeline import convert
     from tests.convert.test_gguf_import import build_gguf, config_only
 
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")  # comparable to float32 rounding
-    build_gguf(gpu_checkpoints[kind], tmp_path / "t.gguf", faithful=True)
-    base = config_only(gpu_checkpoints[kind], tmp_path / "base")
+    build_gguf(checkpoints[kind], tmp_path / "t.gguf", faithful=faithful)
+    base = config_only(checkpoints[kind], tmp_path / "base")
     out = tmp_path / "g.ninfer"
     convert(RECIPES[kind], {"base": str(base), "gguf": str(tmp_path / "t.gguf")}, out)
     runners = {name: ModelRunner(load_model(Artifact.open(out), name)) for name in ("cpu", "cuda")}
@@ -57,5 +91,4 @@ def test_gguf_block_artifact_answers_as_on_the_cpu(
         same += 1
         for name, r in runners.items():
             last[name] = host(r.forward([np.array([t_cpu])], [states[name]]).logits[0])[0]
-    REPORT.append((f"gguf {kind}", "prompt logits max|Δ|", f"{err:.2e}"))
-    REPORT.append((f"gguf {kind}", "identical greedy tokens", f"{same} of {STEPS}"))
+    return err, same

@@ -16,42 +16,61 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ninfer_format.codecs import codec_for
+from ninfer_format.codecs.gguf_blocks import LAYOUT
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels, tile_products, tiles, weights
+from tests.format.test_codecs_gguf import _random_blocks
+from tests.gguf_terms import term_magnitudes
 
 from . import test_backend
 from .conftest import requires_gpu
-from .test_kernels import RS, case_id, make_weight
-from .test_small_gemm import check
+from .test_kernels import RS, case_id, check_close, make_weight
 
 pytestmark = requires_gpu
 
+Q4_K = "gguf_q4_k"
 CASES = [
     ("q4_g64_fp16", RS, (300, 200), 1),
     ("q5_g64_fp16", RS, (300, 200), 1),
     ("q8_g32_fp16", RS, (300, 200), 1),
+    (Q4_K, LAYOUT, (300, 512), 1),
     ("q4_g64_fp16", RS, (77, 1000), 1),
     ("q5_g64_fp16", RS, (1030, 520), 1),
     ("q8_g32_fp16", RS, (77, 1000), 1),
+    (Q4_K, LAYOUT, (77, 1024), 1),
     ("q4_g64_fp16", RS, (64, 8192), 1),  # few long rows: K split into many slices
     ("q5_g64_fp16", RS, (40, 6000), 1),
+    (Q4_K, LAYOUT, (40, 6144), 1),
 ]
+#: one of each format
+FIRST = CASES[:4]
 
 
-def tiled(case: Any, seed: int = 0) -> tuple[Any, F.Planes, np.ndarray]:
-    parent, w = make_weight(case, seed)
-    p = parent.planes
+def tiled(case: Any, seed: int = 0) -> tuple[Any, F.Planes, np.ndarray, np.ndarray]:
+    """The tile-packed object, its planes, its values and the magnitudes its products sum
+    (q4_k: scale and min parts apart, as its GEMV's bound)."""
     import cupy as cp
 
-    data = tiles.pack_tiles(cp, parent.data, p.code, p.rows, p.columns)
-    return data, tiles.tiled_planes(p.code, p.rows, p.columns), w
+    fmt, layout, shape, _ = case
+    if fmt == Q4_K:  # random blocks (gguf has no q4_k encoder)
+        blocks = _random_blocks(fmt, shape[0] * shape[1] // 256, seed)
+        stored = cp.asarray(blocks.reshape(-1))
+        w = codec_for(fmt, layout).decode(blocks.reshape(-1), shape)
+        terms = term_magnitudes(fmt, blocks, shape)
+    else:
+        parent, w = make_weight(case, seed)
+        stored, terms = parent.data, np.abs(w).astype(np.float64)
+    code = F.planes(fmt, layout, shape).code
+    data = tiles.pack_tiles(cp, stored, code, *shape)
+    return data, tiles.tiled_planes(code, *shape), w, terms
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_product(case: Any) -> None:
     import cupy as cp
 
-    data, p, w = tiled(case, seed=5)
+    data, p, w, terms = tiled(case, seed=5)
     n, k = case[2]
     rng = np.random.default_rng(1)
     for m in (1, 3, 4, 5, 8):
@@ -62,19 +81,19 @@ def test_product(case: Any) -> None:
         for split in (None, 1, 5):
             y = cp.full((m, n), np.nan, dtype=cp.float32)
             tile_products.product(data, p, 0, n, xp, y, n, split=split)
-            check(y, x, w)
+            check_close(y, x, w, tensor_cores=True, terms=terms)
             again = cp.full((m, n), np.nan, dtype=cp.float32)
             tile_products.product(data, p, 0, n, xp, again, n, split=split)
             assert cp.array_equal(y, again), "the K-split sums are not deterministic"
 
 
-@pytest.mark.parametrize("case", CASES[:3], ids=case_id)
+@pytest.mark.parametrize("case", FIRST, ids=case_id)
 def test_row_ranges_and_wider_output(case: Any) -> None:
     """Rows 21 .. n - 7 into columns of a wider y (ldy > rows), through ``kernels.product``,
     and 13 activation rows (two launches of 8 and 5)."""
     import cupy as cp
 
-    data, p, w = tiled(case, seed=9)
+    data, p, w, terms = tiled(case, seed=9)
     n, k = case[2]
     rng = np.random.default_rng(2)
     for m in (2, 13):
@@ -84,16 +103,16 @@ def test_row_ranges_and_wider_output(case: Any) -> None:
         r0, rows = 21, n - 28
         out = cp.full((m, n + 10), np.nan, dtype=cp.float32)
         kernels.product(data, p, r0, rows, xp, out[:, 3:], n + 10)
-        check(out[:, 3 : 3 + rows], x, w[r0 : r0 + rows])
+        check_close(out[:, 3 : 3 + rows], x, w[r0 : r0 + rows], True, terms[r0 : r0 + rows])
         assert cp.isnan(out[:, :3]).all() and cp.isnan(out[:, 3 + rows :]).all()
 
 
-@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:8], ids=case_id)
 def test_decode_rows(case: Any) -> None:
     """Rows to float32 and to bf16 words (prefill slabs, the embedding), in any order."""
     import cupy as cp
 
-    data, p, w = tiled(case, seed=11)
+    data, p, w, _ = tiled(case, seed=11)
     n, k = case[2]
     rows = np.array([n - 1, 0, 17, 16, 5, n // 2], dtype=np.int32)
     out = cp.empty((rows.size, k), dtype=cp.float32)

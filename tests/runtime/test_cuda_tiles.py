@@ -11,6 +11,7 @@ from ninfer_format.codecs import codec_for
 from ninfer_format.codecs.row_split import FORMATS, pack_row_split, row_split_geometry
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import tiles as T
+from tests.format.test_codecs_gguf import _random_blocks
 
 NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
 # rows not a multiple of a tile, K not a multiple of 128 or of four groups, one-tile objects
@@ -149,3 +150,65 @@ def test_q8_fragments_are_the_pairs() -> None:
             halves = np.stack([bits & 0xFFFF, bits >> 16], axis=-1).astype(np.uint16)
             got = halves.view(np.float16).astype(np.float64) - 1152
             np.testing.assert_array_equal(got, want[:, j, i, :])
+
+
+# ------------------------------------------------------------------------------ GGUF q4_k
+Q4_K_SHAPES = [(37, 512), (16, 256), (5, 1024)]
+
+
+def q4_k_stored(shape: tuple[int, int], seed: int) -> np.ndarray:
+    return _random_blocks("gguf_q4_k", shape[0] * shape[1] // 256, seed).reshape(-1)
+
+
+@pytest.mark.parametrize("shape", Q4_K_SHAPES)
+def test_q4_k_round_trip(shape: tuple[int, int]) -> None:
+    raw = q4_k_stored(shape, seed=shape[0])
+    tiled = T.pack_tiles(np, raw, T.Q4_K, *shape)
+    geo = T.tile_geometry(T.Q4_K, *shape)
+    assert tiled.size == geo.size and geo.row_tiles * 16 >= shape[0]
+    # the same bits: codes, and a 16-byte head a block and row (rows padded to whole tiles)
+    assert geo.size == geo.row_tiles * 16 * (shape[1] // 256) * 144
+    assert np.array_equal(T.unpack_tiles(np, tiled, T.Q4_K, *shape), raw)
+
+
+def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's get_scale_min_k4 for the twelve scale bytes (last axis): [..., 8] scales and
+    mins of the eight sub-blocks."""
+    s = scales.astype(np.int64)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    return sc, m
+
+
+@pytest.mark.parametrize("shape", Q4_K_SHAPES)
+def test_q4_k_fragments_hold_the_codec_values(shape: tuple[int, int]) -> None:
+    """tiles.cu's TileQ4K as numpy: q4's nibble fragments (the unsigned codes c), mma j on
+    sub-block j // 2 of the group, scale d sc and min dmin m from the row's block head, w =
+    c d sc - dmin m: the codec's (gguf's) values bit for bit."""
+    raw = q4_k_stored(shape, seed=5)
+    want = codec_for("gguf_q4_k", "gguf_blocks_v1").decode(raw, shape, 1)
+    tiled = T.pack_tiles(np, raw, T.Q4_K, *shape)
+    geo = T.tile_geometry(T.Q4_K, *shape)
+    words = tiled[: geo.high_offset].view(np.uint32).reshape(geo.row_tiles, geo.groups, 32, 4)
+    codes = _pairs_q4(words) + 8  # [tiles, groups, lane, mma, pair, 2]
+    heads = tiled[geo.scale_offset :].reshape(geo.row_tiles, geo.groups // 4, 8, 2, 16)
+    d = heads[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = heads[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    sc, m = _scale_min_k4(heads[..., 4:16])  # [tiles, blocks, g, rr, 8 sub-blocks]
+    scale = (d[..., None] * sc).astype(np.float32)
+    mins = (dmin[..., None] * m).astype(np.float32)
+    out = np.zeros((geo.row_tiles * 16, shape[1]), dtype=np.float32)
+    q = np.arange(geo.groups)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for j in range(4):
+            sub = 2 * (q % 4) + j // 2  # group q's sub-block of its block q // 4
+            for i in range(4):
+                rr = i % 2
+                s_q, m_q = scale[:, q // 4, g, rr, sub], mins[:, q // 4, g, rr, sub]
+                rows = np.arange(geo.row_tiles)[:, None] * 16 + g + 8 * rr
+                for e in range(2):
+                    k = 32 * (j // 2) + 8 * t + 4 * (j % 2) + 2 * (i // 2) + e
+                    c = codes[:, :, lane, j, i, e].astype(np.float32)
+                    out[rows, (q * 64 + k)[None, :]] = c * s_q - m_q
+    np.testing.assert_array_equal(out[: shape[0]], want)

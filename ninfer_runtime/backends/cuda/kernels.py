@@ -428,11 +428,11 @@ def dequant_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
         raise ValueError(
             f"out: {out.dtype} {out.shape}, expected float32 or uint16 {(n, p.columns)}"
         )
-    if F.is_gguf(p.code):
-        gguf_blocks.dequant_rows(data, p, rows, out)
-        return
     if p.tiled:
         tile_products.decode_rows(data, p, rows, out)
+        return
+    if F.is_gguf(p.code):
+        gguf_blocks.dequant_rows(data, p, rows, out)
         return
     total = n * p.columns
     if out.dtype == np.uint16 and p.columns % 8 == 0 and total // 8 < 2**32:

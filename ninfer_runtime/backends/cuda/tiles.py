@@ -1,6 +1,6 @@
-"""Tile packing: the one-time reordering of row_split q4/q5/q8 objects that the decode products
-(``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs the objects of
-``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
+"""Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k objects that the
+decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs the
+objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
 one group (64 weights for q4/q5, 32 for q8); tiles follow each other group by group along a
@@ -30,6 +30,13 @@ Word layouts (what ``tiles.cu`` decodes):
   words, code bit b in word b.
 * q8: word ``2 j + h`` holds bytes ``(row g, slot 2h), (row g + 8, slot 2h), (row g, slot
   2h + 1), (row g + 8, slot 2h + 1)``.
+* GGUF q4_k (ggml's 256-weight blocks: d, dmin, twelve bytes of 6-bit sub-block scales and
+  mins, 128 bytes of codes): a group is 64 weights, two 32-weight sub-blocks, so a block is
+  four groups, one step of the product. Words as q4's, the codes unsigned as stored, but mma
+  ``j`` takes sub-block ``j // 2`` (``k = 32 (j // 2) + 8 t + 4 (j % 2) + i``) so that each
+  sub-block's scale applies to its own two mmas. In place of the scale plane, each block's
+  16-byte head (d, dmin, the twelve scale bytes) per row: lane group ``g`` reads rows ``g``
+  and ``g + 8`` of a row tile's block as two 16-byte loads.
 
 Everything here is written on array operations (numpy or CuPy alike), so the CPU tests check
 that packing and unpacking give the stored bytes back, and the loader runs the same code on
@@ -56,8 +63,11 @@ TILE_CODE_BYTES = 512
 CHUNK_TILES = 256
 
 _NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
-#: the row_split codes the tile kernels read
-TILED_CODES = frozenset(_NAMES)
+Q4_K = F.GGUF_CODES["gguf_q4_k"]
+#: bytes of a q4_k block: the head (d, dmin, scales) and the codes
+_Q4_K_HEAD, _Q4_K_BLOCK = 16, 144
+#: the codes the tile kernels read
+TILED_CODES = frozenset({*_NAMES, Q4_K})
 #: the codes the loader tile packs, and from how many weights an object: where the tile
 #: kernel is also the faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
 #: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
@@ -90,10 +100,15 @@ class TileGeometry:
 
 
 def tile_geometry(code: int, rows: int, columns: int) -> TileGeometry:
+    row_tiles = -(-rows // TILE_ROWS)
+    if code == Q4_K:  # (columns: whole blocks, as the codec requires)
+        groups = columns // 64
+        codes = row_tiles * groups * TILE_CODE_BYTES
+        heads = row_tiles * (groups // 4) * TILE_ROWS * _Q4_K_HEAD
+        return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, codes, codes + heads)
     fmt = FORMATS[_NAMES[code]]
     geo = row_split_geometry(fmt.name, (rows, columns))
     groups = -(-geo.groups_per_row // 4) * 4
-    row_tiles = -(-rows // TILE_ROWS)
     codes = row_tiles * groups * TILE_CODE_BYTES
     high = row_tiles * groups * LANES * 4 if code == F.Q5 else 0
     scales = row_tiles * groups * TILE_ROWS * 2
@@ -104,8 +119,8 @@ def tile_geometry(code: int, rows: int, columns: int) -> TileGeometry:
 
 
 def tiled_planes(code: int, rows: int, columns: int) -> F.Planes:
-    """The kernel arguments of a tiled object: off1 the high bits, off2 the scales, stride
-    the (padded) groups per row."""
+    """The kernel arguments of a tiled object: off1 the high bits, off2 the scales (q4_k:
+    the block heads), stride the (padded) groups per row."""
     g = tile_geometry(code, rows, columns)
     return F.Planes(
         code, rows, columns, off1=g.high_offset, off2=g.scale_offset, stride=g.groups,
@@ -130,7 +145,10 @@ def _code_order(code: int) -> np.ndarray:
     n = np.arange(8)[None, None, :]
     pair, second = n % 4, n // 4
     row = g + 8 * (pair % 2)
-    k = 16 * t + 4 * j + 2 * (pair // 2) + second
+    if code == Q4_K:  # mma j within sub-block j // 2
+        k = 32 * (j // 2) + 8 * t + 4 * (j % 2) + 2 * (pair // 2) + second
+    else:
+        k = 16 * t + 4 * j + 2 * (pair // 2) + second
     return (row * 64 + k).reshape(-1)
 
 
@@ -181,51 +199,88 @@ def _stored_rows(
 
 
 def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> Any:
-    """The tiled bytes (uint8 [size]) of a stored row_split object ``raw`` (uint8 array of
-    the module ``xp``: numpy or CuPy)."""
+    """The tiled bytes (uint8 [size]) of a stored row_split or q4_k object ``raw`` (uint8
+    array of the module ``xp``: numpy or CuPy)."""
     geo = tile_geometry(code, rows, columns)
-    gpr = row_split_geometry(_NAMES[code], (rows, columns)).groups_per_row
     out = xp.zeros(geo.size, dtype=xp.uint8)
     codes_out = out[: geo.high_offset].reshape(geo.row_tiles, geo.groups, TILE_CODE_BYTES)
-    scales_out = out[geo.scale_offset :].view(xp.uint16)
-    scales_out = scales_out.reshape(geo.row_tiles, geo.groups // 4, 8, 4, 2)
-    zero = {F.Q4: 8, F.Q5: 16, F.Q8: 128}[code]
     order = xp.asarray(_CODE_ORDER[code])
+    zero = {F.Q4: 8, F.Q5: 16, F.Q8: 128, Q4_K: 0}[code]  # (offset binary: the value 0)
     for t0 in range(0, geo.row_tiles, CHUNK_TILES):
         t1 = min(geo.row_tiles, t0 + CHUNK_TILES)
         r0, r1 = t0 * TILE_ROWS, min(rows, t1 * TILE_ROWS)
-        values, scales = _stored_rows(xp, raw, code, (rows, columns), r0, r1)
+        if code == Q4_K:
+            values, heads = _q4_k_rows(xp, raw, columns, r0, r1)
+        else:
+            values, scales = _stored_rows(xp, raw, code, (rows, columns), r0, r1)
         full = xp.full(((t1 - t0) * TILE_ROWS, geo.groups, geo.group), zero, dtype=xp.uint8)
-        full[: r1 - r0, :gpr] = values
+        full[: r1 - r0, : values.shape[1]] = values
         tiles = full.reshape(t1 - t0, TILE_ROWS, geo.groups, geo.group).transpose(0, 2, 1, 3)
         fields = tiles.reshape(t1 - t0, geo.groups, -1)[..., order]
         if code == F.Q5:
             _pack_q5(xp, fields, out, geo, t0)
         else:
-            codes_out[t0:t1] = _pack_fields(xp, fields, 4 if code == F.Q4 else 8)
-        s = xp.zeros(((t1 - t0) * TILE_ROWS, geo.groups), dtype=xp.uint16)
-        s[: r1 - r0, :gpr] = scales
-        s = s.reshape(t1 - t0, 2, 8, geo.groups // 4, 4)
-        scales_out[t0:t1] = s.transpose(0, 3, 2, 4, 1)
+            codes_out[t0:t1] = _pack_fields(xp, fields, 8 if code == F.Q8 else 4)
+        if code == Q4_K:
+            _heads(out, geo)[t0:t1] = _tile_rows(xp, heads, t1 - t0)
+        else:
+            scales_out = out[geo.scale_offset :].view(xp.uint16)
+            scales_out = scales_out.reshape(geo.row_tiles, geo.groups // 4, 8, 4, 2)
+            s = xp.zeros(((t1 - t0) * TILE_ROWS, geo.groups), dtype=xp.uint16)
+            s[: r1 - r0, : scales.shape[1]] = scales
+            s = s.reshape(t1 - t0, 2, 8, geo.groups // 4, 4)
+            scales_out[t0:t1] = s.transpose(0, 3, 2, 4, 1)
     return out
 
 
+def _q4_k_rows(xp: ModuleType, raw: Any, columns: int, r0: int, r1: int) -> tuple[Any, Any]:
+    """Rows r0 .. r1 - 1 of a stored q4_k object: codes [n, groups, 64] (group q is 64-weight
+    chunk q % 4 of block q // 4: sub-block 2 (q % 4) the low nibbles, the next the high ones)
+    and the blocks' heads [n, blocks, 16]."""
+    per_row, n = columns // 256, r1 - r0
+    blocks = raw[r0 * per_row * _Q4_K_BLOCK : r1 * per_row * _Q4_K_BLOCK]
+    blocks = blocks.reshape(n, per_row, _Q4_K_BLOCK)
+    qs = blocks[..., _Q4_K_HEAD:].reshape(n, per_row, 4, 1, 32)
+    codes = xp.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, per_row * 4, 64)
+    return codes, blocks[..., :_Q4_K_HEAD]
+
+
+def _heads(out: Any, geo: TileGeometry) -> Any:
+    """The head plane of a tiled q4_k object as [row tiles, blocks, 8 g, 2 (g, g + 8), 16]."""
+    return out[geo.scale_offset :].reshape(geo.row_tiles, geo.groups // 4, 8, 2, _Q4_K_HEAD)
+
+
+def _tile_rows(xp: ModuleType, heads: Any, tiles: int) -> Any:
+    """Heads [n <= 16 tiles, blocks, 16] (rows past n zero) in the head plane's order."""
+    full = xp.zeros((tiles * TILE_ROWS, *heads.shape[1:]), dtype=xp.uint8)
+    full[: heads.shape[0]] = heads
+    return full.reshape(tiles, 2, 8, *heads.shape[1:]).transpose(0, 3, 2, 1, 4)
+
+
 def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int) -> Any:
-    """The stored row_split bytes back from ``pack_tiles``'s (the round trip the tests check;
-    padding of the stored object comes back as the codec writes it)."""
+    """The stored bytes back from ``pack_tiles``'s (the round trip the tests check; padding of
+    the stored object comes back as the codec writes it)."""
     geo = tile_geometry(code, rows, columns)
-    stored = row_split_geometry(_NAMES[code], (rows, columns))
-    gpr = stored.groups_per_row
-    out = xp.zeros(stored.size, dtype=xp.uint8)
     words = tiled[: geo.high_offset].view(xp.uint32).reshape(geo.row_tiles, geo.groups, -1)
     if code == F.Q5:
         fields = _unpack_q5(xp, tiled, words, geo)
     else:
-        bits = 4 if code == F.Q4 else 8
+        bits = 8 if code == F.Q8 else 4
         fields = _unpack_fields(xp, words, bits, TILE_CODE_BYTES * 8 // bits)
     values = fields[..., xp.asarray(_CODE_INVERSE[code])]
     values = values.reshape(geo.row_tiles, geo.groups, TILE_ROWS, geo.group).transpose(0, 2, 1, 3)
-    values = values.reshape(geo.row_tiles * TILE_ROWS, geo.groups, geo.group)[:rows, :gpr]
+    values = values.reshape(geo.row_tiles * TILE_ROWS, geo.groups, geo.group)[:rows]
+    if code == Q4_K:
+        blocks = geo.groups // 4
+        v = values.reshape(rows, blocks, 4, 2, 32)
+        qs = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).astype(xp.uint8).reshape(rows, blocks, -1)
+        heads = _heads(tiled, geo).transpose(0, 3, 2, 1, 4)
+        heads = heads.reshape(geo.row_tiles * TILE_ROWS, blocks, _Q4_K_HEAD)[:rows]
+        return xp.concatenate([heads, qs], axis=-1).reshape(-1)
+    stored = row_split_geometry(_NAMES[code], (rows, columns))
+    gpr = stored.groups_per_row
+    values = values[:, :gpr]
+    out = xp.zeros(stored.size, dtype=xp.uint8)
     if code == F.Q8:
         base = values ^ np.uint8(0x80)
     else:

@@ -1,10 +1,10 @@
-// Products of up to 8 activation rows over tile-packed row_split weights (tiles.py: the
-// layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
+// Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k weights
+// (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
 //
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
-// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4) or
-// fp16 ones (q5, q8; every code is an integer, exact in either; the group scale multiplies the
-// fp32 result), B is x split as hi + lo (both bf16, ~16 bits of x together; fp16: ~22 bits,
+// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4,
+// q4_k) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
+// sub-block scale multiplies the fp32 result), B is x split as hi + lo (both bf16, ~16 bits of x together; fp16: ~22 bits,
 // each row scaled by a power of two into range) in columns 2m and 2m + 1, so the lane holding
 // column 2t of the result holds both halves of row m = t (+ 4 for the second 8-column block).
 // x is staged once per block in shared memory in fragment order (no separate pass, and no
@@ -65,17 +65,41 @@ __device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
 // the nibbles at bits 0-3 and 16-19 of w as bf16 128 + nibble
 __device__ __forceinline__ u32 magic_fields(u32 w) { return (w & 0x000F000Fu) | BF16_128_2; }
 
+// What lane group g loads for one tile and four groups besides the codes: the scales (s[0]
+// word u: the binary16 scales of rows g and g + 8 of group u) or, with HEADS, the block heads
+// of rows g (s[0]) and g + 8 (s[1]).
+struct TileScales {
+  uint4 s[2];
+};
+
+template <class F>
+__device__ __forceinline__ void load_scales(TileScales& sc, const u8* __restrict__ obj,
+                                            long long scales, long long quad, int g) {
+  const uint4* at = reinterpret_cast<const uint4*>(obj + scales) + (quad * 8 + g) * (F::HEADS ? 2 : 1);
+  sc.s[0] = __ldg(at);
+  if (F::HEADS) sc.s[1] = __ldg(at + 1);
+}
+
 // What every tile policy shares for groups of G weights: an mma per 16, and lane t's weights
 // of a group are k = (G / 4) t + 4 j + i for mma j, slot i. A policy adds frag (the four A
 // registers of mma j from the lane's code words q and, for q5, its fifth word h) and says
 // whether it reads a fifth word (HIGH), takes fp16 operands (HALF), and what offset its
-// fragments carry over the weights (OFFSET, taken off through staged sums of x).
+// fragments carry over the weights (OFFSET, taken off through staged sums of x). SUBS: the
+// parts of a group with a scale of their own (mma j in part j * SUBS / MMAS; a lane's k of
+// one part are consecutive); scale gives part h's scale S and, with MINS, the min M that a
+// weight has taken off (w = S c - M).
 template <int G>
 struct TileGroups {
-  static constexpr int GW = G, MMAS = G / 16;
-  static constexpr bool HIGH = false, HALF = false;
+  static constexpr int GW = G, MMAS = G / 16, SUBS = 1;
+  static constexpr bool HIGH = false, HALF = false, HEADS = false, MINS = false;
   static constexpr float OFFSET = 0.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return G / 4 * t + 4 * j; }
+  static __device__ __forceinline__ void scale(const TileScales& s, int u, int, int rr, float& S,
+                                               float& M) {
+    const u32 w = uint4_word(s.s[0], u);
+    S = f16_to_f32((u16)(rr ? w >> 16 : w & 0xFFFFu));
+    M = 0.f;
+  }
 };
 
 // q4: a group is 64 weights
@@ -87,6 +111,38 @@ struct TileQ4 : TileGroups<64> {
     const u32 w = uint4_word(q, j);
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[i] = magic_fields(w >> (4 * i));  // 128 + nibble
+  }
+};
+
+// GGUF q4_k (ggml's blocks of 256: d, dmin, twelve bytes of 6-bit sub-block scales and
+// mins, then the codes): a group is 64 weights, two 32-weight sub-blocks, so a step's four
+// groups are one block. mma j takes sub-block j / 2 (k_of); fragments hold 128 + c (the
+// unsigned code), and a weight is d sc c - dmin m: part h adds S (sum - 128 sum x) - M sum x
+// with S = d sc and M = dmin m of its sub-block 2 u + h (ggml's get_scale_min_k4).
+struct TileQ4K : TileQ4 {  // (q4's frag)
+  static constexpr int SUBS = 2;
+  static constexpr bool HEADS = true, MINS = true;
+  static constexpr float OFFSET = 128.f;
+  static __device__ __forceinline__ int k_of(int t, int j) {
+    return 32 * (j >> 1) + 8 * t + 4 * (j & 1);
+  }
+  static __device__ __forceinline__ u32 byte(const uint4& head, int b) {  // of the 12 scales
+    return (uint4_word(head, 1 + (b >> 2)) >> (8 * (b & 3))) & 0xFFu;
+  }
+  static __device__ __forceinline__ void scale(const TileScales& s, int u, int h, int rr, float& S,
+                                               float& M) {
+    const uint4& head = s.s[rr];
+    const int is = 2 * u + h;
+    u32 sc, m;
+    if (is < 4) {
+      sc = byte(head, is) & 63u;
+      m = byte(head, is + 4) & 63u;
+    } else {
+      sc = (byte(head, is + 4) & 15u) | ((byte(head, is - 4) >> 6) << 4);
+      m = (byte(head, is + 4) >> 4) | ((byte(head, is) >> 6) << 4);
+    }
+    S = f16_to_f32((u16)(head.x & 0xFFFFu)) * (float)sc;
+    M = f16_to_f32((u16)(head.x >> 16)) * (float)m;
   }
 };
 
@@ -141,7 +197,7 @@ struct TileQ8 : TileGroups<32> {
 struct TileStep {
   uint4 q[4];
   uint4 h;
-  uint4 s;  // word u: (scale of row g, of row g + 8) of group u, binary16
+  TileScales s;
 };
 
 template <class F>
@@ -153,14 +209,14 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
   for (int u = 0; u < 4; ++u) st.q[u] = __ldcs(codes + 32 * u);  // streamed: evict first
   const long long quad = tile * (groups / 4) + q / 4;
   if (F::HIGH) st.h = __ldcs(reinterpret_cast<const uint4*>(obj + high) + quad * 32 + lane);
-  st.s = __ldg(reinterpret_cast<const uint4*>(obj + scales) + quad * 8 + (lane >> 2));
+  load_scales<F>(st.s, obj, scales, quad, lane >> 2);
 }
 
 // Block-wide: x[m, q0 * GW ...] for groups q0 .. q0 + L - 1 into xs in fragment order. For
 // group ql, mma j: 8 * m_rows uint2, entry 8 m + 4 h + t the B fragment (k slots of lane t) of
-// column 2 m + h (h = 0: hi, 1: lo). With sums (F::OFFSET), also sums[m * L + ql] = the
-// group's sum of hi + lo (exact pairs, added in a fixed order: deterministic); parts (16
-// floats a group and row) holds the four-element sums on the way. With F::HALF, row m is
+// column 2 m + h (h = 0: hi, 1: lo). With sums (F::OFFSET), also sums[(m * L + ql) * SUBS +
+// h] = part h of the group's sum of hi + lo (exact pairs, added in a fixed order:
+// deterministic); parts (16 floats a group and row) holds the four-element sums on the way. With F::HALF, row m is
 // first scaled by 2^(14 - E), E the exponent of its largest |x| in the slice, into fp16's
 // range (exactly), and unscale[m] gets the inverse; scales holds m_rows words on the way.
 template <class F>
@@ -232,10 +288,11 @@ __device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts, fl
   }
   if (F::OFFSET == 0.f) return;
   __syncthreads();
-  for (int e = threadIdx.x; e < L * m_rows; e += blockDim.x) {
+  constexpr int PER = 16 / F::SUBS;  // four-element sums a part
+  for (int e = threadIdx.x; e < L * m_rows * F::SUBS; e += blockDim.x) {
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) sum += parts[e * 16 + i];
+    for (int i = 0; i < PER; ++i) sum += parts[e * PER + i];
     sums[e] = sum;
   }
 }
@@ -266,7 +323,7 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
   float* sums = reinterpret_cast<float*>(tile_x + L * F::MMAS * live);
   __shared__ float unscale[8];
   __shared__ u32 row_scales[8];
-  stage_x<F>(xs, sums, sums + L * m_rows, unscale, row_scales, x, ldx, m_rows, q0, L);
+  stage_x<F>(xs, sums, sums + L * m_rows * F::SUBS, unscale, row_scales, x, ldx, m_rows, q0, L);
   __syncthreads();
 
   float acc[NB][2];
@@ -277,33 +334,44 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const uint2* xq = xs + (4 * s + u) * F::MMAS * live;
-      float part[NB][4];
+      float part[NB][F::SUBS][4];
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) part[nb][0] = part[nb][1] = part[nb][2] = part[nb][3] = 0.f;
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int h = 0; h < F::SUBS; ++h) part[nb][h][0] = part[nb][h][1] = part[nb][h][2] = part[nb][h][3] = 0.f;
 #pragma unroll
       for (int j = 0; j < F::MMAS; ++j) {
         u32 a[4];
         F::frag(cur.q[u], uint4_word(cur.h, u), j, a);
+        const int h = j * F::SUBS / F::MMAS;
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           const int e = 32 * nb + lane;
           const uint2 b = e < live ? xq[j * live + e] : make_uint2(0u, 0u);
           if (F::HALF) {
-            mma_f16(part[nb], a, b.x, b.y);
+            mma_f16(part[nb][h], a, b.x, b.y);
           } else {
-            mma_bf16(part[nb], a, b.x, b.y);
+            mma_bf16(part[nb][h], a, b.x, b.y);
           }
         }
       }
-      const u32 sw = uint4_word(cur.s, u);
-      const float s0 = f16_to_f32((u16)(sw & 0xFFFFu)), s1 = f16_to_f32((u16)(sw >> 16));
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {  // columns 2t, 2t + 1: hi and lo of one x row
-        const int m = 4 * nb + t;
-        const float off =
-            F::OFFSET != 0.f && m < m_rows ? F::OFFSET * sums[m * L + 4 * s + u] : 0.f;
-        acc[nb][0] = fmaf(s0, (part[nb][0] + part[nb][1]) - off, acc[nb][0]);
-        acc[nb][1] = fmaf(s1, (part[nb][2] + part[nb][3]) - off, acc[nb][1]);
+      for (int h = 0; h < F::SUBS; ++h) {
+        float S[2], M[2];  // rows g and g + 8
+        F::scale(cur.s, u, h, 0, S[0], M[0]);
+        F::scale(cur.s, u, h, 1, S[1], M[1]);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {  // columns 2t, 2t + 1: hi and lo of one x row
+          const int m = 4 * nb + t;
+          const float sum =
+              F::OFFSET != 0.f && m < m_rows ? sums[(m * L + 4 * s + u) * F::SUBS + h] : 0.f;
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const float p = part[nb][h][2 * rr] + part[nb][h][2 * rr + 1];
+            acc[nb][rr] = fmaf(S[rr], p - F::OFFSET * sum, acc[nb][rr]);
+            if (F::MINS) acc[nb][rr] = fmaf(-M[rr], sum, acc[nb][rr]);
+          }
+        }
       }
     }
   }
@@ -361,62 +429,74 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 DEFINE_TILES(tiles_q4, TileQ4)
 DEFINE_TILES(tiles_q5, TileQ5Half)
 DEFINE_TILES(tiles_q8, TileQ8)
+DEFINE_TILES(tiles_q4k, TileQ4K)
 
 // ------------------------------------------------------------------ rows to float / bf16
 // out[i, k] = W[rows[i], k] for k < columns, as float32 or as bf16 words (BF16). A thread
-// takes one lane's run of a row: its GW / 4 consecutive k of one group (one 16-byte load).
+// takes what one lane holds of one group of a row (one 16-byte load): SUBS runs of RUN
+// consecutive k.
 template <class F, bool BF16>
 __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long high,
                                            long long scales, int groups,
                                            const int* __restrict__ rows, int n, int columns,
                                            void* __restrict__ out) {
-  constexpr int RUN = F::GW / 4;
+  constexpr int LANE_K = F::GW / 4, RUN = LANE_K / F::SUBS;
   const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int per_row = (columns + RUN - 1) / RUN;
+  const int per_row = (columns + LANE_K - 1) / LANE_K;
   if (id >= (long long)n * per_row) return;
-  const int i = (int)(id / per_row), k0 = (int)(id % per_row) * RUN;
+  const int i = (int)(id / per_row), unit = (int)(id % per_row);
+  const int q = unit / 4, t = unit % 4;
   const long long r = __ldg(rows + i), tile = r >> 4;
-  const int rr = (int)(r >> 3) & 1, g = (int)r & 7;
-  const int q = k0 / F::GW, t = (k0 % F::GW) / RUN, lane = 4 * g + t;
+  const int rr = (int)(r >> 3) & 1, g = (int)r & 7, lane = 4 * g + t;
   const uint4 code = __ldg(reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane);
   const long long quad = tile * (groups / 4) + q / 4;
   u32 h = 0;
   if (F::HIGH) h = __ldg(reinterpret_cast<const u32*>(obj + high) + (quad * 32 + lane) * 4 + q % 4);
-  const u16 sbits = __ldg(reinterpret_cast<const u16*>(obj + scales) + ((quad * 8 + g) * 4 + q % 4) * 2 + rr);
-  const float sc = f16_to_f32(sbits);
-  float v[RUN];
+  TileScales sc;
+  load_scales<F>(sc, obj, scales, quad, g);
+  float v[LANE_K];
 #pragma unroll
   for (int j = 0; j < F::MMAS; ++j) {
     u32 a[4];
     F::frag(code, h, j, a);
-    // pair rr: slots 0-1 of this row, pair 2 + rr: slots 2-3 (k = RUN t + 4 j + slot)
-    float x0, x1, x2, x3;
-    F::HALF ? f16x2(rr ? a[1] : a[0], x0, x1) : bf16x2(rr ? a[1] : a[0], x0, x1);
-    F::HALF ? f16x2(rr ? a[3] : a[2], x2, x3) : bf16x2(rr ? a[3] : a[2], x2, x3);
-    constexpr float off = F::OFFSET;  // (q4: fragments hold q + 136)
-    v[4 * j] = (x0 - off) * sc; v[4 * j + 1] = (x1 - off) * sc;
-    v[4 * j + 2] = (x2 - off) * sc; v[4 * j + 3] = (x3 - off) * sc;
-  }
-  const long long at = (long long)i * columns + k0;
-  if (columns % RUN == 0 && BF16) {
+    // pair rr: slots 0-1 of this row, pair 2 + rr: slots 2-3 (k = k_of(t, j) + slot)
+    float x[4];
+    F::HALF ? f16x2(rr ? a[1] : a[0], x[0], x[1]) : bf16x2(rr ? a[1] : a[0], x[0], x[1]);
+    F::HALF ? f16x2(rr ? a[3] : a[2], x[2], x[3]) : bf16x2(rr ? a[3] : a[2], x[2], x[3]);
+    float S, M;
+    F::scale(sc, q % 4, j * F::SUBS / F::MMAS, rr, S, M);
 #pragma unroll
-    for (int c = 0; c < RUN / 8; ++c) {
-      u32 o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[e] = (u32)f32_to_bf16_rn(v[8 * c + 2 * e]) | ((u32)f32_to_bf16_rn(v[8 * c + 2 * e + 1]) << 16);
-      reinterpret_cast<uint4*>(out)[at / 8 + c] = make_uint4(o[0], o[1], o[2], o[3]);
+    for (int e = 0; e < 4; ++e) {
+      // (fragments hold the code plus OFFSET; no fma: the codec rounds the product first)
+      v[4 * j + e] = __fmul_rn(x[e] - F::OFFSET, S);
+      if (F::MINS) v[4 * j + e] -= M;
     }
-  } else if (columns % RUN == 0) {
-    float4* o = reinterpret_cast<float4*>(out) + at / 4;
+  }
 #pragma unroll
-    for (int c = 0; c < RUN / 4; ++c) o[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
-  } else {  // rows not 16-byte aligned: one element at a time, the row's end cut off
+  for (int part = 0; part < F::SUBS; ++part) {
+    const int k0 = q * F::GW + F::k_of(t, part * F::MMAS / F::SUBS);
+    const float* vp = v + part * RUN;
+    const long long at = (long long)i * columns + k0;
+    if (columns % RUN == 0 && BF16) {
 #pragma unroll
-    for (int e = 0; e < RUN; ++e) {
-      if (k0 + e >= columns) break;
-      if (BF16) reinterpret_cast<u16*>(out)[at + e] = f32_to_bf16_rn(v[e]);
-      else reinterpret_cast<float*>(out)[at + e] = v[e];
+      for (int c = 0; c < RUN / 8; ++c) {
+        u32 o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          o[e] = (u32)f32_to_bf16_rn(vp[8 * c + 2 * e]) | ((u32)f32_to_bf16_rn(vp[8 * c + 2 * e + 1]) << 16);
+        reinterpret_cast<uint4*>(out)[at / 8 + c] = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    } else if (columns % RUN == 0) {
+      float4* o = reinterpret_cast<float4*>(out) + at / 4;
+#pragma unroll
+      for (int c = 0; c < RUN / 4; ++c) o[c] = make_float4(vp[4 * c], vp[4 * c + 1], vp[4 * c + 2], vp[4 * c + 3]);
+    } else {  // rows not 16-byte aligned: one element at a time, the row's end cut off
+#pragma unroll
+      for (int e = 0; e < RUN; ++e) {
+        if (k0 + e >= columns) break;
+        if (BF16) reinterpret_cast<u16*>(out)[at + e] = f32_to_bf16_rn(vp[e]);
+        else reinterpret_cast<float*>(out)[at + e] = vp[e];
+      }
     }
   }
 }
@@ -432,3 +512,4 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
 DEFINE_TILE_ROWS(tiles_q4, TileQ4)
 DEFINE_TILE_ROWS(tiles_q5, TileQ5Half)
 DEFINE_TILE_ROWS(tiles_q8, TileQ8)
+DEFINE_TILE_ROWS(tiles_q4k, TileQ4K)
