@@ -212,3 +212,54 @@ def test_q4_k_fragments_hold_the_codec_values(shape: tuple[int, int]) -> None:
                     c = codes[:, :, lane, j, i, e].astype(np.float32)
                     out[rows, (q * 64 + k)[None, :]] = c * s_q - m_q
     np.testing.assert_array_equal(out[: shape[0]], want)
+
+
+# ------------------------------------------------------------------------------ GGUF q6_k
+def q6_k_stored(shape: tuple[int, int], seed: int) -> np.ndarray:
+    return _random_blocks("gguf_q6_k", shape[0] * shape[1] // 256, seed).reshape(-1)
+
+
+@pytest.mark.parametrize("shape", Q4_K_SHAPES)
+def test_q6_k_round_trip(shape: tuple[int, int]) -> None:
+    raw = q6_k_stored(shape, seed=shape[0])
+    tiled = T.pack_tiles(np, raw, T.Q6_K, *shape)
+    geo = T.tile_geometry(T.Q6_K, *shape)
+    assert tiled.size == geo.size == geo.row_tiles * 16 * (shape[1] // 256) * 210
+    assert np.array_equal(T.unpack_tiles(np, tiled, T.Q6_K, *shape), raw)
+
+
+@pytest.mark.parametrize("shape", Q4_K_SHAPES)
+def test_q6_k_fragments_hold_the_codec_values(shape: tuple[int, int]) -> None:
+    """tiles.cu's TileQ6K as numpy: the low nibble of pair i of mma j as q4's, its high two
+    bits at field 4 (j % 2) + i of the lane's high word j // 2, mma j on sub-block j of the
+    group, scale d sc from the row tile's record: the codec's values bit for bit."""
+    raw = q6_k_stored(shape, seed=6)
+    want = codec_for("gguf_q6_k", "gguf_blocks_v1").decode(raw, shape, 1)
+    tiled = T.pack_tiles(np, raw, T.Q6_K, *shape)
+    geo = T.tile_geometry(T.Q6_K, *shape)
+    blocks = geo.groups // 4
+    words = tiled[: geo.high_offset].view(np.uint32).reshape(geo.row_tiles, geo.groups, 32, 4)
+    low = _pairs_q4(words) + 8  # [tiles, groups, lane, mma, pair, 2]
+    high = tiled[geo.high_offset : geo.scale_offset].view(np.uint32)
+    high = high.reshape(geo.row_tiles, blocks, 32, 4, 2).transpose(0, 1, 3, 2, 4)
+    high = high.reshape(geo.row_tiles, geo.groups, 32, 2).astype(np.int64)
+    records = tiled[geo.scale_offset :].reshape(geo.row_tiles, blocks, 288)
+    sc = records[..., :256].reshape(geo.row_tiles, blocks, 8, 2, 16).view(np.int8)
+    d = records[..., 256:].copy().view(np.float16).reshape(geo.row_tiles, blocks, 2, 8)
+    out = np.zeros((geo.row_tiles * 16, shape[1]), dtype=np.float32)
+    q = np.arange(geo.groups)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for j in range(4):
+            for i in range(4):
+                rr, f = i % 2, 4 * (j % 2) + i
+                scale = (
+                    d[:, q // 4, rr, g].astype(np.float32) * sc[:, q // 4, g, rr, 4 * (q % 4) + j]
+                )
+                rows = np.arange(geo.row_tiles)[:, None] * 16 + g + 8 * rr
+                for e in range(2):
+                    bits = (high[:, :, lane, j // 2] >> (16 * e + 2 * f)) & 3
+                    c = low[:, :, lane, j, i, e] | (bits << 4)
+                    k = 16 * j + 4 * t + 2 * (i // 2) + e
+                    out[rows, (q * 64 + k)[None, :]] = (c - 32).astype(np.float32) * scale
+    np.testing.assert_array_equal(out[: shape[0]], want)

@@ -17,7 +17,7 @@ import numpy as np
 from . import formats as F
 from . import split_sums
 from .compile import function, register_family, sm_count
-from .tiles import Q4_K, TILE_ROWS
+from .tiles import Q4_K, Q6_K, TILE_ROWS
 
 FAMILY = "tiles"
 #: warps a block, by activation rows: with more rows a block's staged x costs more, so more
@@ -35,11 +35,18 @@ MIN_SLICE = 8
 #: shared memory of one multiprocessor (sm_90), for the residency estimate
 SM_SHARED = 227 << 10
 
-_KERNELS = {F.Q4: "tiles_q4", F.Q5: "tiles_q5", F.Q8: "tiles_q8", Q4_K: "tiles_q4k"}
+_KERNELS = {
+    F.Q4: "tiles_q4",
+    F.Q5: "tiles_q5",
+    F.Q8: "tiles_q8",
+    Q4_K: "tiles_q4k",
+    Q6_K: "tiles_q6k",
+}
 #: weights per group and mmas per group of each tiled format
-_GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32, Q4_K: 64}
-#: parts of a group with a sum of x of their own (q4: the offset; q4_k: its sub-blocks' mins)
-_SUMS = {F.Q4: 1, Q4_K: 2}
+_GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32, Q4_K: 64, Q6_K: 64}
+#: parts of a group with a sum of x of their own, for the offset its fragments carry (and
+#: q4_k's mins): q4_k's are its two sub-blocks, q6_k's its four
+_SUMS = {F.Q4: 1, Q4_K: 2, Q6_K: 4}
 register_family(
     FAMILY,
     [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
@@ -79,8 +86,8 @@ def shape(
 
 
 def _staged(p: F.Planes, m: int) -> int:
-    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma), and for q4 and
-    q4_k its sums of x (a row: 16 four-element parts and the sums of one or two parts)."""
+    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma), and for q4,
+    q4_k and q6_k its sums of x (a row: 16 four-element parts and the sums of its parts)."""
     sums = _SUMS.get(p.code)
     return 64 * m * (_GROUP[p.code] // 16) + (4 * m * (16 + sums) if sums else 0)
 

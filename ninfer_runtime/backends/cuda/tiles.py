@@ -1,5 +1,5 @@
-"""Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k objects that the
-decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs the
+"""Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q6_k objects that
+the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs the
 objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
@@ -37,6 +37,13 @@ Word layouts (what ``tiles.cu`` decodes):
   sub-block's scale applies to its own two mmas. In place of the scale plane, each block's
   16-byte head (d, dmin, the twelve scale bytes) per row: lane group ``g`` reads rows ``g``
   and ``g + 8`` of a row tile's block as two 16-byte loads.
+* GGUF q6_k (blocks of 256: low nibbles, high 2-bit codes, sixteen int8 scales of 16 weights,
+  d): codes ``c = q + 32``, their low nibbles in q4's words, mma ``j`` on sub-block ``j`` of
+  the group (``k = 16 j + 4 t + i``); the high bits in a second plane, two words a lane and
+  group (a lane's words of four groups in one run of 32 bytes): word ``j // 2`` holds pair
+  ``i`` of mma ``j`` at field ``f = 4 (j % 2) + i``, bits ``2 f`` (first element) and
+  ``16 + 2 f`` (second). The scale plane holds a 288-byte record a row tile and block:
+  for each lane group ``g`` the int8 scales of rows ``g`` and ``g + 8``, then the 16 rows' d.
 
 Everything here is written on array operations (numpy or CuPy alike), so the CPU tests check
 that packing and unpacking give the stored bytes back, and the loader runs the same code on
@@ -63,16 +70,19 @@ TILE_CODE_BYTES = 512
 CHUNK_TILES = 256
 
 _NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
-Q4_K = F.GGUF_CODES["gguf_q4_k"]
+Q4_K, Q6_K = F.GGUF_CODES["gguf_q4_k"], F.GGUF_CODES["gguf_q6_k"]
 #: bytes of a q4_k block: the head (d, dmin, scales) and the codes
 _Q4_K_HEAD, _Q4_K_BLOCK = 16, 144
+#: bytes of a q6_k block (low nibbles, high bits, scales, d) and of a tile's record of scales
+_Q6_K_BLOCK, _Q6_K_RECORD = 210, 288
 #: the codes the tile kernels read
-TILED_CODES = frozenset({*_NAMES, Q4_K})
+TILED_CODES = frozenset({*_NAMES, Q4_K, Q6_K})
 #: the codes the loader tile packs, and from how many weights an object: where the tile
 #: kernel is also the faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
 #: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
 #: q4 [34816, 5120] 56 / 37 against 53 / 30; q5 [17408, 5120] 51 / 33 against 51 / 26; q8
-#: [17408, 5120] 77 / 56 against 74 / 40; GGUF q4_k [17408, 5120] 40 / 25 against 24 / 12.
+#: [17408, 5120] 77 / 56 against 74 / 40; GGUF q4_k [17408, 5120] 40 / 25 against 24 / 12
+#: (q6_k: see docs/performance.md, GGUF-block artifacts).
 #: Below about 50 M weights a block's staging of x and
 #: the K-split sum (a few microseconds a launch) lose at one row: q4 [4096, 5120] 28 against
 #: 35, q8 [12288, 2048] 51 against 56, q5 [2048, 4096] 19 against 27.
@@ -107,6 +117,12 @@ def tile_geometry(code: int, rows: int, columns: int) -> TileGeometry:
         codes = row_tiles * groups * TILE_CODE_BYTES
         heads = row_tiles * (groups // 4) * TILE_ROWS * _Q4_K_HEAD
         return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, codes, codes + heads)
+    if code == Q6_K:
+        groups = columns // 64
+        codes = row_tiles * groups * TILE_CODE_BYTES
+        high = codes + row_tiles * groups * LANES * 8
+        records = row_tiles * (groups // 4) * _Q6_K_RECORD
+        return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, high, high + records)
     fmt = FORMATS[_NAMES[code]]
     geo = row_split_geometry(fmt.name, (rows, columns))
     groups = -(-geo.groups_per_row // 4) * 4
@@ -148,6 +164,8 @@ def _code_order(code: int) -> np.ndarray:
     row = g + 8 * (pair % 2)
     if code == Q4_K:  # mma j within sub-block j // 2
         k = 32 * (j // 2) + 8 * t + 4 * (j % 2) + 2 * (pair // 2) + second
+    elif code == Q6_K:  # mma j on sub-block j
+        k = 16 * j + 4 * t + 2 * (pair // 2) + second
     else:
         k = 16 * t + 4 * j + 2 * (pair // 2) + second
     return (row * 64 + k).reshape(-1)
@@ -172,7 +190,18 @@ def _q5_bits() -> np.ndarray:
     return out.reshape(-1)
 
 
+def _q6_high() -> np.ndarray:
+    """For each 2-bit field of a lane's two q6_k high words (word w, half, field f), the index
+    into the lane's fields in ``_code_order``'s order (word j, nibble n) whose high bits it
+    holds: mma j = 2 w + f // 4, pair f % 4, the half its element."""
+    w, half, f = np.meshgrid(np.arange(2), np.arange(2), np.arange(8), indexing="ij")
+    j, pair = 2 * w + f // 4, f % 4
+    return (8 * j + pair + 4 * half).reshape(-1)
+
+
 _CODE_ORDER = {code: _code_order(code) for code in TILED_CODES}
+#: the lane's 32 fields, in the order of its two high words
+_Q6_HIGH = _q6_high()
 _CODE_INVERSE = {code: np.argsort(order) for code, order in _CODE_ORDER.items()}
 _Q5_BITS = _q5_bits()
 _Q5_INVERSE = np.argsort(_Q5_BITS)  # (field, code bit) -> its bit of the tile
@@ -206,12 +235,14 @@ def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> 
     out = xp.zeros(geo.size, dtype=xp.uint8)
     codes_out = out[: geo.high_offset].reshape(geo.row_tiles, geo.groups, TILE_CODE_BYTES)
     order = xp.asarray(_CODE_ORDER[code])
-    zero = {F.Q4: 8, F.Q5: 16, F.Q8: 128, Q4_K: 0}[code]  # (offset binary: the value 0)
+    zero = {F.Q4: 8, F.Q5: 16, F.Q8: 128, Q4_K: 0, Q6_K: 32}[code]  # (codes of the value 0)
     for t0 in range(0, geo.row_tiles, CHUNK_TILES):
         t1 = min(geo.row_tiles, t0 + CHUNK_TILES)
         r0, r1 = t0 * TILE_ROWS, min(rows, t1 * TILE_ROWS)
         if code == Q4_K:
             values, heads = _q4_k_rows(xp, raw, columns, r0, r1)
+        elif code == Q6_K:
+            values, heads = _q6_k_rows(xp, raw, columns, r0, r1)
         else:
             values, scales = _stored_rows(xp, raw, code, (rows, columns), r0, r1)
         full = xp.full(((t1 - t0) * TILE_ROWS, geo.groups, geo.group), zero, dtype=xp.uint8)
@@ -220,11 +251,14 @@ def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> 
         fields = tiles.reshape(t1 - t0, geo.groups, -1)[..., order]
         if code == F.Q5:
             _pack_q5(xp, fields, out, geo, t0)
+        elif code == Q6_K:
+            codes_out[t0:t1] = _pack_fields(xp, fields & np.uint8(15), 4)
+            _pack_q6_k(xp, fields, heads, out, geo, t0)
         else:
             codes_out[t0:t1] = _pack_fields(xp, fields, 8 if code == F.Q8 else 4)
         if code == Q4_K:
             _heads(out, geo)[t0:t1] = _tile_rows(xp, heads, t1 - t0)
-        else:
+        elif code != Q6_K:
             scales_out = out[geo.scale_offset :].view(xp.uint16)
             scales_out = scales_out.reshape(geo.row_tiles, geo.groups // 4, 8, 4, 2)
             s = xp.zeros(((t1 - t0) * TILE_ROWS, geo.groups), dtype=xp.uint16)
@@ -244,6 +278,54 @@ def _q4_k_rows(xp: ModuleType, raw: Any, columns: int, r0: int, r1: int) -> tupl
     qs = blocks[..., _Q4_K_HEAD:].reshape(n, per_row, 4, 1, 32)
     codes = xp.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, per_row * 4, 64)
     return codes, blocks[..., :_Q4_K_HEAD]
+
+
+def _q6_k_rows(xp: ModuleType, raw: Any, columns: int, r0: int, r1: int) -> tuple[Any, Any]:
+    """Rows r0 .. r1 - 1 of a stored q6_k object: codes c = q + 32 [n, groups, 64] and each
+    block's sixteen scales and d [n, blocks, 18]."""
+    per_row, n = columns // 256, r1 - r0
+    blocks = raw[r0 * per_row * _Q6_K_BLOCK : r1 * per_row * _Q6_K_BLOCK]
+    blocks = blocks.reshape(n, per_row, _Q6_K_BLOCK)
+    ql = blocks[..., :128].reshape(n, per_row, 2, 1, 64)  # weight 128 h + 64 s + b
+    low = xp.concatenate([ql & 15, ql >> 4], axis=3).reshape(n, per_row, 256)
+    qh = blocks[..., 128:192].reshape(n, per_row, 2, 1, 32)  # weight 128 h + 32 s + b
+    high = (qh >> xp.asarray(np.array([[0], [2], [4], [6]], dtype=np.uint8))) & 3
+    codes = low | (high.reshape(n, per_row, 256) << 4)
+    return codes.reshape(n, per_row * 4, 64), blocks[..., 192:]
+
+
+def _pack_q6_k(
+    xp: ModuleType, fields: Any, scales: Any, out: Any, geo: TileGeometry, t0: int
+) -> None:
+    """Row tiles t0 .. of q6_k: the codes' high bits (fields in code order, [n, groups,
+    1024]) into the high plane, the rows' scales and d ([rows, blocks, 18]) into records."""
+    n, blocks = fields.shape[0], geo.groups // 4
+    bits = (fields >> 4).reshape(n, geo.groups, LANES, 32)[..., xp.asarray(_Q6_HIGH)]
+    words = _pack_fields(xp, bits, 2).view(xp.uint32).reshape(n, blocks, 4, LANES, 2)
+    high = out[geo.high_offset : geo.scale_offset].view(xp.uint32)
+    high = high.reshape(geo.row_tiles, blocks, LANES, 4, 2)
+    high[t0 : t0 + n] = words.transpose(0, 1, 3, 2, 4)
+    full = xp.zeros((n * TILE_ROWS, blocks, 18), dtype=xp.uint8)
+    full[: scales.shape[0]] = scales
+    full = full.reshape(n, 2, 8, blocks, 18)
+    records = out[geo.scale_offset :].reshape(geo.row_tiles, blocks, _Q6_K_RECORD)
+    records[t0 : t0 + n, :, :256] = full[..., :16].transpose(0, 3, 2, 1, 4).reshape(n, blocks, 256)
+    records[t0 : t0 + n, :, 256:] = full[..., 16:].transpose(0, 3, 1, 2, 4).reshape(n, blocks, 32)
+
+
+def _unpack_q6_k(xp: ModuleType, tiled: Any, low: Any, geo: TileGeometry) -> tuple[Any, Any]:
+    """q6_k's codes in code order ([row tiles, groups, 1024]) from the low nibbles and the
+    high plane, and the rows' scales and d ([rows, blocks, 18])."""
+    blocks = geo.groups // 4
+    high = tiled[geo.high_offset : geo.scale_offset].view(xp.uint32)
+    high = high.reshape(geo.row_tiles, blocks, LANES, 4, 2).transpose(0, 1, 3, 2, 4)
+    bits = _unpack_fields(xp, high.reshape(geo.row_tiles, geo.groups, LANES, 2), 2, 32)
+    bits = bits[..., xp.asarray(np.argsort(_Q6_HIGH))].reshape(geo.row_tiles, geo.groups, -1)
+    records = tiled[geo.scale_offset :].reshape(geo.row_tiles, blocks, _Q6_K_RECORD)
+    sc = records[..., :256].reshape(geo.row_tiles, blocks, 8, 2, 16).transpose(0, 3, 2, 1, 4)
+    d = records[..., 256:].reshape(geo.row_tiles, blocks, 2, 8, 2).transpose(0, 2, 3, 1, 4)
+    scales = xp.concatenate([sc, d], axis=-1).reshape(geo.row_tiles * TILE_ROWS, blocks, 18)
+    return low | (bits << 4), scales[: geo.rows]
 
 
 def _heads(out: Any, geo: TileGeometry) -> Any:
@@ -268,6 +350,8 @@ def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int)
     else:
         bits = 8 if code == F.Q8 else 4
         fields = _unpack_fields(xp, words, bits, TILE_CODE_BYTES * 8 // bits)
+    if code == Q6_K:
+        fields, scales = _unpack_q6_k(xp, tiled, fields, geo)
     values = fields[..., xp.asarray(_CODE_INVERSE[code])]
     values = values.reshape(geo.row_tiles, geo.groups, TILE_ROWS, geo.group).transpose(0, 2, 1, 3)
     values = values.reshape(geo.row_tiles * TILE_ROWS, geo.groups, geo.group)[:rows]
@@ -278,6 +362,15 @@ def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int)
         heads = _heads(tiled, geo).transpose(0, 3, 2, 1, 4)
         heads = heads.reshape(geo.row_tiles * TILE_ROWS, blocks, _Q4_K_HEAD)[:rows]
         return xp.concatenate([heads, qs], axis=-1).reshape(-1)
+    if code == Q6_K:
+        v = values.reshape(rows, geo.groups // 4, 256)
+        v4 = (v & np.uint8(15)).reshape(rows, -1, 2, 2, 64)
+        ql = (v4[:, :, :, 0] | (v4[:, :, :, 1] << 4)).astype(xp.uint8)
+        vh = (v >> 4).reshape(rows, -1, 2, 4, 32)
+        shifts = xp.asarray(np.array([[0], [2], [4], [6]], dtype=np.uint8))
+        qh = (vh << shifts).sum(axis=3, dtype=xp.uint8)
+        parts = [ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), scales]
+        return xp.concatenate(parts, axis=-1).reshape(-1)
     stored = row_split_geometry(_NAMES[code], (rows, columns))
     gpr = stored.groups_per_row
     values = values[:, :gpr]

@@ -1,9 +1,9 @@
-// Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k weights
+// Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k/q6_k weights
 // (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
 //
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
 // tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4,
-// q4_k) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
+// q4_k, q6_k) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
 // sub-block scale multiplies the fp32 result), B is x split as hi + lo (both bf16, ~16 bits of x together; fp16: ~22 bits,
 // each row scaled by a power of two into range) in columns 2m and 2m + 1, so the lane holding
 // column 2t of the result holds both halves of row m = t (+ 4 for the second 8-column block).
@@ -66,34 +66,31 @@ __device__ __forceinline__ u32 uint4_word(const uint4& q, int i) {
 __device__ __forceinline__ u32 magic_fields(u32 w) { return (w & 0x000F000Fu) | BF16_128_2; }
 
 // What lane group g loads for one tile and four groups besides the codes: the scales (s[0]
-// word u: the binary16 scales of rows g and g + 8 of group u) or, with HEADS, the block heads
-// of rows g (s[0]) and g + 8 (s[1]).
+// word u: the binary16 scales of rows g and g + 8 of group u) or a block's heads of rows g
+// (s[0]) and g + 8 (s[1]), and q6_k's d of both rows (d).
 struct TileScales {
   uint4 s[2];
+  u32 d;
 };
-
-template <class F>
-__device__ __forceinline__ void load_scales(TileScales& sc, const u8* __restrict__ obj,
-                                            long long scales, long long quad, int g) {
-  const uint4* at = reinterpret_cast<const uint4*>(obj + scales) + (quad * 8 + g) * (F::HEADS ? 2 : 1);
-  sc.s[0] = __ldg(at);
-  if (F::HEADS) sc.s[1] = __ldg(at + 1);
-}
 
 // What every tile policy shares for groups of G weights: an mma per 16, and lane t's weights
 // of a group are k = (G / 4) t + 4 j + i for mma j, slot i. A policy adds frag (the four A
-// registers of mma j from the lane's code words q and, for q5, its fifth word h) and says
-// whether it reads a fifth word (HIGH), takes fp16 operands (HALF), and what offset its
-// fragments carry over the weights (OFFSET, taken off through staged sums of x). SUBS: the
-// parts of a group with a scale of their own (mma j in part j * SUBS / MMAS; a lane's k of
-// one part are consecutive); scale gives part h's scale S and, with MINS, the min M that a
-// weight has taken off (w = S c - M).
+// registers of mma j from the lane's code words q and its HIGH_WORDS more words h of the
+// group) and says whether it takes fp16 operands (HALF) and what offset its fragments carry
+// over the weights (OFFSET, taken off through staged sums of x). SUBS: the parts of a group
+// with a scale of their own (mma j in part j * SUBS / MMAS; a lane's k of one part are
+// consecutive); load_scales fetches them for four groups, scale gives part h's scale S and,
+// with MINS, the min M that a weight has taken off (w = S c - M).
 template <int G>
 struct TileGroups {
-  static constexpr int GW = G, MMAS = G / 16, SUBS = 1;
-  static constexpr bool HIGH = false, HALF = false, HEADS = false, MINS = false;
+  static constexpr int GW = G, MMAS = G / 16, SUBS = 1, HIGH_WORDS = 0;
+  static constexpr bool HALF = false, MINS = false;
   static constexpr float OFFSET = 0.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return G / 4 * t + 4 * j; }
+  static __device__ __forceinline__ void load_scales(TileScales& sc, const u8* __restrict__ plane,
+                                                     long long quad, int g) {
+    sc.s[0] = __ldg(reinterpret_cast<const uint4*>(plane) + quad * 8 + g);
+  }
   static __device__ __forceinline__ void scale(const TileScales& s, int u, int, int rr, float& S,
                                                float& M) {
     const u32 w = uint4_word(s.s[0], u);
@@ -102,12 +99,39 @@ struct TileGroups {
   }
 };
 
+// A lane's HIGH_WORDS words of each of four groups, one or two 16-byte loads (streamed)
+template <class F>
+__device__ __forceinline__ void load_high(uint4 (&h)[2], const u8* __restrict__ plane,
+                                          long long quad, int lane) {
+  const uint4* at = reinterpret_cast<const uint4*>(plane) + (quad * 32 + lane) * F::HIGH_WORDS;
+#pragma unroll
+  for (int i = 0; i < F::HIGH_WORDS; ++i) h[i] = __ldcs(at + i);
+}
+
+// Group u's words of them (u known at compile time)
+template <class F>
+__device__ __forceinline__ uint2 high_words(const uint4 (&h)[2], int u) {
+  const int n = F::HIGH_WORDS * u;
+  if (F::HIGH_WORDS == 0) return make_uint2(0u, 0u);
+  const u32 first = uint4_word(h[n >> 2], n & 3);
+  return make_uint2(first, F::HIGH_WORDS > 1 ? uint4_word(h[(n + 1) >> 2], (n + 1) & 3) : 0u);
+}
+
+// The same words of one group u, loaded alone (the row decode's: u known at run time)
+template <class F>
+__device__ __forceinline__ uint2 load_group_high(const u8* __restrict__ plane, long long quad,
+                                                 int lane, int u) {
+  if (F::HIGH_WORDS == 0) return make_uint2(0u, 0u);
+  const u32* at = reinterpret_cast<const u32*>(plane) + ((quad * 32 + lane) * 4 + u) * F::HIGH_WORDS;
+  return make_uint2(__ldg(at), F::HIGH_WORDS > 1 ? __ldg(at + 1) : 0u);
+}
+
 // q4: a group is 64 weights
 struct TileQ4 : TileGroups<64> {
   // the fragments hold 128 + c = q + 136: the product then takes 136 times the group's sum
   // of x off (staged with x), instead of a subtraction per pair
   static constexpr float OFFSET = 136.f;
-  static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
+  static __device__ __forceinline__ void frag(const uint4& q, uint2, int j, u32 (&a)[4]) {
     const u32 w = uint4_word(q, j);
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[i] = magic_fields(w >> (4 * i));  // 128 + nibble
@@ -121,10 +145,16 @@ struct TileQ4 : TileGroups<64> {
 // with S = d sc and M = dmin m of its sub-block 2 u + h (ggml's get_scale_min_k4).
 struct TileQ4K : TileQ4 {  // (q4's frag)
   static constexpr int SUBS = 2;
-  static constexpr bool HEADS = true, MINS = true;
+  static constexpr bool MINS = true;
   static constexpr float OFFSET = 128.f;
   static __device__ __forceinline__ int k_of(int t, int j) {
     return 32 * (j >> 1) + 8 * t + 4 * (j & 1);
+  }
+  static __device__ __forceinline__ void load_scales(TileScales& sc, const u8* __restrict__ plane,
+                                                     long long quad, int g) {
+    const uint4* at = reinterpret_cast<const uint4*>(plane) + (quad * 8 + g) * 2;
+    sc.s[0] = __ldg(at);
+    sc.s[1] = __ldg(at + 1);
   }
   static __device__ __forceinline__ u32 byte(const uint4& head, int b) {  // of the 12 scales
     return (uint4_word(head, 1 + (b >> 2)) >> (8 * (b & 3))) & 0xFFu;
@@ -153,11 +183,12 @@ struct TileQ4K : TileQ4 {  // (q4's frag)
 // one mask each, then one subtraction (or fma by 1/32) to c - 16 = q; pair 15 gathers bit 15
 // and bit 31 of the five words. x enters as fp16 hi + lo, as for TileQ8.
 struct TileQ5Half : TileGroups<64> {
-  static constexpr bool HIGH = true, HALF = true;
-  static __device__ __forceinline__ u32 word(const uint4& q, u32 h, int w) {
-    return w < 4 ? uint4_word(q, w) : h;
+  static constexpr int HIGH_WORDS = 1;
+  static constexpr bool HALF = true;
+  static __device__ __forceinline__ u32 word(const uint4& q, uint2 h, int w) {
+    return w < 4 ? uint4_word(q, w) : h.x;
   }
-  static __device__ __forceinline__ void frag(const uint4& q, u32 h, int j, u32 (&a)[4]) {
+  static __device__ __forceinline__ void frag(const uint4& q, uint2 h, int j, u32 (&a)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int P = 4 * j + i;
@@ -184,7 +215,7 @@ struct TileQ5Half : TileGroups<64> {
 // and row into fp16's range (tiles_product undoes it).
 struct TileQ8 : TileGroups<32> {
   static constexpr bool HALF = true;
-  static __device__ __forceinline__ void frag(const uint4& q, u32, int j, u32 (&a)[4]) {
+  static __device__ __forceinline__ void frag(const uint4& q, uint2, int j, u32 (&a)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // pair i: bytes (i % 2, i % 2 + 2) of word 2 j + i / 2
       const u32 w = uint4_word(q, 2 * j + i / 2);
@@ -193,10 +224,46 @@ struct TileQ8 : TileGroups<32> {
   }
 };
 
-// What a lane loads for one tile and four groups: codes, q5's high bits, the scales.
+// GGUF q6_k (ggml's blocks of 256: 4-bit low codes, 2-bit high codes, sixteen int8 scales of
+// 16 weights, d): a group is 64 weights, each mma one 16-weight sub-block (k_of), its scale
+// d sc. Fragments hold 128 + c on bf16 (c = q + 32, six bits: the low nibble as for q4, the
+// two high bits from the lane's two high words, field 4 (j % 2) + i of word j / 2 at bits
+// 2 f and 16 + 2 f), so the offset 160 comes off through the staged sums of x.
+struct TileQ6K : TileGroups<64> {
+  static constexpr int SUBS = 4, HIGH_WORDS = 2;
+  static constexpr float OFFSET = 160.f;
+  static __device__ __forceinline__ int k_of(int t, int j) { return 16 * j + 4 * t; }
+  static __device__ __forceinline__ void frag(const uint4& q, uint2 h, int j, u32 (&a)[4]) {
+    const u32 w = uint4_word(q, j), hw = j < 2 ? h.x : h.y;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int f = 4 * (j & 1) + i;  // the two high bits to bits 4-5 of each half
+      const u32 high = (f >= 2 ? hw >> (2 * f - 4) : hw << (4 - 2 * f)) & 0x00300030u;
+      a[i] = magic_fields(w >> (4 * i)) | high;
+    }
+  }
+  // a block's record: [8 g][rows g, g + 8][16 int8 scales], then d of its 16 rows
+  static __device__ __forceinline__ void load_scales(TileScales& sc, const u8* __restrict__ plane,
+                                                     long long quad, int g) {
+    const u8* block = plane + quad * 288;
+    sc.s[0] = __ldg(reinterpret_cast<const uint4*>(block) + 2 * g);
+    sc.s[1] = __ldg(reinterpret_cast<const uint4*>(block) + 2 * g + 1);
+    const u16* d = reinterpret_cast<const u16*>(block + 256);
+    sc.d = (u32)__ldg(d + g) | ((u32)__ldg(d + 8 + g) << 16);
+  }
+  static __device__ __forceinline__ void scale(const TileScales& s, int u, int h, int rr, float& S,
+                                               float& M) {
+    const int b = 4 * u + h;  // the sub-block of the block
+    const int sc = (int)(signed char)((uint4_word(s.s[rr], b >> 2) >> (8 * (b & 3))) & 0xFFu);
+    S = f16_to_f32((u16)(rr ? s.d >> 16 : s.d & 0xFFFFu)) * (float)sc;
+    M = 0.f;
+  }
+};
+
+// What a lane loads for one tile and four groups: codes, their high words, the scales.
 struct TileStep {
   uint4 q[4];
-  uint4 h;
+  uint4 h[2];
   TileScales s;
 };
 
@@ -208,8 +275,8 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
 #pragma unroll
   for (int u = 0; u < 4; ++u) st.q[u] = __ldcs(codes + 32 * u);  // streamed: evict first
   const long long quad = tile * (groups / 4) + q / 4;
-  if (F::HIGH) st.h = __ldcs(reinterpret_cast<const uint4*>(obj + high) + quad * 32 + lane);
-  load_scales<F>(st.s, obj, scales, quad, lane >> 2);
+  load_high<F>(st.h, obj + high, quad, lane);
+  F::load_scales(st.s, obj + scales, quad, lane >> 2);
 }
 
 // Block-wide: x[m, q0 * GW ...] for groups q0 .. q0 + L - 1 into xs in fragment order. For
@@ -342,7 +409,7 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 #pragma unroll
       for (int j = 0; j < F::MMAS; ++j) {
         u32 a[4];
-        F::frag(cur.q[u], uint4_word(cur.h, u), j, a);
+        F::frag(cur.q[u], high_words<F>(cur.h, u), j, a);
         const int h = j * F::SUBS / F::MMAS;
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
@@ -430,6 +497,7 @@ DEFINE_TILES(tiles_q4, TileQ4)
 DEFINE_TILES(tiles_q5, TileQ5Half)
 DEFINE_TILES(tiles_q8, TileQ8)
 DEFINE_TILES(tiles_q4k, TileQ4K)
+DEFINE_TILES(tiles_q6k, TileQ6K)
 
 // ------------------------------------------------------------------ rows to float / bf16
 // out[i, k] = W[rows[i], k] for k < columns, as float32 or as bf16 words (BF16). A thread
@@ -450,10 +518,9 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
   const int rr = (int)(r >> 3) & 1, g = (int)r & 7, lane = 4 * g + t;
   const uint4 code = __ldg(reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane);
   const long long quad = tile * (groups / 4) + q / 4;
-  u32 h = 0;
-  if (F::HIGH) h = __ldg(reinterpret_cast<const u32*>(obj + high) + (quad * 32 + lane) * 4 + q % 4);
+  const uint2 h = load_group_high<F>(obj + high, quad, lane, q % 4);
   TileScales sc;
-  load_scales<F>(sc, obj, scales, quad, g);
+  F::load_scales(sc, obj + scales, quad, g);
   float v[LANE_K];
 #pragma unroll
   for (int j = 0; j < F::MMAS; ++j) {
@@ -463,8 +530,12 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
     float x[4];
     F::HALF ? f16x2(rr ? a[1] : a[0], x[0], x[1]) : bf16x2(rr ? a[1] : a[0], x[0], x[1]);
     F::HALF ? f16x2(rr ? a[3] : a[2], x[2], x[3]) : bf16x2(rr ? a[3] : a[2], x[2], x[3]);
-    float S, M;
-    F::scale(sc, q % 4, j * F::SUBS / F::MMAS, rr, S, M);
+    float S, M;  // (rr as a constant: the scales are registers, not an indexed array)
+    if (rr) {
+      F::scale(sc, q % 4, j * F::SUBS / F::MMAS, 1, S, M);
+    } else {
+      F::scale(sc, q % 4, j * F::SUBS / F::MMAS, 0, S, M);
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       // (fragments hold the code plus OFFSET; no fma: the codec rounds the product first)
@@ -513,3 +584,4 @@ DEFINE_TILE_ROWS(tiles_q4, TileQ4)
 DEFINE_TILE_ROWS(tiles_q5, TileQ5Half)
 DEFINE_TILE_ROWS(tiles_q8, TileQ8)
 DEFINE_TILE_ROWS(tiles_q4k, TileQ4K)
+DEFINE_TILE_ROWS(tiles_q6k, TileQ6K)
