@@ -90,6 +90,23 @@ def test_product(case: Any) -> None:
             assert cp.array_equal(y, again), "the K-split sums are not deterministic"
 
 
+def test_rows_in_parts_where_the_partial_sums_do_not_fit(monkeypatch: Any) -> None:
+    """More rows than the K slices' partial sums have room for (a 248,320-row head at eight
+    rows) run a part of the rows at a time: here a buffer of 4,096 floats, 4 slices of 8
+    rows, so 128 rows a part."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda import split_sums
+
+    case = ("q4_g64_fp16", RS, (300, 2048), 1)
+    data, p, w, terms = tiled(case, seed=3)
+    monkeypatch.setattr(split_sums, "PARTIAL_FLOATS", 4096)
+    x = np.random.default_rng(4).standard_normal((8, 2048)).astype(np.float32)
+    y = cp.full((8, 300), np.nan, dtype=cp.float32)
+    tile_products.product(data, p, 0, 300, cp.asarray(x), y, 300, split=5)
+    check_close(y, x, w, True, terms)
+
+
 @pytest.mark.parametrize("case", FIRST, ids=case_id)
 def test_row_ranges_and_wider_output(case: Any) -> None:
     """Rows 21 .. n - 7 into columns of a wider y (ldy > rows), through ``kernels.product``,

@@ -70,7 +70,9 @@ class CudaBackend(ops.ReferenceOps):
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
         self._graph_pool = cp.cuda.MemoryPool()
-        self._expert_tables: dict[int, Any] = {}  # id(MoeWeights) -> ExpertTable or None
+        #: id(MoeWeights) -> (those weights, their ExpertTable or None); the weights are kept
+        #: so that a new object at a freed one's address is not taken for it
+        self._expert_tables: dict[int, tuple[MoeWeights, Any]] = {}
 
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, shapes: Any) -> Any:
@@ -394,14 +396,16 @@ class CudaBackend(ops.ReferenceOps):
 
     # ---------------------------------------------------------------- mixture of experts
     def _expert_table(self, weights: MoeWeights) -> Any:
-        key = id(weights)
-        if key not in self._expert_tables:
-            try:
-                self._expert_tables[key] = moe_kernels.ExpertTable(weights, self.join_rows)
-            except moe_kernels.ExpertTableError as exc:
-                log.info("MoE layer without the expert GEMV (%s): top-k read back", exc)
-                self._expert_tables[key] = None
-        return self._expert_tables[key]
+        known = self._expert_tables.get(id(weights))
+        if known is not None and known[0] is weights:
+            return known[1]
+        try:
+            table = moe_kernels.ExpertTable(weights, self.join_rows)
+        except moe_kernels.ExpertTableError as exc:
+            log.info("MoE layer without the expert GEMV (%s): top-k read back", exc)
+            table = None
+        self._expert_tables[id(weights)] = (weights, table)
+        return table
 
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         """On the device when the experts have an expert GEMV (``moe.ExpertTable``): up to

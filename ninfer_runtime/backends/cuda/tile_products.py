@@ -117,9 +117,12 @@ def product(
     fn = function(FAMILY, name, shared=MAX_SHARED)
     by_registers = split_sums.blocks_per_sm(fn, warps * 32)
     tiles, split, per = shape(p, row0, rows, m, by_registers, warps, split)
+    most = split_sums.PARTIAL_FLOATS // (split * m) // TILE_ROWS * TILE_ROWS
+    if split > 1 and rows > most:  # (a head at 8 rows) the partial sums of a part at a time
+        for a in range(0, rows, most):
+            product(data, p, row0 + a, min(most, rows - a), x, y[:, a:], ldy, split, warps)
+        return
     blocks = _ceil(tiles, warps)
-    if split > 1 and split * m * rows > split_sums.PARTIAL_FLOATS:
-        raise ValueError(f"tile product: {split} slices of {m} x {rows} partial sums do not fit")
     if blocks > split_sums.COUNTERS:
         raise ValueError(f"tile product: {rows} rows need {blocks} blocks, at most the counters'")
     shared = per * _staged(p, m)

@@ -548,14 +548,18 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
     const int k0 = q * F::GW + F::k_of(t, part * F::MMAS / F::SUBS);
     const float* vp = v + part * RUN;
     const long long at = (long long)i * columns + k0;
-    if (columns % RUN == 0 && BF16) {
+    if (columns % RUN == 0 && BF16) {  // RUN / 2 words: 8 or 16 bytes at a time
+      u32 o[RUN / 2];
 #pragma unroll
-      for (int c = 0; c < RUN / 8; ++c) {
-        u32 o[4];
+      for (int e = 0; e < RUN / 2; ++e)
+        o[e] = (u32)f32_to_bf16_rn(vp[2 * e]) | ((u32)f32_to_bf16_rn(vp[2 * e + 1]) << 16);
+      if (RUN == 4) {
+        reinterpret_cast<uint2*>(out)[at / 4] = make_uint2(o[0], o[1]);
+      } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          o[e] = (u32)f32_to_bf16_rn(vp[8 * c + 2 * e]) | ((u32)f32_to_bf16_rn(vp[8 * c + 2 * e + 1]) << 16);
-        reinterpret_cast<uint4*>(out)[at / 8 + c] = make_uint4(o[0], o[1], o[2], o[3]);
+        for (int c = 0; c < RUN / 8; ++c)
+          reinterpret_cast<uint4*>(out)[at / 8 + c] =
+              make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
       }
     } else if (columns % RUN == 0) {
       float4* o = reinterpret_cast<float4*>(out) + at / 4;
