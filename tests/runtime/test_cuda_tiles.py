@@ -152,23 +152,25 @@ def test_q8_fragments_are_the_pairs() -> None:
             np.testing.assert_array_equal(got, want[:, j, i, :])
 
 
-# ------------------------------------------------------------------------------ GGUF q4_k
-Q4_K_SHAPES = [(37, 512), (16, 256), (5, 1024)]
+# ------------------------------------------------------------------------- GGUF q4_k, q5_k
+K_SHAPES = [(37, 512), (16, 256), (5, 1024)]
+K_QUANTS = {T.Q4_K: "gguf_q4_k", T.Q5_K: "gguf_q5_k", T.Q6_K: "gguf_q6_k"}
+K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}
 
 
-def q4_k_stored(shape: tuple[int, int], seed: int) -> np.ndarray:
-    return _random_blocks("gguf_q4_k", shape[0] * shape[1] // 256, seed).reshape(-1)
+def k_stored(code: int, shape: tuple[int, int], seed: int) -> np.ndarray:
+    return _random_blocks(K_QUANTS[code], shape[0] * shape[1] // 256, seed).reshape(-1)
 
 
-@pytest.mark.parametrize("shape", Q4_K_SHAPES)
-def test_q4_k_round_trip(shape: tuple[int, int]) -> None:
-    raw = q4_k_stored(shape, seed=shape[0])
-    tiled = T.pack_tiles(np, raw, T.Q4_K, *shape)
-    geo = T.tile_geometry(T.Q4_K, *shape)
-    assert tiled.size == geo.size and geo.row_tiles * 16 >= shape[0]
-    # the same bits: codes, and a 16-byte head a block and row (rows padded to whole tiles)
-    assert geo.size == geo.row_tiles * 16 * (shape[1] // 256) * 144
-    assert np.array_equal(T.unpack_tiles(np, tiled, T.Q4_K, *shape), raw)
+@pytest.mark.parametrize("shape", K_SHAPES)
+@pytest.mark.parametrize("code", sorted(K_QUANTS))
+def test_k_quant_round_trip(code: int, shape: tuple[int, int]) -> None:
+    raw = k_stored(code, shape, seed=shape[0])
+    tiled = T.pack_tiles(np, raw, code, *shape)
+    geo = T.tile_geometry(code, *shape)
+    # the same bits as the blocks of whole row tiles (rows padded with zero blocks)
+    assert tiled.size == geo.size == geo.row_tiles * 16 * (shape[1] // 256) * K_BLOCK_BYTES[code]
+    assert np.array_equal(T.unpack_tiles(np, tiled, code, *shape), raw)
 
 
 def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -180,17 +182,28 @@ def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, m
 
 
-@pytest.mark.parametrize("shape", Q4_K_SHAPES)
-def test_q4_k_fragments_hold_the_codec_values(shape: tuple[int, int]) -> None:
-    """tiles.cu's TileQ4K as numpy: q4's nibble fragments (the unsigned codes c), mma j on
-    sub-block j // 2 of the group, scale d sc and min dmin m from the row's block head, w =
-    c d sc - dmin m: the codec's (gguf's) values bit for bit."""
-    raw = q4_k_stored(shape, seed=5)
-    want = codec_for("gguf_q4_k", "gguf_blocks_v1").decode(raw, shape, 1)
-    tiled = T.pack_tiles(np, raw, T.Q4_K, *shape)
-    geo = T.tile_geometry(T.Q4_K, *shape)
+@pytest.mark.parametrize("shape", K_SHAPES)
+@pytest.mark.parametrize("code", [T.Q4_K, T.Q5_K])
+def test_q4_k_q5_k_fragments_hold_the_codec_values(code: int, shape: tuple[int, int]) -> None:
+    """tiles.cu's TileQ4K / TileQ5K as numpy: q4's nibble fragments (the unsigned codes c; for
+    q5_k the fifth bit of pair i of mma j at bit 4 j + i of the lane's fifth word, + 16 for
+    the second element), mma j on sub-block j // 2 of the group, scale d sc and min dmin m
+    from the row's block head, w = c d sc - dmin m: the codec's (gguf's) values bit for bit."""
+    raw = k_stored(code, shape, seed=5)
+    want = codec_for(K_QUANTS[code], "gguf_blocks_v1").decode(raw, shape, 1)
+    tiled = T.pack_tiles(np, raw, code, *shape)
+    geo = T.tile_geometry(code, *shape)
     words = tiled[: geo.high_offset].view(np.uint32).reshape(geo.row_tiles, geo.groups, 32, 4)
     codes = _pairs_q4(words) + 8  # [tiles, groups, lane, mma, pair, 2]
+    if code == T.Q5_K:
+        fifth = tiled[geo.high_offset : geo.scale_offset].view(np.uint32)
+        fifth = fifth.reshape(geo.row_tiles, geo.groups // 4, 32, 4).transpose(0, 1, 3, 2)
+        fifth = fifth.reshape(geo.row_tiles, geo.groups, 32).astype(np.int64)
+        for j in range(4):
+            for i in range(4):
+                for e in range(2):
+                    bit = (fifth >> (16 * e + 4 * j + i)) & 1
+                    codes[:, :, :, j, i, e] |= bit << 4
     heads = tiled[geo.scale_offset :].reshape(geo.row_tiles, geo.groups // 4, 8, 2, 16)
     d = heads[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     dmin = heads[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -215,25 +228,12 @@ def test_q4_k_fragments_hold_the_codec_values(shape: tuple[int, int]) -> None:
 
 
 # ------------------------------------------------------------------------------ GGUF q6_k
-def q6_k_stored(shape: tuple[int, int], seed: int) -> np.ndarray:
-    return _random_blocks("gguf_q6_k", shape[0] * shape[1] // 256, seed).reshape(-1)
-
-
-@pytest.mark.parametrize("shape", Q4_K_SHAPES)
-def test_q6_k_round_trip(shape: tuple[int, int]) -> None:
-    raw = q6_k_stored(shape, seed=shape[0])
-    tiled = T.pack_tiles(np, raw, T.Q6_K, *shape)
-    geo = T.tile_geometry(T.Q6_K, *shape)
-    assert tiled.size == geo.size == geo.row_tiles * 16 * (shape[1] // 256) * 210
-    assert np.array_equal(T.unpack_tiles(np, tiled, T.Q6_K, *shape), raw)
-
-
-@pytest.mark.parametrize("shape", Q4_K_SHAPES)
+@pytest.mark.parametrize("shape", K_SHAPES)
 def test_q6_k_fragments_hold_the_codec_values(shape: tuple[int, int]) -> None:
     """tiles.cu's TileQ6K as numpy: the low nibble of pair i of mma j as q4's, its high two
     bits at field 4 (j % 2) + i of the lane's high word j // 2, mma j on sub-block j of the
     group, scale d sc from the row tile's record: the codec's values bit for bit."""
-    raw = q6_k_stored(shape, seed=6)
+    raw = k_stored(T.Q6_K, shape, seed=6)
     want = codec_for("gguf_q6_k", "gguf_blocks_v1").decode(raw, shape, 1)
     tiled = T.pack_tiles(np, raw, T.Q6_K, *shape)
     geo = T.tile_geometry(T.Q6_K, *shape)

@@ -1,5 +1,5 @@
-"""Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q6_k objects that
-the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs the
+"""Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q5_k/q6_k objects
+that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs the
 objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
@@ -37,6 +37,9 @@ Word layouts (what ``tiles.cu`` decodes):
   sub-block's scale applies to its own two mmas. In place of the scale plane, each block's
   16-byte head (d, dmin, the twelve scale bytes) per row: lane group ``g`` reads rows ``g``
   and ``g + 8`` of a row tile's block as two 16-byte loads.
+* GGUF q5_k (q4_k's blocks with a fifth bit a code, 176 bytes): as q4_k, and the fifth bits
+  in a plane of one word a lane and group (four groups a 16-byte load): pair ``i`` of mma
+  ``j`` at bit ``4 j + i`` (first element) and ``16 + 4 j + i`` (second).
 * GGUF q6_k (blocks of 256: low nibbles, high 2-bit codes, sixteen int8 scales of 16 weights,
   d): codes ``c = q + 32``, their low nibbles in q4's words, mma ``j`` on sub-block ``j`` of
   the group (``k = 16 j + 4 t + i``); the high bits in a second plane, two words a lane and
@@ -70,13 +73,13 @@ TILE_CODE_BYTES = 512
 CHUNK_TILES = 256
 
 _NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
-Q4_K, Q6_K = F.GGUF_CODES["gguf_q4_k"], F.GGUF_CODES["gguf_q6_k"]
-#: bytes of a q4_k block: the head (d, dmin, scales) and the codes
-_Q4_K_HEAD, _Q4_K_BLOCK = 16, 144
+Q4_K, Q5_K, Q6_K = (F.GGUF_CODES[f"gguf_q{b}_k"] for b in (4, 5, 6))
+#: bytes of a q4_k/q5_k block's head (d, dmin, scales), and of the blocks
+_Q4_K_HEAD, _Q4_K_BLOCK, _Q5_K_BLOCK = 16, 144, 176
 #: bytes of a q6_k block (low nibbles, high bits, scales, d) and of a tile's record of scales
 _Q6_K_BLOCK, _Q6_K_RECORD = 210, 288
 #: the codes the tile kernels read
-TILED_CODES = frozenset({*_NAMES, Q4_K, Q6_K})
+TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K})
 #: the codes the loader tile packs, and from how many weights an object: where the tile
 #: kernel is also the faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
 #: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
@@ -86,7 +89,7 @@ TILED_CODES = frozenset({*_NAMES, Q4_K, Q6_K})
 #: Below about 50 M weights a block's staging of x and
 #: the K-split sum (a few microseconds a launch) lose at one row: q4 [4096, 5120] 28 against
 #: 35, q8 [12288, 2048] 51 against 56, q5 [2048, 4096] 19 against 27.
-PACKED_AT_LOAD = frozenset(TILED_CODES)
+PACKED_AT_LOAD = TILED_CODES - {Q5_K}  # (q5_k's tile kernel has not run on a GPU yet)
 PACK_FROM_WEIGHTS = 50_000_000
 
 
@@ -112,11 +115,12 @@ class TileGeometry:
 
 def tile_geometry(code: int, rows: int, columns: int) -> TileGeometry:
     row_tiles = -(-rows // TILE_ROWS)
-    if code == Q4_K:  # (columns: whole blocks, as the codec requires)
+    if code in (Q4_K, Q5_K):  # (columns: whole blocks, as the codec requires)
         groups = columns // 64
         codes = row_tiles * groups * TILE_CODE_BYTES
+        high = codes + (row_tiles * groups * LANES * 4 if code == Q5_K else 0)
         heads = row_tiles * (groups // 4) * TILE_ROWS * _Q4_K_HEAD
-        return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, codes, codes + heads)
+        return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, high, high + heads)
     if code == Q6_K:
         groups = columns // 64
         codes = row_tiles * groups * TILE_CODE_BYTES
@@ -162,7 +166,7 @@ def _code_order(code: int) -> np.ndarray:
     n = np.arange(8)[None, None, :]
     pair, second = n % 4, n // 4
     row = g + 8 * (pair % 2)
-    if code == Q4_K:  # mma j within sub-block j // 2
+    if code in (Q4_K, Q5_K):  # mma j within sub-block j // 2
         k = 32 * (j // 2) + 8 * t + 4 * (j % 2) + 2 * (pair // 2) + second
     elif code == Q6_K:  # mma j on sub-block j
         k = 16 * j + 4 * t + 2 * (pair // 2) + second
@@ -199,9 +203,19 @@ def _q6_high() -> np.ndarray:
     return (8 * j + pair + 4 * half).reshape(-1)
 
 
+def _q5_k_fifth() -> np.ndarray:
+    """For each bit of a lane's q5_k fifth-bit word, the index into the lane's fields in
+    ``_code_order``'s order (word j, nibble n) whose fifth bit it holds: bit 16 h + 4 j + i
+    is element h of pair i of mma j."""
+    half, j, i = np.meshgrid(np.arange(2), np.arange(4), np.arange(4), indexing="ij")
+    return (8 * j + i + 4 * half).reshape(-1)
+
+
 _CODE_ORDER = {code: _code_order(code) for code in TILED_CODES}
 #: the lane's 32 fields, in the order of its two high words
 _Q6_HIGH = _q6_high()
+#: the lane's 32 fields, in the order of its q5_k fifth-bit word
+_Q5_K_FIFTH = _q5_k_fifth()
 _CODE_INVERSE = {code: np.argsort(order) for code, order in _CODE_ORDER.items()}
 _Q5_BITS = _q5_bits()
 _Q5_INVERSE = np.argsort(_Q5_BITS)  # (field, code bit) -> its bit of the tile
@@ -235,12 +249,12 @@ def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> 
     out = xp.zeros(geo.size, dtype=xp.uint8)
     codes_out = out[: geo.high_offset].reshape(geo.row_tiles, geo.groups, TILE_CODE_BYTES)
     order = xp.asarray(_CODE_ORDER[code])
-    zero = {F.Q4: 8, F.Q5: 16, F.Q8: 128, Q4_K: 0, Q6_K: 32}[code]  # (codes of the value 0)
+    zero = {F.Q4: 8, F.Q5: 16, F.Q8: 128, Q4_K: 0, Q5_K: 0, Q6_K: 32}[code]  # (the value 0)
     for t0 in range(0, geo.row_tiles, CHUNK_TILES):
         t1 = min(geo.row_tiles, t0 + CHUNK_TILES)
         r0, r1 = t0 * TILE_ROWS, min(rows, t1 * TILE_ROWS)
-        if code == Q4_K:
-            values, heads = _q4_k_rows(xp, raw, columns, r0, r1)
+        if code in (Q4_K, Q5_K):
+            values, heads = _q4_k_rows(xp, raw, code, columns, r0, r1)
         elif code == Q6_K:
             values, heads = _q6_k_rows(xp, raw, columns, r0, r1)
         else:
@@ -254,9 +268,15 @@ def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> 
         elif code == Q6_K:
             codes_out[t0:t1] = _pack_fields(xp, fields & np.uint8(15), 4)
             _pack_q6_k(xp, fields, heads, out, geo, t0)
+        elif code == Q5_K:
+            codes_out[t0:t1] = _pack_fields(xp, fields & np.uint8(15), 4)
+            bits = (fields >> 4).reshape(t1 - t0, geo.groups, LANES, 32)
+            words = _pack_fields(xp, bits[..., xp.asarray(_Q5_K_FIFTH)], 1).view(xp.uint32)
+            words = words.reshape(t1 - t0, geo.groups // 4, 4, LANES).transpose(0, 1, 3, 2)
+            _fifth(out, geo)[t0:t1] = words
         else:
             codes_out[t0:t1] = _pack_fields(xp, fields, 8 if code == F.Q8 else 4)
-        if code == Q4_K:
+        if code in (Q4_K, Q5_K):
             _heads(out, geo)[t0:t1] = _tile_rows(xp, heads, t1 - t0)
         elif code != Q6_K:
             scales_out = out[geo.scale_offset :].view(xp.uint16)
@@ -268,16 +288,29 @@ def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> 
     return out
 
 
-def _q4_k_rows(xp: ModuleType, raw: Any, columns: int, r0: int, r1: int) -> tuple[Any, Any]:
-    """Rows r0 .. r1 - 1 of a stored q4_k object: codes [n, groups, 64] (group q is 64-weight
-    chunk q % 4 of block q // 4: sub-block 2 (q % 4) the low nibbles, the next the high ones)
-    and the blocks' heads [n, blocks, 16]."""
+def _q4_k_rows(
+    xp: ModuleType, raw: Any, code: int, columns: int, r0: int, r1: int
+) -> tuple[Any, Any]:
+    """Rows r0 .. r1 - 1 of a stored q4_k or q5_k object: codes [n, groups, 64] (group q is
+    64-weight chunk q % 4 of block q // 4: sub-block 2 (q % 4) the low nibbles, the next the
+    high ones; q5_k's fifth bit of sub-block b is bit b of its 32 high bytes) and the blocks'
+    heads [n, blocks, 16]."""
+    size = _Q5_K_BLOCK if code == Q5_K else _Q4_K_BLOCK
     per_row, n = columns // 256, r1 - r0
-    blocks = raw[r0 * per_row * _Q4_K_BLOCK : r1 * per_row * _Q4_K_BLOCK]
-    blocks = blocks.reshape(n, per_row, _Q4_K_BLOCK)
-    qs = blocks[..., _Q4_K_HEAD:].reshape(n, per_row, 4, 1, 32)
-    codes = xp.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, per_row * 4, 64)
-    return codes, blocks[..., :_Q4_K_HEAD]
+    blocks = raw[r0 * per_row * size : r1 * per_row * size].reshape(n, per_row, size)
+    qs = blocks[..., size - 128 :].reshape(n, per_row, 4, 1, 32)
+    codes = xp.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, per_row, 256)
+    if code == Q5_K:
+        qh = blocks[..., _Q4_K_HEAD : _Q4_K_HEAD + 32].reshape(n, per_row, 1, 32)
+        fifth = (qh >> xp.arange(8, dtype=xp.uint8).reshape(8, 1)) & 1
+        codes = codes | (fifth.reshape(n, per_row, 256) << 4)
+    return codes.reshape(n, per_row * 4, 64), blocks[..., :_Q4_K_HEAD]
+
+
+def _fifth(out: Any, geo: TileGeometry) -> Any:
+    """q5_k's fifth-bit plane as uint32 [row tiles, blocks, lane, 4 groups]."""
+    plane = out[geo.high_offset : geo.scale_offset].view(np.uint32)
+    return plane.reshape(geo.row_tiles, geo.groups // 4, LANES, 4)
 
 
 def _q6_k_rows(xp: ModuleType, raw: Any, columns: int, r0: int, r1: int) -> tuple[Any, Any]:
@@ -352,16 +385,24 @@ def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int)
         fields = _unpack_fields(xp, words, bits, TILE_CODE_BYTES * 8 // bits)
     if code == Q6_K:
         fields, scales = _unpack_q6_k(xp, tiled, fields, geo)
+    if code == Q5_K:
+        fifth = _fifth(tiled, geo).transpose(0, 1, 3, 2).reshape(geo.row_tiles, geo.groups, LANES, 1)
+        bits = _unpack_fields(xp, fifth, 1, 32)[..., xp.asarray(np.argsort(_Q5_K_FIFTH))]
+        fields = fields | (bits.reshape(geo.row_tiles, geo.groups, -1) << 4)
     values = fields[..., xp.asarray(_CODE_INVERSE[code])]
     values = values.reshape(geo.row_tiles, geo.groups, TILE_ROWS, geo.group).transpose(0, 2, 1, 3)
     values = values.reshape(geo.row_tiles * TILE_ROWS, geo.groups, geo.group)[:rows]
-    if code == Q4_K:
+    if code in (Q4_K, Q5_K):
         blocks = geo.groups // 4
-        v = values.reshape(rows, blocks, 4, 2, 32)
+        v = (values & np.uint8(15)).reshape(rows, blocks, 4, 2, 32)
         qs = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).astype(xp.uint8).reshape(rows, blocks, -1)
         heads = _heads(tiled, geo).transpose(0, 3, 2, 1, 4)
-        heads = heads.reshape(geo.row_tiles * TILE_ROWS, blocks, _Q4_K_HEAD)[:rows]
-        return xp.concatenate([heads, qs], axis=-1).reshape(-1)
+        parts = [heads.reshape(geo.row_tiles * TILE_ROWS, blocks, _Q4_K_HEAD)[:rows]]
+        if code == Q5_K:  # bit b of high byte l: the fifth bit of weight 32 b + l
+            fifth = (values >> 4).reshape(rows, blocks, 8, 32)
+            shifts = xp.arange(8, dtype=xp.uint8).reshape(8, 1)
+            parts.append((fifth << shifts).sum(axis=2, dtype=xp.uint8))
+        return xp.concatenate([*parts, qs], axis=-1).reshape(-1)
     if code == Q6_K:
         v = values.reshape(rows, geo.groups // 4, 256)
         v4 = (v & np.uint8(15)).reshape(rows, -1, 2, 2, 64)

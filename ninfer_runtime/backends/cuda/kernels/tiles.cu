@@ -1,9 +1,9 @@
-// Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k/q6_k weights
-// (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
+// Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k/q5_k/q6_k
+// weights (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
 //
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
 // tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4,
-// q4_k, q6_k) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
+// the K-quants) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
 // sub-block scale multiplies the fp32 result), B is x split as hi + lo (both bf16, ~16 bits of x together; fp16: ~22 bits,
 // each row scaled by a power of two into range) in columns 2m and 2m + 1, so the lane holding
 // column 2t of the result holds both halves of row m = t (+ 4 for the second 8-column block).
@@ -173,6 +173,22 @@ struct TileQ4K : TileQ4 {  // (q4's frag)
     }
     S = f16_to_f32((u16)(head.x & 0xFFFFu)) * (float)sc;
     M = f16_to_f32((u16)(head.x >> 16)) * (float)m;
+  }
+};
+
+// GGUF q5_k: q4_k's blocks with a fifth bit a code, read as q4_k; the fifth bit of pair i of
+// mma j is bit 4 j + i (first element) and 16 + 4 j + i (second) of the lane's fifth word of
+// the group, moved to bits 4 and 20 (bf16 128 + c, c < 32)
+struct TileQ5K : TileQ4K {
+  static constexpr int HIGH_WORDS = 1;
+  static __device__ __forceinline__ void frag(const uint4& q, uint2 h, int j, u32 (&a)[4]) {
+    const u32 w = uint4_word(q, j);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int f = 4 * j + i;
+      const u32 fifth = (f >= 4 ? h.x >> (f - 4) : h.x << (4 - f)) & 0x00100010u;
+      a[i] = magic_fields(w >> (4 * i)) | fifth;
+    }
   }
 };
 
@@ -497,6 +513,7 @@ DEFINE_TILES(tiles_q4, TileQ4)
 DEFINE_TILES(tiles_q5, TileQ5Half)
 DEFINE_TILES(tiles_q8, TileQ8)
 DEFINE_TILES(tiles_q4k, TileQ4K)
+DEFINE_TILES(tiles_q5k, TileQ5K)
 DEFINE_TILES(tiles_q6k, TileQ6K)
 
 // ------------------------------------------------------------------ rows to float / bf16
@@ -588,4 +605,5 @@ DEFINE_TILE_ROWS(tiles_q4, TileQ4)
 DEFINE_TILE_ROWS(tiles_q5, TileQ5Half)
 DEFINE_TILE_ROWS(tiles_q8, TileQ8)
 DEFINE_TILE_ROWS(tiles_q4k, TileQ4K)
+DEFINE_TILE_ROWS(tiles_q5k, TileQ5K)
 DEFINE_TILE_ROWS(tiles_q6k, TileQ6K)
