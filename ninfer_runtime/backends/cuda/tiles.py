@@ -1,6 +1,6 @@
 """Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q5_k/q6_k objects
-that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader packs the
-objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
+that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader
+packs the objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
 one group (64 weights for q4/q5, 32 for q8); tiles follow each other group by group along a
@@ -386,7 +386,8 @@ def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int)
     if code == Q6_K:
         fields, scales = _unpack_q6_k(xp, tiled, fields, geo)
     if code == Q5_K:
-        fifth = _fifth(tiled, geo).transpose(0, 1, 3, 2).reshape(geo.row_tiles, geo.groups, LANES, 1)
+        fifth = _fifth(tiled, geo).transpose(0, 1, 3, 2)
+        fifth = fifth.reshape(geo.row_tiles, geo.groups, LANES, 1)
         bits = _unpack_fields(xp, fifth, 1, 32)[..., xp.asarray(np.argsort(_Q5_K_FIFTH))]
         fields = fields | (bits.reshape(geo.row_tiles, geo.groups, -1) << 4)
     values = fields[..., xp.asarray(_CODE_INVERSE[code])]
