@@ -87,8 +87,8 @@ def shape(
 
 
 def _staged(p: F.Planes, m: int) -> int:
-    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma), and for q4,
-    q4_k and q6_k its sums of x (a row: 16 four-element parts and the sums of its parts)."""
+    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma), and for q4 and
+    the K-quants its sums of x (a row: 16 four-element parts and the sums of its parts)."""
     sums = _SUMS.get(p.code)
     return 64 * m * (_GROUP[p.code] // 16) + (4 * m * (16 + sums) if sums else 0)
 

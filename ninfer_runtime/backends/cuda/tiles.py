@@ -140,8 +140,8 @@ def tile_geometry(code: int, rows: int, columns: int) -> TileGeometry:
 
 
 def tiled_planes(code: int, rows: int, columns: int) -> F.Planes:
-    """The kernel arguments of a tiled object: off1 the high bits, off2 the scales (q4_k:
-    the block heads), stride the (padded) groups per row."""
+    """The kernel arguments of a tiled object: off1 the high bits, off2 the scales (q4_k,
+    q5_k: the block heads; q6_k: its records), stride the (padded) groups per row."""
     g = tile_geometry(code, rows, columns)
     return F.Planes(
         code, rows, columns, off1=g.high_offset, off2=g.scale_offset, stride=g.groups,
@@ -243,8 +243,8 @@ def _stored_rows(
 
 
 def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> Any:
-    """The tiled bytes (uint8 [size]) of a stored row_split or q4_k object ``raw`` (uint8
-    array of the module ``xp``: numpy or CuPy)."""
+    """The tiled bytes (uint8 [size]) of a stored row_split or GGUF K-quant object ``raw``
+    (uint8 array of the module ``xp``: numpy or CuPy)."""
     geo = tile_geometry(code, rows, columns)
     out = xp.zeros(geo.size, dtype=xp.uint8)
     codes_out = out[: geo.high_offset].reshape(geo.row_tiles, geo.groups, TILE_CODE_BYTES)
@@ -362,7 +362,8 @@ def _unpack_q6_k(xp: ModuleType, tiled: Any, low: Any, geo: TileGeometry) -> tup
 
 
 def _heads(out: Any, geo: TileGeometry) -> Any:
-    """The head plane of a tiled q4_k object as [row tiles, blocks, 8 g, 2 (g, g + 8), 16]."""
+    """The head plane of a tiled q4_k/q5_k object as [row tiles, blocks, 8 g, 2 (g, g + 8),
+    16]."""
     return out[geo.scale_offset :].reshape(geo.row_tiles, geo.groups // 4, 8, 2, _Q4_K_HEAD)
 
 

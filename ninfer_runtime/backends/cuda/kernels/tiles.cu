@@ -1,14 +1,15 @@
 // Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k/q5_k/q6_k
-// weights (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k] W[r, k].
+// weights (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k]
+// W[r, k].
 //
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
-// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4,
-// the K-quants) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
-// sub-block scale multiplies the fp32 result), B is x split as hi + lo (both bf16, ~16 bits of x together; fp16: ~22 bits,
-// each row scaled by a power of two into range) in columns 2m and 2m + 1, so the lane holding
-// column 2t of the result holds both halves of row m = t (+ 4 for the second 8-column block).
-// x is staged once per block in shared memory in fragment order (no separate pass, and no
-// global load of x between the mmas).
+// tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4, the
+// K-quants) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
+// sub-block scale multiplies the fp32 result), B is x split as hi + lo (both bf16, ~16 bits
+// of x together; fp16: ~22 bits, each row scaled by a power of two into range) in columns 2m
+// and 2m + 1, so the lane holding column 2t of the result holds both halves of row m = t (+ 4
+// for the second 8-column block). x is staged once per block in shared memory in fragment
+// order (no separate pass, and no global load of x between the mmas).
 //
 // Work split: block (b, s) of a (BX, S) grid of W-warp blocks takes groups [s * per,
 // (s + 1) * per) of K, and its warp w row tile W b + w: every warp the same work (one tile's
@@ -299,9 +300,10 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
 // group ql, mma j: 8 * m_rows uint2, entry 8 m + 4 h + t the B fragment (k slots of lane t) of
 // column 2 m + h (h = 0: hi, 1: lo). With sums (F::OFFSET), also sums[(m * L + ql) * SUBS +
 // h] = part h of the group's sum of hi + lo (exact pairs, added in a fixed order:
-// deterministic); parts (16 floats a group and row) holds the four-element sums on the way. With F::HALF, row m is
-// first scaled by 2^(14 - E), E the exponent of its largest |x| in the slice, into fp16's
-// range (exactly), and unscale[m] gets the inverse; scales holds m_rows words on the way.
+// deterministic); parts (16 floats a group and row) holds the four-element sums on the way.
+// With F::HALF, row m is first scaled by 2^(14 - E), E the exponent of its largest |x| in the
+// slice, into fp16's range (exactly), and unscale[m] gets the inverse; scales holds m_rows
+// words on the way.
 template <class F>
 __device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts, float* unscale,
                                         u32* scales, const float* __restrict__ x, int ldx,
@@ -421,7 +423,9 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int h = 0; h < F::SUBS; ++h) part[nb][h][0] = part[nb][h][1] = part[nb][h][2] = part[nb][h][3] = 0.f;
+        for (int h = 0; h < F::SUBS; ++h)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) part[nb][h][c] = 0.f;
 #pragma unroll
       for (int j = 0; j < F::MMAS; ++j) {
         u32 a[4];
