@@ -29,7 +29,7 @@ from .test_kernels import RS, case_id, check_close, make_weight
 
 pytestmark = requires_gpu
 
-Q4_K, Q5_K, Q6_K = "gguf_q4_k", "gguf_q5_k", "gguf_q6_k"
+Q4_K, Q5_K, Q6_K, IQ2 = "gguf_q4_k", "gguf_q5_k", "gguf_q6_k", "gguf_iq2_xxs"
 CASES = [
     ("q4_g64_fp16", RS, (300, 200), 1),
     ("q5_g64_fp16", RS, (300, 200), 1),
@@ -37,20 +37,23 @@ CASES = [
     (Q4_K, LAYOUT, (300, 512), 1),
     (Q5_K, LAYOUT, (300, 512), 1),
     (Q6_K, LAYOUT, (300, 512), 1),
+    (IQ2, LAYOUT, (300, 512), 1),
     ("q4_g64_fp16", RS, (77, 1000), 1),
     ("q5_g64_fp16", RS, (1030, 520), 1),
     ("q8_g32_fp16", RS, (77, 1000), 1),
     (Q4_K, LAYOUT, (77, 1024), 1),
     (Q5_K, LAYOUT, (77, 1024), 1),
     (Q6_K, LAYOUT, (77, 1024), 1),
+    (IQ2, LAYOUT, (77, 1024), 1),
     ("q4_g64_fp16", RS, (64, 8192), 1),  # few long rows: K split into many slices
     ("q5_g64_fp16", RS, (40, 6000), 1),
     (Q4_K, LAYOUT, (40, 6144), 1),
     (Q5_K, LAYOUT, (40, 6144), 1),
     (Q6_K, LAYOUT, (40, 6144), 1),
+    (IQ2, LAYOUT, (40, 6144), 1),
 ]
 #: one of each format
-FIRST = CASES[:6]
+FIRST = CASES[:7]
 
 
 def tiled(case: Any, seed: int = 0) -> tuple[Any, F.Planes, np.ndarray, np.ndarray]:
@@ -59,7 +62,7 @@ def tiled(case: Any, seed: int = 0) -> tuple[Any, F.Planes, np.ndarray, np.ndarr
     import cupy as cp
 
     fmt, layout, shape, _ = case
-    if fmt in (Q4_K, Q5_K, Q6_K):  # random blocks (gguf has no K-quant encoder)
+    if fmt in (Q4_K, Q5_K, Q6_K, IQ2):  # random blocks (gguf has no encoder for these)
         blocks = _random_blocks(fmt, shape[0] * shape[1] // 256, seed)
         stored = cp.asarray(blocks.reshape(-1))
         w = codec_for(fmt, layout).decode(blocks.reshape(-1), shape)
@@ -130,7 +133,7 @@ def test_row_ranges_and_wider_output(case: Any) -> None:
         assert cp.isnan(out[:, :3]).all() and cp.isnan(out[:, 3 + rows :]).all()
 
 
-@pytest.mark.parametrize("case", CASES[:12], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:14], ids=case_id)
 def test_decode_rows(case: Any) -> None:
     """Rows to float32 and to bf16 words (prefill slabs, the embedding), in any order."""
     import cupy as cp

@@ -263,3 +263,86 @@ def test_q6_k_fragments_hold_the_codec_values(shape: tuple[int, int]) -> None:
                     k = 16 * j + 4 * t + 2 * (i // 2) + e
                     out[rows, (q * 64 + k)[None, :]] = (c - 32).astype(np.float32) * scale
     np.testing.assert_array_equal(out[: shape[0]], want)
+
+
+# --------------------------------------------------------------------------- GGUF iq2_xxs
+def _iq2_tables() -> tuple[np.ndarray, np.ndarray]:
+    import gguf.quants as q
+
+    q.IQ2_XXS.init_grid()
+    grid = q.IQ2_XXS.grid.reshape(256, 8).astype(np.float32)
+    return grid, np.frombuffer(q.IQ2_XXS.ksigns, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("shape", K_SHAPES)
+def test_iq2_xxs_round_trip(shape: tuple[int, int]) -> None:
+    raw = _random_blocks("gguf_iq2_xxs", shape[0] * shape[1] // 256, shape[0]).reshape(-1)
+    tiled = T.pack_tiles(np, raw, T.IQ2_XXS, *shape)
+    geo = T.tile_geometry(T.IQ2_XXS, *shape)
+    # the blocks' bits and four unused bits a lane word of signs (64 bytes a tile and block)
+    assert tiled.size == geo.size == geo.row_tiles * (shape[1] // 256) * (16 * 66 + 64)
+    assert np.array_equal(T.unpack_tiles(np, tiled, T.IQ2_XXS, *shape), raw)
+
+
+@pytest.mark.parametrize("shape", K_SHAPES)
+def test_iq2_xxs_tiles_hold_the_codec_values(shape: tuple[int, int]) -> None:
+    """The lane words and records as tiles.cu's TileIQ2XXS reads them (grid index byte 2 h +
+    rr, sign index at bits 7 (2 h + rr), scale nibble 2 u + h of row g + 8 rr's word, d of
+    the row; grid row t of sub-block h at k = 32 h + 8 t): the codec's values bit for bit."""
+    raw = _random_blocks("gguf_iq2_xxs", shape[0] * shape[1] // 256, 7).reshape(-1)
+    want = codec_for("gguf_iq2_xxs", "gguf_blocks_v1").decode(raw, shape, 1)
+    tiled = T.pack_tiles(np, raw, T.IQ2_XXS, *shape)
+    geo = T.tile_geometry(T.IQ2_XXS, *shape)
+    blocks = geo.groups // 4
+    grid, ksigns = _iq2_tables()
+    words = tiled[: geo.scale_offset].view(np.uint32).reshape(geo.row_tiles, blocks, 8, 4, 4, 2)
+    records = tiled[geo.scale_offset :].reshape(geo.row_tiles, blocks, 96)
+    nibbles = records[..., :64].copy().view(np.uint32).reshape(geo.row_tiles, blocks, 8, 2)
+    d = records[..., 64:].copy().view(np.float16).reshape(geo.row_tiles, blocks, 2, 8)
+    out = np.zeros((geo.row_tiles * 16, shape[1]), dtype=np.float32)
+    tiles, blks = np.arange(geo.row_tiles)[:, None], np.arange(blocks)[None, :]
+    for g in range(8):
+        for t in range(4):
+            for u in range(4):
+                for h in range(2):
+                    for rr in range(2):
+                        f = 2 * h + rr
+                        index = (words[:, :, g, t, u, 0] >> (8 * f)) & 255
+                        signs = ksigns[(words[:, :, g, t, u, 1] >> (7 * f)) & 127]
+                        s = ((nibbles[:, :, g, rr] >> (4 * (2 * u + h))) & 15).astype(np.float32)
+                        db = (
+                            d[:, :, rr, g].astype(np.float32) * (np.float32(0.5) + s)
+                        ) * np.float32(0.25)
+                        for e in range(8):
+                            w = (db * grid[index, e]).astype(np.float32)
+                            w = np.where((signs >> e) & 1, -w, w)
+                            k = blks * 256 + 64 * u + 32 * h + 8 * t + e
+                            out[tiles * 16 + g + 8 * rr, k] = w
+    np.testing.assert_array_equal(out[: shape[0]], want)
+
+
+def test_iq2_xxs_fragments_are_signed_grid_values() -> None:
+    """TileIQ2XXS::frag's bit work as numpy, for every grid row and sign index: a permute of
+    two grid bytes under the bf16 exponent byte 0x43, minus 128, the sign bits from ggml's
+    table at bits 15 and 31: the bf16 words of the signed values."""
+    grid, ksigns = _iq2_tables()
+    rows = grid.astype(np.uint64)
+    packed = (rows << (np.arange(8, dtype=np.uint64) * np.uint64(8))).sum(axis=1)  # as ggml's
+    for half in range(2):
+        values = ((packed >> np.uint64(32 * half)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        for p in range(2):
+            bits = _prmt(values, 0x43434343, 0x4342 if p else 0x4140)
+            halves = np.stack([bits & 0xFFFF, bits >> 16], -1).astype(np.uint32) << 16
+            value = halves.view(np.float32) - np.float32(128)  # the fma: exact
+            word = (value.view(np.uint32) >> 16).astype(np.int64)
+            word = word[:, 0] | (word[:, 1] << 16)  # the bf16x2 word of the pair
+            for sign_index in range(128):
+                s = int(ksigns[sign_index]) >> (4 * half)
+                mask = (((s >> (2 * p)) & 1) << 15) | (((s >> (2 * p + 1)) & 1) << 31)
+                signed = word ^ mask
+                pair = np.stack([signed & 0xFFFF, signed >> 16], -1).astype(np.uint32) << 16
+                got = pair.view(np.float32)
+                want = grid[:, 4 * half + 2 * p : 4 * half + 2 * p + 2].copy()
+                want[:, 0] *= -1 if (s >> (2 * p)) & 1 else 1
+                want[:, 1] *= -1 if (s >> (2 * p + 1)) & 1 else 1
+                np.testing.assert_array_equal(got, want)

@@ -17,7 +17,8 @@ import numpy as np
 from . import formats as F
 from . import split_sums
 from .compile import function, register_family, sm_count
-from .tiles import Q4_K, Q5_K, Q6_K, TILE_ROWS
+from .gguf_tables import source as gguf_tables
+from .tiles import IQ2_XXS, Q4_K, Q5_K, Q6_K, TILE_ROWS
 
 FAMILY = "tiles"
 #: warps a block, by activation rows: with more rows a block's staged x costs more, so more
@@ -42,9 +43,10 @@ _KERNELS = {
     Q4_K: "tiles_q4k",
     Q5_K: "tiles_q5k",
     Q6_K: "tiles_q6k",
+    IQ2_XXS: "tiles_iq2xxs",
 }
 #: weights per group and mmas per group of each tiled format
-_GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32, Q4_K: 64, Q5_K: 64, Q6_K: 64}
+_GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32, Q4_K: 64, Q5_K: 64, Q6_K: 64, IQ2_XXS: 64}
 #: parts of a group with a sum of x of their own, for the offset its fragments carry (and
 #: q4_k's and q5_k's mins): theirs are two sub-blocks, q6_k's four
 _SUMS = {F.Q4: 1, Q4_K: 2, Q5_K: 2, Q6_K: 4}
@@ -52,6 +54,7 @@ register_family(
     FAMILY,
     [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
     + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
+    prelude=gguf_tables,  # (iq2_xxs's grid and signs)
 )
 
 

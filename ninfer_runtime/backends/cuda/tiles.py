@@ -1,5 +1,5 @@
-"""Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q5_k/q6_k objects
-that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader
+"""Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q5_k/q6_k/iq2_xxs
+objects that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader
 packs the objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
@@ -47,6 +47,14 @@ Word layouts (what ``tiles.cu`` decodes):
   ``i`` of mma ``j`` at field ``f = 4 (j % 2) + i``, bits ``2 f`` (first element) and
   ``16 + 2 f`` (second). The scale plane holds a 288-byte record a row tile and block:
   for each lane group ``g`` the int8 scales of rows ``g`` and ``g + 8``, then the 16 rows' d.
+* GGUF iq2_xxs (blocks of 256: d, then for each 32-weight sub-block four grid indices of 8
+  weights, four 7-bit sign indices and a 4-bit scale): no code plane; as q4_k, mma ``j`` on
+  sub-block ``j // 2`` of the group, so lane ``t`` holds grid row ``t`` of each sub-block for
+  rows ``g`` and ``g + 8``. Its two words a lane and group (in q6_k's high-plane order): the
+  four grid indices (byte ``2 h + rr``: sub-block h, row ``g + 8 rr``) and the four sign
+  indices (bits ``7 (2 h + rr)``; the top four bits unused: 6% more bytes than the blocks). A
+  96-byte record a row tile and block holds for each lane group the eight 4-bit scales of rows
+  ``g`` and ``g + 8`` (a word each), then the rows' d.
 
 Everything here is written on array operations (numpy or CuPy alike), so the CPU tests check
 that packing and unpacking give the stored bytes back, and the loader runs the same code on
@@ -74,12 +82,15 @@ CHUNK_TILES = 256
 
 _NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
 Q4_K, Q5_K, Q6_K = (F.GGUF_CODES[f"gguf_q{b}_k"] for b in (4, 5, 6))
+IQ2_XXS = F.GGUF_CODES["gguf_iq2_xxs"]
 #: bytes of a q4_k/q5_k block's head (d, dmin, scales), and of the blocks
 _Q4_K_HEAD, _Q4_K_BLOCK, _Q5_K_BLOCK = 16, 144, 176
 #: bytes of a q6_k block (low nibbles, high bits, scales, d) and of a tile's record of scales
 _Q6_K_BLOCK, _Q6_K_RECORD = 210, 288
+#: bytes of an iq2_xxs block and of a tile's record of scales
+_IQ2_XXS_BLOCK, _IQ2_XXS_RECORD = 66, 96
 #: the codes the tile kernels read
-TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K})
+TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K, IQ2_XXS})
 #: the codes the loader tile packs, and from how many weights an object: where the tile
 #: kernel is also the faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
 #: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
@@ -89,7 +100,7 @@ TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K})
 #: Below about 50 M weights a block's staging of x and
 #: the K-split sum (a few microseconds a launch) lose at one row: q4 [4096, 5120] 28 against
 #: 35, q8 [12288, 2048] 51 against 56, q5 [2048, 4096] 19 against 27.
-PACKED_AT_LOAD = TILED_CODES - {Q5_K}  # (q5_k's tile kernel has not run on a GPU yet)
+PACKED_AT_LOAD = TILED_CODES - {Q5_K, IQ2_XXS}  # (their tile kernels have not run on a GPU)
 PACK_FROM_WEIGHTS = 50_000_000
 
 
@@ -121,6 +132,11 @@ def tile_geometry(code: int, rows: int, columns: int) -> TileGeometry:
         high = codes + (row_tiles * groups * LANES * 4 if code == Q5_K else 0)
         heads = row_tiles * (groups // 4) * TILE_ROWS * _Q4_K_HEAD
         return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, high, high + heads)
+    if code == IQ2_XXS:  # (no code plane: the lane's words are in the second)
+        groups = columns // 64
+        words = row_tiles * groups * LANES * 8
+        records = row_tiles * (groups // 4) * _IQ2_XXS_RECORD
+        return TileGeometry(code, rows, columns, 64, groups, row_tiles, 0, words, words + records)
     if code == Q6_K:
         groups = columns // 64
         codes = row_tiles * groups * TILE_CODE_BYTES
@@ -243,9 +259,11 @@ def _stored_rows(
 
 
 def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> Any:
-    """The tiled bytes (uint8 [size]) of a stored row_split or GGUF K-quant object ``raw``
-    (uint8 array of the module ``xp``: numpy or CuPy)."""
+    """The tiled bytes (uint8 [size]) of a stored row_split or GGUF object ``raw`` (uint8
+    array of the module ``xp``: numpy or CuPy)."""
     geo = tile_geometry(code, rows, columns)
+    if code == IQ2_XXS:
+        return _pack_iq2_xxs(xp, raw, geo)
     out = xp.zeros(geo.size, dtype=xp.uint8)
     codes_out = out[: geo.high_offset].reshape(geo.row_tiles, geo.groups, TILE_CODE_BYTES)
     order = xp.asarray(_CODE_ORDER[code])
@@ -374,10 +392,76 @@ def _tile_rows(xp: ModuleType, heads: Any, tiles: int) -> Any:
     return full.reshape(tiles, 2, 8, *heads.shape[1:]).transpose(0, 3, 2, 1, 4)
 
 
+def _iq2_xxs_view(geo: TileGeometry, out: Any) -> tuple[Any, Any]:
+    """The lane words of a tiled iq2_xxs object as uint32 [row tiles, blocks, 8 g, 4 t, 4
+    groups, 2 (indices, signs)] and its records [row tiles, blocks, 96]."""
+    blocks = geo.groups // 4
+    words = out[: geo.scale_offset].view(np.uint32)
+    words = words.reshape(geo.row_tiles, blocks, 8, 4, 4, 2)
+    return words, out[geo.scale_offset :].reshape(geo.row_tiles, blocks, _IQ2_XXS_RECORD)
+
+
+def _pack_iq2_xxs(xp: ModuleType, raw: Any, geo: TileGeometry) -> Any:
+    out = xp.zeros(geo.size, dtype=xp.uint8)
+    words_out, records_out = _iq2_xxs_view(geo, out)
+    blocks = geo.groups // 4
+    bytes_ = xp.asarray(np.array([0, 8, 16, 24], dtype=np.uint32))
+    sevens = xp.asarray(np.array([0, 7, 14, 21], dtype=np.uint32))
+    for t0 in range(0, geo.row_tiles, CHUNK_TILES):
+        t1 = min(geo.row_tiles, t0 + CHUNK_TILES)
+        r0, r1 = t0 * TILE_ROWS, min(geo.rows, t1 * TILE_ROWS)
+        nt = t1 - t0
+        full = xp.zeros((nt * TILE_ROWS, blocks, _IQ2_XXS_BLOCK), dtype=xp.uint8)
+        full[: r1 - r0] = raw[r0 * blocks * 66 : r1 * blocks * 66].reshape(r1 - r0, blocks, 66)
+        sub = xp.ascontiguousarray(full[..., 2:]).view(xp.uint32).reshape(-1, blocks, 8, 2)
+        grid = (sub[..., 0, None] >> bytes_) & 255  # [rows, blocks, 8 sub-blocks, 4 t]
+        signs = (sub[..., 1, None] >> sevens) & 127
+        # [rows (rr, g), blocks, sub-blocks (u, h), t] -> [tiles, blocks, g, t, u, (h, rr)]
+        order = (0, 3, 2, 6, 4, 5, 1)
+        grid = grid.reshape(nt, 2, 8, blocks, 4, 2, 4).transpose(order).reshape(-1, 4)
+        signs = signs.reshape(nt, 2, 8, blocks, 4, 2, 4).transpose(order).reshape(-1, 4)
+        shape = (nt, blocks, 8, 4, 4)
+        words_out[t0:t1, ..., 0] = (grid << bytes_).sum(axis=-1, dtype=xp.uint32).reshape(shape)
+        words_out[t0:t1, ..., 1] = (signs << sevens).sum(axis=-1, dtype=xp.uint32).reshape(shape)
+        nibbles = (sub[..., 1] >> 28) << xp.arange(0, 32, 4, dtype=xp.uint32)
+        scales = nibbles.sum(axis=-1, dtype=xp.uint32).reshape(nt, 2, 8, blocks)
+        scales = xp.ascontiguousarray(scales.transpose(0, 3, 2, 1)).view(xp.uint8)
+        records_out[t0:t1, :, :64] = scales.reshape(nt, blocks, 64)
+        d = full[..., :2].reshape(nt, 2, 8, blocks, 2).transpose(0, 3, 1, 2, 4)
+        records_out[t0:t1, :, 64:] = d.reshape(nt, blocks, 32)
+    return out
+
+
+def _unpack_iq2_xxs(xp: ModuleType, tiled: Any, geo: TileGeometry) -> Any:
+    words, records = _iq2_xxs_view(geo, tiled)
+    blocks = geo.groups // 4
+    bytes_ = xp.asarray(np.array([0, 8, 16, 24], dtype=np.uint32))
+    sevens = xp.asarray(np.array([0, 7, 14, 21], dtype=np.uint32))
+    fields = [(words[..., 0, None] >> bytes_) & 255, (words[..., 1, None] >> sevens) & 127]
+    # [tiles, blocks, g, t, u, (h, rr)] -> [rows (rr, g), blocks, sub-blocks (u, h), t]
+    back = [
+        f.reshape(geo.row_tiles, blocks, 8, 4, 4, 2, 2).transpose(0, 6, 2, 1, 4, 5, 3)
+        for f in fields
+    ]
+    grid, signs = (b.reshape(-1, blocks, 8, 4) for b in back)
+    scales = xp.ascontiguousarray(records[..., :64]).view(xp.uint32)
+    scales = scales.reshape(geo.row_tiles, blocks, 8, 2).transpose(0, 3, 2, 1).reshape(-1, blocks)
+    nibbles = (scales[..., None] >> xp.arange(0, 32, 4, dtype=xp.uint32)) & 15
+    first = (grid << bytes_).sum(axis=-1, dtype=xp.uint32)
+    second = (signs << sevens).sum(axis=-1, dtype=xp.uint32) | (nibbles << 28)
+    sub = xp.stack([first, second], axis=-1).reshape(-1, blocks, 16)
+    d = records[..., 64:].reshape(geo.row_tiles, blocks, 2, 8, 2).transpose(0, 2, 3, 1, 4)
+    d = d.reshape(-1, blocks, 2)
+    out = xp.concatenate([d, xp.ascontiguousarray(sub).view(xp.uint8)], axis=-1)
+    return out[: geo.rows].reshape(-1)
+
+
 def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int) -> Any:
     """The stored bytes back from ``pack_tiles``'s (the round trip the tests check; padding of
     the stored object comes back as the codec writes it)."""
     geo = tile_geometry(code, rows, columns)
+    if code == IQ2_XXS:
+        return _unpack_iq2_xxs(xp, tiled, geo)
     words = tiled[: geo.high_offset].view(xp.uint32).reshape(geo.row_tiles, geo.groups, -1)
     if code == F.Q5:
         fields = _unpack_q5(xp, tiled, words, geo)

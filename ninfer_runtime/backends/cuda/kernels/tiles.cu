@@ -1,5 +1,5 @@
-// Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k/q5_k/q6_k
-// weights (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k]
+// Products of up to 8 activation rows over tile-packed row_split and GGUF q4_k/q5_k/q6_k/
+// iq2_xxs weights (tiles.py: the layouts, and why), on the tensor cores: y[m, r] = sum_k x[m, k]
 // W[r, k].
 //
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
@@ -16,6 +16,12 @@
 // slice), so no warp is left streaming alone at the end (tile_products.shape picks S). With
 // S > 1 each block leaves partial sums and the last of the S blocks of index b adds them in
 // slice order: deterministic.
+
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
 
 // d += a * b with fp16 operands (the layout of mma_bf16)
 __device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 b1) {
@@ -76,8 +82,9 @@ struct TileScales {
 
 // What every tile policy shares for groups of G weights: an mma per 16, and lane t's weights
 // of a group are k = (G / 4) t + 4 j + i for mma j, slot i. A policy adds frag (the four A
-// registers of mma j from the lane's code words q and its HIGH_WORDS more words h of the
-// group) and says whether it takes fp16 operands (HALF) and what offset its fragments carry
+// registers of mma j from the lane's code words q, unless it has none (CODES), and its
+// HIGH_WORDS more words h of the group) and says whether it takes fp16 operands (HALF) and
+// what offset its fragments carry
 // over the weights (OFFSET, taken off through staged sums of x). SUBS: the parts of a group
 // with a scale of their own (mma j in part j * SUBS / MMAS; a lane's k of one part are
 // consecutive); load_scales fetches them for four groups, scale gives part h's scale S and,
@@ -85,7 +92,7 @@ struct TileScales {
 template <int G>
 struct TileGroups {
   static constexpr int GW = G, MMAS = G / 16, SUBS = 1, HIGH_WORDS = 0;
-  static constexpr bool HALF = false, MINS = false;
+  static constexpr bool CODES = true, HALF = false, MINS = false;
   static constexpr float OFFSET = 0.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return G / 4 * t + 4 * j; }
   static __device__ __forceinline__ void load_scales(TileScales& sc, const u8* __restrict__ plane,
@@ -277,6 +284,51 @@ struct TileQ6K : TileGroups<64> {
   }
 };
 
+// GGUF iq2_xxs: a lane's two words of a group hold the grid index (byte 2 h + rr) and sign
+// index (bits 7 (2 h + rr)) of its grid row t of sub-block h for row g + 8 rr; mma j takes
+// sub-block j / 2 (k_of as q4_k's), values 4 (j % 2) .. + 3 of the grid row. A grid value
+// (8, 25 or 43, ggml's table) goes under the bf16 exponent of 128 by one permute, one
+// subtraction of 128 leaves it, and its sign bit comes from ggml's sign table. The scale of
+// sub-block b of row g + 8 rr: d (0.5 + s) / 4, s its 4-bit scale (records as in tiles.py).
+struct TileIQ2XXS : TileGroups<64> {
+  static constexpr int SUBS = 2, HIGH_WORDS = 2;
+  static constexpr bool CODES = false;
+  static __device__ __forceinline__ int k_of(int t, int j) { return TileQ4K::k_of(t, j); }
+  static __device__ __forceinline__ void frag(const uint4&, uint2 h, int j, u32 (&a)[4]) {
+    const int half = j & 1;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int f = 2 * (j >> 1) + rr;
+      const u64 row = GG_IQ2XXS_GRID[(h.x >> (8 * f)) & 0xFFu];
+      const u32 values = (u32)(row >> (32 * half));
+      const u32 signs = (u32)GG_KSIGNS[(h.y >> (7 * f)) & 0x7Fu] >> (4 * half);
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {  // slots 2 p, 2 p + 1: values 2 p, 2 p + 1 of the four
+        const u32 bf = fma_bf16x2(prmt(values, 0x43434343u, p ? 0x4342u : 0x4140u), 0x3F803F80u,
+                                  0xC300C300u);  // 128 + v - 128
+        const u32 mask = (((signs >> (2 * p)) & 1u) << 15) | (((signs >> (2 * p + 1)) & 1u) << 31);
+        a[rr + 2 * p] = bf ^ mask;
+      }
+    }
+  }
+  // a block's record: [8 g][rows g, g + 8][a word of eight 4-bit scales], then d of its rows
+  static __device__ __forceinline__ void load_scales(TileScales& sc, const u8* __restrict__ plane,
+                                                     long long quad, int g) {
+    const u8* block = plane + quad * 96;
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(block) + g);
+    sc.s[0] = make_uint4(w.x, w.y, 0u, 0u);
+    const u16* d = reinterpret_cast<const u16*>(block + 64);
+    sc.d = (u32)__ldg(d + g) | ((u32)__ldg(d + 8 + g) << 16);
+  }
+  static __device__ __forceinline__ void scale(const TileScales& s, int u, int h, int rr, float& S,
+                                               float& M) {
+    const u32 nibble = ((rr ? s.s[0].y : s.s[0].x) >> (4 * (2 * u + h))) & 15u;
+    const float d = f16_to_f32((u16)(rr ? s.d >> 16 : s.d & 0xFFFFu));
+    S = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, (float)nibble)), 0.25f);  // (as ggml)
+    M = 0.f;
+  }
+};
+
 // What a lane loads for one tile and four groups: codes, their high words, the scales.
 struct TileStep {
   uint4 q[4];
@@ -290,7 +342,7 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
                                           long long tile, int q, int lane) {
   const uint4* codes = reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane;
 #pragma unroll
-  for (int u = 0; u < 4; ++u) st.q[u] = __ldcs(codes + 32 * u);  // streamed: evict first
+  for (int u = 0; u < 4 && F::CODES; ++u) st.q[u] = __ldcs(codes + 32 * u);  // streamed
   const long long quad = tile * (groups / 4) + q / 4;
   load_high<F>(st.h, obj + high, quad, lane);
   F::load_scales(st.s, obj + scales, quad, lane >> 2);
@@ -519,6 +571,7 @@ DEFINE_TILES(tiles_q8, TileQ8)
 DEFINE_TILES(tiles_q4k, TileQ4K)
 DEFINE_TILES(tiles_q5k, TileQ5K)
 DEFINE_TILES(tiles_q6k, TileQ6K)
+DEFINE_TILES(tiles_iq2xxs, TileIQ2XXS)
 
 // ------------------------------------------------------------------ rows to float / bf16
 // out[i, k] = W[rows[i], k] for k < columns, as float32 or as bf16 words (BF16). A thread
@@ -537,7 +590,9 @@ __device__ __forceinline__ void tiles_rows(const u8* __restrict__ obj, long long
   const int q = unit / 4, t = unit % 4;
   const long long r = __ldg(rows + i), tile = r >> 4;
   const int rr = (int)(r >> 3) & 1, g = (int)r & 7, lane = 4 * g + t;
-  const uint4 code = __ldg(reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane);
+  const uint4 code = F::CODES
+      ? __ldg(reinterpret_cast<const uint4*>(obj) + (tile * groups + q) * 32 + lane)
+      : make_uint4(0u, 0u, 0u, 0u);
   const long long quad = tile * (groups / 4) + q / 4;
   const uint2 h = load_group_high<F>(obj + high, quad, lane, q % 4);
   TileScales sc;
@@ -611,3 +666,4 @@ DEFINE_TILE_ROWS(tiles_q8, TileQ8)
 DEFINE_TILE_ROWS(tiles_q4k, TileQ4K)
 DEFINE_TILE_ROWS(tiles_q5k, TileQ5K)
 DEFINE_TILE_ROWS(tiles_q6k, TileQ6K)
+DEFINE_TILE_ROWS(tiles_iq2xxs, TileIQ2XXS)
