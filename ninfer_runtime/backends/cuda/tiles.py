@@ -1,6 +1,6 @@
 """Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q5_k/q6_k/iq2_xxs
-objects that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the loader
-packs the objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
+objects that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the
+loader packs the objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
 one group (64 weights for q4/q5, 32 for q8); tiles follow each other group by group along a
