@@ -321,28 +321,24 @@ def test_iq2_xxs_tiles_hold_the_codec_values(shape: tuple[int, int]) -> None:
     np.testing.assert_array_equal(out[: shape[0]], want)
 
 
-def test_iq2_xxs_fragments_are_signed_grid_values() -> None:
-    """TileIQ2XXS::frag's bit work as numpy, for every grid row and sign index: a permute of
-    two grid bytes under the bf16 exponent byte 0x43, minus 128, the sign bits from ggml's
-    table at bits 15 and 31: the bf16 words of the signed values."""
+def test_iq2_xxs_tables_give_signed_grid_values() -> None:
+    """The tile kernel's iq2_xxs tables, read back from the generated source: word p of grid
+    row r xor word p of sign index s is the bf16 pair of values 2 p, 2 p + 1 of ggml's row r,
+    each negated where ggml's sign byte s has its bit set."""
+    import re
+
+    from ninfer_runtime.backends.cuda.gguf_tables import iq2_xxs_tile_tables
+
+    tables = {
+        name: np.array([int(v, 16) for v in body.split(",")], dtype=np.uint64)
+        for name, body in re.findall(r"u32 (\w+)\[\d+\] = \{([^}]*)\}", iq2_xxs_tile_tables())
+    }
+    grid_words = tables["TILE_IQ2XXS_GRID"].reshape(256, 1, 4)
+    masks = tables["TILE_IQ2XXS_SIGNS"].reshape(1, 128, 4)
+    words = grid_words ^ masks  # [row, sign index, pair]
+    halves = np.stack([words & 0xFFFF, words >> 16], -1).astype(np.uint32) << 16
+    got = halves.view(np.float32).reshape(256, 128, 8)
     grid, ksigns = _iq2_tables()
-    rows = grid.astype(np.uint64)
-    packed = (rows << (np.arange(8, dtype=np.uint64) * np.uint64(8))).sum(axis=1)  # as ggml's
-    for half in range(2):
-        values = ((packed >> np.uint64(32 * half)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        for p in range(2):
-            bits = _prmt(values, 0x43434343, 0x4342 if p else 0x4140)
-            halves = np.stack([bits & 0xFFFF, bits >> 16], -1).astype(np.uint32) << 16
-            value = halves.view(np.float32) - np.float32(128)  # the fma: exact
-            word = (value.view(np.uint32) >> 16).astype(np.int64)
-            word = word[:, 0] | (word[:, 1] << 16)  # the bf16x2 word of the pair
-            for sign_index in range(128):
-                s = int(ksigns[sign_index]) >> (4 * half)
-                mask = (((s >> (2 * p)) & 1) << 15) | (((s >> (2 * p + 1)) & 1) << 31)
-                signed = word ^ mask
-                pair = np.stack([signed & 0xFFFF, signed >> 16], -1).astype(np.uint32) << 16
-                got = pair.view(np.float32)
-                want = grid[:, 4 * half + 2 * p : 4 * half + 2 * p + 2].copy()
-                want[:, 0] *= -1 if (s >> (2 * p)) & 1 else 1
-                want[:, 1] *= -1 if (s >> (2 * p + 1)) & 1 else 1
-                np.testing.assert_array_equal(got, want)
+    negative = (ksigns[:, None] >> np.arange(8)) & 1
+    want = grid[:, None, :] * np.where(negative, -1.0, 1.0)[None, :, :]
+    np.testing.assert_array_equal(got, want.astype(np.float32))

@@ -1,4 +1,5 @@
-"""The lookup tables of the ``gguf_*`` decoders (``kernels/gguf_decode.cuh``) as C source.
+"""The lookup tables of the ``gguf_*`` decoders (``kernels/gguf_decode.cuh``) and of the tile
+kernel's iq2_xxs (``kernels/tiles.cu``) as C source.
 
 The grids, sign table and IQ4 values are ggml's; they are generated from the gguf package's
 own tables when the kernels are built, so the tree keeps no copy of them. Each grid row of 8
@@ -66,3 +67,26 @@ def source() -> str:
     parts.append(_table("signed char", "GG_IQ4_VALUES", list(q.IQ4_NL.kvalues)))
     parts.append(f"#define GG_IQ1_DELTA {float(q.IQ1_S.delta)!r}f\n")
     return "".join(parts)
+
+
+@functools.cache
+def iq2_xxs_tile_tables() -> str:
+    """iq2_xxs's grid and sign tables as the tile kernel reads them (``kernels/tiles.cu``,
+    TileIQ2XXS): each grid row's eight values as four bf16x2 words, and each 7-bit sign
+    index's eight signs as four xor masks of those words (bits 15 and 31)."""
+    import gguf.quants as q
+
+    q.IQ2_XXS.init_grid()
+    values = q.IQ2_XXS.grid.reshape(256, 8).astype(np.float32)
+    bf16 = (values.view(np.uint32) >> 16).astype(np.uint64)  # (small integers: exact)
+    grid = (bf16[:, 0::2] | (bf16[:, 1::2] << 16)).reshape(-1)
+    signs = np.frombuffer(q.IQ2_XXS.ksigns, dtype=np.uint8).astype(np.uint64)
+    bits = (signs[:, None] >> np.arange(8, dtype=np.uint64)) & 1
+    masks = ((bits[:, 0::2] << 15) | (bits[:, 1::2] << 31)).reshape(-1)
+
+    def table(name: str, words: np.ndarray) -> str:
+        body = ",".join(f"{int(w):#x}" for w in words)
+        return f"__device__ const __align__(16) u32 {name}[{words.size}] = {{{body}}};\n"
+
+    return table("TILE_IQ2XXS_GRID", grid) + table("TILE_IQ2XXS_SIGNS", masks)
+

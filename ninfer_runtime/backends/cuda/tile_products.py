@@ -17,7 +17,7 @@ import numpy as np
 from . import formats as F
 from . import split_sums
 from .compile import function, register_family, sm_count
-from .gguf_tables import source as gguf_tables
+from .gguf_tables import iq2_xxs_tile_tables
 from .tiles import IQ2_XXS, Q4_K, Q5_K, Q6_K, TILE_ROWS
 
 FAMILY = "tiles"
@@ -54,7 +54,7 @@ register_family(
     FAMILY,
     [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
     + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
-    prelude=gguf_tables,  # (iq2_xxs's grid and signs)
+    prelude=iq2_xxs_tile_tables,
 )
 
 

@@ -17,12 +17,6 @@
 // S > 1 each block leaves partial sums and the last of the S blocks of index b adds them in
 // slice order: deterministic.
 
-__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
-  u32 d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
 // d += a * b with fp16 operands (the layout of mma_bf16)
 __device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -286,10 +280,10 @@ struct TileQ6K : TileGroups<64> {
 
 // GGUF iq2_xxs: a lane's two words of a group hold the grid index (byte 2 h + rr) and sign
 // index (bits 7 (2 h + rr)) of its grid row t of sub-block h for row g + 8 rr; mma j takes
-// sub-block j / 2 (k_of as q4_k's), values 4 (j % 2) .. + 3 of the grid row. A grid value
-// (8, 25 or 43, ggml's table) goes under the bf16 exponent of 128 by one permute, one
-// subtraction of 128 leaves it, and its sign bit comes from ggml's sign table. The scale of
-// sub-block b of row g + 8 rr: d (0.5 + s) / 4, s its 4-bit scale (records as in tiles.py).
+// sub-block j / 2 (k_of as q4_k's), values 4 (j % 2) .. + 3 of the grid row. The prelude's
+// tables (gguf_tables.py) give a grid row as bf16x2 words and a sign index as their xor
+// masks, so a pair is one load's word and one xor. The scale of sub-block b of row g + 8 rr:
+// d (0.5 + s) / 4, s its 4-bit scale (records as in tiles.py).
 struct TileIQ2XXS : TileGroups<64> {
   static constexpr int SUBS = 2, HIGH_WORDS = 2;
   static constexpr bool CODES = false;
@@ -299,16 +293,11 @@ struct TileIQ2XXS : TileGroups<64> {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int f = 2 * (j >> 1) + rr;
-      const u64 row = GG_IQ2XXS_GRID[(h.x >> (8 * f)) & 0xFFu];
-      const u32 values = (u32)(row >> (32 * half));
-      const u32 signs = (u32)GG_KSIGNS[(h.y >> (7 * f)) & 0x7Fu] >> (4 * half);
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {  // slots 2 p, 2 p + 1: values 2 p, 2 p + 1 of the four
-        const u32 bf = fma_bf16x2(prmt(values, 0x43434343u, p ? 0x4342u : 0x4140u), 0x3F803F80u,
-                                  0xC300C300u);  // 128 + v - 128
-        const u32 mask = (((signs >> (2 * p)) & 1u) << 15) | (((signs >> (2 * p + 1)) & 1u) << 31);
-        a[rr + 2 * p] = bf ^ mask;
-      }
+      const u32 grid = (h.x >> (8 * f)) & 0xFFu, signs = (h.y >> (7 * f)) & 0x7Fu;
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(TILE_IQ2XXS_GRID) + 2 * grid + half);
+      const uint2 m = __ldg(reinterpret_cast<const uint2*>(TILE_IQ2XXS_SIGNS) + 2 * signs + half);
+      a[rr] = v.x ^ m.x;  // slots 0-1: values 4 half, 4 half + 1
+      a[rr + 2] = v.y ^ m.y;  // slots 2-3
     }
   }
   // a block's record: [8 g][rows g, g + 8][a word of eight 4-bit scales], then d of its rows
