@@ -89,4 +89,3 @@ def iq2_xxs_tile_tables() -> str:
         return f"__device__ const __align__(16) u32 {name}[{words.size}] = {{{body}}};\n"
 
     return table("TILE_IQ2XXS_GRID", grid) + table("TILE_IQ2XXS_SIGNS", masks)
-
