@@ -4,6 +4,8 @@ docstring, read here with numpy) gives the codec's own values at every (row, k).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -129,12 +131,16 @@ def test_planes_say_tiled() -> None:
     assert (p.off1, p.off2) == (geo.high_offset, geo.scale_offset)
 
 
-def _prmt(a: np.ndarray, b: int, selector: int) -> np.ndarray:
-    """PTX prmt.b32 (default mode): result byte n is byte ``selector`` nibble n of b:a."""
-    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [
-        np.full_like(a, (b >> (8 * i)) & 0xFF) for i in range(4)
-    ]
-    return sum(pool[(selector >> (4 * n)) & 7] << (8 * n) for n in range(4))
+def _prmt(a: Any, b: Any, selector: Any) -> np.ndarray:
+    """PTX prmt.b32 (default mode, selector nibbles below 8): result byte n is byte
+    ``selector`` nibble n of b:a (numpy arrays or ints, broadcast)."""
+    a, b, selector = (np.asarray(v).astype(np.uint64) for v in (a, b, selector))
+    source = a | (b << np.uint64(32))
+    out = np.zeros(np.broadcast(source, selector).shape, dtype=np.uint64)
+    for n in range(4):
+        which = (selector >> np.uint64(4 * n)) & np.uint64(7)
+        out |= ((source >> (which * np.uint64(8))) & np.uint64(0xFF)) << np.uint64(8 * n)
+    return out
 
 
 def test_q8_fragments_are_the_pairs() -> None:
@@ -321,24 +327,41 @@ def test_iq2_xxs_tiles_hold_the_codec_values(shape: tuple[int, int]) -> None:
     np.testing.assert_array_equal(out[: shape[0]], want)
 
 
+def _sign_add(index: np.ndarray, half: int) -> np.ndarray:
+    """tiles.cu's iq2_sign_add: ggml's sign byte (the index and its parity), bits 4 half ..
+    4 half + 3 at bit 5 of bytes 0..3, by one multiply and a mask."""
+    parity = np.array([bin(int(i)).count("1") & 1 for i in index.reshape(-1)]).reshape(index.shape)
+    signs = ((index | (parity << 7)) >> (4 * half)) & 15
+    return (signs.astype(np.uint64) * np.uint64(0x04081020)) & np.uint64(0x20202020)
+
+
 def test_iq2_xxs_tables_give_signed_grid_values() -> None:
-    """The tile kernel's iq2_xxs tables, read back from the generated source: word p of grid
-    row r xor word p of sign index s is the bf16 pair of values 2 p, 2 p + 1 of ggml's row r,
-    each negated where ggml's sign byte s has its bit set."""
+    """The tile kernel's iq2_xxs tables, read back from the generated source, and its
+    fragment arithmetic (tiles.cu, TileIQ2XXSWith::frag): prmt of the two byte words by grid
+    row r's selectors plus the sign adds of index s (computed, and from the sign table) gives
+    the bf16 values of ggml's row r, each negated where ggml's sign byte s has its bit set."""
     import re
 
     from ninfer_runtime.backends.cuda.gguf_tables import iq2_xxs_tile_tables
 
+    text = iq2_xxs_tile_tables()
     tables = {
         name: np.array([int(v, 16) for v in body.split(",")], dtype=np.uint64)
-        for name, body in re.findall(r"u32 (\w+)\[\d+\] = \{([^}]*)\}", iq2_xxs_tile_tables())
+        for name, body in re.findall(r"u32 (\w+)\[\d+\] = \{([^}]*)\}", text)
     }
-    grid_words = tables["TILE_IQ2XXS_GRID"].reshape(256, 1, 4)
-    masks = tables["TILE_IQ2XXS_SIGNS"].reshape(1, 128, 4)
-    words = grid_words ^ masks  # [row, sign index, pair]
-    halves = np.stack([words & 0xFFFF, words >> 16], -1).astype(np.uint32) << 16
-    got = halves.view(np.float32).reshape(256, 128, 8)
+    lo, hi = (int(re.search(rf"BYTES_{n} (0x[0-9a-f]+)u", text).group(1), 16) for n in ("LO", "HI"))
+    selectors = tables["TILE_IQ2XXS_SELECTORS"].reshape(256, 1, 2)  # [row, -, half]
+    adds = tables["TILE_IQ2XXS_SIGN_ADDS"].reshape(1, 128, 2)  # [-, index, half]
+    index = np.arange(128)[None, :]
     grid, ksigns = _iq2_tables()
     negative = (ksigns[:, None] >> np.arange(8)) & 1
-    want = grid[:, None, :] * np.where(negative, -1.0, 1.0)[None, :, :]
-    np.testing.assert_array_equal(got, want.astype(np.float32))
+    want = (grid[:, None, :] * np.where(negative, -1.0, 1.0)[None, :, :]).astype(np.float32)
+    for computed in (True, False):
+        words = []
+        for half in (0, 1):
+            add = _sign_add(index, half) if computed else adds[..., half]
+            sel = selectors[..., half] + add
+            words += [_prmt(lo, hi, sel), _prmt(lo, hi, sel >> np.uint64(16))]
+        pairs = np.stack(words, -1)  # [row, index, word]: values 2 w, 2 w + 1
+        halves = np.stack([pairs & 0xFFFF, pairs >> 16], -1).astype(np.uint32) << 16
+        np.testing.assert_array_equal(halves.view(np.float32).reshape(256, 128, 8), want)

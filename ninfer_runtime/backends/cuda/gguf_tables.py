@@ -71,21 +71,43 @@ def source() -> str:
 
 @functools.cache
 def iq2_xxs_tile_tables() -> str:
-    """iq2_xxs's grid and sign tables as the tile kernel reads them (``kernels/tiles.cu``,
-    TileIQ2XXS): each grid row's eight values as four bf16x2 words, and each 7-bit sign
-    index's eight signs as four xor masks of those words (bits 15 and 31)."""
+    """iq2_xxs's grid as the tile kernel reads it (``kernels/tiles.cu``, TileIQ2XXS).
+
+    ggml's grid values are three (8, 25, 43): their bf16 low bytes and high bytes, the high
+    ones also negated, fit the eight bytes of two words, ``TILE_IQ2XXS_BYTES`` (low bytes at
+    0..2, high bytes 3..4, negated high bytes 5..6). A grid row is then the ``prmt``
+    selectors of its eight bf16 values out of those bytes, one u64 (value k's low byte
+    selector at bit 8 k, its high byte's at 8 k + 4), and a negative value is its high byte
+    selector plus 2.
+    """
     import gguf.quants as q
 
     q.IQ2_XXS.init_grid()
-    values = q.IQ2_XXS.grid.reshape(256, 8).astype(np.float32)
-    bf16 = (values.view(np.uint32) >> 16).astype(np.uint64)  # (small integers: exact)
-    grid = (bf16[:, 0::2] | (bf16[:, 1::2] << 16)).reshape(-1)
+    grid = q.IQ2_XXS.grid.reshape(256, 8).astype(np.float32)
+    values = np.unique(grid)
+    bf16 = (values.view(np.uint32) >> 16).astype(np.int64)  # (small integers: exact)
+    low, high = bf16 & 0xFF, bf16 >> 8
+    highs = np.unique(high)
+    if len(values) != 3 or len(highs) != 2 or np.any(np.isin(highs | 0x80, high)):
+        raise ValueError("iq2_xxs grid: expected three positive values with two bf16 high bytes")
+    table = [*low, *highs, *(highs | 0x80), 0]
+    words = [sum(int(b) << (8 * i) for i, b in enumerate(table[w * 4 : w * 4 + 4])) for w in (0, 1)]
+    code = np.searchsorted(values, grid)  # the index of each value's low byte
+    high_at = 3 + np.searchsorted(highs, high[code])
+    nibbles = code | (high_at << 4)  # [row, value]: a selector byte
+    byte_at = np.arange(8, dtype=np.uint64) * np.uint64(8)
+    rows = np.bitwise_or.reduce(nibbles.astype(np.uint64) << byte_at, axis=1)
     signs = np.frombuffer(q.IQ2_XXS.ksigns, dtype=np.uint8).astype(np.uint64)
-    bits = (signs[:, None] >> np.arange(8, dtype=np.uint64)) & 1
-    masks = ((bits[:, 0::2] << 15) | (bits[:, 1::2] << 31)).reshape(-1)
+    bits = (signs[:, None] >> np.arange(8, dtype=np.uint64)) & np.uint64(1)
+    adds = np.bitwise_or.reduce(bits << (byte_at + np.uint64(5)), axis=1)  # (bit 5 of byte k)
 
-    def table(name: str, words: np.ndarray) -> str:
-        body = ",".join(f"{int(w):#x}" for w in words)
-        return f"__device__ const __align__(16) u32 {name}[{words.size}] = {{{body}}};\n"
+    def table(name: str, u64: np.ndarray) -> str:
+        body = ",".join(f"{int(w) & 0xFFFFFFFF:#x},{int(w) >> 32:#x}" for w in u64)
+        return f"__device__ const __align__(16) u32 {name}[{2 * u64.size}] = {{{body}}};\n"
 
-    return table("TILE_IQ2XXS_GRID", grid) + table("TILE_IQ2XXS_SIGNS", masks)
+    return (
+        f"#define TILE_IQ2XXS_BYTES_LO {words[0]:#x}u\n"
+        f"#define TILE_IQ2XXS_BYTES_HI {words[1]:#x}u\n"
+        + table("TILE_IQ2XXS_SELECTORS", rows)
+        + table("TILE_IQ2XXS_SIGN_ADDS", adds)
+    )

@@ -12,8 +12,8 @@ from .compile import sm_count
 PARTIAL_FLOATS = 4 << 20
 #: arrival counters: blocks a K-split launch may have along its rows
 COUNTERS = 1 << 16
-#: CUfunction_attribute CU_FUNC_ATTRIBUTE_NUM_REGS (cuda.h)
-_NUM_REGS = 4
+#: CUfunction_attribute CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES and _NUM_REGS (cuda.h)
+_SHARED_SIZE_BYTES, _NUM_REGS = 1, 4
 _BUFFERS: list[Any] = []
 
 
@@ -35,6 +35,13 @@ def blocks_per_sm(fn: Any, threads: int) -> int:
 
     regs = -(-cp.cuda.driver.funcGetAttribute(_NUM_REGS, fn.ptr) // 8) * 8
     return max(1, min(32, 65536 // (regs * threads)))
+
+
+def static_shared(fn: Any) -> int:
+    """Bytes of statically allocated shared memory a block of ``fn`` takes."""
+    import cupy as cp
+
+    return int(cp.cuda.driver.funcGetAttribute(_SHARED_SIZE_BYTES, fn.ptr))
 
 
 def resident_blocks(fn: Any, threads: int) -> int:

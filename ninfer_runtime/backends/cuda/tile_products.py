@@ -53,7 +53,8 @@ _SUMS = {F.Q4: 1, Q4_K: 2, Q5_K: 2, Q6_K: 4}
 register_family(
     FAMILY,
     [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
-    + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
+    + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")]
+    + [f"tiles_iq2xxs_{v}<{nb}, {w}>" for v in ("a8", "b8") for nb in (1, 2) for w in BLOCK_WARPS],
     prelude=iq2_xxs_tile_tables,
 )
 
@@ -70,15 +71,20 @@ def shape(
     blocks_per_sm: int,
     warps: int,
     split: int | None = None,
+    static_shared: int = 0,
 ) -> tuple[int, int, int]:
     """``(tiles, S, groups per slice)`` of a launch over rows ``row0 .. row0 + rows - 1`` for
-    m activation rows, ``blocks_per_sm`` blocks fitting a multiprocessor by registers:
-    slices short enough that staged x does not lower that, and as many as give about two
-    (tile, slice) warps per resident one (measured: 2-4% faster than one; ``split``
-    overrides that choice)."""
+    m activation rows, ``blocks_per_sm`` blocks fitting a multiprocessor by registers (and
+    by shared memory, with ``static_shared`` bytes of tables a block and slices of at least
+    ``MIN_SLICE`` groups): slices short enough that staged x does not lower that, and as many
+    as give about two (tile, slice) warps per resident one (measured: 2-4% faster than one;
+    ``split`` overrides that choice)."""
     tiles = (row0 + rows - 1) // TILE_ROWS - row0 // TILE_ROWS + 1
     groups, staged = p.stride, _staged(p, m)
-    room = min(MAX_SHARED, SM_SHARED // blocks_per_sm - 1024)
+    if static_shared:
+        fits = SM_SHARED // (static_shared + 1024 + MIN_SLICE * staged)
+        blocks_per_sm = max(1, min(blocks_per_sm, fits))
+    room = min(MAX_SHARED, SM_SHARED // blocks_per_sm - 1024 - static_shared)
     longest = max(4, room // staged // 4 * 4)
     fewest = _ceil(groups, longest)
     if split is None:
@@ -120,7 +126,8 @@ def product(
     name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {warps}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
     by_registers = split_sums.blocks_per_sm(fn, warps * 32)
-    tiles, split, per = shape(p, row0, rows, m, by_registers, warps, split)
+    tables = split_sums.static_shared(fn)
+    tiles, split, per = shape(p, row0, rows, m, by_registers, warps, split, tables)
     most = split_sums.PARTIAL_FLOATS // (split * m) // TILE_ROWS * TILE_ROWS
     if split > 1 and rows > most:  # (a head at 8 rows) the partial sums of a part at a time
         for a in range(0, rows, most):
