@@ -4,8 +4,8 @@ The tiny GGUF is written here from the tiny HF checkpoint the way llama.cpp's co
 ``qwen35`` model out (notes 4.3): renamed tensors, norms stored as ``1 + w``, GDN value heads
 tiled (file head ``r * nk + k`` = grouped head ``k * ratio + r``), ``ssm_a = -exp(A_log)``,
 ``ssm_conv1d`` as ``[channels, taps]``. Projections are Q8_0/Q4_0 from ``gguf.quants.quantize``,
-``ffn_down`` raw K-quant blocks (Q4_K, Q5_K, Q6_K by layer: random bytes, small finite ``d``
-and ``dmin``), the head F32.
+``ffn_down`` raw blocks (Q4_K, Q5_K, Q6_K, IQ2_XXS by layer: random bytes, small finite
+``d`` and ``dmin``), the head F32.
 ``gguf.quants.dequantize`` of the same blocks is the value oracle.
 """
 
@@ -30,10 +30,15 @@ from ninfer_format.verify import verify
 
 NK, RATIO, DK, DV, HEADS, HEAD_DIM = 2, 2, 32, 64, 2, 64  # tiny_checkpoints geometry
 KG = NK * DK
-#: bytes of a K-quant block and where its float16 scales lie (d, then Q4_K/Q5_K's dmin)
-K_QUANT_BLOCKS = {T.Q4_K: (144, 0), T.Q5_K: (176, 0), T.Q6_K: (210, 208)}
-#: the random ``ffn_down`` blocks of layer i: ``RANDOM_DOWN[i % 3]``
-RANDOM_DOWN = (T.Q4_K, T.Q5_K, T.Q6_K)
+#: bytes of a block, where its float16 scales lie and how many (d, and the K-quants' dmin)
+RANDOM_BLOCKS = {
+    T.Q4_K: (144, 0, 2),
+    T.Q5_K: (176, 0, 2),
+    T.Q6_K: (210, 208, 1),
+    T.IQ2_XXS: (66, 0, 1),
+}
+#: the random ``ffn_down`` blocks of layer i: ``RANDOM_DOWN[i % 4]``
+RANDOM_DOWN = tuple(RANDOM_BLOCKS)
 
 
 def grouped_head(t: int) -> int:
@@ -50,14 +55,13 @@ def tiled_columns() -> np.ndarray:
     return np.array([grouped_head(c // DV) * DV + c % DV for c in range(NK * RATIO * DV)])
 
 
-def raw_k_quant(qtype: T, rows: int, k: int, seed: int) -> np.ndarray:
+def raw_blocks(qtype: T, rows: int, k: int, seed: int) -> np.ndarray:
     """Random ``qtype`` blocks of a ``[rows, k]`` matrix, their scales small and finite."""
-    size, at = K_QUANT_BLOCKS[qtype]
+    size, at, scales = RANDOM_BLOCKS[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (rows * k // 256, size), dtype=np.uint8)
-    scales = rng.uniform(0.0005, 0.002, (blocks.shape[0], 2)).astype(np.float16)
-    ends = at + (4 if qtype != T.Q6_K else 2)
-    blocks[:, at:ends] = scales.view(np.uint8)[:, : ends - at]
+    values = rng.uniform(0.0005, 0.002, (blocks.shape[0], scales)).astype(np.float16)
+    blocks[:, at : at + 2 * scales] = values.view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
@@ -114,7 +118,7 @@ class GgufBuilder:
 
 def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int, faithful: bool) -> None:
     """One HF layer (``hf`` prefix) as GGUF tensors ``blk`` (``faithful``: ``ffn_down`` too
-    quantized from the checkpoint's weights, instead of random K-quant blocks)."""
+    quantized from the checkpoint's weights, instead of random blocks)."""
     w = {k[len(hf) :]: v.float().numpy() for k, v in sd.items() if k.startswith(hf)}
     b.float32(blk + "attn_norm.weight", w["input_layernorm.weight"] + 1)
     b.float32(blk + "post_attention_norm.weight", w["post_attention_layernorm.weight"] + 1)
@@ -135,7 +139,7 @@ def _layer(b: GgufBuilder, sd: dict, hf: str, blk: str, index: int, faithful: bo
             b.quantized(blk + "ffn_down.weight", w["mlp.down_proj.weight"], T.Q8_0)
         else:
             qtype = RANDOM_DOWN[index % len(RANDOM_DOWN)]
-            b.raw(blk + "ffn_down.weight", raw_k_quant(qtype, 128, 256, seed=index), qtype)
+            b.raw(blk + "ffn_down.weight", raw_blocks(qtype, 128, 256, seed=index), qtype)
     if "self_attn.q_proj.weight" in w:
         for ours, theirs, qtype in (("q", "q", T.Q8_0), ("k", "k", T.Q8_0), ("v", "v", T.Q8_0)):
             b.quantized(blk + f"attn_{ours}.weight", w[f"self_attn.{theirs}_proj.weight"], qtype)
@@ -291,7 +295,7 @@ def _check_blocks(art: Artifact, b: GgufBuilder) -> None:
     np.testing.assert_array_equal(
         art.parameter("text/token_embedding"), b.values("token_embd.weight")
     )
-    for i in range(3):
+    for i in range(4):
         want = f"gguf_{RANDOM_DOWN[i].name.lower()}"
         assert _formats(art, f"text/layers/{i}/mlp/down")[1] == want
     assert _formats(art, "text/layers/0/gdn/query")[1] == "gguf_q4_0"

@@ -36,11 +36,12 @@ def test_gguf_block_artifact_answers_as_on_the_cpu(
     REPORT.append((f"gguf {kind}", "identical greedy tokens", f"{same} of {STEPS}"))
 
 
-def test_tile_packed_k_quants_answer_as_on_the_cpu(
+def test_tile_packed_gguf_blocks_answer_as_on_the_cpu(
     gpu_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The dense GGUF with random Q4_K, Q5_K and Q6_K down projections, tile packed as the
-    loader packs large K-quant objects: their products and rows on the tile kernels."""
+    """The dense GGUF with random Q4_K, Q5_K, Q6_K and IQ2_XXS down projections, tile packed
+    as the loader packs large objects of those types: their products and rows on the tile
+    kernels."""
     monkeypatch.setattr(weights, "PACK_FROM_WEIGHTS", 0)
     calls = []
     product = tile_products.product
@@ -48,10 +49,10 @@ def test_tile_packed_k_quants_answer_as_on_the_cpu(
         tile_products, "product", lambda *a, **k: calls.append(a[1].code) or product(*a, **k)
     )
     err, same = _answers_as_on_the_cpu("dense", gpu_checkpoints, tmp_path, monkeypatch, False)
-    missing = {tiles.Q4_K, tiles.Q5_K, tiles.Q6_K} - set(calls)
-    assert not missing, f"K-quant codes with no product on the tile kernel: {sorted(missing)}"
-    REPORT.append(("gguf dense, K-quant tiles", "prompt logits max|Δ|", f"{err:.2e}"))
-    REPORT.append(("gguf dense, K-quant tiles", "identical greedy tokens", f"{same} of {STEPS}"))
+    missing = {tiles.Q4_K, tiles.Q5_K, tiles.Q6_K, tiles.IQ2_XXS} - set(calls)
+    assert not missing, f"codes with no product on the tile kernel: {sorted(missing)}"
+    REPORT.append(("gguf dense, tiles", "prompt logits max|Δ|", f"{err:.2e}"))
+    REPORT.append(("gguf dense, tiles", "identical greedy tokens", f"{same} of {STEPS}"))
 
 
 def _answers_as_on_the_cpu(
@@ -62,7 +63,7 @@ def _answers_as_on_the_cpu(
     faithful: bool,
 ) -> tuple[float, int]:
     """Prompt logits max|Δ| and greedy tokens identical of the GGUF-block artifact (``faithful``:
-    every projection quantized from the checkpoint; else some random K-quant blocks) on the CPU
+    every projection quantized from the checkpoint; else some random blocks) on the CPU
     and the GPU."""
     from ninfer_convert.pipeline import convert
     from tests.convert.test_gguf_import import build_gguf, config_only

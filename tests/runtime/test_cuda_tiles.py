@@ -327,19 +327,11 @@ def test_iq2_xxs_tiles_hold_the_codec_values(shape: tuple[int, int]) -> None:
     np.testing.assert_array_equal(out[: shape[0]], want)
 
 
-def _sign_add(index: np.ndarray, half: int) -> np.ndarray:
-    """tiles.cu's iq2_sign_add: ggml's sign byte (the index and its parity), bits 4 half ..
-    4 half + 3 at bit 5 of bytes 0..3, by one multiply and a mask."""
-    parity = np.array([bin(int(i)).count("1") & 1 for i in index.reshape(-1)]).reshape(index.shape)
-    signs = ((index | (parity << 7)) >> (4 * half)) & 15
-    return (signs.astype(np.uint64) * np.uint64(0x04081020)) & np.uint64(0x20202020)
-
-
 def test_iq2_xxs_tables_give_signed_grid_values() -> None:
     """The tile kernel's iq2_xxs tables, read back from the generated source, and its
     fragment arithmetic (tiles.cu, TileIQ2XXSWith::frag): prmt of the two byte words by grid
-    row r's selectors plus the sign adds of index s (computed, and from the sign table) gives
-    the bf16 values of ggml's row r, each negated where ggml's sign byte s has its bit set."""
+    row r's selectors plus the sign adds of index s gives the bf16 values of ggml's row r,
+    each negated where ggml's sign byte s has its bit set."""
     import re
 
     from ninfer_runtime.backends.cuda.gguf_tables import iq2_xxs_tile_tables
@@ -352,16 +344,13 @@ def test_iq2_xxs_tables_give_signed_grid_values() -> None:
     lo, hi = (int(re.search(rf"BYTES_{n} (0x[0-9a-f]+)u", text).group(1), 16) for n in ("LO", "HI"))
     selectors = tables["TILE_IQ2XXS_SELECTORS"].reshape(256, 1, 2)  # [row, -, half]
     adds = tables["TILE_IQ2XXS_SIGN_ADDS"].reshape(1, 128, 2)  # [-, index, half]
-    index = np.arange(128)[None, :]
     grid, ksigns = _iq2_tables()
     negative = (ksigns[:, None] >> np.arange(8)) & 1
     want = (grid[:, None, :] * np.where(negative, -1.0, 1.0)[None, :, :]).astype(np.float32)
-    for computed in (True, False):
-        words = []
-        for half in (0, 1):
-            add = _sign_add(index, half) if computed else adds[..., half]
-            sel = selectors[..., half] + add
-            words += [_prmt(lo, hi, sel), _prmt(lo, hi, sel >> np.uint64(16))]
-        pairs = np.stack(words, -1)  # [row, index, word]: values 2 w, 2 w + 1
-        halves = np.stack([pairs & 0xFFFF, pairs >> 16], -1).astype(np.uint32) << 16
-        np.testing.assert_array_equal(halves.view(np.float32).reshape(256, 128, 8), want)
+    words = []
+    for half in (0, 1):
+        sel = selectors[..., half] + adds[..., half]
+        words += [_prmt(lo, hi, sel), _prmt(lo, hi, sel >> np.uint64(16))]
+    pairs = np.stack(words, -1)  # [row, index, word]: values 2 w, 2 w + 1
+    halves = np.stack([pairs & 0xFFFF, pairs >> 16], -1).astype(np.uint32) << 16
+    np.testing.assert_array_equal(halves.view(np.float32).reshape(256, 128, 8), want)

@@ -5,8 +5,9 @@ The grids, sign table and IQ4 values are ggml's; they are generated from the ggu
 own tables when the kernels are built, so the tree keeps no copy of them. Each grid row of 8
 values is one u64 (byte j = value j as int8), of 4 values one u32, and the text starts with
 the macros that let the decoders compile both for the device (NVRTC) and the host (g++).
-On the device the tables sit in global memory, read through L1: the lanes of a warp look up
-different rows at once, which constant memory would serve one address at a time.
+On the device the decoders' tables sit in global memory, read through L1: the lanes of a
+warp look up different rows at once, which constant memory would serve one address at a
+time (the tile kernel copies its iq2_xxs tables into shared memory).
 """
 
 from __future__ import annotations
@@ -71,14 +72,16 @@ def source() -> str:
 
 @functools.cache
 def iq2_xxs_tile_tables() -> str:
-    """iq2_xxs's grid as the tile kernel reads it (``kernels/tiles.cu``, TileIQ2XXS).
+    """iq2_xxs's grid and signs as the tile kernel reads them (``kernels/tiles.cu``,
+    TileIQ2XXSWith).
 
     ggml's grid values are three (8, 25, 43): their bf16 low bytes and high bytes, the high
-    ones also negated, fit the eight bytes of two words, ``TILE_IQ2XXS_BYTES`` (low bytes at
-    0..2, high bytes 3..4, negated high bytes 5..6). A grid row is then the ``prmt``
+    ones also negated, fit the eight bytes of two words, ``TILE_IQ2XXS_BYTES_LO/HI`` (low
+    bytes at 0..2, high bytes 3..4, negated high bytes 5..6). A grid row is then the ``prmt``
     selectors of its eight bf16 values out of those bytes, one u64 (value k's low byte
     selector at bit 8 k, its high byte's at 8 k + 4), and a negative value is its high byte
-    selector plus 2.
+    selector plus 2: ``TILE_IQ2XXS_SIGN_ADDS`` holds, for each 7-bit sign index, those adds
+    (2 at bit 8 k + 4 where ggml's sign byte has bit k set).
     """
     import gguf.quants as q
 

@@ -25,6 +25,9 @@ FAMILY = "tiles"
 #: warps share it (measured, q4 on the 27B shapes: at one row 4 warps 48% of the floor against
 #: 47% for 8; at four rows 38-44% against 40-49%, at eight 25-31% against 30-36%)
 WARPS = {m: 4 if m <= 2 else 8 for m in range(1, 9)}
+#: formats whose blocks take 8 warps at every row count: a block fills shared tables first
+#: (iq2_xxs [17408, 5120] at one row: 30.8 us against 33.5 for 4 warps, at two 31.4 against 37.8)
+WIDE = frozenset({IQ2_XXS})
 #: every compiled block size
 BLOCK_WARPS = (4, 8)
 #: most activation rows a launch takes (two 8-column blocks of hi|lo pairs)
@@ -53,8 +56,7 @@ _SUMS = {F.Q4: 1, Q4_K: 2, Q5_K: 2, Q6_K: 4}
 register_family(
     FAMILY,
     [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
-    + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")]
-    + [f"tiles_iq2xxs_{v}<{nb}, {w}>" for v in ("a8", "b8") for nb in (1, 2) for w in BLOCK_WARPS],
+    + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
     prelude=iq2_xxs_tile_tables,
 )
 
@@ -122,7 +124,7 @@ def product(
         raise ValueError(
             f"tile product: x {tuple(x.shape)}, expected 1..{MAX_ROWS} rows of {p.x_width}"
         )
-    warps = warps or WARPS[m]
+    warps = warps or (8 if p.code in WIDE else WARPS[m])
     name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {warps}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
     by_registers = split_sums.blocks_per_sm(fn, warps * 32)

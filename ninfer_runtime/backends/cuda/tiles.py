@@ -96,11 +96,12 @@ TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K, IQ2_XXS})
 #: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
 #: q4 [34816, 5120] 56 / 37 against 53 / 30; q5 [17408, 5120] 51 / 33 against 51 / 26; q8
 #: [17408, 5120] 77 / 56 against 74 / 40; GGUF q4_k [17408, 5120] 40 / 25 against 24 / 12,
-#: q5_k 40 / 27 against 27 / 4 (q6_k, iq2_xxs: see docs/performance.md, GGUF-block artifacts).
+#: q5_k 40 / 27 against 27 / 4, iq2_xxs 19 / 14 against 9 / 1 (q6_k: see docs/performance.md,
+#: GGUF-block artifacts).
 #: Below about 50 M weights a block's staging of x and
 #: the K-split sum (a few microseconds a launch) lose at one row: q4 [4096, 5120] 28 against
 #: 35, q8 [12288, 2048] 51 against 56, q5 [2048, 4096] 19 against 27.
-PACKED_AT_LOAD = TILED_CODES - {IQ2_XXS}  # (its tile kernel is the slower at one row)
+PACKED_AT_LOAD = TILED_CODES
 PACK_FROM_WEIGHTS = 50_000_000
 
 

@@ -282,69 +282,64 @@ struct TileQ6K : TileGroups<64> {
 // GGUF iq2_xxs: a lane's two words of a group hold the grid index (byte 2 h + rr) and sign
 // index (bits 7 (2 h + rr)) of its grid row t of sub-block h for row g + 8 rr; mma j takes
 // sub-block j / 2 (k_of as q4_k's), values 4 (j % 2) .. + 3 of the grid row. A grid row is
-// the prmt selectors of its bf16 values out of the eight bytes TILE_IQ2XXS_BYTES_LO/HI
-// (gguf_tables.py); ggml's sign byte is the 7-bit index and its parity, and a negative value
-// is its high byte's selector plus 2. The scale of sub-block b of row g + 8 rr: d (0.5 + s) /
-// 4, s its 4-bit scale (records as in tiles.py).
+// the prmt selectors of its bf16 values out of the eight bytes TILE_IQ2XXS_BYTES_LO/HI, and a
+// sign index the adds that move a negative value's high byte selector to its negated byte
+// (gguf_tables.py). The scale of sub-block b of row g + 8 rr: d (0.5 + s) / 4, s its 4-bit
+// scale (records as in tiles.py).
 //
-// Lanes look up different grid rows at once: the product keeps COPIES copies of the
-// selectors in shared memory, lane l reading copy l % COPIES (with 16, each of a half warp's
-// lanes in its own two banks: a lookup is one wavefront a half warp), and with SIGN_TABLE the
-// sign adds of each index likewise; the row decode, one lookup a thread, reads the selectors
-// through L1.
-__device__ __forceinline__ u32 iq2_sign_add(u32 index, int half) {
-  const u32 signs = (index | (__popc(index) & 1u) << 7) >> (4 * half) & 15u;
-  return (signs * 0x04081020u) & 0x20202020u;  // bit k to bit 5 of byte k (no overlaps)
-}
-
-template <int COPIES, bool SIGN_TABLE>
-struct IQ2SelectorsShared {
-  static __device__ __forceinline__ uint2* grid_rows() {
+// Lanes look up different rows of both tables at once: the product keeps COPIES copies of
+// them in shared memory, lane l reading copy l % COPIES (a lookup is one or two wavefronts a
+// half warp; measured, 8 copies of both tables beat 16 of the selectors with the sign adds
+// computed: more blocks fit); the row decode, one lookup a thread, reads them through L1.
+struct IQ2TablesShared {
+  static constexpr int COPIES = 8;
+  static __device__ __forceinline__ uint2* selectors() {
     __shared__ uint2 table[256 * COPIES];  // entry e, copy c at e * COPIES + c
     return table;
   }
-  static __device__ __forceinline__ uint2* sign_rows() {
+  static __device__ __forceinline__ uint2* sign_adds() {
     __shared__ uint2 table[128 * COPIES];
     return table;
   }
   static __device__ __forceinline__ void prepare() {  // (the caller synchronizes)
     const uint2* rows = reinterpret_cast<const uint2*>(TILE_IQ2XXS_SELECTORS);
-    for (int i = threadIdx.x; i < 256 * COPIES; i += blockDim.x) grid_rows()[i] = __ldg(rows + i / COPIES);
-    if (!SIGN_TABLE) return;
     const uint2* adds = reinterpret_cast<const uint2*>(TILE_IQ2XXS_SIGN_ADDS);
-    for (int i = threadIdx.x; i < 128 * COPIES; i += blockDim.x) sign_rows()[i] = __ldg(adds + i / COPIES);
+    for (int i = threadIdx.x; i < 256 * COPIES; i += blockDim.x) selectors()[i] = __ldg(rows + i / COPIES);
+    for (int i = threadIdx.x; i < 128 * COPIES; i += blockDim.x) sign_adds()[i] = __ldg(adds + i / COPIES);
   }
   static __device__ __forceinline__ uint2 row(u32 grid) {
-    return grid_rows()[grid * COPIES + (threadIdx.x & (COPIES - 1))];
+    return selectors()[grid * COPIES + (threadIdx.x & (COPIES - 1))];
   }
-  static __device__ __forceinline__ u32 sign_add(u32 index, int half) {
-    if (!SIGN_TABLE) return iq2_sign_add(index, half);
-    const uint2 a = sign_rows()[index * COPIES + (threadIdx.x & (COPIES - 1))];
-    return half ? a.y : a.x;
+  static __device__ __forceinline__ uint2 signs(u32 index) {
+    return sign_adds()[index * COPIES + (threadIdx.x & (COPIES - 1))];
   }
 };
 
-struct IQ2SelectorsGlobal {
+struct IQ2TablesGlobal {
   static __device__ __forceinline__ void prepare() {}
   static __device__ __forceinline__ uint2 row(u32 grid) {
     return __ldg(reinterpret_cast<const uint2*>(TILE_IQ2XXS_SELECTORS) + grid);
   }
-  static __device__ __forceinline__ u32 sign_add(u32 index, int half) { return iq2_sign_add(index, half); }
+  static __device__ __forceinline__ uint2 signs(u32 index) {
+    return __ldg(reinterpret_cast<const uint2*>(TILE_IQ2XXS_SIGN_ADDS) + index);
+  }
 };
 
-template <class Selectors>
+template <class Tables>
 struct TileIQ2XXSWith : TileGroups<64> {
   static constexpr int SUBS = 2, HIGH_WORDS = 2;
   static constexpr bool CODES = false;
   static __device__ __forceinline__ int k_of(int t, int j) { return TileQ4K::k_of(t, j); }
-  static __device__ __forceinline__ void prepare() { Selectors::prepare(); }
+  static __device__ __forceinline__ void prepare() { Tables::prepare(); }
   static __device__ __forceinline__ void frag(const uint4&, uint2 h, int j, u32 (&a)[4]) {
     const int half = j & 1;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int f = 2 * (j >> 1) + rr;
-      const uint2 row = Selectors::row((h.x >> (8 * f)) & 0xFFu);  // (one lookup for j, j ^ 1)
-      const u32 sel = (half ? row.y : row.x) + Selectors::sign_add((h.y >> (7 * f)) & 0x7Fu, half);
+      // (one lookup of each for j and j ^ 1)
+      const uint2 row = Tables::row((h.x >> (8 * f)) & 0xFFu);
+      const uint2 adds = Tables::signs((h.y >> (7 * f)) & 0x7Fu);
+      const u32 sel = half ? row.y + adds.y : row.x + adds.x;
       a[rr] = prmt(TILE_IQ2XXS_BYTES_LO, TILE_IQ2XXS_BYTES_HI, sel);  // values 4 half, + 1
       a[rr + 2] = prmt(TILE_IQ2XXS_BYTES_LO, TILE_IQ2XXS_BYTES_HI, sel >> 16);  // + 2, + 3
     }
@@ -367,10 +362,8 @@ struct TileIQ2XXSWith : TileGroups<64> {
   }
 };
 
-using TileIQ2XXS = TileIQ2XXSWith<IQ2SelectorsShared<16, false>>;
-using TileIQ2XXSA8 = TileIQ2XXSWith<IQ2SelectorsShared<8, false>>;
-using TileIQ2XXSB8 = TileIQ2XXSWith<IQ2SelectorsShared<8, true>>;
-using TileIQ2XXSRows = TileIQ2XXSWith<IQ2SelectorsGlobal>;
+using TileIQ2XXS = TileIQ2XXSWith<IQ2TablesShared>;
+using TileIQ2XXSRows = TileIQ2XXSWith<IQ2TablesGlobal>;
 
 // What a lane loads for one tile and four groups: codes, their high words, the scales.
 struct TileStep {
@@ -616,8 +609,6 @@ DEFINE_TILES(tiles_q4k, TileQ4K)
 DEFINE_TILES(tiles_q5k, TileQ5K)
 DEFINE_TILES(tiles_q6k, TileQ6K)
 DEFINE_TILES(tiles_iq2xxs, TileIQ2XXS)
-DEFINE_TILES(tiles_iq2xxs_a8, TileIQ2XXSA8)
-DEFINE_TILES(tiles_iq2xxs_b8, TileIQ2XXSB8)
 
 // ------------------------------------------------------------------ rows to float / bf16
 // out[i, k] = W[rows[i], k] for k < columns, as float32 or as bf16 words (BF16). A thread
