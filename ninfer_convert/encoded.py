@@ -51,6 +51,10 @@ _PACKED, _SCALE, _GLOBAL, _SCALE_2, _SCALE_INV = (
     "_scale_inv",
 )
 _PLAIN_FLOAT_GGML = {"F32", "F16", "BF16", "F64"}
+#: ggml types with no ``gguf_*`` format in the artifact registry (spec 6) that gguf-py
+#: dequantizes: their values are stored as bf16 (MXFP4's E2M1 codes times power-of-two scales
+#: exactly; Q4_1's and Q5_1's d q + m rounded once, the report shows the error)
+_DEQUANTIZED_GGML = {"Q4_1", "Q5_1", "MXFP4"}
 
 
 # --- field detection ------------------------------------------------------------------------
@@ -604,7 +608,8 @@ class GgufImport(Importer):
         return source
 
     def resolve(self, tensor: LogicalTensor, choice: Choice) -> Choice:
-        """The source tensor's own ``gguf_*`` format; plain float tensors are cast to bf16."""
+        """The source tensor's own ``gguf_*`` format; plain float tensors, and those of the
+        types the registry has no format for, are cast to bf16."""
         if choice.method != self.method:
             return choice
         source = self._source(choice)
@@ -615,9 +620,9 @@ class GgufImport(Importer):
             )
         name = names.pop()
         type_name = source.dtype(name)
-        if type_name in _PLAIN_FLOAT_GGML:
-            return Choice("bf16", "cast", "A16Only", choice.source, ())
         fmt = GGML_TYPE_TO_FORMAT.get(source.ggml_type(name))
+        if type_name in _PLAIN_FLOAT_GGML or (fmt is None and type_name in _DEQUANTIZED_GGML):
+            return Choice("bf16", "cast", "A16Only", choice.source, ())
         if fmt is None:
             raise RecipeError(
                 f"{source.id}: {name} is {type_name}, which has no gguf_* format in the artifact "

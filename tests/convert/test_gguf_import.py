@@ -68,16 +68,17 @@ def raw_blocks(qtype: T, rows: int, k: int, seed: int) -> np.ndarray:
 class GgufBuilder:
     """Collects (name, values or blocks, type) and writes the file; keeps blocks for the oracle."""
 
-    def __init__(self, only: T | None = None) -> None:
+    def __init__(self, only: T | None = None, types: dict[str, T] | None = None) -> None:
         self.tensors: dict[str, tuple[np.ndarray, T]] = {}
         self.only = only  # one quantization type for every quantized tensor
+        self.types = types or {}  # a tensor's own type, over both
         self.path: Path | None = None  # the file written (a split's first part)
 
     def float32(self, name: str, x: np.ndarray) -> None:
         self.tensors[name] = (np.ascontiguousarray(x, dtype=np.float32), T.F32)
 
     def quantized(self, name: str, x: np.ndarray, qtype: T) -> None:
-        qtype = self.only or qtype
+        qtype = self.types.get(name) or self.only or qtype
         self.tensors[name] = (gguf.quants.quantize(x.astype(np.float32), qtype), qtype)
 
     def raw(self, name: str, blocks: np.ndarray, qtype: T) -> None:
@@ -172,15 +173,17 @@ def build_gguf(
     faithful: bool = False,
     extra: dict[str, tuple[str, object]] | None = None,
     split: int = 0,
+    types: dict[str, T] | None = None,
     **header_changes: int,
 ) -> GgufBuilder:
     """The tiny GGUF; ``faithful``: every projection Q8_0 from the checkpoint's own weights
     (a file that answers as the checkpoint does, to within Q8_0's error); ``extra``: more
-    metadata, full key -> (kind, value) with kind uint32, float32, string, strings or ints."""
+    metadata, full key -> (kind, value) with kind uint32, float32, string, strings or ints;
+    ``types``: the type of named quantized tensors, over the others' choice."""
     sd = load_file(hf_dir / "model.safetensors")
     config = json.loads((hf_dir / "config.json").read_text())
     layers = config["num_hidden_layers"]
-    b = GgufBuilder(T.Q8_0 if faithful else None)
+    b = GgufBuilder(T.Q8_0 if faithful else None, types)
     b.quantized("token_embd.weight", sd["model.embed_tokens.weight"].numpy(), T.Q8_0)
     b.float32("output.weight", sd["lm_head.weight"].numpy())
     b.float32("output_norm.weight", sd["model.norm.weight"].numpy() + 1)
@@ -347,6 +350,37 @@ def _check_values(art: Artifact, sd: dict) -> None:
     np.testing.assert_array_equal(art.parameter("text/output_head"), bf16(hf("lm_head.weight")))
     z = art.parameter("text/layers/0/gdn/z")
     close(z, hf(p + "in_proj_z.weight"), atol=0.02)
+
+
+def test_types_without_a_format_come_in_as_bf16(tmp_path, tiny_dense):
+    """Q4_1, Q5_1 and MXFP4 have no gguf_* format in the registry: their tensors come in as
+    bf16 of gguf's dequantized values (MXFP4 exactly, the others rounded once); the rest keep
+    their blocks."""
+    types = {
+        "blk.0.ffn_gate.weight": T.Q4_1,
+        "blk.1.ffn_up.weight": T.Q5_1,
+        "blk.3.ffn_gate.weight": T.MXFP4,
+    }
+    b = build_gguf(tiny_dense, tmp_path / "t.gguf", faithful=True, types=types)
+    out = tmp_path / "g.ninfer"
+    specs = {"base": str(config_only(tiny_dense, tmp_path / "base")), "gguf": str(b.path)}
+    report = convert("qwen3_8_27b_gguf", specs, out)
+    logical = {
+        "blk.0.ffn_gate.weight": "text/layers/0/mlp/gate",
+        "blk.1.ffn_up.weight": "text/layers/1/mlp/up",
+        "blk.3.ffn_gate.weight": "text/layers/3/mlp/gate",
+    }
+    with Artifact.open(out) as art:
+        assert verify(art, strict=True).ok
+        for name, param in logical.items():
+            assert _formats(art, param)[1] == "bf16"
+            np.testing.assert_array_equal(art.parameter(param), bf16(b.values(name)))
+        mxfp4 = b.values("blk.3.ffn_gate.weight")
+        np.testing.assert_array_equal(art.parameter("text/layers/3/mlp/gate"), mxfp4)
+        assert _formats(art, "text/layers/0/mlp/up")[1] == "gguf_q8_0"
+    methods = {p.name: p.method for p in report.parameters}
+    assert {methods[param] for param in logical.values()} == {"cast"}
+    assert verify_against_source(out, specs)["errors"] == []
 
 
 def test_header_must_match_the_config(tmp_path, tiny_dense, gguf_file):

@@ -1,6 +1,7 @@
 """Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q5_k/q6_k/iq2_xxs
 objects that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the
-loader packs the objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on).
+loader packs the objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on,
+and GGUF's whatever their size).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
 one group (64 weights for q4/q5, 32 for q8); tiles follow each other group by group along a
@@ -103,6 +104,12 @@ TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K, IQ2_XXS})
 #: 35, q8 [12288, 2048] 51 against 56, q5 [2048, 4096] 19 against 27.
 PACKED_AT_LOAD = TILED_CODES
 PACK_FROM_WEIGHTS = 50_000_000
+#: the codes packed whatever their size: against the GGUF GEMV their tile kernels win at every
+#: shape measured (H200, 2026-12-04, % of the floor at M = 1 / 8): q4_k [6144, 5120] 29 / 19
+#: against 21 / 11, [1024, 5120] 10 / 7 against 6 / 3; q5_k 30 / 21 against 23 / 12, 11 / 8
+#: against 7 / 4; q6_k 39 / 25 against 21 / 12, 14 / 9 against 7 / 4; iq2_xxs 14 / 9 against
+#: 8 / 1, 4 / 3 against 3 / 1
+PACKED_AT_ANY_SIZE = frozenset({Q4_K, Q5_K, Q6_K, IQ2_XXS})
 
 
 @dataclass(frozen=True)

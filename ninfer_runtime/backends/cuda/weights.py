@@ -29,7 +29,13 @@ from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
 
 from .formats import PACKED, Planes, planes
-from .tiles import PACK_FROM_WEIGHTS, PACKED_AT_LOAD, pack_tiles, tiled_planes
+from .tiles import (
+    PACK_FROM_WEIGHTS,
+    PACKED_AT_ANY_SIZE,
+    PACKED_AT_LOAD,
+    pack_tiles,
+    tiled_planes,
+)
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -284,7 +290,7 @@ class Residency:
     def _resident(self, object_id: str, data: Any, p: Planes, tile: bool) -> Parent:
         """The parent of stored bytes ``data``, tile packed where ``tile`` and the layout and
         size call for it (the stored copy is then released)."""
-        large = p.rows * p.columns >= PACK_FROM_WEIGHTS
+        large = p.code in PACKED_AT_ANY_SIZE or p.rows * p.columns >= PACK_FROM_WEIGHTS
         if tile and large and p.code in PACKED_AT_LOAD and not p.tiled:
             data = pack_tiles(self.xp, data, p.code, p.rows, p.columns)
             p = tiled_planes(p.code, p.rows, p.columns)
