@@ -86,6 +86,9 @@ struct TileScales {
 template <int G>
 struct TileGroups {
   static constexpr int GW = G, MMAS = G / 16, SUBS = 1, HIGH_WORDS = 0;
+  // warps a multiprocessor is to hold: the launch bounds cap a thread's registers to fit
+  // RESIDENT_WARPS / W blocks of W warps (0: ptxas's own choice)
+  static constexpr int RESIDENT_WARPS = 0;
   static constexpr bool CODES = true, HALF = false, MINS = false;
   static constexpr float OFFSET = 0.f;
   static __device__ __forceinline__ int k_of(int t, int j) { return G / 4 * t + 4 * j; }
@@ -147,6 +150,10 @@ struct TileQ4 : TileGroups<64> {
 // unsigned code), and a weight is d sc c - dmin m: part h adds S (sum - 128 sum x) - M sum x
 // with S = d sc and M = dmin m of its sub-block 2 u + h (ggml's get_scale_min_k4).
 struct TileQ4K : TileQ4 {  // (q4's frag)
+  // 7 blocks of 4 warps at 72 registers (measured on [17408, 5120], one row / eight: q4_k
+  // 41.5 / 27.1% of the floor against 40.0 / 25.1 at 80; q5_k 40.6 / 29.3 against 39.8 /
+  // 26.8 at 95; q6_k, not capped, lost 3 points at one row)
+  static constexpr int RESIDENT_WARPS = 28;
   static constexpr int SUBS = 2;
   static constexpr bool MINS = true;
   static constexpr float OFFSET = 128.f;
@@ -593,7 +600,7 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 
 #define DEFINE_TILES(NAME, POLICY)                                                          \
   template <int NB, int W>                                                                  \
-  __global__ void __launch_bounds__(W * 32)                                                 \
+  __global__ void __launch_bounds__(W * 32, POLICY::RESIDENT_WARPS / W)                     \
       NAME(const u8* __restrict__ obj, long long high, long long scales, int groups,       \
            int tile0, int tiles, int row0, int rows, int per, const float* __restrict__ x,  \
            int ldx, int m_rows, float* __restrict__ y, int ldy, float* __restrict__ partial, \
