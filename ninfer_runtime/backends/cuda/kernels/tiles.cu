@@ -152,7 +152,7 @@ struct TileQ4 : TileGroups<64> {
 struct TileQ4K : TileQ4 {  // (q4's frag)
   // 7 blocks of 4 warps at 72 registers (measured on [17408, 5120], one row / eight: q4_k
   // 41.5 / 27.1% of the floor against 40.0 / 25.1 at 80; q5_k 40.6 / 29.3 against 39.8 /
-  // 26.8 at 95; q6_k, not capped, lost 3 points at one row)
+  // 26.8 at 95; q6_k, capped likewise, lost 3 points at one row, so it is not)
   static constexpr int RESIDENT_WARPS = 28;
   static constexpr int SUBS = 2;
   static constexpr bool MINS = true;
