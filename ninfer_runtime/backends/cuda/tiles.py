@@ -1,7 +1,6 @@
 """Tile packing: the one-time reordering of row_split q4/q5/q8 and GGUF q4_k/q5_k/q6_k/iq2_xxs
 objects that the decode products (``kernels/tiles.cu``) read with one 16-byte load a lane (the
-loader packs the objects of ``PACKED_AT_LOAD`` formats from ``PACK_FROM_WEIGHTS`` weights on,
-and GGUF's whatever their size).
+loader packs them from ``PACK_FROM_WEIGHTS`` weights on, GGUF's whatever their size).
 
 The same bits per weight, in another order (never a dequantized copy). A tile is 16 rows x
 one group (64 weights for q4/q5, 32 for q8); tiles follow each other group by group along a
@@ -92,8 +91,8 @@ _Q6_K_BLOCK, _Q6_K_RECORD = 210, 288
 _IQ2_XXS_BLOCK, _IQ2_XXS_RECORD = 66, 96
 #: the codes the tile kernels read
 TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K, IQ2_XXS})
-#: the codes the loader tile packs, and from how many weights an object: where the tile
-#: kernel is also the faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
+#: from how many weights the loader tile packs an object: where the tile kernel is also the
+#: faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
 #: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
 #: q4 [34816, 5120] 56 / 37 against 53 / 30; q5 [17408, 5120] 51 / 33 against 51 / 26; q8
 #: [17408, 5120] 77 / 56 against 74 / 40; GGUF q4_k [17408, 5120] 40 / 25 against 24 / 12,
@@ -102,7 +101,6 @@ TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K, IQ2_XXS})
 #: Below about 50 M weights a block's staging of x and
 #: the K-split sum (a few microseconds a launch) lose at one row: q4 [4096, 5120] 28 against
 #: 35, q8 [12288, 2048] 51 against 56, q5 [2048, 4096] 19 against 27.
-PACKED_AT_LOAD = TILED_CODES
 PACK_FROM_WEIGHTS = 50_000_000
 #: the codes packed whatever their size: against the GGUF GEMV their tile kernels win at every
 #: shape measured (H200, 2026-12-04, % of the floor at M = 1 / 8): q4_k [6144, 5120] 29 / 19

@@ -29,13 +29,7 @@ from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor, WholeBinding
 
 from .formats import PACKED, Planes, planes
-from .tiles import (
-    PACK_FROM_WEIGHTS,
-    PACKED_AT_ANY_SIZE,
-    PACKED_AT_LOAD,
-    pack_tiles,
-    tiled_planes,
-)
+from .tiles import PACK_FROM_WEIGHTS, PACKED_AT_ANY_SIZE, TILED_CODES, pack_tiles, tiled_planes
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -291,7 +285,7 @@ class Residency:
         """The parent of stored bytes ``data``, tile packed where ``tile`` and the layout and
         size call for it (the stored copy is then released)."""
         large = p.code in PACKED_AT_ANY_SIZE or p.rows * p.columns >= PACK_FROM_WEIGHTS
-        if tile and large and p.code in PACKED_AT_LOAD and not p.tiled:
+        if tile and large and p.code in TILED_CODES and not p.tiled:
             data = pack_tiles(self.xp, data, p.code, p.rows, p.columns)
             p = tiled_planes(p.code, p.rows, p.columns)
         return Parent(object_id, data, p)
