@@ -118,6 +118,11 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
     show_default=True,
     help="Ranks the model is split over, a process each (cuda: a GPU each, NCCL between them).",
 )
+@click.option(
+    "--expert-parallel",
+    is_flag=True,
+    help="With --tensor-parallel: each routed expert whole on one rank (EP), not split.",
+)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
 def main(model: Path, **options: Any) -> None:
@@ -192,6 +197,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         kv_dtype=o.kv_dtype,
         spec=spec,
         tensor_parallel=o.tensor_parallel,
+        expert_parallel=o.expert_parallel,
     )
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(

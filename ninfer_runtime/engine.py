@@ -194,6 +194,7 @@ class Engine:
         checkpoint_interval: int = 8192,
         host_context_capacity: int | str | None = 0,
         tensor_parallel: int = 1,
+        expert_parallel: bool = False,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -212,7 +213,9 @@ class Engine:
         if tensor_parallel < 1:
             raise EngineError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
-            self.model, self.runner, stop = parallel_runner(self.artifact, backend, tensor_parallel)
+            self.model, self.runner, stop = parallel_runner(
+                self.artifact, backend, tensor_parallel, expert_parallel
+            )
             weakref.finalize(self, stop)
         else:
             self.model = load_model(self.artifact, backend=backend)

@@ -24,11 +24,12 @@ STOP_SECONDS = 10.0
 
 
 def parallel_runner(
-    artifact: Any, backend: str, world: int
+    artifact: Any, backend: str, world: int, expert_parallel: bool = False
 ) -> tuple[Model, Any, Callable[[], None]]:
     """Rank 0's model, a runner whose calls ranks 1 .. world - 1 make too (each a process
-    holding its share of the model, loaded from the same artifact), and what ends the other
-    ranks (their loops, then their processes)."""
+    holding its share of the model, loaded from the same artifact; with ``expert_parallel``
+    each routed expert whole on one rank), and what ends the other ranks (their loops, then
+    their processes)."""
     if backend == "cuda":
         from .parallel.nccl import unavailable_reason
 
@@ -42,7 +43,7 @@ def parallel_runner(
         link, link_end = context.Pipe()
         process = context.Process(
             target=_rank_process,
-            args=(str(artifact.path), backend, rank, world, plan_end, link_end),
+            args=(str(artifact.path), backend, rank, world, expert_parallel, plan_end, link_end),
             name=f"ninfer-rank-{rank}",
             daemon=True,
         )
@@ -55,7 +56,7 @@ def parallel_runner(
     collective: Any = PipeRank(0, world, links)
     try:
         collective = _on_device(backend, collective)
-        model = load_model(artifact, backend, collective=collective)
+        model = load_model(artifact, backend, collective, expert_parallel)
     except BaseException as exc:
         collective.fail(f"could not load: {exc}")
         raise
@@ -69,11 +70,13 @@ def parallel_runner(
     return model, leader.wrap(ModelRunner(model)), stop
 
 
-def _rank_process(path: str, backend: str, rank: int, world: int, plan: Any, link: Any) -> None:
+def _rank_process(
+    path: str, backend: str, rank: int, world: int, expert_parallel: bool, plan: Any, link: Any
+) -> None:
     collective: Any = PipeRank(rank, world, [link])
     try:
         collective = _on_device(backend, collective)
-        runner = ModelRunner(load_model(path, backend, collective=collective))
+        runner = ModelRunner(load_model(path, backend, collective, expert_parallel))
     except BaseException as exc:
         collective.fail(f"could not load: {exc}")
         return

@@ -95,6 +95,12 @@ def _say(text: str) -> None:
     ),
 )
 @click.option(
+    "--expert-parallel/--no-expert-parallel",
+    default=None,
+    help="With --tensor-parallel: each routed expert whole on one rank (EP), not split.  "
+    "[default: split]",
+)
+@click.option(
     "--context-capacity",
     help="Memory for K/V pages and recurrent states: auto or a size like 24GiB.  [default: auto]",
 )
@@ -167,7 +173,10 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "draft_tokens": flags["draft_tokens"],
             "proposal_head": flags["proposal_head"],
         },
-        "parallel": {"tensor_parallel": flags["tensor_parallel"]},
+        "parallel": {
+            "tensor_parallel": flags["tensor_parallel"],
+            "expert_parallel": flags["expert_parallel"],
+        },
     }
     try:
         settings = load_settings(config_path, overrides)
@@ -290,6 +299,7 @@ def serve(model: Path, settings: Settings) -> int:
             prefix_cache=settings.context_cache.enabled,
             checkpoint_interval=settings.context_cache.checkpoint_interval,
             tensor_parallel=settings.parallel.tensor_parallel,
+            expert_parallel=settings.parallel.expert_parallel,
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

@@ -175,6 +175,8 @@ class ParallelSettings(_Table):
     schedules and the others follow)."""
 
     tensor_parallel: int = Field(1, ge=1)
+    #: each routed expert of an MoE model whole on one rank (EP) instead of split over all
+    expert_parallel: bool = False
 
 
 class Settings(_Table):

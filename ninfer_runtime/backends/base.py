@@ -63,7 +63,7 @@ class MoeWeights:
     expert scaled by a sigmoid score. Kept together so a backend can fuse the whole block."""
 
     router: Weight  # [E, H]
-    experts: Sequence[ExpertWeights]
+    experts: Sequence[ExpertWeights | None]  # None: held by another rank (its pairs are its)
     shared: ExpertWeights
     shared_score: Weight  # [1, H]
     top_k: int

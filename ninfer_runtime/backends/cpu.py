@@ -64,8 +64,10 @@ class CpuBackend(ops.ReferenceOps):
         share = share / share.sum(axis=-1, keepdims=True)
         out = np.zeros_like(x)
         for e in np.unique(top):
-            rows, slot = np.nonzero(top == e)
             ex = weights.experts[int(e)]
+            if ex is None:  # another rank's expert: its share of the output is that rank's
+                continue
+            rows, slot = np.nonzero(top == e)
             out[rows] += share[rows, slot, None] * self._mlp(x[rows], ex.gate, ex.up, ex.down)
         sh = weights.shared
         score = ops.sigmoid(self.linear(x, weights.shared_score))  # [N, 1]

@@ -107,8 +107,10 @@ def _parallel_table(
     steps: int,
     one_rank: dict[tuple[int, int], float],
     kv_dtype: str,
+    expert_parallel: bool = False,
 ) -> list[dict]:
-    """The decode table over ``ranks`` ranks (``tensor_parallel.parallel_runner``), each row
+    """The decode table over ``ranks`` ranks (``tensor_parallel.parallel_runner``; with
+    ``expert_parallel`` each routed expert whole on one rank), each row
     beside one rank's step (``one_rank``, ms by (lanes, context)); the floor is rank 0's
     share of the step's bytes at the copy bandwidth measured on its device."""
     import gc
@@ -119,14 +121,15 @@ def _parallel_table(
 
     gc.collect()
     try:
-        _, runner, stop = parallel_runner(opened, backend, ranks)
+        _, runner, stop = parallel_runner(opened, backend, ranks, expert_parallel)
     except EngineError as exc:
         raise click.ClickException(str(exc)) from None
     rows: list[dict] = []
     try:
         bandwidth = M.copy_bandwidth(runner.backend.xp)
         click.echo(
-            f"{ranks} ranks (copy {bandwidth / 1e9:.0f} GB/s on rank 0's device; GB/step and "
+            f"{ranks} ranks{', experts whole' if expert_parallel else ''} (copy "
+            f"{bandwidth / 1e9:.0f} GB/s on rank 0's device; GB/step and "
             "floor: rank 0's share)"
         )
         click.echo(
@@ -217,6 +220,11 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     "beside one rank's",
 )
 @click.option(
+    "--expert-parallel",
+    is_flag=True,
+    help="with --tensor-parallel: each routed expert whole on one rank (EP), not split",
+)
+@click.option(
     "--measure-acceptance",
     is_flag=True,
     help="with --spec mtp: greedy answers to the demo prompts through the engine, with and "
@@ -250,6 +258,7 @@ def run(
     measure_acceptance: bool,
     answer_tokens: int,
     ranks: int,
+    expert_parallel: bool,
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
     rounds against the plain step.
@@ -357,7 +366,9 @@ def run(
                 click.echo(f"  {name:<18} {ms:8.3f}")
     if ranks > 1:
         del runner  # one rank's model leaves the device before the ranks load theirs
-        rows += _parallel_table(opened, backend, ranks, lanes, contexts, steps, plain, kv_dtype)
+        rows += _parallel_table(
+            opened, backend, ranks, lanes, contexts, steps, plain, kv_dtype, expert_parallel
+        )
     if json_out:
         with open(json_out, "w") as f:
             json.dump(rows, f, indent=1)

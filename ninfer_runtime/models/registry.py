@@ -49,10 +49,16 @@ def model_factory(model_type: str) -> Factory:
     return factory
 
 
-def load_model(artifact: Any, backend: str | Backend = "cpu", collective: Any = None) -> Model:
+def load_model(
+    artifact: Any,
+    backend: str | Backend = "cpu",
+    collective: Any = None,
+    expert_parallel: bool = False,
+) -> Model:
     """The runnable model of an artifact (an open ``Artifact`` or a path to its entry file);
     with a ``collective`` (``ninfer_runtime.parallel``) of more than one rank, this rank's
-    share of a tensor-parallel model."""
+    share of a tensor-parallel model (with ``expert_parallel``, its routed experts whole
+    rather than a share of each)."""
     if isinstance(artifact, str | os.PathLike):
         from ninfer_format import Artifact
 
@@ -67,7 +73,9 @@ def load_model(artifact: Any, backend: str | Backend = "cpu", collective: Any = 
     check_auxiliaries(artifact)
     if collective is None:
         return factory(artifact, get_backend(backend))
-    return factory(artifact, get_backend(backend), collective=collective)
+    return factory(
+        artifact, get_backend(backend), collective=collective, expert_parallel=expert_parallel
+    )
 
 
 #: the use auxiliaries the runtime honours: stored input columns are put in place as the

@@ -13,10 +13,13 @@ class ShardError(ModelError):
 
 @dataclass(frozen=True)
 class Shard:
-    """Rank ``rank`` of ``world``."""
+    """Rank ``rank`` of ``world``; with ``expert_parallel`` each routed expert of an MoE model
+    is held whole by one rank, a contiguous ``world``-th of them a rank (EP), instead of every
+    expert split over the ranks like a dense MLP."""
 
     rank: int
     world: int
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world:

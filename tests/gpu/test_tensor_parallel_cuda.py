@@ -31,16 +31,25 @@ def greedy(runner, tokens: int) -> tuple[list[int], list[np.ndarray]]:
     return out, seen
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_two_gpus_give_one_gpus_greedy_tokens(gpu_artifact, kind) -> None:
+@pytest.mark.parametrize(
+    ("recipe", "kind", "expert_parallel"),
+    [
+        ("tiny_mixed", "dense", False),
+        ("tiny_mixed", "moe", False),
+        ("tiny_mixed", "moe", True),
+        ("tiny_q4", "moe", True),
+    ],
+    ids=["dense", "moe-split-experts", "moe-whole-experts", "moe-whole-experts-q4"],
+)
+def test_two_gpus_give_one_gpus_greedy_tokens(gpu_artifact, recipe, kind, expert_parallel) -> None:
     from ninfer_format import Artifact
     from ninfer_runtime.models import load_model
     from ninfer_runtime.runner import ModelRunner
     from ninfer_runtime.tensor_parallel import parallel_runner
 
-    path = gpu_artifact("tiny_mixed", kind)
+    path = gpu_artifact(recipe, kind)
     want, want_logits = greedy(ModelRunner(load_model(path, "cuda")), tokens=12)
-    model, runner, stop = parallel_runner(Artifact.open(path), "cuda", 2)
+    model, runner, stop = parallel_runner(Artifact.open(path), "cuda", 2, expert_parallel)
     try:
         assert model.collective.world == 2
         got, got_logits = greedy(runner, tokens=12)

@@ -88,3 +88,40 @@ def test_an_artifact_that_is_not_sharded_is_held_whole(artifact_path) -> None:
         rank_share(art, name, plan_segments(art, name)) is None
         for name in art.binder_report.parameters
     )
+
+
+def test_with_expert_parallelism_a_rank_uploads_its_experts_rows_only(artifact_path) -> None:
+    """Under expert parallelism a rank's routed experts are held whole, and of the banks that
+    stack every expert it uploads the run of rows of its own experts only: about half the
+    bytes of one rank's, and the same values."""
+    from ninfer_format import Artifact
+
+    art = Artifact.open(artifact_path("tiny_q4", "moe"))  # (experts in q4: cut by rows)
+    c = Qwen35Config.from_text_config(art.components["text"].config)
+    experts = c.moe.experts
+
+    def names(held: range) -> list[str]:
+        return [f"text/layers/0/moe/experts/{e}/{p}" for e in held for p in ("gate", "up", "down")]
+
+    banks = {oid for n in names(range(experts)) for oid, _, _ in plan_segments(art, n)}
+    whole = sum(int(art.objects[oid].bytes) for oid in banks)  # what one rank uploads
+    for rank in range(2):
+        sharded = ShardedArtifact(art, c, Shard(rank, 2, expert_parallel=True))
+        held = range(rank * experts // 2, (rank + 1) * experts // 2)
+        residency = Residency(np)
+        got = residency.prepare(sharded, names(held))
+        for name, weight in got.items():
+            ((oid, _, _),) = plan_segments(art, name)[:1]
+            obj = art.objects[oid]
+            codec = codec_for(obj.format, obj.layout)
+            rows = []
+            for seg in weight.segments:
+                p = seg.parent.planes
+                assert seg.parent.object_id != oid  # a cut of the bank, not the bank
+                rows.append(
+                    codec.decode(seg.parent.data, (p.rows, p.columns))[seg.row0 :][: seg.rows]
+                )
+            np.testing.assert_array_equal(
+                np.concatenate(rows), art.parameter(name, in_order=True), err_msg=name
+            )
+        assert 0 < residency.report.bytes <= whole // 2 + 1024

@@ -58,19 +58,25 @@ def each_rank(group: ThreadGroup, work) -> list:
     return results
 
 
-def on_ranks(path, world: int, tokens: int) -> list[tuple[list[int], list[np.ndarray]]]:
+def on_ranks(
+    path, world: int, tokens: int, expert_parallel: bool = False
+) -> list[tuple[list[int], list[np.ndarray]]]:
     """``greedy`` on each rank of a ``world``-rank thread group."""
     return each_rank(
         ThreadGroup(world, timeout=60),
-        lambda rank: greedy(ModelRunner(load_model(path, "cpu", collective=rank)), tokens),
+        lambda rank: greedy(ModelRunner(load_model(path, "cpu", rank, expert_parallel)), tokens),
     )
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_two_ranks_give_one_ranks_greedy_tokens(artifact_path, kind) -> None:
+@pytest.mark.parametrize(
+    ("kind", "expert_parallel"),
+    [("dense", False), ("moe", False), ("moe", True)],
+    ids=["dense", "moe-split-experts", "moe-whole-experts"],
+)
+def test_two_ranks_give_one_ranks_greedy_tokens(artifact_path, kind, expert_parallel) -> None:
     path = artifact_path("qwen3_5_bf16", kind)
     want, want_logits = greedy(ModelRunner(load_model(path)), tokens=12)
-    ranks = on_ranks(path, 2, tokens=12)
+    ranks = on_ranks(path, 2, tokens=12, expert_parallel=expert_parallel)
     for got, got_logits in ranks:
         assert got == want
         for a, b in zip(got_logits, want_logits, strict=True):
@@ -93,6 +99,43 @@ def test_a_rank_holds_its_share_of_the_heads(artifact_path) -> None:
     assert c.gdn.value_heads == full.gdn.value_heads // 2
     assert (c.hidden, c.vocab) == (full.hidden, full.vocab)
     assert model.output_head.shape == (full.vocab // 2, full.hidden)  # its vocabulary rows
+
+
+def test_with_expert_parallelism_a_rank_holds_its_experts_whole(artifact_path) -> None:
+    """Each rank holds a contiguous half of every layer's routed experts, whole, and none of
+    the others' (not loaded at all); the shared expert and the heads stay split."""
+    from ninfer_format import Artifact
+
+    path = artifact_path("qwen3_5_bf16", "moe")
+    full = load_model(path)
+    experts = full.config.moe.experts
+    art = Artifact.open(path)
+    group = ThreadGroup(2)
+    for r in range(2):
+        model = load_model(path, "cpu", group.rank(r), expert_parallel=True)
+        held = range(r * experts // 2, (r + 1) * experts // 2)
+        assert model.config.moe.held == held
+        assert model.config.attention.heads == full.config.attention.heads // 2
+        for layer, whole in zip(model.layers, full.layers, strict=True):
+            ws, wf = layer.ffn.weights, whole.ffn.weights
+            assert [e for e, ex in enumerate(ws.experts) if ex is not None] == list(held)
+            for e in held:
+                np.testing.assert_array_equal(ws.experts[e].gate, wf.experts[e].gate)
+                np.testing.assert_array_equal(ws.experts[e].down, wf.experts[e].down)
+            assert ws.shared.gate.shape[0] == wf.shared.gate.shape[0] // 2
+    name = "text/layers/0/moe/experts/0/down"
+    assert name in art.bindings and split_of(name) is not None
+    assert split_of(name, expert_parallel=True) is None
+    assert split_of("text/layers/0/moe/shared/down", expert_parallel=True) is not None
+
+
+def test_experts_that_do_not_split_are_refused_naming_the_field(artifact_path) -> None:
+    from ninfer_format import Artifact
+
+    art = Artifact.open(artifact_path("qwen3_5_bf16", "moe"))
+    c = Qwen35Config.from_text_config(art.components["text"].config)
+    with pytest.raises(ShardError, match=f"num_experts: {c.moe.experts} do not split over 3"):
+        local_config(c, Shard(0, 3, expert_parallel=True))
 
 
 def test_the_shares_put_together_are_the_parameter(artifact_path) -> None:
@@ -137,10 +180,10 @@ def test_a_geometry_that_does_not_split_is_refused_naming_the_field(artifact_pat
         Artifact.open(artifact_path("qwen3_5_bf16", "dense")).components["text"].config
     )
     with pytest.raises(ShardError, match="num_attention_heads: 2 do not split over 3 ranks"):
-        local_config(c, 3)
+        local_config(c, Shard(0, 3))
     gdn_only = dataclasses.replace(c, attention=None)
     with pytest.raises(ShardError, match="linear_num_key_heads: 2 do not split over 4 ranks"):
-        local_config(gdn_only, 4)
+        local_config(gdn_only, Shard(0, 4))
 
 
 def test_a_rank_that_fails_breaks_the_group_instead_of_hanging() -> None:
@@ -241,6 +284,25 @@ def test_an_engine_over_two_ranks_answers_as_one_rank(bundled, options) -> None:
     assert follower.exitcode == 0
 
 
+def test_ranks_in_processes_with_whole_experts_give_one_ranks_greedy_tokens(
+    artifact_path,
+) -> None:
+    """``parallel_runner(..., expert_parallel=True)``: rank 1 a process holding its half of
+    the experts whole, following rank 0's runner calls; one rank's greedy tokens."""
+    from ninfer_format import Artifact
+    from ninfer_runtime.tensor_parallel import parallel_runner
+
+    path = artifact_path("qwen3_5_bf16", "moe")
+    want, _ = greedy(ModelRunner(load_model(path)), tokens=8)
+    model, runner, stop = parallel_runner(Artifact.open(path), "cpu", 2, expert_parallel=True)
+    try:
+        assert model.config.moe.held == range(model.config.moe.experts // 2)
+        got, _ = greedy(runner, tokens=8)
+    finally:
+        stop()
+    assert got == want
+
+
 def test_a_rank_that_cannot_load_stops_the_engine_in_one_line(bundled) -> None:
     from ninfer_runtime.engine import Engine
     from ninfer_runtime.errors import EngineError
@@ -258,6 +320,11 @@ def test_the_server_reads_its_ranks_from_the_flag_or_the_parallel_table(tmp_path
     assert load_settings(None, {}).parallel.tensor_parallel == 1
     flags = {"parallel": {"tensor_parallel": 4}}
     assert load_settings(config, flags).parallel.tensor_parallel == 4
+    assert load_settings(config, {}).parallel.expert_parallel is False
+    config.write_text("[parallel]\ntensor_parallel = 2\nexpert_parallel = true\n")
+    assert load_settings(config, {}).parallel.expert_parallel is True
+    no = {"parallel": {"expert_parallel": False}}
+    assert load_settings(config, no).parallel.expert_parallel is False
     config.write_text("[parallel]\ntensor_parallel = 0\n")
     with pytest.raises(ConfigError, match=f"^{config}: .*tensor_parallel") as error:
         load_settings(config, {})

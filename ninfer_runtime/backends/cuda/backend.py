@@ -429,9 +429,11 @@ class CudaBackend(ops.ReferenceOps):
         share = cp.asarray(share / share.sum(axis=-1, keepdims=True))
         out = cp.zeros_like(x)
         for e in np.unique(top):
+            ex = weights.experts[int(e)]
+            if ex is None:  # another rank's expert
+                continue
             rows, slot = np.nonzero(top == e)
             rows_d, slot_d = cp.asarray(rows), cp.asarray(slot)
-            ex = weights.experts[int(e)]
             y = self._mlp(x[rows_d], ex.gate, ex.up, ex.down)
             out[rows_d] += share[rows_d, slot_d, None] * y
         sh = weights.shared

@@ -120,6 +120,12 @@ class ExpertTable:
     ``join_rows`` (the backend's) stacks the router with the shared-expert score and the
     shared expert's gate with its up, so that each pair is one product where they are packed
     in one object (the converter packs both pairs).
+
+    Under expert parallelism the experts another rank holds are None: their entries point at
+    this rank's first expert, and ``held`` (float32 [E], 1 where this rank holds the expert)
+    zeroes the shares of their pairs, so the launches stay those of every expert here and
+    the pairs of other ranks' experts add exactly 0 (the block's all-reduce adds their
+    ranks' values).
     """
 
     def __init__(self, weights: MoeWeights, join_rows: Callable[[list[Weight]], Weight]):
@@ -130,6 +136,16 @@ class ExpertTable:
         self.shared_intermediate = weights.shared.down.shape[1]
         experts = list(weights.experts)
         self.experts = len(experts)
+        mine = [ex is not None for ex in experts]
+        if not any(mine):
+            raise ExpertTableError("this rank holds none of the layer's experts")
+        self.held: Any = None
+        if not all(mine):
+            import cupy as cp
+
+            self.held = cp.asarray(np.array(mine, dtype=np.float32))
+            stand_in = experts[mine.index(True)]
+            experts = [ex if ex is not None else stand_in for ex in experts]
         self.top_k = int(weights.top_k)
         if not 0 < self.top_k <= min(self.experts, MAX_TOP_K) or self.experts > MAX_EXPERTS:
             raise ExpertTableError(
@@ -363,6 +379,15 @@ class PairGroups:
         return cls(row, group_expert.astype(np.int32), source, live, size)
 
 
+def held_route(logits: Any, table: ExpertTable) -> tuple[Any, Any]:
+    """``route`` over the table's experts, the shares of pairs whose expert another rank
+    holds set to 0."""
+    ids, shares = route(logits, table.top_k, table.experts)
+    if table.held is not None:
+        shares *= table.held[ids]
+    return ids, shares
+
+
 def route(logits: Any, top_k: int, experts: int | None = None) -> tuple[Any, Any]:
     """``(ids int32 [N, k], shares float32 [N, k])`` from the router logits in the first
     ``experts`` columns (all by default) of C-contiguous float32 ``logits``."""
@@ -418,7 +443,7 @@ def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
     pairs = n * k
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     logits = backend.linear(x, table.router_score)  # [N, E + 1]: the score is the last column
-    ids, shares = route(logits, k, table.experts)
+    ids, shares = held_route(logits, table)
 
     gu = cp.empty((pairs, 2 * inter), dtype=cp.float32)  # gate | up of every pair
     if table.fused:
@@ -453,7 +478,7 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
 
     k, inter, hidden = table.top_k, table.intermediate, table.hidden
     logits = _router_logits(backend, x, table)
-    ids, shares = route(logits, k, table.experts)
+    ids, shares = held_route(logits, table)
     tensor_cores = _tensor_core_groups(table)
     size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS
     groups = PairGroups.of(ids, table.experts, size)

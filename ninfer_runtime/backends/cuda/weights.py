@@ -219,9 +219,9 @@ class Residency:
         names = list(names)
         plans = {name: plan_segments(artifact, name) for name in names}
         shares = {name: rank_share(artifact, name, plans[name]) for name in names}
-        needed = sorted(
-            {oid for n in names if shares[n] is None and plans[n] for oid, _, _ in plans[n]}
-        )
+        whole = [n for n in names if shares[n] is None and plans[n]]
+        windows = self._windows(artifact, whole, plans)
+        needed = sorted({oid for n in whole for oid, _, _ in plans[n]} - set(windows))
         kept = {oid for n in names if keeps_layout(n) for oid, _, _ in plans[n] or ()}
         self._upload(artifact, [oid for oid in needed if oid not in self.parents], kept)
         out: dict[str, Any] = {}
@@ -234,9 +234,39 @@ class Residency:
                 out[name] = self._dense(artifact, name)
                 continue
             shape = tuple(int(d) for d in artifact.binder_report.parameters[name])
-            segments = [Segment(self.parents[oid], row0, rows) for oid, row0, rows in plan]
+            segments = [self._segment(windows, oid, row0, rows) for oid, row0, rows in plan]
             out[name] = PackedWeight(segments, (shape[0], shape[1]), self._columns(artifact, name))
         return out
+
+    def _windows(
+        self, artifact: Any, names: list[str], plans: dict[str, Any]
+    ) -> dict[str, tuple[Parent, int]]:
+        """The objects of which parameters ``names`` (held whole) use a run of rows only (a
+        rank's experts of a bank, under expert parallelism): each uploaded as that run (from
+        its first used row to its last), ``(parent, first row)``; an object whose layout
+        cannot be cut there is left to the whole upload."""
+        spans: dict[str, tuple[int, int, str]] = {}
+        for name in names:
+            for oid, row0, rows in plans[name]:
+                lo, hi, first = spans.get(oid, (row0, row0 + rows, name))
+                spans[oid] = (min(lo, row0), max(hi, row0 + rows), first)
+        out: dict[str, tuple[Parent, int]] = {}
+        for oid, (lo, hi, name) in spans.items():
+            total, columns = matrix_shape(artifact.objects[oid]) or (0, 0)
+            if oid in self.parents or (lo, hi) == (0, total):
+                continue
+            parent = self._cut(artifact, Cut(oid, lo, hi - lo, (0, columns)), name)
+            if parent is not None:
+                out[oid] = (parent, lo)
+        return out
+
+    def _segment(
+        self, windows: dict[str, tuple[Parent, int]], oid: str, row0: int, rows: int
+    ) -> Segment:
+        if oid in windows:
+            parent, first = windows[oid]
+            return Segment(parent, row0 - first, rows)
+        return Segment(self.parents[oid], row0, rows)
 
     def _columns(self, artifact: Any, name: str) -> Any:
         columns = artifact.input_columns(name)

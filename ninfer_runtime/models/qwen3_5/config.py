@@ -50,6 +50,12 @@ class GdnConfig:
 class MoeConfig:
     experts: int
     top_k: int
+    #: the routed experts this rank holds, ``[first, stop)`` (expert parallelism); None: all
+    owned: tuple[int, int] | None = None
+
+    @property
+    def held(self) -> range:
+        return range(*self.owned) if self.owned else range(self.experts)
 
 
 @dataclass(frozen=True)

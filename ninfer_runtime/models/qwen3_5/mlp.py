@@ -34,7 +34,8 @@ class DenseMlp:
 
 class SparseMoe:
     """Routing and expert math live in ``backend.moe`` so a GPU backend can group tokens by
-    expert; this class only assembles the block's weights."""
+    expert; this class only assembles the block's weights (the experts this rank does not
+    hold, under expert parallelism, as None)."""
 
     def __init__(self, prefix: str, m: MoeConfig, backend: Backend, weights: Mapping[str, Weight]):
         p = prefix + "moe/"
@@ -45,7 +46,7 @@ class SparseMoe:
 
         self.weights = MoeWeights(
             router=weights[p + "router"],
-            experts=[expert(f"{p}experts/{e}/") for e in range(m.experts)],
+            experts=[expert(f"{p}experts/{e}/") if e in m.held else None for e in range(m.experts)],
             shared=expert(p + "shared/"),
             shared_score=weights[p + "shared_score"],
             top_k=m.top_k,
@@ -55,7 +56,7 @@ class SparseMoe:
     def parameter_names(prefix: str, m: MoeConfig) -> list[str]:
         p = prefix + "moe/"
         names = [p + "router", p + "shared_score"]
-        for q in [*(f"{p}experts/{e}/" for e in range(m.experts)), p + "shared/"]:
+        for q in [*(f"{p}experts/{e}/" for e in m.held), p + "shared/"]:
             names += [q + "gate", q + "up", q + "down"]
         return names
 

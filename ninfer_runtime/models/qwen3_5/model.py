@@ -40,12 +40,19 @@ PROPOSAL_HEAD, PROPOSAL_IDS = "proposal/head", "proposal/token_ids"
 class Qwen35Model:
     """The model's math: weights prepared on a backend once, state kept outside."""
 
-    def __init__(self, artifact: Any, backend: Backend, collective: Collective | None = None):
+    def __init__(
+        self,
+        artifact: Any,
+        backend: Backend,
+        collective: Collective | None = None,
+        expert_parallel: bool = False,
+    ):
         self.collective = collective = collective or Solo()
         c = Qwen35Config.from_text_config(artifact.components["text"].config)
-        if collective.world > 1:  # this rank's heads and columns (shard.py)
-            artifact = ShardedArtifact(artifact, c, Shard(collective.rank, collective.world))
-            c = local_config(c, collective.world)
+        if collective.world > 1:  # this rank's heads and columns, or experts (shard.py)
+            shard = Shard(collective.rank, collective.world, expert_parallel)
+            artifact = ShardedArtifact(artifact, c, shard)
+            c = local_config(c, shard)
         self.config = c
         self.backend = backend
         for kind in c.layer_types:
@@ -177,6 +184,9 @@ class Qwen35Model:
 
 @register_model("qwen3_5_text", "qwen3_5_moe_text")
 def load_qwen3_5(
-    artifact: Any, backend: Backend, collective: Collective | None = None
+    artifact: Any,
+    backend: Backend,
+    collective: Collective | None = None,
+    expert_parallel: bool = False,
 ) -> Qwen35Model:
-    return Qwen35Model(artifact, backend, collective)
+    return Qwen35Model(artifact, backend, collective, expert_parallel)

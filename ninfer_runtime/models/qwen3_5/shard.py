@@ -7,7 +7,9 @@ block output):
   ratio kept), and with them the convolution channels of each of q, k and v, z, a, b,
   ``a_log`` and ``dt_bias``; the output projection's columns split alike;
 * the dense MLP, each routed expert and the shared expert: gate and up rows split, down
-  columns split;
+  columns split; with expert parallelism (``Shard.expert_parallel``) each routed expert is
+  instead held whole by one rank, ranks taking contiguous runs of experts (a rank computes
+  the top-k pairs of its own experts, and the block's all-reduce sums them with the others');
 * the output head: vocabulary rows split, each rank's logits gathered;
 * everything else (embedding, norms, router, shared score, the MTP block's input
   projection, the proposal head) whole on every rank.
@@ -60,21 +62,28 @@ SPLITS: dict[str, tuple[int, tuple[tuple[str | None, str | None, str | None], ..
 _MLP_PARENTS = ("mlp", "shared")
 
 
-def split_of(name: str) -> tuple[int, tuple[Any, ...]] | None:
-    """``SPLITS``' entry for a parameter name, None if it is whole on every rank."""
+def split_of(name: str, expert_parallel: bool = False) -> tuple[int, tuple[Any, ...]] | None:
+    """``SPLITS``' entry for a parameter name, None if it is whole on the ranks that hold it
+    (a routed expert's, with ``expert_parallel``)."""
     parts = name.split("/")
     two = "/".join(parts[-2:])
     if two in SPLITS:
         return SPLITS[two]
-    mlp = len(parts) >= 2 and (parts[-2] in _MLP_PARENTS or parts[-3:-2] == ["experts"])
+    expert = parts[-3:-2] == ["experts"]
+    if expert and expert_parallel:
+        return None
+    mlp = len(parts) >= 2 and (parts[-2] in _MLP_PARENTS or expert)
     return SPLITS.get(parts[-1]) if mlp else None
 
 
-def local_config(c: Qwen35Config, world: int) -> Qwen35Config:
-    """The geometry one of ``world`` ranks computes (its heads); ``ShardError`` naming the
-    field when one does not split."""
-    shard = Shard(0, world)
-    attention, gdn = c.attention, c.gdn
+def local_config(c: Qwen35Config, shard: Shard) -> Qwen35Config:
+    """The geometry rank ``shard`` computes (its heads; with expert parallelism, its run of
+    routed experts); ``ShardError`` naming the field when one does not split."""
+    world = shard.world
+    attention, gdn, moe = c.attention, c.gdn, c.moe
+    if moe is not None and shard.expert_parallel:
+        per = _split_evenly(moe.experts, world, "num_experts")
+        moe = dataclasses.replace(moe, owned=(shard.rank * per, (shard.rank + 1) * per))
     if attention is not None:
         attention = dataclasses.replace(
             attention,
@@ -87,7 +96,7 @@ def local_config(c: Qwen35Config, world: int) -> Qwen35Config:
             key_heads=_split_evenly(gdn.key_heads, world, "linear_num_key_heads"),
             value_heads=_split_evenly(gdn.value_heads, world, "linear_num_value_heads"),
         )
-    return dataclasses.replace(c, attention=attention, gdn=gdn)
+    return dataclasses.replace(c, attention=attention, gdn=gdn, moe=moe)
 
 
 def _split_evenly(count: int, world: int, what: str) -> int:
@@ -102,7 +111,7 @@ def shard_index(
     """``(axis, indices)``: the rank's share of parameter ``name``, whose ``axis`` is
     ``length`` long, as the sorted indices along that axis it takes (by ``SPLITS``); None
     where the rank holds it whole."""
-    split = split_of(name)
+    split = split_of(name, shard.expert_parallel)
     if split is None or shard.world == 1:
         return None
     axis, blocks = split
@@ -121,7 +130,7 @@ def shard_index(
 
 def shard_parameter(name: str, values: np.ndarray, c: Qwen35Config, shard: Shard) -> np.ndarray:
     """The rank's share of parameter ``name`` (its full ``values``), by ``SPLITS``."""
-    split = split_of(name)
+    split = split_of(name, shard.expert_parallel)
     share = None if split is None else shard_index(name, np.shape(values)[split[0]], c, shard)
     if share is None:
         return values
@@ -148,7 +157,7 @@ class ShardedArtifact:
         where it holds it whole: a backend that reads packed rows in place takes a split by
         rows (axis 0) as those rows of the stored objects, and decodes ``parameter`` for any
         other."""
-        split = split_of(name)
+        split = split_of(name, self.shard.expert_parallel)
         if split is None:
             return None
         shape = self._artifact.binder_report.parameters[name]
