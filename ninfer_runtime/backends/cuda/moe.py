@@ -123,9 +123,9 @@ class ExpertTable:
 
     Under expert parallelism the experts another rank holds are None: their entries point at
     this rank's first expert, and ``held`` (float32 [E], 1 where this rank holds the expert)
-    zeroes the shares of their pairs, so the launches stay those of every expert here and
-    the pairs of other ranks' experts add exactly 0 (the block's all-reduce adds their
-    ranks' values).
+    zeroes the shares of their pairs, so the decode launches stay those of every expert here
+    and the pairs of other ranks' experts add exactly 0 (the block's all-reduce adds their
+    ranks' values); a prefill pass leaves those pairs out of its groups (``_held_groups``).
     """
 
     def __init__(self, weights: MoeWeights, join_rows: Callable[[list[Weight]], Weight]):
@@ -142,6 +142,11 @@ class ExpertTable:
         self.held: Any = None
         if not all(mine):
             import cupy as cp
+
+            if self.experts >= MAX_EXPERTS:  # (a prefill groups other ranks' pairs as one more)
+                raise ExpertTableError(
+                    f"{self.experts} experts held by ranks: at most {MAX_EXPERTS - 1}"
+                )
 
             self.held = cp.asarray(np.array(mine, dtype=np.float32))
             stand_in = experts[mine.index(True)]
@@ -481,7 +486,7 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
     ids, shares = held_route(logits, table)
     tensor_cores = _tensor_core_groups(table)
     size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS
-    groups = PairGroups.of(ids, table.experts, size)
+    groups = _held_groups(ids, table, size)
     project = partial(_grouped, groups=groups, tensor_cores=tensor_cores)
     if tensor_cores:  # the products gather each pair's token row themselves
         xs, x_rows = x, groups.source
@@ -504,11 +509,27 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
             project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, None, x_rows)
             project(table.up, _padded(xs, table.up.planes), gu[:, inter:], 2 * inter, None, x_rows)
         h = silu_mul(gu, inter, inter, width)
-    ys = cp.empty((groups.rows, hidden), dtype=cp.float32)
+    # (zeros: the rows of pairs another rank's expert takes are never written)
+    ys = (cp.empty if table.held is None else cp.zeros)((groups.rows, hidden), dtype=cp.float32)
     project(table.down, h, ys, hidden)
     shared = _shared_prefill(backend, x, table)
     # the combine reads each (token, slot) pair's row where its group left it
     return _combine(x, table, logits, ys, shares, shared, groups.row)
+
+
+def _held_groups(ids: Any, table: ExpertTable, size: int) -> PairGroups:
+    """The pairs grouped by expert; under expert parallelism the pairs of experts another
+    rank holds go to one more expert, after the others, whose groups are then marked as
+    padding (expert -1): no product computes them."""
+    import cupy as cp
+
+    if table.held is None:
+        return PairGroups.of(ids, table.experts, size)
+    nobody = table.experts
+    mine = cp.where(table.held[ids] > 0, ids, nobody).astype(cp.int32)
+    groups = PairGroups.of(mine, nobody + 1, size)
+    groups.expert[groups.expert == nobody] = -1
+    return groups
 
 
 def _router_logits(backend: Any, x: Any, table: ExpertTable) -> Any:
