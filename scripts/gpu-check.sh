@@ -11,7 +11,8 @@
 # in the loop below). SHAPES picks the bench's shapes (default
 # "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
 # tests/gpu); DECODE="--lanes 1 --contexts 1024" narrows the decode table. TP=2 adds the
-# decode table over two GPUs beside one (on an nvidia-h200-x2 machine). The copy of the tree on the GPU
+# decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
+# routed expert whole on one rank (--expert-parallel). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
 #   run (carry .whl): COMMIT=<short hash> bash scripts/gpu-check.sh
 set -u
@@ -31,7 +32,7 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   artifact=/tmp/bench$name.ninfer
   timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
     --formats "$geometry" -o "$artifact" --force | tail -1
-  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} ${TP:+--tensor-parallel $TP} \
+  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} ${TP:+--tensor-parallel $TP} ${EP:+--expert-parallel} \
     --profile 1 --profile-prefill \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
     2>&1 | grep -v upload
