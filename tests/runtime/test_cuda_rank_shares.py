@@ -125,3 +125,20 @@ def test_with_expert_parallelism_a_rank_uploads_its_experts_rows_only(artifact_p
                 np.concatenate(rows), art.parameter(name, in_order=True), err_msg=name
             )
         assert 0 < residency.report.bytes <= whole // 2 + 1024
+
+
+@pytest.mark.parametrize("recipe", ["tiny_mixed", "tiny_q4"])
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_one_rank_uses_every_row_of_the_objects_it_uploads(artifact_path, recipe, kind) -> None:
+    """On one rank no object is cut to the rows its parameters use (``Residency._windows``):
+    the model's parameters cover every row of every object they read."""
+    from ninfer_format import Artifact
+    from ninfer_runtime.models.qwen3_5.model import Qwen35Model
+
+    art = Artifact.open(artifact_path(recipe, kind))
+    c = Qwen35Config.from_text_config(art.components["text"].config)
+    names = Qwen35Model.parameter_names(c, "mtp" in art.components)
+    plans = {name: plan_segments(art, name) for name in names}
+    whole = [name for name in names if plans[name]]
+    assert len(whole) > 20
+    assert Residency(np)._windows(art, whole, plans) == {}
