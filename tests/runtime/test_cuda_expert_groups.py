@@ -11,6 +11,7 @@ from ninfer_runtime.backends.cuda.moe import (
     MAX_GRID_Y,
     TENSOR_GROUP_PAIRS,
     PairGroups,
+    _held_groups,
 )
 
 
@@ -46,6 +47,34 @@ def test_every_pair_gets_its_own_row_in_a_group_of_its_expert(tokens, experts, k
     assert g.live.dtype == np.int32 and np.array_equal(g.live, taken.sum(axis=1))
     assert np.array_equal(taken, np.arange(size)[None, :] < g.live[:, None])
     assert np.all(g.live[g.expert < 0] == 0) and np.all(g.live[g.expert >= 0] > 0)
+
+
+@pytest.mark.parametrize("size", [GROUP_PAIRS, TENSOR_GROUP_PAIRS])
+def test_with_expert_parallelism_other_ranks_pairs_are_in_no_computed_group(size) -> None:
+    """``_held_groups``: a rank holding experts 5..9 of 10 groups their pairs as
+    ``PairGroups`` would, and puts every other pair in a group marked as padding (expert
+    -1), which no product computes; each pair still has a row of its own."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(9)
+    experts, held = 10, np.arange(10) >= 5
+    ids = _route(rng, 300, experts, 3)
+    table = SimpleNamespace(experts=experts, held=held.astype(np.float32))
+    g = _held_groups(ids, table, size)
+    flat = ids.reshape(-1)
+    mine = held[flat]
+    assert len(set(g.row.tolist())) == flat.size and g.row.max() < g.rows
+    group = g.expert[g.row // size]
+    assert np.array_equal(group[mine], flat[mine])  # this rank's pairs: their experts' groups
+    assert np.all(group[~mine] == -1)  # the others': padding groups
+    real = g.expert[g.expert >= 0]
+    assert set(real.tolist()) <= set(np.flatnonzero(held).tolist())
+    counts = np.bincount(flat[mine], minlength=experts)
+    assert np.array_equal(np.bincount(real, minlength=experts), -(-counts // size))
+    none = SimpleNamespace(experts=experts, held=None)  # one rank: PairGroups as they are
+    assert np.array_equal(
+        _held_groups(ids, none, size).expert, PairGroups.of(ids, experts, size).expert
+    )
 
 
 def test_the_grouped_product_equals_one_product_per_pair() -> None:

@@ -20,7 +20,7 @@ Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -520,16 +520,14 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
 def _held_groups(ids: Any, table: ExpertTable, size: int) -> PairGroups:
     """The pairs grouped by expert; under expert parallelism the pairs of experts another
     rank holds go to one more expert, after the others, whose groups are then marked as
-    padding (expert -1): no product computes them."""
-    import cupy as cp
-
+    padding (expert -1): no product computes them. (CuPy or numpy arrays, as ``PairGroups``.)"""
     if table.held is None:
         return PairGroups.of(ids, table.experts, size)
-    nobody = table.experts
-    mine = cp.where(table.held[ids] > 0, ids, nobody).astype(cp.int32)
+    xp, nobody = array_module(ids), table.experts
+    mine = xp.where(table.held[ids] > 0, ids, nobody).astype(xp.int32)
     groups = PairGroups.of(mine, nobody + 1, size)
-    groups.expert[groups.expert == nobody] = -1
-    return groups
+    padding = xp.where(groups.expert == nobody, -1, groups.expert).astype(xp.int32)
+    return replace(groups, expert=padding)
 
 
 def _router_logits(backend: Any, x: Any, table: ExpertTable) -> Any:
