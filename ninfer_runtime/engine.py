@@ -212,6 +212,10 @@ class Engine:
             raise EngineError(str(exc)) from None
         if tensor_parallel < 1:
             raise EngineError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+        if expert_parallel and tensor_parallel < 2:
+            raise EngineError(
+                "expert_parallel holds experts on ranks: it needs tensor_parallel >= 2"
+            )
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
             self.model, self.runner, stop = parallel_runner(
                 self.artifact, backend, tensor_parallel, expert_parallel

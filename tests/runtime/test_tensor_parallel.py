@@ -303,6 +303,14 @@ def test_ranks_in_processes_with_whole_experts_give_one_ranks_greedy_tokens(
     assert got == want
 
 
+def test_expert_parallelism_without_ranks_is_refused_in_one_line(bundled) -> None:
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.errors import EngineError
+
+    with pytest.raises(EngineError, match=r"expert_parallel .* needs tensor_parallel >= 2"):
+        Engine(bundled, max_context=64, expert_parallel=True)
+
+
 def test_a_rank_that_cannot_load_stops_the_engine_in_one_line(bundled) -> None:
     from ninfer_runtime.engine import Engine
     from ninfer_runtime.errors import EngineError
