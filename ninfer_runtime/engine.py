@@ -214,7 +214,8 @@ class Engine:
             raise EngineError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
         if expert_parallel and tensor_parallel < 2:
             raise EngineError(
-                "expert_parallel holds experts on ranks: it needs tensor_parallel >= 2"
+                "expert_parallel (--expert-parallel) needs tensor_parallel (--tensor-parallel) "
+                ">= 2: it holds each expert on one of the ranks"
             )
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
             self.model, self.runner, stop = parallel_runner(
