@@ -30,7 +30,7 @@ from ninfer_format.verify import verify
 
 NK, RATIO, DK, DV, HEADS, HEAD_DIM = 2, 2, 32, 64, 2, 64  # tiny_checkpoints geometry
 KG = NK * DK
-#: bytes of a block, where its float16 scales lie and how many (d, and the K-quants' dmin)
+#: bytes of a block, where its float16 scales lie and how many (d, and Q4_K's and Q5_K's dmin)
 RANDOM_BLOCKS = {
     T.Q4_K: (144, 0, 2),
     T.Q5_K: (176, 0, 2),

@@ -40,8 +40,8 @@ def test_tile_packed_gguf_blocks_answer_as_on_the_cpu(
     gpu_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The dense GGUF with random Q4_K, Q5_K, Q6_K and IQ2_XXS down projections, tile packed
-    as the loader packs large objects of those types: their products and rows on the tile
-    kernels."""
+    as the loader packs objects of those types (at any size): their products and rows on
+    the tile kernels."""
     monkeypatch.setattr(weights, "PACK_FROM_WEIGHTS", 0)
     calls = []
     product = tile_products.product
