@@ -217,6 +217,8 @@ class EngineLoop:
         self._spec_seen: SpecStats | None = None
         #: the engine's pool counters at the last post (engine thread only)
         self._memory_seen: dict[str, int] = {}
+        #: the prefix cache's (queried, hit) token totals at the last post (engine thread only)
+        self._lookups_seen = (0, 0)
         self.on_loaded: Callable[[Engine | None, str | None], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -379,7 +381,8 @@ class EngineLoop:
         assert ticket.has_lane, "submit needs a lane"
         stream = RequestStream(self, request.request_id, ticket)
         self._streams[request.request_id] = stream
-        self.metrics.started(len(rendered[0]), 0, time.perf_counter() - ticket.arrival)
+        cache = self.engine is not None and self.engine.cache is not None
+        self.metrics.started(len(rendered[0]), time.perf_counter() - ticket.arrival, cache=cache)
         self._commands.put(_Submit(request, rendered))
         return stream
 
@@ -394,6 +397,7 @@ class EngineLoop:
         context_usage: float,
         spec_gained: SpecStats | None,
         memory_gained: dict[str, int],
+        lookups: tuple[int, int] | None,
         pool_bytes: dict[str, int],
         host_bytes: int,
     ) -> None:
@@ -412,6 +416,8 @@ class EngineLoop:
             self.metrics.speculated(spec_gained)
         if memory_gained:
             self.metrics.memory(memory_gained)
+        if lookups is not None:
+            self.metrics.looked_up(*lookups)
         self._gauges()
 
     def _engine_failed(self, message: str) -> None:
@@ -522,7 +528,8 @@ class EngineLoop:
     def _post_batch(self, batch: dict[str, Chunk], engine: Engine) -> None:
         spec_gained = self._spec_gained(engine.spec_stats)
         memory_gained = self._memory_gained(engine)
-        if batch or spec_gained is not None or memory_gained:
+        lookups = self._lookups_gained(engine)
+        if batch or spec_gained is not None or memory_gained or lookups is not None:
             stamp = time.perf_counter()
             for chunk in batch.values():
                 chunk.stamp = stamp
@@ -533,6 +540,7 @@ class EngineLoop:
                 engine.context_usage,
                 spec_gained,
                 memory_gained,
+                lookups,
                 engine.pool_bytes(),
                 engine.host_bytes,
             )
@@ -548,6 +556,19 @@ class EngineLoop:
         gained = {k: v - self._memory_seen.get(k, 0) for k, v in totals.items()}
         self._memory_seen = totals
         return {k: v for k, v in gained.items() if v}
+
+    def _lookups_gained(self, engine: Engine) -> tuple[int, int] | None:
+        """The prompt tokens the engine's prefix cache was asked for and those it resumed
+        since the previous call (None: no lookup, or no cache). The engine counts them when
+        it admits a request, the one moment it knows how much of the prompt is cached."""
+        if engine.cache is None:
+            return None
+        stats = engine.cache.stats
+        seen_queried, seen_hit = self._lookups_seen
+        if stats.queried_tokens == seen_queried:
+            return None
+        self._lookups_seen = (stats.queried_tokens, stats.hit_tokens)
+        return stats.queried_tokens - seen_queried, stats.hit_tokens - seen_hit
 
     def _spec_gained(self, totals: SpecStats | None) -> SpecStats | None:
         """What the engine's speculative ``totals`` gained since the previous call (None:

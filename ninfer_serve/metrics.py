@@ -135,9 +135,13 @@ class Metrics:
             "ninfer_prompt_tokens", "Prompt tokens of started requests", registry=r
         )
         self.cached_tokens = Counter(
-            "ninfer_prompt_tokens_cached", "Prompt tokens served from the context cache", registry=r
+            "ninfer_prompt_tokens_cached",
+            "Prompt tokens resumed from the prefix cache instead of computed",
+            registry=r,
         )
-        self.prefill_tokens = Counter("ninfer_prefill_tokens", "Prompt tokens computed", registry=r)
+        self.prefill_tokens = Counter(
+            "ninfer_prefill_tokens", "Prompt tokens computed (cached ones left out)", registry=r
+        )
         self.generation_tokens = Counter("ninfer_generation_tokens", "Generated tokens", registry=r)
         self.reasoning_tokens = Counter(
             "ninfer_reasoning_tokens", "Generated tokens inside reasoning", registry=r
@@ -148,12 +152,24 @@ class Metrics:
         self.v_generation = Counter(
             "vllm:generation_tokens", "Generated tokens", ["model_name"], registry=r
         ).labels(**m)
+        # vLLM counts both in tokens: the prompt tokens looked up, and those found cached
         self.v_prefix_queries = Counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up", ["model_name"], registry=r
         ).labels(**m)
         self.v_prefix_hits = Counter(
             "vllm:prefix_cache_hits", "Prompt tokens found cached", ["model_name"], registry=r
         ).labels(**m)
+        self.v_prompt_cached = Counter(
+            "vllm:prompt_tokens_cached", "Cached prompt tokens", ["model_name"], registry=r
+        ).labels(**m)
+        by_source = Counter(
+            "vllm:prompt_tokens_by_source",
+            "Prompt tokens by source (computed, or resumed from the prefix cache)",
+            ["model_name", "source"],
+            registry=r,
+        )
+        self.v_prompt_computed = by_source.labels(model_id, "local_compute")
+        self.v_prompt_cache_hit = by_source.labels(model_id, "local_cache_hit")
 
         # requests
         self.requests = Counter(
@@ -357,16 +373,28 @@ class Metrics:
         """The client went away while its request was being prepared or queued."""
         self.requests.labels("cancelled").inc()
 
-    def started(self, prompt_tokens: int, cached_tokens: int, queue_seconds: float) -> None:
+    def started(self, prompt_tokens: int, queue_seconds: float, *, cache: bool) -> None:
+        """A request went to the engine. With the prefix ``cache`` on, what its prompt
+        computes is known when the engine looks it up (``looked_up``); without, all of it."""
         self.prompt_tokens.inc(prompt_tokens)
-        self.cached_tokens.inc(cached_tokens)
-        self.prefill_tokens.inc(prompt_tokens - cached_tokens)
         self.v_prompt.inc(prompt_tokens)
-        self.v_prefix_queries.inc(prompt_tokens)
-        self.v_prefix_hits.inc(cached_tokens)
         self.v_prompt_len.observe(prompt_tokens)
         self.queue.observe(queue_seconds)
         self.v_queue.observe(queue_seconds)
+        if not cache:
+            self.prefill_tokens.inc(prompt_tokens)
+            self.v_prompt_computed.inc(prompt_tokens)
+
+    def looked_up(self, queried: int, hit: int) -> None:
+        """The engine's prefix cache was asked for ``queried`` prompt tokens and resumed
+        ``hit`` of them (the rest are computed) since the previous call."""
+        self.cached_tokens.inc(hit)
+        self.prefill_tokens.inc(queried - hit)
+        self.v_prefix_queries.inc(queried)
+        self.v_prefix_hits.inc(hit)
+        self.v_prompt_cached.inc(hit)
+        self.v_prompt_cache_hit.inc(hit)
+        self.v_prompt_computed.inc(queried - hit)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
