@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ninfer_format import Artifact, ArtifactError
 from ninfer_format.extras import require_extra
 
 from .errors import EngineError
+from .model_path import not_an_artifact
 from .state import KV_DTYPES
 
 if TYPE_CHECKING:
@@ -52,6 +54,9 @@ def speculative_options(spec_default: str | None) -> Callable[[Any], Any]:
 
     return apply
 
+
+#: --max-context when not given (unless the model has fewer positions)
+DEFAULT_CONTEXT = 4096
 
 EPILOG = """\b
 Examples:
@@ -103,7 +108,12 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
 @click.option("--print-token-ids", is_flag=True, help="Also print the generated ids as JSON.")
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--max-context", type=int, default=4096, show_default=True)
+@click.option(
+    "--max-context",
+    type=click.IntRange(min=2),
+    help="Tokens of prompt and reply together at most, up to the model's positions "
+    f"(max_position_embeddings).  [default: {DEFAULT_CONTEXT}, or the model's positions if fewer]",
+)
 @click.option(
     "--kv-dtype",
     type=click.Choice(list(KV_DTYPES)),
@@ -138,12 +148,13 @@ def main(model: Path, **options: Any) -> None:
     except EngineError as exc:
         click.echo(f"ninfer: error: {exc}", err=True)
         sys.exit(2)
-    if not model.is_file():
-        click.echo(f"ninfer: {model}: no such file", err=True)
+    problem = not_an_artifact(model)
+    if problem is not None:
+        click.echo(f"ninfer: {problem}", err=True)
         sys.exit(2)
     try:
         _run(model, o, spec)
-    except EngineError as exc:
+    except (ArtifactError, EngineError) as exc:
         click.echo(f"ninfer: error: {exc}", err=True)
         sys.exit(1)
 
@@ -178,6 +189,26 @@ def _spec_summary(stats: SpecStats | None) -> str:
     )
 
 
+def model_positions(artifact: Artifact) -> int | None:
+    """The text model's ``max_position_embeddings`` (None when its config does not say)."""
+    text = artifact.components.get("text")
+    value = (text.config or {}).get("max_position_embeddings") if text is not None else None
+    return value if type(value) is int and value > 0 else None
+
+
+def fit_context(requested: int | None, positions: int | None) -> int:
+    """``--max-context`` for a model of ``positions``: the default is cut to them, a larger
+    value given is refused (RoPE past the trained positions gives no usable text)."""
+    if requested is None:
+        return DEFAULT_CONTEXT if positions is None else min(DEFAULT_CONTEXT, positions)
+    if positions is not None and requested > positions:
+        raise EngineError(
+            f"--max-context {requested} is more than the model's {positions} positions "
+            f"(its max_position_embeddings); give {positions} or less"
+        )
+    return requested
+
+
 def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
     from .engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
     from .frontend import (
@@ -189,10 +220,11 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
     )
 
     started = time.perf_counter()
+    artifact = Artifact.open(model)
     engine = Engine(
-        model,
+        artifact,
         backend=o.backend,
-        max_context=o.max_context,
+        max_context=fit_context(o.max_context, model_positions(artifact)),
         max_lanes=1,
         kv_dtype=o.kv_dtype,
         spec=spec,
