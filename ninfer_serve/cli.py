@@ -22,6 +22,7 @@ import click
 
 from ninfer_format.extras import require_extra
 from ninfer_runtime.cli import speculative_options
+from ninfer_runtime.model_path import not_an_artifact
 from ninfer_runtime.state import KV_DTYPES
 
 from .config import ConfigError, Settings, fit_to_model, is_loopback, load_settings
@@ -59,7 +60,12 @@ def _say(text: str) -> None:
     default=None,
     help="Allow a non-loopback --host without an API key.",
 )
-@click.option("--model-id", help="Model name clients use.  [default: the artifact's name]")
+@click.option(
+    "--served-model-name",
+    "--model-id",
+    "served_model_name",
+    help="Model name clients send.  [default: MODEL's file name without .ninfer]",
+)
 @click.option(
     "--max-context",
     type=int,
@@ -149,7 +155,7 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "port": flags["port"],
             "api_key": api_key,
             "allow_insecure": flags["allow_insecure"],
-            "model_id": flags["model_id"],
+            "served_model_name": flags["served_model_name"],
             "max_request_mib": flags["max_request_mib"],
             "default_max_tokens": flags["default_max_tokens"],
             "enable_thinking": False if flags["no_thinking"] else None,
@@ -195,21 +201,33 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             f"warning: listening on {server.host} without an API key (--allow-insecure): "
             "anyone who can reach this port can use the model"
         )
-    if not model.is_file():
-        _say(f"error: {model}: no such file")
+    problem = not_an_artifact(model)
+    if problem is not None:
+        _say(f"error: {problem}")
         sys.exit(2)
     sys.exit(serve(model, settings))
 
 
-def _model_id(model: Path, settings: Settings) -> tuple[Any, str]:
-    from ninfer_format import Artifact
+def served_model_name(model: Path, settings: Settings) -> str:
+    """The name clients send: ``--served-model-name``, else the file's name without
+    ``.ninfer`` (what the command line named, as vLLM serves the model it is given; the
+    artifact's own ``metadata.name`` may differ once a file is renamed or copied)."""
+    given = settings.server.served_model_name
+    if given is not None:
+        return given
+    return model.name.removesuffix(".ninfer") or model.name
 
-    artifact = Artifact.open(model)
-    name = settings.server.model_id
-    if name is None:
-        metadata = getattr(artifact, "metadata", None) or {}
-        name = metadata.get("name") if isinstance(metadata, dict) else None
-    return artifact, str(name or model.stem)
+
+def _read_template(path: Path | None) -> str | None:
+    """The text of the chat template given in place of the artifact's (None: not given)."""
+    if path is None:
+        return None
+    try:
+        return path.read_text("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"chat template {path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"chat template {path}: not UTF-8 text") from None
 
 
 def _positions(artifact: Any) -> int | None:
@@ -242,7 +260,7 @@ def serve(model: Path, settings: Settings) -> int:
     """Run the server until Ctrl-C / SIGTERM; the process exit status."""
     import uvicorn
 
-    from ninfer_format import ArtifactError
+    from ninfer_format import Artifact, ArtifactError
     from ninfer_runtime.engine import Engine
     from ninfer_runtime.errors import EngineError
 
@@ -253,8 +271,13 @@ def serve(model: Path, settings: Settings) -> int:
     )
     engine_cfg = settings.engine
     try:
-        artifact, model_id = _model_id(model, settings)
-        template = engine_cfg.chat_template.read_text("utf-8") if engine_cfg.chat_template else None
+        template = _read_template(engine_cfg.chat_template)
+    except ConfigError as exc:
+        _say(f"error: {exc}")
+        return 2
+    try:
+        artifact = Artifact.open(model)
+        model_id = served_model_name(model, settings)
     except (ArtifactError, EngineError, OSError, ValueError) as exc:
         _say(f"error: cannot open {model}: {exc}")
         return 1
@@ -277,7 +300,8 @@ def serve(model: Path, settings: Settings) -> int:
     spec = settings.speculative.spec_config()
     drafting = f", {spec.method} drafting {spec.draft_tokens} token(s)" if spec else ""
     _say(
-        f"loading {model} (backend {engine_cfg.backend}, max_context {engine_cfg.max_context}, "
+        f"loading {model} as model {model_id!r} (backend {engine_cfg.backend}, "
+        f"max_context {engine_cfg.max_context}, "
         f"{engine_cfg.max_concurrency} lane(s){drafting}); {url}/health answers 503 until ready"
     )
     outcome = {"status": 0}

@@ -59,7 +59,9 @@ class ServerSettings(_Table):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     api_key: str | None = None
-    model_id: str | None = None
+    #: The model name clients send; None: the artifact file's name without ``.ninfer`` (as
+    #: vLLM serves the model it was given). ``model_id`` is its older spelling.
+    served_model_name: str | None = Field(None, min_length=1)
     allow_insecure: bool = False
     #: None: sized for the context (``max_context`` × ``BODY_BYTES_PER_TOKEN``, at least 1 MiB)
     max_request_mib: float | None = Field(None, gt=0)
@@ -74,6 +76,15 @@ class ServerSettings(_Table):
     #: connections, and a queued or long-prefilling request is otherwise silent).
     keepalive_s: float = Field(5, gt=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_names(cls, data: Any) -> Any:
+        # the older key still works; the newer wins when a file and a flag give both
+        if isinstance(data, dict) and "model_id" in data:
+            data = dict(data)
+            data.setdefault("served_model_name", data.pop("model_id"))
+        return data
 
 
 class EngineSettings(_Table):
