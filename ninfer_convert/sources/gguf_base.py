@@ -33,22 +33,33 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+#: Qwen3.5's rule: Qwen2's, with combining marks (\p{M}) counted as letters, so a vowel sign
+#: stays in its word instead of splitting off as punctuation
+QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False}
-#: tokenizer.ggml.pre -> (normalizer, pre-tokenizer) of the tokenizer.json
+
+
+def _nfc_then_split(pattern: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Qwen tokenizers' shape: NFC, the regex's pieces kept whole, then byte-level."""
+    split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+             "invert": False}  # fmt: skip
+    byte_level = {**BYTE_LEVEL, "use_regex": False}
+    return {"type": "NFC"}, {"type": "Sequence", "pretokenizers": [split, byte_level]}
+
+
+#: tokenizer.ggml.pre -> (normalizer, pre-tokenizer) of the tokenizer.json; the names and
+#: rules are llama.cpp's (``qwen35`` is what its converter writes for Qwen3.5 / 3.6)
 PRE_TOKENIZERS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
     "gpt-2": (None, {**BYTE_LEVEL, "use_regex": True}),
-    "qwen2": (
-        {"type": "NFC"},
-        {
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated",
-                 "invert": False},
-                {**BYTE_LEVEL, "use_regex": False},
-            ],
-        },
-    ),
-}  # fmt: skip
+    "qwen2": _nfc_then_split(QWEN2_SPLIT),
+    "qwen35": _nfc_then_split(QWEN35_SPLIT),
+}
+#: tokens that end a generation whichever ids the file names: llama.cpp's converter writes
+#: no end-of-turn id for Qwen, and a Qwen checkpoint's generation_config lists both
+END_TEXTS = ("<|im_end|>", "<|endoftext|>")
 #: what a user does when the metadata cannot stand in for the base directory
 WAY_ROUND = (
     "give the checkpoint's config and tokenizer files as a base directory instead "
@@ -222,8 +233,11 @@ def tokenizer_config(source: GgufSource, config: dict[str, Any]) -> dict[str, An
 
 
 def generation_config(source: GgufSource) -> dict[str, Any]:
-    """End-of-sequence ids (the eos, then the end-of-turn id where it differs) and the pad."""
+    """End-of-sequence ids (the eos, the end-of-turn id, then the end tokens named by their
+    text) and the pad."""
     eos = [source.get(Keys.Tokenizer.EOS_ID), source.get(Keys.Tokenizer.EOT_ID)]
+    tokens = list(source.get(Keys.Tokenizer.LIST) or ())
+    eos += [tokens.index(text) for text in END_TEXTS if text in tokens]
     ids = list(dict.fromkeys(int(i) for i in eos if i is not None))
     out: dict[str, Any] = {"eos_token_id": ids}
     pad = source.get(Keys.Tokenizer.PAD_ID)
