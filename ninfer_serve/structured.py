@@ -11,9 +11,21 @@ constrained request), so the answer the grammar governs always comes.
 
 Grammars:
 
-* ``json_object`` / ``json_schema``: optional leading whitespace, then one JSON value of the
-  schema, then end of output. Separators are fixed (``", "`` and ``": "``, no other
-  whitespace) so a weak model cannot loop on whitespace forever.
+* ``json_object`` / ``json_schema``: at most 8 leading whitespace characters, then one JSON
+  value of the schema, then end of output. Two rules keep a weak model from writing until
+  ``max_tokens``:
+
+  - Separators are fixed (``", "`` and ``": "``) and there is no other whitespace, whatever the
+    schema's ``x-guidance`` asks, so the model cannot loop on spaces or newlines.
+  - An object schema that lists its properties admits only those (``additionalProperties``
+    defaults to false, as in OpenAI's strict mode), so the model cannot add keys forever; an
+    explicit ``additionalProperties`` (``true`` or a schema) is kept. Objects merged from
+    several schemas (``allOf``, ``$ref`` beside ``properties``) stay open: closing each part
+    would make their union unsatisfiable.
+
+  What stays bounded only by ``max_tokens``: a free object (``json_object``, or ``{"type":
+  "object"}`` with no properties), strings without ``maxLength``, arrays without
+  ``maxItems`` and integers without bounds.
 * ``tool_choice`` ``required`` / named: one (or, with ``parallel_tool_calls``, several) tool
   calls in the model's native XML form (``<tool_call><function=NAME><parameter=ARG>...``),
   string arguments as text and other arguments as JSON of their schema, then end of output.
@@ -24,7 +36,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,10 +44,17 @@ import numpy as np
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.errors import RequestError
 
-__all__ = ["Constraints", "GrammarProcessor"]
+__all__ = ["Constraints", "GrammarProcessor", "closed_objects", "json_answer_lark"]
 
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _LEAD = r"/[ \t\r\n]{0,8}/"
+# keywords whose values are subschemas (a map of them, one, or a list), the places where an
+# object schema can sit; data keywords (const, enum, default, examples) are never walked
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_ONE = ("additionalProperties", "items", "additionalItems", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+# siblings of "$ref" that make it a merge of two object schemas rather than a plain reference
+_OBJECT_KEYWORDS = ("properties", "patternProperties", "additionalProperties", "required", "allOf")
 
 
 def _literal(text: str) -> str:
@@ -44,10 +63,100 @@ def _literal(text: str) -> str:
 
 
 def _styled(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """The schema with ninfer's JSON layout, unless the caller set ``x-guidance`` itself."""
-    out = dict(schema)
-    out.setdefault("x-guidance", {**_JSON_STYLE, "lenient": True})
+    """The schema with its objects closed and ninfer's JSON layout. The caller's ``x-guidance``
+    options are kept except whitespace: flexible whitespace or a pattern of it would let the
+    model loop on spaces, so the fixed separators are the only whitespace."""
+    out = closed_objects(schema)
+    options = out.get("x-guidance")
+    if options is None or isinstance(options, Mapping):
+        options = {**_JSON_STYLE, "lenient": True, **(options or {})}
+        options["whitespace_flexible"] = False
+        options.pop("whitespace_pattern", None)
+        out["x-guidance"] = options
     return out
+
+
+def json_answer_lark(schema: Mapping[str, Any] | None) -> str:
+    """The Lark grammar of a JSON answer: bounded leading whitespace, then one value of
+    ``schema`` (``None``: any JSON object), then the end of output."""
+    body = _styled(schema if schema is not None else {"type": "object"})
+    return f"start: {_LEAD} answer\nanswer: %json {json.dumps(body)}\n"
+
+
+def closed_objects(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` in which every object schema that lists its properties (or
+    property patterns) and says nothing of others gets ``additionalProperties: false``.
+
+    Required names missing from ``properties`` are listed there with any value, so closing
+    never makes a required key unsatisfiable. Object schemas that are parts of a merge (the
+    members of an ``allOf``, the schema holding it, a ``$ref`` with object keywords beside it,
+    and the definitions those refer to) stay open: llguidance intersects the parts, and each
+    closed part would refuse the other parts' keys.
+    """
+    # a JSON round trip, not deepcopy: one dict reached at two places (aliased in the caller's
+    # schema) must become two, or closing one place would close the other
+    root = json.loads(json.dumps(schema))
+    nodes = dict(_walk(root, "#"))
+    merged = _merged_paths(nodes)
+    for path, node in nodes.items():
+        if path in merged or "additionalProperties" in node or "unevaluatedProperties" in node:
+            continue
+        props = node.get("properties")
+        patterns = node.get("patternProperties")
+        if not isinstance(props, dict) and not isinstance(patterns, dict):
+            continue
+        required = node.get("required")
+        required = [n for n in required if isinstance(n, str)] if isinstance(required, list) else []
+        unlisted = [n for n in required if not isinstance(props, dict) or n not in props]
+        if unlisted and isinstance(patterns, dict):
+            continue  # a pattern may be what admits the name; leave the object as written
+        if unlisted:
+            props.update({name: {} for name in unlisted})  # a dict here: no patterns
+        node["additionalProperties"] = False
+    return root
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(JSON pointer, subschema) for ``node`` and every subschema under it."""
+    if not isinstance(node, dict):
+        return
+    yield path, node
+    for key in _SCHEMA_MAPS:
+        value = node.get(key)
+        if isinstance(value, dict):
+            for name, child in value.items():
+                yield from _walk(child, f"{path}/{key}/{_pointer_escape(name)}")
+    for key in _SCHEMA_ONE:
+        yield from _walk(node.get(key), f"{path}/{key}")
+    for key in _SCHEMA_LISTS:
+        value = node.get(key)
+        if isinstance(value, list):
+            for i, child in enumerate(value):
+                yield from _walk(child, f"{path}/{key}/{i}")
+
+
+def _pointer_escape(name: str) -> str:
+    return str(name).replace("~", "~0").replace("/", "~1")
+
+
+def _merged_paths(nodes: Mapping[str, dict[str, Any]]) -> set[str]:
+    """Pointers of the object schemas that take part in a merge (see ``closed_objects``)."""
+    merged: set[str] = set()
+    for path, node in nodes.items():
+        parts = node.get("allOf")
+        if isinstance(parts, list) and len(parts) > 1:
+            merged.add(path)
+            merged.update(f"{path}/allOf/{i}" for i in range(len(parts)))
+        if isinstance(node.get("$ref"), str) and any(k in node for k in _OBJECT_KEYWORDS):
+            merged.add(path)
+    # a merged part that is a reference merges its target too (and so on along a chain)
+    pending = list(merged)
+    while pending:
+        ref = nodes.get(pending.pop(), {}).get("$ref")
+        if isinstance(ref, str) and ref in nodes and ref not in merged:
+            merged.add(ref)
+            pending.append(ref)
+    return merged
 
 
 class GrammarProcessor:
@@ -113,8 +222,10 @@ class Constraints:
             raise RequestError(
                 "the JSON schema must be an object", param=param, code="invalid_json_schema"
             )
-        body = _styled(schema if schema is not None else {"type": "object"})
-        lark = f"start: {_LEAD} answer\nanswer: %json {json.dumps(body)}\n"
+        try:
+            lark = json_answer_lark(schema)
+        except RecursionError:
+            raise _too_deep(param, "invalid_json_schema") from None
         return self._checked(lark, param, "invalid_json_schema")
 
     def tool_grammar(
@@ -143,8 +254,11 @@ class Constraints:
             f'call: {opener} "\\n" ({" | ".join(f"fn_{i}" for i in range(len(functions)))}) '
             f'"</function>\\n" {closer}',
         ]
-        for i, fn in enumerate(functions):
-            rules.extend(self._function_rules(i, fn))
+        try:
+            for i, fn in enumerate(functions):
+                rules.extend(self._function_rules(i, fn))
+        except RecursionError:
+            raise _too_deep(param, "invalid_tool_schema") from None
         return self._checked("\n".join(rules) + "\n", param, "invalid_tool_schema")
 
     def _function_rules(self, i: int, fn: Mapping[str, Any]) -> list[str]:
@@ -224,6 +338,12 @@ class Constraints:
         return GrammarProcessor(
             matcher, self._engine.model.config.vocab, self._engine.tokenizer.eos_token_ids
         )
+
+
+def _too_deep(param: str, code: str) -> RequestError:
+    return RequestError(
+        "the schema is nested too deeply for constrained decoding", param=param, code=code
+    )
 
 
 def _admits_text(schema: Mapping[str, Any]) -> bool:
