@@ -275,7 +275,10 @@ def create_app(
     metrics = Metrics(
         model_id,
         backend=engine_settings.backend,
-        max_concurrency=engine_settings.max_concurrency,
+        # auto: 0 until the engine has loaded and the lanes are chosen
+        max_concurrency=(
+            0 if engine_settings.max_concurrency == "auto" else engine_settings.max_concurrency
+        ),
         max_context=engine_settings.max_context,
         draft_tokens=spec.draft_tokens if spec else 0,
     )

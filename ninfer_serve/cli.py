@@ -26,6 +26,7 @@ from ninfer_runtime.model_path import not_an_artifact
 from ninfer_runtime.state import KV_DTYPES
 
 from .config import ConfigError, Settings, fit_to_model, is_loopback, load_settings
+from .lanes import engine_lanes
 
 __all__ = ["main"]
 
@@ -72,7 +73,11 @@ def _say(text: str) -> None:
     help="Tokens per request (prompt + output), at most the model's positions.  "
     "[default: 8192 or the model's positions if fewer]",
 )
-@click.option("--max-concurrency", type=int, help="Requests decoding at once, 1..8.  [default: 1]")
+@click.option(
+    "--max-concurrency",
+    help="Requests decoding at once: auto (as many lanes as the memory holds, up to 8) or "
+    "1..8.  [default: auto]",
+)
 @click.option(
     "--max-pending-requests",
     type=int,
@@ -299,10 +304,15 @@ def serve(model: Path, settings: Settings) -> int:
     started = time.perf_counter()
     spec = settings.speculative.spec_config()
     drafting = f", {spec.method} drafting {spec.draft_tokens} token(s)" if spec else ""
+    lanes_shown = (
+        "lanes auto"
+        if engine_cfg.max_concurrency == "auto"
+        else f"{engine_cfg.max_concurrency} lane(s)"
+    )
     _say(
         f"loading {model} as model {model_id!r} (backend {engine_cfg.backend}, "
         f"max_context {engine_cfg.max_context}, "
-        f"{engine_cfg.max_concurrency} lane(s){drafting}); {url}/health answers 503 until ready"
+        f"{lanes_shown}{drafting}); {url}/health answers 503 until ready"
     )
     outcome = {"status": 0}
     holder: dict[str, Any] = {}
@@ -312,7 +322,7 @@ def serve(model: Path, settings: Settings) -> int:
             artifact,
             backend=engine_cfg.backend,
             max_context=engine_cfg.max_context,
-            max_lanes=engine_cfg.max_concurrency,
+            max_lanes=engine_lanes(engine_cfg.max_concurrency),
             prefill_chunk=engine_cfg.prefill_chunk,
             chat_template=template,
             context_capacity=engine_cfg.context_capacity,
@@ -333,6 +343,9 @@ def serve(model: Path, settings: Settings) -> int:
             holder["server"].should_exit = True
             return
         seconds = time.perf_counter() - started
+        choice = engine_loop.lane_choice
+        if choice is not None:
+            _say(f"{choice.lanes} decode lane(s) ({choice.reason})")
         _say(f"serving {model_id!r} at {url}/v1 (ready in {seconds:.1f} s; Ctrl-C to stop)")
 
     app = create_app(settings, model_id=model_id, load=load, on_loaded=on_loaded)

@@ -93,7 +93,8 @@ class EngineSettings(_Table):
     backend: Literal["cpu", "cuda"] = "cpu"
     #: an explicit value must not exceed the model's positions; the default is clamped to them
     max_context: int = Field(DEFAULT_MAX_CONTEXT, ge=2)
-    max_concurrency: int = Field(1, ge=1, le=8)
+    #: decode lanes: ``auto`` (as many as the memory holds, ``lanes.choose_lanes``) or 1..8
+    max_concurrency: int | Literal["auto"] = "auto"
     max_pending_requests: int = Field(16, ge=0)
     pending_timeout_ms: int = Field(30000, ge=1)
     prefill_chunk: int = Field(1024, ge=1)
@@ -110,6 +111,22 @@ class EngineSettings(_Table):
     #: How K/V are stored (``ninfer_runtime.state.KV_DTYPES``): float32 (exact), bfloat16
     #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
     kv_dtype: str = "float32"
+
+    @field_validator("max_concurrency", mode="before")
+    @classmethod
+    def _lanes(cls, value: Any) -> int | str:
+        from .lanes import ENGINE_MAX_LANES
+
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        lanes = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            lanes = value
+        elif isinstance(value, str) and value.strip().isdigit():
+            lanes = int(value)
+        if lanes is None or not 1 <= lanes <= ENGINE_MAX_LANES:
+            raise ValueError(f"{value!r}: expected 'auto' or 1..{ENGINE_MAX_LANES} lanes")
+        return lanes
 
     @field_validator("kv_dtype")
     @classmethod

@@ -42,6 +42,7 @@ from ninfer_runtime.errors import EngineError
 from ninfer_runtime.frontend import ParseEvent
 from ninfer_runtime.speculative import SpecStats
 
+from .lanes import LaneChoice, LaneSetting, choose_lanes
 from .metrics import Metrics
 
 __all__ = [
@@ -188,13 +189,16 @@ class EngineLoop:
         self,
         load: Callable[[], Engine],
         *,
-        max_concurrency: int,
+        max_concurrency: LaneSetting,
         max_pending: int,
         pending_timeout_s: float,
         metrics: Metrics,
     ):
         self._load = load
-        self.max_concurrency = max_concurrency
+        #: ``auto``: the lanes are chosen once the engine is loaded (``lanes.choose_lanes``)
+        self._lane_setting = max_concurrency
+        self.lane_choice: LaneChoice | None = None
+        self.max_concurrency = 0 if max_concurrency == "auto" else int(max_concurrency)
         self.max_pending = max_pending
         self.pending_timeout_s = pending_timeout_s
         self.metrics = metrics
@@ -207,7 +211,7 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._streams: dict[str, RequestStream] = {}
         self._admitted = 0  # tickets not yet released (preparing, waiting or running)
-        self._free_lanes = max_concurrency
+        self._free_lanes = self.max_concurrency
         self._engine_lanes = 0  # requests the engine runs (a lane and their context pages)
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._loaded = asyncio.Event()
@@ -276,12 +280,21 @@ class EngineLoop:
         return self._thread is not None and self._thread.is_alive()
 
     def _loaded_callback(self, engine: Engine | None, error: str | None) -> None:
+        if engine is not None:
+            self._open_lanes(choose_lanes(self._lane_setting, engine))
         self.engine = engine
         self.load_error = error
         self.metrics.set_ready(engine is not None)
         self._loaded.set()
         if self.on_loaded is not None:
             self.on_loaded(engine, error)
+
+    def _open_lanes(self, choice: LaneChoice) -> None:
+        """Set the lanes before the first request: none is admitted while loading."""
+        assert self._admitted == 0
+        self.lane_choice = choice
+        self.max_concurrency = self._free_lanes = choice.lanes
+        self.metrics.set_max_concurrency(choice.lanes)
 
     # -- admission (asyncio side) ---------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class Metrics:
         model_id: str,
         *,
         backend: str,
-        max_concurrency: int,
+        max_concurrency: int,  # 0 until the lanes are chosen (``set_max_concurrency``)
         max_context: int,
         draft_tokens: int = 0,
     ):
@@ -97,9 +97,10 @@ class Metrics:
             "ninfer_model_info", "Served model (value 1)", ["model_id", "backend"], registry=r
         )
         info.labels(model_id, backend).set(1)
-        Gauge("ninfer_max_concurrency", "Decode lanes (max running requests)", registry=r).set(
-            max_concurrency
+        self.max_concurrency = Gauge(
+            "ninfer_max_concurrency", "Decode lanes (max running requests)", registry=r
         )
+        self.max_concurrency.set(max_concurrency)
         Gauge("ninfer_max_context_tokens", "Context length per request", registry=r).set(
             max_context
         )
@@ -342,6 +343,9 @@ class Metrics:
 
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)
+
+    def set_max_concurrency(self, lanes: int) -> None:
+        self.max_concurrency.set(lanes)
 
     def set_queue(self, running: int, waiting: int, scheduled: int) -> None:
         """``running``/``waiting``: requests holding a server lane / admitted without one;
