@@ -168,6 +168,11 @@ def tokenizer_json(source: GgufSource) -> dict[str, Any]:
             f"{source.path}: tokenizer.ggml.model is {model!r}; a tokenizer can be rebuilt "
             f"from 'gpt2' (byte-level BPE) only: {WAY_ROUND}"
         )
+    if pre is None:
+        raise SourceError(
+            f"{source.path}: tokenizer.ggml.pre is missing, so its splitting rule is unknown "
+            f"(expected one of {', '.join(PRE_TOKENIZERS)}): {WAY_ROUND}"
+        )
     if pre not in PRE_TOKENIZERS:
         raise SourceError(
             f"{source.path}: tokenizer.ggml.pre {pre!r} is not one whose splitting rule is "

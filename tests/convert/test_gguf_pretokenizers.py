@@ -154,20 +154,21 @@ def vocabulary(hf_dir: Path, vocab_size: int) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def tokenizer_keys(hf_dir: Path, pre: str) -> dict[str, tuple[str, object]]:
+def tokenizer_keys(hf_dir: Path, pre: str | None) -> dict[str, tuple[str, object]]:
     """The ``tokenizer.*`` keys of a ``gpt2`` vocabulary, written in the converter's order."""
     config = json.loads((hf_dir / "config.json").read_text())
     tokens, types = vocabulary(hf_dir, config["vocab_size"])
     writer = WrittenKeys()
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     gguf.SpecialVocab(hf_dir, load_merges=True).add_to_gguf(writer, quiet=True)
     return writer.keys
 
 
-def write_gguf(hf_dir: Path, path: Path, pre: str = "qwen35") -> Path:
+def write_gguf(hf_dir: Path, path: Path, pre: str | None = "qwen35") -> Path:
     """The checkpoint as a GGUF: the geometry keys of the lone-GGUF tests, the vocabulary
     keys as llama.cpp writes them."""
     geometry = {k: v for k, v in metadata(hf_dir).items() if not k.startswith("tokenizer.")}
@@ -240,14 +241,18 @@ def test_a_lone_qwen35_gguf_converts_and_answers_as_with_its_checkpoint(
         assert first and first == second, question
 
 
-def test_an_unknown_pre_tokenizer_is_refused_in_one_line(checkpoint, tmp_path) -> None:
-    odd = write_gguf(checkpoint, tmp_path / "odd.gguf", pre="not-a-rule")
+@pytest.mark.parametrize(
+    ("pre", "said"),
+    [("not-a-rule", "tokenizer.ggml.pre 'not-a-rule' is not one"), (None, "pre is missing")],
+)
+def test_an_unknown_pre_tokenizer_is_refused_in_one_line(checkpoint, tmp_path, pre, said) -> None:
+    odd = write_gguf(checkpoint, tmp_path / "odd.gguf", pre=pre)
     out = tmp_path / "odd.ninfer"
     args = ["--recipe", "qwen3_8_27b_gguf", "--source", str(odd), "-o", str(out), "--quiet"]
     result = CliRunner().invoke(convert_cli, args)
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # no traceback
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"{odd}: tokenizer.ggml.pre 'not-a-rule' is not one" in lines[0]
-    assert "(gpt-2, qwen2, qwen35)" in lines[0]
+    assert f"error: {odd}: " in lines[0] and said in lines[0]
+    assert "gpt-2, qwen2, qwen35" in lines[0]
     assert not out.exists()
