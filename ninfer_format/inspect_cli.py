@@ -115,7 +115,8 @@ Exit status: 0 valid, 1 invalid artifact, 2 bad usage or missing file."""
 @click.option(
     "--strict",
     is_flag=True,
-    help="Also check padding outside objects; warnings make the artifact invalid.",
+    help="Also check padding outside objects; warnings make the artifact invalid "
+    "(except notes about what an older writer did not record).",
 )
 @click.option(
     "--dump",
@@ -186,21 +187,24 @@ def _report(artifact: Artifact, opts: Options) -> int:
             return EXIT_USAGE
         return EXIT_VALID
     s = summarize(artifact)
+    notes: list[str] = []  # warnings that stay warnings under --strict
     if opts.deep or opts.strict:
         with terminal_bar(bytes_to_check(artifact), "verifying", "B") as advance:
             report = verify(artifact, strict=opts.strict, progress=advance)
         s["errors"] += report.errors
         s["warnings"] += report.warnings
+        notes = report.notes
         s["verify"] = {
             "checked_bytes": report.checked_bytes,
             "seconds": report.seconds,
             "checksummed_objects": report.checksummed,
             "errors": len(report.errors),
-            "warnings": len(report.warnings),
+            "warnings": len(report.warnings) + len(report.notes),
         }
     if opts.strict and s["warnings"]:
         s["errors"] += [f"strict: {w}" for w in s["warnings"]]
         s["warnings"] = []
+    s["warnings"] += notes
     s["valid"] = not s["errors"]
     if opts.as_json:
         click.echo(json.dumps(s, indent=2))

@@ -163,6 +163,30 @@ def _check_components(
             problems.append(f"{where}.proposal: only the text component may have a proposal")
 
 
+def target_cycles(directory: Directory) -> list[str]:
+    """Components whose ``target`` chain comes back to itself, one line per cycle.
+
+    The generic schema does not forbid them (spec section 8, question 4), so opening accepts
+    them, but a chain of targets is meant to end at the main component: ``verify`` warns."""
+    targets = {cid: comp.target for cid, comp in directory.components.items()}
+    found, settled = [], set()
+    for start in sorted(targets):
+        chain: list[str] = []
+        cid: str | None = start
+        while cid is not None and cid not in settled and cid not in chain:
+            chain.append(cid)
+            cid = targets.get(cid)
+        settled.update(chain)
+        if cid is not None and cid in chain:  # this walk closed a loop of its own
+            loop = chain[chain.index(cid) :]
+            shown = " -> ".join(repr(c) for c in [*loop, cid])
+            found.append(
+                f"components[{cid!r}].target: the targets form a cycle {shown}; a chain of "
+                "targets must end at a component without one"
+            )
+    return found
+
+
 def _check_binding(
     where: str,
     binding: WholeBinding | PartsBinding,

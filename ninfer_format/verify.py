@@ -1,35 +1,51 @@
 """Deep verification: read every byte of an artifact and check what the directory promises.
 
-Checks per object: the recorded xxh3-64 checksum, then for a tensor the lazy rules R13/R14
-and the codec's scan of code words, scales and in-object padding, for a resource its decoding
-(unknown encoding, corrupt ``zstd_v1`` frame). Checksum bookkeeping is checked too: a key that
-names no object, an object without a digest and an artifact with no digests at all are
-warnings (such an artifact is valid, project decision 7, but ``strict`` does not pass it).
+Checks per object: the recorded xxh3-64 checksum of its bytes and digest of its declaration
+(format, layout, shape or encoding: see ``declaration``), then for a tensor the lazy rules
+R13/R14 and the codec's scan of code words, scales and in-object padding, for a resource its
+decoding (unknown encoding, corrupt ``zstd_v1`` frame, a zstd frame declared raw). The header's
+artifact_id must be the one recorded in ``provenance.artifact_id``, and component targets must
+not form a cycle (a warning). Digest bookkeeping is checked too: a digest that is not 16 hex
+digits is an error; a key that names no object, an object without a digest and an artifact
+with no checksums at all are warnings (such an artifact is valid, project decision 7, but
+``strict`` does not pass it). Artifacts written before declarations and the id were recorded
+get a note instead: a warning that ``strict`` does not turn into an error, so they still pass.
 With ``strict`` also the padding outside objects (header gap, part header pages, gaps between
 objects) must be zero.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
 
 from .codecs import Finding
+from .declaration import declaration_digest, describe_declaration
 from .errors import ArtifactError
 from .progress import Advance
 from .reader import Artifact
 from .schema import Tensor
+from .validate import target_cycles
 
 HASH_CHUNK = 64 << 20
+DIGEST = re.compile(r"[0-9a-f]{16}")  # xxh3-64 as the writer prints it
+ARTIFACT_ID = re.compile(r"[0-9a-f]{32}")
+#: every zstd frame starts with these bytes (RFC 8878); no JSON or template text does
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 @dataclass
 class VerifyReport:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # warnings that strict does not turn into errors: what an older writer did not record
+    notes: list[str] = field(default_factory=list)
     checked_bytes: int = 0
     checksummed: int = 0  # objects whose digest was recorded and recomputed
     seconds: float = 0.0
@@ -58,7 +74,12 @@ def verify(
     """``progress(n)`` is called with the bytes of each object once it is checked."""
     report = VerifyReport()
     started = time.perf_counter()
-    checksums = _recorded_checksums(artifact, report)
+    _check_artifact_id(artifact, report)
+    report.warnings.extend(target_cycles(artifact.directory))
+    checksums = _recorded_digests(artifact, report, "checksums", "checksum", _no_checksums)
+    declarations = _recorded_digests(
+        artifact, report, "declarations", "declaration digest", _no_declarations
+    )
     for obj in artifact.directory.objects:
         where = f"object {obj.id!r}"
         try:
@@ -67,10 +88,18 @@ def verify(
                 report.checksummed += 1
                 if _digest(artifact, obj.offset, obj.bytes) != expected:
                     report.errors.append(f"{where}: checksum mismatch (recorded {expected!r})")
-            if isinstance(obj, Tensor):
+            declared = declarations.get(obj.id)
+            if declared is not None and declaration_digest(obj) != declared:
+                # reading the bytes as they are now declared would only add noise
+                report.errors.append(
+                    f"{where}: declared as {describe_declaration(obj)}, which is not the "
+                    "declaration it was written with (provenance.declarations): its format, "
+                    "layout, shape or encoding was changed"
+                )
+            elif isinstance(obj, Tensor):
                 _scan(artifact, obj, report)
             else:
-                artifact.decoded_resource(obj.id)
+                _check_resource(artifact, obj.id, obj.encoding, report)
         except ArtifactError as exc:
             report.errors.extend(f"{where}: {p}" if obj.id not in p else p for p in exc.problems)
         report.checked_bytes += obj.bytes
@@ -85,25 +114,93 @@ def verify(
     return report
 
 
-def _recorded_checksums(artifact: Artifact, report: VerifyReport) -> dict[str, object]:
-    """``provenance.checksums``, with a warning for every digest that checks nothing and every
-    object it leaves unchecked (a damaged key would otherwise drop its object silently)."""
+def _no_checksums(report: VerifyReport) -> None:
+    # valid (project decision 7: other writers record no digests), but nothing checked the
+    # bytes, so strict, which turns warnings into errors, cannot pass it
+    report.warnings.append("provenance.checksums is absent: no object's bytes were checked")
+
+
+def _no_declarations(report: VerifyReport) -> None:
+    # written before the writer recorded them: a note, so such artifacts still pass strict
+    report.notes.append(
+        "provenance.declarations is absent (written by an older writer): a format, layout, "
+        "shape or encoding changed after writing cannot be detected"
+    )
+
+
+def _recorded_digests(
+    artifact: Artifact,
+    report: VerifyReport,
+    member: str,
+    noun: str,
+    when_absent: Callable[[VerifyReport], None],
+) -> dict[str, str]:
+    """``provenance.<member>`` (object id -> 16 hex digits), with an error for every value that
+    is not a digest (a null would otherwise leave its object unchecked without a word), and a
+    warning for every digest that checks nothing and every object it leaves unchecked (a
+    damaged key would otherwise drop its object silently)."""
     provenance = artifact.provenance
-    if "checksums" not in provenance:
-        # valid (project decision 7: other writers record no digests), but nothing checked the
-        # bytes, so strict, which turns warnings into errors, cannot pass it
-        report.warnings.append("provenance.checksums is absent: no object's bytes were checked")
+    if member not in provenance:
+        when_absent(report)
         return {}
-    checksums = provenance["checksums"]
-    if not isinstance(checksums, dict):
-        report.warnings.append("provenance.checksums is not an object: no checksum was checked")
+    recorded = provenance[member]
+    if not isinstance(recorded, dict):
+        report.warnings.append(f"provenance.{member} is not an object: no {noun} was checked")
         return {}
-    for key in sorted(set(checksums) - set(artifact.objects)):
-        report.warnings.append(f"provenance.checksums: {key!r} names no object")
+    for key in sorted(set(recorded) - set(artifact.objects)):
+        report.warnings.append(f"provenance.{member}: {key!r} names no object")
+    digests = {}
     for obj in artifact.directory.objects:
-        if obj.id not in checksums:
-            report.warnings.append(f"object {obj.id!r}: no checksum in provenance.checksums")
-    return checksums
+        if obj.id not in recorded:
+            report.warnings.append(f"object {obj.id!r}: no {noun} in provenance.{member}")
+            continue
+        value = recorded[obj.id]
+        if isinstance(value, str) and DIGEST.fullmatch(value):
+            digests[obj.id] = value
+        else:
+            report.errors.append(
+                f"object {obj.id!r}: provenance.{member} holds {_shown(value)}, expected an "
+                "xxh3-64 digest (16 lowercase hex digits)"
+            )
+    return digests
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_artifact_id(artifact: Artifact, report: VerifyReport) -> None:
+    """The header's id is free (any 16 bytes, spec section 1.3); what binds it to the directory
+    is the copy the writer records, and the parts' headers (checked when they are read)."""
+    provenance = artifact.provenance
+    if "artifact_id" not in provenance:
+        report.notes.append(
+            "provenance.artifact_id is absent (written by an older writer): an artifact_id "
+            "changed in the header cannot be detected"
+        )
+        return
+    recorded, actual = provenance["artifact_id"], artifact.artifact_id.hex()
+    if not isinstance(recorded, str) or not ARTIFACT_ID.fullmatch(recorded):
+        report.errors.append(
+            f"provenance.artifact_id: holds {_shown(recorded)}, expected 32 lowercase hex digits"
+        )
+    elif recorded != actual:
+        report.errors.append(
+            f"artifact_id: the header holds {actual} but provenance.artifact_id records "
+            f"{recorded}: the id was changed after writing"
+        )
+
+
+def _check_resource(
+    artifact: Artifact, object_id: str, encoding: str, report: VerifyReport
+) -> None:
+    data = artifact.decoded_resource(object_id)
+    if encoding == "raw_bytes_v1" and data[:4] == ZSTD_FRAME_MAGIC:
+        report.warnings.append(
+            f"object {object_id!r}: declared raw_bytes_v1 but starts with a zstd frame magic: "
+            "compressed bytes under the raw encoding (readers take them as the file itself)"
+        )
 
 
 def _scan(artifact: Artifact, obj: Tensor, report: VerifyReport) -> None:

@@ -4,7 +4,8 @@ Every object's size follows from its declaration (shape, format, layout; a resou
 length), so the writer fixes the whole directory before the first payload byte: placement,
 sharding and the JSON reservation. Objects are then streamed in directory order, each exactly
 once, into locked temporary files next to the target (see ``fileset``). Checksums (xxh3-64,
-fixed 16 hex digits) are patched into the reserved JSON at the end.
+fixed 16 hex digits) are patched into the reserved JSON at the end; the digests of each
+object's declaration and the artifact id (see ``declaration``) are known up front.
 
 Publishing replaces the artifact in one step, the rename of the entry file. The continuation
 files are renamed first, to names no file has (the spec's ``<entry>.part-0001`` where free,
@@ -31,6 +32,7 @@ import numpy as np
 import xxhash
 
 from .codecs import codec_for
+from .declaration import declaration_digest
 from .errors import ArtifactError, TargetExists, WriteError
 from .fileset import (
     create_locked,
@@ -192,6 +194,9 @@ class ArtifactWriter:
         payload = records[-1]["offset"] + records[-1]["bytes"] if records else 0
         provenance = dict(provenance or {})
         provenance["checksums"] = {r["id"]: CHECKSUM_PLACEHOLDER for r in records}
+        # what the checksums cannot see: a relabelled declaration, an edited header id
+        provenance["declarations"] = {r["id"]: declaration_digest(r) for r in records}
+        provenance["artifact_id"] = self.artifact_id.hex()
         document = {
             "components": components,
             "objects": records,
