@@ -18,7 +18,7 @@ import numpy as np
 
 from .binders.qwen3_5 import ParamSpec, expected_parameters
 from .codecs import codec_for
-from .errors import ArtifactError
+from .errors import ArtifactError, TargetExists
 from .writer import ArtifactWriter, ResourceSpec, TensorSpec
 
 CONFIG = {
@@ -217,6 +217,9 @@ def main(path: Path, force: bool, seed: int) -> None:
     """Write a small sample .ninfer v3 artifact (random weights) to PATH."""
     try:
         write_sample(path, overwrite=force, seed=seed)
+    except TargetExists:  # its own text names the library's overwrite=True, not the flag
+        click.echo(f"ninfer-sample: {path}: already exists; add --force to replace it", err=True)
+        sys.exit(1)
     except ArtifactError as exc:
         for p in exc.problems:
             click.echo(f"ninfer-sample: {p}", err=True)

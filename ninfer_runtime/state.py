@@ -34,6 +34,7 @@ from ninfer_format.numeric import E4M3FN_MAX, E4M3FN_VALUES
 
 from .arrays import array_module, host_copy
 from .errors import EngineError
+from .sizes import format_size
 
 Array = Any
 
@@ -402,10 +403,10 @@ class ContextPool:
             if pages < 1:
                 need = slot_bytes + page_bytes
                 raise EngineError(
-                    f"context capacity {budget / 2**20:.0f} MiB holds no K/V page: {lanes} lanes "
-                    f"need {slot_bytes / 2**20:.0f} MiB of recurrent state plus "
-                    f"{page_bytes / 2**20:.1f} MiB per {page_tokens}-token page "
-                    f"(>= {need / 2**20:.0f} MiB)"
+                    f"context capacity {format_size(budget)} holds no K/V page: {lanes} lanes "
+                    f"need {format_size(slot_bytes)} of recurrent state plus "
+                    f"{format_size(page_bytes)} per {page_tokens}-token page "
+                    f"(>= {format_size(need)})"
                 )
         return cls(
             specs,

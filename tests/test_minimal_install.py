@@ -98,12 +98,13 @@ def test_each_command_works_or_names_its_extra(tmp_path: Path) -> None:
         ("convert", ("ninfer-convert", "verify", str(sample), "--source", str(BUNDLED))),
         ("convert", ("ninfer-bench", "synth", "--geometry", "tiny_dense", "--formats",
                      "tiny_q4", "-o", str(tmp_path / "synth.ninfer"))),
+        ("runtime", ("ninfer-bench", "cache", str(sample), "--backend", "cpu")),
         ("serve", ("ninfer-serve", str(sample))),
     ]  # fmt: skip
     for extra, args in needing:
         status, output = run(*args)
         said = re.fullmatch(
-            rf"{re.escape(args[0])}( verify| synth)? needs the {extra} extra: "
+            rf"{re.escape(args[0])}( verify| synth| cache)? needs the {extra} extra: "
             rf"pip install 'ninfer\[{extra}\]' \(missing: (?P<missing>[^)]+)\)",
             output,
         )

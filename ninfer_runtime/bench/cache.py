@@ -28,6 +28,7 @@ import numpy as np
 
 from ..engine import Engine, Finished, GenerationRequest, TokenEvent
 from ..frontend import SamplingParams
+from ..sizes import format_size
 from ..state import PAGE_TOKENS
 from . import measure as M
 from .record import RunContext
@@ -278,7 +279,7 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
                 f"({r['context'] - r['max_tokens']} prompt + {r['max_tokens']} greedy), pool "
                 f"sized for {r['full_requests']} at full length ({r['pool_pages']} pages of "
                 f"the {r['requests'] * r['pages_per_request']} all would take, "
-                f"{r['capacity_bytes'] / 2**20:.1f} MiB with the lanes' state slots); host "
+                f"{format_size(r['capacity_bytes'])} with the lanes' state slots); host "
                 f"memory for preempted lanes: {r.get('host_context_capacity', '0')}.",
                 "",
                 "| completed | wall s | generated tok/s | most running | preemptions "

@@ -489,6 +489,7 @@ def cache(
       ninfer-bench synth --geometry qwen3_6_27b --formats qwen3_6_27b -o 27b.ninfer
       ninfer-bench cache 27b.ninfer --record docs/performance.md
     """
+    require_extra("runtime", "ninfer-bench cache")  # the engine's tokenizer and chat template
     import json
     import os
 
