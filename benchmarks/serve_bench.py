@@ -4,21 +4,33 @@ For each concurrency level it sends ``--num-prompts`` streaming chat requests ov
 with at most C in flight (request rate infinite, as ``vllm bench serve --max-concurrency C``),
 each generating exactly ``--output-len`` tokens (``ignore_eos``), and reports per level:
 
-* TTFT: request sent -> first streamed token, as the client sees it;
+* TTFT: request sent -> first streamed chunk carrying output, as the client sees it; when a
+  request's tokens decode to no text (a synthetic artifact's random weights pick ids beyond
+  its tokenizer's), the stream shows none before the end, and its TTFT is the server's own
+  (``/metrics``, arrival to first token), marked as such;
 * TPOT: (E2EL - TTFT) / (output tokens - 1), per request (vLLM's definition, first token
-  excluded);
+  excluded); output tokens come from the stream's usage block, never from its text;
 * ITL: gaps between consecutive streamed chunks that carry text (vLLM's definition; a token
-  whose text is held back, e.g. half a UTF-8 character or a special token, sends no chunk);
+  whose text is held back, e.g. half a UTF-8 character or a special token, sends no chunk),
+  and the server's own gap between tokens;
 * E2EL, output tok/s and requests/s over the level's wall time.
 
 ``--engine-baseline`` runs the same prompts through the engine alone, in this process (same
-lanes, same ``step()`` loop, no HTTP; TTFT and ITL from its text events), so ``server
+lanes, same ``step()`` loop, no HTTP; TTFT and ITL from its token events), so ``server
 overhead per token = server TPOT - engine TPOT`` at the same concurrency: what the HTTP
-layer, the engine-thread hand-off and SSE add to every generated token.
+layer, the engine-thread hand-off and SSE add to every generated token. Per level the
+baseline runs first, in a context pool of exactly its lanes x ``--max-context``, and is
+released (its device memory handed back) before the server starts: on a GPU both hold the
+weights, and the server then sizes its pool (``--context-capacity``) beside nothing else.
 
     python benchmarks/serve_bench.py --model out/tiny.ninfer --concurrency 1,2,4,8 \\
         --engine-baseline --server-cpus 0 --client-cpus 1
     python benchmarks/serve_bench.py --url http://127.0.0.1:8080 --concurrency 1,4
+    python benchmarks/serve_bench.py --model 27b.ninfer --backend cuda --concurrency 1,8 \\
+        --engine-baseline --commit "$(git rev-parse --short HEAD)"
+
+The end of the output is a markdown block for docs/performance.md: date, device, commit, the
+server's flags and the figures.
 
 ``--workload agent`` is an agent-like chat instead: ``--clients`` conversations run at once,
 each ``--turns`` turns long, all opening with one shared system prompt of about
@@ -38,8 +50,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import gc
 import json
+import math
 import os
+import platform
 import random
 import re
 import shlex
@@ -65,11 +81,24 @@ SENTENCE = (
     "the tensor cross the bus to reach other gpu hello how can i help you"
 )
 WORDS = SENTENCE.split()
+#: the server's context pool on a GPU unless --context-capacity says otherwise: a 27B-class
+#: model's 8 lanes x 1024 tokens take about 2.3 GiB (1 GiB of K/V, 1.3 GiB of recurrent
+#: states) and prefix-cache snapshots the rest, while a fixed size keeps the run from
+#: depending on what else holds the card ("auto" would take all of it)
+CUDA_CONTEXT_CAPACITY = "16GiB"
+
+
+class BenchError(Exception):
+    """A run that cannot give figures (no request succeeded, the server did not start)."""
 
 
 @dataclass
 class Sample:
-    ttft: float = 0.0
+    #: seconds to the first token; NaN until known (a stream that showed no output)
+    ttft: float = float("nan")
+    #: who measured ``ttft``: "client" (first streamed chunk carrying output), "server" (its
+    #: mean for the level, when the tokens decoded to no text) or "engine" (first token event)
+    ttft_source: str = "client"
     e2el: float = 0.0
     output_tokens: int = 0
     prompt_tokens: int = 0
@@ -79,12 +108,16 @@ class Sample:
     server_ttft: float = float("nan")
     #: mean prefill time the server measured (the engine taking it to its first token)
     server_prefill: float = float("nan")
+    #: mean gap between tokens the server measured
+    server_itl: float = float("nan")
     ok: bool = False
     text: str = ""
+    #: why the request failed (HTTP status and body, or the error sent in the stream)
+    error: str = ""
 
     @property
     def tpot(self) -> float | None:
-        if self.output_tokens < 2:
+        if self.output_tokens < 2 or math.isnan(self.ttft):
             return None
         return (self.e2el - self.ttft) / (self.output_tokens - 1)
 
@@ -124,12 +157,15 @@ async def stream_chat(
     text = []
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
-            await response.aread()
+            detail = (await response.aread()).decode("utf-8", "replace")
+            sample.error = f"HTTP {response.status_code}: {detail[:300]}"
             return sample
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
+            if error := chunk.get("error"):  # the engine failed mid-stream
+                sample.error = str(error.get("message") if isinstance(error, dict) else error)
             if usage := chunk.get("usage"):
                 sample.output_tokens = usage["completion_tokens"]
                 sample.prompt_tokens = usage["prompt_tokens"]
@@ -146,13 +182,27 @@ async def stream_chat(
                     sample.itl.append(now - last)
                 last = now
     sample.e2el = time.perf_counter() - start
-    sample.ok = sample.output_tokens > 0
+    # tokens are counted from the usage block: one that decodes to no text sends no chunk
+    sample.ok = sample.output_tokens > 0 and not sample.error
+    if not sample.ok and not sample.error:
+        sample.error = "the stream ended without a usage block counting any output token"
     sample.text = "".join(text)
     return sample
 
 
+def warmup_prompts(concurrency: int, words: int, seed: int) -> list[str]:
+    """Prompts that share no text with the timed ones (a prefix cache warmed on those would
+    shorten their prefill), one per lane so that every lane count's step is ready."""
+    return prompts(concurrency, words, -1 - seed)
+
+
 async def run_level(
-    url: str, model: str, texts: list[str], output_len: int, concurrency: int
+    url: str,
+    model: str,
+    texts: list[str],
+    output_len: int,
+    concurrency: int,
+    warmup: list[str] = (),
 ) -> tuple[list[Sample], float]:
     limit = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -162,24 +212,33 @@ async def run_level(
             async with limit:
                 return await one_request(client, url, model, text, output_len)
 
-        await one_request(client, url, model, texts[0], 4)  # warm the connection and caches
+        # warm the connections, the kernels and the decode steps
+        await asyncio.gather(*(one_request(client, url, model, t, 4) for t in warmup))
         before = server_means(url)
         started = time.perf_counter()
         samples = await asyncio.gather(*(bounded(t) for t in texts))
         duration = time.perf_counter() - started
         after = server_means(url)
-        ttft, prefill = (
-            (a[0] - b[0]) / max(a[1] - b[1], 1) for a, b in zip(after, before, strict=True)
+        ttft, prefill, itl = (
+            (a[0] - b[0]) / (a[1] - b[1]) if a[1] > b[1] else float("nan")
+            for a, b in zip(after, before, strict=True)
         )
         for sample in samples:  # the server's own view, means over the level
-            sample.server_ttft, sample.server_prefill = ttft, prefill
+            sample.server_ttft, sample.server_prefill, sample.server_itl = ttft, prefill, itl
+            if sample.ok and math.isnan(sample.ttft):  # no token showed in the stream
+                sample.ttft, sample.ttft_source = ttft, "server"
         return list(samples), duration
 
 
 def server_means(url: str) -> list[tuple[float, float]]:
-    """(sum of seconds, count) so far of the server's time to first token (from admission)
-    and of its prefill time (the engine taking the request to its first token)."""
-    names = ("ninfer_time_to_first_token_seconds", "ninfer_request_prefill_seconds")
+    """(sum of seconds, count) so far of the server's time to first token (from admission),
+    of its prefill time (the engine taking the request to its first token) and of its gaps
+    between tokens."""
+    names = (
+        "ninfer_time_to_first_token_seconds",
+        "ninfer_request_prefill_seconds",
+        "ninfer_inter_token_latency_seconds",
+    )
     return [(metric(url, f"{n}_sum"), metric(url, f"{n}_count")) for n in names]
 
 
@@ -193,38 +252,72 @@ def engine_level(
     concurrency: int,
     max_context: int,
     backend: str = "cpu",
+    repeat: int = 1,
+    warmup: list[str] = (),
 ) -> tuple[list[Sample], float]:
     """The same workload through ``Engine.step`` directly (the server's engine thread, minus
-    everything around it)."""
-    from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent
-    from ninfer_runtime.frontend import ReasoningDelta as Reasoning
-    from ninfer_runtime.frontend import SamplingParams, TextDelta
+    everything around it), ``repeat`` times pooled, on an engine of its own that is released
+    before this returns."""
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.errors import EngineError
 
-    engine = _ENGINES.get((model, concurrency, backend))
-    if engine is None:
-        engine = _ENGINES[(model, concurrency, backend)] = Engine(
-            model, max_context=max_context, max_lanes=concurrency, backend=backend
+    try:
+        # no context budget: pages for exactly ``concurrency`` lanes of ``max_context``
+        # tokens (never "auto", which on a GPU would take the card), and no prefix cache
+        engine = Engine(
+            model,
+            max_context=max_context,
+            max_lanes=concurrency,
+            backend=backend,
+            context_capacity=None,
+            prefix_cache=False,
         )
+    except EngineError as exc:
+        raise BenchError(f"engine baseline on {model}: {exc}") from None
+    try:
+        drive(engine, warmup, 4, concurrency)  # kernels and every lane count's step
+        samples: list[Sample] = []
+        duration = 0.0
+        for _ in range(repeat):
+            more, seconds = drive(engine, texts, output_len, concurrency)
+            samples += more
+            duration += seconds
+        return samples, duration
+    finally:
+        del engine
+        in_use = release_device_memory(backend)
+        print(f"engine baseline released{f' ({in_use})' if in_use else ''}", flush=True)
+
+
+def drive(
+    engine: object, texts: list[str], output_len: int, concurrency: int
+) -> tuple[list[Sample], float]:
+    """``texts`` through ``engine`` with at most ``concurrency`` in flight, timed per token
+    event (every generated token has one, whether or not it decodes to text)."""
+    from ninfer_runtime.engine import Failed, Finished, GenerationRequest, TokenEvent
+    from ninfer_runtime.frontend import SamplingParams
+
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     pending = list(texts)
     samples: dict[str, Sample] = {}
     sent: dict[str, float] = {}
     last: dict[str, float] = {}
+    done = 0
     started = time.perf_counter()
     while pending or engine.has_work:
-        while pending and len(sent) - sum(s.ok for s in samples.values()) < concurrency:
-            text = pending.pop(0)
+        while pending and len(sent) - done < concurrency:
             request = GenerationRequest(
-                messages=[{"role": "user", "content": text}], enable_thinking=False, sampling=params
+                messages=[{"role": "user", "content": pending.pop(0)}],
+                enable_thinking=False,
+                sampling=params,
             )
             rid = engine.submit(request)
             sent[rid] = time.perf_counter()
-            samples[rid] = Sample()
+            samples[rid] = Sample(ttft_source="engine")
         for event in engine.step():
             now = time.perf_counter()
             sample = samples[event.request_id]
-            # a "token" for TTFT / ITL is a text delta, as a streaming client sees one chunk
-            if isinstance(event, OutputEvent) and isinstance(event.event, TextDelta | Reasoning):
+            if isinstance(event, TokenEvent):
                 if event.request_id not in last:
                     sample.ttft = now - sent[event.request_id]
                 else:
@@ -234,20 +327,36 @@ def engine_level(
                 sample.e2el = now - sent[event.request_id]
                 sample.output_tokens = event.usage.completion_tokens
                 sample.prompt_tokens = event.usage.prompt_tokens
-                sample.ok = True
+                sample.ok = sample.output_tokens > 0
+                done += 1
+            elif isinstance(event, Failed):
+                sample.error = str(event.error)
+                done += 1
     return list(samples.values()), time.perf_counter() - started
 
 
-_ENGINES: dict[tuple[Path, int, str], object] = {}
+def release_device_memory(backend: str) -> str:
+    """Collect a released engine and hand the device memory CuPy keeps cached back to the
+    driver, so that a server started next finds the card free; what is still in use, said
+    in words ("" off the GPU)."""
+    gc.collect()  # the engine's weights, pool and captured steps sit in reference cycles
+    cupy = sys.modules.get("cupy")  # only a cuda engine imported it: never imported here
+    if backend != "cuda" or cupy is None:
+        return ""
+    cupy.cuda.Device().synchronize()
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB of the GPU in use"
 
 
-def engine_on(cpus: str | None, *args: object) -> tuple[list[Sample], float]:
+def engine_on(cpus: str | None, *args: object, **kwargs: object) -> tuple[list[Sample], float]:
     """``engine_level`` on the server's CPUs, so both runs get the same cores."""
     mine = os.sched_getaffinity(0)
     if cpus:
         os.sched_setaffinity(0, {int(x) for x in cpus.split(",")})
     try:
-        return engine_level(*args)  # type: ignore[arg-type]
+        return engine_level(*args, **kwargs)  # type: ignore[arg-type]
     finally:
         os.sched_setaffinity(0, mine)
 
@@ -263,38 +372,69 @@ def pct(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def mean(values: list[float]) -> float:
+    """The mean, NaN for no values (shown as n/a)."""
+    return statistics.fmean(values) if values else float("nan")
+
+
+def shown(value: float, spec: str = ".2f") -> str:
+    return "n/a" if math.isnan(value) else format(value, spec)
+
+
 @dataclass
 class Level:
     concurrency: int
     samples: list[Sample]
     duration: float
+    #: what ran, for messages: "server" or "engine"
+    kind: str = "server"
 
     def stats(self) -> dict[str, float]:
         ok = [s for s in self.samples if s.ok]
-        ttft = [s.ttft for s in ok]
+        if not ok:
+            errors = sorted({s.error for s in self.samples if s.error})
+            raise BenchError(
+                f"C={self.concurrency}, {self.kind}: none of the {len(self.samples)} requests "
+                f"produced a token ({errors[0] if errors else 'no error given'})"
+            )
+        ttft = [s.ttft for s in ok if not math.isnan(s.ttft)]
         tpot = [t for s in ok if (t := s.tpot) is not None]
         itl = [x for s in ok for x in s.itl]
         e2el = [s.e2el for s in ok]
         out = sum(s.output_tokens for s in ok)
-        ms, nan = 1000.0, float("nan")
+        ms = 1000.0
         return {
             "ok": len(ok), "failed": len(self.samples) - len(ok),
             "duration_s": self.duration,
             "input_tokens": sum(s.prompt_tokens for s in ok), "output_tokens": out,
             "req_s": len(ok) / self.duration, "out_tok_s": out / self.duration,
-            "ttft_mean": statistics.fmean(ttft) * ms, "ttft_p50": pct(ttft, 50) * ms,
+            # requests whose TTFT is the server's own (their tokens showed no text)
+            "ttft_from_server": sum(s.ttft_source == "server" for s in ok),
+            "ttft_mean": mean(ttft) * ms, "ttft_p50": pct(ttft, 50) * ms,
             "ttft_p99": pct(ttft, 99) * ms,
-            "tpot_mean": statistics.fmean(tpot) * ms, "tpot_p50": pct(tpot, 50) * ms,
+            "tpot_mean": mean(tpot) * ms, "tpot_p50": pct(tpot, 50) * ms,
             "tpot_p99": pct(tpot, 99) * ms,
-            "itl_mean": statistics.fmean(itl) * ms, "itl_p50": pct(itl, 50) * ms,
+            "itl_mean": mean(itl) * ms, "itl_p50": pct(itl, 50) * ms,
             "itl_p99": pct(itl, 99) * ms,
             "e2el_p50": pct(e2el, 50) * ms, "e2el_p99": pct(e2el, 99) * ms,
-            "server_ttft_mean": statistics.fmean([s.server_ttft for s in ok] or [nan]) * ms,
-            "server_prefill_mean": statistics.fmean([s.server_prefill for s in ok] or [nan]) * ms,
+            "server_ttft_mean": mean([s.server_ttft for s in ok]) * ms,
+            "server_prefill_mean": mean([s.server_prefill for s in ok]) * ms,
+            "server_itl_mean": mean([s.server_itl for s in ok]) * ms,
         }  # fmt: skip
 
 
-def vllm_block(title: str, s: dict[str, float]) -> str:
+def ttft_source(s: dict[str, float], engine: bool = False) -> str:
+    """Who measured the TTFT figures, in words."""
+    if engine:
+        return "engine (first token event)"
+    if s["ttft_from_server"] == 0:
+        return "client (first streamed token)"
+    if s["ttft_from_server"] == s["ok"]:
+        return "server (no text streamed)"
+    return f"server for {s['ttft_from_server']:.0f} of {s['ok']:.0f} (no text streamed)"
+
+
+def vllm_block(title: str, s: dict[str, float], engine: bool = False) -> str:
     """The per-level summary in ``vllm bench serve``'s layout."""
     rows = [
         ("Successful requests:", f"{s['ok']:.0f}"),
@@ -304,19 +444,29 @@ def vllm_block(title: str, s: dict[str, float]) -> str:
         ("Total generated tokens:", f"{s['output_tokens']:.0f}"),
         ("Request throughput (req/s):", f"{s['req_s']:.2f}"),
         ("Output token throughput (tok/s):", f"{s['out_tok_s']:.2f}"),
-        ("Mean TTFT (ms):", f"{s['ttft_mean']:.2f}"),
-        ("Median TTFT (ms):", f"{s['ttft_p50']:.2f}"),
-        ("P99 TTFT (ms):", f"{s['ttft_p99']:.2f}"),
-        ("Mean TTFT in the server (ms):", f"{s['server_ttft_mean']:.2f}"),
-        ("Mean prefill in the server (ms):", f"{s['server_prefill_mean']:.2f}"),
-        ("Mean TPOT (ms):", f"{s['tpot_mean']:.2f}"),
-        ("Median TPOT (ms):", f"{s['tpot_p50']:.2f}"),
-        ("P99 TPOT (ms):", f"{s['tpot_p99']:.2f}"),
-        ("Mean ITL (ms):", f"{s['itl_mean']:.2f}"),
-        ("Median ITL (ms):", f"{s['itl_p50']:.2f}"),
-        ("P99 ITL (ms):", f"{s['itl_p99']:.2f}"),
+        ("Mean TTFT (ms):", shown(s["ttft_mean"])),
+        ("Median TTFT (ms):", shown(s["ttft_p50"])),
+        ("P99 TTFT (ms):", shown(s["ttft_p99"])),
+        *(
+            []
+            if engine
+            else [
+                ("Mean TTFT in the server (ms):", shown(s["server_ttft_mean"])),
+                ("Mean prefill in the server (ms):", shown(s["server_prefill_mean"])),
+            ]
+        ),
+        ("Mean TPOT (ms):", shown(s["tpot_mean"])),
+        ("Median TPOT (ms):", shown(s["tpot_p50"])),
+        ("P99 TPOT (ms):", shown(s["tpot_p99"])),
+        ("Mean ITL (ms):", shown(s["itl_mean"])),
+        ("Median ITL (ms):", shown(s["itl_p50"])),
+        ("P99 ITL (ms):", shown(s["itl_p99"])),
+        *([] if engine else [("Mean ITL in the server (ms):", shown(s["server_itl_mean"]))]),
     ]
-    lines = [f"{f' {title} ':=^50}"] + [f"{k:<40}{v:>10}" for k, v in rows] + ["=" * 50]
+    lines = [f"{f' {title} ':=^50}"] + [f"{k:<40}{v:>10}" for k, v in rows]
+    lines += [f"TTFT measured by: {ttft_source(s, engine)}", "=" * 50]
+    if math.isnan(s["itl_mean"]) and not engine:
+        lines.append("(no text was streamed: ITL has no client-side samples)")
     return "\n".join(lines)
 
 
@@ -330,17 +480,81 @@ def table(levels: list[tuple[int, dict[str, float], dict[str, float] | None]]) -
     lines = [head, "|" + "---:|" * 10]
     for c, s, e in levels:
         engine = (
-            f"{e['out_tok_s']:.0f} | {e['ttft_p50']:.1f} | {e['tpot_p50']:.2f} | "
-            f"{s['tpot_mean'] - e['tpot_mean']:+.3f}"
+            f"{e['out_tok_s']:.0f} | {shown(e['ttft_p50'], '.1f')} | {shown(e['tpot_p50'])} | "
+            f"{shown(s['tpot_mean'] - e['tpot_mean'], '+.3f')}"
             if e
             else "- | - | - | -"
         )
         lines.append(
-            f"| {c} | {s['req_s']:.2f} | {s['out_tok_s']:.0f} | {s['ttft_p50']:.1f} / "
-            f"{s['ttft_p99']:.1f} | {s['tpot_p50']:.2f} / {s['tpot_p99']:.2f} | "
-            f"{s['itl_p50']:.2f} / {s['itl_p99']:.2f} | {engine} |"
+            f"| {c} | {s['req_s']:.2f} | {s['out_tok_s']:.0f} | {shown(s['ttft_p50'], '.1f')} / "
+            f"{shown(s['ttft_p99'], '.1f')} | {shown(s['tpot_p50'])} / {shown(s['tpot_p99'])} | "
+            f"{shown(s['itl_p50'])} / {shown(s['itl_p99'])} | {engine} |"
         )
     return "\n".join(lines)
+
+
+def markdown_report(
+    meta: dict[str, str], levels: list[tuple[int, dict[str, float], dict[str, float] | None]]
+) -> str:
+    """The block docs/performance.md takes: where and what ran, then per concurrency the
+    server's TPOT against the engine's alone, TTFT and output tok/s."""
+    lines = [
+        f"### Serving: {meta['model']}, {meta['backend']}, {meta['date']}",
+        "",
+        f"- date {meta['date']}, device {meta['device']}, commit {meta['commit']}",
+        f"- server: `{meta['server']}`",
+        f"- workload: {meta['workload']}",
+        "",
+        "| C | server TPOT mean ms | engine TPOT mean ms | overhead per token ms "
+        "| TTFT p50 ms server / engine | out tok/s server / engine | TTFT measured by |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c, s, e in levels:
+        e = e or dict.fromkeys(s, float("nan"))
+        lines.append(
+            f"| {c} | {shown(s['tpot_mean'])} | {shown(e['tpot_mean'])} "
+            f"| {shown(s['tpot_mean'] - e['tpot_mean'], '+.3f')} "
+            f"| {shown(s['ttft_p50'], '.1f')} / {shown(e['ttft_p50'], '.1f')} "
+            f"| {s['out_tok_s']:.1f} / {shown(e['out_tok_s'], '.1f')} | {ttft_source(s)} |"
+        )
+    return "\n".join(lines)
+
+
+def device_name(backend: str) -> str:
+    """The GPU's name from nvidia-smi (CuPy is not imported for it), else the CPU's."""
+    if backend == "cuda":
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        return out.splitlines()[0] if out else "unknown GPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} (CPU)"
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def current_commit() -> str:
+    """The checkout's short commit, or "unknown" (a copied tree has no git metadata)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 # -- agent workload -------------------------------------------------------------------------------
@@ -461,9 +675,8 @@ def metric(url: str, name: str) -> float:
 
 def agent_stats(by_turn: list[list[Sample]], duration: float, preemptions: float) -> dict:
     def ttft(samples: list[Sample]) -> dict[str, float]:
-        values = [s.ttft * 1000 for s in samples if s.ok]
-        mean = statistics.fmean(values) if values else float("nan")
-        return {"ttft_mean": mean, "ttft_p50": pct(values, 50), "ttft_p90": pct(values, 90)}
+        values = [s.ttft * 1000 for s in samples if s.ok and not math.isnan(s.ttft)]
+        return {"ttft_mean": mean(values), "ttft_p50": pct(values, 50), "ttft_p90": pct(values, 90)}
 
     def share(samples: list[Sample]) -> float:
         prompt = sum(s.prompt_tokens for s in samples if s.ok)
@@ -569,9 +782,11 @@ def agent_main(args: argparse.Namespace) -> None:
 # -- server process -------------------------------------------------------------------------------
 
 
-def start_server(
+def server_command(
     model: Path, concurrency: int, max_context: int, cpus: str | None, extra: list[str] = ()
-) -> tuple[subprocess.Popen[str], str, str]:
+) -> list[str]:
+    """``python -m ninfer_serve`` with this interpreter (works without the ``ninfer-serve``
+    script, e.g. with the project on PYTHONPATH), its lanes given explicitly."""
     command = [
         sys.executable,
         "-m",
@@ -591,18 +806,61 @@ def start_server(
     ]
     if cpus:
         command = ["taskset", "-c", cpus, *command]  # comma-separated CPU numbers
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    return command
+
+
+#: the server's address in its start-up lines ("loading ...; URL/health answers 503 until
+#: ready", "serving 'model' at URL/v1 ...")
+SERVER_URL = re.compile(r"(http://[^\s/]+)/(?:v1|health)\b")
+
+
+def start_server(
+    model: Path,
+    concurrency: int,
+    max_context: int,
+    cpus: str | None,
+    extra: list[str] = (),
+    timeout: float = 1800,
+) -> tuple[subprocess.Popen[str], str, str]:
+    """A server on a free port, once ``/health`` says ready: (process, URL, the model id
+    ``/v1/models`` lists)."""
+    command = server_command(model, concurrency, max_context, cpus, extra)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     seen: deque[str] = deque(maxlen=20)
+    url = None
     for line in process.stderr:
         seen.append(line)
-        match = re.search(r"serving '([^']+)' at (http://\S+)/v1", line)
-        if match:
-            # keep reading its log: a full pipe would block the server at its next message
-            threading.Thread(target=echo_errors, args=(process.stderr,), daemon=True).start()
-            return process, match[2], match[1]
-    raise RuntimeError("the server did not start; its last lines:\n" + "".join(seen))
+        if match := SERVER_URL.search(line):
+            url = match[1]
+            break
+    try:
+        if url is None:
+            raise BenchError("the server did not start; its last lines:\n" + "".join(seen))
+        # keep reading its log: a full pipe would block the server at its next message
+        threading.Thread(target=echo_errors, args=(process.stderr,), daemon=True).start()
+        wait_ready(process, url, timeout)
+        models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+        return process, url, models[0]["id"]
+    except BaseException:
+        stop_server(process)
+        raise
+
+
+def wait_ready(process: subprocess.Popen[str], url: str, timeout: float) -> None:
+    """Until ``/health`` answers 200 (the model loaded), or a clear error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BenchError(f"the server exited with status {process.returncode} while loading")
+        try:
+            if httpx.get(f"{url}/health", timeout=10).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    raise BenchError(f"the server at {url} was not ready after {timeout:.0f} s")
 
 
 def echo_errors(log: TextIO) -> None:
@@ -621,9 +879,14 @@ def stop_server(process: subprocess.Popen[str]) -> None:
 
 
 def server_args(args: argparse.Namespace, cache: bool = True) -> list[str]:
-    """``--backend`` and ``--server-args``, plus a config turning the prefix cache off when
-    ``cache`` is false."""
-    extra = ["--backend", args.backend, *shlex.split(args.server_args or "")]
+    """``--backend``, ``--context-capacity`` (on a GPU ``CUDA_CONTEXT_CAPACITY`` unless
+    given) and ``--server-args`` (last: its flags win), plus a config turning the prefix cache
+    off when ``cache`` is false."""
+    extra = ["--backend", args.backend]
+    capacity = args.context_capacity or (CUDA_CONTEXT_CAPACITY if args.backend == "cuda" else None)
+    if capacity:
+        extra += ["--context-capacity", capacity]
+    extra += shlex.split(args.server_args or "")
     if not cache:
         config = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "cache-off.toml"
         config.write_text("[context_cache]\nenabled = false\n")
@@ -631,11 +894,114 @@ def server_args(args: argparse.Namespace, cache: bool = True) -> list[str]:
     return extra
 
 
+def parse_levels(text: str, engine_lanes: bool) -> list[int]:
+    """Concurrency levels from "1,8"; 1..8 each where the engine's lanes serve them."""
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise BenchError(f"--concurrency {text!r}: expected numbers such as 1,8") from None
+    top = 8 if engine_lanes else 1 << 20
+    if not levels or not all(1 <= c <= top for c in levels):
+        raise BenchError(f"--concurrency {text!r}: each level must be in 1..{top}")
+    return levels
+
+
+def run_random(args: argparse.Namespace) -> None:
+    """The random workload, level by level: the engine baseline first (then released), then
+    the server (started for the level with its lanes, or the one at ``--url``)."""
+    levels = []
+    commands = []
+    for c in parse_levels(args.concurrency, args.model is not None):
+        count = args.num_prompts or max(16, 4 * c)
+        texts = prompts(count, args.input_words, args.seed + c)
+        warmup = warmup_prompts(c, args.input_words, args.seed + c)
+        engine = None
+        if args.engine_baseline:
+            print(
+                f"[C={c}] engine baseline, in this process: backend {args.backend}, {c} "
+                f"lane(s) x {args.max_context} tokens of context, {count} requests",
+                flush=True,
+            )
+            samples, duration = engine_on(
+                args.server_cpus,
+                args.model,
+                texts,
+                args.output_len,
+                c,
+                args.max_context,
+                args.backend,
+                repeat=args.repeat,
+                warmup=warmup,
+            )
+            engine = Level(c, samples, duration, "engine").stats()
+        process = None
+        url, model = args.url, args.model_id
+        if args.model is not None:
+            extra = server_args(args)
+            command = server_command(args.model, c, args.max_context, args.server_cpus, extra)
+            commands.append(command)
+            print(f"[C={c}] server: {shlex.join(command)}", flush=True)
+            process, url, served = start_server(
+                args.model, c, args.max_context, args.server_cpus, extra
+            )
+            model = model or served
+        elif model is None:
+            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        samples, duration = [], 0.0
+        try:
+            for _ in range(args.repeat):
+                more, seconds = asyncio.run(
+                    run_level(url, model, texts, args.output_len, c, warmup)
+                )
+                samples += more
+                duration += seconds
+        finally:
+            if process is not None:
+                stop_server(process)
+        server = Level(c, samples, duration, "server").stats()
+        print(vllm_block(f"Serving Benchmark Result (C={c})", server))
+        if engine is not None:
+            print(vllm_block(f"Engine alone (C={c})", engine, engine=True))
+        levels.append((c, server, engine))
+    print()
+    print(table(levels))
+    meta = run_meta(args, commands[-1] if commands else None)
+    print("\n<!-- serve_bench: markdown for docs/performance.md -->")
+    print(markdown_report(meta, levels))
+    if args.json:
+        result = [{"concurrency": c, "server": s, "engine": e} for c, s, e in levels]
+        args.json.write_text(json.dumps({"run": meta, "levels": result}, indent=2))
+
+
+def run_meta(args: argparse.Namespace, command: list[str] | None) -> dict[str, str]:
+    """Date, device, commit, model, server flags and workload, for the markdown block."""
+    if command is None:
+        server = f"a running server at {args.url}"
+    else:  # the flags of the last level's server, its artifact path shortened
+        flags = command[command.index("ninfer_serve") + 2 :]
+        server = shlex.join(["ninfer-serve", args.model.name, *flags])
+    count = f"{args.num_prompts}" if args.num_prompts else "max(16, 4 x C)"
+    baseline = "run in this process before each server" if args.engine_baseline else "not run"
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": device_name(args.backend) if args.model is not None else "unknown (--url)",
+        "commit": args.commit or current_commit(),
+        "model": args.model.name if args.model is not None else args.url,
+        "backend": args.backend,
+        "server": server,
+        "workload": (
+            f"{count} requests per level of {args.input_words} random words, "
+            f"{args.output_len} output tokens each (ignore_eos, greedy), streamed; "
+            f"{args.repeat} run(s) per level; engine baseline {baseline}"
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="benchmark a running server")
     parser.add_argument("--model", type=Path, help="start a server on this artifact per level")
-    parser.add_argument("--model-id", default=None)
+    parser.add_argument("--model-id", default=None, help="default: what /v1/models lists")
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument(
         "--num-prompts", type=int, default=0, help="requests per level (default: max(16, 4 x C))"
@@ -652,78 +1018,51 @@ def main() -> None:
     parser.add_argument("--user-words", type=int, default=24, help="agent: words per user turn")
     parser.add_argument(
         "--server-args",
-        help='more ninfer-serve flags, e.g. "--backend cuda --context-capacity 8GiB"',
+        help='more ninfer-serve flags, e.g. "--kv-dtype bfloat16" (they win over the defaults)',
     )
     parser.add_argument(
         "--backend", choices=["cpu", "cuda"], default="cpu", help="server and engine baseline"
     )
+    parser.add_argument(
+        "--context-capacity",
+        help=f"the server's context pool (cuda default: {CUDA_CONTEXT_CAPACITY}; auto: all "
+        "the GPU memory the weights leave, less the headroom)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine-baseline", action="store_true")
+    parser.add_argument(
+        "--engine-baseline",
+        action="store_true",
+        help="also run the engine alone, in this process, before each level's server",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per level, pooled")
     parser.add_argument(
         "--server-cpus", help="comma-separated CPUs for the server (and the engine baseline)"
     )
     parser.add_argument("--client-cpus", help="comma-separated CPUs for this load generator")
+    parser.add_argument(
+        "--commit", help="commit named in the markdown block (default: git's, else unknown)"
+    )
     parser.add_argument("--json", type=Path, help="write all numbers here")
     args = parser.parse_args()
     if (args.url is None) == (args.model is None):
         parser.error("give exactly one of --url and --model")
     if args.engine_baseline and args.model is None:
         parser.error("--engine-baseline needs --model")
+    if args.model is not None and not args.model.is_file():
+        parser.error(f"--model {args.model}: no such file")
     if args.client_cpus:
         os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     if args.max_context is None:
         args.max_context = 8192 if args.workload == "agent" else 1024
-    if args.workload == "agent":
-        if args.engine_baseline:
-            parser.error("--engine-baseline is for the random workload")
-        agent_main(args)
-        return
-    levels = []
-    for c in (int(x) for x in args.concurrency.split(",")):
-        count = args.num_prompts or max(16, 4 * c)
-        texts = prompts(count, args.input_words, args.seed + c)
-        process = None
-        url, model = args.url, args.model_id
-        if args.model is not None:
-            process, url, served = start_server(
-                args.model, c, args.max_context, args.server_cpus, server_args(args)
-            )
-            model = model or served
-        runs: dict[str, tuple[list[Sample], float]] = {"server": ([], 0.0), "engine": ([], 0.0)}
-        try:
-            for _ in range(args.repeat):  # alternate, so drift on a shared machine hits both
-                samples, duration = asyncio.run(run_level(url, model, texts, args.output_len, c))
-                runs["server"] = (runs["server"][0] + samples, runs["server"][1] + duration)
-                if args.engine_baseline:
-                    samples, duration = engine_on(
-                        args.server_cpus,
-                        args.model,
-                        texts,
-                        args.output_len,
-                        c,
-                        args.max_context,
-                        args.backend,
-                    )
-                    runs["engine"] = (runs["engine"][0] + samples, runs["engine"][1] + duration)
-        finally:
-            if process is not None:
-                stop_server(process)
-        server = Level(c, *runs["server"]).stats()
-        print(vllm_block(f"Serving Benchmark Result (C={c})", server))
-        engine = None
-        if args.engine_baseline:
-            engine = Level(c, *runs["engine"]).stats()
-            print(vllm_block(f"Engine alone (C={c})", engine))
-        levels.append((c, server, engine))
-    print()
-    print(table(levels))
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                [{"concurrency": c, "server": s, "engine": e} for c, s, e in levels], indent=2
-            )
-        )
+    try:
+        if args.workload == "agent":
+            if args.engine_baseline:
+                parser.error("--engine-baseline is for the random workload")
+            agent_main(args)
+        else:
+            run_random(args)
+    except BenchError as exc:
+        sys.exit(f"serve_bench: error: {exc}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,19 @@
-"""The agent workload of benchmarks/serve_bench.py builds what a chat client resends: one shared
-system prompt, then each client's own growing history (no server is started here)."""
+"""benchmarks/serve_bench.py: the agent workload builds what a chat client resends (one shared
+system prompt, then each client's own growing history); the random workload measures tokens
+that decode to no text, runs the engine baseline before the server, and starts the server
+with the lanes and backend asked for."""
 
 from __future__ import annotations
 
+import argparse
+import gc
 import importlib.util
+import json
+import math
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,3 +57,80 @@ def test_agent_tools_are_function_schemas():
         parameters = tool["function"]["parameters"]
         assert parameters["type"] == "object" and parameters["properties"]
         assert set(parameters["required"]) <= set(parameters["properties"])
+
+
+def wide_vocabulary_artifact(path: Path, monkeypatch) -> Path:
+    """A tiny synthetic model whose vocabulary is mostly ids its byte-level tokenizer does not
+    have, as a 27B synthetic artifact's: greedy decoding of its random weights produces
+    tokens that decode to no text."""
+    from ninfer_runtime.bench import geometries, synthetic
+
+    wide = {**geometries.GEOMETRIES["tiny_dense"], "vocab_size": 65536}
+    monkeypatch.setitem(geometries.GEOMETRIES, "tiny_wide_vocabulary", wide)
+    synthetic.write_synthetic(path, "tiny_wide_vocabulary", "qwen3_6_27b", seed=0)
+    return path
+
+
+def test_tokens_without_text_are_measured_and_the_baseline_runs_before_the_server(
+    tmp_path, monkeypatch, capsys
+):
+    bench = load_bench()
+    model = wide_vocabulary_artifact(tmp_path / "wide.ninfer", monkeypatch)
+    engines_alive_at_server_start = []
+    start_server = bench.start_server
+
+    def checked_start(*args, **kwargs):
+        alive = [o for o in gc.get_objects() if type(o).__name__ == "Engine"]
+        engines_alive_at_server_start.append(len(alive))
+        return start_server(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "start_server", checked_start)
+    report = tmp_path / "report.json"
+    argv = ["serve_bench.py", "--model", str(model), "--concurrency", "2", "--num-prompts", "2"]
+    argv += ["--input-words", "8", "--output-len", "4", "--engine-baseline"]
+    argv += ["--commit", "c0ffee", "--json", str(report)]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    out = capsys.readouterr().out
+
+    # the baseline ran first and was released before the server started
+    order = [out.index(s) for s in ("[C=2] engine baseline", "engine baseline released")]
+    assert order == sorted(order) and order[-1] < out.index("[C=2] server: ")
+    assert engines_alive_at_server_start == [0]
+    # no token showed text, yet every one is counted, and TTFT / TPOT are the server's
+    level = json.loads(report.read_text())["levels"][0]
+    server, engine = level["server"], level["engine"]
+    assert "no text was streamed" in out
+    assert server["ok"] == 2 and server["output_tokens"] == 2 * 4
+    assert server["ttft_from_server"] == 2
+    assert math.isnan(server["itl_mean"]) and server["server_itl_mean"] > 0
+    assert server["tpot_mean"] > 0 and server["ttft_mean"] > 0
+    # the engine alone counts its token events, text or not
+    assert engine["output_tokens"] == 2 * 4 and engine["tpot_mean"] > 0 and engine["ttft_mean"] > 0
+    # the markdown block names the commit and compares the two TPOTs
+    block = out[out.index("### Serving: wide.ninfer, cpu") :]
+    assert "commit c0ffee" in block and "--max-concurrency 2" in block
+    row = next(line for line in block.splitlines() if line.startswith("| 2 |"))
+    assert "n/a" not in row.split("|")[2] and "server (no text streamed)" in row
+
+
+def test_a_level_without_any_token_is_one_clear_error():
+    bench = load_bench()
+    failed = [bench.Sample(error="HTTP 400: model 'x' is not served") for _ in range(3)]
+    with pytest.raises(bench.BenchError, match=r"C=8, server: none of the 3 requests .*HTTP 400"):
+        bench.Level(8, failed, 1.0, "server").stats()
+
+
+def test_gpu_server_gets_its_lanes_the_cuda_backend_and_a_bounded_context_pool():
+    bench = load_bench()
+    args = argparse.Namespace(backend="cuda", context_capacity=None, server_args=None)
+    command = bench.server_command(Path("27b.ninfer"), 8, 1024, None, bench.server_args(args))
+    assert command[:3] == [sys.executable, "-m", "ninfer_serve"]
+    flags = dict(zip(command[4::2], command[5::2], strict=True))
+    assert flags["--backend"] == "cuda" and flags["--max-concurrency"] == "8"
+    assert flags["--context-capacity"] == bench.CUDA_CONTEXT_CAPACITY
+    # given flags win (they come last), and a CPU server keeps its default pool
+    args.server_args = "--context-capacity 8GiB"
+    assert bench.server_args(args)[-2:] == ["--context-capacity", "8GiB"]
+    cpu = argparse.Namespace(backend="cpu", context_capacity=None, server_args=None)
+    assert "--context-capacity" not in bench.server_args(cpu)
