@@ -2,14 +2,15 @@
 
     python benchmarks/gpu_bench.py [--json OUT.json] [--formats q4_g64_fp16,...]
         [--tune simt|small|tiles]
-        [--shapes 8192x2048,...] [--rows 1,2,4,8]
+        [--shapes 8192x2048,...] [--rows 1,2,4,8,16]
 
 For each packed layout (the 18 ``gguf_*`` block types among them): a random object of the MLP
 shapes of a 27B-class model ([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1
-and M = 8 activation rows,
-through ``kernels.product`` (and the SIMT GEMV beside it where the tensor-core kernel reads
-the layout; for the tile-packed formats q4/q5/q8 the tile kernel on packed copies, as the
-loader leaves them, and q8's variant on fp16 operands).
+and M = 8 activation rows (``--rows``: any of 1..64, a speculative round's up to 48 among them),
+through ``kernels.product`` (and the SIMT GEMV and the tensor-core kernel beside it where the
+tensor-core kernel reads the layout; for the tile-packed formats the tile kernel on packed
+copies, as the loader leaves them). Each kernel takes M rows as the engine gives them to it
+(``product_kinds``): beyond 8 rows the SIMT GEMV and the tile kernel run 8 rows a launch.
 Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
 bytes at the bandwidth of a measured device-to-device copy (read + write bytes per second);
 "% of floor" is floor time / kernel time. Several copies of each object rotate so that no
@@ -28,6 +29,7 @@ from typing import Any
 
 import cupy as cp
 import numpy as np
+from product_kinds import check_rows, kinds, launcher, planes_for
 
 from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, set_scales
 from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
@@ -275,20 +277,19 @@ def bench(
             continue
         for shape in shapes:
             copies, p = _copies(fmt, layout, shape)
-            stored = (copies, p)
-            kinds = {"product": (kernels.product, stored)}
-            if kernels.has_tensor_cores(p):  # the tensor-core kernel vs SIMT
-                kinds["simt"] = (kernels.gemv, stored)
-                kinds["tc"] = (kernels.small_gemm, stored)
-            if p.code in tile_packing.TILED_CODES:  # as the loader packs them
-                packed = [tile_packing.pack_tiles(cp, c, p.code, *shape) for c in copies]
-                tiled = (packed, tile_packing.tiled_planes(p.code, *shape))
-                kinds["tiles"] = (tile_products.product, tiled)
-            for (kind, (fn, (objs, q))), m in itertools.product(kinds.items(), activation_rows):
+            packed = None
+            for kind, m in itertools.product(kinds(p), activation_rows):
+                q = planes_for(kind, p)
+                objs = copies
+                if q.tiled:  # as the loader packs them
+                    packed = packed or [
+                        tile_packing.pack_tiles(cp, c, p.code, *shape) for c in copies
+                    ]
+                    objs = packed
                 x = cp.random.standard_normal((m, q.x_width), dtype=cp.float32)
                 y = cp.empty((m, shape[0]), dtype=cp.float32)
-                n = shape[0]
-                ms = median_ms(_rotating_call(objs, lambda d: fn(d, q, 0, n, x, y, n)))  # noqa: B023
+                launch = launcher(kind, q)
+                ms = median_ms(_rotating_call(objs, lambda d: launch(d, x, y)))  # noqa: B023
                 nbytes = objs[0].nbytes + x.nbytes + y.nbytes
                 floor_ms = nbytes / copy_bps * 1e3
                 rows.append(
@@ -329,7 +330,14 @@ def main() -> None:
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    activation_rows = tuple(int(m) for m in args.rows.split(","))
+    try:
+        activation_rows = tuple(int(m) for m in args.rows.split(","))
+    except ValueError:
+        parser.error(f"--rows {args.rows!r}: expected row counts such as 1,8,16")
+    try:  # refused before the kernels compile and the device is touched
+        check_rows(activation_rows)
+    except ValueError as exc:
+        parser.error(str(exc))
     start = time.perf_counter()
     kernels.compile_all()
     compile_s = time.perf_counter() - start

@@ -1,0 +1,70 @@
+"""The small-M kernels ``gpu_bench.py`` times on one packed object, each launched the way the
+engine launches it for that many activation rows (no CuPy here: the choice is testable on a
+CPU).
+
+* ``product``: ``kernels.product``, the engine's own choice for the stored layout (the
+  tensor-core kernel where ``uses_tensor_cores`` says it is faster, and always beyond
+  ``MAX_GEMV_ROWS`` rows where it reads the layout; else the SIMT GEMV);
+* ``simt``: the SIMT GEMV alone, ``MAX_GEMV_ROWS`` rows a launch, as ``product`` runs more
+  rows on a layout without a tensor-core kernel;
+* ``tc``: the tensor-core kernel alone (up to ``MAX_SMALL_ROWS`` rows in one launch);
+* ``tiles``: the tile kernel on the tile-packed copy the loader makes of large q4/q5/q8 and
+  GGUF objects, through ``kernels.product`` (``tile_products.MAX_ROWS`` rows a launch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ninfer_runtime.backends.cuda import formats as F
+from ninfer_runtime.backends.cuda import kernels
+from ninfer_runtime.backends.cuda import tiles as tile_packing
+
+#: activation rows every kind takes (more go to the prefill GEMM, not a small-M kernel)
+MOST_ROWS = kernels.MAX_SMALL_ROWS
+
+
+def check_rows(rows: tuple[int, ...]) -> None:
+    """Refuse, in one line, activation row counts no small-M kernel takes."""
+    bad = [m for m in rows if not 1 <= m <= MOST_ROWS]
+    if bad:
+        raise ValueError(
+            f"--rows {','.join(map(str, bad))}: the small-M kernels take 1..{MOST_ROWS} "
+            "activation rows (more run as a prefill GEMM)"
+        )
+
+
+def kinds(p: F.Planes) -> list[str]:
+    """The kinds timed for an object of stored planes ``p`` (``product`` always)."""
+    names = ["product"]
+    if kernels.has_tensor_cores(p):  # the tensor-core kernel against the SIMT GEMV
+        names += ["simt", "tc"]
+    if p.code in tile_packing.TILED_CODES:
+        names.append("tiles")
+    return names
+
+
+def planes_for(kind: str, p: F.Planes) -> F.Planes:
+    """The planes ``kind`` reads: the tile-packed ones for ``tiles``, else the stored ones."""
+    return tile_packing.tiled_planes(p.code, p.rows, p.columns) if kind == "tiles" else p
+
+
+def launcher(kind: str, q: F.Planes) -> Callable[[Any, Any, Any], None]:
+    """``launch(data, x, y)``: ``y = x Wᵀ`` over every row of an object of planes ``q``
+    (``planes_for(kind, ...)``) with ``kind``'s kernel, for any 1..``MOST_ROWS`` rows of x."""
+    n = q.rows
+
+    def product(data: Any, x: Any, y: Any) -> None:
+        kernels.product(data, q, 0, n, x, y, n)
+
+    def simt(data: Any, x: Any, y: Any) -> None:
+        step = kernels.MAX_GEMV_ROWS
+        for a in range(0, x.shape[0], step):
+            kernels.gemv(data, q, 0, n, x[a : a + step], y[a : a + step], n)
+
+    def tensor_cores(data: Any, x: Any, y: Any) -> None:
+        kernels.small_gemm(data, q, 0, n, x, y, n)
+
+    launchers = {"product": product, "simt": simt, "tc": tensor_cores, "tiles": product}
+    return launchers[kind]
