@@ -134,3 +134,13 @@ def test_gpu_server_gets_its_lanes_the_cuda_backend_and_a_bounded_context_pool()
     assert bench.server_args(args)[-2:] == ["--context-capacity", "8GiB"]
     cpu = argparse.Namespace(backend="cpu", context_capacity=None, server_args=None)
     assert "--context-capacity" not in bench.server_args(cpu)
+
+
+def test_cuda_paths_without_an_engine_never_import_cupy():
+    """Without an engine baseline the benchmark process needs no CuPy: the GPU's name comes
+    from nvidia-smi, and releasing memory touches CuPy only where an engine imported it."""
+    bench = load_bench()
+    assert "cupy" not in sys.modules
+    assert bench.release_device_memory("cuda") == ""
+    assert bench.device_name("cuda")  # a name, or "unknown GPU" on a machine without one
+    assert "cupy" not in sys.modules
