@@ -10,8 +10,9 @@ row scales. Fields are detected per tensor from the names next to the unquantize
 The adapter's row selection (query/gate interleave, ``in_proj_qkv`` split, fused experts) is
 applied to code rows and scale rows together, so nothing is decoded on the way.
 
-``gguf_import`` (notes 4) copies ggml blocks row by row from a GGUF file into ``gguf_*``
-objects (layout ``gguf_blocks_v1``); the row maps come from the GGUF adapter.
+``gguf_import`` (notes 4) copies ggml blocks from a GGUF file into ``gguf_*`` objects (layout
+``gguf_blocks_v1``), the rows the GGUF adapter selects, streamed at disk speed
+(``block_copy``).
 
 Everything that can be checked without reading codes (field names, dtypes, shapes, divisor and
 activation-divisor words, packing compatibility, auxiliaries) is checked when the importer is
@@ -21,7 +22,7 @@ Every error names the source tensor at fault.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,9 +33,11 @@ from ninfer_format.codecs.fp8_row import pack_fp8_row
 from ninfer_format.codecs.gguf_blocks import GGML_TYPE_TO_FORMAT
 from ninfer_format.codecs.nvfp4 import TILE_ROWS, pack_nvfp4
 from ninfer_format.numeric import E2M1_VALUES, E4M3FN_VALUES, bf16_to_f32, f32_to_bf16
+from ninfer_format.progress import Advance
 
 from .adapters import LogicalTensor, SourcePiece
 from .adapters.qwen3_5_gguf import GgufTensor, untile_columns
+from .block_copy import BlockCopier
 from .errors import RecipeError
 from .plan import AuxiliaryValues, Parent
 from .recipe import GGUF_NATIVE, Choice, Recipe
@@ -281,6 +284,8 @@ class Importer:
     """An import method: what the pipeline asks of it around planning and writing."""
 
     method = ""
+    #: True: ``copy`` streams a parent's bytes into the writer; False: ``encode`` returns them
+    streams = False
 
     def resolve(self, tensor: LogicalTensor, choice: Choice) -> Choice:
         """The final choice for one parameter (e.g. a GGUF tensor's own block format)."""
@@ -299,6 +304,14 @@ class Importer:
 
     def encode(self, parent: Parent) -> tuple[bytes, np.ndarray]:
         """The parent's object bytes and the decoded source values it should reproduce."""
+        raise NotImplementedError
+
+    def copy(
+        self, parent: Parent, write: Callable[[memoryview], None], advance: Advance
+    ) -> list[bool]:
+        """Stream the parent's object bytes through ``write`` (``advance`` gets each chunk's
+        size); returns, per stacked member, whether a stored value is NaN or Inf (the decoded
+        object reproduces the source words exactly, so that is its only error)."""
         raise NotImplementedError
 
     def auxiliaries(self, parent: Parent, use: dict[str, Any]) -> AuxiliaryValues:
@@ -595,9 +608,11 @@ class GgufImport(Importer):
     """``gguf_import``: ggml blocks copied verbatim, rows selected by the GGUF adapter."""
 
     method = "gguf_import"
+    streams = True
 
     def __init__(self, sources: Mapping[str, Any]) -> None:
         self.sources = sources
+        self._copier = BlockCopier()
 
     def _source(self, choice: Choice) -> GgufSource:
         source = self.sources[choice.source]
@@ -634,16 +649,11 @@ class GgufImport(Importer):
             )
         return replace(choice, format=fmt)
 
-    def encode(self, parent: Parent) -> tuple[bytes, np.ndarray]:
-        source = self._source(parent.choice)
-        rows, reference = [], []
-        for member in parent.stacked:
-            for name, selected in _piece_rows(member):
-                blocks = source.raw_blocks(name)
-                values = source.load(name).reshape(blocks.shape[0], -1).numpy()
-                rows += [blocks[a:b] for a, b in selected]
-                reference += [values[a:b] for a, b in selected]
-        return np.concatenate(rows).tobytes(), np.concatenate(reference)
+    def copy(
+        self, parent: Parent, write: Callable[[memoryview], None], advance: Advance
+    ) -> list[bool]:
+        """The selected rows' blocks, verbatim; flags members with a NaN or Inf block scale."""
+        return self._copier.copy(self._source(parent.choice), parent, write, advance)
 
     def auxiliaries(self, parent: Parent, use: dict[str, Any]) -> AuxiliaryValues:
         """``input_columns`` for a weight whose input columns stay in llama.cpp's tiled order."""
@@ -652,18 +662,6 @@ class GgufImport(Importer):
             return {}
         columns = np.asarray(untile_columns(*member.tiled_columns), dtype="<i4")
         return {"input_columns": ("int32", (columns.size,), columns.tobytes())}
-
-
-def _piece_rows(tensor: LogicalTensor) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Pieces grouped by source tensor, in order, as (start, stop) row ranges."""
-    out: list[tuple[str, list[tuple[int, int]]]] = []
-    for piece in tensor.pieces:
-        if piece.rows is None:
-            raise RecipeError(f"{tensor.name}: GGUF pieces must name their rows")
-        if not out or out[-1][0] != piece.tensor:
-            out.append((piece.tensor, []))
-        out[-1][1].append(piece.rows)
-    return out
 
 
 def importers(sources: Mapping[str, Any], recipe: Recipe) -> dict[str, Importer]:

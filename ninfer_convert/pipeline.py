@@ -38,7 +38,7 @@ from ninfer_format.binders.qwen3_5 import expected_parameters
 from ninfer_format.codecs import codec_for
 from ninfer_format.errors import DirectoryError
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
-from ninfer_format.progress import ProgressBar, silent
+from ninfer_format.progress import Advance, ProgressBar, silent
 
 from .adapters import LogicalTensor, adapter_for
 from .adapters.qwen3_5_gguf import has_mtp as gguf_has_mtp
@@ -512,7 +512,7 @@ def convert(
         "sources": {role: s.provenance() for role, s in sources.items()},
     }
     report = ConversionReport(recipe.name, str(output), device=device)
-    total = sum(math.prod(p.shape) for p in parents)
+    total = sum(_object_bytes(p) for p in parents)
     try:
         with (
             ArtifactWriter(
@@ -526,21 +526,12 @@ def convert(
                 shard_limit=shard_limit,
                 overwrite=force,
             ) as writer,
-            progress(total, "converting", "w") as advance,
+            progress(total, "converting", "B") as advance,
         ):
             for object_id, data in resources.items():
                 writer.write(object_id, data)
             for parent in parents:
-                try:
-                    encoded, reference = encoder_for(parent, prepared, device)(parent)
-                except ConvertError as exc:
-                    names = ", ".join(m.name for m in parent.members)
-                    raise RecipeError(f"{names}: {exc}") from None
-                writer.write(parent.id, encoded)
-                report.parameters += _errors(parent, encoded, reference)
-                report.objects.append(_object_record(parent, len(encoded)))
-                advance(math.prod(parent.shape), ", ".join(m.name for m in parent.members))
-                del reference, encoded
+                _write_parent(parent, prepared, device, writer, report, advance)
             for aux in auxiliaries:
                 writer.write(aux.id, aux.data)
                 report.objects.append(_auxiliary_record(aux))
@@ -556,6 +547,60 @@ def convert(
     except ArtifactError as exc:
         raise ConvertError(f"{output}: {exc}") from None
     return report
+
+
+def _write_parent(
+    parent: Parent,
+    prepared: Prepared,
+    device: str,
+    writer: ArtifactWriter,
+    report: ConversionReport,
+    advance: Advance,
+) -> None:
+    """One parent object into the writer, streamed (kept words) or encoded whole, and its
+    lines of the report; the bar advances by the object's bytes."""
+    importer = prepared.importers.get(parent.choice.method)
+    if importer is not None and importer.streams:
+        non_finite = importer.copy(parent, lambda chunk: writer.write(parent.id, chunk), advance)
+        report.parameters += _kept_reports(parent, non_finite)
+        report.objects.append(_object_record(parent, _object_bytes(parent)))
+        return
+    names = ", ".join(m.name for m in parent.members)
+    try:
+        encoded, reference = encoder_for(parent, prepared, device)(parent)
+    except ConvertError as exc:
+        raise RecipeError(f"{names}: {exc}") from None
+    writer.write(parent.id, encoded)
+    report.parameters += _errors(parent, encoded, reference)
+    report.objects.append(_object_record(parent, len(encoded)))
+    advance(len(encoded), names)
+
+
+def _object_bytes(parent: Parent) -> int:
+    codec = codec_for(parent.choice.format, parent.layout)
+    return codec.encoded_size(parent.shape, parent.divisors or 1)
+
+
+def _kept_reports(parent: Parent, non_finite: list[bool]) -> list[ParameterReport]:
+    """Report lines of a parent whose stored words were kept: the decoded object is the decoded
+    source, error 0, except a member with a NaN or Inf word, whose error a decode makes NaN."""
+    flagged = {m.identity: bad for m, bad in zip(parent.stacked, non_finite, strict=True)}
+    out = []
+    for member in parent.members:
+        error = math.nan if flagged[member.identity] else 0.0
+        out.append(
+            ParameterReport(
+                member.name,
+                parent.id,
+                parent.choice.format,
+                parent.choice.method,
+                member.elements,
+                error,
+                error,
+                error,
+            )
+        )
+    return out
 
 
 def _resource_id(component: str, role: str) -> str:

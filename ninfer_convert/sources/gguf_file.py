@@ -18,6 +18,11 @@ A split GGUF (``NAME-00001-of-0000n.gguf`` ...: ``split.no`` / ``split.count`` /
 others are found beside it by name, each checked to be the part it says, and their tensors
 read as one table.
 
+A recipe that keeps blocks copies them without the memory map: ``block_range`` says where a
+run of rows lies, ``read_into`` fills a caller's buffer from the file with one positioned read
+(``os.preadv``), so a multi-gigabyte copy is a few hundred large sequential reads rather than
+page faults. A file that shrank after it was opened is caught there, in one line.
+
 Provenance records the file size and the xxh3-64 of everything before the tensor data (header,
 key/values and tensor table), for the same reason as for safetensors: hashing the data would
 read a multi-gigabyte file twice.
@@ -25,7 +30,10 @@ read a multi-gigabyte file twice.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -95,6 +103,13 @@ class _Tensor:
         assert self.block is not None
         values, size = self.block
         return self.ne[0] // values * size if self.ne else size
+
+
+def _close_all(descriptors: dict[int, int]) -> None:
+    for fd in descriptors.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    descriptors.clear()
 
 
 def ggml_type_name(ggml_type: int) -> str:
@@ -185,6 +200,9 @@ class GgufSource(TensorSource):
                 f"{len(self._tensors)}"
             )
         self._keys = sorted(self._tensors)
+        #: part index -> file descriptor, opened on the first ``read_into`` of that part
+        self._descriptors: dict[int, int] = {}
+        weakref.finalize(self, _close_all, self._descriptors)
 
     def _read_tensor_table(self, index: int, path: Path, reader: _HeaderReader) -> None:
         tensors = self._tensors
@@ -295,6 +313,52 @@ class GgufSource(TensorSource):
         size = tensor.rows * tensor.row_bytes
         data = self._parts[tensor.part][1].data[tensor.offset : tensor.offset + size]
         return data.reshape(tensor.rows, tensor.row_bytes)
+
+    def block_range(self, name: str, start: int, stop: int) -> tuple[int, int, int]:
+        """Where rows ``[start, stop)`` of ``raw_blocks(name)`` lie: (part, byte offset, bytes)."""
+        tensor = self._entry(name)
+        if tensor.block is None:
+            raise SourceError(
+                f"{self.id}: tensor {name!r} has ggml type {tensor.ggml_type}, whose block size "
+                "is unknown to gguf-py and to ninfer_format"
+            )
+        if not 0 <= start <= stop <= tensor.rows:
+            raise SourceError(
+                f"{self.id}: rows [{start}, {stop}) of tensor {name!r}, which has {tensor.rows}"
+            )
+        row_bytes = tensor.row_bytes
+        return tensor.part, tensor.offset + start * row_bytes, (stop - start) * row_bytes
+
+    def read_into(self, part: int, offset: int, view: memoryview) -> None:
+        """Fill ``view`` with the bytes of part ``part`` (0: the file itself) from ``offset``.
+
+        Positioned reads straight into ``view``: no memory map, no intermediate copy. A file
+        that ends early (cut or replaced since it was opened) is a one-line ``SourceError``.
+        """
+        fd = self._descriptors.get(part)
+        path = self._parts[part][0]
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise SourceError(f"{path}: cannot open: {exc.strerror}") from None
+            self._descriptors[part] = fd
+            if hasattr(os, "posix_fadvise"):  # a larger read-ahead window
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        done, wanted = 0, view.nbytes
+        while done < wanted:
+            try:
+                got = os.preadv(fd, [view[done:]], offset + done)
+            except OSError as exc:
+                raise SourceError(
+                    f"{path}: cannot read at byte {offset + done}: {exc.strerror}"
+                ) from None
+            if got == 0:
+                raise SourceError(
+                    f"{path}: ends at byte {offset + done}, but tensor data runs to byte "
+                    f"{offset + wanted} (the file was cut or replaced after it was opened)"
+                )
+            done += got
 
     def load(self, name: str) -> torch.Tensor:
         """Values as float32 (integer types keep their integer dtype, F64 stays float64).
