@@ -8,6 +8,7 @@ finish for up to ``drain_timeout_s``, cancels the rest and exits with status 0.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -87,6 +88,22 @@ def _say(text: str) -> None:
     "--pending-timeout-ms", type=int, help="Longest wait for a lane before 503.  [default: 30000]"
 )
 @click.option(
+    "--max-connections",
+    type=int,
+    help="Open connections served at once; more are answered 503.  "
+    "[default: 4096, or fewer if ulimit -n leaves less]",
+)
+@click.option(
+    "--keep-alive-timeout",
+    type=float,
+    help="Seconds an idle connection stays open between requests.  [default: 5]",
+)
+@click.option(
+    "--header-timeout",
+    type=float,
+    help="Seconds a request head may take to arrive in full.  [default: 10]",
+)
+@click.option(
     "--max-request-mib",
     type=float,
     help="Largest request body.  [default: 32 bytes per context token, at least 1]",
@@ -162,6 +179,9 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "allow_insecure": flags["allow_insecure"],
             "served_model_name": flags["served_model_name"],
             "max_request_mib": flags["max_request_mib"],
+            "max_connections": flags["max_connections"],
+            "keep_alive_timeout_s": flags["keep_alive_timeout"],
+            "header_timeout_s": flags["header_timeout"],
             "default_max_tokens": flags["default_max_tokens"],
             "enable_thinking": False if flags["no_thinking"] else None,
             "log_level": flags["log_level"],
@@ -261,6 +281,25 @@ def _url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
+def _connection_limit(settings: Settings) -> int:
+    """``max_connections``, or its default sized for the descriptor limit (raised first as
+    far as the hard limit allows); an explicit value the limit cannot hold is warned about."""
+    from .connections import DEFAULT_MAX_CONNECTIONS, RESERVED_DESCRIPTORS, descriptor_limit
+
+    given = settings.server.max_connections
+    descriptors = descriptor_limit((given or DEFAULT_MAX_CONNECTIONS) + RESERVED_DESCRIPTORS)
+    room = max(descriptors - RESERVED_DESCRIPTORS, descriptors // 2)
+    if given is None:
+        return min(DEFAULT_MAX_CONNECTIONS, room)
+    if given > room:
+        _say(
+            f"warning: max_connections {given} is more than the descriptor limit leaves "
+            f"(ulimit -n {descriptors}, {descriptors - room} kept for the process); beyond "
+            f"{room} connections new ones wait until some close"
+        )
+    return given
+
+
 def serve(model: Path, settings: Settings) -> int:
     """Run the server until Ctrl-C / SIGTERM; the process exit status."""
     import uvicorn
@@ -270,6 +309,7 @@ def serve(model: Path, settings: Settings) -> int:
     from ninfer_runtime.errors import EngineError
 
     from .app import create_app
+    from .connections import ConnectionGuard, protocol_for
 
     logging.basicConfig(
         level=settings.server.log_level.upper(), format="ninfer-serve: %(levelname)s %(message)s"
@@ -349,8 +389,16 @@ def serve(model: Path, settings: Settings) -> int:
         _say(f"serving {model_id!r} at {url}/v1 (ready in {seconds:.1f} s; Ctrl-C to stop)")
 
     app = create_app(settings, model_id=model_id, load=load, on_loaded=on_loaded)
+    assert app.state is not None
+    guard = ConnectionGuard(
+        max_connections=_connection_limit(settings),
+        header_timeout_s=settings.server.header_timeout_s,
+        metrics=app.state.metrics,
+    )
     config = uvicorn.Config(
         app,
+        http=protocol_for(guard),
+        timeout_keep_alive=settings.server.keep_alive_timeout_s,  # type: ignore[arg-type]
         log_level=settings.server.log_level,
         access_log=settings.server.log_level == "debug",
         # after the drain only answers already decided are still being written
@@ -358,7 +406,6 @@ def serve(model: Path, settings: Settings) -> int:
         lifespan="on",
         server_header=False,
     )
-    assert app.state is not None
     engine_loop = app.state.loop
 
     class DrainingServer(uvicorn.Server):
@@ -368,6 +415,10 @@ def serve(model: Path, settings: Settings) -> int:
         application's shutdown; draining first answers every request (queued ones 503, running
         ones when they finish or are cancelled at the drain timeout) before anything is cut off.
         """
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            guard.install(asyncio.get_running_loop())
+            await super().startup(sockets)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             for listener in self.servers:

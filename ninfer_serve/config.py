@@ -75,6 +75,14 @@ class ServerSettings(_Table):
     #: An SSE comment is sent after this many seconds without an event (proxies drop idle
     #: connections, and a queued or long-prefilling request is otherwise silent).
     keepalive_s: float = Field(5, gt=0)
+    #: Seconds an idle connection is kept open between requests (HTTP keep-alive).
+    keep_alive_timeout_s: float = Field(5, gt=0)
+    #: Seconds a request head may take to arrive in full, from the connection's opening or
+    #: its first byte after a response; a slower one is answered 408 and closed (slowloris).
+    header_timeout_s: float = Field(10, gt=0)
+    #: Connections served at once; more are answered 503 and closed. None: 4096, or fewer
+    #: when the descriptor limit (``ulimit -n``, raised to its hard limit) leaves less.
+    max_connections: int | None = Field(None, ge=1)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @model_validator(mode="before")

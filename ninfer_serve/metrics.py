@@ -277,6 +277,23 @@ class Metrics:
             registry=r,
         )
 
+        # HTTP connections (connections.py): open ones, those refused over the limit, and
+        # those closed by a timeout (idle between requests, or a request head too slow)
+        self.connections = Gauge("ninfer_connections_open", "Open HTTP connections", registry=r)
+        self.connections_refused = Counter(
+            "ninfer_connections_refused",
+            "Connections answered 503 beyond max_connections",
+            registry=r,
+        )
+        self.connections_timed_out = Counter(
+            "ninfer_connections_timed_out",
+            "Connections closed by a timeout (idle: keep-alive; header: a request head)",
+            ["phase"],
+            registry=r,
+        )
+        for phase in ("idle", "header"):
+            self.connections_timed_out.labels(phase)
+
         self.pool_bytes = Gauge(
             "ninfer_context_pool_bytes",
             "Context pool bytes by use (kv_running, kv_cached, kv_free, states, snapshots)",
@@ -428,6 +445,15 @@ class Metrics:
         self.v_e2e.observe(seconds)
         self.v_gen_len.observe(completion)
         self.v_success.labels(self._labels["model_name"], reason).inc()
+
+    def set_connections(self, open_now: int) -> None:
+        self.connections.set(open_now)
+
+    def connection_refused(self) -> None:
+        self.connections_refused.inc()
+
+    def connection_timed_out(self, phase: str) -> None:
+        self.connections_timed_out.labels(phase).inc()
 
     def constrained(self, kind: str) -> None:
         self.constraints.labels(kind).inc()

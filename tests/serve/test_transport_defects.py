@@ -292,7 +292,10 @@ def test_default_context_is_clamped_and_insecure_warns(artifact):
 def test_shutdown_answers_running_and_queued_requests_in_json(artifact, tmp_path: Path):
     config = tmp_path / "ninfer.toml"
     config.write_text("[server]\ndrain_timeout_s = 0.5\n")
-    server = Server(artifact, "--config", str(config), "--max-context", str(CONTEXT))
+    # one lane, so the second request is queued behind the first
+    server = Server(
+        artifact, "--config", str(config), "--max-context", str(CONTEXT), "--max-concurrency", "1"
+    )
     body = {"messages": HELLO, "max_tokens": 1000, "ignore_eos": True}
     url = f"{server.url}/v1/chat/completions"
     with ThreadPoolExecutor(2) as pool:
