@@ -25,6 +25,7 @@ import numpy as np
 
 from ninfer_format import Artifact, ArtifactError
 
+from .arrays import array_module
 from .backends.base import to_numpy
 from .errors import EngineError, RequestError
 from .frontend import (
@@ -39,6 +40,7 @@ from .frontend import (
     Tokenizer,
 )
 from .frontend.tokenizer import THINK_OPEN
+from .logprobs import TokenLogprobs, TopLogprobs, token_logprobs
 from .models import ForwardOutput, load_model
 from .prefix_cache import PrefixCache
 from .runner import ModelRunner
@@ -63,6 +65,9 @@ CACHE_SNAPSHOTS_PER_LANE = 4
 #: the checkpoint the next turn resumes from is a few generation-prompt tokens, and a
 #: prefill of them would cost a whole prefill's launches
 SHORT_CHUNK_TOKENS = 8
+#: a prompt scored token by token (``prompt_logprobs``) is read in chunks of at most this
+#: many tokens: each chunk's logits over the whole vocabulary are computed at once
+PROMPT_LOGPROB_CHUNK = 256
 
 
 @dataclass
@@ -100,8 +105,26 @@ class Usage:
 
 @dataclass(frozen=True)
 class TokenEvent:
+    """A generated token. With ``SamplingParams.logprobs = k``: its log-probability and the
+    k most likely tokens at its position (``logprobs`` module docs: what they are computed
+    from); both None when the request asked for none."""
+
     request_id: str
     token_id: int
+    logprob: float | None = None
+    top_logprobs: TopLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """With ``SamplingParams.prompt_logprobs = k``, once the prompt is read (before the first
+    token): per prompt token its log-probability given the tokens before it and the k most
+    likely tokens there; None for the first token, which nothing predicts."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float | None, ...]
+    top_logprobs: tuple[TopLogprobs | None, ...]
 
 
 @dataclass(frozen=True)
@@ -131,7 +154,7 @@ class Failed:
     error: Exception
 
 
-Event = TokenEvent | OutputEvent | Finished | Failed
+Event = TokenEvent | PromptLogprobs | OutputEvent | Finished | Failed
 
 
 @dataclass
@@ -172,6 +195,8 @@ class _Active:
     last_hidden: Any = None
     #: while preempted to host memory: its memory there (resumed as it was, nothing replayed)
     saved: HostCopy | None = None
+    #: with ``prompt_logprobs``: each prompt position's score as its chunk is read
+    prompt_scores: list[TokenLogprobs | None] | None = None
 
 
 class Engine:
@@ -302,6 +327,12 @@ class Engine:
         }
 
     @property
+    def pool_tokens(self) -> int:
+        """The most tokens one sequence can ever hold in the context pool (prompt and output
+        together), below ``max_context`` when the pool is the smaller."""
+        return self.pool.capacity_tokens - self._margin
+
+    @property
     def has_work(self) -> bool:
         return bool(self._active or self._waiting)
 
@@ -355,7 +386,7 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt_ids"
             )
         params = request.sampling
-        holds = self.pool.capacity_tokens - self._margin
+        holds = self.pool_tokens
         room = min(self.max_context, holds) - len(ids)
         if room < 1:
             raise RequestError(
@@ -388,6 +419,8 @@ class Engine:
         )
         if params.seed is not None:
             active.seed = params.seed
+        if params.prompt_logprobs is not None:
+            active.prompt_scores = [None] * len(ids)
         if self.cache is not None:
             active.history_end = self._history_end(request, ids)
         if request.request_id in self._active or any(
@@ -477,7 +510,9 @@ class Engine:
         consumed = self._consumed(a)
         need = len(consumed) + 1
         prefix = None
-        if self.cache is not None:
+        # a prompt still to be scored is read from its first token: resuming from a
+        # checkpoint would skip the positions it scores
+        if self.cache is not None and a.prompt_scores is None:
             prefix = self.cache.lookup(consumed, whole=bool(a.generated))
         shared = prefix.length // self.pool.page_tokens if prefix else 0
         # a preempted request comes back when it can also take its next page, so it is not
@@ -588,12 +623,17 @@ class Engine:
     def _prefill_chunk(self, a: _Active, events: list[Event]) -> None:
         start, prompt = a.prefilled, a.prompt_ids
         end = min(start + self.prefill_chunk, len(prompt))
+        scoring = a.prompt_scores is not None
+        if scoring:  # every row's logits are computed: keep them bounded
+            end = min(end, start + PROMPT_LOGPROB_CHUNK)
         if self.cache is not None:  # chunks end where checkpoints go
             end = min(end, (start // self.checkpoint_interval + 1) * self.checkpoint_interval)
             if a.history_end is not None and start < a.history_end:
                 end = min(end, a.history_end)
         chunk = prompt[start:end]
-        out = self.runner.forward([chunk], [a.state], last_only=True)
+        out = self.runner.forward([chunk], [a.state], last_only=not scoring)
+        if scoring:
+            self._score_prompt(a, start, end, out.logits[0])
         if self.spec is not None:  # the drafter reads the prompt too
             self.runner.mtp_prefill(out.hidden[0], prompt[start + 1 : end + 1], a.state)
         a.prefilled = end
@@ -603,7 +643,33 @@ class Engine:
                 self._checkpoint(a, prompt, last)
             return
         self._checkpoint(a, prompt, last, out.logits[0][-1])
+        if scoring:
+            events.append(self._prompt_logprobs(a))
         self._prompt_done(a, out, events)
+
+    @staticmethod
+    def _score_prompt(a: _Active, start: int, end: int, rows: Any) -> None:
+        """Scores of the prompt tokens the chunk ``start:end`` predicts: its row i (logits
+        [end - start, V]) predicts token ``start + i + 1``; the chunk's last row the next
+        chunk's first token, when there is one."""
+        targets = a.prompt_ids[start + 1 : end + 1].tolist()
+        if targets and a.prompt_scores is not None:
+            k = a.request.sampling.prompt_logprobs or 0
+            scores = token_logprobs(rows[: len(targets)], targets, [k] * len(targets))
+            a.prompt_scores[start + 1 : start + 1 + len(targets)] = scores
+
+    @staticmethod
+    def _prompt_logprobs(a: _Active) -> PromptLogprobs:
+        """The prompt's scores as one event; the prompt is scored once (read again after a
+        preemption, it is not scored again)."""
+        scores = a.prompt_scores or []
+        a.prompt_scores = None
+        return PromptLogprobs(
+            a.request.request_id,
+            tuple(int(t) for t in a.prompt_ids),
+            tuple(None if s is None else s.logprob for s in scores),
+            tuple(None if s is None else s.top for s in scores),
+        )
 
     def _prompt_done(self, a: _Active, out: ForwardOutput | None, events: list[Event]) -> None:
         """The prompt is in: the first token from its last logits (``out``), or for a
@@ -613,8 +679,8 @@ class Engine:
             return
         assert out is not None
         a.first_token = time.perf_counter()
-        for lane, token in self._sample([a], out, events):
-            self._emit(lane, token, events)
+        for lane, token, score in self._sample([a], out, events):
+            self._emit(lane, token, events, score)
 
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
@@ -632,8 +698,8 @@ class Engine:
             out = ForwardOutput(
                 [out.logits[i] for i in generating], [out.hidden[i] for i in generating]
             )
-        for a, token in self._sample([lanes[i] for i in generating], out, events):
-            self._emit(a, token, events)
+        for a, token, score in self._sample([lanes[i] for i in generating], out, events):
+            self._emit(a, token, events, score)
 
     def _speculate(self, lanes: list[_Active], events: list[Event]) -> None:
         """One speculative round for every generating lane. A lane whose next tokens the
@@ -659,12 +725,13 @@ class Engine:
             rows = slice(i * (k + 1), (i + 1) * (k + 1))
             if not self._may_speculate(a, k):
                 first = ForwardOutput([proposal.logits[rows.start : rows.start + 1]], [None])
-                tokens = [t for _, t in self._sample([a], first, events)]
+                sampled = self._sample([a], first, events)
+                tokens, scores = [t for _, t, _ in sampled], [s for _, _, s in sampled]
                 drafts: list[int] = []
                 self.spec_stats.fallbacks += 1  # type: ignore[union-attr]
             else:
                 try:
-                    tokens = self._accept(
+                    tokens, scores = self._accept(
                         a, proposal.drafts[i], proposal.targets[i], proposal.logits[rows]
                     )
                 except Exception as exc:  # this request's parameters, not the engine's
@@ -674,8 +741,8 @@ class Engine:
                 a.drafted += k
                 a.accepted += len(drafts)
                 self.spec_stats.record(len(drafts))  # type: ignore[union-attr]
-            for token in tokens:
-                self._emit(a, token, events)
+            for token, score in zip(tokens, scores, strict=True):
+                self._emit(a, token, events, score)
                 if a.pending is None:  # the request ended inside the round
                     break
             kept[a.request.request_id] = drafts
@@ -695,24 +762,38 @@ class Engine:
         return len(a.generated) + k < forced_from
 
     @staticmethod
-    def _accept(a: _Active, drafts: Any, targets: Any, rows: Any) -> list[int]:
-        """The tokens lane ``a`` keeps from its round; they count for its penalties."""
+    def _accept(
+        a: _Active, drafts: Any, targets: Any, rows: Any
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """The tokens lane ``a`` keeps from its round (they count for its penalties), and
+        with ``logprobs`` their scores: the main model's rows at their positions, penalised
+        as plain decoding has them (the kept tokens before each count as generated)."""
         params = a.request.sampling
         plain_greedy = params.greedy and not (
             params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
         )
         if plain_greedy:
             tokens = accept_greedy(drafts, targets)
+            scored = rows[: len(tokens)]  # no penalties: scored where the rows are
         else:
-            tokens = accept_sampled(a.sampler, drafts, to_numpy(rows).astype(np.float32))
+            scored = to_numpy(rows).astype(np.float32)
+            tokens = accept_sampled(a.sampler, drafts, scored)
+        scores: list[TokenLogprobs | None] = [None] * len(tokens)
+        if params.logprobs is not None:
+            if not plain_greedy:
+                scored = np.stack(
+                    [a.sampler.penalized(scored[j], extra=tokens[:j]) for j in range(len(tokens))]
+                )
+            scores = list(token_logprobs(scored, tokens, [params.logprobs] * len(tokens)))
         a.sampler.accept(tokens)
-        return tokens
+        return tokens, scores
 
     def _sample(
         self, lanes: list[_Active], out: ForwardOutput, events: list[Event]
-    ) -> list[tuple[_Active, int]]:
-        """Each lane's next token; a lane whose own sampling fails is ended with ``Failed``
-        (in ``events``) and left out, so one request's error never stops the others."""
+    ) -> list[tuple[_Active, int, TokenLogprobs | None]]:
+        """Each lane's next token, and its score for a lane asking for logprobs; a lane
+        whose own sampling fails is ended with ``Failed`` (in ``events``) and left out, so
+        one request's error never stops the others."""
         if not lanes:  # every lane of the step was replaying
             return []
         forced = [self._forced(a) for a in lanes]
@@ -728,24 +809,53 @@ class Engine:
             if rows is None:
                 rows = self.model.backend.xp.concatenate([row[-1:] for row in out.logits])
             drawn = [int(t) for t in to_numpy(sampler.sample(rows))]
-            return [
-                (a, t if f is None else f) for a, t, f in zip(lanes, drawn, forced, strict=True)
+            tokens = [
+                self._answer_instead_of_stop(a, t if f is None else f)
+                for a, t, f in zip(lanes, drawn, forced, strict=True)
             ]
-        tokens = []
+            # no lane here has penalties: its rows, where they are, are what it is scored on
+            return list(zip(lanes, tokens, self._score_rows(lanes, tokens, rows), strict=True))
+        picked = []
         for a, row, token in zip(lanes, out.logits, forced, strict=True):
-            if token is not None:
-                a.sampler.accept(token)  # counts for the penalties like a drawn token
-                tokens.append((a, token))
-                continue
+            top = a.request.sampling.logprobs
             try:
-                scores = to_numpy(row[-1]).astype(np.float32, copy=False)
-                process = a.request.logits_processor
-                if process is not None and a.answer_start is not None:
-                    scores = process(scores.copy(), a.generated[a.answer_start :])
-                tokens.append((a, a.sampler.sample(scores)))
+                scores = scored = None
+                if token is None or top is not None:  # a forced token needs no row
+                    scores = to_numpy(row[-1]).astype(np.float32, copy=False)
+                if top is not None:  # penalised by the tokens before this one only
+                    scored = a.sampler.penalized(scores)
+                if token is None:
+                    process = a.request.logits_processor
+                    if process is not None and a.answer_start is not None:
+                        scores = process(scores.copy(), a.generated[a.answer_start :])
+                    token = a.sampler.sample(scores)
+                else:
+                    a.sampler.accept(token)  # counts for the penalties like a drawn token
+                token = self._answer_instead_of_stop(a, token)
+                score = None if top is None else token_logprobs(scored[None], [token], [top])[0]
+                picked.append((a, token, score))
             except Exception as exc:  # this request's parameters or hook, not the engine's
                 self._fail(a, exc, events)
-        return tokens
+        return picked
+
+    @staticmethod
+    def _score_rows(lanes: list[_Active], tokens: list[int], rows: Any) -> list[Any]:
+        """Scores of ``tokens`` on ``rows`` (lane i's logits, on the device) for the lanes
+        asking for logprobs (None for the others); only those lanes' numbers are copied to
+        the host."""
+        asking = [i for i, a in enumerate(lanes) if a.request.sampling.logprobs is not None]
+        scores: list[TokenLogprobs | None] = [None] * len(lanes)
+        if asking:
+            if len(asking) < len(lanes):
+                rows = rows[array_module(rows).asarray(asking)]
+            found = token_logprobs(
+                rows,
+                [tokens[i] for i in asking],
+                [lanes[i].request.sampling.logprobs or 0 for i in asking],
+            )
+            for i, score in zip(asking, found, strict=True):
+                scores[i] = score
+        return scores
 
     def _fail(self, a: _Active, error: Exception, events: list[Event]) -> None:
         self._active.pop(a.request.request_id, None)
@@ -781,10 +891,11 @@ class Engine:
             return token if forced is None else forced
         return token
 
-    def _emit(self, a: _Active, token: int, events: list[Event]) -> None:
+    def _emit(
+        self, a: _Active, token: int, events: list[Event], score: TokenLogprobs | None = None
+    ) -> None:
         rid = a.request.request_id
         a.pending = None
-        token = self._answer_instead_of_stop(a, token)
         stop = a.stops.check_token(token)
         if stop is not None:
             self._close(a, "stop", stop, events)
@@ -793,7 +904,10 @@ class Engine:
         close = self.tokenizer.think_close_ids
         if a.answer_start is None and close and tuple(a.generated[-len(close) :]) == close:
             a.answer_start = len(a.generated)
-        events.append(TokenEvent(rid, token))
+        if score is None:
+            events.append(TokenEvent(rid, token))
+        else:
+            events.append(TokenEvent(rid, token, score.logprob, score.top))
         step = a.stops.feed(a.detokenizer.add(token))
         self._parse(a, step.text, events)
         if step.stop is not None:

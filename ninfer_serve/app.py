@@ -38,7 +38,13 @@ from .anthropic import messages as anthropic_messages
 from .anthropic.models import CountTokensRequest, MessagesRequest
 from .config import Settings
 from .engine_loop import EngineLoop
-from .errors import AnthropicErrorBody, ApiError, OpenAIErrorBody, from_exception
+from .errors import (
+    AnthropicErrorBody,
+    ApiError,
+    OpenAIErrorBody,
+    from_exception,
+    validation_failed,
+)
 from .generation import Generator
 from .http import ClientGone, ServerState
 from .metrics import EXPOSITION_CONTENT_TYPE, Metrics
@@ -222,17 +228,7 @@ def _http_error_of(exc: HTTPException) -> ApiError:
     status = exc.status_code
     if isinstance(exc, ValidationException):
         problems = exc.extra if isinstance(exc.extra, list) else []
-        parts, param = [], None
-        for problem in problems:
-            key = problem.get("key") if isinstance(problem, dict) else None
-            message = problem.get("message") if isinstance(problem, dict) else str(problem)
-            if key == "data":
-                parts.append("the request body is missing or is not a JSON object")
-                continue
-            param = param or key
-            parts.append(f"{key}: {message}" if key else str(message))
-        text = "; ".join(parts) or str(exc.detail)
-        return ApiError(400, f"invalid request: {text}", code="invalid_request", param=param)
+        return validation_failed(map(_problem, problems), len(problems))
     if status == 413:
         return ApiError(
             413,
@@ -246,6 +242,15 @@ def _http_error_of(exc: HTTPException) -> ApiError:
     if status == 400:
         return ApiError(400, f"invalid request: {exc.detail}", code="invalid_json")
     return ApiError(status, str(exc.detail), code="http_error")
+
+
+def _problem(problem: Any) -> tuple[str | None, str]:
+    """(path, text) of one of Litestar's validation messages."""
+    if not isinstance(problem, dict):
+        return None, str(problem)
+    if problem.get("key") == "data":
+        return None, "the request body is missing or is not a JSON object"
+    return problem.get("key"), str(problem.get("message"))
 
 
 def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

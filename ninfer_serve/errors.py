@@ -10,6 +10,7 @@ it for the API the path belongs to.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,9 +28,20 @@ __all__ = [
     "invalid_request",
     "openai_body",
     "shown",
+    "validation_failed",
 ]
 
 log = logging.getLogger("ninfer_serve")
+
+#: the most characters of an error message and of its ``param``: whatever a client sends (a
+#: megabyte where a name belongs, half a million wrong list items), the error body stays a
+#: few KiB, so building, encoding and sending it costs nothing noticeable
+MAX_MESSAGE_CHARS = 2048
+MAX_PARAM_CHARS = 256
+#: the validation problems a 400 lists; the rest are counted
+SHOWN_PROBLEMS = 5
+#: the most characters of one listed problem's path and of its text
+PROBLEM_CHARS = 160
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -98,11 +110,12 @@ class ApiError(Exception):
         anthropic_status: int | None = None,
         headers: dict[str, str] | None = None,
     ):
+        message = _bounded(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
-        self.param = param
+        self.param = None if param is None else _bounded(param, MAX_PARAM_CHARS)
         self.anthropic_status = anthropic_status or status
         self.headers = headers or {}
 
@@ -120,9 +133,46 @@ def invalid_request(message: str, param: str | None) -> ApiError:
     return ApiError(400, message, code="invalid_request", param=param)
 
 
-def shown(value: str, limit: int = 80) -> str:
+def validation_failed(problems: Iterable[tuple[str | None, str]], total: int) -> ApiError:
+    """The 400 for a body that fails validation: its first ``SHOWN_PROBLEMS`` ``(path, text)``
+    problems, each cut to ``PROBLEM_CHARS``, and how many more there were (``total`` counts
+    them all; ``problems`` is read no further than needed). ``param`` is the first path."""
+    parts: list[str] = []
+    param = None
+    seen = 0
+    for path, text in problems:
+        if seen == SHOWN_PROBLEMS:
+            break
+        seen += 1
+        text = _bounded(text, PROBLEM_CHARS)
+        if path:
+            path = _bounded(path, PROBLEM_CHARS)
+            param = param or path
+            text = f"{path}: {text}"
+        if text not in parts:  # a body that is not an object is one problem per field
+            parts.append(text)
+    message = "; ".join(parts) or "the request body does not match the schema"
+    if total > seen:
+        message += f" (and {total - seen} more)"
+    return ApiError(400, f"invalid request: {message}", code="invalid_request", param=param)
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text``, or its start and end around a note of how much was cut when it is longer
+    than ``limit`` characters (the end of a message often says what was wrong)."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 40, 2)
+    head, tail = text[: keep * 3 // 4], text[len(text) - keep // 4 :]
+    return f"{head}...({len(text) - len(head) - len(tail)} characters cut)...{tail}"
+
+
+def shown(value: object, limit: int = 80) -> str:
     """``value`` quoted for an error message, cut to ``limit`` characters (a client may send
     megabytes where a name belongs, and an error must not echo them back)."""
+    if not isinstance(value, str):  # any JSON value where a string belongs
+        text = repr(value)
+        return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
     if len(value) <= limit:
         return repr(value)
     return f"{value[:limit]!r}... ({len(value)} characters)"

@@ -10,10 +10,12 @@ deadline starts now), prepare the prompt and grammar in a worker thread (400 on 
 wait for a decode lane (503 at the deadline), submit to the engine thread, stream. Counting a
 prompt's tokens takes a ticket too: it is the same tokenizer work as preparing one.
 
-Before a prompt is rendered and tokenized, its text is measured against the context: no token
-is longer than the vocabulary's longest, so a prompt whose text needs more tokens than the
-context holds, even at that length each, is refused at once instead of after tokenizing it all
-(the tokenizer holds the GIL, so a huge prompt would stall every other request meanwhile).
+Before a prompt is rendered and tokenized, its text (messages and tool definitions) is measured
+against the context: no token is longer than the vocabulary's longest, so a prompt whose text
+needs more tokens than the context holds, even at that length each, is refused at once instead
+of after tokenizing it all (the tokenizer holds the GIL, so a huge prompt would stall every
+other request meanwhile). A prompt that fits the context but never the context pool is refused
+after tokenizing, before a lane is taken: a streamed request gets its 400 before any event.
 """
 
 from __future__ import annotations
@@ -65,12 +67,30 @@ def _verbatim_bytes(messages: list[dict[str, Any]]) -> int:
     return total
 
 
-def _context_exceeded(limit: int, tokens: str) -> RequestError:
+def _tool_bytes(tools: list[dict[str, Any]] | None) -> int:
+    """UTF-8 bytes of the strings (names, descriptions, schema keys and values) in tool
+    definitions: a template writes each tool as JSON, which holds them all, escaped (never
+    shorter). Walked without recursion: a parameter schema may nest a thousand levels."""
+    total = 0
+    stack: list[Any] = list(tools or [])
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            total += len(node.encode("utf-8"))
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return total
+
+
+def _context_exceeded(limit: int, tokens: str, param: str) -> RequestError:
     return RequestError(
         f"This model's maximum context length is {limit} tokens. However, your prompt has "
         f"{tokens} tokens (prompt plus at least one generated token must fit). Please shorten "
-        "the messages.",
-        param="messages",
+        f"the {param}.",
+        param=param,
         code="context_length_exceeded",
     )
 
@@ -90,6 +110,8 @@ class Job:
     enable_thinking: bool | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
     continue_final_message: bool = False
+    #: the request field the conversation comes from (an over-long prompt's error names it)
+    prompt_param: str = "messages"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -308,11 +330,12 @@ class Generator:
     def check_fits(self, job: Job) -> None:
         """Refuse a prompt whose text alone needs more tokens than the context holds."""
         limit = self.engine.max_context
-        shortest = _verbatim_bytes(job.messages) // (
-            self._longest_token_bytes() * _NORMALIZATION_SHRINK
-        )
+        text = _verbatim_bytes(job.messages)
+        tools = _tool_bytes(job.tools) if job.tool_choice != "none" else 0
+        shortest = (text + tools) // (self._longest_token_bytes() * _NORMALIZATION_SHRINK)
         if shortest >= limit:
-            raise _context_exceeded(limit, f"at least {shortest}")
+            param = "tools" if tools > text else job.prompt_param
+            raise _context_exceeded(limit, f"at least {shortest}", param)
 
     def _count(self, job: Job) -> int:
         self.check_fits(job)
@@ -327,7 +350,14 @@ class Generator:
         ids, opened = engine.render(request)
         limit = engine.max_context
         if len(ids) >= limit:
-            raise _context_exceeded(limit, str(len(ids)))
+            raise _context_exceeded(limit, str(len(ids)), job.prompt_param)
+        if len(ids) >= engine.pool_tokens:  # the engine would refuse it only once submitted
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; the context pool holds {engine.pool_tokens} "
+                "in all (prompt plus at least one generated token must fit)",
+                param=job.prompt_param,
+                code="context_length_exceeded",
+            )
         grammar = None
         if job.tool_choice not in ("auto", "none") and job.tools:
             only = None if job.tool_choice == "required" else job.tool_choice

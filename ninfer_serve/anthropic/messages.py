@@ -26,9 +26,10 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
-from ..errors import ApiError, from_exception, invalid_request
+from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import ServerState, sse_event, sse_response, until_disconnect
+from ..limits import check_stop_count
 from .models import CountTokensRequest, MessagesRequest
 
 __all__ = ["count_tokens", "create_message", "message_body", "to_job"]
@@ -49,7 +50,8 @@ def _block_text(content: Any, where: str) -> str:
         if not isinstance(block, dict) or block.get("type") != "text":
             kind = block.get("type") if isinstance(block, dict) else None
             raise invalid_request(
-                f"{where}[{j}]: block type {kind!r} is not supported in tool results (text only)",
+                f"{where}[{j}]: block type {shown(kind)} is not supported in tool results "
+                "(text only)",
                 f"{where}[{j}]",
             )
         texts.append(str(block.get("text", "")))
@@ -91,7 +93,7 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
             )
         else:
             raise invalid_request(
-                f"{here}: unknown or unsupported block type {kind!r}", f"{here}.type"
+                f"{here}: unknown or unsupported block type {shown(kind)}", f"{here}.type"
             )
     if texts:
         out.append({"role": "user", "content": "\n".join(texts)})
@@ -124,7 +126,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             )
         else:
             raise invalid_request(
-                f"{here}: unknown or unsupported block type {kind!r}", f"{here}.type"
+                f"{here}: unknown or unsupported block type {shown(kind)}", f"{here}.type"
             )
     if not message["content"] and message.get("tool_calls"):
         message["content"] = None
@@ -160,7 +162,7 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
         if tool.type not in (None, "custom"):
             raise ApiError(
                 400,
-                f"tools[{i}]: server tool {tool.type!r} is not supported",
+                f"tools[{i}]: server tool {shown(tool.type)} is not supported",
                 code="unsupported_parameter",
                 param=f"tools[{i}].type",
             )
@@ -180,7 +182,7 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
         elif choice.type == "tool":
             if not choice.name or choice.name not in {t["function"]["name"] for t in tools}:
                 raise invalid_request(
-                    f"tool_choice.name {choice.name!r} is not in tools", "tool_choice.name"
+                    f"tool_choice.name {shown(choice.name)} is not in tools", "tool_choice.name"
                 )
             tool_choice = choice.name
     if tool_choice == "required" and not tools:
@@ -189,6 +191,7 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
     fmt = body.output_format or (body.output_config.format if body.output_config else None)
     sampling: dict[str, Any] = {}
     if isinstance(body, MessagesRequest):
+        check_stop_count(body.stop_sequences, "stop_sequences")
         sampling = {
             "max_tokens": body.max_tokens,
             "temperature": body.temperature,
@@ -222,7 +225,7 @@ def _thinking(body: MessagesRequest | CountTokensRequest) -> tuple[bool, int | N
         raise invalid_request(
             "thinking.budget_tokens must be a positive integer", "thinking.budget_tokens"
         )
-    max_tokens = getattr(body, "max_tokens", None)
+    max_tokens = body.max_tokens
     if max_tokens is not None and budget >= max_tokens:
         raise invalid_request(
             "thinking.budget_tokens must be less than max_tokens", "thinking.budget_tokens"

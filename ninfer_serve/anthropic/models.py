@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema
+from pydantic import ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
+
+from ..limits import MAX_STOP
+from ..wire import WireModel
 
 __all__ = ["CountTokensRequest", "MessagesRequest"]
 
 
-class _Open(BaseModel):
+class _Open(WireModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
@@ -59,8 +62,18 @@ _BLOCKS = {
 }
 
 
-_NONEMPTY_STRINGS = WithJsonSchema(
-    {"anyOf": [{"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}]}
+#: ``stop_sequences``: at most ``MAX_STOP`` (checked in ``messages.py``), none empty
+_STOP_SEQUENCES = WithJsonSchema(
+    {
+        "anyOf": [
+            {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "maxItems": MAX_STOP,
+            },
+            {"type": "null"},
+        ]
+    }
 )
 
 
@@ -143,7 +156,7 @@ class MessagesRequest(_Prompt):
     """POST /v1/messages."""
 
     max_tokens: int | None = Field(None, ge=1)
-    stop_sequences: Annotated[list[str] | None, _NONEMPTY_STRINGS] = None
+    stop_sequences: Annotated[list[str] | None, _STOP_SEQUENCES] = None
     stream: bool | None = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -155,3 +168,7 @@ class MessagesRequest(_Prompt):
 
 class CountTokensRequest(_Prompt):
     """POST /v1/messages/count_tokens."""
+
+    # not part of what is counted, but a client may send its Messages body as it is, and an
+    # enabled thinking's budget must be below it there too
+    max_tokens: int | None = Field(None, ge=1)

@@ -31,7 +31,8 @@ from ..http import (
     sse_response,
     until_disconnect,
 )
-from .models import MAX_STOP, ChatCompletionRequest
+from ..limits import check_stop_count
+from .models import ChatCompletionRequest
 
 __all__ = [
     "chat_completions",
@@ -95,7 +96,7 @@ def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> 
                 if kind not in ("text", "input_text", "output_text", "refusal"):
                     raise ApiError(
                         400,
-                        f"{where}[{i}].content[{j}]: content part type {kind!r} is not "
+                        f"{where}[{i}].content[{j}]: content part type {shown(kind)} is not "
                         "supported; this server takes text input only",
                         code="unsupported_content",
                         param=f"{where}[{i}].content[{j}].type",
@@ -108,10 +109,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     check_text_only(messages)
     stop = body.stop
-    if isinstance(stop, list) and len(stop) > MAX_STOP:
-        raise ApiError(
-            400, f"stop: at most {MAX_STOP} stop strings", code="invalid_value", param="stop"
-        )
+    check_stop_count(stop, "stop")
     tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]
     choice = body.tool_choice
     if choice is None:

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ninfer_runtime.frontend.sampling import MIN_REPETITION_PENALTY
+
+from ..limits import MAX_STOP
+from ..wire import WireModel
 
 __all__ = [
     "ChatCompletionRequest",
@@ -31,8 +34,6 @@ __all__ = [
 
 #: what the schema states for a field that is refused whenever it is set
 _UNSET = WithJsonSchema({"type": "null"})
-#: the most stop strings a request may give (checked in ``chat.py``)
-MAX_STOP = 16
 
 
 def _nullable(schema: dict[str, Any]) -> WithJsonSchema:
@@ -64,11 +65,11 @@ _STOP = _nullable(
 )
 
 
-class _Open(BaseModel):
+class _Open(WireModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
-class _Closed(BaseModel):
+class _Closed(WireModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 

@@ -100,8 +100,8 @@ def _text_of(content: Any, where: str) -> str:
         if kind not in _TEXT_PARTS:
             raise ApiError(
                 400,
-                f"{where}[{j}]: content part type {kind!r} is not supported; this server takes "
-                "text input only",
+                f"{where}[{j}]: content part type {shown(kind)} is not supported; this server "
+                "takes text input only",
                 code="unsupported_content",
                 param=f"{where}[{j}].type",
             )
@@ -197,7 +197,7 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
         else:
             raise ApiError(
                 400,
-                f"{where}.type {kind!r} is not supported (message, function_call, "
+                f"{where}.type {shown(kind)} is not supported (message, function_call, "
                 "function_call_output, reasoning)",
                 param=f"{where}.type",
                 code="unsupported_value",
@@ -342,6 +342,7 @@ def to_job(
         json_schema_param="text.format.schema",
         sampling=sampling,
         enable_thinking=thinking,
+        prompt_param="input",
     )
     return job, history
 
