@@ -20,11 +20,7 @@ from ninfer_format.progress import terminal_bar
 
 from .backends.base import to_numpy
 from .errors import EngineError
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+from .logprobs import log_softmax
 
 
 def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float, int, float]:  # type: ignore[no-untyped-def]
@@ -48,7 +44,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int) -> tuple[float
             rows = np.concatenate(logits)[:-1]  # row t predicts token t+1
             targets = window[1:]
             first = max(previous_end, begin + 1) - (begin + 1)
-            lp = _log_softmax(rows[first:])
+            lp = log_softmax(rows[first:])
             nll -= float(lp[np.arange(len(lp)), targets[first:]].sum())
             scored += len(lp)
             advance(len(lp))

@@ -43,6 +43,8 @@ def _integer(name: str, value: Any) -> int:
 #: Seen tokens' positive logits are divided by the repetition penalty: below this, float32
 #: logits overflow to inf and no token can be sampled.
 MIN_REPETITION_PENALTY = 0.01
+#: The most alternatives a request may ask to see beside each scored token (OpenAI's bound).
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    #: Score every generated token: its log-probability and this many most likely tokens
+    #: beside it (0..MAX_LOGPROBS); None: nothing scored. See ``ninfer_runtime.logprobs``.
+    logprobs: int | None = None
+    #: Score every prompt token given the ones before it (the first has no score), with this
+    #: many most likely tokens at each position (0..MAX_LOGPROBS); None: not scored.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -110,6 +118,10 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise request_error(f"{name} must be true or false", name)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= _integer(name, value) <= MAX_LOGPROBS:
+                raise request_error(f"{name} must be in 0..{MAX_LOGPROBS}, got {value}", name)
 
     @staticmethod
     def _stops(stop: Any) -> tuple[str, ...]:
