@@ -218,6 +218,11 @@ def _convert_command(gguf_path: Path, base: Path, output: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def _remove_artifact(entry: Path) -> None:
+    for path in entry.parent.glob(entry.name + "*"):
+        path.unlink()
+
+
 def _synthetic(work: Path, gigabytes: float) -> tuple[Path, Path, int]:
     """The GGUF and base directory in ``work``; a GGUF already there of this config is reused."""
     config = config_for(int(gigabytes * 1e9))
@@ -256,6 +261,7 @@ def main() -> None:
             durable = ["sh", "-c", f"cp '{gguf_path}' '{copy}' && sync '{copy}'"]
             t_durable = min(t_durable, _timed(durable))
             copy.unlink()
+            _remove_artifact(output)  # as the copy is removed: no old file to delete
             took = _timed(_convert_command(gguf_path, base, output))
             if took < t_convert:
                 report = json.loads(output.with_name(output.name + ".conversion.json").read_text())
