@@ -159,3 +159,26 @@ def test_a_file_cut_after_opening_is_refused_in_one_line(tiny, tmp_path) -> None
     with pytest.raises(SourceError, match=rf"shrinks\.gguf: ends at byte {offset + nbytes // 2}"):
         source.read_into(part, offset, memoryview(buffer))
     source.read_into(part, offset, memoryview(buffer)[: nbytes // 2])  # what is left reads
+
+
+def test_buffers_are_filled_full_in_order_across_extents() -> None:
+    """Every byte of every extent is read once, in order; each buffer but the last is full,
+    and a buffer goes on from one extent (or part, or member) into the next."""
+    block, capacity = 30, 240
+    runs = [
+        block_copy.Extent(0, 0, 1000, 10 * block),
+        block_copy.Extent(0, 0, 9000, 3 * block),
+        block_copy.Extent(1, 1, 60, 20 * block),
+    ]
+    schedule = block_copy.fills(runs, capacity)
+    read = [(r.member, r.part, r.offset + i) for f in schedule for r in f for i in range(r.nbytes)]
+    wanted = [(e.member, e.part, e.offset + i) for e in runs for i in range(e.nbytes)]
+    assert read == wanted
+    for reads in schedule:
+        starts = [0]
+        for r in reads:
+            starts.append(starts[-1] + r.nbytes)
+        assert [r.start for r in reads] == starts[:-1]  # back to back from the buffer's start
+        assert all(r.nbytes % block == 0 for r in reads)
+    assert [sum(r.nbytes for r in f) for f in schedule] == [240, 240, 240, 240, 30]
+    assert [len(f) for f in schedule] == [1, 3, 1, 1, 1]  # 60 + 90 + 90 in the second
