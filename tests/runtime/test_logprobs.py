@@ -178,6 +178,47 @@ def test_a_lane_asking_for_none_pays_nothing(engine, prompt, monkeypatch) -> Non
     assert sum(scored) == 6  # the asking lane's tokens only
 
 
+class ArgmaxSampler:
+    """The CUDA backend's device sampler as the engine sees it, on numpy rows: greedy lanes
+    without penalties are sampled (and so scored) where the logits are."""
+
+    @staticmethod
+    def supports(params: SamplingParams) -> bool:
+        return params.greedy and params.repetition_penalty == 1.0
+
+    def set_lanes(self, lanes) -> None:
+        pass
+
+    def sample(self, rows):
+        return np.argmax(rows, axis=-1)
+
+
+def test_lanes_sampled_where_the_logits_are_score_the_same(artifact, engine, prompt, monkeypatch):
+    """The path of a device sampler: the asking lanes' rows are picked out of the batch and
+    scored where they are, with the numbers the host path gives."""
+    from ninfer_runtime.backends.cpu import CpuBackend
+
+    expected, _, _ = run(engine, prompt, temperature=0.0, logprobs=3)
+    monkeypatch.setattr(CpuBackend, "device_sampler", lambda self: ArgmaxSampler())
+    device = Engine(artifact, max_context=256, prefill_chunk=16)
+    rids = [
+        device.submit(GenerationRequest(prompt_ids=prompt, sampling=p, parse_output=False))
+        for p in (
+            SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+            SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3),
+        )
+    ]
+    got: dict[str, list[TokenEvent]] = {rid: [] for rid in rids}
+    while device.has_work:
+        for event in device.step():
+            if isinstance(event, TokenEvent):
+                got[event.request_id].append(event)
+    assert all(e.logprob is None for e in got[rids[0]])
+    assert [(e.token_id, e.logprob, e.top_logprobs) for e in got[rids[1]]] == [
+        (e.token_id, e.logprob, e.top_logprobs) for e in expected
+    ]
+
+
 # --------------------------------------------------------------------------- prompt tokens
 def test_prompt_logprobs_sum_to_minus_the_perplexity_nll(engine, prompt) -> None:
     """The prompt is read in chunks of 16: each chunk's last row scores the next chunk's
