@@ -36,6 +36,7 @@ from ninfer_runtime.engine import (
     Finished,
     GenerationRequest,
     OutputEvent,
+    PromptLogprobs,
     TokenEvent,
 )
 from ninfer_runtime.errors import EngineError
@@ -83,6 +84,10 @@ class Chunk:
 
     events: list[ParseEvent] = field(default_factory=list)
     tokens: int = 0
+    #: the step's generated tokens, each with its scores when the request asked for them
+    token_events: list[TokenEvent] = field(default_factory=list)
+    #: the prompt's scores (``prompt_logprobs``), on the chunk where the prompt was read
+    prompt_logprobs: PromptLogprobs | None = None
     finished: Finished | None = None
     error: Exception | None = None
     stamp: float = 0.0  # perf_counter on the engine thread when the step ended
@@ -524,11 +529,14 @@ class EngineLoop:
                 chunk = batch[event.request_id] = Chunk()
             if isinstance(event, TokenEvent):
                 chunk.tokens += 1
+                chunk.token_events.append(event)
                 accepted = self._accepted.pop(event.request_id, None)
                 if accepted is not None:
                     chunk.accepted = accepted
             elif isinstance(event, OutputEvent):
                 chunk.events.append(event.event)
+            elif isinstance(event, PromptLogprobs):
+                chunk.prompt_logprobs = event
             elif isinstance(event, Finished):
                 chunk.finished = event
                 inflight.discard(event.request_id)

@@ -25,9 +25,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from ninfer_runtime.engine import Finished, GenerationRequest
+from ninfer_runtime.engine import Finished, GenerationRequest, PromptLogprobs, TokenEvent
 from ninfer_runtime.errors import RequestError
 from ninfer_runtime.frontend import (
     OutputAccumulator,
@@ -42,6 +42,7 @@ from .structured import Constraints
 
 __all__ = ["Generator", "Job", "Outcome", "Run", "ToolChoice"]
 
+T = TypeVar("T")
 ToolChoice = Literal["auto", "none", "required"] | str  # a str other than those: a named tool
 
 #: roles whose content a chat template writes into the prompt verbatim (an assistant turn's
@@ -97,9 +98,15 @@ def _context_exceeded(limit: int, tokens: str, param: str) -> RequestError:
 
 @dataclass
 class Job:
-    """One generation request, in no particular API's terms."""
+    """One generation request, in no particular API's terms: a conversation in ``messages``
+    (rendered with the chat template), or a raw ``prompt`` text or ``prompt_ids`` (taken as
+    they are, ``messages`` then empty)."""
 
     messages: list[dict[str, Any]]
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    #: off: the output is plain text (no reasoning or tool-call parsing), as raw completions are
+    parse_output: bool = True
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
@@ -168,6 +175,13 @@ class Run:
         self.created = int(time.time())
         self._accumulator = OutputAccumulator()
         self._truncated = False
+        #: the generated tokens so far, with their scores when the job asked for them
+        self.tokens: list[TokenEvent] = []
+        #: the prompt's scores, once read, when the job asked for them (``prompt_logprobs``)
+        self.prompt_logprobs: PromptLogprobs | None = None
+        #: set once the engine has read the prompt (its first output or its end): a request
+        #: sent with the same prompt after that resumes from its prefix-cache checkpoint
+        self.prompt_read = asyncio.Event()
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -196,8 +210,12 @@ class Run:
                 if chunk is None:
                     yield None
                     continue
+                self.prompt_read.set()
                 if chunk.error is not None:
                     raise chunk.error
+                self.tokens.extend(chunk.token_events)
+                if chunk.prompt_logprobs is not None:
+                    self.prompt_logprobs = chunk.prompt_logprobs
                 for event in chunk.events:
                     if self._truncated:
                         break
@@ -300,6 +318,14 @@ class Generator:
             sampling = SamplingParams.resolve(engine.tokenizer.generation_defaults, **fields)
         except TypeError as exc:  # an adapter passed a field SamplingParams does not know
             raise RequestError(str(exc)) from None
+        if job.prompt is not None or job.prompt_ids is not None:
+            return GenerationRequest(
+                prompt=job.prompt,
+                prompt_ids=job.prompt_ids,
+                sampling=sampling,
+                parse_output=job.parse_output,
+                request_id=job.request_id,
+            )
         tools = job.tools if job.tool_choice != "none" else None
         thinking = job.enable_thinking
         kwargs = job.chat_template_kwargs
@@ -330,7 +356,7 @@ class Generator:
     def check_fits(self, job: Job) -> None:
         """Refuse a prompt whose text alone needs more tokens than the context holds."""
         limit = self.engine.max_context
-        text = _verbatim_bytes(job.messages)
+        text = _verbatim_bytes(job.messages) + len((job.prompt or "").encode("utf-8"))
         tools = _tool_bytes(job.tools) if job.tool_choice != "none" else 0
         shortest = (text + tools) // (self._longest_token_bytes() * _NORMALIZATION_SHRINK)
         if shortest >= limit:
@@ -342,22 +368,29 @@ class Generator:
         ids, _ = self.engine.render(self._request(job))
         return len(ids)
 
+    def check_length(self, tokens: int, param: str) -> None:
+        """Refuse a prompt of ``tokens`` tokens that leaves no room for one generated token,
+        in the context or in the whole context pool (the engine would refuse it only once
+        submitted)."""
+        engine = self.engine
+        limit = engine.max_context
+        if tokens >= limit:
+            raise _context_exceeded(limit, str(tokens), param)
+        if tokens >= engine.pool_tokens:
+            raise RequestError(
+                f"the prompt has {tokens} tokens; the context pool holds {engine.pool_tokens} "
+                "in all (prompt plus at least one generated token must fit)",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     def prepare(self, job: Job) -> tuple[GenerationRequest, tuple[list[int], bool]]:
         """Render, check the context budget and build the grammar (CPU work, no lane)."""
         self.check_fits(job)
         request = self._request(job)
         engine = self.engine
         ids, opened = engine.render(request)
-        limit = engine.max_context
-        if len(ids) >= limit:
-            raise _context_exceeded(limit, str(len(ids)), job.prompt_param)
-        if len(ids) >= engine.pool_tokens:  # the engine would refuse it only once submitted
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens; the context pool holds {engine.pool_tokens} "
-                "in all (prompt plus at least one generated token must fit)",
-                param=job.prompt_param,
-                code="context_length_exceeded",
-            )
+        self.check_length(len(ids), job.prompt_param)
         grammar = None
         if job.tool_choice not in ("auto", "none") and job.tools:
             only = None if job.tool_choice == "required" else job.tool_choice
@@ -380,9 +413,14 @@ class Generator:
 
     async def count(self, job: Job) -> int:
         """Prompt tokens of ``job`` (the count endpoints: admitted, no lane, no engine time)."""
+        return await self.admitted(self._count, job)
+
+    async def admitted(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` in a worker thread under an admission ticket (tokenizer work:
+        counted against the server's capacity, no lane, no engine time)."""
         ticket = self.loop.admit()
         try:
-            return await asyncio.to_thread(self._count, job)
+            return await asyncio.to_thread(work, *args)
         finally:
             self.loop.release(ticket)
 
