@@ -83,6 +83,9 @@ class GenerationRequest:
     chat_template_kwargs: Mapping[str, Any] | None = None
     #: Leave the final assistant message open and continue it (assistant prefill).
     continue_final_message: bool = False
+    #: End the prompt with the template's opening of an assistant turn (never when
+    #: continuing the final message); off, the model continues after the last message.
+    add_generation_prompt: bool = True
     sampling: SamplingParams = field(default_factory=SamplingParams)
     parse_output: bool = True
     #: Read ``<tool_call>`` blocks as calls; off, they stay text (``tool_choice: none``).
@@ -351,7 +354,8 @@ class Engine:
         text = self.template.render(
             request.messages,  # type: ignore[arg-type]
             tools=request.tools,
-            add_generation_prompt=not request.continue_final_message,
+            add_generation_prompt=request.add_generation_prompt
+            and not request.continue_final_message,
             continue_final_message=request.continue_final_message,
             enable_thinking=request.enable_thinking,
             chat_template_kwargs=request.chat_template_kwargs,
@@ -404,6 +408,7 @@ class Engine:
                 starts_in_reasoning=in_reasoning,
                 tools=request.tools,
                 parse_tool_calls=request.parse_tool_calls,
+                continues_text=request.continue_final_message,
             )
         active = _Active(
             request=request,
@@ -411,7 +416,9 @@ class Engine:
             state=None,  # type: ignore[arg-type]  (allocated when admitted to a lane)
             sampler=Sampler(params, ids),
             stops=StopMatcher.from_params(params, self.tokenizer.eos_token_ids),
-            detokenizer=self.tokenizer.detokenize_stream(skip_special_tokens=True),
+            detokenizer=self.tokenizer.detokenize_stream(
+                skip_special_tokens=params.skip_special_tokens
+            ),
             parser=parser,
             max_tokens=max_tokens,
             answer_start=None if in_reasoning else 0,
@@ -754,8 +761,8 @@ class Engine:
             )
 
     def _may_speculate(self, a: _Active, k: int) -> bool:
-        if a.request.logits_processor is not None:
-            return False
+        if a.request.logits_processor is not None or self._held_stops(a):
+            return False  # a draft could be a stop token min_tokens forbids yet
         if a.answer_start is not None or a.thinking_budget is None:
             return True
         forced_from = a.thinking_budget - len(self.tokenizer.think_close_ids)
@@ -808,7 +815,7 @@ class Engine:
             rows = out.last_logits
             if rows is None:
                 rows = self.model.backend.xp.concatenate([row[-1:] for row in out.logits])
-            drawn = [int(t) for t in to_numpy(sampler.sample(rows))]
+            drawn = [int(t) for t in to_numpy(sampler.sample(self._hold_stops(lanes, rows)))]
             tokens = [
                 self._answer_instead_of_stop(a, t if f is None else f)
                 for a, t, f in zip(lanes, drawn, forced, strict=True)
@@ -828,6 +835,11 @@ class Engine:
                     process = a.request.logits_processor
                     if process is not None and a.answer_start is not None:
                         scores = process(scores.copy(), a.generated[a.answer_start :])
+                    held = self._held_stops(a)
+                    if held and np.isfinite(np.delete(scores, held)).any():
+                        # a grammar that admits only a stop wins: the output ends there
+                        scores = scores.copy()
+                        scores[held] = -np.inf
                     token = a.sampler.sample(scores)
                 else:
                     a.sampler.accept(token)  # counts for the penalties like a drawn token
@@ -837,6 +849,31 @@ class Engine:
             except Exception as exc:  # this request's parameters or hook, not the engine's
                 self._fail(a, exc, events)
         return picked
+
+    def _held_stops(self, a: _Active) -> list[int]:
+        """The stop token ids (EOS unless ignored, ``stop_token_ids``) lane ``a`` may not
+        draw yet: all of them while it has fewer than ``min_tokens`` tokens, else none."""
+        params = a.request.sampling
+        if len(a.generated) >= params.min_tokens:
+            return []
+        vocab = self.model.config.vocab
+        eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
+        return sorted({t for t in (*eos, *params.stop_token_ids) if t < vocab})
+
+    def _hold_stops(self, lanes: list[_Active], rows: Any) -> Any:
+        """``rows`` (lane i's logits, on the device) with the stop tokens each lane may not
+        draw yet at -inf: a copy when any lane has some (the rows themselves are scored for
+        logprobs as they are), else ``rows`` as given. The device twin of the host path's
+        masking in ``_sample``."""
+        held = [(i, self._held_stops(a)) for i, a in enumerate(lanes)]
+        held = [(i, ids) for i, ids in held if ids]
+        if not held:
+            return rows
+        xp = array_module(rows)
+        rows = rows.copy()
+        for i, ids in held:
+            rows[i, xp.asarray(ids)] = -xp.inf
+        return rows
 
     @staticmethod
     def _score_rows(lanes: list[_Active], tokens: list[int], rows: Any) -> list[Any]:
@@ -908,7 +945,8 @@ class Engine:
             events.append(TokenEvent(rid, token))
         else:
             events.append(TokenEvent(rid, token, score.logprob, score.top))
-        step = a.stops.feed(a.detokenizer.add(token))
+        may_stop = len(a.generated) >= a.request.sampling.min_tokens
+        step = a.stops.feed(a.detokenizer.add(token), matching=may_stop)
         self._parse(a, step.text, events)
         if step.stop is not None:
             self._close(a, "stop", step.stop, events)
@@ -932,7 +970,10 @@ class Engine:
         self._active.pop(a.request.request_id, None)
         if stop is None or stop.kind != "stop_string":
             tail = a.detokenizer.flush()
-            step = a.stops.feed(tail) if tail and a.stops.stopped is None else None
+            may_stop = len(a.generated) >= a.request.sampling.min_tokens
+            step = (
+                a.stops.feed(tail, matching=may_stop) if tail and a.stops.stopped is None else None
+            )
             text = (step.text if step else "") + (
                 a.stops.flush() if a.stops.stopped is None else ""
             )

@@ -311,7 +311,9 @@ class OutputParser:
     ``tools`` (OpenAI-style) gives the parameter schemas that type XML argument values.
     ``stream_tool_calls=False`` holds each call until it is complete, so a call that breaks
     never shows up as an announced call (the verbatim-fallback policy); by default calls stream.
-    ``call_id`` makes the ids of calls (default: random ``call_...``).
+    ``call_id`` makes the ids of calls (default: random ``call_...``). ``continues_text``: the
+    output continues text already written (an assistant message left open), so its leading
+    whitespace is part of that text and kept, not dropped as a separator.
     """
 
     def __init__(
@@ -323,6 +325,7 @@ class OutputParser:
         parse_tool_calls: bool = True,
         stream_tool_calls: bool = True,
         call_id: Callable[[int], str] | None = None,
+        continues_text: bool = False,
     ) -> None:
         self._parse_reasoning = parse_reasoning
         self._parse_calls = parse_tool_calls
@@ -334,6 +337,7 @@ class OutputParser:
             "content": _Channel(TextDelta),
         }
         self._channel = "reasoning" if (starts_in_reasoning and parse_reasoning) else "content"
+        self._channels[self._channel].started = continues_text
         self._buf = ""
         self._call: _Call | None = None
         self._next_index = 0

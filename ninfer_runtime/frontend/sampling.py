@@ -70,6 +70,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    #: No EOS, stop token or stop string ends the output before it has this many tokens:
+    #: those tokens are masked until then (vLLM's ``min_tokens``).
+    min_tokens: int = 0
+    #: Special tokens (other than the markers the output parser reads) vanish from the text.
+    skip_special_tokens: bool = True
     #: Score every generated token: its log-probability and this many most likely tokens
     #: beside it (0..MAX_LOGPROBS); None: nothing scored. See ``ninfer_runtime.logprobs``.
     logprobs: int | None = None
@@ -113,9 +118,16 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and _integer(name, value) < 1:
                 raise request_error(f"{name} must be >= 1, got {value}", name)
+        if _integer("min_tokens", self.min_tokens) < 0:
+            raise request_error(f"min_tokens must be >= 0, got {self.min_tokens}", "min_tokens")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise request_error(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+                "min_tokens",
+            )
         set_(self, "stop", self._stops(self.stop))
         set_(self, "stop_token_ids", self._token_ids(self.stop_token_ids))
-        for name in ("ignore_eos", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise request_error(f"{name} must be true or false", name)
         for name in ("logprobs", "prompt_logprobs"):

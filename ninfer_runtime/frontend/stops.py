@@ -92,8 +92,12 @@ class StopMatcher:
             return None
         return self.stopped
 
-    def feed(self, text: str) -> StopStep:
-        """Add streamed text; returns the part that is safe to show (and the stop, if matched)."""
+    def feed(self, text: str, *, matching: bool = True) -> StopStep:
+        """Add streamed text; returns the part that is safe to show (and the stop, if matched).
+
+        ``matching=False`` (the output is still shorter than ``min_tokens``): no stop string
+        ends it yet, but a possible start of one is still held back, so a stop string that
+        the next tokens complete is found then."""
         if self.stopped is not None:
             raise RuntimeError(f"StopMatcher.feed after the request stopped ({self.stopped})")
         buf = self._held + text
@@ -101,7 +105,7 @@ class StopMatcher:
             self._held = ""
             return StopStep(buf)
         match: tuple[int, int, str] | None = None  # (end, start, string)
-        for stop in self._stops:
+        for stop in self._stops if matching else ():
             start = buf.find(stop)
             if start >= 0:
                 candidate = (start + len(stop), start, stop)
