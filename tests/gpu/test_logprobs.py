@@ -1,0 +1,168 @@
+"""Log-probabilities on the CUDA backend against the CPU reference.
+
+* ``token_logprobs`` on CuPy rows: the same top ids as on numpy (ties lowest id first) and
+  values within float32 summation-order rounding (1e-5), the vocabulary of the 27B too;
+* the engine on the bundled model (default settings: bf16 prefill products, CUDA graphs):
+  prompt and generated tokens' log-probabilities within ``TOL`` of the CPU engine's, the
+  same top-1 wherever the CPU's top two are further apart than ``TOL``; a lane scored on the
+  device beside one asking for none (only the asking lane's rows are read), and a lane with
+  a penalty (scored from the row the host sampler copies);
+* speculative rounds (greedy: scored on the verified rows where they are) report within
+  ``TOL`` of plain CUDA decoding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.logprobs import log_softmax, token_logprobs
+
+from .conftest import REPORT, requires_gpu
+
+pytestmark = requires_gpu
+
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+#: |Δ| of a log-probability between the backends (bf16 activations on the GPU)
+TOL = 0.05
+TEXT = (
+    "The capital of France is Paris. The capital of Italy is Rome. "
+    "A tiny model answers tiny questions, and the fox jumps over the lazy dog again."
+)
+
+
+@pytest.mark.parametrize("vocab", [50, 1000, 248_320])
+def test_the_helper_on_the_device_equals_numpy(vocab: int) -> None:
+    import cupy as cp
+
+    rng = np.random.default_rng(vocab)
+    rows = (rng.standard_normal((8, vocab)) * 3).astype(np.float32)
+    rows[1, rng.choice(vocab, 6, replace=False)] = rows[1].max()  # tied best tokens
+    rows[2, :] = 0.5  # all tied
+    chosen = rng.integers(0, vocab, 8).tolist()
+    tops = [0, 1, 5, 20, 20, 3, 7, 20]
+    expected = token_logprobs(rows, chosen, tops)
+    padded = cp.asarray(np.pad(rows, ((0, 0), (1, 2))))[:, 1 : vocab + 1]  # strided rows
+    got = token_logprobs(padded, chosen, tops)
+    for e, g in zip(expected, got, strict=True):
+        assert [t for t, _ in g.top] == [t for t, _ in e.top]
+        np.testing.assert_allclose([v for _, v in g.top], [v for _, v in e.top], atol=1e-5)
+        assert abs(g.logprob - e.logprob) < 1e-5
+    reference = log_softmax(rows.astype(np.float64))
+    assert abs(got[3].logprob - reference[3, chosen[3]]) < 1e-5
+    assert [t for t, _ in got[2].top] == [0, 1, 2, 3, 4][: tops[2]]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ninfer_convert.pipeline import convert
+
+    out = tmp_path_factory.mktemp("logprobs_bundled") / "tiny.ninfer"
+    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
+    return out
+
+
+def scored_run(engine: Any, prompt: list[int], samplings: list[dict]) -> list[dict]:
+    """Requests in flight together; per request its PromptLogprobs event (or None) and its
+    token events."""
+    from ninfer_runtime.engine import (
+        Failed,
+        Finished,
+        GenerationRequest,
+        PromptLogprobs,
+        TokenEvent,
+    )
+    from ninfer_runtime.frontend import SamplingParams
+
+    out: dict[str, dict] = {}
+    for fields in samplings:
+        params = SamplingParams(**{"max_tokens": 24, "ignore_eos": True, **fields})
+        rid = engine.submit(GenerationRequest(prompt_ids=prompt, sampling=params))
+        out[rid] = {"prompt": None, "tokens": []}
+    done = 0
+    while done < len(samplings):
+        for event in engine.step():
+            assert not isinstance(event, Failed), event
+            if isinstance(event, PromptLogprobs):
+                out[event.request_id]["prompt"] = event
+            elif isinstance(event, TokenEvent):
+                out[event.request_id]["tokens"].append(event)
+            elif isinstance(event, Finished):
+                done += 1
+    return list(out.values())
+
+
+def compare(
+    got: list[tuple[float, Any]], ref: list[tuple[float, Any]], case: str, what: str
+) -> None:
+    """(logprob, top) pairs position by position: within TOL, the same top-1 unless the
+    reference's top two are within TOL of each other."""
+    worst, ties = 0.0, 0
+    for (g, g_top), (r, r_top) in zip(got, ref, strict=True):
+        worst = max(worst, abs(g - r))
+        assert len(g_top) == len(r_top)
+        for (_, gv), (_, rv) in zip(g_top, r_top, strict=True):
+            worst = max(worst, abs(gv - rv))
+        if len(r_top) > 1 and r_top[0][1] - r_top[1][1] < TOL:
+            ties += 1
+        else:
+            assert g_top[0][0] == r_top[0][0], f"{what}: top-1 {g_top[0]} vs {r_top[0]}"
+    assert worst < TOL, f"{what}: max |Δ| {worst:.4f}"
+    REPORT.append((case, f"{what} max |Δ| (ties)", f"{worst:.2e} ({ties})"))
+
+
+def generated(run: dict, upto: int) -> list[tuple[float, Any]]:
+    return [(e.logprob, e.top_logprobs) for e in run["tokens"][:upto]]
+
+
+def same_prefix(a: dict, b: dict) -> int:
+    ids = [[e.token_id for e in r["tokens"]] for r in (a, b)]
+    return next((i for i, (x, y) in enumerate(zip(*ids, strict=False)) if x != y), len(ids[0]))
+
+
+def test_the_engine_on_cuda_matches_the_cpu(artifact: Path) -> None:
+    from ninfer_runtime.engine import Engine
+
+    samplings = [
+        {"temperature": 0.0, "logprobs": 5, "prompt_logprobs": 5},  # scored on the device
+        {"temperature": 0.0},  # asks for none, in the same steps
+        {"temperature": 0.0, "logprobs": 3, "repetition_penalty": 1.3},  # the host sampler
+    ]
+    cpu = Engine(artifact, max_context=256)
+    prompt = cpu.tokenizer.encode(TEXT)
+    expected = [scored_run(cpu, prompt, [s])[0] for s in samplings]
+    got = scored_run(Engine(artifact, backend="cuda", max_context=256), prompt, samplings)
+    ref_prompt, got_prompt = expected[0]["prompt"], got[0]["prompt"]
+    assert got_prompt.token_ids == tuple(prompt) and got_prompt.logprobs[0] is None
+    compare(
+        list(zip(got_prompt.logprobs[1:], got_prompt.top_logprobs[1:], strict=True)),
+        list(zip(ref_prompt.logprobs[1:], ref_prompt.top_logprobs[1:], strict=True)),
+        "logprobs cuda vs cpu",
+        "prompt",
+    )
+    assert got[1]["prompt"] is None
+    assert all(e.logprob is None and e.top_logprobs is None for e in got[1]["tokens"])
+    for i, what in ((0, "generated (device)"), (2, "generated (host, penalty)")):
+        n = same_prefix(got[i], expected[i])
+        assert n >= 4, f"{what}: the backends' tokens part after {n}"
+        compare(generated(got[i], n), generated(expected[i], n), "logprobs cuda vs cpu", what)
+
+
+def test_speculative_rounds_report_what_plain_decoding_does(artifact: Path) -> None:
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.speculative import SpecConfig
+
+    sampling = {"temperature": 0.0, "logprobs": 4}
+    kw = dict(backend="cuda", max_context=256)
+    plain_engine = Engine(artifact, **kw)
+    prompt = plain_engine.tokenizer.encode(TEXT)
+    (plain,) = scored_run(plain_engine, prompt, [sampling])
+    spec_engine = Engine(artifact, spec=SpecConfig(draft_tokens=3), **kw)
+    (spec,) = scored_run(spec_engine, prompt, [sampling])
+    assert spec_engine.spec_stats.accepted > 0
+    n = same_prefix(spec, plain)
+    assert n >= 4
+    compare(generated(spec, n), generated(plain, n), "logprobs cuda spec vs plain", "generated")
