@@ -37,12 +37,14 @@ from ninfer_runtime.engine import Engine
 from .anthropic import messages as anthropic_messages
 from .anthropic.models import CountTokensRequest, MessagesRequest
 from .config import Settings
+from .cors import CorsPolicy
 from .engine_loop import EngineLoop
 from .errors import (
     AnthropicErrorBody,
     ApiError,
     OpenAIErrorBody,
     from_exception,
+    shown,
     validation_failed,
 )
 from .generation import Generator
@@ -66,10 +68,13 @@ def _is_anthropic(path: str) -> bool:
 class Gate:
     """Outermost ASGI layer: request ids on every response, API-key check before the body."""
 
-    def __init__(self, app: Any, api_key: str | None):
+    def __init__(self, app: Any, api_key: str | None, cors: CorsPolicy | None = None):
         self.app = app
         self._key = api_key.encode() if api_key else None
         self.state: ServerState | None = None  # set by create_app
+        #: cross-origin requests: preflights answered before the key check (a browser sends
+        #: them without it), and the allowed origins' headers on every response
+        self.cors = cors
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         assert self._key is not None
@@ -109,6 +114,18 @@ class Gate:
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
+        if self.cors is not None:
+            extra += self.cors.response_headers(headers.get(b"origin"))
+            if self.cors.is_preflight(scope["method"], headers):
+                if not await self.cors.answer_preflight(headers, send_with_id):
+                    origin = headers[b"origin"].decode("latin-1")
+                    error = ApiError(
+                        403,
+                        f"origin {shown(origin)} may not call this server (--allowed-origins)",
+                        code="origin_not_allowed",
+                    )
+                    await self._send_error(error, scope, receive, send_with_id)
+                return
         if (
             self._key is not None
             and scope["path"] not in _OPEN_PATHS
@@ -149,9 +166,11 @@ _CONTEXT_RULE = "the rendered prompt must fit the context (tools add several hun
 _RULES = {
     "chat": f"Also refused: {_TOOL_RULE}; tool_calls only on assistant messages, other roles "
     "need content, an assistant message content, reasoning or tool_calls; json_schema needs its "
-    f"schema; tool call arguments must be a JSON object; {_CONTEXT_RULE}.",
+    "schema; tool call arguments must be a JSON object; top_logprobs without logprobs true; n "
+    f"above the server's decode lanes; {_CONTEXT_RULE}.",
     "responses": f"Also refused: {_TOOL_RULE}; an empty prompt (instructions, history and input "
-    f"together); function_call arguments that are not a JSON object; {_CONTEXT_RULE}.",
+    "together); function_call arguments that are not a JSON object; top_logprobs above 0 "
+    f"without include message.output_text.logprobs; {_CONTEXT_RULE}.",
     "messages": f"Also refused: {_TOOL_RULE}; thinking enabled without budget_tokens below "
     "max_tokens; a last assistant message (a prefill) without text; a conversation that maps to "
     f"no message; {_CONTEXT_RULE}.",
@@ -273,8 +292,10 @@ def create_app(
     model_id: str,
     load: Callable[[], Engine],
     on_loaded: Callable[[Engine | None, str | None], None] | None = None,
+    root: str | None = None,
 ) -> Gate:
-    """The ASGI app of one server; the engine loads in its own thread at startup."""
+    """The ASGI app of one server; the engine loads in its own thread at startup. ``root``:
+    the artifact's path, which the model objects show (as vLLM shows its model's)."""
     engine_settings = settings.engine
     spec = settings.speculative.spec_config()
     metrics = Metrics(
@@ -318,6 +339,8 @@ def create_app(
             "created": created,
             "owned_by": "ninfer",
             "max_model_len": engine_settings.max_context,
+            "root": root if root is not None else model_id,
+            "parent": None,
             # Anthropic's model object, so both SDKs can list models
             "type": "model",
             "display_name": model_id,
@@ -533,6 +556,8 @@ def create_app(
     )
     _complete_the_schema(app.openapi_schema)  # once, for /openapi.json and Swagger UI alike
     app.state.ninfer = state
-    gate = Gate(app, settings.server.api_key)
+    origins = settings.server.allowed_origins
+    cors = CorsPolicy(origins, settings.server.allow_credentials) if origins else None
+    gate = Gate(app, settings.server.api_key, cors)
     gate.state = state
     return gate

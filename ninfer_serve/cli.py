@@ -63,6 +63,17 @@ def _say(text: str) -> None:
     help="Allow a non-loopback --host without an API key.",
 )
 @click.option(
+    "--allowed-origins",
+    help="Comma-separated origins (scheme://host[:port], or *) whose web pages may call the "
+    "server (CORS).  [default: none, no CORS headers]",
+)
+@click.option(
+    "--allow-credentials",
+    is_flag=True,
+    default=None,
+    help="With --allowed-origins: pages may send cookies and HTTP auth (not with *).",
+)
+@click.option(
     "--served-model-name",
     "--model-id",
     "served_model_name",
@@ -177,6 +188,8 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "port": flags["port"],
             "api_key": api_key,
             "allow_insecure": flags["allow_insecure"],
+            "allowed_origins": flags["allowed_origins"],
+            "allow_credentials": flags["allow_credentials"],
             "served_model_name": flags["served_model_name"],
             "max_request_mib": flags["max_request_mib"],
             "max_connections": flags["max_connections"],
@@ -388,7 +401,7 @@ def serve(model: Path, settings: Settings) -> int:
             _say(f"{choice.lanes} decode lane(s) ({choice.reason})")
         _say(f"serving {model_id!r} at {url}/v1 (ready in {seconds:.1f} s; Ctrl-C to stop)")
 
-    app = create_app(settings, model_id=model_id, load=load, on_loaded=on_loaded)
+    app = create_app(settings, model_id=model_id, load=load, on_loaded=on_loaded, root=str(model))
     assert app.state is not None
     guard = ConnectionGuard(
         max_connections=_connection_limit(settings),

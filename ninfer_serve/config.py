@@ -84,6 +84,33 @@ class ServerSettings(_Table):
     #: when the descriptor limit (``ulimit -n``, raised to its hard limit) leaves less.
     max_connections: int | None = Field(None, ge=1)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    #: Origins whose web pages may call the server (CORS, ``cors.py``): ``scheme://host[:port]``
+    #: or ``*``, as a list or one comma-separated string; None or empty: no CORS headers at all.
+    allowed_origins: list[str] | None = None
+    #: Let those pages send cookies and HTTP authentication (never with ``*``).
+    allow_credentials: bool = False
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: Any) -> Any:
+        from .cors import check_origin
+
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            return [check_origin(o) if isinstance(o, str) else o for o in value]
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> ServerSettings:
+        if self.allow_credentials and not self.allowed_origins:
+            raise ValueError("allow_credentials needs allowed_origins")
+        if self.allow_credentials and "*" in (self.allowed_origins or ()):
+            raise ValueError(
+                "allow_credentials cannot go with allowed_origins '*' (browsers refuse "
+                "credentials for any origin); list the origins"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -7,12 +7,16 @@ them in the published schema from the same constants.
 from __future__ import annotations
 
 from .errors import ApiError
+from .lanes import ENGINE_MAX_LANES
 
-__all__ = ["MAX_STOP", "check_stop_count"]
+__all__ = ["MAX_SAMPLES", "MAX_STOP", "check_sample_count", "check_stop_count"]
 
 #: the most stop strings a request may give (Chat ``stop``, Anthropic ``stop_sequences``):
 #: every generated token is matched against each of them
 MAX_STOP = 16
+#: the most samples a request may ask for (Chat and Completions ``n``) on any server: the
+#: engine's most lanes. A server takes at most its own lanes (``check_sample_count``)
+MAX_SAMPLES = ENGINE_MAX_LANES
 
 
 def check_stop_count(stop: str | list[str] | None, param: str) -> None:
@@ -21,6 +25,19 @@ def check_stop_count(stop: str | list[str] | None, param: str) -> None:
         raise ApiError(
             400,
             f"{param}: at most {MAX_STOP} stop strings, not {len(stop)}",
+            code="invalid_value",
+            param=param,
+        )
+
+
+def check_sample_count(n: int, lanes: int, param: str = "n") -> None:
+    """Refuse more samples than the server has decode lanes: each sample holds a lane, and
+    with more of them than lanes a request would wait on its own samples (and could be
+    refused by a queue it fills itself)."""
+    if n > lanes:
+        raise ApiError(
+            400,
+            f"{param}: at most {lanes} samples on this server (its decode lanes), not {n}",
             code="invalid_value",
             param=param,
         )

@@ -3,8 +3,15 @@
 Behaviour follows OpenAI where OpenAI defines it and vLLM where it extends it (``top_k``,
 ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs``,
 ``reasoning_content``, ``stop_reason``). Fields that would change the result but cannot be
-honoured (``n > 1``, ``logit_bias``, ``logprobs``, audio, predicted outputs, legacy functions)
+honoured (``logit_bias``, ``best_of``, beam search, audio, predicted outputs, legacy functions)
 are refused with a 400 that names them instead of being ignored.
+
+``n`` samples run as separate engine requests (``samples.Samples``: they share the prompt's
+prefill), each a choice with its own index. With ``logprobs`` a choice lists every token it
+generated, reasoning and tool-call markup included (as vLLM does): their ``bytes`` joined are
+the text the model wrote before it was split into ``reasoning_content``, ``content`` and
+``tool_calls``. A streamed chunk carries the tokens generated since the previous chunk of its
+choice, so the chunks' lists joined are the non-streamed list.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from ninfer_runtime.frontend import (
 )
 
 from ..errors import ApiError, from_exception, shown
-from ..generation import Job, Outcome, Run
+from ..generation import Job, Outcome
 from ..http import (
     KEEPALIVE,
     ServerState,
@@ -31,7 +38,9 @@ from ..http import (
     sse_response,
     until_disconnect,
 )
-from ..limits import check_stop_count
+from ..limits import check_sample_count, check_stop_count
+from ..samples import SampleEvent, Samples, combined
+from .logprobs import chat_logprobs, scored
 from .models import ChatCompletionRequest
 
 __all__ = [
@@ -52,14 +61,19 @@ def _unsupported(param: str, why: str) -> ApiError:
 
 
 def _refuse_unsupported(body: ChatCompletionRequest) -> None:
-    if body.n not in (None, 1):
-        raise _unsupported("n", "only n = 1 is supported (one choice per request)")
     if body.logit_bias and any(v != 0 for v in body.logit_bias.values()):
         raise _unsupported("logit_bias", "logit_bias is not supported")
-    if body.logprobs:
-        raise _unsupported("logprobs", "logprobs are not supported")
-    if body.top_logprobs:
-        raise _unsupported("top_logprobs", "logprobs are not supported")
+    if body.best_of not in (None, 1):
+        raise _unsupported("best_of", "best_of is not supported; n samples are all returned")
+    if body.use_beam_search:
+        raise _unsupported("use_beam_search", "beam search is not supported")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(
+            400,
+            "top_logprobs: needs logprobs set to true",
+            code="invalid_value",
+            param="top_logprobs",
+        )
     if body.audio is not None:
         raise _unsupported("audio", "audio output is not supported")
     if body.modalities and any(m != "text" for m in body.modalities):
@@ -170,6 +184,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
             "stop_token_ids": body.stop_token_ids,
             "ignore_eos": body.ignore_eos,
             "max_thinking_tokens": body.max_thinking_tokens or budget,
+            "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
         },
         enable_thinking=thinking,
         chat_template_kwargs=body.chat_template_kwargs,
@@ -199,77 +214,116 @@ def _stop_reason(outcome: Outcome) -> int | str | None:
     return outcome.stop_value if outcome.stop_kind in ("stop_string", "stop_token") else None
 
 
-def completion_body(cid: str, model: str, created: int, outcome: Outcome) -> dict[str, Any]:
+def _message(outcome: Outcome) -> dict[str, Any]:
     out = outcome.output
     calls = [
         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in out.tool_calls
     ]
-    message: dict[str, Any] = {
+    return {
         "role": "assistant",
         "content": out.content if (out.content or not calls) else None,
         "reasoning_content": out.reasoning or None,
         "tool_calls": calls,
     }
+
+
+def completion_body(
+    cid: str,
+    model: str,
+    created: int,
+    outcomes: list[Outcome],
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The reply: a choice per sample, with its ``logprobs`` object when asked for."""
+    choices = [
+        {
+            "index": i,
+            "message": _message(outcome),
+            "logprobs": logprobs[i] if logprobs is not None else None,
+            "finish_reason": _finish(outcome),
+            "stop_reason": _stop_reason(outcome),
+        }
+        for i, outcome in enumerate(outcomes)
+    ]
+    total = combined(outcomes)
     return {
         "id": cid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": _finish(outcome),
-                "stop_reason": _stop_reason(outcome),
-            }
-        ],
-        "usage": usage_block(outcome),
-        "timings": outcome.timings(),
+        "choices": choices,
+        "usage": usage_block(total),
+        "timings": total.timings(),
     }
 
 
-async def _chunks(cid: str, model: str, run: Run, include_usage: bool) -> AsyncIterator[bytes]:
-    base = {"id": cid, "object": "chat.completion.chunk", "created": run.created, "model": model}
+def _delta(event: Any) -> dict[str, Any] | None:
+    """A streamed chunk's ``delta`` for a parse event (None: the event shows nothing)."""
+    if isinstance(event, TextDelta):
+        return {"content": event.text}
+    if isinstance(event, ReasoningDelta):
+        return {"reasoning_content": event.text}
+    if isinstance(event, ToolCallStart):
+        call = {
+            "index": event.index,
+            "id": event.id,
+            "type": "function",
+            "function": {"name": event.name, "arguments": ""},
+        }
+        return {"tool_calls": [call]}
+    if isinstance(event, ToolCallArgumentsDelta):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+    return None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
-        payload = {**base, "choices": [choice]}
+
+async def _chunks(
+    cid: str, model: str, samples: Samples, include_usage: bool, tokenizer: Any | None
+) -> AsyncIterator[bytes]:
+    """The SSE stream; ``tokenizer`` given: each chunk carries its choice's new tokens'
+    log-probabilities (those generated since the choice's previous chunk)."""
+    runs = samples.runs
+    created = runs[0].created
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
+    sent = [0] * len(runs)
+
+    def chunk(item: SampleEvent | int, delta: dict[str, Any], **extra: Any) -> bytes:
+        index = item if isinstance(item, int) else item.index
+        logprobs = None
+        if tokenizer is not None and not isinstance(item, int):
+            tokens = runs[index].tokens[sent[index] : item.tokens]
+            sent[index] = item.tokens
+            logprobs = chat_logprobs(tokenizer, scored(tokens)) if tokens else None
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        payload = {**base, "choices": [{**choice, **extra}]}
         if include_usage:
             payload["usage"] = None
         return sse_data(payload)
 
-    yield chunk({"role": "assistant", "content": ""})
+    for index in range(len(runs)):
+        yield chunk(index, {"role": "assistant", "content": ""})
     try:
-        async for event in run.events():
-            if event is None:
+        async for item in samples.events():
+            if item.done:
+                outcome = runs[item.index].outcome
+                assert outcome is not None
+                finish = {"finish_reason": _finish(outcome), "stop_reason": _stop_reason(outcome)}
+                yield chunk(item, {}, **finish)
+            elif item.event is None:
                 yield KEEPALIVE
-            elif isinstance(event, TextDelta):
-                yield chunk({"content": event.text})
-            elif isinstance(event, ReasoningDelta):
-                yield chunk({"reasoning_content": event.text})
-            elif isinstance(event, ToolCallStart):
-                call = {
-                    "index": event.index,
-                    "id": event.id,
-                    "type": "function",
-                    "function": {"name": event.name, "arguments": ""},
-                }
-                yield chunk({"tool_calls": [call]})
-            elif isinstance(event, ToolCallArgumentsDelta):
-                call = {"index": event.index, "function": {"arguments": event.text}}
-                yield chunk({"tool_calls": [call]})
+            else:
+                delta = _delta(item.event)
+                if delta is not None:
+                    yield chunk(item, delta)
     except Exception as exc:  # the engine failed mid-stream: say so in-band, then end
         _, body = from_exception(exc).openai()
         yield sse_data(body)
         yield b"data: [DONE]\n\n"
         return
-    outcome = run.outcome
-    assert outcome is not None
-    yield chunk({}, _finish(outcome), stop_reason=_stop_reason(outcome))
     if include_usage:
-        yield sse_data({**base, "choices": [], "usage": usage_block(outcome)})
+        outcomes = [run.outcome for run in runs]
+        usage = usage_block(combined(outcomes))  # type: ignore[arg-type]
+        yield sse_data({**base, "choices": [], "usage": usage})
     yield b"data: [DONE]\n\n"
 
 
@@ -278,13 +332,22 @@ async def chat_completions(
 ) -> Response[Any] | Stream:
     model = state.check_model(body.model)
     job = to_job(body)
-    run = await until_disconnect(request, state.generator.start(job))
-    cid = f"chatcmpl-{run.job.request_id}"
+    n = body.n or 1
+    if n > 1:
+        state.loop.check_available()  # the lanes are known once the engine is loaded
+        check_sample_count(n, state.loop.max_concurrency)
+    samples = await until_disconnect(request, Samples.start(state.generator, job, n))
+    cid = f"chatcmpl-{samples.job.request_id}"
+    tokenizer = state.generator.engine.tokenizer if body.logprobs else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_chunks(cid, model, run, include_usage), run.cancel)
+        return sse_response(_chunks(cid, model, samples, include_usage, tokenizer), samples.cancel)
     try:
-        outcome = await until_disconnect(request, run.collect())
+        outcomes = await until_disconnect(request, samples.collect())
     finally:
-        run.cancel()  # no-op when finished; frees the lane when the wait was cut short
-    return Response(completion_body(cid, model, run.created, outcome))
+        samples.cancel()  # no-op when finished; frees the lanes when the wait was cut short
+    logprobs = None
+    if tokenizer is not None:
+        logprobs = [chat_logprobs(tokenizer, scored(run.tokens)) for run in samples.runs]
+    created = samples.runs[0].created
+    return Response(completion_body(cid, model, created, outcomes, logprobs))

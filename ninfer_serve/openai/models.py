@@ -4,8 +4,8 @@ Only shapes live here: what a field may hold, for validation and for the publish
 schema. What a field means is decided in ``chat.py`` / ``responses.py``. Validation is strict
 (no string-to-number coercion), as OpenAI's own API is. Chat ignores unknown top-level fields
 (clients send vendor extensions); Responses refuses them (``unknown_parameter``), as NInfer does.
-Fields that are accepted only to be refused when set (``n``, ``logit_bias``, ``audio`` ...) are
-declared so the refusal can name them.
+Fields that are accepted only to be refused when set (``logit_bias``, ``best_of``, ``audio``
+...) are declared so the refusal can name them.
 
 The published OpenAPI schema is generated from these models. Where the protocol module checks a
 value itself (so that its refusal names the field and says why), the field's annotation states
@@ -19,9 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, WithJsonSchema
 
-from ninfer_runtime.frontend.sampling import MIN_REPETITION_PENALTY
+from ninfer_runtime.frontend.sampling import MAX_LOGPROBS, MIN_REPETITION_PENALTY
 
-from ..limits import MAX_STOP
+from ..limits import MAX_SAMPLES, MAX_STOP
 from ..wire import WireModel
 
 __all__ = [
@@ -164,13 +164,17 @@ class ChatCompletionRequest(_Open):
     enable_thinking: bool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     max_thinking_tokens: int | None = Field(None, ge=1)
+    #: independent samples, at most the server's lanes (``limits.check_sample_count``)
+    n: int | None = Field(None, ge=1, le=MAX_SAMPLES)
+    logprobs: bool | None = None
+    #: needs ``logprobs: true`` (``chat.py`` refuses it alone, as OpenAI does)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # accepted so that setting them is refused by name (they would change the result)
-    n: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = Field(None, ge=1)
     logit_bias: Annotated[
         dict[str, float] | None, _nullable({"type": "object", "additionalProperties": {"const": 0}})
     ] = None
-    logprobs: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = None
-    top_logprobs: Annotated[int | None, WithJsonSchema({"enum": [0, None]})] = None
+    best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = Field(None, ge=1)
+    use_beam_search: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = None
     audio: Annotated[dict[str, Any] | None, _UNSET] = None
     modalities: Annotated[
         list[str] | None, _nullable({"type": "array", "items": {"const": "text"}})
@@ -321,7 +325,9 @@ class ResponsesRequest(_Closed):
     prompt_cache_key: str | None = None
     client_metadata: dict[str, Any] | None = None
     stream_options: dict[str, Any] | None = None
-    top_logprobs: Annotated[int | None, WithJsonSchema({"enum": [0, None]})] = Field(None, ge=0)
+    #: alternatives per token; the scores come with ``include``'s
+    #: ``message.output_text.logprobs`` (``responses.py`` refuses them without it)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class InputTokensRequest(_Closed):

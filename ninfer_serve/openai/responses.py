@@ -3,8 +3,12 @@
 Input items become chat messages (instructions first, then the stored conversation of
 ``previous_response_id``, then ``input``); output events become typed output items (reasoning,
 message, function_call) and, when streaming, the semantic SSE events with a monotonic
-``sequence_number``. Stored responses live in a bounded in-memory LRU: a restart forgets them,
-and the oldest go first when it is full (a later ``previous_response_id`` to them gets 404).
+``sequence_number``. With ``include: ["message.output_text.logprobs"]`` an ``output_text`` part
+lists the log-probabilities of its tokens: those generated since the previous output event
+(reasoning and tool-call tokens belong to their items, which have no such field), and a
+``response.output_text.delta`` event those of its delta. Stored responses live in a bounded
+in-memory LRU: a restart forgets them, and the oldest go first when it is full (a later
+``previous_response_id`` to them gets 404).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.response import Stream
 
+from ninfer_runtime.engine import TokenEvent
 from ninfer_runtime.frontend import (
     ParseEvent,
     ReasoningDelta,
@@ -31,6 +36,7 @@ from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
 from .chat import check_text_only, thinking_for_effort
+from .logprobs import scored, text_logprobs
 from .models import InputTokensRequest, ResponsesRequest
 
 __all__ = [
@@ -43,6 +49,8 @@ __all__ = [
 ]
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+#: the ``include`` value that asks for the output text's log-probabilities
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 @dataclass
@@ -239,11 +247,12 @@ def _refuse(body: ResponsesRequest | InputTokensRequest) -> None:
                 code="unsupported_parameter",
                 param="background",
             )
-        if body.top_logprobs:
+        if body.top_logprobs and LOGPROBS_INCLUDE not in (body.include or ()):
             raise ApiError(
                 400,
-                "top_logprobs: logprobs are not supported",
-                code="unsupported_parameter",
+                f"top_logprobs: needs include [{LOGPROBS_INCLUDE!r}] (the log-probabilities "
+                "come with the output text)",
+                code="invalid_value",
                 param="top_logprobs",
             )
     if body.truncation == "auto":
@@ -333,6 +342,8 @@ def to_job(
             "min_p": body.min_p,
             "seed": body.seed,
         }
+        if LOGPROBS_INCLUDE in (body.include or ()):
+            sampling["logprobs"] = body.top_logprobs or 0
     job = Job(
         messages=prompt,
         tools=tools or None,
@@ -351,14 +362,42 @@ def to_job(
 
 
 class ResponseBuilder:
-    """Folds parse events into output items, and (streaming) into semantic SSE events."""
+    """Folds parse events into output items, and (streaming) into semantic SSE events.
 
-    def __init__(self, skeleton: dict[str, Any]):
+    With ``tokens`` (the run's generated tokens, a list that grows as they come) and a
+    ``tokenizer``, each text delta carries the log-probabilities of the tokens that came
+    since the previous event, less any up to the end of the reasoning (``</think>``, which no
+    reasoning event shows when it is the last of its tokens).
+    """
+
+    def __init__(
+        self,
+        skeleton: dict[str, Any],
+        tokens: list[TokenEvent] | None = None,
+        tokenizer: Any | None = None,
+    ):
         self.skeleton = skeleton
         self.output: list[dict[str, Any]] = []
         self.sequence = 0
         self._open: dict[str, Any] | None = None  # the item receiving deltas
         self._calls: dict[int, dict[str, Any]] = {}
+        self._tokens = tokens if tokenizer is not None else None
+        self._tokenizer = tokenizer
+        close = tokenizer.think_close_ids if tokenizer is not None else ()
+        self._reasoning_end = close[-1] if close else None
+        self._taken = 0  # tokens already given to an event
+
+    def _take_tokens(self) -> list[TokenEvent]:
+        """The answer tokens no event has taken yet (none when not asked for)."""
+        if self._tokens is None:
+            return []
+        fresh = self._tokens[self._taken :]
+        self._taken += len(fresh)
+        ends = [i for i, t in enumerate(fresh) if t.token_id == self._reasoning_end]
+        return fresh[ends[-1] + 1 :] if ends else fresh
+
+    def _logprobs(self, tokens: list[TokenEvent]) -> list[dict[str, Any]]:
+        return text_logprobs(self._tokenizer, scored(tokens)) if tokens else []
 
     def event(self, kind: str, /, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -376,6 +415,7 @@ class ResponseBuilder:
         part = item["content"][0]
         kind = "reasoning_text" if item["type"] == "reasoning" else "output_text"
         item["status"] = "completed"
+        extra = {"logprobs": part["logprobs"]} if kind == "output_text" else {}
         return [
             self.event(
                 f"response.{kind}.done",
@@ -383,6 +423,7 @@ class ResponseBuilder:
                 output_index=index,
                 content_index=0,
                 text=part["text"],
+                **extra,
             ),
             self.event(
                 "response.content_part.done",
@@ -415,6 +456,7 @@ class ResponseBuilder:
         return out
 
     def feed(self, event: ParseEvent) -> list[bytes]:
+        tokens = self._take_tokens()  # a text delta shows them; other items have no place
         if isinstance(event, ReasoningDelta | TextDelta):
             reasoning = isinstance(event, ReasoningDelta)
             kind = "reasoning" if reasoning else "message"
@@ -441,7 +483,10 @@ class ResponseBuilder:
             assert item is not None
             item["content"][0]["text"] += event.text
             name = "response.reasoning_text.delta" if reasoning else "response.output_text.delta"
-            extra = {} if reasoning else {"logprobs": []}
+            extra = {}
+            if not reasoning:
+                extra["logprobs"] = logprobs = self._logprobs(tokens)
+                item["content"][0]["logprobs"] += logprobs
             out.append(
                 self.event(
                     name,
@@ -494,6 +539,10 @@ class ResponseBuilder:
         return []
 
     def finish(self) -> list[bytes]:
+        # tokens whose text never came out (a stop string, say) belong to the open text
+        tokens = self._take_tokens()
+        if self._open is not None and self._open["type"] == "message":
+            self._open["content"][0]["logprobs"] += self._logprobs(tokens)
         out = self._close_open()
         # a call that never ended (abandoned by the parser) is not part of the answer
         self.output[:] = [i for i in self.output if i["status"] != "in_progress"]
@@ -618,7 +667,10 @@ async def create_response(
     model = state.check_model(body.model)
     job, history = to_job(state, body)
     run = await until_disconnect(request, state.generator.start(job))
-    builder = ResponseBuilder(_skeleton(state, body, f"resp_{run.job.request_id}", model))
+    skeleton = _skeleton(state, body, f"resp_{run.job.request_id}", model)
+    scoring = LOGPROBS_INCLUDE in (body.include or ())
+    tokenizer = state.generator.engine.tokenizer if scoring else None
+    builder = ResponseBuilder(skeleton, run.tokens, tokenizer)
     if body.stream:
         return sse_response(_events(state, body, run, builder, history), run.cancel)
     try:

@@ -77,6 +77,9 @@ def _chat(body: dict[str, Any]) -> None:
     needs_schema = isinstance(fmt, dict) and fmt.get("type") == "json_schema"
     if needs_schema and (fmt.get("json_schema") or {}).get("schema") is None:
         fmt["json_schema"] = {"name": "answer", "schema": {}}
+    # top_logprobs needs logprobs
+    if body.get("top_logprobs") is not None:
+        body["logprobs"] = True
 
 
 def _named_tool_in_tools(body: dict[str, Any], names: set[str], required: str) -> None:
@@ -106,6 +109,9 @@ def _responses(body: dict[str, Any]) -> None:
     fmt = (body.get("text") or {}).get("format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and fmt.get("schema") is None:
         fmt["schema"] = {}
+    # top_logprobs needs the output text's log-probabilities included
+    if body.get("top_logprobs"):
+        body["include"] = [*(body.get("include") or []), "message.output_text.logprobs"]
 
 
 def _anthropic(body: dict[str, Any]) -> None:
@@ -142,6 +148,21 @@ _TOOLS_OVERHEAD = 600
 def _max_context(base_url: str) -> int:
     models = httpx.get(f"{base_url}/v1/models", timeout=10).json()
     return int(models["data"][0]["max_model_len"])
+
+
+@functools.cache
+def _lanes(base_url: str) -> int:
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("ninfer_max_concurrency "):
+            return int(float(line.split()[1]))
+    raise KeyError("ninfer_max_concurrency")
+
+
+def _fit_the_lanes(body: dict[str, Any], base_url: str) -> None:
+    """``n`` samples need as many decode lanes, which the server chooses at start-up."""
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > _lanes(base_url):
+        body["n"] = _lanes(base_url)
 
 
 def _fit_the_context(body: dict[str, Any], base_url: str, prompt_key: str) -> None:
@@ -185,3 +206,4 @@ def before_call(context, case, **kwargs):  # type: ignore[no-untyped-def]
     with contextlib.suppress(AttributeError, KeyError, TypeError):  # a shape the rule skips
         steer(body)
         _fit_the_context(body, case.operation.base_url, prompt_key)
+        _fit_the_lanes(body, case.operation.base_url)

@@ -219,7 +219,12 @@ def test_invalid_schema_is_a_400(client, server):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("logit_bias", {"5": 10}), ("logprobs", True), ("audio", {"voice": "x"})],
+    [
+        ("best_of", 2),
+        ("logit_bias", {"5": 10}),
+        ("use_beam_search", True),
+        ("audio", {"voice": "x"}),
+    ],
 )
 def test_result_changing_fields_are_refused(client, server, field, value):
     with pytest.raises(openai.BadRequestError) as err:
