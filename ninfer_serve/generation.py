@@ -34,11 +34,12 @@ from ninfer_runtime.frontend import (
     ParsedOutput,
     ParseEvent,
     SamplingParams,
+    TextDelta,
     ToolCallEnd,
 )
 
 from .engine_loop import EngineLoop, EngineUnavailable, RequestStream, Ticket
-from .structured import Constraints
+from .structured import AnswerGrammar, Constraints
 
 __all__ = ["Generator", "Job", "Outcome", "Run", "ToolChoice"]
 
@@ -113,10 +114,16 @@ class Job:
     #: ``None`` (free text), ``{}`` (any JSON object) or a JSON schema
     json_schema: Mapping[str, Any] | None = None
     json_schema_param: str = "response_format"
+    #: a regex, choice or grammar the whole answer follows (at most one of it and json_schema)
+    answer_grammar: AnswerGrammar | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     enable_thinking: bool | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
     continue_final_message: bool = False
+    #: off: the prompt ends after the last message, without the assistant turn's opening
+    add_generation_prompt: bool = True
+    #: text the reply starts with, before anything generated (vLLM's chat ``echo``)
+    echo: str = ""
     #: the request field the conversation comes from (an over-long prompt's error names it)
     prompt_param: str = "messages"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -206,6 +213,10 @@ class Run:
         single = not self.job.parallel_tool_calls
         finished: Finished | None = None
         try:
+            if self.job.echo:
+                echoed = TextDelta(self.job.echo)
+                self._accumulator.add([echoed])
+                yield echoed
             async for chunk in self._stream.chunks(self._keepalive):
                 if chunk is None:
                     yield None
@@ -341,6 +352,7 @@ class Generator:
             enable_thinking=thinking,
             chat_template_kwargs=kwargs,
             continue_final_message=job.continue_final_message,
+            add_generation_prompt=job.add_generation_prompt,
             sampling=sampling,
             parse_tool_calls=job.tool_choice != "none",
             request_id=job.request_id,
@@ -404,6 +416,9 @@ class Generator:
             schema = job.json_schema or None
             grammar = self._constraints_for().json_grammar(schema, job.json_schema_param)
             kind = "json_schema" if schema else "json_object"
+        elif job.answer_grammar is not None:
+            grammar = self._constraints_for().answer_grammar(job.answer_grammar)
+            kind = job.answer_grammar.kind
         if grammar is not None:
             request.logits_processor = self._constraints_for().processor(grammar)
             self.loop.metrics.constrained(kind)

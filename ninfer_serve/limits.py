@@ -9,11 +9,26 @@ from __future__ import annotations
 from .errors import ApiError
 from .lanes import ENGINE_MAX_LANES
 
-__all__ = ["MAX_SAMPLES", "MAX_STOP", "check_sample_count", "check_stop_count"]
+__all__ = [
+    "MAX_CHOICES",
+    "MAX_SAMPLES",
+    "MAX_STOP",
+    "MAX_TEMPLATE_KWARGS",
+    "MAX_TEMPLATE_KWARGS_BYTES",
+    "check_sample_count",
+    "check_stop_count",
+]
 
 #: the most stop strings a request may give (Chat ``stop``, Anthropic ``stop_sequences``):
 #: every generated token is matched against each of them
 MAX_STOP = 16
+#: the most strings a choice constraint (``guided_choice``) may list: each is a branch of the
+#: grammar every answer token is checked against
+MAX_CHOICES = 256
+#: the most entries ``chat_template_kwargs`` may hold, and the most bytes of JSON: the
+#: template sees each as a variable, and a prompt is rendered once or twice per request
+MAX_TEMPLATE_KWARGS = 32
+MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
 #: the most samples a request may ask for (Chat and Completions ``n``) on any server: the
 #: engine's most lanes. A server takes at most its own lanes (``check_sample_count``)
 MAX_SAMPLES = ENGINE_MAX_LANES

@@ -30,6 +30,10 @@ Grammars:
   calls in the model's native XML form (``<tool_call><function=NAME><parameter=ARG>...``),
   string arguments as text and other arguments as JSON of their schema, then end of output.
   Constrained string arguments cannot contain ``<`` (the parameter close tag starts with it).
+* ``regex`` / ``choice`` / ``grammar`` (vLLM's guided decoding): the whole answer matches the
+  regular expression, is exactly one of the strings, or is a sentence of the grammar (Lark as
+  llguidance reads it, or GBNF, which llguidance converts to Lark), then end of output. No
+  leading whitespace is added: the answer is what the client asked for, byte for byte.
 """
 
 from __future__ import annotations
@@ -37,14 +41,21 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.errors import RequestError
 
-__all__ = ["Constraints", "GrammarProcessor", "closed_objects", "json_answer_lark"]
+__all__ = [
+    "AnswerGrammar",
+    "Constraints",
+    "GrammarProcessor",
+    "closed_objects",
+    "json_answer_lark",
+]
 
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _LEAD = r"/[ \t\r\n]{0,8}/"
@@ -55,6 +66,17 @@ _SCHEMA_ONE = ("additionalProperties", "items", "additionalItems", "contains")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 # siblings of "$ref" that make it a merge of two object schemas rather than a plain reference
 _OBJECT_KEYWORDS = ("properties", "patternProperties", "additionalProperties", "required", "allOf")
+
+
+@dataclass(frozen=True)
+class AnswerGrammar:
+    """A constraint on the whole answer other than JSON: a regular expression, a choice of
+    strings, or a grammar text; ``param`` is the request field it came from (its errors
+    name it)."""
+
+    kind: Literal["regex", "choice", "grammar"]
+    source: str | tuple[str, ...]
+    param: str
 
 
 def _literal(text: str) -> str:
@@ -304,10 +326,37 @@ class Constraints:
         body = _styled(schema)
         return f"%json {json.dumps(body)} {close}"
 
-    def _checked(self, lark: str, param: str, code: str) -> str:
+    def answer_grammar(self, spec: AnswerGrammar) -> str:
+        """Grammar for an answer that matches ``spec`` whole, then the end of output."""
+        import llguidance
+
+        if spec.kind == "regex":
+            grammar = llguidance.LLMatcher.grammar_from_regex(str(spec.source))
+            return self._validated(grammar, spec.param, "invalid_regex", "the regular expression")
+        if spec.kind == "choice":
+            lark = "start: " + " | ".join(_literal(choice) for choice in spec.source)
+            return self._checked(lark, spec.param, "invalid_choice", "the choices")
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:  # Lark is taken as it is; GBNF (``root ::= ...``) is converted to Lark
+            lark = any_to_lark(str(spec.source))
+        except Exception as exc:  # the converter raises its own error types
+            raise RequestError(
+                f"the grammar is neither Lark nor GBNF: {str(exc).splitlines()[0]}",
+                param=spec.param,
+                code="invalid_grammar",
+            ) from None
+        return self._checked(lark, spec.param, "invalid_grammar", "the grammar")
+
+    def _checked(self, lark: str, param: str, code: str, what: str = "the schema") -> str:
         import llguidance
 
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        return self._validated(grammar, param, code, what)
+
+    def _validated(self, grammar: str, param: str, code: str, what: str) -> str:
+        import llguidance
+
         error = self._valid.get(grammar)
         if error is None:
             error = llguidance.LLMatcher.validate_grammar(grammar, self._llg_tokenizer())
@@ -317,7 +366,7 @@ class Constraints:
         if error and not error.startswith("WARNING"):
             error = error.splitlines()[0].split(": ", 1)[-1]
             raise RequestError(
-                f"the schema cannot be used for constrained decoding: {error}",
+                f"{what} cannot be used for constrained decoding: {error}",
                 param=param,
                 code=code,
             )

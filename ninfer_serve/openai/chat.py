@@ -40,6 +40,7 @@ from ..http import (
 )
 from ..limits import check_sample_count, check_stop_count
 from ..samples import SampleEvent, Samples, combined
+from . import vllm_fields
 from .logprobs import chat_logprobs, scored
 from .models import ChatCompletionRequest
 
@@ -120,8 +121,11 @@ def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> 
 def to_job(body: ChatCompletionRequest) -> Job:
     """The protocol-neutral job for a validated Chat Completions request."""
     _refuse_unsupported(body)
+    vllm_fields.refuse_unsupported(body)
+    vllm_fields.check_template_kwargs(body.chat_template_kwargs)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     check_text_only(messages)
+    continue_final, generation_prompt = vllm_fields.prompt_ending(body)
     stop = body.stop
     check_stop_count(stop, "stop")
     tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]
@@ -159,6 +163,12 @@ def to_job(body: ChatCompletionRequest) -> Job:
                 param="response_format.json_schema.schema",
             )
         schema = fmt.json_schema.schema_
+    where = "response_format" if schema == {} else "response_format.json_schema.schema"
+    answer = vllm_fields.answer_constraint(
+        body,
+        None if schema is None else (schema, where),
+        forced_tool=tool_choice not in ("auto", "none"),
+    )
     thinking, budget = thinking_for_effort(body.reasoning_effort)
     if body.enable_thinking is not None:
         thinking = body.enable_thinking
@@ -168,8 +178,9 @@ def to_job(body: ChatCompletionRequest) -> Job:
         tools=tools or None,
         tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        json_schema=schema,
-        json_schema_param="response_format.json_schema.schema",
+        json_schema=answer.json_schema,
+        json_schema_param=answer.json_param,
+        answer_grammar=answer.grammar,
         sampling={
             "max_tokens": body.max_completion_tokens or body.max_tokens,
             "temperature": body.temperature,
@@ -182,12 +193,15 @@ def to_job(body: ChatCompletionRequest) -> Job:
             "seed": body.seed,
             "stop": stop,
             "stop_token_ids": body.stop_token_ids,
-            "ignore_eos": body.ignore_eos,
+            **vllm_fields.sampling_fields(body),
             "max_thinking_tokens": body.max_thinking_tokens or budget,
             "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
         },
         enable_thinking=thinking,
         chat_template_kwargs=body.chat_template_kwargs,
+        continue_final_message=continue_final,
+        add_generation_prompt=generation_prompt,
+        echo=vllm_fields.echo_text(messages, generation_prompt) if body.echo else "",
     )
 
 

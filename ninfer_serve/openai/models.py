@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ninfer_runtime.frontend.sampling import MAX_LOGPROBS, MIN_REPETITION_PENALTY
 
-from ..limits import MAX_SAMPLES, MAX_STOP
+from ..limits import MAX_CHOICES, MAX_SAMPLES, MAX_STOP, MAX_TEMPLATE_KWARGS
 from ..wire import WireModel
 
 __all__ = [
@@ -29,11 +29,16 @@ __all__ = [
     "ChatMessage",
     "InputTokensRequest",
     "ResponsesRequest",
+    "StructuredOutputs",
+    "VllmGenerationFields",
 ]
 
 
 #: what the schema states for a field that is refused whenever it is set
 _UNSET = WithJsonSchema({"type": "null"})
+#: ... and for a switch refused when it is on (off)
+_NOT_TRUE = WithJsonSchema({"enum": [False, None]})
+_NOT_FALSE = WithJsonSchema({"enum": [True, None]})
 
 
 def _nullable(schema: dict[str, Any]) -> WithJsonSchema:
@@ -58,6 +63,9 @@ _CHAT_CONTENT = _nullable(
     }
 )
 
+
+#: chat_template_kwargs: at most MAX_TEMPLATE_KWARGS entries (``vllm_fields.py`` bounds its size)
+_TEMPLATE_KWARGS = _nullable({"type": "object", "maxProperties": MAX_TEMPLATE_KWARGS})
 
 _NONEMPTY = {"type": "string", "minLength": 1}
 _STOP = _nullable(
@@ -135,7 +143,51 @@ class StreamOptions(_Open):
     continuous_usage_stats: bool | None = None
 
 
-class ChatCompletionRequest(_Open):
+class StructuredOutputs(_Closed):
+    """vLLM's ``structured_outputs``: one constraint on the answer (``vllm_fields.py``)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1, max_length=MAX_CHOICES)
+    grammar: str | None = None
+    json_object: bool | None = None
+    #: there is one grammar engine and no fallback: either value is what happens
+    disable_fallback: bool | None = None
+    # refused by name when set (they would change the result)
+    whitespace_pattern: Annotated[str | None, _UNSET] = None
+    structural_tag: Annotated[str | dict[str, Any] | None, _UNSET] = None
+    disable_any_whitespace: Annotated[bool | None, _NOT_TRUE] = None
+    disable_additional_properties: Annotated[bool | None, _NOT_TRUE] = None
+
+
+class VllmGenerationFields(_Open):
+    """vLLM's request extensions that Chat Completions and Completions share; what they mean
+    is decided in ``vllm_fields.py``."""
+
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1, max_length=MAX_CHOICES)
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # accepted so that setting them is refused by name (they would change the result); the
+    # schema states the values that change nothing
+    guided_whitespace_pattern: Annotated[str | None, _UNSET] = None
+    structural_tag: Annotated[str | dict[str, Any] | None, _UNSET] = None
+    allowed_token_ids: Annotated[list[int] | None, _UNSET] = None
+    bad_words: Annotated[list[str] | None, _nullable({"type": "array", "maxItems": 0})] = None
+    length_penalty: Annotated[float | None, WithJsonSchema({"enum": [1, None]})] = None
+    truncate_prompt_tokens: Annotated[int | None, _UNSET] = None
+    spaces_between_special_tokens: Annotated[bool | None, _NOT_FALSE] = None
+    return_tokens_as_token_ids: Annotated[bool | None, _NOT_TRUE] = None
+    top_a: Annotated[float | None, WithJsonSchema({"enum": [0, None]})] = None
+    typical_p: Annotated[float | None, WithJsonSchema({"enum": [1, None]})] = None
+
+
+class ChatCompletionRequest(VllmGenerationFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -153,14 +205,18 @@ class ChatCompletionRequest(_Open):
     seed: int | None = None
     stop: Annotated[str | list[str] | None, _STOP] = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    ignore_eos: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: Annotated[dict[str, Any] | None, _TEMPLATE_KWARGS] = None
+    # vLLM's chat extensions (``chat.py``): the reply continues the last message, or follows it
+    # with or without the template's assistant opening, and may start with its text
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
+    echo: bool | None = None
     enable_thinking: bool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     max_thinking_tokens: int | None = Field(None, ge=1)

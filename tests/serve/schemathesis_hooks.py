@@ -80,6 +80,52 @@ def _chat(body: dict[str, Any]) -> None:
     # top_logprobs needs logprobs
     if body.get("top_logprobs") is not None:
         body["logprobs"] = True
+    _vllm_fields(body)
+
+
+#: vLLM's ways to constrain a Chat answer, of which a request takes one
+_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_STRUCTURED = ("json", "regex", "choice", "grammar", "json_object")
+#: a value llguidance takes, for a constraint given as a string
+_USABLE = {"json": "{}", "regex": "[a-z]{1,8}", "grammar": 'start: "yes" | "no"'}
+
+
+def _vllm_fields(body: dict[str, Any]) -> None:
+    """One answer constraint (none beside ``response_format`` JSON or a forced tool call),
+    written as llguidance reads it (a regex, a grammar, a schema's JSON text: any string is
+    schema-valid); ``min_tokens`` within ``max_tokens``; ``continue_final_message`` after an
+    assistant message with text, without ``add_generation_prompt``."""
+    fmt = body.get("response_format")
+    taken = (isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")) or (
+        body.get("tool_choice") not in (None, "auto", "none")
+    )
+    for key in (*_CONSTRAINTS, "structured_outputs"):
+        if body.get(key) is not None and taken:
+            body.pop(key)
+        taken = taken or body.get(key) is not None
+    for key in ("json", "regex", "grammar"):
+        if isinstance(body.get(f"guided_{key}"), str):
+            body[f"guided_{key}"] = _USABLE[key]
+    options = body.get("structured_outputs")
+    if isinstance(options, dict):
+        given = [k for k in _STRUCTURED if options.get(k) not in (None, False)]
+        for key in given[1:]:
+            options.pop(key)
+        if not given:
+            options["choice"] = ["yes", "no"]
+        elif given[0] in _USABLE and isinstance(options[given[0]], str):
+            options[given[0]] = _USABLE[given[0]]
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(body.get("min_tokens"), int) and limit is not None:
+        body["min_tokens"] = min(body["min_tokens"], limit)
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else {}
+    if body.get("continue_final_message") and (
+        last.get("role") != "assistant"
+        or _is_blank(last.get("content"))
+        or body.get("add_generation_prompt")
+    ):
+        body.pop("continue_final_message")
 
 
 def _named_tool_in_tools(body: dict[str, Any], names: set[str], required: str) -> None:
@@ -174,7 +220,7 @@ def _fit_the_context(body: dict[str, Any], base_url: str, prompt_key: str) -> No
     size += _TOOLS_OVERHEAD if body.get("tools") else 0
     if size < _max_context(base_url) - 64:
         return
-    for key in (*_PROMPT, "tool_choice", "previous_response_id"):
+    for key in (*_PROMPT, "tool_choice", "previous_response_id", "continue_final_message"):
         body.pop(key, None)
     body[prompt_key] = [{"role": "user", "content": "hi"}]
 
