@@ -92,19 +92,29 @@ class Samples:
                 ready.cancel()
             if first.done() and samples.runs[0].outcome is None:
                 return samples  # it failed before its prompt was read: events() raises
-            started = await asyncio.gather(
-                *(generator.start(j) for j in jobs[1:]), return_exceptions=True
-            )
-            samples.runs += [r for r in started if isinstance(r, Run)]
-            failed = next((r for r in started if isinstance(r, BaseException)), None)
-            if failed is not None:
-                raise failed
+            await samples._start_rest(generator, jobs[1:])
         except BaseException:
             samples.cancel()
             raise
         for index in range(1, n):
             samples._follow(index)
         return samples
+
+    async def _start_rest(self, generator: Generator, jobs: list[Job]) -> None:
+        """Start ``jobs`` at once; every run that started is kept (so that ``cancel`` reaches
+        it) even when another failed or this wait is cancelled (the client left)."""
+        tasks = [asyncio.ensure_future(generator.start(job)) for job in jobs]
+        try:
+            await asyncio.wait(tasks)
+        finally:
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    self.runs.append(task.result())
+                else:
+                    task.cancel()  # still waiting (for a lane): it gives its place back
+        failed = next((t.exception() for t in tasks if t.exception() is not None), None)
+        if failed is not None:
+            raise failed
 
     @property
     def job(self) -> Job:

@@ -22,7 +22,7 @@ from ninfer_runtime.frontend.tokenizer import Tokenizer
 from ninfer_serve.openai.logprobs import chat_logprobs, completion_logprobs
 from ninfer_serve.samples import sample_seed
 
-from .conftest import BUNDLED, Server, metric, start_server
+from .conftest import BUNDLED, Server, metric, start_server, wait_for
 
 QUESTION = [{"role": "user", "content": "What is the capital of Italy?"}]
 ANSWER = "The capital of Italy is Rome."
@@ -167,6 +167,27 @@ def test_streamed_samples_carry_their_index(server):
     assert texts == [c.message.content for c in plain.choices]
     for i, choice in enumerate(plain.choices):
         assert [e.token for e in tokens[i]] == [e.token for e in choice.logprobs.content]
+
+
+def test_leaving_stops_every_sample(server):
+    """A client that leaves a streamed n > 1 request frees every sample's lane at once."""
+    body = {
+        "model": server.model,
+        "messages": UNSURE,
+        "n": 3,
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        indexes = set()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                indexes |= {c["index"] for c in json.loads(line[6:])["choices"]}
+            if len(indexes) == 3:
+                assert metric(server.url, "ninfer_requests_running") == 3
+                break  # closes the stream
+    assert wait_for(lambda: metric(server.url, "ninfer_requests_running") == 0, timeout=10)
 
 
 @pytest.mark.parametrize(

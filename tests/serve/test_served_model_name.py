@@ -57,6 +57,10 @@ def test_served_model_name_chooses_the_name(model_ninfer: Path) -> None:
         assert server.model == "team/chat-1"
         listed = httpx.get(f"{server.url}/v1/models", timeout=10).json()
         assert [m["id"] for m in listed["data"]] == ["team/chat-1"]
+        # as vLLM: the artifact served under that name, the context, no parent
+        (model,) = listed["data"]
+        assert model["root"] == str(model_ninfer) and model["parent"] is None
+        assert model["max_model_len"] == 512 and model["owned_by"] == "ninfer"
         body = {"model": "model", "messages": [{"role": "user", "content": "Hi"}]}
         refused = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
         assert refused.status_code == 404
