@@ -813,8 +813,15 @@ def _templates(model: str) -> dict[str, dict[str, Any]]:
                 {"type": "tool_result", "tool_use_id": "t1", "content": "done"}]},
         ],
     }  # fmt: skip
+    completions = {
+        "model": model, "prompt": ["hi", "ok"], "max_tokens": 4, "temperature": 0.5, "n": 1,
+        "echo": True, "logprobs": 2, "stop": ["x"], "seed": 1, "stream": False,
+    }  # fmt: skip
     return {
         "/v1/chat/completions": chat,
+        "/v1/completions": completions,
+        "/tokenize": {"model": model, "messages": chat["messages"], "return_token_strs": True},
+        "/detokenize": {"model": model, "tokens": [1, 2, 3]},
         "/v1/responses": responses,
         "/v1/responses/input_tokens": {k: v for k, v in responses.items() if k != "store"},
         "/v1/responses/resp_0/cancel": {},

@@ -50,8 +50,10 @@ from .errors import (
 from .generation import Generator
 from .http import ClientGone, ServerState
 from .metrics import EXPOSITION_CONTENT_TYPE, Metrics
-from .openai import chat, responses
+from .openai import chat, completions, responses, tokenize
+from .openai.completions import CompletionRequest
 from .openai.models import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
+from .openai.tokenize import DetokenizeRequest, TokenizeRequest
 
 __all__ = ["create_app"]
 
@@ -171,6 +173,12 @@ _RULES = {
     "responses": f"Also refused: {_TOOL_RULE}; an empty prompt (instructions, history and input "
     "together); function_call arguments that are not a JSON object; top_logprobs above 0 "
     f"without include message.output_text.logprobs; {_CONTEXT_RULE}.",
+    "completions": "Also refused: the prompts of a list mixing strings and token ids; a token "
+    "id outside the vocabulary; n above the server's decode lanes; stream_options without "
+    f"stream; {_CONTEXT_RULE}.",
+    "tokenize": "Give prompt or messages, not both; the template's fields "
+    "(add_generation_prompt, continue_final_message, tools, chat_template_kwargs) only with "
+    "messages, continue_final_message not with add_generation_prompt.",
     "messages": f"Also refused: {_TOOL_RULE}; thinking enabled without budget_tokens below "
     "max_tokens; a last assistant message (a prefill) without text; a conversation that maps to "
     f"no message; {_CONTEXT_RULE}.",
@@ -189,6 +197,9 @@ def _errors(*statuses: int, anthropic: bool = False) -> dict[int, ResponseSpec]:
 
 _REQUEST_MODELS = (
     ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
     ResponsesRequest,
     InputTokensRequest,
     MessagesRequest,
@@ -208,7 +219,7 @@ def _request_body_schemas() -> dict[str, Any]:
     return schema["$defs"]
 
 
-_STREAMING = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
+_STREAMING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
 def _complete_the_schema(openapi: OpenAPI) -> None:
@@ -412,6 +423,40 @@ def create_app(
         return await chat.chat_completions(state, request, data)
 
     @post(
+        "/v1/completions",
+        status_code=200,
+        responses=_errors(*_GENERATION),
+        tags=["openai"],
+        summary="OpenAI legacy Completions: raw prompts, echo and logprobs (stream with SSE)",
+        description=_RULES["completions"],
+    )
+    async def text_completions(
+        request: Request[Any, Any, Any], data: CompletionRequest
+    ) -> Response[Any]:
+        return await completions.create_completion(state, request, data)
+
+    @post(
+        "/tokenize",
+        status_code=200,
+        responses=_errors(400, 401, 404, 413, 429, 503),
+        tags=["tokenizer"],
+        summary="Token ids of a prompt or of chat messages (vLLM's shape)",
+        description=_RULES["tokenize"],
+    )
+    async def tokenize_endpoint(data: TokenizeRequest) -> dict[str, Any]:
+        return await tokenize.tokenize(state, data)
+
+    @post(
+        "/detokenize",
+        status_code=200,
+        responses=_errors(400, 401, 404, 413, 429, 503),
+        tags=["tokenizer"],
+        summary="Text of token ids (vLLM's shape)",
+    )
+    async def detokenize_endpoint(data: DetokenizeRequest) -> dict[str, Any]:
+        return await tokenize.detokenize(state, data)
+
+    @post(
         "/v1/responses",
         status_code=200,
         responses=_errors(*_GENERATION),
@@ -526,6 +571,9 @@ def create_app(
             list_models,
             get_model,
             chat_completions,
+            text_completions,
+            tokenize_endpoint,
+            detokenize_endpoint,
             create_response,
             input_tokens,
             stored_response_options,  # before the path's other handlers, or Litestar adds its own

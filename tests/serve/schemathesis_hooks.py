@@ -184,6 +184,64 @@ def _anthropic(body: dict[str, Any]) -> None:
         messages.append({"role": "user", "content": "hi"})
 
 
+#: token ids every tokenizer here knows (a byte-level vocabulary starts with its 256 bytes)
+_KNOWN_IDS = 256
+#: a raw prompt's characters: at most 4 UTF-8 bytes each, so 48 of them fit a 256-token context
+_PROMPT_CHARS = 48
+#: prompts of a generated Completions request: each generates up to the context, so a request
+#: of 64 of them would take longer than the fuzzer waits
+_PROMPTS = 4
+
+
+def _known_ids(ids: list[Any]) -> list[Any]:
+    return [t % _KNOWN_IDS if isinstance(t, int) else t for t in ids[:_PROMPT_CHARS]]
+
+
+def _completions(body: dict[str, Any]) -> None:
+    """Token ids the vocabulary holds, prompts that fit the context (a few of them), and
+    ``stream_options`` only with ``stream``."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        body["prompt"] = prompt[:_PROMPT_CHARS]
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        body["prompt"] = _known_ids(prompt)
+    elif isinstance(prompt, list):
+        body["prompt"] = [
+            item[:_PROMPT_CHARS] if isinstance(item, str) else _known_ids(item)
+            for item in prompt[:_PROMPTS]
+        ]
+    if not body.get("stream"):
+        body.pop("stream_options", None)
+
+
+#: the fields only a chat template reads
+_TEMPLATE_FIELDS = (
+    "add_generation_prompt",
+    "continue_final_message",
+    "tools",
+    "chat_template_kwargs",
+)
+
+
+def _tokenize(body: dict[str, Any]) -> None:
+    """A prompt or messages, not both; the template's fields with messages only, and there
+    under Chat's rules."""
+    if body.get("messages") is None:
+        body.pop("messages", None)
+        if body.get("prompt") is None:
+            body["prompt"] = "hi"
+        for key in _TEMPLATE_FIELDS:
+            body.pop(key, None)
+    else:
+        body.pop("prompt", None)
+        _chat(body)
+
+
+def _detokenize(body: dict[str, Any]) -> None:
+    if isinstance(body.get("tokens"), list):
+        body["tokens"] = [t % _KNOWN_IDS if isinstance(t, int) else t for t in body["tokens"]]
+
+
 #: the fields that make the prompt, by API
 _PROMPT = ("messages", "system", "tools", "input", "instructions")
 #: tokens a template adds for tools (its tool-use instructions), beyond the tools' own JSON
@@ -228,6 +286,9 @@ def _fit_the_context(body: dict[str, Any], base_url: str, prompt_key: str) -> No
 #: per operation: the rules to repair, and the field that holds the conversation
 _STEER = {
     "/v1/chat/completions": (_chat, "messages"),
+    "/v1/completions": (_completions, "prompt"),
+    "/tokenize": (_tokenize, "messages"),
+    "/detokenize": (_detokenize, "tokens"),
     "/v1/responses": (_responses, "input"),
     "/v1/responses/input_tokens": (_responses, "input"),
     "/v1/messages": (_anthropic, "messages"),

@@ -1,0 +1,535 @@
+"""POST /v1/completions: OpenAI's legacy Completions, as vLLM serves them.
+
+A prompt is raw text (no chat template) or token ids, one prompt or a list of them; each
+gets ``n`` independent samples, the choices indexed prompt by prompt, then sample by sample.
+The output is plain text: no reasoning or tool-call parsing.
+
+The samples of one prompt share its prefill (``samples.Samples``: the first is submitted
+alone, the others once the engine has read the prompt, resuming from its prefix-cache
+checkpoint); ``n`` is at most the server's decode lanes. Each prompt is tokenized once, and
+all are checked (vocabulary, context) before anything is generated. A request never runs more
+samples at a time than the server has lanes, so a long list of prompts waits for its own
+lanes instead of filling the admission queue. Usage counts each prompt once:
+``prompt_tokens`` over the prompts, ``cached_tokens`` what the cache held for them before
+the request (the first samples'), and ``completion_tokens`` over every choice.
+
+``echo`` puts the prompt's text before each choice's text; with ``logprobs`` the prompt's
+tokens come first in the choice's log-probabilities (the first one's null: nothing predicts
+it), scored once by the prompt's first sample (``prompt_logprobs``). ``max_tokens: 0``
+generates nothing (the engine samples one token, which is dropped): with ``echo`` and
+``logprobs`` that scores a prompt, as evaluation harnesses do. Fields the engine cannot
+honour (``suffix``, ``best_of`` above 1, beam search, a non-zero ``logit_bias``) are
+refused with a 400 that names them; unknown fields are refused too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from litestar import Request, Response
+from litestar.response import Stream
+from pydantic import ConfigDict, Field, WithJsonSchema
+
+from ninfer_runtime.frontend import TextDelta
+from ninfer_runtime.frontend.sampling import MAX_LOGPROBS, MIN_REPETITION_PENALTY
+
+from ..errors import ApiError, from_exception, invalid_request, shown
+from ..generation import Generator, Job, Outcome, Run
+from ..http import KEEPALIVE, ServerState, new_id, sse_data, sse_response, until_disconnect
+from ..limits import MAX_SAMPLES, MAX_STOP, check_sample_count, check_stop_count
+from ..samples import SampleEvent, Samples
+from ..wire import WireModel
+from .logprobs import Scored, completion_logprobs, prompt_scored, scored
+from .models import StreamOptions
+
+__all__ = ["MAX_PROMPTS", "CompletionRequest", "create_completion"]
+
+#: the most prompts in one request
+MAX_PROMPTS = 64
+#: OpenAI's default ``max_tokens`` for Completions
+DEFAULT_MAX_TOKENS = 16
+
+_TEXT = {"type": "string", "minLength": 1}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT = WithJsonSchema(
+    {
+        "anyOf": [
+            _TEXT,
+            {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": MAX_PROMPTS},
+            _IDS,
+            {"type": "array", "items": _IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
+        ]
+    }
+)
+_STOP = WithJsonSchema(
+    {
+        "anyOf": [
+            _TEXT,
+            {"type": "array", "items": _TEXT, "maxItems": MAX_STOP},
+            {"type": "null"},
+        ]
+    }
+)
+
+
+class CompletionRequest(WireModel):
+    """POST /v1/completions. ``prompt`` is checked item by item in this module, so an error
+    names ``prompt[2][7]`` precisely."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    prompt: Annotated[Any, _PROMPT]
+    model: str | None = None
+    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY)
+    seed: int | None = None
+    stop: Annotated[str | list[str] | None, _STOP] = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=MAX_SAMPLES)
+    echo: bool | None = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    user: str | None = None
+    # accepted so that setting them is refused by name (they would change the result)
+    suffix: Annotated[str | None, WithJsonSchema({"type": "null"})] = None
+    best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = Field(None, ge=1)
+    use_beam_search: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = None
+    logit_bias: Annotated[
+        dict[str, float] | None,
+        WithJsonSchema(
+            {"anyOf": [{"type": "object", "additionalProperties": {"const": 0}}, {"type": "null"}]}
+        ),
+    ] = None
+
+
+def _unsupported(param: str, why: str) -> ApiError:
+    return ApiError(400, f"{param}: {why}", code="unsupported_parameter", param=param)
+
+
+def _refuse_unsupported(body: CompletionRequest) -> None:
+    if body.suffix is not None:
+        raise _unsupported("suffix", "suffix (insertion) is not supported")
+    if body.best_of not in (None, 1):
+        raise _unsupported("best_of", "only best_of = 1 is supported; use n for several samples")
+    if body.use_beam_search:
+        raise _unsupported("use_beam_search", "beam search is not supported")
+    if body.logit_bias and any(v != 0 for v in body.logit_bias.values()):
+        raise _unsupported("logit_bias", "logit_bias is not supported")
+    if body.stream_options is not None and not body.stream:
+        raise invalid_request("stream_options: only allowed with stream: true", "stream_options")
+
+
+# -- prompts -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """One prompt as the engine takes it: its token ids, and the text ``echo`` shows."""
+
+    ids: list[int]
+    text: str
+    param: str
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_ids(ids: list[Any], param: str) -> None:
+    if not ids:
+        raise invalid_request(f"{param}: a prompt of token ids needs at least one id", param)
+    for j, token in enumerate(ids):
+        if not _is_id(token):
+            raise invalid_request(
+                f"{param}[{j}]: expected a token id (an integer >= 0), got {shown(token, 40)}",
+                f"{param}[{j}]",
+            )
+
+
+_FORMS = "a string, a list of strings, a list of token ids or a list of lists of them"
+
+
+def _prompt_forms(prompt: Any) -> list[tuple[str | list[int], str]]:
+    """(text or token ids, the field that names it) for each prompt of the request: a
+    string, a list of strings, a list of ids or a list of lists of ids."""
+    if not isinstance(prompt, str | list):
+        raise invalid_request(f"prompt: expected {_FORMS}, got {shown(prompt, 40)}", "prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid_request("prompt: the prompt is empty", "prompt")
+        return [(prompt, "prompt")]
+    if not prompt:
+        raise invalid_request("prompt: the list of prompts is empty", "prompt")
+    first = prompt[0]
+    if isinstance(first, int) and not isinstance(first, bool):
+        _check_ids(prompt, "prompt")
+        return [(prompt, "prompt")]
+    if len(prompt) > MAX_PROMPTS:
+        raise invalid_request(
+            f"prompt: at most {MAX_PROMPTS} prompts in one request, not {len(prompt)}", "prompt"
+        )
+    forms: list[tuple[str | list[int], str]] = []
+    for i, item in enumerate(prompt):
+        param = f"prompt[{i}]"
+        if isinstance(item, str) and isinstance(first, str):
+            if not item:
+                raise invalid_request(f"{param}: the prompt is empty", param)
+        elif isinstance(item, list) and isinstance(first, list):
+            _check_ids(item, param)
+        else:
+            like = "a string" if isinstance(first, str) else "a list of token ids"
+            raise invalid_request(
+                f"{param}: expected {like}, as the first prompt is (a prompt is {_FORMS})", param
+            )
+        forms.append((item, param))
+    return forms
+
+
+def _read_prompts(
+    generator: Generator, forms: list[tuple[str | list[int], str]], echo: bool
+) -> list[_Prompt]:
+    """Token ids (and echoed text) of every prompt, each checked against the vocabulary
+    and the context before anything is generated (worker thread: tokenizer work)."""
+    engine = generator.engine
+    tokenizer = engine.tokenizer
+    vocab = engine.model.config.vocab
+    prompts = []
+    for form, param in forms:
+        if isinstance(form, str):
+            generator.check_fits(Job(messages=[], prompt=form, prompt_param=param))
+            ids, text = tokenizer.encode(form), form
+            if not ids:
+                raise invalid_request(f"{param}: the prompt has no tokens", param)
+        else:
+            ids = form
+            outside = next((j for j, t in enumerate(ids) if t >= vocab), None)
+            if outside is not None:
+                raise invalid_request(
+                    f"{param}[{outside}]: token id {ids[outside]} is outside the vocabulary "
+                    f"(0..{vocab - 1})",
+                    f"{param}[{outside}]",
+                )
+            text = tokenizer.decode(ids) if echo else ""
+        generator.check_length(len(ids), param)
+        prompts.append(_Prompt(ids, text, param))
+    return prompts
+
+
+# -- choices -------------------------------------------------------------------------------------
+
+
+def _job(body: CompletionRequest, prompt: _Prompt) -> Job:
+    """The job of one prompt (``samples.Samples`` makes its ``n`` samples)."""
+    top_k = body.top_k
+    return Job(
+        messages=[],
+        prompt_ids=prompt.ids,
+        parse_output=False,
+        prompt_param=prompt.param,
+        sampling={
+            # nothing to generate: the engine samples one token (it always takes a step),
+            # which is dropped
+            "max_tokens": 1 if body.max_tokens == 0 else body.max_tokens,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "top_k": 0 if top_k == -1 else top_k,
+            "min_p": body.min_p,
+            "presence_penalty": body.presence_penalty,
+            "frequency_penalty": body.frequency_penalty,
+            "repetition_penalty": body.repetition_penalty,
+            "seed": body.seed,
+            "stop": body.stop,
+            "stop_token_ids": body.stop_token_ids,
+            "ignore_eos": body.ignore_eos,
+            "include_stop_str_in_output": body.include_stop_str_in_output,
+            "logprobs": body.logprobs,
+            "prompt_logprobs": body.logprobs if body.echo else None,
+        },
+    )
+
+
+#: (prompt index, one of its samples' events)
+_Item = tuple[int, SampleEvent]
+
+
+class _Batch:
+    """The prompts of one request, each with its ``n`` samples; a request never runs more
+    samples at a time than the server has decode lanes."""
+
+    def __init__(self, generator: Generator, jobs: list[Job], n: int):
+        self.generator = generator
+        self.jobs = jobs
+        self.n = n
+        self.samples: list[Samples | None] = [None] * len(jobs)
+        self._window = asyncio.Semaphore(max(1, generator.loop.max_concurrency // n))
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _prompt(self, p: int, on_item: Callable[[_Item], None] | None) -> None:
+        async with self._window:
+            samples = self.samples[p] = await Samples.start(self.generator, self.jobs[p], self.n)
+            async for item in samples.events():
+                if on_item is not None:
+                    on_item((p, item))
+
+    def start(self, on_item: Callable[[_Item], None] | None = None) -> list[asyncio.Task[None]]:
+        self._tasks = [
+            asyncio.ensure_future(self._prompt(p, on_item)) for p in range(len(self.jobs))
+        ]
+        return self._tasks
+
+    async def run_all(self) -> None:
+        """Every prompt's samples to their end; the first failure fails the request."""
+        try:
+            await asyncio.gather(*self.start())
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for samples in self.samples:
+            if samples is not None:
+                samples.cancel()
+
+    def run(self, p: int, sample: int) -> Run:
+        samples = self.samples[p]
+        assert samples is not None
+        return samples.runs[sample]
+
+
+# -- responses -----------------------------------------------------------------------------------
+
+
+class _Shaper:
+    """Builds one request's choices, chunks and usage from its runs."""
+
+    def __init__(self, body: CompletionRequest, tokenizer: Any, prompts: list[_Prompt]):
+        self.echo = bool(body.echo)
+        self.logprobs = body.logprobs
+        self.generates = body.max_tokens != 0
+        self.n = body.n
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+
+    def logprobs_of(self, items: list[Scored], text_offset: int) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        shaped = completion_logprobs(self.tokenizer, items, text_offset)
+        # as OpenAI's: the chosen token is among its position's alternatives (logprobs + 1
+        # of them at most)
+        for token, value, top in zip(
+            shaped["tokens"], shaped["token_logprobs"], shaped["top_logprobs"], strict=True
+        ):
+            if top is not None:
+                top.setdefault(token, value)
+        return shaped
+
+    def echoed(self, batch: _Batch, p: int) -> list[Scored]:
+        """The prompt's scored tokens for an echo with logprobs (its first sample's)."""
+        if not (self.echo and self.logprobs is not None):
+            return []
+        scores = batch.run(p, 0).prompt_logprobs
+        assert scores is not None
+        return prompt_scored(scores)
+
+    def generated(self, run: Run, start: int = 0, end: int | None = None) -> list[Scored]:
+        return scored(run.tokens[start:end]) if self.generates else []
+
+    def choice(self, batch: _Batch, p: int, sample: int) -> dict[str, Any]:
+        run = batch.run(p, sample)
+        outcome = run.outcome
+        assert outcome is not None
+        text = self.prompts[p].text if self.echo else ""
+        if self.generates:
+            text += outcome.output.content
+        return {
+            "index": p * self.n + sample,
+            "text": text,
+            "logprobs": self.logprobs_of(self.echoed(batch, p) + self.generated(run), 0),
+            "finish_reason": self.finish(outcome),
+            "stop_reason": _stop_reason(outcome) if self.generates else None,
+        }
+
+    def finish(self, outcome: Outcome) -> str:
+        if not self.generates:
+            return "length"
+        return "length" if outcome.finish_reason == "length" else "stop"
+
+    def usage(self, batch: _Batch) -> dict[str, Any]:
+        """Each prompt once (the cache held ``cached_tokens`` of them before the request:
+        its first samples'), the generated tokens of every choice."""
+        prompt_tokens = sum(len(p.ids) for p in self.prompts)
+        completion = cached = 0
+        for p in range(len(self.prompts)):
+            for sample in range(self.n):
+                outcome = batch.run(p, sample).outcome
+                assert outcome is not None
+                completion += outcome.completion_tokens if self.generates else 0
+                cached += outcome.cached_tokens if sample == 0 else 0
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+
+def _stop_reason(outcome: Outcome) -> int | str | None:
+    """vLLM's ``stop_reason``: the stop string or stop token id that ended the output."""
+    return outcome.stop_value if outcome.stop_kind in ("stop_string", "stop_token") else None
+
+
+@dataclass
+class _Streamed:
+    """What a streamed choice has sent so far."""
+
+    started: bool = False
+    tokens: int = 0  # generated tokens whose log-probabilities went out
+    offset: int = 0  # characters of the choice's text so far (``text_offset``)
+
+
+class _Stream:
+    """The SSE chunks of a streamed request, the choices interleaved as they come."""
+
+    def __init__(
+        self,
+        batch: _Batch,
+        shaper: _Shaper,
+        base: dict[str, Any],
+        options: StreamOptions | None,
+        keepalive: float,
+    ):
+        self.batch = batch
+        self.shaper = shaper
+        self.base = base
+        self.include_usage = bool(options and options.include_usage)
+        self.continuous_usage = bool(options and options.continuous_usage_stats)
+        self.keepalive = keepalive
+        self.queue: asyncio.Queue[_Item | BaseException] = asyncio.Queue()
+        self.sent: dict[tuple[int, int], _Streamed] = {}
+
+    def _chunk(
+        self, p: int, sample: int, text: str, logprobs: Any, finish: str | None = None
+    ) -> bytes:
+        run = self.batch.run(p, sample)
+        item = {
+            "index": p * self.shaper.n + sample,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
+        if finish is not None and self.shaper.generates:
+            assert run.outcome is not None
+            item["stop_reason"] = _stop_reason(run.outcome)
+        payload: dict[str, Any] = {**self.base, "choices": [item]}
+        if self.continuous_usage:
+            prompt = len(self.shaper.prompts[p].ids)
+            completion = len(run.tokens) if self.shaper.generates else 0
+            payload["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+        elif self.include_usage:
+            payload["usage"] = None
+        return sse_data(payload)
+
+    def _frames(self, p: int, item: SampleEvent) -> list[bytes]:
+        """The chunks one sample event makes: the choice's echo first (once), then its new
+        text with the log-probabilities of the tokens that came with it, or its end."""
+        shaper, sample = self.shaper, item.index
+        sent = self.sent.setdefault((p, sample), _Streamed())
+        out = []
+        if not sent.started:
+            sent.started = True
+            if shaper.echo:
+                text = shaper.prompts[p].text
+                logprobs = shaper.logprobs_of(shaper.echoed(self.batch, p), 0)
+                out.append(self._chunk(p, sample, text, logprobs))
+                sent.offset += len(text)
+        text = item.event.text if isinstance(item.event, TextDelta) and shaper.generates else ""
+        finish = None
+        if item.done:
+            outcome = self.batch.run(p, sample).outcome
+            assert outcome is not None
+            finish = shaper.finish(outcome)
+        items = shaper.generated(self.batch.run(p, sample), sent.tokens, item.tokens)
+        sent.tokens = item.tokens
+        if text or items or finish is not None:
+            logprobs = shaper.logprobs_of(items, sent.offset) if items else None
+            out.append(self._chunk(p, sample, text, logprobs, finish))
+            sent.offset += len(text)
+        return out
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        def failed(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                self.queue.put_nowait(task.exception())  # type: ignore[arg-type]
+
+        tasks = self.batch.start(self.queue.put_nowait)
+        for task in tasks:
+            task.add_done_callback(failed)
+        left = len(tasks) * self.shaper.n
+        try:
+            while left:
+                try:
+                    async with asyncio.timeout(self.keepalive):
+                        got = await self.queue.get()
+                except TimeoutError:
+                    yield KEEPALIVE
+                    continue
+                if isinstance(got, BaseException):  # a choice failed: say so in-band, end
+                    _, body = from_exception(got).openai()
+                    yield sse_data(body)
+                    yield b"data: [DONE]\n\n"
+                    return
+                p, item = got
+                if item.event is None and not item.done:
+                    continue  # a sample's silence: the keepalive above covers them all
+                left -= item.done
+                for frame in self._frames(p, item):
+                    yield frame
+            if self.include_usage:
+                usage = self.shaper.usage(self.batch)
+                yield sse_data({**self.base, "choices": [], "usage": usage})
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.batch.cancel()
+
+
+async def create_completion(
+    state: ServerState, request: Request[Any, Any, Any], body: CompletionRequest
+) -> Response[Any] | Stream:
+    model = state.check_model(body.model)
+    _refuse_unsupported(body)
+    check_stop_count(body.stop, "stop")
+    generator = state.generator
+    check_sample_count(body.n, generator.loop.max_concurrency)
+    forms = _prompt_forms(body.prompt)
+    prompts = await until_disconnect(
+        request, generator.admitted(_read_prompts, generator, forms, bool(body.echo))
+    )
+    shaper = _Shaper(body, generator.engine.tokenizer, prompts)
+    batch = _Batch(generator, [_job(body, p) for p in prompts], body.n)
+    created = int(time.time())
+    base = {"id": new_id("cmpl-"), "object": "text_completion", "created": created, "model": model}
+    if body.stream:
+        stream = _Stream(batch, shaper, base, body.stream_options, generator.keepalive)
+        return sse_response(stream.frames(), batch.cancel)
+    await until_disconnect(request, batch.run_all())
+    choices = [shaper.choice(batch, p, i) for p in range(len(prompts)) for i in range(body.n)]
+    return Response({**base, "choices": choices, "usage": shaper.usage(batch)})
