@@ -175,7 +175,8 @@ _RULES = {
     f"without include message.output_text.logprobs; {_CONTEXT_RULE}.",
     "completions": "Also refused: the prompts of a list mixing strings and token ids; a token "
     "id outside the vocabulary; n above the server's decode lanes; stream_options without "
-    f"stream; {_CONTEXT_RULE}.",
+    "stream; min_tokens above max_tokens; more than one answer constraint (guided_* and "
+    f"structured_outputs); {_CONTEXT_RULE}.",
     "tokenize": "Give prompt or messages, not both; the template's fields "
     "(add_generation_prompt, continue_final_message, tools, chat_template_kwargs) only with "
     "messages, continue_final_message not with add_generation_prompt.",

@@ -17,9 +17,12 @@ the request (the first samples'), and ``completion_tokens`` over every choice.
 tokens come first in the choice's log-probabilities (the first one's null: nothing predicts
 it), scored once by the prompt's first sample (``prompt_logprobs``). ``max_tokens: 0``
 generates nothing (the engine samples one token, which is dropped): with ``echo`` and
-``logprobs`` that scores a prompt, as evaluation harnesses do. Fields the engine cannot
-honour (``suffix``, ``best_of`` above 1, beam search, a non-zero ``logit_bias``) are
-refused with a 400 that names them; unknown fields are refused too.
+``logprobs`` that scores a prompt, as evaluation harnesses do. vLLM's extensions are Chat's
+(``vllm_fields``: guided decoding, ``min_tokens``, ``ignore_eos`` ...). Fields the engine
+cannot honour (``suffix``, ``best_of`` above 1, beam search, a non-zero ``logit_bias``) are
+refused with a 400 that names them; unknown fields are refused too. A streamed request's
+first prompt is submitted before the stream opens, so what would refuse the request comes
+as its status, not inside a 200 stream.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ from ..generation import Generator, Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_data, sse_response, until_disconnect
 from ..limits import MAX_SAMPLES, MAX_STOP, check_sample_count, check_stop_count
 from ..samples import SampleEvent, Samples
-from ..wire import WireModel
+from . import vllm_fields
 from .logprobs import Scored, completion_logprobs, prompt_scored, scored
-from .models import StreamOptions
+from .models import StreamOptions, VllmGenerationFields
 
 __all__ = ["MAX_PROMPTS", "CompletionRequest", "create_completion"]
 
@@ -76,9 +79,10 @@ _STOP = WithJsonSchema(
 )
 
 
-class CompletionRequest(WireModel):
-    """POST /v1/completions. ``prompt`` is checked item by item in this module, so an error
-    names ``prompt[2][7]`` precisely."""
+class CompletionRequest(VllmGenerationFields):
+    """POST /v1/completions, with vLLM's extensions Chat takes too (``vllm_fields``).
+    ``prompt`` is checked item by item in this module, so an error names ``prompt[2][7]``
+    precisely."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -95,8 +99,6 @@ class CompletionRequest(WireModel):
     seed: int | None = None
     stop: Annotated[str | list[str] | None, _STOP] = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    ignore_eos: bool | None = None
-    include_stop_str_in_output: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_SAMPLES)
@@ -130,6 +132,12 @@ def _refuse_unsupported(body: CompletionRequest) -> None:
         raise _unsupported("logit_bias", "logit_bias is not supported")
     if body.stream_options is not None and not body.stream:
         raise invalid_request("stream_options: only allowed with stream: true", "stream_options")
+    most = body.max_tokens
+    if body.min_tokens and most is not None and body.min_tokens > most:
+        raise invalid_request(
+            f"min_tokens: {body.min_tokens} is more than max_tokens ({most})", "min_tokens"
+        )
+    vllm_fields.refuse_unsupported(body)
 
 
 # -- prompts -------------------------------------------------------------------------------------
@@ -231,7 +239,7 @@ def _read_prompts(
 # -- choices -------------------------------------------------------------------------------------
 
 
-def _job(body: CompletionRequest, prompt: _Prompt) -> Job:
+def _job(body: CompletionRequest, prompt: _Prompt, answer: vllm_fields.AnswerConstraint) -> Job:
     """The job of one prompt (``samples.Samples`` makes its ``n`` samples)."""
     top_k = body.top_k
     return Job(
@@ -239,6 +247,9 @@ def _job(body: CompletionRequest, prompt: _Prompt) -> Job:
         prompt_ids=prompt.ids,
         parse_output=False,
         prompt_param=prompt.param,
+        json_schema=answer.json_schema,
+        json_schema_param=answer.json_param,
+        answer_grammar=answer.grammar,
         sampling={
             # nothing to generate: the engine samples one token (it always takes a step),
             # which is dropped
@@ -253,8 +264,7 @@ def _job(body: CompletionRequest, prompt: _Prompt) -> Job:
             "seed": body.seed,
             "stop": body.stop,
             "stop_token_ids": body.stop_token_ids,
-            "ignore_eos": body.ignore_eos,
-            "include_stop_str_in_output": body.include_stop_str_in_output,
+            **vllm_fields.sampling_fields(body),
             "logprobs": body.logprobs,
             "prompt_logprobs": body.logprobs if body.echo else None,
         },
@@ -276,10 +286,13 @@ class _Batch:
         self.samples: list[Samples | None] = [None] * len(jobs)
         self._window = asyncio.Semaphore(max(1, generator.loop.max_concurrency // n))
         self._tasks: list[asyncio.Task[None]] = []
+        self._first_started = asyncio.Event()
 
     async def _prompt(self, p: int, on_item: Callable[[_Item], None] | None) -> None:
         async with self._window:
             samples = self.samples[p] = await Samples.start(self.generator, self.jobs[p], self.n)
+            if p == 0:
+                self._first_started.set()
             async for item in samples.events():
                 if on_item is not None:
                     on_item((p, item))
@@ -289,6 +302,22 @@ class _Batch:
             asyncio.ensure_future(self._prompt(p, on_item)) for p in range(len(self.jobs))
         ]
         return self._tasks
+
+    async def first_started(self) -> None:
+        """Until the first prompt's samples are submitted, or the error that stopped them:
+        what could refuse the request (its sampling, its grammar, a full server) is then
+        known before a stream's first byte (the other prompts take the same settings and
+        were checked against the vocabulary and the context already)."""
+        first = self._tasks[0]
+        started = asyncio.ensure_future(self._first_started.wait())
+        try:
+            await asyncio.wait({first, started}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
+        if not self._first_started.is_set() and first.done() and not first.cancelled():
+            error = first.exception()
+            if error is not None:
+                raise error
 
     async def run_all(self) -> None:
         """Every prompt's samples to their end; the first failure fails the request."""
@@ -475,15 +504,18 @@ class _Stream:
             sent.offset += len(text)
         return out
 
-    async def frames(self) -> AsyncIterator[bytes]:
+    def begin(self) -> None:
+        """Start the choices; their events wait in the queue until ``frames`` reads them."""
+
         def failed(task: asyncio.Task[None]) -> None:
             if not task.cancelled() and task.exception() is not None:
                 self.queue.put_nowait(task.exception())  # type: ignore[arg-type]
 
-        tasks = self.batch.start(self.queue.put_nowait)
-        for task in tasks:
+        for task in self.batch.start(self.queue.put_nowait):
             task.add_done_callback(failed)
-        left = len(tasks) * self.shaper.n
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        left = len(self.batch.jobs) * self.shaper.n
         try:
             while left:
                 try:
@@ -517,6 +549,7 @@ async def create_completion(
     model = state.check_model(body.model)
     _refuse_unsupported(body)
     check_stop_count(body.stop, "stop")
+    answer = vllm_fields.answer_constraint(body)
     generator = state.generator
     check_sample_count(body.n, generator.loop.max_concurrency)
     forms = _prompt_forms(body.prompt)
@@ -524,11 +557,17 @@ async def create_completion(
         request, generator.admitted(_read_prompts, generator, forms, bool(body.echo))
     )
     shaper = _Shaper(body, generator.engine.tokenizer, prompts)
-    batch = _Batch(generator, [_job(body, p) for p in prompts], body.n)
+    batch = _Batch(generator, [_job(body, p, answer) for p in prompts], body.n)
     created = int(time.time())
     base = {"id": new_id("cmpl-"), "object": "text_completion", "created": created, "model": model}
     if body.stream:
         stream = _Stream(batch, shaper, base, body.stream_options, generator.keepalive)
+        stream.begin()
+        try:
+            await until_disconnect(request, batch.first_started())
+        except BaseException:
+            batch.cancel()
+            raise
         return sse_response(stream.frames(), batch.cancel)
     await until_disconnect(request, batch.run_all())
     choices = [shaper.choice(batch, p, i) for p in range(len(prompts)) for i in range(body.n)]

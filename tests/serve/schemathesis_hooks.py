@@ -198,8 +198,13 @@ def _known_ids(ids: list[Any]) -> list[Any]:
 
 
 def _completions(body: dict[str, Any]) -> None:
-    """Token ids the vocabulary holds, prompts that fit the context (a few of them), and
-    ``stream_options`` only with ``stream``."""
+    """Token ids the vocabulary holds, prompts that fit the context (a few of them),
+    ``stream_options`` only with ``stream``, vLLM's fields under Chat's rules and
+    ``min_tokens`` within ``max_tokens`` (16 when not given)."""
+    _vllm_fields(body)
+    limit = body.get("max_tokens", 16)
+    if isinstance(body.get("min_tokens"), int) and isinstance(limit, int):
+        body["min_tokens"] = min(body["min_tokens"], limit)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         body["prompt"] = prompt[:_PROMPT_CHARS]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,6 +195,24 @@ def test_stop_string_ends_the_choice(server):
     assert choice["text"] == text[: text.index(stop)]
 
 
+def test_guided_decoding_constrains_a_raw_completion(server):
+    chosen = ok(server, prompt=VARIED, guided_choice=["yes", "no"], n=2, seed=3)
+    assert {c["text"] for c in chosen["choices"]} <= {"yes", "no"}
+    digits = ok(server, prompt=GO_ON, guided_regex="[0-9]{2,4}", temperature=0)
+    assert re.fullmatch("[0-9]{2,4}", digits["choices"][0]["text"])
+
+
+def test_a_streamed_request_is_refused_before_the_stream_opens(server):
+    for body, param in (
+        ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice"),
+    ):
+        response = complete(server, prompt=["hi", "ok"], stream=True, **body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -346,7 +365,24 @@ WALK: dict[str, Served | Refused | Informational] = {
     "stop": Served(["a"]),
     "stop_token_ids": Served(EVERY_ID),
     "ignore_eos": Served(True, {"prompt": SCORED}),
+    "min_tokens": Served(5, {"prompt": SCORED}),
     "include_stop_str_in_output": Served(True, {"stop": ["a"]}),
+    "skip_special_tokens": Served(False, {"prompt": SCORED, "ignore_eos": True}),
+    "guided_json": Served({"type": "object", "properties": {"a": {"type": "integer"}}}),
+    "guided_regex": Served("[0-9]+"),
+    "guided_choice": Served(["yes", "no"]),
+    "guided_grammar": Served('start: "a" | "b"'),
+    "structured_outputs": Served({"choice": ["yes", "no"]}),
+    "guided_whitespace_pattern": Refused(" "),
+    "structural_tag": Refused("{}"),
+    "allowed_token_ids": Refused([1, 2]),
+    "bad_words": Refused(["Blue"]),
+    "length_penalty": Refused(0.5),
+    "truncate_prompt_tokens": Refused(4),
+    "spaces_between_special_tokens": Refused(False),
+    "return_tokens_as_token_ids": Refused(True),
+    "top_a": Refused(0.5),
+    "typical_p": Refused(0.5),
     "stream": Served(True),
     "stream_options": Served({"include_usage": True}, {"stream": True}),
     "n": Served(2),
