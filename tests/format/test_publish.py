@@ -9,8 +9,12 @@ forked writer (no ``finally``, no cleanup, locks dropped by the kernel).
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
+import shutil
+import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +34,19 @@ SHARDED = 8192
 def _no_fsync(monkeypatch):
     """Durability is not under test here; fsync would only make each of the runs slow."""
     monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+@pytest.fixture(autouse=True)
+def _collector_paused():
+    """The patched calls below are process-wide, and the cyclic collector runs finalizers of
+    other tests' garbage (``shutil.rmtree`` of a temporary directory) wherever it happens to
+    start: one of those would take the injected failure instead of the writer (a Ctrl-C there
+    is printed as an ignored exception). Paused, it leaves that garbage for after the test."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    yield
+    if was_enabled:
+        gc.enable()
 
 
 def _values(seed: int, n: int) -> dict[str, np.ndarray]:
@@ -84,12 +101,16 @@ class Injected(BaseException):
 
 
 def _inject(monkeypatch: pytest.MonkeyPatch, at: int, failure) -> dict[str, int]:
-    """Make the ``at``-th directory change (counting from 1) call ``failure`` instead."""
+    """Make the ``at``-th directory change (counting from 1) of this thread call ``failure``
+    instead (another thread's calls are not the writer's)."""
     calls = {"n": 0}
+    writer_thread = threading.get_ident()
     for name in MUTATIONS:
         real = getattr(os, name)
 
         def patched(*args, _real=real, **kwargs):
+            if threading.get_ident() != writer_thread:
+                return _real(*args, **kwargs)
             calls["n"] += 1
             if calls["n"] == at:
                 failure()
@@ -167,6 +188,41 @@ def test_failure_at_every_directory_change(tmp_path, monkeypatch, layout, replac
         if _which(path, versions) == OLD:  # a failure (not a kill) puts the old sidecar back
             assert path.with_name(path.name + SIDECAR).exists()
         _rerun_cleans_up(path, n, limit)
+
+
+def test_the_failure_lands_in_the_writer_not_in_another_tests_leftovers(tmp_path, monkeypatch):
+    """Other code in this process makes directory changes too: here a finalizer that removes
+    an earlier test's temporary directory, run by the cyclic collector in the middle of the
+    write (a Ctrl-C landing there is printed as an ignored exception, and the writer runs on
+    unharmed). The injected failure is the writer's all the same."""
+    path, versions, (n, limit) = _setup(tmp_path / "target", "sharded-to-sharded", False)
+    leftover = tmp_path / "leftover"
+    leftover.mkdir()
+    (leftover / "file").write_bytes(b"x")
+
+    class Cycle:
+        pass
+
+    garbage = Cycle()
+    garbage.itself = garbage  # only the cyclic collector frees it
+    weakref.finalize(garbage, shutil.rmtree, leftover, True)
+    del garbage
+    thresholds = gc.get_threshold()
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        _inject(m, 1, interrupt)
+        gc.set_threshold(1)  # a collection at (nearly) every allocation, when enabled
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                _write(path, 2, tensors=n, shard_limit=limit, overwrite=True)
+        finally:
+            gc.set_threshold(*thresholds)
+    assert _which(path, versions) == OLD
+    gc.collect()
+    assert not leftover.exists()  # collected once the writer is done
 
 
 def _killed_writer(path: Path, at: int, tensors: int, shard_limit: int) -> int:
