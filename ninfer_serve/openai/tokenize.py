@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ..errors import invalid_request
 from ..generation import Generator
 from ..http import ServerState
+from ..limits import MAX_TEMPLATE_KWARGS
 from ..wire import WireModel
 from .chat import check_text_only
 from .models import ChatMessage, ChatTool
+from .vllm_fields import check_template_kwargs
 
 __all__ = ["DetokenizeRequest", "TokenizeRequest", "detokenize", "tokenize"]
 
@@ -41,7 +43,17 @@ class TokenizeRequest(WireModel):
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     tools: list[ChatTool] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "object", "maxProperties": MAX_TEMPLATE_KWARGS},
+                    {"type": "null"},
+                ]
+            }
+        ),
+    ] = None
     return_token_strs: bool | None = False
 
 
@@ -73,7 +85,9 @@ def _check_form(body: TokenizeRequest) -> None:
                 raise invalid_request(
                     f"{name}: only with messages (a prompt is tokenized as it is)", name
                 )
-    elif body.add_generation_prompt and body.continue_final_message:
+    else:
+        check_template_kwargs(body.chat_template_kwargs)
+    if body.add_generation_prompt and body.continue_final_message:
         raise invalid_request(
             "continue_final_message: cannot be set with add_generation_prompt (the final "
             "message is either continued or followed by a new assistant turn)",

@@ -90,6 +90,11 @@ def test_messages_are_what_chat_renders(server):
         ("/tokenize", {"prompt": 5}, "prompt"),
         ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
         ("/tokenize", {"messages": []}, "messages"),
+        (
+            "/tokenize",
+            {"messages": CONVERSATION, "chat_template_kwargs": {str(i): i for i in range(33)}},
+            "chat_template_kwargs",
+        ),
         ("/tokenize", {"prompt": "a", "extra": 1}, "extra"),
         ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
         ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
