@@ -17,7 +17,9 @@ from .conftest import Server, start_server
 # copy it ships; the server under test is the only thing these tests talk to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
-litellm = pytest.importorskip("litellm", reason="litellm is not installed (pip install litellm)")
+litellm = pytest.importorskip(
+    "litellm", reason="litellm is not installed (pip install litellm; .ci/run installs it)"
+)
 
 # litellm's own pydantic models warn about ReadOnly TypedDict items when first built
 pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly.*:UserWarning")

@@ -17,7 +17,9 @@ import pytest
 
 from .conftest import BUNDLED, Server, start_server
 
-pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'lm-eval[api]')")
+pytest.importorskip(
+    "lm_eval", reason="lm-eval is not installed (pip install 'lm-eval[api]'; .ci/run installs it)"
+)
 
 #: the chat prompt the bundled model was trained on, up to the start of its answer
 TRAINED = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
