@@ -11,9 +11,12 @@ import importlib.util
 import json
 import math
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
+
+import ninfer_runtime.engine as engine_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,14 +79,22 @@ def test_tokens_without_text_are_measured_and_the_baseline_runs_before_the_serve
 ):
     bench = load_bench()
     model = wide_vocabulary_artifact(tmp_path / "wide.ninfer", monkeypatch)
+    # the engines the benchmark builds (other tests of this process may hold engines of theirs)
+    built: list[weakref.ref] = []
     engines_alive_at_server_start = []
     start_server = bench.start_server
 
+    class TrackedEngine(engine_module.Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(weakref.ref(self))
+
     def checked_start(*args, **kwargs):
-        alive = [o for o in gc.get_objects() if type(o).__name__ == "Engine"]
-        engines_alive_at_server_start.append(len(alive))
+        gc.collect()
+        engines_alive_at_server_start.append(sum(ref() is not None for ref in built))
         return start_server(*args, **kwargs)
 
+    monkeypatch.setattr(engine_module, "Engine", TrackedEngine)
     monkeypatch.setattr(bench, "start_server", checked_start)
     report = tmp_path / "report.json"
     argv = ["serve_bench.py", "--model", str(model), "--concurrency", "2", "--num-prompts", "2"]
@@ -96,7 +107,7 @@ def test_tokens_without_text_are_measured_and_the_baseline_runs_before_the_serve
     # the baseline ran first and was released before the server started
     order = [out.index(s) for s in ("[C=2] engine baseline", "engine baseline released")]
     assert order == sorted(order) and order[-1] < out.index("[C=2] server: ")
-    assert engines_alive_at_server_start == [0]
+    assert len(built) == 1 and engines_alive_at_server_start == [0]
     # no token showed text, yet every one is counted, and TTFT / TPOT are the server's
     level = json.loads(report.read_text())["levels"][0]
     server, engine = level["server"], level["engine"]
