@@ -42,7 +42,7 @@ from .frontend import (
 from .frontend.tokenizer import THINK_OPEN
 from .logprobs import TokenLogprobs, TopLogprobs, token_logprobs
 from .models import ForwardOutput, load_model
-from .prefix_cache import PrefixCache
+from .prefix_cache import CacheBoundary, PrefixCache
 from .runner import ModelRunner
 from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
 from .state import HostCopy, SequenceState
@@ -92,6 +92,12 @@ class GenerationRequest:
     parse_tool_calls: bool = True
     logits_processor: LogitsProcessor | None = None
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
+    #: The prefix-cache namespace: checkpoints this request keeps are stored under it and
+    #: its lookup finds only checkpoints kept under the same salt (None: the unsalted one).
+    cache_salt: str | None = None
+    #: Prompt positions where this request's prefill may keep a checkpoint for others that
+    #: share the prompt up to there; the engine keeps the few worth most (``PrefixCache``).
+    cache_boundaries: Sequence[CacheBoundary] = ()
 
 
 @dataclass(frozen=True)

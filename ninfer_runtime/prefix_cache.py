@@ -29,6 +29,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import xxhash
@@ -37,6 +38,18 @@ from .state import Checkpoint, ContextPool
 
 #: tokens per hashed block of a key's chain
 BLOCK_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class CacheBoundary:
+    """A prompt position (a token count, ``0 < position < len(prompt)``) after which a
+    request's prefill may keep a checkpoint, because other requests are likely to share the
+    prompt up to there and differ after it. ``boundary``: one the server found in the
+    prompt's structure (the end of the system message, of the tool definitions, of an
+    earlier message); ``breakpoint``: one the client marked."""
+
+    position: int
+    kind: Literal["boundary", "breakpoint"] = "boundary"
 
 
 @dataclass
