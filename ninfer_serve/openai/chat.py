@@ -126,8 +126,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     check_text_only(messages)
     continue_final, generation_prompt = vllm_fields.prompt_ending(body)
-    stop = body.stop
-    check_stop_count(stop, "stop")
+    check_stop_count(body.stop, "stop")
     tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]
     choice = body.tool_choice
     if choice is None:
@@ -172,7 +171,6 @@ def to_job(body: ChatCompletionRequest) -> Job:
     thinking, budget = thinking_for_effort(body.reasoning_effort)
     if body.enable_thinking is not None:
         thinking = body.enable_thinking
-    top_k = body.top_k
     return Job(
         messages=messages,
         tools=tools or None,
@@ -183,16 +181,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
         answer_grammar=answer.grammar,
         sampling={
             "max_tokens": body.max_completion_tokens or body.max_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "top_k": 0 if top_k == -1 else top_k,
-            "min_p": body.min_p,
-            "presence_penalty": body.presence_penalty,
-            "frequency_penalty": body.frequency_penalty,
-            "repetition_penalty": body.repetition_penalty,
-            "seed": body.seed,
-            "stop": stop,
-            "stop_token_ids": body.stop_token_ids,
+            **body.sampling(),
             **vllm_fields.sampling_fields(body),
             "max_thinking_tokens": body.max_thinking_tokens or budget,
             "logprobs": (body.top_logprobs or 0) if body.logprobs else None,

@@ -38,16 +38,16 @@ from litestar.response import Stream
 from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ninfer_runtime.frontend import TextDelta
-from ninfer_runtime.frontend.sampling import MAX_LOGPROBS, MIN_REPETITION_PENALTY
+from ninfer_runtime.frontend.sampling import MAX_LOGPROBS
 
 from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Generator, Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_data, sse_response, until_disconnect
-from ..limits import MAX_SAMPLES, MAX_STOP, check_sample_count, check_stop_count
+from ..limits import MAX_SAMPLES, check_sample_count, check_stop_count
 from ..samples import SampleEvent, Samples
 from . import vllm_fields
 from .logprobs import Scored, completion_logprobs, prompt_scored, scored
-from .models import StreamOptions, VllmGenerationFields
+from .models import SamplingRequest, StreamOptions
 
 __all__ = ["MAX_PROMPTS", "CompletionRequest", "create_completion"]
 
@@ -68,18 +68,9 @@ _PROMPT = WithJsonSchema(
         ]
     }
 )
-_STOP = WithJsonSchema(
-    {
-        "anyOf": [
-            _TEXT,
-            {"type": "array", "items": _TEXT, "maxItems": MAX_STOP},
-            {"type": "null"},
-        ]
-    }
-)
 
 
-class CompletionRequest(VllmGenerationFields):
+class CompletionRequest(SamplingRequest):
     """POST /v1/completions, with vLLM's extensions Chat takes too (``vllm_fields``).
     ``prompt`` is checked item by item in this module, so an error names ``prompt[2][7]``
     precisely."""
@@ -89,18 +80,6 @@ class CompletionRequest(VllmGenerationFields):
     prompt: Annotated[Any, _PROMPT]
     model: str | None = None
     max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=0)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY)
-    seed: int | None = None
-    stop: Annotated[str | list[str] | None, _STOP] = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_SAMPLES)
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -241,7 +220,6 @@ def _read_prompts(
 
 def _job(body: CompletionRequest, prompt: _Prompt, answer: vllm_fields.AnswerConstraint) -> Job:
     """The job of one prompt (``samples.Samples`` makes its ``n`` samples)."""
-    top_k = body.top_k
     return Job(
         messages=[],
         prompt_ids=prompt.ids,
@@ -254,16 +232,7 @@ def _job(body: CompletionRequest, prompt: _Prompt, answer: vllm_fields.AnswerCon
             # nothing to generate: the engine samples one token (it always takes a step),
             # which is dropped
             "max_tokens": 1 if body.max_tokens == 0 else body.max_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "top_k": 0 if top_k == -1 else top_k,
-            "min_p": body.min_p,
-            "presence_penalty": body.presence_penalty,
-            "frequency_penalty": body.frequency_penalty,
-            "repetition_penalty": body.repetition_penalty,
-            "seed": body.seed,
-            "stop": body.stop,
-            "stop_token_ids": body.stop_token_ids,
+            **body.sampling(),
             **vllm_fields.sampling_fields(body),
             "logprobs": body.logprobs,
             "prompt_logprobs": body.logprobs if body.echo else None,

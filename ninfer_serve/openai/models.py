@@ -187,13 +187,9 @@ class VllmGenerationFields(_Open):
     typical_p: Annotated[float | None, WithJsonSchema({"enum": [1, None]})] = None
 
 
-class ChatCompletionRequest(VllmGenerationFields):
-    """POST /v1/chat/completions."""
+class SamplingRequest(VllmGenerationFields):
+    """The sampling fields Chat Completions and Completions share."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
@@ -207,6 +203,30 @@ class ChatCompletionRequest(VllmGenerationFields):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        """These fields as the engine's sampling parameters (vLLM's ``top_k: -1`` is off)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": 0 if self.top_k == -1 else self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "seed": self.seed,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+        }
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[ChatTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
