@@ -5,7 +5,8 @@
 # markdown for docs/performance.md). BENCH=0 skips the bench. LONG=1 adds one 131,072-token
 # prompt on the 27B shape, timed by part (long27.json). SPEC=1 adds speculative rounds
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
-# SKIP_TESTS=1 when one device call must hold it all). GGUF=1 adds the GGUF-block mixes
+# SKIP_TESTS=1 when one device call must hold it all). LOGPROBS=1 adds what log-probabilities
+# (top 5) cost a 27B decode step and prefill (benchmarks/logprobs_bench.py, logprobs27.json). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
 # of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
 # in the loop below). SHAPES picks the bench's shapes (default
@@ -40,6 +41,10 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1 --contexts 1024 \
       --steps 4 --prefill 0 --long-prefill 131072 --kv-dtype bfloat16 --json "$OUT/long$name.json" \
       --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+  fi
+  if [ "$name" = 27 ] && [ "${LOGPROBS:-0}" = 1 ]; then
+    timeout 240 python3 benchmarks/logprobs_bench.py "$artifact" --top 5 --lanes 1 \
+      --json "$OUT/logprobs$name.json" 2>&1 | grep -v upload | tee "$OUT/logprobs$name.txt"
   fi
   if [ "$name" = 27 ] && [ "${SPEC:-0}" = 1 ]; then
     timeout 400 python3 -m ninfer_runtime.bench.cli run "$artifact" --spec mtp \

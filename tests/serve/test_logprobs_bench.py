@@ -1,0 +1,57 @@
+"""benchmarks/logprobs_bench.py on the CPU with the bundled model (the figures themselves come
+from a GPU run and go to docs/performance.md; here: that it runs and what it reports)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_bench():
+    path = ROOT / "benchmarks/logprobs_bench.py"
+    spec = importlib.util.spec_from_file_location("logprobs_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_case_is_timed_beside_the_plain_step(artifact, tmp_path, monkeypatch, capsys):
+    bench = load_bench()
+    out = tmp_path / "lp.json"
+    argv = ["logprobs_bench.py", str(artifact), "--backend", "cpu", "--tokens", "6"]
+    argv += ["--prompt-tokens", "24", "--lanes", "2", "--repeat", "1", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    rows = json.loads(out.read_text())
+    assert [r["what"] for r in rows] == ["plain", "logprobs=5", "prompt_logprobs=5"]
+    assert all(r["step_ms"] > 0 and r["prompt_ms"] > 0 for r in rows)
+    table = capsys.readouterr().out
+    assert "| plain | " in table and "+0.0% |" in table and "| logprobs=5 | " in table
+
+
+def test_a_request_that_ends_early_stops_the_bench(artifact, monkeypatch):
+    bench = load_bench()
+    from ninfer_runtime.engine import Engine
+
+    engine = Engine(str(artifact), backend="cpu", max_lanes=1, max_context=64)
+    # a stop token the first step samples ends the request before its tokens
+    monkeypatch.setattr(bench, "SamplingParams", _ending_params(bench.SamplingParams))
+    try:
+        bench._run(engine, [1, 2, 3], 1, 8)
+    except SystemExit as exc:
+        assert "ended early" in str(exc)
+    else:
+        raise AssertionError("an early end was not reported")
+
+
+def _ending_params(params):
+    def make(**kwargs):
+        kwargs["ignore_eos"] = False
+        return params(**kwargs, stop_token_ids=list(range(100_000)))
+
+    return make
