@@ -27,6 +27,7 @@ from ninfer_format import Artifact, ArtifactError
 
 from .arrays import array_module
 from .backends.base import to_numpy
+from .checkpoint_plan import choose_checkpoints
 from .errors import EngineError, RequestError
 from .frontend import (
     ChatTemplate,
@@ -42,7 +43,7 @@ from .frontend import (
 from .frontend.tokenizer import THINK_OPEN
 from .logprobs import TokenLogprobs, TopLogprobs, token_logprobs
 from .models import ForwardOutput, load_model
-from .prefix_cache import CacheBoundary, PrefixCache
+from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
 from .runner import ModelRunner
 from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
 from .state import HostCopy, SequenceState
@@ -206,6 +207,9 @@ class _Active:
     saved: HostCopy | None = None
     #: with ``prompt_logprobs``: each prompt position's score as its chunk is read
     prompt_scores: list[TokenLogprobs | None] | None = None
+    #: with the prefix cache: prompt positions (before its end) where its prefill stops and
+    #: keeps a checkpoint besides every ``checkpoint_interval`` tokens, and their kinds
+    plan: dict[int, str] = field(default_factory=dict)
 
 
 class Engine:
@@ -434,6 +438,7 @@ class Engine:
             active.seed = params.seed
         if params.prompt_logprobs is not None:
             active.prompt_scores = [None] * len(ids)
+        self._check_cache_fields(request, len(ids))
         if self.cache is not None:
             active.history_end = self._history_end(request, ids)
         if request.request_id in self._active or any(
@@ -442,6 +447,35 @@ class Engine:
             raise RequestError(f"request id {request.request_id!r} is already in use")
         self._waiting.append(active)
         return request.request_id
+
+    @staticmethod
+    def _check_cache_fields(request: GenerationRequest, prompt_tokens: int) -> None:
+        """``cache_salt`` is a string or None; ``cache_boundaries`` are ``CacheBoundary``
+        positions inside the prompt (one at its very end adds nothing: the prompt's end is
+        always kept)."""
+        if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+            raise RequestError(
+                f"cache_salt must be a string, got {type(request.cache_salt).__name__}",
+                param="cache_salt",
+            )
+        for b in request.cache_boundaries:
+            if not isinstance(b, CacheBoundary) or b.kind not in ("boundary", "breakpoint"):
+                raise RequestError(
+                    f"cache_boundaries: {b!r} is not a CacheBoundary of kind 'boundary' or "
+                    "'breakpoint'",
+                    param="cache_boundaries",
+                )
+            if isinstance(b.position, bool) or not isinstance(b.position, int):
+                raise RequestError(
+                    f"cache_boundaries: position {b.position!r} is not a token count",
+                    param="cache_boundaries",
+                )
+            if not 0 < b.position <= prompt_tokens:
+                raise RequestError(
+                    f"cache_boundaries: position {b.position} is outside the "
+                    f"{prompt_tokens}-token prompt (expected 1..{prompt_tokens - 1})",
+                    param="cache_boundaries",
+                )
 
     def cancel(self, request_id: str) -> Finished | None:
         """Stop a request now and free its lane and memory."""
@@ -463,7 +497,7 @@ class Engine:
         events: list[Event] = []
         while self._waiting and len(self._active) < self.max_lanes:
             head = self._waiting[0]
-            if not self._admit(head):
+            if self._awaits_shared_checkpoint(head) or not self._admit(head):
                 break  # first come, first served: wait until running requests free pages
             self._waiting.popleft()
             self._active[head.request.request_id] = head
@@ -514,6 +548,65 @@ class Engine:
         )
         return shared if 0 < shared < len(ids) else None
 
+    def _awaits_shared_checkpoint(self, a: _Active) -> bool:
+        """Whether ``a`` (not yet admitted, reading its prompt for the first time) should
+        wait because a running lane with the same salt is prefilling the prompt ``a``
+        starts with and will keep a checkpoint there: one that lets ``a`` resume at least
+        one prefill chunk later than it could now. It never waits long: the lane prefills
+        one chunk per step, and once it is past the position (the checkpoint written, or
+        not for want of pages) or gone (finished, cancelled, preempted) ``a`` goes on."""
+        if self.cache is None or a.generated or a.saved is not None or a.prompt_scores is not None:
+            return False
+        salt, deepest = a.request.cache_salt, 0
+        for w in self._active.values():
+            if w.request.cache_salt != salt or w.generated or w.prefilled >= len(w.prompt_ids):
+                continue
+            shared = common_prefix(w.prompt_ids, a.prompt_ids)
+            if shared <= w.prefilled:
+                continue
+            # a checkpoint at the end of ``a``'s whole prompt serves only with its logits
+            ahead = [
+                p
+                for p in self._pending_checkpoints(w)
+                if p <= shared and (p < len(a.prompt_ids) or p == len(w.prompt_ids))
+            ]
+            deepest = max(deepest, *ahead, 0)
+        if not deepest:
+            return False
+        resumable = self.cache.resumable(a.prompt_ids, a.request.cache_salt)
+        return deepest - resumable >= self.prefill_chunk
+
+    def _pending_checkpoints(self, a: _Active) -> list[int]:
+        """The positions where lane ``a``'s prefill will still keep checkpoints."""
+        start, interval = a.prefilled + 1, self.checkpoint_interval
+        intervals = range(-(-start // interval) * interval, len(a.prompt_ids), interval)
+        planned = [p for p in a.plan if p >= start]
+        return [*planned, *intervals, len(a.prompt_ids)]
+
+    def _plan_checkpoints(self, a: _Active) -> dict[int, str]:
+        """Where ``a``'s prefill keeps checkpoints besides every ``checkpoint_interval``
+        tokens and its end (``checkpoint_plan``): where a chat prompt stops being what the
+        next turn resends, and the best of the request's own boundaries."""
+        assert self.cache is not None
+        prompt, salt = a.prompt_ids, a.request.cache_salt
+        plan = {}
+        if a.history_end is not None:
+            plan[a.history_end] = "boundary"
+        others = [
+            common_prefix(w.prompt_ids, prompt)
+            for w in (*self._active.values(), *self._waiting)
+            if w is not a and w.request.cache_salt == salt
+        ]
+        chosen = choose_checkpoints(
+            a.request.cache_boundaries,
+            prompt_tokens=len(prompt),
+            resumed=a.resumed,
+            kept_anyway=lambda p: p in plan or p % self.checkpoint_interval == 0,
+            exists=lambda p: self.cache.contains(prompt[:p], salt),  # type: ignore[union-attr]
+            shared_lengths=[*others, *self.cache.shared_lengths(prompt, salt)],
+        )
+        return {**plan, **chosen}
+
     def _admit(self, a: _Active) -> bool:
         """Open a lane's memory for ``a``, continuing from the deepest cached checkpoint of
         what it has consumed; False: not now. Pages for what it has consumed and its next
@@ -526,7 +619,7 @@ class Engine:
         # a prompt still to be scored is read from its first token: resuming from a
         # checkpoint would skip the positions it scores
         if self.cache is not None and a.prompt_scores is None:
-            prefix = self.cache.lookup(consumed, whole=bool(a.generated))
+            prefix = self.cache.lookup(consumed, whole=bool(a.generated), salt=a.request.cache_salt)
         shared = prefix.length // self.pool.page_tokens if prefix else 0
         # a preempted request comes back when it can also take its next page, so it is not
         # preempted again at once for the page it gave up
@@ -546,6 +639,8 @@ class Engine:
             self.cache.count(len(a.prompt_ids), prefix)
         a.resumed = prefix.length if prefix is not None else 0
         a.prefilled = min(a.resumed, len(a.prompt_ids))
+        if self.cache is not None and first:
+            a.plan = self._plan_checkpoints(a)
         if not first:  # preempted: feed again what it generated after the resumed point
             a.replay = a.generated[max(a.resumed - len(a.prompt_ids), 0) :]
             self.replayed_tokens += len(a.replay) - 1
@@ -616,22 +711,28 @@ class Engine:
         self.preemptions += 1
 
     def _checkpoint(
-        self, a: _Active, tokens: np.ndarray, hidden: Any = None, logits: Any = None
+        self,
+        a: _Active,
+        tokens: np.ndarray,
+        kind: str,
+        hidden: Any = None,
+        logits: Any = None,
     ) -> None:
-        """Keep ``a``'s memory at its length in the prefix cache (``tokens``: what it has
-        consumed; ``logits``: the last token's, when a request may resume with nothing
-        left to prefill)."""
+        """Keep ``a``'s memory at its length in the prefix cache, under its salt
+        (``tokens``: what it has consumed; ``kind``: why; ``logits``: the last token's,
+        when a request may resume with nothing left to prefill)."""
         if self.cache is None or a.state.length <= a.resumed:
             return
         if self.spec is not None and hidden is None:  # the drafter could not resume from it
             return
-        if self.cache.refresh(tokens[: a.state.length]):
+        salt = a.request.cache_salt
+        if self.cache.refresh(tokens[: a.state.length], salt):
             return
         if self.pool.free_pages < self.pool.snapshot_pages:
             self.cache.make_room(pages=self.pool.snapshot_pages)
-        kept = self.pool.keep(a.state, hidden, logits)
+        kept = self.pool.keep(a.state, hidden, logits, kind)
         if kept is not None:
-            self.cache.insert(tokens[: a.state.length], kept)
+            self.cache.insert(tokens[: a.state.length], kept, salt)
 
     def _prefill_chunk(self, a: _Active, events: list[Event]) -> None:
         start, prompt = a.prefilled, a.prompt_ids
@@ -641,8 +742,7 @@ class Engine:
             end = min(end, start + PROMPT_LOGPROB_CHUNK)
         if self.cache is not None:  # chunks end where checkpoints go
             end = min(end, (start // self.checkpoint_interval + 1) * self.checkpoint_interval)
-            if a.history_end is not None and start < a.history_end:
-                end = min(end, a.history_end)
+            end = min([end, *(p for p in a.plan if p > start)])
         chunk = prompt[start:end]
         out = self.runner.forward([chunk], [a.state], last_only=not scoring)
         if scoring:
@@ -652,10 +752,11 @@ class Engine:
         a.prefilled = end
         last = out.hidden[0][-1] if self.spec is not None else None
         if end < len(prompt):
-            if end % self.checkpoint_interval == 0 or end == a.history_end:
-                self._checkpoint(a, prompt, last)
+            kind = a.plan.get(end, "interval" if end % self.checkpoint_interval == 0 else None)
+            if kind is not None:
+                self._checkpoint(a, prompt, kind, last)
             return
-        self._checkpoint(a, prompt, last, out.logits[0][-1])
+        self._checkpoint(a, prompt, "prompt_end", last, out.logits[0][-1])
         if scoring:
             events.append(self._prompt_logprobs(a))
         self._prompt_done(a, out, events)
@@ -1000,7 +1101,7 @@ class Engine:
             # the next chat turn resends this exchange: keep where the generation ended
             # (with speculation, before the round it ended in: that round is not committed)
             consumed = np.concatenate([a.prompt_ids, np.asarray(a.generated, dtype=np.int64)])
-            self._checkpoint(a, consumed, a.last_hidden)
+            self._checkpoint(a, consumed, "generation", a.last_hidden)
         self._release(a)
         reasoning = len(a.generated) if a.answer_start is None else a.answer_start
         return Finished(

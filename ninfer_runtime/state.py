@@ -229,6 +229,8 @@ class Checkpoint:
     #: the last token's logits [V], when kept: a request whose whole prompt this is starts
     #: generating from them with nothing to prefill
     logits: Array | None = None
+    #: why it was kept (``prefix_cache.CHECKPOINT_KINDS``)
+    kind: str = "prompt_end"
 
 
 @dataclass(frozen=True)
@@ -570,11 +572,15 @@ class ContextPool:
         return True
 
     def keep(
-        self, state: SequenceState, hidden: Array | None = None, logits: Array | None = None
+        self,
+        state: SequenceState,
+        hidden: Array | None = None,
+        logits: Array | None = None,
+        kind: str = "prompt_end",
     ) -> Checkpoint | None:
         """A checkpoint of ``state`` at its length (None: fewer than ``snapshot_pages``
         pages are free, or no token yet). ``hidden``: the last token's hidden row, for
-        speculative decoding; ``logits``: its logits."""
+        speculative decoding; ``logits``: its logits; ``kind``: why it is kept."""
         if not self._keeps or len(self._free_pages) < self.snapshot_pages or not state.length:
             return None
         snapshot = tuple(self._free_pages.pop() for _ in range(self.snapshot_pages))
@@ -587,7 +593,7 @@ class ContextPool:
         def copy(x: Array | None) -> Array | None:
             return None if x is None else self.xp.array(x, copy=True)
 
-        return Checkpoint(state.length, pages, snapshot, copy(hidden), copy(logits))
+        return Checkpoint(state.length, pages, snapshot, copy(hidden), copy(logits), kind)
 
     def drop(self, checkpoint: Checkpoint) -> None:
         """Let a checkpoint go: its snapshot's pages, and its hold on its K/V pages."""
