@@ -11,6 +11,7 @@ import pytest
 from ninfer_convert.pipeline import convert
 from ninfer_runtime.engine import (
     SHORT_CHUNK_TOKENS,
+    CacheBoundary,
     Engine,
     Finished,
     GenerationRequest,
@@ -453,10 +454,12 @@ def test_a_step_where_every_decoding_lane_replays_samples_nothing(artifact_path)
 @pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=2)], ids=["plain", "mtp"])
 def test_a_random_workload_under_every_kind_of_pressure(artifact_path, spec) -> None:
     """Shared prefixes, a pool too small for the lanes, host memory for only some of the
-    preempted lanes (others replay), and requests cancelled at random points: after every
-    step the pool's holder counts match its sequences and checkpoints and host memory is
-    accounted; every request not cancelled streams what an unconstrained engine streams;
-    at the end only the cache holds pages and no host memory is held."""
+    preempted lanes (others replay), requests cancelled at random points, and requests
+    naming boundaries (some a few tokens before their prompt's end) under two salts, so
+    that some wait for another's checkpoint: after every step the pool's holder counts
+    match its sequences and checkpoints and host memory is accounted; every request not
+    cancelled streams what an unconstrained engine streams; at the end only the cache holds
+    pages and no host memory is held."""
 
     art = artifact_path("qwen3_5_bf16", "dense")
     rng = np.random.default_rng(21)
@@ -478,12 +481,22 @@ def test_a_random_workload_under_every_kind_of_pressure(artifact_path, spec) -> 
     save = engine.pool.save
     engine.pool.save = lambda state: saves.append(state.slot) or save(state)
     ids = {}
+    marks = np.random.default_rng(22)  # its own stream: the cancellations stay as they were
     for p in prompts:
-        request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
+        positions = [n for n in (60, 120, 180, 240, len(p) - 2) if n < len(p)]
+        kinds = marks.choice(["boundary", "breakpoint"], len(positions))
+        request = GenerationRequest(
+            prompt_ids=p,
+            sampling=params,
+            parse_output=False,
+            cache_boundaries=[CacheBoundary(n, k) for n, k in zip(positions, kinds, strict=True)],
+            cache_salt=[None, "tenant"][marks.integers(0, 2)],
+        )
         ids[engine.submit(request)] = []
     order, cancelled = list(ids), set()
-    steps = 0
+    steps, boundaries_kept = 0, 0
     while engine.has_work:
+        assert steps < 20_000, "the engine stopped making progress"
         steps += 1
         if steps % 37 == 0:  # cancel one request, wherever it is (waiting, paused, running)
             victim = order[rng.integers(0, len(order))]
@@ -494,7 +507,10 @@ def test_a_random_workload_under_every_kind_of_pressure(artifact_path, spec) -> 
                 ids[e.request_id].append(e.token_id)
         _check_pool(engine)
         assert 0 <= engine.host_bytes <= engine.host_capacity
+        counts = engine.cache.checkpoint_counts()
+        boundaries_kept = max(boundaries_kept, counts["boundary"] + counts["breakpoint"])
     assert cancelled and engine.preemptions > len(saves) > 0 and engine.replayed_tokens > 0
+    assert boundaries_kept > 0
     for rid, want in zip(order, expected, strict=True):
         got = ids[rid]
         assert got == (want[: len(got)] if rid in cancelled else want), rid
