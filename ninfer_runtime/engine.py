@@ -11,6 +11,7 @@ drive the same object; the model underneath is the same on every backend.
 
 from __future__ import annotations
 
+import numbers
 import secrets
 import time
 import uuid
@@ -97,7 +98,7 @@ class GenerationRequest:
     #: its lookup finds only checkpoints kept under the same salt (None: the unsalted one).
     cache_salt: str | None = None
     #: Prompt positions where this request's prefill may keep a checkpoint for others that
-    #: share the prompt up to there; the engine keeps the few worth most (``PrefixCache``).
+    #: share the prompt up to there; the engine keeps the few worth most (``checkpoint_plan``).
     cache_boundaries: Sequence[CacheBoundary] = ()
 
 
@@ -465,7 +466,7 @@ class Engine:
                     "'breakpoint'",
                     param="cache_boundaries",
                 )
-            if isinstance(b.position, bool) or not isinstance(b.position, int):
+            if isinstance(b.position, bool) or not isinstance(b.position, numbers.Integral):
                 raise RequestError(
                     f"cache_boundaries: position {b.position!r} is not a token count",
                     param="cache_boundaries",

@@ -246,3 +246,10 @@ def test_the_choice_goes_by_expected_value() -> None:
                       200: "boundary"}  # fmt: skip
     # a boundary a few tokens before the prompt's end is a candidate like any other
     assert 999 in choose([999])
+
+
+def test_positions_of_any_integer_type_are_taken(artifact) -> None:
+    engine = _engine(artifact)
+    request = _request(_prompts(1, seed=8)[0], boundaries=(np.int64(SHARED),))
+    _run(engine, [request])
+    assert engine.cache.checkpoint_counts()["boundary"] == 1
