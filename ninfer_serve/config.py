@@ -197,6 +197,9 @@ class ContextCacheSettings(_Table):
 
     enabled: bool = True
     checkpoint_interval: int = Field(8192, ge=1)
+    #: who shares cache entries (``cache_isolation.py``): everyone ("none"), requests with
+    #: the same ``cache_salt`` ("salt"), or requests with the same API key ("api_key")
+    isolation: Literal["none", "salt", "api_key"] = "none"
 
 
 class SpeculativeSettings(_Table):

@@ -418,6 +418,7 @@ class EngineLoop:
         lookups: tuple[int, int] | None,
         pool_bytes: dict[str, int],
         host_bytes: int,
+        checkpoints: dict[str, int] | None = None,
     ) -> None:
         self._engine_lanes = lanes
         # the streams first: nothing a counter does may keep their tokens from them
@@ -436,6 +437,8 @@ class EngineLoop:
             self.metrics.memory(memory_gained)
         if lookups is not None:
             self.metrics.looked_up(*lookups)
+        if checkpoints is not None:
+            self.metrics.set_checkpoints(checkpoints)
         self._gauges()
 
     def _engine_failed(self, message: str) -> None:
@@ -564,6 +567,7 @@ class EngineLoop:
                 lookups,
                 engine.pool_bytes(),
                 engine.host_bytes,
+                engine.cache.checkpoint_counts() if engine.cache is not None else None,
             )
 
     def _memory_gained(self, engine: Engine) -> dict[str, int]:

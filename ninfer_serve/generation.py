@@ -27,7 +27,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from ninfer_runtime.engine import Finished, GenerationRequest, PromptLogprobs, TokenEvent
+from ninfer_runtime.engine import (
+    CacheBoundary,
+    Finished,
+    GenerationRequest,
+    PromptLogprobs,
+    TokenEvent,
+)
 from ninfer_runtime.errors import RequestError
 from ninfer_runtime.frontend import (
     OutputAccumulator,
@@ -38,6 +44,7 @@ from ninfer_runtime.frontend import (
     ToolCallEnd,
 )
 
+from .cache_boundaries import Breakpoint, conversation_boundaries, token_breakpoints
 from .engine_loop import EngineLoop, EngineUnavailable, RequestStream, Ticket
 from .structured import AnswerGrammar, Constraints
 
@@ -127,6 +134,14 @@ class Job:
     #: the request field the conversation comes from (an over-long prompt's error names it)
     prompt_param: str = "messages"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: the prefix-cache namespace (``cache_isolation.cache_salt``); ``cache_shared`` off: no
+    #: other request can read this one's entries, so it keeps no checkpoints at its seams
+    cache_salt: str | None = None
+    cache_shared: bool = True
+    #: places the client marked for the prefix cache: in the conversation, or (a raw
+    #: prompt) as token counts
+    cache_breakpoints: list[Breakpoint] = field(default_factory=list)
+    token_breakpoints: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -403,6 +418,9 @@ class Generator:
         engine = self.engine
         ids, opened = engine.render(request)
         self.check_length(len(ids), job.prompt_param)
+        request.cache_salt = job.cache_salt
+        if job.cache_shared and engine.cache is not None:
+            request.cache_boundaries = self._boundaries(job, request, ids)
         grammar = None
         if job.tool_choice not in ("auto", "none") and job.tools:
             only = None if job.tool_choice == "required" else job.tool_choice
@@ -423,6 +441,32 @@ class Generator:
             request.logits_processor = self._constraints_for().processor(grammar)
             self.loop.metrics.constrained(kind)
         return request, (ids, opened)
+
+    def _boundaries(
+        self, job: Job, request: GenerationRequest, ids: list[int]
+    ) -> list[CacheBoundary]:
+        """Where other requests are likely to share this prompt up to (``cache_boundaries``)."""
+        if request.messages is None:
+            return token_breakpoints(job.token_breakpoints, len(ids))
+        engine = self.engine
+
+        def render(messages: list[dict[str, Any]]) -> str:
+            return engine.template.render(
+                messages,
+                tools=request.tools,
+                add_generation_prompt=False,
+                enable_thinking=request.enable_thinking,
+                chat_template_kwargs=request.chat_template_kwargs,
+            )
+
+        return conversation_boundaries(
+            render,
+            engine.tokenizer.encode,
+            list(request.messages),
+            ids,
+            has_tools=bool(request.tools),
+            breakpoints=job.cache_breakpoints,
+        )
 
     # -- running (event loop) -------------------------------------------------------------------
 

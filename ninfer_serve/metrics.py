@@ -300,6 +300,15 @@ class Metrics:
             ["use"],
             registry=r,
         )
+        self.checkpoints = Gauge(
+            "ninfer_cache_checkpoints",
+            "Prefix-cache checkpoints kept, by why (prompt_end, boundary, breakpoint, "
+            "interval, generation)",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("prompt_end", "boundary", "breakpoint", "interval", "generation"):
+            self.checkpoints.labels(kind)
         self.host_bytes = Gauge(
             "ninfer_host_context_bytes",
             "Host memory holding preempted lanes' context (--host-context-capacity)",
@@ -385,6 +394,11 @@ class Metrics:
         for use, size in (pool_bytes or {}).items():
             self.pool_bytes.labels(use).set(size)
         self.host_bytes.set(host_bytes)
+
+    def set_checkpoints(self, counts: dict[str, int]) -> None:
+        """The prefix cache's checkpoints now, by kind."""
+        for kind, count in counts.items():
+            self.checkpoints.labels(kind).set(count)
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()

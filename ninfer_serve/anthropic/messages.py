@@ -26,6 +26,8 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
+from ..cache_boundaries import Breakpoint
+from ..cache_isolation import isolate
 from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import ServerState, sse_event, sse_response, until_disconnect
@@ -147,8 +149,10 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
             body.system if isinstance(body.system, str) else "\n".join(b.text for b in body.system)
         )
         messages.append({"role": "system", "content": system})
+    starts: list[int] = []
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
+        starts.append(len(messages))
         if isinstance(m.content, str):
             messages.append({"role": m.role, "content": m.content})
         elif m.role == "user":
@@ -210,7 +214,52 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
         sampling=sampling,
         enable_thinking=thinking,
         continue_final_message=prefill,
+        cache_salt=body.cache_salt if isinstance(body, MessagesRequest) else None,
+        cache_breakpoints=_cache_breakpoints(body, starts),
     )
+
+
+def _cache_breakpoints(
+    body: MessagesRequest | CountTokensRequest, starts: list[int]
+) -> list[Breakpoint]:
+    """The places ``cache_control`` marks, in the conversation ``to_job`` made (message
+    ``starts[i]`` is the first one ``messages[i]`` became): after a system block, after the
+    tool definitions (the template writes them all in one block, so any marked tool marks
+    their end), after a message's block (a tool result: after its tool message)."""
+    found: list[Breakpoint] = []
+    leading = 1 if body.system else 0
+    if isinstance(body.system, list):
+        for j, block in enumerate(body.system):
+            if block.cache_control is not None:
+                last = j == len(body.system) - 1
+                offset = len("\n".join(b.text for b in body.system[: j + 1]))
+                found.append(Breakpoint(1, None if last else offset))
+    if any(tool.cache_control is not None for tool in body.tools or ()):
+        found.append(Breakpoint(leading))
+    for i, m in enumerate(body.messages):
+        if isinstance(m.content, str):
+            continue
+        if m.role == "assistant":
+            if any(isinstance(b, dict) and b.get("cache_control") for b in m.content):
+                found.append(Breakpoint(starts[i] + 1))
+            continue
+        blocks = [b for b in m.content if isinstance(b, dict)]
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        texts = [str(b.get("text") or "") for b in blocks if b.get("type") == "text"]
+        user = starts[i] + len(results) + 1  # the user message comes after the tool ones
+        seen_results = seen_texts = 0
+        for block in blocks:
+            if block.get("type") == "tool_result":
+                seen_results += 1
+                if block.get("cache_control"):
+                    found.append(Breakpoint(starts[i] + seen_results))
+            elif block.get("type") == "text":
+                seen_texts += 1
+                if block.get("cache_control"):
+                    last = seen_texts == len(texts)
+                    offset = len("\n".join(texts[:seen_texts]))  # as ``_user`` joins them
+                    found.append(Breakpoint(user, None if last else offset))
+    return found
 
 
 def _thinking(body: MessagesRequest | CountTokensRequest) -> tuple[bool, int | None]:
@@ -414,6 +463,7 @@ async def create_message(
     model = body.model
     state.check_model(model)
     job = to_job(body)
+    isolate(job, state.settings.context_cache.isolation, request.headers)
     run = await until_disconnect(request, state.generator.start(job))
     mid = f"msg_{run.job.request_id}"
     if body.stream:

@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from ..cache_isolation import MAX_CACHE_SALT
 from ..limits import MAX_STOP
 from ..wire import WireModel
 
@@ -164,6 +165,9 @@ class MessagesRequest(_Prompt):
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     container: str | dict[str, Any] | None = None
+    #: the prefix-cache namespace (``cache_isolation.py``): only requests with the same salt
+    #: share cached prefixes
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
 
 
 class CountTokensRequest(_Prompt):

@@ -29,6 +29,8 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
+from ..cache_boundaries import Breakpoint
+from ..cache_isolation import isolate
 from ..errors import ApiError, from_exception, shown
 from ..generation import Job, Outcome
 from ..http import (
@@ -124,6 +126,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
     vllm_fields.refuse_unsupported(body)
     vllm_fields.check_template_kwargs(body.chat_template_kwargs)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    breakpoints = cache_breakpoints(messages)
     check_text_only(messages)
     continue_final, generation_prompt = vllm_fields.prompt_ending(body)
     check_stop_count(body.stop, "stop")
@@ -191,7 +194,34 @@ def to_job(body: ChatCompletionRequest) -> Job:
         continue_final_message=continue_final,
         add_generation_prompt=generation_prompt,
         echo=vllm_fields.echo_text(messages, generation_prompt) if body.echo else "",
+        cache_salt=body.cache_salt,
+        cache_breakpoints=breakpoints,
     )
+
+
+def cache_breakpoints(messages: list[dict[str, Any]]) -> list[Breakpoint]:
+    """The places marked ``prompt_cache_breakpoint`` (taken out of the messages, which the
+    template then renders as if unmarked): after a message, or after a text part of one
+    (the last part's mark: after the message)."""
+    found: list[Breakpoint] = []
+    for i, message in enumerate(messages):
+        at_end = bool(message.pop("prompt_cache_breakpoint", None))
+        content = message.get("content")
+        parts = content if isinstance(content, list) else []
+        offset = 0
+        for j, part in enumerate(parts):
+            if not isinstance(part, dict):
+                continue
+            text = part.get("text")
+            offset += len(text) if isinstance(text, str) else 0
+            if part.pop("prompt_cache_breakpoint", None):
+                if j == len(parts) - 1:
+                    at_end = True
+                else:
+                    found.append(Breakpoint(i + 1, offset))
+        if at_end:
+            found.append(Breakpoint(i + 1))
+    return found
 
 
 def usage_block(outcome: Outcome) -> dict[str, Any]:
@@ -335,6 +365,7 @@ async def chat_completions(
 ) -> Response[Any] | Stream:
     model = state.check_model(body.model)
     job = to_job(body)
+    isolate(job, state.settings.context_cache.isolation, request.headers)
     n = body.n or 1
     if n > 1:
         state.loop.check_available()  # the lanes are known once the engine is loaded

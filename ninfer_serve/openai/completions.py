@@ -40,6 +40,7 @@ from pydantic import ConfigDict, Field, WithJsonSchema
 from ninfer_runtime.frontend import TextDelta
 from ninfer_runtime.frontend.sampling import MAX_LOGPROBS
 
+from ..cache_isolation import isolate
 from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Generator, Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_data, sse_response, until_disconnect
@@ -47,7 +48,7 @@ from ..limits import MAX_SAMPLES, check_sample_count, check_stop_count
 from ..samples import SampleEvent, Samples
 from . import vllm_fields
 from .logprobs import Scored, completion_logprobs, prompt_scored, scored
-from .models import SamplingRequest, StreamOptions
+from .models import PromptCacheOptions, SamplingRequest, StreamOptions
 
 __all__ = ["MAX_PROMPTS", "CompletionRequest", "create_completion"]
 
@@ -84,6 +85,7 @@ class CompletionRequest(SamplingRequest):
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     user: str | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     # accepted so that setting them is refused by name (they would change the result)
     suffix: Annotated[str | None, WithJsonSchema({"type": "null"})] = None
     best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = Field(None, ge=1)
@@ -228,6 +230,10 @@ def _job(body: CompletionRequest, prompt: _Prompt, answer: vllm_fields.AnswerCon
         json_schema=answer.json_schema,
         json_schema_param=answer.json_param,
         answer_grammar=answer.grammar,
+        cache_salt=body.cache_salt,
+        token_breakpoints=(
+            list(body.prompt_cache_options.breakpoints) if body.prompt_cache_options else []
+        ),
         sampling={
             # nothing to generate: the engine samples one token (it always takes a step),
             # which is dropped
@@ -526,7 +532,10 @@ async def create_completion(
         request, generator.admitted(_read_prompts, generator, forms, bool(body.echo))
     )
     shaper = _Shaper(body, generator.engine.tokenizer, prompts)
-    batch = _Batch(generator, [_job(body, p, answer) for p in prompts], body.n)
+    jobs = [_job(body, p, answer) for p in prompts]
+    for job in jobs:
+        isolate(job, state.settings.context_cache.isolation, request.headers)
+    batch = _Batch(generator, jobs, body.n)
     created = int(time.time())
     base = {"id": new_id("cmpl-"), "object": "text_completion", "created": created, "model": model}
     if body.stream:

@@ -21,6 +21,8 @@ from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ninfer_runtime.frontend.sampling import MAX_LOGPROBS, MIN_REPETITION_PENALTY
 
+from ..cache_boundaries import MAX_CACHE_BREAKPOINTS
+from ..cache_isolation import MAX_CACHE_SALT
 from ..limits import MAX_CHOICES, MAX_SAMPLES, MAX_STOP, MAX_TEMPLATE_KWARGS
 from ..wire import WireModel
 
@@ -28,6 +30,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "InputTokensRequest",
+    "PromptCacheOptions",
     "ResponsesRequest",
     "StructuredOutputs",
     "VllmGenerationFields",
@@ -103,6 +106,9 @@ class ChatMessage(_Open):
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+    #: a hint for the prefix cache: keep a checkpoint after this message (a text part may
+    #: carry it too: after that part), since later requests repeat the prompt up to here
+    prompt_cache_breakpoint: bool | None = None
 
 
 class FunctionDefinition(_Open):
@@ -185,6 +191,20 @@ class VllmGenerationFields(_Open):
     return_tokens_as_token_ids: Annotated[bool | None, _NOT_TRUE] = None
     top_a: Annotated[float | None, WithJsonSchema({"enum": [0, None]})] = None
     typical_p: Annotated[float | None, WithJsonSchema({"enum": [1, None]})] = None
+    #: the prefix-cache namespace (``cache_isolation.py``): only requests with the same salt
+    #: share cached prefixes
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
+
+
+class PromptCacheOptions(_Closed):
+    """Completions' ``prompt_cache_options``: a hint for the prefix cache, never a promise.
+    ``breakpoints`` are token counts (the prompt's first N tokens; ``/tokenize`` tells where
+    a text ends) after which a checkpoint is worth keeping, since later prompts repeat the
+    prompt up to there (one long document, then different questions)."""
+
+    breakpoints: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list, max_length=MAX_CACHE_BREAKPOINTS
+    )
 
 
 class SamplingRequest(VllmGenerationFields):
@@ -404,6 +424,8 @@ class ResponsesRequest(_Closed):
     #: alternatives per token; the scores come with ``include``'s
     #: ``message.output_text.logprobs`` (``responses.py`` refuses them without it)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    #: the prefix-cache namespace, as Chat's (``cache_isolation.py``)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
 
 
 class InputTokensRequest(_Closed):

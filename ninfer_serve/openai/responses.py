@@ -32,6 +32,7 @@ from ninfer_runtime.frontend import (
     ToolCallStart,
 )
 
+from ..cache_isolation import isolate
 from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
@@ -354,6 +355,7 @@ def to_job(
         sampling=sampling,
         enable_thinking=thinking,
         prompt_param="input",
+        cache_salt=body.cache_salt if isinstance(body, ResponsesRequest) else None,
     )
     return job, history
 
@@ -666,6 +668,7 @@ async def create_response(
 ) -> Response[Any] | Stream:
     model = state.check_model(body.model)
     job, history = to_job(state, body)
+    isolate(job, state.settings.context_cache.isolation, request.headers)
     run = await until_disconnect(request, state.generator.start(job))
     skeleton = _skeleton(state, body, f"resp_{run.job.request_id}", model)
     scoring = LOGPROBS_INCLUDE in (body.include or ())

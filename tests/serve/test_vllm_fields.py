@@ -356,6 +356,7 @@ CHAT: dict[str, Effect] = {
         True, "stored completions are not offered: a later fetch of the id answers 404"
     ),
     "service_tier": Informational("flex", "one tier here; the reply is the same"),
+    "cache_salt": Prepared("tenant-a"),
 }
 
 RESPONSES: dict[str, Effect] = {
@@ -395,6 +396,7 @@ RESPONSES: dict[str, Effect] = {
         {"include_obfuscation": True}, "stream events carry no obfuscation padding here"
     ),
     "top_logprobs": Prepared(2, {"include": ["message.output_text.logprobs"]}),
+    "cache_salt": Prepared("tenant-a"),
 }
 
 MESSAGES: dict[str, Effect] = {
@@ -418,6 +420,7 @@ MESSAGES: dict[str, Effect] = {
     "metadata": Informational({"user_id": "someone"}, "an end-user id for the client's records"),
     "service_tier": Informational("auto", "one tier here; the reply is the same"),
     "container": Informational("c", "only server tools use a container, and those are refused"),
+    "cache_salt": Prepared("tenant-a"),
 }
 
 
@@ -544,6 +547,8 @@ class Handlers:
             "first_mask": first_mask,
             "one_call": not job.parallel_tool_calls,
             "echo": job.echo,
+            "cache_salt": request.cache_salt,
+            "cache_boundaries": list(request.cache_boundaries),
         }
 
     def close(self) -> None:
