@@ -49,7 +49,7 @@ def _engine(artifact: Path, cache: bool = True, **kw) -> Engine:
 def _request(prompt, boundaries=(SHARED,), kind="boundary", salt=None) -> GenerationRequest:
     return GenerationRequest(
         prompt_ids=prompt,
-        sampling=SamplingParams(temperature=0.0, max_tokens=8),
+        sampling=SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
         parse_output=False,
         cache_boundaries=[CacheBoundary(p, kind) for p in boundaries],
         cache_salt=salt,
@@ -135,6 +135,29 @@ def test_a_waiting_request_goes_on_when_the_writer_is_cancelled(artifact) -> Non
     assert finished.reason != "cancelled" and finished.usage.cached_tokens == 0
     assert tokens == _cold(artifact, prompts[1:])[0]
     assert engine.cache.checkpoint_counts()["boundary"] == 1  # the second wrote its own
+
+
+def test_a_waiting_request_goes_on_when_the_writer_has_no_room_for_it(artifact) -> None:
+    """The first request passes the shared boundary without keeping its checkpoint (no
+    pages for a snapshot, here by refusing it): the second stops waiting and reads the
+    whole prompt itself."""
+    prompts = _prompts(2, seed=9)
+    engine = _engine(artifact)
+    keep = engine.pool.keep
+
+    def keep_no_boundary(state, hidden=None, logits=None, kind="prompt_end"):
+        return None if kind == "boundary" else keep(state, hidden, logits, kind)
+
+    engine.pool.keep = keep_no_boundary
+    lanes = []
+    out = _run(
+        engine,
+        [_request(p) for p in prompts],
+        between=lambda e, step: lanes.append(e.lanes_in_use),
+    )
+    assert lanes[1:6] == [1] * 5  # waits while the first reads its five chunks up to 320
+    assert lanes[6] == 2 and [f.usage.cached_tokens for _, f in out] == [0, 0]
+    assert [t for t, _ in out] == _cold(artifact, prompts)
 
 
 def test_a_client_breakpoint_is_kept_and_resumed(artifact) -> None:
