@@ -80,8 +80,9 @@ class AnswerGrammar:
 
 
 def _literal(text: str) -> str:
-    """A Lark string literal (JSON escapes are valid Lark escapes)."""
-    return json.dumps(text, ensure_ascii=False)
+    """A Lark string literal (JSON escapes are valid Lark escapes). JSON leaves DEL (U+007F)
+    as it is, which llguidance's lexer refuses inside a literal, so it is escaped too."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _styled(schema: Mapping[str, Any]) -> dict[str, Any]:

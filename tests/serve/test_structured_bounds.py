@@ -54,6 +54,17 @@ def accepts(tokenizer: Any, schema: dict[str, Any] | None, text: str) -> bool:
     return matcher.is_accepting()
 
 
+def test_a_choice_may_hold_any_character(tokenizer: Any) -> None:
+    from ninfer_serve.structured import _literal
+
+    choice = 'a\x7fb\x08\\"\x00\x91\U000dff38'
+    grammar = llguidance.LLMatcher.grammar_from_lark(f"start: {_literal(choice)}")
+    assert llguidance.LLMatcher.validate_grammar(grammar, tokenizer) == ""
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    ids = tokenizer.tokenize_str(choice)
+    assert matcher.consume_tokens(ids) and matcher.is_accepting()
+
+
 def test_only_listed_keys_are_generated(tokenizer: Any) -> None:
     assert accepts(tokenizer, PERSON, PERSON_TEXT)
     Person.model_validate_json(PERSON_TEXT)
