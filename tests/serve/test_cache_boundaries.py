@@ -434,6 +434,30 @@ def test_different_salts_never_share(server) -> None:
     assert _chat(server, messages, cache_salt="tenant-a")[0] > 400
 
 
+def test_responses_and_messages_take_cache_salt_too(server) -> None:
+    text = "Responses and Messages. " * 20 + "Which drill?"
+
+    def responses(salt: str) -> int:
+        body = {"model": server.model, "input": text, "max_output_tokens": 2, "cache_salt": salt}
+        return _post(server, "/v1/responses", body)["usage"]["input_tokens_details"][
+            "cached_tokens"
+        ]
+
+    def messages(salt: str) -> int:
+        body = {
+            "model": server.model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 2,
+            "cache_salt": salt,
+        }
+        return _post(server, "/v1/messages", body)["usage"]["cache_read_input_tokens"]
+
+    assert responses("r-one") == 0
+    assert responses("r-two") == 0
+    assert messages("m-one") == 0
+    assert responses("r-one") > 300 and messages("m-one") > 300
+
+
 def _keyed(server: Server, headers: dict[str, str], **fields: Any) -> int:
     messages = [{"role": "user", "content": "Keyed. " * 60 + "Which drill?"}]
     body = {"model": server.model, "messages": messages, "max_tokens": 2, **fields}
