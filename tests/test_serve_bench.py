@@ -155,3 +155,19 @@ def test_cuda_paths_without_an_engine_never_import_cupy():
     assert bench.release_device_memory("cuda") == ""
     assert bench.device_name("cuda")  # a name, or "unknown GPU" on a machine without one
     assert "cupy" not in sys.modules
+
+
+def test_turn_one_after_the_first_client_leaves_out_the_fastest():
+    bench = load_bench()
+
+    def sample(ttft: float, cached: int) -> object:
+        return bench.Sample(ttft=ttft, prompt_tokens=100, cached_tokens=cached, ok=True)
+
+    # the first client the server took reads the shared prefix; the others resume from it
+    turn_one = [sample(1.1, 90), sample(0.9, 0), sample(1.0, 90)]
+    stats = bench.agent_stats([turn_one, [sample(0.2, 95)]], duration=3.0, preemptions=0)
+    assert stats["first_turn"]["ttft_mean"] == pytest.approx(1000.0)
+    assert stats["first_turn_followers"]["ttft_mean"] == pytest.approx(1050.0)
+    assert stats["cached_share"] == pytest.approx(275 / 400)
+    table = bench.agent_table({"on": stats})
+    assert "| on | 1000.0 / " in table and " | 1050.0 / " in table
