@@ -21,7 +21,8 @@ read as one table.
 A recipe that keeps blocks copies them without the memory map: ``block_range`` says where a
 run of rows lies, ``read_into`` fills a caller's buffer from the file with one positioned read
 (``os.preadv``), so a multi-gigabyte copy is a few hundred large sequential reads rather than
-page faults. A file that shrank after it was opened is caught there, in one line.
+page faults. A file that shrank or was replaced after it was opened is caught there, in one
+line.
 
 Provenance records the file size and the xxh3-64 of everything before the tensor data (header,
 key/values and tensor table), for the same reason as for safetensors: hashing the data would
@@ -112,6 +113,10 @@ def _close_all(descriptors: dict[int, int]) -> None:
     descriptors.clear()
 
 
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_dev, stat.st_ino
+
+
 def ggml_type_name(ggml_type: int) -> str:
     """The ggml name of a type id ("Q4_K", "F32", "Q2_0"), or ``TYPE_<id>`` if unknown."""
     if ggml_type in _EXTRA_TYPES:
@@ -200,6 +205,9 @@ class GgufSource(TensorSource):
                 f"{len(self._tensors)}"
             )
         self._keys = sorted(self._tensors)
+        #: (device, inode) of each part as mapped: ``read_into`` opens the path again later,
+        #: and a file replaced under the same name in between must not be read in its place
+        self._identities = [_identity(os.stat(path)) for path, _ in self._parts]
         #: part index -> file descriptor, opened on the first ``read_into`` of that part
         self._descriptors: dict[int, int] = {}
         weakref.finalize(self, _close_all, self._descriptors)
@@ -342,6 +350,11 @@ class GgufSource(TensorSource):
                 fd = os.open(path, os.O_RDONLY)
             except OSError as exc:
                 raise SourceError(f"{path}: cannot open: {exc.strerror}") from None
+            if _identity(os.fstat(fd)) != self._identities[part]:
+                os.close(fd)
+                raise SourceError(
+                    f"{path}: replaced by another file since it was opened; convert again"
+                )
             self._descriptors[part] = fd
             if hasattr(os, "posix_fadvise"):  # a larger read-ahead window
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)

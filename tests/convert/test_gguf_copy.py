@@ -161,6 +161,21 @@ def test_a_file_cut_after_opening_is_refused_in_one_line(tiny, tmp_path) -> None
     source.read_into(part, offset, memoryview(buffer)[: nbytes // 2])  # what is left reads
 
 
+def test_a_file_replaced_after_opening_is_refused_in_one_line(tiny, tmp_path) -> None:
+    """The copy opens the path again: a different file now under that name (same size, other
+    bytes) is refused rather than copied into the artifact."""
+    path = tmp_path / "replaced.gguf"
+    data = Path(tiny["gguf"]).read_bytes()
+    path.write_bytes(data)
+    source = GgufSource(path)
+    part, offset, nbytes = source.block_range("blk.3.ffn_down.weight", 0, 128)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(data[:offset] + bytes(nbytes) + data[offset + nbytes :])
+    other.replace(path)
+    with pytest.raises(SourceError, match=r"replaced\.gguf: replaced by another file"):
+        source.read_into(part, offset, memoryview(bytearray(nbytes)))
+
+
 def test_buffers_are_filled_full_in_order_across_extents() -> None:
     """Every byte of every extent is read once, in order; each buffer but the last is full,
     and a buffer goes on from one extent (or part, or member) into the next."""
