@@ -223,6 +223,22 @@ def _remove_artifact(entry: Path) -> None:
         path.unlink()
 
 
+def _remove_written(work: Path, made: bool) -> None:
+    """What a run wrote into ``work``: the whole directory when the run made it, else only its
+    own files (a ``--workdir`` given may hold others)."""
+    if made:
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    base = work / "base"
+    written = [work / "synthetic.gguf", work / "copy.gguf", base / "config.json"]
+    written += [base / name for name in text_resources()]
+    for path in written:
+        path.unlink(missing_ok=True)
+    _remove_artifact(work / "synthetic.ninfer")
+    if base.is_dir() and not any(base.iterdir()):
+        base.rmdir()
+
+
 def _synthetic(work: Path, gigabytes: float) -> tuple[Path, Path, int]:
     """The GGUF and base directory in ``work``; a GGUF already there of this config is reused."""
     config = config_for(int(gigabytes * 1e9))
@@ -248,7 +264,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="default: a new temporary one")
     ap.add_argument("--keep", action="store_true", help="keep the files written (and reuse them)")
     args = ap.parse_args()
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="ninfer-gguf-bench-"))
+    made = args.workdir is None
+    work = Path(tempfile.mkdtemp(prefix="ninfer-gguf-bench-") if made else args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     copy, output = work / "copy.gguf", work / "synthetic.ninfer"
     try:
@@ -285,7 +302,7 @@ def main() -> None:
         )
     finally:
         if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+            _remove_written(work, made)
 
 
 if __name__ == "__main__":
