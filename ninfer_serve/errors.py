@@ -28,6 +28,7 @@ __all__ = [
     "invalid_request",
     "openai_body",
     "shown",
+    "unsupported_parameter",
     "validation_failed",
 ]
 
@@ -131,6 +132,11 @@ class ApiError(Exception):
 def invalid_request(message: str, param: str | None) -> ApiError:
     """A 400 for a field whose value the protocol module refuses."""
     return ApiError(400, message, code="invalid_request", param=param)
+
+
+def unsupported_parameter(param: str, why: str) -> ApiError:
+    """A 400 for a field this server does not implement (set to a value that would matter)."""
+    return ApiError(400, f"{param}: {why}", code="unsupported_parameter", param=param)
 
 
 def validation_failed(problems: Iterable[tuple[str | None, str]], total: int) -> ApiError:

@@ -31,7 +31,7 @@ from ninfer_runtime.frontend import (
 
 from ..cache_boundaries import Breakpoint
 from ..cache_isolation import isolate
-from ..errors import ApiError, from_exception, shown
+from ..errors import ApiError, from_exception, shown, unsupported_parameter
 from ..generation import Job, Outcome
 from ..http import (
     KEEPALIVE,
@@ -59,17 +59,15 @@ __all__ = [
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
 
 
-def _unsupported(param: str, why: str) -> ApiError:
-    return ApiError(400, f"{param}: {why}", code="unsupported_parameter", param=param)
-
-
 def _refuse_unsupported(body: ChatCompletionRequest) -> None:
     if body.logit_bias and any(v != 0 for v in body.logit_bias.values()):
-        raise _unsupported("logit_bias", "logit_bias is not supported")
+        raise unsupported_parameter("logit_bias", "logit_bias is not supported")
     if body.best_of not in (None, 1):
-        raise _unsupported("best_of", "best_of is not supported; n samples are all returned")
+        raise unsupported_parameter(
+            "best_of", "best_of is not supported; n samples are all returned"
+        )
     if body.use_beam_search:
-        raise _unsupported("use_beam_search", "beam search is not supported")
+        raise unsupported_parameter("use_beam_search", "beam search is not supported")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(
             400,
@@ -78,16 +76,16 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
             param="top_logprobs",
         )
     if body.audio is not None:
-        raise _unsupported("audio", "audio output is not supported")
+        raise unsupported_parameter("audio", "audio output is not supported")
     if body.modalities and any(m != "text" for m in body.modalities):
-        raise _unsupported("modalities", "only the text modality is supported")
+        raise unsupported_parameter("modalities", "only the text modality is supported")
     if body.prediction is not None:
-        raise _unsupported("prediction", "predicted outputs are not supported")
+        raise unsupported_parameter("prediction", "predicted outputs are not supported")
     if body.web_search_options is not None:
-        raise _unsupported("web_search_options", "web search is not supported")
+        raise unsupported_parameter("web_search_options", "web search is not supported")
     if body.functions is not None or body.function_call is not None:
         param = "functions" if body.functions is not None else "function_call"
-        raise _unsupported(param, "the legacy functions API is not supported; use tools")
+        raise unsupported_parameter(param, "the legacy functions API is not supported; use tools")
 
 
 def thinking_for_effort(effort: str | None) -> tuple[bool | None, int | None]:

@@ -2,7 +2,8 @@
 
 A prompt is raw text (no chat template) or token ids, one prompt or a list of them; each
 gets ``n`` independent samples, the choices indexed prompt by prompt, then sample by sample.
-The output is plain text: no reasoning or tool-call parsing.
+The output is plain text: no reasoning or tool-call parsing. The request model and the
+reading of its prompts are in ``completion_request``; this module runs and shapes them.
 
 The samples of one prompt share its prefill (``samples.Samples``: the first is submitted
 alone, the others once the engine has read the prompt, resuming from its prefix-cache
@@ -31,196 +32,37 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 from litestar import Request, Response
 from litestar.response import Stream
-from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ninfer_runtime.frontend import TextDelta
-from ninfer_runtime.frontend.sampling import MAX_LOGPROBS
 
 from ..cache_isolation import isolate
-from ..errors import ApiError, from_exception, invalid_request, shown
+from ..errors import from_exception
 from ..generation import Generator, Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_data, sse_response, until_disconnect
-from ..limits import MAX_SAMPLES, check_sample_count, check_stop_count
+from ..limits import check_sample_count, check_stop_count
 from ..samples import SampleEvent, Samples
 from . import vllm_fields
+from .completion_request import (
+    MAX_PROMPTS,
+    CompletionRequest,
+    Prompt,
+    prompt_forms,
+    read_prompts,
+    refuse_unsupported,
+)
 from .logprobs import Scored, completion_logprobs, prompt_scored, scored
-from .models import PromptCacheOptions, SamplingRequest, StreamOptions
+from .models import StreamOptions
 
 __all__ = ["MAX_PROMPTS", "CompletionRequest", "create_completion"]
-
-#: the most prompts in one request
-MAX_PROMPTS = 64
-#: OpenAI's default ``max_tokens`` for Completions
-DEFAULT_MAX_TOKENS = 16
-
-_TEXT = {"type": "string", "minLength": 1}
-_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-_PROMPT = WithJsonSchema(
-    {
-        "anyOf": [
-            _TEXT,
-            {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": MAX_PROMPTS},
-            _IDS,
-            {"type": "array", "items": _IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
-        ]
-    }
-)
-
-
-class CompletionRequest(SamplingRequest):
-    """POST /v1/completions, with vLLM's extensions Chat takes too (``vllm_fields``).
-    ``prompt`` is checked item by item in this module, so an error names ``prompt[2][7]``
-    precisely."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    prompt: Annotated[Any, _PROMPT]
-    model: str | None = None
-    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=0)
-    n: int = Field(1, ge=1, le=MAX_SAMPLES)
-    echo: bool | None = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    user: str | None = None
-    prompt_cache_options: PromptCacheOptions | None = None
-    # accepted so that setting them is refused by name (they would change the result)
-    suffix: Annotated[str | None, WithJsonSchema({"type": "null"})] = None
-    best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = Field(None, ge=1)
-    use_beam_search: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = None
-    logit_bias: Annotated[
-        dict[str, float] | None,
-        WithJsonSchema(
-            {"anyOf": [{"type": "object", "additionalProperties": {"const": 0}}, {"type": "null"}]}
-        ),
-    ] = None
-
-
-def _unsupported(param: str, why: str) -> ApiError:
-    return ApiError(400, f"{param}: {why}", code="unsupported_parameter", param=param)
-
-
-def _refuse_unsupported(body: CompletionRequest) -> None:
-    if body.suffix is not None:
-        raise _unsupported("suffix", "suffix (insertion) is not supported")
-    if body.best_of not in (None, 1):
-        raise _unsupported("best_of", "only best_of = 1 is supported; use n for several samples")
-    if body.use_beam_search:
-        raise _unsupported("use_beam_search", "beam search is not supported")
-    if body.logit_bias and any(v != 0 for v in body.logit_bias.values()):
-        raise _unsupported("logit_bias", "logit_bias is not supported")
-    if body.stream_options is not None and not body.stream:
-        raise invalid_request("stream_options: only allowed with stream: true", "stream_options")
-    most = body.max_tokens
-    if body.min_tokens and most is not None and body.min_tokens > most:
-        raise invalid_request(
-            f"min_tokens: {body.min_tokens} is more than max_tokens ({most})", "min_tokens"
-        )
-    vllm_fields.refuse_unsupported(body)
-
-
-# -- prompts -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    """One prompt as the engine takes it: its token ids, and the text ``echo`` shows."""
-
-    ids: list[int]
-    text: str
-    param: str
-
-
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_ids(ids: list[Any], param: str) -> None:
-    if not ids:
-        raise invalid_request(f"{param}: a prompt of token ids needs at least one id", param)
-    for j, token in enumerate(ids):
-        if not _is_id(token):
-            raise invalid_request(
-                f"{param}[{j}]: expected a token id (an integer >= 0), got {shown(token, 40)}",
-                f"{param}[{j}]",
-            )
-
-
-_FORMS = "a string, a list of strings, a list of token ids or a list of lists of them"
-
-
-def _prompt_forms(prompt: Any) -> list[tuple[str | list[int], str]]:
-    """(text or token ids, the field that names it) for each prompt of the request: a
-    string, a list of strings, a list of ids or a list of lists of ids."""
-    if not isinstance(prompt, str | list):
-        raise invalid_request(f"prompt: expected {_FORMS}, got {shown(prompt, 40)}", "prompt")
-    if isinstance(prompt, str):
-        if not prompt:
-            raise invalid_request("prompt: the prompt is empty", "prompt")
-        return [(prompt, "prompt")]
-    if not prompt:
-        raise invalid_request("prompt: the list of prompts is empty", "prompt")
-    first = prompt[0]
-    if isinstance(first, int) and not isinstance(first, bool):
-        _check_ids(prompt, "prompt")
-        return [(prompt, "prompt")]
-    if len(prompt) > MAX_PROMPTS:
-        raise invalid_request(
-            f"prompt: at most {MAX_PROMPTS} prompts in one request, not {len(prompt)}", "prompt"
-        )
-    forms: list[tuple[str | list[int], str]] = []
-    for i, item in enumerate(prompt):
-        param = f"prompt[{i}]"
-        if isinstance(item, str) and isinstance(first, str):
-            if not item:
-                raise invalid_request(f"{param}: the prompt is empty", param)
-        elif isinstance(item, list) and isinstance(first, list):
-            _check_ids(item, param)
-        else:
-            like = "a string" if isinstance(first, str) else "a list of token ids"
-            raise invalid_request(
-                f"{param}: expected {like}, as the first prompt is (a prompt is {_FORMS})", param
-            )
-        forms.append((item, param))
-    return forms
-
-
-def _read_prompts(
-    generator: Generator, forms: list[tuple[str | list[int], str]], echo: bool
-) -> list[_Prompt]:
-    """Token ids (and echoed text) of every prompt, each checked against the vocabulary
-    and the context before anything is generated (worker thread: tokenizer work)."""
-    engine = generator.engine
-    tokenizer = engine.tokenizer
-    vocab = engine.model.config.vocab
-    prompts = []
-    for form, param in forms:
-        if isinstance(form, str):
-            generator.check_fits(Job(messages=[], prompt=form, prompt_param=param))
-            ids, text = tokenizer.encode(form), form
-            if not ids:
-                raise invalid_request(f"{param}: the prompt has no tokens", param)
-        else:
-            ids = form
-            outside = next((j for j, t in enumerate(ids) if t >= vocab), None)
-            if outside is not None:
-                raise invalid_request(
-                    f"{param}[{outside}]: token id {ids[outside]} is outside the vocabulary "
-                    f"(0..{vocab - 1})",
-                    f"{param}[{outside}]",
-                )
-            text = tokenizer.decode(ids) if echo else ""
-        generator.check_length(len(ids), param)
-        prompts.append(_Prompt(ids, text, param))
-    return prompts
-
 
 # -- choices -------------------------------------------------------------------------------------
 
 
-def _job(body: CompletionRequest, prompt: _Prompt, answer: vllm_fields.AnswerConstraint) -> Job:
+def _job(body: CompletionRequest, prompt: Prompt, answer: vllm_fields.AnswerConstraint) -> Job:
     """The job of one prompt (``samples.Samples`` makes its ``n`` samples)."""
     return Job(
         messages=[],
@@ -320,7 +162,7 @@ class _Batch:
 class _Shaper:
     """Builds one request's choices, chunks and usage from its runs."""
 
-    def __init__(self, body: CompletionRequest, tokenizer: Any, prompts: list[_Prompt]):
+    def __init__(self, body: CompletionRequest, tokenizer: Any, prompts: list[Prompt]):
         self.echo = bool(body.echo)
         self.logprobs = body.logprobs
         self.generates = body.max_tokens != 0
@@ -522,14 +364,14 @@ async def create_completion(
     state: ServerState, request: Request[Any, Any, Any], body: CompletionRequest
 ) -> Response[Any] | Stream:
     model = state.check_model(body.model)
-    _refuse_unsupported(body)
+    refuse_unsupported(body)
     check_stop_count(body.stop, "stop")
     answer = vllm_fields.answer_constraint(body)
     generator = state.generator
     check_sample_count(body.n, generator.loop.max_concurrency)
-    forms = _prompt_forms(body.prompt)
+    forms = prompt_forms(body.prompt)
     prompts = await until_disconnect(
-        request, generator.admitted(_read_prompts, generator, forms, bool(body.echo))
+        request, generator.admitted(read_prompts, generator, forms, bool(body.echo))
     )
     shaper = _Shaper(body, generator.engine.tokenizer, prompts)
     jobs = [_job(body, p, answer) for p in prompts]

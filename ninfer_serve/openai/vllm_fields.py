@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import ApiError, shown
+from ..errors import ApiError, shown, unsupported_parameter
 from ..limits import MAX_TEMPLATE_KWARGS, MAX_TEMPLATE_KWARGS_BYTES
 from ..structured import AnswerGrammar
 from .models import ChatCompletionRequest, StructuredOutputs, VllmGenerationFields
@@ -58,22 +58,18 @@ _REFUSED_STRUCTURED: dict[str, tuple[Any, str]] = {
 }
 
 
-def _unsupported(param: str, why: str) -> ApiError:
-    return ApiError(400, f"{param}: {why}", code="unsupported_parameter", param=param)
-
-
 def refuse_unsupported(body: VllmGenerationFields) -> None:
     """A 400 naming the first vLLM field set to a value this server would not honour."""
     for name, (neutral, why) in _REFUSED.items():
         value = getattr(body, name)
         if value is not None and value != neutral:
-            raise _unsupported(name, why)
+            raise unsupported_parameter(name, why)
     options = body.structured_outputs
     if options is not None:
         for name, (neutral, why) in _REFUSED_STRUCTURED.items():
             value = getattr(options, name)
             if value is not None and value != neutral:
-                raise _unsupported(f"structured_outputs.{name}", why)
+                raise unsupported_parameter(f"structured_outputs.{name}", why)
 
 
 def sampling_fields(body: VllmGenerationFields) -> dict[str, Any]:
