@@ -586,7 +586,7 @@ PARALLEL_ELEMENTS = 1 << 22
 def _threads_for(elements: int) -> Iterator[None]:
     """One torch thread for a small parent: each of its many small operations would start and
     join a parallel region, which costs more than the work, and on a busy machine an OpenMP
-    team spins waiting for a core it does not get (a [48, 5120] cast: 0.3 s instead of 5 ms)."""
+    team spins waiting for a core it does not get (docs/performance.md has the figures)."""
     threads = torch.get_num_threads()
     if elements >= PARALLEL_ELEMENTS or threads == 1:
         yield
