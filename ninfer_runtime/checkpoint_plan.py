@@ -17,6 +17,7 @@ turn resends).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
 from .prefix_cache import CacheBoundary
@@ -50,14 +51,23 @@ def choose_checkpoints(
     how many first tokens of this prompt it shares."""
     plan: dict[int, str] = {}
     scored = []
+    lengths = sorted(shared_lengths)
     for position, kind in merge_boundaries(boundaries).items():
-        if not resumed < position < prompt_tokens or exists(position):
+        if not resumed < position < prompt_tokens:
             continue
         if kept_anyway(position):
-            plan[position] = kind
+            if not exists(position):
+                plan[position] = kind
             continue
-        sharers = sum(n >= position for n in shared_lengths)
+        sharers = len(lengths) - bisect_left(lengths, position)
         scored.append((position * (1 + sharers), kind == "breakpoint", position, kind))
-    for _, _, position, kind in sorted(scored, reverse=True)[:MAX_NEW_CHECKPOINTS]:
-        plan[position] = kind
+    # ``exists`` hashes the prompt up to the position: asked of the best candidates only,
+    # until enough are new, so a request naming thousands of boundaries costs few of them
+    new = 0
+    for _, _, position, kind in sorted(scored, reverse=True):
+        if new == MAX_NEW_CHECKPOINTS:
+            break
+        if not exists(position):
+            plan[position] = kind
+            new += 1
     return plan

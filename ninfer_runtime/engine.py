@@ -474,7 +474,7 @@ class Engine:
             if not 0 < b.position <= prompt_tokens:
                 raise RequestError(
                     f"cache_boundaries: position {b.position} is outside the "
-                    f"{prompt_tokens}-token prompt (expected 1..{prompt_tokens - 1})",
+                    f"{prompt_tokens}-token prompt (expected 1..{prompt_tokens})",
                     param="cache_boundaries",
                 )
 
@@ -593,6 +593,8 @@ class Engine:
         plan = {}
         if a.history_end is not None:
             plan[a.history_end] = "boundary"
+        if not a.request.cache_boundaries:  # nothing to choose: no sharers to count
+            return plan
         others = [
             common_prefix(w.prompt_ids, prompt)
             for w in (*self._active.values(), *self._waiting)

@@ -229,7 +229,7 @@ def test_checkpoints_are_counted_by_kind(artifact) -> None:
     "boundary, words",
     [
         (CacheBoundary(0), "position 0 is outside the 330-token prompt"),
-        (CacheBoundary(331), "position 331 is outside"),
+        (CacheBoundary(331), r"position 331 is outside the 330-token prompt \(expected 1\.\.330\)"),
         (CacheBoundary(5, "sometimes"), "is not a CacheBoundary of kind"),
         (5, "5 is not a CacheBoundary"),
     ],
@@ -269,6 +269,27 @@ def test_the_choice_goes_by_expected_value() -> None:
                       200: "boundary"}  # fmt: skip
     # a boundary a few tokens before the prompt's end is a candidate like any other
     assert 999 in choose([999])
+
+
+def test_many_boundaries_ask_whether_a_checkpoint_exists_of_the_best_few_only() -> None:
+    """Asking costs a hash of the prompt up to the position: of 5000 boundaries only the
+    best candidates are asked about, until four new ones are found."""
+    asked = []
+
+    def exists(position: int) -> bool:
+        asked.append(position)
+        return position in (4999, 4997)  # two of the deepest are cached already
+
+    picked = choose_checkpoints(
+        [CacheBoundary(p) for p in range(1, 5000)],
+        prompt_tokens=5000,
+        resumed=0,
+        kept_anyway=lambda p: False,
+        exists=exists,
+        shared_lengths=[],
+    )
+    assert sorted(picked) == [4994, 4995, 4996, 4998]
+    assert len(asked) == len(set(asked)) == 4 + 2
 
 
 def test_positions_of_any_integer_type_are_taken(artifact) -> None:
