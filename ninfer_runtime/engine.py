@@ -459,6 +459,14 @@ class Engine:
                 f"cache_salt must be a string, got {type(request.cache_salt).__name__}",
                 param="cache_salt",
             )
+        if request.cache_salt is not None and not request.cache_salt.isascii():
+            try:  # the cache keys its namespace by the salt's UTF-8 bytes
+                request.cache_salt.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError(
+                    "cache_salt is not valid Unicode text (it holds a lone surrogate)",
+                    param="cache_salt",
+                ) from None
         for b in request.cache_boundaries:
             if not isinstance(b, CacheBoundary) or b.kind not in ("boundary", "breakpoint"):
                 raise RequestError(

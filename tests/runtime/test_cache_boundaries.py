@@ -243,6 +243,16 @@ def test_bad_boundaries_are_refused_in_one_line(artifact, boundary, words) -> No
     assert raised.value.param == "cache_boundaries" and "\n" not in str(raised.value)
 
 
+def test_a_salt_that_is_not_unicode_text_is_refused_at_submit(artifact) -> None:
+    """Refused in one line when submitted, not when the engine's step looks it up (which
+    would fail every running request with it)."""
+    engine = _engine(artifact)
+    with pytest.raises(RequestError, match="cache_salt is not valid Unicode") as raised:
+        engine.submit(_request(_prompts(1)[0], salt="tenant-\ud800"))
+    assert raised.value.param == "cache_salt" and not engine.has_work
+    engine.submit(_request(_prompts(1)[0], salt="tenant-\u00e9"))  # any real text is taken
+
+
 def test_the_choice_goes_by_expected_value() -> None:
     def choose(positions, *, kinds=None, resumed=0, anyway=(), exists=(), shared=()):
         kinds = kinds or {}
