@@ -9,7 +9,8 @@ not form a cycle (a warning). Digest bookkeeping is checked too: a digest that i
 digits is an error; a key that names no object, an object without a digest and an artifact
 with no checksums at all are warnings (such an artifact is valid, project decision 7, but
 ``strict`` does not pass it). Artifacts written before declarations and the id were recorded
-get a note instead: a warning that ``strict`` does not turn into an error, so they still pass.
+get a note instead: a warning that ``strict`` does not turn into an error, so they still pass
+(one of the two without the other was removed after writing: a warning).
 With ``strict`` also the padding outside objects (header gap, part header pages, gaps between
 objects) must be zero.
 """
@@ -78,7 +79,16 @@ def verify(
     report.warnings.extend(target_cycles(artifact.directory))
     checksums = _recorded_digests(artifact, report, "checksums", "checksum", _no_checksums)
     declarations = _recorded_digests(
-        artifact, report, "declarations", "declaration digest", _no_declarations
+        artifact,
+        report,
+        "declarations",
+        "declaration digest",
+        lambda r: _write_time_record_absent(
+            artifact,
+            r,
+            "declarations",
+            "a format, layout, shape or encoding changed after writing cannot be detected",
+        ),
     )
     for obj in artifact.directory.objects:
         where = f"object {obj.id!r}"
@@ -120,11 +130,25 @@ def _no_checksums(report: VerifyReport) -> None:
     report.warnings.append("provenance.checksums is absent: no object's bytes were checked")
 
 
-def _no_declarations(report: VerifyReport) -> None:
-    # written before the writer recorded them: a note, so such artifacts still pass strict
-    report.notes.append(
-        "provenance.declarations is absent (written by an older writer): a format, layout, "
-        "shape or encoding changed after writing cannot be detected"
+#: what the writer records together about the artifact as written
+WRITE_TIME_RECORDS = ("declarations", "artifact_id")
+
+
+def _write_time_record_absent(
+    artifact: Artifact, report: VerifyReport, member: str, consequence: str
+) -> None:
+    """A note when no write-time record is there (an older writer: such artifacts still pass
+    strict); a warning when another one is, since the writer records them all together, so
+    this one was removed after writing."""
+    present = [m for m in WRITE_TIME_RECORDS if m != member and m in artifact.provenance]
+    if not present:
+        report.notes.append(
+            f"provenance.{member} is absent (written by an older writer): {consequence}"
+        )
+        return
+    report.warnings.append(
+        f"provenance.{member} is absent, but provenance.{present[0]} is recorded and the "
+        f"writer records both: it was removed after writing, and {consequence}"
     )
 
 
@@ -175,9 +199,11 @@ def _check_artifact_id(artifact: Artifact, report: VerifyReport) -> None:
     is the copy the writer records, and the parts' headers (checked when they are read)."""
     provenance = artifact.provenance
     if "artifact_id" not in provenance:
-        report.notes.append(
-            "provenance.artifact_id is absent (written by an older writer): an artifact_id "
-            "changed in the header cannot be detected"
+        _write_time_record_absent(
+            artifact,
+            report,
+            "artifact_id",
+            "an artifact_id changed in the header cannot be detected",
         )
         return
     recorded, actual = provenance["artifact_id"], artifact.artifact_id.hex()

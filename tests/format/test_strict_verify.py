@@ -109,6 +109,25 @@ def test_an_artifact_from_before_the_declarations_still_verifies(sample):
     assert doc["valid"] is True and len(doc["warnings"]) == 2
 
 
+@pytest.mark.parametrize("removed", ["declarations", "artifact_id"])
+def test_one_write_time_record_removed_fails_strict(sample, removed):
+    """The writer records both: one without the other was removed, not an older writer."""
+    kept = "artifact_id" if removed == "declarations" else "declarations"
+
+    def edit(document):
+        del document["provenance"][removed]
+        relabel_q4_as_nf4(document)
+
+    edit_directory(sample, edit)
+    code, out = run(sample, "--verify", "--strict", "--no-objects")
+    assert code == 1, out
+    assert (
+        f"error: strict: provenance.{removed} is absent, but provenance.{kept} is recorded "
+        "and the writer records both: it was removed after writing" in out
+    )
+    assert "older writer" not in out
+
+
 def test_a_null_checksum_is_refused(tmp_path):
     path = tmp_path / "m.ninfer"
     small_artifact(path)
