@@ -353,18 +353,11 @@ class Generator:
                 request_id=job.request_id,
             )
         tools = job.tools if job.tool_choice != "none" else None
-        thinking = job.enable_thinking
         kwargs = job.chat_template_kwargs
-        if (
-            thinking is None
-            and self.enable_thinking is not None
-            and not (kwargs and "enable_thinking" in kwargs)
-        ):
-            thinking = self.enable_thinking
         return GenerationRequest(
             messages=job.messages,
             tools=tools or None,
-            enable_thinking=thinking,
+            enable_thinking=self.thinking(job.enable_thinking, kwargs),
             chat_template_kwargs=kwargs,
             continue_final_message=job.continue_final_message,
             add_generation_prompt=job.add_generation_prompt,
@@ -372,6 +365,13 @@ class Generator:
             parse_tool_calls=job.tool_choice != "none",
             request_id=job.request_id,
         )
+
+    def thinking(self, given: bool | None, kwargs: Mapping[str, Any] | None) -> bool | None:
+        """Whether the template is told to think: the request's choice, else the server's
+        default, unless the request's ``chat_template_kwargs`` set ``enable_thinking``."""
+        if given is None and not (kwargs and "enable_thinking" in kwargs):
+            return self.enable_thinking
+        return given
 
     def _longest_token_bytes(self) -> int:
         if self._longest_token is None:

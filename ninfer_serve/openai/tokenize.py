@@ -25,7 +25,7 @@ from ..limits import MAX_TEMPLATE_KWARGS
 from ..wire import WireModel
 from .chat import check_text_only
 from .models import ChatMessage, ChatTool
-from .vllm_fields import check_template_kwargs
+from .vllm_fields import check_template_kwargs, prompt_ending
 
 __all__ = ["DetokenizeRequest", "TokenizeRequest", "detokenize", "tokenize"]
 
@@ -87,12 +87,7 @@ def _check_form(body: TokenizeRequest) -> None:
                 )
     else:
         check_template_kwargs(body.chat_template_kwargs)
-    if body.add_generation_prompt and body.continue_final_message:
-        raise invalid_request(
-            "continue_final_message: cannot be set with add_generation_prompt (the final "
-            "message is either continued or followed by a new assistant turn)",
-            "continue_final_message",
-        )
+        prompt_ending(body)
 
 
 def _encode(generator: Generator, body: TokenizeRequest) -> list[int]:
@@ -104,17 +99,14 @@ def _encode(generator: Generator, body: TokenizeRequest) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in body.messages or []]
         check_text_only(messages)
         kwargs = body.chat_template_kwargs
-        thinking = None
-        if not (kwargs and "enable_thinking" in kwargs):
-            thinking = generator.enable_thinking
-        continuing = bool(body.continue_final_message)
+        continuing, generation_prompt = prompt_ending(body)
         tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]
         text = engine.template.render(
             messages,
             tools=tools or None,
-            add_generation_prompt=body.add_generation_prompt is not False and not continuing,
+            add_generation_prompt=generation_prompt,
             continue_final_message=continuing,
-            enable_thinking=thinking,
+            enable_thinking=generator.thinking(None, kwargs),
             chat_template_kwargs=kwargs,
         )
         special = bool(body.add_special_tokens)

@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..errors import ApiError, shown, unsupported_parameter
 from ..limits import MAX_TEMPLATE_KWARGS, MAX_TEMPLATE_KWARGS_BYTES
 from ..structured import AnswerGrammar
-from .models import ChatCompletionRequest, StructuredOutputs, VllmGenerationFields
+from .models import StructuredOutputs, VllmGenerationFields
 
 __all__ = [
     "AnswerConstraint",
@@ -182,8 +182,14 @@ def _grammar(
     return AnswerConstraint(grammar=AnswerGrammar(kind, source, param))
 
 
-def prompt_ending(body: ChatCompletionRequest) -> tuple[bool, bool]:
-    """(continue the final message, end with the generation prompt) for a chat request.
+class _PromptEndingFields(Protocol):
+    continue_final_message: bool | None
+    add_generation_prompt: bool | None
+
+
+def prompt_ending(body: _PromptEndingFields) -> tuple[bool, bool]:
+    """(continue the final message, end with the generation prompt) for a chat request (or
+    a ``/tokenize`` of messages, which renders them the same way).
 
     Unset, ``add_generation_prompt`` follows ``continue_final_message`` (on unless the final
     message is continued); set to true beside ``continue_final_message``, it is refused as

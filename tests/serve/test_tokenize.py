@@ -145,7 +145,8 @@ def test_add_special_tokens_lets_the_post_processor_add_its_tokens():
     tokenizer = Tokenizer(backend, tokenizer_config=config)
     template = SimpleNamespace(render=lambda messages, **kwargs: messages[0]["content"])
     generator = SimpleNamespace(
-        engine=SimpleNamespace(tokenizer=tokenizer, template=template), enable_thinking=None
+        engine=SimpleNamespace(tokenizer=tokenizer, template=template),
+        thinking=lambda given, kwargs: given,
     )
 
     def encode(**body: Any) -> list[int]:
