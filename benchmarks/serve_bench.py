@@ -674,8 +674,12 @@ def metric(url: str, name: str) -> float:
 
 
 def agent_stats(by_turn: list[list[Sample]], duration: float, preemptions: float) -> dict:
+    def timed(samples: list[Sample]) -> list[Sample]:
+        """The samples with a TTFT (a NaN, from a failed request, would break a sort by it)."""
+        return [s for s in samples if s.ok and not math.isnan(s.ttft)]
+
     def ttft(samples: list[Sample]) -> dict[str, float]:
-        values = [s.ttft * 1000 for s in samples if s.ok and not math.isnan(s.ttft)]
+        values = [s.ttft * 1000 for s in timed(samples)]
         return {"ttft_mean": mean(values), "ttft_p50": pct(values, 50), "ttft_p90": pct(values, 90)}
 
     def share(samples: list[Sample]) -> float:
@@ -694,7 +698,7 @@ def agent_stats(by_turn: list[list[Sample]], duration: float, preemptions: float
         "first_turn": ttft(by_turn[0]),
         # the clients after the first the server took: all arrive at once, and only the first
         # must read the shared prefix whole
-        "first_turn_followers": ttft(sorted(by_turn[0], key=lambda s: s.ttft)[1:]),
+        "first_turn_followers": ttft(sorted(timed(by_turn[0]), key=lambda s: s.ttft)[1:]),
         "later_turns": ttft([s for turn in by_turn[1:] for s in turn]),
         "turns": [
             {"turn": i + 1, "requests": len(turn), "prompt_tokens_mean": statistics.fmean(

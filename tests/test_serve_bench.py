@@ -171,3 +171,9 @@ def test_turn_one_after_the_first_client_leaves_out_the_fastest():
     assert stats["cached_share"] == pytest.approx(275 / 400)
     table = bench.agent_table({"on": stats})
     assert "| on | 1000.0 / " in table and " | 1050.0 / " in table
+    # a failed request has no TTFT: it is neither the first client nor a follower
+    failed = bench.Sample(prompt_tokens=100, error="HTTP 500: boom")
+    for at in range(len(turn_one) + 1):
+        with_failure = [*turn_one[:at], failed, *turn_one[at:]]
+        stats = bench.agent_stats([with_failure, [sample(0.2, 95)]], duration=3.0, preemptions=0)
+        assert stats["first_turn_followers"]["ttft_mean"] == pytest.approx(1050.0), at
