@@ -356,8 +356,9 @@ class GgufSource(TensorSource):
                     f"{path}: replaced by another file since it was opened; convert again"
                 )
             self._descriptors[part] = fd
-            if hasattr(os, "posix_fadvise"):  # a larger read-ahead window
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            if hasattr(os, "posix_fadvise"):  # a larger read-ahead window; only a hint
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         done, wanted = 0, view.nbytes
         while done < wanted:
             try:

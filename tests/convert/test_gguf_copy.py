@@ -176,6 +176,20 @@ def test_a_file_replaced_after_opening_is_refused_in_one_line(tiny, tmp_path) ->
         source.read_into(part, offset, memoryview(bytearray(nbytes)))
 
 
+def test_a_refused_read_ahead_hint_does_not_stop_the_copy(tiny, monkeypatch) -> None:
+    """Some file systems refuse posix_fadvise; the read goes on without the hint."""
+
+    def refuse(*args: object) -> None:
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr("os.posix_fadvise", refuse, raising=False)
+    source = GgufSource(tiny["gguf"])
+    part, offset, nbytes = source.block_range("blk.3.ffn_down.weight", 0, 2)
+    buffer = bytearray(nbytes)
+    source.read_into(part, offset, memoryview(buffer))
+    assert bytes(buffer) == Path(tiny["gguf"]).read_bytes()[offset : offset + nbytes]
+
+
 def test_buffers_are_filled_full_in_order_across_extents() -> None:
     """Every byte of every extent is read once, in order; each buffer but the last is full,
     and a buffer goes on from one extent (or part, or member) into the next."""
