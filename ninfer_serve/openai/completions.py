@@ -368,6 +368,7 @@ async def create_completion(
     check_stop_count(body.stop, "stop")
     answer = vllm_fields.answer_constraint(body)
     generator = state.generator
+    state.loop.check_available()  # the lanes are known once the engine is loaded
     check_sample_count(body.n, generator.loop.max_concurrency)
     forms = prompt_forms(body.prompt)
     prompts = await until_disconnect(

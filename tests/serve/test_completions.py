@@ -447,3 +447,29 @@ def test_a_field_changes_the_result_or_is_refused(server, name):
         assert before != after, f"{name}: the reply is the same with {entry.value!r}"
     else:
         assert before == after, f"{name} ({entry.why}) changed the reply"
+
+
+def test_a_request_while_the_model_loads_is_503_not_a_sample_count_error() -> None:
+    """With auto lanes the server has none until the engine has loaded: a request then is
+    told the model is loading (503), not that ``n = 1`` is above its lanes (400)."""
+    import threading
+
+    from litestar.testing import TestClient
+
+    from ninfer_serve.app import create_app
+    from ninfer_serve.config import load_settings
+
+    release = threading.Event()
+
+    def load() -> Any:
+        release.wait(30)
+        raise RuntimeError("this engine never loads")
+
+    gate = create_app(load_settings(None, {}), model_id="m", load=load)
+    with TestClient(app=gate) as client:  # type: ignore[arg-type]
+        try:
+            response = client.post("/v1/completions", json={"prompt": "hi"})
+        finally:
+            release.set()  # the load fails now, so shutting down waits for nothing
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "model_loading"
