@@ -44,7 +44,7 @@ from ..limits import check_sample_count, check_stop_count
 from ..samples import SampleEvent, Samples, combined
 from . import vllm_fields
 from .logprobs import chat_logprobs, scored
-from .models import ChatCompletionRequest
+from .models import ChatCompletionRequest, StreamOptions
 
 __all__ = [
     "chat_completions",
@@ -309,10 +309,17 @@ def _delta(event: Any) -> dict[str, Any] | None:
 
 
 async def _chunks(
-    cid: str, model: str, samples: Samples, include_usage: bool, tokenizer: Any | None
+    cid: str,
+    model: str,
+    samples: Samples,
+    options: StreamOptions | None,
+    tokenizer: Any | None,
 ) -> AsyncIterator[bytes]:
     """The SSE stream; ``tokenizer`` given: each chunk carries its choice's new tokens'
-    log-probabilities (those generated since the choice's previous chunk)."""
+    log-probabilities (those generated since the choice's previous chunk). With
+    ``continuous_usage_stats`` each chunk carries its choice's token counts so far."""
+    include_usage = bool(options and options.include_usage)
+    continuous_usage = bool(options and options.continuous_usage_stats)
     runs = samples.runs
     created = runs[0].created
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
@@ -327,7 +334,15 @@ async def _chunks(
             logprobs = chat_logprobs(tokenizer, scored(tokens)) if tokens else None
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
         payload = {**base, "choices": [{**choice, **extra}]}
-        if include_usage:
+        if continuous_usage:  # the counts as of this chunk (a choice's first has no token)
+            prompt = runs[index].prompt_tokens
+            generated = 0 if isinstance(item, int) else item.tokens
+            payload["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": generated,
+                "total_tokens": prompt + generated,
+            }
+        elif include_usage:
             payload["usage"] = None
         return sse_data(payload)
 
@@ -372,8 +387,8 @@ async def chat_completions(
     cid = f"chatcmpl-{samples.job.request_id}"
     tokenizer = state.generator.engine.tokenizer if body.logprobs else None
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_chunks(cid, model, samples, include_usage, tokenizer), samples.cancel)
+        chunks = _chunks(cid, model, samples, body.stream_options, tokenizer)
+        return sse_response(chunks, samples.cancel)
     try:
         outcomes = await until_disconnect(request, samples.collect())
     finally:

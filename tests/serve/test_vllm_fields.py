@@ -183,6 +183,24 @@ def test_min_tokens_forces_that_many_tokens(server: Server) -> None:
     assert error["param"] == "min_tokens" and "max_tokens" in error["message"]
 
 
+def test_continuous_usage_stats_puts_the_counts_so_far_on_every_chunk(server: Server) -> None:
+    body = {"model": server.model, "messages": HI, "temperature": 0, "max_tokens": 40,
+            "enable_thinking": False, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    events = [
+        json.loads(line[6:]) for line in _data_lines(post(server, "/v1/chat/completions", body))
+    ]
+    *chunks, final = events
+    usages = [c["usage"] for c in chunks]
+    assert all(u is not None for u in usages), usages
+    prompt = final["usage"]["prompt_tokens"]
+    assert {u["prompt_tokens"] for u in usages} == {prompt}
+    generated = [u["completion_tokens"] for u in usages]
+    assert generated[0] == 0 and generated == sorted(generated)
+    assert generated[-1] == final["usage"]["completion_tokens"] == 5
+    assert all(u["total_tokens"] == prompt + u["completion_tokens"] for u in usages)
+
+
 def test_include_stop_str_in_output(server: Server) -> None:
     assert content(chat(server, stop=["color"])) == "Blue is a"
     included = chat(server, stop=["color"], include_stop_str_in_output=True)
