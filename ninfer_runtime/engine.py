@@ -11,7 +11,6 @@ drive the same object; the model underneath is the same on every backend.
 
 from __future__ import annotations
 
-import numbers
 import secrets
 import time
 import uuid
@@ -28,7 +27,12 @@ from ninfer_format import Artifact, ArtifactError
 
 from .arrays import array_module
 from .backends.base import to_numpy
-from .checkpoint_plan import choose_checkpoints
+from .checkpoint_plan import (
+    awaited_position,
+    check_cache_fields,
+    choose_checkpoints,
+    pending_checkpoints,
+)
 from .errors import EngineError, RequestError
 from .frontend import (
     ChatTemplate,
@@ -439,7 +443,7 @@ class Engine:
             active.seed = params.seed
         if params.prompt_logprobs is not None:
             active.prompt_scores = [None] * len(ids)
-        self._check_cache_fields(request, len(ids))
+        check_cache_fields(request.cache_salt, request.cache_boundaries, len(ids))
         if self.cache is not None:
             active.history_end = self._history_end(request, ids)
         if request.request_id in self._active or any(
@@ -448,43 +452,6 @@ class Engine:
             raise RequestError(f"request id {request.request_id!r} is already in use")
         self._waiting.append(active)
         return request.request_id
-
-    @staticmethod
-    def _check_cache_fields(request: GenerationRequest, prompt_tokens: int) -> None:
-        """``cache_salt`` is a string or None; ``cache_boundaries`` are ``CacheBoundary``
-        positions inside the prompt (one at its very end adds nothing: the prompt's end is
-        always kept)."""
-        if request.cache_salt is not None and not isinstance(request.cache_salt, str):
-            raise RequestError(
-                f"cache_salt must be a string, got {type(request.cache_salt).__name__}",
-                param="cache_salt",
-            )
-        if request.cache_salt is not None and not request.cache_salt.isascii():
-            try:  # the cache keys its namespace by the salt's UTF-8 bytes
-                request.cache_salt.encode("utf-8")
-            except UnicodeEncodeError:
-                raise RequestError(
-                    "cache_salt is not valid Unicode text (it holds a lone surrogate)",
-                    param="cache_salt",
-                ) from None
-        for b in request.cache_boundaries:
-            if not isinstance(b, CacheBoundary) or b.kind not in ("boundary", "breakpoint"):
-                raise RequestError(
-                    f"cache_boundaries: {b!r} is not a CacheBoundary of kind 'boundary' or "
-                    "'breakpoint'",
-                    param="cache_boundaries",
-                )
-            if isinstance(b.position, bool) or not isinstance(b.position, numbers.Integral):
-                raise RequestError(
-                    f"cache_boundaries: position {b.position!r} is not a token count",
-                    param="cache_boundaries",
-                )
-            if not 0 < b.position <= prompt_tokens:
-                raise RequestError(
-                    f"cache_boundaries: position {b.position} is outside the "
-                    f"{prompt_tokens}-token prompt (expected 1..{prompt_tokens})",
-                    param="cache_boundaries",
-                )
 
     def cancel(self, request_id: str) -> Finished | None:
         """Stop a request now and free its lane and memory."""
@@ -566,31 +533,24 @@ class Engine:
         not for want of pages) or gone (finished, cancelled, preempted) ``a`` goes on."""
         if self.cache is None or a.generated or a.saved is not None or a.prompt_scores is not None:
             return False
-        salt, deepest = a.request.cache_salt, 0
-        for w in self._active.values():
-            if w.request.cache_salt != salt or w.generated or w.prefilled >= len(w.prompt_ids):
-                continue
-            shared = common_prefix(w.prompt_ids, a.prompt_ids)
-            if shared <= w.prefilled:
-                continue
-            # a checkpoint at the end of ``a``'s whole prompt serves only with its logits
-            ahead = [
-                p
-                for p in self._pending_checkpoints(w)
-                if p <= shared and (p < len(a.prompt_ids) or p == len(w.prompt_ids))
-            ]
-            deepest = max(deepest, *ahead, 0)
+        salt = a.request.cache_salt
+        writers = [
+            (
+                w.prompt_ids,
+                pending_checkpoints(
+                    w.plan,
+                    prefilled=w.prefilled,
+                    prompt_tokens=len(w.prompt_ids),
+                    interval=self.checkpoint_interval,
+                ),
+            )
+            for w in self._active.values()
+            if w.request.cache_salt == salt and not w.generated and w.prefilled < len(w.prompt_ids)
+        ]
+        deepest = awaited_position(a.prompt_ids, writers)
         if not deepest:
             return False
-        resumable = self.cache.resumable(a.prompt_ids, a.request.cache_salt)
-        return deepest - resumable >= self.prefill_chunk
-
-    def _pending_checkpoints(self, a: _Active) -> list[int]:
-        """The positions where lane ``a``'s prefill will still keep checkpoints."""
-        start, interval = a.prefilled + 1, self.checkpoint_interval
-        intervals = range(-(-start // interval) * interval, len(a.prompt_ids), interval)
-        planned = [p for p in a.plan if p >= start]
-        return [*planned, *intervals, len(a.prompt_ids)]
+        return deepest - self.cache.resumable(a.prompt_ids, salt) >= self.prefill_chunk
 
     def _plan_checkpoints(self, a: _Active) -> dict[int, str]:
         """Where ``a``'s prefill keeps checkpoints besides every ``checkpoint_interval``

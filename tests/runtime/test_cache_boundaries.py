@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from ninfer_convert.pipeline import convert
-from ninfer_runtime.checkpoint_plan import MAX_NEW_CHECKPOINTS, choose_checkpoints
+from ninfer_runtime.checkpoint_plan import (
+    MAX_NEW_CHECKPOINTS,
+    awaited_position,
+    choose_checkpoints,
+    pending_checkpoints,
+)
 from ninfer_runtime.engine import (
     CacheBoundary,
     Engine,
@@ -300,6 +305,27 @@ def test_many_boundaries_ask_whether_a_checkpoint_exists_of_the_best_few_only() 
     )
     assert sorted(picked) == [4994, 4995, 4996, 4998]
     assert len(asked) == len(set(asked)) == 4 + 2
+
+
+def test_a_prefill_still_keeps_its_planned_interval_and_end_checkpoints_ahead() -> None:
+    ahead = pending_checkpoints([100, 320, 700], prefilled=320, prompt_tokens=1000, interval=256)
+    assert ahead == [700, 512, 768, 1000]  # 100 and 320 are read already
+    assert pending_checkpoints([], prefilled=511, prompt_tokens=512, interval=256) == [512]
+
+
+def test_the_awaited_checkpoint_is_the_deepest_the_prompt_can_resume_from() -> None:
+    prompt = np.arange(100)
+    other = np.concatenate([np.arange(60), -np.ones(40, dtype=np.int64)])
+    # another prompt sharing 60 tokens: its checkpoints up to 60 serve, deeper ones not
+    assert awaited_position(prompt, [(other, [30, 60, 80, 100])]) == 60
+    # the same prompt: its end serves (the writer keeps its last logits there)
+    assert awaited_position(prompt, [(other, [30]), (prompt.copy(), [50, 100])]) == 100
+    # a longer prompt's checkpoint at this prompt's end has no logits: it does not serve
+    longer = np.arange(150)
+    assert awaited_position(prompt, [(longer, [40, 100, 150])]) == 40
+    # a prompt this one extends: its end serves
+    assert awaited_position(prompt, [(np.arange(70), [70])]) == 70
+    assert awaited_position(prompt, []) == 0
 
 
 def test_positions_of_any_integer_type_are_taken(artifact) -> None:
