@@ -169,7 +169,7 @@ _RULES = {
     "chat": f"Also refused: {_TOOL_RULE}; tool_calls only on assistant messages, other roles "
     "need content, an assistant message content, reasoning or tool_calls; json_schema needs its "
     "schema; tool call arguments must be a JSON object; top_logprobs without logprobs true; n "
-    f"above the server's decode lanes; {_CONTEXT_RULE}.",
+    f"above the server's decode lanes; stream_options without stream; {_CONTEXT_RULE}.",
     "responses": f"Also refused: {_TOOL_RULE}; an empty prompt (instructions, history and input "
     "together); function_call arguments that are not a JSON object; top_logprobs above 0 "
     f"without include message.output_text.logprobs; {_CONTEXT_RULE}.",

@@ -121,6 +121,7 @@ def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> 
 def to_job(body: ChatCompletionRequest) -> Job:
     """The protocol-neutral job for a validated Chat Completions request."""
     _refuse_unsupported(body)
+    body.check_stream_options()
     vllm_fields.refuse_unsupported(body)
     vllm_fields.check_template_kwargs(body.chat_template_kwargs)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]

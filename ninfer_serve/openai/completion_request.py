@@ -88,8 +88,7 @@ def refuse_unsupported(body: CompletionRequest) -> None:
         raise unsupported_parameter("use_beam_search", "beam search is not supported")
     if body.logit_bias and any(v != 0 for v in body.logit_bias.values()):
         raise unsupported_parameter("logit_bias", "logit_bias is not supported")
-    if body.stream_options is not None and not body.stream:
-        raise invalid_request("stream_options: only allowed with stream: true", "stream_options")
+    body.check_stream_options()
     most = body.max_tokens
     if body.min_tokens and most is not None and body.min_tokens > most:
         raise invalid_request(

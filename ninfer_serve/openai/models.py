@@ -23,6 +23,7 @@ from ninfer_runtime.frontend.sampling import MAX_LOGPROBS, MIN_REPETITION_PENALT
 
 from ..cache_boundaries import MAX_CACHE_BREAKPOINTS
 from ..cache_isolation import MAX_CACHE_SALT
+from ..errors import invalid_request
 from ..limits import MAX_CHOICES, MAX_SAMPLES, MAX_STOP, MAX_TEMPLATE_KWARGS
 from ..wire import WireModel
 
@@ -223,6 +224,13 @@ class SamplingRequest(VllmGenerationFields):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+
+    def check_stream_options(self) -> None:
+        """``stream_options`` only beside ``stream: true``, as OpenAI and vLLM have it."""
+        if self.stream_options is not None and not self.stream:
+            raise invalid_request(
+                "stream_options: only allowed with stream: true", "stream_options"
+            )
 
     def sampling(self) -> dict[str, Any]:
         """These fields as the engine's sampling parameters (vLLM's ``top_k: -1`` is off)."""

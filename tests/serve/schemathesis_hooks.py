@@ -77,9 +77,11 @@ def _chat(body: dict[str, Any]) -> None:
     needs_schema = isinstance(fmt, dict) and fmt.get("type") == "json_schema"
     if needs_schema and (fmt.get("json_schema") or {}).get("schema") is None:
         fmt["json_schema"] = {"name": "answer", "schema": {}}
-    # top_logprobs needs logprobs
+    # top_logprobs needs logprobs; stream_options needs stream
     if body.get("top_logprobs") is not None:
         body["logprobs"] = True
+    if not body.get("stream"):
+        body.pop("stream_options", None)
     _vllm_fields(body)
 
 

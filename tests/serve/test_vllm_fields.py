@@ -201,6 +201,11 @@ def test_continuous_usage_stats_puts_the_counts_so_far_on_every_chunk(server: Se
     assert all(u["total_tokens"] == prompt + u["completion_tokens"] for u in usages)
 
 
+def test_stream_options_without_stream_is_refused(server: Server) -> None:
+    error = refused(server, stream_options={"include_usage": True})
+    assert error["param"] == "stream_options" and "stream: true" in error["message"]
+
+
 def test_include_stop_str_in_output(server: Server) -> None:
     assert content(chat(server, stop=["color"])) == "Blue is a"
     included = chat(server, stop=["color"], include_stop_str_in_output=True)
