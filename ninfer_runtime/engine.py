@@ -517,11 +517,8 @@ class Engine:
             enable_thinking=request.enable_thinking,
             chat_template_kwargs=request.chat_template_kwargs,
         )
-        later = self.tokenizer.encode(text)
-        shared = next(
-            (i for i, (x, y) in enumerate(zip(ids, later, strict=False)) if x != y),
-            min(len(ids), len(later)),
-        )
+        later = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
+        shared = common_prefix(np.asarray(ids, dtype=np.int64), later)
         return shared if 0 < shared < len(ids) else None
 
     def _awaits_shared_checkpoint(self, a: _Active) -> bool:
