@@ -160,7 +160,7 @@ def conversation_boundaries(
             keep(_inside_message(render, encode, messages, _BEFORE_FIRST, ids), "breakpoint")
         elif place.offset is None:
             keep(_message_end(render, encode, messages, place.messages, ids), "breakpoint")
-        elif place.messages > 0:
+        else:
             keep(_inside_message(render, encode, messages, place, ids), "breakpoint")
     if len(ids) < MIN_PROMPT_TOKENS:
         return sorted(found.values(), key=lambda b: b.position)
