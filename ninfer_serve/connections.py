@@ -104,10 +104,8 @@ class ConnectionGuard:
         self._last_refused = now
         return False
 
-    def opened(self, open_now: int) -> None:
-        self.metrics.set_connections(open_now)
-
-    def closed(self, open_now: int) -> None:
+    def counted(self, open_now: int) -> None:
+        """A connection was opened or closed: ``open_now`` are served."""
         self.metrics.set_connections(open_now)
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -159,7 +157,7 @@ class GuardedProtocol(H11Protocol):
             self._start_head_timer()
             return
         super().connection_made(transport)
-        self.guard.opened(len(self.connections))
+        self.guard.counted(len(self.connections))
         self._start_head_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -185,7 +183,7 @@ class GuardedProtocol(H11Protocol):
         if self._refused:
             return
         super().connection_lost(exc)
-        self.guard.closed(len(self.connections))
+        self.guard.counted(len(self.connections))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
