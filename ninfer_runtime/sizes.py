@@ -17,10 +17,15 @@ def format_size(count: float) -> str:
     value = float(count)
     for unit in _UNITS:
         value /= 1024
-        if abs(value) < 1024 or unit == _UNITS[-1]:
+        shown = _three_digits(value)
+        # by the rounded figure: a byte short of 1 MiB is "1 MiB", not "1024 KiB"
+        if abs(float(shown)) < 1024 or unit == _UNITS[-1]:
             break
+    return f"{shown} {unit}"
+
+
+def _three_digits(value: float) -> str:
+    """``value`` to three significant digits (more above 999), without trailing zeros."""
     decimals = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
     shown = f"{value:.{decimals}f}"
-    if "." in shown:
-        shown = shown.rstrip("0").rstrip(".")
-    return f"{shown} {unit}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
