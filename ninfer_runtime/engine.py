@@ -46,7 +46,7 @@ from .frontend import (
     Tokenizer,
 )
 from .frontend.tokenizer import THINK_OPEN
-from .logprobs import TokenLogprobs, TopLogprobs, token_logprobs
+from .logprobs import TokenLogprobs, TopLogprobs, score_rows, token_logprobs
 from .models import ForwardOutput, load_model
 from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
 from .runner import ModelRunner
@@ -896,7 +896,8 @@ class Engine:
                 for a, t, f in zip(lanes, drawn, forced, strict=True)
             ]
             # no lane here has penalties: its rows, where they are, are what it is scored on
-            return list(zip(lanes, tokens, self._score_rows(lanes, tokens, rows), strict=True))
+            scores = score_rows(rows, tokens, [a.request.sampling.logprobs for a in lanes])
+            return list(zip(lanes, tokens, scores, strict=True))
         picked = []
         for a, row, token in zip(lanes, out.logits, forced, strict=True):
             top = a.request.sampling.logprobs
@@ -949,25 +950,6 @@ class Engine:
         for i, ids in held:
             rows[i, xp.asarray(ids)] = -xp.inf
         return rows
-
-    @staticmethod
-    def _score_rows(lanes: list[_Active], tokens: list[int], rows: Any) -> list[Any]:
-        """Scores of ``tokens`` on ``rows`` (lane i's logits, on the device) for the lanes
-        asking for logprobs (None for the others); only those lanes' numbers are copied to
-        the host."""
-        asking = [i for i, a in enumerate(lanes) if a.request.sampling.logprobs is not None]
-        scores: list[TokenLogprobs | None] = [None] * len(lanes)
-        if asking:
-            if len(asking) < len(lanes):
-                rows = rows[array_module(rows).asarray(asking)]
-            found = token_logprobs(
-                rows,
-                [tokens[i] for i in asking],
-                [lanes[i].request.sampling.logprobs or 0 for i in asking],
-            )
-            for i, score in zip(asking, found, strict=True):
-                scores[i] = score
-        return scores
 
     def _fail(self, a: _Active, error: Exception, events: list[Event]) -> None:
         self._active.pop(a.request.request_id, None)

@@ -78,6 +78,23 @@ def token_logprobs(rows: Array, chosen: Sequence[int], tops: Sequence[int]) -> l
     return out
 
 
+def score_rows(
+    rows: Array, chosen: Sequence[int], tops: Sequence[int | None]
+) -> list[TokenLogprobs | None]:
+    """``token_logprobs`` of the rows whose ``tops[i]`` is not None (None for the others,
+    which ask for no scores): only those rows are scored and only their numbers cross to
+    the host."""
+    asking = [i for i, k in enumerate(tops) if k is not None]
+    scores: list[TokenLogprobs | None] = [None] * len(tops)
+    if asking:
+        if len(asking) < len(tops):
+            rows = rows[array_module(rows).asarray(asking)]
+        found = token_logprobs(rows, [chosen[i] for i in asking], [tops[i] or 0 for i in asking])
+        for i, score in zip(asking, found, strict=True):
+            scores[i] = score
+    return scores
+
+
 def _top_ids(rows: Array, k: int, lanes: Array) -> Array:
     """int64 [N, k]: each row's k largest entries' ids, largest first, ties lowest id first."""
     xp = array_module(rows)

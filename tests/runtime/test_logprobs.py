@@ -29,7 +29,7 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.errors import RequestError
 from ninfer_runtime.frontend import SamplingParams
-from ninfer_runtime.logprobs import log_softmax, token_logprobs
+from ninfer_runtime.logprobs import log_softmax, score_rows, token_logprobs
 from ninfer_runtime.perplexity import perplexity
 from ninfer_runtime.speculative import SpecConfig
 
@@ -308,3 +308,11 @@ def test_the_helper_on_ties_and_short_rows() -> None:
     assert second.logprob == pytest.approx(-math.log(4))
     with pytest.raises(ValueError, match="2 rows, 1 tokens"):
         token_logprobs(rows, [0], [1, 1])
+
+
+def test_only_the_rows_that_ask_are_scored() -> None:
+    rows = np.random.default_rng(3).normal(size=(3, 7)).astype(np.float32)
+    got = score_rows(rows, [4, 1, 6], [None, 2, 0])
+    assert got[0] is None
+    assert got[1:] == token_logprobs(rows[1:], [1, 6], [2, 0])
+    assert score_rows(rows, [4, 1, 6], [None, None, None]) == [None, None, None]
