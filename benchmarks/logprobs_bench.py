@@ -1,7 +1,7 @@
 """What log-probabilities cost a decode step, through the engine.
 
-    python benchmarks/logprobs_bench.py MODEL.ninfer [--backend cuda] [--top 5] [--tokens 128]
-        [--lanes 1] [--repeat 3] [--json OUT.json]
+    python benchmarks/logprobs_bench.py MODEL.ninfer [--backend cuda|cpu] [--top 5]
+        [--tokens 128] [--prompt-tokens 512] [--lanes 1] [--repeat 3] [--json OUT.json]
 
 Greedy generation of ``--tokens`` tokens (``ignore_eos``) on ``--lanes`` lanes, once asking for
 no log-probabilities and once for the chosen token's with ``--top`` alternatives

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from ninfer_format.extras import require_extra
-from ninfer_runtime.cli import speculative_options
+from ninfer_runtime.cli import model_positions, speculative_options
 from ninfer_runtime.model_path import not_an_artifact
 from ninfer_runtime.state import KV_DTYPES
 
@@ -268,13 +268,6 @@ def _read_template(path: Path | None) -> str | None:
         raise ConfigError(f"chat template {path}: not UTF-8 text") from None
 
 
-def _positions(artifact: Any) -> int | None:
-    """The model's ``max_position_embeddings`` (None when the artifact does not say)."""
-    text = artifact.components.get("text")
-    value = (text.config or {}).get("max_position_embeddings") if text is not None else None
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted connections only when the
@@ -340,7 +333,7 @@ def serve(model: Path, settings: Settings) -> int:
         _say(f"error: cannot open {model}: {exc}")
         return 1
     try:
-        fit_to_model(settings, _positions(artifact))
+        fit_to_model(settings, model_positions(artifact))
     except ConfigError as exc:
         _say(f"error: {exc}")
         return 2
