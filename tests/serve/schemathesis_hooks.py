@@ -32,8 +32,10 @@ def _is_blank(text: Any) -> bool:
 
 def _integral_floats_as_ints(value: Any) -> Any:
     """``827.0`` is an integer to JSON Schema but a float to the server's strict validation
-    (as to Python's JSON), so a body meant to be valid writes it as ``827``."""
-    if isinstance(value, float) and value.is_integer():
+    (as to Python's JSON), so a body meant to be valid writes it as ``827``. Beyond 64 bits it
+    stays a float: written out whole (``1.7976931348623157e308`` as 309 digits) no JSON reader
+    of a fixed width takes it as a number, and a schema holding one is rightly refused."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
         return int(value)
     if isinstance(value, dict):
         return {key: _integral_floats_as_ints(item) for key, item in value.items()}
