@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchmarks import load_benchmark
 
 
 def _bench():
-    path = Path(__file__).parents[1] / "benchmarks" / "gguf_import_bench.py"
-    spec = importlib.util.spec_from_file_location("gguf_import_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gguf_import_bench")
 
 
 def test_a_given_workdir_keeps_the_files_the_run_did_not_write(tmp_path) -> None:

@@ -4,8 +4,6 @@ needed)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,17 +11,13 @@ import pytest
 
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels, tile_products
+from tests.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_kinds():
-    path = ROOT / "benchmarks/product_kinds.py"
-    spec = importlib.util.spec_from_file_location("product_kinds", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("product_kinds")
 
 
 @pytest.fixture

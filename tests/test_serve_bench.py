@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import math
 import sys
@@ -17,16 +16,13 @@ from pathlib import Path
 import pytest
 
 import ninfer_runtime.engine as engine_module
+from tests.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "benchmarks/serve_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("serve_bench")
 
 
 def test_agent_conversations_resend_their_growing_history():

@@ -3,21 +3,17 @@ from a GPU run and go to docs/performance.md; here: that it runs and what it rep
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from tests.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_bench():
-    path = ROOT / "benchmarks/logprobs_bench.py"
-    spec = importlib.util.spec_from_file_location("logprobs_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("logprobs_bench")
 
 
 def test_each_case_is_timed_beside_the_plain_step(artifact, tmp_path, monkeypatch, capsys):
