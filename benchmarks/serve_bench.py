@@ -110,6 +110,8 @@ class Sample:
     server_prefill: float = float("nan")
     #: mean gap between tokens the server measured
     server_itl: float = float("nan")
+    #: first token to last, as the server measured this request (its stream's ``timings``)
+    server_decode: float = float("nan")
     ok: bool = False
     text: str = ""
     #: why the request failed (HTTP status and body, or the error sent in the stream)
@@ -171,6 +173,8 @@ async def stream_chat(
                 sample.prompt_tokens = usage["prompt_tokens"]
                 details = usage.get("prompt_tokens_details") or {}
                 sample.cached_tokens = details.get("cached_tokens") or 0
+            if timings := chunk.get("timings"):
+                sample.server_decode = timings["predicted_ms"] / 1000
             choices = chunk.get("choices") or []
             delta = choices[0].get("delta", {}) if choices else {}
             text.append(delta.get("content") or "")
@@ -657,6 +661,9 @@ async def run_agent(
                     "tools": AGENT_TOOLS,
                 }
                 sample = await stream_chat(client, url, request, output_len)
+                if sample.ok and math.isnan(sample.ttft):  # no token showed in the stream
+                    sample.ttft = sample.e2el - sample.server_decode
+                    sample.ttft_source = "client less server decode"
                 by_turn[turn].append(sample)
                 conversation.reply(sample.text)
 
@@ -695,6 +702,7 @@ def agent_stats(by_turn: list[list[Sample]], duration: float, preemptions: float
         "output_tokens": sum(s.output_tokens for s in ok),
         "out_tok_s": sum(s.output_tokens for s in ok) / duration,
         "cached_share": share(every), "preemptions": preemptions,
+        "ttft_sources": sorted({s.ttft_source for s in ok}),
         "first_turn": ttft(by_turn[0]),
         # the clients after the first the server took: all arrive at once, and only the first
         # must read the shared prefix whole
@@ -777,6 +785,8 @@ def agent_main(args: argparse.Namespace) -> None:
         results[mode] = agent_stats(by_turn, duration, preemptions)
         replies[mode] = [m["content"] for c in conversations for m in c.messages]
     print(agent_table(results))
+    sources = sorted({x for r in results.values() for x in r["ttft_sources"]})
+    print(f"\nTTFT measured by: {', '.join(sources) or 'none'}")
     if len(replies) == 2:
         same = replies["on"] == replies["off"]
         print(f"\nconversations identical with the cache on and off: {'yes' if same else 'NO'}")

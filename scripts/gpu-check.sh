@@ -6,7 +6,10 @@
 # prompt on the 27B shape, timed by part (long27.json). SPEC=1 adds speculative rounds
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
 # SKIP_TESTS=1 when one device call must hold it all). LOGPROBS=1 adds what log-probabilities
-# (top 5) cost a 27B decode step and prefill (benchmarks/logprobs_bench.py, logprobs27.json). GGUF=1 adds the GGUF-block mixes
+# (top 5) cost a 27B decode step and prefill (benchmarks/logprobs_bench.py, logprobs27.json).
+# SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json) and the
+# agent workload with the prefix cache on and off (agent27.json; about 4 minutes, so with
+# SKIP_TESTS=1). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
 # of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
 # in the loop below). SHAPES picks the bench's shapes (default
@@ -45,6 +48,14 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   if [ "$name" = 27 ] && [ "${LOGPROBS:-0}" = 1 ]; then
     timeout 240 python3 benchmarks/logprobs_bench.py "$artifact" --top 5 --lanes 1 \
       --json "$OUT/logprobs$name.json" 2>&1 | grep -v upload | tee "$OUT/logprobs$name.txt"
+  fi
+  if [ "$name" = 27 ] && [ "${SERVE:-0}" = 1 ]; then
+    timeout 200 python3 benchmarks/samples_bench.py --model "$artifact" --backend cuda --n 4 \
+      --json "$OUT/samples$name.json" 2>&1 | grep -v upload | tee "$OUT/samples$name.txt"
+    timeout 400 python3 benchmarks/serve_bench.py --workload agent --model "$artifact" \
+      --backend cuda --system-tokens 4000 --clients 8 --turns 5 --output-len 32 \
+      --json "$OUT/agent$name.json" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload \
+      | tee "$OUT/agent$name.txt"
   fi
   if [ "$name" = 27 ] && [ "${SPEC:-0}" = 1 ]; then
     timeout 400 python3 -m ninfer_runtime.bench.cli run "$artifact" --spec mtp \

@@ -368,9 +368,11 @@ async def _chunks(
         yield b"data: [DONE]\n\n"
         return
     if include_usage:
-        outcomes = [run.outcome for run in runs]
-        usage = usage_block(combined(outcomes))  # type: ignore[arg-type]
-        yield sse_data({**base, "choices": [], "usage": usage})
+        total = combined([run.outcome for run in runs])  # type: ignore[misc]
+        # llama.cpp's server ends its stream with its ``timings`` too
+        yield sse_data(
+            {**base, "choices": [], "usage": usage_block(total), "timings": total.timings()}
+        )
     yield b"data: [DONE]\n\n"
 
 
