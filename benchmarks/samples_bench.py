@@ -1,7 +1,7 @@
 """What ``n`` samples of one prompt cost a server: is the prompt prefilled once?
 
     python benchmarks/samples_bench.py --model MODEL.ninfer [--backend cuda|cpu] [--n 4]
-        [--prompt-words 1500] [--output-len 64] [--json OUT.json]
+        [--prompt-words 600] [--output-len 64] [--json OUT.json]
 
 Starts ``ninfer-serve`` on the artifact (lanes = ``--n``), then sends two ``/v1/completions``
 requests with different prompts of the same length: one with ``n = 1``, one with ``n = --n``
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--context-capacity", help="the server's context pool")
     parser.add_argument("--server-args", help="more ninfer-serve flags")
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--prompt-words", type=int, default=1500)
+    parser.add_argument("--prompt-words", type=int, default=600)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-context", type=int, default=4096)
     parser.add_argument("--json", type=Path, help="write the figures here")

@@ -1,8 +1,9 @@
 """The engine: requests in, token and text events out, several requests batched in lanes.
 
-One ``step()`` runs one prefill chunk of the oldest request still reading its prompt and one
-batched decode step for every request that is generating, so long prompts never stall the
-lanes that are already streaming (continuous batching). With speculative decoding
+One ``step()`` runs one prefill chunk (the oldest request still reading its prompt, joined by
+others whose next read fits beside it) and one batched decode step for every request that is
+generating, so long prompts never stall the lanes that are already streaming (continuous
+batching). With speculative decoding
 (``spec``) the decode step is a round: the MTP block drafts K tokens per lane, one batched
 forward verifies them, and each lane emits the tokens it keeps (``speculative``); a token
 is emitted only once its round has committed. The CLI, perplexity and the server
@@ -481,10 +482,10 @@ class Engine:
                 # the whole prompt was cached, or a preempted lane's replay begins
                 logits = head.state.resumed_logits
                 out = None if logits is None else ForwardOutput([logits[None]], [None])
-                self._prompt_done(head, out, events)
+                self._prompts_done([head], out, events)
         prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
         if prefilling:
-            self._prefill_chunk(prefilling[0], events)
+            self._prefill(prefilling, events)
         if flush is not None and events:
             flush(events)
             events = []
@@ -702,32 +703,82 @@ class Engine:
         if kept is not None:
             self.cache.insert(tokens[: a.state.length], kept, salt)
 
-    def _prefill_chunk(self, a: _Active, events: list[Event]) -> None:
+    def _prefill(self, lanes: list[_Active], events: list[Event]) -> None:
+        """One prefill chunk of at most ``prefill_chunk`` tokens, shared by the lanes still
+        reading their prompts, oldest first: the oldest reads what it would alone, and the
+        next ones join while their whole next read fits in what is left (requests that
+        resume from a shared prefix each read a short tail: one forward reads them all,
+        each weight streamed once). A read is never cut to fit, so a prompt's chunks end
+        where they would alone and its numbers do not depend on the company it keeps. A
+        lane scoring its prompt reads alone (every row's logits are computed)."""
+        budget, reads = self.prefill_chunk, []
+        for a in lanes:
+            scoring = a.prompt_scores is not None
+            end = self._chunk_end(a)
+            if reads and (scoring or end - a.prefilled > budget):
+                continue
+            reads.append((a, a.prefilled, end))
+            budget -= end - a.prefilled
+            if scoring or budget <= 0:
+                break
+        scoring = reads[0][0].prompt_scores is not None
+        out = self.runner.forward(
+            [a.prompt_ids[start:end] for a, start, end in reads],
+            [a.state for a, _, _ in reads],
+            last_only=not scoring,
+        )
+        done = [
+            i
+            for i, (a, start, end) in enumerate(reads)
+            if self._prefilled(a, start, end, out.logits[i], out.hidden[i], events)
+        ]
+        if done:  # their first tokens, sampled together
+            whole = len(done) == len(reads) and out.last_logits is not None
+            self._prompts_done(
+                [reads[i][0] for i in done],
+                ForwardOutput(
+                    [out.logits[i] for i in done],
+                    [out.hidden[i] for i in done],
+                    out.last_logits if whole else None,
+                ),
+                events,
+            )
+
+    def _chunk_end(self, a: _Active) -> int:
+        """Where lane ``a``'s next prefill read ends: at most ``prefill_chunk`` tokens on,
+        where a checkpoint goes, and a scored prompt's chunks stay bounded."""
         start, prompt = a.prefilled, a.prompt_ids
         end = min(start + self.prefill_chunk, len(prompt))
-        scoring = a.prompt_scores is not None
-        if scoring:  # every row's logits are computed: keep them bounded
+        if a.prompt_scores is not None:  # every row's logits are computed: keep them bounded
             end = min(end, start + PROMPT_LOGPROB_CHUNK)
-        if self.cache is not None:  # chunks end where checkpoints go
+        if self.cache is not None:
             end = min(end, (start // self.checkpoint_interval + 1) * self.checkpoint_interval)
             end = min([end, *(p for p in a.plan if p > start)])
-        chunk = prompt[start:end]
-        out = self.runner.forward([chunk], [a.state], last_only=not scoring)
+        return end
+
+    def _prefilled(
+        self, a: _Active, start: int, end: int, logits: Any, hidden: Any, events: list[Event]
+    ) -> bool:
+        """Lane ``a`` has read ``start:end`` of its prompt (``logits``: its rows', or only
+        the last row's; ``hidden``: its rows'): scores, the drafter's entries and a
+        checkpoint where one goes. True: that was the prompt's end."""
+        prompt = a.prompt_ids
+        scoring = a.prompt_scores is not None
         if scoring:
-            self._score_prompt(a, start, end, out.logits[0])
+            self._score_prompt(a, start, end, logits)
         if self.spec is not None:  # the drafter reads the prompt too
-            self.runner.mtp_prefill(out.hidden[0], prompt[start + 1 : end + 1], a.state)
+            self.runner.mtp_prefill(hidden, prompt[start + 1 : end + 1], a.state)
         a.prefilled = end
-        last = out.hidden[0][-1] if self.spec is not None else None
+        last = hidden[-1] if self.spec is not None else None
         if end < len(prompt):
             kind = a.plan.get(end, "interval" if end % self.checkpoint_interval == 0 else None)
             if kind is not None:
                 self._checkpoint(a, prompt, kind, last)
-            return
-        self._checkpoint(a, prompt, "prompt_end", last, out.logits[0][-1])
+            return False
+        self._checkpoint(a, prompt, "prompt_end", last, logits[-1])
         if scoring:
             events.append(self._prompt_logprobs(a))
-        self._prompt_done(a, out, events)
+        return True
 
     @staticmethod
     def _score_prompt(a: _Active, start: int, end: int, rows: Any) -> None:
@@ -753,15 +804,24 @@ class Engine:
             tuple(None if s is None else s.top for s in scores),
         )
 
-    def _prompt_done(self, a: _Active, out: ForwardOutput | None, events: list[Event]) -> None:
-        """The prompt is in: the first token from its last logits (``out``), or for a
-        preempted lane the first token to replay."""
-        if a.generated:
-            a.pending = a.replay.pop(0)
+    def _prompts_done(
+        self, lanes: list[_Active], out: ForwardOutput | None, events: list[Event]
+    ) -> None:
+        """The lanes' prompts are in: each one's first token from its last logits (``out``,
+        lane by lane), or for a preempted lane the first token to replay."""
+        fresh = [i for i, a in enumerate(lanes) if not a.generated]
+        for a in lanes:
+            if a.generated:
+                a.pending = a.replay.pop(0)
+        if not fresh:
             return
         assert out is not None
-        a.first_token = time.perf_counter()
-        for lane, token, score in self._sample([a], out, events):
+        if len(fresh) < len(lanes):
+            out = ForwardOutput([out.logits[i] for i in fresh], [out.hidden[i] for i in fresh])
+        now = time.perf_counter()
+        for i in fresh:
+            lanes[i].first_token = now
+        for lane, token, score in self._sample([lanes[i] for i in fresh], out, events):
             self._emit(lane, token, events, score)
 
     def _decode(self, lanes: list[_Active], events: list[Event]) -> None:

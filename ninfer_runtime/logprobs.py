@@ -7,9 +7,10 @@ normaliser, the chosen token's value and the ``k`` best values are computed wher
 live (on the GPU, no vocabulary-wide row is copied), and one small array of those numbers
 crosses to the host.
 
-The k best are found by k rounds of argmax, each masking the one it found: with k <= 20 that
-is a few small reductions on either backend (CuPy's argpartition sorts the whole row), and
-ties come out lowest id first on both.
+On CuPy float32 rows with k <= 20 (what the OpenAI surface asks for) one CUDA kernel does it
+all (``backends.cuda.sampling.score``: two passes over each row, a fraction of a decode step).
+Elsewhere the k best are found by k rounds of argmax, each masking the one it found (CuPy's
+argpartition sorts the whole row); ties come out lowest id first on every path.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ def token_logprobs(rows: Array, chosen: Sequence[int], tops: Sequence[int]) -> l
         raise ValueError(f"token_logprobs: {n} rows, {len(chosen)} tokens, {len(tops)} tops")
     xp = array_module(rows)
     k = min(max(tops, default=0), vocab)
+    if xp is not np and rows.dtype == np.float32 and rows.strides[1] == 4:
+        from .backends.cuda.sampling import MAX_SCORED_TOP, score
+
+        if k <= MAX_SCORED_TOP:
+            return _unpacked(score(rows, chosen, k), tops, k, vocab)
     shift, log_total = _normaliser(rows)
     lanes = xp.arange(n)
     picked = rows[lanes, xp.asarray(np.asarray(chosen, dtype=np.int64))][:, None]
@@ -69,8 +75,14 @@ def token_logprobs(rows: Array, chosen: Sequence[int], tops: Sequence[int]) -> l
     # one copy to the host: chosen values, then the top values, then their ids (exact in
     # float64 for any vocabulary)
     packed = to_numpy(xp.concatenate([c.astype(xp.float64) for c in columns], axis=1))
+    return _unpacked(packed, tops, k, vocab)
+
+
+def _unpacked(packed: np.ndarray, tops: Sequence[int], k: int, vocab: int) -> list[TokenLogprobs]:
+    """Rows of [chosen value, k top values, k top ids] as ``TokenLogprobs``, row i keeping
+    its own ``tops[i]`` best."""
     out = []
-    for i in range(n):
+    for i in range(len(tops)):
         width = min(tops[i], vocab)
         values, ids = packed[i, 1 : 1 + width], packed[i, 1 + k : 1 + k + width]
         pairs = tuple((int(t), float(v)) for t, v in zip(ids, values, strict=True))

@@ -1,7 +1,8 @@
 """Log-probabilities on the CUDA backend against the CPU reference.
 
-* ``token_logprobs`` on CuPy rows: the same top ids as on numpy (ties lowest id first) and
-  values within float32 summation-order rounding (1e-5), the vocabulary of the 27B too;
+* ``token_logprobs`` on CuPy rows (the scoring kernel up to 20 tops, the general path
+  beyond): the same top ids as on numpy (ties lowest id first) and values within float32
+  summation-order rounding (1e-5), the vocabulary of the 27B and a grammar-masked row too;
 * the engine on the bundled model (default settings: bf16 prefill products, CUDA graphs):
   prompt and generated tokens' log-probabilities within ``TOL`` of the CPU engine's, the
   same top-1 wherever the CPU's top two are further apart than ``TOL``; a lane scored on the
@@ -54,6 +55,24 @@ def test_the_helper_on_the_device_equals_numpy(vocab: int) -> None:
     reference = log_softmax(rows.astype(np.float64))
     assert abs(got[3].logprob - reference[3, chosen[3]]) < 1e-5
     assert [t for t, _ in got[2].top] == [0, 1, 2, 3, 4][: tops[2]]
+
+
+def test_masked_rows_and_more_than_twenty_tops_on_the_device() -> None:
+    """A grammar's mask (most of the row -inf) through the kernel, and 25 tops (beyond the
+    kernel's 20: the general path) on the device: both as on numpy."""
+    import cupy as cp
+
+    rng = np.random.default_rng(3)
+    rows = (rng.standard_normal((3, 5000)) * 2).astype(np.float32)
+    rows[0, rng.choice(5000, 4950, replace=False)] = -np.inf
+    chosen = [int(np.flatnonzero(np.isfinite(rows[0]))[0]), 7, 4999]
+    for tops in ([20, 20, 0], [25, 1, 25]):
+        expected = token_logprobs(rows, chosen, tops)
+        got = token_logprobs(cp.asarray(rows), chosen, tops)
+        for e, g in zip(expected, got, strict=True):
+            assert [t for t, _ in g.top] == [t for t, _ in e.top]
+            np.testing.assert_allclose([v for _, v in g.top], [v for _, v in e.top], atol=1e-5)
+            assert abs(g.logprob - e.logprob) < 1e-5
 
 
 @pytest.fixture(scope="module")

@@ -172,6 +172,50 @@ def test_device_sampler_gets_one_upload_and_the_stacked_logits_a_step(engine, mo
     assert all(rows is out.last_logits for rows, out in zip(fake.rows, outputs, strict=True))
 
 
+def test_short_prompts_are_read_in_one_forward_with_the_answers_they_get_alone(
+    artifact, monkeypatch
+):
+    """Prompts that each fit in a prefill chunk are read together (one forward, every
+    weight streamed once); a long one reads alone and leaves no room; each answer is the
+    one it gets alone."""
+    engine = Engine(artifact, max_context=256, prefill_chunk=64)
+    questions = ["Hello!", "Tell me a joke.", "What is the capital of France?"]
+    alone = [ask(engine, q)[2] for q in questions]
+    reads = []
+    forward = engine.runner.forward
+
+    def recorded(tokens_per_lane, states, **kwargs):
+        if any(len(t) > 1 for t in tokens_per_lane):
+            reads.append([len(t) for t in tokens_per_lane])
+        return forward(tokens_per_lane, states, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "forward", recorded)
+    ids = {}
+    for q in questions:
+        request = GenerationRequest(
+            messages=[{"role": "user", "content": q}], sampling=SamplingParams(temperature=0.0)
+        )
+        ids[engine.submit(request)] = []
+    while engine.has_work:
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                ids[event.request_id].append(event.token_id)
+    assert list(ids.values()) == alone
+    assert len(reads) == 1 and len(reads[0]) == 3 and sum(reads[0]) <= 64
+    # a prompt longer than the chunk reads 64 tokens alone; the short one waits its turn
+    reads.clear()
+    long_prompt = "Tell me a joke. " * 12
+    for q in (long_prompt, "Hello!"):
+        request = GenerationRequest(
+            messages=[{"role": "user", "content": q}],
+            sampling=SamplingParams(temperature=0.0, max_tokens=2),
+        )
+        engine.submit(request)
+    while engine.has_work:
+        engine.step()
+    assert reads[0] == [64]
+
+
 def test_seeded_sampling_is_reproducible(engine):
     a = ask(engine, "Name a color.", temperature=1.5, seed=7)[2]
     b = ask(engine, "Name a color.", temperature=1.5, seed=7)[2]

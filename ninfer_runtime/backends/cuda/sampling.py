@@ -8,6 +8,9 @@ streams differ). Every parameter lives in device memory and the launcher never s
 so the launch can be captured in a CUDA graph; ``DeviceSampler`` owns those arrays.
 
 Penalties stay on the host: ``supports(params)`` is False for a lane that needs them.
+
+``score`` gives log-probabilities the same way: one block a row, two passes over it, and only
+the asked-for numbers cross to the host.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ import numpy as np
 from ...frontend.sampling import SamplingParams
 from .compile import function, register_family
 
-__all__ = ["MAX_LANES", "THREADS", "DeviceSampler", "sample", "supports"]
+__all__ = ["MAX_LANES", "MAX_SCORED_TOP", "THREADS", "DeviceSampler", "sample", "score", "supports"]
 
 MAX_LANES = 8
 #: must match SAMPLE_THREADS in kernels/sampling.cu
 THREADS = 1024
 _MASK64 = (1 << 64) - 1
 
-register_family("sampling", ["sample_tokens"])
+#: must match SCORE_MAX_TOP in kernels/sampling.cu
+MAX_SCORED_TOP = 20
+
+register_family("sampling", ["sample_tokens", "score_tokens"])
 
 #: the parameter block: name -> (byte offset, dtype), MAX_LANES entries each
 _LAYOUT: dict[str, tuple[int, type]] = {
@@ -87,6 +93,39 @@ def sample(
         ),
     )
     return out
+
+
+def score(logits: Any, chosen: Sequence[int], k: int) -> np.ndarray:
+    """float64 ``[N, 1 + 2k]`` on the host: per row of ``logits`` (float32 ``[N, V]``, rows
+    may be strided, unit column stride) the log-probability of token ``chosen[i]``, those of
+    the row's ``k`` most likely tokens (largest first, ties lowest id first) and their ids,
+    as ``ninfer_runtime.logprobs.log_softmax`` defines them (the normaliser summed in
+    float64). ``k`` <= ``MAX_SCORED_TOP``."""
+    import cupy as cp
+
+    n, vocab = logits.shape
+    if not 0 <= k <= MAX_SCORED_TOP:
+        raise ValueError(f"score: k = {k} (0..{MAX_SCORED_TOP} supported)")
+    if logits.dtype != np.float32 or logits.strides[1] != 4:
+        raise ValueError("score: logits must be float32 with unit column stride")
+    ids = np.asarray(chosen, dtype=np.int64)
+    if ids.shape != (n,) or (n and not (ids.min() >= 0 and ids.max() < vocab)):
+        raise ValueError(f"score: {n} rows need {n} token ids in 0..{vocab - 1}")
+    out = cp.empty((n, 1 + 2 * k), cp.float64)
+    if n:
+        function("sampling", "score_tokens")(
+            (n,),
+            (THREADS,),
+            (
+                logits,
+                np.int64(logits.strides[0] // 4),
+                np.int32(vocab),
+                cp.asarray(ids.astype(np.int32)),
+                np.int32(k),
+                out,
+            ),
+        )
+    return out.get()
 
 
 class DeviceSampler:

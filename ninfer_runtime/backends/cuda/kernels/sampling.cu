@@ -308,3 +308,54 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   best = block_max(best, sh);
   if (threadIdx.x == 0) out[lane] = best_id(best);
 }
+
+// Log-probabilities for the rows that ask for them, one block a row: out row i (1 + 2k
+// doubles) = [log p(chosen[i]), log p of the row's k most likely tokens (largest first, ties
+// lowest id first), their ids]. log p(t) = (s_t - max) - log(sum of exp(s - max)), the sum in
+// double. One pass finds the maximum and keeps each thread's own k best (a sorted list of at
+// most SCORE_MAX_TOP packed keys, mostly left alone: a logit below the list's last is one
+// compare); a second sums the exponentials; k block-wide maxima then merge the lists, the
+// winning thread offering its next. NaN logits are never listed.
+#define SCORE_MAX_TOP 20
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    score_tokens(const float* __restrict__ logits, long long ld, int V,
+                 const int* __restrict__ chosen, int k, double* __restrict__ out) {
+  __shared__ SampleShared sh;
+  const int row = blockIdx.x;
+  const float* __restrict__ x = logits + (long long)row * ld;
+  u64 mine[SCORE_MAX_TOP];
+#pragma unroll
+  for (int j = 0; j < SCORE_MAX_TOP; ++j) mine[j] = 0;
+  u64 best = 0;
+  for_row(x, V, [&](float s, int i) {
+    if (s != s) return;
+    const u64 b = pack_best(order_key(s), i);
+    best = b > best ? b : best;
+    if (k == 0 || b <= mine[k - 1]) return;
+    int j = k - 1;
+    for (; j > 0 && mine[j - 1] < b; --j) mine[j] = mine[j - 1];
+    mine[j] = b;
+  });
+  best = block_max(best, sh);
+  const float top = key_value((u32)(best >> 32));
+  double total[1] = {0.0};
+  for_row(x, V, [&](float s, int) {
+    if (s == s) total[0] += (double)expf(s - top);
+  });
+  block_sum(total, sh);
+  const double log_total = log(sh.sum[0]);
+  double* __restrict__ o = out + (long long)row * (1 + 2 * k);
+  if (threadIdx.x == 0) o[0] = (double)(x[chosen[row]] - top) - log_total;
+  int head = 0;
+  for (int j = 0; j < k; ++j) {
+    const u64 offer = head < k ? mine[head] : 0;
+    const u64 win = block_max(offer, sh);
+    if (win != 0 && offer == win) ++head;
+    if (threadIdx.x == 0) {
+      o[1 + j] = win ? (double)(key_value((u32)(win >> 32)) - top) - log_total
+                     : __longlong_as_double(0xFFF0000000000000ull);
+      o[1 + k + j] = win ? (double)best_id(win) : -1.0;
+    }
+  }
+}
