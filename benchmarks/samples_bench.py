@@ -87,10 +87,7 @@ def main() -> None:
         ]
     finally:
         stop_server(process)
-    print(
-        "| n | prompt tokens | started | computed | resumed from cache | usage cached | "
-        "distinct samples | wall s |"
-    )
+    print("| n | prompt tokens | started | computed | resumed from cache | usage cached | wall s |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
