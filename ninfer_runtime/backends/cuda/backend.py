@@ -29,6 +29,7 @@ import cupy as cp
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
+from ...ops.registry import resolve
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
 from . import attention, gdn, gdn_prefill, glue, kernels, prefill, sampling
@@ -296,9 +297,8 @@ class CudaBackend(ops.ReferenceOps):
             mixed, kernel, conv_state, key_heads=hk, key_dim=dk, value_width=hv * dv
         )
         v = v.reshape(-1, hv, dv)
-        if not gdn_prefill.supported(q, k, v, state):
-            return ops.gdn_chunk(q, k, v, g, beta, state)
-        return gdn_prefill.gdn_chunk(q, k, v, g, beta, state)
+        chunk = resolve("delta_rule", "chunk", device="cuda", key_dim=dk, value_dim=dv)
+        return chunk(q, k, v, g, beta, state)
 
     # ------------------------------------------------------------------ batched decode
     def kv_write(

@@ -1,0 +1,20 @@
+"""THE table of the delta_rule family: which provider serves an op on a device, most
+preferred first (a provider that is not installed or declines the shapes is skipped). Each
+row's order is a measurement: docs/performance.md, "Op providers", has the runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: (op, device) -> provider names, most preferred first
+TABLE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("chunk", "cpu"): ("reference",),
+    ("chunk", "cuda"): ("fla", "nvrtc", "reference"),
+}
+
+
+def choose(op: str, *, device: str, **_: object) -> Sequence[str]:
+    try:
+        return TABLE[(op, device)]
+    except KeyError:
+        raise LookupError(f"delta_rule: no policy row for {op!r} on {device!r}") from None

@@ -1,0 +1,128 @@
+"""Op families and their providers: ``resolve(family, op, **key)`` returns the callable that
+serves ``op`` for ``key`` (device, dtypes, shapes), as the family's policy orders its
+providers, skipping those whose library is not installed or that decline the key.
+
+A provider is named by module and function and imported only when first resolved, so a
+family can list a GPU library provider without the CPU path importing it. Each resolution is
+logged once per (family, op, key) at INFO, which ``ninfer --log-level info`` prints.
+``override`` forces one provider (benchmarks and tests compare providers with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Provider", "family", "override", "providers", "register", "resolve"]
+
+log = logging.getLogger("ninfer.ops")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """``module.function`` serves ``op`` of ``family``; ``requires``: top-level modules that
+    must be importable (a library provider's library); ``accepts``: the key (device, shapes)
+    it can take, as ``module.<accepts>(**key) -> bool`` (empty: any key)."""
+
+    family: str
+    op: str
+    name: str
+    module: str
+    function: str
+    requires: tuple[str, ...] = ()
+    accepts: str = ""
+
+    def available(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def load(self) -> Callable[..., Any]:
+        return getattr(importlib.import_module(self.module), self.function)
+
+    def takes(self, key: dict[str, Any]) -> bool:
+        if not self.accepts:
+            return True
+        return bool(getattr(importlib.import_module(self.module), self.accepts)(**key))
+
+
+@dataclass
+class _Family:
+    #: op -> provider name -> provider
+    providers: dict[str, dict[str, Provider]] = field(default_factory=dict)
+    #: (op, **key) -> provider names, most preferred first: the family's policy table
+    policy: Callable[..., Sequence[str]] | None = None
+
+
+_FAMILIES: dict[str, _Family] = {}
+_RESOLVED: dict[tuple[str, str, tuple[tuple[str, Any], ...]], Callable[..., Any]] = {}
+_FORCED: dict[tuple[str, str], str] = {}
+
+
+def family(name: str, policy: Callable[..., Sequence[str]]) -> None:
+    """Declare family ``name`` with its policy: ``policy(op, **key)`` -> provider names."""
+    _FAMILIES.setdefault(name, _Family()).policy = policy
+
+
+def register(provider: Provider) -> None:
+    fam = _FAMILIES.setdefault(provider.family, _Family())
+    fam.providers.setdefault(provider.op, {})[provider.name] = provider
+
+
+def providers(family_name: str) -> dict[str, dict[str, Provider]]:
+    """op -> name -> provider of a family (its modules imported: the family registers them)."""
+    _load(family_name)
+    return _FAMILIES[family_name].providers
+
+
+def _load(family_name: str) -> _Family:
+    if family_name not in _FAMILIES or _FAMILIES[family_name].policy is None:
+        module = f"{__package__}.{family_name}"
+        if importlib.util.find_spec(module) is None:
+            raise LookupError(f"no op family {family_name!r}")
+        importlib.import_module(module)
+    return _FAMILIES[family_name]
+
+
+def resolve(family_name: str, op: str, **key: Any) -> Callable[..., Any]:
+    """The callable serving ``op`` of ``family_name`` for ``key`` (keyword values hashable)."""
+    memo = (family_name, op, tuple(sorted(key.items())))
+    if memo in _RESOLVED:
+        return _RESOLVED[memo]
+    fam = _load(family_name)
+    table = fam.providers.get(op, {})
+    forced = _FORCED.get((family_name, op))
+    names = [forced] if forced else list(fam.policy(op, **key))  # type: ignore[misc]
+    for name in names:
+        provider = table.get(name)
+        if provider is None:
+            raise LookupError(f"{family_name}.{op}: the policy names no provider {name!r}")
+        if provider.available() and provider.takes(key):
+            fn = provider.load()
+            log.info("%s.%s %s -> %s", family_name, op, _shown(key), name)
+            _RESOLVED[memo] = fn
+            return fn
+    raise LookupError(f"{family_name}.{op}: no provider of {names} takes {_shown(key)}")
+
+
+def _shown(key: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(key.items())) or "any"
+
+
+@contextlib.contextmanager
+def override(family_name: str, op: str, name: str) -> Iterator[None]:
+    """Within the block ``op`` of ``family_name`` resolves to provider ``name`` only."""
+    previous = _FORCED.get((family_name, op))
+    _FORCED[(family_name, op)] = name
+    _RESOLVED.clear()
+    try:
+        yield
+    finally:
+        if previous is None:
+            _FORCED.pop((family_name, op), None)
+        else:
+            _FORCED[(family_name, op)] = previous
+        _RESOLVED.clear()

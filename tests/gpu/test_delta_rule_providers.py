@@ -1,0 +1,63 @@
+"""Every delta_rule provider the policy can pick on CUDA against the family's reference
+(float64 on the same float32 inputs), within the provider's stated ``TOLERANCE``, on the
+awkward sizes of test_gdn_prefill (token counts around the 64-token chunk, value heads sharing
+key heads 1-3 ways, a value head size that fills no tile, a carried-in state); and the engine
+path resolves the policy's first installed provider."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends import array_ops as A
+from ninfer_runtime.ops import registry
+from ninfer_runtime.ops.delta_rule import policy
+from ninfer_runtime.ops.delta_rule.reference import TOLERANCE
+
+from .conftest import requires_gpu
+from .test_gdn_prefill import CASES, _inputs
+
+pytestmark = requires_gpu
+
+CUDA_PROVIDERS = [n for n in policy.TABLE[("chunk", "cuda")] if n != "reference"]
+
+
+def _provider(name: str) -> registry.Provider:
+    provider = registry.providers("delta_rule")["chunk"][name]
+    if not provider.available():
+        pytest.skip(f"delta_rule.{name} needs {', '.join(provider.requires)} (not installed)")
+    return provider
+
+
+@pytest.mark.parametrize("name", CUDA_PROVIDERS)
+@pytest.mark.parametrize(("t", "hk", "hv", "dk", "dv"), CASES)
+def test_provider_matches_the_reference(
+    name: str, t: int, hk: int, hv: int, dk: int, dv: int
+) -> None:
+    import cupy as cp
+
+    provider = _provider(name)
+    if not provider.takes({"device": "cuda", "key_dim": dk, "value_dim": dv}):
+        pytest.skip(f"delta_rule.{name} declines dk={dk}, dv={dv}")
+    rng = np.random.default_rng(t * 7 + dk)
+    q, k, v, g, beta, state = _inputs(rng, t, hk, hv, dk, dv)
+    want_state = state.astype(np.float64)
+    want = A.gdn_chunk(*(a.astype(np.float64) for a in (q, k, v, g, beta)), want_state)
+    got_state = cp.asarray(state)
+    got = provider.load()(*(cp.asarray(a) for a in (q, k, v, g, beta)), got_state)
+    rtol, atol = TOLERANCE[name]
+    for what, x, ref in (("out", got, want), ("state", got_state, want_state)):
+        x = cp.asnumpy(x).astype(np.float64)
+        assert np.all(np.isfinite(x)), what
+        scale = float(np.abs(ref).max())
+        np.testing.assert_allclose(x, ref, rtol=rtol, atol=atol * scale, err_msg=f"{name} {what}")
+
+
+def test_the_backend_resolves_the_first_installed_provider() -> None:
+    expected = next(n for n in CUDA_PROVIDERS if _provider_if_available(n))
+    fn = registry.resolve("delta_rule", "chunk", device="cuda", key_dim=128, value_dim=128)
+    assert fn is registry.providers("delta_rule")["chunk"][expected].load()
+
+
+def _provider_if_available(name: str) -> bool:
+    return registry.providers("delta_rule")["chunk"][name].available()

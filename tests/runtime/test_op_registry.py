@@ -1,0 +1,93 @@
+"""The op catalogue's registry: every policy row names a registered provider, resolution
+follows the policy and skips providers that are not installed or decline the key, overrides
+win, and a bad name is one clear error."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.ops import registry
+from ninfer_runtime.ops.delta_rule import policy
+from ninfer_runtime.ops.delta_rule.reference import TOLERANCE
+
+FAMILIES = {"delta_rule": policy.TABLE}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_policy_row_names_registered_providers(family: str) -> None:
+    table = registry.providers(family)
+    for (op, _device), names in FAMILIES[family].items():
+        assert names, (family, op)
+        for name in names:
+            assert name in table[op], f"{family}.{op}: {name} is not registered"
+            assert name in TOLERANCE, f"{family}.{op}: {name} states no tolerance"
+
+
+def test_cpu_resolves_the_reference_and_logs_it(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        caplog.at_level(logging.INFO, logger="ninfer.ops"),
+        registry.override("delta_rule", "chunk", "reference"),
+    ):
+        fn = registry.resolve("delta_rule", "chunk", device="cpu", key_dim=8, value_dim=8)
+    assert "delta_rule.chunk" in caplog.text and "reference" in caplog.text
+    rng = np.random.default_rng(0)
+    t, h, d = 5, 2, 8
+    q = rng.standard_normal((t, h, d)).astype(np.float32)
+    state = np.zeros((h, d, d), np.float32)
+    out = fn(q, q, q, -np.ones((t, h), np.float32), np.full((t, h), 0.5, np.float32), state)
+    assert out.shape == (t, h, d) and np.abs(state).max() > 0  # the state was written
+
+
+def absent() -> str:
+    return "absent"
+
+
+def picky() -> str:
+    return "picky"
+
+
+def plain() -> str:
+    return "plain"
+
+
+def picky_accepts(*, rows: int, **_: object) -> bool:
+    return rows >= 64
+
+
+def plain_accepts(**_: object) -> bool:
+    return True
+
+
+def test_policy_skips_providers_that_are_absent_or_decline() -> None:
+    registry.family("test_family", lambda op, **key: ("absent", "picky", "plain"))
+    for name, requires in (("absent", ("no_such_library_xyz",)), ("picky", ()), ("plain", ())):
+        registry.register(
+            registry.Provider(
+                "test_family", "op", name, __name__, name, requires,
+                "picky_accepts" if name == "picky" else "plain_accepts",
+            )
+        )  # fmt: skip
+    assert registry.resolve("test_family", "op", rows=128)() == "picky"
+    assert registry.resolve("test_family", "op", rows=8)() == "plain"
+    with registry.override("test_family", "op", "absent"), pytest.raises(LookupError):
+        registry.resolve("test_family", "op", rows=128)
+    # on a machine without CuPy the CUDA row falls through to the reference
+    if importlib.util.find_spec("cupy") is None:
+        fn = registry.resolve("delta_rule", "chunk", device="cuda", key_dim=128, value_dim=128)
+        assert fn is registry.providers("delta_rule")["chunk"]["reference"].load()
+
+
+def test_unknown_names_are_one_clear_error() -> None:
+    with pytest.raises(LookupError, match="no op family 'nope'"):
+        registry.resolve("nope", "chunk", device="cpu")
+    with pytest.raises(LookupError, match="no policy row"):
+        registry.resolve("delta_rule", "chunk", device="tpu")
+    with (
+        registry.override("delta_rule", "chunk", "missing"),
+        pytest.raises(LookupError, match="names no provider 'missing'"),
+    ):
+        registry.resolve("delta_rule", "chunk", device="cpu")
