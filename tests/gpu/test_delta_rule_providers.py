@@ -32,16 +32,16 @@ def _provider(name: str) -> registry.Provider:
     return provider
 
 
-@pytest.mark.parametrize("name", CUDA_PROVIDERS)
-@pytest.mark.parametrize(("t", "hk", "hv", "dk", "dv"), CASES)
+@pytest.mark.parametrize(
+    ("name", "t", "hk", "hv", "dk", "dv"),
+    [(n, *case) for n in CUDA_PROVIDERS for case in (CASES if n == "nvrtc" else LIBRARY_CASES)],
+)
 def test_provider_matches_the_reference(
     name: str, t: int, hk: int, hv: int, dk: int, dv: int
 ) -> None:
     import cupy as cp
 
     provider = _provider(name)
-    if name != "nvrtc" and (t, hk, hv, dk, dv) not in LIBRARY_CASES:
-        pytest.skip(f"delta_rule.{name}: checked on {LIBRARY_CASES} (autotuning per layout)")
     if not provider.takes({"device": "cuda", "key_dim": dk, "value_dim": dv}):
         pytest.skip(f"delta_rule.{name} declines dk={dk}, dv={dv}")
     rng = np.random.default_rng(t * 7 + dk)
