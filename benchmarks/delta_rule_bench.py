@@ -6,9 +6,11 @@ Per model shape (the 27B's 16 key / 48 value heads, the 35B-A3B's 16 / 32, head 
 chunk length, each installed provider (ours, ``nvrtc``; flash-linear-attention's, ``fla``) runs
 one layer's chunk (q, k, v, g, beta float32, state carried in) as the engine calls it: eager,
 host launches included (prefill is not captured in a graph), the median of 10 calls after
-warm-up, timed with CUDA events. Beside it the floor: the bytes the op must move (inputs and
-output once, the state read and written) at the device-to-device copy rate measured in the
-same run, and each provider's largest error against the float64 reference. ``per prefill``
+warm-up, timed with CUDA events. Beside it two floors measured in the same run: the bytes the
+op must move (inputs and output once, the state read and written) at the device-to-device
+copy rate, and the chunked form's products (per 64-token chunk and value head: K Kᵀ, Q Kᵀ, the
+WY factors W and U, the intra-chunk outputs, and three state products) at the fp16 matmul
+rate; and each provider's largest error against the float64 reference. ``per prefill``
 is the time of all the shape's GDN layers for a chunk (48 on the 27B, 30 on the 35B-A3B).
 """
 
@@ -24,6 +26,7 @@ import numpy as np
 from gpu_bench import copy_bandwidth
 
 from ninfer_runtime.backends import array_ops as A
+from ninfer_runtime.bench.measure import matmul_rate
 from ninfer_runtime.ops import registry
 from ninfer_runtime.ops.delta_rule import policy
 
@@ -42,6 +45,15 @@ def inputs(t: int, hk: int, hv: int, dk: int, dv: int) -> tuple[np.ndarray, ...]
     beta = 1 / (1 + np.exp(-rng.standard_normal((t, hv))))
     state = rng.standard_normal((hv, dk, dv)) * 0.5
     return tuple(a.astype(np.float32) for a in (q, k, v, g, beta, state))
+
+
+def chunk_flops(t: int, hv: int, dk: int, dv: int, chunk: int = 64) -> int:
+    """Multiply-adds x 2 of the chunked delta rule's products for ``t`` tokens: per chunk and
+    value head K Kᵀ, Q Kᵀ and W (C² dk each), U and the intra-chunk output (C² dv each), and
+    the state's three products (W S, Kᵀ U, Q S: C dk dv each)."""
+    chunks = -(-t // chunk)
+    per = 3 * chunk * chunk * dk + 2 * chunk * chunk * dv + 3 * chunk * dk * dv
+    return 2 * per * chunks * hv
 
 
 def eager_ms(fn, calls: int = 10, warmup: int = 3) -> float:
@@ -64,11 +76,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     bandwidth, _ = copy_bandwidth()
+    rate = matmul_rate(cp)
     table = registry.providers("delta_rule")["chunk"]
     names = [
         n for n in policy.TABLE[("chunk", "cuda")] if n != "reference" and table[n].available()
     ]
-    print(f"device-to-device copy {bandwidth / 1e9:.0f} GB/s; providers: {', '.join(names)}")
+    print(
+        f"device-to-device copy {bandwidth / 1e9:.0f} GB/s, fp16 matmul {rate / 1e12:.0f} "
+        f"TFLOP/s; providers: {', '.join(names)}"
+    )
     print(
         f"{'shape':<8} {'T':>5} {'provider':<8} {'ms':>8} {'floor ms':>9} {'% floor':>8} "
         f"{'per prefill ms':>15} {'max rel err':>12}"
@@ -80,7 +96,7 @@ def main() -> None:
             want_state = host[5].astype(np.float64)
             want = A.gdn_chunk(*(a.astype(np.float64) for a in host[:5]), want_state)
             moved = sum(a.nbytes for a in host[:5]) + 4 * t * hv * dv + 2 * host[5].nbytes
-            floor = moved / bandwidth * 1e3
+            floor = max(moved / bandwidth, chunk_flops(t, hv, dk, dv) / rate) * 1e3
             for name in names:
                 fn = table[name].load()
                 arrays = [cp.asarray(a) for a in host]
