@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -135,9 +136,17 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
 )
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="warning",
+    show_default=True,
+    help="info: also which provider serves each op (ninfer.ops) and the engine's choices.",
+)
 def main(model: Path, **options: Any) -> None:
     """Generate a reply from the .ninfer artifact MODEL."""
     o = SimpleNamespace(**options)
+    logging.basicConfig(level=o.log_level.upper(), format="ninfer: %(levelname)s %(message)s")
     if (o.prompt is None) == (o.messages_file is None):
         raise click.UsageError("give exactly one of --prompt and --messages")
     if o.raw and o.messages_file is not None:

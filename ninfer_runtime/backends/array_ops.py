@@ -307,8 +307,13 @@ def gdn_prefill(
     one); g, beta [T, Hv]. Both states are updated. -> [T, Hv, dv]."""
     conv = silu(causal_conv(mixed, kernel, conv_state))
     q, k, v = gdn_heads(conv, key_heads, key_dim, value_heads, value_dim)
-    scan = gdn_step if mixed.shape[0] == 1 else gdn_chunk
-    return scan(q, k, v, g, beta, state)
+    if mixed.shape[0] == 1:
+        return gdn_step(q, k, v, g, beta, state)
+    from ..ops.registry import resolve  # the op catalogue sits above the array math
+
+    device = "cpu" if _xp(mixed).__name__ == "numpy" else "cuda"
+    chunk = resolve("delta_rule", "chunk", device=device, key_dim=key_dim, value_dim=value_dim)
+    return chunk(q, k, v, g, beta, state)
 
 
 def gdn_verify(

@@ -91,3 +91,22 @@ def test_unknown_names_are_one_clear_error() -> None:
         pytest.raises(LookupError, match="names no provider 'missing'"),
     ):
         registry.resolve("delta_rule", "chunk", device="cpu")
+
+
+def test_ninfer_log_level_info_prints_each_ops_provider(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ninfer_convert.pipeline import convert
+
+    bundled = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+    artifact = tmp_path / "tiny.ninfer"
+    convert("qwen3_5_bf16", {"base": str(bundled)}, artifact)
+    run = subprocess.run(
+        [sys.executable, "-c", "from ninfer_runtime.cli import main; main()", str(artifact),
+         "--prompt", "Hello", "--max-tokens", "2", "--log-level", "info"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "delta_rule.chunk device=cpu" in run.stderr and "-> reference" in run.stderr
