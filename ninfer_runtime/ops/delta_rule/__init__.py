@@ -1,32 +1,47 @@
-"""The delta rule of Gated DeltaNet layers, in its chunked form (a prefill of T tokens).
+"""The delta rule of Gated DeltaNet layers: a linear-attention recurrence whose state
+[Hv, dk, dv] per lane is written by each token (value head h reads key head ``h // (Hv / Hk)``).
 
-Op ``chunk``: ``(q, k, v, g, beta, state) -> out``: q, k [T, Hk, dk] (l2-normalised, q already
-scaled), v [T, Hv, dv], log-decay g and write strength beta [T, Hv], state [Hv, dk, dv] float32
-updated in place; value head h reads key head ``h // (Hv / Hk)``; out [T, Hv, dv].
+Ops (signatures as the reference's, ``reference.py``):
 
-Providers: ``reference`` (the array math of ``reference.py``, numpy or CuPy: the oracle),
-``nvrtc`` (ours: ``kernels/gdn_prefill.cu``, three launches) and ``fla`` (flash-linear-
-attention's ``chunk_gated_delta_rule``, pip ``fla-core``, through DLPack views). Which serves
-an op is ``policy.TABLE``.
+* ``chunk``: ``(q, k, v, g, beta, state) -> out``: T tokens in the chunked form: q, k
+  [T, Hk, dk] (l2-normalised, q already scaled), v [T, Hv, dv], log-decay g and write strength
+  beta [T, Hv], state float32 updated in place; out [T, Hv, dv];
+* ``prefill``: one lane's T tokens from the projected [q | k | v] channels: the causal
+  convolution, SiLU, the q/k normalisation, then ``chunk``;
+* ``decode``: one token per lane, states addressed by slot;
+* ``verify`` / ``commit``: a speculative round's tokens from unchanged states (their inputs
+  recorded), then the first accepted ones folded in.
+
+Providers: ``reference`` (the oracle), ``nvrtc`` (ours: ``kernels/gdn.cu``,
+``kernels/gdn_prefill.cu``) and ``fla`` (flash-linear-attention's ``chunk_gated_delta_rule``,
+pip ``fla-core``, through DLPack views; ``chunk`` only). Which serves an op is
+``policy.TABLE``; the resolution key is the device, ``key_dim``, ``value_dim`` and the
+convolution's ``taps``.
 """
 
 from ..registry import Provider, family, register
 from .policy import choose
 
 family("delta_rule", choose)
-for _name, _module, _requires in (
-    ("reference", "reference", ()),
-    ("nvrtc", "nvrtc", ("cupy",)),
-    ("fla", "fla", ("cupy", "torch", "fla")),
-):
+#: (op, provider) -> (module, its accepts function, libraries it needs)
+_PROVIDERS = {
+    **{(op, "reference"): ("reference", "accepts", ()) for op in
+       ("chunk", "prefill", "decode", "verify", "commit")},
+    ("chunk", "nvrtc"): ("nvrtc", "accepts_chunk", ("cupy",)),
+    ("prefill", "nvrtc"): ("nvrtc", "accepts_prefill", ("cupy",)),
+    **{(op, "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)) for op in
+       ("decode", "verify", "commit")},
+    ("chunk", "fla"): ("fla", "accepts", ("cupy", "torch", "fla")),
+}  # fmt: skip
+for (_op, _name), (_module, _accepts, _requires) in _PROVIDERS.items():
     register(
         Provider(
             family="delta_rule",
-            op="chunk",
+            op=_op,
             name=_name,
             module=f"{__name__}.{_module}",
-            function="chunk",
+            function=_op,
             requires=_requires,
-            accepts="accepts",
+            accepts=_accepts,
         )
     )

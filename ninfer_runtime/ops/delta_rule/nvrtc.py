@@ -1,13 +1,104 @@
-"""Our kernels for the delta rule (``backends/cuda/kernels/gdn_prefill.cu``): float32 in and
-out, compiled key head sizes, value head sizes a multiple of 4."""
+"""Our kernels for the delta rule (``backends/cuda/kernels/gdn.cu`` and ``gdn_prefill.cu``):
+float32 states, compiled convolution widths and key head sizes; value head sizes a multiple of
+4 for the chunked form. Launches only: no synchronisation, so decode and verification can be
+captured in CUDA graphs."""
 
 from __future__ import annotations
 
-from ...backends.cuda.gdn import KEY_DIMS
+from typing import Any
+
+import cupy as cp
+
+from ...backends.cuda import gdn, gdn_prefill
+from ...backends.cuda.gdn import CONV_TAPS, KEY_DIMS
 from ...backends.cuda.gdn_prefill import gdn_chunk as chunk
+from ..registry import resolve
 
-__all__ = ["accepts", "chunk"]
+__all__ = [
+    "accepts_chunk",
+    "accepts_prefill",
+    "accepts_step",
+    "chunk",
+    "commit",
+    "decode",
+    "prefill",
+    "verify",
+]
+
+Array = Any
 
 
-def accepts(*, device: str, key_dim: int, value_dim: int, **_: object) -> bool:
+def accepts_chunk(*, device: str, key_dim: int, value_dim: int, **_: object) -> bool:
     return device == "cuda" and key_dim in KEY_DIMS and value_dim % 4 == 0
+
+
+def accepts_prefill(*, device: str, taps: int, **_: object) -> bool:
+    return device == "cuda" and taps in CONV_TAPS
+
+
+def accepts_step(*, device: str, taps: int, key_dim: int, **_: object) -> bool:
+    return device == "cuda" and taps in CONV_TAPS and key_dim in KEY_DIMS
+
+
+def prefill(
+    mixed: Array, kernel: Array, conv_state: Array, g: Array, beta: Array, state: Array, **dims: int
+) -> Array:
+    """The convolution, SiLU and q/k normalisation in one launch, then the chunked form from
+    the family's policy."""
+    hk, dk, hv, dv = (dims[n] for n in ("key_heads", "key_dim", "value_heads", "value_dim"))
+    q, k, v = gdn_prefill.conv_heads(
+        mixed, kernel, conv_state, key_heads=hk, key_dim=dk, value_width=hv * dv
+    )
+    v = v.reshape(-1, hv, dv)
+    scan = resolve("delta_rule", "chunk", device="cuda", key_dim=dk, value_dim=dv)
+    return scan(q, k, v, g, beta, state)
+
+
+def decode(
+    mixed: Array,
+    kernel: Array,
+    conv_states: Array,
+    g: Array,
+    beta: Array,
+    states: Array,
+    slots: Array,
+    **dims: int,
+) -> Array:
+    conv = gdn.conv_step(cp.ascontiguousarray(mixed), kernel, conv_states, slots)
+    return gdn.gdn_step(
+        conv, cp.ascontiguousarray(g), cp.ascontiguousarray(beta), states, slots, **dims
+    )
+
+
+def verify(
+    mixed: Array,
+    kernel: Array,
+    conv_states: Array,
+    g: Array,
+    beta: Array,
+    states: Array,
+    slots: Array,
+    records: Any,
+    *,
+    tokens: int,
+    **dims: int,
+) -> Array:
+    mixed, g, beta = (cp.ascontiguousarray(a) for a in (mixed, g, beta))
+    # the lanes' slots are every T-th row's (a strided view): the kernels take them packed
+    slots = cp.ascontiguousarray(slots, dtype=cp.int32)
+    return gdn.gdn_verify(
+        mixed, kernel, conv_states, g, beta, states, slots, records, tokens=tokens, **dims
+    )
+
+
+def commit(
+    kernel: Array,
+    conv_states: Array,
+    states: Array,
+    slots: Array,
+    records: Any,
+    counts: Array,
+    **dims: int,
+) -> None:
+    slots, counts = (cp.ascontiguousarray(cp.asarray(a), cp.int32) for a in (slots, counts))
+    gdn.gdn_commit(kernel, conv_states, states, slots, records, counts, **dims)

@@ -12,6 +12,8 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     # ours first: in one run (H100, float32, eager as the engine calls it) the 27B's 2,048-token
     # chunk took 1.10 ms against fla's 1.48, and fla pays ~1 ms of launches at any length
     ("chunk", "cuda"): ("nvrtc", "fla", "reference"),
+    **{(op, "cpu"): ("reference",) for op in ("prefill", "decode", "verify", "commit")},
+    **{(op, "cuda"): ("nvrtc", "reference") for op in ("prefill", "decode", "verify", "commit")},
 }
 
 

@@ -1,11 +1,16 @@
-"""The delta rule's oracle: the chunked form as array math (numpy or CuPy, float32 or
-float64), ``array_ops.gdn_chunk``; the recurrent form ``gdn_step`` checks it."""
+"""The delta rule's oracle, as array math (numpy or CuPy, float32 or float64): the chunked form
+``chunk`` (checked against the recurrent ``gdn_step``), a lane's prefill, a decode step, and a
+speculative round's verification and commit."""
 
 from __future__ import annotations
 
 from ...backends.array_ops import gdn_chunk as chunk
+from ...backends.array_ops import gdn_commit as commit
+from ...backends.array_ops import gdn_decode as decode
+from ...backends.array_ops import gdn_prefill as prefill
+from ...backends.array_ops import gdn_verify as verify
 
-__all__ = ["TOLERANCE", "accepts", "chunk"]
+__all__ = ["TOLERANCE", "accepts", "chunk", "commit", "decode", "prefill", "verify"]
 
 
 def accepts(**_: object) -> bool:
