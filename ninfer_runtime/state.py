@@ -1,19 +1,21 @@
 """Context memory: one pool per engine, a slot and some pages per sequence.
 
-Qwen3.5 is hybrid, so a sequence's memory has two kinds of layers: full-attention layers keep
-keys/values that grow with the context, Gated DeltaNet layers keep a fixed-size recurrent
-matrix per value head plus the last few convolution inputs. The pool holds both, allocated
-once with explicit shapes:
+What a sequence keeps depends on its layers, and each layer's op family says what that is
+(``memory_kinds``: a model declares a memory kind per layer; Qwen3.5's full-attention layers
+keep K/V that grow with the context, ``ops/attention/memory.py``, its Gated DeltaNet layers a
+fixed-size recurrent matrix per value head plus the last few convolution inputs,
+``ops/delta_rule/memory.py``). The pool holds every kind, allocated once with explicit
+shapes, and knows none by name:
 
-* K/V live in **pages** of ``page_tokens`` tokens, ``[pages, page_tokens, Nkv, D]`` per
-  attention layer; a sequence owns a list of page ids (the same ids in every layer), written
-  into row ``slot`` of the device ``page_table``.
-* recurrent and convolution states live in **slots**, ``[slots, Hv, dk, dv]`` and
-  ``[slots, C, K-1]`` per GDN layer; a running sequence owns one slot (its lane's).
+* **pages** of ``page_tokens`` tokens hold what grows with the context (K/V:
+  ``[pages, page_tokens, Nkv, D]`` per attention layer); a sequence owns a list of page ids
+  (the same ids in every paged layer), written into row ``slot`` of the device ``page_table``.
+* **slots** hold what has a fixed size per sequence (GDN: ``[slots, Hv, dk, dv]`` and
+  ``[slots, C, K-1]`` per layer); a running sequence owns one slot (its lane's).
 
 The pages are the one shared store: K/V of running sequences, K/V that prefix-cache
-checkpoints keep, and the checkpoints' copies of the GDN states (a **snapshot** is written
-into ``snapshot_pages`` pages of its own, byte for byte across the attention layers' page
+checkpoints keep, and the checkpoints' copies of the slot states (a **snapshot** is written
+into ``snapshot_pages`` pages of its own, byte for byte across the paged layers' page
 memory), so pages go wherever the workload needs them. Every buffer keeps its address for
 the life of the pool, so a decode step addresses sequences by (slot, position) indices alone
 and a GPU backend can capture it once in a CUDA graph. ``ContextPool.for_budget`` is the one
@@ -30,134 +32,28 @@ from typing import Any
 
 import numpy as np
 
-from ninfer_format.numeric import E4M3FN_MAX, E4M3FN_VALUES
-
-from .arrays import array_module, host_copy
+from .arrays import host_copy
 from .errors import EngineError
+
+# KV_DTYPES, load_kv and store_kv are re-exported: the CLIs, the server's settings and the
+# bench name the K/V storage through this module
+from .kv_storage import KV_DTYPES, kv_storage_dtype, load_kv, store_kv  # noqa: F401
+from .memory_kinds import LayerMemory, MemoryKind
 from .sizes import format_size
 
 Array = Any
 
 #: tokens per K/V page (the decode attention kernel reads one page at a time)
 PAGE_TOKENS = 256
-#: how K/V may be stored: name -> the pools' dtype (bfloat16 as uint16 words, fp8_e4m3 as
-#: unscaled E4M3FN bytes); the one place that maps a ``kv_dtype`` to its storage
-KV_DTYPES = {
-    "float32": np.dtype(np.float32),
-    "bfloat16": np.dtype(np.uint16),
-    "fp8_e4m3": np.dtype(np.uint8),
-}
-
-
-def kv_storage_dtype(kv_dtype: str) -> np.dtype:
-    """The pool dtype that holds K/V stored as ``kv_dtype``; a clear error for an unknown one."""
-    if kv_dtype not in KV_DTYPES:
-        raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
-    return KV_DTYPES[kv_dtype]
-
-
-def kv_value_bytes(kv_dtype: str) -> int:
-    """Bytes per stored key/value element."""
-    return kv_storage_dtype(kv_dtype).itemsize
-
-
-def to_bf16_words(x: Array) -> Array:
-    """float32 -> bfloat16 words (uint16), round to nearest even; a NaN stays a NaN (the same
-    rule as ``ninfer_format.numeric.f32_to_bf16`` and the GPU ``kv_write`` kernel)."""
-    xp = array_module(x)
-    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
-    high = bits >> 16
-    rounded = (bits + 0x7FFF + (high & 1)) >> 16
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    nan_word = xp.where((high & 0x7F) == 0, high | 0x40, high)
-    return xp.where(nan, nan_word, rounded).astype(xp.uint16)
-
-
-def from_bf16_words(words: Array) -> Array:
-    """bfloat16 words (uint16) -> float32, exactly."""
-    xp = array_module(words)
-    return (words.astype(xp.uint32) << 16).view(xp.float32)
-
-
-def to_e4m3_bytes(x: Array) -> Array:
-    """float32 -> E4M3FN bytes (uint8), unscaled: round to nearest even, magnitudes beyond 448
-    (infinities too) saturate to +-448, a NaN becomes the NaN byte with its sign.
-
-    The rule of ``ninfer_format.numeric.f32_to_e4m3fn`` and of the GPU ``kv_write`` kernel,
-    written for any array module (that one takes numpy only, and prefill writes device arrays
-    into the pool): normal codes round the float32 pattern to 3 fraction bits, codes below
-    2^-6 are ``rint(|x| * 512)``.
-    """
-    xp = array_module(x)
-    x = xp.ascontiguousarray(x, dtype=xp.float32)
-    nan = xp.isnan(x)
-    magnitude = xp.where(nan, xp.float32(0), xp.minimum(xp.abs(x), xp.float32(E4M3FN_MAX)))
-    bits = magnitude.view(xp.uint32)
-    rounded = (bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20
-    normal = rounded.astype(xp.int32) - ((127 - 7) << 3)
-    subnormal = xp.rint(magnitude * xp.float32(512)).astype(xp.int32)
-    code = xp.where(magnitude >= xp.float32(2.0**-6), normal, subnormal)
-    code = xp.where(nan, 0x7F, code).astype(xp.uint8)
-    return code | (xp.signbit(x).astype(xp.uint8) << 7)
-
-
-def from_e4m3_bytes(codes: Array) -> Array:
-    """E4M3FN bytes (uint8) -> float32, exactly (both NaN bytes give the same NaN)."""
-    xp = array_module(codes)
-    return xp.take(xp.asarray(E4M3FN_VALUES), codes)
-
-
-_ENCODERS = {np.dtype(np.uint16): to_bf16_words, np.dtype(np.uint8): to_e4m3_bytes}
-_DECODERS = {np.dtype(np.uint16): from_bf16_words, np.dtype(np.uint8): from_e4m3_bytes}
-
-
-def store_kv(values: Array, dtype: Any) -> Array:
-    """float32 keys/values in the pool's storage dtype."""
-    encode = _ENCODERS.get(np.dtype(dtype))
-    return values if encode is None else encode(values)
-
-
-def load_kv(stored: Array) -> Array:
-    """Keys/values from the pool as float32."""
-    decode = _DECODERS.get(np.dtype(stored.dtype))
-    return stored if decode is None else decode(stored)
-
-
-def gather_kv(stored: Array, pages: Array, length: int) -> Array:
-    """Tokens ``0 .. length - 1`` of a sequence from one pool array ``[pages, PAGE, Nkv, D]``
-    as float32 ``[length, Nkv, D]``: token t is row ``t % PAGE`` of page ``pages[t // PAGE]``
-    (``pages``: the sequence's page ids in order, an int array on the pool's device)."""
-    xp = array_module(stored)
-    positions = xp.arange(length)
-    per_page = stored.shape[1]
-    return load_kv(stored[pages[positions // per_page], positions % per_page])
-
-
-@dataclass(frozen=True)
-class KvSpec:
-    """A full-attention layer: keys and values per token, after k_norm and RoPE."""
-
-    kv_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class GdnSpec:
-    """A Gated DeltaNet layer: fp32 state [Hv, dk, dv] and the last K-1 conv inputs."""
-
-    value_heads: int
-    key_dim: int
-    value_dim: int
-    conv_channels: int
-    conv_kernel: int
 
 
 @dataclass(frozen=True)
 class DraftSpec:
     """What speculative decoding keeps per sequence for a round of ``rows`` positions (the
     draft tokens plus one): the main model's hidden rows of the last verification, which
-    the MTP block continues from, and per GDN layer each verified row's inputs
-    (``GdnDrafts``), from which the accepted prefix is folded into the states."""
+    the MTP block continues from, and each layer's record of the verified rows (a memory
+    kind's ``record_bytes``; GDN: each row's inputs, from which the accepted prefix is folded
+    into the states)."""
 
     rows: int
     hidden: int
@@ -167,58 +63,11 @@ class PoolFull(EngineError):
     """The pool has no free slot, or too few free pages, for a request right now."""
 
 
-class AttentionPages:
-    """One attention layer's keys and values, ``[pages, page_tokens, Nkv, D]`` each, in the
-    storage dtype of ``kv_dtype`` (``KV_DTYPES``)."""
-
-    def __init__(self, spec: KvSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str):
-        shape = (pages, page_tokens, spec.kv_heads, spec.head_dim)
-        dtype = kv_storage_dtype(kv_dtype)
-        self.k = xp.zeros(shape, dtype)
-        self.v = xp.zeros(shape, dtype)
-
-    def write(self, state: SequenceState, start: int, k: Array, v: Array) -> None:
-        """Keys/values of tokens ``start .. start + len(k) - 1`` of one sequence."""
-        page, row = state.addresses(start, k.shape[0])
-        self.k[page, row] = store_kv(k, self.k.dtype)
-        self.v[page, row] = store_kv(v, self.v.dtype)
-
-
-class GdnDrafts:
-    """One GDN layer's record of a multi-row step (a verification, a prompt's short chunk):
-    each lane's rows of projected conv inputs ``mixed [slots, rows, C]``, ``g`` and ``beta``
-    ``[slots, rows, Hv]`` (backend ``gdn_verify`` writes them, ``gdn_commit`` folds the kept
-    ones into the states)."""
-
-    def __init__(self, spec: GdnSpec, slots: int, rows: int, xp: ModuleType):
-        self.mixed = xp.zeros((slots, rows, spec.conv_channels), xp.float32)
-        self.g = xp.zeros((slots, rows, spec.value_heads), xp.float32)
-        self.beta = xp.zeros((slots, rows, spec.value_heads), xp.float32)
-
-    @staticmethod
-    def bytes_per_row(spec: GdnSpec) -> int:
-        return 4 * (spec.conv_channels + 2 * spec.value_heads)
-
-
-class GdnSlots:
-    """One GDN layer's states: ``recurrent [slots, Hv, dk, dv]``, ``conv [slots, C, K-1]``,
-    and for pools that run multi-row steps the record of the last one (``drafts``)."""
-
-    def __init__(self, spec: GdnSpec, slots: int, xp: ModuleType, record_rows: int = 1):
-        s = spec
-        self.recurrent = xp.zeros((slots, s.value_heads, s.key_dim, s.value_dim), xp.float32)
-        self.conv = xp.zeros((slots, s.conv_channels, s.conv_kernel - 1), xp.float32)
-        self.drafts = GdnDrafts(s, slots, record_rows, xp) if record_rows > 1 else None
-
-
-LayerPool = AttentionPages | GdnSlots
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     """A sequence's memory after ``length`` consumed tokens, kept when it moves on or ends:
     the K/V pages covering them (shared: the pool counts each page's holders), the pages its
-    GDN states were copied into (``snapshot``, its own), and with speculative decoding the
+    slot states were copied into (``snapshot``, its own), and with speculative decoding the
     main model's hidden row of the last token (the drafter pairs it with the next token; the
     MTP entries of the tokens before it are in the pages)."""
 
@@ -236,7 +85,7 @@ class Checkpoint:
 @dataclass(frozen=True)
 class HostCopy:
     """A paused sequence's memory in host memory (``ContextPool.save``): the rows of the
-    pages covering its ``length`` tokens per page part, its slot's GDN states per state part,
+    pages covering its ``length`` tokens per page part, its slot's states per slot part,
     and with speculative decoding its hidden rows and where its drafter stands."""
 
     length: int
@@ -299,14 +148,13 @@ class SequenceState:
         return self.page_ids[positions // p], positions % p
 
     def reset(self) -> None:
-        """Forget the sequence (zero its recurrent states; K/V rows are simply overwritten)."""
+        """Forget the sequence (each layer resets its slot: recurrent states are zeroed, K/V
+        rows are simply overwritten)."""
         self.length = 0
         self.mtp_length = 0
         self.draft_carry = []
-        for layer in self.pool.layers:
-            if isinstance(layer, GdnSlots):
-                layer.recurrent[self.slot] = 0
-                layer.conv[self.slot] = 0
+        for memory in self.pool.memories():
+            memory.reset(self.slot)
 
     def nbytes(self) -> int:
         """Bytes of the pool this sequence holds (its slot and its pages)."""
@@ -318,13 +166,13 @@ class ContextPool:
 
     def __init__(
         self,
-        specs: Sequence[KvSpec | GdnSpec],
+        specs: Sequence[MemoryKind],
         xp: ModuleType,
         *,
         slots: int,
         pages: int,
         max_context: int,
-        mtp: KvSpec | None = None,
+        mtp: MemoryKind | None = None,
         draft: DraftSpec | None = None,
         step_rows: int = 1,
         page_tokens: int = PAGE_TOKENS,
@@ -332,7 +180,7 @@ class ContextPool:
     ):
         if slots <= 0 or max_context <= 0 or page_tokens <= 0:
             raise EngineError("a context pool needs positive slots, max_context and page_tokens")
-        kv_value_bytes(kv_dtype)
+        kv_storage_dtype(kv_dtype)  # a clear error for an unknown one, whatever the layers
         self.xp, self.page_tokens, self.max_context = xp, page_tokens, max_context
         self.kv_dtype = kv_dtype
         self.specs, self.mtp_spec, self.draft = list(specs), mtp, draft
@@ -340,19 +188,20 @@ class ContextPool:
         self.pages = pages
         #: the most tokens of one lane ``runner.forward`` runs as one compiled step
         self.step_rows = step_rows
-        self.layers: list[LayerPool] = [
-            AttentionPages(s, pages, page_tokens, xp, kv_dtype)
-            if isinstance(s, KvSpec)
-            else GdnSlots(s, slots, xp, self.record_rows(draft, step_rows))
-            for s in specs
-        ]
+        size: dict[str, Any] = {
+            "slots": slots,
+            "pages": pages,
+            "page_tokens": page_tokens,
+            "kv_dtype": kv_dtype,
+            "record_rows": self.record_rows(draft, step_rows),
+        }
+        #: each layer's memory (``memory_kinds.LayerMemory``), in the model's layer order
+        self.layers: list[LayerMemory] = [kind.allocate(xp, **size) for kind in specs]
         #: speculative decoding: each slot's main-model hidden rows of its last verification
         self.draft_hidden = (
             xp.zeros((slots, draft.rows, draft.hidden), xp.float32) if draft else None
         )
-        self.mtp = (
-            AttentionPages(mtp, pages, page_tokens, xp, kv_dtype) if mtp is not None else None
-        )
+        self.mtp = mtp.allocate(xp, **size) if mtp is not None else None
         # rows of unused slots point at page 0: reads there are masked, never trusted
         self.page_table = xp.zeros((slots, self.max_pages), dtype=xp.int32)
         self._free_slots = list(range(slots))[::-1]
@@ -361,7 +210,7 @@ class ContextPool:
         #: stores
         self._holders = np.zeros(pages, dtype=np.int64)
         self._snapshot_plan = self._plan_snapshots()
-        #: pages one snapshot of a sequence's GDN states takes
+        #: pages one snapshot of a sequence's slot states takes
         self.snapshot_pages = max((c.page for c in self._snapshot_plan), default=-1) + 1
         # states, and no page memory to keep them in: checkpoints cannot be kept
         self._keeps = bool(self._snapshot_plan) or not any(
@@ -374,13 +223,13 @@ class ContextPool:
     @classmethod
     def for_budget(
         cls,
-        specs: Sequence[KvSpec | GdnSpec],
+        specs: Sequence[MemoryKind],
         xp: ModuleType,
         *,
         lanes: int,
         max_context: int,
         budget: int | None = None,
-        mtp: KvSpec | None = None,
+        mtp: MemoryKind | None = None,
         draft: DraftSpec | None = None,
         step_rows: int = 1,
         snapshots: int = 0,
@@ -388,17 +237,18 @@ class ContextPool:
         kv_dtype: str = "float32",
     ) -> ContextPool:
         """``lanes`` slots, and pages for every lane at ``max_context`` tokens plus
-        ``snapshots`` snapshots of the GDN states (prefix-cache checkpoints); with a
-        ``budget``, as many pages as its bytes hold beside the lanes' recurrent state (all
+        ``snapshots`` snapshots of the slot states (prefix-cache checkpoints); with a
+        ``budget``, as many pages as its bytes hold beside the lanes' slots (all
         of them when checkpoints are kept, else no more than the lanes can use)."""
         if lanes <= 0 or max_context <= 0 or page_tokens <= 0:
             raise EngineError("a context pool needs positive slots, max_context and page_tokens")
         page_bytes = cls.page_bytes_of(specs, mtp, page_tokens, kv_dtype)
+        kinds = _with_mtp(specs, mtp)
         pages = lanes * math.ceil(max_context / page_tokens)
         if snapshots and page_bytes:
-            pages += snapshots * math.ceil(cls.slot_bytes_of(specs) / page_bytes)
+            pages += snapshots * math.ceil(cls.slot_bytes_of(kinds) / page_bytes)
         if budget is not None:
-            slot_bytes = lanes * cls.slot_bytes_of(specs, draft, step_rows)
+            slot_bytes = lanes * cls.slot_bytes_of(kinds, draft, step_rows)
             held = (budget - slot_bytes) // max(page_bytes, 1)
             # with checkpoints to keep, every page is of use; without, only the lanes' own
             pages = held if snapshots else min(held, pages)
@@ -425,35 +275,29 @@ class ContextPool:
 
     @staticmethod
     def record_rows(draft: DraftSpec | None, step_rows: int) -> int:
-        """Rows per lane the GDN layers record for a multi-row step: the most of a compiled
+        """Rows per lane the layers record for a multi-row step: the most of a compiled
         step's and a speculative round's."""
         return max(step_rows, draft.rows if draft else 1)
 
     @staticmethod
     def page_bytes_of(
-        specs: Sequence[KvSpec | GdnSpec],
-        mtp: KvSpec | None,
+        specs: Sequence[MemoryKind],
+        mtp: MemoryKind | None,
         tokens: int,
         kv_dtype: str = "float32",
     ) -> int:
-        kv = [s for s in specs if isinstance(s, KvSpec)] + ([mtp] if mtp else [])
-        size = kv_value_bytes(kv_dtype)
-        return sum(2 * tokens * s.kv_heads * s.head_dim * size for s in kv)
+        """Bytes of one page of ``tokens`` tokens across the layers and the MTP layer."""
+        return sum(kind.page_bytes(tokens, kv_dtype) for kind in _with_mtp(specs, mtp))
 
     @classmethod
     def slot_bytes_of(
-        cls, specs: Sequence[KvSpec | GdnSpec], draft: DraftSpec | None = None, step_rows: int = 1
+        cls, specs: Sequence[MemoryKind], draft: DraftSpec | None = None, step_rows: int = 1
     ) -> int:
-        """Bytes of one slot: the GDN states, the records of a multi-row step, and a
-        speculative round's hidden rows."""
-        gdn = [s for s in specs if isinstance(s, GdnSpec)]
-        size = sum(
-            4 * (s.value_heads * s.key_dim * s.value_dim + s.conv_channels * (s.conv_kernel - 1))
-            for s in gdn
-        )
+        """Bytes of one slot: the states of the layers ``specs`` (the MTP layer's too, where
+        it keeps any), their records of a multi-row step, and a speculative round's hidden
+        rows."""
         rows = cls.record_rows(draft, step_rows)
-        if rows > 1:
-            size += rows * sum(GdnDrafts.bytes_per_row(s) for s in gdn)
+        size = sum(kind.slot_bytes() + kind.record_bytes(rows) for kind in specs)
         if draft is not None:
             size += draft.rows * 4 * draft.hidden
         return size
@@ -464,7 +308,7 @@ class ContextPool:
 
     @property
     def slot_bytes(self) -> int:
-        return self.slot_bytes_of(self.specs, self.draft, self.step_rows)
+        return self.slot_bytes_of(_with_mtp(self.specs, self.mtp_spec), self.draft, self.step_rows)
 
     @property
     def slots(self) -> int:
@@ -500,7 +344,7 @@ class ContextPool:
     def open(self, tokens: int, prefix: Checkpoint | None = None) -> SequenceState:
         """A sequence with room for ``tokens`` tokens: fresh (zeroed recurrent state), or
         continuing from ``prefix``: its full pages shared, its last partial page copied (the
-        sequence will write the rest of it), its GDN states copied back from the snapshot."""
+        sequence will write the rest of it), its slot states copied back from the snapshot."""
         if not 0 < tokens <= self.max_context:
             raise EngineError(f"a sequence needs 1..{self.max_context} tokens, asked {tokens}")
         need = self.pages_for(tokens)
@@ -533,9 +377,8 @@ class ContextPool:
                 prefix.pages[len(prefix.pages) - 1],
                 state.pages[prefix.length // self.page_tokens],
             )
-            for layer in self._attention_layers():
-                layer.k[dst, :rows] = layer.k[src, :rows]
-                layer.v[dst, :rows] = layer.v[src, :rows]
+            for memory in self.memories():
+                memory.copy_tokens(src, dst, rows)
         self._copy_snapshot(state.slot, prefix.snapshot, restore=True)
         state.length = prefix.length
         state.resumed_logits = prefix.logits
@@ -603,9 +446,8 @@ class ContextPool:
     def host_bytes(self, state: SequenceState) -> int:
         """Bytes ``save(state)`` takes in host memory."""
         hidden = self.draft_hidden[0].nbytes if self.draft_hidden is not None else 0
-        return (
-            self.pages_for(state.length) * self.page_bytes + self.slot_bytes_of(self.specs) + hidden
-        )
+        states = self.slot_bytes_of(_with_mtp(self.specs, self.mtp_spec))
+        return self.pages_for(state.length) * self.page_bytes + states + hidden
 
     def save(self, state: SequenceState) -> HostCopy:
         """``state``'s memory copied to host memory (the state itself is left as it is)."""
@@ -649,22 +491,21 @@ class ContextPool:
         self._holders[pages] -= 1
         self._free_pages.extend(p for p in reversed(pages) if self._holders[p] == 0)
 
-    def _attention_layers(self) -> list[AttentionPages]:
-        layers = [layer for layer in self.layers if isinstance(layer, AttentionPages)]
-        return layers + ([self.mtp] if self.mtp is not None else [])
+    def memories(self) -> list[LayerMemory]:
+        """Every layer's memory: the model's layers in order, then the MTP layer's."""
+        return self.layers + ([self.mtp] if self.mtp is not None else [])
 
     # -------------------------------------------------------------------- snapshots
     def _page_parts(self) -> list[Array]:
         """The arrays whose row ``p`` is page ``p``'s memory, in the order snapshots fill it."""
-        return [part for layer in self._attention_layers() for part in (layer.k, layer.v)]
+        return [part for memory in self.memories() for part in memory.page_parts()]
 
     def _state_parts(self) -> list[Array]:
-        """The arrays whose row ``slot`` is a sequence's GDN states, in snapshot order."""
-        gdn = [layer for layer in self.layers if isinstance(layer, GdnSlots)]
-        return [part for layer in gdn for part in (layer.recurrent, layer.conv)]
+        """The arrays whose row ``slot`` is a sequence's states, in snapshot order."""
+        return [part for memory in self.memories() for part in memory.slot_parts()]
 
     def _plan_snapshots(self) -> list[_SnapshotCopy]:
-        """Where each byte of a sequence's GDN states goes in a snapshot: the states laid
+        """Where each byte of a sequence's slot states goes in a snapshot: the states laid
         end to end, filling page after page (each page its parts one after the other)."""
         row_bytes = [part[0].nbytes for part in self._page_parts()]
         if not sum(row_bytes):
@@ -683,7 +524,7 @@ class ContextPool:
         return plan
 
     def _copy_snapshot(self, slot: int, pages: tuple[int, ...], *, restore: bool) -> None:
-        """Slot ``slot``'s GDN states into the snapshot ``pages`` (``restore``: back)."""
+        """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back)."""
         states, page_parts = self._state_parts(), self._page_parts()
 
         def row_bytes(array: Array, row: int) -> Array:
@@ -696,6 +537,11 @@ class ContextPool:
                 state[...] = page
             else:
                 page[...] = state
+
+
+def _with_mtp(specs: Sequence[MemoryKind], mtp: MemoryKind | None) -> list[MemoryKind]:
+    """The memory kinds of the layers ``specs`` and of the MTP layer, if any."""
+    return [*specs, *([mtp] if mtp is not None else [])]
 
 
 @dataclass(frozen=True)

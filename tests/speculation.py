@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ninfer_runtime.backends.base import to_numpy
-from ninfer_runtime.state import GdnSlots
+from ninfer_runtime.ops.delta_rule.memory import GdnSlots
 
 
 def host(a: Any) -> np.ndarray:

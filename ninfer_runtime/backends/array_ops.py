@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kv_storage import gather_kv, load_kv, store_kv
 from ..models.functional import _xp, l2_normalize, sigmoid, silu, silu_mul
-from ..state import gather_kv, load_kv, store_kv
 
 __all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..state import GdnDrafts
+    from ..ops.delta_rule.memory import GdnDrafts
 
 #: An array of the backend's array module (``numpy.ndarray`` on CPU).
 Array = Any

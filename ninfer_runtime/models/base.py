@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..state import AttentionPages, ContextPool, GdnSpec, KvSpec
+from ..memory_kinds import MemoryKind
+from ..ops.attention.memory import AttentionPages
+from ..state import ContextPool
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -48,8 +50,9 @@ class Model(Protocol):
     @property
     def has_mtp(self) -> bool: ...
 
-    def state_specs(self) -> tuple[list[KvSpec | GdnSpec], KvSpec | None]:
-        """What each layer, and the MTP layer (None: no MTP), keeps per sequence."""
+    def state_specs(self) -> tuple[list[MemoryKind], MemoryKind | None]:
+        """What each layer, and the MTP layer (None: no MTP), keeps per sequence: the memory
+        kind of each (``memory_kinds``), which the context pool allocates."""
         ...
 
     def rope(self, positions: np.ndarray) -> tuple[Array, Array]:

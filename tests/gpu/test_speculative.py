@@ -29,7 +29,7 @@ import pytest
 from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.base import to_numpy
 from ninfer_runtime.engine import SHORT_CHUNK_TOKENS
-from ninfer_runtime.state import GdnDrafts, GdnSpec
+from ninfer_runtime.ops.delta_rule.memory import GdnDrafts, GdnSpec
 from tests.speculation import short_chunks_against_prefill, speculate_against_decoding
 
 from .conftest import REPORT, requires_gpu

@@ -10,9 +10,11 @@ import pytest
 
 from ninfer_runtime.backends import array_ops
 from ninfer_runtime.backends.cpu import CpuBackend
+from ninfer_runtime.kv_storage import KV_DTYPES, gather_kv, load_kv, store_kv
 from ninfer_runtime.models import load_model
+from ninfer_runtime.ops.attention.memory import KvSpec
 from ninfer_runtime.runner import ModelRunner
-from ninfer_runtime.state import KV_DTYPES, ContextPool, KvSpec, gather_kv, load_kv, store_kv
+from ninfer_runtime.state import ContextPool
 
 PAGE = 4
 

@@ -15,15 +15,10 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.errors import EngineError, RequestError
 from ninfer_runtime.frontend import SamplingParams
-from ninfer_runtime.state import (
-    AttentionPages,
-    ContextPool,
-    GdnSpec,
-    KvSpec,
-    PoolFull,
-    SequenceState,
-    gather_kv,
-)
+from ninfer_runtime.kv_storage import gather_kv
+from ninfer_runtime.ops.attention.memory import AttentionPages, KvSpec
+from ninfer_runtime.ops.delta_rule.memory import GdnSpec
+from ninfer_runtime.state import ContextPool, PoolFull, SequenceState
 
 from .test_engine import artifact  # noqa: F401  (module fixture: the bundled model converted)
 
@@ -206,7 +201,7 @@ def test_bad_capacity_names_the_value(text) -> None:
 
 def test_bf16_words_match_the_format_codec() -> None:
     from ninfer_format.numeric import f32_to_bf16
-    from ninfer_runtime.state import from_bf16_words, to_bf16_words
+    from ninfer_runtime.kv_storage import from_bf16_words, to_bf16_words
 
     rng = np.random.default_rng(3)
     bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
@@ -221,7 +216,7 @@ def test_bf16_words_match_the_format_codec() -> None:
 
 
 def test_bf16_pages_store_rounded_values() -> None:
-    from ninfer_runtime.state import from_bf16_words, to_bf16_words
+    from ninfer_runtime.kv_storage import from_bf16_words, to_bf16_words
 
     p = ContextPool(SPECS, np, slots=1, pages=4, max_context=16, page_tokens=4, kv_dtype="bfloat16")
     assert p.layers[0].k.dtype == np.uint16 and p.page_bytes == 2 * 4 * 2 * 8 * 2
@@ -252,7 +247,7 @@ def test_e4m3_bytes_match_the_format_codec() -> None:
     3-bit fraction with the discarded low 20 bits at and around the rounding midpoint, plus
     random patterns. (A one-off run over all 2^32 float32 patterns agreed as well.)"""
     from ninfer_format.numeric import e4m3fn_to_f32, f32_to_e4m3fn
-    from ninfer_runtime.state import from_e4m3_bytes, to_e4m3_bytes
+    from ninfer_runtime.kv_storage import from_e4m3_bytes, to_e4m3_bytes
 
     high = np.arange(1 << 12, dtype=np.uint32) << 20
     low = np.array([0, 1, 0x7FFFF, 0x80000, 0x80001, 0xFFFFF], dtype=np.uint32)
@@ -308,7 +303,7 @@ def test_fp8_pages_store_rounded_values() -> None:
 
 @pytest.mark.parametrize(("name", "size"), [("float32", 4), ("bfloat16", 2), ("fp8_e4m3", 1)])
 def test_kv_dtypes_are_accepted_everywhere(name: str, size: int) -> None:
-    from ninfer_runtime.state import KV_DTYPES, kv_value_bytes
+    from ninfer_runtime.kv_storage import KV_DTYPES, kv_value_bytes
     from ninfer_serve.config import EngineSettings
 
     assert kv_value_bytes(name) == KV_DTYPES[name].itemsize == size

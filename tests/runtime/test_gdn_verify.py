@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.backends import array_ops as A
-from ninfer_runtime.state import GdnDrafts, GdnSpec
+from ninfer_runtime.ops.delta_rule.memory import GdnDrafts, GdnSpec
 
 DIMS = dict(key_heads=2, key_dim=16, value_heads=4, value_dim=8)
 TAPS, POOL, ROWS = 4, 6, 6

@@ -329,8 +329,10 @@ def test_eviction_goes_by_tokens_saved_per_page_then_age() -> None:
     """The checkpoint that saves the fewest prefill tokens per page it frees goes first,
     an older one before a newer one of the same worth; a more valuable one stays even when
     it is the oldest."""
+    from ninfer_runtime.ops.attention.memory import KvSpec
+    from ninfer_runtime.ops.delta_rule.memory import GdnSpec
     from ninfer_runtime.prefix_cache import PrefixCache
-    from ninfer_runtime.state import ContextPool, GdnSpec, KvSpec
+    from ninfer_runtime.state import ContextPool
 
     pool = ContextPool(
         [KvSpec(2, 8), GdnSpec(2, 4, 4, 24, 4)], np, slots=1, pages=12, max_context=16,

@@ -20,9 +20,9 @@ from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEve
 from ninfer_runtime.errors import EngineError
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.models import load_model
+from ninfer_runtime.ops.delta_rule.memory import GdnSlots
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig, accept_draft, accept_greedy
-from ninfer_runtime.state import GdnSlots
 from tests.tiny_checkpoints import build
 
 BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ninfer_runtime.ops.attention.memory import KvSpec
 from ninfer_runtime.prefix_cache import PrefixCache
-from ninfer_runtime.state import ContextPool, KvSpec
+from ninfer_runtime.state import ContextPool
 from ninfer_serve.engine_loop import EngineLoop
 
 

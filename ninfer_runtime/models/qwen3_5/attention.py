@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend, Weight
-from ...state import AttentionPages
+from ...ops.attention.memory import AttentionPages
 from ..batch import Batch, Lane
 from ..functional import mul_sigmoid
 from .config import AttentionConfig

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend, Weight
-from ...state import GdnSlots
+from ...ops.delta_rule.memory import GdnSlots
 from ..batch import Batch
 from ..functional import log_decay, sigmoid
 from .config import GdnConfig

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...backends import Backend, Weight
-from ...state import LayerPool
+from ...memory_kinds import LayerMemory
 from ..batch import Batch
 from .attention import GatedAttention
 from .config import FULL_ATTENTION, Qwen35Config
@@ -72,7 +72,7 @@ class DecoderLayer:
         return names
 
     def __call__(
-        self, h: Array, pending: Array | None, batch: Batch, memory: LayerPool
+        self, h: Array, pending: Array | None, batch: Batch, memory: LayerMemory
     ) -> tuple[Array, Array]:
         """The residual stream ``h`` with ``pending`` (the previous layer's ffn output, None
         before the first layer) not yet added -> the same pair after this layer."""

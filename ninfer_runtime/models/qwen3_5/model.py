@@ -22,8 +22,11 @@ import numpy as np
 
 from ...backends import Backend
 from ...errors import ModelError
+from ...memory_kinds import MemoryKind
+from ...ops.attention.memory import AttentionPages, KvSpec
+from ...ops.delta_rule.memory import GdnSpec
 from ...parallel import Collective, Shard, Solo
-from ...state import AttentionPages, ContextPool, GdnSpec, KvSpec
+from ...state import ContextPool
 from ..batch import Batch
 from ..registry import register_model
 from .attention import Rotary
@@ -101,10 +104,11 @@ class Qwen35Model:
     def has_mtp(self) -> bool:
         return self.mtp is not None
 
-    def state_specs(self) -> tuple[list[KvSpec | GdnSpec], KvSpec | None]:
-        """What each layer (and the MTP layer, if any) keeps per sequence."""
+    def state_specs(self) -> tuple[list[MemoryKind], MemoryKind | None]:
+        """What each layer (and the MTP layer, if any) keeps per sequence: K/V pages for
+        full attention, recurrent and convolution slots for Gated DeltaNet."""
         c = self.config
-        specs: list[KvSpec | GdnSpec] = []
+        specs: list[MemoryKind] = []
         for kind in c.layer_types:
             if kind == FULL_ATTENTION:
                 assert c.attention is not None
@@ -115,7 +119,7 @@ class Qwen35Model:
                 specs.append(
                     GdnSpec(g.value_heads, g.key_dim, g.value_dim, g.conv_channels, g.conv_kernel)
                 )
-        mtp = None
+        mtp: MemoryKind | None = None
         if self.mtp is not None and c.attention is not None:
             mtp = KvSpec(c.attention.kv_heads, c.attention.head_dim)
         return specs, mtp

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...backends import Backend, Weight
-from ...state import AttentionPages
+from ...ops.attention.memory import AttentionPages
 from ..batch import Batch
 from .config import FULL_ATTENTION, Qwen35Config
 from .layer import DecoderLayer
