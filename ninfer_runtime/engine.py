@@ -1,5 +1,10 @@
 """The engine: requests in, token and text events out, several requests batched in lanes.
 
+``Engine`` is the public API (``submit``, ``step``, ``generate``, ``cancel``): it validates
+and renders requests, runs the forwards of each step and turns their logits into tokens,
+text and events. Which requests hold lanes and what each step reads is the ``scheduler``'s
+job; the requests and events themselves are in ``request`` (re-exported here).
+
 One ``step()`` runs one prefill chunk (the oldest request still reading its prompt, joined by
 others whose next read fits beside it) and one batched decode step for every request that is
 generating, so long prompts never stall the lanes that are already streaming (continuous
@@ -12,13 +17,9 @@ drive the same object; the model underneath is the same on every backend.
 
 from __future__ import annotations
 
-import secrets
 import time
-import uuid
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +29,54 @@ from ninfer_format import Artifact, ArtifactError
 
 from .arrays import array_module
 from .backends.base import to_numpy
-from .checkpoint_plan import (
-    awaited_position,
-    check_cache_fields,
-    choose_checkpoints,
-    pending_checkpoints,
-)
+from .capacity import budget_bytes, parse_capacity, parse_size
+from .checkpoint_plan import check_cache_fields
 from .errors import EngineError, RequestError
 from .frontend import (
     ChatTemplate,
-    DetokenizeStream,
     OutputParser,
-    ParseEvent,
     Sampler,
-    SamplingParams,
     StopMatcher,
     StopReason,
     Tokenizer,
 )
 from .frontend.tokenizer import THINK_OPEN
-from .logprobs import TokenLogprobs, TopLogprobs, score_rows, token_logprobs
+from .logprobs import TokenLogprobs, score_rows, token_logprobs
 from .models import ForwardOutput, load_model
 from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
+from .request import (
+    Event,
+    Failed,
+    Finished,
+    GenerationRequest,
+    LogitsProcessor,
+    OutputEvent,
+    PromptLogprobs,
+    TokenEvent,
+    Usage,
+)
 from .runner import ModelRunner
+from .scheduler import Lane, Read, Scheduler
 from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
-from .state import HostCopy, SequenceState
 from .tensor_parallel import parallel_runner
 
-#: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
-#: sampling (constrained decoding masks tokens with ``-inf``). It sees only the answer part:
-#: it is not called while the output is still inside reasoning, so a grammar applies after
-#: ``</think>`` and thinking stays free. Reasoning is bounded so the answer always comes: by
-#: ``SamplingParams.max_thinking_tokens``; with a processor, by at most half of ``max_tokens``
-#: too, and a stop token drawn inside reasoning ends the reasoning instead.
-LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
+__all__ = [
+    "SHORT_CHUNK_TOKENS",
+    "CacheBoundary",
+    "Engine",
+    "Event",
+    "Failed",
+    "Finished",
+    "GenerationRequest",
+    "LogitsProcessor",
+    "OutputEvent",
+    "PromptLogprobs",
+    "TokenEvent",
+    "Usage",
+    "budget_bytes",
+    "parse_capacity",
+    "parse_size",
+]
 
 #: with the prefix cache and no context capacity given, the pool holds beside every lane's
 #: full context this many checkpoints' GDN state snapshots per lane (a capacity given is
@@ -72,150 +87,6 @@ CACHE_SNAPSHOTS_PER_LANE = 4
 #: the checkpoint the next turn resumes from is a few generation-prompt tokens, and a
 #: prefill of them would cost a whole prefill's launches
 SHORT_CHUNK_TOKENS = 8
-#: a prompt scored token by token (``prompt_logprobs``) is read in chunks of at most this
-#: many tokens: each chunk's logits over the whole vocabulary are computed at once
-PROMPT_LOGPROB_CHUNK = 256
-
-
-@dataclass
-class GenerationRequest:
-    """What to generate from: chat ``messages`` (rendered with the chat template), a ``prompt``
-    string tokenized as is, or ``prompt_ids``; exactly one of them."""
-
-    messages: Sequence[Mapping[str, Any]] | None = None
-    prompt: str | None = None
-    prompt_ids: Sequence[int] | None = None
-    tools: Sequence[Mapping[str, Any]] | None = None
-    enable_thinking: bool | None = None
-    chat_template_kwargs: Mapping[str, Any] | None = None
-    #: Leave the final assistant message open and continue it (assistant prefill).
-    continue_final_message: bool = False
-    #: End the prompt with the template's opening of an assistant turn (never when
-    #: continuing the final message); off, the model continues after the last message.
-    add_generation_prompt: bool = True
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    parse_output: bool = True
-    #: Read ``<tool_call>`` blocks as calls; off, they stay text (``tool_choice: none``).
-    parse_tool_calls: bool = True
-    logits_processor: LogitsProcessor | None = None
-    request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
-    #: The prefix-cache namespace: checkpoints this request keeps are stored under it and
-    #: its lookup finds only checkpoints kept under the same salt (None: the unsalted one).
-    cache_salt: str | None = None
-    #: Prompt positions where this request's prefill may keep a checkpoint for others that
-    #: share the prompt up to there; the engine keeps the few worth most (``checkpoint_plan``).
-    cache_boundaries: Sequence[CacheBoundary] = ()
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    #: Generated tokens that were reasoning (up to and including ``</think>``).
-    reasoning_tokens: int = 0
-    #: Speculative decoding: drafted tokens verification kept, and those it turned down.
-    accepted_draft_tokens: int = 0
-    rejected_draft_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """A generated token. With ``SamplingParams.logprobs = k``: its log-probability and the
-    k most likely tokens at its position (``logprobs`` module docs: what they are computed
-    from); both None when the request asked for none."""
-
-    request_id: str
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: TopLogprobs | None = None
-
-
-@dataclass(frozen=True)
-class PromptLogprobs:
-    """With ``SamplingParams.prompt_logprobs = k``, once the prompt is read (before the first
-    token): per prompt token its log-probability given the tokens before it and the k most
-    likely tokens there; None for the first token, which nothing predicts."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float | None, ...]
-    top_logprobs: tuple[TopLogprobs | None, ...]
-
-
-@dataclass(frozen=True)
-class OutputEvent:
-    """A parsed piece of the reply: reasoning, text or a tool-call delta (frontend.parsers)."""
-
-    request_id: str
-    event: ParseEvent
-
-
-@dataclass(frozen=True)
-class Finished:
-    request_id: str
-    reason: str  # "stop" | "length" | "cancelled"
-    stop: StopReason | None
-    usage: Usage
-    prompt_seconds: float
-    decode_seconds: float
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A request ended by an error of its own (its sampling or its logits processor raised);
-    its lane and memory are freed and the other requests go on."""
-
-    request_id: str
-    error: Exception
-
-
-Event = TokenEvent | PromptLogprobs | OutputEvent | Finished | Failed
-
-
-@dataclass
-class _Active:
-    request: GenerationRequest
-    prompt_ids: np.ndarray
-    state: SequenceState
-    sampler: Sampler
-    stops: StopMatcher
-    detokenizer: DetokenizeStream
-    parser: OutputParser | None
-    max_tokens: int
-    #: Index in ``generated`` where the answer starts; ``None`` while still in reasoning.
-    answer_start: int | None = 0
-    #: Most reasoning tokens (``</think>`` included) before the engine writes ``</think>``.
-    thinking_budget: int | None = None
-    prefilled: int = 0
-    generated: list[int] = field(default_factory=list)
-    pending: int | None = None  # sampled token not yet fed to the model
-    started: float = field(default_factory=time.perf_counter)
-    first_token: float | None = None
-    #: the device sampler's random stream (the request's seed, else a random one)
-    seed: int = field(default_factory=lambda: secrets.randbits(63))
-    drafted: int = 0
-    accepted: int = 0
-    #: prompt tokens resumed from a cached checkpoint instead of prefilled
-    cached: int = 0
-    #: with the prefix cache, where the prompt stops being what the next chat turn resends
-    #: (it renders this turn's reply without the reasoning opener): a checkpoint goes there
-    history_end: int | None = None
-    #: tokens the lane resumed from at its latest admission (a checkpoint's length)
-    resumed: int = 0
-    #: after a preemption: generated tokens to feed again (never sampled, never emitted)
-    #: before the lane generates; the last is its pending token
-    replay: list[int] = field(default_factory=list)
-    #: with speculation and the prefix cache: the main model's hidden row of the last token
-    #: consumed before the current round (what a checkpoint at the lane's length keeps)
-    last_hidden: Any = None
-    #: while preempted to host memory: its memory there (resumed as it was, nothing replayed)
-    saved: HostCopy | None = None
-    #: with ``prompt_logprobs``: each prompt position's score as its chunk is read
-    prompt_scores: list[TokenLogprobs | None] | None = None
-    #: with the prefix cache: prompt positions (before its end) where its prefill stops and
-    #: keeps a checkpoint besides every ``checkpoint_interval`` tokens, and their kinds
-    plan: dict[int, str] = field(default_factory=dict)
 
 
 class Engine:
@@ -285,11 +156,6 @@ class Engine:
         # a round writes up to K+1 positions past a sequence's length: a lane's pages grow
         # to hold that margin beyond its own tokens before every round
         self._margin = spec.draft_tokens + 1 if spec else 0
-        self.preemptions = 0
-        self.replayed_tokens = 0
-        #: host memory preempted lanes may be copied to (beyond it they are replayed)
-        self.host_capacity = parse_size(host_context_capacity, "host context capacity") or 0
-        self.host_bytes = 0
         self.pool = self.runner.new_pool(
             lanes=max_lanes,
             max_context=max_context + self._margin,
@@ -305,18 +171,27 @@ class Engine:
         self.cache = (
             PrefixCache(self.pool, self._cache_salt(backend, kv_dtype)) if prefix_cache else None
         )
-        self.checkpoint_interval = checkpoint_interval
-        self._waiting: deque[_Active] = deque()
-        self._active: dict[str, _Active] = {}
+        #: the waiting queue and the lanes: what each step runs
+        self.scheduler = Scheduler(
+            self.pool,
+            self.cache,
+            self.runner,
+            max_lanes=max_lanes,
+            prefill_chunk=prefill_chunk,
+            checkpoint_interval=checkpoint_interval,
+            margin=self._margin,
+            drafting=spec is not None,
+            host_capacity=parse_size(host_context_capacity, "host context capacity") or 0,
+        )
 
     def _cache_salt(self, backend: str, kv_dtype: str) -> bytes:
         """What decides a checkpoint's states besides its tokens."""
         return b"|".join([self.artifact.artifact_id, backend.encode(), kv_dtype.encode()])
 
-    # ------------------------------------------------------------------ admission
+    # ------------------------------------------------------------------ the lanes
     @property
     def lanes_in_use(self) -> int:
-        return len(self._active)
+        return len(self.scheduler.active)
 
     @property
     def context_usage(self) -> float:
@@ -325,25 +200,8 @@ class Engine:
         return self.pool_bytes()["kv_running"] / (self.pool.pages * self.pool.page_bytes or 1)
 
     def pool_bytes(self) -> dict[str, int]:
-        """The context pool's bytes by use: K/V pages running requests hold, pages only
-        prefix-cache checkpoints hold, free pages, the lanes' recurrent state slots, and the
-        pages checkpoints' state snapshots take."""
-        # counted over the held pages only: the server asks every step, and a pool can hold
-        # hundreds of thousands of pages (the bundled model's, filling an H200: about 350k)
-        pool = self.pool
-        running: set[int] = set()
-        for a in self._active.values():
-            if a.state is not None:
-                running.update(a.state.pages)
-        held = pool.pages - pool.free_pages  # pages any sequence or checkpoint holds
-        cached = held - len(running) - pool.snapshot_pages_used
-        return {
-            "kv_running": len(running) * pool.page_bytes,
-            "kv_cached": cached * pool.page_bytes,
-            "kv_free": pool.free_pages * pool.page_bytes,
-            "states": pool.slots * pool.slot_bytes,
-            "snapshots": pool.snapshot_pages_used * pool.page_bytes,
-        }
+        """The context pool's bytes by use (``Scheduler.pool_bytes``)."""
+        return self.scheduler.pool_bytes()
 
     @property
     def pool_tokens(self) -> int:
@@ -353,7 +211,27 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._active or self._waiting)
+        return self.scheduler.has_work
+
+    @property
+    def preemptions(self) -> int:
+        """Lanes preempted so far for want of pages."""
+        return self.scheduler.preemptions
+
+    @property
+    def replayed_tokens(self) -> int:
+        """Generated tokens fed again after preemptions (lanes not kept in host memory)."""
+        return self.scheduler.replayed_tokens
+
+    @property
+    def host_capacity(self) -> int:
+        """Host memory preempted lanes may be copied to (beyond it they are replayed)."""
+        return self.scheduler.host_capacity
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the lanes preempted there hold now."""
+        return self.scheduler.host_bytes
 
     def render(self, request: GenerationRequest) -> tuple[list[int], bool]:
         """Prompt token ids, and whether the output starts inside reasoning."""
@@ -426,7 +304,7 @@ class Engine:
                 parse_tool_calls=request.parse_tool_calls,
                 continues_text=request.continue_final_message,
             )
-        active = _Active(
+        lane = Lane(
             request=request,
             prompt_ids=np.asarray(ids, dtype=np.int64),
             state=None,  # type: ignore[arg-type]  (allocated when admitted to a lane)
@@ -441,29 +319,21 @@ class Engine:
             thinking_budget=budget if in_reasoning else None,
         )
         if params.seed is not None:
-            active.seed = params.seed
+            lane.seed = params.seed
         if params.prompt_logprobs is not None:
-            active.prompt_scores = [None] * len(ids)
+            lane.prompt_scores = [None] * len(ids)
         check_cache_fields(request.cache_salt, request.cache_boundaries, len(ids))
         if self.cache is not None:
-            active.history_end = self._history_end(request, ids)
-        if request.request_id in self._active or any(
-            w.request.request_id == request.request_id for w in self._waiting
-        ):
+            lane.history_end = self._history_end(request, ids)
+        if self.scheduler.holds(request.request_id):
             raise RequestError(f"request id {request.request_id!r} is already in use")
-        self._waiting.append(active)
+        self.scheduler.queue(lane)
         return request.request_id
 
     def cancel(self, request_id: str) -> Finished | None:
         """Stop a request now and free its lane and memory."""
-        for w in list(self._waiting):
-            if w.request.request_id == request_id:
-                self._waiting.remove(w)
-                return self._finish(w, "cancelled", None, [])
-        active = self._active.pop(request_id, None)
-        if active is None:
-            return None
-        return self._finish(active, "cancelled", None, [])
+        a = self.scheduler.cancel(request_id)
+        return None if a is None else self._finish(a, "cancelled", None, [])
 
     # ----------------------------------------------------------------------- steps
     def step(self, flush: Callable[[list[Event]], None] | None = None) -> list[Event]:
@@ -472,25 +342,18 @@ class Engine:
         events as soon as they are known, before the decode step runs (a server streams a
         first token without waiting for it); they are then left out of the list returned."""
         events: list[Event] = []
-        while self._waiting and len(self._active) < self.max_lanes:
-            head = self._waiting[0]
-            if self._awaits_shared_checkpoint(head) or not self._admit(head):
-                break  # first come, first served: wait until running requests free pages
-            self._waiting.popleft()
-            self._active[head.request.request_id] = head
-            if head.pending is None and head.prefilled == len(head.prompt_ids):
-                # the whole prompt was cached, or a preempted lane's replay begins
-                logits = head.state.resumed_logits
-                out = None if logits is None else ForwardOutput([logits[None]], [None])
-                self._prompts_done([head], out, events)
-        prefilling = [a for a in self._active.values() if a.prefilled < len(a.prompt_ids)]
-        if prefilling:
-            self._prefill(prefilling, events)
+        for head in self.scheduler.admit():
+            # the whole prompt was cached, or a preempted lane's replay begins
+            logits = head.state.resumed_logits
+            out = None if logits is None else ForwardOutput([logits[None]], [None])
+            self._prompts_done([head], out, events)
+        reads = self.scheduler.prefill_reads()
+        if reads:
+            self._prefill(reads, events)
         if flush is not None and events:
             flush(events)
             events = []
-        self._make_room([a for a in self._active.values() if a.pending is not None])
-        decoding = [a for a in self._active.values() if a.pending is not None]
+        decoding = self.scheduler.generating()
         if self.spec is None:
             if decoding:
                 self._decode(decoding, events)
@@ -522,205 +385,9 @@ class Engine:
         shared = common_prefix(np.asarray(ids, dtype=np.int64), later)
         return shared if 0 < shared < len(ids) else None
 
-    def _awaits_shared_checkpoint(self, a: _Active) -> bool:
-        """Whether ``a`` (not yet admitted, reading its prompt for the first time) should
-        wait because a running lane with the same salt is prefilling the prompt ``a``
-        starts with and will keep a checkpoint there: one that lets ``a`` resume at least
-        one prefill chunk later than it could now. It never waits long: the lane prefills
-        one chunk per step, and once it is past the position (the checkpoint written, or
-        not for want of pages) or gone (finished, cancelled, preempted) ``a`` goes on."""
-        if self.cache is None or a.generated or a.saved is not None or a.prompt_scores is not None:
-            return False
-        salt = a.request.cache_salt
-        writers = [
-            (
-                w.prompt_ids,
-                pending_checkpoints(
-                    w.plan,
-                    prefilled=w.prefilled,
-                    prompt_tokens=len(w.prompt_ids),
-                    interval=self.checkpoint_interval,
-                ),
-            )
-            for w in self._active.values()
-            if w.request.cache_salt == salt and not w.generated and w.prefilled < len(w.prompt_ids)
-        ]
-        deepest = awaited_position(a.prompt_ids, writers)
-        if not deepest:
-            return False
-        return deepest - self.cache.resumable(a.prompt_ids, salt) >= self.prefill_chunk
-
-    def _plan_checkpoints(self, a: _Active) -> dict[int, str]:
-        """Where ``a``'s prefill keeps checkpoints besides every ``checkpoint_interval``
-        tokens and its end (``checkpoint_plan``): where a chat prompt stops being what the
-        next turn resends, and the best of the request's own boundaries."""
-        assert self.cache is not None
-        prompt, salt = a.prompt_ids, a.request.cache_salt
-        plan = {}
-        if a.history_end is not None:
-            plan[a.history_end] = "boundary"
-        if not a.request.cache_boundaries:  # nothing to choose: no sharers to count
-            return plan
-        others = [
-            common_prefix(w.prompt_ids, prompt)
-            for w in (*self._active.values(), *self._waiting)
-            if w is not a and w.request.cache_salt == salt
-        ]
-        chosen = choose_checkpoints(
-            a.request.cache_boundaries,
-            prompt_tokens=len(prompt),
-            resumed=a.resumed,
-            kept_anyway=lambda p: p in plan or p % self.checkpoint_interval == 0,
-            exists=lambda p: self.cache.contains(prompt[:p], salt),  # type: ignore[union-attr]
-            shared_lengths=[*others, *self.cache.shared_lengths(prompt, salt)],
-        )
-        return {**plan, **chosen}
-
-    def _admit(self, a: _Active) -> bool:
-        """Open a lane's memory for ``a``, continuing from the deepest cached checkpoint of
-        what it has consumed; False: not now. Pages for what it has consumed and its next
-        token (they grow as it generates)."""
-        if a.saved is not None:
-            return self._restore(a)
-        consumed = self._consumed(a)
-        need = len(consumed) + 1
-        prefix = None
-        # a prompt still to be scored is read from its first token: resuming from a
-        # checkpoint would skip the positions it scores
-        if self.cache is not None and a.prompt_scores is None:
-            prefix = self.cache.lookup(consumed, whole=bool(a.generated), salt=a.request.cache_salt)
-        shared = prefix.length // self.pool.page_tokens if prefix else 0
-        # a preempted request comes back when it can also take its next page, so it is not
-        # preempted again at once for the page it gave up
-        headroom = bool(a.generated) and self.pool.pages_for(need) < self.pool.pages
-        fresh = self.pool.pages_for(need) - shared + int(headroom)
-        if self.pool.free_pages < fresh and self.cache is not None:
-            self.cache.make_room(pages=fresh, keep=prefix)
-            if self.pool.free_pages < fresh and prefix is not None:
-                # the checkpoint's own pages are in the way: let it go too, start afresh
-                fresh, prefix = self.pool.pages_for(need), None
-                self.cache.make_room(pages=fresh)
-        if self.pool.free_pages < fresh:
-            return False
-        a.state = self.pool.open(need, prefix)
-        first = not a.generated
-        if self.cache is not None and first:
-            self.cache.count(len(a.prompt_ids), prefix)
-        a.resumed = prefix.length if prefix is not None else 0
-        a.prefilled = min(a.resumed, len(a.prompt_ids))
-        if self.cache is not None and first:
-            a.plan = self._plan_checkpoints(a)
-        if not first:  # preempted: feed again what it generated after the resumed point
-            a.replay = a.generated[max(a.resumed - len(a.prompt_ids), 0) :]
-            self.replayed_tokens += len(a.replay) - 1
-        if prefix is not None:
-            if first:
-                a.cached = prefix.length
-            if self.spec is not None and prefix.length < len(a.prompt_ids):
-                # the drafter's entry of the last kept token, now that the next is known
-                nxt = a.prompt_ids[prefix.length : prefix.length + 1]
-                self.runner.mtp_prefill(prefix.hidden[None], nxt, a.state)
-        return True
-
-    def _restore(self, a: _Active) -> bool:
-        """A lane preempted to host memory back in the pool as it was, with room for the
-        rest of its prompt or its next token (and its next page, so it is not preempted
-        again at once)."""
-        need = len(self._consumed(a)) + 1 + self._margin
-        pages = self.pool.pages_for(need)
-        fresh = pages + int(pages < min(self.pool.pages, self.pool.max_pages))
-        if self.pool.free_pages < fresh and self.cache is not None:
-            self.cache.make_room(pages=fresh)
-        if self.pool.free_pages < fresh:
-            return False
-        a.state = self.pool.restore(a.saved, need)  # type: ignore[arg-type]
-        self._drop_saved(a)
-        return True
-
-    def _drop_saved(self, a: _Active) -> None:
-        if a.saved is not None:
-            self.host_bytes -= a.saved.nbytes
-            a.saved = None
-
-    @staticmethod
-    def _consumed(a: _Active) -> np.ndarray:
-        """The tokens a lane's memory holds once it is all back: the prompt, and every
-        generated token but the pending one."""
-        if not a.generated:
-            return a.prompt_ids
-        return np.concatenate([a.prompt_ids, np.asarray(a.generated[:-1], dtype=np.int64)])
-
-    def _make_room(self, lanes: list[_Active]) -> None:
-        """Pages for every generating lane's next token (and a round's margin): evict
-        cached checkpoints, then preempt the most recently admitted lanes."""
-        for a in lanes:
-            while self._active.get(a.request.request_id) is a and a.state.free < 1 + self._margin:
-                if self.pool.grow(a.state):
-                    continue
-                if self.cache is not None and self.cache.make_room(pages=1):
-                    continue
-                self._preempt(list(self._active.values())[-1])
-
-    def _preempt(self, a: _Active) -> None:
-        """Free a lane's memory now and queue it first. Its memory goes to host memory when
-        that has room (and comes back as it was), else it is let go: when admitted again
-        the lane resumes (from a checkpoint, else from its prompt) and replays what it
-        generated. Either way its stream goes on where it was, with the same tokens."""
-        self._active.pop(a.request.request_id)
-        size = self.pool.host_bytes(a.state)
-        if a.state.length and self.host_bytes + size <= self.host_capacity:
-            a.saved = self.pool.save(a.state)
-            self.host_bytes += a.saved.nbytes
-        else:
-            a.prefilled, a.replay = 0, []
-            a.pending = None
-        self.pool.close(a.state)
-        a.state = None  # type: ignore[assignment]
-        self._waiting.appendleft(a)
-        self.preemptions += 1
-
-    def _checkpoint(
-        self,
-        a: _Active,
-        tokens: np.ndarray,
-        kind: str,
-        hidden: Any = None,
-        logits: Any = None,
-    ) -> None:
-        """Keep ``a``'s memory at its length in the prefix cache, under its salt
-        (``tokens``: what it has consumed; ``kind``: why; ``logits``: the last token's,
-        when a request may resume with nothing left to prefill)."""
-        if self.cache is None or a.state.length <= a.resumed:
-            return
-        if self.spec is not None and hidden is None:  # the drafter could not resume from it
-            return
-        salt = a.request.cache_salt
-        if self.cache.refresh(tokens[: a.state.length], salt):
-            return
-        if self.pool.free_pages < self.pool.snapshot_pages:
-            self.cache.make_room(pages=self.pool.snapshot_pages)
-        kept = self.pool.keep(a.state, hidden, logits, kind)
-        if kept is not None:
-            self.cache.insert(tokens[: a.state.length], kept, salt)
-
-    def _prefill(self, lanes: list[_Active], events: list[Event]) -> None:
-        """One prefill chunk of at most ``prefill_chunk`` tokens, shared by the lanes still
-        reading their prompts, oldest first: the oldest reads what it would alone, and the
-        next ones join while their whole next read fits in what is left (requests that
-        resume from a shared prefix each read a short tail: one forward reads them all,
-        each weight streamed once). A read is never cut to fit, so a prompt's chunks end
-        where they would alone and its numbers do not depend on the company it keeps. A
-        lane scoring its prompt reads alone (every row's logits are computed)."""
-        budget, reads = self.prefill_chunk, []
-        for a in lanes:
-            scoring = a.prompt_scores is not None
-            end = self._chunk_end(a)
-            if reads and (scoring or end - a.prefilled > budget):
-                continue
-            reads.append((a, a.prefilled, end))
-            budget -= end - a.prefilled
-            if scoring or budget <= 0:
-                break
+    def _prefill(self, reads: list[Read], events: list[Event]) -> None:
+        """Run this step's prefill chunk (``Scheduler.prefill_reads``): one forward for
+        every lane's read; the lanes whose prompts it ends sample their first tokens."""
         scoring = reads[0][0].prompt_scores is not None
         out = self.runner.forward(
             [a.prompt_ids[start:end] for a, start, end in reads],
@@ -744,44 +411,26 @@ class Engine:
                 events,
             )
 
-    def _chunk_end(self, a: _Active) -> int:
-        """Where lane ``a``'s next prefill read ends: at most ``prefill_chunk`` tokens on,
-        where a checkpoint goes, and a scored prompt's chunks stay bounded."""
-        start, prompt = a.prefilled, a.prompt_ids
-        end = min(start + self.prefill_chunk, len(prompt))
-        if a.prompt_scores is not None:  # every row's logits are computed: keep them bounded
-            end = min(end, start + PROMPT_LOGPROB_CHUNK)
-        if self.cache is not None:
-            end = min(end, (start // self.checkpoint_interval + 1) * self.checkpoint_interval)
-            end = min([end, *(p for p in a.plan if p > start)])
-        return end
-
     def _prefilled(
-        self, a: _Active, start: int, end: int, logits: Any, hidden: Any, events: list[Event]
+        self, a: Lane, start: int, end: int, logits: Any, hidden: Any, events: list[Event]
     ) -> bool:
         """Lane ``a`` has read ``start:end`` of its prompt (``logits``: its rows', or only
         the last row's; ``hidden``: its rows'): scores, the drafter's entries and a
         checkpoint where one goes. True: that was the prompt's end."""
-        prompt = a.prompt_ids
         scoring = a.prompt_scores is not None
         if scoring:
             self._score_prompt(a, start, end, logits)
         if self.spec is not None:  # the drafter reads the prompt too
-            self.runner.mtp_prefill(hidden, prompt[start + 1 : end + 1], a.state)
-        a.prefilled = end
+            self.runner.mtp_prefill(hidden, a.prompt_ids[start + 1 : end + 1], a.state)
         last = hidden[-1] if self.spec is not None else None
-        if end < len(prompt):
-            kind = a.plan.get(end, "interval" if end % self.checkpoint_interval == 0 else None)
-            if kind is not None:
-                self._checkpoint(a, prompt, kind, last)
+        if not self.scheduler.prefilled(a, end, last, logits):
             return False
-        self._checkpoint(a, prompt, "prompt_end", last, logits[-1])
         if scoring:
             events.append(self._prompt_logprobs(a))
         return True
 
     @staticmethod
-    def _score_prompt(a: _Active, start: int, end: int, rows: Any) -> None:
+    def _score_prompt(a: Lane, start: int, end: int, rows: Any) -> None:
         """Scores of the prompt tokens the chunk ``start:end`` predicts: its row i (logits
         [end - start, V]) predicts token ``start + i + 1``; the chunk's last row the next
         chunk's first token, when there is one."""
@@ -792,7 +441,7 @@ class Engine:
             a.prompt_scores[start + 1 : start + 1 + len(targets)] = scores
 
     @staticmethod
-    def _prompt_logprobs(a: _Active) -> PromptLogprobs:
+    def _prompt_logprobs(a: Lane) -> PromptLogprobs:
         """The prompt's scores as one event; the prompt is scored once (read again after a
         preemption, it is not scored again)."""
         scores = a.prompt_scores or []
@@ -805,7 +454,7 @@ class Engine:
         )
 
     def _prompts_done(
-        self, lanes: list[_Active], out: ForwardOutput | None, events: list[Event]
+        self, lanes: list[Lane], out: ForwardOutput | None, events: list[Event]
     ) -> None:
         """The lanes' prompts are in: each one's first token from its last logits (``out``,
         lane by lane), or for a preempted lane the first token to replay."""
@@ -824,7 +473,7 @@ class Engine:
         for lane, token, score in self._sample([lanes[i] for i in fresh], out, events):
             self._emit(lane, token, events, score)
 
-    def _decode(self, lanes: list[_Active], events: list[Event]) -> None:
+    def _decode(self, lanes: list[Lane], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
         out = self.runner.forward(tokens, [a.state for a in lanes], last_only=True)
         if self.spec is not None:  # replaying: the drafter's entries follow the tokens
@@ -843,7 +492,7 @@ class Engine:
         for a, token, score in self._sample([lanes[i] for i in generating], out, events):
             self._emit(a, token, events, score)
 
-    def _speculate(self, lanes: list[_Active], events: list[Event]) -> None:
+    def _speculate(self, lanes: list[Lane], events: list[Event]) -> None:
         """One speculative round for every generating lane. A lane whose next tokens the
         engine constrains (a logits processor, a thinking budget closing within the round)
         keeps only the main model's first token, sampled as in a plain step."""
@@ -889,13 +538,13 @@ class Engine:
                     break
             kept[a.request.request_id] = drafts
         # lanes still generating commit what they kept (the others have been released)
-        survivors = [a for a in lanes if self._active.get(a.request.request_id) is a]
+        survivors = [a for a in lanes if self.scheduler.active.get(a.request.request_id) is a]
         if survivors:
             self.runner.commit(
                 [a.state for a in survivors], [kept[a.request.request_id] for a in survivors]
             )
 
-    def _may_speculate(self, a: _Active, k: int) -> bool:
+    def _may_speculate(self, a: Lane, k: int) -> bool:
         if a.request.logits_processor is not None or self._held_stops(a):
             return False  # a draft could be a stop token min_tokens forbids yet
         if a.answer_start is not None or a.thinking_budget is None:
@@ -905,7 +554,7 @@ class Engine:
 
     @staticmethod
     def _accept(
-        a: _Active, drafts: Any, targets: Any, rows: Any
+        a: Lane, drafts: Any, targets: Any, rows: Any
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """The tokens lane ``a`` keeps from its round (they count for its penalties), and
         with ``logprobs`` their scores: the main model's rows at their positions, penalised
@@ -931,8 +580,8 @@ class Engine:
         return tokens, scores
 
     def _sample(
-        self, lanes: list[_Active], out: ForwardOutput, events: list[Event]
-    ) -> list[tuple[_Active, int, TokenLogprobs | None]]:
+        self, lanes: list[Lane], out: ForwardOutput, events: list[Event]
+    ) -> list[tuple[Lane, int, TokenLogprobs | None]]:
         """Each lane's next token, and its score for a lane asking for logprobs; a lane
         whose own sampling fails is ended with ``Failed`` (in ``events``) and left out, so
         one request's error never stops the others."""
@@ -986,7 +635,7 @@ class Engine:
                 self._fail(a, exc, events)
         return picked
 
-    def _held_stops(self, a: _Active) -> list[int]:
+    def _held_stops(self, a: Lane) -> list[int]:
         """The stop token ids (EOS unless ignored, ``stop_token_ids``) lane ``a`` may not
         draw yet: all of them while it has fewer than ``min_tokens`` tokens, else none."""
         params = a.request.sampling
@@ -996,7 +645,7 @@ class Engine:
         eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
         return sorted({t for t in (*eos, *params.stop_token_ids) if t < vocab})
 
-    def _hold_stops(self, lanes: list[_Active], rows: Any) -> Any:
+    def _hold_stops(self, lanes: list[Lane], rows: Any) -> Any:
         """``rows`` (lane i's logits, on the device) with the stop tokens each lane may not
         draw yet at -inf: a copy when any lane has some (the rows themselves are scored for
         logprobs as they are), else ``rows`` as given. The device twin of the host path's
@@ -1011,20 +660,11 @@ class Engine:
             rows[i, xp.asarray(ids)] = -xp.inf
         return rows
 
-    def _fail(self, a: _Active, error: Exception, events: list[Event]) -> None:
-        self._active.pop(a.request.request_id, None)
-        self._release(a)
+    def _fail(self, a: Lane, error: Exception, events: list[Event]) -> None:
+        self.scheduler.retire(a, keep=False)
         events.append(Failed(a.request.request_id, error))
 
-    def _release(self, a: _Active) -> None:
-        """The lane's slot and pages go back to the pool (and a host copy of them, if any,
-        is let go)."""
-        if a.state is not None:
-            self.pool.close(a.state)
-        a.state = None  # type: ignore[assignment]
-        self._drop_saved(a)
-
-    def _forced(self, a: _Active) -> int | None:
+    def _forced(self, a: Lane) -> int | None:
         """The token the thinking budget imposes now: once it is spent, ``</think>``."""
         if a.answer_start is not None or a.thinking_budget is None:
             return None
@@ -1032,7 +672,7 @@ class Engine:
         at = len(a.generated) - max(a.thinking_budget - len(close), 0)
         return close[at] if 0 <= at < len(close) else None
 
-    def _answer_instead_of_stop(self, a: _Active, token: int) -> int:
+    def _answer_instead_of_stop(self, a: Lane, token: int) -> int:
         """A constrained request must answer: a stop token drawn inside its reasoning spends
         the thinking budget there, so ``</think>`` and then the grammar's answer follow."""
         if (
@@ -1046,7 +686,7 @@ class Engine:
         return token
 
     def _emit(
-        self, a: _Active, token: int, events: list[Event], score: TokenLogprobs | None = None
+        self, a: Lane, token: int, events: list[Event], score: TokenLogprobs | None = None
     ) -> None:
         rid = a.request.request_id
         a.pending = None
@@ -1072,7 +712,7 @@ class Engine:
         else:
             a.pending = token
 
-    def _parse(self, a: _Active, text: str, events: list[Event]) -> None:
+    def _parse(self, a: Lane, text: str, events: list[Event]) -> None:
         if not text:
             return
         rid = a.request.request_id
@@ -1083,8 +723,7 @@ class Engine:
             return
         events.extend(OutputEvent(rid, e) for e in a.parser.feed(text))
 
-    def _close(self, a: _Active, reason: str, stop: StopReason | None, events: list[Event]) -> None:
-        self._active.pop(a.request.request_id, None)
+    def _close(self, a: Lane, reason: str, stop: StopReason | None, events: list[Event]) -> None:
         if stop is None or stop.kind != "stop_string":
             tail = a.detokenizer.flush()
             may_stop = len(a.generated) >= a.request.sampling.min_tokens
@@ -1098,7 +737,7 @@ class Engine:
         events.append(self._finish(a, reason, stop, events))
 
     def _finish(
-        self, a: _Active, reason: str, stop: StopReason | None, events: list[Event]
+        self, a: Lane, reason: str, stop: StopReason | None, events: list[Event]
     ) -> Finished:
         rid = a.request.request_id
         if a.parser is not None:
@@ -1107,12 +746,7 @@ class Engine:
             events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
         now = time.perf_counter()
         first = a.first_token or now
-        if reason in ("stop", "length") and a.state is not None:
-            # the next chat turn resends this exchange: keep where the generation ended
-            # (with speculation, before the round it ended in: that round is not committed)
-            consumed = np.concatenate([a.prompt_ids, np.asarray(a.generated, dtype=np.int64)])
-            self._checkpoint(a, consumed, "generation", a.last_hidden)
-        self._release(a)
+        self.scheduler.retire(a, keep=reason in ("stop", "length"))
         reasoning = len(a.generated) if a.answer_start is None else a.answer_start
         return Finished(
             rid,
@@ -1144,51 +778,3 @@ class Engine:
                         return
             if not self.has_work:
                 return
-
-
-_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
-_UNITS.update({f"{u}B": v for u, v in list(_UNITS.items()) if u not in ("", "B")})
-_UNITS.update({f"{u}IB": 1024 ** "KMGT".index(u) * 1024 for u in "KMGT"})
-
-
-def parse_capacity(text: str | int | None) -> int | str | None:
-    """``auto``, a byte count, or a size with a unit (``24GiB``, ``16G``, ``512 MiB``)."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return "auto"
-    size = _parse_size(text, "context capacity", "'auto' or a size such as 24GiB, 16G, 512MiB")
-    if size is not None and size <= 0:
-        raise EngineError(f"context capacity {text!r} must be positive")
-    return size
-
-
-def parse_size(text: str | int | None, what: str = "memory headroom") -> int | None:
-    """A byte count, or a size with a unit (``4GiB``), zero or more; ``None`` stays ``None``."""
-    return _parse_size(text, what, "a size such as 4GiB, 512MiB or a byte count")
-
-
-def _parse_size(text: str | int | None, what: str, expected: str) -> int | None:
-    if text is None or isinstance(text, int):
-        if text is not None and text < 0:
-            raise EngineError(f"{what} {text!r} must not be negative")
-        return text
-    value = text.strip().upper().replace(" ", "")
-    number = value.rstrip("KMGTIB")
-    unit = value[len(number) :]
-    try:
-        size = float(number) * _UNITS[unit]
-    except (KeyError, ValueError):
-        raise EngineError(f"{what} {text!r}: expected {expected}") from None
-    if size < 0:
-        raise EngineError(f"{what} {text!r} must not be negative")
-    return int(size)
-
-
-def budget_bytes(
-    capacity: int | str | None, backend: Any, headroom: int | None = None
-) -> int | None:
-    """The context pool's byte budget: ``capacity`` as given (``None``: no limit), or for
-    ``"auto"`` what the backend has free after weights and workspace, less ``headroom``
-    (``None``: the backend's default; the result is ``None`` when it has no memory limit)."""
-    if capacity == "auto":
-        return backend.context_budget(headroom)
-    return None if capacity is None else int(capacity)

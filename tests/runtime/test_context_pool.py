@@ -121,7 +121,7 @@ def run_all(engine: Engine, requests: list[GenerationRequest]) -> tuple[dict, in
                 tokens[event.request_id].append(event.token_id)
             assert not isinstance(event, Finished) or event.reason in ("stop", "length")
         most = max(most, engine.lanes_in_use)
-        held = sum(len(a.state.pages) for a in engine._active.values())
+        held = sum(len(a.state.pages) for a in engine.scheduler.active.values())
         assert engine.context_usage == held / engine.pool.pages
     assert engine.context_usage == 0.0  # every page back in the pool
     return tokens, most

@@ -230,7 +230,7 @@ def test_eviction_never_frees_a_page_still_held(artifact_path) -> None:
 def _check_pool(engine: Engine) -> None:
     pool = engine.pool
     held = np.zeros(pool.pages, dtype=np.int64)
-    for a in engine._active.values():
+    for a in engine.scheduler.active.values():
         held[a.state.pages] += 1
     for checkpoint in engine.cache.checkpoints():
         held[list(checkpoint.pages) + list(checkpoint.snapshot)] += 1
@@ -240,7 +240,7 @@ def _check_pool(engine: Engine) -> None:
     assert free == set(np.flatnonzero(held == 0).tolist())
     # the pool's bytes by use (counted over the held pages) as the holder counts say
     running = np.zeros(pool.pages, dtype=bool)
-    for a in engine._active.values():
+    for a in engine.scheduler.active.values():
         running[a.state.pages] = True
     cached = int(((held > 0) & ~running).sum()) - pool.snapshot_pages_used
     by_use = engine.pool_bytes()
@@ -405,13 +405,13 @@ def test_a_lane_preempted_while_reading_its_prompt_resumes_it(artifact_path, hos
     small = Engine(art, context_capacity=budget, host_context_capacity=host, **kw)
     assert small.pool.pages == 3
     preempted_in_prompt = []
-    preempt = small._preempt
+    preempt = small.scheduler._preempt
 
     def spy(a) -> None:
         preempted_in_prompt.append(a.prefilled < len(a.prompt_ids))
         preempt(a)
 
-    small._preempt = spy
+    small.scheduler._preempt = spy
     assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
     assert any(preempted_in_prompt)
     assert small.host_bytes == 0

@@ -109,7 +109,7 @@ class OracleDrafter:
             return np.asarray(self.columns.pop(0), dtype=np.int64)
 
         def planned(states, pending, k, **kw):
-            by_state = {id(a.state): a for a in engine._active.values()}
+            by_state = {id(a.state): a for a in engine.scheduler.active.values()}
             rows = []
             for state in states:
                 a = by_state[id(state)]

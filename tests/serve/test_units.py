@@ -248,5 +248,5 @@ def test_engine_failure_fails_requests_and_health(engine):
     assert isinstance(error, EngineUnavailable) and "device lost" in str(error)
     assert failed is not None and "device lost" in failed
     assert not bad  # not ready any more (/health 503), and the lane was released
-    for rid in list(engine._active):  # leave the shared engine clean for other tests
+    for rid in list(engine.scheduler.active):  # leave the shared engine clean for other tests
         engine.cancel(rid)
