@@ -120,7 +120,7 @@ def _gdn_parts(be: Any, mixer: Any, tokens: int) -> None:
     state = cp.zeros((c.value_heads, c.key_dim, c.value_dim), cp.float32)
 
     def run() -> Any:
-        return be.gdn_prefill(mixed, mixer.convolution, conv, g, beta, state, **mixer._dims)
+        return mixer._op("prefill")(mixed, mixer.convolution, conv, g, beta, state, **mixer._dims)
 
     print(f"  gdn_prefill whole: {_ms(run):.3f} ms")
     for name, ms in _kernel_times(gdn_prefill, run).items():

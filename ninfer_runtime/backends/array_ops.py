@@ -434,12 +434,8 @@ class ReferenceOps:
     gated_rms_norm = staticmethod(gated_rms_norm)
     rope = staticmethod(rope)
     attention_pages = staticmethod(attention_pages)
-    gdn_prefill = staticmethod(gdn_prefill)
     kv_write = staticmethod(kv_write)
     attention_decode = staticmethod(attention_decode)
-    gdn_decode = staticmethod(gdn_decode)
-    gdn_verify = staticmethod(gdn_verify)
-    gdn_commit = staticmethod(gdn_commit)
 
     def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
         return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)

@@ -1,10 +1,11 @@
 """The contract between model code and the machine that runs it.
 
 Model files (``models/<arch>/``) describe the math once; a backend supplies the few heavy
-operations the math needs (projections, attention over a cache, the Gated DeltaNet scan, the
-mixture of experts) on its own arrays. The CPU backend is the float32 numpy reference; a CUDA
-backend implements the same protocol with packed quantized weights and kernels, so the model
-code never changes.
+operations the math needs (projections, attention over a cache, the mixture of experts) on its
+own arrays. Op families with memory of their own (the Gated DeltaNet delta rule) live in the op
+catalogue, ``ninfer_runtime/ops/<family>/``, and are resolved per device there. The CPU
+backend is the float32 numpy reference; a CUDA backend implements the same protocol with packed
+quantized weights and kernels, so the model code never changes.
 
 Conventions shared by every backend:
 
@@ -13,9 +14,10 @@ Conventions shared by every backend:
 * A ``Weight`` is an opaque handle made by ``prepare``: the model only passes it back to ops.
   Small tensors that elementwise glue needs (norm vectors, the conv kernel, ``a_log``) are
   turned into plain arrays once with ``backend.array``.
-* Ops that carry recurrent state (``gdn_prefill``, ``gdn_decode``, ``gdn_commit``) update the
-  state arrays **in place**: states live in preallocated buffers (``SequenceState``) so a GPU
-  backend can keep them resident and a scheduler can address them by slot.
+* Ops that carry state (K/V writes here; the delta rule's prefill, decode and commit in its
+  family) update the state arrays **in place**: states live in preallocated buffers
+  (``SequenceState``) so a GPU backend can keep them resident and a scheduler can address
+  them by slot.
 * Attention takes keys/values where the context pool keeps them (``state.py``: pages of P
   tokens in the pool's storage dtype), a prefill chunk through its lane's page ids
   (``attention_pages``), a decode step through the page table (``attention_decode``); how
@@ -29,12 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from ..ops.delta_rule.memory import GdnDrafts
 
 #: An array of the backend's array module (``numpy.ndarray`` on CPU).
 Array = Any
@@ -150,29 +149,6 @@ class Backend(Protocol):
         """
         ...
 
-    def gdn_prefill(
-        self,
-        mixed: Array,
-        kernel: Array,
-        conv_state: Array,
-        g: Array,
-        beta: Array,
-        state: Array,
-        *,
-        key_heads: int,
-        key_dim: int,
-        value_heads: int,
-        value_dim: int,
-    ) -> Array:
-        """Gated DeltaNet over T tokens of one lane from the projected [q | k | v] channels
-        mixed [T, C]: the depthwise causal convolution (kernel [K, C], tap K-1 hits the
-        current token; conv_state [C, K-1] = the last K-1 inputs before mixed, zeros for a new
-        sequence), SiLU, q/k l2-normalisation (q scaled by dk^-1/2), then the gated delta rule
-        (log-decay g [T, Hv] <= 0, write strength beta [T, Hv]; value head h reads key head
-        ``h // (Hv / Hk)``) from state [Hv, dk, dv] float32. Both states are updated in
-        place. Returns [T, Hv, dv]."""
-        ...
-
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         """The mixture-of-experts block on rows x [N, H] -> [N, H]."""
         ...
@@ -206,68 +182,6 @@ class Backend(Protocol):
         scale: float,
     ) -> Array:
         """Row i of q [N, Nq, D] attends over tokens 0..positions[i] of slot slots[i]."""
-        ...
-
-    def gdn_decode(
-        self,
-        mixed: Array,
-        kernel: Array,
-        conv_states: Array,
-        g: Array,
-        beta: Array,
-        states: Array,
-        slots: Array,
-        *,
-        key_heads: int,
-        key_dim: int,
-        value_heads: int,
-        value_dim: int,
-    ) -> Array:
-        """A Gated DeltaNet token per row from the projected [q | k | v] channels: the
-        convolution step (states [S, C, K-1]), SiLU, q/k normalisation and the delta rule
-        (states [S, Hv, dk, dv]), both indexed by slot. -> [N, Hv, dv]."""
-        ...
-
-    def gdn_verify(
-        self,
-        mixed: Array,
-        kernel: Array,
-        conv_states: Array,
-        g: Array,
-        beta: Array,
-        states: Array,
-        slots: Array,
-        records: GdnDrafts,
-        *,
-        tokens: int,
-        key_heads: int,
-        key_dim: int,
-        value_heads: int,
-        value_dim: int,
-    ) -> Array:
-        """Speculative verification: ``tokens`` consecutive tokens per lane (rows lane-major,
-        ``slots`` [lanes]) through the ``gdn_decode`` math one token after another, from the
-        lanes' states, which are left **unchanged**; the rows' mixed, g and beta are stored
-        in ``records`` for ``gdn_commit``. -> [N, Hv, dv]."""
-        ...
-
-    def gdn_commit(
-        self,
-        kernel: Array,
-        conv_states: Array,
-        states: Array,
-        slots: Array,
-        records: GdnDrafts,
-        counts: Array,
-        *,
-        key_heads: int,
-        key_dim: int,
-        value_heads: int,
-        value_dim: int,
-    ) -> None:
-        """Fold the first ``counts[i]`` (int32 [lanes], 1..tokens) tokens ``gdn_verify``
-        recorded for lane i into its conv and recurrent states: they end as decoding those
-        tokens one at a time would leave them (bit for bit on the CPU)."""
         ...
 
     def device_sampler(self) -> Any:

@@ -10,7 +10,9 @@ measured time.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from ..models.batch import Batch, DecodeIndex
 from ..models.qwen3_5.mlp import SparseMoe
+from ..ops import registry
 from ..runner import ModelRunner
 from ..state import store_kv
 
@@ -692,23 +695,37 @@ def profile_round(
     return _ablate(runner.backend, ROUND_OPS, round_ms, "round")
 
 
+#: profiled ops served by an op family rather than a backend method: (family, op)
+FAMILY_OPS = {
+    "gdn_prefill": ("delta_rule", "prefill"),
+    "gdn_decode": ("delta_rule", "decode"),
+    "gdn_verify": ("delta_rule", "verify"),
+    "gdn_commit": ("delta_rule", "commit"),
+}
+
+
 def _ablate(be: Any, ops: dict[str, Any], measure: Any, whole: str) -> dict[str, float]:
     xp = be.xp
 
     def hollow(shape_of: Any) -> Any:
         return lambda *a, **k: xp.zeros(shape_of(*a, **k), dtype=xp.float32)
 
+    @contextlib.contextmanager
+    def without(names: list[str]) -> Iterator[None]:
+        """The named ops replaced by empty outputs of their shapes within the block."""
+        with contextlib.ExitStack() as stack:
+            for name in names:
+                if name in FAMILY_OPS:
+                    stack.enter_context(registry.patched(*FAMILY_OPS[name], hollow(ops[name])))
+                else:
+                    setattr(be, name, hollow(ops[name]))
+                    stack.callback(delattr, be, name)
+            yield
+
     out = {whole: measure()}
-    try:
-        for name, shape_of in ops.items():
-            setattr(be, name, hollow(shape_of))
+    for name in ops:
+        with without([name]):
             out[name] = out[whole] - measure()
-            delattr(be, name)
-        for name, shape_of in ops.items():
-            setattr(be, name, hollow(shape_of))
+    with without(list(ops)):
         out["rest"] = measure()
-    finally:
-        for name in ops:
-            if name in vars(be):
-                delattr(be, name)
     return out

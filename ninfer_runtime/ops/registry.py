@@ -5,7 +5,9 @@ providers, skipping those whose library is not installed or that decline the key
 A provider is named by module and function and imported only when first resolved, so a
 family can list a GPU library provider without the CPU path importing it. Each resolution is
 logged once per (family, op, key) at INFO, which ``ninfer --log-level info`` prints.
-``override`` forces one provider (benchmarks and tests compare providers with it).
+``override`` forces one provider (benchmarks and tests compare providers with it);
+``patched`` puts any callable in an op's place (the profile's ablation: an op replaced by an
+empty output of the right shape).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Provider", "family", "override", "providers", "register", "resolve"]
+__all__ = ["Provider", "family", "override", "patched", "providers", "register", "resolve"]
 
 log = logging.getLogger("ninfer.ops")
 
@@ -60,6 +62,7 @@ class _Family:
 _FAMILIES: dict[str, _Family] = {}
 _RESOLVED: dict[tuple[str, str, tuple[tuple[str, Any], ...]], Callable[..., Any]] = {}
 _FORCED: dict[tuple[str, str], str] = {}
+_PATCHED: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
 def family(name: str, policy: Callable[..., Sequence[str]]) -> None:
@@ -89,6 +92,8 @@ def _load(family_name: str) -> _Family:
 
 def resolve(family_name: str, op: str, **key: Any) -> Callable[..., Any]:
     """The callable serving ``op`` of ``family_name`` for ``key`` (keyword values hashable)."""
+    if _PATCHED and (family_name, op) in _PATCHED:
+        return _PATCHED[(family_name, op)]
     memo = (family_name, op, tuple(sorted(key.items())))
     if memo in _RESOLVED:
         return _RESOLVED[memo]
@@ -126,3 +131,13 @@ def override(family_name: str, op: str, name: str) -> Iterator[None]:
         else:
             _FORCED[(family_name, op)] = previous
         _RESOLVED.clear()
+
+
+@contextlib.contextmanager
+def patched(family_name: str, op: str, fn: Callable[..., Any]) -> Iterator[None]:
+    """Within the block ``op`` of ``family_name`` resolves to ``fn``, whatever the key."""
+    _PATCHED[(family_name, op)] = fn
+    try:
+        yield
+    finally:
+        _PATCHED.pop((family_name, op), None)

@@ -15,6 +15,7 @@ import pytest
 from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.cuda import gdn_prefill
 from ninfer_runtime.models.functional import l2_normalize
+from ninfer_runtime.ops import delta_rule
 
 from .conftest import requires_gpu
 
@@ -147,9 +148,10 @@ def test_conv_heads_float4_and_one_a_thread_agree_to_the_bit() -> None:
 
 
 def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:
-    """``CudaBackend.gdn_prefill`` (kernels) against ``array_ops.gdn_prefill`` run on CuPy,
-    states included; a value head size our kernels do not take goes to the next provider of
-    the delta_rule policy, checked within that provider's stated tolerance."""
+    """The delta_rule family's ``prefill`` on CUDA (kernels) against
+    ``array_ops.gdn_prefill`` run on CuPy, states included; a value head size our kernels do
+    not take goes to the next provider of the delta_rule policy, checked within that
+    provider's stated tolerance."""
     import cupy as cp
 
     from ninfer_runtime.ops import registry
@@ -166,7 +168,9 @@ def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:
         state = cp.asarray(rng.standard_normal((hv, dk, dv)) * 0.5, cp.float32)
         dims = {"key_heads": hk, "key_dim": dk, "value_heads": hv, "value_dim": dv}
         ref_conv, ref_state = conv.copy(), state.copy()
-        got = cuda_backend.gdn_prefill(mixed, kernel, conv, g, beta, state, **dims)
+        got = delta_rule.resolved("prefill", "cuda", kernel, **dims)(
+            mixed, kernel, conv, g, beta, state, **dims
+        )
         want = A.gdn_prefill(mixed, kernel, ref_conv, g, beta, ref_state, **dims)
         chosen = registry.resolve("delta_rule", "chunk", device="cuda", key_dim=dk, value_dim=dv)
         name = next(

@@ -1,10 +1,10 @@
 """Speculative decoding on the CUDA backend.
 
-* The verification kernels (``gdn.gdn_verify`` / ``gdn.gdn_commit`` behind
-  ``CudaBackend.gdn_verify`` / ``gdn_commit``) against the reference ops on random data of the
+* The verification kernels (``gdn.gdn_verify`` / ``gdn.gdn_commit`` behind the delta_rule
+  family's ``verify`` / ``commit``) against the reference ops on random data of the
   27B and the bundled model's GDN shapes: outputs and states within float32 rounding of a
   float64 reference, and bit-identical to the same tokens decoded one at a time with
-  ``CudaBackend.gdn_decode`` (a verified token runs the decode step's own device code). Both
+  the family's ``decode`` (a verified token runs the decode step's own device code). Both
   are replayed in CUDA graphs with new slots and counts (the counts are read on the device);
   so is the reference commit a head size without kernels falls back to.
 * The runner: the logits a ``speculate`` pass verifies equal plain decode steps of the same
@@ -29,6 +29,7 @@ import pytest
 from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.base import to_numpy
 from ninfer_runtime.engine import SHORT_CHUNK_TOKENS
+from ninfer_runtime.ops import delta_rule
 from ninfer_runtime.ops.delta_rule.memory import GdnDrafts, GdnSpec
 from tests.speculation import short_chunks_against_prefill, speculate_against_decoding
 
@@ -154,12 +155,12 @@ def test_verify_and_commit_kernels(shape: str, lanes: int, tokens: int, cuda_bac
     import cupy as cp
 
     p = Pools(shape, lanes, tokens, seed=lanes * 10 + tokens)
-    be, dims = cuda_backend, p.dims
+    dims = p.dims  # cuda_backend: the device is set up
     mixed, g, beta, slots = p.device_inputs()
     conv, states = p.d_conv, p.d_states
     stale = [host(a) for a in (p.records.mixed, p.records.g, p.records.beta)]
 
-    o = be.gdn_verify(
+    o = delta_rule.resolved("verify", "cuda", p.d_kernel, **dims)(
         mixed, p.d_kernel, conv, g, beta, states, slots, p.records, tokens=tokens, **dims
     )
     assert np.array_equal(bits(conv), bits(p.conv)), "verify wrote the conv states"
@@ -175,17 +176,18 @@ def test_verify_and_commit_kernels(shape: str, lanes: int, tokens: int, cuda_bac
     conv_seq, states_seq = conv.copy(), states.copy()
     for j in range(tokens):
         rows = cp.asarray(np.arange(lanes) * tokens + j)
-        step = be.gdn_decode(
+        step = delta_rule.resolved("decode", "cuda", p.d_kernel, **dims)(
             mixed[rows], p.d_kernel, conv_seq, g[rows], beta[rows], states_seq, slots, **dims
         )
         assert np.array_equal(bits(o[rows]), bits(step)), f"verified row {j} != decode step"
 
-    be.gdn_commit(p.d_kernel, conv, states, slots, p.records, cp.asarray(p.counts), **dims)
+    commit = delta_rule.resolved("commit", "cuda", p.d_kernel, **dims)
+    commit(p.d_kernel, conv, states, slots, p.records, cp.asarray(p.counts), **dims)
     conv_seq, states_seq = cp.asarray(p.conv), cp.asarray(p.states)
     for j in range(tokens):
         live = np.flatnonzero(p.counts > j)
         rows = cp.asarray(live * tokens + j)
-        be.gdn_decode(
+        delta_rule.resolved("decode", "cuda", p.d_kernel, **dims)(
             mixed[rows], p.d_kernel, conv_seq, g[rows], beta[rows], states_seq,
             cp.asarray(p.slots[live]), **dims,
         )  # fmt: skip
@@ -223,14 +225,15 @@ def test_verify_and_commit_replay_in_cuda_graphs(shape: str) -> None:
     def verify(slots: Any) -> tuple[Any]:
         mixed, g, beta = bufs
         return (
-            be.gdn_verify(
+            delta_rule.resolved("verify", "cuda", p.d_kernel, **dims)(
                 mixed, p.d_kernel, p.d_conv, g, beta, p.d_states, slots, p.records,
                 tokens=tokens, **dims,
             ),
         )  # fmt: skip
 
     def commit(slots: Any, counts: Any) -> None:
-        be.gdn_commit(p.d_kernel, p.d_conv, p.d_states, slots, p.records, counts, **dims)
+        commit = delta_rule.resolved("commit", "cuda", p.d_kernel, **dims)
+        commit(p.d_kernel, p.d_conv, p.d_states, slots, p.records, counts, **dims)
 
     verify_step = be.compile_step(verify, [(p.lanes,)])
     commit_step = be.compile_step(commit, [(p.lanes,), (p.lanes,)])

@@ -10,13 +10,14 @@ time, to bfloat16 in scratch buffers that a side stream fills while the previous
 product runs (``slabs.py``; bf16 weights are read in place) and multiplies with
 ``cublasGemmEx`` on tensor cores, accumulating in float32 (``prefill.py``).
 ``prefill_precision="tf32"`` or ``"float32"`` keeps float32 scratch slabs and ``cp.matmul``
-with TF32 or full float32 math. The decode-step ops (paged attention, the GDN step, MoE routing
-and experts, RMSNorm, RoPE) have kernels of their own, so a decode step never waits on the host
+with TF32 or full float32 math. The decode-step ops (paged attention, MoE routing and experts,
+RMSNorm, RoPE; the GDN step is the delta_rule family's, ``ops/delta_rule``) have kernels of
+their own, so a decode step never waits on the host
 and is captured once per lane count as a CUDA graph (``graphs.py``). Prefill attention is a
 flash-style kernel (``prefill_attention.py``) that reads each lane's K/V tiles through its page
 ids straight from the paged pool (float32, bf16 or E4M3 storage, decoded as tiles land in
-shared memory); a lane's GDN prefill is a convolution launch and the chunked delta rule in
-three launches (``gdn_prefill.py``).
+shared memory). The delta rule's kernels (``gdn.py``, ``gdn_prefill.py``) are served through
+the op catalogue (``ops/delta_rule/nvrtc.py``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ import cupy as cp
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
-from ...ops.registry import resolve
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import attention, gdn, gdn_prefill, glue, kernels, prefill, sampling
+from . import attention, glue, kernels, prefill, sampling
 from . import moe as moe_kernels
 from .constants import device_constant
 from .graphs import GraphStep
@@ -280,26 +280,6 @@ class CudaBackend(ops.ReferenceOps):
             precision=precision,
         )
 
-    def gdn_prefill(
-        self,
-        mixed: Array,
-        kernel: Array,
-        conv_state: Array,
-        g: Array,
-        beta: Array,
-        state: Array,
-        **dims: int,
-    ) -> Array:
-        hk, dk, hv, dv = (dims[n] for n in ("key_heads", "key_dim", "value_heads", "value_dim"))
-        if kernel.shape[0] not in gdn_prefill.CONV_TAPS:
-            return super().gdn_prefill(mixed, kernel, conv_state, g, beta, state, **dims)
-        q, k, v = gdn_prefill.conv_heads(
-            mixed, kernel, conv_state, key_heads=hk, key_dim=dk, value_width=hv * dv
-        )
-        v = v.reshape(-1, hv, dv)
-        chunk = resolve("delta_rule", "chunk", device="cuda", key_dim=dk, value_dim=dv)
-        return chunk(q, k, v, g, beta, state)
-
     # ------------------------------------------------------------------ batched decode
     def kv_write(
         self,
@@ -335,64 +315,6 @@ class CudaBackend(ops.ReferenceOps):
         return attention.attention_decode(
             cp.ascontiguousarray(q), k_pages, v_pages, page_table, slots, positions, scale
         )
-
-    def gdn_decode(
-        self,
-        mixed: Array,
-        kernel: Array,
-        conv_states: Array,
-        g: Array,
-        beta: Array,
-        states: Array,
-        slots: Array,
-        **dims: int,
-    ) -> Array:
-        if not gdn.supported(kernel, dims["key_dim"]):
-            return super().gdn_decode(mixed, kernel, conv_states, g, beta, states, slots, **dims)
-        conv = gdn.conv_step(cp.ascontiguousarray(mixed), kernel, conv_states, slots)
-        return gdn.gdn_step(
-            conv, cp.ascontiguousarray(g), cp.ascontiguousarray(beta), states, slots, **dims
-        )
-
-    def gdn_verify(
-        self,
-        mixed: Array,
-        kernel: Array,
-        conv_states: Array,
-        g: Array,
-        beta: Array,
-        states: Array,
-        slots: Array,
-        records: Any,
-        *,
-        tokens: int,
-        **dims: int,
-    ) -> Array:
-        args = (mixed, kernel, conv_states, g, beta, states, slots, records)
-        if not gdn.supported(kernel, dims["key_dim"]):
-            return super().gdn_verify(*args, tokens=tokens, **dims)
-        mixed, g, beta = (cp.ascontiguousarray(a) for a in (mixed, g, beta))
-        # the lanes' slots are every T-th row's (a strided view): the kernels take them packed
-        slots = cp.ascontiguousarray(slots, dtype=cp.int32)
-        return gdn.gdn_verify(
-            mixed, kernel, conv_states, g, beta, states, slots, records, tokens=tokens, **dims
-        )
-
-    def gdn_commit(
-        self,
-        kernel: Array,
-        conv_states: Array,
-        states: Array,
-        slots: Array,
-        records: Any,
-        counts: Array,
-        **dims: int,
-    ) -> None:
-        if not gdn.supported(kernel, dims["key_dim"]):
-            super().gdn_commit(kernel, conv_states, states, slots, records, counts, **dims)
-            return
-        slots, counts = (cp.ascontiguousarray(cp.asarray(a), cp.int32) for a in (slots, counts))
-        gdn.gdn_commit(kernel, conv_states, states, slots, records, counts, **dims)
 
     # ---------------------------------------------------------------- mixture of experts
     def _expert_table(self, weights: MoeWeights) -> Any:

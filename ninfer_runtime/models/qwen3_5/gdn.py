@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend, Weight
+from ...ops import delta_rule
 from ...ops.delta_rule.memory import GdnSlots
 from ..batch import Batch
 from ..functional import log_decay, sigmoid
@@ -78,7 +79,7 @@ class GatedDeltaNet:
 
         d = batch.decode
         if d is not None and d.tokens > 1:  # verification: states stay, inputs recorded
-            o = be.gdn_verify(
+            o = self._op("verify")(
                 mixed,
                 self.convolution,
                 memory.conv,
@@ -91,7 +92,7 @@ class GatedDeltaNet:
                 **self._dims,
             )
         elif d is not None:  # one token per lane, states addressed by slot
-            o = be.gdn_decode(
+            o = self._op("decode")(
                 mixed,
                 self.convolution,
                 memory.conv,
@@ -103,7 +104,7 @@ class GatedDeltaNet:
             )
         else:
             o = batch.each_lane(
-                lambda lane: be.gdn_prefill(
+                lambda lane: self._op("prefill")(
                     mixed[lane.rows],
                     self.convolution,
                     memory.conv[lane.state.slot],
@@ -120,8 +121,8 @@ class GatedDeltaNet:
 
     def commit(self, memory: GdnSlots, slots: Array, counts: Array) -> None:
         """Fold the first ``counts[i]`` verified tokens of lane i (slot ``slots[i]``) into
-        its states (see ``gdn_verify``)."""
-        self.backend.gdn_commit(
+        its states (see the delta_rule family's ``verify``)."""
+        self._op("commit")(
             self.convolution,
             memory.conv,
             memory.recurrent,
@@ -130,6 +131,10 @@ class GatedDeltaNet:
             counts,
             **self._dims,
         )
+
+    def _op(self, name: str) -> Any:
+        """The delta_rule family's ``name`` op for this layer, as its policy resolves it."""
+        return delta_rule.resolved(name, self.backend.name, self.convolution, **self._dims)
 
     @property
     def _dims(self) -> dict[str, int]:

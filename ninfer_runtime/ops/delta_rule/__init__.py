@@ -19,8 +19,23 @@ pip ``fla-core``, through DLPack views; ``chunk`` only). Which serves an op is
 convolution's ``taps``.
 """
 
-from ..registry import Provider, family, register
+from collections.abc import Callable
+from typing import Any
+
+from ..registry import Provider, family, register, resolve
 from .policy import choose
+
+__all__ = ["resolved"]
+
+
+def resolved(
+    op: str, device: str, kernel: Any, *, key_dim: int, value_dim: int, **_: int
+) -> Callable[..., Any]:
+    """``op`` for a layer on ``device`` with this convolution kernel [K, C] and head sizes
+    (the other keywords, e.g. the layer's whole ``dims``, are ignored)."""
+    taps = int(kernel.shape[0])
+    return resolve("delta_rule", op, device=device, key_dim=key_dim, value_dim=value_dim, taps=taps)
+
 
 family("delta_rule", choose)
 #: (op, provider) -> (module, its accepts function, libraries it needs)
