@@ -10,7 +10,8 @@
 # SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json) and the
 # agent workload with the prefix cache on and off (agent27.json; about 4 minutes, so with
 # SKIP_TESTS=1). OPS=1 times every CUDA provider of the op families beside each other
-# (benchmarks/delta_rule_bench.py, delta_rule.json). GGUF=1 adds the GGUF-block mixes
+# (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
+# attention_providers.txt). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
 # of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
 # in the loop below). SHAPES picks the bench's shapes (default
@@ -33,6 +34,8 @@ fi
 if [ "${OPS:-0}" = 1 ]; then
   timeout 240 python3 benchmarks/delta_rule_bench.py --json "$OUT/delta_rule.json" 2>&1 \
     | tee "$OUT/delta_rule.txt"
+  timeout 240 python3 benchmarks/prefill_attention_bench.py --precisions bf16 --library 2>&1 \
+    | tee "$OUT/attention_providers.txt"
 fi
 [ "${BENCH:-1}" = 1 ] || exit 0
 for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do

@@ -11,20 +11,27 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.ops import registry
+from ninfer_runtime.ops.attention import policy as attention_policy
+from ninfer_runtime.ops.attention.reference import TOLERANCE as ATTENTION_TOLERANCE
 from ninfer_runtime.ops.delta_rule import policy
 from ninfer_runtime.ops.delta_rule.reference import TOLERANCE
 
-FAMILIES = {"delta_rule": policy.TABLE}
+#: family -> (its policy table, its providers' stated tolerances)
+FAMILIES = {
+    "delta_rule": (policy.TABLE, TOLERANCE),
+    "attention": (attention_policy.TABLE, ATTENTION_TOLERANCE),
+}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_policy_row_names_registered_providers(family: str) -> None:
     table = registry.providers(family)
-    for (op, _device), names in FAMILIES[family].items():
+    rows, tolerance = FAMILIES[family]
+    for (op, _device), names in rows.items():
         assert names, (family, op)
         for name in names:
             assert name in table[op], f"{family}.{op}: {name} is not registered"
-            assert name in TOLERANCE, f"{family}.{op}: {name} states no tolerance"
+            assert name in tolerance, f"{family}.{op}: {name} states no tolerance"
 
 
 def test_cpu_resolves_the_reference_and_logs_it(caplog: pytest.LogCaptureFixture) -> None:
@@ -110,3 +117,19 @@ def test_ninfer_log_level_info_prints_each_ops_provider(tmp_path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "delta_rule.chunk device=cpu" in run.stderr and "-> reference" in run.stderr
+
+
+def test_attention_prefill_reference_is_the_gathered_attention() -> None:
+    from ninfer_runtime.backends.array_ops import attention
+
+    fn = registry.resolve(
+        "attention", "prefill", device="cpu", precision="float32", head_dim=8, storage="float32"
+    )
+    rng = np.random.default_rng(1)
+    pages = np.array([2, 0, 1])
+    k_pages, v_pages = (rng.standard_normal((3, 4, 2, 8)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    out = fn(q, k_pages, v_pages, pages, start=6, scale=0.3, precision="float32")
+    k = k_pages[pages].reshape(-1, 2, 8)[:9]
+    v = v_pages[pages].reshape(-1, 2, 8)[:9]
+    np.testing.assert_allclose(out, attention(q, k, v, 6, 0.3), rtol=1e-6)

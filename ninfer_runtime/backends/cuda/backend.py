@@ -30,6 +30,7 @@ import cupy as cp
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
+from ...ops.registry import resolve
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
 from . import attention, glue, kernels, prefill, sampling
@@ -38,6 +39,13 @@ from .constants import device_constant
 from .graphs import GraphStep
 from .slabs import SlabBuffers
 from .weights import DenseWeight, PackedWeight, Residency, Segment
+
+#: how the op catalogue names a K/V pool's storage dtype
+_STORAGE_NAMES = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.uint16): "bf16",
+    np.dtype(np.uint8): "e4m3",
+}
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -264,20 +272,18 @@ class CudaBackend(ops.ReferenceOps):
         start: int,
         scale: float,
     ) -> Array:
-        from . import prefill_attention as pfa
-
-        if not pfa.supported(q, k_pages, v_pages):
-            return super().attention_pages(q, k_pages, v_pages, pages, start=start, scale=scale)
-        # the scores split into two halves always (their error grows with their size)
-        precision = {"bf16": "bf16", "tf32": "split_qk", "float32": "split"}[self.prefill_precision]
-        return pfa.prefill_attention(
-            pfa.kernel_input(q),
-            k_pages,
-            v_pages,
-            cp.ascontiguousarray(pages, dtype=cp.int32),
-            start=start,
-            scale=scale,
-            precision=precision,
+        """The attention family's ``prefill``, as its policy resolves it for this precision,
+        head size and K/V storage."""
+        attend = resolve(
+            "attention",
+            "prefill",
+            device="cuda",
+            precision=self.prefill_precision,
+            head_dim=int(q.shape[2]),
+            storage=_STORAGE_NAMES.get(np.dtype(k_pages.dtype), str(k_pages.dtype)),
+        )
+        return attend(
+            q, k_pages, v_pages, pages, start=start, scale=scale, precision=self.prefill_precision
         )
 
     # ------------------------------------------------------------------ batched decode

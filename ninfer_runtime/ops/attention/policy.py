@@ -1,0 +1,22 @@
+"""THE table of the attention family: which provider serves an op on a device, most preferred
+first (a provider that is not installed or declines the key is skipped). Each row's order is
+a measurement: docs/performance.md, "Op providers"."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: (op, device) -> provider names, most preferred first
+TABLE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("prefill", "cpu"): ("reference",),
+    # ours first until the two are timed in one run (benchmarks/prefill_attention_bench.py
+    # prints sdpa beside ours); sdpa serves bf16 prefill where our kernel declines
+    ("prefill", "cuda"): ("nvrtc", "sdpa", "reference"),
+}
+
+
+def choose(op: str, *, device: str, **_: object) -> Sequence[str]:
+    try:
+        return TABLE[(op, device)]
+    except KeyError:
+        raise LookupError(f"attention: no policy row for {op!r} on {device!r}") from None

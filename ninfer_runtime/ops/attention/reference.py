@@ -1,0 +1,29 @@
+"""The attention family's oracle: a lane's rows gathered from the pages, decoded to float32 and
+attended causally as array math (numpy or CuPy), ``array_ops.attention_pages``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...backends.array_ops import attention_pages
+
+__all__ = ["TOLERANCE", "accepts", "prefill"]
+
+#: provider -> (rtol, atol as a fraction of the largest reference value) of ``prefill`` in
+#: bf16 products against this oracle (scores to about 16 bits, P and V rounded to bf16: the
+#: bound tests/gpu/test_prefill_attention.py holds our kernel to)
+TOLERANCE: dict[str, tuple[float, float]] = {
+    "reference": (1e-5, 1e-6),
+    "nvrtc": (0.0, 6e-3),
+    "sdpa": (0.0, 6e-3),
+}
+
+
+def accepts(**_: object) -> bool:
+    return True
+
+
+def prefill(
+    q: Any, k_pages: Any, v_pages: Any, pages: Any, *, start: int, scale: float, **_: Any
+) -> Any:
+    return attention_pages(q, k_pages, v_pages, pages, start=start, scale=scale)
