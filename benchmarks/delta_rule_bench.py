@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import cupy as cp
 import numpy as np
-from gpu_bench import copy_bandwidth
+from gpu_bench import copy_bandwidth, eager_ms
 
 from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.bench.measure import matmul_rate
@@ -54,20 +53,6 @@ def chunk_flops(t: int, hv: int, dk: int, dv: int, chunk: int = 64) -> int:
     chunks = -(-t // chunk)
     per = 3 * chunk * chunk * dk + 2 * chunk * chunk * dv + 3 * chunk * dk * dv
     return 2 * per * chunks * hv
-
-
-def eager_ms(fn, calls: int = 10, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(times)
 
 
 def main() -> None:

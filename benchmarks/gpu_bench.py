@@ -77,6 +77,23 @@ def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
     return float(np.median(times))
 
 
+def eager_ms(fn, calls: int = 10, warmup: int = 3) -> float:
+    """Median of ``calls`` eager calls of ``fn``, each timed with CUDA events: host launches
+    included, as the engine's prefill issues them (a library's launches cannot be captured
+    into CuPy's graphs, so providers are compared this way)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(calls):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b))
+    return float(np.median(times))
+
+
 def copy_bandwidth(nbytes: int = 2 << 30) -> tuple[float, dict[str, float]]:
     """Bytes read + written per second by the faster of two device-to-device copies of
     ``nbytes`` (cudaMemcpy and CuPy's copy kernel), each timed alone with CUDA events: a

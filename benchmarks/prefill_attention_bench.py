@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 
 import cupy as cp
 from attention_bench import HEAD_DIM, pool
-from gpu_bench import median_ms
+from gpu_bench import eager_ms, median_ms
 
 from ninfer_runtime.backends.cuda import prefill_attention as pfa
 from ninfer_runtime.bench.measure import matmul_rate
@@ -35,21 +34,6 @@ STORAGE = ("float32", "bfloat16")
 
 def flops(nq: int, tokens: int, start: int) -> int:
     return 4 * HEAD_DIM * nq * (tokens * start + tokens * (tokens + 1) // 2)
-
-
-def eager_ms(fn, calls: int = 10, warmup: int = 3) -> float:
-    """Median of ``calls`` eager calls, each timed with CUDA events (host launches included)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -11,10 +11,11 @@ through DLPack views. Products in bf16 with float32 accumulation: the production
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import numpy as np
+
+from ..torch_interop import on_cupy_stream, view
 
 __all__ = ["accepts", "prefill"]
 
@@ -53,7 +54,7 @@ def prefill(
 
     def keys(pool: Array) -> Any:
         rows = pool[used].reshape(-1, *pool.shape[2:])[:length]  # [S, Nkv, D], one gather
-        x = torch.from_dlpack(cp.ascontiguousarray(rows))
+        x = view(rows)
         kind = _STORAGE[np.dtype(pool.dtype)]
         if kind == "bf16":
             x = x.view(torch.bfloat16)
@@ -61,14 +62,8 @@ def prefill(
             x = x.view(torch.float8_e4m3fn)
         return x.to(torch.bfloat16).transpose(0, 1)[None]  # [1, Nkv, S, D]
 
-    stream = cp.cuda.get_current_stream()
-    on_stream = (
-        torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr))
-        if stream.ptr
-        else contextlib.nullcontext()
-    )
-    with on_stream, torch.no_grad():
-        query = torch.from_dlpack(cp.ascontiguousarray(q)).to(torch.bfloat16).transpose(0, 1)[None]
+    with on_cupy_stream():
+        query = view(q).to(torch.bfloat16).transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(
             query,
             keys(k_pages),

@@ -6,9 +6,10 @@ key dimension first) and is written back in place."""
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any
+
+from ..torch_interop import on_cupy_stream, view
 
 __all__ = ["accepts", "chunk"]
 
@@ -19,21 +20,11 @@ def accepts(*, device: str, key_dim: int, **_: object) -> bool:
 
 def chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
     import cupy as cp
-    import torch
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    def view(a: Any) -> Any:
-        return torch.from_dlpack(cp.ascontiguousarray(a))
 
     if not state.flags.c_contiguous:
         raise ValueError("delta_rule.fla: the state must be C-contiguous (it is written in place)")
-    stream = cp.cuda.get_current_stream()
-    on_stream = (
-        torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr))
-        if stream.ptr
-        else contextlib.nullcontext()  # both libraries' default: the legacy stream
-    )
-    with on_stream, torch.no_grad(), warnings.catch_warnings():
+    with on_cupy_stream(), warnings.catch_warnings():
         # fla warns when T < heads, guessing a head-first layout; ours is [T, H, d]
         warnings.simplefilter("ignore")
         held = view(state)
