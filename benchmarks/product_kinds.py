@@ -2,14 +2,15 @@
 engine launches it for that many activation rows (no CuPy here: the choice is testable on a
 CPU).
 
-* ``product``: ``kernels.product``, the engine's own choice for the stored layout (the
-  tensor-core kernel where ``uses_tensor_cores`` says it is faster, and always beyond
-  ``MAX_GEMV_ROWS`` rows where it reads the layout; else the SIMT GEMV);
-* ``simt``: the SIMT GEMV alone, ``MAX_GEMV_ROWS`` rows a launch, as ``product`` runs more
-  rows on a layout without a tensor-core kernel;
-* ``tc``: the tensor-core kernel alone (up to ``MAX_SMALL_ROWS`` rows in one launch);
+* ``product``: the linear family's ``product`` as its policy resolves it, the engine's own
+  choice for the stored layout (the tensor-core kernel where ``TENSOR_CORES_FROM`` says it is
+  faster, and always beyond ``MAX_GEMV_ROWS`` rows where it reads the layout; else the SIMT
+  GEMV);
+* ``simt``: the SIMT GEMV alone (the ``gemv`` provider), ``MAX_GEMV_ROWS`` rows a launch;
+* ``tc``: the tensor-core kernel alone (the ``tensor_cores`` provider, up to
+  ``MAX_SMALL_ROWS`` rows in one launch);
 * ``tiles``: the tile kernel on the tile-packed copy the loader makes of large q4/q5/q8 and
-  GGUF objects, through ``kernels.product`` (``tile_products.MAX_ROWS`` rows a launch).
+  GGUF objects, through ``product`` (``tile_products.MAX_ROWS`` rows a launch).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels
 from ninfer_runtime.backends.cuda import tiles as tile_packing
+from ninfer_runtime.ops.linear import nvrtc, product_key, served_by
 
 #: activation rows every kind takes (more go to the prefill GEMM, not a small-M kernel)
 MOST_ROWS = kernels.MAX_SMALL_ROWS
@@ -55,16 +57,14 @@ def launcher(kind: str, q: F.Planes) -> Callable[[Any, Any, Any], None]:
     (``planes_for(kind, ...)``) with ``kind``'s kernel, for any 1..``MOST_ROWS`` rows of x."""
     n = q.rows
 
-    def product(data: Any, x: Any, y: Any) -> None:
-        kernels.product(data, q, 0, n, x, y, n)
+    def product(data: Any, x: Any, y: Any) -> None:  # the provider the engine would resolve
+        getattr(nvrtc, served_by(product_key(q, n, x.shape[0])))(data, q, 0, n, x, y, n)
 
     def simt(data: Any, x: Any, y: Any) -> None:
-        step = kernels.MAX_GEMV_ROWS
-        for a in range(0, x.shape[0], step):
-            kernels.gemv(data, q, 0, n, x[a : a + step], y[a : a + step], n)
+        nvrtc.gemv(data, q, 0, n, x, y, n)
 
     def tensor_cores(data: Any, x: Any, y: Any) -> None:
-        kernels.small_gemm(data, q, 0, n, x, y, n)
+        nvrtc.tensor_cores(data, q, 0, n, x, y, n)
 
     launchers = {"product": product, "simt": simt, "tc": tensor_cores, "tiles": product}
     return launchers[kind]

@@ -3,5 +3,8 @@ policy (THE table of which provider serves an op on a device, for which shapes) 
 providers (our kernels, or a public kernel library where it measures faster in the same run).
 ``registry.resolve`` is the one way an op finds its provider; the choice is logged.
 
-Families so far: ``delta_rule`` (the Gated DeltaNet chunked prefill).
+Families so far: ``delta_rule`` (Gated DeltaNet: chunked prefill, decode, speculative
+verification and commit), ``attention`` (prefill over the paged K/V; the K/V memory kind) and
+``linear`` (small-M products of packed weights). ``torch_interop`` is how a provider on a
+torch-based library shares CuPy's arrays and stream.
 """

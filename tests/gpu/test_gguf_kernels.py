@@ -18,6 +18,7 @@ from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, LAYOUT
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels
 from ninfer_runtime.backends.cuda.weights import Parent
+from ninfer_runtime.ops.linear import product_key, served_by
 from tests.format.test_codecs_gguf import _random_blocks
 from tests.gguf_terms import term_magnitudes
 
@@ -108,7 +109,7 @@ def test_product_of_many_rows(fmt: str) -> None:
     x = np.random.default_rng(3).standard_normal((20, w.shape[1])).astype(np.float32)
     out = cp.full((20, ROWS + 3), np.nan, dtype=cp.float32)
     kernels.product(parent.data, parent.planes, 0, ROWS, cp.asarray(x), out[:, 3:], ROWS + 3)
-    tensor_cores = kernels.uses_tensor_cores(parent.planes, ROWS, 20)
+    tensor_cores = served_by(product_key(parent.planes, ROWS, 20)) == "tensor_cores"
     assert tensor_cores == (fmt in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k"))
     check_close(out[:, 3:], x, w, tensor_cores, terms)
     assert bool(cp.isnan(out[:, :3]).all())

@@ -133,3 +133,15 @@ def test_attention_prefill_reference_is_the_gathered_attention() -> None:
     k = k_pages[pages].reshape(-1, 2, 8)[:9]
     v = v_pages[pages].reshape(-1, 2, 8)[:9]
     np.testing.assert_allclose(out, attention(q, k, v, 6, 0.3), rtol=1e-6)
+
+
+def test_linear_policy_names_registered_providers_and_puts_tiles_first() -> None:
+    from ninfer_runtime.ops.linear import policy as linear_policy
+
+    table = registry.providers("linear")["product"]
+    for code in linear_policy.TENSOR_CORES_FROM:
+        for m in (1, 2, 8, 9, 64):
+            names = linear_policy.choose("product", device="cuda", code=code, m=m, weights=1 << 26)
+            assert names[0] == "tiles" and set(names) <= set(table), names
+    with pytest.raises(LookupError, match="no policy row"):
+        linear_policy.choose("product", device="cpu", code=0, m=1, weights=1)

@@ -1,10 +1,11 @@
 """The CUDA backend: packed weights read in place by our kernels, CuPy for the glue.
 
 ``linear`` is the hot path. For few rows (batched decode, an expert's share of a prefill chunk)
-it runs the small-M product of the weight's layout over each resident segment
-(``kernels.product``: tensor cores for row_split q4..q8, NVFP4 and bf16 up to 64 rows, or the
-SIMT GEMV, 8 rows per launch, where it is faster, as for one row or small weights, or where the
-layout has no tensor-core kernel, NF4, FP8 and the ``gguf_*`` blocks, up to 64 rows); for more
+it runs the small-M product of the weight's layout over each resident segment (the linear
+family's ``product``, ``ops/linear``: tensor cores for row_split q4..q8, NVFP4 and bf16 up to
+64 rows, or the SIMT GEMV, 8 rows per launch, where it is faster, as for one row or small
+weights, or where the layout has no tensor-core kernel, NF4, FP8 and the ``gguf_*`` blocks, up
+to 64 rows; tile-packed objects on the tile kernel); for more
 rows (prefill chunks) it rounds x to bfloat16, dequantizes the weight, a slab of rows at a
 time, to bfloat16 in scratch buffers that a side stream fills while the previous slab's
 product runs (``slabs.py``; bf16 weights are read in place) and multiplies with
@@ -30,6 +31,7 @@ import cupy as cp
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
+from ...ops.linear import product_key
 from ...ops.registry import resolve
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
@@ -213,7 +215,8 @@ class CudaBackend(ops.ReferenceOps):
             padded = cp.zeros((x.shape[0], p.x_width), dtype=cp.float32)
             padded[:, : x.shape[1]] = x
             x = padded
-        kernels.product(seg.parent.data, p, seg.row0, seg.rows, x, y, ldy)
+        product = resolve("linear", "product", **product_key(p, seg.rows, x.shape[0]))
+        product(seg.parent.data, p, seg.row0, seg.rows, x, y, ldy)
 
     def _dequant_matmul(self, x: Array, seg: Segment, y: Array, xb: Array | None = None) -> None:
         """``y = x · W[seg]ᵀ`` for a prefill-sized x; bf16 products take x as bf16 words

@@ -1,11 +1,11 @@
 """Launchers for the packed-weight kernels: small-M products and row dequantization.
 
-``product`` is the entry point for M <= 64 activation rows: over tile-packed objects the tile
-kernel (``tile_products``, eight rows a launch), else the tensor-core kernel
-(``kernels/gemm_small.cu``, row_split q4/q5/q6/q8, NVFP4 and bf16) or the SIMT GEMV
-(``kernels/gemv_*.cu``, every layout, 8 rows per launch; ``gguf_*`` blocks through
-``gguf_blocks``), whichever ``uses_tensor_cores`` says is faster for the shape. Kernels are
-compiled lazily, one family (one ``.cu`` file) at a time, on first use.
+The small-M products are the tensor-core kernel (``small_gemm``: ``kernels/gemm_small.cu``,
+row_split q4/q5/q6/q8, NVFP4, bf16 and the K-quants) and the SIMT GEMV (``gemv``:
+``kernels/gemv_*.cu``, every layout, 8 rows per launch; ``gguf_*`` blocks through
+``gguf_blocks``); which one serves a product (or the tile kernel, ``tile_products``) is the
+linear family's policy (``ops/linear``). Kernels are compiled lazily, one family (one ``.cu``
+file) at a time, on first use.
 """
 
 from __future__ import annotations
@@ -152,12 +152,12 @@ register_family(
     headers=SMALL_HEADERS,
 )
 
-__all__ = ["compile_all", "dequant_rows", "gemv", "product", "small_gemm"]
+__all__ = ["compile_all", "dequant_rows", "gemv", "small_gemm"]
 
 
 def max_rows(p: F.Planes) -> int:
-    """The most activation rows ``product`` takes for this object (more: dequantize + GEMM):
-    ``MAX_SMALL_ROWS`` wherever the GEMV reads the layout, 0 where it cannot."""
+    """The most activation rows a small-M product takes for this object (more: dequantize +
+    GEMM): ``MAX_SMALL_ROWS`` wherever the GEMV reads the layout, 0 where it cannot."""
     return MAX_SMALL_ROWS if p.gemv else 0
 
 
@@ -169,58 +169,6 @@ def has_tensor_cores(p: F.Planes) -> bool:
 def has_grouped_product(p: F.Planes) -> bool:
     """Whether the grouped tensor-core product (``small_gemm_groups``) reads this object."""
     return p.code in _GROUPED_KERNELS and has_tensor_cores(p)
-
-
-def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
-    """``y[m, r] = Σ_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= max_rows(p)``, with
-    the arguments of ``gemv``: the tensor-core kernel where ``uses_tensor_cores`` says it is
-    the faster one, else the SIMT GEMV, ``MAX_GEMV_ROWS`` rows of x at a time (a layout
-    without a tensor-core kernel: a speculative verification's rows get the float32 math
-    of decode steps rather than the prefill GEMM's bf16)."""
-    m = x.shape[0]
-    if p.tiled:
-        for a in range(0, m, tile_products.MAX_ROWS):
-            b = a + tile_products.MAX_ROWS
-            tile_products.product(data, p, row0, rows, x[a:b], y[a:b], ldy)
-        return
-    if uses_tensor_cores(p, rows, m):
-        small_gemm(data, p, row0, rows, x, y, ldy)
-        return
-    for a in range(0, m, MAX_GEMV_ROWS):
-        gemv(data, p, row0, rows, x[a : a + MAX_GEMV_ROWS], y[a : a + MAX_GEMV_ROWS], ldy)
-
-
-#: (fewest activation rows M, fewest weights rows x K) from which the tensor-core kernel
-#: beats the SIMT GEMV, per layout. The tensor-core kernel costs a few microseconds more per
-#: call (an x-fragment pass, the K-split sum) and barely slows down with M; the GEMV's time
-#: grows with M, more slowly for q8 and bf16, which it decodes cheaply. One row runs the GEMV
-#: except for large NVFP4 objects, whose E2M1 decode costs the GEMV most. Measured on the
-#: H200: `benchmarks/gpu_bench.py --rows 1,2,4,8 --shapes ...` (docs/performance.md,
-#: "Choosing the small-M kernel").
-TENSOR_CORES_FROM = {
-    F.Q4: ((2, 30_000_000), (4, 4_000_000)),
-    F.Q5: ((2, 40_000_000), (4, 4_000_000)),
-    F.Q6: ((2, 30_000_000), (4, 4_000_000)),
-    F.Q8: ((5, 16_000_000),),
-    F.NVFP4: ((1, 80_000_000), (2, 4_000_000)),
-    F.BF16: ((4, 32_000_000), (8, 16_000_000)),
-    # the GGUF SIMT GEMV reads x again for every row at M > 1 (not yet measured against
-    # each other at M = 1)
-    _GGUF_Q4_K: ((2, 0),),
-    _GGUF_Q5_K: ((2, 0),),
-    _GGUF_Q6_K: ((2, 0),),
-}
-
-
-def uses_tensor_cores(p: F.Planes, rows: int, m: int) -> bool:
-    """Whether ``product`` runs ``rows`` rows of ``p`` for ``m`` activation rows on the
-    tensor-core kernel (always beyond ``MAX_GEMV_ROWS`` where it reads the layout)."""
-    if not has_tensor_cores(p):
-        return False
-    if m > MAX_GEMV_ROWS:
-        return True
-    weights = rows * p.columns
-    return any(m >= m_min and weights >= w_min for m_min, w_min in TENSOR_CORES_FROM[p.code])
 
 
 def _small_groups(p: F.Planes) -> int:

@@ -1,0 +1,60 @@
+"""Products of activations with packed (quantized) weights.
+
+Op ``product``: ``(data, p, row0, rows, x, y, ldy) -> None``: ``y[m, r] = Σ_k x[m, k]
+W[row0 + r, k]`` for ``M = x.shape[0] <= 64`` activation rows (decode steps, speculative
+verifications, short prompt tails), ``data`` the object's bytes and ``p`` its planes
+(``backends.cuda.formats.Planes``), x float32 ``p.x_width`` wide, y a float32 view whose rows
+are ``ldy`` apart. More rows are a prefill: the backend dequantizes slabs to bf16 and
+multiplies with cuBLAS (``backends/cuda/prefill.py``), not yet an op here.
+
+Providers (``nvrtc.py``, our kernels): ``tiles`` (tile-packed objects, eight rows a launch),
+``tensor_cores`` (the small-M tensor-core kernel of row_split q4..q8, NVFP4, bf16 and the
+K-quant layouts) and ``gemv`` (the SIMT GEMV, every stored layout, eight rows a launch).
+``policy.py`` orders them by format, activation rows and weight size (the measured crossover
+``TENSOR_CORES_FROM``); the resolution key is the device, the format code, whether the object
+is tile packed or has a tensor-core kernel, M and the product's weights (rows x columns).
+"""
+
+from typing import Any
+
+from ..registry import Provider, family, providers, register
+from .policy import choose
+
+__all__ = ["product_key", "served_by"]
+
+
+def product_key(p: Any, rows: int, m: int) -> dict[str, Any]:
+    """The resolution key of a ``product`` of ``m`` activation rows with ``rows`` rows of the
+    object whose planes are ``p``."""
+    from ...backends.cuda.kernels import has_tensor_cores
+
+    return {
+        "device": "cuda",
+        "code": p.code,
+        "tiled": p.tiled,
+        "tensor_cores": has_tensor_cores(p),
+        "m": m,
+        "weights": rows * p.columns,
+    }
+
+
+def served_by(key: dict[str, Any]) -> str:
+    """The provider the policy picks for ``key``, installed or not (plain Python: the tests
+    check the table without a GPU)."""
+    table = providers("linear")["product"]
+    return next(name for name in choose("product", **key) if table[name].takes(key))
+
+
+family("linear", choose)
+for _name in ("tiles", "tensor_cores", "gemv"):
+    register(
+        Provider(
+            family="linear",
+            op="product",
+            name=_name,
+            module=f"{__name__}.nvrtc",
+            function=_name,
+            requires=("cupy",),
+            accepts=f"accepts_{_name}",
+        )
+    )
