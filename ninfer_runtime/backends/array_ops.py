@@ -433,9 +433,6 @@ class ReferenceOps:
     add_rms_norm = staticmethod(add_rms_norm)
     gated_rms_norm = staticmethod(gated_rms_norm)
     rope = staticmethod(rope)
-    attention_pages = staticmethod(attention_pages)
-    kv_write = staticmethod(kv_write)
-    attention_decode = staticmethod(attention_decode)
 
     def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
         return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)

@@ -1,9 +1,11 @@
 """The contract between model code and the machine that runs it.
 
-Model files (``models/<arch>/``) describe the math once; a backend supplies the few heavy
-operations the math needs (projections, attention over a cache, the mixture of experts) on its
-own arrays. Op families with memory of their own (the Gated DeltaNet delta rule) live in the op
-catalogue, ``ninfer_runtime/ops/<family>/``, and are resolved per device there. The CPU
+Model files (``models/<arch>/``) describe the math once; a backend supplies the weights, the
+few heavy operations the math needs (projections, norms, RoPE, the mixture of experts) on its
+own arrays, and the device services (compiled steps, the sampler, the memory budget). Op
+families with memory of their own (attention over the paged K/V, the Gated DeltaNet delta rule)
+live in the op catalogue, ``ninfer_runtime/ops/<family>/``, and are resolved per device
+there. The CPU
 backend is the float32 numpy reference; a CUDA backend implements the same protocol with packed
 quantized weights and kernels, so the model code never changes.
 
@@ -14,15 +16,10 @@ Conventions shared by every backend:
 * A ``Weight`` is an opaque handle made by ``prepare``: the model only passes it back to ops.
   Small tensors that elementwise glue needs (norm vectors, the conv kernel, ``a_log``) are
   turned into plain arrays once with ``backend.array``.
-* Ops that carry state (K/V writes here; the delta rule's prefill, decode and commit in its
-  family) update the state arrays **in place**: states live in preallocated buffers
+* Ops that carry state (the families' K/V writes, the delta rule's prefill, decode and
+  commit) update the state arrays **in place**: states live in preallocated buffers
   (``SequenceState``) so a GPU backend can keep them resident and a scheduler can address
   them by slot.
-* Attention takes keys/values where the context pool keeps them (``state.py``: pages of P
-  tokens in the pool's storage dtype), a prefill chunk through its lane's page ids
-  (``attention_pages``), a decode step through the page table (``attention_decode``); how
-  they are read is the backend's (the reference gathers and decodes them, the CUDA kernels
-  read the pages in place).
 * Shapes use ``T`` for tokens of one lane, ``N`` for rows of a batch (all lanes stacked).
 """
 
@@ -127,61 +124,8 @@ class Backend(Protocol):
         (i, i + rd/2): x [N, heads, D], cos/sin [N, rd] -> [N, heads, D]."""
         ...
 
-    def attention_pages(
-        self,
-        q: Array,
-        k_pages: Array,
-        v_pages: Array,
-        pages: Array,
-        *,
-        start: int,
-        scale: float,
-    ) -> Array:
-        """Causal GQA of one lane (a prefill chunk) over its keys/values in the paged pool.
-
-        q [T, Nq, D] are the lane's queries at positions ``start .. start+T-1``; k_pages,
-        v_pages are the layer's pools [num_pages, P, Nkv, D] in their storage dtype
-        (``state.KV_DTYPES``), already holding the lane's tokens through ``start+T-1``: token
-        t is row ``t % P`` of page ``pages[t // P]`` (``pages``: the lane's page ids, int32
-        on the device, ``SequenceState.page_ids``). Query head j reads kv head
-        ``j // (Nq / Nkv)``. Returns float32 [T, Nq, D]: exactly ``array_ops.attention`` over
-        the gathered, decoded rows ``0 .. start+T-1`` (``array_ops.attention_pages``).
-        """
-        ...
-
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         """The mixture-of-experts block on rows x [N, H] -> [N, H]."""
-        ...
-
-    # ------------------------------------------------------------------ batched decode
-    # One token for each of N lanes; lanes are addressed by device index arrays (pool slot,
-    # position), never by host integers, so a step holds no host synchronisation.
-
-    def kv_write(
-        self,
-        k_pages: Array,
-        v_pages: Array,
-        page_table: Array,
-        slots: Array,
-        positions: Array,
-        k: Array,
-        v: Array,
-    ) -> None:
-        """Store k, v [N, Nkv, D] at each row's position in the paged pools (``state.py``)."""
-        ...
-
-    def attention_decode(
-        self,
-        q: Array,
-        k_pages: Array,
-        v_pages: Array,
-        page_table: Array,
-        slots: Array,
-        positions: Array,
-        *,
-        scale: float,
-    ) -> Array:
-        """Row i of q [N, Nq, D] attends over tokens 0..positions[i] of slot slots[i]."""
         ...
 
     def device_sampler(self) -> Any:

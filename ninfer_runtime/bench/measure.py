@@ -697,6 +697,8 @@ def profile_round(
 
 #: profiled ops served by an op family rather than a backend method: (family, op)
 FAMILY_OPS = {
+    "attention_pages": ("attention", "prefill"),
+    "attention_decode": ("attention", "decode"),
     "gdn_prefill": ("delta_rule", "prefill"),
     "gdn_decode": ("delta_rule", "decode"),
     "gdn_verify": ("delta_rule", "verify"),

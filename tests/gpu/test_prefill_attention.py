@@ -221,9 +221,12 @@ def test_split_policy_matches_single_pass() -> None:
 
 
 def test_backend_attention_pages(cuda_backend: Any) -> None:
-    """``CudaBackend.attention_pages`` (TF32 off: 3xTF32 products) through a pool's page-table
-    row, and its reference fallback for head dims the kernel does not take."""
+    """The attention family's ``prefill`` on CUDA as the backend's precision resolves it (TF32
+    off: 3xTF32 products) through a pool's page-table row, and its reference fallback for
+    head dims the kernel does not take."""
     import cupy as cp
+
+    from ninfer_runtime.ops import attention
 
     rng = np.random.default_rng(4)
     for case, kv_dtype in (
@@ -238,13 +241,16 @@ def test_backend_attention_pages(cuda_backend: Any) -> None:
         table[1, : pages.shape[0]] = pages
         # a strided query view: the backend makes it contiguous
         q_dev = cp.asarray(np.concatenate([q, q], axis=2))[:, :, :d]
-        got = cuda_backend.attention_pages(
+        precision = cuda_backend.prefill_precision
+        k_dev = cp.asarray(k_pages)
+        got = attention.resolved("prefill", "cuda", k_dev, precision=precision)(
             q_dev,
-            cp.asarray(k_pages),
+            k_dev,
             cp.asarray(v_pages),
             cp.asarray(table)[1],
             start=start,
             scale=1.0 / np.sqrt(d),
+            precision=precision,
         )
         err = float(np.abs(cp.asnumpy(got) - want).max() / np.abs(want).max())
         label = f"backend D{d} q{case[1]}kv{case[2]} {kv_dtype}"

@@ -1,4 +1,5 @@
-"""Prefill attention over the paged pool (``attention_pages``) on the CPU reference: exactly
+"""Prefill attention over the paged pool (the attention family's ``prefill``) on the CPU
+reference: exactly
 ``attention`` over the lane's rows gathered token by token and decoded, for every K/V
 storage type, shuffled page ids, pages of other lanes (and unwritten rows) holding NaN, and
 starts on and off page boundaries. The model's prefill goes through it."""
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.backends import array_ops
-from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.kv_storage import KV_DTYPES, gather_kv, load_kv, store_kv
 from ninfer_runtime.models import load_model
+from ninfer_runtime.ops import attention, registry
 from ninfer_runtime.ops.attention.memory import KvSpec
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.state import ContextPool
@@ -54,7 +55,8 @@ def test_cpu_attention_pages_is_the_gathered_reference(
     keys = load_kv(np.stack([k_pages[pages[t // PAGE], t % PAGE] for t in range(start + tokens)]))
     values = load_kv(np.stack([v_pages[pages[t // PAGE], t % PAGE] for t in range(start + tokens)]))
     want = array_ops.attention(q, keys, values, start, 0.35)
-    got = CpuBackend().attention_pages(q, k_pages, v_pages, pages, start=start, scale=0.35)
+    prefill = attention.resolved("prefill", "cpu", k_pages, precision="float32")
+    got = prefill(q, k_pages, v_pages, pages, start=start, scale=0.35, precision="float32")
     assert got.dtype == np.float32 and np.isfinite(got).all()
     np.testing.assert_array_equal(got, want)
 
@@ -78,18 +80,18 @@ def test_page_ids_are_the_sequences_row_of_the_page_table() -> None:
 
 
 def test_prefill_attends_through_the_lanes_pages(artifact_path, monkeypatch) -> None:
-    """A prefill chunk's attention layers call ``attention_pages`` with the lane's page-table
-    row and the layer's pools as stored (no gathered copy); decode steps do not."""
+    """A prefill chunk's attention layers call the family's ``prefill`` with the lane's
+    page-table row and the layer's pools as stored (no gathered copy); decode steps do not."""
     model = load_model(artifact_path("qwen3_5_bf16", "dense"))
     calls: list[tuple[int, int, list[int]]] = []
-    reference = model.backend.attention_pages
+    reference = registry.providers("attention")["prefill"]["reference"].load()
 
-    def spy(q, k_pages, v_pages, pages, *, start, scale):  # type: ignore[no-untyped-def]
+    def spy(q, k_pages, v_pages, pages, *, start, scale, precision):  # type: ignore[no-untyped-def]
         assert k_pages.ndim == 4 and k_pages.dtype == v_pages.dtype == np.uint16
         calls.append((q.shape[0], start, [int(i) for i in pages[:3]]))
         return reference(q, k_pages, v_pages, pages, start=start, scale=scale)
 
-    monkeypatch.setattr(model.backend, "attention_pages", spy)
+    monkeypatch.setitem(registry._PATCHED, ("attention", "prefill"), spy)
     runner = ModelRunner(model)
     pool = runner.new_pool(lanes=2, max_context=64, page_tokens=8, kv_dtype="bfloat16")
     pool.open(9)  # the prefilled sequence's pages come after these

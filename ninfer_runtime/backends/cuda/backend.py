@@ -11,14 +11,11 @@ time, to bfloat16 in scratch buffers that a side stream fills while the previous
 product runs (``slabs.py``; bf16 weights are read in place) and multiplies with
 ``cublasGemmEx`` on tensor cores, accumulating in float32 (``prefill.py``).
 ``prefill_precision="tf32"`` or ``"float32"`` keeps float32 scratch slabs and ``cp.matmul``
-with TF32 or full float32 math. The decode-step ops (paged attention, MoE routing and experts,
-RMSNorm, RoPE; the GDN step is the delta_rule family's, ``ops/delta_rule``) have kernels of
-their own, so a decode step never waits on the host
-and is captured once per lane count as a CUDA graph (``graphs.py``). Prefill attention is a
-flash-style kernel (``prefill_attention.py``) that reads each lane's K/V tiles through its page
-ids straight from the paged pool (float32, bf16 or E4M3 storage, decoded as tiles land in
-shared memory). The delta rule's kernels (``gdn.py``, ``gdn_prefill.py``) are served through
-the op catalogue (``ops/delta_rule/nvrtc.py``).
+with TF32 or full float32 math. The other decode-step ops (MoE routing and experts, RMSNorm,
+RoPE) have kernels of their own, so a decode step never waits on the host and is captured once
+per lane count as a CUDA graph (``graphs.py``). Attention over the paged K/V (``attention.py``,
+``prefill_attention.py``) and the delta rule (``gdn.py``, ``gdn_prefill.py``) are served
+through the op catalogue (``ops/attention``, ``ops/delta_rule``).
 """
 
 from __future__ import annotations
@@ -35,19 +32,12 @@ from ...ops.linear import product_key
 from ...ops.registry import resolve
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
-from . import attention, glue, kernels, prefill, sampling
+from . import glue, kernels, prefill, sampling
 from . import moe as moe_kernels
 from .constants import device_constant
 from .graphs import GraphStep
 from .slabs import SlabBuffers
 from .weights import DenseWeight, PackedWeight, Residency, Segment
-
-#: how the op catalogue names a K/V pool's storage dtype
-_STORAGE_NAMES = {
-    np.dtype(np.float32): "float32",
-    np.dtype(np.uint16): "bf16",
-    np.dtype(np.uint8): "e4m3",
-}
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -264,66 +254,6 @@ class CudaBackend(ops.ReferenceOps):
 
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         return glue.rope(x, cos, sin)
-
-    def attention_pages(
-        self,
-        q: Array,
-        k_pages: Array,
-        v_pages: Array,
-        pages: Array,
-        *,
-        start: int,
-        scale: float,
-    ) -> Array:
-        """The attention family's ``prefill``, as its policy resolves it for this precision,
-        head size and K/V storage."""
-        attend = resolve(
-            "attention",
-            "prefill",
-            device="cuda",
-            precision=self.prefill_precision,
-            head_dim=int(q.shape[2]),
-            storage=_STORAGE_NAMES.get(np.dtype(k_pages.dtype), str(k_pages.dtype)),
-        )
-        return attend(
-            q, k_pages, v_pages, pages, start=start, scale=scale, precision=self.prefill_precision
-        )
-
-    # ------------------------------------------------------------------ batched decode
-    def kv_write(
-        self,
-        k_pages: Array,
-        v_pages: Array,
-        page_table: Array,
-        slots: Array,
-        positions: Array,
-        k: Array,
-        v: Array,
-    ) -> None:
-        attention.kv_write(
-            k_pages,
-            v_pages,
-            page_table,
-            slots,
-            positions,
-            cp.ascontiguousarray(k),
-            cp.ascontiguousarray(v),
-        )
-
-    def attention_decode(
-        self,
-        q: Array,
-        k_pages: Array,
-        v_pages: Array,
-        page_table: Array,
-        slots: Array,
-        positions: Array,
-        *,
-        scale: float,
-    ) -> Array:
-        return attention.attention_decode(
-            cp.ascontiguousarray(q), k_pages, v_pages, page_table, slots, positions, scale
-        )
 
     # ---------------------------------------------------------------- mixture of experts
     def _expert_table(self, weights: MoeWeights) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend, Weight
+from ...ops import attention
 from ...ops.attention.memory import AttentionPages
 from ..batch import Batch, Lane
 from ..functional import mul_sigmoid
@@ -94,8 +95,8 @@ class GatedAttention:
 
         if batch.decode is not None:  # one token per lane, every lane at once
             d = batch.decode
-            be.kv_write(memory.k, memory.v, d.page_table, d.slots, d.positions, k, v)
-            o = be.attention_decode(
+            self._op("write", memory)(memory.k, memory.v, d.page_table, d.slots, d.positions, k, v)
+            o = self._op("decode", memory)(
                 q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
             )
         else:  # a prefill chunk: each lane over its own pages
@@ -108,11 +109,22 @@ class GatedAttention:
         """Store the lane's keys and values, then attend over its pages."""
         r = lane.rows
         memory.write(lane.state, lane.start, k[r], v[r])
-        return self.backend.attention_pages(
+        return self._op("prefill", memory)(
             q[r],
             memory.k,
             memory.v,
             lane.state.page_ids,
             start=lane.start,
             scale=scale,
+            precision=self._precision,
         )
+
+    @property
+    def _precision(self) -> str:
+        """The backend's prefill precision (a backend without the choice computes in float32)."""
+        return getattr(self.backend, "prefill_precision", "float32")
+
+    def _op(self, name: str, memory: AttentionPages) -> Any:
+        """The attention family's ``name`` op for this layer's pools, as its policy resolves
+        it."""
+        return attention.resolved(name, self.backend.name, memory.k, precision=self._precision)

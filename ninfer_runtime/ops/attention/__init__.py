@@ -2,7 +2,14 @@
 
 The family's memory kind is ``memory.py``: keys and values in pages of the context pool.
 
-Op ``prefill``: ``(q, k_pages, v_pages, pages, *, start, scale, precision) -> out``: one lane's
+Ops (signatures as the reference's, ``reference.py``):
+
+* ``write``: ``(k_pages, v_pages, page_table, slots, positions, k, v)``: a decode step's keys
+  and values, one row per lane, stored at each row's position in the pools (rounded to the
+  pools' storage);
+* ``decode``: ``(q, k_pages, v_pages, page_table, slots, positions, *, scale) -> out``: row i
+  of q [N, Nq, D] attends over tokens ``0 .. positions[i]`` of slot ``slots[i]``;
+* ``prefill``: ``(q, k_pages, v_pages, pages, *, start, scale, precision) -> out``: one lane's
 T queries q [T, Nq, D] float32 at positions ``start .. start + T - 1`` attend causally over its
 first ``start + T`` keys and values, stored in pages [pages, P, Nkv, D] (float32, bf16 words or
 E4M3 bytes) at the lane's page ids ``pages``; query head h reads key/value head
@@ -10,29 +17,56 @@ E4M3 bytes) at the lane's page ids ``pages``; query head h reads key/value head
 ``prefill_precision`` (``bf16``, ``tf32`` or ``float32``).
 
 Providers: ``reference`` (the gathered rows attended as array math), ``nvrtc`` (ours:
-``kernels/prefill_attention.cu``, the pages read in place, every precision) and ``sdpa``
-(torch's fused scaled-dot-product attention on gathered bf16 K/V; bf16 only). The CUDA
-backend's ``attention_pages`` resolves through ``policy.TABLE``; the resolution key is the
-device, the precision, the head size and the storage (``float32``, ``bf16``, ``e4m3``).
-Decode attention and K/V writes are still the backend's.
+``kernels/attention.cu`` and ``kernels/prefill_attention.cu``, the pages read in place, every
+precision) and ``sdpa`` (torch's fused scaled-dot-product attention on gathered bf16 K/V;
+``prefill`` in bf16 only). Which serves an op is ``policy.TABLE``; the resolution key is the
+device, the prefill precision, the head size and the storage (``float32``, ``bf16``, ``e4m3``).
 """
 
-from ..registry import Provider, family, register
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..registry import Provider, family, register, resolve
 from .policy import choose
 
+__all__ = ["resolved"]
+
+#: how the op catalogue names a K/V pool's storage dtype
+STORAGE_NAMES = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.uint16): "bf16",
+    np.dtype(np.uint8): "e4m3",
+}
+
+
+def resolved(op: str, device: str, k_pages: Any, *, precision: str) -> Callable[..., Any]:
+    """``op`` for a layer on ``device`` whose keys sit in ``k_pages`` [pages, P, Nkv, D],
+    prefilled in ``precision``."""
+    storage = STORAGE_NAMES.get(np.dtype(k_pages.dtype), str(k_pages.dtype))
+    head_dim = int(k_pages.shape[-1])
+    return resolve(
+        "attention", op, device=device, precision=precision, head_dim=head_dim, storage=storage
+    )
+
+
 family("attention", choose)
-for _name, _accepts, _requires in (
-    ("reference", "accepts", ()),
-    ("nvrtc", "accepts", ("cupy",)),
-    ("sdpa", "accepts", ("cupy", "torch")),
-):
+#: (op, provider) -> (module, its accepts function, libraries it needs)
+_PROVIDERS = {
+    **{(op, "reference"): ("reference", "accepts", ()) for op in ("write", "decode", "prefill")},
+    **{(op, "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)) for op in ("write", "decode")},
+    ("prefill", "nvrtc"): ("nvrtc", "accepts", ("cupy",)),
+    ("prefill", "sdpa"): ("sdpa", "accepts", ("cupy", "torch")),
+}
+for (_op, _name), (_module, _accepts, _requires) in _PROVIDERS.items():
     register(
         Provider(
             family="attention",
-            op="prefill",
+            op=_op,
             name=_name,
-            module=f"{__name__}.{_name}",
-            function="prefill",
+            module=f"{__name__}.{_module}",
+            function=_op,
             requires=_requires,
             accepts=_accepts,
         )

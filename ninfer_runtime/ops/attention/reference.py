@@ -1,13 +1,16 @@
-"""The attention family's oracle: a lane's rows gathered from the pages, decoded to float32 and
-attended causally as array math (numpy or CuPy), ``array_ops.attention_pages``."""
+"""The attention family's oracle, as array math (numpy or CuPy): a prefill chunk's rows gathered
+from the pages, decoded to float32 and attended causally (``array_ops.attention_pages``), a
+decode step's rows over the page table (``attention_decode``) and its K/V stores
+(``kv_write``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...backends.array_ops import attention_pages
+from ...backends.array_ops import attention_decode, attention_pages
+from ...backends.array_ops import kv_write as write
 
-__all__ = ["TOLERANCE", "accepts", "prefill"]
+__all__ = ["TOLERANCE", "accepts", "decode", "prefill", "write"]
 
 #: provider -> (rtol, atol as a fraction of the largest reference value) of ``prefill`` in
 #: bf16 products against this oracle (scores to about 16 bits, P and V rounded to bf16: the
@@ -27,3 +30,16 @@ def prefill(
     q: Any, k_pages: Any, v_pages: Any, pages: Any, *, start: int, scale: float, **_: Any
 ) -> Any:
     return attention_pages(q, k_pages, v_pages, pages, start=start, scale=scale)
+
+
+def decode(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    slots: Any,
+    positions: Any,
+    *,
+    scale: float,
+) -> Any:
+    return attention_decode(q, k_pages, v_pages, page_table, slots, positions, scale)
