@@ -15,11 +15,14 @@ from ninfer_runtime.ops.attention import policy as attention_policy
 from ninfer_runtime.ops.attention.reference import TOLERANCE as ATTENTION_TOLERANCE
 from ninfer_runtime.ops.delta_rule import policy
 from ninfer_runtime.ops.delta_rule.reference import TOLERANCE
+from ninfer_runtime.ops.sampling import policy as sampling_policy
+from ninfer_runtime.ops.sampling.reference import TOLERANCE as SAMPLING_TOLERANCE
 
 #: family -> (its policy table, its providers' stated tolerances)
 FAMILIES = {
     "delta_rule": (policy.TABLE, TOLERANCE),
     "attention": (attention_policy.TABLE, ATTENTION_TOLERANCE),
+    "sampling": (sampling_policy.TABLE, SAMPLING_TOLERANCE),
 }
 
 
