@@ -188,17 +188,23 @@ class Scheduler:
     # ------------------------------------------------------------- one step's plan
     def admit(self) -> Iterator[Lane]:
         """Admit waiting requests, first come first served, while a lane is free and the
-        pool has room; yield each one admitted with nothing left to prefill (its whole
+        pool has room (a request waiting for another's shared checkpoint keeps its place
+        without holding up those behind it); yield each one admitted with nothing left to
+        prefill (its whole
         prompt was cached, or a preempted lane's replay begins) as it is admitted, so that
         one which finishes at once frees its lane for the next."""
-        while self.waiting and len(self.active) < self.max_lanes:
-            head = self.waiting[0]
-            if self._awaits_shared_checkpoint(head) or not self._admit(head):
+        i = 0
+        while i < len(self.waiting) and len(self.active) < self.max_lanes:
+            a = self.waiting[i]
+            if self._awaits_shared_checkpoint(a):
+                i += 1  # it keeps its place; the requests behind it need not wait with it
+                continue
+            if not self._admit(a):
                 break  # first come, first served: wait until running requests free pages
-            self.waiting.popleft()
-            self.active[head.request.request_id] = head
-            if head.pending is None and head.prefilled == len(head.prompt_ids):
-                yield head
+            del self.waiting[i]
+            self.active[a.request.request_id] = a
+            if a.pending is None and a.prefilled == len(a.prompt_ids):
+                yield a
 
     def prefill_reads(self) -> list[Read]:
         """This step's prefill chunk: at most ``prefill_chunk`` tokens, shared by the lanes

@@ -125,6 +125,24 @@ def test_requests_submitted_together_wait_for_the_shared_checkpoint(artifact) ->
     assert engine.cache.checkpoint_counts()["boundary"] == 2  # SHARED, and the short one's 40
 
 
+def test_a_request_waiting_for_a_checkpoint_does_not_hold_up_those_behind_it(artifact) -> None:
+    """The second request waits for the first one's shared boundary; an unrelated third,
+    submitted after it, is admitted at once (a free lane and room are all it needs); the
+    second still resumes from the boundary."""
+    prompts = _prompts(2, seed=9)
+    other = np.random.default_rng(10).integers(0, 500, SHARED + TAIL).tolist()
+    engine = _engine(artifact, max_lanes=3)
+    lanes = []
+    out = _run(
+        engine,
+        [_request(prompts[0]), _request(prompts[1]), _request(other, boundaries=())],
+        between=lambda e, step: lanes.append(e.lanes_in_use),
+    )
+    assert lanes[1] == 2  # the first and the third run; the second waits for the boundary
+    assert [f.usage.cached_tokens for _, f in out] == [0, SHARED, 0]
+    assert [t for t, _ in out] == _cold(artifact, [prompts[0], prompts[1], other])
+
+
 def test_a_waiting_request_goes_on_when_the_writer_is_cancelled(artifact) -> None:
     prompts = _prompts(2, seed=2)
     engine = _engine(artifact)
