@@ -2,9 +2,10 @@
 
 Every expected parameter name, shape and Use input is derived from the component configs (text,
 and the vision component's own config), so an artifact is checked against its own geometry
-rather than against a list of known checkpoints. The name tables below are written one small
-generator per block type, in the order of the spec's tables 5.2-5.4, so they can be read side by
-side with them.
+rather than against a list of known checkpoints. The text geometry is ``qwen3_5_geometry``'s,
+the one reading of a text config that the runtime and the converter share. The name tables
+below are written one small generator per block type, in the order of the spec's tables
+5.2-5.4, so they can be read side by side with them.
 
 DFlash components are not checked here (they carry their own geometry that this binder does not
 model); the report says so instead of silently passing them.
@@ -23,14 +24,24 @@ from typing import Any
 
 from ..errors import DirectoryError
 from ..schema import Component, Directory, PartsBinding, Resource, Tensor, Use, WholeBinding
+from .config_reader import MISSING, ConfigReader, show
+from .qwen3_5_geometry import (
+    ARCHITECTURE_OF,
+    DENSE,
+    FULL_ATTENTION,
+    MOE,
+    Attention,
+    DenseMlp,
+    Gdn,
+    Moe,
+    read_geometry,
+)
+from .qwen3_5_geometry import Qwen35Geometry as Geometry
 from .registry import Findings, register_binder
 
 Binding = WholeBinding | PartsBinding
 Objects = Mapping[str, Tensor | Resource]
 
-DENSE = "qwen3_5_text"
-MOE = "qwen3_5_moe_text"
-ARCHITECTURE_OF = {DENSE: "Qwen3_5ForCausalLM", MOE: "Qwen3_5MoeForCausalLM"}
 MTP_ARCHITECTURE_OF = {DENSE: "Qwen3_5MTP", MOE: "Qwen3_5MoeMTP"}
 #: spec 5.1: the vision tower's model_type follows the text variant it feeds
 VISION_MODEL_TYPE_OF = {DENSE: "qwen3_5_vision", MOE: "qwen3_5_moe_vision"}
@@ -47,9 +58,6 @@ VISION_MEMBERS = (
 )
 #: spec 5.4 fixes the patch embedding's input width at 3 colour channels
 PATCH_CHANNELS = 3
-
-FULL_ATTENTION = "full_attention"
-LINEAR_ATTENTION = "linear_attention"
 
 #: Components that read hidden states through a head: each adds a Use input on the text head
 #: and on ``proposal/head``. Only mtp is checked by this binder; dflash/dflash2 are not.
@@ -128,54 +136,7 @@ def _fp32_vector(name: str, length: int) -> ParamSpec:
 
 
 # ---------------------------------------------------------------------------------------------
-# Geometry read from the text config
-
-
-@dataclass(frozen=True)
-class Attention:
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class Gdn:
-    key_heads: int
-    key_dim: int
-    value_heads: int
-    value_dim: int
-    conv_kernel: int
-
-    @property
-    def key_width(self) -> int:  # Kg
-        return self.key_heads * self.key_dim
-
-    @property
-    def value_width(self) -> int:  # Vg
-        return self.value_heads * self.value_dim
-
-
-@dataclass(frozen=True)
-class DenseMlp:
-    intermediate: int
-
-
-@dataclass(frozen=True)
-class Moe:
-    experts: int
-    top_k: int
-    expert_width: int
-    shared_width: int
-
-
-@dataclass(frozen=True)
-class Geometry:
-    hidden: int
-    vocab: int
-    layer_types: tuple[str, ...]
-    attention: Attention | None
-    gdn: Gdn | None
-    ffn: DenseMlp | Moe
+# Vision geometry (the text geometry is qwen3_5_geometry's)
 
 
 @dataclass(frozen=True)
@@ -343,219 +304,6 @@ def _all_parameters(
 # ---------------------------------------------------------------------------------------------
 # Config reading: free-form JSON in, typed geometry or error lines out
 
-_MISSING = object()
-
-
-def _show(value: Any) -> str:
-    if value is _MISSING:
-        return "nothing"
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):  # not JSON, or an int beyond Python's str() digit limit
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class _Config:
-    """Typed access to one free-form config object; each bad member becomes one error line."""
-
-    def __init__(self, values: Mapping[str, Any], where: str, findings: Findings) -> None:
-        self.values = values
-        self.where = where  # e.g. "text config member 'rope_parameters."
-        self.findings = findings
-        self.why = ""  # appended to "is missing" lines, e.g. " (full-attention layers need it)"
-
-    def error(self, key: str, problem: str) -> None:
-        self.findings.error(f"{self.where}{key}' {problem}")
-
-    def _get(self, key: str) -> Any:
-        if key not in self.values:
-            self.error(key, "is missing" + self.why)
-            return _MISSING
-        return self.values[key]
-
-    def positive_int(self, key: str) -> int | None:
-        value = self._get(key)
-        if value is _MISSING:
-            return None
-        if type(value) is not int or value <= 0:  # type() also rejects bool
-            self.error(key, f"must be a positive integer, got {_show(value)}")
-            return None
-        return value
-
-    def positive_number(self, key: str) -> int | float | None:
-        value = self._get(key)
-        if value is _MISSING:
-            return None
-        # int is checked apart from float: math.isfinite(10**400) raises OverflowError.
-        finite = type(value) is int or (type(value) is float and math.isfinite(value))
-        if not finite or value <= 0:
-            self.error(key, f"must be a positive number, got {_show(value)}")
-            return None
-        return value
-
-    def boolean(self, key: str) -> bool | None:
-        value = self._get(key)
-        if value is _MISSING:
-            return None
-        if type(value) is not bool:
-            self.error(key, f"must be true or false, got {_show(value)}")
-            return None
-        return value
-
-    def int_list(self, key: str, length: int) -> list[int] | None:
-        value = self._get(key)
-        if value is _MISSING:
-            return None
-        if (
-            not isinstance(value, list)
-            or len(value) != length
-            or any(type(v) is not int or v < 0 for v in value)
-        ):
-            self.error(key, f"must be a list of {length} non-negative integers, got {_show(value)}")
-            return None
-        return value
-
-    def string_list(self, key: str) -> list[str] | None:
-        value = self._get(key)
-        if value is _MISSING:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self.error(key, f"must be a list of strings, got {_show(value)}")
-            return None
-        return value
-
-    def section(self, key: str) -> _Config | None:
-        value = self._get(key)
-        if value is _MISSING:
-            return None
-        if not isinstance(value, dict):
-            self.error(key, f"must be an object, got {_show(value)}")
-            return None
-        inner = _Config(value, f"{self.where}{key}.", self.findings)
-        inner.why = self.why
-        return inner
-
-
-def _read_layer_types(c: _Config, layers: int | None) -> tuple[str, ...] | None:
-    types = c.string_list("layer_types")
-    if types is None:
-        return None
-    allowed = (FULL_ATTENTION, LINEAR_ATTENTION)
-    bad = [i for i, t in enumerate(types) if t not in allowed]
-    for i in bad:
-        c.error(f"layer_types[{i}]", f"must be {' or '.join(allowed)}, got {_show(types[i])}")
-    if layers is not None and len(types) != layers:
-        c.error("layer_types", f"has {len(types)} entries but num_hidden_layers is {layers}")
-        return None
-    return None if bad else tuple(types)
-
-
-def _read_attention(c: _Config, why: str) -> Attention | None:
-    c.why = why
-    heads = c.positive_int("num_attention_heads")
-    kv_heads = c.positive_int("num_key_value_heads")
-    head_dim = c.positive_int("head_dim")
-    rope = c.section("rope_parameters")
-    if rope is not None:
-        rope.positive_number("rope_theta")
-        factor = rope.positive_number("partial_rotary_factor")
-        mrope = rope.int_list("mrope_section", 3)
-        if factor is not None and factor > 1:
-            rope.error("partial_rotary_factor", f"must be at most 1, got {_show(factor)}")
-        elif factor is not None and mrope is not None and head_dim is not None:
-            # mrope splits the rotary frequency pairs over (t, h, w): 2·Σ = rotated dims.
-            # Configs may carry f32-rounded factors (spec 8.6), hence a relative tolerance.
-            covered = 2 * sum(mrope)
-            try:
-                rotated = head_dim * factor
-                matches = math.isclose(covered, rotated, rel_tol=1e-6)
-            except OverflowError:  # head_dim beyond float range: cannot match a real section
-                rotated, matches = math.inf, False
-            if not matches:
-                rope.error(
-                    "mrope_section",
-                    f"covers {covered} rotated dims but head_dim × partial_rotary_factor"
-                    f" = {rotated:g}",
-                )
-    c.why = ""
-    if heads is not None and kv_heads is not None and heads % kv_heads:
-        c.error(
-            "num_attention_heads",
-            f"({heads}) must be a multiple of num_key_value_heads ({kv_heads})",
-        )
-    if None in (heads, kv_heads, head_dim):
-        return None
-    return Attention(heads, kv_heads, head_dim)  # type: ignore[arg-type]
-
-
-def _read_gdn(c: _Config) -> Gdn | None:
-    c.why = " (linear_attention layers need it)"
-    values = [
-        c.positive_int(key)
-        for key in (
-            "linear_num_key_heads",
-            "linear_key_head_dim",
-            "linear_num_value_heads",
-            "linear_value_head_dim",
-            "linear_conv_kernel_dim",
-        )
-    ]
-    c.why = ""
-    key_heads, _, value_heads, _, _ = values
-    if key_heads is not None and value_heads is not None and value_heads % key_heads:
-        c.error(
-            "linear_num_value_heads",
-            f"({value_heads}) must be a multiple of linear_num_key_heads ({key_heads})",
-        )
-    if None in values:
-        return None
-    return Gdn(*values)  # type: ignore[arg-type]
-
-
-def _read_ffn(c: _Config, moe: bool) -> DenseMlp | Moe | None:
-    if not moe:
-        width = c.positive_int("intermediate_size")
-        return None if width is None else DenseMlp(width)
-    experts = c.positive_int("num_experts")
-    top_k = c.positive_int("num_experts_per_tok")
-    expert_width = c.positive_int("moe_intermediate_size")
-    shared_width = c.positive_int("shared_expert_intermediate_size")
-    if experts is not None and top_k is not None and top_k > experts:
-        c.error("num_experts_per_tok", f"({top_k}) exceeds num_experts ({experts})")
-    if None in (experts, top_k, expert_width, shared_width):
-        return None
-    return Moe(experts, top_k, expert_width, shared_width)  # type: ignore[arg-type]
-
-
-def _read_geometry(
-    config: Mapping[str, Any], moe: bool, with_mtp: bool, findings: Findings
-) -> Geometry | None:
-    """The text geometry, or None after reporting every member that prevents deriving it."""
-    before = len(findings.errors)
-    c = _Config(config, "text config member '", findings)
-    hidden = c.positive_int("hidden_size")
-    vocab = c.positive_int("vocab_size")
-    layers = c.positive_int("num_hidden_layers")
-    c.positive_int("max_position_embeddings")
-    c.boolean("tie_word_embeddings")
-    c.positive_number("rms_norm_eps")
-    layer_types = _read_layer_types(c, layers)
-    types = set(layer_types or ())
-    attention = gdn = None
-    if FULL_ATTENTION in types:
-        attention = _read_attention(c, " (full-attention layers need it)")
-    elif with_mtp:
-        attention = _read_attention(c, " (the mtp block is a full-attention block)")
-    if LINEAR_ATTENTION in types:
-        gdn = _read_gdn(c)
-    ffn = _read_ffn(c, moe)
-    if len(findings.errors) > before:
-        return None
-    assert hidden is not None and vocab is not None and layer_types is not None
-    assert ffn is not None
-    return Geometry(hidden, vocab, layer_types, attention, gdn, ffn)
-
 
 def _read_vision(config: Mapping[str, Any], text_hidden: int, findings: Findings) -> Vision | None:
     """The vision geometry, or None after reporting every member that prevents deriving it.
@@ -563,7 +311,7 @@ def _read_vision(config: Mapping[str, Any], text_hidden: int, findings: Findings
     Members that do not change a shape (head count, the optional HF ``in_channels`` and
     ``out_hidden_size``) are still checked, but a bad one does not stop the parameter checks.
     """
-    c = _Config(config, "vision config member '", findings)
+    c = ConfigReader(config, "vision config member '", findings.errors)
     values = [c.positive_int(key) for key in VISION_MEMBERS]
     _, hidden, _, heads, *_ = values
     if hidden is not None and heads is not None and hidden % heads:
@@ -572,7 +320,7 @@ def _read_vision(config: Mapping[str, Any], text_hidden: int, findings: Findings
     # HF configs may still spell both out, and then they must agree.
     for key, wanted in (("in_channels", PATCH_CHANNELS), ("out_hidden_size", text_hidden)):
         if key in config and config[key] != wanted:
-            c.error(key, f"must be {wanted} when present, got {_show(config[key])}")
+            c.error(key, f"must be {wanted} when present, got {show(config[key])}")
     if None in values:
         return None
     return Vision(*values)  # type: ignore[arg-type]
@@ -590,7 +338,7 @@ def _check_identity(config: Mapping[str, Any], model_type: str, findings: Findin
     elif config["model_type"] != model_type:  # selected through architectures[0]
         findings.error(
             f"text config member 'model_type' must be {json.dumps(model_type)},"
-            f" got {_show(config['model_type'])}"
+            f" got {show(config['model_type'])}"
         )
     if "architectures" not in config:
         findings.warning(f"text config has no architectures member (expected [{expected}])")
@@ -600,7 +348,7 @@ def _check_identity(config: Mapping[str, Any], model_type: str, findings: Findin
         return
     first = architectures[0] if isinstance(architectures, list) and architectures else None
     message = (
-        f"text config member 'architectures' is {_show(architectures)} but"
+        f"text config member 'architectures' is {show(architectures)} but"
         f" model_type {model_type} means [{json.dumps(expected)}]"
     )
     if first in ARCHITECTURE_OF.values():  # the other Qwen3.5 variant: dense/MoE confusion
@@ -612,14 +360,14 @@ def _check_identity(config: Mapping[str, Any], model_type: str, findings: Findin
 def _check_mtp_component(directory: Directory, model_type: str, findings: Findings) -> None:
     mtp = directory.components["mtp"]
     expected = [MTP_ARCHITECTURE_OF[model_type]]
-    architectures = mtp.config.get("architectures", _MISSING)
+    architectures = mtp.config.get("architectures", MISSING)
     if architectures != expected:
         findings.error(
             f"mtp config member 'architectures' must be {json.dumps(expected)} with a"
-            f" {model_type} text component, got {_show(architectures)}"
+            f" {model_type} text component, got {show(architectures)}"
         )
     if mtp.target != "text":
-        findings.error(f'mtp component must have target "text", got {_show(mtp.target)}')
+        findings.error(f'mtp component must have target "text", got {show(mtp.target)}')
 
 
 def _check_resources(
@@ -645,14 +393,14 @@ def _check_vision_component(directory: Directory, model_type: str, findings: Fin
     """Identity, target and resources of the vision component; its geometry is read later."""
     vision: Component = directory.components["vision"]
     expected = VISION_MODEL_TYPE_OF[model_type]
-    found = vision.config.get("model_type", _MISSING)
+    found = vision.config.get("model_type", MISSING)
     if found != expected:
         findings.error(
             f"vision config member 'model_type' must be {json.dumps(expected)} with a"
-            f" {model_type} text component, got {_show(found)}"
+            f" {model_type} text component, got {show(found)}"
         )
     if vision.target != "text":
-        findings.error(f'vision component must have target "text", got {_show(vision.target)}')
+        findings.error(f'vision component must have target "text", got {show(vision.target)}')
     _check_resources("vision", directory, VISION_REQUIRED_ROLES, VISION_RESOURCE_ROLES, findings)
 
 
@@ -953,7 +701,7 @@ def bind_qwen3_5(directory: Directory, model_type: str, f: Findings) -> None:
     _check_resources("text", directory, TEXT_RESOURCE_ROLES, TEXT_RESOURCE_ROLES, f)
     if with_vision:
         _check_vision_component(directory, model_type, f)
-    geometry = _read_geometry(text.config, model_type == MOE, with_mtp, f)
+    geometry = read_geometry(text.config, f.errors, with_mtp=with_mtp, model_type=model_type)
     if geometry is None:
         f.warning("parameters were not checked: the text config does not define the geometry")
         return
@@ -992,11 +740,8 @@ def expected_parameters(
     with its shape, role and use inputs, for a text config and the selected components
     (``vision_config``, the vision component's config, is needed when "vision" is selected)."""
     f = Findings()
-    model_type = text_config.get("model_type", DENSE)
     with_mtp = "mtp" in components
-    geometry = _read_geometry(text_config, model_type == MOE, with_mtp, f)
-    if geometry is None:
-        raise DirectoryError("text config cannot define a Qwen3.5 geometry", problems=f.errors)
+    geometry = Geometry.from_config(text_config, with_mtp=with_mtp)
     vision = None
     if "vision" in components:
         vision = _read_vision(vision_config or {}, geometry.hidden, f)
