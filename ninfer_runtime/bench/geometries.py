@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ninfer_format.binders.qwen3_5 import DENSE, MOE
+from ninfer_format.binders.qwen3_5_geometry import (
+    DENSE,
+    MOE,
+    Qwen35Geometry,
+    layer_types_for_interval,
+)
 
 _ROPE = {
     "rope_type": "default",
@@ -18,15 +23,15 @@ _ROPE = {
 }
 
 
-def _layer_types(layers: int) -> list[str]:
-    return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+#: every fourth layer full attention, as in the official checkpoints
+FULL_ATTENTION_INTERVAL = 4
 
 
 def _config(model_type: str, layers: int, mrope: list[int], **fields: Any) -> dict[str, Any]:
     return {
         "model_type": model_type,
         "num_hidden_layers": layers,
-        "layer_types": _layer_types(layers),
+        "layer_types": layer_types_for_interval(layers, FULL_ATTENTION_INTERVAL),
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": False,
         "max_position_embeddings": 262144,
@@ -73,3 +78,8 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
         moe_intermediate_size=128, shared_expert_intermediate_size=128, **TINY_SHAPES,
     ),
 }  # fmt: skip
+
+
+def geometry(name: str) -> Qwen35Geometry:
+    """The geometry of ``GEOMETRIES[name]``, as the binder and the runtime read it."""
+    return Qwen35Geometry.from_config(GEOMETRIES[name])

@@ -1,7 +1,8 @@
-"""The geometry of a Qwen3.5 / Qwen3.6 text model, read from the artifact's text config.
+"""The geometry of a Qwen3.5 / Qwen3.6 text model, as the model code reads it.
 
-The binder has already validated the config against the parameter contract; this only turns
-it into typed numbers the model code can use without dictionary lookups.
+The text config is read by the format's one Qwen3.5 geometry (``qwen3_5_geometry``), the same
+reading the binder checks artifacts with; this only adds what the runtime keeps beside it
+(the routed experts a rank holds) and turns a bad config into a ``ModelError``.
 """
 
 from __future__ import annotations
@@ -10,46 +11,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer_format.binders.qwen3_5_geometry import (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    Attention,
+    Gdn,
+    GeometryError,
+    Moe,
+    Qwen35Geometry,
+)
+
 from ...errors import ModelError
 
-FULL_ATTENTION = "full_attention"
-LINEAR_ATTENTION = "linear_attention"
+__all__ = [
+    "FULL_ATTENTION",
+    "LINEAR_ATTENTION",
+    "AttentionConfig",
+    "GdnConfig",
+    "MoeConfig",
+    "Qwen35Config",
+]
+
+#: the format's records, under the names the model code uses
+AttentionConfig = Attention
+GdnConfig = Gdn
 
 
 @dataclass(frozen=True)
-class AttentionConfig:
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rotary_dim: int  # the first rotary_dim dims of each head rotate (partial RoPE)
-    rope_theta: float
-
-
-@dataclass(frozen=True)
-class GdnConfig:
-    key_heads: int
-    key_dim: int
-    value_heads: int
-    value_dim: int
-    conv_kernel: int
-
-    @property
-    def key_width(self) -> int:
-        return self.key_heads * self.key_dim
-
-    @property
-    def value_width(self) -> int:
-        return self.value_heads * self.value_dim
-
-    @property
-    def conv_channels(self) -> int:  # channel order [q | k | v]
-        return 2 * self.key_width + self.value_width
-
-
-@dataclass(frozen=True)
-class MoeConfig:
-    experts: int
-    top_k: int
+class MoeConfig(Moe):
     #: the routed experts this rank holds, ``[first, stop)`` (expert parallelism); None: all
     owned: tuple[int, int] | None = None
 
@@ -70,45 +59,18 @@ class Qwen35Config:
 
     @classmethod
     def from_text_config(cls, c: Mapping[str, Any]) -> Qwen35Config:
+        # Which components the artifact has is not known here: a config that spells out
+        # attention members is read with them, as the MTP block (a full-attention block)
+        # needs them; the model refuses MTP without attention itself.
         try:
-            layer_types = tuple(c["layer_types"])
-            # full-attention layers and the MTP block both need the attention geometry
-            attention = _attention(c) if "num_attention_heads" in c else None
-            gdn = None
-            if LINEAR_ATTENTION in layer_types:
-                gdn = GdnConfig(
-                    int(c["linear_num_key_heads"]),
-                    int(c["linear_key_head_dim"]),
-                    int(c["linear_num_value_heads"]),
-                    int(c["linear_value_head_dim"]),
-                    int(c["linear_conv_kernel_dim"]),
-                )
-            moe = None
-            if c.get("model_type") == "qwen3_5_moe_text":
-                moe = MoeConfig(int(c["num_experts"]), int(c["num_experts_per_tok"]))
-            return cls(
-                hidden=int(c["hidden_size"]),
-                vocab=int(c["vocab_size"]),
-                eps=float(c["rms_norm_eps"]),
-                layer_types=layer_types,
-                attention=attention,
-                gdn=gdn,
-                moe=moe,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelError(f"text config cannot define a Qwen3.5 model: {exc!r}") from None
+            with_attention = "num_attention_heads" in c
+            return cls.from_geometry(Qwen35Geometry.from_config(c, with_mtp=with_attention))
+        except GeometryError as exc:
+            raise ModelError(
+                f"text config cannot define a Qwen3.5 model: {'; '.join(exc.problems)}"
+            ) from None
 
-
-def _attention(c: Mapping[str, Any]) -> AttentionConfig:
-    rope = dict(c.get("rope_parameters") or {})
-    head_dim = int(c["head_dim"])
-    # HF's defaults when a key is absent: a quarter of each head rotates, theta 1e4
-    partial = float(rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25)))
-    theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
-    return AttentionConfig(
-        heads=int(c["num_attention_heads"]),
-        kv_heads=int(c["num_key_value_heads"]),
-        head_dim=head_dim,
-        rotary_dim=int(head_dim * partial),
-        rope_theta=theta,
-    )
+    @classmethod
+    def from_geometry(cls, g: Qwen35Geometry) -> Qwen35Config:
+        moe = None if g.moe is None else MoeConfig(**vars(g.moe))
+        return cls(g.hidden, g.vocab, g.eps, g.layer_types, g.attention, g.gdn, moe)

@@ -79,29 +79,31 @@ def split_of(name: str, expert_parallel: bool = False) -> tuple[int, tuple[Any, 
 def local_config(c: Qwen35Config, shard: Shard) -> Qwen35Config:
     """The geometry rank ``shard`` computes (its heads; with expert parallelism, its run of
     routed experts); ``ShardError`` naming the field when one does not split."""
-    world = shard.world
     attention, gdn, moe = c.attention, c.gdn, c.moe
     if moe is not None and shard.expert_parallel:
-        per = _split_evenly(moe.experts, world, "num_experts")
+        per = _split_evenly(moe, "experts", shard)
         moe = dataclasses.replace(moe, owned=(shard.rank * per, (shard.rank + 1) * per))
     if attention is not None:
         attention = dataclasses.replace(
             attention,
-            heads=_split_evenly(attention.heads, world, "num_attention_heads"),
-            kv_heads=shard.local(attention.kv_heads, "num_key_value_heads"),
+            heads=_split_evenly(attention, "heads", shard),
+            kv_heads=shard.local(attention.kv_heads, attention.MEMBERS["kv_heads"]),
         )
     if gdn is not None:
         gdn = dataclasses.replace(
             gdn,
-            key_heads=_split_evenly(gdn.key_heads, world, "linear_num_key_heads"),
-            value_heads=_split_evenly(gdn.value_heads, world, "linear_num_value_heads"),
+            key_heads=_split_evenly(gdn, "key_heads", shard),
+            value_heads=_split_evenly(gdn, "value_heads", shard),
         )
     return dataclasses.replace(c, attention=attention, gdn=gdn, moe=moe)
 
 
-def _split_evenly(count: int, world: int, what: str) -> int:
+def _split_evenly(section: Any, count_field: str, shard: Shard) -> int:
+    """A count of the geometry split over the ranks; the error names its config member."""
+    count, world = getattr(section, count_field), shard.world
     if count % world:
-        raise ShardError(f"{what}: {count} do not split over {world} ranks")
+        member = section.MEMBERS[count_field]
+        raise ShardError(f"{member}: {count} do not split over {world} ranks")
     return count // world
 
 
