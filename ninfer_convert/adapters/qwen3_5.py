@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ninfer_format.binders.qwen3_5 import expected_parameters
+from ninfer_format.binders.qwen3_5_geometry import Qwen35Geometry
 
 from ..errors import RecipeError
 from .base import LogicalTensor, SourcePiece, register_adapter
@@ -33,29 +34,21 @@ def _rows(name: str, start: int, stop: int) -> Pieces:
 class _Names:
     """Source names for one checkpoint: prefixes found once, lookups by logical suffix."""
 
-    def __init__(self, keys: set[str], config: Mapping[str, Any]):
+    def __init__(self, keys: set[str], geometry: Qwen35Geometry):
         self.keys = keys
         self.text = (
             "model.language_model."
             if any(k.startswith("model.language_model.") for k in keys)
             else "model."
         )
-        self.config = config
-        self.head_dim = int(config.get("head_dim") or 0)
-        self.key_width = int(config.get("linear_num_key_heads", 0)) * int(
-            config.get("linear_key_head_dim", 0)
-        )
-        self.value_width = int(config.get("linear_num_value_heads", 0)) * int(
-            config.get("linear_value_head_dim", 0)
-        )
-        self.experts_width = int(config.get("moe_intermediate_size") or 0)
+        self.geometry = geometry
 
     def globals(self, suffix: str) -> Pieces:
         if suffix == "token_embedding":
             return _whole(self.text + "embed_tokens.weight")
         if suffix == "final_norm":
             return _whole(self.text + "norm.weight")
-        if "lm_head.weight" not in self.keys and self.config.get("tie_word_embeddings"):
+        if "lm_head.weight" not in self.keys and self.geometry.tie_word_embeddings:
             return _whole(self.text + "embed_tokens.weight")
         return _whole("lm_head.weight")
 
@@ -91,7 +84,9 @@ class _Names:
         if suffix in ("attention/query", "attention/gate"):
             return self._query_or_gate(prefix + "self_attn.q_proj.weight", suffix)
         if suffix.startswith("gdn/") and suffix[4:] in ("query", "key", "value"):
-            kg, vg = self.key_width, self.value_width
+            gdn = self.geometry.gdn
+            assert gdn is not None  # the parameter exists because a layer is a GDN layer
+            kg, vg = gdn.key_width, gdn.value_width
             start, width = {"query": (0, kg), "key": (kg, kg), "value": (2 * kg, vg)}[suffix[4:]]
             return _rows(prefix + "linear_attn.in_proj_qkv.weight", start, start + width)
         if suffix.startswith("moe/experts/"):
@@ -100,8 +95,9 @@ class _Names:
         raise RecipeError(f"no source mapping for {prefix}{suffix}")
 
     def _query_or_gate(self, name: str, suffix: str) -> Pieces:
-        d = self.head_dim
-        heads = int(self.config["num_attention_heads"])
+        attention = self.geometry.attention
+        assert attention is not None  # the parameter exists because a block is attention
+        d, heads = attention.head_dim, attention.heads
         offset = 0 if suffix == "attention/query" else d
         return tuple(
             SourcePiece(name, (2 * h * d + offset, 2 * h * d + offset + d)) for h in range(heads)
@@ -111,9 +107,11 @@ class _Names:
         per_expert = f"{prefix}mlp.experts.{e}.{which}_proj.weight"
         if per_expert in self.keys:
             return _whole(per_expert)
-        width = self.experts_width
+        moe = self.geometry.moe
+        assert moe is not None  # the parameter exists because the model is MoE
+        width = moe.expert_width
         if which == "down":
-            hidden = int(self.config["hidden_size"])
+            hidden = self.geometry.hidden
             return _rows(f"{prefix}mlp.experts.down_proj", e * hidden, (e + 1) * hidden)
         start = e * 2 * width + (0 if which == "gate" else width)
         return _rows(f"{prefix}mlp.experts.gate_up_proj", start, start + width)
@@ -191,9 +189,9 @@ def map_qwen3_5(
     components: tuple[str, ...],
     vision_config: Mapping[str, Any] | None = None,
 ) -> dict[str, LogicalTensor]:
-    names = _Names(keys, text_config)
-    out: dict[str, LogicalTensor] = {}
     specs = expected_parameters(text_config, components=components, vision_config=vision_config)
+    names = _Names(keys, Qwen35Geometry.from_config(text_config, with_mtp="mtp" in components))
+    out: dict[str, LogicalTensor] = {}
     for spec in specs:
         component, rest = spec.name.split("/", 1)
         if component == "text" and rest.startswith("layers/"):

@@ -33,6 +33,14 @@ from typing import Any
 import torch
 
 from ninfer_format.binders.qwen3_5 import expected_parameters
+from ninfer_format.binders.qwen3_5_geometry import (
+    FULL_ATTENTION,
+    Attention,
+    DenseMlp,
+    Gdn,
+    GeometryError,
+    Qwen35Geometry,
+)
 
 from ..errors import RecipeError, SourceError
 from ..sources import GgufSource, HFDirectorySource
@@ -100,100 +108,46 @@ def untile_columns(key_heads: int, ratio: int, width: int) -> list[int]:
 # --- geometry and names -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Geometry:
-    hidden: int
-    layers: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    key_heads: int
-    key_dim: int
-    value_heads: int
-    value_dim: int
-    taps: int
-    intermediate: int  # the dense MLP's width (0 with MoE)
-    full_interval: int
-    experts: int = 0  # MoE (qwen35moe): routed experts, their width, the shared expert's
-    expert_width: int = 0
-    shared_width: int = 0
-
-    @property
-    def architecture(self) -> str:
-        return MOE_ARCHITECTURE if self.experts else ARCHITECTURE
-
-    @property
-    def key_width(self) -> int:
-        return self.key_heads * self.key_dim
-
-    @property
-    def value_width(self) -> int:
-        return self.value_heads * self.value_dim
-
-    @property
-    def ratio(self) -> int:
-        return self.value_heads // self.key_heads
-
-
-def _full_interval(config: Mapping[str, Any]) -> int:
-    """llama.cpp's ``full_attention_interval``: layer i is full attention iff (i+1) % n == 0."""
-    if config.get("full_attention_interval"):
-        return int(config["full_attention_interval"])
-    types = list(config.get("layer_types") or [])
-    if "full_attention" not in types:
-        raise RecipeError("config.json has no full_attention layer in layer_types")
-    interval = types.index("full_attention") + 1
-    expected = [
-        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-        for i in range(len(types))
-    ]
-    if types != expected:
-        raise RecipeError(
-            "config.json layer_types is not periodic (every n-th layer full attention), "
-            "which qwen35 GGUF files require"
-        )
-    return interval
-
-
-def geometry(config: Mapping[str, Any]) -> Geometry:
+def geometry(config: Mapping[str, Any]) -> Qwen35Geometry:
+    """The config's geometry (the format's one reading of it), which a ``qwen35`` /
+    ``qwen35moe`` file must have: llama.cpp records only periodic layer types."""
     model_type = config.get("model_type")
     if model_type not in TEXT_TYPES:
         raise RecipeError(
             f"GGUF import handles Qwen3.5 ({', '.join(TEXT_TYPES)}), not {model_type!r}"
         )
-    moe = model_type == "qwen3_5_moe_text"
     try:
-        g = Geometry(
-            hidden=int(config["hidden_size"]),
-            layers=int(config["num_hidden_layers"]),
-            vocab=int(config["vocab_size"]),
-            heads=int(config["num_attention_heads"]),
-            kv_heads=int(config["num_key_value_heads"]),
-            head_dim=int(config["head_dim"]),
-            key_heads=int(config["linear_num_key_heads"]),
-            key_dim=int(config["linear_key_head_dim"]),
-            value_heads=int(config["linear_num_value_heads"]),
-            value_dim=int(config["linear_value_head_dim"]),
-            taps=int(config["linear_conv_kernel_dim"]),
-            intermediate=0 if moe else int(config["intermediate_size"]),
-            full_interval=_full_interval(config),
-            experts=int(config["num_experts"]) if moe else 0,
-            expert_width=int(config["moe_intermediate_size"]) if moe else 0,
-            shared_width=int(config["shared_expert_intermediate_size"]) if moe else 0,
+        g = Qwen35Geometry.from_config(config)
+    except GeometryError as exc:
+        problems = "; ".join(exc.problems)
+        raise RecipeError(
+            f"config.json cannot define the model for GGUF import: {problems}"
+        ) from None
+    if FULL_ATTENTION not in g.layer_types:
+        raise RecipeError("config.json has no full_attention layer in layer_types")
+    if g.full_attention_interval is None:
+        raise RecipeError(
+            "config.json layer_types is not periodic (every n-th layer full attention), "
+            "which qwen35 GGUF files require"
         )
-    except KeyError as exc:
-        raise RecipeError(f"config.json lacks {exc.args[0]!r}, needed for GGUF import") from None
-    if g.value_heads % g.key_heads:
-        raise RecipeError("linear_num_value_heads must be a multiple of linear_num_key_heads")
     return g
+
+
+def _attention(g: Qwen35Geometry) -> Attention:
+    assert g.attention is not None  # a periodic layer pattern has full-attention layers
+    return g.attention
+
+
+def _gdn_of(g: Qwen35Geometry) -> Gdn:
+    assert g.gdn is not None  # asked for GDN parameters only, which only GDN layers have
+    return g.gdn
 
 
 def _rows(name: str, start: int, stop: int) -> SourcePiece:
     return SourcePiece(name, (start, stop))
 
 
-def _untiled(name: str, start: int, g: Geometry, per_head: int) -> Pieces:
+def _untiled(name: str, start: int, g: Gdn, per_head: int) -> Pieces:
     """Rows of the grouped value heads, read from a tiled run of heads at row ``start``."""
     pieces: list[SourcePiece] = []
     for h in range(g.value_heads):
@@ -221,42 +175,53 @@ def _whole(name: str, shape: tuple[int, ...], transform: str = "") -> _Entry:
     return _Entry((_rows(name, 0, shape[0]),), {name: shape}, transform)
 
 
-def _layer(p: str, suffix: str, g: Geometry) -> _Entry:
+def _layer(p: str, suffix: str, g: Qwen35Geometry) -> _Entry:
     """One text (or MTP) layer's parameter; ``p`` is the GGUF prefix ``blk.N.``."""
-    h, d = g.hidden, g.head_dim
+    h = g.hidden
+    norms = {"input_norm": "attn_norm.weight", "post_attention_norm": "post_attention_norm.weight"}
+    if suffix in norms:
+        return _whole(p + norms[suffix], (h,), MINUS_ONE)
+    if suffix.startswith("attention/"):
+        return _attention_entry(p, suffix, _attention(g), h)
+    if suffix.startswith("mlp/"):
+        assert isinstance(g.ffn, DenseMlp)  # mlp/ parameters are the dense model's
+        i = g.ffn.intermediate
+        shapes = {"gate": (i, h), "up": (i, h), "down": (h, i)}
+        projection = suffix.removeprefix("mlp/")
+        return _whole(f"{p}ffn_{projection}.weight", shapes[projection])
+    if suffix.startswith("moe/"):
+        return _moe(p, suffix, g)
+    return _gdn(p, suffix, _gdn_of(g), h)
+
+
+def _attention_entry(p: str, suffix: str, a: Attention, h: int) -> _Entry:
+    d = a.head_dim
     norms = {
-        "input_norm": "attn_norm.weight",
-        "post_attention_norm": "post_attention_norm.weight",
         "attention/query_norm": "attn_q_norm.weight",
         "attention/key_norm": "attn_k_norm.weight",
     }
     if suffix in norms:
-        return _whole(p + norms[suffix], (h if "attention/" not in suffix else d,), MINUS_ONE)
+        return _whole(p + norms[suffix], (d,), MINUS_ONE)
     plain = {
-        "attention/key": ("attn_k.weight", (g.kv_heads * d, h)),
-        "attention/value": ("attn_v.weight", (g.kv_heads * d, h)),
-        "attention/output": ("attn_output.weight", (h, g.heads * d)),
-        "gdn/norm": ("ssm_norm.weight", (g.value_dim,)),
-        "mlp/gate": ("ffn_gate.weight", (g.intermediate, h)),
-        "mlp/up": ("ffn_up.weight", (g.intermediate, h)),
-        "mlp/down": ("ffn_down.weight", (h, g.intermediate)),
+        "attention/key": ("attn_k.weight", (a.kv_heads * d, h)),
+        "attention/value": ("attn_v.weight", (a.kv_heads * d, h)),
+        "attention/output": ("attn_output.weight", (h, a.heads * d)),
     }
     if suffix in plain:
         return _whole(p + plain[suffix][0], plain[suffix][1])
-    if suffix.startswith("moe/"):
-        return _moe(p, suffix, g)
-    if suffix in ("attention/query", "attention/gate"):
-        name, offset = p + "attn_q.weight", 0 if suffix == "attention/query" else d
-        starts = [2 * i * d + offset for i in range(g.heads)]
-        pieces = tuple(_rows(name, a, a + d) for a in starts)
-        return _Entry(pieces, {name: (2 * g.heads * d, h)})
-    return _gdn(p, suffix, g)
+    if suffix not in ("attention/query", "attention/gate"):
+        raise RecipeError(f"no GGUF mapping for {p}{suffix}")
+    name, offset = p + "attn_q.weight", 0 if suffix == "attention/query" else d
+    starts = [2 * i * d + offset for i in range(a.heads)]
+    pieces = tuple(_rows(name, start, start + d) for start in starts)
+    return _Entry(pieces, {name: (2 * a.heads * d, h)})
 
 
-def _moe(p: str, suffix: str, g: Geometry) -> _Entry:
+def _moe(p: str, suffix: str, g: Qwen35Geometry) -> _Entry:
     """A MoE block's parameter: llama.cpp keeps each projection of all routed experts in one
     rank-3 tensor ([E, I, H] gate and up, [E, H, I] down), expert e's rows one run of it."""
-    h, e, i, s = g.hidden, g.experts, g.expert_width, g.shared_width
+    assert g.moe is not None  # moe/ parameters are the MoE model's
+    h, e, i, s = g.hidden, g.moe.experts, g.moe.expert_width, g.moe.shared_width
     plain = {
         "moe/router": ("ffn_gate_inp.weight", (e, h)),
         "moe/shared_score": ("ffn_gate_inp_shexp.weight", (h,)),
@@ -280,8 +245,10 @@ def _moe(p: str, suffix: str, g: Geometry) -> _Entry:
     return _Entry((_rows(p + name, first, first + rows),), {p + name: shape})
 
 
-def _gdn(p: str, suffix: str, g: Geometry) -> _Entry:
-    h, kg, vg, nv = g.hidden, g.key_width, g.value_width, g.value_heads
+def _gdn(p: str, suffix: str, g: Gdn, h: int) -> _Entry:
+    kg, vg, nv = g.key_width, g.value_width, g.value_heads
+    if suffix == "gdn/norm":
+        return _whole(p + "ssm_norm.weight", (g.value_dim,))
     channels = 2 * kg + vg
     qkv = p + "attn_qkv.weight"
     if suffix in ("gdn/query", "gdn/key"):
@@ -302,7 +269,7 @@ def _gdn(p: str, suffix: str, g: Geometry) -> _Entry:
     if suffix == "gdn/convolution":
         name = p + "ssm_conv1d.weight"
         pieces = (_rows(name, 0, 2 * kg), *_untiled(name, 2 * kg, g, g.value_dim))
-        return _Entry(pieces, {name: (channels, g.taps)})
+        return _Entry(pieces, {name: (channels, g.conv_kernel)})
     if suffix == "gdn/output":
         name = p + "ssm_out.weight"
         columns = (g.key_heads, g.ratio, g.value_dim)
@@ -310,7 +277,7 @@ def _gdn(p: str, suffix: str, g: Geometry) -> _Entry:
     raise RecipeError(f"no GGUF mapping for {p}{suffix}")
 
 
-def _globals(suffix: str, g: Geometry, names: set[str]) -> _Entry:
+def _globals(suffix: str, g: Qwen35Geometry, names: set[str]) -> _Entry:
     if suffix == "token_embedding":
         return _whole("token_embd.weight", (g.vocab, g.hidden))
     if suffix == "final_norm":
@@ -319,7 +286,7 @@ def _globals(suffix: str, g: Geometry, names: set[str]) -> _Entry:
     return _whole(head, (g.vocab, g.hidden))
 
 
-def _mtp(suffix: str, g: Geometry) -> _Entry:
+def _mtp(suffix: str, g: Qwen35Geometry) -> _Entry:
     p = f"blk.{g.layers}."
     fixed = {
         "input_projection": ("nextn.eh_proj.weight", (g.hidden, 2 * g.hidden), ""),
@@ -337,40 +304,44 @@ def _mtp(suffix: str, g: Geometry) -> _Entry:
 
 
 def has_mtp(source: GgufSource, config: Mapping[str, Any]) -> bool:
+    # asked before the config is read whole (a bad one is reported with the base's names):
+    # llama.cpp numbers the MTP block after the text layers
     return f"blk.{int(config['num_hidden_layers'])}.nextn.eh_proj.weight" in source
 
 
 # --- header checks ----------------------------------------------------------------------------
 
 
-def check_header(source: GgufSource, g: Geometry, with_mtp: bool) -> None:
+def check_header(source: GgufSource, g: Qwen35Geometry, with_mtp: bool) -> None:
     """Notes 4.4: the header must describe the config's model (it is validated, not used)."""
-    arch = source.architecture
-    if arch != g.architecture:
+    arch, wanted = source.architecture, TEXT_TYPES[g.model_type]
+    if arch != wanted:
         raise SourceError(
-            f"{source.id}: general.architecture is {arch!r}; the config's model is "
-            f"{g.architecture!r}"
+            f"{source.id}: general.architecture is {arch!r}; the config's model is {wanted!r}"
         )
+    a = _attention(g)
     expected = {
         "embedding_length": g.hidden,
-        "attention.head_count": g.heads,
-        "attention.head_count_kv": g.kv_heads,
-        "attention.key_length": g.head_dim,
-        "attention.value_length": g.head_dim,
-        "ssm.conv_kernel": g.taps,
-        "ssm.state_size": g.key_dim,
-        "ssm.group_count": g.key_heads,
-        "ssm.time_step_rank": g.value_heads,
-        "ssm.inner_size": g.value_width,
-        "full_attention_interval": g.full_interval,
+        "attention.head_count": a.heads,
+        "attention.head_count_kv": a.kv_heads,
+        "attention.key_length": a.head_dim,
+        "attention.value_length": a.head_dim,
+        "full_attention_interval": g.full_attention_interval,
         "block_count": g.layers + (1 if with_mtp else 0),
     }
-    if g.experts:
-        expected["expert_count"] = g.experts
-        expected["expert_feed_forward_length"] = g.expert_width
-        expected["expert_shared_feed_forward_length"] = g.shared_width
+    if g.gdn is not None:  # every layer full attention (interval 1) leaves no GDN to describe
+        expected["ssm.conv_kernel"] = g.gdn.conv_kernel
+        expected["ssm.state_size"] = g.gdn.key_dim
+        expected["ssm.group_count"] = g.gdn.key_heads
+        expected["ssm.time_step_rank"] = g.gdn.value_heads
+        expected["ssm.inner_size"] = g.gdn.value_width
+    if g.moe is not None:
+        expected["expert_count"] = g.moe.experts
+        expected["expert_feed_forward_length"] = g.moe.expert_width
+        expected["expert_shared_feed_forward_length"] = g.moe.shared_width
     else:
-        expected["feed_forward_length"] = g.intermediate
+        assert isinstance(g.ffn, DenseMlp)
+        expected["feed_forward_length"] = g.ffn.intermediate
     wrong = []
     for key, value in expected.items():
         found = source.get(f"{arch}.{key}")
@@ -382,7 +353,9 @@ def check_header(source: GgufSource, g: Geometry, with_mtp: bool) -> None:
         )
 
 
-def _check_tensors(source: GgufSource, shapes: dict[str, tuple[int, ...]], g: Geometry) -> None:
+def _check_tensors(
+    source: GgufSource, shapes: dict[str, tuple[int, ...]], g: Qwen35Geometry
+) -> None:
     """The exact tensor set with the config's shapes (nothing unknown is silently dropped)."""
     names = set(source.keys())
     missing = sorted(set(shapes) - names)

@@ -23,11 +23,19 @@ from typing import Any
 
 from gguf.constants import Keys, TokenType
 
+from ninfer_format.binders.qwen3_5_geometry import (
+    DENSE,
+    MOE,
+    GeometryError,
+    Qwen35Geometry,
+    layer_types_for_interval,
+)
+
 from ..errors import SourceError
 from .gguf_file import GgufSource
 
 #: llama.cpp architecture -> the text config's model_type
-MODEL_TYPES = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
+MODEL_TYPES = {"qwen35": DENSE, "qwen35moe": MOE}
 #: Qwen2's splitting rule (contractions, letters, single digits, punctuation runs, newlines)
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -111,7 +119,7 @@ def text_config(source: GgufSource) -> dict[str, Any]:
     # the multimodal rotary sections (llama.cpp pads them to four with zeros), interleaved
     # as Qwen3.5 lays them out
     sections = [int(s) for s in _key(source, Keys.Rope.DIMENSION_SECTIONS) if int(s)]
-    if model_type == "qwen3_5_moe_text":
+    if model_type == MOE:
         widths = {
             "num_experts": int(_key(source, Keys.LLM.EXPERT_COUNT)),
             "num_experts_per_tok": int(_key(source, Keys.LLM.EXPERT_USED_COUNT)),
@@ -130,15 +138,16 @@ def text_config(source: GgufSource) -> dict[str, Any]:
         "mrope_interleaved": True,
     }
     vocab = source.get(Keys.Tokenizer.LIST)
-    return {
+    try:
+        layer_types = layer_types_for_interval(layers, interval)
+    except ValueError as exc:
+        raise SourceError(f"{source.path}: {exc} ({WAY_ROUND})") from None
+    config = {
         "model_type": model_type,
         "hidden_size": int(_key(source, Keys.LLM.EMBEDDING_LENGTH)),
         **widths,
         "num_hidden_layers": layers,
-        "layer_types": [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-            for i in range(layers)
-        ],
+        "layer_types": layer_types,
         "num_attention_heads": int(_key(source, Keys.Attention.HEAD_COUNT)),
         "num_key_value_heads": int(_key(source, Keys.Attention.HEAD_COUNT_KV)),
         "head_dim": head_dim,
@@ -157,6 +166,16 @@ def text_config(source: GgufSource) -> dict[str, Any]:
         "hidden_act": "silu",
         "attention_bias": False,
     }
+    # the keys above are llama.cpp's names for the config's members; whether they define a
+    # model at all is the one Qwen3.5 geometry's to say
+    try:
+        Qwen35Geometry.from_config(config)
+    except GeometryError as exc:
+        raise SourceError(
+            f"{source.path}: the metadata does not define a Qwen3.5 model: "
+            f"{'; '.join(exc.problems)} ({WAY_ROUND})"
+        ) from None
+    return config
 
 
 def tokenizer_json(source: GgufSource) -> dict[str, Any]:
