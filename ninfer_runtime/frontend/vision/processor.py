@@ -1,0 +1,221 @@
+"""Images -> the vision tower's ``pixel_values`` and ``grid_thw``, as the checkpoint's image
+processor makes them.
+
+Qwen3.5 checkpoints name ``Qwen2VLImageProcessor(Fast)`` in ``preprocessor_config.json``;
+transformers 5.x runs it with its Pillow backend (``Qwen2VLImageProcessorPil``) when torchvision
+is absent and with torchvision's resize when present. This is the Pillow backend step for step,
+and it matches it exactly (bit for bit, tests/runtime/test_image_preprocessing.py):
+
+    size      smart_resize: each side a multiple of factor = patch_size · merge_size, the area
+              brought within [min_pixels, max_pixels] keeping the aspect ratio
+    resize    Pillow ``Image.resize`` with the config's filter (bicubic) on the 8-bit image
+    rescale   uint8 -> float64 · rescale_factor -> float32
+    normalize (x - mean) / std in float32, per channel
+    patches   [gh·gw, C·T·P·P] rows in merge-block order (the m×m patches of one merged token
+              consecutive), the single frame repeated T = temporal_patch_size times
+
+torchvision's antialiased bicubic resize (float math, rounded back to 8 bits) is not Pillow's
+fixed-point one: emulated with torch's ``interpolate``, ~10% of resized pixels differ, by 1 to 3
+levels, i.e. up to ~3·2/255 in ``pixel_values`` for std 0.5. Pillow's numbers are the ones
+transformers gives where torchvision is not installed, and the only ones reproducible here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._errors import artifact_error
+from ._pil import Image
+from .decode import to_rgb
+from .errors import ImageError
+
+ROLE = "preprocessor_config.json"
+#: transformers' Qwen2VLImageProcessor class defaults (OPENAI_CLIP mean and std)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+DEFAULT_MIN_PIXELS = 56 * 56
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+#: smart_resize refuses images longer than this many times their width (or the reverse)
+MAX_ASPECT_RATIO = 200
+#: Pillow's filters by their numbers (the config's ``resample``): nearest, lanczos, bilinear,
+#: bicubic, box, hamming
+RESAMPLE_FILTERS = range(6)
+
+
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """transformers' ``smart_resize``: (height, width) multiples of ``factor``, area within
+    [min_pixels, max_pixels], aspect ratio kept as closely as that allows. Python's ``round``
+    (half to even) as there."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ImageError(
+            f"image is {width}x{height}; its aspect ratio must be at most {MAX_ASPECT_RATIO}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True)
+class ImageProcessor:
+    """The preprocessor_config.json settings the Qwen2-VL image processor uses."""
+
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = DEFAULT_MIN_PIXELS
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    do_resize: bool = True
+    resample: int = 3  # bicubic
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple[float, float, float] = CLIP_MEAN
+    image_std: tuple[float, float, float] = CLIP_STD
+    do_convert_rgb: bool = True
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ImageProcessor:
+        """From the file's members, transformers' defaults for absent ones; other members
+        (``image_processor_type``, ``processor_class``, ...) are ignored. ``size`` holds
+        ``shortest_edge`` / ``longest_edge`` (the pixel budget; older files' ``min_pixels`` /
+        ``max_pixels`` there too), and top-level ``min_pixels`` / ``max_pixels`` override it,
+        as transformers' constructor does."""
+        if not isinstance(config, Mapping):
+            raise artifact_error(ROLE, f"expected a JSON object, found {type(config).__name__}")
+        values = _pixel_budget(config)
+        for name in ("patch_size", "temporal_patch_size", "merge_size"):
+            values[name] = config.get(name, getattr(cls, name))
+        for name, value in values.items():
+            if type(value) is not int or value <= 0:
+                raise artifact_error(ROLE, f"{name} must be a positive integer, got {value!r}")
+        if values["min_pixels"] > values["max_pixels"]:
+            raise artifact_error(
+                ROLE, f"min_pixels {values['min_pixels']} exceeds max_pixels {values['max_pixels']}"
+            )
+        for name in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
+            values[name] = config.get(name, getattr(cls, name))
+            if type(values[name]) is not bool:
+                raise artifact_error(ROLE, f"{name} must be true or false, got {values[name]!r}")
+        values["resample"] = config.get("resample", cls.resample)
+        if type(values["resample"]) is not int or values["resample"] not in RESAMPLE_FILTERS:
+            raise artifact_error(
+                ROLE, f"resample must be a Pillow filter number 0-5, got {values['resample']!r}"
+            )
+        factor = config.get("rescale_factor", cls.rescale_factor)
+        if not _is_number(factor) or factor <= 0:
+            raise artifact_error(ROLE, f"rescale_factor must be a positive number, got {factor!r}")
+        values["rescale_factor"] = float(factor)
+        values["image_mean"] = _per_channel(config.get("image_mean", CLIP_MEAN), "image_mean")
+        values["image_std"] = _per_channel(config.get("image_std", CLIP_STD), "image_std")
+        if 0 in values["image_std"]:
+            raise artifact_error(ROLE, f"image_std must not hold 0: {config.get('image_std')!r}")
+        return cls(**values)
+
+    @classmethod
+    def from_artifact(cls, artifact: Any) -> ImageProcessor:
+        """From the vision component's ``preprocessor_config.json`` resource (spec 5.7)."""
+        import json
+
+        try:
+            return cls.from_config(json.loads(artifact.resource(ROLE, "vision")))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise artifact_error(ROLE, f"invalid JSON ({exc})") from None
+
+    @property
+    def factor(self) -> int:
+        """Side lengths are multiples of this: one merged token's span in pixels."""
+        return self.patch_size * self.merge_size
+
+    def grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """(frames, rows, columns) in patches of an image of this size once processed; it
+        contributes ``rows · columns / merge_size²`` placeholder tokens."""
+        if self.do_resize:
+            height, width = smart_resize(
+                height, width, self.factor, self.min_pixels, self.max_pixels
+            )
+        elif height % self.factor or width % self.factor:
+            raise ImageError(
+                f"image is {width}x{height}; with do_resize off both sides must be multiples "
+                f"of {self.factor}"
+            )
+        return 1, height // self.patch_size, width // self.patch_size
+
+    def process(self, images: Sequence[Image.Image]) -> tuple[np.ndarray, np.ndarray]:
+        """``pixel_values`` float32 [Σ gh·gw, 3·T·P·P] (images one after another) and
+        ``grid_thw`` int64 [images, 3]: ``VisionTower.encode``'s inputs."""
+        if not images:
+            raise ImageError("no images to process")
+        rows, grids = [], []
+        for image in images:
+            patches, grid = self._one(image)
+            rows.append(patches)
+            grids.append(grid)
+        return np.concatenate(rows), np.array(grids, dtype=np.int64)
+
+    def _one(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        if self.do_convert_rgb:
+            image = to_rgb(image)
+        elif image.mode != "RGB":
+            raise ImageError(f"image mode is {image.mode}; with do_convert_rgb off it must be RGB")
+        grid = self.grid(image.height, image.width)
+        size = (grid[2] * self.patch_size, grid[1] * self.patch_size)  # Pillow: (width, height)
+        if self.do_resize:
+            image = image.resize(size, resample=self.resample)
+        x: np.ndarray = np.asarray(image).transpose(2, 0, 1)  # [C, H, W] uint8
+        if self.do_rescale:
+            x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
+        if self.do_normalize:
+            mean = np.array(self.image_mean, np.float32)[:, None, None]
+            std = np.array(self.image_std, np.float32)[:, None, None]
+            x = (x.astype(np.float32, copy=False) - mean) / std
+        return self._patches(x.astype(np.float32, copy=False), grid), grid
+
+    def _patches(self, x: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
+        """[C, H, W] -> [gh·gw, C·T·P·P]: patch rows ordered by merge block, then by row and
+        column inside the block; each row's C×P×P values repeated over the T frames."""
+        _, gh, gw = grid
+        c, p, m, t = x.shape[0], self.patch_size, self.merge_size, self.temporal_patch_size
+        blocks = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+        frames = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], t, p, p))
+        return frames.reshape(gh * gw, c * t * p * p)
+
+
+def _pixel_budget(config: Mapping[str, Any]) -> dict[str, Any]:
+    """min_pixels and max_pixels as transformers' constructor reads them."""
+    size = config.get("size") or {}
+    if not isinstance(size, Mapping):
+        raise artifact_error(ROLE, f"size must be an object, found {size!r}")
+    budget = {
+        "min_pixels": size.get("shortest_edge", size.get("min_pixels", DEFAULT_MIN_PIXELS)),
+        "max_pixels": size.get("longest_edge", size.get("max_pixels", DEFAULT_MAX_PIXELS)),
+    }
+    budget.update({k: config[k] for k in budget if config.get(k) is not None})
+    return budget
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _per_channel(value: Any, name: str) -> tuple[float, float, float]:
+    """Three channel values; one number stands for all three (transformers allows both)."""
+    if _is_number(value):
+        return (float(value),) * 3
+    if isinstance(value, list | tuple) and len(value) == 3 and all(map(_is_number, value)):
+        return tuple(float(v) for v in value)  # type: ignore[return-value]
+    raise artifact_error(ROLE, f"{name} must be three numbers, got {value!r}")
