@@ -201,6 +201,17 @@ def test_a_transparent_png_is_composited_onto_white_as_transformers_does() -> No
     assert np.array_equal(processor.process([decoded])[0], hf_process(TINY, [image])[0])
 
 
+def test_the_exif_orientation_is_applied() -> None:
+    image = random_image(37, 41)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: shown turned 90° clockwise
+    decoded = decode_image(encoded(image, "PNG", exif=exif))
+    assert decoded.size == (37, 41)
+    assert np.array_equal(
+        np.asarray(decoded), np.asarray(image.transpose(Image.Transpose.ROTATE_270))
+    )
+
+
 def png_header(width: int, height: int) -> bytes:
     """A PNG claiming ``width`` × ``height`` RGB whose IDAT holds only a first, all-zero row:
     the start of a decompression bomb (zeros compress ~1000:1, so 30 GB fit in ~30 MB)."""
@@ -256,6 +267,11 @@ def test_defaults_are_transformers_defaults() -> None:
     assert (ours.min_pixels, ours.max_pixels) == (hf.size.shortest_edge, hf.size.longest_edge)
     assert ours.image_mean == tuple(hf.image_mean) and ours.image_std == tuple(hf.image_std)
     assert (ours.resample, ours.rescale_factor) == (int(hf.resample), hf.rescale_factor)
+
+
+def test_null_members_take_the_defaults() -> None:
+    nulls = {"do_resize": None, "image_mean": None, "patch_size": None, "size": None}
+    assert ImageProcessor.from_config(nulls) == ImageProcessor.from_config({})
 
 
 def test_top_level_min_and_max_pixels_override_size() -> None:

@@ -4,8 +4,8 @@ line naming it (the text path never imports this package)."""
 from __future__ import annotations
 
 try:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageOps, UnidentifiedImageError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("image input needs the vision extra: pip install 'ninfer[vision]'") from exc
 
-__all__ = ["Image", "UnidentifiedImageError"]
+__all__ = ["Image", "ImageOps", "UnidentifiedImageError"]

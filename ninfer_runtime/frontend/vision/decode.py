@@ -5,8 +5,10 @@ small file that claims 100 megapixels (a decompression bomb) is refused after a 
 work. Pillow's own bomb guard (``Image.MAX_IMAGE_PIXELS``) is a process-wide warning at ~89 MP;
 the limit here is per call and an error.
 
-Transparency is composited onto white, as transformers' ``convert_to_rgb`` does before its
-processor sees the image, so an RGBA PNG gives the pixels the checkpoint's processor would.
+The EXIF orientation is applied (a phone photo stored sideways is shown upright), as
+transformers' ``load_image`` does. Transparency is composited onto white, as the image
+processor's ``convert_to_rgb`` does to an RGBA image (and vLLM to a request's image);
+``load_image`` instead drops the alpha band, keeping whatever colour transparent pixels hold.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import io
 import warnings
 
-from ._pil import Image, UnidentifiedImageError
+from ._pil import Image, ImageOps, UnidentifiedImageError
 from .errors import ImageError
 
 #: formats a request may carry (animated GIF and WebP: the first frame)
@@ -31,7 +33,7 @@ def decode_image(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Image.Image:
-    """The first frame of a PNG, JPEG, WebP or GIF payload, fully loaded, as RGB.
+    """The first frame of a PNG, JPEG, WebP or GIF payload, fully loaded, upright, as RGB.
 
     Raises ``ImageError`` (one line) for an empty, oversized, unrecognised or truncated
     payload, or one whose header claims more than ``max_pixels`` pixels.
@@ -68,7 +70,7 @@ def decode_image(
         raise ImageError(f"image is too large to decode ({exc})") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageError(f"{image.format} image data is truncated or corrupt ({exc})") from None
-    return to_rgb(image)
+    return to_rgb(ImageOps.exif_transpose(image))
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

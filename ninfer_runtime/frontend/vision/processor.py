@@ -22,6 +22,7 @@ transformers gives where torchvision is not installed, and the only ones reprodu
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ class ImageProcessor:
             raise artifact_error(ROLE, f"expected a JSON object, found {type(config).__name__}")
         values = _pixel_budget(config)
         for name in ("patch_size", "temporal_patch_size", "merge_size"):
-            values[name] = config.get(name, getattr(cls, name))
+            values[name] = _member(config, name, getattr(cls, name))
         for name, value in values.items():
             if type(value) is not int or value <= 0:
                 raise artifact_error(ROLE, f"{name} must be a positive integer, got {value!r}")
@@ -108,29 +109,29 @@ class ImageProcessor:
                 ROLE, f"min_pixels {values['min_pixels']} exceeds max_pixels {values['max_pixels']}"
             )
         for name in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
-            values[name] = config.get(name, getattr(cls, name))
+            values[name] = _member(config, name, getattr(cls, name))
             if type(values[name]) is not bool:
                 raise artifact_error(ROLE, f"{name} must be true or false, got {values[name]!r}")
-        values["resample"] = config.get("resample", cls.resample)
+        values["resample"] = _member(config, "resample", cls.resample)
         if type(values["resample"]) is not int or values["resample"] not in RESAMPLE_FILTERS:
             raise artifact_error(
                 ROLE, f"resample must be a Pillow filter number 0-5, got {values['resample']!r}"
             )
-        factor = config.get("rescale_factor", cls.rescale_factor)
+        factor = _member(config, "rescale_factor", cls.rescale_factor)
         if not _is_number(factor) or factor <= 0:
             raise artifact_error(ROLE, f"rescale_factor must be a positive number, got {factor!r}")
         values["rescale_factor"] = float(factor)
-        values["image_mean"] = _per_channel(config.get("image_mean", CLIP_MEAN), "image_mean")
-        values["image_std"] = _per_channel(config.get("image_std", CLIP_STD), "image_std")
+        values["image_mean"] = _per_channel(_member(config, "image_mean", CLIP_MEAN), "image_mean")
+        values["image_std"] = _per_channel(_member(config, "image_std", CLIP_STD), "image_std")
         if 0 in values["image_std"]:
-            raise artifact_error(ROLE, f"image_std must not hold 0: {config.get('image_std')!r}")
+            raise artifact_error(
+                ROLE, f"image_std must not hold 0: {_member(config, 'image_std', None)!r}"
+            )
         return cls(**values)
 
     @classmethod
     def from_artifact(cls, artifact: Any) -> ImageProcessor:
         """From the vision component's ``preprocessor_config.json`` resource (spec 5.7)."""
-        import json
-
         try:
             return cls.from_config(json.loads(artifact.resource(ROLE, "vision")))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -195,9 +196,15 @@ class ImageProcessor:
         return frames.reshape(gh * gw, c * t * p * p)
 
 
+def _member(config: Mapping[str, Any], name: str, default: Any) -> Any:
+    """A member's value; ``null`` counts as absent (transformers takes None as its default)."""
+    value = config.get(name)
+    return default if value is None else value
+
+
 def _pixel_budget(config: Mapping[str, Any]) -> dict[str, Any]:
     """min_pixels and max_pixels as transformers' constructor reads them."""
-    size = config.get("size") or {}
+    size = _member(config, "size", {})
     if not isinstance(size, Mapping):
         raise artifact_error(ROLE, f"size must be an object, found {size!r}")
     budget = {
