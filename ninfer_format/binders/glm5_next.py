@@ -1,0 +1,224 @@
+"""Binder for GLM5Next text models ("GLM-5.3-Flash"): every text parameter of transformers'
+``Glm5NextForConditionalGeneration`` (its ``model.language_model.*`` and ``lm_head``; there is
+no text-only head class) under a ninfer logical name, with its shape (from
+``glm5_next_geometry``), role and use inputs.
+
+Names follow the Qwen3.5 contract (spec 5.2) where the block is the same: the globals, the
+per-layer norms and the dense ``mlp/`` reuse its names. GLM5Next's own blocks (names this binder
+defines; the spec has no GLM5Next section yet), with ``L = text/layers/{i}/``, ``n = hc_mult``,
+``W = linear_num_heads·linear_head_dim``, ``D = linear_head_dim``:
+
+* ``L mixer_connection/…`` and ``L ffn_connection/…`` (HF ``attn_hc`` and ``ffn_hc``):
+  ``projection [(2+n)·n, n·H]`` @ ``…/normed_streams`` (``fn``), ``bias [(2+n)·n]`` and
+  ``scale [3]`` **fp32** (``base``, ``scale``); the head reads the streams' mean, then
+  ``text/final_norm``;
+* KDA (``self_attn`` of a linear-attention layer): ``L kda/query|key|value [W, H]``,
+  ``L kda/b_projection [heads, H]``, ``L kda/forget_down|gate_down [D, H]`` @ ``L mixer_input``;
+  ``L kda/forget_up [W, D]`` @ ``L kda/forget_rank``; ``L kda/gate_up [W, D]`` @
+  ``L kda/gate_rank``; ``L kda/a_log [heads]``, ``L kda/dt_bias [W]`` **fp32**;
+  ``L kda/convolution [T, 3W]`` (HF ``[3W, 1, T]`` transposed, as the GDN convolution);
+  ``L kda/norm [D]``; ``L kda/output [H, W]`` @ ``L kda/gated_output``;
+* MLA (``self_attn`` of an attention layer): ``L mla/query_down [q_rank, H]`` and
+  ``L mla/kv_down [kv_rank + rope, H]`` @ ``L mixer_input``; ``L mla/query_norm [q_rank]``,
+  ``L mla/kv_norm [kv_rank]``; ``L mla/query_up [heads·(nope+rope), q_rank]`` @
+  ``L mla/query_latent``; ``L mla/key_up [heads·nope, kv_rank]`` and
+  ``L mla/value_up [heads·v, kv_rank]`` @ ``L mla/kv_latent`` (HF ``kv_b_proj`` interleaves per
+  head ``[key_h (nope rows), value_h (v rows)]``: split by head, never mid-way, as ``q_proj``
+  into query and gate in spec 5.2); ``L mla/output [H, heads·v]`` @ ``L mla/attention_output``;
+* the DSA indexer of an attention layer whose ``indexer_types`` entry is ``full``:
+  ``L indexer/query [n_i·d_i, q_rank]`` @ ``L mla/query_latent``; ``L indexer/key [d_i, H]``,
+  ``L indexer/head_weights [n_i, H]``, ``L indexer/pool_gate [d_i, H]`` @ ``L mixer_input``;
+  ``L indexer/key_norm``, ``L indexer/key_norm_bias [d_i]`` (a LayerNorm);
+  ``L indexer/pool_position [index_kpool, d_i]`` (added elementwise);
+* MoE (``sparse`` layers): ``L moe/router [E, H]`` @ ``L ffn_input``, ``L moe/router_bias [E]``
+  **fp32** (HF ``e_score_correction_bias``, a buffer of the state dict); experts and the shared
+  MLP (width ``n_shared_experts·moe_intermediate_size``) under Qwen3.5's ``moe/`` names; there
+  is no ``moe/shared_score``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ..errors import DirectoryError
+from ..schema import Directory, Resource, Tensor
+from .config_reader import show
+from .glm5_next_geometry import (
+    ARCHITECTURE,
+    INDEXED_ATTENTION,
+    MODEL_TYPES,
+    SPARSE,
+    TEXT,
+    Glm5NextGeometry,
+    read_geometry,
+)
+from .glm5_next_parts import DsaIndexer, Kda, Mla
+from .qwen3_5 import (
+    ENUMERATION_SLACK,
+    TEXT_RESOURCE_ROLES,
+    ParamSpec,
+    Role,
+    _check_bindings,
+    _check_resources,
+    _check_uses,
+    _dense_mlp,
+    _fp32_vector,
+    _matrix,
+    _vector,
+)
+from .qwen3_5_geometry import Moe
+from .registry import Findings, register_binder
+
+#: the only parameter prefix this binder checks
+CHECKED_PREFIXES = ("text/",)
+UNCHECKED_COMPONENTS = {
+    "mtp": "transformers defines no GLM5Next MTP block",
+    "vision": "the GLM5Next vision tower has no contract yet",
+}
+
+
+def _connection(P: str, g: Glm5NextGeometry) -> Iterator[ParamSpec]:
+    hc = g.hyper
+    yield _matrix(P + "projection", hc.weights, hc.streams * g.hidden, P + "normed_streams")
+    yield _fp32_vector(P + "bias", hc.weights)
+    yield _fp32_vector(P + "scale", 3)  # pre, post and comb
+
+
+def _kda(L: str, k: Kda, hidden: int) -> Iterator[ParamSpec]:
+    w, d, x = k.width, k.head_dim, L + "mixer_input"
+    for projection in ("query", "key", "value"):
+        yield _matrix(f"{L}kda/{projection}", w, hidden, x)
+    yield ParamSpec(L + "kda/convolution", (k.conv_kernel, k.conv_channels), Role.CONVOLUTION)
+    yield _matrix(L + "kda/forget_down", d, hidden, x)
+    yield _matrix(L + "kda/forget_up", w, d, L + "kda/forget_rank")
+    yield _fp32_vector(L + "kda/dt_bias", w)
+    yield _fp32_vector(L + "kda/a_log", k.heads)
+    yield _matrix(L + "kda/b_projection", k.heads, hidden, x)
+    yield _matrix(L + "kda/gate_down", d, hidden, x)
+    yield _matrix(L + "kda/gate_up", w, d, L + "kda/gate_rank")
+    yield _vector(L + "kda/norm", d)
+    yield _matrix(L + "kda/output", hidden, w, L + "kda/gated_output")
+
+
+def _mla(L: str, m: Mla, hidden: int) -> Iterator[ParamSpec]:
+    x, q_latent, kv_latent = L + "mixer_input", L + "mla/query_latent", L + "mla/kv_latent"
+    yield _matrix(L + "mla/query_down", m.q_rank, hidden, x)
+    yield _vector(L + "mla/query_norm", m.q_rank)
+    yield _matrix(L + "mla/query_up", m.heads * m.qk_head_dim, m.q_rank, q_latent)
+    yield _matrix(L + "mla/kv_down", m.kv_rank + m.rope_dim, hidden, x)
+    yield _vector(L + "mla/kv_norm", m.kv_rank)
+    yield _matrix(L + "mla/key_up", m.heads * m.nope_dim, m.kv_rank, kv_latent)
+    yield _matrix(L + "mla/value_up", m.heads * m.value_dim, m.kv_rank, kv_latent)
+    yield _matrix(L + "mla/output", hidden, m.heads * m.value_dim, L + "mla/attention_output")
+
+
+def _indexer(L: str, n: DsaIndexer, m: Mla, hidden: int) -> Iterator[ParamSpec]:
+    x = L + "mixer_input"
+    yield _matrix(L + "indexer/query", n.heads * n.head_dim, m.q_rank, L + "mla/query_latent")
+    yield _matrix(L + "indexer/key", n.head_dim, hidden, x)
+    yield _vector(L + "indexer/key_norm", n.head_dim)
+    yield _vector(L + "indexer/key_norm_bias", n.head_dim)
+    yield _matrix(L + "indexer/head_weights", n.heads, hidden, x)
+    yield _matrix(L + "indexer/pool_gate", n.head_dim, hidden, x)
+    yield ParamSpec(L + "indexer/pool_position", (n.kpool, n.head_dim), Role.VECTOR)
+
+
+def _moe(L: str, m: Moe, hidden: int) -> Iterator[ParamSpec]:
+    x = L + "ffn_input"
+    yield _matrix(L + "moe/router", m.experts, hidden, x)
+    yield _fp32_vector(L + "moe/router_bias", m.experts)
+    for e in range(m.experts):
+        expert = f"{L}moe/experts/{e}/"
+        yield _matrix(expert + "gate", m.expert_width, hidden, x)
+        yield _matrix(expert + "up", m.expert_width, hidden, x)
+        yield _matrix(expert + "down", hidden, m.expert_width, expert + "product")
+    yield _matrix(L + "moe/shared/gate", m.shared_width, hidden, x)
+    yield _matrix(L + "moe/shared/up", m.shared_width, hidden, x)
+    yield _matrix(L + "moe/shared/down", hidden, m.shared_width, L + "moe/shared/product")
+
+
+def _decoder_layer(i: int, g: Glm5NextGeometry) -> Iterator[ParamSpec]:
+    L = f"text/layers/{i}/"
+    yield from _connection(L + "mixer_connection/", g)
+    yield _vector(L + "input_norm", g.hidden)
+    if g.layer_types[i] == INDEXED_ATTENTION:
+        assert g.mla is not None  # the reader requires it for such layers
+        yield from _mla(L, g.mla, g.hidden)
+        if g.runs_indexer(i):
+            assert g.indexer is not None
+            yield from _indexer(L, g.indexer, g.mla, g.hidden)
+    else:
+        assert g.kda is not None
+        yield from _kda(L, g.kda, g.hidden)
+    yield from _connection(L + "ffn_connection/", g)
+    yield _vector(L + "post_attention_norm", g.hidden)
+    if g.mlp_types[i] == SPARSE:
+        assert g.moe is not None
+        yield from _moe(L, g.moe, g.hidden)
+    else:
+        assert g.dense is not None
+        yield from _dense_mlp(L, g.dense, g.hidden)
+
+
+def _all_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
+    yield _matrix("text/token_embedding", g.vocab, g.hidden)  # gathered, never multiplied
+    yield _matrix("text/output_head", g.vocab, g.hidden, "text/final_hidden")
+    yield _vector("text/final_norm", g.hidden)
+    for i in range(g.layers):
+        yield from _decoder_layer(i, g)
+
+
+def _check_identity(config: Mapping[str, Any], model_type: str, f: Findings) -> None:
+    architectures = config.get("architectures")
+    if architectures is None:
+        f.warning(f"text config has no architectures member (expected [{ARCHITECTURE}])")
+    elif architectures != [ARCHITECTURE]:
+        f.warning(
+            f"text config member 'architectures' is {show(architectures)} but model_type"
+            f" {model_type} means [{json.dumps(ARCHITECTURE)}]"
+        )
+
+
+@register_binder(*MODEL_TYPES, architectures={ARCHITECTURE: TEXT}, name="glm5_next")
+def bind_glm5_next(directory: Directory, model_type: str, f: Findings) -> None:
+    """Check a GLM5Next directory: text config, parameter coverage/shapes/formats, uses."""
+    text = directory.components["text"]
+    _check_identity(text.config, model_type, f)
+    _check_resources("text", directory, TEXT_RESOURCE_ROLES, TEXT_RESOURCE_ROLES, f)
+    if text.proposal is not None:
+        f.warning("text proposal: not checked by this binder (GLM5Next defines no drafter yet)")
+    # the shared binding check leaves these two to the binder; others it reports itself
+    for component, why in UNCHECKED_COMPONENTS.items():
+        if component in directory.components:
+            f.warning(f"component {component!r}: not checked by this binder ({why})")
+    geometry = read_geometry(text.config, f.errors)
+    if geometry is None:
+        f.warning("parameters were not checked: the text config does not define the geometry")
+        return
+    cap = len(directory.bindings) + ENUMERATION_SLACK
+    generated = list(itertools.islice(_all_parameters(geometry), cap + 1))
+    if len(generated) > cap:
+        f.error(
+            f"text config implies more than {cap} parameters but only {len(directory.bindings)}"
+            " are bound; check num_hidden_layers and n_routed_experts"
+        )
+        return
+    specs = {spec.name: spec for spec in generated}
+    f.parameters.update((name, spec.shape) for name, spec in specs.items())
+    objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
+    _check_bindings(directory, specs, objects, f, CHECKED_PREFIXES)
+    _check_uses(directory, specs, objects, f)
+
+
+def expected_parameters(
+    text_config: Mapping[str, Any], *, components: Sequence[str] = ("text",)
+) -> list[ParamSpec]:
+    """The contract as data, for producers: every logical parameter with its shape, role and
+    use inputs, for a text config (only the text component has a contract)."""
+    unchecked = sorted(set(components) - {"text"})
+    if unchecked:
+        raise DirectoryError(f"GLM5Next has no parameter contract for components {unchecked}")
+    return list(_all_parameters(Glm5NextGeometry.from_config(text_config)))
