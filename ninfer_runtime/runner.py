@@ -114,12 +114,21 @@ class ModelRunner:
         states: Sequence[SequenceState],
         *,
         last_only: bool = False,
+        embeddings: Array | None = None,
+        positions: np.ndarray | None = None,
     ) -> ForwardOutput:
         """Advance every lane by its tokens; lanes share projections, not memory. One token
         in every lane is a decode step; the same few tokens in every lane, no more than the
         pool's ``step_rows``, a compiled step of that many rows per lane; anything else is a
-        chunk."""
+        chunk.
+
+        A prompt with images (``multimodal``) runs as a chunk with ``embeddings`` (device
+        [rows, H]: the layers' input instead of the tokens' embeddings) and ``positions``
+        (host [rows] or [3, rows]: the RoPE positions instead of the rows' sequence indices;
+        the cache is still written at the sequence indices)."""
         lanes, ids = self._plan(tokens_per_lane, states)
+        if embeddings is not None or positions is not None:
+            return self._chunk(lanes, ids, last_only, embeddings, positions)
         tokens = {lane.tokens for lane in lanes}
         if tokens == {1}:
             return self._decode(lanes, ids)
@@ -128,18 +137,32 @@ class ModelRunner:
         return self._chunk(lanes, ids, last_only)
 
     def prefill(
-        self, tokens: Array, state: SequenceState, *, chunk: int = 512, last_only: bool = False
+        self,
+        tokens: Array,
+        state: SequenceState,
+        *,
+        chunk: int = 512,
+        last_only: bool = False,
+        embeddings: Array | None = None,
+        positions: np.ndarray | None = None,
     ) -> ForwardOutput:
         """A whole prompt through ``forward`` in chunks of ``chunk`` tokens, so activations stay
         bounded; returns the last chunk's logits (``last_only``: its last row's, as a served
         prompt needs) and every chunk's hidden rows. Earlier chunks compute no more than
-        their last row's logits."""
+        their last row's logits. ``embeddings`` [T, H] and ``positions`` ([T] or [3, T]),
+        when given, are the whole prompt's (see ``forward``), cut into the same chunks."""
         tokens = np.asarray(tokens)
         self._check_capacity(0, len(tokens), state)
         hidden, out = [], None
         for a in range(0, len(tokens), chunk):
             final = a + chunk >= len(tokens)
-            out = self.forward([tokens[a : a + chunk]], [state], last_only=last_only or not final)
+            out = self.forward(
+                [tokens[a : a + chunk]],
+                [state],
+                last_only=last_only or not final,
+                embeddings=None if embeddings is None else embeddings[a : a + chunk],
+                positions=None if positions is None else positions[..., a : a + chunk],
+            )
             hidden.append(out.hidden[0])
         if out is None:
             raise EngineError("prefill needs at least one token")
@@ -186,16 +209,36 @@ class ModelRunner:
         return logits
 
     def batch(self, lanes: Sequence[Lane], positions: np.ndarray) -> Batch:
-        """Lanes laid out as rows at host ``positions``, with their RoPE rows."""
+        """Lanes laid out as rows at host ``positions`` ([rows], or [3, rows] multimodal
+        RoPE positions), with their RoPE rows."""
         cos, sin = self.model.rope(positions)
         return Batch(tuple(lanes), cos, sin)
 
     # ----------------------------------------------------------------------- chunks
-    def _chunk(self, lanes: list[Lane], ids: list[np.ndarray], last_only: bool) -> ForwardOutput:
+    def _chunk(
+        self,
+        lanes: list[Lane],
+        ids: list[np.ndarray],
+        last_only: bool,
+        embeddings: Array | None = None,
+        positions: np.ndarray | None = None,
+    ) -> ForwardOutput:
         xp, model = self.backend.xp, self.model
-        positions = np.concatenate([np.arange(ln.start, ln.start + ln.tokens) for ln in lanes])
+        rows = lanes[-1].rows.stop
+        if positions is None:
+            positions = np.concatenate([np.arange(ln.start, ln.start + ln.tokens) for ln in lanes])
+        elif (positions := np.asarray(positions)).shape not in ((rows,), (3, rows)):
+            raise EngineError(
+                f"positions {positions.shape} for {rows} rows: need [rows] or [3, rows]"
+            )
+        if embeddings is not None and tuple(embeddings.shape) != (rows, model.config.hidden):
+            raise EngineError(
+                f"embeddings {tuple(embeddings.shape)} for {rows} rows: need "
+                f"[{rows}, {model.config.hidden}]"
+            )
         pool = lanes[0].state.pool
-        h = model.hidden_states(xp.asarray(np.concatenate(ids)), self.batch(lanes, positions), pool)
+        batch = self.batch(lanes, positions)
+        h = model.hidden_states(xp.asarray(np.concatenate(ids)), batch, pool, embeddings)
         for lane in lanes:
             lane.state.length += lane.tokens
 

@@ -63,8 +63,15 @@ class Model(Protocol):
         """Device cos/sin tables of positions ``0 .. positions - 1`` (None: no attention)."""
         ...
 
-    def hidden_states(self, ids: Array, batch: Batch, pool: ContextPool) -> Array:
-        """Token ids [N] laid out by ``batch`` -> post-final-norm hidden states [N, H]."""
+    def embed(self, ids: Array) -> Array:
+        """Token ids [N] -> input embeddings [N, H]."""
+        ...
+
+    def hidden_states(
+        self, ids: Array, batch: Batch, pool: ContextPool, embeddings: Array | None = None
+    ) -> Array:
+        """Token ids [N] laid out by ``batch`` -> post-final-norm hidden states [N, H];
+        ``embeddings`` [N, H], when given, stand in for the ids' (images placed among them)."""
         ...
 
     def logits(self, hidden: Array) -> Array:

@@ -20,6 +20,7 @@ from ...ops.attention.memory import AttentionPages
 from ..batch import Batch, Lane
 from ..functional import mul_sigmoid
 from .config import AttentionConfig
+from .mrope import rope_streams
 
 Array = Any
 
@@ -27,20 +28,24 @@ Array = Any
 class Rotary:
     """cos/sin tables for positions: inv_freq_i = theta^(-2i/rd), pairs (i, i + rd/2).
 
-    Qwen3.5's multimodal RoPE gives each frequency slot a T, H or W position; for text all
-    three are the token index, so the interleaved sections collapse to plain 1-D RoPE.
-    Angles are computed in float64 on the host; decode steps gather rows of a device table
-    (``table``) so their positions never leave the device.
+    Qwen3.5's multimodal RoPE gives each frequency pair a temporal, height or width position
+    (mrope.py): positions are [3, T], or [T] for text, where all three streams are the token
+    index and the interleaved sections collapse to plain 1-D RoPE. Angles are computed in
+    float64 on the host; decode steps gather rows of a device table (``table``) so their
+    positions never leave the device.
     """
 
     def __init__(self, a: AttentionConfig, xp: Any):
         self.xp = xp
         rd = a.rotary_dim
         self.inv_freq = 1.0 / a.rope_theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd)
+        self.streams = rope_streams(a.mrope_section, rd // 2)
         self._table: tuple[Array, Array] = (xp.zeros((0, rd), xp.float32),) * 2
 
     def host(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        angles = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
+        """cos/sin [T, rd] of positions [T] (every stream the same) or [3, T]."""
+        streams = np.broadcast_to(positions, (3, positions.shape[-1]))
+        angles = streams[self.streams].T.astype(np.float64) * self.inv_freq[None, :]
         angles = np.concatenate([angles, angles], axis=-1)
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 

@@ -126,7 +126,8 @@ class Qwen35Model:
 
     # ------------------------------------------------------------------------ positions
     def rope(self, positions: np.ndarray) -> tuple[Array, Array]:
-        """Device cos/sin rows of host ``positions``; (None, None) without attention."""
+        """Device cos/sin rows of host ``positions`` ([N], or [3, N] multimodal positions,
+        mrope.py); (None, None) without attention."""
         return self.rotary(positions) if self.rotary is not None else (None, None)
 
     def rope_table(self, positions: int) -> tuple[Array, Array] | None:
@@ -135,9 +136,17 @@ class Qwen35Model:
         return self.rotary.table(positions) if self.rotary is not None else None
 
     # ---------------------------------------------------------------------------- math
-    def hidden_states(self, ids: Array, batch: Batch, pool: ContextPool) -> Array:
-        """Token ids [N] through the embedding, every layer and the final norm -> [N, H]."""
-        h, pending = self.backend.embedding(ids, self.token_embedding), None
+    def embed(self, ids: Array) -> Array:
+        """Token ids [N] -> their input embeddings [N, H]."""
+        return self.backend.embedding(ids, self.token_embedding)
+
+    def hidden_states(
+        self, ids: Array, batch: Batch, pool: ContextPool, embeddings: Array | None = None
+    ) -> Array:
+        """Token ids [N] through the embedding, every layer and the final norm -> [N, H].
+        ``embeddings`` [N, H], when given, are the layers' input instead (a prompt's token
+        embeddings with its images' rows placed, ``ninfer_runtime.multimodal``)."""
+        h, pending = self.embed(ids) if embeddings is None else embeddings, None
         for layer, memory in zip(self.layers, pool.layers, strict=True):
             h, pending = layer(h, pending, batch, memory)
         return add_norm(self.backend, h, pending, self.final_norm, self.config.eps)[1]
