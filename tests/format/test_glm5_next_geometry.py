@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ninfer_format.binders import registered_model_types
+from ninfer_format.binders import bind, registered_model_types
 from ninfer_format.binders.glm5_next import expected_parameters
 from ninfer_format.binders.glm5_next_geometry import (
     DEFAULTS,
@@ -19,6 +19,8 @@ from ninfer_format.binders.glm5_next_geometry import (
     GeometryError,
     Glm5NextGeometry,
 )
+from ninfer_format.binders.qwen3_5 import Role
+from tests.format.test_binders import Doc, directory
 
 torch = pytest.importorskip("torch")
 glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
@@ -253,3 +255,25 @@ def test_every_bad_member_is_named_at_once() -> None:
     for member in ("hc_mult", "index_topk", "linear_num_heads", "hidden_size"):
         assert f"'{member}'" in named
     assert "GLM5Next geometry" in str(caught.value)
+
+
+def _artifact(config: dict[str, Any], drop: str | None = None) -> dict[str, Any]:
+    """A directory document binding every expected parameter (fp32 where the role needs it)."""
+    d = Doc()
+    roles = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    resources = {role: d.resource(role) for role in (*roles, "generation_config.json")}
+    d.doc["components"]["text"] = {"config": config, "resources": resources}
+    for spec in expected_parameters(config):
+        if spec.name != drop:
+            fmt = "fp32" if spec.role is Role.FP32_VECTOR else "bf16"
+            d.param(spec.name, list(spec.shape), list(spec.inputs), fmt)
+    return d.finish()
+
+
+def test_an_artifact_binds_through_the_registry() -> None:
+    config = _good_config() | {"architectures": ["Glm5NextForConditionalGeneration"]}
+    report = bind(directory(_artifact(config)))
+    assert report.binder == "glm5_next" and report.ok, report.errors
+    assert report.parameters["text/layers/1/mla/key_up"] == (20, 8)
+    broken = bind(directory(_artifact(config, drop="text/layers/0/kda/a_log")))
+    assert broken.errors == ["text/layers/0/kda/a_log: not bound (expected shape [3])"]
