@@ -238,7 +238,8 @@ class ModelRunner:
             )
         pool = lanes[0].state.pool
         batch = self.batch(lanes, positions)
-        h = model.hidden_states(xp.asarray(np.concatenate(ids)), batch, pool, embeddings)
+        ids_d = xp.asarray(np.concatenate(ids))
+        h = model.hidden_states(ids_d, batch, pool, embeddings=embeddings)
         for lane in lanes:
             lane.state.length += lane.tokens
 

@@ -39,10 +39,10 @@ def test_reference_is_the_add_then_the_norm(shape: tuple[int, ...], offset: floa
     assert add_rms_norm(h, delta, w, EPS, offset)[1].tobytes() == y.tobytes()
 
 
-def unfused_hidden(self: Any, ids: Any, batch: Any, pool: Any) -> Any:
+def unfused_hidden(self: Any, ids: Any, batch: Any, pool: Any, embeddings: Any = None) -> Any:
     """The layer stack as it was: each residual add on its own, then the next norm."""
     be, eps = self.backend, self.config.eps
-    h = be.embedding(ids, self.token_embedding)
+    h = be.embedding(ids, self.token_embedding) if embeddings is None else embeddings
     for layer, memory in zip(self.layers, pool.layers, strict=True):
         h = h + layer.mixer(be.rms_norm(h, layer.input_norm, eps, offset=1.0), batch, memory)
         h = h + layer.ffn(be.rms_norm(h, layer.post_attention_norm, eps, offset=1.0))
