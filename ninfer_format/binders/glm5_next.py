@@ -38,14 +38,10 @@ defines; the spec has no GLM5Next section yet), with ``L = text/layers/{i}/``, `
 
 from __future__ import annotations
 
-import itertools
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import DirectoryError
-from ..schema import Directory, Resource, Tensor
-from .config_reader import show
+from ..schema import Directory
 from .glm5_next_geometry import (
     ARCHITECTURE,
     INDEXED_ATTENTION,
@@ -57,13 +53,8 @@ from .glm5_next_geometry import (
 )
 from .glm5_next_parts import DsaIndexer, Kda, Mla
 from .qwen3_5 import (
-    ENUMERATION_SLACK,
-    TEXT_RESOURCE_ROLES,
     ParamSpec,
     Role,
-    _check_bindings,
-    _check_resources,
-    _check_uses,
     _dense_mlp,
     _fp32_vector,
     _matrix,
@@ -71,9 +62,8 @@ from .qwen3_5 import (
 )
 from .qwen3_5_geometry import Moe
 from .registry import Findings, register_binder
+from .text_contract import TextContract
 
-#: the only parameter prefix this binder checks
-CHECKED_PREFIXES = ("text/",)
 UNCHECKED_COMPONENTS = {
     "mtp": "transformers defines no GLM5Next MTP block",
     "vision": "the GLM5Next vision tower has no contract yet",
@@ -171,54 +161,25 @@ def _all_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
         yield from _decoder_layer(i, g)
 
 
-def _check_identity(config: Mapping[str, Any], model_type: str, f: Findings) -> None:
-    architectures = config.get("architectures")
-    if architectures is None:
-        f.warning(f"text config has no architectures member (expected [{ARCHITECTURE}])")
-    elif architectures != [ARCHITECTURE]:
-        f.warning(
-            f"text config member 'architectures' is {show(architectures)} but model_type"
-            f" {model_type} means [{json.dumps(ARCHITECTURE)}]"
-        )
+CONTRACT = TextContract(
+    name="GLM5Next",
+    architecture=ARCHITECTURE,
+    read_geometry=read_geometry,
+    from_config=Glm5NextGeometry.from_config,
+    parameters=_all_parameters,
+    count_members="num_hidden_layers and n_routed_experts",
+    unchecked_components=UNCHECKED_COMPONENTS,
+)
 
 
 @register_binder(*MODEL_TYPES, architectures={ARCHITECTURE: TEXT}, name="glm5_next")
 def bind_glm5_next(directory: Directory, model_type: str, f: Findings) -> None:
     """Check a GLM5Next directory: text config, parameter coverage/shapes/formats, uses."""
-    text = directory.components["text"]
-    _check_identity(text.config, model_type, f)
-    _check_resources("text", directory, TEXT_RESOURCE_ROLES, TEXT_RESOURCE_ROLES, f)
-    if text.proposal is not None:
-        f.warning("text proposal: not checked by this binder (GLM5Next defines no drafter yet)")
-    # the shared binding check leaves these two to the binder; others it reports itself
-    for component, why in UNCHECKED_COMPONENTS.items():
-        if component in directory.components:
-            f.warning(f"component {component!r}: not checked by this binder ({why})")
-    geometry = read_geometry(text.config, f.errors)
-    if geometry is None:
-        f.warning("parameters were not checked: the text config does not define the geometry")
-        return
-    cap = len(directory.bindings) + ENUMERATION_SLACK
-    generated = list(itertools.islice(_all_parameters(geometry), cap + 1))
-    if len(generated) > cap:
-        f.error(
-            f"text config implies more than {cap} parameters but only {len(directory.bindings)}"
-            " are bound; check num_hidden_layers and n_routed_experts"
-        )
-        return
-    specs = {spec.name: spec for spec in generated}
-    f.parameters.update((name, spec.shape) for name, spec in specs.items())
-    objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
-    _check_bindings(directory, specs, objects, f, CHECKED_PREFIXES)
-    _check_uses(directory, specs, objects, f)
+    CONTRACT.bind(directory, model_type, f)
 
 
 def expected_parameters(
     text_config: Mapping[str, Any], *, components: Sequence[str] = ("text",)
 ) -> list[ParamSpec]:
-    """The contract as data, for producers: every logical parameter with its shape, role and
-    use inputs, for a text config (only the text component has a contract)."""
-    unchecked = sorted(set(components) - {"text"})
-    if unchecked:
-        raise DirectoryError(f"GLM5Next has no parameter contract for components {unchecked}")
-    return list(_all_parameters(Glm5NextGeometry.from_config(text_config)))
+    """The contract as data, for producers (``TextContract.expected_parameters``)."""
+    return CONTRACT.expected_parameters(text_config, components)

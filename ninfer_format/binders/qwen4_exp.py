@@ -26,23 +26,14 @@ as unchecked rather than held to a guessed contract.
 
 from __future__ import annotations
 
-import itertools
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import DirectoryError
-from ..schema import Directory, Resource, Tensor
-from .config_reader import show
+from ..schema import Directory
 from .qwen3_5 import (
-    ENUMERATION_SLACK,
-    TEXT_RESOURCE_ROLES,
     ParamSpec,
     Role,
     _attention_block,
-    _check_bindings,
-    _check_resources,
-    _check_uses,
     _gdn_block,
     _matrix,
     _moe,
@@ -58,9 +49,8 @@ from .qwen4_exp_geometry import (
 )
 from .qwen4_exp_parts import Indexer, Ple
 from .registry import Findings, register_binder
+from .text_contract import TextContract
 
-#: the only parameter prefix this binder checks
-CHECKED_PREFIXES = ("text/",)
 UNCHECKED_COMPONENTS = {
     "mtp": "transformers defines no Qwen4Exp MTP block",
     "vision": "the Qwen4Exp vision tower has no contract yet",
@@ -118,54 +108,25 @@ def _all_parameters(g: Qwen4ExpGeometry) -> Iterator[ParamSpec]:
         yield from _decoder_layer(i, layer_type, g)
 
 
-def _check_identity(config: Mapping[str, Any], model_type: str, f: Findings) -> None:
-    architectures = config.get("architectures")
-    if architectures is None:
-        f.warning(f"text config has no architectures member (expected [{ARCHITECTURE}])")
-    elif architectures != [ARCHITECTURE]:
-        f.warning(
-            f"text config member 'architectures' is {show(architectures)} but model_type"
-            f" {model_type} means [{json.dumps(ARCHITECTURE)}]"
-        )
+CONTRACT = TextContract(
+    name="Qwen4Exp",
+    architecture=ARCHITECTURE,
+    read_geometry=read_geometry,
+    from_config=Qwen4ExpGeometry.from_config,
+    parameters=_all_parameters,
+    count_members="num_hidden_layers and num_experts",
+    unchecked_components=UNCHECKED_COMPONENTS,
+)
 
 
 @register_binder(*MODEL_TYPES, architectures={ARCHITECTURE: TEXT}, name="qwen4_exp")
 def bind_qwen4_exp(directory: Directory, model_type: str, f: Findings) -> None:
     """Check a Qwen4Exp directory: text config, parameter coverage/shapes/formats, uses."""
-    text = directory.components["text"]
-    _check_identity(text.config, model_type, f)
-    _check_resources("text", directory, TEXT_RESOURCE_ROLES, TEXT_RESOURCE_ROLES, f)
-    if text.proposal is not None:
-        f.warning("text proposal: not checked by this binder (Qwen4Exp defines no drafter yet)")
-    # the shared binding check leaves these two to the binder; others it reports itself
-    for component, why in UNCHECKED_COMPONENTS.items():
-        if component in directory.components:
-            f.warning(f"component {component!r}: not checked by this binder ({why})")
-    geometry = read_geometry(text.config, f.errors)
-    if geometry is None:
-        f.warning("parameters were not checked: the text config does not define the geometry")
-        return
-    cap = len(directory.bindings) + ENUMERATION_SLACK
-    generated = list(itertools.islice(_all_parameters(geometry), cap + 1))
-    if len(generated) > cap:
-        f.error(
-            f"text config implies more than {cap} parameters but only {len(directory.bindings)}"
-            " are bound; check num_hidden_layers and num_experts"
-        )
-        return
-    specs = {spec.name: spec for spec in generated}
-    f.parameters.update((name, spec.shape) for name, spec in specs.items())
-    objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
-    _check_bindings(directory, specs, objects, f, CHECKED_PREFIXES)
-    _check_uses(directory, specs, objects, f)
+    CONTRACT.bind(directory, model_type, f)
 
 
 def expected_parameters(
     text_config: Mapping[str, Any], *, components: Sequence[str] = ("text",)
 ) -> list[ParamSpec]:
-    """The contract as data, for producers: every logical parameter with its shape, role and
-    use inputs, for a text config (only the text component has a contract)."""
-    unchecked = sorted(set(components) - {"text"})
-    if unchecked:
-        raise DirectoryError(f"Qwen4Exp has no parameter contract for components {unchecked}")
-    return list(_all_parameters(Qwen4ExpGeometry.from_config(text_config)))
+    """The contract as data, for producers (``TextContract.expected_parameters``)."""
+    return CONTRACT.expected_parameters(text_config, components)
