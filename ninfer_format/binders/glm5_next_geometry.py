@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DirectoryError
 from .config_reader import ConfigReader, show
 from .glm5_next_parts import (
     DsaIndexer,
@@ -42,6 +41,7 @@ from .glm5_next_parts import (
     read_routing,
 )
 from .qwen3_5_geometry import LINEAR_ATTENTION, MAX_DERIVED_LAYERS, DenseMlp, Moe
+from .qwen3_5_geometry import GeometryError as Qwen35GeometryError
 
 TEXT = "glm5_next_text"
 MODEL_TYPES = ("glm5_next", TEXT)  # a text config read out of the composite one keeps either
@@ -75,12 +75,10 @@ LEADING_DENSE = 3
 INDEXER_DEFAULTS: Mapping[str, int] = {"index_topk_freq": 1, "index_skip_topk_offset": 2}
 
 
-class GeometryError(DirectoryError):
+class GeometryError(Qwen35GeometryError):
     """A text config that does not define a GLM5Next geometry; ``problems``: one line a member."""
 
-    def __init__(self, problems: list[str]):
-        message = "text config cannot define a GLM5Next geometry: " + "; ".join(problems)
-        super().__init__(message, problems=problems)
+    architecture = "GLM5Next"
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,14 @@ MAX_DERIVED_LAYERS = 100_000
 
 
 class GeometryError(DirectoryError):
-    """A text config that does not define a Qwen3.5 geometry; ``problems``: one line a member."""
+    """A text config that does not define a geometry of ``architecture`` (a subclass names
+    its own); ``problems``: one line a member."""
+
+    architecture = "Qwen3.5"
 
     def __init__(self, problems: list[str]):
-        message = "text config cannot define a Qwen3.5 geometry: " + "; ".join(problems)
-        super().__init__(message, problems=problems)
+        message = f"text config cannot define a {self.architecture} geometry: "
+        super().__init__(message + "; ".join(problems), problems=problems)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DirectoryError
 from .config_reader import ConfigReader, show
 from .qwen3_5_geometry import (
     FULL_ATTENTION,
@@ -39,6 +38,7 @@ from .qwen3_5_geometry import (
     _read_gdn,
     layer_types_for_interval,
 )
+from .qwen3_5_geometry import GeometryError as Qwen35GeometryError
 from .qwen4_exp_parts import (
     HyperConnections,
     Indexer,
@@ -76,12 +76,10 @@ ROPE_DEFAULTS: Mapping[str, Any] = {"partial_rotary_factor": 1.0, "mrope_section
 GATE_ACTIVATIONS = ("sigmoid", "silu")
 
 
-class GeometryError(DirectoryError):
+class GeometryError(Qwen35GeometryError):
     """A text config that does not define a Qwen4Exp geometry; ``problems``: one line a member."""
 
-    def __init__(self, problems: list[str]):
-        message = "text config cannot define a Qwen4Exp geometry: " + "; ".join(problems)
-        super().__init__(message, problems=problems)
+    architecture = "Qwen4Exp"
 
 
 @dataclass(frozen=True)
