@@ -57,6 +57,22 @@ def ask(engine, question, **sampling):
     return "".join(text).strip(), "".join(reasoning), ids, finished
 
 
+def ask_together(engine, questions, **sampling):
+    """Every question submitted at once and stepped to the end: each one's token ids."""
+    ids = {}
+    for q in questions:
+        request = GenerationRequest(
+            messages=[{"role": "user", "content": q}],
+            sampling=SamplingParams(**{"temperature": 0.0, **sampling}),
+        )
+        ids[engine.submit(request)] = []
+    while engine.has_work:
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                ids[event.request_id].append(event.token_id)
+    return list(ids.values())
+
+
 def test_bundled_model_answers(engine):
     text, reasoning, ids, finished = ask(engine, "What is the capital of France?")
     assert text == "The capital of France is Paris."
@@ -156,17 +172,7 @@ def test_device_sampler_gets_one_upload_and_the_stacked_logits_a_step(engine, mo
 
     monkeypatch.setattr(engine, "_device_sampler", fake)
     monkeypatch.setattr(engine.runner, "forward", recorded)
-    ids = {}
-    for q in questions:
-        request = GenerationRequest(
-            messages=[{"role": "user", "content": q}], sampling=SamplingParams(temperature=0.0)
-        )
-        ids[engine.submit(request)] = []
-    while engine.has_work:
-        for event in engine.step():
-            if isinstance(event, TokenEvent):
-                ids[event.request_id].append(event.token_id)
-    assert list(ids.values()) == alone
+    assert ask_together(engine, questions) == alone
     assert 2 in fake.uploads  # a two-lane decode step
     assert len(fake.uploads) == len(fake.rows) == len(outputs)  # one upload per sampling
     assert all(rows is out.last_logits for rows, out in zip(fake.rows, outputs, strict=True))
@@ -190,29 +196,11 @@ def test_short_prompts_are_read_in_one_forward_with_the_answers_they_get_alone(
         return forward(tokens_per_lane, states, **kwargs)
 
     monkeypatch.setattr(engine.runner, "forward", recorded)
-    ids = {}
-    for q in questions:
-        request = GenerationRequest(
-            messages=[{"role": "user", "content": q}], sampling=SamplingParams(temperature=0.0)
-        )
-        ids[engine.submit(request)] = []
-    while engine.has_work:
-        for event in engine.step():
-            if isinstance(event, TokenEvent):
-                ids[event.request_id].append(event.token_id)
-    assert list(ids.values()) == alone
+    assert ask_together(engine, questions) == alone
     assert len(reads) == 1 and len(reads[0]) == 3 and sum(reads[0]) <= 64
     # a prompt longer than the chunk reads 64 tokens alone; the short one waits its turn
     reads.clear()
-    long_prompt = "Tell me a joke. " * 12
-    for q in (long_prompt, "Hello!"):
-        request = GenerationRequest(
-            messages=[{"role": "user", "content": q}],
-            sampling=SamplingParams(temperature=0.0, max_tokens=2),
-        )
-        engine.submit(request)
-    while engine.has_work:
-        engine.step()
+    ask_together(engine, ["Tell me a joke. " * 12, "Hello!"], max_tokens=2)
     assert reads[0] == [64]
 
 
