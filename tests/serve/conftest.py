@@ -52,7 +52,8 @@ class Server:
         self._ready = threading.Event()
         self.url = ""
         self.model = ""
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         if ready:
             self.wait_ready()
 
@@ -80,11 +81,13 @@ class Server:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
         try:
-            return self.process.wait(timeout)
+            code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
             raise
+        self._reader.join(5)  # the last lines of the log, read to the end of the pipe
+        return code
 
 
 def start_server(artifact: Path, *args: str) -> Iterator[Server]:

@@ -110,8 +110,14 @@ def test_beyond_the_limit_connections_get_503_and_one_log_line(artifact: Path) -
                 reply = _read_until_closed(extra)
             assert reply.startswith(b"HTTP/1.1 503"), reply
             assert b"too_many_connections" in reply and b"retry-after: 1" in reply
-        episodes = [line for line in server.lines if "connection limit reached" in line]
-        assert len(episodes) == 1, server.log
+
+        def episodes() -> list[str]:
+            return [line for line in server.lines if "connection limit reached" in line]
+
+        # the log line reaches us through the server's stderr, possibly after the replies
+        assert wait_for(lambda: episodes()), server.log
+        time.sleep(0.3)  # a second line, if one were coming, would be here by now
+        assert len(episodes()) == 1, server.log
         assert "Traceback" not in server.log
         for sock in held:
             sock.close()
