@@ -17,6 +17,7 @@ import numpy as np
 
 from .frontend import ParseEvent, SamplingParams, StopReason
 from .logprobs import TopLogprobs
+from .media import ImageInput
 from .prefix_cache import CacheBoundary
 
 #: ``(logits [V] float32, answer token ids so far) -> logits``: a per-request hook run before
@@ -56,6 +57,9 @@ class GenerationRequest:
     #: Prompt positions where this request's prefill may keep a checkpoint for others that
     #: share the prompt up to there; the engine keeps the few worth most (``checkpoint_plan``).
     cache_boundaries: Sequence[CacheBoundary] = ()
+    #: The images of ``messages``, in the order their ``{"type": "image"}`` content parts
+    #: appear there.
+    images: Sequence[ImageInput] = ()
 
 
 @dataclass(frozen=True)
