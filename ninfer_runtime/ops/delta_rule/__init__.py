@@ -10,20 +10,23 @@ Ops (signatures as the reference's, ``reference.py``):
   convolution, SiLU, the q/k normalisation, then ``chunk``;
 * ``decode``: one token per lane, states addressed by slot;
 * ``verify`` / ``commit``: a speculative round's tokens from unchanged states (their inputs
-  recorded), then the first accepted ones folded in.
+  recorded), then the first accepted ones folded in;
+* ``kda_chunk``, ``kda_prefill``, ``kda_decode``, ``kda_verify``, ``kda_commit``: the same
+  five for the per-channel-decay variant (Kimi Delta Attention: g [T, H, dk], query, key and
+  value heads alike, dims ``heads`` and ``head_dim``), ``kda_reference.py``.
 
-Providers: ``reference`` (the oracle), ``nvrtc`` (ours: ``kernels/gdn.cu``,
-``kernels/gdn_prefill.cu``) and ``fla`` (flash-linear-attention's ``chunk_gated_delta_rule``,
-pip ``fla-core``, through DLPack views; ``chunk`` only). Which serves an op is
-``policy.TABLE``; the resolution key is the device, ``key_dim``, ``value_dim`` and the
-convolution's ``taps``.
+Providers: ``reference`` (the oracle; ``kda_reference`` for the KDA ops), ``nvrtc`` (ours:
+``kernels/gdn.cu``, ``kernels/gdn_prefill.cu``) and ``fla`` (flash-linear-attention's
+``chunk_gated_delta_rule``, pip ``fla-core``, through DLPack views; ``chunk`` only). Which
+serves an op is ``policy.TABLE``; the resolution key is the device, ``key_dim``,
+``value_dim`` and the convolution's ``taps``.
 """
 
 from collections.abc import Callable
 from typing import Any
 
 from ..registry import Provider, family, register, resolve
-from .policy import choose
+from .policy import KDA_OPS, choose
 
 __all__ = ["resolved"]
 
@@ -47,6 +50,7 @@ _PROVIDERS = {
     **{(op, "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)) for op in
        ("decode", "verify", "commit")},
     ("chunk", "fla"): ("fla", "accepts", ("cupy", "torch", "fla")),
+    **{(op, "reference"): ("kda_reference", "accepts", ()) for op in KDA_OPS},
 }  # fmt: skip
 for (_op, _name), (_module, _accepts, _requires) in _PROVIDERS.items():
     register(

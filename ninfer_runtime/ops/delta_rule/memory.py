@@ -1,4 +1,5 @@
-"""The memory kind of Gated DeltaNet layers: recurrent and convolution states in slots.
+"""The memory kind of Gated DeltaNet layers (and of KDA layers, the per-channel-decay variant):
+recurrent and convolution states in slots.
 
 Each layer keeps, per slot, the fp32 recurrent state ``[Hv, dk, dv]`` and the last K-1 inputs
 of its causal convolution ``[C, K-1]``; nothing per page. A pool that runs multi-row steps (a
@@ -18,13 +19,21 @@ Array = Any
 
 @dataclass(frozen=True)
 class GdnSpec:
-    """A Gated DeltaNet layer: fp32 state [Hv, dk, dv] and the last K-1 conv inputs."""
+    """A Gated DeltaNet layer: fp32 state [Hv, dk, dv] and the last K-1 conv inputs.
+    ``channel_decay``: the decay is one per key channel (KDA), so a multi-row step records
+    a log-decay [Hv, dk] a row instead of one a head."""
 
     value_heads: int
     key_dim: int
     value_dim: int
     conv_channels: int
     conv_kernel: int
+    channel_decay: bool = False
+
+    @property
+    def decay_shape(self) -> tuple[int, ...]:
+        """One row's log-decay g: [Hv], or [Hv, dk] with ``channel_decay``."""
+        return (self.value_heads, self.key_dim) if self.channel_decay else (self.value_heads,)
 
     def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
         return 0
@@ -51,18 +60,19 @@ class GdnSpec:
 
 class GdnDrafts:
     """One GDN layer's record of a multi-row step (a verification, a prompt's short chunk):
-    each lane's rows of projected conv inputs ``mixed [slots, rows, C]``, ``g`` and ``beta``
-    ``[slots, rows, Hv]`` (backend ``gdn_verify`` writes them, ``gdn_commit`` folds the kept
-    ones into the states)."""
+    each lane's rows of projected conv inputs ``mixed [slots, rows, C]``, ``g``
+    ``[slots, rows, *decay_shape]`` and ``beta`` ``[slots, rows, Hv]`` (the ``verify`` op
+    writes them, ``commit`` folds the kept ones into the states)."""
 
     def __init__(self, spec: GdnSpec, slots: int, rows: int, xp: ModuleType):
         self.mixed = xp.zeros((slots, rows, spec.conv_channels), xp.float32)
-        self.g = xp.zeros((slots, rows, spec.value_heads), xp.float32)
+        self.g = xp.zeros((slots, rows, *spec.decay_shape), xp.float32)
         self.beta = xp.zeros((slots, rows, spec.value_heads), xp.float32)
 
     @staticmethod
     def bytes_per_row(spec: GdnSpec) -> int:
-        return 4 * (spec.conv_channels + 2 * spec.value_heads)
+        decay = spec.value_heads * (spec.key_dim if spec.channel_decay else 1)
+        return 4 * (spec.conv_channels + decay + spec.value_heads)
 
 
 class GdnSlots:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: the per-channel-decay variant's ops (Kimi Delta Attention): the reference only, so far
+KDA_OPS = ("kda_chunk", "kda_prefill", "kda_decode", "kda_verify", "kda_commit")
+
 #: (op, device) -> provider names, most preferred first
 TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("chunk", "cpu"): ("reference",),
@@ -14,6 +17,7 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("chunk", "cuda"): ("nvrtc", "fla", "reference"),
     **{(op, "cpu"): ("reference",) for op in ("prefill", "decode", "verify", "commit")},
     **{(op, "cuda"): ("nvrtc", "reference") for op in ("prefill", "decode", "verify", "commit")},
+    **{(op, "cpu"): ("reference",) for op in KDA_OPS},
 }
 
 
