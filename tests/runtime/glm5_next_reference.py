@@ -1,0 +1,176 @@
+"""A tiny transformers GLM5Next with random weights, and the same weights under ninfer names,
+for the runtime's GLM5Next tests (module by module, and the whole model on a stand-in
+artifact until a converted one is used).
+
+Every parameter is drawn afresh (transformers' initialisation leaves gates and biases at
+zero or one, where mistakes hide); the forget gate's ``A_log`` and ``dt_bias`` stay small so
+the decays are those of a trained model's range.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
+from transformers import Glm5NextConfig  # noqa: E402
+
+#: both token mixers (KDA layers first, as in the real schedule), both FFN kinds, an attention
+#: layer with its own indexer followed by one sharing it; index_topk 8 in pools of 4, so a
+#: prompt past 8 + 3 tokens has its attention chosen; 8 indexer heads, so an all-zero
+#: (relu'd) pool score, a tie transformers breaks its own way, is rare
+TINY: dict[str, Any] = dict(
+    vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    num_hidden_layers=5, num_attention_heads=2, num_key_value_heads=2, n_shared_experts=2,
+    n_routed_experts=8, kv_lora_rank=12, q_lora_rank=16, qk_rope_head_dim=0, v_head_dim=6,
+    qk_nope_head_dim=10, n_group=2, topk_group=1, num_experts_per_tok=2, index_topk=8,
+    index_head_dim=8, index_n_heads=8, index_kpool=4, linear_head_dim=4, linear_num_heads=3,
+    linear_conv_kernel_dim=3, hc_mult=3, pad_token_id=0, routed_scaling_factor=2.5,
+    swiglu_limit=1.5,
+    mlp_layer_types=["dense", "sparse", "sparse", "dense", "sparse"],
+    layer_types=["linear_attention", "indexed_attention", "indexed_attention",
+                 "linear_attention", "indexed_attention"],
+    indexer_types=["full", "full", "shared", "full", "full"],
+)  # fmt: skip
+TINY_VISION = dict(
+    depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32,
+    projection_intermediate_size=16,
+)  # fmt: skip
+TEXT = "model.language_model."
+SIMPLE = {
+    "input_layernorm": "input_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "attn_hc.fn": "mixer_connection/projection",
+    "attn_hc.base": "mixer_connection/bias",
+    "attn_hc.scale": "mixer_connection/scale",
+    "ffn_hc.fn": "ffn_connection/projection",
+    "ffn_hc.base": "ffn_connection/bias",
+    "ffn_hc.scale": "ffn_connection/scale",
+    "self_attn.q_proj": "kda/query",
+    "self_attn.k_proj": "kda/key",
+    "self_attn.v_proj": "kda/value",
+    "self_attn.forget_gate.f_a_proj": "kda/forget_down",
+    "self_attn.forget_gate.f_b_proj": "kda/forget_up",
+    "self_attn.forget_gate.dt_bias": "kda/dt_bias",
+    "self_attn.forget_gate.A_log": "kda/a_log",
+    "self_attn.b_proj": "kda/b_projection",
+    "self_attn.g_a_proj": "kda/gate_down",
+    "self_attn.g_b_proj": "kda/gate_up",
+    "self_attn.o_norm": "kda/norm",
+    "self_attn.q_a_proj": "mla/query_down",
+    "self_attn.q_a_layernorm": "mla/query_norm",
+    "self_attn.q_b_proj": "mla/query_up",
+    "self_attn.kv_a_proj_with_mqa": "mla/kv_down",
+    "self_attn.kv_a_layernorm": "mla/kv_norm",
+    "self_attn.indexer.wq_b": "indexer/query",
+    "self_attn.indexer.wk": "indexer/key",
+    "self_attn.indexer.k_norm": "indexer/key_norm",
+    "self_attn.indexer.k_norm.bias": "indexer/key_norm_bias",
+    "self_attn.indexer.weights_proj": "indexer/head_weights",
+    "self_attn.indexer.index_kpool_compress_gate": "indexer/pool_gate",
+    "self_attn.indexer.index_kpool_compress_ape": "indexer/pool_position",
+    "mlp.gate_proj": "mlp/gate",
+    "mlp.up_proj": "mlp/up",
+    "mlp.down_proj": "mlp/down",
+    "mlp.gate": "moe/router",
+    "mlp.gate.e_score_correction_bias": "moe/router_bias",
+    "mlp.shared_experts.gate_proj": "moe/shared/gate",
+    "mlp.shared_experts.up_proj": "moe/shared/up",
+    "mlp.shared_experts.down_proj": "moe/shared/down",
+}
+
+
+def build(seed: int = 0, text: dict[str, Any] | None = None) -> Any:
+    """The tiny ``Glm5NextForConditionalGeneration`` (eager attention, float32, eval) with
+    every parameter random."""
+    torch.manual_seed(seed)
+    config = Glm5NextConfig(text_config=text or TINY, vision_config=TINY_VISION)
+    config.text_config._attn_implementation = "eager"
+    model = glm5.Glm5NextForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias")):
+                p.copy_(torch.rand_like(p) - 0.5)
+            elif name.endswith("scale") and "_hc." in name:
+                p.copy_(0.5 + torch.rand_like(p))
+            elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else p.shape[-1] ** -0.5))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn_like(b))
+    return model
+
+
+def ninfer_weights(model: Any) -> dict[str, np.ndarray]:
+    """The text weights under ninfer's logical names (the binder's contract), float32."""
+    c = model.config.text_config
+    out: dict[str, np.ndarray] = {}
+    for name, tensor in model.state_dict().items():
+        if not (name.startswith(TEXT) or name == "lm_head.weight"):
+            continue
+        value = tensor.detach().float().numpy()
+        for logical, array in _logical(name, value, c).items():
+            out[logical] = np.ascontiguousarray(array, dtype=np.float32)
+    return out
+
+
+def _logical(name: str, value: np.ndarray, c: Any) -> dict[str, np.ndarray]:
+    if name == "lm_head.weight":
+        return {"text/output_head": value}
+    key = re.sub(r"\.weight$", "", name.removeprefix(TEXT))
+    if key == "embed_tokens":
+        return {"text/token_embedding": value}
+    if key == "norm":
+        return {"text/final_norm": value}
+    match = re.fullmatch(r"layers\.(\d+)\.(.+)", key)
+    assert match, name
+    i, rest = int(match[1]), match[2]
+    L = f"text/layers/{i}/"
+    if rest == "self_attn.o_proj":
+        return {L + ("kda" if c.layer_types[i] == "linear_attention" else "mla") + "/output": value}
+    if rest in SIMPLE:
+        return {L + SIMPLE[rest]: value}
+    if rest == "self_attn.conv1d":  # [3W, 1, K] -> [K, 3W]
+        return {L + "kda/convolution": value[:, 0, :].T}
+    if rest == "self_attn.kv_b_proj":  # per head [key_h (nope rows) | value_h (v rows)]
+        heads, nope = c.num_attention_heads, c.qk_nope_head_dim
+        per_head = value.reshape(heads, nope + c.v_head_dim, -1)
+        return {
+            L + "mla/key_up": per_head[:, :nope].reshape(-1, value.shape[1]),
+            L + "mla/value_up": per_head[:, nope:].reshape(-1, value.shape[1]),
+        }
+    if rest == "mlp.experts.gate_up_proj":  # [E, 2·I, H]: gate rows, then up rows
+        half = value.shape[1] // 2
+        return {
+            f"{L}moe/experts/{e}/{part}": value[e, rows]
+            for e in range(value.shape[0])
+            for part, rows in (("gate", slice(None, half)), ("up", slice(half, None)))
+        }
+    if rest == "mlp.experts.down_proj":
+        return {f"{L}moe/experts/{e}/down": value[e] for e in range(value.shape[0])}
+    raise AssertionError(f"unmapped parameter {name}")
+
+
+class StandIn:
+    """What the model reads of an artifact: the text config, the bindings and parameters."""
+
+    def __init__(self, model: Any):
+        self.weights = ninfer_weights(model)
+        config = model.config.text_config.to_dict()
+        self.components = {"text": SimpleNamespace(config=config)}
+        self.bindings = set(self.weights)
+        self.uses: list[Any] = []
+
+    def parameter(self, name: str, in_order: bool = False) -> np.ndarray:
+        return self.weights[name]
+
+
+def hf_text_layers(model: Any) -> Any:
+    return model.model.language_model.layers
