@@ -333,6 +333,7 @@ def create_app(
         default_max_tokens=settings.server.default_max_tokens,
         enable_thinking=settings.server.enable_thinking,
         keepalive=settings.server.keepalive_s,
+        images=settings.image_limits,
     )
     state = ServerState(
         settings=settings,

@@ -117,7 +117,30 @@ def _say(text: str) -> None:
 @click.option(
     "--max-request-mib",
     type=float,
-    help="Largest request body.  [default: 32 bytes per context token, at least 1]",
+    help="Largest request body.  [default: 32 bytes per context token, at least 1, plus "
+    "one --max-image-mib image in base64]",
+)
+@click.option(
+    "--max-image-mib",
+    type=float,
+    help="Largest image (decoded or fetched).  [default: 10]",
+)
+@click.option(
+    "--max-images-per-request",
+    type=int,
+    help="Images one request may carry (0: no image input).  [default: 16]",
+)
+@click.option(
+    "--allow-image-urls",
+    is_flag=True,
+    default=None,
+    help="Fetch http(s) image URLs that requests name (off: base64 images only; the server "
+    "would reach any host a request names).",
+)
+@click.option(
+    "--image-fetch-timeout",
+    type=float,
+    help="With --allow-image-urls: seconds one image URL may take.  [default: 10]",
 )
 @click.option("--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]")
 @click.option(
@@ -192,6 +215,10 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "allow_credentials": flags["allow_credentials"],
             "served_model_name": flags["served_model_name"],
             "max_request_mib": flags["max_request_mib"],
+            "max_image_mib": flags["max_image_mib"],
+            "max_images_per_request": flags["max_images_per_request"],
+            "allow_image_urls": flags["allow_image_urls"],
+            "image_fetch_timeout_s": flags["image_fetch_timeout"],
             "max_connections": flags["max_connections"],
             "keep_alive_timeout_s": flags["keep_alive_timeout"],
             "header_timeout_s": flags["header_timeout"],

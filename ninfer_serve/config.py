@@ -24,6 +24,8 @@ from pydantic import (
 if TYPE_CHECKING:
     from ninfer_runtime.speculative import SpecConfig
 
+    from .images import ImageLimits
+
 __all__ = [
     "ConfigError",
     "ContextCacheSettings",
@@ -64,7 +66,16 @@ class ServerSettings(_Table):
     served_model_name: str | None = Field(None, min_length=1)
     allow_insecure: bool = False
     #: None: sized for the context (``max_context`` × ``BODY_BYTES_PER_TOKEN``, at least 1 MiB)
+    #: plus one image of ``max_image_mib`` in base64 (when images are taken)
     max_request_mib: float | None = Field(None, gt=0)
+    #: Images (``images.py``): the bytes of one image (decoded or fetched), the images of
+    #: one request (0: no image input), whether ``http(s)`` image URLs are fetched (off: a
+    #: server that fetches what requests name can be made to reach hosts clients cannot),
+    #: and the seconds a fetch may take.
+    max_image_mib: float = Field(10, gt=0)
+    max_images_per_request: int = Field(16, ge=0)
+    allow_image_urls: bool = False
+    image_fetch_timeout_s: float = Field(10, gt=0)
     #: Used when a request gives no max_tokens (None: the rest of the context).
     default_max_tokens: int | None = Field(None, ge=1)
     #: Template default for requests that do not say (None: the template's own default).
@@ -256,9 +267,26 @@ class Settings(_Table):
 
     @property
     def max_request_bytes(self) -> int:
-        if self.server.max_request_mib is not None:
-            return int(self.server.max_request_mib * _MIB)
-        return max(self.engine.max_context * BODY_BYTES_PER_TOKEN, _MIB)
+        server = self.server
+        if server.max_request_mib is not None:
+            return int(server.max_request_mib * _MIB)
+        text = max(self.engine.max_context * BODY_BYTES_PER_TOKEN, _MIB)
+        if server.max_images_per_request == 0:
+            return text
+        return text + -(-self.image_limits.max_bytes * 4 // 3)  # one image, base64
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        """What a request may send as images (``images.ImageReader``)."""
+        from .images import ImageLimits
+
+        server = self.server
+        return ImageLimits(
+            max_bytes=int(server.max_image_mib * _MIB),
+            max_images=server.max_images_per_request,
+            allow_urls=server.allow_image_urls,
+            fetch_timeout_s=server.image_fetch_timeout_s,
+        )
 
 
 def fit_to_model(settings: Settings, positions: int | None) -> None:

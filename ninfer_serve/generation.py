@@ -46,6 +46,7 @@ from ninfer_runtime.frontend import (
 
 from .cache_boundaries import Breakpoint, conversation_boundaries, token_breakpoints
 from .engine_loop import EngineLoop, EngineUnavailable, RequestStream, Ticket
+from .images import ImageLimits, ImageReader, split_images
 from .structured import AnswerGrammar, Constraints
 
 __all__ = ["Generator", "Job", "Outcome", "Run", "ToolChoice"]
@@ -182,6 +183,25 @@ class Outcome:
         }
 
 
+def _blamed(exc: RequestError, params: list[str | None]) -> RequestError:
+    """``exc`` naming the client field of the image it is about: the engine names an image
+    by its place in ``GenerationRequest.images`` (``images[i]``), or the one image there is."""
+    param = exc.param or ""
+    index = None
+    if param.startswith("images[") and "]" in param:
+        digits = param[len("images[") : param.index("]")]
+        index = int(digits) if digits.isdigit() else None
+    elif len(params) == 1:
+        index = 0
+    if index is None or index >= len(params) or params[index] is None:
+        return exc
+    field = params[index]
+    message = str(exc)
+    if not message.startswith(field):
+        message = f"{field}: {message}"
+    return RequestError(message, param=field, code=exc.code)
+
+
 class Run:
     """A submitted job: iterate ``events()`` for parse events, then read ``outcome``."""
 
@@ -310,8 +330,10 @@ class Generator:
         default_max_tokens: int | None,
         enable_thinking: bool | None,
         keepalive: float,
+        images: ImageLimits | None = None,
     ):
         self.loop = loop
+        self.images = ImageReader(images or ImageLimits())
         self.default_max_tokens = default_max_tokens
         self.enable_thinking = enable_thinking
         self.keepalive = keepalive
@@ -354,8 +376,10 @@ class Generator:
             )
         tools = job.tools if job.tool_choice != "none" else None
         kwargs = job.chat_template_kwargs
+        messages, images, _ = split_images(job.messages)
         return GenerationRequest(
-            messages=job.messages,
+            messages=messages,
+            images=images,
             tools=tools or None,
             enable_thinking=self.thinking(job.enable_thinking, kwargs),
             chat_template_kwargs=kwargs,
@@ -392,8 +416,18 @@ class Generator:
 
     def _count(self, job: Job) -> int:
         self.check_fits(job)
-        ids, _ = self.engine.render(self._request(job))
+        ids, _ = self._render(job, self._request(job))
         return len(ids)
+
+    def _render(self, job: Job, request: GenerationRequest) -> tuple[list[int], bool]:
+        """The prompt's token ids (images as their placeholder tokens); an image the engine
+        refuses is blamed on the client field it came from."""
+        try:
+            return self.engine.render(request)
+        except RequestError as exc:  # the vision package's ImageError (needs Pillow to import)
+            if exc.code != "invalid_image":
+                raise
+            raise _blamed(exc, split_images(job.messages)[2]) from None
 
     def check_length(self, tokens: int, param: str) -> None:
         """Refuse a prompt of ``tokens`` tokens that leaves no room for one generated token,
@@ -416,7 +450,7 @@ class Generator:
         self.check_fits(job)
         request = self._request(job)
         engine = self.engine
-        ids, opened = engine.render(request)
+        ids, opened = self._render(job, request)
         self.check_length(len(ids), job.prompt_param)
         request.cache_salt = job.cache_salt
         if job.cache_shared and engine.cache is not None:
@@ -472,7 +506,12 @@ class Generator:
 
     async def count(self, job: Job) -> int:
         """Prompt tokens of ``job`` (the count endpoints: admitted, no lane, no engine time)."""
-        return await self.admitted(self._count, job)
+        ticket = self.loop.admit()
+        try:
+            await self.images.read(job.messages)
+            return await asyncio.to_thread(self._count, job)
+        finally:
+            self.loop.release(ticket)
 
     async def admitted(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` in a worker thread under an admission ticket (tokenizer work:
@@ -488,6 +527,7 @@ class Generator:
         ticket: Ticket = self.loop.admit()
         submitted = False
         try:
+            await self.images.read(job.messages)
             request, rendered = await asyncio.to_thread(self.prepare, job)
             await self.loop.acquire_lane(ticket)
             stream = self.loop.submit(ticket, request, rendered)

@@ -32,6 +32,7 @@ from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import ServerState, sse_event, sse_response, until_disconnect
 from ..limits import check_stop_count
+from .content import Content, image_block
 from .models import CountTokensRequest, MessagesRequest
 
 __all__ = ["count_tokens", "create_message", "message_body", "to_job"]
@@ -39,25 +40,34 @@ __all__ = ["count_tokens", "create_message", "message_body", "to_job"]
 _PING = sse_event("ping", {"type": "ping"})
 
 
-def _block_text(content: Any, where: str) -> str:
-    """Text of a tool_result's content (a string or text blocks)."""
+def _tool_result(content: Any, where: str, is_error: bool) -> str | list[dict[str, Any]]:
+    """A tool_result's content (a string, or text and image blocks) as chat content; an
+    error's text starts with ``Error: ``."""
     if content is None:
-        return ""
+        content = ""
     if isinstance(content, str):
-        return content
+        return f"Error: {content}" if is_error else content
     if not isinstance(content, list):
         raise invalid_request(f"{where}: content must be a string or a list of blocks", where)
-    texts = []
+    out = Content()
     for j, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            kind = block.get("type") if isinstance(block, dict) else None
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            out.text(str(block.get("text", "")))
+        elif kind == "image":
+            out.image(image_block(block, f"{where}[{j}]"))
+        else:
             raise invalid_request(
                 f"{where}[{j}]: block type {shown(kind)} is not supported in tool results "
-                "(text only)",
+                "(text and image)",
                 f"{where}[{j}]",
             )
-        texts.append(str(block.get("text", "")))
-    return "\n".join(texts)
+    value = out.value()
+    if not is_error:
+        return value
+    if isinstance(value, str):
+        return f"Error: {value}"
+    return [{"type": "text", "text": "Error: "}, *value]
 
 
 def _string(block: dict[str, Any], key: str, where: str) -> str:
@@ -69,27 +79,27 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
 
 def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    content = Content()
     for j, block in enumerate(blocks):
         here = f"{where}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(_string(block, "text", here))
+            content.text(_string(block, "text", here))
+        elif kind == "image":
+            content.image(image_block(block, here))
         elif kind == "tool_result":
-            text = _block_text(block.get("content"), f"{here}.content")
-            if block.get("is_error"):
-                text = f"Error: {text}"
+            result = _tool_result(block.get("content"), f"{here}.content", block.get("is_error"))
             out.append(
                 {
                     "role": "tool",
                     "tool_call_id": _string(block, "tool_use_id", here),
-                    "content": text,
+                    "content": result,
                 }
             )
-        elif kind in ("image", "document", "search_result", "container_upload"):
+        elif kind in ("document", "search_result", "container_upload"):
             raise ApiError(
                 400,
-                f"{here}: {kind} blocks are not supported; this server takes text input only",
+                f"{here}: {kind} blocks are not supported; this server takes text and images",
                 code="unsupported_content",
                 param=f"{here}.type",
             )
@@ -97,8 +107,8 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
             raise invalid_request(
                 f"{here}: unknown or unsupported block type {shown(kind)}", f"{here}.type"
             )
-    if texts:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    if content:
+        out.append({"role": "user", "content": content.value()})
     return out
 
 

@@ -46,7 +46,8 @@ _TOOL_RESULT = _block("tool_result", tool_use_id=_STRING)
 _TOOL_RESULT["properties"]["content"] = {
     "anyOf": [_STRING, {"type": "array", "items": _block("text")}, {"type": "null"}]
 }
-#: the blocks ``messages.py`` reads, by role (media blocks are refused: text input only)
+#: the blocks ``messages.py`` reads, by role. Image blocks (``content.py``) are left out:
+#: whether one is valid (decodable data, a model that takes images) cannot be stated here
 _BLOCKS = {
     "user": [_TEXT, _TOOL_RESULT],
     "assistant": [

@@ -43,6 +43,7 @@ from ..http import (
 from ..limits import check_sample_count, check_stop_count
 from ..samples import SampleEvent, Samples, combined
 from . import vllm_fields
+from .content import chat_content
 from .logprobs import chat_logprobs, scored
 from .models import ChatCompletionRequest, StreamOptions
 
@@ -102,7 +103,7 @@ def thinking_for_effort(effort: str | None) -> tuple[bool | None, int | None]:
 
 
 def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> None:
-    """Refuse media parts up front with a clear message (no vision or audio input here)."""
+    """Refuse media parts up front with a clear message (where images are not taken)."""
     for i, message in enumerate(messages):
         content = message.get("content")
         if isinstance(content, list):
@@ -112,7 +113,7 @@ def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> 
                     raise ApiError(
                         400,
                         f"{where}[{i}].content[{j}]: content part type {shown(kind)} is not "
-                        "supported; this server takes text input only",
+                        "supported here (text parts only)",
                         code="unsupported_content",
                         param=f"{where}[{i}].content[{j}].type",
                     )
@@ -126,7 +127,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
     vllm_fields.check_template_kwargs(body.chat_template_kwargs)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     breakpoints = cache_breakpoints(messages)
-    check_text_only(messages)
+    chat_content(messages)
     continue_final, generation_prompt = vllm_fields.prompt_ending(body)
     check_stop_count(body.stop, "stop")
     tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]

@@ -49,8 +49,9 @@ def _nullable(schema: dict[str, Any]) -> WithJsonSchema:
     return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
 
 
-#: a Chat message's content: a string or text parts (``chat.py`` refuses media parts; the
-#: bundled models' template renders ``text`` parts only)
+#: a Chat message's content: a string or text parts. ``image_url`` parts (``content.py``)
+#: are left out: whether one is valid (a decodable image, a model and template that take
+#: images) cannot be stated here
 _CHAT_CONTENT = _nullable(
     {
         "anyOf": [

@@ -36,7 +36,8 @@ from ..cache_isolation import isolate
 from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
-from .chat import check_text_only, thinking_for_effort
+from .chat import thinking_for_effort
+from .content import input_image
 from .logprobs import scored, text_logprobs
 from .models import InputTokensRequest, ResponsesRequest
 
@@ -99,26 +100,40 @@ class ResponseStore:
 
 
 def _text_of(content: Any, where: str) -> str:
+    content = _content_of(content, where, images=False)
+    assert isinstance(content, str)
+    return content
+
+
+def _content_of(content: Any, where: str, *, images: bool = True) -> str | list[dict[str, Any]]:
+    """The chat content for input content: its text joined, or with ``input_image`` parts
+    (where ``images`` are taken) text and image parts in order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid_request(f"{where} must be a string or a list of content parts", where)
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images:
+            parts.append(input_image(part, f"{where}[{j}]"))
+            continue
         if kind not in _TEXT_PARTS:
+            taken = "text" + (" and input_image" if images else "")
             raise ApiError(
                 400,
-                f"{where}[{j}]: content part type {shown(kind)} is not supported; this server "
-                "takes text input only",
+                f"{where}[{j}]: content part type {shown(kind)} is not supported here "
+                f"({taken} parts)",
                 code="unsupported_content",
                 param=f"{where}[{j}].type",
             )
         text = part.get("text", part.get("refusal"))
         if not isinstance(text, str):
             raise invalid_request(f"{where}[{j}].text must be a string", f"{where}[{j}].text")
-        texts.append(text)
-    return "".join(texts)
+        parts.append({"type": "text", "text": text})
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def _string(item: dict[str, Any], key: str, where: str) -> str:
@@ -178,12 +193,14 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
                     param=f"{where}.role",
                     code="invalid_value",
                 )
-            text = _text_of(item.get("content"), f"{where}.content")
             if role == "assistant":
                 message = assistant()
+                text = _text_of(item.get("content"), f"{where}.content")
                 message["content"] = (message.get("content") or "") + text
             else:
-                out.append({"role": role, "content": text})
+                here = f"{where}.content"
+                content = _content_of(item.get("content"), here, images=role == "user")
+                out.append({"role": role, "content": content})
         elif kind == "function_call":
             call = {
                 "id": _string(item, "call_id", where),
@@ -195,10 +212,9 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
             }
             assistant().setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
+            output = _content_of(item.get("output"), f"{where}.output")
             out.append(
-                {"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text}
+                {"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": output}
             )
         elif kind == "reasoning":
             content, summary = (_part_texts(item, key, where) for key in ("content", "summary"))
@@ -282,7 +298,6 @@ def conversation(
             state.responses.get(body.previous_response_id, "previous_response_id").messages
         )
     history += input_messages(body.input)
-    check_text_only(history, "input")
     prompt = list(history)
     if body.instructions:
         prompt.insert(0, {"role": "system", "content": body.instructions})

@@ -314,11 +314,13 @@ def test_shutdown_answers_running_and_queued_requests_in_json(artifact, tmp_path
 
 
 def test_context_and_body_limit_follow_the_model():
-    settings = load_settings(None, {})
+    settings = load_settings(None, {"server": {"max_images_per_request": 0}})
     fit_to_model(settings, 4096)
     assert settings.engine.max_context == 4096  # the default, clamped
     assert settings.max_request_bytes == 1024 * 1024  # at least 1 MiB
-    settings = load_settings(None, {"engine": {"max_context": 262144}})
+    settings = load_settings(
+        None, {"engine": {"max_context": 262144}, "server": {"max_images_per_request": 0}}
+    )
     fit_to_model(settings, 262144)
     assert settings.max_request_bytes == 262144 * BODY_BYTES_PER_TOKEN
     settings = load_settings(None, {"server": {"max_request_mib": 2}})
