@@ -1,0 +1,88 @@
+"""Hyper-connections: the residual is ``hc`` streams of width H, side by side in one row
+[N, hc·H], instead of one stream.
+
+    streams = [e | e | … | e]                        the token embedding, once per stream
+    n       = RMSNorm_1p of each stream (one weight row of hc·H, a group of H per stream)
+    w       = sigmoid(up · silu(down · n / hc))      [N, hc·H], rank-``hc_lowrank`` mixer
+    x       = mean over streams of w ⊙ n             [N, H]: the block's input
+    inject  = 2 sigmoid(inject · n / hc)             [N, hc]: how much of the output each
+                                                      stream receives
+    streams = streams + inject ⊗ block(x)            (the un-normed streams take the add)
+
+Each decoder layer has one such connection before its token mixer and one before its FFN;
+the final connection (no inject) folds the streams into the row the output head reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer_format.binders.qwen4_exp_parts import HyperConnections
+
+from ...arrays import array_module
+from ...backends import Backend, Weight
+from ..functional import sigmoid, silu
+
+Array = Any
+
+
+def expand(h: Array, streams: int) -> Array:
+    """The embedding [N, H] as the first residual: every stream starts as it."""
+    return array_module(h).tile(h, (1, streams))
+
+
+def group_rms_norm(backend: Backend, x: Array, w: Array, groups: int, eps: float) -> Array:
+    """RMSNorm_1p of each of the ``groups`` equal slices of a row's last axis, with one weight
+    over the whole row: [N, G·W] -> [N, G·W]."""
+    n, width = x.shape
+    shape = (n, groups, width // groups)
+    return backend.rms_norm(x.reshape(shape), w.reshape(shape[1:]), eps, offset=1.0).reshape(
+        n, width
+    )
+
+
+def inject(streams: Array, block_out: Array, weights: Array) -> Array:
+    """``streams`` [N, hc·H] plus the block's output [N, H] scaled per stream by ``weights``
+    [N, hc]."""
+    n, hc = weights.shape
+    added = weights[:, :, None] * block_out[:, None, :]
+    return streams + added.reshape(n, hc * block_out.shape[-1])
+
+
+class HyperConnection:
+    """One connection's weights (``P norm``, ``down``, ``up``, and ``inject`` unless it is
+    the final one)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        hyper: HyperConnections,
+        eps: float,
+        backend: Backend,
+        weights: Mapping[str, Weight],
+        *,
+        with_inject: bool,
+    ):
+        self.streams, self.eps, self.backend = hyper.streams, eps, backend
+        self.norm = backend.array(weights[prefix + "norm"])
+        self.down = weights[prefix + "down"]
+        self.up = weights[prefix + "up"]
+        self.inject = weights[prefix + "inject"] if with_inject else None
+
+    @staticmethod
+    def parameter_names(prefix: str, *, with_inject: bool) -> list[str]:
+        return [prefix + s for s in ("norm", "down", "up", *(("inject",) * with_inject))]
+
+    def __call__(self, streams: Array) -> tuple[Array, Array | None]:
+        """Streams [N, hc·H] -> the block input [N, H] and the inject weights [N, hc] (None
+        for the final connection)."""
+        be, hc = self.backend, self.streams
+        normed = group_rms_norm(be, streams, self.norm, hc, self.eps)
+        rank = silu(be.linear(normed, self.down) / hc)
+        mix = sigmoid(be.linear(rank, self.up))
+        n, width = normed.shape
+        x = (mix * normed).reshape(n, hc, width // hc).mean(axis=1)
+        if self.inject is None:
+            return x, None
+        return x, 2.0 * sigmoid(be.linear(normed, self.inject) / hc)

@@ -1,0 +1,157 @@
+"""The memory kinds Qwen4Exp adds (``memory_kinds``): what its PLE and QSA layers keep per
+sequence, beside what Gated DeltaNet and attention already keep.
+
+* A GDN layer with per-layer embeddings (``PleGdnSpec``) keeps, in its slot, the Gated
+  DeltaNet states and PLE's own: the last ``(K-1)·dilation`` inputs of the dilated
+  convolution ``[rows, hc·H]`` and the n-gram context, the last ``ngram_size - 1`` token ids
+  (a fresh sequence reads as preceded by the pad token, transformers' EOS). Both are slot
+  parts, so checkpoints, host copies and resumption carry them like the recurrent state.
+* An attention layer with the QSA indexer (``IndexedKvSpec``) keeps, per page, the raw index
+  key of every token ``[P, d]`` float32 beside its K/V: compressed blocks are averaged from
+  them when a query scores them.
+
+These live with the model because neither has an op family of its own yet; they move there
+when PLE and QSA get device kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ...ops.attention.memory import AttentionPages, KvSpec
+from ...ops.delta_rule.memory import GdnSlots, GdnSpec
+
+if TYPE_CHECKING:
+    from ...state import SequenceState
+
+Array = Any
+
+
+@dataclass(frozen=True)
+class PleState:
+    """PLE's per-sequence state: ``conv_rows`` inputs of ``channels`` and ``context`` ids."""
+
+    channels: int  # hc·H
+    conv_rows: int  # (ple_conv_kernel_size - 1) · dilation
+    context: int  # ngram_size - 1
+    pad_token: int
+
+    def slot_bytes(self) -> int:
+        return 4 * (self.conv_rows * self.channels + self.context)
+
+    def record_bytes(self, rows: int) -> int:
+        return 4 * rows * (self.channels + 1) if rows > 1 else 0
+
+
+@dataclass(frozen=True)
+class PleGdnSpec:
+    """A Gated DeltaNet layer with per-layer embeddings: both states in one slot."""
+
+    gdn: GdnSpec
+    ple: PleState
+
+    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
+        return 0
+
+    def slot_bytes(self) -> int:
+        return self.gdn.slot_bytes() + self.ple.slot_bytes()
+
+    def record_bytes(self, rows: int) -> int:
+        return self.gdn.record_bytes(rows) + self.ple.record_bytes(rows)
+
+    def allocate(
+        self,
+        xp: ModuleType,
+        *,
+        slots: int,
+        pages: int,
+        page_tokens: int,
+        kv_dtype: str,
+        record_rows: int,
+    ) -> PleGdnSlots:
+        return PleGdnSlots(self, slots, xp, record_rows)
+
+
+class PleRecord:
+    """The rows of a multi-row step (a verification, a short chunk), kept for ``commit``:
+    each lane's convolution inputs ``[slots, rows, hc·H]`` and token ids ``[slots, rows]``."""
+
+    def __init__(self, spec: PleState, slots: int, rows: int, xp: ModuleType):
+        self.inputs = xp.zeros((slots, rows, spec.channels), xp.float32)
+        self.ids = xp.zeros((slots, rows), xp.int32)
+
+
+class PleGdnSlots(GdnSlots):
+    """``GdnSlots`` plus ``ple_conv [slots, conv_rows, hc·H]`` float32 and ``ple_context
+    [slots, ngram_size - 1]`` int32 (and ``ple_record`` for pools running multi-row steps)."""
+
+    def __init__(self, spec: PleGdnSpec, slots: int, xp: ModuleType, record_rows: int = 1):
+        super().__init__(spec.gdn, slots, xp, record_rows)
+        p = self.ple = spec.ple
+        self.ple_conv = xp.zeros((slots, p.conv_rows, p.channels), xp.float32)
+        self.ple_context = xp.full((slots, p.context), p.pad_token, xp.int32)
+        self.ple_record = PleRecord(p, slots, record_rows, xp) if record_rows > 1 else None
+
+    def slot_parts(self) -> Sequence[Array]:
+        return (*super().slot_parts(), self.ple_conv, self.ple_context)
+
+    def reset(self, slot: int) -> None:
+        super().reset(slot)
+        self.ple_conv[slot] = 0
+        self.ple_context[slot] = self.ple.pad_token
+
+
+@dataclass(frozen=True)
+class IndexedKvSpec:
+    """An attention layer with the QSA indexer: K/V as ``KvSpec``, plus one float32 index key
+    of ``index_dim`` per token."""
+
+    kv: KvSpec
+    index_dim: int
+
+    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
+        return self.kv.page_bytes(page_tokens, kv_dtype) + 4 * page_tokens * self.index_dim
+
+    def slot_bytes(self) -> int:
+        return 0
+
+    def record_bytes(self, rows: int) -> int:
+        return 0
+
+    def allocate(
+        self,
+        xp: ModuleType,
+        *,
+        slots: int,
+        pages: int,
+        page_tokens: int,
+        kv_dtype: str,
+        record_rows: int,
+    ) -> IndexedAttentionPages:
+        return IndexedAttentionPages(self, pages, page_tokens, xp, kv_dtype)
+
+
+class IndexedAttentionPages(AttentionPages):
+    """``AttentionPages`` plus ``index_k [pages, page_tokens, d]`` float32: the indexer's raw
+    key of every token (before its norm and RoPE, which apply to block means)."""
+
+    def __init__(
+        self, spec: IndexedKvSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str
+    ):
+        super().__init__(spec.kv, pages, page_tokens, xp, kv_dtype)
+        self.index_k = xp.zeros((pages, page_tokens, spec.index_dim), xp.float32)
+
+    def write_index(self, state: SequenceState, start: int, keys: Array) -> None:
+        """Index keys of tokens ``start .. start + len(keys) - 1`` of one sequence."""
+        page, row = state.addresses(start, keys.shape[0])
+        self.index_k[page, row] = keys
+
+    def page_parts(self) -> Sequence[Array]:
+        return (*super().page_parts(), self.index_k)
+
+    def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
+        super().copy_tokens(src, dst, tokens)
+        self.index_k[dst, :tokens] = self.index_k[src, :tokens]

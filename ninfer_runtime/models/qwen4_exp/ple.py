@@ -1,0 +1,188 @@
+"""Per-layer embeddings (PLE): hashed n-grams of the token history, added to every residual
+stream of a Gated DeltaNet layer before its mixer connection.
+
+    history = the last ngram_size-1 ids before the rows (the pad token before a sequence)
+              then the rows' ids; an n-gram never reaches back across a pad (end-of-text)
+              token: such a position reads as the pad token
+    id_h    = (XOR_{j<n} token_{t-j} · m_j) mod size_h + offset_h     for order n = 2..ngram,
+              heads_per_ngram heads each (primes, offsets and odd multipliers m_j from the
+              format's ``qwen4_exp_ngram``)
+    e       = [table[id_h] for every head]                   [T, E]
+    key     = RMSNorm_1p per stream (key · e)                [T, hc, H]
+    value   = value · e                                      [T, H]
+    query   = RMSNorm_1p per stream (streams)                [T, hc, H]
+    g       = Σ key ⊙ query / sqrt(H);  g = sign(g) sqrt(max(|g|, 1e-6))     per stream
+    gated   = sigmoid(g) value                               [T, hc, H]
+    out     = gated + silu(dilated depthwise conv of RMSNorm_1p per stream (gated))
+
+The convolution has ``ple_conv_kernel_size`` taps spaced ``ngram_size`` rows apart; its
+state is the last ``(taps - 1) · ngram_size`` inputs. Both states live in the layer's slot
+(``memory.PleGdnSlots``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ninfer_format.binders.qwen4_exp_parts import Ple
+
+from ...arrays import array_module
+from ...backends import Backend, Weight
+from ..batch import Batch
+from ..functional import sigmoid, silu
+from .hyper_connections import group_rms_norm
+from .memory import PleGdnSlots
+
+Array = Any
+#: the gate's magnitude floor before its square root (transformers' clamp)
+GATE_FLOOR = 1e-6
+
+
+def shifted(history: Array, shift: int, pad: int) -> Array:
+    """``history[t - shift]`` for every t, or ``pad`` where that reaches before the history or
+    across a pad token at ``t - shift .. t - 1`` (each text segment hashes on its own)."""
+    xp = array_module(history)
+    if shift == 0:
+        return history
+    t = xp.arange(history.shape[0])
+    pads = xp.where(history == pad, t, -1)
+    last_pad_before = xp.concatenate([xp.asarray([-1]), xp.maximum.accumulate(pads)[:-1]])
+    source = t - shift
+    valid = (source > last_pad_before) & (source >= 0)
+    return xp.where(valid, history[xp.maximum(source, 0)], pad)
+
+
+def ngram_ids(history: Array, ple: Ple, layer: int) -> Array:
+    """Rows of the layer's n-gram table for every position of ``history`` (int64 ids) ->
+    int64 [len(history), heads]: order 2's heads first, then order 3's, …"""
+    xp = array_module(history)
+    history = history.astype(xp.int64)
+    multipliers = ple.multipliers(layer)
+    sizes = xp.asarray(ple.head_vocab_sizes(layer), dtype=xp.int64)
+    offsets = xp.asarray(ple.head_offsets(layer), dtype=xp.int64)
+    tokens = [shifted(history, j, ple.pad_token) for j in range(ple.ngram_size)]
+    mixed = tokens[0] * xp.int64(multipliers[0])
+    blocks = []
+    for order in range(2, ple.ngram_size + 1):
+        mixed = mixed ^ (tokens[order - 1] * xp.int64(multipliers[order - 1]))
+        heads = slice((order - 2) * ple.heads_per_ngram, (order - 1) * ple.heads_per_ngram)
+        blocks.append(mixed[:, None] % sizes[heads] + offsets[heads])
+    return xp.concatenate(blocks, axis=1)
+
+
+def dilated_conv(x: Array, kernel: Array, state: Array, dilation: int) -> tuple[Array, Array]:
+    """Depthwise causal convolution of x [T, C] with kernel [K, C], taps ``dilation`` rows
+    apart, continuing ``state`` (the last (K-1)·dilation inputs [R, C]) -> (y [T, C], the
+    new state)."""
+    xp = array_module(x)
+    t, rows = x.shape[0], state.shape[0]
+    window = xp.concatenate([state, x], axis=0)
+    y = xp.zeros_like(x)
+    for j in range(kernel.shape[0]):
+        y += kernel[j] * window[j * dilation : j * dilation + t]
+    return y, window[window.shape[0] - rows :]
+
+
+class PerLayerEmbedding:
+    """The PLE block of decoder layer ``layer`` (``L ple/…`` parameters)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        layer: int,
+        ple: Ple,
+        streams: int,
+        eps: float,
+        backend: Backend,
+        weights: Mapping[str, Weight],
+    ):
+        p = prefix + "ple/"
+        self.ple, self.layer, self.streams, self.eps, self.backend = (
+            ple,
+            layer,
+            streams,
+            eps,
+            backend,
+        )
+        self.table = weights[p + "ngram_table"]
+        self.key = weights[p + "key"]
+        self.value = weights[p + "value"]
+        self.key_norm = backend.array(weights[p + "key_norm"])
+        self.query_norm = backend.array(weights[p + "query_norm"])
+        self.convolution_norm = backend.array(weights[p + "convolution_norm"])
+        self.convolution = backend.array(weights[p + "convolution"])  # [K, hc·H]
+
+    @staticmethod
+    def parameter_names(prefix: str) -> list[str]:
+        p = prefix + "ple/"
+        names = ("ngram_table", "key", "value", "key_norm", "query_norm", "convolution_norm")
+        return [p + s for s in (*names, "convolution")]
+
+    def __call__(self, streams: Array, ids: Array, batch: Batch, memory: PleGdnSlots) -> Array:
+        """What PLE adds to the streams [N, hc·H] of rows with token ids [N]; the lanes'
+        states advance (a multi-row step records its rows for ``commit`` instead)."""
+        xp = self.backend.xp
+        d = batch.decode
+        if d is None:
+            lanes = [(lane.rows, lane.state.slot) for lane in batch.lanes]
+        else:
+            t = d.tokens
+            slots = np.asarray(d.lane_slots).tolist()
+            lanes = [(slice(i * t, (i + 1) * t), s) for i, s in enumerate(slots)]
+        outs = []
+        for rows, slot in lanes:
+            out, inputs = self.rows(
+                streams[rows], ids[rows], memory.ple_context[slot], memory.ple_conv[slot]
+            )
+            if d is not None and d.tokens > 1:  # the states stay; commit folds in the kept rows
+                record = memory.ple_record
+                assert record is not None, "a multi-row step needs a pool with records"
+                record.inputs[slot, : d.tokens] = inputs
+                record.ids[slot, : d.tokens] = ids[rows]
+            else:
+                self._advance(memory, slot, ids[rows], inputs)
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else xp.concatenate(outs)
+
+    def rows(
+        self, streams: Array, ids: Array, context: Array, conv_state: Array
+    ) -> tuple[Array, Array]:
+        """One lane's consecutive rows after ``context`` and ``conv_state`` -> (what PLE adds
+        [T, hc·H], the convolution's inputs [T, hc·H]); the states are not touched."""
+        be, p, hc = self.backend, self.ple, self.streams
+        xp, t = be.xp, ids.shape[0]
+        history = xp.concatenate([context.astype(xp.int64), ids.astype(xp.int64)])
+        rows = ngram_ids(history, p, self.layer)[-t:]
+        e = be.embedding(rows.reshape(-1), self.table).reshape(t, p.embed_dim)
+        key = group_rms_norm(be, be.linear(e, self.key), self.key_norm, hc, self.eps)
+        value = be.linear(e, self.value)
+        query = group_rms_norm(be, streams, self.query_norm, hc, self.eps)
+        width = value.shape[-1]
+        g = (key * query).reshape(t, hc, width).sum(axis=-1) / np.float32(np.sqrt(width))
+        g = xp.sign(g) * xp.sqrt(xp.maximum(xp.abs(g), np.float32(GATE_FLOOR)))
+        gated = (sigmoid(g)[:, :, None] * value[:, None, :]).reshape(t, hc * width)
+        inputs = group_rms_norm(be, gated, self.convolution_norm, hc, self.eps)
+        conv, _ = dilated_conv(inputs, self.convolution, conv_state, p.conv_dilation)
+        return gated + silu(conv), inputs
+
+    def commit(self, memory: PleGdnSlots, slots: Array, counts: Array) -> None:
+        """After a multi-row step: fold each lane's first ``counts[i]`` recorded rows into the
+        states of slot ``slots[i]``."""
+        record = memory.ple_record
+        assert record is not None
+        for slot, count in zip(
+            np.asarray(slots).tolist(), np.asarray(counts).tolist(), strict=True
+        ):
+            if count:
+                self._advance(memory, slot, record.ids[slot, :count], record.inputs[slot, :count])
+
+    def _advance(self, memory: PleGdnSlots, slot: int, ids: Array, inputs: Array) -> None:
+        """Slot ``slot``'s states after rows with ``ids`` and convolution ``inputs``."""
+        xp = self.backend.xp
+        context = xp.concatenate([memory.ple_context[slot], ids.astype(xp.int32)])
+        memory.ple_context[slot] = context[context.shape[0] - memory.ple_context.shape[1] :]
+        window = xp.concatenate([memory.ple_conv[slot], inputs])
+        memory.ple_conv[slot] = window[window.shape[0] - memory.ple_conv.shape[1] :]

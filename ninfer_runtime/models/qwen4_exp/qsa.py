@@ -1,0 +1,193 @@
+"""QSA: attention layers whose queries attend over a chosen subset of the context.
+
+A token indexer scores blocks of ``compress_ratio`` consecutive tokens for each query and keeps
+the best ``budget / compress_ratio`` complete blocks, plus the query's own incomplete block
+(its "tail"); the gated attention of Qwen3.5 (``qwen3_5.attention``) then attends over the
+selected tokens only. Below the budget every visible token is selected: plain causal
+attention.
+
+    iq      = RoPE(RMSNorm_1p per head (indexer/query x))      [T, n, d]  (the token's position)
+    raw     = indexer/key x                                    [T, d]     kept per token in pages
+    key_b   = RoPE(RMSNorm_1p(mean of raw over block b))       at the block's first position
+    score_b = Σ_heads relu(iq · key_b) / sqrt(d)               over blocks complete at the query
+    keep    = top blocks by score ∪ the tail, ∩ causal
+
+Rotation covers the attention's rotary width (the first ``rotary_dim`` dims of each index
+head), with the attention's frequencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ninfer_format.binders.qwen4_exp_parts import Indexer
+
+from ...arrays import array_module
+from ...backends import Backend, Weight
+from ...backends.array_ops import softmax
+from ...kv_storage import gather_kv
+from ..batch import Batch
+from ..functional import mul_sigmoid
+from ..qwen3_5.attention import AttentionConfig, GatedAttention, Rotary
+from .memory import IndexedAttentionPages
+
+Array = Any
+
+
+def block_keys(
+    raw: Array, ratio: int, norm: Array, eps: float, rotary: Rotary, backend: Backend
+) -> Array:
+    """The complete blocks' keys of raw index keys [S, d] -> [S // ratio, d]: each block's
+    mean, normed, rotated at the block's first position."""
+    xp, d = backend.xp, raw.shape[-1]
+    blocks = raw.shape[0] // ratio
+    means = raw[: blocks * ratio].reshape(blocks, ratio, d).mean(axis=1)
+    normed = backend.rms_norm(means, norm, eps, offset=1.0)
+    cos, sin = rotary(np.arange(blocks) * ratio)
+    return backend.rope(normed[:, None, :], cos, sin)[:, 0] if blocks else xp.zeros((0, d))
+
+
+def selection(
+    queries: Array, keys: Array, positions: np.ndarray, length: int, indexer: Indexer
+) -> Array:
+    """Which of tokens ``0 .. length - 1`` each query attends to -> bool [T, length].
+
+    ``queries`` [T, n, d] are the index queries of the tokens at ``positions`` (host ints),
+    ``keys`` [B, d] the complete blocks' keys. A query at p scores the blocks complete at p,
+    keeps the ``block_topk`` best (all of them when there are no more) and its tail: the
+    tokens after its last complete block."""
+    xp, r = array_module(queries), indexer.compress_ratio
+    t, blocks = queries.shape[0], keys.shape[0]
+    complete = xp.asarray((positions + 1) // r)  # blocks complete at each query [T]
+    scores = xp.maximum(xp.einsum("tnd,bd->tnb", queries, keys), 0).sum(axis=1)
+    scores = scores / np.float32(np.sqrt(queries.shape[-1]))
+    block = xp.arange(blocks)
+    scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
+    best = xp.argsort(-scores, axis=-1, kind="stable")[:, : indexer.block_topk]
+    chosen = xp.zeros((t, blocks), dtype=bool)
+    xp.put_along_axis(chosen, best, True, axis=-1)
+    chosen &= block[None, :] < complete[:, None]
+    token = xp.arange(length)
+    keep = token[None, :] >= (complete * r)[:, None]  # the tail (and the future, cut below)
+    keep[:, : blocks * r] |= xp.repeat(chosen, r, axis=1)
+    return keep & (token[None, :] <= xp.asarray(positions)[:, None])
+
+
+def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:
+    """GQA of q [T, Nq, D] over k, v [S, Nkv, D] where ``visible`` [T, S] -> [T, Nq, D]."""
+    xp = array_module(q)
+    t, nq, d = q.shape
+    nkv = k.shape[1]
+    qg = q.reshape(t, nkv, nq // nkv, d).transpose(1, 2, 0, 3)  # [Nkv, group, T, D]
+    scores = (qg @ k.transpose(1, 2, 0)[:, None]) * np.float32(scale)  # [Nkv, group, T, S]
+    scores = xp.where(visible, scores, -xp.inf)
+    out = softmax(scores) @ v.transpose(1, 0, 2)[:, None]  # [Nkv, group, T, D]
+    return out.transpose(2, 0, 1, 3).reshape(t, nq, d)
+
+
+class IndexedAttention(GatedAttention):
+    """Qwen3.5's gated attention with the QSA indexer (``L indexer/…`` parameters)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        a: AttentionConfig,
+        indexer: Indexer,
+        eps: float,
+        backend: Backend,
+        weights: Mapping[str, Weight],
+        rotary: Rotary,
+    ):
+        super().__init__(prefix, a, eps, backend, weights)
+        p, q = prefix + "attention/", prefix + "indexer/"
+        self.indexer, self.rotary = indexer, rotary
+        # one product of the layer input: [query | gate | key | value | index query | index key]
+        inputs = [p + s for s in ("query", "gate", "key", "value")] + [q + "query", q + "key"]
+        self.projections = backend.join_rows([weights[name] for name in inputs])
+        self.index_query_norm = backend.array(weights[q + "query_norm"])
+        self.index_key_norm = backend.array(weights[q + "key_norm"])
+
+    @staticmethod
+    def parameter_names(prefix: str) -> list[str]:
+        q = prefix + "indexer/"
+        indexer = [q + s for s in ("query", "key", "query_norm", "key_norm")]
+        return GatedAttention.parameter_names(prefix) + indexer
+
+    def __call__(self, x: Array, batch: Batch, memory: IndexedAttentionPages) -> Array:  # type: ignore[override]
+        be = self.backend
+        n, width = x.shape[0], self.a.heads * self.a.head_dim
+        q, gate, k, v, iq, ik = self.project(x, batch.cos, batch.sin)
+
+        if batch.decode is not None:  # rows addressed by (slot, position): store all, then attend
+            d = batch.decode
+            self._op("write", memory)(memory.k, memory.v, d.page_table, d.slots, d.positions, k, v)
+            pages_of = d.page_table[d.slots]
+            per_page = memory.index_k.shape[1]
+            memory.index_k[
+                pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page
+            ] = ik
+            rows = [
+                self._attend(q[i : i + 1], iq[i : i + 1], pages_of[i], int(p), memory)
+                for i, p in enumerate(np.asarray(d.positions).tolist())
+            ]
+            o = be.xp.concatenate(rows)
+        else:
+            o = batch.each_lane(lambda lane: self._lane(lane, q, k, v, iq, ik, memory), be.xp)
+        return be.linear(mul_sigmoid(o.reshape(n, width), gate), self.output)
+
+    def project(self, x: Array, cos: Array, sin: Array) -> tuple[Array, ...]:
+        """The layer input [N, H] -> q [N, Nq, D] and k, v [N, Nkv, D] (normed, rotated),
+        the output gate [N, Nq·D], the index queries [N, n, d] (normed, rotated) and the raw
+        index keys [N, d]."""
+        be, a, ix = self.backend, self.a, self.indexer
+        n = x.shape[0]
+        width, kv_width = a.heads * a.head_dim, a.kv_heads * a.head_dim
+        ends = np.cumsum([width, width, kv_width, kv_width, ix.heads * ix.head_dim])
+        q, gate, k, v, iq, ik = be.xp.split(be.linear(x, self.projections), ends, axis=-1)
+
+        def normed_rotated(y: Array, heads: int, dim: int, norm: Array) -> Array:
+            y = be.rms_norm(y.reshape(n, heads, dim), norm, self.eps, offset=1.0)
+            return be.rope(y, cos, sin)
+
+        q = normed_rotated(q, a.heads, a.head_dim, self.query_norm)
+        k = normed_rotated(k, a.kv_heads, a.head_dim, self.key_norm)
+        iq = normed_rotated(iq, ix.heads, ix.head_dim, self.index_query_norm)
+        return q, gate, k, v.reshape(n, a.kv_heads, a.head_dim), iq, ik
+
+    def _lane(
+        self,
+        lane: Any,
+        q: Array,
+        k: Array,
+        v: Array,
+        iq: Array,
+        ik: Array,
+        memory: IndexedAttentionPages,
+    ) -> Array:
+        r = lane.rows
+        memory.write(lane.state, lane.start, k[r], v[r])
+        memory.write_index(lane.state, lane.start, ik[r])
+        return self._attend(q[r], iq[r], lane.state.page_ids, lane.start, memory)
+
+    def _attend(
+        self, q: Array, iq: Array, pages: Array, start: int, memory: IndexedAttentionPages
+    ) -> Array:
+        """Queries at ``start .. start + T - 1`` of the sequence in ``pages`` over the tokens
+        the indexer selects for each."""
+        length = start + q.shape[0]
+        raw = gather_kv(memory.index_k, pages, length)
+        keys = block_keys(
+            raw,
+            self.indexer.compress_ratio,
+            self.index_key_norm,
+            self.eps,
+            self.rotary,
+            self.backend,
+        )
+        positions = np.arange(start, length)
+        visible = selection(iq, keys, positions, length, self.indexer)
+        k, v = gather_kv(memory.k, pages, length), gather_kv(memory.v, pages, length)
+        return masked_attention(q, k, v, visible, self.a.head_dim**-0.5)

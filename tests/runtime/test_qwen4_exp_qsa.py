@@ -1,0 +1,113 @@
+"""QSA attention against transformers' ``Qwen4ExpTextAttention`` and its indexer (fp32):
+prompts shorter than the indexer's budget (plain causal attention) and longer (block
+selection), as one prefill chunk and as decode steps over the pages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends.cpu import CpuBackend
+from ninfer_runtime.models.batch import Batch, DecodeIndex, Lane
+from ninfer_runtime.models.qwen3_5.attention import Rotary
+from ninfer_runtime.models.qwen4_exp.memory import IndexedKvSpec
+from ninfer_runtime.models.qwen4_exp.qsa import IndexedAttention, block_keys, selection
+from ninfer_runtime.ops.attention.memory import KvSpec
+from ninfer_runtime.state import ContextPool
+
+from .qwen4_exp_modules import array, geometry, randomized, relative_error, tiny_config
+
+LONG = 30  # past the 8-token budget: 7 complete blocks of 4, 2 kept
+
+
+@pytest.fixture(scope="module")
+def case(torch_threads):
+    import torch
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import (
+        Qwen4ExpTextAttention,
+        Qwen4ExpTextRotaryEmbedding,
+    )
+
+    config = tiny_config()
+    config._attn_implementation = "eager"
+    g = geometry(config)
+    hf = randomized(Qwen4ExpTextAttention(config, layer_idx=1), seed=11)
+    x = torch.randn(1, LONG, g.hidden, generator=torch.Generator().manual_seed(12))
+    positions = torch.arange(LONG)[None, None].expand(3, 1, LONG)
+    cos, sin = Qwen4ExpTextRotaryEmbedding(config)(x, positions)
+    a, ix = g.attention, g.indexer
+    q_gate = array(hf.q_proj.weight).reshape(a.heads, 2, a.head_dim, g.hidden)
+    qk = array(hf.indexer.index_qk_proj.weight)
+    weights = {
+        "L/attention/query": q_gate[:, 0].reshape(-1, g.hidden),
+        "L/attention/gate": q_gate[:, 1].reshape(-1, g.hidden),
+        "L/attention/key": array(hf.k_proj.weight),
+        "L/attention/value": array(hf.v_proj.weight),
+        "L/attention/output": array(hf.o_proj.weight),
+        "L/attention/query_norm": array(hf.q_norm.weight),
+        "L/attention/key_norm": array(hf.k_norm.weight),
+        "L/indexer/query": qk[: ix.heads * ix.head_dim],
+        "L/indexer/key": qk[ix.heads * ix.head_dim :],
+        "L/indexer/query_norm": array(hf.indexer.q_layernorm.weight),
+        "L/indexer/key_norm": array(hf.indexer.k_layernorm.weight),
+    }
+    be = CpuBackend()
+    rotary = Rotary(a, np)
+    ours = IndexedAttention("L/", a, ix, g.eps, be, weights, rotary)
+
+    def reference(t: int) -> tuple[np.ndarray, np.ndarray]:
+        """transformers' output and selection mask for the first t tokens."""
+        causal = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
+        with torch.no_grad():
+            out = hf(x[:, :t], (cos[:, :t], sin[:, :t]), causal)[0][0]
+            chosen = hf.indexer(x[:, :t], (cos[:, :t], sin[:, :t]), causal, None)[0, 0]
+        return array(out), chosen.numpy()
+
+    return g, ours, rotary, array(x[0]), reference
+
+
+def _pool(g):
+    spec = IndexedKvSpec(KvSpec(g.attention.kv_heads, g.attention.head_dim), g.indexer.head_dim)
+    return ContextPool([spec], np, slots=1, pages=8, max_context=64, page_tokens=8)
+
+
+@pytest.mark.parametrize("t", [6, LONG])
+def test_selection_matches_the_indexer(case, t):
+    g, ours, rotary, x, reference = case
+    _, expected = reference(t)
+    cos, sin = rotary(np.arange(t))
+    _, _, _, _, iq, ik = ours.project(x[:t], cos, sin)
+    ix = g.indexer
+    keys = block_keys(ik, ix.compress_ratio, ours.index_key_norm, g.eps, rotary, ours.backend)
+    chosen = selection(iq, keys, np.arange(t), t, ix)
+    assert np.array_equal(chosen, expected)
+    assert (chosen.sum(axis=1) <= ix.budget + ix.compress_ratio - 1).all()
+    if t > ix.budget:  # selection drops tokens of some queries
+        assert (chosen.sum(axis=1) < np.arange(1, t + 1)).any()
+    else:
+        assert np.array_equal(chosen, np.tril(np.ones((t, t), bool)))
+
+
+@pytest.mark.parametrize("t", [6, LONG])
+def test_prefill_chunk_matches_transformers(case, t):
+    g, ours, rotary, x, reference = case
+    expected, _ = reference(t)
+    pool = _pool(g)
+    state = pool.open(t)
+    cos, sin = rotary(np.arange(t))
+    out = ours(x[:t], Batch((Lane(slice(0, t), 0, state),), cos, sin), pool.layers[0])
+    assert relative_error(out, expected) < 1e-4
+
+
+def test_decode_steps_continue_a_prefill(case):
+    g, ours, rotary, x, reference = case
+    expected, _ = reference(LONG)
+    pool, start = _pool(g), 20
+    state = pool.open(LONG)
+    cos, sin = rotary(np.arange(start))
+    outs = [ours(x[:start], Batch((Lane(slice(0, start), 0, state),), cos, sin), pool.layers[0])]
+    for t in range(start, LONG):
+        cos, sin = rotary(np.array([t]))
+        step = DecodeIndex(np.array([state.slot], np.int32), np.array([t]), pool.page_table)
+        outs.append(ours(x[t : t + 1], Batch((), cos, sin, step), pool.layers[0]))
+    assert relative_error(np.concatenate(outs), expected) < 1e-4
