@@ -16,6 +16,10 @@ E4M3 bytes) at the lane's page ids ``pages``; query head h reads key/value head
 ``h // (Nq / Nkv)``; out [T, Nq, D] float32. ``precision`` is the backend's
 ``prefill_precision`` (``bf16``, ``tf32`` or ``float32``).
 
+* ``latent``: ``(q, latents, visible, *, scale) -> out``: multi-head latent attention over a
+  lane's cached latents (``latent.py``: their memory kind), each query over the tokens its
+  mask lets it see (``latent_reference.py``).
+
 Providers: ``reference`` (the gathered rows attended as array math), ``nvrtc`` (ours:
 ``kernels/attention.cu`` and ``kernels/prefill_attention.cu``, the pages read in place, every
 precision) and ``sdpa`` (torch's fused scaled-dot-product attention on gathered bf16 K/V;
@@ -58,6 +62,7 @@ _PROVIDERS = {
     **{(op, "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)) for op in ("write", "decode")},
     ("prefill", "nvrtc"): ("nvrtc", "accepts", ("cupy",)),
     ("prefill", "sdpa"): ("sdpa", "accepts", ("cupy", "torch")),
+    ("latent", "reference"): ("latent_reference", "accepts", ()),
 }
 for (_op, _name), (_module, _accepts, _requires) in _PROVIDERS.items():
     register(

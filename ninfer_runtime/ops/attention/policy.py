@@ -14,6 +14,7 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("prefill", "cuda"): ("nvrtc", "sdpa", "reference"),
     **{(op, "cpu"): ("reference",) for op in ("write", "decode")},
     **{(op, "cuda"): ("nvrtc", "reference") for op in ("write", "decode")},
+    ("latent", "cpu"): ("reference",),
 }
 
 

@@ -1,0 +1,91 @@
+"""GLM5Next's latent attention and token indexer (``models/glm5_next/mla.py``, ``indexer.py``)
+against transformers' ``Glm5NextTextAttention`` with the same random weights (float32): a layer
+running its own indexer and the ``shared`` layer after it, for prompts within and past
+``index_topk``; then a prompt's tail as decode steps against the prompt at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends.cpu import CpuBackend
+from ninfer_runtime.models.batch import Batch, DecodeIndex, Lane
+from ninfer_runtime.models.glm5_next.config import read_config
+from ninfer_runtime.models.glm5_next.mla import LatentAttention, memory_spec
+from ninfer_runtime.state import ContextPool
+from tests.runtime.glm5_next_reference import StandIn, build, hf_text_layers, torch
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = build(seed=5)
+    art = StandIn(model)
+    g = read_config(art.components["text"].config)
+    be = CpuBackend()
+    full = LatentAttention("text/layers/1/", g.mla, g.indexer, g.eps, be, art.weights)
+    shared = LatentAttention("text/layers/2/", g.mla, None, g.eps, be, art.weights)
+    return model, g, full, shared
+
+
+def pool_for(g, context: int) -> ContextPool:
+    specs = [memory_spec(g.mla, g.indexer), memory_spec(g.mla, None)]
+    return ContextPool(specs, np, slots=2, pages=2 * context // 4, max_context=context,
+                       page_tokens=4)  # fmt: skip
+
+
+def reference(model, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """transformers' two layers on x [T, H]: their outputs and the first's top-k indices."""
+    layers = hf_text_layers(model)
+    mask = torch.ones(1, x.shape[0], dtype=torch.bool)
+    with torch.no_grad():
+        out1, _, topk = layers[1].self_attn(torch.from_numpy(x)[None], mask)
+        out2, _, _ = layers[2].self_attn(torch.from_numpy(x)[None], mask, prev_topk_indices=topk)
+    return out1[0].numpy(), out2[0].numpy(), topk[0].numpy()
+
+
+def rel(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("t", [7, 40])  # within index_topk (everything seen), and past it
+def test_a_prompt_matches_transformers(setup, t: int) -> None:
+    model, g, full, shared = setup
+    x = np.random.default_rng(t).standard_normal((t, g.hidden)).astype(np.float32)
+    ref1, ref2, topk = reference(model, x)
+    pool = pool_for(g, 64)
+    state = pool.open(t)
+    batch = Batch((Lane(slice(0, t), 0, state),), None, None)
+    out1, chosen = full(x, batch, pool.layers[0], None)
+    out2, _ = shared(x, batch, pool.layers[1], chosen)
+    # the same tokens are seen as transformers' indices name
+    seen = np.zeros((t, t), dtype=bool)
+    for row, indices in enumerate(topk):
+        seen[row, indices[indices >= 0]] = True
+    assert np.array_equal(chosen[0], seen)
+    if t > g.indexer.topk + g.indexer.kpool:  # some queries see only part of their past
+        assert (chosen[0].sum(axis=1) < np.arange(1, t + 1)).any()
+    assert rel(out1, ref1) < TOL and rel(out2, ref2) < TOL
+
+
+def test_decode_rows_continue_the_prompt(setup) -> None:
+    model, g, full, shared = setup
+    t, head = 30, 22
+    x = np.random.default_rng(9).standard_normal((t, g.hidden)).astype(np.float32)
+    ref1, ref2, _ = reference(model, x)
+    pool = pool_for(g, 32)
+    state = pool.open(t)
+    batch = Batch((Lane(slice(0, head), 0, state),), None, None)
+    out1, chosen = full(x[:head], batch, pool.layers[0], None)
+    out2, _ = shared(x[:head], batch, pool.layers[1], chosen)
+    outs1, outs2 = [out1], [out2]
+    slot = np.array([state.slot], dtype=np.int32)
+    for step in range(head, t):
+        index = DecodeIndex(slot, np.array([step], np.int32), pool.page_table)
+        step_batch = Batch((), None, None, index)
+        o1, chosen = full(x[step : step + 1], step_batch, pool.layers[0], None)
+        o2, _ = shared(x[step : step + 1], step_batch, pool.layers[1], chosen)
+        outs1.append(o1)
+        outs2.append(o2)
+    assert rel(np.concatenate(outs1), ref1) < TOL and rel(np.concatenate(outs2), ref2) < TOL
