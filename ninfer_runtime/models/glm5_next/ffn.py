@@ -1,0 +1,105 @@
+"""GLM5Next's feed-forward blocks: a SwiGLU MLP whose gate and up are clamped (``dense``
+layers, the shared experts), and the grouped sigmoid-routed MoE (``sparse`` layers).
+
+mlp(x)  = down(silu(min(gate x, L)) · clamp(up x, -L, L))          L = swiglu_limit
+moe(x)  = Σ_{e in top-k} w_e · expert_e(x) + shared(x)
+routing: s = sigmoid(router x) (over all experts); c = s + router_bias chooses: the
+         ``topk_groups`` groups with the best sum of their two best c, then the top-k experts
+         of c inside them; w_e = s_e (renormalised to sum 1 if norm_topk_prob)
+         · routed_scaling_factor
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer_format.binders.glm5_next_parts import Routing
+from ninfer_format.binders.qwen3_5_geometry import Moe
+
+from ...arrays import array_module
+from ...backends import Backend, Weight
+from ..functional import sigmoid, silu_mul
+
+Array = Any
+ROUTING_EPS = 1e-20  # added to the renormalising sum, as transformers does
+
+
+class ClampedMlp:
+    """``P gate``, ``P up`` [I, H], ``P down`` [H, I], gate and up clamped at ``limit``."""
+
+    def __init__(self, prefix: str, limit: float, backend: Backend, weights: Mapping[str, Weight]):
+        self.limit, self.backend = limit, backend
+        self.gate_up = backend.join_rows([weights[prefix + "gate"], weights[prefix + "up"]])
+        self.down = weights[prefix + "down"]
+
+    @staticmethod
+    def parameter_names(prefix: str) -> list[str]:
+        return [prefix + s for s in ("gate", "up", "down")]
+
+    def __call__(self, x: Array) -> Array:
+        be, limit = self.backend, self.limit
+        xp = array_module(x)
+        gate, up = xp.split(be.linear(x, self.gate_up), 2, axis=-1)
+        product = silu_mul(xp.minimum(gate, limit), xp.clip(up, -limit, limit))
+        return be.linear(product, self.down)
+
+
+class GroupedMoe:
+    """``P moe/router`` [E, H] and ``P moe/router_bias`` [E], the routed experts
+    ``P moe/experts/e/``, the shared experts as one MLP ``P moe/shared/``."""
+
+    def __init__(
+        self,
+        prefix: str,
+        moe: Moe,
+        routing: Routing,
+        limit: float,
+        backend: Backend,
+        weights: Mapping[str, Weight],
+    ):
+        p = prefix + "moe/"
+        self.moe, self.routing, self.backend = moe, routing, backend
+        self.router = weights[p + "router"]
+        self.router_bias = backend.array(weights[p + "router_bias"])
+        self.experts = [
+            ClampedMlp(f"{p}experts/{e}/", limit, backend, weights) for e in range(moe.experts)
+        ]
+        self.shared = ClampedMlp(p + "shared/", limit, backend, weights)
+
+    @staticmethod
+    def parameter_names(prefix: str, moe: Moe) -> list[str]:
+        p = prefix + "moe/"
+        names = [p + "router", p + "router_bias"]
+        for q in [*(f"{p}experts/{e}/" for e in range(moe.experts)), p + "shared/"]:
+            names += ClampedMlp.parameter_names(q)
+        return names
+
+    def route(self, x: Array) -> tuple[Array, Array]:
+        """Rows x [N, H] -> their experts [N, k] and weights [N, k]."""
+        r, m = self.routing, self.moe
+        xp = array_module(x)
+        scores = sigmoid(self.backend.linear(x, self.router))  # [N, E]
+        choice = scores + self.router_bias
+        n, per_group = x.shape[0], m.experts // r.groups
+        grouped = xp.sort(choice.reshape(n, r.groups, per_group), axis=-1)
+        group_score = grouped[..., -2:].sum(axis=-1)  # each group's two best
+        best_groups = xp.argsort(-group_score, axis=-1, kind="stable")[:, : r.topk_groups]
+        allowed = xp.zeros((n, r.groups), dtype=bool)
+        xp.put_along_axis(allowed, best_groups, True, axis=-1)
+        allowed = xp.repeat(allowed, per_group, axis=1)
+        choice = xp.where(allowed, choice, xp.float32(-xp.inf))
+        top = xp.argsort(-choice, axis=-1, kind="stable")[:, : m.top_k]
+        weights = xp.take_along_axis(scores, top, axis=-1)
+        if r.norm_topk_prob:
+            weights = weights / (weights.sum(axis=-1, keepdims=True) + ROUTING_EPS)
+        return top, weights * r.scale
+
+    def __call__(self, x: Array) -> Array:
+        xp = array_module(x)
+        top, weights = self.route(x)
+        out = self.shared(x)
+        for e in xp.unique(top).tolist():
+            rows, k = xp.nonzero(top == e)
+            out[rows] += weights[rows, k, None] * self.experts[e](x[rows])
+        return out

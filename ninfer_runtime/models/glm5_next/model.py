@@ -1,0 +1,142 @@
+"""GLM5Next text model ("GLM-5.3-Flash"; ``glm5_next``, ``glm5_next_text``):
+
+    streams = [e | … | e] (hc_mult copies of the token embedding)      [N, n, H]
+    for each layer:  streams = layer(streams)        KDA or latent attention, then MLP or MoE,
+                                                     each between hyper-connections (layer.py)
+    hidden  = RMSNorm(mean of the streams; final_norm)
+    logits  = output_head hidden
+
+The attention layers are NoPE (positions reach the model through the KDA layers only), so
+there are no RoPE tables. A ``shared`` attention layer attends over the tokens the attention
+layer right before it chose. transformers defines no MTP block for GLM5Next; an artifact's
+``mtp`` component, if any, is not run. Only the math lives here; lanes, batches and steps are
+the runner's. The KDA and latent-attention ops have CPU (reference) providers only, so the
+model refuses other backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
+
+from ...backends import Backend
+from ...errors import ModelError
+from ...memory_kinds import MemoryKind
+from ...ops.attention.memory import AttentionPages
+from ...parallel import Collective
+from ...state import ContextPool
+from ..batch import Batch
+from ..registry import register_model
+from .config import read_config
+from .hyper_connections import collapse, expand
+from .kda import KimiDeltaAttention
+from .layer import DecoderLayer
+
+Array = Any
+GLOBALS = ("text/token_embedding", "text/output_head", "text/final_norm")
+
+
+class Glm5NextModel:
+    """The model's math: weights prepared on a backend once, state kept outside."""
+
+    def __init__(self, artifact: Any, backend: Backend):
+        g = read_config(artifact.components["text"].config)
+        self.config: Glm5NextGeometry = g
+        self.backend = backend
+        names = self.parameter_names(g)
+        missing = [n for n in names if n not in artifact.bindings]
+        if missing:
+            raise ModelError(
+                f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
+            )
+        w = backend.prepare(artifact, names)
+        self.token_embedding = w["text/token_embedding"]
+        self.output_head = w["text/output_head"]
+        self.final_norm = backend.array(w["text/final_norm"])
+        self.layers = [DecoderLayer(i, g, backend, w) for i in range(g.layers)]
+
+    @staticmethod
+    def parameter_names(g: Glm5NextGeometry) -> list[str]:
+        names = list(GLOBALS)
+        for i in range(g.layers):
+            names += DecoderLayer.parameter_names(i, g)
+        return names
+
+    @property
+    def has_mtp(self) -> bool:
+        return False
+
+    def state_specs(self) -> tuple[list[MemoryKind], MemoryKind | None]:
+        """Latent pages for attention layers, recurrent and convolution slots for KDA; no
+        MTP layer."""
+        return [DecoderLayer.memory_spec(i, self.config) for i in range(self.config.layers)], None
+
+    # ------------------------------------------------------------------------ positions
+    def rope(self, positions: np.ndarray) -> tuple[Array, Array]:
+        """No RoPE: the attention layers are NoPE."""
+        return None, None
+
+    def rope_table(self, positions: int) -> tuple[Array, Array] | None:
+        return None
+
+    # ---------------------------------------------------------------------------- math
+    def embed(self, ids: Array) -> Array:
+        return self.backend.embedding(ids, self.token_embedding)
+
+    def hidden_states(
+        self, ids: Array, batch: Batch, pool: ContextPool, embeddings: Array | None = None
+    ) -> Array:
+        """Token ids [N] through the embedding, every layer and the final norm -> [N, H]."""
+        h = self.embed(ids) if embeddings is None else embeddings
+        streams, chosen = expand(h, self.config.hyper.streams), None
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            streams, chosen = layer(streams, batch, memory, chosen)
+        g = self.config
+        return self.backend.rms_norm(collapse(streams), self.final_norm, g.eps, offset=0.0)
+
+    def logits(self, hidden: Array) -> Array:
+        return self.backend.linear(hidden, self.output_head)
+
+    def mtp_logits(
+        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+    ) -> Array:
+        raise ModelError("GLM5Next has no MTP block in this runtime")
+
+    def mtp_hidden(
+        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+    ) -> Array:
+        raise ModelError("GLM5Next has no MTP block in this runtime")
+
+    @property
+    def has_proposal_head(self) -> bool:
+        return False
+
+    def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
+        return self.backend.xp.argmax(self.logits(hidden), axis=-1)
+
+    def commit(self, pool: ContextPool, slots: Array, counts: Array) -> None:
+        """After a multi-row step: fold each lane's first ``counts[i]`` rows into its KDA
+        states (latent pages need nothing: rows past a sequence's length are never read)."""
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            if isinstance(layer.mixer, KimiDeltaAttention):
+                layer.mixer.commit(memory, slots, counts)  # type: ignore[arg-type]
+
+
+@register_model("glm5_next", "glm5_next_text")
+def load_glm5_next(
+    artifact: Any,
+    backend: Backend,
+    collective: Collective | None = None,
+    expert_parallel: bool = False,
+) -> Glm5NextModel:
+    if backend.name != "cpu":
+        raise ModelError(
+            f"GLM5Next runs on the CPU backend only so far (its KDA and latent-attention ops "
+            f"have no {backend.name} provider): use --backend cpu"
+        )
+    if collective is not None and collective.world > 1:
+        raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
+    return Glm5NextModel(artifact, backend)
