@@ -20,7 +20,7 @@ Factory = Callable[..., Model]  # (artifact, backend, collective=None) -> Model
 
 _FACTORIES: dict[str, Factory] = {}
 #: packages imported on first lookup so their ``register_model`` calls run
-_PACKAGES = ("ninfer_runtime.models.qwen3_5",)
+_PACKAGES = ("ninfer_runtime.models.qwen3_5", "ninfer_runtime.models.glm5_next")
 
 
 def register_model(*model_types: str) -> Callable[[Factory], Factory]:
