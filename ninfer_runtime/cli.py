@@ -134,6 +134,13 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
     is_flag=True,
     help="With --tensor-parallel: each routed expert whole on one rank (EP), not split.",
 )
+@click.option(
+    "--vram-budget",
+    metavar="SIZE",
+    help="Device memory for weights, workspace and context, e.g. 8GiB: the routed experts "
+    "that do not fit are computed from host memory (MoE models; the CPU backend simulates "
+    "the split).  [default: $NINFER_VRAM_BUDGET_MIB, else no budget]",
+)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
 @click.option(
@@ -220,6 +227,7 @@ def fit_context(requested: int | None, positions: int | None) -> int:
 
 def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
     from .engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+    from .expert_offload import vram_budget_setting
     from .frontend import (
         ReasoningDelta,
         SamplingParams,
@@ -239,6 +247,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         spec=spec,
         tensor_parallel=o.tensor_parallel,
         expert_parallel=o.expert_parallel,
+        vram_budget=vram_budget_setting(o.vram_budget),
     )
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(

@@ -32,6 +32,7 @@ from .backends.base import to_numpy
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .checkpoint_plan import check_cache_fields
 from .errors import EngineError, RequestError
+from .expert_offload import ExpertOffload
 from .frontend import (
     ChatTemplate,
     OutputParser,
@@ -110,6 +111,7 @@ class Engine:
         host_context_capacity: int | str | None = 0,
         tensor_parallel: int = 1,
         expert_parallel: bool = False,
+        vram_budget: int | str | None = None,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -132,13 +134,20 @@ class Engine:
                 "expert_parallel (--expert-parallel) needs tensor_parallel (--tensor-parallel) "
                 ">= 2: it holds each expert on one of the ranks"
             )
+        #: with a ``vram_budget`` (``--vram-budget``), the routed experts that do not fit it
+        #: are computed from host memory (``expert_offload``); None: all resident
+        self.expert_offload = ExpertOffload.for_budget(
+            vram_budget, backend, tensor_parallel=tensor_parallel
+        )
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
             self.model, self.runner, stop = parallel_runner(
                 self.artifact, backend, tensor_parallel, expert_parallel
             )
             weakref.finalize(self, stop)
         else:
-            self.model = load_model(self.artifact, backend=backend)
+            self.model = load_model(
+                self.artifact, backend=backend, expert_offload=self.expert_offload
+            )
             self.runner = ModelRunner(self.model)
         self.tokenizer = Tokenizer.from_resources(resources)
         self.template = ChatTemplate.from_resources(resources, override=chat_template)
@@ -167,6 +176,8 @@ class Engine:
             step_rows=SHORT_CHUNK_TOKENS,
             snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
         )
+        if self.expert_offload is not None:  # the experts go where the pool leaves room
+            self.expert_offload.start(self.runner, self.tokenizer.encode, self.pool.nbytes())
         #: checkpoints of earlier prompts and generations, resumed by later requests
         self.cache = (
             PrefixCache(self.pool, self._cache_salt(backend, kv_dtype)) if prefix_cache else None

@@ -26,6 +26,16 @@ def softmax(x: Array) -> Array:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def top_k_routing(probs: Array, top_k: int) -> tuple[Array, Array]:
+    """A router's choice: each row's ``top_k`` experts by probability (the lower index first
+    among equals) -> int [N, k], and their probabilities renormalised to sum 1 over them
+    -> [N, k]. One function, so every part of a split block routes alike."""
+    xp = _xp(probs)
+    top = xp.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    share = xp.take_along_axis(probs, top, axis=-1)
+    return top, share / share.sum(axis=-1, keepdims=True)
+
+
 def rms_norm(x: Array, w: Array, eps: float, offset: float) -> Array:
     xp = _xp(x)
     inv = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + xp.float32(eps))

@@ -59,9 +59,7 @@ class CpuBackend(ops.ReferenceOps):
     # ---------------------------------------------------------------- mixture of experts
     def moe(self, x: Array, weights: MoeWeights) -> Array:
         probs = ops.softmax(self.linear(x, weights.router))  # [N, E] over all experts
-        top = np.argsort(-probs, axis=-1, kind="stable")[:, : weights.top_k]
-        share = np.take_along_axis(probs, top, axis=-1)
-        share = share / share.sum(axis=-1, keepdims=True)
+        top, share = ops.top_k_routing(probs, weights.top_k)
         out = np.zeros_like(x)
         for e in np.unique(top):
             ex = weights.experts[int(e)]

@@ -7,6 +7,7 @@ Each architecture package registers a factory at import; ``load_model`` opens th
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,11 @@ Factory = Callable[..., Model]  # (artifact, backend, collective=None) -> Model
 
 _FACTORIES: dict[str, Factory] = {}
 #: packages imported on first lookup so their ``register_model`` calls run
-_PACKAGES = ("ninfer_runtime.models.qwen3_5", "ninfer_runtime.models.glm5_next")
+_PACKAGES = (
+    "ninfer_runtime.models.qwen3_5",
+    "ninfer_runtime.models.qwen4_exp",
+    "ninfer_runtime.models.glm5_next",
+)
 
 
 def register_model(*model_types: str) -> Callable[[Factory], Factory]:
@@ -54,11 +59,13 @@ def load_model(
     backend: str | Backend = "cpu",
     collective: Any = None,
     expert_parallel: bool = False,
+    expert_offload: Any = None,
 ) -> Model:
     """The runnable model of an artifact (an open ``Artifact`` or a path to its entry file);
     with a ``collective`` (``ninfer_runtime.parallel``) of more than one rank, this rank's
     share of a tensor-parallel model (with ``expert_parallel``, its routed experts whole
-    rather than a share of each)."""
+    rather than a share of each). ``expert_offload`` (``expert_offload.ExpertOffload``):
+    the routed experts are left to it, to be placed within a device-memory budget."""
     if isinstance(artifact, str | os.PathLike):
         from ninfer_format import Artifact
 
@@ -71,6 +78,10 @@ def load_model(
         raise ModelError("the text component's config has no model_type")
     factory = model_factory(str(model_type))
     check_auxiliaries(artifact)
+    if expert_offload is not None:
+        if "expert_offload" not in inspect.signature(factory).parameters:
+            raise ModelError(f"expert offload (--vram-budget) is not built for {model_type}")
+        return factory(artifact, get_backend(backend), expert_offload=expert_offload)
     if collective is None:
         return factory(artifact, get_backend(backend))
     return factory(

@@ -35,7 +35,8 @@ class DenseMlp:
 class SparseMoe:
     """Routing and expert math live in ``backend.moe`` so a GPU backend can group tokens by
     expert; this class only assembles the block's weights (the experts this rank does not
-    hold, under expert parallelism, as None)."""
+    hold, under expert parallelism, as None; so too the experts not prepared at all, which
+    expert offload holds in host memory, ``expert_offload.SplitMoe``)."""
 
     def __init__(self, prefix: str, m: MoeConfig, backend: Backend, weights: Mapping[str, Weight]):
         p = prefix + "moe/"
@@ -46,7 +47,10 @@ class SparseMoe:
 
         self.weights = MoeWeights(
             router=weights[p + "router"],
-            experts=[expert(f"{p}experts/{e}/") if e in m.held else None for e in range(m.experts)],
+            experts=[
+                expert(f"{p}experts/{e}/") if f"{p}experts/{e}/gate" in weights else None
+                for e in range(m.experts)
+            ],
             shared=expert(p + "shared/"),
             shared_score=weights[p + "shared_score"],
             top_k=m.top_k,

@@ -49,7 +49,10 @@ class Qwen35Model:
         backend: Backend,
         collective: Collective | None = None,
         expert_parallel: bool = False,
+        expert_offload: Any = None,
     ):
+        """``expert_offload`` (an ``expert_offload.ExpertOffload``): the text layers' routed
+        experts are not prepared here; it holds them and splits each MoE block."""
         self.collective = collective = collective or Solo()
         c = Qwen35Config.from_text_config(artifact.components["text"].config)
         if collective.world > 1:  # this rank's heads and columns, or experts (shard.py)
@@ -72,7 +75,9 @@ class Qwen35Model:
             )
         # the indexed proposal head (spec 5.6): the rows of the output head the drafter scores
         proposal = with_mtp and PROPOSAL_HEAD in artifact.bindings
-        w = backend.prepare(artifact, names + [PROPOSAL_HEAD] * proposal)
+        loaded = names + [PROPOSAL_HEAD] * proposal
+        held = expert_offload.held_on_host if expert_offload is not None else None
+        w = backend.prepare(artifact, [n for n in loaded if held is None or not held(n)])
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
         self.final_norm = backend.array(w["text/final_norm"])
@@ -81,6 +86,8 @@ class Qwen35Model:
             DecoderLayer(f"text/layers/{i}/", kind, c, backend, w, reduce)
             for i, kind in enumerate(c.layer_types)
         ]
+        if expert_offload is not None:
+            expert_offload.attach(self.layers, artifact, loaded)
         self.rotary = Rotary(c.attention, backend.xp) if c.attention else None
         self.mtp = (
             MtpHead(c, backend, w, self.token_embedding, self.logits, reduce) if with_mtp else None
@@ -201,5 +208,6 @@ def load_qwen3_5(
     backend: Backend,
     collective: Collective | None = None,
     expert_parallel: bool = False,
+    expert_offload: Any = None,
 ) -> Qwen35Model:
-    return Qwen35Model(artifact, backend, collective, expert_parallel)
+    return Qwen35Model(artifact, backend, collective, expert_parallel, expert_offload)

@@ -1,0 +1,19 @@
+"""MoE expert offload: routed experts that do not fit a ``--vram-budget`` live in host memory
+in their stored format and the CPU computes their share (``docs/runtime.md``, "MoE expert
+offload")."""
+
+from .counters import ExpertCounters
+from .offload import GPU_NOT_BUILT, VRAM_BUDGET_ENV, ExpertOffload, vram_budget_setting
+from .plan import OffloadPlan, VramBudgetError, WeightSizes, plan_residency
+
+__all__ = [
+    "GPU_NOT_BUILT",
+    "VRAM_BUDGET_ENV",
+    "ExpertCounters",
+    "ExpertOffload",
+    "OffloadPlan",
+    "VramBudgetError",
+    "WeightSizes",
+    "plan_residency",
+    "vram_budget_setting",
+]

@@ -1,0 +1,52 @@
+"""Counts of where routed experts were computed, for ``/metrics`` and for the next plan.
+
+Every (token, slot) pair a router chooses is one hit of its expert, on the device when the
+expert is resident and on the host when it is not. The per-expert totals are also a
+priority: a later load can keep the experts this run chose most (``plan_residency``'s
+``counts``). Only the engine thread writes; a reader on another thread (a metrics scrape)
+reads plain numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class ExpertCounters:
+    def __init__(self, experts: Mapping[int, int]):
+        """``experts``: layer -> its routed experts."""
+        self.device_hits = {layer: np.zeros(n, dtype=np.int64) for layer, n in experts.items()}
+        self.host_hits = {layer: np.zeros(n, dtype=np.int64) for layer, n in experts.items()}
+        #: seconds the device side waited for the host's experts (on the CPU backend, whose
+        #: "device" is the same CPU, the host share's whole time)
+        self.host_wait_seconds = 0.0
+        #: bytes of experts streamed to the device for large token counts (the GPU's prefill
+        #: window; nothing streams on the CPU backend)
+        self.streamed_bytes = 0
+
+    def record(self, layer: int, top: np.ndarray, resident: np.ndarray, seconds: float) -> None:
+        """One block's routing: ``top`` [N, k] chosen experts; ``resident`` [E] bool."""
+        hits = np.bincount(top.reshape(-1), minlength=len(resident))
+        self.device_hits[layer] += np.where(resident, hits, 0)
+        self.host_hits[layer] += np.where(resident, 0, hits)
+        self.host_wait_seconds += seconds
+
+    def counts(self) -> dict[int, np.ndarray]:
+        """Per layer, each expert's hits wherever it ran: a residency priority."""
+        return {layer: self.device_hits[layer] + self.host_hits[layer] for layer in self.host_hits}
+
+    @property
+    def device_total(self) -> int:
+        return int(sum(int(h.sum()) for h in self.device_hits.values()))
+
+    @property
+    def host_total(self) -> int:
+        return int(sum(int(h.sum()) for h in self.host_hits.values()))
+
+    def reset(self) -> None:
+        for hits in (*self.device_hits.values(), *self.host_hits.values()):
+            hits[:] = 0
+        self.host_wait_seconds = 0.0
+        self.streamed_bytes = 0

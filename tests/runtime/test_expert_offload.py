@@ -1,0 +1,111 @@
+"""Expert offload on the CPU backend: the tiny Qwen3.5 MoE model under budgets that keep none,
+half or all of its routed experts resident gives the all-resident logits (within float32
+rounding: the host's partial sums are added apart) and the same greedy tokens; host experts
+are the stored codes; calibration is deterministic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_format import Artifact
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.expert_offload import VramBudgetError
+from ninfer_runtime.expert_offload.host_experts import HostExpert
+from ninfer_runtime.runner import ModelRunner
+
+PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
+CONTEXT = 64
+
+
+def greedy(runner: ModelRunner, tokens: int) -> tuple[list[int], np.ndarray]:
+    """The prompt in two chunks, then ``tokens`` greedy steps: the tokens and every step's
+    logits [tokens + 1, V]."""
+    state = runner.new_state(CONTEXT)
+    logits = runner.prefill(PROMPT, state, chunk=8, last_only=True).logits[0][-1]
+    out, seen = [], [logits]
+    for _ in range(tokens):
+        out.append(int(np.argmax(logits)))
+        logits = runner.forward([np.array([out[-1]])], [state]).logits[0][-1]
+        seen.append(logits)
+    return out, np.stack(seen)
+
+
+@pytest.fixture(scope="module")
+def q4_moe(artifact_path):
+    return artifact_path("tiny_q4", "moe")
+
+
+def engine(path, budget) -> Engine:
+    return Engine(path, max_context=CONTEXT, max_lanes=1, vram_budget=budget)
+
+
+@pytest.fixture(scope="module")
+def shares(q4_moe):
+    """The budget's floor (no routed expert resident) and the routed experts' bytes."""
+    plan = engine(q4_moe, "1GiB").expert_offload.plan
+    assert plan.resident_fraction == 1
+    return plan.weights + plan.workspace + plan.context, plan.resident_bytes
+
+
+@pytest.fixture(scope="module")
+def reference(q4_moe):
+    return greedy(Engine(q4_moe, max_context=CONTEXT, max_lanes=1).runner, 6)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_residency_leaves_logits_and_greedy_tokens(q4_moe, shares, reference, fraction):
+    floor, experts = shares
+    e = engine(q4_moe, floor + int(fraction * experts))
+    offload = e.expert_offload
+    assert offload.plan.resident_fraction == fraction
+    offload.counters.reset()
+    tokens, logits = greedy(e.runner, 6)
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+    if fraction == 1.0:  # the same op on the same weights: exactly the same numbers
+        np.testing.assert_array_equal(logits, reference[1])
+    counters = offload.counters
+    assert (counters.device_total > 0) == (fraction > 0)
+    assert (counters.host_total > 0) == (fraction < 1)
+    # every routed pair is counted once, wherever it ran: (12 + 6 tokens) x top-2 x 4 layers
+    assert counters.device_total + counters.host_total == (len(PROMPT) + 6) * 2 * 4
+
+
+def test_a_budget_below_the_floor_is_refused(q4_moe, shares):
+    floor, _ = shares
+    with pytest.raises(VramBudgetError, match=f"smallest budget that works is .* \\({floor} "):
+        engine(q4_moe, floor - 1)
+
+
+def test_calibration_is_deterministic_and_keeps_the_most_chosen(q4_moe, shares):
+    floor, experts = shares
+    plans = [engine(q4_moe, floor + experts // 4).expert_offload for _ in range(2)]
+    assert plans[0].plan.resident == plans[1].plan.resident
+    plan, counts = plans[0].plan, plans[0].priority
+    for layer in counts:
+        np.testing.assert_array_equal(counts[layer], plans[1].priority[layer])
+    assert sum(map(len, plan.resident.values())) == 4  # a quarter of 4 layers x 4 experts
+    # the experts are the same size: the resident ones are the most chosen of all layers
+    resident = [counts[layer][e] for layer, kept in plan.resident.items() for e in kept]
+    host = [counts[layer][e] for layer in counts for e in plan.host(layer)]
+    assert min(resident) >= max(host) and sum(resident) > sum(host) / 3
+
+
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])
+def test_host_experts_decode_to_the_loaded_weights(artifact_path, recipe):
+    """Stored codes cut per expert (q4) or, for layouts that cannot be cut (NVFP4, FP8 row
+    scales), the decoded values: either way the weights the backend would load."""
+    art = Artifact.open(artifact_path(recipe, "moe"))
+    prefix = "text/layers/2/moe/experts/3/"
+    expert = HostExpert.load(art, prefix)
+    for part in ("gate", "up", "down"):
+        weight = getattr(expert, part)
+        want = art.parameter(prefix + part, in_order=True)
+        np.testing.assert_array_equal(weight.decode(), want)
+    stored = sum(int(np.prod(art.binder_report.parameters[prefix + p])) for p in ("gate", "up"))
+    if recipe == "tiny_q4":
+        assert not expert.decoded
+        assert expert.nbytes < stored  # q4 codes: well under a byte a weight
+    else:
+        assert expert.decoded
