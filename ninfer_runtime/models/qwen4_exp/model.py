@@ -1,0 +1,150 @@
+"""Qwen4Exp text model (``qwen4_exp``, ``qwen4_exp_text``): Qwen3.5's Gated DeltaNet and gated
+attention layers with MoE, on ``hc`` hyper-connection streams, with per-layer n-gram
+embeddings on chosen GDN layers and the QSA token indexer on every attention layer.
+
+    streams = [embed(ids)] · hc                       (hyper_connections.expand)
+    for each layer:  streams = layer(streams, ids)    (layer.py)
+    hidden  = final_connection(streams)               the mixed streams; no final norm
+    logits  = output_head hidden
+
+CPU reference only: the CUDA backend is refused at load (no device kernels for the
+connections, PLE or QSA yet), and there is no MTP block (transformers defines none for
+Qwen4Exp, so an artifact's ``mtp`` component is not run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...backends import Backend
+from ...errors import ModelError
+from ...memory_kinds import MemoryKind
+from ...ops.attention.memory import KvSpec
+from ...ops.delta_rule.memory import GdnSpec
+from ...state import ContextPool
+from ..batch import Batch
+from ..qwen3_5.attention import Rotary
+from .config import INDEXED_ATTENTION, read_config
+from .hyper_connections import HyperConnection, expand
+from .layer import DecoderLayer
+from .memory import IndexedKvSpec, PleGdnSpec, PleState
+
+Array = Any
+FINAL = "text/final_connection/"
+
+
+class Qwen4ExpModel:
+    """The model's math: weights prepared on a backend once, state kept outside."""
+
+    def __init__(self, artifact: Any, backend: Backend):
+        if backend.name != "cpu":
+            raise ModelError(
+                f"Qwen4Exp runs on the cpu backend only (no {backend.name} kernels for its "
+                "hyper-connections, PLE and QSA yet)"
+            )
+        self.config = g = read_config(artifact.components["text"].config)
+        self.backend = backend
+        names = self.parameter_names()
+        missing = [n for n in names if n not in artifact.bindings]
+        if missing:
+            raise ModelError(
+                f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
+            )
+        w = backend.prepare(artifact, names)
+        self.token_embedding = w["text/token_embedding"]
+        self.output_head = w["text/output_head"]
+        self.final_connection = HyperConnection(
+            FINAL, g.hyper, g.eps, backend, w, with_inject=False
+        )
+        self.rotary = Rotary(g.attention, backend.xp) if g.attention else None
+        self.layers = [DecoderLayer(i, g, backend, w, self.rotary) for i in range(g.layers)]
+
+    def parameter_names(self) -> list[str]:
+        g = self.config
+        names = ["text/token_embedding", "text/output_head"]
+        names += HyperConnection.parameter_names(FINAL, with_inject=False)
+        for i in range(g.layers):
+            names += DecoderLayer.parameter_names(i, g)
+        return names
+
+    @property
+    def has_mtp(self) -> bool:
+        return False
+
+    @property
+    def has_proposal_head(self) -> bool:
+        return False
+
+    def state_specs(self) -> tuple[list[MemoryKind], MemoryKind | None]:
+        """Per layer: K/V and index-key pages for attention, GDN slots (with PLE's states on
+        PLE layers); no MTP layer."""
+        g = self.config
+        specs: list[MemoryKind] = []
+        for i, kind in enumerate(g.layer_types):
+            if kind == INDEXED_ATTENTION:
+                assert g.attention is not None and g.indexer is not None
+                kv = KvSpec(g.attention.kv_heads, g.attention.head_dim)
+                specs.append(IndexedKvSpec(kv, g.indexer.head_dim))
+                continue
+            assert g.gdn is not None
+            d = g.gdn
+            gdn = GdnSpec(d.value_heads, d.key_dim, d.value_dim, d.conv_channels, d.conv_kernel)
+            if g.ple is None or i not in g.ple.layers:
+                specs.append(gdn)
+                continue
+            p = g.ple
+            rows = (p.conv_kernel - 1) * p.conv_dilation
+            state = PleState(g.streams_width, rows, p.ngram_size - 1, p.pad_token)
+            specs.append(PleGdnSpec(gdn, state))
+        return specs, None
+
+    # ------------------------------------------------------------------------ positions
+    def rope(self, positions: np.ndarray) -> tuple[Array, Array]:
+        """Device cos/sin rows of host ``positions`` [N] ((None, None) without attention)."""
+        return self.rotary(positions) if self.rotary is not None else (None, None)
+
+    def rope_table(self, positions: int) -> tuple[Array, Array] | None:
+        return self.rotary.table(positions) if self.rotary is not None else None
+
+    # ---------------------------------------------------------------------------- math
+    def embed(self, ids: Array) -> Array:
+        return self.backend.embedding(ids, self.token_embedding)
+
+    def hidden_states(
+        self, ids: Array, batch: Batch, pool: ContextPool, embeddings: Array | None = None
+    ) -> Array:
+        """Token ids [N] through the embedding, every layer and the final connection ->
+        [N, H]. ``embeddings``, when given, replace the ids' rows (PLE still hashes the
+        ids)."""
+        h = self.embed(ids) if embeddings is None else embeddings
+        streams = expand(h, self.config.hyper.streams)
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            streams = layer(streams, ids, batch, memory)
+        return self.final_connection(streams)[0]
+
+    def logits(self, hidden: Array) -> Array:
+        return self.backend.linear(hidden, self.output_head)
+
+    def commit(self, pool: ContextPool, slots: Array, counts: Array) -> None:
+        """After a multi-row step: fold each lane's first ``counts[i]`` rows into the
+        recurrent states (GDN and PLE) of the sequence in slot ``slots[i]``."""
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            layer.commit(memory, slots, counts)
+
+    def mtp_logits(self, *_: Any) -> Array:
+        raise ModelError("Qwen4Exp has no MTP block here (transformers defines none)")
+
+    mtp_hidden = mtp_logits
+
+    def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
+        raise ModelError("Qwen4Exp has no MTP drafter")
+
+
+def load_qwen4_exp(
+    artifact: Any, backend: Backend, collective: Any = None, expert_parallel: bool = False
+) -> Qwen4ExpModel:
+    if collective is not None and getattr(collective, "world", 1) > 1:
+        raise ModelError("Qwen4Exp does not run tensor-parallel yet")
+    return Qwen4ExpModel(artifact, backend)
