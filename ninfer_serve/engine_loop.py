@@ -571,13 +571,18 @@ class EngineLoop:
             )
 
     def _memory_gained(self, engine: Engine) -> dict[str, int]:
-        """The engine's pool counters' increments since the previous call (only those
-        that moved)."""
+        """The engine's pool and media-cache counters' increments since the previous call
+        (only those that moved)."""
         totals = {
             "cache_evictions": engine.cache.stats.evictions if engine.cache is not None else 0,
             "preemptions": engine.preemptions,
             "replayed_tokens": engine.replayed_tokens,
         }
+        media = getattr(engine, "media_cache", None)  # None: the model takes no images
+        if media is not None:
+            totals["media_cache_hits"] = media.stats.hits
+            totals["media_cache_misses"] = media.stats.misses
+            totals["media_cache_evictions"] = media.stats.evictions
         gained = {k: v - self._memory_seen.get(k, 0) for k, v in totals.items()}
         self._memory_seen = totals
         return {k: v for k, v in gained.items() if v}

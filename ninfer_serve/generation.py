@@ -183,21 +183,21 @@ class Outcome:
         }
 
 
-def _blamed(exc: RequestError, params: list[str | None]) -> RequestError:
-    """``exc`` naming the client field of the image it is about: the engine names an image
-    by its place in ``GenerationRequest.images`` (``images[i]``), or the one image there is."""
+def _blamed(exc: RequestError, params: list[str | None], prompt_param: str) -> RequestError:
+    """``exc``, an engine error about the request's images, naming the client's field: the
+    engine names an image by its place in ``GenerationRequest.images`` (``images[i]``), or
+    all of them (``images``: their count or tokens, or a model that takes none), which is
+    the conversation's field (``messages``, ``input``)."""
     param = exc.param or ""
-    index = None
+    field: str | None = prompt_param
     if param.startswith("images[") and "]" in param:
         digits = param[len("images[") : param.index("]")]
-        index = int(digits) if digits.isdigit() else None
-    elif len(params) == 1:
-        index = 0
-    if index is None or index >= len(params) or params[index] is None:
+        index = int(digits) if digits.isdigit() else len(params)
+        field = params[index] if index < len(params) else None
+    if field is None:
         return exc
-    field = params[index]
     message = str(exc)
-    if not message.startswith(field):
+    if field != prompt_param and not message.startswith(field):
         message = f"{field}: {message}"
     return RequestError(message, param=field, code=exc.code)
 
@@ -424,10 +424,10 @@ class Generator:
         refuses is blamed on the client field it came from."""
         try:
             return self.engine.render(request)
-        except RequestError as exc:  # the vision package's ImageError (needs Pillow to import)
-            if exc.code != "invalid_image":
+        except RequestError as exc:
+            if not (exc.param or "").startswith("images"):
                 raise
-            raise _blamed(exc, split_images(job.messages)[2]) from None
+            raise _blamed(exc, split_images(job.messages)[2], job.prompt_param) from None
 
     def check_length(self, tokens: int, param: str) -> None:
         """Refuse a prompt of ``tokens`` tokens that leaves no room for one generated token,

@@ -322,6 +322,11 @@ class Metrics:
                 ("cache_evictions", "Prefix-cache checkpoints let go for room"),
                 ("preemptions", "Lanes preempted for room (resumed later, nothing lost)"),
                 ("replayed_tokens", "Generated tokens fed again after a preemption"),
+                # the media cache: images whose encoded rows were found (the vision encoder
+                # skipped) or not, and entries let go for room; 0 without image input
+                ("media_cache_hits", "Images served from the media cache"),
+                ("media_cache_misses", "Images the vision encoder ran for"),
+                ("media_cache_evictions", "Encoded images let go from the media cache for room"),
             )
         }
 
