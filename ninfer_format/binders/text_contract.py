@@ -1,9 +1,9 @@
 """What a binder for a text-only contract does once its architecture's parameters are listed:
 check the config's identity and resources, warn about the components it has no contract for,
 read the geometry, then check every binding, shape, format and use against the generated
-parameters; and the same list as data for producers (``expected_parameters``). The Qwen4Exp
-and GLM5Next binders are such contracts; each gives its names, geometry reader and parameter
-generator."""
+parameters (an indexed proposal head, spec 5.6, is checked as Qwen3.5's); and the same list as
+data for producers (``expected_parameters``). The Qwen4Exp and GLM5Next binders are such
+contracts; each gives its names, geometry reader and parameter generator."""
 
 from __future__ import annotations
 
@@ -17,17 +17,20 @@ from ..errors import DirectoryError
 from ..schema import Directory, Resource, Tensor
 from .config_reader import show
 from .qwen3_5 import (
+    DRAFTERS,
     ENUMERATION_SLACK,
     TEXT_RESOURCE_ROLES,
     ParamSpec,
     _check_bindings,
     _check_resources,
     _check_uses,
+    _proposal,
+    _proposal_rows,
 )
 from .registry import Findings
 
-#: the only parameter prefix a text contract checks
-CHECKED_PREFIXES = ("text/",)
+#: the parameter prefixes a text contract checks (the proposal head is spec 5.6's, as Qwen3.5's)
+CHECKED_PREFIXES = ("text/", "proposal/")
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,6 @@ class TextContract:
         text = directory.components["text"]
         self._check_identity(text.config, model_type, f)
         _check_resources("text", directory, TEXT_RESOURCE_ROLES, TEXT_RESOURCE_ROLES, f)
-        if text.proposal is not None:
-            f.warning(
-                f"text proposal: not checked by this binder ({self.name} defines no drafter yet)"
-            )
         # the shared binding check leaves these to the binder; others it reports itself
         for component, why in self.unchecked_components.items():
             if component in directory.components:
@@ -70,6 +69,10 @@ class TextContract:
                 f" {len(directory.bindings)} are bound; check {self.count_members}"
             )
             return
+        drafters = [d for d in DRAFTERS if d in directory.components]
+        rows = _proposal_rows(directory, geometry, drafters, f)
+        if rows is not None:
+            generated += _proposal(rows, geometry.hidden, drafters)
         specs = {spec.name: spec for spec in generated}
         f.parameters.update((name, spec.shape) for name, spec in specs.items())
         objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
