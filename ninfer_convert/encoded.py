@@ -38,6 +38,7 @@ from ninfer_format.progress import Advance
 from .adapters import LogicalTensor, SourcePiece
 from .adapters.qwen3_5_gguf import GgufTensor, untile_columns
 from .block_copy import BlockCopier
+from .block_fp8 import block_size, decode_block_fp8
 from .errors import RecipeError
 from .plan import AuxiliaryValues, Parent
 from .recipe import GGUF_NATIVE, Choice, Recipe
@@ -74,7 +75,7 @@ def _input_name(weight: str, suffix: str) -> str:
 class Fields:
     """Where one encoded matrix lives in a safetensors source (notes 2.6 field table)."""
 
-    kind: str  # "nvfp4-ct", "nvfp4-modelopt", "fp8-row", "fp8-tensor"
+    kind: str  # "nvfp4-ct", "nvfp4-modelopt", "fp8-row", "fp8-tensor", "fp8-block"
     weight: str  # the unquantized name the adapter uses (``P.weight``)
     codes: str
     scales: str
@@ -91,8 +92,13 @@ class Fields:
         return self.kind == "nvfp4-modelopt"
 
 
-def detect_fields(source: Any, names: set[str], weight: str) -> Fields | None:
-    """The encoding of ``weight`` in ``source`` (detection order of notes 2.6), None if plain."""
+def detect_fields(
+    source: Any, names: set[str], weight: str, *, decoding: bool = False
+) -> Fields | None:
+    """The encoding of ``weight`` in ``source`` (detection order of notes 2.6), None if plain.
+    Block FP8 is only found when ``decoding`` (its words cannot be imported)."""
+    if weight + _SCALE_INV in names and decoding:
+        return Fields("fp8-block", weight, weight, weight + _SCALE_INV)
     if weight + _SCALE_INV in names:
         raise RecipeError(
             f"{source.id}: {weight} is block-FP8 ({weight + _SCALE_INV}); its words cannot be "
@@ -229,7 +235,7 @@ class DecodedView:
         return name in self._keys
 
     def fields(self, name: str) -> Fields | None:
-        return detect_fields(self.source, self._names, name)
+        return detect_fields(self.source, self._names, name, decoding=True)
 
     def load(self, name: str) -> torch.Tensor:
         if self._cache is not None and self._cache[0] == name:
@@ -243,6 +249,12 @@ class DecodedView:
 
     def _decode(self, fields: Fields) -> np.ndarray:
         codes = _words(self.source, fields.codes)
+        if fields.kind == "fp8-block":
+            multipliers = self.source.load(fields.scales).to(torch.float32).numpy()
+            block = block_size(self.source)
+            flat = codes.reshape(-1, codes.shape[-1])
+            values = decode_block_fp8(flat, multipliers, block, f"{self.id}: {fields.scales}")
+            return values.reshape(codes.shape)
         if fields.format == FP8:
             rows = codes.reshape(-1, codes.shape[-1]).shape[0]
             scale = _row_scale_values(self.source, fields, rows)

@@ -42,14 +42,19 @@ from ninfer_format.framing import DEFAULT_SHARD_LIMIT
 from ninfer_format.progress import Advance, ProgressBar, silent
 
 from .adapters import LogicalTensor, adapter_for
+from .adapters.base import has_mtp_weights, maps_vision
+from .adapters.glm5_next import ARCHITECTURE as GLM5_NEXT_ARCHITECTURE
+from .adapters.glm5_next import MODEL_TYPES as GLM5_NEXT_TYPES
+from .adapters.glm5_next import MTP_ARCHITECTURE as GLM5_NEXT_MTP
 from .adapters.qwen3_5_gguf import has_mtp as gguf_has_mtp
 from .adapters.qwen3_5_gguf import map_qwen3_5_gguf, open_config_only
-from .encoded import Importer, importers, values_view, weight_names
+from .encoded import DecodedView, Importer, importers, values_view, weight_names
 from .errors import ConvertError, OutputExists, RecipeError, SourceError
 from .plan import Auxiliary, Parent, attach_auxiliaries, bindings_and_uses, plan_parents
 from .proposal import DEFAULT_ROWS, read_ranking, select_shortlist, token_domain
 from .quantize import quantize
 from .recipe import DEFAULT_METHOD, Choice, Recipe, load_recipe
+from .source_sizes import check_sizes
 from .sources import GgufSource, open_source
 from .sources.gguf_base import write_base
 from .vision import VISION_RESOURCES, check_processors, check_vision_source, has_vision
@@ -66,6 +71,8 @@ RESOURCES = {"text": TEXT_RESOURCES, "vision": VISION_RESOURCES}
 KNOWN_COMPONENTS = ("text", "mtp", "vision")
 ARCHITECTURES = {"qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
 MTP_ARCHITECTURES = {"qwen3_5_text": "Qwen3_5MTP", "qwen3_5_moe_text": "Qwen3_5MoeMTP"}
+ARCHITECTURES.update(dict.fromkeys(GLM5_NEXT_TYPES, GLM5_NEXT_ARCHITECTURE))
+MTP_ARCHITECTURES.update(dict.fromkeys(GLM5_NEXT_TYPES, GLM5_NEXT_MTP))
 #: the conversion report is published beside the entry, as ``<entry>.conversion.json``
 REPORT_SUFFIX = ".conversion.json"
 
@@ -169,7 +176,7 @@ def _has_mtp(sources: Mapping[str, Any], recipe: Recipe, config: Mapping[str, An
     source = sources.get(recipe.choice("mtp/input_projection", "matrix").source, sources["base"])
     if isinstance(source, GgufSource):
         return gguf_has_mtp(source, config)
-    return any(k.startswith("mtp.") for k in source.keys())  # noqa: SIM118 (a source, not a dict)
+    return has_mtp_weights(str(config.get("model_type")), set(source.keys()), config)
 
 
 def open_sources(source_specs: Mapping[str, str], recipe: Recipe) -> dict[str, Any]:
@@ -313,7 +320,10 @@ def prepare(
     model_type = text_config.get("model_type")
     if not model_type:
         raise SourceError(f"{base.id}: config.json has no model_type")
-    available = {"mtp": _has_mtp(sources, recipe, text_config), "vision": has_vision(base)}
+    if components and "vision" in components and not maps_vision(model_type):
+        raise RecipeError(f"model_type {model_type}: no vision contract, its tower cannot convert")
+    vision_here = has_vision(base) and maps_vision(model_type)
+    available = {"mtp": _has_mtp(sources, recipe, text_config), "vision": vision_here}
     comps = _components(available, base.id, recipe, components)
     vision = read_vision_config(base, model_type) if "vision" in comps else None
     logical = _base_map(base, model_type, text_config, comps, vision)
@@ -349,7 +359,8 @@ def _check_pieces(
     views: Mapping[str, Any],
     methods: Mapping[str, Importer],
 ) -> None:
-    """Float-read parameters: every source tensor exists (importers check their own)."""
+    """Float-read parameters: every source tensor exists and, where it is a plain tensor of a
+    safetensors source, holds the parameter's values (importers check their own)."""
     for name, t in logical.items():
         if choices[name].method in methods:
             continue
@@ -357,6 +368,8 @@ def _check_pieces(
         for piece in t.pieces:
             if piece.tensor not in view:
                 raise SourceError(f"{view.id}: tensor {piece.tensor!r} (for {t.name}) is missing")
+        if isinstance(view, DecodedView) and all(view.fields(p.tensor) is None for p in t.pieces):
+            check_sizes(view.source, t)
 
 
 def _parent_values(parent: Parent, views: Mapping[str, Any]) -> torch.Tensor:

@@ -87,16 +87,45 @@ class Adapter(Protocol):
     ) -> dict[str, LogicalTensor]: ...
 
 
+#: says whether a checkpoint's tensor names and text config hold an MTP block
+MtpPresence = Callable[[set[str], Mapping[str, Any]], bool]
+
+
+def _mtp_prefix(keys: set[str], text_config: Mapping[str, Any]) -> bool:
+    """Qwen3.5's layout: the MTP block's tensors are ``mtp.*``."""
+    return any(k.startswith("mtp.") for k in keys)
+
+
 _ADAPTERS: dict[str, Adapter] = {}
+_MTP_PRESENCE: dict[str, MtpPresence] = {}
+#: model types whose adapter maps no vision tower (their checkpoints may still carry one)
+_TEXT_ONLY: set[str] = set()
 
 
-def register_adapter(*model_types: str) -> Callable[[Adapter], Adapter]:
+def register_adapter(
+    *model_types: str, has_mtp: MtpPresence = _mtp_prefix, maps_vision: bool = True
+) -> Callable[[Adapter], Adapter]:
+    """``has_mtp``: where this architecture keeps its MTP block; ``maps_vision``: False when
+    the adapter has no vision tower to map (the pipeline then never selects one)."""
+
     def decorate(fn: Adapter) -> Adapter:
         for model_type in model_types:
             _ADAPTERS[model_type] = fn
+            _MTP_PRESENCE[model_type] = has_mtp
+            if not maps_vision:
+                _TEXT_ONLY.add(model_type)
         return fn
 
     return decorate
+
+
+def has_mtp_weights(model_type: str, keys: set[str], text_config: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint of ``model_type`` with these tensor names holds an MTP block."""
+    return _MTP_PRESENCE.get(model_type, _mtp_prefix)(keys, text_config)
+
+
+def maps_vision(model_type: str) -> bool:
+    return model_type not in _TEXT_ONLY
 
 
 def adapter_for(model_type: str) -> Adapter:
