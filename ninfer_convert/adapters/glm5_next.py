@@ -16,36 +16,32 @@ The vision tower (``model.visual.*``) is not mapped: the binder has no vision co
 GLM5Next yet, so only the language model converts (the pipeline never selects vision here).
 
 MTP: transformers defines no GLM5Next MTP block (it ignores the checkpoint's
-``layers.{num_hidden_layers}``) and the binder leaves the ``mtp`` component unchecked, so this
-adapter states the layout it reads, DeepSeek-V3's, whose ``shared_head`` transformers' ignore
-list names: decoder layer ``N = num_hidden_layers`` holds the stem ``eh_proj [H, 2H]`` ->
-``mtp/input_projection`` @ ``mtp/stem_input`` (input ``[embedding | hidden]``), ``enorm`` ->
-``mtp/embedding_norm``, ``hnorm`` -> ``mtp/hidden_norm``, ``shared_head.norm`` ->
-``mtp/final_norm``, and one decoder layer ``mtp/layers/0/…`` under the text layers' names:
-both hyper-connections, MLA with its own DSA indexer and a routed MoE. Its copies of the
-embedding and the output head (``embed_tokens``, ``shared_head.head``), when present, are the
-text ones and are not read; any other tensor of layer N is an error naming it.
+``layers.{num_hidden_layers}``) and the binder leaves the ``mtp`` component unchecked; this
+adapter reads the layout ``ninfer_format.binders.glm5_next_mtp`` names, DeepSeek-V3's (whose
+``shared_head`` transformers' ignore list names). Layer ``N = num_hidden_layers`` holds the stem
+``eh_proj [H, 2H]`` -> ``mtp/input_projection``, ``enorm`` -> ``mtp/embedding_norm``, ``hnorm``
+-> ``mtp/hidden_norm``, ``shared_head.norm`` -> ``mtp/final_norm``, and one decoder layer
+(hyper-connections, MLA with its own indexer, MoE) read as ``mtp/layers/0/…`` under the text
+layers' names. Its copies of the embedding and the output head (``embed_tokens``,
+``shared_head.head``), when present, are the text ones and are not read; any other tensor of
+layer N is an error naming it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from ninfer_format.binders.glm5_next import (
-    _connection,
-    _indexer,
-    _mla,
-    _moe,
-    expected_parameters,
-)
+from ninfer_format.binders.glm5_next import expected_parameters
 from ninfer_format.binders.glm5_next_geometry import (
     ARCHITECTURE,
     DEFAULTS,
     MODEL_TYPES,
     Glm5NextGeometry,
 )
-from ninfer_format.binders.qwen3_5 import ParamSpec, _matrix, _vector
+from ninfer_format.binders.glm5_next_mtp import LAYER as MTP_LAYER
+from ninfer_format.binders.glm5_next_mtp import mtp_parameters
+from ninfer_format.binders.qwen3_5 import ParamSpec
 
 from ..errors import RecipeError
 from .base import LogicalTensor, SourcePiece, register_adapter
@@ -203,27 +199,10 @@ class _Names:
         return _rows(fused, start, start + width)
 
 
-def mtp_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
-    """The MTP block this adapter reads: the stem and one indexed-attention MoE layer."""
-    assert g.mla is not None and g.indexer is not None and g.moe is not None  # with_mtp
-    L = "mtp/layers/0/"
-    yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input")
-    yield _vector("mtp/embedding_norm", g.hidden)
-    yield _vector("mtp/hidden_norm", g.hidden)
-    yield _vector("mtp/final_norm", g.hidden)
-    yield from _connection(L + "mixer_connection/", g)
-    yield _vector(L + "input_norm", g.hidden)
-    yield from _mla(L, g.mla, g.hidden)
-    yield from _indexer(L, g.indexer, g.mla, g.hidden)
-    yield from _connection(L + "ffn_connection/", g)
-    yield _vector(L + "post_attention_norm", g.hidden)
-    yield from _moe(L, g.moe, g.hidden)
-
-
 def _mtp_pieces(names: _Names, prefix: str, name: str) -> Pieces:
     if name in _MTP_STEM:
         return _whole(prefix + _MTP_STEM[name])
-    return names.layer(prefix, name.removeprefix("mtp/layers/0/"))
+    return names.layer(prefix, name.removeprefix(MTP_LAYER))
 
 
 def _check_mtp_layer(keys: set[str], prefix: str, read: set[str]) -> None:
