@@ -108,3 +108,19 @@ def test_only_the_cpu_backend_and_one_rank_run_it(pair) -> None:
 
     with pytest.raises(ModelError, match="CPU backend only"):
         load_glm5_next(art, Elsewhere())
+
+
+def test_latents_stored_in_bf16_stay_close(pair) -> None:
+    """A bfloat16 pool keeps the latents in bf16 words (the indexer records in float32)."""
+    _, _, ours = pair
+    ids = np.random.default_rng(8).integers(1, ours.config.vocab, 20)
+    runner = ModelRunner(ours)
+    logits = {}
+    for kv_dtype in ("float32", "bfloat16"):
+        pool = runner.new_pool(lanes=1, max_context=32, page_tokens=8, kv_dtype=kv_dtype)
+        logits[kv_dtype] = runner.prefill(ids, pool.open(20)).logits[0]
+        latent = pool.layers[1]
+        assert latent.latent.dtype == (np.uint16 if kv_dtype == "bfloat16" else np.float32)
+        assert latent.index.dtype == np.float32
+    error = rel(logits["bfloat16"], logits["float32"])
+    assert 0 < error < 3e-2
