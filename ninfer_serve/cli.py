@@ -176,6 +176,13 @@ def _say(text: str) -> None:
     help="Host memory preempted requests are copied to (and back from, exactly); beyond it "
     "they replay their tokens.  [default: 4GiB]",
 )
+@click.option(
+    "--vram-budget",
+    metavar="SIZE",
+    help="Device memory for weights, workspace and context, e.g. 8GiB: a MoE model's routed "
+    "experts that do not fit are computed from host memory (the CPU backend simulates the "
+    "split).  [default: $NINFER_VRAM_BUDGET_MIB, else none]",
+)
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
 @speculative_options(None)
 @click.option(
@@ -237,6 +244,7 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "context_capacity": flags["context_capacity"],
             "memory_headroom": flags["memory_headroom"],
             "host_context_capacity": flags["host_context_capacity"],
+            "vram_budget": flags["vram_budget"],
             "kv_dtype": flags["kv_dtype"],
         },
         "speculative": {
@@ -340,6 +348,7 @@ def serve(model: Path, settings: Settings) -> int:
     from ninfer_format import Artifact, ArtifactError
     from ninfer_runtime.engine import Engine
     from ninfer_runtime.errors import EngineError
+    from ninfer_runtime.expert_offload import vram_budget_setting
 
     from .app import create_app
     from .connections import ConnectionGuard, protocol_for
@@ -407,6 +416,7 @@ def serve(model: Path, settings: Settings) -> int:
             checkpoint_interval=settings.context_cache.checkpoint_interval,
             tensor_parallel=settings.parallel.tensor_parallel,
             expert_parallel=settings.parallel.expert_parallel,
+            vram_budget=vram_budget_setting(engine_cfg.vram_budget),
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:
@@ -419,6 +429,8 @@ def serve(model: Path, settings: Settings) -> int:
         choice = engine_loop.lane_choice
         if choice is not None:
             _say(f"{choice.lanes} decode lane(s) ({choice.reason})")
+        if engine.expert_offload is not None and engine.expert_offload.plan is not None:
+            _say(engine.expert_offload.plan.summary())
         _say(f"serving {model_id!r} at {url}/v1 (ready in {seconds:.1f} s; Ctrl-C to stop)")
 
     app = create_app(settings, model_id=model_id, load=load, on_loaded=on_loaded, root=str(model))

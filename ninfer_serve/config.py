@@ -154,6 +154,10 @@ class EngineSettings(_Table):
     #: Host memory preempted requests' context is copied to (pinned on the GPU) and copied
     #: back from, exactly; beyond it (or at 0) they are resumed by replaying their tokens.
     host_context_capacity: str = "4GiB"
+    #: Device memory for weights, workspace and the context pool (``--vram-budget``, e.g.
+    #: ``8GiB``): a MoE model's routed experts that do not fit are computed from host
+    #: memory. Unset: ``$NINFER_VRAM_BUDGET_MIB`` if set, else no budget (all resident).
+    vram_budget: str | None = None
     #: How K/V are stored (``ninfer_runtime.state.KV_DTYPES``): float32 (exact), bfloat16
     #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
     kv_dtype: str = "float32"
@@ -195,6 +199,7 @@ class EngineSettings(_Table):
             parse_capacity(self.context_capacity)
             parse_size(self.memory_headroom)
             parse_size(self.host_context_capacity, "host context capacity")
+            parse_size(self.vram_budget, "vram budget")
         except EngineError as exc:
             raise ValueError(str(exc)) from None
         return self

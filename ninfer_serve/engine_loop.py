@@ -583,6 +583,9 @@ class EngineLoop:
             totals["media_cache_hits"] = media.stats.hits
             totals["media_cache_misses"] = media.stats.misses
             totals["media_cache_evictions"] = media.stats.evictions
+        offload = getattr(engine, "expert_offload", None)  # None: no --vram-budget
+        if offload is not None:
+            totals.update(offload.counters.totals())
         gained = {k: v - self._memory_seen.get(k, 0) for k, v in totals.items()}
         self._memory_seen = totals
         return {k: v for k, v in gained.items() if v}

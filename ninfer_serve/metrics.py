@@ -330,6 +330,19 @@ class Metrics:
             )
         }
 
+        # MoE expert offload (--vram-budget; 0 without it): routed (token, expert) pairs
+        # computed by resident experts and by host ones, what the host's share made the
+        # device wait, and experts streamed to the device for prefill (the GPU's window)
+        self.memory_events.update(
+            (name, Counter(f"ninfer_{name}", text, registry=r))
+            for name, text in (
+                ("expert_device_hits", "Routed expert pairs computed in device memory"),
+                ("expert_host_hits", "Routed expert pairs computed from host memory"),
+                ("expert_host_wait_seconds", "Seconds the device waited for host experts"),
+                ("expert_streamed_bytes", "Expert bytes streamed to the device for prefill"),
+            )
+        )
+
         # speculative decoding (0 with it off, so boards find the series): a round is one
         # speculating lane's draft-and-verify; positions are 0-based, one series each
         self.spec_rounds = Counter(

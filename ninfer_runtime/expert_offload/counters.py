@@ -37,6 +37,15 @@ class ExpertCounters:
         """Per layer, each expert's hits wherever it ran: a residency priority."""
         return {layer: self.device_hits[layer] + self.host_hits[layer] for layer in self.host_hits}
 
+    def totals(self) -> dict[str, float]:
+        """The totals ``/metrics`` shows, by the server's counter names."""
+        return {
+            "expert_device_hits": self.device_total,
+            "expert_host_hits": self.host_total,
+            "expert_host_wait_seconds": self.host_wait_seconds,
+            "expert_streamed_bytes": self.streamed_bytes,
+        }
+
     @property
     def device_total(self) -> int:
         return int(sum(int(h.sum()) for h in self.device_hits.values()))

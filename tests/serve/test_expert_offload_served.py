@@ -1,0 +1,91 @@
+"""``--vram-budget`` on the server: read from a flag, ``[engine] vram_budget`` or
+``$NINFER_VRAM_BUDGET_MIB``; the start-up line says where the experts went, and /metrics
+counts routed pairs computed on the device and on the host."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from ninfer_runtime.expert_offload import ExpertCounters
+from ninfer_serve.config import ConfigError, load_settings
+from ninfer_serve.engine_loop import EngineLoop
+from ninfer_serve.metrics import Metrics
+from tests.serve.conftest import metric, start_server
+
+
+def test_the_budget_is_read_from_the_config_and_a_bad_size_named(tmp_path) -> None:
+    config = tmp_path / "ninfer.toml"
+    config.write_text("[engine]\nvram_budget = '8GiB'\n")
+    assert load_settings(config, {}).engine.vram_budget == "8GiB"
+    assert load_settings(None, {}).engine.vram_budget is None
+    flags = {"engine": {"vram_budget": "512MiB"}}
+    assert load_settings(config, flags).engine.vram_budget == "512MiB"
+    config.write_text("[engine]\nvram_budget = 'lots'\n")
+    with pytest.raises(ConfigError, match="vram budget 'lots': expected a size"):
+        load_settings(config, {})
+
+
+def test_expert_counters_reach_the_metrics_as_increments() -> None:
+    counters = ExpertCounters({0: 4})
+    engine = SimpleNamespace(
+        cache=None,
+        preemptions=0,
+        replayed_tokens=0,
+        expert_offload=SimpleNamespace(counters=counters),
+    )
+    loop = EngineLoop.__new__(EngineLoop)  # only the counters' bookkeeping is exercised
+    loop._memory_seen = {}
+    counters.device_hits[0][:] = [3, 0, 1, 0]
+    counters.host_hits[0][:] = [0, 2, 0, 0]
+    counters.host_wait_seconds = 0.25
+    gained = loop._memory_gained(engine)
+    assert gained == {
+        "expert_device_hits": 4,
+        "expert_host_hits": 2,
+        "expert_host_wait_seconds": 0.25,
+    }
+    counters.host_hits[0][3] += 5
+    assert loop._memory_gained(engine) == {"expert_host_hits": 5}
+    metrics = Metrics("m", backend="cpu", max_concurrency=1, max_context=64)
+    metrics.memory(gained)
+    page = metrics.render().decode()
+    assert "ninfer_expert_device_hits_total 4.0" in page
+    assert "ninfer_expert_host_wait_seconds_total 0.25" in page
+    assert "ninfer_expert_streamed_bytes_total 0.0" in page
+
+
+@pytest.fixture(scope="module")
+def moe_artifact(tmp_path_factory: pytest.TempPathFactory):
+    from ninfer_convert.pipeline import convert
+    from tests.tiny_checkpoints import build
+
+    root = tmp_path_factory.mktemp("offload")
+    out = root / "moe.ninfer"
+    convert("tiny_q4", {"base": str(build(root / "moe", moe=True))}, out)
+    return out
+
+
+def test_a_served_moe_model_splits_its_experts(moe_artifact) -> None:
+    """About half the experts fit (other weights 556 KiB + an 866 KiB pool, then 408 KiB of
+    experts): both sides compute pairs, and /metrics counts them."""
+    for server in start_server(
+        moe_artifact,
+        *("--vram-budget", "1.6MiB", "--context-capacity", "1MiB", "--max-concurrency", "1"),
+    ):
+        assert "8 of 16 routed experts in device memory" in server.log, server.log
+        reply = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={
+                "model": server.model,
+                "messages": [{"role": "user", "content": "Hello"}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        assert metric(server.url, "ninfer_expert_device_hits_total") > 0
+        assert metric(server.url, "ninfer_expert_host_hits_total") > 0, server.log
