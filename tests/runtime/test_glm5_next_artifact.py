@@ -1,0 +1,139 @@
+"""A converted GLM5Next artifact (``tests/tiny_glm5_next.py``, recipe ``glm5_next_bf16``) on the
+CPU backend: logits through ``load_model`` and the runner against transformers'
+``Glm5NextForConditionalGeneration`` with the artifact's weights (bf16-rounded where it stores
+them so), prompts within and past ``index_topk``; ``ninfer --raw --greedy`` against
+transformers' greedy ``generate``; and the engine's prefix cache and preemptions, whose streams
+equal a cold, unconstrained run's token for token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ninfer_runtime.cli import main as ninfer_cli
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.frontend import SamplingParams
+from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
+from tests.runtime.glm5_next_reference import _logical, torch
+from tests.runtime.test_prefix_cache import _capacity, _concurrent, _serve
+
+tiny = pytest.importorskip("tests.tiny_glm5_next")
+
+TOL = 1e-4
+#: more indexer heads than the tiny builder's two: a pool every head scores below zero gets an
+#: index score of exactly 0 (relu), and among such ties transformers' topk picks its own way
+#: (ours: the earliest pools), so a selection boundary on a tie would differ by design
+OVERRIDES = {"index_n_heads": 16}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("glm5_next")
+    checkpoint = tiny.build_tiny_glm5_next(root / "checkpoint", **OVERRIDES)
+    tiny.convert("glm5_next_bf16", checkpoint, root / "tiny.ninfer")
+    return checkpoint, root / "tiny.ninfer"
+
+
+@pytest.fixture(scope="module")
+def pair(converted: tuple[Path, Path]):
+    """Our model of the artifact, and transformers' with the artifact's weights: each
+    parameter rounded to bf16 where the artifact holds it so, else as saved."""
+    ours = load_model(converted[1])
+    hf = tiny.build_model(**OVERRIDES)
+    hf.config.text_config._attn_implementation = "eager"
+    c = hf.config.text_config
+    stored = _artifact_weights(converted[1])
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            value = p.detach().float().numpy()
+            logical = _logical(name, value, c) if _is_text(name) else {}
+            if not logical:
+                continue
+            rounded = p.to(torch.bfloat16).float()
+            as_bf16 = _logical(name, rounded.numpy(), c)
+            if all(np.array_equal(stored[k], v) for k, v in as_bf16.items()):
+                p.copy_(rounded)
+            else:
+                assert all(np.array_equal(stored[k], v) for k, v in logical.items()), name
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                key = next(iter(_logical(name, b.numpy(), c)))
+                b.copy_(torch.from_numpy(stored[key]))
+    return ours, hf
+
+
+def _is_text(name: str) -> bool:
+    return name.startswith("model.language_model.") or name == "lm_head.weight"
+
+
+def _artifact_weights(path: Path) -> dict[str, np.ndarray]:
+    from ninfer_format import Artifact
+
+    with Artifact.open(path) as art:
+        return {
+            n: np.asarray(art.parameter(n), np.float32)
+            for n in art.bindings
+            if n.startswith("text/")
+        }
+
+
+def hf_logits(hf, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids)[None].long()).logits[0].numpy()
+
+
+@pytest.mark.parametrize("t", [6, 37])  # within index_topk (8 + the open pool), and past it
+def test_logits_match_transformers(pair, t: int) -> None:
+    ours, hf = pair
+    ids = np.random.default_rng(t).integers(0, ours.config.vocab, t)
+    runner = ModelRunner(ours)
+    logits = runner.prefill(ids, runner.new_state(64)).logits[0]
+    ref = hf_logits(hf, ids)
+    assert np.abs(logits - ref).max() / np.abs(ref).max() < TOL
+
+
+def test_greedy_cli_equals_transformers_generate(converted, pair) -> None:
+    checkpoint, artifact = converted
+    _, hf = pair
+    from tokenizers import Tokenizer
+
+    prompt = "The quick brown fox jumps over the lazy dog, and then"
+    out = CliRunner().invoke(ninfer_cli, [str(artifact), "--raw", "--prompt", prompt, "--greedy",
+                                          "--max-tokens", "12", "--print-token-ids"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    ours = json.loads(out.stdout.strip().splitlines()[-1])
+    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(prompt).ids
+    with torch.no_grad():
+        generated = hf.generate(
+            torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+            eos_token_id=hf.generation_config.eos_token_id, pad_token_id=0,
+        )[0, len(ids):].tolist()  # fmt: skip
+    assert ours and ours == generated[: len(ours)]
+
+
+def test_prefix_cache_and_preemption_replay_exactly(converted) -> None:
+    _, artifact = converted
+    rng = np.random.default_rng(1)
+    system = rng.integers(0, 400, 70).tolist()
+    prompts = [system + rng.integers(0, 400, n).tolist() for n in (3, 20, 9)] + [system]
+    cold = _serve(Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32), prompts)
+    warm_engine = Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32,
+                         prefix_cache=True, checkpoint_interval=32)  # fmt: skip
+    warm = _serve(warm_engine, prompts)
+    assert [t for t, _ in warm] == [t for t, _ in cold]
+    assert [f.usage.cached_tokens for _, f in warm][1:3] == [64, 64]
+
+    # three lanes that each outgrow one 256-token page, in a pool of four pages
+    roomy = Engine(artifact, max_lanes=3, max_context=512)
+    prompts = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
+    params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
+    small = Engine(artifact, max_lanes=3, max_context=512,
+                   context_capacity=_capacity(roomy.pool, 4))  # fmt: skip
+    assert small.pool.pages == 4
+    assert _concurrent(small, prompts, params) == _concurrent(roomy, prompts, params)
+    assert small.preemptions > 0
