@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -16,7 +16,7 @@ import click
 from ninfer_format import Artifact, ArtifactError
 from ninfer_format.extras import require_extra
 
-from .errors import EngineError
+from .errors import EngineError, RequestError
 from .model_path import not_an_artifact
 from .state import KV_DTYPES
 
@@ -66,10 +66,13 @@ Examples:
   ninfer model.ninfer --messages chat.json --no-thinking --max-tokens 200
   ninfer model.ninfer --raw --prompt "Once upon a time" --greedy --print-token-ids
   ninfer model.ninfer --prompt "Count to ten." --spec mtp --draft-tokens 3 --stats
+  ninfer vlm.ninfer --image cat.jpg --prompt "What is in this picture?"
 """
 
 
-def _messages(prompt: str | None, messages_file: Path | None, system: str | None) -> list[Any]:
+def _messages(
+    prompt: str | None, messages_file: Path | None, system: str | None, images: int = 0
+) -> list[Any]:
     if messages_file is not None:
         try:
             data = json.loads(messages_file.read_text())
@@ -82,9 +85,37 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
             )
     else:
         messages = [{"role": "user", "content": prompt}]
+    if images:
+        messages = _with_images(messages, images)
     if system:
         messages = [{"role": "system", "content": system}, *messages]
     return messages
+
+
+def _with_images(messages: list[Any], images: int) -> list[Any]:
+    """``messages`` with ``images`` image parts put first in the last user message, before
+    its text (``--image`` files, in the order given)."""
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        raise click.BadParameter("--image needs a user message to go with", param_hint="--image")
+    last = dict(messages[users[-1]])
+    content = last.get("content")
+    text = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    last["content"] = [*({"type": "image"} for _ in range(images)), *text]
+    return [*messages[: users[-1]], last, *messages[users[-1] + 1 :]]
+
+
+def _read_images(paths: tuple[Path, ...]) -> list[Any]:
+    from .media import ImageInput
+
+    images = []
+    for path in paths:
+        try:
+            images.append(ImageInput(path.read_bytes()))
+        except OSError as exc:
+            message = f"{path}: {exc.strerror or exc}"
+            raise click.BadParameter(message, param_hint="--image") from None
+    return images
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -97,6 +128,14 @@ def _messages(prompt: str | None, messages_file: Path | None, system: str | None
     help="JSON file with a list of chat messages.",
 )
 @click.option("--system", help="A system message put first.")
+@click.option(
+    "--image",
+    "image_files",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="An image (PNG, JPEG, WebP, GIF) put before the user message's text; repeat for "
+    "more, in order. Needs a vision-language artifact.",
+)
 @click.option("--max-tokens", type=int, default=None, help="Generated tokens at most.")
 @click.option("--temperature", type=float, default=None)
 @click.option("--top-p", type=float, default=None)
@@ -158,6 +197,8 @@ def main(model: Path, **options: Any) -> None:
         raise click.UsageError("give exactly one of --prompt and --messages")
     if o.raw and o.messages_file is not None:
         raise click.UsageError("--raw takes --prompt text, not --messages")
+    if o.raw and o.image_files:
+        raise click.UsageError("--image goes with the chat path (a user message), not --raw")
     require_extra("runtime", "ninfer")
     try:
         spec = _spec_config(o)
@@ -263,7 +304,8 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         request = GenerationRequest(prompt=o.prompt, sampling=params, parse_output=False)
     else:
         request = GenerationRequest(
-            messages=_messages(o.prompt, o.messages_file, o.system),
+            messages=_messages(o.prompt, o.messages_file, o.system, len(o.image_files)),
+            images=_read_images(o.image_files),
             sampling=params,
             enable_thinking=False if o.no_thinking else None,
         )
@@ -271,7 +313,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
     reasoning, text, ids = [], [], []
     in_reasoning = False
     finished = None
-    for event in engine.generate(request):
+    for event in _named_image_errors(engine.generate(request), o.image_files):
         if isinstance(event, TokenEvent):
             ids.append(event.token_id)
         elif isinstance(event, OutputEvent):
@@ -310,14 +352,29 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
     u = finished.usage
     prompt_rate = u.prompt_tokens / max(finished.prompt_seconds, 1e-9)
     decode_rate = max(u.completion_tokens - 1, 0) / max(finished.decode_seconds, 1e-9)
+    images = f" ({u.images} images)" if u.images else ""
     click.secho(
-        f"[{u.prompt_tokens} prompt tokens at {prompt_rate:.1f} tok/s, {u.completion_tokens} "
+        f"[{u.prompt_tokens} prompt tokens{images} at {prompt_rate:.1f} tok/s, "
+        f"{u.completion_tokens} "
         f"generated at {decode_rate:.1f} tok/s, finish: {finished.reason}, load {loaded:.2f} s]",
         dim=True,
         err=True,
     )
     if o.stats:
         click.secho(_spec_summary(engine.spec_stats), dim=True, err=True)
+
+
+def _named_image_errors(events: Iterator[Any], files: tuple[Path, ...]) -> Iterator[Any]:
+    """``events``, with an error about the request's i-th image (``param`` ``images[i]``)
+    naming its file instead."""
+    try:
+        yield from events
+    except RequestError as exc:
+        param = exc.param or ""
+        index = param[len("images[") : -1] if param.startswith("images[") else ""
+        if not index.isdigit() or int(index) >= len(files):
+            raise
+        raise RequestError(f"{files[int(index)]}: {exc}", param=param, code=exc.code) from None
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ from .frontend import (
     Tokenizer,
 )
 from .frontend.tokenizer import THINK_OPEN
+from .images import PromptImages, VisionOptions, load_vision, placed_inputs
 from .logprobs import TokenLogprobs, score_rows, token_logprobs
+from .media_cache import MediaCache
 from .models import ForwardOutput, load_model
 from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
 from .request import (
@@ -74,6 +76,7 @@ __all__ = [
     "PromptLogprobs",
     "TokenEvent",
     "Usage",
+    "VisionOptions",
     "budget_bytes",
     "parse_capacity",
     "parse_size",
@@ -112,6 +115,7 @@ class Engine:
         tensor_parallel: int = 1,
         expert_parallel: bool = False,
         vram_budget: int | str | None = None,
+        vision: VisionOptions | None = None,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -151,6 +155,16 @@ class Engine:
             self.runner = ModelRunner(self.model)
         self.tokenizer = Tokenizer.from_resources(resources)
         self.template = ChatTemplate.from_resources(resources, override=chat_template)
+        #: images in chat messages (a VLM artifact's tower on the CPU backend), or why not
+        self.vision, self._no_images = load_vision(
+            self.artifact,
+            self.model.backend,
+            self.tokenizer,
+            vision or VisionOptions(),
+            backend_name=backend,
+            speculative=spec is not None,
+            tensor_parallel=tensor_parallel,
+        )
         self.max_context = max_context
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
@@ -225,6 +239,12 @@ class Engine:
         return self.scheduler.has_work
 
     @property
+    def media_cache(self) -> MediaCache | None:
+        """Encoded images by digest (``stats``: hits, misses, evictions); None without
+        image input."""
+        return None if self.vision is None else self.vision.cache
+
+    @property
     def preemptions(self) -> int:
         """Lanes preempted so far for want of pages."""
         return self.scheduler.preemptions
@@ -251,6 +271,8 @@ class Engine:
             raise RequestError(
                 "give exactly one of messages, prompt or prompt_ids", param="messages"
             )
+        if request.images:
+            self._check_images(request)
         if request.prompt_ids is not None:
             ids = [int(t) for t in request.prompt_ids]
             return ids, False
@@ -266,7 +288,21 @@ class Engine:
             chat_template_kwargs=request.chat_template_kwargs,
         )
         opened = text.rstrip().endswith(THINK_OPEN)
-        return self.tokenizer.encode(text), opened
+        ids = self.tokenizer.encode(text)
+        if request.images:  # each image's placeholder as many tokens as the image takes
+            ids = self.vision.expand(ids, request.images)  # type: ignore[union-attr]
+        return ids, opened
+
+    def _check_images(self, request: GenerationRequest) -> None:
+        """Whether this engine takes ``request``'s images at all (one line when not)."""
+        if self.vision is None:
+            raise RequestError(self._no_images or "this model takes no images", param="images")
+        if request.messages is None:
+            raise RequestError(
+                "images come with chat messages (image content parts), not with prompt or "
+                "prompt_ids",
+                param="images",
+            )
 
     def submit(
         self, request: GenerationRequest, *, rendered: tuple[Sequence[int], bool] | None = None
@@ -307,6 +343,11 @@ class Engine:
         budget = params.max_thinking_tokens
         if request.logits_processor is not None:  # a constrained answer is never starved
             budget = min(budget or max_tokens, max(max_tokens // 2, 1))
+        images = None
+        if request.images:  # the tower's rows (or the media cache's), positions, cache key
+            self._check_images(request)
+            assert self.vision is not None
+            images = self.vision.encode(np.asarray(ids, dtype=np.int64), request.images)
         parser = None
         if request.parse_output:
             parser = OutputParser(
@@ -328,6 +369,7 @@ class Engine:
             max_tokens=max_tokens,
             answer_start=None if in_reasoning else 0,
             thinking_budget=budget if in_reasoning else None,
+            images=images,
         )
         if params.seed is not None:
             lane.seed = params.seed
@@ -335,7 +377,7 @@ class Engine:
             lane.prompt_scores = [None] * len(ids)
         check_cache_fields(request.cache_salt, request.cache_boundaries, len(ids))
         if self.cache is not None:
-            lane.history_end = self._history_end(request, ids)
+            lane.history_end = self._history_end(request, ids, images)
         if self.scheduler.holds(request.request_id):
             raise RequestError(f"request id {request.request_id!r} is already in use")
         self.scheduler.queue(lane)
@@ -378,7 +420,9 @@ class Engine:
             self._speculate(generating, events)
         return events
 
-    def _history_end(self, request: GenerationRequest, ids: list[int]) -> int | None:
+    def _history_end(
+        self, request: GenerationRequest, ids: list[int], images: PromptImages | None = None
+    ) -> int | None:
         """How many of a chat prompt's tokens the next turn resends unchanged: the prompt's
         common prefix with the conversation rendered as history (this turn answered, one
         more user message), None when that is all of it or nothing."""
@@ -392,18 +436,30 @@ class Engine:
             enable_thinking=request.enable_thinking,
             chat_template_kwargs=request.chat_template_kwargs,
         )
-        later = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
-        shared = common_prefix(np.asarray(ids, dtype=np.int64), later)
+        later = self.tokenizer.encode(text)
+        if images is not None:  # the same images, widened as the prompt's were
+            try:
+                later = self.vision.expand(later, request.images)  # type: ignore[union-attr]
+            except RequestError:  # the template wrote the history's images otherwise
+                return None
+        shared = common_prefix(np.asarray(ids, dtype=np.int64), np.asarray(later, dtype=np.int64))
         return shared if 0 < shared < len(ids) else None
 
     def _prefill(self, reads: list[Read], events: list[Event]) -> None:
         """Run this step's prefill chunk (``Scheduler.prefill_reads``): one forward for
         every lane's read; the lanes whose prompts it ends sample their first tokens."""
         scoring = reads[0][0].prompt_scores is not None
+        embeddings = positions = None
+        if any(a.images is not None for a, _, _ in reads):
+            embeddings, positions = placed_inputs(
+                self.model, [(a.prompt_ids, a.images, start, end) for a, start, end in reads]
+            )
         out = self.runner.forward(
             [a.prompt_ids[start:end] for a, start, end in reads],
             [a.state for a, _, _ in reads],
             last_only=not scoring,
+            embeddings=embeddings,
+            positions=positions,
         )
         done = [
             i
@@ -770,6 +826,8 @@ class Engine:
                 reasoning_tokens=reasoning,
                 accepted_draft_tokens=a.accepted,
                 rejected_draft_tokens=a.drafted - a.accepted,
+                images=0 if a.images is None else a.images.count,
+                cached_images=0 if a.images is None else a.images.from_cache,
             ),
             prompt_seconds=first - a.started,
             decode_seconds=now - first,

@@ -72,6 +72,10 @@ class Usage:
     #: Speculative decoding: drafted tokens verification kept, and those it turned down.
     accepted_draft_tokens: int = 0
     rejected_draft_tokens: int = 0
+    #: The request's images (their tokens count in ``prompt_tokens``), and how many of them
+    #: the media cache served without running the vision encoder.
+    images: int = 0
+    cached_images: int = 0
 
 
 @dataclass(frozen=True)

@@ -125,14 +125,17 @@ class ModelRunner:
         A prompt with images (``multimodal``) runs as a chunk with ``embeddings`` (device
         [rows, H]: the layers' input instead of the tokens' embeddings) and ``positions``
         (host [rows] or [3, rows]: the RoPE positions instead of the rows' sequence indices;
-        the cache is still written at the sequence indices)."""
+        the cache is still written at the sequence indices). Without ``positions`` a row's
+        position is its sequence index plus its state's ``rope_delta`` (a sequence after a
+        prompt with images)."""
         lanes, ids = self._plan(tokens_per_lane, states)
         if embeddings is not None or positions is not None:
             return self._chunk(lanes, ids, last_only, embeddings, positions)
         tokens = {lane.tokens for lane in lanes}
         if tokens == {1}:
             return self._decode(lanes, ids)
-        if len(tokens) == 1 and max(tokens) <= states[0].pool.step_rows:
+        shifted = any(s.rope_delta for s in states)  # the compiled rows read RoPE by index
+        if len(tokens) == 1 and max(tokens) <= states[0].pool.step_rows and not shifted:
             return self._rows(lanes, ids, last_only)
         return self._chunk(lanes, ids, last_only)
 
@@ -226,7 +229,9 @@ class ModelRunner:
         xp, model = self.backend.xp, self.model
         rows = lanes[-1].rows.stop
         if positions is None:
-            positions = np.concatenate([np.arange(ln.start, ln.start + ln.tokens) for ln in lanes])
+            positions = np.concatenate(
+                [np.arange(ln.start, ln.start + ln.tokens) + ln.state.rope_delta for ln in lanes]
+            )
         elif (positions := np.asarray(positions)).shape not in ((rows,), (3, rows)):
             raise EngineError(
                 f"positions {positions.shape} for {rows} rows: need [rows] or [3, rows]"
@@ -254,11 +259,17 @@ class ModelRunner:
     # ----------------------------------------------------------------------- decoding
     def _decode(self, lanes: list[Lane], ids: list[np.ndarray]) -> ForwardOutput:
         states = [lane.state for lane in lanes]
-        logits, h = self._decode_step(states[0].pool, len(lanes))(
+        pool, n = states[0].pool, len(lanes)
+        inputs = [
             np.concatenate(ids).astype(np.int32),
             np.asarray([s.slot for s in states], dtype=np.int32),
             np.asarray([s.length for s in states], dtype=np.int32),
-        )
+        ]
+        deltas = np.asarray([s.rope_delta for s in states], dtype=np.int32)
+        if deltas.any():  # a lane after a prompt with images: RoPE rows at index + delta
+            logits, h = self._shifted_decode_step(pool, n)(*inputs, inputs[2] + deltas)
+        else:
+            logits, h = self._decode_step(pool, n)(*inputs)
         for state in states:
             state.length += 1
         rows = [slice(i, i + 1) for i in range(len(lanes))]
@@ -300,6 +311,18 @@ class ModelRunner:
             [(lanes,)] * 3,
         )
 
+    def _shifted_decode_step(self, pool: ContextPool, lanes: int) -> Any:
+        """The decode step whose RoPE rows are read at a fourth input (each row's position
+        plus its lane's ``rope_delta``) instead of at the rows' sequence indices."""
+        return self._step(
+            pool,
+            ("decode_shifted", lanes),
+            lambda ids, slots, positions, rope_at: self._decode_rows(
+                pool, ids, slots, positions, rope_at
+            ),
+            [(lanes,)] * 4,
+        )
+
     def _step(
         self,
         pool: ContextPool,
@@ -318,21 +341,34 @@ class ModelRunner:
         return step
 
     def _decode_rows(
-        self, pool: ContextPool, ids: Array, slots: Array, positions: Array
+        self,
+        pool: ContextPool,
+        ids: Array,
+        slots: Array,
+        positions: Array,
+        rope_at: Array | None = None,
     ) -> tuple[Array, Array]:
         """One token for each row, every index on the device: (logits, hidden) [N, ...]."""
-        h = self._hidden_rows(pool, ids, slots, positions)
+        h = self._hidden_rows(pool, ids, slots, positions, rope_at=rope_at)
         return self.model.logits(h), h
 
     def _hidden_rows(
-        self, pool: ContextPool, ids: Array, slots: Array, positions: Array, tokens: int = 1
+        self,
+        pool: ContextPool,
+        ids: Array,
+        slots: Array,
+        positions: Array,
+        tokens: int = 1,
+        rope_at: Array | None = None,
     ) -> Array:
         """Hidden states of rows addressed by device (slot, position) indices, ``tokens``
-        consecutive rows per lane."""
+        consecutive rows per lane; RoPE rows at ``rope_at`` when given, else at the
+        positions."""
         cos = sin = None
         table = self.model.rope_table(pool.max_context)
         if table is not None:
-            cos, sin = table[0][positions], table[1][positions]
+            at = positions if rope_at is None else rope_at
+            cos, sin = table[0][at], table[1][at]
         batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table, tokens))
         return self.model.hidden_states(ids, batch, pool)
 

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from .prefix_cache import PrefixCache, common_prefix
 from .request import GenerationRequest
 from .runner import ModelRunner
 from .state import ContextPool, HostCopy, SequenceState
+
+if TYPE_CHECKING:
+    from .images import PromptImages
 
 #: a prompt scored token by token (``prompt_logprobs``) is read in chunks of at most this
 #: many tokens: each chunk's logits over the whole vocabulary are computed at once
@@ -83,6 +86,20 @@ class Lane:
     #: with the prefix cache: prompt positions (before its end) where its prefill stops and
     #: keeps a checkpoint besides every ``checkpoint_interval`` tokens, and their kinds
     plan: dict[int, str] = field(default_factory=dict)
+    #: a prompt with images: their rows, the M-RoPE positions and the prefix-cache key
+    images: PromptImages | None = None
+
+    @property
+    def cache_prompt(self) -> np.ndarray:
+        """The prompt as the prefix cache keys it: its ids, an image's placeholders standing
+        for the image's digest (``images.PromptImages.cache_ids``)."""
+        return self.prompt_ids if self.images is None else self.images.cache_ids
+
+    def open(self, state: SequenceState) -> None:
+        """``state`` is the lane's memory now; positions after its prompt continue with the
+        prompt's M-RoPE offset."""
+        self.state = state
+        state.rope_delta = 0 if self.images is None else self.images.rope_delta
 
 
 #: one lane's prefill read in a step: the lane, and the prompt span ``start:end`` it reads
@@ -157,7 +174,7 @@ class Scheduler:
         ended (with speculation, before the round it ended in: that round is not committed)."""
         self.active.pop(a.request.request_id, None)
         if keep and a.state is not None:
-            consumed = np.concatenate([a.prompt_ids, np.asarray(a.generated, dtype=np.int64)])
+            consumed = np.concatenate([a.cache_prompt, np.asarray(a.generated, dtype=np.int64)])
             self._checkpoint(a, consumed, "generation", a.last_hidden)
         if a.state is not None:
             self.pool.close(a.state)
@@ -232,7 +249,7 @@ class Scheduler:
         (``hidden``: the last row's hidden state, for the drafter; ``logits``: the read's
         rows, the last of which a checkpoint at the prompt's end keeps). True: that was the
         prompt's end."""
-        prompt = a.prompt_ids
+        prompt = a.cache_prompt
         a.prefilled = end
         if end < len(prompt):
             kind = a.plan.get(end, "interval" if end % self.checkpoint_interval == 0 else None)
@@ -262,7 +279,7 @@ class Scheduler:
         salt = a.request.cache_salt
         writers = [
             (
-                w.prompt_ids,
+                w.cache_prompt,
                 pending_checkpoints(
                     w.plan,
                     prefilled=w.prefilled,
@@ -273,24 +290,24 @@ class Scheduler:
             for w in self.active.values()
             if w.request.cache_salt == salt and not w.generated and w.prefilled < len(w.prompt_ids)
         ]
-        deepest = awaited_position(a.prompt_ids, writers)
+        deepest = awaited_position(a.cache_prompt, writers)
         if not deepest:
             return False
-        return deepest - self.cache.resumable(a.prompt_ids, salt) >= self.prefill_chunk
+        return deepest - self.cache.resumable(a.cache_prompt, salt) >= self.prefill_chunk
 
     def _plan_checkpoints(self, a: Lane) -> dict[int, str]:
         """Where ``a``'s prefill keeps checkpoints besides every ``checkpoint_interval``
         tokens and its end (``checkpoint_plan``): where a chat prompt stops being what the
         next turn resends, and the best of the request's own boundaries."""
         assert self.cache is not None
-        prompt, salt = a.prompt_ids, a.request.cache_salt
+        prompt, salt = a.cache_prompt, a.request.cache_salt
         plan = {}
         if a.history_end is not None:
             plan[a.history_end] = "boundary"
         if not a.request.cache_boundaries:  # nothing to choose: no sharers to count
             return plan
         others = [
-            common_prefix(w.prompt_ids, prompt)
+            common_prefix(w.cache_prompt, prompt)
             for w in (*self.active.values(), *self.waiting)
             if w is not a and w.request.cache_salt == salt
         ]
@@ -330,7 +347,7 @@ class Scheduler:
                 self.cache.make_room(pages=fresh)
         if self.pool.free_pages < fresh:
             return False
-        a.state = self.pool.open(need, prefix)
+        a.open(self.pool.open(need, prefix))
         first = not a.generated
         if self.cache is not None and first:
             self.cache.count(len(a.prompt_ids), prefix)
@@ -361,7 +378,7 @@ class Scheduler:
             self.cache.make_room(pages=fresh)
         if self.pool.free_pages < fresh:
             return False
-        a.state = self.pool.restore(a.saved, need)  # type: ignore[arg-type]
+        a.open(self.pool.restore(a.saved, need))  # type: ignore[arg-type]
         self._drop_saved(a)
         return True
 
@@ -372,11 +389,11 @@ class Scheduler:
 
     @staticmethod
     def _consumed(a: Lane) -> np.ndarray:
-        """The tokens a lane's memory holds once it is all back: the prompt, and every
-        generated token but the pending one."""
+        """The tokens a lane's memory holds once it is all back, as the prefix cache keys
+        them: the prompt, and every generated token but the pending one."""
         if not a.generated:
-            return a.prompt_ids
-        return np.concatenate([a.prompt_ids, np.asarray(a.generated[:-1], dtype=np.int64)])
+            return a.cache_prompt
+        return np.concatenate([a.cache_prompt, np.asarray(a.generated[:-1], dtype=np.int64)])
 
     # ----------------------------------------------------------------- preemption
     def _make_room(self, lanes: list[Lane]) -> None:

@@ -127,6 +127,9 @@ class SequenceState:
     draft_carry: list[int] = field(default_factory=list)
     #: when opened from a checkpoint that kept them: its last token's logits
     resumed_logits: Array | None = None
+    #: a prompt with images: the RoPE position of every token after it is its index plus
+    #: this (``models.qwen3_5.mrope``; <= 0, an image advances positions by its longer side)
+    rope_delta: int = 0
 
     @property
     def free(self) -> int:

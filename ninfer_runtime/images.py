@@ -1,0 +1,268 @@
+"""Images in the engine's requests (Qwen3.5 vision-language artifacts).
+
+A chat message carries an image as a ``{"type": "image"}`` content part; the chat template
+writes it as ``<|vision_start|><|image_pad|><|vision_end|>`` and ``GenerationRequest.images``
+holds the images in the order of those parts. ``VisionInput`` turns such a request into
+what the prefill needs:
+
+* ``expand`` (at ``Engine.render``): each image decoded and checked (format, pixels, the
+  request's image count and image tokens), and its one ``<|image_pad|>`` widened to the
+  image's merged-token count, so the prompt's length is what the model reads;
+* ``encode`` (at ``Engine.submit``): the vision tower's rows of each image (one image per
+  call, so an image's rows never depend on its company), taken from the media cache when the
+  same bytes were encoded before; the prompt's M-RoPE positions and ``rope_delta``; and the
+  prompt as the prefix cache sees it (``cache_ids``): each image's placeholders stand for
+  its digest, so a checkpoint with an image is found again only for the same image at the
+  same place.
+
+An image not in the media cache is decoded twice, at render (often a worker thread of the
+server) and at submit, rather than keeping its pixels (up to hundreds of MB for a large
+photo) between the two calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ninfer_format import ArtifactError
+
+from .backends.base import to_numpy
+from .errors import EngineError, ModelError, RequestError
+from .media import ImageInput
+from .media_cache import DEFAULT_CACHE_BYTES, EncodedImage, MediaCache
+from .models.qwen3_5.mrope import prompt_positions
+from .models.qwen3_5.vision import VisionTower
+
+#: the tokens a chat template writes for one image (Qwen3.5's template; ninfer's built-in one)
+IMAGE_PAD = "<|image_pad|>"
+
+
+@dataclass(frozen=True)
+class VisionOptions:
+    """How the engine takes images. ``enabled`` is decided at load (off: the tower is not
+    loaded and image requests are refused). Per request: at most ``max_images`` images,
+    each at most ``max_image_pixels`` pixels as decoded (checked on the header, before any
+    pixel is decoded), and ``max_image_tokens`` merged tokens for all its images together.
+    ``cache_capacity``: bytes of encoded images the media cache keeps."""
+
+    enabled: bool = True
+    max_images: int = 16
+    max_image_pixels: int = 40_000_000
+    max_image_tokens: int = 16384
+    cache_capacity: int = DEFAULT_CACHE_BYTES
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """One prompt's images as its prefill places them.
+
+    ``placed``: the prompt indices of the image placeholders (sorted), ``rows`` their
+    embeddings (host float32 [placeholders, hidden], in the same order), ``positions`` the
+    prompt's M-RoPE positions (int64 [3, T]), ``rope_delta`` the offset of every position
+    after the prompt, ``cache_ids`` the prompt's ids as the prefix cache keys them, and how
+    many of its ``count`` images the media cache served."""
+
+    placed: np.ndarray
+    rows: np.ndarray
+    positions: np.ndarray
+    rope_delta: int
+    cache_ids: np.ndarray
+    count: int
+    from_cache: int
+
+    def read(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the prompt span ``start:end``: the span's indices of its placeholders, their
+        rows, and the span's positions [3, end - start]."""
+        lo, hi = np.searchsorted(self.placed, [start, end])
+        return self.placed[lo:hi] - start, self.rows[lo:hi], self.positions[:, start:end]
+
+
+def digest_token(digest: str) -> int:
+    """The id an image's placeholders take in prefix-cache keys: negative, so no text token
+    is ever equal to it, and 60 bits of the image's sha256."""
+    return -1 - int(digest[:15], 16)
+
+
+class VisionInput:
+    """The image path of one engine: its artifact's vision tower and image processor on
+    ``backend``, the tokenizer's placeholder id, ``options`` and the media cache."""
+
+    def __init__(self, artifact: Any, backend: Any, tokenizer: Any, options: VisionOptions):
+        from .frontend.vision import ImageProcessor  # needs Pillow: only for VLM artifacts
+
+        self.options = options
+        self.image_token_id = tokenizer.token_id(IMAGE_PAD)
+        if self.image_token_id is None:
+            raise ModelError(f"the artifact's tokenizer has no {IMAGE_PAD} token for images")
+        self.tower = VisionTower(artifact, backend)
+        self.processor = ImageProcessor.from_artifact(artifact)
+        if self.processor.merge_size != self.tower.config.merge:
+            raise ModelError(
+                f"preprocessor_config.json merge_size {self.processor.merge_size} differs from "
+                f"the vision config's spatial_merge_size {self.tower.config.merge}"
+            )
+        self.cache = MediaCache(options.cache_capacity)
+        self._lock = threading.Lock()  # render runs in worker threads, submit in the engine's
+
+    # ----------------------------------------------------------------------- render
+    def expand(self, ids: Sequence[int], images: Sequence[ImageInput]) -> list[int]:
+        """``ids`` (a rendered prompt, one placeholder per image) with each image's
+        placeholder repeated to its merged-token count; the images are checked first."""
+        counts = self._token_counts(images)
+        at = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        if len(at) != len(images):
+            raise RequestError(
+                f"the messages hold {len(at)} image part(s) for {len(images)} image(s)",
+                param="images",
+            )
+        out, previous = [], 0
+        for i, count in zip(at, counts, strict=True):
+            out += [*ids[previous:i], *[self.image_token_id] * count]
+            previous = i + 1
+        return [*out, *ids[previous:]]
+
+    def _token_counts(self, images: Sequence[ImageInput]) -> list[int]:
+        """Each image's merged-token count, checking the request's limits (an image the
+        media cache holds was checked when it was encoded)."""
+        limits = self.options
+        if len(images) > limits.max_images:
+            raise _image_error(
+                f"{len(images)} images in the request; at most {limits.max_images}", "images"
+            )
+        counts = []
+        for i, image in enumerate(images):
+            with self._lock:
+                kept = self.cache.peek(image.digest)
+            grid = kept.grid if kept is not None else self._grid(image, i)
+            counts.append(self._merged(grid))
+        if sum(counts) > limits.max_image_tokens:
+            raise _image_error(
+                f"the images take {sum(counts)} tokens; at most {limits.max_image_tokens} "
+                "image tokens a request",
+                "images",
+            )
+        return counts
+
+    def _grid(self, image: ImageInput, index: int) -> tuple[int, int, int]:
+        return tuple(self._pixels(image, index)[1][0].tolist())  # type: ignore[return-value]
+
+    def _pixels(self, image: ImageInput, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(pixel_values, grid_thw [1, 3]) of one image, or its ``ImageError`` naming it."""
+        from .frontend.vision import ImageError, decode_image
+
+        try:
+            decoded = decode_image(image.data, max_pixels=self.options.max_image_pixels)
+            return self.processor.process([decoded])
+        except ImageError as exc:
+            raise _image_error(str(exc), f"images[{index}]") from None
+
+    def _merged(self, grid: Sequence[int]) -> int:
+        t, h, w = grid
+        return int(t * h * w) // self.tower.config.merge**2
+
+    # ----------------------------------------------------------------------- submit
+    def encode(self, ids: np.ndarray, images: Sequence[ImageInput]) -> PromptImages:
+        """The prompt ``ids`` (placeholders expanded, as ``expand`` made them) with its
+        images' rows, positions and cache key."""
+        self._token_counts(images)  # the limits, also when the caller rendered elsewhere
+        grids, rows, hits = [], [], 0
+        for i, image in enumerate(images):
+            with self._lock:
+                kept = self.cache.get(image.digest)
+            if kept is None:
+                pixel_values, grid_thw = self._pixels(image, i)
+                grid = (int(grid_thw[0, 0]), int(grid_thw[0, 1]), int(grid_thw[0, 2]))
+                kept = EncodedImage(grid, self._encode_one(pixel_values, grid_thw))
+                with self._lock:
+                    self.cache.put(image.digest, kept)
+            else:
+                hits += 1
+            grids.append(kept.grid)
+            rows.append(kept.rows)
+        try:
+            positions, delta = prompt_positions(
+                ids, np.asarray(grids, dtype=np.int64), self.image_token_id, self.tower.config.merge
+            )
+        except ModelError as exc:  # the ids were not expanded for these images
+            raise RequestError(f"prompt_ids do not fit the images: {exc}", param="images") from None
+        placed = np.flatnonzero(ids == self.image_token_id)
+        cache_ids = ids.copy()
+        starts = np.cumsum([0, *(len(r) for r in rows)])
+        for image, a, b in zip(images, starts[:-1], starts[1:], strict=True):
+            cache_ids[placed[a:b]] = digest_token(image.digest)
+        return PromptImages(
+            placed=placed,
+            rows=np.concatenate(rows),
+            positions=positions,
+            rope_delta=delta,
+            cache_ids=cache_ids,
+            count=len(images),
+            from_cache=hits,
+        )
+
+    def _encode_one(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
+        rows = self.tower.encode(pixel_values, grid_thw)
+        return np.ascontiguousarray(to_numpy(rows), dtype=np.float32)
+
+
+def _image_error(message: str, param: str) -> Exception:
+    from .frontend.vision import ImageError
+
+    return ImageError(message, param=param)
+
+
+def load_vision(
+    artifact: Any,
+    backend: Any,
+    tokenizer: Any,
+    options: VisionOptions,
+    *,
+    backend_name: str,
+    speculative: bool,
+    tensor_parallel: int,
+) -> tuple[VisionInput | None, str | None]:
+    """The engine's image path, or None and the one line an image request is refused with."""
+    if "vision" not in artifact.components:
+        return None, "this model takes no images (its artifact has no vision component)"
+    if not options.enabled:
+        return None, "image input is turned off for this server ([vision] enabled = false)"
+    if backend_name != "cpu":
+        return None, f"image input runs on the cpu backend only so far, not {backend_name}"
+    if speculative:
+        return None, "image input does not run with speculative decoding yet"
+    if tensor_parallel > 1:
+        return None, "image input needs tensor_parallel 1"
+    try:
+        return VisionInput(artifact, backend, tokenizer, options), None
+    except ImportError as exc:  # Pillow, the vision extra
+        return None, str(exc)
+    except (EngineError, ArtifactError) as exc:
+        logging.getLogger("ninfer.engine").warning("images are refused: %s", exc)
+        return None, f"image input is unavailable: {exc}"
+
+
+def placed_inputs(
+    model: Any, reads: Sequence[tuple[np.ndarray, PromptImages | None, int, int]]
+) -> tuple[Any, np.ndarray]:
+    """The layers' input of one prefill chunk in which some prompt has images: each read's
+    (prompt ids, images or None, start, end) embedded, image rows placed at their
+    placeholders -> (embeddings [rows, hidden] on the device, positions int64 [3, rows])."""
+    xp = model.backend.xp
+    embedded, positions = [], []
+    for ids, images, start, end in reads:
+        rows = model.embed(xp.asarray(ids[start:end]))
+        if images is None:
+            positions.append(np.broadcast_to(np.arange(start, end), (3, end - start)))
+        else:
+            at, placed, span = images.read(start, end)
+            if len(at):
+                rows[xp.asarray(at)] = xp.asarray(placed).astype(rows.dtype)
+            positions.append(span)
+        embedded.append(rows)
+    return xp.concatenate(embedded), np.concatenate(positions, axis=1)
