@@ -40,6 +40,7 @@ __all__ = [
     "RemoteImage",
     "base64_size",
     "data_url_image",
+    "image_bytes",
     "image_part",
     "split_images",
     "url_image",
@@ -169,6 +170,12 @@ def split_images(
             params.append(part.get(_PARAM))
         out.append({**message, "content": parts})
     return out, images, params
+
+
+def image_bytes(messages: list[dict[str, Any]]) -> int:
+    """The bytes of the images read into ``messages`` (a stored conversation's)."""
+    sources = (part[_SOURCE] for part in _image_parts(messages))
+    return sum(len(s.data) for s in sources if isinstance(s, ImageInput))
 
 
 def _parts(content: list[Any]) -> Iterator[dict[str, Any]]:

@@ -36,6 +36,7 @@ from ..cache_isolation import isolate
 from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
+from ..images import image_bytes
 from .chat import thinking_for_effort
 from .content import input_image
 from .logprobs import scored, text_logprobs
@@ -55,6 +56,11 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
+#: the bytes of images stored conversations may hold together (each record counts its
+#: conversation's images and the base64 its input items keep); beyond it the oldest go
+STORED_IMAGE_BYTES = 512 * 1024 * 1024
+
+
 @dataclass
 class Stored:
     response: dict[str, Any]
@@ -62,22 +68,40 @@ class Stored:
     #: the whole conversation as chat messages, including this response's output
     messages: list[dict[str, Any]]
 
+    @property
+    def image_bytes(self) -> int:
+        return (image_bytes(self.messages) * 7 + 2) // 3  # the bytes, and 4/3 of them in base64
+
 
 class ResponseStore:
-    """Bounded LRU of stored responses (``max_records`` 0 stores nothing)."""
+    """Bounded LRU of stored responses (``max_records`` 0 stores nothing), holding at most
+    ``max_image_bytes`` of images (a record over it is not kept)."""
 
-    def __init__(self, max_records: int):
+    def __init__(self, max_records: int, max_image_bytes: int = STORED_IMAGE_BYTES):
         self.max_records = max_records
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self.max_image_bytes = max_image_bytes
+        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()
+        self._image_bytes = 0
 
     def put(self, record: Stored) -> None:
         if self.max_records <= 0:
             return
         rid = record.response["id"]
-        self._items[rid] = record
-        self._items.move_to_end(rid)
-        while len(self._items) > self.max_records:
-            self._items.popitem(last=False)
+        if rid in self._items:
+            self._drop(rid)
+        size = record.image_bytes
+        if size > self.max_image_bytes:
+            return  # would push every other record out and still not fit
+        self._items[rid] = (record, size)
+        self._image_bytes += size
+        while self._items and (
+            len(self._items) > self.max_records or self._image_bytes > self.max_image_bytes
+        ):
+            self._drop(next(iter(self._items)))
+
+    def _drop(self, rid: str) -> None:
+        _, size = self._items.pop(rid)
+        self._image_bytes -= size
 
     def get(self, rid: str, param: str | None = None) -> Stored:
         record = self._items.get(rid)
@@ -89,11 +113,11 @@ class ResponseStore:
                 param=param,
             )
         self._items.move_to_end(rid)
-        return record
+        return record[0]
 
     def delete(self, rid: str) -> None:
         self.get(rid)
-        del self._items[rid]
+        self._drop(rid)
 
 
 # -- input items -> chat messages -----------------------------------------------------------------

@@ -19,7 +19,7 @@ from ninfer_serve.anthropic.messages import to_job as anthropic_job
 from ninfer_serve.anthropic.models import MessagesRequest
 from ninfer_serve.config import load_settings
 from ninfer_serve.errors import ApiError
-from ninfer_serve.images import ImageLimits, ImageReader, split_images
+from ninfer_serve.images import ImageLimits, ImageReader, image_part, split_images
 from ninfer_serve.openai.chat import to_job as chat_job
 from ninfer_serve.openai.models import ChatCompletionRequest
 from ninfer_serve.openai.responses import input_messages
@@ -331,3 +331,26 @@ def test_image_settings_and_the_body_limit():
     assert settings.max_request_bytes == (1 << 20) + (3 << 20) * 4 // 3
     text_only = load_settings(None, {"server": {"max_images_per_request": 0}})
     assert text_only.max_request_bytes == 1 << 20
+
+
+def test_stored_responses_hold_a_bounded_amount_of_images():
+    from ninfer_serve.openai.responses import ResponseStore, Stored
+
+    def record(rid: str, size: int) -> Stored:
+        messages = [{"role": "user", "content": [image_part(ImageInput(bytes(size)))]}]
+        return Stored({"id": rid}, [], messages)
+
+    store = ResponseStore(10, max_image_bytes=1000)  # 300 bytes count as 700
+    store.put(record("a", 300))
+    store.put(record("b", 10))
+    store.put(record("c", 300))  # over the budget: the oldest goes
+    with pytest.raises(ApiError):
+        store.get("a")
+    assert store.get("b") and store.get("c")
+    store.put(record("d", 600))  # alone over the budget: not kept, nothing else let go
+    with pytest.raises(ApiError):
+        store.get("d")
+    assert store.get("b") and store.get("c")
+    store.delete("c")  # its bytes freed: another fits beside b
+    store.put(record("e", 300))
+    assert store.get("b") and store.get("e")
