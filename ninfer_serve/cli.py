@@ -417,6 +417,7 @@ def serve(model: Path, settings: Settings) -> int:
             tensor_parallel=settings.parallel.tensor_parallel,
             expert_parallel=settings.parallel.expert_parallel,
             vram_budget=vram_budget_setting(engine_cfg.vram_budget),
+            vision=settings.vision_options(),
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

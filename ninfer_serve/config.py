@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 if TYPE_CHECKING:
+    from ninfer_runtime.images import VisionOptions
     from ninfer_runtime.speculative import SpecConfig
 
     from .images import ImageLimits
@@ -30,9 +31,11 @@ __all__ = [
     "ConfigError",
     "ContextCacheSettings",
     "EngineSettings",
+    "MediaSettings",
     "ServerSettings",
     "Settings",
     "SpeculativeSettings",
+    "VisionSettings",
     "fit_to_model",
     "is_loopback",
     "load_settings",
@@ -261,14 +264,60 @@ class ParallelSettings(_Table):
     expert_parallel: bool = False
 
 
+class VisionSettings(_Table):
+    """``[vision]``: images in chat messages, for an artifact with a vision component (read at
+    start-up). ``enabled = false``: the vision tower is not loaded and requests with images
+    are refused. Per request, beside ``[server] max_images_per_request``: all its images
+    together at most ``max_image_tokens`` tokens, each at most ``max_image_pixels`` pixels as
+    stored in its file (checked on the header, before any pixel is decoded)."""
+
+    enabled: bool = True
+    max_image_tokens: int = Field(16384, ge=1)
+    max_image_pixels: int = Field(40_000_000, ge=1)
+
+
+class MediaSettings(_Table):
+    """``[media]``: ``cache_capacity``, the bytes of encoded images kept by their digest, so
+    an image sent again (the next turn of a chat about it) skips the vision encoder; a size
+    such as ``512MiB``, 0 for none."""
+
+    cache_capacity: str = "128MiB"
+
+    @field_validator("cache_capacity")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        from ninfer_runtime.engine import parse_size
+        from ninfer_runtime.errors import EngineError
+
+        try:
+            parse_size(value, "media cache capacity")
+        except EngineError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
 class Settings(_Table):
-    """The whole configuration: the five TOML tables."""
+    """The whole configuration: the seven TOML tables."""
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     context_cache: ContextCacheSettings = Field(default_factory=ContextCacheSettings)
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
     parallel: ParallelSettings = Field(default_factory=ParallelSettings)
+    vision: VisionSettings = Field(default_factory=VisionSettings)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+
+    def vision_options(self) -> VisionOptions:
+        """The engine's image settings (``ninfer_runtime.images.VisionOptions``)."""
+        from ninfer_runtime.engine import VisionOptions, parse_size
+
+        return VisionOptions(
+            enabled=self.vision.enabled,
+            max_images=self.server.max_images_per_request,
+            max_image_pixels=self.vision.max_image_pixels,
+            max_image_tokens=self.vision.max_image_tokens,
+            cache_capacity=parse_size(self.media.cache_capacity, "media cache capacity") or 0,
+        )
 
     @property
     def max_request_bytes(self) -> int:

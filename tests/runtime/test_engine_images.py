@@ -345,3 +345,20 @@ def test_cli_image_flag(artifact, engine, tmp_path) -> None:
     assert "bad.png" in bad.stderr and "not a PNG" in bad.stderr
     raw = CliRunner().invoke(ninfer_cli, [*args[:3], "--raw", "--image", str(tmp_path / "cat.png")])
     assert raw.exit_code != 0 and "--image" in raw.stderr
+
+
+def test_server_config_tables_give_the_engine_its_vision_options(tmp_path) -> None:
+    from ninfer_serve.config import ConfigError, load_settings
+
+    config = tmp_path / "ninfer.toml"
+    config.write_text(
+        "[server]\nmax_images_per_request = 3\n[vision]\nenabled = false\nmax_image_tokens = 99\n"
+        '[media]\ncache_capacity = "1MiB"\n'
+    )
+    options = load_settings(config, {}).vision_options()
+    assert options == VisionOptions(
+        enabled=False, max_images=3, max_image_tokens=99, cache_capacity=1 << 20
+    )
+    config.write_text('[media]\ncache_capacity = "lots"\n')
+    with pytest.raises(ConfigError, match=r"media\.cache_capacity: media cache capacity 'lots'"):
+        load_settings(config, {})
