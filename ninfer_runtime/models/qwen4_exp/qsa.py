@@ -42,12 +42,14 @@ def block_keys(
 ) -> Array:
     """The complete blocks' keys of raw index keys [S, d] -> [S // ratio, d]: each block's
     mean, normed, rotated at the block's first position."""
-    xp, d = backend.xp, raw.shape[-1]
+    d = raw.shape[-1]
     blocks = raw.shape[0] // ratio
+    if not blocks:
+        return backend.xp.zeros((0, d), backend.xp.float32)
     means = raw[: blocks * ratio].reshape(blocks, ratio, d).mean(axis=1)
     normed = backend.rms_norm(means, norm, eps, offset=1.0)
     cos, sin = rotary(np.arange(blocks) * ratio)
-    return backend.rope(normed[:, None, :], cos, sin)[:, 0] if blocks else xp.zeros((0, d))
+    return backend.rope(normed[:, None, :], cos, sin)[:, 0]
 
 
 def selection(
@@ -116,7 +118,9 @@ class IndexedAttention(GatedAttention):
         indexer = [q + s for s in ("query", "key", "query_norm", "key_norm")]
         return GatedAttention.parameter_names(prefix) + indexer
 
-    def __call__(self, x: Array, batch: Batch, memory: IndexedAttentionPages) -> Array:  # type: ignore[override]
+    def __call__(  # type: ignore[override]
+        self, x: Array, batch: Batch, memory: IndexedAttentionPages
+    ) -> Array:
         be = self.backend
         n, width = x.shape[0], self.a.heads * self.a.head_dim
         q, gate, k, v, iq, ik = self.project(x, batch.cos, batch.sin)
