@@ -165,14 +165,19 @@ _GENERATION = (400, 401, 404, 413, 429, 503)
 #: the rules across fields that a request body's schema cannot state (docs/serve.md)
 _TOOL_RULE = "a tool_choice naming a tool needs it in tools, one requiring a tool needs tools"
 _CONTEXT_RULE = "the rendered prompt must fit the context (tools add several hundred tokens)"
+#: image parts are taken though the schemas leave them out (their validity depends on the
+#: data and the model)
+_IMAGES = " Images, which the schema leaves out, are read as docs/serve.md (Images) says: "
 _RULES = {
     "chat": f"Also refused: {_TOOL_RULE}; tool_calls only on assistant messages, other roles "
     "need content, an assistant message content, reasoning or tool_calls; json_schema needs its "
     "schema; tool call arguments must be a JSON object; top_logprobs without logprobs true; n "
-    f"above the server's decode lanes; stream_options without stream; {_CONTEXT_RULE}.",
+    f"above the server's decode lanes; stream_options without stream; {_CONTEXT_RULE}."
+    f"{_IMAGES}image_url parts in user messages.",
     "responses": f"Also refused: {_TOOL_RULE}; an empty prompt (instructions, history and input "
     "together); function_call arguments that are not a JSON object; top_logprobs above 0 "
-    f"without include message.output_text.logprobs; {_CONTEXT_RULE}.",
+    f"without include message.output_text.logprobs; {_CONTEXT_RULE}."
+    f"{_IMAGES}input_image parts in user messages and function_call_output output.",
     "completions": "Also refused: the prompts of a list mixing strings and token ids; a token "
     "id outside the vocabulary; n above the server's decode lanes; stream_options without "
     "stream; min_tokens above max_tokens; more than one answer constraint (guided_* and "
@@ -182,7 +187,8 @@ _RULES = {
     "messages, continue_final_message not with add_generation_prompt.",
     "messages": f"Also refused: {_TOOL_RULE}; thinking enabled without budget_tokens below "
     "max_tokens; a last assistant message (a prefill) without text; a conversation that maps to "
-    f"no message; {_CONTEXT_RULE}.",
+    f"no message; {_CONTEXT_RULE}."
+    f"{_IMAGES}image blocks in user messages and tool_result content.",
 }
 
 
