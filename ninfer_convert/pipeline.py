@@ -35,7 +35,6 @@ from ninfer_format import (
     TensorSpec,
     WriteError,
 )
-from ninfer_format.binders.qwen3_5 import expected_parameters
 from ninfer_format.codecs import codec_for
 from ninfer_format.errors import DirectoryError
 from ninfer_format.framing import DEFAULT_SHARD_LIMIT
@@ -71,6 +70,10 @@ RESOURCES = {"text": TEXT_RESOURCES, "vision": VISION_RESOURCES}
 KNOWN_COMPONENTS = ("text", "mtp", "vision")
 ARCHITECTURES = {"qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
 MTP_ARCHITECTURES = {"qwen3_5_text": "Qwen3_5MTP", "qwen3_5_moe_text": "Qwen3_5MoeMTP"}
+for _qwen4 in ("qwen4_exp", "qwen4_exp_text"):  # text-only and multimodal text configs
+    ARCHITECTURES[_qwen4], MTP_ARCHITECTURES[_qwen4] = "Qwen4ExpForCausalLM", "Qwen4ExpMTP"
+#: drafter components whose final hidden state a proposal head reads (spec 5.6)
+DRAFTERS = ("mtp", "dflash", "dflash2")
 ARCHITECTURES.update(dict.fromkeys(GLM5_NEXT_TYPES, GLM5_NEXT_ARCHITECTURE))
 MTP_ARCHITECTURES.update(dict.fromkeys(GLM5_NEXT_TYPES, GLM5_NEXT_MTP))
 #: the conversion report is published beside the entry, as ``<entry>.conversion.json``
@@ -229,6 +232,8 @@ class Prepared:
     importers: dict[str, Importer]
     #: the vision component's config (spec 5.1), when vision is converted
     vision_config: dict[str, Any] | None = None
+    #: the proposal head requested, or the full one the recipe asks for
+    proposal: ProposalRequest | None = None
 
 
 def _role_map(
@@ -265,9 +270,10 @@ def _base_map(
 
 @dataclass(frozen=True)
 class ProposalRequest:
-    """``--proposal RANKING_FILE --proposal-rows N``."""
+    """``--proposal RANKING_FILE --proposal-rows N``; ``ranking`` None: the first ``rows``
+    token ids in order, what a recipe's ``full_proposal`` asks for (every row of the head)."""
 
-    ranking: Path
+    ranking: Path | None
     rows: int = DEFAULT_ROWS
 
 
@@ -280,30 +286,28 @@ def _add_proposal(
     components: tuple[str, ...],
     recipe: Recipe,
 ) -> None:
-    """``proposal/head`` (rows of the output head's source) and ``proposal/token_ids``."""
-    count, special = token_domain(base.resources)
-    # the proposal's shape and inputs depend on text and drafters only, not on the vision tower
-    drafting = tuple(c for c in components if c != "vision")
-    vocab = int(config["vocab_size"])
-    ranking = read_ranking(request.ranking, vocab)
-    ids = select_shortlist(ranking, request.rows, min(count, vocab), special)
-    specs = {
-        s.name: s
-        for s in expected_parameters(config, components=drafting, proposal_rows=request.rows)
-    }
+    """``proposal/head`` (rows of the output head's source; spec 5.6: used at each drafter's
+    final hidden state) and ``proposal/token_ids`` (row -> token id)."""
     head = logical["text/output_head"]
-    head_spec, ids_spec = specs["proposal/head"], specs["proposal/token_ids"]
-    gather = tuple(int(i) for i in ids)
-    logical["proposal/head"] = LogicalTensor(
-        "proposal/head", head_spec.shape, "matrix", head_spec.inputs, head.pieces,
-        gather=gather,
-    )  # fmt: skip
-    logical["proposal/token_ids"] = LogicalTensor(
-        "proposal/token_ids", ids_spec.shape, "token ids", (), (), constant=gather
-    )
+    inputs = tuple(f"{d}/final_hidden" for d in DRAFTERS if d in components)
     fmt = recipe.proposal_format
     choices["proposal/head"] = Choice(
         format=fmt, method=DEFAULT_METHOD[fmt], source=choices["text/output_head"].source
+    )
+    if request.ranking is None:  # rows in id order: the head's values in the proposal format
+        gather = tuple(range(request.rows))
+    else:
+        count, special = token_domain(base.resources)
+        vocab = int(config["vocab_size"])
+        ranking = read_ranking(request.ranking, vocab)
+        ids = select_shortlist(ranking, request.rows, min(count, vocab), special)
+        gather = tuple(int(i) for i in ids)
+    logical["proposal/head"] = LogicalTensor(
+        "proposal/head", (request.rows, head.shape[1]), "matrix", inputs, head.pieces,
+        gather=gather,
+    )  # fmt: skip
+    logical["proposal/token_ids"] = LogicalTensor(
+        "proposal/token_ids", (request.rows,), "token ids", (), (), constant=gather
     )
     choices["proposal/token_ids"] = Choice(format="int32", method="cast")
 
@@ -337,6 +341,8 @@ def prepare(
     for role in sorted({c.source for c in raw.values()} - {"base"}):
         mapped = _role_map(sources[role], model_type, text_config, comps, vision)
         logical.update({n: mapped[n] for n, c in raw.items() if c.source == role})
+    if proposal is None and recipe.full_proposal:
+        proposal = ProposalRequest(None, int(text_config["vocab_size"]))
     if proposal is not None:
         _add_proposal(proposal, logical, raw, base, text_config, comps, recipe)
     methods = importers(sources, recipe)
@@ -349,8 +355,9 @@ def prepare(
     for importer in methods.values():
         importer.prepare(logical, choices)
     return Prepared(
-        recipe, sources, views, comps, model_type, text_config, logical, choices, methods, vision
-    )
+        recipe, sources, views, comps, model_type, text_config, logical, choices, methods, vision,
+        proposal,
+    )  # fmt: skip
 
 
 def _check_pieces(
@@ -511,7 +518,7 @@ def convert(
     parents, bindings, uses, auxiliaries = plan(prepared)
 
     resources = _resources(sources["base"].resources, prepared.components)
-    component_records = _component_records(prepared, resources, proposal)
+    component_records = _component_records(prepared, resources, prepared.proposal)
     specs: list[TensorSpec | ResourceSpec] = [
         ResourceSpec(object_id, "raw_bytes_v1", len(data)) for object_id, data in resources.items()
     ]

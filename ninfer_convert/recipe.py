@@ -90,6 +90,9 @@ class Recipe:
     separated: list[str] = field(default_factory=list)
     stacked: list[str] = field(default_factory=list)
     proposal_format: str = "q4_g64_fp16"
+    #: True: a full-vocabulary proposal head (every row of the output head, in id order: an
+    #: indexed proposal of vocab_size rows) in ``proposal_format`` even without ``--proposal``
+    full_proposal: bool = False
     #: False when every weight comes from other sources and the base directory may hold only
     #: config.json and the tokenizer files (GGUF import)
     base_weights: bool = True

@@ -5,7 +5,7 @@ them (row selection is the only transform weights need, apart from the GDN convo
 transpose), so float values and pre-encoded codes/scales move the same way.
 """
 
-from . import glm5_next, qwen3_5  # noqa: F401  (registration)
+from . import glm5_next, qwen3_5, qwen4_exp  # noqa: F401  (registration)
 from .base import LogicalTensor, SourcePiece, adapter_for, register_adapter
 
 __all__ = ["LogicalTensor", "SourcePiece", "adapter_for", "register_adapter"]

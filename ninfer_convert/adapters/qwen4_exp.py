@@ -1,0 +1,224 @@
+"""Qwen4Exp checkpoints (HF names) -> the logical parameters of the Qwen4Exp binder
+(``ninfer_format.binders.qwen4_exp``).
+
+Both layouts of real checkpoints: text-only ``Qwen4ExpForCausalLM`` (``model.``) and
+multimodal ``Qwen4ExpForConditionalGeneration`` (language model under
+``model.language_model.``). The multimodal layout's vision tower (``model.visual.*``) is not
+mapped: the binder has no vision contract for Qwen4Exp yet, so only its language model converts.
+
+The blocks Qwen4Exp shares with Qwen3.5 (attention with its per-head query/gate interleave, GDN
+with its ``in_proj_qkv`` split and convolution transpose, fused or per-expert MoE) map through
+the Qwen3.5 adapter's name table. Qwen4Exp's additions:
+
+* hyper-connections: ``attn_hyper_connection`` / ``mlp_hyper_connection`` / the final
+  ``hyper_connection_mixer`` (``hc_norm``, ``input_mix_weight_down|up``,
+  ``block_inject_weight``) -> ``mixer_connection`` / ``ffn_connection`` / ``final_connection``;
+* the QSA indexer: ``self_attn.indexer.index_qk_proj`` rows split into query and key;
+* PLE: ``ple.ple_embedding.ngram_embedding`` (the n-gram table, saved by transformers as
+  ``shard_{j}`` row blocks: ``ngram_table_pieces``), ``ple.key_proj|value_proj``,
+  ``ple.norm_key|norm_query|norm_conv`` and ``ple.conv1d`` (transposed like the GDN one). The
+  hash buffers transformers saves beside them are derived from the config and not read.
+
+MTP (``mtp.*``): transformers defines no Qwen4Exp MTP block and the binder leaves the ``mtp``
+component unchecked, so this adapter states the layout it reads: Qwen3.5's MTP stem
+(``mtp.fc`` [H, 2H], ``mtp.pre_fc_norm_embedding`` [H]) with the hidden-state norm over all
+``hc_count`` streams (``mtp.pre_fc_norm_hidden`` [hc·H]), ``mtp.layers.{i}`` Qwen4Exp
+attention decoder layers (hyper-connections, attention, MoE; an indexer only where the
+checkpoint has one) and the MTP's own final mixer ``mtp.hyper_connection_mixer``. An ``mtp.*``
+tensor outside that layout is an error naming it, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ninfer_format.binders.qwen3_5 import ParamSpec, _matrix, _vector
+from ninfer_format.binders.qwen4_exp import _connection, _decoder_layer, expected_parameters
+from ninfer_format.binders.qwen4_exp_geometry import (
+    INDEXED_ATTENTION,
+    Qwen4ExpGeometry,
+)
+
+from ..errors import RecipeError
+from .base import LogicalTensor, SourcePiece, register_adapter
+from .qwen3_5 import Pieces, _Names, _rows, _whole
+
+#: hyper-connection parameter -> HF module suffix (``{connection}.{suffix}.weight``)
+_CONNECTION = {
+    "norm": "hc_norm",
+    "down": "input_mix_weight_down",
+    "up": "input_mix_weight_up",
+    "inject": "block_inject_weight",
+}
+#: logical connection -> HF module of a decoder layer
+_LAYER_CONNECTIONS = {
+    "mixer_connection": "attn_hyper_connection",
+    "ffn_connection": "mlp_hyper_connection",
+}
+_FINAL_MIXER = "hyper_connection_mixer"
+#: PLE and indexer parameters read whole: logical suffix -> HF name suffix
+_SIMPLE = {
+    "indexer/query_norm": "self_attn.indexer.q_layernorm.weight",
+    "indexer/key_norm": "self_attn.indexer.k_layernorm.weight",
+    "ple/key": "ple.key_proj.weight",
+    "ple/value": "ple.value_proj.weight",
+    "ple/key_norm": "ple.norm_key.weight",
+    "ple/query_norm": "ple.norm_query.weight",
+    "ple/convolution_norm": "ple.norm_conv.weight",
+    "ple/convolution": "ple.conv1d.weight",
+}
+INDEX_QK = "self_attn.indexer.index_qk_proj.weight"
+NGRAM_TABLE = "ple.ple_embedding.ngram_embedding"
+#: transformers' default number of parts a saved n-gram table is cut into
+DEFAULT_NGRAM_PARTS = 512
+#: the MTP stem: logical name -> HF name
+_MTP_STEM = {
+    "mtp/input_projection": "mtp.fc.weight",
+    "mtp/embedding_norm": "mtp.pre_fc_norm_embedding.weight",
+    "mtp/hidden_norm": "mtp.pre_fc_norm_hidden.weight",
+}
+_MTP_LAYER = re.compile(r"mtp\.layers\.(\d+)\.")
+#: names a quantized checkpoint stores beside a weight (its codes' scales and divisors)
+_ENCODING_FIELD = re.compile(r"(_packed|_scale|_scale_2|_scale_inv|_global_scale)$")
+#: parameters whose source is ``[C, 1, T]`` and whose logical shape is ``[T, C]``
+_TRANSPOSED = ("gdn/convolution", "ple/convolution")
+
+
+class _Qwen4Names(_Names):
+    """Qwen3.5's lookups plus Qwen4Exp's hyper-connections, indexer and PLE."""
+
+    geometry: Qwen4ExpGeometry  # type: ignore[assignment]  (the fields _Names reads)
+
+    def globals(self, suffix: str) -> Pieces:
+        if suffix.startswith("final_connection/"):
+            return self.connection(self.text + _FINAL_MIXER, suffix.split("/")[1])
+        return super().globals(suffix)
+
+    def connection(self, module: str, part: str) -> Pieces:
+        return _whole(f"{module}.{_CONNECTION[part]}.weight")
+
+    def layer(self, prefix: str, suffix: str) -> Pieces:
+        block, _, part = suffix.partition("/")
+        if block in _LAYER_CONNECTIONS:
+            return self.connection(prefix + _LAYER_CONNECTIONS[block], part)
+        if suffix in _SIMPLE:
+            return _whole(prefix + _SIMPLE[suffix])
+        if suffix in ("indexer/query", "indexer/key"):
+            indexer = self.geometry.indexer
+            assert indexer is not None  # the parameter exists because the layer is attention
+            query = indexer.heads * indexer.head_dim
+            key = indexer.kv_heads * indexer.head_dim
+            start, stop = (0, query) if suffix == "indexer/query" else (query, query + key)
+            return _rows(prefix + INDEX_QK, start, stop)
+        return super().layer(prefix, suffix)
+
+
+def ngram_table_pieces(keys: set[str], prefix: str, rows: int, parts: int) -> Pieces:
+    """The n-gram table of the layer at HF ``prefix``: whole, or the shards transformers saves
+    (``torch.chunk`` of the rows into ``split_ngram_parts``: ``ceil(rows / parts)`` rows a
+    shard, so there may be fewer shards than parts), concatenated in shard order. Every shard
+    is named, so a missing one is reported by name when the sources are checked."""
+    whole = f"{prefix}{NGRAM_TABLE}.weight"
+    if whole in keys:
+        return _whole(whole)
+    per_shard = -(-rows // parts)
+    shards = -(-rows // per_shard)
+    return tuple(SourcePiece(f"{prefix}{NGRAM_TABLE}.shard_{j}.weight") for j in range(shards))
+
+
+def _ngram_parts(text_config: Mapping[str, Any]) -> int:
+    parts = text_config.get("split_ngram_parts", DEFAULT_NGRAM_PARTS)
+    if type(parts) is not int or parts <= 0:
+        raise RecipeError(
+            f"text config member 'split_ngram_parts' must be a positive integer, got {parts!r}"
+        )
+    return parts
+
+
+def _logical(spec: ParamSpec, pieces: Pieces) -> LogicalTensor:
+    transpose = spec.name.endswith(_TRANSPOSED)
+    return LogicalTensor(
+        spec.name, spec.shape, spec.role.value, spec.inputs, pieces, transpose=transpose
+    )
+
+
+def _renamed(spec: ParamSpec, old: str, new: str) -> ParamSpec:
+    inputs = tuple(new + i.removeprefix(old) if i.startswith(old) else i for i in spec.inputs)
+    return ParamSpec(new + spec.name.removeprefix(old), spec.shape, spec.role, inputs)
+
+
+def mtp_parameters(keys: set[str], g: Qwen4ExpGeometry) -> Iterator[tuple[ParamSpec, str]]:
+    """The MTP parameters of the layout in the module docstring, each with the HF prefix of
+    its layer ("" for the stem and the final mixer)."""
+    yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input"), ""
+    yield _vector("mtp/embedding_norm", g.hidden), ""
+    yield _vector("mtp/hidden_norm", g.streams_width), ""
+    layers = sorted({int(m[1]) for k in keys if (m := _MTP_LAYER.match(k))})
+    for i in layers:
+        prefix = f"mtp.layers.{i}."
+        # layer -1: a decoder layer no ple_layer_ids entry can name (an MTP layer has no PLE)
+        for spec in _decoder_layer(-1, INDEXED_ATTENTION, g):
+            if "/indexer/" in spec.name and prefix + INDEX_QK not in keys:
+                continue  # an MTP layer may share the target's index (no indexer of its own)
+            yield _renamed(spec, "text/layers/-1/", f"mtp/layers/{i}/"), prefix
+    for spec in _connection("mtp/final_connection/", g, inject=False):
+        yield spec, ""
+
+
+def _mtp_map(names: _Qwen4Names, keys: set[str], g: Qwen4ExpGeometry) -> dict[str, LogicalTensor]:
+    out = {}
+    for spec, prefix in mtp_parameters(keys, g):
+        if spec.name in _MTP_STEM:
+            pieces = _whole(_MTP_STEM[spec.name])
+        elif spec.name.startswith("mtp/final_connection/"):
+            pieces = names.connection("mtp." + _FINAL_MIXER, spec.name.rsplit("/", 1)[1])
+        else:
+            suffix = spec.name.split("/", 3)[3]  # mtp/layers/{i}/<suffix>
+            pieces = names.layer(prefix, suffix)
+        out[spec.name] = _logical(spec, pieces)
+    read = {p.tensor for t in out.values() for p in t.pieces}
+    unread = sorted(
+        k for k in keys if k.startswith("mtp.") and k not in read and not _ENCODING_FIELD.search(k)
+    )
+    if unread:
+        raise RecipeError(
+            f"{unread[0]}: not part of the Qwen4Exp MTP layout this converter reads "
+            "(mtp.fc, mtp.pre_fc_norm_*, mtp.layers.N.<decoder layer>, mtp.hyper_connection_mixer)"
+        )
+    return out
+
+
+@register_adapter("qwen4_exp", "qwen4_exp_text", maps_vision=False)
+def map_qwen4_exp(
+    keys: set[str],
+    text_config: Mapping[str, Any],
+    components: tuple[str, ...],
+    vision_config: Mapping[str, Any] | None = None,
+) -> dict[str, LogicalTensor]:
+    unsupported = sorted(set(components) - {"text", "mtp"})
+    if unsupported:
+        raise RecipeError(
+            f"Qwen4Exp converts the text and mtp components only, not {', '.join(unsupported)}"
+            " (the binder has no vision contract for it yet)"
+        )
+    with_mtp = "mtp" in components
+    geometry = Qwen4ExpGeometry.from_config(text_config, with_mtp=with_mtp)
+    names = _Qwen4Names(keys, geometry)  # type: ignore[arg-type]  (duck-typed geometry)
+    parts = _ngram_parts(text_config) if geometry.ple is not None else DEFAULT_NGRAM_PARTS
+    out: dict[str, LogicalTensor] = {}
+    for spec in expected_parameters(text_config):
+        rest = spec.name.split("/", 1)[1]
+        if rest.endswith("/ple/ngram_table"):
+            prefix = f"{names.text}layers.{rest.split('/')[1]}."
+            pieces = ngram_table_pieces(keys, prefix, spec.shape[0], parts)
+        elif rest.startswith("layers/"):
+            _, index, suffix = rest.split("/", 2)
+            pieces = names.layer(f"{names.text}layers.{index}.", suffix)
+        else:
+            pieces = names.globals(rest)
+        out[spec.name] = _logical(spec, pieces)
+    if with_mtp:
+        out.update(_mtp_map(names, keys, geometry))
+    return out
