@@ -430,8 +430,6 @@ def serve(model: Path, settings: Settings) -> int:
         choice = engine_loop.lane_choice
         if choice is not None:
             _say(f"{choice.lanes} decode lane(s) ({choice.reason})")
-        if engine.expert_offload is not None and engine.expert_offload.plan is not None:
-            _say(engine.expert_offload.plan.summary())
         _say(f"serving {model_id!r} at {url}/v1 (ready in {seconds:.1f} s; Ctrl-C to stop)")
 
     app = create_app(settings, model_id=model_id, load=load, on_loaded=on_loaded, root=str(model))
