@@ -100,13 +100,8 @@ class PerLayerEmbedding:
         weights: Mapping[str, Weight],
     ):
         p = prefix + "ple/"
-        self.ple, self.layer, self.streams, self.eps, self.backend = (
-            ple,
-            layer,
-            streams,
-            eps,
-            backend,
-        )
+        self.ple, self.layer, self.streams = ple, layer, streams
+        self.eps, self.backend = eps, backend
         self.table = weights[p + "ngram_table"]
         self.key = weights[p + "key"]
         self.value = weights[p + "value"]
