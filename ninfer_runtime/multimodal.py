@@ -18,8 +18,9 @@ Usage (CPU reference; each prefill independent):
     out = prompts.prefill(prompt, state)                 # logits of the prompt's rows
     out = prompts.extend(next_ids, state, prompt.rope_delta)   # the tokens after it
 
-``extend`` runs its tokens as a chunk (not a compiled decode step): the decode step's RoPE
-rows are read at sequence indices, which after an image are off by ``rope_delta``.
+``extend`` runs its tokens as a chunk at explicit positions. The engine serves the same math
+with several sequences at once (``images``): it places rows chunk by chunk and sets the
+sequence's ``SequenceState.rope_delta``, which the runner's decode step adds to its RoPE rows.
 """
 
 from __future__ import annotations
