@@ -233,6 +233,24 @@ def test_a_resent_image_is_a_media_and_prefix_cache_hit(artifact) -> None:
     )
 
 
+def test_the_next_chat_turn_resumes_after_the_image(artifact) -> None:
+    """The second turn of a chat about a picture resends it: it resumes from the first
+    turn's checkpoint where the history stops being resent (past the image), reads the rest
+    at positions shifted by the image, and generates what a cold engine does."""
+    messages, images = chat("What is this?", CAT)
+    engine = Engine(artifact, max_lanes=1, max_context=256, prefix_cache=True)
+    first = GenerationRequest(messages=messages, images=images, sampling=GREEDY)
+    reply = engine.tokenizer.decode(run(engine, first)[0], skip_special_tokens=True)
+    later = [*messages, {"role": "assistant", "content": reply},
+             {"role": "user", "content": "And its colour?"}]  # fmt: skip
+    second = GenerationRequest(messages=later, images=images, sampling=GREEDY)
+    tokens, done = run(engine, second)
+    pads = np.flatnonzero(np.asarray(engine.render(second)[0]) == engine.vision.image_token_id)
+    assert pads[-1] < done.usage.cached_tokens < done.usage.prompt_tokens
+    assert done.usage.cached_images == 1
+    assert tokens == run(Engine(artifact, max_lanes=1, max_context=256), second)[0]
+
+
 def test_the_media_cache_keeps_the_most_recent_within_its_bytes() -> None:
     rows = [np.full((4, 8), i, dtype=np.float32) for i in range(3)]  # 128 bytes each
     cache = MediaCache(capacity=300)
