@@ -19,27 +19,25 @@ the Qwen3.5 adapter's name table. Qwen4Exp's additions:
   ``ple.norm_key|norm_query|norm_conv`` and ``ple.conv1d`` (transposed like the GDN one). The
   hash buffers transformers saves beside them are derived from the config and not read.
 
-MTP (``mtp.*``): transformers defines no Qwen4Exp MTP block and the binder leaves the ``mtp``
-component unchecked, so this adapter states the layout it reads: Qwen3.5's MTP stem
-(``mtp.fc`` [H, 2H], ``mtp.pre_fc_norm_embedding`` [H]) with the hidden-state norm over all
-``hc_count`` streams (``mtp.pre_fc_norm_hidden`` [hc·H]), ``mtp.layers.{i}`` Qwen4Exp
-attention decoder layers (hyper-connections, attention, MoE; an indexer only where the
-checkpoint has one) and the MTP's own final mixer ``mtp.hyper_connection_mixer``. An ``mtp.*``
-tensor outside that layout is an error naming it, never silently dropped.
+MTP (``mtp.*``): transformers defines no Qwen4Exp MTP block; the layout read is the format's
+``qwen4_exp_mtp``: Qwen3.5's stem (``mtp.fc`` [H, 2H], ``mtp.pre_fc_norm_embedding`` [H]) with
+the hidden-state norm over all ``hc_count`` streams (``mtp.pre_fc_norm_hidden`` [hc·H]),
+``mtp.layers.{i}`` Qwen4Exp attention decoder layers (hyper-connections, attention, MoE; an
+indexer only where the checkpoint has one) and the MTP's own final mixer
+``mtp.hyper_connection_mixer``. An ``mtp.*`` tensor outside that layout is an error naming
+it, never silently dropped.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from ninfer_format.binders.qwen3_5 import ParamSpec, _matrix, _vector
-from ninfer_format.binders.qwen4_exp import _connection, _decoder_layer, expected_parameters
-from ninfer_format.binders.qwen4_exp_geometry import (
-    INDEXED_ATTENTION,
-    Qwen4ExpGeometry,
-)
+from ninfer_format.binders.qwen3_5 import ParamSpec
+from ninfer_format.binders.qwen4_exp import expected_parameters
+from ninfer_format.binders.qwen4_exp_geometry import Qwen4ExpGeometry
+from ninfer_format.binders.qwen4_exp_mtp import mtp_parameters
 
 from ..errors import RecipeError
 from .base import LogicalTensor, SourcePiece, register_adapter
@@ -144,39 +142,20 @@ def _logical(spec: ParamSpec, pieces: Pieces) -> LogicalTensor:
     )
 
 
-def _renamed(spec: ParamSpec, old: str, new: str) -> ParamSpec:
-    inputs = tuple(new + i.removeprefix(old) if i.startswith(old) else i for i in spec.inputs)
-    return ParamSpec(new + spec.name.removeprefix(old), spec.shape, spec.role, inputs)
-
-
-def mtp_parameters(keys: set[str], g: Qwen4ExpGeometry) -> Iterator[tuple[ParamSpec, str]]:
-    """The MTP parameters of the layout in the module docstring, each with the HF prefix of
-    its layer ("" for the stem and the final mixer)."""
-    yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input"), ""
-    yield _vector("mtp/embedding_norm", g.hidden), ""
-    yield _vector("mtp/hidden_norm", g.streams_width), ""
-    layers = sorted({int(m[1]) for k in keys if (m := _MTP_LAYER.match(k))})
-    for i in layers:
-        prefix = f"mtp.layers.{i}."
-        # layer -1: a decoder layer no ple_layer_ids entry can name (an MTP layer has no PLE)
-        for spec in _decoder_layer(-1, INDEXED_ATTENTION, g):
-            if "/indexer/" in spec.name and prefix + INDEX_QK not in keys:
-                continue  # an MTP layer may share the target's index (no indexer of its own)
-            yield _renamed(spec, "text/layers/-1/", f"mtp/layers/{i}/"), prefix
-    for spec in _connection("mtp/final_connection/", g, inject=False):
-        yield spec, ""
-
-
 def _mtp_map(names: _Qwen4Names, keys: set[str], g: Qwen4ExpGeometry) -> dict[str, LogicalTensor]:
+    """The MTP block of ``qwen4_exp_mtp`` with as many layers as ``mtp.layers.{i}`` holds,
+    each with an indexer where the checkpoint's first layer has one."""
+    layers = 1 + max((int(m[1]) for k in keys if (m := _MTP_LAYER.match(k))), default=-1)
+    with_indexer = "mtp.layers.0." + INDEX_QK in keys
     out = {}
-    for spec, prefix in mtp_parameters(keys, g):
+    for spec in mtp_parameters(g, layers=layers, with_indexer=with_indexer):
         if spec.name in _MTP_STEM:
             pieces = _whole(_MTP_STEM[spec.name])
         elif spec.name.startswith("mtp/final_connection/"):
             pieces = names.connection("mtp." + _FINAL_MIXER, spec.name.rsplit("/", 1)[1])
         else:
-            suffix = spec.name.split("/", 3)[3]  # mtp/layers/{i}/<suffix>
-            pieces = names.layer(prefix, suffix)
+            _, _, index, suffix = spec.name.split("/", 3)  # mtp/layers/{i}/<suffix>
+            pieces = names.layer(f"mtp.layers.{index}.", suffix)
         out[spec.name] = _logical(spec, pieces)
     read = {p.tensor for t in out.values() for p in t.pieces}
     unread = sorted(

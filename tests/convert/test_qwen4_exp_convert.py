@@ -342,3 +342,18 @@ def test_an_mtp_tensor_outside_the_layout_is_named(tiny, tmp_path):
     with pytest.raises(RecipeError) as caught:
         convert("qwen4_exp_bf16", {"base": str(variant)}, tmp_path / "x.ninfer")
     assert _one_line(caught).startswith(f"{extra}: not part of the Qwen4Exp MTP layout")
+
+
+def test_an_mtp_layer_without_an_indexer_converts(tiny, tmp_path):
+    def drop_indexer(tensors, config):
+        for name in [n for n in tensors if n.startswith("mtp.layers.0.self_attn.indexer.")]:
+            del tensors[name]
+
+    variant = _variant(tiny, tmp_path, drop_indexer)
+    out = tmp_path / "m.ninfer"
+    convert("qwen4_exp_bf16", {"base": str(variant)}, out)
+    with Artifact.open(out) as art:
+        assert art.binder_report.ok, art.binder_report.errors
+        assert "mtp/layers/0/attention/query" in art.bindings
+        assert not [n for n in art.bindings if n.startswith("mtp/layers/0/indexer/")]
+        assert "text/layers/1/indexer/query" in art.bindings
