@@ -63,6 +63,8 @@ def vram_budget_setting(
 
 
 class ExpertOffload:
+    """A model's routed experts split between device and host memory within a budget."""
+
     def __init__(
         self,
         budget: int,
@@ -85,6 +87,8 @@ class ExpertOffload:
         self.plan: OffloadPlan | None = None
         self._artifact: Any = None
         self._names: list[str] = []
+        self._sizes: WeightSizes | None = None
+        self._context = 0
 
     @classmethod
     def for_budget(
@@ -135,12 +139,24 @@ class ExpertOffload:
     ) -> OffloadPlan:
         """Plan and place the experts in the budget beside a context pool of ``context``
         bytes; calibrate first if asked."""
-        sizes = WeightSizes.measure(self._artifact, self._names)
+        self._sizes = sizes = WeightSizes.measure(self._artifact, self._names)
+        self._context = context
         plan = self._place(sizes, context, self.priority)
         if self.calibrate and self.blocks:
             counts = routing_counts(runner, self.counters, encode)
             plan = self._place(sizes, context, counts)
             self.priority = counts
+        log.info(plan.summary())
+        return plan
+
+    def replan(self, counts: Mapping[int, Sequence[float]] | None = None) -> OffloadPlan:
+        """Place the experts again by ``counts`` (None: the hits counted since load, the
+        workload's own priority); between steps, as routing never depends on placement."""
+        if self._sizes is None:
+            raise EngineError("expert offload has not started: nothing to place again")
+        counts = self.counters.counts() if counts is None else counts
+        plan = self._place(self._sizes, self._context, counts)
+        self.priority = counts
         log.info(plan.summary())
         return plan
 

@@ -92,6 +92,22 @@ def test_calibration_is_deterministic_and_keeps_the_most_chosen(q4_moe, shares):
     assert min(resident) >= max(host) and sum(resident) > sum(host) / 3
 
 
+def test_replanning_by_the_counts_the_engine_kept(q4_moe, shares, reference):
+    """After a workload, the experts it chose most move to the device; the numbers stay."""
+    floor, experts = shares
+    e = engine(q4_moe, floor + experts // 2)
+    e.expert_offload.counters.reset()
+    greedy(e.runner, 6)
+    counts = e.expert_offload.counters.counts()
+    plan = e.expert_offload.replan()
+    resident = [counts[layer][x] for layer, kept in plan.resident.items() for x in kept]
+    host = [counts[layer][x] for layer in counts for x in plan.host(layer)]
+    assert len(resident) == 8 and min(resident) >= max(host)
+    tokens, logits = greedy(e.runner, 6)
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])
 def test_host_experts_decode_to_the_loaded_weights(artifact_path, recipe):
     """Stored codes cut per expert (q4) or, for layouts that cannot be cut (NVFP4, FP8 row
