@@ -132,8 +132,10 @@ def mtp_layer_index(text_config: Mapping[str, Any]) -> int | None:
 
 
 def has_mtp(keys: set[str], text_config: Mapping[str, Any]) -> bool:
+    """Whether layer ``num_hidden_layers`` has an MTP stem (plain or quantized fields)."""
     index = mtp_layer_index(text_config)
-    return index is not None and f"{text_prefix(keys)}layers.{index}.eh_proj.weight" in keys
+    stem = f"{text_prefix(keys)}layers.{index}.eh_proj.weight"
+    return index is not None and any(k.startswith(stem) for k in keys)
 
 
 class _Names:

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from ninfer_convert.adapters.glm5_next import has_mtp
 from ninfer_convert.errors import RecipeError, SourceError
 from ninfer_convert.pipeline import convert
 from ninfer_format import Artifact
@@ -323,3 +324,13 @@ def test_an_unknown_mtp_tensor_is_named(tiny: Path, tmp_path: Path) -> None:
 def test_the_vision_tower_is_not_converted(tiny: Path, tmp_path: Path) -> None:
     message = _one_line_error(tiny, tmp_path, RecipeError, components=("text", "vision"))
     assert "no vision contract" in message
+
+
+def test_the_mtp_block_is_found_under_either_prefix_plain_or_quantized() -> None:
+    config = {"num_hidden_layers": 3}
+    assert has_mtp(
+        {"model.layers.0.input_layernorm.weight", "model.layers.3.eh_proj.weight"}, config
+    )
+    packed = {"model.language_model.layers.3.eh_proj.weight_packed", "lm_head.weight"}
+    assert has_mtp(packed, config)
+    assert not has_mtp(packed, {"num_hidden_layers": 4})
