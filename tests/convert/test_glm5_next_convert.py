@@ -18,8 +18,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ninfer_convert.adapters.glm5_next import has_mtp
+from ninfer_convert.block_fp8 import decode_block_fp8
 from ninfer_convert.errors import RecipeError, SourceError
 from ninfer_convert.pipeline import convert
+from ninfer_convert.recipe import Recipe
 from ninfer_format import Artifact
 from ninfer_format.binders.glm5_next import expected_parameters
 from ninfer_format.binders.qwen3_5 import Role
@@ -334,3 +336,18 @@ def test_the_mtp_block_is_found_under_either_prefix_plain_or_quantized() -> None
     packed = {"model.language_model.layers.3.eh_proj.weight_packed", "lm_head.weight"}
     assert has_mtp(packed, config)
     assert not has_mtp(packed, {"num_hidden_layers": 4})
+
+
+def test_block_fp8_words_are_decoded_never_imported(tiny: Path, nvidia: tuple, tmp_path) -> None:
+    source = nvidia[0]
+    recipe = Recipe("mtp_fp8_import", "the block-FP8 stem imported as it is stored")
+    recipe.assign("text/*", "mtp/*", source="nvidia")
+    recipe.assign("mtp/input_projection", format="fp8_e4m3fn_row_bf16", method="import_encoded")
+    specs = {"base": str(tiny), "nvidia": str(source)}
+    with pytest.raises(RecipeError, match=r"eh_proj\.weight is block-FP8 .*cannot be imported"):
+        convert(recipe, specs, tmp_path / "m.ninfer")
+    codes = np.zeros((130, 64), np.uint8)
+    with pytest.raises(
+        RecipeError, match=r"x_scale_inv has shape \[1, 1\]; \[130, 64\] .* \[2, 1\]"
+    ):
+        decode_block_fp8(codes, np.ones((1, 1), np.float32), (128, 128), "x_scale_inv")
