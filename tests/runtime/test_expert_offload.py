@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from ninfer_format import Artifact
+from ninfer_format.schema import Tensor
 from ninfer_runtime.engine import Engine
-from ninfer_runtime.expert_offload import VramBudgetError
+from ninfer_runtime.expert_offload import VramBudgetError, WeightSizes
 from ninfer_runtime.expert_offload.host_experts import HostExpert
 from ninfer_runtime.runner import ModelRunner
 
@@ -125,3 +126,15 @@ def test_host_experts_decode_to_the_loaded_weights(artifact_path, recipe):
         assert expert.nbytes < stored  # q4 codes: well under a byte a weight
     else:
         assert expert.decoded
+
+
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])
+def test_stored_sizes_share_out_the_objects(artifact_path, recipe):
+    """Each expert takes its share of the packed bank's bytes; all parameters together take
+    the artifact's tensor bytes (up to a byte a share, where a share is not whole)."""
+    art = Artifact.open(artifact_path(recipe, "moe"))
+    sizes = WeightSizes.measure(art, list(art.bindings))
+    total = sum(o.bytes for o in art.objects.values() if isinstance(o, Tensor))
+    assert 0 <= sizes.other + sizes.expert_total - total <= len(art.bindings)
+    assert sorted(sizes.experts) == [0, 1, 2, 3]
+    assert all(len(set(per)) == 1 and len(per) == 4 for per in sizes.experts.values())
