@@ -138,3 +138,18 @@ def test_stored_sizes_share_out_the_objects(artifact_path, recipe):
     assert 0 <= sizes.other + sizes.expert_total - total <= len(art.bindings)
     assert sorted(sizes.experts) == [0, 1, 2, 3]
     assert all(len(set(per)) == 1 and len(per) == 4 for per in sizes.experts.values())
+
+
+def test_ninfer_takes_the_budget_from_the_flag_or_the_environment(q4_moe, monkeypatch):
+    from click.testing import CliRunner
+
+    from ninfer_runtime.cli import main
+
+    args = [str(q4_moe), "--prompt", "Hi", "--raw", "--greedy", "--max-tokens", "2"]
+    refused = CliRunner().invoke(main, [*args, "--vram-budget", "100KiB"])
+    assert refused.exit_code == 1
+    assert refused.output.count("\n") == 1 and "smallest budget that works" in refused.output
+    monkeypatch.setenv("NINFER_VRAM_BUDGET_MIB", "0.25")
+    assert "--vram-budget 256 KiB is below" in CliRunner().invoke(main, args).output
+    gpu = CliRunner().invoke(main, [*args, "--backend", "cuda", "--vram-budget", "8GiB"])
+    assert gpu.exit_code == 1 and "expert offload on the GPU is not built yet" in gpu.output
