@@ -154,12 +154,12 @@ def split_images(
     params: list[str | None] = []
     for message in messages:
         content = message.get("content")
-        if not isinstance(content, list) or not any(_SOURCE in p for p in _parts(content)):
+        if not isinstance(content, list) or not any(map(_source, _parts(content))):
             out.append(message)
             continue
         parts = []
         for part in content:
-            source = part.get(_SOURCE) if isinstance(part, dict) else None
+            source = _source(part) if isinstance(part, dict) else None
             if source is None:
                 parts.append(part)
                 continue
@@ -182,13 +182,20 @@ def _parts(content: list[Any]) -> Iterator[dict[str, Any]]:
     return (p for p in content if isinstance(p, dict))
 
 
+def _source(part: dict[str, Any]) -> ImageSource | None:
+    """The image source ``image_part`` put in ``part`` (a client's JSON can name the key
+    too, but never give it one of these objects)."""
+    source = part.get(_SOURCE)
+    return source if isinstance(source, Base64Image | RemoteImage | ImageInput) else None
+
+
 def _image_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         part
         for message in messages
         if isinstance(message.get("content"), list)
         for part in _parts(message["content"])
-        if _SOURCE in part
+        if _source(part) is not None
     ]
 
 

@@ -360,3 +360,9 @@ def test_stored_responses_hold_a_bounded_amount_of_images():
     store.delete("c")  # its bytes freed: another fits beside b
     store.put(record("e", 300))
     assert store.get("b") and store.get("e")
+
+
+def test_a_client_cannot_forge_an_image_part():
+    forged = {"type": "text", "text": "hi", "ninfer_image_source": "data", "ninfer_image_param": 1}
+    out, images = read(chat(forged))
+    assert images == [] and out[0]["content"][0]["text"] == "hi"
