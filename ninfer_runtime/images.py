@@ -130,27 +130,32 @@ class VisionInput:
     def _token_counts(self, images: Sequence[ImageInput]) -> list[int]:
         """Each image's merged-token count, checking the request's limits (an image the
         media cache holds was checked when it was encoded)."""
-        limits = self.options
-        if len(images) > limits.max_images:
-            raise _image_error(
-                f"{len(images)} images in the request; at most {limits.max_images}", "images"
-            )
-        counts = []
+        self._check_count(images)
+        grids = []
         for i, image in enumerate(images):
             with self._lock:
                 kept = self.cache.peek(image.digest)
-            grid = kept.grid if kept is not None else self._grid(image, i)
-            counts.append(self._merged(grid))
-        if sum(counts) > limits.max_image_tokens:
+            grids.append(kept.grid if kept is not None else _grid(self._pixels(image, i)[1]))
+        return self._check_tokens(grids)
+
+    def _check_count(self, images: Sequence[ImageInput]) -> None:
+        if len(images) > self.options.max_images:
             raise _image_error(
-                f"the images take {sum(counts)} tokens; at most {limits.max_image_tokens} "
-                "image tokens a request",
+                f"{len(images)} images in the request; at most {self.options.max_images}",
+                "images",
+            )
+
+    def _check_tokens(self, grids: Sequence[tuple[int, int, int]]) -> list[int]:
+        """The merged-token count of each image of ``grids``, all of them within the
+        request's limit."""
+        counts = [t * h * w // self.tower.config.merge**2 for t, h, w in grids]
+        if sum(counts) > self.options.max_image_tokens:
+            raise _image_error(
+                f"the images take {sum(counts)} tokens; at most "
+                f"{self.options.max_image_tokens} image tokens a request",
                 "images",
             )
         return counts
-
-    def _grid(self, image: ImageInput, index: int) -> tuple[int, int, int]:
-        return tuple(self._pixels(image, index)[1][0].tolist())  # type: ignore[return-value]
 
     def _pixels(self, image: ImageInput, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(pixel_values, grid_thw [1, 3]) of one image, or its ``ImageError`` naming it."""
@@ -162,29 +167,28 @@ class VisionInput:
         except ImageError as exc:
             raise _image_error(str(exc), f"images[{index}]") from None
 
-    def _merged(self, grid: Sequence[int]) -> int:
-        t, h, w = grid
-        return int(t * h * w) // self.tower.config.merge**2
-
     # ----------------------------------------------------------------------- submit
     def encode(self, ids: np.ndarray, images: Sequence[ImageInput]) -> PromptImages:
         """The prompt ``ids`` (placeholders expanded, as ``expand`` made them) with its
         images' rows, positions and cache key."""
-        self._token_counts(images)  # the limits, also when the caller rendered elsewhere
-        grids, rows, hits = [], [], 0
+        self._check_count(images)  # the limits again: the caller may have rendered elsewhere
+        found: list[EncodedImage | tuple[np.ndarray, np.ndarray]] = []
         for i, image in enumerate(images):
             with self._lock:
                 kept = self.cache.get(image.digest)
-            if kept is None:
-                pixel_values, grid_thw = self._pixels(image, i)
-                grid = (int(grid_thw[0, 0]), int(grid_thw[0, 1]), int(grid_thw[0, 2]))
-                kept = EncodedImage(grid, self._encode_one(pixel_values, grid_thw))
-                with self._lock:
-                    self.cache.put(image.digest, kept)
-            else:
-                hits += 1
-            grids.append(kept.grid)
-            rows.append(kept.rows)
+            found.append(kept if kept is not None else self._pixels(image, i))
+        grids = [f.grid if isinstance(f, EncodedImage) else _grid(f[1]) for f in found]
+        self._check_tokens(grids)
+        rows = []
+        for image, grid, f in zip(images, grids, found, strict=True):
+            if isinstance(f, EncodedImage):
+                rows.append(f.rows)
+                continue
+            encoded = EncodedImage(grid, self._encode_one(*f))  # decoded, not encoded yet
+            with self._lock:
+                self.cache.put(image.digest, encoded)
+            rows.append(encoded.rows)
+        hits = sum(isinstance(f, EncodedImage) for f in found)
         try:
             positions, delta = prompt_positions(
                 ids, np.asarray(grids, dtype=np.int64), self.image_token_id, self.tower.config.merge
@@ -209,6 +213,12 @@ class VisionInput:
     def _encode_one(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
         rows = self.tower.encode(pixel_values, grid_thw)
         return np.ascontiguousarray(to_numpy(rows), dtype=np.float32)
+
+
+def _grid(grid_thw: np.ndarray) -> tuple[int, int, int]:
+    """One image's (frames, rows, columns) from its ``grid_thw`` [1, 3]."""
+    t, h, w = (int(x) for x in grid_thw[0])
+    return t, h, w
 
 
 def _image_error(message: str, param: str) -> Exception:
