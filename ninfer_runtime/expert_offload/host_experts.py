@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +32,7 @@ from ..backends.cpu import CpuBackend
 
 #: the reference math the CPU backend computes experts with: the host computes the same
 #: products in the same order, so a host expert's rows equal a resident one's on the CPU
-_HOST_MATH = CpuBackend()
+HOST_MATH = CpuBackend()
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class HostExpert:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """``down(silu(gate x) * up x)`` on rows x [n, H], float32, the stored codes decoded
         for this call only."""
-        return _HOST_MATH._mlp(x, self.gate.decode(), self.up.decode(), self.down.decode())
+        return HOST_MATH._mlp(x, self.gate.decode(), self.up.decode(), self.down.decode())
 
 
 def host_threads() -> int:
@@ -173,12 +173,12 @@ class HostCompute:
         x: np.ndarray,
         top: np.ndarray,
         share: np.ndarray,
-        experts: Mapping[int, HostExpert],
+        experts: Mapping[int, Callable[[np.ndarray], np.ndarray]],
     ) -> np.ndarray | None:
         """``Σ share · expert(x)`` over the (row, slot) pairs of ``top`` [N, k] whose expert
-        is in ``experts``, each weighted with its routing weight ``share`` [N, k] as the
-        router gave it (never renormalised over the host's pairs); float32 [N, H], or None
-        when the host holds none of the chosen experts."""
+        is in ``experts`` (``HostExpert``s), each weighted with its routing weight ``share``
+        [N, k] as the router gave it (never renormalised over the host's pairs); float32
+        [N, H], or None when the host holds none of the chosen experts."""
         chosen = [int(e) for e in np.unique(top) if int(e) in experts]
         if not chosen:
             return None

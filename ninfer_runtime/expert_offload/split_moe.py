@@ -24,7 +24,7 @@ from ..backends import Weight
 from ..backends import array_ops as ops
 from ..backends.base import ExpertWeights, to_numpy
 from .counters import ExpertCounters
-from .host_experts import _HOST_MATH, HostCompute, HostExpert
+from .host_experts import HOST_MATH, HostCompute, HostExpert
 
 Array = Any
 
@@ -90,7 +90,7 @@ class SplitMoe:
 
     def __call__(self, x: Array) -> Array:
         xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
-        probs = ops.softmax(_HOST_MATH.linear(xh, self.router))
+        probs = ops.softmax(HOST_MATH.linear(xh, self.router))
         top, share = ops.top_k_routing(probs, self.top_k)
         out = self.inner(x)
         start = time.perf_counter()
