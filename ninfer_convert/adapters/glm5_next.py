@@ -16,13 +16,12 @@ The vision tower (``model.visual.*``) is not mapped: the binder has no vision co
 GLM5Next yet, so only the language model converts (the pipeline never selects vision here).
 
 MTP: transformers defines no GLM5Next MTP block (it ignores the checkpoint's
-``layers.{num_hidden_layers}``) and the binder leaves the ``mtp`` component unchecked; this
-adapter reads the layout ``ninfer_format.binders.glm5_next_mtp`` names, DeepSeek-V3's (whose
-``shared_head`` transformers' ignore list names). Layer ``N = num_hidden_layers`` holds the stem
-``eh_proj [H, 2H]`` -> ``mtp/input_projection``, ``enorm`` -> ``mtp/embedding_norm``, ``hnorm``
--> ``mtp/hidden_norm``, ``shared_head.norm`` -> ``mtp/final_norm``, and one decoder layer
-(hyper-connections, MLA with its own indexer, MoE) read as ``mtp/layers/0/…`` under the text
-layers' names. Its copies of the embedding and the output head (``embed_tokens``,
+``layers.{num_hidden_layers}``); the binder's ``mtp`` parameters follow DeepSeek-V3's layout
+(whose ``shared_head`` transformers' ignore list names). Layer ``N = num_hidden_layers`` holds
+the stem ``eh_proj [H, 2H]`` -> ``mtp/input_projection``, ``enorm`` -> ``mtp/embedding_norm``,
+``hnorm`` -> ``mtp/hidden_norm``, ``shared_head.norm`` -> ``mtp/final_norm``, and one decoder
+layer (hyper-connections, MLA with its own indexer, MoE) read as ``mtp/layers/0/…`` under the
+text layers' names. Its copies of the embedding and the output head (``embed_tokens``,
 ``shared_head.head``), when present, are the text ones and are not read; any other tensor of
 layer N is an error naming it.
 """
@@ -32,15 +31,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ninfer_format.binders.glm5_next import expected_parameters
+from ninfer_format.binders.glm5_next import MTP_LAYER, expected_parameters
 from ninfer_format.binders.glm5_next_geometry import (
     ARCHITECTURE,
     DEFAULTS,
     MODEL_TYPES,
     Glm5NextGeometry,
 )
-from ninfer_format.binders.glm5_next_mtp import LAYER as MTP_LAYER
-from ninfer_format.binders.glm5_next_mtp import mtp_parameters
 from ninfer_format.binders.qwen3_5 import ParamSpec
 
 from ..errors import RecipeError
@@ -251,19 +248,19 @@ def map_glm5_next(
     with_mtp = "mtp" in components
     geometry = Glm5NextGeometry.from_config(text_config, with_mtp=with_mtp)
     names = _Names(keys, geometry)
+    mtp_prefix = f"{names.text}layers.{geometry.layers}."
     out: dict[str, LogicalTensor] = {}
-    for spec in expected_parameters(text_config):
-        rest = spec.name.removeprefix("text/")
-        if rest.startswith("layers/"):
+    for spec in expected_parameters(text_config, components=("text", "mtp")[: 1 + with_mtp]):
+        component, rest = spec.name.split("/", 1)
+        if component == "mtp":
+            pieces = _mtp_pieces(names, mtp_prefix, spec.name)
+        elif rest.startswith("layers/"):
             _, index, suffix = rest.split("/", 2)
             pieces = names.layer(f"{names.text}layers.{index}.", suffix)
         else:
             pieces = names.globals(rest)
         out[spec.name] = _logical(spec, pieces)
     if with_mtp:
-        prefix = f"{names.text}layers.{geometry.layers}."
-        for spec in mtp_parameters(geometry):
-            out[spec.name] = _logical(spec, _mtp_pieces(names, prefix, spec.name))
         read = {p.tensor for name, t in out.items() if name.startswith("mtp/") for p in t.pieces}
-        _check_mtp_layer(keys, prefix, read)
+        _check_mtp_layer(keys, mtp_prefix, read)
     return out

@@ -33,7 +33,13 @@ defines; the spec has no GLM5Next section yet), with ``L = text/layers/{i}/``, `
 * MoE (``sparse`` layers): ``L moe/router [E, H]`` @ ``L ffn_input``, ``L moe/router_bias [E]``
   **fp32** (HF ``e_score_correction_bias``, a buffer of the state dict); experts and the shared
   MLP (width ``n_shared_experts·moe_intermediate_size``) under Qwen3.5's ``moe/`` names; there
-  is no ``moe/shared_score``.
+  is no ``moe/shared_score``;
+* MTP (transformers defines no GLM5Next MTP block; the layout is DeepSeek-V3's, checkpoint
+  layer ``num_hidden_layers``, which transformers ignores): ``mtp/input_projection [H, 2H]`` @
+  ``mtp/stem_input`` (``[embedding_norm(embedding) | hidden_norm(hidden)]``),
+  ``mtp/embedding_norm``, ``mtp/hidden_norm``, ``mtp/final_norm`` ``[H]``, and one decoder
+  layer ``mtp/layers/0/…`` under the text layers' names: both connections, MLA with its own
+  indexer, MoE (the geometry read ``with_mtp`` defines them even where no text layer has one).
 """
 
 from __future__ import annotations
@@ -64,10 +70,8 @@ from .qwen3_5_geometry import Moe
 from .registry import Findings, register_binder
 from .text_contract import TextContract
 
-UNCHECKED_COMPONENTS = {
-    "mtp": "transformers defines no GLM5Next MTP block",
-    "vision": "the GLM5Next vision tower has no contract yet",
-}
+UNCHECKED_COMPONENTS = {"vision": "the GLM5Next vision tower has no contract yet"}
+MTP_LAYER = "mtp/layers/0/"
 
 
 def _connection(P: str, g: Glm5NextGeometry) -> Iterator[ParamSpec]:
@@ -161,6 +165,23 @@ def _all_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
         yield from _decoder_layer(i, g)
 
 
+def mtp_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
+    """The MTP block; ``g`` read ``with_mtp`` (MLA, indexer and MoE defined)."""
+    assert g.mla is not None and g.indexer is not None and g.moe is not None
+    L = MTP_LAYER
+    yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input")
+    yield _vector("mtp/embedding_norm", g.hidden)
+    yield _vector("mtp/hidden_norm", g.hidden)
+    yield _vector("mtp/final_norm", g.hidden)
+    yield from _connection(L + "mixer_connection/", g)
+    yield _vector(L + "input_norm", g.hidden)
+    yield from _mla(L, g.mla, g.hidden)
+    yield from _indexer(L, g.indexer, g.mla, g.hidden)
+    yield from _connection(L + "ffn_connection/", g)
+    yield _vector(L + "post_attention_norm", g.hidden)
+    yield from _moe(L, g.moe, g.hidden)
+
+
 CONTRACT = TextContract(
     name="GLM5Next",
     architecture=ARCHITECTURE,
@@ -169,6 +190,7 @@ CONTRACT = TextContract(
     parameters=_all_parameters,
     count_members="num_hidden_layers and n_routed_experts",
     unchecked_components=UNCHECKED_COMPONENTS,
+    mtp=mtp_parameters,
 )
 
 

@@ -36,17 +36,21 @@ CHECKED_PREFIXES = ("text/", "proposal/")
 @dataclass(frozen=True)
 class TextContract:
     """``name`` (as messages say it), its ``architecture`` class, ``read_geometry(config,
-    errors)`` (None: not defined), ``from_config(config)`` (raises on a bad config),
+    errors, with_mtp=...)`` (None: not defined), ``from_config(config, with_mtp=...)`` (raises
+    on a bad config),
     ``parameters(geometry)`` (every parameter, lazily), the config members a runaway count
-    points at, and the components it has no contract for (name -> why)."""
+    points at, and the components it has no contract for (name -> why); ``mtp(geometry)``,
+    when given, lists the MTP block's parameters from a geometry read ``with_mtp``, and an
+    ``mtp`` component is then checked like the text one."""
 
     name: str
     architecture: str
-    read_geometry: Callable[[Mapping[str, Any], list[str]], Any]
-    from_config: Callable[[Mapping[str, Any]], Any]
+    read_geometry: Callable[..., Any]  # (config, errors, *, with_mtp=False)
+    from_config: Callable[..., Any]  # (config, *, with_mtp=False)
     parameters: Callable[[Any], Iterable[ParamSpec]]
     count_members: str
     unchecked_components: Mapping[str, str]
+    mtp: Callable[[Any], Iterable[ParamSpec]] | None = None
 
     def bind(self, directory: Directory, model_type: str, f: Findings) -> None:
         """Check a directory: text config, parameter coverage/shapes/formats, uses."""
@@ -57,12 +61,19 @@ class TextContract:
         for component, why in self.unchecked_components.items():
             if component in directory.components:
                 f.warning(f"component {component!r}: not checked by this binder ({why})")
-        geometry = self.read_geometry(text.config, f.errors)
+        with_mtp = self.mtp is not None and "mtp" in directory.components
+        if with_mtp:
+            self._check_mtp_component(directory, f)
+        geometry = self.read_geometry(text.config, f.errors, with_mtp=with_mtp)
         if geometry is None:
             f.warning("parameters were not checked: the text config does not define the geometry")
             return
         cap = len(directory.bindings) + ENUMERATION_SLACK
-        generated = list(itertools.islice(self.parameters(geometry), cap + 1))
+        everything = self.parameters(geometry)
+        if with_mtp:
+            assert self.mtp is not None
+            everything = itertools.chain(everything, self.mtp(geometry))
+        generated = list(itertools.islice(everything, cap + 1))
         if len(generated) > cap:
             f.error(
                 f"text config implies more than {cap} parameters but only"
@@ -76,20 +87,34 @@ class TextContract:
         specs = {spec.name: spec for spec in generated}
         f.parameters.update((name, spec.shape) for name, spec in specs.items())
         objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
-        _check_bindings(directory, specs, objects, f, CHECKED_PREFIXES)
+        prefixes = (*CHECKED_PREFIXES, "mtp/") if with_mtp else CHECKED_PREFIXES
+        _check_bindings(directory, specs, objects, f, prefixes)
         _check_uses(directory, specs, objects, f)
 
     def expected_parameters(
         self, text_config: Mapping[str, Any], components: Sequence[str] = ("text",)
     ) -> list[ParamSpec]:
         """The contract as data, for producers: every logical parameter with its shape, role
-        and use inputs (only the text component has a contract)."""
-        unchecked = sorted(set(components) - {"text"})
+        and use inputs (text, and mtp where the contract has it)."""
+        checked = {"text", "mtp"} if self.mtp is not None else {"text"}
+        unchecked = sorted(set(components) - checked)
         if unchecked:
             raise DirectoryError(
                 f"{self.name} has no parameter contract for components {unchecked}"
             )
-        return list(self.parameters(self.from_config(text_config)))
+        if "mtp" not in components:
+            return list(self.parameters(self.from_config(text_config)))
+        assert self.mtp is not None
+        geometry = self.from_config(text_config, with_mtp=True)
+        return [*self.parameters(geometry), *self.mtp(geometry)]
+
+    def _check_mtp_component(self, directory: Directory, f: Findings) -> None:
+        """An MTP block drafts for the text component and says whose block it is."""
+        mtp = directory.components["mtp"]
+        if mtp.target != "text":
+            f.error(f'mtp component must have target "text", got {show(mtp.target)}')
+        if not mtp.config.get("architectures"):
+            f.warning(f"mtp config has no architectures member ({self.name} MTP block)")
 
     def _check_identity(self, config: Mapping[str, Any], model_type: str, f: Findings) -> None:
         architectures = config.get("architectures")

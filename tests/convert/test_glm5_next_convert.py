@@ -109,14 +109,12 @@ def expected_values(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def assert_parameters_equal(art: Artifact, expected: dict[str, torch.Tensor]) -> None:
-    fp32 = {s.name for s in expected_parameters(TEXT) if s.role is Role.FP32_VECTOR}
-    fp32 |= {n.replace("text/layers/1/", "mtp/layers/0/") for n in fp32 if "/layers/1/" in n}
+    specs = expected_parameters(TEXT, components=("text", "mtp"))
+    fp32 = {s.name for s in specs if s.role is Role.FP32_VECTOR}
     for name, value in expected.items():
         rounded = value if name in fp32 else value.to(torch.bfloat16)
         got = art.parameter(name)
-        if name.startswith("text/"):  # the binder knows no mtp shapes: packed ones read flat
-            assert got.shape == tuple(value.shape), name
-        np.testing.assert_array_equal(got.reshape(-1), rounded.float().reshape(-1), err_msg=name)
+        np.testing.assert_array_equal(got, rounded.float().numpy(), err_msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +139,10 @@ def test_bf16_artifact_is_the_transformers_state_dict(tiny: Path, bf16: Path) ->
     expected = expected_values({**state, **mtp})
     with Artifact.open(bf16) as art:
         assert art.binder_report.ok, art.binder_report.errors
+        assert not art.binder_report.warnings, art.binder_report.warnings  # mtp checked too
+        assert art.binder_report.parameters["mtp/layers/0/mla/key_up"] == (64, 64)
         assert set(art.components) == {"text", "mtp"}  # the vision tower has no contract
-        report = verify(art)
+        report = verify(art, strict=True)
         assert report.ok, report.errors
         assert set(art.bindings) == set(expected)
         assert_parameters_equal(art, expected)
