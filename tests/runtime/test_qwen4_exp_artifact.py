@@ -1,0 +1,175 @@
+"""A converted Qwen4Exp artifact (``tests/tiny_qwen4_exp.py``, recipe ``qwen4_exp_bf16``) on the
+CPU backend: logits through ``load_model`` and the runner against transformers'
+``Qwen4ExpForCausalLM`` with the artifact's weights (bf16-rounded, GDN ``A_log`` and
+``dt_bias`` kept fp32 as the recipe stores them), prompts within and past the indexer's budget,
+with and without PLE layers; a prompt in chunks, a multi-row step and decode steps continue it;
+``ninfer --raw --greedy`` against transformers' greedy ``generate``; the engine's prefix cache
+and preemptions replay a cold run's streams token for token.
+
+The tiny model's indexer gets 16 heads (the builder's default is 2): a block's score is a sum of
+ReLUs, so with few heads blocks often tie at exactly zero, and which tied block ``torch.topk``
+keeps is its implementation's choice (ours keeps the earliest).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ninfer_runtime.cli import main as ninfer_cli
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.frontend import SamplingParams
+from ninfer_runtime.models import load_model
+from ninfer_runtime.runner import ModelRunner
+from tests.runtime.test_prefix_cache import _capacity, _concurrent, _serve
+
+tiny = pytest.importorskip("tests.tiny_qwen4_exp")
+torch = pytest.importorskip("torch")
+
+RECIPE = "qwen4_exp_bf16"
+TOL = 1e-4
+#: the recipe keeps these fp32; every other parameter is stored bf16
+FP32 = ("A_log", "dt_bias")
+BUDGET = tiny.TEXT["indexer_budget"]
+
+
+def _convert(root: Path, name: str, **overrides) -> tuple[Path, Path]:
+    from ninfer_convert.pipeline import convert
+
+    checkpoint = tiny.build(root / name, indexer_n_heads=16, **overrides)
+    convert(RECIPE, {"base": str(checkpoint)}, root / f"{name}.ninfer")
+    return checkpoint, root / f"{name}.ninfer"
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory, torch_threads) -> dict[str, tuple]:
+    root = tmp_path_factory.mktemp("qwen4_exp")
+    # the first with the builder's MTP tensors (converted, left unread), the second without
+    plain = _convert(root, "plain", ple_layer_ids=[], mtp=False)
+    return {"ple": _convert(root, "ple"), "plain": plain}
+
+
+def _transformers(checkpoint: Path):
+    from transformers import Qwen4ExpForCausalLM
+
+    hf = Qwen4ExpForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if not name.endswith(FP32):
+                p.copy_(p.to(torch.bfloat16).float())
+    return hf
+
+
+@pytest.fixture(scope="module")
+def pairs(converted) -> dict[str, tuple]:
+    return {
+        kind: (load_model(artifact), _transformers(checkpoint))
+        for kind, (checkpoint, artifact) in converted.items()
+    }
+
+
+def _reference(hf, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids)[None].long(), use_cache=False).logits[0].numpy()
+
+
+def _relative(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kind", ["ple", "plain"])
+@pytest.mark.parametrize("t", [BUDGET - 4, 3 * BUDGET])
+def test_logits_match_transformers(pairs, kind: str, t: int) -> None:
+    ours, hf = pairs[kind]
+    ids = np.random.default_rng(t).integers(0, ours.config.vocab, t)
+    runner = ModelRunner(ours)
+    logits = runner.forward([ids], [runner.new_state(64)]).logits[0]
+    assert _relative(logits, _reference(hf, ids)) < TOL
+
+
+def test_chunks_a_multi_row_step_and_decode_steps_continue_a_prompt(pairs) -> None:
+    """19 tokens in chunks of 7, 3 as one compiled step, then 20 decode steps (past the budget
+    all along): the rows transformers computes for the whole sequence at once."""
+    ours, hf = pairs["ple"]
+    ids = np.random.default_rng(5).integers(0, ours.config.vocab, 42)
+    runner = ModelRunner(ours)
+    state = runner.new_pool(lanes=1, max_context=64, step_rows=4, page_tokens=16).open(64)
+    rows = [runner.prefill(ids[:19], state, chunk=7).logits[0]]  # the last chunk's: 14..18
+    rows.append(runner.forward([ids[19:22]], [state]).logits[0])
+    rows += [runner.forward([ids[t : t + 1]], [state]).logits[0] for t in range(22, 42)]
+    assert _relative(np.concatenate(rows), _reference(hf, ids)[14:]) < TOL
+
+
+def test_greedy_cli_equals_transformers_generate(converted, pairs) -> None:
+    checkpoint, artifact = converted["ple"]
+    _, hf = pairs["ple"]
+    from tokenizers import Tokenizer
+
+    prompt = "The quick brown fox jumps over the lazy dog, and then it runs into the old forest"
+    out = CliRunner().invoke(ninfer_cli, [str(artifact), "--raw", "--prompt", prompt, "--greedy",
+                                          "--max-tokens", "12", "--print-token-ids"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    ours = json.loads(out.stdout.strip().splitlines()[-1])
+    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(prompt).ids
+    assert len(ids) > BUDGET  # the indexer selects while generating
+    with torch.no_grad():
+        generated = hf.generate(
+            torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+            eos_token_id=hf.generation_config.eos_token_id, pad_token_id=0,
+        )[0, len(ids):].tolist()  # fmt: skip
+    assert ours and ours == generated[: len(ours)]
+
+
+def test_prefix_cache_and_preemption_replay_exactly(converted) -> None:
+    """Checkpoints carry PLE's convolution and n-gram context with the GDN states, and a
+    preempted lane's replay rebuilds them: the streams equal a cold, unconstrained run's."""
+    _, artifact = converted["ple"]
+    rng = np.random.default_rng(1)
+    system = rng.integers(0, 400, 70).tolist()
+    prompts = [system + rng.integers(0, 400, n).tolist() for n in (3, 20, 9)] + [system]
+    cold = _serve(Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32), prompts)
+    warm_engine = Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32,
+                         prefix_cache=True, checkpoint_interval=32)  # fmt: skip
+    warm = _serve(warm_engine, prompts)
+    assert [t for t, _ in warm] == [t for t, _ in cold]
+    assert [f.usage.cached_tokens for _, f in warm][1:3] == [64, 64]
+
+    # three lanes each crossing into a second 256-token page, four pages: lanes are preempted,
+    # their memory freed (replayed later) or copied to host memory (copied back)
+    roomy = Engine(artifact, max_lanes=3, max_context=512)
+    prompts = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
+    params = SamplingParams(max_tokens=50, ignore_eos=True, temperature=0.0)
+    expected = _concurrent(roomy, prompts, params)
+    for host in (0, 1 << 26):
+        small = Engine(artifact, max_lanes=3, max_context=512, host_context_capacity=host,
+                       context_capacity=_capacity(roomy.pool, 4))  # fmt: skip
+        assert _concurrent(small, prompts, params) == expected
+        assert small.preemptions > 0
+        assert small.replayed_tokens > 0 if host == 0 else small.replayed_tokens == 0
+
+
+def test_other_backends_are_refused_in_one_line() -> None:
+    from types import SimpleNamespace
+
+    from ninfer_runtime.errors import ModelError
+    from ninfer_runtime.models.qwen4_exp import load_qwen4_exp
+
+    with pytest.raises(ModelError, match="cpu backend only") as error:
+        load_qwen4_exp(None, SimpleNamespace(name="cuda"))
+    assert "\n" not in str(error.value)
+
+
+def test_an_mtp_component_is_left_unread_and_speculation_refused(converted) -> None:
+    from ninfer_format import Artifact
+    from ninfer_runtime.errors import EngineError
+    from ninfer_runtime.speculative import SpecConfig
+
+    _, artifact = converted["ple"]
+    with Artifact.open(artifact) as art:
+        assert "mtp" in art.components
+    with pytest.raises(EngineError, match="mtp"):
+        Engine(artifact, max_lanes=1, max_context=64, spec=SpecConfig(draft_tokens=2))
