@@ -104,6 +104,25 @@ def test_chunks_a_multi_row_step_and_decode_steps_continue_a_prompt(pairs) -> No
     assert _relative(np.concatenate(rows), _reference(hf, ids)[14:]) < TOL
 
 
+def test_lanes_of_one_forward_keep_to_their_own_memory(pairs) -> None:
+    """Two prompts of different lengths prefilled as one chunk, then decoded side by side:
+    each lane's rows are those transformers computes for its sequence alone."""
+    ours, hf = pairs["ple"]
+    rng = np.random.default_rng(9)
+    seqs = [rng.integers(0, ours.config.vocab, n) for n in (30, 23)]
+    runner = ModelRunner(ours)
+    pool = runner.new_pool(lanes=2, max_context=64, page_tokens=16)
+    states = [pool.open(64), pool.open(64)]
+    first = runner.forward([s[:20] for s in seqs], states).logits
+    rows = [[first[0]], [first[1]]]
+    for t in range(20, 23):
+        step = runner.forward([s[t : t + 1] for s in seqs], states).logits
+        rows[0].append(step[0])
+        rows[1].append(step[1])
+    for seq, lane in zip(seqs, rows, strict=True):
+        assert _relative(np.concatenate(lane), _reference(hf, seq[:23])) < TOL
+
+
 def test_greedy_cli_equals_transformers_generate(converted, pairs) -> None:
     checkpoint, artifact = converted["ple"]
     _, hf = pairs["ple"]
