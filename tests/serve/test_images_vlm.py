@@ -174,6 +174,10 @@ def test_responses_and_anthropic_give_the_engine_answer(server, engine, cat):
     assert text == parsed.content
     usage = message.usage
     assert usage.input_tokens + usage.cache_read_input_tokens == finished.usage.prompt_tokens
+    counted = client.messages.count_tokens(
+        model=server.model, messages=[{"role": "user", "content": blocks}]
+    )
+    assert counted.input_tokens == finished.usage.prompt_tokens  # the image's tokens counted
 
 
 def png_chunk(kind: bytes, data: bytes) -> bytes:
