@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ninfer_runtime.images import VisionOptions
     from ninfer_runtime.speculative import SpecConfig
 
-    from .images import ImageLimits
+    from .image_reader import ImageLimits
 
 __all__ = [
     "ConfigError",
@@ -331,8 +331,8 @@ class Settings(_Table):
 
     @property
     def image_limits(self) -> ImageLimits:
-        """What a request may send as images (``images.ImageReader``)."""
-        from .images import ImageLimits
+        """What a request may send as images (``image_reader.ImageReader``)."""
+        from .image_reader import ImageLimits
 
         server = self.server
         return ImageLimits(

@@ -46,7 +46,8 @@ from ninfer_runtime.frontend import (
 
 from .cache_boundaries import Breakpoint, conversation_boundaries, token_breakpoints
 from .engine_loop import EngineLoop, EngineUnavailable, RequestStream, Ticket
-from .images import ImageLimits, ImageReader, split_images
+from .image_reader import ImageLimits, ImageReader
+from .images import split_images
 from .structured import AnswerGrammar, Constraints
 
 __all__ = ["Generator", "Job", "Outcome", "Run", "ToolChoice"]

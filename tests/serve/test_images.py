@@ -19,7 +19,8 @@ from ninfer_serve.anthropic.messages import to_job as anthropic_job
 from ninfer_serve.anthropic.models import MessagesRequest
 from ninfer_serve.config import load_settings
 from ninfer_serve.errors import ApiError
-from ninfer_serve.images import ImageLimits, ImageReader, image_part, split_images
+from ninfer_serve.image_reader import ImageLimits, ImageReader
+from ninfer_serve.images import image_part, split_images
 from ninfer_serve.openai.chat import to_job as chat_job
 from ninfer_serve.openai.models import ChatCompletionRequest
 from ninfer_serve.openai.responses import input_messages
