@@ -71,7 +71,7 @@ class ServerSettings(_Table):
     #: None: sized for the context (``max_context`` × ``BODY_BYTES_PER_TOKEN``, at least 1 MiB)
     #: plus one image of ``max_image_mib`` in base64 (when images are taken)
     max_request_mib: float | None = Field(None, gt=0)
-    #: Images (``images.py``): the bytes of one image (decoded or fetched), the images of
+    #: Images (``image_reader.py``): the bytes of one image (decoded or fetched), the images of
     #: one request (0: no image input), whether ``http(s)`` image URLs are fetched (off: a
     #: server that fetches what requests name can be made to reach hosts clients cannot),
     #: and the seconds a fetch may take.
