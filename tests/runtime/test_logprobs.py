@@ -150,9 +150,9 @@ def test_a_lane_asking_for_none_pays_nothing(engine, prompt, monkeypatch) -> Non
         scored.append(len(chosen))
         return score(rows, chosen, tops)
 
-    def recording(tokens, states, *, last_only=False):
+    def recording(tokens, states, *, last_only=False, **inputs):
         last_only_flags.append(last_only)
-        return forward(tokens, states, last_only=last_only)
+        return forward(tokens, states, last_only=last_only, **inputs)
 
     last_only_flags = last_only
     monkeypatch.setattr(engine_module, "token_logprobs", counting)
