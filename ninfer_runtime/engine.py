@@ -172,6 +172,11 @@ class Engine:
         self.spec = spec
         self.spec_stats = SpecStats(spec.draft_tokens) if spec else None
         if spec is not None and not self.model.has_mtp:
+            if "mtp" in self.artifact.components:  # stored, but this model does not run it
+                raise EngineError(
+                    f"{self.artifact.path}: speculative method {spec.method!r} is not built "
+                    f"for {type(self.model).__name__} yet; its mtp component is not run"
+                )
             raise EngineError(
                 f"{self.artifact.path}: the artifact has no mtp component; speculative "
                 f"method {spec.method!r} needs one (convert with --components text,mtp)"

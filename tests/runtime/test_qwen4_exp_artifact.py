@@ -190,5 +190,5 @@ def test_an_mtp_component_is_left_unread_and_speculation_refused(converted) -> N
     _, artifact = converted["ple"]
     with Artifact.open(artifact) as art:
         assert "mtp" in art.components
-    with pytest.raises(EngineError, match="mtp"):
+    with pytest.raises(EngineError, match="mtp component is not run"):
         Engine(artifact, max_lanes=1, max_context=64, spec=SpecConfig(draft_tokens=2))
