@@ -41,10 +41,7 @@ from ninfer_format.framing import DEFAULT_SHARD_LIMIT
 from ninfer_format.progress import Advance, ProgressBar, silent
 
 from .adapters import LogicalTensor, adapter_for
-from .adapters.base import has_mtp_weights, maps_vision
-from .adapters.glm5_next import ARCHITECTURE as GLM5_NEXT_ARCHITECTURE
-from .adapters.glm5_next import MODEL_TYPES as GLM5_NEXT_TYPES
-from .adapters.glm5_next import MTP_ARCHITECTURE as GLM5_NEXT_MTP
+from .adapters.base import architecture_of, has_mtp_weights, maps_vision
 from .adapters.qwen3_5_gguf import has_mtp as gguf_has_mtp
 from .adapters.qwen3_5_gguf import map_qwen3_5_gguf, open_config_only
 from .encoded import DecodedView, Importer, importers, values_view, weight_names
@@ -68,14 +65,8 @@ TEXT_RESOURCES = (
 #: frontend resources each component carries (spec 5.7), read from the base source
 RESOURCES = {"text": TEXT_RESOURCES, "vision": VISION_RESOURCES}
 KNOWN_COMPONENTS = ("text", "mtp", "vision")
-ARCHITECTURES = {"qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
-MTP_ARCHITECTURES = {"qwen3_5_text": "Qwen3_5MTP", "qwen3_5_moe_text": "Qwen3_5MoeMTP"}
-for _qwen4 in ("qwen4_exp", "qwen4_exp_text"):  # text-only and multimodal text configs
-    ARCHITECTURES[_qwen4], MTP_ARCHITECTURES[_qwen4] = "Qwen4ExpForCausalLM", "Qwen4ExpMTP"
 #: drafter components whose final hidden state a proposal head reads (spec 5.6)
 DRAFTERS = ("mtp", "dflash", "dflash2")
-ARCHITECTURES.update(dict.fromkeys(GLM5_NEXT_TYPES, GLM5_NEXT_ARCHITECTURE))
-MTP_ARCHITECTURES.update(dict.fromkeys(GLM5_NEXT_TYPES, GLM5_NEXT_MTP))
 #: the conversion report is published beside the entry, as ``<entry>.conversion.json``
 REPORT_SUFFIX = ".conversion.json"
 
@@ -663,10 +654,10 @@ def _component_records(
     prepared: Prepared, resources: Mapping[str, bytes], proposal: ProposalRequest | None
 ) -> dict[str, Any]:
     """Spec 2.3 component records: configs (5.1), targets and resource roles (5.7)."""
-    model_type = prepared.model_type
+    architecture = architecture_of(prepared.model_type)
     configs = {
-        "text": {**prepared.text_config, "architectures": [ARCHITECTURES[model_type]]},
-        "mtp": {"architectures": [MTP_ARCHITECTURES[model_type]]},
+        "text": {**prepared.text_config, "architectures": [architecture.text]},
+        "mtp": {"architectures": [architecture.mtp]},
         "vision": prepared.vision_config,
     }
     records: dict[str, Any] = {}

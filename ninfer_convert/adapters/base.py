@@ -96,43 +96,67 @@ def _mtp_prefix(keys: set[str], text_config: Mapping[str, Any]) -> bool:
     return any(k.startswith("mtp.") for k in keys)
 
 
-_ADAPTERS: dict[str, Adapter] = {}
-_MTP_PRESENCE: dict[str, MtpPresence] = {}
-#: model types whose adapter maps no vision tower (their checkpoints may still carry one)
-_TEXT_ONLY: set[str] = set()
+@dataclass(frozen=True)
+class Architecture:
+    """The class names an artifact's component records give a model type (spec 5.1)."""
+
+    text: str
+    mtp: str
+
+
+@dataclass(frozen=True)
+class _Registration:
+    adapter: Adapter
+    architecture: Architecture
+    has_mtp: MtpPresence
+    maps_vision: bool
+
+
+_REGISTERED: dict[str, _Registration] = {}
 
 
 def register_adapter(
-    *model_types: str, has_mtp: MtpPresence = _mtp_prefix, maps_vision: bool = True
+    architectures: Mapping[str, Architecture],
+    *,
+    has_mtp: MtpPresence = _mtp_prefix,
+    maps_vision: bool = True,
 ) -> Callable[[Adapter], Adapter]:
-    """``has_mtp``: where this architecture keeps its MTP block; ``maps_vision``: False when
-    the adapter has no vision tower to map (the pipeline then never selects one)."""
+    """The adapter of each model type in ``architectures`` (and the class names its artifacts
+    record); ``has_mtp``: where this architecture keeps its MTP block; ``maps_vision``: False
+    when the adapter has no vision tower to map (the pipeline then never selects one)."""
 
     def decorate(fn: Adapter) -> Adapter:
-        for model_type in model_types:
-            _ADAPTERS[model_type] = fn
-            _MTP_PRESENCE[model_type] = has_mtp
-            if not maps_vision:
-                _TEXT_ONLY.add(model_type)
+        for model_type, architecture in architectures.items():
+            _REGISTERED[model_type] = _Registration(fn, architecture, has_mtp, maps_vision)
         return fn
 
     return decorate
 
 
-def has_mtp_weights(model_type: str, keys: set[str], text_config: Mapping[str, Any]) -> bool:
-    """Whether a checkpoint of ``model_type`` with these tensor names holds an MTP block."""
-    return _MTP_PRESENCE.get(model_type, _mtp_prefix)(keys, text_config)
-
-
-def maps_vision(model_type: str) -> bool:
-    return model_type not in _TEXT_ONLY
-
-
-def adapter_for(model_type: str) -> Adapter:
+def _registration(model_type: str) -> _Registration:
     try:
-        return _ADAPTERS[model_type]
+        return _REGISTERED[model_type]
     except KeyError:
         raise RecipeError(
             f"no architecture adapter for model_type {model_type!r} "
-            f"(known: {', '.join(sorted(_ADAPTERS))})"
+            f"(known: {', '.join(sorted(_REGISTERED))})"
         ) from None
+
+
+def has_mtp_weights(model_type: str, keys: set[str], text_config: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint of ``model_type`` with these tensor names holds an MTP block."""
+    found = _REGISTERED.get(model_type)
+    return (found.has_mtp if found else _mtp_prefix)(keys, text_config)
+
+
+def maps_vision(model_type: str) -> bool:
+    found = _REGISTERED.get(model_type)
+    return found is None or found.maps_vision
+
+
+def architecture_of(model_type: str) -> Architecture:
+    return _registration(model_type).architecture
+
+
+def adapter_for(model_type: str) -> Adapter:
+    return _registration(model_type).adapter

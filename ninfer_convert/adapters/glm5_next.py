@@ -41,9 +41,9 @@ from ninfer_format.binders.glm5_next_geometry import (
 from ninfer_format.binders.qwen3_5 import ParamSpec
 
 from ..errors import RecipeError
-from .base import LogicalTensor, SourcePiece, register_adapter
+from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
 
-__all__ = ["ARCHITECTURE", "MODEL_TYPES", "MTP_ARCHITECTURE", "map_glm5_next"]
+__all__ = ["map_glm5_next"]
 
 Pieces = tuple[SourcePiece, ...]
 #: the mtp component's architecture (no transformers class exists; the name says the layout)
@@ -236,7 +236,11 @@ def _logical(spec: ParamSpec, pieces: Pieces) -> LogicalTensor:
     )
 
 
-@register_adapter(*MODEL_TYPES, has_mtp=has_mtp, maps_vision=False)
+@register_adapter(
+    dict.fromkeys(MODEL_TYPES, Architecture(ARCHITECTURE, MTP_ARCHITECTURE)),
+    has_mtp=has_mtp,
+    maps_vision=False,
+)
 def map_glm5_next(
     keys: set[str],
     text_config: Mapping[str, Any],

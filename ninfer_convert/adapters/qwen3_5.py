@@ -18,7 +18,7 @@ from ninfer_format.binders.qwen3_5 import expected_parameters
 from ninfer_format.binders.qwen3_5_geometry import Qwen35Geometry
 
 from ..errors import RecipeError
-from .base import LogicalTensor, SourcePiece, register_adapter
+from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
 
 Pieces = tuple[SourcePiece, ...]
 
@@ -182,7 +182,12 @@ def _mtp_pieces(names: _Names, suffix: str) -> Pieces:
     return names.layer(f"mtp.layers.{index}.", rest)
 
 
-@register_adapter("qwen3_5_text", "qwen3_5_moe_text")
+@register_adapter(
+    {
+        "qwen3_5_text": Architecture("Qwen3_5ForCausalLM", "Qwen3_5MTP"),
+        "qwen3_5_moe_text": Architecture("Qwen3_5MoeForCausalLM", "Qwen3_5MoeMTP"),
+    }
+)
 def map_qwen3_5(
     keys: set[str],
     text_config: Mapping[str, Any],

@@ -40,7 +40,7 @@ from ninfer_format.binders.qwen4_exp_geometry import Qwen4ExpGeometry
 from ninfer_format.binders.qwen4_exp_mtp import mtp_parameters
 
 from ..errors import RecipeError
-from .base import LogicalTensor, SourcePiece, register_adapter
+from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
 from .qwen3_5 import Pieces, _Names, _rows, _whole
 
 #: hyper-connection parameter -> HF module suffix (``{connection}.{suffix}.weight``)
@@ -169,7 +169,12 @@ def _mtp_map(names: _Qwen4Names, keys: set[str], g: Qwen4ExpGeometry) -> dict[st
     return out
 
 
-@register_adapter("qwen4_exp", "qwen4_exp_text", maps_vision=False)
+@register_adapter(
+    dict.fromkeys(  # the text-only and the multimodal checkpoints' text configs
+        ("qwen4_exp", "qwen4_exp_text"), Architecture("Qwen4ExpForCausalLM", "Qwen4ExpMTP")
+    ),
+    maps_vision=False,
+)
 def map_qwen4_exp(
     keys: set[str],
     text_config: Mapping[str, Any],
