@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 Array = Any
 
@@ -81,3 +81,29 @@ class MemoryKind(Protocol):
     ) -> LayerMemory:
         """Zeroed buffers for ``slots`` slots and ``pages`` pages on array module ``xp``."""
         ...
+
+
+class PagedKind:
+    """A base for kinds kept in pages alone (keys and values, latents): nothing per slot, no
+    record of multi-row steps. A subclass names its buffers' class as ``pages``, made from
+    ``(spec, pages, page_tokens, xp, kv_dtype)``."""
+
+    pages: ClassVar[Any]
+
+    def slot_bytes(self) -> int:
+        return 0
+
+    def record_bytes(self, rows: int) -> int:
+        return 0
+
+    def allocate(
+        self,
+        xp: ModuleType,
+        *,
+        slots: int,
+        pages: int,
+        page_tokens: int,
+        kv_dtype: str,
+        record_rows: int,
+    ) -> LayerMemory:
+        return self.pages(self, pages, page_tokens, xp, kv_dtype)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ...memory_kinds import PagedKind
 from ...ops.attention.memory import AttentionPages, KvSpec
 from ...ops.delta_rule.memory import GdnSlots, GdnSpec
 
@@ -104,36 +105,6 @@ class PleGdnSlots(GdnSlots):
         self.ple_context[slot] = self.ple.pad_token
 
 
-@dataclass(frozen=True)
-class IndexedKvSpec:
-    """An attention layer with the QSA indexer: K/V as ``KvSpec``, plus one float32 index key
-    of ``index_dim`` per token."""
-
-    kv: KvSpec
-    index_dim: int
-
-    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
-        return self.kv.page_bytes(page_tokens, kv_dtype) + 4 * page_tokens * self.index_dim
-
-    def slot_bytes(self) -> int:
-        return 0
-
-    def record_bytes(self, rows: int) -> int:
-        return 0
-
-    def allocate(
-        self,
-        xp: ModuleType,
-        *,
-        slots: int,
-        pages: int,
-        page_tokens: int,
-        kv_dtype: str,
-        record_rows: int,
-    ) -> IndexedAttentionPages:
-        return IndexedAttentionPages(self, pages, page_tokens, xp, kv_dtype)
-
-
 class IndexedAttentionPages(AttentionPages):
     """``AttentionPages`` plus ``index_k [pages, page_tokens, d]`` float32: the indexer's raw
     key of every token (before its norm and RoPE, which apply to block means)."""
@@ -155,3 +126,17 @@ class IndexedAttentionPages(AttentionPages):
     def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
         super().copy_tokens(src, dst, tokens)
         self.index_k[dst, :tokens] = self.index_k[src, :tokens]
+
+
+@dataclass(frozen=True)
+class IndexedKvSpec(PagedKind):
+    """An attention layer with the QSA indexer: K/V as ``KvSpec``, plus one float32 index key
+    of ``index_dim`` per token."""
+
+    pages = IndexedAttentionPages
+
+    kv: KvSpec
+    index_dim: int
+
+    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
+        return self.kv.page_bytes(page_tokens, kv_dtype) + 4 * page_tokens * self.index_dim

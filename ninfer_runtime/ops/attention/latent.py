@@ -18,39 +18,9 @@ from typing import Any
 
 from ...arrays import array_module
 from ...kv_storage import kv_storage_dtype, kv_value_bytes, load_kv, store_kv
+from ...memory_kinds import PagedKind
 
 Array = Any
-
-
-@dataclass(frozen=True)
-class LatentSpec:
-    """A latent-attention layer: ``latent_dim`` values a token, plus ``2 * index_dim``
-    float32 values when it runs an indexer (0: it reuses another layer's choice)."""
-
-    latent_dim: int
-    index_dim: int = 0
-
-    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
-        latent = self.latent_dim * kv_value_bytes(kv_dtype)
-        return page_tokens * (latent + 4 * 2 * self.index_dim)
-
-    def slot_bytes(self) -> int:
-        return 0
-
-    def record_bytes(self, rows: int) -> int:
-        return 0
-
-    def allocate(
-        self,
-        xp: ModuleType,
-        *,
-        slots: int,
-        pages: int,
-        page_tokens: int,
-        kv_dtype: str,
-        record_rows: int,
-    ) -> LatentPages:
-        return LatentPages(self, pages, page_tokens, xp, kv_dtype)
 
 
 class LatentPages:
@@ -95,3 +65,18 @@ class LatentPages:
     def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
         self.latent[dst, :tokens] = self.latent[src, :tokens]
         self.index[dst, :tokens] = self.index[src, :tokens]
+
+
+@dataclass(frozen=True)
+class LatentSpec(PagedKind):
+    """A latent-attention layer: ``latent_dim`` values a token, plus ``2 * index_dim``
+    float32 values when it runs an indexer (0: it reuses another layer's choice)."""
+
+    pages = LatentPages
+
+    latent_dim: int
+    index_dim: int = 0
+
+    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
+        latent = self.latent_dim * kv_value_bytes(kv_dtype)
+        return page_tokens * (latent + 4 * 2 * self.index_dim)

@@ -13,40 +13,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ...kv_storage import kv_storage_dtype, kv_value_bytes, store_kv
+from ...memory_kinds import PagedKind
 
 if TYPE_CHECKING:
     from ...state import SequenceState
 
 Array = Any
-
-
-@dataclass(frozen=True)
-class KvSpec:
-    """A full-attention layer: keys and values per token, after k_norm and RoPE."""
-
-    kv_heads: int
-    head_dim: int
-
-    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
-        return 2 * page_tokens * self.kv_heads * self.head_dim * kv_value_bytes(kv_dtype)
-
-    def slot_bytes(self) -> int:
-        return 0
-
-    def record_bytes(self, rows: int) -> int:
-        return 0
-
-    def allocate(
-        self,
-        xp: ModuleType,
-        *,
-        slots: int,
-        pages: int,
-        page_tokens: int,
-        kv_dtype: str,
-        record_rows: int,
-    ) -> AttentionPages:
-        return AttentionPages(self, pages, page_tokens, xp, kv_dtype)
 
 
 class AttentionPages:
@@ -78,3 +50,16 @@ class AttentionPages:
     def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
         self.k[dst, :tokens] = self.k[src, :tokens]
         self.v[dst, :tokens] = self.v[src, :tokens]
+
+
+@dataclass(frozen=True)
+class KvSpec(PagedKind):
+    """A full-attention layer: keys and values per token, after k_norm and RoPE."""
+
+    pages = AttentionPages
+
+    kv_heads: int
+    head_dim: int
+
+    def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
+        return 2 * page_tokens * self.kv_heads * self.head_dim * kv_value_bytes(kv_dtype)
