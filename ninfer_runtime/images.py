@@ -234,7 +234,6 @@ def load_vision(
     options: VisionOptions,
     *,
     backend_name: str,
-    speculative: bool,
     tensor_parallel: int,
 ) -> tuple[VisionInput | None, str | None]:
     """The engine's image path, or None and the one line an image request is refused with."""
@@ -244,8 +243,6 @@ def load_vision(
         return None, "image input is turned off for this server ([vision] enabled = false)"
     if backend_name != "cpu":
         return None, f"image input runs on the cpu backend only so far, not {backend_name}"
-    if speculative:
-        return None, "image input does not run with speculative decoding yet"
     if tensor_parallel > 1:
         return None, "image input needs tensor_parallel 1"
     try:

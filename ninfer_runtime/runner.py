@@ -205,7 +205,8 @@ class ModelRunner:
                 f"mtp_logits: {t} entries from slot {start} exceed max_context {state.max_context}"
             )
         self._check_ids(ids, "mtp_logits")
-        positions = np.arange(start + 1, start + 1 + t)  # positions of the embedded tokens
+        # the embedded tokens' positions (after a prompt with images: index + rope_delta)
+        positions = np.arange(start + 1, start + 1 + t) + state.rope_delta
         batch = self.batch([Lane(slice(0, t), start, state)], positions)
         logits = self.model.mtp_logits(hidden, self.backend.xp.asarray(ids), batch, memory)
         state.mtp_length = start + t
@@ -373,12 +374,20 @@ class ModelRunner:
         return self.model.hidden_states(ids, batch, pool)
 
     # ------------------------------------------------------------ speculative decoding
-    def mtp_prefill(self, hidden: Array, next_ids: Array, state: SequenceState) -> None:
+    def mtp_prefill(
+        self,
+        hidden: Array,
+        next_ids: Array,
+        state: SequenceState,
+        positions: np.ndarray | None = None,
+    ) -> None:
         """The drafter's view of a prompt chunk just prefilled: ``hidden`` [t, H] are the
         chunk's rows (positions ``state.mtp_length`` on) and ``next_ids`` the prompt tokens
         after them. Rows with a next token become MTP entries; a row without one (the
         prompt's last) is kept for the first ``speculate``, which pairs it with the token
-        sampled from it."""
+        sampled from it. ``positions`` (host [t] or [3, t]): the RoPE positions of the
+        ``next_ids``, a prompt's with images; by default their sequence indices plus the
+        state's ``rope_delta``."""
         ids = np.asarray(next_ids).reshape(-1)
         t, rows = len(ids), hidden.shape[0]
         memory, kept = state.pool.mtp, state.pool.draft_hidden
@@ -389,9 +398,11 @@ class ModelRunner:
         if t:
             self._check_ids(ids, "mtp_prefill")
             start = state.mtp_length
-            batch = self.batch(
-                [Lane(slice(0, t), start, state)], np.arange(start + 1, start + 1 + t)
-            )
+            if positions is None:
+                positions = np.arange(start + 1, start + 1 + t) + state.rope_delta
+            elif (positions := np.asarray(positions)).shape not in ((t,), (3, t)):
+                raise EngineError(f"mtp_prefill: positions {positions.shape} for {t} tokens")
+            batch = self.batch([Lane(slice(0, t), start, state)], positions)
             self.model.mtp_hidden(hidden[:t], self.backend.xp.asarray(ids), batch, memory)
             state.mtp_length = start + t
         if rows > t:
@@ -438,13 +449,18 @@ class ModelRunner:
         slots = np.asarray([s.slot for s in states], dtype=np.int32)
         lengths = np.asarray([s.length for s in states], dtype=np.int32)
         starts = np.asarray([s.mtp_length for s in states], dtype=np.int32)
+        inputs = [slots, lengths, starts, last, carry]
+        deltas = np.asarray([s.rope_delta for s in states], dtype=np.int32)
+        shifted = bool(deltas.any())  # a lane after a prompt with images: RoPE at index + delta
+        if shifted:  # a step of its own, as for decoding, so text-only rounds are unchanged
+            inputs.append(deltas)
         step = self._step(
             pool,
-            ("speculate", n, t, optimized_head),
+            ("speculate_shifted" if shifted else "speculate", n, t, optimized_head),
             lambda *inputs: self._speculate_rows(pool, t, optimized_head, *inputs),
-            [(n,), (n,), (n,), (n,), (n, t)],
+            [(n,), (n,), (n,), (n,), (n, t)] + [(n,)] * shifted,
         )
-        tokens, logits = step(slots, lengths, starts, last, carry)
+        tokens, logits = step(*inputs)
         tokens = to_numpy(tokens)  # the round's one host synchronisation
         return Proposal(tokens[:, :draft_tokens], tokens[:, draft_tokens:], logits)
 
@@ -478,12 +494,21 @@ class ModelRunner:
         starts: Array,
         last: Array,
         carry: Array,
+        deltas: Array | None = None,
     ) -> tuple[Array, Array]:
         """The device side of ``speculate`` (no host synchronisation): -> (int32 [n, K + t]
-        drafts then argmax targets, logits [n * t, V])."""
+        drafts then argmax targets, logits [n * t, V]). ``deltas``: each lane's
+        ``rope_delta``, added to every RoPE position of its drafter and verification rows
+        (the cache is still addressed by sequence index)."""
         xp, model, n = self.backend.xp, self.model, slots.shape[0]
         cos, sin = self.model.rope_table(pool.max_context + 1) or (None, None)
         steps = xp.arange(t, dtype=xp.int32)
+
+        def shift(at: Array, per_row: bool = True) -> Array:
+            """RoPE positions of sequence indices ``at`` (one a lane, or ``t`` a lane)."""
+            if deltas is None:  # text only: the positions are the indices
+                return at
+            return at + (xp.repeat(deltas, t) if per_row else deltas)
 
         def rows(slot: Array, position: Array, rope_at: Array, tokens: int = 1) -> Batch:
             index = DecodeIndex(slot, position, pool.page_table, tokens)
@@ -496,7 +521,10 @@ class ModelRunner:
         entries = (starts[:, None] + steps[None, :]).reshape(-1)
         hidden = pool.draft_hidden[slots].reshape(n * t, -1)
         x = model.mtp_hidden(
-            hidden, carry.reshape(-1), rows(row_slots, entries, entries + 1, t), pool.mtp
+            hidden,
+            carry.reshape(-1),
+            rows(row_slots, entries, shift(entries + 1), t),
+            pool.mtp,
         )
         pick = xp.arange(n, dtype=xp.int32) * t + last
         x, entry = x[pick], starts + last
@@ -506,12 +534,13 @@ class ModelRunner:
             drafts.append(model.propose(x, optimized=optimized_head))
             if i + 2 < t:
                 entry = entry + 1
-                x = model.mtp_hidden(x, drafts[-1], rows(slots, entry, entry + 1), pool.mtp)
+                at = shift(entry + 1, per_row=False)
+                x = model.mtp_hidden(x, drafts[-1], rows(slots, entry, at), pool.mtp)
         drafted = xp.stack(drafts, axis=1).astype(xp.int32)  # [n, K]
 
         ids = xp.concatenate([pending[:, None].astype(xp.int32), drafted], axis=1).reshape(-1)
         positions = (lengths[:, None] + steps[None, :]).reshape(-1)
-        h = model.hidden_states(ids, rows(row_slots, positions, positions, t), pool)
+        h = model.hidden_states(ids, rows(row_slots, positions, shift(positions), t), pool)
         pool.draft_hidden[slots] = h.reshape(n, t, -1)
         logits = model.logits(h)
         targets = xp.argmax(logits, axis=-1).astype(xp.int32).reshape(n, t)

@@ -363,8 +363,9 @@ class Scheduler:
                 a.cached = prefix.length
             if self.drafting and prefix.length < len(a.prompt_ids):
                 # the drafter's entry of the last kept token, now that the next is known
-                nxt = a.prompt_ids[prefix.length : prefix.length + 1]
-                self.runner.mtp_prefill(prefix.hidden[None], nxt, a.state)
+                span = slice(prefix.length, prefix.length + 1)
+                at = None if a.images is None else a.images.positions[:, span]
+                self.runner.mtp_prefill(prefix.hidden[None], a.prompt_ids[span], a.state, at)
         return True
 
     def _restore(self, a: Lane) -> bool:
