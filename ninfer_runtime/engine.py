@@ -162,7 +162,6 @@ class Engine:
             self.tokenizer,
             vision or VisionOptions(),
             backend_name=backend,
-            speculative=spec is not None,
             tensor_parallel=tensor_parallel,
         )
         self.max_context = max_context
@@ -492,8 +491,9 @@ class Engine:
         scoring = a.prompt_scores is not None
         if scoring:
             self._score_prompt(a, start, end, logits)
-        if self.spec is not None:  # the drafter reads the prompt too
-            self.runner.mtp_prefill(hidden, a.prompt_ids[start + 1 : end + 1], a.state)
+        if self.spec is not None:  # the drafter reads the prompt too, at its positions
+            at = None if a.images is None else a.images.positions[:, start + 1 : end + 1]
+            self.runner.mtp_prefill(hidden, a.prompt_ids[start + 1 : end + 1], a.state, at)
         last = hidden[-1] if self.spec is not None else None
         if not self.scheduler.prefilled(a, end, last, logits):
             return False
