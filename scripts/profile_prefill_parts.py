@@ -278,11 +278,12 @@ def _moe_once(be: Any, model: Any, x: Any) -> None:
 
     from ninfer_runtime.backends.cuda import moe
     from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
+    from ninfer_runtime.ops.moe.nvrtc import expert_table
 
     layer = next((la for la in model.layers if isinstance(la.ffn, SparseMoe)), None)
     if layer is None:
         raise click.ClickException("the artifact has no MoE layer")
-    table = be._expert_table(layer.ffn.weights)
+    table = expert_table(be, layer.ffn.weights)
     moe.moe_prefill(be, x, table)
     cp.cuda.Device().synchronize()
     cp.cuda.profiler.start()
@@ -326,6 +327,7 @@ def main(artifact: str, tokens: int, moe_once: bool, chunk_once: bool, host_prof
     from ninfer_runtime.models import load_model
     from ninfer_runtime.models.qwen3_5.attention import GatedAttention
     from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
+    from ninfer_runtime.ops.moe.nvrtc import expert_table
 
     be = CudaBackend()
     try:
@@ -358,7 +360,7 @@ def main(artifact: str, tokens: int, moe_once: bool, chunk_once: bool, host_prof
         if not isinstance(mixer, GatedAttention):
             _gdn_parts(be, mixer, tokens)
         if isinstance(layer.ffn, SparseMoe):
-            _moe_stages(be, be._expert_table(layer.ffn.weights), x)
+            _moe_stages(be, expert_table(be, layer.ffn.weights), x)
         else:
             _products(be, "gate_up", layer.ffn.gate_up, x, rate, bw)
             inner = layer.ffn.down.shape[1]

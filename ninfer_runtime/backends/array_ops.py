@@ -2,8 +2,8 @@
 
 The CPU backend runs these on numpy; the CUDA backend runs the same functions on CuPy arrays
 until a dedicated kernel replaces one. The array module comes from the arguments, so there is
-one statement of each op: norms, RoPE, attention over the cache, the causal convolution and
-both Gated DeltaNet forms (notes 5.2-5.5).
+one statement of each op: RoPE, attention over the cache, the causal convolution and both
+Gated DeltaNet forms (notes 5.2-5.5). The norms are the norm family's (``ops/norm``).
 """
 
 from __future__ import annotations
@@ -29,28 +29,12 @@ def softmax(x: Array) -> Array:
 def top_k_routing(probs: Array, top_k: int) -> tuple[Array, Array]:
     """A router's choice: each row's ``top_k`` experts by probability (the lower index first
     among equals) -> int [N, k], and their probabilities renormalised to sum 1 over them
-    -> [N, k]. One function, so every part of a split block routes alike."""
+    -> [N, k]. One function, so every part of a split block routes alike (the moe family's
+    reference ``route``, ``ops/moe``)."""
     xp = _xp(probs)
     top = xp.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
     share = xp.take_along_axis(probs, top, axis=-1)
     return top, share / share.sum(axis=-1, keepdims=True)
-
-
-def rms_norm(x: Array, w: Array, eps: float, offset: float) -> Array:
-    xp = _xp(x)
-    inv = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + xp.float32(eps))
-    return (x * inv) * (w + xp.float32(offset))
-
-
-def add_rms_norm(
-    h: Array, delta: Array, w: Array, eps: float, offset: float
-) -> tuple[Array, Array]:
-    s = h + delta
-    return s, rms_norm(s, w, eps, offset)
-
-
-def gated_rms_norm(x: Array, gate: Array, w: Array, eps: float) -> Array:
-    return silu_mul(gate, rms_norm(x, w, eps, 0.0))
 
 
 def rope(x: Array, cos: Array, sin: Array) -> Array:
@@ -414,6 +398,7 @@ class ReferenceOps:
     kernels replace them)."""
 
     linear: Any
+    name: str
     xp: Any
 
     def context_budget(self, headroom: int | None = None) -> int | None:
@@ -438,11 +423,27 @@ class ReferenceOps:
         gate, up = self.xp.split(gate_up, 2, axis=-1)
         return self.linear(silu_mul(gate, up), w)
 
-    # the reference functions themselves (their signatures are the protocol's, base.py)
-    rms_norm = staticmethod(rms_norm)
-    add_rms_norm = staticmethod(add_rms_norm)
-    gated_rms_norm = staticmethod(gated_rms_norm)
+    # the norm family's ops for this backend's device (``ops/norm``), resolved on each call
+    # (a dictionary look-up) so a profile's ablation of the method still takes effect
+    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
+        return _norm("rms_norm", self.name)(x, w, eps, offset)
+
+    def add_rms_norm(
+        self, h: Array, delta: Array, w: Array, eps: float, *, offset: float
+    ) -> tuple[Array, Array]:
+        return _norm("add_rms_norm", self.name)(h, delta, w, eps, offset)
+
+    def gated_rms_norm(self, x: Array, gate: Array, w: Array, eps: float) -> Array:
+        return _norm("gated_rms_norm", self.name)(x, gate, w, eps)
+
+    # the reference function itself (its signature is the protocol's, base.py)
     rope = staticmethod(rope)
 
     def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
         return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)
+
+
+def _norm(op: str, device: str) -> Any:
+    from ..ops.registry import resolve  # the op catalogue sits above the array math
+
+    return resolve("norm", op, device=device)

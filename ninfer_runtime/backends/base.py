@@ -1,11 +1,10 @@
 """The contract between model code and the machine that runs it.
 
 Model files (``models/<arch>/``) describe the math once; a backend supplies the weights, the
-few heavy operations the math needs (projections, norms, RoPE, the mixture of experts) on its
-own arrays, and the device services (compiled steps, the sampler, the memory budget). Op
-families with memory of their own (attention over the paged K/V, the Gated DeltaNet delta rule)
-live in the op catalogue, ``ninfer_runtime/ops/<family>/``, and are resolved per device
-there. The CPU
+few heavy operations the math needs (projections, norms, RoPE) on its own arrays, and the
+device services (compiled steps, the sampler, the memory budget). Op families (attention
+over the paged K/V, the Gated DeltaNet delta rule, the mixture of experts, ...) live in the
+op catalogue, ``ninfer_runtime/ops/<family>/``, and are resolved per device there. The CPU
 backend is the float32 numpy reference; a CUDA backend implements the same protocol with packed
 quantized weights and kernels, so the model code never changes.
 
@@ -56,7 +55,8 @@ class ExpertWeights:
 @dataclass(frozen=True)
 class MoeWeights:
     """A Qwen3.5-MoE block: softmax router over all experts, renormalised top-k, and a shared
-    expert scaled by a sigmoid score. Kept together so a backend can fuse the whole block."""
+    expert scaled by a sigmoid score. Kept together so a provider of the moe family's
+    ``block`` (``ops/moe``) can fuse the whole block."""
 
     router: Weight  # [E, H]
     experts: Sequence[ExpertWeights | None]  # None: held by another rank (its pairs are its)
@@ -122,10 +122,6 @@ class Backend(Protocol):
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         """Rotate the first ``rd = cos.shape[-1]`` dims of every head, NeoX rotate-half pairs
         (i, i + rd/2): x [N, heads, D], cos/sin [N, rd] -> [N, heads, D]."""
-        ...
-
-    def moe(self, x: Array, weights: MoeWeights) -> Array:
-        """The mixture-of-experts block on rows x [N, H] -> [N, H]."""
         ...
 
     def device_sampler(self) -> Any:

@@ -15,7 +15,7 @@ import numpy as np
 from ninfer_format.progress import terminal_bar
 
 from . import array_ops as ops
-from .base import Array, MoeWeights, Weight
+from .base import Array, Weight
 
 #: Up to this many rows a product is one matrix-vector product per row, so a row's result
 #: never depends on which rows share the call: a decode step of any lane count and a
@@ -55,18 +55,3 @@ class CpuBackend(ops.ReferenceOps):
         if 0 < x.shape[0] <= ROW_STABLE_ROWS:
             return np.stack([w @ row for row in x])  # type: ignore[operator]
         return x @ w.T  # type: ignore[attr-defined]
-
-    # ---------------------------------------------------------------- mixture of experts
-    def moe(self, x: Array, weights: MoeWeights) -> Array:
-        probs = ops.softmax(self.linear(x, weights.router))  # [N, E] over all experts
-        top, share = ops.top_k_routing(probs, weights.top_k)
-        out = np.zeros_like(x)
-        for e in np.unique(top):
-            ex = weights.experts[int(e)]
-            if ex is None:  # another rank's expert: its share of the output is that rank's
-                continue
-            rows, slot = np.nonzero(top == e)
-            out[rows] += share[rows, slot, None] * self._mlp(x[rows], ex.gate, ex.up, ex.down)
-        sh = weights.shared
-        score = ops.sigmoid(self.linear(x, weights.shared_score))  # [N, 1]
-        return out + score * self._mlp(x, sh.gate, sh.up, sh.down)

@@ -640,7 +640,7 @@ PROFILED_OPS: dict[str, Any] = {
         value_heads,
         value_dim,
     ),
-    "moe": lambda x, *_, **__: x.shape,
+    "moe": lambda _backend, x, *_, **__: x.shape,
 }
 #: the ops of a prefill chunk's path (products, norms, RoPE, attention over the lane's cache,
 #: the GDN convolution and chunked scan, MoE)
@@ -703,6 +703,7 @@ FAMILY_OPS = {
     "gdn_decode": ("delta_rule", "decode"),
     "gdn_verify": ("delta_rule", "verify"),
     "gdn_commit": ("delta_rule", "commit"),
+    "moe": ("moe", "block"),
 }
 
 

@@ -3,8 +3,8 @@
 The router kernel against a numpy top-k (ties included), the prefill pair grouping against
 its numpy definition, the expert-indexed GEMV of every
 layout against the numpy decoders with experts stacked in one object and stored apart, the
-whole ``moe_decode`` against ``CpuBackend.moe``, and a CUDA-graph capture replayed on new
-inputs.
+whole ``moe_decode`` against the moe family's reference ``block`` on the CPU, and a
+CUDA-graph capture replayed on new inputs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ninfer_runtime.backends.base import ExpertWeights, MoeWeights
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda.weights import PackedWeight, Parent, Segment
+from ninfer_runtime.ops.moe import reference as moe_reference
 
 from .conftest import requires_gpu
 
@@ -245,6 +246,18 @@ def random_moe(fmt: str, fused: bool, seed: int = 0) -> tuple[MoeWeights, MoeWei
     )
 
 
+def cpu_moe(x: np.ndarray, weights: MoeWeights) -> np.ndarray:
+    """The moe family's reference block on the CPU backend's products."""
+    return moe_reference.block(CpuBackend(), x, weights)
+
+
+def block(backend: Any, x: Any, weights: MoeWeights) -> Any:
+    """The moe family's ``block`` as the CUDA policy resolves it (ours)."""
+    from ninfer_runtime.ops.registry import resolve
+
+    return resolve("moe", "block", device="cuda")(backend, x, weights)
+
+
 def assert_close(got: Any, ref: np.ndarray) -> None:
     import cupy as cp
 
@@ -266,7 +279,7 @@ def test_moe_decode_matches_cpu(fmt: str, fused: bool, cuda_backend: Any) -> Non
     rng = np.random.default_rng(1)
     for n in range(1, 9):
         x = rng.standard_normal((n, H)).astype(np.float32)
-        assert_close(moe_decode(cuda_backend, cp.asarray(x), table), CpuBackend().moe(x, cpu_w))
+        assert_close(moe_decode(cuda_backend, cp.asarray(x), table), cpu_moe(x, cpu_w))
 
 
 @pytest.mark.parametrize("tensor_cores", [True, False], ids=["tensor-cores", "gemv"])
@@ -300,14 +313,14 @@ def test_moe_prefill_matches_cpu(
     rng = np.random.default_rng(2)
     for n in (65, 300):
         x = rng.standard_normal((n, H)).astype(np.float32)
-        ref = CpuBackend().moe(x, cpu_w)
+        ref = cpu_moe(x, cpu_w)
         close(moe_prefill(cuda_backend, cp.asarray(x), table), ref)
-        close(cuda_backend.moe(cp.asarray(x), gpu_w), ref)  # the backend's choice
+        close(block(cuda_backend, cp.asarray(x), gpu_w), ref)  # the backend's choice
     passes = moe.PREFILL_ROWS
     try:
         moe.PREFILL_ROWS = 100
         x = rng.standard_normal((250, H)).astype(np.float32)
-        close(moe_prefill(cuda_backend, cp.asarray(x), table), CpuBackend().moe(x, cpu_w))
+        close(moe_prefill(cuda_backend, cp.asarray(x), table), cpu_moe(x, cpu_w))
     finally:
         moe.PREFILL_ROWS = passes
 
@@ -356,7 +369,7 @@ def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
         x.set(first, stream=s)
         warm = moe_decode(cuda_backend, x, table)  # compiles; fills the pool
         s.synchronize()
-        assert_close(warm, CpuBackend().moe(first, cpu_w))
+        assert_close(warm, cpu_moe(first, cpu_w))
         s.begin_capture()
         try:
             out = moe_decode(cuda_backend, x, table)
@@ -367,38 +380,40 @@ def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
             x.set(host, stream=s)
             graph.launch(s)
             s.synchronize()
-            assert_close(out, CpuBackend().moe(host, cpu_w))
+            assert_close(out, cpu_moe(host, cpu_w))
 
 
 @pytest.mark.parametrize("fmt", ["q8_g32_fp16", "q4_g64_fp16"])
 def test_verification_sized_batches_run_on_the_device(fmt: str) -> None:
-    """``CudaBackend.moe`` on 9..64 rows (a speculative verification) runs ``moe_decode`` over
-    8-row chunks: the CPU reference's values, each chunk exactly what it gives alone, and no
-    host read-back (compiled with ``compile_step``: eager, captured, replayed)."""
+    """The moe family's CUDA ``block`` on 9..64 rows (a speculative verification) runs
+    ``moe_decode`` over 8-row chunks: the CPU reference's values, each chunk exactly what it
+    gives alone, and no host read-back (compiled with ``compile_step``: eager, captured,
+    replayed)."""
     import cupy as cp
 
-    from ninfer_runtime.backends.cuda.backend import MOE_DEVICE_ROWS, CudaBackend
+    from ninfer_runtime.backends.cuda.backend import CudaBackend
+    from ninfer_runtime.ops.moe.nvrtc import MOE_DEVICE_ROWS
 
     gpu_w, cpu_w = random_moe(fmt, fused=True, seed=5)
     be = CudaBackend(graphs=True, prefill_precision="float32")
     rng = np.random.default_rng(6)
     for n in (9, 24, 48, MOE_DEVICE_ROWS):
         x = cp.asarray(rng.standard_normal((n, H)).astype(np.float32))
-        got = be.moe(x, gpu_w)
-        assert_close(got, CpuBackend().moe(cp.asnumpy(x), cpu_w))
+        got = block(be, x, gpu_w)
+        assert_close(got, cpu_moe(cp.asnumpy(x), cpu_w))
         for a in range(0, n, 8):
-            alone = cp.asnumpy(be.moe(x[a : a + 8], gpu_w))
+            alone = cp.asnumpy(block(be, x[a : a + 8], gpu_w))
             assert np.array_equal(cp.asnumpy(got[a : a + 8]), alone), (n, a)
 
     n = 48
     x = cp.zeros((n, H), dtype=cp.float32)
-    step = be.compile_step(lambda _unused: (be.moe(x, gpu_w),), [(1,)])
+    step = be.compile_step(lambda _unused: (block(be, x, gpu_w),), [(1,)])
     for _ in range(3):  # eager, captured, replayed
         host = rng.standard_normal((n, H)).astype(np.float32)
         x.set(host)
         cp.cuda.Device().synchronize()
         (out,) = step(np.zeros(1, dtype=np.int32))
-        assert_close(out, CpuBackend().moe(host, cpu_w))
+        assert_close(out, cpu_moe(host, cpu_w))
     assert step.graph is not None
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime.backends.array_ops import add_rms_norm, rms_norm
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.models import load_model
+from ninfer_runtime.ops.norm.reference import add_rms_norm, rms_norm
 from ninfer_runtime.runner import ModelRunner
 
 EPS = 1e-6

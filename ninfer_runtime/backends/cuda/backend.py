@@ -14,8 +14,9 @@ product runs (``slabs.py``; bf16 weights are read in place) and multiplies with
 with TF32 or full float32 math. The other decode-step ops (MoE routing and experts, RMSNorm,
 RoPE) have kernels of their own, so a decode step never waits on the host and is captured once
 per lane count as a CUDA graph (``graphs.py``). Attention over the paged K/V (``attention.py``,
-``prefill_attention.py``) and the delta rule (``gdn.py``, ``gdn_prefill.py``) are served
-through the op catalogue (``ops/attention``, ``ops/delta_rule``).
+``prefill_attention.py``), the delta rule (``gdn.py``, ``gdn_prefill.py``) and the MoE block
+(``moe.py``) are served through the op catalogue (``ops/attention``, ``ops/delta_rule``,
+``ops/moe``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ...ops.registry import resolve
 from .. import array_ops as ops
 from ..base import Array, MoeWeights, Weight
 from . import glue, kernels, prefill, sampling
-from . import moe as moe_kernels
 from .constants import device_constant
 from .graphs import GraphStep
 from .slabs import SlabBuffers
@@ -47,9 +47,6 @@ TF32_TENSOR_OP_MATH = 3
 #: bytes of each of the dequantization scratch buffers (``slabs.SlabBuffers``: two for
 #: eager products, one for captured ones)
 SCRATCH_BYTES = 128 << 20
-#: most rows ``moe`` runs on the device (capturable) path: a speculative verification has
-#: up to 8 lanes x (5 drafts + 1) = 48
-MOE_DEVICE_ROWS = 64
 
 
 class CudaBackend(ops.ReferenceOps):
@@ -71,9 +68,10 @@ class CudaBackend(ops.ReferenceOps):
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
         self._graph_pool = cp.cuda.MemoryPool()
-        #: id(MoeWeights) -> (those weights, their ExpertTable or None); the weights are kept
-        #: so that a new object at a freed one's address is not taken for it
-        self._expert_tables: dict[int, tuple[MoeWeights, Any]] = {}
+        #: id(MoeWeights) -> (those weights, their ExpertTable or None), the moe family's
+        #: device tables (``ops/moe/nvrtc.py``); the weights are kept so that a new object at
+        #: a freed one's address is not taken for it
+        self.expert_tables: dict[int, tuple[MoeWeights, Any]] = {}
 
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, shapes: Any) -> Any:
@@ -241,62 +239,5 @@ class CudaBackend(ops.ReferenceOps):
             self._slabs.release(ticket)
 
     # ---------------------------------------------------------------------------- glue
-    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
-        return glue.rms_norm(x, w, eps, offset)
-
-    def add_rms_norm(
-        self, h: Array, delta: Array, w: Array, eps: float, *, offset: float
-    ) -> tuple[Array, Array]:
-        return glue.add_rms_norm(h, delta, w, eps, offset)
-
-    def gated_rms_norm(self, x: Array, gate: Array, w: Array, eps: float) -> Array:
-        return glue.gated_rms_norm(x, gate, w, eps)
-
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:
         return glue.rope(x, cos, sin)
-
-    # ---------------------------------------------------------------- mixture of experts
-    def _expert_table(self, weights: MoeWeights) -> Any:
-        known = self._expert_tables.get(id(weights))
-        if known is not None and known[0] is weights:
-            return known[1]
-        try:
-            table = moe_kernels.ExpertTable(weights, self.join_rows)
-        except moe_kernels.ExpertTableError as exc:
-            log.info("MoE layer without the expert GEMV (%s): top-k read back", exc)
-            table = None
-        self._expert_tables[id(weights)] = (weights, table)
-        return table
-
-    def moe(self, x: Array, weights: MoeWeights) -> Array:
-        """On the device when the experts have an expert GEMV (``moe.ExpertTable``): up to
-        ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
-        ``moe.moe_decode`` (capturable) over chunks of at most ``MAX_GEMV_ROWS`` rows, more
-        rows (prefill chunks) ``moe.moe_prefill``. Other experts: the top-k choice is read
-        back (N x E floats) and each selected expert runs once over its rows."""
-        n, step = x.shape[0], kernels.MAX_GEMV_ROWS
-        table = self._expert_table(weights) if n > 0 else None
-        if table is not None and n > MOE_DEVICE_ROWS:
-            return moe_kernels.moe_prefill(self, x, table)
-        if table is not None:
-            chunks = [
-                moe_kernels.moe_decode(self, x[a : a + step], table) for a in range(0, n, step)
-            ]
-            return chunks[0] if len(chunks) == 1 else cp.concatenate(chunks)
-        probs = ops.softmax(self.linear(x, weights.router))
-        host = cp.asnumpy(probs)
-        top = np.argsort(-host, axis=-1, kind="stable")[:, : weights.top_k]
-        share = np.take_along_axis(host, top, axis=-1)
-        share = cp.asarray(share / share.sum(axis=-1, keepdims=True))
-        out = cp.zeros_like(x)
-        for e in np.unique(top):
-            ex = weights.experts[int(e)]
-            if ex is None:  # another rank's expert
-                continue
-            rows, slot = np.nonzero(top == e)
-            rows_d, slot_d = cp.asarray(rows), cp.asarray(slot)
-            y = self._mlp(x[rows_d], ex.gate, ex.up, ex.down)
-            out[rows_d] += share[rows_d, slot_d, None] * y
-        sh = weights.shared
-        score = ops.sigmoid(self.linear(x, weights.shared_score))
-        return out + score * self._mlp(x, sh.gate, sh.up, sh.down)

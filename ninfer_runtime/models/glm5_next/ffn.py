@@ -6,7 +6,7 @@ moe(x)  = Σ_{e in top-k} w_e · expert_e(x) + shared(x)
 routing: s = sigmoid(router x) (over all experts); c = s + router_bias chooses: the
          ``topk_groups`` groups with the best sum of their two best c, then the top-k experts
          of c inside them; w_e = s_e (renormalised to sum 1 if norm_topk_prob)
-         · routed_scaling_factor
+         · routed_scaling_factor (the moe family's ``grouped_route``, ``ops/moe``)
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from ninfer_format.binders.qwen3_5_geometry import Moe
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
-from ..functional import sigmoid, silu_mul
+from ...ops.registry import resolve
+from ..functional import silu_mul
 
 Array = Any
-ROUTING_EPS = 1e-20  # added to the renormalising sum, as transformers does
 
 
 class ClampedMlp:
@@ -77,23 +77,17 @@ class GroupedMoe:
 
     def route(self, x: Array) -> tuple[Array, Array]:
         """Rows x [N, H] -> their experts [N, k] and weights [N, k]."""
-        r, m = self.routing, self.moe
-        xp = array_module(x)
-        scores = sigmoid(self.backend.linear(x, self.router))  # [N, E]
-        choice = scores + self.router_bias
-        n, per_group = x.shape[0], m.experts // r.groups
-        grouped = xp.sort(choice.reshape(n, r.groups, per_group), axis=-1)
-        group_score = grouped[..., -2:].sum(axis=-1)  # each group's two best
-        best_groups = xp.argsort(-group_score, axis=-1, kind="stable")[:, : r.topk_groups]
-        allowed = xp.zeros((n, r.groups), dtype=bool)
-        xp.put_along_axis(allowed, best_groups, True, axis=-1)
-        allowed = xp.repeat(allowed, per_group, axis=1)
-        choice = xp.where(allowed, choice, xp.float32(-xp.inf))
-        top = xp.argsort(-choice, axis=-1, kind="stable")[:, : m.top_k]
-        weights = xp.take_along_axis(scores, top, axis=-1)
-        if r.norm_topk_prob:
-            weights = weights / (weights.sum(axis=-1, keepdims=True) + ROUTING_EPS)
-        return top, weights * r.scale
+        r, m, be = self.routing, self.moe, self.backend
+        choose = resolve("moe", "grouped_route", device=be.name)
+        return choose(
+            be.linear(x, self.router),
+            self.router_bias,
+            groups=r.groups,
+            topk_groups=r.topk_groups,
+            top_k=m.top_k,
+            norm_topk_prob=r.norm_topk_prob,
+            scale=r.scale,
+        )
 
     def __call__(self, x: Array) -> Array:
         xp = array_module(x)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...backends import Backend, ExpertWeights, MoeWeights, Weight
+from ...ops.registry import resolve
 from .config import MoeConfig
 
 Array = Any
@@ -33,10 +34,11 @@ class DenseMlp:
 
 
 class SparseMoe:
-    """Routing and expert math live in ``backend.moe`` so a GPU backend can group tokens by
-    expert; this class only assembles the block's weights (the experts this rank does not
-    hold, under expert parallelism, as None; so too the experts not prepared at all, which
-    expert offload holds in host memory, ``expert_offload.SplitMoe``)."""
+    """Routing and expert math live in the moe family's ``block`` (``ops/moe``) so a GPU
+    provider can group tokens by expert; this class only assembles the block's weights (the
+    experts this rank does not hold, under expert parallelism, as None; so too the experts
+    not prepared at all, which expert offload holds in host memory,
+    ``expert_offload.SplitMoe``)."""
 
     def __init__(self, prefix: str, m: MoeConfig, backend: Backend, weights: Mapping[str, Weight]):
         p = prefix + "moe/"
@@ -65,4 +67,5 @@ class SparseMoe:
         return names
 
     def __call__(self, x: Array) -> Array:
-        return self.backend.moe(x, self.weights)
+        block = resolve("moe", "block", device=self.backend.name)
+        return block(self.backend, x, self.weights)

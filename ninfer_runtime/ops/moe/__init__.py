@@ -1,0 +1,41 @@
+"""Mixtures of experts: routers and the Qwen3.5-MoE block.
+
+Ops (signatures as the reference's, ``reference.py``):
+
+* ``block``: ``(backend, x, weights) -> out``: the Qwen3.5-MoE block (``backends.MoeWeights``)
+  on rows x [N, H] float32: softmax router over all experts, top-k renormalised, each chosen
+  expert's gated MLP over its rows, plus the shared expert scaled by a sigmoid score; the
+  products are the device's (``backend.linear``); an expert that is None (another rank's, or
+  one held in host memory by expert offload) adds nothing;
+* ``route``: ``(probs, top_k) -> (top, share)``: the softmax router's choice, top-k of the
+  probabilities [N, E] (lower index first among equals), renormalised over them;
+* ``grouped_route``: ``(logits, bias, *, groups, topk_groups, top_k, norm_topk_prob, scale)
+  -> (top, weights)``: GLM5Next's sigmoid router, experts chosen inside the best groups.
+
+Providers: ``reference`` (array math, every op) and ``nvrtc`` (ours, ``block`` on CUDA:
+``backends/cuda/moe.py``, the router and expert products on the device, capturable up to
+``nvrtc.MOE_DEVICE_ROWS`` rows, grouped by expert beyond). Which serves an op is
+``policy.TABLE``; the resolution key is the device.
+"""
+
+from ..registry import Provider, family, register
+from .policy import choose
+
+family("moe", choose)
+#: (op, provider) -> (module, libraries it needs)
+_PROVIDERS = {
+    **{(op, "reference"): ("reference", ()) for op in ("block", "route", "grouped_route")},
+    ("block", "nvrtc"): ("nvrtc", ("cupy",)),
+}
+for (_op, _name), (_module, _requires) in _PROVIDERS.items():
+    register(
+        Provider(
+            family="moe",
+            op=_op,
+            name=_name,
+            module=f"{__name__}.{_module}",
+            function=_op,
+            requires=_requires,
+            accepts="accepts",
+        )
+    )

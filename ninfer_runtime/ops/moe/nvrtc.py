@@ -1,0 +1,82 @@
+"""Our MoE kernels (``backends/cuda/moe.py``, ``kernels/moe.cu``) as the ``block`` provider:
+the dispatch between the capturable decode path, the grouped prefill path and the read-back
+path of experts without an expert GEMV. Each layer's device tables (``moe.ExpertTable``) are
+built once and kept with the backend (``backend.expert_tables``), which owns device
+memory."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+from ...backends.array_ops import sigmoid, softmax
+from ...backends.base import MoeWeights
+from ...backends.cuda import kernels
+from ...backends.cuda import moe as moe_kernels
+from .reference import expert
+
+__all__ = ["MOE_DEVICE_ROWS", "accepts", "block", "expert_table"]
+
+log = logging.getLogger("ninfer.cuda")
+
+Array = Any
+
+#: most rows ``block`` runs on the device (capturable) path: a speculative verification has
+#: up to 8 lanes x (5 drafts + 1) = 48
+MOE_DEVICE_ROWS = 64
+
+
+def accepts(*, device: str, **_: object) -> bool:
+    return device == "cuda"
+
+
+def expert_table(backend: Any, weights: MoeWeights) -> Any:
+    """The layer's ``moe.ExpertTable`` on ``backend`` (None: its experts have no expert
+    GEMV), built on first use."""
+    known = backend.expert_tables.get(id(weights))
+    if known is not None and known[0] is weights:
+        return known[1]
+    try:
+        table = moe_kernels.ExpertTable(weights, backend.join_rows)
+    except moe_kernels.ExpertTableError as exc:
+        log.info("MoE layer without the expert GEMV (%s): top-k read back", exc)
+        table = None
+    backend.expert_tables[id(weights)] = (weights, table)
+    return table
+
+
+def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
+    """On the device when the experts have an expert GEMV (``moe.ExpertTable``): up to
+    ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
+    ``moe.moe_decode`` (capturable) over chunks of at most ``MAX_GEMV_ROWS`` rows, more
+    rows (prefill chunks) ``moe.moe_prefill``. Other experts: the top-k choice is read
+    back (N x E floats) and each selected expert runs once over its rows."""
+    n, step = x.shape[0], kernels.MAX_GEMV_ROWS
+    table = expert_table(backend, weights) if n > 0 else None
+    if table is not None and n > MOE_DEVICE_ROWS:
+        return moe_kernels.moe_prefill(backend, x, table)
+    if table is not None:
+        chunks = [
+            moe_kernels.moe_decode(backend, x[a : a + step], table) for a in range(0, n, step)
+        ]
+        return chunks[0] if len(chunks) == 1 else cp.concatenate(chunks)
+    probs = softmax(backend.linear(x, weights.router))
+    host = cp.asnumpy(probs)
+    top = np.argsort(-host, axis=-1, kind="stable")[:, : weights.top_k]
+    share = np.take_along_axis(host, top, axis=-1)
+    share = cp.asarray(share / share.sum(axis=-1, keepdims=True))
+    out = cp.zeros_like(x)
+    for e in np.unique(top):
+        ex = weights.experts[int(e)]
+        if ex is None:  # another rank's expert
+            continue
+        rows, slot = np.nonzero(top == e)
+        rows_d, slot_d = cp.asarray(rows), cp.asarray(slot)
+        y = expert(backend, x[rows_d], ex.gate, ex.up, ex.down)
+        out[rows_d] += share[rows_d, slot_d, None] * y
+    sh = weights.shared
+    score = sigmoid(backend.linear(x, weights.shared_score))
+    return out + score * expert(backend, x, sh.gate, sh.up, sh.down)

@@ -1,0 +1,25 @@
+"""THE table of the moe family: which provider serves an op on a device, most preferred
+first. On CUDA the block has one provider, ours (its decode, prefill and read-back paths are
+chosen inside it by rows and expert formats; it routes with its own kernel); the routers
+alone are the reference's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: (op, device) -> provider names, most preferred first
+TABLE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("block", "cpu"): ("reference",),
+    ("block", "cuda"): ("nvrtc",),
+    # array math on either device (expert offload's split routes with it)
+    ("route", "cpu"): ("reference",),
+    ("route", "cuda"): ("reference",),
+    ("grouped_route", "cpu"): ("reference",),
+}
+
+
+def choose(op: str, *, device: str, **_: object) -> Sequence[str]:
+    try:
+        return TABLE[(op, device)]
+    except KeyError:
+        raise LookupError(f"moe: no policy row for {op!r} on {device!r}") from None

@@ -1,0 +1,90 @@
+"""The mixture-of-experts family's oracle, as array math: the routers' choices (``route``:
+softmax, top-k renormalised, ``array_ops.top_k_routing``, which the Qwen3.5 block's own
+``route`` calls too; ``grouped_route``: GLM5Next's sigmoid scores chosen by group) and
+the Qwen3.5-MoE block (``block``) with its products on the device's own ``linear``, so on the
+CPU a block gives the values the float32 backend always gave (a row's result never depends
+on which rows share the call)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...backends.array_ops import sigmoid, silu, softmax
+from ...backends.array_ops import top_k_routing as route
+from ...backends.base import ExpertWeights, MoeWeights
+from ...models.functional import _xp
+
+__all__ = ["ROUTING_EPS", "TOLERANCE", "accepts", "block", "expert", "grouped_route", "route"]
+
+Array = Any
+
+#: added to the renormalising sum of ``grouped_route``, as transformers does
+ROUTING_EPS = 1e-20
+
+#: provider -> (rtol, atol as a fraction of the largest reference value) of ``block`` against
+#: this oracle on the same float32 weights (the CUDA products round x to bf16 in prefill;
+#: the bound tests/gpu/test_moe_kernels.py holds the prefill path to)
+TOLERANCE: dict[str, tuple[float, float]] = {"reference": (1e-6, 0.0), "nvrtc": (2e-2, 1e-2)}
+
+
+def accepts(**_: object) -> bool:
+    return True
+
+
+def grouped_route(
+    logits: Array,
+    bias: Array,
+    *,
+    groups: int,
+    topk_groups: int,
+    top_k: int,
+    norm_topk_prob: bool,
+    scale: float,
+) -> tuple[Array, Array]:
+    """GLM5Next's router: logits [N, E] -> experts [N, k] and weights [N, k].
+
+    s = sigmoid(logits); c = s + bias chooses the ``topk_groups`` groups with the best sum of
+    their two best c, then the top-k experts of c inside them; the weights are s of those
+    (renormalised to sum 1 if ``norm_topk_prob``) times ``scale``."""
+    xp = _xp(logits)
+    scores = sigmoid(logits)  # [N, E]
+    choice = scores + bias
+    n, per_group = logits.shape[0], logits.shape[1] // groups
+    grouped = xp.sort(choice.reshape(n, groups, per_group), axis=-1)
+    group_score = grouped[..., -2:].sum(axis=-1)  # each group's two best
+    best_groups = xp.argsort(-group_score, axis=-1, kind="stable")[:, :topk_groups]
+    allowed = xp.zeros((n, groups), dtype=bool)
+    xp.put_along_axis(allowed, best_groups, True, axis=-1)
+    allowed = xp.repeat(allowed, per_group, axis=1)
+    choice = xp.where(allowed, choice, xp.float32(-xp.inf))
+    top = xp.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
+    weights = xp.take_along_axis(scores, top, axis=-1)
+    if norm_topk_prob:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + ROUTING_EPS)
+    return top, weights * scale
+
+
+def expert(backend: Any, x: Array, gate: Any, up: Any, down: Any) -> Array:
+    """One gated MLP on the device's products: ``down(silu(gate x) * up x)``."""
+    return backend.linear(silu(backend.linear(x, gate)) * backend.linear(x, up), down)
+
+
+def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
+    """The Qwen3.5-MoE block on rows x [N, H] -> [N, H]: softmax router over all experts,
+    renormalised top-k, each chosen expert once over its rows, plus the shared expert scaled
+    by a sigmoid score. An expert that is None (another rank's, or one held in host memory)
+    adds nothing: its pairs are computed where it is held."""
+    probs = softmax(backend.linear(x, weights.router))  # [N, E] over all experts
+    top, share = route(probs, weights.top_k)
+    out = np.zeros_like(x)
+    for e in np.unique(top):
+        ex: ExpertWeights | None = weights.experts[int(e)]
+        if ex is None:  # another rank's expert: its share of the output is that rank's
+            continue
+        rows, slot = np.nonzero(top == e)
+        out[rows] += share[rows, slot, None] * expert(backend, x[rows], ex.gate, ex.up, ex.down)
+    sh = weights.shared
+    score = sigmoid(backend.linear(x, weights.shared_score))  # [N, 1]
+    return out + score * expert(backend, x, sh.gate, sh.up, sh.down)
