@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any, Literal, TypeVar
 
 from ninfer_runtime.engine import (
@@ -94,6 +95,29 @@ def _tool_bytes(tools: list[dict[str, Any]] | None) -> int:
         elif isinstance(node, list):
             stack.extend(node)
     return total
+
+
+def _widened(
+    encode: Callable[[str], list[int]], prompt: list[int], pad: int
+) -> Callable[[str], list[int]]:
+    """``encode`` with the k-th image placeholder of its tokens widened to the k-th image's
+    run of placeholders in ``prompt`` (the engine's render, images widened): a rendered
+    prefix of the conversation then counts its images as the prompt does, without decoding
+    the images again."""
+    runs = [len(list(run)) for is_pad, run in groupby(prompt, lambda t: t == pad) if is_pad]
+
+    def widened(text: str) -> list[int]:
+        out: list[int] = []
+        seen = 0
+        for token in encode(text):
+            if token == pad and seen < len(runs):
+                out += [pad] * runs[seen]
+                seen += 1
+            else:
+                out.append(token)
+        return out
+
+    return widened
 
 
 def _context_exceeded(limit: int, tokens: str, param: str) -> RequestError:
@@ -494,9 +518,12 @@ class Generator:
                 chat_template_kwargs=request.chat_template_kwargs,
             )
 
+        encode = engine.tokenizer.encode
+        if request.images:  # a rendered prefix's images take as many tokens as the prompt's
+            encode = _widened(encode, ids, engine.vision.image_token_id)
         return conversation_boundaries(
             render,
-            engine.tokenizer.encode,
+            encode,
             list(request.messages),
             ids,
             has_tools=bool(request.tools),

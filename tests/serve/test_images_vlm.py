@@ -212,3 +212,41 @@ def test_an_image_the_engine_refuses_is_one_400_naming_the_field(server, cat, ki
     assert error["message"].startswith("messages[0].content[1].image_url.url: ")
     assert httpx.get(f"{server.url}/health", timeout=5).json() == {"status": "ok"}
     assert chat(server, cat).usage.completion_tokens == 6  # and it goes on serving
+
+
+def test_an_anthropic_breakpoint_after_an_image_lands_at_the_widened_position(artifact, cat):
+    """``cache_control`` on the text after an image marks the end of that message: its
+    position counts the image's tokens as the prompt does (a rendered prefix with one
+    placeholder a picture would be no prefix of the prompt, and the mark would be lost)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.media import ImageInput
+    from ninfer_serve.anthropic.messages import to_job
+    from ninfer_serve.anthropic.models import MessagesRequest
+    from ninfer_serve.generation import Generator
+
+    engine = Engine(artifact, max_lanes=1, max_context=256, prefix_cache=True)
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(cat).decode()}
+    mark = {"type": "ephemeral"}
+    first = [{"type": "image", "source": source},
+             {"type": "text", "text": QUESTION, "cache_control": mark}]  # fmt: skip
+    body = {"model": "m", "max_tokens": 2, "messages": [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "A picture."},
+        {"role": "user", "content": "And its colours?"}]}  # fmt: skip
+    job = to_job(MessagesRequest.model_validate(body))
+    gen = Generator(SimpleNamespace(engine=engine, check_available=lambda: None),
+                    default_max_tokens=None, enable_thinking=None, keepalive=1.0)  # fmt: skip
+    asyncio.run(gen.images.read(job.messages))
+    request, (ids, _) = gen.prepare(job)
+    marked = [b.position for b in request.cache_boundaries if b.kind == "breakpoint"]
+    # the first message alone, rendered and widened as the engine widens a prompt
+    alone = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = engine.template.render(alone, add_generation_prompt=False, enable_thinking=False)
+    plain = engine.tokenizer.encode(text)
+    expected = len(engine.vision.expand(plain, [ImageInput(cat)]))
+    assert expected == len(plain) + 5  # one placeholder became the image's 6 tokens
+    assert marked == [expected]
+    assert ids[:expected] == engine.vision.expand(plain, [ImageInput(cat)])
