@@ -35,7 +35,6 @@ from .errors import EngineError, RequestError
 from .expert_offload import ExpertOffload
 from .frontend import (
     ChatTemplate,
-    OutputParser,
     Sampler,
     StopMatcher,
     StopReason,
@@ -154,7 +153,10 @@ class Engine:
             )
             self.runner = ModelRunner(self.model)
         self.tokenizer = Tokenizer.from_resources(resources)
-        self.template = ChatTemplate.from_resources(resources, override=chat_template)
+        model_type = (self.artifact.components["text"].config or {}).get("model_type")
+        self.template = ChatTemplate.from_resources(
+            resources, override=chat_template, model_type=model_type
+        )
         #: images in chat messages (a VLM artifact's tower on the CPU backend), or why not
         self.vision, self._no_images = load_vision(
             self.artifact,
@@ -354,7 +356,7 @@ class Engine:
             images = self.vision.encode(np.asarray(ids, dtype=np.int64), request.images)
         parser = None
         if request.parse_output:
-            parser = OutputParser(
+            parser = self.template.chat_format.output_parser(
                 starts_in_reasoning=in_reasoning,
                 tools=request.tools,
                 parse_tool_calls=request.parse_tool_calls,

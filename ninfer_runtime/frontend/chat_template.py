@@ -3,7 +3,12 @@
 Templates are Jinja, run the way Hugging Face runs them (sandboxed, ``trim_blocks`` and
 ``lstrip_blocks``, a ``tojson`` that does not HTML-escape, ``raise_exception``), so an artifact's
 ``chat_template.jinja`` renders here exactly as in ``transformers``. Without one, ninfer's own
-Qwen3.5-style ChatML template (``templates/qwen3_5_chatml.jinja``) is used.
+template is used: GLM-5 framing for a GLM5Next artifact (``templates/glm5_chat.jinja``), else
+Qwen3.5-style ChatML (``templates/qwen3_5_chatml.jinja``). ``ChatTemplate.chat_format`` says
+which family's conventions (tool-call form, effort levels) the template follows.
+
+Thinking off is honoured even by a template that opens the think block unconditionally: a
+generation prompt that still ends inside ``<think>`` is closed with ``</think>``.
 
 Messages are checked before rendering so a bad request fails with a ``RequestError`` naming the
 message and field, never with a Jinja traceback.
@@ -26,9 +31,12 @@ from ninfer_runtime.frontend._resources import (
     read_text,
     token_content,
 )
+from ninfer_runtime.frontend.chat_format import ChatFormat, detect_chat_format
+from ninfer_runtime.frontend.tokenizer import THINK_CLOSE, THINK_OPEN
 
 __all__ = [
     "BUILTIN_TEMPLATE",
+    "GLM_BUILTIN_TEMPLATE",
     "ROLES",
     "ChatTemplate",
     "normalize_messages",
@@ -36,6 +44,9 @@ __all__ = [
 ]
 
 BUILTIN_TEMPLATE = "qwen3_5_chatml.jinja"
+GLM_BUILTIN_TEMPLATE = "glm5_chat.jinja"
+#: text ``model_type``s whose built-in template is GLM's
+_GLM_MODEL_TYPES = frozenset({"glm5_next", "glm5_next_text"})
 ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Variables the caller sets through dedicated arguments; chat_template_kwargs may not.
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
@@ -96,11 +107,11 @@ def _environment() -> Any:
     return env
 
 
-def builtin_template_source() -> str:
-    """The text of ninfer's own template."""
+def builtin_template_source(name: str = BUILTIN_TEMPLATE) -> str:
+    """The text of one of ninfer's own templates."""
     return (
         importlib_resources.files("ninfer_runtime.frontend")
-        .joinpath("templates", BUILTIN_TEMPLATE)
+        .joinpath("templates", name)
         .read_text(encoding="utf-8")
     )
 
@@ -122,6 +133,8 @@ class ChatTemplate:
         self.origin = origin
         self.builtin = builtin
         self.special_tokens = dict(special_tokens or {})
+        #: the family whose tool-call form and effort levels the template follows
+        self.chat_format: ChatFormat = detect_chat_format(source)
         try:
             self._template = _environment().from_string(source)
         except TemplateSyntaxError as exc:
@@ -132,22 +145,34 @@ class ChatTemplate:
     @classmethod
     def builtin_chatml(cls, special_tokens: Mapping[str, str] | None = None) -> ChatTemplate:
         """ninfer's Qwen3.5-style ChatML template."""
+        return cls.builtin(BUILTIN_TEMPLATE, special_tokens)
+
+    @classmethod
+    def builtin(
+        cls, name: str = BUILTIN_TEMPLATE, special_tokens: Mapping[str, str] | None = None
+    ) -> ChatTemplate:
+        """One of ninfer's own templates (``BUILTIN_TEMPLATE``, ``GLM_BUILTIN_TEMPLATE``)."""
         return cls(
-            builtin_template_source(),
-            origin=f"built-in {BUILTIN_TEMPLATE}",
+            builtin_template_source(name),
+            origin=f"built-in {name}",
             special_tokens=special_tokens,
             builtin=True,
         )
 
     @classmethod
     def from_resources(
-        cls, resources: Mapping[str, bytes], *, override: str | None = None
+        cls,
+        resources: Mapping[str, bytes],
+        *,
+        override: str | None = None,
+        model_type: str | None = None,
     ) -> ChatTemplate:
         """The template to use for an artifact.
 
         Precedence: ``override`` (a user's ``--chat-template`` file text) > the artifact's
         ``chat_template.jinja`` > a template embedded in ``tokenizer_config.json`` (older
-        checkpoints) > the built-in one.
+        checkpoints) > the built-in one for the text ``model_type`` (GLM-5's for GLM5Next,
+        ChatML otherwise).
         """
         config = read_json_object(resources, TOKENIZER_CONFIG)
         tokens = {}
@@ -169,7 +194,8 @@ class ChatTemplate:
             }.get("default")
         if isinstance(embedded, str):
             return cls(embedded, origin=f"{TOKENIZER_CONFIG} chat_template", special_tokens=tokens)
-        return cls.builtin_chatml(tokens)
+        glm = model_type in _GLM_MODEL_TYPES
+        return cls.builtin(GLM_BUILTIN_TEMPLATE if glm else BUILTIN_TEMPLATE, tokens)
 
     def render(
         self,
@@ -185,8 +211,9 @@ class ChatTemplate:
 
         ``enable_thinking`` (when not ``None``) is passed to the template like any other
         ``chat_template_kwargs`` entry; giving it both ways with different values is refused.
-        ``continue_final_message`` leaves the last (assistant) message open so the model
-        continues it (assistant prefill).
+        Off, a generation prompt the template left inside ``<think>`` is closed (templates
+        without a thinking switch open the block unconditionally). ``continue_final_message``
+        leaves the last (assistant) message open so the model continues it (assistant prefill).
         """
         if continue_final_message and add_generation_prompt:
             raise request_error(
@@ -208,6 +235,8 @@ class ChatTemplate:
         text = self._call(self._template.render, variables)
         if continue_final_message:
             text = _cut_after_final(text, normalized[-1])
+        elif add_generation_prompt and variables.get("enable_thinking", True) is False:
+            text = _close_open_think(text)
         return text
 
     def _variables(
@@ -248,6 +277,13 @@ class ChatTemplate:
                 f"{type(exc).__name__}: {exc}",
                 "messages",
             ) from None
+
+
+def _close_open_think(prompt: str) -> str:
+    """Thinking off: a prompt that ends inside an opened ``<think>`` gets its ``</think>``."""
+    if prompt.rstrip().endswith(THINK_OPEN):
+        return prompt + THINK_CLOSE
+    return prompt
 
 
 def _cut_after_final(text: str, final: Mapping[str, Any]) -> str:
