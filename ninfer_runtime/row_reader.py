@@ -1,0 +1,159 @@
+"""Reading a few rows of a stored ``[N, K]`` object straight from the artifact's files.
+
+A hashed n-gram table can be far larger than memory (Qwen4Exp's PLE: ~45 B parameters), while
+a step needs a few rows of it. ``RowReader`` reads only the byte ranges of the rows asked for
+(``os.preadv`` on its own descriptors, advised random access so the kernel reads no more
+around them; a large batch from several threads at once), one range per run of adjacent rows
+and plane, and decodes the gathered rows with the object's codec: the values are exactly
+those of decoding the whole object.
+
+``RowCounters`` count what was read: bytes (of the ranges, as stored: NF4 rows count their
+codes and scales), rows and ranges.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ninfer_format.codecs.row_planes import row_planes, rows_object
+from ninfer_format.schema import Tensor, WholeBinding
+
+from .errors import ModelError
+
+#: a read of at least this many ranges is spread over ``READ_THREADS`` threads
+PARALLEL_RANGES = 64
+READ_THREADS = 16
+
+
+@dataclass
+class RowCounters:
+    """What a reader has read from disk since it was made (or last ``reset``)."""
+
+    bytes: int = 0
+    rows: int = 0
+    ranges: int = 0
+
+    def reset(self) -> None:
+        self.bytes = self.rows = self.ranges = 0
+
+
+class RowReader:
+    """The rows of parameter ``name`` (a whole binding of a row-ordered tensor object)."""
+
+    def __init__(self, artifact: Any, name: str):
+        binding = artifact.bindings.get(name)
+        if not isinstance(binding, WholeBinding):
+            raise ModelError(f"parameter {name!r}: rows are read from one whole object only")
+        obj = artifact.object(binding.object)
+        if not isinstance(obj, Tensor):
+            raise ModelError(f"parameter {name!r}: object {obj.id!r} is not a tensor")
+        shape = tuple(obj.shape)
+        planes = row_planes(obj.format, obj.layout, shape, obj.divisors)
+        if planes is None:
+            raise ModelError(
+                f"parameter {name!r}: {obj.format}/{obj.layout} of shape {list(shape)} cannot "
+                "be read by rows"
+            )
+        self.name, self.artifact, self.object = name, artifact, obj
+        self.shape: tuple[int, int] = (shape[0], shape[1])
+        self.codec = artifact.codec(obj.id)  # the object's size and alignment checked first
+        self.planes = planes
+        self.counters = RowCounters()
+        self._files: dict[int, int] = {}
+        self._opening = threading.Lock()
+        weakref.finalize(self, _close_all, self._files)
+
+    @property
+    def stored_row_bytes(self) -> int:
+        """Bytes one row takes on disk, over all planes."""
+        return sum(p.row_bytes for p in self.planes)
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Values float32 ``[len(rows), K]`` of ``rows``: ascending, distinct row indices."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size == 0:
+            return np.zeros((0, self.shape[1]), np.float32)
+        if rows[0] < 0 or rows[-1] >= self.shape[0] or np.any(np.diff(rows) <= 0):
+            last = self.shape[0] - 1
+            raise ModelError(
+                f"parameter {self.name!r}: rows must be distinct and ascending in 0..{last}"
+            )
+        # runs of adjacent rows: (first row, count, where the run starts in the gathered rows)
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        counts = np.diff(np.concatenate([starts, [rows.size]]))
+        runs = list(zip(rows[starts].tolist(), counts.tolist(), starts.tolist(), strict=True))
+        gathered, ranges = [], []
+        for plane in self.planes:
+            buffer = np.empty(rows.size * plane.row_bytes, dtype=np.uint8)
+            for first, count, at in runs:
+                offset = self.object.offset + plane.offset + first * plane.row_bytes
+                ranges.append((buffer[at * plane.row_bytes :][: count * plane.row_bytes], offset))
+            gathered.append(buffer)
+        self._read_ranges(ranges)
+        self.counters.bytes += sum(b.size for b in gathered)
+        self.counters.rows += rows.size
+        self.counters.ranges += len(runs) * len(self.planes)
+        obj = self.object
+        data = rows_object(obj.format, obj.layout, self.shape[1], gathered, rows.size)
+        return self.codec.decode(data, (rows.size, self.shape[1]))
+
+    def _read_ranges(self, ranges: list[tuple[np.ndarray, int]]) -> None:
+        """Each ``(out, offset)`` read; many at once from threads (``preadv`` releases the GIL),
+        so a prefill's scattered rows keep the disk's queue full rather than one deep."""
+        if len(ranges) < PARALLEL_RANGES:
+            for out, offset in ranges:
+                self._read_into(out, offset)
+            return
+        share = -(-len(ranges) // READ_THREADS)
+        parts = [ranges[i : i + share] for i in range(0, len(ranges), share)]
+        for _ in _readers().map(lambda part: [self._read_into(*r) for r in part], parts):
+            pass
+
+    def _read_into(self, out: np.ndarray, offset: int) -> None:
+        """The payload bytes at logical ``offset`` into ``out``, across files of the set."""
+        for index, at, dest, size in self.artifact.segments(offset, out.size):
+            view = memoryview(out[dest : dest + size])
+            while view.nbytes:
+                got = os.preadv(self._file(index), [view], at)
+                if got <= 0:
+                    path = self.artifact.files[index].path
+                    raise ModelError(f"{path}: ends inside parameter {self.name!r}")
+                view, at = view[got:], at + got
+
+    def _file(self, index: int) -> int:
+        fd = self._files.get(index)
+        if fd is not None:
+            return fd
+        with self._opening:
+            fd = self._files.get(index)
+            if fd is None:
+                self.artifact.read_file(index, 0, 0)  # the artifact checks the file (R15) first
+                fd = os.open(self.artifact.files[index].path, os.O_RDONLY)
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                self._files[index] = fd
+        return fd
+
+    def close(self) -> None:
+        _close_all(self._files)
+
+
+@functools.cache
+def _readers() -> ThreadPoolExecutor:
+    """The threads every reader's large batches of ranges share."""
+    return ThreadPoolExecutor(READ_THREADS, thread_name_prefix="row-reader")
+
+
+def _close_all(files: dict[int, int]) -> None:
+    for fd in files.values():
+        os.close(fd)
+    files.clear()
