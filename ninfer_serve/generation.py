@@ -46,6 +46,7 @@ from ninfer_runtime.frontend import (
 )
 
 from .cache_boundaries import Breakpoint, conversation_boundaries, token_breakpoints
+from .effort import Effort, template_effort
 from .engine_loop import EngineLoop, EngineUnavailable, RequestStream, Ticket
 from .image_reader import ImageLimits, ImageReader
 from .images import split_images
@@ -152,6 +153,8 @@ class Job:
     sampling: dict[str, Any] = field(default_factory=dict)
     enable_thinking: bool | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
+    #: the effort level asked for; a template with levels of its own takes it (``effort``)
+    reasoning_effort: Effort | None = None
     continue_final_message: bool = False
     #: off: the prompt ends after the last message, without the assistant turn's opening
     add_generation_prompt: bool = True
@@ -385,6 +388,11 @@ class Generator:
     def _request(self, job: Job) -> GenerationRequest:
         engine = self.engine
         fields = dict(job.sampling)
+        kwargs, drop_budget = template_effort(
+            job.reasoning_effort, engine.template.chat_format, job.chat_template_kwargs
+        )
+        if drop_budget:
+            fields["max_thinking_tokens"] = None
         if fields.get("max_tokens") is None:
             fields["max_tokens"] = self.default_max_tokens
         try:
@@ -400,7 +408,6 @@ class Generator:
                 request_id=job.request_id,
             )
         tools = job.tools if job.tool_choice != "none" else None
-        kwargs = job.chat_template_kwargs
         messages, images, _ = split_images(job.messages)
         return GenerationRequest(
             messages=messages,

@@ -28,6 +28,7 @@ from ninfer_runtime.frontend import (
 
 from ..cache_boundaries import Breakpoint
 from ..cache_isolation import isolate
+from ..effort import Effort
 from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import ServerState, sse_event, sse_response, until_disconnect
@@ -223,6 +224,7 @@ def to_job(body: MessagesRequest | CountTokensRequest) -> Job:
         json_schema_param="output_config.format.schema",
         sampling=sampling,
         enable_thinking=thinking,
+        reasoning_effort=_effort(body),
         continue_final_message=prefill,
         cache_salt=body.cache_salt if isinstance(body, MessagesRequest) else None,
         cache_breakpoints=_cache_breakpoints(body, starts),
@@ -270,6 +272,13 @@ def _cache_breakpoints(
                     offset = len("\n".join(texts[:seen_texts]))  # as ``_user`` joins them
                     found.append(Breakpoint(user, None if last else offset))
     return found
+
+
+def _effort(body: MessagesRequest | CountTokensRequest) -> Effort | None:
+    """``output_config.effort``: a template with effort levels of its own (GLM-5) takes it;
+    others ignore it (the thinking budget is ``thinking.budget_tokens``)."""
+    effort = body.output_config.effort if body.output_config is not None else None
+    return Effort(effort, "output_config.effort") if effort is not None else None
 
 
 def _thinking(body: MessagesRequest | CountTokensRequest) -> tuple[bool, int | None]:

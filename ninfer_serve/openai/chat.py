@@ -31,6 +31,7 @@ from ninfer_runtime.frontend import (
 
 from ..cache_boundaries import Breakpoint
 from ..cache_isolation import isolate
+from ..effort import Effort
 from ..errors import ApiError, from_exception, shown, unsupported_parameter
 from ..generation import Job, Outcome
 from ..http import (
@@ -94,12 +95,24 @@ def thinking_for_effort(effort: str | None) -> tuple[bool | None, int | None]:
 
     Qwen templates know only thinking on or off, so the levels become budgets
     (``EFFORT_BUDGETS``): ``none``/``minimal`` turn thinking off, absent leaves the defaults.
+    A template with effort levels of its own (GLM-5) takes the level instead and the budget
+    is dropped when the prompt is rendered (``ninfer_serve.effort``).
     """
     if effort is None:
         return None, None
     if effort in ("none", "minimal"):
         return False, None
     return True, EFFORT_BUDGETS[effort]
+
+
+def requested_effort(
+    effort: str | None, param: str, explicit_budget: int | None, budget: int | None
+) -> Effort | None:
+    """The job's ``reasoning_effort``: whether its budget came from the effort is kept, so a
+    template that takes the level itself can drop that budget (never an explicit one)."""
+    if effort is None:
+        return None
+    return Effort(effort, param, sets_budget=explicit_budget is None and budget is not None)
 
 
 def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> None:
@@ -191,6 +204,9 @@ def to_job(body: ChatCompletionRequest) -> Job:
         },
         enable_thinking=thinking,
         chat_template_kwargs=body.chat_template_kwargs,
+        reasoning_effort=requested_effort(
+            body.reasoning_effort, "reasoning_effort", body.max_thinking_tokens, budget
+        ),
         continue_final_message=continue_final,
         add_generation_prompt=generation_prompt,
         echo=vllm_fields.echo_text(messages, generation_prompt) if body.echo else "",

@@ -37,7 +37,7 @@ from ..errors import ApiError, from_exception, invalid_request, shown
 from ..generation import Job, Outcome, Run
 from ..http import KEEPALIVE, ServerState, new_id, sse_event, sse_response, until_disconnect
 from ..images import image_bytes
-from .chat import thinking_for_effort
+from .chat import requested_effort, thinking_for_effort
 from .content import input_image
 from .logprobs import scored, text_logprobs
 from .models import InputTokensRequest, ResponsesRequest
@@ -393,6 +393,12 @@ def to_job(
         json_schema_param="text.format.schema",
         sampling=sampling,
         enable_thinking=thinking,
+        reasoning_effort=requested_effort(
+            effort,
+            "reasoning.effort",
+            getattr(body, "max_thinking_tokens", None),
+            budget,
+        ),
         prompt_param="input",
         cache_salt=body.cache_salt if isinstance(body, ResponsesRequest) else None,
     )
