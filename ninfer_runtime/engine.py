@@ -115,6 +115,7 @@ class Engine:
         expert_parallel: bool = False,
         vram_budget: int | str | None = None,
         vision: VisionOptions | None = None,
+        model_options: dict[str, Any] | None = None,
     ):
         if not 1 <= max_lanes <= 8:
             raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
@@ -142,14 +143,20 @@ class Engine:
         self.expert_offload = ExpertOffload.for_budget(
             vram_budget, backend, tensor_parallel=tensor_parallel
         )
+        if model_options and tensor_parallel > 1:
+            raise EngineError("model_options are not passed to tensor-parallel ranks yet")
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
             self.model, self.runner, stop = parallel_runner(
                 self.artifact, backend, tensor_parallel, expert_parallel
             )
             weakref.finalize(self, stop)
         else:
+            # model_options: an architecture's own load options (Qwen4Exp's ple_rows)
             self.model = load_model(
-                self.artifact, backend=backend, expert_offload=self.expert_offload
+                self.artifact,
+                backend=backend,
+                expert_offload=self.expert_offload,
+                options=model_options,
             )
             self.runner = ModelRunner(self.model)
         self.tokenizer = Tokenizer.from_resources(resources)

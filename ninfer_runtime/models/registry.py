@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +60,15 @@ def load_model(
     collective: Any = None,
     expert_parallel: bool = False,
     expert_offload: Any = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Model:
     """The runnable model of an artifact (an open ``Artifact`` or a path to its entry file);
     with a ``collective`` (``ninfer_runtime.parallel``) of more than one rank, this rank's
     share of a tensor-parallel model (with ``expert_parallel``, its routed experts whole
     rather than a share of each). ``expert_offload`` (``expert_offload.ExpertOffload``):
-    the routed experts are left to it, to be placed within a device-memory budget."""
+    the routed experts are left to it, to be placed within a device-memory budget.
+    ``options``: an architecture's own keyword options (Qwen4Exp's ``ple_rows``), refused by
+    name where its factory takes no such keyword."""
     if isinstance(artifact, str | os.PathLike):
         from ninfer_format import Artifact
 
@@ -78,14 +81,23 @@ def load_model(
         raise ModelError("the text component's config has no model_type")
     factory = model_factory(str(model_type))
     check_auxiliaries(artifact)
+    accepted = inspect.signature(factory).parameters
+    extra = dict(options or {})
+    for name in extra:
+        if name not in accepted:
+            raise ModelError(f"model option {name!r} is not built for {model_type}")
     if expert_offload is not None:
-        if "expert_offload" not in inspect.signature(factory).parameters:
+        if "expert_offload" not in accepted:
             raise ModelError(f"expert offload (--vram-budget) is not built for {model_type}")
-        return factory(artifact, get_backend(backend), expert_offload=expert_offload)
+        return factory(artifact, get_backend(backend), expert_offload=expert_offload, **extra)
     if collective is None:
-        return factory(artifact, get_backend(backend))
+        return factory(artifact, get_backend(backend), **extra)
     return factory(
-        artifact, get_backend(backend), collective=collective, expert_parallel=expert_parallel
+        artifact,
+        get_backend(backend),
+        collective=collective,
+        expert_parallel=expert_parallel,
+        **extra,
     )
 
 

@@ -9,7 +9,9 @@ embeddings on chosen GDN layers and the QSA token indexer on every attention lay
 
 CPU reference only: the CUDA backend is refused at load (no device kernels for the
 connections, PLE or QSA yet), and there is no MTP block (transformers defines none for
-Qwen4Exp, so an artifact's ``mtp`` component is not run).
+Qwen4Exp, so an artifact's ``mtp`` component is not run). PLE's n-gram tables are held whole
+or read row by row from the artifact (``ple_rows``: the model options ``ple_rows`` and
+``ple_cache_bytes``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .config import INDEXED_ATTENTION, read_config
 from .hyper_connections import HyperConnection, expand
 from .layer import DecoderLayer
 from .memory import IndexedKvSpec, PleGdnSpec, PleState
+from .ple_rows import DEFAULT_CACHE_BYTES, StreamedTables, choose_mode, table_names
 
 Array = Any
 FINAL = "text/final_connection/"
@@ -38,7 +41,13 @@ FINAL = "text/final_connection/"
 class Qwen4ExpModel:
     """The model's math: weights prepared on a backend once, state kept outside."""
 
-    def __init__(self, artifact: Any, backend: Backend):
+    def __init__(
+        self,
+        artifact: Any,
+        backend: Backend,
+        ple_rows: str = "auto",
+        ple_cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ):
         if backend.name != "cpu":
             raise ModelError(
                 f"Qwen4Exp runs on the cpu backend only (no {backend.name} kernels for its "
@@ -52,7 +61,15 @@ class Qwen4ExpModel:
             raise ModelError(
                 f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
             )
-        w = backend.prepare(artifact, names)
+        tables = table_names(g)
+        #: the n-gram tables read from disk (``ple_rows`` streamed); None: held whole
+        self.ple_tables = None
+        if choose_mode(ple_rows, artifact, tables) == "streamed":
+            self.ple_tables = StreamedTables(artifact, tables, ple_cache_bytes)
+            names = [n for n in names if n not in self.ple_tables.tables]
+        w: dict[str, Any] = dict(backend.prepare(artifact, names))
+        if self.ple_tables is not None:
+            w.update(self.ple_tables.tables)
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
         self.final_connection = HyperConnection(
@@ -143,8 +160,13 @@ class Qwen4ExpModel:
 
 
 def load_qwen4_exp(
-    artifact: Any, backend: Backend, collective: Any = None, expert_parallel: bool = False
+    artifact: Any,
+    backend: Backend,
+    collective: Any = None,
+    expert_parallel: bool = False,
+    ple_rows: str = "auto",
+    ple_cache_bytes: int = DEFAULT_CACHE_BYTES,
 ) -> Qwen4ExpModel:
     if collective is not None and getattr(collective, "world", 1) > 1:
         raise ModelError("Qwen4Exp does not run tensor-parallel yet")
-    return Qwen4ExpModel(artifact, backend)
+    return Qwen4ExpModel(artifact, backend, ple_rows, ple_cache_bytes)

@@ -31,6 +31,7 @@ from ninfer_format.binders.qwen4_exp_parts import Ple
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
+from ...row_cache import StreamedRows
 from ..batch import Batch
 from ..functional import sigmoid, silu
 from .hyper_connections import group_rms_norm
@@ -102,7 +103,8 @@ class PerLayerEmbedding:
         p = prefix + "ple/"
         self.ple, self.layer, self.streams = ple, layer, streams
         self.eps, self.backend = eps, backend
-        self.table = weights[p + "ngram_table"]
+        #: the n-gram table: a backend weight (resident) or ``StreamedRows`` read from disk
+        self.table: Weight | StreamedRows = weights[p + "ngram_table"]
         self.key = weights[p + "key"]
         self.value = weights[p + "value"]
         self.key_norm = backend.array(weights[p + "key_norm"])
@@ -118,7 +120,9 @@ class PerLayerEmbedding:
 
     def __call__(self, streams: Array, ids: Array, batch: Batch, memory: PleGdnSlots) -> Array:
         """What PLE adds to the streams [N, hc·H] of rows with token ids [N]; the lanes'
-        states advance (a multi-row step records its rows for ``commit`` instead)."""
+        states advance (a multi-row step records its rows for ``commit`` instead). Every
+        lane's n-grams are hashed first, so the step's table rows are gathered in one pass
+        (a streamed table reads all its missing rows at once)."""
         xp = self.backend.xp
         d = batch.decode
         if d is None:
@@ -127,11 +131,12 @@ class PerLayerEmbedding:
             t = d.tokens
             slots = np.asarray(d.lane_slots).tolist()
             lanes = [(slice(i * t, (i + 1) * t), s) for i, s in enumerate(slots)]
-        outs = []
-        for rows, slot in lanes:
-            out, inputs = self.rows(
-                streams[rows], ids[rows], memory.ple_context[slot], memory.ple_conv[slot]
-            )
+        row_ids = [self.row_ids(ids[rows], memory.ple_context[slot]) for rows, slot in lanes]
+        embeddings = self.embeddings(xp.concatenate(row_ids))
+        outs, at = [], 0
+        for (rows, slot), lane_rows in zip(lanes, row_ids, strict=True):
+            e, at = embeddings[at : at + lane_rows.shape[0]], at + lane_rows.shape[0]
+            out, inputs = self.mix(streams[rows], e, memory.ple_conv[slot])
             if d is not None and d.tokens > 1:  # the states stay; commit folds in the kept rows
                 record = memory.ple_record
                 assert record is not None, "a multi-row step needs a pool with records"
@@ -142,16 +147,34 @@ class PerLayerEmbedding:
             outs.append(out)
         return outs[0] if len(outs) == 1 else xp.concatenate(outs)
 
+    def row_ids(self, ids: Array, context: Array) -> Array:
+        """The table rows [T, heads] of T consecutive ids after the n-gram ``context``."""
+        xp = self.backend.xp
+        history = xp.concatenate([context.astype(xp.int64), ids.astype(xp.int64)])
+        return ngram_ids(history, self.ple, self.layer)[history.shape[0] - ids.shape[0] :]
+
+    def embeddings(self, row_ids: Array) -> Array:
+        """The n-gram embeddings [T, E] of table rows [T, heads]: a resident table's rows
+        gathered by the backend, a streamed table's read through its cache."""
+        flat = row_ids.reshape(-1)
+        if isinstance(self.table, StreamedRows):
+            e = self.table.gather(flat)
+        else:
+            e = self.backend.embedding(flat, self.table)
+        return e.reshape(row_ids.shape[0], self.ple.embed_dim)
+
     def rows(
         self, streams: Array, ids: Array, context: Array, conv_state: Array
     ) -> tuple[Array, Array]:
         """One lane's consecutive rows after ``context`` and ``conv_state`` -> (what PLE adds
         [T, hc·H], the convolution's inputs [T, hc·H]); the states are not touched."""
+        return self.mix(streams, self.embeddings(self.row_ids(ids, context)), conv_state)
+
+    def mix(self, streams: Array, e: Array, conv_state: Array) -> tuple[Array, Array]:
+        """PLE of one lane's rows from their n-gram embeddings ``e`` [T, E] -> (what PLE adds
+        [T, hc·H], the convolution's inputs [T, hc·H]); ``conv_state`` is not touched."""
         be, p, hc = self.backend, self.ple, self.streams
-        xp, t = be.xp, ids.shape[0]
-        history = xp.concatenate([context.astype(xp.int64), ids.astype(xp.int64)])
-        rows = ngram_ids(history, p, self.layer)[-t:]
-        e = be.embedding(rows.reshape(-1), self.table).reshape(t, p.embed_dim)
+        xp, t = be.xp, e.shape[0]
         key = group_rms_norm(be, be.linear(e, self.key), self.key_norm, hc, self.eps)
         value = be.linear(e, self.value)
         query = group_rms_norm(be, streams, self.query_norm, hc, self.eps)
