@@ -448,8 +448,13 @@ class Generator:
 
     def _count(self, job: Job) -> int:
         self.check_fits(job)
+        return len(self.prompt_ids(job))
+
+    def prompt_ids(self, job: Job) -> list[int]:
+        """``job``'s prompt token ids as generation renders them, each image widened to its
+        tokens (worker thread; the images read already)."""
         ids, _ = self._render(job, self._request(job))
-        return len(ids)
+        return ids
 
     def _render(self, job: Job, request: GenerationRequest) -> tuple[list[int], bool]:
         """The prompt's token ids (images as their placeholder tokens); an image the engine
@@ -545,6 +550,16 @@ class Generator:
         try:
             await self.images.read(job.messages)
             return await asyncio.to_thread(self._count, job)
+        finally:
+            self.loop.release(ticket)
+
+    async def tokens(self, job: Job) -> list[int]:
+        """Prompt token ids of ``job``, its images read and widened (``/tokenize``: admitted,
+        no lane, no engine time)."""
+        ticket = self.loop.admit()
+        try:
+            await self.images.read(job.messages)
+            return await asyncio.to_thread(self.prompt_ids, job)
         finally:
             self.loop.release(ticket)
 

@@ -6,7 +6,11 @@ server's thinking default included) and answers the token ids, their count and t
 (``max_model_len``); ``return_token_strs`` adds each token's vocabulary string.
 ``add_special_tokens`` (by default on for a prompt, off for messages, whose template writes
 its special tokens itself) lets the tokenizer add what its post-processor adds (a BOS, for
-models that have one). ``/detokenize`` turns ids back into text, special tokens included.
+models that have one). Messages with images (``image_url`` parts, read as chat reads them)
+are rendered as generation renders them: each image's placeholder widened to the image's
+tokens, so ``count`` is the ``prompt_tokens`` a chat request would report (with
+``add_special_tokens`` they are refused). ``/detokenize`` turns ids back into text, special
+tokens included.
 
 Both are tokenizer work: admitted like any request (429 at capacity), run in a worker
 thread, no lane, no engine time.
@@ -19,11 +23,12 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, WithJsonSchema
 
 from ..errors import invalid_request
-from ..generation import Generator
+from ..generation import Generator, Job
 from ..http import ServerState
+from ..images import image_parts
 from ..limits import MAX_TEMPLATE_KWARGS
 from ..wire import WireModel
-from .chat import check_text_only
+from .content import chat_content
 from .models import ChatMessage, ChatTool
 from .vllm_fields import check_template_kwargs, prompt_ending
 
@@ -90,20 +95,45 @@ def _check_form(body: TokenizeRequest) -> None:
         prompt_ending(body)
 
 
-def _encode(generator: Generator, body: TokenizeRequest) -> list[int]:
-    """The request's token ids (worker thread)."""
+def _tools(body: TokenizeRequest) -> list[dict[str, Any]] | None:
+    return [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []] or None
+
+
+def _image_job(body: TokenizeRequest, messages: list[dict[str, Any]]) -> Job:
+    """The chat job whose prompt the messages with images make (rendered by the generator,
+    as a chat request's is)."""
+    if body.add_special_tokens:
+        raise invalid_request(
+            "add_special_tokens: not with image parts (the template writes the special tokens)",
+            "add_special_tokens",
+        )
+    continuing, generation_prompt = prompt_ending(body)
+    return Job(
+        messages=messages,
+        tools=_tools(body),
+        chat_template_kwargs=body.chat_template_kwargs,
+        continue_final_message=continuing,
+        add_generation_prompt=generation_prompt,
+    )
+
+
+def _encode(
+    generator: Generator, body: TokenizeRequest, messages: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The token ids of the request's prompt or of its text-only messages (``messages``:
+    them as dumped and checked, else dumped here) (worker thread)."""
     engine = generator.engine
     if body.prompt is not None:
         text, special = body.prompt, body.add_special_tokens is not False
     else:
-        messages = [m.model_dump(exclude_none=True) for m in body.messages or []]
-        check_text_only(messages)
+        if messages is None:
+            messages = [m.model_dump(exclude_none=True) for m in body.messages or []]
         kwargs = body.chat_template_kwargs
         continuing, generation_prompt = prompt_ending(body)
-        tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools or []]
+        tools = _tools(body)
         text = engine.template.render(
             messages,
-            tools=tools or None,
+            tools=tools,
             add_generation_prompt=generation_prompt,
             continue_final_message=continuing,
             enable_thinking=generator.thinking(None, kwargs),
@@ -120,7 +150,14 @@ async def tokenize(state: ServerState, body: TokenizeRequest) -> dict[str, Any]:
     state.check_model(body.model)
     _check_form(body)
     generator = state.generator
-    ids = await generator.admitted(_encode, generator, body)
+    messages = None
+    if body.messages is not None:
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        chat_content(messages)  # image_url parts become image parts; other media are refused
+    if messages is not None and image_parts(messages):
+        ids = await generator.tokens(_image_job(body, messages))
+    else:
+        ids = await generator.admitted(_encode, generator, body, messages)
     answer: dict[str, Any] = {
         "count": len(ids),
         "max_model_len": state.settings.engine.max_context,

@@ -250,3 +250,22 @@ def test_an_anthropic_breakpoint_after_an_image_lands_at_the_widened_position(ar
     assert expected == len(plain) + 5  # one placeholder became the image's 6 tokens
     assert marked == [expected]
     assert ids[:expected] == engine.vision.expand(plain, [ImageInput(cat)])
+
+
+def test_tokenize_counts_an_image_as_its_tokens(server, engine, cat):
+    """``/tokenize`` of messages with an image renders them as chat does: the image's
+    placeholder widened, so ``count`` is the chat request's ``prompt_tokens``."""
+    _, _, finished = direct(engine, cat, temperature=0.0, max_tokens=1)
+    content = [{"type": "text", "text": QUESTION},
+               {"type": "image_url", "image_url": {"url": data_url(cat)}}]  # fmt: skip
+    body = {"messages": [{"role": "user", "content": content}]}
+    answer = httpx.post(f"{server.url}/tokenize", json=body, timeout=30).json()
+    assert answer["count"] == len(answer["tokens"]) == finished.usage.prompt_tokens
+    assert answer["tokens"].count(engine.vision.image_token_id) == 6
+    refused = httpx.post(f"{server.url}/tokenize", json={**body, "add_special_tokens": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "add_special_tokens"
+    bad = dict(content[1], image_url={"url": data_url(cat[:40])})
+    broken = httpx.post(f"{server.url}/tokenize", json={"messages": [
+        {"role": "user", "content": [content[0], bad]}]}, timeout=30)  # fmt: skip
+    assert broken.status_code == 400
+    assert broken.json()["error"]["param"] == "messages[0].content[1].image_url.url"
