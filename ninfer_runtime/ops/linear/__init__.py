@@ -7,7 +7,9 @@ verifications, short prompt tails), ``data`` the object's bytes and ``p`` its pl
 are ``ldy`` apart. More rows are a prefill: the backend dequantizes slabs to bf16 and
 multiplies with cuBLAS (``backends/cuda/prefill.py``), not yet an op here.
 
-Providers (``nvrtc.py``, our kernels): ``tiles`` (tile-packed objects, eight rows a launch),
+Providers: ``reference`` (``reference.py``, the oracle: the object decoded by its format's
+codec, multiplied in float32 on the host; the CPU device's row) and, in ``nvrtc.py``, our
+kernels: ``tiles`` (tile-packed objects, eight rows a launch),
 ``tensor_cores`` (the small-M tensor-core kernel of row_split q4..q8, NVFP4, bf16 and the
 K-quant layouts) and ``gemv`` (the SIMT GEMV, every stored layout, eight rows a launch).
 ``policy.py`` orders them by format, activation rows and weight size (the measured crossover
@@ -23,13 +25,13 @@ from .policy import choose
 __all__ = ["product_key", "served_by"]
 
 
-def product_key(p: Any, rows: int, m: int) -> dict[str, Any]:
+def product_key(p: Any, rows: int, m: int, device: str = "cuda") -> dict[str, Any]:
     """The resolution key of a ``product`` of ``m`` activation rows with ``rows`` rows of the
-    object whose planes are ``p``."""
+    object whose planes are ``p``, on ``device``."""
     from ...backends.cuda.kernels import has_tensor_cores
 
     return {
-        "device": "cuda",
+        "device": device,
         "code": p.code,
         "tiled": p.tiled,
         "tensor_cores": has_tensor_cores(p),
@@ -46,6 +48,16 @@ def served_by(key: dict[str, Any]) -> str:
 
 
 family("linear", choose)
+register(
+    Provider(
+        family="linear",
+        op="product",
+        name="reference",
+        module=f"{__name__}.reference",
+        function="product",
+        accepts="accepts",
+    )
+)
 for _name in ("tiles", "tensor_cores", "gemv"):
     register(
         Provider(

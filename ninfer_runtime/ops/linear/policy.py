@@ -6,7 +6,8 @@ cheaply): ``TENSOR_CORES_FROM`` holds, per layout, the (fewest activation rows, 
 weights) from which the tensor cores win, measured on the H200 with
 ``benchmarks/gpu_bench.py --rows 1,2,4,8 --shapes ...`` (docs/performance.md, "Choosing the
 small-M kernel"). Beyond the GEMV's 8 rows the tensor cores win wherever they read the
-layout."""
+layout. On the CPU device the reference serves (the CPU backend itself multiplies weights it
+decoded once at load; the reference is the oracle the kernels' tests compare with)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,11 @@ def tensor_cores_first(code: int, m: int, weights: int) -> bool:
     return any(m >= m_min and weights >= w_min for m_min, w_min in TENSOR_CORES_FROM.get(code, ()))
 
 
-def choose(op: str, *, device: str, code: int, m: int, weights: int, **_: object) -> Sequence[str]:
+def choose(
+    op: str, *, device: str, code: int = 0, m: int = 0, weights: int = 0, **_: object
+) -> Sequence[str]:
+    if op == "product" and device == "cpu":  # the oracle, on host arrays
+        return ("reference",)
     if op != "product" or device != "cuda":
         raise LookupError(f"linear: no policy row for {op!r} on {device!r}")
     if tensor_cores_first(code, m, weights):
