@@ -5,7 +5,8 @@ providers (our kernels, or a public kernel library where it measures faster in t
 
 Families so far: ``delta_rule`` (Gated DeltaNet: chunked prefill, decode, speculative
 verification and commit), ``attention`` (K/V writes, decode and prefill attention over the
-paged K/V; the K/V memory kind), ``linear`` (small-M products of packed weights) and
-``sampling`` (token scores). ``torch_interop`` is how a provider on a torch-based library
-shares CuPy's arrays and stream.
+paged K/V; the K/V memory kind), ``linear`` (small-M products of packed weights), ``moe``
+(the MoE block and routers), ``norm`` (RMS norms) and ``sampling`` (token scores).
+``torch_interop`` is how a provider on a torch-based library shares CuPy's arrays and
+stream.
 """

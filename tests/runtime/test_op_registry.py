@@ -1,11 +1,15 @@
-"""The op catalogue's registry: every policy row names a registered provider, resolution
+"""The op catalogue's registry: every policy row names a registered provider, every
+provider's module defines its function and its accepts function (imported where the provider
+runs on the CPU, read without importing where it needs CuPy or a GPU library), resolution
 follows the policy and skips providers that are not installed or decline the key, overrides
 win, and a bad name is one clear error."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,14 +19,36 @@ from ninfer_runtime.ops.attention import policy as attention_policy
 from ninfer_runtime.ops.attention.reference import TOLERANCE as ATTENTION_TOLERANCE
 from ninfer_runtime.ops.delta_rule import policy
 from ninfer_runtime.ops.delta_rule.reference import TOLERANCE
+from ninfer_runtime.ops.linear import policy as linear_policy
+from ninfer_runtime.ops.linear.reference import TOLERANCE as LINEAR_TOLERANCE
+from ninfer_runtime.ops.moe import policy as moe_policy
+from ninfer_runtime.ops.moe.reference import TOLERANCE as MOE_TOLERANCE
+from ninfer_runtime.ops.norm import policy as norm_policy
+from ninfer_runtime.ops.norm.reference import TOLERANCE as NORM_TOLERANCE
 from ninfer_runtime.ops.sampling import policy as sampling_policy
 from ninfer_runtime.ops.sampling.reference import TOLERANCE as SAMPLING_TOLERANCE
 
+#: the linear family's rows: its policy orders providers by layout, M and size, so every
+#: order it gives is a row
+LINEAR_ROWS = {
+    ("product", "cpu"): linear_policy.choose("product", device="cpu"),
+    **{
+        ("product", f"cuda code={code} m={m} weights={w}"): linear_policy.choose(
+            "product", device="cuda", code=code, m=m, weights=w
+        )
+        for code in (*linear_policy.TENSOR_CORES_FROM, -1)
+        for m in (1, 2, 4, 8, 9, 64)
+        for w in (1, 1 << 30)
+    },
+}
 #: family -> (its policy table, its providers' stated tolerances)
 FAMILIES = {
     "delta_rule": (policy.TABLE, TOLERANCE),
     "attention": (attention_policy.TABLE, ATTENTION_TOLERANCE),
     "sampling": (sampling_policy.TABLE, SAMPLING_TOLERANCE),
+    "linear": (LINEAR_ROWS, LINEAR_TOLERANCE),
+    "moe": (moe_policy.TABLE, MOE_TOLERANCE),
+    "norm": (norm_policy.TABLE, NORM_TOLERANCE),
 }
 
 
@@ -35,6 +61,70 @@ def test_every_policy_row_names_registered_providers(family: str) -> None:
         for name in names:
             assert name in table[op], f"{family}.{op}: {name} is not registered"
             assert name in tolerance, f"{family}.{op}: {name} states no tolerance"
+
+
+def defined_names(module: str) -> set[str]:
+    """Top-level names a module's source defines or imports, read without running it."""
+    spec = importlib.util.find_spec(module)  # imports the parent packages only
+    assert spec is not None and spec.origin, f"{module}: no such module"
+    tree = ast.parse(Path(spec.origin).read_text(), spec.origin)
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom):
+            relative = "." * node.level + (node.module or "")
+            source = importlib.util.resolve_name(relative, spec.parent)
+            for alias in node.names:
+                # a name re-exported from our own code must exist where it comes from
+                if source.startswith("ninfer_"):
+                    assert _provides(source, alias.name), f"{module}: {source} has no {alias.name}"
+                names.add(alias.asname or alias.name)
+    return names
+
+
+def _provides(source: str, name: str) -> bool:
+    """Whether module ``source`` defines ``name`` or, a package, has a submodule of that name
+    (looked for as a file: ``source`` itself is not imported)."""
+    if name in _source_names(source):
+        return True
+    spec = importlib.util.find_spec(source)
+    folders = (spec.submodule_search_locations or []) if spec else []
+    return any((Path(f) / f"{name}.py").is_file() or (Path(f) / name).is_dir() for f in folders)
+
+
+def _source_names(module: str) -> set[str]:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, f"{module}: no such module"
+    tree = ast.parse(Path(spec.origin).read_text(), spec.origin)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            found.add(node.id)
+        elif isinstance(node, ast.alias):
+            found.add(node.asname or node.name)
+    return found
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_provider_module_defines_its_functions(family: str) -> None:
+    for op, table in registry.providers(family).items():
+        for name, provider in table.items():
+            what = f"{family}.{op} {name}"
+            wanted = {provider.function} | ({provider.accepts} if provider.accepts else set())
+            if not provider.requires:  # runs on the CPU: it imports and its functions exist
+                module = importlib.import_module(provider.module)
+                for fn in wanted:
+                    assert callable(getattr(module, fn, None)), f"{what}: no {fn}"
+            else:  # needs CuPy or a GPU library: its source names them
+                missing = wanted - defined_names(provider.module)
+                assert not missing, f"{what}: {provider.module} does not define {missing}"
 
 
 def test_cpu_resolves_the_reference_and_logs_it(caplog: pytest.LogCaptureFixture) -> None:
@@ -139,12 +229,11 @@ def test_attention_prefill_reference_is_the_gathered_attention() -> None:
 
 
 def test_linear_policy_names_registered_providers_and_puts_tiles_first() -> None:
-    from ninfer_runtime.ops.linear import policy as linear_policy
-
     table = registry.providers("linear")["product"]
     for code in linear_policy.TENSOR_CORES_FROM:
         for m in (1, 2, 8, 9, 64):
             names = linear_policy.choose("product", device="cuda", code=code, m=m, weights=1 << 26)
             assert names[0] == "tiles" and set(names) <= set(table), names
+    assert linear_policy.choose("product", device="cpu") == ("reference",)
     with pytest.raises(LookupError, match="no policy row"):
-        linear_policy.choose("product", device="cpu", code=0, m=1, weights=1)
+        linear_policy.choose("product", device="tpu", code=0, m=1, weights=1)
