@@ -146,3 +146,24 @@ def test_lanes_with_and_without_images_speculate_together(artifact, plain) -> No
     tokens, done = run(engine, later)
     assert 0 < done.usage.cached_tokens < done.usage.prompt_tokens
     assert tokens == run(plain, later)[0]
+
+
+def test_cli_image_with_spec_mtp(artifact, tmp_path) -> None:
+    """``ninfer --image ... --spec mtp`` gives the ids ``ninfer --image ...`` gives, with
+    its speculative-rounds line."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ninfer_runtime.cli import main as ninfer_cli
+
+    (tmp_path / "cat.png").write_bytes(CAT)
+    args = [str(artifact), "--prompt", "What is this?", "--image", str(tmp_path / "cat.png")]
+    args += ["--greedy", "--max-tokens", "8", "--print-token-ids"]
+    ids = []
+    for extra in ([], ["--spec", "mtp", "--draft-tokens", "1", "--stats"]):
+        result = CliRunner().invoke(ninfer_cli, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        ids.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert ids[0] == ids[1] and len(ids[0]) == 8
+    assert "[speculative: " in result.stderr
