@@ -30,14 +30,16 @@ from ninfer_runtime.frontend.parsers import (
     _schema_types,
     convert_parameter,
 )
+from ninfer_runtime.frontend.tokenizer import (
+    ARG_KEY_CLOSE,
+    ARG_KEY_OPEN,
+    ARG_VALUE_CLOSE,
+    ARG_VALUE_OPEN,
+)
 from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
 
 __all__ = ["ARG_KEY_OPEN", "ARG_VALUE_OPEN", "GlmOutputParser", "convert_glm_value"]
 
-ARG_KEY_OPEN = "<arg_key>"
-ARG_KEY_CLOSE = "</arg_key>"
-ARG_VALUE_OPEN = "<arg_value>"
-ARG_VALUE_CLOSE = "</arg_value>"
 #: a value ends at its close tag, or (leniently) where the call ends
 _VALUE_ENDS = (ARG_VALUE_CLOSE, CALL_CLOSE)
 #: what may follow a call's name or an argument: another argument or the end of the call

@@ -27,6 +27,10 @@ from ninfer_runtime.frontend._resources import (
 )
 
 __all__ = [
+    "ARG_KEY_CLOSE",
+    "ARG_KEY_OPEN",
+    "ARG_VALUE_CLOSE",
+    "ARG_VALUE_OPEN",
     "ENDOFTEXT",
     "IM_END",
     "IM_START",
@@ -49,9 +53,23 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 TOOL_RESPONSE_OPEN = "<tool_response>"
 TOOL_RESPONSE_CLOSE = "</tool_response>"
+#: GLM's argument tags inside ``<tool_call>`` (added tokens of its vocabulary)
+ARG_KEY_OPEN = "<arg_key>"
+ARG_KEY_CLOSE = "</arg_key>"
+ARG_VALUE_OPEN = "<arg_value>"
+ARG_VALUE_CLOSE = "</arg_value>"
 
 #: Markers the output parsers read; streaming keeps them even when special tokens are skipped.
-STRUCTURAL_TOKENS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+STRUCTURAL_TOKENS = (
+    THINK_OPEN,
+    THINK_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_CALL_CLOSE,
+    ARG_KEY_OPEN,
+    ARG_KEY_CLOSE,
+    ARG_VALUE_OPEN,
+    ARG_VALUE_CLOSE,
+)
 
 #: generation_config fields that are sampling defaults, with the type each must have.
 _SAMPLING_FIELDS: dict[str, type] = {

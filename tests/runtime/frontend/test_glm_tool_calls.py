@@ -203,3 +203,24 @@ def test_the_template_decides_the_family() -> None:
     assert detect_chat_format(older).name == "glm"
     assert detect_chat_format(older).effort_levels == ()
     assert glm.effort_level("xhigh") == "max" and glm.effort_level("medium") is None
+
+
+def test_argument_tags_survive_skipping_special_tokens(tiny_resources) -> None:
+    """GLM's vocabulary has the tags as added tokens: detokenizing with special tokens skipped
+    (the default) still writes them, or no call could be read."""
+    from tokenizers import Tokenizer as HfTokenizer
+
+    from ninfer_runtime.frontend.tokenizer import Tokenizer
+
+    backend = HfTokenizer.from_str(tiny_resources["tokenizer.json"].decode())
+    backend.add_special_tokens(["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"])
+    tokenizer = Tokenizer.from_resources(
+        {**tiny_resources, "tokenizer.json": backend.to_str().encode()}
+    )
+    text = "<tool_call>ls<arg_key>dir</arg_key><arg_value>/tmp</arg_value></tool_call><|im_end|>"
+    ids = tokenizer.encode(text)
+    assert tokenizer.token_id("<arg_key>") in ids
+    stream = tokenizer.detokenize_stream(skip_special_tokens=True)
+    written = "".join(stream.add(i) for i in ids) + stream.flush()
+    assert written == text.removesuffix("<|im_end|>")
+    assert calls(parse([written])) == [("ls", {"dir": "/tmp"})]
