@@ -198,5 +198,7 @@ def test_modes_are_chosen_by_size_and_bad_options_refused(artifacts, monkeypatch
     assert load_model(artifacts["bf16"], options={"ple_rows": "resident"}).ple_tables is None
     with pytest.raises(ModelError, match="ple_rows 'sometimes': expected one of auto"):
         load_model(artifacts["bf16"], options={"ple_rows": "sometimes"})
+    with pytest.raises(ModelError, match="ple_cache_bytes '1G': expected a byte count"):
+        load_model(artifacts["bf16"], options={**STREAMED, "ple_cache_bytes": "1G"})
     with pytest.raises(ModelError, match="model option 'ple_rowz' is not built for qwen4_exp"):
         load_model(artifacts["bf16"], options={"ple_rowz": "streamed"})

@@ -56,6 +56,14 @@ class StreamedTables:
     """The streamed n-gram tables of a model by parameter name, and their shared cache."""
 
     def __init__(self, artifact: Any, names: list[str], cache_bytes: int):
+        for name in names:  # rows are read as stored; a resident table's columns are put back
+            if artifact.input_columns(name) is not None:
+                raise ModelError(
+                    f"parameter {name!r}: its columns are stored out of order, so its rows "
+                    "cannot be streamed (ple_rows='resident' puts them in place)"
+                )
+        if not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ModelError(f"ple_cache_bytes {cache_bytes!r}: expected a byte count >= 0")
         self.cache = RowCache(cache_bytes)
         self.tables = {name: StreamedRows(RowReader(artifact, name), self.cache) for name in names}
 
