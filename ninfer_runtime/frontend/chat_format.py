@@ -6,6 +6,10 @@ instructions or history use ``<arg_key>``/``<arg_value>`` is GLM's (calls are re
 So an artifact's own template, a ``--chat-template`` override and ninfer's built-in templates are
 all judged the same way, and nothing depends on the architecture's name.
 
+Thinking off: GLM models were trained to see ``/nothink`` at the end of such user turns as well
+as an empty think block; a GLM template without a thinking switch (GLM-5's opens ``<think>``
+unconditionally) gets both from ``ChatTemplate.render``.
+
 Reasoning effort: GLM-5 templates take a ``reasoning_effort`` variable with the levels low, high
 and max (any other value renders as max, and max is also the default), so those are passed
 through; a template without such a variable takes none, and the server turns an effort into a
@@ -25,17 +29,22 @@ __all__ = ["GLM", "GLM_EFFORT_LEVELS", "QWEN", "ChatFormat", "detect_chat_format
 
 #: the ``reasoning_effort`` values a GLM-5 template distinguishes, least to most
 GLM_EFFORT_LEVELS = ("low", "high", "max")
+#: GLM's mark on a user turn that asks for no reasoning
+NO_THINK = "/nothink"
 #: API effort names that mean a template level of another name
 _EFFORT_ALIASES = {"xhigh": "max"}
 
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """A template family: ``name`` ("qwen" or "glm") and the ``reasoning_effort`` levels its
-    template takes (empty: it takes none)."""
+    """A template family: ``name`` ("qwen" or "glm"), the ``reasoning_effort`` levels its
+    template takes (empty: it takes none), and ``no_think_suffix``, set when the template has
+    no thinking switch of its own but the family marks a user turn that wants no reasoning
+    (GLM: ``/nothink`` at the end of the turn, the way its models were trained)."""
 
     name: str
     effort_levels: tuple[str, ...] = ()
+    no_think_suffix: str | None = None
 
     def output_parser(
         self, tools: Sequence[Mapping[str, Any]] | None = None, **options: Any
@@ -59,5 +68,6 @@ def detect_chat_format(source: str) -> ChatFormat:
     """The family of a template, from its text (see the module docstring)."""
     if ARG_KEY_OPEN in source and ARG_VALUE_OPEN in source:
         levels = GLM_EFFORT_LEVELS if "reasoning_effort" in source else ()
-        return ChatFormat("glm", levels)
+        switch = "enable_thinking" in source or NO_THINK in source
+        return ChatFormat("glm", levels, None if switch else NO_THINK)
     return QWEN

@@ -8,7 +8,8 @@ Qwen3.5-style ChatML (``templates/qwen3_5_chatml.jinja``). ``ChatTemplate.chat_f
 which family's conventions (tool-call form, effort levels) the template follows.
 
 Thinking off is honoured even by a template that opens the think block unconditionally: a
-generation prompt that still ends inside ``<think>`` is closed with ``</think>``.
+generation prompt that still ends inside ``<think>`` is closed with ``</think>``, and in a GLM
+template without a thinking switch each user turn ends with ``/nothink`` (``ChatFormat``).
 
 Messages are checked before rendering so a bad request fails with a ``RequestError`` naming the
 message and field, never with a Jinja traceback.
@@ -222,6 +223,9 @@ class ChatTemplate:
             )
         variables = self._variables(enable_thinking, chat_template_kwargs)
         normalized = normalize_messages(messages)
+        suffix = self.chat_format.no_think_suffix
+        if suffix and variables.get("enable_thinking", True) is False:
+            normalized = [_with_suffix(m, suffix) if m["role"] == "user" else m for m in normalized]
         if continue_final_message and normalized[-1]["role"] != "assistant":
             raise request_error(
                 "continue_final_message needs the last message to be an assistant message",
@@ -277,6 +281,17 @@ class ChatTemplate:
                 f"{type(exc).__name__}: {exc}",
                 "messages",
             ) from None
+
+
+def _with_suffix(message: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """A user message whose text ends with ``suffix`` (added unless it does already)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        text = content if content.endswith(suffix) else content + suffix
+        return {**message, "content": text}
+    if isinstance(content, list) and not _plain_text(content).endswith(suffix):
+        return {**message, "content": [*content, {"type": "text", "text": suffix}]}
+    return message
 
 
 def _close_open_think(prompt: str) -> str:

@@ -112,7 +112,9 @@ def test_thinking_on_off_and_effort_levels(glm: ChatTemplate) -> None:
     ask = [{"role": "user", "content": "hi"}]
     assert glm.render(ask).endswith("<|user|>hi<|assistant|><think>")
     off = glm.render(ask, enable_thinking=False)
-    assert off.endswith("<|assistant|><think></think>")
+    assert off.endswith("<|user|>hi/nothink<|assistant|><think></think>")
+    already = glm.render([{"role": "user", "content": "hi /nothink"}], enable_thinking=False)
+    assert already.count("/nothink") == 1
     for level in ("low", "high", "max"):
         text = glm.render(ask, chat_template_kwargs={"reasoning_effort": level})
         assert f"<|system|>Reasoning Effort: {level.capitalize()}<|user|>" in text
@@ -143,6 +145,33 @@ def test_thinking_off_closes_a_think_block_the_template_always_opens() -> None:
     assert always.render(ask, enable_thinking=False, add_generation_prompt=False) == "<|user|>hi"
     qwen = ChatTemplate.builtin_chatml()  # closes the block itself: nothing is added
     assert qwen.render(ask, enable_thinking=False).endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_glm_template_without_a_switch_gets_nothink_on_user_turns() -> None:
+    """GLM models were trained on thinking off as ``/nothink`` ending the user turn plus an empty
+    think block; a GLM template with no switch of its own gets both from the frontend."""
+    no_switch = ChatTemplate(
+        "{# calls: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value> #}"
+        "{% for m in messages %}<|{{ m.role }}|>{% if m.content is string %}{{ m.content }}"
+        "{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|><think>{% endif %}"
+    )
+    assert no_switch.chat_format.name == "glm" and no_switch.chat_format.no_think_suffix
+    chat = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": [{"type": "text", "text": "c"}]},
+    ]
+    assert (
+        no_switch.render(chat) == "<|system|>s<|user|>a<|assistant|>b<|user|>c<|assistant|><think>"
+    )
+    assert no_switch.render(chat, enable_thinking=False) == (
+        "<|system|>s<|user|>a/nothink<|assistant|>b<|user|>c/nothink<|assistant|><think></think>"
+    )
+    assert chat[1]["content"] == "a"  # the caller's messages are left alone
+    builtin = ChatTemplate.builtin(GLM_BUILTIN_TEMPLATE)  # has its own switch: left to it
+    assert builtin.chat_format.no_think_suffix is None
 
 
 def test_an_artifact_without_a_template_gets_the_builtin_of_its_family() -> None:
