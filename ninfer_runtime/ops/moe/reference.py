@@ -23,10 +23,11 @@ Array = Any
 #: added to the renormalising sum of ``grouped_route``, as transformers does
 ROUTING_EPS = 1e-20
 
-#: provider -> (rtol, atol as a fraction of the largest reference value) of ``block`` against
-#: this oracle on the same float32 weights (the CUDA products round x to bf16 in prefill;
-#: the bound tests/gpu/test_moe_kernels.py holds the prefill path to)
-TOLERANCE: dict[str, tuple[float, float]] = {"reference": (1e-6, 0.0), "nvrtc": (2e-2, 1e-2)}
+#: provider -> (rtol, atol as a fraction of the largest reference value) of ``block``: the
+#: reference's against the block's math in float64, ours against this oracle on the same
+#: float32 weights (the CUDA products round x to bf16 in prefill: the bound
+#: tests/gpu/test_moe_kernels.py holds the prefill path to)
+TOLERANCE: dict[str, tuple[float, float]] = {"reference": (1e-5, 1e-6), "nvrtc": (2e-2, 1e-2)}
 
 
 def accepts(**_: object) -> bool:
