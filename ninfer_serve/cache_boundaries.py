@@ -66,10 +66,12 @@ Encode = Callable[[str], list[int]]
 class Breakpoint:
     """A place a client marked: after the first ``messages`` messages as the template
     renders them (``offset`` None), or inside message ``messages - 1``, after ``offset``
-    characters of its text (its text parts joined)."""
+    characters of its text (its text parts joined): before the images that follow there,
+    or with ``past_images`` (a mark on an image) after them."""
 
     messages: int
     offset: int | None = None
+    past_images: bool = False
 
 
 #: the start of the first message's text: where tool definitions end when no system message
@@ -78,14 +80,43 @@ class Breakpoint:
 _BEFORE_FIRST = Breakpoint(1, 0)
 
 
-def _plain_text(content: Any) -> str | None:
+def _marked(content: Any, offset: int, past_images: bool = False) -> Any:
+    """``content`` with the marker after ``offset`` characters of its text (its text parts
+    joined; image parts, which hold none, stay where they are), before the images met there
+    or, ``past_images``, after them; None for content of other parts."""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict)]
-        if all(isinstance(t, str) for t in texts):
-            return "".join(texts)  # type: ignore[arg-type]
-    return None
+        if _MARKER in content:
+            return None
+        offset = min(max(offset, 0), len(content))
+        return content[:offset] + _MARKER + content[offset:]
+    if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+        return None
+    texts = [p.get("text") for p in content if p.get("type") != "image"]
+    if not all(isinstance(t, str) and _MARKER not in t for t in texts):
+        return None
+    offset = min(max(offset, 0), sum(map(len, texts)))  # type: ignore[arg-type]
+    # every place with ``offset`` characters before it, in order: (part, characters into
+    # that text part), or (part, None): a part of its own before that part
+    places: list[tuple[int, int | None]] = []
+    before = 0
+    for i, part in enumerate(content):
+        if part.get("type") == "image":
+            if before == offset:
+                places.append((i, None))
+            continue
+        if before <= offset <= before + len(part["text"]):
+            places.append((i, offset - before))
+        before += len(part["text"])
+    if before == offset:
+        places.append((len(content), None))
+    at, cut = places[-1] if past_images else places[0]
+    out = list(content)
+    if cut is None:
+        out.insert(at, {"type": "text", "text": _MARKER})
+    else:
+        text = content[at]["text"]
+        out[at] = {**content[at], "text": text[:cut] + _MARKER + text[cut:]}
+    return out
 
 
 def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -115,11 +146,12 @@ def _inside_message(render: Render, encode: Encode, messages: list[dict[str, Any
                     place: Breakpoint, ids: Sequence[int]) -> int | None:  # fmt: skip
     """Tokens before ``place.offset`` characters of message ``place.messages - 1``."""
     index = place.messages - 1
-    text = _plain_text(messages[index].get("content"))
-    if text is None or _MARKER in text or place.offset is None:
+    if place.offset is None:
         return None
-    offset = min(max(place.offset, 0), len(text))
-    marked = dict(messages[index], content=text[:offset] + _MARKER + text[offset:])
+    content = _marked(messages[index].get("content"), place.offset, place.past_images)
+    if content is None:
+        return None
+    marked = dict(messages[index], content=content)
     try:
         rendered = render([*messages[:index], marked])
     except Exception:

@@ -257,20 +257,27 @@ def _cache_breakpoints(
             continue
         blocks = [b for b in m.content if isinstance(b, dict)]
         results = [b for b in blocks if b.get("type") == "tool_result"]
-        texts = [str(b.get("text") or "") for b in blocks if b.get("type") == "text"]
+        content = [b for b in blocks if b.get("type") in ("text", "image")]
         user = starts[i] + len(results) + 1  # the user message comes after the tool ones
-        seen_results = seen_texts = 0
+        seen_results = seen_content = offset = 0
+        after_text = False  # ``_user`` joins a text to a text before it with a newline
         for block in blocks:
-            if block.get("type") == "tool_result":
+            kind = block.get("type")
+            if kind == "tool_result":
                 seen_results += 1
                 if block.get("cache_control"):
                     found.append(Breakpoint(starts[i] + seen_results))
-            elif block.get("type") == "text":
-                seen_texts += 1
+                continue
+            if kind == "text":
+                offset += after_text + len(str(block.get("text") or ""))
+            if kind in ("text", "image"):
+                seen_content += 1
+                after_text = kind == "text"
                 if block.get("cache_control"):
-                    last = seen_texts == len(texts)
-                    offset = len("\n".join(texts[:seen_texts]))  # as ``_user`` joins them
-                    found.append(Breakpoint(user, None if last else offset))
+                    last = seen_content == len(content)
+                    place = None if last else offset
+                    past = kind == "image" and not last
+                    found.append(Breakpoint(user, place, past_images=past))
     return found
 
 

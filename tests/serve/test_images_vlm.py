@@ -214,42 +214,72 @@ def test_an_image_the_engine_refuses_is_one_400_naming_the_field(server, cat, ki
     assert chat(server, cat).usage.completion_tokens == 6  # and it goes on serving
 
 
-def test_an_anthropic_breakpoint_after_an_image_lands_at_the_widened_position(artifact, cat):
-    """``cache_control`` on the text after an image marks the end of that message: its
-    position counts the image's tokens as the prompt does (a rendered prefix with one
-    placeholder a picture would be no prefix of the prompt, and the mark would be lost)."""
+@pytest.fixture(scope="module")
+def caching(artifact: Path) -> Any:
+    """An engine with the prefix cache (cache boundaries are looked for only then)."""
+    from ninfer_runtime.engine import Engine
+
+    return Engine(artifact, max_lanes=1, max_context=256, prefix_cache=True)
+
+
+MARK = {"type": "ephemeral"}
+
+
+@pytest.mark.parametrize(
+    ("marked", "before"),
+    [
+        # on the text after the image, the message's last block: after the message
+        ([{"type": "image"}, {"type": "text", "text": QUESTION, "cache_control": MARK}], None),
+        # on the image, a question after it: after the image
+        ([{"type": "image", "cache_control": MARK}, {"type": "text", "text": QUESTION}],
+         [{"type": "image"}]),
+        # inside the message: after the text that follows the image
+        ([{"type": "image"}, {"type": "text", "text": "Look.", "cache_control": MARK},
+          {"type": "text", "text": QUESTION}],
+         [{"type": "image"}, {"type": "text", "text": "Look."}]),
+    ],
+    ids=["after-message", "on-image", "inside-message"],
+)  # fmt: skip
+def test_an_anthropic_breakpoint_after_an_image_lands_at_the_widened_position(
+    caching, cat, marked, before
+):
+    """``cache_control`` after an image marks a place whose position counts the image's
+    tokens as the prompt does (a rendered prefix with one placeholder a picture would be no
+    prefix of the prompt, and the mark would be lost)."""
     import asyncio
     from types import SimpleNamespace
 
-    from ninfer_runtime.engine import Engine
     from ninfer_runtime.media import ImageInput
     from ninfer_serve.anthropic.messages import to_job
     from ninfer_serve.anthropic.models import MessagesRequest
+    from ninfer_serve.cache_boundaries import _MARKER
     from ninfer_serve.generation import Generator
 
-    engine = Engine(artifact, max_lanes=1, max_context=256, prefix_cache=True)
     source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(cat).decode()}
-    mark = {"type": "ephemeral"}
-    first = [{"type": "image", "source": source},
-             {"type": "text", "text": QUESTION, "cache_control": mark}]  # fmt: skip
+    blocks = [dict(b, source=source) if b["type"] == "image" else b for b in marked]
     body = {"model": "m", "max_tokens": 2, "messages": [
-        {"role": "user", "content": first},
+        {"role": "user", "content": blocks},
         {"role": "assistant", "content": "A picture."},
         {"role": "user", "content": "And its colours?"}]}  # fmt: skip
     job = to_job(MessagesRequest.model_validate(body))
-    gen = Generator(SimpleNamespace(engine=engine, check_available=lambda: None),
+    gen = Generator(SimpleNamespace(engine=caching, check_available=lambda: None),
                     default_max_tokens=None, enable_thinking=None, keepalive=1.0)  # fmt: skip
     asyncio.run(gen.images.read(job.messages))
     request, (ids, _) = gen.prepare(job)
-    marked = [b.position for b in request.cache_boundaries if b.kind == "breakpoint"]
-    # the first message alone, rendered and widened as the engine widens a prompt
-    alone = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-    text = engine.template.render(alone, add_generation_prompt=False, enable_thinking=False)
-    plain = engine.tokenizer.encode(text)
-    expected = len(engine.vision.expand(plain, [ImageInput(cat)]))
-    assert expected == len(plain) + 5  # one placeholder became the image's 6 tokens
-    assert marked == [expected]
-    assert ids[:expected] == engine.vision.expand(plain, [ImageInput(cat)])
+    found = [b.position for b in request.cache_boundaries if b.kind == "breakpoint"]
+    # the conversation up to the place (``before`` None: the whole first message), rendered
+    # and widened as the engine widens a prompt
+    whole = before is None
+    before = before or [{k: v for k, v in b.items() if k != "cache_control"} for b in marked]
+    ending = [] if whole else [{"type": "text", "text": _MARKER}]
+    cut = [{"role": "user", "content": [*before, *ending]}]
+    text = caching.template.render(cut, add_generation_prompt=False, enable_thinking=False)
+    plain = caching.tokenizer.encode(text if whole else text[: text.index(_MARKER)])
+    widened = caching.vision.expand(plain, [ImageInput(cat)])
+    assert len(widened) == len(plain) + 5  # one placeholder became the image's 6 tokens
+    shared = next(i for i, (a, b) in enumerate(zip([*widened, -1], ids, strict=False)) if a != b)
+    assert shared > widened.index(caching.vision.image_token_id) + 6  # past the image
+    assert found == [shared]
 
 
 def test_tokenize_counts_an_image_as_its_tokens(server, engine, cat):
