@@ -218,7 +218,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
 def cache_breakpoints(messages: list[dict[str, Any]]) -> list[Breakpoint]:
     """The places marked ``prompt_cache_breakpoint`` (taken out of the messages, which the
     template then renders as if unmarked): after a message, or after a text part of one
-    (the last part's mark: after the message)."""
+    (the last part's mark: after the message; an image part's: after the image)."""
     found: list[Breakpoint] = []
     for i, message in enumerate(messages):
         at_end = bool(message.pop("prompt_cache_breakpoint", None))
@@ -234,7 +234,8 @@ def cache_breakpoints(messages: list[dict[str, Any]]) -> list[Breakpoint]:
                 if j == len(parts) - 1:
                     at_end = True
                 else:
-                    found.append(Breakpoint(i + 1, offset))
+                    past = part.get("type") == "image_url"
+                    found.append(Breakpoint(i + 1, offset, past_images=past))
         if at_end:
             found.append(Breakpoint(i + 1))
     return found

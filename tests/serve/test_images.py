@@ -61,6 +61,25 @@ def refused(call: Any, *args: Any, **kwargs: Any) -> ApiError:
     return caught.value
 
 
+def test_cache_marks_on_and_around_images():
+    """A mark on an image part is after the image, one on a text before an image before it
+    (the text offsets count no image); Anthropic texts are joined as the content is."""
+    from ninfer_serve.cache_boundaries import Breakpoint
+
+    mark = {"type": "ephemeral"}
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "abc", "prompt_cache_breakpoint": True},
+        {**image_url(DATA_URL), "prompt_cache_breakpoint": True},
+        {"type": "text", "text": "de"}]}]}  # fmt: skip
+    job = chat_job(ChatCompletionRequest.model_validate(body))
+    assert job.cache_breakpoints == [Breakpoint(1, 3), Breakpoint(1, 3, past_images=True)]
+    blocks = [{"type": "text", "text": "ab"}, {"type": "text", "text": "c", "cache_control": mark},
+              {**base64_block(), "cache_control": mark}, {"type": "text", "text": "d"}]  # fmt: skip
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": blocks}]}
+    job = anthropic_job(MessagesRequest.model_validate(body))
+    assert job.cache_breakpoints == [Breakpoint(1, 4), Breakpoint(1, 4, past_images=True)]
+
+
 # -- the three shapes -----------------------------------------------------------------------------
 
 
