@@ -184,7 +184,8 @@ _RULES = {
     f"structured_outputs); {_CONTEXT_RULE}.",
     "tokenize": "Give prompt or messages, not both; the template's fields "
     "(add_generation_prompt, continue_final_message, tools, chat_template_kwargs) only with "
-    "messages, continue_final_message not with add_generation_prompt.",
+    "messages, continue_final_message not with add_generation_prompt, image parts not with "
+    "add_special_tokens.",
     "messages": f"Also refused: {_TOOL_RULE}; thinking enabled without budget_tokens below "
     "max_tokens; a last assistant message (a prefill) without text; a conversation that maps to "
     f"no message; {_CONTEXT_RULE}."
