@@ -243,6 +243,47 @@ class ContextPool:
         ``snapshots`` snapshots of the slot states (prefix-cache checkpoints); with a
         ``budget``, as many pages as its bytes hold beside the lanes' slots (all
         of them when checkpoints are kept, else no more than the lanes can use)."""
+        pages = cls.planned_pages(
+            specs,
+            lanes=lanes,
+            max_context=max_context,
+            budget=budget,
+            mtp=mtp,
+            draft=draft,
+            step_rows=step_rows,
+            snapshots=snapshots,
+            page_tokens=page_tokens,
+            kv_dtype=kv_dtype,
+        )
+        return cls(
+            specs,
+            xp,
+            slots=lanes,
+            pages=pages,
+            max_context=max_context,
+            mtp=mtp,
+            draft=draft,
+            step_rows=step_rows,
+            page_tokens=page_tokens,
+            kv_dtype=kv_dtype,
+        )
+
+    @classmethod
+    def planned_pages(
+        cls,
+        specs: Sequence[MemoryKind],
+        *,
+        lanes: int,
+        max_context: int,
+        budget: int | None = None,
+        mtp: MemoryKind | None = None,
+        draft: DraftSpec | None = None,
+        step_rows: int = 1,
+        snapshots: int = 0,
+        page_tokens: int = PAGE_TOKENS,
+        kv_dtype: str = "float32",
+    ) -> int:
+        """The pages ``for_budget`` gives a pool of these arguments."""
         if lanes <= 0 or max_context <= 0 or page_tokens <= 0:
             raise EngineError("a context pool needs positive slots, max_context and page_tokens")
         page_bytes = cls.page_bytes_of(specs, mtp, page_tokens, kv_dtype)
@@ -263,18 +304,19 @@ class ContextPool:
                     f"{format_size(page_bytes)} per {page_tokens}-token page "
                     f"(>= {format_size(need)})"
                 )
-        return cls(
-            specs,
-            xp,
-            slots=lanes,
-            pages=int(pages),
-            max_context=max_context,
-            mtp=mtp,
-            draft=draft,
-            step_rows=step_rows,
-            page_tokens=page_tokens,
-            kv_dtype=kv_dtype,
+        return int(pages)
+
+    @classmethod
+    def planned_bytes(cls, specs: Sequence[MemoryKind], **plan: Any) -> int:
+        """The bytes ``for_budget(specs, xp, **plan)`` would allocate (``nbytes``), known
+        before anything is: what a ``--vram-budget`` plans the experts beside."""
+        pages = cls.planned_pages(specs, **plan)
+        mtp, draft = plan.get("mtp"), plan.get("draft")
+        slot = cls.slot_bytes_of(_with_mtp(specs, mtp), draft, plan.get("step_rows", 1))
+        page = cls.page_bytes_of(
+            specs, mtp, plan.get("page_tokens", PAGE_TOKENS), plan.get("kv_dtype", "float32")
         )
+        return plan["lanes"] * slot + pages * page
 
     @staticmethod
     def record_rows(draft: DraftSpec | None, step_rows: int) -> int:
