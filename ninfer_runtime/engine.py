@@ -32,7 +32,7 @@ from .backends.base import to_numpy
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .checkpoint_plan import check_cache_fields
 from .errors import EngineError, RequestError
-from .expert_offload import ExpertOffload
+from .expert_offload import ExpertOffload, planned_pool_bytes
 from .frontend import (
     ChatTemplate,
     Sampler,
@@ -114,6 +114,7 @@ class Engine:
         tensor_parallel: int = 1,
         expert_parallel: bool = False,
         vram_budget: int | str | None = None,
+        host_expert_cache: int | str | None = None,
         vision: VisionOptions | None = None,
         model_options: dict[str, Any] | None = None,
     ):
@@ -141,8 +142,28 @@ class Engine:
         #: with a ``vram_budget`` (``--vram-budget``), the routed experts that do not fit it
         #: are computed from host memory (``expert_offload``); None: all resident
         self.expert_offload = ExpertOffload.for_budget(
-            vram_budget, backend, tensor_parallel=tensor_parallel
+            vram_budget, backend, tensor_parallel=tensor_parallel, host_cache=host_expert_cache
         )
+        # the context pool's shape (its byte budget needs the backend): a budget plans the
+        # experts beside it before the model prepares a weight
+        margin = spec.draft_tokens + 1 if spec else 0
+        pool_args: dict[str, Any] = dict(
+            lanes=max_lanes,
+            max_context=max_context + margin,
+            kv_dtype=kv_dtype,
+            draft_tokens=spec.draft_tokens if spec else 0,
+            step_rows=SHORT_CHUNK_TOKENS,
+            snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
+        )
+
+        def pool_budget(device: Any) -> int | None:
+            capacity = parse_capacity(context_capacity)
+            return budget_bytes(capacity, device, parse_size(memory_headroom))
+
+        if self.expert_offload is not None:
+            self.expert_offload.context_bytes = lambda model: planned_pool_bytes(
+                model, budget=pool_budget(model.backend), **pool_args
+            )
         if model_options and tensor_parallel > 1:
             raise EngineError("model_options are not passed to tensor-parallel ranks yet")
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
@@ -191,18 +212,8 @@ class Engine:
             )
         # a round writes up to K+1 positions past a sequence's length: a lane's pages grow
         # to hold that margin beyond its own tokens before every round
-        self._margin = spec.draft_tokens + 1 if spec else 0
-        self.pool = self.runner.new_pool(
-            lanes=max_lanes,
-            max_context=max_context + self._margin,
-            budget=budget_bytes(
-                parse_capacity(context_capacity), self.model.backend, parse_size(memory_headroom)
-            ),
-            kv_dtype=kv_dtype,
-            draft_tokens=spec.draft_tokens if spec else 0,
-            step_rows=SHORT_CHUNK_TOKENS,
-            snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
-        )
+        self._margin = margin
+        self.pool = self.runner.new_pool(**pool_args, budget=pool_budget(self.model.backend))
         if self.expert_offload is not None:  # the experts go where the pool leaves room
             self.expert_offload.start(self.runner, self.tokenizer.encode, self.pool.nbytes())
         #: checkpoints of earlier prompts and generations, resumed by later requests
@@ -500,9 +511,12 @@ class Engine:
         scoring = a.prompt_scores is not None
         if scoring:
             self._score_prompt(a, start, end, logits)
-        if self.spec is not None:  # the drafter reads the prompt too, at its positions
-            at = None if a.images is None else a.images.positions[:, start + 1 : end + 1]
-            self.runner.mtp_prefill(hidden, a.prompt_ids[start + 1 : end + 1], a.state, at)
+        if self.spec is not None:  # the drafter reads the prompt too, images placed
+            rows = at = None
+            if a.images is not None:
+                span = [(a.prompt_ids, a.images, start + 1, end + 1)]
+                rows, at = placed_inputs(self.model, span)
+            self.runner.mtp_prefill(hidden, a.prompt_ids[start + 1 : end + 1], a.state, at, rows)
         last = hidden[-1] if self.spec is not None else None
         if not self.scheduler.prefilled(a, end, last, logits):
             return False

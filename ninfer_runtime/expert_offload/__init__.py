@@ -3,7 +3,14 @@ in their stored format and the CPU computes their share (``docs/runtime.md``, "M
 offload")."""
 
 from .counters import ExpertCounters
-from .offload import GPU_NOT_BUILT, VRAM_BUDGET_ENV, ExpertOffload, vram_budget_setting
+from .offload import (
+    GPU_NOT_BUILT,
+    VRAM_BUDGET_ENV,
+    ExpertOffload,
+    host_cache_setting,
+    planned_pool_bytes,
+    vram_budget_setting,
+)
 from .plan import OffloadPlan, VramBudgetError, WeightSizes, plan_residency
 
 __all__ = [
@@ -14,6 +21,8 @@ __all__ = [
     "OffloadPlan",
     "VramBudgetError",
     "WeightSizes",
+    "host_cache_setting",
     "plan_residency",
+    "planned_pool_bytes",
     "vram_budget_setting",
 ]

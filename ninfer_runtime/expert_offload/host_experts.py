@@ -2,10 +2,15 @@
 
 An expert's gate, up and down weights are cut out of the artifact's packed expert banks as
 stored bytes (``ninfer_format.codecs.slicing``: the same codes and scales, only its rows),
-so host memory holds them at their stored size; each use decodes them with the format's own
-codec to float32 and runs the gated MLP in float32, one expert a task on a thread pool sized
-to the cores (numpy's decode and products release the GIL). The partial sums are added in
-expert order, so the result does not depend on which thread finished first.
+so host memory holds them at their stored size, cut along the intermediate dimension into
+blocks of 128 (or 256) rows of gate and up and columns of down. A use decodes one block at a
+time with the format's own codec to float32 and adds the block's share of the block's expert
+math (the activation is elementwise, so the blocks' sum is the expert), never materialising
+a whole decoded matrix; the hottest host experts (``hold_hottest``, by the same routing
+counts that rank residency) keep a decoded float32 copy within ``[engine]
+host_expert_cache`` and skip decoding. One expert is a task on a thread pool sized to the
+cores (numpy's decode and products release the GIL); the partial sums are added in expert
+order, so the result does not depend on which thread finished first.
 
 A weight whose layout cannot be cut by rows here (NVFP4's swizzled scale blocks, FP8's row
 scales, element ranges that cut a row) is kept decoded, as float32; ``HostExpert.decoded``
@@ -29,6 +34,7 @@ from ninfer_format.codecs.slicing import slice_object
 from ninfer_format.schema import Tensor, WholeBinding
 
 from ..backends.cpu import CpuBackend
+from ..ops.moe.reference import expert
 
 #: the reference math the CPU backend computes experts with: the host computes the same
 #: products in the same order, so a host expert's rows equal a resident one's on the CPU
@@ -58,6 +64,12 @@ class HostWeight:
     pieces: tuple[StoredRows, ...]
     values: np.ndarray | None  # float32, only where the pieces could not be cut
     columns: np.ndarray | None
+
+    @property
+    def rows(self) -> int:
+        if self.values is not None:
+            return int(self.values.shape[0])
+        return sum(p.shape[0] for p in self.pieces)
 
     @property
     def nbytes(self) -> int:
@@ -122,32 +134,155 @@ def load_host_weight(artifact: Any, name: str) -> HostWeight:
     return HostWeight(pieces, None, artifact.input_columns(name))
 
 
-@dataclass(frozen=True)
-class HostExpert:
-    """A routed expert held in host memory."""
+#: the math of one routed expert on float32 weights: ``math(x, gate, up, down)`` (the MoE
+#: block's ``expert_math`` on the host's backend)
+ExpertMath = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+#: the widths of the intermediate blocks tried, in order (a K-quant's column cuts need 256)
+BLOCK_WIDTHS = (128, 256)
 
-    gate: HostWeight
-    up: HostWeight
-    down: HostWeight
+Stack = tuple[StoredRows, ...]  # pieces stacked by rows
+
+
+def _decode(stack: Stack) -> np.ndarray:
+    return stack[0].decode() if len(stack) == 1 else np.concatenate([p.decode() for p in stack])
+
+
+def _cut_stored(piece: StoredRows, rows: tuple[int, int], columns: tuple[int, int]) -> StoredRows:
+    data = slice_object(piece.format, piece.layout, piece.data, piece.shape, rows, columns)
+    if data is None:
+        raise ValueError("not cut")
+    shape = (rows[1] - rows[0], columns[1] - columns[0])
+    return StoredRows(piece.format, piece.layout, np.frombuffer(data, np.uint8), shape)
+
+
+def intermediate_blocks(gate: HostWeight, up: HostWeight, down: HostWeight) -> tuple | None:
+    """The expert cut along its intermediate dimension I into blocks ``(gate rows, up rows,
+    down columns)`` of stored bits: the expert is the sum of its blocks' experts (the
+    activation is elementwise over I), so a use decodes one block at a time, never a whole
+    matrix. None where a weight is held decoded, has its input columns reordered, or its
+    layout cannot be cut so."""
+    weights = (gate, up, down)
+    if any(w.values is not None or w.columns is not None for w in weights):
+        return None
+    inner = sum(p.shape[0] for p in gate.pieces)
+    for width in BLOCK_WIDTHS:
+        try:
+            spans = [(c, min(c + width, inner)) for c in range(0, inner, width)]
+            rows_of = [_row_blocks(w.pieces, spans) for w in (gate, up)]
+            down_of = [
+                tuple(_cut_stored(p, (0, p.shape[0]), span) for p in down.pieces) for span in spans
+            ]
+        except ValueError:
+            continue
+        return tuple(zip(rows_of[0], rows_of[1], down_of, strict=True))
+    return None
+
+
+def _row_blocks(pieces: Stack, spans: list[tuple[int, int]]) -> list[Stack]:
+    """Rows ``spans`` of the pieces stacked by rows, each a stack of cut pieces."""
+    out = []
+    for begin, end in spans:
+        stack, at = [], 0
+        for p in pieces:
+            lo, hi = max(begin, at), min(end, at + p.shape[0])
+            if lo < hi:
+                stack.append(_cut_stored(p, (lo - at, hi - at), (0, p.shape[1])))
+            at += p.shape[0]
+        out.append(tuple(stack))
+    return out
+
+
+class HostExpert:
+    """A routed expert held in host memory: its weights as stored (cut into intermediate
+    blocks where the layout allows), the block's math for one expert, and, for the hottest
+    host experts within ``[engine] host_expert_cache``, a decoded float32 copy."""
+
+    def __init__(
+        self,
+        gate: HostWeight,
+        up: HostWeight,
+        down: HostWeight,
+        math: ExpertMath | None = None,
+    ):
+        self.math: ExpertMath = math or (lambda x, g, u, d: expert(HOST_MATH, x, g, u, d))
+        self.blocks = intermediate_blocks(gate, up, down)
+        #: the whole weights, where they are not kept as blocks
+        self.whole = (gate, up, down) if self.blocks is None else None
+        self.inner, self.hidden = gate.rows, down.rows
+        #: decoded float32 gate, up, down while this expert is among the hottest
+        self.held: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def load(cls, artifact: Any, prefix: str) -> HostExpert:
-        """The expert whose weights are ``prefix`` + gate, up, down."""
-        return cls(*(load_host_weight(artifact, prefix + w) for w in ("gate", "up", "down")))
+    def load(cls, artifact: Any, prefix: str, math: ExpertMath | None = None) -> HostExpert:
+        """The expert whose weights are ``prefix`` + gate, up, down (a plain gated MLP
+        unless ``math`` says otherwise)."""
+        return cls(*(load_host_weight(artifact, prefix + w) for w in ("gate", "up", "down")), math)
 
     @property
     def nbytes(self) -> int:
-        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+        """Host bytes of its stored form (the decoded copy, if held, is ``held_bytes``)."""
+        if self.blocks is None:
+            return sum(w.nbytes for w in self.whole)  # type: ignore[union-attr]
+        return sum(int(p.data.nbytes) for block in self.blocks for s in block for p in s)
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of a decoded float32 copy of its weights."""
+        return 4 * 3 * self.inner * self.hidden
+
+    @property
+    def held_bytes(self) -> int:
+        return self.decoded_bytes if self.held is not None else 0
 
     @property
     def decoded(self) -> bool:
         """Whether any of its weights is held decoded (its layout could not be cut)."""
-        return any(w.values is not None for w in (self.gate, self.up, self.down))
+        return self.whole is not None and any(w.values is not None for w in self.whole)
+
+    def weights(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """gate, up, down as float32 (the held copy, or decoded now)."""
+        if self.held is not None:
+            return self.held
+        if self.whole is not None:
+            gate, up, down = self.whole
+            return gate.decode(), up.decode(), down.decode()
+        blocks = self.blocks or ()
+        gate = np.concatenate([_decode(b[0]) for b in blocks])
+        up = np.concatenate([_decode(b[1]) for b in blocks])
+        return gate, up, np.concatenate([_decode(b[2]) for b in blocks], axis=1)
+
+    def hold(self, keep: bool) -> None:
+        """Keep (or drop) a decoded float32 copy of the weights."""
+        self.held = (self.held or self.weights()) if keep else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """``down(silu(gate x) * up x)`` on rows x [n, H], float32, the stored codes decoded
-        for this call only."""
-        return HOST_MATH._mlp(x, self.gate.decode(), self.up.decode(), self.down.decode())
+        """The expert on rows x [n, H], float32: on the held copy, else block by block from
+        the stored codes (``benchmarks/expert_offload_host_bench.py`` measured both against
+        decoding whole matrices)."""
+        if self.held is not None or self.blocks is None:
+            return self.math(x, *self.weights())
+        out = None
+        for gate, up, down in self.blocks:
+            part = self.math(x, _decode(gate), _decode(up), _decode(down))
+            out = part if out is None else out + part
+        return out  # type: ignore[return-value]
+
+
+def hold_hottest(experts: Sequence[tuple[float, HostExpert]], allowance: int) -> int:
+    """Keep decoded copies of the experts most chosen first (``(priority, expert)``; among
+    equals, in the order given) while their bytes fit ``allowance``; drop the others'.
+    Returns the bytes held."""
+    used = 0
+    order = sorted(range(len(experts)), key=lambda i: -experts[i][0])
+    keep = set()
+    for i in order:
+        size = experts[i][1].decoded_bytes
+        if used + size <= allowance:
+            keep.add(i)
+            used += size
+    for i, (_, host_expert) in enumerate(experts):
+        host_expert.hold(i in keep)
+    return used
 
 
 def host_threads() -> int:

@@ -1,16 +1,18 @@
 """``--vram-budget``: a model's routed experts planned into a device-memory budget.
 
-The engine drives it in three steps:
+The engine drives it in four steps:
 
 1. ``ExpertOffload.for_budget`` before loading: refuses what is not built (a GPU backend,
-   tensor parallelism) in one line;
-2. ``attach`` while the model loads (called by the model): the routed experts of the text
-   layers are not prepared on the backend; each MoE block becomes a ``SplitMoe`` holding
-   them in host memory;
-3. ``start`` once the context pool exists (its bytes are part of the budget): plans with
-   equal priorities (refusing a budget below the weights that must be resident), places,
-   and with calibration on, counts routing over a short text and places again by those
-   counts.
+   tensor parallelism) in one line; the engine then gives it ``context_bytes``, the bytes
+   its context pool will take for a model's memory kinds (``ContextPool.planned_bytes``);
+2. ``plan_load``, called by the model before it prepares any weight: plans from the
+   artifact's stored sizes and the pool's planned bytes (refusing a budget below the
+   weights that must be resident, before anything is loaded), and tells the model which
+   routed experts to leave unprepared: those the plan keeps in host memory;
+3. ``attach`` once the model's layers exist: each MoE block (``split_moe.SplittableMoe``)
+   becomes a ``SplitMoe`` holding its unprepared experts in host memory;
+4. ``start`` once the context pool exists: with calibration on, counts routing over a
+   short text and places the experts again by those counts.
 
 On the CPU backend the "device" is simulated: resident experts run as the backend's float32
 weights, the others from their stored codes on the host path, which is what a test of the
@@ -26,14 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import MoeWeights
 from ..capacity import parse_size
 from ..errors import EngineError
+from ..sizes import format_size
+from ..state import ContextPool, DraftSpec
 from .calibration import routing_counts
 from .counters import ExpertCounters
-from .host_experts import HostCompute
+from .host_experts import HostCompute, hold_hottest
 from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
-from .split_moe import SplitMoe, expert_names
+from .split_moe import SplitMoe, SplittableMoe, expert_names
 
 log = logging.getLogger("ninfer.expert_offload")
 
@@ -41,6 +44,31 @@ log = logging.getLogger("ninfer.expert_offload")
 GPU_NOT_BUILT = "expert offload on the GPU is not built yet"
 #: the budget in MiB when neither ``--vram-budget`` nor ``[engine] vram_budget`` gives one
 VRAM_BUDGET_ENV = "NINFER_VRAM_BUDGET_MIB"
+#: the share of the host's available memory the decoded copies of the hottest host experts
+#: may take when ``host_expert_cache`` is not given
+HOST_CACHE_SHARE = 0.25
+
+
+def available_memory() -> int:
+    """Bytes of host memory available now (physical pages free or reclaimable)."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def host_cache_setting(given: str | int | None) -> int:
+    """The decoded-expert allowance in bytes: ``given`` (a size; 0 turns it off), else a
+    quarter of the host memory available now."""
+    size = parse_size(given, "host expert cache")
+    return int(HOST_CACHE_SHARE * available_memory()) if size is None else size
 
 
 def vram_budget_setting(
@@ -62,6 +90,14 @@ def vram_budget_setting(
     return int(mib * (1 << 20))
 
 
+def planned_pool_bytes(model: Any, *, draft_tokens: int = 0, **plan: Any) -> int:
+    """The bytes ``ModelRunner(model).new_pool(draft_tokens=..., **plan)`` will allocate,
+    from the model's memory kinds alone (its config read, no weight needed)."""
+    specs, mtp = model.state_specs()
+    draft = DraftSpec(draft_tokens + 1, model.config.hidden) if draft_tokens else None
+    return ContextPool.planned_bytes(specs, mtp=mtp, draft=draft, **plan)
+
+
 class ExpertOffload:
     """A model's routed experts split between device and host memory within a budget."""
 
@@ -73,20 +109,27 @@ class ExpertOffload:
         counts: Mapping[int, Sequence[float]] | None = None,
         workspace: int = 0,
         threads: int | None = None,
+        host_cache: int | str | None = None,
     ):
         """``counts``: a priority kept from earlier (layer -> hits per expert, e.g. a run's
         ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes
-        the backend needs beside weights and context (0 on the CPU)."""
+        the backend needs beside weights and context (0 on the CPU); ``host_cache``: host
+        bytes for decoded copies of the host experts used most recently (``[engine]
+        host_expert_cache``; None: a quarter of the available memory, 0: none)."""
         self.budget = budget
         self.calibrate = calibrate and counts is None
         self.priority = counts
         self.workspace = workspace
         self.host = HostCompute(threads)
+        #: host bytes for decoded float32 copies of the hottest host experts
+        self.host_cache = host_cache_setting(host_cache)
         self.blocks: list[SplitMoe] = []
         self.counters = ExpertCounters({})
         self.plan: OffloadPlan | None = None
+        #: the context pool's bytes for a model's memory (set by the engine before loading;
+        #: None: no pool in the budget)
+        self.context_bytes: Callable[[Any], int] | None = None
         self._artifact: Any = None
-        self._names: list[str] = []
         self._sizes: WeightSizes | None = None
         self._context = 0
 
@@ -98,6 +141,7 @@ class ExpertOffload:
         *,
         tensor_parallel: int = 1,
         calibrate: bool = True,
+        host_cache: int | str | None = None,
     ) -> ExpertOffload | None:
         """The offload a ``--vram-budget`` asks for (None: no budget, all resident)."""
         size = parse_size(budget, "vram budget")
@@ -111,40 +155,73 @@ class ExpertOffload:
             )
         if tensor_parallel > 1:
             raise EngineError("--vram-budget with --tensor-parallel is not built yet")
-        return cls(size, calibrate=calibrate)
+        return cls(size, calibrate=calibrate, host_cache=host_cache)
 
     # ------------------------------------------------------------------ while loading
-    def held_on_host(self, name: str) -> bool:
-        """Whether the model leaves parameter ``name`` unprepared (a text layer's routed
-        expert weight: ``attach`` holds it)."""
-        return routed_expert(name) is not None
+    def plan_load(self, model: Any, artifact: Any, names: Sequence[str]) -> Callable[[str], bool]:
+        """The first plan, before ``model`` prepares any of ``names`` (all the parameters it
+        loads): from their stored sizes and the context pool's planned bytes for the model's
+        memory (``model.state_specs()``, so the model's config must be read by now).
+        Returns which parameters to leave unprepared: the routed experts the plan keeps in
+        host memory. ``VramBudgetError`` here costs no loading."""
+        self._artifact = artifact
+        self._sizes = WeightSizes.measure(artifact, names)
+        self._context = self.context_bytes(model) if self.context_bytes is not None else 0
+        plan = plan_residency(
+            self._sizes,
+            self.budget,
+            workspace=self.workspace,
+            context=self._context,
+            counts=self.priority,
+        )
+        self.plan = plan
 
-    def attach(self, layers: Sequence[Any], artifact: Any, names: Sequence[str]) -> None:
-        """Turn every MoE block of the text ``layers`` into a ``SplitMoe``; ``names`` are
-        all the parameters the model loads (for the budget's other weights)."""
-        self._artifact, self._names = artifact, list(names)
+        def held_on_host(name: str) -> bool:
+            where = routed_expert(name)
+            return where is not None and where[1] not in plan.resident.get(where[0], ())
+
+        return held_on_host
+
+    def attach(self, layers: Sequence[Any]) -> None:
+        """Turn every MoE block of the text ``layers`` (``layer.ffn``, its routed experts
+        those ``plan_load`` left prepared) into a ``SplitMoe``."""
+        if self.plan is None:
+            raise EngineError("expert offload: attach before plan_load")
         moe = {
-            i: len(layer.ffn.weights.experts)
+            i: len(layer.ffn.experts)
             for i, layer in enumerate(layers)
-            if isinstance(getattr(layer.ffn, "weights", None), MoeWeights)
+            if isinstance(getattr(layer, "ffn", None), SplittableMoe)
         }
         self.counters = ExpertCounters(moe)
         for i in moe:
-            layers[i].ffn = SplitMoe(i, layers[i].ffn, artifact, self.host, self.counters)
-            self.blocks.append(layers[i].ffn)
+            split = SplitMoe(i, layers[i].ffn, self._artifact, self.host, self.counters)
+            layers[i].ffn = split
+            self.blocks.append(split)
+        held = {b.layer: tuple(np.flatnonzero(b.resident)) for b in self.blocks}
+        if held != {layer: tuple(r) for layer, r in self.plan.resident.items() if layer in held}:
+            raise EngineError("expert offload: the model prepared other experts than planned")
+        self._hold_hottest(self.priority)
+        self._log_decoded()
 
     # ------------------------------------------------------------------ once the pool exists
     def start(
         self, runner: Any, encode: Callable[[str], Sequence[int]], context: int
     ) -> OffloadPlan:
-        """Plan and place the experts in the budget beside a context pool of ``context``
-        bytes; calibrate first if asked."""
-        self._sizes = sizes = WeightSizes.measure(self._artifact, self._names)
-        self._context = context
-        plan = self._place(sizes, context, self.priority)
+        """With the context pool made (``context`` bytes: as planned, else the experts are
+        placed again beside what it took), calibrate if asked and place again by the
+        counts."""
+        if self._sizes is None or self.plan is None:
+            raise EngineError("expert offload: start before plan_load")
+        plan = self.plan
+        if context != self._context:
+            log.warning(
+                "the context pool took %d bytes, not the %d planned", context, self._context
+            )
+            self._context = context
+            plan = self._place(self._sizes, context, self.priority)
         if self.calibrate and self.blocks:
             counts = routing_counts(runner, self.counters, encode)
-            plan = self._place(sizes, context, counts)
+            plan = self._place(self._sizes, context, counts)
             self.priority = counts
         log.info(plan.summary())
         return plan
@@ -181,14 +258,30 @@ class ExpertOffload:
         for block in self.blocks:
             block.place(plan.resident.get(block.layer, ()), prepared)
         self.plan = plan
+        self._hold_hottest(counts)
+        self._log_decoded()
+        return plan
+
+    def _hold_hottest(self, counts: Mapping[int, Sequence[float]] | None) -> None:
+        """Decoded copies for the host experts most chosen (by ``counts``; None: all alike,
+        layer by layer) within the host cache allowance."""
+        ranked = [
+            (float(counts[b.layer][e]) if counts is not None else 0.0, expert)
+            for b in self.blocks
+            for e, expert in sorted(b.host_experts.items())
+        ]
+        held = hold_hottest(ranked, self.host_cache)
+        log.info("host expert cache: %s of decoded experts", format_size(held))
+
+    def _log_decoded(self) -> None:
         decoded = sum(e.decoded for b in self.blocks for e in b.host_experts.values())
         if decoded:
             log.info("%d host experts are held decoded: their layout cannot be cut", decoded)
-        return plan
 
     def host_bytes(self) -> int:
-        """Host memory the host experts take now."""
-        return sum(e.nbytes for b in self.blocks for e in b.host_experts.values())
+        """Host memory the host experts take now: their stored form and the decoded copies
+        of the hottest."""
+        return sum(e.nbytes + e.held_bytes for b in self.blocks for e in b.host_experts.values())
 
     def resident_counts(self) -> np.ndarray:
         """Resident experts per MoE layer, in layer order."""

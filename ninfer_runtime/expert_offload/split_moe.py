@@ -1,32 +1,60 @@
 """A MoE block whose routed experts are split between device memory and host memory.
 
-    top, share = route(x)                                   once, over all experts
-    out = moe_resident(x) + Σ_{pairs on the host} share · expert(x)
+    top, weights = block.route(x)                      the architecture's own routing
+    out = block(x) + Σ_{pairs on the host} weight · expert(x)
 
-``moe_resident`` is the backend's own MoE op over the block with the host's experts left
-out (``None``, as under expert parallelism), so the resident experts and the shared expert
-run exactly as they do without offload; the host adds the pairs of the experts it holds,
-each weighted with the routing weight the router gave it over the full top-k (never
-renormalised over a subset). Routing is the same function on both sides
-(``array_ops.top_k_routing``); on the CPU backend the two routings are bit-identical.
+``block(x)`` is the model's own MoE block with the host's experts left out (``None``, as
+under expert parallelism), so the resident experts and the shared experts run exactly as
+they do without offload; the host adds the pairs of the experts it holds, each weighted with
+the routing weight the block's router gave it over the full top-k (never renormalised over a
+subset, and with any scaling the router applies, such as GLM5Next's
+``routed_scaling_factor``). Routing is one function per architecture, the block's ``route``,
+which the block's own call routes with too: the two parts choose alike (bit-identically on
+the CPU backend, where the same float32 products are computed twice; the router is a small
+product beside the experts').
+
+A block the split can take (``SparseMoe`` of Qwen3.5 and Qwen4Exp, ``GroupedMoe`` of
+GLM5Next) offers:
+
+* ``route(x) -> (top [N, k], weights [N, k])``;
+* ``experts``: its routed experts, None where not held; assignable;
+* ``expert(prefix, weights)``: a routed expert from prepared weights (``prefix`` + gate, up,
+  down), as the block holds it;
+* ``expert_math(backend, x, gate, up, down)``: one routed expert's math on float32 weights,
+  which the host runs on ``HOST_MATH``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..backends import Weight
-from ..backends import array_ops as ops
-from ..backends.base import ExpertWeights, to_numpy
+from ..backends.base import to_numpy
 from .counters import ExpertCounters
 from .host_experts import HOST_MATH, HostCompute, HostExpert
 
 Array = Any
+
+
+@runtime_checkable
+class SplittableMoe(Protocol):
+    """What ``SplitMoe`` reads of a model's MoE block (see the module docstring)."""
+
+    backend: Any
+    experts: Sequence[Any]
+
+    def route(self, x: Array) -> tuple[Array, Array]: ...
+
+    def expert(self, prefix: str, weights: Mapping[str, Weight]) -> Any: ...
+
+    def expert_math(self, be: Any, x: Array, gate: Any, up: Any, down: Any) -> Array: ...
+
+    def __call__(self, x: Array) -> Array: ...
 
 
 def expert_prefix(layer: int, expert: int) -> str:
@@ -38,13 +66,13 @@ def expert_names(layer: int, expert: int) -> list[str]:
 
 
 class SplitMoe:
-    """Wraps a layer's ``SparseMoe`` (whose weights hold the resident experts, the others
-    ``None``) and computes the others' pairs on the host."""
+    """Wraps a layer's MoE block (holding the resident experts, the others ``None``) and
+    computes the others' pairs on the host."""
 
     def __init__(
         self,
         layer: int,
-        inner: Any,
+        inner: SplittableMoe,
         artifact: Any,
         host: HostCompute,
         counters: ExpertCounters,
@@ -52,48 +80,41 @@ class SplitMoe:
         self.layer, self.inner, self.host, self.counters = layer, inner, host, counters
         self.backend = inner.backend
         self._artifact = artifact
-        router = artifact.parameter(f"text/layers/{layer}/moe/router", in_order=True)
-        self.router = np.ascontiguousarray(router, dtype=np.float32)
-        self.top_k = inner.weights.top_k
-        experts = inner.weights.experts
-        self.device: dict[int, ExpertWeights] = {
-            e: w for e, w in enumerate(experts) if w is not None
-        }
-        self.host_experts = {
-            e: HostExpert.load(artifact, expert_prefix(layer, e))
-            for e in range(len(experts))
-            if e not in self.device
-        }
-        self.resident = np.zeros(len(experts), dtype=bool)
-        self.resident[list(self.device)] = True
+        self._math = functools.partial(inner.expert_math, HOST_MATH)
+        held = list(inner.experts)
+        self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
+        self.resident = np.array([w is not None for w in held], dtype=bool)
 
     @property
     def experts(self) -> int:
         return len(self.resident)
+
+    def _host_expert(self, e: int) -> HostExpert:
+        return HostExpert.load(self._artifact, expert_prefix(self.layer, e), math=self._math)
 
     def place(self, resident: tuple[int, ...], prepared: Mapping[str, Weight]) -> None:
         """Make exactly ``resident`` the device's experts: those newly resident from
         ``prepared`` (their weights prepared on the backend), the others back to host
         memory."""
         keep = set(resident)
+        experts = list(self.inner.experts)
         for e in range(self.experts):
-            if e in keep and e not in self.device:
-                self.device[e] = ExpertWeights(*(prepared[n] for n in expert_names(self.layer, e)))
+            if e in keep and experts[e] is None:
+                experts[e] = self.inner.expert(expert_prefix(self.layer, e), prepared)
                 del self.host_experts[e]
-            elif e not in keep and e in self.device:
-                self.host_experts[e] = HostExpert.load(self._artifact, expert_prefix(self.layer, e))
-                del self.device[e]
+            elif e not in keep and experts[e] is not None:
+                self.host_experts[e] = self._host_expert(e)
+                experts[e] = None
         self.resident[:] = False
         self.resident[list(keep)] = True
-        experts = [self.device.get(e) for e in range(self.experts)]
-        self.inner.weights = dataclasses.replace(self.inner.weights, experts=experts)
+        self.inner.experts = experts
 
     def __call__(self, x: Array) -> Array:
-        xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
-        probs = ops.softmax(HOST_MATH.linear(xh, self.router))
-        top, share = ops.top_k_routing(probs, self.top_k)
+        top, weights = self.inner.route(x)
+        top, weights = to_numpy(top), np.asarray(to_numpy(weights), dtype=np.float32)
         out = self.inner(x)
         start = time.perf_counter()
-        part = self.host(xh, top, share, self.host_experts)
+        xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
+        part = self.host(xh, top, weights, self.host_experts)
         self.counters.record(self.layer, top, self.resident, time.perf_counter() - start)
         return out if part is None else out + self.backend.xp.asarray(part)

@@ -10,9 +10,11 @@ import pytest
 
 from ninfer_format import Artifact
 from ninfer_format.schema import Tensor
+from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload import VramBudgetError, WeightSizes
-from ninfer_runtime.expert_offload.host_experts import HostExpert
+from ninfer_runtime.expert_offload.host_experts import HostExpert, hold_hottest
+from ninfer_runtime.expert_offload.plan import routed_expert
 from ninfer_runtime.runner import ModelRunner
 
 PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
@@ -73,40 +75,65 @@ def test_residency_leaves_logits_and_greedy_tokens(q4_moe, shares, reference, fr
     assert counters.device_total + counters.host_total == (len(PROMPT) + 6) * 2 * 4
 
 
-def test_a_budget_below_the_floor_is_refused(q4_moe, shares):
+def test_a_budget_below_the_floor_is_refused_before_loading(q4_moe, shares, monkeypatch):
     floor, _ = shares
+    prepared: list[str] = []
+    real = CpuBackend.prepare
+    monkeypatch.setattr(
+        CpuBackend, "prepare", lambda be, art, names: real(be, art, prepared.extend(names) or names)
+    )
     with pytest.raises(VramBudgetError, match=f"smallest budget that works is .* \\({floor} "):
         engine(q4_moe, floor - 1)
+    assert prepared == []  # planned from stored sizes: no weight was loaded
 
 
-def test_calibration_is_deterministic_and_keeps_the_most_chosen(q4_moe, shares):
-    floor, experts = shares
-    plans = [engine(q4_moe, floor + experts // 4).expert_offload for _ in range(2)]
-    assert plans[0].plan.resident == plans[1].plan.resident
-    plan, counts = plans[0].plan, plans[0].priority
-    for layer in counts:
-        np.testing.assert_array_equal(counts[layer], plans[1].priority[layer])
-    assert sum(map(len, plan.resident.values())) == 4  # a quarter of 4 layers x 4 experts
-    # the experts are the same size: the resident ones are the most chosen of all layers
-    resident = [counts[layer][e] for layer, kept in plan.resident.items() for e in kept]
-    host = [counts[layer][e] for layer in counts for e in plan.host(layer)]
-    assert min(resident) >= max(host) and sum(resident) > sum(host) / 3
+def test_the_plan_comes_first_and_only_resident_experts_load(q4_moe, shares, monkeypatch):
+    """The pool the engine makes is the one planned; a routed expert the plan keeps on the
+    host is never prepared (until a later plan makes it resident)."""
+    floor, _ = shares
+    prepared: list[str] = []
+    real = CpuBackend.prepare
+    monkeypatch.setattr(
+        CpuBackend, "prepare", lambda be, art, names: real(be, art, prepared.extend(names) or names)
+    )
+    e = Engine(q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor, host_expert_cache=0)
+    assert e.expert_offload.plan.context == e.pool.nbytes() > 0
+    assert not any(routed_expert(name) for name in prepared)
+    assert e.expert_offload.host_cache == 0
 
 
-def test_replanning_by_the_counts_the_engine_kept(q4_moe, shares, reference):
-    """After a workload, the experts it chose most move to the device; the numbers stay."""
-    floor, experts = shares
-    e = engine(q4_moe, floor + experts // 2)
-    e.expert_offload.counters.reset()
-    greedy(e.runner, 6)
-    counts = e.expert_offload.counters.counts()
-    plan = e.expert_offload.replan()
-    resident = [counts[layer][x] for layer, kept in plan.resident.items() for x in kept]
-    host = [counts[layer][x] for layer in counts for x in plan.host(layer)]
-    assert len(resident) == 8 and min(resident) >= max(host)
-    tokens, logits = greedy(e.runner, 6)
-    assert tokens == reference[0]
-    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+def test_host_experts_compute_by_blocks_and_the_hottest_hold_decoded_copies(q4_moe, reference):
+    """A host expert cut into intermediate blocks gives the whole expert's rows (its products
+    summed in another order); the hottest experts within the allowance keep decoded copies,
+    and the engine's tokens do not depend on how many do."""
+    art = Artifact.open(q4_moe)
+    experts = [HostExpert.load(art, f"text/layers/0/moe/experts/{i}/") for i in range(3)]
+    x = np.random.default_rng(0).standard_normal((3, experts[0].hidden)).astype(np.float32)
+    for expert in experts:
+        assert expert.blocks is not None and expert.held is None
+        whole = expert.math(x, *expert.weights())
+        np.testing.assert_allclose(expert(x), whole, rtol=1e-5, atol=1e-6)
+    size = experts[0].decoded_bytes
+    assert hold_hottest([(1.0, experts[0]), (5.0, experts[1]), (3.0, experts[2])], 2 * size) == (
+        2 * size
+    )
+    assert [e.held is not None for e in experts] == [False, True, True]
+    np.testing.assert_array_equal(experts[1](x), experts[1].math(x, *experts[1].weights()))
+    for allowance in (0, "1GiB"):
+        e = Engine(
+            q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=shares_floor(q4_moe),
+            host_expert_cache=allowance,
+        )  # fmt: skip
+        held = [
+            x.held is not None for b in e.expert_offload.blocks for x in b.host_experts.values()
+        ]
+        assert len(held) == 16 and all(held) == (allowance != 0) and any(held) == all(held)
+        assert greedy(e.runner, 6)[0] == reference[0]
+
+
+def shares_floor(path) -> int:
+    plan = engine(path, "1GiB").expert_offload.plan
+    return plan.weights + plan.workspace + plan.context
 
 
 @pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])
@@ -116,10 +143,9 @@ def test_host_experts_decode_to_the_loaded_weights(artifact_path, recipe):
     art = Artifact.open(artifact_path(recipe, "moe"))
     prefix = "text/layers/2/moe/experts/3/"
     expert = HostExpert.load(art, prefix)
-    for part in ("gate", "up", "down"):
-        weight = getattr(expert, part)
+    for part, weight in zip(("gate", "up", "down"), expert.weights(), strict=True):
         want = art.parameter(prefix + part, in_order=True)
-        np.testing.assert_array_equal(weight.decode(), want)
+        np.testing.assert_array_equal(weight, want)
     stored = sum(int(np.prod(art.binder_report.parameters[prefix + p])) for p in ("gate", "up"))
     if recipe == "tiny_q4":
         assert not expert.decoded

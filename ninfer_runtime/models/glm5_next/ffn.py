@@ -59,11 +59,14 @@ class GroupedMoe:
         weights: Mapping[str, Weight],
     ):
         p = prefix + "moe/"
-        self.moe, self.routing, self.backend = moe, routing, backend
+        self.moe, self.routing, self.limit, self.backend = moe, routing, limit, backend
         self.router = weights[p + "router"]
         self.router_bias = backend.array(weights[p + "router_bias"])
-        self.experts = [
-            ClampedMlp(f"{p}experts/{e}/", limit, backend, weights) for e in range(moe.experts)
+        #: the routed experts this block computes; None: not prepared (expert offload holds
+        #: it in host memory, ``expert_offload.SplitMoe``)
+        self.experts: list[ClampedMlp | None] = [
+            self.expert(f"{p}experts/{e}/", weights) if f"{p}experts/{e}/gate" in weights else None
+            for e in range(moe.experts)
         ]
         self.shared = ClampedMlp(p + "shared/", limit, backend, weights)
 
@@ -94,6 +97,20 @@ class GroupedMoe:
         top, weights = self.route(x)
         out = self.shared(x)
         for e in xp.unique(top).tolist():
+            expert = self.experts[e]
+            if expert is None:  # held in host memory: expert offload adds its pairs
+                continue
             rows, k = xp.nonzero(top == e)
-            out[rows] += weights[rows, k, None] * self.experts[e](x[rows])
+            out[rows] += weights[rows, k, None] * expert(x[rows])
         return out
+
+    # ------------------------------------------------ what expert offload's split reads
+    def expert(self, prefix: str, weights: Mapping[str, Weight]) -> ClampedMlp:
+        """The routed expert whose prepared weights are ``prefix`` + gate, up, down."""
+        return ClampedMlp(prefix, self.limit, self.backend, weights)
+
+    def expert_math(self, be: Backend, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
+        """One routed expert on separate gate, up and down weights (``ClampedMlp``'s math)."""
+        xp, limit = array_module(x), self.limit
+        g, u = be.linear(x, gate), be.linear(x, up)
+        return be.linear(silu_mul(xp.minimum(g, limit), xp.clip(u, -limit, limit)), down)

@@ -42,7 +42,9 @@ GLOBALS = ("text/token_embedding", "text/output_head", "text/final_norm")
 class Glm5NextModel:
     """The model's math: weights prepared on a backend once, state kept outside."""
 
-    def __init__(self, artifact: Any, backend: Backend):
+    def __init__(self, artifact: Any, backend: Backend, expert_offload: Any = None):
+        """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it
+        plans into host memory are not prepared here; it splits each MoE block."""
         g = read_config(artifact.components["text"].config)
         self.config: Glm5NextGeometry = g
         self.backend = backend
@@ -52,11 +54,16 @@ class Glm5NextModel:
             raise ModelError(
                 f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
             )
+        if expert_offload is not None:  # planned before any weight is prepared
+            held = expert_offload.plan_load(self, artifact, names)
+            names = [n for n in names if not held(n)]
         w = backend.prepare(artifact, names)
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
         self.final_norm = backend.array(w["text/final_norm"])
         self.layers = [DecoderLayer(i, g, backend, w) for i in range(g.layers)]
+        if expert_offload is not None:
+            expert_offload.attach(self.layers)
 
     @staticmethod
     def parameter_names(g: Glm5NextGeometry) -> list[str]:
@@ -131,6 +138,7 @@ def load_glm5_next(
     backend: Backend,
     collective: Collective | None = None,
     expert_parallel: bool = False,
+    expert_offload: Any = None,
 ) -> Glm5NextModel:
     if backend.name != "cpu":
         raise ModelError(
@@ -139,4 +147,4 @@ def load_glm5_next(
         )
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
-    return Glm5NextModel(artifact, backend)
+    return Glm5NextModel(artifact, backend, expert_offload)

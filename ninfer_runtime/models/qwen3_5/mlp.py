@@ -7,11 +7,14 @@ MoE:   p = softmax(router x) over all experts; top-k of p renormalised to sum 1;
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...backends import Backend, ExpertWeights, MoeWeights, Weight
+from ...backends import array_ops as ops
 from ...ops.registry import resolve
+from ..functional import silu
 from .config import MoeConfig
 
 Array = Any
@@ -38,22 +41,20 @@ class SparseMoe:
     provider can group tokens by expert; this class only assembles the block's weights (the
     experts this rank does not hold, under expert parallelism, as None; so too the experts
     not prepared at all, which expert offload holds in host memory,
-    ``expert_offload.SplitMoe``)."""
+    ``expert_offload.SplitMoe``, through ``route``, ``experts``, ``expert`` and
+    ``expert_math``)."""
 
     def __init__(self, prefix: str, m: MoeConfig, backend: Backend, weights: Mapping[str, Weight]):
         p = prefix + "moe/"
         self.backend = backend
-
-        def expert(q: str) -> ExpertWeights:
-            return ExpertWeights(weights[q + "gate"], weights[q + "up"], weights[q + "down"])
-
+        expert = self.expert
         self.weights = MoeWeights(
             router=weights[p + "router"],
             experts=[
-                expert(f"{p}experts/{e}/") if f"{p}experts/{e}/gate" in weights else None
+                expert(f"{p}experts/{e}/", weights) if f"{p}experts/{e}/gate" in weights else None
                 for e in range(m.experts)
             ],
-            shared=expert(p + "shared/"),
+            shared=expert(p + "shared/", weights),
             shared_score=weights[p + "shared_score"],
             top_k=m.top_k,
         )
@@ -69,3 +70,31 @@ class SparseMoe:
     def __call__(self, x: Array) -> Array:
         block = resolve("moe", "block", device=self.backend.name)
         return block(self.backend, x, self.weights)
+
+    # ------------------------------------------------ what expert offload's split reads
+    def route(self, x: Array) -> tuple[Array, Array]:
+        """Rows x [N, H] -> their experts [N, k] and routing weights [N, k]: the routing the
+        moe family's ``block`` computes inside (the same functions, so the same choice)."""
+        choose = resolve("moe", "route", device=self.backend.name)
+        return choose(ops.softmax(self.backend.linear(x, self.weights.router)), self.weights.top_k)
+
+    @property
+    def experts(self) -> Sequence[ExpertWeights | None]:
+        """The routed experts this block computes (None: held elsewhere)."""
+        return self.weights.experts
+
+    @experts.setter
+    def experts(self, experts: Sequence[ExpertWeights | None]) -> None:
+        self.weights = dataclasses.replace(self.weights, experts=list(experts))
+
+    @staticmethod
+    def expert(prefix: str, weights: Mapping[str, Weight]) -> ExpertWeights:
+        """The expert whose prepared weights are ``prefix`` + gate, up, down."""
+        return ExpertWeights(
+            weights[prefix + "gate"], weights[prefix + "up"], weights[prefix + "down"]
+        )
+
+    @staticmethod
+    def expert_math(be: Backend, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
+        """One routed expert, ``down(silu(gate x) * up x)``, as the ``block`` computes it."""
+        return be.linear(silu(be.linear(x, gate)) * be.linear(x, up), down)

@@ -64,7 +64,7 @@ class Qwen35Model:
         for kind in c.layer_types:
             if kind not in (FULL_ATTENTION, LINEAR_ATTENTION):
                 raise ModelError(f"unknown layer type {kind!r} in the text config")
-        with_mtp = "mtp" in artifact.components
+        self.with_mtp = with_mtp = "mtp" in artifact.components
         if c.attention is None and (with_mtp or FULL_ATTENTION in c.layer_types):
             raise ModelError("full attention (a layer or the mtp block) needs num_attention_heads")
         names = self.parameter_names(c, with_mtp)
@@ -76,7 +76,9 @@ class Qwen35Model:
         # the indexed proposal head (spec 5.6): the rows of the output head the drafter scores
         proposal = with_mtp and PROPOSAL_HEAD in artifact.bindings
         loaded = names + [PROPOSAL_HEAD] * proposal
-        held = expert_offload.held_on_host if expert_offload is not None else None
+        held = None  # the routed experts the offload plans into host memory stay unprepared
+        if expert_offload is not None:
+            held = expert_offload.plan_load(self, artifact, loaded)
         w = backend.prepare(artifact, [n for n in loaded if held is None or not held(n)])
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
@@ -87,7 +89,7 @@ class Qwen35Model:
             for i, kind in enumerate(c.layer_types)
         ]
         if expert_offload is not None:
-            expert_offload.attach(self.layers, artifact, loaded)
+            expert_offload.attach(self.layers)
         self.rotary = Rotary(c.attention, backend.xp) if c.attention else None
         self.mtp = (
             MtpHead(c, backend, w, self.token_embedding, self.logits, reduce) if with_mtp else None
@@ -127,7 +129,7 @@ class Qwen35Model:
                     GdnSpec(g.value_heads, g.key_dim, g.value_dim, g.conv_channels, g.conv_kernel)
                 )
         mtp: MemoryKind | None = None
-        if self.mtp is not None and c.attention is not None:
+        if self.with_mtp and c.attention is not None:  # known before the weights load
             mtp = KvSpec(c.attention.kv_heads, c.attention.head_dim)
         return specs, mtp
 
@@ -164,16 +166,28 @@ class Qwen35Model:
         return self.collective.all_gather(self.backend.linear(hidden, self.output_head))
 
     def mtp_logits(
-        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+        self,
+        hidden: Array,
+        next_ids: Array,
+        batch: Batch,
+        memory: AttentionPages,
+        embeddings: Array | None = None,
     ) -> Array:
-        """Draft logits of the MTP block (``MtpHead``) for rows laid out by ``batch``."""
-        return self._mtp_head()(hidden, next_ids, batch, memory)
+        """Draft logits of the MTP block (``MtpHead``) for rows laid out by ``batch``;
+        ``embeddings`` [N, H]: the next tokens' input rows instead of their embeddings (a
+        prompt's, its images' rows placed)."""
+        return self._mtp_head()(hidden, next_ids, batch, memory, embeddings)
 
     def mtp_hidden(
-        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+        self,
+        hidden: Array,
+        next_ids: Array,
+        batch: Batch,
+        memory: AttentionPages,
+        embeddings: Array | None = None,
     ) -> Array:
         """The MTP block's post-norm output (what the next draft step continues from)."""
-        return self._mtp_head().hidden(hidden, next_ids, batch, memory)
+        return self._mtp_head().hidden(hidden, next_ids, batch, memory, embeddings)
 
     @property
     def has_proposal_head(self) -> bool:

@@ -47,7 +47,10 @@ class Qwen4ExpModel:
         backend: Backend,
         ple_rows: str = "auto",
         ple_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        expert_offload: Any = None,
     ):
+        """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it
+        plans into host memory are not prepared here; it splits each MoE block."""
         if backend.name != "cpu":
             raise ModelError(
                 f"Qwen4Exp runs on the cpu backend only (no {backend.name} kernels for its "
@@ -61,6 +64,9 @@ class Qwen4ExpModel:
             raise ModelError(
                 f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
             )
+        if expert_offload is not None:  # planned before any weight is prepared
+            held = expert_offload.plan_load(self, artifact, names)
+            names = [n for n in names if not held(n)]
         tables = table_names(g)
         #: the n-gram tables read from disk (``ple_rows`` streamed); None: held whole
         self.ple_tables = None
@@ -77,6 +83,8 @@ class Qwen4ExpModel:
         )
         self.rotary = Rotary(g.attention, backend.xp) if g.attention else None
         self.layers = [DecoderLayer(i, g, backend, w, self.rotary) for i in range(g.layers)]
+        if expert_offload is not None:
+            expert_offload.attach(self.layers)
 
     def parameter_names(self) -> list[str]:
         g = self.config
@@ -166,7 +174,8 @@ def load_qwen4_exp(
     expert_parallel: bool = False,
     ple_rows: str = "auto",
     ple_cache_bytes: int = DEFAULT_CACHE_BYTES,
+    expert_offload: Any = None,
 ) -> Qwen4ExpModel:
     if collective is not None and getattr(collective, "world", 1) > 1:
         raise ModelError("Qwen4Exp does not run tensor-parallel yet")
-    return Qwen4ExpModel(artifact, backend, ple_rows, ple_cache_bytes)
+    return Qwen4ExpModel(artifact, backend, ple_rows, ple_cache_bytes, expert_offload)
