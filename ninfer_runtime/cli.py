@@ -180,6 +180,13 @@ def _read_images(paths: tuple[Path, ...]) -> list[Any]:
     "that do not fit are computed from host memory (MoE models; the CPU backend simulates "
     "the split).  [default: $NINFER_VRAM_BUDGET_MIB, else no budget]",
 )
+@click.option(
+    "--host-expert-cache",
+    metavar="SIZE",
+    help="With --vram-budget: host memory for decoded copies of the most chosen host "
+    "experts, e.g. 4GiB (0: none, every use decodes).  [default: a quarter of the available "
+    "memory]",
+)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
 @click.option(
@@ -289,6 +296,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         tensor_parallel=o.tensor_parallel,
         expert_parallel=o.expert_parallel,
         vram_budget=vram_budget_setting(o.vram_budget),
+        host_expert_cache=o.host_expert_cache,
     )
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(

@@ -183,6 +183,12 @@ def _say(text: str) -> None:
     "experts that do not fit are computed from host memory (the CPU backend simulates the "
     "split).  [default: $NINFER_VRAM_BUDGET_MIB, else none]",
 )
+@click.option(
+    "--host-expert-cache",
+    metavar="SIZE",
+    help="With --vram-budget: host memory for decoded copies of the most chosen host "
+    "experts, e.g. 4GiB (0: none).  [default: a quarter of the available memory]",
+)
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
 @speculative_options(None)
 @click.option(
@@ -245,6 +251,7 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "memory_headroom": flags["memory_headroom"],
             "host_context_capacity": flags["host_context_capacity"],
             "vram_budget": flags["vram_budget"],
+            "host_expert_cache": flags["host_expert_cache"],
             "kv_dtype": flags["kv_dtype"],
         },
         "speculative": {
@@ -417,6 +424,7 @@ def serve(model: Path, settings: Settings) -> int:
             tensor_parallel=settings.parallel.tensor_parallel,
             expert_parallel=settings.parallel.expert_parallel,
             vram_budget=vram_budget_setting(engine_cfg.vram_budget),
+            host_expert_cache=engine_cfg.host_expert_cache,
             vision=settings.vision_options(),
         )
 

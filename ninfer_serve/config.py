@@ -161,6 +161,10 @@ class EngineSettings(_Table):
     #: ``8GiB``): a MoE model's routed experts that do not fit are computed from host
     #: memory. Unset: ``$NINFER_VRAM_BUDGET_MIB`` if set, else no budget (all resident).
     vram_budget: str | None = None
+    #: With a ``vram_budget``: host memory for decoded float32 copies of the host experts
+    #: routing chooses most (``--host-expert-cache``, e.g. ``4GiB``; ``0``: none, each use
+    #: decodes the stored codes block by block). Unset: a quarter of the available memory.
+    host_expert_cache: str | None = None
     #: How K/V are stored (``ninfer_runtime.state.KV_DTYPES``): float32 (exact), bfloat16
     #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
     kv_dtype: str = "float32"
@@ -203,6 +207,7 @@ class EngineSettings(_Table):
             parse_size(self.memory_headroom)
             parse_size(self.host_context_capacity, "host context capacity")
             parse_size(self.vram_budget, "vram budget")
+            parse_size(self.host_expert_cache, "host expert cache")
         except EngineError as exc:
             raise ValueError(str(exc)) from None
         return self
