@@ -380,6 +380,7 @@ class ModelRunner:
         next_ids: Array,
         state: SequenceState,
         positions: np.ndarray | None = None,
+        embeddings: Array | None = None,
     ) -> None:
         """The drafter's view of a prompt chunk just prefilled: ``hidden`` [t, H] are the
         chunk's rows (positions ``state.mtp_length`` on) and ``next_ids`` the prompt tokens
@@ -387,7 +388,9 @@ class ModelRunner:
         prompt's last) is kept for the first ``speculate``, which pairs it with the token
         sampled from it. ``positions`` (host [t] or [3, t]): the RoPE positions of the
         ``next_ids``, a prompt's with images; by default their sequence indices plus the
-        state's ``rope_delta``."""
+        state's ``rope_delta``. ``embeddings`` [t, H]: the next tokens' input rows, a
+        prompt's with its images' rows placed (the model's ``mtp_hidden`` takes them: a
+        Qwen3.5 VLM's), instead of their token embeddings."""
         ids = np.asarray(next_ids).reshape(-1)
         t, rows = len(ids), hidden.shape[0]
         memory, kept = state.pool.mtp, state.pool.draft_hidden
@@ -403,7 +406,11 @@ class ModelRunner:
             elif (positions := np.asarray(positions)).shape not in ((t,), (3, t)):
                 raise EngineError(f"mtp_prefill: positions {positions.shape} for {t} tokens")
             batch = self.batch([Lane(slice(0, t), start, state)], positions)
-            self.model.mtp_hidden(hidden[:t], self.backend.xp.asarray(ids), batch, memory)
+            next_ids = self.backend.xp.asarray(ids)
+            if embeddings is None:
+                self.model.mtp_hidden(hidden[:t], next_ids, batch, memory)
+            else:
+                self.model.mtp_hidden(hidden[:t], next_ids, batch, memory, embeddings[:t])
             state.mtp_length = start + t
         if rows > t:
             kept[state.slot, 0] = hidden[t]

@@ -364,8 +364,13 @@ class Scheduler:
             if self.drafting and prefix.length < len(a.prompt_ids):
                 # the drafter's entry of the last kept token, now that the next is known
                 span = slice(prefix.length, prefix.length + 1)
-                at = None if a.images is None else a.images.positions[:, span]
-                self.runner.mtp_prefill(prefix.hidden[None], a.prompt_ids[span], a.state, at)
+                rows = at = None
+                if a.images is not None:  # at its M-RoPE position, an image's row placed
+                    from .images import placed_inputs
+
+                    read = [(a.prompt_ids, a.images, span.start, span.stop)]
+                    rows, at = placed_inputs(self.runner.model, read)
+                self.runner.mtp_prefill(prefix.hidden[None], a.prompt_ids[span], a.state, at, rows)
         return True
 
     def _restore(self, a: Lane) -> bool:

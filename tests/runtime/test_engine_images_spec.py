@@ -31,7 +31,9 @@ LONG = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 def add_vlm_mtp(directory: Path) -> None:
     """Random ``mtp.*`` tensors beside a VLM checkpoint's ``model.language_model.*``: the
-    input projection, the three norms and one full-attention layer (near the text one)."""
+    input projection, the three norms and one full-attention layer (near the text one, its
+    query and key norms larger, so that its attention is sharp enough for positions and
+    image rows to change its drafts)."""
     path = directory / "model.safetensors"
     tensors = load_file(path)
     prefix = "model.language_model.layers.1."  # layer 1 is full attention (COMMON)
@@ -39,7 +41,9 @@ def add_vlm_mtp(directory: Path) -> None:
     for name, value in list(tensors.items()):
         if name.startswith(prefix):
             noise = torch.randn(value.shape, generator=generator, dtype=torch.float32)
-            tensors["mtp.layers.0." + name[len(prefix) :]] = value + 0.05 * noise.to(value.dtype)
+            sharpen = 1.0 if name.endswith(("q_norm.weight", "k_norm.weight")) else 0.0
+            drawn = value + 0.05 * noise.to(value.dtype) + sharpen
+            tensors["mtp.layers.0." + name[len(prefix) :]] = drawn
     hidden = tensors["lm_head.weight"].shape[1]
     scale = 0.6 / (2 * hidden) ** 0.5
     tensors["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=generator) * scale
@@ -86,11 +90,14 @@ def record_rounds(engine: Engine) -> list[tuple[int, int]]:
     return rounds
 
 
-def one_shot_drafts(engine: Engine, req: GenerationRequest, tokens: list[int], shifted: bool):
+def one_shot_drafts(
+    engine: Engine, req: GenerationRequest, tokens: list[int], shifted: bool, rows: bool = True
+):
     """The drafter's argmax after every token of prompt + ``tokens``, all in one chunk:
     main-model hidden rows at the prompt's M-RoPE positions (index + rope_delta after it),
-    then the MTP block pairing hidden j with token j + 1 at token j + 1's position.
-    ``shifted`` False: every position is the plain index (what ignoring images would do)."""
+    then the MTP block pairing hidden j with token j + 1 (an image's row at a placeholder)
+    at token j + 1's position. ``shifted`` False: every position is the plain index (what
+    ignoring images would do); ``rows`` False: the drafter embeds placeholders as tokens."""
     prompt, _ = engine.render(req)
     images = engine.vision.encode(np.asarray(prompt, dtype=np.int64), req.images)
     ids = np.asarray([*prompt, *tokens], dtype=np.int64)
@@ -105,7 +112,8 @@ def one_shot_drafts(engine: Engine, req: GenerationRequest, tokens: list[int], s
     state = runner.new_pool(lanes=1, max_context=256, draft_tokens=1).open(256)
     out = runner.forward([ids], [state], embeddings=embedded, positions=positions)
     batch = runner.batch([Lane(slice(0, n - 1), 0, state)], positions[:, 1:])
-    logits = engine.model.mtp_logits(out.hidden[0][:-1], ids[1:], batch, state.pool.mtp)
+    inputs = embedded[1:] if rows else None
+    logits = engine.model.mtp_logits(out.hidden[0][:-1], ids[1:], batch, state.pool.mtp, inputs)
     return np.argmax(np.asarray(logits), axis=-1)
 
 
@@ -125,9 +133,11 @@ def test_greedy_with_images_is_unchanged_by_speculation(artifact, plain, k, part
     assert finished.usage.images == len(req.images)
     drafts = one_shot_drafts(plain, req, tokens, shifted=True)
     assert [d for _, d in rounds] == [int(drafts[length - 1]) for length, _ in rounds]
-    if k == 1:  # the check has teeth: positions that ignore the image draft otherwise
-        naive = one_shot_drafts(plain, req, tokens, shifted=False)
-        assert any(int(naive[length - 1]) != d for length, d in rounds)
+    # the check has teeth: positions that ignore the images, or placeholders embedded as
+    # tokens, draft otherwise
+    for shifted, rows in ((False, True), (True, False)):
+        other = one_shot_drafts(plain, req, tokens, shifted, rows)
+        assert any(int(other[length - 1]) != d for length, d in rounds)
 
 
 def test_lanes_with_and_without_images_speculate_together(artifact, plain) -> None:

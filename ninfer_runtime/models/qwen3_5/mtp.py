@@ -47,17 +47,31 @@ class MtpHead:
         return names + DecoderLayer.parameter_names(PREFIX, FULL_ATTENTION, c)
 
     def __call__(
-        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
+        self,
+        hidden: Array,
+        next_ids: Array,
+        batch: Batch,
+        memory: AttentionPages,
+        embeddings: Array | None = None,
     ) -> Array:
-        return self.logits(self.hidden(hidden, next_ids, batch, memory))
+        return self.logits(self.hidden(hidden, next_ids, batch, memory, embeddings))
 
-    def hidden(self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages) -> Array:
+    def hidden(
+        self,
+        hidden: Array,
+        next_ids: Array,
+        batch: Batch,
+        memory: AttentionPages,
+        embeddings: Array | None = None,
+    ) -> Array:
         """The block's post-norm output [N, H]: what the head reads, and what the next draft
-        step pairs with the token drafted from it."""
+        step pairs with the token drafted from it. ``embeddings`` [N, H], when given, stand
+        for the next tokens' embeddings: a prompt's, where an image's placeholders read the
+        vision tower's rows, as the main model's layers do."""
         be, eps = self.backend, self.eps
-        e = be.rms_norm(
-            be.embedding(next_ids, self.token_embedding), self.embedding_norm, eps, offset=1.0
-        )
+        if embeddings is None:
+            embeddings = be.embedding(next_ids, self.token_embedding)
+        e = be.rms_norm(embeddings, self.embedding_norm, eps, offset=1.0)
         h = be.rms_norm(hidden, self.hidden_norm, eps, offset=1.0)
         x = be.linear(be.xp.concatenate([e, h], axis=-1), self.input_projection)
         x, pending = self.block(x, None, batch, memory)
