@@ -1,0 +1,166 @@
+"""Expert offload's host path: decode-step tokens/s of one MoE layer whose routed experts all
+live in host memory, for a tiny and a mid-sized synthetic expert bank, three ways:
+
+* ``whole``: every use decodes the chosen experts' stored codes as whole matrices, then
+  multiplies (the first host path);
+* ``blocks``: every use decodes and multiplies one intermediate block (128 rows of gate and
+  up, 128 columns of down) at a time, never holding a whole decoded matrix (the host path
+  for an expert without a decoded copy);
+* ``held``: the experts keep decoded float32 copies (``[engine] host_expert_cache``): only
+  the products remain.
+
+Beside each, the host memory bandwidth floor: the bytes a token must read (stored codes for
+``whole`` and ``blocks``, float32 weights for ``held``) over the memcpy bandwidth measured in
+the same run (bytes read and written a second by one large copy). The machine may be shared:
+each way runs ``--rounds`` times and the best round counts.
+
+    python benchmarks/expert_offload_host_bench.py [--format q4_g64_fp16] [--steps 20]
+
+Copy the table with date, CPU and commit into docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ninfer_format.codecs.registry import codec_for
+from ninfer_runtime.expert_offload.host_experts import (
+    HOST_MATH,
+    HostCompute,
+    HostExpert,
+    HostWeight,
+    StoredRows,
+    host_threads,
+)
+from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
+
+LAYOUTS = {"q4_g64_fp16": "row_split_k128_v1", "q8_g32_fp16": "row_split_k128_v1"}
+MATH = functools.partial(SparseMoe.expert_math, HOST_MATH)
+
+
+@dataclass(frozen=True)
+class Bank:
+    name: str
+    hidden: int
+    inner: int  # the experts' intermediate size
+    experts: int
+    top_k: int
+
+
+BANKS = [Bank("tiny", 128, 128, 8, 2), Bank("mid", 2048, 768, 32, 8)]
+
+
+def stored(fmt: str, values: np.ndarray) -> StoredRows:
+    layout = LAYOUTS[fmt]
+    data = codec_for(fmt, layout).encode(values)
+    return StoredRows(fmt, layout, np.frombuffer(data, np.uint8), values.shape)
+
+
+def make_bank(bank: Bank, fmt: str, rng: np.random.Generator) -> list[tuple[HostWeight, ...]]:
+    """Each expert's gate, up and down as stored whole."""
+    shapes = [(bank.inner, bank.hidden), (bank.inner, bank.hidden), (bank.hidden, bank.inner)]
+    return [
+        tuple(
+            HostWeight((stored(fmt, rng.standard_normal(s).astype(np.float32) * 0.05),), None, None)
+            for s in shapes
+        )
+        for _ in range(bank.experts)
+    ]
+
+
+def whole(weights: tuple[HostWeight, ...]) -> HostExpert:
+    """An expert that decodes its whole matrices at every use (no blocks, no copy)."""
+    expert = HostExpert(*weights, math=MATH)
+    expert.blocks, expert.whole = None, weights
+    return expert
+
+
+def memcpy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes a second one large copy reads and writes (the best of ``repeats``)."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def tokens_per_second(
+    host: HostCompute, experts: dict, bank: Bank, steps: int, rounds: int, seed: int
+) -> float:
+    """Decode steps of one token a second through the host path, the best of ``rounds``
+    (the machine is shared: the best round is the least disturbed)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, bank.hidden)).astype(np.float32)
+    tops = [rng.choice(bank.experts, bank.top_k, replace=False)[None, :] for _ in range(steps)]
+    share = np.full((1, bank.top_k), 1 / bank.top_k, dtype=np.float32)
+    host(x, tops[0], share, experts)  # warm: thread pool, and the cache where there is one
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for top in tops:
+            host(x, top, share, experts)
+        best = min(best, time.perf_counter() - start)
+    return steps / best
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--format", default="q4_g64_fp16", choices=sorted(LAYOUTS))
+    parser.add_argument("--steps", type=int, default=20, help="decode steps a round (mid bank)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds a way; the best is shown")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    bandwidth = memcpy_bandwidth()
+    host = HostCompute()
+    cpu = cpu_name()
+    print(f"{cpu}, {host_threads()} threads, format {args.format}")
+    print(f"memcpy bandwidth {bandwidth / 1e9:.2f} GB/s")
+    print("| bank | H x I, E, top-k | way | tokens/s | bytes/token | floor tokens/s | of floor |")
+    print("|---|---|---|---|---|---|---|")
+    for bank in BANKS:
+        weights = make_bank(bank, args.format, rng)
+        blocks = [HostExpert(*w, math=MATH) for w in weights]
+        held = [HostExpert(*w, math=MATH) for w in weights]
+        for e in held:
+            e.hold(True)
+        stored_bytes = blocks[0].nbytes * bank.top_k
+        decoded_bytes = blocks[0].decoded_bytes * bank.top_k
+        ways = {
+            "whole": (dict(enumerate(whole(w) for w in weights)), stored_bytes),
+            "blocks": (dict(enumerate(blocks)), stored_bytes),
+            "held": (dict(enumerate(held)), decoded_bytes),
+        }
+        steps = args.steps if bank.name != "tiny" else args.steps * 20
+        for way, (table, nbytes) in ways.items():
+            rate = tokens_per_second(host, table, bank, steps, args.rounds, seed=1)
+            floor = bandwidth / nbytes
+            print(
+                f"| {bank.name} | {bank.hidden} x {bank.inner}, {bank.experts}, {bank.top_k} "
+                f"| {way} | {rate:,.1f} | {nbytes / 1e6:.2f} MB | {floor:,.0f} | "
+                f"{rate / floor:.0%} |"
+            )
+    host.close()
+
+
+if __name__ == "__main__":
+    main()
