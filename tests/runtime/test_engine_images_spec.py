@@ -71,9 +71,9 @@ def plain(artifact: Path) -> Engine:
     return Engine(artifact, max_lanes=2, max_context=256)
 
 
-def speculating(artifact: Path, k: int, **options: Any) -> Engine:
+def speculating(artifact: Path, k: int, max_context: int = 256, **options: Any) -> Engine:
     spec = SpecConfig(draft_tokens=k, proposal_head="full")
-    return Engine(artifact, max_lanes=2, max_context=256, spec=spec, **options)
+    return Engine(artifact, max_lanes=2, max_context=max_context, spec=spec, **options)
 
 
 def record_rounds(engine: Engine) -> list[tuple[int, int]]:
@@ -177,3 +177,19 @@ def test_cli_image_with_spec_mtp(artifact, tmp_path) -> None:
         ids.append(json.loads(result.stdout.strip().splitlines()[-1]))
     assert ids[0] == ids[1] and len(ids[0]) == 8
     assert "[speculative: " in result.stderr
+
+
+def test_preempted_image_lanes_speculate_as_unconstrained_ones(artifact, plain) -> None:
+    """Image requests whose generations need more pages than the pool has: preempted lanes
+    read their prompts again (images and drafter rows placed) and replay their tokens at
+    shifted positions, then speculate on; every stream equals an unconstrained run's."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
+    requests = [
+        request("What is this?", CAT, sampling=sampling),
+        request(TOWER, "and", CAT, "compare them.", sampling=sampling),
+    ]
+    roomy = speculating(artifact, 2, max_context=512)
+    budget = roomy.pool.slots * roomy.pool.slot_bytes + 3 * roomy.pool.page_bytes
+    small = speculating(artifact, 2, max_context=512, context_capacity=budget)
+    assert concurrent(small, requests) == concurrent(roomy, requests)
+    assert small.preemptions > 0 and small.replayed_tokens > 0 and small.spec_stats.rounds > 0
