@@ -50,7 +50,6 @@ from .models import ChatCompletionRequest, StreamOptions
 
 __all__ = [
     "chat_completions",
-    "check_text_only",
     "completion_body",
     "thinking_for_effort",
     "to_job",
@@ -113,23 +112,6 @@ def requested_effort(
     if effort is None:
         return None
     return Effort(effort, param, sets_budget=explicit_budget is None and budget is not None)
-
-
-def check_text_only(messages: list[dict[str, Any]], where: str = "messages") -> None:
-    """Refuse media parts up front with a clear message (where images are not taken)."""
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind not in ("text", "input_text", "output_text", "refusal"):
-                    raise ApiError(
-                        400,
-                        f"{where}[{i}].content[{j}]: content part type {shown(kind)} is not "
-                        "supported here (text parts only)",
-                        code="unsupported_content",
-                        param=f"{where}[{i}].content[{j}].type",
-                    )
 
 
 def to_job(body: ChatCompletionRequest) -> Job:
