@@ -16,6 +16,8 @@ from .conftest import Server, start_server
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CONVERSATION = [{"role": "user", "content": "What is the capital of France?"}]
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+AUDIO, AUDIO_TYPE = {"type": "input_audio"}, "messages[0].content[0].type"
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +98,9 @@ def test_messages_are_what_chat_renders(server):
             "chat_template_kwargs",
         ),
         ("/tokenize", {"prompt": "a", "extra": 1}, "extra"),
+        # an image on a model without a vision tower, as Chat refuses it; other media
+        ("/tokenize", {"messages": [{"role": "user", "content": [IMAGE]}]}, "messages"),
+        ("/tokenize", {"messages": [{"role": "user", "content": [AUDIO]}]}, AUDIO_TYPE),
         ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
         ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
         ("/detokenize", {}, "tokens"),
