@@ -263,14 +263,18 @@ class ExpertOffload:
         return plan
 
     def _hold_hottest(self, counts: Mapping[int, Sequence[float]] | None) -> None:
-        """Decoded copies for the host experts most chosen (by ``counts``; None: all alike,
-        layer by layer) within the host cache allowance."""
-        ranked = [
-            (float(counts[b.layer][e]) if counts is not None else 0.0, expert)
-            for b in self.blocks
-            for e, expert in sorted(b.host_experts.items())
-        ]
-        held = hold_hottest(ranked, self.host_cache)
+        """Decoded copies for the host experts most chosen (by ``counts``; None: all alike)
+        within the host cache allowance; among equals each layer's next expert in turn, so
+        the layers' copies stay even, as the plan's residency does."""
+        candidates = []
+        for b in self.blocks:
+            hits = {
+                e: float(counts[b.layer][e]) if counts is not None else 0.0 for e in b.host_experts
+            }
+            for rank, e in enumerate(sorted(hits, key=lambda e: (-hits[e], e))):
+                candidates.append((rank, b.layer, hits[e], b.host_experts[e]))
+        candidates.sort(key=lambda c: (c[0], c[1]))  # hold_hottest's sort by hits is stable
+        held = hold_hottest([(hits, expert) for _, _, hits, expert in candidates], self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
 
     def _log_decoded(self) -> None:

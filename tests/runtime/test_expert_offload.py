@@ -102,6 +102,36 @@ def test_the_plan_comes_first_and_only_resident_experts_load(q4_moe, shares, mon
     assert e.expert_offload.host_cache == 0
 
 
+def test_calibration_is_deterministic_and_keeps_the_most_chosen(q4_moe, shares):
+    floor, experts = shares
+    plans = [engine(q4_moe, floor + experts // 4).expert_offload for _ in range(2)]
+    assert plans[0].plan.resident == plans[1].plan.resident
+    plan, counts = plans[0].plan, plans[0].priority
+    for layer in counts:
+        np.testing.assert_array_equal(counts[layer], plans[1].priority[layer])
+    assert sum(map(len, plan.resident.values())) == 4  # a quarter of 4 layers x 4 experts
+    # the experts are the same size: the resident ones are the most chosen of all layers
+    resident = [counts[layer][e] for layer, kept in plan.resident.items() for e in kept]
+    host = [counts[layer][e] for layer in counts for e in plan.host(layer)]
+    assert min(resident) >= max(host) and sum(resident) > sum(host) / 3
+
+
+def test_replanning_by_the_counts_the_engine_kept(q4_moe, shares, reference):
+    """After a workload, the experts it chose most move to the device; the numbers stay."""
+    floor, experts = shares
+    e = engine(q4_moe, floor + experts // 2)
+    e.expert_offload.counters.reset()
+    greedy(e.runner, 6)
+    counts = e.expert_offload.counters.counts()
+    plan = e.expert_offload.replan()
+    resident = [counts[layer][x] for layer, kept in plan.resident.items() for x in kept]
+    host = [counts[layer][x] for layer in counts for x in plan.host(layer)]
+    assert len(resident) == 8 and min(resident) >= max(host)
+    tokens, logits = greedy(e.runner, 6)
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+
+
 def test_host_experts_compute_by_blocks_and_the_hottest_hold_decoded_copies(q4_moe, reference):
     """A host expert cut into intermediate blocks gives the whole expert's rows (its products
     summed in another order); the hottest experts within the allowance keep decoded copies,
@@ -129,6 +159,19 @@ def test_host_experts_compute_by_blocks_and_the_hottest_hold_decoded_copies(q4_m
         ]
         assert len(held) == 16 and all(held) == (allowance != 0) and any(held) == all(held)
         assert greedy(e.runner, 6)[0] == reference[0]
+    # room for five copies: the five most chosen experts (by the calibration counts) hold one
+    e = Engine(
+        q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=shares_floor(q4_moe),
+        host_expert_cache=5 * size,
+    )  # fmt: skip
+    counts = e.expert_offload.priority
+    hits = {
+        x.held is not None: [] for b in e.expert_offload.blocks for x in b.host_experts.values()
+    }
+    for b in e.expert_offload.blocks:
+        for x, expert in b.host_experts.items():
+            hits[expert.held is not None].append(counts[b.layer][x])
+    assert len(hits[True]) == 5 and min(hits[True]) >= max(hits[False])
 
 
 def shares_floor(path) -> int:

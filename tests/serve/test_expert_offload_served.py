@@ -4,6 +4,7 @@ counts routed pairs computed on the device and on the host."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -75,6 +76,11 @@ def test_a_served_moe_model_splits_its_experts(moe_artifact) -> None:
         moe_artifact,
         *("--vram-budget", "1.6MiB", "--context-capacity", "1MiB", "--max-concurrency", "1"),
     ):
+        # log records pass through the app's logging queue: the plan's line may follow the
+        # ready line by a moment
+        deadline = time.monotonic() + 10
+        while "routed experts in device memory" not in server.log and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "8 of 16 routed experts in device memory" in server.log, server.log
         reply = httpx.post(
             f"{server.url}/v1/chat/completions",
