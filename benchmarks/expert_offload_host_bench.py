@@ -76,9 +76,7 @@ def make_bank(bank: Bank, fmt: str, rng: np.random.Generator) -> list[tuple[Host
 
 def whole(weights: tuple[HostWeight, ...]) -> HostExpert:
     """An expert that decodes its whole matrices at every use (no blocks, no copy)."""
-    expert = HostExpert(*weights, math=MATH)
-    expert.blocks, expert.whole = None, weights
-    return expert
+    return HostExpert(*weights, math=MATH, by_blocks=False)
 
 
 def memcpy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -140,6 +138,8 @@ def main() -> None:
     for bank in BANKS:
         weights = make_bank(bank, args.format, rng)
         blocks = [HostExpert(*w, math=MATH) for w in weights]
+        for e in blocks:  # cut now, as a first use would
+            assert e.blocks is not None
         held = [HostExpert(*w, math=MATH) for w in weights]
         for e in held:
             e.hold(True)

@@ -194,8 +194,9 @@ def _row_blocks(pieces: Stack, spans: list[tuple[int, int]]) -> list[Stack]:
 
 class HostExpert:
     """A routed expert held in host memory: its weights as stored (cut into intermediate
-    blocks where the layout allows), the block's math for one expert, and, for the hottest
-    host experts within ``[engine] host_expert_cache``, a decoded float32 copy."""
+    blocks at its first use, where the layout allows: about 10 ms a 2048 x 768 q4 expert,
+    paid once, not at load), the block's math for one expert, and, for the hottest host
+    experts within ``[engine] host_expert_cache``, a decoded float32 copy."""
 
     def __init__(
         self,
@@ -203,11 +204,15 @@ class HostExpert:
         up: HostWeight,
         down: HostWeight,
         math: ExpertMath | None = None,
+        *,
+        by_blocks: bool = True,
     ):
+        """``by_blocks`` False: always decode whole matrices (the benchmark's baseline)."""
         self.math: ExpertMath = math or (lambda x, g, u, d: expert(HOST_MATH, x, g, u, d))
-        self.blocks = intermediate_blocks(gate, up, down)
-        #: the whole weights, where they are not kept as blocks
-        self.whole = (gate, up, down) if self.blocks is None else None
+        #: the whole weights, until (and unless) they are cut into blocks
+        self.whole: tuple[HostWeight, HostWeight, HostWeight] | None = (gate, up, down)
+        self._blocks: tuple | None = None
+        self._cut = not by_blocks  # whether cutting was tried (or is not wanted)
         self.inner, self.hidden = gate.rows, down.rows
         #: decoded float32 gate, up, down while this expert is among the hottest
         self.held: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -219,11 +224,23 @@ class HostExpert:
         return cls(*(load_host_weight(artifact, prefix + w) for w in ("gate", "up", "down")), math)
 
     @property
+    def blocks(self) -> tuple | None:
+        """The intermediate blocks, cut at the first need (None: the layout cannot be cut);
+        the whole pieces go once they are cut."""
+        if not self._cut:
+            self._cut = True
+            assert self.whole is not None
+            self._blocks = intermediate_blocks(*self.whole)
+            if self._blocks is not None:
+                self.whole = None
+        return self._blocks
+
+    @property
     def nbytes(self) -> int:
         """Host bytes of its stored form (the decoded copy, if held, is ``held_bytes``)."""
-        if self.blocks is None:
-            return sum(w.nbytes for w in self.whole)  # type: ignore[union-attr]
-        return sum(int(p.data.nbytes) for block in self.blocks for s in block for p in s)
+        if self.whole is not None:
+            return sum(w.nbytes for w in self.whole)
+        return sum(int(p.data.nbytes) for block in self._blocks or () for s in block for p in s)
 
     @property
     def decoded_bytes(self) -> int:
@@ -246,7 +263,7 @@ class HostExpert:
         if self.whole is not None:
             gate, up, down = self.whole
             return gate.decode(), up.decode(), down.decode()
-        blocks = self.blocks or ()
+        blocks = self._blocks or ()
         gate = np.concatenate([_decode(b[0]) for b in blocks])
         up = np.concatenate([_decode(b[1]) for b in blocks])
         return gate, up, np.concatenate([_decode(b[2]) for b in blocks], axis=1)
@@ -259,10 +276,11 @@ class HostExpert:
         """The expert on rows x [n, H], float32: on the held copy, else block by block from
         the stored codes (``benchmarks/expert_offload_host_bench.py`` measured both against
         decoding whole matrices)."""
-        if self.held is not None or self.blocks is None:
+        blocks = None if self.held is not None else self.blocks
+        if blocks is None:
             return self.math(x, *self.weights())
         out = None
-        for gate, up, down in self.blocks:
+        for gate, up, down in blocks:
             part = self.math(x, _decode(gate), _decode(up), _decode(down))
             out = part if out is None else out + part
         return out  # type: ignore[return-value]
