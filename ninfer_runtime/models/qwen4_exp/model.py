@@ -64,15 +64,17 @@ class Qwen4ExpModel:
             raise ModelError(
                 f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
             )
-        if expert_offload is not None:  # planned before any weight is prepared
-            held = expert_offload.plan_load(self, artifact, names)
-            names = [n for n in names if not held(n)]
         tables = table_names(g)
         #: the n-gram tables read from disk (``ple_rows`` streamed); None: held whole
         self.ple_tables = None
         if choose_mode(ple_rows, artifact, tables) == "streamed":
             self.ple_tables = StreamedTables(artifact, tables, ple_cache_bytes)
             names = [n for n in names if n not in self.ple_tables.tables]
+        if expert_offload is not None:
+            # planned before any weight is prepared; streamed n-gram tables stay in host
+            # memory, outside the budget
+            held = expert_offload.plan_load(self, artifact, names)
+            names = [n for n in names if not held(n)]
         w: dict[str, Any] = dict(backend.prepare(artifact, names))
         if self.ple_tables is not None:
             w.update(self.ple_tables.tables)
