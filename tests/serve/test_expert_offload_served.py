@@ -27,6 +27,11 @@ def test_the_budget_is_read_from_the_config_and_a_bad_size_named(tmp_path) -> No
     config.write_text("[engine]\nvram_budget = 'lots'\n")
     with pytest.raises(ConfigError, match="vram budget 'lots': expected a size"):
         load_settings(config, {})
+    config.write_text("[engine]\nvram_budget = '8GiB'\nhost_expert_cache = '2GiB'\n")
+    assert load_settings(config, {}).engine.host_expert_cache == "2GiB"
+    config.write_text("[engine]\nhost_expert_cache = 'some'\n")
+    with pytest.raises(ConfigError, match="host expert cache 'some': expected a size"):
+        load_settings(config, {})
 
 
 def test_expert_counters_reach_the_metrics_as_increments() -> None:
