@@ -114,7 +114,7 @@ class ExpertOffload:
         """``counts``: a priority kept from earlier (layer -> hits per expert, e.g. a run's
         ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes
         the backend needs beside weights and context (0 on the CPU); ``host_cache``: host
-        bytes for decoded copies of the host experts used most recently (``[engine]
+        bytes for decoded copies of the host experts routing chooses most (``[engine]
         host_expert_cache``; None: a quarter of the available memory, 0: none)."""
         self.budget = budget
         self.calibrate = calibrate and counts is None
@@ -200,7 +200,8 @@ class ExpertOffload:
         held = {b.layer: tuple(np.flatnonzero(b.resident)) for b in self.blocks}
         if held != {layer: tuple(r) for layer, r in self.plan.resident.items() if layer in held}:
             raise EngineError("expert offload: the model prepared other experts than planned")
-        self._hold_hottest(self.priority)
+        if not self.calibrate:  # with calibration, ``start`` holds copies by its counts
+            self._hold_hottest(self.priority)
         self._log_decoded()
 
     # ------------------------------------------------------------------ once the pool exists
