@@ -32,12 +32,12 @@ from .backends.base import to_numpy
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .checkpoint_plan import check_cache_fields
 from .errors import EngineError, RequestError
+from .events import EventWriter
 from .expert_offload import ExpertOffload, planned_pool_bytes
 from .frontend import (
     ChatTemplate,
     Sampler,
     StopMatcher,
-    StopReason,
     Tokenizer,
 )
 from .frontend.tokenizer import THINK_OPEN
@@ -232,6 +232,8 @@ class Engine:
             drafting=spec is not None,
             host_capacity=parse_size(host_context_capacity, "host context capacity") or 0,
         )
+        #: tokens to events, and the lanes' ends
+        self.event_writer = EventWriter(self.scheduler, self.tokenizer)
 
     def _cache_salt(self, backend: str, kv_dtype: str) -> bytes:
         """What decides a checkpoint's states besides its tokens."""
@@ -410,7 +412,7 @@ class Engine:
     def cancel(self, request_id: str) -> Finished | None:
         """Stop a request now and free its lane and memory."""
         a = self.scheduler.cancel(request_id)
-        return None if a is None else self._finish(a, "cancelled", None, [])
+        return None if a is None else self.event_writer.finish(a, "cancelled", None, [])
 
     # ----------------------------------------------------------------------- steps
     def step(self, flush: Callable[[list[Event]], None] | None = None) -> list[Event]:
@@ -566,7 +568,7 @@ class Engine:
         for i in fresh:
             lanes[i].first_token = now
         for lane, token, score in self._sample([lanes[i] for i in fresh], out, events):
-            self._emit(lane, token, events, score)
+            self.event_writer.emit(lane, token, events, score)
 
     def _decode(self, lanes: list[Lane], events: list[Event]) -> None:
         tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
@@ -585,7 +587,7 @@ class Engine:
                 [out.logits[i] for i in generating], [out.hidden[i] for i in generating]
             )
         for a, token, score in self._sample([lanes[i] for i in generating], out, events):
-            self._emit(a, token, events, score)
+            self.event_writer.emit(a, token, events, score)
 
     def _speculate(self, lanes: list[Lane], events: list[Event]) -> None:
         """One speculative round for every generating lane. A lane whose next tokens the
@@ -621,14 +623,14 @@ class Engine:
                         a, proposal.drafts[i], proposal.targets[i], proposal.logits[rows]
                     )
                 except Exception as exc:  # this request's parameters, not the engine's
-                    self._fail(a, exc, events)
+                    self.event_writer.fail(a, exc, events)
                     continue
                 drafts = tokens[:-1]
                 a.drafted += k
                 a.accepted += len(drafts)
                 self.spec_stats.record(len(drafts))  # type: ignore[union-attr]
             for token, score in zip(tokens, scores, strict=True):
-                self._emit(a, token, events, score)
+                self.event_writer.emit(a, token, events, score)
                 if a.pending is None:  # the request ended inside the round
                     break
             kept[a.request.request_id] = drafts
@@ -727,7 +729,7 @@ class Engine:
                 score = None if top is None else token_logprobs(scored[None], [token], [top])[0]
                 picked.append((a, token, score))
             except Exception as exc:  # this request's parameters or hook, not the engine's
-                self._fail(a, exc, events)
+                self.event_writer.fail(a, exc, events)
         return picked
 
     def _held_stops(self, a: Lane) -> list[int]:
@@ -755,10 +757,6 @@ class Engine:
             rows[i, xp.asarray(ids)] = -xp.inf
         return rows
 
-    def _fail(self, a: Lane, error: Exception, events: list[Event]) -> None:
-        self.scheduler.retire(a, keep=False)
-        events.append(Failed(a.request.request_id, error))
-
     def _forced(self, a: Lane) -> int | None:
         """The token the thinking budget imposes now: once it is spent, ``</think>``."""
         if a.answer_start is not None or a.thinking_budget is None:
@@ -779,87 +777,6 @@ class Engine:
             forced = self._forced(a)
             return token if forced is None else forced
         return token
-
-    def _emit(
-        self, a: Lane, token: int, events: list[Event], score: TokenLogprobs | None = None
-    ) -> None:
-        rid = a.request.request_id
-        a.pending = None
-        stop = a.stops.check_token(token)
-        if stop is not None:
-            self._close(a, "stop", stop, events)
-            return
-        a.generated.append(token)
-        close = self.tokenizer.think_close_ids
-        if a.answer_start is None and close and tuple(a.generated[-len(close) :]) == close:
-            a.answer_start = len(a.generated)
-        if score is None:
-            events.append(TokenEvent(rid, token))
-        else:
-            events.append(TokenEvent(rid, token, score.logprob, score.top))
-        may_stop = len(a.generated) >= a.request.sampling.min_tokens
-        step = a.stops.feed(a.detokenizer.add(token), matching=may_stop)
-        self._parse(a, step.text, events)
-        if step.stop is not None:
-            self._close(a, "stop", step.stop, events)
-        elif len(a.generated) >= a.max_tokens:
-            self._close(a, "length", None, events)
-        else:
-            a.pending = token
-
-    def _parse(self, a: Lane, text: str, events: list[Event]) -> None:
-        if not text:
-            return
-        rid = a.request.request_id
-        if a.parser is None:
-            from .frontend import TextDelta
-
-            events.append(OutputEvent(rid, TextDelta(text)))
-            return
-        events.extend(OutputEvent(rid, e) for e in a.parser.feed(text))
-
-    def _close(self, a: Lane, reason: str, stop: StopReason | None, events: list[Event]) -> None:
-        if stop is None or stop.kind != "stop_string":
-            tail = a.detokenizer.flush()
-            may_stop = len(a.generated) >= a.request.sampling.min_tokens
-            step = (
-                a.stops.feed(tail, matching=may_stop) if tail and a.stops.stopped is None else None
-            )
-            text = (step.text if step else "") + (
-                a.stops.flush() if a.stops.stopped is None else ""
-            )
-            self._parse(a, text, events)
-        events.append(self._finish(a, reason, stop, events))
-
-    def _finish(
-        self, a: Lane, reason: str, stop: StopReason | None, events: list[Event]
-    ) -> Finished:
-        rid = a.request.request_id
-        if a.parser is not None:
-            # a limit ended the output (max_tokens, the context, a stop the client asked for)
-            cut_off = reason == "length" or (stop is not None and stop.kind != "eos")
-            events.extend(OutputEvent(rid, e) for e in a.parser.finish(cut_off=cut_off))
-        now = time.perf_counter()
-        first = a.first_token or now
-        self.scheduler.retire(a, keep=reason in ("stop", "length"))
-        reasoning = len(a.generated) if a.answer_start is None else a.answer_start
-        return Finished(
-            rid,
-            reason,
-            stop,
-            Usage(
-                len(a.prompt_ids),
-                len(a.generated),
-                cached_tokens=a.cached,
-                reasoning_tokens=reasoning,
-                accepted_draft_tokens=a.accepted,
-                rejected_draft_tokens=a.drafted - a.accepted,
-                images=0 if a.images is None else a.images.count,
-                cached_images=0 if a.images is None else a.images.from_cache,
-            ),
-            prompt_seconds=first - a.started,
-            decode_seconds=now - first,
-        )
 
     # ------------------------------------------------------------------ one-shot
     def generate(self, request: GenerationRequest) -> Iterator[Event]:
