@@ -27,7 +27,6 @@ import numpy as np
 
 from ninfer_format import Artifact, ArtifactError
 
-from .arrays import array_module
 from .backends.base import to_numpy
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .checkpoint_plan import check_cache_fields
@@ -42,7 +41,7 @@ from .frontend import (
 )
 from .frontend.tokenizer import THINK_OPEN
 from .images import PromptImages, VisionOptions, load_vision, placed_inputs
-from .logprobs import TokenLogprobs, score_rows, token_logprobs
+from .logprobs import TokenLogprobs, token_logprobs
 from .media_cache import MediaCache
 from .models import ForwardOutput, load_model
 from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
@@ -61,6 +60,7 @@ from .runner import ModelRunner
 from .scheduler import Lane, Read, Scheduler
 from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
 from .tensor_parallel import parallel_runner
+from .token_choice import TokenChooser
 
 __all__ = [
     "SHORT_CHUNK_TOKENS",
@@ -197,7 +197,6 @@ class Engine:
         self.max_context = max_context
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
-        self._device_sampler = self.model.backend.device_sampler()
         self.spec = spec
         self.spec_stats = SpecStats(spec.draft_tokens) if spec else None
         if spec is not None and not self.model.has_mtp:
@@ -234,6 +233,8 @@ class Engine:
         )
         #: tokens to events, and the lanes' ends
         self.event_writer = EventWriter(self.scheduler, self.tokenizer)
+        #: each lane's next token from its logits
+        self.token_choice = TokenChooser(self.model, self.tokenizer, self.event_writer.fail)
 
     def _cache_salt(self, backend: str, kv_dtype: str) -> bytes:
         """What decides a checkpoint's states besides its tokens."""
@@ -567,7 +568,7 @@ class Engine:
         now = time.perf_counter()
         for i in fresh:
             lanes[i].first_token = now
-        for lane, token, score in self._sample([lanes[i] for i in fresh], out, events):
+        for lane, token, score in self.token_choice.choose([lanes[i] for i in fresh], out, events):
             self.event_writer.emit(lane, token, events, score)
 
     def _decode(self, lanes: list[Lane], events: list[Event]) -> None:
@@ -586,7 +587,9 @@ class Engine:
             out = ForwardOutput(
                 [out.logits[i] for i in generating], [out.hidden[i] for i in generating]
             )
-        for a, token, score in self._sample([lanes[i] for i in generating], out, events):
+        for a, token, score in self.token_choice.choose(
+            [lanes[i] for i in generating], out, events
+        ):
             self.event_writer.emit(a, token, events, score)
 
     def _speculate(self, lanes: list[Lane], events: list[Event]) -> None:
@@ -613,7 +616,7 @@ class Engine:
             rows = slice(i * (k + 1), (i + 1) * (k + 1))
             if not self._may_speculate(a, k):
                 first = ForwardOutput([proposal.logits[rows.start : rows.start + 1]], [None])
-                sampled = self._sample([a], first, events)
+                sampled = self.token_choice.choose([a], first, events)
                 tokens, scores = [t for _, t, _ in sampled], [s for _, _, s in sampled]
                 drafts: list[int] = []
                 self.spec_stats.fallbacks += 1  # type: ignore[union-attr]
@@ -642,7 +645,7 @@ class Engine:
             )
 
     def _may_speculate(self, a: Lane, k: int) -> bool:
-        if a.request.logits_processor is not None or self._held_stops(a):
+        if a.request.logits_processor is not None or self.token_choice.held_stops(a):
             return False  # a draft could be a stop token min_tokens forbids yet
         if a.answer_start is not None or a.thinking_budget is None:
             return True
@@ -675,108 +678,6 @@ class Engine:
             scores = list(token_logprobs(scored, tokens, [params.logprobs] * len(tokens)))
         a.sampler.accept(tokens)
         return tokens, scores
-
-    def _sample(
-        self, lanes: list[Lane], out: ForwardOutput, events: list[Event]
-    ) -> list[tuple[Lane, int, TokenLogprobs | None]]:
-        """Each lane's next token, and its score for a lane asking for logprobs; a lane
-        whose own sampling fails is ended with ``Failed`` (in ``events``) and left out, so
-        one request's error never stops the others."""
-        if not lanes:  # every lane of the step was replaying
-            return []
-        forced = [self._forced(a) for a in lanes]
-        on_device = self._device_sampler is not None and all(
-            self._device_sampler.supports(a.request.sampling)
-            and (a.request.logits_processor is None or a.answer_start is None)
-            for a in lanes
-        )
-        if on_device:  # only the token ids cross to the host
-            sampler = self._device_sampler
-            sampler.set_lanes([(a.request.sampling, a.seed, len(a.generated)) for a in lanes])
-            rows = out.last_logits
-            if rows is None:
-                rows = self.model.backend.xp.concatenate([row[-1:] for row in out.logits])
-            drawn = [int(t) for t in to_numpy(sampler.sample(self._hold_stops(lanes, rows)))]
-            tokens = [
-                self._answer_instead_of_stop(a, t if f is None else f)
-                for a, t, f in zip(lanes, drawn, forced, strict=True)
-            ]
-            # no lane here has penalties: its rows, where they are, are what it is scored on
-            scores = score_rows(rows, tokens, [a.request.sampling.logprobs for a in lanes])
-            return list(zip(lanes, tokens, scores, strict=True))
-        picked = []
-        for a, row, token in zip(lanes, out.logits, forced, strict=True):
-            top = a.request.sampling.logprobs
-            try:
-                scores = scored = None
-                if token is None or top is not None:  # a forced token needs no row
-                    scores = to_numpy(row[-1]).astype(np.float32, copy=False)
-                if top is not None:  # penalised by the tokens before this one only
-                    scored = a.sampler.penalized(scores)
-                if token is None:
-                    process = a.request.logits_processor
-                    if process is not None and a.answer_start is not None:
-                        scores = process(scores.copy(), a.generated[a.answer_start :])
-                    held = self._held_stops(a)
-                    if held and np.isfinite(np.delete(scores, held)).any():
-                        # a grammar that admits only a stop wins: the output ends there
-                        scores = scores.copy()
-                        scores[held] = -np.inf
-                    token = a.sampler.sample(scores)
-                else:
-                    a.sampler.accept(token)  # counts for the penalties like a drawn token
-                token = self._answer_instead_of_stop(a, token)
-                score = None if top is None else token_logprobs(scored[None], [token], [top])[0]
-                picked.append((a, token, score))
-            except Exception as exc:  # this request's parameters or hook, not the engine's
-                self.event_writer.fail(a, exc, events)
-        return picked
-
-    def _held_stops(self, a: Lane) -> list[int]:
-        """The stop token ids (EOS unless ignored, ``stop_token_ids``) lane ``a`` may not
-        draw yet: all of them while it has fewer than ``min_tokens`` tokens, else none."""
-        params = a.request.sampling
-        if len(a.generated) >= params.min_tokens:
-            return []
-        vocab = self.model.config.vocab
-        eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
-        return sorted({t for t in (*eos, *params.stop_token_ids) if t < vocab})
-
-    def _hold_stops(self, lanes: list[Lane], rows: Any) -> Any:
-        """``rows`` (lane i's logits, on the device) with the stop tokens each lane may not
-        draw yet at -inf: a copy when any lane has some (the rows themselves are scored for
-        logprobs as they are), else ``rows`` as given. The device twin of the host path's
-        masking in ``_sample``."""
-        held = [(i, self._held_stops(a)) for i, a in enumerate(lanes)]
-        held = [(i, ids) for i, ids in held if ids]
-        if not held:
-            return rows
-        xp = array_module(rows)
-        rows = rows.copy()
-        for i, ids in held:
-            rows[i, xp.asarray(ids)] = -xp.inf
-        return rows
-
-    def _forced(self, a: Lane) -> int | None:
-        """The token the thinking budget imposes now: once it is spent, ``</think>``."""
-        if a.answer_start is not None or a.thinking_budget is None:
-            return None
-        close = self.tokenizer.think_close_ids
-        at = len(a.generated) - max(a.thinking_budget - len(close), 0)
-        return close[at] if 0 <= at < len(close) else None
-
-    def _answer_instead_of_stop(self, a: Lane, token: int) -> int:
-        """A constrained request must answer: a stop token drawn inside its reasoning spends
-        the thinking budget there, so ``</think>`` and then the grammar's answer follow."""
-        if (
-            a.answer_start is None
-            and a.request.logits_processor is not None
-            and a.stops.is_stop_token(token)
-        ):
-            a.thinking_budget = len(a.generated) + len(self.tokenizer.think_close_ids)
-            forced = self._forced(a)
-            return token if forced is None else forced
-        return token
 
     # ------------------------------------------------------------------ one-shot
     def generate(self, request: GenerationRequest) -> Iterator[Event]:

@@ -170,7 +170,7 @@ def test_device_sampler_gets_one_upload_and_the_stacked_logits_a_step(engine, mo
         outputs.append(forward(*args, **kwargs))
         return outputs[-1]
 
-    monkeypatch.setattr(engine, "_device_sampler", fake)
+    monkeypatch.setattr(engine.token_choice, "device_sampler", fake)
     monkeypatch.setattr(engine.runner, "forward", recorded)
     assert ask_together(engine, questions) == alone
     assert 2 in fake.uploads  # a two-lane decode step

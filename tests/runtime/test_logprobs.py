@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ninfer_runtime.engine as engine_module
+import ninfer_runtime.token_choice as token_choice_module
 from ninfer_convert.pipeline import convert
 from ninfer_runtime.engine import (
     Engine,
@@ -144,7 +144,7 @@ def test_a_lane_asking_for_none_pays_nothing(engine, prompt, monkeypatch) -> Non
     """Beside a lane that asks, a lane that does not: it gets None, no token of it is
     scored and no forward pass computes more than the last row's logits for it."""
     scored, last_only = [], []
-    score, forward = engine_module.token_logprobs, engine.runner.forward
+    score, forward = token_choice_module.token_logprobs, engine.runner.forward
 
     def counting(rows, chosen, tops):
         scored.append(len(chosen))
@@ -155,7 +155,7 @@ def test_a_lane_asking_for_none_pays_nothing(engine, prompt, monkeypatch) -> Non
         return forward(tokens, states, last_only=last_only, **inputs)
 
     last_only_flags = last_only
-    monkeypatch.setattr(engine_module, "token_logprobs", counting)
+    monkeypatch.setattr(token_choice_module, "token_logprobs", counting)
     monkeypatch.setattr(engine.runner, "forward", recording)
     alone, _, _ = run(engine, prompt, temperature=0.0)
     assert scored == [] and all(last_only)

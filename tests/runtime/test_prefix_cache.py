@@ -437,7 +437,7 @@ def test_a_step_where_every_decoding_lane_replays_samples_nothing(artifact_path)
     roomy = Engine(art, max_lanes=4, max_context=512)
     budget = _capacity(roomy.pool, 5)
     small = Engine(art, max_lanes=4, max_context=512, context_capacity=budget)
-    small._device_sampler = _ArgmaxOnDevice()
+    small.token_choice.device_sampler = _ArgmaxOnDevice()
     steps_all_replaying = []
     decode = small._decode
 
