@@ -8,11 +8,19 @@ logged once per (family, op, key) at INFO, which ``ninfer --log-level info`` pri
 ``override`` forces one provider (benchmarks and tests compare providers with it);
 ``patched`` puts any callable in an op's place (the profile's ablation: an op replaced by an
 empty output of the right shape).
+
+Models resolve their ops on every call (so an override or a patch takes effect at once), and
+an eager prefill chunk issues about fifteen ops a layer: a resolution already made is one
+look-up in ``functools.cache``'s table (``benchmarks/op_resolve_bench.py``). The policy's
+choice is a pure function of the key, so the memo holds until ``override`` or ``patched``
+changes what an op resolves to; both clear it on entry and on exit (as declaring a family or
+registering a provider does).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
@@ -60,6 +68,8 @@ class _Family:
 
 
 _FAMILIES: dict[str, _Family] = {}
+#: (family, op, sorted key) -> the callable: what was walked and logged, whatever the order
+#: the callers gave the keywords in
 _RESOLVED: dict[tuple[str, str, tuple[tuple[str, Any], ...]], Callable[..., Any]] = {}
 _FORCED: dict[tuple[str, str], str] = {}
 _PATCHED: dict[tuple[str, str], Callable[..., Any]] = {}
@@ -68,11 +78,13 @@ _PATCHED: dict[tuple[str, str], Callable[..., Any]] = {}
 def family(name: str, policy: Callable[..., Sequence[str]]) -> None:
     """Declare family ``name`` with its policy: ``policy(op, **key)`` -> provider names."""
     _FAMILIES.setdefault(name, _Family()).policy = policy
+    _forget()
 
 
 def register(provider: Provider) -> None:
     fam = _FAMILIES.setdefault(provider.family, _Family())
     fam.providers.setdefault(provider.op, {})[provider.name] = provider
+    _forget()
 
 
 def providers(family_name: str) -> dict[str, dict[str, Provider]]:
@@ -90,9 +102,18 @@ def _load(family_name: str) -> _Family:
     return _FAMILIES[family_name]
 
 
-def resolve(family_name: str, op: str, **key: Any) -> Callable[..., Any]:
-    """The callable serving ``op`` of ``family_name`` for ``key`` (keyword values hashable)."""
-    if _PATCHED and (family_name, op) in _PATCHED:
+@functools.cache
+def resolve(family_name: str, op: str, /, **key: Any) -> Callable[..., Any]:
+    """The callable serving ``op`` of ``family_name`` for ``key`` (keyword values hashable).
+
+    Memoised by ``functools.cache`` on the call's arguments as given: a hit is the C wrapper's
+    look-up, cheaper than calling an empty Python function with the same keywords."""
+    return _resolve(family_name, op, key)
+
+
+def _resolve(family_name: str, op: str, key: dict[str, Any]) -> Callable[..., Any]:
+    """The policy's walk (or the patched callable), each key walked and logged once."""
+    if (family_name, op) in _PATCHED:
         return _PATCHED[(family_name, op)]
     memo = (family_name, op, tuple(sorted(key.items())))
     if memo in _RESOLVED:
@@ -113,6 +134,12 @@ def resolve(family_name: str, op: str, **key: Any) -> Callable[..., Any]:
     raise LookupError(f"{family_name}.{op}: no provider of {names} takes {_shown(key)}")
 
 
+def _forget() -> None:
+    """Drop every memoised resolution (an override or a patch changes what ops resolve to)."""
+    resolve.cache_clear()
+    _RESOLVED.clear()
+
+
 def _shown(key: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(key.items())) or "any"
 
@@ -122,7 +149,7 @@ def override(family_name: str, op: str, name: str) -> Iterator[None]:
     """Within the block ``op`` of ``family_name`` resolves to provider ``name`` only."""
     previous = _FORCED.get((family_name, op))
     _FORCED[(family_name, op)] = name
-    _RESOLVED.clear()
+    _forget()
     try:
         yield
     finally:
@@ -130,14 +157,20 @@ def override(family_name: str, op: str, name: str) -> Iterator[None]:
             _FORCED.pop((family_name, op), None)
         else:
             _FORCED[(family_name, op)] = previous
-        _RESOLVED.clear()
+        _forget()
 
 
 @contextlib.contextmanager
 def patched(family_name: str, op: str, fn: Callable[..., Any]) -> Iterator[None]:
     """Within the block ``op`` of ``family_name`` resolves to ``fn``, whatever the key."""
+    previous = _PATCHED.get((family_name, op))
     _PATCHED[(family_name, op)] = fn
+    _forget()
     try:
         yield
     finally:
-        _PATCHED.pop((family_name, op), None)
+        if previous is None:
+            _PATCHED.pop((family_name, op), None)
+        else:
+            _PATCHED[(family_name, op)] = previous
+        _forget()

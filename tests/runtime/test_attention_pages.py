@@ -79,7 +79,7 @@ def test_page_ids_are_the_sequences_row_of_the_page_table() -> None:
     np.testing.assert_array_equal(gather_kv(kv.v, s.page_ids, 11), -k)
 
 
-def test_prefill_attends_through_the_lanes_pages(artifact_path, monkeypatch) -> None:
+def test_prefill_attends_through_the_lanes_pages(artifact_path) -> None:
     """A prefill chunk's attention layers call the family's ``prefill`` with the lane's
     page-table row and the layer's pools as stored (no gathered copy); decode steps do not."""
     model = load_model(artifact_path("qwen3_5_bf16", "dense"))
@@ -91,14 +91,14 @@ def test_prefill_attends_through_the_lanes_pages(artifact_path, monkeypatch) -> 
         calls.append((q.shape[0], start, [int(i) for i in pages[:3]]))
         return reference(q, k_pages, v_pages, pages, start=start, scale=scale)
 
-    monkeypatch.setitem(registry._PATCHED, ("attention", "prefill"), spy)
-    runner = ModelRunner(model)
-    pool = runner.new_pool(lanes=2, max_context=64, page_tokens=8, kv_dtype="bfloat16")
-    pool.open(9)  # the prefilled sequence's pages come after these
-    state = pool.open(40)
-    runner.prefill(np.arange(1, 30), state, chunk=12)
-    layers = model.config.layer_types.count("full_attention")
-    chunks = [(12, 0), (12, 12), (5, 24)]
-    assert calls == [(t, s, state.pages[:3]) for t, s in chunks for _ in range(layers)]
-    runner.forward([np.array([3])], [state])
-    assert len(calls) == len(chunks) * layers
+    with registry.patched("attention", "prefill", spy):
+        runner = ModelRunner(model)
+        pool = runner.new_pool(lanes=2, max_context=64, page_tokens=8, kv_dtype="bfloat16")
+        pool.open(9)  # the prefilled sequence's pages come after these
+        state = pool.open(40)
+        runner.prefill(np.arange(1, 30), state, chunk=12)
+        layers = model.config.layer_types.count("full_attention")
+        chunks = [(12, 0), (12, 12), (5, 24)]
+        assert calls == [(t, s, state.pages[:3]) for t, s in chunks for _ in range(layers)]
+        runner.forward([np.array([3])], [state])
+        assert len(calls) == len(chunks) * layers

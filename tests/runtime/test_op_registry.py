@@ -181,6 +181,26 @@ def test_policy_skips_providers_that_are_absent_or_decline() -> None:
         assert fn is registry.providers("delta_rule")["chunk"]["reference"].load()
 
 
+def test_a_resolution_is_memoised_and_an_override_or_a_patch_takes_effect_at_once() -> None:
+    key = {"device": "cpu", "key_dim": 8, "value_dim": 8}
+    first = registry.resolve("delta_rule", "chunk", **key)
+    assert registry.resolve("delta_rule", "chunk", **key) is first
+    assert registry.resolve("delta_rule", "chunk", value_dim=8, key_dim=8, device="cpu") is first
+    registry.family("memo_family", lambda op, **key: ("picky", "plain"))
+    for name in ("picky", "plain"):
+        registry.register(
+            registry.Provider("memo_family", "op", name, __name__, name, (), f"{name}_accepts")
+        )
+    assert registry.resolve("memo_family", "op", rows=128)() == "picky"  # now memoised
+    with registry.override("memo_family", "op", "plain"):
+        assert registry.resolve("memo_family", "op", rows=128)() == "plain"
+        with registry.patched("memo_family", "op", lambda: "patched"):
+            assert registry.resolve("memo_family", "op", rows=128)() == "patched"
+        assert registry.resolve("memo_family", "op", rows=128)() == "plain"
+    assert registry.resolve("memo_family", "op", rows=128)() == "picky"
+    assert registry.resolve("delta_rule", "chunk", **key) is first
+
+
 def test_unknown_names_are_one_clear_error() -> None:
     with pytest.raises(LookupError, match="no op family 'nope'"):
         registry.resolve("nope", "chunk", device="cpu")
