@@ -423,27 +423,5 @@ class ReferenceOps:
         gate, up = self.xp.split(gate_up, 2, axis=-1)
         return self.linear(silu_mul(gate, up), w)
 
-    # the norm family's ops for this backend's device (``ops/norm``), resolved on each call
-    # (a dictionary look-up) so a profile's ablation of the method still takes effect
-    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
-        return _norm("rms_norm", self.name)(x, w, eps, offset)
-
-    def add_rms_norm(
-        self, h: Array, delta: Array, w: Array, eps: float, *, offset: float
-    ) -> tuple[Array, Array]:
-        return _norm("add_rms_norm", self.name)(h, delta, w, eps, offset)
-
-    def gated_rms_norm(self, x: Array, gate: Array, w: Array, eps: float) -> Array:
-        return _norm("gated_rms_norm", self.name)(x, gate, w, eps)
-
     # the reference function itself (its signature is the protocol's, base.py)
     rope = staticmethod(rope)
-
-    def _mlp(self, x: Array, gate: Any, up: Any, down: Any) -> Array:
-        return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)
-
-
-def _norm(op: str, device: str) -> Any:
-    from ..ops.registry import resolve  # the op catalogue sits above the array math
-
-    return resolve("norm", op, device=device)

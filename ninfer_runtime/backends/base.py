@@ -1,9 +1,9 @@
 """The contract between model code and the machine that runs it.
 
 Model files (``models/<arch>/``) describe the math once; a backend supplies the weights, the
-few heavy operations the math needs (projections, norms, RoPE) on its own arrays, and the
-device services (compiled steps, the sampler, the memory budget). Op families (attention
-over the paged K/V, the Gated DeltaNet delta rule, the mixture of experts, ...) live in the
+few heavy operations the math needs (projections, RoPE) on its own arrays, and the device
+services (compiled steps, the sampler, the memory budget). Op families (attention over the
+paged K/V, the Gated DeltaNet delta rule, the mixture of experts, the norms, ...) live in the
 op catalogue, ``ninfer_runtime/ops/<family>/``, and are resolved per device there. The CPU
 backend is the float32 numpy reference; a CUDA backend implements the same protocol with packed
 quantized weights and kernels, so the model code never changes.
@@ -96,27 +96,6 @@ class Backend(Protocol):
     def gated_linear(self, gate_up: Array, w: Weight) -> Array:
         """The gated MLP's down projection: ``linear(silu(gate) * up, w)`` with gate | up the
         two halves of gate_up's last axis (gate_up [N, 2I], w [H, I])."""
-        ...
-
-    def rms_norm(self, x: Array, w: Array, eps: float, *, offset: float) -> Array:
-        """Normalise the last axis: ``x / sqrt(mean(x²) + eps) * (offset + w)``.
-
-        ``offset`` is 1.0 for Qwen3.5's zero-centred norms (stored ``w`` starts at 0) and 0.0
-        for the plain-weight gated norm of Gated DeltaNet.
-        """
-        ...
-
-    def add_rms_norm(
-        self, h: Array, delta: Array, w: Array, eps: float, *, offset: float
-    ) -> tuple[Array, Array]:
-        """A residual add and the norm of its result in one op: ``(s, rms_norm(s, w, eps,
-        offset=offset))`` with ``s = h + delta`` (h and delta [N, H]), the same values as
-        the two steps apart."""
-        ...
-
-    def gated_rms_norm(self, x: Array, gate: Array, w: Array, eps: float) -> Array:
-        """Gated DeltaNet's output norm in one op: ``silu(gate) * rms_norm(x, w, eps,
-        offset=0.0)`` over the last axis of x [T, heads, d]; gate has x's shape."""
         ...
 
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:

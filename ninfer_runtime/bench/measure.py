@@ -223,9 +223,14 @@ def _context_bytes(model: Any, lanes: int, context: int, kv_dtype: str) -> int:
     return lanes * (context * per_token + 2 * ContextPool.slot_bytes_of(specs))
 
 
-def decode_step_bytes(model: Any, lanes: int, context: int, kv_dtype: str = "float32") -> int:
-    """Bytes one decode step of ``lanes`` lanes at ``context`` tokens must move."""
-    return int(_main_weight_bytes(model, lanes) + _context_bytes(model, lanes, context, kv_dtype))
+def decode_step_bytes(
+    model: Any, lanes: int, context: int, kv_dtype: str = "float32", weights: Any = None
+) -> int:
+    """Bytes one decode step of ``lanes`` lanes at ``context`` tokens must move. ``weights``:
+    the weight bytes a step of so many rows reads (``active_bytes.ActiveWeights``, which
+    reads the architecture's description); by default Qwen3.5's prepared weights."""
+    read = _main_weight_bytes(model, lanes) if weights is None else weights(lanes)
+    return int(read + _context_bytes(model, lanes, context, kv_dtype))
 
 
 def draft_head(model: Any, optimized: bool) -> Any:
@@ -309,7 +314,9 @@ def decode_rate(
     warmup: int = 4,
     floor_bw: float,
     kv_dtype: str = "float32",
+    weights: Any = None,
 ) -> DecodeResult:
+    """``weights``: as ``decode_step_bytes``."""
     model, xp = runner.model, runner.backend.xp
     room = context + warmup + steps + 1
     pool = runner.new_pool(lanes=lanes, max_context=room, kv_dtype=kv_dtype)
@@ -327,7 +334,7 @@ def decode_rate(
         runner.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
     _sync(xp)
     step = (time.perf_counter() - start) / steps
-    moved = decode_step_bytes(model, lanes, context, kv_dtype)
+    moved = decode_step_bytes(model, lanes, context, kv_dtype, weights)
     return DecodeResult(lanes, context, lanes / step, 1e3 * step, moved, 1e3 * moved / floor_bw)
 
 
@@ -704,6 +711,8 @@ FAMILY_OPS = {
     "gdn_verify": ("delta_rule", "verify"),
     "gdn_commit": ("delta_rule", "commit"),
     "moe": ("moe", "block"),
+    "rms_norm": ("norm", "rms_norm"),
+    "gated_rms_norm": ("norm", "gated_rms_norm"),
 }
 
 

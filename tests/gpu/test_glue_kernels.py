@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.backends.cuda import glue
+from ninfer_runtime.ops import registry
 
 from .conftest import requires_gpu
 
@@ -46,9 +47,8 @@ def test_add_rms_norm_matches_numpy(
     import cupy as cp
 
     h, delta, w = inputs(shape, shape[-1])
-    s, y = cuda_backend.add_rms_norm(
-        cp.asarray(h), cp.asarray(delta), cp.asarray(w), EPS, offset=offset
-    )
+    add_rms_norm = registry.resolve("norm", "add_rms_norm", device=cuda_backend.name)
+    s, y = add_rms_norm(cp.asarray(h), cp.asarray(delta), cp.asarray(w), EPS, offset=offset)
     np.testing.assert_array_equal(cp.asnumpy(s), h + delta)
     ref = oracle(h, delta, w, offset)
     scale = np.abs(ref).max(axis=-1, keepdims=True) + 1e-30
@@ -103,7 +103,8 @@ def test_gated_rms_norm_matches_numpy(shape: tuple[int, int, int], cuda_backend:
     wide = (rng.standard_normal((t, heads * d + 9)) * 3).astype(np.float32)
     w = (rng.standard_normal(d) * 0.2).astype(np.float32)
     gate_d = cp.asarray(wide)[:, 5 : 5 + heads * d].reshape(t, heads, d)  # rows not contiguous
-    y = cp.asnumpy(cuda_backend.gated_rms_norm(cp.asarray(x), gate_d, cp.asarray(w), EPS))
+    gated_rms_norm = registry.resolve("norm", "gated_rms_norm", device=cuda_backend.name)
+    y = cp.asnumpy(gated_rms_norm(cp.asarray(x), gate_d, cp.asarray(w), EPS))
     gate = wide[:, 5 : 5 + heads * d].reshape(t, heads, d).astype(np.float64)
     xs = x.astype(np.float64)
     normed = xs / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + EPS) * w

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.models import load_model
+from ninfer_runtime.ops import registry
 from ninfer_runtime.ops.norm.reference import add_rms_norm, rms_norm
 from ninfer_runtime.runner import ModelRunner
 
@@ -31,7 +31,7 @@ def test_reference_is_the_add_then_the_norm(shape: tuple[int, ...], offset: floa
     h = (rng.standard_normal(shape) * 3).astype(np.float32)
     delta = rng.standard_normal(shape).astype(np.float32)
     w = (rng.standard_normal(shape[-1]) * 0.1).astype(np.float32)
-    s, y = CpuBackend().add_rms_norm(h, delta, w, EPS, offset=offset)
+    s, y = registry.resolve("norm", "add_rms_norm", device="cpu")(h, delta, w, EPS, offset)
     assert s.dtype == y.dtype == np.float32 and s.shape == y.shape == shape
     np.testing.assert_array_equal(s, h + delta)
     np.testing.assert_array_equal(y, rms_norm(h + delta, w, EPS, offset))
@@ -44,9 +44,9 @@ def unfused_hidden(self: Any, ids: Any, batch: Any, pool: Any, embeddings: Any =
     be, eps = self.backend, self.config.eps
     h = be.embedding(ids, self.token_embedding) if embeddings is None else embeddings
     for layer, memory in zip(self.layers, pool.layers, strict=True):
-        h = h + layer.mixer(be.rms_norm(h, layer.input_norm, eps, offset=1.0), batch, memory)
-        h = h + layer.ffn(be.rms_norm(h, layer.post_attention_norm, eps, offset=1.0))
-    return be.rms_norm(h, self.final_norm, eps, offset=1.0)
+        h = h + layer.mixer(rms_norm(h, layer.input_norm, eps, offset=1.0), batch, memory)
+        h = h + layer.ffn(rms_norm(h, layer.post_attention_norm, eps, offset=1.0))
+    return rms_norm(h, self.final_norm, eps, offset=1.0)
 
 
 def unfused_mtp(runner: ModelRunner, hidden: Any, ids: np.ndarray, state: Any) -> Any:
@@ -57,14 +57,14 @@ def unfused_mtp(runner: ModelRunner, hidden: Any, ids: np.ndarray, state: Any) -
     batch = runner.batch(
         [_lane(len(ids), start, state)], np.arange(start + 1, start + 1 + len(ids))
     )
-    e = be.rms_norm(be.embedding(ids, mtp.token_embedding), mtp.embedding_norm, eps, offset=1.0)
-    hh = be.rms_norm(hidden, mtp.hidden_norm, eps, offset=1.0)
+    e = rms_norm(be.embedding(ids, mtp.token_embedding), mtp.embedding_norm, eps, offset=1.0)
+    hh = rms_norm(hidden, mtp.hidden_norm, eps, offset=1.0)
     x = be.linear(np.concatenate([e, hh], axis=-1), mtp.input_projection)
     block = mtp.block
-    x = x + block.mixer(be.rms_norm(x, block.input_norm, eps, offset=1.0), batch, state.pool.mtp)
-    x = x + block.ffn(be.rms_norm(x, block.post_attention_norm, eps, offset=1.0))
+    x = x + block.mixer(rms_norm(x, block.input_norm, eps, offset=1.0), batch, state.pool.mtp)
+    x = x + block.ffn(rms_norm(x, block.post_attention_norm, eps, offset=1.0))
     state.mtp_length = start + len(ids)
-    return mtp.logits(be.rms_norm(x, mtp.final_norm, eps, offset=1.0))
+    return mtp.logits(rms_norm(x, mtp.final_norm, eps, offset=1.0))
 
 
 def _lane(tokens: int, start: int, state: Any) -> Any:

@@ -1,7 +1,7 @@
 """The moe and norm op families on the CPU: the MoE block's reference against the block's
 math written out in float64, an expert left out (None) drops exactly its own pairs, and the
-model's MoE layer and the backend's norm methods are served by the families (a patched op is
-what runs)."""
+model's MoE layer and the models' norms are served by the families (a patched op is what
+runs)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_an_expert_left_out_drops_exactly_its_pairs() -> None:
     np.testing.assert_allclose(block(be, x, weights) - block(be, x, held), own, atol=1e-5)
 
 
-def test_the_models_moe_layer_and_the_norms_are_served_by_the_families() -> None:
+def test_the_models_moe_layer_is_served_by_the_family() -> None:
     from ninfer_runtime.models.qwen3_5.config import MoeConfig
     from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
 
@@ -96,6 +96,23 @@ def test_the_models_moe_layer_and_the_norms_are_served_by_the_families() -> None
     x = np.ones((2, H), np.float32)
     with registry.patched("moe", "block", lambda backend, x, weights: "the family's block"):
         assert layer(x) == "the family's block"
-    with registry.patched("norm", "rms_norm", lambda *a: "the family's norm"):
-        assert be.rms_norm(x, np.ones(H, np.float32), 1e-6, offset=1.0) == "the family's norm"
     np.testing.assert_allclose(layer(x), written_out(x, weights), rtol=1e-5, atol=1e-6)
+
+
+def test_the_models_norms_are_served_by_the_norm_family() -> None:
+    from ninfer_runtime.models.qwen3_5.layer import add_norm
+    from ninfer_runtime.models.qwen4_exp.hyper_connections import group_rms_norm
+
+    be, x, w = CpuBackend(), np.ones((2, H), np.float32), np.zeros(H, np.float32)
+
+    def sevens(x: np.ndarray, *_: object, **__: object) -> np.ndarray:
+        return np.full(x.shape, 7.0, np.float32)
+
+    with registry.patched("norm", "rms_norm", sevens):
+        assert (add_norm(be, x, None, w, 1e-6)[1] == 7).all()
+        assert (group_rms_norm(be, x, w, 2, 1e-6) == 7).all()
+    with registry.patched("norm", "add_rms_norm", lambda h, *_, **__: (h, sevens(h))):
+        assert (add_norm(be, x, x, w, 1e-6)[1] == 7).all()
+    s, y = add_norm(be, x, x, w, 1e-6)  # the reference again once the patch ends
+    np.testing.assert_array_equal(s, 2 * x)
+    np.testing.assert_allclose(y, np.ones_like(x), rtol=1e-5)

@@ -25,6 +25,7 @@ from ninfer_format.binders.glm5_next_parts import Kda
 from ...backends import Backend, Weight
 from ...ops import delta_rule
 from ...ops.delta_rule.memory import GdnSlots, GdnSpec
+from ...ops.registry import resolve
 from ..batch import Batch
 from ..functional import mul_sigmoid, sigmoid
 
@@ -100,7 +101,8 @@ class KimiDeltaAttention:
                 be.xp,
             )  # fmt: skip
         gate = be.linear(gate_rank, self.gate_up).reshape(n, h, d)
-        y = mul_sigmoid(be.rms_norm(o, self.norm, self.eps, offset=0.0), gate)
+        rms_norm = resolve("norm", "rms_norm", device=be.name)
+        y = mul_sigmoid(rms_norm(o, self.norm, self.eps, offset=0.0), gate)
         return be.linear(y.reshape(n, k.width), self.output)
 
     def commit(self, memory: GdnSlots, slots: Array, counts: Array) -> None:

@@ -18,6 +18,7 @@ from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
 
 from ...backends import Backend, Weight
 from ...memory_kinds import LayerMemory, MemoryKind
+from ...ops.registry import resolve
 from ..batch import Batch
 from . import kda, mla
 from .config import INDEXED_ATTENTION, SPARSE
@@ -83,14 +84,14 @@ class DecoderLayer:
     ) -> tuple[Array, list[Array] | None]:
         """Streams [N, n, H] -> the streams after the layer, and the tokens its attention
         chose for each query group (None from a KDA layer), for a ``shared`` layer next."""
-        be, eps = self.backend, self.eps
+        eps, rms_norm = self.eps, resolve("norm", "rms_norm", device=self.backend.name)
         x, post, comb = self.mixer_connection(streams)
-        x = be.rms_norm(x, self.input_norm, eps, offset=0.0)
+        x = rms_norm(x, self.input_norm, eps, offset=0.0)
         if isinstance(self.mixer, LatentAttention):
             y, chosen = self.mixer(x, batch, memory, chosen)  # type: ignore[arg-type]
         else:
             y, chosen = self.mixer(x, batch, memory), None  # type: ignore[arg-type]
         streams = HyperConnection.merge(streams, y, post, comb)
         x, post, comb = self.ffn_connection(streams)
-        y = self.ffn(be.rms_norm(x, self.post_attention_norm, eps, offset=0.0))
+        y = self.ffn(rms_norm(x, self.post_attention_norm, eps, offset=0.0))
         return HyperConnection.merge(streams, y, post, comb), chosen

@@ -73,8 +73,9 @@ class LatentAttention:
         be, m = self.backend, self.m
         xp, n = be.xp, x.shape[0]
         down = be.linear(x, self.down)
-        query_latent = be.rms_norm(down[:, : m.q_rank], self.query_norm, self.eps, offset=0.0)
-        latent = be.rms_norm(down[:, m.q_rank :], self.kv_norm, self.eps, offset=0.0)
+        rms_norm = resolve("norm", "rms_norm", device=be.name)
+        query_latent = rms_norm(down[:, : m.q_rank], self.query_norm, self.eps, offset=0.0)
+        latent = rms_norm(down[:, m.q_rank :], self.kv_norm, self.eps, offset=0.0)
         q = be.linear(query_latent, self.query_up).reshape(n, m.heads, m.nope_dim)
         absorbed = xp.einsum("nhd,hdr->nhr", q, self.key_up)
         records = queries = weights = None

@@ -26,6 +26,7 @@ from ...backends import Backend
 from ...errors import ModelError
 from ...memory_kinds import MemoryKind
 from ...ops.attention.memory import AttentionPages
+from ...ops.registry import resolve
 from ...parallel import Collective
 from ...state import ContextPool
 from ..batch import Batch
@@ -101,8 +102,8 @@ class Glm5NextModel:
         streams, chosen = expand(h, self.config.hyper.streams), None
         for layer, memory in zip(self.layers, pool.layers, strict=True):
             streams, chosen = layer(streams, batch, memory, chosen)
-        g = self.config
-        return self.backend.rms_norm(collapse(streams), self.final_norm, g.eps, offset=0.0)
+        rms_norm = resolve("norm", "rms_norm", device=self.backend.name)
+        return rms_norm(collapse(streams), self.final_norm, self.config.eps, offset=0.0)
 
     def logits(self, hidden: Array) -> Array:
         return self.backend.linear(hidden, self.output_head)

@@ -17,6 +17,7 @@ import numpy as np
 from ...backends import Backend, Weight
 from ...ops import attention
 from ...ops.attention.memory import AttentionPages
+from ...ops.registry import resolve
 from ..batch import Batch, Lane
 from ..functional import mul_sigmoid
 from .config import AttentionConfig
@@ -95,8 +96,9 @@ class GatedAttention:
         q = q.reshape(n, a.heads, a.head_dim)
         k = k.reshape(n, a.kv_heads, a.head_dim)
         v = v.reshape(n, a.kv_heads, a.head_dim)
-        q = be.rope(be.rms_norm(q, self.query_norm, self.eps, offset=1.0), batch.cos, batch.sin)
-        k = be.rope(be.rms_norm(k, self.key_norm, self.eps, offset=1.0), batch.cos, batch.sin)
+        rms_norm = resolve("norm", "rms_norm", device=be.name)
+        q = be.rope(rms_norm(q, self.query_norm, self.eps, offset=1.0), batch.cos, batch.sin)
+        k = be.rope(rms_norm(k, self.key_norm, self.eps, offset=1.0), batch.cos, batch.sin)
 
         if batch.decode is not None:  # one token per lane, every lane at once
             d = batch.decode

@@ -19,6 +19,7 @@ import numpy as np
 from ...backends import Backend, Weight
 from ...ops import delta_rule
 from ...ops.delta_rule.memory import GdnSlots
+from ...ops.registry import resolve
 from ..batch import Batch
 from ..functional import log_decay, sigmoid
 from .config import GdnConfig
@@ -116,7 +117,7 @@ class GatedDeltaNet:
                 xp,
             )
 
-        y = be.gated_rms_norm(o, z, self.norm, self.eps)
+        y = resolve("norm", "gated_rms_norm", device=be.name)(o, z, self.norm, self.eps)
         return be.linear(y.reshape(n, c.value_width), self.output)
 
     def commit(self, memory: GdnSlots, slots: Array, counts: Array) -> None:

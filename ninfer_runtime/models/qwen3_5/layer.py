@@ -9,6 +9,7 @@ from typing import Any
 
 from ...backends import Backend, Weight
 from ...memory_kinds import LayerMemory
+from ...ops.registry import resolve
 from ..batch import Batch
 from .attention import GatedAttention
 from .config import FULL_ATTENTION, Qwen35Config
@@ -23,8 +24,8 @@ def add_norm(
 ) -> tuple[Array, Array]:
     """``h + delta`` and its RMSNorm_1p in one op; ``delta`` None: nothing to add."""
     if delta is None:
-        return h, backend.rms_norm(h, w, eps, offset=1.0)
-    return backend.add_rms_norm(h, delta, w, eps, offset=1.0)
+        return h, resolve("norm", "rms_norm", device=backend.name)(h, w, eps, offset=1.0)
+    return resolve("norm", "add_rms_norm", device=backend.name)(h, delta, w, eps, offset=1.0)
 
 
 class DecoderLayer:

@@ -15,9 +15,10 @@ from typing import Any
 
 from ...backends import Backend, Weight
 from ...ops.attention.memory import AttentionPages
+from ...ops.registry import resolve
 from ..batch import Batch
 from .config import FULL_ATTENTION, Qwen35Config
-from .layer import DecoderLayer
+from .layer import DecoderLayer, add_norm
 
 Array = Any
 PREFIX = "mtp/layers/0/"
@@ -71,8 +72,9 @@ class MtpHead:
         be, eps = self.backend, self.eps
         if embeddings is None:
             embeddings = be.embedding(next_ids, self.token_embedding)
-        e = be.rms_norm(embeddings, self.embedding_norm, eps, offset=1.0)
-        h = be.rms_norm(hidden, self.hidden_norm, eps, offset=1.0)
+        rms_norm = resolve("norm", "rms_norm", device=be.name)
+        e = rms_norm(embeddings, self.embedding_norm, eps, offset=1.0)
+        h = rms_norm(hidden, self.hidden_norm, eps, offset=1.0)
         x = be.linear(be.xp.concatenate([e, h], axis=-1), self.input_projection)
         x, pending = self.block(x, None, batch, memory)
-        return be.add_rms_norm(x, pending, self.final_norm, eps, offset=1.0)[1]
+        return add_norm(be, x, pending, self.final_norm, eps)[1]

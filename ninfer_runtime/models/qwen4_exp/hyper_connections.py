@@ -22,6 +22,7 @@ from ninfer_format.binders.qwen4_exp_parts import HyperConnections
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
+from ...ops.registry import resolve
 from ..functional import sigmoid, silu
 
 Array = Any
@@ -37,9 +38,8 @@ def group_rms_norm(backend: Backend, x: Array, w: Array, groups: int, eps: float
     over the whole row: [N, G·W] -> [N, G·W]."""
     n, width = x.shape
     shape = (n, groups, width // groups)
-    return backend.rms_norm(x.reshape(shape), w.reshape(shape[1:]), eps, offset=1.0).reshape(
-        n, width
-    )
+    rms_norm = resolve("norm", "rms_norm", device=backend.name)
+    return rms_norm(x.reshape(shape), w.reshape(shape[1:]), eps, offset=1.0).reshape(n, width)
 
 
 def inject(streams: Array, block_out: Array, weights: Array) -> Array:

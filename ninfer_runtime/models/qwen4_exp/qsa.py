@@ -29,6 +29,7 @@ from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.array_ops import softmax
 from ...kv_storage import gather_kv
+from ...ops.registry import resolve
 from ..batch import Batch
 from ..functional import mul_sigmoid
 from ..qwen3_5.attention import AttentionConfig, GatedAttention, Rotary
@@ -47,7 +48,7 @@ def block_keys(
     if not blocks:
         return backend.xp.zeros((0, d), backend.xp.float32)
     means = raw[: blocks * ratio].reshape(blocks, ratio, d).mean(axis=1)
-    normed = backend.rms_norm(means, norm, eps, offset=1.0)
+    normed = resolve("norm", "rms_norm", device=backend.name)(means, norm, eps, offset=1.0)
     cos, sin = rotary(np.arange(blocks) * ratio)
     return backend.rope(normed[:, None, :], cos, sin)[:, 0]
 
@@ -151,9 +152,10 @@ class IndexedAttention(GatedAttention):
         width, kv_width = a.heads * a.head_dim, a.kv_heads * a.head_dim
         ends = np.cumsum([width, width, kv_width, kv_width, ix.heads * ix.head_dim])
         q, gate, k, v, iq, ik = be.xp.split(be.linear(x, self.projections), ends, axis=-1)
+        rms_norm = resolve("norm", "rms_norm", device=be.name)
 
         def normed_rotated(y: Array, heads: int, dim: int, norm: Array) -> Array:
-            y = be.rms_norm(y.reshape(n, heads, dim), norm, self.eps, offset=1.0)
+            y = rms_norm(y.reshape(n, heads, dim), norm, self.eps, offset=1.0)
             return be.rope(y, cos, sin)
 
         q = normed_rotated(q, a.heads, a.head_dim, self.query_norm)

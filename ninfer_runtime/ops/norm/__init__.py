@@ -9,8 +9,8 @@
 * ``gated_rms_norm``: ``(x, gate, w, eps) -> y``: Gated DeltaNet's output norm,
   ``silu(gate) * rms_norm(x, w, eps, 0)`` over x [T, heads, d] (gate may be a strided view).
 
-Models reach them through the backend's methods of the same names (``array_ops.ReferenceOps``
-resolves them here for the backend's device). Providers: ``reference`` (array math, either
+Models resolve them on each call, keyed by the backend's device
+(``resolve("norm", "rms_norm", device=backend.name)``). Providers: ``reference`` (array math, either
 device) and ``nvrtc`` (ours: ``kernels/glue.cu``). Which serves an op is ``policy.TABLE``; the
 resolution key is the device.
 """
