@@ -27,7 +27,6 @@ import numpy as np
 
 from ninfer_format import Artifact, ArtifactError
 
-from .backends.base import to_numpy
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .checkpoint_plan import check_cache_fields
 from .errors import EngineError, RequestError
@@ -41,7 +40,7 @@ from .frontend import (
 )
 from .frontend.tokenizer import THINK_OPEN
 from .images import PromptImages, VisionOptions, load_vision, placed_inputs
-from .logprobs import TokenLogprobs, token_logprobs
+from .logprobs import token_logprobs
 from .media_cache import MediaCache
 from .models import ForwardOutput, load_model
 from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
@@ -58,7 +57,8 @@ from .request import (
 )
 from .runner import ModelRunner
 from .scheduler import Lane, Read, Scheduler
-from .speculative import SpecConfig, SpecStats, accept_greedy, accept_sampled
+from .speculative import SpecConfig, SpecStats
+from .speculative_round import SpeculativeRounds, check_drafter
 from .tensor_parallel import parallel_runner
 from .token_choice import TokenChooser
 
@@ -199,16 +199,8 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.spec = spec
         self.spec_stats = SpecStats(spec.draft_tokens) if spec else None
-        if spec is not None and not self.model.has_mtp:
-            if "mtp" in self.artifact.components:  # stored, but this model does not run it
-                raise EngineError(
-                    f"{self.artifact.path}: speculative method {spec.method!r} is not built "
-                    f"for {type(self.model).__name__} yet; its mtp component is not run"
-                )
-            raise EngineError(
-                f"{self.artifact.path}: the artifact has no mtp component; speculative "
-                f"method {spec.method!r} needs one (convert with --components text,mtp)"
-            )
+        if spec is not None:
+            check_drafter(self.artifact, self.model, spec)
         # a round writes up to K+1 positions past a sequence's length: a lane's pages grow
         # to hold that margin beyond its own tokens before every round
         self._margin = margin
@@ -235,6 +227,18 @@ class Engine:
         self.event_writer = EventWriter(self.scheduler, self.tokenizer)
         #: each lane's next token from its logits
         self.token_choice = TokenChooser(self.model, self.tokenizer, self.event_writer.fail)
+        #: with ``spec``: each step's draft-and-verify round for the generating lanes
+        self.speculative_rounds: SpeculativeRounds | None = None
+        if spec is not None:
+            self.speculative_rounds = SpeculativeRounds(
+                spec,
+                self.spec_stats,  # type: ignore[arg-type]
+                model=self.model,
+                runner=self.runner,
+                scheduler=self.scheduler,
+                token_choice=self.token_choice,
+                event_writer=self.event_writer,
+            )
 
     def _cache_salt(self, backend: str, kv_dtype: str) -> bytes:
         """What decides a checkpoint's states besides its tokens."""
@@ -434,7 +438,7 @@ class Engine:
             flush(events)
             events = []
         decoding = self.scheduler.generating()
-        if self.spec is None:
+        if self.speculative_rounds is None:
             if decoding:
                 self._decode(decoding, events)
             return events
@@ -444,7 +448,7 @@ class Engine:
         if replaying:
             self._decode(replaying, events)
         if generating:
-            self._speculate(generating, events)
+            self.speculative_rounds.run(generating, events)
         return events
 
     def _history_end(
@@ -591,93 +595,6 @@ class Engine:
             [lanes[i] for i in generating], out, events
         ):
             self.event_writer.emit(a, token, events, score)
-
-    def _speculate(self, lanes: list[Lane], events: list[Event]) -> None:
-        """One speculative round for every generating lane. A lane whose next tokens the
-        engine constrains (a logits processor, a thinking budget closing within the round)
-        keeps only the main model's first token, sampled as in a plain step."""
-        k = self.spec.draft_tokens  # type: ignore[union-attr]
-        if self.cache is not None:  # a lane ending in this round keeps a checkpoint with it
-            xp = self.model.backend.xp
-            rows = self.pool.draft_hidden[
-                xp.asarray([a.state.slot for a in lanes]),
-                xp.asarray([len(a.state.draft_carry) for a in lanes]),
-            ]
-            for a, row in zip(lanes, rows, strict=True):
-                a.last_hidden = row
-        proposal = self.runner.speculate(
-            [a.state for a in lanes],
-            [a.pending for a in lanes],
-            k,
-            optimized_head=self.spec.proposal_head == "optimized",  # type: ignore[union-attr]
-        )
-        kept: dict[str, list[int]] = {}
-        for i, a in enumerate(lanes):
-            rows = slice(i * (k + 1), (i + 1) * (k + 1))
-            if not self._may_speculate(a, k):
-                first = ForwardOutput([proposal.logits[rows.start : rows.start + 1]], [None])
-                sampled = self.token_choice.choose([a], first, events)
-                tokens, scores = [t for _, t, _ in sampled], [s for _, _, s in sampled]
-                drafts: list[int] = []
-                self.spec_stats.fallbacks += 1  # type: ignore[union-attr]
-            else:
-                try:
-                    tokens, scores = self._accept(
-                        a, proposal.drafts[i], proposal.targets[i], proposal.logits[rows]
-                    )
-                except Exception as exc:  # this request's parameters, not the engine's
-                    self.event_writer.fail(a, exc, events)
-                    continue
-                drafts = tokens[:-1]
-                a.drafted += k
-                a.accepted += len(drafts)
-                self.spec_stats.record(len(drafts))  # type: ignore[union-attr]
-            for token, score in zip(tokens, scores, strict=True):
-                self.event_writer.emit(a, token, events, score)
-                if a.pending is None:  # the request ended inside the round
-                    break
-            kept[a.request.request_id] = drafts
-        # lanes still generating commit what they kept (the others have been released)
-        survivors = [a for a in lanes if self.scheduler.active.get(a.request.request_id) is a]
-        if survivors:
-            self.runner.commit(
-                [a.state for a in survivors], [kept[a.request.request_id] for a in survivors]
-            )
-
-    def _may_speculate(self, a: Lane, k: int) -> bool:
-        if a.request.logits_processor is not None or self.token_choice.held_stops(a):
-            return False  # a draft could be a stop token min_tokens forbids yet
-        if a.answer_start is not None or a.thinking_budget is None:
-            return True
-        forced_from = a.thinking_budget - len(self.tokenizer.think_close_ids)
-        return len(a.generated) + k < forced_from
-
-    @staticmethod
-    def _accept(
-        a: Lane, drafts: Any, targets: Any, rows: Any
-    ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """The tokens lane ``a`` keeps from its round (they count for its penalties), and
-        with ``logprobs`` their scores: the main model's rows at their positions, penalised
-        as plain decoding has them (the kept tokens before each count as generated)."""
-        params = a.request.sampling
-        plain_greedy = params.greedy and not (
-            params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
-        )
-        if plain_greedy:
-            tokens = accept_greedy(drafts, targets)
-            scored = rows[: len(tokens)]  # no penalties: scored where the rows are
-        else:
-            scored = to_numpy(rows).astype(np.float32)
-            tokens = accept_sampled(a.sampler, drafts, scored)
-        scores: list[TokenLogprobs | None] = [None] * len(tokens)
-        if params.logprobs is not None:
-            if not plain_greedy:
-                scored = np.stack(
-                    [a.sampler.penalized(scored[j], extra=tokens[:j]) for j in range(len(tokens))]
-                )
-            scores = list(token_logprobs(scored, tokens, [params.logprobs] * len(tokens)))
-        a.sampler.accept(tokens)
-        return tokens, scores
 
     # ------------------------------------------------------------------ one-shot
     def generate(self, request: GenerationRequest) -> Iterator[Event]:
