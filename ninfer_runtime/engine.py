@@ -40,10 +40,10 @@ from .frontend import (
 )
 from .frontend.tokenizer import THINK_OPEN
 from .images import PromptImages, VisionOptions, load_vision, placed_inputs
-from .logprobs import token_logprobs
 from .media_cache import MediaCache
 from .models import ForwardOutput, load_model
 from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
+from .prompt_logprobs import prompt_logprobs, score_chunk
 from .request import (
     Event,
     Failed,
@@ -517,7 +517,7 @@ class Engine:
         checkpoint where one goes. True: that was the prompt's end."""
         scoring = a.prompt_scores is not None
         if scoring:
-            self._score_prompt(a, start, end, logits)
+            score_chunk(a, start, end, logits)
         if self.spec is not None:  # the drafter reads the prompt too, images placed
             rows = at = None
             if a.images is not None:
@@ -528,32 +528,8 @@ class Engine:
         if not self.scheduler.prefilled(a, end, last, logits):
             return False
         if scoring:
-            events.append(self._prompt_logprobs(a))
+            events.append(prompt_logprobs(a))
         return True
-
-    @staticmethod
-    def _score_prompt(a: Lane, start: int, end: int, rows: Any) -> None:
-        """Scores of the prompt tokens the chunk ``start:end`` predicts: its row i (logits
-        [end - start, V]) predicts token ``start + i + 1``; the chunk's last row the next
-        chunk's first token, when there is one."""
-        targets = a.prompt_ids[start + 1 : end + 1].tolist()
-        if targets and a.prompt_scores is not None:
-            k = a.request.sampling.prompt_logprobs or 0
-            scores = token_logprobs(rows[: len(targets)], targets, [k] * len(targets))
-            a.prompt_scores[start + 1 : start + 1 + len(targets)] = scores
-
-    @staticmethod
-    def _prompt_logprobs(a: Lane) -> PromptLogprobs:
-        """The prompt's scores as one event; the prompt is scored once (read again after a
-        preemption, it is not scored again)."""
-        scores = a.prompt_scores or []
-        a.prompt_scores = None
-        return PromptLogprobs(
-            a.request.request_id,
-            tuple(int(t) for t in a.prompt_ids),
-            tuple(None if s is None else s.logprob for s in scores),
-            tuple(None if s is None else s.top for s in scores),
-        )
 
     def _prompts_done(
         self, lanes: list[Lane], out: ForwardOutput | None, events: list[Event]
