@@ -40,6 +40,20 @@ def main() -> None:
     help="rows of the indexed proposal head (default: 131072 capped by the vocabulary when "
     "there is an MTP component; 0: none)",
 )
+@click.option(
+    "--layers",
+    type=click.IntRange(min=1),
+    help="write only this many decoder layers, at full width, keeping one of every kind "
+    "(ninfer-bench run then extrapolates the whole model's step)",
+)
+@click.option(
+    "--ple-rows-scale",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="n-gram (PLE) tables of about this share of their rows, for disk (a step reads as "
+    "many rows either way)",
+)
 def synth(
     geometry: str,
     formats: str,
@@ -49,34 +63,41 @@ def synth(
     plan_only: bool,
     mtp: bool,
     proposal_rows: int | None,
+    layers: int | None,
+    ple_rows_scale: float,
 ) -> None:
-    """Write a synthetic artifact: random valid codes and scales, no checkpoint needed."""
+    """Write a synthetic artifact: random valid codes and scales, no checkpoint needed.
+
+    \b
+    Example (Qwen3.8-Flash-Next's layers at full width, three of its 48, tables at 1/16):
+      ninfer-bench synth --geometry qwen3_8_flash_next --formats qwen3_8_flash_next \\
+          --layers 3 --ple-rows-scale 0.0625 -o q38-3l.ninfer
+    """
     require_extra("convert", "ninfer-bench synth")
+    from ninfer_format.errors import ArtifactError as FormatError
+
     from .synthetic import RecipeError, plan_synthetic, write_synthetic
 
+    shape = dict(mtp=mtp, proposal_rows=proposal_rows, layers=layers, ple_rows_scale=ple_rows_scale)
     try:
-        plan = plan_synthetic(geometry, formats, mtp=mtp, proposal_rows=proposal_rows)
+        plan = plan_synthetic(geometry, formats, **shape)
     except RecipeError as exc:
         raise click.BadParameter(str(exc), param_hint="--formats") from None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--proposal-rows") from None
+    except (ValueError, FormatError) as exc:
+        hint = "--layers" if "--layers" in str(exc) else "--proposal-rows"
+        raise click.BadParameter(str(exc), param_hint=hint) from None
     parts = ", ".join(f"{c} {b / 1e9:.3f}" for c, b in plan.bytes_by_component().items())
     click.echo(
         f"{geometry} / {plan.recipe.name}: {len(plan.parents)} weight objects, "
         f"{plan.payload_bytes / 1e9:.3f} GB planned ({parts} GB)"
     )
+    if plan.reduction is not None:
+        _echo_reduction(plan.reduction)
     if plan_only:
         return
     try:
         report = write_synthetic(
-            output,
-            geometry,
-            formats,
-            seed,
-            force,
-            mtp=mtp,
-            proposal_rows=proposal_rows,
-            progress=terminal_bar,
+            output, geometry, formats, seed, force, **shape, progress=terminal_bar
         )
     except TargetExists:
         raise click.ClickException(f"{output}: already exists; add --force to replace it") from None
@@ -86,6 +107,73 @@ def synth(
         f"wrote {output}: {report.payload_bytes / 1e9:.3f} GB in {report.seconds:.1f} s "
         f"({report.mb_per_s:.0f} MB/s)"
     )
+
+
+def _echo_reduction(reduced: dict[str, Any]) -> None:
+    """What a reduced plan keeps and what it stands for."""
+    whole = reduced["whole_bytes"]
+    kinds = ", ".join(f"{k} x{n}" for k, n in reduced["whole_kinds"].items())
+    click.echo(
+        f"layers kept: {reduced['kept']} ({', '.join(reduced['kinds'])}) of "
+        f"{sum(reduced['whole_kinds'].values())} ({kinds}); the whole model's text weights "
+        f"{whole['weights'] / 2**30:.1f} GiB, routed experts {whole['experts'] / 2**30:.1f} GiB"
+    )
+    if reduced["ple_rows_scale"] != 1:
+        click.echo(
+            f"n-gram (PLE) tables at {reduced['ple_rows_scale']:g} of their rows (for disk; a "
+            "step reads as many rows a token, so the step is unchanged but for caching)"
+        )
+
+
+def _load(opened: Any, backend: str, vram_budget: str | None, reduced: Any) -> Any:
+    """The model, its routed experts split by ``vram_budget`` (scaled to a reduced artifact)."""
+    from ..expert_offload import ExpertOffload
+    from ..models import load_model
+
+    if vram_budget is None:
+        return load_model(opened, backend)
+    budget, note = _scaled_budget(opened, vram_budget, reduced)
+    click.echo(note)
+    offload = ExpertOffload.for_budget(budget, backend)
+    options = {"ple_rows": "streamed"} if _has_ple(opened) else None  # as the whole model's
+    return load_model(opened, backend, expert_offload=offload, options=options)
+
+
+def _has_ple(opened: Any) -> bool:
+    return bool(opened.components["text"].config.get("ple_layer_ids"))
+
+
+def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
+    """The budget in bytes for this artifact, and a line saying so. A reduced artifact gets
+    its own weights other than routed experts (n-gram tables aside: they stay on the host)
+    plus the share of its experts the whole model would keep within ``given``."""
+    from ..capacity import parse_size
+    from ..expert_offload.plan import WeightSizes
+
+    whole_budget = parse_size(given, "vram budget")
+    assert whole_budget is not None
+    if reduced is None:
+        return whole_budget, f"--vram-budget {whole_budget / 2**30:.1f} GiB"
+    names = [n for n in opened.bindings if n.startswith("text/") and "ngram_table" not in n]
+    sizes = WeightSizes.measure(opened, names)
+    whole = reduced["whole_bytes"]
+    tables = sum(_stored(opened, n) for n in opened.bindings if "ngram_table" in n) / reduced.get(
+        "ple_rows_scale", 1
+    )
+    whole_other = whole["weights"] - whole["experts"] - tables
+    share = min(1.0, max(0.0, (whole_budget - whole_other) / max(whole["experts"], 1)))
+    budget = int(sizes.other + share * sizes.expert_total)
+    return budget, (
+        f"--vram-budget {whole_budget / 2**30:.1f} GiB for the whole model keeps "
+        f"{100 * share:.1f}% of its routed experts in device memory; this artifact gets "
+        f"{budget / 2**30:.2f} GiB, the same share of its own"
+    )
+
+
+def _stored(opened: Any, name: str) -> int:
+    from ..expert_offload.plan import stored_bytes
+
+    return stored_bytes(opened, name)
 
 
 def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -> list[int]:
@@ -237,6 +325,12 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     show_default=True,
     help="with --measure-acceptance: the most tokens of each answer",
 )
+@click.option(
+    "--vram-budget",
+    help="device memory for the weights, e.g. 139GiB (one H200): routed experts beyond it are "
+    "computed from host memory (CPU backend). For an artifact of fewer layers, the budget "
+    "of the whole model: the same share of experts is kept in host memory",
+)
 def run(
     artifact: str,
     backend: str,
@@ -259,6 +353,7 @@ def run(
     answer_tokens: int,
     ranks: int,
     expert_parallel: bool,
+    vram_budget: str | None,
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
     rounds against the plain step.
@@ -269,6 +364,9 @@ def run(
       ninfer-bench run 27b.ninfer --record docs/performance.md
       ninfer-bench run 27b.ninfer --spec mtp --prefill 0 --record docs/performance.md
       ninfer-bench run 27b.ninfer --tensor-parallel 2 --prefill 0   # two GPUs against one
+
+    An artifact of fewer layers (synth --layers) also gets each kind of layer's time and the
+    whole model's step extrapolated from them, said as such.
     """
     import json
     import os
@@ -276,10 +374,11 @@ def run(
     from ninfer_format import Artifact, ArtifactError
 
     from ..errors import EngineError
-    from ..models import load_model
     from ..runner import ModelRunner
+    from . import layer_times as T
     from . import measure as M
     from . import record as R
+    from .active_bytes import active_weights
 
     if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
         raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
@@ -287,8 +386,10 @@ def run(
     started = time.perf_counter()
     try:
         opened = Artifact.open(artifact)
-        runner = ModelRunner(load_model(opened, backend))
-    except (ArtifactError, EngineError) as exc:
+        reduced = opened.provenance.get("reduced")
+        runner = ModelRunner(_load(opened, backend, vram_budget, reduced))
+        weights = active_weights(opened)
+    except (ArtifactError, EngineError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if drafts and not runner.model.has_mtp:
         raise click.ClickException(
@@ -308,14 +409,29 @@ def run(
     for context in contexts:
         for n in lanes:
             r = M.decode_rate(
-                runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype
-            )
+                runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype,
+                weights=weights,
+            )  # fmt: skip
             plain[n, context] = r.step_ms
             rows.append({"kind": "decode", **M.as_row(r)})
             click.echo(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
                 f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
             )
+    if reduced is not None and weights is not None:
+        click.echo(
+            f"this artifact has {len(reduced['kept'])} of the model's "
+            f"{sum(reduced['whole_kinds'].values())} layers: each kind's time is measured "
+            "(layers timed one by one), the whole model's step EXTRAPOLATED from them"
+        )
+        for row in [r for r in rows if r["kind"] == "decode"]:
+            decode = M.DecodeResult(**{k: row[k] for k in M.DecodeResult.__dataclass_fields__})
+            e = T.extrapolate_row(
+                runner, reduced, weights, decode, kv_dtype=kv_dtype, steps=steps,
+                floor_bw=bandwidth,
+            )  # fmt: skip
+            rows.append({"kind": "decode extrapolated", **M.as_row(e)})
+            click.echo("\n".join(T.lines(e)))
     if drafts:
         rows += _spec_tables(runner, drafts, plain, rounds, bandwidth, kv_dtype)
     if measure_acceptance:

@@ -21,6 +21,12 @@ lists it (every shipped recipe does). With MTP, the indexed proposal head (spec 
 Ns - 1 (the synthetic tokenizer's tokens first); Ns defaults to ``DEFAULT_ROWS`` capped by
 the vocabulary.
 
+Fewer layers (``layers``): the geometry's config cut to that many decoder layers at full width,
+keeping one of every kind of layer (``architectures.reduce_layers``); n-gram tables may be
+shrunk for disk (``ple_rows_scale``). Provenance then says which layers were kept, their kinds,
+how many layers of each kind the whole model has, and the whole model's stored weight and
+routed-expert bytes (at full table size), so ``ninfer-bench run`` can extrapolate.
+
 Provenance records ``"synthetic": true`` with the geometry, recipe, seed, components and
 proposal rows.
 """
@@ -51,11 +57,6 @@ from ninfer_convert.proposal import DEFAULT_ROWS
 from ninfer_convert.recipe import DEFAULT_METHOD, Choice, Recipe, load_recipe
 from ninfer_convert.recipes._gguf_mixes import MIXES, mix_recipe
 from ninfer_format import ArtifactWriter, ResourceSpec, TensorSpec
-from ninfer_format.binders.qwen3_5 import (
-    ARCHITECTURE_OF,
-    MTP_ARCHITECTURE_OF,
-    expected_parameters,
-)
 from ninfer_format.codecs import codec_for
 from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, set_scales
 from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
@@ -68,6 +69,8 @@ from ninfer_format.numeric import E2M1_VALUES, E4M3FN_VALUES, NF4_CODEBOOK, NF4_
 from ninfer_format.progress import ProgressBar, silent
 from ninfer_format.writer import place_objects
 
+from ..expert_offload.plan import routed_expert
+from .architectures import architecture_of, reduce_layers, scale_ple_rows
 from .geometries import GEOMETRIES
 
 __all__ = ["RecipeError", "plan_synthetic", "write_synthetic"]  # RecipeError: for the CLI
@@ -95,6 +98,8 @@ class SyntheticPlan:
     resources: dict[str, bytes]
     specs: list[TensorSpec | ResourceSpec]
     proposal_rows: int = 0
+    #: with fewer layers: ``Reduction.as_provenance()`` and the whole model's bytes
+    reduction: dict[str, Any] | None = None
 
     @property
     def objects(self) -> list[dict[str, Any]]:
@@ -117,6 +122,16 @@ class SyntheticPlan:
         for p in self.parents:
             component = p.members[0].name.split("/", 1)[0]
             out[component] = out.get(component, 0) + sizes[p.id]
+        return out
+
+    def bytes_by_parameter(self) -> dict[str, int]:
+        """Stored bytes of each logical parameter (a packed parent's shared out by elements)."""
+        sizes = {r["id"]: r["bytes"] for r in self.objects}
+        out: dict[str, int] = {}
+        for p in self.parents:
+            elements = sum(math.prod(m.shape) for m in p.members)
+            for m in p.members:
+                out[m.name] = sizes[p.id] * math.prod(m.shape) // max(elements, 1)
         return out
 
     def bytes_by_format(self) -> dict[str, int]:
@@ -265,23 +280,50 @@ def _choice(recipe: Recipe, tensor: LogicalTensor) -> Choice:
     return recipe.choice(tensor.name, tensor.role)
 
 
+def _whole_model_bytes(plan: SyntheticPlan, kinds: list[str], whole: dict[str, int]) -> dict:
+    """The whole model's text weight and routed-expert bytes, from the kept layers: each kind's
+    mean layer bytes times its layers in the whole model, plus what no layer holds."""
+    weights: dict[int | None, int] = {}
+    experts: dict[int, int] = {}
+    for name, size in plan.bytes_by_parameter().items():
+        if not name.startswith("text/"):
+            continue
+        parts = name.split("/")
+        layer = int(parts[2]) if parts[1] == "layers" else None
+        weights[layer] = weights.get(layer, 0) + size
+        if routed_expert(name) is not None:
+            experts[layer] = experts.get(layer, 0) + size  # type: ignore[index]
+    out = {"weights": weights.pop(None, 0), "experts": 0}
+    for kind, count in whole.items():
+        layers = [i for i, k in enumerate(kinds) if k == kind]
+        out["weights"] += count * sum(weights.get(i, 0) for i in layers) // len(layers)
+        out["experts"] += count * sum(experts.get(i, 0) for i in layers) // len(layers)
+    return out
+
+
 def plan_synthetic(
-    geometry: str, formats: str | Recipe, *, mtp: bool = True, proposal_rows: int | None = None
+    geometry: str,
+    formats: str | Recipe,
+    *,
+    mtp: bool = True,
+    proposal_rows: int | None = None,
+    layers: int | None = None,
+    ple_rows_scale: float = 1.0,
 ) -> SyntheticPlan:
     """Parents, bindings, uses, auxiliaries and object specs, without generating any bytes.
-    ``mtp``: the MTP component when the recipe has one; ``proposal_rows``: see
-    ``proposal_rows_for``."""
+    ``mtp``: the MTP component when the recipe has one (and the bench runs one for the
+    architecture); ``proposal_rows``: see ``proposal_rows_for``; ``layers``: that many
+    decoder layers at full width (every kind kept); ``ple_rows_scale``: n-gram tables of
+    about that share of their rows."""
     if geometry not in GEOMETRIES:
         raise ValueError(f"unknown geometry {geometry!r} (known: {', '.join(GEOMETRIES)})")
     recipe = _recipe(formats, geometry)
-    config = dict(GEOMETRIES[geometry])
-    model_type = config["model_type"]
-    comps = tuple(c for c in recipe.components if c == "text" or (c == "mtp" and mtp))
+    reduction = reduce_layers(GEOMETRIES[geometry], layers)
+    config = scale_ple_rows(reduction.config, ple_rows_scale)
+    arch = architecture_of(config)
+    comps = tuple(c for c in recipe.components if c == "text" or (c == "mtp" and mtp and arch.mtp))
     rows = proposal_rows_for(geometry, proposal_rows, "mtp" in comps)
-    logical = {
-        s.name: _logical(s)
-        for s in expected_parameters(config, components=comps, proposal_rows=rows or None)
-    }
+    logical = {s.name: _logical(s) for s in arch.parameters(config, comps, rows or None)}
     choices = {name: _choice(recipe, t) for name, t in logical.items()}
     parents = plan_parents(logical, recipe, choices=choices, stacking=_stacking(recipe))
     bindings, uses = bindings_and_uses(parents)
@@ -295,7 +337,7 @@ def plan_synthetic(
     resources = {f"resource/text/{role}": data for role, data in text_resources().items()}
     components: dict[str, Any] = {
         "text": {
-            "config": {**config, "architectures": [ARCHITECTURE_OF[model_type]]},
+            "config": {**config, "architectures": [arch.architecture]},
             "resources": {rid.rsplit("/", 1)[1]: rid for rid in resources},
         }
     }
@@ -303,7 +345,7 @@ def plan_synthetic(
         components["text"]["proposal"] = {"domain": "indexed", "rows": rows}
     if "mtp" in comps:
         components["mtp"] = {
-            "config": {"architectures": [MTP_ARCHITECTURE_OF[model_type]]},
+            "config": {"architectures": [arch.mtp_architecture]},
             "target": "text",
         }
     specs: list[TensorSpec | ResourceSpec] = [
@@ -311,10 +353,26 @@ def plan_synthetic(
     ]
     specs += [TensorSpec(p.id, p.shape, p.choice.format, p.layout, p.divisors) for p in parents]
     specs += [TensorSpec(a.id, a.shape, a.format, "contiguous_le_v1") for a in auxiliaries]
-    return SyntheticPlan(
+    plan = SyntheticPlan(
         geometry, recipe, config, components, logical, parents, auxiliaries, bindings, uses,
         resources, specs, rows,
     )  # fmt: skip
+    if layers is not None or ple_rows_scale != 1:
+        # the whole model's bytes at the real table size: sized on an unscaled plan
+        sizing = (
+            plan
+            if ple_rows_scale == 1
+            else plan_synthetic(
+                geometry, recipe, mtp=mtp, proposal_rows=proposal_rows, layers=layers
+            )
+        )
+        whole = _whole_model_bytes(sizing, reduction.kinds, reduction.whole_kinds)
+        plan.reduction = {
+            **reduction.as_provenance(),
+            "ple_rows_scale": ple_rows_scale,
+            "whole_bytes": whole,
+        }
+    return plan
 
 
 # --------------------------------------------------------------------------- generation
@@ -533,15 +591,20 @@ def write_synthetic(
     *,
     mtp: bool = True,
     proposal_rows: int | None = None,
+    layers: int | None = None,
+    ple_rows_scale: float = 1.0,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: ProgressBar = silent,
 ) -> SynthesisReport:
     """Write a synthetic artifact of ``geometry`` with the formats of recipe ``formats``
-    (``mtp``, ``proposal_rows``: as ``plan_synthetic``); ``progress`` shows the weight bytes
-    written (``terminal_bar`` draws a bar)."""
+    (``mtp``, ``proposal_rows``, ``layers``, ``ple_rows_scale``: as ``plan_synthetic``);
+    ``progress`` shows the weight bytes written (``terminal_bar`` draws a bar)."""
     started = time.perf_counter()
     path = Path(path)
-    plan = plan_synthetic(geometry, formats, mtp=mtp, proposal_rows=proposal_rows)
+    plan = plan_synthetic(
+        geometry, formats, mtp=mtp, proposal_rows=proposal_rows, layers=layers,
+        ple_rows_scale=ple_rows_scale,
+    )  # fmt: skip
     provenance = {
         "converter": "ninfer-bench synth",
         "synthetic": True,
@@ -552,6 +615,8 @@ def write_synthetic(
         "components": sorted(plan.components),
         "proposal_rows": plan.proposal_rows,
     }
+    if plan.reduction is not None:
+        provenance["reduced"] = plan.reduction
     sizes = {r["id"]: r["bytes"] for r in plan.objects}
     total = sum(sizes.values())
     with (

@@ -1,0 +1,118 @@
+"""Per-layer decode time on a reduced artifact (``ninfer-bench synth --layers N``), and the whole
+model's step extrapolated from it by kind of layer (``architectures.extrapolate``).
+
+Each decoder layer is timed by wrapping it (the device drained around every call) in a run of
+its own, so the plain step's timing is undisturbed; the wrapper adds a little host time per
+call, which lands in the layers' share, not outside it. The whole model's bytes per step are
+extrapolated the same way: the kept layers' bytes by kind, times each kind's count.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..runner import ModelRunner
+from . import measure as M
+from .active_bytes import ActiveWeights, layer_context_bytes
+from .architectures import extrapolate
+
+
+class _TimedLayer:
+    """A decoder layer whose calls add their wall time to ``spent[index]``."""
+
+    def __init__(self, layer: Any, index: int, xp: Any, spent: list[float], calls: list[int]):
+        self._layer, self._index, self._xp = layer, index, xp
+        self._spent, self._calls = spent, calls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        M._sync(self._xp)
+        start = time.perf_counter()
+        out = self._layer(*args, **kwargs)
+        M._sync(self._xp)
+        self._spent[self._index] += time.perf_counter() - start
+        self._calls[self._index] += 1
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._layer, name)
+
+
+def layer_ms(
+    runner: ModelRunner, lanes: int, context: int, kv_dtype: str, steps: int
+) -> list[float]:
+    """Mean ms per decode step of each decoder layer, at ``lanes`` lanes and ``context``."""
+    model, xp = runner.model, runner.backend.xp
+    layers = list(model.layers)
+    spent, calls = [0.0] * len(layers), [0] * len(layers)
+    model.layers = [_TimedLayer(layer, i, xp, spent, calls) for i, layer in enumerate(layers)]
+    try:
+        M.decode_rate(ModelRunner(model), lanes, context, steps=steps, floor_bw=1.0,
+                      kv_dtype=kv_dtype)  # fmt: skip
+    finally:
+        model.layers = layers
+    return [1e3 * s / max(c, 1) for s, c in zip(spent, calls, strict=True)]
+
+
+@dataclass
+class Extrapolation:
+    """A decode row of a reduced artifact and the whole model's step extrapolated from it."""
+
+    lanes: int
+    context: int
+    step_ms: float  # measured, on the reduced artifact
+    layer_ms: dict[str, float]  # kind -> mean measured ms of one layer of it
+    whole_layers: int
+    whole_step_ms: float  # extrapolated
+    whole_bytes_per_step: int  # extrapolated
+    whole_floor_ms: float
+
+    @property
+    def whole_tokens_per_s(self) -> float:
+        return 1e3 * self.lanes / self.whole_step_ms
+
+    @property
+    def whole_percent_of_floor(self) -> float:
+        return 100 * self.whole_floor_ms / self.whole_step_ms
+
+
+def extrapolate_row(
+    runner: ModelRunner,
+    reduced: dict[str, Any],
+    weights: ActiveWeights,
+    row: M.DecodeResult,
+    *,
+    kv_dtype: str,
+    steps: int,
+    floor_bw: float,
+) -> Extrapolation:
+    """The whole model's step at ``row``'s lanes and context, from its layers' measured times
+    and bytes (``reduced``: the artifact's provenance record of its reduction)."""
+    kinds, whole = reduced["kinds"], reduced["whole_kinds"]
+    lanes, context = row.lanes, row.context
+    times = layer_ms(runner, lanes, context, kv_dtype, steps)
+    means, whole_ms = extrapolate(row.step_ms, times, kinds, whole)
+    model = runner.model
+    per_layer = [
+        weights.layer(i, lanes) + layer_context_bytes(model, i, lanes, context, kv_dtype)
+        for i in range(len(kinds))
+    ]
+    step_bytes = float(weights.outside(lanes) + sum(per_layer))
+    _, whole_bytes = extrapolate(step_bytes, per_layer, kinds, whole)
+    return Extrapolation(
+        lanes, context, row.step_ms, means, sum(whole.values()), whole_ms, int(whole_bytes),
+        1e3 * whole_bytes / floor_bw,
+    )  # fmt: skip
+
+
+def lines(e: Extrapolation) -> list[str]:
+    """The per-layer times and the extrapolated step, each said as what it is."""
+    kinds = ", ".join(f"{k} {ms:.2f}" for k, ms in e.layer_ms.items())
+    return [
+        f"  lanes {e.lanes}, context {e.context}: per layer, measured (ms/step): {kinds}",
+        f"  whole model ({e.whole_layers} layers), EXTRAPOLATED from the layers above: "
+        f"{e.whole_step_ms:.2f} ms/step, {e.whole_tokens_per_s:.1f} tok/s; "
+        f"{e.whole_bytes_per_step / 1e9:.2f} GB/step, floor {e.whole_floor_ms:.2f} ms "
+        f"({e.whole_percent_of_floor:.1f}% of floor)",
+    ]
