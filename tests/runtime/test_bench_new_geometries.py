@@ -1,0 +1,115 @@
+"""ninfer-bench for Qwen4Exp and GLM5Next: the official geometries' numbers, synthetic artifacts
+cut to fewer layers at full width (valid, every kind of layer kept, shapes as the whole
+model's), and a CPU run that prints per-layer times and the extrapolated whole-model step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ninfer_format import Artifact
+from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
+from ninfer_format.binders.qwen4_exp_geometry import Qwen4ExpGeometry
+from ninfer_format.verify import verify
+from ninfer_runtime.bench.architectures import architecture_of, extrapolate, kept_layers
+from ninfer_runtime.bench.cli import main
+from ninfer_runtime.bench.geometries import GEOMETRIES
+from ninfer_runtime.bench.synthetic import plan_synthetic, write_synthetic
+
+CASES = {
+    "qwen4_exp": ("tiny_qwen4_exp", "qwen3_8_flash_next", 3),
+    "glm5_next": ("tiny_glm5_next", "glm5next", 3),
+}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_new")
+    out = {}
+    for key, (geometry, formats, layers) in CASES.items():
+        path = root / f"{key}.ninfer"
+        write_synthetic(path, geometry, formats, seed=2, layers=layers, ple_rows_scale=0.5)
+        out[key] = path
+    return out
+
+
+def test_official_geometries_have_the_published_numbers():
+    q = Qwen4ExpGeometry.from_config(GEOMETRIES["qwen3_8_flash_next"])
+    assert q.layers == 48 and q.layer_types.count("linear_attention") == 36
+    assert (q.hidden, q.moe.experts, q.moe.top_k, q.moe.expert_width) == (2560, 512, 10, 640)
+    assert q.ple is not None and q.ple.layers == (1,)
+    # the published n-gram table: 320,001,536 rows of 160 columns (51 B parameters)
+    assert (q.ple.table_rows(1), q.ple.head_dim) == (320_001_536, 160)
+    g = Glm5NextGeometry.from_config(GEOMETRIES["glm5next"])
+    assert g.layers == 45 and g.layer_types.count("linear_attention") == 34
+    assert g.mlp_types.count("dense") == 3 and (g.moe.experts, g.moe.top_k) == (288, 8)
+
+
+def test_kept_layers_keep_every_kind_in_model_order():
+    kinds = ["gdn", "gdn+ple", "gdn", "qsa", "gdn", "gdn", "gdn", "qsa"]
+    assert kept_layers(kinds, 3) == [0, 1, 3]
+    assert kept_layers(kinds, 5) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="at least 3"):
+        kept_layers(kinds, 2)
+
+
+def test_extrapolation_replaces_the_kept_layers_by_the_whole_models():
+    means, whole = extrapolate(10.0, [2.0, 4.0, 3.0], ["a", "b", "a"], {"a": 10, "b": 2})
+    assert means == {"a": 2.5, "b": 4.0}
+    assert whole == pytest.approx(10.0 - 9.0 + 25.0 + 8.0)
+
+
+def test_reduced_plan_sizes_the_whole_model():
+    whole = plan_synthetic("tiny_glm5_next", "glm5next")
+    cut = plan_synthetic("tiny_glm5_next", "glm5next", layers=3)
+    assert cut.reduction["whole_bytes"]["weights"] == whole.bytes_by_component()["text"]
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_reduced_artifact_is_valid_with_the_whole_models_layer_shapes(artifacts, key):
+    geometry, _, layers = CASES[key]
+    with Artifact.open(artifacts[key]) as art:
+        assert art.binder_report.ok, art.binder_report.errors
+        checked = verify(art, strict=True)
+        assert checked.ok, checked.errors
+        reduced = art.provenance["reduced"]
+        assert len(reduced["kept"]) == layers
+        config = art.components["text"].config
+        arch = architecture_of(config)
+        assert set(reduced["kinds"]) == set(arch.kinds(arch.read(GEOMETRIES[geometry])))
+        whole = {s.name: s.shape for s in arch.parameters(GEOMETRIES[geometry], ("text",), None)}
+        shapes = art.binder_report.parameters
+        compared = 0
+        for k, i in enumerate(reduced["kept"]):
+            for name, shape in shapes.items():
+                if name.startswith(f"text/layers/{k}/") and "ngram_table" not in name:
+                    original = name.replace(f"text/layers/{k}/", f"text/layers/{i}/", 1)
+                    assert shape == whole[original], name
+                    compared += 1
+        assert compared > 20
+        if key == "qwen4_exp":  # the n-gram table at half its rows, said in provenance
+            table = next(n for n in shapes if n.endswith("ngram_table"))
+            full = next(n for n in whole if n.endswith("ngram_table"))
+            assert shapes[table][0] < 0.6 * whole[full][0]
+            assert reduced["ple_rows_scale"] == 0.5
+            values = art.parameter(table)
+            assert np.isfinite(values).all()
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_cpu_run_prints_layer_times_and_the_extrapolated_step(artifacts, key):
+    args = ["run", str(artifacts[key]), "--backend", "cpu", "--lanes", "1", "--contexts", "16"]
+    result = CliRunner().invoke(main, [*args, "--steps", "2", "--prefill", "0"])
+    assert result.exit_code == 0, result.output
+    assert "per layer, measured (ms/step)" in result.output
+    line = next(x for x in result.output.splitlines() if "EXTRAPOLATED from the layers" in x)
+    assert "whole model (8 layers)" in line and "floor" in line
+
+
+def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts):
+    args = ["run", str(artifacts["glm5_next"]), "--backend", "cpu", "--lanes", "1"]
+    args += ["--contexts", "16", "--steps", "2", "--prefill", "0", "--vram-budget", "1MiB"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "keeps 0.0% of its routed experts in device memory" in result.output
