@@ -24,10 +24,10 @@ import cupy as cp
 import numpy as np
 from gpu_bench import copy_bandwidth, eager_ms
 
-from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.bench.measure import matmul_rate
 from ninfer_runtime.ops import registry
 from ninfer_runtime.ops.delta_rule import policy
+from ninfer_runtime.ops.delta_rule import reference as R
 
 #: shape -> (key heads, value heads, dk, dv, GDN layers)
 SHAPES = {"27b": (16, 48, 128, 128, 48), "35b-a3b": (16, 32, 128, 128, 30)}
@@ -79,7 +79,7 @@ def main() -> None:
         for t in (int(x) for x in args.tokens.split(",")):
             host = inputs(t, hk, hv, dk, dv)
             want_state = host[5].astype(np.float64)
-            want = A.gdn_chunk(*(a.astype(np.float64) for a in host[:5]), want_state)
+            want = R.chunk(*(a.astype(np.float64) for a in host[:5]), want_state)
             moved = sum(a.nbytes for a in host[:5]) + 4 * t * hv * dv + 2 * host[5].nbytes
             floor = max(moved / bandwidth, chunk_flops(t, hv, dk, dv) / rate) * 1e3
             for name in names:

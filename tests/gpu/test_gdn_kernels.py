@@ -1,4 +1,4 @@
-"""The Gated DeltaNet decode kernels against the numpy reference (backends/array_ops.py).
+"""The Gated DeltaNet decode kernels against the numpy reference (ops/delta_rule/).
 
 Sizes are awkward on purpose: channel counts that are not multiples of the block, value
 heads sharing key heads 1, 2 or 3 ways, head sizes 16..128 with a value size that does not
@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.cuda import gdn
 from ninfer_runtime.models.functional import l2_normalize
+from ninfer_runtime.ops.delta_rule import conv as C
+from ninfer_runtime.ops.delta_rule import reference as R
 
 from .conftest import requires_gpu
 
@@ -47,7 +48,7 @@ def ref_gdn(
     q = l2_normalize(q.reshape(n, hk, dk)) * dk**-0.5
     k = l2_normalize(k.reshape(n, hk, dk))
     v = v.reshape(n, hv, -1)
-    return A.gdn_step_slots(q, k, v, g.astype(np.float64), beta.astype(np.float64), states, slots)
+    return R.step_slots(q, k, v, g.astype(np.float64), beta.astype(np.float64), states, slots)
 
 
 def assert_close(got: Any, ref: np.ndarray, what: str) -> None:
@@ -80,7 +81,7 @@ def test_conv_step(n: int, channels: int, pool: int, silu: bool) -> None:
         x, slots = f32(rng, n, channels), pick_slots(rng, n, pool)
         before = cp.asnumpy(states)
         y = gdn.conv_step(cp.asarray(x), cp.asarray(kernel), states, cp.asarray(slots), silu=silu)
-        ref = A.conv_step(x.astype(np.float64), kernel.astype(np.float64), ref_states, slots)
+        ref = C.conv_step(x.astype(np.float64), kernel.astype(np.float64), ref_states, slots)
         assert_close(y, ref_silu(ref) if silu else ref, f"y, step {step}")
         # the state update is a shift of float32 values: exact
         assert np.array_equal(cp.asnumpy(states), ref_states), f"conv_states, step {step}"
@@ -198,7 +199,7 @@ def test_graph_replay() -> None:
         graph.launch(s)
         s.synchronize()
 
-        conv = A.conv_step(x_np.astype(np.float64), cp.asnumpy(kernel), ref_conv, slots_np)
+        conv = C.conv_step(x_np.astype(np.float64), cp.asnumpy(kernel), ref_conv, slots_np)
         conv = ref_silu(conv)
         ref_o = ref_gdn(conv, g_np, beta_np, ref_states, slots_np, hk, dk, hv)
         assert_close(y, conv, f"y, replay {replay}")

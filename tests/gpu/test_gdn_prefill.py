@@ -1,5 +1,5 @@
 """The Gated DeltaNet prefill kernels (``cuda/gdn_prefill.py``) against the reference
-(``array_ops.causal_conv`` / ``gdn_heads`` / ``gdn_chunk`` in float64 on the same float32
+(``conv.causal_conv`` / ``conv.split_heads`` / ``reference.chunk`` in float64 on the same float32
 inputs).
 
 Awkward sizes on purpose: token counts around the 64-token chunk, a value head size that
@@ -16,6 +16,8 @@ from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.cuda import gdn_prefill
 from ninfer_runtime.models.functional import l2_normalize
 from ninfer_runtime.ops import delta_rule
+from ninfer_runtime.ops.delta_rule import conv as C
+from ninfer_runtime.ops.delta_rule import reference as R
 
 from .conftest import requires_gpu
 
@@ -49,7 +51,7 @@ def test_gdn_chunk_matches_the_reference(t: int, hk: int, hv: int, dk: int, dv: 
     rng = np.random.default_rng(t * 7 + dk)
     q, k, v, g, beta, state = _inputs(rng, t, hk, hv, dk, dv)
     want_state = state.astype(np.float64)
-    want = A.gdn_chunk(*(a.astype(np.float64) for a in (q, k, v, g, beta)), want_state)
+    want = R.chunk(*(a.astype(np.float64) for a in (q, k, v, g, beta)), want_state)
 
     got_state = cp.asarray(state)
     got = gdn_prefill.gdn_chunk(*(cp.asarray(a) for a in (q, k, v, g, beta)), got_state)
@@ -107,8 +109,8 @@ def test_conv_heads_matches_the_reference(
     state = rng.standard_normal((channels, taps - 1)).astype(np.float32)
     want_state = state.astype(np.float64)
     rows = wide[:, first : first + channels].astype(np.float64)
-    conv = A.silu(A.causal_conv(rows, kernel.astype(np.float64), want_state))
-    want = A.gdn_heads(conv, hk, dk, 1, value_width)
+    conv = A.silu(C.causal_conv(rows, kernel.astype(np.float64), want_state))
+    want = C.split_heads(conv, hk, dk, 1, value_width)
 
     got_state = cp.asarray(state)
     got = gdn_prefill.conv_heads(
@@ -149,7 +151,7 @@ def test_conv_heads_float4_and_one_a_thread_agree_to_the_bit() -> None:
 
 def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:
     """The delta_rule family's ``prefill`` on CUDA (kernels) against
-    ``array_ops.gdn_prefill`` run on CuPy, states included; a value head size our kernels do
+    ``reference.prefill`` run on CuPy, states included; a value head size our kernels do
     not take goes to the next provider of the delta_rule policy, checked within that
     provider's stated tolerance."""
     import cupy as cp
@@ -171,7 +173,7 @@ def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:
         got = delta_rule.resolved("prefill", "cuda", kernel, **dims)(
             mixed, kernel, conv, g, beta, state, **dims
         )
-        want = A.gdn_prefill(mixed, kernel, ref_conv, g, beta, ref_state, **dims)
+        want = R.prefill(mixed, kernel, ref_conv, g, beta, ref_state, **dims)
         chosen = registry.resolve("delta_rule", "chunk", device="cuda", key_dim=dk, value_dim=dv)
         name = next(
             n for n, p in registry.providers("delta_rule")["chunk"].items() if p.load() is chosen

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.base import to_numpy
 from ninfer_runtime.engine import SHORT_CHUNK_TOKENS
 from ninfer_runtime.ops import delta_rule
+from ninfer_runtime.ops.delta_rule import reference as R
 from ninfer_runtime.ops.delta_rule.memory import GdnDrafts, GdnSpec
 from tests.speculation import short_chunks_against_prefill, speculate_against_decoding
 
@@ -140,11 +140,11 @@ class Pools:
         records = GdnDrafts(self.spec, POOL, RECORD_ROWS, np)
         f64 = [a.astype(np.float64) for a in (self.mixed, self.kernel, self.g, self.beta)]
         mixed, kernel, g, beta = f64
-        o = A.gdn_verify(
+        o = R.verify(
             mixed, kernel, conv, g, beta, states, self.slots, records, tokens=self.tokens,
             **self.dims,
         )  # fmt: skip
-        A.gdn_commit(kernel, conv, states, self.slots, records, self.counts, **self.dims)
+        R.commit(kernel, conv, states, self.slots, records, self.counts, **self.dims)
         return o
 
 

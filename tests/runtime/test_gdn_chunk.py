@@ -1,6 +1,7 @@
-"""The chunked Gated DeltaNet form (``gdn_chunk``) against the recurrent one (``gdn_step``)
-token by token, and against the earlier chunk-at-a-time implementation kept here as an oracle:
-outputs, the final state, float32 throughout, and the state updated in place through a view."""
+"""The chunked Gated DeltaNet form (``ops/delta_rule/reference.py``: ``chunk``) against the
+recurrent one (``step``) token by token, and against the earlier chunk-at-a-time
+implementation kept here as an oracle: outputs, the final state, float32 throughout, and the
+state updated in place through a view."""
 
 from __future__ import annotations
 
@@ -9,20 +10,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime.backends.array_ops import GDN_CHUNK, gdn_chunk, gdn_step, heads_major
 from ninfer_runtime.models.functional import l2_normalize
+from ninfer_runtime.ops.delta_rule import reference as R
 
 TOL = 2e-5
 HK, DK, DV = 2, 16, 16
 
 
 def old_gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
-    """The chunk-by-chunk implementation that ``gdn_chunk`` replaced (two solves a chunk)."""
-    q, k, v, g, beta = heads_major(q, k, v, g, beta)
+    """The chunk-by-chunk implementation that ``chunk`` replaced (two solves a chunk)."""
+    q, k, v, g, beta = R.heads_major(q, k, v, g, beta)
     t = v.shape[1]
     out = np.empty_like(v)
-    for a in range(0, t, GDN_CHUNK):
-        b = min(a + GDN_CHUNK, t)
+    for a in range(0, t, R.CHUNK):
+        b = min(a + R.CHUNK, t)
         out[:, a:b] = _old_one_chunk(
             q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], state
         )
@@ -73,8 +74,8 @@ def close(a: Any, b: Any) -> None:
 def test_chunk_matches_step_and_old_chunk(t: int, hv: int) -> None:
     q, k, v, g, beta, state = inputs(t, hv, seed=1000 * hv + t)
     s_new, s_step, s_old = state.copy(), state.copy(), state.copy()
-    out = gdn_chunk(q, k, v, g, beta, s_new)
-    ref = gdn_step(q, k, v, g, beta, s_step)
+    out = R.chunk(q, k, v, g, beta, s_new)
+    ref = R.step(q, k, v, g, beta, s_step)
     old = old_gdn_chunk(q, k, v, g, beta, s_old)
     assert out.shape == (t, hv, DV)
     assert out.dtype == np.float32 and s_new.dtype == np.float32
@@ -88,9 +89,9 @@ def test_chunk_continues_across_calls() -> None:
     """A prefill split into calls at odd lengths equals one call (chunked prefill)."""
     q, k, v, g, beta, state = inputs(200, 4, seed=7)
     whole, parts = state.copy(), state.copy()
-    out = gdn_chunk(q, k, v, g, beta, whole)
+    out = R.chunk(q, k, v, g, beta, whole)
     pieces = [
-        gdn_chunk(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], parts)
+        R.chunk(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], parts)
         for a, b in [(0, 37), (37, 101), (101, 200)]
     ]
     close(np.concatenate(pieces), out)
@@ -104,9 +105,9 @@ def test_state_updated_in_place_through_a_view() -> None:
     pool = rng.standard_normal((3, hv, DK, DV)).astype(np.float32)
     pool[1] = state
     before = pool.copy()
-    out = gdn_chunk(q, k, v, g, beta, pool[1])
+    out = R.chunk(q, k, v, g, beta, pool[1])
     ref_state = state.copy()
-    ref = gdn_step(q, k, v, g, beta, ref_state)
+    ref = R.step(q, k, v, g, beta, ref_state)
     close(out, ref)
     close(pool[1], ref_state)
     np.testing.assert_array_equal(pool[0], before[0])
@@ -116,6 +117,6 @@ def test_state_updated_in_place_through_a_view() -> None:
 def test_empty_call_leaves_state() -> None:
     q, k, v, g, beta, state = inputs(0, 2, seed=5)
     kept = state.copy()
-    out = gdn_chunk(q, k, v, g, beta, state)
+    out = R.chunk(q, k, v, g, beta, state)
     assert out.shape == (0, 2, DV)
     np.testing.assert_array_equal(state, kept)

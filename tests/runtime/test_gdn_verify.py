@@ -1,14 +1,14 @@
-"""The reference verification ops (``array_ops.gdn_verify`` / ``gdn_commit``) against plain
-decoding: T tokens verified from the lanes' states leave them untouched and give the rows
-T ``gdn_decode`` calls give; committing the first counts[i] of them leaves the states those
-calls leave, bit for bit, without reading ``counts`` on the host."""
+"""The reference verification ops (the delta_rule family's ``reference.verify`` / ``commit``)
+against plain decoding: T tokens verified from the lanes' states leave them untouched and
+give the rows T ``decode`` calls give; committing the first counts[i] of them leaves the
+states those calls leave, bit for bit, without reading ``counts`` on the host."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ninfer_runtime.backends import array_ops as A
+from ninfer_runtime.ops.delta_rule import reference as R
 from ninfer_runtime.ops.delta_rule.memory import GdnDrafts, GdnSpec
 
 DIMS = dict(key_heads=2, key_dim=16, value_heads=4, value_dim=8)
@@ -37,7 +37,7 @@ def decode_in_turn(x, kernel, conv, states, slots, tokens, counts):
     for j in range(tokens):
         live = np.flatnonzero(counts > j)
         rows = live * tokens + j
-        out[rows] = A.gdn_decode(
+        out[rows] = R.decode(
             x["mixed"][rows], kernel, conv, x["g"][rows], x["beta"][rows], states, slots[live],
             **DIMS,
         )  # fmt: skip
@@ -56,7 +56,7 @@ def test_verify_then_commit_equals_decoding_in_turn(lanes: int, tokens: int) -> 
     records.mixed[...] = f32(rng, POOL, ROWS, CHANNELS)  # stale rows of an earlier round
     conv0, states0 = conv.copy(), states.copy()
 
-    o = A.gdn_verify(
+    o = R.verify(
         x["mixed"], kernel, conv, x["g"], x["beta"], states, slots, records, tokens=tokens,
         **DIMS,
     )  # fmt: skip
@@ -72,7 +72,7 @@ def test_verify_then_commit_equals_decoding_in_turn(lanes: int, tokens: int) -> 
     counts[0] = tokens
     conv_ref, states_ref = conv.copy(), states.copy()
     decode_in_turn(x, kernel, conv_ref, states_ref, slots, tokens, counts)
-    A.gdn_commit(kernel, conv, states, slots, records, counts, **DIMS)
+    R.commit(kernel, conv, states, slots, records, counts, **DIMS)
     assert np.array_equal(conv, conv_ref)
     assert np.array_equal(states, states_ref)
     others = np.setdiff1d(np.arange(POOL), slots)

@@ -1,5 +1,5 @@
 """Launchers of the Gated DeltaNet prefill (``kernels/gdn_prefill.cu``), one lane's T tokens
-as ``array_ops.gdn_prefill``: ``conv_heads`` (the convolution, SiLU and the q/k
+as the delta_rule reference's ``prefill``: ``conv_heads`` (the convolution, SiLU and the q/k
 normalisation, one launch) and ``gdn_chunk`` (the delta rule in the chunked form, in three
 launches: what each chunk needs without the state, for all chunks at once; the state through
 the chunks in order; the outputs, all chunks at once). Launches only: no synchronisation and
@@ -159,7 +159,7 @@ def _aligned(a: Any) -> Any:
 
 def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
     """q, k [T, Hk, dk], v [T, Hv, dv], g, beta [T, Hv], state [Hv, dk, dv] (updated in place)
-    -> out [T, Hv, dv] float32 (as ``array_ops.gdn_chunk``)."""
+    -> out [T, Hv, dv] float32 (as the reference's ``chunk``)."""
     import cupy as cp
 
     if not supported(q, k, v, state):

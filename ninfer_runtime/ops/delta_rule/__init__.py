@@ -15,9 +15,11 @@ Ops (signatures as the reference's, ``reference.py``):
   five for the per-channel-decay variant (Kimi Delta Attention: g [T, H, dk], query, key and
   value heads alike, dims ``heads`` and ``head_dim``), ``kda_reference.py``.
 
-Providers: ``reference`` (the oracle; ``kda_reference`` for the KDA ops), ``nvrtc`` (ours:
-``kernels/gdn.cu``, ``kernels/gdn_prefill.cu``) and ``fla`` (flash-linear-attention's
-``chunk_gated_delta_rule``, pip ``fla-core``, through DLPack views; ``chunk`` only). Which
+Providers: ``reference`` (the oracle; ``kda_reference`` for the KDA ops, both on ``conv.py``'s
+convolution and split into heads and ``loops.py``'s scan, verification and commit loops, each
+around its own step), ``nvrtc`` (ours: ``kernels/gdn.cu``, ``kernels/gdn_prefill.cu``) and
+``fla`` (flash-linear-attention's ``chunk_gated_delta_rule``, pip ``fla-core``, through DLPack
+views; ``chunk`` only). Which
 serves an op is ``policy.TABLE``; the resolution key is the device, ``key_dim``,
 ``value_dim`` and the convolution's ``taps``.
 """

@@ -9,19 +9,23 @@ key channel; everything else (the write strength, the delta correction, the read
 with q, k, v [T, H, d] (query, key and value heads alike), log-decay g [T, H, dk] (<= 0),
 beta [T, H] and the state [H, dk, dv] float32.
 
-The chunked form (``kda_chunk``) solves each chunk's writes at once, as ``gdn_chunk`` does; the
-pairwise decays exp(γ_i - γ_j) now differ per channel, so the chunk's key-key and query-key
-products are taken over [C, C, dk] (a factorisation exp(γ_i)·exp(-γ_j) would overflow once a
-chunk's decays add up past float32's range). Chunks therefore stay short and run one after
-another.
+The chunked form (``kda_chunk``) solves each chunk's writes at once, as ``reference.chunk``
+does; the pairwise decays exp(γ_i - γ_j) now differ per channel, so the chunk's key-key and
+query-key products are taken over [C, C, dk] (a factorisation exp(γ_i)·exp(-γ_j) would
+overflow once a chunk's decays add up past float32's range). Chunks therefore stay short and
+run one after another. The convolution, the split into heads and the loops of a prefill, a
+verification and a commit are Gated DeltaNet's (``conv.py``, ``loops.py``), around this
+variant's own step.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from ...backends.array_ops import causal_conv, conv_step, gdn_heads
 from ...models.functional import _xp, silu
+from .conv import causal_conv, conv_step, split_heads
+from .loops import commit_rows, scan, verify_rows
 
 __all__ = [
     "KDA_CHUNK",
@@ -103,12 +107,6 @@ def _one_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array
     return out
 
 
-def _heads(conv: Array, heads: int, head_dim: int) -> tuple[Array, Array, Array]:
-    """Convolved [q | k | v] channels -> q (l2-normalised, scaled by d^-1/2), k
-    (l2-normalised), v, each [N, H, d]."""
-    return gdn_heads(conv, heads, head_dim, heads, head_dim)
-
-
 def kda_prefill(
     mixed: Array,
     kernel: Array,
@@ -125,14 +123,9 @@ def kda_prefill(
     from state [H, d, d] (one token: the recurrent form); g [T, H, d], beta [T, H]. Both
     states are updated. -> [T, H, d]."""
     conv = silu(causal_conv(mixed, kernel, conv_state))
-    q, k, v = _heads(conv, heads, head_dim)
-    if mixed.shape[0] == 1:
-        return kda_step(q, k, v, g, beta, state)
-    from ..registry import resolve
-
-    device = "cpu" if _xp(mixed).__name__ == "numpy" else "cuda"
-    chunk = resolve("delta_rule", "kda_chunk", device=device, key_dim=head_dim, value_dim=head_dim)
-    return chunk(q, k, v, g, beta, state)
+    q, k, v = split_heads(conv, heads, head_dim, heads, head_dim)
+    dims = {"key_dim": head_dim, "value_dim": head_dim}
+    return scan(kda_step, "kda_chunk", q, k, v, g, beta, state, **dims)
 
 
 def kda_decode(
@@ -152,7 +145,7 @@ def kda_decode(
     beta [N, H]. Conv and recurrent states are updated. -> [N, H, d]."""
     xp = _xp(mixed)
     conv = silu(conv_step(mixed, kernel, conv_states, slots))
-    q, k, v = _heads(conv, heads, head_dim)
+    q, k, v = split_heads(conv, heads, head_dim, heads, head_dim)
     state = states[slots] * xp.exp(g)[..., None]  # [N, H, dk, dv]
     recalled = xp.einsum("nhkv,nhk->nhv", state, k)
     delta = beta[..., None] * (v - recalled)
@@ -161,55 +154,10 @@ def kda_decode(
     return xp.einsum("nhkv,nhk->nhv", state, q)
 
 
-def kda_verify(
-    mixed: Array,
-    kernel: Array,
-    conv_states: Array,
-    g: Array,
-    beta: Array,
-    states: Array,
-    slots: Array,
-    records: Any,
-    *,
-    tokens: int,
-    **dims: int,
-) -> Array:
-    """``tokens`` consecutive rows of each lane (lane-major) through ``kda_decode`` from the
-    lanes' states **without changing them**; the rows' inputs are kept in ``records`` (the
-    memory kind's drafts) for ``kda_commit``. -> [N, H, d]."""
-    xp = _xp(mixed)
-    lanes = slots.shape[0]
-    per_lane = [x.reshape(lanes, tokens, *x.shape[1:]) for x in (mixed, g, beta)]
-    for stored, x in zip((records.mixed, records.g, records.beta), per_lane, strict=True):
-        stored[slots, :tokens] = x
-    conv, state, local = conv_states[slots], states[slots], xp.arange(lanes)  # copies
-    out = [
-        kda_decode(m, kernel, conv, gj, bj, state, local, **dims)
-        for m, gj, bj in zip(*(x.swapaxes(0, 1) for x in per_lane), strict=True)
-    ]
-    return xp.stack(out, axis=1).reshape(lanes * tokens, *out[0].shape[1:])
-
-
-def kda_commit(
-    kernel: Array,
-    conv_states: Array,
-    states: Array,
-    slots: Array,
-    records: Any,
-    counts: Array,
-    **dims: int,
-) -> None:
-    """Fold the first ``counts[i]`` rows ``kda_verify`` recorded for lane i into its states,
-    as decoding them one at a time would (every row runs for every lane and is kept where
-    ``j < counts[i]``, so ``counts`` never goes to the host)."""
-    xp = _xp(states)
-    keep = xp.asarray(counts)[:, None] > xp.arange(records.mixed.shape[1])[None, :]
-    conv, state, local = conv_states[slots], states[slots], xp.arange(slots.shape[0])
-    for j in range(records.mixed.shape[1]):
-        conv_j, state_j = conv.copy(), state.copy()
-        m, gj, bj = records.mixed[slots, j], records.g[slots, j], records.beta[slots, j]
-        kda_decode(m, kernel, conv_j, gj, bj, state_j, local, **dims)
-        conv = xp.where(keep[:, j, None, None], conv_j, conv)
-        state = xp.where(keep[:, j, None, None, None], state_j, state)
-    conv_states[slots] = conv
-    states[slots] = state
+#: ``(mixed, kernel, conv_states, g, beta, states, slots, records, *, tokens, **dims)``: a
+#: round's ``tokens`` rows of each lane through ``kda_decode`` from unchanged states, their
+#: inputs recorded (``loops.verify_rows``)
+kda_verify = functools.partial(verify_rows, kda_decode)
+#: ``(kernel, conv_states, states, slots, records, counts, **dims)``: the first ``counts[i]``
+#: recorded rows of lane i folded into its states (``loops.commit_rows``)
+kda_commit = functools.partial(commit_rows, kda_decode)

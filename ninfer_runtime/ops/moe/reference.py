@@ -1,6 +1,6 @@
 """The mixture-of-experts family's oracle, as array math: the routers' choices (``route``:
-softmax, top-k renormalised, ``array_ops.top_k_routing``, which the Qwen3.5 block's own
-``route`` calls too; ``grouped_route``: GLM5Next's sigmoid scores chosen by group) and
+softmax, top-k renormalised, which the Qwen3.5 block's own ``route`` and expert offload's
+split call too; ``grouped_route``: GLM5Next's sigmoid scores chosen by group) and
 the Qwen3.5-MoE block (``block``) with its products on the device's own ``linear``, so on the
 CPU a block gives the values the float32 backend always gave (a row's result never depends
 on which rows share the call)."""
@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from ...backends.array_ops import sigmoid, silu, softmax
-from ...backends.array_ops import top_k_routing as route
 from ...backends.base import ExpertWeights, MoeWeights
 from ...models.functional import _xp
 
@@ -32,6 +31,16 @@ TOLERANCE: dict[str, tuple[float, float]] = {"reference": (1e-5, 1e-6), "nvrtc":
 
 def accepts(**_: object) -> bool:
     return True
+
+
+def route(probs: Array, top_k: int) -> tuple[Array, Array]:
+    """A router's choice: each row's ``top_k`` experts by probability (the lower index first
+    among equals) -> int [N, k], and their probabilities renormalised to sum 1 over them
+    -> [N, k]. One function, so every part of a split block routes alike."""
+    xp = _xp(probs)
+    top = xp.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    share = xp.take_along_axis(probs, top, axis=-1)
+    return top, share / share.sum(axis=-1, keepdims=True)
 
 
 def grouped_route(

@@ -3,9 +3,9 @@
 //
 // conv_step: the depthwise causal convolution of the q|k|v channels, optionally followed by
 // SiLU. gdn_step: l2-normalise q and k, then the gated delta rule on a [dk, dv] state per
-// value head. Both match ninfer_runtime/backends/array_ops.py (conv_step, gdn_step_slots).
+// value head. Both match ninfer_runtime/ops/delta_rule/ (conv.conv_step, reference.step_slots).
 //
-// Verification (array_ops.gdn_verify / gdn_commit): conv_verify and gdn_verify run T
+// Verification (the reference's verify / commit): conv_verify and gdn_verify run T
 // consecutive tokens per lane from the lanes' states without writing them, and record each
 // row's inputs; conv_commit and gdn_commit fold the first counts[lane] recorded tokens into
 // the states. Every token goes through the same device functions (conv_window, silu_f,

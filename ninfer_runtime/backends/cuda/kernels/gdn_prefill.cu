@@ -1,6 +1,6 @@
-// Gated DeltaNet prefill of one lane (array_ops.gdn_prefill): the convolution and the split
+// Gated DeltaNet prefill of one lane (ops/delta_rule/reference.py): the convolution and the split
 // into heads (gdn_prefill_conv, a block per 8 tokens and slice of channels), then the delta
-// rule in the chunked form (array_ops.gdn_chunk), chunks of GC = 64 tokens, in three launches:
+// rule in the chunked form (reference.py chunk), chunks of GC = 64 tokens, in three launches:
 //
 //   gdn_chunk_prepare  (chunk, value head): everything that does not depend on the carried
 //       state. γ = cumsum(g) inside the chunk, D_ij = exp(γ_i - γ_j); A = β (k kᵀ) ⊙ D strictly
