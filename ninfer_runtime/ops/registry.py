@@ -144,33 +144,30 @@ def _shown(key: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(key.items())) or "any"
 
 
-@contextlib.contextmanager
-def override(family_name: str, op: str, name: str) -> Iterator[None]:
+def override(family_name: str, op: str, name: str) -> contextlib.AbstractContextManager[None]:
     """Within the block ``op`` of ``family_name`` resolves to provider ``name`` only."""
-    previous = _FORCED.get((family_name, op))
-    _FORCED[(family_name, op)] = name
-    _forget()
-    try:
-        yield
-    finally:
-        if previous is None:
-            _FORCED.pop((family_name, op), None)
-        else:
-            _FORCED[(family_name, op)] = previous
-        _forget()
+    return _within(_FORCED, (family_name, op), name)
+
+
+def patched(
+    family_name: str, op: str, fn: Callable[..., Any]
+) -> contextlib.AbstractContextManager[None]:
+    """Within the block ``op`` of ``family_name`` resolves to ``fn``, whatever the key."""
+    return _within(_PATCHED, (family_name, op), fn)
 
 
 @contextlib.contextmanager
-def patched(family_name: str, op: str, fn: Callable[..., Any]) -> Iterator[None]:
-    """Within the block ``op`` of ``family_name`` resolves to ``fn``, whatever the key."""
-    previous = _PATCHED.get((family_name, op))
-    _PATCHED[(family_name, op)] = fn
+def _within(table: dict[tuple[str, str], Any], op: tuple[str, str], value: Any) -> Iterator[None]:
+    """``table[op]`` is ``value`` within the block (the memo forgotten on entry and on exit),
+    then what it was before."""
+    previous = table.get(op)
+    table[op] = value
     _forget()
     try:
         yield
     finally:
         if previous is None:
-            _PATCHED.pop((family_name, op), None)
+            table.pop(op, None)
         else:
-            _PATCHED[(family_name, op)] = previous
+            table[op] = previous
         _forget()
