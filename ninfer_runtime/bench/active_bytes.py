@@ -5,11 +5,14 @@ step's tokens read) and routed experts (the distinct experts a batch touches, on
 with uniform routing). Stored bytes are what a kernel reading the stored formats moves.
 
 Per decoder layer too, so a reduced artifact's bytes extrapolate to the whole model's by
-kind of layer, as its time does.
+kind of layer, as its time does. The same walk counts the multiply-adds of a prefill's
+projections (``flops``): every weight but the gathered tables, the routed experts ``top_k`` a
+token.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..expert_offload.plan import routed_expert, stored_bytes
@@ -39,19 +42,28 @@ class ActiveWeights:
         self.whole: dict[int | None, int] = {}
         self.row: dict[int | None, int] = {}
         self.experts: dict[int, dict[int, int]] = {}
+        #: elements multiplied a token: every weight but gathered tables, and the routed
+        #: experts' (``expert_elements``, per layer, summed over its experts)
+        self.elements = 0
+        self.expert_elements: dict[int, list[int]] = {}
         for name in shapes:
             size, layer = stored_bytes(artifact, name), _layer_of(name)
             where = routed_expert(name)
             suffix = next((s for s in gathered if name.endswith(s)), None)
+            elements = math.prod(shapes[name])
             if where is not None:
                 per = self.experts.setdefault(where[0], {})
                 per[where[1]] = per.get(where[1], 0) + size
+                counted = self.expert_elements.setdefault(where[0], [0, 0])
+                counted[0] += elements
+                counted[1] = len(per)
             elif suffix is not None:
                 self.row[layer] = self.row.get(layer, 0) + gathered[suffix] * (
                     size // shapes[name][0]
                 )
             else:
                 self.whole[layer] = self.whole.get(layer, 0) + size
+                self.elements += elements
 
     def _touched(self, layer: int, rows: int) -> float:
         experts = self.experts.get(layer)
@@ -70,6 +82,14 @@ class ActiveWeights:
 
     def __call__(self, rows: int) -> int:
         return self.outside(rows) + sum(self.layer(i, rows) for i in range(self.layers))
+
+    def flops(self, tokens: int) -> float:
+        """Multiply-add FLOPs of the projections for ``tokens`` tokens (2 a weight a token;
+        routed experts: ``top_k`` of each layer's); attention products are not counted."""
+        routed = sum(
+            min(self.top_k, count) * total / count for total, count in self.expert_elements.values()
+        )
+        return 2.0 * tokens * (self.elements + routed)
 
 
 def active_weights(artifact: Any) -> ActiveWeights | None:

@@ -438,7 +438,7 @@ def run(
         rows += _acceptance_table(opened, backend, drafts, answer_tokens, kv_dtype)
     if prefill:
         rate = M.matmul_rate(xp)
-        p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate)
+        p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate, weights=weights)
         rows.append({"kind": "prefill", **M.as_row(p), "matmul_flops": rate})
         click.echo(
             f"prefill {p.tokens} tokens (chunk {p.chunk}): {p.tokens_per_s:.0f} tok/s, "
@@ -449,7 +449,7 @@ def run(
     if long_prefill:
         rate = M.matmul_rate(xp)
         segments = M.long_prefill(
-            runner, long_prefill, chunk=chunk, flop_rate=rate, kv_dtype=kv_dtype
+            runner, long_prefill, chunk=chunk, flop_rate=rate, kv_dtype=kv_dtype, weights=weights
         )
         parts = [{"kind": "long prefill", "chunk": chunk, **M.as_row(s)} for s in segments]
         rows += parts

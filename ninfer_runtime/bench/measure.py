@@ -271,10 +271,14 @@ def round_bytes(
     return int(verify + draft_tokens * draft)
 
 
-def prefill_flops(model: Any, tokens: int, past: int = 0) -> float:
+def prefill_flops(model: Any, tokens: int, past: int = 0, weights: Any = None) -> float:
     """Multiply-add FLOPs of the projections (2 per weight per token; MoE: active experts),
     plus the causal attention products, for ``tokens`` tokens read after ``past`` tokens
-    already in the context (a prefix resumed from a checkpoint)."""
+    already in the context (a prefix resumed from a checkpoint). ``weights``: an
+    ``active_bytes.ActiveWeights``, whose count of the projections is used instead (the
+    sparse attention of those architectures is not counted)."""
+    if weights is not None:
+        return weights.flops(tokens)
     params = 0
     for layer in model.layers:
         params += sum(int(np.prod(w.shape)) for w in _weights_of(layer.mixer))
@@ -339,8 +343,9 @@ def decode_rate(
 
 
 def prefill_rate(
-    runner: ModelRunner, tokens: int, *, chunk: int, flop_rate: float
+    runner: ModelRunner, tokens: int, *, chunk: int, flop_rate: float, weights: Any = None
 ) -> PrefillResult:
+    """``weights``: as ``prefill_flops``."""
     xp = runner.backend.xp
     ids = np.random.default_rng(1).integers(0, runner.model.config.vocab, tokens)
     # warm: the same prompt once first, so every chunk size it takes (the last one's too) has
@@ -355,7 +360,7 @@ def prefill_rate(
     runner.prefill(ids, state, chunk=chunk, last_only=True)
     _sync(xp)
     seconds = time.perf_counter() - start
-    flops = prefill_flops(runner.model, tokens)
+    flops = prefill_flops(runner.model, tokens, weights=weights)
     return PrefillResult(tokens, chunk, tokens / seconds, seconds, flops, flops / flop_rate)
 
 
@@ -387,9 +392,11 @@ def long_prefill(
     flop_rate: float,
     segments: int = 8,
     kv_dtype: str = "float32",
+    weights: Any = None,
 ) -> list[PrefillSegment]:
     """One ``tokens``-token prompt prefilled in chunks of ``chunk``, timed in ``segments``
-    parts of whole chunks: where the time goes as the context grows."""
+    parts of whole chunks: where the time goes as the context grows (``weights``: as
+    ``prefill_flops``)."""
     xp, model = runner.backend.xp, runner.model
     ids = np.random.default_rng(2).integers(0, model.config.vocab, tokens)
     warm = runner.new_state(min(tokens, chunk) + 1)
@@ -410,7 +417,7 @@ def long_prefill(
         for a in range(start, end, chunk):
             runner.forward([ids[a : min(a + chunk, end)]], [state], last_only=True)
         _sync(xp)
-        flops = prefill_flops(model, end - start, past=start)
+        flops = prefill_flops(model, end - start, past=start, weights=weights)
         out.append(
             PrefillSegment(start, end, time.perf_counter() - began, flops, flops / flop_rate)
         )

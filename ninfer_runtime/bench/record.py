@@ -114,6 +114,7 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
             for r in parallel
         ]
         lines.append("")
+    lines += _extrapolated_lines(rows)
     lines += _spec_lines(rows)
     lines += _long_prefill_lines(rows)
     for r in rows:
@@ -151,6 +152,30 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
                 "",
             ]
     return "\n".join(lines)
+
+
+def _extrapolated_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A reduced artifact's layers by kind and the whole model's step extrapolated from them."""
+    whole = [r for r in rows if r["kind"] == "decode extrapolated"]
+    if not whole:
+        return []
+    lines = [
+        f"The table above is of an artifact with some of the model's {whole[0]['whole_layers']} "
+        "layers. Per layer, measured (layers timed one by one), and the whole model's step "
+        "EXTRAPOLATED from them:",
+        "",
+        "| lanes | context | ms per layer, by kind | whole-model ms/step (extrapolated) | tok/s "
+        "| GB/step | floor ms | % of floor |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in whole:
+        kinds = ", ".join(f"{k} {ms:.2f}" for k, ms in r["layer_ms"].items())
+        lines.append(
+            f"| {r['lanes']} | {r['context']} | {kinds} | {r['whole_step_ms']:.2f} "
+            f"| {r['whole_tokens_per_s']:.1f} | {r['whole_bytes_per_step'] / 1e9:.2f} "
+            f"| {r['whole_floor_ms']:.2f} | {r['whole_percent_of_floor']:.1f}% |"
+        )
+    return [*lines, ""]
 
 
 def long_prefill_table(segments: list[dict[str, Any]]) -> list[str]:

@@ -12,6 +12,7 @@ from ninfer_format import Artifact
 from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
 from ninfer_format.binders.qwen4_exp_geometry import Qwen4ExpGeometry
 from ninfer_format.verify import verify
+from ninfer_runtime.bench.active_bytes import ActiveWeights
 from ninfer_runtime.bench.architectures import architecture_of, extrapolate, kept_layers
 from ninfer_runtime.bench.cli import main
 from ninfer_runtime.bench.geometries import GEOMETRIES
@@ -97,14 +98,35 @@ def test_reduced_artifact_is_valid_with_the_whole_models_layer_shapes(artifacts,
             assert np.isfinite(values).all()
 
 
+def test_a_step_reads_its_routed_experts_and_gathered_rows_only(artifacts):
+    with Artifact.open(artifacts["qwen4_exp"]) as art:
+        w = ActiveWeights(art)
+        kinds = art.provenance["reduced"]["kinds"]
+        plain = kinds.index("gdn/moe")
+        experts = w.experts[plain]
+        mean = sum(experts.values()) / len(experts)
+        assert w.layer(plain, 1) == int(w.whole[plain] + w.top_k * mean)  # one row: top_k
+        assert w.layer(plain, 10**6) == int(w.whole[plain] + sum(experts.values()))
+        ple = kinds.index("gdn+ple/moe")
+        table = next(n for n in art.bindings if n.endswith("ngram_table"))
+        rows = art.binder_report.parameters[table][0]
+        config = art.components["text"].config
+        heads = (config["ngram_size"] - 1) * config["heads_per_ngram"]
+        assert w.row[ple] == heads * (art.objects[art.bindings[table].object].bytes // rows)
+        assert w.flops(3) == 3 * w.flops(1) > 0
+
+
 @pytest.mark.parametrize("key", sorted(CASES))
-def test_cpu_run_prints_layer_times_and_the_extrapolated_step(artifacts, key):
+def test_cpu_run_prints_layer_times_and_the_extrapolated_step(artifacts, key, tmp_path):
     args = ["run", str(artifacts[key]), "--backend", "cpu", "--lanes", "1", "--contexts", "16"]
-    result = CliRunner().invoke(main, [*args, "--steps", "2", "--prefill", "0"])
+    record = tmp_path / "record.md"
+    args += ["--steps", "2", "--prefill", "0", "--record", str(record)]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "per layer, measured (ms/step)" in result.output
     line = next(x for x in result.output.splitlines() if "EXTRAPOLATED from the layers" in x)
     assert "whole model (8 layers)" in line and "floor" in line
+    assert "whole-model ms/step (extrapolated)" in record.read_text()
 
 
 def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts):
