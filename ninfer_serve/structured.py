@@ -27,9 +27,9 @@ Grammars:
   "object"}`` with no properties), strings without ``maxLength``, arrays without
   ``maxItems`` and integers without bounds.
 * ``tool_choice`` ``required`` / named: one (or, with ``parallel_tool_calls``, several) tool
-  calls in the model's native XML form (``<tool_call><function=NAME><parameter=ARG>...``),
+  calls in the call form of the chat template's family (``tool_call_grammars``: Qwen's
+  ``<function=NAME><parameter=ARG>`` or GLM's ``NAME<arg_key>ARG</arg_key><arg_value>``),
   string arguments as text and other arguments as JSON of their schema, then end of output.
-  Constrained string arguments cannot contain ``<`` (the parameter close tag starts with it).
 * ``regex`` / ``choice`` / ``grammar`` (vLLM's guided decoding): the whole answer matches the
   regular expression, is exactly one of the strings, or is a sentence of the grammar (Lark as
   llguidance reads it, or GBNF, which llguidance converts to Lark), then end of output. No
@@ -38,9 +38,8 @@ Grammars:
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,6 +48,9 @@ import numpy as np
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.errors import RequestError
 
+from .json_lark import closed_objects, json_answer_lark, lark_literal
+from .tool_call_grammars import tool_calls_lark
+
 __all__ = [
     "AnswerGrammar",
     "Constraints",
@@ -56,16 +58,6 @@ __all__ = [
     "closed_objects",
     "json_answer_lark",
 ]
-
-_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_LEAD = r"/[ \t\r\n]{0,8}/"
-# keywords whose values are subschemas (a map of them, one, or a list), the places where an
-# object schema can sit; data keywords (const, enum, default, examples) are never walked
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SCHEMA_ONE = ("additionalProperties", "items", "additionalItems", "contains")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-# siblings of "$ref" that make it a merge of two object schemas rather than a plain reference
-_OBJECT_KEYWORDS = ("properties", "patternProperties", "additionalProperties", "required", "allOf")
 
 
 @dataclass(frozen=True)
@@ -77,109 +69,6 @@ class AnswerGrammar:
     kind: Literal["regex", "choice", "grammar"]
     source: str | tuple[str, ...]
     param: str
-
-
-def _literal(text: str) -> str:
-    """A Lark string literal (JSON escapes are valid Lark escapes). JSON leaves DEL (U+007F)
-    as it is, which llguidance's lexer refuses inside a literal, so it is escaped too."""
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def _styled(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """The schema with its objects closed and ninfer's JSON layout. The caller's ``x-guidance``
-    options are kept except whitespace: flexible whitespace or a pattern of it would let the
-    model loop on spaces, so the fixed separators are the only whitespace."""
-    out = closed_objects(schema)
-    options = out.get("x-guidance")
-    if options is None or isinstance(options, Mapping):
-        options = {**_JSON_STYLE, "lenient": True, **(options or {})}
-        options["whitespace_flexible"] = False
-        options.pop("whitespace_pattern", None)
-        out["x-guidance"] = options
-    return out
-
-
-def json_answer_lark(schema: Mapping[str, Any] | None) -> str:
-    """The Lark grammar of a JSON answer: bounded leading whitespace, then one value of
-    ``schema`` (``None``: any JSON object), then the end of output."""
-    body = _styled(schema if schema is not None else {"type": "object"})
-    return f"start: {_LEAD} answer\nanswer: %json {json.dumps(body)}\n"
-
-
-def closed_objects(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` in which every object schema that lists its properties (or
-    property patterns) and says nothing of others gets ``additionalProperties: false``.
-
-    Required names missing from ``properties`` are listed there with any value, so closing
-    never makes a required key unsatisfiable. Object schemas that are parts of a merge (the
-    members of an ``allOf``, the schema holding it, a ``$ref`` with object keywords beside it,
-    and the definitions those refer to) stay open: llguidance intersects the parts, and each
-    closed part would refuse the other parts' keys.
-    """
-    # a JSON round trip, not deepcopy: one dict reached at two places (aliased in the caller's
-    # schema) must become two, or closing one place would close the other
-    root = json.loads(json.dumps(schema))
-    nodes = dict(_walk(root, "#"))
-    merged = _merged_paths(nodes)
-    for path, node in nodes.items():
-        if path in merged or "additionalProperties" in node or "unevaluatedProperties" in node:
-            continue
-        props = node.get("properties")
-        patterns = node.get("patternProperties")
-        if not isinstance(props, dict) and not isinstance(patterns, dict):
-            continue
-        required = node.get("required")
-        required = [n for n in required if isinstance(n, str)] if isinstance(required, list) else []
-        unlisted = [n for n in required if not isinstance(props, dict) or n not in props]
-        if unlisted and isinstance(patterns, dict):
-            continue  # a pattern may be what admits the name; leave the object as written
-        if unlisted:
-            props.update({name: {} for name in unlisted})  # a dict here: no patterns
-        node["additionalProperties"] = False
-    return root
-
-
-def _walk(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(JSON pointer, subschema) for ``node`` and every subschema under it."""
-    if not isinstance(node, dict):
-        return
-    yield path, node
-    for key in _SCHEMA_MAPS:
-        value = node.get(key)
-        if isinstance(value, dict):
-            for name, child in value.items():
-                yield from _walk(child, f"{path}/{key}/{_pointer_escape(name)}")
-    for key in _SCHEMA_ONE:
-        yield from _walk(node.get(key), f"{path}/{key}")
-    for key in _SCHEMA_LISTS:
-        value = node.get(key)
-        if isinstance(value, list):
-            for i, child in enumerate(value):
-                yield from _walk(child, f"{path}/{key}/{i}")
-
-
-def _pointer_escape(name: str) -> str:
-    return str(name).replace("~", "~0").replace("/", "~1")
-
-
-def _merged_paths(nodes: Mapping[str, dict[str, Any]]) -> set[str]:
-    """Pointers of the object schemas that take part in a merge (see ``closed_objects``)."""
-    merged: set[str] = set()
-    for path, node in nodes.items():
-        parts = node.get("allOf")
-        if isinstance(parts, list) and len(parts) > 1:
-            merged.add(path)
-            merged.update(f"{path}/allOf/{i}" for i in range(len(parts)))
-        if isinstance(node.get("$ref"), str) and any(k in node for k in _OBJECT_KEYWORDS):
-            merged.add(path)
-    # a merged part that is a reference merges its target too (and so on along a chain)
-    pending = list(merged)
-    while pending:
-        ref = nodes.get(pending.pop(), {}).get("$ref")
-        if isinstance(ref, str) and ref in nodes and ref not in merged:
-            merged.add(ref)
-            pending.append(ref)
-    return merged
 
 
 class GrammarProcessor:
@@ -254,7 +143,8 @@ class Constraints:
     def tool_grammar(
         self, tools: Sequence[Mapping[str, Any]], only: str | None, parallel: bool, param: str
     ) -> str:
-        """Grammar forcing tool calls (of ``only`` when named) in the native XML form."""
+        """Grammar forcing tool calls (of ``only`` when named) in the call form of the chat
+        template's family (``tool_call_grammars``)."""
         functions = []
         for tool in tools:
             fn = tool.get("function", tool)
@@ -266,66 +156,18 @@ class Constraints:
                 param=param,
                 code="invalid_tool_choice",
             )
-        tokenizer = self._engine.tokenizer
-        open_id = tokenizer.special.tool_call_open
-        close_id = tokenizer.special.tool_call_close
-        opener = f"<[{open_id}]>" if open_id is not None else _literal("<tool_call>")
-        closer = f"<[{close_id}]>" if close_id is not None else _literal("</tool_call>")
-        rules = [
-            f"start: {_LEAD} calls",
-            'calls: call ("\\n" call)*' if parallel else "calls: call",
-            f'call: {opener} "\\n" ({" | ".join(f"fn_{i}" for i in range(len(functions)))}) '
-            f'"</function>\\n" {closer}',
-        ]
         try:
-            for i, fn in enumerate(functions):
-                rules.extend(self._function_rules(i, fn))
+            lark = tool_calls_lark(
+                self._engine.template.chat_format.name, functions, parallel, self._tag
+            )
         except RecursionError:
             raise _too_deep(param, "invalid_tool_schema") from None
-        return self._checked("\n".join(rules) + "\n", param, "invalid_tool_schema")
+        return self._checked(lark, param, "invalid_tool_schema")
 
-    def _function_rules(self, i: int, fn: Mapping[str, Any]) -> list[str]:
-        name = fn.get("name", "")
-        params = fn.get("parameters") or {}
-        props = params.get("properties") if isinstance(params, Mapping) else None
-        props = props if isinstance(props, Mapping) else {}
-        required = params.get("required") if isinstance(params, Mapping) else None
-        required = [r for r in (required or []) if r in props]
-        order = required + [p for p in props if p not in required]
-        parts = []
-        rules = []
-        for j, arg in enumerate(order):
-            rule = f"p_{i}_{j}"
-            parts.append(rule if arg in required else f"{rule}?")
-            head = _literal(f"<parameter={arg}>\n")
-            rules.append(f"{rule}: {head} {self._value(props[arg])}")
-        header = _literal(f"<function={name}>\n")
-        return [f"fn_{i}: {header} {' '.join(parts)}".rstrip(), *rules]
-
-    @staticmethod
-    def _value(schema: Any) -> str:
-        """A parameter value and its close tag, as the parser of the XML form reads them."""
-        close = _literal("\n</parameter>\n")
-        schema = schema if isinstance(schema, Mapping) else {}
-        if _admits_text(schema):
-            if "const" in schema and isinstance(schema["const"], str):
-                return f"{_literal(schema['const'])} {close}"
-            enum = schema.get("enum")
-            if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-                return f"({' | '.join(_literal(v) for v in enum)}) {close}"
-            # text without "<" that does not end in a newline (the layout newline before the
-            # close tag is the grammar's), bounded by minLength / maxLength
-            low = max(int(schema.get("minLength", 0) or 0) - 1, 0)
-            high = schema.get("maxLength")
-            if isinstance(high, int) and high < 1:
-                return close
-            count = f"{{{low},{high - 1}}}" if isinstance(high, int) else f"{{{low},}}"
-            text = f"[^<]{count}[^<\\n]"
-            if not schema.get("minLength"):
-                text = f"({text})?"
-            return f"/{text}\\n<\\/parameter>\\n/"
-        body = _styled(schema)
-        return f"%json {json.dumps(body)} {close}"
+    def _tag(self, text: str) -> str:
+        """A structural tag in a grammar: its token when the vocabulary has it as one."""
+        token = self._engine.tokenizer.token_id(text)
+        return f"<[{token}]>" if token is not None else lark_literal(text)
 
     def answer_grammar(self, spec: AnswerGrammar) -> str:
         """Grammar for an answer that matches ``spec`` whole, then the end of output."""
@@ -335,7 +177,7 @@ class Constraints:
             grammar = llguidance.LLMatcher.grammar_from_regex(str(spec.source))
             return self._validated(grammar, spec.param, "invalid_regex", "the regular expression")
         if spec.kind == "choice":
-            lark = "start: " + " | ".join(_literal(choice) for choice in spec.source)
+            lark = "start: " + " | ".join(lark_literal(choice) for choice in spec.source)
             return self._checked(lark, spec.param, "invalid_choice", "the choices")
         from llguidance.gbnf_to_lark import any_to_lark
 
@@ -394,22 +236,3 @@ def _too_deep(param: str, code: str) -> RequestError:
     return RequestError(
         "the schema is nested too deeply for constrained decoding", param=param, code=code
     )
-
-
-def _admits_text(schema: Mapping[str, Any]) -> bool:
-    """Whether the XML-form parser keeps this parameter's value as raw text (the schema admits
-    a string, or says nothing about the type), mirroring ``frontend.parsers``."""
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return kind == "string"
-    if isinstance(kind, list):
-        return not kind or "string" in kind
-    options = [o for key in ("anyOf", "oneOf") for o in schema.get(key) or ()]
-    if options:
-        return any(isinstance(o, Mapping) and _admits_text(o) for o in options)
-    if "properties" in schema or "items" in schema:
-        return False
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum:
-        return any(isinstance(v, str) for v in enum)
-    return True

@@ -10,7 +10,8 @@ otherwise as JSON when it parses, else as the text it is.
 
 ``GlmOutputParser`` is ``OutputParser`` with this form added: reasoning, text, the streaming and
 fallback rules and the events are the same, and a call in the Qwen XML or JSON form is still
-read (a forced ``tool_choice`` grammar writes the XML form).
+read. A forced ``tool_choice`` grammar for a GLM template writes this form, a value as text
+exactly where ``glm_value_is_text`` says the parser keeps it so.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ from ninfer_runtime.frontend.tokenizer import (
 )
 from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
 
-__all__ = ["ARG_KEY_OPEN", "ARG_VALUE_OPEN", "GlmOutputParser", "convert_glm_value"]
+__all__ = [
+    "ARG_KEY_OPEN",
+    "ARG_VALUE_OPEN",
+    "GlmOutputParser",
+    "convert_glm_value",
+    "glm_value_is_text",
+]
 
 #: a value ends at its close tag, or (leniently) where the call ends
 _VALUE_ENDS = (ARG_VALUE_CLOSE, CALL_CLOSE)
@@ -55,6 +62,13 @@ def convert_glm_value(value: str, schema: Any) -> Any:
         return json.loads(value)
     except ValueError:
         return value
+
+
+def glm_value_is_text(schema: Any) -> bool:
+    """Whether ``convert_glm_value`` keeps a value of ``schema`` as the text written (the
+    schema names a type and admits strings); any other value is read as JSON of its types."""
+    types = _schema_types(schema)
+    return bool(types) and "string" in types
 
 
 class GlmOutputParser(OutputParser):

@@ -1,8 +1,9 @@
 """A tiny GLM5Next artifact served (``tests/tiny_glm5_next.py``, converted without a chat
 template, so the engine takes ninfer's built-in GLM-5 one): a tool call through the OpenAI SDK
-and the conversation that answers it, and reasoning effort on the three APIs. The model is
-random, so the call is forced with ``tool_choice``; GLM's own call form is read by the parser
-tests (``tests/runtime/frontend/test_glm_tool_calls.py``)."""
+and the conversation that answers it, a forced call written in GLM's own form (string, integer
+and enum arguments), and reasoning effort on the three APIs. The model is random, so calls are
+forced with ``tool_choice``; the parser's reading of GLM's form is tested in
+``tests/runtime/frontend/test_glm_tool_calls.py``."""
 
 from __future__ import annotations
 
@@ -74,6 +75,49 @@ def test_a_tool_call_and_its_answer(client: openai.OpenAI, server: Server) -> No
     )
     assert answer.choices[0].finish_reason in ("length", "stop")
     assert answer.usage.prompt_tokens > reply.usage.prompt_tokens
+
+
+BOOK = {
+    "type": "function",
+    "function": {
+        "name": "book_table",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 6},
+                "guests": {"type": "integer", "minimum": 1, "maximum": 12},
+                "seating": {"type": "string", "enum": ["inside", "terrace"]},
+            },
+            "required": ["name", "guests", "seating"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_forced_call_is_written_in_glm_form(server: Server, seed: int) -> None:
+    """The forcing grammar follows the template's family: the raw output is GLM's form (not
+    Qwen's XML, which the parser would read too), and the parser reads it back."""
+    body = {
+        "model": server.model,
+        "messages": ASK,
+        "tools": [BOOK],  # one tool: the tiny tokenizer spells the tags out, a token a letter
+        "tool_choice": {"type": "function", "function": {"name": "book_table"}},
+        "seed": seed,
+        "logprobs": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    raw = b"".join(bytes(t["bytes"]) for t in choice["logprobs"]["content"]).decode()
+    assert choice["finish_reason"] == "tool_calls", raw
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "book_table"
+    jsonschema_rs.validate(
+        BOOK["function"]["parameters"], json.loads(call["function"]["arguments"])
+    )
+    assert raw.lstrip().startswith("<tool_call>book_table") and "<arg_key>" in raw, raw
 
 
 def test_reasoning_effort_levels(client: openai.OpenAI, server: Server) -> None:

@@ -55,7 +55,7 @@ def accepts(tokenizer: Any, schema: dict[str, Any] | None, text: str) -> bool:
 
 
 def test_a_choice_may_hold_any_character(tokenizer: Any) -> None:
-    from ninfer_serve.structured import _literal
+    from ninfer_serve.json_lark import lark_literal as _literal
 
     choice = 'a\x7fb\x08\\"\x00\x91\U000dff38'
     grammar = llguidance.LLMatcher.grammar_from_lark(f"start: {_literal(choice)}")
