@@ -28,21 +28,18 @@ import numpy as np
 from ninfer_format import Artifact, ArtifactError
 
 from .capacity import budget_bytes, parse_capacity, parse_size
-from .checkpoint_plan import check_cache_fields
 from .errors import EngineError, RequestError
 from .events import EventWriter
 from .expert_offload import ExpertOffload, planned_pool_bytes
 from .frontend import (
     ChatTemplate,
-    Sampler,
-    StopMatcher,
     Tokenizer,
 )
-from .frontend.tokenizer import THINK_OPEN
-from .images import PromptImages, VisionOptions, load_vision, placed_inputs
+from .images import VisionOptions, load_vision, placed_inputs
+from .intake import RequestIntake
 from .media_cache import MediaCache
 from .models import ForwardOutput, load_model
-from .prefix_cache import CacheBoundary, PrefixCache, common_prefix
+from .prefix_cache import CacheBoundary, PrefixCache
 from .prompt_logprobs import prompt_logprobs, score_chunk
 from .request import (
     Event,
@@ -186,13 +183,17 @@ class Engine:
             resources, override=chat_template, model_type=model_type
         )
         #: images in chat messages (a VLM artifact's tower on the CPU backend), or why not
-        self.vision, self._no_images = load_vision(
+        self.vision, no_images = load_vision(
             self.artifact,
             self.model.backend,
             self.tokenizer,
             vision or VisionOptions(),
             backend_name=backend,
             tensor_parallel=tensor_parallel,
+        )
+        #: requests to lanes: prompts rendered and checked
+        self.intake = RequestIntake(
+            self.tokenizer, self.template, self.vision, no_images, vocab=self.model.config.vocab
         )
         self.max_context = max_context
         self.max_lanes = max_lanes
@@ -297,43 +298,7 @@ class Engine:
 
     def render(self, request: GenerationRequest) -> tuple[list[int], bool]:
         """Prompt token ids, and whether the output starts inside reasoning."""
-        given = [x is not None for x in (request.messages, request.prompt, request.prompt_ids)]
-        if sum(given) != 1:
-            raise RequestError(
-                "give exactly one of messages, prompt or prompt_ids", param="messages"
-            )
-        if request.images:
-            self._check_images(request)
-        if request.prompt_ids is not None:
-            ids = [int(t) for t in request.prompt_ids]
-            return ids, False
-        if request.prompt is not None:
-            return self.tokenizer.encode(request.prompt), False
-        text = self.template.render(
-            request.messages,  # type: ignore[arg-type]
-            tools=request.tools,
-            add_generation_prompt=request.add_generation_prompt
-            and not request.continue_final_message,
-            continue_final_message=request.continue_final_message,
-            enable_thinking=request.enable_thinking,
-            chat_template_kwargs=request.chat_template_kwargs,
-        )
-        opened = text.rstrip().endswith(THINK_OPEN)
-        ids = self.tokenizer.encode(text)
-        if request.images:  # each image's placeholder as many tokens as the image takes
-            ids = self.vision.expand(ids, request.images)  # type: ignore[union-attr]
-        return ids, opened
-
-    def _check_images(self, request: GenerationRequest) -> None:
-        """Whether this engine takes ``request``'s images at all (one line when not)."""
-        if self.vision is None:
-            raise RequestError(self._no_images or "this model takes no images", param="images")
-        if request.messages is None:
-            raise RequestError(
-                "images come with chat messages (image content parts), not with prompt or "
-                "prompt_ids",
-                param="images",
-            )
+        return self.intake.render(request)
 
     def submit(
         self, request: GenerationRequest, *, rendered: tuple[Sequence[int], bool] | None = None
@@ -344,71 +309,13 @@ class Engine:
         first to count tokens and refuse oversized prompts before queueing), so the prompt is
         not rendered twice.
         """
-        ids, in_reasoning = rendered if rendered is not None else self.render(request)
-        ids = [int(t) for t in ids]
-        if not ids:
-            raise RequestError("the prompt is empty", param="messages")
-        if len(ids) >= self.max_context:
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens; max_context is {self.max_context} "
-                "(prompt plus at least one generated token)",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        vocab = self.model.config.vocab
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(
-                f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt_ids"
-            )
-        params = request.sampling
-        holds = self.pool_tokens
-        room = min(self.max_context, holds) - len(ids)
-        if room < 1:
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens; the context pool holds {holds} in all",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        max_tokens = min(params.max_tokens or room, room)
-        budget = params.max_thinking_tokens
-        if request.logits_processor is not None:  # a constrained answer is never starved
-            budget = min(budget or max_tokens, max(max_tokens // 2, 1))
-        images = None
-        if request.images:  # the tower's rows (or the media cache's), positions, cache key
-            self._check_images(request)
-            assert self.vision is not None
-            images = self.vision.encode(np.asarray(ids, dtype=np.int64), request.images)
-        parser = None
-        if request.parse_output:
-            parser = self.template.chat_format.output_parser(
-                starts_in_reasoning=in_reasoning,
-                tools=request.tools,
-                parse_tool_calls=request.parse_tool_calls,
-                continues_text=request.continue_final_message,
-            )
-        lane = Lane(
-            request=request,
-            prompt_ids=np.asarray(ids, dtype=np.int64),
-            state=None,  # type: ignore[arg-type]  (allocated when admitted to a lane)
-            sampler=Sampler(params, ids),
-            stops=StopMatcher.from_params(params, self.tokenizer.eos_token_ids),
-            detokenizer=self.tokenizer.detokenize_stream(
-                skip_special_tokens=params.skip_special_tokens
-            ),
-            parser=parser,
-            max_tokens=max_tokens,
-            answer_start=None if in_reasoning else 0,
-            thinking_budget=budget if in_reasoning else None,
-            images=images,
+        lane = self.intake.lane(
+            request,
+            rendered if rendered is not None else self.render(request),
+            max_context=self.max_context,
+            pool_tokens=self.pool_tokens,
+            cached=self.cache is not None,
         )
-        if params.seed is not None:
-            lane.seed = params.seed
-        if params.prompt_logprobs is not None:
-            lane.prompt_scores = [None] * len(ids)
-        check_cache_fields(request.cache_salt, request.cache_boundaries, len(ids))
-        if self.cache is not None:
-            lane.history_end = self._history_end(request, ids, images)
         if self.scheduler.holds(request.request_id):
             raise RequestError(f"request id {request.request_id!r} is already in use")
         self.scheduler.queue(lane)
@@ -450,31 +357,6 @@ class Engine:
         if generating:
             self.speculative_rounds.run(generating, events)
         return events
-
-    def _history_end(
-        self, request: GenerationRequest, ids: list[int], images: PromptImages | None = None
-    ) -> int | None:
-        """How many of a chat prompt's tokens the next turn resends unchanged: the prompt's
-        common prefix with the conversation rendered as history (this turn answered, one
-        more user message), None when that is all of it or nothing."""
-        if request.messages is None or request.continue_final_message:
-            return None
-        placeholder = [{"role": "assistant", "content": "x"}, {"role": "user", "content": "x"}]
-        text = self.template.render(
-            [*request.messages, *placeholder],
-            tools=request.tools,
-            add_generation_prompt=False,
-            enable_thinking=request.enable_thinking,
-            chat_template_kwargs=request.chat_template_kwargs,
-        )
-        later = self.tokenizer.encode(text)
-        if images is not None:  # the same images, widened as the prompt's were
-            try:
-                later = self.vision.expand(later, request.images)  # type: ignore[union-attr]
-            except RequestError:  # the template wrote the history's images otherwise
-                return None
-        shared = common_prefix(np.asarray(ids, dtype=np.int64), np.asarray(later, dtype=np.int64))
-        return shared if 0 < shared < len(ids) else None
 
     def _prefill(self, reads: list[Read], events: list[Event]) -> None:
         """Run this step's prefill chunk (``Scheduler.prefill_reads``): one forward for

@@ -144,7 +144,7 @@ def test_a_chat_turn_resumes_after_the_last_reply(tmp_path, spec, monkeypatch) -
     first = GenerationRequest(messages=messages, sampling=greedy)
     prompt_ids, _ = engine.render(first)
     reply_ids = [e.token_id for e in engine.generate(first) if isinstance(e, TokenEvent)]
-    history_end = engine._history_end(first, list(prompt_ids))
+    history_end = engine.intake.history_end(first, list(prompt_ids))
     assert history_end is not None and 1 < len(prompt_ids) - history_end <= SHORT_CHUNK_TOKENS
     assert chunks == [history_end]
     reply = engine.tokenizer.decode(reply_ids, skip_special_tokens=True)
