@@ -93,6 +93,8 @@ def synth(
     )
     if plan.reduction is not None:
         _echo_reduction(plan.reduction)
+    if mtp and "mtp" in plan.recipe.components and "mtp" not in plan.components:
+        click.echo("no mtp component: the runtime runs no MTP block for this architecture")
     if plan_only:
         return
     try:

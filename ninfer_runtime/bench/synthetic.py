@@ -369,7 +369,7 @@ def plan_synthetic(
         whole = _whole_model_bytes(sizing, reduction.kinds, reduction.whole_kinds)
         plan.reduction = {
             **reduction.as_provenance(),
-            "ple_rows_scale": ple_rows_scale,
+            "ple_rows_scale": ple_rows_scale if config.get("ple_layer_ids") else 1.0,
             "whole_bytes": whole,
         }
     return plan
