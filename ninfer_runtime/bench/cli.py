@@ -380,7 +380,7 @@ def run(
     from . import layer_times as T
     from . import measure as M
     from . import record as R
-    from .active_bytes import active_weights
+    from .active_bytes import ActiveWeights, active_weights
 
     if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
         raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
@@ -420,7 +420,8 @@ def run(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
                 f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
             )
-    if reduced is not None and weights is not None:
+    if reduced is not None:
+        counted = weights if weights is not None else ActiveWeights(opened)
         click.echo(
             f"this artifact has {len(reduced['kept'])} of the model's "
             f"{sum(reduced['whole_kinds'].values())} layers: each kind's time is measured "
@@ -429,7 +430,7 @@ def run(
         for row in [r for r in rows if r["kind"] == "decode"]:
             decode = M.DecodeResult(**{k: row[k] for k in M.DecodeResult.__dataclass_fields__})
             e = T.extrapolate_row(
-                runner, reduced, weights, decode, kv_dtype=kv_dtype, steps=steps,
+                runner, reduced, counted, decode, kv_dtype=kv_dtype, steps=steps,
                 floor_bw=bandwidth,
             )  # fmt: skip
             rows.append({"kind": "decode extrapolated", **M.as_row(e)})

@@ -1,10 +1,11 @@
 """Per-layer decode time on a reduced artifact (``ninfer-bench synth --layers N``), and the whole
 model's step extrapolated from it by kind of layer (``architectures.extrapolate``).
 
-Each decoder layer is timed by wrapping it (the device drained around every call) in a run of
-its own, so the plain step's timing is undisturbed; the wrapper adds a little host time per
-call, which lands in the layers' share, not outside it. The whole model's bytes per step are
-extrapolated the same way: the kept layers' bytes by kind, times each kind's count.
+Each decoder layer is timed by wrapping it (the device drained around every call) in runs of
+their own (the first a warm-up), so the plain step's timing is undisturbed; the wrapper adds a
+little host time per call, which lands in the layers' share, not outside it. The whole model's
+bytes per step are extrapolated the same way: the kept layers' bytes by kind, times each kind's
+count.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def layer_ms(
     spent, calls = [0.0] * len(layers), [0] * len(layers)
     model.layers = [_TimedLayer(layer, i, xp, spent, calls) for i, layer in enumerate(layers)]
     try:
-        M.decode_rate(ModelRunner(model), lanes, context, steps=steps, floor_bw=1.0,
-                      kv_dtype=kv_dtype)  # fmt: skip
+        for _ in range(2):  # the first run warms what the wrapped calls meet; the second counts
+            spent[:], calls[:] = [0.0] * len(layers), [0] * len(layers)
+            runner = ModelRunner(model)
+            M.decode_rate(runner, lanes, context, steps=steps, floor_bw=1.0, kv_dtype=kv_dtype)
     finally:
         model.layers = layers
     return [1e3 * s / max(c, 1) for s, c in zip(spent, calls, strict=True)]

@@ -61,6 +61,18 @@ def test_extrapolation_replaces_the_kept_layers_by_the_whole_models():
     assert whole == pytest.approx(10.0 - 9.0 + 25.0 + 8.0)
 
 
+def test_synth_says_what_it_keeps_and_refuses_too_few_layers():
+    args = ["synth", "--geometry", "tiny_qwen4_exp", "--formats", "qwen4_exp_bf16", "--plan-only"]
+    args += ["-o", "x"]
+    result = CliRunner().invoke(main, [*args, "--layers", "4", "--ple-rows-scale", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert "layers kept: [0, 1, 2, 3]" in result.output and "of 8" in result.output
+    assert "n-gram (PLE) tables at 0.5 of their rows" in result.output
+    assert "no mtp component" in result.output
+    few = CliRunner().invoke(main, [*args, "--layers", "2"])
+    assert few.exit_code != 0 and "--layers 2 cannot keep every kind of layer" in few.output
+
+
 def test_reduced_plan_sizes_the_whole_model():
     whole = plan_synthetic("tiny_glm5_next", "glm5next")
     cut = plan_synthetic("tiny_glm5_next", "glm5next", layers=3)
