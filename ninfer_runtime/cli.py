@@ -58,6 +58,15 @@ def speculative_options(spec_default: str | None) -> Callable[[Any], Any]:
 
 #: --max-context when not given (unless the model has fewer positions)
 DEFAULT_CONTEXT = 4096
+#: ``--ple-rows`` values, Qwen4Exp's ``ple_rows`` model option (``models/qwen4_exp/ple_rows.py``
+#: is the authority; kept here so ``--help`` does not import the model)
+PLE_ROWS_CHOICES = ("auto", "resident", "streamed")
+#: the help text of ``--ple-rows`` (ninfer and ninfer-serve)
+PLE_ROWS_HELP = (
+    "Qwen4Exp's PLE n-gram tables: resident (loaded whole), streamed (rows read from the "
+    "artifact as steps need them) or auto (streamed above 1 GiB decoded). Another model "
+    "refuses the option.  [default: the model's, auto]"
+)
 
 EPILOG = """\b
 Examples:
@@ -187,6 +196,7 @@ def _read_images(paths: tuple[Path, ...]) -> list[Any]:
     "experts, e.g. 4GiB (0: none, every use decodes).  [default: a quarter of the available "
     "memory]",
 )
+@click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
 @click.option(
@@ -253,6 +263,12 @@ def _spec_summary(stats: SpecStats | None) -> str:
     )
 
 
+def model_options(ple_rows: str | None) -> dict[str, Any] | None:
+    """The engine's ``model_options`` from the flags that set one (None: none given, so a
+    model that takes no such option is not refused)."""
+    return {"ple_rows": ple_rows} if ple_rows is not None else None
+
+
 def model_positions(artifact: Artifact) -> int | None:
     """The text model's ``max_position_embeddings`` (None when its config does not say)."""
     text = artifact.components.get("text")
@@ -297,6 +313,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         expert_parallel=o.expert_parallel,
         vram_budget=vram_budget_setting(o.vram_budget),
         host_expert_cache=o.host_expert_cache,
+        model_options=model_options(o.ple_rows),
     )
     loaded = time.perf_counter() - started
     params = SamplingParams.resolve(

@@ -22,7 +22,12 @@ from typing import Any
 import click
 
 from ninfer_format.extras import require_extra
-from ninfer_runtime.cli import model_positions, speculative_options
+from ninfer_runtime.cli import (
+    PLE_ROWS_CHOICES,
+    PLE_ROWS_HELP,
+    model_positions,
+    speculative_options,
+)
 from ninfer_runtime.model_path import not_an_artifact
 from ninfer_runtime.state import KV_DTYPES
 
@@ -189,6 +194,7 @@ def _say(text: str) -> None:
     help="With --vram-budget: host memory for decoded copies of the most chosen host "
     "experts, e.g. 4GiB (0: none).  [default: a quarter of the available memory]",
 )
+@click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP)
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]")
 @speculative_options(None)
 @click.option(
@@ -253,6 +259,7 @@ def main(model: Path, config_path: Path | None, **flags: Any) -> None:
             "vram_budget": flags["vram_budget"],
             "host_expert_cache": flags["host_expert_cache"],
             "kv_dtype": flags["kv_dtype"],
+            "ple_rows": flags["ple_rows"],
         },
         "speculative": {
             "method": flags["spec"],
@@ -426,6 +433,7 @@ def serve(model: Path, settings: Settings) -> int:
             vram_budget=vram_budget_setting(engine_cfg.vram_budget),
             host_expert_cache=engine_cfg.host_expert_cache,
             vision=settings.vision_options(),
+            model_options=engine_cfg.model_options(),
         )
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:

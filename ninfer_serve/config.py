@@ -168,6 +168,25 @@ class EngineSettings(_Table):
     #: How K/V are stored (``ninfer_runtime.state.KV_DTYPES``): float32 (exact), bfloat16
     #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
     kv_dtype: str = "float32"
+    #: Qwen4Exp's PLE n-gram tables (``--ple-rows``): ``resident``, ``streamed`` (rows read
+    #: from the artifact as steps need them) or ``auto``; passed to the model as its
+    #: ``ple_rows`` option, which another model refuses at load. Unset: the model's default.
+    ple_rows: str | None = None
+
+    @field_validator("ple_rows")
+    @classmethod
+    def _ple_rows(cls, value: str | None) -> str | None:
+        from ninfer_runtime.cli import PLE_ROWS_CHOICES
+
+        if value is not None and value not in PLE_ROWS_CHOICES:
+            raise ValueError(f"{value!r}: expected one of {', '.join(PLE_ROWS_CHOICES)}")
+        return value
+
+    def model_options(self) -> dict[str, Any] | None:
+        """The engine's ``model_options`` (None: none set, so no model refuses them)."""
+        from ninfer_runtime.cli import model_options
+
+        return model_options(self.ple_rows)
 
     @field_validator("max_concurrency", mode="before")
     @classmethod
