@@ -28,6 +28,7 @@ from ninfer_format.binders.glm5_next_geometry import (
 from ninfer_format.binders.glm5_next_geometry import MODEL_TYPES as GLM5_NEXT_TYPES
 from ninfer_format.binders.qwen3_5_geometry import FULL_ATTENTION, Qwen35Geometry
 from ninfer_format.binders.qwen4_exp_geometry import ARCHITECTURE as QWEN4_EXP_ARCHITECTURE
+from ninfer_format.binders.qwen4_exp_geometry import DEFAULTS as QWEN4_EXP_DEFAULTS
 from ninfer_format.binders.qwen4_exp_geometry import MODEL_TYPES as QWEN4_EXP_TYPES
 from ninfer_format.binders.qwen4_exp_geometry import Qwen4ExpGeometry
 
@@ -219,7 +220,7 @@ def scale_ple_rows(config: Config, scale: float) -> dict[str, Any]:
         raise ValueError(f"--ple-rows-scale {scale} must be in (0, 1]")
     if scale == 1 or not config.get("ple_layer_ids"):
         return dict(config)
-    base = int(config.get("ngram_vocab_size_base", 0)) or 20_000_000
+    base = int(config.get("ngram_vocab_size_base", QWEN4_EXP_DEFAULTS["ngram_vocab_size_base"]))
     return {**config, "ngram_vocab_size_base": max(2, round(base * scale))}
 
 
