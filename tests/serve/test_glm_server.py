@@ -120,6 +120,25 @@ def test_a_forced_call_is_written_in_glm_form(server: Server, seed: int) -> None
     assert raw.lstrip().startswith("<tool_call>book_table") and "<arg_key>" in raw, raw
 
 
+def test_anthropic_any_forces_a_glm_call(server: Server) -> None:
+    tool = {"name": "book_table", "input_schema": BOOK["function"]["parameters"]}
+    body = {
+        "model": server.model,
+        "max_tokens": 200,
+        "messages": ASK,
+        "tools": [tool],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+        "thinking": {"type": "disabled"},
+    }
+    reply = httpx.post(f"{server.url}/v1/messages", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    message = reply.json()
+    assert message["stop_reason"] == "tool_use", message
+    (use,) = [block for block in message["content"] if block["type"] == "tool_use"]
+    assert use["name"] == "book_table"
+    jsonschema_rs.validate(tool["input_schema"], use["input"])
+
+
 def test_reasoning_effort_levels(client: openai.OpenAI, server: Server) -> None:
     low = client.chat.completions.create(
         model=server.model, messages=ASK, reasoning_effort="low", max_tokens=4, temperature=0
