@@ -190,6 +190,18 @@ def _glm_value(schema: Any, tag: Tag, terminal: str) -> tuple[str, str | None]:
     )
 
 
+def _text_choices(schema: Mapping[str, Any]) -> str | None:
+    """The alternatives a string ``const`` or the string members of an ``enum`` allow (the
+    others cannot be text; None: free text)."""
+    if isinstance(schema.get("const"), str):
+        return lark_literal(schema["const"])
+    enum = schema.get("enum")
+    strings = [v for v in enum if isinstance(v, str)] if isinstance(enum, list) else []
+    if strings:
+        return f"({' | '.join(lark_literal(v) for v in strings)})"
+    return None
+
+
 # -- shared -------------------------------------------------------------------------------------
 
 
@@ -205,18 +217,6 @@ def _arguments(fn: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[str]]:
 
 def _alternatives(count: int) -> str:
     return " | ".join(f"fn_{i}" for i in range(count))
-
-
-def _text_choices(schema: Mapping[str, Any]) -> str | None:
-    """The alternatives a string ``const`` or the string members of an ``enum`` allow (the
-    others cannot be text; None: free text)."""
-    if isinstance(schema.get("const"), str):
-        return lark_literal(schema["const"])
-    enum = schema.get("enum")
-    strings = [v for v in enum if isinstance(v, str)] if isinstance(enum, list) else []
-    if strings:
-        return f"({' | '.join(lark_literal(v) for v in strings)})"
-    return None
 
 
 def _regex_text(text: str) -> str:
