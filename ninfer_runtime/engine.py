@@ -1,8 +1,11 @@
 """The engine: requests in, token and text events out, several requests batched in lanes.
 
-``Engine`` is the public API (``submit``, ``step``, ``generate``, ``cancel``): it validates
-and renders requests, runs the forwards of each step and turns their logits into tokens,
-text and events. Which requests hold lanes and what each step reads is the ``scheduler``'s
+``Engine`` is the public API (``submit``, ``step``, ``generate``, ``cancel``): it loads the
+model, runs the forwards of each step and hands every other job to a module of its own:
+``intake`` renders a request and checks it into a lane, ``token_choice`` picks each lane's
+next token from its logits, ``events`` turns the tokens into events and ends lanes,
+``speculative_round`` runs a round, ``prompt_logprobs`` scores prompts, ``pool_plan`` sizes
+the context pool. Which requests hold lanes and what each step reads is the ``scheduler``'s
 job; the requests and events themselves are in ``request`` (re-exported here).
 
 One ``step()`` runs one prefill chunk (the oldest request still reading its prompt, joined by
@@ -10,7 +13,7 @@ others whose next read fits beside it) and one batched decode step for every req
 generating, so long prompts never stall the lanes that are already streaming (continuous
 batching). With speculative decoding
 (``spec``) the decode step is a round: the MTP block drafts K tokens per lane, one batched
-forward verifies them, and each lane emits the tokens it keeps (``speculative``); a token
+forward verifies them, and each lane emits the tokens it keeps (``speculative_round``); a token
 is emitted only once its round has committed. The CLI, perplexity and the server
 drive the same object; the model underneath is the same on every backend.
 """
@@ -30,15 +33,13 @@ from ninfer_format import Artifact, ArtifactError
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .errors import EngineError, RequestError
 from .events import EventWriter
-from .expert_offload import ExpertOffload, planned_pool_bytes
-from .frontend import (
-    ChatTemplate,
-    Tokenizer,
-)
+from .expert_offload import ExpertOffload
+from .frontend import ChatTemplate, Tokenizer
 from .images import VisionOptions, load_vision, placed_inputs
 from .intake import RequestIntake
 from .media_cache import MediaCache
 from .models import ForwardOutput, load_model
+from .pool_plan import SHORT_CHUNK_TOKENS, PoolPlan
 from .prefix_cache import CacheBoundary, PrefixCache
 from .prompt_logprobs import prompt_logprobs, score_chunk
 from .request import (
@@ -77,16 +78,6 @@ __all__ = [
     "parse_capacity",
     "parse_size",
 ]
-
-#: with the prefix cache and no context capacity given, the pool holds beside every lane's
-#: full context this many checkpoints' GDN state snapshots per lane (a capacity given is
-#: all shared: pages go to K/V or snapshots as the workload needs)
-CACHE_SNAPSHOTS_PER_LANE = 4
-#: prompt chunks of up to this many tokens run as one compiled multi-row step (as a
-#: speculative round's verification does), not as a prefill: a chat prompt's tail after
-#: the checkpoint the next turn resumes from is a few generation-prompt tokens, and a
-#: prefill of them would cost a whole prefill's launches
-SHORT_CHUNK_TOKENS = 8
 
 
 class Engine:
@@ -143,24 +134,17 @@ class Engine:
         )
         # the context pool's shape (its byte budget needs the backend): a budget plans the
         # experts beside it before the model prepares a weight
-        margin = spec.draft_tokens + 1 if spec else 0
-        pool_args: dict[str, Any] = dict(
+        pool_plan = PoolPlan(
             lanes=max_lanes,
-            max_context=max_context + margin,
+            max_context=max_context,
             kv_dtype=kv_dtype,
-            draft_tokens=spec.draft_tokens if spec else 0,
-            step_rows=SHORT_CHUNK_TOKENS,
-            snapshots=CACHE_SNAPSHOTS_PER_LANE * max_lanes if prefix_cache else 0,
+            spec=spec,
+            prefix_cache=prefix_cache,
+            context_capacity=context_capacity,
+            memory_headroom=memory_headroom,
         )
-
-        def pool_budget(device: Any) -> int | None:
-            capacity = parse_capacity(context_capacity)
-            return budget_bytes(capacity, device, parse_size(memory_headroom))
-
         if self.expert_offload is not None:
-            self.expert_offload.context_bytes = lambda model: planned_pool_bytes(
-                model, budget=pool_budget(model.backend), **pool_args
-            )
+            self.expert_offload.context_bytes = pool_plan.planned_bytes
         if model_options and tensor_parallel > 1:
             raise EngineError("model_options are not passed to tensor-parallel ranks yet")
         if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
@@ -202,10 +186,9 @@ class Engine:
         self.spec_stats = SpecStats(spec.draft_tokens) if spec else None
         if spec is not None:
             check_drafter(self.artifact, self.model, spec)
-        # a round writes up to K+1 positions past a sequence's length: a lane's pages grow
-        # to hold that margin beyond its own tokens before every round
-        self._margin = margin
-        self.pool = self.runner.new_pool(**pool_args, budget=pool_budget(self.model.backend))
+        # a round writes past a sequence's length: its pages hold that margin beyond its tokens
+        self._margin = pool_plan.margin
+        self.pool = pool_plan.new_pool(self.runner, self.model.backend)
         if self.expert_offload is not None:  # the experts go where the pool leaves room
             self.expert_offload.start(self.runner, self.tokenizer.encode, self.pool.nbytes())
         #: checkpoints of earlier prompts and generations, resumed by later requests
