@@ -53,6 +53,7 @@ from .metrics import EXPOSITION_CONTENT_TYPE, Metrics
 from .openai import chat, completions, responses, tokenize
 from .openai.completions import CompletionRequest
 from .openai.models import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
+from .openai.response_store import ResponseStore
 from .openai.tokenize import DetokenizeRequest, TokenizeRequest
 
 __all__ = ["create_app"]
@@ -348,7 +349,7 @@ def create_app(
         loop=loop,
         generator=generator,
         metrics=metrics,
-        responses=responses.ResponseStore(settings.server.response_store_max_records),
+        responses=ResponseStore(settings.server.response_store_max_records),
     )
     created = int(time.time())
 

@@ -55,7 +55,7 @@ class ServerState:
     loop: EngineLoop
     generator: Generator
     metrics: Metrics
-    responses: Any  # openai.responses.ResponseStore (typed loosely to avoid an import cycle)
+    responses: Any  # openai.response_store.ResponseStore (typed loosely to avoid an import cycle)
     started: float = field(default_factory=time.time)
 
     def check_model(self, requested: str | None) -> str:

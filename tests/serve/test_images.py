@@ -23,7 +23,7 @@ from ninfer_serve.image_reader import ImageLimits, ImageReader
 from ninfer_serve.images import image_part, split_images
 from ninfer_serve.openai.chat import to_job as chat_job
 from ninfer_serve.openai.models import ChatCompletionRequest
-from ninfer_serve.openai.responses import input_messages
+from ninfer_serve.openai.response_items import input_messages
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))  # bytes only: the engine decodes, not the edge
 B64 = base64.b64encode(PNG).decode()
@@ -360,7 +360,7 @@ def test_image_settings_and_the_body_limit():
 
 
 def test_stored_responses_hold_a_bounded_amount_of_images():
-    from ninfer_serve.openai.responses import ResponseStore, Stored
+    from ninfer_serve.openai.response_store import ResponseStore, Stored
 
     def record(rid: str, size: int) -> Stored:
         messages = [{"role": "user", "content": [image_part(ImageInput(bytes(size)))]}]

@@ -20,7 +20,8 @@ from ninfer_runtime.frontend import (
 from ninfer_serve.anthropic.messages import _Blocks
 from ninfer_serve.anthropic.messages import to_job as anthropic_job
 from ninfer_serve.anthropic.models import MessagesRequest
-from ninfer_serve.openai.responses import ResponseBuilder, input_messages
+from ninfer_serve.openai.response_events import ResponseBuilder
+from ninfer_serve.openai.response_items import input_messages
 
 from .conftest import generate_all
 

@@ -467,7 +467,7 @@ def _chat_job(body: dict[str, Any], context: Any) -> Any:
 
 def _responses_job(body: dict[str, Any], context: Any) -> Any:
     from ninfer_serve.openai.models import ResponsesRequest
-    from ninfer_serve.openai.responses import to_job
+    from ninfer_serve.openai.response_request import to_job
 
     return to_job(context.state, ResponsesRequest.model_validate(body))[0]
 
@@ -517,7 +517,7 @@ class Handlers:
         from ninfer_serve.generation import Generator
         from ninfer_serve.http import ServerState
         from ninfer_serve.metrics import Metrics
-        from ninfer_serve.openai.responses import ResponseStore, Stored
+        from ninfer_serve.openai.response_store import ResponseStore, Stored
 
         self._aio = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._aio.run_forever, daemon=True)
