@@ -13,7 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ninfer_format.binders.qwen3_5 import VISION_MEMBERS, VISION_MODEL_TYPE_OF
+from ninfer_format.binders import qwen3_5, qwen4_exp
+from ninfer_format.binders.qwen3_5 import VISION_MEMBERS
 
 from .adapters import LogicalTensor, SourcePiece
 from .adapters.qwen3_5 import VISUAL, has_vision_weights
@@ -21,6 +22,11 @@ from .errors import SourceError
 
 #: spec 5.7 vision resource roles (= the source's file names)
 VISION_RESOURCES = ("preprocessor_config.json", "video_preprocessor_config.json")
+#: text model_type -> the model_type of the Qwen3.5 vision tower that feeds it (spec 5.1)
+VISION_MODEL_TYPE_OF = {
+    **qwen3_5.VISION_MODEL_TYPE_OF,
+    **dict.fromkeys(qwen4_exp.MODEL_TYPES, qwen4_exp.VISION_MODEL_TYPE),
+}
 #: processor file member -> vision config member it must equal (spec 5.7)
 PROCESSOR_MEMBERS = {
     "patch_size": "patch_size",

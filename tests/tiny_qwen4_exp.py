@@ -10,8 +10,11 @@ BPE of ``tests.tiny_checkpoints``; its ``<|im_end|>`` is the EOS the n-gram hash
 
 ``build(directory)`` writes the text-only ``Qwen4ExpForCausalLM`` layout (``model.``) with
 random ``mtp.*`` tensors; ``multimodal=True`` writes ``Qwen4ExpForConditionalGeneration``'s
-(``model.language_model.``, a one-block ``model.visual.*`` tower). The MTP tensors follow the
-layout ``ninfer_convert.adapters.qwen4_exp`` documents (transformers defines no MTP block).
+(``model.language_model.``, a one-block ``model.visual.*`` tower drawn as the Qwen3.5 tower
+tests draw theirs), with the vision specials in the tokenizer, ninfer's built-in ChatML (which
+writes image parts) as the chat template and a ``preprocessor_config.json`` (16-pixel merged
+blocks). The MTP tensors follow the layout ``ninfer_convert.adapters.qwen4_exp`` documents
+(transformers defines no MTP block).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.runtime.test_vision_tower import randomize_vision
 from tests.tiny_checkpoints import randomize, write_tokenizer
 
 LAYER_TYPES = ["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"]
@@ -76,6 +80,17 @@ VISION: dict[str, Any] = dict(
     out_hidden_size=128,
     num_position_embeddings=16,
 )
+#: the image processor of the multimodal checkpoint: patch 8, merge 2 (sides multiples of 16)
+PROCESSOR: dict[str, Any] = {
+    "patch_size": VISION["patch_size"],
+    "temporal_patch_size": VISION["temporal_patch_size"],
+    "merge_size": VISION["spatial_merge_size"],
+    "size": {"shortest_edge": 256, "longest_edge": 16384},
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+#: the vision specials the multimodal tokenizer adds (ids just below the vocabulary)
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 #: transformers' n-gram hash buffers: derived from the config, saved with the weights
 DERIVED_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
 
@@ -103,20 +118,49 @@ def build(
     )
 
     directory.mkdir(parents=True, exist_ok=True)
-    write_tokenizer(directory, TEXT["vocab_size"])
+    if multimodal:
+        specials = write_vision_tokenizer(directory)
+    else:
+        write_tokenizer(directory, TEXT["vocab_size"])
     eos = Tokenizer.from_file(str(directory / "tokenizer.json")).token_to_id("<|im_end|>")
     torch.manual_seed(seed)
     text = text_config(eos, **overrides)
     if multimodal:
-        config = Qwen4ExpConfig(text_config=text.to_dict(), vision_config=VISION)
+        config = Qwen4ExpConfig(
+            text_config=text.to_dict(),
+            vision_config=VISION,
+            image_token_id=specials["<|image_pad|>"],
+            video_token_id=specials["<|video_pad|>"],
+            vision_start_token_id=specials["<|vision_start|>"],
+            vision_end_token_id=specials["<|vision_end|>"],
+        )
         model: torch.nn.Module = Qwen4ExpForConditionalGeneration(config)
     else:
         model = Qwen4ExpForCausalLM(text)
     randomize(model)
+    if multimodal:
+        randomize_vision(model.model.visual)
     model.eval().save_pretrained(directory)
     if mtp:
         add_mtp(directory, "model.language_model." if multimodal else "model.")
     return directory
+
+
+def write_vision_tokenizer(directory: Path) -> dict[str, int]:
+    """The tiny tokenizer with the vision specials on top, the built-in ChatML as the chat
+    template and the image processor config -> the vision specials' ids."""
+    from tokenizers import Tokenizer
+
+    from ninfer_runtime.frontend.chat_template import builtin_template_source
+
+    write_tokenizer(directory, TEXT["vocab_size"] - len(VISION_TOKENS))
+    path = directory / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    tok.add_special_tokens(list(VISION_TOKENS))
+    tok.save(str(path))
+    (directory / "chat_template.jinja").write_text(builtin_template_source())
+    (directory / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    return {name: tok.token_to_id(name) for name in VISION_TOKENS}
 
 
 def add_mtp(directory: Path, text_prefix: str) -> None:

@@ -3,8 +3,9 @@
 
 Both layouts of real checkpoints: text-only ``Qwen4ExpForCausalLM`` (``model.``) and
 multimodal ``Qwen4ExpForConditionalGeneration`` (language model under
-``model.language_model.``). The multimodal layout's vision tower (``model.visual.*``) is not
-mapped: the binder has no vision contract for Qwen4Exp yet, so only its language model converts.
+``model.language_model.``). The multimodal layout's vision tower (``model.visual.*``) is
+Qwen3.5-MoE's and maps, when the vision component is selected, through the Qwen3.5 adapter's
+vision names (fused ``attn.qkv`` split by rows, the patch convolution read flat).
 
 The blocks Qwen4Exp shares with Qwen3.5 (attention with its per-head query/gate interleave, GDN
 with its ``in_proj_qkv`` split and convolution transpose, fused or per-expert MoE) map through
@@ -41,7 +42,7 @@ from ninfer_format.binders.qwen4_exp_mtp import mtp_parameters
 
 from ..errors import RecipeError
 from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
-from .qwen3_5 import Pieces, _Names, _rows, _whole
+from .qwen3_5 import Pieces, _Names, _rows, _vision_pieces, _whole
 
 #: hyper-connection parameter -> HF module suffix (``{connection}.{suffix}.weight``)
 _CONNECTION = {
@@ -173,7 +174,6 @@ def _mtp_map(names: _Qwen4Names, keys: set[str], g: Qwen4ExpGeometry) -> dict[st
     dict.fromkeys(  # the text-only and the multimodal checkpoints' text configs
         ("qwen4_exp", "qwen4_exp_text"), Architecture("Qwen4ExpForCausalLM", "Qwen4ExpMTP")
     ),
-    maps_vision=False,
 )
 def map_qwen4_exp(
     keys: set[str],
@@ -181,11 +181,11 @@ def map_qwen4_exp(
     components: tuple[str, ...],
     vision_config: Mapping[str, Any] | None = None,
 ) -> dict[str, LogicalTensor]:
-    unsupported = sorted(set(components) - {"text", "mtp"})
+    unsupported = sorted(set(components) - {"text", "mtp", "vision"})
     if unsupported:
         raise RecipeError(
-            f"Qwen4Exp converts the text and mtp components only, not {', '.join(unsupported)}"
-            " (the binder has no vision contract for it yet)"
+            f"Qwen4Exp converts the text, mtp and vision components only, not"
+            f" {', '.join(unsupported)}"
         )
     with_mtp = "mtp" in components
     geometry = Qwen4ExpGeometry.from_config(text_config, with_mtp=with_mtp)
@@ -205,4 +205,14 @@ def map_qwen4_exp(
         out[spec.name] = _logical(spec, pieces)
     if with_mtp:
         out.update(_mtp_map(names, keys, geometry))
+    if "vision" in components:
+        specs = expected_parameters(
+            text_config, components=("vision",), vision_config=vision_config
+        )
+        assert vision_config is not None  # expected_parameters requires it for vision
+        hidden = int(vision_config["hidden_size"])
+        for spec in specs:
+            if spec.name.startswith("vision/"):
+                pieces = _vision_pieces(spec.name.removeprefix("vision/"), hidden)
+                out[spec.name] = _logical(spec, pieces)
     return out

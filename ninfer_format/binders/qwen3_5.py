@@ -389,10 +389,14 @@ def _check_resources(
         )
 
 
-def _check_vision_component(directory: Directory, model_type: str, findings: Findings) -> None:
-    """Identity, target and resources of the vision component; its geometry is read later."""
+def _check_vision_component(
+    directory: Directory, model_type: str, findings: Findings, expected: str | None = None
+) -> None:
+    """Identity, target and resources of the vision component; its geometry is read later.
+    ``expected``: the tower's model_type (default: the Qwen3.5 variant's, spec 5.1), which
+    another architecture carrying the same tower passes as its own."""
     vision: Component = directory.components["vision"]
-    expected = VISION_MODEL_TYPE_OF[model_type]
+    expected = expected or VISION_MODEL_TYPE_OF[model_type]
     found = vision.config.get("model_type", MISSING)
     if found != expected:
         findings.error(

@@ -22,6 +22,11 @@ The n-gram hash buffers (``layer_multipliers``, ``ngram_heads_vocab_sizes``,
 ``ngram_heads_offsets``) are derived from the config by the geometry and are not parameters.
 The MTP block of Qwen4Exp is not defined by transformers, so an ``mtp`` component is reported
 as unchecked rather than held to a guessed contract.
+
+The vision component (``Qwen4ExpForConditionalGeneration``'s ``model.visual``) is Qwen3.5-MoE's
+tower unchanged, so it is held to Qwen3.5's vision contract (spec 5.1, 5.4, 5.7: the
+``vision/…`` names, config members and processor resources) with its own model_type,
+``qwen4_exp_vision``.
 """
 
 from __future__ import annotations
@@ -51,10 +56,9 @@ from .qwen4_exp_parts import Indexer, Ple
 from .registry import Findings, register_binder
 from .text_contract import TextContract
 
-UNCHECKED_COMPONENTS = {
-    "mtp": "transformers defines no Qwen4Exp MTP block",
-    "vision": "the Qwen4Exp vision tower has no contract yet",
-}
+UNCHECKED_COMPONENTS = {"mtp": "transformers defines no Qwen4Exp MTP block"}
+#: the vision component's model_type (transformers' ``Qwen4ExpVisionConfig``)
+VISION_MODEL_TYPE = "qwen4_exp_vision"
 
 
 def _connection(P: str, g: Qwen4ExpGeometry, *, inject: bool) -> Iterator[ParamSpec]:
@@ -116,6 +120,7 @@ CONTRACT = TextContract(
     parameters=_all_parameters,
     count_members="num_hidden_layers and num_experts",
     unchecked_components=UNCHECKED_COMPONENTS,
+    vision_model_type=VISION_MODEL_TYPE,
 )
 
 
@@ -126,7 +131,10 @@ def bind_qwen4_exp(directory: Directory, model_type: str, f: Findings) -> None:
 
 
 def expected_parameters(
-    text_config: Mapping[str, Any], *, components: Sequence[str] = ("text",)
+    text_config: Mapping[str, Any],
+    *,
+    components: Sequence[str] = ("text",),
+    vision_config: Mapping[str, Any] | None = None,
 ) -> list[ParamSpec]:
     """The contract as data, for producers (``TextContract.expected_parameters``)."""
-    return CONTRACT.expected_parameters(text_config, components)
+    return CONTRACT.expected_parameters(text_config, components, vision_config)

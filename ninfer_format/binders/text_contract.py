@@ -1,9 +1,10 @@
 """What a binder for a text-only contract does once its architecture's parameters are listed:
 check the config's identity and resources, warn about the components it has no contract for,
 read the geometry, then check every binding, shape, format and use against the generated
-parameters (an indexed proposal head, spec 5.6, is checked as Qwen3.5's); and the same list as
-data for producers (``expected_parameters``). The Qwen4Exp and GLM5Next binders are such
-contracts; each gives its names, geometry reader and parameter generator."""
+parameters (an indexed proposal head, spec 5.6, is checked as Qwen3.5's, and so is a vision
+component where the architecture carries Qwen3.5's tower, spec 5.4); and the same list as data
+for producers (``expected_parameters``). The Qwen4Exp and GLM5Next binders are such contracts;
+each gives its names, geometry reader and parameter generator."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ from .qwen3_5 import (
     _check_bindings,
     _check_resources,
     _check_uses,
+    _check_vision_component,
     _proposal,
     _proposal_rows,
+    _read_vision,
+    _vision,
 )
 from .registry import Findings
 
@@ -41,7 +45,9 @@ class TextContract:
     ``parameters(geometry)`` (every parameter, lazily), the config members a runaway count
     points at, and the components it has no contract for (name -> why); ``mtp(geometry)``,
     when given, lists the MTP block's parameters from a geometry read ``with_mtp``, and an
-    ``mtp`` component is then checked like the text one."""
+    ``mtp`` component is then checked like the text one. ``vision_model_type``, when given,
+    is the model_type of a vision component that is Qwen3.5's tower (spec 5.4), checked as
+    Qwen3.5's binder checks it."""
 
     name: str
     architecture: str
@@ -51,6 +57,7 @@ class TextContract:
     count_members: str
     unchecked_components: Mapping[str, str]
     mtp: Callable[[Any], Iterable[ParamSpec]] | None = None
+    vision_model_type: str | None = None
 
     def bind(self, directory: Directory, model_type: str, f: Findings) -> None:
         """Check a directory: text config, parameter coverage/shapes/formats, uses."""
@@ -64,20 +71,33 @@ class TextContract:
         with_mtp = self.mtp is not None and "mtp" in directory.components
         if with_mtp:
             self._check_mtp_component(directory, f)
+        with_vision = self.vision_model_type is not None and "vision" in directory.components
+        if with_vision:
+            _check_vision_component(directory, model_type, f, self.vision_model_type)
         geometry = self.read_geometry(text.config, f.errors, with_mtp=with_mtp)
         if geometry is None:
             f.warning("parameters were not checked: the text config does not define the geometry")
             return
+        vision = None
+        if with_vision:
+            vision = _read_vision(directory.components["vision"].config, geometry.hidden, f)
+            if vision is None:
+                f.warning(
+                    "vision parameters were not checked: the vision config lacks its geometry"
+                )
         cap = len(directory.bindings) + ENUMERATION_SLACK
         everything = self.parameters(geometry)
         if with_mtp:
             assert self.mtp is not None
             everything = itertools.chain(everything, self.mtp(geometry))
+        if vision is not None:
+            everything = itertools.chain(everything, _vision(vision, geometry.hidden))
         generated = list(itertools.islice(everything, cap + 1))
         if len(generated) > cap:
             f.error(
-                f"text config implies more than {cap} parameters but only"
-                f" {len(directory.bindings)} are bound; check {self.count_members}"
+                f"text config{' with the vision tower' if vision else ''} implies more than"
+                f" {cap} parameters but only {len(directory.bindings)} are bound; check"
+                f" {self.count_members}{' and the vision depth' if vision else ''}"
             )
             return
         drafters = [d for d in DRAFTERS if d in directory.components]
@@ -87,26 +107,44 @@ class TextContract:
         specs = {spec.name: spec for spec in generated}
         f.parameters.update((name, spec.shape) for name, spec in specs.items())
         objects: dict[str, Tensor | Resource] = {o.id: o for o in directory.objects}
-        prefixes = (*CHECKED_PREFIXES, "mtp/") if with_mtp else CHECKED_PREFIXES
+        prefixes = CHECKED_PREFIXES + ("mtp/",) * with_mtp + ("vision/",) * (vision is not None)
         _check_bindings(directory, specs, objects, f, prefixes)
         _check_uses(directory, specs, objects, f)
 
     def expected_parameters(
-        self, text_config: Mapping[str, Any], components: Sequence[str] = ("text",)
+        self,
+        text_config: Mapping[str, Any],
+        components: Sequence[str] = ("text",),
+        vision_config: Mapping[str, Any] | None = None,
     ) -> list[ParamSpec]:
         """The contract as data, for producers: every logical parameter with its shape, role
-        and use inputs (text, and mtp where the contract has it)."""
-        checked = {"text", "mtp"} if self.mtp is not None else {"text"}
+        and use inputs (text, and mtp and vision where the contract has them;
+        ``vision_config``, the vision component's config, is needed for vision)."""
+        checked = {"text"}
+        if self.mtp is not None:
+            checked.add("mtp")
+        if self.vision_model_type is not None:
+            checked.add("vision")
         unchecked = sorted(set(components) - checked)
         if unchecked:
             raise DirectoryError(
                 f"{self.name} has no parameter contract for components {unchecked}"
             )
-        if "mtp" not in components:
-            return list(self.parameters(self.from_config(text_config)))
-        assert self.mtp is not None
-        geometry = self.from_config(text_config, with_mtp=True)
-        return [*self.parameters(geometry), *self.mtp(geometry)]
+        with_mtp = "mtp" in components
+        geometry = self.from_config(text_config, with_mtp=with_mtp)
+        out = list(self.parameters(geometry))
+        if with_mtp:
+            assert self.mtp is not None
+            out += self.mtp(geometry)
+        if "vision" in components:
+            f = Findings()
+            vision = _read_vision(vision_config or {}, geometry.hidden, f)
+            if vision is None or f.errors:
+                raise DirectoryError(
+                    "vision config cannot define a vision geometry", problems=f.errors
+                )
+            out += _vision(vision, geometry.hidden)
+        return out
 
     def _check_mtp_component(self, directory: Directory, f: Findings) -> None:
         """An MTP block drafts for the text component and says whose block it is."""

@@ -25,7 +25,7 @@ from ninfer_convert.verify import verify_against_source
 from ninfer_format import Artifact
 from ninfer_format.codecs.nvfp4 import nvfp4_absmax, unpack_nvfp4
 from ninfer_format.verify import verify
-from tests.tiny_qwen4_exp import TEXT, build, state_dict
+from tests.tiny_qwen4_exp import TEXT, VISION, build, state_dict
 
 pytest.importorskip("transformers.models.qwen4_exp")
 
@@ -70,6 +70,35 @@ MTP_STEM = {
     "mtp.pre_fc_norm_hidden.weight": "mtp/hidden_norm",
 }
 SHARD = re.compile(r"(.+)\.ple\.ple_embedding\.ngram_embedding\.shard_(\d+)\.weight")
+#: the vision tower (Qwen3.5's names, spec 5.4) outside attn.qkv: HF suffix -> ninfer suffix
+VISUAL = {
+    "patch_embed.proj.bias": "patch_embedding_bias",
+    "pos_embed.weight": "position_embedding",
+    "attn.proj.weight": "attention/output",
+    "attn.proj.bias": "attention/output_bias",
+}
+for _n in ("norm1", "norm2"):
+    VISUAL.update({f"{_n}.weight": f"{_n}_weight", f"{_n}.bias": f"{_n}_bias"})
+for _fc in ("fc1", "fc2"):
+    VISUAL[f"merger.linear_{_fc}.weight"] = f"merger/{_fc}"
+    VISUAL[f"merger.linear_{_fc}.bias"] = f"merger/{_fc}_bias"
+    VISUAL[f"mlp.linear_{_fc}.weight"] = f"mlp/{_fc}"
+    VISUAL[f"mlp.linear_{_fc}.bias"] = f"mlp/{_fc}_bias"
+VISUAL.update({"merger.norm.weight": "merger/norm_weight", "merger.norm.bias": "merger/norm_bias"})
+_QKV = ("query", "key", "value")
+
+
+def _visual(rest: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One ``model.visual.`` tensor (``rest`` after it) as ninfer parameters."""
+    match = re.fullmatch(r"blocks\.(\d+)\.(.+)", rest)
+    where, rest = (f"vision/layers/{match[1]}/", match[2]) if match else ("vision/", rest)
+    if rest == "patch_embed.proj.weight":  # Conv3d [h, 3, pt, ps, ps] read flat
+        return {where + "patch_embedding": t.reshape(t.shape[0], -1)}
+    if rest.startswith("attn.qkv."):  # rows [query | key | value], each h wide
+        bias = "_bias" if rest.endswith("bias") else ""
+        thirds = t.split(VISION["hidden_size"])
+        return {f"{where}attention/{p}{bias}": thirds[i] for i, p in enumerate(_QKV)}
+    return {where + VISUAL[rest]: t}
 
 
 def _layer(L: str, rest: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -101,7 +130,8 @@ def logical_values(sd: dict[str, torch.Tensor], text: str) -> dict[str, torch.Te
     shards: dict[str, dict[int, torch.Tensor]] = {}
     for name, t in sd.items():
         if name.startswith("model.visual."):
-            continue  # no Qwen4Exp vision contract: the tower is not converted
+            out.update(_visual(name.removeprefix("model.visual."), t))
+            continue
         if match := SHARD.fullmatch(name):
             shards.setdefault(match[1], {})[int(match[2])] = t
             continue
@@ -163,7 +193,10 @@ def test_bf16_artifact_is_the_checkpoint(layout, tiny, tiny_multimodal, tmp_path
         assert binder_warnings(art) == []
         report = verify(art, strict=True)
         assert report.ok and not report.warnings, report.errors + report.warnings
-        assert set(art.components) == {"text", "mtp"}  # no vision contract: text and MTP only
+        vision = {"vision"} if layout == "multimodal" else set()
+        assert set(art.components) == {"text", "mtp", *vision}
+        if vision:
+            assert art.components["vision"].config["model_type"] == "qwen4_exp_vision"
         assert set(art.bindings) == set(expected)
         for name, values in expected.items():
             got = art.parameter(name, tuple(values.shape))  # mtp: no contract shape
