@@ -53,7 +53,7 @@ def case(torch_threads):
     }
     be = CpuBackend()
     rotary = Rotary(a, np)
-    ours = IndexedAttention("L/", a, ix, g.eps, be, weights, rotary)
+    ours = IndexedAttention("L/", a, ix, g.eps, be, weights)
 
     def reference(t: int) -> tuple[np.ndarray, np.ndarray]:
         """transformers' output and selection mask for the first t tokens."""
@@ -67,7 +67,8 @@ def case(torch_threads):
 
 
 def _pool(g):
-    spec = IndexedKvSpec(KvSpec(g.attention.kv_heads, g.attention.head_dim), g.indexer.head_dim)
+    a = g.attention
+    spec = IndexedKvSpec(KvSpec(a.kv_heads, a.head_dim), g.indexer.head_dim, a.rotary_dim)
     return ContextPool([spec], np, slots=1, pages=8, max_context=64, page_tokens=8)
 
 
@@ -78,7 +79,7 @@ def test_selection_matches_the_indexer(case, t):
     cos, sin = rotary(np.arange(t))
     _, _, _, _, iq, ik = ours.project(x[:t], cos, sin)
     ix = g.indexer
-    keys = block_keys(ik, ix.compress_ratio, ours.index_key_norm, g.eps, rotary, ours.backend)
+    keys = block_keys(ik, cos, sin, ix.compress_ratio, ours.index_key_norm, g.eps, ours.backend)
     chosen = selection(iq, keys, np.arange(t), t, ix)
     assert np.array_equal(chosen, expected)
     assert (chosen.sum(axis=1) <= ix.budget + ix.compress_ratio - 1).all()

@@ -17,7 +17,6 @@ from typing import Any
 from ...backends import Backend, Weight
 from ...memory_kinds import LayerMemory
 from ..batch import Batch
-from ..qwen3_5.attention import Rotary
 from ..qwen3_5.gdn import GatedDeltaNet
 from ..qwen3_5.mlp import SparseMoe
 from .config import INDEXED_ATTENTION, Qwen4ExpGeometry, moe_config
@@ -35,7 +34,6 @@ class DecoderLayer:
         g: Qwen4ExpGeometry,
         backend: Backend,
         weights: Mapping[str, Weight],
-        rotary: Rotary | None,
     ):
         prefix = f"text/layers/{index}/"
         self.mixer_connection = HyperConnection(
@@ -46,10 +44,8 @@ class DecoderLayer:
         )
         self.mixer: IndexedAttention | GatedDeltaNet
         if g.layer_types[index] == INDEXED_ATTENTION:
-            assert g.attention is not None and g.indexer is not None and rotary is not None
-            self.mixer = IndexedAttention(
-                prefix, g.attention, g.indexer, g.eps, backend, weights, rotary
-            )
+            assert g.attention is not None and g.indexer is not None
+            self.mixer = IndexedAttention(prefix, g.attention, g.indexer, g.eps, backend, weights)
         else:
             assert g.gdn is not None
             self.mixer = GatedDeltaNet(prefix, g.gdn, g.eps, backend, weights)

@@ -8,7 +8,9 @@ sequence, beside what Gated DeltaNet and attention already keep.
   parts, so checkpoints, host copies and resumption carry them like the recurrent state.
 * An attention layer with the QSA indexer (``IndexedKvSpec``) keeps, per page, the raw index
   key of every token ``[P, d]`` float32 beside its K/V: compressed blocks are averaged from
-  them when a query scores them.
+  them when a query scores them; and each token's RoPE angles as cos and sin halves ``[P, rd]``
+  float32, since a block's key rotates at its first token's position, which after an image is
+  that token's M-RoPE position (three streams), not its index.
 
 These live with the model because neither has an op family of its own yet; they move there
 when PLE and QSA get device kernels.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ...arrays import array_module
 from ...memory_kinds import PagedKind
 from ...ops.attention.memory import AttentionPages, KvSpec
 from ...ops.delta_rule.memory import GdnSlots, GdnSpec
@@ -106,37 +109,60 @@ class PleGdnSlots(GdnSlots):
 
 
 class IndexedAttentionPages(AttentionPages):
-    """``AttentionPages`` plus ``index_k [pages, page_tokens, d]`` float32: the indexer's raw
-    key of every token (before its norm and RoPE, which apply to block means)."""
+    """``AttentionPages`` plus ``index_k [pages, page_tokens, d]`` float32, the indexer's raw
+    key of every token (before its norm and RoPE, which apply to block means), and
+    ``index_rope [pages, page_tokens, rd]`` float32, the token's RoPE rows as halves: the
+    first ``rd / 2`` values of its cos row, then of its sin row (each row repeats its half)."""
 
     def __init__(
         self, spec: IndexedKvSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str
     ):
         super().__init__(spec.kv, pages, page_tokens, xp, kv_dtype)
         self.index_k = xp.zeros((pages, page_tokens, spec.index_dim), xp.float32)
+        self.index_rope = xp.zeros((pages, page_tokens, spec.rotary_dim), xp.float32)
 
-    def write_index(self, state: SequenceState, start: int, keys: Array) -> None:
-        """Index keys of tokens ``start .. start + len(keys) - 1`` of one sequence."""
+    def write_index(
+        self, state: SequenceState, start: int, keys: Array, cos: Array, sin: Array
+    ) -> None:
+        """Index keys [T, d] and RoPE rows (cos, sin [T, rd]) of tokens ``start .. start +
+        T - 1`` of one sequence."""
         page, row = state.addresses(start, keys.shape[0])
         self.index_k[page, row] = keys
+        self.index_rope[page, row] = rope_halves(cos, sin)
 
     def page_parts(self) -> Sequence[Array]:
-        return (*super().page_parts(), self.index_k)
+        return (*super().page_parts(), self.index_k, self.index_rope)
 
     def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
         super().copy_tokens(src, dst, tokens)
         self.index_k[dst, :tokens] = self.index_k[src, :tokens]
+        self.index_rope[dst, :tokens] = self.index_rope[src, :tokens]
+
+
+def rope_halves(cos: Array, sin: Array) -> Array:
+    """RoPE rows cos, sin [T, rd] -> what ``index_rope`` keeps of them [T, rd]."""
+    half = cos.shape[-1] // 2
+    return array_module(cos).concatenate([cos[:, :half], sin[:, :half]], axis=-1)
+
+
+def rope_rows(halves: Array) -> tuple[Array, Array]:
+    """``index_rope`` rows [T, rd] -> the RoPE rows cos, sin [T, rd] they were kept from."""
+    xp, half = array_module(halves), halves.shape[-1] // 2
+    cos, sin = halves[:, :half], halves[:, half:]
+    return xp.concatenate([cos, cos], axis=-1), xp.concatenate([sin, sin], axis=-1)
 
 
 @dataclass(frozen=True)
 class IndexedKvSpec(PagedKind):
-    """An attention layer with the QSA indexer: K/V as ``KvSpec``, plus one float32 index key
-    of ``index_dim`` per token."""
+    """An attention layer with the QSA indexer: K/V as ``KvSpec``, plus per token one float32
+    index key of ``index_dim`` and its RoPE halves (``rotary_dim`` float32)."""
 
     pages = IndexedAttentionPages
 
     kv: KvSpec
     index_dim: int
+    rotary_dim: int
 
     def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
-        return self.kv.page_bytes(page_tokens, kv_dtype) + 4 * page_tokens * self.index_dim
+        extra = 4 * page_tokens * (self.index_dim + self.rotary_dim)
+        return self.kv.page_bytes(page_tokens, kv_dtype) + extra

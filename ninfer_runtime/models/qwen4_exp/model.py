@@ -84,7 +84,7 @@ class Qwen4ExpModel:
             FINAL, g.hyper, g.eps, backend, w, with_inject=False
         )
         self.rotary = Rotary(g.attention, backend.xp) if g.attention else None
-        self.layers = [DecoderLayer(i, g, backend, w, self.rotary) for i in range(g.layers)]
+        self.layers = [DecoderLayer(i, g, backend, w) for i in range(g.layers)]
         if expert_offload is not None:
             expert_offload.attach(self.layers)
 
@@ -113,7 +113,7 @@ class Qwen4ExpModel:
             if kind == INDEXED_ATTENTION:
                 assert g.attention is not None and g.indexer is not None
                 kv = KvSpec(g.attention.kv_heads, g.attention.head_dim)
-                specs.append(IndexedKvSpec(kv, g.indexer.head_dim))
+                specs.append(IndexedKvSpec(kv, g.indexer.head_dim, g.attention.rotary_dim))
                 continue
             assert g.gdn is not None
             d = g.gdn

@@ -8,12 +8,15 @@ attention.
 
     iq      = RoPE(RMSNorm_1p per head (indexer/query x))      [T, n, d]  (the token's position)
     raw     = indexer/key x                                    [T, d]     kept per token in pages
-    key_b   = RoPE(RMSNorm_1p(mean of raw over block b))       at the block's first position
+    key_b   = RoPE(RMSNorm_1p(mean of raw over block b))       at the block's first token's
+                                                               position (its RoPE rows, kept)
     score_b = Σ_heads relu(iq · key_b) / sqrt(d)               over blocks complete at the query
     keep    = top blocks by score ∪ the tail, ∩ causal
 
 Rotation covers the attention's rotary width (the first ``rotary_dim`` dims of each index
-head), with the attention's frequencies.
+head), with the attention's frequencies. A token's position is what the batch's RoPE rows say
+(after an image: its M-RoPE position, three streams), so each token's rows are kept beside its
+raw key (``memory.IndexedAttentionPages.index_rope``) for the block that starts with it.
 """
 
 from __future__ import annotations
@@ -32,25 +35,26 @@ from ...kv_storage import gather_kv
 from ...ops.registry import resolve
 from ..batch import Batch
 from ..functional import mul_sigmoid
-from ..qwen3_5.attention import AttentionConfig, GatedAttention, Rotary
-from .memory import IndexedAttentionPages
+from ..qwen3_5.attention import AttentionConfig, GatedAttention
+from .memory import IndexedAttentionPages, rope_halves, rope_rows
 
 Array = Any
 
 
 def block_keys(
-    raw: Array, ratio: int, norm: Array, eps: float, rotary: Rotary, backend: Backend
+    raw: Array, cos: Array, sin: Array, ratio: int, norm: Array, eps: float, backend: Backend
 ) -> Array:
     """The complete blocks' keys of raw index keys [S, d] -> [S // ratio, d]: each block's
-    mean, normed, rotated at the block's first position."""
+    mean, normed, rotated at the block's first token (``cos``, ``sin`` [S, rd]: the tokens'
+    RoPE rows)."""
     d = raw.shape[-1]
     blocks = raw.shape[0] // ratio
     if not blocks:
         return backend.xp.zeros((0, d), backend.xp.float32)
     means = raw[: blocks * ratio].reshape(blocks, ratio, d).mean(axis=1)
     normed = resolve("norm", "rms_norm", device=backend.name)(means, norm, eps, offset=1.0)
-    cos, sin = rotary(np.arange(blocks) * ratio)
-    return backend.rope(normed[:, None, :], cos, sin)[:, 0]
+    first = slice(0, blocks * ratio, ratio)
+    return backend.rope(normed[:, None, :], cos[first], sin[first])[:, 0]
 
 
 def selection(
@@ -102,11 +106,10 @@ class IndexedAttention(GatedAttention):
         eps: float,
         backend: Backend,
         weights: Mapping[str, Weight],
-        rotary: Rotary,
     ):
         super().__init__(prefix, a, eps, backend, weights)
         p, q = prefix + "attention/", prefix + "indexer/"
-        self.indexer, self.rotary = indexer, rotary
+        self.indexer = indexer
         # one product of the layer input: [query | gate | key | value | index query | index key]
         inputs = [p + s for s in ("query", "gate", "key", "value")] + [q + "query", q + "key"]
         self.projections = backend.join_rows([weights[name] for name in inputs])
@@ -131,16 +134,18 @@ class IndexedAttention(GatedAttention):
             self._op("write", memory)(memory.k, memory.v, d.page_table, d.slots, d.positions, k, v)
             pages_of = d.page_table[d.slots]
             per_page = memory.index_k.shape[1]
-            memory.index_k[
-                pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page
-            ] = ik
+            at = (pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page)
+            memory.index_k[at] = ik
+            memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
             rows = [
                 self._attend(q[i : i + 1], iq[i : i + 1], pages_of[i], int(p), memory)
                 for i, p in enumerate(np.asarray(d.positions).tolist())
             ]
             o = be.xp.concatenate(rows)
         else:
-            o = batch.each_lane(lambda lane: self._lane(lane, q, k, v, iq, ik, memory), be.xp)
+            o = batch.each_lane(
+                lambda lane: self._lane(lane, batch, q, k, v, iq, ik, memory), be.xp
+            )
         return be.linear(mul_sigmoid(o.reshape(n, width), gate), self.output)
 
     def project(self, x: Array, cos: Array, sin: Array) -> tuple[Array, ...]:
@@ -166,6 +171,7 @@ class IndexedAttention(GatedAttention):
     def _lane(
         self,
         lane: Any,
+        batch: Batch,
         q: Array,
         k: Array,
         v: Array,
@@ -175,7 +181,7 @@ class IndexedAttention(GatedAttention):
     ) -> Array:
         r = lane.rows
         memory.write(lane.state, lane.start, k[r], v[r])
-        memory.write_index(lane.state, lane.start, ik[r])
+        memory.write_index(lane.state, lane.start, ik[r], batch.cos[r], batch.sin[r])
         return self._attend(q[r], iq[r], lane.state.page_ids, lane.start, memory)
 
     def _attend(
@@ -185,14 +191,9 @@ class IndexedAttention(GatedAttention):
         the indexer selects for each."""
         length = start + q.shape[0]
         raw = gather_kv(memory.index_k, pages, length)
-        keys = block_keys(
-            raw,
-            self.indexer.compress_ratio,
-            self.index_key_norm,
-            self.eps,
-            self.rotary,
-            self.backend,
-        )
+        cos, sin = rope_rows(gather_kv(memory.index_rope, pages, length))
+        ratio = self.indexer.compress_ratio
+        keys = block_keys(raw, cos, sin, ratio, self.index_key_norm, self.eps, self.backend)
         positions = np.arange(start, length)
         visible = selection(iq, keys, positions, length, self.indexer)
         k, v = gather_kv(memory.k, pages, length), gather_kv(memory.v, pages, length)
