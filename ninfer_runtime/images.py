@@ -1,4 +1,5 @@
-"""Images in the engine's requests (Qwen3.5 vision-language artifacts).
+"""Images in the engine's requests (artifacts with Qwen3.5's vision tower: Qwen3.5 VLMs and
+multimodal Qwen4Exp).
 
 A chat message carries an image as a ``{"type": "image"}`` content part; the chat template
 writes it as ``<|vision_start|><|image_pad|><|vision_end|>`` and ``GenerationRequest.images``

@@ -129,7 +129,8 @@ class Qwen4ExpModel:
 
     # ------------------------------------------------------------------------ positions
     def rope(self, positions: np.ndarray) -> tuple[Array, Array]:
-        """Device cos/sin rows of host ``positions`` [N] ((None, None) without attention)."""
+        """Device cos/sin rows of host ``positions`` ([N], or [3, N] M-RoPE positions of a
+        prompt with images); (None, None) without attention."""
         return self.rotary(positions) if self.rotary is not None else (None, None)
 
     def rope_table(self, positions: int) -> tuple[Array, Array] | None:
@@ -143,8 +144,9 @@ class Qwen4ExpModel:
         self, ids: Array, batch: Batch, pool: ContextPool, embeddings: Array | None = None
     ) -> Array:
         """Token ids [N] through the embedding, every layer and the final connection ->
-        [N, H]. ``embeddings``, when given, replace the ids' rows (PLE still hashes the
-        ids)."""
+        [N, H]. ``embeddings``, when given, replace the ids' rows (a prompt's, its images'
+        rows placed); PLE still hashes the ids, image placeholders included, as transformers
+        does."""
         h = self.embed(ids) if embeddings is None else embeddings
         streams = expand(h, self.config.hyper.streams)
         for layer, memory in zip(self.layers, pool.layers, strict=True):
