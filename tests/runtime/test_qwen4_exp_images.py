@@ -6,7 +6,9 @@ transformers' ``Qwen4ExpForConditionalGeneration`` on the same weights (bf16-rou
 * the prompt's logits with one image and with two of different sizes (the prompts run past the
   indexer's budget, so block keys rotate at M-RoPE positions and selection matters);
 * the engine's greedy tokens for a chat with an image equal ``generate``'s (decode steps at
-  their sequence index plus the prompt's ``rope_delta``; PLE hashes the placeholder ids).
+  their sequence index plus the prompt's ``rope_delta``; PLE hashes the placeholder ids);
+* a chat's next turn resumes from the prefix cache past the image and generates what a cold
+  engine does.
 
 The indexer gets 16 heads, as in ``test_qwen4_exp_artifact``: with few heads blocks tie at zero
 and which tied block ``torch.topk`` keeps is its own choice.
@@ -142,3 +144,27 @@ def test_engine_greedy_equals_transformers_generate(converted, hf) -> None:
             do_sample=False,
         )
     assert tokens == out[0, len(ids) :].tolist()
+
+
+def test_the_next_chat_turn_resumes_after_the_image(converted) -> None:
+    """The second turn resends the picture: it resumes from the first turn's checkpoint past
+    the image (K/V, index keys with their RoPE rows, GDN and PLE states) and generates what a
+    cold engine does."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hm?"}]}]
+    images = [ImageInput(TALL)]
+    warm = Engine(converted[1], max_lanes=1, max_context=256, prefix_cache=True)
+
+    def run(engine: Engine, messages: list[dict[str, Any]]) -> tuple[list[int], Any]:
+        req = GenerationRequest(messages=messages, images=images, sampling=greedy)
+        events = list(engine.generate(req))
+        return [e.token_id for e in events if isinstance(e, TokenEvent)], events[-1]
+
+    reply = warm.tokenizer.decode(run(warm, messages)[0], skip_special_tokens=True)
+    later = [*messages, {"role": "assistant", "content": reply}]
+    later.append({"role": "user", "content": "And its colour, in a few words?"})
+    tokens, done = run(warm, later)
+    ids, _ = warm.render(GenerationRequest(messages=later, images=images, sampling=greedy))
+    last_pad = np.flatnonzero(np.asarray(ids) == warm.vision.image_token_id)[-1]
+    assert last_pad < done.usage.cached_tokens < done.usage.prompt_tokens
+    assert tokens == run(Engine(converted[1], max_lanes=1, max_context=256), later)[0]
