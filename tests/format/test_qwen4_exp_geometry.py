@@ -20,6 +20,7 @@ from ninfer_format.binders.qwen4_exp_geometry import (
     Qwen4ExpGeometry,
 )
 from ninfer_format.binders.qwen4_exp_ngram import head_vocab_sizes
+from ninfer_format.errors import DirectoryError
 
 torch = pytest.importorskip("torch")
 qwen4 = pytest.importorskip("transformers.models.qwen4_exp.modeling_qwen4_exp")
@@ -232,3 +233,25 @@ def test_every_bad_member_is_named_at_once() -> None:
     for member in ("hc_count", "indexer_kv_heads", "ple_layer_ids", "hidden_size"):
         assert f"'{member}'" in named
     assert "Qwen4Exp geometry" in str(caught.value)
+
+
+def test_the_vision_contract_is_qwen3_5s_tower(with_ple: tuple) -> None:
+    """A multimodal artifact's vision component: Qwen3.5's ``vision/`` names, whose shapes
+    hold exactly the values of transformers' ``Qwen4ExpVisionModel`` (its fused ``attn.qkv``
+    weight and bias each become three parameters)."""
+    from transformers import Qwen4ExpVisionConfig
+
+    _, config = with_ple
+    vision = Qwen4ExpVisionConfig(
+        depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=4,
+        num_position_embeddings=16, out_hidden_size=config["hidden_size"],
+    )  # fmt: skip
+    vc = vision.to_dict()
+    specs = expected_parameters(config, components=("text", "vision"), vision_config=vc)
+    ours = [s for s in specs if s.name.startswith("vision/")]
+    theirs = qwen4.Qwen4ExpVisionModel(vision).state_dict()
+    assert len(ours) == len(theirs) + 4 * vision.depth
+    assert sum(s.elements for s in ours) == sum(t.numel() for t in theirs.values())
+    assert [s for s in specs if not s.name.startswith("vision/")] == expected_parameters(config)
+    with pytest.raises(DirectoryError, match="vision config cannot define"):
+        expected_parameters(config, components=("text", "vision"))
