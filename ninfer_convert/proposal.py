@@ -2,19 +2,27 @@
 
 A ranking file (little-endian int64 counts, one row of ``vocab_size``; row 0 is used) orders
 the tokens; special tokens are always kept. The shortlist's rows of the base output head become
-``proposal/head`` and the row -> token map ``proposal/token_ids`` (int32).
+``proposal/head`` and the row -> token map ``proposal/token_ids`` (int32); ``add_proposal_head``
+puts both in the logical map with their choices.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from .adapters import LogicalTensor
 from .errors import RecipeError, SourceError
+from .recipe import DEFAULT_METHOD, Choice, Recipe
 
 DEFAULT_ROWS = 131072
+#: drafter components whose final hidden state a proposal head reads (spec 5.6)
+DRAFTERS = ("mtp", "dflash", "dflash2")
 
 
 def read_ranking(path: Path, vocab_size: int) -> np.ndarray:
@@ -77,3 +85,47 @@ def select_shortlist(
     union = np.concatenate([chosen, np.fromiter(sorted(forced), dtype=np.int64)])
     union = union[np.argsort(-candidates[union], kind="stable")]
     return union.astype(np.int32)
+
+
+@dataclass(frozen=True)
+class ProposalRequest:
+    """``--proposal RANKING_FILE --proposal-rows N``; ``ranking`` None: the first ``rows``
+    token ids in order, what a recipe's ``full_proposal`` asks for (every row of the head)."""
+
+    ranking: Path | None
+    rows: int = DEFAULT_ROWS
+
+
+def add_proposal_head(
+    request: ProposalRequest,
+    logical: dict[str, LogicalTensor],
+    choices: dict[str, Choice],
+    base: Any,
+    config: Mapping[str, Any],
+    components: tuple[str, ...],
+    recipe: Recipe,
+) -> None:
+    """``proposal/head`` (rows of the output head's source; spec 5.6: used at each drafter's
+    final hidden state) and ``proposal/token_ids`` (row -> token id)."""
+    head = logical["text/output_head"]
+    inputs = tuple(f"{d}/final_hidden" for d in DRAFTERS if d in components)
+    fmt = recipe.proposal_format
+    choices["proposal/head"] = Choice(
+        format=fmt, method=DEFAULT_METHOD[fmt], source=choices["text/output_head"].source
+    )
+    if request.ranking is None:  # rows in id order: the head's values in the proposal format
+        gather = tuple(range(request.rows))
+    else:
+        count, special = token_domain(base.resources)
+        vocab = int(config["vocab_size"])
+        ranking = read_ranking(request.ranking, vocab)
+        ids = select_shortlist(ranking, request.rows, min(count, vocab), special)
+        gather = tuple(int(i) for i in ids)
+    logical["proposal/head"] = LogicalTensor(
+        "proposal/head", (request.rows, head.shape[1]), "matrix", inputs, head.pieces,
+        gather=gather,
+    )  # fmt: skip
+    logical["proposal/token_ids"] = LogicalTensor(
+        "proposal/token_ids", (request.rows,), "token ids", (), (), constant=gather
+    )
+    choices["proposal/token_ids"] = Choice(format="int32", method="cast")

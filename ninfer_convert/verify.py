@@ -28,8 +28,9 @@ from ninfer_format.verify import verify as verify_bytes
 
 from .adapters import LogicalTensor
 from .errors import ConvertError, RecipeError
-from .pipeline import Prepared, open_sources, prepare
+from .prepare import Prepared, prepare
 from .recipe import Recipe, load_recipe
+from .source_set import open_sources
 
 #: relative RMS error a correct conversion stays below (random Gaussian weights, absmax)
 RELATIVE_BOUND = {

@@ -203,10 +203,10 @@ def test_errors_are_clear(tmp_path, tiny_dense):
 
 
 def test_failure_midway_leaves_no_artifact(tmp_path, tiny_dense, monkeypatch):
-    import ninfer_convert.pipeline as pipeline
+    import ninfer_convert.parents as parents
 
     calls = {"n": 0}
-    real = pipeline.quantize
+    real = parents.quantize
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -214,7 +214,7 @@ def test_failure_midway_leaves_no_artifact(tmp_path, tiny_dense, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "quantize", flaky)
+    monkeypatch.setattr(parents, "quantize", flaky)
     with pytest.raises(KeyboardInterrupt):
         convert("tiny_q4", {"base": str(tiny_dense)}, tmp_path / "x.ninfer")
     assert list(tmp_path.iterdir()) == []
