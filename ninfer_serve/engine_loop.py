@@ -1,31 +1,27 @@
-"""The engine thread and admission: who runs, who waits, who is refused.
+"""The engine thread, and the asyncio side's one door to it.
 
 The engine is synchronous and not thread-safe, so exactly one thread owns it (it also loads it:
 a GPU backend binds its context to the loading thread). That thread takes submissions and
 cancellations from a queue, calls ``step()`` while there is work, and hands each step's events
 to the asyncio loop in one ``call_soon_threadsafe`` per step. Everything else (admission,
-per-request queues, metrics) lives on the asyncio side, so no lock is shared between threads.
-
-Admission follows NInfer: ``max_concurrency`` requests hold decode lanes, ``max_pending`` more
-may wait (FIFO) for one; a request beyond that is refused at once (429), and one that waits
-longer than the pending timeout, measured from arrival, is refused with 503. A request leaves
-its lane when the engine reports it finished, including after a cancellation, so a client that
-disconnects frees its lane and the lane's memory within one engine step.
+per-request queues, metrics) lives on the asyncio side, so no lock is shared between threads:
+admission in ``admission``, each request's chunks in ``request_stream``, the step's counters in
+``engine_readings``. A request leaves its lane when the engine reports it finished, including
+after a cancellation, so a client that disconnects frees its lane and the lane's memory within
+one engine step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import queue
 import threading
 import time
 import traceback
-from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -40,136 +36,19 @@ from ninfer_runtime.engine import (
     TokenEvent,
 )
 from ninfer_runtime.errors import EngineError
-from ninfer_runtime.frontend import ParseEvent
-from ninfer_runtime.speculative import SpecStats
 
+from .admission import Admission, EngineUnavailable, Ticket
+from .engine_readings import CounterGains, Readings
 from .lanes import LaneChoice, LaneSetting, choose_lanes
 from .metrics import Metrics
+from .request_stream import Chunk, RequestStream
 
-__all__ = [
-    "Chunk",
-    "EngineLoop",
-    "EngineUnavailable",
-    "Overloaded",
-    "QueueTimeout",
-    "RequestStream",
-    "Ticket",
-]
+__all__ = ["EngineLoop"]
 
 log = logging.getLogger("ninfer_serve")
 
 #: seconds a cancelled request may take to be ended by the engine (one step) at shutdown
 _CANCEL_GRACE_S = 5.0
-
-
-class Overloaded(Exception):
-    """Running plus waiting requests are at capacity (HTTP 429, Anthropic 529)."""
-
-
-class QueueTimeout(Exception):
-    """No lane became free within the pending timeout (HTTP 503, Anthropic 504)."""
-
-
-class EngineUnavailable(Exception):
-    """The engine is loading, failed, or the server is shutting down (HTTP 503)."""
-
-    def __init__(self, message: str, *, loading: bool = False):
-        super().__init__(message)
-        self.loading = loading
-
-
-@dataclass
-class Chunk:
-    """What one engine step produced for one request."""
-
-    events: list[ParseEvent] = field(default_factory=list)
-    tokens: int = 0
-    #: the step's generated tokens, each with its scores when the request asked for them
-    token_events: list[TokenEvent] = field(default_factory=list)
-    #: the prompt's scores (``prompt_logprobs``), on the chunk where the prompt was read
-    prompt_logprobs: PromptLogprobs | None = None
-    finished: Finished | None = None
-    error: Exception | None = None
-    stamp: float = 0.0  # perf_counter on the engine thread when the step ended
-    #: on a request's first token: when the engine took the request (engine thread)
-    accepted: float | None = None
-
-    @property
-    def last(self) -> bool:
-        return self.finished is not None or self.error is not None
-
-
-@dataclass
-class Ticket:
-    """One admitted request, from arrival until its lane is released."""
-
-    arrival: float
-    deadline: float
-    has_lane: bool = False
-    released: bool = False
-
-
-class RequestStream:
-    """The asyncio side of one submitted request: its chunks, in order, and its cancel."""
-
-    def __init__(self, owner: EngineLoop, request_id: str, ticket: Ticket):
-        self.owner = owner
-        self.request_id = request_id
-        self.ticket = ticket
-        self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
-        self.done = False
-        #: set when the consumer ends the request on purpose (the reply was complete), so the
-        #: cancellation counts as a completed request
-        self.ended_early = False
-        self.first_token_at: float | None = None
-        self._last_token_at: float | None = None
-
-    def _deliver(self, chunk: Chunk) -> None:
-        metrics = self.owner.metrics
-        if chunk.tokens:
-            if self._last_token_at is None:
-                self.first_token_at = chunk.stamp
-                metrics.first_token(chunk.stamp - self.ticket.arrival)
-                if chunk.accepted is not None:
-                    metrics.prefilled(chunk.stamp - chunk.accepted)
-                metrics.tokens(chunk.tokens, None)
-            else:
-                metrics.tokens(chunk.tokens, chunk.stamp - self._last_token_at)
-            self._last_token_at = chunk.stamp
-        if chunk.finished is not None:
-            f = chunk.finished
-            cancelled = f.reason == "cancelled" and not self.ended_early
-            outcome = "cancelled" if cancelled else "completed"
-            metrics.finished(
-                outcome,
-                f.reason,
-                chunk.stamp - self.ticket.arrival,
-                f.usage.completion_tokens,
-                f.usage.reasoning_tokens,
-            )
-        elif chunk.error is not None:
-            metrics.requests.labels("failed").inc()
-        self.queue.put_nowait(chunk)
-
-    async def chunks(self, keepalive: float | None = None) -> AsyncIterator[Chunk | None]:
-        """Chunks until the last one; ``None`` after ``keepalive`` seconds without one."""
-        while not self.done:
-            # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a cancellation that
-            # races with a completed get(), and a disconnect would then go unnoticed
-            try:
-                async with asyncio.timeout(keepalive):
-                    chunk = await self.queue.get()
-            except TimeoutError:
-                yield None
-                continue
-            if chunk.last:
-                self.done = True
-            yield chunk
-
-    def cancel(self) -> None:
-        """Stop generating now (client gone, or the reply is complete); idempotent."""
-        if not self.done:
-            self.owner.cancel(self.request_id)
 
 
 @dataclass
@@ -203,9 +82,8 @@ class EngineLoop:
         #: ``auto``: the lanes are chosen once the engine is loaded (``lanes.choose_lanes``)
         self._lane_setting = max_concurrency
         self.lane_choice: LaneChoice | None = None
-        self.max_concurrency = 0 if max_concurrency == "auto" else int(max_concurrency)
-        self.max_pending = max_pending
-        self.pending_timeout_s = pending_timeout_s
+        lanes = 0 if max_concurrency == "auto" else int(max_concurrency)
+        self.admission = Admission(lanes, max_pending, pending_timeout_s, metrics)
         self.metrics = metrics
         self.engine: Engine | None = None
         self.load_error: str | None = None
@@ -215,19 +93,11 @@ class EngineLoop:
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._admitted = 0  # tickets not yet released (preparing, waiting or running)
-        self._free_lanes = self.max_concurrency
-        self._engine_lanes = 0  # requests the engine runs (a lane and their context pages)
-        self._waiters: deque[asyncio.Future[bool]] = deque()
         self._loaded = asyncio.Event()
         #: request id -> when the engine took it, until its first token (engine thread only)
         self._accepted: dict[str, float] = {}
-        #: the engine's speculative totals at the last post (engine thread only)
-        self._spec_seen: SpecStats | None = None
-        #: the engine's pool counters at the last post (engine thread only)
-        self._memory_seen: dict[str, int] = {}
-        #: the prefix cache's (queried, hit) token totals at the last post (engine thread only)
-        self._lookups_seen = (0, 0)
+        #: the engine's counters at the last post (engine thread only)
+        self._counters = CounterGains()
         self.on_loaded: Callable[[Engine | None, str | None], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -246,12 +116,16 @@ class EngineLoop:
         return self.engine is not None and self.failed is None and not self.draining
 
     @property
+    def max_concurrency(self) -> int:
+        return self.admission.max_concurrency
+
+    @property
     def running(self) -> int:
-        return self.max_concurrency - self._free_lanes
+        return self.admission.running
 
     @property
     def waiting(self) -> int:
-        return self._admitted - self.running
+        return self.admission.waiting
 
     async def drain(self, timeout: float) -> None:
         """Refuse new work and fail the queued requests (503), let running requests finish for
@@ -262,9 +136,7 @@ class EngineLoop:
         """
         self.draining = True
         self.metrics.set_ready(False)
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(False)
+        self.admission.refuse_waiters()
         deadline = time.monotonic() + timeout
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -286,20 +158,14 @@ class EngineLoop:
 
     def _loaded_callback(self, engine: Engine | None, error: str | None) -> None:
         if engine is not None:
-            self._open_lanes(choose_lanes(self._lane_setting, engine))
+            self.lane_choice = choose_lanes(self._lane_setting, engine)
+            self.admission.open_lanes(self.lane_choice)
         self.engine = engine
         self.load_error = error
         self.metrics.set_ready(engine is not None)
         self._loaded.set()
         if self.on_loaded is not None:
             self.on_loaded(engine, error)
-
-    def _open_lanes(self, choice: LaneChoice) -> None:
-        """Set the lanes before the first request: none is admitted while loading."""
-        assert self._admitted == 0
-        self.lane_choice = choice
-        self.max_concurrency = self._free_lanes = choice.lanes
-        self.metrics.set_max_concurrency(choice.lanes)
 
     # -- admission (asyncio side) ---------------------------------------------------------------
 
@@ -314,81 +180,18 @@ class EngineLoop:
             raise EngineUnavailable("the server is shutting down")
 
     def admit(self) -> Ticket:
-        """A ticket for a new request, or ``Overloaded`` when running + waiting is full."""
+        """A ticket for a new request (see ``Admission.admit``), when the engine can serve."""
         self.check_available()
-        if self._admitted >= self.max_concurrency + self.max_pending:
-            self.metrics.rejected("overloaded")
-            raise Overloaded(
-                f"the server is at capacity ({self.max_concurrency} running, "
-                f"{self.max_pending} waiting); retry later"
-            )
-        now = time.perf_counter()
-        self._admitted += 1
-        self._gauges()
-        return Ticket(arrival=now, deadline=now + self.pending_timeout_s)
+        return self.admission.admit()
 
     async def acquire_lane(self, ticket: Ticket) -> None:
-        """Wait (FIFO) for a decode lane until the ticket's deadline (``EngineUnavailable``
-        when the server starts shutting down meanwhile)."""
+        """Wait for a decode lane (see ``Admission.acquire_lane``), when the engine can serve."""
         self.check_available()
-        if self._free_lanes > 0 and not self._waiters:
-            self._free_lanes -= 1
-            ticket.has_lane = True
-            self._gauges()
-            return
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self._waiters.append(waiter)
-        deadline = loop.time() + (ticket.deadline - time.perf_counter())
-        try:
-            async with asyncio.timeout_at(deadline):
-                await asyncio.shield(waiter)
-        except (TimeoutError, asyncio.CancelledError) as exc:
-            if waiter.done() and not waiter.cancelled() and waiter.result():
-                self._pass_lane_on()  # granted at the last moment: give it to the next one
-            else:
-                waiter.cancel()
-            self._remove_waiter(waiter)
-            self.release(ticket)
-            if isinstance(exc, TimeoutError):
-                self.metrics.rejected("queue_timeout")
-                raise QueueTimeout(
-                    f"no decode lane became free within {self.pending_timeout_s * 1000:.0f} ms "
-                    f"({self.max_concurrency} running, {self.waiting} waiting)"
-                ) from None
-            raise
-        if not waiter.result():  # refused by drain
-            self._remove_waiter(waiter)
-            self.release(ticket)
-            raise EngineUnavailable("the server is shutting down")
-        ticket.has_lane = True
-        self._gauges()
-
-    def _remove_waiter(self, waiter: asyncio.Future[bool]) -> None:
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
-
-    def _pass_lane_on(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(True)
-                return
-        self._free_lanes += 1
+        await self.admission.acquire_lane(ticket)
 
     def release(self, ticket: Ticket) -> None:
         """Give back the ticket (and its lane); idempotent."""
-        if ticket.released:
-            return
-        ticket.released = True
-        self._admitted -= 1
-        if ticket.has_lane:
-            ticket.has_lane = False
-            self._pass_lane_on()
-        self._gauges()
-
-    def _gauges(self) -> None:
-        self.metrics.set_queue(self.running, self.waiting, min(self._engine_lanes, self._admitted))
+        self.admission.release(ticket)
 
     # -- requests (asyncio side) ----------------------------------------------------------------
 
@@ -408,19 +211,8 @@ class EngineLoop:
         if request_id in self._streams:
             self._commands.put(_Cancel(request_id))
 
-    def _dispatch(
-        self,
-        batch: dict[str, Chunk],
-        lanes: int,
-        context_usage: float,
-        spec_gained: SpecStats | None,
-        memory_gained: dict[str, int],
-        lookups: tuple[int, int] | None,
-        pool_bytes: dict[str, int],
-        host_bytes: int,
-        checkpoints: dict[str, int] | None = None,
-    ) -> None:
-        self._engine_lanes = lanes
+    def _dispatch(self, batch: dict[str, Chunk], readings: Readings) -> None:
+        self.admission.engine_lanes = readings.lanes
         # the streams first: nothing a counter does may keep their tokens from them
         for rid, chunk in batch.items():
             stream = self._streams.get(rid)
@@ -430,16 +222,8 @@ class EngineLoop:
             if chunk.last:
                 del self._streams[rid]
                 self.release(stream.ticket)
-        self.metrics.set_lanes(lanes, context_usage, pool_bytes, host_bytes)
-        if spec_gained is not None:
-            self.metrics.speculated(spec_gained)
-        if memory_gained:
-            self.metrics.memory(memory_gained)
-        if lookups is not None:
-            self.metrics.looked_up(*lookups)
-        if checkpoints is not None:
-            self.metrics.set_checkpoints(checkpoints)
-        self._gauges()
+        readings.feed(self.metrics)
+        self.admission.gauges()
 
     def _engine_failed(self, message: str) -> None:
         self.failed = message
@@ -550,75 +334,9 @@ class EngineLoop:
                 self._accepted.pop(event.request_id, None)
 
     def _post_batch(self, batch: dict[str, Chunk], engine: Engine) -> None:
-        spec_gained = self._spec_gained(engine.spec_stats)
-        memory_gained = self._memory_gained(engine)
-        lookups = self._lookups_gained(engine)
-        if batch or spec_gained is not None or memory_gained or lookups is not None:
+        gains = self._counters.take(engine)
+        if batch or gains.moved:
             stamp = time.perf_counter()
             for chunk in batch.values():
                 chunk.stamp = stamp
-            self._post(
-                self._dispatch,
-                batch,
-                engine.lanes_in_use,
-                engine.context_usage,
-                spec_gained,
-                memory_gained,
-                lookups,
-                engine.pool_bytes(),
-                engine.host_bytes,
-                engine.cache.checkpoint_counts() if engine.cache is not None else None,
-            )
-
-    def _memory_gained(self, engine: Engine) -> dict[str, int]:
-        """The engine's pool and media-cache counters' increments since the previous call
-        (only those that moved)."""
-        totals = {
-            "cache_evictions": engine.cache.stats.evictions if engine.cache is not None else 0,
-            "preemptions": engine.preemptions,
-            "replayed_tokens": engine.replayed_tokens,
-        }
-        media = getattr(engine, "media_cache", None)  # None: the model takes no images
-        if media is not None:
-            totals["media_cache_hits"] = media.stats.hits
-            totals["media_cache_misses"] = media.stats.misses
-            totals["media_cache_evictions"] = media.stats.evictions
-        offload = getattr(engine, "expert_offload", None)  # None: no --vram-budget
-        if offload is not None:
-            totals.update(offload.counters.totals())
-        gained = {k: v - self._memory_seen.get(k, 0) for k, v in totals.items()}
-        self._memory_seen = totals
-        return {k: v for k, v in gained.items() if v}
-
-    def _lookups_gained(self, engine: Engine) -> tuple[int, int] | None:
-        """The prompt tokens the engine's prefix cache was asked for and those it resumed
-        since the previous call (None: no lookup, or no cache). The engine counts them when
-        it admits a request, the one moment it knows how much of the prompt is cached."""
-        if engine.cache is None:
-            return None
-        stats = engine.cache.stats
-        seen_queried, seen_hit = self._lookups_seen
-        if stats.queried_tokens == seen_queried:
-            return None
-        self._lookups_seen = (stats.queried_tokens, stats.hit_tokens)
-        return stats.queried_tokens - seen_queried, stats.hit_tokens - seen_hit
-
-    def _spec_gained(self, totals: SpecStats | None) -> SpecStats | None:
-        """What the engine's speculative ``totals`` gained since the previous call (None:
-        nothing, or no speculation). Counters move by these increments, so every round is
-        counted once however the steps and the posts interleave."""
-        if totals is None:
-            return None
-        seen = self._spec_seen or SpecStats(totals.draft_tokens)
-        if (totals.rounds, totals.fallbacks) == (seen.rounds, seen.fallbacks):
-            return None
-        self._spec_seen = copy.deepcopy(totals)
-        per_position = zip(totals.accepted_per_position, seen.accepted_per_position, strict=True)
-        return SpecStats(
-            totals.draft_tokens,
-            rounds=totals.rounds - seen.rounds,
-            fallbacks=totals.fallbacks - seen.fallbacks,
-            drafted=totals.drafted - seen.drafted,
-            accepted=totals.accepted - seen.accepted,
-            accepted_per_position=[now - before for now, before in per_position],
-        )
+            self._post(self._dispatch, batch, Readings.of(engine, gains))

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from ninfer_runtime.errors import EngineError, RequestError
 
-from .engine_loop import EngineUnavailable, Overloaded, QueueTimeout
+from .admission import EngineUnavailable, Overloaded, QueueTimeout
 
 __all__ = [
     "AnthropicErrorBody",

@@ -45,11 +45,13 @@ from ninfer_runtime.frontend import (
     ToolCallEnd,
 )
 
+from .admission import EngineUnavailable, Ticket
 from .cache_boundaries import Breakpoint, conversation_boundaries, token_breakpoints
 from .effort import Effort, template_effort
-from .engine_loop import EngineLoop, EngineUnavailable, RequestStream, Ticket
+from .engine_loop import EngineLoop
 from .image_reader import ImageLimits, ImageReader
 from .images import split_images
+from .request_stream import RequestStream
 from .structured import AnswerGrammar, Constraints
 
 __all__ = ["Generator", "Job", "Outcome", "Run", "ToolChoice"]

@@ -12,7 +12,7 @@ import pytest
 
 from ninfer_runtime.expert_offload import ExpertCounters
 from ninfer_serve.config import ConfigError, load_settings
-from ninfer_serve.engine_loop import EngineLoop
+from ninfer_serve.engine_readings import CounterGains
 from ninfer_serve.metrics import Metrics
 from tests.serve.conftest import metric, start_server
 
@@ -42,19 +42,18 @@ def test_expert_counters_reach_the_metrics_as_increments() -> None:
         replayed_tokens=0,
         expert_offload=SimpleNamespace(counters=counters),
     )
-    loop = EngineLoop.__new__(EngineLoop)  # only the counters' bookkeeping is exercised
-    loop._memory_seen = {}
+    gains = CounterGains()
     counters.device_hits[0][:] = [3, 0, 1, 0]
     counters.host_hits[0][:] = [0, 2, 0, 0]
     counters.host_wait_seconds = 0.25
-    gained = loop._memory_gained(engine)
+    gained = gains.memory(engine)
     assert gained == {
         "expert_device_hits": 4,
         "expert_host_hits": 2,
         "expert_host_wait_seconds": 0.25,
     }
     counters.host_hits[0][3] += 5
-    assert loop._memory_gained(engine) == {"expert_host_hits": 5}
+    assert gains.memory(engine) == {"expert_host_hits": 5}
     metrics = Metrics("m", backend="cpu", max_concurrency=1, max_context=64)
     metrics.memory(gained)
     page = metrics.render().decode()

@@ -9,7 +9,7 @@ import numpy as np
 from ninfer_runtime.ops.attention.memory import KvSpec
 from ninfer_runtime.prefix_cache import PrefixCache
 from ninfer_runtime.state import ContextPool
-from ninfer_serve.engine_loop import EngineLoop
+from ninfer_serve.engine_readings import CounterGains
 
 
 def test_gains_are_increments_even_when_the_cache_empties() -> None:
@@ -19,18 +19,17 @@ def test_gains_are_increments_even_when_the_cache_empties() -> None:
     cache = PrefixCache(pool)
     stats = cache.stats
     engine = SimpleNamespace(cache=cache, preemptions=0, replayed_tokens=0)
-    loop = EngineLoop.__new__(EngineLoop)  # only the counters' bookkeeping is exercised
-    loop._memory_seen = {}
+    gains = CounterGains()
     stats.evictions, engine.preemptions, engine.replayed_tokens = 3, 1, 40
-    assert loop._memory_gained(engine) == {
+    assert gains.memory(engine) == {
         "cache_evictions": 3,
         "preemptions": 1,
         "replayed_tokens": 40,
     }
     assert not cache.checkpoints()  # empty
     engine.preemptions = 2
-    assert loop._memory_gained(engine) == {"preemptions": 1}
-    assert loop._memory_gained(engine) == {}
+    assert gains.memory(engine) == {"preemptions": 1}
+    assert gains.memory(engine) == {}
 
 
 def test_memory_settings_are_read_and_bad_sizes_named(tmp_path) -> None:

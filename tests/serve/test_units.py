@@ -208,7 +208,8 @@ def test_bound_socket_is_tcp_nodelay():
 def test_engine_failure_fails_requests_and_health(engine):
     import asyncio
 
-    from ninfer_serve.engine_loop import EngineLoop, EngineUnavailable
+    from ninfer_serve.admission import EngineUnavailable
+    from ninfer_serve.engine_loop import EngineLoop
     from ninfer_serve.metrics import Metrics
 
     class Broken:
