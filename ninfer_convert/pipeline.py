@@ -4,7 +4,7 @@ Peak memory stays near the largest parent object: each parent's members are load
 memory-mapped sources, encoded, written and released before the next one.
 
 Each parameter is read from the source role its recipe choice names. How a parent's bytes are
-made depends on its method: an importer (``encoded.py``: ``import_encoded``, ``gguf_import``)
+made depends on its method: an importer (``encoded``: ``import_encoded``, ``gguf_import``)
 copies stored words, any other method quantizes float values (``parents.encoder_for``).
 Importers are prepared before the writer opens, so a bad field, divisor or header fails in the
 first second and never leaves a partial artifact.
