@@ -235,7 +235,7 @@ def _check_pool(engine: Engine) -> None:
     for checkpoint in engine.cache.checkpoints():
         held[list(checkpoint.pages) + list(checkpoint.snapshot)] += 1
     assert np.array_equal(pool.holders(), held)
-    free = set(pool._free_pages)
+    free = set(pool.free_page_ids())
     assert len(free) == pool.free_pages
     assert free == set(np.flatnonzero(held == 0).tolist())
     # the pool's bytes by use (counted over the held pages) as the holder counts say
