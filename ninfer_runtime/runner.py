@@ -19,35 +19,31 @@ runner drives it:
 
 Pools are sized by ``ContextPool.for_budget``; ``new_pool`` and ``new_state`` fill in what the
 model keeps per sequence.
+
+The runner is the API; the pieces live beside it: ``lane_plan`` (lanes checked and laid out
+as rows), ``forwards`` (a chunk, a decode step, a multi-row step), ``compiled_steps`` (the
+steps compiled once per shape for one pool) and ``speculative_step`` (the device side of a
+draft-and-verify pass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from . import forwards
 from .backends.base import to_numpy
+from .compiled_steps import CompiledSteps
 from .errors import EngineError, ModelError
+from .lane_plan import check_capacity, check_ids, plan_lanes
 from .models.base import ForwardOutput, Model
-from .models.batch import Batch, DecodeIndex, Lane
+from .models.batch import Batch, Lane
+from .speculative_step import Proposal, speculate_rows
 from .state import PAGE_TOKENS, ContextPool, DraftSpec, SequenceState
 
 Array = Any
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """One ``speculate`` pass: per lane the K drafted tokens (host int [lanes, K]), the main
-    model's argmax at each of the K+1 verified positions (host int [lanes, K+1]; row j
-    follows the pending token and drafts 1..j), and the verified logits (device
-    [lanes * (K+1), V], lane-major) for requests that sample."""
-
-    drafts: np.ndarray
-    targets: np.ndarray
-    logits: Array
 
 
 class ModelRunner:
@@ -57,10 +53,8 @@ class ModelRunner:
         self.model = model
         self.backend = model.backend
         self.specs, self.mtp_spec = model.state_specs()
-        # decode steps by lane count, all for ``_step_pool``: a captured step addresses that
-        # pool's buffers, so a new pool gets new steps (and the old pool is let go)
-        self._step_pool: ContextPool | None = None
-        self._steps: dict[tuple[Any, ...], Any] = {}
+        #: decode steps, multi-row steps and rounds, compiled once per shape for one pool
+        self.steps = CompiledSteps(model)
 
     # ------------------------------------------------------------------------- state
     def new_pool(
@@ -128,15 +122,17 @@ class ModelRunner:
         the cache is still written at the sequence indices). Without ``positions`` a row's
         position is its sequence index plus its state's ``rope_delta`` (a sequence after a
         prompt with images)."""
-        lanes, ids = self._plan(tokens_per_lane, states)
+        lanes, ids = plan_lanes(
+            tokens_per_lane, states, layers=len(self.specs), vocab=self.model.config.vocab
+        )
         if embeddings is not None or positions is not None:
             return self._chunk(lanes, ids, last_only, embeddings, positions)
         tokens = {lane.tokens for lane in lanes}
         if tokens == {1}:
-            return self._decode(lanes, ids)
+            return forwards.decode(self.model, self.steps, lanes, ids)
         shifted = any(s.rope_delta for s in states)  # the compiled rows read RoPE by index
         if len(tokens) == 1 and max(tokens) <= states[0].pool.step_rows and not shifted:
-            return self._rows(lanes, ids, last_only)
+            return forwards.rows(self.model, self.steps, lanes, ids, last_only)
         return self._chunk(lanes, ids, last_only)
 
     def prefill(
@@ -155,7 +151,7 @@ class ModelRunner:
         their last row's logits. ``embeddings`` [T, H] and ``positions`` ([T] or [3, T]),
         when given, are the whole prompt's (see ``forward``), cut into the same chunks."""
         tokens = np.asarray(tokens)
-        self._check_capacity(0, len(tokens), state)
+        check_capacity(0, len(tokens), state)
         hidden, out = [], None
         for a in range(0, len(tokens), chunk):
             final = a + chunk >= len(tokens)
@@ -215,10 +211,8 @@ class ModelRunner:
     def batch(self, lanes: Sequence[Lane], positions: np.ndarray) -> Batch:
         """Lanes laid out as rows at host ``positions`` ([rows], or [3, rows] multimodal
         RoPE positions), with their RoPE rows."""
-        cos, sin = self.model.rope(positions)
-        return Batch(tuple(lanes), cos, sin)
+        return forwards.batch_of(self.model, lanes, positions)
 
-    # ----------------------------------------------------------------------- chunks
     def _chunk(
         self,
         lanes: list[Lane],
@@ -227,151 +221,7 @@ class ModelRunner:
         embeddings: Array | None = None,
         positions: np.ndarray | None = None,
     ) -> ForwardOutput:
-        xp, model = self.backend.xp, self.model
-        rows = lanes[-1].rows.stop
-        if positions is None:
-            positions = np.concatenate(
-                [np.arange(ln.start, ln.start + ln.tokens) + ln.state.rope_delta for ln in lanes]
-            )
-        elif (positions := np.asarray(positions)).shape not in ((rows,), (3, rows)):
-            raise EngineError(
-                f"positions {positions.shape} for {rows} rows: need [rows] or [3, rows]"
-            )
-        if embeddings is not None and tuple(embeddings.shape) != (rows, model.config.hidden):
-            raise EngineError(
-                f"embeddings {tuple(embeddings.shape)} for {rows} rows: need "
-                f"[{rows}, {model.config.hidden}]"
-            )
-        pool = lanes[0].state.pool
-        batch = self.batch(lanes, positions)
-        ids_d = xp.asarray(np.concatenate(ids))
-        h = model.hidden_states(ids_d, batch, pool, embeddings=embeddings)
-        for lane in lanes:
-            lane.state.length += lane.tokens
-
-        hidden = [h[lane.rows] for lane in lanes]
-        if last_only:
-            last = xp.asarray([lane.rows.stop - 1 for lane in lanes])
-            logits = model.logits(h[last])
-            return ForwardOutput([logits[i : i + 1] for i in range(len(lanes))], hidden, logits)
-        logits = model.logits(h)
-        return ForwardOutput([logits[lane.rows] for lane in lanes], hidden)
-
-    # ----------------------------------------------------------------------- decoding
-    def _decode(self, lanes: list[Lane], ids: list[np.ndarray]) -> ForwardOutput:
-        states = [lane.state for lane in lanes]
-        pool, n = states[0].pool, len(lanes)
-        inputs = [
-            np.concatenate(ids).astype(np.int32),
-            np.asarray([s.slot for s in states], dtype=np.int32),
-            np.asarray([s.length for s in states], dtype=np.int32),
-        ]
-        deltas = np.asarray([s.rope_delta for s in states], dtype=np.int32)
-        if deltas.any():  # a lane after a prompt with images: RoPE rows at index + delta
-            logits, h = self._shifted_decode_step(pool, n)(*inputs, inputs[2] + deltas)
-        else:
-            logits, h = self._decode_step(pool, n)(*inputs)
-        for state in states:
-            state.length += 1
-        rows = [slice(i, i + 1) for i in range(len(lanes))]
-        return ForwardOutput([logits[r] for r in rows], [h[r] for r in rows], logits)
-
-    def _rows(self, lanes: list[Lane], ids: list[np.ndarray], last_only: bool) -> ForwardOutput:
-        """``t`` tokens in each lane as one compiled step: the rows of a verification (the
-        recurrent layers record them), all of them then folded into the states."""
-        states, t = [lane.state for lane in lanes], lanes[0].tokens
-        pool, n = states[0].pool, len(lanes)
-
-        def rows(ids: Array, slots: Array, lengths: Array) -> tuple[Array, Array]:
-            xp = self.backend.xp
-            positions = (lengths[:, None] + xp.arange(t, dtype=xp.int32)[None, :]).reshape(-1)
-            h = self._hidden_rows(pool, ids, xp.repeat(slots, t), positions, t)
-            self.model.commit(pool, slots, xp.full(n, t, dtype=xp.int32))
-            return self.model.logits(h[t - 1 :: t] if last_only else h), h
-
-        step = self._step(pool, ("rows", n, t, last_only), rows, [(n * t,), (n,), (n,)])
-        logits, h = step(
-            np.concatenate(ids).astype(np.int32),
-            np.asarray([s.slot for s in states], dtype=np.int32),
-            np.asarray([s.length for s in states], dtype=np.int32),
-        )
-        for state in states:
-            state.length += t
-        hidden = [h[i * t : (i + 1) * t] for i in range(n)]
-        if last_only:
-            return ForwardOutput([logits[i : i + 1] for i in range(n)], hidden, logits)
-        return ForwardOutput([logits[i * t : (i + 1) * t] for i in range(n)], hidden)
-
-    def _decode_step(self, pool: ContextPool, lanes: int) -> Any:
-        """The decode step for ``lanes`` lanes of ``pool``, made once: the backend may
-        capture it (a CUDA graph per lane count) and replay it every token."""
-        return self._step(
-            pool,
-            ("decode", lanes),
-            lambda ids, slots, positions: self._decode_rows(pool, ids, slots, positions),
-            [(lanes,)] * 3,
-        )
-
-    def _shifted_decode_step(self, pool: ContextPool, lanes: int) -> Any:
-        """The decode step whose RoPE rows are read at a fourth input (each row's position
-        plus its lane's ``rope_delta``) instead of at the rows' sequence indices."""
-        return self._step(
-            pool,
-            ("decode_shifted", lanes),
-            lambda ids, slots, positions, rope_at: self._decode_rows(
-                pool, ids, slots, positions, rope_at
-            ),
-            [(lanes,)] * 4,
-        )
-
-    def _step(
-        self,
-        pool: ContextPool,
-        key: tuple[Any, ...],
-        fn: Callable[..., Any],
-        shapes: Sequence[tuple[int, ...]],
-    ) -> Any:
-        """``fn`` compiled once per ``key`` for ``pool`` (a captured step addresses that pool's
-        buffers, so another pool gets new steps and the old pool is let go)."""
-        if pool is not self._step_pool:
-            self._step_pool, self._steps = pool, {}
-        step = self._steps.get(key)
-        if step is None:
-            self.model.rope_table(pool.max_context + 1)  # sized before any capture
-            step = self._steps[key] = self.backend.compile_step(fn, shapes)
-        return step
-
-    def _decode_rows(
-        self,
-        pool: ContextPool,
-        ids: Array,
-        slots: Array,
-        positions: Array,
-        rope_at: Array | None = None,
-    ) -> tuple[Array, Array]:
-        """One token for each row, every index on the device: (logits, hidden) [N, ...]."""
-        h = self._hidden_rows(pool, ids, slots, positions, rope_at=rope_at)
-        return self.model.logits(h), h
-
-    def _hidden_rows(
-        self,
-        pool: ContextPool,
-        ids: Array,
-        slots: Array,
-        positions: Array,
-        tokens: int = 1,
-        rope_at: Array | None = None,
-    ) -> Array:
-        """Hidden states of rows addressed by device (slot, position) indices, ``tokens``
-        consecutive rows per lane; RoPE rows at ``rope_at`` when given, else at the
-        positions."""
-        cos = sin = None
-        table = self.model.rope_table(pool.max_context)
-        if table is not None:
-            at = positions if rope_at is None else rope_at
-            cos, sin = table[0][at], table[1][at]
-        batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table, tokens))
-        return self.model.hidden_states(ids, batch, pool)
+        return forwards.chunk(self.model, lanes, ids, last_only, embeddings, positions)
 
     # ------------------------------------------------------------ speculative decoding
     def mtp_prefill(
@@ -450,7 +300,7 @@ class ModelRunner:
                     f"lane {i}: MTP entries ({s.mtp_length} + {len(row)}) are out of step "
                     f"with the sequence ({s.length}); prefill it with mtp_prefill"
                 )
-            self._check_capacity(i, t, s)
+            check_capacity(i, t, s)
             self._check_ids(np.asarray(row), f"lane {i}")
             carry[i, : len(row)], carry[i, len(row) :], last[i] = row, row[-1], len(row) - 1
         slots = np.asarray([s.slot for s in states], dtype=np.int32)
@@ -461,10 +311,10 @@ class ModelRunner:
         shifted = bool(deltas.any())  # a lane after a prompt with images: RoPE at index + delta
         if shifted:  # a step of its own, as for decoding, so text-only rounds are unchanged
             inputs.append(deltas)
-        step = self._step(
+        step = self.steps.get(
             pool,
             ("speculate_shifted" if shifted else "speculate", n, t, optimized_head),
-            lambda *inputs: self._speculate_rows(pool, t, optimized_head, *inputs),
+            lambda *inputs: speculate_rows(self.model, pool, t, optimized_head, *inputs),
             [(n,), (n,), (n,), (n,), (n, t)] + [(n,)] * shifted,
         )
         tokens, logits = step(*inputs)
@@ -484,118 +334,12 @@ class ModelRunner:
             self.model.commit(pool, slots, counts)
             return ()  # a step with no outputs
 
-        step = self._step(pool, ("commit", n), fold, [(n,), (n,)])
+        step = self.steps.get(pool, ("commit", n), fold, [(n,), (n,)])
         step(np.asarray([s.slot for s in states], dtype=np.int32), counts)
         for s, kept in zip(states, accepted, strict=True):
             s.mtp_length = s.length
             s.length += len(kept) + 1
             s.draft_carry = [int(t) for t in kept]
 
-    def _speculate_rows(
-        self,
-        pool: ContextPool,
-        t: int,
-        optimized_head: bool,
-        slots: Array,
-        lengths: Array,
-        starts: Array,
-        last: Array,
-        carry: Array,
-        deltas: Array | None = None,
-    ) -> tuple[Array, Array]:
-        """The device side of ``speculate`` (no host synchronisation): -> (int32 [n, K + t]
-        drafts then argmax targets, logits [n * t, V]). ``deltas``: each lane's
-        ``rope_delta``, added to every RoPE position of its drafter and verification rows
-        (the cache is still addressed by sequence index)."""
-        xp, model, n = self.backend.xp, self.model, slots.shape[0]
-        cos, sin = self.model.rope_table(pool.max_context + 1) or (None, None)
-        steps = xp.arange(t, dtype=xp.int32)
-
-        def shift(at: Array, per_row: bool = True) -> Array:
-            """RoPE positions of sequence indices ``at`` (one a lane, or ``t`` a lane)."""
-            if deltas is None:  # text only: the positions are the indices
-                return at
-            return at + (xp.repeat(deltas, t) if per_row else deltas)
-
-        def rows(slot: Array, position: Array, rope_at: Array, tokens: int = 1) -> Batch:
-            index = DecodeIndex(slot, position, pool.page_table, tokens)
-            if cos is None:
-                return Batch((), None, None, index)
-            return Batch((), cos[rope_at], sin[rope_at], index)
-
-        # the MTP entries of the carried rows (pad rows past them are overwritten later)
-        row_slots = xp.repeat(slots, t)
-        entries = (starts[:, None] + steps[None, :]).reshape(-1)
-        hidden = pool.draft_hidden[slots].reshape(n * t, -1)
-        x = model.mtp_hidden(
-            hidden,
-            carry.reshape(-1),
-            rows(row_slots, entries, shift(entries + 1), t),
-            pool.mtp,
-        )
-        pick = xp.arange(n, dtype=xp.int32) * t + last
-        x, entry = x[pick], starts + last
-        pending = carry.reshape(-1)[pick]
-        drafts = []
-        for i in range(t - 1):
-            drafts.append(model.propose(x, optimized=optimized_head))
-            if i + 2 < t:
-                entry = entry + 1
-                at = shift(entry + 1, per_row=False)
-                x = model.mtp_hidden(x, drafts[-1], rows(slots, entry, at), pool.mtp)
-        drafted = xp.stack(drafts, axis=1).astype(xp.int32)  # [n, K]
-
-        ids = xp.concatenate([pending[:, None].astype(xp.int32), drafted], axis=1).reshape(-1)
-        positions = (lengths[:, None] + steps[None, :]).reshape(-1)
-        h = model.hidden_states(ids, rows(row_slots, positions, shift(positions), t), pool)
-        pool.draft_hidden[slots] = h.reshape(n, t, -1)
-        logits = model.logits(h)
-        targets = xp.argmax(logits, axis=-1).astype(xp.int32).reshape(n, t)
-        return xp.concatenate([drafted, targets], axis=1), logits
-
-    # ----------------------------------------------------------------------- checks
-    def _plan(
-        self, tokens_per_lane: Sequence[Array], states: Sequence[SequenceState]
-    ) -> tuple[list[Lane], list[np.ndarray]]:
-        if len(tokens_per_lane) != len(states):
-            raise EngineError(
-                f"forward got {len(tokens_per_lane)} token lanes but {len(states)} states"
-            )
-        if not states:
-            raise EngineError("forward needs at least one lane")
-        if len({id(s) for s in states}) != len(states):
-            raise EngineError("the same state appears in two lanes of one forward call")
-        lanes, ids, row = [], [], 0
-        for i, (tokens, state) in enumerate(zip(tokens_per_lane, states, strict=True)):
-            toks = np.asarray(tokens).reshape(-1)
-            if len(state.pool.layers) != len(self.specs):
-                raise EngineError(
-                    f"lane {i}: state has {len(state.pool.layers)} layers, the model "
-                    f"{len(self.specs)} (made by another model?)"
-                )
-            self._check_capacity(i, len(toks), state)
-            self._check_ids(toks, f"lane {i}")
-            if state.pool is not states[0].pool:
-                raise EngineError(f"lane {i}: its state lives in another context pool")
-            if state.slot < 0:
-                raise EngineError(f"lane {i}: its state was closed")
-            lanes.append(Lane(slice(row, row + len(toks)), state.length, state))
-            ids.append(toks.astype(np.int64))
-            row += len(toks)
-        return lanes, ids
-
-    @staticmethod
-    def _check_capacity(lane: int, tokens: int, state: SequenceState) -> None:
-        if tokens == 0:
-            raise EngineError(f"lane {lane}: no tokens to process")
-        if tokens > state.free:
-            raise EngineError(
-                f"lane {lane}: {tokens} tokens do not fit: the state holds {state.length} of "
-                f"max_context {state.max_context} ({state.free} free)"
-            )
-
     def _check_ids(self, ids: np.ndarray, where: str) -> None:
-        vocab = self.model.config.vocab
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-            bad = int(ids.max()) if ids.max() >= vocab else int(ids.min())
-            raise EngineError(f"{where}: token id {bad} outside the vocabulary 0..{vocab - 1}")
+        check_ids(ids, self.model.config.vocab, where)

@@ -109,7 +109,7 @@ def short_chunks_against_prefill(
         plain.forward([head], [plain_states[i]], last_only=True)
         rows.forward([head], [rows_states[i]], last_only=True)
     out = rows.forward(tails, rows_states)
-    if not any(key[0] == "rows" for key in rows._steps):
+    if not any(key[0] == "rows" for key in rows.steps.made()):
         raise AssertionError("the short chunks did not run as a compiled multi-row step")
     err = scale = 0.0
     nxt = []
