@@ -1,12 +1,13 @@
 """The engine: requests in, token and text events out, several requests batched in lanes.
 
-``Engine`` is the public API (``submit``, ``step``, ``generate``, ``cancel``): it loads the
-model, runs the forwards of each step and hands every other job to a module of its own:
-``intake`` renders a request and checks it into a lane, ``token_choice`` picks each lane's
-next token from its logits, ``events`` turns the tokens into events and ends lanes,
-``speculative_round`` runs a round, ``prompt_logprobs`` scores prompts, ``pool_plan`` sizes
-the context pool. Which requests hold lanes and what each step reads is the ``scheduler``'s
-job; the requests and events themselves are in ``request`` (re-exported here).
+``Engine`` is the public API (``submit``, ``step``, ``generate``, ``cancel``): it runs the
+forwards of each step and hands every other job to a module of its own: ``loader`` loads the
+artifact, model, runner, tokenizer and template, ``intake`` renders a request and checks it
+into a lane, ``token_choice`` picks each lane's next token from its logits, ``events`` turns
+the tokens into events and ends lanes, ``speculative_round`` runs a round,
+``prompt_logprobs`` scores prompts, ``pool_plan`` sizes the context pool. Which requests
+hold lanes and what each step reads is the ``scheduler``'s job; the requests and events
+themselves are in ``request`` (re-exported here).
 
 One ``step()`` runs one prefill chunk (the oldest request still reading its prompt, joined by
 others whose next read fits beside it) and one batched decode step for every request that is
@@ -28,17 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from ninfer_format import Artifact, ArtifactError
+from ninfer_format import Artifact
 
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .errors import EngineError, RequestError
 from .events import EventWriter
-from .expert_offload import ExpertOffload
-from .frontend import ChatTemplate, Tokenizer
-from .images import VisionOptions, load_vision, placed_inputs
+from .images import VisionOptions, placed_inputs
 from .intake import RequestIntake
+from .loader import load
 from .media_cache import MediaCache
-from .models import ForwardOutput, load_model
+from .models import ForwardOutput
 from .pool_plan import SHORT_CHUNK_TOKENS, PoolPlan
 from .prefix_cache import CacheBoundary, PrefixCache
 from .prompt_logprobs import prompt_logprobs, score_chunk
@@ -53,11 +53,9 @@ from .request import (
     TokenEvent,
     Usage,
 )
-from .runner import ModelRunner
 from .scheduler import Lane, Read, Scheduler
 from .speculative import SpecConfig, SpecStats
 from .speculative_round import SpeculativeRounds, check_drafter
-from .tensor_parallel import parallel_runner
 from .token_choice import TokenChooser
 
 __all__ = [
@@ -112,26 +110,6 @@ class Engine:
             raise EngineError(
                 "max_context must be >= 2, prefill_chunk and checkpoint_interval >= 1"
             )
-        try:
-            self.artifact = artifact if isinstance(artifact, Artifact) else Artifact.open(artifact)
-            resources = {
-                role: self.artifact.resource(role)
-                for role in (self.artifact.components["text"].resources or {})
-            }
-        except ArtifactError as exc:
-            raise EngineError(str(exc)) from None
-        if tensor_parallel < 1:
-            raise EngineError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
-        if expert_parallel and tensor_parallel < 2:
-            raise EngineError(
-                "expert_parallel (--expert-parallel) needs tensor_parallel (--tensor-parallel) "
-                ">= 2: it holds each expert on one of the ranks"
-            )
-        #: with a ``vram_budget`` (``--vram-budget``), the routed experts that do not fit it
-        #: are computed from host memory (``expert_offload``); None: all resident
-        self.expert_offload = ExpertOffload.for_budget(
-            vram_budget, backend, tensor_parallel=tensor_parallel, host_cache=host_expert_cache
-        )
         # the context pool's shape (its byte budget needs the backend): a budget plans the
         # experts beside it before the model prepares a weight
         pool_plan = PoolPlan(
@@ -143,38 +121,27 @@ class Engine:
             context_capacity=context_capacity,
             memory_headroom=memory_headroom,
         )
-        if self.expert_offload is not None:
-            self.expert_offload.context_bytes = pool_plan.planned_bytes
-        if model_options and tensor_parallel > 1:
-            raise EngineError("model_options are not passed to tensor-parallel ranks yet")
-        if tensor_parallel > 1:  # rank 0 here, the other ranks following its runner's calls
-            self.model, self.runner, stop = parallel_runner(
-                self.artifact, backend, tensor_parallel, expert_parallel
-            )
-            weakref.finalize(self, stop)
-        else:
-            # model_options: an architecture's own load options (Qwen4Exp's ple_rows)
-            self.model = load_model(
-                self.artifact,
-                backend=backend,
-                expert_offload=self.expert_offload,
-                options=model_options,
-            )
-            self.runner = ModelRunner(self.model)
-        self.tokenizer = Tokenizer.from_resources(resources)
-        model_type = (self.artifact.components["text"].config or {}).get("model_type")
-        self.template = ChatTemplate.from_resources(
-            resources, override=chat_template, model_type=model_type
-        )
-        #: images in chat messages (a VLM artifact's tower on the CPU backend), or why not
-        self.vision, no_images = load_vision(
-            self.artifact,
-            self.model.backend,
-            self.tokenizer,
-            vision or VisionOptions(),
-            backend_name=backend,
+        loaded = load(
+            artifact,
+            backend=backend,
+            pool_plan=pool_plan,
+            chat_template=chat_template,
             tensor_parallel=tensor_parallel,
+            expert_parallel=expert_parallel,
+            vram_budget=vram_budget,
+            host_expert_cache=host_expert_cache,
+            vision=vision,
+            model_options=model_options,
         )
+        self.artifact, self.model, self.runner = loaded.artifact, loaded.model, loaded.runner
+        if loaded.stop is not None:  # the other tensor-parallel ranks end with the engine
+            weakref.finalize(self, loaded.stop)
+        #: with a ``vram_budget`` (``--vram-budget``), the routed experts that do not fit it
+        #: are computed from host memory (``expert_offload``); None: all resident
+        self.expert_offload = loaded.expert_offload
+        self.tokenizer, self.template = loaded.tokenizer, loaded.template
+        #: images in chat messages (a VLM artifact's tower on the CPU backend), or None
+        self.vision, no_images = loaded.vision, loaded.no_images
         #: requests to lanes: prompts rendered and checked
         self.intake = RequestIntake(
             self.tokenizer, self.template, self.vision, no_images, vocab=self.model.config.vocab
