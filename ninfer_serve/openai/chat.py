@@ -32,7 +32,7 @@ from ninfer_runtime.frontend import (
 from ..cache_boundaries import Breakpoint
 from ..cache_isolation import isolate
 from ..effort import Effort
-from ..errors import ApiError, from_exception, shown, unsupported_parameter
+from ..errors import ApiError, from_exception, unsupported_parameter
 from ..generation import Job, Outcome
 from ..http import (
     KEEPALIVE,
@@ -47,6 +47,7 @@ from . import vllm_fields
 from .content import chat_content
 from .logprobs import chat_logprobs, scored
 from .models import ChatCompletionRequest, StreamOptions
+from .tool_choice import check_tool_choice
 
 __all__ = [
     "chat_completions",
@@ -133,20 +134,7 @@ def to_job(body: ChatCompletionRequest) -> Job:
         tool_choice = choice
     else:
         tool_choice = choice.function.name
-        if tool_choice not in {t["function"]["name"] for t in tools}:
-            raise ApiError(
-                400,
-                f"tool_choice names {shown(tool_choice)}, which is not in tools",
-                code="invalid_tool_choice",
-                param="tool_choice",
-            )
-    if tool_choice == "required" and not tools:
-        raise ApiError(
-            400,
-            "tool_choice 'required' needs tools",
-            code="invalid_tool_choice",
-            param="tool_choice",
-        )
+    check_tool_choice(tool_choice, tools)
     schema = None
     fmt = body.response_format
     if fmt is not None and fmt.type == "json_object":

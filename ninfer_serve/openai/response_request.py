@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ApiError, invalid_request, shown
+from ..errors import ApiError, invalid_request
 from ..generation import Job
 from ..http import ServerState
 from .chat import requested_effort, thinking_for_effort
 from .models import InputTokensRequest, ResponsesRequest
 from .response_items import input_messages
+from .tool_choice import check_tool_choice
 
 __all__ = ["LOGPROBS_INCLUDE", "conversation", "to_job"]
 
@@ -86,22 +87,7 @@ def to_job(
         if choice is None
         else (choice if isinstance(choice, str) else choice.name)
     )
-    if tool_choice not in ("auto", "none", "required") and tool_choice not in {
-        t["function"]["name"] for t in tools
-    }:
-        raise ApiError(
-            400,
-            f"tool_choice names {shown(tool_choice)}, which is not in tools",
-            code="invalid_tool_choice",
-            param="tool_choice",
-        )
-    if tool_choice == "required" and not tools:
-        raise ApiError(
-            400,
-            "tool_choice 'required' needs tools",
-            code="invalid_tool_choice",
-            param="tool_choice",
-        )
+    check_tool_choice(tool_choice, tools)
     schema = None
     fmt = body.text.format if body.text is not None else None
     if fmt is not None and fmt.type == "json_object":
