@@ -20,6 +20,8 @@ torch = pytest.importorskip("torch")
 glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
 from transformers import Glm5NextConfig  # noqa: E402
 
+from tests.glm5_next_layout import SIMPLE, TEXT_PREFIX, TINY_VISION  # noqa: E402
+
 #: both token mixers (KDA layers first, as in the real schedule), both FFN kinds, an attention
 #: layer with its own indexer followed by one sharing it; index_topk 8 in pools of 4, so a
 #: prompt past 8 + 3 tokens has its attention chosen; 8 indexer heads, so an all-zero
@@ -37,52 +39,6 @@ TINY: dict[str, Any] = dict(
                  "linear_attention", "indexed_attention"],
     indexer_types=["full", "full", "shared", "full", "full"],
 )  # fmt: skip
-TINY_VISION = dict(
-    depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32,
-    projection_intermediate_size=16,
-)  # fmt: skip
-TEXT = "model.language_model."
-SIMPLE = {
-    "input_layernorm": "input_norm",
-    "post_attention_layernorm": "post_attention_norm",
-    "attn_hc.fn": "mixer_connection/projection",
-    "attn_hc.base": "mixer_connection/bias",
-    "attn_hc.scale": "mixer_connection/scale",
-    "ffn_hc.fn": "ffn_connection/projection",
-    "ffn_hc.base": "ffn_connection/bias",
-    "ffn_hc.scale": "ffn_connection/scale",
-    "self_attn.q_proj": "kda/query",
-    "self_attn.k_proj": "kda/key",
-    "self_attn.v_proj": "kda/value",
-    "self_attn.forget_gate.f_a_proj": "kda/forget_down",
-    "self_attn.forget_gate.f_b_proj": "kda/forget_up",
-    "self_attn.forget_gate.dt_bias": "kda/dt_bias",
-    "self_attn.forget_gate.A_log": "kda/a_log",
-    "self_attn.b_proj": "kda/b_projection",
-    "self_attn.g_a_proj": "kda/gate_down",
-    "self_attn.g_b_proj": "kda/gate_up",
-    "self_attn.o_norm": "kda/norm",
-    "self_attn.q_a_proj": "mla/query_down",
-    "self_attn.q_a_layernorm": "mla/query_norm",
-    "self_attn.q_b_proj": "mla/query_up",
-    "self_attn.kv_a_proj_with_mqa": "mla/kv_down",
-    "self_attn.kv_a_layernorm": "mla/kv_norm",
-    "self_attn.indexer.wq_b": "indexer/query",
-    "self_attn.indexer.wk": "indexer/key",
-    "self_attn.indexer.k_norm": "indexer/key_norm",
-    "self_attn.indexer.k_norm.bias": "indexer/key_norm_bias",
-    "self_attn.indexer.weights_proj": "indexer/head_weights",
-    "self_attn.indexer.index_kpool_compress_gate": "indexer/pool_gate",
-    "self_attn.indexer.index_kpool_compress_ape": "indexer/pool_position",
-    "mlp.gate_proj": "mlp/gate",
-    "mlp.up_proj": "mlp/up",
-    "mlp.down_proj": "mlp/down",
-    "mlp.gate": "moe/router",
-    "mlp.gate.e_score_correction_bias": "moe/router_bias",
-    "mlp.shared_experts.gate_proj": "moe/shared/gate",
-    "mlp.shared_experts.up_proj": "moe/shared/up",
-    "mlp.shared_experts.down_proj": "moe/shared/down",
-}
 
 
 def build(seed: int = 0, text: dict[str, Any] | None = None) -> Any:
@@ -113,7 +69,7 @@ def ninfer_weights(model: Any) -> dict[str, np.ndarray]:
     c = model.config.text_config
     out: dict[str, np.ndarray] = {}
     for name, tensor in model.state_dict().items():
-        if not (name.startswith(TEXT) or name == "lm_head.weight"):
+        if not (name.startswith(TEXT_PREFIX) or name == "lm_head.weight"):
             continue
         value = tensor.detach().float().numpy()
         for logical, array in _logical(name, value, c).items():
@@ -124,7 +80,7 @@ def ninfer_weights(model: Any) -> dict[str, np.ndarray]:
 def _logical(name: str, value: np.ndarray, c: Any) -> dict[str, np.ndarray]:
     if name == "lm_head.weight":
         return {"text/output_head": value}
-    key = re.sub(r"\.weight$", "", name.removeprefix(TEXT))
+    key = re.sub(r"\.weight$", "", name.removeprefix(TEXT_PREFIX))
     if key == "embed_tokens":
         return {"text/token_embedding": value}
     if key == "norm":
