@@ -7,20 +7,21 @@ equal a cold, unconstrained run's token for token."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from ninfer_runtime.cli import main as ninfer_cli
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.models import load_model
 from ninfer_runtime.runner import ModelRunner
+from tests.runtime.artifact_checks import (
+    assert_warm_streams_equal_cold,
+    cli_and_transformers_greedy,
+)
 from tests.runtime.glm5_next_reference import _logical, torch
-from tests.runtime.test_prefix_cache import _capacity, _concurrent, _serve
+from tests.runtime.test_prefix_cache import _capacity, _concurrent
 
 tiny = pytest.importorskip("tests.tiny_glm5_next")
 
@@ -100,33 +101,15 @@ def test_logits_match_transformers(pair, t: int) -> None:
 def test_greedy_cli_equals_transformers_generate(converted, pair) -> None:
     checkpoint, artifact = converted
     _, hf = pair
-    from tokenizers import Tokenizer
-
     prompt = "The quick brown fox jumps over the lazy dog, and then"
-    out = CliRunner().invoke(ninfer_cli, [str(artifact), "--raw", "--prompt", prompt, "--greedy",
-                                          "--max-tokens", "12", "--print-token-ids"])  # fmt: skip
-    assert out.exit_code == 0, out.output
-    ours = json.loads(out.stdout.strip().splitlines()[-1])
-    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(prompt).ids
-    with torch.no_grad():
-        generated = hf.generate(
-            torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-            eos_token_id=hf.generation_config.eos_token_id, pad_token_id=0,
-        )[0, len(ids):].tolist()  # fmt: skip
+    _, ours, generated = cli_and_transformers_greedy(artifact, checkpoint, hf, prompt)
     assert ours and ours == generated[: len(ours)]
 
 
 def test_prefix_cache_and_preemption_replay_exactly(converted) -> None:
     _, artifact = converted
     rng = np.random.default_rng(1)
-    system = rng.integers(0, 400, 70).tolist()
-    prompts = [system + rng.integers(0, 400, n).tolist() for n in (3, 20, 9)] + [system]
-    cold = _serve(Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32), prompts)
-    warm_engine = Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32,
-                         prefix_cache=True, checkpoint_interval=32)  # fmt: skip
-    warm = _serve(warm_engine, prompts)
-    assert [t for t, _ in warm] == [t for t, _ in cold]
-    assert [f.usage.cached_tokens for _, f in warm][1:3] == [64, 64]
+    assert_warm_streams_equal_cold(artifact, rng)
 
     # three lanes that each outgrow one 256-token page, in a pool of four pages
     roomy = Engine(artifact, max_lanes=3, max_context=512)

@@ -13,19 +13,20 @@ keeps is its implementation's choice (ours keeps the earliest).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from ninfer_runtime.cli import main as ninfer_cli
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.models import load_model
 from ninfer_runtime.runner import ModelRunner
-from tests.runtime.test_prefix_cache import _capacity, _concurrent, _serve
+from tests.runtime.artifact_checks import (
+    assert_warm_streams_equal_cold,
+    cli_and_transformers_greedy,
+)
+from tests.runtime.test_prefix_cache import _capacity, _concurrent
 
 tiny = pytest.importorskip("tests.tiny_qwen4_exp")
 torch = pytest.importorskip("torch")
@@ -126,20 +127,9 @@ def test_lanes_of_one_forward_keep_to_their_own_memory(pairs) -> None:
 def test_greedy_cli_equals_transformers_generate(converted, pairs) -> None:
     checkpoint, artifact = converted["ple"]
     _, hf = pairs["ple"]
-    from tokenizers import Tokenizer
-
     prompt = "The quick brown fox jumps over the lazy dog, and then it runs into the old forest"
-    out = CliRunner().invoke(ninfer_cli, [str(artifact), "--raw", "--prompt", prompt, "--greedy",
-                                          "--max-tokens", "12", "--print-token-ids"])  # fmt: skip
-    assert out.exit_code == 0, out.output
-    ours = json.loads(out.stdout.strip().splitlines()[-1])
-    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(prompt).ids
+    ids, ours, generated = cli_and_transformers_greedy(artifact, checkpoint, hf, prompt)
     assert len(ids) > BUDGET  # the indexer selects while generating
-    with torch.no_grad():
-        generated = hf.generate(
-            torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-            eos_token_id=hf.generation_config.eos_token_id, pad_token_id=0,
-        )[0, len(ids):].tolist()  # fmt: skip
     assert ours and ours == generated[: len(ours)]
 
 
@@ -148,14 +138,7 @@ def test_prefix_cache_and_preemption_replay_exactly(converted) -> None:
     preempted lane's replay rebuilds them: the streams equal a cold, unconstrained run's."""
     _, artifact = converted["ple"]
     rng = np.random.default_rng(1)
-    system = rng.integers(0, 400, 70).tolist()
-    prompts = [system + rng.integers(0, 400, n).tolist() for n in (3, 20, 9)] + [system]
-    cold = _serve(Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32), prompts)
-    warm_engine = Engine(artifact, max_lanes=2, max_context=256, prefill_chunk=32,
-                         prefix_cache=True, checkpoint_interval=32)  # fmt: skip
-    warm = _serve(warm_engine, prompts)
-    assert [t for t, _ in warm] == [t for t, _ in cold]
-    assert [f.usage.cached_tokens for _, f in warm][1:3] == [64, 64]
+    assert_warm_streams_equal_cold(artifact, rng)
 
     # three lanes each crossing into a second 256-token page, four pages: lanes are preempted,
     # their memory freed (replayed later) or copied to host memory (copied back)
