@@ -32,23 +32,8 @@ from ninfer_runtime.frontend.vision import ImageError, ImageProcessor, decode_im
 from ninfer_runtime.media import ImageInput
 from ninfer_runtime.media_cache import EncodedImage, MediaCache
 from tests.runtime.test_fidelity import round_through_bf16
-from tests.runtime.test_vision_tower import VISION, randomize_vision
-from tests.tiny_checkpoints import COMMON, CORPUS, randomize, write_generation_config
+from tests.runtime.tiny_vlm import PROCESSOR, write_tiny_vlm
 
-SPECIALS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
-    "</tool_call>", "<tool_response>", "</tool_response>", "<|vision_start|>",
-    "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
-]  # fmt: skip
-#: patch 4, merge 2: sides are multiples of 8 pixels, one merged token per 8×8 block
-PROCESSOR = {
-    "patch_size": 4,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "size": {"shortest_edge": 64, "longest_edge": 4096},
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
@@ -90,51 +75,9 @@ def run(engine: Engine, req: GenerationRequest) -> tuple[list[int], Finished]:
     return tokens, finished
 
 
-def write_tokenizer(directory: Path) -> dict[str, int]:
-    """A small byte-level BPE with the Qwen specials, vision ones included (ids below the
-    vocabulary); no chat template, so the engine uses its built-in one."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=COMMON["vocab_size"] - len(SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
-              "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    write_generation_config(directory)
-    return {name: tok.token_to_id(name) for name in SPECIALS}
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory, torch_threads: Any) -> Path:
-    import torch
-    import transformers as t
-
-    directory = tmp_path_factory.mktemp("tiny_vlm_engine")
-    ids = write_tokenizer(directory)
-    torch.manual_seed(0)
-    config = t.Qwen3_5Config(
-        text_config=t.Qwen3_5TextConfig(intermediate_size=256, **COMMON).to_dict(),
-        vision_config=t.Qwen3_5VisionConfig(**VISION),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
-    model = t.Qwen3_5ForConditionalGeneration(config)
-    randomize(model)
-    randomize_vision(model.model.visual)
-    model.eval().save_pretrained(directory)
-    (directory / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
-    return directory
+    return write_tiny_vlm(tmp_path_factory.mktemp("tiny_vlm_engine"))
 
 
 @pytest.fixture(scope="module")

@@ -8,25 +8,15 @@ stores).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ninfer_runtime.engine import Engine
-from tests.runtime.test_engine_images import (
-    CAT,
-    PROCESSOR,
-    TOWER,
-    hf_greedy,
-    request,
-    run,
-    write_tokenizer,
-)
+from tests.runtime.test_engine_images import CAT, TOWER, hf_greedy, request, run
 from tests.runtime.test_fidelity import round_through_bf16
-from tests.runtime.test_vision_tower import VISION, randomize_vision
-from tests.tiny_checkpoints import COMMON, randomize
+from tests.runtime.tiny_vlm import write_tiny_vlm
 
 EXPERTS = dict(
     num_experts=4,
@@ -38,26 +28,7 @@ EXPERTS = dict(
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory, torch_threads: Any) -> Path:
-    import torch
-    import transformers as t
-
-    directory = tmp_path_factory.mktemp("tiny_moe_vlm")
-    ids = write_tokenizer(directory)
-    torch.manual_seed(0)
-    config = t.Qwen3_5MoeConfig(
-        text_config=t.Qwen3_5MoeTextConfig(**EXPERTS, **COMMON).to_dict(),
-        vision_config=t.Qwen3_5MoeVisionConfig(**VISION),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
-    model = t.Qwen3_5MoeForConditionalGeneration(config)
-    randomize(model)
-    randomize_vision(model.model.visual)
-    model.eval().save_pretrained(directory)
-    (directory / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
-    return directory
+    return write_tiny_vlm(tmp_path_factory.mktemp("tiny_moe_vlm"), experts=EXPERTS)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ the server goes on serving."""
 from __future__ import annotations
 
 import base64
-import json
 import struct
 import zlib
 from collections.abc import Iterator
@@ -27,30 +26,12 @@ QUESTION = "What is this?"
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The engine tests' tiny VLM (their tokenizer, vision config and image processor)."""
     import torch
-    import transformers as t
 
     from ninfer_convert.pipeline import convert
-    from tests.runtime.test_engine_images import PROCESSOR, write_tokenizer
-    from tests.runtime.test_vision_tower import VISION, randomize_vision
-    from tests.tiny_checkpoints import COMMON, randomize
+    from tests.runtime.tiny_vlm import write_tiny_vlm
 
     torch.set_num_threads(2)
-    directory = tmp_path_factory.mktemp("serve_vlm")
-    ids = write_tokenizer(directory)
-    torch.manual_seed(0)
-    config = t.Qwen3_5Config(
-        text_config=t.Qwen3_5TextConfig(intermediate_size=256, **COMMON).to_dict(),
-        vision_config=t.Qwen3_5VisionConfig(**VISION),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
-    model = t.Qwen3_5ForConditionalGeneration(config)
-    randomize(model)
-    randomize_vision(model.model.visual)
-    model.eval().save_pretrained(directory)
-    (directory / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    directory = write_tiny_vlm(tmp_path_factory.mktemp("serve_vlm"))
     out = tmp_path_factory.mktemp("serve_vlm_art") / "vlm.ninfer"
     convert("qwen3_5_bf16", {"base": str(directory)}, out)
     return out
