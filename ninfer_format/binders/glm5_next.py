@@ -58,15 +58,9 @@ from .glm5_next_geometry import (
     read_geometry,
 )
 from .glm5_next_parts import DsaIndexer, Kda, Mla
-from .qwen3_5 import (
-    ParamSpec,
-    Role,
-    _dense_mlp,
-    _fp32_vector,
-    _matrix,
-    _vector,
-)
+from .parameter_spec import ParamSpec, Role, _fp32_vector, _matrix, _vector
 from .qwen3_5_geometry import Moe
+from .qwen3_5_layers import _dense_mlp
 from .registry import Findings, register_binder
 from .text_contract import TextContract
 

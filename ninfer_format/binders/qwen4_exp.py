@@ -35,15 +35,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..schema import Directory
-from .qwen3_5 import (
-    ParamSpec,
-    Role,
-    _attention_block,
-    _gdn_block,
-    _matrix,
-    _moe,
-    _vector,
-)
+from .parameter_spec import ParamSpec, Role, _matrix, _vector
+from .qwen3_5_layers import _attention_block, _gdn_block, _moe
 from .qwen4_exp_geometry import (
     ARCHITECTURE,
     INDEXED_ATTENTION,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .qwen3_5 import ParamSpec, _matrix, _vector
+from .parameter_spec import ParamSpec, _matrix, _vector
 from .qwen4_exp import _connection, _decoder_layer
 from .qwen4_exp_geometry import INDEXED_ATTENTION, Qwen4ExpGeometry
 

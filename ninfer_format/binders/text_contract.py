@@ -16,22 +16,15 @@ from typing import Any
 
 from ..errors import DirectoryError
 from ..schema import Directory, Resource, Tensor
+from .binding_checks import _check_bindings
 from .config_reader import show
-from .qwen3_5 import (
-    DRAFTERS,
-    ENUMERATION_SLACK,
-    TEXT_RESOURCE_ROLES,
-    ParamSpec,
-    _check_bindings,
-    _check_resources,
-    _check_uses,
-    _check_vision_component,
-    _proposal,
-    _proposal_rows,
-    _read_vision,
-    _vision,
-)
+from .parameter_spec import ParamSpec
+from .proposal_head import DRAFTERS, _proposal, _proposal_rows
+from .qwen3_5 import ENUMERATION_SLACK
+from .qwen3_5_vision import _check_vision_component, _read_vision, _vision
 from .registry import Findings
+from .resource_checks import TEXT_RESOURCE_ROLES, _check_resources
+from .use_checks import _check_uses
 
 #: the parameter prefixes a text contract checks (the proposal head is spec 5.6's, as Qwen3.5's)
 CHECKED_PREFIXES = ("text/", "proposal/")
