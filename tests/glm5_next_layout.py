@@ -1,9 +1,14 @@
-"""What the GLM5Next tests share about transformers' model: the layer parameters that map one
-to one onto ninfer names, and a tiny vision tower (the text tests only need it to exist)."""
+"""What the GLM5Next tests share about transformers' model: how its text parameters become
+ninfer's logical ones (names mapped, fused tensors split), and a tiny vision tower (the text
+tests only need it to exist)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 #: where the text model's parameters live in ``Glm5NextForConditionalGeneration``'s state dict
 TEXT_PREFIX = "model.language_model."
@@ -54,3 +59,45 @@ TINY_VISION: dict[str, Any] = dict(
     depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32,
     projection_intermediate_size=16,
 )  # fmt: skip
+
+
+def text_parameters(
+    name: str, value: np.ndarray, config: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """The ninfer parameters one entry of the text model's state dict becomes (``config``: the
+    text config as a dict); fused tensors are split, the convolution laid out [kernel, channels]."""
+    if name == "lm_head.weight":
+        return {"text/output_head": value}
+    key = re.sub(r"\.weight$", "", name.removeprefix(TEXT_PREFIX))
+    if key == "embed_tokens":
+        return {"text/token_embedding": value}
+    if key == "norm":
+        return {"text/final_norm": value}
+    match = re.fullmatch(r"layers\.(\d+)\.(.+)", key)
+    assert match, name
+    i, rest = int(match[1]), match[2]
+    L = f"text/layers/{i}/"
+    if rest == "self_attn.o_proj":  # KDA and MLA both call it o_proj
+        block = "kda" if config["layer_types"][i] == "linear_attention" else "mla"
+        return {f"{L}{block}/output": value}
+    if rest in SIMPLE:
+        return {L + SIMPLE[rest]: value}
+    if rest == "self_attn.conv1d":  # [3W, 1, K] -> [K, 3W]
+        return {L + "kda/convolution": value[:, 0, :].T}
+    if rest == "self_attn.kv_b_proj":  # per head [key_h (nope rows) | value_h (v rows)]
+        heads, nope = config["num_attention_heads"], config["qk_nope_head_dim"]
+        per_head = value.reshape(heads, nope + config["v_head_dim"], -1)
+        return {
+            L + "mla/key_up": per_head[:, :nope].reshape(-1, value.shape[1]),
+            L + "mla/value_up": per_head[:, nope:].reshape(-1, value.shape[1]),
+        }
+    if rest == "mlp.experts.gate_up_proj":  # [E, 2·I, H]: gate rows, then up rows
+        half = value.shape[1] // 2
+        return {
+            f"{L}moe/experts/{e}/{part}": value[e, rows]
+            for e in range(value.shape[0])
+            for part, rows in (("gate", slice(None, half)), ("up", slice(half, None)))
+        }
+    if rest == "mlp.experts.down_proj":  # [E, H, I]
+        return {f"{L}moe/experts/{e}/down": value[e] for e in range(value.shape[0])}
+    raise AssertionError(f"unmapped parameter {name}")

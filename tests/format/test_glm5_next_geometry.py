@@ -5,9 +5,9 @@ is one clear ``GeometryError``."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ninfer_format.binders import bind, registered_model_types
@@ -15,13 +15,17 @@ from ninfer_format.binders.glm5_next import expected_parameters
 from ninfer_format.binders.glm5_next_geometry import (
     DEFAULTS,
     INDEXED_ATTENTION,
-    LINEAR_ATTENTION,
     GeometryError,
     Glm5NextGeometry,
 )
 from ninfer_format.binders.qwen3_5 import Role
 from tests.format.test_binders import Doc, directory
-from tests.glm5_next_layout import SIMPLE, TEXT_PREFIX, TINY_VISION
+from tests.glm5_next_layout import (
+    SIMPLE,  # noqa: F401  (the converter tests read it here)
+    TEXT_PREFIX,
+    TINY_VISION,
+    text_parameters,
+)
 
 torch = pytest.importorskip("torch")
 glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
@@ -43,37 +47,9 @@ TINY: dict[str, Any] = dict(
 
 
 def _hf_to_ninfer(name: str, shape: tuple[int, ...], c: dict[str, Any]) -> dict[str, tuple]:
-    """The ninfer parameters one HF state-dict entry becomes (fused tensors split by rows)."""
-    if name == "lm_head.weight":
-        return {"text/output_head": shape}
-    key = re.sub(r"\.weight$", "", name.removeprefix(TEXT_PREFIX))
-    if key == "embed_tokens":
-        return {"text/token_embedding": shape}
-    if key == "norm":
-        return {"text/final_norm": shape}
-    match = re.fullmatch(r"layers\.(\d+)\.(.+)", key)
-    assert match, name
-    L, rest = f"text/layers/{match[1]}/", match[2]
-    if rest == "self_attn.o_proj":  # KDA and MLA both call it o_proj
-        block = "kda" if c["layer_types"][int(match[1])] == LINEAR_ATTENTION else "mla"
-        return {f"{L}{block}/output": shape}
-    if rest in SIMPLE:
-        return {L + SIMPLE[rest]: shape}
-    if rest == "self_attn.conv1d":  # [3W, 1, T] -> [T, 3W]
-        return {L + "kda/convolution": (shape[2], shape[0])}
-    if rest == "self_attn.kv_b_proj":  # per head [key_h (nope rows) | value_h (v rows)]
-        heads, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
-        assert shape[0] == heads * (nope + v)
-        rank = shape[1]
-        return {L + "mla/key_up": (heads * nope, rank), L + "mla/value_up": (heads * v, rank)}
-    experts: dict[str, tuple] = {}
-    if rest == "mlp.experts.gate_up_proj":  # [E, 2·Ir, H]
-        experts = {"gate": (shape[1] // 2, shape[2]), "up": (shape[1] // 2, shape[2])}
-    elif rest == "mlp.experts.down_proj":  # [E, H, Ir]
-        experts = {"down": (shape[1], shape[2])}
-    out = {f"{L}moe/experts/{e}/{k}": v for e in range(shape[0]) for k, v in experts.items()}
-    assert out, name
-    return out
+    """The shapes of the ninfer parameters one HF state-dict entry becomes."""
+    value = np.zeros(shape, np.float32)
+    return {k: v.shape for k, v in text_parameters(name, value, c).items()}
 
 
 @pytest.fixture(scope="module")

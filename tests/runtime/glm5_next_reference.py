@@ -9,7 +9,6 @@ the decays are those of a trained model's range.
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +19,7 @@ torch = pytest.importorskip("torch")
 glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
 from transformers import Glm5NextConfig  # noqa: E402
 
-from tests.glm5_next_layout import SIMPLE, TEXT_PREFIX, TINY_VISION  # noqa: E402
+from tests.glm5_next_layout import TEXT_PREFIX, TINY_VISION, text_parameters  # noqa: E402
 
 #: both token mixers (KDA layers first, as in the real schedule), both FFN kinds, an attention
 #: layer with its own indexer followed by one sharing it; index_topk 8 in pools of 4, so a
@@ -78,40 +77,7 @@ def ninfer_weights(model: Any) -> dict[str, np.ndarray]:
 
 
 def _logical(name: str, value: np.ndarray, c: Any) -> dict[str, np.ndarray]:
-    if name == "lm_head.weight":
-        return {"text/output_head": value}
-    key = re.sub(r"\.weight$", "", name.removeprefix(TEXT_PREFIX))
-    if key == "embed_tokens":
-        return {"text/token_embedding": value}
-    if key == "norm":
-        return {"text/final_norm": value}
-    match = re.fullmatch(r"layers\.(\d+)\.(.+)", key)
-    assert match, name
-    i, rest = int(match[1]), match[2]
-    L = f"text/layers/{i}/"
-    if rest == "self_attn.o_proj":
-        return {L + ("kda" if c.layer_types[i] == "linear_attention" else "mla") + "/output": value}
-    if rest in SIMPLE:
-        return {L + SIMPLE[rest]: value}
-    if rest == "self_attn.conv1d":  # [3W, 1, K] -> [K, 3W]
-        return {L + "kda/convolution": value[:, 0, :].T}
-    if rest == "self_attn.kv_b_proj":  # per head [key_h (nope rows) | value_h (v rows)]
-        heads, nope = c.num_attention_heads, c.qk_nope_head_dim
-        per_head = value.reshape(heads, nope + c.v_head_dim, -1)
-        return {
-            L + "mla/key_up": per_head[:, :nope].reshape(-1, value.shape[1]),
-            L + "mla/value_up": per_head[:, nope:].reshape(-1, value.shape[1]),
-        }
-    if rest == "mlp.experts.gate_up_proj":  # [E, 2·I, H]: gate rows, then up rows
-        half = value.shape[1] // 2
-        return {
-            f"{L}moe/experts/{e}/{part}": value[e, rows]
-            for e in range(value.shape[0])
-            for part, rows in (("gate", slice(None, half)), ("up", slice(half, None)))
-        }
-    if rest == "mlp.experts.down_proj":
-        return {f"{L}moe/experts/{e}/down": value[e] for e in range(value.shape[0])}
-    raise AssertionError(f"unmapped parameter {name}")
+    return text_parameters(name, value, c.to_dict())
 
 
 class StandIn:
