@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ninfer_format.binders.glm5_next import MTP_LAYER, expected_parameters
+from ninfer_format.binders.glm5_next import MTP_ARCHITECTURE, MTP_LAYER, expected_parameters
 from ninfer_format.binders.glm5_next_geometry import (
     ARCHITECTURE,
     DEFAULTS,
@@ -46,8 +46,6 @@ from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
 __all__ = ["map_glm5_next"]
 
 Pieces = tuple[SourcePiece, ...]
-#: the mtp component's architecture (no transformers class exists; the name says the layout)
-MTP_ARCHITECTURE = "Glm5NextMTP"
 PREFIXES = ("model.language_model.", "model.")
 
 #: per layer, logical suffix -> HF name suffixes: the released spelling first, then

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ninfer_format.binders.qwen3_5 import expected_parameters
+from ninfer_format.binders.qwen3_5 import ARCHITECTURE_OF, MTP_ARCHITECTURE_OF, expected_parameters
 from ninfer_format.binders.qwen3_5_geometry import Qwen35Geometry
 
 from ..errors import RecipeError
@@ -183,10 +183,7 @@ def _mtp_pieces(names: _Names, suffix: str) -> Pieces:
 
 
 @register_adapter(
-    {
-        "qwen3_5_text": Architecture("Qwen3_5ForCausalLM", "Qwen3_5MTP"),
-        "qwen3_5_moe_text": Architecture("Qwen3_5MoeForCausalLM", "Qwen3_5MoeMTP"),
-    }
+    {t: Architecture(ARCHITECTURE_OF[t], MTP_ARCHITECTURE_OF[t]) for t in ARCHITECTURE_OF}
 )
 def map_qwen3_5(
     keys: set[str],

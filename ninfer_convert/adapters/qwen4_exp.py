@@ -37,8 +37,8 @@ from typing import Any
 
 from ninfer_format.binders.qwen3_5 import ParamSpec
 from ninfer_format.binders.qwen4_exp import expected_parameters
-from ninfer_format.binders.qwen4_exp_geometry import Qwen4ExpGeometry
-from ninfer_format.binders.qwen4_exp_mtp import mtp_parameters
+from ninfer_format.binders.qwen4_exp_geometry import ARCHITECTURE, MODEL_TYPES, Qwen4ExpGeometry
+from ninfer_format.binders.qwen4_exp_mtp import MTP_ARCHITECTURE, mtp_parameters
 
 from ..errors import RecipeError
 from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
@@ -171,9 +171,7 @@ def _mtp_map(names: _Qwen4Names, keys: set[str], g: Qwen4ExpGeometry) -> dict[st
 
 
 @register_adapter(
-    dict.fromkeys(  # the text-only and the multimodal checkpoints' text configs
-        ("qwen4_exp", "qwen4_exp_text"), Architecture("Qwen4ExpForCausalLM", "Qwen4ExpMTP")
-    ),
+    dict.fromkeys(MODEL_TYPES, Architecture(ARCHITECTURE, MTP_ARCHITECTURE)),
 )
 def map_qwen4_exp(
     keys: set[str],

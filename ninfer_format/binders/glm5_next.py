@@ -66,6 +66,8 @@ from .text_contract import TextContract
 
 UNCHECKED_COMPONENTS = {"vision": "the GLM5Next vision tower has no contract yet"}
 MTP_LAYER = "mtp/layers/0/"
+#: the mtp component's architecture (no transformers class exists; the name says the layout)
+MTP_ARCHITECTURE = "Glm5NextMTP"
 
 
 def _connection(P: str, g: Glm5NextGeometry) -> Iterator[ParamSpec]:

@@ -19,6 +19,9 @@ from .parameter_spec import ParamSpec, _matrix, _vector
 from .qwen4_exp import _connection, _decoder_layer
 from .qwen4_exp_geometry import INDEXED_ATTENTION, Qwen4ExpGeometry
 
+#: the mtp component's architecture (no transformers class exists; the name says the layout)
+MTP_ARCHITECTURE = "Qwen4ExpMTP"
+
 #: a decoder layer index no ``ple_layer_ids`` entry can name: the layer template without PLE
 _TEMPLATE = -1
 
