@@ -23,7 +23,6 @@ from ninfer_runtime.frontend.parsers import (
     MAX_NAME,
     OutputParser,
     ParseEvent,
-    ToolCallStart,
     _Call,
     _earliest,
     _held_suffix,
@@ -98,16 +97,6 @@ class GlmOutputParser(OutputParser):
         self._announce(call, name, out)
         call.phase = "glm_body"
         return True
-
-    def _announce(self, call: _Call, name: str, out: list[ParseEvent]) -> None:
-        """The name is complete: the call gets its index (and, streaming, its start event)."""
-        call.name = name
-        call.params = 0
-        call.schemas = self._schemas.get(name, {})
-        call.index = self._next_index
-        self._next_index += 1
-        self._emit(call, ToolCallStart(call.index, self._call_id(call.index), name), out)
-        call.announced = self._stream_calls
 
     def _phase_glm_body(self, call: _Call, out: list[ParseEvent]) -> bool:
         self._skip_space(call)

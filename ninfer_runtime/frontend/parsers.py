@@ -490,6 +490,12 @@ class OutputParser:
         name = self._read_name(call, out, "function")
         if name is None:
             return self._call is not call  # a fallback is progress
+        self._announce(call, name, out)
+        call.phase = "function_body"
+        return True
+
+    def _announce(self, call: _Call, name: str, out: list[ParseEvent]) -> None:
+        """The name is complete: the call gets its index (and, streaming, its start event)."""
         call.name = name
         call.params = 0
         call.schemas = self._schemas.get(name, {})
@@ -497,8 +503,6 @@ class OutputParser:
         self._next_index += 1
         self._emit(call, ToolCallStart(call.index, self._call_id(call.index), name), out)
         call.announced = self._stream_calls
-        call.phase = "function_body"
-        return True
 
     def _phase_function_body(self, call: _Call, out: list[ParseEvent]) -> bool:
         self._skip_space(call)
