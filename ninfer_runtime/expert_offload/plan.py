@@ -143,12 +143,16 @@ def plan_residency(
     ``VramBudgetError`` when even none fit."""
     floor = sizes.other + workspace + context
     if budget < floor:
+        whole = (  # a model without routed experts has nothing to place beyond the floor
+            f", all routed experts resident from {format_size(floor + sizes.expert_total)}"
+            if sizes.expert_total
+            else "; this model has no routed experts to keep in host memory"
+        )
         raise VramBudgetError(
             f"--vram-budget {format_size(budget)} is below what must be in device memory "
             f"(weights other than the routed experts {format_size(sizes.other)}, workspace "
             f"{format_size(workspace)}, context pool {format_size(context)}): the smallest "
-            f"budget that works is {format_size(floor)} ({floor} bytes), all routed experts "
-            f"resident from {format_size(floor + sizes.expert_total)}"
+            f"budget that works is {format_size(floor)} ({floor} bytes){whole}"
         )
     room = budget - floor
     candidates = []
