@@ -23,7 +23,7 @@ from tests.format.test_codecs_gguf import _random_blocks
 from tests.gguf_terms import term_magnitudes
 
 from .conftest import requires_gpu
-from .test_kernels import check_close
+from .test_kernels import check_close, product
 
 pytestmark = requires_gpu
 
@@ -108,7 +108,7 @@ def test_product_of_many_rows(fmt: str) -> None:
     parent, w, terms = _weight_and_terms(fmt, seed=3)
     x = np.random.default_rng(3).standard_normal((20, w.shape[1])).astype(np.float32)
     out = cp.full((20, ROWS + 3), np.nan, dtype=cp.float32)
-    kernels.product(parent.data, parent.planes, 0, ROWS, cp.asarray(x), out[:, 3:], ROWS + 3)
+    product(parent.data, parent.planes, 0, ROWS, cp.asarray(x), out[:, 3:], ROWS + 3)
     tensor_cores = served_by(product_key(parent.planes, ROWS, 20)) == "tensor_cores"
     assert tensor_cores == (fmt in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k"))
     check_close(out[:, 3:], x, w, tensor_cores, terms)

@@ -16,6 +16,8 @@ from ninfer_format.codecs import codec_for
 from ninfer_runtime.backends.cuda import formats as F
 from ninfer_runtime.backends.cuda import kernels
 from ninfer_runtime.backends.cuda.weights import PackedWeight, Parent, Segment
+from ninfer_runtime.ops import registry
+from ninfer_runtime.ops.linear import product_key
 
 from .conftest import REPORT, requires_gpu
 
@@ -81,6 +83,13 @@ def check_close(
     ratio = np.max(np.abs(got - ref) / bound)
     assert ratio <= 1.0, f"error {ratio:.2f}x the float32 bound"
     return float(np.max(np.abs(got - ref) / (np.abs(ref).max() + 1e-30)))
+
+
+def product(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
+    """The linear family's ``product`` as the backend calls it: the provider its policy picks
+    for these planes, rows and activation rows."""
+    key = product_key(p, rows, int(x.shape[0]))
+    registry.resolve("linear", "product", **key)(data, p, row0, rows, x, y, ldy)
 
 
 def on_tensor_cores(parent: Any, m: int) -> bool:

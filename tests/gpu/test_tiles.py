@@ -25,7 +25,7 @@ from tests.gguf_terms import term_magnitudes
 
 from . import test_backend
 from .conftest import requires_gpu
-from .test_kernels import RS, case_id, check_close, make_weight
+from .test_kernels import RS, case_id, check_close, make_weight, product
 
 pytestmark = requires_gpu
 
@@ -115,8 +115,8 @@ def test_rows_in_parts_where_the_partial_sums_do_not_fit(monkeypatch: Any) -> No
 
 @pytest.mark.parametrize("case", FIRST, ids=case_id)
 def test_row_ranges_and_wider_output(case: Any) -> None:
-    """Rows 21 .. n - 7 into columns of a wider y (ldy > rows), through ``kernels.product``,
-    and 13 activation rows (two launches of 8 and 5)."""
+    """Rows 21 .. n - 7 into columns of a wider y (ldy > rows), through the linear family's
+    ``product``, and 13 activation rows (two launches of 8 and 5)."""
     import cupy as cp
 
     data, p, w, terms = tiled(case, seed=9)
@@ -128,7 +128,7 @@ def test_row_ranges_and_wider_output(case: Any) -> None:
         xp[:, :k] = cp.asarray(x)
         r0, rows = 21, n - 28
         out = cp.full((m, n + 10), np.nan, dtype=cp.float32)
-        kernels.product(data, p, r0, rows, xp, out[:, 3:], n + 10)
+        product(data, p, r0, rows, xp, out[:, 3:], n + 10)
         check_close(out[:, 3 : 3 + rows], x, w[r0 : r0 + rows], True, terms[r0 : r0 + rows])
         assert cp.isnan(out[:, :3]).all() and cp.isnan(out[:, 3 + rows :]).all()
 
