@@ -17,7 +17,7 @@ from ninfer_runtime.frontend import (
     ToolCallEnd,
     ToolCallStart,
 )
-from ninfer_serve.anthropic.messages import _Blocks
+from ninfer_serve.anthropic.message_stream import ContentBlocks as _Blocks
 from ninfer_serve.anthropic.messages import to_job as anthropic_job
 from ninfer_serve.anthropic.models import MessagesRequest
 from ninfer_serve.openai.response_events import ResponseBuilder
