@@ -12,10 +12,10 @@ from typing import Any
 
 from .adapters.base import has_mtp_weights
 from .adapters.qwen3_5_gguf import has_mtp as gguf_has_mtp
-from .adapters.qwen3_5_gguf import open_config_only
 from .errors import RecipeError, SourceError
 from .recipe import Recipe
 from .sources import GgufSource, open_source
+from .sources.config_only import open_config_only
 from .sources.gguf_base import write_base
 
 KNOWN_COMPONENTS = ("text", "mtp", "vision")

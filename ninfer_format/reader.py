@@ -1,21 +1,15 @@
-"""Reading a v3 file set: open-time validation, lazy parts, range reads and decoding.
+"""Reading a v3 file set: the opened artifact, its objects, parameters and resources.
 
-``Artifact.open`` validates R1-R12 from the entry alone. Continuation files are opened (and
-R15-checked) on first need; an object's format, layout, size and alignment (R13, R14) are
-checked when it is first interpreted. Reads of an object that lies in one file are zero-copy
-views of a memory map.
+``Artifact.open`` validates R1-R12 from the entry alone (see ``entry_file``). Continuation
+files are opened (and R15-checked) on first need (see ``payload_files``); an object's format,
+layout, size and alignment (R13, R14) are checked when it is first interpreted. Reads of an
+object that lies in one file are zero-copy views of a memory map.
 """
 
 from __future__ import annotations
 
-import gc
 import math
-import mmap
 import os
-from bisect import bisect_right
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -24,86 +18,12 @@ import numpy as np
 
 from .binders import BinderReport, bind
 from .codecs import TensorCodec, codec_for
-from .errors import (
-    ArtifactError,
-    CodecError,
-    FramingError,
-    LookupFailed,
-    MissingFile,
-    PartFileError,
-    ResourceError,
-)
-from .fileset import name_limit
-from .framing import (
-    HEADER_BYTES,
-    PAGE,
-    PART_PAYLOAD_START,
-    align_up,
-    check_part_header,
-    parse_entry_header,
-)
-from .jsontext import parse_directory_text
+from .entry_file import read_entry
+from .errors import ArtifactError, CodecError, LookupFailed, ResourceError
+from .framing import HEADER_BYTES, PAGE, align_up
+from .payload_files import PayloadFile, PayloadFiles
 from .resources import decode_resource
 from .schema import Component, Directory, Resource, Tensor, Use, WholeBinding
-from .validate import check_directory, parse_directory
-
-#: A directory larger than this is refused before it is read (100k objects take ~20 MB).
-MAX_DIRECTORY_BYTES = 512 * 1024 * 1024
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Building ~10^6 small containers triggers the cyclic GC over and over; none form cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _not_an_entry(path: Path) -> MissingFile:
-    if path.is_dir():
-        entries = sorted(p.name for p in path.glob("*.ninfer") if p.is_file())
-        listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        return MissingFile(
-            f"{path}: is a directory; an artifact is opened by its entry file"
-            + (f" (here: {listed})" if entries else " (none here ends in .ninfer)")
-        )
-    if path.exists():
-        return MissingFile(f"{path}: not a regular file; an artifact is opened by its entry file")
-    return MissingFile(f"{path}: no such file")
-
-
-def _check_name_length(path: Path, index: int) -> None:
-    """A part name the file system cannot hold names a file that cannot exist."""
-    size, limit = len(os.fsencode(path.name)), name_limit(path.parent)
-    if size > limit:
-        shown = path.name if len(path.name) <= 40 else f"{path.name[:28]}...{path.name[-8:]}"
-        raise PartFileError(
-            f"files[{index}].path {shown!r} is {size} bytes, longer than the {limit}-byte "
-            "file-name limit: that part file cannot exist"
-        )
-
-
-@dataclass(frozen=True)
-class PayloadFile:
-    """One file of the set and the slice of the logical payload it stores."""
-
-    index: int
-    path: Path
-    payload_start: int  # file offset of its first payload byte
-    logical_start: int  # P_i
-    payload_bytes: int  # B_i
-
-    @property
-    def logical_end(self) -> int:
-        return self.logical_start + self.payload_bytes
-
-    @property
-    def file_size(self) -> int:
-        return self.payload_start + self.payload_bytes
 
 
 class Artifact:
@@ -115,55 +35,20 @@ class Artifact:
         self.artifact_id = artifact_id
         self.json_bytes = json_bytes
         self.entry_payload_start = align_up(HEADER_BYTES + json_bytes, PAGE)
-        files, start = [], 0
-        for i, f in enumerate(directory.files):
-            where = path if i == 0 else path.parent / f.path  # type: ignore[operator]
-            first = self.entry_payload_start if i == 0 else PART_PAYLOAD_START
-            files.append(PayloadFile(i, where, first, start, f.payload_bytes))
-            start += f.payload_bytes
-        self.files: list[PayloadFile] = files
-        self.payload_bytes = start
-        self._starts = [f.logical_start for f in files]
-        self._maps: dict[int, mmap.mmap] = {}
+        self._payload = PayloadFiles(path, directory.files, artifact_id, self.entry_payload_start)
+        self.files: list[PayloadFile] = self._payload.files
+        self.payload_bytes = self._payload.payload_bytes
         self._checked: dict[str, TensorCodec] = {}
 
     # ----------------------------------------------------------------- opening
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Artifact:
         path = Path(path)
-        if not path.is_file():
-            raise _not_an_entry(path)
-        try:
-            with path.open("rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                header = parse_entry_header(fh.read(HEADER_BYTES), size, path.name)
-                if header.json_bytes > MAX_DIRECTORY_BYTES:
-                    raise FramingError(
-                        f"{path.name}: directory of {header.json_bytes} bytes exceeds the "
-                        f"{MAX_DIRECTORY_BYTES}-byte limit"
-                    )
-                raw = fh.read(header.json_bytes)
-        except OSError as exc:
-            raise FramingError(f"{path}: cannot read: {exc.strerror}") from None
-        if len(raw) != header.json_bytes:
-            raise FramingError(f"{path.name}: file ends inside the JSON directory")
-        with _collector_paused():
-            directory = parse_directory(parse_directory_text(raw))
-            check_directory(directory, path.name)
-        expected = header.payload_start + directory.files[0].payload_bytes
-        if size != expected:
-            raise FramingError(
-                f"{path.name}: file is {size} bytes, expected {expected} (payload start "
-                f"{header.payload_start} + files[0].payload_bytes "
-                f"{directory.files[0].payload_bytes})"
-            )
+        directory, header = read_entry(path)
         return cls(path, directory, header.artifact_id, header.json_bytes)
 
     def close(self) -> None:
-        for mm in self._maps.values():
-            with suppress(BufferError):  # a caller still holds a zero-copy view of it
-                mm.close()
-        self._maps.clear()
+        self._payload.close()
 
     def __enter__(self) -> Artifact:
         return self
@@ -201,74 +86,17 @@ class Artifact:
         return bind(self.directory)
 
     # ----------------------------------------------------------------- bytes
-    def _map(self, index: int) -> mmap.mmap:
-        mm = self._maps.get(index)
-        if mm is not None:
-            return mm
-        f = self.files[index]
-        name = f.path.name
-        _check_name_length(f.path, index)
-        try:
-            if f.path.exists() and not f.path.is_file():  # a FIFO would block open() forever
-                raise PartFileError(f"{name}: file {index} of the set is not a regular file")
-            with f.path.open("rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if index > 0:
-                    check_part_header(
-                        fh.read(HEADER_BYTES),
-                        size,
-                        name,
-                        index,
-                        self.artifact_id,
-                        f.payload_bytes,
-                    )
-                elif size != f.file_size:
-                    raise FramingError(f"{name}: file changed size since it was opened")
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except FileNotFoundError:
-            raise PartFileError(
-                f"{name}: continuation file {index} is missing (expected next to {self.path.name})"
-            ) from None
-        except OSError as exc:
-            raise PartFileError(f"{name}: cannot read: {exc.strerror}") from None
-        self._maps[index] = mm
-        return mm
-
     def segments(self, offset: int, length: int) -> list[tuple[int, int, int, int]]:
         """Map a logical range to ``(file index, file offset, destination offset, bytes)``."""
-        if offset < 0 or length < 0 or offset + length > self.payload_bytes:
-            raise ArtifactError(
-                f"range [{offset}, {offset + length}) is outside the payload "
-                f"({self.payload_bytes} bytes)"
-            )
-        out = []
-        i = max(bisect_right(self._starts, offset) - 1, 0)
-        start, end = offset, offset + length
-        while offset < end:
-            f = self.files[i]
-            take = min(end, f.logical_end) - offset
-            if take > 0:
-                out.append((i, f.payload_start + offset - f.logical_start, offset - start, take))
-                offset += take
-            i += 1
-        return out
+        return self._payload.segments(offset, length)
 
     def read(self, offset: int, length: int) -> np.ndarray:
         """Logical payload bytes as uint8; a zero-copy view when the range lies in one file."""
-        segs = self.segments(offset, length)
-        if len(segs) == 1:
-            i, at, _, n = segs[0]
-            return self.read_file(i, at, n)
-        for i, *_ in segs:
-            self._map(i)  # every file checked (R15) before a buffer of that size exists
-        out = np.empty(length, dtype=np.uint8)
-        for i, at, dest, n in segs:
-            out[dest : dest + n] = self.read_file(i, at, n)
-        return out
+        return self._payload.read(offset, length)
 
     def read_file(self, index: int, file_offset: int, length: int) -> np.ndarray:
         """Bytes of one file of the set by file offset (headers included), as a view."""
-        return np.frombuffer(self._map(index), dtype=np.uint8, count=length, offset=file_offset)
+        return self._payload.read_file(index, file_offset, length)
 
     def raw(self, object_id: str) -> np.ndarray:
         """The stored bytes of an object (uint8)."""

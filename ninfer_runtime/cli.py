@@ -1,12 +1,16 @@
-"""``ninfer``: one-shot generation from a .ninfer artifact on the command line."""
+"""``ninfer``: one-shot generation from a .ninfer artifact on the command line.
+
+This module is the command itself: its flags, their checks and the run they make. The flags
+``ninfer-serve`` shares with it are ``cli_options``' (re-exported here, as callers import them
+from this module), the request built from the flags ``cli_request``'s, and what is printed
+``cli_output``'s.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -16,57 +20,34 @@ import click
 from ninfer_format import Artifact, ArtifactError
 from ninfer_format.extras import require_extra
 
-from .errors import EngineError, RequestError
+from .cli_options import (
+    DEFAULT_CONTEXT,
+    PLE_ROWS_CHOICES,
+    PLE_ROWS_HELP,
+    fit_context,
+    model_options,
+    model_positions,
+    speculative_options,
+)
+from .cli_output import print_reply, spec_summary, usage_summary
+from .cli_request import chat_messages, named_image_errors, read_images
+from .errors import EngineError
 from .model_path import not_an_artifact
 from .state import KV_DTYPES
 
 if TYPE_CHECKING:
-    from .speculative import SpecConfig, SpecStats
+    from .speculative import SpecConfig
 
-
-def speculative_options(spec_default: str | None) -> Callable[[Any], Any]:
-    """``--spec``, ``--draft-tokens`` and ``--proposal-head``, as ``ninfer`` and
-    ``ninfer-serve`` both take them (``spec_default`` None: a config file may set it)."""
-    options = [
-        click.option(
-            "--spec",
-            default=spec_default,
-            metavar="off|mtp",
-            help="Speculative decoding: mtp drafts with the artifact's MTP component "
-            "(dflash, dflash2: not available yet).  [default: off]",
-        ),
-        click.option(
-            "--draft-tokens",
-            type=int,
-            help="Tokens drafted per round with --spec mtp, 1..5.  [default: 3]",
-        ),
-        click.option(
-            "--proposal-head",
-            type=click.Choice(["optimized", "full"]),
-            help="The drafter scores the artifact's proposal rows or the whole vocabulary.  "
-            "[default: optimized when the artifact has them]",
-        ),
-    ]
-
-    def apply(fn: Any) -> Any:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return apply
-
-
-#: --max-context when not given (unless the model has fewer positions)
-DEFAULT_CONTEXT = 4096
-#: ``--ple-rows`` values, Qwen4Exp's ``ple_rows`` model option (``models/qwen4_exp/ple_rows.py``
-#: is the authority; kept here so ``--help`` does not import the model)
-PLE_ROWS_CHOICES = ("auto", "resident", "streamed")
-#: the help text of ``--ple-rows`` (ninfer and ninfer-serve)
-PLE_ROWS_HELP = (
-    "Qwen4Exp's PLE n-gram tables: resident (loaded whole), streamed (rows read from the "
-    "artifact as steps need them) or auto (streamed above 1 GiB decoded). Another model "
-    "refuses the option.  [default: the model's, auto]"
-)
+__all__ = [
+    "DEFAULT_CONTEXT",
+    "PLE_ROWS_CHOICES",
+    "PLE_ROWS_HELP",
+    "fit_context",
+    "main",
+    "model_options",
+    "model_positions",
+    "speculative_options",
+]
 
 EPILOG = """\b
 Examples:
@@ -77,54 +58,6 @@ Examples:
   ninfer model.ninfer --prompt "Count to ten." --spec mtp --draft-tokens 3 --stats
   ninfer vlm.ninfer --image cat.jpg --prompt "What is in this picture?"
 """
-
-
-def _messages(
-    prompt: str | None, messages_file: Path | None, system: str | None, images: int = 0
-) -> list[Any]:
-    if messages_file is not None:
-        try:
-            data = json.loads(messages_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise click.BadParameter(f"{messages_file}: {exc}", param_hint="--messages") from None
-        messages = data.get("messages") if isinstance(data, dict) else data
-        if not isinstance(messages, list):
-            raise click.BadParameter(
-                'expected a JSON list of messages (or {"messages": [...]})', param_hint="--messages"
-            )
-    else:
-        messages = [{"role": "user", "content": prompt}]
-    if images:
-        messages = _with_images(messages, images)
-    if system:
-        messages = [{"role": "system", "content": system}, *messages]
-    return messages
-
-
-def _with_images(messages: list[Any], images: int) -> list[Any]:
-    """``messages`` with ``images`` image parts put first in the last user message, before
-    its text (``--image`` files, in the order given)."""
-    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-    if not users:
-        raise click.BadParameter("--image needs a user message to go with", param_hint="--image")
-    last = dict(messages[users[-1]])
-    content = last.get("content")
-    text = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
-    last["content"] = [*({"type": "image"} for _ in range(images)), *text]
-    return [*messages[: users[-1]], last, *messages[users[-1] + 1 :]]
-
-
-def _read_images(paths: tuple[Path, ...]) -> list[Any]:
-    from .media import ImageInput
-
-    images = []
-    for path in paths:
-        try:
-            images.append(ImageInput(path.read_bytes()))
-        except OSError as exc:
-            message = f"{path}: {exc.strerror or exc}"
-            raise click.BadParameter(message, param_hint="--image") from None
-    return images
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -248,57 +181,11 @@ def _spec_config(o: SimpleNamespace) -> SpecConfig | None:
     return SpecConfig(o.spec, **given)
 
 
-def _spec_summary(stats: SpecStats | None) -> str:
-    """The ``--stats`` line: how many drafts verification kept, overall and by position."""
-    if stats is None:
-        return "[speculative decoding off]"
-    by_position = " ".join(
-        f"{count / max(stats.rounds, 1):.0%}" for count in stats.accepted_per_position
-    )
-    fallbacks = f", {stats.fallbacks} step(s) without drafts" if stats.fallbacks else ""
-    return (
-        f"[speculative: {stats.accepted}/{stats.drafted} drafts accepted "
-        f"({stats.acceptance_rate:.1%}), {stats.tokens_per_round:.2f} tokens per round over "
-        f"{stats.rounds} rounds, by position {by_position}{fallbacks}]"
-    )
-
-
-def model_options(ple_rows: str | None) -> dict[str, Any] | None:
-    """The engine's ``model_options`` from the flags that set one (None: none given, so a
-    model that takes no such option is not refused)."""
-    return {"ple_rows": ple_rows} if ple_rows is not None else None
-
-
-def model_positions(artifact: Artifact) -> int | None:
-    """The text model's ``max_position_embeddings`` (None when its config does not say)."""
-    text = artifact.components.get("text")
-    value = (text.config or {}).get("max_position_embeddings") if text is not None else None
-    return value if type(value) is int and value > 0 else None
-
-
-def fit_context(requested: int | None, positions: int | None) -> int:
-    """``--max-context`` for a model of ``positions``: the default is cut to them, a larger
-    value given is refused (RoPE past the trained positions gives no usable text)."""
-    if requested is None:
-        return DEFAULT_CONTEXT if positions is None else min(DEFAULT_CONTEXT, positions)
-    if positions is not None and requested > positions:
-        raise EngineError(
-            f"--max-context {requested} is more than the model's {positions} positions "
-            f"(its max_position_embeddings); give {positions} or less"
-        )
-    return requested
-
-
 def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
-    from .engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
+    """Load the engine, generate the one reply the flags ask for, and print it."""
+    from .engine import Engine, GenerationRequest
     from .expert_offload import vram_budget_setting
-    from .frontend import (
-        ReasoningDelta,
-        SamplingParams,
-        TextDelta,
-        ToolCallArgumentsDelta,
-        ToolCallStart,
-    )
+    from .frontend import SamplingParams
 
     started = time.perf_counter()
     artifact = Artifact.open(model)
@@ -329,77 +216,19 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         request = GenerationRequest(prompt=o.prompt, sampling=params, parse_output=False)
     else:
         request = GenerationRequest(
-            messages=_messages(o.prompt, o.messages_file, o.system, len(o.image_files)),
-            images=_read_images(o.image_files),
+            messages=chat_messages(o.prompt, o.messages_file, o.system, len(o.image_files)),
+            images=read_images(o.image_files),
             sampling=params,
             enable_thinking=False if o.no_thinking else None,
         )
-    stream = o.stream
-    reasoning, text, ids = [], [], []
-    in_reasoning = False
-    finished = None
-    for event in _named_image_errors(engine.generate(request), o.image_files):
-        if isinstance(event, TokenEvent):
-            ids.append(event.token_id)
-        elif isinstance(event, OutputEvent):
-            e = event.event
-            if isinstance(e, ReasoningDelta):
-                reasoning.append(e.text)
-                if stream:
-                    if not in_reasoning:
-                        click.secho("[reasoning] ", dim=True, nl=False)
-                        in_reasoning = True
-                    click.secho(e.text, dim=True, nl=False)
-            elif isinstance(e, TextDelta | ToolCallStart | ToolCallArgumentsDelta):
-                piece = (
-                    e.text
-                    if isinstance(e, TextDelta | ToolCallArgumentsDelta)
-                    else f"\n[tool call {e.name}] "
-                )
-                text.append(piece)
-                if stream:
-                    if in_reasoning:
-                        click.echo("\n")
-                        in_reasoning = False
-                    click.echo(piece, nl=False)
-        elif isinstance(event, Finished):
-            finished = event
-    if stream:
-        click.echo("")
-    else:
-        if "".join(reasoning).strip():
-            click.secho("[reasoning] " + "".join(reasoning).strip(), dim=True)
-            click.echo("")
-        click.echo("".join(text))
-    if o.print_token_ids:
-        click.echo(json.dumps(ids))
-    assert finished is not None
-    u = finished.usage
-    prompt_rate = u.prompt_tokens / max(finished.prompt_seconds, 1e-9)
-    decode_rate = max(u.completion_tokens - 1, 0) / max(finished.decode_seconds, 1e-9)
-    images = f" ({u.images} images)" if u.images else ""
-    click.secho(
-        f"[{u.prompt_tokens} prompt tokens{images} at {prompt_rate:.1f} tok/s, "
-        f"{u.completion_tokens} "
-        f"generated at {decode_rate:.1f} tok/s, finish: {finished.reason}, load {loaded:.2f} s]",
-        dim=True,
-        err=True,
+    finished = print_reply(
+        named_image_errors(engine.generate(request), o.image_files),
+        stream=o.stream,
+        print_token_ids=o.print_token_ids,
     )
+    click.secho(usage_summary(finished, loaded), dim=True, err=True)
     if o.stats:
-        click.secho(_spec_summary(engine.spec_stats), dim=True, err=True)
-
-
-def _named_image_errors(events: Iterator[Any], files: tuple[Path, ...]) -> Iterator[Any]:
-    """``events``, with an error about the request's i-th image (``param`` ``images[i]``)
-    naming its file instead."""
-    try:
-        yield from events
-    except RequestError as exc:
-        param = exc.param or ""
-        index = param[len("images[") : -1] if param.startswith("images[") else ""
-        if not index.isdigit() or int(index) >= len(files):
-            raise
-        raise RequestError(f"{files[int(index)]}: {exc}", param=param, code=exc.code) from None
+        click.secho(spec_summary(engine.spec_stats), dim=True, err=True)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,23 @@
 """Chat template rendering: OpenAI-style messages and tools -> the prompt text.
 
-Templates are Jinja, run the way Hugging Face runs them (sandboxed, ``trim_blocks`` and
-``lstrip_blocks``, a ``tojson`` that does not HTML-escape, ``raise_exception``), so an artifact's
-``chat_template.jinja`` renders here exactly as in ``transformers``. Without one, ninfer's own
-template is used: GLM-5 framing for a GLM5Next artifact (``templates/glm5_chat.jinja``), else
-Qwen3.5-style ChatML (``templates/qwen3_5_chatml.jinja``). ``ChatTemplate.chat_format`` says
-which family's conventions (tool-call form, effort levels) the template follows.
+Templates are Jinja, run the way Hugging Face runs them (``template_environment``), so an
+artifact's ``chat_template.jinja`` renders here exactly as in ``transformers``. Without one,
+ninfer's own template is used: GLM-5 framing for a GLM5Next artifact
+(``templates/glm5_chat.jinja``), else Qwen3.5-style ChatML (``templates/qwen3_5_chatml.jinja``).
+``ChatTemplate.chat_format`` says which family's conventions (tool-call form, effort levels)
+the template follows.
 
 Thinking off is honoured even by a template that opens the think block unconditionally: a
 generation prompt that still ends inside ``<think>`` is closed with ``</think>``, and in a GLM
 template without a thinking switch each user turn ends with ``/nothink`` (``ChatFormat``).
 
-Messages are checked before rendering so a bad request fails with a ``RequestError`` naming the
-message and field, never with a Jinja traceback.
+Messages and tools are checked before rendering (``chat_messages``) so a bad request fails with
+a ``RequestError`` naming the message and field, never with a Jinja traceback.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
-from functools import cache
 from importlib import resources as importlib_resources
 from typing import Any
 
@@ -33,7 +30,9 @@ from ninfer_runtime.frontend._resources import (
     token_content,
 )
 from ninfer_runtime.frontend.chat_format import ChatFormat, detect_chat_format
-from ninfer_runtime.frontend.tokenizer import THINK_CLOSE, THINK_OPEN
+from ninfer_runtime.frontend.chat_messages import ROLES, normalize_messages, normalize_tools
+from ninfer_runtime.frontend.markers import THINK_CLOSE, THINK_OPEN
+from ninfer_runtime.frontend.template_environment import TemplateRaised, template_environment
 
 __all__ = [
     "BUILTIN_TEMPLATE",
@@ -48,64 +47,8 @@ BUILTIN_TEMPLATE = "qwen3_5_chatml.jinja"
 GLM_BUILTIN_TEMPLATE = "glm5_chat.jinja"
 #: text ``model_type``s whose built-in template is GLM's
 _GLM_MODEL_TYPES = frozenset({"glm5_next", "glm5_next_text"})
-ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Variables the caller sets through dedicated arguments; chat_template_kwargs may not.
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
-
-
-class _TemplateRaised(Exception):
-    """``raise_exception`` inside a template: the template's own verdict on the request."""
-
-
-def _raise_exception(message: object) -> None:
-    raise _TemplateRaised(str(message))
-
-
-def _tojson(
-    value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False
-) -> str:
-    """JSON as the model saw it in training: no HTML escaping, non-ASCII kept."""
-    return json.dumps(
-        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _fromjson(text: str) -> Any:
-    """Parse a JSON string inside a template (tool-call arguments kept as strings)."""
-    return json.loads(text)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-@cache
-def _environment() -> Any:
-    """One sandboxed Jinja environment for all templates (compiling is the costly part)."""
-    from jinja2 import nodes
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class GenerationBlock(Extension):
-        """``{% generation %}`` marks assistant text for training masks; rendering ignores it."""
-
-        tags = frozenset({"generation"})
-
-        def parse(self, parser: Any) -> list[nodes.Node]:
-            next(parser.stream)
-            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=False,
-        extensions=[GenerationBlock, loopcontrols],
-    )
-    env.filters["tojson"] = _tojson
-    env.filters["fromjson"] = _fromjson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
 
 
 def builtin_template_source(name: str = BUILTIN_TEMPLATE) -> str:
@@ -137,7 +80,7 @@ class ChatTemplate:
         #: the family whose tool-call form and effort levels the template follows
         self.chat_format: ChatFormat = detect_chat_format(source)
         try:
-            self._template = _environment().from_string(source)
+            self._template = template_environment().from_string(source)
         except TemplateSyntaxError as exc:
             raise EngineError(
                 f"chat template {origin}: syntax error at line {exc.lineno}: {exc.message}"
@@ -271,7 +214,7 @@ class ChatTemplate:
 
         try:
             return render(**variables)
-        except _TemplateRaised as exc:
+        except TemplateRaised as exc:
             raise request_error(
                 f"chat template rejected the conversation: {exc}", "messages"
             ) from None
@@ -328,156 +271,3 @@ def _plain_text(content: Any) -> str:
             if isinstance(p, str) or (isinstance(p, Mapping) and p.get("type") == "text")
         )
     return ""
-
-
-# -- request checking ---------------------------------------------------------------------------
-
-
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Checked copies of ``messages`` in the shape templates expect.
-
-    ``developer`` becomes ``system`` (Qwen has no developer role), the history alias
-    ``reasoning`` becomes ``reasoning_content``, and tool-call arguments given as JSON strings
-    (the OpenAI wire form) become mappings (the form HF templates iterate). The input is never
-    modified.
-    """
-    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
-        raise request_error("messages must be a non-empty list of message objects", "messages")
-    out: list[dict[str, Any]] = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, Mapping):
-            raise request_error(f"{where} must be an object", where)
-        msg = dict(message)
-        role = msg.get("role")
-        if role is None:
-            raise request_error(f"{where}.role is missing", f"{where}.role")
-        if role not in ROLES:
-            raise request_error(
-                f"{where}.role {role!r} is not one of {', '.join(ROLES)}", f"{where}.role"
-            )
-        if role == "developer":
-            msg["role"] = "system"
-        if "reasoning" in msg and msg.get("reasoning_content") is None:
-            msg["reasoning_content"] = msg.pop("reasoning")
-        reasoning = msg.get("reasoning_content")
-        if reasoning is not None and not isinstance(reasoning, str):
-            raise request_error(
-                f"{where}.reasoning_content must be a string", f"{where}.reasoning_content"
-            )
-        content = msg.get("content")
-        if content is None:
-            if role != "assistant":
-                raise request_error(
-                    f"{where}.content is missing ({role} messages need content)",
-                    f"{where}.content",
-                )
-            if not msg.get("tool_calls") and reasoning is None:
-                raise request_error(
-                    f"{where}: an assistant message needs content, reasoning_content or tool_calls",
-                    f"{where}.content",
-                )
-        else:
-            _check_content(content, f"{where}.content")
-        if role == "assistant" and msg.get("tool_calls") is not None:
-            msg["tool_calls"] = _normalize_tool_calls(msg["tool_calls"], f"{where}.tool_calls")
-        elif msg.get("tool_calls"):
-            raise request_error(
-                f"{where}.tool_calls is only allowed on assistant messages", f"{where}.tool_calls"
-            )
-        out.append(msg)
-    return out
-
-
-def _check_content(content: Any, where: str) -> None:
-    if isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        raise request_error(
-            f"{where} must be a string or a list of content parts, got {type(content).__name__}",
-            where,
-        )
-    for j, part in enumerate(content):
-        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise request_error(f"{where}[{j}] must be an object with a type", f"{where}[{j}]")
-        if part["type"] == "text" and not isinstance(part.get("text"), str):
-            raise request_error(f"{where}[{j}].text must be a string", f"{where}[{j}].text")
-
-
-def _normalize_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(calls, list):
-        raise request_error(f"{where} must be a list", where)
-    out = []
-    for j, call in enumerate(calls):
-        here = f"{where}[{j}]"
-        if not isinstance(call, Mapping):
-            raise request_error(f"{here} must be an object", here)
-        nested = isinstance(call.get("function"), Mapping)
-        fn = call["function"] if nested else call
-        prefix = f"{here}.function" if nested else here
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise request_error(f"{prefix}.name must be a non-empty string", f"{prefix}.name")
-        arguments = fn.get("arguments")
-        if arguments is None:
-            arguments = {}
-        elif isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as exc:
-                raise request_error(
-                    f"{prefix}.arguments is not valid JSON ({exc.msg} at {exc.pos})",
-                    f"{prefix}.arguments",
-                ) from None
-        if not isinstance(arguments, Mapping):
-            raise request_error(f"{prefix}.arguments must be a JSON object", f"{prefix}.arguments")
-        normalized = {k: v for k, v in call.items() if k != "function"}
-        normalized.pop("name", None)
-        normalized.pop("arguments", None)
-        normalized["type"] = "function"
-        normalized["function"] = {"name": name, "arguments": dict(arguments)}
-        out.append(normalized)
-    return out
-
-
-def normalize_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Checked copies of ``tools`` in the OpenAI shape ``{"type": "function", "function": ...}``.
-
-    A bare function schema (``{"name": ..., "parameters": ...}``, accepted by HF) is wrapped, so
-    the prompt lists every tool the same way.
-    """
-    if tools is None:
-        return None
-    if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
-        raise request_error("tools must be a list of tool objects", "tools")
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, Mapping):
-            raise request_error(f"{where} must be an object", where)
-        if "function" in tool:
-            if tool.get("type", "function") != "function":
-                raise request_error(
-                    f"{where}.type {tool.get('type')!r} is not supported (only 'function')",
-                    f"{where}.type",
-                )
-            fn = tool["function"]
-            prefix = f"{where}.function"
-            if not isinstance(fn, Mapping):
-                raise request_error(f"{prefix} must be an object", prefix)
-            wrapped = {**tool, "type": "function", "function": dict(fn)}
-        else:
-            fn, prefix = tool, where
-            wrapped = {"type": "function", "function": dict(tool)}
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise request_error(f"{prefix}.name must be a non-empty string", f"{prefix}.name")
-        parameters = fn.get("parameters")
-        if parameters is not None and not isinstance(parameters, Mapping):
-            raise request_error(
-                f"{prefix}.parameters must be a JSON schema object", f"{prefix}.parameters"
-            )
-        out.append(wrapped)
-    return out

@@ -19,17 +19,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ninfer_runtime.frontend.parsers import (
-    MAX_NAME,
-    OutputParser,
-    ParseEvent,
-    _Call,
-    _earliest,
-    _held_suffix,
+from ninfer_runtime.frontend.parsers.call_reader import _Call
+from ninfer_runtime.frontend.parsers.events import ParseEvent
+from ninfer_runtime.frontend.parsers.markers import _earliest, _held_suffix
+from ninfer_runtime.frontend.parsers.output_parser import OutputParser
+from ninfer_runtime.frontend.parsers.parameters import (
     _is_string_schema,
     _schema_types,
     convert_parameter,
 )
+from ninfer_runtime.frontend.parsers.qwen_xml_calls import MAX_NAME
 from ninfer_runtime.frontend.tokenizer import (
     ARG_KEY_CLOSE,
     ARG_KEY_OPEN,

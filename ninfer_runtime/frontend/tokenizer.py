@@ -4,16 +4,17 @@ Everything comes from the artifact's frontend resources (``tokenizer.json``,
 ``tokenizer_config.json``, ``generation_config.json``), so the engine never needs the original
 checkpoint directory or ``transformers`` at serving time; ``tokenizers`` runs the BPE.
 
-Streaming needs more than ``decode``: a byte-level BPE token can hold half of a multi-byte UTF-8
-character, so ``DetokenizeStream`` (on ``tokenizers``' ``DecodeStream``) turns ids into text
-deltas that never split a character.
+Streaming needs more than ``decode``: ``detokenize_stream`` hands out a ``DetokenizeStream``
+(``detokenize``) whose text deltas never split a character. The structural token strings live in
+``markers``, the byte-level alphabet in ``byte_level`` and the reading of generation_config's
+sampling fields in ``generation_defaults``; the markers and ``byte_to_unicode`` are re-exported
+here, where their callers import them from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from ninfer_runtime.frontend._errors import artifact_error
@@ -24,6 +25,25 @@ from ninfer_runtime.frontend._resources import (
     read_json_object,
     read_text,
     token_content,
+)
+from ninfer_runtime.frontend.byte_level import byte_to_unicode, unicode_to_byte
+from ninfer_runtime.frontend.detokenize import DetokenizeStream
+from ninfer_runtime.frontend.generation_defaults import sampling_defaults
+from ninfer_runtime.frontend.markers import (
+    ARG_KEY_CLOSE,
+    ARG_KEY_OPEN,
+    ARG_VALUE_CLOSE,
+    ARG_VALUE_OPEN,
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    STRUCTURAL_TOKENS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
 )
 
 __all__ = [
@@ -43,71 +63,6 @@ __all__ = [
     "Tokenizer",
     "byte_to_unicode",
 ]
-
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-ENDOFTEXT = "<|endoftext|>"
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-TOOL_RESPONSE_OPEN = "<tool_response>"
-TOOL_RESPONSE_CLOSE = "</tool_response>"
-#: GLM's argument tags inside ``<tool_call>`` (added tokens of its vocabulary)
-ARG_KEY_OPEN = "<arg_key>"
-ARG_KEY_CLOSE = "</arg_key>"
-ARG_VALUE_OPEN = "<arg_value>"
-ARG_VALUE_CLOSE = "</arg_value>"
-
-#: Markers the output parsers read; streaming keeps them even when special tokens are skipped.
-STRUCTURAL_TOKENS = (
-    THINK_OPEN,
-    THINK_CLOSE,
-    TOOL_CALL_OPEN,
-    TOOL_CALL_CLOSE,
-    ARG_KEY_OPEN,
-    ARG_KEY_CLOSE,
-    ARG_VALUE_OPEN,
-    ARG_VALUE_CLOSE,
-)
-
-#: generation_config fields that are sampling defaults, with the type each must have.
-_SAMPLING_FIELDS: dict[str, type] = {
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "min_p": float,
-    "repetition_penalty": float,
-    "presence_penalty": float,
-    "frequency_penalty": float,
-}
-
-
-@cache
-def byte_to_unicode() -> dict[int, str]:
-    """The byte-level BPE alphabet: each byte as one printable character.
-
-    Printable Latin-1 bytes stand for themselves; the 68 others (controls, space, NBSP, soft
-    hyphen) are moved to code points 256 and up, in byte order. Vocabulary strings of byte-level
-    tokenizers are written in this alphabet.
-    """
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    table = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + shifted)
-            shifted += 1
-    return table
-
-
-@cache
-def _unicode_to_byte() -> dict[str, int]:
-    return {char: b for b, char in byte_to_unicode().items()}
 
 
 @dataclass(frozen=True)
@@ -177,7 +132,7 @@ class Tokenizer:
             if content is not None:
                 self.template_tokens[key] = content
         self.eos_token_ids: tuple[int, ...] = self._eos_ids(generation_config)
-        self.generation_defaults: dict[str, float | int] = _sampling_defaults(generation_config)
+        self.generation_defaults: dict[str, float | int] = sampling_defaults(generation_config)
         max_length = tokenizer_config.get("model_max_length")
         #: The context length the tokenizer was published with (HF uses 1e30 for "unset").
         self.model_max_length: int | None = (
@@ -266,7 +221,7 @@ class Tokenizer:
             piece = self._backend.id_to_token(token_id)
             if piece is None:
                 return b""
-            table = _unicode_to_byte()
+            table = unicode_to_byte()
             out = bytearray()
             for char in piece:
                 b = table.get(char)
@@ -287,51 +242,6 @@ class Tokenizer:
         return self._backend
 
 
-class DetokenizeStream:
-    """Turns token ids, one at a time, into text deltas that never split a UTF-8 character.
-
-    ``tokenizers.decoders.DecodeStream`` does the work through the vocabulary's own decoder
-    (byte-level BPE, byte fallback, metaspace alike): it holds ids back while their text ends in
-    an incomplete character. ``flush`` settles what is still held at the end of the output (an
-    incomplete character becomes U+FFFD).
-
-    With ``skip_special_tokens`` special tokens vanish from the text, except the structural
-    markers (``<think>``, ``<tool_call>`` ...) the output parser needs.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = False) -> None:
-        from tokenizers.decoders import DecodeStream
-
-        self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        self._stream = DecodeStream(skip_special_tokens=False)
-        self._held: list[int] = []  # ids added since the last text came out
-
-    def _skipped(self, token_id: int) -> bool:
-        tok = self._tokenizer
-        return self._skip and token_id in tok.special_ids and token_id not in tok.structural_ids
-
-    def add(self, token_id: int) -> str:
-        """Append one generated id; returns the text that became complete (maybe ``""``)."""
-        if self._skipped(token_id):
-            return ""
-        text = self._stream.step(self._tokenizer.backend, token_id)
-        if text is None:
-            self._held.append(token_id)
-            return ""
-        self._held.clear()
-        return text
-
-    def add_many(self, token_ids: Iterable[int]) -> str:
-        """Append several ids (e.g. an accepted speculative run); returns their joint delta."""
-        return "".join(self.add(t) for t in token_ids)
-
-    def flush(self) -> str:
-        """End of output: whatever is still held (an incomplete character becomes U+FFFD)."""
-        held, self._held = self._held, []
-        return self._tokenizer.decode(held) if held else ""
-
-
 def _added_tokens(backend: Any, tokenizer_config: Mapping[str, Any]) -> dict[int, tuple[str, bool]]:
     """id -> (content, special) for every added token, from both files (config wins on flags)."""
     added: dict[int, tuple[str, bool]] = {
@@ -346,28 +256,3 @@ def _added_tokens(backend: Any, tokenizer_config: Mapping[str, Any]) -> dict[int
                 if isinstance(content, str):
                     added[int(key)] = (content, bool(entry.get("special", False)))
     return added
-
-
-def _sampling_defaults(generation_config: Mapping[str, Any]) -> dict[str, float | int]:
-    """Sampling fields of generation_config, named as ``SamplingParams`` names them.
-
-    An explicit ``do_sample: false`` means the publisher wants greedy decoding, so it becomes
-    ``temperature = 0``; an absent ``do_sample`` is not read as greedy (vLLM behaves the same).
-    """
-    defaults: dict[str, float | int] = {}
-    for key, kind in _SAMPLING_FIELDS.items():
-        value = generation_config.get(key)
-        if value is None:
-            continue
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if kind is int:
-            ok = ok and float(value).is_integer()
-        if not ok:
-            raise artifact_error(GENERATION_CONFIG, f"{key} must be a number, got {value!r}")
-        defaults[key] = kind(value)
-    if generation_config.get("do_sample") is False:
-        defaults["temperature"] = 0.0
-    max_new = generation_config.get("max_new_tokens")
-    if isinstance(max_new, int) and not isinstance(max_new, bool) and max_new >= 1:
-        defaults["max_tokens"] = max_new
-    return defaults

@@ -17,7 +17,7 @@ from ninfer_runtime.frontend import (
     ToolCallEnd,
     ToolCallStart,
 )
-from ninfer_serve.anthropic.messages import _Blocks
+from ninfer_serve.anthropic.message_stream import ContentBlocks as _Blocks
 from ninfer_serve.anthropic.messages import to_job as anthropic_job
 from ninfer_serve.anthropic.models import MessagesRequest
 from ninfer_serve.openai.response_events import ResponseBuilder
@@ -195,7 +195,7 @@ def test_responses_builder_items_and_events():
 def test_bound_socket_is_tcp_nodelay():
     import socket
 
-    from ninfer_serve.cli import _bind
+    from ninfer_serve.listener import listen as _bind
 
     sock = _bind("127.0.0.1", 0)
     try:  # asyncio only sets TCP_NODELAY on accepted sockets whose proto says TCP

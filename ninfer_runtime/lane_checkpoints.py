@@ -1,0 +1,136 @@
+"""The scheduler's lanes and the prefix cache's checkpoints.
+
+Where a lane's prefill keeps checkpoints besides every ``checkpoint_interval`` tokens and its
+prompt's end (the positions themselves are chosen by ``checkpoint_plan``), keeping one (a
+snapshot of the lane's memory at its length, under its request's salt), and whether a
+request about to be admitted should wait a step or two for one a running lane is about to
+keep, and the drafter's entry a lane resuming from one needs. The scheduler decides when;
+this module knows what a checkpoint needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .checkpoint_plan import awaited_position, choose_checkpoints, pending_checkpoints
+from .lane import Lane
+from .prefix_cache import PrefixCache, common_prefix
+from .runner import ModelRunner
+from .state import Checkpoint, ContextPool
+
+
+class LaneCheckpoints:
+    """Checkpoints of one scheduler's lanes in its prefix cache (``cache``: None without
+    one, and then nothing is kept and nobody waits). ``drafting``: lanes carry a drafter's
+    entries, so a checkpoint is only useful with the hidden row the drafter resumes from."""
+
+    def __init__(
+        self,
+        pool: ContextPool,
+        cache: PrefixCache | None,
+        *,
+        checkpoint_interval: int,
+        prefill_chunk: int,
+        drafting: bool,
+    ):
+        self.pool = pool
+        self.cache = cache
+        self.checkpoint_interval = checkpoint_interval
+        self.prefill_chunk = prefill_chunk
+        self.drafting = drafting
+
+    def awaits_shared(self, a: Lane, running: Iterable[Lane]) -> bool:
+        """Whether ``a`` (not yet admitted, reading its prompt for the first time) should
+        wait because a ``running`` lane with the same salt is prefilling the prompt ``a``
+        starts with and will keep a checkpoint there: one that lets ``a`` resume at least
+        one prefill chunk later than it could now. It never waits long: the lane prefills
+        one chunk per step, and once it is past the position (the checkpoint written, or
+        not for want of pages) or gone (finished, cancelled, preempted) ``a`` goes on."""
+        if self.cache is None or a.generated or a.saved is not None or a.prompt_scores is not None:
+            return False
+        salt = a.request.cache_salt
+        writers = [
+            (
+                w.cache_prompt,
+                pending_checkpoints(
+                    w.plan,
+                    prefilled=w.prefilled,
+                    prompt_tokens=len(w.prompt_ids),
+                    interval=self.checkpoint_interval,
+                ),
+            )
+            for w in running
+            if w.request.cache_salt == salt and not w.generated and w.prefilled < len(w.prompt_ids)
+        ]
+        deepest = awaited_position(a.cache_prompt, writers)
+        if not deepest:
+            return False
+        return deepest - self.cache.resumable(a.cache_prompt, salt) >= self.prefill_chunk
+
+    def plan(self, a: Lane, lanes: Iterable[Lane]) -> dict[int, str]:
+        """Where ``a``'s prefill keeps checkpoints besides every ``checkpoint_interval``
+        tokens and its end (``checkpoint_plan``): where a chat prompt stops being what the
+        next turn resends, and the best of the request's own boundaries (``lanes``: the
+        scheduler's running and waiting ones, whose shared prefixes with ``a`` count)."""
+        assert self.cache is not None
+        prompt, salt = a.cache_prompt, a.request.cache_salt
+        plan = {}
+        if a.history_end is not None:
+            plan[a.history_end] = "boundary"
+        if not a.request.cache_boundaries:  # nothing to choose: no sharers to count
+            return plan
+        others = [
+            common_prefix(w.cache_prompt, prompt)
+            for w in lanes
+            if w is not a and w.request.cache_salt == salt
+        ]
+        chosen = choose_checkpoints(
+            a.request.cache_boundaries,
+            prompt_tokens=len(prompt),
+            resumed=a.resumed,
+            kept_anyway=lambda p: p in plan or p % self.checkpoint_interval == 0,
+            exists=lambda p: self.cache.contains(prompt[:p], salt),  # type: ignore[union-attr]
+            shared_lengths=[*others, *self.cache.shared_lengths(prompt, salt)],
+        )
+        return {**plan, **chosen}
+
+    def keep(
+        self,
+        a: Lane,
+        tokens: np.ndarray,
+        kind: str,
+        hidden: Any = None,
+        logits: Any = None,
+    ) -> None:
+        """Keep ``a``'s memory at its length in the prefix cache, under its salt
+        (``tokens``: what it has consumed; ``kind``: why; ``logits``: the last token's,
+        when a request may resume with nothing left to prefill)."""
+        if self.cache is None or a.state.length <= a.resumed:
+            return
+        if self.drafting and hidden is None:  # the drafter could not resume from it
+            return
+        salt = a.request.cache_salt
+        if self.cache.refresh(tokens[: a.state.length], salt):
+            return
+        if self.pool.free_pages < self.pool.snapshot_pages:
+            self.cache.make_room(pages=self.pool.snapshot_pages)
+        kept = self.pool.keep(a.state, hidden, logits, kind)
+        if kept is not None:
+            self.cache.insert(tokens[: a.state.length], kept, salt)
+
+
+def resume_drafter(runner: ModelRunner, a: Lane, checkpoint: Checkpoint) -> None:
+    """The drafter's entry of the last token ``checkpoint`` kept, for lane ``a`` resuming
+    from it with prompt left to read: the entry needs that token's hidden row (kept) and
+    the next token (known only now)."""
+    span = slice(checkpoint.length, checkpoint.length + 1)
+    rows = at = None
+    if a.images is not None:  # at its M-RoPE position, an image's row placed
+        from .images import placed_inputs
+
+        read = [(a.prompt_ids, a.images, span.start, span.stop)]
+        rows, at = placed_inputs(runner.model, read)
+    runner.mtp_prefill(checkpoint.hidden[None], a.prompt_ids[span], a.state, at, rows)
