@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ninfer_format.binders import qwen3_5, qwen4_exp
+from ninfer_format.binders import glm5_next_geometry, glm5_next_vision, qwen3_5, qwen4_exp
 from ninfer_format.binders.qwen3_5 import VISION_MEMBERS
 
 from .adapters import LogicalTensor, SourcePiece
@@ -22,11 +22,14 @@ from .errors import SourceError
 
 #: spec 5.7 vision resource roles (= the source's file names)
 VISION_RESOURCES = ("preprocessor_config.json", "video_preprocessor_config.json")
-#: text model_type -> the model_type of the Qwen3.5 vision tower that feeds it (spec 5.1)
+#: text model_type -> the model_type of the vision tower that feeds it (spec 5.1)
 VISION_MODEL_TYPE_OF = {
     **qwen3_5.VISION_MODEL_TYPE_OF,
     **dict.fromkeys(qwen4_exp.MODEL_TYPES, qwen4_exp.VISION_MODEL_TYPE),
+    **dict.fromkeys(glm5_next_geometry.MODEL_TYPES, glm5_next_vision.VISION_MODEL_TYPE),
 }
+#: vision model_type -> its positive-integer config members, where not Qwen3.5's (spec 5.1)
+MEMBERS_OF = {glm5_next_vision.VISION_MODEL_TYPE: glm5_next_vision.VISION_MEMBERS}
 #: processor file member -> vision config member it must equal (spec 5.7)
 PROCESSOR_MEMBERS = {
     "patch_size": "patch_size",
@@ -45,10 +48,12 @@ def has_vision(source: Any) -> bool:
 def vision_config(source: Any, text_model_type: str) -> dict[str, Any]:
     """The vision component config: the source's ``vision_config`` members, with the
     ``model_type`` spec 5.1 gives the tower of this text variant (HF checkpoints write
-    ``qwen3_5`` or ``qwen3_5_vision`` there whatever the text variant)."""
+    ``qwen3_5`` or ``qwen3_5_vision`` there whatever the text variant; GLM5Next's tower is
+    ``glm5_next_vision``)."""
     config = dict(source.vision_config)
     config["model_type"] = VISION_MODEL_TYPE_OF[text_model_type]
-    bad = [m for m in VISION_MEMBERS if type(config.get(m)) is not int or config[m] <= 0]
+    members = MEMBERS_OF.get(config["model_type"], VISION_MEMBERS)
+    bad = [m for m in members if type(config.get(m)) is not int or config[m] <= 0]
     if bad:
         raise SourceError(
             f"{source.id}: config.json vision_config needs positive integers for "

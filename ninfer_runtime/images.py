@@ -1,8 +1,9 @@
 """Images in the engine's requests (artifacts with Qwen3.5's vision tower: Qwen3.5 VLMs and
-multimodal Qwen4Exp).
+multimodal Qwen4Exp; and GLM5Next's tower; ``models.vision_families`` tells them apart).
 
 A chat message carries an image as a ``{"type": "image"}`` content part; the chat template
-writes it as ``<|vision_start|><|image_pad|><|vision_end|>`` and ``GenerationRequest.images``
+writes it as ``<|vision_start|><|image_pad|><|vision_end|>`` (GLM5Next:
+``<|begin_of_image|><|image|><|end_of_image|>``) and ``GenerationRequest.images``
 holds the images in the order of those parts. ``VisionInput`` turns such a request into
 what the prefill needs:
 
@@ -11,7 +12,8 @@ what the prefill needs:
   image's merged-token count, so the prompt's length is what the model reads;
 * ``encode`` (at ``Engine.submit``): the vision tower's rows of each image (one image per
   call, so an image's rows never depend on its company), taken from the media cache when the
-  same bytes were encoded before; the prompt's M-RoPE positions and ``rope_delta``; and the
+  same bytes were encoded before; the prompt's positions and ``rope_delta`` (M-RoPE for
+  Qwen's, sequence indices and 0 for GLM5Next's); and the
   prompt as the prefix cache sees it (``cache_ids``): each image's placeholders stand for
   its digest, so a checkpoint with an image is found again only for the same image at the
   same place.
@@ -37,11 +39,10 @@ from .backends.base import to_numpy
 from .errors import EngineError, ModelError, RequestError
 from .media import ImageInput
 from .media_cache import DEFAULT_CACHE_BYTES, EncodedImage, MediaCache
-from .models.qwen3_5.mrope import prompt_positions
-from .models.qwen3_5.vision import VisionTower
+from .models.vision_families import QWEN3_5, vision_family
 
 #: the tokens a chat template writes for one image (Qwen3.5's template; ninfer's built-in one)
-IMAGE_PAD = "<|image_pad|>"
+IMAGE_PAD = QWEN3_5.image_token
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,14 @@ class VisionInput:
         from .frontend.vision import ImageProcessor  # needs Pillow: only for VLM artifacts
 
         self.options = options
-        self.image_token_id = tokenizer.token_id(IMAGE_PAD)
+        self.family = family = vision_family(artifact)
+        self.image_token_id = tokenizer.token_id(family.image_token)
         if self.image_token_id is None:
-            raise ModelError(f"the artifact's tokenizer has no {IMAGE_PAD} token for images")
-        self.tower = VisionTower(artifact, backend)
-        self.processor = ImageProcessor.from_artifact(artifact)
+            raise ModelError(
+                f"the artifact's tokenizer has no {family.image_token} token for images"
+            )
+        self.tower = family.tower(artifact, backend)
+        self.processor = ImageProcessor.from_artifact(artifact, family.sizing)
         if self.processor.merge_size != self.tower.config.merge:
             raise ModelError(
                 f"preprocessor_config.json merge_size {self.processor.merge_size} differs from "
@@ -191,7 +195,7 @@ class VisionInput:
             rows.append(encoded.rows)
         hits = sum(isinstance(f, EncodedImage) for f in found)
         try:
-            positions, delta = prompt_positions(
+            positions, delta = self.family.positions(
                 ids, np.asarray(grids, dtype=np.int64), self.image_token_id, self.tower.config.merge
             )
         except ModelError as exc:  # the ids were not expanded for these images

@@ -1,5 +1,6 @@
-"""Prompts with images for a Qwen3.5 VLM: the vision tower's rows placed among the text
-tokens, multimodal RoPE positions, and the prompt prefilled through the runner.
+"""Prompts with images for a VLM (Qwen3.5's tower, or GLM5Next's with ``positions`` of its
+family): the vision tower's rows placed among the text tokens, multimodal RoPE positions, and
+the prompt prefilled through the runner.
 
 A prompt carries each image as ``<|vision_start|>`` then ``merged_tokens`` image placeholder
 tokens (``<|image_pad|>``) then ``<|vision_end|>``, images in the order of ``grid_thw``. As in
@@ -34,6 +35,7 @@ from .errors import ModelError
 from .models.base import ForwardOutput
 from .models.qwen3_5.mrope import continued_positions, prompt_positions
 from .models.qwen3_5.vision import VisionTower
+from .models.vision_families import Positions
 from .runner import ModelRunner
 from .state import SequenceState
 
@@ -55,10 +57,18 @@ class ImagePrompt:
 class ImagePrompts:
     """Prompts with images for one runner's model and its vision tower. ``image_token_id`` is
     the tokenizer's image placeholder (``<|image_pad|>``; the checkpoint config's
-    ``image_token_id``)."""
+    ``image_token_id``); ``positions`` the prompt positions of the tower's family
+    (``models.vision_families``: M-RoPE by default, GLM5Next's sequence indices)."""
 
-    def __init__(self, runner: ModelRunner, tower: VisionTower, image_token_id: int):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tower: VisionTower,
+        image_token_id: int,
+        positions: Positions = prompt_positions,
+    ):
         self.runner, self.tower, self.image_token_id = runner, tower, image_token_id
+        self.positions = positions
         hidden = runner.model.config.hidden
         if tower.config.out_hidden != hidden:
             raise ModelError(
@@ -70,7 +80,7 @@ class ImagePrompts:
         """Encode the images and place their rows at the prompt's placeholder tokens."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         grid = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
-        positions, delta = prompt_positions(ids, grid, self.image_token_id, self.tower.config.merge)
+        positions, delta = self.positions(ids, grid, self.image_token_id, self.tower.config.merge)
         model, xp = self.runner.model, self.runner.backend.xp
         embeddings = model.embed(xp.asarray(ids))
         if len(grid):

@@ -14,6 +14,7 @@ with MoE, and MLA sharing that indexer with MoE; sizes let every weight format e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -67,32 +68,53 @@ def randomize(model: torch.nn.Module, scale: float = 0.6) -> None:
                 p.normal_(0, 0.3)
 
 
-def build_model(seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    """The random transformers model (text config ``TEXT`` with ``overrides``), fp32, eval."""
+def build_model(
+    seed: int = 0, vision: dict[str, Any] | None = None, **overrides: Any
+) -> torch.nn.Module:
+    """The random transformers model (text config ``TEXT`` with ``overrides``, vision config
+    ``vision`` or ``VISION``), fp32, eval."""
     from transformers import Glm5NextConfig
     from transformers.models.glm5_next.modeling_glm5_next import (
         Glm5NextForConditionalGeneration,
     )
 
     torch.manual_seed(seed)
-    config = Glm5NextConfig(text_config={**TEXT, **overrides}, vision_config=VISION)
+    config = Glm5NextConfig(text_config={**TEXT, **overrides}, vision_config=vision or VISION)
     model = Glm5NextForConditionalGeneration(config)
     randomize(model)
     return model.eval()
 
 
 def build_tiny_glm5_next(
-    directory: Path, *, mtp: bool = True, seed: int = 0, **overrides: Any
+    directory: Path,
+    *,
+    mtp: bool = True,
+    seed: int = 0,
+    vision: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> Path:
     """Save the checkpoint (fp32 weights, released names) with an MTP block and a tokenizer;
-    ``overrides`` change members of the text config."""
+    ``overrides`` change members of the text config, ``vision`` replaces ``VISION``."""
     directory = Path(directory)
-    model = build_model(seed, **overrides)
+    model = build_model(seed, vision, **overrides)
     model.save_pretrained(directory)
     if mtp:
         add_mtp(directory, model.config.text_config)
     write_tokenizer(directory, model.config.text_config.vocab_size)
+    processor = processor_config(vision or VISION)
+    (directory / "preprocessor_config.json").write_text(json.dumps(processor))
     return directory
+
+
+def processor_config(vision: dict[str, Any]) -> dict[str, Any]:
+    """GLM5Next's image processor for the tower ``vision`` (transformers' defaults otherwise:
+    OpenAI CLIP mean and std, a budget of 16 to 8000 merged tokens an image)."""
+    return {
+        "image_processor_type": "Glm5NextImageProcessor",
+        "patch_size": vision.get("patch_size", 14),
+        "temporal_patch_size": vision.get("temporal_patch_size", 2),
+        "merge_size": vision.get("spatial_merge_size", 2),
+    }
 
 
 def add_mtp(directory: Path, text: Any) -> None:

@@ -12,8 +12,8 @@ the KDA forget gate on ``self_attn`` or ``self_attn.forget_gate``, the KDA short
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``). MLA's ``kv_b_proj`` rows are per head
 ``[key_h (nope rows) | value_h (v rows)]`` and split by head into ``key_up`` and ``value_up``.
 
-The vision tower (``model.visual.*``) is not mapped: the binder has no vision contract for
-GLM5Next yet, so only the language model converts (the pipeline never selects vision here).
+The vision tower (``model.visual.*``) maps when the vision component is selected (names in
+``glm5_next_vision``, the contract in ``ninfer_format.binders.glm5_next_vision``).
 
 MTP: transformers defines no GLM5Next MTP block (it ignores the checkpoint's
 ``layers.{num_hidden_layers}``); the binder's ``mtp`` parameters follow DeepSeek-V3's layout
@@ -42,6 +42,7 @@ from ninfer_format.binders.qwen3_5 import ParamSpec
 
 from ..errors import RecipeError
 from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
+from .glm5_next_vision import vision_pieces
 
 __all__ = ["map_glm5_next"]
 
@@ -237,7 +238,6 @@ def _logical(spec: ParamSpec, pieces: Pieces) -> LogicalTensor:
 @register_adapter(
     dict.fromkeys(MODEL_TYPES, Architecture(ARCHITECTURE, MTP_ARCHITECTURE)),
     has_mtp=has_mtp,
-    maps_vision=False,
 )
 def map_glm5_next(
     keys: set[str],
@@ -245,16 +245,19 @@ def map_glm5_next(
     components: tuple[str, ...],
     vision_config: Mapping[str, Any] | None = None,
 ) -> dict[str, LogicalTensor]:
-    if "vision" in components:
-        raise RecipeError("GLM5Next has no vision contract yet; convert text (and mtp) only")
     with_mtp = "mtp" in components
     geometry = Glm5NextGeometry.from_config(text_config, with_mtp=with_mtp)
     names = _Names(keys, geometry)
     mtp_prefix = f"{names.text}layers.{geometry.layers}."
+    selected = [c for c in ("text", "mtp", "vision") if c == "text" or c in components]
+    specs = expected_parameters(text_config, components=selected, vision_config=vision_config)
     out: dict[str, LogicalTensor] = {}
-    for spec in expected_parameters(text_config, components=("text", "mtp")[: 1 + with_mtp]):
+    for spec in specs:
         component, rest = spec.name.split("/", 1)
-        if component == "mtp":
+        if component == "vision":
+            assert vision_config is not None  # expected_parameters requires it for vision
+            pieces = vision_pieces(rest, int(vision_config["hidden_size"]))
+        elif component == "mtp":
             pieces = _mtp_pieces(names, mtp_prefix, spec.name)
         elif rest.startswith("layers/"):
             _, index, suffix = rest.split("/", 2)

@@ -3,7 +3,7 @@ routed experts and dense MLPs imported bit-exact (import_encoded, AllowA4; each 
 bank stacked with one divisor per expert); KDA and MLA output projections Q8; MTP projections
 FP8 (row-scaled, re-quantized from the values NVIDIA stores, block-FP8 included); everything
 else bf16 as stored (decoded where NVIDIA quantized it), fp32 vectors fp32; the base source
-gives config and tokenizer only."""
+gives config, tokenizer and the vision tower (bf16), when it has one."""
 
 from ninfer_convert.recipe import Recipe
 

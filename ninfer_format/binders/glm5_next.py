@@ -39,7 +39,9 @@ defines; the spec has no GLM5Next section yet), with ``L = text/layers/{i}/``, `
   ``mtp/stem_input`` (``[embedding_norm(embedding) | hidden_norm(hidden)]``),
   ``mtp/embedding_norm``, ``mtp/hidden_norm``, ``mtp/final_norm`` ``[H]``, and one decoder
   layer ``mtp/layers/0/…`` under the text layers' names: both connections, MLA with its own
-  indexer, MoE (the geometry read ``with_mtp`` defines them even where no text layer has one).
+  indexer, MoE (the geometry read ``with_mtp`` defines them even where no text layer has one);
+* vision (``model.visual``, model_type ``glm5_next_vision``): the names and geometry of
+  ``glm5_next_vision``; identity and processor resources are checked as Qwen3.5's (spec 5.7).
 """
 
 from __future__ import annotations
@@ -58,13 +60,14 @@ from .glm5_next_geometry import (
     read_geometry,
 )
 from .glm5_next_parts import DsaIndexer, Kda, Mla
+from .glm5_next_vision import VISION_MODEL_TYPE, read_vision, vision_parameters
 from .parameter_spec import ParamSpec, Role, _fp32_vector, _matrix, _vector
 from .qwen3_5_geometry import Moe
 from .qwen3_5_layers import _dense_mlp
 from .registry import Findings, register_binder
-from .text_contract import TextContract
+from .text_contract import TextContract, VisionTower
 
-UNCHECKED_COMPONENTS = {"vision": "the GLM5Next vision tower has no contract yet"}
+UNCHECKED_COMPONENTS: dict[str, str] = {}
 MTP_LAYER = "mtp/layers/0/"
 #: the mtp component's architecture (no transformers class exists; the name says the layout)
 MTP_ARCHITECTURE = "Glm5NextMTP"
@@ -187,6 +190,8 @@ CONTRACT = TextContract(
     count_members="num_hidden_layers and n_routed_experts",
     unchecked_components=UNCHECKED_COMPONENTS,
     mtp=mtp_parameters,
+    vision_model_type=VISION_MODEL_TYPE,
+    vision_tower=VisionTower(read_vision, vision_parameters),
 )
 
 
@@ -197,7 +202,10 @@ def bind_glm5_next(directory: Directory, model_type: str, f: Findings) -> None:
 
 
 def expected_parameters(
-    text_config: Mapping[str, Any], *, components: Sequence[str] = ("text",)
+    text_config: Mapping[str, Any],
+    *,
+    components: Sequence[str] = ("text",),
+    vision_config: Mapping[str, Any] | None = None,
 ) -> list[ParamSpec]:
     """The contract as data, for producers (``TextContract.expected_parameters``)."""
-    return CONTRACT.expected_parameters(text_config, components)
+    return CONTRACT.expected_parameters(text_config, components, vision_config)

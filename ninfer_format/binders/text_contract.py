@@ -2,9 +2,9 @@
 check the config's identity and resources, warn about the components it has no contract for,
 read the geometry, then check every binding, shape, format and use against the generated
 parameters (an indexed proposal head, spec 5.6, is checked as Qwen3.5's, and so is a vision
-component where the architecture carries Qwen3.5's tower, spec 5.4); and the same list as data
-for producers (``expected_parameters``). The Qwen4Exp and GLM5Next binders are such contracts;
-each gives its names, geometry reader and parameter generator."""
+component: Qwen3.5's tower, spec 5.4, unless the contract names its own); and the same list as
+data for producers (``expected_parameters``). The Qwen4Exp and GLM5Next binders are such
+contracts; each gives its names, geometry reader and parameter generator."""
 
 from __future__ import annotations
 
@@ -31,6 +31,20 @@ CHECKED_PREFIXES = ("text/", "proposal/")
 
 
 @dataclass(frozen=True)
+class VisionTower:
+    """A vision tower's contract: ``read(config, text_hidden, findings)`` -> its geometry, or
+    None after reporting what prevents it; ``parameters(geometry, text_hidden)`` -> every
+    ``vision/`` parameter."""
+
+    read: Callable[[Mapping[str, Any], int, Findings], Any]
+    parameters: Callable[[Any, int], Iterable[ParamSpec]]
+
+
+#: spec 5.4: Qwen3.5's tower, the one a contract carries unless it names another
+QWEN3_5_TOWER = VisionTower(_read_vision, _vision)
+
+
+@dataclass(frozen=True)
 class TextContract:
     """``name`` (as messages say it), its ``architecture`` class, ``read_geometry(config,
     errors, with_mtp=...)`` (None: not defined), ``from_config(config, with_mtp=...)`` (raises
@@ -39,8 +53,9 @@ class TextContract:
     points at, and the components it has no contract for (name -> why); ``mtp(geometry)``,
     when given, lists the MTP block's parameters from a geometry read ``with_mtp``, and an
     ``mtp`` component is then checked like the text one. ``vision_model_type``, when given,
-    is the model_type of a vision component that is Qwen3.5's tower (spec 5.4), checked as
-    Qwen3.5's binder checks it."""
+    is the model_type of the vision component, whose identity and resources are checked as
+    Qwen3.5's binder checks them and whose parameters are ``vision_tower``'s (Qwen3.5's tower,
+    spec 5.4, by default)."""
 
     name: str
     architecture: str
@@ -51,6 +66,7 @@ class TextContract:
     unchecked_components: Mapping[str, str]
     mtp: Callable[[Any], Iterable[ParamSpec]] | None = None
     vision_model_type: str | None = None
+    vision_tower: VisionTower = QWEN3_5_TOWER
 
     def bind(self, directory: Directory, model_type: str, f: Findings) -> None:
         """Check a directory: text config, parameter coverage/shapes/formats, uses."""
@@ -73,7 +89,8 @@ class TextContract:
             return
         vision = None
         if with_vision:
-            vision = _read_vision(directory.components["vision"].config, geometry.hidden, f)
+            vision_config = directory.components["vision"].config
+            vision = self.vision_tower.read(vision_config, geometry.hidden, f)
             if vision is None:
                 f.warning(
                     "vision parameters were not checked: the vision config lacks its geometry"
@@ -84,7 +101,8 @@ class TextContract:
             assert self.mtp is not None
             everything = itertools.chain(everything, self.mtp(geometry))
         if vision is not None:
-            everything = itertools.chain(everything, _vision(vision, geometry.hidden))
+            vision_parameters = self.vision_tower.parameters(vision, geometry.hidden)
+            everything = itertools.chain(everything, vision_parameters)
         generated = list(itertools.islice(everything, cap + 1))
         if len(generated) > cap:
             f.error(
@@ -131,12 +149,12 @@ class TextContract:
             out += self.mtp(geometry)
         if "vision" in components:
             f = Findings()
-            vision = _read_vision(vision_config or {}, geometry.hidden, f)
+            vision = self.vision_tower.read(vision_config or {}, geometry.hidden, f)
             if vision is None or f.errors:
                 raise DirectoryError(
                     "vision config cannot define a vision geometry", problems=f.errors
                 )
-            out += _vision(vision, geometry.hidden)
+            out += self.vision_tower.parameters(vision, geometry.hidden)
         return out
 
     def _check_mtp_component(self, directory: Directory, f: Findings) -> None:

@@ -97,12 +97,51 @@ def logical_values(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
     return {f"{L}moe/experts/{e}/down": value[e] for e in range(value.shape[0])}
 
 
+#: the vision tower's HF names (after ``model.visual.``) -> logical names, read flat
+VISION_NAMES = {
+    "patch_embed.proj.weight": "patch_embedding",
+    "patch_embed.proj.bias": "patch_embedding_bias",
+    "post_layernorm.weight": "post_norm",
+    "downsample.weight": "downsample",
+    "downsample.bias": "downsample_bias",
+    "merger.proj.weight": "merger/projection",
+    "merger.post_projection_norm.weight": "merger/norm_weight",
+    "merger.post_projection_norm.bias": "merger/norm_bias",
+    **{f"merger.{p}_proj.weight": f"merger/{p}" for p in ("gate", "up", "down")},
+    "norm1.weight": "norm1_weight",
+    "norm2.weight": "norm2_weight",
+    "attn.q_norm.weight": "attention/query_norm",
+    "attn.k_norm.weight": "attention/key_norm",
+    "attn.proj.weight": "attention/output",
+    "attn.proj.bias": "attention/output_bias",
+    **{f"mlp.{p}_proj.weight": f"mlp/{p}" for p in ("gate", "up", "down")},
+    **{f"mlp.{p}_proj.bias": f"mlp/{p}_bias" for p in ("gate", "up", "down")},
+}
+
+
+def vision_values(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The vision parameters one ``model.visual.*`` tensor holds: convolutions flat, the fused
+    ``attn.qkv`` split into query, key and value thirds."""
+    block = re.fullmatch(r"blocks\.(\d+)\.(.+)", name.removeprefix("model.visual."))
+    prefix, rest = ("vision/", name.removeprefix("model.visual."))
+    if block:
+        prefix, rest = f"vision/layers/{block[1]}/", block[2]
+    if rest.startswith("attn.qkv."):
+        suffix = "_bias" if rest.endswith("bias") else ""
+        thirds = value.reshape(3, -1, *value.shape[1:])
+        return {
+            f"{prefix}attention/{which}{suffix}": thirds[i]
+            for i, which in enumerate(("query", "key", "value"))
+        }
+    flat = value.reshape(value.shape[0], -1) if value.dim() > 2 else value
+    return {prefix + VISION_NAMES[rest]: flat}
+
+
 def expected_values(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
-        if name.startswith("model.visual."):
-            continue
-        for logical, v in logical_values(name, value).items():
+        split = vision_values if name.startswith("model.visual.") else logical_values
+        for logical, v in split(name, value).items():
             assert logical not in out, logical
             out[logical] = v
     return out
@@ -141,7 +180,8 @@ def test_bf16_artifact_is_the_transformers_state_dict(tiny: Path, bf16: Path) ->
         assert art.binder_report.ok, art.binder_report.errors
         assert not art.binder_report.warnings, art.binder_report.warnings  # mtp checked too
         assert art.binder_report.parameters["mtp/layers/0/mla/key_up"] == (64, 64)
-        assert set(art.components) == {"text", "mtp"}  # the vision tower has no contract
+        assert set(art.components) == {"text", "mtp", "vision"}
+        assert art.components["vision"].config["model_type"] == "glm5_next_vision"
         report = verify(art, strict=True)
         assert report.ok, report.errors
         assert set(art.bindings) == set(expected)
@@ -164,7 +204,7 @@ def test_the_state_dict_layout_converts_the_same(tiny: Path, bf16: Path, tmp_pat
     out = tmp_path / "raw.ninfer"
     convert("glm5_next_bf16", {"base": str(raw)}, out)
     with Artifact.open(out) as a, Artifact.open(bf16) as b:
-        assert set(a.bindings) == {n for n in b.bindings if n.startswith("text/")}
+        assert set(a.bindings) == {n for n in b.bindings if not n.startswith("mtp/")}
         for name in a.bindings:
             np.testing.assert_array_equal(a.parameter(name), b.parameter(name), err_msg=name)
 
@@ -245,7 +285,8 @@ def test_glm5next_imports_nvidia_words(tiny: Path, nvidia: tuple, tmp_path: Path
             np.testing.assert_array_equal(scales[a:b], src_scales, err_msg=name)
             per = obj.shape[0] // len(divisors)
             assert divisors[a // per].tobytes() == divisor.tobytes(), name
-        formats = {n: art.objects[object_rows(art, n)[0]].format for n in art.bindings}
+        text = [n for n in art.bindings if not n.startswith("vision/")]  # read from base, bf16
+        formats = {n: art.objects[object_rows(art, n)[0]].format for n in text}
         assert formats["text/layers/0/kda/output"] == formats["text/layers/1/mla/output"]
         assert formats["text/layers/1/mla/output"] == "q8_g32_fp16"
         assert formats["mtp/input_projection"] == "fp8_e4m3fn_row_bf16"
@@ -268,18 +309,22 @@ def test_glm5next_imports_nvidia_words(tiny: Path, nvidia: tuple, tmp_path: Path
 # --- bad input --------------------------------------------------------------------------------
 
 
-def _variant(tiny: Path, tmp_path: Path, tensors=None, config=None) -> Path:
-    """A copy of the checkpoint with ``tensors(dict)`` / ``config(dict)`` applied."""
+def _variant(tiny: Path, tmp_path: Path, tensors=None, config=None, document=None) -> Path:
+    """A copy of the checkpoint with ``tensors(dict)`` / ``config(text config dict)`` /
+    ``document(config.json dict)`` applied."""
     out = tmp_path / "variant"
     shutil.copytree(tiny, out)
     if tensors is not None:
         sd = load_file(out / "model.safetensors")
         tensors(sd)
         save_file(sd, out / "model.safetensors")
-    if config is not None:
-        document = json.loads((out / "config.json").read_text())
-        config(document["text_config"])
-        (out / "config.json").write_text(json.dumps(document))
+    if config is not None or document is not None:
+        whole = json.loads((out / "config.json").read_text())
+        if config is not None:
+            config(whole["text_config"])
+        if document is not None:
+            document(whole)
+        (out / "config.json").write_text(json.dumps(whole))
     return out
 
 
@@ -323,9 +368,20 @@ def test_an_unknown_mtp_tensor_is_named(tiny: Path, tmp_path: Path) -> None:
     assert message.startswith(extra) and "MTP layout" in message
 
 
-def test_the_vision_tower_is_not_converted(tiny: Path, tmp_path: Path) -> None:
-    message = _one_line_error(tiny, tmp_path, RecipeError, components=("text", "vision"))
-    assert "no vision contract" in message
+def test_a_vision_config_that_misdescribes_the_tower_is_named(tiny: Path, tmp_path: Path) -> None:
+    def deeper(document: dict) -> None:
+        document["vision_config"]["depth"] = 2
+
+    message = _one_line_error(_variant(tiny, tmp_path, document=deeper), tmp_path, SourceError)
+    assert "model.visual.blocks.1." in message and "is missing" in message
+
+    def narrower(document: dict) -> None:
+        document["vision_config"]["out_hidden_size"] = 64
+
+    other = tmp_path / "narrower"
+    other.mkdir()
+    message = _one_line_error(_variant(tiny, other, document=narrower), other, Exception)
+    assert "'out_hidden_size' must be the text hidden size 128, got 64" in message
 
 
 def test_the_mtp_block_is_found_under_either_prefix_plain_or_quantized() -> None:

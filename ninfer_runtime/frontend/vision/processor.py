@@ -14,6 +14,11 @@ and it matches it exactly (bit for bit, tests/runtime/test_image_preprocessing.p
     patches   [gh·gw, C·T·P·P] rows in merge-block order (the m×m patches of one merged token
               consecutive), the single frame repeated T = temporal_patch_size times
 
+GLM5Next checkpoints name ``Glm5NextImageProcessor``: the same steps with ``sizing="tokens"``
+(token_budget.py): the canvas holds ``min_image_tokens`` to ``max_image_tokens`` merged tokens,
+the image is resized into its top-left corner keeping its aspect ratio, and the rest is black
+(0 before rescaling, so ``-mean/std`` after).
+
 torchvision's antialiased bicubic resize (float math, rounded back to 8 bits) is not Pillow's
 fixed-point one: emulated with torch's ``interpolate``, ~10% of resized pixels differ, by 1 to 3
 levels, i.e. up to ~3·2/255 in ``pixel_values`` for std 0.5. Pillow's numbers are the ones
@@ -34,6 +39,7 @@ from .._errors import artifact_error
 from ._pil import Image
 from .decode import to_rgb
 from .errors import ImageError
+from .token_budget import canvas, content_size
 
 ROLE = "preprocessor_config.json"
 #: transformers' Qwen2VLImageProcessor class defaults (OPENAI_CLIP mean and std)
@@ -46,6 +52,11 @@ MAX_ASPECT_RATIO = 200
 #: Pillow's filters by their numbers (the config's ``resample``): nearest, lanczos, bilinear,
 #: bicubic, box, hamming
 RESAMPLE_FILTERS = range(6)
+#: how the canvas is sized: Qwen2-VL's pixel-area budget, or GLM5Next's merged-token budget
+SIZINGS = ("area", "tokens")
+#: transformers' Glm5NextImageProcessor class defaults (merged tokens an image)
+DEFAULT_MIN_IMAGE_TOKENS = 16
+DEFAULT_MAX_IMAGE_TOKENS = 8000
 
 
 def smart_resize(
@@ -88,26 +99,42 @@ class ImageProcessor:
     image_mean: tuple[float, float, float] = CLIP_MEAN
     image_std: tuple[float, float, float] = CLIP_STD
     do_convert_rgb: bool = True
+    sizing: str = "area"
+    min_image_tokens: int = DEFAULT_MIN_IMAGE_TOKENS  # sizing "tokens" only
+    max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS
+    patch_expand_factor: int = 1
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ImageProcessor:
+    def from_config(cls, config: Mapping[str, Any], sizing: str = "area") -> ImageProcessor:
         """From the file's members, transformers' defaults for absent ones; other members
-        (``image_processor_type``, ``processor_class``, ...) are ignored. ``size`` holds
-        ``shortest_edge`` / ``longest_edge`` (the pixel budget; older files' ``min_pixels`` /
-        ``max_pixels`` there too), and top-level ``min_pixels`` / ``max_pixels`` override it,
-        as transformers' constructor does."""
+        (``image_processor_type``, ``processor_class``, ...) are ignored. ``sizing`` "area"
+        (Qwen2-VL): ``size`` holds ``shortest_edge`` / ``longest_edge`` (the pixel budget;
+        older files' ``min_pixels`` / ``max_pixels`` there too), and top-level ``min_pixels`` /
+        ``max_pixels`` override it, as transformers' constructor does. "tokens" (GLM5Next):
+        ``min_image_tokens``, ``max_image_tokens`` and ``patch_expand_factor`` (``size`` is
+        ignored, as transformers does)."""
         if not isinstance(config, Mapping):
             raise artifact_error(ROLE, f"expected a JSON object, found {type(config).__name__}")
-        values = _pixel_budget(config)
-        for name in ("patch_size", "temporal_patch_size", "merge_size"):
+        if sizing not in SIZINGS:
+            raise ValueError(f"sizing must be one of {SIZINGS}, got {sizing!r}")
+        values: dict[str, Any] = {"sizing": sizing}
+        if sizing == "area":
+            values.update(_pixel_budget(config))
+            names: tuple[str, ...] = ()
+        else:
+            names = ("min_image_tokens", "max_image_tokens", "patch_expand_factor")
+        for name in ("patch_size", "temporal_patch_size", "merge_size", *names):
             values[name] = _member(config, name, getattr(cls, name))
         for name, value in values.items():
-            if type(value) is not int or value <= 0:
+            if name != "sizing" and (type(value) is not int or value <= 0):
                 raise artifact_error(ROLE, f"{name} must be a positive integer, got {value!r}")
-        if values["min_pixels"] > values["max_pixels"]:
-            raise artifact_error(
-                ROLE, f"min_pixels {values['min_pixels']} exceeds max_pixels {values['max_pixels']}"
-            )
+        low, high = (
+            ("min_pixels", "max_pixels")
+            if sizing == "area"
+            else ("min_image_tokens", "max_image_tokens")
+        )
+        if values.get(low, 0) > values.get(high, 0):
+            raise artifact_error(ROLE, f"{low} {values[low]} exceeds {high} {values[high]}")
         for name in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
             values[name] = _member(config, name, getattr(cls, name))
             if type(values[name]) is not bool:
@@ -130,10 +157,10 @@ class ImageProcessor:
         return cls(**values)
 
     @classmethod
-    def from_artifact(cls, artifact: Any) -> ImageProcessor:
+    def from_artifact(cls, artifact: Any, sizing: str = "area") -> ImageProcessor:
         """From the vision component's ``preprocessor_config.json`` resource (spec 5.7)."""
         try:
-            return cls.from_config(json.loads(artifact.resource(ROLE, "vision")))
+            return cls.from_config(json.loads(artifact.resource(ROLE, "vision")), sizing)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise artifact_error(ROLE, f"invalid JSON ({exc})") from None
 
@@ -145,7 +172,9 @@ class ImageProcessor:
     def grid(self, height: int, width: int) -> tuple[int, int, int]:
         """(frames, rows, columns) in patches of an image of this size once processed; it
         contributes ``rows · columns / merge_size²`` placeholder tokens."""
-        if self.do_resize:
+        if self.do_resize and self.sizing == "tokens":
+            height, width = self._canvas(height, width)
+        elif self.do_resize:
             height, width = smart_resize(
                 height, width, self.factor, self.min_pixels, self.max_pixels
             )
@@ -175,9 +204,23 @@ class ImageProcessor:
             raise ImageError(f"image mode is {image.mode}; with do_convert_rgb off it must be RGB")
         grid = self.grid(image.height, image.width)
         size = (grid[2] * self.patch_size, grid[1] * self.patch_size)  # Pillow: (width, height)
-        if self.do_resize:
-            image = image.resize(size, resample=self.resample)
+        content = size
+        if self.do_resize and self.sizing == "tokens":
+            factor = self.factor * self.patch_expand_factor
+            h, w = content_size(
+                image.height,
+                image.width,
+                size[::-1],
+                self.temporal_patch_size,
+                factor,
+                self.min_image_tokens,
+            )
+            content = (w, h)
+        if self.do_resize and content != image.size:
+            image = image.resize(content, resample=self.resample)
         x: np.ndarray = np.asarray(image).transpose(2, 0, 1)  # [C, H, W] uint8
+        if content != size:  # black below and right of the image, up to the canvas
+            x = np.pad(x, ((0, 0), (0, size[1] - content[1]), (0, size[0] - content[0])))
         if self.do_rescale:
             x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
         if self.do_normalize:
@@ -185,6 +228,17 @@ class ImageProcessor:
             std = np.array(self.image_std, np.float32)[:, None, None]
             x = (x.astype(np.float32, copy=False) - mean) / std
         return self._patches(x.astype(np.float32, copy=False), grid), grid
+
+    def _canvas(self, height: int, width: int) -> tuple[int, int]:
+        factor = self.factor * self.patch_expand_factor
+        return canvas(
+            height,
+            width,
+            factor,
+            self.temporal_patch_size,
+            self.min_image_tokens,
+            self.max_image_tokens,
+        )
 
     def _patches(self, x: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
         """[C, H, W] -> [gh·gw, C·T·P·P]: patch rows ordered by merge block, then by row and

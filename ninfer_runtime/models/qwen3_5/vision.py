@@ -50,9 +50,8 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend, Weight
-from ...backends.base import to_numpy
 from ...errors import ModelError
-from .vision_grid import PatchGrid, patch_grid, position_taps, rotary_angles
+from .vision_grid import PatchGrid, checked_grid, patch_grid, position_taps, rotary_angles
 from .vision_ops import ACTIVATIONS, gelu_erf, layer_norm, segment_attention
 
 Array = Any
@@ -242,15 +241,7 @@ class VisionTower:
 
     def _checked_grid(self, grid_thw: Any) -> np.ndarray:
         """``grid_thw`` as host int64 [images, 3], or a ModelError saying what is wrong."""
-        grid = np.asarray(to_numpy(grid_thw))
-        if grid.ndim != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
-            raise ModelError(f"grid_thw must be [images, 3], got {list(grid.shape)}")
-        if not np.issubdtype(grid.dtype, np.integer) or (grid <= 0).any():
-            raise ModelError("grid_thw must hold positive integers")
-        m = self.config.merge
-        if (grid[:, 1:] % m).any():
-            raise ModelError(f"grid_thw heights and widths must be multiples of {m} (merge)")
-        return grid.astype(np.int64)
+        return checked_grid(grid_thw, self.config.merge)
 
 
 def _readers(backend: Backend, weights: Mapping[str, Weight]) -> tuple[Any, Any]:

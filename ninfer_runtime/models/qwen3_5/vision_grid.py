@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...backends.base import to_numpy
+from ...errors import ModelError
+
 
 @dataclass(frozen=True)
 class PatchGrid:
@@ -33,6 +36,18 @@ class PatchGrid:
     @property
     def patches(self) -> int:
         return int(self.rows.shape[0])
+
+
+def checked_grid(grid_thw: object, merge: int) -> np.ndarray:
+    """``grid_thw`` as host int64 [images, 3], or a ModelError saying what is wrong."""
+    grid = np.asarray(to_numpy(grid_thw))
+    if grid.ndim != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
+        raise ModelError(f"grid_thw must be [images, 3], got {list(grid.shape)}")
+    if not np.issubdtype(grid.dtype, np.integer) or (grid <= 0).any():
+        raise ModelError("grid_thw must hold positive integers")
+    if (grid[:, 1:] % merge).any():
+        raise ModelError(f"grid_thw heights and widths must be multiples of {merge} (merge)")
+    return grid.astype(np.int64)
 
 
 def patch_grid(grid_thw: np.ndarray, merge: int) -> PatchGrid:
