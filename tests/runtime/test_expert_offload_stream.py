@@ -1,0 +1,129 @@
+"""Expert offload's prefill window on the CPU backend: a prefill chunk of more than
+``STREAM_ROWS`` token rows streams the host experts it routes to through the (simulated)
+device, in one part or in several within a window's bytes, and gives the all-resident logits
+(bit for bit in one part) and the same greedy tokens; its pairs are device pairs and its bytes
+are counted; decode's few rows still take the host path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
+from ninfer_runtime.runner import ModelRunner
+
+#: a prompt prefilled in one chunk of more rows than the threshold
+PROMPT = np.random.default_rng(3).integers(0, 300, STREAM_ROWS + 8).astype(np.int64)
+CONTEXT = 64
+STEPS = 4
+LAYERS, TOP_K = 4, 2  # the tiny Qwen3.5 MoE model
+
+
+def prefill_then_greedy(
+    runner: ModelRunner, chunk: int, after_prefill=lambda: None
+) -> tuple[list[int], np.ndarray]:
+    """The prompt in chunks of ``chunk`` rows, then ``STEPS`` greedy steps: the tokens and
+    every step's logits."""
+    state = runner.new_state(CONTEXT)
+    logits = runner.prefill(PROMPT, state, chunk=chunk, last_only=True).logits[0][-1]
+    after_prefill()
+    out, seen = [], [logits]
+    for _ in range(STEPS):
+        out.append(int(np.argmax(logits)))
+        logits = runner.forward([np.array([out[-1]])], [state]).logits[0][-1]
+        seen.append(logits)
+    return out, np.stack(seen)
+
+
+@pytest.fixture(scope="module")
+def q4_moe(artifact_path):
+    return artifact_path("tiny_q4", "moe")
+
+
+def engine(path, budget) -> Engine:
+    return Engine(path, max_context=CONTEXT, max_lanes=1, vram_budget=budget)
+
+
+@pytest.fixture(scope="module")
+def shares(q4_moe):
+    """The budget's floor (no routed expert resident) and the routed experts' bytes."""
+    plan = engine(q4_moe, "1GiB").expert_offload.plan
+    return plan.weights + plan.workspace + plan.context, plan.resident_bytes
+
+
+@pytest.fixture(scope="module")
+def reference(q4_moe):
+    return prefill_then_greedy(Engine(q4_moe, max_context=CONTEXT, max_lanes=1).runner, 64)
+
+
+class HostRows:
+    """Wraps the offload's host compute, keeping the token rows of each call it gets."""
+
+    def __init__(self, host):
+        self.host, self.rows = host, []
+
+    def __call__(self, x, *args):
+        self.rows.append(len(x))
+        return self.host(x, *args)
+
+
+def spy_on_host(e: Engine) -> HostRows:
+    spy = HostRows(e.expert_offload.host)
+    for block in e.expert_offload.blocks:
+        block.host = spy
+    return spy
+
+
+@pytest.mark.parametrize("window_experts", [None, 1, 3])
+@pytest.mark.parametrize("fraction", [0.0, 0.5])
+def test_a_long_prefill_streams_its_experts_and_decode_stays_on_the_host(
+    q4_moe, shares, reference, fraction, window_experts
+):
+    floor, experts = shares
+    e = engine(q4_moe, floor + int(fraction * experts))
+    offload = e.expert_offload
+    assert offload.plan.resident_fraction == fraction
+    if window_experts is not None:  # the window in parts of this many experts (all alike)
+        offload.stream.window_bytes = window_experts * experts // (LAYERS * 4)
+    offload.counters.reset()
+    spy = spy_on_host(e)
+    streamed: list[int] = []
+
+    def after_prefill():
+        counters = offload.counters
+        streamed.append(counters.streamed_bytes)
+        assert spy.rows == [] and counters.host_total == 0  # no row on the host path
+        assert counters.device_total == len(PROMPT) * TOP_K * LAYERS
+        # streamed: every host expert the chunk routed to, each once a layer
+        assert 0 < counters.streamed_bytes <= (1 - fraction) * experts
+
+    tokens, logits = prefill_then_greedy(e.runner, 64, after_prefill)
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+    if window_experts is None:  # the block's own call with the window in place
+        np.testing.assert_array_equal(logits[0], reference[1][0])
+    # decode: one row a call, on the host path, streaming nothing more
+    assert spy.rows and max(spy.rows) == 1 and offload.counters.host_total > 0
+    assert offload.counters.streamed_bytes == streamed[0]
+
+
+def test_a_chunk_of_threshold_rows_stays_on_the_host(q4_moe, shares):
+    floor, _ = shares
+    e = engine(q4_moe, floor)
+    e.expert_offload.counters.reset()
+    spy = spy_on_host(e)
+    state = e.runner.new_state(CONTEXT)
+    e.runner.prefill(PROMPT[:STREAM_ROWS], state, chunk=STREAM_ROWS, last_only=True)
+    assert spy.rows and max(spy.rows) == STREAM_ROWS
+    assert e.expert_offload.counters.streamed_bytes == 0
+
+
+def test_the_window_is_planned_as_device_memory(q4_moe, shares):
+    from ninfer_runtime.expert_offload import ExpertOffload
+
+    floor, experts = shares
+    unplanned = ExpertOffload(floor + experts, calibrate=False)
+    planned = ExpertOffload(floor + experts, calibrate=False, stream_window=experts // 2)
+    assert planned.workspace == unplanned.workspace + experts // 2
+    assert planned.stream.window_bytes == experts // 2 and unplanned.stream.window_bytes is None
