@@ -2,7 +2,8 @@
 ``STREAM_ROWS`` token rows streams the host experts it routes to through the (simulated)
 device, in one part or in several within a window's bytes, and gives the all-resident logits
 (bit for bit in one part) and the same greedy tokens; its pairs are device pairs and its bytes
-are counted; decode's few rows still take the host path."""
+are counted; decode's few rows still take the host path. Tiny Qwen3.5 MoE, and tiny GLM5Next
+for a block whose routing scales its weights and whose expert math clamps."""
 
 from __future__ import annotations
 
@@ -127,3 +128,40 @@ def test_the_window_is_planned_as_device_memory(q4_moe, shares):
     planned = ExpertOffload(floor + experts, calibrate=False, stream_window=experts // 2)
     assert planned.workspace == unplanned.workspace + experts // 2
     assert planned.stream.window_bytes == experts // 2 and unplanned.stream.window_bytes is None
+
+
+@pytest.fixture(scope="module")
+def glm5_next(tmp_path_factory):
+    """Tiny GLM5Next (grouped sigmoid routing, scaled weights, a clamped SwiGLU expert) and its
+    all-resident run."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests import tiny_glm5_next as tiny
+
+    root = tmp_path_factory.mktemp("glm5_next_stream")
+    tiny.convert("glm5_next_bf16", tiny.build_tiny_glm5_next(root / "ckpt"), root / "m.ninfer")
+    path = root / "m.ninfer"
+    plan = engine(path, "1GiB").expert_offload.plan
+    floor = plan.weights + plan.workspace + plan.context
+    runner = Engine(path, max_context=CONTEXT, max_lanes=1).runner
+    return path, floor, prefill_then_greedy(runner, 64)
+
+
+@pytest.mark.parametrize("window_experts", [None, 1])
+def test_glm5_next_streams_with_its_own_routing_and_expert_math(glm5_next, window_experts):
+    """The first part runs in GroupedMoe's own call; further parts use its ``expert_math``
+    (the clamped SwiGLU) with the router's scaled weights."""
+    path, floor, (tokens, logits) = glm5_next
+    e = engine(path, floor)
+    offload = e.expert_offload
+    assert offload.plan.resident_fraction == 0
+    if window_experts is not None:
+        sizes = {offload.stream.expert_bytes(b, x) for b in offload.blocks for x in b.host_experts}
+        offload.stream.window_bytes = max(sizes)
+    offload.counters.reset()
+    got_tokens, got = prefill_then_greedy(e.runner, 64)
+    assert offload.counters.streamed_bytes > 0
+    assert got_tokens == tokens
+    np.testing.assert_allclose(got, logits, rtol=0, atol=1e-4)
+    if window_experts is None:
+        np.testing.assert_array_equal(got[0], logits[0])
