@@ -148,8 +148,10 @@ class ExpertOffload:
         tensor_parallel: int = 1,
         calibrate: bool = True,
         host_cache: int | str | None = None,
+        stream_rows: int | None = None,
     ) -> ExpertOffload | None:
-        """The offload a ``--vram-budget`` asks for (None: no budget, all resident)."""
+        """The offload a ``--vram-budget`` asks for (None: no budget, all resident);
+        ``stream_rows`` None: ``STREAM_ROWS``."""
         size = parse_size(budget, "vram budget")
         if size is None:
             return None
@@ -161,7 +163,8 @@ class ExpertOffload:
             )
         if tensor_parallel > 1:
             raise EngineError("--vram-budget with --tensor-parallel is not built yet")
-        return cls(size, calibrate=calibrate, host_cache=host_cache)
+        rows = STREAM_ROWS if stream_rows is None else stream_rows
+        return cls(size, calibrate=calibrate, host_cache=host_cache, stream_rows=rows)
 
     # ------------------------------------------------------------------ while loading
     def plan_load(self, model: Any, artifact: Any, names: Sequence[str]) -> Callable[[str], bool]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ninfer_runtime.cli_options import EXPERT_STREAM_ROWS_HELP
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
 from ninfer_runtime.runner import ModelRunner
@@ -117,6 +118,22 @@ def test_a_chunk_of_threshold_rows_stays_on_the_host(q4_moe, shares):
     state = e.runner.new_state(CONTEXT)
     e.runner.prefill(PROMPT[:STREAM_ROWS], state, chunk=STREAM_ROWS, last_only=True)
     assert spy.rows and max(spy.rows) == STREAM_ROWS
+    assert e.expert_offload.counters.streamed_bytes == 0
+
+
+def test_the_threshold_is_an_engine_option(q4_moe, shares):
+    """``Engine(expert_stream_rows=...)`` (``[engine] expert_stream_rows``,
+    ``--expert-stream-rows``): a chunk of that many rows stays on the host."""
+    floor, _ = shares
+    assert f"[default: {STREAM_ROWS}]" in EXPERT_STREAM_ROWS_HELP
+    e = Engine(
+        q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor, expert_stream_rows=len(PROMPT)
+    )
+    assert e.expert_offload.stream.rows == len(PROMPT)
+    e.expert_offload.counters.reset()
+    spy = spy_on_host(e)
+    e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
+    assert spy.rows and max(spy.rows) == len(PROMPT)
     assert e.expert_offload.counters.streamed_bytes == 0
 
 
