@@ -94,14 +94,14 @@ class ExpertStream:
     def __call__(self, block: SplitMoe, x: Array, top: np.ndarray, weights: np.ndarray) -> Array:
         """The block's output on rows ``x`` with every pair computed on the device: ``top``
         and ``weights`` [N, k] are the block's routing (host copies)."""
-        self.prefetch(self._after(block))
         window = [int(e) for e in np.unique(top) if int(e) in block.host_experts]
         backend, inner, layer = block.backend, block.inner, block.layer
         out = None
         for part in self.parts(block, window) or [[]]:
             names = [n for e in part for n in expert_names(layer, e)]
             prepared = backend.prepare(block.artifact, names) if names else {}
-            if out is None:
+            if out is None:  # the next layer's copies start once this layer's are made
+                self.prefetch(self._after(block))
                 with placed(inner, layer, part, prepared):
                     out = inner(x)
             else:
@@ -143,16 +143,14 @@ class ExpertStream:
         the window, while the layer before it computes: the GPU's second stream, for a
         backend that offers ``prefetch_experts``; nothing on the CPU backend (see the module
         docstring)."""
-        start = getattr(block.backend, "prefetch_experts", None) if block else None
-        if block is None or start is None:
+        if block is None or not hasattr(block.backend, "prefetch_experts"):
             return
         hits = block.counters.counts()[block.layer]
         order = sorted(block.host_experts, key=lambda e: (-hits[e], e))
-        first = self.parts(block, order)[:1]
-        start(
-            block.artifact,
-            [n for e in (first[0] if first else ()) for n in expert_names(block.layer, e)],
-        )
+        first = (self.parts(block, order) or [[]])[0]
+        if first:
+            names = [n for e in first for n in expert_names(block.layer, e)]
+            block.backend.prefetch_experts(block.artifact, names)
 
 
 @contextmanager

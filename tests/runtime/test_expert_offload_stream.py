@@ -20,6 +20,7 @@ PROMPT = np.random.default_rng(3).integers(0, 300, STREAM_ROWS + 8).astype(np.in
 CONTEXT = 64
 STEPS = 4
 LAYERS, TOP_K = 4, 2  # the tiny Qwen3.5 MoE model
+WEIGHTS = ("gate", "up", "down")
 
 
 def prefill_then_greedy(
@@ -135,6 +136,28 @@ def test_the_threshold_is_an_engine_option(q4_moe, shares):
     e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
     assert spy.rows and max(spy.rows) == len(PROMPT)
     assert e.expert_offload.counters.streamed_bytes == 0
+
+
+def test_a_backend_with_a_second_stream_is_handed_the_next_layer(q4_moe, shares):
+    """The GPU's prefetch hook: a backend offering ``prefetch_experts`` gets, as each layer
+    streams, the next MoE layer's host experts (the CPU backend offers none)."""
+    floor, experts = shares
+    e = engine(q4_moe, floor + experts // 2)
+    offload = e.expert_offload
+    asked: list[set[str]] = []
+    backend = offload.blocks[0].backend
+    assert not hasattr(backend, "prefetch_experts")
+    backend.prefetch_experts = lambda artifact, names: asked.append(set(names))
+    try:
+        e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
+    finally:
+        del backend.prefetch_experts
+    want = [
+        {f"text/layers/{b.layer}/moe/experts/{x}/{w}" for x in b.host_experts for w in WEIGHTS}
+        for b in offload.blocks[1:]
+        if b.host_experts
+    ]
+    assert asked == want  # each layer but the last, before it computes
 
 
 def test_the_window_is_planned_as_device_memory(q4_moe, shares):
