@@ -22,6 +22,7 @@ from ninfer_format.extras import require_extra
 
 from .cli_options import (
     DEFAULT_CONTEXT,
+    EXPERT_STREAM_ROWS_HELP,
     PLE_ROWS_CHOICES,
     PLE_ROWS_HELP,
     fit_context,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CONTEXT",
+    "EXPERT_STREAM_ROWS_HELP",
     "PLE_ROWS_CHOICES",
     "PLE_ROWS_HELP",
     "fit_context",
@@ -129,6 +131,7 @@ Examples:
     "experts, e.g. 4GiB (0: none, every use decodes).  [default: a quarter of the available "
     "memory]",
 )
+@click.option("--expert-stream-rows", type=click.IntRange(min=0), help=EXPERT_STREAM_ROWS_HELP)
 @click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
@@ -200,6 +203,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         expert_parallel=o.expert_parallel,
         vram_budget=vram_budget_setting(o.vram_budget),
         host_expert_cache=o.host_expert_cache,
+        expert_stream_rows=o.expert_stream_rows,
         model_options=model_options(o.ple_rows),
     )
     loaded = time.perf_counter() - started

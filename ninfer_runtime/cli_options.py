@@ -62,6 +62,14 @@ PLE_ROWS_HELP = (
     "refuses the option.  [default: the model's, auto]"
 )
 
+#: the help text of ``--expert-stream-rows`` (ninfer and ninfer-serve); its default is
+#: ``expert_offload.STREAM_ROWS``, written out so ``--help`` does not import the runtime
+EXPERT_STREAM_ROWS_HELP = (
+    "With --vram-budget: a prefill chunk of more token rows than this streams the host "
+    "experts it routes to through the device instead of computing them on the host.  "
+    "[default: 32]"
+)
+
 
 def model_options(ple_rows: str | None) -> dict[str, Any] | None:
     """The engine's ``model_options`` from the flags that set one (None: none given, so a

@@ -101,6 +101,7 @@ class Engine:
         expert_parallel: bool = False,
         vram_budget: int | str | None = None,
         host_expert_cache: int | str | None = None,
+        expert_stream_rows: int | None = None,
         vision: VisionOptions | None = None,
         model_options: dict[str, Any] | None = None,
     ):
@@ -130,6 +131,7 @@ class Engine:
             expert_parallel=expert_parallel,
             vram_budget=vram_budget,
             host_expert_cache=host_expert_cache,
+            expert_stream_rows=expert_stream_rows,
             vision=vision,
             model_options=model_options,
         )

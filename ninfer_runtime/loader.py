@@ -55,6 +55,7 @@ def load(
     expert_parallel: bool = False,
     vram_budget: int | str | None = None,
     host_expert_cache: int | str | None = None,
+    expert_stream_rows: int | None = None,
     vision: VisionOptions | None = None,
     model_options: dict[str, Any] | None = None,
 ) -> LoadedModel:
@@ -74,7 +75,11 @@ def load(
             ">= 2: it holds each expert on one of the ranks"
         )
     expert_offload = ExpertOffload.for_budget(
-        vram_budget, backend, tensor_parallel=tensor_parallel, host_cache=host_expert_cache
+        vram_budget,
+        backend,
+        tensor_parallel=tensor_parallel,
+        host_cache=host_expert_cache,
+        stream_rows=expert_stream_rows,
     )
     # the context pool's byte budget needs the backend: the experts are planned beside it
     if expert_offload is not None:

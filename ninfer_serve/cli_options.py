@@ -10,7 +10,12 @@ from typing import Any
 
 import click
 
-from ninfer_runtime.cli import PLE_ROWS_CHOICES, PLE_ROWS_HELP, speculative_options
+from ninfer_runtime.cli import (
+    EXPERT_STREAM_ROWS_HELP,
+    PLE_ROWS_CHOICES,
+    PLE_ROWS_HELP,
+    speculative_options,
+)
 from ninfer_runtime.state import KV_DTYPES
 
 __all__ = ["EXAMPLES", "flag_overrides", "serve_options"]
@@ -176,6 +181,7 @@ _OPTIONS: list[Callable[[Any], Any]] = [
         help="With --vram-budget: host memory for decoded copies of the most chosen host "
         "experts, e.g. 4GiB (0: none).  [default: a quarter of the available memory]",
     ),
+    click.option("--expert-stream-rows", type=click.IntRange(min=0), help=EXPERT_STREAM_ROWS_HELP),
     click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP),
     click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]"),
     speculative_options(None),
@@ -249,6 +255,7 @@ def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "host_context_capacity": flags["host_context_capacity"],
             "vram_budget": flags["vram_budget"],
             "host_expert_cache": flags["host_expert_cache"],
+            "expert_stream_rows": flags["expert_stream_rows"],
             "kv_dtype": flags["kv_dtype"],
             "ple_rows": flags["ple_rows"],
         },

@@ -1,6 +1,6 @@
 """MoE expert offload: routed experts that do not fit a ``--vram-budget`` live in host memory
 in their stored format and the CPU computes their share (``docs/runtime.md``, "MoE expert
-offload")."""
+offload"); prefill chunks stream them through the device instead (``stream_window``)."""
 
 from .counters import ExpertCounters
 from .offload import (
@@ -12,12 +12,15 @@ from .offload import (
     vram_budget_setting,
 )
 from .plan import OffloadPlan, VramBudgetError, WeightSizes, plan_residency
+from .stream_window import STREAM_ROWS, ExpertStream
 
 __all__ = [
     "GPU_NOT_BUILT",
+    "STREAM_ROWS",
     "VRAM_BUDGET_ENV",
     "ExpertCounters",
     "ExpertOffload",
+    "ExpertStream",
     "OffloadPlan",
     "VramBudgetError",
     "WeightSizes",

@@ -22,8 +22,8 @@ class ExpertCounters:
         #: seconds the device side waited for the host's experts (on the CPU backend, whose
         #: "device" is the same CPU, the host share's whole time)
         self.host_wait_seconds = 0.0
-        #: bytes of experts streamed to the device for large token counts (the GPU's prefill
-        #: window; nothing streams on the CPU backend)
+        #: stored bytes of host experts streamed to the device for large token counts (the
+        #: prefill window, ``stream_window``; on the CPU backend, what a GPU would copy)
         self.streamed_bytes = 0
 
     def record(self, layer: int, top: np.ndarray, resident: np.ndarray, seconds: float) -> None:

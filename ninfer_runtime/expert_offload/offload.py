@@ -37,6 +37,7 @@ from .counters import ExpertCounters
 from .host_experts import HostCompute, hold_hottest
 from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
 from .split_moe import SplitMoe, SplittableMoe, expert_names
+from .stream_window import STREAM_ROWS, ExpertStream
 
 log = logging.getLogger("ninfer.expert_offload")
 
@@ -110,20 +111,25 @@ class ExpertOffload:
         workspace: int = 0,
         threads: int | None = None,
         host_cache: int | str | None = None,
+        stream_rows: int | None = STREAM_ROWS,
+        stream_window: int | None = None,
     ):
         """``counts``: a priority kept from earlier (layer -> hits per expert, e.g. a run's
         ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes
         the backend needs beside weights and context (0 on the CPU); ``host_cache``: host
         bytes for decoded copies of the host experts routing chooses most (``[engine]
-        host_expert_cache``; None: a quarter of the available memory, 0: none)."""
+        host_expert_cache``; None: a quarter of the available memory, 0: none);
+        ``stream_rows``: the prefill window's threshold (``stream_window``), ``stream_window``
+        its device bytes, planned as workspace (None: no cap, as the CPU's simulated device)."""
         self.budget = budget
         self.calibrate = calibrate and counts is None
         self.priority = counts
-        self.workspace = workspace
+        self.workspace = workspace + (stream_window or 0)
         self.host = HostCompute(threads)
         #: host bytes for decoded float32 copies of the hottest host experts
         self.host_cache = host_cache_setting(host_cache)
         self.blocks: list[SplitMoe] = []
+        self.stream = ExpertStream(stream_rows, stream_window, self.blocks)
         self.counters = ExpertCounters({})
         self.plan: OffloadPlan | None = None
         #: the context pool's bytes for a model's memory (set by the engine before loading;
@@ -142,8 +148,10 @@ class ExpertOffload:
         tensor_parallel: int = 1,
         calibrate: bool = True,
         host_cache: int | str | None = None,
+        stream_rows: int | None = None,
     ) -> ExpertOffload | None:
-        """The offload a ``--vram-budget`` asks for (None: no budget, all resident)."""
+        """The offload a ``--vram-budget`` asks for (None: no budget, all resident);
+        ``stream_rows`` None: ``STREAM_ROWS``."""
         size = parse_size(budget, "vram budget")
         if size is None:
             return None
@@ -155,7 +163,8 @@ class ExpertOffload:
             )
         if tensor_parallel > 1:
             raise EngineError("--vram-budget with --tensor-parallel is not built yet")
-        return cls(size, calibrate=calibrate, host_cache=host_cache)
+        rows = STREAM_ROWS if stream_rows is None else stream_rows
+        return cls(size, calibrate=calibrate, host_cache=host_cache, stream_rows=rows)
 
     # ------------------------------------------------------------------ while loading
     def plan_load(self, model: Any, artifact: Any, names: Sequence[str]) -> Callable[[str], bool]:
@@ -194,7 +203,9 @@ class ExpertOffload:
         }
         self.counters = ExpertCounters(moe)
         for i in moe:
-            split = SplitMoe(i, layers[i].ffn, self._artifact, self.host, self.counters)
+            split = SplitMoe(
+                i, layers[i].ffn, self._artifact, self.host, self.counters, self.stream
+            )
             layers[i].ffn = split
             self.blocks.append(split)
         held = {b.layer: tuple(np.flatnonzero(b.resident)) for b in self.blocks}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from ..backends import Weight
 from ..backends.base import to_numpy
 from .counters import ExpertCounters
 from .host_experts import HOST_MATH, HostCompute, HostExpert
+
+if TYPE_CHECKING:
+    from .stream_window import ExpertStream
 
 Array = Any
 
@@ -67,7 +70,8 @@ def expert_names(layer: int, expert: int) -> list[str]:
 
 class SplitMoe:
     """Wraps a layer's MoE block (holding the resident experts, the others ``None``) and
-    computes the others' pairs on the host."""
+    computes the others' pairs on the host, or, for a call of many token rows, streams them
+    through the device (``stream``, ``stream_window``)."""
 
     def __init__(
         self,
@@ -76,10 +80,11 @@ class SplitMoe:
         artifact: Any,
         host: HostCompute,
         counters: ExpertCounters,
+        stream: ExpertStream | None = None,
     ):
         self.layer, self.inner, self.host, self.counters = layer, inner, host, counters
         self.backend = inner.backend
-        self._artifact = artifact
+        self.artifact, self.stream = artifact, stream
         self._math = functools.partial(inner.expert_math, HOST_MATH)
         held = list(inner.experts)
         self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
@@ -90,7 +95,7 @@ class SplitMoe:
         return len(self.resident)
 
     def _host_expert(self, e: int) -> HostExpert:
-        return HostExpert.load(self._artifact, expert_prefix(self.layer, e), math=self._math)
+        return HostExpert.load(self.artifact, expert_prefix(self.layer, e), math=self._math)
 
     def place(self, resident: tuple[int, ...], prepared: Mapping[str, Weight]) -> None:
         """Make exactly ``resident`` the device's experts: those newly resident from
@@ -112,6 +117,8 @@ class SplitMoe:
     def __call__(self, x: Array) -> Array:
         top, weights = self.inner.route(x)
         top, weights = to_numpy(top), np.asarray(to_numpy(weights), dtype=np.float32)
+        if self.stream is not None and self.stream.takes(len(top)):
+            return self.stream(self, x, top, weights)
         out = self.inner(x)
         start = time.perf_counter()
         xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)

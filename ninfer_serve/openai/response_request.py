@@ -10,8 +10,8 @@ from typing import Any
 from ..errors import ApiError, invalid_request
 from ..generation import Job
 from ..http import ServerState
-from .chat import requested_effort, thinking_for_effort
 from .models import InputTokensRequest, ResponsesRequest
+from .reasoning_effort import requested_effort, thinking_for_effort
 from .response_items import input_messages
 from .tool_choice import check_tool_choice
 

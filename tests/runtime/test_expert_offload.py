@@ -15,6 +15,7 @@ from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload import VramBudgetError, WeightSizes
 from ninfer_runtime.expert_offload.host_experts import HostExpert, hold_hottest
 from ninfer_runtime.expert_offload.plan import routed_expert
+from ninfer_runtime.expert_offload.stream_window import ExpertStream
 from ninfer_runtime.runner import ModelRunner
 
 PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
@@ -89,13 +90,15 @@ def test_a_budget_below_the_floor_is_refused_before_loading(q4_moe, shares, monk
 
 def test_the_plan_comes_first_and_only_resident_experts_load(q4_moe, shares, monkeypatch):
     """The pool the engine makes is the one planned; a routed expert the plan keeps on the
-    host is never prepared (until a later plan makes it resident)."""
+    host is never prepared (until a later plan makes it resident, or a long prefill chunk
+    streams it through the window, which calibration's prefill would: turned off here)."""
     floor, _ = shares
     prepared: list[str] = []
     real = CpuBackend.prepare
     monkeypatch.setattr(
         CpuBackend, "prepare", lambda be, art, names: real(be, art, prepared.extend(names) or names)
     )
+    monkeypatch.setattr(ExpertStream, "takes", lambda stream, rows: False)
     e = Engine(q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor, host_expert_cache=0)
     assert e.expert_offload.plan.context == e.pool.nbytes() > 0
     assert not any(routed_expert(name) for name in prepared)

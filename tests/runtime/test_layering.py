@@ -37,7 +37,8 @@ def test_only_the_synthetic_writer_of_the_runtime_imports_the_converter() -> Non
         for p in (ROOT / "ninfer_runtime").rglob("*.py")
         if any(m.startswith("ninfer_convert") for m in imported(p))
     }
-    assert users == {"ninfer_runtime/bench/synthetic.py"}  # behind require_extra("convert")
+    # the synthetic package, behind require_extra("convert")
+    assert users and all(u.startswith("ninfer_runtime/bench/synthetic/") for u in users), users
 
 
 def test_nothing_reaches_into_a_models_private_attributes() -> None:

@@ -32,6 +32,9 @@ def test_the_budget_is_read_from_the_config_and_a_bad_size_named(tmp_path) -> No
     config.write_text("[engine]\nhost_expert_cache = 'some'\n")
     with pytest.raises(ConfigError, match="host expert cache 'some': expected a size"):
         load_settings(config, {})
+    config.write_text("[engine]\nexpert_stream_rows = 64\n")
+    assert load_settings(config, {}).engine.expert_stream_rows == 64
+    assert load_settings(None, {}).engine.expert_stream_rows is None  # STREAM_ROWS
 
 
 def test_expert_counters_reach_the_metrics_as_increments() -> None:

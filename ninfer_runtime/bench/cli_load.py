@@ -1,0 +1,59 @@
+"""Loading the model ``ninfer-bench run`` times, its routed experts split by ``--vram-budget``
+(for a reduced artifact, the budget of the whole model scaled to the layers it keeps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+
+def load_bench_model(opened: Any, backend: str, vram_budget: str | None, reduced: Any) -> Any:
+    """The model, its routed experts split by ``vram_budget`` (scaled to a reduced artifact)."""
+    from ..expert_offload import ExpertOffload
+    from ..models import load_model
+
+    if vram_budget is None:
+        return load_model(opened, backend)
+    budget, note = _scaled_budget(opened, vram_budget, reduced)
+    click.echo(note)
+    offload = ExpertOffload.for_budget(budget, backend)
+    options = {"ple_rows": "streamed"} if _has_ple(opened) else None  # as the whole model's
+    return load_model(opened, backend, expert_offload=offload, options=options)
+
+
+def _has_ple(opened: Any) -> bool:
+    return bool(opened.components["text"].config.get("ple_layer_ids"))
+
+
+def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
+    """The budget in bytes for this artifact, and a line saying so. A reduced artifact gets
+    its own weights other than routed experts (n-gram tables aside: they stay on the host)
+    plus the share of its experts the whole model would keep within ``given``."""
+    from ..capacity import parse_size
+    from ..expert_offload.plan import WeightSizes
+
+    whole_budget = parse_size(given, "vram budget")
+    assert whole_budget is not None
+    if reduced is None:
+        return whole_budget, f"--vram-budget {whole_budget / 2**30:.1f} GiB"
+    names = [n for n in opened.bindings if n.startswith("text/") and "ngram_table" not in n]
+    sizes = WeightSizes.measure(opened, names)
+    whole = reduced["whole_bytes"]
+    tables = sum(_stored(opened, n) for n in opened.bindings if "ngram_table" in n) / reduced.get(
+        "ple_rows_scale", 1
+    )
+    whole_other = whole["weights"] - whole["experts"] - tables
+    share = min(1.0, max(0.0, (whole_budget - whole_other) / max(whole["experts"], 1)))
+    budget = int(sizes.other + share * sizes.expert_total)
+    return budget, (
+        f"--vram-budget {whole_budget / 2**30:.1f} GiB for the whole model keeps "
+        f"{100 * share:.1f}% of its routed experts in device memory; this artifact gets "
+        f"{budget / 2**30:.2f} GiB, the same share of its own"
+    )
+
+
+def _stored(opened: Any, name: str) -> int:
+    from ..expert_offload.plan import stored_bytes
+
+    return stored_bytes(opened, name)

@@ -1,0 +1,275 @@
+"""``ninfer-bench run``: decode and prefill rates of an artifact beside their floors, and the
+tables its options add (speculative rounds, profiles, long prefill, ranks)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..state import KV_DTYPES
+from .cli_load import load_bench_model
+from .cli_parallel import parallel_table
+from .cli_spec import acceptance_table, chosen_draft_tokens, spec_tables
+
+
+def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) -> list[int] | None:
+    return None if text is None else _ints(ctx, param, text)
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(exists=True, dir_okay=False))
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True)
+@click.option(
+    "--lanes", default="1,2,4,8", show_default=True, callback=_ints, help="decode lane counts"
+)
+@click.option(
+    "--contexts", default="1024,16384", show_default=True, callback=_ints, help="decode contexts"
+)
+@click.option("--steps", type=int, default=32, show_default=True, help="timed decode steps")
+@click.option("--prefill", type=int, default=7680, show_default=True, help="0 skips prefill")
+@click.option("--chunk", type=int, default=2048, show_default=True, help="prefill chunk")
+@click.option(
+    "--long-prefill",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="also prefill one prompt of this many tokens, timed by part (e.g. 131072)",
+)
+@click.option(
+    "--profile-prefill",
+    is_flag=True,
+    help="also profile one prefill chunk of --chunk tokens (ablation, ms per op)",
+)
+@click.option(
+    "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
+)
+@click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="write rows as JSON")
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, writable=True),
+    help="append the run (date, device, commit, tables) to this markdown file",
+)
+@click.option(
+    "--commit",
+    help="the source commit --record names (default: git describe of the source tree)",
+)
+@click.option(
+    "--spec",
+    type=click.Choice(["off", "mtp", "dflash", "dflash2"]),
+    default="off",
+    show_default=True,
+    help="also time speculative rounds of this drafter against the plain step",
+)
+@click.option(
+    "--draft-tokens",
+    callback=_ints_or_none,
+    help="draft tokens per round, comma-separated  [default with --spec mtp: 1,2,3,4,5]",
+)
+@click.option("--rounds", type=int, default=16, show_default=True, help="timed rounds (median)")
+@click.option(
+    "--tensor-parallel",
+    "ranks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="also time the decode table over this many ranks (a process each; cuda: a GPU each), "
+    "beside one rank's",
+)
+@click.option(
+    "--expert-parallel",
+    is_flag=True,
+    help="with --tensor-parallel: each routed expert whole on one rank (EP), not split",
+)
+@click.option(
+    "--measure-acceptance",
+    is_flag=True,
+    help="with --spec mtp: greedy answers to the demo prompts through the engine, with and "
+    "without rounds (meaningful on a model whose MTP head is trained)",
+)
+@click.option(
+    "--answer-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="with --measure-acceptance: the most tokens of each answer",
+)
+@click.option(
+    "--vram-budget",
+    help="device memory for the weights, e.g. 139GiB (one H200): routed experts beyond it are "
+    "computed from host memory (CPU backend). For an artifact of fewer layers, the budget "
+    "of the whole model: the same share of experts is kept in host memory",
+)
+def run(
+    artifact: str,
+    backend: str,
+    lanes: list[int],
+    contexts: list[int],
+    steps: int,
+    prefill: int,
+    chunk: int,
+    long_prefill: int,
+    profile_prefill: bool,
+    kv_dtype: str,
+    profile_lanes: int,
+    json_out: str | None,
+    record: str | None,
+    commit: str | None,
+    spec: str,
+    draft_tokens: list[int] | None,
+    rounds: int,
+    measure_acceptance: bool,
+    answer_tokens: int,
+    ranks: int,
+    expert_parallel: bool,
+    vram_budget: str | None,
+) -> None:
+    """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
+    rounds against the plain step.
+
+    \b
+    Example (27B shapes, q4/q5 weights, on the GPU):
+      ninfer-bench synth --geometry qwen3_6_27b --formats qwen3_6_27b -o 27b.ninfer
+      ninfer-bench run 27b.ninfer --record docs/performance.md
+      ninfer-bench run 27b.ninfer --spec mtp --prefill 0 --record docs/performance.md
+      ninfer-bench run 27b.ninfer --tensor-parallel 2 --prefill 0   # two GPUs against one
+
+    An artifact of fewer layers (synth --layers) also gets each kind of layer's time and the
+    whole model's step extrapolated from them, said as such.
+    """
+    import json
+    import os
+
+    from ninfer_format import Artifact, ArtifactError
+
+    from ..errors import EngineError
+    from ..runner import ModelRunner
+    from . import layer_times as T
+    from . import measure as M
+    from . import record as R
+    from .active_bytes import ActiveWeights, active_weights
+
+    if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
+        raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
+    drafts = chosen_draft_tokens(spec, draft_tokens, measure_acceptance)
+    started = time.perf_counter()
+    try:
+        opened = Artifact.open(artifact)
+        reduced = opened.provenance.get("reduced")
+        runner = ModelRunner(load_bench_model(opened, backend, vram_budget, reduced))
+        weights = active_weights(opened)
+    except (ArtifactError, EngineError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if drafts and not runner.model.has_mtp:
+        raise click.ClickException(
+            f"{artifact}: the artifact has no mtp component; --spec mtp needs one "
+            "(ninfer-bench synth writes it unless --no-mtp)"
+        )
+    click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
+    xp = runner.backend.xp
+    bandwidth = M.copy_bandwidth(xp)
+    click.echo(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}")
+    rows: list[dict] = []
+    click.echo(
+        f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
+        f"{'floor ms':>8} {'% floor':>7}"
+    )
+    plain: dict[tuple[int, int], float] = {}
+    for context in contexts:
+        for n in lanes:
+            r = M.decode_rate(
+                runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype,
+                weights=weights,
+            )  # fmt: skip
+            plain[n, context] = r.step_ms
+            rows.append({"kind": "decode", **M.as_row(r)})
+            click.echo(
+                f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
+                f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
+            )
+    if reduced is not None:
+        counted = weights if weights is not None else ActiveWeights(opened)
+        click.echo(
+            f"this artifact has {len(reduced['kept'])} of the model's "
+            f"{sum(reduced['whole_kinds'].values())} layers: each kind's time is measured "
+            "(layers timed one by one), the whole model's step EXTRAPOLATED from them"
+        )
+        for row in [r for r in rows if r["kind"] == "decode"]:
+            decode = M.DecodeResult(**{k: row[k] for k in M.DecodeResult.__dataclass_fields__})
+            e = T.extrapolate_row(
+                runner, reduced, counted, decode, kv_dtype=kv_dtype, steps=steps,
+                floor_bw=bandwidth,
+            )  # fmt: skip
+            rows.append({"kind": "decode extrapolated", **M.as_row(e)})
+            click.echo("\n".join(T.lines(e)))
+    if drafts:
+        rows += spec_tables(runner, drafts, plain, rounds, bandwidth, kv_dtype)
+    if measure_acceptance:
+        rows += acceptance_table(opened, backend, drafts, answer_tokens, kv_dtype)
+    if prefill:
+        rate = M.matmul_rate(xp)
+        p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate, weights=weights)
+        rows.append({"kind": "prefill", **M.as_row(p), "matmul_flops": rate})
+        click.echo(
+            f"prefill {p.tokens} tokens (chunk {p.chunk}): {p.tokens_per_s:.0f} tok/s, "
+            f"{p.seconds:.2f} s; {p.flops / 1e12:.1f} TFLOP at a measured "
+            f"{rate / 1e12:.0f} TFLOP/s fp16 matmul = {p.floor_s:.2f} s floor "
+            f"({p.percent_of_floor:.1f}%)"
+        )
+    if long_prefill:
+        rate = M.matmul_rate(xp)
+        segments = M.long_prefill(
+            runner, long_prefill, chunk=chunk, flop_rate=rate, kv_dtype=kv_dtype, weights=weights
+        )
+        parts = [{"kind": "long prefill", "chunk": chunk, **M.as_row(s)} for s in segments]
+        rows += parts
+        total = sum(s.seconds for s in segments)
+        click.echo(
+            f"one {long_prefill}-token prompt (chunk {chunk}): {long_prefill / total:.0f} "
+            f"tok/s, {total:.2f} s; by part (floor: FLOPs at {rate / 1e12:.0f} TFLOP/s):"
+        )
+        click.echo("\n".join(R.long_prefill_table(parts)))
+    if profile_prefill:
+        spent = M.profile_prefill(runner, chunk)
+        rows.append({"kind": "prefill profile", "tokens": chunk, "past": 0, **spent})
+        click.echo(f"prefill profile, one {chunk}-token chunk: ms taken by each op (ablation)")
+        for name, ms in spent.items():
+            click.echo(f"  {name:<18} {ms:8.2f}")
+    if profile_lanes:
+        spent = M.profile_decode(runner, profile_lanes, contexts[0])
+        rows.append({"kind": "profile", "lanes": profile_lanes, **spent})
+        click.echo(f"profile, {profile_lanes} lane(s): ms per step taken by each op (ablation)")
+        for name, ms in spent.items():
+            click.echo(f"  {name:<18} {ms:8.3f}")
+        for k in drafts:
+            spent = M.profile_round(runner, profile_lanes, contexts[0], k)
+            rows.append({"kind": "round profile", "lanes": profile_lanes, "k": k, **spent})
+            click.echo(
+                f"round profile, {profile_lanes} lane(s), K = {k}: ms per round taken by each "
+                "op (ablation)"
+            )
+            for name, ms in spent.items():
+                click.echo(f"  {name:<18} {ms:8.3f}")
+    if ranks > 1:
+        del runner  # one rank's model leaves the device before the ranks load theirs
+        rows += parallel_table(
+            opened, backend, ranks, lanes, contexts, steps, plain, kv_dtype, expert_parallel
+        )
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+    if record:
+        context = R.run_context(xp, artifact, kv_dtype, bandwidth, commit)
+        R.append(record, R.markdown(rows, context))
+        click.echo(f"recorded in {record}")

@@ -1,0 +1,171 @@
+"""The prefill window: for large token counts, the host experts a chunk routes to are
+streamed to the device and computed there instead of on the host.
+
+A decode step gives each chosen expert a row or a few: the host computes those pairs where
+the expert already lives, reading its weights once. A prefill chunk gives each expert many
+rows, so moving its stored bytes to the device once and computing all its pairs with the
+device's products costs less than the host's products (on a GPU the break-even is a few rows
+an expert). A block call of more than ``stream_rows`` token rows (``STREAM_ROWS`` unless the
+offload is given another) therefore takes this path, for each MoE layer in turn:
+
+1. the window: the layer's host experts the chunk routes to, in expert order, cut into
+   parts whose stored bytes fit ``window_bytes`` (None: one part; a part holds at least one
+   expert);
+2. each part is prepared on the backend (``backend.prepare``, as a placement prepares a
+   newly resident expert), its pairs computed on the device, and its weights released;
+3. the first part runs inside the block's own call, put in place for that call, so the
+   resident experts, the shared experts and the part's pairs are computed exactly as with
+   all experts resident (bit for bit on the CPU when the window is one part); each further
+   part's pairs are computed with the block's ``expert_math`` on its prepared weights, each
+   weighted as the router gave it, and added in expert order.
+
+The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
+``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``).
+
+Overlap is GPU-only: while a layer computes, the next MoE layer's host experts would be
+copied on a second stream into the other half of a double-buffered window. ``prefetch`` is
+that hook: a backend offering ``prefetch_experts(artifact, names)`` (start the copies; its
+next ``prepare`` of those names finds them on the device) gets the next layer's host experts,
+most chosen first, within the window; the CPU backend offers none (one stream, and its
+"device" is host memory), so nothing overlaps there and the CUDA backend has yet to build it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .plan import stored_bytes
+from .split_moe import expert_names, expert_prefix
+
+if TYPE_CHECKING:
+    from .split_moe import SplitMoe
+
+Array = Any
+
+#: token rows per block call above which the host experts a call routes to are streamed to
+#: the device (a prefill chunk) rather than computed on the host (decode, small batches)
+STREAM_ROWS = 32
+
+
+class ExpertStream:
+    """The prefill window of a model's split MoE blocks (see the module docstring)."""
+
+    def __init__(
+        self,
+        rows: int | None = STREAM_ROWS,
+        window_bytes: int | None = None,
+        blocks: Sequence[SplitMoe] = (),
+    ):
+        """``rows``: the threshold (None: never stream); ``window_bytes``: the stored bytes a
+        part of the window may take (None: no cap); ``blocks``: the split blocks in layer
+        order (the list the offload fills as it attaches), for the next layer's prefetch."""
+        self.rows, self.window_bytes, self.blocks = rows, window_bytes, blocks
+        self._sizes: dict[tuple[int, int], int] = {}
+
+    def takes(self, rows: int) -> bool:
+        """Whether a block call of ``rows`` token rows streams."""
+        return self.rows is not None and rows > self.rows
+
+    def expert_bytes(self, block: SplitMoe, expert: int) -> int:
+        """An expert's stored bytes (what a device copies), measured once."""
+        key = (block.layer, expert)
+        if key not in self._sizes:
+            names = expert_names(block.layer, expert)
+            self._sizes[key] = sum(stored_bytes(block.artifact, n) for n in names)
+        return self._sizes[key]
+
+    def parts(self, block: SplitMoe, window: Sequence[int]) -> list[list[int]]:
+        """``window`` (expert indices, in order) cut into parts within ``window_bytes``."""
+        parts: list[list[int]] = []
+        used = 0
+        for e in window:
+            size = self.expert_bytes(block, e)
+            if not parts or (self.window_bytes is not None and used + size > self.window_bytes):
+                parts.append([])
+                used = 0
+            parts[-1].append(e)
+            used += size
+        return parts
+
+    def __call__(self, block: SplitMoe, x: Array, top: np.ndarray, weights: np.ndarray) -> Array:
+        """The block's output on rows ``x`` with every pair computed on the device: ``top``
+        and ``weights`` [N, k] are the block's routing (host copies)."""
+        window = [int(e) for e in np.unique(top) if int(e) in block.host_experts]
+        backend, inner, layer = block.backend, block.inner, block.layer
+        out = None
+        for part in self.parts(block, window) or [[]]:
+            names = [n for e in part for n in expert_names(layer, e)]
+            prepared = backend.prepare(block.artifact, names) if names else {}
+            if out is None:  # the next layer's copies start once this layer's are made
+                self.prefetch(self._after(block))
+                with placed(inner, layer, part, prepared):
+                    out = inner(x)
+            else:
+                out = out + self._pairs(block, x, top, weights, part, prepared)
+            del prepared  # released: the next part reuses the window's room
+            block.counters.streamed_bytes += sum(self.expert_bytes(block, e) for e in part)
+        computed = block.resident.copy()
+        computed[window] = True
+        block.counters.record(layer, top, computed, 0.0)
+        return out
+
+    def _pairs(
+        self,
+        block: SplitMoe,
+        x: Array,
+        top: np.ndarray,
+        weights: np.ndarray,
+        part: Sequence[int],
+        prepared: Mapping[str, Any],
+    ) -> Array:
+        """``Σ weight · expert(x)`` over the pairs of ``part``'s experts, on the device."""
+        xp, backend = block.backend.xp, block.backend
+        out = xp.zeros_like(x)
+        for e in part:
+            rows, slot = np.nonzero(top == e)
+            gate, up, down = (prepared[n] for n in expert_names(block.layer, e))
+            share = xp.asarray(weights[rows, slot, None])
+            at = xp.asarray(rows)
+            out[at] += share * block.inner.expert_math(backend, x[at], gate, up, down)
+        return out
+
+    def _after(self, block: SplitMoe) -> SplitMoe | None:
+        """The split block after ``block`` in layer order (None: it is the last)."""
+        later = [b for b in self.blocks if b.layer > block.layer]
+        return min(later, key=lambda b: b.layer) if later else None
+
+    def prefetch(self, block: SplitMoe | None) -> None:
+        """Start copying ``block``'s host experts to the device, most chosen first within
+        the window, while the layer before it computes: the GPU's second stream, for a
+        backend that offers ``prefetch_experts``; nothing on the CPU backend (see the module
+        docstring)."""
+        if block is None or not hasattr(block.backend, "prefetch_experts"):
+            return
+        hits = block.counters.counts()[block.layer]
+        order = sorted(block.host_experts, key=lambda e: (-hits[e], e))
+        first = (self.parts(block, order) or [[]])[0]
+        if first:
+            names = [n for e in first for n in expert_names(block.layer, e)]
+            block.backend.prefetch_experts(block.artifact, names)
+
+
+@contextmanager
+def placed(
+    inner: Any, layer: int, part: Sequence[int], prepared: Mapping[str, Any]
+) -> Iterator[None]:
+    """``inner``'s experts with ``part`` in place from ``prepared`` for the block's call, the
+    block's own experts back afterwards."""
+    own = list(inner.experts)
+    if part:
+        experts = list(own)
+        for e in part:
+            experts[e] = inner.expert(expert_prefix(layer, e), prepared)
+        inner.experts = experts
+    try:
+        yield
+    finally:
+        inner.experts = own

@@ -1,0 +1,207 @@
+"""Expert offload's prefill window on the CPU backend: a prefill chunk of more than
+``STREAM_ROWS`` token rows streams the host experts it routes to through the (simulated)
+device, in one part or in several within a window's bytes, and gives the all-resident logits
+(bit for bit in one part) and the same greedy tokens; its pairs are device pairs and its bytes
+are counted; decode's few rows still take the host path. Tiny Qwen3.5 MoE, and tiny GLM5Next
+for a block whose routing scales its weights and whose expert math clamps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.cli_options import EXPERT_STREAM_ROWS_HELP
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
+from ninfer_runtime.runner import ModelRunner
+
+#: a prompt prefilled in one chunk of more rows than the threshold
+PROMPT = np.random.default_rng(3).integers(0, 300, STREAM_ROWS + 8).astype(np.int64)
+CONTEXT = 64
+STEPS = 4
+LAYERS, TOP_K = 4, 2  # the tiny Qwen3.5 MoE model
+WEIGHTS = ("gate", "up", "down")
+
+
+def prefill_then_greedy(
+    runner: ModelRunner, chunk: int, after_prefill=lambda: None
+) -> tuple[list[int], np.ndarray]:
+    """The prompt in chunks of ``chunk`` rows, then ``STEPS`` greedy steps: the tokens and
+    every step's logits."""
+    state = runner.new_state(CONTEXT)
+    logits = runner.prefill(PROMPT, state, chunk=chunk, last_only=True).logits[0][-1]
+    after_prefill()
+    out, seen = [], [logits]
+    for _ in range(STEPS):
+        out.append(int(np.argmax(logits)))
+        logits = runner.forward([np.array([out[-1]])], [state]).logits[0][-1]
+        seen.append(logits)
+    return out, np.stack(seen)
+
+
+@pytest.fixture(scope="module")
+def q4_moe(artifact_path):
+    return artifact_path("tiny_q4", "moe")
+
+
+def engine(path, budget) -> Engine:
+    return Engine(path, max_context=CONTEXT, max_lanes=1, vram_budget=budget)
+
+
+@pytest.fixture(scope="module")
+def shares(q4_moe):
+    """The budget's floor (no routed expert resident) and the routed experts' bytes."""
+    plan = engine(q4_moe, "1GiB").expert_offload.plan
+    return plan.weights + plan.workspace + plan.context, plan.resident_bytes
+
+
+@pytest.fixture(scope="module")
+def reference(q4_moe):
+    return prefill_then_greedy(Engine(q4_moe, max_context=CONTEXT, max_lanes=1).runner, 64)
+
+
+class HostRows:
+    """Wraps the offload's host compute, keeping the token rows of each call it gets."""
+
+    def __init__(self, host):
+        self.host, self.rows = host, []
+
+    def __call__(self, x, *args):
+        self.rows.append(len(x))
+        return self.host(x, *args)
+
+
+def spy_on_host(e: Engine) -> HostRows:
+    spy = HostRows(e.expert_offload.host)
+    for block in e.expert_offload.blocks:
+        block.host = spy
+    return spy
+
+
+@pytest.mark.parametrize("window_experts", [None, 1, 3])
+@pytest.mark.parametrize("fraction", [0.0, 0.5])
+def test_a_long_prefill_streams_its_experts_and_decode_stays_on_the_host(
+    q4_moe, shares, reference, fraction, window_experts
+):
+    floor, experts = shares
+    e = engine(q4_moe, floor + int(fraction * experts))
+    offload = e.expert_offload
+    assert offload.plan.resident_fraction == fraction
+    if window_experts is not None:  # the window in parts of this many experts (all alike)
+        offload.stream.window_bytes = window_experts * experts // (LAYERS * 4)
+    offload.counters.reset()
+    spy = spy_on_host(e)
+    streamed: list[int] = []
+
+    def after_prefill():
+        counters = offload.counters
+        streamed.append(counters.streamed_bytes)
+        assert spy.rows == [] and counters.host_total == 0  # no row on the host path
+        assert counters.device_total == len(PROMPT) * TOP_K * LAYERS
+        # streamed: every host expert the chunk routed to, each once a layer
+        assert 0 < counters.streamed_bytes <= (1 - fraction) * experts
+
+    tokens, logits = prefill_then_greedy(e.runner, 64, after_prefill)
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+    if window_experts is None:  # the block's own call with the window in place
+        np.testing.assert_array_equal(logits[0], reference[1][0])
+    # decode: one row a call, on the host path, streaming nothing more
+    assert spy.rows and max(spy.rows) == 1 and offload.counters.host_total > 0
+    assert offload.counters.streamed_bytes == streamed[0]
+
+
+def test_a_chunk_of_threshold_rows_stays_on_the_host(q4_moe, shares):
+    floor, _ = shares
+    e = engine(q4_moe, floor)
+    e.expert_offload.counters.reset()
+    spy = spy_on_host(e)
+    state = e.runner.new_state(CONTEXT)
+    e.runner.prefill(PROMPT[:STREAM_ROWS], state, chunk=STREAM_ROWS, last_only=True)
+    assert spy.rows and max(spy.rows) == STREAM_ROWS
+    assert e.expert_offload.counters.streamed_bytes == 0
+
+
+def test_the_threshold_is_an_engine_option(q4_moe, shares):
+    """``Engine(expert_stream_rows=...)`` (``[engine] expert_stream_rows``,
+    ``--expert-stream-rows``): a chunk of that many rows stays on the host."""
+    floor, _ = shares
+    assert f"[default: {STREAM_ROWS}]" in EXPERT_STREAM_ROWS_HELP
+    e = Engine(
+        q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor, expert_stream_rows=len(PROMPT)
+    )
+    assert e.expert_offload.stream.rows == len(PROMPT)
+    e.expert_offload.counters.reset()
+    spy = spy_on_host(e)
+    e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
+    assert spy.rows and max(spy.rows) == len(PROMPT)
+    assert e.expert_offload.counters.streamed_bytes == 0
+
+
+def test_a_backend_with_a_second_stream_is_handed_the_next_layer(q4_moe, shares):
+    """The GPU's prefetch hook: a backend offering ``prefetch_experts`` gets, as each layer
+    streams, the next MoE layer's host experts (the CPU backend offers none)."""
+    floor, experts = shares
+    e = engine(q4_moe, floor + experts // 2)
+    offload = e.expert_offload
+    asked: list[set[str]] = []
+    backend = offload.blocks[0].backend
+    assert not hasattr(backend, "prefetch_experts")
+    backend.prefetch_experts = lambda artifact, names: asked.append(set(names))
+    try:
+        e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
+    finally:
+        del backend.prefetch_experts
+    want = [
+        {f"text/layers/{b.layer}/moe/experts/{x}/{w}" for x in b.host_experts for w in WEIGHTS}
+        for b in offload.blocks[1:]
+        if b.host_experts
+    ]
+    assert asked == want  # each layer but the last, before it computes
+
+
+def test_the_window_is_planned_as_device_memory(q4_moe, shares):
+    from ninfer_runtime.expert_offload import ExpertOffload
+
+    floor, experts = shares
+    unplanned = ExpertOffload(floor + experts, calibrate=False)
+    planned = ExpertOffload(floor + experts, calibrate=False, stream_window=experts // 2)
+    assert planned.workspace == unplanned.workspace + experts // 2
+    assert planned.stream.window_bytes == experts // 2 and unplanned.stream.window_bytes is None
+
+
+@pytest.fixture(scope="module")
+def glm5_next(tmp_path_factory):
+    """Tiny GLM5Next (grouped sigmoid routing, scaled weights, a clamped SwiGLU expert) and its
+    all-resident run."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests import tiny_glm5_next as tiny
+
+    root = tmp_path_factory.mktemp("glm5_next_stream")
+    tiny.convert("glm5_next_bf16", tiny.build_tiny_glm5_next(root / "ckpt"), root / "m.ninfer")
+    path = root / "m.ninfer"
+    plan = engine(path, "1GiB").expert_offload.plan
+    floor = plan.weights + plan.workspace + plan.context
+    runner = Engine(path, max_context=CONTEXT, max_lanes=1).runner
+    return path, floor, prefill_then_greedy(runner, 64)
+
+
+@pytest.mark.parametrize("window_experts", [None, 1])
+def test_glm5_next_streams_with_its_own_routing_and_expert_math(glm5_next, window_experts):
+    """The first part runs in GroupedMoe's own call; further parts use its ``expert_math``
+    (the clamped SwiGLU) with the router's scaled weights."""
+    path, floor, (tokens, logits) = glm5_next
+    e = engine(path, floor)
+    offload = e.expert_offload
+    assert offload.plan.resident_fraction == 0
+    if window_experts is not None:
+        sizes = {offload.stream.expert_bytes(b, x) for b in offload.blocks for x in b.host_experts}
+        offload.stream.window_bytes = max(sizes)
+    offload.counters.reset()
+    got_tokens, got = prefill_then_greedy(e.runner, 64)
+    assert offload.counters.streamed_bytes > 0
+    assert got_tokens == tokens
+    np.testing.assert_allclose(got, logits, rtol=0, atol=1e-4)
+    if window_experts is None:
+        np.testing.assert_array_equal(got[0], logits[0])
