@@ -9,7 +9,7 @@ other levels depend on the template (``ChatTemplate.chat_format``):
   the model paces its own reasoning. A level it has no equivalent for (``medium``) is refused,
   since such a template would silently render it as another level;
 * any other template (Qwen) knows only thinking on or off, so the Chat and Responses handlers
-  turn the level into a thinking budget (``EFFORT_BUDGETS`` in ``openai.chat``).
+  turn the level into a thinking budget (``EFFORT_BUDGETS`` in ``openai.reasoning_effort``).
 
 A ``reasoning_effort`` the client set in ``chat_template_kwargs`` itself is left as given.
 """

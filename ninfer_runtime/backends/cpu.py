@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer_format.progress import terminal_bar
+from ninfer_format.progress import silent, terminal_bar
 
 from . import array_ops as ops
 from .base import Array, Weight
@@ -22,6 +22,9 @@ from .base import Array, Weight
 #: speculative verification give bit-identical rows (BLAS picks other kernels, with other
 #: summation orders, for other row counts).
 ROW_STABLE_ROWS = 64
+#: a prepare of this many parameters or more is a model's load and draws a progress bar; fewer
+#: (the few experts an offload window streams for one layer's prefill chunk) load quietly
+LOAD_BAR_FROM = 64
 
 
 class CpuBackend(ops.ReferenceOps):
@@ -34,7 +37,8 @@ class CpuBackend(ops.ReferenceOps):
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
         names = list(names)
         weights: dict[str, Weight] = {}
-        with terminal_bar(len(names), "loading weights", "parameter") as advance:
+        bar = terminal_bar if len(names) >= LOAD_BAR_FROM else silent
+        with bar(len(names), "loading weights", "parameter") as advance:
             for name in names:
                 values = artifact.parameter(name, in_order=True)
                 weights[name] = np.ascontiguousarray(values, dtype=np.float32)
