@@ -42,6 +42,7 @@ from ...backends import Backend, Weight
 from ...errors import ModelError
 from ..qwen3_5.vision_grid import checked_grid, patch_grid, rotary_angles
 from ..qwen3_5.vision_ops import ACTIVATIONS, gelu_erf, layer_norm, segment_attention
+from ..qwen3_5.vision_weights import prepare_vision, vision_config
 from .vision_config import MERGER_NORM_EPS, Glm5NextVisionConfig
 
 Array = Any
@@ -120,19 +121,10 @@ class Glm5NextVisionTower:
     """The vision component's weights prepared on a backend; ``encode`` runs the tower."""
 
     def __init__(self, artifact: Any, backend: Backend):
-        component = artifact.components.get("vision")
-        if component is None:
-            raise ModelError("artifact has no vision component")
-        text_hidden = int(artifact.components["text"].config["hidden_size"])
-        self.config = c = Glm5NextVisionConfig.from_component(component.config or {}, text_hidden)
+        self.config = c = Glm5NextVisionConfig.from_component(*vision_config(artifact))
         self.backend = backend
-        names = self.parameter_names(c)
-        missing = [n for n in names if n not in artifact.bindings]
-        if missing:
-            raise ModelError(
-                f"artifact lacks {len(missing)} vision parameter(s), e.g. {missing[0]}"
-            )
-        self.p = p = _Projections(backend, backend.prepare(artifact, names))
+        weights = prepare_vision(artifact, backend, self.parameter_names(c))
+        self.p = p = _Projections(backend, weights)
         self.blocks = [VisionBlock(f"vision/layers/{i}/", c, p) for i in range(c.shape.depth)]
         self.post_norm = p.vector("vision/post_norm")
         self.merger_norm = (

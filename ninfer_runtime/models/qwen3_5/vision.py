@@ -53,6 +53,7 @@ from ...backends import Backend, Weight
 from ...errors import ModelError
 from .vision_grid import PatchGrid, checked_grid, patch_grid, position_taps, rotary_angles
 from .vision_ops import ACTIVATIONS, gelu_erf, layer_norm, segment_attention
+from .vision_weights import prepare_vision, vision_config
 
 Array = Any
 #: a projection with its bias: (weight prepared by the backend, bias as a backend array)
@@ -177,19 +178,9 @@ class VisionTower:
     """The vision component's weights prepared on a backend; ``encode`` runs the tower."""
 
     def __init__(self, artifact: Any, backend: Backend):
-        component = artifact.components.get("vision")
-        if component is None:
-            raise ModelError("artifact has no vision component")
-        text_hidden = int(artifact.components["text"].config["hidden_size"])
-        self.config = c = VisionConfig.from_component(component.config or {}, text_hidden)
+        self.config = c = VisionConfig.from_component(*vision_config(artifact))
         self.backend = backend
-        names = self.parameter_names(c)
-        missing = [n for n in names if n not in artifact.bindings]
-        if missing:
-            raise ModelError(
-                f"artifact lacks {len(missing)} vision parameter(s), e.g. {missing[0]}"
-            )
-        w = backend.prepare(artifact, names)
+        w = prepare_vision(artifact, backend, self.parameter_names(c))
         vector, affine = _readers(backend, w)
         self.patch_embedding = affine("vision/patch_embedding")
         self.position_table = backend.array(w["vision/position_embedding"])

@@ -1,0 +1,28 @@
+"""The vision component of an artifact as every tower reads it: its config with the text width
+its merger feeds, and its parameters prepared on a backend, all present or refused in one
+line."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ...backends import Backend, Weight
+from ...errors import ModelError
+
+
+def vision_config(artifact: Any) -> tuple[dict[str, Any], int]:
+    """The vision component's config (the checkpoint's ``vision_config``) and the text
+    model's hidden size."""
+    component = artifact.components.get("vision")
+    if component is None:
+        raise ModelError("artifact has no vision component")
+    return component.config or {}, int(artifact.components["text"].config["hidden_size"])
+
+
+def prepare_vision(artifact: Any, backend: Backend, names: Sequence[str]) -> dict[str, Weight]:
+    """The tower's parameters ``names`` prepared on ``backend``."""
+    missing = [n for n in names if n not in artifact.bindings]
+    if missing:
+        raise ModelError(f"artifact lacks {len(missing)} vision parameter(s), e.g. {missing[0]}")
+    return backend.prepare(artifact, names)
