@@ -22,7 +22,7 @@ __all__ = ["accepts", "attend_segments", "segment"]
 Array = Any
 
 
-def accepts(*, device: str, precision: str = "bf16", head_dim: int = 0, **_: object) -> bool:
+def accepts(*, device: str, precision: str, head_dim: int, **_: object) -> bool:
     return device == "cuda" and precision == "bf16" and head_dim <= 256
 
 
