@@ -1,10 +1,11 @@
 """The engine: requests in, token and text events out, several requests batched in lanes.
 
-``Engine`` is the public API (``submit``, ``step``, ``generate``, ``cancel``): it runs the
-forwards of each step and hands every other job to a module of its own: ``loader`` loads the
+``Engine`` is the public API (``submit``, ``step``, ``generate``, ``cancel``): it decides what
+each step runs and hands every other job to a module of its own: ``loader`` loads the
 artifact, model, runner, tokenizer and template, ``intake`` renders a request and checks it
-into a lane, ``token_choice`` picks each lane's next token from its logits, ``events`` turns
-the tokens into events and ends lanes, ``speculative_round`` runs a round,
+into a lane, ``step_forwards`` runs the prefill chunk and the plain decode step,
+``token_choice`` picks each lane's next token from its logits, ``events`` turns the tokens
+into events and ends lanes, ``speculative_round`` runs a round,
 ``prompt_logprobs`` scores prompts, ``pool_plan`` sizes the context pool. Which requests
 hold lanes and what each step reads is the ``scheduler``'s job; the requests and events
 themselves are in ``request`` (re-exported here).
@@ -21,27 +22,23 @@ drive the same object; the model underneath is the same on every backend.
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ninfer_format import Artifact
 
 from .capacity import budget_bytes, parse_capacity, parse_size
 from .errors import EngineError, RequestError
 from .events import EventWriter
-from .images import VisionOptions, placed_inputs
+from .images import VisionOptions
 from .intake import RequestIntake
 from .loader import load
 from .media_cache import MediaCache
 from .models import ForwardOutput
 from .pool_plan import SHORT_CHUNK_TOKENS, PoolPlan
 from .prefix_cache import CacheBoundary, PrefixCache
-from .prompt_logprobs import prompt_logprobs, score_chunk
 from .request import (
     Event,
     Failed,
@@ -53,9 +50,10 @@ from .request import (
     TokenEvent,
     Usage,
 )
-from .scheduler import Lane, Read, Scheduler
+from .scheduler import Scheduler
 from .speculative import SpecConfig, SpecStats
 from .speculative_round import SpeculativeRounds, check_drafter
+from .step_forwards import StepForwards
 from .token_choice import TokenChooser
 
 __all__ = [
@@ -180,6 +178,16 @@ class Engine:
         self.event_writer = EventWriter(self.scheduler, self.tokenizer)
         #: each lane's next token from its logits
         self.token_choice = TokenChooser(self.model, self.tokenizer, self.event_writer.fail)
+        #: each step's prefill chunk and plain decode step
+        self.step_forwards = StepForwards(
+            spec,
+            model=self.model,
+            runner=self.runner,
+            pool=self.pool,
+            scheduler=self.scheduler,
+            token_choice=self.token_choice,
+            event_writer=self.event_writer,
+        )
         #: with ``spec``: each step's draft-and-verify round for the generating lanes
         self.speculative_rounds: SpeculativeRounds | None = None
         if spec is not None:
@@ -289,122 +297,26 @@ class Engine:
             # the whole prompt was cached, or a preempted lane's replay begins
             logits = head.state.resumed_logits
             out = None if logits is None else ForwardOutput([logits[None]], [None])
-            self._prompts_done([head], out, events)
+            self.step_forwards.prompts_done([head], out, events)
         reads = self.scheduler.prefill_reads()
         if reads:
-            self._prefill(reads, events)
+            self.step_forwards.prefill(reads, events)
         if flush is not None and events:
             flush(events)
             events = []
         decoding = self.scheduler.generating()
         if self.speculative_rounds is None:
             if decoding:
-                self._decode(decoding, events)
+                self.step_forwards.decode(decoding, events)
             return events
         # lanes replaying after a preemption feed their known tokens one step at a time
         replaying = [a for a in decoding if a.replay]
         generating = [a for a in decoding if not a.replay]
         if replaying:
-            self._decode(replaying, events)
+            self.step_forwards.decode(replaying, events)
         if generating:
             self.speculative_rounds.run(generating, events)
         return events
-
-    def _prefill(self, reads: list[Read], events: list[Event]) -> None:
-        """Run this step's prefill chunk (``Scheduler.prefill_reads``): one forward for
-        every lane's read; the lanes whose prompts it ends sample their first tokens."""
-        scoring = reads[0][0].prompt_scores is not None
-        embeddings = positions = None
-        if any(a.images is not None for a, _, _ in reads):
-            embeddings, positions = placed_inputs(
-                self.model, [(a.prompt_ids, a.images, start, end) for a, start, end in reads]
-            )
-        out = self.runner.forward(
-            [a.prompt_ids[start:end] for a, start, end in reads],
-            [a.state for a, _, _ in reads],
-            last_only=not scoring,
-            embeddings=embeddings,
-            positions=positions,
-        )
-        done = [
-            i
-            for i, (a, start, end) in enumerate(reads)
-            if self._prefilled(a, start, end, out.logits[i], out.hidden[i], events)
-        ]
-        if done:  # their first tokens, sampled together
-            whole = len(done) == len(reads) and out.last_logits is not None
-            self._prompts_done(
-                [reads[i][0] for i in done],
-                ForwardOutput(
-                    [out.logits[i] for i in done],
-                    [out.hidden[i] for i in done],
-                    out.last_logits if whole else None,
-                ),
-                events,
-            )
-
-    def _prefilled(
-        self, a: Lane, start: int, end: int, logits: Any, hidden: Any, events: list[Event]
-    ) -> bool:
-        """Lane ``a`` has read ``start:end`` of its prompt (``logits``: its rows', or only
-        the last row's; ``hidden``: its rows'): scores, the drafter's entries and a
-        checkpoint where one goes. True: that was the prompt's end."""
-        scoring = a.prompt_scores is not None
-        if scoring:
-            score_chunk(a, start, end, logits)
-        if self.spec is not None:  # the drafter reads the prompt too, images placed
-            rows = at = None
-            if a.images is not None:
-                span = [(a.prompt_ids, a.images, start + 1, end + 1)]
-                rows, at = placed_inputs(self.model, span)
-            self.runner.mtp_prefill(hidden, a.prompt_ids[start + 1 : end + 1], a.state, at, rows)
-        last = hidden[-1] if self.spec is not None else None
-        if not self.scheduler.prefilled(a, end, last, logits):
-            return False
-        if scoring:
-            events.append(prompt_logprobs(a))
-        return True
-
-    def _prompts_done(
-        self, lanes: list[Lane], out: ForwardOutput | None, events: list[Event]
-    ) -> None:
-        """The lanes' prompts are in: each one's first token from its last logits (``out``,
-        lane by lane), or for a preempted lane the first token to replay."""
-        fresh = [i for i, a in enumerate(lanes) if not a.generated]
-        for a in lanes:
-            if a.generated:
-                a.pending = a.replay.pop(0)
-        if not fresh:
-            return
-        assert out is not None
-        if len(fresh) < len(lanes):
-            out = ForwardOutput([out.logits[i] for i in fresh], [out.hidden[i] for i in fresh])
-        now = time.perf_counter()
-        for i in fresh:
-            lanes[i].first_token = now
-        for lane, token, score in self.token_choice.choose([lanes[i] for i in fresh], out, events):
-            self.event_writer.emit(lane, token, events, score)
-
-    def _decode(self, lanes: list[Lane], events: list[Event]) -> None:
-        tokens = [np.asarray([a.pending], dtype=np.int64) for a in lanes]
-        out = self.runner.forward(tokens, [a.state for a in lanes], last_only=True)
-        if self.spec is not None:  # replaying: the drafter's entries follow the tokens
-            xp, kept = self.model.backend.xp, self.pool.draft_hidden
-            for a, fed, hidden in zip(lanes, tokens, out.hidden, strict=True):
-                rows = xp.concatenate([kept[a.state.slot, :1], hidden[-1:]])
-                self.runner.mtp_prefill(rows, fed, a.state)
-        generating = [i for i, a in enumerate(lanes) if not a.replay]
-        for a in lanes:
-            if a.replay:  # replaying after a preemption: the next token is known
-                a.pending = a.replay.pop(0)
-        if len(generating) < len(lanes):
-            out = ForwardOutput(
-                [out.logits[i] for i in generating], [out.hidden[i] for i in generating]
-            )
-        for a, token, score in self.token_choice.choose(
-            [lanes[i] for i in generating], out, events
-        ):
-            self.event_writer.emit(a, token, events, score)
 
     # ------------------------------------------------------------------ one-shot
     def generate(self, request: GenerationRequest) -> Iterator[Event]:

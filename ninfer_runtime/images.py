@@ -43,6 +43,9 @@ from .models.vision_families import QWEN3_5, vision_family
 
 #: the tokens a chat template writes for one image (Qwen3.5's template; ninfer's built-in one)
 IMAGE_PAD = QWEN3_5.image_token
+#: the backends the image path runs on: the towers are array math on the backend's module
+#: with products through ``backend.linear``, and the prefill takes placed rows on either
+IMAGE_BACKENDS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -246,8 +249,8 @@ def load_vision(
         return None, "this model takes no images (its artifact has no vision component)"
     if not options.enabled:
         return None, "image input is turned off for this server ([vision] enabled = false)"
-    if backend_name != "cpu":
-        return None, f"image input runs on the cpu backend only so far, not {backend_name}"
+    if backend_name not in IMAGE_BACKENDS:
+        return None, f"image input runs on the cpu and cuda backends only, not {backend_name}"
     if tensor_parallel > 1:
         return None, "image input needs tensor_parallel 1"
     try:

@@ -22,7 +22,8 @@ model keeps per sequence.
 
 The runner is the API; the pieces live beside it: ``lane_plan`` (lanes checked and laid out
 as rows), ``forwards`` (a chunk, a decode step, a multi-row step), ``compiled_steps`` (the
-steps compiled once per shape for one pool) and ``speculative_step`` (the device side of a
+steps compiled once per shape for one pool), ``speculative_calls`` (the drafter's calls and a
+draft-and-verify pass, checked and laid out) and ``speculative_step`` (the device side of a
 draft-and-verify pass).
 """
 
@@ -33,14 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from . import forwards
-from .backends.base import to_numpy
+from . import forwards, speculative_calls
 from .compiled_steps import CompiledSteps
 from .errors import EngineError, ModelError
-from .lane_plan import check_capacity, check_ids, plan_lanes
+from .lane_plan import check_capacity, plan_lanes
 from .models.base import ForwardOutput, Model
 from .models.batch import Batch, Lane
-from .speculative_step import Proposal, speculate_rows
+from .speculative_step import Proposal
 from .state import PAGE_TOKENS, ContextPool, DraftSpec, SequenceState
 
 Array = Any
@@ -181,32 +181,7 @@ class ModelRunner:
         ``start`` defaults to the MTP cache length, so successive calls continue the sequence
         (pass an earlier ``start`` to overwrite rejected draft entries).
         """
-        if not self.model.has_mtp:
-            raise ModelError("artifact has no mtp component")
-        memory = state.pool.mtp
-        if memory is None:
-            raise EngineError("this state was made without an MTP cache")
-        start = state.mtp_length if start is None else start
-        ids = np.asarray(next_token_ids).reshape(-1)
-        t, width = len(ids), self.model.config.hidden
-        if hidden.shape != (t, width):
-            raise EngineError(
-                f"mtp_logits: hidden is {tuple(hidden.shape)}, expected ({t}, {width})"
-                " (one row per next token)"
-            )
-        if not 0 <= start <= state.mtp_length:
-            raise EngineError(f"mtp_logits: start {start} outside 0..{state.mtp_length}")
-        if start + t > state.max_context:
-            raise EngineError(
-                f"mtp_logits: {t} entries from slot {start} exceed max_context {state.max_context}"
-            )
-        self._check_ids(ids, "mtp_logits")
-        # the embedded tokens' positions (after a prompt with images: index + rope_delta)
-        positions = np.arange(start + 1, start + 1 + t) + state.rope_delta
-        batch = self.batch([Lane(slice(0, t), start, state)], positions)
-        logits = self.model.mtp_logits(hidden, self.backend.xp.asarray(ids), batch, memory)
-        state.mtp_length = start + t
-        return logits
+        return speculative_calls.mtp_logits(self, hidden, next_token_ids, state, start=start)
 
     def batch(self, lanes: Sequence[Lane], positions: np.ndarray) -> Batch:
         """Lanes laid out as rows at host ``positions`` ([rows], or [3, rows] multimodal
@@ -241,30 +216,7 @@ class ModelRunner:
         state's ``rope_delta``. ``embeddings`` [t, H]: the next tokens' input rows, a
         prompt's with its images' rows placed (the model's ``mtp_hidden`` takes them: a
         Qwen3.5 VLM's), instead of their token embeddings."""
-        ids = np.asarray(next_ids).reshape(-1)
-        t, rows = len(ids), hidden.shape[0]
-        memory, kept = state.pool.mtp, state.pool.draft_hidden
-        if memory is None or kept is None:
-            raise EngineError("mtp_prefill: this pool was made without draft_tokens")
-        if rows not in (t, t + 1):
-            raise EngineError(f"mtp_prefill: {rows} hidden rows for {t} next tokens")
-        if t:
-            self._check_ids(ids, "mtp_prefill")
-            start = state.mtp_length
-            if positions is None:
-                positions = np.arange(start + 1, start + 1 + t) + state.rope_delta
-            elif (positions := np.asarray(positions)).shape not in ((t,), (3, t)):
-                raise EngineError(f"mtp_prefill: positions {positions.shape} for {t} tokens")
-            batch = self.batch([Lane(slice(0, t), start, state)], positions)
-            next_ids = self.backend.xp.asarray(ids)
-            if embeddings is None:
-                self.model.mtp_hidden(hidden[:t], next_ids, batch, memory)
-            else:
-                self.model.mtp_hidden(hidden[:t], next_ids, batch, memory, embeddings[:t])
-            state.mtp_length = start + t
-        if rows > t:
-            kept[state.slot, 0] = hidden[t]
-            state.draft_carry = []
+        speculative_calls.mtp_prefill(self, hidden, next_ids, state, positions, embeddings)
 
     def speculate(
         self,
@@ -281,65 +233,12 @@ class ModelRunner:
         recurrent state. ``commit`` makes the accepted part permanent. ``optimized_head``:
         the drafter scores only the proposal head's rows when the artifact has one
         (verification always uses the full head)."""
-        n, t = len(states), draft_tokens + 1
-        if draft_tokens < 1:
-            raise EngineError(f"speculate needs at least one draft token, got {draft_tokens}")
-        if len(pending) != n or not n:
-            raise EngineError(f"speculate got {len(pending)} pending tokens for {n} lanes")
-        pool = states[0].pool
-        if pool.draft_hidden is None or pool.draft_hidden.shape[1] < t:
-            raise EngineError(f"speculate: this pool was not made for {draft_tokens} drafts")
-        carry = np.zeros((n, t), dtype=np.int32)
-        last = np.zeros(n, dtype=np.int32)
-        for i, (s, token) in enumerate(zip(states, pending, strict=True)):
-            if s.pool is not pool or s.slot < 0:
-                raise EngineError(f"lane {i}: its state is closed or lives in another pool")
-            row = [*s.draft_carry, int(token)]
-            if s.mtp_length + len(row) != s.length or len(row) > t:
-                raise EngineError(
-                    f"lane {i}: MTP entries ({s.mtp_length} + {len(row)}) are out of step "
-                    f"with the sequence ({s.length}); prefill it with mtp_prefill"
-                )
-            check_capacity(i, t, s)
-            self._check_ids(np.asarray(row), f"lane {i}")
-            carry[i, : len(row)], carry[i, len(row) :], last[i] = row, row[-1], len(row) - 1
-        slots = np.asarray([s.slot for s in states], dtype=np.int32)
-        lengths = np.asarray([s.length for s in states], dtype=np.int32)
-        starts = np.asarray([s.mtp_length for s in states], dtype=np.int32)
-        inputs = [slots, lengths, starts, last, carry]
-        deltas = np.asarray([s.rope_delta for s in states], dtype=np.int32)
-        shifted = bool(deltas.any())  # a lane after a prompt with images: RoPE at index + delta
-        if shifted:  # a step of its own, as for decoding, so text-only rounds are unchanged
-            inputs.append(deltas)
-        step = self.steps.get(
-            pool,
-            ("speculate_shifted" if shifted else "speculate", n, t, optimized_head),
-            lambda *inputs: speculate_rows(self.model, pool, t, optimized_head, *inputs),
-            [(n,), (n,), (n,), (n,), (n, t)] + [(n,)] * shifted,
+        return speculative_calls.speculate(
+            self, states, pending, draft_tokens, optimized_head=optimized_head
         )
-        tokens, logits = step(*inputs)
-        tokens = to_numpy(tokens)  # the round's one host synchronisation
-        return Proposal(tokens[:, :draft_tokens], tokens[:, draft_tokens:], logits)
 
     def commit(self, states: Sequence[SequenceState], accepted: Sequence[Sequence[int]]) -> None:
         """After ``speculate``: lane i consumed its pending token and the drafts verification
         kept, ``accepted[i]`` (a prefix of its drafts); their recurrent states are folded in
         exactly and the rest of the round is dropped (its K/V rows lie past the length)."""
-        if len(accepted) != len(states) or not states:
-            raise EngineError(f"commit got {len(accepted)} accepted lists for {len(states)} lanes")
-        pool, n = states[0].pool, len(states)
-        counts = np.asarray([len(a) + 1 for a in accepted], dtype=np.int32)
-
-        def fold(slots: Array, counts: Array) -> tuple[()]:
-            self.model.commit(pool, slots, counts)
-            return ()  # a step with no outputs
-
-        step = self.steps.get(pool, ("commit", n), fold, [(n,), (n,)])
-        step(np.asarray([s.slot for s in states], dtype=np.int32), counts)
-        for s, kept in zip(states, accepted, strict=True):
-            s.mtp_length = s.length
-            s.length += len(kept) + 1
-            s.draft_carry = [int(t) for t in kept]
-
-    def _check_ids(self, ids: np.ndarray, where: str) -> None:
-        check_ids(ids, self.model.config.vocab, where)
+        speculative_calls.commit(self, states, accepted)

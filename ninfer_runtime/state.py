@@ -24,7 +24,8 @@ place a pool's size is worked out (from ``pool_sizing``).
 ``ContextPool`` coordinates; the pieces live beside it: ``pool_sizing`` (bytes per page and
 slot, pages a budget buys), ``page_allocator`` (free pages and their holders),
 ``sequence_state`` (a sequence's slot, pages and length), ``snapshots`` (checkpoints and the
-slot-state copies they keep in pages) and ``host_copies`` (preemption's save and restore).
+slot-state copies they keep in pages), ``pool_checkpoints`` (keeping, dropping and resuming
+from them: a base class) and ``host_copies`` (preemption's save and restore).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .host_copies import HostCopy
 from .kv_storage import KV_DTYPES, kv_storage_dtype, load_kv, store_kv  # noqa: F401
 from .memory_kinds import LayerMemory, MemoryKind
 from .page_allocator import PageAllocator
+from .pool_checkpoints import PoolCheckpoints
 from .pool_sizing import (
     PAGE_TOKENS,
     DraftSpec,
@@ -59,7 +61,7 @@ from .pool_sizing import (
     with_mtp,
 )
 from .sequence_state import SequenceState
-from .snapshots import Checkpoint, copy_snapshot, plan_snapshot, snapshot_pages
+from .snapshots import Checkpoint, plan_snapshot, snapshot_pages
 
 Array = Any
 
@@ -68,7 +70,7 @@ class PoolFull(EngineError):
     """The pool has no free slot, or too few free pages, for a request right now."""
 
 
-class ContextPool:
+class ContextPool(PoolCheckpoints):
     """Slots and pages for up to ``slots`` sequences (see the module docstring)."""
 
     def __init__(
@@ -248,22 +250,6 @@ class ContextPool:
             self._resume(state, prefix)
         return state
 
-    def _resume(self, state: SequenceState, prefix: Checkpoint) -> None:
-        rows = prefix.length % self.page_tokens
-        if rows:  # the partial page: a copy of the rows the prefix wrote
-            src, dst = (
-                prefix.pages[len(prefix.pages) - 1],
-                state.pages[prefix.length // self.page_tokens],
-            )
-            for memory in self.memories():
-                memory.copy_tokens(src, dst, rows)
-        self._copy_snapshot(state.slot, prefix.snapshot, restore=True)
-        state.length = prefix.length
-        state.resumed_logits = prefix.logits
-        if prefix.hidden is not None and self.draft_hidden is not None:
-            self.draft_hidden[state.slot, 0] = prefix.hidden
-            state.mtp_length = prefix.length - 1
-
     def advance(self, state: SequenceState, tokens: int) -> None:
         """Count ``tokens`` more tokens of ``state`` as read without computing them (their
         K/V and states are whatever its pages and slot hold): a benchmark's way to decode at
@@ -290,34 +276,6 @@ class ContextPool:
         state.pages.append(page)
         state.max_context = min(len(state.pages) * self.page_tokens, self.max_context)
         return True
-
-    def keep(
-        self,
-        state: SequenceState,
-        hidden: Array | None = None,
-        logits: Array | None = None,
-        kind: str = "prompt_end",
-    ) -> Checkpoint | None:
-        """A checkpoint of ``state`` at its length (None: fewer than ``snapshot_pages``
-        pages are free, or no token yet). ``hidden``: the last token's hidden row, for
-        speculative decoding; ``logits``: its logits; ``kind``: why it is kept."""
-        if not self._keeps or self._pages.free < self.snapshot_pages or not state.length:
-            return None
-        snapshot = tuple(self._pages.take(self.snapshot_pages))
-        self.snapshot_pages_used += len(snapshot)
-        self._copy_snapshot(state.slot, snapshot, restore=False)
-        pages = tuple(state.pages[: self.pages_for(state.length)])
-        self._pages.hold(pages)
-
-        def copy(x: Array | None) -> Array | None:
-            return None if x is None else self.xp.array(x, copy=True)
-
-        return Checkpoint(state.length, pages, snapshot, copy(hidden), copy(logits), kind)
-
-    def drop(self, checkpoint: Checkpoint) -> None:
-        """Let a checkpoint go: its snapshot's pages, and its hold on its K/V pages."""
-        self._pages.release(list(checkpoint.pages) + list(checkpoint.snapshot))
-        self.snapshot_pages_used -= len(checkpoint.snapshot)
 
     # the host copies of preemption (``host_copies``)
     def host_bytes(self, state: SequenceState) -> int:
@@ -351,15 +309,3 @@ class ContextPool:
     def state_parts(self) -> list[Array]:
         """The arrays whose row ``slot`` is a sequence's states, in snapshot order."""
         return [part for memory in self.memories() for part in memory.slot_parts()]
-
-    def _copy_snapshot(self, slot: int, pages: tuple[int, ...], *, restore: bool) -> None:
-        """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back)."""
-        copy_snapshot(
-            self.xp,
-            self._snapshot_plan,
-            self.page_parts(),
-            self.state_parts(),
-            slot,
-            pages,
-            restore=restore,
-        )

@@ -20,13 +20,15 @@ raises them together as one ``GeometryError``.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from ..errors import DirectoryError
 from .config_reader import ConfigReader, show
+
+# the blocks' records, with their readers (callers import the records from here too)
+from .qwen3_5_parts import Attention, DenseMlp, Gdn, Moe, _read_attention, _read_ffn, _read_gdn
 
 DENSE = "qwen3_5_text"
 MOE = "qwen3_5_moe_text"
@@ -49,84 +51,6 @@ class GeometryError(DirectoryError):
     def __init__(self, problems: list[str]):
         message = f"text config cannot define a {self.architecture} geometry: "
         super().__init__(message + "; ".join(problems), problems=problems)
-
-
-@dataclass(frozen=True)
-class Attention:
-    """Gated full attention: query (and gate) heads over grouped key/value heads."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rotary_dim: int  # the first rotary_dim dims of each head rotate (partial RoPE)
-    rope_theta: float
-    mrope_section: tuple[int, ...]  # rotary frequency pairs per (t, h, w) position axis
-
-    #: the integer members as the config spells them (also what error lines name)
-    MEMBERS: ClassVar[dict[str, str]] = {
-        "heads": "num_attention_heads",
-        "kv_heads": "num_key_value_heads",
-        "head_dim": "head_dim",
-    }
-
-
-@dataclass(frozen=True)
-class Gdn:
-    """Gated DeltaNet: key heads (K), value heads (a multiple of K), the short convolution."""
-
-    key_heads: int
-    key_dim: int
-    value_heads: int
-    value_dim: int
-    conv_kernel: int
-
-    MEMBERS: ClassVar[dict[str, str]] = {
-        "key_heads": "linear_num_key_heads",
-        "key_dim": "linear_key_head_dim",
-        "value_heads": "linear_num_value_heads",
-        "value_dim": "linear_value_head_dim",
-        "conv_kernel": "linear_conv_kernel_dim",
-    }
-
-    @property
-    def key_width(self) -> int:  # Kg
-        return self.key_heads * self.key_dim
-
-    @property
-    def value_width(self) -> int:  # Vg
-        return self.value_heads * self.value_dim
-
-    @property
-    def conv_channels(self) -> int:  # channel order [q | k | v]
-        return 2 * self.key_width + self.value_width
-
-    @property
-    def ratio(self) -> int:  # value heads reading each key head
-        return self.value_heads // self.key_heads
-
-
-@dataclass(frozen=True)
-class DenseMlp:
-    intermediate: int
-
-    MEMBERS: ClassVar[dict[str, str]] = {"intermediate": "intermediate_size"}
-
-
-@dataclass(frozen=True)
-class Moe:
-    """Routed experts (``top_k`` of them a token) and the always-on shared expert."""
-
-    experts: int
-    top_k: int
-    expert_width: int
-    shared_width: int
-
-    MEMBERS: ClassVar[dict[str, str]] = {
-        "experts": "num_experts",
-        "top_k": "num_experts_per_tok",
-        "expert_width": "moe_intermediate_size",
-        "shared_width": "shared_expert_intermediate_size",
-    }
 
 
 @dataclass(frozen=True)
@@ -234,10 +158,6 @@ def read_geometry(
     )
 
 
-def _ints(c: ConfigReader, members: Mapping[str, str]) -> dict[str, int | None]:
-    return {attribute: c.positive_int(key) for attribute, key in members.items()}
-
-
 def _read_layer_types(c: ConfigReader, layers: int | None) -> tuple[str, ...] | None:
     interval = None
     if "full_attention_interval" in c.values:
@@ -264,70 +184,3 @@ def _read_layer_types(c: ConfigReader, layers: int | None) -> tuple[str, ...] | 
         )
         return None
     return None if bad else tuple(types)
-
-
-def _read_attention(c: ConfigReader, why: str) -> Attention | None:
-    c.why = why
-    values = _ints(c, Attention.MEMBERS)
-    heads, kv_heads, head_dim = values.values()
-    rope = c.section("rope_parameters")
-    theta = factor = mrope = None
-    if rope is not None:
-        theta = rope.positive_number("rope_theta")
-        factor = rope.positive_number("partial_rotary_factor")
-        mrope = rope.int_list("mrope_section", 3)
-    c.why = ""
-    rotary = None
-    if rope is not None and factor is not None and factor > 1:
-        rope.error("partial_rotary_factor", f"must be at most 1, got {show(factor)}")
-    elif rope is not None and factor is not None and mrope is not None and head_dim is not None:
-        # mrope splits the rotary frequency pairs over (t, h, w): 2·Σ = rotated dims.
-        # Configs may carry f32-rounded factors (spec 8.6), hence a relative tolerance.
-        covered = 2 * sum(mrope)
-        try:
-            rotated = head_dim * factor
-            matches = math.isclose(covered, rotated, rel_tol=1e-6)
-        except OverflowError:  # head_dim beyond float range: cannot match a real section
-            rotated, matches = math.inf, False
-        if matches:
-            rotary = round(rotated)
-        else:
-            rope.error(
-                "mrope_section",
-                f"covers {covered} rotated dims but head_dim × partial_rotary_factor = {rotated:g}",
-            )
-    if heads is not None and kv_heads is not None and heads % kv_heads:
-        c.error(
-            "num_attention_heads",
-            f"({heads}) must be a multiple of num_key_value_heads ({kv_heads})",
-        )
-    if None in values.values() or rotary is None or theta is None or mrope is None:
-        return None
-    rope_members = dict(rotary_dim=rotary, rope_theta=theta, mrope_section=tuple(mrope))
-    return Attention(**values, **rope_members)  # type: ignore[arg-type]
-
-
-def _read_gdn(c: ConfigReader) -> Gdn | None:
-    values = _ints(c, Gdn.MEMBERS)
-    key_heads, value_heads = values["key_heads"], values["value_heads"]
-    if key_heads is not None and value_heads is not None and value_heads % key_heads:
-        c.error(
-            "linear_num_value_heads",
-            f"({value_heads}) must be a multiple of linear_num_key_heads ({key_heads})",
-        )
-    if None in values.values():
-        return None
-    return Gdn(**values)  # type: ignore[arg-type]
-
-
-def _read_ffn(c: ConfigReader, moe: bool) -> DenseMlp | Moe | None:
-    if not moe:
-        values = _ints(c, DenseMlp.MEMBERS)
-        return None if None in values.values() else DenseMlp(**values)  # type: ignore[arg-type]
-    values = _ints(c, Moe.MEMBERS)
-    experts, top_k = values["experts"], values["top_k"]
-    if experts is not None and top_k is not None and top_k > experts:
-        c.error("num_experts_per_tok", f"({top_k}) exceeds num_experts ({experts})")
-    if None in values.values():
-        return None
-    return Moe(**values)  # type: ignore[arg-type]

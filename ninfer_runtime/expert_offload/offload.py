@@ -22,7 +22,6 @@ split needs; the plan counts stored bytes, as a GPU would hold them.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,11 +30,11 @@ import numpy as np
 from ..capacity import parse_size
 from ..errors import EngineError
 from ..sizes import format_size
-from ..state import ContextPool, DraftSpec
 from .calibration import routing_counts
 from .counters import ExpertCounters
 from .host_experts import HostCompute, hold_hottest
 from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
+from .settings import host_cache_setting
 from .split_moe import SplitMoe, SplittableMoe, expert_names
 from .stream_window import STREAM_ROWS, ExpertStream
 
@@ -43,60 +42,6 @@ log = logging.getLogger("ninfer.expert_offload")
 
 #: the one line a GPU backend answers a budget with, until its split is built
 GPU_NOT_BUILT = "expert offload on the GPU is not built yet"
-#: the budget in MiB when neither ``--vram-budget`` nor ``[engine] vram_budget`` gives one
-VRAM_BUDGET_ENV = "NINFER_VRAM_BUDGET_MIB"
-#: the share of the host's available memory the decoded copies of the hottest host experts
-#: may take when ``host_expert_cache`` is not given
-HOST_CACHE_SHARE = 0.25
-
-
-def available_memory() -> int:
-    """Bytes of host memory available now (physical pages free or reclaimable)."""
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def host_cache_setting(given: str | int | None) -> int:
-    """The decoded-expert allowance in bytes: ``given`` (a size; 0 turns it off), else a
-    quarter of the host memory available now."""
-    size = parse_size(given, "host expert cache")
-    return int(HOST_CACHE_SHARE * available_memory()) if size is None else size
-
-
-def vram_budget_setting(
-    given: str | int | None, environ: Mapping[str, str] = os.environ
-) -> int | None:
-    """The budget in bytes: ``given`` (a size such as ``8GiB``, ``512MiB``), else
-    ``$NINFER_VRAM_BUDGET_MIB`` (a number of MiB); None: no budget, every expert resident."""
-    if given is not None:
-        return parse_size(given, "vram budget")
-    value = environ.get(VRAM_BUDGET_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        mib = float(value)
-    except ValueError:
-        raise EngineError(f"${VRAM_BUDGET_ENV} {value!r}: expected a number of MiB") from None
-    if mib < 0:
-        raise EngineError(f"${VRAM_BUDGET_ENV} {value!r} must not be negative")
-    return int(mib * (1 << 20))
-
-
-def planned_pool_bytes(model: Any, *, draft_tokens: int = 0, **plan: Any) -> int:
-    """The bytes ``ModelRunner(model).new_pool(draft_tokens=..., **plan)`` will allocate,
-    from the model's memory kinds alone (its config read, no weight needed)."""
-    specs, mtp = model.state_specs()
-    draft = DraftSpec(draft_tokens + 1, model.config.hidden) if draft_tokens else None
-    return ContextPool.planned_bytes(specs, mtp=mtp, draft=draft, **plan)
 
 
 class ExpertOffload:

@@ -439,13 +439,13 @@ def test_a_step_where_every_decoding_lane_replays_samples_nothing(artifact_path)
     small = Engine(art, max_lanes=4, max_context=512, context_capacity=budget)
     small.token_choice.device_sampler = _ArgmaxOnDevice()
     steps_all_replaying = []
-    decode = small._decode
+    decode = small.step_forwards.decode
 
     def spy(lanes, events) -> None:
         steps_all_replaying.append(all(a.replay for a in lanes))
         decode(lanes, events)
 
-    small._decode = spy
+    small.step_forwards.decode = spy
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, 400, 100 + 20 * i).tolist() for i in range(4)]
     params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0)

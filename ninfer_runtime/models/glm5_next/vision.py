@@ -40,19 +40,19 @@ from typing import Any
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...errors import ModelError
+from ...ops.registry import resolve
 from ..qwen3_5.vision_grid import checked_grid, patch_grid, rotary_angles
-from ..qwen3_5.vision_ops import ACTIVATIONS, gelu_erf, layer_norm, segment_attention
+from ..qwen3_5.vision_ops import ACTIVATIONS, gelu_erf, layer_norm, tower_attention
 from ..qwen3_5.vision_weights import prepare_vision, vision_config
 from .vision_config import MERGER_NORM_EPS, Glm5NextVisionConfig
 
 Array = Any
 
 
-def rms_norm(x: Array, weight: Array, eps: float) -> Array:
-    """``x / sqrt(mean(x²) + eps) · weight`` over the last axis (no bias, no offset)."""
-    xp = array_module(x)
-    mean_square = (x * x).mean(axis=-1, keepdims=True)
-    return x / xp.sqrt(mean_square + xp.float32(eps)) * weight
+def rms_norm(backend: Backend, x: Array, weight: Array, eps: float) -> Array:
+    """``x / sqrt(mean(x²) + eps) · weight`` over the last axis (no bias, no offset): the norm
+    family's ``rms_norm`` on ``backend``'s device."""
+    return resolve("norm", "rms_norm", device=backend.name)(x, weight, eps, 0.0)
 
 
 class _Projections:
@@ -102,16 +102,16 @@ class VisionBlock:
     def __call__(self, x: Array, cos: Array, sin: Array, bounds: tuple[int, ...]) -> Array:
         be, c, p, P = self.p.backend, self.c.shape, self.p, self.prefix
         n, eps = x.shape[0], self.c.eps
-        a = rms_norm(x, self.norm1, eps)
+        a = rms_norm(be, x, self.norm1, eps)
         q, k, v = (
             p.apply(a, f"{P}attention/{s}").reshape(n, c.heads, c.head_dim)
             for s in ("query", "key", "value")
         )
-        q = be.rope(rms_norm(q, self.query_norm, eps), cos, sin)
-        k = be.rope(rms_norm(k, self.key_norm, eps), cos, sin)
-        o = segment_attention(q, k, v, bounds, c.head_dim**-0.5).reshape(n, c.hidden)
+        q = be.rope(rms_norm(be, q, self.query_norm, eps), cos, sin)
+        k = be.rope(rms_norm(be, k, self.key_norm, eps), cos, sin)
+        o = tower_attention(be, q, k, v, bounds, c.head_dim**-0.5).reshape(n, c.hidden)
         x = x + p.apply(o, P + "attention/output")
-        y = rms_norm(x, self.norm2, eps)
+        y = rms_norm(be, x, self.norm2, eps)
         limit = self.c.swiglu_limit
         h = clamped_swiglu(p.apply(y, P + "mlp/gate"), p.apply(y, P + "mlp/up"), limit, self.act)
         return x + p.apply(h, P + "mlp/down")
@@ -162,7 +162,7 @@ class Glm5NextVisionTower:
         cos, sin = (xp.asarray(a) for a in angles)
         for block in self.blocks:
             x = block(x, cos, sin, grid.bounds)
-        x = rms_norm(x, self.post_norm, c.eps)
+        x = rms_norm(self.backend, x, self.post_norm, c.eps)
         m2, h = c.merge * c.merge, c.shape.hidden
         blocks = x.reshape(-1, m2, h).transpose(0, 2, 1).reshape(-1, h * m2)  # [h, m, m] each
         y = p.apply(xp.ascontiguousarray(blocks), "vision/downsample")

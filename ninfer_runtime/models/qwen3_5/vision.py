@@ -33,10 +33,12 @@ text config's ``hidden_size``, the weights from the ``vision/`` names of spec 5.
 and value stored apart; joined again here into one product).
 
 Projections go through ``backend.linear`` (weights prepared by the backend, so quantized formats
-load as the text weights do); the glue is array math on ``backend.xp`` (vision_ops.py) and the
-per-patch positions are host numpy (vision_grid.py). Only the CPU backend runs it so far; it
+load as the text weights do); the attention is the attention family's ``segment`` op, the rest
+of the glue array math on ``backend.xp`` (vision_ops.py); the per-patch positions are host
+numpy (vision_grid.py), moved to the device where the glue uses them. On the CPU backend it
 matches transformers in float32 to ~1e-6 of the output's scale
-(tests/runtime/test_vision_tower.py). Image preprocessing, placing the embeddings among the
+(tests/runtime/test_vision_tower.py); the CUDA backend runs the same statements on CuPy
+(tests/gpu/test_images_cuda.py). Image preprocessing, placing the embeddings among the
 text tokens and the text layers' multimodal RoPE positions are not here.
 """
 
@@ -52,7 +54,7 @@ import numpy as np
 from ...backends import Backend, Weight
 from ...errors import ModelError
 from .vision_grid import PatchGrid, checked_grid, patch_grid, position_taps, rotary_angles
-from .vision_ops import ACTIVATIONS, gelu_erf, layer_norm, segment_attention
+from .vision_ops import ACTIVATIONS, gelu_erf, layer_norm, tower_attention
 from .vision_weights import prepare_vision, vision_config
 
 Array = Any
@@ -168,7 +170,7 @@ class VisionBlock:
         qkv = _apply(be, layer_norm(x, *self.norm1, NORM_EPS), self.qkv)
         q, k, v = qkv.reshape(n, 3, c.heads, c.head_dim).transpose(1, 0, 2, 3)
         q, k = be.rope(q, cos, sin), be.rope(k, cos, sin)
-        o = segment_attention(q, k, v, bounds, c.head_dim**-0.5).reshape(n, c.hidden)
+        o = tower_attention(be, q, k, v, bounds, c.head_dim**-0.5).reshape(n, c.hidden)
         x = x + _apply(be, o, self.output)
         h = self.act(_apply(be, layer_norm(x, *self.norm2, NORM_EPS), self.fc1))
         return x + _apply(be, h, self.fc2)

@@ -1,24 +1,21 @@
 """The vision tower's elementwise and attention math, written once for any numpy-like module.
 
 The text model never needs these: LayerNorm with a bias (the text stack uses zero-centred
-RMSNorm), the GELU family (the text MLP is SiLU-gated) and attention without a causal mask or a
-K/V cache. The array's own module is used, so a GPU backend runs the same statements.
+RMSNorm) and the GELU family (the text MLP is SiLU-gated). The array's own module is used, so
+a GPU backend runs the same statements. The towers' attention (bidirectional within a frame,
+no K/V cache) is the attention family's ``segment`` op (``ops/attention``), resolved here.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...arrays import array_module
+from ...ops.registry import resolve
 
 Array = Any
-
-#: Elements of one block of attention scores: queries are taken in chunks so that a large image
-#: (thousands of patches, every patch seeing every other) never needs its whole score matrix.
-SCORE_BLOCK_ELEMENTS = 1 << 24
 
 #: erfc(z) = t·exp(-z² + P(t)) with t = 1 / (1 + z/2), z >= 0: Numerical Recipes' Chebyshev
 #: fit, fractional error below 1.2e-7 everywhere (numpy has no erf; this needs only exp).
@@ -84,25 +81,14 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 
-def softmax(x: Array) -> Array:
-    xp = array_module(x)
-    e = xp.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def segment_attention(q: Array, k: Array, v: Array, bounds: Sequence[int], scale: float) -> Array:
+def tower_attention(
+    backend: Any, q: Array, k: Array, v: Array, bounds: Sequence[int], scale: float
+) -> Array:
     """Bidirectional attention of q, k, v [P, heads, D] within each segment
-    ``bounds[i] .. bounds[i+1]`` (one frame of one image): no row sees another segment."""
-    xp = array_module(q)
-    out = xp.empty_like(q)
-    heads = q.shape[1]
-    for start, stop in itertools.pairwise(bounds):
-        keys = k[start:stop].transpose(1, 2, 0)  # [heads, D, S]
-        values = v[start:stop].transpose(1, 0, 2)  # [heads, S, D]
-        step = max(1, SCORE_BLOCK_ELEMENTS // (heads * (stop - start)))
-        for first in range(start, stop, step):
-            last = min(first + step, stop)
-            queries = q[first:last].transpose(1, 0, 2)  # [heads, rows, D]
-            probs = softmax((queries @ keys) * xp.float32(scale))
-            out[first:last] = (probs @ values).transpose(1, 0, 2)
-    return out
+    ``bounds[i] .. bounds[i+1]`` (one frame of one image): the attention family's ``segment``
+    op as ``backend``'s device, prefill precision and the head size resolve it."""
+    precision = getattr(backend, "prefill_precision", "float32")
+    attend = resolve(
+        "attention", "segment", device=backend.name, precision=precision, head_dim=int(q.shape[-1])
+    )
+    return attend(q, k, v, bounds, scale)

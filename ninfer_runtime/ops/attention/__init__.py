@@ -19,12 +19,17 @@ E4M3 bytes) at the lane's page ids ``pages``; query head h reads key/value head
 * ``latent``: ``(q, latents, visible, *, scale) -> out``: multi-head latent attention over a
   lane's cached latents (``latent.py``: their memory kind), each query over the tokens its
   mask lets it see (``latent_reference.py``).
+* ``segment``: ``(q, k, v, bounds, scale) -> out``: a vision tower's bidirectional attention
+  of q, k, v [P, heads, D] float32, each row over the rows of its segment
+  ``bounds[i] .. bounds[i+1]`` (one frame of one image) only (``segment_reference.py``);
+  resolved by device, the backend's prefill precision and the head size.
 
 Providers: ``reference`` (the gathered rows attended as array math), ``nvrtc`` (ours:
 ``kernels/attention.cu`` and ``kernels/prefill_attention.cu``, the pages read in place, every
 precision) and ``sdpa`` (torch's fused scaled-dot-product attention on gathered bf16 K/V;
-``prefill`` in bf16 only). Which serves an op is ``policy.TABLE``; the resolution key is the
-device, the prefill precision, the head size and the storage (``float32``, ``bf16``, ``e4m3``).
+``prefill`` in bf16 only; ``segment`` likewise, ``segment_sdpa.py``). Which serves an op is
+``policy.TABLE``; the resolution key is the device, the prefill precision, the head size and
+the storage (``float32``, ``bf16``, ``e4m3``).
 """
 
 from collections.abc import Callable
@@ -63,6 +68,8 @@ _PROVIDERS = {
     ("prefill", "nvrtc"): ("nvrtc", "accepts", ("cupy",)),
     ("prefill", "sdpa"): ("sdpa", "accepts", ("cupy", "torch")),
     ("latent", "reference"): ("latent_reference", "accepts", ()),
+    ("segment", "reference"): ("segment_reference", "accepts", ()),
+    ("segment", "sdpa"): ("segment_sdpa", "accepts", ("cupy", "torch")),
 }
 for (_op, _name), (_module, _accepts, _requires) in _PROVIDERS.items():
     register(

@@ -1,0 +1,78 @@
+"""Prefix-cache checkpoints in the context pool: ``keep`` one of a sequence at its length (its
+K/V pages held, its slot states copied into snapshot pages of their own), ``drop`` one, and a
+sequence opened from one resumed where it stood (``_resume``, for ``ContextPool.open``).
+
+``PoolCheckpoints`` is a base of ``ContextPool``, the pool's own methods kept in a room of
+their own: they work on what ``ContextPool.__init__`` sets up (``_pages``, the free pages and
+their holders; ``_snapshot_plan``, ``snapshot_pages`` and ``_keeps``, where and whether slot
+states fit in pages) and on its memory views (``memories``, ``page_parts``, ``state_parts``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .sequence_state import SequenceState
+from .snapshots import Checkpoint, copy_snapshot
+
+Array = Any
+
+
+class PoolCheckpoints:
+    """Checkpoints kept, dropped and resumed from (``ContextPool``'s; see the module docstring)."""
+
+    def keep(
+        self,
+        state: SequenceState,
+        hidden: Array | None = None,
+        logits: Array | None = None,
+        kind: str = "prompt_end",
+    ) -> Checkpoint | None:
+        """A checkpoint of ``state`` at its length (None: fewer than ``snapshot_pages``
+        pages are free, or no token yet). ``hidden``: the last token's hidden row, for
+        speculative decoding; ``logits``: its logits; ``kind``: why it is kept."""
+        if not self._keeps or self._pages.free < self.snapshot_pages or not state.length:
+            return None
+        snapshot = tuple(self._pages.take(self.snapshot_pages))
+        self.snapshot_pages_used += len(snapshot)
+        self._copy_snapshot(state.slot, snapshot, restore=False)
+        pages = tuple(state.pages[: self.pages_for(state.length)])
+        self._pages.hold(pages)
+
+        def copy(x: Array | None) -> Array | None:
+            return None if x is None else self.xp.array(x, copy=True)
+
+        return Checkpoint(state.length, pages, snapshot, copy(hidden), copy(logits), kind)
+
+    def drop(self, checkpoint: Checkpoint) -> None:
+        """Let a checkpoint go: its snapshot's pages, and its hold on its K/V pages."""
+        self._pages.release(list(checkpoint.pages) + list(checkpoint.snapshot))
+        self.snapshot_pages_used -= len(checkpoint.snapshot)
+
+    def _resume(self, state: SequenceState, prefix: Checkpoint) -> None:
+        rows = prefix.length % self.page_tokens
+        if rows:  # the partial page: a copy of the rows the prefix wrote
+            src, dst = (
+                prefix.pages[len(prefix.pages) - 1],
+                state.pages[prefix.length // self.page_tokens],
+            )
+            for memory in self.memories():
+                memory.copy_tokens(src, dst, rows)
+        self._copy_snapshot(state.slot, prefix.snapshot, restore=True)
+        state.length = prefix.length
+        state.resumed_logits = prefix.logits
+        if prefix.hidden is not None and self.draft_hidden is not None:
+            self.draft_hidden[state.slot, 0] = prefix.hidden
+            state.mtp_length = prefix.length - 1
+
+    def _copy_snapshot(self, slot: int, pages: tuple[int, ...], *, restore: bool) -> None:
+        """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back)."""
+        copy_snapshot(
+            self.xp,
+            self._snapshot_plan,
+            self.page_parts(),
+            self.state_parts(),
+            slot,
+            pages,
+            restore=restore,
+        )
