@@ -16,11 +16,20 @@ import cupy as cp
 from gpu_bench import LAYOUTS, random_object
 
 from ninfer_runtime.backends.cuda import kernels, tile_products, tiles
+from ninfer_runtime.ops import registry
+from ninfer_runtime.ops.linear import product_key
+
+
+def chosen(data, p, row0, rows, x, y, ldy) -> None:
+    """The linear family's ``product`` as the backend resolves it for this object."""
+    product = registry.resolve("linear", "product", **product_key(p, rows, int(x.shape[0])))
+    product(data, p, row0, rows, x, y, ldy)
+
 
 KINDS = {
     "simt": kernels.gemv,
     "tc": kernels.small_gemm,
-    "product": kernels.product,
+    "product": chosen,
     "tiles": tile_products.product,
 }
 
