@@ -74,17 +74,18 @@ def selection(
     xp, r = array_module(queries), indexer.compress_ratio
     t, blocks = queries.shape[0], keys.shape[0]
     complete = xp.asarray((positions + 1) // r)  # blocks complete at each query [T]
-    scores = xp.maximum(xp.einsum("tnd,bd->tnb", queries, keys), 0).sum(axis=1)
-    scores = scores / np.float32(np.sqrt(queries.shape[-1]))
-    block = xp.arange(blocks)
-    scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
-    best = stable_argsort(-scores)[:, : indexer.block_topk]
-    chosen = xp.zeros((t, blocks), dtype=bool)
-    chosen[xp.arange(t)[:, None], best] = True
-    chosen &= block[None, :] < complete[:, None]
     token = xp.arange(length)
     keep = token[None, :] >= (complete * r)[:, None]  # the tail (and the future, cut below)
-    keep[:, : blocks * r] |= xp.repeat(chosen, r, axis=1)
+    if blocks:  # (no block complete yet: the tail is everything, and no empty sort is asked)
+        scores = xp.maximum(xp.einsum("tnd,bd->tnb", queries, keys), 0).sum(axis=1)
+        scores = scores / np.float32(np.sqrt(queries.shape[-1]))
+        block = xp.arange(blocks)
+        scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
+        best = stable_argsort(-scores)[:, : indexer.block_topk]
+        chosen = xp.zeros((t, blocks), dtype=bool)
+        chosen[xp.arange(t)[:, None], best] = True
+        chosen &= block[None, :] < complete[:, None]
+        keep[:, : blocks * r] |= xp.repeat(chosen, r, axis=1)
     return keep & (token[None, :] <= xp.asarray(positions)[:, None])
 
 
