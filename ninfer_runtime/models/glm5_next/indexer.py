@@ -93,5 +93,5 @@ class TokenIndexer:
         keep = min(self.n.pools_selected, pools)
         best = xp.argsort(-index, axis=-1, kind="stable")[:, :keep]
         chosen = xp.zeros((len(positions), pools), dtype=bool)
-        xp.put_along_axis(chosen, best, True, axis=-1)
+        chosen[xp.arange(len(positions))[:, None], best] = True  # CuPy 13.0 lacks put_along_axis
         return chosen & seen
