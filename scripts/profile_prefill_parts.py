@@ -130,7 +130,7 @@ def _gdn_parts(be: Any, mixer: Any, tokens: int) -> None:
 def _moe_stages(be: Any, table: Any, x: Any) -> None:
     import cupy as cp
 
-    from ninfer_runtime.backends.cuda import moe
+    from ninfer_runtime.backends.cuda import moe, moe_experts, moe_routing
 
     k, inter = table.top_k, table.intermediate
     stages: dict[str, Any] = {}
@@ -215,7 +215,7 @@ def _moe_stages(be: Any, table: Any, x: Any) -> None:
     for name, fn in stages.items():
         print(f"  moe {name:15s} {_ms(fn):8.3f} ms")
     whole = stages["whole"]
-    for module in (moe, moe.kernels):
+    for module in (moe, moe_routing, moe_experts, moe.kernels):  # each launches its kernels
         for name, ms in _kernel_times(module, whole).items():
             print(f"  moe kernel {name:40s} {ms:8.3f} ms")
 

@@ -212,10 +212,10 @@ def test_grouped_tensor_core_launches(monkeypatch, fmt) -> None:
 
 
 def test_grouped_gemv_launch(monkeypatch) -> None:
-    from ninfer_runtime.backends.cuda import kernels, moe
+    from ninfer_runtime.backends.cuda import kernels, moe, moe_experts
 
     launches = _Launches()
-    monkeypatch.setattr(moe, "function", launches)
+    monkeypatch.setattr(moe_experts, "function", launches)  # (the expert GEMVs launch there)
     p = _planes("q4_g64_fp16", (1024, 2048))
     proj = moe.Projection(p, 1024, np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int32))
     group_expert = np.array([1, -1], dtype=np.int32)

@@ -59,38 +59,62 @@ Word layouts (what ``tiles.cu`` decodes):
 Everything here is written on array operations (numpy or CuPy alike), so the CPU tests check
 that packing and unpacking give the stored bytes back, and the loader runs the same code on
 the device.
+
+Here: ``pack_tiles`` and ``unpack_tiles``, and the row_split codes' rows; the constants and
+geometry are in ``tile_layout``, the orders as tables and the bit-field packing in
+``tile_orders``, the GGUF blocks' packing in ``tile_gguf`` (the public names re-exported here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from ninfer_format.codecs.row_split import FORMATS, row_split_geometry
+from ninfer_format.codecs.row_split import row_split_geometry
 
 from . import formats as F
+from .tile_gguf import (
+    _fifth,
+    _heads,
+    _pack_iq2_xxs,
+    _pack_q6_k,
+    _q4_k_rows,
+    _q6_k_rows,
+    _tile_rows,
+    _unpack_iq2_xxs,
+    _unpack_q6_k,
+)
 
-TILE_ROWS = 16
-LANES = 32
-#: bytes of codes a tile holds (every tiled format)
-TILE_CODE_BYTES = 512
-#: row tiles packed per pass (bounds the temporaries of a large object)
-CHUNK_TILES = 256
+# The constants and the geometry are re-exported: the tile products, the loader, the
+# benchmarks and the tests name them through this module
+from .tile_layout import (  # noqa: F401
+    _NAMES,
+    _Q4_K_HEAD,
+    CHUNK_TILES,
+    IQ2_XXS,
+    LANES,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    TILE_CODE_BYTES,
+    TILE_ROWS,
+    TILED_CODES,
+    TileGeometry,
+    tile_geometry,
+    tiled_planes,
+)
+from .tile_orders import (
+    _CODE_INVERSE,
+    _CODE_ORDER,
+    _Q5_BITS,
+    _Q5_INVERSE,
+    _Q5_K_FIFTH,
+    _pack_fields,
+    _unpack_fields,
+)
 
-_NAMES = {F.Q4: "q4_g64_fp16", F.Q5: "q5_g64_fp16", F.Q8: "q8_g32_fp16"}
-Q4_K, Q5_K, Q6_K = (F.GGUF_CODES[f"gguf_q{b}_k"] for b in (4, 5, 6))
-IQ2_XXS = F.GGUF_CODES["gguf_iq2_xxs"]
-#: bytes of a q4_k/q5_k block's head (d, dmin, scales), and of the blocks
-_Q4_K_HEAD, _Q4_K_BLOCK, _Q5_K_BLOCK = 16, 144, 176
-#: bytes of a q6_k block (low nibbles, high bits, scales, d) and of a tile's record of scales
-_Q6_K_BLOCK, _Q6_K_RECORD = 210, 288
-#: bytes of an iq2_xxs block and of a tile's record of scales
-_IQ2_XXS_BLOCK, _IQ2_XXS_RECORD = 66, 96
-#: the codes the tile kernels read
-TILED_CODES = frozenset({*_NAMES, Q4_K, Q5_K, Q6_K, IQ2_XXS})
 #: from how many weights the loader tile packs an object: where the tile kernel is also the
 #: faster at one row. Measured on the H200 (benchmarks/gpu_bench.py,
 #: 2026-12-04, % of the copy floor, tiles against the stored layout's best kernel, M = 1 / 8):
@@ -108,139 +132,6 @@ PACK_FROM_WEIGHTS = 50_000_000
 #: against 7 / 4; q6_k 39 / 25 against 21 / 12, 14 / 9 against 7 / 4; iq2_xxs 14 / 9 against
 #: 8 / 1, 4 / 3 against 3 / 1
 PACKED_AT_ANY_SIZE = frozenset({Q4_K, Q5_K, Q6_K, IQ2_XXS})
-
-
-@dataclass(frozen=True)
-class TileGeometry:
-    """Where the planes of a tiled ``[rows, columns]`` object lie."""
-
-    code: int
-    rows: int
-    columns: int
-    group: int  # weights per group
-    groups: int  # groups per row, padded to a multiple of 4
-    row_tiles: int
-    high_offset: int
-    scale_offset: int
-    size: int
-
-    @property
-    def x_width(self) -> int:
-        """Columns of x the product reads (zero padded past the object's)."""
-        return self.groups * self.group
-
-
-def tile_geometry(code: int, rows: int, columns: int) -> TileGeometry:
-    row_tiles = -(-rows // TILE_ROWS)
-    if code in (Q4_K, Q5_K):  # (columns: whole blocks, as the codec requires)
-        groups = columns // 64
-        codes = row_tiles * groups * TILE_CODE_BYTES
-        high = codes + (row_tiles * groups * LANES * 4 if code == Q5_K else 0)
-        heads = row_tiles * (groups // 4) * TILE_ROWS * _Q4_K_HEAD
-        return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, high, high + heads)
-    if code == IQ2_XXS:  # (no code plane: the lane's words are in the second)
-        groups = columns // 64
-        words = row_tiles * groups * LANES * 8
-        records = row_tiles * (groups // 4) * _IQ2_XXS_RECORD
-        return TileGeometry(code, rows, columns, 64, groups, row_tiles, 0, words, words + records)
-    if code == Q6_K:
-        groups = columns // 64
-        codes = row_tiles * groups * TILE_CODE_BYTES
-        high = codes + row_tiles * groups * LANES * 8
-        records = row_tiles * (groups // 4) * _Q6_K_RECORD
-        return TileGeometry(code, rows, columns, 64, groups, row_tiles, codes, high, high + records)
-    fmt = FORMATS[_NAMES[code]]
-    geo = row_split_geometry(fmt.name, (rows, columns))
-    groups = -(-geo.groups_per_row // 4) * 4
-    codes = row_tiles * groups * TILE_CODE_BYTES
-    high = row_tiles * groups * LANES * 4 if code == F.Q5 else 0
-    scales = row_tiles * groups * TILE_ROWS * 2
-    return TileGeometry(
-        code, rows, columns, fmt.group, groups, row_tiles, codes, codes + high,
-        codes + high + scales,
-    )  # fmt: skip
-
-
-def tiled_planes(code: int, rows: int, columns: int) -> F.Planes:
-    """The kernel arguments of a tiled object: off1 the high bits, off2 the scales (q4_k,
-    q5_k: the block heads; q6_k: its records), stride the (padded) groups per row."""
-    g = tile_geometry(code, rows, columns)
-    return F.Planes(
-        code, rows, columns, off1=g.high_offset, off2=g.scale_offset, stride=g.groups,
-        x_width=g.x_width, units=g.x_width // 16, tiled=True,
-    )  # fmt: skip
-
-
-# ---------------------------------------------------------------- the orders, as tables
-def _code_order(code: int) -> np.ndarray:
-    """For each code field of a tile in stored order (lane, word, field), the weight it
-    holds as ``row_in_tile * group + k``."""
-    lane = np.arange(LANES)[:, None, None]
-    g, t = lane // 4, lane % 4
-    if code == F.Q8:
-        w = np.arange(4)[None, :, None]
-        b = np.arange(4)[None, None, :]
-        j, h = w // 2, w % 2
-        row = g + 8 * (b % 2)
-        k = 8 * t + 4 * j + 2 * h + b // 2
-        return (row * 32 + k).reshape(-1)
-    j = np.arange(4)[None, :, None]
-    n = np.arange(8)[None, None, :]
-    pair, second = n % 4, n // 4
-    row = g + 8 * (pair % 2)
-    if code in (Q4_K, Q5_K):  # mma j within sub-block j // 2
-        k = 32 * (j // 2) + 8 * t + 4 * (j % 2) + 2 * (pair // 2) + second
-    elif code == Q6_K:  # mma j on sub-block j
-        k = 16 * j + 4 * t + 2 * (pair // 2) + second
-    else:
-        k = 16 * t + 4 * j + 2 * (pair // 2) + second
-    return (row * 64 + k).reshape(-1)
-
-
-def _q5_bits() -> np.ndarray:
-    """For each bit of a q5 tile in stored order (lane, its 160 bits: words 0-4), the
-    (index into ``_code_order(Q4)``'s fields, code bit) it holds, as field * 5 + code bit."""
-    out = np.empty((LANES, 160), dtype=np.int64)
-    for lane in range(LANES):
-        for pair in range(16):
-            j, i = divmod(pair, 4)
-            for second in range(2):
-                field = lane * 32 + j * 8 + i + 4 * second  # q4's (lane, word j, nibble)
-                for b in range(5):
-                    if pair < 15:
-                        w, f = divmod(pair, 3)
-                        at = 32 * w + 16 * second + 5 * f + b
-                    else:
-                        at = 32 * b + 15 + 16 * second
-                    out[lane, at] = field * 5 + b
-    return out.reshape(-1)
-
-
-def _q6_high() -> np.ndarray:
-    """For each 2-bit field of a lane's two q6_k high words (word w, half, field f), the index
-    into the lane's fields in ``_code_order``'s order (word j, nibble n) whose high bits it
-    holds: mma j = 2 w + f // 4, pair f % 4, the half its element."""
-    w, half, f = np.meshgrid(np.arange(2), np.arange(2), np.arange(8), indexing="ij")
-    j, pair = 2 * w + f // 4, f % 4
-    return (8 * j + pair + 4 * half).reshape(-1)
-
-
-def _q5_k_fifth() -> np.ndarray:
-    """For each bit of a lane's q5_k fifth-bit word, the index into the lane's fields in
-    ``_code_order``'s order (word j, nibble n) whose fifth bit it holds: bit 16 h + 4 j + i
-    is element h of pair i of mma j."""
-    half, j, i = np.meshgrid(np.arange(2), np.arange(4), np.arange(4), indexing="ij")
-    return (8 * j + i + 4 * half).reshape(-1)
-
-
-_CODE_ORDER = {code: _code_order(code) for code in TILED_CODES}
-#: the lane's 32 fields, in the order of its two high words
-_Q6_HIGH = _q6_high()
-#: the lane's 32 fields, in the order of its q5_k fifth-bit word
-_Q5_K_FIFTH = _q5_k_fifth()
-_CODE_INVERSE = {code: np.argsort(order) for code, order in _CODE_ORDER.items()}
-_Q5_BITS = _q5_bits()
-_Q5_INVERSE = np.argsort(_Q5_BITS)  # (field, code bit) -> its bit of the tile
 
 
 # ------------------------------------------------------------------------ pack / unpack
@@ -310,156 +201,6 @@ def pack_tiles(xp: ModuleType, raw: Any, code: int, rows: int, columns: int) -> 
             s = s.reshape(t1 - t0, 2, 8, geo.groups // 4, 4)
             scales_out[t0:t1] = s.transpose(0, 3, 2, 4, 1)
     return out
-
-
-def _q4_k_rows(
-    xp: ModuleType, raw: Any, code: int, columns: int, r0: int, r1: int
-) -> tuple[Any, Any]:
-    """Rows r0 .. r1 - 1 of a stored q4_k or q5_k object: codes [n, groups, 64] (group q is
-    64-weight chunk q % 4 of block q // 4: sub-block 2 (q % 4) the low nibbles, the next the
-    high ones; q5_k's fifth bit of sub-block b is bit b of its 32 high bytes) and the blocks'
-    heads [n, blocks, 16]."""
-    size = _Q5_K_BLOCK if code == Q5_K else _Q4_K_BLOCK
-    per_row, n = columns // 256, r1 - r0
-    blocks = raw[r0 * per_row * size : r1 * per_row * size].reshape(n, per_row, size)
-    qs = blocks[..., size - 128 :].reshape(n, per_row, 4, 1, 32)
-    codes = xp.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, per_row, 256)
-    if code == Q5_K:
-        qh = blocks[..., _Q4_K_HEAD : _Q4_K_HEAD + 32].reshape(n, per_row, 1, 32)
-        fifth = (qh >> xp.arange(8, dtype=xp.uint8).reshape(8, 1)) & 1
-        codes = codes | (fifth.reshape(n, per_row, 256) << 4)
-    return codes.reshape(n, per_row * 4, 64), blocks[..., :_Q4_K_HEAD]
-
-
-def _fifth(out: Any, geo: TileGeometry) -> Any:
-    """q5_k's fifth-bit plane as uint32 [row tiles, blocks, lane, 4 groups]."""
-    plane = out[geo.high_offset : geo.scale_offset].view(np.uint32)
-    return plane.reshape(geo.row_tiles, geo.groups // 4, LANES, 4)
-
-
-def _q6_k_rows(xp: ModuleType, raw: Any, columns: int, r0: int, r1: int) -> tuple[Any, Any]:
-    """Rows r0 .. r1 - 1 of a stored q6_k object: codes c = q + 32 [n, groups, 64] and each
-    block's sixteen scales and d [n, blocks, 18]."""
-    per_row, n = columns // 256, r1 - r0
-    blocks = raw[r0 * per_row * _Q6_K_BLOCK : r1 * per_row * _Q6_K_BLOCK]
-    blocks = blocks.reshape(n, per_row, _Q6_K_BLOCK)
-    ql = blocks[..., :128].reshape(n, per_row, 2, 1, 64)  # weight 128 h + 64 s + b
-    low = xp.concatenate([ql & 15, ql >> 4], axis=3).reshape(n, per_row, 256)
-    qh = blocks[..., 128:192].reshape(n, per_row, 2, 1, 32)  # weight 128 h + 32 s + b
-    high = (qh >> xp.asarray(np.array([[0], [2], [4], [6]], dtype=np.uint8))) & 3
-    codes = low | (high.reshape(n, per_row, 256) << 4)
-    return codes.reshape(n, per_row * 4, 64), blocks[..., 192:]
-
-
-def _pack_q6_k(
-    xp: ModuleType, fields: Any, scales: Any, out: Any, geo: TileGeometry, t0: int
-) -> None:
-    """Row tiles t0 .. of q6_k: the codes' high bits (fields in code order, [n, groups,
-    1024]) into the high plane, the rows' scales and d ([rows, blocks, 18]) into records."""
-    n, blocks = fields.shape[0], geo.groups // 4
-    bits = (fields >> 4).reshape(n, geo.groups, LANES, 32)[..., xp.asarray(_Q6_HIGH)]
-    words = _pack_fields(xp, bits, 2).view(xp.uint32).reshape(n, blocks, 4, LANES, 2)
-    high = out[geo.high_offset : geo.scale_offset].view(xp.uint32)
-    high = high.reshape(geo.row_tiles, blocks, LANES, 4, 2)
-    high[t0 : t0 + n] = words.transpose(0, 1, 3, 2, 4)
-    full = xp.zeros((n * TILE_ROWS, blocks, 18), dtype=xp.uint8)
-    full[: scales.shape[0]] = scales
-    full = full.reshape(n, 2, 8, blocks, 18)
-    records = out[geo.scale_offset :].reshape(geo.row_tiles, blocks, _Q6_K_RECORD)
-    records[t0 : t0 + n, :, :256] = full[..., :16].transpose(0, 3, 2, 1, 4).reshape(n, blocks, 256)
-    records[t0 : t0 + n, :, 256:] = full[..., 16:].transpose(0, 3, 1, 2, 4).reshape(n, blocks, 32)
-
-
-def _unpack_q6_k(xp: ModuleType, tiled: Any, low: Any, geo: TileGeometry) -> tuple[Any, Any]:
-    """q6_k's codes in code order ([row tiles, groups, 1024]) from the low nibbles and the
-    high plane, and the rows' scales and d ([rows, blocks, 18])."""
-    blocks = geo.groups // 4
-    high = tiled[geo.high_offset : geo.scale_offset].view(xp.uint32)
-    high = high.reshape(geo.row_tiles, blocks, LANES, 4, 2).transpose(0, 1, 3, 2, 4)
-    bits = _unpack_fields(xp, high.reshape(geo.row_tiles, geo.groups, LANES, 2), 2, 32)
-    bits = bits[..., xp.asarray(np.argsort(_Q6_HIGH))].reshape(geo.row_tiles, geo.groups, -1)
-    records = tiled[geo.scale_offset :].reshape(geo.row_tiles, blocks, _Q6_K_RECORD)
-    sc = records[..., :256].reshape(geo.row_tiles, blocks, 8, 2, 16).transpose(0, 3, 2, 1, 4)
-    d = records[..., 256:].reshape(geo.row_tiles, blocks, 2, 8, 2).transpose(0, 2, 3, 1, 4)
-    scales = xp.concatenate([sc, d], axis=-1).reshape(geo.row_tiles * TILE_ROWS, blocks, 18)
-    return low | (bits << 4), scales[: geo.rows]
-
-
-def _heads(out: Any, geo: TileGeometry) -> Any:
-    """The head plane of a tiled q4_k/q5_k object as [row tiles, blocks, 8 g, 2 (g, g + 8),
-    16]."""
-    return out[geo.scale_offset :].reshape(geo.row_tiles, geo.groups // 4, 8, 2, _Q4_K_HEAD)
-
-
-def _tile_rows(xp: ModuleType, heads: Any, tiles: int) -> Any:
-    """Heads [n <= 16 tiles, blocks, 16] (rows past n zero) in the head plane's order."""
-    full = xp.zeros((tiles * TILE_ROWS, *heads.shape[1:]), dtype=xp.uint8)
-    full[: heads.shape[0]] = heads
-    return full.reshape(tiles, 2, 8, *heads.shape[1:]).transpose(0, 3, 2, 1, 4)
-
-
-def _iq2_xxs_view(geo: TileGeometry, out: Any) -> tuple[Any, Any]:
-    """The lane words of a tiled iq2_xxs object as uint32 [row tiles, blocks, 8 g, 4 t, 4
-    groups, 2 (indices, signs)] and its records [row tiles, blocks, 96]."""
-    blocks = geo.groups // 4
-    words = out[: geo.scale_offset].view(np.uint32)
-    words = words.reshape(geo.row_tiles, blocks, 8, 4, 4, 2)
-    return words, out[geo.scale_offset :].reshape(geo.row_tiles, blocks, _IQ2_XXS_RECORD)
-
-
-def _pack_iq2_xxs(xp: ModuleType, raw: Any, geo: TileGeometry) -> Any:
-    out = xp.zeros(geo.size, dtype=xp.uint8)
-    words_out, records_out = _iq2_xxs_view(geo, out)
-    blocks = geo.groups // 4
-    bytes_ = xp.asarray(np.array([0, 8, 16, 24], dtype=np.uint32))
-    sevens = xp.asarray(np.array([0, 7, 14, 21], dtype=np.uint32))
-    for t0 in range(0, geo.row_tiles, CHUNK_TILES):
-        t1 = min(geo.row_tiles, t0 + CHUNK_TILES)
-        r0, r1 = t0 * TILE_ROWS, min(geo.rows, t1 * TILE_ROWS)
-        nt = t1 - t0
-        full = xp.zeros((nt * TILE_ROWS, blocks, _IQ2_XXS_BLOCK), dtype=xp.uint8)
-        full[: r1 - r0] = raw[r0 * blocks * 66 : r1 * blocks * 66].reshape(r1 - r0, blocks, 66)
-        sub = xp.ascontiguousarray(full[..., 2:]).view(xp.uint32).reshape(-1, blocks, 8, 2)
-        grid = (sub[..., 0, None] >> bytes_) & 255  # [rows, blocks, 8 sub-blocks, 4 t]
-        signs = (sub[..., 1, None] >> sevens) & 127
-        # [rows (rr, g), blocks, sub-blocks (u, h), t] -> [tiles, blocks, g, t, u, (h, rr)]
-        order = (0, 3, 2, 6, 4, 5, 1)
-        grid = grid.reshape(nt, 2, 8, blocks, 4, 2, 4).transpose(order).reshape(-1, 4)
-        signs = signs.reshape(nt, 2, 8, blocks, 4, 2, 4).transpose(order).reshape(-1, 4)
-        shape = (nt, blocks, 8, 4, 4)
-        words_out[t0:t1, ..., 0] = (grid << bytes_).sum(axis=-1, dtype=xp.uint32).reshape(shape)
-        words_out[t0:t1, ..., 1] = (signs << sevens).sum(axis=-1, dtype=xp.uint32).reshape(shape)
-        nibbles = (sub[..., 1] >> 28) << xp.arange(0, 32, 4, dtype=xp.uint32)
-        scales = nibbles.sum(axis=-1, dtype=xp.uint32).reshape(nt, 2, 8, blocks)
-        scales = xp.ascontiguousarray(scales.transpose(0, 3, 2, 1)).view(xp.uint8)
-        records_out[t0:t1, :, :64] = scales.reshape(nt, blocks, 64)
-        d = full[..., :2].reshape(nt, 2, 8, blocks, 2).transpose(0, 3, 1, 2, 4)
-        records_out[t0:t1, :, 64:] = d.reshape(nt, blocks, 32)
-    return out
-
-
-def _unpack_iq2_xxs(xp: ModuleType, tiled: Any, geo: TileGeometry) -> Any:
-    words, records = _iq2_xxs_view(geo, tiled)
-    blocks = geo.groups // 4
-    bytes_ = xp.asarray(np.array([0, 8, 16, 24], dtype=np.uint32))
-    sevens = xp.asarray(np.array([0, 7, 14, 21], dtype=np.uint32))
-    fields = [(words[..., 0, None] >> bytes_) & 255, (words[..., 1, None] >> sevens) & 127]
-    # [tiles, blocks, g, t, u, (h, rr)] -> [rows (rr, g), blocks, sub-blocks (u, h), t]
-    back = [
-        f.reshape(geo.row_tiles, blocks, 8, 4, 4, 2, 2).transpose(0, 6, 2, 1, 4, 5, 3)
-        for f in fields
-    ]
-    grid, signs = (b.reshape(-1, blocks, 8, 4) for b in back)
-    scales = xp.ascontiguousarray(records[..., :64]).view(xp.uint32)
-    scales = scales.reshape(geo.row_tiles, blocks, 8, 2).transpose(0, 3, 2, 1).reshape(-1, blocks)
-    nibbles = (scales[..., None] >> xp.arange(0, 32, 4, dtype=xp.uint32)) & 15
-    first = (grid << bytes_).sum(axis=-1, dtype=xp.uint32)
-    second = (signs << sevens).sum(axis=-1, dtype=xp.uint32) | (nibbles << 28)
-    sub = xp.stack([first, second], axis=-1).reshape(-1, blocks, 16)
-    d = records[..., 64:].reshape(geo.row_tiles, blocks, 2, 8, 2).transpose(0, 2, 3, 1, 4)
-    d = d.reshape(-1, blocks, 2)
-    out = xp.concatenate([d, xp.ascontiguousarray(sub).view(xp.uint8)], axis=-1)
-    return out[: geo.rows].reshape(-1)
 
 
 def unpack_tiles(xp: ModuleType, tiled: Any, code: int, rows: int, columns: int) -> Any:
@@ -555,19 +296,3 @@ def _unpack_q5(xp: ModuleType, tiled: Any, words: Any, geo: TileGeometry) -> Any
     bits = _unpack_fields(xp, lanes.reshape(geo.row_tiles, geo.groups, -1), 1, 160 * LANES)
     bits = bits[..., xp.asarray(_Q5_INVERSE)].reshape(geo.row_tiles, geo.groups, -1, 5)
     return (bits << xp.arange(5, dtype=xp.uint8)).sum(axis=-1, dtype=xp.uint8)
-
-
-def _pack_fields(xp: ModuleType, fields: Any, bits: int) -> Any:
-    """Consecutive ``bits``-wide fields (last axis) into little-endian uint32 words, as bytes."""
-    per = 32 // bits
-    f = fields.reshape(*fields.shape[:-1], -1, per).astype(xp.uint32)
-    shifts = xp.arange(per, dtype=xp.uint32) * np.uint32(bits)
-    words = (f << shifts).sum(axis=-1, dtype=xp.uint32)
-    return xp.ascontiguousarray(words).view(xp.uint8).reshape(*fields.shape[:-1], -1)
-
-
-def _unpack_fields(xp: ModuleType, words: Any, bits: int, count: int) -> Any:
-    per = 32 // bits
-    shifts = xp.arange(per, dtype=xp.uint32) * np.uint32(bits)
-    f = (words[..., None] >> shifts) & np.uint32((1 << bits) - 1)
-    return f.reshape(*words.shape[:-1], count).astype(xp.uint8)

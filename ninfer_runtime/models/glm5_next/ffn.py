@@ -101,7 +101,7 @@ class GroupedMoe:
             if expert is None:  # held in host memory: expert offload adds its pairs
                 continue
             rows, k = xp.nonzero(top == e)
-            out[rows] += weights[rows, k, None] * expert(x[rows])
+            out[rows] += weights[rows, k][:, None] * expert(x[rows])
         return out
 
     # ------------------------------------------------ what expert offload's split reads

@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from ninfer_format.binders.glm5_next_parts import DsaIndexer
 
 from ...arrays import array_module
@@ -64,7 +62,7 @@ class TokenIndexer:
 
     def select(self, queries: Array, weights: Array, records: Array, positions: Array) -> Array:
         """Which of a sequence's tokens each query sees: queries [T, n_i, d] and weights
-        [T, n_i] of the queries at ``positions`` [T] (host ints), records [S, 2d] of its
+        [T, n_i] of the queries at ``positions`` [T] (ints, either device), records [S, 2d] of its
         first S tokens -> visible [T, S] bool."""
         xp, kp = array_module(records), self.n.kpool
         s = records.shape[0]
@@ -88,12 +86,12 @@ class TokenIndexer:
         share = xp.exp(logits - logits.max(axis=1, keepdims=True))
         share /= share.sum(axis=1, keepdims=True)  # softmax over each pool's tokens, per channel
         pool_keys = (share * keys).sum(axis=1)  # [P, d]
-        scores = xp.maximum(queries @ pool_keys.T * np.float32(d**-0.5), 0)  # [T, n_i, P]
+        scores = xp.maximum(queries @ pool_keys.T * xp.float32(d**-0.5), 0)  # [T, n_i, P]
         index = (weights[:, :, None] * scores).sum(axis=1)  # [T, P]
         seen = (xp.arange(pools) * kp + kp - 1)[None, :] <= positions[:, None]
         index = xp.where(seen, index, xp.float32(-xp.inf))
         keep = min(self.n.pools_selected, pools)
         best = xp.argsort(-index, axis=-1, kind="stable")[:, :keep]
         chosen = xp.zeros((len(positions), pools), dtype=bool)
-        xp.put_along_axis(chosen, best, True, axis=-1)
+        chosen[xp.arange(len(positions))[:, None], best] = True  # CuPy 13.0 lacks put_along_axis
         return chosen & seen

@@ -10,8 +10,9 @@ The attention layers are NoPE (positions reach the model through the KDA layers 
 there are no RoPE tables. A ``shared`` attention layer attends over the tokens the attention
 layer right before it chose. transformers defines no MTP block for GLM5Next; an artifact's
 ``mtp`` component, if any, is not run. Only the math lives here; lanes, batches and steps are
-the runner's. The KDA and latent-attention ops have CPU (reference) providers only, so the
-model refuses other backends.
+the runner's. The math is written on the backend's array module and its KDA, latent-attention
+and grouped-router ops have reference providers on CPU and CUDA alike, but the model is served
+only on the backends in ``SERVED_BACKENDS``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from .layer import DecoderLayer
 
 Array = Any
 GLOBALS = ("text/token_embedding", "text/output_head", "text/final_norm")
+#: the backends GLM5Next is served on: the math and its ops' reference providers are
+#: array-generic, so the CUDA path is written; cuda joins this list once
+#: tests/gpu/test_glm5_next_cuda.py has passed on a GPU (that test turns it on)
+SERVED_BACKENDS = ("cpu",)
 
 
 class Glm5NextModel:
@@ -141,10 +146,17 @@ def load_glm5_next(
     expert_parallel: bool = False,
     expert_offload: Any = None,
 ) -> Glm5NextModel:
-    if backend.name != "cpu":
+    if backend.name not in SERVED_BACKENDS:
         raise ModelError(
-            f"GLM5Next runs on the CPU backend only so far (its KDA and latent-attention ops "
-            f"have no {backend.name} provider): use --backend cpu"
+            f"GLM5Next runs on the CPU backend only so far (its {backend.name} path has not "
+            f"yet run on a GPU): use --backend cpu"
+        )
+    if getattr(backend, "graphs", False):
+        # the reference latent attention and indexer read each row's position and slot on the
+        # host, and the grouped MoE its chosen experts: a decode step can't be captured
+        raise ModelError(
+            "GLM5Next's decode steps read positions on the host and can't be captured as CUDA "
+            "graphs: run with NINFER_CUDA_GRAPHS=0"
         )
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")

@@ -1,6 +1,7 @@
 """Qwen4Exp (``qwen4_exp``, ``qwen4_exp_text``): Qwen3.5's hybrid GDN + gated attention with
 MoE, plus hyper-connection streams, per-layer n-gram embeddings (PLE) and the QSA indexer.
-CPU reference."""
+Served on the CPU backend (the CUDA path is written on the array module but not yet run on a
+GPU)."""
 
 from ..registry import register_model
 from .model import Qwen4ExpModel, load_qwen4_exp

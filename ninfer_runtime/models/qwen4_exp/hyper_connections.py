@@ -35,11 +35,17 @@ def expand(h: Array, streams: int) -> Array:
 
 def group_rms_norm(backend: Backend, x: Array, w: Array, groups: int, eps: float) -> Array:
     """RMSNorm_1p of each of the ``groups`` equal slices of a row's last axis, with one weight
-    over the whole row: [N, G·W] -> [N, G·W]."""
+    over the whole row: [N, G·W] -> [N, G·W].
+
+    The norm family's ops take one weight of the last axis for every row (a device kernel
+    reads only W values), so the slices are normed with a unit weight and each group's
+    ``1 + w`` applied after: the reference's values bit for bit, since x·inv·1 is x·inv."""
+    xp = array_module(x)
     n, width = x.shape
     shape = (n, groups, width // groups)
     rms_norm = resolve("norm", "rms_norm", device=backend.name)
-    return rms_norm(x.reshape(shape), w.reshape(shape[1:]), eps, offset=1.0).reshape(n, width)
+    normed = rms_norm(x.reshape(shape), xp.zeros(shape[-1], xp.float32), eps, offset=1.0)
+    return (normed * (w.reshape(shape[1:]) + xp.float32(1.0))).reshape(n, width)
 
 
 def inject(streams: Array, block_out: Array, weights: Array) -> Array:

@@ -7,9 +7,13 @@ embeddings on chosen GDN layers and the QSA token indexer on every attention lay
     hidden  = final_connection(streams)               the mixed streams; no final norm
     logits  = output_head hidden
 
-CPU reference only: the CUDA backend is refused at load (no device kernels for the
-connections, PLE or QSA yet), and there is no MTP block (transformers defines none for
-Qwen4Exp, so an artifact's ``mtp`` component is not run). PLE's n-gram tables are held whole
+Served on the backends in ``SERVED_BACKENDS`` (the CPU so far). The math is written on the
+backend's array module: on CUDA the products, norms, Gated DeltaNet, K/V writes and MoE run
+on the kernels Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing
+on the host), but that path has not yet run on a GPU. Its decode steps read slots and
+positions on the host, so on CUDA they run eagerly (``NINFER_CUDA_GRAPHS=0``). There is no
+MTP block (transformers defines none for Qwen4Exp, so an artifact's ``mtp`` component is not
+run). PLE's n-gram tables are held whole
 or read row by row from the artifact (``ple_rows``: the model options ``ple_rows`` and
 ``ple_cache_bytes``).
 """
@@ -36,6 +40,10 @@ from .ple_rows import DEFAULT_CACHE_BYTES, StreamedTables, choose_mode, table_na
 
 Array = Any
 FINAL = "text/final_connection/"
+#: the backends Qwen4Exp is served on: its CUDA path is written (array-generic math, the
+#: reference and kernel providers on the device); cuda joins this list once
+#: tests/gpu/test_qwen4_exp_cuda.py has passed on a GPU (that test turns it on)
+SERVED_BACKENDS = ("cpu",)
 
 
 class Qwen4ExpModel:
@@ -51,10 +59,17 @@ class Qwen4ExpModel:
     ):
         """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it
         plans into host memory are not prepared here; it splits each MoE block."""
-        if backend.name != "cpu":
+        if backend.name not in SERVED_BACKENDS:
             raise ModelError(
-                f"Qwen4Exp runs on the cpu backend only (no {backend.name} kernels for its "
-                "hyper-connections, PLE and QSA yet)"
+                f"Qwen4Exp runs on the {' and '.join(SERVED_BACKENDS)} backend only (its "
+                f"{backend.name} path has not yet run on a GPU): use --backend cpu"
+            )
+        if getattr(backend, "graphs", False):
+            # PLE reads its lanes' slots and QSA each row's position on the host: a decode
+            # step synchronises, so it can't be captured
+            raise ModelError(
+                "Qwen4Exp's decode steps read slots and positions on the host and can't be "
+                "captured as CUDA graphs: run with NINFER_CUDA_GRAPHS=0"
             )
         self.config = g = read_config(artifact.components["text"].config)
         self.backend = backend

@@ -18,6 +18,10 @@ stream of a Gated DeltaNet layer before its mixer connection.
 The convolution has ``ple_conv_kernel_size`` taps spaced ``ngram_size`` rows apart; its
 state is the last ``(taps - 1) · ngram_size`` inputs. Both states live in the layer's slot
 (``memory.PleGdnSlots``).
+
+On any backend the n-grams are hashed on the host (a few integer ops a row, and a streamed
+table's reader wants host row ids anyway): the ids and the n-gram context are copied down,
+the table rows gathered into backend arrays, and the rest runs on the backend's arrays.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ninfer_format.binders.qwen4_exp_parts import Ple
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
+from ...backends.base import to_numpy
 from ...row_cache import StreamedRows
 from ..batch import Batch
 from ..functional import sigmoid, silu
@@ -129,9 +134,10 @@ class PerLayerEmbedding:
             lanes = [(lane.rows, lane.state.slot) for lane in batch.lanes]
         else:
             t = d.tokens
-            slots = np.asarray(d.lane_slots).tolist()
+            slots = to_numpy(d.lane_slots).tolist()
             lanes = [(slice(i * t, (i + 1) * t), s) for i, s in enumerate(slots)]
-        row_ids = [self.row_ids(ids[rows], memory.ple_context[slot]) for rows, slot in lanes]
+        host_ids = to_numpy(ids)
+        row_ids = [self.row_ids(host_ids[rows], memory.ple_context[slot]) for rows, slot in lanes]
         embeddings = self.embeddings(xp.concatenate(row_ids))
         outs, at = [], 0
         for (rows, slot), lane_rows in zip(lanes, row_ids, strict=True):
@@ -147,18 +153,19 @@ class PerLayerEmbedding:
             outs.append(out)
         return outs[0] if len(outs) == 1 else xp.concatenate(outs)
 
-    def row_ids(self, ids: Array, context: Array) -> Array:
-        """The table rows [T, heads] of T consecutive ids after the n-gram ``context``."""
-        xp = self.backend.xp
-        history = xp.concatenate([context.astype(xp.int64), ids.astype(xp.int64)])
+    def row_ids(self, ids: Array, context: Array) -> np.ndarray:
+        """The table rows [T, heads] of T consecutive ids after the n-gram ``context`` (either
+        on the host or the backend), hashed on the host."""
+        history = np.concatenate([to_numpy(context), to_numpy(ids)]).astype(np.int64)
         return ngram_ids(history, self.ple, self.layer)[history.shape[0] - ids.shape[0] :]
 
     def embeddings(self, row_ids: Array) -> Array:
         """The n-gram embeddings [T, E] of table rows [T, heads]: a resident table's rows
-        gathered by the backend, a streamed table's read through its cache."""
+        gathered by the backend, a streamed table's read through its cache (host rows, moved
+        to the backend once gathered)."""
         flat = row_ids.reshape(-1)
         if isinstance(self.table, StreamedRows):
-            e = self.table.gather(flat)
+            e = self.backend.xp.asarray(self.table.gather(flat))
         else:
             e = self.backend.embedding(flat, self.table)
         return e.reshape(row_ids.shape[0], self.ple.embed_dim)
@@ -191,9 +198,7 @@ class PerLayerEmbedding:
         states of slot ``slots[i]``."""
         record = memory.ple_record
         assert record is not None
-        for slot, count in zip(
-            np.asarray(slots).tolist(), np.asarray(counts).tolist(), strict=True
-        ):
+        for slot, count in zip(to_numpy(slots).tolist(), to_numpy(counts).tolist(), strict=True):
             if count:
                 self._advance(memory, slot, record.ids[slot, :count], record.inputs[slot, :count])
 

@@ -17,6 +17,10 @@ Rotation covers the attention's rotary width (the first ``rotary_dim`` dims of e
 head), with the attention's frequencies. A token's position is what the batch's RoPE rows say
 (after an image: its M-RoPE position, three streams), so each token's rows are kept beside its
 raw key (``memory.IndexedAttentionPages.index_rope``) for the block that starts with it.
+
+The scores, the selection and the masked attention run on the backend's arrays; a decode or
+verification step reads its rows' positions on the host (each row attends over its own
+length), so such a step synchronises and cannot be captured as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ninfer_format.binders.qwen4_exp_parts import Indexer
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.array_ops import softmax
+from ...backends.base import to_numpy
 from ...kv_storage import gather_kv
 from ...ops.registry import resolve
 from ..batch import Batch
@@ -69,18 +74,27 @@ def selection(
     xp, r = array_module(queries), indexer.compress_ratio
     t, blocks = queries.shape[0], keys.shape[0]
     complete = xp.asarray((positions + 1) // r)  # blocks complete at each query [T]
-    scores = xp.maximum(xp.einsum("tnd,bd->tnb", queries, keys), 0).sum(axis=1)
-    scores = scores / np.float32(np.sqrt(queries.shape[-1]))
-    block = xp.arange(blocks)
-    scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
-    best = xp.argsort(-scores, axis=-1, kind="stable")[:, : indexer.block_topk]
-    chosen = xp.zeros((t, blocks), dtype=bool)
-    xp.put_along_axis(chosen, best, True, axis=-1)
-    chosen &= block[None, :] < complete[:, None]
     token = xp.arange(length)
     keep = token[None, :] >= (complete * r)[:, None]  # the tail (and the future, cut below)
-    keep[:, : blocks * r] |= xp.repeat(chosen, r, axis=1)
+    if blocks:  # (no block complete yet: the tail is everything, and no empty sort is asked)
+        scores = xp.maximum(xp.einsum("tnd,bd->tnb", queries, keys), 0).sum(axis=1)
+        scores = scores / np.float32(np.sqrt(queries.shape[-1]))
+        block = xp.arange(blocks)
+        scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
+        best = stable_argsort(-scores)[:, : indexer.block_topk]
+        chosen = xp.zeros((t, blocks), dtype=bool)
+        chosen[xp.arange(t)[:, None], best] = True
+        chosen &= block[None, :] < complete[:, None]
+        keep[:, : blocks * r] |= xp.repeat(chosen, r, axis=1)
     return keep & (token[None, :] <= xp.asarray(positions)[:, None])
+
+
+def stable_argsort(x: Array) -> Array:
+    """The indices that sort ``x``'s last axis, tied values in index order (the earliest
+    block wins a tie, as transformers' ``topk`` on the CPU keeps it). CuPy's sort is always
+    stable, and its older releases take no ``kind``."""
+    xp = array_module(x)
+    return xp.argsort(x, axis=-1, kind="stable") if xp is np else xp.argsort(x, axis=-1)
 
 
 def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:
@@ -139,7 +153,7 @@ class IndexedAttention(GatedAttention):
             memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
             rows = [
                 self._attend(q[i : i + 1], iq[i : i + 1], pages_of[i], int(p), memory)
-                for i, p in enumerate(np.asarray(d.positions).tolist())
+                for i, p in enumerate(to_numpy(d.positions).tolist())
             ]
             o = be.xp.concatenate(rows)
         else:

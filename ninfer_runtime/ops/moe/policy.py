@@ -15,6 +15,7 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("route", "cpu"): ("reference",),
     ("route", "cuda"): ("reference",),
     ("grouped_route", "cpu"): ("reference",),
+    ("grouped_route", "cuda"): ("reference",),
 }
 
 

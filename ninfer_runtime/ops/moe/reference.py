@@ -66,7 +66,7 @@ def grouped_route(
     group_score = grouped[..., -2:].sum(axis=-1)  # each group's two best
     best_groups = xp.argsort(-group_score, axis=-1, kind="stable")[:, :topk_groups]
     allowed = xp.zeros((n, groups), dtype=bool)
-    xp.put_along_axis(allowed, best_groups, True, axis=-1)
+    allowed[xp.arange(n)[:, None], best_groups] = True  # CuPy 13.0 lacks put_along_axis
     allowed = xp.repeat(allowed, per_group, axis=1)
     choice = xp.where(allowed, choice, xp.float32(-xp.inf))
     top = xp.argsort(-choice, axis=-1, kind="stable")[:, :top_k]

@@ -1,0 +1,172 @@
+"""Qwen4Exp on the CUDA backend against the CPU reference, on the tiny converted artifact
+(``tests/tiny_qwen4_exp.py``, recipe ``qwen4_exp_bf16``: PLE on both GDN layers, the QSA
+indexer on both attention layers, MoE, two hyper-connection streams).
+
+Qwen4Exp is served only on the backends in ``qwen4_exp.model.SERVED_BACKENDS`` (the CPU)
+until this file has passed on a GPU; each test here turns cuda on for itself. Decode steps run
+eagerly (``NINFER_CUDA_GRAPHS=0``: PLE reads its lanes' slots and QSA each row's position on
+the host, so a step cannot be captured) and prefill products in float32
+(``NINFER_CUDA_PREFILL=float32``), so the tokens compare one for one.
+
+* Logits: a prompt shorter and one longer than the indexer's budget, each prefilled in chunks,
+  continued by a three-row step and decode steps (the short one crosses the budget while
+  decoding), with the n-gram tables resident and streamed from disk: within ``LOGIT_TOL`` of
+  the CPU's largest logit. The products differ from the CPU's in the last bits (the small-M
+  tensor-core kernels carry x as two bf16 halves, ~1e-5 of each product, compounding through
+  the layers); a wrong op (a norm's weight, a mask, a hash, a state not advanced) shows at
+  1e-1 or more. A QSA block choice flipped by a near-tie in the block scores would show as a
+  large difference too: the indexer gets 16 heads, as the CPU artifact test gives it, so that
+  scores (sums of ReLUs) are rarely exactly tied.
+* The engine: greedy tokens of two prompts (shorter and longer than the budget) decoded side
+  by side equal the CPU engine's; with the prefix cache, prompts that continue a system
+  prompt resume from its checkpoints (PLE's convolution and n-gram context restored with the
+  GDN states, QSA's index keys with the pages) and stream the cold run's tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.backends.base import to_numpy
+from ninfer_runtime.engine import Engine, GenerationRequest, TokenEvent
+from ninfer_runtime.errors import ModelError
+from ninfer_runtime.frontend import SamplingParams
+from ninfer_runtime.models import load_model
+from ninfer_runtime.models.qwen4_exp import model as qwen4_exp_model
+from ninfer_runtime.runner import ModelRunner
+
+from .conftest import REPORT, requires_gpu
+
+pytestmark = requires_gpu
+
+RECIPE = "qwen4_exp_bf16"
+#: logits within this fraction of the CPU's largest |logit| (see the module docstring)
+LOGIT_TOL = 1e-3
+#: tokens each engine request decodes
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return pytest.importorskip("tests.tiny_qwen4_exp")
+
+
+@pytest.fixture(scope="module")
+def budget(tiny: Any) -> int:
+    return int(tiny.TEXT["indexer_budget"])
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory, tiny: Any) -> Path:
+    from ninfer_convert.pipeline import convert
+
+    root = tmp_path_factory.mktemp("qwen4_exp_cuda")
+    checkpoint = tiny.build(root / "ple", indexer_n_heads=16)
+    out = root / "ple.ninfer"
+    convert(RECIPE, {"base": str(checkpoint)}, out)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def served_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuda served (as it will be once this passes), eager decode steps, float32 products."""
+    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
+    monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
+
+
+def cuda_backend(*, graphs: bool = False) -> Any:
+    from ninfer_runtime.backends.cuda.backend import CudaBackend
+
+    return CudaBackend(graphs=graphs, prefill_precision="float32")
+
+
+def test_a_backend_capturing_decode_graphs_is_refused_in_one_line(artifact: Path) -> None:
+    with pytest.raises(ModelError, match="NINFER_CUDA_GRAPHS=0") as error:
+        load_model(artifact, cuda_backend(graphs=True))
+    assert "\n" not in str(error.value)
+
+
+def continued_rows(model: Any, ids: np.ndarray, prompt: int) -> np.ndarray:
+    """The logits of ``ids``' rows from the last prefill chunk on: ``prompt`` tokens in chunks
+    of 7, three as one multi-row step, then one decode step per token."""
+    runner = ModelRunner(model)
+    state = runner.new_pool(lanes=1, max_context=128, step_rows=4, page_tokens=16).open(128)
+    rows = [to_numpy(runner.prefill(ids[:prompt], state, chunk=7).logits[0])]
+    rows.append(to_numpy(runner.forward([ids[prompt : prompt + 3]], [state]).logits[0]))
+    for t in range(prompt + 3, ids.shape[0]):
+        rows.append(to_numpy(runner.forward([ids[t : t + 1]], [state]).logits[0]))
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("ple_rows", ["resident", "streamed"])
+@pytest.mark.parametrize("longer", [False, True], ids=["under_budget", "past_budget"])
+def test_logits_equal_the_cpu_reference(
+    artifact: Path, budget: int, ple_rows: str, longer: bool
+) -> None:
+    prompt = 3 * budget if longer else budget - 4
+    options = {"ple_rows": ple_rows}
+    cpu = load_model(artifact, options=options)
+    cuda = load_model(artifact, cuda_backend(), options=options)
+    ids = np.random.default_rng(prompt).integers(0, cpu.config.vocab, prompt + 12)
+    ours, reference = continued_rows(cuda, ids, prompt), continued_rows(cpu, ids, prompt)
+    error = float(np.abs(ours - reference).max() / np.abs(reference).max())
+    case = f"qwen4_exp/{ple_rows}/{prompt} tokens"
+    REPORT.append((case, "max |logit diff| / max |logit|", f"{error:.2e}"))
+    assert error < LOGIT_TOL
+
+
+def concurrent(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    """Every prompt submitted at once, greedy, stepped to the end: each one's token ids."""
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
+    ids: dict[Any, list[int]] = {}
+    for p in prompts:
+        request = GenerationRequest(prompt_ids=p, sampling=params, parse_output=False)
+        ids[engine.submit(request)] = []
+    while engine.has_work:
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                ids[event.request_id].append(event.token_id)
+    return list(ids.values())
+
+
+def test_greedy_tokens_of_lanes_side_by_side_equal_the_cpu_engine(
+    artifact: Path, budget: int
+) -> None:
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 400, n).tolist() for n in (budget - 4, 3 * budget + 5)]
+    got = {
+        name: concurrent(Engine(artifact, backend=name, max_lanes=2, max_context=256), prompts)
+        for name in ("cpu", "cuda")
+    }
+    REPORT.append(
+        ("qwen4_exp/two lanes", "greedy tokens cuda == cpu", str(got["cuda"] == got["cpu"]))
+    )
+    assert got["cuda"] == got["cpu"]
+
+
+def test_prefix_cache_resumes_give_the_cold_tokens(artifact: Path) -> None:
+    from tests.runtime.test_prefix_cache import _serve
+
+    rng = np.random.default_rng(1)
+    system = rng.integers(0, 400, 70).tolist()
+    prompts = [system + rng.integers(0, 400, n).tolist() for n in (3, 20, 9)] + [system]
+
+    def engine(backend: str, cache: bool) -> Engine:
+        return Engine(artifact, backend=backend, max_lanes=2, max_context=256, prefill_chunk=32,
+                      prefix_cache=cache, checkpoint_interval=32)  # fmt: skip
+
+    streams = {
+        (backend, cache): _serve(engine(backend, cache), prompts)
+        for backend, cache in (("cpu", False), ("cuda", False), ("cuda", True))
+    }
+    cold, warm = streams["cuda", False], streams["cuda", True]
+    assert [f.usage.cached_tokens for _, f in warm][1:3] == [64, 64]  # resumed from 64 tokens
+    resumed = [t for t, _ in warm] == [t for t, _ in cold]
+    REPORT.append(("qwen4_exp/prefix cache", "warm cuda tokens == cold cuda", str(resumed)))
+    assert resumed
+    assert [t for t, _ in cold] == [t for t, _ in streams["cpu", False]]
