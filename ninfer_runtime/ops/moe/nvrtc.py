@@ -1,6 +1,6 @@
 """Our MoE kernels (``backends/cuda/moe.py``, ``kernels/moe.cu``) as the ``block`` provider:
 the dispatch between the capturable decode path, the grouped prefill path and the read-back
-path of experts without an expert GEMV. Each layer's device tables (``moe.ExpertTable``) are
+path of experts without an expert GEMV. Each layer's device tables (``moe_experts.ExpertTable``) are
 built once and kept with the backend (``backend.expert_tables``), which owns device
 memory."""
 
@@ -34,7 +34,7 @@ def accepts(*, device: str, **_: object) -> bool:
 
 
 def expert_table(backend: Any, weights: MoeWeights) -> Any:
-    """The layer's ``moe.ExpertTable`` on ``backend`` (None: its experts have no expert
+    """The layer's ``moe_experts.ExpertTable`` on ``backend`` (None: its experts have no expert
     GEMV), built on first use."""
     known = backend.expert_tables.get(id(weights))
     if known is not None and known[0] is weights:
@@ -49,7 +49,7 @@ def expert_table(backend: Any, weights: MoeWeights) -> Any:
 
 
 def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
-    """On the device when the experts have an expert GEMV (``moe.ExpertTable``): up to
+    """On the device when the experts have an expert GEMV (``moe_experts.ExpertTable``): up to
     ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
     ``moe.moe_decode`` (capturable) over chunks of at most ``MAX_GEMV_ROWS`` rows, more
     rows (prefill chunks) ``moe.moe_prefill``. Other experts: the top-k choice is read
