@@ -115,9 +115,9 @@ class ExpertOffload:
         name = backend if isinstance(backend, str) else getattr(backend, "name", "")
         if name not in OFFLOAD_BACKENDS:
             raise EngineError(
-                f"--vram-budget on --backend {name}: {GPU_NOT_BUILT} (its split is prepared "
-                f"but has not yet run on a GPU; it runs on the {' and '.join(OFFLOAD_BACKENDS)} "
-                "backend, the cpu simulating the split)"
+                f"--vram-budget on --backend {name}: {GPU_NOT_BUILT} (the CUDA split is "
+                "prepared but has not yet run on a GPU; served on: "
+                f"{', '.join(OFFLOAD_BACKENDS)}, the cpu simulating the split)"
             )
         if tensor_parallel > 1:
             raise EngineError("--vram-budget with --tensor-parallel is not built yet")
