@@ -7,10 +7,10 @@
 For each packed layout (the 18 ``gguf_*`` block types among them): a random object of the MLP
 shapes of a 27B-class model ([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1
 and M = 8 activation rows (``--rows``: any of 1..64, a speculative round's up to 48 among them),
-through ``kernels.product`` (and the SIMT GEMV and the tensor-core kernel beside it where the
-tensor-core kernel reads the layout; for the tile-packed formats the tile kernel on packed
-copies, as the loader leaves them). Each kernel takes M rows as the engine gives them to it
-(``product_kinds``): beyond 8 rows the SIMT GEMV and the tile kernel run 8 rows a launch.
+through the linear family's ``product`` (and the SIMT GEMV and the tensor-core kernel beside
+it where the tensor-core kernel reads the layout; for the tile-packed formats the tile kernel
+on packed copies, as the loader leaves them). Each kernel takes M rows as the engine gives them
+to it (``product_kinds``): beyond 8 rows the SIMT GEMV and the tile kernel run 8 rows a launch.
 Bytes per call are the object's stored bytes (codes + scales) plus x and y. The floor is those
 bytes at the bandwidth of a measured device-to-device copy (read + write bytes per second);
 "% of floor" is floor time / kernel time. Several copies of each object rotate so that no

@@ -1,7 +1,7 @@
 """Prefix reuse: checkpoints of earlier sequences, found again by their exact tokens.
 
 A hybrid model can resume a prompt only where its recurrent state was kept, so the cache
-holds **checkpoints** (``state.Checkpoint``): the GDN states copied into snapshot pages and
+holds **checkpoints** (``snapshots.Checkpoint``): the GDN states copied into snapshot pages and
 the K/V pages of the tokens before them, shared with whatever else holds those pages. The
 engine keeps one at the end of every prompt and at the end of every finished generation
 (the next chat turn resends it and continues after it). Long prompts are also kept every

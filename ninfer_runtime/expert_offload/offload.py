@@ -2,15 +2,18 @@
 
 The engine drives it in four steps:
 
-1. ``ExpertOffload.for_budget`` before loading: refuses what is not built (a GPU backend,
-   tensor parallelism) in one line; the engine then gives it ``context_bytes``, the bytes
-   its context pool will take for a model's memory kinds (``ContextPool.planned_bytes``);
-2. ``plan_load``, called by the model before it prepares any weight: plans from the
-   artifact's stored sizes and the pool's planned bytes (refusing a budget below the
-   weights that must be resident, before anything is loaded), and tells the model which
-   routed experts to leave unprepared: those the plan keeps in host memory;
+1. ``ExpertOffload.for_budget`` before loading: refuses what is not served (a backend not in
+   ``OFFLOAD_BACKENDS``, tensor parallelism) in one line; the engine then gives it
+   ``context_bytes``, the bytes its context pool will take for a model's memory kinds
+   (``ContextPool.planned_bytes``);
+2. ``plan_load``, called by the model before it prepares any weight: refuses a backend that
+   captures decode steps as CUDA graphs (the split reads each block's routing on the host
+   every step), plans from the artifact's stored sizes and the pool's planned bytes
+   (refusing a budget below the weights that must be resident, before anything is
+   loaded), and tells the model to leave every routed expert of the text layers unprepared;
 3. ``attach`` once the model's layers exist: each MoE block (``split_moe.SplittableMoe``)
-   becomes a ``SplitMoe`` holding its unprepared experts in host memory;
+   becomes a ``SplitMoe``, which prepares the plan's resident experts one expert at a time
+   (each its own device window on CUDA) and holds the others in host memory;
 4. ``start`` once the context pool exists: with calibration on, counts routing over a
    short text and places the experts again by those counts.
 
@@ -35,13 +38,22 @@ from .counters import ExpertCounters
 from .host_experts import HostCompute, hold_hottest
 from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
 from .settings import host_cache_setting
-from .split_moe import SplitMoe, SplittableMoe, expert_names
+from .split_moe import SplitMoe, SplittableMoe
 from .stream_window import STREAM_ROWS, ExpertStream
 
 log = logging.getLogger("ninfer.expert_offload")
 
-#: the one line a GPU backend answers a budget with, until its split is built
+#: the backends expert offload is served on; cuda joins once
+#: tests/gpu/test_expert_offload_cuda.py has passed on a GPU (its split is prepared: the
+#: resident experts in windows of their own, streamed windows released, graphs refused)
+OFFLOAD_BACKENDS = ("cpu",)
+#: the one line a backend outside ``OFFLOAD_BACKENDS`` answers a budget with
 GPU_NOT_BUILT = "expert offload on the GPU is not built yet"
+#: the one line a backend capturing decode steps as CUDA graphs answers a budget with
+GRAPHS_REFUSED = (
+    "--vram-budget: expert offload reads each MoE block's routing on the host every step, so "
+    "decode steps can't be captured as CUDA graphs: run with NINFER_CUDA_GRAPHS=0"
+)
 
 
 class ExpertOffload:
@@ -101,10 +113,11 @@ class ExpertOffload:
         if size is None:
             return None
         name = backend if isinstance(backend, str) else getattr(backend, "name", "")
-        if name != "cpu":
+        if name not in OFFLOAD_BACKENDS:
             raise EngineError(
-                f"--vram-budget on --backend {name}: {GPU_NOT_BUILT} (it runs on the CPU "
-                "backend, which simulates the split)"
+                f"--vram-budget on --backend {name}: {GPU_NOT_BUILT} (the CUDA split is "
+                "prepared but has not yet run on a GPU; served on: "
+                f"{', '.join(OFFLOAD_BACKENDS)}, the cpu simulating the split)"
             )
         if tensor_parallel > 1:
             raise EngineError("--vram-budget with --tensor-parallel is not built yet")
@@ -116,8 +129,11 @@ class ExpertOffload:
         """The first plan, before ``model`` prepares any of ``names`` (all the parameters it
         loads): from their stored sizes and the context pool's planned bytes for the model's
         memory (``model.state_specs()``, so the model's config must be read by now).
-        Returns which parameters to leave unprepared: the routed experts the plan keeps in
-        host memory. ``VramBudgetError`` here costs no loading."""
+        Returns which parameters to leave unprepared: every routed expert of the text
+        layers (``attach`` prepares the resident ones, one expert at a time).
+        ``VramBudgetError`` and the graphs' refusal here cost no loading."""
+        if getattr(getattr(model, "backend", None), "graphs", False):
+            raise EngineError(GRAPHS_REFUSED)
         self._artifact = artifact
         self._sizes = WeightSizes.measure(artifact, names)
         self._context = self.context_bytes(model) if self.context_bytes is not None else 0
@@ -130,15 +146,15 @@ class ExpertOffload:
         )
         self.plan = plan
 
-        def held_on_host(name: str) -> bool:
-            where = routed_expert(name)
-            return where is not None and where[1] not in plan.resident.get(where[0], ())
+        def left_to_the_split(name: str) -> bool:
+            return routed_expert(name) is not None
 
-        return held_on_host
+        return left_to_the_split
 
     def attach(self, layers: Sequence[Any]) -> None:
         """Turn every MoE block of the text ``layers`` (``layer.ffn``, its routed experts
-        those ``plan_load`` left prepared) into a ``SplitMoe``."""
+        left unprepared by ``plan_load``) into a ``SplitMoe`` holding the plan's resident
+        experts on the device."""
         if self.plan is None:
             raise EngineError("expert offload: attach before plan_load")
         moe = {
@@ -148,8 +164,9 @@ class ExpertOffload:
         }
         self.counters = ExpertCounters(moe)
         for i in moe:
+            resident = self.plan.resident.get(i, ())
             split = SplitMoe(
-                i, layers[i].ffn, self._artifact, self.host, self.counters, self.stream
+                i, layers[i].ffn, self._artifact, self.host, self.counters, self.stream, resident
             )
             layers[i].ffn = split
             self.blocks.append(split)
@@ -203,17 +220,8 @@ class ExpertOffload:
         plan = plan_residency(
             sizes, self.budget, workspace=self.workspace, context=context, counts=counts
         )
-        fresh = [
-            name
-            for block in self.blocks
-            for e in plan.resident.get(block.layer, ())
-            if not block.resident[e]
-            for name in expert_names(block.layer, e)
-        ]
-        backend = self.blocks[0].backend if self.blocks else None
-        prepared = backend.prepare(self._artifact, fresh) if fresh and backend else {}
         for block in self.blocks:
-            block.place(plan.resident.get(block.layer, ()), prepared)
+            block.place(plan.resident.get(block.layer, ()))
         self.plan = plan
         self._hold_hottest(counts)
         self._log_decoded()

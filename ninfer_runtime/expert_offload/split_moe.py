@@ -22,13 +22,21 @@ GLM5Next) offers:
   down), as the block holds it;
 * ``expert_math(backend, x, gate, up, down)``: one routed expert's math on float32 weights,
   which the host runs on ``HOST_MATH``.
+
+The split prepares its resident experts itself, one expert a ``backend.prepare`` call
+(``prepare_experts``): on the CUDA backend each is then its own row window of the stored
+banks, so every device expert has the same layout (which the CUDA expert table needs) and
+one can leave the device alone. An expert that leaves (a placement sends it back to host
+memory, a streamed window ends) is handed to the backend's ``release`` where it has one
+(``release_weights``: the CUDA backend forgets its windows, so their memory goes with the
+weights; the CPU backend holds no cache and has none).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -68,6 +76,24 @@ def expert_names(layer: int, expert: int) -> list[str]:
     return [expert_prefix(layer, expert) + w for w in ("gate", "up", "down")]
 
 
+def prepare_experts(
+    backend: Any, artifact: Any, layer: int, experts: Sequence[int]
+) -> dict[int, dict[str, Weight]]:
+    """``layer``'s routed ``experts`` prepared on ``backend``, each in a call of its own (one
+    call for several would make one CUDA window of the rows from the first to the last,
+    the experts between them included): expert -> its gate, up and down by name."""
+    return {e: backend.prepare(artifact, expert_names(layer, e)) for e in experts}
+
+
+def release_weights(backend: Any, weights: Iterable[Weight]) -> None:
+    """Hand prepared weights that are done with to the backend's ``release`` (the CUDA
+    backend's residency otherwise keeps their windows for good); a backend without a
+    weight cache (the CPU's) has none, and the weights go when they are dropped."""
+    release = getattr(backend, "release", None)
+    if release is not None:
+        release(list(weights))
+
+
 class SplitMoe:
     """Wraps a layer's MoE block (holding the resident experts, the others ``None``) and
     computes the others' pairs on the host, or, for a call of many token rows, streams them
@@ -81,12 +107,22 @@ class SplitMoe:
         host: HostCompute,
         counters: ExpertCounters,
         stream: ExpertStream | None = None,
+        resident: Sequence[int] = (),
     ):
+        """``resident``: the experts to prepare on the device (``prepare_experts``) beside
+        any ``inner`` holds already; the others are held in host memory."""
         self.layer, self.inner, self.host, self.counters = layer, inner, host, counters
         self.backend = inner.backend
         self.artifact, self.stream = artifact, stream
         self._math = functools.partial(inner.expert_math, HOST_MATH)
         held = list(inner.experts)
+        #: the prepared weights of the device experts this split prepared, for ``release``
+        self.device = prepare_experts(
+            self.backend, artifact, layer, [e for e in resident if held[e] is None]
+        )
+        for e, weights in self.device.items():
+            held[e] = inner.expert(expert_prefix(layer, e), weights)
+        inner.experts = held
         self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
         self.resident = np.array([w is not None for w in held], dtype=bool)
 
@@ -97,19 +133,23 @@ class SplitMoe:
     def _host_expert(self, e: int) -> HostExpert:
         return HostExpert.load(self.artifact, expert_prefix(self.layer, e), math=self._math)
 
-    def place(self, resident: tuple[int, ...], prepared: Mapping[str, Weight]) -> None:
-        """Make exactly ``resident`` the device's experts: those newly resident from
-        ``prepared`` (their weights prepared on the backend), the others back to host
-        memory."""
+    def place(self, resident: Sequence[int]) -> None:
+        """Make exactly ``resident`` the device's experts: the others back to host memory
+        first (their device memory released before the newcomers'), then the newcomers
+        prepared on the backend."""
         keep = set(resident)
         experts = list(self.inner.experts)
         for e in range(self.experts):
-            if e in keep and experts[e] is None:
-                experts[e] = self.inner.expert(expert_prefix(self.layer, e), prepared)
-                del self.host_experts[e]
-            elif e not in keep and experts[e] is not None:
+            if e not in keep and experts[e] is not None:
                 self.host_experts[e] = self._host_expert(e)
                 experts[e] = None
+                release_weights(self.backend, self.device.pop(e, {}).values())
+        self.inner.experts = list(experts)
+        fresh = [e for e in sorted(keep) if experts[e] is None]
+        for e, weights in prepare_experts(self.backend, self.artifact, self.layer, fresh).items():
+            experts[e] = self.inner.expert(expert_prefix(self.layer, e), weights)
+            self.device[e] = weights
+            del self.host_experts[e]
         self.resident[:] = False
         self.resident[list(keep)] = True
         self.inner.experts = experts

@@ -11,8 +11,10 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
 1. the window: the layer's host experts the chunk routes to, in expert order, cut into
    parts whose stored bytes fit ``window_bytes`` (None: one part; a part holds at least one
    expert);
-2. each part is prepared on the backend (``backend.prepare``, as a placement prepares a
-   newly resident expert), its pairs computed on the device, and its weights released;
+2. each part is prepared on the backend one expert at a time (``prepare_experts``, as a
+   placement prepares a newly resident expert), its pairs computed on the device, and its
+   weights released (``release_weights``: the CUDA backend's residency forgets their
+   windows, so their device memory goes once the part is done);
 3. the first part runs inside the block's own call, put in place for that call, so the
    resident experts, the shared experts and the part's pairs are computed exactly as with
    all experts resident (bit for bit on the CPU when the window is one part); each further
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .plan import stored_bytes
-from .split_moe import expert_names, expert_prefix
+from .split_moe import expert_names, expert_prefix, prepare_experts, release_weights
 
 if TYPE_CHECKING:
     from .split_moe import SplitMoe
@@ -98,14 +100,18 @@ class ExpertStream:
         backend, inner, layer = block.backend, block.inner, block.layer
         out = None
         for part in self.parts(block, window) or [[]]:
-            names = [n for e in part for n in expert_names(layer, e)]
-            prepared = backend.prepare(block.artifact, names) if names else {}
+            prepared = {
+                name: weight
+                for weights in prepare_experts(backend, block.artifact, layer, part).values()
+                for name, weight in weights.items()
+            }
             if out is None:  # the next layer's copies start once this layer's are made
                 self.prefetch(self._after(block))
                 with placed(inner, layer, part, prepared):
                     out = inner(x)
             else:
                 out = out + self._pairs(block, x, top, weights, part, prepared)
+            release_weights(backend, prepared.values())
             del prepared  # released: the next part reuses the window's room
             block.counters.streamed_bytes += sum(self.expert_bytes(block, e) for e in part)
         computed = block.resident.copy()

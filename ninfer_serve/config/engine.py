@@ -56,7 +56,7 @@ class EngineSettings(Table):
     #: With a ``vram_budget``: a prefill chunk of more token rows than this streams the host
     #: experts it routes to through the device (``--expert-stream-rows``). Unset: 32.
     expert_stream_rows: int | None = Field(None, ge=0)
-    #: How K/V are stored (``ninfer_runtime.state.KV_DTYPES``): float32 (exact), bfloat16
+    #: How K/V are stored (``ninfer_runtime.kv_storage.KV_DTYPES``): float32 (exact), bfloat16
     #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
     kv_dtype: str = "float32"
     #: Qwen4Exp's PLE n-gram tables (``--ple-rows``): ``resident``, ``streamed`` (rows read

@@ -2,7 +2,9 @@
 
 Why aliases: Grafana boards and autoscalers written for vLLM read ``vllm:*`` series (with a
 ``model_name`` label); exporting the same measurements under those names lets them work
-unchanged. Every update goes through one method here so the two names can never disagree.
+unchanged. Every update goes through one method of ``Metrics`` so the two names can never
+disagree; each family of series and its methods live in a module of their own (``engine``,
+``lifecycle``, ``connections``, ``speculative``; the shared buckets in ``buckets``).
 Each server gets its own registry (tests run several in one process; no global state).
 """
 

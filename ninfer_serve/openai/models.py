@@ -3,7 +3,7 @@
 Only shapes live here: what a field may hold, for validation and for the published OpenAPI
 schema. What a field means is decided in ``chat.py`` / ``responses.py``. Validation is strict
 (no string-to-number coercion), as OpenAI's own API is. Chat ignores unknown top-level fields
-(clients send vendor extensions); Responses refuses them (``unknown_parameter``), as NInfer does.
+(clients send vendor extensions); Responses refuses them (a 400 naming the field), as NInfer does.
 Fields that are accepted only to be refused when set (``logit_bias``, ``best_of``, ``audio``
 ...) are declared so the refusal can name them.
 

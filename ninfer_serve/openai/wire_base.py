@@ -3,7 +3,7 @@ annotations for fields accepted only to be refused when set.
 
 Validation is strict (no string-to-number coercion), as OpenAI's own API is. ``OpenModel``
 ignores unknown fields (Chat's objects: clients send vendor extensions); ``ClosedModel``
-refuses them (``unknown_parameter``), as Responses and NInfer's own nested objects do.
+refuses them (a 400 naming the field), as Responses and NInfer's own nested objects do.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def test_kv_write(kv: str) -> None:
 def test_kv_write_encodes_like_numpy(kv: str) -> None:
     """Every sign, exponent and 3-bit fraction with the low 20 bits at and around fp8's
     rounding midpoint, random bit patterns and the corners, through the kernel: the bytes of
-    the numpy encoder, and of ``state.store_kv`` on device arrays (the prefill path)."""
+    the numpy encoder, and of ``kv_storage.store_kv`` on device arrays (the prefill path)."""
     import cupy as cp
 
     encode, _ = STORAGE[kv]

@@ -65,7 +65,7 @@ def numpy_route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         (1, 4, 2, 32),
         (700, 1, 1, 32),  # one expert
         (65, 10, 3, 8),
-        (64, 8, 8, 32),  # exactly one chunk of pairs (moe.CHUNK_PAIRS)
+        (64, 8, 8, 32),  # exactly one chunk of pairs (moe_routing.CHUNK_PAIRS)
         (65, 8, 8, 32),  # one pair into the next chunk
         (700, 64, 8, 96),
         (2048, 256, 8, 96),

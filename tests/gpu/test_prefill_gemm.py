@@ -1,6 +1,6 @@
 """The bf16 prefill product (``backends/cuda/prefill.py``) against numpy oracles.
 
-* the operands are exact: ``to_bf16`` and ``kernels.dequant_rows`` into uint16 give, bit for bit,
+* the operands are exact: ``to_bf16`` and ``gemv.dequant_rows`` into uint16 give, bit for bit,
   ``ninfer_format.numeric.f32_to_bf16`` of x and of the numpy decoder's weights;
 * the product is the float64 product of those bf16 operands within float32 accumulation
   error (a tight bound), and the float32 product within bf16 rounding of the inputs;

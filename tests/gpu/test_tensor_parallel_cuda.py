@@ -1,5 +1,5 @@
 """Tensor parallelism on two GPUs: rank r on GPU r, NCCL between them (``parallel.nccl``),
-each rank reading its rows of the packed weights in place (``weights.rank_plan``). The two
+each rank reading its rows of the packed weights in place (``weight_plans.rank_share``). The two
 ranks give one GPU's greedy tokens on the tiny dense and MoE models, CUDA graphs (with the
 collectives inside) included."""
 

@@ -1,7 +1,7 @@
 """The ranks' math on the CUDA backend where one GPU is all there is: two ranks as threads
 sharing it, each with its own backend (graphs off) and its share of the model (heads and
 split experts, or with expert parallelism its experts whole: the stand-in entries and zeroed
-shares of ``moe.ExpertTable``), combined by ``ThreadGroup``'s collectives over device arrays
+shares of ``moe_experts.ExpertTable``), combined by ``ThreadGroup``'s collectives over device arrays
 instead of NCCL. They give one rank's greedy tokens; the NCCL run over two GPUs is
 ``test_tensor_parallel_cuda.py``."""
 

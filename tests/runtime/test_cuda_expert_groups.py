@@ -1,5 +1,6 @@
 """How a MoE prefill pass lays its (token, slot) pairs out for the grouped expert GEMV
-(``moe.PairGroups``, plain numpy: no GPU needed), and the grouped product it feeds, emulated."""
+(``moe_routing.PairGroups``, plain numpy: no GPU needed), and the grouped product it feeds,
+emulated."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""What a tensor-parallel rank of the CUDA backend holds of each weight (``weights.rank_share``,
-``Residency._share``): its rows of a parameter split by rows and its columns of one split by
-columns, cut out of the stored objects as objects of their own (``codecs.slicing``), which
-decode to exactly the rank's share; any other parameter as one rank holds it. The residency
-runs on numpy here, so this checks on any machine what the GPU will upload."""
+"""What a tensor-parallel rank of the CUDA backend holds of each weight
+(``weight_plans.rank_share``, ``Residency._share``): its rows of a parameter split by rows and
+its columns of one split by columns, cut out of the stored objects as objects of their own
+(``codecs.slicing``), which decode to exactly the rank's share; any other parameter as one rank
+holds it. The residency runs on numpy here, so this checks on any machine what the GPU will
+upload."""
 
 from __future__ import annotations
 

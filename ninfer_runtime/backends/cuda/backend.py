@@ -32,7 +32,7 @@ from cupy_backends.cuda.libs import cublas
 from ...ops.linear import product_key
 from ...ops.registry import resolve
 from .. import array_ops as ops
-from ..base import Array, MoeWeights, Weight
+from ..base import Array, Weight
 from . import glue, kernels, prefill, sampling
 from .constants import device_constant
 from .graphs import GraphStep
@@ -68,10 +68,10 @@ class CudaBackend(ops.ReferenceOps):
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
         self._graph_pool = cp.cuda.MemoryPool()
-        #: id(MoeWeights) -> (those weights, their ExpertTable or None), the moe family's
-        #: device tables (``ops/moe/nvrtc.py``); the weights are kept so that a new object at
-        #: a freed one's address is not taken for it
-        self.expert_tables: dict[int, tuple[MoeWeights, Any]] = {}
+        #: id(MoeWeights) -> (a weak reference to those weights, their ExpertTable or None),
+        #: the moe family's device tables (``ops/moe/nvrtc.py``); the reference tells a new
+        #: object at a freed one's address from it, and the entry goes with the weights
+        self.expert_tables: dict[int, tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, shapes: Any) -> Any:
@@ -99,6 +99,11 @@ class CudaBackend(ops.ReferenceOps):
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
         return self.residency.prepare(artifact, names)
+
+    def release(self, weights: Iterable[Weight]) -> None:
+        """Let the row windows ``weights`` are built on go with them (expert offload's
+        streamed experts and experts placed back in host memory: ``Residency.release``)."""
+        self.residency.release(weights)
 
     def join_rows(self, weights: list[Weight]) -> Weight:
         """One weight whose rows are the given weights' rows in order; segments that continue

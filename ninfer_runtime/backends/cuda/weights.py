@@ -104,7 +104,20 @@ class Residency:
     def __init__(self, xp: Any):
         self.xp = xp
         self.parents: dict[str, Parent] = {}
+        #: the keys of ``parents`` that are cuts of an object (``_cut``), not whole objects
+        self.cuts: set[str] = set()
         self.report = LoadReport()
+
+    def release(self, weights: Iterable[Any]) -> None:
+        """Forget the cuts (row windows, ``_cut``) that ``weights`` are built on, so that
+        their device memory goes with the last weight that holds it: expert offload's
+        streamed experts once their window is done, an expert placed back in host memory.
+        Whole objects stay cached (other weights share them); a later ``prepare`` of the
+        same rows uploads them again."""
+        gone = {id(seg.parent) for w in weights for seg in getattr(w, "segments", ())}
+        for key in [k for k in self.cuts if id(self.parents[k]) in gone]:
+            del self.parents[key]
+            self.cuts.discard(key)
 
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
         names = list(names)
@@ -191,6 +204,7 @@ class Residency:
             tile=not keeps_layout(name),
         )
         self.parents[cut.key] = parent
+        self.cuts.add(cut.key)
         self.report.objects += 1
         self.report.bytes += len(data)
         return parent

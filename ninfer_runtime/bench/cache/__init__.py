@@ -6,7 +6,7 @@ tokens and ``suffix`` more is timed from ``submit`` to its first token (cold), t
 the same prefix and fresh suffixes (cached: they resume from the checkpoint the first one
 kept at the prefix boundary, ``checkpoint_interval = prefix``, and prefill only the suffix).
 Each is shown beside its floor: the FLOPs of the tokens actually prefilled at the rate of a
-measured matrix product (``measure.prefill_flops``, ``measure.matmul_rate``).
+measured matrix product (``costs.prefill_flops``, ``probes.matmul_rate``).
 
 **Memory pressure.** ``requests`` requests of ``context`` tokens each (a random prompt, then
 ``max_tokens`` greedy tokens) submitted at once to an engine whose context capacity holds

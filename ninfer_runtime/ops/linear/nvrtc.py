@@ -1,6 +1,7 @@
-"""Our small-M product kernels as linear providers (launchers in ``backends/cuda/kernels.py``
-and ``tile_products.py``). Each takes any M <= 64: the eight-row kernels run in launches of
-eight rows."""
+"""Our small-M product kernels as linear providers (launchers in ``backends/cuda/kernels.py``,
+the tensor-core kernel; ``gemv.py``, the SIMT GEMV, which ``kernels`` re-exports; and
+``tile_products.py``). Each takes any M <= 64: the eight-row kernels run in launches of eight
+rows."""
 
 from __future__ import annotations
 

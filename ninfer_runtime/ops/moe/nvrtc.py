@@ -1,12 +1,15 @@
 """Our MoE kernels (``backends/cuda/moe.py``, ``kernels/moe.cu``) as the ``block`` provider:
 the dispatch between the capturable decode path, the grouped prefill path and the read-back
-path of experts without an expert GEMV. Each layer's device tables (``moe.ExpertTable``) are
-built once and kept with the backend (``backend.expert_tables``), which owns device
-memory."""
+path of experts without an expert GEMV. Each layer's device tables
+(``moe_experts.ExpertTable``) are built once and kept with the backend
+(``backend.expert_tables``), which owns device memory, for as long as the layer's
+``MoeWeights`` live (expert offload replaces a block's weights as experts come and go: the
+tables of the old ones, and the experts those point at, must not stay)."""
 
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import cupy as cp
@@ -34,22 +37,28 @@ def accepts(*, device: str, **_: object) -> bool:
 
 
 def expert_table(backend: Any, weights: MoeWeights) -> Any:
-    """The layer's ``moe.ExpertTable`` on ``backend`` (None: its experts have no expert
-    GEMV), built on first use."""
-    known = backend.expert_tables.get(id(weights))
-    if known is not None and known[0] is weights:
+    """The layer's ``moe_experts.ExpertTable`` on ``backend`` (None: its experts have no expert
+    GEMV), built on first use and dropped with ``weights``."""
+    tables, key = backend.expert_tables, id(weights)
+    known = tables.get(key)
+    if known is not None and known[0]() is weights:
         return known[1]
     try:
         table = moe_kernels.ExpertTable(weights, backend.join_rows)
     except moe_kernels.ExpertTableError as exc:
         log.info("MoE layer without the expert GEMV (%s): top-k read back", exc)
         table = None
-    backend.expert_tables[id(weights)] = (weights, table)
+
+    def forget(ref: weakref.ref) -> None:  # the weights are gone: so is their entry
+        if tables.get(key, (None,))[0] is ref:
+            del tables[key]
+
+    tables[key] = (weakref.ref(weights, forget), table)
     return table
 
 
 def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
-    """On the device when the experts have an expert GEMV (``moe.ExpertTable``): up to
+    """On the device when the experts have an expert GEMV (``moe_experts.ExpertTable``): up to
     ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
     ``moe.moe_decode`` (capturable) over chunks of at most ``MAX_GEMV_ROWS`` rows, more
     rows (prefill chunks) ``moe.moe_prefill``. Other experts: the top-k choice is read
