@@ -133,14 +133,17 @@ def _moe(L: str, m: Moe, hidden: int) -> Iterator[ParamSpec]:
     yield _matrix(L + "moe/shared/down", hidden, m.shared_width, L + "moe/shared/product")
 
 
-def _decoder_layer(i: int, g: Glm5NextGeometry) -> Iterator[ParamSpec]:
-    L = f"text/layers/{i}/"
+def _layer(
+    L: str, g: Glm5NextGeometry, *, attention: bool, indexer: bool, sparse: bool
+) -> Iterator[ParamSpec]:
+    """One decoder layer under ``L``: MLA (with its own indexer where ``indexer``) or KDA,
+    then the MoE where ``sparse``, else the dense MLP."""
     yield from _connection(L + "mixer_connection/", g)
     yield _vector(L + "input_norm", g.hidden)
-    if g.layer_types[i] == INDEXED_ATTENTION:
+    if attention:
         assert g.mla is not None  # the reader requires it for such layers
         yield from _mla(L, g.mla, g.hidden)
-        if g.runs_indexer(i):
+        if indexer:
             assert g.indexer is not None
             yield from _indexer(L, g.indexer, g.mla, g.hidden)
     else:
@@ -148,12 +151,22 @@ def _decoder_layer(i: int, g: Glm5NextGeometry) -> Iterator[ParamSpec]:
         yield from _kda(L, g.kda, g.hidden)
     yield from _connection(L + "ffn_connection/", g)
     yield _vector(L + "post_attention_norm", g.hidden)
-    if g.mlp_types[i] == SPARSE:
+    if sparse:
         assert g.moe is not None
         yield from _moe(L, g.moe, g.hidden)
     else:
         assert g.dense is not None
         yield from _dense_mlp(L, g.dense, g.hidden)
+
+
+def _decoder_layer(i: int, g: Glm5NextGeometry) -> Iterator[ParamSpec]:
+    return _layer(
+        f"text/layers/{i}/",
+        g,
+        attention=g.layer_types[i] == INDEXED_ATTENTION,
+        indexer=g.runs_indexer(i),
+        sparse=g.mlp_types[i] == SPARSE,
+    )
 
 
 def _all_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
@@ -167,18 +180,11 @@ def _all_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
 def mtp_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
     """The MTP block; ``g`` read ``with_mtp`` (MLA, indexer and MoE defined)."""
     assert g.mla is not None and g.indexer is not None and g.moe is not None
-    L = MTP_LAYER
     yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input")
     yield _vector("mtp/embedding_norm", g.hidden)
     yield _vector("mtp/hidden_norm", g.hidden)
     yield _vector("mtp/final_norm", g.hidden)
-    yield from _connection(L + "mixer_connection/", g)
-    yield _vector(L + "input_norm", g.hidden)
-    yield from _mla(L, g.mla, g.hidden)
-    yield from _indexer(L, g.indexer, g.mla, g.hidden)
-    yield from _connection(L + "ffn_connection/", g)
-    yield _vector(L + "post_attention_norm", g.hidden)
-    yield from _moe(L, g.moe, g.hidden)
+    yield from _layer(MTP_LAYER, g, attention=True, indexer=True, sparse=True)
 
 
 CONTRACT = TextContract(
