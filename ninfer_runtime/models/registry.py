@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,22 @@ def model_factory(model_type: str) -> Factory:
     if factory is None:
         raise ModelError(f"no model for architecture {model_type}; known: {', '.join(known)}")
     return factory
+
+
+def refuse_unserved(model: str, backend: Backend, served: Sequence[str], host_reads: str) -> None:
+    """Refuses in one line a backend ``model`` is not served on yet (``served``: those its
+    path has run on), and one capturing decode steps as CUDA graphs: the model's steps read
+    ``host_reads`` on the host, so they synchronise and must run eagerly."""
+    if backend.name not in served:
+        raise ModelError(
+            f"{model} runs on the {' and '.join(served)} backend only so far (its "
+            f"{backend.name} path has not yet run on a GPU): use --backend cpu"
+        )
+    if getattr(backend, "graphs", False):
+        raise ModelError(
+            f"{model}'s decode steps read {host_reads} on the host and can't be captured as "
+            "CUDA graphs: run with NINFER_CUDA_GRAPHS=0"
+        )
 
 
 def load_model(

@@ -106,7 +106,7 @@ def test_only_the_cpu_backend_and_one_rank_run_it(pair) -> None:
     class Elsewhere(CpuBackend):
         name = "cuda"
 
-    with pytest.raises(ModelError, match="CPU backend only"):
+    with pytest.raises(ModelError, match="cpu backend only"):
         load_glm5_next(art, Elsewhere())
 
 

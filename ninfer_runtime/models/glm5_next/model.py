@@ -31,7 +31,7 @@ from ...ops.registry import resolve
 from ...parallel import Collective
 from ...state import ContextPool
 from ..batch import Batch
-from ..registry import register_model
+from ..registry import refuse_unserved, register_model
 from .config import read_config
 from .hyper_connections import collapse, expand
 from .kda import KimiDeltaAttention
@@ -146,18 +146,9 @@ def load_glm5_next(
     expert_parallel: bool = False,
     expert_offload: Any = None,
 ) -> Glm5NextModel:
-    if backend.name not in SERVED_BACKENDS:
-        raise ModelError(
-            f"GLM5Next runs on the CPU backend only so far (its {backend.name} path has not "
-            f"yet run on a GPU): use --backend cpu"
-        )
-    if getattr(backend, "graphs", False):
-        # the reference latent attention and indexer read each row's position and slot on the
-        # host, and the grouped MoE its chosen experts: a decode step can't be captured
-        raise ModelError(
-            "GLM5Next's decode steps read positions on the host and can't be captured as CUDA "
-            "graphs: run with NINFER_CUDA_GRAPHS=0"
-        )
+    # the reference latent attention and indexer read each row's position and slot on the
+    # host, and the grouped MoE its chosen experts
+    refuse_unserved("GLM5Next", backend, SERVED_BACKENDS, "positions")
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
     return Glm5NextModel(artifact, backend, expert_offload)

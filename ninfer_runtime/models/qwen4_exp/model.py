@@ -32,6 +32,7 @@ from ...ops.delta_rule.memory import GdnSpec
 from ...state import ContextPool
 from ..batch import Batch
 from ..qwen3_5.attention import Rotary
+from ..registry import refuse_unserved
 from .config import INDEXED_ATTENTION, read_config
 from .hyper_connections import HyperConnection, expand
 from .layer import DecoderLayer
@@ -59,18 +60,8 @@ class Qwen4ExpModel:
     ):
         """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it
         plans into host memory are not prepared here; it splits each MoE block."""
-        if backend.name not in SERVED_BACKENDS:
-            raise ModelError(
-                f"Qwen4Exp runs on the {' and '.join(SERVED_BACKENDS)} backend only (its "
-                f"{backend.name} path has not yet run on a GPU): use --backend cpu"
-            )
-        if getattr(backend, "graphs", False):
-            # PLE reads its lanes' slots and QSA each row's position on the host: a decode
-            # step synchronises, so it can't be captured
-            raise ModelError(
-                "Qwen4Exp's decode steps read slots and positions on the host and can't be "
-                "captured as CUDA graphs: run with NINFER_CUDA_GRAPHS=0"
-            )
+        # PLE reads its lanes' slots and QSA each row's position on the host
+        refuse_unserved("Qwen4Exp", backend, SERVED_BACKENDS, "slots and positions")
         self.config = g = read_config(artifact.components["text"].config)
         self.backend = backend
         names = self.parameter_names()
