@@ -136,6 +136,7 @@ class ExpertOffload:
             raise EngineError(GRAPHS_REFUSED)
         self._artifact = artifact
         self._sizes = WeightSizes.measure(artifact, names)
+        self.stream.sizes = self._sizes.experts
         self._context = self.context_bytes(model) if self.context_bytes is not None else 0
         plan = plan_residency(
             self._sizes,

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .plan import stored_bytes
 from .split_moe import expert_names, expert_prefix, prepare_experts, release_weights
 
 if TYPE_CHECKING:
@@ -66,19 +65,17 @@ class ExpertStream:
         part of the window may take (None: no cap); ``blocks``: the split blocks in layer
         order (the list the offload fills as it attaches), for the next layer's prefetch."""
         self.rows, self.window_bytes, self.blocks = rows, window_bytes, blocks
-        self._sizes: dict[tuple[int, int], int] = {}
+        #: layer -> each routed expert's stored bytes (``WeightSizes.experts``, which the
+        #: offload measures once while planning and sets here before any block is split)
+        self.sizes: Mapping[int, Sequence[int]] = {}
 
     def takes(self, rows: int) -> bool:
         """Whether a block call of ``rows`` token rows streams."""
         return self.rows is not None and rows > self.rows
 
     def expert_bytes(self, block: SplitMoe, expert: int) -> int:
-        """An expert's stored bytes (what a device copies), measured once."""
-        key = (block.layer, expert)
-        if key not in self._sizes:
-            names = expert_names(block.layer, expert)
-            self._sizes[key] = sum(stored_bytes(block.artifact, n) for n in names)
-        return self._sizes[key]
+        """An expert's stored bytes (what a device copies), as the plan measured them."""
+        return self.sizes[block.layer][expert]
 
     def parts(self, block: SplitMoe, window: Sequence[int]) -> list[list[int]]:
         """``window`` (expert indices, in order) cut into parts within ``window_bytes``."""
