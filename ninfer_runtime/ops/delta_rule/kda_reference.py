@@ -13,9 +13,9 @@ The chunked form (``kda_chunk``) solves each chunk's writes at once, as ``refere
 does; the pairwise decays exp(γ_i - γ_j) now differ per channel, so the chunk's key-key and
 query-key products are taken over [C, C, dk] (a factorisation exp(γ_i)·exp(-γ_j) would
 overflow once a chunk's decays add up past float32's range). Chunks therefore stay short and
-run one after another. The convolution, the split into heads and the loops of a prefill, a
-verification and a commit are Gated DeltaNet's (``conv.py``, ``loops.py``), around this
-variant's own step.
+run one after another. The convolution, the split into heads, the decode step on states by
+slot (``reference.step_slots``, which takes a decay a key channel) and the loops of a prefill,
+a verification and a commit are Gated DeltaNet's (``conv.py``, ``loops.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 from ...models.functional import _xp, silu
 from .conv import causal_conv, conv_step, split_heads
 from .loops import commit_rows, scan, verify_rows
+from .reference import step_slots
 
 __all__ = [
     "KDA_CHUNK",
@@ -143,15 +144,9 @@ def kda_decode(
     """One token for each row: the convolution step and SiLU over mixed [N, 3·H·d], then the
     delta rule on states [S, H, d, d] indexed by ``slots`` (distinct); g [N, H, d],
     beta [N, H]. Conv and recurrent states are updated. -> [N, H, d]."""
-    xp = _xp(mixed)
     conv = silu(conv_step(mixed, kernel, conv_states, slots))
     q, k, v = split_heads(conv, heads, head_dim, heads, head_dim)
-    state = states[slots] * xp.exp(g)[..., None]  # [N, H, dk, dv]
-    recalled = xp.einsum("nhkv,nhk->nhv", state, k)
-    delta = beta[..., None] * (v - recalled)
-    state += k[..., None] * delta[:, :, None, :]
-    states[slots] = state
-    return xp.einsum("nhkv,nhk->nhv", state, q)
+    return step_slots(q, k, v, g, beta, states, slots)
 
 
 #: ``(mixed, kernel, conv_states, g, beta, states, slots, records, *, tokens, **dims)``: a

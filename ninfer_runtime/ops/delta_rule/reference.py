@@ -154,12 +154,14 @@ def step_slots(
     q: Array, k: Array, v: Array, g: Array, beta: Array, states: Array, slots: Array
 ) -> Array:
     """The delta rule of ``step`` for N lanes, one token each: q, k [N, Hk, dk]
-    (normalised), v [N, Hv, dv], g, beta [N, Hv]; states [S, Hv, dk, dv] indexed by
-    ``slots`` (distinct), updated. -> [N, Hv, dv]."""
+    (normalised), v [N, Hv, dv], beta [N, Hv], g [N, Hv] (one decay a head) or [N, Hv, dk]
+    (one a key channel: KDA's ``kda_decode``); states [S, Hv, dk, dv] indexed by ``slots``
+    (distinct), updated. -> [N, Hv, dv]."""
     xp = _xp(q)
     group = v.shape[1] // q.shape[1]
     q, k = xp.repeat(q, group, axis=1), xp.repeat(k, group, axis=1)
-    state = states[slots] * xp.exp(g)[:, :, None, None]  # [N, Hv, dk, dv]
+    decay = xp.exp(g).reshape(*g.shape[:2], -1, 1)  # [N, Hv, 1 or dk, 1]
+    state = states[slots] * decay  # [N, Hv, dk, dv]
     recalled = xp.einsum("nhkv,nhk->nhv", state, k)
     delta = beta[:, :, None] * (v - recalled)
     state += k[:, :, :, None] * delta[:, :, None, :]
