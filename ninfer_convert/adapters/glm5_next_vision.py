@@ -9,11 +9,9 @@ Qwen3.5's are. The Conv3d patch embedding ``[h, 3, pt, ps, ps]`` and the Conv2d 
 
 from __future__ import annotations
 
-from ..errors import RecipeError
 from .base import SourcePiece
+from .qwen3_5 import _vision_pieces
 
-#: HF prefix of the vision tower (as Qwen3.5's VLM checkpoints)
-VISUAL = "model.visual."
 #: logical suffix after ``vision/`` -> HF name suffix, outside the blocks
 _GLOBALS = {
     "patch_embedding": "patch_embed.proj.weight",
@@ -42,21 +40,8 @@ _BLOCK = {
         for bias in ("", "_bias")
     },
 }
-_QKV = ("query", "key", "value")
 
 
 def vision_pieces(suffix: str, hidden: int) -> tuple[SourcePiece, ...]:
     """``suffix``: the logical name after ``vision/``; ``hidden``: the vision width h."""
-    if suffix in _GLOBALS:
-        return (SourcePiece(VISUAL + _GLOBALS[suffix]),)
-    _, index, rest = suffix.split("/", 2)  # layers/{i}/...
-    block = f"{VISUAL}blocks.{index}."
-    if rest in _BLOCK:
-        return (SourcePiece(block + _BLOCK[rest]),)
-    projection = rest.removeprefix("attention/")
-    which = projection.removesuffix("_bias")
-    if which not in _QKV:
-        raise RecipeError(f"no source mapping for vision/{suffix}")
-    fused = block + ("attn.qkv.bias" if projection.endswith("_bias") else "attn.qkv.weight")
-    start = _QKV.index(which) * hidden
-    return (SourcePiece(fused, (start, start + hidden)),)
+    return _vision_pieces(suffix, hidden, _GLOBALS, _BLOCK)

@@ -152,14 +152,21 @@ def has_vision_weights(keys: Iterable[str]) -> bool:
     return any(k.startswith(VISUAL) for k in keys)
 
 
-def _vision_pieces(suffix: str, hidden: int) -> Pieces:
-    """``suffix`` is the logical name after ``vision/``; ``hidden`` the vision width h."""
-    if suffix in _VISION_GLOBALS:
-        return _whole(VISUAL + _VISION_GLOBALS[suffix])
+def _vision_pieces(
+    suffix: str,
+    hidden: int,
+    globals_: Mapping[str, str] = _VISION_GLOBALS,
+    block_names: Mapping[str, str] = _VISION_BLOCK,
+) -> Pieces:
+    """``suffix`` is the logical name after ``vision/``; ``hidden`` the vision width h.
+    ``globals_`` and ``block_names`` name a tower's tensors other than its fused ``attn.qkv``
+    (Qwen3.5's by default; another tower with the same fused ``qkv`` passes its own)."""
+    if suffix in globals_:
+        return _whole(VISUAL + globals_[suffix])
     _, index, rest = suffix.split("/", 2)  # layers/{i}/...
     block = f"{VISUAL}blocks.{index}."
-    if rest in _VISION_BLOCK:
-        return _whole(block + _VISION_BLOCK[rest])
+    if rest in block_names:
+        return _whole(block + block_names[rest])
     projection = rest.removeprefix("attention/")
     which = projection.removesuffix("_bias")
     if which not in _QKV:
