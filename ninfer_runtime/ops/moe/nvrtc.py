@@ -19,7 +19,7 @@ from ...backends.array_ops import sigmoid, softmax
 from ...backends.base import MoeWeights
 from ...backends.cuda import kernels
 from ...backends.cuda import moe as moe_kernels
-from .reference import expert
+from .reference import expert, route
 
 __all__ = ["MOE_DEVICE_ROWS", "accepts", "block", "expert_table"]
 
@@ -73,10 +73,8 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
         ]
         return chunks[0] if len(chunks) == 1 else cp.concatenate(chunks)
     probs = softmax(backend.linear(x, weights.router))
-    host = cp.asnumpy(probs)
-    top = np.argsort(-host, axis=-1, kind="stable")[:, : weights.top_k]
-    share = np.take_along_axis(host, top, axis=-1)
-    share = cp.asarray(share / share.sum(axis=-1, keepdims=True))
+    top, share = route(cp.asnumpy(probs), weights.top_k)  # read back: the rows of each expert
+    share = cp.asarray(share)
     out = cp.zeros_like(x)
     for e in np.unique(top):
         ex = weights.experts[int(e)]
