@@ -24,7 +24,6 @@ from ninfer_runtime.frontend.parsers.events import ParseEvent
 from ninfer_runtime.frontend.parsers.markers import _earliest, _held_suffix
 from ninfer_runtime.frontend.parsers.output_parser import OutputParser
 from ninfer_runtime.frontend.parsers.parameters import (
-    _is_string_schema,
     _schema_types,
     convert_parameter,
 )
@@ -71,6 +70,8 @@ def glm_value_is_text(schema: Any) -> bool:
 
 class GlmOutputParser(OutputParser):
     """``OutputParser`` that also reads GLM's ``<arg_key>``/``<arg_value>`` calls."""
+
+    _VALUE_PHASES = (*OutputParser._VALUE_PHASES, "glm_value")
 
     def _phase_open(self, call: _Call, out: list[ParseEvent]) -> bool:
         self._skip_space(call)
@@ -126,10 +127,7 @@ class GlmOutputParser(OutputParser):
             self._fall_back(call, out, f"invalid argument name {self._buf[:end]!r}")
             return True
         self._take(call, end + len(ARG_KEY_CLOSE))
-        call.param = key
-        call.param_schema = call.schemas.get(key)
-        call.value = ""
-        call.streaming_value = self._stream_calls and _is_string_schema(call.param_schema)
+        self._begin_param(call, key)
         call.phase = "glm_value_open"
         return True
 
@@ -137,8 +135,7 @@ class GlmOutputParser(OutputParser):
         self._skip_space(call)
         if self._buf.startswith(ARG_VALUE_OPEN):
             self._take(call, len(ARG_VALUE_OPEN))
-            if call.streaming_value:
-                self._emit_argument(call, f'{json.dumps(call.param, ensure_ascii=False)}: "', out)
+            self._open_value(call, out)
             call.phase = "glm_value"
             return True
         if not self._buf or ARG_VALUE_OPEN.startswith(self._buf):
@@ -164,21 +161,7 @@ class GlmOutputParser(OutputParser):
             self._call = None
         return True
 
-    def _end_param(self, call: _Call, out: list[ParseEvent]) -> None:
-        if call.phase != "glm_value" or call.streaming_value:
-            super()._end_param(call, out)
-            return
-        value = convert_glm_value(call.value, call.param_schema)
-        member = f"{json.dumps(call.param, ensure_ascii=False)}: "
-        self._emit_argument(call, member + json.dumps(value, ensure_ascii=False), out)
-        call.params += 1
-
-    def _cut_off_call(self, call: _Call, out: list[ParseEvent]) -> None:
-        """As ``OutputParser``: an unfinished string value keeps its text, another is left out."""
-        if call.phase == "glm_value" and _is_string_schema(call.param_schema):
-            self._call = None
-            self._take(call, len(self._buf))  # at most the start of an end tag
-            self._end_param(call, out)
-            self._end_function(call, out, cut_off=True)
-            return
-        super()._cut_off_call(call, out)
+    def _param_value(self, call: _Call) -> Any:
+        if call.phase == "glm_value":
+            return convert_glm_value(call.value, call.param_schema)
+        return super()._param_value(call)

@@ -65,7 +65,8 @@ class ToolCallReader:
 
     It works on the parser's state, which ``OutputParser.__init__`` sets up: the unread text
     ``_buf``, the call being read ``_call``, the text channels it falls back to, and the options.
-    The end-of-output rules name the XML form's phases (``param_value``, ``after_function``).
+    The end-of-output rules name the XML form's phases (``param_value``, ``after_function``);
+    another form names its value phase in ``_VALUE_PHASES``.
     """
 
     _buf: str
@@ -77,6 +78,9 @@ class ToolCallReader:
     _cut_off: bool
     _channel: str
     _channels: dict[str, _Channel]
+
+    #: the phases that read a parameter's value (a cut-off string value there keeps its text)
+    _VALUE_PHASES: tuple[str, ...] = ("param_value",)
 
     def _scan_call(self, call: _Call, out: list[ParseEvent], final: bool) -> bool:
         """Call mode: advance one phase; returns False when more text is needed."""
@@ -114,15 +118,31 @@ class ToolCallReader:
         else:
             call.value += text
 
+    def _begin_param(self, call: _Call, name: str) -> None:
+        """A parameter's name is read: its schema, and whether its value streams."""
+        call.param = name
+        call.param_schema = call.schemas.get(name)
+        call.value = ""
+        call.value_started = False
+        call.streaming_value = self._stream_calls and _is_string_schema(call.param_schema)
+
+    def _open_value(self, call: _Call, out: list[ParseEvent]) -> None:
+        """A streamed value begins: its key and the opening quote go out now."""
+        if call.streaming_value:
+            self._emit_argument(call, f'{json.dumps(call.param, ensure_ascii=False)}: "', out)
+
+    def _param_value(self, call: _Call) -> Any:
+        """The held value of the parameter just ended, as the JSON value its schema asks for."""
+        return convert_parameter(call.value, call.param_schema)
+
     def _end_param(self, call: _Call, out: list[ParseEvent]) -> None:
         if call.streaming_value:
             self._emit(call, ToolCallArgumentsDelta(call.index, '"'), out)
         else:
-            value = convert_parameter(call.value, call.param_schema)
             self._emit_argument(
                 call,
                 f"{json.dumps(call.param, ensure_ascii=False)}: "
-                f"{json.dumps(value, ensure_ascii=False)}",
+                f"{json.dumps(self._param_value(call), ensure_ascii=False)}",
                 out,
             )
         call.params += 1
@@ -196,7 +216,7 @@ class ToolCallReader:
         if call.index is None:  # the function name was not complete: nothing to keep
             out.append(ParseWarning("tool call cut off before its name was dropped", call.raw))
             return
-        if call.phase == "param_value" and _is_string_schema(call.param_schema):
+        if call.phase in self._VALUE_PHASES and _is_string_schema(call.param_schema):
             self._end_param(call, out)
         self._end_function(call, out, cut_off=True)
 

@@ -8,13 +8,11 @@ schema once complete (``convert_parameter``).
 
 from __future__ import annotations
 
-import json
 import re
 
 from ninfer_runtime.frontend.parsers.call_reader import ToolCallReader, _Call
 from ninfer_runtime.frontend.parsers.events import ParseEvent
 from ninfer_runtime.frontend.parsers.markers import _earliest, _held_suffix
-from ninfer_runtime.frontend.parsers.parameters import _is_string_schema
 from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
 
 FUNCTION_OPEN = "<function="
@@ -101,13 +99,8 @@ class QwenXmlCallPhases(ToolCallReader):
         name = self._read_name(call, out, "parameter")
         if name is None:
             return self._call is not call
-        call.param = name
-        call.param_schema = call.schemas.get(name)
-        call.value = ""
-        call.value_started = False
-        call.streaming_value = self._stream_calls and _is_string_schema(call.param_schema)
-        if call.streaming_value:
-            self._emit_argument(call, f'{json.dumps(name, ensure_ascii=False)}: "', out)
+        self._begin_param(call, name)
+        self._open_value(call, out)
         call.phase = "param_value"
         return True
 
