@@ -244,20 +244,20 @@ class Generator:
 
     async def count(self, job: Job) -> int:
         """Prompt tokens of ``job`` (the count endpoints: admitted, no lane, no engine time)."""
-        ticket = self.loop.admit()
-        try:
-            await self.images.read(job.messages)
-            return await asyncio.to_thread(self._count, job)
-        finally:
-            self.loop.release(ticket)
+        return await self._rendered(self._count, job)
 
     async def tokens(self, job: Job) -> list[int]:
         """Prompt token ids of ``job``, its images read and widened (``/tokenize``: admitted,
         no lane, no engine time)."""
+        return await self._rendered(self.prompt_ids, job)
+
+    async def _rendered(self, work: Callable[[Job], T], job: Job) -> T:
+        """``work(job)`` in a worker thread once ``job``'s images are read, under an admission
+        ticket."""
         ticket = self.loop.admit()
         try:
             await self.images.read(job.messages)
-            return await asyncio.to_thread(self.prompt_ids, job)
+            return await asyncio.to_thread(work, job)
         finally:
             self.loop.release(ticket)
 
