@@ -13,6 +13,7 @@ from typing import Any
 
 from ...arrays import array_module
 from ...backends.array_ops import softmax
+from .reference import TOLERANCE as PREFILL_TOLERANCE
 
 __all__ = ["SCORE_BLOCK_ELEMENTS", "TOLERANCE", "accepts", "segment"]
 
@@ -24,8 +25,10 @@ SCORE_BLOCK_ELEMENTS = 1 << 24
 #: provider -> (rtol, atol as a fraction of the largest reference value) of ``segment``
 #: against this oracle computed in float64: the reference's float32 rounding, and for ``sdpa``
 #: q, k, v and the probabilities rounded to bf16 (unit roundoff 2^-9) with float32 sums, the
-#: bound of the paged prefill's bf16 providers (``reference.TOLERANCE``)
-TOLERANCE: dict[str, tuple[float, float]] = {"reference": (1e-5, 1e-6), "sdpa": (0.0, 6e-3)}
+#: bounds of the paged prefill's same providers (``reference.TOLERANCE``)
+TOLERANCE: dict[str, tuple[float, float]] = {
+    name: PREFILL_TOLERANCE[name] for name in ("reference", "sdpa")
+}
 
 
 def accepts(**_: object) -> bool:
