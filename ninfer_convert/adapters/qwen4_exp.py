@@ -189,9 +189,17 @@ def map_qwen4_exp(
     geometry = Qwen4ExpGeometry.from_config(text_config, with_mtp=with_mtp)
     names = _Qwen4Names(keys, geometry)  # type: ignore[arg-type]  (duck-typed geometry)
     parts = _ngram_parts(text_config) if geometry.ple is not None else DEFAULT_NGRAM_PARTS
+    selected = ("text", "vision") if "vision" in components else ("text",)
+    specs = expected_parameters(text_config, components=selected, vision_config=vision_config)
     out: dict[str, LogicalTensor] = {}
-    for spec in expected_parameters(text_config):
-        rest = spec.name.split("/", 1)[1]
+    vision: dict[str, LogicalTensor] = {}
+    for spec in specs:
+        component, rest = spec.name.split("/", 1)
+        if component == "vision":
+            assert vision_config is not None  # expected_parameters requires it for vision
+            pieces = _vision_pieces(rest, int(vision_config["hidden_size"]))
+            vision[spec.name] = _logical(spec, pieces)
+            continue
         if rest.endswith("/ple/ngram_table"):
             prefix = f"{names.text}layers.{rest.split('/')[1]}."
             pieces = ngram_table_pieces(keys, prefix, spec.shape[0], parts)
@@ -203,14 +211,5 @@ def map_qwen4_exp(
         out[spec.name] = _logical(spec, pieces)
     if with_mtp:
         out.update(_mtp_map(names, keys, geometry))
-    if "vision" in components:
-        specs = expected_parameters(
-            text_config, components=("vision",), vision_config=vision_config
-        )
-        assert vision_config is not None  # expected_parameters requires it for vision
-        hidden = int(vision_config["hidden_size"])
-        for spec in specs:
-            if spec.name.startswith("vision/"):
-                pieces = _vision_pieces(spec.name.removeprefix("vision/"), hidden)
-                out[spec.name] = _logical(spec, pieces)
+    out.update(vision)
     return out
