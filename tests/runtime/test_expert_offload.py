@@ -17,22 +17,15 @@ from ninfer_runtime.expert_offload.host_experts import HostExpert, hold_hottest
 from ninfer_runtime.expert_offload.plan import routed_expert
 from ninfer_runtime.expert_offload.stream_window import ExpertStream
 from ninfer_runtime.runner import ModelRunner
+from tests.runtime.offload_runs import CONTEXT, budget_shares, engine
+from tests.runtime.offload_runs import greedy as greedy_run
 
 PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
-CONTEXT = 64
 
 
 def greedy(runner: ModelRunner, tokens: int) -> tuple[list[int], np.ndarray]:
-    """The prompt in two chunks, then ``tokens`` greedy steps: the tokens and every step's
-    logits [tokens + 1, V]."""
-    state = runner.new_state(CONTEXT)
-    logits = runner.prefill(PROMPT, state, chunk=8, last_only=True).logits[0][-1]
-    out, seen = [], [logits]
-    for _ in range(tokens):
-        out.append(int(np.argmax(logits)))
-        logits = runner.forward([np.array([out[-1]])], [state]).logits[0][-1]
-        seen.append(logits)
-    return out, np.stack(seen)
+    """The prompt in two chunks, then ``tokens`` greedy steps."""
+    return greedy_run(runner, PROMPT, tokens)
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +33,10 @@ def q4_moe(artifact_path):
     return artifact_path("tiny_q4", "moe")
 
 
-def engine(path, budget) -> Engine:
-    return Engine(path, max_context=CONTEXT, max_lanes=1, vram_budget=budget)
-
-
 @pytest.fixture(scope="module")
 def shares(q4_moe):
     """The budget's floor (no routed expert resident) and the routed experts' bytes."""
-    plan = engine(q4_moe, "1GiB").expert_offload.plan
-    assert plan.resident_fraction == 1
-    return plan.weights + plan.workspace + plan.context, plan.resident_bytes
+    return budget_shares(q4_moe)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +141,7 @@ def test_host_experts_compute_by_blocks_and_the_hottest_hold_decoded_copies(q4_m
     np.testing.assert_array_equal(experts[1](x), experts[1].math(x, *experts[1].weights()))
     for allowance in (0, "1GiB"):
         e = Engine(
-            q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=shares_floor(q4_moe),
+            q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=budget_shares(q4_moe)[0],
             host_expert_cache=allowance,
         )  # fmt: skip
         held = [
@@ -164,7 +151,7 @@ def test_host_experts_compute_by_blocks_and_the_hottest_hold_decoded_copies(q4_m
         assert greedy(e.runner, 6)[0] == reference[0]
     # room for five copies: the five most chosen experts (by the calibration counts) hold one
     e = Engine(
-        q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=shares_floor(q4_moe),
+        q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=budget_shares(q4_moe)[0],
         host_expert_cache=5 * size,
     )  # fmt: skip
     counts = e.expert_offload.priority
@@ -175,11 +162,6 @@ def test_host_experts_compute_by_blocks_and_the_hottest_hold_decoded_copies(q4_m
         for x, expert in b.host_experts.items():
             hits[expert.held is not None].append(counts[b.layer][x])
     assert len(hits[True]) == 5 and min(hits[True]) >= max(hits[False])
-
-
-def shares_floor(path) -> int:
-    plan = engine(path, "1GiB").expert_offload.plan
-    return plan.weights + plan.workspace + plan.context
 
 
 @pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])

@@ -15,26 +15,19 @@ import pytest
 
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.runner import ModelRunner
+from tests.runtime.offload_runs import CONTEXT, budget_shares, engine
+from tests.runtime.offload_runs import greedy as greedy_run
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
-CONTEXT = 64
 STEPS = 4
 
 
 def greedy(runner: ModelRunner) -> tuple[list[int], np.ndarray]:
-    """The prompt in two chunks, then ``STEPS`` greedy steps: the tokens and every step's
-    logits."""
-    state = runner.new_state(CONTEXT)
-    logits = runner.prefill(PROMPT, state, chunk=8, last_only=True).logits[0][-1]
-    out, seen = [], [logits]
-    for _ in range(STEPS):
-        out.append(int(np.argmax(logits)))
-        logits = runner.forward([np.array([out[-1]])], [state]).logits[0][-1]
-        seen.append(logits)
-    return out, np.stack(seen)
+    """The prompt in two chunks, then ``STEPS`` greedy steps."""
+    return greedy_run(runner, PROMPT, STEPS)
 
 
 def _qwen4_exp(root: Path) -> Path:
@@ -60,15 +53,7 @@ def case(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     path = {"qwen4_exp": _qwen4_exp, "glm5_next": _glm5_next}[request.param](root)
     reference = greedy(Engine(path, max_context=CONTEXT, max_lanes=1).runner)
-    plan = engine(path, "1GiB").expert_offload.plan
-    assert plan.resident_fraction == 1
-    return path, reference, plan.weights + plan.workspace + plan.context, plan.resident_bytes
-
-
-def engine(path: Path, budget: int | str, host_cache: int | None = None) -> Engine:
-    return Engine(
-        path, max_context=CONTEXT, max_lanes=1, vram_budget=budget, host_expert_cache=host_cache
-    )
+    return path, reference, *budget_shares(path)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])

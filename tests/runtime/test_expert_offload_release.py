@@ -17,8 +17,7 @@ from ninfer_runtime.expert_offload import GRAPHS_REFUSED
 from ninfer_runtime.expert_offload.plan import routed_expert
 from ninfer_runtime.expert_offload.split_moe import expert_names
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
-
-CONTEXT = 64
+from tests.runtime.offload_runs import CONTEXT, budget_shares
 
 
 class Recording(CpuBackend):
@@ -49,8 +48,7 @@ def q4_moe(artifact_path):
 
 @pytest.fixture(scope="module")
 def shares(q4_moe):
-    plan = Engine(q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget="1GiB").expert_offload.plan
-    return plan.weights + plan.workspace + plan.context, plan.resident_bytes
+    return budget_shares(q4_moe)
 
 
 def test_experts_are_prepared_alone_and_released_when_they_leave(q4_moe, shares):

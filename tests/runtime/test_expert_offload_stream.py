@@ -14,10 +14,10 @@ from ninfer_runtime.cli_options import EXPERT_STREAM_ROWS_HELP
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
 from ninfer_runtime.runner import ModelRunner
+from tests.runtime.offload_runs import CONTEXT, budget_shares, engine, greedy
 
 #: a prompt prefilled in one chunk of more rows than the threshold
 PROMPT = np.random.default_rng(3).integers(0, 300, STREAM_ROWS + 8).astype(np.int64)
-CONTEXT = 64
 STEPS = 4
 LAYERS, TOP_K = 4, 2  # the tiny Qwen3.5 MoE model
 WEIGHTS = ("gate", "up", "down")
@@ -26,17 +26,8 @@ WEIGHTS = ("gate", "up", "down")
 def prefill_then_greedy(
     runner: ModelRunner, chunk: int, after_prefill=lambda: None
 ) -> tuple[list[int], np.ndarray]:
-    """The prompt in chunks of ``chunk`` rows, then ``STEPS`` greedy steps: the tokens and
-    every step's logits."""
-    state = runner.new_state(CONTEXT)
-    logits = runner.prefill(PROMPT, state, chunk=chunk, last_only=True).logits[0][-1]
-    after_prefill()
-    out, seen = [], [logits]
-    for _ in range(STEPS):
-        out.append(int(np.argmax(logits)))
-        logits = runner.forward([np.array([out[-1]])], [state]).logits[0][-1]
-        seen.append(logits)
-    return out, np.stack(seen)
+    """The prompt in chunks of ``chunk`` rows, then ``STEPS`` greedy steps."""
+    return greedy(runner, PROMPT, STEPS, chunk, after_prefill)
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +35,10 @@ def q4_moe(artifact_path):
     return artifact_path("tiny_q4", "moe")
 
 
-def engine(path, budget) -> Engine:
-    return Engine(path, max_context=CONTEXT, max_lanes=1, vram_budget=budget)
-
-
 @pytest.fixture(scope="module")
 def shares(q4_moe):
     """The budget's floor (no routed expert resident) and the routed experts' bytes."""
-    plan = engine(q4_moe, "1GiB").expert_offload.plan
-    return plan.weights + plan.workspace + plan.context, plan.resident_bytes
+    return budget_shares(q4_moe)
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +167,7 @@ def glm5_next(tmp_path_factory):
     root = tmp_path_factory.mktemp("glm5_next_stream")
     tiny.convert("glm5_next_bf16", tiny.build_tiny_glm5_next(root / "ckpt"), root / "m.ninfer")
     path = root / "m.ninfer"
-    plan = engine(path, "1GiB").expert_offload.plan
-    floor = plan.weights + plan.workspace + plan.context
+    floor, _ = budget_shares(path)
     runner = Engine(path, max_context=CONTEXT, max_lanes=1).runner
     return path, floor, prefill_then_greedy(runner, 64)
 
