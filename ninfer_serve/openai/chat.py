@@ -29,23 +29,14 @@ from ..cache_isolation import isolate
 from ..http import ServerState, sse_response, until_disconnect
 from ..limits import check_sample_count
 from ..samples import Samples
-from .chat_output import completion_body, usage_block
-from .chat_request import cache_breakpoints, to_job
+from .chat_output import completion_body
+from .chat_request import to_job
 from .chat_stream import chat_chunks
 from .logprobs import chat_logprobs, scored
 from .models import ChatCompletionRequest
-from .reasoning_effort import EFFORT_BUDGETS, requested_effort, thinking_for_effort
+from .reasoning_effort import EFFORT_BUDGETS
 
-__all__ = [
-    "EFFORT_BUDGETS",
-    "cache_breakpoints",
-    "chat_completions",
-    "completion_body",
-    "requested_effort",
-    "thinking_for_effort",
-    "to_job",
-    "usage_block",
-]
+__all__ = ["EFFORT_BUDGETS", "chat_completions", "to_job"]
 
 
 async def chat_completions(

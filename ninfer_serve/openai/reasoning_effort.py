@@ -3,7 +3,7 @@ budget for templates that know no levels (``ninfer_serve.effort`` has the templa
 
 from __future__ import annotations
 
-from ..effort import Effort
+from ..effort import THINKING_OFF, Effort
 
 __all__ = ["EFFORT_BUDGETS", "requested_effort", "thinking_for_effort"]
 
@@ -21,7 +21,7 @@ def thinking_for_effort(effort: str | None) -> tuple[bool | None, int | None]:
     """
     if effort is None:
         return None, None
-    if effort in ("none", "minimal"):
+    if effort in THINKING_OFF:
         return False, None
     return True, EFFORT_BUDGETS[effort]
 
