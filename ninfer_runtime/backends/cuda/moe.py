@@ -12,8 +12,8 @@ kernels.GROUP_TILES`` rows, of which only the live ones cost) where the layout h
 tensor-core kernel, else on the 8-row GEMV (``gemv_expert_groups``).
 No loop over experts on the host, and nothing read back.
 
-Math (the CPU reference, ``CpuBackend.moe``): softmax over all experts, top-k by probability
-(ties to the lower index), shares divided by their sum, routed output
+Math (the moe family's reference, ``ops/moe/reference.py``): softmax over all experts, top-k
+by probability (ties to the lower index), shares divided by their sum, routed output
 ``sum_j share_j * down(silu(gate x) * up x)``, plus ``sigmoid(shared_score x) * shared(x)``.
 """
 
