@@ -104,23 +104,38 @@ def hf(checkpoint: Path) -> Any:
     return model
 
 
-def hf_greedy(hf: Any, engine: Engine, req: GenerationRequest, new: int) -> list[int]:
+def hf_greedy(
+    hf: Any,
+    engine: Engine,
+    req: GenerationRequest,
+    new: int,
+    processor: ImageProcessor | None = None,
+    token_types: bool = True,
+) -> list[int]:
+    """transformers' ``new`` greedy tokens after ``req``'s prompt as ``engine`` renders it, its
+    images through ``processor`` (the tiny VLM's by default); ``token_types``: pass
+    ``mm_token_type_ids`` (the image placeholders marked), which M-RoPE models read."""
     import torch
 
     ids, _ = engine.render(req)
-    processor = ImageProcessor.from_config(PROCESSOR)
+    processor = processor or ImageProcessor.from_config(PROCESSOR)
     pixels, grid = processor.process([decode_image(image.data) for image in req.images])
     image_id = hf.config.image_token_id
+    inputs: dict[str, Any] = {}
+    if token_types:
+        inputs["mm_token_type_ids"] = torch.tensor(
+            [[int(t == image_id) for t in ids]], dtype=torch.int32
+        )
     hf.model.rope_deltas = None
     with torch.no_grad():
         out = hf.generate(
             input_ids=torch.tensor([ids]),
-            mm_token_type_ids=torch.tensor([[int(t == image_id) for t in ids]], dtype=torch.int32),
             pixel_values=torch.from_numpy(pixels),
             image_grid_thw=torch.from_numpy(grid),
             max_new_tokens=new,
             min_new_tokens=new,
             do_sample=False,
+            **inputs,
         )
     return out[0, len(ids) :].tolist()
 

@@ -23,16 +23,14 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.backends import get_backend
-from ninfer_runtime.engine import Engine, GenerationRequest, TokenEvent
-from ninfer_runtime.frontend import SamplingParams
+from ninfer_runtime.engine import Engine
 from ninfer_runtime.frontend.vision import ImageProcessor, decode_image
-from ninfer_runtime.media import ImageInput
 from ninfer_runtime.models import load_model
 from ninfer_runtime.models.glm5_next.vision import Glm5NextVisionTower
 from ninfer_runtime.models.vision_families import sequence_positions
 from ninfer_runtime.multimodal import ImagePrompts
 from ninfer_runtime.runner import ModelRunner
-from tests.runtime.test_engine_images import png
+from tests.runtime.test_engine_images import hf_greedy, png, request, run
 
 tiny = pytest.importorskip("tests.tiny_glm5_next")
 torch = pytest.importorskip("torch")
@@ -161,24 +159,9 @@ def test_logits_match_transformers(converted, hf) -> None:
 def test_engine_greedy_equals_transformers_generate(converted, hf) -> None:
     engine = Engine(converted[1], max_lanes=2, max_context=256)
     assert engine.vision is not None
-    content = [{"type": "text", "text": "Look:"}, {"type": "image"}]
-    content.append({"type": "text", "text": "what is in this picture?"})
-    req = GenerationRequest(
-        messages=[{"role": "user", "content": content}],
-        images=[ImageInput(PICTURE)],
-        sampling=SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-    )
+    req = request("Look:", PICTURE, "what is in this picture?")
     ids, _ = engine.render(req)
     assert sum(t == hf.config.image_token_id for t in ids) == 12
-    tokens = [e.token_id for e in engine.generate(req) if isinstance(e, TokenEvent)]
-    pixels, grid = _pixels([PICTURE])
-    with torch.no_grad():
-        out = hf.generate(
-            input_ids=torch.tensor([ids]),
-            pixel_values=torch.from_numpy(pixels),
-            image_grid_thw=torch.from_numpy(grid),
-            max_new_tokens=len(tokens),
-            min_new_tokens=len(tokens),
-            do_sample=False,
-        )
-    assert tokens == out[0, len(ids) :].tolist()
+    tokens = run(engine, req)[0]
+    processor = ImageProcessor.from_config(PROCESSOR, sizing="tokens")
+    assert tokens == hf_greedy(hf, engine, req, len(tokens), processor, token_types=False)

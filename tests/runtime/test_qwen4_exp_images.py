@@ -31,7 +31,7 @@ from ninfer_runtime.models import load_model
 from ninfer_runtime.models.qwen3_5.vision import VisionTower
 from ninfer_runtime.multimodal import ImagePrompts
 from ninfer_runtime.runner import ModelRunner
-from tests.runtime.test_engine_images import png
+from tests.runtime.test_engine_images import hf_greedy, png, request, run
 
 tiny = pytest.importorskip("tests.tiny_qwen4_exp")
 torch = pytest.importorskip("torch")
@@ -120,30 +120,12 @@ def _relative(ours: np.ndarray, ref: np.ndarray) -> float:
 
 def test_engine_greedy_equals_transformers_generate(converted, hf) -> None:
     engine = Engine(converted[1], max_lanes=2, max_context=256)
-    content = [{"type": "text", "text": "Look:"}, {"type": "image"}]
-    content.append({"type": "text", "text": "what is in this picture?"})
-    req = GenerationRequest(
-        messages=[{"role": "user", "content": content}],
-        images=[ImageInput(WIDE)],
-        sampling=SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-    )
+    req = request("Look:", WIDE, "what is in this picture?")
     ids, _ = engine.render(req)
     assert sum(t == hf.config.image_token_id for t in ids) == 6
-    tokens = [e.token_id for e in engine.generate(req) if isinstance(e, TokenEvent)]
-    pixels, grid = _pixels([WIDE])
-    hf.model.rope_deltas = None
-    mm = [[int(t == hf.config.image_token_id) for t in ids]]
-    with torch.no_grad():
-        out = hf.generate(
-            input_ids=torch.tensor([ids]),
-            mm_token_type_ids=torch.tensor(mm, dtype=torch.int32),
-            pixel_values=torch.from_numpy(pixels),
-            image_grid_thw=torch.from_numpy(grid),
-            max_new_tokens=len(tokens),
-            min_new_tokens=len(tokens),
-            do_sample=False,
-        )
-    assert tokens == out[0, len(ids) :].tolist()
+    tokens = run(engine, req)[0]
+    processor = ImageProcessor.from_config(tiny.PROCESSOR)
+    assert tokens == hf_greedy(hf, engine, req, len(tokens), processor)
 
 
 def test_the_next_chat_turn_resumes_after_the_image(converted) -> None:
