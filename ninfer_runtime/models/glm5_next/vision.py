@@ -39,9 +39,8 @@ from typing import Any
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
-from ...errors import ModelError
 from ...ops.registry import resolve
-from ..qwen3_5.vision_grid import checked_grid, patch_grid, rotary_angles
+from ..qwen3_5.vision_grid import input_grid, merged_tokens, rotary_angles
 from ..qwen3_5.vision_ops import ACTIVATIONS, gelu_erf, layer_norm, tower_attention
 from ..qwen3_5.vision_weights import prepare_vision, vision_config
 from .vision_config import MERGER_NORM_EPS, Glm5NextVisionConfig
@@ -143,20 +142,13 @@ class Glm5NextVisionTower:
 
     def merged_tokens(self, grid_thw: Any) -> list[int]:
         """Embedding rows (placeholder tokens) of each image: t·h·w / m²."""
-        grid = checked_grid(grid_thw, self.config.merge)
-        return [int(t * h * w) // self.config.merge**2 for t, h, w in grid.tolist()]
+        return merged_tokens(grid_thw, self.config.merge)
 
     def encode(self, pixel_values: Any, grid_thw: Any) -> Array:
         """Patches [P, 3·pt·ps·ps] of the images ``grid_thw`` [images, 3] describes ->
         their embeddings [P / m², text hidden] (float32, on the backend)."""
         c, p, xp = self.config, self.p, self.backend.xp
-        grid = patch_grid(checked_grid(grid_thw, c.merge), c.merge)
-        shape = tuple(pixel_values.shape)
-        if shape != (grid.patches, c.patch_width):
-            raise ModelError(
-                f"pixel_values {list(shape)} do not match grid_thw: expected "
-                f"[{grid.patches}, {c.patch_width}] (patches, C·pt·ps·ps)"
-            )
+        grid = input_grid(pixel_values, grid_thw, c.merge, c.patch_width)
         x = p.apply(xp.asarray(pixel_values, dtype=xp.float32), "vision/patch_embedding")
         angles = rotary_angles(grid, c.shape.head_dim, c.rope_theta)
         cos, sin = (xp.asarray(a) for a in angles)

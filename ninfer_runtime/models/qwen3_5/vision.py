@@ -49,11 +49,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ...backends import Backend, Weight
 from ...errors import ModelError
-from .vision_grid import PatchGrid, checked_grid, patch_grid, position_taps, rotary_angles
+from .vision_grid import PatchGrid, input_grid, merged_tokens, position_taps, rotary_angles
 from .vision_ops import ACTIVATIONS, gelu_erf, layer_norm, tower_attention
 from .vision_weights import prepare_vision, vision_config
 
@@ -203,20 +201,13 @@ class VisionTower:
 
     def merged_tokens(self, grid_thw: Any) -> list[int]:
         """Embedding rows (placeholder tokens) of each image: t·h·w / m²."""
-        grid = self._checked_grid(grid_thw)
-        return [int(t * h * w) // self.config.merge**2 for t, h, w in grid.tolist()]
+        return merged_tokens(grid_thw, self.config.merge)
 
     def encode(self, pixel_values: Any, grid_thw: Any) -> Array:
         """Patches [P, C·pt·ps·ps] of the images ``grid_thw`` [images, 3] describes ->
         their embeddings [P / m², text hidden] (float32, on the backend)."""
         be, c, xp = self.backend, self.config, self.backend.xp
-        grid = patch_grid(self._checked_grid(grid_thw), c.merge)
-        shape = tuple(pixel_values.shape)
-        if shape != (grid.patches, c.patch_width):
-            raise ModelError(
-                f"pixel_values {list(shape)} do not match grid_thw: expected "
-                f"[{grid.patches}, {c.patch_width}] (patches, C·pt·ps·ps)"
-            )
+        grid = input_grid(pixel_values, grid_thw, c.merge, c.patch_width)
         x = _apply(be, xp.asarray(pixel_values, dtype=xp.float32), self.patch_embedding)
         x = x + self._positions(grid)
         cos, sin = (xp.asarray(a) for a in rotary_angles(grid, c.head_dim, c.rope_theta))
@@ -231,10 +222,6 @@ class VisionTower:
         indices, weights = position_taps(grid, self.config.position_side)
         rows = self.position_table[xp.asarray(indices)]  # [P, 4, hidden]
         return (rows * xp.asarray(weights)[:, :, None]).sum(axis=1)
-
-    def _checked_grid(self, grid_thw: Any) -> np.ndarray:
-        """``grid_thw`` as host int64 [images, 3], or a ModelError saying what is wrong."""
-        return checked_grid(grid_thw, self.config.merge)
 
 
 def _readers(backend: Backend, weights: Mapping[str, Weight]) -> tuple[Any, Any]:

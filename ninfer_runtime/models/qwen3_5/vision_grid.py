@@ -16,6 +16,7 @@ Frames of a video repeat the same positions; every frame is its own attention se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,25 @@ def checked_grid(grid_thw: object, merge: int) -> np.ndarray:
     if (grid[:, 1:] % merge).any():
         raise ModelError(f"grid_thw heights and widths must be multiples of {merge} (merge)")
     return grid.astype(np.int64)
+
+
+def merged_tokens(grid_thw: object, merge: int) -> list[int]:
+    """Embedding rows (placeholder tokens) of each image of ``grid_thw``: t·h·w / m²."""
+    grid = checked_grid(grid_thw, merge)
+    return [int(t * h * w) // merge**2 for t, h, w in grid.tolist()]
+
+
+def input_grid(pixel_values: Any, grid_thw: object, merge: int, patch_width: int) -> PatchGrid:
+    """The layout of a tower's input: ``grid_thw`` checked, and ``pixel_values`` checked to be
+    its patches [P, C·pt·ps·ps] (``patch_width`` wide)."""
+    grid = patch_grid(checked_grid(grid_thw, merge), merge)
+    shape = tuple(pixel_values.shape)
+    if shape != (grid.patches, patch_width):
+        raise ModelError(
+            f"pixel_values {list(shape)} do not match grid_thw: expected "
+            f"[{grid.patches}, {patch_width}] (patches, C·pt·ps·ps)"
+        )
+    return grid
 
 
 def patch_grid(grid_thw: np.ndarray, merge: int) -> PatchGrid:
