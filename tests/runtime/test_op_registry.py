@@ -7,6 +7,7 @@ win, and a bad name is one clear error."""
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 import logging
 from pathlib import Path
@@ -63,11 +64,16 @@ def test_every_policy_row_names_registered_providers(family: str) -> None:
             assert name in tolerance, f"{family}.{op}: {name} states no tolerance"
 
 
-def defined_names(module: str) -> set[str]:
-    """Top-level names a module's source defines or imports, read without running it."""
+def _parsed(module: str) -> tuple[importlib.machinery.ModuleSpec, ast.Module]:
+    """A module's spec and its source's syntax tree, without running it."""
     spec = importlib.util.find_spec(module)  # imports the parent packages only
     assert spec is not None and spec.origin, f"{module}: no such module"
-    tree = ast.parse(Path(spec.origin).read_text(), spec.origin)
+    return spec, ast.parse(Path(spec.origin).read_text(), spec.origin)
+
+
+def defined_names(module: str) -> set[str]:
+    """Top-level names a module's source defines or imports, read without running it."""
+    spec, tree = _parsed(module)
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef):
@@ -98,9 +104,7 @@ def _provides(source: str, name: str) -> bool:
 
 
 def _source_names(module: str) -> set[str]:
-    spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin, f"{module}: no such module"
-    tree = ast.parse(Path(spec.origin).read_text(), spec.origin)
+    _, tree = _parsed(module)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.ClassDef):
