@@ -38,15 +38,15 @@ from ninfer_format.binders.glm5_next_geometry import (
     MODEL_TYPES,
     Glm5NextGeometry,
 )
-from ninfer_format.binders.qwen3_5 import ParamSpec
+from ninfer_format.binders.parameter_spec import ParamSpec
 
 from ..errors import RecipeError
 from .base import Architecture, LogicalTensor, SourcePiece, register_adapter
 from .glm5_next_vision import vision_pieces
+from .qwen3_5 import Pieces, _rows, _whole
 
 __all__ = ["map_glm5_next"]
 
-Pieces = tuple[SourcePiece, ...]
 PREFIXES = ("model.language_model.", "model.")
 
 #: per layer, logical suffix -> HF name suffixes: the released spelling first, then
@@ -106,14 +106,6 @@ _MTP_STEM = {
 }
 #: layer-N copies of text parameters, not read
 _MTP_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
-
-
-def _whole(name: str) -> Pieces:
-    return (SourcePiece(name),)
-
-
-def _rows(name: str, start: int, stop: int) -> Pieces:
-    return (SourcePiece(name, (start, stop)),)
 
 
 def text_prefix(keys: set[str]) -> str:
