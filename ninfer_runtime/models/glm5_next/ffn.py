@@ -25,6 +25,12 @@ from ..functional import silu_mul
 Array = Any
 
 
+def clamped_silu_mul(gate: Array, up: Array, limit: float) -> Array:
+    """``silu(min(gate, L)) · clamp(up, -L, L)``: GLM's SwiGLU product at ``limit`` L."""
+    xp = array_module(gate)
+    return silu_mul(xp.minimum(gate, limit), xp.clip(up, -limit, limit))
+
+
 class ClampedMlp:
     """``P gate``, ``P up`` [I, H], ``P down`` [H, I], gate and up clamped at ``limit``."""
 
@@ -38,11 +44,9 @@ class ClampedMlp:
         return [prefix + s for s in ("gate", "up", "down")]
 
     def __call__(self, x: Array) -> Array:
-        be, limit = self.backend, self.limit
-        xp = array_module(x)
-        gate, up = xp.split(be.linear(x, self.gate_up), 2, axis=-1)
-        product = silu_mul(xp.minimum(gate, limit), xp.clip(up, -limit, limit))
-        return be.linear(product, self.down)
+        be = self.backend
+        gate, up = array_module(x).split(be.linear(x, self.gate_up), 2, axis=-1)
+        return be.linear(clamped_silu_mul(gate, up, self.limit), self.down)
 
 
 class GroupedMoe:
@@ -111,6 +115,5 @@ class GroupedMoe:
 
     def expert_math(self, be: Backend, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
         """One routed expert on separate gate, up and down weights (``ClampedMlp``'s math)."""
-        xp, limit = array_module(x), self.limit
-        g, u = be.linear(x, gate), be.linear(x, up)
-        return be.linear(silu_mul(xp.minimum(g, limit), xp.clip(u, -limit, limit)), down)
+        product = clamped_silu_mul(be.linear(x, gate), be.linear(x, up), self.limit)
+        return be.linear(product, down)
