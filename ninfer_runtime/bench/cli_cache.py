@@ -10,6 +10,7 @@ import click
 from ninfer_format.extras import require_extra
 
 from ..state import KV_DTYPES
+from .cli_outputs import output_options, write_rows
 
 
 @click.command()
@@ -87,16 +88,7 @@ from ..state import KV_DTYPES
 @click.option(
     "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
 )
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="write rows as JSON")
-@click.option(
-    "--record",
-    type=click.Path(dir_okay=False, writable=True),
-    help="append the run (date, device, commit, tables) to this markdown file",
-)
-@click.option(
-    "--commit",
-    help="the source commit --record names (default: git describe of the source tree)",
-)
+@output_options
 def cache(
     artifact: str,
     backend: str,
@@ -124,9 +116,6 @@ def cache(
       ninfer-bench cache 27b.ninfer --record docs/performance.md
     """
     require_extra("runtime", "ninfer-bench cache")  # the engine's tokenizer and chat template
-    import json
-    import os
-
     from ninfer_format import Artifact, ArtifactError
 
     from ..backends import get_backend
@@ -135,8 +124,6 @@ def cache(
     from . import measure as M
     from . import record as R
 
-    if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
-        raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
     if max_tokens >= context:
         raise click.BadParameter(
             f"{max_tokens} must be below --context ({context}): each prompt has "
@@ -162,11 +149,9 @@ def cache(
     rows.append({"kind": "pressure", **M.as_row(pressure)})
     click.echo("\n".join(C.table_lines(rows[1:])))
     click.echo(f"done in {time.perf_counter() - started:.1f} s")
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(rows, f, indent=1)
-    if record:
+
+    def markdown() -> str:
         xp = get_backend(backend).xp
-        context = R.run_context(xp, artifact, kv_dtype, M.copy_bandwidth(xp), commit)
-        R.append(record, C.markdown(rows, context))
-        click.echo(f"recorded in {record}")
+        return C.markdown(rows, R.run_context(xp, artifact, kv_dtype, M.copy_bandwidth(xp), commit))
+
+    write_rows(rows, json_out, record, markdown)

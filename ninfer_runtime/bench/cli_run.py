@@ -9,6 +9,7 @@ import click
 
 from ..state import KV_DTYPES
 from .cli_load import load_bench_model
+from .cli_outputs import output_options, write_rows
 from .cli_parallel import parallel_table
 from .cli_spec import acceptance_table, chosen_draft_tokens, spec_tables
 
@@ -55,16 +56,7 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
 )
 @click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="write rows as JSON")
-@click.option(
-    "--record",
-    type=click.Path(dir_okay=False, writable=True),
-    help="append the run (date, device, commit, tables) to this markdown file",
-)
-@click.option(
-    "--commit",
-    help="the source commit --record names (default: git describe of the source tree)",
-)
+@output_options
 @click.option(
     "--spec",
     type=click.Choice(["off", "mtp", "dflash", "dflash2"]),
@@ -148,9 +140,6 @@ def run(
     An artifact of fewer layers (synth --layers) also gets each kind of layer's time and the
     whole model's step extrapolated from them, said as such.
     """
-    import json
-    import os
-
     from ninfer_format import Artifact, ArtifactError
 
     from ..errors import EngineError
@@ -160,8 +149,6 @@ def run(
     from . import record as R
     from .active_bytes import ActiveWeights, active_weights
 
-    if record and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
-        raise click.BadParameter(f"{record}: its directory does not exist", param_hint="--record")
     drafts = chosen_draft_tokens(spec, draft_tokens, measure_acceptance)
     started = time.perf_counter()
     try:
@@ -266,10 +253,9 @@ def run(
         rows += parallel_table(
             opened, backend, ranks, lanes, contexts, steps, plain, kv_dtype, expert_parallel
         )
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(rows, f, indent=1)
-    if record:
-        context = R.run_context(xp, artifact, kv_dtype, bandwidth, commit)
-        R.append(record, R.markdown(rows, context))
-        click.echo(f"recorded in {record}")
+    write_rows(
+        rows,
+        json_out,
+        record,
+        lambda: R.markdown(rows, R.run_context(xp, artifact, kv_dtype, bandwidth, commit)),
+    )
