@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from ninfer_format.binders.proposal_head import DRAFTERS
+
 from .adapters import LogicalTensor
 from .errors import RecipeError, SourceError
 from .recipe import DEFAULT_METHOD, Choice, Recipe
 
 DEFAULT_ROWS = 131072
-#: drafter components whose final hidden state a proposal head reads (spec 5.6)
-DRAFTERS = ("mtp", "dflash", "dflash2")
 
 
 def read_ranking(path: Path, vocab_size: int) -> np.ndarray:
