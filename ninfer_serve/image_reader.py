@@ -76,26 +76,31 @@ class ImageReader:
                 code="too_many_images",
                 param=first,
             )
+        encoded: list[tuple[dict[str, Any], Base64Image]] = []
+        remote: list[tuple[dict[str, Any], RemoteImage]] = []
         for part in parts:
             source = source_of(part)
-            if isinstance(source, RemoteImage) and not limits.allow_urls:
-                raise invalid_image(
-                    "image URLs are not fetched by this server (start it with "
-                    "--allow-image-urls); send the image as base64 data",
-                    source.param,
-                    code="image_url_not_allowed",
-                )
-            if isinstance(source, Base64Image) and base64_size(source.data) > limits.max_bytes:
-                raise self._too_large(base64_size(source.data), source.param)
-        encoded = [p for p in parts if isinstance(source_of(p), Base64Image)]
+            if isinstance(source, RemoteImage):
+                if not limits.allow_urls:
+                    raise invalid_image(
+                        "image URLs are not fetched by this server (start it with "
+                        "--allow-image-urls); send the image as base64 data",
+                        source.param,
+                        code="image_url_not_allowed",
+                    )
+                remote.append((part, source))
+            elif isinstance(source, Base64Image):
+                size = base64_size(source.data)
+                if size > limits.max_bytes:
+                    raise self._too_large(size, source.param)
+                encoded.append((part, source))
         if encoded:
-            decoded = await asyncio.to_thread(self._decode, [source_of(p) for p in encoded])
-            for part, image in zip(encoded, decoded, strict=True):
+            decoded = await asyncio.to_thread(self._decode, [s for _, s in encoded])
+            for (part, _), image in zip(encoded, decoded, strict=True):
                 read_into(part, image)
-        remote = [p for p in parts if isinstance(source_of(p), RemoteImage)]
         if remote:
-            fetched = await self._fetch_all([source_of(p) for p in remote])
-            for part, image in zip(remote, fetched, strict=True):
+            fetched = await self._fetch_all([s for _, s in remote])
+            for (part, _), image in zip(remote, fetched, strict=True):
                 read_into(part, image)
 
     def _too_large(self, size: int, param: str) -> ApiError:
