@@ -7,9 +7,8 @@ gives config, tokenizer and the vision tower (bf16), when it has one."""
 
 from ninfer_convert.recipe import Recipe
 
-from ._common import FP8, NVFP4, Q8
+from ._common import FP8, NVFP4, Q8, TEXT
 
-TEXT = "text/layers/*/"
 MTP = "mtp/layers/*/"
 #: MTP projections re-quantized to FP8 (router, hyper-connection and indexer weights stay bf16)
 MTP_PROJECTIONS = [
