@@ -19,7 +19,7 @@ from .message_request import to_job
 from .message_stream import message_events
 from .models import CountTokensRequest, MessagesRequest
 
-__all__ = ["count_tokens", "create_message", "message_body", "to_job"]
+__all__ = ["count_tokens", "create_message", "to_job"]
 
 
 async def create_message(
