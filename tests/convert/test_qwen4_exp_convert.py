@@ -25,6 +25,7 @@ from ninfer_convert.verify import verify_against_source
 from ninfer_format import Artifact
 from ninfer_format.codecs.nvfp4 import nvfp4_absmax, unpack_nvfp4
 from ninfer_format.verify import verify
+from tests.convert.test_import_encoded import object_rows
 from tests.tiny_qwen4_exp import TEXT, VISION, build, state_dict
 
 pytest.importorskip("transformers.models.qwen4_exp")
@@ -242,17 +243,8 @@ def nvidia(tiny, tmp_path_factory) -> tuple[Path, dict[str, tuple]]:
     return out, modelopt_experts(tiny, out)
 
 
-def _object_rows(art: Artifact, name: str) -> tuple[str, int, int]:
-    binding = art.bindings[name]
-    if hasattr(binding, "object"):
-        return binding.object, 0, art.objects[binding.object].shape[0]
-    (part,) = binding.parts
-    k = art.objects[part.object].shape[1]
-    return part.object, part.range[0] // k, part.range[1] // k
-
-
 def _format(art: Artifact, name: str) -> str:
-    return art.objects[_object_rows(art, name)[0]].format
+    return art.objects[object_rows(art, name)[0]].format
 
 
 def test_flash_next_imports_nvidia_experts(tiny, nvidia, tmp_path):
@@ -269,7 +261,7 @@ def test_flash_next_imports_nvidia_experts(tiny, nvidia, tmp_path):
             match = re.fullmatch(r"text/layers/(\d+)/moe/experts/(\d+)/(\w+)", name)
             if not match:
                 continue
-            oid, a, b = _object_rows(art, name)
+            oid, a, b = object_rows(art, name)
             obj = art.objects[oid]
             assert obj.format == "nvfp4", name
             codes, scales, divisors = unpack_nvfp4(art.raw(oid), tuple(obj.shape), obj.divisors)
@@ -299,7 +291,7 @@ def test_flash_next_imports_nvidia_experts(tiny, nvidia, tmp_path):
             "proposal/head": "q4_g64_fp16",
         }
         assert {n: _format(art, n) for n in formats} == formats
-        assert list(art.objects[_object_rows(art, "proposal/head")[0]].shape) == [512, H]
+        assert list(art.objects[object_rows(art, "proposal/head")[0]].shape) == [512, H]
         np.testing.assert_array_equal(art.parameter("proposal/token_ids"), np.arange(512))
         proposal = art.components["text"].proposal
         assert proposal is not None and (proposal.domain, proposal.rows) == ("indexed", 512)
