@@ -4,7 +4,6 @@ counts routed pairs computed on the device and on the host."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import httpx
@@ -14,7 +13,7 @@ from ninfer_runtime.expert_offload import ExpertCounters
 from ninfer_serve.config import ConfigError, load_settings
 from ninfer_serve.engine_readings import CounterGains
 from ninfer_serve.metrics import Metrics
-from tests.serve.conftest import metric, start_server
+from tests.serve.conftest import metric, start_server, wait_for
 
 
 def test_the_budget_is_read_from_the_config_and_a_bad_size_named(tmp_path) -> None:
@@ -85,9 +84,7 @@ def test_a_served_moe_model_splits_its_experts(moe_artifact) -> None:
     ):
         # log records pass through the app's logging queue: the plan's line may follow the
         # ready line by a moment
-        deadline = time.monotonic() + 10
-        while "routed experts in device memory" not in server.log and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda server=server: "routed experts in device memory" in server.log)
         assert "8 of 16 routed experts in device memory" in server.log, server.log
         reply = httpx.post(
             f"{server.url}/v1/chat/completions",
