@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer_runtime.frontend.glm_tool_calls import ARG_KEY_OPEN, ARG_VALUE_OPEN, GlmOutputParser
+from ninfer_runtime.frontend.glm_tool_calls import GlmOutputParser
+from ninfer_runtime.frontend.markers import ARG_KEY_OPEN, ARG_VALUE_OPEN
 from ninfer_runtime.frontend.parsers import OutputParser
 
 __all__ = ["GLM", "GLM_EFFORT_LEVELS", "QWEN", "ChatFormat", "detect_chat_format"]

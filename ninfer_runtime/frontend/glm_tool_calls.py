@@ -19,6 +19,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ninfer_runtime.frontend.markers import (
+    ARG_KEY_CLOSE,
+    ARG_KEY_OPEN,
+    ARG_VALUE_CLOSE,
+    ARG_VALUE_OPEN,
+)
+from ninfer_runtime.frontend.markers import TOOL_CALL_CLOSE as CALL_CLOSE
 from ninfer_runtime.frontend.parsers.call_reader import _Call
 from ninfer_runtime.frontend.parsers.events import ParseEvent
 from ninfer_runtime.frontend.parsers.markers import _earliest, _held_suffix
@@ -28,17 +35,8 @@ from ninfer_runtime.frontend.parsers.parameters import (
     convert_parameter,
 )
 from ninfer_runtime.frontend.parsers.qwen_xml_calls import MAX_NAME
-from ninfer_runtime.frontend.tokenizer import (
-    ARG_KEY_CLOSE,
-    ARG_KEY_OPEN,
-    ARG_VALUE_CLOSE,
-    ARG_VALUE_OPEN,
-)
-from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
 
 __all__ = [
-    "ARG_KEY_OPEN",
-    "ARG_VALUE_OPEN",
     "GlmOutputParser",
     "convert_glm_value",
     "glm_value_is_text",

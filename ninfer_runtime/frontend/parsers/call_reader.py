@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ninfer_runtime.frontend.markers import TOOL_CALL_CLOSE as CALL_CLOSE
+from ninfer_runtime.frontend.markers import TOOL_CALL_OPEN as CALL_OPEN
 from ninfer_runtime.frontend.parsers.events import (
     ParseEvent,
     ParseWarning,
@@ -24,8 +26,6 @@ from ninfer_runtime.frontend.parsers.events import (
 from ninfer_runtime.frontend.parsers.json_calls import _read_json_call
 from ninfer_runtime.frontend.parsers.markers import _held_suffix
 from ninfer_runtime.frontend.parsers.parameters import _is_string_schema, convert_parameter
-from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
-from ninfer_runtime.frontend.tokenizer import TOOL_CALL_OPEN as CALL_OPEN
 
 if TYPE_CHECKING:
     from ninfer_runtime.frontend.parsers.output_parser import _Channel

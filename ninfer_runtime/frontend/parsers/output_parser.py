@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ninfer_runtime.frontend.markers import THINK_CLOSE, THINK_OPEN
+from ninfer_runtime.frontend.markers import TOOL_CALL_OPEN as CALL_OPEN
 from ninfer_runtime.frontend.parsers.call_reader import _Call
 from ninfer_runtime.frontend.parsers.events import (
     ParseEvent,
@@ -22,8 +24,6 @@ from ninfer_runtime.frontend.parsers.events import (
 from ninfer_runtime.frontend.parsers.markers import _earliest, _held_suffix
 from ninfer_runtime.frontend.parsers.parameters import tool_parameter_schemas
 from ninfer_runtime.frontend.parsers.qwen_xml_calls import QwenXmlCallPhases
-from ninfer_runtime.frontend.tokenizer import THINK_CLOSE, THINK_OPEN
-from ninfer_runtime.frontend.tokenizer import TOOL_CALL_OPEN as CALL_OPEN
 
 
 def prompt_opens_reasoning(prompt: str) -> bool:

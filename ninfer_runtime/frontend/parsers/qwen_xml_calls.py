@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
+from ninfer_runtime.frontend.markers import TOOL_CALL_CLOSE as CALL_CLOSE
 from ninfer_runtime.frontend.parsers.call_reader import ToolCallReader, _Call
 from ninfer_runtime.frontend.parsers.events import ParseEvent
 from ninfer_runtime.frontend.parsers.markers import _earliest, _held_suffix
-from ninfer_runtime.frontend.tokenizer import TOOL_CALL_CLOSE as CALL_CLOSE
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
