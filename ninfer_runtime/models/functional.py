@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..arrays import array_module
 
 Array = Any
@@ -81,3 +83,15 @@ def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
     """``x / sqrt(sum(x²) + eps)`` over the last axis; the eps sits inside the root."""
     xp = _xp(x)
     return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def top_k_mask(scores: Array, k: int) -> Array:
+    """Scores [T, B] -> bool [T, B]: True at each row's ``k`` highest (all of them when there
+    are no more), a tie won by the earlier index (as transformers' ``topk`` on the CPU keeps
+    it). CuPy's sort is always stable, and its older releases take no ``kind``."""
+    xp = _xp(scores)
+    stable = {"kind": "stable"} if xp is np else {}
+    best = xp.argsort(-scores, axis=-1, **stable)[:, :k]
+    chosen = xp.zeros(scores.shape, dtype=bool)
+    chosen[xp.arange(scores.shape[0])[:, None], best] = True  # CuPy 13 has no put_along_axis
+    return chosen

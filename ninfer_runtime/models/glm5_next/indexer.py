@@ -25,6 +25,7 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
+from ..functional import top_k_mask
 
 Array = Any
 LAYER_NORM_EPS = 1e-6  # transformers' indexer key norm
@@ -90,8 +91,4 @@ class TokenIndexer:
         index = (weights[:, :, None] * scores).sum(axis=1)  # [T, P]
         seen = (xp.arange(pools) * kp + kp - 1)[None, :] <= positions[:, None]
         index = xp.where(seen, index, xp.float32(-xp.inf))
-        keep = min(self.n.pools_selected, pools)
-        best = xp.argsort(-index, axis=-1, kind="stable")[:, :keep]
-        chosen = xp.zeros((len(positions), pools), dtype=bool)
-        chosen[xp.arange(len(positions))[:, None], best] = True  # CuPy 13.0 lacks put_along_axis
-        return chosen & seen
+        return top_k_mask(index, self.n.pools_selected) & seen

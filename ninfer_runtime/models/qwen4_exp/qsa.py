@@ -39,7 +39,7 @@ from ...backends.base import to_numpy
 from ...kv_storage import gather_kv
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import mul_sigmoid
+from ..functional import mul_sigmoid, top_k_mask
 from ..qwen3_5.attention import AttentionConfig, GatedAttention
 from .memory import IndexedAttentionPages, rope_halves, rope_rows
 
@@ -72,7 +72,7 @@ def selection(
     keeps the ``block_topk`` best (all of them when there are no more) and its tail: the
     tokens after its last complete block."""
     xp, r = array_module(queries), indexer.compress_ratio
-    t, blocks = queries.shape[0], keys.shape[0]
+    blocks = keys.shape[0]
     complete = xp.asarray((positions + 1) // r)  # blocks complete at each query [T]
     token = xp.arange(length)
     keep = token[None, :] >= (complete * r)[:, None]  # the tail (and the future, cut below)
@@ -81,20 +81,9 @@ def selection(
         scores = scores / np.float32(np.sqrt(queries.shape[-1]))
         block = xp.arange(blocks)
         scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
-        best = stable_argsort(-scores)[:, : indexer.block_topk]
-        chosen = xp.zeros((t, blocks), dtype=bool)
-        chosen[xp.arange(t)[:, None], best] = True
-        chosen &= block[None, :] < complete[:, None]
+        chosen = top_k_mask(scores, indexer.block_topk) & (block[None, :] < complete[:, None])
         keep[:, : blocks * r] |= xp.repeat(chosen, r, axis=1)
     return keep & (token[None, :] <= xp.asarray(positions)[:, None])
-
-
-def stable_argsort(x: Array) -> Array:
-    """The indices that sort ``x``'s last axis, tied values in index order (the earliest
-    block wins a tie, as transformers' ``topk`` on the CPU keeps it). CuPy's sort is always
-    stable, and its older releases take no ``kind``."""
-    xp = array_module(x)
-    return xp.argsort(x, axis=-1, kind="stable") if xp is np else xp.argsort(x, axis=-1)
 
 
 def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:
