@@ -166,8 +166,9 @@ class ChatTemplate:
             )
         variables = self._variables(enable_thinking, chat_template_kwargs)
         normalized = normalize_messages(messages)
+        thinking_off = variables.get("enable_thinking", True) is False
         suffix = self.chat_format.no_think_suffix
-        if suffix and variables.get("enable_thinking", True) is False:
+        if suffix and thinking_off:
             normalized = [_with_suffix(m, suffix) if m["role"] == "user" else m for m in normalized]
         if continue_final_message and normalized[-1]["role"] != "assistant":
             raise request_error(
@@ -182,7 +183,7 @@ class ChatTemplate:
         text = self._call(self._template.render, variables)
         if continue_final_message:
             text = _cut_after_final(text, normalized[-1])
-        elif add_generation_prompt and variables.get("enable_thinking", True) is False:
+        elif add_generation_prompt and thinking_off:
             text = _close_open_think(text)
         return text
 
