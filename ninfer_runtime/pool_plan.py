@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from .capacity import budget_bytes, parse_capacity, parse_size
-from .expert_offload import planned_pool_bytes
 from .runner import ModelRunner
 from .speculative import SpecConfig
-from .state import ContextPool
+from .state import ContextPool, DraftSpec
 
 #: with the prefix cache and no context capacity given, the pool holds beside every lane's
 #: full context this many checkpoints' GDN state snapshots per lane (a capacity given is
@@ -63,8 +62,14 @@ class PoolPlan:
         return budget_bytes(capacity, device, parse_size(self.memory_headroom))
 
     def planned_bytes(self, model: Any) -> int:
-        """The bytes the pool will take beside ``model``, from its memory kinds alone."""
-        return planned_pool_bytes(model, budget=self.budget(model.backend), **self.args)
+        """The bytes ``new_pool`` will allocate for ``model``, from its memory kinds alone
+        (its config read, no weight needed)."""
+        specs, mtp = model.state_specs()
+        args = dict(self.args)
+        draft_tokens = args.pop("draft_tokens")
+        draft = DraftSpec(draft_tokens + 1, model.config.hidden) if draft_tokens else None
+        budget = self.budget(model.backend)
+        return ContextPool.planned_bytes(specs, mtp=mtp, draft=draft, budget=budget, **args)
 
     def new_pool(self, runner: ModelRunner, device: Any) -> ContextPool:
         """The pool, allocated by ``runner`` for its model on ``device``."""

@@ -5,7 +5,7 @@ offload"); prefill chunks stream them through the device instead (``stream_windo
 from .counters import ExpertCounters
 from .offload import GPU_NOT_BUILT, GRAPHS_REFUSED, OFFLOAD_BACKENDS, ExpertOffload
 from .plan import OffloadPlan, VramBudgetError, WeightSizes, plan_residency
-from .settings import VRAM_BUDGET_ENV, host_cache_setting, planned_pool_bytes, vram_budget_setting
+from .settings import VRAM_BUDGET_ENV, host_cache_setting, vram_budget_setting
 from .stream_window import STREAM_ROWS, ExpertStream
 
 __all__ = [
@@ -22,6 +22,5 @@ __all__ = [
     "WeightSizes",
     "host_cache_setting",
     "plan_residency",
-    "planned_pool_bytes",
     "vram_budget_setting",
 ]

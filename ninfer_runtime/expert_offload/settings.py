@@ -1,16 +1,14 @@
 """The sizes an expert offload is planned with: the device budget (``--vram-budget``, else
-``$NINFER_VRAM_BUDGET_MIB``), the host memory its decoded experts may take, and the bytes the
-context pool will take beside the weights."""
+``$NINFER_VRAM_BUDGET_MIB``) and the host memory its decoded experts may take (the context
+pool's bytes beside the weights are ``PoolPlan.planned_bytes``)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from ..capacity import parse_size
 from ..errors import EngineError
-from ..state import ContextPool, DraftSpec
 
 #: the budget in MiB when neither ``--vram-budget`` nor ``[engine] vram_budget`` gives one
 VRAM_BUDGET_ENV = "NINFER_VRAM_BUDGET_MIB"
@@ -58,11 +56,3 @@ def vram_budget_setting(
     if mib < 0:
         raise EngineError(f"${VRAM_BUDGET_ENV} {value!r} must not be negative")
     return int(mib * (1 << 20))
-
-
-def planned_pool_bytes(model: Any, *, draft_tokens: int = 0, **plan: Any) -> int:
-    """The bytes ``ModelRunner(model).new_pool(draft_tokens=..., **plan)`` will allocate,
-    from the model's memory kinds alone (its config read, no weight needed)."""
-    specs, mtp = model.state_specs()
-    draft = DraftSpec(draft_tokens + 1, model.config.hidden) if draft_tokens else None
-    return ContextPool.planned_bytes(specs, mtp=mtp, draft=draft, **plan)
