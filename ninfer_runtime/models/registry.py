@@ -98,23 +98,17 @@ def load_model(
     factory = model_factory(str(model_type))
     check_auxiliaries(artifact)
     accepted = inspect.signature(factory).parameters
-    extra = dict(options or {})
-    for name in extra:
+    kwargs = dict(options or {})
+    for name in kwargs:
         if name not in accepted:
             raise ModelError(f"model option {name!r} is not built for {model_type}")
     if expert_offload is not None:
         if "expert_offload" not in accepted:
             raise ModelError(f"expert offload (--vram-budget) is not built for {model_type}")
-        return factory(artifact, get_backend(backend), expert_offload=expert_offload, **extra)
-    if collective is None:
-        return factory(artifact, get_backend(backend), **extra)
-    return factory(
-        artifact,
-        get_backend(backend),
-        collective=collective,
-        expert_parallel=expert_parallel,
-        **extra,
-    )
+        kwargs["expert_offload"] = expert_offload
+    elif collective is not None:
+        kwargs.update(collective=collective, expert_parallel=expert_parallel)
+    return factory(artifact, get_backend(backend), **kwargs)
 
 
 #: the use auxiliaries the runtime honours: stored input columns are put in place as the
