@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,13 +96,7 @@ class TextContract:
                     "vision parameters were not checked: the vision config lacks its geometry"
                 )
         cap = len(directory.bindings) + ENUMERATION_SLACK
-        everything = self.parameters(geometry)
-        if with_mtp:
-            assert self.mtp is not None
-            everything = itertools.chain(everything, self.mtp(geometry))
-        if vision is not None:
-            vision_parameters = self.vision_tower.parameters(vision, geometry.hidden)
-            everything = itertools.chain(everything, vision_parameters)
+        everything = self._parameters(geometry, with_mtp, vision)
         generated = list(itertools.islice(everything, cap + 1))
         if len(generated) > cap:
             f.error(
@@ -143,10 +137,7 @@ class TextContract:
             )
         with_mtp = "mtp" in components
         geometry = self.from_config(text_config, with_mtp=with_mtp)
-        out = list(self.parameters(geometry))
-        if with_mtp:
-            assert self.mtp is not None
-            out += self.mtp(geometry)
+        vision = None
         if "vision" in components:
             f = Findings()
             vision = self.vision_tower.read(vision_config or {}, geometry.hidden, f)
@@ -154,8 +145,16 @@ class TextContract:
                 raise DirectoryError(
                     "vision config cannot define a vision geometry", problems=f.errors
                 )
-            out += self.vision_tower.parameters(vision, geometry.hidden)
-        return out
+        return list(self._parameters(geometry, with_mtp, vision))
+
+    def _parameters(self, geometry: Any, with_mtp: bool, vision: Any) -> Iterator[ParamSpec]:
+        """Text, then the MTP block (``with_mtp``), then the tower of ``vision`` (not None)."""
+        yield from self.parameters(geometry)
+        if with_mtp:
+            assert self.mtp is not None
+            yield from self.mtp(geometry)
+        if vision is not None:
+            yield from self.vision_tower.parameters(vision, geometry.hidden)
 
     def _check_mtp_component(self, directory: Directory, f: Findings) -> None:
         """An MTP block drafts for the text component and says whose block it is."""
