@@ -69,15 +69,12 @@ class StreamedTables:
 
     def counters(self) -> RowCounters:
         """What every table has read from disk, summed."""
-        total = RowCounters()
-        for table in self.tables.values():
-            c = table.reader.counters
-            total.bytes, total.rows, total.ranges = (
-                total.bytes + c.bytes,
-                total.rows + c.rows,
-                total.ranges + c.ranges,
-            )
-        return total
+        counters = [table.reader.counters for table in self.tables.values()]
+        return RowCounters(
+            bytes=sum(c.bytes for c in counters),
+            rows=sum(c.rows for c in counters),
+            ranges=sum(c.ranges for c in counters),
+        )
 
     def reset_counters(self) -> None:
         for table in self.tables.values():
