@@ -31,7 +31,7 @@ def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
     its own weights other than routed experts (n-gram tables aside: they stay on the host)
     plus the share of its experts the whole model would keep within ``given``."""
     from ..capacity import parse_size
-    from ..expert_offload.plan import WeightSizes
+    from ..expert_offload.plan import WeightSizes, stored_bytes
 
     whole_budget = parse_size(given, "vram budget")
     assert whole_budget is not None
@@ -40,9 +40,8 @@ def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
     names = [n for n in opened.bindings if n.startswith("text/") and "ngram_table" not in n]
     sizes = WeightSizes.measure(opened, names)
     whole = reduced["whole_bytes"]
-    tables = sum(_stored(opened, n) for n in opened.bindings if "ngram_table" in n) / reduced.get(
-        "ple_rows_scale", 1
-    )
+    tables = sum(stored_bytes(opened, n) for n in opened.bindings if "ngram_table" in n)
+    tables /= reduced.get("ple_rows_scale", 1)
     whole_other = whole["weights"] - whole["experts"] - tables
     share = min(1.0, max(0.0, (whole_budget - whole_other) / max(whole["experts"], 1)))
     budget = int(sizes.other + share * sizes.expert_total)
@@ -51,9 +50,3 @@ def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
         f"{100 * share:.1f}% of its routed experts in device memory; this artifact gets "
         f"{budget / 2**30:.2f} GiB, the same share of its own"
     )
-
-
-def _stored(opened: Any, name: str) -> int:
-    from ..expert_offload.plan import stored_bytes
-
-    return stored_bytes(opened, name)
