@@ -9,6 +9,8 @@ import pytest
 from ninfer_runtime.errors import EngineError, RequestError
 from ninfer_runtime.frontend.chat_template import ChatTemplate, normalize_messages
 
+from .history import assistant_message
+
 TOOLS = [
     {
         "type": "function",
@@ -332,14 +334,6 @@ def test_parsed_reply_renders_back_to_what_the_model_wrote(template: ChatTemplat
         "</tool_call>"
     )
     parsed = parse_output(output, starts_in_reasoning=prompt_opens_reasoning(prompt), tools=TOOLS)
-    reply = {
-        "role": "assistant",
-        "reasoning_content": parsed.reasoning,
-        "content": parsed.content,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls
-        ],
-    }
+    reply = assistant_message(parsed)
     history = [user, reply, {"role": "tool", "content": "18C"}]
     assert template.render(history, tools=TOOLS).startswith(prompt + output + "<|im_end|>\n")

@@ -15,6 +15,8 @@ from ninfer_runtime.frontend.chat_template import GLM_BUILTIN_TEMPLATE, ChatTemp
 from ninfer_runtime.frontend.parsers import OutputAccumulator, ParsedOutput
 from ninfer_runtime.frontend.tokenizer import THINK_CLOSE, THINK_OPEN
 
+from .history import assistant_message
+
 TOOLS = [
     {
         "type": "function",
@@ -87,15 +89,7 @@ def test_the_rendered_assistant_turn_reads_back_to_the_message(glm: ChatTemplate
         ("get_weather", {"city": "Paris", "days": 2}),
         ("get_time", {}),
     ]
-    again = {
-        "role": "assistant",
-        "reasoning_content": parsed.reasoning,
-        "content": parsed.content,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls
-        ],
-    }
+    again = assistant_message(parsed)
     assert glm.render([*CONVERSATION[:2], again, *CONVERSATION[3:]], tools=TOOLS) == text
 
 
