@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ninfer_runtime.frontend.parsers.markers import _held_suffix
+
 if TYPE_CHECKING:
     from ninfer_runtime.frontend.sampling import SamplingParams
 
@@ -116,7 +118,7 @@ class StopMatcher:
             self._held = ""
             self.stopped = StopReason("stop_string", stop)
             return StopStep(buf[: end if self._include else start], self.stopped)
-        keep = _longest_prefix_suffix(buf, self._stops)
+        keep = _held_suffix(buf, self._stops)
         self._held = buf[len(buf) - keep :] if keep else ""
         return StopStep(buf[: len(buf) - keep])
 
@@ -124,14 +126,3 @@ class StopMatcher:
         """End without a stop-string match: release the held text."""
         held, self._held = self._held, ""
         return held
-
-
-def _longest_prefix_suffix(text: str, stops: Iterable[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
