@@ -26,6 +26,7 @@ from tests.runtime.artifact_checks import (
     assert_warm_streams_equal_cold,
     cli_and_transformers_greedy,
 )
+from tests.runtime.test_fidelity import round_through_bf16
 from tests.runtime.test_prefix_cache import _capacity, _concurrent
 
 tiny = pytest.importorskip("tests.tiny_qwen4_exp")
@@ -34,7 +35,6 @@ torch = pytest.importorskip("torch")
 RECIPE = "qwen4_exp_bf16"
 TOL = 1e-4
 #: the recipe keeps these fp32; every other parameter is stored bf16
-FP32 = ("A_log", "dt_bias")
 BUDGET = tiny.TEXT["indexer_budget"]
 
 
@@ -58,10 +58,7 @@ def _transformers(checkpoint: Path):
     from transformers import Qwen4ExpForCausalLM
 
     hf = Qwen4ExpForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if not name.endswith(FP32):
-                p.copy_(p.to(torch.bfloat16).float())
+    round_through_bf16(hf)
     return hf
 
 

@@ -32,6 +32,7 @@ from ninfer_runtime.models.qwen3_5.vision import VisionTower
 from ninfer_runtime.multimodal import ImagePrompts
 from ninfer_runtime.runner import ModelRunner
 from tests.runtime.test_engine_images import hf_greedy, png, request, run
+from tests.runtime.test_fidelity import round_through_bf16
 
 tiny = pytest.importorskip("tests.tiny_qwen4_exp")
 torch = pytest.importorskip("torch")
@@ -56,10 +57,7 @@ def hf(converted: tuple[Path, Path]) -> Any:
     from transformers import Qwen4ExpForConditionalGeneration
 
     model = Qwen4ExpForConditionalGeneration.from_pretrained(converted[0], dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith(("A_log", "dt_bias")):
-                p.copy_(p.to(torch.bfloat16).float())
+    round_through_bf16(model)
     return model.eval()
 
 
