@@ -188,13 +188,15 @@ class ExpertOffload:
         if self._sizes is None or self.plan is None:
             raise EngineError("expert offload: start before plan_load")
         plan = self.plan
+        calibrating = self.calibrate and bool(self.blocks)
         if context != self._context:
             log.warning(
                 "the context pool took %d bytes, not the %d planned", context, self._context
             )
             self._context = context
-            plan = self._place(self._sizes, context, self.priority)
-        if self.calibrate and self.blocks:
+            # calibrating: its counts decide the decoded copies (as attach left none for it)
+            plan = self._place(self._sizes, context, self.priority, hold=not calibrating)
+        if calibrating:
             counts = routing_counts(runner, self.counters, encode)
             plan = self._place(self._sizes, context, counts)
             self.priority = counts
@@ -217,14 +219,18 @@ class ExpertOffload:
         sizes: WeightSizes,
         context: int,
         counts: Mapping[int, Sequence[float]] | None,
+        hold: bool = True,
     ) -> OffloadPlan:
+        """Place the experts by ``counts``; ``hold``: and decoded copies for the hottest host
+        experts by them."""
         plan = plan_residency(
             sizes, self.budget, workspace=self.workspace, context=context, counts=counts
         )
         for block in self.blocks:
             block.place(plan.resident.get(block.layer, ()))
         self.plan = plan
-        self._hold_hottest(counts)
+        if hold:
+            self._hold_hottest(counts)
         self._log_decoded()
         return plan
 
