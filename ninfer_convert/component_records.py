@@ -7,7 +7,6 @@ from typing import Any
 
 from .adapters.base import architecture_of
 from .prepare import Prepared
-from .proposal import ProposalRequest
 from .vision import VISION_RESOURCES
 
 TEXT_RESOURCES = (
@@ -36,9 +35,7 @@ def component_resources(
     }
 
 
-def component_records(
-    prepared: Prepared, resources: Mapping[str, bytes], proposal: ProposalRequest | None
-) -> dict[str, Any]:
+def component_records(prepared: Prepared, resources: Mapping[str, bytes]) -> dict[str, Any]:
     """Spec 2.3 component records: configs (5.1), targets and resource roles (5.7)."""
     architecture = architecture_of(prepared.model_type)
     configs = {
@@ -59,6 +56,6 @@ def component_records(
         if roles or component == "text":
             record["resources"] = roles
         records[component] = record
-    if proposal is not None:
-        records["text"]["proposal"] = {"domain": "indexed", "rows": proposal.rows}
+    if prepared.proposal is not None:
+        records["text"]["proposal"] = {"domain": "indexed", "rows": prepared.proposal.rows}
     return records

@@ -83,7 +83,7 @@ def convert(
     parents, bindings, uses, auxiliaries = plan(prepared)
 
     resources = component_resources(sources["base"].resources, prepared.components)
-    records = component_records(prepared, resources, prepared.proposal)
+    records = component_records(prepared, resources)
     specs: list[TensorSpec | ResourceSpec] = [
         ResourceSpec(object_id, "raw_bytes_v1", len(data)) for object_id, data in resources.items()
     ]
