@@ -50,3 +50,13 @@ def token_content(value: object) -> str | None:
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
         return value["content"]
     return None
+
+
+def template_tokens(tokenizer_config: Mapping[str, Any]) -> dict[str, str]:
+    """The special-token strings a chat template sees (``bos_token``, ``eos_token``, ...)."""
+    tokens = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        content = token_content(tokenizer_config.get(key))
+        if content is not None:
+            tokens[key] = content
+    return tokens

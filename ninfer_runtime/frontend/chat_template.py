@@ -27,7 +27,7 @@ from ninfer_runtime.frontend._resources import (
     TOKENIZER_CONFIG,
     read_json_object,
     read_text,
-    token_content,
+    template_tokens,
 )
 from ninfer_runtime.frontend.chat_format import ChatFormat, detect_chat_format
 from ninfer_runtime.frontend.chat_messages import ROLES, normalize_messages, normalize_tools
@@ -119,11 +119,7 @@ class ChatTemplate:
         ChatML otherwise).
         """
         config = read_json_object(resources, TOKENIZER_CONFIG)
-        tokens = {}
-        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-            content = token_content(config.get(key))
-            if content is not None:
-                tokens[key] = content
+        tokens = template_tokens(config)
         if override is not None:
             return cls(override, origin="override template", special_tokens=tokens)
         source = read_text(resources, CHAT_TEMPLATE)

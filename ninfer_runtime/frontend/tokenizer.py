@@ -24,7 +24,7 @@ from ninfer_runtime.frontend._resources import (
     TOKENIZER_JSON,
     read_json_object,
     read_text,
-    token_content,
+    template_tokens,
 )
 from ninfer_runtime.frontend.byte_level import byte_to_unicode, unicode_to_byte
 from ninfer_runtime.frontend.detokenize import DetokenizeStream
@@ -126,11 +126,7 @@ class Tokenizer:
             i for i in (self.token_id(t) for t in STRUCTURAL_TOKENS) if i is not None
         )
         #: Special-token strings the chat template sees (``bos_token``, ``eos_token``, ...).
-        self.template_tokens: dict[str, str] = {}
-        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-            content = token_content(tokenizer_config.get(key))
-            if content is not None:
-                self.template_tokens[key] = content
+        self.template_tokens: dict[str, str] = template_tokens(tokenizer_config)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids(generation_config)
         self.generation_defaults: dict[str, float | int] = sampling_defaults(generation_config)
         max_length = tokenizer_config.get("model_max_length")
