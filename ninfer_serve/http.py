@@ -25,6 +25,7 @@ from .engine_loop import EngineLoop
 from .errors import ApiError, shown
 from .generation import Generator
 from .metrics import Metrics
+from .openai.response_store import ResponseStore
 
 __all__ = [
     "KEEPALIVE",
@@ -55,7 +56,7 @@ class ServerState:
     loop: EngineLoop
     generator: Generator
     metrics: Metrics
-    responses: Any  # openai.response_store.ResponseStore (typed loosely to avoid an import cycle)
+    responses: ResponseStore
     started: float = field(default_factory=time.time)
 
     def check_model(self, requested: str | None) -> str:
