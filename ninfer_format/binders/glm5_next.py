@@ -64,6 +64,7 @@ from .glm5_next_vision import VISION_MODEL_TYPE, read_vision, vision_parameters
 from .parameter_spec import ParamSpec, Role, _fp32_vector, _matrix, _vector
 from .qwen3_5_geometry import Moe
 from .qwen3_5_layers import _dense_mlp
+from .qwen3_5_mtp import _mtp_stem
 from .registry import Findings, register_binder
 from .text_contract import TextContract, VisionTower
 
@@ -180,10 +181,7 @@ def _all_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
 def mtp_parameters(g: Glm5NextGeometry) -> Iterator[ParamSpec]:
     """The MTP block; ``g`` read ``with_mtp`` (MLA, indexer and MoE defined)."""
     assert g.mla is not None and g.indexer is not None and g.moe is not None
-    yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input")
-    yield _vector("mtp/embedding_norm", g.hidden)
-    yield _vector("mtp/hidden_norm", g.hidden)
-    yield _vector("mtp/final_norm", g.hidden)
+    yield from _mtp_stem(g.hidden)
     yield from _layer(MTP_LAYER, g, attention=True, indexer=True, sparse=True)
 
 

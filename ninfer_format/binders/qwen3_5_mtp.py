@@ -16,12 +16,17 @@ from .registry import Findings
 MTP_ARCHITECTURE_OF = {DENSE: "Qwen3_5MTP", MOE: "Qwen3_5MoeMTP"}
 
 
-def _mtp(g: Geometry) -> Iterator[ParamSpec]:
+def _mtp_stem(hidden: int) -> Iterator[ParamSpec]:
+    """The stem and final norm (also GLM5Next's, whose MTP layer differs)."""
     # Concat order of the stem input is embedding first, hidden second: [H, 2H].
-    yield _matrix("mtp/input_projection", g.hidden, 2 * g.hidden, "mtp/stem_input")
-    yield _vector("mtp/embedding_norm", g.hidden)
-    yield _vector("mtp/hidden_norm", g.hidden)
-    yield _vector("mtp/final_norm", g.hidden)
+    yield _matrix("mtp/input_projection", hidden, 2 * hidden, "mtp/stem_input")
+    yield _vector("mtp/embedding_norm", hidden)
+    yield _vector("mtp/hidden_norm", hidden)
+    yield _vector("mtp/final_norm", hidden)
+
+
+def _mtp(g: Geometry) -> Iterator[ParamSpec]:
+    yield from _mtp_stem(g.hidden)
     yield from _decoder_layer("mtp/layers/0/", FULL_ATTENTION, g)
 
 
