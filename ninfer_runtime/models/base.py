@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..errors import ModelError
 from ..memory_kinds import MemoryKind
 from ..ops.attention.memory import AttentionPages
 from ..state import ContextPool
@@ -104,3 +105,29 @@ class Model(Protocol):
         """After a verification forward: fold lane i's first ``counts[i]`` tokens into the
         recurrent states of the sequence in slot ``slots[i]``."""
         ...
+
+
+class WithoutMtp:
+    """The MTP part of ``Model`` for an architecture whose MTP block this runtime does not run
+    (transformers defines none): speculation is refused before any of it is called.
+    ``architecture`` names the model in the refusals."""
+
+    architecture: str
+
+    @property
+    def has_mtp(self) -> bool:
+        return False
+
+    @property
+    def has_proposal_head(self) -> bool:
+        return False
+
+    def mtp_logits(self, *_: Any, **__: Any) -> Array:
+        raise ModelError(
+            f"{self.architecture} has no MTP block in this runtime (transformers defines none)"
+        )
+
+    mtp_hidden = mtp_logits
+
+    def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
+        raise ModelError(f"{self.architecture} has no MTP drafter")

@@ -26,10 +26,10 @@ from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
 from ...backends import Backend
 from ...errors import ModelError
 from ...memory_kinds import MemoryKind
-from ...ops.attention.memory import AttentionPages
 from ...ops.registry import resolve
 from ...parallel import Collective
 from ...state import ContextPool
+from ..base import WithoutMtp
 from ..batch import Batch
 from ..registry import refuse_unserved, register_model
 from .config import read_config
@@ -45,8 +45,10 @@ GLOBALS = ("text/token_embedding", "text/output_head", "text/final_norm")
 SERVED_BACKENDS = ("cpu",)
 
 
-class Glm5NextModel:
+class Glm5NextModel(WithoutMtp):
     """The model's math: weights prepared on a backend once, state kept outside."""
+
+    architecture = "GLM5Next"
 
     def __init__(self, artifact: Any, backend: Backend, expert_offload: Any = None):
         """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it
@@ -78,10 +80,6 @@ class Glm5NextModel:
             names += DecoderLayer.parameter_names(i, g)
         return names
 
-    @property
-    def has_mtp(self) -> bool:
-        return False
-
     def state_specs(self) -> tuple[list[MemoryKind], MemoryKind | None]:
         """Latent pages for attention layers, recurrent and convolution slots for KDA; no
         MTP layer."""
@@ -112,23 +110,6 @@ class Glm5NextModel:
 
     def logits(self, hidden: Array) -> Array:
         return self.backend.linear(hidden, self.output_head)
-
-    def mtp_logits(
-        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
-    ) -> Array:
-        raise ModelError("GLM5Next has no MTP block in this runtime")
-
-    def mtp_hidden(
-        self, hidden: Array, next_ids: Array, batch: Batch, memory: AttentionPages
-    ) -> Array:
-        raise ModelError("GLM5Next has no MTP block in this runtime")
-
-    @property
-    def has_proposal_head(self) -> bool:
-        return False
-
-    def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
-        return self.backend.xp.argmax(self.logits(hidden), axis=-1)
 
     def commit(self, pool: ContextPool, slots: Array, counts: Array) -> None:
         """After a multi-row step: fold each lane's first ``counts[i]`` rows into its KDA

@@ -30,6 +30,7 @@ from ...memory_kinds import MemoryKind
 from ...ops.attention.memory import KvSpec
 from ...ops.delta_rule.memory import GdnSpec
 from ...state import ContextPool
+from ..base import WithoutMtp
 from ..batch import Batch
 from ..qwen3_5.attention import Rotary
 from ..registry import refuse_unserved
@@ -47,8 +48,10 @@ FINAL = "text/final_connection/"
 SERVED_BACKENDS = ("cpu",)
 
 
-class Qwen4ExpModel:
+class Qwen4ExpModel(WithoutMtp):
     """The model's math: weights prepared on a backend once, state kept outside."""
+
+    architecture = "Qwen4Exp"
 
     def __init__(
         self,
@@ -101,14 +104,6 @@ class Qwen4ExpModel:
         for i in range(g.layers):
             names += DecoderLayer.parameter_names(i, g)
         return names
-
-    @property
-    def has_mtp(self) -> bool:
-        return False
-
-    @property
-    def has_proposal_head(self) -> bool:
-        return False
 
     def state_specs(self) -> tuple[list[MemoryKind], MemoryKind | None]:
         """Per layer: K/V and index-key pages for attention, GDN slots (with PLE's states on
@@ -167,14 +162,6 @@ class Qwen4ExpModel:
         recurrent states (GDN and PLE) of the sequence in slot ``slots[i]``."""
         for layer, memory in zip(self.layers, pool.layers, strict=True):
             layer.commit(memory, slots, counts)
-
-    def mtp_logits(self, *_: Any) -> Array:
-        raise ModelError("Qwen4Exp has no MTP block here (transformers defines none)")
-
-    mtp_hidden = mtp_logits
-
-    def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
-        raise ModelError("Qwen4Exp has no MTP drafter")
 
 
 def load_qwen4_exp(
