@@ -63,7 +63,7 @@ from .glm5_next_parts import DsaIndexer, Kda, Mla
 from .glm5_next_vision import VISION_MODEL_TYPE, read_vision, vision_parameters
 from .parameter_spec import ParamSpec, Role, _fp32_vector, _matrix, _vector
 from .qwen3_5_geometry import Moe
-from .qwen3_5_layers import _dense_mlp
+from .qwen3_5_layers import _dense_mlp, _experts
 from .qwen3_5_mtp import _mtp_stem
 from .registry import Findings, register_binder
 from .text_contract import TextContract, VisionTower
@@ -124,14 +124,7 @@ def _moe(L: str, m: Moe, hidden: int) -> Iterator[ParamSpec]:
     x = L + "ffn_input"
     yield _matrix(L + "moe/router", m.experts, hidden, x)
     yield _fp32_vector(L + "moe/router_bias", m.experts)
-    for e in range(m.experts):
-        expert = f"{L}moe/experts/{e}/"
-        yield _matrix(expert + "gate", m.expert_width, hidden, x)
-        yield _matrix(expert + "up", m.expert_width, hidden, x)
-        yield _matrix(expert + "down", hidden, m.expert_width, expert + "product")
-    yield _matrix(L + "moe/shared/gate", m.shared_width, hidden, x)
-    yield _matrix(L + "moe/shared/up", m.shared_width, hidden, x)
-    yield _matrix(L + "moe/shared/down", hidden, m.shared_width, L + "moe/shared/product")
+    yield from _experts(L, m, hidden)
 
 
 def _layer(

@@ -57,6 +57,12 @@ def _moe(L: str, m: Moe, hidden: int) -> Iterator[ParamSpec]:
     x = L + "ffn_input"
     yield _matrix(L + "moe/router", m.experts, hidden, x)
     yield _matrix(L + "moe/shared_score", 1, hidden, x)
+    yield from _experts(L, m, hidden)
+
+
+def _experts(L: str, m: Moe, hidden: int) -> Iterator[ParamSpec]:
+    """The routed experts, then the shared expert (GLM5Next's MoE has them too)."""
+    x = L + "ffn_input"
     for e in range(m.experts):
         expert = f"{L}moe/experts/{e}/"
         yield _matrix(expert + "gate", m.expert_width, hidden, x)
