@@ -10,10 +10,9 @@ from typing import Any
 from ninfer_format.errors import DirectoryError
 
 from .adapters import LogicalTensor, adapter_for
-from .adapters.base import maps_vision
 from .adapters.qwen3_5_gguf import map_qwen3_5_gguf
 from .encoded import DecodedView, Importer, importers, values_view, weight_names
-from .errors import RecipeError, SourceError
+from .errors import SourceError
 from .proposal import ProposalRequest, add_proposal_head
 from .recipe import Choice, Recipe
 from .source_set import select_components, source_holds_mtp
@@ -87,10 +86,10 @@ def prepare(
     model_type = text_config.get("model_type")
     if not model_type:
         raise SourceError(f"{base.id}: config.json has no model_type")
-    if components and "vision" in components and not maps_vision(model_type):
-        raise RecipeError(f"model_type {model_type}: no vision contract, its tower cannot convert")
-    vision_here = has_vision(base) and maps_vision(model_type)
-    available = {"mtp": source_holds_mtp(sources, recipe, text_config), "vision": vision_here}
+    available = {
+        "mtp": source_holds_mtp(sources, recipe, text_config),
+        "vision": has_vision(base),
+    }
     comps = select_components(available, base.id, recipe, components)
     vision = read_vision_config(base, model_type) if "vision" in comps else None
     logical = _base_map(base, model_type, text_config, comps, vision)

@@ -109,7 +109,6 @@ class _Registration:
     adapter: Adapter
     architecture: Architecture
     has_mtp: MtpPresence
-    maps_vision: bool
 
 
 _REGISTERED: dict[str, _Registration] = {}
@@ -119,15 +118,13 @@ def register_adapter(
     architectures: Mapping[str, Architecture],
     *,
     has_mtp: MtpPresence = _mtp_prefix,
-    maps_vision: bool = True,
 ) -> Callable[[Adapter], Adapter]:
     """The adapter of each model type in ``architectures`` (and the class names its artifacts
-    record); ``has_mtp``: where this architecture keeps its MTP block; ``maps_vision``: False
-    when the adapter has no vision tower to map (the pipeline then never selects one)."""
+    record); ``has_mtp``: where this architecture keeps its MTP block."""
 
     def decorate(fn: Adapter) -> Adapter:
         for model_type, architecture in architectures.items():
-            _REGISTERED[model_type] = _Registration(fn, architecture, has_mtp, maps_vision)
+            _REGISTERED[model_type] = _Registration(fn, architecture, has_mtp)
         return fn
 
     return decorate
@@ -147,11 +144,6 @@ def has_mtp_weights(model_type: str, keys: set[str], text_config: Mapping[str, A
     """Whether a checkpoint of ``model_type`` with these tensor names holds an MTP block."""
     found = _REGISTERED.get(model_type)
     return (found.has_mtp if found else _mtp_prefix)(keys, text_config)
-
-
-def maps_vision(model_type: str) -> bool:
-    found = _REGISTERED.get(model_type)
-    return found is None or found.maps_vision
 
 
 def architecture_of(model_type: str) -> Architecture:
