@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -131,3 +131,24 @@ class WithoutMtp:
 
     def propose(self, hidden: Array, *, optimized: bool = True) -> Array:
         raise ModelError(f"{self.architecture} has no MTP drafter")
+
+
+def require_parameters(
+    artifact: Any, names: Sequence[str], what: str = "parameter(s) the model needs"
+) -> None:
+    """Refuses in one line an artifact that binds not all of ``names``."""
+    missing = [n for n in names if n not in artifact.bindings]
+    if missing:
+        raise ModelError(f"artifact lacks {len(missing)} {what}, e.g. {missing[0]}")
+
+
+def prepare_parameters(
+    model: Any, artifact: Any, backend: Backend, names: Sequence[str], expert_offload: Any
+) -> Mapping[str, Any]:
+    """``names`` prepared on ``backend``, less the routed experts ``expert_offload`` (an
+    ``expert_offload.ExpertOffload``, or None) plans into host memory: planned from every
+    name before any weight is prepared (``model.state_specs()`` must answer by then)."""
+    if expert_offload is not None:
+        held = expert_offload.plan_load(model, artifact, names)
+        names = [n for n in names if not held(n)]
+    return backend.prepare(artifact, names)

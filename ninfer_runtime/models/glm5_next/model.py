@@ -29,7 +29,7 @@ from ...memory_kinds import MemoryKind
 from ...ops.registry import resolve
 from ...parallel import Collective
 from ...state import ContextPool
-from ..base import WithoutMtp
+from ..base import WithoutMtp, prepare_parameters, require_parameters
 from ..batch import Batch
 from ..registry import refuse_unserved, register_model
 from .config import read_config
@@ -57,15 +57,8 @@ class Glm5NextModel(WithoutMtp):
         self.config: Glm5NextGeometry = g
         self.backend = backend
         names = self.parameter_names(g)
-        missing = [n for n in names if n not in artifact.bindings]
-        if missing:
-            raise ModelError(
-                f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
-            )
-        if expert_offload is not None:  # planned before any weight is prepared
-            held = expert_offload.plan_load(self, artifact, names)
-            names = [n for n in names if not held(n)]
-        w = backend.prepare(artifact, names)
+        require_parameters(artifact, names)
+        w = prepare_parameters(self, artifact, backend, names, expert_offload)
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
         self.final_norm = backend.array(w["text/final_norm"])

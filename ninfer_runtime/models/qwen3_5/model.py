@@ -27,6 +27,7 @@ from ...ops.attention.memory import AttentionPages, KvSpec
 from ...ops.delta_rule.memory import GdnSpec
 from ...parallel import Collective, Shard, Solo
 from ...state import ContextPool
+from ..base import prepare_parameters, require_parameters
 from ..batch import Batch
 from ..registry import register_model
 from .attention import Rotary
@@ -68,18 +69,11 @@ class Qwen35Model:
         if c.attention is None and (with_mtp or FULL_ATTENTION in c.layer_types):
             raise ModelError("full attention (a layer or the mtp block) needs num_attention_heads")
         names = self.parameter_names(c, with_mtp)
-        missing = [n for n in names if n not in artifact.bindings]
-        if missing:
-            raise ModelError(
-                f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
-            )
+        require_parameters(artifact, names)
         # the indexed proposal head (spec 5.6): the rows of the output head the drafter scores
         proposal = with_mtp and PROPOSAL_HEAD in artifact.bindings
         loaded = names + [PROPOSAL_HEAD] * proposal
-        held = None  # the routed experts the offload plans into host memory stay unprepared
-        if expert_offload is not None:
-            held = expert_offload.plan_load(self, artifact, loaded)
-        w = backend.prepare(artifact, [n for n in loaded if held is None or not held(n)])
+        w = prepare_parameters(self, artifact, backend, loaded, expert_offload)
         self.token_embedding = w["text/token_embedding"]
         self.output_head = w["text/output_head"]
         self.final_norm = backend.array(w["text/final_norm"])

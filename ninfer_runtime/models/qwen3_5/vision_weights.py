@@ -9,6 +9,7 @@ from typing import Any
 
 from ...backends import Backend, Weight
 from ...errors import ModelError
+from ..base import require_parameters
 
 
 def vision_config(artifact: Any) -> tuple[dict[str, Any], int]:
@@ -22,7 +23,5 @@ def vision_config(artifact: Any) -> tuple[dict[str, Any], int]:
 
 def prepare_vision(artifact: Any, backend: Backend, names: Sequence[str]) -> dict[str, Weight]:
     """The tower's parameters ``names`` prepared on ``backend``."""
-    missing = [n for n in names if n not in artifact.bindings]
-    if missing:
-        raise ModelError(f"artifact lacks {len(missing)} vision parameter(s), e.g. {missing[0]}")
+    require_parameters(artifact, names, "vision parameter(s)")
     return backend.prepare(artifact, names)

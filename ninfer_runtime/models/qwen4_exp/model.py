@@ -30,7 +30,7 @@ from ...memory_kinds import MemoryKind
 from ...ops.attention.memory import KvSpec
 from ...ops.delta_rule.memory import GdnSpec
 from ...state import ContextPool
-from ..base import WithoutMtp
+from ..base import WithoutMtp, prepare_parameters, require_parameters
 from ..batch import Batch
 from ..qwen3_5.attention import Rotary
 from ..registry import refuse_unserved
@@ -68,23 +68,15 @@ class Qwen4ExpModel(WithoutMtp):
         self.config = g = read_config(artifact.components["text"].config)
         self.backend = backend
         names = self.parameter_names()
-        missing = [n for n in names if n not in artifact.bindings]
-        if missing:
-            raise ModelError(
-                f"artifact lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]}"
-            )
+        require_parameters(artifact, names)
         tables = table_names(g)
         #: the n-gram tables read from disk (``ple_rows`` streamed); None: held whole
         self.ple_tables = None
         if choose_mode(ple_rows, artifact, tables) == "streamed":
             self.ple_tables = StreamedTables(artifact, tables, ple_cache_bytes)
             names = [n for n in names if n not in self.ple_tables.tables]
-        if expert_offload is not None:
-            # planned before any weight is prepared; streamed n-gram tables stay in host
-            # memory, outside the budget
-            held = expert_offload.plan_load(self, artifact, names)
-            names = [n for n in names if not held(n)]
-        w: dict[str, Any] = dict(backend.prepare(artifact, names))
+        # streamed n-gram tables stay in host memory, outside expert offload's budget
+        w = dict(prepare_parameters(self, artifact, backend, names, expert_offload))
         if self.ple_tables is not None:
             w.update(self.ple_tables.tables)
         self.token_embedding = w["text/token_embedding"]
