@@ -9,16 +9,16 @@ width) or a processor whose patch sizes disagree with the weights fails in the f
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from ninfer_format.binders import glm5_next_geometry, glm5_next_vision, qwen3_5, qwen4_exp
 from ninfer_format.binders.qwen3_5 import VISION_MEMBERS
 
-from .adapters import LogicalTensor, SourcePiece
+from .adapters import LogicalTensor
 from .adapters.qwen3_5 import VISUAL, has_vision_weights
 from .errors import SourceError
+from .source_sizes import piece_values
 
 #: spec 5.7 vision resource roles (= the source's file names)
 VISION_RESOURCES = ("preprocessor_config.json", "video_preprocessor_config.json")
@@ -83,17 +83,6 @@ def check_processors(
                 )
 
 
-def _piece_elements(source: Any, piece: SourcePiece) -> int:
-    """Values a piece yields, as ``LogicalTensor.load`` slices them (rows past the end: none)."""
-    shape = source.shape(piece.tensor)
-    if piece.rows is None:
-        return math.prod(shape)
-    width = shape[-1] if len(shape) > 1 else 1
-    rows = math.prod(shape) // width if width else 0
-    start, stop = (min(r, rows) for r in piece.rows)
-    return (stop - start) * width
-
-
 def check_vision_source(source: Any, logical: Mapping[str, LogicalTensor]) -> None:
     """Every ``model.visual.*`` tensor is read, and each vision parameter gets exactly its
     element count from the source; otherwise the config does not describe these weights."""
@@ -112,7 +101,7 @@ def check_vision_source(source: Any, logical: Mapping[str, LogicalTensor]) -> No
         missing = [p.tensor for p in t.pieces if p.tensor not in source]
         if missing:
             raise SourceError(f"{source.id}: tensor {missing[0]!r} (for {t.name}) is missing")
-        got = sum(_piece_elements(source, p) for p in t.pieces)
+        got = sum(piece_values(source.shape(p.tensor), p) for p in t.pieces)
         if got != t.elements:
             shapes = sorted({str(list(source.shape(p.tensor))) for p in t.pieces})
             raise SourceError(
