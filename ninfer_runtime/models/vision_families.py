@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .glm5_next.vision import Glm5NextVisionTower
-from .qwen3_5.mrope import prompt_positions
+from .qwen3_5.mrope import image_runs, prompt_positions
 from .qwen3_5.vision import VisionTower
 
 #: (ids, grid_thw, image token id, merge) -> (positions int64 [3, T], delta after the prompt)
@@ -34,7 +34,7 @@ def sequence_positions(
 ) -> tuple[np.ndarray, int]:
     """Every token at its sequence index in all three streams, delta 0; the placeholders are
     checked against the images as for M-RoPE."""
-    prompt_positions(ids, grid_thw, image_token_id, merge)  # raises on a count mismatch
+    image_runs(ids, grid_thw, image_token_id, merge)  # raises on a count mismatch
     count = np.asarray(ids).reshape(-1).shape[0]
     return np.broadcast_to(np.arange(count, dtype=np.int64), (3, count)).copy(), 0
 

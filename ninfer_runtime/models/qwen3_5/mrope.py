@@ -35,12 +35,11 @@ def rope_streams(mrope_section: Sequence[int], pairs: int) -> np.ndarray:
     return streams
 
 
-def prompt_positions(
+def image_runs(
     ids: np.ndarray, grid_thw: np.ndarray, image_token_id: int, merge: int
-) -> tuple[np.ndarray, int]:
-    """M-RoPE positions of a prompt whose runs of ``image_token_id`` are, in order, the
-    images of ``grid_thw`` [images, 3] (in patches) -> (int64 [3, T], delta for the tokens
-    after it)."""
+) -> list[tuple[int, int]]:
+    """The prompt's runs ``[a, b)`` of ``image_token_id``, checked to be, in order, the merged
+    tokens of the images of ``grid_thw`` [images, 3] (in patches)."""
     ids = np.asarray(ids).reshape(-1)
     grids = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
     flags = np.concatenate([[0], (ids == image_token_id).astype(np.int8), [0]])
@@ -51,17 +50,30 @@ def prompt_positions(
             f"the prompt has {len(runs)} run(s) of image placeholder tokens for {len(grids)} "
             "image(s)"
         )
+    for k, ((a, b), (t, h, w)) in enumerate(zip(runs, grids.tolist(), strict=True)):
+        if b - a != t * (h // merge) * (w // merge):
+            raise ModelError(
+                f"image {k} has {b - a} placeholder tokens; its grid {[t, h, w]} needs "
+                f"{t * (h // merge) * (w // merge)}"
+            )
+    return runs
+
+
+def prompt_positions(
+    ids: np.ndarray, grid_thw: np.ndarray, image_token_id: int, merge: int
+) -> tuple[np.ndarray, int]:
+    """M-RoPE positions of a prompt whose runs of ``image_token_id`` are, in order, the
+    images of ``grid_thw`` [images, 3] (in patches) -> (int64 [3, T], delta for the tokens
+    after it)."""
+    ids = np.asarray(ids).reshape(-1)
+    grids = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
+    runs = image_runs(ids, grids, image_token_id, merge)
     positions = np.empty((3, len(ids)), dtype=np.int64)
     next_position = text_from = 0
-    for k, ((a, b), (t, h, w)) in enumerate(zip(runs, grids.tolist(), strict=True)):
+    for (a, b), (t, h, w) in zip(runs, grids.tolist(), strict=True):
         positions[:, text_from:a] = next_position + np.arange(a - text_from)
         next_position += a - text_from
         rows, columns = h // merge, w // merge
-        if b - a != t * rows * columns:
-            raise ModelError(
-                f"image {k} has {b - a} placeholder tokens; its grid {[t, h, w]} needs "
-                f"{t * rows * columns}"
-            )
         frame, row, column = np.meshgrid(
             np.arange(t), np.arange(rows), np.arange(columns), indexing="ij"
         )
