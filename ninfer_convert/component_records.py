@@ -5,18 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ninfer_format.binders.resource_checks import TEXT_RESOURCE_ROLES
+
 from .adapters.base import architecture_of
 from .prepare import Prepared
 from .vision import VISION_RESOURCES
 
-TEXT_RESOURCES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 #: frontend resources each component carries (spec 5.7), read from the base source
-RESOURCES = {"text": TEXT_RESOURCES, "vision": VISION_RESOURCES}
+RESOURCES = {"text": TEXT_RESOURCE_ROLES, "vision": VISION_RESOURCES}
 
 
 def _resource_id(component: str, role: str) -> str:

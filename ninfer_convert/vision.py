@@ -14,6 +14,7 @@ from typing import Any
 
 from ninfer_format.binders import glm5_next_geometry, glm5_next_vision, qwen3_5, qwen4_exp
 from ninfer_format.binders.qwen3_5 import VISION_MEMBERS
+from ninfer_format.binders.qwen3_5_vision import VISION_RESOURCE_ROLES
 
 from .adapters import LogicalTensor
 from .adapters.qwen3_5 import VISUAL, has_vision_weights
@@ -21,7 +22,7 @@ from .errors import SourceError
 from .source_sizes import piece_values
 
 #: spec 5.7 vision resource roles (= the source's file names)
-VISION_RESOURCES = ("preprocessor_config.json", "video_preprocessor_config.json")
+VISION_RESOURCES = VISION_RESOURCE_ROLES
 #: text model_type -> the model_type of the vision tower that feeds it (spec 5.1)
 VISION_MODEL_TYPE_OF = {
     **qwen3_5.VISION_MODEL_TYPE_OF,
