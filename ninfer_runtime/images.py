@@ -158,7 +158,7 @@ class VisionInput:
     def _check_tokens(self, grids: Sequence[tuple[int, int, int]]) -> list[int]:
         """The merged-token count of each image of ``grids``, all of them within the
         request's limit."""
-        counts = [t * h * w // self.tower.config.merge**2 for t, h, w in grids]
+        counts = self.tower.merged_tokens(grids)
         if sum(counts) > self.options.max_image_tokens:
             raise _image_error(
                 f"the images take {sum(counts)} tokens; at most "
