@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .table import Table
 
@@ -107,20 +107,27 @@ class EngineSettings(Table):
             raise ValueError(str(exc)) from None
         return value
 
-    @model_validator(mode="after")
-    def _capacity(self) -> EngineSettings:
+    @field_validator(
+        "context_capacity",
+        "memory_headroom",
+        "host_context_capacity",
+        "vram_budget",
+        "host_expert_cache",
+    )
+    @classmethod
+    def _size(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each size checked on its own, so its error names its key (``engine.vram_budget``)."""
         from ninfer_runtime.engine import parse_capacity, parse_size
         from ninfer_runtime.errors import EngineError
 
         try:
-            parse_capacity(self.context_capacity)
-            parse_size(self.memory_headroom)
-            parse_size(self.host_context_capacity, "host context capacity")
-            parse_size(self.vram_budget, "vram budget")
-            parse_size(self.host_expert_cache, "host expert cache")
+            if info.field_name == "context_capacity":
+                parse_capacity(value)
+            else:
+                parse_size(value, info.field_name.replace("_", " "))
         except EngineError as exc:
             raise ValueError(str(exc)) from None
-        return self
+        return value
 
 
 class ContextCacheSettings(Table):
