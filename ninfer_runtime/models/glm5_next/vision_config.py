@@ -16,7 +16,7 @@ from ninfer_format.binders.glm5_next_vision import Glm5NextVision, read_vision
 from ninfer_format.binders.registry import Findings
 
 from ...errors import ModelError
-from ..qwen3_5.vision_ops import ACTIVATIONS
+from ..qwen3_5.vision_ops import checked_activation
 
 #: transformers' ``Glm5NextVisionConfig`` defaults for the members that change no shape
 DEFAULT_EPS = 1e-5
@@ -52,10 +52,7 @@ class Glm5NextVisionConfig:
             "rope_theta": _positive(rope, "rope_theta", DEFAULT_ROPE_THETA),
             "swiglu_limit": _positive(config, "swiglu_limit", DEFAULT_SWIGLU_LIMIT),
         }
-        activation = config.get("hidden_act", DEFAULT_ACTIVATION)
-        if activation not in ACTIVATIONS:
-            known = ", ".join(sorted(ACTIVATIONS))
-            raise ModelError(f"vision hidden_act {activation!r} is not one of {known}")
+        activation = checked_activation(config.get("hidden_act", DEFAULT_ACTIVATION))
         return cls(shape, activation=activation, **values)
 
     # the names the engine's image path reads from any tower's config

@@ -52,7 +52,7 @@ from typing import Any
 from ...backends import Backend, Weight
 from ...errors import ModelError
 from .vision_grid import PatchGrid, input_grid, merged_tokens, position_taps, rotary_angles
-from .vision_ops import ACTIVATIONS, gelu_erf, layer_norm, tower_attention
+from .vision_ops import ACTIVATIONS, checked_activation, gelu_erf, layer_norm, tower_attention
 from .vision_weights import prepare_vision, vision_config
 
 Array = Any
@@ -104,12 +104,9 @@ class VisionConfig:
             positions=positive("num_position_embeddings"),
             out_hidden=text_hidden,
             channels=positive("in_channels") if "in_channels" in config else 3,
-            activation=str(config.get("hidden_act", DEFAULT_ACTIVATION)),
+            activation=checked_activation(str(config.get("hidden_act", DEFAULT_ACTIVATION))),
             rope_theta=float(rope.get("rope_theta", DEFAULT_ROPE_THETA)),
         )
-        if c.activation not in ACTIVATIONS:
-            known = ", ".join(sorted(ACTIVATIONS))
-            raise ModelError(f"vision hidden_act {c.activation!r} is not one of {known}")
         if c.hidden % c.heads or c.head_dim % 4:
             raise ModelError(
                 f"vision hidden_size {c.hidden} must split into {c.heads} heads whose size is a "

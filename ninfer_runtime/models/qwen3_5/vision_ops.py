@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...arrays import array_module
+from ...errors import ModelError
 from ...ops.registry import resolve
 
 Array = Any
@@ -79,6 +80,15 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "gelu": gelu_erf,
     "silu": silu,
 }
+
+
+def checked_activation(name: str) -> str:
+    """A vision config's ``hidden_act``, or a ModelError naming the ones ``ACTIVATIONS`` has."""
+    if name not in ACTIVATIONS:
+        raise ModelError(
+            f"vision hidden_act {name!r} is not one of {', '.join(sorted(ACTIVATIONS))}"
+        )
+    return name
 
 
 def tower_attention(
