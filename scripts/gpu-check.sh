@@ -16,7 +16,7 @@
 # of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
 # in the loop below). SHAPES picks the bench's shapes (default
 # "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
-# tests/gpu); DECODE="--lanes 1 --contexts 1024" narrows the decode table. TP=2 adds the
+# tests/gpu; TESTS_TIMEOUT their limit in seconds, default 300); DECODE="--lanes 1 --contexts 1024" narrows the decode table. TP=2 adds the
 # decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
 # routed expert whole on one rank (--expert-parallel). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
@@ -28,7 +28,7 @@ OUT=${OUT:-/tmp/ninfer-gpu-check}
 mkdir -p "$OUT"
 python3 scripts/warm_kernels.py
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short >"$OUT/gpu-tests.txt" 2>&1
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
   grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
 fi
 if [ "${OPS:-0}" = 1 ]; then
