@@ -4,12 +4,12 @@
   beyond): the same top ids as on numpy (ties lowest id first) and values within float32
   summation-order rounding (1e-5), the vocabulary of the 27B and a grammar-masked row too;
 * the engine on the bundled model (default settings: bf16 prefill products, CUDA graphs):
-  prompt and generated tokens' log-probabilities within ``TOL`` of the CPU engine's, the
-  same top-1 wherever the CPU's top two are further apart than ``TOL``; a lane scored on the
-  device beside one asking for none (only the asking lane's rows are read), and a lane with
-  a penalty (scored from the row the host sampler copies);
+  prompt and generated tokens' log-probabilities within ``TOL`` + ``RTOL``·|value| of the
+  CPU engine's, the same top-1 wherever the CPU's top two are further apart than ``TOL``; a
+  lane scored on the device beside one asking for none (only the asking lane's rows are
+  read), and a lane with a penalty (scored from the row the host sampler copies);
 * speculative rounds (greedy: scored on the verified rows where they are) report within
-  ``TOL`` of plain CUDA decoding.
+  that bound of plain CUDA decoding.
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ from .conftest import REPORT, requires_gpu
 pytestmark = requires_gpu
 
 BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
-#: |Δ| of a log-probability between the backends (bf16 activations on the GPU)
-TOL = 0.05
+#: |Δ| of a log-probability between the backends: ``TOL`` plus ``RTOL`` of its size. The GPU
+#: rounds activations, and in prefill attention q, k, v and the probabilities, to bf16 (unit
+#: roundoff 2^-9 a rounding); a log-probability of -16 is a logit gap of 16 to the row's
+#: top built through those roundings, so its error grows with it
+TOL, RTOL = 0.05, 0.01
 TEXT = (
     "The capital of France is Paris. The capital of Italy is Rome. "
     "A tiny model answers tiny questions, and the fox jumps over the lazy dog again."
@@ -117,20 +120,21 @@ def scored_run(engine: Any, prompt: list[int], samplings: list[dict]) -> list[di
 def compare(
     got: list[tuple[float, Any]], ref: list[tuple[float, Any]], case: str, what: str
 ) -> None:
-    """(logprob, top) pairs position by position: within TOL, the same top-1 unless the
-    reference's top two are within TOL of each other."""
-    worst, ties = 0.0, 0
-    for (g, g_top), (r, r_top) in zip(got, ref, strict=True):
-        worst = max(worst, abs(g - r))
+    """(logprob, top) pairs position by position: within TOL + RTOL·|value|, the same top-1
+    unless the reference's top two are within TOL of each other."""
+    worst, excess, ties = 0.0, (0.0, 0, 0.0, 0.0), 0
+    for position, ((g, g_top), (r, r_top)) in enumerate(zip(got, ref, strict=True)):
         assert len(g_top) == len(r_top)
-        for (_, gv), (_, rv) in zip(g_top, r_top, strict=True):
+        for gv, rv in [(g, r), *((gv, rv) for (_, gv), (_, rv) in zip(g_top, r_top, strict=True))]:
             worst = max(worst, abs(gv - rv))
+            excess = max(excess, (abs(gv - rv) / (TOL + RTOL * abs(rv)), position, gv, rv))
         if len(r_top) > 1 and r_top[0][1] - r_top[1][1] < TOL:
             ties += 1
         else:
             assert g_top[0][0] == r_top[0][0], f"{what}: top-1 {g_top[0]} vs {r_top[0]}"
-    assert worst < TOL, f"{what}: max |Δ| {worst:.4f}"
-    REPORT.append((case, f"{what} max |Δ| (ties)", f"{worst:.2e} ({ties})"))
+    ratio, position, gv, rv = excess
+    assert ratio < 1, f"{what}: position {position}: {gv:.4f} vs {rv:.4f} ({ratio:.2f} of bound)"
+    REPORT.append((case, f"{what} max |Δ|, of bound (ties)", f"{worst:.2e}, {ratio:.2f} ({ties})"))
 
 
 def generated(run: dict, upto: int) -> list[tuple[float, Any]]:

@@ -23,11 +23,13 @@ Array = Any
 SCORE_BLOCK_ELEMENTS = 1 << 24
 
 #: provider -> (rtol, atol as a fraction of the largest reference value) of ``segment``
-#: against this oracle computed in float64: the reference's float32 rounding, and for ``sdpa``
-#: q, k, v and the probabilities rounded to bf16 (unit roundoff 2^-9) with float32 sums, the
-#: bounds of the paged prefill's same providers (``reference.TOLERANCE``)
+#: against this oracle computed in float64: the reference's float32 rounding, as the paged
+#: prefill's; for ``sdpa`` q, k, v and the probabilities rounded to bf16 (unit roundoff 2^-9)
+#: with float32 sums, over segments of hundreds of near-equal weights where the paged
+#: prefill's causal rows mostly see few: 1e-2 (one H100 run measured 6.2e-3 at most)
 TOLERANCE: dict[str, tuple[float, float]] = {
-    name: PREFILL_TOLERANCE[name] for name in ("reference", "sdpa")
+    "reference": PREFILL_TOLERANCE["reference"],
+    "sdpa": (0.0, 1e-2),
 }
 
 
