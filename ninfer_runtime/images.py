@@ -43,11 +43,10 @@ from .models.vision_families import QWEN3_5, vision_family
 
 #: the tokens a chat template writes for one image (Qwen3.5's template; ninfer's built-in one)
 IMAGE_PAD = QWEN3_5.image_token
-#: the backends the image path is served on. The cuda path is written (the towers are array
-#: math on the backend's module with products through ``backend.linear``, the prefill takes
-#: placed rows on either) and joins this list once tests/gpu/test_images_cuda.py has passed on
-#: a GPU; until then a cuda server refuses images in one line
-IMAGE_BACKENDS = ("cpu",)
+#: the backends the image path is served on (the towers are array math on the backend's
+#: module with products through ``backend.linear``; the prefill takes placed rows on either;
+#: cuda since tests/gpu/test_images_cuda.py passed on a GPU)
+IMAGE_BACKENDS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -252,7 +251,7 @@ def load_vision(
     if not options.enabled:
         return None, "image input is turned off for this server ([vision] enabled = false)"
     if backend_name not in IMAGE_BACKENDS:
-        return None, f"image input runs on the cpu backend only so far, not {backend_name}"
+        return None, f"image input is not served on the {backend_name} backend"
     if tensor_parallel > 1:
         return None, "image input needs tensor_parallel 1"
     try:

@@ -6,12 +6,15 @@ A registry instead of an if-chain so a new backend is an addition: it calls
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from ..errors import EngineError
 from .base import Array, Backend, ExpertWeights, MoeWeights, Weight
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
+
+log = logging.getLogger("ninfer.backends")
 
 
 def register_backend(name: str, factory: Callable[[], Backend]) -> None:
@@ -45,6 +48,14 @@ def _cuda() -> Backend:
     return create_backend()
 
 
+def decode_eagerly(backend: Backend, why: str) -> None:
+    """Decode steps that read the host (``why``) can't be captured: a backend capturing them
+    as CUDA graphs (``backend.graphs``) runs them eagerly from now on; others already do."""
+    if getattr(backend, "graphs", False):
+        log.info("decode steps run eagerly, without CUDA graphs: %s", why)
+        backend.graphs = False  # type: ignore[attr-defined]
+
+
 register_backend("cpu", _cpu)
 register_backend("cuda", _cuda)
 
@@ -55,6 +66,7 @@ __all__ = [
     "MoeWeights",
     "Weight",
     "available_backends",
+    "decode_eagerly",
     "get_backend",
     "register_backend",
 ]

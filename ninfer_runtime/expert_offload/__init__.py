@@ -3,14 +3,14 @@ in their stored format and the CPU computes their share (``docs/runtime.md``, "M
 offload"); prefill chunks stream them through the device instead (``stream_window``)."""
 
 from .counters import ExpertCounters
-from .offload import GPU_NOT_BUILT, GRAPHS_REFUSED, OFFLOAD_BACKENDS, ExpertOffload
+from .offload import HOST_ROUTING, NOT_SERVED, OFFLOAD_BACKENDS, ExpertOffload
 from .plan import OffloadPlan, VramBudgetError, WeightSizes, plan_residency
 from .settings import VRAM_BUDGET_ENV, host_cache_setting, vram_budget_setting
 from .stream_window import STREAM_ROWS, ExpertStream
 
 __all__ = [
-    "GPU_NOT_BUILT",
-    "GRAPHS_REFUSED",
+    "HOST_ROUTING",
+    "NOT_SERVED",
     "OFFLOAD_BACKENDS",
     "STREAM_ROWS",
     "VRAM_BUDGET_ENV",

@@ -6,11 +6,12 @@ The engine drives it in four steps:
    ``OFFLOAD_BACKENDS``, tensor parallelism) in one line; the engine then gives it
    ``context_bytes``, the bytes its context pool will take for a model's memory kinds
    (``ContextPool.planned_bytes``);
-2. ``plan_load``, called by the model before it prepares any weight: refuses a backend that
-   captures decode steps as CUDA graphs (the split reads each block's routing on the host
-   every step), plans from the artifact's stored sizes and the pool's planned bytes
-   (refusing a budget below the weights that must be resident, before anything is
-   loaded), and tells the model to leave every routed expert of the text layers unprepared;
+2. ``plan_load``, called by the model before it prepares any weight: has a backend that
+   captures decode steps as CUDA graphs run them eagerly (the split reads each block's
+   routing on the host every step), plans from the artifact's stored sizes and the pool's
+   planned bytes (refusing a budget below the weights that must be resident, before anything
+   is loaded), and tells the model to leave every routed expert of the text layers
+   unprepared;
 3. ``attach`` once the model's layers exist: each MoE block (``split_moe.SplittableMoe``)
    becomes a ``SplitMoe``, which prepares the plan's resident experts one expert at a time
    (each its own device window on CUDA) and holds the others in host memory;
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import decode_eagerly
 from ..capacity import parse_size
 from ..errors import EngineError
 from ..sizes import format_size
@@ -43,17 +45,13 @@ from .stream_window import STREAM_ROWS, ExpertStream
 
 log = logging.getLogger("ninfer.expert_offload")
 
-#: the backends expert offload is served on; cuda joins once
-#: tests/gpu/test_expert_offload_cuda.py has passed on a GPU (its split is prepared: the
-#: resident experts in windows of their own, streamed windows released, graphs refused)
-OFFLOAD_BACKENDS = ("cpu",)
+#: the backends expert offload is served on (cuda since tests/gpu/test_expert_offload_cuda.py
+#: passed on a GPU: the resident experts in windows of their own, streamed windows released)
+OFFLOAD_BACKENDS = ("cpu", "cuda")
 #: the one line a backend outside ``OFFLOAD_BACKENDS`` answers a budget with
-GPU_NOT_BUILT = "expert offload on the GPU is not built yet"
-#: the one line a backend capturing decode steps as CUDA graphs answers a budget with
-GRAPHS_REFUSED = (
-    "--vram-budget: expert offload reads each MoE block's routing on the host every step, so "
-    "decode steps can't be captured as CUDA graphs: run with NINFER_CUDA_GRAPHS=0"
-)
+NOT_SERVED = "expert offload is not served on this backend"
+#: why a backend capturing decode steps as CUDA graphs runs them eagerly with offload on
+HOST_ROUTING = "expert offload reads each MoE block's routing on the host every step"
 
 
 class ExpertOffload:
@@ -115,9 +113,8 @@ class ExpertOffload:
         name = backend if isinstance(backend, str) else getattr(backend, "name", "")
         if name not in OFFLOAD_BACKENDS:
             raise EngineError(
-                f"--vram-budget on --backend {name}: {GPU_NOT_BUILT} (the CUDA split is "
-                "prepared but has not yet run on a GPU; served on: "
-                f"{', '.join(OFFLOAD_BACKENDS)}, the cpu simulating the split)"
+                f"--vram-budget on --backend {name}: {NOT_SERVED} (served on: "
+                f"{', '.join(OFFLOAD_BACKENDS)})"
             )
         if tensor_parallel > 1:
             raise EngineError("--vram-budget with --tensor-parallel is not built yet")
@@ -131,9 +128,8 @@ class ExpertOffload:
         memory (``model.state_specs()``, so the model's config must be read by now).
         Returns which parameters to leave unprepared: every routed expert of the text
         layers (``attach`` prepares the resident ones, one expert at a time).
-        ``VramBudgetError`` and the graphs' refusal here cost no loading."""
-        if getattr(getattr(model, "backend", None), "graphs", False):
-            raise EngineError(GRAPHS_REFUSED)
+        ``VramBudgetError`` here costs no loading."""
+        decode_eagerly(model.backend, HOST_ROUTING)
         self._artifact = artifact
         self._sizes = WeightSizes.measure(artifact, names)
         self.stream.sizes = self._sizes.experts

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..backends import Backend, get_backend
+from ..backends import Backend, decode_eagerly, get_backend
 from ..errors import ModelError
 from .base import Model
 
@@ -54,20 +54,16 @@ def model_factory(model_type: str) -> Factory:
     return factory
 
 
-def refuse_unserved(model: str, backend: Backend, served: Sequence[str], host_reads: str) -> None:
-    """Refuses in one line a backend ``model`` is not served on yet (``served``: those its
-    path has run on), and one capturing decode steps as CUDA graphs: the model's steps read
-    ``host_reads`` on the host, so they synchronise and must run eagerly."""
+def check_backend(model: str, backend: Backend, served: Sequence[str], host_reads: str) -> None:
+    """Refuses in one line a backend ``model`` is not served on (``served``: those its path
+    has run on); the model's steps read ``host_reads`` on the host, so they synchronise and
+    the backend runs them eagerly (never captured as CUDA graphs)."""
     if backend.name not in served:
         raise ModelError(
             f"{model} runs on the {' and '.join(served)} backend only so far (its "
             f"{backend.name} path has not yet run on a GPU): use --backend cpu"
         )
-    if getattr(backend, "graphs", False):
-        raise ModelError(
-            f"{model}'s decode steps read {host_reads} on the host and can't be captured as "
-            "CUDA graphs: run with NINFER_CUDA_GRAPHS=0"
-        )
+    decode_eagerly(backend, f"{model}'s decode steps read {host_reads} on the host")
 
 
 def load_model(

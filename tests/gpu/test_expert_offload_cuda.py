@@ -9,10 +9,10 @@ What the device holds is checked too: the resident experts are row windows of th
 streamed windows have been released, and the expert tables do not outlive the blocks'
 replaced weights. All-resident engines upload whole banks, as without offload.
 
-Until this file has passed on a GPU, cuda is not in ``offload.OFFLOAD_BACKENDS``: the tests
-put it there (the switch), with ``NINFER_CUDA_GRAPHS=0`` and float32 prefill products (so
-the two engines' routers choose alike: the split routes with the moe family's ``route`` on
-``backend.linear``'s logits, the device block with its own kernel on its own product)."""
+Engines run with float32 prefill products, so the two engines' routers choose alike (the split
+routes with the moe family's ``route`` on ``backend.linear``'s logits, the device block with
+its own kernel on its own product), and capture decode graphs by default, which offload turns
+off (the split reads each block's routing on the host)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ninfer_runtime.engine import (
     TokenEvent,
 )
 from ninfer_runtime.errors import EngineError
-from ninfer_runtime.expert_offload import GPU_NOT_BUILT, GRAPHS_REFUSED
+from ninfer_runtime.expert_offload import NOT_SERVED
 from ninfer_runtime.expert_offload import offload as offload_module
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
 from ninfer_runtime.frontend import SamplingParams
@@ -62,10 +62,8 @@ def host(a: Any) -> np.ndarray:
 
 @pytest.fixture(scope="module", autouse=True)
 def offload_on_cuda():
-    """cuda on the switch, decode steps eager, prefill products in float32."""
+    """Prefill products in float32."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(offload_module, "OFFLOAD_BACKENDS", ("cpu", "cuda"))
-        mp.setenv("NINFER_CUDA_GRAPHS", "0")
         mp.setenv("NINFER_CUDA_PREFILL", "float32")
         yield
 
@@ -279,13 +277,12 @@ def test_a_small_pool_preempts_and_resumes_with_offload(artifacts, host_capacity
     assert (small.replayed_tokens > 0) == (host_capacity == "0")
 
 
-def test_graphs_and_the_switch_refuse_in_one_line(artifacts, monkeypatch):
+def test_graphs_turn_off_and_the_switch_refuses_in_one_line(artifacts, monkeypatch):
     path = artifacts["tiny_q4"]
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "1")
-    with pytest.raises(EngineError) as exc:
-        engine(path, "64GiB")
-    assert str(exc.value) == GRAPHS_REFUSED
+    assert engine(path, "64GiB").runner.model.backend.graphs is False
+    assert engine(path).runner.model.backend.graphs is True  # no budget: captured
     monkeypatch.setattr(offload_module, "OFFLOAD_BACKENDS", ("cpu",))
-    with pytest.raises(EngineError, match=GPU_NOT_BUILT) as exc:
+    with pytest.raises(EngineError, match=NOT_SERVED) as exc:
         engine(path, "64GiB")
     assert "\n" not in str(exc.value)

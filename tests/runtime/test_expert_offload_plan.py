@@ -8,7 +8,7 @@ import pytest
 
 from ninfer_runtime.errors import EngineError
 from ninfer_runtime.expert_offload import (
-    GPU_NOT_BUILT,
+    NOT_SERVED,
     ExpertOffload,
     VramBudgetError,
     WeightSizes,
@@ -97,10 +97,10 @@ def test_budget_settings_from_a_size_or_the_environment():
         vram_budget_setting("lots", {})
 
 
-def test_a_gpu_backend_refuses_a_budget_in_one_line():
-    with pytest.raises(EngineError, match=GPU_NOT_BUILT) as exc:
-        ExpertOffload.for_budget("8GiB", "cuda")
-    assert "\n" not in str(exc.value)
+def test_a_backend_offload_is_not_served_on_refuses_a_budget_in_one_line():
+    with pytest.raises(EngineError, match=NOT_SERVED) as exc:
+        ExpertOffload.for_budget("8GiB", "elsewhere")
+    assert "\n" not in str(exc.value) and "--backend elsewhere" in str(exc.value)
     with pytest.raises(EngineError, match="--tensor-parallel is not built"):
         ExpertOffload.for_budget("8GiB", "cpu", tensor_parallel=2)
     assert ExpertOffload.for_budget(None, "cuda") is None

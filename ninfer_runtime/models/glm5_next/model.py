@@ -31,7 +31,7 @@ from ...parallel import Collective
 from ...state import ContextPool
 from ..base import WithoutMtp, prepare_parameters, require_parameters
 from ..batch import Batch
-from ..registry import refuse_unserved, register_model
+from ..registry import check_backend, register_model
 from .config import read_config
 from .hyper_connections import collapse, expand
 from .kda import KimiDeltaAttention
@@ -122,7 +122,7 @@ def load_glm5_next(
 ) -> Glm5NextModel:
     # the reference latent attention and indexer read each row's position and slot on the
     # host, and the grouped MoE its chosen experts
-    refuse_unserved("GLM5Next", backend, SERVED_BACKENDS, "positions")
+    check_backend("GLM5Next", backend, SERVED_BACKENDS, "positions")
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
     return Glm5NextModel(artifact, backend, expert_offload)

@@ -11,7 +11,7 @@ Served on the backends in ``SERVED_BACKENDS`` (the CPU so far). The math is writ
 backend's array module: on CUDA the products, norms, Gated DeltaNet, K/V writes and MoE run
 on the kernels Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing
 on the host), but that path has not yet run on a GPU. Its decode steps read slots and
-positions on the host, so on CUDA they run eagerly (``NINFER_CUDA_GRAPHS=0``). There is no
+positions on the host, so on CUDA they run eagerly (never captured as CUDA graphs). There is no
 MTP block (transformers defines none for Qwen4Exp, so an artifact's ``mtp`` component is not
 run). PLE's n-gram tables are held whole
 or read row by row from the artifact (``ple_rows``: the model options ``ple_rows`` and
@@ -33,7 +33,7 @@ from ...state import ContextPool
 from ..base import WithoutMtp, prepare_parameters, require_parameters
 from ..batch import Batch
 from ..qwen3_5.attention import Rotary
-from ..registry import refuse_unserved
+from ..registry import check_backend
 from .config import INDEXED_ATTENTION, read_config
 from .hyper_connections import HyperConnection, expand
 from .layer import DecoderLayer
@@ -64,7 +64,7 @@ class Qwen4ExpModel(WithoutMtp):
         """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it
         plans into host memory are not prepared here; it splits each MoE block."""
         # PLE reads its lanes' slots and QSA each row's position on the host
-        refuse_unserved("Qwen4Exp", backend, SERVED_BACKENDS, "slots and positions")
+        check_backend("Qwen4Exp", backend, SERVED_BACKENDS, "slots and positions")
         self.config = g = read_config(artifact.components["text"].config)
         self.backend = backend
         names = self.parameter_names()
