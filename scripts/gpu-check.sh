@@ -9,14 +9,16 @@
 # (top 5) cost a 27B decode step and prefill (benchmarks/logprobs_bench.py, logprobs27.json).
 # SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json) and the
 # agent workload with the prefix cache on and off (agent27.json; about 4 minutes, so with
-# SKIP_TESTS=1). OPS=1 times every CUDA provider of the op families beside each other
+# SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes
+# (offload35.json). OPS=1 times every CUDA provider of the op families beside each other
 # (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
 # attention_providers.txt). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
 # of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
 # in the loop below). SHAPES picks the bench's shapes (default
 # "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
-# tests/gpu; TESTS_TIMEOUT their limit in seconds, default 300); DECODE="--lanes 1 --contexts 1024" narrows the decode table. TP=2 adds the
+# tests/gpu; TESTS_TIMEOUT their limit in seconds, default 300); DECODE="--lanes 1 --contexts
+# 1024" narrows the decode table. TP=2 adds the
 # decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
 # routed expert whole on one rank (--expert-parallel). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
@@ -64,6 +66,11 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --backend cuda --system-tokens 4000 --clients 8 --turns 5 --output-len 32 \
       --json "$OUT/agent$name.json" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload \
       | tee "$OUT/agent$name.txt"
+  fi
+  if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
+    timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
+      --vram-budget 8GiB --profile 1 --json "$OUT/offload$name.json" --record "$OUT/records.md" \
+      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
   fi
   if [ "$name" = 27 ] && [ "${SPEC:-0}" = 1 ]; then
     timeout 400 python3 -m ninfer_runtime.bench.cli run "$artifact" --spec mtp \
