@@ -46,6 +46,12 @@ from .geometries import GEOMETRIES
     help="n-gram (PLE) tables of about this share of their rows, for disk (a step reads as "
     "many rows either way)",
 )
+@click.option(
+    "--vision",
+    is_flag=True,
+    help="also write a Qwen3.5 vision component (the released tower's geometry; Qwen3.5/3.6 "
+    "geometries only) and its image processor config",
+)
 def synth(
     geometry: str,
     formats: str,
@@ -57,6 +63,7 @@ def synth(
     proposal_rows: int | None,
     layers: int | None,
     ple_rows_scale: float,
+    vision: bool,
 ) -> None:
     """Write a synthetic artifact: random valid codes and scales, no checkpoint needed.
 
@@ -70,13 +77,19 @@ def synth(
 
     from .synthetic import RecipeError, plan_synthetic, write_synthetic
 
-    shape = dict(mtp=mtp, proposal_rows=proposal_rows, layers=layers, ple_rows_scale=ple_rows_scale)
+    shape = dict(
+        mtp=mtp,
+        proposal_rows=proposal_rows,
+        layers=layers,
+        ple_rows_scale=ple_rows_scale,
+        vision=vision,
+    )
     try:
         plan = plan_synthetic(geometry, formats, **shape)
     except RecipeError as exc:
         raise click.BadParameter(str(exc), param_hint="--formats") from None
     except (ValueError, FormatError) as exc:
-        hint = "--layers" if "--layers" in str(exc) else "--proposal-rows"
+        hint = next((o for o in ("--layers", "--vision") if o in str(exc)), "--proposal-rows")
         raise click.BadParameter(str(exc), param_hint=hint) from None
     parts = ", ".join(f"{c} {b / 1e9:.3f}" for c, b in plan.bytes_by_component().items())
     click.echo(

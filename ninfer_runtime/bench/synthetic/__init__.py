@@ -14,7 +14,8 @@ Components: text, and the MTP block (``mtp/*``, in the recipe's MTP formats) whe
 lists it (every shipped recipe does). With MTP, the indexed proposal head (spec 5.6) too:
 ``proposal/head`` [Ns, H] in the recipe's proposal format and ``proposal/token_ids`` = 0 ..
 Ns - 1 (the synthetic tokenizer's tokens first); Ns defaults to ``DEFAULT_ROWS`` capped by
-the vocabulary.
+the vocabulary. With ``vision``, a Qwen3.5 vision component (``vision``: the released tower's
+geometry, its image processor config, Qwen's vision tokens in the tokenizer).
 
 Fewer layers (``layers``): the geometry's config cut to that many decoder layers at full width,
 keeping one of every kind of layer (``architectures.reduce_layers``); n-gram tables may be
@@ -26,8 +27,9 @@ Provenance records ``"synthetic": true`` with the geometry, recipe, seed, compon
 proposal rows.
 
 The package, one job a module: ``resources`` (the tokenizer and the other text resources),
-``plan`` (objects, bindings and uses: ``plan_synthetic``), ``chunks`` (one object's random
-encoded bytes: ``parent_chunks``) and ``writer`` (``write_synthetic``).
+``plan`` (objects, bindings and uses: ``plan_synthetic``), ``vision`` (the vision component),
+``chunks`` (one object's random encoded bytes: ``parent_chunks``) and ``writer``
+(``write_synthetic``).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ Value distributions (so a forward pass stays finite and activations keep their s
   bytes, and scale words (binary16 / E4M3FN / BF16) chosen from the code distribution's RMS;
 - zero-centred norms (RMSNorm_1p: gain ``1 + w``) get ``w`` ~ 0 (gain ~ 1); the GDN output
   norm (plain gain) ~ 1; the GDN convolution ~ N(0, 1/sqrt(T));
+- the vision tower's LayerNorm gains ~ 1, its biases ~ 0;
 - ``gdn/a_log`` = log U(1, 16), ``gdn/dt_bias`` ~ N(0, 0.5), both fp32.
 """
 
@@ -173,12 +174,18 @@ def _bf16_words(values: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
 
 
+#: the vision tower's LayerNorm gains (blocks and merger), which multiply by ``w`` itself
+_LAYER_NORM_GAINS = ("norm1_weight", "norm2_weight", "norm_weight")
+
+
 def _vector_values(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if name.endswith("gdn/a_log"):
         return np.log(rng.uniform(1.0, 16.0, size=shape))
     if name.endswith("gdn/dt_bias"):
         return rng.normal(0.0, 0.5, size=shape)
     if name.endswith("gdn/norm"):  # plain gain
+        return 1.0 + 0.05 * rng.standard_normal(shape)
+    if name.startswith("vision/") and name.endswith(_LAYER_NORM_GAINS):  # plain gains
         return 1.0 + 0.05 * rng.standard_normal(shape)
     if name.endswith("gdn/convolution"):
         return rng.normal(0.0, 1.0 / math.sqrt(shape[0]), size=shape)

@@ -35,6 +35,7 @@ from ...expert_offload.plan import routed_expert
 from ..architectures import architecture_of, reduce_layers, scale_ple_rows
 from ..geometries import GEOMETRIES
 from .resources import text_resources
+from .vision import VISION_TOKENS, chat_template, vision_config, vision_parameters, vision_resources
 
 #: the activation divisor of synthetic AllowA4 uses: 6 * 448 / (an activation amax of 8)
 ACTIVATION_DIVISOR = np.float32(6 * 448 / 8)
@@ -188,12 +189,14 @@ def plan_synthetic(
     proposal_rows: int | None = None,
     layers: int | None = None,
     ple_rows_scale: float = 1.0,
+    vision: bool = False,
 ) -> SyntheticPlan:
     """Parents, bindings, uses, auxiliaries and object specs, without generating any bytes.
     ``mtp``: the MTP component when the recipe has one (and the bench runs one for the
     architecture); ``proposal_rows``: see ``proposal_rows_for``; ``layers``: that many
     decoder layers at full width (every kind kept); ``ple_rows_scale``: n-gram tables of
-    about that share of their rows."""
+    about that share of their rows; ``vision``: a Qwen3.5 vision component too (the released
+    tower's geometry; a tiny one for the tiny geometries: ``vision.is_tiny``)."""
     if geometry not in GEOMETRIES:
         raise ValueError(f"unknown geometry {geometry!r} (known: {', '.join(GEOMETRIES)})")
     recipe = _recipe(formats, geometry)
@@ -203,6 +206,9 @@ def plan_synthetic(
     comps = tuple(c for c in recipe.components if c == "text" or (c == "mtp" and mtp and arch.mtp))
     rows = proposal_rows_for(geometry, proposal_rows, "mtp" in comps)
     logical = {s.name: _logical(s) for s in arch.parameters(config, comps, rows or None)}
+    tower = vision_config(geometry, config) if vision else None
+    if tower is not None:
+        logical.update({s.name: _logical(s) for s in vision_parameters(config, tower)})
     choices = {name: _choice(recipe, t) for name, t in logical.items()}
     parents = plan_parents(logical, recipe, choices=choices, stacking=_stacking(recipe))
     bindings, uses = bindings_and_uses(parents)
@@ -213,11 +219,20 @@ def plan_synthetic(
         return {}
 
     auxiliaries = attach_auxiliaries(parents, uses, provide)
-    resources = {f"resource/text/{role}": data for role, data in text_resources().items()}
+    by_component = {"text": text_resources()}
+    if tower is not None:
+        by_component["text"] = text_resources(VISION_TOKENS, chat_template())
+        by_component["vision"] = vision_resources(geometry, tower)
+    resources = {
+        f"resource/{component}/{role}": data
+        for component, roles in by_component.items()
+        for role, data in roles.items()
+    }
+    roles = {c: {role: f"resource/{c}/{role}" for role in r} for c, r in by_component.items()}
     components: dict[str, Any] = {
         "text": {
             "config": {**config, "architectures": [arch.architecture]},
-            "resources": {rid.rsplit("/", 1)[1]: rid for rid in resources},
+            "resources": roles["text"],
         }
     }
     if rows:
@@ -227,6 +242,8 @@ def plan_synthetic(
             "config": {"architectures": [arch.mtp_architecture]},
             "target": "text",
         }
+    if tower is not None:
+        components["vision"] = {"config": tower, "target": "text", "resources": roles["vision"]}
     specs: list[TensorSpec | ResourceSpec] = [
         ResourceSpec(rid, "raw_bytes_v1", len(data)) for rid, data in resources.items()
     ]

@@ -37,14 +37,17 @@ CHATML = (
 )
 
 
-def text_resources() -> dict[str, bytes]:
-    """A minimal byte-level BPE tokenizer (256 byte tokens, no merges, the Qwen specials) and
-    the other three text resources; ids stay below every geometry's vocabulary."""
+def text_resources(
+    extra_specials: tuple[str, ...] = (), template: str = CHATML
+) -> dict[str, bytes]:
+    """A minimal byte-level BPE tokenizer (256 byte tokens, no merges, the Qwen specials, then
+    ``extra_specials``) and the other three text resources (``template``: the chat template);
+    ids stay below every geometry's vocabulary."""
     vocab = {c: i for i, c in enumerate(_byte_alphabet())}
     added = [
         {"id": 256 + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": True}
-        for i, t in enumerate(SPECIAL_TOKENS)
+        for i, t in enumerate((*SPECIAL_TOKENS, *extra_specials))
     ]  # fmt: skip
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                   "use_regex": True}  # fmt: skip
@@ -75,6 +78,6 @@ def text_resources() -> dict[str, bytes]:
     return {
         "tokenizer.json": json.dumps(tokenizer).encode(),
         "tokenizer_config.json": json.dumps(config, indent=2).encode(),
-        "chat_template.jinja": CHATML.encode(),
+        "chat_template.jinja": template.encode(),
         "generation_config.json": json.dumps(generation, indent=2).encode(),
     }

@@ -41,17 +41,19 @@ def write_synthetic(
     proposal_rows: int | None = None,
     layers: int | None = None,
     ple_rows_scale: float = 1.0,
+    vision: bool = False,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: ProgressBar = silent,
 ) -> SynthesisReport:
     """Write a synthetic artifact of ``geometry`` with the formats of recipe ``formats``
-    (``mtp``, ``proposal_rows``, ``layers``, ``ple_rows_scale``: as ``plan_synthetic``);
+    (``mtp``, ``proposal_rows``, ``layers``, ``ple_rows_scale``, ``vision``: as
+    ``plan_synthetic``);
     ``progress`` shows the weight bytes written (``terminal_bar`` draws a bar)."""
     started = time.perf_counter()
     path = Path(path)
     plan = plan_synthetic(
         geometry, formats, mtp=mtp, proposal_rows=proposal_rows, layers=layers,
-        ple_rows_scale=ple_rows_scale,
+        ple_rows_scale=ple_rows_scale, vision=vision,
     )  # fmt: skip
     provenance = {
         "converter": "ninfer-bench synth",
