@@ -10,7 +10,8 @@
 # SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json) and the
 # agent workload with the prefix cache on and off (agent27.json; about 4 minutes, so with
 # SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes
-# (offload35.json). OPS=1 times every CUDA provider of the op families beside each other
+# (offload35.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
+# chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). OPS=1 times every CUDA provider of the op families beside each other
 # (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
 # attention_providers.txt). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
@@ -44,8 +45,10 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   geometry=${shape%%:*}
   name=${shape##*:}
   artifact=/tmp/bench$name.ninfer
-  timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
-    --formats "$geometry" -o "$artifact" --force | tail -1
+  vision=
+  [ "$name" = 27 ] && [ "${IMAGES:-0}" = 1 ] && vision=--vision
+  timeout 120 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
+    --formats "$geometry" -o "$artifact" --force $vision | tail -1
   timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} ${TP:+--tensor-parallel $TP} ${EP:+--expert-parallel} \
     --profile 1 --profile-prefill \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
@@ -54,6 +57,11 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1 --contexts 1024 \
       --steps 4 --prefill 0 --long-prefill 131072 --kv-dtype bfloat16 --json "$OUT/long$name.json" \
       --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+  fi
+  if [ -n "$vision" ]; then
+    timeout 240 python3 benchmarks/image_bench.py --model "$artifact" --backend cuda \
+      --image-size 1024 --runs 3 --json "$OUT/image$name.json" 2>&1 | grep -v upload \
+      | tee "$OUT/image$name.txt"
   fi
   if [ "$name" = 27 ] && [ "${LOGPROBS:-0}" = 1 ]; then
     timeout 240 python3 benchmarks/logprobs_bench.py "$artifact" --top 5 --lanes 1 \
