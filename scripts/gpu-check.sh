@@ -19,7 +19,7 @@
 # in the loop below). SHAPES picks the bench's shapes (default
 # "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
 # tests/gpu; TESTS_TIMEOUT their limit in seconds, default 300); DECODE="--lanes 1 --contexts
-# 1024" narrows the decode table. TP=2 adds the
+# 1024" narrows the decode table; RUN=0 skips it, for the shape's other benchmarks alone. TP=2 adds the
 # decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
 # routed expert whole on one rank (--expert-parallel). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
@@ -49,7 +49,7 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   [ "$name" = 27 ] && [ "${IMAGES:-0}" = 1 ] && vision=--vision
   timeout 120 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
     --formats "$geometry" -o "$artifact" --force $vision | tail -1
-  timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} ${TP:+--tensor-parallel $TP} ${EP:+--expert-parallel} \
+  [ "${RUN:-1}" = 1 ] && timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} ${TP:+--tensor-parallel $TP} ${EP:+--expert-parallel} \
     --profile 1 --profile-prefill \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
     2>&1 | grep -v upload
@@ -97,7 +97,7 @@ if [ "${GGUF:-0}" = 1 ]; then
     artifact=/tmp/gguf.ninfer
     timeout 90 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
       --formats "$mix" -o "$artifact" --force | tail -1
-    timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} --profile 1 \
+    [ "${RUN:-1}" = 1 ] && timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} --profile 1 \
       --json "$OUT/benchgguf_${geometry}_$mix.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     rm -f "$artifact"*
