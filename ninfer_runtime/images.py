@@ -43,10 +43,6 @@ from .models.vision_families import QWEN3_5, vision_family
 
 #: the tokens a chat template writes for one image (Qwen3.5's template; ninfer's built-in one)
 IMAGE_PAD = QWEN3_5.image_token
-#: the backends the image path is served on (the towers are array math on the backend's
-#: module with products through ``backend.linear``; the prefill takes placed rows on either;
-#: cuda since tests/gpu/test_images_cuda.py passed on a GPU)
-IMAGE_BACKENDS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -250,8 +246,12 @@ def load_vision(
         return None, "this model takes no images (its artifact has no vision component)"
     if not options.enabled:
         return None, "image input is turned off for this server ([vision] enabled = false)"
-    if backend_name not in IMAGE_BACKENDS:
-        return None, f"image input is not served on the {backend_name} backend"
+    served = vision_family(artifact).backends
+    if backend_name not in served:
+        return (
+            None,
+            f"image input for this model runs on {' and '.join(served)}, not {backend_name}",
+        )
     if tensor_parallel > 1:
         return None, "image input needs tensor_parallel 1"
     try:

@@ -42,16 +42,20 @@ def sequence_positions(
 @dataclass(frozen=True)
 class VisionFamily:
     """``tower(artifact, backend)``; ``image_token`` (the placeholder); ``sizing`` (the image
-    processor's, ``ImageProcessor.from_config``); ``positions`` (``Positions``)."""
+    processor's, ``ImageProcessor.from_config``); ``positions`` (``Positions``); ``backends``:
+    those the family's image path is served on (where its GPU test has passed)."""
 
     tower: Callable[[Any, Any], Any]
     image_token: str
     sizing: str
     positions: Positions
+    backends: tuple[str, ...]
 
 
-QWEN3_5 = VisionFamily(VisionTower, "<|image_pad|>", "area", prompt_positions)
-GLM5_NEXT = VisionFamily(Glm5NextVisionTower, "<|image|>", "tokens", sequence_positions)
+#: Qwen3.5's image path on cuda since tests/gpu/test_images_cuda.py passed on an H100;
+#: GLM5Next's tower is array math too but has no GPU test yet
+QWEN3_5 = VisionFamily(VisionTower, "<|image_pad|>", "area", prompt_positions, ("cpu", "cuda"))
+GLM5_NEXT = VisionFamily(Glm5NextVisionTower, "<|image|>", "tokens", sequence_positions, ("cpu",))
 #: the vision component's model_type -> its family, where not Qwen3.5's
 FAMILY_OF = {"glm5_next_vision": GLM5_NEXT}
 

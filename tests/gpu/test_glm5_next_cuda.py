@@ -3,8 +3,8 @@ CPU artifact tests build (``tests/tiny_glm5_next.py``, recipe ``glm5_next_bf16``
 heads as in ``tests/runtime/test_glm5_next_artifact.py``): KDA, latent attention with its own
 DSA indexer and with the shared one, the grouped MoE and the hyper-connections.
 
-GLM5Next is served on the backends of ``models.glm5_next.model.SERVED_BACKENDS``; these tests
-add cuda to it (``served_on_cuda``): once they pass on a GPU, cuda joins that list. On CUDA
+GLM5Next is served on the backends of ``models.glm5_next.model.SERVED_BACKENDS`` (cuda since
+these tests passed on an H100). On CUDA
 the model runs its reference ops (KDA, ``latent``, ``grouped_route``) as CuPy array math and
 its products through the backend, with decode steps run eagerly (the model turns a capturing
 backend's graphs off: the latent attention reads positions on the host, so its steps can't be
@@ -39,7 +39,6 @@ from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.engine import Engine, GenerationRequest, TokenEvent
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.models import load_model
-from ninfer_runtime.models.glm5_next import model as glm5_next_model
 from ninfer_runtime.runner import ModelRunner
 from tests.runtime.test_prefix_cache import _capacity, _concurrent, _serve
 
@@ -85,15 +84,14 @@ def glm5_next_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def served_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """GLM5Next served on cuda too (engines' CUDA backends capture graphs by default, which
-    the model turns off), float32 prefill products."""
-    monkeypatch.setattr(glm5_next_model, "SERVED_BACKENDS", ("cpu", "cuda"))
+def float32_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float32 prefill products (engines' CUDA backends capture graphs by default, which the
+    model turns off)."""
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
 
 
 def test_cuda_rows_serve_every_op_and_captured_steps_run_eagerly(
-    served_on_cuda: None, glm5_next_artifact: Path
+    float32_products: None, glm5_next_artifact: Path
 ) -> None:
     """Runs without a GPU: the ``cuda`` policy rows on numpy arrays (the reference providers;
     where CuPy is installed its kernels would take the rows, so the GPU tests stand instead)."""
@@ -127,7 +125,7 @@ def test_cuda_rows_serve_every_op_and_captured_steps_run_eagerly(
 @on_gpu
 @pytest.mark.parametrize("chunk", [512, 16])
 def test_runner_logits_and_greedy_tokens_match_cpu(
-    chunk: int, served_on_cuda: None, glm5_next_artifact: Path
+    chunk: int, float32_products: None, glm5_next_artifact: Path
 ) -> None:
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
@@ -190,7 +188,7 @@ def _greedy(engine: Engine, prompt: list[int], tokens: int = 20) -> list[int]:
 
 
 @on_gpu
-def test_engine_greedy_equals_cpu(served_on_cuda: None, glm5_next_artifact: Path) -> None:
+def test_engine_greedy_equals_cpu(float32_products: None, glm5_next_artifact: Path) -> None:
     cpu = Engine(glm5_next_artifact, max_context=256, prefill_chunk=32)
     gpu = Engine(glm5_next_artifact, backend="cuda", max_context=256, prefill_chunk=32)
     rng = np.random.default_rng(4)
@@ -201,7 +199,7 @@ def test_engine_greedy_equals_cpu(served_on_cuda: None, glm5_next_artifact: Path
 
 @on_gpu
 def test_prefix_cache_and_preemption_equal_cold_cpu_streams(
-    served_on_cuda: None, glm5_next_artifact: Path
+    float32_products: None, glm5_next_artifact: Path
 ) -> None:
     """``tests/runtime/artifact_checks.assert_warm_streams_equal_cold`` and the CPU artifact
     test's preemption case, with the warm and the constrained engines on CUDA."""

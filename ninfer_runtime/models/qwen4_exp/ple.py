@@ -138,7 +138,7 @@ class PerLayerEmbedding:
             lanes = [(slice(i * t, (i + 1) * t), s) for i, s in enumerate(slots)]
         host_ids = to_numpy(ids)
         row_ids = [self.row_ids(host_ids[rows], memory.ple_context[slot]) for rows, slot in lanes]
-        embeddings = self.embeddings(xp.concatenate(row_ids))
+        embeddings = self.embeddings(np.concatenate(row_ids))  # hashed on the host
         outs, at = [], 0
         for (rows, slot), lane_rows in zip(lanes, row_ids, strict=True):
             e, at = embeddings[at : at + lane_rows.shape[0]], at + lane_rows.shape[0]
