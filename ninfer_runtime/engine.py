@@ -130,6 +130,7 @@ class Engine:
             vram_budget=vram_budget,
             host_expert_cache=host_expert_cache,
             expert_stream_rows=expert_stream_rows,
+            prefill_chunk=prefill_chunk,
             vision=vision,
             model_options=model_options,
         )

@@ -8,10 +8,11 @@ The engine drives it in four steps:
    (``ContextPool.planned_bytes``);
 2. ``plan_load``, called by the model before it prepares any weight: has a backend that
    captures decode steps as CUDA graphs run them eagerly (the split reads each block's
-   routing on the host every step), plans from the artifact's stored sizes and the pool's
-   planned bytes (refusing a budget below the weights that must be resident, before anything
-   is loaded), and tells the model to leave every routed expert of the text layers
-   unprepared;
+   routing on the host every step), asks the backend for its workspace at the engine's
+   prefill chunk (``backend_workspace``), plans from the artifact's stored sizes, that
+   workspace and the pool's planned bytes (refusing a budget below what must be resident,
+   before anything is loaded), and tells the model to leave every routed expert of the text
+   layers unprepared;
 3. ``attach`` once the model's layers exist: each MoE block (``split_moe.SplittableMoe``)
    becomes a ``SplitMoe``, which prepares the plan's resident experts one expert at a time
    (each its own device window on CUDA) and holds the others in host memory;
@@ -52,6 +53,21 @@ OFFLOAD_BACKENDS = ("cpu", "cuda")
 NOT_SERVED = "expert offload is not served on this backend"
 #: why a backend capturing decode steps as CUDA graphs runs them eagerly with offload on
 HOST_ROUTING = "expert offload reads each MoE block's routing on the host every step"
+#: the token rows of a prefill call when the engine does not give its prefill chunk (the
+#: default chunk of ``Engine`` and ``ModelRunner.prefill``)
+PREFILL_ROWS = 512
+
+
+def backend_workspace(backend: Any, artifact: Any, rows: int) -> int:
+    """The device bytes ``backend`` states it needs beside the weights and the context pool
+    for prefill calls of ``rows`` token rows of the artifact's text model: its
+    ``device_workspace(text_config, rows)`` (the CUDA backend's scratch, activations and
+    logits, ``backends/cuda/workspace.py``; the CPU's simulated device, 0); a backend without
+    one needs none."""
+    state = getattr(backend, "device_workspace", None)
+    if state is None:
+        return 0
+    return int(state(artifact.components["text"].config or {}, rows))
 
 
 class ExpertOffload:
@@ -68,18 +84,24 @@ class ExpertOffload:
         host_cache: int | str | None = None,
         stream_rows: int | None = STREAM_ROWS,
         stream_window: int | None = None,
+        prefill_rows: int = PREFILL_ROWS,
     ):
         """``counts``: a priority kept from earlier (layer -> hits per expert, e.g. a run's
-        ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes
-        the backend needs beside weights and context (0 on the CPU); ``host_cache``: host
-        bytes for decoded copies of the host experts routing chooses most (``[engine]
-        host_expert_cache``; None: a quarter of the available memory, 0: none);
+        ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes to
+        plan beside weights and context besides the backend's own, which ``plan_load`` adds
+        for prefill calls of ``prefill_rows`` rows (the engine's prefill chunk);
+        ``host_cache``: host bytes for decoded copies of the host experts routing chooses
+        most (``[engine] host_expert_cache``; None: a quarter of the available memory, 0:
+        none);
         ``stream_rows``: the prefill window's threshold (``stream_window``), ``stream_window``
         its device bytes, planned as workspace (None: no cap, as the CPU's simulated device)."""
         self.budget = budget
         self.calibrate = calibrate and counts is None
         self.priority = counts
-        self.workspace = workspace + (stream_window or 0)
+        self.prefill_rows = prefill_rows
+        #: the device bytes planned beside weights and context: ``workspace`` and the stream
+        #: window, and from ``plan_load`` on the backend's own (``backend_workspace``)
+        self.workspace = self._given_workspace = workspace + (stream_window or 0)
         self.host = HostCompute(threads)
         #: host bytes for decoded float32 copies of the hottest host experts
         self.host_cache = host_cache_setting(host_cache)
@@ -104,9 +126,11 @@ class ExpertOffload:
         calibrate: bool = True,
         host_cache: int | str | None = None,
         stream_rows: int | None = None,
+        prefill_rows: int | None = None,
     ) -> ExpertOffload | None:
         """The offload a ``--vram-budget`` asks for (None: no budget, all resident);
-        ``stream_rows`` None: ``STREAM_ROWS``."""
+        ``stream_rows`` None: ``STREAM_ROWS``; ``prefill_rows``: the engine's prefill chunk
+        (None: ``PREFILL_ROWS``)."""
         size = parse_size(budget, "vram budget")
         if size is None:
             return None
@@ -119,13 +143,21 @@ class ExpertOffload:
         if tensor_parallel > 1:
             raise EngineError("--vram-budget with --tensor-parallel is not built yet")
         rows = STREAM_ROWS if stream_rows is None else stream_rows
-        return cls(size, calibrate=calibrate, host_cache=host_cache, stream_rows=rows)
+        return cls(
+            size,
+            calibrate=calibrate,
+            host_cache=host_cache,
+            stream_rows=rows,
+            prefill_rows=PREFILL_ROWS if prefill_rows is None else prefill_rows,
+        )
 
     # ------------------------------------------------------------------ while loading
     def plan_load(self, model: Any, artifact: Any, names: Sequence[str]) -> Callable[[str], bool]:
         """The first plan, before ``model`` prepares any of ``names`` (all the parameters it
-        loads): from their stored sizes and the context pool's planned bytes for the model's
-        memory (``model.state_specs()``, so the model's config must be read by now).
+        loads): from their stored sizes, the backend's workspace for the artifact's text
+        config at ``prefill_rows`` (with decode steps already eager: no graphs to count) and
+        the context pool's planned bytes for the model's memory (``model.state_specs()``, so
+        the model's config must be read by now).
         Returns which parameters to leave unprepared: every routed expert of the text
         layers (``attach`` prepares the resident ones, one expert at a time).
         ``VramBudgetError`` here costs no loading."""
@@ -134,6 +166,9 @@ class ExpertOffload:
         self._sizes = WeightSizes.measure(artifact, names)
         self.stream.sizes = self._sizes.experts
         self._context = self.context_bytes(model) if self.context_bytes is not None else 0
+        self.workspace = self._given_workspace + backend_workspace(
+            model.backend, artifact, self.prefill_rows
+        )
         plan = plan_residency(
             self._sizes,
             self.budget,

@@ -38,15 +38,12 @@ from .constants import device_constant
 from .graphs import GraphStep
 from .slabs import SlabBuffers
 from .weights import DenseWeight, PackedWeight, Residency, Segment
+from .workspace import SCRATCH_BYTES, prefill_workspace
 
 log = logging.getLogger("ninfer.cuda")
 
 #: cublasMath_t CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h); CuPy does not export the name
 TF32_TENSOR_OP_MATH = 3
-
-#: bytes of each of the dequantization scratch buffers (``slabs.SlabBuffers``: two for
-#: eager products, one for captured ones)
-SCRATCH_BYTES = 128 << 20
 
 
 class CudaBackend(ops.ReferenceOps):
@@ -91,6 +88,13 @@ class CudaBackend(ops.ReferenceOps):
         if headroom is None:
             headroom = max(2 << 30, total // 20)
         return max(int(free) - headroom - 3 * SCRATCH_BYTES, 0)
+
+    def device_workspace(self, config: Any, rows: int) -> int:
+        """Device bytes beside the weights and the context pool for prefill calls of up to
+        ``rows`` rows of the model its text ``config`` describes (``workspace.py``): the
+        dequantization scratch (the captured products' buffer while decode steps are
+        captured), the MoE routers' copies and the widest point's activations and logits."""
+        return prefill_workspace(config, rows, captured=bool(self.graphs))
 
     @property
     def load_report(self) -> Any:
