@@ -26,6 +26,11 @@ Array = Any
 #: (token id, log-probability) pairs, most likely first
 TopLogprobs = tuple[tuple[int, float], ...]
 
+#: a prompt scored token by token (``prompt_logprobs``) is read alone, in chunks of at most
+#: this many tokens: each chunk's logits over the whole vocabulary are computed at once (the
+#: most logit rows any prefill call computes)
+PROMPT_LOGPROB_CHUNK = 256
+
 
 @dataclass(frozen=True)
 class TokenLogprobs:

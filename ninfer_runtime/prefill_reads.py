@@ -11,10 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .lane import Lane, Read
-
-#: a prompt scored token by token (``prompt_logprobs``) is read in chunks of at most this
-#: many tokens: each chunk's logits over the whole vocabulary are computed at once
-PROMPT_LOGPROB_CHUNK = 256
+from .logprobs import PROMPT_LOGPROB_CHUNK
 
 
 def prefill_reads(

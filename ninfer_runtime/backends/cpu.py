@@ -48,7 +48,7 @@ class CpuBackend(ops.ReferenceOps):
     def array(self, weight: Weight) -> Array:
         return weight
 
-    def device_workspace(self, config: Any, rows: int) -> int:
+    def device_workspace(self, config: Any, rows: int, logit_rows: int) -> int:
         """No device bytes beside weights and context: this backend's "device" is host
         memory, simulated (``--vram-budget`` plans stored sizes as a GPU would hold them)."""
         return 0

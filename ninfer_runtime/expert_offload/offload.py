@@ -35,6 +35,7 @@ import numpy as np
 from ..backends import decode_eagerly
 from ..capacity import parse_size
 from ..errors import EngineError
+from ..logprobs import PROMPT_LOGPROB_CHUNK
 from ..sizes import format_size
 from .calibration import routing_counts
 from .counters import ExpertCounters
@@ -60,14 +61,16 @@ PREFILL_ROWS = 512
 
 def backend_workspace(backend: Any, artifact: Any, rows: int) -> int:
     """The device bytes ``backend`` states it needs beside the weights and the context pool
-    for prefill calls of ``rows`` token rows of the artifact's text model: its
-    ``device_workspace(text_config, rows)`` (the CUDA backend's scratch, activations and
-    logits, ``backends/cuda/workspace.py``; the CPU's simulated device, 0); a backend without
-    one needs none."""
+    for prefill calls of ``rows`` token rows of the artifact's text model, at most
+    ``PROMPT_LOGPROB_CHUNK`` of them scored (a scored prompt reads alone, in chunks that
+    long): its ``device_workspace(text_config, rows, logit_rows)`` (the CUDA backend's
+    scratch, activations and logits, ``backends/cuda/workspace.py``; the CPU's simulated
+    device, 0); a backend without one needs none."""
     state = getattr(backend, "device_workspace", None)
     if state is None:
         return 0
-    return int(state(artifact.components["text"].config or {}, rows))
+    config = artifact.components["text"].config or {}
+    return int(state(config, rows, min(rows, PROMPT_LOGPROB_CHUNK)))
 
 
 class ExpertOffload:

@@ -22,6 +22,7 @@ from ninfer_runtime.expert_offload import (
     VramBudgetError,
     WeightSizes,
 )
+from ninfer_runtime.logprobs import PROMPT_LOGPROB_CHUNK
 from ninfer_runtime.sizes import format_size
 from tests.runtime.offload_runs import CONTEXT, budget_shares, engine
 
@@ -35,8 +36,8 @@ class StatedWorkspace(CpuBackend):
         self.nbytes = nbytes
         self.asked: list[tuple[Any, int]] = []
 
-    def device_workspace(self, config: Any, rows: int) -> int:
-        self.asked.append((config, rows))
+    def device_workspace(self, config: Any, rows: int, logit_rows: int) -> int:
+        self.asked.append((config, rows, logit_rows))
         return self.nbytes
 
 
@@ -74,8 +75,9 @@ def test_a_stated_workspace_takes_exactly_its_bytes_from_the_experts(q4_moe):
     budget = sizes.other + sizes.expert_total  # every expert resident, no workspace
     assert first_plan(q4_moe, CpuBackend(), budget).resident_fraction == 1
     backend = StatedWorkspace(3 * per_expert)
-    plan = first_plan(q4_moe, backend, budget, rows=96)
-    assert backend.asked == [(artifact.components["text"].config, 96)]
+    plan = first_plan(q4_moe, backend, budget, rows=1024)
+    # a scored prompt's chunk is the most rows that get logits
+    assert backend.asked == [(artifact.components["text"].config, 1024, PROMPT_LOGPROB_CHUNK)]
     assert plan.workspace == 3 * per_expert
     assert sum(len(r) for r in plan.resident.values()) == sum(plan.experts.values()) - 3
     assert plan.resident_bytes == sizes.expert_total - 3 * per_expert
@@ -107,14 +109,14 @@ def test_the_engine_plans_the_workspace_at_its_prefill_chunk(q4_moe, shares):
         vram_budget=floor + experts,
         host_expert_cache=0,
     )
-    assert [rows for _, rows in backend.asked] == [24]
+    assert [asked[1:] for asked in backend.asked] == [(24, 24)]  # a scored chunk: every row
     plan = e.expert_offload.plan
     assert plan.workspace == experts // 2 and plan.resident_bytes <= experts - experts // 2
 
 
 def test_the_cpu_backend_states_no_workspace(q4_moe):
     """So every plan on the CPU is what it was before backends stated workspaces."""
-    assert CpuBackend().device_workspace(GEOMETRIES["qwen3_6_35b_a3b"], 2048) == 0
+    assert CpuBackend().device_workspace(GEOMETRIES["qwen3_6_35b_a3b"], 2048, 256) == 0
     plan = engine(q4_moe, "1GiB").expert_offload.plan
     assert plan.workspace == 0 and plan.context > 0
 
@@ -122,15 +124,19 @@ def test_the_cpu_backend_states_no_workspace(q4_moe):
 @pytest.mark.parametrize("name", ["qwen3_6_27b", "qwen3_6_35b_a3b"])
 def test_the_cuda_estimate_of_the_official_geometries(name):
     """At a 2,048-row chunk with decode graphs off (as offload runs): two scratch slabs
-    (256 MiB) and, the widest point, the output head's 2,048 rows of 248,320 float32
-    logits (1.94 GiB) beside the residual rows; the MoE routers' copies on the 35B-A3B."""
+    (256 MiB), the MoE routers' copies on the 35B-A3B, and the widest point: the 27B's Gated
+    DeltaNet layer, the 35B-A3B's MoE block (a scored chunk's 256 rows of 248,320 float32
+    logits, 243 MiB, are narrower than either)."""
     config = GEOMETRIES[name]
-    at = {rows: prefill_workspace(config, rows, captured=False) for rows in (512, 2048, 4096)}
-    assert 2 * GiB < at[2048] < 3 * GiB
+    at = {r: prefill_workspace(config, r, 256, captured=False) for r in (512, 2048, 4096)}
+    assert 0.5 * GiB < at[2048] < 1.5 * GiB
     assert at[512] < at[2048] < at[4096]
-    assert prefill_workspace(config, 2048) == at[2048] + SCRATCH_BYTES  # graphs: one more
-    logits = 2048 * config["vocab_size"] * 4
-    assert at[2048] >= 2 * SCRATCH_BYTES + router_copies(config) + logits
+    assert prefill_workspace(config, 2048, 256) == at[2048] + SCRATCH_BYTES  # graphs: one more
+    logits = 256 * config["vocab_size"] * 4
+    assert at[2048] > 2 * SCRATCH_BYTES + router_copies(config) + logits
+    # every row scored (a chunk of 2,048 scored rows) would cost the logits of every row
+    every = prefill_workspace(config, 2048, 2048, captured=False)
+    assert every - at[2048] >= (2048 - 256) * config["vocab_size"] * 4 - GiB // 2
     if name == "qwen3_6_35b_a3b":  # 40 layers' and a window's 4 x [257, 2048] float32
         assert router_copies(config) == 41 * 4 * 257 * 2048 * 4
     else:

@@ -89,12 +89,13 @@ class CudaBackend(ops.ReferenceOps):
             headroom = max(2 << 30, total // 20)
         return max(int(free) - headroom - 3 * SCRATCH_BYTES, 0)
 
-    def device_workspace(self, config: Any, rows: int) -> int:
+    def device_workspace(self, config: Any, rows: int, logit_rows: int) -> int:
         """Device bytes beside the weights and the context pool for prefill calls of up to
-        ``rows`` rows of the model its text ``config`` describes (``workspace.py``): the
-        dequantization scratch (the captured products' buffer while decode steps are
-        captured), the MoE routers' copies and the widest point's activations and logits."""
-        return prefill_workspace(config, rows, captured=bool(self.graphs))
+        ``rows`` rows, ``logit_rows`` of them scored, of the model its text ``config``
+        describes (``workspace.py``): the dequantization scratch (the captured products'
+        buffer while decode steps are captured), the MoE routers' copies and the widest
+        point's activations and logits."""
+        return prefill_workspace(config, rows, logit_rows, captured=bool(self.graphs))
 
     @property
     def load_report(self) -> Any:

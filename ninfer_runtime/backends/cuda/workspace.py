@@ -46,10 +46,13 @@ F32, BF16 = 4, 2
 ROUTER_COPIES = 4
 
 
-def prefill_workspace(config: Mapping[str, Any], rows: int, *, captured: bool = True) -> int:
+def prefill_workspace(
+    config: Mapping[str, Any], rows: int, logit_rows: int, *, captured: bool = True
+) -> int:
     """Device bytes beside weights and context for prefill calls of up to ``rows`` token
-    rows of the model ``config`` describes (its text config), and every row's logits;
-    ``captured``: decode steps are captured as CUDA graphs (their scratch buffer counts)."""
+    rows of the model ``config`` describes (its text config), computing the logits of up to
+    ``logit_rows`` of them; ``captured``: decode steps are captured as CUDA graphs (their
+    scratch buffer counts)."""
     rows = max(int(rows), 1)
     return (
         (EAGER_SCRATCH_BUFFERS + captured) * SCRATCH_BYTES
@@ -59,7 +62,7 @@ def prefill_workspace(config: Mapping[str, Any], rows: int, *, captured: bool = 
             _attention(config, rows),
             _dense_mlp(config, rows),
             _moe(config, rows),
-            _head(config, rows),
+            _head(config, rows, min(rows, logit_rows)),
         )
     )
 
@@ -158,11 +161,11 @@ def _moe(config: Mapping[str, Any], rows: int) -> int:
     return _residual(config, rows) + (max(tensor, gemv) + rows * per_row) * F32
 
 
-def _head(config: Mapping[str, Any], rows: int) -> int:
-    """The output head: the residual stream, the final norm's hidden rows and their bf16
-    copy, and logits for every row (a scored prompt computes them all)."""
+def _head(config: Mapping[str, Any], rows: int, logit_rows: int) -> int:
+    """The output head: the residual stream, and for the ``logit_rows`` it scores the final
+    norm's hidden rows (bf16) and their logits."""
     hidden = config["hidden_size"]
-    return _residual(config, rows) + rows * (hidden * BF16 + config["vocab_size"] * F32)
+    return _residual(config, rows) + logit_rows * (hidden * BF16 + config["vocab_size"] * F32)
 
 
 def _experts(config: Mapping[str, Any]) -> int:
