@@ -87,3 +87,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     tr.write_line(f"{'recipe':<12} {'top-1':>7} {'mean KL':>10} {'max|Δ| vs HF':>14}")
     for recipe, top1, kl, err in sorted(QUALITY_ROWS):
         tr.write_line(f"{recipe:<12} {top1:>7.3f} {kl:>10.5f} {err:>14.2e}")
+
+
+# --------------------------------------------------------------- expert offload (MoE)
+@pytest.fixture(scope="module")
+def q4_moe(artifact_path):
+    """The tiny MoE artifact in q4 tiles, which the expert-offload tests split."""
+    return artifact_path("tiny_q4", "moe")
+
+
+@pytest.fixture(scope="module")
+def shares(q4_moe):
+    """The budget's floor (no routed expert resident) and the routed experts' bytes."""
+    from tests.runtime.offload_runs import budget_shares
+
+    return budget_shares(q4_moe)

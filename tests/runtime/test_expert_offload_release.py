@@ -8,14 +8,13 @@ graphs is refused in one line before any weight is prepared. Tiny Qwen3.5 MoE.""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload.plan import routed_expert
 from ninfer_runtime.expert_offload.split_moe import expert_names
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
-from tests.runtime.offload_runs import CONTEXT, budget_shares
+from tests.runtime.offload_runs import CONTEXT
 
 
 class Recording(CpuBackend):
@@ -37,16 +36,6 @@ class Recording(CpuBackend):
 
     def release(self, weights) -> None:
         self.released.append(list(weights))
-
-
-@pytest.fixture(scope="module")
-def q4_moe(artifact_path):
-    return artifact_path("tiny_q4", "moe")
-
-
-@pytest.fixture(scope="module")
-def shares(q4_moe):
-    return budget_shares(q4_moe)
 
 
 def test_experts_are_prepared_alone_and_released_when_they_leave(q4_moe, shares):

@@ -31,17 +31,6 @@ def prefill_then_greedy(
 
 
 @pytest.fixture(scope="module")
-def q4_moe(artifact_path):
-    return artifact_path("tiny_q4", "moe")
-
-
-@pytest.fixture(scope="module")
-def shares(q4_moe):
-    """The budget's floor (no routed expert resident) and the routed experts' bytes."""
-    return budget_shares(q4_moe)
-
-
-@pytest.fixture(scope="module")
 def reference(q4_moe):
     return prefill_then_greedy(Engine(q4_moe, max_context=CONTEXT, max_lanes=1).runner, 64)
 

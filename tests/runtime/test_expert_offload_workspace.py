@@ -24,7 +24,7 @@ from ninfer_runtime.expert_offload import (
 )
 from ninfer_runtime.logprobs import PROMPT_LOGPROB_CHUNK
 from ninfer_runtime.sizes import format_size
-from tests.runtime.offload_runs import CONTEXT, budget_shares, engine
+from tests.runtime.offload_runs import CONTEXT, engine
 
 GiB = 1 << 30
 
@@ -39,17 +39,6 @@ class StatedWorkspace(CpuBackend):
     def device_workspace(self, config: Any, rows: int, logit_rows: int) -> int:
         self.asked.append((config, rows, logit_rows))
         return self.nbytes
-
-
-@pytest.fixture(scope="module")
-def q4_moe(artifact_path):
-    return artifact_path("tiny_q4", "moe")
-
-
-@pytest.fixture(scope="module")
-def shares(q4_moe):
-    """The budget's floor (no routed expert resident) and the routed experts' bytes."""
-    return budget_shares(q4_moe)
 
 
 def text_names(artifact: Artifact) -> list[str]:
