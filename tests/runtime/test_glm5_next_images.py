@@ -165,3 +165,23 @@ def test_engine_greedy_equals_transformers_generate(converted, hf) -> None:
     tokens = run(engine, req)[0]
     processor = ImageProcessor.from_config(PROCESSOR, sizing="tokens")
     assert tokens == hf_greedy(hf, engine, req, len(tokens), processor, token_types=False)
+
+
+def test_each_vision_family_states_its_backends(converted) -> None:
+    """GLM5Next's tower has no GPU test yet: a cuda engine refuses its images in one line,
+    where Qwen3.5's family serves cuda (its GPU test passed)."""
+    from ninfer_format import Artifact
+    from ninfer_runtime.images import VisionOptions, load_vision
+    from ninfer_runtime.models.vision_families import GLM5_NEXT, QWEN3_5
+
+    assert "cuda" in QWEN3_5.backends and GLM5_NEXT.backends == ("cpu",)
+    _, path = converted
+    vision, refused = load_vision(
+        Artifact.open(path),
+        get_backend("cpu"),
+        None,
+        VisionOptions(),
+        backend_name="cuda",
+        tensor_parallel=1,
+    )
+    assert vision is None and refused == "image input for this model runs on cpu, not cuda"
