@@ -204,7 +204,7 @@ def device_events(
                 windows.append((e.name[len(WINDOW_PREFIX) :], start, end))
             continue
         kind = getattr(e, "activity_type", None)  # recent torch says what each event is
-        if e.device_type == DeviceType.CUDA and (kind is None or kind in DEVICE_WORK):
+        if e.device_type == DeviceType.CUDA and (kind is None or kind.lower() in DEVICE_WORK):
             kernels.append((e.name, start, end - start))
     return kernels, windows
 
