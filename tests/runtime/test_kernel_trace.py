@@ -142,3 +142,45 @@ def test_the_trace_says_why_it_is_missing_and_never_raises(monkeypatch):
     assert P.trace_rows(gpu, lanes=1, context=8) == [
         {"kind": "kernel trace", "unavailable": "ZeroDivisionError: division by zero"}
     ]
+
+
+def test_the_trace_runs_each_step_in_a_window_and_retraces_graphs_eagerly(tmp_path, monkeypatch):
+    """The decode steps and the prefill chunk run (here on the CPU backend) inside the windows
+    the profiler's events are split by; a graph replay whose kernels the profiler missed
+    is traced again eagerly, and the backend keeps its graphs."""
+    from contextlib import contextmanager
+
+    from ninfer_format import Artifact
+    from ninfer_runtime.bench import kernel_profiler as P
+    from ninfer_runtime.bench.synthetic import write_synthetic
+    from ninfer_runtime.models import load_model
+    from ninfer_runtime.runner import ModelRunner
+
+    path = tmp_path / "s.ninfer"
+    write_synthetic(path, "tiny_dense", "qwen3_6_27b", seed=1)
+    runner = ModelRunner(load_model(Artifact.open(path), "cpu"))
+    sessions = []
+
+    def record(work):
+        labels = []
+
+        @contextmanager
+        def window(label):
+            labels.append(label)
+            yield
+
+        work(window)
+        sessions.append(labels)
+        per_window = 1 if len(sessions) == 1 else 40  # a replay's copy alone, then every kernel
+        return {label: [("k", 10.0 * i, 5.0) for i in range(per_window)] for label in labels}
+
+    monkeypatch.setattr(P, "record", record)
+    monkeypatch.setattr(P, "_keep_cupti_for_graphs", lambda graphs: None)
+    monkeypatch.setattr(runner.backend, "graphs", True, raising=False)
+    rows = P._trace(runner, 2, 8, 16, 3, "float32")
+    decode = ["decode 0", "decode 1", "decode 2"]
+    assert sessions == [[*decode, "prefill"], decode]
+    assert rows[0]["of"] == "decode" and rows[0]["kernels"] == 40
+    assert rows[0]["mode"] == "eager: the profiler saw no kernels inside CUDA graph replays"
+    assert rows[1]["of"] == "prefill" and rows[1]["tokens"] == 16 and rows[1]["kernels"] == 1
+    assert runner.backend.graphs is True
