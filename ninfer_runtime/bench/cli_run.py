@@ -144,10 +144,12 @@ def run(
 
     from ..errors import EngineError
     from ..runner import ModelRunner
+    from . import kernel_trace
     from . import layer_times as T
     from . import measure as M
     from . import record as R
     from .active_bytes import ActiveWeights, active_weights
+    from .kernel_profiler import trace_rows
 
     drafts = chosen_draft_tokens(spec, draft_tokens, measure_acceptance)
     started = time.perf_counter()
@@ -248,6 +250,14 @@ def run(
             )
             for name, ms in spent.items():
                 click.echo(f"  {name:<18} {ms:8.3f}")
+    if profile_lanes or profile_prefill:  # last: the profiler's hooks time nothing else
+        traced = trace_rows(
+            runner, lanes=profile_lanes, context=contexts[0], kv_dtype=kv_dtype,
+            chunk=chunk if profile_prefill else 0,
+        )  # fmt: skip
+        rows += traced
+        for row in traced:
+            click.echo("\n".join(kernel_trace.lines(row)))
     if ranks > 1:
         del runner  # one rank's model leaves the device before the ranks load theirs
         rows += parallel_table(

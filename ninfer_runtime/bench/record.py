@@ -3,8 +3,8 @@
 A record names what the numbers depend on: the date, the device, the source commit (or the
 installed version outside a git checkout), the artifact, the K/V storage and the measured
 copy bandwidth; then the decode table, the speculative tables (``--spec mtp``), the prefill
-line and the profile, as the CLI printed them. Sections are appended, so a file such as
-``docs/performance.md`` keeps every run.
+line, the profiles and the kernel trace, as the CLI printed them. Sections are appended, so
+a file such as ``docs/performance.md`` keeps every run.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from . import kernel_trace
 
 SOURCE_DIR = Path(__file__).resolve().parents[2]
 
@@ -151,6 +153,8 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
                 f"(ablation): {spent}.",
                 "",
             ]
+        elif r["kind"] == "kernel trace":
+            lines += [kernel_trace.record_line(r), ""]
     return "\n".join(lines)
 
 

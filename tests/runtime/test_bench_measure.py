@@ -75,6 +75,21 @@ def test_run_prints_a_table_and_writes_rows(artifacts, tmp_path):
     assert set(M.PROFILED_OPS) <= set(profile) and profile["step"] > 0
 
 
+def test_profile_on_the_cpu_says_the_kernel_trace_is_unavailable(artifacts, tmp_path):
+    """``--profile 1`` on the CPU backend: the ablation as ever, then one line saying why
+    there is no kernel trace, in the output, the rows and the record."""
+    out, md = tmp_path / "rows.json", tmp_path / "perf.md"
+    args = "--backend cpu --lanes 1 --contexts 8 --steps 1 --prefill 0 --profile 1"
+    args += f" --json {out} --record {md}"
+    result = CliRunner().invoke(main, ["run", str(artifacts["tiny_dense"]), *args.split()])
+    assert result.exit_code == 0, result.output
+    why = "kernel trace unavailable: the CPU backend runs no CUDA kernels"
+    assert result.output.index("profile, 1 lane(s)") < result.output.index(why)
+    rows = json.loads(out.read_text())
+    assert {"kind": "kernel trace", "unavailable": why.split(": ")[1]} in rows
+    assert "Kernel trace unavailable: the CPU backend runs no CUDA kernels." in md.read_text()
+
+
 def test_run_times_the_decode_table_over_ranks_beside_one_rank(artifacts, tmp_path):
     """``--tensor-parallel 2``: the decode table again over two ranks (processes, on the CPU
     backend), each row with its speedup over one rank's step and rank 0's share of the bytes
