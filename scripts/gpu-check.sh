@@ -19,7 +19,8 @@
 # in the loop below). SHAPES picks the bench's shapes (default
 # "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
 # tests/gpu; TESTS_TIMEOUT their limit in seconds, default 300); DECODE="--lanes 1 --contexts
-# 1024" narrows the decode table; RUN=0 skips it, for the shape's other benchmarks alone. TP=2 adds the
+# 1024" narrows the decode table; RUN=0 skips it, for the shape's other benchmarks alone;
+# TRACE=1 adds its kernel trace (kernels per step, idle gaps). TP=2 adds the
 # decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
 # routed expert whole on one rank (--expert-parallel). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
@@ -50,7 +51,7 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   timeout 120 python3 -m ninfer_runtime.bench.cli synth --geometry "$geometry" \
     --formats "$geometry" -o "$artifact" --force $vision | tail -1
   [ "${RUN:-1}" = 1 ] && timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" ${DECODE:-} ${TP:+--tensor-parallel $TP} ${EP:+--expert-parallel} \
-    --profile 1 --profile-prefill \
+    --profile 1 --profile-prefill ${TRACE:+--kernel-trace} \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
     2>&1 | grep -v upload
   if [ "$name" = 27 ] && [ "${LONG:-0}" = 1 ]; then

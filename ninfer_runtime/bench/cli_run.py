@@ -56,6 +56,12 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
 )
 @click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
+@click.option(
+    "--kernel-trace",
+    is_flag=True,
+    help="with --profile / --profile-prefill: also trace the profiled step's kernels "
+    "(torch.profiler: kernels per step, idle gaps, top kernels)",
+)
 @output_options
 @click.option(
     "--spec",
@@ -115,6 +121,7 @@ def run(
     profile_prefill: bool,
     kv_dtype: str,
     profile_lanes: int,
+    kernel_trace: bool,
     json_out: str | None,
     record: str | None,
     commit: str | None,
@@ -144,7 +151,7 @@ def run(
 
     from ..errors import EngineError
     from ..runner import ModelRunner
-    from . import kernel_trace
+    from . import kernel_trace as K
     from . import layer_times as T
     from . import measure as M
     from . import record as R
@@ -250,14 +257,15 @@ def run(
             )
             for name, ms in spent.items():
                 click.echo(f"  {name:<18} {ms:8.3f}")
-    if profile_lanes or profile_prefill:  # last: the profiler's hooks time nothing else
+    # last: the profiler's hooks time nothing else
+    if kernel_trace and (profile_lanes or profile_prefill):
         traced = trace_rows(
             runner, lanes=profile_lanes, context=contexts[0], kv_dtype=kv_dtype,
             chunk=chunk if profile_prefill else 0,
         )  # fmt: skip
         rows += traced
         for row in traced:
-            click.echo("\n".join(kernel_trace.lines(row)))
+            click.echo("\n".join(K.lines(row)))
     if ranks > 1:
         del runner  # one rank's model leaves the device before the ranks load theirs
         rows += parallel_table(

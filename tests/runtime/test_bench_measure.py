@@ -76,10 +76,14 @@ def test_run_prints_a_table_and_writes_rows(artifacts, tmp_path):
 
 
 def test_profile_on_the_cpu_says_the_kernel_trace_is_unavailable(artifacts, tmp_path):
-    """``--profile 1`` on the CPU backend: the ablation as ever, then one line saying why
-    there is no kernel trace, in the output, the rows and the record."""
-    out, md = tmp_path / "rows.json", tmp_path / "perf.md"
+    """``--profile 1 --kernel-trace`` on the CPU backend: the ablation as ever, then one line
+    saying why there is no kernel trace, in the output, the rows and the record; without
+    ``--kernel-trace`` no trace is tried."""
     args = "--backend cpu --lanes 1 --contexts 8 --steps 1 --prefill 0 --profile 1"
+    result = CliRunner().invoke(main, ["run", str(artifacts["tiny_dense"]), *args.split()])
+    assert result.exit_code == 0 and "kernel trace" not in result.output, result.output
+    out, md = tmp_path / "rows.json", tmp_path / "perf.md"
+    args += " --kernel-trace"
     args += f" --json {out} --record {md}"
     result = CliRunner().invoke(main, ["run", str(artifacts["tiny_dense"]), *args.split()])
     assert result.exit_code == 0, result.output
