@@ -1,5 +1,5 @@
 """Kernel traces of a decode step and a prefill chunk on the CUDA backend, recorded with
-``torch.profiler`` (``ninfer-bench run --profile``).
+``torch.profiler`` (``ninfer-bench run --profile 1 --kernel-trace``).
 
 The profiler's CUDA activity (CUPTI, through kineto) records every kernel the process runs,
 CuPy's, cuBLAS's and Triton's alike, and the kernels inside a CUDA graph's replay where
