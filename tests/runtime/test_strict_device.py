@@ -3,10 +3,15 @@ harness refuses what CuPy refuses, and Qwen3.5 (dense and MoE), Qwen4Exp and GLM
 strict backend (the CPU backend under the ``cuda`` name, its arrays refusing host arrays as
 CuPy's do) and give the CPU backend's logits.
 
-Each model runs two lanes of one pool: prompts prefilled in chunks (one longer than the
-attention budget where the model has one: QSA's, the DSA indexer's), a three-row step of both
-lanes (a compiled step) and decode steps of both; every row's logits equal the CPU's to float32
-rounding (the same numpy math, on views of the same memory)."""
+Each model runs two lanes of one pool through ``ModelRunner``: prompts prefilled in chunks (one
+longer than the attention budget where the model has one: QSA's, the DSA indexer's), a
+three-row step of both lanes (a compiled step) and decode steps of both; every row's logits
+equal the CPU's bit for bit (the same numpy math, on views of the same memory). Then the
+engine (its backend registered as ``cuda`` for the test): two prompts sharing a system prompt,
+served one after the other with the prefix cache (the second resumes from the first's
+checkpoints), sampled with log-probabilities, with MTP drafts where the model runs them, and a
+prompt with two images where the artifact has a tower: the CPU engine's tokens and
+log-probabilities."""
 
 from __future__ import annotations
 
@@ -17,17 +22,20 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ninfer_runtime import backends
 from ninfer_runtime.arrays import array_module
 from ninfer_runtime.backends.base import to_numpy
+from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
+from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.models import load_model
 from ninfer_runtime.models.qwen4_exp import model as qwen4_exp_model
 from ninfer_runtime.runner import ModelRunner
+from ninfer_runtime.speculative import SpecConfig
+from tests.runtime.test_engine_images import png, request
 from tests.strict_device import DeviceArray, refusing_implicit_copies, strict_cuda, xp
 
 #: decode steps after the three-row step
 DECODE_STEPS = 3
-#: float32 rounding of logits of order 10 (the same math on the same values: equal in practice)
-LOGIT_TOL = 1e-5
 
 
 # ------------------------------------------------------------------------------- harness
@@ -40,6 +48,7 @@ def test_device_functions_and_operators_refuse_host_arrays() -> None:
         lambda: device + host,
         lambda: host * device,
         lambda: device @ host.T,
+        lambda: device.dot(host.T),
         lambda: device + np.asarray(1.0),  # a 0-d host array is not a scalar to CuPy
         lambda: xp.ascontiguousarray(host),
         lambda: range(device.sum().astype(np.int64)),  # no __index__
@@ -57,9 +66,12 @@ def test_what_cupy_accepts_is_accepted() -> None:
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
     device = xp.asarray(host)  # the host -> device copy
     assert isinstance(device, DeviceArray) and array_module(device) is xp
-    assert isinstance(xp.asarray([1, 2]), DeviceArray) and isinstance(
-        xp.zeros_like(host), DeviceArray
-    )
+    assert isinstance(xp.asarray([1, 2]), DeviceArray)
+    assert isinstance(xp.zeros_like(host), DeviceArray)  # reads the host array's shape
+    ends = np.cumsum([1, 1])  # split points and take's indices are read on the host
+    assert all(isinstance(part, DeviceArray) for part in xp.split(device, ends, axis=-1))
+    assert isinstance(xp.take(device, np.array([0])), DeviceArray)
+    assert isinstance(device.nonzero()[0], DeviceArray)  # numpy's own method returns host
     total = device.sum() * np.float32(2) + 1  # numpy and Python scalars; a 0-d device result
     assert isinstance(total, DeviceArray) and total.ndim == 0 and int(total) == 31
     assert isinstance(np.concatenate([device, device]), DeviceArray)
@@ -102,12 +114,30 @@ def assert_strict_equals_cpu(artifact: Path, prompts: tuple[int, int], **options
         ours = lanes_logits(load_model(artifact, backend, options=options or None), ids, prompts)
     for got, want in zip(ours, reference, strict=True):
         assert type(got) is np.ndarray
-        np.testing.assert_allclose(got, want, rtol=0, atol=LOGIT_TOL * max(1.0, np.abs(want).max()))
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_qwen3_5(artifact_path: Callable[[str, str], Path], kind: str) -> None:
     assert_strict_equals_cpu(artifact_path("qwen3_5_bf16", kind), (19, 6))
+
+
+def test_qwen3_5_engine_with_mtp_drafts(
+    artifact_path: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = SpecConfig(draft_tokens=2, proposal_head="full")
+    assert_engine_equals_cpu(artifact_path("qwen3_5_bf16", "moe"), monkeypatch, spec=spec)
+
+
+def test_qwen3_5_engine_with_images(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ninfer_convert.pipeline import convert
+    from tests.runtime.tiny_vlm import write_tiny_vlm
+
+    root = tmp_path_factory.mktemp("strict_vlm")
+    convert("qwen3_5_bf16", {"base": str(write_tiny_vlm(root))}, root / "vlm.ninfer")
+    assert_engine_equals_cpu(root / "vlm.ninfer", monkeypatch, images=True)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +160,11 @@ def test_qwen4_exp(
     assert_strict_equals_cpu(qwen4_exp_artifact, (37, 9), ple_rows=ple_rows)
 
 
+def test_qwen4_exp_engine(qwen4_exp_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
+    assert_engine_equals_cpu(qwen4_exp_artifact, monkeypatch)
+
+
 @pytest.fixture(scope="module")
 def glm5_next_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tiny = pytest.importorskip("tests.tiny_glm5_next")
@@ -142,3 +177,46 @@ def glm5_next_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_glm5_next(glm5_next_artifact: Path) -> None:
     """Past the DSA indexer's index_topk (8 tokens) in one lane, under it in the other."""
     assert_strict_equals_cpu(glm5_next_artifact, (37, 6))
+
+
+# -------------------------------------------------------------------------------- engine
+#: sampled, every token scored (the sampler and the log-probabilities on the device's rows)
+SAMPLED = {"temperature": 0.8, "seed": 3, "top_k": 20, "logprobs": 2, "max_tokens": 8}
+
+
+def served(engine: Engine, requests: list[GenerationRequest]) -> list[list[Any]]:
+    """Each request's (token, log-probability) pairs and its cached prompt tokens, served one
+    after the other."""
+    out: list[list[Any]] = []
+    for r in requests:
+        events = list(engine.generate(r))
+        out.append([(e.token_id, e.logprob) for e in events if isinstance(e, TokenEvent)])
+        out[-1] += [e.usage.cached_tokens for e in events if isinstance(e, Finished)]
+    return out
+
+
+def assert_engine_equals_cpu(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch, *, images: bool = False, **options: Any
+) -> None:
+    rng = np.random.default_rng(5)
+    system = rng.integers(0, 400, 40).tolist()
+    params = SamplingParams(**SAMPLED, ignore_eos=True)
+    requests = [
+        GenerationRequest(prompt_ids=system + rng.integers(0, 400, n).tolist(), sampling=params)
+        for n in (3, 20)
+    ]
+    if images:
+        requests.append(request("Look:", png(24, 16, 1), "and", png(16, 40, 2), sampling=params))
+    options = dict(max_lanes=2, max_context=128, prefill_chunk=16, prefix_cache=True,
+                   checkpoint_interval=16, **options)  # fmt: skip
+    reference = served(Engine(artifact, **options), requests)
+    with strict_cuda() as backend:
+        monkeypatch.setitem(backends._FACTORIES, "cuda", lambda: backend)
+        engine = Engine(artifact, backend="cuda", **options)
+        assert engine.model.backend is backend
+        assert served(engine, requests) == reference
+    assert reference[1][-1] > 0  # the second prompt resumed from the first's checkpoints
+
+
+def test_glm5_next_engine(glm5_next_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_engine_equals_cpu(glm5_next_artifact, monkeypatch)
