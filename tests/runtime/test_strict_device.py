@@ -9,12 +9,13 @@ three-row step of both lanes (a compiled step) and decode steps of both; every r
 equal the CPU's bit for bit (the same numpy math, on views of the same memory). Then the
 engine (its backend registered as ``cuda`` for the test): two prompts sharing a system prompt,
 served one after the other with the prefix cache (the second resumes from the first's
-checkpoints), sampled with log-probabilities, with MTP drafts where the model runs them, and a
-prompt with two images where the artifact has a tower: the CPU engine's tokens and
+checkpoints), sampled with log-probabilities, then a prompt with two images (Qwen3.5's, Qwen4Exp's
+and GLM5Next's towers), and Qwen3.5 with MTP drafts: the CPU engine's tokens and
 log-probabilities."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,12 @@ from ninfer_runtime.arrays import array_module
 from ninfer_runtime.backends.base import to_numpy
 from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
 from ninfer_runtime.frontend import SamplingParams
-from ninfer_runtime.models import load_model
+from ninfer_runtime.models import load_model, vision_families
 from ninfer_runtime.models.qwen4_exp import model as qwen4_exp_model
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig
 from tests.runtime.test_engine_images import png, request
+from tests.runtime.test_glm5_next_images import converted  # noqa: F401
 from tests.strict_device import DeviceArray, refusing_implicit_copies, strict_cuda, xp
 
 #: decode steps after the three-row step
@@ -160,9 +162,17 @@ def test_qwen4_exp(
     assert_strict_equals_cpu(qwen4_exp_artifact, (37, 9), ple_rows=ple_rows)
 
 
-def test_qwen4_exp_engine(qwen4_exp_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_qwen4_exp_engine_with_images(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = pytest.importorskip("tests.tiny_qwen4_exp")
+    from ninfer_convert.pipeline import convert
+
+    root = tmp_path_factory.mktemp("strict_qwen4_exp_vlm")
+    checkpoint = tiny.build(root / "vlm", multimodal=True, mtp=False, indexer_n_heads=16)
+    convert("qwen4_exp_bf16", {"base": str(checkpoint)}, root / "vlm.ninfer")
     monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
-    assert_engine_equals_cpu(qwen4_exp_artifact, monkeypatch)
+    assert_engine_equals_cpu(root / "vlm.ninfer", monkeypatch, images=True)
 
 
 @pytest.fixture(scope="module")
@@ -218,5 +228,12 @@ def assert_engine_equals_cpu(
     assert reference[1][-1] > 0  # the second prompt resumed from the first's checkpoints
 
 
-def test_glm5_next_engine(glm5_next_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert_engine_equals_cpu(glm5_next_artifact, monkeypatch)
+def test_glm5_next_engine_with_images(
+    converted: tuple[Path, Path],  # noqa: F811  # test_glm5_next_images.py's fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GLM5Next's image path too, not yet served on cuda (``vision_families.GLM5_NEXT``): on
+    the artifact with a tower that ``test_glm5_next_images.py`` builds."""
+    family = dataclasses.replace(vision_families.GLM5_NEXT, backends=("cpu", "cuda"))
+    monkeypatch.setitem(vision_families.FAMILY_OF, "glm5_next_vision", family)
+    assert_engine_equals_cpu(converted[1], monkeypatch, images=True)
