@@ -21,6 +21,8 @@ never shows. Here the "device" is numpy too, but its arrays are ``DeviceArray``s
 * a device array is no integer (``operator.index`` refuses, as a CuPy array has no
   ``__index__``): ``range(x)`` and slices bounded by a device scalar fail; ``int(x)``,
   ``float(x)``, ``bool(x)``, ``x.item()``, ``x.tolist()`` and iteration work (they synchronise);
+* the ops the CUDA backend serves with kernels refuse host array arguments
+  (``kernel_arguments_on_device()``, ``KERNEL_OPS``), as a kernel launch does;
 * ``refusing_implicit_copies()``: within it ``np.asarray``, ``np.array``, ``np.asanyarray`` and
   ``np.ascontiguousarray`` refuse device arrays (CuPy's ``__array__`` raises); host reads go
   through ``DeviceArray.get()`` (``to_numpy``). A numpy subclass cannot refuse numpy's C-level
@@ -41,7 +43,9 @@ Not emulated (a numpy subclass can't, or it is not worth inventing):
   pinned host memory); functions CuPy lacks run here; dtypes follow numpy's promotion;
 * kernels, streams, synchronisation, captured graphs: the CUDA backend's own kernels (the op
   catalogue's ``nvrtc`` providers, ``ops/*/nvrtc.py``, ``backends/cuda``) are not run; their
-  ``reference`` rows serve (``StrictCudaBackend``).
+  ``reference`` rows serve (``StrictCudaBackend``). What a kernel would refuse of its
+  arguments is checked at the op's call (``KERNEL_OPS``: host arrays, which the reference's
+  advanced indexing would take), not its dtypes, layouts or contiguity.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ninfer_runtime.backends.cpu import CpuBackend
+from ninfer_runtime.ops import registry
 from ninfer_runtime.ops.registry import override
 
 __all__ = ["DeviceArray", "StrictCudaBackend", "refusing_implicit_copies", "strict_cuda", "xp"]
@@ -262,6 +267,49 @@ def refusing_implicit_copies() -> Iterator[None]:
             setattr(np, name, convert)
 
 
+#: (family, op) -> positions of the array arguments its CUDA kernel copies to the device itself
+#: (``ops/delta_rule/nvrtc.py``: ``commit``'s slots and counts); every other array argument of
+#: these ops is a kernel's launch argument on CUDA (``ops/<family>/nvrtc.py``), refused there
+#: as a host array even where the reference (advanced indexing) would take one
+KERNEL_OPS: dict[tuple[str, str], tuple[int, ...]] = {
+    **{("attention", op): () for op in ("prefill", "write", "decode")},
+    **{("delta_rule", op): () for op in ("chunk", "prefill", "decode", "verify")},
+    ("delta_rule", "commit"): (3, 5),
+    **{("norm", op): () for op in ("rms_norm", "add_rms_norm", "gated_rms_norm")},
+    ("moe", "block"): (),
+    ("sampling", "score"): (),
+}
+
+
+@contextlib.contextmanager
+def kernel_arguments_on_device() -> Iterator[None]:
+    """Within the block the ops of ``KERNEL_OPS`` resolved for ``cuda`` refuse host arrays,
+    as their kernels would. The registry memoises resolutions: the one it walks
+    (``registry._resolve``) is wrapped, the memo forgotten on entry and on exit."""
+    resolve = registry._resolve
+
+    def checked(family: str, op: str, key: dict[str, Any]) -> Any:
+        fn = resolve(family, op, key)
+        copied = KERNEL_OPS.get((family, op))
+        if key.get("device") != "cuda" or copied is None:
+            return fn
+
+        def kernel_op(*args: Any, **kwargs: Any) -> Any:
+            launched = [a for i, a in enumerate(args) if i not in copied]
+            _refuse_host(f"kernel {family}.{op}", (launched, kwargs))
+            return fn(*args, **kwargs)
+
+        return kernel_op
+
+    registry._resolve = checked
+    registry._forget()
+    try:
+        yield
+    finally:
+        registry._resolve = resolve
+        registry._forget()
+
+
 class StrictCudaBackend(CpuBackend):
     """The CPU backend under the CUDA backend's name on the strict module: weights and every
     array it returns are device arrays, and its methods refuse host activations where
@@ -286,7 +334,8 @@ class StrictCudaBackend(CpuBackend):
 
 @contextlib.contextmanager
 def strict_cuda() -> Iterator[StrictCudaBackend]:
-    """A ``StrictCudaBackend`` with implicit device->host copies refused and the moe block's
-    ``cuda`` row served by its reference."""
-    with override("moe", "block", "reference"), refusing_implicit_copies():
+    """A ``StrictCudaBackend`` with implicit device->host copies refused, host arrays refused
+    as kernels' arguments, and the moe block's ``cuda`` row served by its reference."""
+    moe_reference = override("moe", "block", "reference")
+    with kernel_arguments_on_device(), moe_reference, refusing_implicit_copies():
         yield StrictCudaBackend()

@@ -30,6 +30,7 @@ from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEven
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.models import load_model, vision_families
 from ninfer_runtime.models.qwen4_exp import model as qwen4_exp_model
+from ninfer_runtime.ops.registry import resolve
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig
 from tests.runtime.test_engine_images import png, request
@@ -87,6 +88,18 @@ def test_what_cupy_accepts_is_accepted() -> None:
         back = to_numpy(device)
     assert type(back) is np.ndarray
     np.testing.assert_array_equal(back, [[3, 4, 5], [7, 4, 5]])
+
+
+def test_kernel_ops_refuse_host_arguments() -> None:
+    """An op the CUDA backend serves with a kernel refuses a host array where its reference
+    would have taken it; outside the harness the op is the reference again."""
+    x, weight = np.ones((2, 4), dtype=np.float32), np.ones(4, dtype=np.float32)
+    with strict_cuda():
+        rms_norm = resolve("norm", "rms_norm", device="cuda")
+        with pytest.raises(TypeError, match=r"kernel norm\.rms_norm"):
+            rms_norm(xp.asarray(x), weight, 1e-6, 0.0)
+        assert isinstance(rms_norm(xp.asarray(x), xp.asarray(weight), 1e-6, 0.0), DeviceArray)
+    assert type(resolve("norm", "rms_norm", device="cuda")(x, weight, 1e-6, 0.0)) is np.ndarray
 
 
 # -------------------------------------------------------------------------------- models
