@@ -11,7 +11,8 @@ engine (its backend registered as ``cuda`` for the test): two prompts sharing a 
 served one after the other with the prefix cache (the second resumes from the first's
 checkpoints), sampled with log-probabilities, then a prompt with two images (Qwen3.5's, Qwen4Exp's
 and GLM5Next's towers), and Qwen3.5 with MTP drafts: the CPU engine's tokens and
-log-probabilities."""
+log-probabilities; and under preemption (a lane's memory saved to the host and restored), the
+greedy tokens of a pool large enough for every lane."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ from ninfer_runtime.models.qwen4_exp import model as qwen4_exp_model
 from ninfer_runtime.ops.registry import resolve
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig
-from tests.runtime.test_engine_images import png, request
+from tests.runtime.test_engine_images import png
+from tests.runtime.test_engine_images import request as image_request
 from tests.runtime.test_glm5_next_images import converted  # noqa: F401
+from tests.runtime.test_prefix_cache import _capacity, _concurrent
 from tests.strict_device import DeviceArray, refusing_implicit_copies, strict_cuda, xp
 
 #: decode steps after the three-row step
@@ -229,7 +232,9 @@ def assert_engine_equals_cpu(
         for n in (3, 20)
     ]
     if images:
-        requests.append(request("Look:", png(24, 16, 1), "and", png(16, 40, 2), sampling=params))
+        requests.append(
+            image_request("Look:", png(24, 16, 1), "and", png(16, 40, 2), sampling=params)
+        )
     options = dict(max_lanes=2, max_context=128, prefill_chunk=16, prefix_cache=True,
                    checkpoint_interval=16, **options)  # fmt: skip
     reference = served(Engine(artifact, **options), requests)
@@ -250,3 +255,27 @@ def test_glm5_next_engine_with_images(
     family = dataclasses.replace(vision_families.GLM5_NEXT, backends=("cpu", "cuda"))
     monkeypatch.setitem(vision_families.FAMILY_OF, "glm5_next_vision", family)
     assert_engine_equals_cpu(converted[1], monkeypatch, images=True)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5_moe", "qwen4_exp", "glm5_next"])
+def test_preemption_saves_and_restores_on_the_device(
+    model: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three lanes that each outgrow one 256-token page in a pool of four: a lane is paused
+    (its pages and slot states copied to the host) and restored, and every lane streams the
+    roomy CPU engine's greedy tokens."""
+    if model == "qwen3_5_moe":
+        artifact = request.getfixturevalue("artifact_path")("qwen3_5_bf16", "moe")
+    else:
+        artifact = request.getfixturevalue(f"{model}_artifact")
+    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
+    rng = np.random.default_rng(0)
+    lanes = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
+    params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
+    roomy = Engine(artifact, max_lanes=3, max_context=512)
+    with strict_cuda() as backend:
+        monkeypatch.setitem(backends._FACTORIES, "cuda", lambda: backend)
+        small = Engine(artifact, backend="cuda", max_lanes=3, max_context=512,
+                       context_capacity=_capacity(roomy.pool, 4))  # fmt: skip
+        assert _concurrent(small, lanes, params) == _concurrent(roomy, lanes, params)
+    assert small.preemptions > 0
