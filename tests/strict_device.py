@@ -21,8 +21,6 @@ never shows. Here the "device" is numpy too, but its arrays are ``DeviceArray``s
 * a device array is no integer (``operator.index`` refuses, as a CuPy array has no
   ``__index__``): ``range(x)`` and slices bounded by a device scalar fail; ``int(x)``,
   ``float(x)``, ``bool(x)``, ``x.item()``, ``x.tolist()`` and iteration work (they synchronise);
-* the ops the CUDA backend serves with kernels refuse host array arguments
-  (``kernel_arguments_on_device()``, ``KERNEL_OPS``), as a kernel launch does;
 * ``refusing_implicit_copies()``: within it ``np.asarray``, ``np.array``, ``np.asanyarray`` and
   ``np.ascontiguousarray`` refuse device arrays (CuPy's ``__array__`` raises); host reads go
   through ``DeviceArray.get()`` (``to_numpy``). A numpy subclass cannot refuse numpy's C-level
@@ -36,16 +34,13 @@ Not emulated (a numpy subclass can't, or it is not worth inventing):
   device``): numpy reads the subclass as one of its own (CuPy raises from ``__array__``);
 * lists of Python numbers given to device functions other than the creators: accepted here,
   CuPy refuses most; ``xp.copy(host)`` returns a host array on CuPy, a device one here;
-* CuPy's functions return device arrays, numpy's scalars 0-d device arrays, as CuPy's
-  reductions do; the few numpy methods that return host results (``nonzero``, ``argmax``,
-  ...) are wrapped, others that read a second array unchecked may remain;
+* numpy's C methods on a device array that return host results or read a second array
+  unchecked: ``nonzero``, ``argmax``, ``argmin``, ``searchsorted`` and ``dot`` are wrapped as
+  device functions, others may remain;
 * ``ninfer_runtime.arrays.host_copy`` of a device array is a device array here (CuPy's is
-  pinned host memory); functions CuPy lacks run here; dtypes follow numpy's promotion;
-* kernels, streams, synchronisation, captured graphs: the CUDA backend's own kernels (the op
-  catalogue's ``nvrtc`` providers, ``ops/*/nvrtc.py``, ``backends/cuda``) are not run; their
-  ``reference`` rows serve (``StrictCudaBackend``). What a kernel would refuse of its
-  arguments is checked at the op's call (``KERNEL_OPS``: host arrays, which the reference's
-  advanced indexing would take), not its dtypes, layouts or contiguity.
+  pinned host memory); functions CuPy lacks run here; dtypes follow numpy's promotion.
+
+The backend on these arrays, and what the CUDA kernels would refuse, is ``tests/strict_cuda.py``.
 """
 
 from __future__ import annotations
@@ -57,11 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer_runtime.backends.cpu import CpuBackend
-from ninfer_runtime.ops import registry
-from ninfer_runtime.ops.registry import override
-
-__all__ = ["DeviceArray", "StrictCudaBackend", "refusing_implicit_copies", "strict_cuda", "xp"]
+__all__ = ["DeviceArray", "refuse_host_arrays", "refusing_implicit_copies", "xp"]
 
 #: numpy's conversions as imported, before ``refusing_implicit_copies`` patches them
 _CONVERSIONS = ("asarray", "array", "asanyarray", "ascontiguousarray")
@@ -109,7 +100,7 @@ class DeviceArray(np.ndarray):
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         out = kwargs.get("out", ())
         zero_d = ufunc.__name__ in COMPARISONS
-        _refuse_host(ufunc.__name__, (inputs, out), allow_zero_d=zero_d)
+        refuse_host_arrays(ufunc.__name__, (inputs, out), allow_zero_d=zero_d)
         if out:
             kwargs["out"] = _host_views(out)
         result = getattr(ufunc, method)(*_host_views(inputs), **kwargs)
@@ -175,11 +166,12 @@ def _call(fn: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
     if name not in TAKES_HOST:
         position, keyword = HOST_PARAMETERS.get(name, (-1, ""))
         checked_args = [a for i, a in enumerate(args) if i != position]
-        _refuse_host(name, (checked_args, {k: v for k, v in kwargs.items() if k != keyword}))
+        refuse_host_arrays(name, (checked_args, {k: v for k, v in kwargs.items() if k != keyword}))
     return _to_device(fn(*_host_views(args), **_host_views(kwargs)))
 
 
-def _refuse_host(where: str, values: Any, *, allow_zero_d: bool = False) -> None:
+def refuse_host_arrays(where: str, values: Any, *, allow_zero_d: bool = False) -> None:
+    """CuPy's ``TypeError`` for the first host array in ``values`` (nested), if any."""
     for host in _hosts(values, lists=False, zero_d=not allow_zero_d):
         raise TypeError(f"Unsupported type {type(host)} (a host array given to device {where})")
 
@@ -265,77 +257,3 @@ def refusing_implicit_copies() -> Iterator[None]:
     finally:
         for name, convert in _NUMPY.items():
             setattr(np, name, convert)
-
-
-#: (family, op) -> positions of the array arguments its CUDA kernel copies to the device itself
-#: (``ops/delta_rule/nvrtc.py``: ``commit``'s slots and counts); every other array argument of
-#: these ops is a kernel's launch argument on CUDA (``ops/<family>/nvrtc.py``), refused there
-#: as a host array even where the reference (advanced indexing) would take one
-KERNEL_OPS: dict[tuple[str, str], tuple[int, ...]] = {
-    **{("attention", op): () for op in ("prefill", "write", "decode")},
-    **{("delta_rule", op): () for op in ("chunk", "prefill", "decode", "verify")},
-    ("delta_rule", "commit"): (3, 5),
-    **{("norm", op): () for op in ("rms_norm", "add_rms_norm", "gated_rms_norm")},
-    ("moe", "block"): (),
-    ("sampling", "score"): (),
-}
-
-
-@contextlib.contextmanager
-def kernel_arguments_on_device() -> Iterator[None]:
-    """Within the block the ops of ``KERNEL_OPS`` resolved for ``cuda`` refuse host arrays,
-    as their kernels would. The registry memoises resolutions: the one it walks
-    (``registry._resolve``) is wrapped, the memo forgotten on entry and on exit."""
-    resolve = registry._resolve
-
-    def checked(family: str, op: str, key: dict[str, Any]) -> Any:
-        fn = resolve(family, op, key)
-        copied = KERNEL_OPS.get((family, op))
-        if key.get("device") != "cuda" or copied is None:
-            return fn
-
-        def kernel_op(*args: Any, **kwargs: Any) -> Any:
-            launched = [a for i, a in enumerate(args) if i not in copied]
-            _refuse_host(f"kernel {family}.{op}", (launched, kwargs))
-            return fn(*args, **kwargs)
-
-        return kernel_op
-
-    registry._resolve = checked
-    registry._forget()
-    try:
-        yield
-    finally:
-        registry._resolve = resolve
-        registry._forget()
-
-
-class StrictCudaBackend(CpuBackend):
-    """The CPU backend under the CUDA backend's name on the strict module: weights and every
-    array it returns are device arrays, and its methods refuse host activations where
-    ``backends/cuda/backend.py``'s do (its numpy code dispatches to the strict functions);
-    ``embedding`` takes host ids, as the CUDA backend's ``cp.asarray(ids)`` does. The name
-    makes the op policies pick their ``cuda`` rows (the reference providers, the kernels'
-    libraries being absent; ``strict_cuda`` forces the moe block's reference, whose only
-    ``cuda`` row is a kernel). Decode steps run eagerly, products in float32."""
-
-    name = "cuda"
-    xp = xp
-    graphs = False
-    prefill_precision = "float32"
-
-    def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
-        weights = super().prepare(artifact, names)
-        return {name: w.view(DeviceArray) for name, w in weights.items()}
-
-    def embedding(self, ids: Any, table: Any) -> Any:
-        return table[xp.asarray(ids).astype(np.int64)]
-
-
-@contextlib.contextmanager
-def strict_cuda() -> Iterator[StrictCudaBackend]:
-    """A ``StrictCudaBackend`` with implicit device->host copies refused, host arrays refused
-    as kernels' arguments, and the moe block's ``cuda`` row served by its reference."""
-    moe_reference = override("moe", "block", "reference")
-    with kernel_arguments_on_device(), moe_reference, refusing_implicit_copies():
-        yield StrictCudaBackend()

@@ -1,7 +1,7 @@
-"""The CUDA paths' host/device discipline, checked on the CPU (``tests/strict_device.py``): the
-harness refuses what CuPy refuses, and Qwen3.5 (dense and MoE), Qwen4Exp and GLM5Next run on the
-strict backend (the CPU backend under the ``cuda`` name, its arrays refusing host arrays as
-CuPy's do) and give the CPU backend's logits.
+"""The CUDA paths' host/device discipline, checked on the CPU (``tests/strict_device.py``,
+``tests/strict_cuda.py``): the harness refuses what CuPy refuses, and Qwen3.5 (dense and MoE),
+Qwen4Exp and GLM5Next run on the strict backend (the CPU backend under the ``cuda`` name, its
+arrays refusing host arrays as CuPy's do) and give the CPU backend's logits.
 
 Each model runs two lanes of one pool through ``ModelRunner``: prompts prefilled in chunks (one
 longer than the attention budget where the model has one: QSA's, the DSA indexer's), a
@@ -38,7 +38,8 @@ from tests.runtime.test_engine_images import png
 from tests.runtime.test_engine_images import request as image_request
 from tests.runtime.test_glm5_next_images import converted  # noqa: F401
 from tests.runtime.test_prefix_cache import _capacity, _concurrent
-from tests.strict_device import DeviceArray, refusing_implicit_copies, strict_cuda, xp
+from tests.strict_cuda import strict_cuda
+from tests.strict_device import DeviceArray, refusing_implicit_copies, xp
 
 #: decode steps after the three-row step
 DECODE_STEPS = 3
