@@ -11,8 +11,9 @@ engine (its backend registered as ``cuda`` for the test): two prompts sharing a 
 served one after the other with the prefix cache (the second resumes from the first's
 checkpoints), sampled with log-probabilities, then a prompt with two images (Qwen3.5's, Qwen4Exp's
 and GLM5Next's towers), and Qwen3.5 with MTP drafts: the CPU engine's tokens and
-log-probabilities; and under preemption (a lane's memory saved to the host and restored), the
-greedy tokens of a pool large enough for every lane."""
+log-probabilities; under preemption (a lane's memory saved to the host and restored), the
+greedy tokens of a pool large enough for every lane; with expert offload (experts streamed
+under a ``--vram-budget``), the CPU engine's under the same budget."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from ninfer_runtime.models.qwen4_exp import model as qwen4_exp_model
 from ninfer_runtime.ops.registry import resolve
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig
+from tests.runtime.offload_runs import budget_shares
 from tests.runtime.test_engine_images import png
 from tests.runtime.test_engine_images import request as image_request
 from tests.runtime.test_glm5_next_images import converted  # noqa: F401
@@ -258,17 +260,23 @@ def test_glm5_next_engine_with_images(
     assert_engine_equals_cpu(converted[1], monkeypatch, images=True)
 
 
-@pytest.mark.parametrize("model", ["qwen3_5_moe", "qwen4_exp", "glm5_next"])
+MOE_MODELS = ["qwen3_5_moe", "qwen4_exp", "glm5_next"]
+
+
+def moe_artifact(model: str, request: pytest.FixtureRequest) -> Path:
+    if model == "qwen3_5_moe":
+        return request.getfixturevalue("artifact_path")("qwen3_5_bf16", "moe")
+    return request.getfixturevalue(f"{model}_artifact")
+
+
+@pytest.mark.parametrize("model", MOE_MODELS)
 def test_preemption_saves_and_restores_on_the_device(
     model: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three lanes that each outgrow one 256-token page in a pool of four: a lane is paused
     (its pages and slot states copied to the host) and restored, and every lane streams the
     roomy CPU engine's greedy tokens."""
-    if model == "qwen3_5_moe":
-        artifact = request.getfixturevalue("artifact_path")("qwen3_5_bf16", "moe")
-    else:
-        artifact = request.getfixturevalue(f"{model}_artifact")
+    artifact = moe_artifact(model, request)
     monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
     rng = np.random.default_rng(0)
     lanes = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
@@ -280,3 +288,30 @@ def test_preemption_saves_and_restores_on_the_device(
                        context_capacity=_capacity(roomy.pool, 4))  # fmt: skip
         assert _concurrent(small, lanes, params) == _concurrent(roomy, lanes, params)
     assert small.preemptions > 0
+
+
+@pytest.mark.parametrize("model", MOE_MODELS)
+@pytest.mark.parametrize("host_cache", [None, "1MiB"], ids=["from_disk", "host_cache"])
+def test_expert_offload_on_the_device(
+    model: str,
+    host_cache: str | None,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Half the routed experts resident under a ``--vram-budget``, the rest streamed (from the
+    artifact, or a host cache): the CPU engine's greedy tokens under the same budget."""
+    artifact = moe_artifact(model, request)
+    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
+    floor, experts = budget_shares(artifact)
+    options = dict(max_context=64, max_lanes=1, prefill_chunk=8,
+                   vram_budget=floor + experts // 2, host_expert_cache=host_cache)  # fmt: skip
+    prompt = np.random.default_rng(0).integers(0, 400, 30).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    requests = [GenerationRequest(prompt_ids=prompt, sampling=params)]
+    reference = served(Engine(artifact, **options), requests)
+    with strict_cuda() as backend:
+        monkeypatch.setitem(backends._FACTORIES, "cuda", lambda: backend)
+        engine = Engine(artifact, backend="cuda", **options)
+        assert engine.expert_offload is not None
+        assert 0 < engine.expert_offload.plan.resident_fraction < 1
+        assert served(engine, requests) == reference
