@@ -123,8 +123,10 @@ class Backend(Protocol):
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """A host copy of a backend array (numpy passes through; CuPy arrays are copied down)."""
-    if isinstance(x, np.ndarray):
-        return x
+    """A host copy of a backend array: numpy passes through; an array with a ``get`` (CuPy's,
+    the tests' emulated device arrays of ``tests/strict_device.py``, a numpy subclass) is
+    copied down."""
     get = getattr(x, "get", None)  # cupy.ndarray.get() copies to the host
-    return get() if callable(get) else np.asarray(x)
+    if callable(get):
+        return get()
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
