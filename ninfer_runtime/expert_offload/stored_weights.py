@@ -7,8 +7,10 @@ along its intermediate dimension, into blocks of 128 (or 256) rows of gate and u
 same columns of down: the expert is the sum of its blocks' experts (the activation is
 elementwise over that dimension), so a use can decode one block at a time.
 
-A weight whose layout cannot be cut by rows here (NVFP4's swizzled scale blocks, FP8's row
-scales, element ranges that cut a row) is kept decoded, as float32.
+A weight whose layout cannot be cut by rows there (an NVFP4 cut through a 128-row scale tile,
+element ranges that cut a row, a layout ``slice_object`` does not cut) is kept decoded, as
+float32. An NVFP4 piece carries the weight divisors of the stacked matrices its rows come from
+(one per expert in an imported bank), so it decodes with the count its size gives.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_format.codecs.registry import codec_for
-from ninfer_format.codecs.slicing import slice_object
+from ninfer_format.codecs.slicing import slice_object, stored_divisors
 from ninfer_format.schema import Tensor, WholeBinding
 
 
@@ -37,7 +39,8 @@ class StoredRows:
 
     def decode(self) -> np.ndarray:
         codec = codec_for(self.format, self.layout)
-        return codec.decode(self.data, self.shape).reshape(self.shape).astype(np.float32)
+        divisors = stored_divisors(self.format, self.layout, self.shape, self.data.size)
+        return codec.decode(self.data, self.shape, divisors).reshape(self.shape).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,6 @@ def _cut(artifact: Any, name: str, columns: int) -> tuple[StoredRows, ...] | Non
         obj = artifact.objects[object_id]
         matrix = _matrix(obj) if isinstance(obj, Tensor) else None
         if matrix is None or matrix[1] != columns or begin % columns or end % columns:
-            return None
-        if (obj.divisors or 1) != 1:
             return None
         rows = (begin // columns, end // columns)
         data = slice_object(

@@ -3,15 +3,21 @@ time (``split_moe.prepare_experts``): each expert a row window of its own of eac
 (only its rows, decoding to its weights), every window of a bank alike in layout planes (the
 CUDA expert table reads all experts of a projection with one set of planes), gate and up
 still one window where they are packed together; ``release`` forgets an expert's windows and
-no other's, and a later prepare uploads them again. The residency runs on numpy here, so this
-checks on any machine what the GPU will upload."""
+no other's, and a later prepare uploads them again. So for row_split q4, NVFP4 (whole 128-row
+scale tiles; a window keeps the weight divisors of the experts it holds) and fp8 row-scaled
+banks alike. The residency runs on numpy here, so this checks on any machine what the GPU will
+upload."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
+import pytest
 
 from ninfer_format import Artifact
 from ninfer_format.codecs import codec_for
+from ninfer_format.schema import Tensor
 from ninfer_runtime.backends.cuda.weights import PackedWeight, Residency
 from ninfer_runtime.expert_offload.split_moe import expert_names, prepare_experts
 
@@ -31,8 +37,9 @@ class NumpyBackend:
         self.residency.release(weights)
 
 
-def test_each_expert_is_a_window_of_its_own_rows_and_goes_alone(artifact_path) -> None:
-    art = Artifact.open(artifact_path("tiny_q4", "moe"))
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_nvfp4", "tiny_fp8"])
+def test_each_expert_is_a_window_of_its_own_rows_and_goes_alone(artifact_path, recipe) -> None:
+    art = Artifact.open(artifact_path(recipe, "moe"))
     backend = NumpyBackend()
     prepared = prepare_experts(backend, art, LAYER, EXPERTS)
     residency = backend.residency
@@ -50,6 +57,7 @@ def test_each_expert_is_a_window_of_its_own_rows_and_goes_alone(artifact_path) -
             codec = codec_for(obj.format, obj.layout)
             rows, columns = parent.planes.rows, parent.planes.columns
             # the window holds this expert's rows only (gate|up: both of its, packed)
+            assert obj.format == codec.format and rows < int(obj.shape[0])
             assert parent.data.nbytes == codec.encoded_size((rows, columns))
             assert rows == sum(
                 w.shape[0] for w in weights.values() if w.segments[0].parent is parent
@@ -70,3 +78,34 @@ def test_each_expert_is_a_window_of_its_own_rows_and_goes_alone(artifact_path) -
     again = prepare_experts(backend, art, LAYER, [2])[2]
     old = {id(s.parent) for w in prepared[2].values() for s in w.segments}
     assert not old & {id(s.parent) for w in again.values() for s in w.segments}
+
+
+def test_an_nvfp4_window_keeps_the_divisors_of_the_experts_it_holds() -> None:
+    """An imported NVFP4 bank has one weight divisor per expert (``stack_divisors``): a
+    window of experts 1 and 2 is an object of two stacked matrices, and its planes read
+    each expert's rows with that expert's divisor."""
+    codec = codec_for("nvfp4", "block_scale_k16_m128x4_v1")
+    values = np.random.default_rng(0).standard_normal((4 * 256, 128)).astype(np.float32)
+    values *= np.repeat([1.0, 30.0, 0.2, 5.0], 256)[:, None].astype(np.float32)
+    data = np.frombuffer(codec.encode(values, 4), dtype=np.uint8)
+    bank = Tensor(
+        id="weight/bank",
+        kind="tensor",
+        shape=[1024, 128],
+        format=codec.format,
+        layout=codec.layout,
+        offset=0,
+        bytes=data.size,
+        divisors=4,
+    )
+    art = SimpleNamespace(objects={bank.id: bank}, raw=lambda object_id: data)
+
+    names = ["moe/experts/1/gate_up", "moe/experts/2/gate_up"]
+    plans = {names[0]: [(bank.id, 256, 256)], names[1]: [(bank.id, 512, 256)]}
+    windows = Residency(np)._windows(art, names, plans)
+    parent, first = windows[bank.id]
+    assert first == 256 and parent.planes.rows == 512
+    assert parent.planes.rows_per_divisor == 256
+    assert parent.data.nbytes == codec.encoded_size((512, 128), 2)
+    whole = codec.decode(data, (1024, 128), 4)
+    np.testing.assert_array_equal(codec.decode(parent.data, (512, 128), 2), whole[256:768])

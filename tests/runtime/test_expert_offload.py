@@ -155,20 +155,37 @@ def test_host_experts_compute_by_blocks_and_the_hottest_hold_decoded_copies(q4_m
 
 @pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])
 def test_host_experts_decode_to_the_loaded_weights(artifact_path, recipe):
-    """Stored codes cut per expert (q4) or, for layouts that cannot be cut (NVFP4, FP8 row
-    scales), the decoded values: either way the weights the backend would load."""
+    """Stored codes cut per expert (q4; the mixed recipe's NVFP4 gate and up, whole 128-row
+    scale tiles, and FP8 down, row scales), decoding to the weights the backend would load."""
     art = Artifact.open(artifact_path(recipe, "moe"))
     prefix = "text/layers/2/moe/experts/3/"
     expert = HostExpert.load(art, prefix)
     for part, weight in zip(("gate", "up", "down"), expert.weights(), strict=True):
         want = art.parameter(prefix + part, in_order=True)
         np.testing.assert_array_equal(weight, want)
-    stored = sum(int(np.prod(art.binder_report.parameters[prefix + p])) for p in ("gate", "up"))
-    if recipe == "tiny_q4":
-        assert not expert.decoded
-        assert expert.nbytes < stored  # q4 codes: well under a byte a weight
-    else:
-        assert expert.decoded
+    assert not expert.decoded
+    parts = ("gate", "up") if recipe == "tiny_q4" else ("gate", "up", "down")
+    stored = sum(int(np.prod(art.binder_report.parameters[prefix + p])) for p in parts)
+    assert expert.nbytes < stored  # q4, NVFP4 and FP8 codes: under a byte a weight
+
+
+def test_a_host_weight_cut_from_a_bank_with_a_divisor_per_expert_decodes_with_its_own():
+    """An imported NVFP4 bank stacks experts with a weight divisor each: a piece cut from it
+    holds the divisors of the experts its rows come from, and decodes with them."""
+    from ninfer_format.codecs import codec_for
+    from ninfer_runtime.expert_offload.stored_weights import StoredRows, _cut_stored
+
+    codec = codec_for("nvfp4", "block_scale_k16_m128x4_v1")
+    values = np.random.default_rng(1).standard_normal((768, 128)).astype(np.float32)
+    values[256:512] *= 50
+    data = np.frombuffer(codec.encode(values, 3), dtype=np.uint8)
+    bank = StoredRows(codec.format, codec.layout, data, (768, 128))
+    whole = codec.decode(data, (768, 128), 3)
+    np.testing.assert_array_equal(bank.decode(), whole)
+    for rows, columns in (((256, 512), (0, 128)), ((0, 512), (64, 128)), ((384, 512), (0, 64))):
+        piece = _cut_stored(bank, rows, columns)
+        block = whole[rows[0] : rows[1], columns[0] : columns[1]]
+        np.testing.assert_array_equal(piece.decode(), block)
 
 
 @pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_mixed"])

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer_format.codecs.slicing import slice_object
+from ninfer_format.codecs.slicing import slice_object, stored_divisors
 from ninfer_format.progress import Advance, terminal_bar
 from ninfer_format.schema import Tensor
 
@@ -196,11 +196,13 @@ class Residency:
         data = slice_object(obj.format, obj.layout, artifact.raw(obj.id), shape, rows, cut.columns)
         if data is None:
             return None
-        width = cut.columns[1] - cut.columns[0]
+        part = (cut.rows, cut.columns[1] - cut.columns[0])
+        # an NVFP4 cut holds the divisors of the stacked matrices its rows come from
+        divisors = stored_divisors(obj.format, obj.layout, part, len(data))
         parent = self._resident(
             cut.key,
             self.xp.asarray(np.frombuffer(data, dtype=np.uint8)),
-            planes(obj.format, obj.layout, (cut.rows, width), int(obj.divisors or 1)),
+            planes(obj.format, obj.layout, part, divisors),
             tile=not keeps_layout(name),
         )
         self.parents[cut.key] = parent
