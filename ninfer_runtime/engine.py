@@ -34,6 +34,7 @@ from .errors import EngineError, RequestError
 from .events import EventWriter
 from .images import VisionOptions
 from .intake import RequestIntake
+from .lane_limits import check_max_lanes
 from .loader import load
 from .media_cache import MediaCache
 from .models import ForwardOutput
@@ -103,8 +104,9 @@ class Engine:
         vision: VisionOptions | None = None,
         model_options: dict[str, Any] | None = None,
     ):
-        if not 1 <= max_lanes <= 8:
-            raise EngineError(f"max_lanes must be in 1..8, got {max_lanes}")
+        # the backend's own most lanes (``lane_limits``), known before anything loads; a
+        # tensor-parallel engine's ranks all run this backend
+        check_max_lanes(max_lanes, backend)
         if max_context < 2 or prefill_chunk < 1 or checkpoint_interval < 1:
             raise EngineError(
                 "max_context must be >= 2, prefill_chunk and checkpoint_interval >= 1"

@@ -74,8 +74,8 @@ _OPTIONS: list[Callable[[Any], Any]] = [
     ),
     click.option(
         "--max-concurrency",
-        help="Requests decoding at once: auto (as many lanes as the memory holds, up to 8) or "
-        "1..8.  [default: auto]",
+        help="Requests decoding at once: auto (as many lanes as the memory holds, up to the "
+        "backend's most: 64 on cpu, 8 on cuda) or a number up to it.  [default: auto]",
     ),
     click.option(
         "--max-pending-requests",

@@ -1,6 +1,7 @@
 """How many decode lanes (requests generating at once) a server opens.
 
-``max_concurrency = "auto"`` (the default) opens as many lanes as the engine runs, fewer when
+``max_concurrency = "auto"`` (the default) opens as many lanes as the engine runs (its
+backend's most, ``ninfer_runtime.lane_limits``: 64 on the CPU, 8 on CUDA), fewer when
 the context pool could not give each of them a useful context at once: a lane is opened only
 while every open lane can hold ``min(max_context, LANE_CONTEXT_TOKENS)`` tokens of K/V pages
 together with the others. The engine is built with its most lanes (their recurrent-state
@@ -15,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ninfer_runtime.lane_limits import backend_max_lanes
+
 if TYPE_CHECKING:
     from ninfer_runtime.engine import Engine
 
-__all__ = ["ENGINE_MAX_LANES", "LANE_CONTEXT_TOKENS", "LaneChoice", "choose_lanes", "engine_lanes"]
+__all__ = ["LANE_CONTEXT_TOKENS", "LaneChoice", "choose_lanes", "engine_lanes"]
 
-#: the most lanes the engine runs (``Engine`` refuses more)
-ENGINE_MAX_LANES = 8
 #: the context each auto lane must be able to hold at once: a chat prompt with a long reply,
 #: or an agent's system prompt and tools with a few turns (longer requests still run, their
 #: pages taken from lanes holding less, or waiting)
@@ -37,9 +38,10 @@ class LaneChoice:
     reason: str
 
 
-def engine_lanes(setting: LaneSetting) -> int:
-    """The lanes the engine is built with: the pinned number, or its most for ``auto``."""
-    return ENGINE_MAX_LANES if setting == "auto" else int(setting)
+def engine_lanes(setting: LaneSetting, backend: str) -> int:
+    """The lanes the engine is built with: the pinned number, or for ``auto`` the most the
+    ``backend`` runs."""
+    return backend_max_lanes(backend) if setting == "auto" else int(setting)
 
 
 def choose_lanes(setting: LaneSetting, engine: Engine) -> LaneChoice:

@@ -7,7 +7,6 @@ them in the published schema from the same constants.
 from __future__ import annotations
 
 from .errors import ApiError
-from .lanes import ENGINE_MAX_LANES
 
 __all__ = [
     "MAX_CHOICES",
@@ -30,8 +29,9 @@ MAX_CHOICES = 256
 MAX_TEMPLATE_KWARGS = 32
 MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
 #: the most samples a request may ask for (Chat and Completions ``n``) on any server: the
-#: engine's most lanes. A server takes at most its own lanes (``check_sample_count``)
-MAX_SAMPLES = ENGINE_MAX_LANES
+#: lanes every backend runs, so the published schema is one for all of them. A server takes
+#: at most its own lanes (``check_sample_count``)
+MAX_SAMPLES = 8
 
 
 def check_stop_count(stop: str | list[str] | None, param: str) -> None:

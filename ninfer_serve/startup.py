@@ -137,7 +137,7 @@ def serve(model: Path, settings: Settings) -> int:
             artifact,
             backend=engine_cfg.backend,
             max_context=engine_cfg.max_context,
-            max_lanes=engine_lanes(engine_cfg.max_concurrency),
+            max_lanes=engine_lanes(engine_cfg.max_concurrency, engine_cfg.backend),
             prefill_chunk=engine_cfg.prefill_chunk,
             chat_template=template,
             context_capacity=engine_cfg.context_capacity,

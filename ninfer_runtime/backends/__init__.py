@@ -13,13 +13,27 @@ from ..errors import EngineError
 from .base import Array, Backend, ExpertWeights, MoeWeights, Weight
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
+#: each name's backend class, imported without creating the backend (None: not importable
+#: here), so its class attributes (``max_lanes``) are known before a load
+_CLASSES: dict[str, Callable[[], type | None]] = {}
 
 log = logging.getLogger("ninfer.backends")
 
 
-def register_backend(name: str, factory: Callable[[], Backend]) -> None:
-    """Make ``factory`` available as ``get_backend(name)``."""
+def register_backend(
+    name: str, factory: Callable[[], Backend], kind: Callable[[], type | None] | None = None
+) -> None:
+    """Make ``factory`` available as ``get_backend(name)`` and ``kind`` (its class, imported)
+    as ``backend_class(name)``."""
     _FACTORIES[name] = factory
+    if kind is not None:
+        _CLASSES[name] = kind
+
+
+def backend_class(name: str) -> type | None:
+    """The class ``get_backend(name)`` creates, without creating it (None: unknown here)."""
+    kind = _CLASSES.get(name)
+    return None if kind is None else kind()
 
 
 def available_backends() -> list[str]:
@@ -42,6 +56,20 @@ def _cpu() -> Backend:
     return CpuBackend()
 
 
+def _cpu_class() -> type:
+    from .cpu import CpuBackend
+
+    return CpuBackend
+
+
+def _cuda_class() -> type | None:
+    try:  # the class module imports CuPy: without it the backend cannot be created anyway
+        from .cuda.backend import CudaBackend
+    except ImportError:
+        return None
+    return CudaBackend
+
+
 def _cuda() -> Backend:
     from .cuda import create_backend  # imports CuPy only when the backend is selected
 
@@ -56,8 +84,8 @@ def decode_eagerly(backend: Backend, why: str) -> None:
         backend.graphs = False  # type: ignore[attr-defined]
 
 
-register_backend("cpu", _cpu)
-register_backend("cuda", _cuda)
+register_backend("cpu", _cpu, _cpu_class)
+register_backend("cuda", _cuda, _cuda_class)
 
 __all__ = [
     "Array",
@@ -66,6 +94,7 @@ __all__ = [
     "MoeWeights",
     "Weight",
     "available_backends",
+    "backend_class",
     "decode_eagerly",
     "get_backend",
     "register_backend",

@@ -14,6 +14,7 @@ import numpy as np
 
 from ninfer_format.progress import silent, terminal_bar
 
+from ..lane_limits import MAX_LANES
 from . import array_ops as ops
 from .base import Array, Weight
 
@@ -32,6 +33,9 @@ class CpuBackend(ops.ReferenceOps):
 
     name = "cpu"
     xp = np
+    #: the product's most lanes: nothing here is sized by rows, and a decode step of up to
+    #: ``ROW_STABLE_ROWS`` rows keeps every row's result independent of the others
+    max_lanes = MAX_LANES
 
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:

@@ -30,7 +30,8 @@ class EngineSettings(Table):
     backend: Literal["cpu", "cuda"] = "cpu"
     #: an explicit value must not exceed the model's positions; the default is clamped to them
     max_context: int = Field(DEFAULT_MAX_CONTEXT, ge=2)
-    #: decode lanes: ``auto`` (as many as the memory holds, ``lanes.choose_lanes``) or 1..8
+    #: decode lanes: ``auto`` (as many as the memory holds, ``lanes.choose_lanes``) or 1 up
+    #: to the backend's most (``ninfer_runtime.lane_limits``: CPU 64, CUDA 8)
     max_concurrency: int | Literal["auto"] = "auto"
     max_pending_requests: int = Field(16, ge=0)
     pending_timeout_ms: int = Field(30000, ge=1)
@@ -81,8 +82,9 @@ class EngineSettings(Table):
 
     @field_validator("max_concurrency", mode="before")
     @classmethod
-    def _lanes(cls, value: Any) -> int | str:
-        from ..lanes import ENGINE_MAX_LANES
+    def _lanes(cls, value: Any, info: ValidationInfo) -> int | str:
+        """``auto`` or 1 up to the most lanes the backend runs (the key declared above)."""
+        from ninfer_runtime.lane_limits import MAX_LANES, backend_max_lanes
 
         if isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
@@ -91,8 +93,11 @@ class EngineSettings(Table):
             lanes = value
         elif isinstance(value, str) and value.strip().isdigit():
             lanes = int(value)
-        if lanes is None or not 1 <= lanes <= ENGINE_MAX_LANES:
-            raise ValueError(f"{value!r}: expected 'auto' or 1..{ENGINE_MAX_LANES} lanes")
+        backend = info.data.get("backend")  # absent when the backend itself was refused
+        most = MAX_LANES if backend is None else backend_max_lanes(backend)
+        if lanes is None or not 1 <= lanes <= most:
+            runs = "" if backend is None else f" (the most the {backend} backend runs)"
+            raise ValueError(f"{value!r}: expected 'auto' or 1..{most} lanes{runs}")
         return lanes
 
     @field_validator("kv_dtype")

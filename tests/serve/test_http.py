@@ -134,7 +134,7 @@ def test_config_errors_name_the_key(artifact, tmp_path):
     assert result.returncode == 2 and "'dflash' is not available yet" in result.stderr
     result = run_cli(str(artifact), "--draft-tokens", "2")
     assert result.returncode == 2 and "draft_tokens needs method 'mtp'" in result.stderr
-    result = run_cli(str(artifact), "--max-concurrency", "9")
+    result = run_cli(str(artifact), "--max-concurrency", "65")
     assert result.returncode == 2 and "max_concurrency" in result.stderr
     assert run_cli(str(tmp_path / "missing.ninfer")).returncode == 2
     help_text = run_cli("--help").stdout

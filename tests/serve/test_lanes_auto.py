@@ -1,5 +1,6 @@
 """Decode lanes: ``auto`` (the default) opens as many as the context pool holds, up to the
-engine's most; a pinned ``--max-concurrency`` is kept; the start-up lines say which."""
+backend's most (64 on the CPU); a pinned ``--max-concurrency`` is kept, up to that most; the
+start-up lines say which."""
 
 from __future__ import annotations
 
@@ -12,30 +13,34 @@ import httpx
 import pytest
 
 from ninfer_runtime.engine import Engine
+from ninfer_runtime.lane_limits import backend_max_lanes
 from ninfer_serve.config import ConfigError, load_settings
-from ninfer_serve.lanes import ENGINE_MAX_LANES, LANE_CONTEXT_TOKENS, choose_lanes, engine_lanes
+from ninfer_serve.lanes import LANE_CONTEXT_TOKENS, choose_lanes, engine_lanes
 
 from .conftest import Server, metric
 
 CONTEXT = 2048
+#: the most lanes the CPU backend runs, the engine's lanes under ``auto``
+CPU_LANES = backend_max_lanes("cpu")
 
 
 def _pool_sizes(artifact: Path) -> tuple[int, int, int]:
     """(bytes of the engine's lane slots, bytes of a page, pages of one auto lane's context)
     for ``artifact`` at ``CONTEXT`` tokens with the engine's most lanes."""
-    engine = Engine(artifact, max_context=CONTEXT, max_lanes=ENGINE_MAX_LANES, prefix_cache=True)
+    engine = Engine(artifact, max_context=CONTEXT, max_lanes=CPU_LANES, prefix_cache=True)
     pool = engine.pool
     return pool.slots * pool.slot_bytes, pool.page_bytes, pool.pages_for(CONTEXT)
 
 
 def test_auto_opens_what_the_pool_holds(artifact: Path) -> None:
     slots, page, per_lane = _pool_sizes(artifact)
-    for budget_lanes in (3, 5):
+    assert CPU_LANES == 64
+    for budget_lanes in (3, 5, 12):  # past the 8 lanes other backends run
         budget = slots + budget_lanes * per_lane * page + page // 2
         engine = Engine(
             artifact,
             max_context=CONTEXT,
-            max_lanes=engine_lanes("auto"),
+            max_lanes=engine_lanes("auto", "cpu"),
             context_capacity=budget,
             prefix_cache=True,
         )
@@ -44,8 +49,8 @@ def test_auto_opens_what_the_pool_holds(artifact: Path) -> None:
         assert f"{budget_lanes} lane(s) of {CONTEXT} tokens" in choice.reason
         assert choose_lanes(2, engine).lanes == 2  # pinned: as given
     # no device limit (the CPU): every lane gets its context, so the engine's most
-    unlimited = Engine(artifact, max_context=CONTEXT, max_lanes=engine_lanes("auto"))
-    assert choose_lanes("auto", unlimited).lanes == ENGINE_MAX_LANES
+    unlimited = Engine(artifact, max_context=CONTEXT, max_lanes=engine_lanes("auto", "cpu"))
+    assert choose_lanes("auto", unlimited).lanes == CPU_LANES
     assert min(CONTEXT, LANE_CONTEXT_TOKENS) == CONTEXT
 
 
@@ -55,9 +60,20 @@ def test_the_setting_is_auto_or_a_number(tmp_path: Path) -> None:
     config = tmp_path / "ninfer.toml"
     config.write_text("[engine]\nmax_concurrency = 'auto'\n")
     assert load_settings(config, {}).engine.max_concurrency == "auto"
-    for bad in ("0", "9", "many", "2.5"):
-        with pytest.raises(ConfigError, match=r"max_concurrency: .*expected 'auto' or 1\.\.8"):
+    assert load_settings(None, {"engine": {"max_concurrency": 64}}).engine.max_concurrency == 64
+    for bad in ("0", "65", "many", "2.5"):
+        with pytest.raises(ConfigError, match=r"max_concurrency: .*expected 'auto' or 1\.\.64"):
             load_settings(None, {"engine": {"max_concurrency": bad}})
+
+
+def test_a_pinned_number_is_bounded_by_the_backend() -> None:
+    """The CUDA backend runs 8 lanes (its kernels take 8 rows): 9 is refused naming the key,
+    before anything loads; ``auto`` builds its engine with 8."""
+    cuda = {"backend": "cuda", "max_concurrency": 8}
+    assert load_settings(None, {"engine": cuda}).engine.max_concurrency == 8
+    with pytest.raises(ConfigError, match=r"max_concurrency: .*1\.\.8 lanes \(the most the cuda"):
+        load_settings(None, {"engine": {**cuda, "max_concurrency": 9}})
+    assert engine_lanes("auto", "cuda") == 8 and engine_lanes(5, "cuda") == 5
 
 
 def _generation_span(server: Server) -> tuple[float, float]:
@@ -85,8 +101,8 @@ def test_the_server_starts_with_auto_lanes_that_run_together(artifact: Path) -> 
     server = Server(artifact, "--max-context", str(CONTEXT))
     try:
         assert "lanes auto" in server.log  # the loading line
-        assert f"{ENGINE_MAX_LANES} decode lane(s) (auto:" in server.log
-        assert metric(server.url, "ninfer_max_concurrency") == ENGINE_MAX_LANES
+        assert f"{CPU_LANES} decode lane(s) (auto:" in server.log
+        assert metric(server.url, "ninfer_max_concurrency") == CPU_LANES
         # two clients at once are decoded together: each one's tokens start before the
         # other's end (one lane would serve them one after the other)
         with ThreadPoolExecutor(2) as pool:

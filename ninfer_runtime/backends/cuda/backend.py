@@ -49,6 +49,10 @@ TF32_TENSOR_OP_MATH = 3
 class CudaBackend(ops.ReferenceOps):
     name = "cuda"
     xp = cp
+    #: the most lanes (rows of a decode step) the kernels take: the device sampler
+    #: (``sampling.MAX_LANES``), the decode GEMV and MoE kernels and the decode graphs
+    #: captured per lane count are all built for up to 8 rows
+    max_lanes = 8
 
     def __init__(self, *, graphs: bool = True, prefill_precision: str = "bf16") -> None:
         self.residency = Residency(cp)
