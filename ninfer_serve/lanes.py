@@ -1,7 +1,8 @@
 """How many decode lanes (requests generating at once) a server opens.
 
 ``max_concurrency = "auto"`` (the default) opens as many lanes as the engine runs (its
-backend's most, ``ninfer_runtime.lane_limits``: 64 on the CPU, 8 on CUDA), fewer when
+backend's most, ``ninfer_runtime.lane_limits``: 64 on the CPU, 8 on CUDA, and at most
+``AUTO_LANES``), fewer when
 the context pool could not give each of them a useful context at once: a lane is opened only
 while every open lane can hold ``min(max_context, LANE_CONTEXT_TOKENS)`` tokens of K/V pages
 together with the others. The engine is built with its most lanes (their recurrent-state
@@ -21,7 +22,11 @@ from ninfer_runtime.lane_limits import backend_max_lanes
 if TYPE_CHECKING:
     from ninfer_runtime.engine import Engine
 
-__all__ = ["LANE_CONTEXT_TOKENS", "LaneChoice", "choose_lanes", "engine_lanes"]
+__all__ = ["AUTO_LANES", "LANE_CONTEXT_TOKENS", "LaneChoice", "choose_lanes", "engine_lanes"]
+
+#: the most lanes ``auto`` builds an engine with: the CPU's pool has no device budget to bound
+#: it, and would reserve a whole context for each of its 64 lanes (a number pins more)
+AUTO_LANES = 8
 
 #: the context each auto lane must be able to hold at once: a chat prompt with a long reply,
 #: or an agent's system prompt and tools with a few turns (longer requests still run, their
@@ -40,8 +45,8 @@ class LaneChoice:
 
 def engine_lanes(setting: LaneSetting, backend: str) -> int:
     """The lanes the engine is built with: the pinned number, or for ``auto`` the most the
-    ``backend`` runs."""
-    return backend_max_lanes(backend) if setting == "auto" else int(setting)
+    ``backend`` runs, at most ``AUTO_LANES``."""
+    return min(backend_max_lanes(backend), AUTO_LANES) if setting == "auto" else int(setting)
 
 
 def choose_lanes(setting: LaneSetting, engine: Engine) -> LaneChoice:

@@ -1,6 +1,6 @@
 """Decode lanes: ``auto`` (the default) opens as many as the context pool holds, up to the
-backend's most (64 on the CPU); a pinned ``--max-concurrency`` is kept, up to that most; the
-start-up lines say which."""
+backend's most and ``AUTO_LANES`` (8); a pinned ``--max-concurrency`` is kept, up to the
+backend's most (64 on the CPU); the start-up lines say which."""
 
 from __future__ import annotations
 
@@ -15,32 +15,32 @@ import pytest
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.lane_limits import backend_max_lanes
 from ninfer_serve.config import ConfigError, load_settings
-from ninfer_serve.lanes import LANE_CONTEXT_TOKENS, choose_lanes, engine_lanes
+from ninfer_serve.lanes import AUTO_LANES, LANE_CONTEXT_TOKENS, choose_lanes, engine_lanes
 
 from .conftest import Server, metric
 
 CONTEXT = 2048
-#: the most lanes the CPU backend runs, the engine's lanes under ``auto``
+#: the most lanes the CPU backend runs
 CPU_LANES = backend_max_lanes("cpu")
 
 
-def _pool_sizes(artifact: Path) -> tuple[int, int, int]:
+def _pool_sizes(artifact: Path, lanes: int) -> tuple[int, int, int]:
     """(bytes of the engine's lane slots, bytes of a page, pages of one auto lane's context)
-    for ``artifact`` at ``CONTEXT`` tokens with the engine's most lanes."""
-    engine = Engine(artifact, max_context=CONTEXT, max_lanes=CPU_LANES, prefix_cache=True)
+    for ``artifact`` at ``CONTEXT`` tokens with ``lanes`` lanes."""
+    engine = Engine(artifact, max_context=CONTEXT, max_lanes=lanes, prefix_cache=True)
     pool = engine.pool
     return pool.slots * pool.slot_bytes, pool.page_bytes, pool.pages_for(CONTEXT)
 
 
 def test_auto_opens_what_the_pool_holds(artifact: Path) -> None:
-    slots, page, per_lane = _pool_sizes(artifact)
-    assert CPU_LANES == 64
-    for budget_lanes in (3, 5, 12):  # past the 8 lanes other backends run
+    assert CPU_LANES == 64 and engine_lanes("auto", "cpu") == AUTO_LANES == 8
+    for budget_lanes, built in ((3, AUTO_LANES), (5, AUTO_LANES), (12, 16)):
+        slots, page, per_lane = _pool_sizes(artifact, built)
         budget = slots + budget_lanes * per_lane * page + page // 2
         engine = Engine(
             artifact,
             max_context=CONTEXT,
-            max_lanes=engine_lanes("auto", "cpu"),
+            max_lanes=built,  # 16: an engine built with more than auto's (past CUDA's 8)
             context_capacity=budget,
             prefix_cache=True,
         )
@@ -50,7 +50,7 @@ def test_auto_opens_what_the_pool_holds(artifact: Path) -> None:
         assert choose_lanes(2, engine).lanes == 2  # pinned: as given
     # no device limit (the CPU): every lane gets its context, so the engine's most
     unlimited = Engine(artifact, max_context=CONTEXT, max_lanes=engine_lanes("auto", "cpu"))
-    assert choose_lanes("auto", unlimited).lanes == CPU_LANES
+    assert choose_lanes("auto", unlimited).lanes == AUTO_LANES
     assert min(CONTEXT, LANE_CONTEXT_TOKENS) == CONTEXT
 
 
@@ -101,8 +101,8 @@ def test_the_server_starts_with_auto_lanes_that_run_together(artifact: Path) -> 
     server = Server(artifact, "--max-context", str(CONTEXT))
     try:
         assert "lanes auto" in server.log  # the loading line
-        assert f"{CPU_LANES} decode lane(s) (auto:" in server.log
-        assert metric(server.url, "ninfer_max_concurrency") == CPU_LANES
+        assert f"{AUTO_LANES} decode lane(s) (auto:" in server.log
+        assert metric(server.url, "ninfer_max_concurrency") == AUTO_LANES
         # two clients at once are decoded together: each one's tokens start before the
         # other's end (one lane would serve them one after the other)
         with ThreadPoolExecutor(2) as pool:
