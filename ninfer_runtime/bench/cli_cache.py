@@ -9,6 +9,7 @@ import click
 
 from ninfer_format.extras import require_extra
 
+from ..lane_limits import MAX_LANES
 from ..state import KV_DTYPES
 from .cli_outputs import output_options, write_rows
 
@@ -53,10 +54,11 @@ from .cli_outputs import output_options, write_rows
 )
 @click.option(
     "--requests",
-    type=click.IntRange(1, 8),
+    type=click.IntRange(1, MAX_LANES),
     default=8,
     show_default=True,
-    help="memory pressure: requests submitted at once (one lane each)",
+    help="memory pressure: requests submitted at once (one lane each; at most the backend's "
+    "lanes: 64 on the CPU, 8 on CUDA)",
 )
 @click.option(
     "--full-requests",

@@ -8,8 +8,11 @@ from typing import Any
 import click
 
 
-def load_bench_model(opened: Any, backend: str, vram_budget: str | None, reduced: Any) -> Any:
-    """The model, its routed experts split by ``vram_budget`` (scaled to a reduced artifact)."""
+def load_bench_model(
+    opened: Any, backend: str, vram_budget: str | None, reduced: Any, chunk: int
+) -> Any:
+    """The model, its routed experts split by ``vram_budget`` (scaled to a reduced artifact),
+    the backend's workspace planned for prefill chunks of ``chunk`` tokens."""
     from ..expert_offload import ExpertOffload
     from ..models import load_model
 
@@ -17,7 +20,7 @@ def load_bench_model(opened: Any, backend: str, vram_budget: str | None, reduced
         return load_model(opened, backend)
     budget, note = _scaled_budget(opened, vram_budget, reduced)
     click.echo(note)
-    offload = ExpertOffload.for_budget(budget, backend)
+    offload = ExpertOffload.for_budget(budget, backend, prefill_rows=chunk)
     options = {"ple_rows": "streamed"} if _has_ple(opened) else None  # as the whole model's
     return load_model(opened, backend, expert_offload=offload, options=options)
 

@@ -163,7 +163,7 @@ def run(
     try:
         opened = Artifact.open(artifact)
         reduced = opened.provenance.get("reduced")
-        runner = ModelRunner(load_bench_model(opened, backend, vram_budget, reduced))
+        runner = ModelRunner(load_bench_model(opened, backend, vram_budget, reduced, chunk))
         weights = active_weights(opened)
     except (ArtifactError, EngineError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
