@@ -113,6 +113,12 @@ class Backend(Protocol):
         no device limit, every lane gets a full context."""
         ...
 
+    def device_workspace(self, config: Any, rows: int, logit_rows: int) -> int:
+        """Device bytes the backend takes beside the weights and the context pool for
+        prefill calls of up to ``rows`` token rows, ``logit_rows`` of them scored, of the
+        model its text ``config`` describes (what ``--vram-budget`` plans as workspace)."""
+        ...
+
     def compile_step(
         self, fn: Callable[..., Any], shapes: Sequence[tuple[int, ...]]
     ) -> Callable[..., Any]:

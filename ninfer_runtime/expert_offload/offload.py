@@ -65,12 +65,9 @@ def backend_workspace(backend: Any, artifact: Any, rows: int) -> int:
     ``PROMPT_LOGPROB_CHUNK`` of them scored (a scored prompt reads alone, in chunks that
     long): its ``device_workspace(text_config, rows, logit_rows)`` (the CUDA backend's
     scratch, activations and logits, ``backends/cuda/workspace.py``; the CPU's simulated
-    device, 0); a backend without one needs none."""
-    state = getattr(backend, "device_workspace", None)
-    if state is None:
-        return 0
+    device, 0)."""
     config = artifact.components["text"].config or {}
-    return int(state(config, rows, min(rows, PROMPT_LOGPROB_CHUNK)))
+    return int(backend.device_workspace(config, rows, min(rows, PROMPT_LOGPROB_CHUNK)))
 
 
 class ExpertOffload:
