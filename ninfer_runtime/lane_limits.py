@@ -3,7 +3,7 @@
 ``MAX_LANES`` is the product's ceiling, the one bound every layer shares; below it each backend
 states the most its kernels run as the class attribute ``max_lanes`` (the CPU backend the
 ceiling, the CUDA backend 8: its sampler, decode products and captured steps take up to 8 rows).
-A backend that states none runs ``DEFAULT_BACKEND_LANES``.
+Every backend runs ``COMMON_LANES`` (a backend that states none runs that many).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .backends import backend_class
 from .errors import EngineError
 
 __all__ = [
-    "DEFAULT_BACKEND_LANES",
+    "COMMON_LANES",
     "MAX_LANES",
     "backend_label",
     "backend_max_lanes",
@@ -23,15 +23,15 @@ __all__ = [
 
 #: the most lanes any engine runs, on any backend
 MAX_LANES = 64
-#: the lanes of a backend that does not state ``max_lanes`` (the count every backend ran first)
-DEFAULT_BACKEND_LANES = 8
+#: the lanes every backend runs, and those of a backend that does not state ``max_lanes``
+COMMON_LANES = 8
 
 
 def backend_max_lanes(backend: str | Any) -> int:
     """The most lanes ``backend`` (a name or an instance) runs, within ``MAX_LANES``; known
     without creating the backend, so a setting it cannot run is refused before a load."""
     kind = backend_class(backend) if isinstance(backend, str) else type(backend)
-    return min(getattr(kind, "max_lanes", DEFAULT_BACKEND_LANES), MAX_LANES)
+    return min(getattr(kind, "max_lanes", COMMON_LANES), MAX_LANES)
 
 
 def backend_label(backend: str | Any) -> str:

@@ -17,16 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ninfer_runtime.lane_limits import backend_max_lanes
+from ninfer_runtime.lane_limits import COMMON_LANES, backend_max_lanes
 
 if TYPE_CHECKING:
     from ninfer_runtime.engine import Engine
 
 __all__ = ["AUTO_LANES", "LANE_CONTEXT_TOKENS", "LaneChoice", "choose_lanes", "engine_lanes"]
 
-#: the most lanes ``auto`` builds an engine with: the CPU's pool has no device budget to bound
-#: it, and would reserve a whole context for each of its 64 lanes (a number pins more)
-AUTO_LANES = 8
+#: the most lanes ``auto`` builds an engine with, those every backend runs: the CPU's pool has
+#: no device budget to bound it, and would reserve a whole context for each of its 64 lanes
+#: (a number pins more)
+AUTO_LANES = COMMON_LANES
 
 #: the context each auto lane must be able to hold at once: a chat prompt with a long reply,
 #: or an agent's system prompt and tools with a few turns (longer requests still run, their

@@ -6,6 +6,8 @@ them in the published schema from the same constants.
 
 from __future__ import annotations
 
+from ninfer_runtime.lane_limits import COMMON_LANES
+
 from .errors import ApiError
 
 __all__ = [
@@ -31,7 +33,7 @@ MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
 #: the most samples a request may ask for (Chat and Completions ``n``) on any server: the
 #: lanes every backend runs, so the published schema is one for all of them. A server takes
 #: at most its own lanes (``check_sample_count``)
-MAX_SAMPLES = 8
+MAX_SAMPLES = COMMON_LANES
 
 
 def check_stop_count(stop: str | list[str] | None, param: str) -> None:
