@@ -66,3 +66,37 @@ def test_the_backend_resolves_the_first_installed_provider() -> None:
 
 def _provider_if_available(name: str) -> bool:
     return registry.providers("delta_rule")["chunk"][name].available()
+
+
+#: (T, heads, head size): the tiny GLM5Next's KDA layer, a chunk past fla's 64 with an awkward
+#: head size, and GLM5Next's heads
+KDA_CASES = [(37, 2, 32), (100, 4, 64), (300, 64, 128)]
+
+
+@pytest.mark.parametrize(("t", "h", "d"), KDA_CASES)
+def test_kda_providers_match_the_reference(t: int, h: int, d: int) -> None:
+    """Each CUDA provider of ``kda_chunk`` (per-channel log-decays in GLM5Next's [-5, 0))
+    against the float64 oracle on the same float32 inputs."""
+    import cupy as cp
+
+    from ninfer_runtime.ops.delta_rule import kda_reference as KDA
+
+    rng = np.random.default_rng(t + h + d)
+    q, k, v, _, beta, state = _inputs(rng, t, h, h, d, d)
+    g = (-5 / (1 + np.exp(3 - 2 * rng.standard_normal((t, h, d))))).astype(np.float32)
+    want_state = state.astype(np.float64)
+    want = KDA.kda_chunk(*(a.astype(np.float64) for a in (q, k, v, g, beta)), want_state)
+    table = registry.providers("delta_rule")["kda_chunk"]
+    for name in policy.TABLE[("kda_chunk", "cuda")]:
+        if not table[name].available():
+            continue
+        got_state = cp.asarray(state)
+        got = table[name].load()(*(cp.asarray(a) for a in (q, k, v, g, beta)), got_state)
+        rtol, atol = TOLERANCE[name]
+        for what, x, ref in (("out", got, want), ("state", got_state, want_state)):
+            x = cp.asnumpy(x).astype(np.float64)
+            assert np.all(np.isfinite(x)), what
+            scale = float(np.abs(ref).max())
+            np.testing.assert_allclose(
+                x, ref, rtol=rtol, atol=atol * scale, err_msg=f"kda {name} {what}"
+            )

@@ -18,8 +18,8 @@ Ops (signatures as the reference's, ``reference.py``):
 Providers: ``reference`` (the oracle; ``kda_reference`` for the KDA ops, both on ``conv.py``'s
 convolution and split into heads and ``loops.py``'s scan, verification and commit loops, each
 around its own step), ``nvrtc`` (ours: ``kernels/gdn.cu``, ``kernels/gdn_prefill.cu``) and
-``fla`` (flash-linear-attention's ``chunk_gated_delta_rule``, pip ``fla-core``, through DLPack
-views; ``chunk`` only). Which
+``fla`` (flash-linear-attention's ``chunk_gated_delta_rule`` and ``chunk_kda``, pip
+``fla-core``, through DLPack views; ``chunk`` and ``kda_chunk``). Which
 serves an op is ``policy.TABLE``; the resolution key is the device, ``key_dim``,
 ``value_dim`` and the convolution's ``taps``.
 """
@@ -53,6 +53,7 @@ _PROVIDERS = {
        ("decode", "verify", "commit")},
     ("chunk", "fla"): ("fla", "accepts", ("cupy", "torch", "fla")),
     **{(op, "reference"): ("kda_reference", "accepts", ()) for op in KDA_OPS},
+    ("kda_chunk", "fla"): ("fla", "accepts", ("cupy", "torch", "fla")),
 }  # fmt: skip
 for (_op, _name), (_module, _accepts, _requires) in _PROVIDERS.items():
     register(

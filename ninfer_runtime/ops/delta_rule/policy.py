@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-#: the per-channel-decay variant's ops (Kimi Delta Attention): the reference only, so far (its
-#: array math runs on CuPy arrays as on numpy ones; not yet measured or run on a GPU)
+#: the per-channel-decay variant's ops (Kimi Delta Attention); the reference's array math runs
+#: on CuPy arrays as on numpy ones
 KDA_OPS = ("kda_chunk", "kda_prefill", "kda_decode", "kda_verify", "kda_commit")
 
 #: (op, device) -> provider names, most preferred first
@@ -19,7 +19,9 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     **{(op, "cpu"): ("reference",) for op in ("prefill", "decode", "verify", "commit")},
     **{(op, "cuda"): ("nvrtc", "reference") for op in ("prefill", "decode", "verify", "commit")},
     **{(op, "cpu"): ("reference",) for op in KDA_OPS},
-    **{(op, "cuda"): ("reference",) for op in KDA_OPS},
+    **{(op, "cuda"): ("reference",) for op in KDA_OPS if op != "kda_chunk"},
+    # fla first: its chunked kernels against the reference's array math, chunk by chunk
+    ("kda_chunk", "cuda"): ("fla", "reference"),
 }
 
 
