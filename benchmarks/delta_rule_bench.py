@@ -29,8 +29,8 @@ from gpu_bench import copy_bandwidth, eager_ms
 
 from ninfer_runtime.bench.measure import matmul_rate
 from ninfer_runtime.ops import registry
-from ninfer_runtime.ops.delta_rule import policy
 from ninfer_runtime.ops.delta_rule import kda_reference as KDA
+from ninfer_runtime.ops.delta_rule import policy
 from ninfer_runtime.ops.delta_rule import reference as R
 
 #: shape -> (op, key heads, value heads, dk, dv, linear-attention layers)
@@ -77,7 +77,9 @@ def main() -> None:
     args = parser.parse_args()
     bandwidth, _ = copy_bandwidth()
     rate = matmul_rate(cp)
-    print(f"device-to-device copy {bandwidth / 1e9:.0f} GB/s, fp16 matmul {rate / 1e12:.0f} TFLOP/s")
+    print(
+        f"device-to-device copy {bandwidth / 1e9:.0f} GB/s, fp16 matmul {rate / 1e12:.0f} TFLOP/s"
+    )
     print(
         f"{'shape':<8} {'T':>5} {'provider':<9} {'ms':>8} {'floor ms':>9} {'% floor':>8} "
         f"{'per prefill ms':>15} {'max rel err':>12}"
