@@ -34,7 +34,7 @@ from .cli_output import print_reply, spec_summary, usage_summary
 from .cli_request import chat_messages, named_image_errors, read_images
 from .errors import EngineError
 from .model_path import not_an_artifact
-from .state import KV_DTYPES
+from .state import KV_SETTINGS
 
 if TYPE_CHECKING:
     from .speculative import SpecConfig
@@ -100,10 +100,11 @@ Examples:
 )
 @click.option(
     "--kv-dtype",
-    type=click.Choice(list(KV_DTYPES)),
-    default="float32",
+    type=click.Choice(list(KV_SETTINGS)),
+    default="auto",
     show_default=True,
-    help="How keys and values are kept (bfloat16: half the memory, fp8_e4m3: a quarter).",
+    help="How keys and values are kept (auto: float32 on cpu, bfloat16 on cuda; bfloat16: "
+    "half float32's memory, fp8_e4m3: a quarter).",
 )
 @click.option(
     "--tensor-parallel",

@@ -34,6 +34,7 @@ from .errors import EngineError, RequestError
 from .events import EventWriter
 from .images import VisionOptions
 from .intake import RequestIntake
+from .kv_storage import resolve_kv_dtype
 from .lane_limits import check_max_lanes
 from .loader import load
 from .media_cache import MediaCache
@@ -91,7 +92,7 @@ class Engine:
         chat_template: str | None = None,
         context_capacity: int | str | None = None,
         memory_headroom: int | str | None = None,
-        kv_dtype: str = "float32",
+        kv_dtype: str = "auto",
         spec: SpecConfig | None = None,
         prefix_cache: bool = False,
         checkpoint_interval: int = 8192,
@@ -107,6 +108,8 @@ class Engine:
         # the backend's own most lanes (``lane_limits``), known before anything loads; a
         # tensor-parallel engine's ranks all run this backend
         check_max_lanes(max_lanes, backend)
+        #: how the pool stores K/V: ``auto`` is the backend's own (CPU float32, CUDA bfloat16)
+        self.kv_dtype = kv_dtype = resolve_kv_dtype(kv_dtype, backend)
         if max_context < 2 or prefill_chunk < 1 or checkpoint_interval < 1:
             raise EngineError(
                 "max_context must be >= 2, prefill_chunk and checkpoint_interval >= 1"

@@ -1,8 +1,10 @@
 """How keys and values are stored in page memory (``kv_dtype``): the storage dtype of each
 name and the encoders and decoders between it and float32, for any array module.
 
-One place for the rules the CPU reference, the pool's writes and the GPU ``kv_write`` kernel
-share bit for bit; any paged memory kind storing values ``kv_dtype`` reads them here.
+``auto`` (the engine's and the command lines' default) is each backend's own choice
+(``resolve_kv_dtype``). One place for the rules the CPU reference, the pool's writes and the
+GPU ``kv_write`` kernel share bit for bit; any paged memory kind storing values ``kv_dtype``
+reads them here.
 """
 
 from __future__ import annotations
@@ -25,6 +27,26 @@ KV_DTYPES = {
     "bfloat16": np.dtype(np.uint16),
     "fp8_e4m3": np.dtype(np.uint8),
 }
+
+
+#: the setting that leaves the choice to the backend (its class attribute ``kv_dtype``)
+AUTO = "auto"
+#: what a ``kv_dtype`` setting may say
+KV_SETTINGS = (AUTO, *KV_DTYPES)
+
+
+def resolve_kv_dtype(kv_dtype: str, backend: str | Any) -> str:
+    """``kv_dtype``, or for ``auto`` the backend's own (a name or an instance; its class
+    attribute ``kv_dtype``: the CPU reference float32, CUDA bfloat16, the precision production
+    engines store; a backend that states none stores float32). An unknown name is refused in
+    one line."""
+    if kv_dtype == AUTO:
+        from .backends import backend_class
+
+        kind = backend_class(backend) if isinstance(backend, str) else type(backend)
+        kv_dtype = getattr(kind, "kv_dtype", "float32")
+    kv_storage_dtype(kv_dtype)
+    return kv_dtype
 
 
 def kv_storage_dtype(kv_dtype: str) -> np.dtype:

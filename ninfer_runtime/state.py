@@ -46,7 +46,14 @@ from .host_copies import HostCopy
 
 # KV_DTYPES, load_kv and store_kv are re-exported: the CLIs, the server's settings and the
 # bench name the K/V storage through this module
-from .kv_storage import KV_DTYPES, kv_storage_dtype, load_kv, store_kv  # noqa: F401
+from .kv_storage import (  # noqa: F401
+    KV_DTYPES,
+    KV_SETTINGS,
+    kv_storage_dtype,
+    load_kv,
+    resolve_kv_dtype,
+    store_kv,
+)
 from .memory_kinds import LayerMemory, MemoryKind
 from .page_allocator import PageAllocator
 from .pool_checkpoints import PoolCheckpoints

@@ -16,7 +16,7 @@ from ninfer_runtime.cli import (
     PLE_ROWS_HELP,
     speculative_options,
 )
-from ninfer_runtime.state import KV_DTYPES
+from ninfer_runtime.state import KV_SETTINGS
 
 __all__ = ["EXAMPLES", "flag_overrides", "serve_options"]
 
@@ -136,8 +136,8 @@ _OPTIONS: list[Callable[[Any], Any]] = [
     ),
     click.option(
         "--kv-dtype",
-        type=click.Choice(list(KV_DTYPES)),
-        help="How K/V are stored.  [default: float32]",
+        type=click.Choice(list(KV_SETTINGS)),
+        help="How K/V are stored (auto: float32 on cpu, bfloat16 on cuda).  [default: auto]",
     ),
     click.option(
         "--tensor-parallel",

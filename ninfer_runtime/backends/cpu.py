@@ -36,6 +36,8 @@ class CpuBackend(ops.ReferenceOps):
     #: the product's most lanes: nothing here is sized by rows, and a decode step of up to
     #: ``ROW_STABLE_ROWS`` rows keeps every row's result independent of the others
     max_lanes = MAX_LANES
+    #: K/V with ``kv_dtype`` auto: exactly, as the oracle computes
+    kv_dtype = "float32"
 
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:

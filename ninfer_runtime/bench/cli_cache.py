@@ -10,7 +10,7 @@ import click
 from ninfer_format.extras import require_extra
 
 from ..lane_limits import MAX_LANES
-from ..state import KV_DTYPES
+from ..state import KV_SETTINGS, resolve_kv_dtype
 from .cli_outputs import output_options, write_rows
 
 
@@ -88,7 +88,11 @@ from .cli_outputs import output_options, write_rows
     help="prefill chunk (ninfer-serve's default)",
 )
 @click.option(
-    "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
+    "--kv-dtype",
+    type=click.Choice(list(KV_SETTINGS)),
+    default="auto",
+    show_default=True,
+    help="auto: float32 on cpu, bfloat16 on cuda",
 )
 @output_options
 def cache(
@@ -133,6 +137,7 @@ def cache(
             param_hint="--max-tokens",
         )
     started = time.perf_counter()
+    kv_dtype = resolve_kv_dtype(kv_dtype, backend)
     try:
         opened = Artifact.open(artifact)
         ttft = C.prefix_ttft(

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ..state import KV_DTYPES
+from ..state import KV_SETTINGS, resolve_kv_dtype
 from .cli_load import load_bench_model
 from .cli_outputs import output_options, write_rows
 from .cli_parallel import parallel_table
@@ -53,7 +53,11 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     help="also profile one prefill chunk of --chunk tokens (ablation, ms per op)",
 )
 @click.option(
-    "--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True
+    "--kv-dtype",
+    type=click.Choice(list(KV_SETTINGS)),
+    default="auto",
+    show_default=True,
+    help="auto: float32 on cpu, bfloat16 on cuda",
 )
 @click.option("--profile", "profile_lanes", type=int, default=0, help="also profile N lanes")
 @click.option(
@@ -173,6 +177,7 @@ def run(
             "(ninfer-bench synth writes it unless --no-mtp)"
         )
     click.echo(f"loaded {artifact} on {backend} in {time.perf_counter() - started:.1f} s")
+    kv_dtype = resolve_kv_dtype(kv_dtype, runner.backend)
     xp = runner.backend.xp
     bandwidth = M.copy_bandwidth(xp)
     click.echo(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}")

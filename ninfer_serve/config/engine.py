@@ -57,9 +57,10 @@ class EngineSettings(Table):
     #: With a ``vram_budget``: a prefill chunk of more token rows than this streams the host
     #: experts it routes to through the device (``--expert-stream-rows``). Unset: 32.
     expert_stream_rows: int | None = Field(None, ge=0)
-    #: How K/V are stored (``ninfer_runtime.kv_storage.KV_DTYPES``): float32 (exact), bfloat16
-    #: (half the memory and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
-    kv_dtype: str = "float32"
+    #: How K/V are stored (``ninfer_runtime.kv_storage.KV_SETTINGS``): auto (the backend's
+    #: choice: float32 on cpu, bfloat16 on cuda), float32 (exact), bfloat16 (half the memory
+    #: and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).
+    kv_dtype: str = "auto"
     #: Qwen4Exp's PLE n-gram tables (``--ple-rows``): ``resident``, ``streamed`` (rows read
     #: from the artifact as steps need them) or ``auto``; passed to the model as its
     #: ``ple_rows`` option, which another model refuses at load. Unset: the model's default.
@@ -102,15 +103,15 @@ class EngineSettings(Table):
 
     @field_validator("kv_dtype")
     @classmethod
-    def _kv_dtype(cls, value: str) -> str:
+    def _kv_dtype(cls, value: str, info: ValidationInfo) -> str:
+        """A storage name, or ``auto`` resolved to the backend's own (the key declared above)."""
         from ninfer_runtime.errors import EngineError
-        from ninfer_runtime.state import kv_storage_dtype
+        from ninfer_runtime.state import resolve_kv_dtype
 
         try:
-            kv_storage_dtype(value)
+            return resolve_kv_dtype(value, info.data.get("backend", "cpu"))
         except EngineError as exc:
             raise ValueError(str(exc)) from None
-        return value
 
     @field_validator(
         "context_capacity",

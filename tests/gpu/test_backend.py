@@ -182,7 +182,8 @@ def test_engine_on_the_gpu_samples_on_the_device(
 
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")  # token-for-token comparable
     path = gpu_artifact("tiny_mixed", "dense")
-    cpu, gpu = Engine(path, max_context=128), Engine(path, backend="cuda", max_context=128)
+    cpu = Engine(path, max_context=128)
+    gpu = Engine(path, backend="cuda", max_context=128, kv_dtype="float32")
     assert gpu.token_choice.device_sampler is not None
     assert cpu.token_choice.device_sampler is None
 

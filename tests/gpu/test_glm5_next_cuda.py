@@ -190,7 +190,8 @@ def _greedy(engine: Engine, prompt: list[int], tokens: int = 20) -> list[int]:
 @on_gpu
 def test_engine_greedy_equals_cpu(float32_products: None, glm5_next_artifact: Path) -> None:
     cpu = Engine(glm5_next_artifact, max_context=256, prefill_chunk=32)
-    gpu = Engine(glm5_next_artifact, backend="cuda", max_context=256, prefill_chunk=32)
+    gpu = Engine(glm5_next_artifact, backend="cuda", max_context=256, prefill_chunk=32,
+                 kv_dtype="float32")  # fmt: skip
     rng = np.random.default_rng(4)
     for t in (5, 40, 100):  # within index_topk, past it (in two chunks), in four chunks
         prompt = rng.integers(0, VOCAB, t).tolist()
@@ -209,7 +210,8 @@ def test_prefix_cache_and_preemption_equal_cold_cpu_streams(
     cold = _serve(Engine(glm5_next_artifact, max_lanes=2, max_context=256, prefill_chunk=32),
                   prompts)  # fmt: skip
     warm_engine = Engine(glm5_next_artifact, backend="cuda", max_lanes=2, max_context=256,
-                         prefill_chunk=32, prefix_cache=True, checkpoint_interval=32)  # fmt: skip
+                         prefill_chunk=32, prefix_cache=True, checkpoint_interval=32,
+                         kv_dtype="float32")  # fmt: skip
     warm = _serve(warm_engine, prompts)
     assert [t for t, _ in warm] == [t for t, _ in cold]
     assert [f.usage.cached_tokens for _, f in warm][1:3] == [64, 64]
@@ -219,7 +221,7 @@ def test_prefix_cache_and_preemption_equal_cold_cpu_streams(
     lanes = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
     params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
     small = Engine(glm5_next_artifact, backend="cuda", max_lanes=3, max_context=512,
-                   context_capacity=_capacity(roomy.pool, 4))  # fmt: skip
+                   context_capacity=_capacity(roomy.pool, 4), kv_dtype="float32")  # fmt: skip
     assert small.pool.pages == 4
     assert _concurrent(small, lanes, params) == _concurrent(roomy, lanes, params)
     assert small.preemptions > 0

@@ -169,7 +169,14 @@ def test_image_chat_greedy_tokens_equal_the_cpu_engine(
     path = vlm_artifact(kind)
     engines = {
         "cpu": Engine(path, max_lanes=2, max_context=256, prefix_cache=True),
-        "cuda": Engine(path, backend="cuda", max_lanes=2, max_context=256, prefix_cache=True),
+        "cuda": Engine(
+            path,
+            backend="cuda",
+            max_lanes=2,
+            max_context=256,
+            prefix_cache=True,
+            kv_dtype="float32",
+        ),
     }
     assert engines["cuda"].vision is not None  # the cuda backend takes images
     one = chat("What is this?", CAT)

@@ -139,7 +139,10 @@ def test_greedy_tokens_of_lanes_side_by_side_equal_the_cpu_engine(
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 400, n).tolist() for n in (budget - 4, 3 * budget + 5)]
     got = {
-        name: concurrent(Engine(artifact, backend=name, max_lanes=2, max_context=256), prompts)
+        name: concurrent(
+            Engine(artifact, backend=name, max_lanes=2, max_context=256, kv_dtype="float32"),
+            prompts,
+        )
         for name in ("cpu", "cuda")
     }
     REPORT.append(
@@ -157,7 +160,7 @@ def test_prefix_cache_resumes_give_the_cold_tokens(artifact: Path) -> None:
 
     def engine(backend: str, cache: bool) -> Engine:
         return Engine(artifact, backend=backend, max_lanes=2, max_context=256, prefill_chunk=32,
-                      prefix_cache=cache, checkpoint_interval=32)  # fmt: skip
+                      prefix_cache=cache, checkpoint_interval=32, kv_dtype="float32")  # fmt: skip
 
     streams = {
         (backend, cache): _serve(engine(backend, cache), prompts)

@@ -53,6 +53,9 @@ class CudaBackend(ops.ReferenceOps):
     #: (``sampling.MAX_LANES``), the decode GEMV and MoE kernels and the decode graphs
     #: captured per lane count are all built for up to 8 rows
     max_lanes = 8
+    #: K/V with ``kv_dtype`` auto: bfloat16, the production precision (half float32's bytes
+    #: for decode attention to read; float32 stays a setting)
+    kv_dtype = "bfloat16"
 
     def __init__(self, *, graphs: bool = True, prefill_precision: str = "bf16") -> None:
         self.residency = Residency(cp)

@@ -1,0 +1,65 @@
+"""The CUDA engine at its production defaults against the CPU reference, on the trained bundled
+model in every weight format: bf16 K/V (``kv_dtype`` auto), bf16 prefill products, captured
+decode steps. Each question the model was trained on is answered greedily (up to 64 tokens)
+with the same tokens as the CPU engine (float32 throughout): the production precision may move
+logits in their last bits, never a trained model's greedy answer.
+
+Random tiny models are compared by logit tolerance elsewhere (test_backend.py); their greedy
+margins are small by construction, which is why the token rule is stated on this model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPORT, requires_gpu
+from .test_backend import BF16, RECIPES
+
+pytestmark = requires_gpu
+
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+QUESTIONS = [
+    "What is the capital of France?",
+    "Tell me a joke.",
+    "What is ninfer?",
+    "Hi, who are you?",
+    "How is the weather?",
+    "Name a color.",
+]
+TOKENS = 64
+
+
+def answers(engine: object) -> list[list[int]]:
+    from ninfer_runtime.engine import GenerationRequest, TokenEvent
+    from ninfer_runtime.frontend import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=TOKENS)
+    out = []
+    for question in QUESTIONS:
+        request = GenerationRequest(
+            messages=[{"role": "user", "content": question}],
+            enable_thinking=False,
+            sampling=params,
+        )
+        out.append([e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent)])
+    return out
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_greedy_answers_at_production_defaults_equal_the_cpu(recipe: str, tmp_path: Path) -> None:
+    from ninfer_convert.pipeline import convert
+    from ninfer_runtime.engine import Engine
+
+    path = tmp_path / "bundled.ninfer"
+    convert(BF16["dense"] if recipe == "bf16" else recipe, {"base": str(BUNDLED)}, path)
+    cpu = Engine(path, max_context=256)
+    gpu = Engine(path, backend="cuda", max_context=256)
+    assert (cpu.kv_dtype, gpu.kv_dtype) == ("float32", "bfloat16")
+    assert gpu.model.backend.graphs
+    want, got = answers(cpu), answers(gpu)
+    same = sum(a == b for a, b in zip(want, got, strict=True))
+    REPORT.append(
+        (f"production/{recipe}", "greedy answers equal to the cpu", f"{same}/{len(want)}")
+    )
+    assert got == want
