@@ -10,7 +10,9 @@ CPU).
 * ``tc``: the tensor-core kernel alone (the ``tensor_cores`` provider, up to
   ``MAX_SMALL_ROWS`` rows in one launch);
 * ``tiles``: the tile kernel on the tile-packed copy the loader makes of large q4/q5/q8 and
-  GGUF objects, through ``product`` (``tile_products.MAX_ROWS`` rows a launch).
+  GGUF objects, through ``product`` (``tile_products.MAX_ROWS`` rows a launch);
+* ``tiles_bf16``: the same kernel with x rounded once (the linear family's ``product_bf16``,
+  the production precision: half the mma columns of the split x ``tiles`` carries).
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ def kinds(p: F.Planes) -> list[str]:
     if kernels.has_tensor_cores(p):  # the tensor-core kernel against the SIMT GEMV
         names += ["simt", "tc"]
     if p.code in tile_packing.TILED_CODES:
-        names.append("tiles")
+        names += ["tiles", "tiles_bf16"]
     return names
 
 
 def planes_for(kind: str, p: F.Planes) -> F.Planes:
-    """The planes ``kind`` reads: the tile-packed ones for ``tiles``, else the stored ones."""
-    return tile_packing.tiled_planes(p.code, p.rows, p.columns) if kind == "tiles" else p
+    """The planes ``kind`` reads: the tile-packed ones for the tile kinds, else the stored
+    ones."""
+    tiled = kind in ("tiles", "tiles_bf16")
+    return tile_packing.tiled_planes(p.code, p.rows, p.columns) if tiled else p
 
 
 def launcher(kind: str, q: F.Planes) -> Callable[[Any, Any, Any], None]:
@@ -66,5 +70,14 @@ def launcher(kind: str, q: F.Planes) -> Callable[[Any, Any, Any], None]:
     def tensor_cores(data: Any, x: Any, y: Any) -> None:
         nvrtc.tensor_cores(data, q, 0, n, x, y, n)
 
-    launchers = {"product": product, "simt": simt, "tc": tensor_cores, "tiles": product}
+    def tiles_bf16(data: Any, x: Any, y: Any) -> None:
+        nvrtc.tiles_bf16(data, q, 0, n, x, y, n)
+
+    launchers = {
+        "product": product,
+        "simt": simt,
+        "tc": tensor_cores,
+        "tiles": product,
+        "tiles_bf16": tiles_bf16,
+    }
     return launchers[kind]

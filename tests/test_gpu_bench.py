@@ -33,9 +33,9 @@ def launches(monkeypatch) -> list[tuple[str, int]]:
     def small_gemm(data, p, row0, rows, x, y, ldy, *_):
         seen.append(("tc", x.shape[0]))
 
-    def tiles(data, p, row0, rows, x, y, ldy, *_):
+    def tiles(data, p, row0, rows, x, y, ldy, *_, split_x=True):
         assert p.tiled
-        seen.append(("tiles", x.shape[0]))
+        seen.append(("tiles" if split_x else "tiles_bf16", x.shape[0]))
 
     monkeypatch.setattr(kernels, "gemv", gemv)
     monkeypatch.setattr(kernels, "small_gemm", small_gemm)
@@ -63,6 +63,7 @@ def test_sixteen_rows_take_the_tensor_cores_and_eight_row_launches_elsewhere(lau
         "simt": [("simt", 8), ("simt", 8)],
         "tc": [("tc", 16)],
         "tiles": [("tiles", 8), ("tiles", 8)],  # the loader's tile-packed copy
+        "tiles_bf16": [("tiles_bf16", 8), ("tiles_bf16", 8)],  # x rounded once
     }
 
 

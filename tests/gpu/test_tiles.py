@@ -96,6 +96,49 @@ def test_product(case: Any) -> None:
             assert cp.array_equal(y, again), "the K-split sums are not deterministic"
 
 
+#: formats whose fragments are fp16 (x scaled by a power of two a row, then rounded to fp16)
+HALF = {"q5_g64_fp16", "q8_g32_fp16"}
+#: production x against exact x on fp16 formats: fp16's unit roundoff 2^-11 of each |x w|,
+#: plus float32 accumulation
+HALF_REL = 2**-11 + 1e-5
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_production_product(case: Any) -> None:
+    """x rounded once (``split_x=False``, the production precision): on the bf16 formats the
+    result is the product of bf16-rounded x (round to nearest even) within the split kernel's
+    accumulation bound (1e-5 of the magnitudes); on the fp16 formats the exact product within
+    fp16's rounding of x. Deterministic across K splits, as the split kernel."""
+    import cupy as cp
+
+    from ninfer_runtime.kv_storage import from_bf16_words, to_bf16_words
+
+    data, p, w, terms = tiled(case, seed=5)
+    n, k = case[2]
+    rng = np.random.default_rng(1)
+    for m in (1, 3, 5, 8):
+        x = rng.standard_normal((m, k)) * np.exp(rng.uniform(-9, 9, (m, 1)))
+        x = x.astype(np.float32)
+        xp = cp.zeros((m, p.x_width), dtype=cp.float32)
+        xp[:, :k] = cp.asarray(x)
+        for split in (None, 5):
+            y = cp.full((m, n), np.nan, dtype=cp.float32)
+            tile_products.product(data, p, 0, n, xp, y, n, split=split, split_x=False)
+            got = cp.asnumpy(y).astype(np.float64)
+            assert np.all(np.isfinite(got))
+            if case[0] in HALF:
+                rounded, rel = x.astype(np.float64), HALF_REL
+            else:
+                rounded, rel = from_bf16_words(to_bf16_words(x)).astype(np.float64), 1e-5
+            ref = rounded @ w.astype(np.float64).T
+            bound = rel * (np.abs(rounded) @ terms.T) + 1e-30
+            ratio = float(np.max(np.abs(got - ref) / bound))
+            assert ratio <= 1.0, f"m={m} split={split}: error {ratio:.2f}x the bound"
+            again = cp.full((m, n), np.nan, dtype=cp.float32)
+            tile_products.product(data, p, 0, n, xp, again, n, split=split, split_x=False)
+            assert cp.array_equal(y, again), "the K-split sums are not deterministic"
+
+
 def test_rows_in_parts_where_the_partial_sums_do_not_fit(monkeypatch: Any) -> None:
     """More rows than the K slices' partial sums have room for (a 248,320-row head at eight
     rows) run a part of the rows at a time: here a buffer of 4,096 floats, 4 slices of 8

@@ -1,6 +1,11 @@
 """Launchers of ``kernels/tiles.cu``: products of up to 8 activation rows and row decoding
 over tile-packed objects (``tiles.py``).
 
+x enters a product in one of two precisions: split (``split_x``: hi + lo halves, ~16 bits of
+x for bf16 operands and ~22 for fp16; the precision the GPU path is checked at against the
+float32 reference) or production (x rounded once to bf16 or fp16: half the mma columns and
+half the staged x).
+
 Launch shape of a product: a (BX, S) grid of blocks of W warps, one row tile a warp (BX =
 tiles / W), S slices of K. S gives about two (tile, slice) warps per resident one (every
 slice at least ``MIN_SLICE`` groups), and at least what fits each block's share of x in
@@ -30,7 +35,7 @@ WARPS = {m: 4 if m <= 2 else 8 for m in range(1, 9)}
 WIDE = frozenset({IQ2_XXS})
 #: every compiled block size
 BLOCK_WARPS = (4, 8)
-#: most activation rows a launch takes (two 8-column blocks of hi|lo pairs)
+#: most activation rows a launch takes (two 8-column blocks of hi|lo pairs, or one of rows)
 MAX_ROWS = 8
 #: most dynamic shared memory (staged x) a block takes
 MAX_SHARED = 96 << 10
@@ -55,7 +60,8 @@ _GROUP = {F.Q4: 64, F.Q5: 64, F.Q8: 32, Q4_K: 64, Q5_K: 64, Q6_K: 64, IQ2_XXS: 6
 _SUMS = {F.Q4: 1, Q4_K: 2, Q5_K: 2, Q6_K: 4}
 register_family(
     FAMILY,
-    [f"{k}<{nb}, {w}>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
+    [f"{k}<{nb}, {w}, true>" for k in _KERNELS.values() for nb in (1, 2) for w in BLOCK_WARPS]
+    + [f"{k}<1, {w}, false>" for k in _KERNELS.values() for w in BLOCK_WARPS]
     + [f"{k}_rows<{b}>" for k in _KERNELS.values() for b in ("false", "true")],
     prelude=iq2_xxs_tile_tables,
 )
@@ -74,15 +80,16 @@ def shape(
     warps: int,
     split: int | None = None,
     static_shared: int = 0,
+    split_x: bool = True,
 ) -> tuple[int, int, int]:
     """``(tiles, S, groups per slice)`` of a launch over rows ``row0 .. row0 + rows - 1`` for
     m activation rows, ``blocks_per_sm`` blocks fitting a multiprocessor by registers (and
     by shared memory, with ``static_shared`` bytes of tables a block and slices of at least
     ``MIN_SLICE`` groups): slices short enough that staged x does not lower that, and as many
     as give about two (tile, slice) warps per resident one (measured: 2-4% faster than one;
-    ``split`` overrides that choice)."""
+    ``split`` overrides that choice). ``split_x``: x staged as hi + lo halves."""
     tiles = (row0 + rows - 1) // TILE_ROWS - row0 // TILE_ROWS + 1
-    groups, staged = p.stride, _staged(p, m)
+    groups, staged = p.stride, _staged(p, m, split_x)
     if static_shared:
         fits = SM_SHARED // (static_shared + 1024 + MIN_SLICE * staged)
         blocks_per_sm = max(1, min(blocks_per_sm, fits))
@@ -97,11 +104,13 @@ def shape(
     return tiles, _ceil(groups, per), per
 
 
-def _staged(p: F.Planes, m: int) -> int:
-    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo, lane t, mma), and for q4 and
-    the K-quants its sums of x (a row: 16 four-element parts and the sums of its parts)."""
+def _staged(p: F.Planes, m: int, split_x: bool = True) -> int:
+    """Bytes of staged x a group takes: 8 bytes a (row, hi|lo or the rounded x, lane t, mma),
+    and for q4 and the K-quants its sums of x (a row: 16 four-element parts and the sums of
+    its parts)."""
     sums = _SUMS.get(p.code)
-    return 64 * m * (_GROUP[p.code] // 16) + (4 * m * (16 + sums) if sums else 0)
+    halves = 2 if split_x else 1
+    return 32 * halves * m * (_GROUP[p.code] // 16) + (4 * m * (16 + sums) if sums else 0)
 
 
 def product(
@@ -114,31 +123,34 @@ def product(
     ldy: int,
     split: int | None = None,
     warps: int | None = None,
+    split_x: bool = True,
 ) -> None:
     """``y[m, r] = sum_k x[m, k] W[row0 + r, k]`` for ``M = x.shape[0] <= MAX_ROWS`` rows of
     x (float32, C-contiguous, ``p.x_width`` columns, zero padded); ``y``: float32 rows
     ``ldy`` apart. ``split``: K slices, ``warps``: warps a block (one of ``BLOCK_WARPS``;
-    defaults: ``shape``'s choice and ``WARPS``)."""
+    defaults: ``shape``'s choice and ``WARPS``); ``split_x``: x as hi + lo halves (False: x
+    rounded once, the production precision)."""
     m = int(x.shape[0])
     if not 0 < m <= MAX_ROWS or x.shape[1] != p.x_width:
         raise ValueError(
             f"tile product: x {tuple(x.shape)}, expected 1..{MAX_ROWS} rows of {p.x_width}"
         )
     warps = warps or (8 if p.code in WIDE else WARPS[m])
-    name = f"{_KERNELS[p.code]}<{1 if m <= 4 else 2}, {warps}>"
+    blocks_of_columns = 1 if m <= 4 or not split_x else 2
+    name = f"{_KERNELS[p.code]}<{blocks_of_columns}, {warps}, {'true' if split_x else 'false'}>"
     fn = function(FAMILY, name, shared=MAX_SHARED)
     by_registers = split_sums.blocks_per_sm(fn, warps * 32)
     tables = split_sums.static_shared(fn)
-    tiles, split, per = shape(p, row0, rows, m, by_registers, warps, split, tables)
+    tiles, split, per = shape(p, row0, rows, m, by_registers, warps, split, tables, split_x)
     most = split_sums.PARTIAL_FLOATS // (split * m) // TILE_ROWS * TILE_ROWS
     if split > 1 and rows > most:  # (a head at 8 rows) the partial sums of a part at a time
         for a in range(0, rows, most):
-            product(data, p, row0 + a, min(most, rows - a), x, y[:, a:], ldy, split, warps)
+            product(data, p, row0 + a, min(most, rows - a), x, y[:, a:], ldy, split, warps, split_x)
         return
     blocks = _ceil(tiles, warps)
     if blocks > split_sums.COUNTERS:
         raise ValueError(f"tile product: {rows} rows need {blocks} blocks, at most the counters'")
-    shared = per * _staged(p, m)
+    shared = per * _staged(p, m, split_x)
     partial, counters = split_sums.buffers()
     fn(
         (blocks, split),
@@ -185,3 +197,9 @@ def decode_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
             out,
         ),
     )
+
+
+def product_bf16(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
+    """``product`` at the production precision: x rounded once to bf16 (fp16 for the formats
+    decoding to fp16 fragments, each row scaled into range), accumulation in float32."""
+    product(data, p, row0, rows, x, y, ldy, split_x=False)

@@ -7,6 +7,11 @@ verifications, short prompt tails), ``data`` the object's bytes and ``p`` its pl
 are ``ldy`` apart. More rows are a prefill: the backend dequantizes slabs to bf16 and
 multiplies with cuBLAS (``backends/cuda/prefill.py``), not yet an op here.
 
+Op ``product_bf16``: the same at the production precision: a provider may round x once to
+bf16 (or fp16 where its fragments are fp16, each row scaled into range) with float32
+accumulation. ``tiles`` does (half the mma columns of ``product``, which carries x as two
+halves); the other providers serve it with ``product``'s own precision.
+
 Providers: ``reference`` (``reference.py``, the oracle: the object decoded by its format's
 codec, multiplied in float32 on the host; the CPU device's row) and, in ``nvrtc.py``, our
 kernels: ``tiles`` (tile-packed objects, eight rows a launch),
@@ -20,7 +25,7 @@ is tile packed or has a tensor-core kernel, M and the product's weights (rows x 
 from typing import Any
 
 from ..registry import Provider, family, providers, register
-from .policy import choose
+from .policy import OPS, choose
 
 __all__ = ["product_key", "served_by"]
 
@@ -48,24 +53,30 @@ def served_by(key: dict[str, Any]) -> str:
 
 
 family("linear", choose)
-register(
-    Provider(
-        family="linear",
-        op="product",
-        name="reference",
-        module=f"{__name__}.reference",
-        function="product",
-        accepts="accepts",
-    )
-)
-for _name in ("tiles", "tensor_cores", "gemv"):
+#: (op, provider) -> its function
+_FUNCTIONS = {
+    **{(op, name): name for op in OPS for name in ("tiles", "tensor_cores", "gemv")},
+    ("product_bf16", "tiles"): "tiles_bf16",
+}
+for _op in OPS:
     register(
         Provider(
             family="linear",
-            op="product",
+            op=_op,
+            name="reference",
+            module=f"{__name__}.reference",
+            function="product",
+            accepts="accepts",
+        )
+    )
+for (_op, _name), _function in _FUNCTIONS.items():
+    register(
+        Provider(
+            family="linear",
+            op=_op,
             name=_name,
             module=f"{__name__}.nvrtc",
-            function=_name,
+            function=_function,
             requires=("cupy",),
             accepts=f"accepts_{_name}",
         )

@@ -17,6 +17,7 @@ __all__ = [
     "gemv",
     "tensor_cores",
     "tiles",
+    "tiles_bf16",
 ]
 
 
@@ -36,6 +37,12 @@ def tiles(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> 
     for a in range(0, x.shape[0], tile_products.MAX_ROWS):
         b = a + tile_products.MAX_ROWS
         tile_products.product(data, p, row0, rows, x[a:b], y[a:b], ldy)
+
+
+def tiles_bf16(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
+    for a in range(0, x.shape[0], tile_products.MAX_ROWS):
+        b = a + tile_products.MAX_ROWS
+        tile_products.product_bf16(data, p, row0, rows, x[a:b], y[a:b], ldy)
 
 
 def tensor_cores(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:

@@ -36,6 +36,11 @@ TENSOR_CORES_FROM: dict[int, tuple[tuple[int, int], ...]] = {
 }
 
 
+#: the small-M products: x as the kernel carries it (``product``: the split precision where
+#: a kernel has one), or rounded once (``product_bf16``, the production precision)
+OPS = ("product", "product_bf16")
+
+
 def tensor_cores_first(code: int, m: int, weights: int) -> bool:
     """Whether the tensor-core kernel beats the GEMV for M rows of ``weights`` weights of a
     layout it reads."""
@@ -47,9 +52,9 @@ def tensor_cores_first(code: int, m: int, weights: int) -> bool:
 def choose(
     op: str, *, device: str, code: int = 0, m: int = 0, weights: int = 0, **_: object
 ) -> Sequence[str]:
-    if op == "product" and device == "cpu":  # the oracle, on host arrays
+    if op in OPS and device == "cpu":  # the oracle, on host arrays
         return ("reference",)
-    if op != "product" or device != "cuda":
+    if op not in OPS or device != "cuda":
         raise LookupError(f"linear: no policy row for {op!r} on {device!r}")
     if tensor_cores_first(code, m, weights):
         return ("tiles", "tensor_cores", "gemv")

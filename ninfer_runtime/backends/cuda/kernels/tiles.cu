@@ -5,11 +5,15 @@
 // A warp multiplies one 16-row tile at a time, a group per step of mma.m16n8k16: A is the
 // tile's weights, decoded from the lane's 16-byte load straight into bf16 fragments (q4, the
 // K-quants) or fp16 ones (q5, q8; every code is an integer, exact in either; the group or
-// sub-block scale multiplies the fp32 result), B is x split as hi + lo (both bf16, ~16 bits
-// of x together; fp16: ~22 bits, each row scaled by a power of two into range) in columns 2m
-// and 2m + 1, so the lane holding column 2t of the result holds both halves of row m = t (+ 4
-// for the second 8-column block). x is staged once per block in shared memory in fragment
-// order (no separate pass, and no global load of x between the mmas).
+// sub-block scale multiplies the fp32 result). B is x in one of two precisions (SPLIT):
+// * split: x as hi + lo (both bf16, ~16 bits of x together; fp16: ~22 bits, each row scaled by
+//   a power of two into range) in columns 2m and 2m + 1, so the lane holding column 2t of the
+//   result holds both halves of row m = t (+ 4 for the second 8-column block);
+// * production: x rounded once (bf16; fp16 after the same row scaling), row m in column m, so
+//   eight rows take one 8-column block (half the mmas and half the staged x of split) and the
+//   lane holding columns 2t, 2t + 1 holds rows 2t and 2t + 1.
+// x is staged once per block in shared memory in fragment order (no separate pass, and no
+// global load of x between the mmas).
 //
 // Work split: block (b, s) of a (BX, S) grid of W-warp blocks takes groups [s * per,
 // (s + 1) * per) of K, and its warp w row tile W b + w: every warp the same work (one tile's
@@ -47,6 +51,13 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
 __device__ __forceinline__ void f16x2(u32 w, float& lo, float& hi) {
   lo = f16_to_f32((u16)(w & 0xFFFFu));
   hi = f16_to_f32((u16)(w >> 16));
+}
+
+// x0, x1 -> fp16x2 (round to nearest even), x0 in the low half
+__device__ __forceinline__ u32 pack_f16(float x0, float x1) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+  return r;
 }
 
 // x = hi + lo with both fp16 (about 22 bits of x; x must lie inside fp16's range), lo in the
@@ -392,14 +403,16 @@ __device__ __forceinline__ void load_step(TileStep& st, const u8* __restrict__ o
 }
 
 // Block-wide: x[m, q0 * GW ...] for groups q0 .. q0 + L - 1 into xs in fragment order. For
-// group ql, mma j: 8 * m_rows uint2, entry 8 m + 4 h + t the B fragment (k slots of lane t) of
-// column 2 m + h (h = 0: hi, 1: lo). With sums (F::OFFSET), also sums[(m * L + ql) * SUBS +
-// h] = part h of the group's sum of hi + lo (exact pairs, added in a fixed order:
-// deterministic); parts (16 floats a group and row) holds the four-element sums on the way.
+// group ql, mma j, split: 8 * m_rows uint2, entry 8 m + 4 h + t the B fragment (k slots of
+// lane t) of column 2 m + h (h = 0: hi, 1: lo); production: 4 * m_rows uint2, entry 4 m + t
+// that of column m (x rounded once). With sums (F::OFFSET), also sums[(m * L + ql) * SUBS +
+// h] = part h of the group's sum of x as staged (hi + lo, or the rounded x; exact pairs, added
+// in a fixed order: deterministic); parts (16 floats a group and row) holds the four-element
+// sums on the way.
 // With F::HALF, row m is first scaled by 2^(14 - E), E the exponent of its largest |x| in the
 // slice, into fp16's range (exactly), and unscale[m] gets the inverse; scales holds m_rows
 // words on the way.
-template <class F>
+template <class F, bool SPLIT>
 __device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts, float* unscale,
                                         u32* scales, const float* __restrict__ x, int ldx,
                                         int m_rows, int q0, int L) {
@@ -441,19 +454,29 @@ __device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts, fl
       const int e = base + b * blockDim.x;
       if (e >= items) break;
       const int t = e & 3, rest = e >> 2, m = rest % m_rows, jq = rest / m_rows;
-      uint2 hi, lo;
+      uint2 hi, lo = make_uint2(0u, 0u);
       if (F::HALF) {
         const float up = __uint_as_float(scales[m]);
-        split_pair_f16(v[b].x * up, v[b].y * up, hi.x, lo.x);
-        split_pair_f16(v[b].z * up, v[b].w * up, hi.y, lo.y);
-      } else {
+        if (SPLIT) {
+          split_pair_f16(v[b].x * up, v[b].y * up, hi.x, lo.x);
+          split_pair_f16(v[b].z * up, v[b].w * up, hi.y, lo.y);
+        } else {
+          hi = make_uint2(pack_f16(v[b].x * up, v[b].y * up), pack_f16(v[b].z * up, v[b].w * up));
+        }
+      } else if (SPLIT) {
         split_pair(v[b].x, v[b].y, hi.x, lo.x);
         split_pair(v[b].z, v[b].w, hi.y, lo.y);
+      } else {
+        hi = make_uint2(pack_bf16(v[b].x, v[b].y), pack_bf16(v[b].z, v[b].w));
       }
-      uint2* dst = xs + jq * 8 * m_rows + 8 * m + t;
-      dst[0] = hi;
-      dst[4] = lo;
-      if (F::OFFSET != 0.f) {
+      if (SPLIT) {
+        uint2* dst = xs + jq * 8 * m_rows + 8 * m + t;
+        dst[0] = hi;
+        dst[4] = lo;
+      } else {
+        xs[jq * 4 * m_rows + 4 * m + t] = hi;
+      }
+      if (F::OFFSET != 0.f) {  // (the offset formats take bf16 operands; lo is 0 unsplit)
         float a, b2, c, d;
         bf16x2(hi.x, a, b2);
         bf16x2(lo.x, c, d);
@@ -479,10 +502,10 @@ __device__ __forceinline__ void stage_x(uint2* xs, float* sums, float* parts, fl
 
 extern __shared__ uint2 tile_x[];
 
-// NB 8-column blocks of B (1: M <= 4, 2: M <= 8), W warps a block (more warps share one
-// staging of x). Object rows row0 .. row0 + rows - 1 are tiles tile0 .. tile0 + tiles - 1
-// (row0 need not start a tile: rows outside are not stored).
-template <class F, int NB, int W>
+// NB 8-column blocks of B (split: 1 for M <= 4, 2 for M <= 8; production: 1), W warps a
+// block (more warps share one staging of x). Object rows row0 .. row0 + rows - 1 are tiles
+// tile0 .. tile0 + tiles - 1 (row0 need not start a tile: rows outside are not stored).
+template <class F, int NB, int W, bool SPLIT>
 __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long long high,
                                               long long scales, int groups, int tile0,
                                               int tiles, int row0, int rows, int per,
@@ -492,7 +515,10 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
                                               unsigned* __restrict__ counters) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int q0 = blockIdx.y * per, steps = min(groups - q0, per) / 4;  // four groups a step
-  const int live = 8 * m_rows;
+  const int live = (SPLIT ? 8 : 4) * m_rows;  // staged B entries an mma
+  // result columns a lane's accumulators hold an x row each: split, one (2t + its lo);
+  // production, two (rows 2t and 2t + 1)
+  constexpr int COLS = SPLIT ? 1 : 2;
   const int i = blockIdx.x * W + warp;  // this warp's tile
   const long long tile = tile0 + i;
 
@@ -504,12 +530,19 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
   __shared__ float unscale[8];
   __shared__ u32 row_scales[8];
   F::prepare();  // (before the barrier after staging)
-  stage_x<F>(xs, sums, sums + L * m_rows * F::SUBS, unscale, row_scales, x, ldx, m_rows, q0, L);
+  stage_x<F, SPLIT>(xs, sums, sums + L * m_rows * F::SUBS, unscale, row_scales, x, ldx, m_rows,
+                    q0, L);
   __syncthreads();
+  // x row of column block nb, accumulator column cc
+  const auto row_of = [&](int nb, int cc) { return SPLIT ? 4 * nb + t : 2 * t + cc; };
 
-  float acc[NB][2];
+  float acc[NB][2][COLS];  // [column block][rows g, g + 8][column]
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = 0.f;
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int cc = 0; cc < COLS; ++cc) acc[nb][rr][cc] = 0.f;
   for (int s = 0; i < tiles && s < steps; ++s) {
     if (s > 0) load_step<F>(cur, obj, high, scales, groups, tile, q0 + 4 * s, lane);
 #pragma unroll
@@ -544,15 +577,19 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
         F::scale(cur.s, u, h, 0, S[0], M[0]);
         F::scale(cur.s, u, h, 1, S[1], M[1]);
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {  // columns 2t, 2t + 1: hi and lo of one x row
-          const int m = 4 * nb + t;
-          const float sum =
-              F::OFFSET != 0.f && m < m_rows ? sums[(m * L + 4 * s + u) * F::SUBS + h] : 0.f;
+        for (int nb = 0; nb < NB; ++nb) {  // columns 2t, 2t + 1: hi and lo of one x row, or two rows
 #pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            const float p = part[nb][h][2 * rr] + part[nb][h][2 * rr + 1];
-            acc[nb][rr] = fmaf(S[rr], p - F::OFFSET * sum, acc[nb][rr]);
-            if (F::MINS) acc[nb][rr] = fmaf(-M[rr], sum, acc[nb][rr]);
+          for (int cc = 0; cc < COLS; ++cc) {
+            const int m = row_of(nb, cc);
+            const float sum =
+                F::OFFSET != 0.f && m < m_rows ? sums[(m * L + 4 * s + u) * F::SUBS + h] : 0.f;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const float p = SPLIT ? part[nb][h][2 * rr] + part[nb][h][2 * rr + 1]
+                                    : part[nb][h][2 * rr + cc];
+              acc[nb][rr][cc] = fmaf(S[rr], p - F::OFFSET * sum, acc[nb][rr][cc]);
+              if (F::MINS) acc[nb][rr][cc] = fmaf(-M[rr], sum, acc[nb][rr][cc]);
+            }
           }
         }
       }
@@ -560,20 +597,22 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
   }
   if (i < tiles) {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const int m = 4 * nb + t;
+    for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const long long row = tile * 16 + g + 8 * h - row0;
-        if (m >= m_rows || row < 0 || row >= rows) continue;
-        const float v = F::HALF ? acc[nb][h] * unscale[m] : acc[nb][h];  // (exact)
-        if (gridDim.y == 1) {
-          y[(long long)m * ldy + row] = v;
-        } else {
-          partial[((long long)blockIdx.y * m_rows + m) * rows + row] = v;
+      for (int cc = 0; cc < COLS; ++cc) {
+        const int m = row_of(nb, cc);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long row = tile * 16 + g + 8 * h - row0;
+          if (m >= m_rows || row < 0 || row >= rows) continue;
+          const float v = F::HALF ? acc[nb][h][cc] * unscale[m] : acc[nb][h][cc];  // (exact)
+          if (gridDim.y == 1) {
+            y[(long long)m * ldy + row] = v;
+          } else {
+            partial[((long long)blockIdx.y * m_rows + m) * rows + row] = v;
+          }
         }
       }
-    }
   }
   if (gridDim.y == 1) return;
 
@@ -599,13 +638,13 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
 }
 
 #define DEFINE_TILES(NAME, POLICY)                                                          \
-  template <int NB, int W>                                                                  \
+  template <int NB, int W, bool SPLIT>                                                      \
   __global__ void __launch_bounds__(W * 32, POLICY::RESIDENT_WARPS / W)                     \
       NAME(const u8* __restrict__ obj, long long high, long long scales, int groups,       \
            int tile0, int tiles, int row0, int rows, int per, const float* __restrict__ x,  \
            int ldx, int m_rows, float* __restrict__ y, int ldy, float* __restrict__ partial, \
            unsigned* __restrict__ counters) {                                               \
-    tiles_product<POLICY, NB, W>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
+    tiles_product<POLICY, NB, W, SPLIT>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
                               ldx, m_rows, y, ldy, partial, counters);                      \
   }
 
