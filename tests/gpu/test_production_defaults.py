@@ -12,6 +12,7 @@ margins are small by construction, which is why the token rule is stated on this
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,22 +49,41 @@ def answers(engine: object) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("decode", ["split", "bf16"])
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_greedy_answers_at_production_defaults_equal_the_cpu(
-    recipe: str, decode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``reference(recipe)``: the bundled model converted with ``recipe`` and the CPU engine's
+    answers, made once a recipe."""
     from ninfer_convert.pipeline import convert
     from ninfer_runtime.engine import Engine
 
-    path = tmp_path / "bundled.ninfer"
-    convert(BF16["dense"] if recipe == "bf16" else recipe, {"base": str(BUNDLED)}, path)
+    root = tmp_path_factory.mktemp("production_bundled")
+    done: dict[str, tuple[Path, list[list[int]]]] = {}
+
+    def get(recipe: str) -> tuple[Path, list[list[int]]]:
+        if recipe not in done:
+            path = root / f"{recipe}.ninfer"
+            convert(BF16["dense"] if recipe == "bf16" else recipe, {"base": str(BUNDLED)}, path)
+            cpu = Engine(path, max_context=256)
+            assert cpu.kv_dtype == "float32"
+            done[recipe] = (path, answers(cpu))
+        return done[recipe]
+
+    return get
+
+
+@pytest.mark.parametrize("decode", ["split", "bf16"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_greedy_answers_at_production_defaults_equal_the_cpu(
+    recipe: str, decode: str, reference: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ninfer_runtime.engine import Engine
+
+    path, want = reference(recipe)
     monkeypatch.setenv("NINFER_CUDA_DECODE", decode)
-    cpu = Engine(path, max_context=256)
     gpu = Engine(path, backend="cuda", max_context=256)
-    assert (cpu.kv_dtype, gpu.kv_dtype) == ("float32", "bfloat16")
+    assert gpu.kv_dtype == "bfloat16"
     assert gpu.model.backend.graphs and gpu.model.backend.decode_precision == decode
-    want, got = answers(cpu), answers(gpu)
+    got = answers(gpu)
     same = sum(a == b for a, b in zip(want, got, strict=True))
     REPORT.append(
         (f"production/{recipe}/{decode}", "greedy answers equal to the cpu", f"{same}/{len(want)}")
