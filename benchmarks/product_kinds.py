@@ -9,6 +9,8 @@ CPU).
 * ``simt``: the SIMT GEMV alone (the ``gemv`` provider), ``MAX_GEMV_ROWS`` rows a launch;
 * ``tc``: the tensor-core kernel alone (the ``tensor_cores`` provider, up to
   ``MAX_SMALL_ROWS`` rows in one launch);
+* ``tc_bf16``: the tensor-core kernel with x rounded once to bf16 (``product_bf16``'s
+  ``tensor_cores``: one mma a tile instead of the split x's two);
 * ``tiles``: the tile kernel on the tile-packed copy the loader makes of large q4/q5/q8 and
   GGUF objects, through ``product`` (``tile_products.MAX_ROWS`` rows a launch);
 * ``tiles_bf16``: the same kernel with x rounded once (the linear family's ``product_bf16``,
@@ -43,7 +45,7 @@ def kinds(p: F.Planes) -> list[str]:
     """The kinds timed for an object of stored planes ``p`` (``product`` always)."""
     names = ["product"]
     if kernels.has_tensor_cores(p):  # the tensor-core kernel against the SIMT GEMV
-        names += ["simt", "tc"]
+        names += ["simt", "tc", "tc_bf16"]
     if p.code in tile_packing.TILED_CODES:
         names += ["tiles", "tiles_bf16"]
     return names
@@ -70,6 +72,9 @@ def launcher(kind: str, q: F.Planes) -> Callable[[Any, Any, Any], None]:
     def tensor_cores(data: Any, x: Any, y: Any) -> None:
         nvrtc.tensor_cores(data, q, 0, n, x, y, n)
 
+    def tensor_cores_bf16(data: Any, x: Any, y: Any) -> None:
+        nvrtc.tensor_cores_bf16(data, q, 0, n, x, y, n)
+
     def tiles_bf16(data: Any, x: Any, y: Any) -> None:
         nvrtc.tiles_bf16(data, q, 0, n, x, y, n)
 
@@ -77,6 +82,7 @@ def launcher(kind: str, q: F.Planes) -> Callable[[Any, Any, Any], None]:
         "product": product,
         "simt": simt,
         "tc": tensor_cores,
+        "tc_bf16": tensor_cores_bf16,
         "tiles": product,
         "tiles_bf16": tiles_bf16,
     }

@@ -30,8 +30,8 @@ def launches(monkeypatch) -> list[tuple[str, int]]:
         kernels.default_rows_per_warp(p.code, x.shape[0], rows, 1)
         seen.append(("simt", x.shape[0]))
 
-    def small_gemm(data, p, row0, rows, x, y, ldy, *_):
-        seen.append(("tc", x.shape[0]))
+    def small_gemm(data, p, row0, rows, x, y, ldy, *_, split_x=True):
+        seen.append(("tc" if split_x else "tc_bf16", x.shape[0]))
 
     def tiles(data, p, row0, rows, x, y, ldy, *_, split_x=True):
         assert p.tiled
@@ -62,6 +62,7 @@ def test_sixteen_rows_take_the_tensor_cores_and_eight_row_launches_elsewhere(lau
         "product": [("tc", 16)],  # what the engine runs for 16 lanes on the stored layout
         "simt": [("simt", 8), ("simt", 8)],
         "tc": [("tc", 16)],
+        "tc_bf16": [("tc_bf16", 16)],
         "tiles": [("tiles", 8), ("tiles", 8)],  # the loader's tile-packed copy
         "tiles_bf16": [("tiles_bf16", 8), ("tiles_bf16", 8)],  # x rounded once
     }

@@ -1,7 +1,9 @@
 """The tensor-core small-M product (``kernels/gemm_small.cu``) against the numpy decoders.
 
 x is split into two bf16 halves (hi + lo) inside the kernel, so each product carries about 16
-bits of x: the bound is 1e-5 of Σ|x||w| (float32 accumulation alone is ~1e-6). Sizes are awkward
+bits of x: the bound is 1e-5 of Σ|x||w| (float32 accumulation alone is ~1e-6). At the
+production precision (``split_x=False``) x is rounded once to bf16 and the same bound holds
+against the product of the rounded x. Sizes are awkward
 on purpose: rows not a multiple of the 64-row warp tile, K not a multiple of 128 (the row_split
 padding), NVFP4 objects with one and with two divisors, activation counts on both sides of each
 8-row tile, K split into slices whose partial sums the last block adds (run twice: the sums must
@@ -75,6 +77,34 @@ def test_every_tile_and_split(case: Any) -> None:
                 same = cp.array_equal(y, again)
                 assert same, f"M={m} (R, U)={tiles} split={split}: not deterministic"
     REPORT.append((case_id(case), "tensor-core M=1..64 max rel err", f"{worst:.2e}"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_production_precision(case: Any) -> None:
+    """``split_x=False`` (the linear family's ``product_bf16``): one mma a tile on x rounded
+    once to bf16, so the result is the product of the bf16-rounded x within the same
+    accumulation bound; deterministic across K splits."""
+    import cupy as cp
+
+    parent, w = make_weight(case, seed=7)
+    p = parent.planes
+    n, k = case[2]
+    rng = np.random.default_rng(18)
+    for m in (1, 5, 8, 16, 33, 64):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        padded = cp.zeros((m, p.x_width), dtype=cp.float32)
+        padded[:, :k] = cp.asarray(x)
+        nt = 1 << max(0, (m - 1).bit_length() - 3)
+        for tiles in kernels.SMALL_TILES[nt]:
+            for split in (3, None):
+                y = cp.full((m, n), np.nan, dtype=cp.float32)
+                kernels.small_gemm(parent.data, p, 0, n, padded, y, n, tiles, split, split_x=False)
+                check(y, _bf16(x), w)
+                again = cp.full((m, n), np.nan, dtype=cp.float32)
+                kernels.small_gemm(
+                    parent.data, p, 0, n, padded, again, n, tiles, split, split_x=False
+                )
+                assert cp.array_equal(y, again), f"M={m} {tiles} split={split}: not deterministic"
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[7], CASES[-1]], ids=case_id)  # q4, bf16, nvfp4

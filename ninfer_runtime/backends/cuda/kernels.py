@@ -89,7 +89,12 @@ GROUP_CONFIGS = ((12, 2, 4), (12, 3, 4), (12, 3, 2), (8, 3, 4), (4, 3, 4))
 GROUP_TILES = GROUP_CONFIGS[0][0]
 register_family(
     SMALL_FAMILY,
-    [f"{k}<{nt}, {r}, {u}>" for k in _SMALL_KERNELS.values() for nt, r, u in SMALL_CONFIGS]
+    [
+        f"{k}<{nt}, {r}, {u}, {split_x}>"
+        for k in _SMALL_KERNELS.values()
+        for nt, r, u in SMALL_CONFIGS
+        for split_x in ("true", "false")
+    ]
     + [f"{k}_x" for k in _SMALL_KERNELS.values()]
     + [
         f"{k}_groups<{nt}, {GROUP_WEIGHT_TILES}, {d}, {c}>"
@@ -137,17 +142,19 @@ def small_gemm(
     ldy: int,
     tiles: tuple[int, int] | None = None,
     split: int | None = None,
+    split_x: bool = True,
 ) -> None:
     """The tensor-core product for ``M = x.shape[0] <= 64`` (arguments as ``gemv``; the
     layout must have a kernel: ``has_tensor_cores(p)``). ``tiles`` (R, U: one of
-    ``SMALL_TILES``) and ``split`` (K slices) override the defaults."""
+    ``SMALL_TILES``) and ``split`` (K slices) override the defaults; ``split_x``: x as hi + lo
+    bf16 halves (~16 bits; False: x rounded once to bf16, one mma a tile instead of two)."""
     m = x.shape[0]
     nt = 1 << max(0, (m - 1).bit_length() - 3)  # 8-row activation tiles: 1, 2, 4 or 8
     groups = _small_groups(p)
     r, u = tiles or SMALL_TILES[nt][0]
     blocks = -(-rows // (SMALL_WARPS * 16 * r))
     kernel = _SMALL_KERNELS[p.code]
-    fn = function(SMALL_FAMILY, f"{kernel}<{nt}, {r}, {u}>")
+    fn = function(SMALL_FAMILY, f"{kernel}<{nt}, {r}, {u}, {'true' if split_x else 'false'}>")
     partial, counters = split_sums.buffers()
     if split is None:  # K slices to fill the device in one wave (a second, partial wave
         # would double the time), each slice at least MIN_SPLIT_GROUPS loop steps long

@@ -9,8 +9,8 @@ multiplies with cuBLAS (``backends/cuda/prefill.py``), not yet an op here.
 
 Op ``product_bf16``: the same at the production precision: a provider may round x once to
 bf16 (or fp16 where its fragments are fp16, each row scaled into range) with float32
-accumulation. ``tiles`` does (half the mma columns of ``product``, which carries x as two
-halves); the other providers serve it with ``product``'s own precision.
+accumulation. ``tiles`` and ``tensor_cores`` do (half the mma work of ``product``, which
+carries x as two halves); ``gemv`` (float32 x on the SIMT cores) serves it as ``product``.
 
 Providers: ``reference`` (``reference.py``, the oracle: the object decoded by its format's
 codec, multiplied in float32 on the host; the CPU device's row) and, in ``nvrtc.py``, our
@@ -57,6 +57,7 @@ family("linear", choose)
 _FUNCTIONS = {
     **{(op, name): name for op in OPS for name in ("tiles", "tensor_cores", "gemv")},
     ("product_bf16", "tiles"): "tiles_bf16",
+    ("product_bf16", "tensor_cores"): "tensor_cores_bf16",
 }
 for _op in OPS:
     register(

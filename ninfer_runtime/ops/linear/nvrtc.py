@@ -16,6 +16,7 @@ __all__ = [
     "accepts_tiles",
     "gemv",
     "tensor_cores",
+    "tensor_cores_bf16",
     "tiles",
     "tiles_bf16",
 ]
@@ -47,6 +48,10 @@ def tiles_bf16(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int
 
 def tensor_cores(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
     kernels.small_gemm(data, p, row0, rows, x, y, ldy)
+
+
+def tensor_cores_bf16(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
+    kernels.small_gemm(data, p, row0, rows, x, y, ldy, split_x=False)
 
 
 def gemv(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:

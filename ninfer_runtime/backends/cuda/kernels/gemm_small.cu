@@ -8,6 +8,8 @@
 // scale is applied to the fp32 result of the group's mmas. x is split as x = hi + lo, both
 // bf16, so each product carries ~16 bits of x (error below 2^-16 |x|, far inside bf16
 // tolerance) for two mmas per tile: the tensor pipe has room, the kernel is bound by memory.
+// Without SPLIT (the production precision) only hi is multiplied: x rounded once to bf16
+// (round to nearest even), one mma per tile.
 // The split and the k order are done once per product (NAME_x, into fragment order), not by
 // every warp that reads the same x.
 //
@@ -288,7 +290,7 @@ __device__ __forceinline__ void each_result(const float (&acc)[R][NT][4], int ti
       }
 }
 
-template <class F, int NT, int R, int U>
+template <class F, int NT, int R, int U, bool SPLIT>
 __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int rows, int groups,
                                            const uint4* __restrict__ xf, int m_rows,
                                            float* __restrict__ y, int ldy,
@@ -359,7 +361,7 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
           for (int t = 0; t < NT; ++t) {
             float* dst = F::SCALED ? part[t] : acc[r][t];
             mma_bf16(dst, frag, bh[t][j][0], bh[t][j][1]);
-            mma_bf16(dst, frag, bl[t][j][0], bl[t][j][1]);
+            if (SPLIT) mma_bf16(dst, frag, bl[t][j][0], bl[t][j][1]);
           }
         }
         if (F::SCALED) {
@@ -426,15 +428,15 @@ __device__ __forceinline__ void small_gemm(const SmallArgs& a, int row0, int row
 }
 
 #define DEFINE_SMALL_GEMM(NAME, POLICY)                                                       \
-  template <int NT, int R, int U>                                                             \
+  template <int NT, int R, int U, bool SPLIT>                                                 \
   __global__ void __launch_bounds__(SMALL_WARPS * 32)                                         \
       NAME(const u8* __restrict__ obj, long long off1, long long off2, int stride, int rpd,   \
            int row0, int rows, int groups, const uint4* __restrict__ xf, int m_rows,          \
            float* __restrict__ y, int ldy, float* __restrict__ partial,                       \
            unsigned* __restrict__ counters) {                                                 \
     SmallArgs a{obj, off1, off2, stride, rpd};                                                \
-    small_gemm<POLICY, NT, R, U>(a, row0, rows, groups, xf, m_rows, y, ldy, partial,          \
-                                 counters);                                                   \
+    small_gemm<POLICY, NT, R, U, SPLIT>(a, row0, rows, groups, xf, m_rows, y, ldy, partial,   \
+                                        counters);                                            \
   }                                                                                           \
   __global__ void NAME##_x(const float* __restrict__ x, int ldx, int m_rows, int groups,      \
                            int nt, uint4* __restrict__ out) {                                 \
