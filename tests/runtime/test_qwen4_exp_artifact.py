@@ -157,8 +157,8 @@ def test_other_backends_are_refused_in_one_line() -> None:
     from ninfer_runtime.errors import ModelError
     from ninfer_runtime.models.qwen4_exp import load_qwen4_exp
 
-    with pytest.raises(ModelError, match="cpu backend only") as error:
-        load_qwen4_exp(None, SimpleNamespace(name="cuda"))
+    with pytest.raises(ModelError, match="cpu and cuda backend only") as error:
+        load_qwen4_exp(None, SimpleNamespace(name="metal"))
     assert "\n" not in str(error.value)
 
 

@@ -31,7 +31,6 @@ from ninfer_runtime.backends.base import to_numpy
 from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.models import load_model, vision_families
-from ninfer_runtime.models.qwen4_exp import model as qwen4_exp_model
 from ninfer_runtime.ops.registry import resolve
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig
@@ -173,11 +172,8 @@ def qwen4_exp_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("ple_rows", ["resident", "streamed"])
-def test_qwen4_exp(
-    qwen4_exp_artifact: Path, ple_rows: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_qwen4_exp(qwen4_exp_artifact: Path, ple_rows: str) -> None:
     """Past QSA's budget (16 tokens) in one lane, under it in the other."""
-    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
     assert_strict_equals_cpu(qwen4_exp_artifact, (37, 9), ple_rows=ple_rows)
 
 
@@ -190,7 +186,6 @@ def test_qwen4_exp_engine_with_images(
     root = tmp_path_factory.mktemp("strict_qwen4_exp_vlm")
     checkpoint = tiny.build(root / "vlm", multimodal=True, mtp=False, indexer_n_heads=16)
     convert("qwen4_exp_bf16", {"base": str(checkpoint)}, root / "vlm.ninfer")
-    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
     assert_engine_equals_cpu(root / "vlm.ninfer", monkeypatch, images=True)
 
 
@@ -277,7 +272,6 @@ def test_preemption_saves_and_restores_on_the_device(
     (its pages and slot states copied to the host) and restored, and every lane streams the
     roomy CPU engine's greedy tokens."""
     artifact = moe_artifact(model, request)
-    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
     rng = np.random.default_rng(0)
     lanes = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
     params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
@@ -301,7 +295,6 @@ def test_expert_offload_on_the_device(
     """Half the routed experts resident under a ``--vram-budget``, the rest streamed (from the
     artifact, or a host cache): the CPU engine's greedy tokens under the same budget."""
     artifact = moe_artifact(model, request)
-    monkeypatch.setattr(qwen4_exp_model, "SERVED_BACKENDS", ("cpu", "cuda"))
     floor, experts = budget_shares(artifact)
     options = dict(max_context=64, max_lanes=1, prefill_chunk=8,
                    vram_budget=floor + experts // 2, host_expert_cache=host_cache)  # fmt: skip

@@ -7,10 +7,10 @@ embeddings on chosen GDN layers and the QSA token indexer on every attention lay
     hidden  = final_connection(streams)               the mixed streams; no final norm
     logits  = output_head hidden
 
-Served on the backends in ``SERVED_BACKENDS`` (the CPU so far). The math is written on the
-backend's array module: on CUDA the products, norms, Gated DeltaNet, K/V writes and MoE run
-on the kernels Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing
-on the host), but that path has not yet run on a GPU. Its decode steps read slots and
+Served on the backends in ``SERVED_BACKENDS``. The math is written on the backend's array
+module: on CUDA the products, norms, Gated DeltaNet, K/V writes and MoE run on the kernels
+Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing on the host).
+Its decode steps read slots and
 positions on the host, so on CUDA they run eagerly (never captured as CUDA graphs). There is no
 MTP block (transformers defines none for Qwen4Exp, so an artifact's ``mtp`` component is not
 run). PLE's n-gram tables are held whole
@@ -42,10 +42,9 @@ from .ple_rows import DEFAULT_CACHE_BYTES, StreamedTables, choose_mode, table_na
 
 Array = Any
 FINAL = "text/final_connection/"
-#: the backends Qwen4Exp is served on: its CUDA path is written (array-generic math, the
-#: reference and kernel providers on the device); cuda joins this list once
-#: tests/gpu/test_qwen4_exp_cuda.py has passed on a GPU (that test turns it on)
-SERVED_BACKENDS = ("cpu",)
+#: the backends Qwen4Exp is served on: array-generic math with the reference and kernel
+#: providers on the device; cuda since tests/gpu/test_qwen4_exp_cuda.py passed on an H100
+SERVED_BACKENDS = ("cpu", "cuda")
 
 
 class Qwen4ExpModel(WithoutMtp):
