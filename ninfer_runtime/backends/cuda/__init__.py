@@ -38,8 +38,8 @@ def create_backend() -> Any:
     # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly; NINFER_CUDA_PREFILL=bf16|tf32|float32
     # picks the prefill products' precision (bf16 tensor cores by default; float32 for
     # debugging and token-for-token comparison with the CPU reference);
-    # NINFER_CUDA_DECODE=split|bf16 the small-M products' (split until the bf16 kernels have
-    # passed their GPU tests)
+    # NINFER_CUDA_DECODE=split|bf16 the small-M products' (split until the bundled model's
+    # greedy answers at bf16, tests/gpu/test_production_defaults.py, have passed on a GPU)
     return CudaBackend(
         graphs=os.environ.get("NINFER_CUDA_GRAPHS", "1") != "0",
         prefill_precision=precision_from_env(),
