@@ -577,7 +577,8 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
         F::scale(cur.s, u, h, 0, S[0], M[0]);
         F::scale(cur.s, u, h, 1, S[1], M[1]);
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {  // columns 2t, 2t + 1: hi and lo of one x row, or two rows
+        // columns 2t, 2t + 1: hi and lo of one x row (split), or two rows (production)
+        for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
           for (int cc = 0; cc < COLS; ++cc) {
             const int m = row_of(nb, cc);
@@ -644,8 +645,8 @@ __device__ __forceinline__ void tiles_product(const u8* __restrict__ obj, long l
            int tile0, int tiles, int row0, int rows, int per, const float* __restrict__ x,  \
            int ldx, int m_rows, float* __restrict__ y, int ldy, float* __restrict__ partial, \
            unsigned* __restrict__ counters) {                                               \
-    tiles_product<POLICY, NB, W, SPLIT>(obj, high, scales, groups, tile0, tiles, row0, rows, per, x,  \
-                              ldx, m_rows, y, ldy, partial, counters);                      \
+    tiles_product<POLICY, NB, W, SPLIT>(obj, high, scales, groups, tile0, tiles, row0, rows,   \
+                                        per, x, ldx, m_rows, y, ldy, partial, counters);    \
   }
 
 DEFINE_TILES(tiles_q4, TileQ4)
