@@ -11,7 +11,8 @@ float32 (``NINFER_CUDA_PREFILL=float32``), so the tokens compare one for one.
 * Logits: a prompt shorter and one longer than the indexer's budget, each prefilled in chunks,
   continued by a three-row step and decode steps (the short one crosses the budget while
   decoding), with the n-gram tables resident and streamed from disk: within ``LOGIT_TOL`` of
-  the CPU's largest logit. The products differ from the CPU's in the last bits (the small-M
+  the CPU's largest logit; streamed, the CUDA model reads the same rows, ranges and bytes from
+  the artifact as the CPU's. The products differ from the CPU's in the last bits (the small-M
   tensor-core kernels carry x as two bf16 halves, ~1e-5 of each product, compounding through
   the layers); a wrong op (a norm's weight, a mask, a hash, a state not advanced) shows at
   1e-1 or more. A QSA block choice flipped by a near-tie in the block scores would show as a
@@ -117,6 +118,10 @@ def test_logits_equal_the_cpu_reference(
     case = f"qwen4_exp/{ple_rows}/{prompt} tokens"
     REPORT.append((case, "max |logit diff| / max |logit|", f"{error:.2e}"))
     assert error < LOGIT_TOL
+    if ple_rows == "streamed":  # the rows the n-grams hash to, read as on the CPU (whose
+        # reads test_qwen4_exp_ple_rows.py counts against an independent hash)
+        assert cuda.ple_tables.counters() == cpu.ple_tables.counters()
+        assert cpu.ple_tables.counters().bytes > 0
 
 
 def concurrent(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
