@@ -43,9 +43,9 @@ def resolve_kv_dtype(kv_dtype: str, backend: str | Any) -> str:
     if kv_dtype == AUTO:
         from .backends import backend_class
 
-        kind = backend_class(backend) if isinstance(backend, str) else type(backend)
-        kv_dtype = getattr(kind, "kv_dtype", "float32")
-    kv_storage_dtype(kv_dtype)
+        return getattr(backend_class(backend), "kv_dtype", "float32")
+    if kv_dtype not in KV_DTYPES:
+        raise EngineError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_SETTINGS)}")
     return kv_dtype
 
 

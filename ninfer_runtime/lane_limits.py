@@ -30,8 +30,7 @@ COMMON_LANES = 8
 def backend_max_lanes(backend: str | Any) -> int:
     """The most lanes ``backend`` (a name or an instance) runs, within ``MAX_LANES``; known
     without creating the backend, so a setting it cannot run is refused before a load."""
-    kind = backend_class(backend) if isinstance(backend, str) else type(backend)
-    return min(getattr(kind, "max_lanes", COMMON_LANES), MAX_LANES)
+    return min(getattr(backend_class(backend), "max_lanes", COMMON_LANES), MAX_LANES)
 
 
 def backend_label(backend: str | Any) -> str:

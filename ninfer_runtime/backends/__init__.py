@@ -30,9 +30,12 @@ def register_backend(
         _CLASSES[name] = kind
 
 
-def backend_class(name: str) -> type | None:
-    """The class ``get_backend(name)`` creates, without creating it (None: unknown here)."""
-    kind = _CLASSES.get(name)
+def backend_class(backend: str | Backend) -> type | None:
+    """The class of ``backend``: an instance's own, or for a name the class ``get_backend``
+    would create, without creating it (None: unknown here)."""
+    if not isinstance(backend, str):
+        return type(backend)
+    kind = _CLASSES.get(backend)
     return None if kind is None else kind()
 
 

@@ -26,13 +26,17 @@ def unavailable_reason() -> str | None:
     return None if count > 0 else f"{NEEDS} (no device found)"
 
 
+#: the small-M (decode) products' precision (``backend.DECODE_PRODUCTS``)
+DECODE_ENV = "NINFER_CUDA_DECODE"
+
+
 def create_backend() -> Any:
     reason = unavailable_reason()
     if reason is not None:
         raise EngineError(reason)
     import os
 
-    from .backend import CudaBackend
+    from .backend import DECODE_PRODUCTS, CudaBackend
     from .prefill import precision_from_env
 
     # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly; NINFER_CUDA_PREFILL=bf16|tf32|float32
@@ -40,10 +44,19 @@ def create_backend() -> Any:
     # debugging and token-for-token comparison with the CPU reference);
     # NINFER_CUDA_DECODE=split|bf16 the small-M products' (split until the bundled model's
     # greedy answers at bf16, tests/gpu/test_production_defaults.py, have passed on a GPU)
+    decode = os.environ.get(DECODE_ENV, "").strip().lower() or "split"
+    if decode not in DECODE_PRODUCTS:
+        raise EngineError(
+            f"{DECODE_ENV}={os.environ[DECODE_ENV]!r}: expected one of {', '.join(DECODE_PRODUCTS)}"
+        )
+    try:
+        prefill = precision_from_env()
+    except ValueError as exc:  # the variable and what it takes, in one line
+        raise EngineError(str(exc)) from None
     return CudaBackend(
         graphs=os.environ.get("NINFER_CUDA_GRAPHS", "1") != "0",
-        prefill_precision=precision_from_env(),
-        decode_precision=os.environ.get("NINFER_CUDA_DECODE", "split").strip().lower(),
+        prefill_precision=prefill,
+        decode_precision=decode,
     )
 
 

@@ -44,8 +44,10 @@ log = logging.getLogger("ninfer.cuda")
 
 #: cublasMath_t CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h); CuPy does not export the name
 TF32_TENSOR_OP_MATH = 3
-#: how the small-M products take x (``CudaBackend.decode_precision``)
-DECODE_PRECISIONS = ("split", "bf16")
+#: how the small-M products take x (``CudaBackend.decode_precision``) -> the linear family's op
+#: that serves it: "split" (x as two halves where a kernel has them, ~16 bits) or "bf16" (x
+#: rounded once, the production precision)
+DECODE_PRODUCTS = {"split": "product", "bf16": "product_bf16"}
 
 
 class CudaBackend(ops.ReferenceOps):
@@ -76,14 +78,12 @@ class CudaBackend(ops.ReferenceOps):
         tf32 = prefill_precision == "tf32"
         # cuBLAS math mode of the float32 products: TF32 only when asked for
         self._math_mode = TF32_TENSOR_OP_MATH if tf32 else cublas.CUBLAS_DEFAULT_MATH
-        # small-M products (decode): "split" (x as two halves where a kernel has them, ~16
-        # bits) or "bf16" (x rounded once: the linear family's ``product_bf16``)
-        if decode_precision not in DECODE_PRECISIONS:
+        if decode_precision not in DECODE_PRODUCTS:
             raise ValueError(
-                f"decode precision {decode_precision!r}: expected one of {DECODE_PRECISIONS}"
+                f"decode precision {decode_precision!r}: expected one of "
+                f"{', '.join(DECODE_PRODUCTS)}"
             )
         self.decode_precision = decode_precision
-        self._product_op = "product_bf16" if decode_precision == "bf16" else "product"
         # decode graphs run on a blocking stream (ordered after the legacy default stream the
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
@@ -236,7 +236,8 @@ class CudaBackend(ops.ReferenceOps):
             padded = cp.zeros((x.shape[0], p.x_width), dtype=cp.float32)
             padded[:, : x.shape[1]] = x
             x = padded
-        product = resolve("linear", self._product_op, **product_key(p, seg.rows, x.shape[0]))
+        op = DECODE_PRODUCTS[self.decode_precision]
+        product = resolve("linear", op, **product_key(p, seg.rows, x.shape[0]))
         product(seg.parent.data, p, seg.row0, seg.rows, x, y, ldy)
 
     def _dequant_matmul(self, x: Array, seg: Segment, y: Array, xb: Array | None = None) -> None:
