@@ -1,8 +1,8 @@
 """How many lanes (sequences decoded together) an engine may run.
 
 ``MAX_LANES`` is the product's ceiling, the one bound every layer shares; below it each backend
-states the most its kernels run as the class attribute ``max_lanes`` (the CPU backend the
-ceiling, the CUDA backend 8: its sampler, decode products and captured steps take up to 8 rows).
+states the most its kernels run as the class attribute ``max_lanes`` (the CPU and CUDA
+backends the ceiling: the CUDA sampler, small-M products and MoE decode take up to 64 rows).
 Every backend runs ``COMMON_LANES`` (a backend that states none runs that many).
 """
 

@@ -75,7 +75,7 @@ _OPTIONS: list[Callable[[Any], Any]] = [
     click.option(
         "--max-concurrency",
         help="Requests decoding at once: auto (as many lanes as the memory holds, up to the "
-        "backend's most: 64 on cpu, 8 on cuda) or a number up to it.  [default: auto]",
+        "backend's most, 64) or a number up to it.  [default: auto]",
     ),
     click.option(
         "--max-pending-requests",

@@ -1,9 +1,8 @@
 """How many decode lanes (requests generating at once) a server opens.
 
 ``max_concurrency = "auto"`` (the default) opens as many lanes as the engine runs (its
-backend's most, ``ninfer_runtime.lane_limits``: 64 on the CPU, 8 on CUDA, and at most
-``AUTO_LANES``), fewer when
-the context pool could not give each of them a useful context at once: a lane is opened only
+backend's most, ``ninfer_runtime.lane_limits``, at most ``AUTO_LANES``), fewer when the context
+pool could not give each of them a useful context at once: a lane is opened only
 while every open lane can hold ``min(max_context, LANE_CONTEXT_TOKENS)`` tokens of K/V pages
 together with the others. The engine is built with its most lanes (their recurrent-state
 slots come out of the budget first), so the rule reads the pool it built: pages divided by

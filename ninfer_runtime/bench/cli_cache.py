@@ -58,7 +58,7 @@ from .cli_outputs import output_options, write_rows
     default=8,
     show_default=True,
     help="memory pressure: requests submitted at once (one lane each; at most the backend's "
-    "lanes: 64 on the CPU, 8 on CUDA)",
+    "lanes: 64)",
 )
 @click.option(
     "--full-requests",

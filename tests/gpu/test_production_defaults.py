@@ -6,6 +6,9 @@ Each question the model was trained on is answered greedily (up to 64 tokens)
 with the same tokens as the CPU engine (float32 throughout): the production precision may move
 logits in their last bits, never a trained model's greedy answer.
 
+Past eight lanes: 64 requests submitted together decode on 64 lanes (one captured step per lane
+count, the device sampler's 64 rows) and answer as the CPU answers each alone.
+
 Random tiny models are compared by logit tolerance elsewhere (test_backend.py); their greedy
 margins are small by construction, which is why the token rule is stated on this model."""
 
@@ -33,20 +36,42 @@ QUESTIONS = [
 TOKENS = 64
 
 
-def answers(engine: object) -> list[list[int]]:
-    from ninfer_runtime.engine import GenerationRequest, TokenEvent
+def ask(question: str) -> Any:
+    """The greedy chat request of ``question``, up to ``TOKENS`` tokens."""
+    from ninfer_runtime.engine import GenerationRequest
     from ninfer_runtime.frontend import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=TOKENS)
-    out = []
-    for question in QUESTIONS:
-        request = GenerationRequest(
-            messages=[{"role": "user", "content": question}],
-            enable_thinking=False,
-            sampling=params,
-        )
-        out.append([e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent)])
-    return out
+    return GenerationRequest(
+        messages=[{"role": "user", "content": question}],
+        enable_thinking=False,
+        sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS),
+    )
+
+
+def answers(engine: Any) -> list[list[int]]:
+    """Each question's answer, asked one at a time."""
+    from ninfer_runtime.engine import TokenEvent
+
+    return [
+        [e.token_id for e in engine.generate(ask(q)) if isinstance(e, TokenEvent)]
+        for q in QUESTIONS
+    ]
+
+
+def answers_at_once(engine: Any, count: int) -> tuple[list[list[int]], int]:
+    """``count`` requests cycling through the questions, submitted together: each one's
+    answer and the most lanes that decoded at once."""
+    from ninfer_runtime.engine import TokenEvent
+
+    ids = {engine.submit(ask(QUESTIONS[i % len(QUESTIONS)])): [] for i in range(count)}
+    most = 0
+    while engine.has_work:
+        events = engine.step()
+        most = max(most, engine.lanes_in_use)
+        for event in events:
+            if isinstance(event, TokenEvent):
+                ids[event.request_id].append(event.token_id)
+    return list(ids.values()), most
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +114,22 @@ def test_greedy_answers_at_production_defaults_equal_the_cpu(
         (f"production/{recipe}/{decode}", "greedy answers equal to the cpu", f"{same}/{len(want)}")
     )
     assert got == want
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "tiny_q4", "tiny_mixed"])
+def test_sixty_four_requests_at_once_answer_as_the_cpu_answers_each(
+    recipe: str, reference: Any
+) -> None:
+    from ninfer_runtime.engine import Engine
+
+    path, want = reference(recipe)
+    lanes = 64
+    gpu = Engine(path, backend="cuda", max_context=256, max_lanes=lanes)
+    got, most = answers_at_once(gpu, lanes)
+    expected = [want[i % len(QUESTIONS)] for i in range(lanes)]
+    same = sum(a == b for a, b in zip(expected, got, strict=True))
+    REPORT.append(
+        (f"lanes64/{recipe}", "answers equal to the cpu's, most lanes", f"{same}/64 {most}")
+    )
+    assert most == lanes
+    assert got == expected

@@ -67,13 +67,19 @@ def test_the_setting_is_auto_or_a_number(tmp_path: Path) -> None:
 
 
 def test_a_pinned_number_is_bounded_by_the_backend() -> None:
-    """The CUDA backend runs 8 lanes (its kernels take 8 rows): 9 is refused naming the key,
-    before anything loads; ``auto`` builds its engine with 8."""
-    cuda = {"backend": "cuda", "max_concurrency": 8}
-    assert load_settings(None, {"engine": cuda}).engine.max_concurrency == 8
-    with pytest.raises(ConfigError, match=r"max_concurrency: .*1\.\.8 lanes \(the most the cuda"):
-        load_settings(None, {"engine": {**cuda, "max_concurrency": 9}})
-    assert engine_lanes("auto", "cuda") == 8 and engine_lanes(5, "cuda") == 5
+    """The CUDA backend's most lanes (64 where CuPy imports; a backend whose class is not
+    importable here counts as the common 8): one more is refused naming the key, before
+    anything loads; ``auto`` builds its engine with at most ``AUTO_LANES``."""
+    most = backend_max_lanes("cuda")
+    cuda = {"backend": "cuda", "max_concurrency": most}
+    assert load_settings(None, {"engine": cuda}).engine.max_concurrency == most
+    with pytest.raises(
+        ConfigError, match=rf"max_concurrency: .*1\.\.{most} lanes \(the most the cuda"
+    ):
+        load_settings(None, {"engine": {**cuda, "max_concurrency": most + 1}})
+    assert (
+        engine_lanes("auto", "cuda") == min(most, AUTO_LANES) == 8 and engine_lanes(5, "cuda") == 5
+    )
 
 
 def _generation_span(server: Server) -> tuple[float, float]:

@@ -53,10 +53,10 @@ DECODE_PRODUCTS = {"split": "product", "bf16": "product_bf16"}
 class CudaBackend(ops.ReferenceOps):
     name = "cuda"
     xp = cp
-    #: the most lanes (rows of a decode step) the kernels take: the device sampler
-    #: (``sampling.MAX_LANES``), the decode GEMV and MoE kernels and the decode graphs
-    #: captured per lane count are all built for up to 8 rows
-    max_lanes = 8
+    #: the most lanes (rows of a decode step) the kernels take: the device sampler, the
+    #: small-M products and the MoE decode path all run up to 64 rows; a decode graph is
+    #: captured per lane count the first time that count runs
+    max_lanes = sampling.MAX_LANES
     #: K/V with ``kv_dtype`` auto: bfloat16, the production precision (half float32's bytes
     #: for decode attention to read; float32 stays a setting)
     kv_dtype = "bfloat16"

@@ -1,6 +1,6 @@
 """On-device token selection (``kernels/sampling.cu``): only token ids cross to the host.
 
-``sample`` launches one 1024-thread block per lane (N <= 8 lanes) that applies greedy /
+``sample`` launches one 1024-thread block per lane (N <= 64 lanes) that applies greedy /
 temperature / top_k / top_p / min_p exactly as the reference ``Sampler.probabilities`` does and
 draws by Gumbel-max from a counter-based hash of (seed, counter, token id), so a seeded lane
 reproduces its tokens whatever else is in the batch (not the host sampler's tokens: the random
@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from ...frontend.sampling import SamplingParams
+from ...lane_limits import MAX_LANES
 from .compile import function, register_family
 
 __all__ = ["MAX_LANES", "MAX_SCORED_TOP", "THREADS", "DeviceSampler", "sample", "score", "supports"]
 
-MAX_LANES = 8
 #: must match SAMPLE_THREADS in kernels/sampling.cu
 THREADS = 1024
 _MASK64 = (1 << 64) - 1
@@ -35,16 +35,21 @@ MAX_SCORED_TOP = 20
 
 register_family("sampling", ["sample_tokens", "score_tokens"])
 
-#: the parameter block: name -> (byte offset, dtype), MAX_LANES entries each
-_LAYOUT: dict[str, tuple[int, type]] = {
-    "seeds": (0, np.uint64),
-    "counters": (64, np.uint64),
-    "top_p": (128, np.float64),
-    "min_p": (192, np.float64),
-    "temperature": (256, np.float32),
-    "top_k": (288, np.int32),
+#: the parameter block, MAX_LANES entries of each, in this order: name -> dtype
+_FIELDS: dict[str, type] = {
+    "seeds": np.uint64,
+    "counters": np.uint64,
+    "top_p": np.float64,
+    "min_p": np.float64,
+    "temperature": np.float32,
+    "top_k": np.int32,
 }
-_BYTES = 320
+#: name -> (byte offset, dtype) in the block; every offset stays 8-byte aligned
+_LAYOUT: dict[str, tuple[int, type]] = {}
+_BYTES = 0
+for _name, _dtype in _FIELDS.items():
+    _LAYOUT[_name] = (_BYTES, _dtype)
+    _BYTES += MAX_LANES * np.dtype(_dtype).itemsize
 
 
 def supports(params: SamplingParams) -> bool:
@@ -132,7 +137,7 @@ class DeviceSampler:
     """Device-resident parameters for up to ``MAX_LANES`` lanes and the output ids.
 
     ``set_lanes`` (host side, outside graph capture) writes every lane of a step and uploads
-    the whole 320-byte parameter block in one copy (``set_lane``: one lane, one copy);
+    the whole parameter block in one copy (``set_lane``: one lane, one copy);
     ``sample`` only launches, so it can be captured and the graph replayed after later
     ``set_lanes`` / ``advance`` calls. A lane never set samples at temperature 1 with no
     filters, seed 0, counter 0.

@@ -1,4 +1,4 @@
-// On-device token selection for up to 8 decode lanes: only the chosen ids leave the GPU.
+// On-device token selection for up to 64 decode lanes: only the chosen ids leave the GPU.
 //
 // One block of SAMPLE_THREADS threads per lane, lanes independent (a lane's token depends only
 // on its logits row, its parameters and its (seed, counter)). The filters reproduce
