@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_bench.py [--json OUT.json] [--formats q4_g64_fp16,...]
         [--tune simt|small|tiles]
-        [--shapes 8192x2048,...] [--rows 1,2,4,8,16]
+        [--shapes 8192x2048,...] [--rows 1,2,4,8,16] [--anchors]
 
 For each packed layout (the 18 ``gguf_*`` block types among them): a random object of the MLP
 shapes of a 27B-class model ([17408, 5120] gate/up and [5120, 17408] down), y = x Wᵀ for M = 1
@@ -16,7 +16,9 @@ bytes at the bandwidth of a measured device-to-device copy (read + write bytes p
 "% of floor" is floor time / kernel time. Several copies of each object rotate so that no
 call finds its weights in the 50 MB L2. Calls are captured into a CUDA graph and timed with
 CUDA events (median of 7 replays after a warm-up), so host launch overhead is excluded.
-Prints a table; copy it with date, machine and commit into docs/performance.md.
+``--anchors`` adds torch's int4 tinygemm and cuBLAS bf16 on the same shapes and rows
+(``library_anchors.py``). Prints a table; copy it with date, machine and commit into
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -343,6 +345,11 @@ def main() -> None:
     )
     parser.add_argument("--shapes", help="weight shapes ROWSxK,... (default: the 27B MLP's)")
     parser.add_argument("--rows", default="1,8", help="activation row counts M (default 1,8)")
+    parser.add_argument(
+        "--anchors",
+        action="store_true",
+        help="also time torch's int4 tinygemm and cuBLAS bf16 on the same shapes and rows",
+    )
     args = parser.parse_args()
     shapes = SHAPES
     if args.shapes:
@@ -365,6 +372,10 @@ def main() -> None:
     print(f"device-to-device copy: {copy_bps / 1e9:.0f} GB/s read + write ({detail})")
     formats = args.formats.split(",") if args.formats else None
     rows = bench(copy_bps, formats, shapes, activation_rows)
+    if args.anchors:
+        from library_anchors import anchors
+
+        rows += anchors(copy_bps, shapes, activation_rows)
     tuning = (
         {"simt": tune, "small": tune_small, "tiles": tune_tiles}[args.tune](
             copy_bps, formats, shapes
