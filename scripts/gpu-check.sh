@@ -20,7 +20,8 @@
 # "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
 # tests/gpu; TESTS_TIMEOUT their limit in seconds, default 300); DECODE="--lanes 1 --contexts
 # 1024" narrows the decode table; RUN=0 skips it, for the shape's other benchmarks alone;
-# TRACE=1 adds its kernel trace (kernels per step, idle gaps). TP=2 adds the
+# TRACE=1 adds its kernel trace (kernels per step, idle gaps); BF16_DECODE=1 runs the decode table
+# again with NINFER_CUDA_DECODE=bf16 (bench<shape>_bf16.json). TP=2 adds the
 # decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
 # routed expert whole on one rank (--expert-parallel). The copy of the tree on the GPU
 # machine has no git history, so pass the commit:
@@ -54,6 +55,11 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     --profile 1 --profile-prefill ${TRACE:+--kernel-trace} \
     --json "$OUT/bench$name.json" --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} \
     2>&1 | grep -v upload
+  if [ "${RUN:-1}" = 1 ] && [ "${BF16_DECODE:-0}" = 1 ]; then
+    NINFER_CUDA_DECODE=bf16 timeout 150 python3 -m ninfer_runtime.bench.cli run "$artifact" \
+      ${DECODE:-} --prefill 0 --profile 1 --json "$OUT/bench${name}_bf16.json" \
+      --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+  fi
   if [ "$name" = 27 ] && [ "${LONG:-0}" = 1 ]; then
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1 --contexts 1024 \
       --steps 4 --prefill 0 --long-prefill 131072 --kv-dtype bfloat16 --json "$OUT/long$name.json" \

@@ -180,7 +180,11 @@ def run(
     kv_dtype = resolve_kv_dtype(kv_dtype, runner.backend)
     xp = runner.backend.xp
     bandwidth = M.copy_bandwidth(xp)
-    click.echo(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}")
+    products = getattr(runner.backend, "decode_precision", "")
+    click.echo(
+        f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}"
+        + (f"; decode products {products}" if products else "")
+    )
     rows: list[dict] = []
     click.echo(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
@@ -280,5 +284,7 @@ def run(
         rows,
         json_out,
         record,
-        lambda: R.markdown(rows, R.run_context(xp, artifact, kv_dtype, bandwidth, commit)),
+        lambda: R.markdown(
+            rows, R.run_context(xp, artifact, kv_dtype, bandwidth, commit, products)
+        ),
     )

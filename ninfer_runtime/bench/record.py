@@ -34,6 +34,8 @@ class RunContext:
     artifact: str
     kv_dtype: str
     copy_gbps: float
+    #: the CUDA small-M products' precision (``NINFER_CUDA_DECODE``); "" for the CPU
+    decode: str = ""
 
 
 def device_name(xp: Any) -> str:
@@ -64,10 +66,15 @@ def source_commit(source: Path = SOURCE_DIR) -> str:
 
 
 def run_context(
-    xp: Any, artifact: str, kv_dtype: str, copy_bps: float, commit: str | None = None
+    xp: Any,
+    artifact: str,
+    kv_dtype: str,
+    copy_bps: float,
+    commit: str | None = None,
+    decode: str = "",
 ) -> RunContext:
     """The context of a run that ends now; ``commit`` overrides ``source_commit()`` (for a
-    copy of the tree without its git history)."""
+    copy of the tree without its git history); ``decode``: the decode products' precision."""
     now = dt.datetime.now(dt.UTC)
     return RunContext(
         date=now.strftime("%Y-%m-%d %H:%M UTC"),
@@ -76,6 +83,7 @@ def run_context(
         artifact=os.path.basename(artifact),
         kv_dtype=kv_dtype,
         copy_gbps=copy_bps / 1e9,
+        decode=decode,
     )
 
 
@@ -85,7 +93,8 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
         f"### `ninfer-bench run` {ctx.artifact}, {ctx.date}",
         "",
         f"{ctx.device}, commit {ctx.commit}, K/V {ctx.kv_dtype}, "
-        f"device-to-device copy {ctx.copy_gbps:.0f} GB/s (read + write).",
+        + (f"decode products {ctx.decode}, " if ctx.decode else "")
+        + f"device-to-device copy {ctx.copy_gbps:.0f} GB/s (read + write).",
         "",
     ]
     decode = [r for r in rows if r["kind"] == "decode"]
