@@ -41,7 +41,7 @@ from .calibration import routing_counts
 from .counters import ExpertCounters
 from .host_experts import HostCompute, hold_hottest
 from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
-from .settings import host_cache_setting
+from .settings import host_cache_setting, pinned_allowance
 from .split_moe import SplitMoe, SplittableMoe
 from .stream_window import STREAM_ROWS, ExpertStream
 
@@ -208,6 +208,18 @@ class ExpertOffload:
         if not self.calibrate:  # with calibration, ``start`` holds copies by its counts
             self._hold_hottest(self.priority)
         self._log_decoded()
+        self._keep_streamed()
+
+    def _keep_streamed(self) -> None:
+        """Tell a backend that keeps streamed experts in pinned host memory how much it may
+        keep: every host expert's stored bytes, within ``pinned_allowance``."""
+        keep = getattr(self.blocks[0].backend, "keep_streamed", None) if self.blocks else None
+        if keep is None or self.stream.rows is None:
+            return
+        stored = sum(e.nbytes for b in self.blocks for e in b.host_experts.values())
+        allowance = min(stored, pinned_allowance())
+        keep(allowance)
+        log.info("streamed experts: up to %s kept in pinned host memory", format_size(allowance))
 
     # ------------------------------------------------------------------ once the pool exists
     def start(

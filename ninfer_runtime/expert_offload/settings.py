@@ -1,6 +1,7 @@
 """The sizes an expert offload is planned with: the device budget (``--vram-budget``, else
-``$NINFER_VRAM_BUDGET_MIB``) and the host memory its decoded experts may take (the context
-pool's bytes beside the weights are ``PoolPlan.planned_bytes``)."""
+``$NINFER_VRAM_BUDGET_MIB``), the host memory its decoded experts may take and that a GPU may
+pin for streamed experts (the context pool's bytes beside the weights are
+``PoolPlan.planned_bytes``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def available_memory() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def pinned_allowance() -> int:
+    """Host bytes a GPU may keep streamed experts in (pinned, so each upload is a DMA): the
+    same share of the memory available now as the decoded-expert cache's default."""
+    return int(HOST_CACHE_SHARE * available_memory())
 
 
 def host_cache_setting(given: str | int | None) -> int:

@@ -77,12 +77,15 @@ def expert_names(layer: int, expert: int) -> list[str]:
 
 
 def prepare_experts(
-    backend: Any, artifact: Any, layer: int, experts: Sequence[int]
+    backend: Any, artifact: Any, layer: int, experts: Sequence[int], *, streamed: bool = False
 ) -> dict[int, dict[str, Weight]]:
     """``layer``'s routed ``experts`` prepared on ``backend``, each in a call of its own (one
     call for several would make one CUDA window of the rows from the first to the last,
-    the experts between them included): expert -> its gate, up and down by name."""
-    return {e: backend.prepare(artifact, expert_names(layer, e)) for e in experts}
+    the experts between them included): expert -> its gate, up and down by name.
+    ``streamed``: for the prefill window, through the backend's ``prepare_streamed`` where
+    it has one (the CUDA backend keeps streamed experts in pinned host memory)."""
+    prepare = getattr(backend, "prepare_streamed", backend.prepare) if streamed else backend.prepare
+    return {e: prepare(artifact, expert_names(layer, e)) for e in experts}
 
 
 def release_weights(backend: Any, weights: Iterable[Weight]) -> None:

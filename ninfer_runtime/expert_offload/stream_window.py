@@ -24,12 +24,14 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
 The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
 ``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``).
 
-Overlap is GPU-only: while a layer computes, the next MoE layer's host experts would be
-copied on a second stream into the other half of a double-buffered window. ``prefetch`` is
-that hook: a backend offering ``prefetch_experts(artifact, names)`` (start the copies; its
-next ``prepare`` of those names finds them on the device) gets the next layer's host experts,
-most chosen first, within the window; the CPU backend offers none (one stream, and its
-"device" is host memory), so nothing overlaps there and the CUDA backend has yet to build it.
+Overlap is GPU-only: while a layer computes, the next MoE layer's host experts are copied on
+a second stream. ``prefetch`` is that hook: a backend offering
+``prefetch_experts(artifact, groups)`` (start the copies, each group one expert's weight
+names; its next ``prepare_streamed`` of those names finds them made) gets the next layer's
+host experts, most chosen first, within the window. The CUDA backend offers it, and keeps
+streamed experts in pinned host memory so each copy is a DMA
+(``backends/cuda/expert_streaming.py``); the CPU backend offers none (one stream, and its
+"device" is host memory), so nothing overlaps there.
 """
 
 from __future__ import annotations
@@ -99,7 +101,9 @@ class ExpertStream:
         for part in self.parts(block, window) or [[]]:
             prepared = {
                 name: weight
-                for weights in prepare_experts(backend, block.artifact, layer, part).values()
+                for weights in prepare_experts(
+                    backend, block.artifact, layer, part, streamed=True
+                ).values()
                 for name, weight in weights.items()
             }
             if out is None:  # the next layer's copies start once this layer's are made
@@ -152,8 +156,8 @@ class ExpertStream:
         order = sorted(block.host_experts, key=lambda e: (-hits[e], e))
         first = (self.parts(block, order) or [[]])[0]
         if first:
-            names = [n for e in first for n in expert_names(block.layer, e)]
-            block.backend.prefetch_experts(block.artifact, names)
+            groups = [expert_names(block.layer, e) for e in first]
+            block.backend.prefetch_experts(block.artifact, groups)
 
 
 @contextmanager

@@ -115,20 +115,26 @@ def test_the_threshold_is_an_engine_option(q4_moe, shares):
 
 def test_a_backend_with_a_second_stream_is_handed_the_next_layer(q4_moe, shares):
     """The GPU's prefetch hook: a backend offering ``prefetch_experts`` gets, as each layer
-    streams, the next MoE layer's host experts (the CPU backend offers none)."""
+    streams, the next MoE layer's host experts, one group of weight names an expert (the CPU
+    backend offers none)."""
     floor, experts = shares
     e = engine(q4_moe, floor + experts // 2)
     offload = e.expert_offload
     asked: list[set[str]] = []
     backend = offload.blocks[0].backend
     assert not hasattr(backend, "prefetch_experts")
-    backend.prefetch_experts = lambda artifact, names: asked.append(set(names))
+    backend.prefetch_experts = lambda artifact, groups: asked.append(
+        {frozenset(names) for names in groups}
+    )
     try:
         e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
     finally:
         del backend.prefetch_experts
     want = [
-        {f"text/layers/{b.layer}/moe/experts/{x}/{w}" for x in b.host_experts for w in WEIGHTS}
+        {
+            frozenset(f"text/layers/{b.layer}/moe/experts/{x}/{w}" for w in WEIGHTS)
+            for x in b.host_experts
+        }
         for b in offload.blocks[1:]
         if b.host_experts
     ]

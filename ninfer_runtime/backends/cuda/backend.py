@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import cupy as cp
+import cupyx
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
@@ -35,6 +36,7 @@ from .. import array_ops as ops
 from ..base import Array, Weight
 from . import glue, kernels, prefill, sampling
 from .constants import device_constant
+from .expert_streaming import PinnedCuts, Prefetch
 from .graphs import GraphStep
 from .slabs import SlabBuffers
 from .weights import DenseWeight, PackedWeight, Residency, Segment
@@ -92,6 +94,10 @@ class CudaBackend(ops.ReferenceOps):
         #: the moe family's device tables (``ops/moe/nvrtc.py``); the reference tells a new
         #: object at a freed one's address from it, and the entry goes with the weights
         self.expert_tables: dict[int, tuple[Any, Any]] = {}
+        #: expert offload's streamed experts: their cuts in pinned host memory (no allowance
+        #: until ``keep_streamed``) and the next layer's prefetch (made at its first use)
+        self._streamed = PinnedCuts(0, lambda n: cupyx.empty_pinned((n,), dtype=np.uint8))
+        self._prefetch: Prefetch | None = None
 
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, shapes: Any) -> Any:
@@ -132,6 +138,36 @@ class CudaBackend(ops.ReferenceOps):
         """Let the row windows ``weights`` are built on go with them (expert offload's
         streamed experts and experts placed back in host memory: ``Residency.release``)."""
         self.residency.release(weights)
+
+    # ------------------------------------------------------------- streamed experts
+    def keep_streamed(self, capacity: int) -> None:
+        """Keep streamed experts' cuts in pinned host memory, up to ``capacity`` bytes
+        (``expert_streaming``)."""
+        self._streamed.capacity = capacity
+
+    def prepare_streamed(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
+        """``prepare`` for an expert streamed through the device (expert offload's prefill
+        window): its cuts read from, or kept in, pinned host memory, once the copies a
+        ``prefetch_experts`` started are done on the device."""
+        if self._prefetch is not None:
+            self._prefetch.settle()
+        with self.residency.streaming(self._streamed):
+            return self.residency.prepare(artifact, names)
+
+    def prefetch_experts(self, artifact: Any, groups: Iterable[Iterable[str]]) -> None:
+        """Prepare experts (each group one expert's weight names) on a second stream while
+        the current layer computes; the last prefetch's experts that its layer did not use
+        are let go."""
+        if self._prefetch is None:
+            self._prefetch = Prefetch(cp)
+
+        def work() -> list[Weight]:
+            with self.residency.streaming(self._streamed):
+                return [
+                    w for names in groups for w in self.residency.prepare(artifact, names).values()
+                ]
+
+        self.residency.release(self._prefetch.start(work))
 
     def join_rows(self, weights: list[Weight]) -> Weight:
         """One weight whose rows are the given weights' rows in order; segments that continue

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,18 @@ class Residency:
         #: the keys of ``parents`` that are cuts of an object (``_cut``), not whole objects
         self.cuts: set[str] = set()
         self.report = LoadReport()
+        #: while ``streaming``: where cuts are kept in host memory between uploads
+        self._kept: Any = None
+
+    @contextmanager
+    def streaming(self, kept: Any) -> Iterator[None]:
+        """Cuts made meanwhile (streamed experts) are read from, or kept in, ``kept``
+        (``expert_streaming.PinnedCuts``) instead of being cut from the banks each time."""
+        self._kept = kept
+        try:
+            yield
+        finally:
+            self._kept = None
 
     def release(self, weights: Iterable[Any]) -> None:
         """Forget the cuts (row windows, ``_cut``) that ``weights`` are built on, so that
@@ -193,23 +206,38 @@ class Residency:
         obj = artifact.objects[cut.object_id]
         shape = matrix_shape(obj)
         rows = (cut.row0, cut.row0 + cut.rows)
-        data = slice_object(obj.format, obj.layout, artifact.raw(obj.id), shape, rows, cut.columns)
-        if data is None:
-            return None
+        host = None if self._kept is None else self._kept.get(cut.key)
+        if host is None:
+            data = slice_object(
+                obj.format, obj.layout, artifact.raw(obj.id), shape, rows, cut.columns
+            )
+            if data is None:
+                return None
+            kept = self._kept
+            host = np.frombuffer(data, dtype=np.uint8) if kept is None else kept.keep(cut.key, data)
         part = (cut.rows, cut.columns[1] - cut.columns[0])
         # an NVFP4 cut holds the divisors of the stacked matrices its rows come from
-        divisors = stored_divisors(obj.format, obj.layout, part, len(data))
+        divisors = stored_divisors(obj.format, obj.layout, part, host.size)
         parent = self._resident(
             cut.key,
-            self.xp.asarray(np.frombuffer(data, dtype=np.uint8)),
+            self._to_device(host),
             planes(obj.format, obj.layout, part, divisors),
             tile=not keeps_layout(name),
         )
         self.parents[cut.key] = parent
         self.cuts.add(cut.key)
         self.report.objects += 1
-        self.report.bytes += len(data)
+        self.report.bytes += host.size
         return parent
+
+    def _to_device(self, host: np.ndarray) -> Any:
+        """A device copy of ``host`` bytes, on the current stream (pinned ``host``: the copy
+        is a DMA the host only issues)."""
+        if self.xp is np:
+            return host.copy()
+        out = self.xp.empty(host.size, dtype=self.xp.uint8)
+        out.set(host, stream=self.xp.cuda.get_current_stream())
+        return out
 
     def _dense(self, artifact: Any, name: str) -> DenseWeight:
         values = artifact.parameter(name, in_order=True)
