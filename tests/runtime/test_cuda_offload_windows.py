@@ -109,3 +109,52 @@ def test_an_nvfp4_window_keeps_the_divisors_of_the_experts_it_holds() -> None:
     assert parent.data.nbytes == codec.encoded_size((512, 128), 2)
     whole = codec.decode(data, (1024, 128), 4)
     np.testing.assert_array_equal(codec.decode(parent.data, (512, 128), 2), whole[256:768])
+
+
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_nvfp4"])
+def test_streamed_windows_are_kept_and_read_again_without_cutting(
+    artifact_path, recipe, monkeypatch
+) -> None:
+    """``Residency.streaming``: a streamed expert's windows are cut from the banks once and
+    kept (in pinned host memory on the GPU, ``expert_streaming.PinnedCuts``); preparing the
+    expert again after its release uploads the kept bytes, cutting nothing, and the windows
+    are the same bytes. Past the allowance nothing is kept, and outside ``streaming`` nothing
+    is read from or added to the kept copies."""
+    from ninfer_runtime.backends.cuda import weights as residency_module
+    from ninfer_runtime.backends.cuda.expert_streaming import PinnedCuts
+
+    art = Artifact.open(artifact_path(recipe, "moe"))
+    cut = residency_module.slice_object
+    calls: list[int] = []
+
+    def counted(*args):
+        calls.append(1)
+        return cut(*args)
+
+    monkeypatch.setattr(residency_module, "slice_object", counted)
+    names = expert_names(LAYER, 2)
+
+    def bytes_of(prepared):
+        return {n: bytes(w.segments[0].parent.data) for n, w in prepared.items()}
+
+    residency = Residency(np)
+    kept = PinnedCuts(1 << 30, lambda n: np.empty(n, dtype=np.uint8))
+    with residency.streaming(kept):
+        first = residency.prepare(art, names)
+    made = len(calls)
+    assert made and len(kept) == made and kept.used > 0
+    residency.release(first.values())
+    with residency.streaming(kept):
+        again = residency.prepare(art, names)
+    assert len(calls) == made  # every window from its kept copy
+    assert bytes_of(again) == bytes_of(first)
+    residency.release(again.values())
+    plain = residency.prepare(art, names)  # not streaming: cut again, nothing kept
+    assert len(calls) == 2 * made and len(kept) == made
+    assert bytes_of(plain) == bytes_of(first)
+
+    none = PinnedCuts(0, lambda n: np.empty(n, dtype=np.uint8))
+    fresh = Residency(np)
+    with fresh.streaming(none):
+        assert bytes_of(fresh.prepare(art, names)) == bytes_of(first)
+    assert len(none) == 0 and none.used == 0

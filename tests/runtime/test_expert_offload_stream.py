@@ -141,6 +141,44 @@ def test_a_backend_with_a_second_stream_is_handed_the_next_layer(q4_moe, shares)
     assert asked == want  # each layer but the last, before it computes
 
 
+def test_a_backend_that_keeps_streamed_experts_prepares_them_its_way(q4_moe, shares, monkeypatch):
+    """A backend offering ``keep_streamed`` and ``prepare_streamed`` (the CUDA backend's
+    pinned copies) is told its allowance (every host expert's stored bytes, within
+    ``pinned_allowance``) and prepares the window's experts through ``prepare_streamed``."""
+    from ninfer_runtime.expert_offload import offload as offload_module
+
+    floor, experts = shares
+    e = engine(q4_moe, floor + experts // 2)
+    offload = e.expert_offload
+    backend = offload.blocks[0].backend
+    stored = sum(x.nbytes for b in offload.blocks for x in b.host_experts.values())
+    told: list[int] = []
+    backend.keep_streamed = told.append
+    streamed: list[str] = []
+
+    def prepare_streamed(artifact, names):
+        streamed.extend(names)
+        return backend.prepare(artifact, names)
+
+    backend.prepare_streamed = prepare_streamed
+    try:
+        monkeypatch.setattr(offload_module, "pinned_allowance", lambda: stored + 1)
+        offload._keep_streamed()
+        monkeypatch.setattr(offload_module, "pinned_allowance", lambda: stored // 2)
+        offload._keep_streamed()
+        e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
+    finally:
+        del backend.keep_streamed, backend.prepare_streamed
+    assert stored > 0 and told == [stored, stored // 2]
+    host = {
+        f"text/layers/{b.layer}/moe/experts/{x}/{w}"
+        for b in offload.blocks
+        for x in b.host_experts
+        for w in WEIGHTS
+    }
+    assert streamed and set(streamed) <= host
+
+
 def test_the_window_is_planned_as_device_memory(q4_moe, shares):
     from ninfer_runtime.expert_offload import ExpertOffload
 
