@@ -251,7 +251,8 @@ def test_a_small_pool_preempts_and_resumes_with_offload(artifacts, host_capacity
     roomy = engine(path, roomy_floor + experts // 2, **kw)
     specs, mtp = roomy.runner.specs, roomy.runner.mtp_spec
     lane = roomy.runner.new_pool(lanes=1, max_context=8, step_rows=SHORT_CHUNK_TOKENS)
-    capacity = 4 * lane.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    page = ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS, roomy.kv_dtype)
+    capacity = 4 * lane.slot_bytes + 5 * page
     small_kw = {**kw, "context_capacity": capacity, "prefix_cache": True}
     small_floor, _ = shares(path, **small_kw)
     small = engine(

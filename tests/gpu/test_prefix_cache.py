@@ -78,7 +78,9 @@ def test_a_small_pool_preempts_and_resumes(artifact: Path, host: str, spec: bool
     lane = roomy.runner.new_pool(
         lanes=1, max_context=8, draft_tokens=3 if spec else 0, step_rows=SHORT_CHUNK_TOKENS
     )
-    budget = 4 * lane.slot_bytes + 5 * ContextPool.page_bytes_of(specs, mtp, PAGE_TOKENS)
+    budget = 4 * lane.slot_bytes + 5 * ContextPool.page_bytes_of(
+        specs, mtp, PAGE_TOKENS, roomy.kv_dtype
+    )
     params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
 
     def run(engine: Engine) -> list[list[int]]:
