@@ -52,10 +52,12 @@ class VisionFamily:
     backends: tuple[str, ...]
 
 
-#: Qwen3.5's image path on cuda since tests/gpu/test_images_cuda.py passed on an H100;
-#: GLM5Next's tower is array math too but has no GPU test yet
+#: both image paths on cuda since their GPU tests passed on an H100 (tests/gpu/test_images_cuda.py,
+#: tests/gpu/test_glm5_next_images_cuda.py)
 QWEN3_5 = VisionFamily(VisionTower, "<|image_pad|>", "area", prompt_positions, ("cpu", "cuda"))
-GLM5_NEXT = VisionFamily(Glm5NextVisionTower, "<|image|>", "tokens", sequence_positions, ("cpu",))
+GLM5_NEXT = VisionFamily(
+    Glm5NextVisionTower, "<|image|>", "tokens", sequence_positions, ("cpu", "cuda")
+)
 #: the vision component's model_type -> its family, where not Qwen3.5's
 FAMILY_OF = {"glm5_next_vision": GLM5_NEXT}
 

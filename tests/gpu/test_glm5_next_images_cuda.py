@@ -2,8 +2,8 @@
 ``tests/runtime/test_glm5_next_images.py`` builds (a patch-4 tower of two blocks, GLM's image
 tokens, the GLM-5 chat template).
 
-GLM5Next's images are served on the backends of ``vision_families.GLM5_NEXT.backends`` (the
-CPU until this file has passed on a GPU); each test here turns cuda on for itself.
+GLM5Next's images are served on the backends of ``vision_families.GLM5_NEXT.backends``: cuda
+among them since this file passed on an H100 (2026-12-06).
 
 * The tower: the same pictures encoded by a CPU and a CUDA ``Glm5NextVisionTower``, within a
   bound of the CPU rows' largest magnitude: ``FLOAT32_TOL`` with float32 prefill products
@@ -18,7 +18,6 @@ CPU until this file has passed on a GPU); each test here turns cuda on for itsel
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ import pytest
 from ninfer_format import Artifact
 from ninfer_runtime.backends import get_backend
 from ninfer_runtime.engine import Engine, GenerationRequest
-from ninfer_runtime.models import vision_families
 from ninfer_runtime.models.glm5_next.vision import Glm5NextVisionTower
 from tests.runtime.conftest import torch_threads  # noqa: F401  # the fixture converted needs
 from tests.runtime.test_engine_images import GREEDY, chat, png, run
@@ -41,12 +39,6 @@ pytestmark = requires_gpu
 FLOAT32_TOL, BF16_TOL = 1e-3, 2e-2
 #: one picture, and two of different sizes in one call
 PICTURES = {"one": [PICTURE], "two": [png(24, 40, 2), PICTURE]}
-
-
-@pytest.fixture(autouse=True)
-def served_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    family = dataclasses.replace(vision_families.GLM5_NEXT, backends=("cpu", "cuda"))
-    monkeypatch.setitem(vision_families.FAMILY_OF, "glm5_next_vision", family)
 
 
 def host(a: Any) -> np.ndarray:

@@ -167,14 +167,19 @@ def test_engine_greedy_equals_transformers_generate(converted, hf) -> None:
     assert tokens == hf_greedy(hf, engine, req, len(tokens), processor, token_types=False)
 
 
-def test_each_vision_family_states_its_backends(converted) -> None:
-    """GLM5Next's tower has no GPU test yet: a cuda engine refuses its images in one line,
-    where Qwen3.5's family serves cuda (its GPU test passed)."""
+def test_each_vision_family_states_its_backends(converted, monkeypatch) -> None:
+    """Both families serve cuda (their GPU tests passed); a family that states only the CPU
+    has a cuda engine refuse its images in one line."""
+    import dataclasses
+
     from ninfer_format import Artifact
     from ninfer_runtime.images import VisionOptions, load_vision
+    from ninfer_runtime.models import vision_families
     from ninfer_runtime.models.vision_families import GLM5_NEXT, QWEN3_5
 
-    assert "cuda" in QWEN3_5.backends and GLM5_NEXT.backends == ("cpu",)
+    assert "cuda" in QWEN3_5.backends and "cuda" in GLM5_NEXT.backends
+    cpu_only = dataclasses.replace(GLM5_NEXT, backends=("cpu",))
+    monkeypatch.setitem(vision_families.FAMILY_OF, "glm5_next_vision", cpu_only)
     _, path = converted
     vision, refused = load_vision(
         Artifact.open(path),
