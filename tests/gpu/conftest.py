@@ -29,7 +29,7 @@ def cuda_backend() -> Any:
     """Float32 products throughout (prefill too): kernel tests hold float32 error bounds."""
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
-    return CudaBackend(prefill_precision="float32")
+    return CudaBackend(prefill_precision="float32", decode_precision="split")
 
 
 @pytest.fixture(scope="session")

@@ -107,7 +107,10 @@ def test_matches_cpu_reference(
     path = gpu_artifact(BF16[kind] if recipe == "bf16" else recipe, kind)
     cpu = ModelRunner(load_model(Artifact.open(path), "cpu"))
     gpu = ModelRunner(
-        load_model(Artifact.open(path), CudaBackend(graphs=graphs, prefill_precision=precision))
+        load_model(
+            Artifact.open(path),
+            CudaBackend(graphs=graphs, prefill_precision=precision, decode_precision="split"),
+        )
     )
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, VOCAB, 3 + 5 * i) for i in range(LANES)]  # 3..38 tokens
@@ -181,6 +184,8 @@ def test_engine_on_the_gpu_samples_on_the_device(
     from ninfer_runtime.frontend import SamplingParams
 
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")  # token-for-token comparable
+
+    monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
     path = gpu_artifact("tiny_mixed", "dense")
     cpu = Engine(path, max_context=128)
     gpu = Engine(path, backend="cuda", max_context=128, kv_dtype="float32")

@@ -65,6 +65,7 @@ def offload_on_cuda():
     """Prefill products in float32."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NINFER_CUDA_PREFILL", "float32")
+        mp.setenv("NINFER_CUDA_DECODE", "split")
         yield
 
 

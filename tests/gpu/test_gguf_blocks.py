@@ -69,6 +69,8 @@ def _answers_as_on_the_cpu(
     from tests.convert.test_gguf_import import build_gguf, config_only
 
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")  # comparable to float32 rounding
+
+    monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
     build_gguf(checkpoints[kind], tmp_path / "t.gguf", faithful=faithful)
     base = config_only(checkpoints[kind], tmp_path / "base")
     out = tmp_path / "g.ninfer"

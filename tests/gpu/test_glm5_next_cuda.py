@@ -85,9 +85,10 @@ def glm5_next_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def float32_products(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Float32 prefill products (engines' CUDA backends capture graphs by default, which the
-    model turns off)."""
+    """Float32 prefill products and split decode products, the reference's precision
+    (engines' CUDA backends capture graphs by default, which the model turns off)."""
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
+    monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
 
 
 def test_cuda_rows_serve_every_op_and_captured_steps_run_eagerly(
@@ -129,7 +130,10 @@ def test_runner_logits_and_greedy_tokens_match_cpu(
 ) -> None:
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
-    backends = {"cpu": "cpu", "cuda": CudaBackend(graphs=False, prefill_precision="float32")}
+    backends = {
+        "cpu": "cpu",
+        "cuda": CudaBackend(graphs=False, prefill_precision="float32", decode_precision="split"),
+    }
     rng = np.random.default_rng(chunk)
     prompts = [rng.integers(0, VOCAB, t) for t in PROMPTS]
     states: dict[str, list[Any]] = {}

@@ -59,7 +59,13 @@ def test_tower_rows_match_the_cpu_tower(
     path = converted[1]
     pixels, grid = _pixels(PICTURES[pictures])
     want = Glm5NextVisionTower(Artifact.open(path), get_backend("cpu")).encode(pixels, grid)
-    cuda = Glm5NextVisionTower(Artifact.open(path), CudaBackend(prefill_precision=precision))
+    cuda = Glm5NextVisionTower(
+        Artifact.open(path),
+        CudaBackend(
+            prefill_precision=precision,
+            decode_precision="split" if precision == "float32" else "bf16",
+        ),
+    )
     got = host(cuda.encode(pixels, grid))
     assert got.shape == want.shape and np.isfinite(got).all()
     scale = float(np.abs(want).max())
@@ -76,6 +82,7 @@ def test_image_chat_greedy_tokens_equal_the_cpu_engine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
+    monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
     options: dict[str, Any] = dict(max_lanes=2, max_context=256, prefix_cache=True)
     engines = {
         "cpu": Engine(converted[1], **options),

@@ -99,7 +99,13 @@ def test_tower_rows_match_the_cpu_tower(
     processor = ImageProcessor.from_config(PROCESSOR)
     pixels, grid = processor.process([decode_image(data) for data in IMAGES[images]])
     cpu = VisionTower(Artifact.open(path), get_backend("cpu"))
-    cuda = VisionTower(Artifact.open(path), CudaBackend(prefill_precision=precision))
+    cuda = VisionTower(
+        Artifact.open(path),
+        CudaBackend(
+            prefill_precision=precision,
+            decode_precision="split" if precision == "float32" else "bf16",
+        ),
+    )
     want = cpu.encode(pixels, grid)
     got = host(cuda.encode(pixels, grid))
     assert got.shape == want.shape == (sum(cpu.merged_tokens(grid)), cpu.config.out_hidden)
@@ -166,6 +172,7 @@ def test_image_chat_greedy_tokens_equal_the_cpu_engine(
     kind: str, vlm_artifact: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")  # token-for-token comparable
+    monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
     path = vlm_artifact(kind)
     engines = {
         "cpu": Engine(path, max_lanes=2, max_context=256, prefix_cache=True),

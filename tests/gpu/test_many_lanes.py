@@ -35,7 +35,10 @@ def test_sixty_four_lanes_match_the_cpu_reference(
 
     assert CudaBackend.max_lanes == LANES
     path = gpu_artifact(recipe, kind)
-    backends = {"cpu": "cpu", "gpu": CudaBackend(prefill_precision="float32")}
+    backends = {
+        "cpu": "cpu",
+        "gpu": CudaBackend(prefill_precision="float32", decode_precision="split"),
+    }
     runners = {n: ModelRunner(load_model(Artifact.open(path), b)) for n, b in backends.items()}
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, VOCAB, 2 + i % 9) for i in range(LANES)]

@@ -395,7 +395,7 @@ def test_verification_sized_batches_run_on_the_device(fmt: str) -> None:
     from ninfer_runtime.ops.moe.nvrtc import MOE_DEVICE_ROWS
 
     gpu_w, cpu_w = random_moe(fmt, fused=True, seed=5)
-    be = CudaBackend(graphs=True, prefill_precision="float32")
+    be = CudaBackend(graphs=True, prefill_precision="float32", decode_precision="split")
     rng = np.random.default_rng(6)
     for n in (9, 24, 48, MOE_DEVICE_ROWS):
         x = cp.asarray(rng.standard_normal((n, H)).astype(np.float32))

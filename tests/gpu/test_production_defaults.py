@@ -1,7 +1,8 @@
 """The CUDA engine at its production defaults against the CPU reference, on the trained bundled
 model in every weight format: bf16 K/V (``kv_dtype`` auto), bf16 prefill products, captured
-decode steps; and with the small-M products taking x rounded once (``NINFER_CUDA_DECODE=bf16``,
-the production precision of the decode products, to become the default once this passes).
+decode steps, the small-M products taking x rounded once (``NINFER_CUDA_DECODE=bf16``, the
+default since this passed on an H100, 2026-12-06); and with x carried as two halves
+(``split``).
 Each question the model was trained on is answered greedily (up to 64 tokens)
 with the same tokens as the CPU engine (float32 throughout): the production precision may move
 logits in their last bits, never a trained model's greedy answer.

@@ -77,12 +77,13 @@ def float32_products(monkeypatch: pytest.MonkeyPatch) -> None:
     off."""
     assert "cuda" in qwen4_exp_model.SERVED_BACKENDS
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
+    monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
 
 
 def cuda_backend(*, graphs: bool = False) -> Any:
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
-    return CudaBackend(graphs=graphs, prefill_precision="float32")
+    return CudaBackend(graphs=graphs, prefill_precision="float32", decode_precision="split")
 
 
 def test_a_backend_capturing_decode_graphs_runs_them_eagerly(artifact: Path) -> None:

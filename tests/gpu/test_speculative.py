@@ -218,7 +218,9 @@ def test_verify_and_commit_replay_in_cuda_graphs(shape: str) -> None:
 
     assert (SHAPES[shape][1] in gdn.KEY_DIMS) == (shape != "fallback")
     p = Pools(shape, lanes=3, tokens=4, seed=5)
-    be = CudaBackend(graphs=shape != "fallback", prefill_precision="float32")
+    be = CudaBackend(
+        graphs=shape != "fallback", prefill_precision="float32", decode_precision="split"
+    )
     dims, tokens = p.dims, p.tokens
     bufs = [cp.empty(a.shape, a.dtype) for a in (p.mixed, p.g, p.beta)]
 
@@ -309,7 +311,7 @@ def test_verified_logits_equal_decode_steps(
     path = artifact_for(model, recipe, bundled, gpu_artifact)
     err, scale, state_err = speculate_against_decoding(
         path,
-        lambda: CudaBackend(graphs=graphs, prefill_precision="float32"),
+        lambda: CudaBackend(graphs=graphs, prefill_precision="float32", decode_precision="split"),
         lanes=3,
         k=k,
         rounds=8,
@@ -351,7 +353,7 @@ def test_short_chunks_as_one_step_equal_prefill(
     path = artifact_for(model, recipe, bundled, gpu_artifact)
     err, scale, state_err = short_chunks_against_prefill(
         path,
-        lambda: CudaBackend(graphs=graphs, prefill_precision="float32"),
+        lambda: CudaBackend(graphs=graphs, prefill_precision="float32", decode_precision="split"),
         lanes=lanes,
         tokens=tokens,
         seed=tokens,
@@ -405,7 +407,9 @@ def tie_gap(
     from ninfer_runtime.models import load_model
     from ninfer_runtime.runner import ModelRunner
 
-    runner = ModelRunner(load_model(path, CudaBackend(prefill_precision="float32")))
+    runner = ModelRunner(
+        load_model(path, CudaBackend(prefill_precision="float32", decode_precision="split"))
+    )
     state = runner.new_state(256)
     logits = host(runner.forward([prompt], [state]).logits[0])[-1]
     for token in answer:
@@ -439,6 +443,7 @@ def test_greedy_answers_equal_without_speculation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")  # token-for-token comparable
+    monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "1" if graphs else "0")
     path = artifact_for(model, recipe, bundled, gpu_artifact)
     key = (model, recipe, graphs)

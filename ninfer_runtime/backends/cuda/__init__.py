@@ -42,9 +42,9 @@ def create_backend() -> Any:
     # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly; NINFER_CUDA_PREFILL=bf16|tf32|float32
     # picks the prefill products' precision (bf16 tensor cores by default; float32 for
     # debugging and token-for-token comparison with the CPU reference);
-    # NINFER_CUDA_DECODE=split|bf16 the small-M products' (split until the bundled model's
-    # greedy answers at bf16, tests/gpu/test_production_defaults.py, have passed on a GPU)
-    decode = os.environ.get(DECODE_ENV, "").strip().lower() or "split"
+    # NINFER_CUDA_DECODE=bf16|split the small-M products' (bf16, the production precision,
+    # by default; split for token-for-token comparison with the CPU reference)
+    decode = os.environ.get(DECODE_ENV, "").strip().lower() or "bf16"
     if decode not in DECODE_PRODUCTS:
         raise EngineError(
             f"{DECODE_ENV}={os.environ[DECODE_ENV]!r}: expected one of {', '.join(DECODE_PRODUCTS)}"

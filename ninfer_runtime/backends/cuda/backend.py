@@ -47,8 +47,9 @@ log = logging.getLogger("ninfer.cuda")
 #: cublasMath_t CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h); CuPy does not export the name
 TF32_TENSOR_OP_MATH = 3
 #: how the small-M products take x (``CudaBackend.decode_precision``) -> the linear family's op
-#: that serves it: "split" (x as two halves where a kernel has them, ~16 bits) or "bf16" (x
-#: rounded once, the production precision)
+#: that serves it: "bf16" (x rounded once, the production precision and the default) or
+#: "split" (x as two halves where a kernel has them, ~16 bits: what the GPU tests compare
+#: token for token with the CPU reference on random models)
 DECODE_PRODUCTS = {"split": "product", "bf16": "product_bf16"}
 
 
@@ -68,7 +69,7 @@ class CudaBackend(ops.ReferenceOps):
         *,
         graphs: bool = True,
         prefill_precision: str = "bf16",
-        decode_precision: str = "split",
+        decode_precision: str = "bf16",
     ) -> None:
         self.residency = Residency(cp)
         self._slabs = SlabBuffers(SCRATCH_BYTES)
