@@ -107,7 +107,7 @@ class ExpertStream:
                 for name, weight in weights.items()
             }
             if out is None:  # the next layer's copies start once this layer's are made
-                self.prefetch(self._after(block))
+                self.prefetch(block)
                 with placed(inner, layer, part, prepared):
                     out = inner(x)
             else:
@@ -145,19 +145,22 @@ class ExpertStream:
         later = [b for b in self.blocks if b.layer > block.layer]
         return min(later, key=lambda b: b.layer) if later else None
 
-    def prefetch(self, block: SplitMoe | None) -> None:
-        """Start copying ``block``'s host experts to the device, most chosen first within
-        the window, while the layer before it computes: the GPU's second stream, for a
+    def prefetch(self, block: SplitMoe) -> None:
+        """Start copying the next split block's host experts to the device, most chosen
+        first within the window, while ``block`` computes: the GPU's second stream, for a
         backend that offers ``prefetch_experts``; nothing on the CPU backend (see the module
-        docstring)."""
-        if block is None or not hasattr(block.backend, "prefetch_experts"):
+        docstring). After the last block the backend is handed no experts, so it lets the
+        last prefetch's unused ones go."""
+        if not hasattr(block.backend, "prefetch_experts"):
             return
-        hits = block.counters.counts()[block.layer]
-        order = sorted(block.host_experts, key=lambda e: (-hits[e], e))
-        first = (self.parts(block, order) or [[]])[0]
-        if first:
-            groups = [expert_names(block.layer, e) for e in first]
-            block.backend.prefetch_experts(block.artifact, groups)
+        after = self._after(block)
+        first: list[int] = []
+        if after is not None:
+            hits = after.counters.counts()[after.layer]
+            order = sorted(after.host_experts, key=lambda e: (-hits[e], e))
+            first = (self.parts(after, order) or [[]])[0]
+        groups = [expert_names(after.layer, e) for e in first] if after is not None else []
+        block.backend.prefetch_experts(block.artifact, groups)
 
 
 @contextmanager
