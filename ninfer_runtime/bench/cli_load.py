@@ -31,8 +31,9 @@ def _has_ple(opened: Any) -> bool:
 
 def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
     """The budget in bytes for this artifact, and a line saying so. A reduced artifact gets
-    its own weights other than routed experts (n-gram tables aside: they stay on the host)
-    plus the share of its experts the whole model would keep within ``given``."""
+    its own weights other than routed experts (n-gram tables aside: they stay on the host;
+    the MTP block and proposal head included, as the text model loads them) plus the share of
+    its experts the whole model would keep within ``given``."""
     from ..capacity import parse_size
     from ..expert_offload.plan import WeightSizes, stored_bytes
 
@@ -40,12 +41,12 @@ def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
     assert whole_budget is not None
     if reduced is None:
         return whole_budget, f"--vram-budget {whole_budget / 2**30:.1f} GiB"
-    names = [n for n in opened.bindings if n.startswith("text/") and "ngram_table" not in n]
+    names = [n for n in opened.bindings if not n.startswith("vision/") and "ngram_table" not in n]
     sizes = WeightSizes.measure(opened, names)
     whole = reduced["whole_bytes"]
     tables = sum(stored_bytes(opened, n) for n in opened.bindings if "ngram_table" in n)
     tables /= reduced.get("ple_rows_scale", 1)
-    whole_other = whole["weights"] - whole["experts"] - tables
+    whole_other = whole["weights"] + whole.get("others", 0) - whole["experts"] - tables
     share = min(1.0, max(0.0, (whole_budget - whole_other) / max(whole["experts"], 1)))
     budget = int(sizes.other + share * sizes.expert_total)
     return budget, (

@@ -77,6 +77,13 @@ def test_reduced_plan_sizes_the_whole_model():
     whole = plan_synthetic("tiny_glm5_next", "glm5next")
     cut = plan_synthetic("tiny_glm5_next", "glm5next", layers=3)
     assert cut.reduction["whole_bytes"]["weights"] == whole.bytes_by_component()["text"]
+    # what the text model loads beside its own layers (the MTP block, the proposal head) is
+    # counted once, unscaled: a reduced budget must hold it as the whole model's does
+    whole = plan_synthetic("tiny_moe", "qwen3_6_35b_a3b")
+    cut = plan_synthetic("tiny_moe", "qwen3_6_35b_a3b", layers=2)
+    sizes = whole.bytes_by_component()
+    assert sizes["mtp"] > 0 and sizes["proposal"] > 0
+    assert cut.reduction["whole_bytes"]["others"] == sizes["mtp"] + sizes["proposal"]
 
 
 @pytest.mark.parametrize("key", sorted(CASES))

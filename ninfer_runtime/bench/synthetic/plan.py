@@ -162,18 +162,22 @@ def _choice(recipe: Recipe, tensor: LogicalTensor) -> Choice:
 
 def _whole_model_bytes(plan: SyntheticPlan, kinds: list[str], whole: dict[str, int]) -> dict:
     """The whole model's text weight and routed-expert bytes, from the kept layers: each kind's
-    mean layer bytes times its layers in the whole model, plus what no layer holds."""
+    mean layer bytes times its layers in the whole model, plus what no layer holds; and
+    ``others``, what the text model loads beside its own component (the MTP block, the
+    proposal head: they do not scale with the layers)."""
     weights: dict[int | None, int] = {}
     experts: dict[int, int] = {}
+    others = 0
     for name, size in plan.bytes_by_parameter().items():
         if not name.startswith("text/"):
+            others += 0 if name.startswith("vision/") else size
             continue
         parts = name.split("/")
         layer = int(parts[2]) if parts[1] == "layers" else None
         weights[layer] = weights.get(layer, 0) + size
         if routed_expert(name) is not None:
             experts[layer] = experts.get(layer, 0) + size  # type: ignore[index]
-    out = {"weights": weights.pop(None, 0), "experts": 0}
+    out = {"weights": weights.pop(None, 0), "experts": 0, "others": others}
     for kind, count in whole.items():
         layers = [i for i, k in enumerate(kinds) if k == kind]
         out["weights"] += count * sum(weights.get(i, 0) for i in layers) // len(layers)
