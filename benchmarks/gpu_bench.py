@@ -31,6 +31,7 @@ from typing import Any
 
 import cupy as cp
 import numpy as np
+from kernel_rows import kernel_row, show
 from product_kinds import check_rows, kinds, launcher, planes_for
 
 from ninfer_format.codecs.gguf_blocks import FORMAT_BLOCKS, set_scales
@@ -310,27 +311,7 @@ def bench(
                 launch = launcher(kind, q)
                 ms = median_ms(_rotating_call(objs, lambda d: launch(d, x, y)))  # noqa: B023
                 nbytes = objs[0].nbytes + x.nbytes + y.nbytes
-                floor_ms = nbytes / copy_bps * 1e3
-                rows.append(
-                    {
-                        "format": fmt,
-                        "kernel": kind,
-                        "shape": list(shape),
-                        "M": m,
-                        "us": ms * 1e3,
-                        "MB": nbytes / 1e6,
-                        "GBps": nbytes / (ms * 1e-3) / 1e9,
-                        "floor_us": floor_ms * 1e3,
-                        "pct_floor": 100 * floor_ms / ms,
-                    }
-                )
-                r = rows[-1]
-                print(
-                    f"{fmt:<20} {kind:<7} {shape[0]:>6}x{shape[1]:<6} M={m}  {r['us']:8.1f} us  "
-                    f"{r['MB']:7.1f} MB  {r['GBps']:7.0f} GB/s  floor {r['floor_us']:7.1f} us  "
-                    f"{r['pct_floor']:5.1f}% of floor",
-                    flush=True,
-                )
+                rows.append(show(kernel_row(fmt, kind, shape, m, ms, nbytes, copy_bps)))
     return rows
 
 

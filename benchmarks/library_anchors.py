@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kernel_rows import kernel_row, show
+
 #: rotate weight copies until this many bytes (gpu_bench's figure: 8x the L2)
 ROTATE_BYTES = 400 << 20
 GROUP = 64
@@ -97,25 +99,7 @@ def anchors(copy_bps: float, shapes: list[tuple[int, int]], rows: tuple[int, ...
             for kind, (copies, weight_bytes, fmt) in kernels.items():
                 ms = graph_ms(_rotating(copies, launches[kind]))
                 nbytes = weight_bytes + 2 * m * (k + n)
-                floor_ms = nbytes / copy_bps * 1e3
-                row = {
-                    "format": fmt,
-                    "kernel": kind,
-                    "shape": [n, k],
-                    "M": m,
-                    "us": ms * 1e3,
-                    "MB": nbytes / 1e6,
-                    "GBps": nbytes / (ms * 1e-3) / 1e9,
-                    "floor_us": floor_ms * 1e3,
-                    "pct_floor": 100 * floor_ms / ms,
-                }
-                out.append(row)
-                print(
-                    f"{fmt:<20} {kind:<13} {n:>6}x{k:<6} M={m}  {row['us']:8.1f} us  "
-                    f"{row['MB']:7.1f} MB  {row['GBps']:7.0f} GB/s  floor {row['floor_us']:7.1f} "
-                    f"us  {row['pct_floor']:5.1f}% of floor",
-                    flush=True,
-                )
+                out.append(show(kernel_row(fmt, kind, (n, k), m, ms, nbytes, copy_bps)))
         del tiny, dense, first
         torch.cuda.empty_cache()
     return out

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.runtime.test_engine_many_lanes import run_together
+
 from .conftest import REPORT, requires_gpu
 from .test_backend import BF16, RECIPES
 
@@ -57,22 +59,6 @@ def answers(engine: Any) -> list[list[int]]:
         [e.token_id for e in engine.generate(ask(q)) if isinstance(e, TokenEvent)]
         for q in QUESTIONS
     ]
-
-
-def answers_at_once(engine: Any, count: int) -> tuple[list[list[int]], int]:
-    """``count`` requests cycling through the questions, submitted together: each one's
-    answer and the most lanes that decoded at once."""
-    from ninfer_runtime.engine import TokenEvent
-
-    ids = {engine.submit(ask(QUESTIONS[i % len(QUESTIONS)])): [] for i in range(count)}
-    most = 0
-    while engine.has_work:
-        events = engine.step()
-        most = max(most, engine.lanes_in_use)
-        for event in events:
-            if isinstance(event, TokenEvent):
-                ids[event.request_id].append(event.token_id)
-    return list(ids.values()), most
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +112,7 @@ def test_sixty_four_requests_at_once_answer_as_the_cpu_answers_each(
     path, want = reference(recipe)
     lanes = 64
     gpu = Engine(path, backend="cuda", max_context=256, max_lanes=lanes)
-    got, most = answers_at_once(gpu, lanes)
+    got, most = run_together(gpu, [ask(QUESTIONS[i % len(QUESTIONS)]) for i in range(lanes)])
     expected = [want[i % len(QUESTIONS)] for i in range(lanes)]
     same = sum(a == b for a, b in zip(expected, got, strict=True))
     REPORT.append(

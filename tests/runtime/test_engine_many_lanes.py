@@ -22,7 +22,7 @@ def _requests() -> list[GenerationRequest]:
     ]
 
 
-def _run(engine: Engine, requests: list[GenerationRequest]) -> tuple[list[list[int]], int]:
+def run_together(engine: Engine, requests: list[GenerationRequest]) -> tuple[list[list[int]], int]:
     """Each request's token ids with all of them submitted at once, and the most lanes used."""
     ids = {engine.submit(request): [] for request in requests}
     most = 0
@@ -37,8 +37,8 @@ def _run(engine: Engine, requests: list[GenerationRequest]) -> tuple[list[list[i
 
 def test_twenty_four_lanes_decode_what_each_request_decodes_alone(artifact_path):
     engine = Engine(artifact_path("qwen3_5_bf16", "dense"), max_context=64, max_lanes=LANES)
-    alone = [_run(engine, [request])[0][0] for request in _requests()]
-    together, most = _run(engine, _requests())
+    alone = [run_together(engine, [request])[0][0] for request in _requests()]
+    together, most = run_together(engine, _requests())
     assert most == LANES
     assert together == alone
     assert all(len(tokens) == TOKENS for tokens in together)
