@@ -37,6 +37,7 @@ def create_backend() -> Any:
     import os
 
     from .backend import DECODE_PRODUCTS, CudaBackend
+    from .env import env_choice
     from .prefill import precision_from_env
 
     # NINFER_CUDA_GRAPHS=0 runs decode steps eagerly; NINFER_CUDA_PREFILL=bf16|tf32|float32
@@ -44,12 +45,8 @@ def create_backend() -> Any:
     # debugging and token-for-token comparison with the CPU reference);
     # NINFER_CUDA_DECODE=bf16|split the small-M products' (bf16, the production precision,
     # by default; split for token-for-token comparison with the CPU reference)
-    decode = os.environ.get(DECODE_ENV, "").strip().lower() or "bf16"
-    if decode not in DECODE_PRODUCTS:
-        raise EngineError(
-            f"{DECODE_ENV}={os.environ[DECODE_ENV]!r}: expected one of {', '.join(DECODE_PRODUCTS)}"
-        )
     try:
+        decode = env_choice(DECODE_ENV, tuple(DECODE_PRODUCTS), "bf16")
         prefill = precision_from_env()
     except ValueError as exc:  # the variable and what it takes, in one line
         raise EngineError(str(exc)) from None

@@ -21,13 +21,13 @@ sees the kernels it registers.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from . import formats as F
 from .compile import function, register_family
+from .env import env_choice
 
 #: prefill product precisions, most accurate last
 PRECISIONS = ("bf16", "tf32", "float32")
@@ -85,12 +85,7 @@ def check_precision(precision: str) -> str:
 
 def precision_from_env(environ: Any = None) -> str:
     """``NINFER_CUDA_PREFILL`` (bf16 | tf32 | float32), default bf16."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(ENV, "").strip().lower() or DEFAULT_PRECISION
-    try:
-        return check_precision(value)
-    except ValueError as exc:
-        raise ValueError(f"{ENV}={environ.get(ENV)!r}: expected one of {PRECISIONS}") from exc
+    return env_choice(ENV, PRECISIONS, DEFAULT_PRECISION, environ)
 
 
 def _grid(total: int) -> int:
