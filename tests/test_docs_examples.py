@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.bundled import BUNDLED
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BUNDLED = ROOT / "models" / "tiny-qwen3_5"
 RUNNERS = {"python": "python", "py": "python", "sh": "bash", "bash": "bash", "shell": "bash"}
 FENCE = re.compile(r"^ *(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)[^`]*$")
 MARKER = re.compile(r"^\s*<!--\s*no-test:(?P<reason>.*?)-->\s*$")

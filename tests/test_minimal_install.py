@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.bundled import BUNDLED
+
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-BUNDLED = ROOT / "models" / "tiny-qwen3_5"
 PACKAGES = ["ninfer_format", "ninfer_convert", "ninfer_runtime", "ninfer_serve"]
 
 pytestmark = pytest.mark.slow

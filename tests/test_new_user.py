@@ -17,9 +17,9 @@ from ninfer_runtime.engine import Engine
 from ninfer_runtime.errors import EngineError
 from ninfer_runtime.sizes import format_size
 from ninfer_serve.cli import main as serve_cli
+from tests.bundled import BUNDLED
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLED = ROOT / "models" / "tiny-qwen3_5"
 
 
 @pytest.fixture(scope="module")

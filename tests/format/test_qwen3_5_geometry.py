@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,8 +28,9 @@ from ninfer_format.binders.qwen3_5_geometry import (
 from ninfer_runtime.bench.geometries import GEOMETRIES, geometry
 from ninfer_runtime.errors import ModelError
 from ninfer_runtime.models.qwen3_5.config import Qwen35Config
+from tests.bundled import BUNDLED
 
-TINY = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5" / "config.json"
+TINY = BUNDLED / "config.json"
 L, F = LINEAR_ATTENTION, FULL_ATTENTION
 
 

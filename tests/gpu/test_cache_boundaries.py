@@ -11,12 +11,12 @@ import pytest
 
 from ninfer_runtime.engine import CacheBoundary, Engine, Finished, GenerationRequest, TokenEvent
 from ninfer_runtime.frontend import SamplingParams
+from tests.bundled import BUNDLED
 
 from .conftest import requires_gpu
 
 pytestmark = requires_gpu
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 SHARED = 320
 
 

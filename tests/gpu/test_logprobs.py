@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.logprobs import log_softmax, token_logprobs
+from tests.bundled import BUNDLED
 
 from .conftest import REPORT, requires_gpu
 
 pytestmark = requires_gpu
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 #: |Δ| of a log-probability between the backends: ``TOL`` plus ``RTOL`` of its size. The GPU
 #: rounds activations, and in prefill attention q, k, v and the probabilities, to bf16 (unit
 #: roundoff 2^-9 a rounding); a log-probability of -16 is a logit gap of 16 to the row's

@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
+from tests.bundled import BUNDLED
+
 from .conftest import REPORT, requires_gpu
 
 pytestmark = requires_gpu
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 #: |Δ| of a log-probability between the backends (bf16 activations on the GPU)
 TOL = 0.05
 PERIOD = 13  # the bundled tokenizer's "."

@@ -11,12 +11,11 @@ import pytest
 
 from ninfer_runtime.engine import Engine, GenerationRequest, TokenEvent
 from ninfer_runtime.frontend import SamplingParams
+from tests.bundled import BUNDLED
 
 from .conftest import requires_gpu
 
 pytestmark = requires_gpu
-
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,12 @@ from ninfer_runtime.engine import (
     TokenEvent,
 )
 from ninfer_runtime.frontend import SamplingParams
+from tests.bundled import BUNDLED
 
 from .conftest import requires_gpu
 
 pytestmark = requires_gpu
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 SYSTEM = "You are a tiny demo model bundled with ninfer. " * 12
 QUESTIONS = ["What is the capital of France?", "Tell me a joke.", "Hello!", "Name a color."]
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.bundled import BUNDLED
 from tests.runtime.test_engine_many_lanes import run_together
 
 from .conftest import REPORT, requires_gpu
@@ -27,7 +28,6 @@ from .test_backend import BF16, RECIPES
 
 pytestmark = requires_gpu
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 QUESTIONS = [
     "What is the capital of France?",
     "Tell me a joke.",

@@ -31,13 +31,13 @@ from ninfer_runtime.engine import SHORT_CHUNK_TOKENS
 from ninfer_runtime.ops import delta_rule
 from ninfer_runtime.ops.delta_rule import reference as R
 from ninfer_runtime.ops.delta_rule.memory import GdnDrafts, GdnSpec
+from tests.bundled import BUNDLED
 from tests.speculation import short_chunks_against_prefill, speculate_against_decoding
 
 from .conftest import REPORT, requires_gpu
 
 pytestmark = requires_gpu
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 #: the bundled model in every weight format test_backend.py covers
 RECIPES = [
     "qwen3_5_bf16",

@@ -24,8 +24,8 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.frontend.parsers.events import TextDelta
+from tests.bundled import BUNDLED
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 WORDS = ["the", "capital", "of", "france", "is", "paris", "and", "weather", "sunny", "warm"]
 CLIENTS, TURNS, CHUNK = 8, 3, 256
 

@@ -26,9 +26,9 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.errors import RequestError
 from ninfer_runtime.frontend import SamplingParams
+from tests.bundled import BUNDLED
 from tests.runtime.test_prefix_cache import _check_pool
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 SHARED = 320  # tokens of the shared "system prompt"
 TAIL = 10  # tokens of each request's own question after it
 

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from ninfer_convert.pipeline import convert
 from ninfer_runtime.cli import main as ninfer_cli
+from tests.bundled import BUNDLED
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 STATS = re.compile(
     r"\[speculative: (?P<accepted>\d+)/(?P<drafted>\d+) drafts accepted \([\d.]+%\), "
     r"(?P<per_round>[\d.]+) tokens per round over (?P<rounds>\d+) rounds, "

@@ -2,7 +2,6 @@
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,8 +22,7 @@ from ninfer_runtime.frontend import ReasoningDelta, SamplingParams, TextDelta
 from ninfer_runtime.perplexity import main as perplexity_cli
 from ninfer_runtime.perplexity import perplexity
 from scripts.make_default_model import encode_exchanges, load_main, load_mtp_head
-
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+from tests.bundled import BUNDLED
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.logprobs import log_softmax, score_rows, token_logprobs
 from ninfer_runtime.perplexity import perplexity
 from ninfer_runtime.speculative import SpecConfig
+from tests.bundled import BUNDLED
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 TEXT = (
     "The capital of France is Paris. The capital of Italy is Rome. "
     "A tiny model answers tiny questions, and the fox jumps over the lazy dog again."

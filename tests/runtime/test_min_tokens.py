@@ -4,8 +4,6 @@ generation prompt. The bundled model answers "Hi" with five tokens and an end of
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -13,8 +11,8 @@ from ninfer_convert.pipeline import convert
 from ninfer_runtime.engine import Engine, Finished, GenerationRequest, OutputEvent, TokenEvent
 from ninfer_runtime.errors import RequestError
 from ninfer_runtime.frontend import SamplingParams, StopMatcher, TextDelta
+from tests.bundled import BUNDLED
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 HI = [{"role": "user", "content": "Hi"}]
 
 

@@ -220,13 +220,12 @@ def test_unknown_names_are_one_clear_error() -> None:
 def test_ninfer_log_level_info_prints_each_ops_provider(tmp_path) -> None:
     import subprocess
     import sys
-    from pathlib import Path
 
     from ninfer_convert.pipeline import convert
+    from tests.bundled import BUNDLED
 
-    bundled = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
     artifact = tmp_path / "tiny.ninfer"
-    convert("qwen3_5_bf16", {"base": str(bundled)}, artifact)
+    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, artifact)
     run = subprocess.run(
         [sys.executable, "-c", "from ninfer_runtime.cli import main; main()", str(artifact),
          "--prompt", "Hello", "--max-tokens", "2", "--log-level", "info"],

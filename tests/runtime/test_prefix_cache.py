@@ -19,8 +19,7 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.speculative import SpecConfig
-
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
+from tests.bundled import BUNDLED
 
 
 def _requests(seed: int = 0) -> list[list[int]]:

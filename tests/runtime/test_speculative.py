@@ -23,9 +23,8 @@ from ninfer_runtime.models import load_model
 from ninfer_runtime.ops.delta_rule.memory import GdnSlots
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig, accept_draft, accept_greedy
+from tests.bundled import BUNDLED
 from tests.tiny_checkpoints import build
-
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +16,8 @@ from ninfer_runtime.models.qwen3_5.config import Qwen35Config
 from ninfer_runtime.models.qwen3_5.shard import local_config, shard_parameter, split_of
 from ninfer_runtime.parallel import CollectiveError, Shard, ShardError, Solo, ThreadGroup
 from ninfer_runtime.runner import ModelRunner
+from tests.bundled import BUNDLED
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3_5"
 PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
 
 

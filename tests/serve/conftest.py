@@ -21,8 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.bundled import BUNDLED
+
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLED = ROOT / "models" / "tiny-qwen3_5"
 READY = re.compile(r"serving '(?P<model>[^']+)' at (?P<url>http://\S+)/v1")
 
 
