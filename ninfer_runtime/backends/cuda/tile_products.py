@@ -197,9 +197,3 @@ def decode_rows(data: Any, p: F.Planes, rows: Any, out: Any) -> None:
             out,
         ),
     )
-
-
-def product_bf16(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
-    """``product`` at the production precision: x rounded once to bf16 (fp16 for the formats
-    decoding to fp16 fragments, each row scaled into range), accumulation in float32."""
-    product(data, p, row0, rows, x, y, ldy, split_x=False)

@@ -34,16 +34,16 @@ def accepts_gemv(*, tiled: bool, **_: object) -> bool:
     return not tiled
 
 
-def tiles(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
+def tiles(
+    data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int, split_x: bool = True
+) -> None:
     for a in range(0, x.shape[0], tile_products.MAX_ROWS):
         b = a + tile_products.MAX_ROWS
-        tile_products.product(data, p, row0, rows, x[a:b], y[a:b], ldy)
+        tile_products.product(data, p, row0, rows, x[a:b], y[a:b], ldy, split_x=split_x)
 
 
 def tiles_bf16(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
-    for a in range(0, x.shape[0], tile_products.MAX_ROWS):
-        b = a + tile_products.MAX_ROWS
-        tile_products.product_bf16(data, p, row0, rows, x[a:b], y[a:b], ldy)
+    tiles(data, p, row0, rows, x, y, ldy, split_x=False)
 
 
 def tensor_cores(data: Any, p: Any, row0: int, rows: int, x: Any, y: Any, ldy: int) -> None:
