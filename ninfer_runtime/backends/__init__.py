@@ -13,8 +13,9 @@ from ..errors import EngineError
 from .base import Array, Backend, ExpertWeights, MoeWeights, Weight
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
-#: each name's backend class, imported without creating the backend (None: not importable
-#: here), so its class attributes (``max_lanes``) are known before a load
+#: each name's backend class, or a class with its attributes, imported without creating the
+#: backend (None: not known here), so its class attributes (``max_lanes``, ``kv_dtype``) are
+#: known before a load
 _CLASSES: dict[str, Callable[[], type | None]] = {}
 
 log = logging.getLogger("ninfer.backends")
@@ -31,8 +32,9 @@ def register_backend(
 
 
 def backend_class(backend: str | Backend) -> type | None:
-    """The class of ``backend``: an instance's own, or for a name the class ``get_backend``
-    would create, without creating it (None: unknown here)."""
+    """The class of ``backend``: an instance's own, or for a name the class (or the cupy-free
+    base holding its attributes) ``get_backend`` would create, without creating it (None:
+    unknown here)."""
     if not isinstance(backend, str):
         return type(backend)
     kind = _CLASSES.get(backend)
@@ -65,12 +67,10 @@ def _cpu_class() -> type:
     return CpuBackend
 
 
-def _cuda_class() -> type | None:
-    try:  # the class module imports CuPy: without it the backend cannot be created anyway
-        from .cuda.backend import CudaBackend
-    except ImportError:
-        return None
-    return CudaBackend
+def _cuda_class() -> type:
+    from .cuda.traits import CudaTraits  # the attributes, without importing CuPy
+
+    return CudaTraits
 
 
 def _cuda() -> Backend:

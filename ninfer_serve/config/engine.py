@@ -31,7 +31,7 @@ class EngineSettings(Table):
     #: an explicit value must not exceed the model's positions; the default is clamped to them
     max_context: int = Field(DEFAULT_MAX_CONTEXT, ge=2)
     #: decode lanes: ``auto`` (as many as the memory holds, ``lanes.choose_lanes``) or 1 up
-    #: to the backend's most (``ninfer_runtime.lane_limits``: CPU 64, CUDA 8)
+    #: to the backend's most (``ninfer_runtime.lane_limits``: 64 on either backend)
     max_concurrency: int | Literal["auto"] = "auto"
     max_pending_requests: int = Field(16, ge=0)
     pending_timeout_ms: int = Field(30000, ge=1)

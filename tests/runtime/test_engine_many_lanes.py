@@ -73,7 +73,7 @@ def test_a_backend_limits_the_lanes_before_anything_loads(artifact_path, monkeyp
         monkeypatch.setitem(backends._FACTORIES, name, never)  # registered for this test only
         monkeypatch.setitem(backends._CLASSES, name, lambda kind=kind: kind)
     assert backend_max_lanes("eight-rows") == backend_max_lanes(Unstated()) == 8
-    assert backend_max_lanes("cuda") == 8  # its class, or without CuPy the unstated 8
+    assert backend_max_lanes("cuda") == 64  # CudaTraits: known on a machine without CuPy too
     for name in ("eight-rows", "unstated"):
         with pytest.raises(EngineError, match=rf"^max_lanes 9: the {name} backend runs at most 8 "):
             Engine(artifact_path("qwen3_5_bf16", "dense"), backend=name, max_lanes=9)

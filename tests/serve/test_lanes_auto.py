@@ -67,9 +67,8 @@ def test_the_setting_is_auto_or_a_number(tmp_path: Path) -> None:
 
 
 def test_a_pinned_number_is_bounded_by_the_backend() -> None:
-    """The CUDA backend's most lanes (64 where CuPy imports; a backend whose class is not
-    importable here counts as the common 8): one more is refused naming the key, before
-    anything loads; ``auto`` builds its engine with at most ``AUTO_LANES``."""
+    """The CUDA backend's most lanes (64, known without CuPy): one more is refused naming the
+    key, before anything loads; ``auto`` builds its engine with at most ``AUTO_LANES``."""
     most = backend_max_lanes("cuda")
     cuda = {"backend": "cuda", "max_concurrency": most}
     assert load_settings(None, {"engine": cuda}).engine.max_concurrency == most

@@ -39,6 +39,7 @@ from .constants import device_constant
 from .expert_streaming import PinnedCuts, Prefetch
 from .graphs import GraphStep
 from .slabs import SlabBuffers
+from .traits import CudaTraits
 from .weights import DenseWeight, PackedWeight, Residency, Segment
 from .workspace import SCRATCH_BYTES, prefill_workspace
 
@@ -53,16 +54,10 @@ TF32_TENSOR_OP_MATH = 3
 DECODE_PRODUCTS = {"split": "product", "bf16": "product_bf16"}
 
 
-class CudaBackend(ops.ReferenceOps):
-    name = "cuda"
+class CudaBackend(CudaTraits, ops.ReferenceOps):
+    """The CUDA backend (its name, lane limit and K/V default: ``CudaTraits``)."""
+
     xp = cp
-    #: the most lanes (rows of a decode step) the kernels take: the device sampler, the
-    #: small-M products and the MoE decode path all run up to 64 rows; a decode graph is
-    #: captured per lane count the first time that count runs
-    max_lanes = sampling.MAX_LANES
-    #: K/V with ``kv_dtype`` auto: bfloat16, the production precision (half float32's bytes
-    #: for decode attention to read; float32 stays a setting)
-    kv_dtype = "bfloat16"
 
     def __init__(
         self,
