@@ -154,12 +154,12 @@ class ExpertStream:
         if not hasattr(block.backend, "prefetch_experts"):
             return
         after = self._after(block)
-        first: list[int] = []
+        groups: list[list[str]] = []
         if after is not None:
             hits = after.counters.counts()[after.layer]
             order = sorted(after.host_experts, key=lambda e: (-hits[e], e))
             first = (self.parts(after, order) or [[]])[0]
-        groups = [expert_names(after.layer, e) for e in first] if after is not None else []
+            groups = [expert_names(after.layer, e) for e in first]
         block.backend.prefetch_experts(block.artifact, groups)
 
 
