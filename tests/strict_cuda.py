@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ninfer_runtime import backends
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.ops import registry
 from ninfer_runtime.ops.registry import override
@@ -99,7 +100,17 @@ class StrictCudaBackend(CpuBackend):
 @contextlib.contextmanager
 def strict_cuda() -> Iterator[StrictCudaBackend]:
     """A ``StrictCudaBackend`` with implicit device->host copies refused, host arrays refused
-    as kernels' arguments, and the moe block's ``cuda`` row served by its reference."""
+    as kernels' arguments, and the moe block's ``cuda`` row served by its reference; meanwhile
+    it is the ``cuda`` backend an engine creates, by its factory and its class (so settings
+    the engine reads from the class before it creates a backend, ``kv_dtype`` auto among
+    them, are this backend's: float32 K/V, as the CPU engine it is compared with)."""
+    backend = StrictCudaBackend()
+    saved = backends._FACTORIES["cuda"], backends._CLASSES["cuda"]
+    backends._FACTORIES["cuda"] = lambda: backend
+    backends._CLASSES["cuda"] = lambda: StrictCudaBackend
     moe_reference = override("moe", "block", "reference")
-    with kernel_arguments_on_device(), moe_reference, refusing_implicit_copies():
-        yield StrictCudaBackend()
+    try:
+        with kernel_arguments_on_device(), moe_reference, refusing_implicit_copies():
+            yield backend
+    finally:
+        backends._FACTORIES["cuda"], backends._CLASSES["cuda"] = saved

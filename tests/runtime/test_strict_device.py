@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime import backends
 from ninfer_runtime.arrays import array_module
 from ninfer_runtime.backends.base import to_numpy
 from ninfer_runtime.engine import Engine, Finished, GenerationRequest, TokenEvent
@@ -141,22 +140,18 @@ def test_qwen3_5(artifact_path: Callable[[str, str], Path], kind: str) -> None:
     assert_strict_equals_cpu(artifact_path("qwen3_5_bf16", kind), (19, 6))
 
 
-def test_qwen3_5_engine_with_mtp_drafts(
-    artifact_path: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_qwen3_5_engine_with_mtp_drafts(artifact_path: Callable[[str, str], Path]) -> None:
     spec = SpecConfig(draft_tokens=2, proposal_head="full")
-    assert_engine_equals_cpu(artifact_path("qwen3_5_bf16", "moe"), monkeypatch, spec=spec)
+    assert_engine_equals_cpu(artifact_path("qwen3_5_bf16", "moe"), spec=spec)
 
 
-def test_qwen3_5_engine_with_images(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_qwen3_5_engine_with_images(tmp_path_factory: pytest.TempPathFactory) -> None:
     from ninfer_convert.pipeline import convert
     from tests.runtime.tiny_vlm import write_tiny_vlm
 
     root = tmp_path_factory.mktemp("strict_vlm")
     convert("qwen3_5_bf16", {"base": str(write_tiny_vlm(root))}, root / "vlm.ninfer")
-    assert_engine_equals_cpu(root / "vlm.ninfer", monkeypatch, images=True)
+    assert_engine_equals_cpu(root / "vlm.ninfer", images=True)
 
 
 @pytest.fixture(scope="module")
@@ -176,16 +171,14 @@ def test_qwen4_exp(qwen4_exp_artifact: Path, ple_rows: str) -> None:
     assert_strict_equals_cpu(qwen4_exp_artifact, (37, 9), ple_rows=ple_rows)
 
 
-def test_qwen4_exp_engine_with_images(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_qwen4_exp_engine_with_images(tmp_path_factory: pytest.TempPathFactory) -> None:
     tiny = pytest.importorskip("tests.tiny_qwen4_exp")
     from ninfer_convert.pipeline import convert
 
     root = tmp_path_factory.mktemp("strict_qwen4_exp_vlm")
     checkpoint = tiny.build(root / "vlm", multimodal=True, mtp=False, indexer_n_heads=16)
     convert("qwen4_exp_bf16", {"base": str(checkpoint)}, root / "vlm.ninfer")
-    assert_engine_equals_cpu(root / "vlm.ninfer", monkeypatch, images=True)
+    assert_engine_equals_cpu(root / "vlm.ninfer", images=True)
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +211,7 @@ def served(engine: Engine, requests: list[GenerationRequest]) -> list[list[Any]]
     return out
 
 
-def assert_engine_equals_cpu(
-    artifact: Path, monkeypatch: pytest.MonkeyPatch, *, images: bool = False, **options: Any
-) -> None:
+def assert_engine_equals_cpu(artifact: Path, *, images: bool = False, **options: Any) -> None:
     rng = np.random.default_rng(5)
     system = rng.integers(0, 400, 40).tolist()
     params = SamplingParams(**SAMPLED, ignore_eos=True)
@@ -236,7 +227,6 @@ def assert_engine_equals_cpu(
                    checkpoint_interval=16, **options)  # fmt: skip
     reference = served(Engine(artifact, **options), requests)
     with strict_cuda() as backend:
-        monkeypatch.setitem(backends._FACTORIES, "cuda", lambda: backend)
         engine = Engine(artifact, backend="cuda", **options)
         assert engine.model.backend is backend
         assert served(engine, requests) == reference
@@ -245,12 +235,11 @@ def assert_engine_equals_cpu(
 
 def test_glm5_next_engine_with_images(
     converted: tuple[Path, Path],  # noqa: F811  # test_glm5_next_images.py's fixture
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """GLM5Next's image path too, on the artifact with a tower that ``test_glm5_next_images.py``
     builds."""
     assert "cuda" in vision_families.GLM5_NEXT.backends
-    assert_engine_equals_cpu(converted[1], monkeypatch, images=True)
+    assert_engine_equals_cpu(converted[1], images=True)
 
 
 MOE_MODELS = ["qwen3_5_moe", "qwen4_exp", "glm5_next"]
@@ -264,7 +253,7 @@ def moe_artifact(model: str, request: pytest.FixtureRequest) -> Path:
 
 @pytest.mark.parametrize("model", MOE_MODELS)
 def test_preemption_saves_and_restores_on_the_device(
-    model: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    model: str, request: pytest.FixtureRequest
 ) -> None:
     """Three lanes that each outgrow one 256-token page in a pool of four: a lane is paused
     (its pages and slot states copied to the host) and restored, and every lane streams the
@@ -274,8 +263,7 @@ def test_preemption_saves_and_restores_on_the_device(
     lanes = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
     params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
     roomy = Engine(artifact, max_lanes=3, max_context=512)
-    with strict_cuda() as backend:
-        monkeypatch.setitem(backends._FACTORIES, "cuda", lambda: backend)
+    with strict_cuda():
         small = Engine(artifact, backend="cuda", max_lanes=3, max_context=512,
                        context_capacity=_capacity(roomy.pool, 4))  # fmt: skip
         assert _concurrent(small, lanes, params) == _concurrent(roomy, lanes, params)
@@ -288,7 +276,6 @@ def test_expert_offload_on_the_device(
     model: str,
     host_cache: str | None,
     request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Half the routed experts resident under a ``--vram-budget``, the rest streamed (from the
     artifact, or a host cache): the CPU engine's greedy tokens under the same budget."""
@@ -300,8 +287,7 @@ def test_expert_offload_on_the_device(
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     requests = [GenerationRequest(prompt_ids=prompt, sampling=params)]
     reference = served(Engine(artifact, **options), requests)
-    with strict_cuda() as backend:
-        monkeypatch.setitem(backends._FACTORIES, "cuda", lambda: backend)
+    with strict_cuda():
         engine = Engine(artifact, backend="cuda", **options)
         assert engine.expert_offload is not None
         assert 0 < engine.expert_offload.plan.resident_fraction < 1
