@@ -7,11 +7,15 @@ live in host memory, for a tiny and a mid-sized synthetic expert bank, three way
   up, 128 columns of down) at a time, never holding a whole decoded matrix (the host path
   for an expert without a decoded copy);
 * ``held``: the experts keep decoded float32 copies (``[engine] host_expert_cache``): only
-  the products remain.
+  the products remain;
+* ``int4``: the experts repacked for torch's CPU int4 kernel (the moe family's
+  ``host_products`` provider ``torch_int4``, the host share beside a GPU): q4 only, bf16
+  rows, codes read inside the product.
 
 Beside each, the host memory bandwidth floor: the bytes a token must read (stored codes for
 ``whole`` and ``blocks``, float32 weights for ``held``) over the memcpy bandwidth measured in
-the same run (bytes read and written a second by one large copy). The machine may be shared:
+the same run (bytes read and written a second by one large copy; the ``int4`` way reads its
+packed codes and scales). The machine may be shared:
 each way runs ``--rounds`` times and the best round counts.
 
     python benchmarks/expert_offload_host_bench.py [--format q4_g64_fp16] [--steps 20]
@@ -22,7 +26,7 @@ Copy the table with date, CPU and commit into docs/performance.md.
 from __future__ import annotations
 
 import argparse
-import functools
+import importlib.util
 import platform
 import time
 from dataclasses import dataclass
@@ -31,7 +35,6 @@ import numpy as np
 
 from ninfer_format.codecs.registry import codec_for
 from ninfer_runtime.expert_offload.host_experts import (
-    HOST_MATH,
     HostCompute,
     HostExpert,
     HostWeight,
@@ -41,7 +44,7 @@ from ninfer_runtime.expert_offload.host_experts import (
 from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
 
 LAYOUTS = {"q4_g64_fp16": "row_split_k128_v1", "q8_g32_fp16": "row_split_k128_v1"}
-MATH = functools.partial(SparseMoe.expert_math, HOST_MATH)
+MATH = SparseMoe.expert_math
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,13 @@ class Bank:
     top_k: int
 
 
-BANKS = [Bank("tiny", 128, 128, 8, 2), Bank("mid", 2048, 768, 32, 8)]
+#: the 35B-A3B's experts (2048 x 512, top 8), 64 of its 256 a layer: past the caches, as a
+#: layer's host experts are
+BANKS = [
+    Bank("tiny", 128, 128, 8, 2),
+    Bank("mid", 2048, 768, 32, 8),
+    Bank("35b-a3b", 2048, 512, 64, 8),
+]
 
 
 def stored(fmt: str, values: np.ndarray) -> StoredRows:
@@ -129,7 +138,12 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     bandwidth = memcpy_bandwidth()
-    host = HostCompute()
+    kernel = None
+    if args.format == "q4_g64_fp16" and importlib.util.find_spec("torch") is not None:
+        from ninfer_runtime.ops.moe.host_int4 import host_products
+
+        kernel = host_products()
+    host = HostCompute(kernel=kernel)
     cpu = cpu_name()
     print(f"{cpu}, {host_threads()} threads, format {args.format}")
     print(f"memcpy bandwidth {bandwidth / 1e9:.2f} GB/s")
@@ -150,6 +164,10 @@ def main() -> None:
             "blocks": (dict(enumerate(blocks)), stored_bytes),
             "held": (dict(enumerate(held)), decoded_bytes),
         }
+        if kernel is not None:
+            packed = [HostExpert(*w, math=MATH) for w in weights]
+            assert host.pack(packed) == len(packed)
+            ways["int4"] = (dict(enumerate(packed)), packed[0].nbytes * bank.top_k)
         steps = args.steps if bank.name != "tiny" else args.steps * 20
         for way, (table, nbytes) in ways.items():
             rate = tokens_per_second(host, table, bank, steps, args.rounds, seed=1)

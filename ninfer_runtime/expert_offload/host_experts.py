@@ -1,20 +1,29 @@
 """Routed experts in host memory, computed on the CPU.
 
-A host expert holds its weights as stored (``stored_weights``); a use decodes one
-intermediate block at a time with the format's own codec to float32 and adds the block's
-share of the MoE block's expert math, never materialising a whole decoded matrix; the
-hottest host experts (``hold_hottest``, by the same routing counts that rank residency) keep
-a decoded float32 copy within ``[engine] host_expert_cache`` and skip decoding. One expert
-is a task on a thread pool sized to the cores (numpy's decode and products release the
-GIL); the partial sums are added in expert order, so the result does not depend on which
-thread finished first. ``HostExpert.decoded`` names the experts whose layout could not be
-cut (held as float32), and the load log says so.
+Two ways, as the moe family's ``host_products`` resolves for the engine's device:
+
+* a kernel (beside a GPU, ``torch_int4``): the expert's stored codes are repacked once, at
+  load, into the kernel's layout (``HostExpert.pack``), and its math runs on the kernel's
+  products, which read the codes inside the product;
+* the reference (beside the CPU backend, and for weights a kernel cannot read): the expert
+  holds its weights as stored (``stored_weights``); a use decodes one intermediate block at a
+  time with the format's own codec to float32 and adds the block's share of the MoE block's
+  expert math, never materialising a whole decoded matrix; the hottest host experts
+  (``hold_hottest``, by the same routing counts that rank residency) keep a decoded float32
+  copy within ``[engine] host_expert_cache`` and skip decoding.
+
+One expert is a task on a thread pool sized to the cores (numpy's decode and products and
+torch's kernels release the GIL; a kernel's cores are shared out among the experts computed
+side by side); the partial sums are added in expert order, so the result does not depend on
+which thread finished first. ``HostExpert.decoded`` names the experts whose layout could not
+be cut (held as float32), and the load log says so.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -49,26 +58,35 @@ HOST_MATH = CpuBackend()
 #: the math of one routed expert on float32 weights: ``math(x, gate, up, down)`` (the MoE
 #: block's ``expert_math`` on the host's backend)
 ExpertMath = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+#: the MoE block's ``expert_math(backend, x, gate, up, down)``, for any backend's weights
+BlockMath = Callable[[Any, np.ndarray, Any, Any, Any], np.ndarray]
 
 
 class HostExpert:
-    """A routed expert held in host memory: its weights as stored (cut into intermediate
-    blocks at its first use, where the layout allows: about 10 ms a 2048 x 768 q4 expert,
-    paid once, not at load), the block's math for one expert, and, for the hottest host
-    experts within ``[engine] host_expert_cache``, a decoded float32 copy."""
+    """A routed expert held in host memory: its weights repacked for a kernel (``pack``), or
+    as stored (cut into intermediate blocks at its first use, where the layout allows: about
+    10 ms a 2048 x 768 q4 expert, paid once, not at load), the block's math for one expert,
+    and, for the hottest reference experts within ``[engine] host_expert_cache``, a decoded
+    float32 copy."""
 
     def __init__(
         self,
         gate: HostWeight,
         up: HostWeight,
         down: HostWeight,
-        math: ExpertMath | None = None,
+        math: BlockMath = expert,
         *,
         by_blocks: bool = True,
     ):
-        """``by_blocks`` False: always decode whole matrices (the benchmark's baseline)."""
-        self.math: ExpertMath = math or (lambda x, g, u, d: expert(HOST_MATH, x, g, u, d))
-        #: the whole weights, until (and unless) they are cut into blocks
+        """``math``: the block's ``expert_math``; ``by_blocks`` False: always decode whole
+        matrices (the benchmark's baseline)."""
+        self.block_math = math
+        #: the expert's math on the host's float32 products (the reference way)
+        self.math: ExpertMath = functools.partial(math, HOST_MATH)
+        #: the weights in a kernel's layout, and its math on them (``pack``)
+        self.packed: tuple[Any, Any, Any] | None = None
+        self._packed_math: ExpertMath | None = None
+        #: the whole weights, until (and unless) they are cut into blocks or packed
         self.whole: tuple[HostWeight, HostWeight, HostWeight] | None = (gate, up, down)
         self._blocks: tuple | None = None
         self._cut = not by_blocks  # whether cutting was tried (or is not wanted)
@@ -77,10 +95,26 @@ class HostExpert:
         self.held: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def load(cls, artifact: Any, prefix: str, math: ExpertMath | None = None) -> HostExpert:
+    def load(cls, artifact: Any, prefix: str, math: BlockMath = expert) -> HostExpert:
         """The expert whose weights are ``prefix`` + gate, up, down (a plain gated MLP
         unless ``math`` says otherwise)."""
         return cls(*(load_host_weight(artifact, prefix + w) for w in ("gate", "up", "down")), math)
+
+    def pack(self, kernel: Any) -> bool:
+        """Repack the stored weights for ``kernel`` (a ``host_products`` kernel: ``pack``,
+        ``linear``), dropping the stored form; False, leaving the expert as it was, where
+        the kernel cannot read one of them (or they are cut already)."""
+        if self.packed is not None:
+            return True
+        if self.whole is None or any(w.values is not None for w in self.whole):
+            return False
+        packed = [kernel.pack(w.pieces, w.columns) for w in self.whole]
+        if any(p is None for p in packed):
+            return False
+        self.packed = (packed[0], packed[1], packed[2])
+        self._packed_math = functools.partial(self.block_math, kernel)
+        self.whole, self._cut, self.held = None, True, None
+        return True
 
     @property
     def blocks(self) -> tuple | None:
@@ -96,7 +130,10 @@ class HostExpert:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes of its stored form (the decoded copy, if held, is ``held_bytes``)."""
+        """Host bytes of its stored (or packed) form (the decoded copy, if held, is
+        ``held_bytes``)."""
+        if self.packed is not None:
+            return sum(w.nbytes for w in self.packed)
         if self.whole is not None:
             return sum(w.nbytes for w in self.whole)
         return sum(int(p.data.nbytes) for block in self._blocks or () for s in block for p in s)
@@ -116,7 +153,10 @@ class HostExpert:
         return self.whole is not None and any(w.values is not None for w in self.whole)
 
     def weights(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """gate, up, down as float32 (the held copy, or decoded now)."""
+        """gate, up, down as float32 (the held copy, or decoded now; not for a packed
+        expert, whose stored form is gone)."""
+        if self.packed is not None:
+            raise ValueError("a packed host expert keeps no stored weights to decode")
         if self.held is not None:
             return self.held
         if self.whole is not None:
@@ -127,14 +167,23 @@ class HostExpert:
         up = np.concatenate([decode_stack(b[1]) for b in blocks])
         return gate, up, np.concatenate([decode_stack(b[2]) for b in blocks], axis=1)
 
+    @property
+    def holds_copies(self) -> bool:
+        """Whether a decoded copy would speed it up (a packed expert's kernel reads its
+        codes faster than float32 values)."""
+        return self.packed is None
+
     def hold(self, keep: bool) -> None:
-        """Keep (or drop) a decoded float32 copy of the weights."""
-        self.held = (self.held or self.weights()) if keep else None
+        """Keep (or drop) a decoded float32 copy of the weights (never for a packed one)."""
+        self.held = (self.held or self.weights()) if keep and self.holds_copies else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """The expert on rows x [n, H], float32: on the held copy, else block by block from
-        the stored codes (``benchmarks/expert_offload_host_bench.py`` measured both against
-        decoding whole matrices)."""
+        """The expert on rows x [n, H], float32: on the kernel's products when packed, on
+        the held copy, else block by block from the stored codes
+        (``benchmarks/expert_offload_host_bench.py`` measures each way)."""
+        if self._packed_math is not None:
+            assert self.packed is not None
+            return self._packed_math(x, *self.packed)
         blocks = None if self.held is not None else self.blocks
         if blocks is None:
             return self.math(x, *self.weights())
@@ -147,12 +196,14 @@ class HostExpert:
 
 def hold_hottest(experts: Sequence[tuple[float, HostExpert]], allowance: int) -> int:
     """Keep decoded copies of the experts most chosen first (``(priority, expert)``; among
-    equals, in the order given) while their bytes fit ``allowance``; drop the others'.
-    Returns the bytes held."""
+    equals, in the order given; packed experts take none) while their bytes fit
+    ``allowance``; drop the others'. Returns the bytes held."""
     used = 0
     order = sorted(range(len(experts)), key=lambda i: -experts[i][0])
     keep = set()
     for i in order:
+        if not experts[i][1].holds_copies:
+            continue
         size = experts[i][1].decoded_bytes
         if used + size <= allowance:
             keep.add(i)
@@ -173,12 +224,28 @@ def host_threads() -> int:
 class HostCompute:
     """The host's share of MoE blocks: the chosen experts it holds, on a thread pool."""
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, kernel: Any = None):
+        """``kernel``: the ``host_products`` kernel host experts are packed for (None: the
+        reference's decoding)."""
         self.threads = threads or host_threads()
+        self.kernel = kernel
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ninfer-experts")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+    def pack(self, experts: Iterable[HostExpert]) -> int:
+        """Repack ``experts`` for the kernel, one expert a task on the pool (each task on
+        one core); returns how many the kernel took (the others stay with the reference)."""
+        kernel = self.kernel
+        if kernel is None:
+            return 0
+
+        def one(e: HostExpert) -> bool:
+            kernel.use_threads(1)
+            return e.pack(kernel)
+
+        return sum(self._pool.map(one, list(experts)))
 
     def __call__(
         self,
@@ -194,8 +261,12 @@ class HostCompute:
         chosen = [int(e) for e in np.unique(top) if int(e) in experts]
         if not chosen:
             return None
+        # the cores each expert's kernel products may take, the experts side by side
+        cores = max(self.threads // min(len(chosen), self.threads), 1)
 
         def one(e: int) -> tuple[np.ndarray, np.ndarray]:
+            if self.kernel is not None:
+                self.kernel.use_threads(cores)
             rows, slot = np.nonzero(top == e)
             return rows, share[rows, slot, None] * experts[e](x[rows])
 

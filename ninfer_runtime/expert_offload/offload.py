@@ -36,6 +36,7 @@ from ..backends import decode_eagerly
 from ..capacity import parse_size
 from ..errors import EngineError
 from ..logprobs import PROMPT_LOGPROB_CHUNK
+from ..ops.registry import resolve
 from ..sizes import format_size
 from .calibration import routing_counts
 from .counters import ExpertCounters
@@ -162,6 +163,7 @@ class ExpertOffload:
         layers (``attach`` prepares the resident ones, one expert at a time).
         ``VramBudgetError`` here costs no loading."""
         decode_eagerly(model.backend, HOST_ROUTING)
+        self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
         self._artifact = artifact
         self._sizes = WeightSizes.measure(artifact, names)
         self.stream.sizes = self._sizes.experts
@@ -208,6 +210,7 @@ class ExpertOffload:
         if not self.calibrate:  # with calibration, ``start`` holds copies by its counts
             self._hold_hottest(self.priority)
         self._log_decoded()
+        self._log_packed()
         self._keep_streamed()
 
     def _keep_streamed(self) -> None:
@@ -291,6 +294,12 @@ class ExpertOffload:
         candidates.sort(key=lambda c: (c[0], c[1]))  # hold_hottest's sort by hits is stable
         held = hold_hottest([(hits, expert) for _, _, hits, expert in candidates], self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
+
+    def _log_packed(self) -> None:
+        kernel = self.host.kernel
+        if kernel is not None:
+            packed = sum(e.packed is not None for b in self.blocks for e in b.host_experts.values())
+            log.info("%d host experts packed for %s", packed, kernel.name)
 
     def _log_decoded(self) -> None:
         decoded = sum(e.decoded for b in self.blocks for e in b.host_experts.values())

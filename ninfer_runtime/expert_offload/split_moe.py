@@ -20,8 +20,9 @@ GLM5Next) offers:
 * ``experts``: its routed experts, None where not held; assignable;
 * ``expert(prefix, weights)``: a routed expert from prepared weights (``prefix`` + gate, up,
   down), as the block holds it;
-* ``expert_math(backend, x, gate, up, down)``: one routed expert's math on float32 weights,
-  which the host runs on ``HOST_MATH``.
+* ``expert_math(backend, x, gate, up, down)``: one routed expert's math on any backend's
+  weights, which the host runs on ``HOST_MATH``'s float32 weights or on a ``host_products``
+  kernel's packed ones (``host_experts``).
 
 The split prepares its resident experts itself, one expert a ``backend.prepare`` call
 (``prepare_experts``): on the CUDA backend each is then its own row window of the stored
@@ -34,7 +35,6 @@ weights; the CPU backend holds no cache and has none).
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -44,7 +44,7 @@ import numpy as np
 from ..backends import Weight
 from ..backends.base import to_numpy
 from .counters import ExpertCounters
-from .host_experts import HOST_MATH, HostCompute, HostExpert
+from .host_experts import HostCompute, HostExpert
 
 if TYPE_CHECKING:
     from .stream_window import ExpertStream
@@ -117,7 +117,6 @@ class SplitMoe:
         self.layer, self.inner, self.host, self.counters = layer, inner, host, counters
         self.backend = inner.backend
         self.artifact, self.stream = artifact, stream
-        self._math = functools.partial(inner.expert_math, HOST_MATH)
         held = list(inner.experts)
         #: the prepared weights of the device experts this split prepared, for ``release``
         self.device = prepare_experts(
@@ -127,6 +126,7 @@ class SplitMoe:
             held[e] = inner.expert(expert_prefix(layer, e), weights)
         inner.experts = held
         self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
+        host.pack(self.host_experts.values())
         self.resident = np.array([w is not None for w in held], dtype=bool)
 
     @property
@@ -134,7 +134,7 @@ class SplitMoe:
         return len(self.resident)
 
     def _host_expert(self, e: int) -> HostExpert:
-        return HostExpert.load(self.artifact, expert_prefix(self.layer, e), math=self._math)
+        return HostExpert.load(self.artifact, expert_prefix(self.layer, e), self.inner.expert_math)
 
     def place(self, resident: Sequence[int]) -> None:
         """Make exactly ``resident`` the device's experts: the others back to host memory
@@ -142,11 +142,14 @@ class SplitMoe:
         prepared on the backend."""
         keep = set(resident)
         experts = list(self.inner.experts)
+        returning = []
         for e in range(self.experts):
             if e not in keep and experts[e] is not None:
                 self.host_experts[e] = self._host_expert(e)
+                returning.append(self.host_experts[e])
                 experts[e] = None
                 release_weights(self.backend, self.device.pop(e, {}).values())
+        self.host.pack(returning)
         self.inner.experts = list(experts)
         fresh = [e for e in sorted(keep) if experts[e] is None]
         for e, weights in prepare_experts(self.backend, self.artifact, self.layer, fresh).items():
@@ -162,9 +165,11 @@ class SplitMoe:
         top, weights = to_numpy(top), np.asarray(to_numpy(weights), dtype=np.float32)
         if self.stream is not None and self.stream.takes(len(top)):
             return self.stream(self, x, top, weights)
+        # the rows come to the host before the device's share is issued, so the device
+        # computes its experts while the host computes its own
+        xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
         out = self.inner(x)
         start = time.perf_counter()
-        xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
         part = self.host(xh, top, weights, self.host_experts)
         self.counters.record(self.layer, top, self.resident, time.perf_counter() - start)
         return out if part is None else out + self.backend.xp.asarray(part)

@@ -10,12 +10,18 @@ Ops (signatures as the reference's, ``reference.py``):
 * ``route``: ``(probs, top_k) -> (top, share)``: the softmax router's choice, top-k of the
   probabilities [N, E] (lower index first among equals), renormalised over them;
 * ``grouped_route``: ``(logits, bias, *, groups, topk_groups, top_k, norm_topk_prob, scale)
-  -> (top, weights)``: GLM5Next's sigmoid router, experts chosen inside the best groups.
+  -> (top, weights)``: GLM5Next's sigmoid router, experts chosen inside the best groups;
+* ``host_products``: ``() -> kernel | None``: what expert offload's host experts multiply
+  with: an object with ``pack(pieces, columns)`` (stored rows into its own layout, None
+  where it cannot read them) and ``linear(x, packed)``; None: decode the stored codes at
+  each use and multiply on the CPU backend's float32 products.
 
 Providers: ``reference`` (array math, every op) and ``nvrtc`` (ours, ``block`` on CUDA:
 ``backends/cuda/moe.py``, the router and expert products on the device, capturable up to
-``nvrtc.MOE_DEVICE_ROWS`` rows, grouped by expert beyond). Which serves an op is
-``policy.TABLE``; the resolution key is the device.
+``nvrtc.MOE_DEVICE_ROWS`` rows, grouped by expert beyond) and ``torch_int4``
+(``host_products``: torch's CPU int4 kernel on repacked q4 codes, ``host_int4.py``). Which
+serves an op is ``policy.TABLE``; the resolution key is the device (for ``host_products``,
+the engine's).
 """
 
 from ..registry import Provider, family, register
@@ -24,8 +30,12 @@ from .policy import choose
 family("moe", choose)
 #: (op, provider) -> (module, libraries it needs)
 _PROVIDERS = {
-    **{(op, "reference"): ("reference", ()) for op in ("block", "route", "grouped_route")},
+    **{
+        (op, "reference"): ("reference", ())
+        for op in ("block", "route", "grouped_route", "host_products")
+    },
     ("block", "nvrtc"): ("nvrtc", ("cupy",)),
+    ("host_products", "torch_int4"): ("host_int4", ("torch",)),
 }
 for (_op, _name), (_module, _requires) in _PROVIDERS.items():
     register(

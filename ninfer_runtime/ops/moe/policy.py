@@ -1,7 +1,7 @@
 """THE table of the moe family: which provider serves an op on a device, most preferred
 first. On CUDA the block has one provider, ours (its decode, prefill and read-back paths are
 chosen inside it by rows and expert formats; it routes with its own kernel); the routers
-alone are the reference's."""
+alone are the reference's; the host's expert products are torch's beside a GPU."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("route", "cuda"): ("reference",),
     ("grouped_route", "cpu"): ("reference",),
     ("grouped_route", "cuda"): ("reference",),
+    # the products of expert offload's host experts, keyed by the engine's device: beside the
+    # CPU backend the host computes as its float32 oracle does; beside a GPU, in the GPU
+    # path's production precision on torch's CPU int4 kernel (q4 experts; others: reference)
+    ("host_products", "cpu"): ("reference",),
+    ("host_products", "cuda"): ("torch_int4", "reference"),
 }
 
 

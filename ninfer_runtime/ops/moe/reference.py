@@ -15,7 +15,16 @@ from ...backends.array_ops import sigmoid, silu, softmax
 from ...backends.base import ExpertWeights, MoeWeights
 from ...models.functional import _xp
 
-__all__ = ["ROUTING_EPS", "TOLERANCE", "accepts", "block", "expert", "grouped_route", "route"]
+__all__ = [
+    "ROUTING_EPS",
+    "TOLERANCE",
+    "accepts",
+    "block",
+    "expert",
+    "grouped_route",
+    "host_products",
+    "route",
+]
 
 Array = Any
 
@@ -25,8 +34,14 @@ ROUTING_EPS = 1e-20
 #: provider -> (rtol, atol as a fraction of the largest reference value) of ``block``: the
 #: reference's against the block's math in float64, ours against this oracle on the same
 #: float32 weights (the CUDA products round x to bf16 in prefill: the bound
-#: tests/gpu/test_moe_kernels.py holds the prefill path to)
-TOLERANCE: dict[str, tuple[float, float]] = {"reference": (1e-5, 1e-6), "nvrtc": (2e-2, 1e-2)}
+#: tests/gpu/test_moe_kernels.py holds the prefill path to); ``torch_int4``'s, of a host
+#: expert and of the logits of a model whose experts are all on it, against the reference's
+#: (bf16 rows and scales: tests/runtime/test_expert_offload_int4.py)
+TOLERANCE: dict[str, tuple[float, float]] = {
+    "reference": (1e-5, 1e-6),
+    "nvrtc": (2e-2, 1e-2),
+    "torch_int4": (0.0, 2e-2),
+}
 
 
 def accepts(**_: object) -> bool:
@@ -79,6 +94,13 @@ def grouped_route(
 def expert(backend: Any, x: Array, gate: Any, up: Any, down: Any) -> Array:
     """One gated MLP on the device's products: ``down(silu(gate x) * up x)``."""
     return backend.linear(silu(backend.linear(x, gate)) * backend.linear(x, up), down)
+
+
+def host_products() -> None:
+    """The reference's ``host_products``: no kernel of its own. A host expert keeps its stored
+    codes and decodes them to float32 at each use, multiplying on the CPU backend's products
+    (``expert_offload.host_experts``), so on the CPU its rows equal a resident expert's."""
+    return None
 
 
 def block(backend: Any, x: Array, weights: MoeWeights) -> Array:

@@ -1,0 +1,131 @@
+"""Expert offload's host experts on torch's CPU int4 kernel (the moe family's
+``host_products`` provider ``torch_int4``, which serves the host share beside a GPU): a q4
+weight repacked for it multiplies as its stored codes decode, within bf16 activations; what
+it cannot read stays with the reference; the tiny MoE model with every routed expert on the
+host gives the all-resident greedy tokens and logits within the bf16 bound."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from ninfer_format import Artifact
+from ninfer_format.codecs.registry import codec_for
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.expert_offload.host_experts import HostCompute, HostExpert, hold_hottest
+from ninfer_runtime.expert_offload.stored_weights import HostWeight, StoredRows
+from ninfer_runtime.ops import registry
+from ninfer_runtime.ops.moe.host_int4 import TorchInt4, host_products
+from ninfer_runtime.ops.moe.reference import TOLERANCE
+from tests.runtime.offload_runs import CONTEXT, budget_shares
+from tests.runtime.test_expert_offload import greedy
+
+LAYOUT = "row_split_k128_v1"
+RTOL, ATOL = TOLERANCE["torch_int4"]
+
+
+def stored(fmt: str, values: np.ndarray) -> StoredRows:
+    data = codec_for(fmt, LAYOUT).encode(values)
+    return StoredRows(fmt, LAYOUT, np.frombuffer(data, np.uint8), values.shape)
+
+
+def decoded(pieces: list[StoredRows]) -> np.ndarray:
+    return np.concatenate([p.decode() for p in pieces])
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_a_packed_q4_weight_multiplies_as_its_codes_decode(rows):
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((96, 256)).astype(np.float32) * 0.05
+    pieces = [stored("q4_g64_fp16", values[:32]), stored("q4_g64_fp16", values[32:])]
+    w = TorchInt4.pack(pieces, None)
+    assert w is not None and w.shape == (96, 256)
+    assert w.nbytes == 96 * 256 // 2 + 4 * 96 * 256 // 64  # codes; bf16 scale + zero a group
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    out = TorchInt4.linear(x, w)
+    assert out.dtype == np.float32 and out.shape == (rows, 96)
+    # the same codes and bf16 rows and scales, accumulated in float64: only the order and
+    # the output's rounding to bf16 differ
+    exact = bf16(x).astype(np.float64) @ decoded(pieces).T.astype(np.float64)
+    # bounds: the scales rounded from binary16 to bf16 and the output to bf16, 2^-9 each
+    bound = 2**-8 * np.abs(exact).max()
+    np.testing.assert_allclose(out, exact, rtol=0, atol=bound)
+    assert np.abs(out - exact).max() > 0  # bf16 in: not the float32 reference's numbers
+
+
+def test_what_the_kernel_cannot_read_stays_with_the_reference():
+    rng = np.random.default_rng(1)
+    q4 = rng.standard_normal((32, 128)).astype(np.float32)
+    assert TorchInt4.pack([stored("q8_g32_fp16", q4)], None) is None  # another format
+    assert TorchInt4.pack([stored("q4_g64_fp16", q4[:24])], None) is None  # rows % 16
+    assert TorchInt4.pack([stored("q4_g64_fp16", q4[:, :96])], None) is None  # a part group
+    assert TorchInt4.pack([stored("q4_g64_fp16", q4)], np.arange(128)[::-1]) is None
+    assert TorchInt4.pack([stored("q4_g64_fp16", q4)], None) is not None
+    # an expert with one weight the kernel cannot read keeps its stored form, and its numbers
+    gate, up = (stored("q4_g64_fp16", q4) for _ in range(2))
+    down = stored("q8_g32_fp16", rng.standard_normal((128, 32)).astype(np.float32))
+    expert = HostExpert(*(HostWeight((p,), None, None) for p in (gate, up, down)))
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    before = expert(x)
+    assert not expert.pack(host_products()) and expert.packed is None
+    np.testing.assert_array_equal(expert(x), before)
+
+
+def test_a_packed_expert_takes_no_decoded_copy_and_computes_on_the_kernel(q4_moe):
+    art = Artifact.open(q4_moe)
+    prefixes = [f"text/layers/0/moe/experts/{i}/" for i in range(2)]
+    experts = [HostExpert.load(art, p) for p in prefixes]
+    x = np.random.default_rng(2).standard_normal((4, experts[0].hidden)).astype(np.float32)
+    reference = [HostExpert.load(art, p)(x) for p in prefixes]
+    stored_bytes = experts[0].nbytes
+    host = HostCompute(2, kernel=host_products())
+    try:
+        assert host.pack(experts[:1]) == 1
+    finally:
+        host.close()
+    packed, kept = experts
+    assert packed.packed is not None and kept.packed is None
+    assert stored_bytes < packed.nbytes < 1.3 * stored_bytes  # codes as stored, wider scales
+    with pytest.raises(ValueError, match="packed host expert"):
+        packed.weights()
+    assert hold_hottest([(9.0, packed), (1.0, kept)], 10 * kept.decoded_bytes) == (
+        kept.decoded_bytes
+    )
+    assert packed.held is None and kept.held is not None
+    scale = np.abs(reference[0]).max()
+    np.testing.assert_allclose(packed(x), reference[0], rtol=RTOL, atol=ATOL * scale)
+    assert not np.array_equal(packed(x), reference[0])
+
+
+def test_the_engine_with_every_expert_on_the_kernel_keeps_greedy_tokens(q4_moe, caplog):
+    """The policy's torch_int4 forced beside the CPU backend (it serves the GPU's host
+    share): all 16 host experts packed, the all-resident tokens, logits within bf16's bound
+    (the host's pairs carry bf16 rows and scales; the rest is the float32 reference)."""
+    reference = greedy(Engine(q4_moe, max_context=CONTEXT, max_lanes=1).runner, 6)
+    floor = budget_shares(q4_moe)[0]
+    with (
+        registry.override("moe", "host_products", "torch_int4"),
+        caplog.at_level(logging.INFO, "ninfer.expert_offload"),
+    ):
+        e = Engine(q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor)
+        tokens, logits = greedy(e.runner, 6)
+    experts = [x for b in e.expert_offload.blocks for x in b.host_experts.values()]
+    assert len(experts) == 16 and all(x.packed is not None for x in experts)
+    assert "16 host experts packed for torch_int4" in caplog.text
+    assert e.expert_offload.counters.host_total > 0
+    assert tokens == reference[0]
+    scale = np.abs(reference[1]).max()
+    np.testing.assert_allclose(logits, reference[1], rtol=RTOL, atol=ATOL * scale)
+    assert not np.array_equal(logits, reference[1])
+
+
+def test_the_policy_packs_beside_a_gpu_and_not_beside_the_cpu_backend():
+    assert registry.resolve("moe", "host_products", device="cpu")() is None
+    assert isinstance(registry.resolve("moe", "host_products", device="cuda")(), TorchInt4)
