@@ -13,12 +13,15 @@ live in host memory, for a tiny and a mid-sized synthetic expert bank, three way
   rows, codes read inside the product.
 
 Beside each, the host memory bandwidth floor: the bytes a token must read (stored codes for
-``whole`` and ``blocks``, float32 weights for ``held``) over the memcpy bandwidth measured in
-the same run (bytes read and written a second by one large copy; the ``int4`` way reads its
-packed codes and scales). The machine may be shared:
-each way runs ``--rounds`` times and the best round counts.
+``whole`` and ``blocks``, float32 weights for ``held``, the packed codes and scales for
+``int4``) over the read bandwidth measured in the same run (one large array's maximum, in slices
+on every core). ``--kernel-threads`` times the ``int4`` way with each expert's products on
+that many cores, the pool running the rest side by side (``auto``: the cores shared out among
+a step's experts). The machine may be shared: each way runs ``--rounds`` times and the best
+round counts.
 
-    python benchmarks/expert_offload_host_bench.py [--format q4_g64_fp16] [--steps 20]
+    python benchmarks/expert_offload_host_bench.py [--format q4_g64_fp16]
+        [--down-format q5_g64_fp16] [--kernel-threads auto,1,4,16] [--steps 20]
 
 Copy the table with date, CPU and commit into docs/performance.md.
 """
@@ -29,6 +32,7 @@ import argparse
 import importlib.util
 import platform
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +47,9 @@ from ninfer_runtime.expert_offload.host_experts import (
 )
 from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
 
-LAYOUTS = {"q4_g64_fp16": "row_split_k128_v1", "q8_g32_fp16": "row_split_k128_v1"}
+LAYOUTS = {
+    f: "row_split_k128_v1" for f in ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16")
+}
 MATH = SparseMoe.expert_math
 
 
@@ -71,13 +77,15 @@ def stored(fmt: str, values: np.ndarray) -> StoredRows:
     return StoredRows(fmt, layout, np.frombuffer(data, np.uint8), values.shape)
 
 
-def make_bank(bank: Bank, fmt: str, rng: np.random.Generator) -> list[tuple[HostWeight, ...]]:
-    """Each expert's gate, up and down as stored whole."""
+def make_bank(
+    bank: Bank, fmt: str, down_fmt: str, rng: np.random.Generator
+) -> list[tuple[HostWeight, ...]]:
+    """Each expert's gate, up (in ``fmt``) and down (in ``down_fmt``) as stored whole."""
     shapes = [(bank.inner, bank.hidden), (bank.inner, bank.hidden), (bank.hidden, bank.inner)]
     return [
         tuple(
-            HostWeight((stored(fmt, rng.standard_normal(s).astype(np.float32) * 0.05),), None, None)
-            for s in shapes
+            HostWeight((stored(f, rng.standard_normal(s).astype(np.float32) * 0.05),), None, None)
+            for s, f in zip(shapes, (fmt, fmt, down_fmt), strict=True)
         )
         for _ in range(bank.experts)
     ]
@@ -88,16 +96,18 @@ def whole(weights: tuple[HostWeight, ...]) -> HostExpert:
     return HostExpert(*weights, math=MATH, by_blocks=False)
 
 
-def memcpy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes a second one large copy reads and writes (the best of ``repeats``)."""
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
+def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes a second the cores read: one large array summed in ``threads`` slices side by
+    side (numpy's sums release the GIL), the best of ``repeats``."""
+    data = np.ones(nbytes // 8, dtype=np.float64)
+    slices = np.array_split(data, threads)
     best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * nbytes / best
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(np.max, slices))
+            best = min(best, time.perf_counter() - start)
+    return nbytes / best
 
 
 def tokens_per_second(
@@ -133,24 +143,28 @@ def cpu_name() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", default="q4_g64_fp16", choices=sorted(LAYOUTS))
+    parser.add_argument("--down-format", choices=sorted(LAYOUTS), help="default: --format")
+    parser.add_argument("--kernel-threads", default="auto", help="int4 way: auto or counts")
     parser.add_argument("--steps", type=int, default=20, help="decode steps a round (mid bank)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a way; the best is shown")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    bandwidth = memcpy_bandwidth()
+    down_format = args.down_format or args.format
+    bandwidth = read_bandwidth(host_threads())
     kernel = None
-    if args.format == "q4_g64_fp16" and importlib.util.find_spec("torch") is not None:
+    if importlib.util.find_spec("torch") is not None:
         from ninfer_runtime.ops.moe.host_int4 import host_products
 
         kernel = host_products()
-    host = HostCompute(kernel=kernel)
+    splits = [None if t == "auto" else int(t) for t in args.kernel_threads.split(",")]
+    host = HostCompute()
     cpu = cpu_name()
-    print(f"{cpu}, {host_threads()} threads, format {args.format}")
-    print(f"memcpy bandwidth {bandwidth / 1e9:.2f} GB/s")
+    print(f"{cpu}, {host_threads()} threads, gate/up {args.format}, down {down_format}")
+    print(f"read bandwidth {bandwidth / 1e9:.2f} GB/s on {host_threads()} threads")
     print("| bank | H x I, E, top-k | way | tokens/s | bytes/token | floor tokens/s | of floor |")
     print("|---|---|---|---|---|---|---|")
     for bank in BANKS:
-        weights = make_bank(bank, args.format, rng)
+        weights = make_bank(bank, args.format, down_format, rng)
         blocks = [HostExpert(*w, math=MATH) for w in weights]
         for e in blocks:  # cut now, as a first use would
             assert e.blocks is not None
@@ -164,20 +178,26 @@ def main() -> None:
             "blocks": (dict(enumerate(blocks)), stored_bytes),
             "held": (dict(enumerate(held)), decoded_bytes),
         }
+        hosts = dict.fromkeys(ways, host)
         if kernel is not None:
             packed = [HostExpert(*w, math=MATH) for w in weights]
-            assert host.pack(packed) == len(packed)
-            ways["int4"] = (dict(enumerate(packed)), packed[0].nbytes * bank.top_k)
+            packer = HostCompute(kernel=kernel)
+            assert packer.pack(packed) == len(packed)
+            packer.close()
+            for split in splits:
+                way = f"int4 {split or 'auto'}"
+                ways[way] = (dict(enumerate(packed)), packed[0].nbytes * bank.top_k)
+                hosts[way] = HostCompute(kernel=kernel, kernel_threads=split)
         steps = args.steps if bank.name != "tiny" else args.steps * 20
         for way, (table, nbytes) in ways.items():
-            rate = tokens_per_second(host, table, bank, steps, args.rounds, seed=1)
+            rate = tokens_per_second(hosts[way], table, bank, steps, args.rounds, seed=1)
             floor = bandwidth / nbytes
             print(
                 f"| {bank.name} | {bank.hidden} x {bank.inner}, {bank.experts}, {bank.top_k} "
                 f"| {way} | {rate:,.1f} | {nbytes / 1e6:.2f} MB | {floor:,.0f} | "
                 f"{rate / floor:.0%} |"
             )
-    host.close()
+    host.close()  # (the int4 ways' pools end with the process)
 
 
 if __name__ == "__main__":

@@ -224,11 +224,16 @@ def host_threads() -> int:
 class HostCompute:
     """The host's share of MoE blocks: the chosen experts it holds, on a thread pool."""
 
-    def __init__(self, threads: int | None = None, kernel: Any = None):
+    def __init__(
+        self, threads: int | None = None, kernel: Any = None, kernel_threads: int | None = None
+    ):
         """``kernel``: the ``host_products`` kernel host experts are packed for (None: the
-        reference's decoding)."""
+        reference's decoding); ``kernel_threads``: the cores one expert's kernel products
+        take, the pool running ``threads // kernel_threads`` experts side by side (None: the
+        cores shared out among the experts a call chooses)."""
         self.threads = threads or host_threads()
         self.kernel = kernel
+        self.kernel_threads = kernel_threads
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ninfer-experts")
 
     def close(self) -> None:
@@ -261,21 +266,30 @@ class HostCompute:
         chosen = [int(e) for e in np.unique(top) if int(e) in experts]
         if not chosen:
             return None
-        # the cores each expert's kernel products may take, the experts side by side
-        cores = max(self.threads // min(len(chosen), self.threads), 1)
+        # experts side by side, and the cores each one's kernel products take
+        if self.kernel is not None and self.kernel_threads:
+            cores = min(self.kernel_threads, self.threads)
+            side = min(self.threads // cores, len(chosen))
+        else:
+            side = min(len(chosen), self.threads)
+            cores = max(self.threads // side, 1)
 
-        def one(e: int) -> tuple[np.ndarray, np.ndarray]:
+        def some(group: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
             if self.kernel is not None:
                 self.kernel.use_threads(cores)
-            rows, slot = np.nonzero(top == e)
-            return rows, share[rows, slot, None] * experts[e](x[rows])
+            parts = []
+            for e in group:
+                rows, slot = np.nonzero(top == e)
+                parts.append((e, rows, share[rows, slot, None] * experts[e](x[rows])))
+            return parts
 
-        out = np.zeros(x.shape, dtype=np.float32)
-        parts: Sequence[tuple[np.ndarray, np.ndarray]]
-        if self.threads == 1 or len(chosen) == 1:
-            parts = [one(e) for e in chosen]
+        groups = [chosen[i::side] for i in range(side)]
+        if side == 1:
+            parts = some(chosen)
         else:
-            parts = list(self._pool.map(one, chosen))
-        for rows, part in parts:  # in expert order: the same sum whichever thread ran first
+            parts = [p for done in self._pool.map(some, groups) for p in done]
+        out = np.zeros(x.shape, dtype=np.float32)
+        # in expert order: the same sum whichever thread ran first
+        for _, rows, part in sorted(parts, key=lambda p: p[0]):
             out[rows] += part
         return out
