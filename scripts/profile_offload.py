@@ -4,6 +4,7 @@ logs on (expert offload's plan and packing): where a host-bound step spends its 
     python scripts/profile_offload.py ARTIFACT BUDGET OUT_PREFIX
 """
 
+import contextlib
 import cProfile
 import logging
 import pstats
@@ -13,13 +14,24 @@ from ninfer_runtime.bench.cli import main
 
 artifact, budget, out = sys.argv[1:4]
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-sys.argv = ["ninfer-bench", "run", artifact, "--lanes", "1", "--contexts", "1024", "--steps",
-            "4", "--prefill", "0", "--vram-budget", budget]
+sys.argv = [
+    "ninfer-bench",
+    "run",
+    artifact,
+    "--lanes",
+    "1",
+    "--contexts",
+    "1024",
+    "--steps",
+    "4",
+    "--prefill",
+    "0",
+    "--vram-budget",
+    budget,
+]
 profile = cProfile.Profile()
-try:
+with contextlib.suppress(SystemExit):
     profile.runcall(main)
-except SystemExit:
-    pass
 profile.dump_stats(out + ".prof")
 with open(out + ".txt", "w") as f:
     stats = pstats.Stats(profile, stream=f).sort_stats("tottime")
