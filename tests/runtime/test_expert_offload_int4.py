@@ -113,17 +113,21 @@ def test_a_packed_expert_takes_no_decoded_copy_and_computes_on_the_kernel(q4_moe
     assert not np.array_equal(packed(x), reference[0])
 
 
-def test_the_engine_with_every_expert_on_the_kernel_keeps_greedy_tokens(q4_moe, caplog):
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_q5"])
+def test_the_engine_with_every_expert_on_the_kernel_keeps_greedy_tokens(
+    artifact_path, recipe, caplog
+):
     """The policy's torch_int4 forced beside the CPU backend (it serves the GPU's host
     share): all 16 host experts packed, the all-resident tokens, logits within bf16's bound
     (the host's pairs carry bf16 rows and scales; the rest is the float32 reference)."""
-    reference = greedy(Engine(q4_moe, max_context=CONTEXT, max_lanes=1).runner, 6)
-    floor = budget_shares(q4_moe)[0]
+    path = artifact_path(recipe, "moe")
+    reference = greedy(Engine(path, max_context=CONTEXT, max_lanes=1).runner, 6)
+    floor = budget_shares(path)[0]
     with (
         registry.override("moe", "host_products", "torch_int4"),
         caplog.at_level(logging.INFO, "ninfer.expert_offload"),
     ):
-        e = Engine(q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor)
+        e = Engine(path, max_context=CONTEXT, max_lanes=1, vram_budget=floor)
         tokens, logits = greedy(e.runner, 6)
     experts = [x for b in e.expert_offload.blocks for x in b.host_experts.values()]
     assert len(experts) == 16 and all(x.packed is not None for x in experts)
