@@ -44,7 +44,7 @@ from .host_experts import HostCompute, hold_hottest
 from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
 from .settings import host_cache_setting, pinned_allowance
 from .split_moe import SplitMoe, SplittableMoe
-from .stream_window import STREAM_ROWS, ExpertStream
+from .stream_window import STREAM_ROWS, ExpertStream, default_window
 
 log = logging.getLogger("ninfer.expert_offload")
 
@@ -168,8 +168,10 @@ class ExpertOffload:
         self._sizes = WeightSizes.measure(artifact, names)
         self.stream.sizes = self._sizes.experts
         self._context = self.context_bytes(model) if self.context_bytes is not None else 0
-        self.workspace = self._given_workspace + backend_workspace(
-            model.backend, artifact, self.prefill_rows
+        self.workspace = (
+            self._given_workspace
+            + backend_workspace(model.backend, artifact, self.prefill_rows)
+            + self._window_room(model.backend)
         )
         plan = plan_residency(
             self._sizes,
@@ -184,6 +186,20 @@ class ExpertOffload:
             return routed_expert(name) is not None
 
         return left_to_the_split
+
+    def _window_room(self, backend: Any) -> int:
+        """Device bytes the prefill window takes beyond a given ``stream_window`` (planned
+        already): on a backend that prefetches the next layer's experts while one computes
+        (``prefetch_experts``: a GPU), the window is ``default_window`` unless given, and
+        the prefetched part takes as much again; elsewhere nothing more."""
+        if self.stream.rows is None or not hasattr(backend, "prefetch_experts"):
+            return 0
+        given = self.stream.window_bytes
+        if given is not None:
+            return given
+        assert self._sizes is not None
+        self.stream.window_bytes = default_window(self._sizes.experts, self.budget)
+        return 2 * self.stream.window_bytes
 
     def attach(self, layers: Sequence[Any]) -> None:
         """Turn every MoE block of the text ``layers`` (``layer.ffn``, its routed experts

@@ -22,7 +22,9 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
    weighted as the router gave it, and added in expert order.
 
 The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
-``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``).
+``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``). On a GPU the window is part of
+the plan: given no ``window_bytes``, it takes ``default_window``, and the plan holds room for
+two parts (the one computing and the next layer's prefetched one).
 
 Overlap is GPU-only: while a layer computes, the next MoE layer's host experts are copied on
 a second stream. ``prefetch`` is that hook: a backend offering
@@ -52,6 +54,19 @@ Array = Any
 #: token rows per block call above which the host experts a call routes to are streamed to
 #: the device (a prefill chunk) rather than computed on the host (decode, small batches)
 STREAM_ROWS = 32
+#: a GPU's window, given none: this fraction of the budget (within one layer's routed experts
+#: and at least its largest expert), so a window costs resident experts in proportion
+WINDOW_SHARE = 1 / 16
+
+
+def default_window(sizes: Mapping[int, Sequence[int]], budget: int) -> int:
+    """The stored bytes a part of the window may take on a GPU, given none: ``WINDOW_SHARE``
+    of ``budget``, at most the largest layer's routed experts (a chunk may route to all of
+    them), at least the largest expert (a part holds one); ``sizes``: layer -> each
+    expert's stored bytes."""
+    layer = max(sum(per) for per in sizes.values())
+    expert = max(max(per) for per in sizes.values())
+    return min(layer, max(int(budget * WINDOW_SHARE), expert))
 
 
 class ExpertStream:

@@ -7,12 +7,18 @@ for a block whose routing scales its weights and whose expert math clamps."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 import pytest
 
+from ninfer_format import Artifact
+from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.cli_options import EXPERT_STREAM_ROWS_HELP
 from ninfer_runtime.engine import Engine
-from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
+from ninfer_runtime.expert_offload import WeightSizes
+from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS, default_window
 from ninfer_runtime.runner import ModelRunner
 from tests.runtime.offload_runs import CONTEXT, budget_shares, engine, greedy
 
@@ -224,3 +230,40 @@ def test_glm5_next_streams_with_its_own_routing_and_expert_math(glm5_next, windo
     np.testing.assert_allclose(got, logits, rtol=0, atol=1e-4)
     if window_experts is None:
         np.testing.assert_array_equal(got[0], logits[0])
+
+
+class Prefetching(CpuBackend):
+    """The CPU backend offering the next layer's prefetch, as a GPU backend does."""
+
+    def prefetch_experts(self, artifact: Any, groups: Any) -> None:
+        pass
+
+
+def test_a_gpu_window_is_planned_twice_a_sixteenth_of_the_budget(q4_moe, shares):
+    """A backend that prefetches (a GPU) holds two parts at once: given no window, each part
+    is a sixteenth of the budget (within one layer's experts, at least the largest), and the
+    plan holds both; a given window is planned once more for the prefetched part."""
+    from ninfer_runtime.expert_offload import ExpertOffload
+
+    artifact = Artifact.open(q4_moe)
+    names = [n for n in artifact.bindings if n.startswith("text/")]
+    sizes = WeightSizes.measure(artifact, names).experts
+    layer = max(sum(per) for per in sizes.values())
+    floor, experts = shares
+    budget = floor + experts
+    room = {}
+    for backend in (CpuBackend(), Prefetching()):
+        for window in (None, experts // 3):
+            offload = ExpertOffload(budget, calibrate=False, host_cache=0, stream_window=window)
+            try:
+                offload.plan_load(SimpleNamespace(backend=backend), artifact, names)
+            finally:
+                offload.close()
+            room[type(backend).__name__, window] = (offload.workspace, offload.stream.window_bytes)
+    base = room["CpuBackend", None][0]
+    assert room["CpuBackend", None][1] is None
+    assert room["CpuBackend", experts // 3] == (base + experts // 3, experts // 3)
+    window = default_window(sizes, budget)
+    assert window == min(layer, max(budget // 16, max(max(per) for per in sizes.values())))
+    assert room["Prefetching", None] == (base + 2 * window, window)
+    assert room["Prefetching", experts // 3] == (base + 2 * (experts // 3), experts // 3)
