@@ -235,7 +235,8 @@ class ExpertOffload:
         keep = getattr(self.blocks[0].backend, "keep_streamed", None) if self.blocks else None
         if keep is None or self.stream.rows is None:
             return
-        stored = sum(e.nbytes for b in self.blocks for e in b.host_experts.values())
+        sizes = self.stream.sizes  # stored bytes (a packed host expert's differ)
+        stored = sum(sizes[b.layer][e] for b in self.blocks for e in b.host_experts)
         allowance = min(stored, pinned_allowance())
         keep(allowance)
         log.info("streamed experts: up to %s kept in pinned host memory", format_size(allowance))
