@@ -25,13 +25,25 @@ class ExpertCounters:
         #: stored bytes of host experts streamed to the device for large token counts (the
         #: prefill window, ``stream_window``; on the CPU backend, what a GPU would copy)
         self.streamed_bytes = 0
+        #: bytes of host experts the host read computing its pairs (each chosen expert's
+        #: form in host memory, once a call)
+        self.host_bytes = 0
 
-    def record(self, layer: int, top: np.ndarray, resident: np.ndarray, seconds: float) -> None:
-        """One block's routing: ``top`` [N, k] chosen experts; ``resident`` [E] bool."""
+    def record(
+        self,
+        layer: int,
+        top: np.ndarray,
+        resident: np.ndarray,
+        seconds: float,
+        host_bytes: int = 0,
+    ) -> None:
+        """One block's routing: ``top`` [N, k] chosen experts; ``resident`` [E] bool; the
+        host's time and the bytes it read for its share."""
         hits = np.bincount(top.reshape(-1), minlength=len(resident))
         self.device_hits[layer] += np.where(resident, hits, 0)
         self.host_hits[layer] += np.where(resident, 0, hits)
         self.host_wait_seconds += seconds
+        self.host_bytes += host_bytes
 
     def counts(self) -> dict[int, np.ndarray]:
         """Per layer, each expert's hits wherever it ran: a residency priority."""
@@ -44,6 +56,7 @@ class ExpertCounters:
             "expert_host_hits": self.host_total,
             "expert_host_wait_seconds": self.host_wait_seconds,
             "expert_streamed_bytes": self.streamed_bytes,
+            "expert_host_bytes": self.host_bytes,
         }
 
     @property
@@ -59,3 +72,4 @@ class ExpertCounters:
             hits[:] = 0
         self.host_wait_seconds = 0.0
         self.streamed_bytes = 0
+        self.host_bytes = 0

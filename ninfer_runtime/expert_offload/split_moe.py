@@ -171,5 +171,8 @@ class SplitMoe:
         out = self.inner(x)
         start = time.perf_counter()
         part = self.host(xh, top, weights, self.host_experts)
-        self.counters.record(self.layer, top, self.resident, time.perf_counter() - start)
+        waited = time.perf_counter() - start
+        chosen = (int(e) for e in np.unique(top))
+        read = sum(self.host_experts[e].nbytes for e in chosen if e in self.host_experts)
+        self.counters.record(self.layer, top, self.resident, waited, read)
         return out if part is None else out + self.backend.xp.asarray(part)

@@ -103,7 +103,8 @@ class EngineSeries:
 
         # MoE expert offload (--vram-budget; 0 without it): routed (token, expert) pairs
         # computed by resident experts and by host ones, what the host's share made the
-        # device wait, and experts streamed to the device for prefill (the GPU's window)
+        # device wait and the bytes it read, and experts streamed to the device for prefill
+        # (the GPU's window)
         self.memory_events.update(
             (name, Counter(f"ninfer_{name}", text, registry=r))
             for name, text in (
@@ -111,6 +112,7 @@ class EngineSeries:
                 ("expert_host_hits", "Routed expert pairs computed from host memory"),
                 ("expert_host_wait_seconds", "Seconds the device waited for host experts"),
                 ("expert_streamed_bytes", "Expert bytes streamed to the device for prefill"),
+                ("expert_host_bytes", "Expert bytes the host read computing its pairs"),
             )
         )
 

@@ -48,6 +48,14 @@ def test_residency_leaves_logits_and_greedy_tokens(q4_moe, shares, reference, fr
     counters = offload.counters
     assert (counters.device_total > 0) == (fraction > 0)
     assert (counters.host_total > 0) == (fraction < 1)
+    # the host read each chosen host expert's stored bytes once a block call
+    assert (counters.host_bytes > 0) == (fraction < 1)
+    one = (
+        min(x.nbytes for b in offload.blocks for x in b.host_experts.values())
+        if fraction < 1
+        else 0
+    )
+    assert counters.host_bytes >= one
     # every routed pair is counted once, wherever it ran: (12 + 6 tokens) x top-2 x 4 layers
     assert counters.device_total + counters.host_total == (len(PROMPT) + 6) * 2 * 4
 

@@ -48,11 +48,13 @@ def test_expert_counters_reach_the_metrics_as_increments() -> None:
     counters.device_hits[0][:] = [3, 0, 1, 0]
     counters.host_hits[0][:] = [0, 2, 0, 0]
     counters.host_wait_seconds = 0.25
+    counters.host_bytes = 3 << 20
     gained = gains.memory(engine)
     assert gained == {
         "expert_device_hits": 4,
         "expert_host_hits": 2,
         "expert_host_wait_seconds": 0.25,
+        "expert_host_bytes": 3 << 20,
     }
     counters.host_hits[0][3] += 5
     assert gains.memory(engine) == {"expert_host_hits": 5}
@@ -61,6 +63,7 @@ def test_expert_counters_reach_the_metrics_as_increments() -> None:
     page = metrics.render().decode()
     assert "ninfer_expert_device_hits_total 4.0" in page
     assert "ninfer_expert_host_wait_seconds_total 0.25" in page
+    assert "ninfer_expert_host_bytes_total 3.145728e+06" in page
     assert "ninfer_expert_streamed_bytes_total 0.0" in page
 
 
