@@ -32,12 +32,12 @@ import argparse
 import importlib.util
 import platform
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from ninfer_format.codecs.registry import codec_for
+from ninfer_runtime.bench.probes import host_read_bandwidth
 from ninfer_runtime.expert_offload.host_experts import (
     HostCompute,
     HostExpert,
@@ -96,20 +96,6 @@ def whole(weights: tuple[HostWeight, ...]) -> HostExpert:
     return HostExpert(*weights, math=MATH, by_blocks=False)
 
 
-def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> float:
-    """Bytes a second the cores read: one large array summed in ``threads`` slices side by
-    side (numpy's sums release the GIL), the best of ``repeats``."""
-    data = np.ones(nbytes // 8, dtype=np.float64)
-    slices = np.array_split(data, threads)
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(repeats):
-            start = time.perf_counter()
-            list(pool.map(np.max, slices))
-            best = min(best, time.perf_counter() - start)
-    return nbytes / best
-
-
 def tokens_per_second(
     host: HostCompute, experts: dict, bank: Bank, steps: int, rounds: int, seed: int
 ) -> float:
@@ -151,7 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     down_format = args.down_format or args.format
-    bandwidth = read_bandwidth(host_threads())
+    bandwidth = host_read_bandwidth(host_threads())
     kernel = None
     if importlib.util.find_spec("torch") is not None:
         from ninfer_runtime.ops.moe.host_int4 import host_products

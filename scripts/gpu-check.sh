@@ -9,8 +9,10 @@
 # (top 5) cost a 27B decode step and prefill (benchmarks/logprobs_bench.py, logprobs27.json).
 # SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json) and the
 # agent workload with the prefix cache on and off (agent27.json; about 4 minutes, so with
-# SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes
-# (offload35.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
+# SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with
+# what the host computed, read and streamed beside each row (offload35.json), and the host's
+# expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
+# offload_host.txt). IMAGES=1 writes the 27B with a full-size vision tower and times an image
 # chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). OPS=1 times every CUDA provider of the op families beside each other
 # (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
 # attention_providers.txt). GGUF=1 adds the GGUF-block mixes
@@ -84,8 +86,10 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   fi
   if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
-      --vram-budget 8GiB --profile 1 --json "$OUT/offload$name.json" --record "$OUT/records.md" \
+      --steps 8 --vram-budget 8GiB --json "$OUT/offload$name.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+    timeout 120 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
+      --down-format q5_g64_fp16 --kernel-threads auto,1,4,16 2>&1 | tee "$OUT/offload_host.txt"
   fi
   if [ "$name" = 27 ] && [ "${SPEC:-0}" = 1 ]; then
     timeout 400 python3 -m ninfer_runtime.bench.cli run "$artifact" --spec mtp \

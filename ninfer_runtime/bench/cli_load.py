@@ -10,19 +10,23 @@ import click
 
 def load_bench_model(
     opened: Any, backend: str, vram_budget: str | None, reduced: Any, chunk: int
-) -> Any:
-    """The model, its routed experts split by ``vram_budget`` (scaled to a reduced artifact),
-    the backend's workspace planned for prefill chunks of ``chunk`` tokens."""
+) -> tuple[Any, Any]:
+    """The model and its expert offload (None without ``vram_budget``): its routed experts
+    split by ``vram_budget`` (scaled to a reduced artifact), the backend's workspace planned
+    for prefill chunks of ``chunk`` tokens."""
     from ..expert_offload import ExpertOffload
     from ..models import load_model
 
     if vram_budget is None:
-        return load_model(opened, backend)
+        return load_model(opened, backend), None
     budget, note = _scaled_budget(opened, vram_budget, reduced)
     click.echo(note)
     offload = ExpertOffload.for_budget(budget, backend, prefill_rows=chunk)
     options = {"ple_rows": "streamed"} if _has_ple(opened) else None  # as the whole model's
-    return load_model(opened, backend, expert_offload=offload, options=options)
+    model = load_model(opened, backend, expert_offload=offload, options=options)
+    assert offload is not None and offload.plan is not None
+    click.echo(offload.plan.summary())
+    return model, offload
 
 
 def _has_ple(opened: Any) -> bool:

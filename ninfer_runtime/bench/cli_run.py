@@ -12,6 +12,7 @@ from .cli_load import load_bench_model
 from .cli_outputs import output_options, write_rows
 from .cli_parallel import parallel_table
 from .cli_spec import acceptance_table, chosen_draft_tokens, spec_tables
+from .offload_rates import OffloadReport
 
 
 def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -> list[int]:
@@ -167,7 +168,8 @@ def run(
     try:
         opened = Artifact.open(artifact)
         reduced = opened.provenance.get("reduced")
-        runner = ModelRunner(load_bench_model(opened, backend, vram_budget, reduced, chunk))
+        model, offload = load_bench_model(opened, backend, vram_budget, reduced, chunk)
+        runner = ModelRunner(model)
         weights = active_weights(opened)
     except (ArtifactError, EngineError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -185,6 +187,7 @@ def run(
         f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}"
         + (f"; decode products {products}" if products else "")
     )
+    shares = OffloadReport.start(offload, xp)
     rows: list[dict] = []
     click.echo(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
@@ -193,6 +196,7 @@ def run(
     plain: dict[tuple[int, int], float] = {}
     for context in contexts:
         for n in lanes:
+            shares.reset()
             r = M.decode_rate(
                 runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype,
                 weights=weights,
@@ -203,6 +207,7 @@ def run(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
                 f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
             )
+            rows += shares.read(f"{n} lane(s), context {context}", steps + M.DECODE_WARMUP)
     if reduced is not None:
         counted = weights if weights is not None else ActiveWeights(opened)
         click.echo(
@@ -224,6 +229,7 @@ def run(
         rows += acceptance_table(opened, backend, drafts, answer_tokens, kv_dtype)
     if prefill:
         rate = M.matmul_rate(xp)
+        shares.reset()
         p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate, weights=weights)
         rows.append({"kind": "prefill", **M.as_row(p), "matmul_flops": rate})
         click.echo(
@@ -232,6 +238,8 @@ def run(
             f"{rate / 1e12:.0f} TFLOP/s fp16 matmul = {p.floor_s:.2f} s floor "
             f"({p.percent_of_floor:.1f}%)"
         )
+        # the prompt read twice (warm, then timed): a step is one prompt
+        rows += shares.read(f"prefill of {prefill} tokens, a step = the prompt", 2)
     if long_prefill:
         rate = M.matmul_rate(xp)
         segments = M.long_prefill(

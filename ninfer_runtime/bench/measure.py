@@ -35,7 +35,7 @@ from .costs import (
 )
 from .probes import COPY_BYTES, CPU_COPY_BYTES, copy_bandwidth, matmul_rate
 from .probes import sync as _sync  # the name layer_times drains the device with
-from .rates import decode_rate, long_prefill, prefill_rate
+from .rates import DECODE_WARMUP, decode_rate, long_prefill, prefill_rate
 from .results import (
     ACCEPTANCE_RATES,
     AcceptanceResult,
@@ -53,6 +53,7 @@ __all__ = [
     "ACCEPTANCE_RATES",
     "COPY_BYTES",
     "CPU_COPY_BYTES",
+    "DECODE_WARMUP",
     "DEMO_PROMPTS",
     "FAMILY_OPS",
     "PREFILL_OPS",

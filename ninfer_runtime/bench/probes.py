@@ -1,9 +1,12 @@
 """What the device can do, measured in the same run as the rates: the copy bandwidth a decode
-step's floor is taken at, the matmul rate a prefill's is; and the drained timing both use."""
+step's floor is taken at, the matmul rate a prefill's is; and the drained timing both use.
+With expert offload also the host's: the rate its cores read memory (the floor of the host's
+expert products) and the rate host memory copies to the device (the floor of streaming)."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -49,3 +52,36 @@ def matmul_rate(xp: Any) -> float:
     n, dtype = (8192, xp.float16) if gpu else (1024, xp.float32)
     a = xp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype=dtype)
     return 2 * n**3 / median_seconds(xp, lambda: a @ a)
+
+
+#: bytes the host's read probe reads: beyond the last-level caches
+HOST_READ_BYTES = 1 << 30
+#: bytes the upload probe copies from pinned host memory to the device
+UPLOAD_BYTES = 256 << 20
+
+
+def host_read_bandwidth(threads: int, nbytes: int = HOST_READ_BYTES, repeats: int = 5) -> float:
+    """Bytes a second the host's cores read: one large array's maximum taken in ``threads``
+    slices side by side (numpy's reductions release the GIL), the best of ``repeats``."""
+    data = np.ones(nbytes // 8, dtype=np.float64)
+    slices = np.array_split(data, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(np.max, slices))
+            best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def upload_bandwidth(xp: Any) -> float | None:
+    """Bytes a second a copy from pinned host memory to the GPU moves (None without a GPU:
+    the CPU backend's device is host memory)."""
+    if not hasattr(xp, "cuda"):
+        return None
+    import cupyx
+
+    host = cupyx.empty_pinned((UPLOAD_BYTES,), dtype=np.uint8)
+    host[...] = 1
+    device = xp.empty(UPLOAD_BYTES, dtype=xp.uint8)
+    return UPLOAD_BYTES / median_seconds(xp, lambda: device.set(host))

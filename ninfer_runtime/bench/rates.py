@@ -25,13 +25,17 @@ def fill_random(pool: Any, xp: Any, seed: int) -> None:
                 a[...] = store_kv(values, a.dtype) if name in ("k", "v") else values
 
 
+#: untimed decode steps before the timed ones
+DECODE_WARMUP = 4
+
+
 def decode_rate(
     runner: ModelRunner,
     lanes: int,
     context: int,
     *,
     steps: int = 32,
-    warmup: int = 4,
+    warmup: int = DECODE_WARMUP,
     floor_bw: float,
     kv_dtype: str = "float32",
     weights: Any = None,

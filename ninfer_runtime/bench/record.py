@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import kernel_trace
+from . import kernel_trace, offload_rates
 
 SOURCE_DIR = Path(__file__).resolve().parents[2]
 
@@ -164,6 +164,8 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
             ]
         elif r["kind"] == "kernel trace":
             lines += [kernel_trace.record_line(r), ""]
+        elif r["kind"] == "offload":
+            lines += [offload_rates.line(r) + ".", ""]
     return "\n".join(lines)
 
 

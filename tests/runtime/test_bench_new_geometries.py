@@ -4,6 +4,8 @@ model's), and a CPU run that prints per-layer times and the extrapolated whole-m
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -148,9 +150,31 @@ def test_cpu_run_prints_layer_times_and_the_extrapolated_step(artifacts, key, tm
     assert "whole-model ms/step (extrapolated)" in record.read_text()
 
 
-def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts):
+NUMBER = r"[\d.]+(?:e[-+]\d+)?"
+
+
+def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts, tmp_path):
+    """The plan, then beside each measurement what the host computed and read against the
+    host's read floor, and what prefill streamed (the CPU backend has no upload floor)."""
+    record = tmp_path / "record.md"
     args = ["run", str(artifacts["glm5_next"]), "--backend", "cpu", "--lanes", "1"]
-    args += ["--contexts", "16", "--steps", "2", "--prefill", "0", "--vram-budget", "1MiB"]
+    args += ["--contexts", "16", "--steps", "2", "--prefill", "64", "--chunk", "64"]
+    args += ["--vram-budget", "1MiB", "--record", str(record)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "keeps 0.0% of its routed experts in device memory" in result.output
+    assert "routed experts in device memory (0%" in result.output  # the plan's summary
+    assert re.search(r"host read [\d.]+ GB/s on \d+ threads\n", result.output)
+    decode = re.search(
+        rf"offload, 1 lane\(s\), context 16: host pairs 100%; host read ({NUMBER}) MB a step "
+        rf"\(floor ({NUMBER}) ms\), the device waited ({NUMBER}) ms; streamed 0 MB a step\n",
+        result.output,
+    )
+    assert decode and float(decode[1]) > 0 and float(decode[2]) > 0 and float(decode[3]) > 0
+    prefill = re.search(
+        r"offload, prefill of 64 tokens, a step = the prompt: host pairs 0%; host read 0 MB "
+        rf"a step \(floor 0 ms\), the device waited 0 ms; streamed ({NUMBER}) MB a step\n",
+        result.output,
+    )
+    assert prefill and float(prefill[1]) > 0  # 64 rows a call: every host expert streamed
+    assert decode[0].strip() + "." in record.read_text()

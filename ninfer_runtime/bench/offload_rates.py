@@ -1,0 +1,96 @@
+"""What expert offload moves during ``ninfer-bench run --vram-budget``, beside its floors.
+
+For each decode row and the prefill, the offload's counters over that measurement: the share
+of routed (token, expert) pairs the host computed, the host experts' bytes it read a step
+(floor: those bytes over the host's read bandwidth), the time the device waited for it a
+step, and the expert bytes streamed to the device a step (floor: over the rate pinned host
+memory copies to the device; none on the CPU backend, whose device is host memory). Both
+rates are measured in the same run (``probes``). Warm-up steps count with the timed ones, so
+a figure a step is over all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+
+from .probes import host_read_bandwidth, upload_bandwidth
+
+
+@dataclass(frozen=True)
+class OffloadShare:
+    label: str
+    steps: int
+    host_pairs: float  # share of the routed pairs computed on the host
+    host_bytes: float  # a step
+    host_wait_ms: float  # a step
+    streamed_bytes: float  # a step
+    host_floor_ms: float  # host_bytes over the host's read bandwidth
+    upload_floor_ms: float | None  # streamed_bytes over the upload rate (None: no GPU)
+
+
+def measured(
+    label: str, counters: Any, steps: int, read_bw: float, upload_bw: float | None
+) -> OffloadShare:
+    """``counters`` (``ExpertCounters``) after ``steps`` steps since their reset."""
+    pairs = counters.device_total + counters.host_total
+    host_bytes = counters.host_bytes / steps
+    streamed = counters.streamed_bytes / steps
+    return OffloadShare(
+        label,
+        steps,
+        counters.host_total / pairs if pairs else 0.0,
+        host_bytes,
+        1e3 * counters.host_wait_seconds / steps,
+        streamed,
+        1e3 * host_bytes / read_bw,
+        1e3 * streamed / upload_bw if upload_bw else None,
+    )
+
+
+def line(share: OffloadShare | dict[str, Any]) -> str:
+    """One line for the terminal and the record (``share`` or its ``as_row``)."""
+    r = share if isinstance(share, dict) else asdict(share)
+    upload = f", floor {r['upload_floor_ms']:.3g} ms" if r["upload_floor_ms"] is not None else ""
+    return (
+        f"offload, {r['label']}: host pairs {r['host_pairs']:.0%}; host read "
+        f"{r['host_bytes'] / 1e6:.3g} MB a step (floor {r['host_floor_ms']:.3g} ms), the "
+        f"device waited {r['host_wait_ms']:.3g} ms; streamed "
+        f"{r['streamed_bytes'] / 1e6:.3g} MB a step{upload}"
+    )
+
+
+def as_row(share: OffloadShare) -> dict[str, Any]:
+    return {"kind": "offload", **asdict(share)}
+
+
+class OffloadReport:
+    """The offload's counters read around each measurement of a run (nothing without one)."""
+
+    def __init__(self, offload: Any, read_bw: float, upload_bw: float | None):
+        self.offload, self.read_bw, self.upload_bw = offload, read_bw, upload_bw
+
+    @classmethod
+    def start(cls, offload: Any, xp: Any) -> OffloadReport:
+        """The floors' rates measured now, and said (when there is an offload)."""
+        if offload is None:
+            return cls(None, 0.0, None)
+        threads = offload.host.threads
+        read_bw, upload_bw = host_read_bandwidth(threads), upload_bandwidth(xp)
+        upload = f"; host-to-device copy {upload_bw / 1e9:.1f} GB/s" if upload_bw else ""
+        click.echo(f"host read {read_bw / 1e9:.1f} GB/s on {threads} threads{upload}")
+        return cls(offload, read_bw, upload_bw)
+
+    def reset(self) -> None:
+        if self.offload is not None:
+            self.offload.counters.reset()
+
+    def read(self, label: str, steps: int) -> list[dict[str, Any]]:
+        """The rows of ``steps`` steps since ``reset``, each also said."""
+        if self.offload is None:
+            return []
+        share = measured(label, self.offload.counters, steps, self.read_bw, self.upload_bw)
+        click.echo(line(share))
+        return [as_row(share)]
