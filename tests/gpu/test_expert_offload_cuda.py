@@ -35,6 +35,8 @@ from ninfer_runtime.expert_offload import NOT_SERVED
 from ninfer_runtime.expert_offload import offload as offload_module
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
 from ninfer_runtime.frontend import SamplingParams
+from ninfer_runtime.ops import registry
+from ninfer_runtime.ops.moe.reference import TOLERANCE
 from ninfer_runtime.runner import ModelRunner
 
 from .conftest import REPORT, requires_gpu
@@ -62,8 +64,13 @@ def host(a: Any) -> np.ndarray:
 
 @pytest.fixture(scope="module", autouse=True)
 def offload_on_cuda():
-    """Prefill products in float32."""
-    with pytest.MonkeyPatch.context() as mp:
+    """Prefill products in float32, and the host's expert products on the float32 reference
+    (beside a GPU the policy's first is ``torch_int4``, bf16 rows: its own test, at its
+    stated tolerance)."""
+    with (
+        pytest.MonkeyPatch.context() as mp,
+        registry.override("moe", "host_products", "reference"),
+    ):
         mp.setenv("NINFER_CUDA_PREFILL", "float32")
         mp.setenv("NINFER_CUDA_DECODE", "split")
         yield
@@ -96,9 +103,9 @@ def run(runner: ModelRunner, prompt: np.ndarray, chunk: int, after_prefill=lambd
     return out, np.stack(seen)
 
 
-def compare(case: str, reference: tuple, got: tuple) -> None:
-    """The same greedy tokens and logits within ``LOGIT_TOL``; a step where the reference's
-    top two are within the bound of each other is a tie (the sequences may part there, and
+def compare(case: str, reference: tuple, got: tuple, tol: float = LOGIT_TOL) -> None:
+    """The same greedy tokens and logits within ``tol``; a step where the reference's top
+    two are within the bound of each other is a tie (the sequences may part there, and
     comparing stops after it)."""
     (want_tokens, want), (tokens, logits) = reference, got
     scale = max(1.0, float(np.abs(want).max()))
@@ -106,7 +113,7 @@ def compare(case: str, reference: tuple, got: tuple) -> None:
     for i, (a, b) in enumerate(zip(want_tokens, tokens, strict=True)):
         if a != b:
             gap = float(want[i][a] - want[i][b])
-            assert gap < LOGIT_TOL * scale, f"step {i}: {a} against {b}, reference gap {gap:.2e}"
+            assert gap < tol * scale, f"step {i}: {a} against {b}, reference gap {gap:.2e}"
             steps = i + 1
             break
     err = float(np.max(np.abs(want[:steps].astype(np.float64) - logits[:steps])))
@@ -164,6 +171,25 @@ def test_residency_leaves_greedy_tokens_and_logits(artifacts, references, recipe
     assert counters.device_total + counters.host_total == (len(PROMPT) + STEPS) * TOP_K * LAYERS
     assert counters.streamed_bytes == 0
     device_holds_the_split_experts_only(e)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5])
+def test_host_experts_on_the_int4_kernel(artifacts, references, fraction):
+    """The policy's default beside a GPU: every host expert packed for torch's CPU int4
+    kernel (bf16 rows), the host's bytes counted, the all-resident engine's logits within the
+    provider's stated tolerance and its greedy tokens up to a tie at that bound."""
+    path = artifacts["tiny_q4"]
+    floor, experts = shares(path)
+    with registry.override("moe", "host_products", "torch_int4"):
+        e = engine(path, floor + int(fraction * experts))
+    offload = e.expert_offload
+    packed = [x.packed is not None for b in offload.blocks for x in b.host_experts.values()]
+    assert len(packed) == int((1 - fraction) * LAYERS * EXPERTS) and all(packed)
+    offload.counters.reset()
+    got = run(e.runner, PROMPT, 8)
+    tol = TOLERANCE["torch_int4"][1]
+    compare(f"offload/int4-{fraction:.0%} resident", references["tiny_q4"]["short"], got, tol)
+    assert offload.counters.host_total > 0 and offload.counters.host_bytes > 0
 
 
 @pytest.mark.parametrize("window_experts", [None, 1])
