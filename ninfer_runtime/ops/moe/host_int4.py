@@ -17,7 +17,7 @@ unsigned value (``q`` its stored value, ``s`` its group's scale):
   power of two, so bf16 holds them as it holds ``s``.
 
 So a weight is exactly the stored one, up to its scale rounded from binary16 to bf16; a q5
-weight reads 1 byte and a q8 weight 1 byte and a quarter, against 0.66 and 1.06 stored.
+weight reads 1.13 bytes and a q8 weight 1.25, against 0.66 and 1.06 stored (q4: 0.56 and 0.53).
 Activations go in as bf16 and the kernel accumulates in float32: the production precision of
 the GPU path whose host share this is (float32 activations take the kernel's slow path). The
 kernel needs rows in multiples of 16 and whole groups; a weight it cannot read stays with the
