@@ -25,15 +25,24 @@
 # TRACE=1 adds its kernel trace (kernels per step, idle gaps); BF16_DECODE=1 runs the decode table
 # again with NINFER_CUDA_DECODE=bf16 (bench<shape>_bf16.json). TP=2 adds the
 # decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
-# routed expert whole on one rank (--expert-parallel). The copy of the tree on the GPU
-# machine has no git history, so pass the commit:
-#   run (carry .whl): COMMIT=<short hash> bash scripts/gpu-check.sh
+# routed expert whole on one rank (--expert-parallel). SAVE_KCACHE=1 writes the warmed
+# kernel cache to $OUT/kcache.tar.gz; copied here into .kcache-carry/ and carried, it saves a
+# fresh machine most of its warm-up (minutes of NVRTC: the cache is keyed by source, options
+# and NVRTC version, so a stale entry is never used, only missed). The copy of the tree on the
+# GPU machine has no git history, so pass the commit:
+#   run (carry .whl, and .kcache-carry if there): COMMIT=<short hash> bash scripts/gpu-check.sh
 set -u
 source scripts/gpu-prelude.sh
 export NINFER_KERNEL_CACHE=$PWD/.kcache
 OUT=${OUT:-/tmp/ninfer-gpu-check}
 mkdir -p "$OUT"
+if [ -f .kcache-carry/kcache.tar.gz ]; then
+  mkdir -p .kcache && tar xzf .kcache-carry/kcache.tar.gz -C .kcache
+fi
 python3 scripts/warm_kernels.py
+if [ "${SAVE_KCACHE:-0}" = 1 ]; then
+  tar czf "$OUT/kcache.tar.gz" -C .kcache . && ls -l "$OUT/kcache.tar.gz"
+fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
   grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
