@@ -142,3 +142,46 @@ def test_the_engine_with_every_expert_on_the_kernel_keeps_greedy_tokens(
 def test_the_policy_packs_beside_a_gpu_and_not_beside_the_cpu_backend():
     assert registry.resolve("moe", "host_products", device="cpu")() is None
     assert isinstance(registry.resolve("moe", "host_products", device="cuda")(), TorchInt4)
+
+
+class CountingKernel:
+    """A stand-in kernel that records the cores each expert's thread was given."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.given: list[tuple[str, int]] = []
+
+    def use_threads(self, threads: int) -> None:
+        import threading
+
+        self.given.append((threading.current_thread().name, threads))
+
+
+@pytest.mark.parametrize(
+    ("threads", "kernel_threads", "chosen", "cores", "side"),
+    [
+        (16, None, 5, 3, 5),  # auto: the cores shared out among the chosen experts
+        (16, None, 32, 1, 16),
+        (16, 4, 8, 4, 4),  # 4 cores an expert, 4 experts side by side
+        (16, 16, 8, 16, 1),  # every core on one expert at a time, on the calling thread
+    ],
+)
+def test_the_host_shares_its_cores_out_among_the_chosen_experts(
+    threads, kernel_threads, chosen, cores, side
+):
+    kernel = CountingKernel()
+    host = HostCompute(threads, kernel=kernel, kernel_threads=kernel_threads)
+    try:
+        x = np.ones((1, 4), dtype=np.float32)
+        experts = {e: (lambda rows, e=e: rows * (e + 1)) for e in range(chosen)}
+        top = np.arange(chosen)[None, :]
+        share = np.full((1, chosen), 0.5, dtype=np.float32)
+        out = host(x, top, share, experts)
+    finally:
+        host.close()
+    np.testing.assert_allclose(out, 0.5 * sum(range(1, chosen + 1)) * x)
+    # one task a group of experts side by side, each giving its thread the same cores
+    assert {n for _, n in kernel.given} == {cores} and len(kernel.given) == side
+    callers = {name for name, _ in kernel.given}
+    assert (callers == {"MainThread"}) == (side == 1)
