@@ -23,11 +23,12 @@ from ninfer_runtime.ops.moe.reference import TOLERANCE
 from tests.runtime.offload_runs import CONTEXT, budget_shares
 from tests.runtime.test_expert_offload import greedy
 
-LAYOUT = "row_split_k128_v1"
 RTOL, ATOL = TOLERANCE["torch_int4"]
 
 
-def stored(fmt: str, values: np.ndarray, layout: str = LAYOUT) -> StoredRows:
+def stored(fmt: str, values: np.ndarray, layout: str | None = None) -> StoredRows:
+    """``values`` encoded as ``fmt`` in ``layout`` (None: the one the kernel reads it in)."""
+    layout = layout or FORMATS[fmt][0]
     data = codec_for(fmt, layout).encode(values)
     return StoredRows(fmt, layout, np.frombuffer(data, np.uint8), values.shape)
 
@@ -48,7 +49,7 @@ def test_a_packed_weight_multiplies_as_its_codes_decode(fmt, rows):
     values[5, 64:128] = 0  # a group whose scale is 0
     pieces = [stored(fmt, values[:32]), stored(fmt, values[32:])]
     w = TorchInt4.pack(pieces, None)
-    bits, group = FORMATS[fmt]
+    _, bits, group = FORMATS[fmt]
     planes = 1 if bits == 4 else 2
     assert w is not None and w.shape == (96, 256) and w.planes == planes
     # codes, 4 bits a plane; a bf16 scale and zero a group a plane

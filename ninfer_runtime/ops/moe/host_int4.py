@@ -5,9 +5,10 @@ per group of columns inside the product: one pass over the codes, on the cores i
 where the reference decodes them to float32 first and multiplies after.
 
 A weight in a grouped integer format (``q4_g64_fp16``, ``q5_g64_fp16``, ``q6_g64_fp16``,
-``q8_g32_fp16``) is repacked once, at load, into the kernel's layout. The kernel computes
-``(c - 8) · scale + zero`` for a 4-bit code ``c``. With ``u = q + 2^(b-1)`` a wider code's
-unsigned value (``q`` its stored value, ``s`` its group's scale):
+``q8_g32_fp16``, and GGUF's ``gguf_q4_0`` and ``gguf_q8_0``, whose blocks of 32 are a signed
+code times a binary16 scale too) is repacked once, at load, into the kernel's layout. The
+kernel computes ``(c - 8) · scale + zero`` for a 4-bit code ``c``. With ``u = q + 2^(b-1)``
+a wider code's unsigned value (``q`` its stored value, ``s`` its group's scale):
 
 * q4: one plane, ``c = u``, scale ``s``, zero 0;
 * q5, q6, q8: two planes side by side along the columns, the product's rows given twice:
@@ -34,14 +35,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from ninfer_format.codecs.gguf_blocks import LAYOUT as GGUF_LAYOUT
 from ninfer_format.codecs.row_split import unpack_row_split
 
 __all__ = ["FORMATS", "Int4Weight", "TorchInt4", "accepts", "host_products"]
 
-#: the stored formats the kernel reads -> (code bits, group of columns a scale covers)
-FORMATS = {"q4_g64_fp16": (4, 64), "q5_g64_fp16": (5, 64), "q6_g64_fp16": (6, 64),
-           "q8_g32_fp16": (8, 32)}  # fmt: skip
-LAYOUT = "row_split_k128_v1"
+#: the stored formats the kernel reads -> (layout, code bits, group of columns a scale covers)
+FORMATS = {
+    "q4_g64_fp16": ("row_split_k128_v1", 4, 64),
+    "q5_g64_fp16": ("row_split_k128_v1", 5, 64),
+    "q6_g64_fp16": ("row_split_k128_v1", 6, 64),
+    "q8_g32_fp16": ("row_split_k128_v1", 8, 32),
+    "gguf_q4_0": (GGUF_LAYOUT, 4, 32),
+    "gguf_q8_0": (GGUF_LAYOUT, 8, 32),
+}
+#: bytes of a GGUF block of 32: its binary16 scale, then the codes
+GGUF_BLOCK_BYTES = {"gguf_q4_0": 18, "gguf_q8_0": 34}
 #: the kernel's row multiple
 ROWS = 16
 #: the code offset: the kernel reads a code c as c - 8
@@ -63,6 +72,22 @@ class Int4Weight:
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes
+
+
+def _codes_and_scales(piece: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A stored piece's signed codes ``[N, K]`` and scale words ``[N, groups]`` (uint16,
+    binary16 bits)."""
+    if piece.layout != GGUF_LAYOUT:
+        return unpack_row_split(piece.format, piece.data, tuple(piece.shape))
+    rows, columns = (int(d) for d in piece.shape)
+    blocks = piece.data.reshape(rows, columns // 32, GGUF_BLOCK_BYTES[piece.format])
+    scales = np.ascontiguousarray(blocks[..., :2]).view(np.uint16)[..., 0]
+    body = blocks[..., 2:]
+    if piece.format == "gguf_q8_0":
+        return body.view(np.int8).reshape(rows, columns), scales
+    # q4_0: value j of a block is the low nibble of byte j, value j + 16 the high one, less 8
+    codes = np.concatenate([body & 15, body >> 4], axis=-1).astype(np.int8) - 8
+    return codes.reshape(rows, columns), scales
 
 
 def _planes(bits: int, codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,14 +127,16 @@ class TorchInt4:
         if columns is not None or not pieces:
             return None
         fmt = pieces[0].format
-        if fmt not in FORMATS or any(p.format != fmt or p.layout != LAYOUT for p in pieces):
+        if fmt not in FORMATS:
             return None
-        bits, group = FORMATS[fmt]
+        layout, bits, group = FORMATS[fmt]
+        if any(p.format != fmt or p.layout != layout for p in pieces):
+            return None
         width = int(pieces[0].shape[1])
         rows = sum(int(p.shape[0]) for p in pieces)
         if width % group or rows % ROWS or any(int(p.shape[1]) != width for p in pieces):
             return None
-        parts = [unpack_row_split(fmt, p.data, tuple(p.shape)) for p in pieces]
+        parts = [_codes_and_scales(p) for p in pieces]
         scales = np.concatenate([s for _, s in parts]).view(np.float16).astype(np.float32)
         codes, pairs = _planes(bits, np.concatenate([c for c, _ in parts]), scales)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes), 1)
