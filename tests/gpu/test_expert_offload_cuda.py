@@ -119,7 +119,7 @@ def compare(case: str, reference: tuple, got: tuple, tol: float = LOGIT_TOL) -> 
     err = float(np.max(np.abs(want[:steps].astype(np.float64) - logits[:steps])))
     REPORT.append((case, "logits max|Δ| (rel to max|logit|)", f"{err:.2e} ({err / scale:.1e})"))
     REPORT.append((case, "identical greedy steps", f"{steps} of {len(want)}"))
-    assert err < LOGIT_TOL * scale, err
+    assert err < tol * scale, err
 
 
 def device_holds_the_split_experts_only(e: Engine) -> None:
