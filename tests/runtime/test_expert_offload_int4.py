@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ninfer_format import Artifact
+from ninfer_format.codecs.gguf_block_types import FORMAT_BLOCKS
 from ninfer_format.codecs.registry import codec_for
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload.host_experts import HostCompute, HostExpert, hold_hottest
@@ -33,6 +34,27 @@ def stored(fmt: str, values: np.ndarray, layout: str | None = None) -> StoredRow
     return StoredRows(fmt, layout, np.frombuffer(data, np.uint8), values.shape)
 
 
+#: GGUF's K-quants, which are imported and never written here: random blocks stand in
+K_QUANTS = {"gguf_q4_k", "gguf_q5_k"}
+
+
+def random_blocks(fmt: str, shape: tuple[int, int], rng: np.random.Generator) -> StoredRows:
+    """Random K-quant blocks (any codes and 6-bit scales; d and dmin small and positive)."""
+    _, values, nbytes = FORMAT_BLOCKS[fmt]
+    blocks = rng.integers(0, 256, (shape[0] * shape[1] // values, nbytes), dtype=np.uint8)
+    for at in (0, 2):  # d, dmin
+        half = rng.uniform(1e-4, 1e-3, len(blocks)).astype(np.float16)
+        blocks[:, at : at + 2] = half.view(np.uint8).reshape(-1, 2)
+    return StoredRows(fmt, FORMATS[fmt][0], blocks.reshape(-1), shape)
+
+
+def pieces_of(fmt: str, values: np.ndarray, rng: np.random.Generator) -> list[StoredRows]:
+    """``values`` [96, K] as two stored pieces of 32 and 64 rows (K-quants: random blocks)."""
+    if fmt in K_QUANTS:
+        return [random_blocks(fmt, (n, values.shape[1]), rng) for n in (32, 64)]
+    return [stored(fmt, values[:32]), stored(fmt, values[32:])]
+
+
 def decoded(pieces: list[StoredRows]) -> np.ndarray:
     return np.concatenate([p.decode() for p in pieces])
 
@@ -47,7 +69,7 @@ def test_a_packed_weight_multiplies_as_its_codes_decode(fmt, rows):
     rng = np.random.default_rng(0)
     values = rng.standard_normal((96, 256)).astype(np.float32) * 0.05
     values[5, 64:128] = 0  # a group whose scale is 0
-    pieces = [stored(fmt, values[:32]), stored(fmt, values[32:])]
+    pieces = pieces_of(fmt, values, rng)
     w = TorchInt4.pack(pieces, None)
     _, bits, group = FORMATS[fmt]
     planes = 1 if bits == 4 else 2
