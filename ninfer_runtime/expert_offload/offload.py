@@ -44,7 +44,7 @@ from .host_experts import HostCompute, hold_hottest
 from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
 from .settings import host_cache_setting, pinned_allowance
 from .split_moe import SplitMoe, SplittableMoe
-from .stream_window import STREAM_ROWS, ExpertStream, default_window
+from .stream_window import STREAM_ROWS, ExpertStream
 
 log = logging.getLogger("ninfer.expert_offload")
 
@@ -171,7 +171,7 @@ class ExpertOffload:
         self.workspace = (
             self._given_workspace
             + backend_workspace(model.backend, artifact, self.prefill_rows)
-            + self._window_room(model.backend)
+            + self.stream.device_room(model.backend, self.budget)
         )
         plan = plan_residency(
             self._sizes,
@@ -186,20 +186,6 @@ class ExpertOffload:
             return routed_expert(name) is not None
 
         return left_to_the_split
-
-    def _window_room(self, backend: Any) -> int:
-        """Device bytes the prefill window takes beyond a given ``stream_window`` (planned
-        already): on a backend that prefetches the next layer's experts while one computes
-        (``prefetch_experts``: a GPU), the window is ``default_window`` unless given, and
-        the prefetched part takes as much again; elsewhere nothing more."""
-        if self.stream.rows is None or not hasattr(backend, "prefetch_experts"):
-            return 0
-        given = self.stream.window_bytes
-        if given is not None:
-            return given
-        assert self._sizes is not None
-        self.stream.window_bytes = default_window(self._sizes.experts, self.budget)
-        return 2 * self.stream.window_bytes
 
     def attach(self, layers: Sequence[Any]) -> None:
         """Turn every MoE block of the text ``layers`` (``layer.ffn``, its routed experts
@@ -225,8 +211,7 @@ class ExpertOffload:
             raise EngineError("expert offload: the model prepared other experts than planned")
         if not self.calibrate:  # with calibration, ``start`` holds copies by its counts
             self._hold_hottest(self.priority)
-        self._log_decoded()
-        self._log_packed()
+        self._log_host_forms()
         self._keep_streamed()
 
     def _keep_streamed(self) -> None:
@@ -294,7 +279,7 @@ class ExpertOffload:
         self.plan = plan
         if hold:
             self._hold_hottest(counts)
-        self._log_decoded()
+        self._log_host_forms()
         return plan
 
     def _hold_hottest(self, counts: Mapping[int, Sequence[float]] | None) -> None:
@@ -312,14 +297,12 @@ class ExpertOffload:
         held = hold_hottest([(hits, expert) for _, _, hits, expert in candidates], self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
 
-    def _log_packed(self) -> None:
-        kernel = self.host.kernel
-        if kernel is not None:
-            packed = sum(e.packed is not None for b in self.blocks for e in b.host_experts.values())
-            log.info("%d host experts packed for %s", packed, kernel.name)
-
-    def _log_decoded(self) -> None:
-        decoded = sum(e.decoded for b in self.blocks for e in b.host_experts.values())
+    def _log_host_forms(self) -> None:
+        experts = [e for b in self.blocks for e in b.host_experts.values()]
+        if self.host.kernel is not None:
+            packed = sum(e.packed is not None for e in experts)
+            log.info("%d host experts packed for %s", packed, self.host.kernel.name)
+        decoded = sum(e.decoded for e in experts)
         if decoded:
             log.info("%d host experts are held decoded: their layout cannot be cut", decoded)
 

@@ -86,6 +86,18 @@ class ExpertStream:
         #: offload measures once while planning and sets here before any block is split)
         self.sizes: Mapping[int, Sequence[int]] = {}
 
+    def device_room(self, backend: Any, budget: int) -> int:
+        """Device bytes the window takes beyond a given ``window_bytes`` (planned with the
+        offload's own workspace): on a backend that prefetches the next layer's experts while
+        one computes (``prefetch_experts``: a GPU), the window is ``default_window`` unless
+        given, and the prefetched part takes as much again; elsewhere nothing more."""
+        if self.rows is None or not hasattr(backend, "prefetch_experts"):
+            return 0
+        if self.window_bytes is not None:
+            return self.window_bytes
+        self.window_bytes = default_window(self.sizes, budget)
+        return 2 * self.window_bytes
+
     def takes(self, rows: int) -> bool:
         """Whether a block call of ``rows`` token rows streams."""
         return self.rows is not None and rows > self.rows
