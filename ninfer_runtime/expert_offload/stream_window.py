@@ -91,8 +91,8 @@ class ExpertStream:
         offload's own workspace): on a backend that prefetches the next layer's experts while
         one computes (``prefetch_experts``: a GPU), the window is ``default_window`` unless
         given, and the prefetched part takes as much again; elsewhere nothing more."""
-        if self.rows is None or not hasattr(backend, "prefetch_experts"):
-            return 0
+        if self.rows is None or not self.sizes or not hasattr(backend, "prefetch_experts"):
+            return 0  # (no routed experts: a dense model, nothing streams)
         if self.window_bytes is not None:
             return self.window_bytes
         self.window_bytes = default_window(self.sizes, budget)

@@ -267,3 +267,17 @@ def test_a_gpu_window_is_planned_twice_a_sixteenth_of_the_budget(q4_moe, shares)
     assert window == min(layer, max(budget // 16, max(max(per) for per in sizes.values())))
     assert room["Prefetching", None] == (base + 2 * window, window)
     assert room["Prefetching", experts // 3] == (base + 2 * (experts // 3), experts // 3)
+
+
+def test_a_dense_model_plans_no_window(artifact_path):
+    """No routed experts, nothing to stream: a prefetching backend plans no window room."""
+    from ninfer_runtime.expert_offload import ExpertOffload
+
+    artifact = Artifact.open(artifact_path("tiny_q4", "dense"))
+    names = [n for n in artifact.bindings if n.startswith("text/")]
+    offload = ExpertOffload(1 << 30, calibrate=False, host_cache=0)
+    try:
+        offload.plan_load(SimpleNamespace(backend=Prefetching()), artifact, names)
+    finally:
+        offload.close()
+    assert offload.stream.window_bytes is None and offload.workspace == 0
