@@ -6,13 +6,14 @@ The engine drives it in four steps:
    ``OFFLOAD_BACKENDS``, tensor parallelism) in one line; the engine then gives it
    ``context_bytes``, the bytes its context pool will take for a model's memory kinds
    (``ContextPool.planned_bytes``);
-2. ``plan_load``, called by the model before it prepares any weight: has a backend that
-   captures decode steps as CUDA graphs run them eagerly (the split reads each block's
-   routing on the host every step), asks the backend for its workspace at the engine's
-   prefill chunk (``backend_workspace``), plans from the artifact's stored sizes, that
-   workspace and the pool's planned bytes (refusing a budget below what must be resident,
-   before anything is loaded), and tells the model to leave every routed expert of the text
-   layers unprepared;
+2. ``plan_load``, called by the model before it prepares any weight: plans from the
+   artifact's stored sizes, the backend's workspace at the engine's prefill chunk
+   (``backend_workspace``) and the pool's planned bytes (refusing a budget below what must
+   be resident, before anything is loaded). Where every routed expert fits beside captured
+   decode steps, the offload steps aside (``aside``: no split, the model runs as without a
+   budget); otherwise decode steps turn eager (the split reads each block's routing on the
+   host every step), the plan is made again without the graphs, and the model leaves every
+   routed expert of the text layers unprepared;
 3. ``attach`` once the model's layers exist: each MoE block (``split_moe.SplittableMoe``)
    becomes a ``SplitMoe``, which prepares the plan's resident experts one expert at a time
    (each its own device window on CUDA) and holds the others in host memory;
@@ -35,13 +36,12 @@ import numpy as np
 from ..backends import decode_eagerly
 from ..capacity import parse_size
 from ..errors import EngineError
-from ..logprobs import PROMPT_LOGPROB_CHUNK
 from ..ops.registry import resolve
 from ..sizes import format_size
 from .calibration import routing_counts
 from .counters import ExpertCounters
 from .host_experts import HostCompute, hold_hottest
-from .plan import OffloadPlan, WeightSizes, plan_residency, routed_expert
+from .plan import OffloadPlan, WeightSizes, backend_workspace, plan_residency, routed_expert
 from .settings import host_cache_setting, pinned_allowance
 from .split_moe import SplitMoe, SplittableMoe
 from .stream_window import STREAM_ROWS, ExpertStream
@@ -58,17 +58,6 @@ HOST_ROUTING = "expert offload reads each MoE block's routing on the host every 
 #: the token rows of a prefill call when the engine does not give its prefill chunk (the
 #: default chunk of ``Engine`` and ``ModelRunner.prefill``)
 PREFILL_ROWS = 512
-
-
-def backend_workspace(backend: Any, artifact: Any, rows: int) -> int:
-    """The device bytes ``backend`` states it needs beside the weights and the context pool
-    for prefill calls of ``rows`` token rows of the artifact's text model, at most
-    ``PROMPT_LOGPROB_CHUNK`` of them scored (a scored prompt reads alone, in chunks that
-    long): its ``device_workspace(text_config, rows, logit_rows)`` (the CUDA backend's
-    scratch, activations and logits, ``backends/cuda/workspace.py``; the CPU's simulated
-    device, 0)."""
-    config = artifact.components["text"].config or {}
-    return int(backend.device_workspace(config, rows, min(rows, PROMPT_LOGPROB_CHUNK)))
 
 
 class ExpertOffload:
@@ -110,6 +99,9 @@ class ExpertOffload:
         self.stream = ExpertStream(stream_rows, stream_window, self.blocks)
         self.counters = ExpertCounters({})
         self.plan: OffloadPlan | None = None
+        #: whether the offload stepped aside: every routed expert fits beside captured decode
+        #: steps, so the model runs as without a budget (``plan_load``)
+        self.aside = False
         #: the context pool's bytes for a model's memory (set by the engine before loading;
         #: None: no pool in the budget)
         self.context_bytes: Callable[[Any], int] | None = None
@@ -156,36 +148,52 @@ class ExpertOffload:
     def plan_load(self, model: Any, artifact: Any, names: Sequence[str]) -> Callable[[str], bool]:
         """The first plan, before ``model`` prepares any of ``names`` (all the parameters it
         loads): from their stored sizes, the backend's workspace for the artifact's text
-        config at ``prefill_rows`` (with decode steps already eager: no graphs to count) and
-        the context pool's planned bytes for the model's memory (``model.state_specs()``, so
-        the model's config must be read by now).
-        Returns which parameters to leave unprepared: every routed expert of the text
-        layers (``attach`` prepares the resident ones, one expert at a time).
+        config at ``prefill_rows`` and the context pool's planned bytes for the model's
+        memory (``model.state_specs()``, so the model's config must be read by now).
+
+        On a backend that captures decode steps as CUDA graphs, the first plan counts the
+        graphs' workspace: where every routed expert fits beside them, the offload steps
+        aside (``aside``): nothing is left to the split, the steps stay captured, and the
+        model runs as it would without a budget. Otherwise decode steps turn eager (the
+        split reads routing on the host) and the plan is made again without the graphs.
+        Returns which parameters to leave unprepared: none aside, else every routed expert
+        of the text layers (``attach`` prepares the resident ones, one expert at a time).
         ``VramBudgetError`` here costs no loading."""
-        decode_eagerly(model.backend, HOST_ROUTING)
-        self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
         self._artifact = artifact
         self._sizes = WeightSizes.measure(artifact, names)
         self.stream.sizes = self._sizes.experts
         self._context = self.context_bytes(model) if self.context_bytes is not None else 0
-        self.workspace = (
-            self._given_workspace
-            + backend_workspace(model.backend, artifact, self.prefill_rows)
-            + self.stream.device_room(model.backend, self.budget)
+        if getattr(model.backend, "graphs", False):
+            self.plan = self._first_plan(model.backend, window=False)
+            if self.plan.resident_fraction == 1:
+                self.aside = True
+                log.info("every routed expert fits beside captured decode steps: no split")
+                return lambda name: False
+        decode_eagerly(model.backend, HOST_ROUTING)
+        self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
+        self.plan = self._first_plan(model.backend, window=True)
+
+        def left_to_the_split(name: str) -> bool:
+            return routed_expert(name) is not None
+
+        return left_to_the_split
+
+    def _first_plan(self, backend: Any, *, window: bool) -> OffloadPlan:
+        """The plan beside the backend's workspace as it runs now, and with ``window`` the
+        prefill window's room."""
+        assert self._sizes is not None
+        self.workspace = self._given_workspace + backend_workspace(
+            backend, self._artifact, self.prefill_rows
         )
-        plan = plan_residency(
+        if window:
+            self.workspace += self.stream.device_room(backend, self.budget)
+        return plan_residency(
             self._sizes,
             self.budget,
             workspace=self.workspace,
             context=self._context,
             counts=self.priority,
         )
-        self.plan = plan
-
-        def left_to_the_split(name: str) -> bool:
-            return routed_expert(name) is not None
-
-        return left_to_the_split
 
     def attach(self, layers: Sequence[Any]) -> None:
         """Turn every MoE block of the text ``layers`` (``layer.ffn``, its routed experts
@@ -193,6 +201,8 @@ class ExpertOffload:
         experts on the device."""
         if self.plan is None:
             raise EngineError("expert offload: attach before plan_load")
+        if self.aside:  # every expert was prepared with the model: nothing to split
+            return
         moe = {
             i: len(layer.ffn.experts)
             for i, layer in enumerate(layers)
@@ -236,6 +246,14 @@ class ExpertOffload:
         if self._sizes is None or self.plan is None:
             raise EngineError("expert offload: start before plan_load")
         plan = self.plan
+        if self.aside:
+            if context > self._context:  # nothing can leave the device now: say so
+                log.warning(
+                    "the context pool took %d bytes, not the %d planned: %d bytes over the "
+                    "budget", context, self._context, context - self._context,
+                )  # fmt: skip
+            log.info(plan.summary())
+            return plan
         calibrating = self.calibrate and bool(self.blocks)
         if context != self._context:
             log.warning(
@@ -254,8 +272,10 @@ class ExpertOffload:
     def replan(self, counts: Mapping[int, Sequence[float]] | None = None) -> OffloadPlan:
         """Place the experts again by ``counts`` (None: the hits counted since load, the
         workload's own priority); between steps, as routing never depends on placement."""
-        if self._sizes is None:
+        if self._sizes is None or self.plan is None:
             raise EngineError("expert offload has not started: nothing to place again")
+        if self.aside:  # every expert is resident and stays so
+            return self.plan
         counts = self.counters.counts() if counts is None else counts
         plan = self._place(self._sizes, self._context, counts)
         self.priority = counts

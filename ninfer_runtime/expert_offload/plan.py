@@ -26,6 +26,7 @@ import numpy as np
 from ninfer_format.schema import WholeBinding
 
 from ..errors import EngineError
+from ..logprobs import PROMPT_LOGPROB_CHUNK
 from ..sizes import format_size
 
 #: a routed expert's weight in a text layer (MTP experts stay with the other weights)
@@ -185,3 +186,14 @@ def plan_residency(
         resident_bytes=used,
         host_bytes=sizes.expert_total - used,
     )
+
+
+def backend_workspace(backend: Any, artifact: Any, rows: int) -> int:
+    """The device bytes ``backend`` states it needs beside the weights and the context pool
+    for prefill calls of ``rows`` token rows of the artifact's text model, at most
+    ``PROMPT_LOGPROB_CHUNK`` of them scored (a scored prompt reads alone, in chunks that
+    long): its ``device_workspace(text_config, rows, logit_rows)`` (the CUDA backend's
+    scratch, activations and logits, ``backends/cuda/workspace.py``; the CPU's simulated
+    device, 0)."""
+    config = artifact.components["text"].config or {}
+    return int(backend.device_workspace(config, rows, min(rows, PROMPT_LOGPROB_CHUNK)))

@@ -11,8 +11,9 @@ replaced weights. All-resident engines upload whole banks, as without offload.
 
 Engines run with float32 prefill products, so the two engines' routers choose alike (the split
 routes with the moe family's ``route`` on ``backend.linear``'s logits, the device block with
-its own kernel on its own product), and capture decode graphs by default, which offload turns
-off (the split reads each block's routing on the host)."""
+its own kernel on its own product), and run decode steps eagerly, as the split does (it reads
+each block's routing on the host); with graphs on, a budget that holds every expert beside
+them makes the offload step aside instead, which the graphs' own test checks."""
 
 from __future__ import annotations
 
@@ -64,15 +65,18 @@ def host(a: Any) -> np.ndarray:
 
 @pytest.fixture(scope="module", autouse=True)
 def offload_on_cuda():
-    """Prefill products in float32, and the host's expert products on the float32 reference
+    """Prefill products in float32, the host's expert products on the float32 reference
     (beside a GPU the policy's first is ``torch_int4``, bf16 rows: its own test, at its
-    stated tolerance)."""
+    stated tolerance), and decode steps eager: with graphs on, a budget that holds every
+    expert beside them makes the offload step aside, and the plans' floors here are those
+    of the split (the graphs' own test turns them on)."""
     with (
         pytest.MonkeyPatch.context() as mp,
         registry.override("moe", "host_products", "reference"),
     ):
         mp.setenv("NINFER_CUDA_PREFILL", "float32")
         mp.setenv("NINFER_CUDA_DECODE", "split")
+        mp.setenv("NINFER_CUDA_GRAPHS", "0")
         yield
 
 
@@ -305,10 +309,18 @@ def test_a_small_pool_preempts_and_resumes_with_offload(artifacts, host_capacity
     assert (small.replayed_tokens > 0) == (host_capacity == "0")
 
 
-def test_graphs_turn_off_and_the_switch_refuses_in_one_line(artifacts, monkeypatch):
+def test_graphs_stay_where_every_expert_fits_and_turn_off_where_one_cannot(artifacts, monkeypatch):
+    """With decode steps captured: a budget that holds every expert beside the graphs keeps
+    them (the offload steps aside, no split); one at the floor turns them off for the split;
+    a backend outside the served ones is refused in one line."""
     path = artifacts["tiny_q4"]
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "1")
-    assert engine(path, "64GiB").runner.model.backend.graphs is False
+    roomy = engine(path, "64GiB")
+    assert roomy.runner.model.backend.graphs is True
+    assert roomy.expert_offload.aside and roomy.expert_offload.blocks == []
+    floor, _ = shares(path)  # (with the graphs' workspace: the aside plan's floor)
+    tight = engine(path, floor)
+    assert tight.runner.model.backend.graphs is False and not tight.expert_offload.aside
     assert engine(path).runner.model.backend.graphs is True  # no budget: captured
     monkeypatch.setattr(offload_module, "OFFLOAD_BACKENDS", ("cpu",))
     with pytest.raises(EngineError, match=NOT_SERVED) as exc:

@@ -68,9 +68,38 @@ def test_experts_are_prepared_alone_and_released_when_they_leave(q4_moe, shares)
         assert sorted(block.device) == list(moved.resident.get(block.layer, ()))
 
 
-def test_a_backend_capturing_graphs_decodes_eagerly_with_offload(q4_moe):
+def test_a_backend_capturing_graphs_decodes_eagerly_with_offload(q4_moe, shares):
     """The split reads each block's routing on the host: a capturing backend stops capturing
     before the model prepares anything, and the engine serves."""
+    floor, experts = shares
     backend = Recording(graphs=True)
-    engine = Engine(q4_moe, backend=backend, max_context=CONTEXT, max_lanes=1, vram_budget="1GiB")
-    assert backend.graphs is False and engine.expert_offload is not None
+    engine = Engine(
+        q4_moe, backend=backend, max_context=CONTEXT, max_lanes=1, vram_budget=floor + experts // 2
+    )
+    offload = engine.expert_offload
+    assert backend.graphs is False and not offload.aside and len(offload.blocks) == 4
+    first = next(i for i, call in enumerate(backend.calls) if any(map(routed_expert, call)))
+    assert not any(map(routed_expert, backend.calls[0]))  # experts come after, one by one
+    assert first > 0
+
+
+def test_where_every_expert_fits_beside_the_graphs_the_offload_steps_aside(q4_moe):
+    """A budget that holds every routed expert beside captured decode steps: the steps stay
+    captured, nothing is split, every expert is prepared with the model (whole banks, as
+    without a budget), and the answers are the plain engine's."""
+    backend = Recording(graphs=True)
+    e = Engine(q4_moe, backend=backend, max_context=CONTEXT, max_lanes=1, vram_budget="1GiB")
+    offload = e.expert_offload
+    assert backend.graphs is True and offload.aside and offload.blocks == []
+    assert offload.plan.resident_fraction == 1
+    assert offload.replan() is offload.plan  # nothing to place again
+    prepared = [n for call in backend.calls for n in call if routed_expert(n)]
+    assert prepared and all(
+        len(call) > 3 for call in backend.calls if any(map(routed_expert, call))
+    )
+    plain = Engine(q4_moe, max_context=CONTEXT, max_lanes=1)
+    prompt = np.array([7, 300, 12, 45, 9], dtype=np.int64)
+    a, b = (x.runner.new_state(CONTEXT) for x in (e, plain))
+    got = e.runner.prefill(prompt, a, chunk=8, last_only=True).logits[0]
+    want = plain.runner.prefill(prompt, b, chunk=8, last_only=True).logits[0]
+    np.testing.assert_array_equal(got, want)
