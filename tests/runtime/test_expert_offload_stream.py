@@ -281,3 +281,36 @@ def test_a_dense_model_plans_no_window(artifact_path):
     finally:
         offload.close()
     assert offload.stream.window_bytes is None and offload.workspace == 0
+
+
+@pytest.mark.parametrize("draft_tokens", [2, 3])
+def test_mtp_rounds_keep_greedy_output_with_offload(q4_moe, draft_tokens):
+    """Speculative rounds under a budget that keeps half the experts on the host: the
+    verification's rows take the host path like decode's, and greedy output is plain
+    decoding's under the same budget, with drafts both accepted and rejected."""
+    from ninfer_runtime.engine import GenerationRequest
+    from ninfer_runtime.frontend import SamplingParams
+    from ninfer_runtime.speculative import SpecConfig
+    from tests.runtime.test_engine_many_lanes import run_together
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [[7, 300, 12, 45, 9, 101], [77, 3, 250, 18, 64, 5, 11, 2, 90]]
+    requests = [GenerationRequest(prompt_ids=p, sampling=params) for p in prompts]
+
+    def half_resident(**kw):
+        """An engine of these settings with half its routed experts resident (its own
+        context pool in the floor: drafts take pages of their own)."""
+        plan = Engine(q4_moe, max_context=CONTEXT, max_lanes=2, vram_budget="1GiB", **kw)
+        plan = plan.expert_offload.plan
+        budget = plan.weights + plan.workspace + plan.context + plan.resident_bytes // 2
+        return Engine(q4_moe, max_context=CONTEXT, max_lanes=2, vram_budget=budget, **kw)
+
+    plain = half_resident()
+    rounds = half_resident(spec=SpecConfig(draft_tokens=draft_tokens))
+    assert rounds.expert_offload.plan.resident == plain.expert_offload.plan.resident
+    assert 0 < rounds.expert_offload.plan.resident_fraction < 1
+    rounds.expert_offload.counters.reset()
+    assert run_together(rounds, requests)[0] == run_together(plain, requests)[0]
+    stats = rounds.spec_stats
+    assert stats.rounds > 0 and stats.drafted == stats.rounds * draft_tokens
+    assert rounds.expert_offload.counters.host_total > 0  # verification on the host path
