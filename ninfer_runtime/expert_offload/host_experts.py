@@ -9,7 +9,7 @@ Two ways, as the moe family's ``host_products`` resolves for the engine's device
   holds its weights as stored (``stored_weights``); a use decodes one intermediate block at a
   time with the format's own codec to float32 and adds the block's share of the MoE block's
   expert math, never materialising a whole decoded matrix; the hottest host experts
-  (``hold_hottest``, by the same routing counts that rank residency) keep a decoded float32
+  (``host_cache``, by the same routing counts that rank residency) keep a decoded float32
   copy within ``[engine] host_expert_cache`` and skip decoding.
 
 One expert is a task on a thread pool sized to the cores (numpy's decode and products and
@@ -45,7 +45,6 @@ __all__ = [
     "HostExpert",
     "HostWeight",
     "StoredRows",
-    "hold_hottest",
     "host_threads",
     "load_host_weight",
 ]
@@ -192,25 +191,6 @@ class HostExpert:
             part = self.math(x, decode_stack(gate), decode_stack(up), decode_stack(down))
             out = part if out is None else out + part
         return out  # type: ignore[return-value]
-
-
-def hold_hottest(experts: Sequence[tuple[float, HostExpert]], allowance: int) -> int:
-    """Keep decoded copies of the experts most chosen first (``(priority, expert)``; among
-    equals, in the order given; packed experts take none) while their bytes fit
-    ``allowance``; drop the others'. Returns the bytes held."""
-    used = 0
-    order = sorted(range(len(experts)), key=lambda i: -experts[i][0])
-    keep = set()
-    for i in order:
-        if not experts[i][1].holds_copies:
-            continue
-        size = experts[i][1].decoded_bytes
-        if used + size <= allowance:
-            keep.add(i)
-            used += size
-    for i, (_, host_expert) in enumerate(experts):
-        host_expert.hold(i in keep)
-    return used
 
 
 def host_threads() -> int:

@@ -40,7 +40,8 @@ from ..ops.registry import resolve
 from ..sizes import format_size
 from .calibration import routing_counts
 from .counters import ExpertCounters
-from .host_experts import HostCompute, hold_hottest
+from .host_cache import hold_by_layer
+from .host_experts import HostCompute
 from .plan import OffloadPlan, WeightSizes, backend_workspace, plan_residency, routed_expert
 from .settings import host_cache_setting, pinned_allowance
 from .split_moe import SplitMoe, SplittableMoe
@@ -303,18 +304,7 @@ class ExpertOffload:
         return plan
 
     def _hold_hottest(self, counts: Mapping[int, Sequence[float]] | None) -> None:
-        """Decoded copies for the host experts most chosen (by ``counts``; None: all alike)
-        within the host cache allowance; among equals each layer's next expert in turn, so
-        the layers' copies stay even, as the plan's residency does."""
-        candidates = []
-        for b in self.blocks:
-            hits = {
-                e: float(counts[b.layer][e]) if counts is not None else 0.0 for e in b.host_experts
-            }
-            for rank, e in enumerate(sorted(hits, key=lambda e: (-hits[e], e))):
-                candidates.append((rank, b.layer, hits[e], b.host_experts[e]))
-        candidates.sort(key=lambda c: (c[0], c[1]))  # hold_hottest's sort by hits is stable
-        held = hold_hottest([(hits, expert) for _, _, hits, expert in candidates], self.host_cache)
+        held = hold_by_layer(self.blocks, counts, self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
 
     def _log_host_forms(self) -> None:

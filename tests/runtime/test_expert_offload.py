@@ -13,7 +13,8 @@ from ninfer_format.schema import Tensor
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload import VramBudgetError, WeightSizes
-from ninfer_runtime.expert_offload.host_experts import HostExpert, hold_hottest
+from ninfer_runtime.expert_offload.host_cache import hold_hottest
+from ninfer_runtime.expert_offload.host_experts import HostExpert
 from ninfer_runtime.expert_offload.plan import routed_expert
 from ninfer_runtime.expert_offload.stream_window import ExpertStream
 from ninfer_runtime.runner import ModelRunner

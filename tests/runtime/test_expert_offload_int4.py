@@ -16,7 +16,8 @@ from ninfer_format import Artifact
 from ninfer_format.codecs.gguf_block_types import FORMAT_BLOCKS
 from ninfer_format.codecs.registry import codec_for
 from ninfer_runtime.engine import Engine
-from ninfer_runtime.expert_offload.host_experts import HostCompute, HostExpert, hold_hottest
+from ninfer_runtime.expert_offload.host_cache import hold_hottest
+from ninfer_runtime.expert_offload.host_experts import HostCompute, HostExpert
 from ninfer_runtime.expert_offload.stored_weights import HostWeight, StoredRows
 from ninfer_runtime.ops import registry
 from ninfer_runtime.ops.moe.host_int4 import FORMATS, TorchInt4, host_products
