@@ -20,7 +20,8 @@ def load_bench_model(
     if vram_budget is None:
         return load_model(opened, backend), None
     budget, note = _scaled_budget(opened, vram_budget, reduced)
-    click.echo(note)
+    if note:  # (the plan's summary below names the budget itself)
+        click.echo(note)
     offload = ExpertOffload.for_budget(budget, backend, prefill_rows=chunk)
     options = {"ple_rows": "streamed"} if _has_ple(opened) else None  # as the whole model's
     model = load_model(opened, backend, expert_offload=offload, options=options)
@@ -34,17 +35,19 @@ def _has_ple(opened: Any) -> bool:
 
 
 def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
-    """The budget in bytes for this artifact, and a line saying so. A reduced artifact gets
-    its own weights other than routed experts (n-gram tables aside: they stay on the host;
-    the MTP block and proposal head included, as the text model loads them) plus the share of
-    its experts the whole model would keep within ``given``."""
+    """The budget in bytes for this artifact, and for a reduced one a line saying how it was
+    scaled (empty otherwise). A reduced artifact gets its own weights other than routed
+    experts (n-gram tables aside: they stay on the host; the MTP block and proposal head
+    included, as the text model loads them) plus the share of its experts the whole model
+    would keep within ``given``."""
     from ..capacity import parse_size
     from ..expert_offload.plan import WeightSizes, stored_bytes
+    from ..sizes import format_size
 
     whole_budget = parse_size(given, "vram budget")
     assert whole_budget is not None
     if reduced is None:
-        return whole_budget, f"--vram-budget {whole_budget / 2**30:.1f} GiB"
+        return whole_budget, ""
     names = [n for n in opened.bindings if not n.startswith("vision/") and "ngram_table" not in n]
     sizes = WeightSizes.measure(opened, names)
     whole = reduced["whole_bytes"]
@@ -54,7 +57,7 @@ def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
     share = min(1.0, max(0.0, (whole_budget - whole_other) / max(whole["experts"], 1)))
     budget = int(sizes.other + share * sizes.expert_total)
     return budget, (
-        f"--vram-budget {whole_budget / 2**30:.1f} GiB for the whole model keeps "
+        f"--vram-budget {format_size(whole_budget)} for the whole model keeps "
         f"{100 * share:.1f}% of its routed experts in device memory; this artifact gets "
-        f"{budget / 2**30:.2f} GiB, the same share of its own"
+        f"{format_size(budget)}, the same share of its own"
     )
