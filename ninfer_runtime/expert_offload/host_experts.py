@@ -82,9 +82,9 @@ class HostExpert:
         self.block_math = math
         #: the expert's math on the host's float32 products (the reference way)
         self.math: ExpertMath = functools.partial(math, HOST_MATH)
-        #: the weights in a kernel's layout, and its math on them (``pack``)
+        #: the weights in a kernel's layout, and that kernel (``pack``)
         self.packed: tuple[Any, Any, Any] | None = None
-        self._packed_math: ExpertMath | None = None
+        self.kernel: Any = None
         #: the whole weights, until (and unless) they are cut into blocks or packed
         self.whole: tuple[HostWeight, HostWeight, HostWeight] | None = (gate, up, down)
         self._blocks: tuple | None = None
@@ -111,7 +111,7 @@ class HostExpert:
         if any(p is None for p in packed):
             return False
         self.packed = (packed[0], packed[1], packed[2])
-        self._packed_math = functools.partial(self.block_math, kernel)
+        self.kernel = kernel
         self.whole, self._cut, self.held = None, True, None
         return True
 
@@ -180,9 +180,8 @@ class HostExpert:
         """The expert on rows x [n, H], float32: on the kernel's products when packed, on
         the held copy, else block by block from the stored codes
         (``benchmarks/expert_offload_host_bench.py`` measures each way)."""
-        if self._packed_math is not None:
-            assert self.packed is not None
-            return self._packed_math(x, *self.packed)
+        if self.packed is not None:
+            return self.block_math(self.kernel, x, *self.packed)
         blocks = None if self.held is not None else self.blocks
         if blocks is None:
             return self.math(x, *self.weights())
