@@ -2,9 +2,12 @@
 
 A development aid for machines with no device: NVRTC only needs its shared library, which the
 ``nvidia-cuda-nvrtc`` wheel ships. Point ``NVRTC_LIB`` at ``libnvrtc.so.13`` (default: the one
-in the installed wheel) and run ``python scripts/check_kernels.py [--resources] [family ...]``.
-``--resources`` also prints each kernel's registers and spill bytes (ptxas's report): the
-occupancy a change costs, before any GPU runs it.
+in the installed wheel) and run ``python scripts/check_kernels.py [--resources] [--cache]
+[family ...]``. ``--resources`` also prints each kernel's registers and spill bytes (ptxas's
+report): the occupancy a change costs, before any GPU runs it. ``--cache`` writes each cubin
+into the kernel cache (``NINFER_KERNEL_CACHE``) under the key a GPU machine's first start
+looks up, so a cache built here with the GPU machine's NVRTC version seeds a fresh machine
+(``scripts/gpu-check.sh`` unpacks ``.kcache-carry/kcache.tar.gz``).
 """
 
 from __future__ import annotations
@@ -137,15 +140,17 @@ def main(families: list[str]) -> int:
         # a module that needs CuPy at import launches no kernel family
         with contextlib.suppress(ImportError):
             importlib.import_module(f"{package.__name__}.{info.name}")
-    show = "--resources" in families
-    families = [f for f in families if f != "--resources"]
+    show, cache = "--resources" in families, "--cache" in families
+    families = [f for f in families if not f.startswith("--")]
     nvrtc = Nvrtc()
     failed = 0
     for family in families or sorted(C.FAMILIES):
+        source, names = C.family_source(family), C.FAMILIES[family]
         try:
-            image, _ = C._nvrtc_program(
-                nvrtc, C.family_source(family), C.FAMILIES[family], "-arch=sm_90a", cubin=True
-            )
+            if cache:
+                image, _ = C._compile_cached(source, list(names), "sm_90a", nvrtc)
+            else:
+                image, _ = C._nvrtc_program(nvrtc, source, names, "-arch=sm_90a", cubin=True)
         except C.CompileError as exc:
             failed += 1
             print(f"FAIL {family}\n{exc}")

@@ -35,6 +35,10 @@ def _build(family: str) -> tuple[str, float]:
 
 
 def main() -> int:
+    from cupy_backends.cuda.libs import nvrtc
+
+    # a cache seeded elsewhere (scripts/check_kernels.py --cache) hits only for this version
+    print("NVRTC", ".".join(str(v) for v in nvrtc.getVersion()))
     families = sorted(_families())
     with ProcessPoolExecutor(min(len(families), 16)) as pool:
         for family, seconds in pool.map(_build, families):

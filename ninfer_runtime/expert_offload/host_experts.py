@@ -242,7 +242,7 @@ class HostCompute:
         is in ``experts`` (``HostExpert``s), each weighted with its routing weight ``share``
         [N, k] as the router gave it (never renormalised over the host's pairs); float32
         [N, H], or None when the host holds none of the chosen experts."""
-        chosen = [int(e) for e in np.unique(top) if int(e) in experts]
+        chosen = sorted(e for e in set(top.ravel().tolist()) if e in experts)
         if not chosen:
             return None
         # experts side by side, and the cores each one's kernel products take

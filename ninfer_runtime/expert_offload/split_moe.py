@@ -172,7 +172,7 @@ class SplitMoe:
         start = time.perf_counter()
         part = self.host(xh, top, weights, self.host_experts)
         waited = time.perf_counter() - start
-        chosen = (int(e) for e in np.unique(top))
-        read = sum(self.host_experts[e].nbytes for e in chosen if e in self.host_experts)
+        held = self.host_experts
+        read = sum(held[e].nbytes for e in set(top.ravel().tolist()) if e in held)
         self.counters.record(self.layer, top, self.resident, waited, read)
         return out if part is None else out + self.backend.xp.asarray(part)
