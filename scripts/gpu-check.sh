@@ -28,12 +28,16 @@
 # routed expert whole on one rank (--expert-parallel). SAVE_KCACHE=1 writes the warmed
 # kernel cache to $OUT/kcache.tar.gz; copied here into .kcache-carry/ and carried, it saves a
 # fresh machine most of its warm-up (minutes of NVRTC: the cache is keyed by source, options
-# and NVRTC version, so a stale entry is never used, only missed). The copy of the tree on the
+# and NVRTC version, so a stale entry is never used, only missed; Triton's cache is kept
+# with it). Without a GPU, `scripts/check_kernels.py --cache` builds the same cache here
+# (NVRTC_LIB pointing at the NVRTC the GPU machine's warm-up prints). The copy of the tree on the
 # GPU machine has no git history, so pass the commit:
 #   run (carry .whl, and .kcache-carry if there): COMMIT=<short hash> bash scripts/gpu-check.sh
 set -u
 source scripts/gpu-prelude.sh
 export NINFER_KERNEL_CACHE=$PWD/.kcache
+# Triton's compiled kernels (fla-core's) live beside ours, so SAVE_KCACHE keeps them too
+export TRITON_CACHE_DIR=$PWD/.kcache/triton
 OUT=${OUT:-/tmp/ninfer-gpu-check}
 mkdir -p "$OUT"
 if [ -f .kcache-carry/kcache.tar.gz ]; then
@@ -41,7 +45,9 @@ if [ -f .kcache-carry/kcache.tar.gz ]; then
 fi
 python3 scripts/warm_kernels.py
 if [ "${SAVE_KCACHE:-0}" = 1 ]; then
-  tar czf "$OUT/kcache.tar.gz" -C .kcache . && ls -l "$OUT/kcache.tar.gz"
+  save_kcache() { tar czf "$OUT/kcache.tar.gz" -C .kcache . && ls -l "$OUT/kcache.tar.gz"; }
+  save_kcache
+  trap save_kcache EXIT  # again at the end, with the Triton kernels the run compiled
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
