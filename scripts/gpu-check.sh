@@ -12,7 +12,8 @@
 # SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with
 # what the host computed, read and streamed beside each row (offload35.json), and the host's
 # expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
-# offload_host.txt). IMAGES=1 writes the 27B with a full-size vision tower and times an image
+# offload_host.txt), then its decode with no budget and with 64GiB, which every expert fits
+# (budget35.json, budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
 # chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). OPS=1 times every CUDA provider of the op families beside each other
 # (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
 # attention_providers.txt). GGUF=1 adds the GGUF-block mixes
@@ -105,6 +106,12 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     timeout 120 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
       --down-format q5_g64_fp16 --kernel-threads auto,1,4,16 2>&1 | tee "$OUT/offload_host.txt"
+    # no budget, then a budget every expert fits (the bar: within 3%), one after the other
+    for budget in "" "--vram-budget 64GiB"; do
+      timeout 120 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 \
+        --contexts 1024 --prefill 0 $budget --json "$OUT/budget$name${budget:+_64GiB}.json" \
+        2>&1 | grep -v upload
+    done
   fi
   if [ "$name" = 27 ] && [ "${SPEC:-0}" = 1 ]; then
     timeout 400 python3 -m ninfer_runtime.bench.cli run "$artifact" --spec mtp \
