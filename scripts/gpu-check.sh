@@ -14,7 +14,10 @@
 # expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
 # offload_host.txt), then its decode with no budget and with 64GiB, which every expert fits
 # (budget35.json, budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
-# chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). OPS=1 times every CUDA provider of the op families beside each other
+# chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). PREFILL_HOST=1
+# adds a cProfile of one 2,048-token prefill chunk of each shape (prefill_host<shape>.txt:
+# the host's issue time by function). OPS=1 times every CUDA provider of the op families
+# beside each other
 # (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
 # attention_providers.txt). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
@@ -82,6 +85,11 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1 --contexts 1024 \
       --steps 4 --prefill 0 --long-prefill 131072 --kv-dtype bfloat16 --json "$OUT/long$name.json" \
       --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+  fi
+  if [ "${PREFILL_HOST:-0}" = 1 ]; then
+    timeout 180 python3 scripts/profile_prefill_parts.py "$artifact" --chunk-once \
+      --host-profile >"$OUT/prefill_host$name.txt" 2>&1
+    head -3 "$OUT/prefill_host$name.txt"
   fi
   if [ -n "$vision" ]; then
     timeout 240 python3 benchmarks/image_bench.py --model "$artifact" --backend cuda \
