@@ -16,7 +16,10 @@
 # (budget35.json, budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
 # chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). PREFILL_HOST=1
 # adds a cProfile of one 2,048-token prefill chunk of each shape (prefill_host<shape>.txt:
-# the host's issue time by function). OPS=1 times every CUDA provider of the op families
+# the host's issue time by function). FLASH=1 adds Qwen4Exp (qwen3_8_flash_next, 3 layers at
+# full width, n-gram tables at 1/16 of their rows) with its tables resident, then streamed
+# (flash_*.json); GLM=1 adds GLM5Next (glm5next, 3 layers) with --vram-budget 139GiB for the
+# whole model (glm.json). OPS=1 times every CUDA provider of the op families
 # beside each other
 # (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
 # attention_providers.txt). GGUF=1 adds the GGUF-block mixes
@@ -128,6 +131,29 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   fi
   rm -f "$artifact"*
 done
+# the full-width rows with fewer layers: Qwen4Exp with its n-gram tables resident, then
+# streamed (the bar: streamed within 10%); GLM5Next with the H200's budget for the whole model
+if [ "${FLASH:-0}" = 1 ]; then
+  artifact=/tmp/flash.ninfer
+  timeout 240 python3 -m ninfer_runtime.bench.cli synth --geometry qwen3_8_flash_next \
+    --formats qwen3_8_flash_next --layers 3 --ple-rows-scale 0.0625 -o "$artifact" --force \
+    | tail -3
+  for ple in resident streamed; do
+    timeout 240 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 \
+      --contexts 1024 --ple-rows $ple --json "$OUT/flash_$ple.json" --record "$OUT/records.md" \
+      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+  done
+  rm -f "$artifact"*
+fi
+if [ "${GLM:-0}" = 1 ]; then
+  artifact=/tmp/glm.ninfer
+  timeout 240 python3 -m ninfer_runtime.bench.cli synth --geometry glm5next --formats glm5next \
+    --layers 3 -o "$artifact" --force | tail -3
+  timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
+    --vram-budget 139GiB --json "$OUT/glm.json" --record "$OUT/records.md" \
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+  rm -f "$artifact"*
+fi
 if [ "${GGUF:-0}" = 1 ]; then
   timeout 120 python3 benchmarks/gpu_bench.py --rows 1,2,4,8 \
     --formats gguf_q4_k,gguf_q5_k,gguf_q6_k,gguf_q8_0,gguf_iq2_xxs >"$OUT/gpubench_gguf.txt" 2>&1

@@ -3,27 +3,62 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from ..cli_options import PLE_ROWS_CHOICES, model_options
+
+_OPTIONS = (
+    click.option(
+        "--vram-budget",
+        help="device memory for the weights, e.g. 139GiB (one H200): routed experts beyond it "
+        "are computed from host memory (CPU backend). For an artifact of fewer layers, the "
+        "budget of the whole model: the same share of experts is kept in host memory",
+    ),
+    click.option(
+        "--ple-rows",
+        type=click.Choice(PLE_ROWS_CHOICES),
+        help="Qwen4Exp's PLE n-gram tables: resident (loaded whole) or streamed (rows read "
+        "from the artifact as steps need them)  [default: streamed with --vram-budget, as the "
+        "whole model's tables would be; else the model's auto]",
+    ),
+)
+
+
+def load_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--vram-budget`` and ``--ple-rows`` on ``command`` (as ``vram_budget`` and
+    ``ple_rows``)."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
 
 def load_bench_model(
-    opened: Any, backend: str, vram_budget: str | None, reduced: Any, chunk: int
+    opened: Any,
+    backend: str,
+    vram_budget: str | None,
+    reduced: Any,
+    chunk: int,
+    ple_rows: str | None = None,
 ) -> tuple[Any, Any]:
     """The model and its expert offload (None without ``vram_budget``): its routed experts
     split by ``vram_budget`` (scaled to a reduced artifact), the backend's workspace planned
-    for prefill chunks of ``chunk`` tokens."""
+    for prefill chunks of ``chunk`` tokens; ``ple_rows``: where PLE's n-gram tables are read
+    from (None: streamed under a budget, else the model's default)."""
     from ..expert_offload import ExpertOffload
     from ..models import load_model
 
+    if ple_rows is None and vram_budget is not None and _has_ple(opened):
+        ple_rows = "streamed"  # as the whole model's tables would be
+    options = model_options(ple_rows)
     if vram_budget is None:
-        return load_model(opened, backend), None
+        return load_model(opened, backend, options=options), None
     budget, note = _scaled_budget(opened, vram_budget, reduced)
     if note:  # (the plan's summary below names the budget itself)
         click.echo(note)
     offload = ExpertOffload.for_budget(budget, backend, prefill_rows=chunk)
-    options = {"ple_rows": "streamed"} if _has_ple(opened) else None  # as the whole model's
     model = load_model(opened, backend, expert_offload=offload, options=options)
     assert offload is not None and offload.plan is not None
     click.echo(offload.plan.summary())

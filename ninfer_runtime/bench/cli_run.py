@@ -8,11 +8,12 @@ import time
 import click
 
 from ..state import KV_SETTINGS, resolve_kv_dtype
-from .cli_load import load_bench_model
+from .cli_load import load_bench_model, load_options
 from .cli_outputs import output_options, write_rows
 from .cli_parallel import parallel_table
 from .cli_spec import acceptance_table, chosen_draft_tokens, spec_tables
 from .offload_rates import OffloadReport
+from .ple_rates import PleReport
 
 
 def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -> list[int]:
@@ -108,12 +109,7 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     show_default=True,
     help="with --measure-acceptance: the most tokens of each answer",
 )
-@click.option(
-    "--vram-budget",
-    help="device memory for the weights, e.g. 139GiB (one H200): routed experts beyond it are "
-    "computed from host memory (CPU backend). For an artifact of fewer layers, the budget "
-    "of the whole model: the same share of experts is kept in host memory",
-)
+@load_options
 def run(
     artifact: str,
     backend: str,
@@ -138,6 +134,7 @@ def run(
     ranks: int,
     expert_parallel: bool,
     vram_budget: str | None,
+    ple_rows: str | None,
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
     rounds against the plain step.
@@ -168,7 +165,7 @@ def run(
     try:
         opened = Artifact.open(artifact)
         reduced = opened.provenance.get("reduced")
-        model, offload = load_bench_model(opened, backend, vram_budget, reduced, chunk)
+        model, offload = load_bench_model(opened, backend, vram_budget, reduced, chunk, ple_rows)
         runner = ModelRunner(model)
         weights = active_weights(opened)
     except (ArtifactError, EngineError, ValueError) as exc:
@@ -187,7 +184,8 @@ def run(
         f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write); K/V {kv_dtype}"
         + (f"; decode products {products}" if products else "")
     )
-    shares = OffloadReport.start(offload, xp)
+    # what offload and streamed PLE rows move, said beside each measurement
+    beside = (OffloadReport.start(offload, xp), PleReport.start(model))
     rows: list[dict] = []
     click.echo(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
@@ -196,7 +194,8 @@ def run(
     plain: dict[tuple[int, int], float] = {}
     for context in contexts:
         for n in lanes:
-            shares.reset()
+            for report in beside:
+                report.reset()
             r = M.decode_rate(
                 runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype,
                 weights=weights,
@@ -207,7 +206,8 @@ def run(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
                 f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
             )
-            rows += shares.read(f"{n} lane(s), context {context}", steps + M.DECODE_WARMUP)
+            for report in beside:
+                rows += report.read(f"{n} lane(s), context {context}", steps + M.DECODE_WARMUP)
     if reduced is not None:
         counted = weights if weights is not None else ActiveWeights(opened)
         click.echo(
@@ -229,7 +229,8 @@ def run(
         rows += acceptance_table(opened, backend, drafts, answer_tokens, kv_dtype)
     if prefill:
         rate = M.matmul_rate(xp)
-        shares.reset()
+        for report in beside:
+            report.reset()
         p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate, weights=weights)
         rows.append({"kind": "prefill", **M.as_row(p), "matmul_flops": rate})
         click.echo(
@@ -239,7 +240,8 @@ def run(
             f"({p.percent_of_floor:.1f}%)"
         )
         # the prompt read twice (warm, then timed): a step is one prompt
-        rows += shares.read(f"prefill of {prefill} tokens, a step = the prompt", 2)
+        for report in beside:
+            rows += report.read(f"prefill of {prefill} tokens, a step = the prompt", 2)
     if long_prefill:
         rate = M.matmul_rate(xp)
         segments = M.long_prefill(

@@ -178,3 +178,42 @@ def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts, tmp_pat
     )
     assert prefill and float(prefill[1]) > 0  # 64 rows a call: every host expert streamed
     assert decode[0].strip() + "." in record.read_text()
+
+
+def test_ple_rows_resident_or_streamed_and_what_streaming_read(artifacts):
+    """``--ple-rows`` picks where Qwen4Exp's n-gram tables are read from; streamed, each row
+    says what a step looked up and read from the artifact; another model refuses it."""
+    args = ["run", str(artifacts["qwen4_exp"]), "--backend", "cpu", "--lanes", "1"]
+    args += ["--contexts", "16", "--steps", "2", "--prefill", "32", "--chunk", "32"]
+    resident = CliRunner().invoke(main, [*args, "--ple-rows", "resident"])
+    assert resident.exit_code == 0, resident.output
+    assert "PLE n-gram tables: resident" in resident.output
+    assert "PLE rows," not in resident.output
+    streamed = CliRunner().invoke(main, [*args, "--ple-rows", "streamed"])
+    assert streamed.exit_code == 0, streamed.output
+    assert "PLE n-gram tables: streamed from the artifact through a 256 MiB row cache" in (
+        streamed.output
+    )
+    with Artifact.open(artifacts["qwen4_exp"]) as art:
+        config = art.components["text"].config
+    # a token's rows: every n-gram order's heads on each PLE layer (fewer where hashes meet)
+    per_token = (config["ngram_size"] - 1) * config["heads_per_ngram"]
+    per_token *= len(config["ple_layer_ids"])
+    decode = re.search(
+        rf"PLE rows, 1 lane\(s\), context 16: ({NUMBER}) looked up a step, (\d+)% held by "
+        rf"the cache; ({NUMBER}) MB read from the artifact a step in ({NUMBER}) ranges\n",
+        streamed.output,
+    )
+    assert decode and 0 < float(decode[1]) <= per_token
+    prefill = re.search(
+        rf"PLE rows, prefill of 32 tokens, a step = the prompt: ({NUMBER}) looked up a step, "
+        rf"(\d+)% held by the cache; ({NUMBER}) MB read from the artifact a step",
+        streamed.output,
+    )
+    # the prompt read twice: its second reading finds the first one's rows in the cache
+    assert prefill and float(prefill[1]) > per_token and 40 <= int(prefill[2]) < 100
+    assert float(prefill[3]) > 0
+    glm = ["run", str(artifacts["glm5_next"]), "--backend", "cpu", "--lanes", "1"]
+    refused = CliRunner().invoke(main, [*glm, "--prefill", "0", "--ple-rows", "resident"])
+    assert refused.exit_code != 0 and "ple_rows" in refused.output
+    assert "Traceback" not in refused.output

@@ -77,5 +77,7 @@ class StreamedTables:
         )
 
     def reset_counters(self) -> None:
+        """Zero what every table has read and what the cache held or missed."""
         for table in self.tables.values():
             table.reader.counters.reset()
+        self.cache.hits = self.cache.misses = 0
