@@ -285,6 +285,8 @@ def run(
         rows += traced
         for row in traced:
             click.echo("\n".join(K.lines(row)))
+    for report in beside:
+        rows += report.finish()
     if ranks > 1:
         del runner  # one rank's model leaves the device before the ranks load theirs
         rows += parallel_table(

@@ -7,10 +7,16 @@ step, and the expert bytes streamed to the device a step (floor: over the rate p
 memory copies to the device; none on the CPU backend, whose device is host memory). Both
 rates are measured in the same run (``probes``). Warm-up steps count with the timed ones, so
 a figure a step is over all of them.
+
+Once every measurement is done, ``finish`` sets the device memory the run held against the
+plan: CuPy's pool (which keeps freed blocks, so its size is the run's high-water mark) and
+torch's allocator's most reserved (its fused attention), beside the plan's weights,
+workspace estimate, context pool and resident experts.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,8 +75,9 @@ def as_row(share: OffloadShare) -> dict[str, Any]:
 class OffloadReport:
     """The offload's counters read around each measurement of a run (nothing without one)."""
 
-    def __init__(self, offload: Any, read_bw: float, upload_bw: float | None):
+    def __init__(self, offload: Any, read_bw: float, upload_bw: float | None, xp: Any = None):
         self.offload, self.read_bw, self.upload_bw = offload, read_bw, upload_bw
+        self.xp = xp
 
     @classmethod
     def start(cls, offload: Any, xp: Any) -> OffloadReport:
@@ -81,7 +88,35 @@ class OffloadReport:
         read_bw, upload_bw = host_read_bandwidth(threads), upload_bandwidth(xp)
         upload = f"; host-to-device copy {upload_bw / 1e9:.1f} GB/s" if upload_bw else ""
         click.echo(f"host read {read_bw / 1e9:.1f} GB/s on {threads} threads{upload}")
-        return cls(offload, read_bw, upload_bw)
+        return cls(offload, read_bw, upload_bw, xp)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The device memory the run held against the plan, said (nothing without an
+        offload, or on the CPU backend, whose device is host memory)."""
+        plan = self.offload.plan if self.offload is not None else None
+        if plan is None or not hasattr(self.xp, "get_default_memory_pool"):
+            return []
+        pool = int(self.xp.get_default_memory_pool().total_bytes())
+        torch = sys.modules.get("torch")
+        used = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+        reserved = int(torch.cuda.max_memory_reserved()) if used else 0
+        row = {
+            "kind": "offload memory",
+            "cupy_pool_bytes": pool,
+            "torch_reserved_bytes": reserved,
+            "planned_bytes": plan.weights + plan.workspace + plan.context + plan.resident_bytes,
+            "planned_workspace_bytes": plan.workspace,
+            "budget_bytes": plan.budget,
+        }
+        gib = 2**30
+        click.echo(
+            f"device memory held: CuPy's pool {pool / gib:.2f} GiB at most, torch's allocator "
+            f"{reserved / gib:.2f} GiB at most; the plan {row['planned_bytes'] / gib:.2f} GiB "
+            f"(weights {plan.weights / gib:.2f}, workspace estimate {plan.workspace / gib:.2f}, "
+            f"context pool {plan.context / gib:.2f}, resident experts "
+            f"{plan.resident_bytes / gib:.2f}) of a {plan.budget / gib:.2f} GiB budget"
+        )
+        return [row]
 
     def reset(self) -> None:
         if self.offload is not None:

@@ -1,0 +1,66 @@
+"""``ninfer-bench run --vram-budget``'s last offload line: the device memory the run held
+against the plan (its workspace estimate among the plan's shares), on a stand-in device."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+from ninfer_runtime.bench.offload_rates import OffloadReport
+from ninfer_runtime.expert_offload.plan import OffloadPlan
+
+GIB = 2**30
+
+
+class _Pool:
+    def total_bytes(self) -> int:
+        return 7 * GIB
+
+
+class _Device:
+    """An ``xp`` with a memory pool, as CuPy has."""
+
+    def get_default_memory_pool(self) -> _Pool:
+        return _Pool()
+
+
+def _plan() -> OffloadPlan:
+    return OffloadPlan(
+        budget=8 * GIB,
+        weights=2 * GIB,
+        workspace=GIB,
+        context=GIB // 2,
+        resident={0: (0, 1)},
+        experts={0: 4},
+        resident_bytes=3 * GIB,
+        host_bytes=3 * GIB,
+    )
+
+
+def test_the_run_holds_what_the_plan_said_beside_the_plan(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # no torch allocator in this run
+    report = OffloadReport(SimpleNamespace(plan=_plan()), 1.0, None, _Device())
+    rows = report.finish()
+    assert rows == [
+        {
+            "kind": "offload memory",
+            "cupy_pool_bytes": 7 * GIB,
+            "torch_reserved_bytes": 0,
+            "planned_bytes": int(6.5 * GIB),
+            "planned_workspace_bytes": GIB,
+            "budget_bytes": 8 * GIB,
+        }
+    ]
+    assert capsys.readouterr().out == (
+        "device memory held: CuPy's pool 7.00 GiB at most, torch's allocator 0.00 GiB at most; "
+        "the plan 6.50 GiB (weights 2.00, workspace estimate 1.00, context pool 0.50, resident "
+        "experts 3.00) of a 8.00 GiB budget\n"
+    )
+
+
+def test_nothing_without_an_offload_or_on_the_host():
+    assert OffloadReport(None, 0.0, None).finish() == []
+    on_host = OffloadReport(SimpleNamespace(plan=_plan()), 1.0, None, np)
+    assert on_host.finish() == []
