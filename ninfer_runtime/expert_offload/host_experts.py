@@ -12,10 +12,11 @@ Two ways, as the moe family's ``host_products`` resolves for the engine's device
   (``host_cache``, by the same routing counts that rank residency) keep a decoded float32
   copy within ``[engine] host_expert_cache`` and skip decoding.
 
-One expert is a task on a thread pool sized to the cores (numpy's decode and products and
-torch's kernels release the GIL; a kernel's cores are shared out among the experts computed
-side by side); the partial sums are added in expert order, so the result does not depend on
-which thread finished first. ``HostExpert.decoded`` names the experts whose layout could not
+The chosen experts are computed side by side in groups, the calling thread taking the first
+and a thread pool sized to the cores the others (numpy's decode and products and torch's
+kernels release the GIL; a kernel's cores are shared out among the experts computed side by
+side); the partial sums are added in expert order, so the result does not depend on which
+thread finished first. ``HostExpert.decoded`` names the experts whose layout could not
 be cut (held as float32), and the load log says so.
 """
 
@@ -263,10 +264,11 @@ class HostCompute:
             return parts
 
         groups = [chosen[i::side] for i in range(side)]
-        if side == 1:
-            parts = some(chosen)
-        else:
-            parts = [p for done in self._pool.map(some, groups) for p in done]
+        # the calling thread takes the first group itself rather than wait for the pool
+        others = [self._pool.submit(some, g) for g in groups[1:]]
+        parts = some(groups[0])
+        for done in others:
+            parts += done.result()
         out = np.zeros(x.shape, dtype=np.float32)
         # in expert order: the same sum whichever thread ran first
         for _, rows, part in sorted(parts, key=lambda p: p[0]):

@@ -188,7 +188,7 @@ class CountingKernel:
         (16, None, 5, 3, 5),  # auto: the cores shared out among the chosen experts
         (16, None, 32, 1, 16),
         (16, 4, 8, 4, 4),  # 4 cores an expert, 4 experts side by side
-        (16, 16, 8, 16, 1),  # every core on one expert at a time, on the calling thread
+        (16, 16, 8, 16, 1),  # every core on one expert at a time
     ],
 )
 def test_the_host_shares_its_cores_out_among_the_chosen_experts(
@@ -207,5 +207,6 @@ def test_the_host_shares_its_cores_out_among_the_chosen_experts(
     np.testing.assert_allclose(out, 0.5 * sum(range(1, chosen + 1)) * x)
     # one task a group of experts side by side, each giving its thread the same cores
     assert {n for _, n in kernel.given} == {cores} and len(kernel.given) == side
-    callers = {name for name, _ in kernel.given}
-    assert (callers == {"MainThread"}) == (side == 1)
+    # the calling thread computes the first group; the pool the others
+    callers = [name for name, _ in kernel.given]
+    assert callers.count("MainThread") == 1
