@@ -16,12 +16,12 @@ Beside each, the host memory bandwidth floor: the bytes a token must read (store
 ``whole`` and ``blocks``, float32 weights for ``held``, the packed codes and scales for
 ``int4``) over the read bandwidth measured in the same run (one large array's maximum, in slices
 on every core). ``--kernel-threads`` times the ``int4`` way with each expert's products on
-that many cores, the pool running the rest side by side (``auto``: the cores shared out among
-a step's experts). The machine may be shared: each way runs ``--rounds`` times and the best
-round counts.
+that many cores, the pool running the rest side by side (``all``: every core on one expert at
+a time, the engine's split). The machine may be shared: each way runs ``--rounds`` times and
+the best round counts.
 
     python benchmarks/expert_offload_host_bench.py [--format q4_g64_fp16]
-        [--down-format q5_g64_fp16] [--kernel-threads auto,1,4,16] [--steps 20]
+        [--down-format q5_g64_fp16] [--kernel-threads all,1,4] [--steps 20]
 
 Copy the table with date, CPU and commit into docs/performance.md.
 """
@@ -131,7 +131,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", default="q4_g64_fp16", choices=sorted(LAYOUTS))
     parser.add_argument("--down-format", choices=sorted(LAYOUTS), help="default: --format")
-    parser.add_argument("--kernel-threads", default="auto", help="int4 way: auto or counts")
+    parser.add_argument(
+        "--kernel-threads", default="all", help="int4 way: cores an expert, all or counts"
+    )
     parser.add_argument("--steps", type=int, default=20, help="decode steps a round (mid bank)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a way; the best is shown")
     args = parser.parse_args()
@@ -143,7 +145,7 @@ def main() -> None:
         from ninfer_runtime.ops.moe.host_int4 import host_products
 
         kernel = host_products()
-    splits = [None if t == "auto" else int(t) for t in args.kernel_threads.split(",")]
+    splits = [None if t == "all" else int(t) for t in args.kernel_threads.split(",")]
     host = HostCompute()
     cpu = cpu_name()
     print(f"{cpu}, {host_threads()} threads, gate/up {args.format}, down {down_format}")
@@ -172,7 +174,7 @@ def main() -> None:
             assert packer.pack(packed) == len(packed)
             packer.close()
             for split in splits:
-                way = f"int4 {split or 'auto'}"
+                way = f"int4 {split or 'all'}"
                 ways[way] = (dict(enumerate(packed)), packed[0].nbytes * bank.top_k)
                 hosts[way] = HostCompute(kernel=kernel, kernel_threads=split)
         steps = args.steps if bank.name != "tiny" else args.steps * 20

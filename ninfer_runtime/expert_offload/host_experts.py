@@ -209,8 +209,10 @@ class HostCompute:
     ):
         """``kernel``: the ``host_products`` kernel host experts are packed for (None: the
         reference's decoding); ``kernel_threads``: the cores one expert's kernel products
-        take, the pool running ``threads // kernel_threads`` experts side by side (None: the
-        cores shared out among the experts a call chooses)."""
+        take, the pool running ``threads // kernel_threads`` experts side by side (None:
+        every core, the experts one after another on the calling thread: the fastest split
+        measured, on a 2-core VM and a GPU machine's 16-thread host alike, with sharing the
+        cores out among a call's experts the slowest; docs/performance.md)."""
         self.threads = threads or host_threads()
         self.kernel = kernel
         self.kernel_threads = kernel_threads
@@ -247,8 +249,8 @@ class HostCompute:
         if not chosen:
             return None
         # experts side by side, and the cores each one's kernel products take
-        if self.kernel is not None and self.kernel_threads:
-            cores = min(self.kernel_threads, self.threads)
+        if self.kernel is not None:
+            cores = min(self.kernel_threads or self.threads, self.threads)
             side = min(self.threads // cores, len(chosen))
         else:
             side = min(len(chosen), self.threads)

@@ -185,13 +185,13 @@ class CountingKernel:
 @pytest.mark.parametrize(
     ("threads", "kernel_threads", "chosen", "cores", "side"),
     [
-        (16, None, 5, 3, 5),  # auto: the cores shared out among the chosen experts
-        (16, None, 32, 1, 16),
+        (16, None, 5, 16, 1),  # default: every core on one expert after another
+        (16, None, 32, 16, 1),
         (16, 4, 8, 4, 4),  # 4 cores an expert, 4 experts side by side
         (16, 16, 8, 16, 1),  # every core on one expert at a time
     ],
 )
-def test_the_host_shares_its_cores_out_among_the_chosen_experts(
+def test_how_the_host_gives_its_cores_to_the_chosen_experts(
     threads, kernel_threads, chosen, cores, side
 ):
     kernel = CountingKernel()
