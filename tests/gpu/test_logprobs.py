@@ -31,8 +31,12 @@ pytestmark = requires_gpu
 #: rounds activations, and in prefill attention q, k, v and the probabilities, to bf16 (unit
 #: roundoff 2^-9 a rounding); a log-probability of -16 is a logit gap of 16 to the row's
 #: top built through those roundings, so its error grows with it. With bf16 prefill attention
-#: one H100 run measured 0.104 on a prompt position (-3.56 against the CPU's -3.66)
-TOL, RTOL = 0.15, 0.01
+#: one H100 run measured 0.104 on a prompt position (55f6b41); since the products also take
+#: x in bf16 (the production precision of issue 41), 0.270 (b92e5c0, H100: -4.80 against the
+#: CPU's -5.07; 0.174 with NINFER_CUDA_PREFILL=float32, so about a third of it is the
+#: prefill products' rounding), while generated tokens stay within 5e-3. The bound keeps a
+#: quarter in hand; an error of position (a row's scores given to its neighbour) costs nats
+TOL, RTOL = 0.30, 0.01
 TEXT = (
     "The capital of France is Paris. The capital of Italy is Rome. "
     "A tiny model answers tiny questions, and the fox jumps over the lazy dog again."
