@@ -9,7 +9,8 @@ rates are measured in the same run (``probes``). Warm-up steps count with the ti
 a figure a step is over all of them.
 
 Once every measurement is done, ``finish`` sets the device memory the run held against the
-plan: CuPy's pool (which keeps freed blocks, so its size is the run's high-water mark) and
+plan: CuPy's pool (which keeps freed blocks, so its size is the run's high-water mark; the
+bench's probes give theirs back, so it is the engine's), also once the model was loaded, and
 torch's allocator's most reserved (its fused attention), beside the plan's weights,
 workspace estimate, context pool and resident experts.
 """
@@ -78,6 +79,8 @@ class OffloadReport:
     def __init__(self, offload: Any, read_bw: float, upload_bw: float | None, xp: Any = None):
         self.offload, self.read_bw, self.upload_bw = offload, read_bw, upload_bw
         self.xp = xp
+        #: the device pool's bytes in use and held once the model is loaded (None: no pool)
+        self.loaded = _pool_bytes(xp)
 
     @classmethod
     def start(cls, offload: Any, xp: Any) -> OffloadReport:
@@ -96,13 +99,17 @@ class OffloadReport:
         plan = self.offload.plan if self.offload is not None else None
         if plan is None or not hasattr(self.xp, "get_default_memory_pool"):
             return []
-        pool = int(self.xp.get_default_memory_pool().total_bytes())
+        used, pool = _pool_bytes(self.xp) or (0, 0)
+        loaded_used, loaded_pool = self.loaded or (0, 0)
         torch = sys.modules.get("torch")
-        used = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
-        reserved = int(torch.cuda.max_memory_reserved()) if used else 0
+        on_torch = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+        reserved = int(torch.cuda.max_memory_reserved()) if on_torch else 0
         row = {
             "kind": "offload memory",
             "cupy_pool_bytes": pool,
+            "cupy_in_use_bytes": used,
+            "loaded_pool_bytes": loaded_pool,
+            "loaded_in_use_bytes": loaded_used,
             "torch_reserved_bytes": reserved,
             "planned_bytes": plan.weights + plan.workspace + plan.context + plan.resident_bytes,
             "planned_workspace_bytes": plan.workspace,
@@ -110,8 +117,10 @@ class OffloadReport:
         }
         gib = 2**30
         click.echo(
-            f"device memory held: CuPy's pool {pool / gib:.2f} GiB at most, torch's allocator "
-            f"{reserved / gib:.2f} GiB at most; the plan {row['planned_bytes'] / gib:.2f} GiB "
+            f"device memory held: CuPy's pool {pool / gib:.2f} GiB at most ({used / gib:.2f} in "
+            f"use at the end; once loaded {loaded_pool / gib:.2f}, {loaded_used / gib:.2f} in "
+            f"use), torch's allocator {reserved / gib:.2f} GiB at most; the plan "
+            f"{row['planned_bytes'] / gib:.2f} GiB "
             f"(weights {plan.weights / gib:.2f}, workspace estimate {plan.workspace / gib:.2f}, "
             f"context pool {plan.context / gib:.2f}, resident experts "
             f"{plan.resident_bytes / gib:.2f}) of a {plan.budget / gib:.2f} GiB budget"
@@ -129,3 +138,12 @@ class OffloadReport:
         share = measured(label, self.offload.counters, steps, self.read_bw, self.upload_bw)
         click.echo(line(share))
         return [as_row(share)]
+
+
+def _pool_bytes(xp: Any) -> tuple[int, int] | None:
+    """CuPy's default pool: bytes in use and bytes held (None for an array module without
+    one, the CPU backend's numpy)."""
+    if not hasattr(xp, "get_default_memory_pool"):
+        return None
+    pool = xp.get_default_memory_pool()
+    return int(pool.used_bytes()), int(pool.total_bytes())

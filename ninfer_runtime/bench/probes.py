@@ -1,7 +1,11 @@
 """What the device can do, measured in the same run as the rates: the copy bandwidth a decode
 step's floor is taken at, the matmul rate a prefill's is; and the drained timing both use.
 With expert offload also the host's: the rate its cores read memory (the floor of the host's
-expert products) and the rate host memory copies to the device (the floor of streaming)."""
+expert products) and the rate host memory copies to the device (the floor of streaming).
+
+Each device probe hands its buffers back to the device when it is done (CuPy's pool would
+otherwise keep the copy probe's 4 GiB as free blocks, which the engine's memory figures would
+then count)."""
 
 from __future__ import annotations
 
@@ -34,6 +38,13 @@ def median_seconds(xp: Any, fn: Any, repeats: int = 5) -> float:
     return float(np.median(times[1:]))
 
 
+def release(xp: Any) -> None:
+    """Return the device pool's free blocks to the device (a probe's buffers, once dropped)."""
+    pool = getattr(xp, "get_default_memory_pool", None)
+    if pool is not None:
+        pool().free_all_blocks()
+
+
 def copy_bandwidth(xp: Any) -> float:
     """Bytes per second read plus written by a large device-to-device copy."""
     size = COPY_BYTES if hasattr(xp, "cuda") else CPU_COPY_BYTES
@@ -43,7 +54,10 @@ def copy_bandwidth(xp: Any) -> float:
     def copy() -> None:
         dst[...] = src
 
-    return 2 * size / median_seconds(xp, copy)
+    rate = 2 * size / median_seconds(xp, copy)
+    del src, dst
+    release(xp)
+    return rate
 
 
 def matmul_rate(xp: Any) -> float:
@@ -51,7 +65,10 @@ def matmul_rate(xp: Any) -> float:
     gpu = hasattr(xp, "cuda")
     n, dtype = (8192, xp.float16) if gpu else (1024, xp.float32)
     a = xp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype=dtype)
-    return 2 * n**3 / median_seconds(xp, lambda: a @ a)
+    rate = 2 * n**3 / median_seconds(xp, lambda: a @ a)
+    del a
+    release(xp)
+    return rate
 
 
 #: bytes the host's read probe reads: beyond the last-level caches
@@ -84,4 +101,7 @@ def upload_bandwidth(xp: Any) -> float | None:
     host = cupyx.empty_pinned((UPLOAD_BYTES,), dtype=np.uint8)
     host[...] = 1
     device = xp.empty(UPLOAD_BYTES, dtype=xp.uint8)
-    return UPLOAD_BYTES / median_seconds(xp, lambda: device.set(host))
+    rate = UPLOAD_BYTES / median_seconds(xp, lambda: device.set(host))
+    del device
+    release(xp)
+    return rate

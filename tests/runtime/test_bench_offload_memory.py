@@ -15,15 +15,26 @@ GIB = 2**30
 
 
 class _Pool:
+    """A pool's bytes in use and held, set by the test."""
+
+    def __init__(self) -> None:
+        self.used, self.held = 2 * GIB, 3 * GIB
+
+    def used_bytes(self) -> int:
+        return self.used
+
     def total_bytes(self) -> int:
-        return 7 * GIB
+        return self.held
 
 
 class _Device:
     """An ``xp`` with a memory pool, as CuPy has."""
 
+    def __init__(self) -> None:
+        self.pool = _Pool()
+
     def get_default_memory_pool(self) -> _Pool:
-        return _Pool()
+        return self.pool
 
 
 def _plan() -> OffloadPlan:
@@ -41,12 +52,17 @@ def _plan() -> OffloadPlan:
 
 def test_the_run_holds_what_the_plan_said_beside_the_plan(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # no torch allocator in this run
-    report = OffloadReport(SimpleNamespace(plan=_plan()), 1.0, None, _Device())
+    device = _Device()
+    report = OffloadReport(SimpleNamespace(plan=_plan()), 1.0, None, device)  # once loaded
+    device.pool.used, device.pool.held = 5 * GIB, 7 * GIB  # the run
     rows = report.finish()
     assert rows == [
         {
             "kind": "offload memory",
             "cupy_pool_bytes": 7 * GIB,
+            "cupy_in_use_bytes": 5 * GIB,
+            "loaded_pool_bytes": 3 * GIB,
+            "loaded_in_use_bytes": 2 * GIB,
             "torch_reserved_bytes": 0,
             "planned_bytes": int(6.5 * GIB),
             "planned_workspace_bytes": GIB,
@@ -54,9 +70,10 @@ def test_the_run_holds_what_the_plan_said_beside_the_plan(capsys, monkeypatch):
         }
     ]
     assert capsys.readouterr().out == (
-        "device memory held: CuPy's pool 7.00 GiB at most, torch's allocator 0.00 GiB at most; "
-        "the plan 6.50 GiB (weights 2.00, workspace estimate 1.00, context pool 0.50, resident "
-        "experts 3.00) of a 8.00 GiB budget\n"
+        "device memory held: CuPy's pool 7.00 GiB at most (5.00 in use at the end; once loaded "
+        "3.00, 2.00 in use), torch's allocator 0.00 GiB at most; the plan 6.50 GiB (weights "
+        "2.00, workspace estimate 1.00, context pool 0.50, resident experts 3.00) of a 8.00 GiB "
+        "budget\n"
     )
 
 
