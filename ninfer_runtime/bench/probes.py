@@ -48,27 +48,33 @@ def release(xp: Any) -> None:
 def copy_bandwidth(xp: Any) -> float:
     """Bytes per second read plus written by a large device-to-device copy."""
     size = COPY_BYTES if hasattr(xp, "cuda") else CPU_COPY_BYTES
+    seconds = _copy_seconds(xp, size)
+    release(xp)  # the buffers went with the call above
+    return 2 * size / seconds
+
+
+def _copy_seconds(xp: Any, size: int) -> float:
     src = xp.ones(size // 4, dtype=xp.float32)
     dst = xp.empty_like(src)
 
     def copy() -> None:
         dst[...] = src
 
-    rate = 2 * size / median_seconds(xp, copy)
-    del src, dst
-    release(xp)
-    return rate
+    return median_seconds(xp, copy)
 
 
 def matmul_rate(xp: Any) -> float:
     """FLOP/s of a large float16 product on the GPU (tensor cores), float32 on the CPU."""
     gpu = hasattr(xp, "cuda")
     n, dtype = (8192, xp.float16) if gpu else (1024, xp.float32)
-    a = xp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype=dtype)
-    rate = 2 * n**3 / median_seconds(xp, lambda: a @ a)
-    del a
+    seconds = _matmul_seconds(xp, n, dtype)
     release(xp)
-    return rate
+    return 2 * n**3 / seconds
+
+
+def _matmul_seconds(xp: Any, n: int, dtype: Any) -> float:
+    a = xp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype=dtype)
+    return median_seconds(xp, lambda: a @ a)
 
 
 #: bytes the host's read probe reads: beyond the last-level caches
@@ -100,8 +106,11 @@ def upload_bandwidth(xp: Any) -> float | None:
 
     host = cupyx.empty_pinned((UPLOAD_BYTES,), dtype=np.uint8)
     host[...] = 1
-    device = xp.empty(UPLOAD_BYTES, dtype=xp.uint8)
-    rate = UPLOAD_BYTES / median_seconds(xp, lambda: device.set(host))
-    del device
+    seconds = _upload_seconds(xp, host)
     release(xp)
-    return rate
+    return UPLOAD_BYTES / seconds
+
+
+def _upload_seconds(xp: Any, host: Any) -> float:
+    device = xp.empty(host.size, dtype=xp.uint8)
+    return median_seconds(xp, lambda: device.set(host))
