@@ -12,11 +12,11 @@ Two ways, as the moe family's ``host_products`` resolves for the engine's device
   (``host_cache``, by the same routing counts that rank residency) keep a decoded float32
   copy within ``[engine] host_expert_cache`` and skip decoding.
 
-The chosen experts are computed side by side in groups, the calling thread taking the first
+The chosen experts are computed in groups side by side, the calling thread taking the first
 and a thread pool sized to the cores the others (numpy's decode and products and torch's
-kernels release the GIL; a kernel's cores are shared out among the experts computed side by
-side); the partial sums are added in expert order, so the result does not depend on which
-thread finished first. ``HostExpert.decoded`` names the experts whose layout could not
+kernels release the GIL); a kernel's experts by default take every core one after another,
+on the calling thread alone. The partial sums are added in expert order, so the result does
+not depend on which thread finished first. ``HostExpert.decoded`` names the experts whose layout could not
 be cut (held as float32), and the load log says so.
 """
 
