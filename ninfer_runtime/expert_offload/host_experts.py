@@ -16,8 +16,8 @@ The chosen experts are computed in groups side by side, the calling thread takin
 and a thread pool sized to the cores the others (numpy's decode and products and torch's
 kernels release the GIL); a kernel's experts by default take every core one after another,
 on the calling thread alone. The partial sums are added in expert order, so the result does
-not depend on which thread finished first. ``HostExpert.decoded`` names the experts whose layout could not
-be cut (held as float32), and the load log says so.
+not depend on which thread finished first. ``HostExpert.decoded`` names the experts whose
+layout could not be cut (held as float32), and the load log says so.
 """
 
 from __future__ import annotations
