@@ -9,8 +9,8 @@ live in host memory, for a tiny and a mid-sized synthetic expert bank, three way
 * ``held``: the experts keep decoded float32 copies (``[engine] host_expert_cache``): only
   the products remain;
 * ``int4``: the experts repacked for torch's CPU int4 kernel (the moe family's
-  ``host_products`` provider ``torch_int4``, the host share beside a GPU): q4 only, bf16
-  rows, codes read inside the product.
+  ``host_products`` provider ``torch_int4``, the host share beside a GPU): q4 codes as one
+  4-bit plane, q5/q6/q8 as two, bf16 rows, codes read inside the product.
 
 Beside each, the host memory bandwidth floor: the bytes a token must read (stored codes for
 ``whole`` and ``blocks``, float32 weights for ``held``, the packed codes and scales for
@@ -127,12 +127,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def core_splits(text: str) -> list[int | None]:
+    """``--kernel-threads``: each entry a core count, or ``all`` (None: every core)."""
+    splits = []
+    for t in text.split(","):
+        if t != "all" and not (t.isdigit() and int(t) > 0):
+            raise argparse.ArgumentTypeError(f"{t!r}: expected all or a core count above 0")
+        splits.append(None if t == "all" else int(t))
+    return splits
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", default="q4_g64_fp16", choices=sorted(LAYOUTS))
     parser.add_argument("--down-format", choices=sorted(LAYOUTS), help="default: --format")
     parser.add_argument(
-        "--kernel-threads", default="all", help="int4 way: cores an expert, all or counts"
+        "--kernel-threads",
+        type=core_splits,
+        default="all",
+        help="int4 way: cores an expert, comma-separated: all or counts",
     )
     parser.add_argument("--steps", type=int, default=20, help="decode steps a round (mid bank)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a way; the best is shown")
@@ -145,7 +158,7 @@ def main() -> None:
         from ninfer_runtime.ops.moe.host_int4 import host_products
 
         kernel = host_products()
-    splits = [None if t == "all" else int(t) for t in args.kernel_threads.split(",")]
+    splits = args.kernel_threads
     host = HostCompute()
     cpu = cpu_name()
     print(f"{cpu}, {host_threads()} threads, gate/up {args.format}, down {down_format}")
@@ -186,7 +199,9 @@ def main() -> None:
                 f"| {way} | {rate:,.1f} | {nbytes / 1e6:.2f} MB | {floor:,.0f} | "
                 f"{rate / floor:.0%} |"
             )
-    host.close()  # (the int4 ways' pools end with the process)
+        for pool in set(hosts.values()) - {host}:
+            pool.close()
+    host.close()
 
 
 if __name__ == "__main__":

@@ -97,10 +97,10 @@ class OffloadReport:
         """The device memory the run held against the plan, said (nothing without an
         offload, or on the CPU backend, whose device is host memory)."""
         plan = self.offload.plan if self.offload is not None else None
-        if plan is None or not hasattr(self.xp, "get_default_memory_pool"):
+        held = _pool_bytes(self.xp)
+        if plan is None or held is None or self.loaded is None:
             return []
-        used, pool = _pool_bytes(self.xp) or (0, 0)
-        loaded_used, loaded_pool = self.loaded or (0, 0)
+        (used, pool), (loaded_used, loaded_pool) = held, self.loaded
         torch = sys.modules.get("torch")
         on_torch = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
         reserved = int(torch.cuda.max_memory_reserved()) if on_torch else 0

@@ -248,13 +248,9 @@ class HostCompute:
         chosen = sorted(e for e in set(top.ravel().tolist()) if e in experts)
         if not chosen:
             return None
-        # experts side by side, and the cores each one's kernel products take
-        if self.kernel is not None:
-            cores = min(self.kernel_threads or self.threads, self.threads)
-            side = min(self.threads // cores, len(chosen))
-        else:
-            side = min(len(chosen), self.threads)
-            cores = max(self.threads // side, 1)
+        # experts side by side: a kernel's take ``cores`` each, the reference's one a thread
+        cores = min(self.kernel_threads or self.threads, self.threads)
+        side = min(self.threads // cores if self.kernel is not None else self.threads, len(chosen))
 
         def some(group: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
             if self.kernel is not None:

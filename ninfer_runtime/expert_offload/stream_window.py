@@ -82,6 +82,7 @@ class ExpertStream:
         part of the window may take (None: no cap); ``blocks``: the split blocks in layer
         order (the list the offload fills as it attaches), for the next layer's prefetch."""
         self.rows, self.window_bytes, self.blocks = rows, window_bytes, blocks
+        self._given_window = window_bytes
         #: layer -> each routed expert's stored bytes (``WeightSizes.experts``, which the
         #: offload measures once while planning and sets here before any block is split)
         self.sizes: Mapping[int, Sequence[int]] = {}
@@ -93,10 +94,9 @@ class ExpertStream:
         given, and the prefetched part takes as much again; elsewhere nothing more."""
         if self.rows is None or not self.sizes or not hasattr(backend, "prefetch_experts"):
             return 0  # (no routed experts: a dense model, nothing streams)
-        if self.window_bytes is not None:
-            return self.window_bytes
-        self.window_bytes = default_window(self.sizes, budget)
-        return 2 * self.window_bytes
+        given = self._given_window
+        self.window_bytes = given if given is not None else default_window(self.sizes, budget)
+        return self.window_bytes if given is not None else 2 * self.window_bytes
 
     def takes(self, rows: int) -> bool:
         """Whether a block call of ``rows`` token rows streams."""

@@ -18,7 +18,8 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("grouped_route", "cuda"): ("reference",),
     # the products of expert offload's host experts, keyed by the engine's device: beside the
     # CPU backend the host computes as its float32 oracle does; beside a GPU, in the GPU
-    # path's production precision on torch's CPU int4 kernel (q4 experts; others: reference)
+    # path's production precision on torch's CPU int4 kernel (the formats host_codes reads;
+    # others: reference)
     ("host_products", "cpu"): ("reference",),
     ("host_products", "cuda"): ("torch_int4", "reference"),
 }
