@@ -117,9 +117,9 @@ def test_streamed_windows_are_kept_and_read_again_without_cutting(
 ) -> None:
     """``Residency.streaming``: a streamed expert's windows are cut from the banks once and
     kept (in pinned host memory on the GPU, ``expert_streaming.PinnedCuts``); preparing the
-    expert again after its release uploads the kept bytes, cutting nothing, and the windows
-    are the same bytes. Past the allowance nothing is kept, and outside ``streaming`` nothing
-    is read from or added to the kept copies."""
+    expert again after its release uploads the kept bytes, cutting and planning nothing, and
+    the weights are the same rows of the same bytes. Past the allowance nothing is kept, and
+    outside ``streaming`` nothing is read from or added to the kept copies."""
     from ninfer_runtime.backends.cuda import weights as residency_module
     from ninfer_runtime.backends.cuda.expert_streaming import PinnedCuts
 
@@ -137,6 +137,12 @@ def test_streamed_windows_are_kept_and_read_again_without_cutting(
     def bytes_of(prepared):
         return {n: bytes(w.segments[0].parent.data) for n, w in prepared.items()}
 
+    def shapes_of(prepared):
+        return {
+            n: (w.shape, [(s.parent.planes, s.row0, s.rows) for s in w.segments])
+            for n, w in prepared.items()
+        }
+
     residency = Residency(np)
     kept = PinnedCuts(1 << 30, lambda n: np.empty(n, dtype=np.uint8))
     with residency.streaming(kept):
@@ -144,13 +150,20 @@ def test_streamed_windows_are_kept_and_read_again_without_cutting(
     made = len(calls)
     assert made and len(kept) == made and kept.used > 0
     residency.release(first.values())
+    planned: list[int] = []
+    plan = residency_module.plan_segments
+    monkeypatch.setattr(
+        residency_module, "plan_segments", lambda *args: planned.append(1) or plan(*args)
+    )
     with residency.streaming(kept):
         again = residency.prepare(art, names)
     assert len(calls) == made  # every window from its kept copy
+    assert not planned  # rebuilt as it was made: nothing planned again
     assert bytes_of(again) == bytes_of(first)
+    assert shapes_of(again) == shapes_of(first)
     residency.release(again.values())
     plain = residency.prepare(art, names)  # not streaming: cut again, nothing kept
-    assert len(calls) == 2 * made and len(kept) == made
+    assert len(calls) == 2 * made and len(kept) == made and planned
     assert bytes_of(plain) == bytes_of(first)
 
     none = PinnedCuts(0, lambda n: np.empty(n, dtype=np.uint8))

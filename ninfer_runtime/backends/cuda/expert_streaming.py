@@ -7,7 +7,11 @@ memcpy rate, a few GB/s. So:
 
 * ``PinnedCuts``: the first time a streamed expert's row window is cut, its stored bytes are
   kept in pinned (page-locked) host memory, within a byte allowance; every later upload of
-  that window is a DMA at the link's rate that the host only issues;
+  that window is a DMA at the link's rate that the host only issues. With the bytes it keeps
+  how the expert's weights were built from them (``Rebuild``), so a later prepare of the
+  expert uploads and wraps, planning nothing: a prefill chunk prepares each of a layer's
+  host experts in turn, and the planning (the weight's row plan, its cut, its planes) is most
+  of a prepare's host time;
 * ``Prefetch``: while a layer computes, the next MoE layer's streamed experts are prepared
   on a second stream (uploaded and tile packed there); the main stream waits for that work
   only when the next layer prepares those experts (``settle``).
@@ -20,22 +24,66 @@ before anything reads what it made.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["PinnedCuts", "Prefetch"]
+from .formats import Planes
+from .weights import PackedWeight, Segment
+
+__all__ = ["PinnedCuts", "Prefetch", "Rebuild"]
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """How a prepare's weights were built from kept cuts: each cut by key with its planes,
+    each weight its shape and segments (an index into ``cuts``, the first row, the rows)."""
+
+    cuts: tuple[tuple[str, Planes], ...]
+    weights: tuple[tuple[str, tuple[int, int], tuple[tuple[int, int, int], ...]], ...]
+
+    @classmethod
+    def of(cls, made: Mapping[str, Any], kept: Container[str]) -> Rebuild | None:
+        """The rebuild of ``made`` (name -> weight), or None unless every weight is a
+        ``PackedWeight`` (columns in stored order) on cuts whose bytes are in ``kept``."""
+        cuts: dict[str, int] = {}
+        order: list[tuple[str, Planes]] = []
+        weights = []
+        for name, w in made.items():
+            if not isinstance(w, PackedWeight) or w.input_columns is not None:
+                return None
+            segments = []
+            for seg in w.segments:
+                key = seg.parent.object_id
+                if key not in kept:
+                    return None
+                if key not in cuts:
+                    cuts[key] = len(order)
+                    order.append((key, seg.parent.planes))
+                segments.append((cuts[key], seg.row0, seg.rows))
+            weights.append((name, w.shape, tuple(segments)))
+        return cls(tuple(order), tuple(weights))
+
+    def weights_on(self, parents: Sequence[Any]) -> dict[str, PackedWeight]:
+        """The weights on ``parents``, one a cut in ``cuts``' order."""
+        return {
+            name: PackedWeight([Segment(parents[i], row0, rows) for i, row0, rows in segs], shape)
+            for name, shape, segs in self.weights
+        }
 
 
 class PinnedCuts:
     """Stored bytes of cut row windows, by cut key, in host memory from ``empty`` (pinned on
-    the GPU), up to ``capacity`` bytes; windows past it are not kept."""
+    the GPU), up to ``capacity`` bytes; windows past it are not kept. Beside them, by the
+    prepared names, the ``Rebuild`` of each prepare whose cuts are all kept."""
 
     def __init__(self, capacity: int, empty: Callable[[int], np.ndarray]):
         self.capacity, self.empty = capacity, empty
         self.used = 0
         self._kept: dict[str, np.ndarray] = {}
+        self.rebuilds: dict[tuple[str, ...], Rebuild] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -53,6 +101,12 @@ class PinnedCuts:
         self._kept[key] = kept
         self.used += host.size
         return kept
+
+    def learn(self, names: Sequence[str], made: Mapping[str, Any]) -> None:
+        """Keep how ``made`` was prepared for ``names``, where every cut it reads is kept."""
+        rebuild = Rebuild.of(made, self._kept)
+        if rebuild is not None:
+            self.rebuilds[tuple(names)] = rebuild
 
 
 class Prefetch:

@@ -114,7 +114,8 @@ class Residency:
     @contextmanager
     def streaming(self, kept: Any) -> Iterator[None]:
         """Cuts made meanwhile (streamed experts) are read from, or kept in, ``kept``
-        (``expert_streaming.PinnedCuts``) instead of being cut from the banks each time."""
+        (``expert_streaming.PinnedCuts``) instead of being cut from the banks each time; a
+        prepare ``kept`` has learnt is rebuilt from its kept cuts without planning."""
         self._kept = kept
         try:
             yield
@@ -134,6 +135,28 @@ class Residency:
 
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
         names = list(names)
+        kept = self._kept
+        rebuild = None if kept is None else kept.rebuilds.get(tuple(names))
+        if rebuild is not None:  # (a streamed expert prepared before: no planning)
+            return rebuild.weights_on([self._kept_cut(key, p) for key, p in rebuild.cuts])
+        out = self._planned(artifact, names)
+        if kept is not None and all(keeps_layout(n) for n in names):
+            kept.learn(names, out)
+        return out
+
+    def _kept_cut(self, key: str, p: Planes) -> Parent:
+        """The cut ``key`` (planes ``p``, in its stored layout) from its kept bytes: the
+        resident one, else uploaded."""
+        parent = self.parents.get(key)
+        if parent is None:
+            host = self._kept.get(key)
+            parent = self.parents[key] = Parent(key, self._to_device(host), p)
+            self.cuts.add(key)
+            self.report.objects += 1
+            self.report.bytes += host.size
+        return parent
+
+    def _planned(self, artifact: Any, names: list[str]) -> dict[str, Any]:
         plans = {name: plan_segments(artifact, name) for name in names}
         shares = {name: rank_share(artifact, name, plans[name]) for name in names}
         whole = [n for n in names if shares[n] is None and plans[n]]
