@@ -12,8 +12,9 @@
 # SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with
 # what the host computed, read and streamed beside each row (offload35.json), and the host's
 # expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
-# offload_host.txt), then its decode with no budget and with 64GiB, which every expert fits
-# (budget35.json, budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
+# offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its
+# decode with no budget and with 64GiB, which every expert fits (budget35.json,
+# budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
 # chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). PREFILL_HOST=1
 # adds a cProfile of one 2,048-token prefill chunk of each shape (prefill_host<shape>.txt:
 # the host's issue time by function). FLASH=1 adds Qwen4Exp (qwen3_8_flash_next, 3 layers at
@@ -115,6 +116,12 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
       --steps 8 --vram-budget 8GiB --json "$OUT/offload$name.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+    # where the host's time goes in the budgeted prefill (the window's prepares and copies)
+    timeout 180 python3 -m cProfile -o "$OUT/offload_prefill.prof" -m ninfer_runtime.bench.cli \
+      run "$artifact" --lanes 1 --contexts 1024 --steps 2 --prefill 4096 --vram-budget 8GiB \
+      2>&1 | grep -E "prefill|tok/s" | head -5
+    python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(40); s.sort_stats('cumulative').print_stats(40)" \
+      "$OUT/offload_prefill.prof" >"$OUT/offload_prefill.txt" 2>&1
     timeout 120 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
       --down-format q5_g64_fp16 --kernel-threads all,1,4 2>&1 | tee "$OUT/offload_host.txt"
     # no budget, then a budget every expert fits (the bar: within 3%), one after the other
