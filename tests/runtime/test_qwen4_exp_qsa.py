@@ -1,6 +1,7 @@
 """QSA attention against transformers' ``Qwen4ExpTextAttention`` and its indexer (fp32):
 prompts shorter than the indexer's budget (plain causal attention) and longer (block
-selection), as one prefill chunk and as decode steps over the pages."""
+selection), as one prefill chunk, as chunks either side of the budget, and as decode steps
+over the pages."""
 
 from __future__ import annotations
 
@@ -100,10 +101,14 @@ def test_prefill_chunk_matches_transformers(case, t):
     assert relative_error(out, expected) < 1e-4
 
 
-def test_decode_steps_continue_a_prefill(case):
+@pytest.mark.parametrize("start", [4, 20])
+def test_decode_steps_continue_a_prefill(case, start):
+    """From 4: the first steps select every token they see (the plain decode op), the
+    later ones past the budget blocks (the indexer's selection); from 20, all past it."""
     g, ours, rotary, x, reference = case
     expected, _ = reference(LONG)
-    pool, start = _pool(g), 20
+    assert ours.selects_all(start) == (start == 4) and not ours.selects_all(LONG - 1)
+    pool = _pool(g)
     state = pool.open(LONG)
     cos, sin = rotary(np.arange(start))
     outs = [ours(x[:start], Batch((Lane(slice(0, start), 0, state),), cos, sin), pool.layers[0])]
@@ -111,4 +116,21 @@ def test_decode_steps_continue_a_prefill(case):
         cos, sin = rotary(np.array([t]))
         step = DecodeIndex(np.array([state.slot], np.int32), np.array([t]), pool.page_table)
         outs.append(ours(x[t : t + 1], Batch((), cos, sin, step), pool.layers[0]))
+    assert relative_error(np.concatenate(outs), expected) < 1e-4
+
+
+def test_chunks_either_side_of_the_budget(case):
+    """A chunk whose queries all select every token they see takes the plain prefill op;
+    the next chunk, past the budget, the selection: together transformers' output."""
+    g, ours, rotary, x, reference = case
+    expected, _ = reference(LONG)
+    pool, split = _pool(g), 10
+    assert ours.selects_all(split - 1) and not ours.selects_all(LONG - 1)
+    state = pool.open(LONG)
+    outs = []
+    for a, b in ((0, split), (split, LONG)):
+        cos, sin = rotary(np.arange(a, b))
+        outs.append(
+            ours(x[a:b], Batch((Lane(slice(0, b - a), a, state),), cos, sin), pool.layers[0])
+        )
     assert relative_error(np.concatenate(outs), expected) < 1e-4

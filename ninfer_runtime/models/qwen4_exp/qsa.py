@@ -18,9 +18,13 @@ head), with the attention's frequencies. A token's position is what the batch's 
 (after an image: its M-RoPE position, three streams), so each token's rows are kept beside its
 raw key (``memory.IndexedAttentionPages.index_rope``) for the block that starts with it.
 
-The scores, the selection and the masked attention run on the backend's arrays; a decode or
-verification step reads its rows' positions on the host (each row attends over its own
-length), so such a step synchronises and cannot be captured as a CUDA graph.
+While a query has at most ``block_topk`` complete blocks behind it, the selection keeps them
+all and its tail: every visible token. Calls whose last query is still there (every prompt
+and context up to about the budget) take the attention family's plain causal ops, the same
+math without the indexer's scores; past it, the scores, the selection and the masked
+attention run on the backend's arrays. A decode or verification step reads its rows'
+positions on the host (to tell which, and past the budget because each row attends over its
+own length), so such a step synchronises and cannot be captured as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -140,16 +144,29 @@ class IndexedAttention(GatedAttention):
             at = (pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page)
             memory.index_k[at] = ik
             memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
-            rows = [
-                self._attend(q[i : i + 1], iq[i : i + 1], pages_of[i], int(p), memory)
-                for i, p in enumerate(to_numpy(d.positions).tolist())
-            ]
-            o = be.xp.concatenate(rows)
+            positions = to_numpy(d.positions).tolist()
+            if self.selects_all(max(positions)):
+                scale = self.a.head_dim**-0.5
+                o = self._op("decode", memory)(
+                    q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
+                )
+            else:
+                rows = [
+                    self._attend(q[i : i + 1], iq[i : i + 1], pages_of[i], p, memory)
+                    for i, p in enumerate(positions)
+                ]
+                o = be.xp.concatenate(rows)
         else:
             o = batch.each_lane(
                 lambda lane: self._lane(lane, batch, q, k, v, iq, ik, memory), be.xp
             )
         return be.linear(mul_sigmoid(o.reshape(n, width), gate), self.output)
+
+    def selects_all(self, position: int) -> bool:
+        """Whether the query at ``position`` (and so every earlier one) selects every token
+        it sees: no more complete blocks behind it than the indexer keeps."""
+        ix = self.indexer
+        return (position + 1) // ix.compress_ratio <= ix.block_topk
 
     def project(self, x: Array, cos: Array, sin: Array) -> tuple[Array, ...]:
         """The layer input [N, H] -> q [N, Nq, D] and k, v [N, Nkv, D] (normed, rotated),
@@ -183,8 +200,10 @@ class IndexedAttention(GatedAttention):
         memory: IndexedAttentionPages,
     ) -> Array:
         r = lane.rows
-        memory.write(lane.state, lane.start, k[r], v[r])
         memory.write_index(lane.state, lane.start, ik[r], batch.cos[r], batch.sin[r])
+        if self.selects_all(lane.start + lane.tokens - 1):
+            return self._prefill(lane, q, k, v, memory, self.a.head_dim**-0.5)
+        memory.write(lane.state, lane.start, k[r], v[r])
         return self._attend(q[r], iq[r], lane.state.page_ids, lane.start, memory)
 
     def _attend(
