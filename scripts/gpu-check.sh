@@ -148,7 +148,8 @@ if [ "${FLASH:-0}" = 1 ]; then
   for ple in resident streamed; do
     timeout 240 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 \
       --contexts 1024 --ple-rows $ple --json "$OUT/flash_$ple.json" --record "$OUT/records.md" \
-      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload >"$OUT/flash_$ple.txt"
+    tail -15 "$OUT/flash_$ple.txt"
   done
   rm -f "$artifact"*
 fi
