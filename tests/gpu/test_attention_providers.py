@@ -2,7 +2,7 @@
 reference (the gathered rows attended in float64), within the provider's stated
 ``TOLERANCE``: the 27B's heads (24 query / 4 key-value, D 256) and an awkward small layout, a
 first chunk and one after earlier context, K/V stored as float32 and as bf16 words, pages in
-a shuffled order."""
+a shuffled order. And ``decode`` resolved by the query heads a kv head has."""
 
 from __future__ import annotations
 
@@ -58,3 +58,30 @@ def test_provider_matches_the_reference(
     rtol, atol = TOLERANCE[name]
     scale = float(np.abs(want).max())
     np.testing.assert_allclose(cp.asnumpy(got), want, rtol=rtol, atol=atol * scale)
+
+
+@pytest.mark.parametrize(("group", "want"), [(6, "nvrtc"), (8, "nvrtc"), (12, "reference")])
+def test_decode_goes_to_a_provider_that_takes_its_group(group: int, want: str) -> None:
+    """Our decode kernel is compiled for 1..8 query heads a kv head (Qwen3.5's 6); a layer of
+    more (Qwen4Exp's 24 over 2) resolves to the reference on the device, which matches the
+    kernel's answer where both serve."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.array_ops import attention_decode
+    from ninfer_runtime.ops.attention import resolved
+
+    rng = np.random.default_rng(group)
+    nkv, d, pages, lanes = 2, 128, 4, 3
+    k = cp.asarray(rng.standard_normal((pages, PAGE, nkv, d)), dtype=cp.float32)
+    v = cp.asarray(rng.standard_normal((pages, PAGE, nkv, d)), dtype=cp.float32)
+    q = cp.asarray(rng.standard_normal((lanes, group * nkv, d)), dtype=cp.float32)
+    table = cp.asarray(rng.permutation(pages).reshape(lanes + 1, 1)[:lanes], dtype=cp.int32)
+    slots = cp.arange(lanes, dtype=cp.int32)
+    positions = cp.asarray([5, 100, 255], dtype=cp.int32)
+    decode = resolved("decode", "cuda", k, precision="bf16", group=group)
+    assert decode is registry.providers("attention")["decode"][want].load()
+    out = cp.asnumpy(decode(q, k, v, table, slots, positions, scale=d**-0.5))
+    expected = attention_decode(  # the reference's math in float32 on the host
+        *(cp.asnumpy(a) for a in (q, k, v, table, slots, positions)), d**-0.5
+    )
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)

@@ -134,4 +134,7 @@ class GatedAttention:
     def _op(self, name: str, memory: AttentionPages) -> Any:
         """The attention family's ``name`` op for this layer's pools, as its policy resolves
         it."""
-        return attention.resolved(name, self.backend.name, memory.k, precision=self._precision)
+        group = self.a.heads // self.a.kv_heads
+        return attention.resolved(
+            name, self.backend.name, memory.k, precision=self._precision, group=group
+        )

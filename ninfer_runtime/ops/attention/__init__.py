@@ -50,13 +50,21 @@ STORAGE_NAMES = {
 }
 
 
-def resolved(op: str, device: str, k_pages: Any, *, precision: str) -> Callable[..., Any]:
+def resolved(
+    op: str, device: str, k_pages: Any, *, precision: str, group: int = 1
+) -> Callable[..., Any]:
     """``op`` for a layer on ``device`` whose keys sit in ``k_pages`` [pages, P, Nkv, D],
-    prefilled in ``precision``."""
+    prefilled in ``precision``, with ``group`` query heads to a key/value head."""
     storage = STORAGE_NAMES.get(np.dtype(k_pages.dtype), str(k_pages.dtype))
     head_dim = int(k_pages.shape[-1])
     return resolve(
-        "attention", op, device=device, precision=precision, head_dim=head_dim, storage=storage
+        "attention",
+        op,
+        device=device,
+        precision=precision,
+        head_dim=head_dim,
+        storage=storage,
+        group=group,
     )
 
 
@@ -64,7 +72,8 @@ family("attention", choose)
 #: (op, provider) -> (module, its accepts function, libraries it needs)
 _PROVIDERS = {
     **{(op, "reference"): ("reference", "accepts", ()) for op in ("write", "decode", "prefill")},
-    **{(op, "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)) for op in ("write", "decode")},
+    ("write", "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)),
+    ("decode", "nvrtc"): ("nvrtc", "accepts_decode", ("cupy",)),
     ("prefill", "nvrtc"): ("nvrtc", "accepts", ("cupy",)),
     ("prefill", "sdpa"): ("sdpa", "accepts", ("cupy", "torch")),
     ("latent", "reference"): ("latent_reference", "accepts", ()),

@@ -12,7 +12,7 @@ import cupy as cp
 from ...backends.cuda import attention
 from ...backends.cuda import prefill_attention as pfa
 
-__all__ = ["accepts", "accepts_step", "decode", "prefill", "write"]
+__all__ = ["accepts", "accepts_decode", "accepts_step", "decode", "prefill", "write"]
 
 _STORAGES = ("float32", "bf16", "e4m3")
 #: the backend's prefill precision -> the kernel's (the scores split into two halves always:
@@ -21,8 +21,14 @@ _PRECISION = {"bf16": "bf16", "tf32": "split_qk", "float32": "split"}
 
 
 def accepts_step(*, device: str, head_dim: int, storage: str, **_: object) -> bool:
-    """A decode step's kernels: their compiled head sizes, every storage."""
+    """A decode step's K/V stores: their compiled head sizes, every storage."""
     return device == "cuda" and head_dim in attention.HEAD_DIMS and storage in _STORAGES
+
+
+def accepts_decode(*, group: int = 1, **key: Any) -> bool:
+    """Decode attention: as the stores, for the query heads a kv head's warps were compiled
+    for (1 .. ``MAX_GROUP``)."""
+    return accepts_step(**key) and 1 <= group <= attention.MAX_GROUP
 
 
 def accepts(*, device: str, head_dim: int, storage: str, **_: object) -> bool:
