@@ -82,10 +82,13 @@ def prepare_experts(
     """``layer``'s routed ``experts`` prepared on ``backend``, each in a call of its own (one
     call for several would make one CUDA window of the rows from the first to the last,
     the experts between them included): expert -> its gate, up and down by name.
-    ``streamed``: for the prefill window, through the backend's ``prepare_streamed`` where
-    it has one (the CUDA backend keeps streamed experts in pinned host memory)."""
-    prepare = getattr(backend, "prepare_streamed", backend.prepare) if streamed else backend.prepare
-    return {e: prepare(artifact, expert_names(layer, e)) for e in experts}
+    ``streamed``: for the prefill window, all in one ``prepare_streamed`` call (each expert
+    still a group of its own) where the backend has one (the CUDA backend keeps streamed
+    experts in pinned host memory and uploads a window's together)."""
+    groups = [expert_names(layer, e) for e in experts]
+    if streamed and hasattr(backend, "prepare_streamed"):
+        return dict(zip(experts, backend.prepare_streamed(artifact, groups), strict=True))
+    return {e: backend.prepare(artifact, names) for e, names in zip(experts, groups, strict=True)}
 
 
 def release_weights(backend: Any, weights: Iterable[Weight]) -> None:

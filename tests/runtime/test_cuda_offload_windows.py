@@ -171,3 +171,56 @@ def test_streamed_windows_are_kept_and_read_again_without_cutting(
     with fresh.streaming(none):
         assert bytes_of(fresh.prepare(art, names)) == bytes_of(first)
     assert len(none) == 0 and none.used == 0
+
+
+@pytest.mark.parametrize("small_blocks", [False, True])
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_nvfp4"])
+def test_a_window_of_kept_experts_uploads_in_one_copy_a_run(
+    artifact_path, recipe, small_blocks, monkeypatch
+) -> None:
+    """Kept cuts lie side by side in pinned blocks in the order they were kept, so a window
+    of experts prepared again (``prepare_groups``) uploads one copy a run of them: one for
+    a window kept together, one a cut where blocks hold about one cut each. Each weight is
+    the same rows of the same bytes as when it was cut."""
+    from ninfer_runtime.backends.cuda import expert_streaming
+    from ninfer_runtime.backends.cuda.expert_streaming import PinnedCuts
+
+    if small_blocks:
+        monkeypatch.setattr(expert_streaming, "SLAB_BYTES", 2 * expert_streaming.ALIGN)
+    art = Artifact.open(artifact_path(recipe, "moe"))
+    groups = [expert_names(LAYER, e) for e in range(4)]
+
+    def contents(made):
+        return [
+            {n: [(bytes(s.parent.data), s.row0, s.rows) for s in w.segments] for n, w in m.items()}
+            for m in made
+        ]
+
+    residency = Residency(np)
+    kept = PinnedCuts(1 << 30, lambda n: np.zeros(n, dtype=np.uint8))
+    with residency.streaming(kept):
+        first = residency.prepare_groups(art, groups)
+    residency.release([w for m in first for w in m.values()])
+    copies: list[int] = []
+    upload = residency._to_device
+    monkeypatch.setattr(residency, "_to_device", lambda h: copies.append(h.size) or upload(h))
+    with residency.streaming(kept):
+        again = residency.prepare_groups(art, groups)
+    assert contents(again) == contents(first)
+    cuts = len({s.parent.object_id for m in again for w in m.values() for s in w.segments})
+    assert cuts > 1 and len(copies) == (cuts if small_blocks else 1), copies
+
+
+def test_runs_split_where_kept_cuts_are_not_side_by_side() -> None:
+    from ninfer_runtime.backends.cuda.expert_streaming import ALIGN, PinnedCuts
+
+    kept = PinnedCuts(1 << 20, lambda n: np.zeros(n, dtype=np.uint8))
+    for i, size in enumerate([10, ALIGN, 3 * ALIGN + 1, 7]):
+        kept.keep(f"c{i}", bytes([i + 1]) * size)
+    runs = kept.runs(["c3", "c0", "c1"])  # c2 left out: c0 and c1 one run, c3 another
+    assert [[key for key, _ in cuts] for _, cuts in runs] == [["c0", "c1"], ["c3"]]
+    (host, cuts), (tail, _) = runs
+    assert cuts == [("c0", 0), ("c1", ALIGN)] and host.size == 2 * ALIGN
+    assert bytes(host[:10]) == b"\x01" * 10 and bytes(host[ALIGN:]) == b"\x02" * ALIGN
+    assert bytes(tail) == b"\x04" * 7 and bytes(kept.get("c2")) == b"\x03" * (3 * ALIGN + 1)
+    assert len(kept) == 4 and kept.used == ALIGN + ALIGN + 4 * ALIGN + ALIGN

@@ -151,7 +151,8 @@ def test_a_backend_with_a_second_stream_is_handed_the_next_layer(q4_moe, shares)
 def test_a_backend_that_keeps_streamed_experts_prepares_them_its_way(q4_moe, shares, monkeypatch):
     """A backend offering ``keep_streamed`` and ``prepare_streamed`` (the CUDA backend's
     pinned copies) is told its allowance (every host expert's stored bytes, within
-    ``pinned_allowance``) and prepares the window's experts through ``prepare_streamed``."""
+    ``pinned_allowance``) and prepares the window's experts through ``prepare_streamed``,
+    a window's experts in one call."""
     from ninfer_runtime.expert_offload import offload as offload_module
 
     floor, experts = shares
@@ -162,10 +163,12 @@ def test_a_backend_that_keeps_streamed_experts_prepares_them_its_way(q4_moe, sha
     told: list[int] = []
     backend.keep_streamed = told.append
     streamed: list[str] = []
+    calls: list[int] = []
 
-    def prepare_streamed(artifact, names):
-        streamed.extend(names)
-        return backend.prepare(artifact, names)
+    def prepare_streamed(artifact, groups):
+        calls.append(len(groups))
+        streamed.extend(name for names in groups for name in names)
+        return [backend.prepare(artifact, names) for names in groups]
 
     backend.prepare_streamed = prepare_streamed
     try:
@@ -184,6 +187,7 @@ def test_a_backend_that_keeps_streamed_experts_prepares_them_its_way(q4_moe, sha
         for w in WEIGHTS
     }
     assert streamed and set(streamed) <= host
+    assert len(streamed) == len(WEIGHTS) * sum(calls) and max(calls) > 1  # a window a call
 
 
 def test_the_window_is_planned_as_device_memory(q4_moe, shares):

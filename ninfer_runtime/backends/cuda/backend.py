@@ -141,14 +141,15 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         (``expert_streaming``)."""
         self._streamed.capacity = capacity
 
-    def prepare_streamed(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
-        """``prepare`` for an expert streamed through the device (expert offload's prefill
-        window): its cuts read from, or kept in, pinned host memory, once the copies a
-        ``prefetch_experts`` started are done on the device."""
+    def prepare_streamed(self, artifact: Any, groups: list[list[str]]) -> list[dict[str, Weight]]:
+        """``prepare`` for experts streamed through the device (expert offload's prefill
+        window), each group one expert's weight names: their cuts read from, or kept in,
+        pinned host memory, once the copies a ``prefetch_experts`` started are done on the
+        device."""
         if self._prefetch is not None:
             self._prefetch.settle()
         with self.residency.streaming(self._streamed):
-            return self.residency.prepare(artifact, names)
+            return self.residency.prepare_groups(artifact, groups)
 
     def prefetch_experts(self, artifact: Any, groups: Iterable[Iterable[str]]) -> None:
         """Prepare experts (each group one expert's weight names) on a second stream while
@@ -159,9 +160,8 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
 
         def work() -> list[Weight]:
             with self.residency.streaming(self._streamed):
-                return [
-                    w for names in groups for w in self.residency.prepare(artifact, names).values()
-                ]
+                made = self.residency.prepare_groups(artifact, [list(g) for g in groups])
+            return [w for weights in made for w in weights.values()]
 
         self.residency.release(self._prefetch.start(work))
 

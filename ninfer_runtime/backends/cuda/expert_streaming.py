@@ -74,33 +74,78 @@ class Rebuild:
         }
 
 
+#: bytes of one pinned block that kept cuts are laid out in, one after another (pinning is
+#: costly a call, and cuts side by side in it upload in one copy)
+SLAB_BYTES = 256 << 20
+#: each kept cut starts at a multiple of this many bytes, in its block as on the device
+ALIGN = 256
+
+
+def aligned(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
+
+
 class PinnedCuts:
     """Stored bytes of cut row windows, by cut key, in host memory from ``empty`` (pinned on
-    the GPU), up to ``capacity`` bytes; windows past it are not kept. Beside them, by the
+    the GPU), up to ``capacity`` bytes; windows past it are not kept. The cuts are laid out
+    in blocks of ``SLAB_BYTES`` in the order they are kept, each at an ``ALIGN`` multiple, so
+    the cuts a prefill window keeps together lie side by side (``runs``). Beside them, by the
     prepared names, the ``Rebuild`` of each prepare whose cuts are all kept."""
 
     def __init__(self, capacity: int, empty: Callable[[int], np.ndarray]):
         self.capacity, self.empty = capacity, empty
         self.used = 0
-        self._kept: dict[str, np.ndarray] = {}
+        #: key -> (block, offset, size)
+        self._kept: dict[str, tuple[int, int, int]] = {}
+        self._blocks: list[np.ndarray] = []
+        self._end = 0  # the last block's first free byte
         self.rebuilds: dict[tuple[str, ...], Rebuild] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def get(self, key: str) -> np.ndarray | None:
-        return self._kept.get(key)
+        place = self._kept.get(key)
+        if place is None:
+            return None
+        block, offset, size = place
+        return self._blocks[block][offset : offset + size]
 
     def keep(self, key: str, data: bytes) -> np.ndarray:
         """``data`` as the array to upload from: a kept copy while the allowance lasts."""
         host = np.frombuffer(data, dtype=np.uint8)
-        if self.used + host.size > self.capacity:
+        size = aligned(host.size)
+        if self.used + size > self.capacity:
             return host
-        kept = self.empty(host.size)
-        kept[...] = host
-        self._kept[key] = kept
-        self.used += host.size
-        return kept
+        if not self._blocks or self._end + size > self._blocks[-1].size:
+            self._blocks.append(self.empty(max(size, min(SLAB_BYTES, self.capacity - self.used))))
+            self._end = 0
+        block, offset = len(self._blocks) - 1, self._end
+        self._blocks[block][offset : offset + host.size] = host
+        self._kept[key] = (block, offset, host.size)
+        self._end += size
+        self.used += size
+        return self._blocks[block][offset : offset + host.size]
+
+    def runs(self, keys: Sequence[str]) -> list[tuple[np.ndarray, list[tuple[str, int]]]]:
+        """Kept ``keys`` gathered into runs that lie side by side in one block, in block
+        order: each run's host bytes (its cuts and the alignment between them) and its cuts
+        with their offsets in it; a device buffer laid out alike takes a run in one copy."""
+        places = sorted((self._kept[k], k) for k in keys)
+        out: list[tuple[np.ndarray, list[tuple[str, int]]]] = []
+        start = end = -1
+        block = -1
+        cuts: list[tuple[str, int]] = []
+        for (b, offset, size), key in places:
+            if b != block or offset != aligned(end):
+                if cuts:
+                    out.append((self._blocks[block][start:end], cuts))
+                block, start, cuts = b, offset, []
+            cuts.append((key, offset - start))
+            end = offset + size
+        if cuts:
+            out.append((self._blocks[block][start:end], cuts))
+        return out
 
     def learn(self, names: Sequence[str], made: Mapping[str, Any]) -> None:
         """Keep how ``made`` was prepared for ``names``, where every cut it reads is kept."""

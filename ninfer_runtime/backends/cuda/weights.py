@@ -134,27 +134,46 @@ class Residency:
             self.cuts.discard(key)
 
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
-        names = list(names)
+        return self.prepare_groups(artifact, [list(names)])[0]
+
+    def prepare_groups(self, artifact: Any, groups: list[list[str]]) -> list[dict[str, Any]]:
+        """``prepare`` of each group of names. While ``streaming``, the groups the kept
+        copies have learnt are rebuilt without planning, their cuts uploaded together: one
+        copy a run of cuts kept side by side (a prefill window's experts, ~1 MB a cut)."""
         kept = self._kept
-        rebuild = None if kept is None else kept.rebuilds.get(tuple(names))
-        if rebuild is not None:  # (a streamed expert prepared before: no planning)
-            return rebuild.weights_on([self._kept_cut(key, p) for key, p in rebuild.cuts])
-        out = self._planned(artifact, names)
-        if kept is not None and all(keeps_layout(n) for n in names):
-            kept.learn(names, out)
+        rebuilds = [None if kept is None else kept.rebuilds.get(tuple(g)) for g in groups]
+        self._upload_kept(
+            {
+                key: p
+                for r in rebuilds
+                if r is not None
+                for key, p in r.cuts
+                if key not in self.parents
+            }
+        )
+        out = []
+        for names, rebuild in zip(groups, rebuilds, strict=True):
+            if rebuild is not None:
+                out.append(rebuild.weights_on([self.parents[key] for key, _ in rebuild.cuts]))
+                continue
+            made = self._planned(artifact, names)
+            if kept is not None and all(keeps_layout(n) for n in names):
+                kept.learn(names, made)
+            out.append(made)
         return out
 
-    def _kept_cut(self, key: str, p: Planes) -> Parent:
-        """The cut ``key`` (planes ``p``, in its stored layout) from its kept bytes: the
-        resident one, else uploaded."""
-        parent = self.parents.get(key)
-        if parent is None:
-            host = self._kept.get(key)
-            parent = self.parents[key] = Parent(key, self._to_device(host), p)
-            self.cuts.add(key)
-            self.report.objects += 1
-            self.report.bytes += host.size
-        return parent
+    def _upload_kept(self, cuts: dict[str, Planes]) -> None:
+        """Resident parents for kept cuts (key -> planes, in their stored layout): each run
+        of them that lies side by side in host memory copied into one device buffer of the
+        same layout, each cut a view of it."""
+        for host, placed in self._kept.runs(list(cuts)) if cuts else ():
+            data = self._to_device(host)
+            for key, offset in placed:
+                size = self._kept.get(key).size
+                self.parents[key] = Parent(key, data[offset : offset + size], cuts[key])
+                self.cuts.add(key)
+                self.report.objects += 1
+                self.report.bytes += size
 
     def _planned(self, artifact: Any, names: list[str]) -> dict[str, Any]:
         plans = {name: plan_segments(artifact, name) for name in names}
