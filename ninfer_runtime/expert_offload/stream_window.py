@@ -11,8 +11,9 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
 1. the window: the layer's host experts the chunk routes to, in expert order, cut into
    parts whose stored bytes fit ``window_bytes`` (None: one part; a part holds at least one
    expert);
-2. each part is prepared on the backend one expert at a time (``prepare_experts``, as a
-   placement prepares a newly resident expert), its pairs computed on the device, and its
+2. each part is prepared on the backend, each expert a window of its own
+   (``prepare_experts``, as a placement prepares a newly resident expert; a backend with
+   ``prepare_streamed`` takes the part in one call), its pairs computed on the device, and its
    weights released (``release_weights``: the CUDA backend's residency forgets their
    windows, so their device memory goes once the part is done);
 3. the first part runs inside the block's own call, put in place for that call, so the
@@ -31,7 +32,7 @@ a second stream. ``prefetch`` is that hook: a backend offering
 ``prefetch_experts(artifact, groups)`` (start the copies, each group one expert's weight
 names; its next ``prepare_streamed`` of those names finds them made) gets the next layer's
 host experts, most chosen first, within the window. The CUDA backend offers it, and keeps
-streamed experts in pinned host memory so each copy is a DMA
+streamed experts in pinned host memory, side by side, so a window uploads in a few DMAs
 (``backends/cuda/expert_streaming.py``); the CPU backend offers none (one stream, and its
 "device" is host memory), so nothing overlaps there.
 """

@@ -84,4 +84,5 @@ def test_decode_goes_to_a_provider_that_takes_its_group(group: int, want: str) -
     expected = attention_decode(  # the reference's math in float32 on the host
         *(cp.asnumpy(a) for a in (q, k, v, table, slots, positions)), d**-0.5
     )
-    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
+    # float32 sums in another order (split partials, online softmax): ~1e-5 of the scale
+    assert np.abs(out - expected).max() <= 3e-5 * np.abs(expected).max()
