@@ -40,7 +40,8 @@ from .expert_streaming import PinnedCuts, Prefetch
 from .graphs import GraphStep
 from .slabs import SlabBuffers
 from .traits import CudaTraits
-from .weights import DenseWeight, PackedWeight, Residency, Segment
+from .weight_kinds import DenseWeight, PackedWeight, Segment
+from .weights import Residency
 from .workspace import SCRATCH_BYTES, prefill_workspace
 
 log = logging.getLogger("ninfer.cuda")

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .formats import Planes
-from .weights import PackedWeight, Segment
+from .weight_kinds import PackedWeight, Segment
 
 __all__ = ["PinnedCuts", "Prefetch", "Rebuild"]
 

@@ -33,7 +33,8 @@ from ninfer_format.schema import Tensor
 from .formats import Planes, planes
 from .tiles import PACK_FROM_WEIGHTS, PACKED_AT_ANY_SIZE, TILED_CODES, pack_tiles, tiled_planes
 
-# The plans are re-exported: the tests name them through this module
+# The weight kinds and the plans are re-exported: the tests name them through this module
+from .weight_kinds import DenseWeight, PackedWeight, Parent, Segment
 from .weight_plans import (  # noqa: F401
     Cut,
     Share,
@@ -48,47 +49,6 @@ log = logging.getLogger("ninfer.cuda")
 
 #: bytes per host -> device copy while streaming an object (bounds pinned staging)
 UPLOAD_CHUNK = 64 << 20
-
-
-@dataclass
-class Parent:
-    """A resident object: its stored bytes on the device and the planes the kernels read."""
-
-    object_id: str
-    data: Any  # uint8 device array, the object's bytes verbatim
-    planes: Planes
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Rows ``row0 .. row0 + rows - 1`` of a parent, in the parameter's row order."""
-
-    parent: Parent
-    row0: int
-    rows: int
-
-
-@dataclass
-class PackedWeight:
-    segments: list[Segment]
-    shape: tuple[int, int]
-    #: int device array when the input columns are stored out of order (GGUF imports):
-    #: stored column c multiplies input element ``input_columns[c]``
-    input_columns: Any = field(default=None, repr=False)
-    dense: Any = field(default=None, repr=False)  # float32 copy, made only if asked for
-
-    @property
-    def columns(self) -> int:
-        return self.shape[1]
-
-
-@dataclass
-class DenseWeight:
-    array: Any  # float32 device array
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.array.shape)
 
 
 @dataclass
