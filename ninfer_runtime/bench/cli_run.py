@@ -185,7 +185,8 @@ def run(
         + (f"; decode products {products}" if products else "")
     )
     # what offload and streamed PLE rows move, said beside each measurement
-    beside = (OffloadReport.start(offload, xp), PleReport.start(model))
+    offload_report = OffloadReport.start(offload, xp)
+    beside = (offload_report, PleReport.start(model))
     rows: list[dict] = []
     click.echo(
         f"{'lanes':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'GB/step':>8} "
@@ -285,8 +286,7 @@ def run(
         rows += traced
         for row in traced:
             click.echo("\n".join(K.lines(row)))
-    for report in beside:
-        rows += report.finish()
+    rows += offload_report.finish()  # the device memory the run held, against the plan
     if ranks > 1:
         del runner  # one rank's model leaves the device before the ranks load theirs
         rows += parallel_table(

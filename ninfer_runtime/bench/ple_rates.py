@@ -61,7 +61,3 @@ class PleReport:
             f"read from the artifact a step in {row['ranges_read']:.3g} ranges"
         )
         return [row]
-
-    def finish(self) -> list[dict[str, Any]]:
-        """Nothing at the end of a run: each measurement's row said what it read."""
-        return []
