@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from ..backends.base import to_numpy
 from ..state import SequenceState
 
 Array = Any
@@ -52,6 +54,17 @@ class DecodeIndex:
     def lane_slots(self) -> Array:
         """Each lane's slot (int32 [N / tokens])."""
         return self.slots[:: self.tokens]
+
+    @cached_property
+    def host_slots(self) -> list[int]:
+        """``slots`` read on the host, once a step for every layer that reads them there (a
+        step that does synchronises, so it is never captured)."""
+        return to_numpy(self.slots).tolist()
+
+    @cached_property
+    def host_positions(self) -> list[int]:
+        """``positions`` read on the host, once a step (as ``host_slots``)."""
+        return to_numpy(self.positions).tolist()
 
 
 @dataclass(frozen=True)

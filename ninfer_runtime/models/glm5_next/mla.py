@@ -110,7 +110,7 @@ class LatentAttention:
         d = batch.decode
         if d is None:
             return [(lane.rows, lane.state.page_ids, lane.start) for lane in batch.lanes]
-        slots, positions = (d.slots.tolist(), d.positions.tolist())
+        slots, positions = d.host_slots, d.host_positions
         return [
             (slice(i, i + 1), d.page_table[slot], position)
             for i, (slot, position) in enumerate(zip(slots, positions, strict=True))

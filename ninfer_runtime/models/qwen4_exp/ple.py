@@ -134,7 +134,7 @@ class PerLayerEmbedding:
             lanes = [(lane.rows, lane.state.slot) for lane in batch.lanes]
         else:
             t = d.tokens
-            slots = to_numpy(d.lane_slots).tolist()
+            slots = d.host_slots[:: d.tokens]
             lanes = [(slice(i * t, (i + 1) * t), s) for i, s in enumerate(slots)]
         host_ids = to_numpy(ids)
         row_ids = [self.row_ids(host_ids[rows], memory.ple_context[slot]) for rows, slot in lanes]

@@ -39,7 +39,6 @@ from ninfer_format.binders.qwen4_exp_parts import Indexer
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.array_ops import softmax
-from ...backends.base import to_numpy
 from ...kv_storage import gather_kv
 from ...ops.registry import resolve
 from ..batch import Batch
@@ -144,7 +143,7 @@ class IndexedAttention(GatedAttention):
             at = (pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page)
             memory.index_k[at] = ik
             memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
-            positions = to_numpy(d.positions).tolist()
+            positions = d.host_positions
             if self.selects_all(max(positions)):
                 scale = self.a.head_dim**-0.5
                 o = self._op("decode", memory)(
