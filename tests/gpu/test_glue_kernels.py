@@ -21,7 +21,18 @@ from .conftest import requires_gpu
 pytestmark = requires_gpu
 
 EPS = 1e-6
-SHAPES = [(1, 1), (3, 31), (8, 255), (8, 256), (5, 257), (2, 1000), (8, 4099), (65, 2048)]
+SHAPES = [
+    (1, 1),
+    (3, 31),
+    (8, 255),
+    (8, 256),
+    (5, 257),
+    (2, 1000),
+    (8, 4099),
+    (65, 2048),
+    (1, 5120),  # a decode step's hidden row: the long-row kernel's float4 path
+    (3, 8196),  # more than 1024 float4s a row: threads take a second turn
+]
 
 
 def oracle(h: np.ndarray, delta: np.ndarray, w: np.ndarray, offset: float) -> np.ndarray:
@@ -80,6 +91,25 @@ def test_add_rms_norm_takes_strided_inputs_and_leaves_them_alone() -> None:
     np.testing.assert_array_equal(cp.asnumpy(s), h + shifted)
     np.testing.assert_array_equal(
         cp.asnumpy(y), cp.asnumpy(glue.rms_norm(cp.asarray(h + shifted), cp.asarray(w), EPS, 1.0))
+    )
+
+
+@pytest.mark.parametrize("d", [1028, 5120, 4099])
+def test_long_rows_take_a_weight_view_at_any_alignment(d: int) -> None:
+    """A weight that starts 4 bytes into its allocation (a view into packed weights) cannot be
+    read four floats at a time: the kernels must see that and still give the same values."""
+    import cupy as cp
+
+    h, delta, w = inputs((2, d), d)
+    packed = cp.asarray(np.concatenate([np.zeros(1, np.float32), w]))
+    view = packed[1:]
+    assert view.data.ptr % 16 == 4
+    s, y = glue.add_rms_norm(cp.asarray(h), cp.asarray(delta), view, EPS, 1.0)
+    ref = oracle(h, delta, w, 1.0)
+    scale = np.abs(ref).max(axis=-1, keepdims=True) + 1e-30
+    assert np.all(np.abs(cp.asnumpy(y) - ref) <= 2e-6 * scale + 1e-6 * np.abs(ref))
+    np.testing.assert_array_equal(
+        cp.asnumpy(y), cp.asnumpy(glue.rms_norm(s, view, EPS, 1.0)), strict=True
     )
 
 

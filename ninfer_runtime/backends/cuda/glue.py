@@ -14,6 +14,8 @@ THREADS = 256  # GLUE_THREADS in kernels/glue.cu
 WARPS = THREADS // 32
 #: rows of at most this many elements take one warp each (GLUE_SHORT_ROW)
 SHORT_ROW = 1024
+#: a longer row takes a block of this many threads (GLUE_LONG_THREADS)
+LONG_THREADS = 1024
 
 register_family(
     "glue",
@@ -29,12 +31,15 @@ register_family(
 )
 
 
-def _row_launch(name: str, rows: int, d: int) -> tuple[Any, tuple[int], tuple[Any, ...]]:
-    """The kernel for rows of d elements (a warp a row for short ones), its grid, and the
-    row count argument the short-row kernels take before d."""
+def _row_launch(
+    name: str, rows: int, d: int
+) -> tuple[Any, tuple[int], tuple[int], tuple[Any, ...]]:
+    """The kernel for rows of d elements (a warp a row for short ones, a block for long ones),
+    its grid and block, and the row count argument the short-row kernels take before d."""
     if d <= SHORT_ROW:
-        return function("glue", f"{name}_short_rows"), (-(-rows // WARPS),), (np.int32(rows),)
-    return function("glue", f"{name}_rows"), (rows,), ()
+        grid = (-(-rows // WARPS),)
+        return function("glue", f"{name}_short_rows"), grid, (THREADS,), (np.int32(rows),)
+    return function("glue", f"{name}_rows"), (rows,), (LONG_THREADS,), ()
 
 
 def rms_norm(x: Any, w: Any, eps: float, offset: float) -> Any:
@@ -46,10 +51,10 @@ def rms_norm(x: Any, w: Any, eps: float, offset: float) -> Any:
     y = cp.empty_like(x)
     rows = x.size // d if d else 0
     if rows:
-        kernel, grid, count = _row_launch("rms_norm", rows, d)
+        kernel, grid, block, count = _row_launch("rms_norm", rows, d)
         kernel(
             grid,
-            (THREADS,),
+            block,
             (
                 x,
                 cp.ascontiguousarray(w, dtype=cp.float32),
@@ -76,10 +81,10 @@ def add_rms_norm(h: Any, delta: Any, w: Any, eps: float, offset: float) -> tuple
     s, y = cp.empty_like(h), cp.empty_like(h)
     rows = h.size // d if d else 0
     if rows:
-        kernel, grid, count = _row_launch("add_rms_norm", rows, d)
+        kernel, grid, block, count = _row_launch("add_rms_norm", rows, d)
         kernel(
             grid,
-            (THREADS,),
+            block,
             (
                 h,
                 delta,

@@ -4,24 +4,28 @@
 // multiply ...), which inside a decode graph costs more than the work itself.
 //
 // Rows of up to GLUE_SHORT_ROW elements (the per-head norms: 128-256) take one warp each, eight
-// a block: a block for a 128-element row idled half its threads and paid a block barrier. The
-// launcher picks the kernel by the row length alone, so rms_norm and add_rms_norm sum a row's
-// squares in the same order whatever the number of rows.
+// a block: a block for a 128-element row idled half its threads and paid a block barrier. Longer
+// rows (the hidden state) take a block of GLUE_LONG_THREADS each, reading four floats at a time
+// where the row allows: at decode there are only a few rows, so a row's time is the number of
+// dependent memory round trips its threads make, not bandwidth. The launcher picks the kernel
+// by the row length alone, so rms_norm and add_rms_norm sum a row's squares in the same order
+// whatever the number of rows.
 
 #define GLUE_THREADS 256
 #define GLUE_WARPS (GLUE_THREADS / 32)
 #define GLUE_SHORT_ROW 1024
+#define GLUE_LONG_THREADS 1024
 
 // 1 / sqrt(mean(x^2) + eps) of a row from each thread's partial sum of squares.
 __device__ __forceinline__ float block_inv_rms(float sum, int d, float eps) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
-  __shared__ float warp_sums[GLUE_WARPS];
+  __shared__ float warp_sums[GLUE_LONG_THREADS / 32];
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
   __syncthreads();
   float total = 0.f;
 #pragma unroll
-  for (int i = 0; i < GLUE_WARPS; ++i) total += warp_sums[i];
+  for (int i = 0; i < GLUE_LONG_THREADS / 32; ++i) total += warp_sums[i];
   return 1.f / sqrtf(total / (float)d + eps);
 }
 
@@ -35,21 +39,54 @@ __device__ __forceinline__ float warp_inv_rms(float sum, int d, float eps) {
 // silu(a) in the tanh form of the reference (models/functional.py), which never overflows.
 __device__ __forceinline__ float glue_silu(float a) { return a * (0.5f * (1.f + tanhf(0.5f * a))); }
 
-// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + offset); one block per row.
-extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+// Whether float4 accesses may start at p: every row is then aligned too when d % 4 == 0 (a
+// weight may be a view into a larger allocation, so the bases are checked, not assumed).
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<unsigned long long>(p) & 15) == 0;
+}
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+// Adds v's squares to sum in the order x, y, z, w: the order of the scalar loop over a row.
+__device__ __forceinline__ float sum_squares4(float4 v, float sum) {
+  return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, sum))));
+}
+
+__device__ __forceinline__ float4 norm4(float4 v, float4 w, float inv, float offset) {
+  return make_float4((v.x * inv) * (w.x + offset), (v.y * inv) * (w.y + offset),
+                     (v.z * inv) * (w.z + offset), (v.w * inv) * (w.w + offset));
+}
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + offset); one block per row, float4
+// accesses where d is a multiple of 4 and the bases are aligned.
+extern "C" __global__ void __launch_bounds__(GLUE_LONG_THREADS)
     rms_norm_rows(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                   int d, float eps, float offset) {
   const float* xr = x + (long long)blockIdx.x * d;
   float* yr = y + (long long)blockIdx.x * d;
   float sum = 0.f;
-  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) sum = fmaf(xr[i], xr[i], sum);
+  if ((d & 3) == 0 && aligned16(x) && aligned16(w) && aligned16(y)) {
+    const int d4 = d >> 2;
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS) sum = sum_squares4(x4[i], sum);
+    const float inv = block_inv_rms(sum, d, eps);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    float4* y4 = reinterpret_cast<float4*>(yr);
+    for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS)
+      y4[i] = norm4(x4[i], w4[i], inv, offset);
+    return;
+  }
+  for (int i = threadIdx.x; i < d; i += GLUE_LONG_THREADS) sum = fmaf(xr[i], xr[i], sum);
   const float inv = block_inv_rms(sum, d, eps);
-  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) yr[i] = (xr[i] * inv) * (w[i] + offset);
+  for (int i = threadIdx.x; i < d; i += GLUE_LONG_THREADS) yr[i] = (xr[i] * inv) * (w[i] + offset);
 }
 
-// s[r, :] = h[r, :] + delta[r, :] and y[r, :] = rms_norm(s[r, :]); one block per row. The
-// second pass reads back the sums this same thread wrote, so h and delta are read once.
-extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+// s[r, :] = h[r, :] + delta[r, :] and y[r, :] = rms_norm(s[r, :]); one block per row, vectors
+// as rms_norm_rows. The second pass reads back the sums this same thread wrote, so h and delta
+// are read once.
+extern "C" __global__ void __launch_bounds__(GLUE_LONG_THREADS)
     add_rms_norm_rows(const float* __restrict__ h, const float* __restrict__ delta,
                       const float* __restrict__ w, float* __restrict__ s, float* __restrict__ y,
                       int d, float eps, float offset) {
@@ -57,13 +94,31 @@ extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
   float* sr = s + row;
   float* yr = y + row;
   float sum = 0.f;
-  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) {
+  if ((d & 3) == 0 && aligned16(h) && aligned16(delta) && aligned16(w) && aligned16(s) &&
+      aligned16(y)) {
+    const int d4 = d >> 2;
+    const float4* h4 = reinterpret_cast<const float4*>(h + row);
+    const float4* delta4 = reinterpret_cast<const float4*>(delta + row);
+    float4* s4 = reinterpret_cast<float4*>(sr);
+    for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS) {
+      const float4 v = add4(h4[i], delta4[i]);
+      s4[i] = v;
+      sum = sum_squares4(v, sum);
+    }
+    const float inv = block_inv_rms(sum, d, eps);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    float4* y4 = reinterpret_cast<float4*>(yr);
+    for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS)
+      y4[i] = norm4(s4[i], w4[i], inv, offset);
+    return;
+  }
+  for (int i = threadIdx.x; i < d; i += GLUE_LONG_THREADS) {
     const float v = h[row + i] + delta[row + i];
     sr[i] = v;
     sum = fmaf(v, v, sum);
   }
   const float inv = block_inv_rms(sum, d, eps);
-  for (int i = threadIdx.x; i < d; i += GLUE_THREADS) yr[i] = (sr[i] * inv) * (w[i] + offset);
+  for (int i = threadIdx.x; i < d; i += GLUE_LONG_THREADS) yr[i] = (sr[i] * inv) * (w[i] + offset);
 }
 
 // rms_norm_rows for rows of d <= GLUE_SHORT_ROW: one warp a row, GLUE_WARPS rows a block.
