@@ -22,6 +22,7 @@ from ninfer_format.extras import require_extra
 
 from .cli_options import (
     DEFAULT_CONTEXT,
+    EXPERT_STREAM_CHUNK_HELP,
     EXPERT_STREAM_ROWS_HELP,
     PLE_ROWS_CHOICES,
     PLE_ROWS_HELP,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CONTEXT",
+    "EXPERT_STREAM_CHUNK_HELP",
     "EXPERT_STREAM_ROWS_HELP",
     "PLE_ROWS_CHOICES",
     "PLE_ROWS_HELP",
@@ -133,6 +135,7 @@ Examples:
     "memory]",
 )
 @click.option("--expert-stream-rows", type=click.IntRange(min=0), help=EXPERT_STREAM_ROWS_HELP)
+@click.option("--expert-stream-chunk", type=click.IntRange(min=1), help=EXPERT_STREAM_CHUNK_HELP)
 @click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
@@ -205,6 +208,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         vram_budget=vram_budget_setting(o.vram_budget),
         host_expert_cache=o.host_expert_cache,
         expert_stream_rows=o.expert_stream_rows,
+        expert_stream_chunk=o.expert_stream_chunk,
         model_options=model_options(o.ple_rows),
     )
     loaded = time.perf_counter() - started

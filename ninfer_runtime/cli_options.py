@@ -69,6 +69,13 @@ EXPERT_STREAM_ROWS_HELP = (
     "experts it routes to through the device instead of computing them on the host.  "
     "[default: 32]"
 )
+#: the help text of ``--expert-stream-chunk``; its default is
+#: ``expert_offload.STREAM_CHUNK``, written out as above
+EXPERT_STREAM_CHUNK_HELP = (
+    "With --vram-budget leaving experts in host memory: prompt tokens per prefill step, "
+    "when more than --prefill-chunk (each host expert a step routes to crosses to the "
+    "device once a step).  [default: 8192]"
+)
 
 
 def model_options(ple_rows: str | None) -> dict[str, Any] | None:

@@ -102,6 +102,7 @@ class Engine:
         vram_budget: int | str | None = None,
         host_expert_cache: int | str | None = None,
         expert_stream_rows: int | None = None,
+        expert_stream_chunk: int | None = None,
         vision: VisionOptions | None = None,
         model_options: dict[str, Any] | None = None,
     ):
@@ -135,6 +136,7 @@ class Engine:
             vram_budget=vram_budget,
             host_expert_cache=host_expert_cache,
             expert_stream_rows=expert_stream_rows,
+            expert_stream_chunk=expert_stream_chunk,
             prefill_chunk=prefill_chunk,
             vision=vision,
             model_options=model_options,
@@ -145,6 +147,8 @@ class Engine:
         #: with a ``vram_budget`` (``--vram-budget``), the routed experts that do not fit it
         #: are computed from host memory (``expert_offload``); None: all resident
         self.expert_offload = loaded.expert_offload
+        if self.expert_offload is not None:  # host experts that stream take longer calls
+            prefill_chunk = self.expert_offload.prefill_rows
         self.tokenizer, self.template = loaded.tokenizer, loaded.template
         #: images in chat messages (a VLM artifact's tower on the CPU backend), or None
         self.vision, no_images = loaded.vision, loaded.no_images

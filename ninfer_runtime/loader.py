@@ -56,13 +56,15 @@ def load(
     vram_budget: int | str | None = None,
     host_expert_cache: int | str | None = None,
     expert_stream_rows: int | None = None,
+    expert_stream_chunk: int | None = None,
     prefill_chunk: int | None = None,
     vision: VisionOptions | None = None,
     model_options: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """Open ``artifact`` and load what an engine of these settings serves it with
     (``prefill_chunk``: the rows of the engine's prefill calls, which a ``vram_budget``
-    plans the backend's workspace for)."""
+    plans the backend's workspace for, or for ``expert_stream_chunk`` rows where the budget
+    leaves host experts to stream: ``expert_offload.prefill_rows``)."""
     try:
         opened = artifact if isinstance(artifact, Artifact) else Artifact.open(artifact)
         resources = {
@@ -84,6 +86,7 @@ def load(
         host_cache=host_expert_cache,
         stream_rows=expert_stream_rows,
         prefill_rows=prefill_chunk,
+        stream_chunk=expert_stream_chunk,
     )
     # the context pool's byte budget needs the backend: the experts are planned beside it
     if expert_offload is not None:

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ninfer_runtime.cli import (
+    EXPERT_STREAM_CHUNK_HELP,
     EXPERT_STREAM_ROWS_HELP,
     PLE_ROWS_CHOICES,
     PLE_ROWS_HELP,
@@ -182,6 +183,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
         "experts, e.g. 4GiB (0: none).  [default: a quarter of the available memory]",
     ),
     click.option("--expert-stream-rows", type=click.IntRange(min=0), help=EXPERT_STREAM_ROWS_HELP),
+    click.option(
+        "--expert-stream-chunk", type=click.IntRange(min=1), help=EXPERT_STREAM_CHUNK_HELP
+    ),
     click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP),
     click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]"),
     speculative_options(None),
@@ -256,6 +260,7 @@ def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "vram_budget": flags["vram_budget"],
             "host_expert_cache": flags["host_expert_cache"],
             "expert_stream_rows": flags["expert_stream_rows"],
+            "expert_stream_chunk": flags["expert_stream_chunk"],
             "kv_dtype": flags["kv_dtype"],
             "ple_rows": flags["ple_rows"],
         },

@@ -152,6 +152,7 @@ def serve(model: Path, settings: Settings) -> int:
             vram_budget=vram_budget_setting(engine_cfg.vram_budget),
             host_expert_cache=engine_cfg.host_expert_cache,
             expert_stream_rows=engine_cfg.expert_stream_rows,
+            expert_stream_chunk=engine_cfg.expert_stream_chunk,
             vision=settings.vision_options(),
             model_options=engine_cfg.model_options(),
         )

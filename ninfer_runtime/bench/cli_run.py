@@ -41,7 +41,14 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
 )
 @click.option("--steps", type=int, default=32, show_default=True, help="timed decode steps")
 @click.option("--prefill", type=int, default=7680, show_default=True, help="0 skips prefill")
-@click.option("--chunk", type=int, default=2048, show_default=True, help="prefill chunk")
+@click.option(
+    "--chunk",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="prefill chunk (under a --vram-budget that leaves experts to stream, the engine's "
+    "longer expert stream chunk, as it plans)",
+)
 @click.option(
     "--long-prefill",
     type=click.IntRange(min=0),
@@ -166,6 +173,8 @@ def run(
         opened = Artifact.open(artifact)
         reduced = opened.provenance.get("reduced")
         model, offload = load_bench_model(opened, backend, vram_budget, reduced, chunk, ple_rows)
+        if offload is not None:  # the chunk the engine would take under this budget
+            chunk = offload.prefill_rows
         runner = ModelRunner(model)
         weights = active_weights(opened)
     except (ArtifactError, EngineError, ValueError) as exc:

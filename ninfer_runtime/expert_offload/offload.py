@@ -45,7 +45,7 @@ from .host_experts import HostCompute
 from .plan import OffloadPlan, WeightSizes, backend_workspace, plan_residency, routed_expert
 from .settings import host_cache_setting, pinned_allowance
 from .split_moe import SplitMoe, SplittableMoe
-from .stream_window import STREAM_ROWS, ExpertStream
+from .stream_window import STREAM_CHUNK, STREAM_ROWS, ExpertStream
 
 log = logging.getLogger("ninfer.expert_offload")
 
@@ -76,6 +76,7 @@ class ExpertOffload:
         stream_rows: int | None = STREAM_ROWS,
         stream_window: int | None = None,
         prefill_rows: int = PREFILL_ROWS,
+        stream_chunk: int = STREAM_CHUNK,
     ):
         """``counts``: a priority kept from earlier (layer -> hits per expert, e.g. a run's
         ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes to
@@ -85,11 +86,16 @@ class ExpertOffload:
         most (``[engine] host_expert_cache``; None: a quarter of the available memory, 0:
         none);
         ``stream_rows``: the prefill window's threshold (``stream_window``), ``stream_window``
-        its device bytes, planned as workspace (None: no cap, as the CPU's simulated device)."""
+        its device bytes, planned as workspace (None: no cap, as the CPU's simulated device);
+        ``stream_chunk``: the prefill rows planned instead of a smaller ``prefill_rows``
+        where host experts stream (``plan_load``)."""
         self.budget = budget
         self.calibrate = calibrate and counts is None
         self.priority = counts
+        #: the token rows of the engine's prefill calls, as planned: its prefill chunk, or
+        #: ``stream_chunk`` where host experts stream (the engine takes it after loading)
         self.prefill_rows = prefill_rows
+        self.stream_chunk = stream_chunk
         #: the device bytes planned beside weights and context: ``workspace`` and the stream
         #: window, and from ``plan_load`` on the backend's own (``backend_workspace``)
         self.workspace = self._given_workspace = workspace + (stream_window or 0)
@@ -121,10 +127,11 @@ class ExpertOffload:
         host_cache: int | str | None = None,
         stream_rows: int | None = None,
         prefill_rows: int | None = None,
+        stream_chunk: int | None = None,
     ) -> ExpertOffload | None:
         """The offload a ``--vram-budget`` asks for (None: no budget, all resident);
         ``stream_rows`` None: ``STREAM_ROWS``; ``prefill_rows``: the engine's prefill chunk
-        (None: ``PREFILL_ROWS``)."""
+        (None: ``PREFILL_ROWS``); ``stream_chunk`` None: ``STREAM_CHUNK``."""
         size = parse_size(budget, "vram budget")
         if size is None:
             return None
@@ -143,6 +150,7 @@ class ExpertOffload:
             host_cache=host_cache,
             stream_rows=rows,
             prefill_rows=PREFILL_ROWS if prefill_rows is None else prefill_rows,
+            stream_chunk=STREAM_CHUNK if stream_chunk is None else stream_chunk,
         )
 
     # ------------------------------------------------------------------ while loading
@@ -156,9 +164,12 @@ class ExpertOffload:
         graphs' workspace: where every routed expert fits beside them, the offload steps
         aside (``aside``): nothing is left to the split, the steps stay captured, and the
         model runs as it would without a budget. Otherwise decode steps turn eager (the
-        split reads routing on the host) and the plan is made again without the graphs.
-        Returns which parameters to leave unprepared: none aside, else every routed expert
-        of the text layers (``attach`` prepares the resident ones, one expert at a time).
+        split reads routing on the host) and the plan is made again without the graphs;
+        where that plan leaves host experts to stream, it is made once more for prefill
+        calls of ``stream_chunk`` rows if the engine's are fewer (``prefill_rows`` then says
+        so, and the engine's prefill chunk follows). Returns which parameters to leave
+        unprepared: none aside, else every routed expert of the text layers (``attach``
+        prepares the resident ones, one expert at a time).
         ``VramBudgetError`` here costs no loading."""
         self._artifact = artifact
         self._sizes = WeightSizes.measure(artifact, names)
@@ -173,11 +184,20 @@ class ExpertOffload:
         decode_eagerly(model.backend, HOST_ROUTING)
         self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
         self.plan = self._first_plan(model.backend, window=True)
+        if self._streams() and self.stream_chunk > self.prefill_rows:
+            self.prefill_rows = self.stream_chunk
+            self.plan = self._first_plan(model.backend, window=True)
+            log.info("host experts stream: prefill calls of %d rows", self.prefill_rows)
 
         def left_to_the_split(name: str) -> bool:
             return routed_expert(name) is not None
 
         return left_to_the_split
+
+    def _streams(self) -> bool:
+        """Whether the plan leaves routed experts in host memory for prefill to stream."""
+        assert self.plan is not None
+        return self.stream.rows is not None and self.plan.resident_fraction < 1
 
     def _first_plan(self, backend: Any, *, window: bool) -> OffloadPlan:
         """The plan beside the backend's workspace as it runs now, and with ``window`` the

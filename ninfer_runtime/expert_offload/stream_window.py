@@ -55,6 +55,11 @@ Array = Any
 #: token rows per block call above which the host experts a call routes to are streamed to
 #: the device (a prefill chunk) rather than computed on the host (decode, small batches)
 STREAM_ROWS = 32
+#: the token rows of a prefill call while host experts stream, when the engine's prefill
+#: chunk is smaller: each host expert a call routes to crosses the link once a call, so a
+#: 7,680-token prompt in one call moves a quarter of the bytes it would in 2,048-token calls
+#: (the workspace grows with the rows, planned like the engine's own chunk)
+STREAM_CHUNK = 8192
 #: a GPU's window, given none: this fraction of the budget (within one layer's routed experts
 #: and at least its largest expert), so a window costs resident experts in proportion
 WINDOW_SHARE = 1 / 16

@@ -57,6 +57,9 @@ class EngineSettings(Table):
     #: With a ``vram_budget``: a prefill chunk of more token rows than this streams the host
     #: experts it routes to through the device (``--expert-stream-rows``). Unset: 32.
     expert_stream_rows: int | None = Field(None, ge=0)
+    #: With a ``vram_budget`` that leaves experts in host memory: prompt tokens per prefill
+    #: step when more than ``prefill_chunk`` (``--expert-stream-chunk``). Unset: 8192.
+    expert_stream_chunk: int | None = Field(None, ge=1)
     #: How K/V are stored (``ninfer_runtime.kv_storage.KV_SETTINGS``): auto (the backend's
     #: choice: float32 on cpu, bfloat16 on cuda), float32 (exact), bfloat16 (half the memory
     #: and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).

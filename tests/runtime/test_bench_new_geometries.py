@@ -19,6 +19,7 @@ from ninfer_runtime.bench.architectures import architecture_of, extrapolate, kep
 from ninfer_runtime.bench.cli import main
 from ninfer_runtime.bench.geometries import GEOMETRIES
 from ninfer_runtime.bench.synthetic import plan_synthetic, write_synthetic
+from ninfer_runtime.expert_offload.stream_window import STREAM_CHUNK
 
 CASES = {
     "qwen4_exp": ("tiny_qwen4_exp", "qwen3_8_flash_next", 3),
@@ -177,6 +178,8 @@ def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts, tmp_pat
         result.output,
     )
     assert prefill and float(prefill[1]) > 0  # 64 rows a call: every host expert streamed
+    # prefill takes the engine's chunk under this budget, not --chunk
+    assert f"prefill 64 tokens (chunk {STREAM_CHUNK})" in result.output
     assert decode[0].strip() + "." in record.read_text()
 
 

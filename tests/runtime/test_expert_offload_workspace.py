@@ -46,9 +46,12 @@ def text_names(artifact: Artifact) -> list[str]:
 
 
 def first_plan(path: Any, backend: Any, budget: int, rows: int = 2048) -> OffloadPlan:
-    """The plan ``plan_load`` makes for the artifact's text parameters on ``backend``."""
+    """The plan ``plan_load`` makes for the artifact's text parameters on ``backend``, for
+    prefill calls of ``rows`` rows whether experts stream or not."""
     artifact = Artifact.open(path)
-    offload = ExpertOffload(budget, calibrate=False, host_cache=0, prefill_rows=rows)
+    offload = ExpertOffload(
+        budget, calibrate=False, host_cache=0, prefill_rows=rows, stream_chunk=rows
+    )
     try:
         offload.plan_load(SimpleNamespace(backend=backend), artifact, text_names(artifact))
     finally:
@@ -95,6 +98,7 @@ def test_the_engine_plans_the_workspace_at_its_prefill_chunk(q4_moe, shares):
         max_context=CONTEXT,
         max_lanes=1,
         prefill_chunk=24,
+        expert_stream_chunk=24,  # (a longer one is test_expert_offload_chunk.py's)
         vram_budget=floor + experts,
         host_expert_cache=0,
     )

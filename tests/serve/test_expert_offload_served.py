@@ -34,6 +34,14 @@ def test_the_budget_is_read_from_the_config_and_a_bad_size_named(tmp_path) -> No
     config.write_text("[engine]\nexpert_stream_rows = 64\n")
     assert load_settings(config, {}).engine.expert_stream_rows == 64
     assert load_settings(None, {}).engine.expert_stream_rows is None  # STREAM_ROWS
+    config.write_text("[engine]\nexpert_stream_chunk = 4096\n")
+    assert load_settings(config, {}).engine.expert_stream_chunk == 4096
+    flags = {"engine": {"expert_stream_chunk": 16384}}
+    assert load_settings(config, flags).engine.expert_stream_chunk == 16384
+    assert load_settings(None, {}).engine.expert_stream_chunk is None  # STREAM_CHUNK
+    config.write_text("[engine]\nexpert_stream_chunk = 0\n")
+    with pytest.raises(ConfigError, match="expert_stream_chunk"):
+        load_settings(config, {})
 
 
 def test_expert_counters_reach_the_metrics_as_increments() -> None:
