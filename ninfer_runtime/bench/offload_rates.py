@@ -9,10 +9,13 @@ rates are measured in the same run (``probes``). Warm-up steps count with the ti
 a figure a step is over all of them.
 
 Once every measurement is done, ``finish`` sets the device memory the run held against the
-plan: CuPy's pool (which keeps freed blocks, so its size is the run's high-water mark; the
-bench's probes give theirs back, so it is the engine's), also once the model was loaded, and
-torch's allocator's most reserved (its fused attention), beside the plan's weights,
-workspace estimate, context pool and resident experts.
+plan: CuPy's pool (which keeps freed blocks, so its size is a high-water mark of the run's
+use plus what its size classes could not reuse; the bench's probes give theirs back, so it
+is the engine's), the most bytes in use at once where experts stay on the host
+(``pool_peak.PeakInUse``, watched from load on; not where every expert is resident, whose
+speed the run compares with no budget), the same once the model was loaded, and torch's
+allocator's most reserved (its fused attention), beside the plan's weights, workspace
+estimate, context pool and resident experts.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import click
 
+from .pool_peak import PeakInUse
 from .probes import host_read_bandwidth, upload_bandwidth
 
 
@@ -81,6 +85,8 @@ class OffloadReport:
         self.xp = xp
         #: the device pool's bytes in use and held once the model is loaded (None: no pool)
         self.loaded = _pool_bytes(xp)
+        #: the most bytes in use from here on, where experts stay on the host
+        self.peak = PeakInUse.install(xp) if _splits(offload) else None
 
     @classmethod
     def start(cls, offload: Any, xp: Any) -> OffloadReport:
@@ -101,6 +107,7 @@ class OffloadReport:
         if plan is None or held is None or self.loaded is None:
             return []
         (used, pool), (loaded_used, loaded_pool) = held, self.loaded
+        peak = self.peak.stop() if self.peak is not None else None
         torch = sys.modules.get("torch")
         on_torch = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
         reserved = int(torch.cuda.max_memory_reserved()) if on_torch else 0
@@ -108,6 +115,7 @@ class OffloadReport:
             "kind": "offload memory",
             "cupy_pool_bytes": pool,
             "cupy_in_use_bytes": used,
+            "cupy_peak_in_use_bytes": peak,
             "loaded_pool_bytes": loaded_pool,
             "loaded_in_use_bytes": loaded_used,
             "torch_reserved_bytes": reserved,
@@ -116,11 +124,12 @@ class OffloadReport:
             "budget_bytes": plan.budget,
         }
         gib = 2**30
+        most = f"{peak / gib:.2f} in use at most, " if peak is not None else ""
         click.echo(
-            f"device memory held: CuPy's pool {pool / gib:.2f} GiB at most ({used / gib:.2f} in "
-            f"use at the end; once loaded {loaded_pool / gib:.2f}, {loaded_used / gib:.2f} in "
-            f"use), torch's allocator {reserved / gib:.2f} GiB at most; the plan "
-            f"{row['planned_bytes'] / gib:.2f} GiB "
+            f"device memory held: CuPy's pool {pool / gib:.2f} GiB at most ({most}"
+            f"{used / gib:.2f} in use at the end; once loaded {loaded_pool / gib:.2f}, "
+            f"{loaded_used / gib:.2f} in use), torch's allocator {reserved / gib:.2f} GiB at "
+            f"most; the plan {row['planned_bytes'] / gib:.2f} GiB "
             f"(weights {plan.weights / gib:.2f}, workspace estimate {plan.workspace / gib:.2f}, "
             f"context pool {plan.context / gib:.2f}, resident experts "
             f"{plan.resident_bytes / gib:.2f}) of a {plan.budget / gib:.2f} GiB budget"
@@ -138,6 +147,11 @@ class OffloadReport:
         share = measured(label, self.offload.counters, steps, self.read_bw, self.upload_bw)
         click.echo(line(share))
         return [as_row(share)]
+
+
+def _splits(offload: Any) -> bool:
+    """Whether ``offload`` leaves experts on the host (not None, not stepped aside)."""
+    return offload is not None and not getattr(offload, "aside", False)
 
 
 def _pool_bytes(xp: Any) -> tuple[int, int] | None:
