@@ -49,7 +49,7 @@ __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
-// Adds v's squares to sum in the order x, y, z, w: the order of the scalar loop over a row.
+// sum plus v's squares, added in the order x, y, z, w.
 __device__ __forceinline__ float sum_squares4(float4 v, float sum) {
   return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, sum))));
 }
