@@ -2,7 +2,7 @@
 against its FLOPs floor.
 
     python benchmarks/image_bench.py --model MODEL.ninfer [--backend cuda|cpu]
-        [--image-size 1024] [--runs 5] [--prefill-chunk 512] [--json OUT.json]
+        [--image-size 1024] [--runs 5] [--prefill-chunk N] [--json OUT.json]
 
 MODEL is an artifact with a Qwen3.5 vision component (``ninfer-bench synth --vision`` writes
 one of any Qwen3.5/3.6 geometry). The request is one user message of a deterministic synthetic
@@ -190,7 +190,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--image-size", type=int, default=1024, help="pixels a side")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--prefill-chunk", type=int, default=512, help="the engine's")
+    parser.add_argument(
+        "--prefill-chunk", type=int, help="the engine's (default: the backend's own)"
+    )
     parser.add_argument("--json", help="write the result here")
     return parser.parse_args(argv)
 
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "model": str(args.model),
         "backend": args.backend,
-        "prefill_chunk": args.prefill_chunk,
+        "prefill_chunk": engine.prefill_chunk,
         **measure(engine, args.image_size, args.runs),
     }
     print(report(result))

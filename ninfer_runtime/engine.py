@@ -40,6 +40,7 @@ from .loader import load
 from .media_cache import MediaCache
 from .models import ForwardOutput
 from .pool_plan import SHORT_CHUNK_TOKENS, PoolPlan
+from .prefill_reads import default_prefill_chunk
 from .prefix_cache import CacheBoundary, PrefixCache
 from .request import (
     Event,
@@ -88,7 +89,7 @@ class Engine:
         backend: str = "cpu",
         max_context: int = 4096,
         max_lanes: int = 8,
-        prefill_chunk: int = 512,
+        prefill_chunk: int | None = None,
         chat_template: str | None = None,
         context_capacity: int | str | None = None,
         memory_headroom: int | str | None = None,
@@ -111,6 +112,8 @@ class Engine:
         check_max_lanes(max_lanes, backend)
         #: how the pool stores K/V: ``auto`` is the backend's own (CPU float32, CUDA bfloat16)
         self.kv_dtype = kv_dtype = resolve_kv_dtype(kv_dtype, backend)
+        if prefill_chunk is None:  # the backend's (CPU 512, CUDA 2048)
+            prefill_chunk = default_prefill_chunk(backend)
         if max_context < 2 or prefill_chunk < 1 or checkpoint_interval < 1:
             raise EngineError(
                 "max_context must be >= 2, prefill_chunk and checkpoint_interval >= 1"

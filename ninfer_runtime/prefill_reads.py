@@ -9,9 +9,22 @@ spans, and gives the same numbers, whatever company it keeps.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from .lane import Lane, Read
 from .logprobs import PROMPT_LOGPROB_CHUNK
+
+#: the prefill chunk of a backend that states none (``prefill_chunk`` class attribute)
+PREFILL_CHUNK = 512
+
+
+def default_prefill_chunk(backend: Any) -> int:
+    """The prefill chunk of ``backend`` (a name or an instance) when the engine is given
+    none: its class attribute ``prefill_chunk`` (the CPU 512, CUDA 2048), known before the
+    backend exists."""
+    from .backends import backend_class
+
+    return int(getattr(backend_class(backend), "prefill_chunk", PREFILL_CHUNK))
 
 
 def prefill_reads(

@@ -133,7 +133,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
         help="With --allow-image-urls: seconds one image URL may take.  [default: 10]",
     ),
     click.option(
-        "--prefill-chunk", type=int, help="Prompt tokens per prefill step.  [default: 1024]"
+        "--prefill-chunk",
+        type=click.IntRange(min=1),
+        help="Prompt tokens per prefill step.  [default: the backend's, 512 on cpu, 2048 on cuda]",
     ),
     click.option(
         "--kv-dtype",

@@ -38,6 +38,8 @@ class CpuBackend(ops.ReferenceOps):
     max_lanes = MAX_LANES
     #: K/V with ``kv_dtype`` auto: exactly, as the oracle computes
     kv_dtype = "float32"
+    #: prompt tokens a step when the engine is given no ``prefill_chunk``
+    prefill_chunk = 512
 
     # ------------------------------------------------------------------------ weights
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:

@@ -57,7 +57,7 @@ NOT_SERVED = "expert offload is not served on this backend"
 #: why a backend capturing decode steps as CUDA graphs runs them eagerly with offload on
 HOST_ROUTING = "expert offload reads each MoE block's routing on the host every step"
 #: the token rows of a prefill call when the engine does not give its prefill chunk (the
-#: default chunk of ``Engine`` and ``ModelRunner.prefill``)
+#: default chunk of ``ModelRunner.prefill``; an engine gives its own)
 PREFILL_ROWS = 512
 
 

@@ -35,7 +35,8 @@ class EngineSettings(Table):
     max_concurrency: int | Literal["auto"] = "auto"
     max_pending_requests: int = Field(16, ge=0)
     pending_timeout_ms: int = Field(30000, ge=1)
-    prefill_chunk: int = Field(1024, ge=1)
+    #: prompt tokens a step; unset: the backend's (cpu 512, cuda 2048)
+    prefill_chunk: int | None = Field(None, ge=1)
     chat_template: Path | None = None
     #: Memory for K/V pages and recurrent states: ``auto`` (what the device has free after
     #: the weights) or a size such as ``24GiB``; requests wait until their pages fit.

@@ -16,3 +16,9 @@ class CudaTraits:
     #: K/V with ``kv_dtype`` auto: bfloat16, the production precision (half float32's bytes
     #: for decode attention to read; float32 stays a setting)
     kv_dtype = "bfloat16"
+    #: prompt tokens a step when the engine is given no ``prefill_chunk``: a chunk's host
+    #: issue and its products' weight dequantization are paid once a chunk whatever its
+    #: rows (on the 27B, an H100 prefilled ~4,500 tok/s in the server's 1,024-token chunks
+    #: and ~8,000 in ninfer-bench's 2,048: docs/performance.md); a generating lane waits
+    #: for one chunk a step
+    prefill_chunk = 2048
