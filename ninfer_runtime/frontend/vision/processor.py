@@ -221,13 +221,24 @@ class ImageProcessor:
         x: np.ndarray = np.asarray(image).transpose(2, 0, 1)  # [C, H, W] uint8
         if content != size:  # black below and right of the image, up to the canvas
             x = np.pad(x, ((0, 0), (0, size[1] - content[1]), (0, size[0] - content[0])))
+        # each 8-bit level's value, looked up: the same arithmetic on each level as on each
+        # pixel, in one pass over the pixels instead of four
+        levels = self._levels()
+        values = np.stack([np.take(levels[c], x[c]) for c in range(x.shape[0])])
+        return self._patches(values, grid), grid
+
+    def _levels(self) -> np.ndarray:
+        """float32 [3, 256]: what rescaling and normalizing make of each 8-bit level in each
+        channel (rescale in float64 rounded to float32, then (x - mean) / std in float32, as
+        the Pillow backend computes them)."""
+        x = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 256))
         if self.do_rescale:
             x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
         if self.do_normalize:
-            mean = np.array(self.image_mean, np.float32)[:, None, None]
-            std = np.array(self.image_std, np.float32)[:, None, None]
+            mean = np.array(self.image_mean, np.float32)[:, None]
+            std = np.array(self.image_std, np.float32)[:, None]
             x = (x.astype(np.float32, copy=False) - mean) / std
-        return self._patches(x.astype(np.float32, copy=False), grid), grid
+        return np.ascontiguousarray(x, dtype=np.float32)
 
     def _canvas(self, height: int, width: int) -> tuple[int, int]:
         factor = self.factor * self.patch_expand_factor
