@@ -59,6 +59,15 @@ __device__ __forceinline__ float4 norm4(float4 v, float4 w, float inv, float off
                      (v.z * inv) * (w.z + offset), (v.w * inv) * (w.w + offset));
 }
 
+// A row's y = v * inv * (w + offset), d4 float4s of it, v read from v4 (a block's threads).
+__device__ __forceinline__ void normed_row4(const float4* v4, const float* w, float* y, int d4,
+                                            float inv, float offset) {
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4* y4 = reinterpret_cast<float4*>(y);
+  for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS)
+    y4[i] = norm4(v4[i], w4[i], inv, offset);
+}
+
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w + offset); one block per row, float4
 // accesses where d is a multiple of 4 and the bases are aligned.
 extern "C" __global__ void __launch_bounds__(GLUE_LONG_THREADS)
@@ -71,11 +80,7 @@ extern "C" __global__ void __launch_bounds__(GLUE_LONG_THREADS)
     const int d4 = d >> 2;
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS) sum = sum_squares4(x4[i], sum);
-    const float inv = block_inv_rms(sum, d, eps);
-    const float4* w4 = reinterpret_cast<const float4*>(w);
-    float4* y4 = reinterpret_cast<float4*>(yr);
-    for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS)
-      y4[i] = norm4(x4[i], w4[i], inv, offset);
+    normed_row4(x4, w, yr, d4, block_inv_rms(sum, d, eps), offset);
     return;
   }
   for (int i = threadIdx.x; i < d; i += GLUE_LONG_THREADS) sum = fmaf(xr[i], xr[i], sum);
@@ -105,11 +110,7 @@ extern "C" __global__ void __launch_bounds__(GLUE_LONG_THREADS)
       s4[i] = v;
       sum = sum_squares4(v, sum);
     }
-    const float inv = block_inv_rms(sum, d, eps);
-    const float4* w4 = reinterpret_cast<const float4*>(w);
-    float4* y4 = reinterpret_cast<float4*>(yr);
-    for (int i = threadIdx.x; i < d4; i += GLUE_LONG_THREADS)
-      y4[i] = norm4(s4[i], w4[i], inv, offset);
+    normed_row4(s4, w, yr, d4, block_inv_rms(sum, d, eps), offset);
     return;
   }
   for (int i = threadIdx.x; i < d; i += GLUE_LONG_THREADS) {
