@@ -23,6 +23,7 @@ layout could not be cut (held as float32), and the load log says so.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,8 @@ __all__ = [
     "host_threads",
     "load_host_weight",
 ]
+
+log = logging.getLogger("ninfer.expert_offload")
 
 #: the reference math the CPU backend computes experts with: the host computes the same
 #: products in the same order, so a host expert's rows equal a resident one's on the CPU
@@ -220,6 +223,17 @@ class HostCompute:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+    def log_forms(self, blocks: Iterable[Any]) -> None:
+        """Say how many of the split ``blocks``' host experts the kernel packed, and how many
+        are held decoded (their layout could not be cut)."""
+        experts = [e for b in blocks for e in b.host_experts.values()]
+        if self.kernel is not None:
+            packed = sum(e.packed is not None for e in experts)
+            log.info("%d host experts packed for %s", packed, self.kernel.name)
+        decoded = sum(e.decoded for e in experts)
+        if decoded:
+            log.info("%d host experts are held decoded: their layout cannot be cut", decoded)
 
     def pack(self, experts: Iterable[HostExpert]) -> int:
         """Repack ``experts`` for the kernel, one expert a task on the pool (each task on

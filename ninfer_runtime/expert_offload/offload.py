@@ -42,8 +42,15 @@ from .calibration import routing_counts
 from .counters import ExpertCounters
 from .host_cache import hold_by_layer
 from .host_experts import HostCompute
-from .plan import OffloadPlan, WeightSizes, backend_workspace, plan_residency, routed_expert
-from .settings import host_cache_setting, pinned_allowance
+from .plan import (
+    OffloadPlan,
+    VramBudgetError,
+    WeightSizes,
+    backend_workspace,
+    plan_residency,
+    routed_expert,
+)
+from .settings import host_cache_setting
 from .split_moe import SplitMoe, SplittableMoe
 from .stream_window import STREAM_CHUNK, STREAM_ROWS, ExpertStream
 
@@ -185,14 +192,24 @@ class ExpertOffload:
         self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
         self.plan = self._first_plan(model.backend, window=True)
         if self._streams() and self.stream_chunk > self.prefill_rows:
-            self.prefill_rows = self.stream_chunk
-            self.plan = self._first_plan(model.backend, window=True)
-            log.info("host experts stream: prefill calls of %d rows", self.prefill_rows)
+            self._plan_stream_chunk(model.backend)
 
         def left_to_the_split(name: str) -> bool:
             return routed_expert(name) is not None
 
         return left_to_the_split
+
+    def _plan_stream_chunk(self, backend: Any) -> None:
+        """The plan again for prefill calls of ``stream_chunk`` rows; where the budget
+        cannot hold their workspace, the engine's chunk and its plan stay."""
+        rows, plan, workspace = self.prefill_rows, self.plan, self.workspace
+        self.prefill_rows = self.stream_chunk
+        try:
+            self.plan = self._first_plan(backend, window=True)
+        except VramBudgetError:
+            self.prefill_rows, self.plan, self.workspace = rows, plan, workspace
+            return
+        log.info("host experts stream: prefill calls of %d rows", self.prefill_rows)
 
     def _streams(self) -> bool:
         """Whether the plan leaves routed experts in host memory for prefill to stream."""
@@ -242,20 +259,8 @@ class ExpertOffload:
             raise EngineError("expert offload: the model prepared other experts than planned")
         if not self.calibrate:  # with calibration, ``start`` holds copies by its counts
             self._hold_hottest(self.priority)
-        self._log_host_forms()
-        self._keep_streamed()
-
-    def _keep_streamed(self) -> None:
-        """Tell a backend that keeps streamed experts in pinned host memory how much it may
-        keep: every host expert's stored bytes, within ``pinned_allowance``."""
-        keep = getattr(self.blocks[0].backend, "keep_streamed", None) if self.blocks else None
-        if keep is None or self.stream.rows is None:
-            return
-        sizes = self.stream.sizes  # stored bytes (a packed host expert's differ)
-        stored = sum(sizes[b.layer][e] for b in self.blocks for e in b.host_experts)
-        allowance = min(stored, pinned_allowance())
-        keep(allowance)
-        log.info("streamed experts: up to %s kept in pinned host memory", format_size(allowance))
+        self.host.log_forms(self.blocks)
+        self.stream.keep_pinned(self.blocks)
 
     # ------------------------------------------------------------------ once the pool exists
     def start(
@@ -320,21 +325,12 @@ class ExpertOffload:
         self.plan = plan
         if hold:
             self._hold_hottest(counts)
-        self._log_host_forms()
+        self.host.log_forms(self.blocks)
         return plan
 
     def _hold_hottest(self, counts: Mapping[int, Sequence[float]] | None) -> None:
         held = hold_by_layer(self.blocks, counts, self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
-
-    def _log_host_forms(self) -> None:
-        experts = [e for b in self.blocks for e in b.host_experts.values()]
-        if self.host.kernel is not None:
-            packed = sum(e.packed is not None for e in experts)
-            log.info("%d host experts packed for %s", packed, self.host.kernel.name)
-        decoded = sum(e.decoded for e in experts)
-        if decoded:
-            log.info("%d host experts are held decoded: their layout cannot be cut", decoded)
 
     def host_bytes(self) -> int:
         """Host memory the host experts take now: their stored form and the decoded copies

@@ -39,13 +39,18 @@ streamed experts in pinned host memory, side by side, so a window uploads in a f
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..sizes import format_size
+from .settings import pinned_allowance
 from .split_moe import expert_names, expert_prefix, prepare_experts, release_weights
+
+log = logging.getLogger("ninfer.expert_offload")
 
 if TYPE_CHECKING:
     from .split_moe import SplitMoe
@@ -103,6 +108,18 @@ class ExpertStream:
         given = self._given_window
         self.window_bytes = given if given is not None else default_window(self.sizes, budget)
         return self.window_bytes if given is not None else 2 * self.window_bytes
+
+    def keep_pinned(self, blocks: Sequence[SplitMoe]) -> None:
+        """Tell a backend that keeps streamed experts in pinned host memory
+        (``keep_streamed``) how much it may keep: the ``blocks``' host experts' stored bytes,
+        within ``settings.pinned_allowance``."""
+        keep = getattr(blocks[0].backend, "keep_streamed", None) if blocks else None
+        if keep is None or self.rows is None:
+            return
+        stored = sum(self.sizes[b.layer][e] for b in blocks for e in b.host_experts)
+        allowance = min(stored, pinned_allowance())
+        keep(allowance)
+        log.info("streamed experts: up to %s kept in pinned host memory", format_size(allowance))
 
     def takes(self, rows: int) -> bool:
         """Whether a block call of ``rows`` token rows streams."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.cli_options import EXPERT_STREAM_CHUNK_HELP
 from ninfer_runtime.engine import Engine, GenerationRequest, TokenEvent
 from ninfer_runtime.expert_offload import offload as offload_module
@@ -76,3 +77,30 @@ def test_the_longer_calls_give_the_same_tokens(q4_moe, shares):
     resident = Engine(q4_moe, max_context=CONTEXT, max_lanes=1, prefill_chunk=8)
     assert tokens(streamed) == tokens(resident)
     assert streamed.expert_offload.counters.streamed_bytes > 0
+
+
+class RowsWorkspace(CpuBackend):
+    """The CPU backend stating ``per_row`` bytes of device workspace a prefill row."""
+
+    def __init__(self, per_row: int):
+        self.per_row = per_row
+
+    def device_workspace(self, config, rows: int, logit_rows: int) -> int:
+        return self.per_row * rows
+
+
+def test_a_budget_that_cannot_hold_the_longer_calls_keeps_the_engines_chunk(q4_moe, shares):
+    """Room for 96 rows' workspace but not ``STREAM_CHUNK``'s: the engine's chunk and its
+    plan stay, rather than a budget that works being refused."""
+    floor, _ = shares
+    per_row = 1024
+    e = Engine(
+        q4_moe,
+        backend=RowsWorkspace(per_row),  # type: ignore[arg-type]
+        max_context=CONTEXT,
+        max_lanes=1,
+        prefill_chunk=96,
+        vram_budget=floor + 100 * per_row,
+    )
+    assert e.prefill_chunk == e.expert_offload.prefill_rows == 96
+    assert e.expert_offload.plan.workspace == 96 * per_row

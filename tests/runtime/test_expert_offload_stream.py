@@ -153,7 +153,7 @@ def test_a_backend_that_keeps_streamed_experts_prepares_them_its_way(q4_moe, sha
     pinned copies) is told its allowance (every host expert's stored bytes, within
     ``pinned_allowance``) and prepares the window's experts through ``prepare_streamed``,
     a window's experts in one call."""
-    from ninfer_runtime.expert_offload import offload as offload_module
+    from ninfer_runtime.expert_offload import stream_window as stream_module
 
     floor, experts = shares
     e = engine(q4_moe, floor + experts // 2)
@@ -172,10 +172,10 @@ def test_a_backend_that_keeps_streamed_experts_prepares_them_its_way(q4_moe, sha
 
     backend.prepare_streamed = prepare_streamed
     try:
-        monkeypatch.setattr(offload_module, "pinned_allowance", lambda: stored + 1)
-        offload._keep_streamed()
-        monkeypatch.setattr(offload_module, "pinned_allowance", lambda: stored // 2)
-        offload._keep_streamed()
+        monkeypatch.setattr(stream_module, "pinned_allowance", lambda: stored + 1)
+        offload.stream.keep_pinned(offload.blocks)
+        monkeypatch.setattr(stream_module, "pinned_allowance", lambda: stored // 2)
+        offload.stream.keep_pinned(offload.blocks)
         e.runner.prefill(PROMPT, e.runner.new_state(CONTEXT), chunk=64, last_only=True)
     finally:
         del backend.keep_streamed, backend.prepare_streamed
