@@ -53,20 +53,25 @@ def test_scattered_rows_equal_the_decoded_tables_rows(table):
 
 
 def test_cached_ranges_are_read_without_the_threads(table, monkeypatch):
-    """Many ranges, all in the page cache (the file was just read whole): one thread."""
-    if not row_reader.NOWAIT:
-        pytest.skip("this system's os module offers no RWF_NOWAIT: every read waits")
+    """Many ranges, every one held by the page cache (a file system answering cached-only
+    reads in full, whatever this machine's temporary directory offers): one thread."""
     artifact, whole = table
-    for index in range(len(artifact.files)):
-        with open(artifact.files[index].path, "rb") as f:
-            f.read()
+    preadv = os.preadv
+    asked_nowait = []
+
+    def all_cached(fd, buffers, offset, flags=0):
+        asked_nowait.append(bool(flags))
+        return preadv(fd, buffers, offset)
 
     def no_threads():
         raise AssertionError("cached ranges went to the thread pool")
 
+    monkeypatch.setattr(row_reader, "NOWAIT", 8)
+    monkeypatch.setattr(row_reader.os, "preadv", all_cached)
     monkeypatch.setattr(row_reader, "_readers", no_threads)
     rows = scattered(row_reader.PARALLEL_RANGES * 2)
     np.testing.assert_array_equal(RowReader(artifact, "p.t").read(rows), whole[rows])
+    assert asked_nowait == [True] * rows.size  # each range asked once, cached-only
 
 
 def test_ranges_that_would_wait_are_read_after(table, monkeypatch):
