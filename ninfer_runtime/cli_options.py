@@ -73,8 +73,8 @@ EXPERT_STREAM_ROWS_HELP = (
 #: ``expert_offload.STREAM_CHUNK``, written out as above
 EXPERT_STREAM_CHUNK_HELP = (
     "With --vram-budget leaving experts in host memory: prompt tokens per prefill step, "
-    "when more than --prefill-chunk (each host expert a step routes to crosses to the "
-    "device once a step).  [default: 8192]"
+    "when more than the engine's prefill chunk (each host expert a step routes to crosses "
+    "to the device once a step).  [default: 8192]"
 )
 
 
