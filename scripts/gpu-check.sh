@@ -158,7 +158,7 @@ if [ "${GLM:-0}" = 1 ]; then
   timeout 240 python3 -m ninfer_runtime.bench.cli synth --geometry glm5next --formats glm5next \
     --layers 3 -o "$artifact" --force | tail -3
   # written as it goes: a run cut short by the call's limit still says how far it got
-  timeout 300 python3 -u -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
+  timeout 480 python3 -u -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
     --vram-budget 139GiB --json "$OUT/glm.json" --record "$OUT/records.md" \
     ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep --line-buffered -v upload | tee "$OUT/glm.txt"
   rm -f "$artifact"*
