@@ -18,9 +18,11 @@ what the prefill needs:
   its digest, so a checkpoint with an image is found again only for the same image at the
   same place.
 
-An image not in the media cache is decoded twice, at render (often a worker thread of the
-server) and at submit, rather than keeping its pixels (up to hundreds of MB for a large
-photo) between the two calls.
+An image not in the media cache is decoded and processed once: at render (often a worker
+thread of the server), which keeps its processed pixels (``pending``, a second
+least-recently-used store within ``PENDING_PIXEL_BYTES``) for its submit to encode. Only the
+processor's output is kept, never the decoded photo. An image the store let go is
+processed again at submit.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from .models.vision_families import QWEN3_5, vision_family
 
 #: the tokens a chat template writes for one image (Qwen3.5's template; ninfer's built-in one)
 IMAGE_PAD = QWEN3_5.image_token
+#: bytes of processed pixels kept from a render's count of a new image to its submit's
+#: encode (a 1024² image's are ~23 MB)
+PENDING_PIXEL_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ class VisionInput:
                 f"the vision config's spatial_merge_size {self.tower.config.merge}"
             )
         self.cache = MediaCache(options.cache_capacity)
+        #: processed pixels (as ``grid`` and ``rows``) of images counted, not yet encoded
+        self.pending = MediaCache(PENDING_PIXEL_BYTES)
         self._lock = threading.Lock()  # render runs in worker threads, submit in the engine's
 
     # ----------------------------------------------------------------------- render
@@ -140,8 +147,24 @@ class VisionInput:
         for i, image in enumerate(images):
             with self._lock:
                 kept = self.cache.peek(image.digest)
-            grids.append(kept.grid if kept is not None else _grid(self._pixels(image, i)[1]))
+            grids.append(kept.grid if kept is not None else self._counted(image, i))
         return self._check_tokens(grids)
+
+    def _counted(self, image: ImageInput, index: int) -> tuple[int, int, int]:
+        """The grid of an image not yet encoded; its pixels kept for the encode."""
+        pixels, grid_thw = self._pixels(image, index)
+        grid = _grid(grid_thw)
+        with self._lock:
+            self.pending.put(image.digest, EncodedImage(grid, pixels))
+        return grid
+
+    def _processed(self, image: ImageInput, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(pixel_values, grid_thw) of an image to encode: those its count kept, or new."""
+        with self._lock:
+            held = self.pending.take(image.digest)
+        if held is None:
+            return self._pixels(image, index)
+        return held.rows, np.asarray([held.grid], dtype=np.int64)
 
     def _check_count(self, images: Sequence[ImageInput]) -> None:
         if len(images) > self.options.max_images:
@@ -181,7 +204,7 @@ class VisionInput:
         for i, image in enumerate(images):
             with self._lock:
                 kept = self.cache.get(image.digest)
-            found.append(kept if kept is not None else self._pixels(image, i))
+            found.append(kept if kept is not None else self._processed(image, i))
         grids = [f.grid if isinstance(f, EncodedImage) else _grid(f[1]) for f in found]
         self._check_tokens(grids)
         rows = []

@@ -84,6 +84,13 @@ class MediaCache:
         self._entries[digest] = image
         self.bytes += size
 
+    def take(self, digest: str) -> EncodedImage | None:
+        """The entry kept for ``digest``, no longer kept (None: there is none)."""
+        kept = self._entries.pop(digest, None)
+        if kept is not None:
+            self.bytes -= kept.rows.nbytes
+        return kept
+
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0

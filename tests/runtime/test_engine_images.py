@@ -209,6 +209,29 @@ def test_the_next_chat_turn_resumes_after_the_image(artifact) -> None:
     assert tokens == run(Engine(artifact, max_lanes=1, max_context=256), second)[0]
 
 
+def test_a_new_image_is_decoded_and_processed_once(artifact, monkeypatch) -> None:
+    """Render counts a new image's tokens from its processed pixels and keeps them for the
+    submit's encode; where the store cannot keep them, the submit processes it again, with
+    the same tokens out."""
+    decodes = []
+    real = decode_image
+
+    def counted(data, **kw):
+        decodes.append(len(data))
+        return real(data, **kw)
+
+    monkeypatch.setattr("ninfer_runtime.frontend.vision.decode_image", counted)
+    engine = Engine(artifact, max_lanes=1, max_context=256, prefix_cache=True)
+    tokens, _ = run(engine, request("What is this?", TOWER))
+    assert decodes == [len(TOWER)]
+    assert len(engine.vision.pending) == 0  # taken by the encode
+    decodes.clear()
+    bare = Engine(artifact, max_lanes=1, max_context=256)
+    bare.vision.pending = MediaCache(capacity=0)
+    assert run(bare, request("What is this?", TOWER))[0] == tokens
+    assert decodes == [len(TOWER)] * 2
+
+
 def test_the_media_cache_keeps_the_most_recent_within_its_bytes() -> None:
     rows = [np.full((4, 8), i, dtype=np.float32) for i in range(3)]  # 128 bytes each
     cache = MediaCache(capacity=300)
@@ -220,6 +243,9 @@ def test_the_media_cache_keeps_the_most_recent_within_its_bytes() -> None:
     assert "2" not in cache and "1" in cache
     assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (1, 1, 2)
     MediaCache(capacity=0).put("x", EncodedImage((1, 4, 4), rows[0]))  # kept nowhere
+    taken = cache.take("1")
+    assert taken is not None and taken.rows[0, 0] == 1
+    assert "1" not in cache and cache.bytes == 128 and cache.take("1") is None
 
 
 @pytest.mark.parametrize("prefix_cache", [False, True])
