@@ -11,7 +11,8 @@ memsets) on one timeline, as a profiler recorded them (``kernel_profiler`` reads
   is what launches and host work between kernels cost once the kernels are fast.
 * ``kernel time``: the plain sum of durations (above ``busy`` when kernels overlap).
 * gaps: the idle stretches between busy ones; those over ``gap_us`` are counted, the
-  largest listed.
+  largest listed, and the largest one's neighbours named (the work that ended last before
+  it and the work that started first after it): where the host held the device up.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class TraceSummary:
     gaps_over: int
     largest_gaps_us: tuple[float, ...]
     top: tuple[KernelTime, ...]
+    #: (before, after): the short names around the largest gap (empty: no gap)
+    largest_gap_between: tuple[str, ...] = ()
 
     @property
     def idle_percent(self) -> float:
@@ -99,6 +102,14 @@ def summarize(
         tally[0] += 1
         tally[1] += duration
     ranked = sorted(by_name.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]
+    between: tuple[str, ...] = ()
+    if gaps:
+        i = max(range(len(gaps)), key=gaps.__getitem__)
+        gap_start, gap_end = busy[i][1], busy[i + 1][0]
+        ended = [e for e in events if e[1] + max(e[2], 0.0) <= gap_start]
+        before = max(ended, key=lambda e: e[1] + max(e[2], 0.0))
+        after = min((e for e in events if e[1] >= gap_end), key=lambda e: e[1])
+        between = (short_name(before[0]), short_name(after[0]))
     return TraceSummary(
         kernels=len(events),
         kernel_ms=sum(e[2] for e in events) / 1e3,
@@ -109,6 +120,7 @@ def summarize(
         gaps_over=sum(g > gap_us for g in gaps),
         largest_gaps_us=tuple(sorted(gaps, reverse=True)[:largest]),
         top=tuple(KernelTime(n, int(c), t / 1e3) for n, (c, t) in ranked),
+        largest_gap_between=between,
     )
 
 
@@ -147,6 +159,7 @@ def as_row(summary: TraceSummary) -> dict[str, Any]:
         "gap_us": summary.gap_us,
         "gaps_over": summary.gaps_over,
         "largest_gaps_us": list(summary.largest_gaps_us),
+        "largest_gap_between": list(summary.largest_gap_between),
         "top": [{"name": k.name, "count": k.count, "ms": k.ms} for k in summary.top],
     }
 
@@ -188,6 +201,9 @@ def lines(row: dict[str, Any]) -> list[str]:
         f"{row['idle_ms']:>8.3f} {row['idle_percent']:>5.1f}% {row['gaps_over']:>12}  {largest}",
         f"  {'top kernels by time':<{NAME_CHARS}} {'count':>6} {'ms':>8} {'% span':>7}",
     ]
+    between = row.get("largest_gap_between") or ()
+    if between:
+        out.append(f"  the largest gap: after {between[0]}, before {between[1]}")
     span = row["span_ms"] or 1.0
     out += [
         f"  {k['name']:<{NAME_CHARS}} {k['count']:>6} {k['ms']:>8.3f} {100 * k['ms'] / span:>6.1f}%"
@@ -207,8 +223,13 @@ def record_line(row: dict[str, Any], top: int = 5) -> str:
         f"kernels over a {row['span_ms']:.3f} ms span, {row['idle_ms']:.3f} ms idle "
         f"({row['idle_percent']:.1f}%), "
         + _gaps_text(row["gaps_over"], row["gap_us"], row["largest_gaps_us"])
+        + _between_text(row.get("largest_gap_between") or ())
         + (f"; top: {kernels}." if kernels else ".")
     )
+
+
+def _between_text(between: Sequence[str]) -> str:
+    return f", the largest after `{between[0]}` and before `{between[1]}`" if between else ""
 
 
 def _sentence(text: str) -> str:

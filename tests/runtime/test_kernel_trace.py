@@ -34,6 +34,10 @@ def test_summary_counts_span_idle_and_gaps():
     assert s.idle_percent == pytest.approx(100 * 13 / 60)
     assert s.gaps_over == 1 and s.largest_gaps_us == pytest.approx((10.0, 3.0))
     assert K.summarize(STEP, gap_us=2.0).gaps_over == 2
+    # the 10 µs gap: after the rms_norm that ends at 135 (not the gemv that ended before
+    # it), before the copy that starts at 145
+    assert s.largest_gap_between == ("rms_norm", "Memcpy DtoD")
+    assert K.summarize([("k", 0.0, 1.0)]).largest_gap_between == ()
 
 
 def test_top_kernels_by_name_ranked_by_time():
@@ -88,7 +92,11 @@ def test_row_table_and_record_line():
     line = K.record_line(row)
     assert line.startswith("Kernel trace, decode step at 1 lane(s), context 1024 (CUDA graph")
     assert "5 kernels, 0.057 ms of kernels over a 0.060 ms span, 0.013 ms idle (21.7%)" in line
-    assert "1 gaps > 5 µs (largest 10.0, 3.0 µs); top: `gemv<float>` 0.040 ms ×2" in line
+    assert "the largest gap: after rms_norm, before Memcpy DtoD" in text
+    assert (
+        "1 gaps > 5 µs (largest 10.0, 3.0 µs), the largest after `rms_norm` and before "
+        "`Memcpy DtoD`; top: `gemv<float>` 0.040 ms ×2" in line
+    )
     gone = {"kind": "kernel trace", "unavailable": "torch is not installed"}
     assert K.lines(gone) == ["kernel trace unavailable: torch is not installed"]
     assert K.record_line(gone) == "Kernel trace unavailable: torch is not installed."
