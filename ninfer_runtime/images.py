@@ -46,7 +46,7 @@ from .models.vision_families import QWEN3_5, vision_family
 #: the tokens a chat template writes for one image (Qwen3.5's template; ninfer's built-in one)
 IMAGE_PAD = QWEN3_5.image_token
 #: bytes of processed pixels kept from a render's count of a new image to its submit's
-#: encode (a 1024² image's are ~23 MB)
+#: encode (a 1024² image's are ~20 MB)
 PENDING_PIXEL_BYTES = 256 << 20
 
 
