@@ -137,7 +137,8 @@ class PerLayerEmbedding:
             slots = d.host_slots[:: d.tokens]
             lanes = [(slice(i * t, (i + 1) * t), s) for i, s in enumerate(slots)]
         host_ids = to_numpy(ids)
-        row_ids = [self.row_ids(host_ids[rows], memory.ple_context[slot]) for rows, slot in lanes]
+        contexts = to_numpy(memory.ple_context)  # every slot's in one read, not one a lane
+        row_ids = [self.row_ids(host_ids[rows], contexts[slot]) for rows, slot in lanes]
         embeddings = self.embeddings(np.concatenate(row_ids))  # hashed on the host
         outs, at = [], 0
         for (rows, slot), lane_rows in zip(lanes, row_ids, strict=True):
