@@ -2,7 +2,8 @@
 # Everything the GPU machine is for, in one device call (its time is short): the wheels it
 # lacks, every kernel family, the GPU tests, then ninfer-bench on the 27B and 35B-A3B shapes.
 # Results land in $OUT (gpu-tests.txt, bench27.json, bench35.json, and records.md: the runs as
-# markdown for docs/performance.md). BENCH=0 skips the bench. LONG=1 adds one 131,072-token
+# markdown for docs/performance.md; past the 8 files a call brings back, the JSON files go
+# into json.tar.gz). BENCH=0 skips the bench. LONG=1 adds one 131,072-token
 # prompt on the 27B shape, timed by part (long27.json). SPEC=1 adds speculative rounds
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
 # SKIP_TESTS=1 when one device call must hold it all). LOGPROBS=1 adds what log-probabilities
@@ -117,11 +118,11 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --steps 8 --vram-budget 8GiB --json "$OUT/offload$name.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     # where the host's time goes in the budgeted prefill (the window's prepares and copies)
-    timeout 180 python3 -m cProfile -o "$OUT/offload_prefill.prof" -m ninfer_runtime.bench.cli \
+    timeout 180 python3 -m cProfile -o /tmp/offload_prefill.prof -m ninfer_runtime.bench.cli \
       run "$artifact" --lanes 1 --contexts 1024 --steps 2 --prefill 4096 --vram-budget 8GiB \
       2>&1 | grep -E "prefill|tok/s" | head -5
     python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(40); s.sort_stats('cumulative').print_stats(40)" \
-      "$OUT/offload_prefill.prof" >"$OUT/offload_prefill.txt" 2>&1
+      /tmp/offload_prefill.prof >"$OUT/offload_prefill.txt" 2>&1
     timeout 120 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
       --down-format q5_g64_fp16 --kernel-threads all,1,4 2>&1 | tee "$OUT/offload_host.txt"
     # no budget, then a budget every expert fits (the bar: within 3%), one after the other
@@ -178,4 +179,8 @@ if [ "${GGUF:-0}" = 1 ]; then
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     rm -f "$artifact"*
   done
+fi
+# a device call brings back at most 8 files: past that, the JSON rows travel as one archive
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ] && ls "$OUT"/*.json >/dev/null 2>&1; then
+  (cd "$OUT" && tar czf json.tar.gz ./*.json && rm -f ./*.json)
 fi
