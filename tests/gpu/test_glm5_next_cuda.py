@@ -15,9 +15,11 @@ captured).
   decoding of both lanes side by side: every logit within ``LOGIT_TOL`` of the CPU's and the
   same greedy tokens (a step where the CPU's top two are within that bound is a tie: that lane
   stops being compared).
-* The engine with float32 prefill products: greedy answers token for token the CPU engine's;
-  with the prefix cache (resuming from checkpoints) and under preemption (a pool too small
-  for its lanes) they still equal the CPU engine's cold, unconstrained streams.
+* The engine with float32 prefill products: greedy answers token for token the CPU engine's
+  on short answers; with the prefix cache (resuming from checkpoints) and under preemption (a
+  pool too small for its lanes) they equal the same backend's cold, unconstrained streams
+  (the rule: neither changes greedy output on one backend; across backends a random model's
+  long streams may part at a near-tie, fla's KDA chunk not being the reference's arithmetic).
 
 One test runs everywhere: a CPU backend that calls itself cuda resolves every op GLM5Next uses
 through the ``cuda`` rows of the op policies (reference providers, on numpy here) and gives
@@ -203,16 +205,17 @@ def test_engine_greedy_equals_cpu(float32_products: None, glm5_next_artifact: Pa
 
 
 @on_gpu
-def test_prefix_cache_and_preemption_equal_cold_cpu_streams(
+def test_prefix_cache_and_preemption_keep_cold_cuda_streams(
     float32_products: None, glm5_next_artifact: Path
 ) -> None:
     """``tests/runtime/artifact_checks.assert_warm_streams_equal_cold`` and the CPU artifact
-    test's preemption case, with the warm and the constrained engines on CUDA."""
+    test's preemption case on CUDA: the warm and the constrained engines against cold,
+    unconstrained ones on the same backend."""
     rng = np.random.default_rng(1)
     system = rng.integers(0, 400, 70).tolist()
     prompts = [system + rng.integers(0, 400, n).tolist() for n in (3, 20, 9)] + [system]
-    cold = _serve(Engine(glm5_next_artifact, max_lanes=2, max_context=256, prefill_chunk=32),
-                  prompts)  # fmt: skip
+    cold = _serve(Engine(glm5_next_artifact, backend="cuda", max_lanes=2, max_context=256,
+                         prefill_chunk=32, kv_dtype="float32"), prompts)  # fmt: skip
     warm_engine = Engine(glm5_next_artifact, backend="cuda", max_lanes=2, max_context=256,
                          prefill_chunk=32, prefix_cache=True, checkpoint_interval=32,
                          kv_dtype="float32")  # fmt: skip
@@ -221,7 +224,8 @@ def test_prefix_cache_and_preemption_equal_cold_cpu_streams(
     assert [f.usage.cached_tokens for _, f in warm][1:3] == [64, 64]
 
     # three lanes that each outgrow one 256-token page, in a pool of four pages
-    roomy = Engine(glm5_next_artifact, max_lanes=3, max_context=512)
+    roomy = Engine(glm5_next_artifact, backend="cuda", max_lanes=3, max_context=512,
+                   kv_dtype="float32")  # fmt: skip
     lanes = [rng.integers(0, 400, 220 + 10 * i).tolist() for i in range(3)]
     params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
     small = Engine(glm5_next_artifact, backend="cuda", max_lanes=3, max_context=512,
