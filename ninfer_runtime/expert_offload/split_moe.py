@@ -102,8 +102,9 @@ def release_weights(backend: Any, weights: Iterable[Weight]) -> None:
 
 class SplitMoe:
     """Wraps a layer's MoE block (holding the resident experts, the others ``None``) and
-    computes the others' pairs on the host, or, for a call of many token rows, streams them
-    through the device (``stream``, ``stream_window``)."""
+    computes the others' pairs on the host, or, for a call of many token rows or one whose
+    host experts the host has no kernel for, streams them through the device (``stream``,
+    ``stream_window``)."""
 
     def __init__(
         self,
@@ -168,6 +169,8 @@ class SplitMoe:
         top, weights = to_numpy(top), np.asarray(to_numpy(weights), dtype=np.float32)
         if self.stream is not None and self.stream.takes(len(top)):
             return self.stream(self, x, top, weights)
+        if self.stream is not None and self.stream.spares_host(self, top):
+            return self.stream(self, x, top, weights, prefetch=False)
         # the rows come to the host before the device's share is issued, so the device
         # computes its experts while the host computes its own
         xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)

@@ -22,6 +22,12 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
    part's pairs are computed with the block's ``expert_math`` on its prepared weights, each
    weighted as the router gave it, and added in expert order.
 
+A call of few rows (a decode step) streams too where the host has no kernel for a host
+expert it routes to (``spares_host``): such an expert is computed the reference way, its codes
+decoded at every use, which takes the host far longer than the link takes to copy its stored
+bytes (NVFP4, which ``host_products`` has no kernel for). That call streams only the experts
+it routes to and prefetches nothing: the next step's choice is not known yet.
+
 The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
 ``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``). On a GPU the window is part of
 the plan: given no ``window_bytes``, it takes ``default_window``, and the plan holds room for
@@ -122,8 +128,17 @@ class ExpertStream:
         log.info("streamed experts: up to %s kept in pinned host memory", format_size(allowance))
 
     def takes(self, rows: int) -> bool:
-        """Whether a block call of ``rows`` token rows streams."""
+        """Whether a block call of ``rows`` token rows streams as a prefill chunk."""
         return self.rows is not None and rows > self.rows
+
+    def spares_host(self, block: SplitMoe, top: np.ndarray) -> bool:
+        """Whether a call of few rows (routed to ``top``) streams instead of computing on the
+        host: on a backend that streams on a second stream (a GPU), where a host expert it
+        routes to has no host kernel (``HostExpert.packed``) and would be decoded there."""
+        if self.rows is None or not hasattr(block.backend, "prefetch_experts"):
+            return False
+        held = block.host_experts
+        return any(held[e].packed is None for e in set(top.ravel().tolist()) if e in held)
 
     def expert_bytes(self, block: SplitMoe, expert: int) -> int:
         """An expert's stored bytes (what a device copies), as the plan measured them."""
@@ -142,9 +157,17 @@ class ExpertStream:
             used += size
         return parts
 
-    def __call__(self, block: SplitMoe, x: Array, top: np.ndarray, weights: np.ndarray) -> Array:
+    def __call__(
+        self,
+        block: SplitMoe,
+        x: Array,
+        top: np.ndarray,
+        weights: np.ndarray,
+        prefetch: bool = True,
+    ) -> Array:
         """The block's output on rows ``x`` with every pair computed on the device: ``top``
-        and ``weights`` [N, k] are the block's routing (host copies)."""
+        and ``weights`` [N, k] are the block's routing (host copies); ``prefetch``: start
+        the next layer's copies (a prefill chunk's), or not (a decode step's)."""
         window = [int(e) for e in np.unique(top) if int(e) in block.host_experts]
         backend, inner, layer = block.backend, block.inner, block.layer
         out = None
@@ -157,7 +180,8 @@ class ExpertStream:
                 for name, weight in weights.items()
             }
             if out is None:  # the next layer's copies start once this layer's are made
-                self.prefetch(block)
+                if prefetch:
+                    self.prefetch(block)
                 with placed(inner, layer, part, prepared):
                     out = inner(x)
             else:

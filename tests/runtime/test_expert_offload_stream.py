@@ -2,8 +2,10 @@
 ``STREAM_ROWS`` token rows streams the host experts it routes to through the (simulated)
 device, in one part or in several within a window's bytes, and gives the all-resident logits
 (bit for bit in one part) and the same greedy tokens; its pairs are device pairs and its bytes
-are counted; decode's few rows still take the host path. Tiny Qwen3.5 MoE, and tiny GLM5Next
-for a block whose routing scales its weights and whose expert math clamps."""
+are counted; decode's few rows still take the host path, unless on a GPU-like backend the host
+has no kernel for a host expert they route to (then they stream too, without prefetching).
+Tiny Qwen3.5 MoE, and tiny GLM5Next for a block whose routing scales its weights and whose
+expert math clamps."""
 
 from __future__ import annotations
 
@@ -318,3 +320,59 @@ def test_mtp_rounds_keep_greedy_output_with_offload(q4_moe, draft_tokens):
     stats = rounds.spec_stats
     assert stats.rounds > 0 and stats.drafted == stats.rounds * draft_tokens
     assert rounds.expert_offload.counters.host_total > 0  # verification on the host path
+
+
+def test_decode_streams_on_a_gpu_where_the_host_has_no_kernel_for_its_experts(
+    q4_moe, shares, reference
+):
+    """On a backend that prefetches (a GPU), a host expert without a host kernel (the CPU
+    backend packs none: each is decoded at every use) is streamed in decode steps too: no pair is
+    computed on the host, only the experts a step routes to cross, nothing is prefetched for
+    a step, and the answers are the all-resident ones."""
+    floor, experts = shares
+    e = engine(q4_moe, floor + experts // 2)
+    offload = e.expert_offload
+    assert all(h.packed is None for b in offload.blocks for h in b.host_experts.values())
+    backend = offload.blocks[0].backend
+    asked: list[int] = []
+    backend.prefetch_experts = lambda artifact, groups: asked.append(len(groups))
+    spy = spy_on_host(e)
+    after: list[tuple[int, int]] = []
+    try:
+        offload.counters.reset()
+        tokens, logits = prefill_then_greedy(
+            e.runner,
+            64,
+            lambda: after.append((len(asked), offload.counters.streamed_bytes)),
+        )
+    finally:
+        del backend.prefetch_experts
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+    # (a layer whose chosen experts are all resident still calls the host, with no pair)
+    assert offload.counters.host_total == 0 and max(spy.rows, default=1) == 1
+    assert offload.counters.device_total == (len(PROMPT) + STEPS) * TOP_K * LAYERS
+    prefetches, prefill_bytes = after[0]
+    assert prefetches > 0 and len(asked) == prefetches  # the prefill's, none from decode
+    one_expert = max(
+        offload.stream.expert_bytes(b, x) for b in offload.blocks for x in range(b.experts)
+    )
+    decode_bytes = offload.counters.streamed_bytes - prefill_bytes
+    # each decode step routes one row to TOP_K experts a layer: at most those cross
+    assert 0 < decode_bytes <= STEPS * LAYERS * TOP_K * one_expert
+
+
+def test_only_host_experts_without_a_kernel_spare_the_host():
+    """``spares_host``: a call of few rows streams where one of the host experts it routes to
+    has no kernel, on a backend that prefetches, with streaming on."""
+    from ninfer_runtime.expert_offload.stream_window import ExpertStream
+
+    kernel_less, packed = SimpleNamespace(packed=None), SimpleNamespace(packed=object())
+    block = SimpleNamespace(backend=Prefetching(), host_experts={1: kernel_less, 2: packed})
+    stream = ExpertStream()
+    assert stream.spares_host(block, np.array([[1, 0]]))
+    assert stream.spares_host(block, np.array([[2, 0], [2, 1]]))
+    assert not stream.spares_host(block, np.array([[2, 0]]))  # a kernel, or resident
+    assert not ExpertStream(rows=None).spares_host(block, np.array([[1, 0]]))
+    on_cpu = SimpleNamespace(backend=CpuBackend(), host_experts=block.host_experts)
+    assert not stream.spares_host(on_cpu, np.array([[1, 0]]))
