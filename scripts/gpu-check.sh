@@ -8,9 +8,10 @@
 # on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
 # SKIP_TESTS=1 when one device call must hold it all). LOGPROBS=1 adds what log-probabilities
 # (top 5) cost a 27B decode step and prefill (benchmarks/logprobs_bench.py, logprobs27.json).
-# SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json) and the
-# agent workload with the prefix cache on and off (agent27.json; about 4 minutes, so with
-# SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with
+# SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json), the
+# agent workload with the prefix cache on and off (agent27.json), and its conversations on the
+# engine alone, step by step (benchmarks/agent_steps.py, agent_steps27.txt; about 5 minutes in
+# all, so with SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with
 # what the host computed, read and streamed beside each row (offload35.json), and the host's
 # expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
 # offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its
@@ -35,7 +36,9 @@
 # again with NINFER_CUDA_DECODE=bf16 (bench<shape>_bf16.json). TP=2 adds the
 # decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
 # routed expert whole on one rank (--expert-parallel). SAVE_KCACHE=1 writes the warmed
-# kernel cache to $OUT/kcache.tar.gz; copied here into .kcache-carry/ and carried, it saves a
+# kernel cache to $OUT/kcache.tar.gz.part-* (15 MB pieces: a call brings back files of at most
+# 16 MiB, and Triton's kernels make the cache larger); copied here into .kcache-carry/ (the
+# pieces, or them joined as kcache.tar.gz) and carried, it saves a
 # fresh machine most of its warm-up (minutes of NVRTC: the cache is keyed by source, options
 # and NVRTC version, so a stale entry is never used, only missed; Triton's cache is kept
 # with it). Without a GPU, `scripts/check_kernels.py --cache` builds the same cache here
@@ -51,10 +54,16 @@ OUT=${OUT:-/tmp/ninfer-gpu-check}
 mkdir -p "$OUT"
 if [ -f .kcache-carry/kcache.tar.gz ]; then
   mkdir -p .kcache && tar xzf .kcache-carry/kcache.tar.gz -C .kcache
+elif ls .kcache-carry/kcache.tar.gz.part-* >/dev/null 2>&1; then
+  mkdir -p .kcache && cat .kcache-carry/kcache.tar.gz.part-* | tar xzf - -C .kcache
 fi
 python3 scripts/warm_kernels.py
 if [ "${SAVE_KCACHE:-0}" = 1 ]; then
-  save_kcache() { tar czf "$OUT/kcache.tar.gz" -C .kcache . && ls -l "$OUT/kcache.tar.gz"; }
+  save_kcache() {
+    rm -f "$OUT"/kcache.tar.gz.part-*
+    tar czf - -C .kcache . | split -b 15M - "$OUT/kcache.tar.gz.part-" &&
+      ls -l "$OUT"/kcache.tar.gz.part-*
+  }
   save_kcache
   trap save_kcache EXIT  # again at the end, with the Triton kernels the run compiled
 fi
@@ -112,6 +121,11 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --backend cuda --system-tokens 4000 --clients 8 --turns 5 --output-len 32 \
       --json "$OUT/agent$name.json" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload \
       | tee "$OUT/agent$name.txt"
+    # the same conversations on the engine alone, each step's wall time and reads (cache on)
+    timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
+      --system-tokens 4000 --clients 8 --turns 3 --output-len 32 --prefill-chunk 2048 \
+      --show c0t0,c1t0,c0t1 2>&1 | grep -v upload >"$OUT/agent_steps$name.txt"
+    tail -8 "$OUT/agent_steps$name.txt"
   fi
   if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
