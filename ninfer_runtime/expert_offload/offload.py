@@ -329,7 +329,9 @@ class ExpertOffload:
         return plan
 
     def _hold_hottest(self, counts: Mapping[int, Sequence[float]] | None) -> None:
-        held = hold_by_layer(self.blocks, counts, self.host_cache)
+        # where kernel-less host experts stream in every call (a GPU), no use reads a copy
+        spared = bool(self.blocks) and self.stream.spares_host_on(self.blocks[0].backend)
+        held = hold_by_layer(self.blocks, counts, 0 if spared else self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
 
     def host_bytes(self) -> int:

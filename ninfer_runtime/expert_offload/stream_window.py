@@ -131,11 +131,17 @@ class ExpertStream:
         """Whether a block call of ``rows`` token rows streams as a prefill chunk."""
         return self.rows is not None and rows > self.rows
 
+    def spares_host_on(self, backend: Any) -> bool:
+        """Whether calls of few rows on ``backend`` stream their kernel-less host experts:
+        on a backend that streams on a second stream (a GPU), with streaming on."""
+        return self.rows is not None and hasattr(backend, "prefetch_experts")
+
     def spares_host(self, block: SplitMoe, top: np.ndarray) -> bool:
         """Whether a call of few rows (routed to ``top``) streams instead of computing on the
-        host: on a backend that streams on a second stream (a GPU), where a host expert it
-        routes to has no host kernel (``HostExpert.packed``) and would be decoded there."""
-        if self.rows is None or not hasattr(block.backend, "prefetch_experts"):
+        host: where ``spares_host_on`` its backend and a host expert it routes to has no host
+        kernel (``HostExpert.packed``), so the host would decode it (a decoded copy is then
+        never read: the offload holds none)."""
+        if not self.spares_host_on(block.backend):
             return False
         held = block.host_experts
         return any(held[e].packed is None for e in set(top.ravel().tolist()) if e in held)

@@ -376,3 +376,20 @@ def test_only_host_experts_without_a_kernel_spare_the_host():
     assert not ExpertStream(rows=None).spares_host(block, np.array([[1, 0]]))
     on_cpu = SimpleNamespace(backend=CpuBackend(), host_experts=block.host_experts)
     assert not stream.spares_host(on_cpu, np.array([[1, 0]]))
+
+
+def test_no_decoded_copies_where_kernel_less_host_experts_stream(q4_moe, shares):
+    """Decoded copies (``host_expert_cache``) spare the host's own way a decoding; where
+    every call streams those experts instead (a GPU), the offload holds none."""
+    floor, _ = shares
+    e = engine(q4_moe, floor, host_cache="1GiB")
+    offload = e.expert_offload
+    experts = [x for b in offload.blocks for x in b.host_experts.values()]
+    assert experts and all(x.held is not None for x in experts)
+    backend = offload.blocks[0].backend
+    backend.prefetch_experts = lambda artifact, groups: None
+    try:
+        offload.replan()
+    finally:
+        del backend.prefetch_experts
+    assert not any(x.held is not None for b in offload.blocks for x in b.host_experts.values())
