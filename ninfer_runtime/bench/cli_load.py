@@ -47,6 +47,7 @@ def load_bench_model(
     split by ``vram_budget`` (scaled to a reduced artifact), the backend's workspace planned
     for prefill chunks of ``chunk`` tokens; ``ple_rows``: where PLE's n-gram tables are read
     from (None: streamed under a budget, else the model's default)."""
+    from ..backends import get_backend
     from ..expert_offload import ExpertOffload
     from ..models import load_model
 
@@ -55,11 +56,12 @@ def load_bench_model(
     options = model_options(ple_rows)
     if vram_budget is None:
         return load_model(opened, backend, options=options), None
-    budget, note = _scaled_budget(opened, vram_budget, reduced)
+    be = get_backend(backend)  # one instance: the budget's scaling asks its workspace
+    budget, note = _scaled_budget(opened, vram_budget, reduced, be, chunk)
     if note:  # (the plan's summary below names the budget itself)
         click.echo(note)
-    offload = ExpertOffload.for_budget(budget, backend, prefill_rows=chunk)
-    model = load_model(opened, backend, expert_offload=offload, options=options)
+    offload = ExpertOffload.for_budget(budget, be, prefill_rows=chunk)
+    model = load_model(opened, be, expert_offload=offload, options=options)
     assert offload is not None and offload.plan is not None
     click.echo(offload.plan.summary())
     return model, offload
@@ -69,12 +71,15 @@ def _has_ple(opened: Any) -> bool:
     return bool(opened.components["text"].config.get("ple_layer_ids"))
 
 
-def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
+def _scaled_budget(
+    opened: Any, given: str, reduced: Any, backend: Any, chunk: int
+) -> tuple[int, str]:
     """The budget in bytes for this artifact, and for a reduced one a line saying how it was
     scaled (empty otherwise). A reduced artifact gets its own weights other than routed
     experts (n-gram tables aside: they stay on the host; the MTP block and proposal head
-    included, as the text model loads them) plus the share of its experts the whole model
-    would keep within ``given``."""
+    included, as the text model loads them), the device bytes a plan sets beside them
+    (``_set_aside``) and the share of its experts the whole model would keep within
+    ``given`` beside the same."""
     from ..capacity import parse_size
     from ..expert_offload.plan import WeightSizes, stored_bytes
     from ..sizes import format_size
@@ -89,10 +94,44 @@ def _scaled_budget(opened: Any, given: str, reduced: Any) -> tuple[int, str]:
     tables = sum(stored_bytes(opened, n) for n in opened.bindings if "ngram_table" in n)
     tables /= reduced.get("ple_rows_scale", 1)
     whole_other = whole["weights"] + whole.get("others", 0) - whole["experts"] - tables
-    share = min(1.0, max(0.0, (whole_budget - whole_other) / max(whole["experts"], 1)))
+
+    def aside(budget: int) -> int:
+        return _set_aside(opened, backend, chunk, sizes.experts, budget)
+
+    room = whole_budget - whole_other - aside(whole_budget)
+    share = min(1.0, max(0.0, room / max(whole["experts"], 1)))
+    if share == 1:  # every expert fits: the whole model's budget holds this artifact too
+        return whole_budget, (
+            f"--vram-budget {format_size(whole_budget)} keeps every routed expert of the whole "
+            "model in device memory, and of this artifact too"
+        )
     budget = int(sizes.other + share * sizes.expert_total)
+    for _ in range(8):  # the window's room grows with the budget, by 1/8 of it at most
+        budget = int(sizes.other + aside(budget) + share * sizes.expert_total)
     return budget, (
         f"--vram-budget {format_size(whole_budget)} for the whole model keeps "
-        f"{100 * share:.1f}% of its routed experts in device memory; this artifact gets "
-        f"{format_size(budget)}, the same share of its own"
+        f"{100 * share:.1f}% of its routed experts in device memory beside its workspace; "
+        f"this artifact gets {format_size(budget)}, the same share of its own beside the same"
     )
+
+
+def _set_aside(opened: Any, backend: Any, chunk: int, experts: Any, budget: int) -> int:
+    """The device bytes a budget's plan sets beside the weights when experts stay in host
+    memory (``ExpertOffload.plan_load``): the backend's workspace for prefill calls of
+    ``STREAM_CHUNK`` rows (or the engine's larger ``chunk``) and, on a backend that
+    prefetches (a GPU), two prefill windows of ``default_window``. Per-layer shapes are the
+    whole model's in a reduced artifact, so the same holds for both at their budgets."""
+    from ..expert_offload.plan import backend_workspace
+    from ..expert_offload.stream_window import STREAM_CHUNK, default_window
+
+    graphs = getattr(backend, "graphs", False)
+    if graphs:  # as planned: with experts on the host, decode steps run eagerly
+        backend.graphs = False
+    try:
+        workspace = backend_workspace(backend, opened, max(chunk, STREAM_CHUNK))
+    finally:
+        if graphs:
+            backend.graphs = graphs
+    if hasattr(backend, "prefetch_experts") and experts:
+        workspace += 2 * default_window(experts, budget)
+    return workspace

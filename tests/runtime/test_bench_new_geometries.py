@@ -220,3 +220,55 @@ def test_ple_rows_resident_or_streamed_and_what_streaming_read(artifacts):
     refused = CliRunner().invoke(main, [*glm, "--prefill", "0", "--ple-rows", "resident"])
     assert refused.exit_code != 0 and "ple_rows" in refused.output
     assert "Traceback" not in refused.output
+
+
+class PlannedGpu:
+    """What the budget's scaling asks of a GPU backend: its workspace (a fixed size here,
+    asked with decode graphs off, as the plan counts it with experts on the host) and
+    whether it prefetches (two prefill windows)."""
+
+    def __init__(self, workspace: int):
+        self.workspace, self.graphs = workspace, True
+        self.asked_with_graphs: list[bool] = []
+
+    def device_workspace(self, config, rows, logit_rows) -> int:
+        self.asked_with_graphs.append(self.graphs)
+        return self.workspace
+
+    def prefetch_experts(self, artifact, groups) -> None:
+        pass
+
+
+def test_a_reduced_artifacts_budget_sets_the_workspace_beside_both_shares(artifacts):
+    """The whole model's share of experts is what its budget holds beside its weights and
+    the plan's workspace and windows; the reduced artifact gets its own weights, the same
+    workspace and windows at its budget, and that share of its experts."""
+    from ninfer_runtime.bench.cli_load import _scaled_budget
+    from ninfer_runtime.expert_offload.plan import WeightSizes, stored_bytes
+    from ninfer_runtime.expert_offload.stream_window import default_window
+
+    opened = Artifact.open(artifacts["glm5_next"])
+    reduced = opened.provenance["reduced"]
+    whole = reduced["whole_bytes"]
+    names = [n for n in opened.bindings if not n.startswith("vision/") and "ngram" not in n]
+    sizes = WeightSizes.measure(opened, names)
+    tables = sum(stored_bytes(opened, n) for n in opened.bindings if "ngram_table" in n)
+    whole_other = whole["weights"] + whole.get("others", 0) - whole["experts"] - tables
+    workspace = 5 << 20
+    given = whole_other + workspace + whole["experts"] // 2  # about half, beside the windows
+    backend = PlannedGpu(workspace)
+    budget, note = _scaled_budget(opened, str(given), reduced, backend, 64)
+    assert backend.graphs and backend.asked_with_graphs == [False] * len(backend.asked_with_graphs)
+    assert backend.asked_with_graphs
+
+    def windows(b: int) -> int:
+        return 2 * default_window(sizes.experts, b)
+
+    share = (given - whole_other - workspace - windows(given)) / whole["experts"]
+    assert 0 < share < 0.5
+    want = sizes.other + workspace + windows(budget) + share * sizes.expert_total
+    assert abs(budget - want) <= 2
+    assert f"keeps {100 * share:.1f}% of its routed experts" in note
+    # a budget that holds every expert beside the workspace is passed on as it is
+    roomy = given + whole["experts"]
+    assert _scaled_budget(opened, str(roomy), reduced, PlannedGpu(workspace), 64)[0] == roomy
