@@ -23,6 +23,8 @@ from ninfer_format.extras import require_extra
 from .cli_options import (
     DEFAULT_CONTEXT,
     EXPERT_STREAM_CHUNK_HELP,
+    EXPERT_STREAM_DECODE,
+    EXPERT_STREAM_DECODE_HELP,
     EXPERT_STREAM_ROWS_HELP,
     PLE_ROWS_CHOICES,
     PLE_ROWS_HELP,
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CONTEXT",
     "EXPERT_STREAM_CHUNK_HELP",
+    "EXPERT_STREAM_DECODE",
+    "EXPERT_STREAM_DECODE_HELP",
     "EXPERT_STREAM_ROWS_HELP",
     "PLE_ROWS_CHOICES",
     "PLE_ROWS_HELP",
@@ -136,6 +140,11 @@ Examples:
 )
 @click.option("--expert-stream-rows", type=click.IntRange(min=0), help=EXPERT_STREAM_ROWS_HELP)
 @click.option("--expert-stream-chunk", type=click.IntRange(min=1), help=EXPERT_STREAM_CHUNK_HELP)
+@click.option(
+    "--expert-stream-decode",
+    type=click.Choice(EXPERT_STREAM_DECODE),
+    help=EXPERT_STREAM_DECODE_HELP,
+)
 @click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP)
 @speculative_options("off")
 @click.option("--stats", is_flag=True, help="Also print speculative decoding's acceptance.")
@@ -209,6 +218,7 @@ def _run(model: Path, o: SimpleNamespace, spec: SpecConfig | None) -> None:
         host_expert_cache=o.host_expert_cache,
         expert_stream_rows=o.expert_stream_rows,
         expert_stream_chunk=o.expert_stream_chunk,
+        expert_stream_decode=o.expert_stream_decode,
         model_options=model_options(o.ple_rows),
     )
     loaded = time.perf_counter() - started

@@ -77,6 +77,15 @@ EXPERT_STREAM_CHUNK_HELP = (
     "to the device once a step).  [default: 8192]"
 )
 
+#: the help text of ``--expert-stream-decode``; its choices and default are
+#: ``stream_window.STREAM_DECODE``, written out as above
+EXPERT_STREAM_DECODE = ("auto", "all", "off")
+EXPERT_STREAM_DECODE_HELP = (
+    "With --vram-budget on a GPU: which decode steps stream the host experts they route to "
+    "through the device instead of computing them on the host: auto (those routed to an "
+    "expert the host has no kernel for, e.g. NVFP4), all, or off.  [default: auto]"
+)
+
 
 def model_options(ple_rows: str | None) -> dict[str, Any] | None:
     """The engine's ``model_options`` from the flags that set one (None: none given, so a

@@ -104,6 +104,7 @@ class Engine:
         host_expert_cache: int | str | None = None,
         expert_stream_rows: int | None = None,
         expert_stream_chunk: int | None = None,
+        expert_stream_decode: str | None = None,
         vision: VisionOptions | None = None,
         model_options: dict[str, Any] | None = None,
     ):
@@ -140,6 +141,7 @@ class Engine:
             host_expert_cache=host_expert_cache,
             expert_stream_rows=expert_stream_rows,
             expert_stream_chunk=expert_stream_chunk,
+            expert_stream_decode=expert_stream_decode,
             prefill_chunk=prefill_chunk,
             vision=vision,
             model_options=model_options,

@@ -57,6 +57,7 @@ def load(
     host_expert_cache: int | str | None = None,
     expert_stream_rows: int | None = None,
     expert_stream_chunk: int | None = None,
+    expert_stream_decode: str | None = None,
     prefill_chunk: int | None = None,
     vision: VisionOptions | None = None,
     model_options: dict[str, Any] | None = None,
@@ -87,6 +88,7 @@ def load(
         stream_rows=expert_stream_rows,
         prefill_rows=prefill_chunk,
         stream_chunk=expert_stream_chunk,
+        stream_decode=expert_stream_decode,
     )
     # the context pool's byte budget needs the backend: the experts are planned beside it
     if expert_offload is not None:

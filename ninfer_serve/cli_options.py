@@ -12,6 +12,8 @@ import click
 
 from ninfer_runtime.cli import (
     EXPERT_STREAM_CHUNK_HELP,
+    EXPERT_STREAM_DECODE,
+    EXPERT_STREAM_DECODE_HELP,
     EXPERT_STREAM_ROWS_HELP,
     PLE_ROWS_CHOICES,
     PLE_ROWS_HELP,
@@ -188,6 +190,11 @@ _OPTIONS: list[Callable[[Any], Any]] = [
     click.option(
         "--expert-stream-chunk", type=click.IntRange(min=1), help=EXPERT_STREAM_CHUNK_HELP
     ),
+    click.option(
+        "--expert-stream-decode",
+        type=click.Choice(EXPERT_STREAM_DECODE),
+        help=EXPERT_STREAM_DECODE_HELP,
+    ),
     click.option("--ple-rows", type=click.Choice(PLE_ROWS_CHOICES), help=PLE_ROWS_HELP),
     click.option("--backend", type=click.Choice(["cpu", "cuda"]), help="[default: cpu]"),
     speculative_options(None),
@@ -263,6 +270,7 @@ def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "host_expert_cache": flags["host_expert_cache"],
             "expert_stream_rows": flags["expert_stream_rows"],
             "expert_stream_chunk": flags["expert_stream_chunk"],
+            "expert_stream_decode": flags["expert_stream_decode"],
             "kv_dtype": flags["kv_dtype"],
             "ple_rows": flags["ple_rows"],
         },

@@ -153,6 +153,7 @@ def serve(model: Path, settings: Settings) -> int:
             host_expert_cache=engine_cfg.host_expert_cache,
             expert_stream_rows=engine_cfg.expert_stream_rows,
             expert_stream_chunk=engine_cfg.expert_stream_chunk,
+            expert_stream_decode=engine_cfg.expert_stream_decode,
             vision=settings.vision_options(),
             model_options=engine_cfg.model_options(),
         )

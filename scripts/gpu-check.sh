@@ -12,8 +12,9 @@
 # agent workload with the prefix cache on and off (agent27.json), and its conversations on the
 # engine alone, step by step (benchmarks/agent_steps.py, agent_steps27.txt; about 5 minutes in
 # all, so with SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with
-# what the host computed, read and streamed beside each row (offload35.json), and the host's
-# expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
+# what the host computed, read and streamed beside each row (offload35.json), its decode
+# with every host expert streamed instead (--expert-stream-decode all,
+# offload35_streamed.json), and the host's expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
 # offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its
 # decode with no budget and with 64GiB, which every expert fits (budget35.json,
 # budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
@@ -130,6 +131,12 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
   if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
       --steps 8 --vram-budget 8GiB --json "$OUT/offload$name.json" --record "$OUT/records.md" \
+      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+    # decode with every host expert a step routes to streamed instead (the link against the
+    # host's int4 products)
+    timeout 200 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
+      --steps 8 --prefill 0 --vram-budget 8GiB --expert-stream-decode all \
+      --json "$OUT/offload${name}_streamed.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     # where the host's time goes in the budgeted prefill (the window's prepares and copies)
     timeout 180 python3 -m cProfile -o /tmp/offload_prefill.prof -m ninfer_runtime.bench.cli \

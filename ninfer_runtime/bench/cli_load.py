@@ -8,7 +8,12 @@ from typing import Any
 
 import click
 
-from ..cli_options import PLE_ROWS_CHOICES, model_options
+from ..cli_options import (
+    EXPERT_STREAM_DECODE,
+    EXPERT_STREAM_DECODE_HELP,
+    PLE_ROWS_CHOICES,
+    model_options,
+)
 
 _OPTIONS = (
     click.option(
@@ -24,12 +29,17 @@ _OPTIONS = (
         "from the artifact as steps need them)  [default: streamed with --vram-budget, as the "
         "whole model's tables would be; else the model's auto]",
     ),
+    click.option(
+        "--expert-stream-decode",
+        type=click.Choice(EXPERT_STREAM_DECODE),
+        help=EXPERT_STREAM_DECODE_HELP,
+    ),
 )
 
 
 def load_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--vram-budget`` and ``--ple-rows`` on ``command`` (as ``vram_budget`` and
-    ``ple_rows``)."""
+    """``--vram-budget``, ``--ple-rows`` and ``--expert-stream-decode`` on ``command`` (as
+    ``vram_budget``, ``ple_rows`` and ``expert_stream_decode``)."""
     for option in reversed(_OPTIONS):
         command = option(command)
     return command
@@ -42,11 +52,13 @@ def load_bench_model(
     reduced: Any,
     chunk: int,
     ple_rows: str | None = None,
+    stream_decode: str | None = None,
 ) -> tuple[Any, Any]:
     """The model and its expert offload (None without ``vram_budget``): its routed experts
     split by ``vram_budget`` (scaled to a reduced artifact), the backend's workspace planned
     for prefill chunks of ``chunk`` tokens; ``ple_rows``: where PLE's n-gram tables are read
-    from (None: streamed under a budget, else the model's default)."""
+    from (None: streamed under a budget, else the model's default); ``stream_decode``:
+    which decode steps stream host experts (``--expert-stream-decode``)."""
     from ..backends import get_backend
     from ..expert_offload import ExpertOffload
     from ..models import load_model
@@ -60,7 +72,7 @@ def load_bench_model(
     budget, note = _scaled_budget(opened, vram_budget, reduced, be, chunk)
     if note:  # (the plan's summary below names the budget itself)
         click.echo(note)
-    offload = ExpertOffload.for_budget(budget, be, prefill_rows=chunk)
+    offload = ExpertOffload.for_budget(budget, be, prefill_rows=chunk, stream_decode=stream_decode)
     model = load_model(opened, be, expert_offload=offload, options=options)
     assert offload is not None and offload.plan is not None
     click.echo(offload.plan.summary())

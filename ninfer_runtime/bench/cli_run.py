@@ -142,6 +142,7 @@ def run(
     expert_parallel: bool,
     vram_budget: str | None,
     ple_rows: str | None,
+    expert_stream_decode: str | None,
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
     rounds against the plain step.
@@ -172,7 +173,9 @@ def run(
     try:
         opened = Artifact.open(artifact)
         reduced = opened.provenance.get("reduced")
-        model, offload = load_bench_model(opened, backend, vram_budget, reduced, chunk, ple_rows)
+        model, offload = load_bench_model(
+            opened, backend, vram_budget, reduced, chunk, ple_rows, expert_stream_decode
+        )
         if offload is not None:  # the chunk the engine would take under this budget
             chunk = offload.prefill_rows
         runner = ModelRunner(model)

@@ -52,7 +52,7 @@ from .plan import (
 )
 from .settings import host_cache_setting
 from .split_moe import SplitMoe, SplittableMoe
-from .stream_window import STREAM_CHUNK, STREAM_ROWS, ExpertStream
+from .stream_window import STREAM_CHUNK, STREAM_DECODE, STREAM_ROWS, ExpertStream
 
 log = logging.getLogger("ninfer.expert_offload")
 
@@ -84,6 +84,7 @@ class ExpertOffload:
         stream_window: int | None = None,
         prefill_rows: int = PREFILL_ROWS,
         stream_chunk: int = STREAM_CHUNK,
+        stream_decode: str = STREAM_DECODE[0],
     ):
         """``counts``: a priority kept from earlier (layer -> hits per expert, e.g. a run's
         ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes to
@@ -95,7 +96,8 @@ class ExpertOffload:
         ``stream_rows``: the prefill window's threshold (``stream_window``), ``stream_window``
         its device bytes, planned as workspace (None: no cap, as the CPU's simulated device);
         ``stream_chunk``: the prefill rows planned instead of a smaller ``prefill_rows``
-        where host experts stream (``plan_load``)."""
+        where host experts stream (``plan_load``); ``stream_decode``: which decode calls
+        stream their host experts on a GPU (``stream_window.STREAM_DECODE``)."""
         self.budget = budget
         self.calibrate = calibrate and counts is None
         self.priority = counts
@@ -110,7 +112,7 @@ class ExpertOffload:
         #: host bytes for decoded float32 copies of the hottest host experts
         self.host_cache = host_cache_setting(host_cache)
         self.blocks: list[SplitMoe] = []
-        self.stream = ExpertStream(stream_rows, stream_window, self.blocks)
+        self.stream = ExpertStream(stream_rows, stream_window, self.blocks, stream_decode)
         self.counters = ExpertCounters({})
         self.plan: OffloadPlan | None = None
         #: whether the offload stepped aside: every routed expert fits beside captured decode
@@ -135,10 +137,12 @@ class ExpertOffload:
         stream_rows: int | None = None,
         prefill_rows: int | None = None,
         stream_chunk: int | None = None,
+        stream_decode: str | None = None,
     ) -> ExpertOffload | None:
         """The offload a ``--vram-budget`` asks for (None: no budget, all resident);
         ``stream_rows`` None: ``STREAM_ROWS``; ``prefill_rows``: the engine's prefill chunk
-        (None: ``PREFILL_ROWS``); ``stream_chunk`` None: ``STREAM_CHUNK``."""
+        (None: ``PREFILL_ROWS``); ``stream_chunk`` None: ``STREAM_CHUNK``; ``stream_decode``
+        None: ``STREAM_DECODE[0]``."""
         size = parse_size(budget, "vram budget")
         if size is None:
             return None
@@ -158,6 +162,7 @@ class ExpertOffload:
             stream_rows=rows,
             prefill_rows=PREFILL_ROWS if prefill_rows is None else prefill_rows,
             stream_chunk=STREAM_CHUNK if stream_chunk is None else stream_chunk,
+            stream_decode=STREAM_DECODE[0] if stream_decode is None else stream_decode,
         )
 
     # ------------------------------------------------------------------ while loading

@@ -22,11 +22,13 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
    part's pairs are computed with the block's ``expert_math`` on its prepared weights, each
    weighted as the router gave it, and added in expert order.
 
-A call of few rows (a decode step) streams too where the host has no kernel for a host
-expert it routes to (``spares_host``): such an expert is computed the reference way, its codes
-decoded at every use, which takes the host far longer than the link takes to copy its stored
-bytes (NVFP4, which ``host_products`` has no kernel for). That call streams only the experts
-it routes to and prefetches nothing: the next step's choice is not known yet.
+A call of few rows (a decode step) streams too on a GPU, as ``decode`` says
+(``spares_host``; ``--expert-stream-decode``): ``auto``, where the host has no kernel for a
+host expert it routes to (such an expert is computed the reference way, its codes decoded at
+every use, which takes the host far longer than the link takes to copy its stored bytes:
+NVFP4, which ``host_products`` has no kernel for); ``all``, whenever it routes to a host
+expert; ``off``, never. Such a call streams only the experts it routes to and prefetches
+nothing: the next step's choice is not known yet.
 
 The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
 ``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``). On a GPU the window is part of
@@ -52,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import EngineError
 from ..sizes import format_size
 from .settings import pinned_allowance
 from .split_moe import expert_names, expert_prefix, prepare_experts, release_weights
@@ -71,6 +74,8 @@ STREAM_ROWS = 32
 #: 7,680-token prompt in one call moves a quarter of the bytes it would in 2,048-token calls
 #: (the workspace grows with the rows, planned like the engine's own chunk)
 STREAM_CHUNK = 8192
+#: ``ExpertStream.decode``'s choices, the default first (see the module docstring)
+STREAM_DECODE = ("auto", "all", "off")
 #: a GPU's window, given none: this fraction of the budget (within one layer's routed experts
 #: and at least its largest expert), so a window costs resident experts in proportion
 WINDOW_SHARE = 1 / 16
@@ -94,11 +99,17 @@ class ExpertStream:
         rows: int | None = STREAM_ROWS,
         window_bytes: int | None = None,
         blocks: Sequence[SplitMoe] = (),
+        decode: str = STREAM_DECODE[0],
     ):
         """``rows``: the threshold (None: never stream); ``window_bytes``: the stored bytes a
         part of the window may take (None: no cap); ``blocks``: the split blocks in layer
-        order (the list the offload fills as it attaches), for the next layer's prefetch."""
+        order (the list the offload fills as it attaches), for the next layer's prefetch;
+        ``decode``: which calls of few rows stream on a GPU (``STREAM_DECODE``)."""
+        if decode not in STREAM_DECODE:
+            choices = ", ".join(STREAM_DECODE)
+            raise EngineError(f"expert_stream_decode is {decode!r}; expected one of {choices}")
         self.rows, self.window_bytes, self.blocks = rows, window_bytes, blocks
+        self.decode = decode
         self._given_window = window_bytes
         #: layer -> each routed expert's stored bytes (``WeightSizes.experts``, which the
         #: offload measures once while planning and sets here before any block is split)
@@ -132,19 +143,22 @@ class ExpertStream:
         return self.rows is not None and rows > self.rows
 
     def spares_host_on(self, backend: Any) -> bool:
-        """Whether calls of few rows on ``backend`` stream their kernel-less host experts:
-        on a backend that streams on a second stream (a GPU), with streaming on."""
-        return self.rows is not None and hasattr(backend, "prefetch_experts")
+        """Whether calls of few rows on ``backend`` may stream their host experts: on a
+        backend that streams on a second stream (a GPU), with streaming and ``decode`` on."""
+        return (
+            self.rows is not None and self.decode != "off" and hasattr(backend, "prefetch_experts")
+        )
 
     def spares_host(self, block: SplitMoe, top: np.ndarray) -> bool:
         """Whether a call of few rows (routed to ``top``) streams instead of computing on the
-        host: where ``spares_host_on`` its backend and a host expert it routes to has no host
-        kernel (``HostExpert.packed``), so the host would decode it (a decoded copy is then
-        never read: the offload holds none)."""
+        host: where ``spares_host_on`` its backend and it routes to a host expert, any
+        (``decode`` all) or one with no host kernel (``HostExpert.packed``), which the host
+        would decode (a decoded copy is then never read: the offload holds none)."""
         if not self.spares_host_on(block.backend):
             return False
         held = block.host_experts
-        return any(held[e].packed is None for e in set(top.ravel().tolist()) if e in held)
+        chosen = [held[e] for e in set(top.ravel().tolist()) if e in held]
+        return any(self.decode == "all" or h.packed is None for h in chosen)
 
     def expert_bytes(self, block: SplitMoe, expert: int) -> int:
         """An expert's stored bytes (what a device copies), as the plan measured them."""

@@ -362,20 +362,55 @@ def test_decode_streams_on_a_gpu_where_the_host_has_no_kernel_for_its_experts(
     assert 0 < decode_bytes <= STEPS * LAYERS * TOP_K * one_expert
 
 
-def test_only_host_experts_without_a_kernel_spare_the_host():
-    """``spares_host``: a call of few rows streams where one of the host experts it routes to
-    has no kernel, on a backend that prefetches, with streaming on."""
-    from ninfer_runtime.expert_offload.stream_window import ExpertStream
+def test_which_decode_calls_spare_the_host():
+    """``spares_host``: a call of few rows streams, on a backend that prefetches and with
+    streaming on, where one of the host experts it routes to has no kernel (``auto``), where
+    it routes to any (``all``), or never (``off``)."""
+    from ninfer_runtime.cli_options import EXPERT_STREAM_DECODE, EXPERT_STREAM_DECODE_HELP
+    from ninfer_runtime.errors import EngineError
+    from ninfer_runtime.expert_offload.stream_window import STREAM_DECODE, ExpertStream
 
+    assert EXPERT_STREAM_DECODE == STREAM_DECODE
+    assert f"[default: {STREAM_DECODE[0]}]" in EXPERT_STREAM_DECODE_HELP
     kernel_less, packed = SimpleNamespace(packed=None), SimpleNamespace(packed=object())
     block = SimpleNamespace(backend=Prefetching(), host_experts={1: kernel_less, 2: packed})
-    stream = ExpertStream()
-    assert stream.spares_host(block, np.array([[1, 0]]))
-    assert stream.spares_host(block, np.array([[2, 0], [2, 1]]))
-    assert not stream.spares_host(block, np.array([[2, 0]]))  # a kernel, or resident
+    auto, every, never = (ExpertStream(decode=d) for d in ("auto", "all", "off"))
+    assert auto.decode == "auto"
+    assert auto.spares_host(block, np.array([[1, 0]]))
+    assert auto.spares_host(block, np.array([[2, 0], [2, 1]]))
+    assert not auto.spares_host(block, np.array([[2, 0]]))  # a kernel, or resident
+    assert every.spares_host(block, np.array([[2, 0]]))
+    assert not every.spares_host(block, np.array([[0, 3]]))  # all resident
+    assert not never.spares_host(block, np.array([[1, 2]]))
     assert not ExpertStream(rows=None).spares_host(block, np.array([[1, 0]]))
     on_cpu = SimpleNamespace(backend=CpuBackend(), host_experts=block.host_experts)
-    assert not stream.spares_host(on_cpu, np.array([[1, 0]]))
+    assert not every.spares_host(on_cpu, np.array([[1, 0]]))
+    with pytest.raises(EngineError, match="expert_stream_decode is 'often'; expected one of"):
+        ExpertStream(decode="often")
+
+
+def test_decode_stays_on_the_host_when_told(q4_moe, shares):
+    """``Engine(expert_stream_decode="off")``: decode computes its host pairs on the host
+    even on a backend that prefetches, and the hottest keep decoded copies."""
+    floor, _ = shares
+    e = Engine(
+        q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor, host_expert_cache="1GiB",
+        expert_stream_decode="off",
+    )  # fmt: skip
+    offload = e.expert_offload
+    assert offload.stream.decode == "off"
+    backend = offload.blocks[0].backend
+    backend.prefetch_experts = lambda artifact, groups: None
+    try:
+        offload.replan()
+        held = [x.held is not None for b in offload.blocks for x in b.host_experts.values()]
+        offload.counters.reset()
+        spy = spy_on_host(e)
+        greedy(e.runner, PROMPT[:8], 2)
+    finally:
+        del backend.prefetch_experts
+    assert held and all(held)
+    assert spy.rows.count(1) == 2 * LAYERS and offload.counters.host_total > 0  # each step
 
 
 def test_no_decoded_copies_where_kernel_less_host_experts_stream(q4_moe, shares):

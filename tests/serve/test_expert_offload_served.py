@@ -42,6 +42,14 @@ def test_the_budget_is_read_from_the_config_and_a_bad_size_named(tmp_path) -> No
     config.write_text("[engine]\nexpert_stream_chunk = 0\n")
     with pytest.raises(ConfigError, match="expert_stream_chunk"):
         load_settings(config, {})
+    config.write_text("[engine]\nexpert_stream_decode = 'all'\n")
+    assert load_settings(config, {}).engine.expert_stream_decode == "all"
+    flags = {"engine": {"expert_stream_decode": "off"}}
+    assert load_settings(config, flags).engine.expert_stream_decode == "off"
+    assert load_settings(None, {}).engine.expert_stream_decode is None  # auto
+    config.write_text("[engine]\nexpert_stream_decode = 'sometimes'\n")
+    with pytest.raises(ConfigError, match="expert_stream_decode"):
+        load_settings(config, {})
 
 
 def test_expert_counters_reach_the_metrics_as_increments() -> None:
