@@ -1,48 +1,45 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is for, in one device call (its time is short): the wheels it
-# lacks, every kernel family, the GPU tests, then ninfer-bench on the 27B and 35B-A3B shapes.
-# Results land in $OUT (gpu-tests.txt, bench27.json, bench35.json, and records.md: the runs as
-# markdown for docs/performance.md; past the 8 files a call brings back, the JSON files go
-# into json.tar.gz). BENCH=0 skips the bench. LONG=1 adds one 131,072-token
-# prompt on the 27B shape, timed by part (long27.json). SPEC=1 adds speculative rounds
-# on the 27B shape (--spec mtp, lanes 1-8, K 1..5, spec27.json; about 3 more minutes, so with
-# SKIP_TESTS=1 when one device call must hold it all). LOGPROBS=1 adds what log-probabilities
-# (top 5) cost a 27B decode step and prefill (benchmarks/logprobs_bench.py, logprobs27.json).
-# SERVE=1 adds the server on the 27B shape: n=4 samples of one prompt (samples27.json), the
-# agent workload with the prefix cache on and off (agent27.json), and its conversations on the
-# engine alone, step by step (benchmarks/agent_steps.py, agent_steps27.txt; about 5 minutes in
-# all, so with SKIP_TESTS=1). OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with
-# what the host computed, read and streamed beside each row (offload35.json), its decode
-# with every host expert streamed instead (--expert-stream-decode all,
-# offload35_streamed.json), and the host's expert products by cores per expert (benchmarks/expert_offload_host_bench.py,
-# offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its
-# decode with no budget and with 64GiB, which every expert fits (budget35.json,
-# budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size vision tower and times an image
-# chat's first token (benchmarks/image_bench.py, 1024x1024, image27.json). PREFILL_HOST=1
-# adds a cProfile of one 2,048-token prefill chunk of each shape (prefill_host<shape>.txt:
-# the host's issue time by function). FLASH=1 adds Qwen4Exp (qwen3_8_flash_next, 3 layers at
-# full width, n-gram tables at 1/16 of their rows) with its tables resident, then streamed
-# (flash_*.json); GLM=1 adds GLM5Next (glm5next, 3 layers) with --vram-budget 139GiB for the
-# whole model (glm.json). OPS=1 times every CUDA provider of the op families
-# beside each other
-# (benchmarks/delta_rule_bench.py, delta_rule.json; prefill_attention_bench.py --library,
-# attention_providers.txt). GGUF=1 adds the GGUF-block mixes
-# (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table
-# of the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as
-# in the loop below). SHAPES picks the bench's shapes (default
-# "qwen3_6_27b:27 qwen3_6_35b_a3b:35"; empty: none). TESTS picks the test files (default
-# tests/gpu; TESTS_TIMEOUT their limit in seconds, default 300); DECODE="--lanes 1 --contexts
-# 1024" narrows the decode table; RUN=0 skips it, for the shape's other benchmarks alone;
-# TRACE=1 adds its kernel trace (kernels per step, idle gaps); BF16_DECODE=1 runs the decode table
-# again with NINFER_CUDA_DECODE=bf16 (bench<shape>_bf16.json). TP=2 adds the
-# decode table over two GPUs beside one (on an nvidia-h200-x2 machine); EP=1 with it holds each
-# routed expert whole on one rank (--expert-parallel). SAVE_KCACHE=1 writes the warmed
-# kernel cache to $OUT/kcache.tar.gz.part-* (15 MB pieces: a call brings back files of at most
-# 16 MiB, and Triton's kernels make the cache larger); copied here into .kcache-carry/ (the
-# pieces, or them joined as kcache.tar.gz) and carried, it saves a
-# fresh machine most of its warm-up (minutes of NVRTC: the cache is keyed by source, options
-# and NVRTC version, so a stale entry is never used, only missed; Triton's cache is kept
-# with it). Without a GPU, `scripts/check_kernels.py --cache` builds the same cache here
+# Everything the GPU machine is for, in one device call (its time is short): the wheels it lacks,
+# every kernel family, the GPU tests, then ninfer-bench on the 27B and 35B-A3B shapes. Results
+# land in $OUT (gpu-tests.txt, bench27.json, bench35.json, and records.md: the runs as markdown
+# for docs/performance.md; past the 8 files a call brings back, the JSON files go into
+# json.tar.gz). BENCH=0 skips the bench. LONG=1 adds one 131,072-token prompt on the 27B shape,
+# timed by part (long27.json). SPEC=1 adds speculative rounds on the 27B shape (--spec mtp, lanes
+# 1-8, K 1..5, spec27.json; about 3 more minutes, so with SKIP_TESTS=1 when one device call must
+# hold it all). LOGPROBS=1 adds what log-probabilities (top 5) cost a 27B decode step and prefill
+# (benchmarks/logprobs_bench.py, logprobs27.json). SERVE=1 adds the server on the 27B shape: n=4
+# samples of one prompt (samples27.json), the agent workload with the prefix cache on and off
+# (agent27.json), and its conversations on the engine alone, step by step
+# (benchmarks/agent_steps.py, agent_steps27.txt; about 5 minutes in all, so with SKIP_TESTS=1).
+# OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with what the host computed,
+# read and streamed beside each row (offload35.json), its decode with every host expert streamed
+# instead (--expert-stream-decode all, offload35_streamed.json), the host's expert products by
+# cores per expert (benchmarks/expert_offload_host_bench.py, offload_host.txt), a cProfile of its
+# budgeted prefill (offload_prefill.txt), then its decode with no budget and with 64GiB, which
+# every expert fits (budget35.json, budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size
+# vision tower and times an image chat's first token (benchmarks/image_bench.py, 1024x1024,
+# image27.json). PREFILL_HOST=1 adds a cProfile of one 2,048-token prefill chunk of each shape
+# (prefill_host<shape>.txt: the host's issue time by function). FLASH=1 adds Qwen4Exp
+# (qwen3_8_flash_next, 3 layers at full width, n-gram tables at 1/16 of their rows) with its
+# tables resident, then streamed (flash_*.json); GLM=1 adds GLM5Next (glm5next, 3 layers) with
+# --vram-budget 139GiB for the whole model (glm.json). OPS=1 times every CUDA provider of the op
+# families beside each other (benchmarks/delta_rule_bench.py, delta_rule.json;
+# prefill_attention_bench.py --library, attention_providers.txt). GGUF=1 adds the GGUF-block mixes
+# (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table of
+# the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as in the
+# loop below). SHAPES picks the bench's shapes (default "qwen3_6_27b:27 qwen3_6_35b_a3b:35";
+# empty: none). TESTS picks the test files (default tests/gpu; TESTS_TIMEOUT their limit in
+# seconds, default 300); DECODE="--lanes 1 --contexts 1024" narrows the decode table; RUN=0 skips
+# it, for the shape's other benchmarks alone; TRACE=1 adds its kernel trace (kernels per step,
+# idle gaps); BF16_DECODE=1 runs the decode table again with NINFER_CUDA_DECODE=bf16
+# (bench<shape>_bf16.json). TP=2 adds the decode table over two GPUs beside one (on an
+# nvidia-h200-x2 machine); EP=1 with it holds each routed expert whole on one rank
+# (--expert-parallel). SAVE_KCACHE=1 writes the warmed kernel cache to $OUT/kcache.tar.gz.part-*
+# (15 MB pieces: a call brings back files of at most 16 MiB, and Triton's kernels make the cache
+# larger); copied here into .kcache-carry/ (the pieces, or them joined as kcache.tar.gz) and
+# carried, it saves a fresh machine most of its warm-up (minutes of NVRTC: the cache is keyed by
+# source, options and NVRTC version, so a stale entry is never used, only missed; Triton's cache
+# is kept with it). Without a GPU, `scripts/check_kernels.py --cache` builds the same cache here
 # (NVRTC_LIB pointing at the NVRTC the GPU machine's warm-up prints). The copy of the tree on the
 # GPU machine has no git history, so pass the commit:
 #   run (carry .whl, and .kcache-carry if there): COMMIT=<short hash> bash scripts/gpu-check.sh
