@@ -190,14 +190,24 @@ class ImageProcessor:
         ``grid_thw`` int64 [images, 3]: ``VisionTower.encode``'s inputs."""
         if not images:
             raise ImageError("no images to process")
-        rows, grids = [], []
-        for image in images:
-            patches, grid = self._one(image)
-            rows.append(patches)
-            grids.append(grid)
-        return np.concatenate(rows), np.array(grids, dtype=np.int64)
+        levels = self._levels()
+        resized = [self._resized(image) for image in images]
+        grids = [grid for _, grid in resized]
+        width = len(levels) * self.temporal_patch_size * self.patch_size**2
+        out = np.empty((sum(g[1] * g[2] for g in grids), width), np.float32)
+        at = 0
+        for x, (_, gh, gw) in resized:  # each image's patches written in place, once
+            # each 8-bit level's value, looked up: the same arithmetic on each level as on
+            # each pixel, in one pass over the pixels instead of four
+            values = np.empty(x.shape, np.float32)
+            for c in range(x.shape[0]):
+                np.take(levels[c], x[c], out=values[c], mode="clip")  # (uint8: in range)
+            self._place_patches(values, out[at : at + gh * gw], gh, gw)
+            at += gh * gw
+        return out, np.array(grids, dtype=np.int64)
 
-    def _one(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
+    def _resized(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """The image as the tower sees it, 8-bit: [C, H, W] uint8 and its patch grid."""
         if self.do_convert_rgb:
             image = to_rgb(image)
         elif image.mode != "RGB":
@@ -221,11 +231,7 @@ class ImageProcessor:
         x: np.ndarray = np.asarray(image).transpose(2, 0, 1)  # [C, H, W] uint8
         if content != size:  # black below and right of the image, up to the canvas
             x = np.pad(x, ((0, 0), (0, size[1] - content[1]), (0, size[0] - content[0])))
-        # each 8-bit level's value, looked up: the same arithmetic on each level as on each
-        # pixel, in one pass over the pixels instead of four
-        levels = self._levels()
-        values = np.stack([np.take(levels[c], x[c]) for c in range(x.shape[0])])
-        return self._patches(values, grid), grid
+        return x, grid
 
     def _levels(self) -> np.ndarray:
         """float32 [3, 256]: what rescaling and normalizing make of each 8-bit level in each
@@ -251,14 +257,13 @@ class ImageProcessor:
             self.max_image_tokens,
         )
 
-    def _patches(self, x: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
-        """[C, H, W] -> [gh·gw, C·T·P·P]: patch rows ordered by merge block, then by row and
-        column inside the block; each row's C×P×P values repeated over the T frames."""
-        _, gh, gw = grid
+    def _place_patches(self, x: np.ndarray, out: np.ndarray, gh: int, gw: int) -> None:
+        """[C, H, W] into ``out`` [gh·gw, C·T·P·P]: patch rows ordered by merge block, then
+        by row and column inside the block; each row's C×P×P values repeated over the T
+        frames."""
         c, p, m, t = x.shape[0], self.patch_size, self.merge_size, self.temporal_patch_size
         blocks = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-        frames = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], t, p, p))
-        return frames.reshape(gh * gw, c * t * p * p)
+        np.copyto(out.reshape(gh // m, gw // m, m, m, c, t, p, p), blocks[:, :, :, :, :, None])
 
 
 def _member(config: Mapping[str, Any], name: str, default: Any) -> Any:
