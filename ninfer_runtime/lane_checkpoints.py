@@ -97,6 +97,48 @@ class LaneCheckpoints:
         )
         return {**plan, **chosen}
 
+    def marks(self, a: Lane, start: int, end: int) -> list[MarkCapture]:
+        """The checkpoints ``a``'s read of ``start:end`` keeps inside it (a model whose
+        ``checkpoints_inside_reads`` says so reads through them): its plan's positions and
+        the interval's strictly between, each with snapshot pages taken now; none where the
+        cache has one already or no pages are free."""
+        if self.cache is None:
+            return []
+        interval = self.checkpoint_interval
+        inside = {p: k for p, k in a.plan.items() if start < p < end}
+        first = (start // interval + 1) * interval
+        inside |= {p: "interval" for p in range(first, end, interval) if p not in inside}
+        captures = []
+        for position in sorted(inside):
+            if position <= a.resumed:
+                continue
+            salt = a.request.cache_salt
+            if self.cache.refresh(a.cache_prompt[:position], salt):
+                continue
+            if self.pool.free_pages < self.pool.snapshot_pages:
+                self.cache.make_room(pages=self.pool.snapshot_pages)
+            snapshot = self.pool.take_snapshot()
+            if snapshot is None:
+                break
+            captures.append(MarkCapture(self.pool, a, position, inside[position], snapshot))
+        return captures
+
+    def keep_marks(self, captures: Iterable[MarkCapture], hidden_rows: Any) -> None:
+        """After the forward: each complete capture a checkpoint in the cache (``hidden_rows``:
+        lane -> its read's hidden rows and where they start, for the drafter), the others'
+        pages let go."""
+        assert self.cache is not None
+        for c in captures:
+            if not c.complete:
+                self.pool.release_snapshot(c.snapshot)
+                continue
+            a, hidden = c.lane, None
+            if self.drafting:
+                rows, start = hidden_rows[id(a)]
+                hidden = rows[c.position - start - 1]
+            kept = self.pool.keep_marked(a.state, c.position, c.snapshot, hidden, None, c.kind)
+            self.cache.insert(a.cache_prompt[: c.position], kept, a.request.cache_salt)
+
     def keep(
         self,
         a: Lane,
@@ -120,6 +162,26 @@ class LaneCheckpoints:
         kept = self.pool.keep(a.state, hidden, logits, kind)
         if kept is not None:
             self.cache.insert(tokens[: a.state.length], kept, salt)
+
+
+class MarkCapture:
+    """A checkpoint of lane ``lane`` at ``position`` (``kind``), kept inside a prefill read:
+    the snapshot pages its layers fill as the forward passes it (``save``, the
+    ``batch.Mark``'s), made a checkpoint after the forward (``LaneCheckpoints.keep_marks``)
+    only if every layer with slot states filled its share."""
+
+    def __init__(self, pool: ContextPool, lane: Lane, position: int, kind: str, snapshot: Any):
+        self.pool, self.lane, self.position, self.kind = pool, lane, position, kind
+        self.snapshot = snapshot
+        self.saved: set[int] = set()
+
+    def save(self, memory: Any) -> None:
+        self.pool.save_states(memory, self.lane.state.slot, self.snapshot)
+        self.saved.add(id(memory))
+
+    @property
+    def complete(self) -> bool:
+        return all(id(m) in self.saved for m in self.pool.memories() if m.slot_parts())
 
 
 def resume_drafter(runner: ModelRunner, a: Lane, checkpoint: Checkpoint) -> None:

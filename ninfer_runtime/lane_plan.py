@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .errors import EngineError
-from .models.batch import Lane
+from .models.batch import Lane, Mark
 from .sequence_state import SequenceState
 
 Array = Any
@@ -26,9 +26,11 @@ def plan_lanes(
     *,
     layers: int,
     vocab: int,
+    marks: Sequence[Sequence[Mark]] | None = None,
 ) -> tuple[list[Lane], list[np.ndarray]]:
     """The lanes as consecutive rows (``Lane``), and each lane's token ids (int64), for a
-    model of ``layers`` layers and ``vocab`` tokens."""
+    model of ``layers`` layers and ``vocab`` tokens; ``marks``: each lane's checkpoints kept
+    inside its rows."""
     if len(tokens_per_lane) != len(states):
         raise EngineError(
             f"forward got {len(tokens_per_lane)} token lanes but {len(states)} states"
@@ -51,7 +53,8 @@ def plan_lanes(
             raise EngineError(f"lane {i}: its state lives in another context pool")
         if state.slot < 0:
             raise EngineError(f"lane {i}: its state was closed")
-        lanes.append(Lane(slice(row, row + len(toks)), state.length, state))
+        kept = tuple(marks[i]) if marks else ()
+        lanes.append(Lane(slice(row, row + len(toks)), state.length, state, kept))
         ids.append(toks.astype(np.int64))
         row += len(toks)
     return lanes, ids

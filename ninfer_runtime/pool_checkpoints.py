@@ -31,23 +31,74 @@ class PoolCheckpoints:
         """A checkpoint of ``state`` at its length (None: fewer than ``snapshot_pages``
         pages are free, or no token yet). ``hidden``: the last token's hidden row, for
         speculative decoding; ``logits``: its logits; ``kind``: why it is kept."""
-        if not self._keeps or self._pages.free < self.snapshot_pages or not state.length:
+        snapshot = self.take_snapshot() if state.length else None
+        if snapshot is None:
+            return None
+        self._copy_snapshot(state.slot, snapshot, restore=False)
+        return self.keep_marked(state, state.length, snapshot, hidden, logits, kind)
+
+    def take_snapshot(self) -> tuple[int, ...] | None:
+        """Pages for a snapshot of slot states (``keep`` fills it at once; inside a forward
+        the layers fill it, ``save_states``), that ``keep_marked`` makes a checkpoint of
+        (None: fewer than ``snapshot_pages`` pages are free); ``release_snapshot`` lets
+        unused ones go."""
+        if not self._keeps or self._pages.free < self.snapshot_pages:
             return None
         snapshot = tuple(self._pages.take(self.snapshot_pages))
         self.snapshot_pages_used += len(snapshot)
-        self._copy_snapshot(state.slot, snapshot, restore=False)
-        pages = tuple(state.pages[: self.pages_for(state.length)])
+        return snapshot
+
+    def save_states(self, memory: Any, slot: int, snapshot: tuple[int, ...]) -> None:
+        """One layer ``memory``'s states of slot ``slot`` into their share of ``snapshot``."""
+        first = 0
+        for m in self.memories():
+            parts = len(m.slot_parts())
+            if m is memory:
+                break
+            first += parts
+        else:
+            raise ValueError("save_states: that memory is not this pool's")
+        copy_snapshot(
+            self.xp,
+            self._snapshot_plan,
+            self.page_parts(),
+            self.state_parts(),
+            slot,
+            snapshot,
+            restore=False,
+            states=range(first, first + parts),
+        )
+
+    def keep_marked(
+        self,
+        state: SequenceState,
+        length: int,
+        snapshot: tuple[int, ...],
+        hidden: Array | None = None,
+        logits: Array | None = None,
+        kind: str = "prompt_end",
+    ) -> Checkpoint:
+        """A checkpoint of ``state``'s first ``length`` tokens from a ``snapshot`` of its
+        slot states after them (``keep`` copies them at the state's length; inside a forward
+        its layers fill it as they pass ``length``, ``save_states``); ``hidden`` and
+        ``logits`` as ``keep``'s, of token ``length - 1``."""
+        pages = tuple(state.pages[: self.pages_for(length)])
         self._pages.hold(pages)
 
         def copy(x: Array | None) -> Array | None:
             return None if x is None else self.xp.array(x, copy=True)
 
-        return Checkpoint(state.length, pages, snapshot, copy(hidden), copy(logits), kind)
+        return Checkpoint(length, pages, snapshot, copy(hidden), copy(logits), kind)
+
+    def release_snapshot(self, snapshot: tuple[int, ...]) -> None:
+        """Snapshot pages that no checkpoint came of."""
+        self._pages.release(list(snapshot))
+        self.snapshot_pages_used -= len(snapshot)
 
     def drop(self, checkpoint: Checkpoint) -> None:
         """Let a checkpoint go: its snapshot's pages, and its hold on its K/V pages."""
-        self._pages.release(list(checkpoint.pages) + list(checkpoint.snapshot))
-        self.snapshot_pages_used -= len(checkpoint.snapshot)
+        self._pages.release(list(checkpoint.pages))
+        self.release_snapshot(checkpoint.snapshot)
 
     def _resume(self, state: SequenceState, prefix: Checkpoint) -> None:
         rows = prefix.length % self.page_tokens

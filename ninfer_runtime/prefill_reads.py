@@ -28,7 +28,11 @@ def default_prefill_chunk(backend: Any) -> int:
 
 
 def prefill_reads(
-    lanes: Iterable[Lane], *, prefill_chunk: int, checkpoint_interval: int | None
+    lanes: Iterable[Lane],
+    *,
+    prefill_chunk: int,
+    checkpoint_interval: int | None,
+    inside: bool = False,
 ) -> list[Read]:
     """This step's prefill chunk: at most ``prefill_chunk`` tokens, shared by the ``lanes``
     (in the order they were admitted) still reading their prompts, oldest first: the oldest
@@ -37,12 +41,15 @@ def prefill_reads(
     forward reads them all, each weight streamed once). A read is never cut to fit, so a
     prompt's chunks end where they would alone and its numbers do not depend on the company
     it keeps. A lane scoring its prompt reads alone (every row's logits are computed).
-    ``checkpoint_interval``: None without a prefix cache (no checkpoint ends a read)."""
+    ``checkpoint_interval``: None without a prefix cache (no checkpoint ends a read);
+    ``inside``: checkpoints are kept inside reads (``chunk_end``)."""
     reading = [a for a in lanes if a.prefilled < len(a.prompt_ids)]
     budget, reads = prefill_chunk, []
     for a in reading:
         scoring = a.prompt_scores is not None
-        end = chunk_end(a, prefill_chunk=prefill_chunk, checkpoint_interval=checkpoint_interval)
+        end = chunk_end(
+            a, prefill_chunk=prefill_chunk, checkpoint_interval=checkpoint_interval, inside=inside
+        )
         if reads and (scoring or end - a.prefilled > budget):
             continue
         reads.append((a, a.prefilled, end))
@@ -52,14 +59,18 @@ def prefill_reads(
     return reads
 
 
-def chunk_end(a: Lane, *, prefill_chunk: int, checkpoint_interval: int | None) -> int:
+def chunk_end(
+    a: Lane, *, prefill_chunk: int, checkpoint_interval: int | None, inside: bool = False
+) -> int:
     """Where lane ``a``'s next prefill read ends: at most ``prefill_chunk`` tokens on,
-    where a checkpoint goes, and a scored prompt's chunks stay bounded."""
+    where a checkpoint goes (unless ``inside``: the model keeps checkpoints inside a read,
+    ``lane_checkpoints.LaneCheckpoints.marks``), and a scored prompt's chunks stay
+    bounded."""
     start, prompt = a.prefilled, a.prompt_ids
     end = min(start + prefill_chunk, len(prompt))
     if a.prompt_scores is not None:  # every row's logits are computed: keep them bounded
         end = min(end, start + PROMPT_LOGPROB_CHUNK)
-    if checkpoint_interval is not None:
+    if checkpoint_interval is not None and not inside:
         end = min(end, (start // checkpoint_interval + 1) * checkpoint_interval)
         end = min([end, *(p for p in a.plan if p > start)])
     return end

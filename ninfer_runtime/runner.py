@@ -39,7 +39,7 @@ from .compiled_steps import CompiledSteps
 from .errors import EngineError, ModelError
 from .lane_plan import check_capacity, plan_lanes
 from .models.base import ForwardOutput, Model
-from .models.batch import Batch, Lane
+from .models.batch import Batch, Lane, Mark
 from .speculative_step import Proposal
 from .state import PAGE_TOKENS, ContextPool, DraftSpec, SequenceState
 
@@ -110,11 +110,13 @@ class ModelRunner:
         last_only: bool = False,
         embeddings: Array | None = None,
         positions: np.ndarray | None = None,
+        marks: Sequence[Sequence[Mark]] | None = None,
     ) -> ForwardOutput:
         """Advance every lane by its tokens; lanes share projections, not memory. One token
         in every lane is a decode step; the same few tokens in every lane, no more than the
-        pool's ``step_rows``, a compiled step of that many rows per lane; anything else is a
-        chunk.
+        pool's ``step_rows``, a compiled step of that many rows per lane; anything else, and
+        any lane with ``marks`` (checkpoints kept inside its rows: a model whose
+        ``checkpoints_inside_reads`` says so), is a chunk.
 
         A prompt with images (``multimodal``) runs as a chunk with ``embeddings`` (device
         [rows, H]: the layers' input instead of the tokens' embeddings) and ``positions``
@@ -122,10 +124,16 @@ class ModelRunner:
         the cache is still written at the sequence indices). Without ``positions`` a row's
         position is its sequence index plus its state's ``rope_delta`` (a sequence after a
         prompt with images)."""
+        if marks and any(marks) and not getattr(self.model, "checkpoints_inside_reads", False):
+            raise EngineError("this model keeps no checkpoints inside a read")
         lanes, ids = plan_lanes(
-            tokens_per_lane, states, layers=len(self.specs), vocab=self.model.config.vocab
+            tokens_per_lane,
+            states,
+            layers=len(self.specs),
+            vocab=self.model.config.vocab,
+            marks=marks,
         )
-        if embeddings is not None or positions is not None:
+        if embeddings is not None or positions is not None or any(lane.marks for lane in lanes):
             return self._chunk(lanes, ids, last_only, embeddings, positions)
         tokens = {lane.tokens for lane in lanes}
         if tokens == {1}:

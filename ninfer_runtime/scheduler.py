@@ -58,6 +58,10 @@ class Scheduler:
         self.max_lanes = max_lanes
         self.prefill_chunk = prefill_chunk
         self.checkpoint_interval = checkpoint_interval
+        #: the model keeps checkpoints inside a prefill read, so none ends one
+        self.checkpoints_inside_reads = bool(
+            getattr(runner.model, "checkpoints_inside_reads", False)
+        )
         self.margin = margin
         self.drafting = drafting
         self.checkpoints = LaneCheckpoints(
@@ -164,6 +168,7 @@ class Scheduler:
             self.active.values(),
             prefill_chunk=self.prefill_chunk,
             checkpoint_interval=None if self.cache is None else self.checkpoint_interval,
+            inside=self.checkpoints_inside_reads,
         )
 
     def prefilled(self, a: Lane, end: int, hidden: Any, logits: Any) -> bool:

@@ -84,13 +84,17 @@ def copy_snapshot(
     pages: tuple[int, ...],
     *,
     restore: bool,
+    states: range | None = None,
 ) -> None:
-    """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back)."""
+    """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back); ``states``:
+    only those state parts (one layer's), else all."""
 
     def row_bytes(array: Array, row: int) -> Array:
         return array[row].reshape(-1).view(xp.uint8)
 
     for c in plan:
+        if states is not None and c.state not in states:
+            continue
         state = row_bytes(state_parts[c.state], slot)[c.state_at : c.state_at + c.size]
         page = row_bytes(page_parts[c.part], pages[c.page])[c.page_at : c.page_at + c.size]
         if restore:

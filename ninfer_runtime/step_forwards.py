@@ -18,7 +18,9 @@ import numpy as np
 
 from .events import EventWriter
 from .images import placed_inputs
+from .lane_checkpoints import MarkCapture
 from .models import ForwardOutput
+from .models.batch import Mark
 from .prompt_logprobs import prompt_logprobs, score_chunk
 from .request import Event
 from .runner import ModelRunner
@@ -61,13 +63,23 @@ class StepForwards:
             embeddings, positions = placed_inputs(
                 self.model, [(a.prompt_ids, a.images, start, end) for a, start, end in reads]
             )
-        out = self.runner.forward(
-            [a.prompt_ids[start:end] for a, start, end in reads],
-            [a.state for a, _, _ in reads],
-            last_only=not scoring,
-            embeddings=embeddings,
-            positions=positions,
-        )
+        captures, marks = self._marks(reads)
+        try:
+            out = self.runner.forward(
+                [a.prompt_ids[start:end] for a, start, end in reads],
+                [a.state for a, _, _ in reads],
+                last_only=not scoring,
+                embeddings=embeddings,
+                positions=positions,
+                marks=marks,
+            )
+        except BaseException:
+            for c in captures:
+                self.pool.release_snapshot(c.snapshot)
+            raise
+        if captures:  # the checkpoints kept inside the reads
+            hidden = {id(a): (out.hidden[i], start) for i, (a, start, _) in enumerate(reads)}
+            self.scheduler.checkpoints.keep_marks(captures, hidden)
         done = [
             i
             for i, (a, start, end) in enumerate(reads)
@@ -84,6 +96,20 @@ class StepForwards:
                 ),
                 events,
             )
+
+    def _marks(self, reads: list[Read]) -> tuple[list[MarkCapture], list[list[Mark]] | None]:
+        """The checkpoints kept inside this step's reads (a model that keeps them there:
+        ``LaneCheckpoints.marks``), and each read's ``Mark``s for the forward (None: none)."""
+        if not self.scheduler.checkpoints_inside_reads:
+            return [], None
+        per_read = [self.scheduler.checkpoints.marks(a, start, end) for a, start, end in reads]
+        if not any(per_read):
+            return [], None
+        marks = [
+            [Mark(c.position - start, c.save) for c in lane]
+            for lane, (_, start, _) in zip(per_read, reads, strict=True)
+        ]
+        return [c for lane in per_read for c in lane], marks
 
     def _prefilled(
         self, a: Lane, start: int, end: int, logits: Any, hidden: Any, events: list[Event]

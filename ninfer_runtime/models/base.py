@@ -40,7 +40,9 @@ class Model(Protocol):
     """A loaded architecture on a backend: the surface ``ModelRunner`` and ``ninfer-bench``
     use. Lanes, batches, prefill chunks and decode-step capture are the runner's; a model
     only computes. ``config`` has at least ``vocab`` and ``hidden``; ``layers``,
-    ``token_embedding`` and ``output_head`` are read by the bench to count a step's bytes."""
+    ``token_embedding`` and ``output_head`` are read by the bench to count a step's bytes.
+    A model whose every layer with slot states saves them at a lane's marks
+    (``batch.Mark``) says so with ``checkpoints_inside_reads = True`` (absent: False)."""
 
     config: Any
     backend: Backend

@@ -21,17 +21,39 @@ Array = Any
 
 
 @dataclass(frozen=True)
+class Mark:
+    """A checkpoint kept inside a prefill read, after the lane's first ``row`` rows: each
+    layer that keeps states in the lane's slot hands its memory to ``save`` once it has
+    read those rows and no more (``Lane.segments``)."""
+
+    row: int
+    save: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
 class Lane:
     """``rows`` of the stacked batch belong to one sequence; they fill positions
-    ``start .. start + tokens - 1`` of ``state``."""
+    ``start .. start + tokens - 1`` of ``state``; ``marks``: checkpoints kept on the way
+    (rows in increasing order, inside the lane's)."""
 
     rows: slice
     start: int
     state: SequenceState
+    marks: tuple[Mark, ...] = ()
 
     @property
     def tokens(self) -> int:
         return self.rows.stop - self.rows.start
+
+    def segments(self) -> list[tuple[slice, Mark | None]]:
+        """The lane's rows cut at its marks, each piece with the mark that ends it (None
+        for the last): a layer with slot states reads the pieces in order and saves its
+        memory at each mark."""
+        pieces, at = [], self.rows.start
+        for mark in self.marks:
+            pieces.append((slice(at, self.rows.start + mark.row), mark))
+            at = self.rows.start + mark.row
+        return [*pieces, (slice(at, self.rows.stop), None)]
 
 
 @dataclass(frozen=True)

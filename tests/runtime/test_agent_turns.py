@@ -1,9 +1,9 @@
 """An agent-like chat workload on the engine, step by step: eight clients share a system
 prompt several prefill chunks long, and each sends its next turn as soon as its last one
 ends. From turn 2 on a request resumes where the history its previous turn left ends, and
-its first token follows its submission within two steps (one reading its tail, one its
-generation prompt after the checkpoint there), with the prefix cache's outputs those of a
-cold run."""
+its first token follows its submission within two steps (one read of its tail and generation
+prompt, the checkpoint at its own history's end kept inside it; a step later when the tails
+beside it filled the chunk), with the prefix cache's outputs those of a cold run."""
 
 from __future__ import annotations
 
@@ -116,21 +116,16 @@ def test_later_turns_answer_within_two_steps_of_their_submission(artifact) -> No
     later = {rid: r for rid, r in requests.items() if r["turn"] > 0}
     for rid, r in later.items():
         previous = requests[f"c{r['client']}t{r['turn'] - 1}"]
-        # resumed where the previous turn's history ends: its tail is its last answer and
-        # the new user message, then the generation prompt after the history's end
+        # resumed where the previous turn's history ends (a checkpoint kept inside that
+        # turn's read): the rest, its last answer, the new user message and the generation
+        # prompt, is one read
         assert r["cached"] == previous["history_end"]
-        (tail_step, tail_start, tail_end), (prompt_step, prompt_start, prompt_end) = reads[rid]
-        assert (tail_start, tail_end, prompt_start, prompt_end) == (
-            r["cached"],
-            r["history_end"],
-            r["history_end"],
-            r["prompt"],
-        )
-        # the tail is read in the step the request was submitted before, or (when the
-        # tails beside it filled that step's chunk) the next; the generation prompt in the
-        # step after it, which samples the first token
-        assert tail_step - r["submitted"] <= 1
-        assert prompt_step == tail_step + 1 == r["first"]
+        ((step, start, end),) = reads[rid]
+        assert (start, end) == (r["cached"], r["prompt"])
+        # in the step the request was submitted before, or (when the tails beside it filled
+        # that step's chunk) the next; it samples the first token
+        assert step - r["submitted"] <= 1
+        assert step == r["first"]
     # the clients' later turns arrive together: one step reads most of their tails at once
     since = min(r["submitted"] for r in later.values())
     tails = [

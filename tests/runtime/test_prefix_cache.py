@@ -125,17 +125,17 @@ def test_a_chat_turn_resumes_after_the_last_reply(tmp_path, spec, monkeypatch) -
     """Turn 2 resends turn 1 as history: it resumes after every token of turn 1's prompt and
     reply that the template renders the same again (here up to the reasoning opener it
     leaves out of the history), and answers as a cold run does; with speculative decoding
-    too. Turn 1's prompt is one prefill chunk up to the checkpoint there, its few tokens
-    after it one multi-row step."""
+    too. Turn 1's prompt is one prefill chunk, the checkpoint at its history's end kept
+    inside it."""
     art = tmp_path / "tiny.ninfer"
     convert("qwen3_5_bf16", {"base": str(BUNDLED)}, art)
     engine = Engine(art, max_context=512, prefix_cache=True, spec=spec)
     chunks: list[int] = []
     chunk = engine.runner._chunk
 
-    def counted(lanes, ids, last_only):
+    def counted(lanes, ids, last_only, *placed):
         chunks.append(sum(len(i) for i in ids))
-        return chunk(lanes, ids, last_only)
+        return chunk(lanes, ids, last_only, *placed)
 
     monkeypatch.setattr(engine.runner, "_chunk", counted)
     greedy = SamplingParams(temperature=0.0)
@@ -145,7 +145,8 @@ def test_a_chat_turn_resumes_after_the_last_reply(tmp_path, spec, monkeypatch) -
     reply_ids = [e.token_id for e in engine.generate(first) if isinstance(e, TokenEvent)]
     history_end = engine.intake.history_end(first, list(prompt_ids))
     assert history_end is not None and 1 < len(prompt_ids) - history_end <= SHORT_CHUNK_TOKENS
-    assert chunks == [history_end]
+    assert chunks == [len(prompt_ids)]
+    assert engine.cache.contains(list(prompt_ids[:history_end]), None)
     reply = engine.tokenizer.decode(reply_ids, skip_special_tokens=True)
     assert "Paris" in reply
     history = [*messages, {"role": "assistant", "content": reply.split("</think>")[-1].strip()}]

@@ -62,6 +62,10 @@ class Qwen35Model:
             c = local_config(c, shard)
         self.config = c
         self.backend = backend
+        #: a prefill read may keep checkpoints inside it (``batch.Mark``): its only layers
+        #: with slot states, the Gated DeltaNets, save them at each mark; one rank only (the
+        #: other ranks' pools are their processes')
+        self.checkpoints_inside_reads = collective.world == 1
         for kind in c.layer_types:
             if kind not in (FULL_ATTENTION, LINEAR_ATTENTION):
                 raise ModelError(f"unknown layer type {kind!r} in the text config")
