@@ -105,3 +105,19 @@ class Batch:
         without a copy)."""
         outs = [fn(lane) for lane in self.lanes]
         return outs[0] if len(outs) == 1 else xp.concatenate(outs)
+
+    def each_piece(self, fn: Callable[[Lane, slice], Array], memory: Any, xp: Any) -> Array:
+        """``fn(lane, rows)`` for every lane's pieces in order (``Lane.segments``: its rows
+        cut at its marks), ``memory`` (the caller's slot states, which ``fn`` advances)
+        saved at each mark; stacked in row order. A layer with slot states reads a prefill
+        chunk so."""
+
+        def lane_rows(lane: Lane) -> Array:
+            outs = []
+            for rows, mark in lane.segments():
+                outs.append(fn(lane, rows))
+                if mark is not None:
+                    mark.save(memory)
+            return outs[0] if len(outs) == 1 else xp.concatenate(outs)
+
+        return self.each_lane(lane_rows, xp)

@@ -1,9 +1,10 @@
 """Checkpoints kept inside a prefill read (``batch.Mark``, ``LaneCheckpoints.marks``), on the
-CPU reference with the bundled Qwen3.5 model: a read runs through the positions where
-checkpoints go instead of stopping at each, its Gated DeltaNet layers saving their states
-into the snapshot as they pass one. The checkpoint resumes a later request with the tokens
-a checkpoint at the end of a read gives, and with those of a cold run; a snapshot that not
-every layer filled is let go, and a model that keeps none inside reads refuses marks."""
+CPU reference with the bundled Qwen3.5 model and a tiny GLM5Next: a read runs through the
+positions where checkpoints go instead of stopping at each, its Gated DeltaNet (KDA) layers
+saving their states into the snapshot as they pass one. The checkpoint resumes a later
+request with the tokens a checkpoint at the end of a read gives, and with those of a cold
+run; a snapshot that not every layer filled is let go, and a model that keeps none inside
+reads refuses marks."""
 
 from __future__ import annotations
 
@@ -65,7 +66,17 @@ def _serve(engine: Engine, prompt: list[int]) -> tuple[list[int], int, list[tupl
     return tokens, events[-1].usage.cached_tokens, reads
 
 
-def test_a_read_keeps_the_boundary_inside_it_and_a_later_request_resumes_there(artifact):
+@pytest.fixture(scope="module")
+def glm5_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tiny = pytest.importorskip("tests.tiny_glm5_next")
+    root = tmp_path_factory.mktemp("inside_glm")
+    tiny.convert("glm5_next_bf16", tiny.build_tiny_glm5_next(root / "ckpt"), root / "m.ninfer")
+    return root / "m.ninfer"
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "glm5_next"])
+def test_a_read_keeps_the_boundary_inside_it_and_a_later_request_resumes_there(request, model):
+    artifact = request.getfixturevalue("artifact" if model == "qwen3_5" else model)
     engine = Engine(artifact, max_context=512, prefill_chunk=CHUNK, prefix_cache=True)
     assert engine.scheduler.checkpoints_inside_reads
     first, second = _prompts()

@@ -93,11 +93,12 @@ class KimiDeltaAttention:
                 **dims,
             )  # fmt: skip
         else:
-            o = batch.each_lane(
-                lambda lane: self._op("kda_prefill")(
-                    mixed[lane.rows], self.convolution, memory.conv[lane.state.slot],
-                    g[lane.rows], beta[lane.rows], memory.recurrent[lane.state.slot], **dims,
+            o = batch.each_piece(
+                lambda lane, rows: self._op("kda_prefill")(
+                    mixed[rows], self.convolution, memory.conv[lane.state.slot],
+                    g[rows], beta[rows], memory.recurrent[lane.state.slot], **dims,
                 ),
+                memory,
                 be.xp,
             )  # fmt: skip
         gate = be.linear(gate_rank, self.gate_up).reshape(n, h, d)

@@ -48,6 +48,9 @@ class Glm5NextModel(WithoutMtp):
     """The model's math: weights prepared on a backend once, state kept outside."""
 
     architecture = "GLM5Next"
+    #: a prefill read may keep checkpoints inside it (``batch.Mark``): its only layers with
+    #: slot states, the KDA layers, save them at each mark (latent pages hold no slot state)
+    checkpoints_inside_reads = True
 
     def __init__(self, artifact: Any, backend: Backend, expert_offload: Any = None):
         """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it

@@ -104,30 +104,22 @@ class GatedDeltaNet:
                 **self._dims,
             )
         else:
-            o = batch.each_lane(lambda lane: self._prefill(lane, mixed, g, beta, memory), xp)
+            o = batch.each_piece(
+                lambda lane, rows: self._op("prefill")(
+                    mixed[rows],
+                    self.convolution,
+                    memory.conv[lane.state.slot],
+                    g[rows],
+                    beta[rows],
+                    memory.recurrent[lane.state.slot],
+                    **self._dims,
+                ),
+                memory,
+                xp,
+            )
 
         y = resolve("norm", "gated_rms_norm", device=be.name)(o, z, self.norm, self.eps)
         return be.linear(y.reshape(n, c.value_width), self.output)
-
-    def _prefill(self, lane: Any, mixed: Array, g: Array, beta: Array, memory: GdnSlots) -> Array:
-        """One lane's rows read into its slot's states, piece by piece up to each of its
-        marks (``Lane.segments``), where the states are saved."""
-        slot, outs = lane.state.slot, []
-        for rows, mark in lane.segments():
-            outs.append(
-                self._op("prefill")(
-                    mixed[rows],
-                    self.convolution,
-                    memory.conv[slot],
-                    g[rows],
-                    beta[rows],
-                    memory.recurrent[slot],
-                    **self._dims,
-                )
-            )
-            if mark is not None:
-                mark.save(memory)
-        return outs[0] if len(outs) == 1 else self.backend.xp.concatenate(outs)
 
     def commit(self, memory: GdnSlots, slots: Array, counts: Array) -> None:
         """Fold the first ``counts[i]`` verified tokens of lane i (slot ``slots[i]``) into
