@@ -58,16 +58,7 @@ class PoolCheckpoints:
             first += parts
         else:
             raise ValueError("save_states: that memory is not this pool's")
-        copy_snapshot(
-            self.xp,
-            self._snapshot_plan,
-            self.page_parts(),
-            self.state_parts(),
-            slot,
-            snapshot,
-            restore=False,
-            states=range(first, first + parts),
-        )
+        self._copy_snapshot(slot, snapshot, restore=False, states=range(first, first + parts))
 
     def keep_marked(
         self,
@@ -116,8 +107,11 @@ class PoolCheckpoints:
             self.draft_hidden[state.slot, 0] = prefix.hidden
             state.mtp_length = prefix.length - 1
 
-    def _copy_snapshot(self, slot: int, pages: tuple[int, ...], *, restore: bool) -> None:
-        """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back)."""
+    def _copy_snapshot(
+        self, slot: int, pages: tuple[int, ...], *, restore: bool, states: range | None = None
+    ) -> None:
+        """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back); ``states``:
+        only those state parts."""
         copy_snapshot(
             self.xp,
             self._snapshot_plan,
@@ -126,4 +120,5 @@ class PoolCheckpoints:
             slot,
             pages,
             restore=restore,
+            states=states,
         )

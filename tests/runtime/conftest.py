@@ -90,6 +90,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 # --------------------------------------------------------------- expert offload (MoE)
+@pytest.fixture(scope="session")
+def bundled_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled trained model (``models/tiny-qwen3_5``) converted with ``qwen3_5_bf16``,
+    its MTP component included: the tests that need real answers share it."""
+    from ninfer_convert.pipeline import convert
+    from tests.bundled import BUNDLED
+
+    out = tmp_path_factory.mktemp("bundled_bf16") / "tiny.ninfer"
+    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def q4_moe(artifact_path):
     """The tiny MoE artifact in q4 tiles, which the expert-offload tests split."""

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_convert.pipeline import convert
 from ninfer_runtime.engine import (
     SHORT_CHUNK_TOKENS,
     CacheBoundary,
@@ -24,17 +23,14 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.frontend.parsers.events import TextDelta
-from tests.bundled import BUNDLED
 
 WORDS = ["the", "capital", "of", "france", "is", "paris", "and", "weather", "sunny", "warm"]
 CLIENTS, TURNS, CHUNK = 8, 3, 256
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("agent") / "tiny.ninfer"
-    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
-    return out
+def artifact(bundled_bf16: Path) -> Path:
+    return bundled_bf16
 
 
 def _run(art: Path, cache: bool) -> tuple[Engine, dict[str, dict], list[list]]:

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer_convert.pipeline import convert
 from ninfer_runtime.checkpoint_plan import (
     MAX_NEW_CHECKPOINTS,
     awaited_position,
@@ -26,7 +25,6 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.errors import RequestError
 from ninfer_runtime.frontend import SamplingParams
-from tests.bundled import BUNDLED
 from tests.runtime.test_prefix_cache import _check_pool
 
 SHARED = 320  # tokens of the shared "system prompt"
@@ -34,10 +32,8 @@ TAIL = 10  # tokens of each request's own question after it
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("boundaries") / "tiny.ninfer"
-    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
-    return out
+def artifact(bundled_bf16: Path) -> Path:
+    return bundled_bf16
 
 
 def _prompts(count: int, seed: int = 0, shared: int = SHARED) -> list[list[int]]:

@@ -13,23 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer_convert.pipeline import convert
 from ninfer_runtime.engine import CacheBoundary, Engine, GenerationRequest, TokenEvent
 from ninfer_runtime.errors import EngineError
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.lane_checkpoints import MarkCapture
 from ninfer_runtime.models.batch import Mark
-from tests.bundled import BUNDLED
 from tests.runtime.test_prefix_cache import _check_pool
 
 BOUNDARY, TAIL, CHUNK = 150, 40, 256
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("inside") / "tiny.ninfer"
-    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
-    return out
+def artifact(bundled_bf16: Path) -> Path:
+    return bundled_bf16
 
 
 def _prompts() -> list[list[int]]:

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ninfer_convert.pipeline import convert
 from ninfer_runtime.cli import main as ninfer_cli
 from ninfer_runtime.engine import (
     Engine,
@@ -26,10 +25,8 @@ from tests.bundled import BUNDLED
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bundled") / "tiny.ninfer"
-    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
-    return out
+def artifact(bundled_bf16):
+    return bundled_bf16
 
 
 @pytest.fixture(scope="module")

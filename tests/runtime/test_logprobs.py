@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import ninfer_runtime.token_choice as token_choice_module
-from ninfer_convert.pipeline import convert
 from ninfer_runtime.engine import (
     Engine,
     Finished,
@@ -32,7 +31,6 @@ from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.logprobs import log_softmax, score_rows, token_logprobs
 from ninfer_runtime.perplexity import perplexity
 from ninfer_runtime.speculative import SpecConfig
-from tests.bundled import BUNDLED
 
 TEXT = (
     "The capital of France is Paris. The capital of Italy is Rome. "
@@ -41,10 +39,8 @@ TEXT = (
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("logprobs") / "tiny.ninfer"
-    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
-    return out
+def artifact(bundled_bf16: Path) -> Path:
+    return bundled_bf16
 
 
 @pytest.fixture(scope="module")

@@ -23,15 +23,12 @@ from ninfer_runtime.models import load_model
 from ninfer_runtime.ops.delta_rule.memory import GdnSlots
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.speculative import SpecConfig, accept_draft, accept_greedy
-from tests.bundled import BUNDLED
 from tests.tiny_checkpoints import build
 
 
 @pytest.fixture(scope="module")
-def bundled(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("spec-bundled") / "tiny.ninfer"
-    convert("qwen3_5_bf16", {"base": str(BUNDLED)}, out)
-    return out
+def bundled(bundled_bf16: Path) -> Path:
+    return bundled_bf16
 
 
 # ------------------------------------------------------------------------------- runner
