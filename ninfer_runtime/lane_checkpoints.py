@@ -108,11 +108,10 @@ class LaneCheckpoints:
         inside = {p: k for p, k in a.plan.items() if start < p < end}
         first = (start // interval + 1) * interval
         inside |= {p: "interval" for p in range(first, end, interval) if p not in inside}
-        captures = []
+        captures, salt = [], a.request.cache_salt
         for position in sorted(inside):
             if position <= a.resumed:
                 continue
-            salt = a.request.cache_salt
             if self.cache.refresh(a.cache_prompt[:position], salt):
                 continue
             if self.pool.free_pages < self.pool.snapshot_pages:
