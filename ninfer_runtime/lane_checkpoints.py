@@ -167,20 +167,20 @@ class MarkCapture:
     """A checkpoint of lane ``lane`` at ``position`` (``kind``), kept inside a prefill read:
     the snapshot pages its layers fill as the forward passes it (``save``, the
     ``batch.Mark``'s), made a checkpoint after the forward (``LaneCheckpoints.keep_marks``)
-    only if every layer with slot states filled its share."""
+    only if every slot state array of the pool was filled."""
 
     def __init__(self, pool: ContextPool, lane: Lane, position: int, kind: str, snapshot: Any):
         self.pool, self.lane, self.position, self.kind = pool, lane, position, kind
         self.snapshot = snapshot
         self.saved: set[int] = set()
 
-    def save(self, memory: Any) -> None:
-        self.pool.save_states(memory, self.lane.state.slot, self.snapshot)
-        self.saved.add(id(memory))
+    def save(self, states: Any) -> None:
+        self.pool.save_states(states, self.lane.state.slot, self.snapshot)
+        self.saved.update(id(s) for s in states)
 
     @property
     def complete(self) -> bool:
-        return all(id(m) in self.saved for m in self.pool.memories() if m.slot_parts())
+        return all(id(part) in self.saved for part in self.pool.state_parts())
 
 
 def resume_drafter(runner: ModelRunner, a: Lane, checkpoint: Checkpoint) -> None:

@@ -10,6 +10,7 @@ states fit in pages) and on its memory views (``memories``, ``page_parts``, ``st
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .sequence_state import SequenceState
@@ -48,17 +49,14 @@ class PoolCheckpoints:
         self.snapshot_pages_used += len(snapshot)
         return snapshot
 
-    def save_states(self, memory: Any, slot: int, snapshot: tuple[int, ...]) -> None:
-        """One layer ``memory``'s states of slot ``slot`` into their share of ``snapshot``."""
-        first = 0
-        for m in self.memories():
-            parts = len(m.slot_parts())
-            if m is memory:
-                break
-            first += parts
-        else:
-            raise ValueError("save_states: that memory is not this pool's")
-        self._copy_snapshot(slot, snapshot, restore=False, states=range(first, first + parts))
+    def save_states(self, states: Sequence[Array], slot: int, snapshot: tuple[int, ...]) -> None:
+        """Slot ``slot``'s rows of some of the pool's state arrays (``state_parts``: one
+        layer's, or part of one's) into their share of ``snapshot``."""
+        parts = self.state_parts()
+        chosen = {i for i, part in enumerate(parts) if any(part is s for s in states)}
+        if len(chosen) != len(states):
+            raise ValueError("save_states: a state array that is not this pool's")
+        self._copy_snapshot(slot, snapshot, restore=False, states=chosen)
 
     def keep_marked(
         self,
@@ -108,7 +106,12 @@ class PoolCheckpoints:
             state.mtp_length = prefix.length - 1
 
     def _copy_snapshot(
-        self, slot: int, pages: tuple[int, ...], *, restore: bool, states: range | None = None
+        self,
+        slot: int,
+        pages: tuple[int, ...],
+        *,
+        restore: bool,
+        states: Collection[int] | None = None,
     ) -> None:
         """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back); ``states``:
         only those state parts."""

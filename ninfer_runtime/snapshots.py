@@ -9,6 +9,7 @@ checkpoint costs whole pages like everything else in the pool.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -84,10 +85,10 @@ def copy_snapshot(
     pages: tuple[int, ...],
     *,
     restore: bool,
-    states: range | None = None,
+    states: Collection[int] | None = None,
 ) -> None:
     """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back); ``states``:
-    only those state parts (one layer's), else all."""
+    only those state parts (by index), else all."""
 
     def row_bytes(array: Array, row: int) -> Array:
         return array[row].reshape(-1).view(xp.uint8)

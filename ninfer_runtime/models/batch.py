@@ -9,7 +9,7 @@ host round trip and can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -23,11 +23,12 @@ Array = Any
 @dataclass(frozen=True)
 class Mark:
     """A checkpoint kept inside a prefill read, after the lane's first ``row`` rows: each
-    layer that keeps states in the lane's slot hands its memory to ``save`` once it has
-    read those rows and no more (``Lane.segments``)."""
+    layer that keeps states in the lane's slot hands ``save`` the state arrays it advances
+    (the pool's slot-indexed parts) once it has read those rows and no more
+    (``Lane.segments``)."""
 
     row: int
-    save: Callable[[Any], None]
+    save: Callable[[Sequence[Any]], None]
 
 
 @dataclass(frozen=True)
@@ -106,18 +107,19 @@ class Batch:
         outs = [fn(lane) for lane in self.lanes]
         return outs[0] if len(outs) == 1 else xp.concatenate(outs)
 
-    def each_piece(self, fn: Callable[[Lane, slice], Array], memory: Any, xp: Any) -> Array:
+    def each_piece(
+        self, fn: Callable[[Lane, slice], Array], states: Sequence[Array], xp: Any
+    ) -> Array:
         """``fn(lane, rows)`` for every lane's pieces in order (``Lane.segments``: its rows
-        cut at its marks), ``memory`` (the caller's slot states, which ``fn`` advances)
-        saved at each mark; stacked in row order. A layer with slot states reads a prefill
-        chunk so."""
+        cut at its marks), the slot ``states`` it advances saved at each mark; stacked in
+        row order. A layer with slot states reads a prefill chunk so."""
 
         def lane_rows(lane: Lane) -> Array:
             outs = []
             for rows, mark in lane.segments():
                 outs.append(fn(lane, rows))
                 if mark is not None:
-                    mark.save(memory)
+                    mark.save(states)
             return outs[0] if len(outs) == 1 else xp.concatenate(outs)
 
         return self.each_lane(lane_rows, xp)

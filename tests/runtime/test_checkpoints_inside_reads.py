@@ -1,7 +1,8 @@
 """Checkpoints kept inside a prefill read (``batch.Mark``, ``LaneCheckpoints.marks``), on the
-CPU reference with the bundled Qwen3.5 model and a tiny GLM5Next: a read runs through the
-positions where checkpoints go instead of stopping at each, its Gated DeltaNet (KDA) layers
-saving their states into the snapshot as they pass one. The checkpoint resumes a later
+CPU reference with the bundled Qwen3.5 model, a tiny GLM5Next and a tiny Qwen4Exp with PLE:
+a read runs through the positions where checkpoints go instead of stopping at each, its
+layers with slot states (Gated DeltaNet, KDA, PLE) saving them into the snapshot as they
+pass one. The checkpoint resumes a later
 request with the tokens a checkpoint at the end of a read gives, and with those of a cold
 run; a snapshot that not every layer filled is let go, and a model that keeps none inside
 reads refuses marks."""
@@ -70,7 +71,18 @@ def glm5_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "m.ninfer"
 
 
-@pytest.mark.parametrize("model", ["qwen3_5", "glm5_next"])
+@pytest.fixture(scope="module")
+def qwen4_exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tiny = pytest.importorskip("tests.tiny_qwen4_exp")
+    from ninfer_convert.pipeline import convert
+
+    root = tmp_path_factory.mktemp("inside_qwen4")
+    checkpoint = tiny.build(root / "ckpt", indexer_n_heads=16)
+    convert("qwen4_exp_bf16", {"base": str(checkpoint)}, root / "m.ninfer")
+    return root / "m.ninfer"
+
+
+@pytest.mark.parametrize("model", ["qwen3_5", "glm5_next", "qwen4_exp"])
 def test_a_read_keeps_the_boundary_inside_it_and_a_later_request_resumes_there(request, model):
     artifact = request.getfixturevalue("artifact" if model == "qwen3_5" else model)
     engine = Engine(artifact, max_context=512, prefill_chunk=CHUNK, prefix_cache=True)
@@ -105,7 +117,7 @@ def test_a_snapshot_that_not_every_layer_filled_is_let_go(artifact):
     assert pool.free_pages == before - pool.snapshot_pages
     gdn = [m for m in pool.memories() if m.slot_parts()]
     for memory in gdn[:-1]:  # the last Gated DeltaNet layer never saves
-        capture.save(memory)
+        capture.save(memory.slot_parts())
     assert not capture.complete
     checkpoints.keep_marks([capture], {})
     assert pool.free_pages == before and pool.snapshot_pages_used == 0

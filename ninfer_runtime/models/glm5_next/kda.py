@@ -98,7 +98,7 @@ class KimiDeltaAttention:
                     mixed[rows], self.convolution, memory.conv[lane.state.slot],
                     g[rows], beta[rows], memory.recurrent[lane.state.slot], **dims,
                 ),
-                memory,
+                (memory.recurrent, memory.conv),
                 be.xp,
             )  # fmt: skip
         gate = be.linear(gate_rank, self.gate_up).reshape(n, h, d)

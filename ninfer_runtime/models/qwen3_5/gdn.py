@@ -114,7 +114,7 @@ class GatedDeltaNet:
                     memory.recurrent[lane.state.slot],
                     **self._dims,
                 ),
-                memory,
+                (memory.recurrent, memory.conv),
                 xp,
             )
 

@@ -51,6 +51,9 @@ class Qwen4ExpModel(WithoutMtp):
     """The model's math: weights prepared on a backend once, state kept outside."""
 
     architecture = "Qwen4Exp"
+    #: a prefill read may keep checkpoints inside it (``batch.Mark``): its Gated DeltaNets
+    #: save their states at each mark, and PLE its own (QSA's pages hold no slot state)
+    checkpoints_inside_reads = True
 
     def __init__(
         self,

@@ -131,17 +131,17 @@ class PerLayerEmbedding:
         xp = self.backend.xp
         d = batch.decode
         if d is None:
-            lanes = [(lane.rows, lane.state.slot) for lane in batch.lanes]
+            lanes = [(lane.rows, lane.state.slot, lane.marks) for lane in batch.lanes]
         else:
             t = d.tokens
             slots = d.host_slots[:: d.tokens]
-            lanes = [(slice(i * t, (i + 1) * t), s) for i, s in enumerate(slots)]
+            lanes = [(slice(i * t, (i + 1) * t), s, ()) for i, s in enumerate(slots)]
         host_ids = to_numpy(ids)
         contexts = to_numpy(memory.ple_context)  # every slot's in one read, not one a lane
-        row_ids = [self.row_ids(host_ids[rows], contexts[slot]) for rows, slot in lanes]
+        row_ids = [self.row_ids(host_ids[rows], contexts[slot]) for rows, slot, _ in lanes]
         embeddings = self.embeddings(np.concatenate(row_ids))  # hashed on the host
         outs, at = [], 0
-        for (rows, slot), lane_rows in zip(lanes, row_ids, strict=True):
+        for (rows, slot, marks), lane_rows in zip(lanes, row_ids, strict=True):
             e, at = embeddings[at : at + lane_rows.shape[0]], at + lane_rows.shape[0]
             out, inputs = self.mix(streams[rows], e, memory.ple_conv[slot])
             if d is not None and d.tokens > 1:  # the states stay; commit folds in the kept rows
@@ -150,7 +150,7 @@ class PerLayerEmbedding:
                 record.inputs[slot, : d.tokens] = inputs
                 record.ids[slot, : d.tokens] = ids[rows]
             else:
-                self._advance(memory, slot, ids[rows], inputs)
+                self._advance_through(memory, slot, ids[rows], inputs, marks)
             outs.append(out)
         return outs[0] if len(outs) == 1 else xp.concatenate(outs)
 
@@ -202,6 +202,19 @@ class PerLayerEmbedding:
         for slot, count in zip(to_numpy(slots).tolist(), to_numpy(counts).tolist(), strict=True):
             if count:
                 self._advance(memory, slot, record.ids[slot, :count], record.inputs[slot, :count])
+
+    def _advance_through(
+        self, memory: PleGdnSlots, slot: int, ids: Array, inputs: Array, marks: Any
+    ) -> None:
+        """Slot ``slot``'s states after a lane's rows, advanced piece by piece up to each of
+        its marks (``batch.Mark``), where the PLE states are saved (the layer's Gated
+        DeltaNet saves its own as it reads)."""
+        at = 0
+        for mark in marks:
+            self._advance(memory, slot, ids[at : mark.row], inputs[at : mark.row])
+            mark.save((memory.ple_conv, memory.ple_context))
+            at = mark.row
+        self._advance(memory, slot, ids[at:], inputs[at:])
 
     def _advance(self, memory: PleGdnSlots, slot: int, ids: Array, inputs: Array) -> None:
         """Slot ``slot``'s states after rows with ``ids`` and convolution ``inputs``."""
