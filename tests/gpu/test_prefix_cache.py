@@ -1,5 +1,6 @@
 """The prefix cache and preemption on the CUDA backend (graphs on), on the bundled model:
-answers with the cache equal cold answers, a chat turn resumes after the shared history, and
+answers with the cache equal cold answers (checkpoints kept inside reads or at their ends
+alike), a chat turn resumes after the shared history, and
 a pool too small for every lane's generation preempts (replaying, or through host memory)
 to the same streams, with and without speculative decoding."""
 
@@ -59,6 +60,17 @@ def test_cached_answers_equal_cold_answers(artifact: Path) -> None:
     cached = [c for _, c in warm]
     assert cached[0] == 0 and all(c >= 32 for c in cached[1:])
     assert all(c > 32 for c in cached[len(QUESTIONS) :])  # the same prompts again
+
+
+def test_checkpoints_inside_reads_resume_as_reads_that_stop_there(artifact: Path) -> None:
+    """Checkpoints every 32 tokens and at each chat's history end, kept inside one read each
+    prompt (``checkpoints_inside_reads``) or with the read stopping at each: the same answers
+    from the same cached tokens."""
+    kw = dict(backend="cuda", max_context=1024, checkpoint_interval=32, prefix_cache=True)
+    inside, split = Engine(artifact, **kw), Engine(artifact, **kw)
+    assert inside.scheduler.checkpoints_inside_reads
+    split.scheduler.checkpoints_inside_reads = False
+    assert _answers(inside, QUESTIONS * 2) == _answers(split, QUESTIONS * 2)
 
 
 @pytest.mark.parametrize(
