@@ -89,3 +89,21 @@ def test_decode_rows_continue_the_prompt(setup) -> None:
         outs1.append(o1)
         outs2.append(o2)
     assert rel(np.concatenate(outs1), ref1) < TOL and rel(np.concatenate(outs2), ref2) < TOL
+
+
+def test_latent_attention_reads_its_queries_in_blocks_alike(monkeypatch) -> None:
+    """The latent op bounds its scores by reading the queries a block at a time
+    (``SCORE_BYTES``): the same numbers as all at once, each query seeing only its own."""
+    from ninfer_runtime.ops.attention import latent_reference as ref
+
+    rng = np.random.default_rng(2)
+    t, heads, rank, tokens = 37, 3, 8, 50
+    q = rng.standard_normal((t, heads, rank)).astype(np.float32)
+    latents = rng.standard_normal((tokens, rank)).astype(np.float32)
+    visible = rng.random((t, tokens)) < 0.4
+    visible[:, 0] = True
+    whole = ref.latent(q, latents, visible, scale=0.3)
+    monkeypatch.setattr(ref, "SCORE_BYTES", 5 * 4 * heads * tokens)  # blocks of 5 queries
+    np.testing.assert_array_equal(ref.latent(q, latents, visible, scale=0.3), whole)
+    alone = ref.latent(q[11:12], latents, visible[11:12], scale=0.3)
+    np.testing.assert_array_equal(alone, whole[11:12])
