@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cached_property
 from types import ModuleType
 from typing import Any
 
@@ -185,11 +186,12 @@ class ContextPool(PoolCheckpoints):
     page_bytes_of = staticmethod(page_bytes_of)
     slot_bytes_of = staticmethod(slot_bytes_of)
 
-    @property
+    # fixed for the pool's life, and read every step (the server's memory gauges)
+    @cached_property
     def page_bytes(self) -> int:
         return page_bytes_of(self.specs, self.mtp_spec, self.page_tokens, self.kv_dtype)
 
-    @property
+    @cached_property
     def slot_bytes(self) -> int:
         return slot_bytes_of(with_mtp(self.specs, self.mtp_spec), self.draft, self.step_rows)
 
