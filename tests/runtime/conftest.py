@@ -102,6 +102,19 @@ def bundled_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def qwen4_exp_ple(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen4Exp with PLE layers (``tests/tiny_qwen4_exp.py``, 16 indexer heads),
+    converted with ``qwen4_exp_bf16``."""
+    tiny = pytest.importorskip("tests.tiny_qwen4_exp")
+    from ninfer_convert.pipeline import convert
+
+    root = tmp_path_factory.mktemp("qwen4_exp_ple")
+    checkpoint = tiny.build(root / "ple", indexer_n_heads=16)
+    convert("qwen4_exp_bf16", {"base": str(checkpoint)}, root / "ple.ninfer")
+    return root / "ple.ninfer"
+
+
 @pytest.fixture(scope="module")
 def q4_moe(artifact_path):
     """The tiny MoE artifact in q4 tiles, which the expert-offload tests split."""

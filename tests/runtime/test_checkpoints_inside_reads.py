@@ -71,20 +71,10 @@ def glm5_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "m.ninfer"
 
 
-@pytest.fixture(scope="module")
-def qwen4_exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tiny = pytest.importorskip("tests.tiny_qwen4_exp")
-    from ninfer_convert.pipeline import convert
-
-    root = tmp_path_factory.mktemp("inside_qwen4")
-    checkpoint = tiny.build(root / "ckpt", indexer_n_heads=16)
-    convert("qwen4_exp_bf16", {"base": str(checkpoint)}, root / "m.ninfer")
-    return root / "m.ninfer"
-
-
 @pytest.mark.parametrize("model", ["qwen3_5", "glm5_next", "qwen4_exp"])
 def test_a_read_keeps_the_boundary_inside_it_and_a_later_request_resumes_there(request, model):
-    artifact = request.getfixturevalue("artifact" if model == "qwen3_5" else model)
+    fixture = {"qwen3_5": "artifact", "glm5_next": "glm5_next", "qwen4_exp": "qwen4_exp_ple"}
+    artifact = request.getfixturevalue(fixture[model])
     engine = Engine(artifact, max_context=512, prefill_chunk=CHUNK, prefix_cache=True)
     assert engine.scheduler.checkpoints_inside_reads
     first, second = _prompts()

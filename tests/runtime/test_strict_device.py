@@ -155,14 +155,8 @@ def test_qwen3_5_engine_with_images(tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="module")
-def qwen4_exp_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tiny = pytest.importorskip("tests.tiny_qwen4_exp")
-    from ninfer_convert.pipeline import convert
-
-    root = tmp_path_factory.mktemp("strict_qwen4_exp")
-    checkpoint = tiny.build(root / "ple", indexer_n_heads=16)
-    convert("qwen4_exp_bf16", {"base": str(checkpoint)}, root / "ple.ninfer")
-    return root / "ple.ninfer"
+def qwen4_exp_artifact(qwen4_exp_ple: Path) -> Path:
+    return qwen4_exp_ple
 
 
 @pytest.mark.parametrize("ple_rows", ["resident", "streamed"])
