@@ -12,7 +12,7 @@ import numpy as np
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.cli_options import EXPERT_STREAM_CHUNK_HELP
 from ninfer_runtime.engine import Engine, GenerationRequest, TokenEvent
-from ninfer_runtime.expert_offload import offload as offload_module
+from ninfer_runtime.expert_offload import load_plan
 from ninfer_runtime.expert_offload.stream_window import STREAM_CHUNK
 from ninfer_runtime.frontend import SamplingParams
 from tests.runtime.offload_runs import CONTEXT
@@ -51,13 +51,13 @@ def test_the_workspace_is_planned_for_the_stream_chunk(q4_moe, shares, monkeypat
     the longer calls' rows, so the budget holds it."""
     floor, _ = shares
     asked: list[int] = []
-    measured = offload_module.backend_workspace
+    measured = load_plan.backend_workspace
 
     def spy(backend, artifact, rows):
         asked.append(rows)
         return measured(backend, artifact, rows)
 
-    monkeypatch.setattr(offload_module, "backend_workspace", spy)
+    monkeypatch.setattr(load_plan, "backend_workspace", spy)
     make(q4_moe, floor, prefill_chunk=96)
     assert asked == [96, STREAM_CHUNK]
 
