@@ -7,7 +7,8 @@
 # timed by part (long27.json). SPEC=1 adds speculative rounds on the 27B shape (--spec mtp, lanes
 # 1-8, K 1..5, spec27.json; about 3 more minutes, so with SKIP_TESTS=1 when one device call must
 # hold it all). LOGPROBS=1 adds what log-probabilities (top 5) cost a 27B decode step and prefill
-# (benchmarks/logprobs_bench.py, logprobs27.json). SERVE=1 adds the server on the 27B shape: n=4
+# (benchmarks/logprobs_bench.py, logprobs27.json), with the kernels of 16 scored and plain decode
+# steps. SERVE=1 adds the server on the 27B shape: n=4
 # samples of one prompt (samples27.json), the agent workload with the prefix cache on and off
 # (agent27.json), and its conversations on the engine alone, step by step
 # (benchmarks/agent_steps.py, agent_steps27.txt; about 5 minutes in all, so with SKIP_TESTS=1).
@@ -109,7 +110,7 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       | tee "$OUT/image$name.txt"
   fi
   if [ "$name" = 27 ] && [ "${LOGPROBS:-0}" = 1 ]; then
-    timeout 240 python3 benchmarks/logprobs_bench.py "$artifact" --top 5 --lanes 1 \
+    timeout 240 python3 benchmarks/logprobs_bench.py "$artifact" --top 5 --lanes 1 --trace 16 \
       --json "$OUT/logprobs$name.json" 2>&1 | grep -v upload | tee "$OUT/logprobs$name.txt"
   fi
   if [ "$name" = 27 ] && [ "${SERVE:-0}" = 1 ]; then
