@@ -1,6 +1,7 @@
 """Per-layer embeddings against transformers' ``Qwen4ExpTextPLELayer`` (fp32): one pass over
 a sequence with end-of-text tokens inside, and the same rows split over a prefill chunk, a
-multi-row step with a partial commit, and single-row decode steps."""
+multi-row step with a partial commit, and single-row decode steps; two lanes' decode steps
+together as each alone."""
 
 from __future__ import annotations
 
@@ -84,3 +85,23 @@ def test_shift_reads_pad_across_end_of_text():
     history = np.array([EOS, EOS, 7, 3, EOS, 9, 4])
     assert shifted(history, 1, EOS).tolist() == [EOS, EOS, EOS, 7, 3, EOS, 9]
     assert shifted(history, 2, EOS).tolist() == [EOS, EOS, EOS, EOS, 7, EOS, EOS]
+
+
+def test_a_decode_step_of_two_lanes_is_each_lane_alone(case):
+    """Decode steps read every lane's row at once, each lane's convolution and n-gram
+    context its own: two lanes stepped together give what each gives stepped alone."""
+    g, ple, streams, _ = case
+    together, apart = _memory(g), [_memory(g), _memory(g)]
+    outs_together, outs_apart = [], []
+    for t in range(6):
+        rows = np.array([t, T - 1 - t])  # lane 0 walks forward, lane 1 backward
+        step = DecodeIndex(np.array([0, 1], np.int32), np.array([t, t]), None)
+        outs_together.append(ple(streams[rows], IDS[rows], Batch((), None, None, step), together))
+        for lane, memory in enumerate(apart):
+            one = DecodeIndex(np.array([lane], np.int32), np.array([t]), None)
+            r = rows[lane : lane + 1]
+            outs_apart.append(ple(streams[r], IDS[r], Batch((), None, None, one), memory))
+    np.testing.assert_array_equal(np.concatenate(outs_together), np.concatenate(outs_apart))
+    for lane, memory in enumerate(apart):
+        np.testing.assert_array_equal(together.ple_conv[lane], memory.ple_conv[lane])
+        np.testing.assert_array_equal(together.ple_context[lane], memory.ple_context[lane])

@@ -80,16 +80,17 @@ def ngram_ids(history: Array, ple: Ple, layer: int) -> Array:
 
 
 def dilated_conv(x: Array, kernel: Array, state: Array, dilation: int) -> tuple[Array, Array]:
-    """Depthwise causal convolution of x [T, C] with kernel [K, C], taps ``dilation`` rows
-    apart, continuing ``state`` (the last (K-1)·dilation inputs [R, C]) -> (y [T, C], the
-    new state)."""
+    """Depthwise causal convolution of x [..., T, C] with kernel [K, C], taps ``dilation``
+    rows apart, continuing ``state`` (the last (K-1)·dilation inputs [..., R, C]) -> (y
+    [..., T, C], the new state); leading axes are independent sequences (a decode step's
+    lanes, one row each)."""
     xp = array_module(x)
-    t, rows = x.shape[0], state.shape[0]
-    window = xp.concatenate([state, x], axis=0)
+    t, rows = x.shape[-2], state.shape[-2]
+    window = xp.concatenate([state, x], axis=-2)
     y = xp.zeros_like(x)
     for j in range(kernel.shape[0]):
-        y += kernel[j] * window[j * dilation : j * dilation + t]
-    return y, window[window.shape[0] - rows :]
+        y += kernel[j] * window[..., j * dilation : j * dilation + t, :]
+    return y, window[..., window.shape[-2] - rows :, :]
 
 
 class PerLayerEmbedding:
@@ -130,6 +131,8 @@ class PerLayerEmbedding:
         (a streamed table reads all its missing rows at once)."""
         xp = self.backend.xp
         d = batch.decode
+        if d is not None and d.tokens == 1:
+            return self._decode(streams, ids, d.host_slots, memory)
         if d is None:
             lanes = [(lane.rows, lane.state.slot, lane.marks) for lane in batch.lanes]
         else:
@@ -153,6 +156,23 @@ class PerLayerEmbedding:
                 self._advance_through(memory, slot, ids[rows], inputs, marks)
             outs.append(out)
         return outs[0] if len(outs) == 1 else xp.concatenate(outs)
+
+    def _decode(self, streams: Array, ids: Array, slots: list[int], memory: PleGdnSlots) -> Array:
+        """A decode step's PLE, every lane's row at once (each lane's convolution continuing
+        its own state), and the lanes' states advanced by their one token."""
+        xp = self.backend.xp
+        host_ids = to_numpy(ids)
+        contexts = to_numpy(memory.ple_context)
+        row_ids = [self.row_ids(host_ids[i : i + 1], contexts[s]) for i, s in enumerate(slots)]
+        gated, inputs = self.gate(streams, self.embeddings(np.concatenate(row_ids)))
+        at = xp.asarray(slots)
+        conv, window = dilated_conv(
+            inputs[:, None, :], self.convolution, memory.ple_conv[at], self.ple.conv_dilation
+        )
+        memory.ple_conv[at] = window
+        context = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], axis=1)
+        memory.ple_context[at] = context[:, 1:]
+        return gated + silu(conv[:, 0])
 
     def row_ids(self, ids: Array, context: Array) -> np.ndarray:
         """The table rows [T, heads] of T consecutive ids after the n-gram ``context`` (either
@@ -181,7 +201,15 @@ class PerLayerEmbedding:
     def mix(self, streams: Array, e: Array, conv_state: Array) -> tuple[Array, Array]:
         """PLE of one lane's rows from their n-gram embeddings ``e`` [T, E] -> (what PLE adds
         [T, hc·H], the convolution's inputs [T, hc·H]); ``conv_state`` is not touched."""
-        be, p, hc = self.backend, self.ple, self.streams
+        gated, inputs = self.gate(streams, e)
+        conv, _ = dilated_conv(inputs, self.convolution, conv_state, self.ple.conv_dilation)
+        return gated + silu(conv), inputs
+
+    def gate(self, streams: Array, e: Array) -> tuple[Array, Array]:
+        """The row by row part of PLE, for rows of any lanes: streams [T, hc·H] and their
+        n-gram embeddings ``e`` [T, E] -> (the gated values [T, hc·H], the convolution's
+        inputs [T, hc·H])."""
+        be, hc = self.backend, self.streams
         xp, t = be.xp, e.shape[0]
         key = group_rms_norm(be, be.linear(e, self.key), self.key_norm, hc, self.eps)
         value = be.linear(e, self.value)
@@ -190,9 +218,7 @@ class PerLayerEmbedding:
         g = (key * query).reshape(t, hc, width).sum(axis=-1) / np.float32(np.sqrt(width))
         g = xp.sign(g) * xp.sqrt(xp.maximum(xp.abs(g), np.float32(GATE_FLOOR)))
         gated = (sigmoid(g)[:, :, None] * value[:, None, :]).reshape(t, hc * width)
-        inputs = group_rms_norm(be, gated, self.convolution_norm, hc, self.eps)
-        conv, _ = dilated_conv(inputs, self.convolution, conv_state, p.conv_dilation)
-        return gated + silu(conv), inputs
+        return gated, group_rms_norm(be, gated, self.convolution_norm, hc, self.eps)
 
     def commit(self, memory: PleGdnSlots, slots: Array, counts: Array) -> None:
         """After a multi-row step: fold each lane's first ``counts[i]`` recorded rows into the
