@@ -39,7 +39,7 @@ from ...backends.base import to_numpy
 from ...row_cache import StreamedRows
 from ..batch import Batch
 from ..functional import sigmoid, silu
-from .hyper_connections import group_rms_norm
+from .hyper_connections import GroupNorm
 from .memory import PleGdnSlots
 
 Array = Any
@@ -108,14 +108,15 @@ class PerLayerEmbedding:
     ):
         p = prefix + "ple/"
         self.ple, self.layer, self.streams = ple, layer, streams
-        self.eps, self.backend = eps, backend
+        self.backend = backend
         #: the n-gram table: a backend weight (resident) or ``StreamedRows`` read from disk
         self.table: Weight | StreamedRows = weights[p + "ngram_table"]
         self.key = weights[p + "key"]
         self.value = weights[p + "value"]
-        self.key_norm = backend.array(weights[p + "key_norm"])
-        self.query_norm = backend.array(weights[p + "query_norm"])
-        self.convolution_norm = backend.array(weights[p + "convolution_norm"])
+        self.key_norm, self.query_norm, self.convolution_norm = (
+            GroupNorm(backend, backend.array(weights[p + name]), streams, eps)
+            for name in ("key_norm", "query_norm", "convolution_norm")
+        )
         self.convolution = backend.array(weights[p + "convolution"])  # [K, hc·H]
 
     @staticmethod
@@ -211,14 +212,14 @@ class PerLayerEmbedding:
         inputs [T, hc·H])."""
         be, hc = self.backend, self.streams
         xp, t = be.xp, e.shape[0]
-        key = group_rms_norm(be, be.linear(e, self.key), self.key_norm, hc, self.eps)
+        key = self.key_norm(be.linear(e, self.key))
         value = be.linear(e, self.value)
-        query = group_rms_norm(be, streams, self.query_norm, hc, self.eps)
+        query = self.query_norm(streams)
         width = value.shape[-1]
         g = (key * query).reshape(t, hc, width).sum(axis=-1) / np.float32(np.sqrt(width))
         g = xp.sign(g) * xp.sqrt(xp.maximum(xp.abs(g), np.float32(GATE_FLOOR)))
         gated = (sigmoid(g)[:, :, None] * value[:, None, :]).reshape(t, hc * width)
-        return gated, group_rms_norm(be, gated, self.convolution_norm, hc, self.eps)
+        return gated, self.convolution_norm(gated)
 
     def commit(self, memory: PleGdnSlots, slots: Array, counts: Array) -> None:
         """After a multi-row step: fold each lane's first ``counts[i]`` recorded rows into the
