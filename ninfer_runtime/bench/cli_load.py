@@ -130,11 +130,12 @@ def _scaled_budget(
 def _set_aside(opened: Any, backend: Any, chunk: int, experts: Any, budget: int) -> int:
     """The device bytes a budget's plan sets beside the weights when experts stay in host
     memory (``ExpertOffload.plan_load``): the backend's workspace for prefill calls of
-    ``STREAM_CHUNK`` rows (or the engine's larger ``chunk``) and, on a backend that
-    prefetches (a GPU), two prefill windows of ``default_window``. Per-layer shapes are the
-    whole model's in a reduced artifact, so the same holds for both at their budgets."""
+    ``STREAM_CHUNK`` rows (or the engine's larger ``chunk``) and the prefill window's room
+    (``ExpertStream.device_room``: on a backend that prefetches, a GPU, two windows). Per-layer
+    shapes are the whole model's in a reduced artifact, so the same holds for both at their
+    budgets."""
     from ..expert_offload.plan import backend_workspace
-    from ..expert_offload.stream_window import STREAM_CHUNK, default_window
+    from ..expert_offload.stream_window import STREAM_CHUNK, ExpertStream
 
     graphs = getattr(backend, "graphs", False)
     if graphs:  # as planned: with experts on the host, decode steps run eagerly
@@ -144,6 +145,6 @@ def _set_aside(opened: Any, backend: Any, chunk: int, experts: Any, budget: int)
     finally:
         if graphs:
             backend.graphs = graphs
-    if hasattr(backend, "prefetch_experts") and experts:
-        workspace += 2 * default_window(experts, budget)
-    return workspace
+    window = ExpertStream()
+    window.sizes = experts
+    return workspace + window.device_room(backend, budget)

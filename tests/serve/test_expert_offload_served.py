@@ -47,6 +47,13 @@ def test_the_budget_is_read_from_the_config_and_a_bad_size_named(tmp_path) -> No
     flags = {"engine": {"expert_stream_decode": "off"}}
     assert load_settings(config, flags).engine.expert_stream_decode == "off"
     assert load_settings(None, {}).engine.expert_stream_decode is None  # auto
+    from typing import get_args
+
+    from ninfer_runtime.expert_offload.stream_window import STREAM_DECODE
+    from ninfer_serve.config.engine import EngineSettings
+
+    field = EngineSettings.model_fields["expert_stream_decode"].annotation
+    assert get_args(get_args(field)[0]) == STREAM_DECODE  # the server's choices are the engine's
     config.write_text("[engine]\nexpert_stream_decode = 'sometimes'\n")
     with pytest.raises(ConfigError, match="expert_stream_decode"):
         load_settings(config, {})
