@@ -110,12 +110,8 @@ class LaneCheckpoints:
         inside |= {p: "interval" for p in range(first, end, interval) if p not in inside}
         captures, salt = [], a.request.cache_salt
         for position in sorted(inside):
-            if position <= a.resumed:
+            if position <= a.resumed or not self._new(a.cache_prompt[:position], salt):
                 continue
-            if self.cache.refresh(a.cache_prompt[:position], salt):
-                continue
-            if self.pool.free_pages < self.pool.snapshot_pages:
-                self.cache.make_room(pages=self.pool.snapshot_pages)
             snapshot = self.pool.take_snapshot()
             if snapshot is None:
                 break
@@ -154,13 +150,21 @@ class LaneCheckpoints:
         if self.drafting and hidden is None:  # the drafter could not resume from it
             return
         salt = a.request.cache_salt
-        if self.cache.refresh(tokens[: a.state.length], salt):
+        if not self._new(tokens[: a.state.length], salt):
             return
-        if self.pool.free_pages < self.pool.snapshot_pages:
-            self.cache.make_room(pages=self.pool.snapshot_pages)
         kept = self.pool.keep(a.state, hidden, logits, kind)
         if kept is not None:
             self.cache.insert(tokens[: a.state.length], kept, salt)
+
+    def _new(self, tokens: np.ndarray, salt: str | None) -> bool:
+        """Whether a checkpoint of ``tokens`` would be new to the cache (one it keeps already
+        is refreshed instead), room made for its snapshot where pages are short."""
+        assert self.cache is not None
+        if self.cache.refresh(tokens, salt):
+            return False
+        if self.pool.free_pages < self.pool.snapshot_pages:
+            self.cache.make_room(pages=self.pool.snapshot_pages)
+        return True
 
 
 class MarkCapture:
