@@ -129,11 +129,11 @@ class PerLayerEmbedding:
         """What PLE adds to the streams [N, hc·H] of rows with token ids [N]; the lanes'
         states advance (a multi-row step records its rows for ``commit`` instead). Every
         lane's n-grams are hashed first, so the step's table rows are gathered in one pass
-        (a streamed table reads all its missing rows at once)."""
+        (a streamed table reads all its missing rows at once), and the row by row part runs
+        on every row at once; only the convolution, which continues each lane's state, goes
+        lane by lane, and a decode step's (one row a lane) all lanes at once."""
         xp = self.backend.xp
         d = batch.decode
-        if d is not None and d.tokens == 1:
-            return self._decode(streams, ids, d.host_slots, memory)
         if d is None:
             lanes = [(lane.rows, lane.state.slot, lane.marks) for lane in batch.lanes]
         else:
@@ -143,37 +143,29 @@ class PerLayerEmbedding:
         host_ids = to_numpy(ids)
         contexts = to_numpy(memory.ple_context)  # every slot's in one read, not one a lane
         row_ids = [self.row_ids(host_ids[rows], contexts[slot]) for rows, slot, _ in lanes]
-        embeddings = self.embeddings(np.concatenate(row_ids))  # hashed on the host
-        outs, at = [], 0
-        for (rows, slot, marks), lane_rows in zip(lanes, row_ids, strict=True):
-            e, at = embeddings[at : at + lane_rows.shape[0]], at + lane_rows.shape[0]
-            out, inputs = self.mix(streams[rows], e, memory.ple_conv[slot])
-            if d is not None and d.tokens > 1:  # the states stay; commit folds in the kept rows
+        gated, inputs = self.gate(streams, self.embeddings(np.concatenate(row_ids)))
+        dilation = self.ple.conv_dilation
+        if d is not None and d.tokens == 1:
+            at = xp.asarray(slots)
+            conv, window = dilated_conv(
+                inputs[:, None, :], self.convolution, memory.ple_conv[at], dilation
+            )
+            memory.ple_conv[at] = window
+            context = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], 1)
+            memory.ple_context[at] = context[:, 1:]
+            return gated + silu(conv[:, 0])
+        convs = []
+        for rows, slot, marks in lanes:
+            conv, _ = dilated_conv(inputs[rows], self.convolution, memory.ple_conv[slot], dilation)
+            convs.append(conv)
+            if d is not None:  # a multi-row step: the states stay; commit folds in the kept rows
                 record = memory.ple_record
                 assert record is not None, "a multi-row step needs a pool with records"
-                record.inputs[slot, : d.tokens] = inputs
+                record.inputs[slot, : d.tokens] = inputs[rows]
                 record.ids[slot, : d.tokens] = ids[rows]
             else:
-                self._advance_through(memory, slot, ids[rows], inputs, marks)
-            outs.append(out)
-        return outs[0] if len(outs) == 1 else xp.concatenate(outs)
-
-    def _decode(self, streams: Array, ids: Array, slots: list[int], memory: PleGdnSlots) -> Array:
-        """A decode step's PLE, every lane's row at once (each lane's convolution continuing
-        its own state), and the lanes' states advanced by their one token."""
-        xp = self.backend.xp
-        host_ids = to_numpy(ids)
-        contexts = to_numpy(memory.ple_context)
-        row_ids = [self.row_ids(host_ids[i : i + 1], contexts[s]) for i, s in enumerate(slots)]
-        gated, inputs = self.gate(streams, self.embeddings(np.concatenate(row_ids)))
-        at = xp.asarray(slots)
-        conv, window = dilated_conv(
-            inputs[:, None, :], self.convolution, memory.ple_conv[at], self.ple.conv_dilation
-        )
-        memory.ple_conv[at] = window
-        context = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], axis=1)
-        memory.ple_context[at] = context[:, 1:]
-        return gated + silu(conv[:, 0])
+                self._advance_through(memory, slot, ids[rows], inputs[rows], marks)
+        return gated + silu(convs[0] if len(convs) == 1 else xp.concatenate(convs))
 
     def row_ids(self, ids: Array, context: Array) -> np.ndarray:
         """The table rows [T, heads] of T consecutive ids after the n-gram ``context`` (either
