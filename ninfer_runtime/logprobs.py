@@ -40,9 +40,12 @@ class TokenLogprobs:
     top: TopLogprobs
 
 
-def token_logprobs(rows: Array, chosen: Sequence[int], tops: Sequence[int]) -> list[TokenLogprobs]:
-    """Row i of ``rows`` (float32 logits [N, V], numpy or CuPy) scores token ``chosen[i]``,
-    with its ``tops[i]`` most likely tokens (at most V; ties: lowest id first). Values equal
+def token_logprobs(
+    rows: Array, chosen: Sequence[int] | Array, tops: Sequence[int]
+) -> list[TokenLogprobs]:
+    """Row i of ``rows`` (float32 logits [N, V], numpy or CuPy) scores token ``chosen[i]``
+    (host ids, or an integer array where the rows are: the device sampler's, unread), with
+    its ``tops[i]`` most likely tokens (at most V; ties: lowest id first). Values equal
     ``log_softmax(rows)`` at those entries."""
     n, vocab = rows.shape
     if len(chosen) != n or len(tops) != n:
@@ -72,7 +75,7 @@ def _unpacked(packed: np.ndarray, tops: Sequence[int], k: int, vocab: int) -> li
 
 
 def score_rows(
-    rows: Array, chosen: Sequence[int], tops: Sequence[int | None]
+    rows: Array, chosen: Sequence[int] | Array, tops: Sequence[int | None]
 ) -> list[TokenLogprobs | None]:
     """``token_logprobs`` of the rows whose ``tops[i]`` is not None (None for the others,
     which ask for no scores): only those rows are scored and only their numbers cross to
@@ -81,8 +84,11 @@ def score_rows(
     scores: list[TokenLogprobs | None] = [None] * len(tops)
     if asking:
         if len(asking) < len(tops):
-            rows = rows[array_module(rows).asarray(asking)]
-        found = token_logprobs(rows, [chosen[i] for i in asking], [tops[i] or 0 for i in asking])
+            xp = array_module(rows)
+            index = xp.asarray(asking)
+            rows = rows[index]
+            chosen = xp.asarray(chosen)[index]
+        found = token_logprobs(rows, chosen, [tops[i] or 0 for i in asking])
         for i, score in zip(asking, found, strict=True):
             scores[i] = score
     return scores

@@ -63,13 +63,21 @@ class TokenChooser:
             rows = out.last_logits
             if rows is None:
                 rows = self.model.backend.xp.concatenate([row[-1:] for row in out.logits])
-            drawn = [int(t) for t in to_numpy(sampler.sample(self._hold_stops(lanes, rows)))]
+            drawn_ids = sampler.sample(self._hold_stops(lanes, rows))
+            # no lane here has penalties: its rows, where they are, are what it is scored on.
+            # Scored on the drawn ids before they are read, so one wait covers both
+            tops = [a.request.sampling.logprobs for a in lanes]
+            scores = score_rows(rows, drawn_ids, tops)
+            drawn = [int(t) for t in to_numpy(drawn_ids)]
             tokens = [
                 self._answer_instead_of_stop(a, t if f is None else f)
                 for a, t, f in zip(lanes, drawn, forced, strict=True)
             ]
-            # no lane here has penalties: its rows, where they are, are what it is scored on
-            scores = score_rows(rows, tokens, [a.request.sampling.logprobs for a in lanes])
+            # a forced token, or an answer instead of a stop, is scored as itself
+            changed = [k if t != d else None for k, t, d in zip(tops, tokens, drawn, strict=True)]
+            for i, score in enumerate(score_rows(rows, tokens, changed)):
+                if score is not None:
+                    scores[i] = score
             return list(zip(lanes, tokens, scores, strict=True))
         picked = []
         for a, row, token in zip(lanes, out.logits, forced, strict=True):

@@ -60,6 +60,11 @@ def test_the_helper_on_the_device_equals_numpy(vocab: int) -> None:
         assert [t for t, _ in g.top] == [t for t, _ in e.top]
         np.testing.assert_allclose([v for _, v in g.top], [v for _, v in e.top], atol=1e-5)
         assert abs(g.logprob - e.logprob) < 1e-5
+    # the ids as the device sampler leaves them (int32 on the device, unread): the same;
+    # its -1 (a row without a finite logit) scores NaN, not a read before the row
+    assert token_logprobs(padded, cp.asarray(chosen, dtype=cp.int32), tops) == got
+    unread = cp.asarray([-1, *chosen[1:]], dtype=cp.int32)
+    assert np.isnan(token_logprobs(padded, unread, tops)[0].logprob)
     reference = log_softmax(rows.astype(np.float64))
     assert abs(got[3].logprob - reference[3, chosen[3]]) < 1e-5
     assert [t for t, _ in got[2].top] == [0, 1, 2, 3, 4][: tops[2]]

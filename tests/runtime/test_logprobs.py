@@ -215,6 +215,48 @@ def test_lanes_sampled_where_the_logits_are_score_the_same(artifact, engine, pro
     ]
 
 
+class NeverClosingSampler(ArgmaxSampler):
+    """A device sampler that never draws ``</think>`` itself, so the thinking budget's
+    forced token always differs from what it drew."""
+
+    def __init__(self, close: int):
+        self.close = close
+
+    def sample(self, rows):
+        rows = rows.copy()
+        rows[:, self.close] = -np.inf
+        return np.argmax(rows, axis=-1)
+
+
+def test_a_forced_token_is_scored_as_itself_on_the_device_path(artifact, engine, monkeypatch):
+    """Lanes sampled where the logits are get scored on the drawn ids before those are
+    read; a token the thinking budget forces in their place is scored as itself: each
+    reported log-probability is the emitted token's under a fresh forward pass."""
+    from ninfer_runtime.backends.cpu import CpuBackend
+
+    (close,) = engine.tokenizer.think_close_ids
+    monkeypatch.setattr(CpuBackend, "device_sampler", lambda self: NeverClosingSampler(close))
+    device = Engine(artifact, max_context=256, prefill_chunk=16)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True, max_thinking_tokens=3, logprobs=2
+    )
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": "Hello!"}],
+        sampling=params,
+        enable_thinking=True,
+        parse_output=False,
+    )
+    prompt, _ = device.render(request)
+    events = [e for e in device.generate(request) if isinstance(e, TokenEvent)]
+    tokens = [e.token_id for e in events]
+    assert close in tokens[:3]  # forced: this sampler never draws it
+    expected = oracle(device, [*prompt, *tokens])
+    for t, event in enumerate(events):
+        row = expected[len(prompt) - 1 + t]
+        assert event.logprob == pytest.approx(row[event.token_id], abs=1e-4)
+        assert_top(event.top_logprobs, row, 2)
+
+
 # --------------------------------------------------------------------------- prompt tokens
 def test_prompt_logprobs_sum_to_minus_the_perplexity_nll(engine, prompt) -> None:
     """The prompt is read in chunks of 16: each chunk's last row scores the next chunk's
@@ -312,3 +354,5 @@ def test_only_the_rows_that_ask_are_scored() -> None:
     assert got[0] is None
     assert got[1:] == token_logprobs(rows[1:], [1, 6], [2, 0])
     assert score_rows(rows, [4, 1, 6], [None, None, None]) == [None, None, None]
+    # the ids as an array where the rows are (a device sampler's, unread): the same
+    assert score_rows(rows, np.array([4, 1, 6]), [None, 2, 0]) == got

@@ -100,12 +100,13 @@ def sample(
     return out
 
 
-def score(logits: Any, chosen: Sequence[int], k: int) -> np.ndarray:
+def score(logits: Any, chosen: Sequence[int] | Any, k: int) -> np.ndarray:
     """float64 ``[N, 1 + 2k]`` on the host: per row of ``logits`` (float32 ``[N, V]``, rows
     may be strided, unit column stride) the log-probability of token ``chosen[i]``, those of
     the row's ``k`` most likely tokens (largest first, ties lowest id first) and their ids,
     as ``ninfer_runtime.logprobs.log_softmax`` defines them (the normaliser summed in
-    float64). ``k`` <= ``MAX_SCORED_TOP``."""
+    float64). ``k`` <= ``MAX_SCORED_TOP``. ``chosen``: host ids, or an integer CuPy array
+    (the sampler's, unread: an id outside the vocabulary scores NaN)."""
     import cupy as cp
 
     n, vocab = logits.shape
@@ -113,9 +114,15 @@ def score(logits: Any, chosen: Sequence[int], k: int) -> np.ndarray:
         raise ValueError(f"score: k = {k} (0..{MAX_SCORED_TOP} supported)")
     if logits.dtype != np.float32 or logits.strides[1] != 4:
         raise ValueError("score: logits must be float32 with unit column stride")
-    ids = np.asarray(chosen, dtype=np.int64)
-    if ids.shape != (n,) or (n and not (ids.min() >= 0 and ids.max() < vocab)):
-        raise ValueError(f"score: {n} rows need {n} token ids in 0..{vocab - 1}")
+    if isinstance(chosen, cp.ndarray):
+        ids = chosen.astype(cp.int32, copy=False)
+        if ids.shape != (n,):
+            raise ValueError(f"score: {n} rows need {n} token ids, not {ids.shape}")
+    else:
+        host = np.asarray(chosen, dtype=np.int64)
+        if host.shape != (n,) or (n and not (host.min() >= 0 and host.max() < vocab)):
+            raise ValueError(f"score: {n} rows need {n} token ids in 0..{vocab - 1}")
+        ids = cp.asarray(host.astype(np.int32))
     out = cp.empty((n, 1 + 2 * k), cp.float64)
     if n:
         function("sampling", "score_tokens")(
@@ -125,7 +132,7 @@ def score(logits: Any, chosen: Sequence[int], k: int) -> np.ndarray:
                 logits,
                 np.int64(logits.strides[0] // 4),
                 np.int32(vocab),
-                cp.asarray(ids.astype(np.int32)),
+                ids,
                 np.int32(k),
                 out,
             ),

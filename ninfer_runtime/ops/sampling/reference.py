@@ -44,13 +44,14 @@ def log_softmax(rows: Array) -> Array:
     return (rows - shift) - log_total
 
 
-def score(rows: Array, chosen: Sequence[int], k: int) -> np.ndarray:
-    """float64 [N, 1 + 2k] on the host: chosen values, then the k top values, then their ids."""
+def score(rows: Array, chosen: Sequence[int] | Array, k: int) -> np.ndarray:
+    """float64 [N, 1 + 2k] on the host: chosen values, then the k top values, then their ids.
+    ``chosen``: host ids, or an integer array where the rows are."""
     xp = array_module(rows)
     n = rows.shape[0]
     shift, log_total = _normaliser(rows)
     lanes = xp.arange(n)
-    picked = rows[lanes, xp.asarray(np.asarray(chosen, dtype=np.int64))][:, None]
+    picked = rows[lanes, xp.asarray(chosen).astype(xp.int64, copy=False)][:, None]
     columns = [(picked - shift) - log_total]
     if k:
         ids = _top_ids(rows, k, lanes)

@@ -346,7 +346,11 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   block_sum(total, sh);
   const double log_total = log(sh.sum[0]);
   double* __restrict__ o = out + (long long)row * (1 + 2 * k);
-  if (threadIdx.x == 0) o[0] = (double)(x[chosen[row]] - top) - log_total;
+  if (threadIdx.x == 0) {
+    const int c = chosen[row];  // the sampler's -1 (no finite logit) scores NaN
+    o[0] = c >= 0 && c < V ? (double)(x[c] - top) - log_total
+                           : __longlong_as_double(0x7FF8000000000000ull);
+  }
   int head = 0;
   for (int j = 0; j < k; ++j) {
     const u64 offer = head < k ? mine[head] : 0;
