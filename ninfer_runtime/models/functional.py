@@ -85,13 +85,33 @@ def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
     return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def top_k_mask(scores: Array, k: int) -> Array:
-    """Scores [T, B] -> bool [T, B]: True at each row's ``k`` highest (all of them when there
-    are no more), a tie won by the earlier index (as transformers' ``topk`` on the CPU keeps
-    it). CuPy's sort is always stable, and its older releases take no ``kind``."""
+#: array math that scores queries against a whole context (the latent attention reference,
+#: GLM5Next's token indexer) reads them a block at a time, each block's scores within about
+#: this many bytes: a prefill chunk's would otherwise take gigabytes at a long context
+#: (GLM5Next: 64 heads, 2,048 queries over 7,680 tokens, 4 GiB), and each query's numbers
+#: are the same either way
+SCORE_BLOCK_BYTES = 256 << 20
+
+
+def query_block(per_query_bytes: int) -> int:
+    """How many queries a block reads: their scores within ``SCORE_BLOCK_BYTES``."""
+    return max(1, SCORE_BLOCK_BYTES // max(per_query_bytes, 1))
+
+
+def top_k_ids(scores: Array, k: int) -> Array:
+    """Scores [T, B] -> int [T, min(k, B)]: each row's ``k`` highest, best first, a tie won
+    by the earlier index (as transformers' ``topk`` on the CPU keeps it). CuPy's sort is
+    always stable, and its older releases take no ``kind``."""
     xp = _xp(scores)
     stable = {"kind": "stable"} if xp is np else {}
-    best = xp.argsort(-scores, axis=-1, **stable)[:, :k]
+    return xp.argsort(-scores, axis=-1, **stable)[:, :k]
+
+
+def top_k_mask(scores: Array, k: int) -> Array:
+    """Scores [T, B] -> bool [T, B]: True at each row's ``k`` highest (all of them when there
+    are no more), ``top_k_ids``' choice."""
+    xp = _xp(scores)
+    best = top_k_ids(scores, k)
     chosen = xp.zeros(scores.shape, dtype=bool)
     chosen[xp.arange(scores.shape[0])[:, None], best] = True  # CuPy 13 has no put_along_axis
     return chosen

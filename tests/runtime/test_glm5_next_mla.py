@@ -63,9 +63,10 @@ def test_a_prompt_matches_transformers(setup, t: int) -> None:
     seen = np.zeros((t, t), dtype=bool)
     for row, indices in enumerate(topk):
         seen[row, indices[indices >= 0]] = True
-    assert np.array_equal(chosen[0], seen)
+    visible = chosen[0].visible(slice(0, t), t)
+    assert np.array_equal(visible, seen)
     if t > g.indexer.topk + g.indexer.kpool:  # some queries see only part of their past
-        assert (chosen[0].sum(axis=1) < np.arange(1, t + 1)).any()
+        assert (visible.sum(axis=1) < np.arange(1, t + 1)).any()
     assert rel(out1, ref1) < TOL and rel(out2, ref2) < TOL
 
 
@@ -93,7 +94,8 @@ def test_decode_rows_continue_the_prompt(setup) -> None:
 
 def test_latent_attention_reads_its_queries_in_blocks_alike(monkeypatch) -> None:
     """The latent op bounds its scores by reading the queries a block at a time
-    (``SCORE_BYTES``): the same numbers as all at once, each query seeing only its own."""
+    (``query_block``): the same numbers as all at once, each query seeing only its own."""
+    from ninfer_runtime.models import functional
     from ninfer_runtime.ops.attention import latent_reference as ref
 
     rng = np.random.default_rng(2)
@@ -103,7 +105,45 @@ def test_latent_attention_reads_its_queries_in_blocks_alike(monkeypatch) -> None
     visible = rng.random((t, tokens)) < 0.4
     visible[:, 0] = True
     whole = ref.latent(q, latents, visible, scale=0.3)
-    monkeypatch.setattr(ref, "SCORE_BYTES", 5 * 4 * heads * tokens)  # blocks of 5 queries
+    monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", 5 * 4 * heads * tokens)  # 5 queries
     np.testing.assert_array_equal(ref.latent(q, latents, visible, scale=0.3), whole)
     alone = ref.latent(q[11:12], latents, visible[11:12], scale=0.3)
     np.testing.assert_array_equal(alone, whole[11:12])
+
+
+def test_a_long_chunk_reads_its_queries_in_blocks_within_the_plan(setup, monkeypatch) -> None:
+    """A chunk past ``index_topk``, its queries scored and attended a block at a time
+    (``query_block``: blocks of a few queries here): the same output and choice as read
+    whole; and what the layer holds at once grows with its rows, not rows × context, and
+    stays within what ``--vram-budget`` plans for a latent layer (``latent_attention``)."""
+    import tracemalloc
+
+    from ninfer_runtime.backends.cuda.workspace import latent_attention
+    from ninfer_runtime.models import functional
+
+    model, g, full, shared = setup
+    config = model.config.text_config.to_dict()
+
+    def run(t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        x = np.random.default_rng(t).standard_normal((t, g.hidden)).astype(np.float32)
+        pool = pool_for(g, t)
+        batch = Batch((Lane(slice(0, t), 0, pool.open(t)),), None, None)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        out, chosen = full(x, batch, pool.layers[0], None)
+        peak = tracemalloc.get_traced_memory()[1] - before
+        tracemalloc.stop()
+        out2, _ = shared(x, batch, pool.layers[1], chosen)
+        return out, out2, chosen[0].pools, peak
+
+    whole = run(300)
+    block = 4 * 4 * g.mla.heads * 300  # about four queries' scores
+    monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", block)
+    blocks = run(300)
+    for a, b in zip(whole[:3], blocks[:3], strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert blocks[3] < whole[3]
+    longer = run(1200)  # 4x the rows over 4x the context: 16x the scores read whole
+    assert longer[3] < 6 * blocks[3]
+    for t, peak in ((300, blocks[3]), (1200, longer[3])):
+        assert peak <= latent_attention(config, t), (t, peak, latent_attention(config, t))

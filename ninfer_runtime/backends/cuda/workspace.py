@@ -12,9 +12,10 @@ one prefill call (the engine's prefill chunk, every lane's rows together), the s
   call (``stream_window.placed`` gives the block other experts for that call);
 * the activations live together at the chunk's widest point: the largest of the token
   mixers' (Gated DeltaNet, gated attention), the feed-forward blocks' (dense MLP, MoE) and
-  the output head's; each counts the residual stream and the normed input, live across the
-  whole layer, and the buffers its CUDA path allocates at its peak (see ``_gdn``,
-  ``_attention``, ``_dense_mlp``, ``_moe``, ``_head``).
+  the output head's, and the hyper-connections' merge where the model has streams; each
+  counts the residual stream (twice: a layer's input and output) and the normed input, and
+  the buffers its CUDA path allocates at its peak (see ``_gdn``, ``_attention``,
+  ``latent_attention``, ``_dense_mlp``, ``_moe``, ``_head``, ``_hyper_connections``).
 
 Not counted: decode steps (a few rows a lane, far below a chunk's), CUDA graphs and their
 memory pool (expert offload runs decode steps eagerly, so none are captured), the prefill
@@ -23,8 +24,12 @@ then ``splits x rows x heads x head_dim`` floats stay near two waves of blocks, 
 the CUDA context, cuBLAS's own workspace and CuPy's cached free blocks.
 
 Other architectures (Qwen4Exp, GLM5Next) are read with the members they share with Qwen3.5
-(their hyper-connection streams multiply the residual stream); their own layers' buffers are
-estimated as the nearest Qwen3.5 layer's. Imports without CuPy, so a CPU test checks it.
+(their hyper-connection streams multiply the residual stream); GLM5Next's latent attention
+has its own term (``latent_attention``: its reference's array math, whose scores a block of
+queries at a time bound), the other layers' buffers are estimated as the nearest Qwen3.5
+layer's. Not counted either: the latents and index records a latent layer gathers for one
+sequence ([context, rank] float32: tens of MiB at 8K tokens). Imports without CuPy, so a CPU
+test checks it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...models import functional
 from .gdn_prefill import CHUNK as GDN_CHUNK
 from .moe import PREFILL_ROWS as MOE_PASS_ROWS
 from .moe_experts import GROUP_PAIRS, TENSOR_GROUP_PAIRS
@@ -63,6 +69,7 @@ def prefill_workspace(
             _dense_mlp(config, rows),
             _moe(config, rows),
             _head(config, rows, min(rows, logit_rows)),
+            _hyper_connections(config, rows),
         )
     )
 
@@ -78,10 +85,23 @@ def router_copies(config: Mapping[str, Any]) -> int:
 
 
 def _residual(config: Mapping[str, Any], rows: int) -> int:
-    """The residual stream (float32, times any hyper-connection streams) and the normed
-    layer input (float32), live across every layer."""
-    streams = int(config.get("hc_count") or config.get("hc_mult") or 1)
-    return rows * (streams + 1) * config["hidden_size"] * F32
+    """The residual stream (float32, times any hyper-connection streams) twice, as a layer's
+    input stays referenced while it makes its output, and the normed layer input (float32)."""
+    return rows * (2 * _streams(config) + 1) * config["hidden_size"] * F32
+
+
+def _streams(config: Mapping[str, Any]) -> int:
+    """The residual's hyper-connection streams (1: a plain residual)."""
+    return int(config.get("hc_count") or config.get("hc_mult") or 1)
+
+
+def _hyper_connections(config: Mapping[str, Any], rows: int) -> int:
+    """Hyper-connection streams at a block's merge: the streams, their three mixing copies
+    (the block output's share, the streams' mixture and their sum) and the block's output."""
+    streams = _streams(config)
+    if streams == 1:
+        return 0
+    return rows * (4 * streams + 1) * config["hidden_size"] * F32
 
 
 def _gdn(config: Mapping[str, Any], rows: int) -> int:
@@ -116,15 +136,44 @@ def _attention(config: Mapping[str, Any], rows: int) -> int:
     heads = config.get("num_attention_heads")
     if not heads:
         return 0
-    head_dim = config.get("head_dim") or max(
-        (config.get("qk_nope_head_dim") or 0) + (config.get("qk_rope_head_dim") or 0),
-        config.get("v_head_dim") or 0,
-    )
-    head_dim = head_dim or config["hidden_size"] // heads
+    if config.get("kv_lora_rank"):
+        return latent_attention(config, rows)
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
     width = heads * head_dim
     kv_width = (config.get("num_key_value_heads") or heads) * head_dim
     per_row = (2 * width + 2 * kv_width) + 2 * (width + kv_width) + width
     return _residual(config, rows) + rows * per_row * F32
+
+
+#: score-sized arrays a block of queries holds at once in the latent reference (the scores,
+#: their masked copy, the probabilities) or the token indexer (the scores, their weighted copy
+#: and what they are summed into); the two never hold theirs together
+SCORE_BLOCK_COPIES = 3
+
+
+def latent_attention(config: Mapping[str, Any], rows: int) -> int:
+    """A latent attention layer with its token indexer (GLM5Next, ``models/glm5_next/mla.py``),
+    whose device path is its reference's array math: per row the joined down projection,
+    both latents, the queries, their absorbed form (and the product's copy), the indexer's
+    projections, key normalisation, record, query heads and weights, the attention's latent
+    output, its expansion (and copy) and the output; then one block of queries' scores
+    (``SCORE_BLOCK_COPIES`` of ``functional.SCORE_BLOCK_BYTES``)."""
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    q_rank, kv_rank = config.get("q_lora_rank") or hidden, config["kv_lora_rank"]
+    nope, rope = config.get("qk_nope_head_dim") or 0, config.get("qk_rope_head_dim") or 0
+    value = config.get("v_head_dim") or nope
+    index_heads, index_dim = config.get("index_n_heads") or 0, config.get("index_head_dim") or 0
+    per_row = (
+        2 * (q_rank + kv_rank) + rope  # down, then the two latents
+        + heads * (nope + 3 * kv_rank + 2 * value)  # q, absorbed (twice), context, o (twice)
+        + hidden  # the output
+        + 7 * index_dim + index_heads * (index_dim + 2)  # the indexer's
+    )  # fmt: skip
+    return (
+        _residual(config, rows)
+        + rows * per_row * F32
+        + SCORE_BLOCK_COPIES * functional.SCORE_BLOCK_BYTES
+    )
 
 
 def _dense_mlp(config: Mapping[str, Any], rows: int) -> int:

@@ -14,21 +14,56 @@ and a query scores them with its own heads (q_i = query · its query latent, w =
 It keeps the ``topk / kpool`` best pools whose last token it may see (all of them while there
 are no more), and always the open pool it is in (its tokens up to itself): attention then
 runs over those tokens only. A layer marked ``shared`` reuses the choice of the layer before.
+
+The choice is kept as each query's pool numbers (``PoolChoice``: ``topk / kpool`` of them),
+not as a mask over the context, and queries are scored a block at a time: what a prefill
+chunk holds stays bounded at any context length (``functional.query_block``; a mask is made
+for one block of queries when attention reads it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ninfer_format.binders.glm5_next_parts import DsaIndexer
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
-from ..functional import top_k_mask
+from ..functional import query_block, top_k_ids
 
 Array = Any
 LAYER_NORM_EPS = 1e-6  # transformers' indexer key norm
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """The pools the queries at ``positions`` [T] keep: ``pools`` int [T, k] (pool p holds
+    tokens ``p·kpool .. p·kpool + kpool - 1``; -1 where a query sees fewer than k)."""
+
+    pools: Array
+    positions: Array
+    kpool: int
+
+    def __len__(self) -> int:
+        return int(self.positions.shape[0])
+
+    def visible(self, rows: slice, tokens: int) -> Array:
+        """bool [len(rows), tokens]: which of the first ``tokens`` tokens the queries
+        ``rows`` see: their kept pools' tokens, and the open pool up to each query."""
+        xp, kp = array_module(self.positions), self.kpool
+        pools, positions = self.pools[rows], self.positions[rows]
+        t = positions.shape[0]
+        seen = xp.zeros((t, tokens), dtype=bool)
+        if pools.shape[1]:
+            kept = pools >= 0
+            columns = pools[:, :, None] * kp + xp.arange(kp)  # [t, k, kp]
+            query = xp.broadcast_to(xp.arange(t)[:, None, None], columns.shape)
+            seen[query[kept], columns[kept]] = True
+        token = xp.arange(tokens)[None, :]
+        open_start = ((positions + 1) // kp * kp)[:, None]
+        return seen | ((token >= open_start) & (token <= positions[:, None]))
 
 
 class TokenIndexer:
@@ -61,34 +96,44 @@ class TokenIndexer:
         queries = be.linear(query_latent, self.query).reshape(-1, n.heads, d)
         return xp.concatenate([key, gate], axis=-1), queries, heads * n.heads**-0.5
 
-    def select(self, queries: Array, weights: Array, records: Array, positions: Array) -> Array:
-        """Which of a sequence's tokens each query sees: queries [T, n_i, d] and weights
-        [T, n_i] of the queries at ``positions`` [T] (ints, either device), records [S, 2d] of its
-        first S tokens -> visible [T, S] bool."""
+    def choose(
+        self, queries: Array, weights: Array, records: Array, positions: Array
+    ) -> PoolChoice:
+        """The pools each query keeps: queries [T, n_i, d] and weights [T, n_i] of the
+        queries at ``positions`` [T] (ints, either device), records [S, 2d] of the
+        sequence's first S tokens; scored ``query_block`` queries at a time."""
         xp, kp = array_module(records), self.n.kpool
-        s = records.shape[0]
-        pools = s // kp  # complete pools; the open one is never scored
         positions = xp.asarray(positions)
-        visible = xp.zeros((len(positions), s), dtype=bool)
-        if pools:
-            chosen = self._choose(queries, weights, records[: pools * kp], positions)
-            visible[:, : pools * kp] = xp.repeat(chosen, kp, axis=1)
-        tokens = xp.arange(s)[None, :]
-        open_start = ((positions + 1) // kp * kp)[:, None]
-        return visible | ((tokens >= open_start) & (tokens <= positions[:, None]))
+        pools = records.shape[0] // kp  # complete pools; the open one is never scored
+        k = min(self.n.pools_selected, pools)
+        chosen = xp.full((positions.shape[0], k), -1, dtype=xp.int64)
+        if k:
+            keys = self._pool_keys(records[: pools * kp])
+            block = query_block(4 * self.n.heads * pools)
+            for at in range(0, positions.shape[0], block):
+                rows = slice(at, at + block)
+                chosen[rows] = self._best(queries[rows], weights[rows], keys, positions[rows], k)
+        return PoolChoice(chosen, positions, kp)
 
-    def _choose(self, queries: Array, weights: Array, records: Array, positions: Array) -> Array:
-        """The pools [T, P] each query keeps: the best ``topk / kpool`` of those it sees."""
+    def _pool_keys(self, records: Array) -> Array:
+        """Each complete pool's key [P, d]: its tokens' keys mixed by a softmax over the
+        pool's tokens, per channel, of their gate scores and the pool positions'."""
         xp = array_module(records)
         kp, d = self.n.kpool, self.n.head_dim
         pools = records.shape[0] // kp
         keys = records[:, :d].reshape(pools, kp, d)
         logits = records[:, d:].reshape(pools, kp, d) + self.pool_position
         share = xp.exp(logits - logits.max(axis=1, keepdims=True))
-        share /= share.sum(axis=1, keepdims=True)  # softmax over each pool's tokens, per channel
-        pool_keys = (share * keys).sum(axis=1)  # [P, d]
-        scores = xp.maximum(queries @ pool_keys.T * xp.float32(d**-0.5), 0)  # [T, n_i, P]
+        share /= share.sum(axis=1, keepdims=True)
+        return (share * keys).sum(axis=1)
+
+    def _best(self, queries: Array, weights: Array, keys: Array, positions: Array, k: int) -> Array:
+        """int [T, k]: the k best pools each query sees (by score, ties: the earlier pool),
+        -1 past those it sees."""
+        xp, kp, d = array_module(keys), self.n.kpool, self.n.head_dim
+        pools = keys.shape[0]
+        scores = xp.maximum(queries @ keys.T * xp.float32(d**-0.5), 0)  # [T, n_i, P]
         index = (weights[:, :, None] * scores).sum(axis=1)  # [T, P]
         seen = (xp.arange(pools) * kp + kp - 1)[None, :] <= positions[:, None]
-        index = xp.where(seen, index, xp.float32(-xp.inf))
-        return top_k_mask(index, self.n.pools_selected) & seen
+        best = top_k_ids(xp.where(seen, index, xp.float32(-xp.inf)), k)
+        return xp.where(xp.take_along_axis(seen, best, axis=1), best, -1)

@@ -10,7 +10,9 @@ out    = output [o_1 | … | o_heads]
 The key expansion is folded into the query (q̃_h = key_up_hᵀ q_h, [N, heads, kv_rank]), so
 attention runs over the cached latents themselves (the attention family's ``latent`` op) and
 its output, still a latent, is expanded once by value_up. Which tokens a query sees is the
-indexer's choice (``indexer.py``), or the layer before's on a ``shared`` layer.
+indexer's choice (``indexer.py``), or the layer before's on a ``shared`` layer. Attention
+reads a group's queries a block at a time, each block's mask made from that choice, so its
+scores and mask stay bounded at any context length (``functional.query_block``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from ...backends import Backend, Weight
 from ...ops.attention.latent import LatentPages, LatentSpec
 from ...ops.registry import resolve
 from ..batch import Batch
-from .indexer import TokenIndexer
+from ..functional import query_block
+from .indexer import PoolChoice, TokenIndexer
 
 Array = Any
 #: a query group: (its rows, its sequence's page ids, the position of its first row)
@@ -66,10 +69,10 @@ class LatentAttention:
         return names + (TokenIndexer.parameter_names(prefix) if with_indexer else [])
 
     def __call__(
-        self, x: Array, batch: Batch, memory: LatentPages, chosen: list[Array] | None
-    ) -> tuple[Array, list[Array]]:
-        """Rows x [N, H] -> (the layer's output [N, H], each query group's visible tokens,
-        which a following ``shared`` layer reuses as ``chosen``)."""
+        self, x: Array, batch: Batch, memory: LatentPages, chosen: list[PoolChoice] | None
+    ) -> tuple[Array, list[PoolChoice]]:
+        """Rows x [N, H] -> (the layer's output [N, H], each query group's choice of
+        tokens, which a following ``shared`` layer reuses as ``chosen``)."""
         be, m = self.backend, self.m
         xp, n = be.xp, x.shape[0]
         down = be.linear(x, self.down)
@@ -86,22 +89,28 @@ class LatentAttention:
             memory.write(pages, start, latent[rows], None if records is None else records[rows])
 
         attend = resolve("attention", "latent", device=be.name)
-        outs, visible = [], []
+        context = xp.empty(absorbed.shape, xp.float32)
+        choices = []
         for i, (rows, pages, start) in enumerate(groups):
             count = rows.stop - rows.start
             latents, stored = memory.read(pages, start + count)
             if self.indexer is not None:
                 positions = xp.arange(start, start + count)
-                seen = self.indexer.select(queries[rows], weights[rows], stored, positions)
+                choice = self.indexer.choose(queries[rows], weights[rows], stored, positions)
             elif chosen is not None:
-                seen = chosen[i]
+                choice = chosen[i]
             else:
                 raise ValueError("a shared attention layer needs the choice of the layer before")
-            visible.append(seen)
-            outs.append(attend(absorbed[rows], latents, seen, scale=m.scaling))
-        context = outs[0] if len(outs) == 1 else xp.concatenate(outs)
+            choices.append(choice)
+            tokens = latents.shape[0]
+            block = query_block(4 * m.heads * tokens)
+            for at in range(0, count, block):
+                part = slice(at, min(at + block, count))
+                into = slice(rows.start + part.start, rows.start + part.stop)
+                seen = choice.visible(part, tokens)
+                context[into] = attend(absorbed[into], latents, seen, scale=m.scaling)
         o = xp.einsum("nhr,hvr->nhv", context, self.value_up).reshape(n, m.heads * m.value_dim)
-        return be.linear(o, self.output), visible
+        return be.linear(o, self.output), choices
 
     @staticmethod
     def _groups(batch: Batch) -> list[Group]:

@@ -13,16 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from ...backends.array_ops import softmax
-from ...models.functional import _xp
+from ...models.functional import _xp, query_block
 
-__all__ = ["SCORE_BYTES", "accepts", "latent"]
+__all__ = ["accepts", "latent"]
 
 Array = Any
-#: the queries read at once keep their scores and probabilities [rows, Nq, S] float32 within
-#: about this many bytes each: a prefill chunk's would otherwise take 4 GiB and more at a
-#: long context (GLM5Next: 64 heads, 2,048 queries over 7,680 tokens), far past the
-#: workspace a budget plans; each query's row is computed alike either way
-SCORE_BYTES = 256 << 20
 
 
 def accepts(**_: object) -> bool:
@@ -32,10 +27,10 @@ def accepts(**_: object) -> bool:
 def latent(q: Array, latents: Array, visible: Array, *, scale: float) -> Array:
     """q [T, Nq, R] (absorbed queries) over latents [S, R], query t seeing the tokens where
     ``visible[t]`` [T, S] (bool) is set (at least one each) -> [T, Nq, R] float32; the
-    queries a block at a time (``SCORE_BYTES``)."""
+    queries a block at a time (``query_block``)."""
     xp = _xp(q)
     t, heads, _ = q.shape
-    rows = max(1, SCORE_BYTES // (4 * heads * max(latents.shape[0], 1)))
+    rows = query_block(4 * heads * latents.shape[0])
     if t <= rows:
         return _rows(q, latents, visible, scale)
     out = xp.empty(q.shape, xp.float32)
