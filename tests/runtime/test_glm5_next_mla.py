@@ -92,6 +92,54 @@ def test_decode_rows_continue_the_prompt(setup) -> None:
     assert rel(np.concatenate(outs1), ref1) < TOL and rel(np.concatenate(outs2), ref2) < TOL
 
 
+@pytest.mark.parametrize("block", [None, 1])  # the step's rows at once, or one at a time
+def test_a_step_reads_lanes_of_different_lengths_together(setup, monkeypatch, block) -> None:
+    """Decode steps of two lanes, one past ``index_topk`` and one within it, and then a
+    verification-shaped step of two rows of one lane: each row attends over its own
+    sequence, as transformers does for that sequence alone."""
+    from ninfer_runtime.models import functional
+
+    model, g, full, shared = setup
+    if block is not None:  # a block holds one row's scores
+        monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", 1)
+    lengths, heads = (30, 14), (21, 6)
+    xs = [np.random.default_rng(40 + t).standard_normal((t, g.hidden)).astype(np.float32)
+          for t in lengths]  # fmt: skip
+    refs = [reference(model, x)[:2] for x in xs]
+    pool = pool_for(g, 64)
+    states = [pool.open(t) for t in lengths]
+    got: list[list[list[np.ndarray]]] = [[[], []], [[], []]]
+    for i, (x, state, head) in enumerate(zip(xs, states, heads, strict=True)):
+        batch = Batch((Lane(slice(0, head), 0, state),), None, None)
+        out1, chosen = full(x[:head], batch, pool.layers[0], None)
+        out2, _ = shared(x[:head], batch, pool.layers[1], chosen)
+        got[i][0].append(out1)
+        got[i][1].append(out2)
+    at = list(heads)
+
+    def step(rows: list[tuple[int, int]]) -> None:
+        """One step of (lane, position) rows."""
+        slots = np.array([states[i].slot for i, _ in rows], np.int32)
+        index = DecodeIndex(slots, np.array([p for _, p in rows], np.int32), pool.page_table)
+        batch = Batch((), None, None, index)
+        x = np.concatenate([xs[i][p : p + 1] for i, p in rows])
+        out1, chosen = full(x, batch, pool.layers[0], None)
+        out2, _ = shared(x, batch, pool.layers[1], chosen)
+        for r, (i, _) in enumerate(rows):
+            got[i][0].append(out1[r : r + 1])
+            got[i][1].append(out2[r : r + 1])
+
+    while at[1] < lengths[1]:  # both lanes, one token each
+        step([(0, at[0]), (1, at[1])])
+        at = [at[0] + 1, at[1] + 1]
+    while at[0] < lengths[0]:  # lane 0's rest, two rows a step
+        rows = [(0, p) for p in range(at[0], min(at[0] + 2, lengths[0]))]
+        step(rows)
+        at[0] += len(rows)
+    for (ref1, ref2), (outs1, outs2) in zip(refs, got, strict=True):
+        assert rel(np.concatenate(outs1), ref1) < TOL and rel(np.concatenate(outs2), ref2) < TOL
+
+
 def test_latent_attention_reads_its_queries_in_blocks_alike(monkeypatch) -> None:
     """The latent op bounds its scores by reading the queries a block at a time
     (``query_block``): the same numbers as all at once, each query seeing only its own."""

@@ -100,39 +100,48 @@ class TokenIndexer:
         self, queries: Array, weights: Array, records: Array, positions: Array
     ) -> PoolChoice:
         """The pools each query keeps: queries [T, n_i, d] and weights [T, n_i] of the
-        queries at ``positions`` [T] (ints, either device), records [S, 2d] of the
-        sequence's first S tokens; scored ``query_block`` queries at a time."""
+        queries at ``positions`` [T] (ints, either device) over records [S, 2d] of their
+        sequence's first S tokens, or [T, S, 2d]: each query's own sequence (a step's lanes;
+        the rows past a sequence's length are never chosen); ``query_block`` queries at a
+        time."""
         xp, kp = array_module(records), self.n.kpool
         positions = xp.asarray(positions)
-        pools = records.shape[0] // kp  # complete pools; the open one is never scored
+        pools = records.shape[-2] // kp  # complete pools; the open one is never scored
         k = min(self.n.pools_selected, pools)
         chosen = xp.full((positions.shape[0], k), -1, dtype=xp.int64)
-        if k:
-            keys = self._pool_keys(records[: pools * kp])
-            block = query_block(4 * self.n.heads * pools)
-            for at in range(0, positions.shape[0], block):
-                rows = slice(at, at + block)
-                chosen[rows] = self._best(queries[rows], weights[rows], keys, positions[rows], k)
+        if not k:
+            return PoolChoice(chosen, positions, kp)
+        own = records.ndim == 3
+        keys = None if own else self._pool_keys(records)
+        per_query = self.n.heads * pools + (records.shape[-2] * records.shape[-1] if own else 0)
+        block = query_block(4 * per_query)
+        for at in range(0, positions.shape[0], block):
+            rows = slice(at, at + block)
+            mixed = self._pool_keys(records[rows]) if own else keys
+            chosen[rows] = self._best(queries[rows], weights[rows], mixed, positions[rows], k)
         return PoolChoice(chosen, positions, kp)
 
     def _pool_keys(self, records: Array) -> Array:
-        """Each complete pool's key [P, d]: its tokens' keys mixed by a softmax over the
-        pool's tokens, per channel, of their gate scores and the pool positions'."""
+        """Each complete pool's key [..., P, d] of records [..., S, 2d]: its tokens' keys
+        mixed by a softmax over the pool's tokens, per channel, of their gate scores and the
+        pool positions'."""
         xp = array_module(records)
         kp, d = self.n.kpool, self.n.head_dim
-        pools = records.shape[0] // kp
-        keys = records[:, :d].reshape(pools, kp, d)
-        logits = records[:, d:].reshape(pools, kp, d) + self.pool_position
-        share = xp.exp(logits - logits.max(axis=1, keepdims=True))
-        share /= share.sum(axis=1, keepdims=True)
-        return (share * keys).sum(axis=1)
+        *lead, tokens, _ = records.shape
+        pools = tokens // kp
+        records = records[..., : pools * kp, :].reshape(*lead, pools, kp, 2 * d)
+        logits = records[..., d:] + self.pool_position
+        share = xp.exp(logits - logits.max(axis=-2, keepdims=True))
+        share /= share.sum(axis=-2, keepdims=True)
+        return (share * records[..., :d]).sum(axis=-2)
 
     def _best(self, queries: Array, weights: Array, keys: Array, positions: Array, k: int) -> Array:
         """int [T, k]: the k best pools each query sees (by score, ties: the earlier pool),
-        -1 past those it sees."""
+        -1 past those it sees; ``keys`` [P, d], or [T, P, d] each query's own."""
         xp, kp, d = array_module(keys), self.n.kpool, self.n.head_dim
-        pools = keys.shape[0]
-        scores = xp.maximum(queries @ keys.T * xp.float32(d**-0.5), 0)  # [T, n_i, P]
+        pools = keys.shape[-2]
+        scores = queries @ keys.swapaxes(-1, -2)  # [T, n_i, P]
+        scores = xp.maximum(scores * xp.float32(d**-0.5), 0)
         index = (weights[:, :, None] * scores).sum(axis=1)  # [T, P]
         seen = (xp.arange(pools) * kp + kp - 1)[None, :] <= positions[:, None]
         best = top_k_ids(xp.where(seen, index, xp.float32(-xp.inf)), k)

@@ -30,8 +30,6 @@ from ..functional import query_block
 from .indexer import PoolChoice, TokenIndexer
 
 Array = Any
-#: a query group: (its rows, its sequence's page ids, the position of its first row)
-Group = tuple[slice, Array, int]
 
 
 def memory_spec(m: Mla, indexer: DsaIndexer | None) -> LatentSpec:
@@ -84,23 +82,29 @@ class LatentAttention:
         records = queries = weights = None
         if self.indexer is not None:
             records, queries, weights = self.indexer.project(x, query_latent)
-        groups = self._groups(batch)
-        for rows, pages, start in groups:  # every row stored before any row reads
-            memory.write(pages, start, latent[rows], None if records is None else records[rows])
+        read = self._prompts if batch.decode is None else self._step
+        context, choices = read(batch, memory, absorbed, latent, records, queries, weights, chosen)
+        o = xp.einsum("nhr,hvr->nhv", context, self.value_up).reshape(n, m.heads * m.value_dim)
+        return be.linear(o, self.output), choices
 
-        attend = resolve("attention", "latent", device=be.name)
+    def _prompts(
+        self, batch: Batch, memory: LatentPages, absorbed: Array, latent: Array,
+        records: Array | None, queries: Array | None, weights: Array | None,
+        chosen: list[PoolChoice] | None,
+    ) -> tuple[Array, list[PoolChoice]]:  # fmt: skip
+        """A prefill chunk's attention, lane by lane: each lane's choice of tokens, and its
+        queries attending a block at a time (each block's mask made from that choice)."""
+        xp, m = self.backend.xp, self.m
+        lanes = [(lane.rows, lane.state.page_ids, lane.start) for lane in batch.lanes]
+        for rows, pages, start in lanes:  # every row stored before any row reads
+            memory.write(pages, start, latent[rows], None if records is None else records[rows])
         context = xp.empty(absorbed.shape, xp.float32)
         choices = []
-        for i, (rows, pages, start) in enumerate(groups):
+        for i, (rows, pages, start) in enumerate(lanes):
             count = rows.stop - rows.start
             latents, stored = memory.read(pages, start + count)
-            if self.indexer is not None:
-                positions = xp.arange(start, start + count)
-                choice = self.indexer.choose(queries[rows], weights[rows], stored, positions)
-            elif chosen is not None:
-                choice = chosen[i]
-            else:
-                raise ValueError("a shared attention layer needs the choice of the layer before")
+            positions = xp.arange(start, start + count)
+            choice = self._choice(i, queries, weights, rows, stored, positions, chosen)
             choices.append(choice)
             tokens = latents.shape[0]
             block = query_block(4 * m.heads * tokens)
@@ -108,19 +112,56 @@ class LatentAttention:
                 part = slice(at, min(at + block, count))
                 into = slice(rows.start + part.start, rows.start + part.stop)
                 seen = choice.visible(part, tokens)
-                context[into] = attend(absorbed[into], latents, seen, scale=m.scaling)
-        o = xp.einsum("nhr,hvr->nhv", context, self.value_up).reshape(n, m.heads * m.value_dim)
-        return be.linear(o, self.output), choices
+                context[into] = self._attend(absorbed[into], latents, seen)
+        return context, choices
 
-    @staticmethod
-    def _groups(batch: Batch) -> list[Group]:
-        """The batch's queries by sequence: a prefill chunk's lanes, or each row of a step
-        addressed by slot (the reference reads the indices on the host)."""
+    def _step(
+        self, batch: Batch, memory: LatentPages, absorbed: Array, latent: Array,
+        records: Array | None, queries: Array | None, weights: Array | None,
+        chosen: list[PoolChoice] | None,
+    ) -> tuple[Array, list[PoolChoice]]:  # fmt: skip
+        """A decode or verification step's rows together, each over its own sequence (row
+        i: the token at ``positions[i]`` of slot ``slots[i]``): every row stored, then the
+        sequences read padded to the longest (the rows past a sequence's length are never
+        seen), rows a block at a time."""
         d = batch.decode
-        if d is None:
-            return [(lane.rows, lane.state.page_ids, lane.start) for lane in batch.lanes]
-        slots, positions = d.host_slots, d.host_positions
-        return [
-            (slice(i, i + 1), d.page_table[slot], position)
-            for i, (slot, position) in enumerate(zip(slots, positions, strict=True))
-        ]
+        assert d is not None
+        xp, m, n = self.backend.xp, self.m, absorbed.shape[0]
+        pages, positions = d.page_table[d.slots], d.positions.astype(xp.int64)
+        memory.write_rows(pages, positions, latent, records)
+        tokens = max(d.host_positions) + 1  # the reference reads the positions on the host
+        width = sum(part.shape[-1] for part in memory.page_parts())
+        block = query_block(4 * tokens * (m.heads + width))
+        context = xp.empty(absorbed.shape, xp.float32)
+        pools = []
+        for at in range(0, n, block):
+            rows = slice(at, at + block)
+            latents, stored = memory.read(pages[rows], tokens)
+            choice = self._choice(0, queries, weights, rows, stored, positions[rows], chosen)
+            if self.indexer is not None:
+                pools.append(choice.pools)
+                seen = choice.visible(slice(None), tokens)
+            else:
+                seen = choice.visible(rows, tokens)
+            context[rows] = self._attend(absorbed[rows], latents, seen)
+        if self.indexer is None:
+            return context, list(chosen or ())
+        kpool = self.indexer.n.kpool
+        return context, [PoolChoice(xp.concatenate(pools), positions, kpool)]
+
+    def _choice(
+        self, i: int, queries: Array | None, weights: Array | None, rows: slice,
+        stored: Array, positions: Array, chosen: list[PoolChoice] | None,
+    ) -> PoolChoice:  # fmt: skip
+        """Group ``i``'s choice of tokens for its ``rows``: its indexer's, or a ``shared``
+        layer's ``chosen`` (whole)."""
+        if self.indexer is not None:
+            assert queries is not None and weights is not None
+            return self.indexer.choose(queries[rows], weights[rows], stored, positions)
+        if chosen is None:
+            raise ValueError("a shared attention layer needs the choice of the layer before")
+        return chosen[i]
+
+    def _attend(self, absorbed: Array, latents: Array, seen: Array) -> Array:
+        attend = resolve("attention", "latent", device=self.backend.name)
+        return attend(absorbed, latents, seen, scale=self.m.scaling)

@@ -43,14 +43,29 @@ class LatentPages:
 
     def read(self, page_ids: Array, length: int) -> tuple[Array, Array]:
         """Tokens ``0 .. length - 1``: the latents [length, latent_dim] as float32 and the
-        indexer records [length, 2 * index_dim]."""
+        indexer records [length, 2 * index_dim]. ``page_ids`` [pages] is one sequence's row
+        of the page table, or [N, pages] those of N sequences: then [N, length, ...] each
+        (rows past a sequence's own length hold whatever its pages do)."""
         page, row = self._addresses(page_ids, 0, length)
         return load_kv(self.latent[page, row]), self.index[page, row]
+
+    def write_rows(
+        self, page_ids: Array, positions: Array, latent: Array, index: Array | None
+    ) -> None:
+        """Row i's token at ``positions[i]`` of the sequence whose pages are ``page_ids[i]``
+        (a step's rows, each of its own sequence)."""
+        xp = array_module(self.latent)
+        p = self.latent.shape[1]
+        page = page_ids[xp.arange(page_ids.shape[0]), positions // p]
+        row = positions % p
+        self.latent[page, row] = store_kv(latent, self.latent.dtype)
+        if index is not None:
+            self.index[page, row] = index
 
     def _addresses(self, page_ids: Array, start: int, count: int) -> tuple[Array, Array]:
         p = self.latent.shape[1]
         positions = array_module(self.latent).arange(start, start + count)
-        return page_ids[positions // p], positions % p
+        return page_ids[..., positions // p], positions % p
 
     # ------------------------------------------------------------ the pool's interface
     def page_parts(self) -> Sequence[Array]:

@@ -25,22 +25,25 @@ def accepts(**_: object) -> bool:
 
 
 def latent(q: Array, latents: Array, visible: Array, *, scale: float) -> Array:
-    """q [T, Nq, R] (absorbed queries) over latents [S, R], query t seeing the tokens where
-    ``visible[t]`` [T, S] (bool) is set (at least one each) -> [T, Nq, R] float32; the
-    queries a block at a time (``query_block``)."""
+    """q [T, Nq, R] (absorbed queries) over latents [S, R], or [T, S, R]: each query's own
+    sequence (a step's lanes), query t seeing the tokens where ``visible[t]`` [T, S] (bool)
+    is set (at least one each) -> [T, Nq, R] float32; the queries a block at a time
+    (``query_block``)."""
     xp = _xp(q)
     t, heads, _ = q.shape
-    rows = query_block(4 * heads * latents.shape[0])
+    own = latents.ndim == 3
+    rows = query_block(4 * heads * latents.shape[-2])
     if t <= rows:
         return _rows(q, latents, visible, scale)
     out = xp.empty(q.shape, xp.float32)
     for at in range(0, t, rows):
-        out[at : at + rows] = _rows(q[at : at + rows], latents, visible[at : at + rows], scale)
+        part = slice(at, at + rows)
+        out[part] = _rows(q[part], latents[part] if own else latents, visible[part], scale)
     return out
 
 
 def _rows(q: Array, latents: Array, visible: Array, scale: float) -> Array:
     xp = _xp(q)
-    scores = (q @ latents.T) * xp.float32(scale)  # [T, Nq, S]
+    scores = (q @ latents.swapaxes(-1, -2)) * xp.float32(scale)  # [T, Nq, S]
     scores = xp.where(visible[:, None, :], scores, xp.float32(-xp.inf))
     return softmax(scores) @ latents
