@@ -46,9 +46,6 @@ class PoolChoice:
     positions: Array
     kpool: int
 
-    def __len__(self) -> int:
-        return int(self.positions.shape[0])
-
     def visible(self, rows: slice, tokens: int) -> Array:
         """bool [len(rows), tokens]: which of the first ``tokens`` tokens the queries
         ``rows`` see: their kept pools' tokens, and the open pool up to each query."""
