@@ -126,8 +126,9 @@ def load_kv(stored: Array) -> Array:
 def gather_kv(stored: Array, pages: Array, length: int) -> Array:
     """Tokens ``0 .. length - 1`` of a sequence from one pool array ``[pages, PAGE, Nkv, D]``
     as float32 ``[length, Nkv, D]``: token t is row ``t % PAGE`` of page ``pages[t // PAGE]``
-    (``pages``: the sequence's page ids in order, an int array on the pool's device)."""
+    (``pages``: the sequence's page ids in order, an int array on the pool's device; or
+    [N, pages], N sequences' rows of the page table: then [N, length, Nkv, D])."""
     xp = array_module(stored)
     positions = xp.arange(length)
     per_page = stored.shape[1]
-    return load_kv(stored[pages[positions // per_page], positions % per_page])
+    return load_kv(stored[pages[..., positions // per_page], positions % per_page])

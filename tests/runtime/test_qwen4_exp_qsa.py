@@ -119,6 +119,48 @@ def test_decode_steps_continue_a_prefill(case, start):
     assert relative_error(np.concatenate(outs), expected) < 1e-4
 
 
+@pytest.mark.parametrize("block", [None, 1])  # the step's rows at once, or one at a time
+def test_a_step_reads_lanes_of_different_lengths_together(case, monkeypatch, block):
+    """Two lanes of different texts, 20 and 10 tokens read, decode in the same steps (rows
+    past the budget and within it): each row attends over its own sequence, as it does
+    decoding alone (transformers' output for the first text)."""
+    from ninfer_runtime.models import functional
+
+    g, ours, rotary, x, reference = case
+    if block is not None:
+        monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", 1)
+    texts, starts = (x, x[::-1].copy()), (20, 10)
+    a = g.attention
+    spec = IndexedKvSpec(KvSpec(a.kv_heads, a.head_dim), g.indexer.head_dim, a.rotary_dim)
+
+    def decode(lanes: list[int]) -> list[list[np.ndarray]]:
+        """The given lanes read their starts, then decode together to LONG - starts[0]
+        steps; each lane's step outputs."""
+        pool = ContextPool([spec], np, slots=2, pages=16, max_context=64, page_tokens=8)
+        states = [pool.open(LONG) for _ in lanes]
+        for state, lane in zip(states, lanes, strict=True):
+            cos, sin = rotary(np.arange(starts[lane]))
+            batch = Batch((Lane(slice(0, starts[lane]), 0, state),), cos, sin)
+            ours(texts[lane][: starts[lane]], batch, pool.layers[0])
+        slots = np.array([state.slot for state in states], np.int32)
+        outs: list[list[np.ndarray]] = [[] for _ in lanes]
+        for i in range(LONG - starts[0]):
+            positions = np.array([starts[lane] + i for lane in lanes])
+            cos, sin = rotary(positions)
+            step = DecodeIndex(slots, positions.astype(np.int32), pool.page_table)
+            rows = np.stack([texts[lane][p] for lane, p in zip(lanes, positions, strict=True)])
+            out = ours(rows, Batch((), cos, sin, step), pool.layers[0])
+            for r in range(len(lanes)):
+                outs[r].append(out[r])
+        return outs
+
+    together = decode([0, 1])
+    expected, _ = reference(LONG)
+    assert relative_error(np.stack(together[0]), expected[starts[0] :]) < 1e-4
+    alone = decode([1])[0]
+    assert relative_error(np.stack(together[1]), np.stack(alone)) < 1e-5
+
+
 def test_chunks_either_side_of_the_budget(case):
     """A chunk whose queries all select every token they see takes the plain prefill op;
     the next chunk, past the budget, the selection: together transformers' output."""

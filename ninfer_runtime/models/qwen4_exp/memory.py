@@ -146,9 +146,10 @@ def rope_halves(cos: Array, sin: Array) -> Array:
 
 
 def rope_rows(halves: Array) -> tuple[Array, Array]:
-    """``index_rope`` rows [T, rd] -> the RoPE rows cos, sin [T, rd] they were kept from."""
+    """``index_rope`` rows [..., T, rd] -> the RoPE rows cos, sin [..., T, rd] they were
+    kept from."""
     xp, half = array_module(halves), halves.shape[-1] // 2
-    cos, sin = halves[:, :half], halves[:, half:]
+    cos, sin = halves[..., :half], halves[..., half:]
     return xp.concatenate([cos, cos], axis=-1), xp.concatenate([sin, sin], axis=-1)
 
 

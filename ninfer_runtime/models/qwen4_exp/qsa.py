@@ -42,7 +42,7 @@ from ...backends.array_ops import softmax
 from ...kv_storage import gather_kv
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import mul_sigmoid, top_k_mask
+from ..functional import mul_sigmoid, query_block, top_k_mask
 from ..qwen3_5.attention import AttentionConfig, GatedAttention
 from .memory import IndexedAttentionPages, rope_halves, rope_rows
 
@@ -52,17 +52,19 @@ Array = Any
 def block_keys(
     raw: Array, cos: Array, sin: Array, ratio: int, norm: Array, eps: float, backend: Backend
 ) -> Array:
-    """The complete blocks' keys of raw index keys [S, d] -> [S // ratio, d]: each block's
-    mean, normed, rotated at the block's first token (``cos``, ``sin`` [S, rd]: the tokens'
-    RoPE rows)."""
-    d = raw.shape[-1]
-    blocks = raw.shape[0] // ratio
+    """The complete blocks' keys of raw index keys [..., S, d] -> [..., S // ratio, d]: each
+    block's mean, normed, rotated at the block's first token (``cos``, ``sin`` [..., S, rd]:
+    the tokens' RoPE rows)."""
+    *lead, tokens, d = raw.shape
+    blocks = tokens // ratio
     if not blocks:
-        return backend.xp.zeros((0, d), backend.xp.float32)
-    means = raw[: blocks * ratio].reshape(blocks, ratio, d).mean(axis=1)
+        return backend.xp.zeros((*lead, 0, d), backend.xp.float32)
+    means = raw[..., : blocks * ratio, :].reshape(-1, ratio, d).mean(axis=1)
     normed = resolve("norm", "rms_norm", device=backend.name)(means, norm, eps, offset=1.0)
     first = slice(0, blocks * ratio, ratio)
-    return backend.rope(normed[:, None, :], cos[first], sin[first])[:, 0]
+    rd = cos.shape[-1]
+    cos, sin = cos[..., first, :].reshape(-1, rd), sin[..., first, :].reshape(-1, rd)
+    return backend.rope(normed[:, None, :], cos, sin)[:, 0].reshape(*lead, blocks, d)
 
 
 def selection(
@@ -70,17 +72,18 @@ def selection(
 ) -> Array:
     """Which of tokens ``0 .. length - 1`` each query attends to -> bool [T, length].
 
-    ``queries`` [T, n, d] are the index queries of the tokens at ``positions`` (host ints),
-    ``keys`` [B, d] the complete blocks' keys. A query at p scores the blocks complete at p,
-    keeps the ``block_topk`` best (all of them when there are no more) and its tail: the
-    tokens after its last complete block."""
+    ``queries`` [T, n, d] are the index queries of the tokens at ``positions`` (ints, either
+    device), ``keys`` [B, d] the complete blocks' keys of their sequence, or [T, B, d]: each
+    query's own (a step's rows; the blocks past a query are never kept). A query at p scores
+    the blocks complete at p, keeps the ``block_topk`` best (all of them when there are no
+    more) and its tail: the tokens after its last complete block."""
     xp, r = array_module(queries), indexer.compress_ratio
-    blocks = keys.shape[0]
+    blocks = keys.shape[-2]
     complete = xp.asarray((positions + 1) // r)  # blocks complete at each query [T]
     token = xp.arange(length)
     keep = token[None, :] >= (complete * r)[:, None]  # the tail (and the future, cut below)
     if blocks:  # (no block complete yet: the tail is everything, and no empty sort is asked)
-        scores = xp.maximum(xp.einsum("tnd,bd->tnb", queries, keys), 0).sum(axis=1)
+        scores = xp.maximum(queries @ keys.swapaxes(-1, -2), 0).sum(axis=1)  # [T, B]
         scores = scores / np.float32(np.sqrt(queries.shape[-1]))
         block = xp.arange(blocks)
         scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
@@ -90,10 +93,17 @@ def selection(
 
 
 def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:
-    """GQA of q [T, Nq, D] over k, v [S, Nkv, D] where ``visible`` [T, S] -> [T, Nq, D]."""
+    """GQA of q [T, Nq, D] over k, v [S, Nkv, D] (or [T, S, Nkv, D]: each query's own)
+    where ``visible`` [T, S] -> [T, Nq, D]."""
     xp = array_module(q)
     t, nq, d = q.shape
-    nkv = k.shape[1]
+    nkv = k.shape[-2]
+    if k.ndim == 4:  # each query over its own keys: [T, Nkv, group, D] against [T, Nkv, D, S]
+        qg = q.reshape(t, nkv, nq // nkv, d)
+        scores = (qg @ k.transpose(0, 2, 3, 1)) * np.float32(scale)  # [T, Nkv, group, S]
+        scores = xp.where(visible[:, None, None, :], scores, -xp.inf)
+        out = softmax(scores) @ v.transpose(0, 2, 1, 3)  # [T, Nkv, group, D]
+        return out.reshape(t, nq, d)
     qg = q.reshape(t, nkv, nq // nkv, d).transpose(1, 2, 0, 3)  # [Nkv, group, T, D]
     scores = (qg @ k.transpose(1, 2, 0)[:, None]) * np.float32(scale)  # [Nkv, group, T, S]
     scores = xp.where(visible, scores, -xp.inf)
@@ -149,12 +159,13 @@ class IndexedAttention(GatedAttention):
                 o = self._op("decode", memory)(
                     q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
                 )
-            else:
-                rows = [
-                    self._attend(q[i : i + 1], iq[i : i + 1], pages_of[i], p, memory)
-                    for i, p in enumerate(positions)
-                ]
-                o = be.xp.concatenate(rows)
+            else:  # the rows together, each over its own sequence, a block at a time
+                length = max(positions) + 1
+                o = be.xp.empty(q.shape, be.xp.float32)
+                block = query_block(4 * length * self._token_floats(memory))
+                for at in range(0, n, block):
+                    r = slice(at, at + block)
+                    o[r] = self._attend(q[r], iq[r], pages_of[r], d.positions[r], length, memory)
         else:
             o = batch.each_lane(
                 lambda lane: self._lane(lane, batch, q, k, v, iq, ik, memory), be.xp
@@ -203,19 +214,32 @@ class IndexedAttention(GatedAttention):
         if self.selects_all(lane.start + lane.tokens - 1):
             return self._prefill(lane, q, k, v, memory, self.a.head_dim**-0.5)
         memory.write(lane.state, lane.start, k[r], v[r])
-        return self._attend(q[r], iq[r], lane.state.page_ids, lane.start, memory)
+        length = lane.start + lane.tokens
+        positions = np.arange(lane.start, length)
+        return self._attend(q[r], iq[r], lane.state.page_ids, positions, length, memory)
 
     def _attend(
-        self, q: Array, iq: Array, pages: Array, start: int, memory: IndexedAttentionPages
+        self,
+        q: Array,
+        iq: Array,
+        pages: Array,
+        positions: Array,
+        length: int,
+        memory: IndexedAttentionPages,
     ) -> Array:
-        """Queries at ``start .. start + T - 1`` of the sequence in ``pages`` over the tokens
-        the indexer selects for each."""
-        length = start + q.shape[0]
+        """Queries at ``positions`` of the sequence in ``pages`` (or of each query's own:
+        ``pages`` [T, pages]) over the tokens the indexer selects for each, the first
+        ``length`` tokens read."""
         raw = gather_kv(memory.index_k, pages, length)
         cos, sin = rope_rows(gather_kv(memory.index_rope, pages, length))
         ratio = self.indexer.compress_ratio
         keys = block_keys(raw, cos, sin, ratio, self.index_key_norm, self.eps, self.backend)
-        positions = np.arange(start, length)
         visible = selection(iq, keys, positions, length, self.indexer)
         k, v = gather_kv(memory.k, pages, length), gather_kv(memory.v, pages, length)
         return masked_attention(q, k, v, visible, self.a.head_dim**-0.5)
+
+    def _token_floats(self, memory: IndexedAttentionPages) -> int:
+        """float32 values a row of a step reads per token of its sequence: its keys, values,
+        index key and RoPE halves, and its scores and their probabilities."""
+        kv = 2 * self.a.kv_heads * self.a.head_dim
+        return kv + memory.index_k.shape[-1] + memory.index_rope.shape[-1] + 2 * self.a.heads
