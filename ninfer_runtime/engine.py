@@ -275,21 +275,36 @@ class Engine:
         """Prompt token ids, and whether the output starts inside reasoning."""
         return self.intake.render(request)
 
+    def history_end(self, request: GenerationRequest, ids: Sequence[int]) -> int | None:
+        """With a prefix cache, how many of a chat prompt's tokens ``ids`` the next turn
+        resends unchanged (a checkpoint is kept there); None without one, or when that is
+        all of it or nothing. Tokenizes the conversation again: a server asks off the
+        engine's thread and hands it to ``submit``."""
+        return None if self.cache is None else self.intake.history_end(request, ids)
+
     def submit(
-        self, request: GenerationRequest, *, rendered: tuple[Sequence[int], bool] | None = None
+        self,
+        request: GenerationRequest,
+        *,
+        rendered: tuple[Sequence[int], bool] | None = None,
+        history_end: int | None = None,
     ) -> str:
         """Validate and queue a request; it gets a lane in the next steps when one is free.
 
         ``rendered`` is ``render(request)`` when the caller already ran it (a server renders
         first to count tokens and refuse oversized prompts before queueing), so the prompt is
-        not rendered twice.
+        not rendered twice; ``history_end`` likewise (None: found here).
         """
+        if rendered is None:
+            rendered = self.render(request)
+        if history_end is None:
+            history_end = self.history_end(request, rendered[0])
         lane = self.intake.lane(
             request,
-            rendered if rendered is not None else self.render(request),
+            rendered,
             max_context=self.max_context,
             pool_tokens=self.pool_tokens,
-            cached=self.cache is not None,
+            history_end=history_end,
         )
         if self.scheduler.holds(request.request_id):
             raise RequestError(f"request id {request.request_id!r} is already in use")

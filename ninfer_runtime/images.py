@@ -141,12 +141,13 @@ class VisionInput:
 
     def _token_counts(self, images: Sequence[ImageInput]) -> list[int]:
         """Each image's merged-token count, checking the request's limits (an image the
-        media cache holds was checked when it was encoded)."""
+        media cache holds was checked when it was encoded; one counted already and not yet
+        encoded keeps its grid with its pixels)."""
         self._check_count(images)
         grids = []
         for i, image in enumerate(images):
             with self._lock:
-                kept = self.cache.peek(image.digest)
+                kept = self.cache.peek(image.digest) or self.pending.peek(image.digest)
             grids.append(kept.grid if kept is not None else self._counted(image, i))
         return self._check_tokens(grids)
 

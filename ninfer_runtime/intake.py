@@ -20,7 +20,7 @@ from .checkpoint_plan import check_cache_fields
 from .errors import RequestError
 from .frontend import ChatTemplate, Sampler, StopMatcher, Tokenizer
 from .frontend.tokenizer import THINK_OPEN
-from .images import PromptImages, VisionInput
+from .images import VisionInput
 from .prefix_cache import common_prefix
 from .request import GenerationRequest
 from .scheduler import Lane
@@ -93,12 +93,11 @@ class RequestIntake:
         *,
         max_context: int,
         pool_tokens: int,
-        cached: bool,
+        history_end: int | None,
     ) -> Lane:
         """The lane of ``request`` whose ``render`` is ``rendered``, checked against the
         engine's ``max_context`` and the ``pool_tokens`` its context pool holds for one
-        sequence; ``cached``: the engine has a prefix cache (the lane notes its
-        ``history_end``)."""
+        sequence, noting its ``history_end`` (with a prefix cache)."""
         ids, in_reasoning = rendered
         ids = [int(t) for t in ids]
         if not ids:
@@ -161,13 +160,10 @@ class RequestIntake:
         if params.prompt_logprobs is not None:
             lane.prompt_scores = [None] * len(ids)
         check_cache_fields(request.cache_salt, request.cache_boundaries, len(ids))
-        if cached:
-            lane.history_end = self.history_end(request, ids, images)
+        lane.history_end = history_end
         return lane
 
-    def history_end(
-        self, request: GenerationRequest, ids: list[int], images: PromptImages | None = None
-    ) -> int | None:
+    def history_end(self, request: GenerationRequest, ids: Sequence[int]) -> int | None:
         """How many of a chat prompt's tokens the next turn resends unchanged: the prompt's
         common prefix with the conversation rendered as history (this turn answered, one
         more user message), None when that is all of it or nothing."""
@@ -182,7 +178,7 @@ class RequestIntake:
             chat_template_kwargs=request.chat_template_kwargs,
         )
         later = self.tokenizer.encode(text)
-        if images is not None:  # the same images, widened as the prompt's were
+        if request.images:  # the same images, widened as the prompt's were
             try:
                 later = self.vision.expand(later, request.images)  # type: ignore[union-attr]
             except RequestError:  # the template wrote the history's images otherwise

@@ -22,7 +22,7 @@ from ninfer_runtime.engine import Engine, GenerationRequest
 
 from .admission import Admission, EngineUnavailable, Ticket
 from .engine_readings import Readings
-from .engine_thread import EngineThread
+from .engine_thread import EngineThread, Prepared
 from .lanes import LaneChoice, LaneSetting, choose_lanes
 from .metrics import Metrics
 from .request_stream import Chunk, RequestStream
@@ -157,15 +157,15 @@ class EngineLoop:
     # -- requests (asyncio side) ----------------------------------------------------------------
 
     def submit(
-        self, ticket: Ticket, request: GenerationRequest, rendered: tuple[list[int], bool]
+        self, ticket: Ticket, request: GenerationRequest, prepared: Prepared
     ) -> RequestStream:
         """Hand a prepared request to the engine thread; the ticket must hold a lane."""
         assert ticket.has_lane, "submit needs a lane"
         stream = RequestStream(self, request.request_id, ticket)
         self._streams[request.request_id] = stream
         cache = self.engine is not None and self.engine.cache is not None
-        self.metrics.started(len(rendered[0]), time.perf_counter() - ticket.arrival, cache=cache)
-        self._thread.submit(request, rendered)
+        self.metrics.started(len(prepared.ids), time.perf_counter() - ticket.arrival, cache=cache)
+        self._thread.submit(request, prepared)
         return stream
 
     def cancel(self, request_id: str) -> None:

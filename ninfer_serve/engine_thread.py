@@ -41,10 +41,22 @@ __all__ = ["EngineThread"]
 log = logging.getLogger("ninfer_serve")
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request's prompt as a worker thread made it for the engine: its token ids, whether
+    the output starts inside reasoning (``Engine.render``), and where the next chat turn's
+    prompt stops being this one's (``Engine.history_end``), so the engine's thread neither
+    renders nor tokenizes it again."""
+
+    ids: list[int]
+    opened: bool
+    history_end: int | None
+
+
 @dataclass
 class _Submit:
     request: GenerationRequest
-    rendered: tuple[list[int], bool]
+    prepared: Prepared
 
 
 @dataclass
@@ -91,8 +103,8 @@ class EngineThread:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, request: GenerationRequest, rendered: tuple[list[int], bool]) -> None:
-        self._commands.put(_Submit(request, rendered))
+    def submit(self, request: GenerationRequest, prepared: Prepared) -> None:
+        self._commands.put(_Submit(request, prepared))
 
     def cancel(self, request_id: str) -> None:
         self._commands.put(_Cancel(request_id))
@@ -141,7 +153,12 @@ class EngineThread:
                         batch[rid] = Chunk(error=EngineUnavailable(failed))
                         continue
                     try:
-                        engine.submit(command.request, rendered=command.rendered)
+                        prepared = command.prepared
+                        engine.submit(
+                            command.request,
+                            rendered=(prepared.ids, prepared.opened),
+                            history_end=prepared.history_end,
+                        )
                         inflight.add(rid)
                         self._accepted[rid] = time.perf_counter()
                     except Exception as exc:

@@ -33,6 +33,7 @@ from .admission import Ticket
 from .cache_boundaries import conversation_boundaries, token_breakpoints
 from .effort import template_effort
 from .engine_loop import EngineLoop
+from .engine_thread import Prepared
 from .image_reader import ImageLimits, ImageReader
 from .images import split_images
 from .job import Job, Outcome, ToolChoice
@@ -180,8 +181,9 @@ class Generator:
                 code="context_length_exceeded",
             )
 
-    def prepare(self, job: Job) -> tuple[GenerationRequest, tuple[list[int], bool]]:
-        """Render, check the context budget and build the grammar (CPU work, no lane)."""
+    def prepare(self, job: Job) -> tuple[GenerationRequest, Prepared]:
+        """Render, check the context budget, find where the prompt's cache checkpoints go
+        and build the grammar (CPU work, no lane)."""
         self.check_fits(job)
         request = self._request(job)
         engine = self.engine
@@ -209,7 +211,7 @@ class Generator:
         if grammar is not None:
             request.logits_processor = self._constraints_for().processor(grammar)
             self.loop.metrics.constrained(kind)
-        return request, (ids, opened)
+        return request, Prepared(ids, opened, engine.history_end(request, ids))
 
     def _boundaries(
         self, job: Job, request: GenerationRequest, ids: list[int]
@@ -276,11 +278,11 @@ class Generator:
         submitted = False
         try:
             await self.images.read(job.messages)
-            request, rendered = await asyncio.to_thread(self.prepare, job)
+            request, prepared = await asyncio.to_thread(self.prepare, job)
             await self.loop.acquire_lane(ticket)
-            stream = self.loop.submit(ticket, request, rendered)
+            stream = self.loop.submit(ticket, request, prepared)
             submitted = True
-            return Run(self, job, stream, len(rendered[0]), self.keepalive)
+            return Run(self, job, stream, len(prepared.ids), self.keepalive)
         except asyncio.CancelledError:  # the client left while the request was queued
             self.loop.metrics.left_before_start()
             raise

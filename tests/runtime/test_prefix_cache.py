@@ -167,6 +167,31 @@ def test_a_chat_turn_resumes_after_the_last_reply(tmp_path, spec, monkeypatch) -
     ]
 
 
+def test_a_history_end_found_elsewhere_is_not_looked_for_again(bundled_bf16, monkeypatch):
+    """A server finds a chat prompt's history end off the engine's thread and hands it to
+    ``submit``, which then neither renders nor tokenizes the conversation again; without
+    one, ``submit`` finds the same itself; without a prefix cache there is none."""
+    engine = Engine(bundled_bf16, max_context=512, prefix_cache=True)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    request = GenerationRequest(messages=messages, sampling=SamplingParams(max_tokens=1))
+    ids, opened = engine.render(request)
+    found = engine.history_end(request, ids)
+    assert found is not None and 0 < found < len(ids)
+    assert Engine(bundled_bf16, max_context=512).history_end(request, ids) is None
+    real = engine.intake.history_end
+
+    def refused(*_):
+        raise AssertionError("looked for again")
+
+    monkeypatch.setattr(engine.intake, "history_end", refused)
+    engine.submit(request, rendered=(ids, opened), history_end=found)
+    monkeypatch.setattr(engine.intake, "history_end", real)
+    again = GenerationRequest(messages=messages, sampling=SamplingParams(max_tokens=1))
+    engine.submit(again)
+    lanes = {a.request.request_id: a for a in engine.scheduler.waiting}
+    assert lanes[request.request_id].history_end == lanes[again.request_id].history_end == found
+
+
 @pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=3)], ids=["plain", "mtp"])
 def test_the_next_turn_resumes_where_the_generation_ended(artifact_path, spec) -> None:
     """A prompt that continues a finished request's prompt and output resumes from the

@@ -481,3 +481,28 @@ def test_api_key_isolation_keeps_two_keys_apart(artifact: Path, tmp_path: Path) 
         assert _keyed(server, key_two, cache_salt="x") == 0  # a salt splits a key's namespace
     finally:
         servers.close()  # stops it (Ctrl-C), checking that it drains and exits cleanly
+
+
+def test_the_history_end_is_found_before_the_engine_thread(artifact: Path) -> None:
+    """The worker thread that renders a chat request also finds where the next turn's
+    prompt stops being this one's (``Prepared.history_end``), as the engine would, so the
+    engine's thread does not tokenize the conversation again."""
+    from types import SimpleNamespace
+
+    from ninfer_runtime.engine import Engine
+    from ninfer_serve.generation import Generator
+    from ninfer_serve.openai.chat import to_job
+    from ninfer_serve.openai.models import ChatCompletionRequest
+
+    caching = Engine(artifact, max_context=4096, prefix_cache=True)
+    generator = Generator(
+        SimpleNamespace(engine=caching, check_available=lambda: None),
+        default_max_tokens=None,
+        enable_thinking=None,
+        keepalive=1.0,
+    )
+    messages = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "Hi"}]
+    job = to_job(ChatCompletionRequest(model="m", messages=messages))
+    request, prepared = generator.prepare(job)
+    assert prepared.history_end is not None
+    assert prepared.history_end == caching.history_end(request, prepared.ids)

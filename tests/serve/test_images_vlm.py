@@ -246,7 +246,8 @@ def test_an_anthropic_breakpoint_after_an_image_lands_at_the_widened_position(
     gen = Generator(SimpleNamespace(engine=caching, check_available=lambda: None),
                     default_max_tokens=None, enable_thinking=None, keepalive=1.0)  # fmt: skip
     asyncio.run(gen.images.read(job.messages))
-    request, (ids, _) = gen.prepare(job)
+    request, prepared = gen.prepare(job)
+    ids = prepared.ids
     found = [b.position for b in request.cache_boundaries if b.kind == "breakpoint"]
     # the conversation up to the place (``before`` None: the whole first message), rendered
     # and widened as the engine widens a prompt

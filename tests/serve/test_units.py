@@ -20,6 +20,7 @@ from ninfer_runtime.frontend import (
 from ninfer_serve.anthropic.message_stream import ContentBlocks as _Blocks
 from ninfer_serve.anthropic.messages import to_job as anthropic_job
 from ninfer_serve.anthropic.models import MessagesRequest
+from ninfer_serve.engine_thread import Prepared
 from ninfer_serve.openai.response_events import ResponseBuilder
 from ninfer_serve.openai.response_items import input_messages
 
@@ -237,7 +238,8 @@ def test_engine_failure_fails_requests_and_health(engine):
         await loop.acquire_lane(ticket)
         params = SamplingParams(max_tokens=50, ignore_eos=True)
         request = GenerationRequest(prompt="Hello", sampling=params)
-        stream = loop.submit(ticket, request, engine.render(request))
+        ids, opened = engine.render(request)
+        stream = loop.submit(ticket, request, Prepared(ids, opened, None))
         error = None
         async for chunk in stream.chunks():
             error = chunk.error or error

@@ -555,7 +555,8 @@ class Handlers:
 
     def fingerprint(self, api: Api, body: dict[str, Any]) -> dict[str, Any]:
         job = api.prepare(body, self)
-        request, (ids, opened) = self.generator.prepare(job)
+        request, prepared = self.generator.prepare(job)
+        ids, opened = prepared.ids, prepared.opened
         processor = request.logits_processor
         first_mask = None
         if processor is not None:  # the tokens the grammar admits first
