@@ -163,7 +163,8 @@ def references(artifacts: dict[str, Path]) -> dict[str, dict[str, tuple]]:
 def test_residency_leaves_greedy_tokens_and_logits(artifacts, references, recipe, fraction):
     path = artifacts[recipe]
     floor, experts = shares(path)
-    e = engine(path, floor + int(fraction * experts))
+    # decode steps on the host path too (``auto`` would stream these unpacked experts)
+    e = engine(path, floor + int(fraction * experts), expert_stream_decode="off")
     offload = e.expert_offload
     assert offload.plan.resident_fraction == fraction
     offload.counters.reset()
@@ -201,7 +202,7 @@ def test_host_experts_on_the_int4_kernel(artifacts, references, fraction):
 def test_a_long_chunk_streams_its_host_experts(artifacts, references, fraction, window_experts):
     path = artifacts["tiny_q4"]
     floor, experts = shares(path)
-    e = engine(path, floor + int(fraction * experts))
+    e = engine(path, floor + int(fraction * experts), expert_stream_decode="off")
     offload = e.expert_offload
     if window_experts is not None:  # parts of this many experts: the later parts' pairs
         offload.stream.window_bytes = window_experts * experts // (LAYERS * EXPERTS)
@@ -217,6 +218,25 @@ def test_a_long_chunk_streams_its_host_experts(artifacts, references, fraction, 
     case = f"offload/stream-{fraction:.0%} resident-{window_experts or 'whole'} window"
     compare(case, references["tiny_q4"]["long"], got)
     assert offload.counters.host_total > 0  # decode's rows on the host path
+
+
+@pytest.mark.parametrize("decode", ["auto", "all"])
+def test_decode_streams_host_experts_the_host_would_decode(artifacts, references, decode):
+    """``expert_stream_decode``: ``auto`` streams the host experts no host kernel serves
+    (here all of them: the float32 reference decodes each use), ``all`` every host expert:
+    either way no pair is computed on the host, and the tokens and logits are the
+    all-resident engine's."""
+    path = artifacts["tiny_q4"]
+    floor, experts = shares(path)
+    e = engine(path, floor + experts // 2, expert_stream_decode=decode)
+    offload = e.expert_offload
+    offload.counters.reset()
+    got = run(e.runner, PROMPT, 8)
+    compare(f"offload/decode streamed ({decode})", references["tiny_q4"]["short"], got)
+    counters = offload.counters
+    assert counters.host_total == 0 and counters.streamed_bytes > 0
+    assert counters.device_total == (len(PROMPT) + STEPS) * TOP_K * LAYERS
+    device_holds_the_split_experts_only(e)
 
 
 def test_a_replan_moves_experts_and_releases_those_that_leave(artifacts, references):
