@@ -15,6 +15,10 @@ before, how many steps it took from there to its first token (the step that samp
 counted) and its TTFT in the engine (submission to the first token's sampling); ``--show``
 prints the steps of the named requests (``c<client>t<turn>``, turns from 0). ``--one-read``
 reads one prompt's chunk a step (the oldest's), as the engine did before packed reads.
+``--trace`` (CUDA) records the device's work of the whole replay (``torch.profiler``, as
+``ninfer-bench run --kernel-trace``) and prints, for every step that read prompt rows, its
+kernels, their time, the span they took and the device's idle time in it (what the host
+made it wait), with its largest kernels.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from serve_bench import AGENT_TOOLS, agent_conversations
 
@@ -134,7 +141,9 @@ class Replay:
         self.requests[rid] = Submitted(client, turn, len(self.steps), time.perf_counter(), len(ids))
         self.texts[rid] = []
 
-    def run(self) -> None:
+    def run(self, window: Callable[[str], AbstractContextManager[Any]] | None = None) -> None:
+        """The workload to its end; ``window(label)`` (a kernel trace's) wraps each step,
+        labelled by its index."""
         started = time.perf_counter()
         engine, due = self.engine, {c: 0 for c in range(len(self.conversations))}
         turn = dict.fromkeys(due, 0)
@@ -145,7 +154,8 @@ class Replay:
             self.step = Step(len(self.steps))
             self.steps.append(self.step)
             start = time.perf_counter()
-            events = engine.step(flush=self._firsts)  # first tokens timed before decoding
+            with nullcontext() if window is None else window(str(self.step.index)):
+                events = engine.step(flush=self._firsts)  # first tokens timed before decoding
             self.step.seconds = time.perf_counter() - start
             for event in events:
                 self._firsts([event])
@@ -167,6 +177,32 @@ class Replay:
                 self.step.first.append(event.request_id)
             elif isinstance(event, OutputEvent) and isinstance(event.event, TextDelta):
                 self.texts[event.request_id].append(event.event.text)
+
+
+def traced(replay: Replay) -> list[str]:
+    """Run ``replay`` under a kernel trace: a line for each step that read prompt rows."""
+    from ninfer_runtime.bench import kernel_trace as K
+    from ninfer_runtime.bench.kernel_profiler import record, unavailable
+
+    reason = unavailable(replay.engine.runner)
+    if reason:
+        replay.run()
+        return [K.unavailable_line(reason)]
+    windows = record(replay.run)
+    lines = ["device work of the steps that read prompt rows (kernel trace):"]
+    for step in replay.steps:
+        if not step.reads:
+            continue
+        t = K.summarize(windows.get(str(step.index), []))
+        rows = sum(end - start for _, start, end in step.reads)
+        top = ", ".join(f"{k.name} {k.ms:.1f}" for k in t.top[:4])
+        lines.append(
+            f"  step {step.index} ({step.seconds * 1e3:.1f} ms traced, {rows} rows in "
+            f"{len(step.reads)} reads, {len(step.decoded)} lanes decoding): {t.kernels} "
+            f"kernels, {t.kernel_ms:.1f} ms of kernels, span {t.span_ms:.1f} ms, idle "
+            f"{t.idle_ms:.1f} ms; {top}"
+        )
+    return lines
 
 
 def system_words(engine: Engine, tokens: int) -> int:
@@ -236,6 +272,11 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", default="", help="requests whose steps to print: c0t1,c7t1")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="record the device's work (CUDA) and print each prompt-reading step's kernels",
+    )
     args = parser.parse_args()
     engine = Engine(
         args.model,
@@ -250,8 +291,14 @@ def main() -> None:
     words = system_words(engine, args.system_tokens)
     conversations = agent_conversations(args.clients, words, args.user_words, args.seed)
     replay = Replay(engine, conversations, args.turns, args.output_len, one_read=args.one_read)
-    replay.run()
+    if args.trace:
+        lines = traced(replay)
+    else:
+        replay.run()
+        lines = []
     report(replay, [rid for rid in args.show.split(",") if rid])
+    if lines:
+        print("\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":
