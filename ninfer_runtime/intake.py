@@ -160,6 +160,12 @@ class RequestIntake:
         if params.prompt_logprobs is not None:
             lane.prompt_scores = [None] * len(ids)
         check_cache_fields(request.cache_salt, request.cache_boundaries, len(ids))
+        if history_end is not None and not 0 < history_end < len(ids):
+            raise RequestError(
+                f"history_end is {history_end}; expected 1..{len(ids) - 1} for a prompt of "
+                f"{len(ids)} tokens",
+                param="history_end",
+            )
         lane.history_end = history_end
         return lane
 

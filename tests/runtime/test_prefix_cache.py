@@ -17,6 +17,7 @@ from ninfer_runtime.engine import (
     GenerationRequest,
     TokenEvent,
 )
+from ninfer_runtime.errors import RequestError
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.speculative import SpecConfig
 from tests.bundled import BUNDLED
@@ -190,6 +191,10 @@ def test_a_history_end_found_elsewhere_is_not_looked_for_again(bundled_bf16, mon
     engine.submit(again)
     lanes = {a.request.request_id: a for a in engine.scheduler.waiting}
     assert lanes[request.request_id].history_end == lanes[again.request_id].history_end == found
+    wrong = GenerationRequest(messages=messages, sampling=SamplingParams(max_tokens=1))
+    with pytest.raises(RequestError, match=rf"^history_end is {len(ids)}; expected 1\.\.") as e:
+        engine.submit(wrong, rendered=(ids, opened), history_end=len(ids))
+    assert e.value.param == "history_end"
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(draft_tokens=3)], ids=["plain", "mtp"])
