@@ -101,6 +101,36 @@ def test_prefill_chunk_matches_transformers(case, t):
     assert relative_error(out, expected) < 1e-4
 
 
+def test_a_chunk_past_the_budget_reads_its_queries_in_blocks(case, monkeypatch):
+    """Queries a few at a time (``query_block``): transformers' output as read whole, and
+    the masks, scores and probabilities held at once shrink with the block."""
+    import tracemalloc
+
+    from ninfer_runtime.models import functional
+
+    g, ours, rotary, x, reference = case
+    expected, _ = reference(LONG)
+    cos, sin = rotary(np.arange(LONG))
+
+    def read() -> tuple[np.ndarray, int]:
+        pool = _pool(g)
+        batch = Batch((Lane(slice(0, LONG), 0, pool.open(LONG)),), cos, sin)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        out = ours(x[:LONG], batch, pool.layers[0])
+        peak = tracemalloc.get_traced_memory()[1] - before
+        tracemalloc.stop()
+        return out, peak
+
+    read()  # once first: what a first call allocates for good is not the read's
+    whole, whole_peak = read()
+    monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", 3 * 4 * LONG * 2 * g.attention.heads)
+    blocks, blocks_peak = read()  # three queries a block
+    assert relative_error(blocks, expected) < 1e-4
+    np.testing.assert_allclose(blocks, whole, rtol=1e-5, atol=1e-6)
+    assert blocks_peak < 0.7 * whole_peak
+
+
 @pytest.mark.parametrize("start", [4, 20])
 def test_decode_steps_continue_a_prefill(case, start):
     """From 4: the first steps select every token they see (the plain decode op), the

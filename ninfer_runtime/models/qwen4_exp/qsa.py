@@ -229,14 +229,28 @@ class IndexedAttention(GatedAttention):
     ) -> Array:
         """Queries at ``positions`` of the sequence in ``pages`` (or of each query's own:
         ``pages`` [T, pages]) over the tokens the indexer selects for each, the first
-        ``length`` tokens read."""
+        ``length`` tokens read; a block of queries at a time (``query_block``: their masks,
+        scores and probabilities bounded at any context length)."""
         raw = gather_kv(memory.index_k, pages, length)
         cos, sin = rope_rows(gather_kv(memory.index_rope, pages, length))
         ratio = self.indexer.compress_ratio
         keys = block_keys(raw, cos, sin, ratio, self.index_key_norm, self.eps, self.backend)
-        visible = selection(iq, keys, positions, length, self.indexer)
         k, v = gather_kv(memory.k, pages, length), gather_kv(memory.v, pages, length)
-        return masked_attention(q, k, v, visible, self.a.head_dim**-0.5)
+        scale, own = self.a.head_dim**-0.5, pages.ndim == 2
+
+        def attend(rows: slice) -> Array:
+            mine = (lambda a: a[rows]) if own else (lambda a: a)
+            visible = selection(iq[rows], mine(keys), positions[rows], length, self.indexer)
+            return masked_attention(q[rows], mine(k), mine(v), visible, scale)
+
+        t = q.shape[0]
+        block = query_block(4 * length * 2 * self.a.heads)  # scores and probabilities
+        if t <= block:
+            return attend(slice(0, t))
+        out = self.backend.xp.empty(q.shape, self.backend.xp.float32)
+        for at in range(0, t, block):
+            out[at : at + block] = attend(slice(at, at + block))
+        return out
 
     def _token_floats(self, memory: IndexedAttentionPages) -> int:
         """float32 values a row of a step reads per token of its sequence: its keys, values,
