@@ -134,3 +134,26 @@ def test_the_cuda_estimate_of_the_official_geometries(name):
         assert router_copies(config) == 41 * 4 * 257 * 2048 * 4
     else:
         assert router_copies(config) == 0
+
+
+def test_array_math_attentions_plan_a_block_of_scores():
+    """An attention layer whose selection and attention are array math a block of queries
+    at a time (Qwen4Exp's QSA, GLM5Next's latent attention) plans that block's scores: with
+    the dense layers narrow, the widest point is the attention's, one block more than a
+    plain attention layer's."""
+    from ninfer_runtime.backends.cuda.workspace import SCORE_BLOCK_COPIES
+    from ninfer_runtime.models.functional import SCORE_BLOCK_BYTES
+
+    plain = {
+        "hidden_size": 1024, "num_hidden_layers": 2, "vocab_size": 1000,
+        "intermediate_size": 64, "num_attention_heads": 16, "head_dim": 128,
+        "num_key_value_heads": 2,
+    }  # fmt: skip
+    qsa = {**plain, "indexer_budget": 2048}
+    block = SCORE_BLOCK_COPIES * SCORE_BLOCK_BYTES
+    got = {name: prefill_workspace(c, 2048, 1, captured=False) for name, c in
+           (("plain", plain), ("qsa", qsa))}  # fmt: skip
+    assert got["qsa"] - got["plain"] == block
+    latent = {**plain, "kv_lora_rank": 512, "q_lora_rank": 256, "qk_nope_head_dim": 128,
+              "v_head_dim": 128, "index_n_heads": 8, "index_head_dim": 64}  # fmt: skip
+    assert prefill_workspace(latent, 2048, 1, captured=False) - got["plain"] > block

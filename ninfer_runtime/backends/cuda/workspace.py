@@ -26,10 +26,10 @@ the CUDA context, cuBLAS's own workspace and CuPy's cached free blocks.
 Other architectures (Qwen4Exp, GLM5Next) are read with the members they share with Qwen3.5
 (their hyper-connection streams multiply the residual stream); GLM5Next's latent attention
 has its own term (``latent_attention``: its reference's array math, whose scores a block of
-queries at a time bound), the other layers' buffers are estimated as the nearest Qwen3.5
-layer's. Not counted either: the latents and index records a latent layer gathers for one
-sequence ([context, rank] float32: tens of MiB at 8K tokens). Imports without CuPy, so a CPU
-test checks it.
+queries at a time bound) and Qwen4Exp's QSA attention one block's scores more; the other
+layers' buffers are estimated as the nearest Qwen3.5 layer's. Not counted either: the keys,
+values, latents and index records such array math gathers for one sequence ([context, width]
+float32: tens of MiB at 8K tokens). Imports without CuPy, so a CPU test checks it.
 """
 
 from __future__ import annotations
@@ -142,12 +142,17 @@ def _attention(config: Mapping[str, Any], rows: int) -> int:
     width = heads * head_dim
     kv_width = (config.get("num_key_value_heads") or heads) * head_dim
     per_row = (2 * width + 2 * kv_width) + 2 * (width + kv_width) + width
-    return _residual(config, rows) + rows * per_row * F32
+    # past its budget, QSA's selection and masked attention are array math, a block of
+    # queries' scores at a time (Qwen4Exp, ``models/qwen4_exp/qsa.py``)
+    blocks = (
+        SCORE_BLOCK_COPIES * functional.SCORE_BLOCK_BYTES if config.get("indexer_budget") else 0
+    )
+    return _residual(config, rows) + rows * per_row * F32 + blocks
 
 
-#: score-sized arrays a block of queries holds at once in the latent reference (the scores,
-#: their masked copy, the probabilities) or the token indexer (the scores, their weighted copy
-#: and what they are summed into); the two never hold theirs together
+#: score-sized arrays a block of queries holds at once in the array-math attentions (the
+#: scores, their masked copy, the probabilities) or a token indexer (the scores, their
+#: weighted copy and what they are summed into); the two never hold theirs together
 SCORE_BLOCK_COPIES = 3
 
 
