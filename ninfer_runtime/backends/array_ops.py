@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..kv_storage import gather_kv, load_kv, store_kv
-from ..models.functional import _xp, sigmoid, silu, silu_mul
+from ..models.functional import _xp, query_block, sigmoid, silu, silu_mul
 
 __all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
 
@@ -35,7 +35,21 @@ def rope(x: Array, cos: Array, sin: Array) -> Array:
 
 
 def attention(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float) -> Array:
-    """Causal GQA of ``q`` [T, Nq, D] (positions start..start+T-1) over cache rows 0..start+T-1."""
+    """Causal GQA of ``q`` [T, Nq, D] (positions start..start+T-1) over cache rows
+    0..start+T-1; a block of queries at a time (``query_block``: their scores bounded at any
+    context length), each over the rows it may see."""
+    t, nq, _ = q.shape
+    block = query_block(2 * 4 * nq * (start + t))  # scores and probabilities
+    if t <= block:
+        return _causal(q, k_cache, v_cache, start, scale)
+    parts = [
+        _causal(q[at : at + block], k_cache, v_cache, start + at, scale)
+        for at in range(0, t, block)
+    ]
+    return _xp(q).concatenate(parts)
+
+
+def _causal(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float) -> Array:
     xp = _xp(q)
     t, nq, d = q.shape
     nkv = k_cache.shape[1]

@@ -102,3 +102,25 @@ def test_prefill_attends_through_the_lanes_pages(artifact_path) -> None:
         assert calls == [(t, s, state.pages[:3]) for t, s in chunks for _ in range(layers)]
         runner.forward([np.array([3])], [state])
         assert len(calls) == len(chunks) * layers
+
+
+def test_the_reference_reads_its_queries_in_blocks_alike(monkeypatch) -> None:
+    """Queries a few at a time (``query_block``), each over the rows it may see: the numbers
+    of the whole read, row by row; a query alone attends as it does among the others."""
+    from ninfer_runtime.models import functional
+
+    rng = np.random.default_rng(5)
+    t, start, nq, nkv, d = 23, 9, 4, 2, 8
+    q = rng.standard_normal((t, nq, d)).astype(np.float32)
+    k = rng.standard_normal((start + t, nkv, d)).astype(np.float32)
+    v = rng.standard_normal((start + t, nkv, d)).astype(np.float32)
+    whole = array_ops.attention(q, k, v, start, 0.3)
+    monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", 2 * 4 * nq * (start + t) * 5)
+    calls = []
+    causal = array_ops._causal
+    monkeypatch.setattr(array_ops, "_causal", lambda q, *a: calls.append(len(q)) or causal(q, *a))
+    blocks = array_ops.attention(q, k, v, start, 0.3)  # float32 sums over other lengths
+    assert calls == [5, 5, 5, 5, 3]
+    np.testing.assert_allclose(blocks, whole, rtol=1e-5, atol=1e-6)
+    alone = array_ops.attention(q[17:18], k, v, start + 17, 0.3)
+    np.testing.assert_allclose(alone, whole[17:18], rtol=1e-5, atol=1e-6)
