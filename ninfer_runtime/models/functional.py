@@ -85,11 +85,12 @@ def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
     return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-#: array math that scores queries against a whole context (the latent attention reference,
-#: GLM5Next's token indexer) reads them a block at a time, each block's scores within about
-#: this many bytes: a prefill chunk's would otherwise take gigabytes at a long context
-#: (GLM5Next: 64 heads, 2,048 queries over 7,680 tokens, 4 GiB), and each query's numbers
-#: are the same either way
+#: array math that scores queries against a whole context (the attention and latent
+#: attention references, GLM5Next's token indexer, Qwen4Exp's QSA past its budget) reads
+#: them a block at a time, each block's scores within about this many bytes: a prefill
+#: chunk's would otherwise take gigabytes at a long context (GLM5Next: 64 heads, 2,048
+#: queries over 7,680 tokens, 4 GiB), and each query's numbers are the same either way (up
+#: to float32 summation order)
 SCORE_BLOCK_BYTES = 256 << 20
 
 
