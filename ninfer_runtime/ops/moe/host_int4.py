@@ -69,17 +69,19 @@ def _planes(
     [N, groups] (``host_codes``: ``w = s · q + o``); an offset joins the first plane's zero."""
     s = scales.T  # [groups, N]
     o = np.zeros_like(s) if offsets is None else offsets.T
+    # the planes are made in bytes (a quarter of int32's passes) and widened once at the end
     if bits == 4:
-        return codes.astype(np.int32) + OFFSET, np.stack([s, o], axis=-1)
-    unsigned = codes.astype(np.int32) + (1 << (bits - 1))
+        return (codes + np.int8(OFFSET)).astype(np.int32), np.stack([s, o], axis=-1)
+    # q + 2^(b-1) in 0 .. 2^b - 1: the int8 codes' bytes plus 2^(b-1), modulo 256
+    unsigned = codes.view(np.uint8) + np.uint8(1 << (bits - 1))
     high = unsigned >> 4
     if bits < 8:
-        high += OFFSET
+        high += np.uint8(OFFSET)
     low_pairs = np.stack([s, 8 * s + o], axis=-1)
     high_zero = np.zeros_like(s) if bits == 8 else -float(1 << (bits - 1)) * s
     high_pairs = np.stack([16 * s, high_zero], axis=-1)
     return (
-        np.concatenate([unsigned & 15, high], axis=1),
+        np.concatenate([unsigned & np.uint8(15), high], axis=1).astype(np.int32),
         np.concatenate([low_pairs, high_pairs], axis=0),
     )
 
