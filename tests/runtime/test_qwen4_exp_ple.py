@@ -58,9 +58,8 @@ def _memory(g, record_rows: int = 1):
 
 def test_one_pass_matches_transformers(case):
     g, ple, streams, expected = case
-    context = np.full(2, EOS, np.int32)
-    conv = np.zeros(((g.ple.conv_kernel - 1) * g.ple.conv_dilation, g.streams_width), np.float32)
-    out, _ = ple.rows(streams, IDS, context, conv)
+    lane = Lane(slice(0, T), 0, SimpleNamespace(slot=0))
+    out = ple(streams, IDS, Batch((lane,), None, None, None), _memory(g))
     assert relative_error(out, expected) < 1e-4
 
 

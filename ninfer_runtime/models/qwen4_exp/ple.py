@@ -79,18 +79,18 @@ def ngram_ids(history: Array, ple: Ple, layer: int) -> Array:
     return xp.concatenate(blocks, axis=1)
 
 
-def dilated_conv(x: Array, kernel: Array, state: Array, dilation: int) -> tuple[Array, Array]:
+def dilated_conv(x: Array, kernel: Array, state: Array, dilation: int) -> Array:
     """Depthwise causal convolution of x [..., T, C] with kernel [K, C], taps ``dilation``
-    rows apart, continuing ``state`` (the last (K-1)·dilation inputs [..., R, C]) -> (y
-    [..., T, C], the new state); leading axes are independent sequences (a decode step's
-    lanes, one row each)."""
+    rows apart, continuing ``state`` (the last (K-1)·dilation inputs [..., R, C]) -> y
+    [..., T, C]; leading axes are independent sequences (a decode step's lanes, one row
+    each). The state is not touched (``PerLayerEmbedding._advance`` moves it on)."""
     xp = array_module(x)
-    t, rows = x.shape[-2], state.shape[-2]
+    t = x.shape[-2]
     window = xp.concatenate([state, x], axis=-2)
     y = xp.zeros_like(x)
     for j in range(kernel.shape[0]):
         y += kernel[j] * window[..., j * dilation : j * dilation + t, :]
-    return y, window[..., window.shape[-2] - rows :, :]
+    return y
 
 
 class PerLayerEmbedding:
@@ -145,18 +145,14 @@ class PerLayerEmbedding:
         row_ids = [self.row_ids(host_ids[rows], contexts[slot]) for rows, slot, _ in lanes]
         gated, inputs = self.gate(streams, self.embeddings(np.concatenate(row_ids)))
         dilation = self.ple.conv_dilation
-        if d is not None and d.tokens == 1:
-            at = xp.asarray(slots)
-            conv, window = dilated_conv(
-                inputs[:, None, :], self.convolution, memory.ple_conv[at], dilation
-            )
-            memory.ple_conv[at] = window
-            context = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], 1)
-            memory.ple_context[at] = context[:, 1:]
+        if d is not None and d.tokens == 1:  # every lane's one row, each lane's states its own
+            at, rows = xp.asarray(slots), inputs[:, None, :]
+            conv = dilated_conv(rows, self.convolution, memory.ple_conv[at], dilation)
+            self._advance(memory, at, ids[:, None], rows)
             return gated + silu(conv[:, 0])
         convs = []
         for rows, slot, marks in lanes:
-            conv, _ = dilated_conv(inputs[rows], self.convolution, memory.ple_conv[slot], dilation)
+            conv = dilated_conv(inputs[rows], self.convolution, memory.ple_conv[slot], dilation)
             convs.append(conv)
             if d is not None:  # a multi-row step: the states stay; commit folds in the kept rows
                 record = memory.ple_record
@@ -183,20 +179,6 @@ class PerLayerEmbedding:
         else:
             e = self.backend.embedding(flat, self.table)
         return e.reshape(row_ids.shape[0], self.ple.embed_dim)
-
-    def rows(
-        self, streams: Array, ids: Array, context: Array, conv_state: Array
-    ) -> tuple[Array, Array]:
-        """One lane's consecutive rows after ``context`` and ``conv_state`` -> (what PLE adds
-        [T, hc·H], the convolution's inputs [T, hc·H]); the states are not touched."""
-        return self.mix(streams, self.embeddings(self.row_ids(ids, context)), conv_state)
-
-    def mix(self, streams: Array, e: Array, conv_state: Array) -> tuple[Array, Array]:
-        """PLE of one lane's rows from their n-gram embeddings ``e`` [T, E] -> (what PLE adds
-        [T, hc·H], the convolution's inputs [T, hc·H]); ``conv_state`` is not touched."""
-        gated, inputs = self.gate(streams, e)
-        conv, _ = dilated_conv(inputs, self.convolution, conv_state, self.ple.conv_dilation)
-        return gated + silu(conv), inputs
 
     def gate(self, streams: Array, e: Array) -> tuple[Array, Array]:
         """The row by row part of PLE, for rows of any lanes: streams [T, hc·H] and their
@@ -235,10 +217,12 @@ class PerLayerEmbedding:
             at = mark.row
         self._advance(memory, slot, ids[at:], inputs[at:])
 
-    def _advance(self, memory: PleGdnSlots, slot: int, ids: Array, inputs: Array) -> None:
-        """Slot ``slot``'s states after rows with ``ids`` and convolution ``inputs``."""
+    def _advance(self, memory: PleGdnSlots, slot: Any, ids: Array, inputs: Array) -> None:
+        """Slot ``slot``'s states after rows with ``ids`` [T] and convolution ``inputs``
+        [T, C]; or slots ``slot`` (an array) after theirs ([N, T], [N, T, C])."""
         xp = self.backend.xp
-        context = xp.concatenate([memory.ple_context[slot], ids.astype(xp.int32)])
-        memory.ple_context[slot] = context[context.shape[0] - memory.ple_context.shape[1] :]
-        window = xp.concatenate([memory.ple_conv[slot], inputs])
-        memory.ple_conv[slot] = window[window.shape[0] - memory.ple_conv.shape[1] :]
+        kept, rows = memory.ple_context.shape[1], memory.ple_conv.shape[1]
+        context = xp.concatenate([memory.ple_context[slot], ids.astype(xp.int32)], axis=-1)
+        memory.ple_context[slot] = context[..., context.shape[-1] - kept :]
+        window = xp.concatenate([memory.ple_conv[slot], inputs], axis=-2)
+        memory.ple_conv[slot] = window[..., window.shape[-2] - rows :, :]
