@@ -101,6 +101,12 @@ class ModelRunner:
         )
         return pool.open(max_context)
 
+    @property
+    def checkpoints_inside_reads(self) -> bool:
+        """Whether the model keeps checkpoints inside a prefill read (``batch.Mark``; a
+        model says so with ``checkpoints_inside_reads = True``, absent: False)."""
+        return bool(getattr(self.model, "checkpoints_inside_reads", False))
+
     # ----------------------------------------------------------------------- forward
     def forward(
         self,
@@ -124,7 +130,7 @@ class ModelRunner:
         the cache is still written at the sequence indices). Without ``positions`` a row's
         position is its sequence index plus its state's ``rope_delta`` (a sequence after a
         prompt with images)."""
-        if marks and any(marks) and not getattr(self.model, "checkpoints_inside_reads", False):
+        if marks and any(marks) and not self.checkpoints_inside_reads:
             raise EngineError("this model keeps no checkpoints inside a read")
         lanes, ids = plan_lanes(
             tokens_per_lane,

@@ -59,9 +59,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.checkpoint_interval = checkpoint_interval
         #: the model keeps checkpoints inside a prefill read, so none ends one
-        self.checkpoints_inside_reads = bool(
-            getattr(runner.model, "checkpoints_inside_reads", False)
-        )
+        self.checkpoints_inside_reads = runner.checkpoints_inside_reads
         self.margin = margin
         self.drafting = drafting
         self.checkpoints = LaneCheckpoints(
