@@ -18,14 +18,19 @@ reads one prompt's chunk a step (the oldest's), as the engine did before packed 
 ``--trace`` (CUDA) records the device's work of the whole replay (``torch.profiler``, as
 ``ninfer-bench run --kernel-trace``) and prints, for every step that read prompt rows, its
 kernels, their time, the span they took and the device's idle time in it (what the host
-made it wait), with its largest kernels.
+made it wait), with its largest kernels and those launched most. ``--host-profile`` runs the
+replay under cProfile instead and prints the host's time by function.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -196,13 +201,28 @@ def traced(replay: Replay) -> list[str]:
         t = K.summarize(windows.get(str(step.index), []))
         rows = sum(end - start for _, start, end in step.reads)
         top = ", ".join(f"{k.name} {k.ms:.1f}" for k in t.top[:4])
+        launched = Counter(K.short_name(name) for name, _, _ in windows.get(str(step.index), []))
+        most = ", ".join(f"{name} x{count}" for name, count in launched.most_common(12))
         lines.append(
             f"  step {step.index} ({step.seconds * 1e3:.1f} ms traced, {rows} rows in "
             f"{len(step.reads)} reads, {len(step.decoded)} lanes decoding): {t.kernels} "
             f"kernels, {t.kernel_ms:.1f} ms of kernels, span {t.span_ms:.1f} ms, idle "
             f"{t.idle_ms:.1f} ms; {top}"
         )
+        lines.append(f"    launched most: {most}")
     return lines
+
+
+def host_profiled(replay: Replay, functions: int = 40) -> list[str]:
+    """Run ``replay`` under cProfile: the host's time by function (own time first), where a
+    step whose device idles waits on the host."""
+    profiler = cProfile.Profile()
+    profiler.runcall(replay.run)
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(functions)
+    stats.sort_stats("cumulative").print_stats(functions)
+    return ["host time by function (cProfile of the whole replay):", text.getvalue()]
 
 
 def system_words(engine: Engine, tokens: int) -> int:
@@ -277,6 +297,11 @@ def main() -> None:
         action="store_true",
         help="record the device's work (CUDA) and print each prompt-reading step's kernels",
     )
+    parser.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="run the replay under cProfile and print the host's time by function",
+    )
     args = parser.parse_args()
     engine = Engine(
         args.model,
@@ -293,6 +318,8 @@ def main() -> None:
     replay = Replay(engine, conversations, args.turns, args.output_len, one_read=args.one_read)
     if args.trace:
         lines = traced(replay)
+    elif args.host_profile:
+        lines = host_profiled(replay)
     else:
         replay.run()
         lines = []

@@ -12,8 +12,8 @@
 # samples of one prompt (samples27.json), the agent workload with the prefix cache on and off
 # (agent27.json), and its conversations on the engine alone, step by step
 # (benchmarks/agent_steps.py, agent_steps27.txt), and their first two turns under a kernel
-# trace (agent_trace27.txt: each prompt-reading step's kernels and idle time); about 6 minutes
-# in all, so with SKIP_TESTS=1.
+# trace (agent_trace27.txt: each prompt-reading step's kernels and idle time) and under cProfile
+# (agent_host27.txt: the host's time by function); about 7 minutes in all, so with SKIP_TESTS=1.
 # OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with what the host computed,
 # read and streamed beside each row (offload35.json), its decode with every host expert streamed
 # instead (--expert-stream-decode all, offload35_streamed.json), the host's expert products by
@@ -132,6 +132,10 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --system-tokens 4000 --clients 8 --turns 2 --output-len 32 --prefill-chunk 2048 \
       --trace 2>&1 | grep -v upload | grep -A40 "kernel trace" >"$OUT/agent_trace$name.txt"
     cat "$OUT/agent_trace$name.txt"
+    # and under cProfile: the host's time by function, where the packed steps idle the device
+    timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
+      --system-tokens 4000 --clients 8 --turns 2 --output-len 32 --prefill-chunk 2048 \
+      --host-profile 2>&1 | grep -v upload | grep -A200 "host time" >"$OUT/agent_host$name.txt"
   fi
   if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
