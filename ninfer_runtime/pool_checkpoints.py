@@ -4,7 +4,7 @@ sequence opened from one resumed where it stood (``_resume``, for ``ContextPool.
 
 ``PoolCheckpoints`` is a base of ``ContextPool``, the pool's own methods kept in a room of
 their own: they work on what ``ContextPool.__init__`` sets up (``_pages``, the free pages and
-their holders; ``_snapshot_plan``, ``snapshot_pages`` and ``_keeps``, where and whether slot
+their holders; ``_snapshot_layout``, ``snapshot_pages`` and ``_keeps``, where and whether slot
 states fit in pages) and on its memory views (``memories``, ``page_parts``, ``state_parts``).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from .sequence_state import SequenceState
-from .snapshots import Checkpoint, copy_snapshot
+from .snapshots import Checkpoint
 
 Array = Any
 
@@ -115,13 +115,4 @@ class PoolCheckpoints:
     ) -> None:
         """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back); ``states``:
         only those state parts."""
-        copy_snapshot(
-            self.xp,
-            self._snapshot_plan,
-            self.page_parts(),
-            self.state_parts(),
-            slot,
-            pages,
-            restore=restore,
-            states=states,
-        )
+        self._snapshot_layout.copy(slot, pages, restore=restore, states=states)

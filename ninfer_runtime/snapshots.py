@@ -9,10 +9,12 @@ checkpoint costs whole pages like everything else in the pool.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import ctypes
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 Array = Any
 
@@ -36,69 +38,103 @@ class Checkpoint:
     kind: str = "prompt_end"
 
 
-@dataclass(frozen=True)
-class SnapshotCopy:
-    """One contiguous run of a snapshot: ``size`` bytes from byte ``state_at`` of state part
-    ``state`` (``ContextPool.state_parts``) to byte ``page_at`` of the snapshot's ``page``-th
-    page in page part ``part``."""
+class SnapshotLayout:
+    """Where each byte of a sequence's slot states goes in a snapshot of a pool's memory:
+    the states (``state_parts``, each array's row ``slot`` a sequence's) laid end to end,
+    filling page after page of the page parts (each array's row ``p`` page ``p``'s memory;
+    a page its parts one after the other). The layout is a table of contiguous runs, and a
+    copy moves every run of the states it names in one call: on the device one launch,
+    where a run at a time was a launch each (a 27B snapshot is ~300 runs).
 
-    state: int
-    state_at: int
-    page: int
-    part: int
-    page_at: int
-    size: int
+    The arrays must be C-contiguous and stay where they are for the layout's life (the
+    pool's own, allocated once)."""
+
+    #: the table's columns: state part, byte in its row, snapshot page, page part, byte in
+    #: its row, bytes
+    COLUMNS = ("state", "state_at", "page", "part", "page_at", "size")
+
+    def __init__(self, page_parts: Sequence[Array], state_parts: Sequence[Array]):
+        for array in [*page_parts, *state_parts]:
+            if not array.flags.c_contiguous:
+                raise ValueError("SnapshotLayout: the pool's arrays must be C-contiguous")
+        arrays = [*page_parts, *state_parts]
+        #: CuPy memory (copied by a kernel), else host memory (numpy, or arrays over it)
+        self.on_device = bool(arrays) and _device_pointer(arrays[0]) is not None
+        page_rows = [_row_bytes(part) for part in page_parts]
+        runs = []
+        if sum(page_rows):
+            page, part, at = 0, 0, 0
+            for state, source in enumerate(state_parts):
+                done, size = 0, _row_bytes(source)
+                while done < size:
+                    n = min(size - done, page_rows[part] - at)
+                    runs.append((state, done, page, part, at, n))
+                    done, at = done + n, at + n
+                    if at == page_rows[part]:
+                        part, at = part + 1, 0
+                        if part == len(page_rows):
+                            page, part = page + 1, 0
+        #: int64 [runs, 6]: one contiguous run a row (``COLUMNS``)
+        self.table = np.array(runs, dtype=np.int64).reshape(-1, len(self.COLUMNS))
+        self._state_base = np.array([_address(a) for a in state_parts], dtype=np.int64)
+        self._state_row = np.array([_row_bytes(a) for a in state_parts], dtype=np.int64)
+        self._page_base = np.array([_address(a) for a in page_parts], dtype=np.int64)
+        self._page_row = np.array(page_rows, dtype=np.int64)
+
+    @property
+    def pages(self) -> int:
+        """Pages one snapshot takes (0: no page memory, or no states)."""
+        return int(self.table[:, 2].max()) + 1 if len(self.table) else 0
+
+    def copy(
+        self,
+        slot: int,
+        pages: Sequence[int],
+        *,
+        restore: bool,
+        states: Collection[int] | None = None,
+    ) -> None:
+        """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back);
+        ``states``: only those state parts (by index), else all."""
+        t = self.table
+        if states is not None:
+            t = t[np.isin(t[:, 0], np.fromiter(states, dtype=np.int64))]
+        if not len(t):
+            return
+        state, state_at, page, part, page_at, size = t.T
+        in_state = self._state_base[state] + slot * self._state_row[state] + state_at
+        in_page = (
+            self._page_base[part] + np.asarray(pages, dtype=np.int64)[page] * self._page_row[part]
+        ) + page_at
+        src, dst = (in_page, in_state) if restore else (in_state, in_page)
+        copy_ranges(dst, src, size, device=self.on_device)
 
 
-def plan_snapshot(page_parts: list[Array], state_parts: list[Array]) -> list[SnapshotCopy]:
-    """Where each byte of a sequence's slot states goes in a snapshot: the states laid
-    end to end, filling page after page (each page its parts one after the other). Empty
-    when there is no page memory (or nothing to copy)."""
-    row_bytes = [part[0].nbytes for part in page_parts]
-    if not sum(row_bytes):
-        return []
-    plan, page, part, at = [], 0, 0, 0
-    for state, source in enumerate(state_parts):
-        done, size = 0, source[0].nbytes
-        while done < size:
-            n = min(size - done, row_bytes[part] - at)
-            plan.append(SnapshotCopy(state, done, page, part, at, n))
-            done, at = done + n, at + n
-            if at == row_bytes[part]:
-                part, at = part + 1, 0
-                if part == len(row_bytes):
-                    page, part = page + 1, 0
-    return plan
+def copy_ranges(dst: np.ndarray, src: np.ndarray, size: np.ndarray, *, device: bool) -> None:
+    """``size[i]`` bytes from address ``src[i]`` to ``dst[i]`` for every i (int64 host
+    arrays; the ranges must not overlap): in device memory by one kernel launch, in host
+    memory by ``memmove``."""
+    if device:
+        from .backends.cuda.glue import copy_ranges as device_copy_ranges
+
+        device_copy_ranges(dst, src, size)
+        return
+    for d, s, n in zip(dst.tolist(), src.tolist(), size.tolist(), strict=True):
+        ctypes.memmove(d, s, n)
 
 
-def snapshot_pages(plan: list[SnapshotCopy]) -> int:
-    """Pages one snapshot of this plan takes."""
-    return max((c.page for c in plan), default=-1) + 1
+def _device_pointer(array: Array) -> int | None:
+    """A CuPy array's device address (None: the array is in host memory)."""
+    ptr = getattr(getattr(array, "data", None), "ptr", None)
+    return int(ptr) if ptr is not None else None
 
 
-def copy_snapshot(
-    xp: ModuleType,
-    plan: list[SnapshotCopy],
-    page_parts: list[Array],
-    state_parts: list[Array],
-    slot: int,
-    pages: tuple[int, ...],
-    *,
-    restore: bool,
-    states: Collection[int] | None = None,
-) -> None:
-    """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back); ``states``:
-    only those state parts (by index), else all."""
+def _address(array: Array) -> int:
+    """Where ``array``'s first byte is (in device or host memory)."""
+    ptr = _device_pointer(array)
+    return ptr if ptr is not None else int(array.ctypes.data)
 
-    def row_bytes(array: Array, row: int) -> Array:
-        return array[row].reshape(-1).view(xp.uint8)
 
-    for c in plan:
-        if states is not None and c.state not in states:
-            continue
-        state = row_bytes(state_parts[c.state], slot)[c.state_at : c.state_at + c.size]
-        page = row_bytes(page_parts[c.part], pages[c.page])[c.page_at : c.page_at + c.size]
-        if restore:
-            state[...] = page
-        else:
-            page[...] = state
+def _row_bytes(array: Array) -> int:
+    """Bytes of one row of ``array`` (0 for an array without rows)."""
+    return int(array[0].nbytes) if len(array) else 0

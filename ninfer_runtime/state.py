@@ -69,7 +69,7 @@ from .pool_sizing import (
     with_mtp,
 )
 from .sequence_state import SequenceState
-from .snapshots import Checkpoint, plan_snapshot, snapshot_pages
+from .snapshots import Checkpoint, SnapshotLayout
 
 Array = Any
 
@@ -125,11 +125,11 @@ class ContextPool(PoolCheckpoints):
         #: the free pages and each page's holders: the sequences and checkpoints whose
         #: tokens (or states) it stores
         self._pages = PageAllocator(pages)
-        self._snapshot_plan = plan_snapshot(self.page_parts(), self.state_parts())
+        self._snapshot_layout = SnapshotLayout(self.page_parts(), self.state_parts())
         #: pages one snapshot of a sequence's slot states takes
-        self.snapshot_pages = snapshot_pages(self._snapshot_plan)
+        self.snapshot_pages = self._snapshot_layout.pages
         # states, and no page memory to keep them in: checkpoints cannot be kept
-        self._keeps = bool(self._snapshot_plan) or not any(part.size for part in self.state_parts())
+        self._keeps = bool(self.snapshot_pages) or not any(part.size for part in self.state_parts())
         #: pages snapshots take now
         self.snapshot_pages_used = 0
 

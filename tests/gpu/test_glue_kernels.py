@@ -169,3 +169,49 @@ def test_silu_mul_bf16_matches_numpy(shape: tuple[int, int]) -> None:
     assert np.all(err <= 2.0**-7 * np.abs(g * u)), np.max(err / (np.abs(g * u) + 1e-30))
     with pytest.raises(ValueError):
         glue.silu_mul_bf16(cp.zeros((2, 3), cp.float32))
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_copy_ranges_moves_each_range_in_one_launch(aligned: bool) -> None:
+    """Ranges of 16-byte words (the wide path) and of odd bytes, some longer than a block
+    sweeps, against the same copies on the host; bytes between ranges stay as they were."""
+    import cupy as cp
+
+    rng = np.random.default_rng(1)
+    src = cp.asarray(rng.integers(0, 255, 1 << 20, dtype=np.uint8))
+    dst = cp.zeros(1 << 20, dtype=cp.uint8)
+    starts = np.array([0, 4096, 200_000, 500_000])
+    sizes = np.array([16, 160_000, 48, 300_000]) if aligned else np.array([7, 160_001, 45, 3])
+    offsets_src = starts + (0 if aligned else 3)
+    glue.copy_ranges(dst.data.ptr + starts, src.data.ptr + offsets_src, sizes)
+    want = np.zeros(1 << 20, dtype=np.uint8)
+    host = cp.asnumpy(src)
+    for a, b, n in zip(starts, offsets_src, sizes, strict=True):
+        want[a : a + n] = host[b : b + n]
+    assert np.array_equal(cp.asnumpy(dst), want)
+
+
+def test_a_snapshot_layout_on_the_device_equals_the_host_one() -> None:
+    """The pool's snapshot copy on CuPy arrays (one launch) leaves the same bytes as on
+    numpy arrays, keeping and restoring."""
+    import cupy as cp
+
+    from ninfer_runtime.snapshots import SnapshotLayout
+
+    from ..runtime.test_snapshot_layout import arrays
+
+    host_pages, host_states = arrays()
+    dev_pages, dev_states = arrays(cp)
+    host = SnapshotLayout(host_pages, host_states)
+    dev = SnapshotLayout(dev_pages, dev_states)
+    for layout in (host, dev):
+        layout.copy(1, (4, 0, 2), restore=False)
+    assert all(np.array_equal(cp.asnumpy(d), h) for d, h in zip(dev_pages, host_pages, strict=True))
+    for states in (host_states, dev_states):
+        for s in states:
+            s[0] = 0
+    for layout in (host, dev):
+        layout.copy(0, (4, 0, 2), restore=True, states={1, 2})
+    assert all(
+        np.array_equal(cp.asnumpy(d), h) for d, h in zip(dev_states, host_states, strict=True)
+    )

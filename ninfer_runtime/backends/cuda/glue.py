@@ -1,6 +1,6 @@
 """Launchers for ``kernels/glue.cu``: RMSNorm (alone, after a residual add, or gated by silu
 as Gated DeltaNet's output norm), partial RoPE and the gated MLP's SiLU·up as bf16 words in one
-kernel each."""
+kernel each; and many small byte copies in one launch."""
 
 from __future__ import annotations
 
@@ -27,8 +27,13 @@ register_family(
         "gated_rms_norm_rows",
         "rope_rows",
         "silu_mul_bf16_rows",
+        "copy_ranges",
     ],
 )
+#: most blocks one range of ``copy_ranges`` takes (a snapshot's runs are page-sized: tens to
+#: hundreds of KB), and most ranges a launch takes (the grid's y limit)
+COPY_BLOCKS = 32
+COPY_RANGES = 65535
 
 
 def _row_launch(
@@ -180,3 +185,23 @@ def rope(x: Any, cos: Any, sin: Any) -> Any:
             ),
         )
     return y
+
+
+def copy_ranges(dst: Any, src: Any, size: Any) -> None:
+    """``size[i]`` bytes from device address ``src[i]`` to ``dst[i]`` for every i (int64
+    host arrays; ranges must not overlap), in one launch on the current stream (a launch per
+    65,535 ranges)."""
+    import cupy as cp
+
+    dst, src, size = (np.ascontiguousarray(a, dtype=np.int64) for a in (dst, src, size))
+    if not (dst.shape == src.shape == size.shape and dst.ndim == 1):
+        raise ValueError(f"copy_ranges: dst {dst.shape}, src {src.shape}, size {size.shape}")
+    for a in range(0, len(size), COPY_RANGES):
+        part = slice(a, a + COPY_RANGES)
+        table = cp.asarray(np.stack([dst[part], src[part], size[part]]))  # one upload
+        wide = not ((dst[part] | src[part] | size[part]) & 15).any()
+        words = int(size[part].max()) // (16 if wide else 1)
+        blocks = max(1, min(COPY_BLOCKS, -(-words // THREADS)))
+        function("glue", "copy_ranges")(
+            (blocks, table.shape[1]), (THREADS,), (table[0], table[1], table[2], np.int32(wide))
+        )

@@ -217,3 +217,25 @@ extern "C" __global__ void silu_mul_bf16_rows(const float* __restrict__ gu, long
     }
   }
 }
+
+// Many small copies in one launch: dst[i][0 .. size[i]) = src[i][0 .. size[i]) for range i =
+// blockIdx.y (addresses as 64-bit integers; ranges never overlap). A snapshot of a sequence's
+// slot states is hundreds of page-sized runs, one cudaMemcpy launch each otherwise. `wide`:
+// the host found every address and size a multiple of 16, so whole int4 words move.
+extern "C" __global__ void __launch_bounds__(GLUE_THREADS)
+    copy_ranges(const long long* __restrict__ dst, const long long* __restrict__ src,
+                const long long* __restrict__ size, int wide) {
+  const int i = blockIdx.y;
+  const long long n = size[i];
+  const long long first = (long long)blockIdx.x * GLUE_THREADS + threadIdx.x;
+  const long long step = (long long)gridDim.x * GLUE_THREADS;
+  if (wide) {
+    int4* d = reinterpret_cast<int4*>(dst[i]);
+    const int4* s = reinterpret_cast<const int4*>(src[i]);
+    for (long long j = first; j < n / 16; j += step) d[j] = s[j];
+  } else {
+    char* d = reinterpret_cast<char*>(dst[i]);
+    const char* s = reinterpret_cast<const char*>(src[i]);
+    for (long long j = first; j < n; j += step) d[j] = s[j];
+  }
+}

@@ -1,0 +1,78 @@
+"""``SnapshotLayout``: where a sequence's slot states go in a snapshot's pages, and its copy of
+every run in one call (``copy_ranges``), on host arrays (the GPU file runs it on the device)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.snapshots import SnapshotLayout, copy_ranges
+
+
+def arrays(xp=np):
+    """Two page parts of 48 and 80 bytes a row, three state parts of 100, 8 and 200 bytes a
+    row: runs cross parts and pages, and no size is a multiple of 16."""
+    rng = np.random.default_rng(0)
+    pages = [xp.zeros((6, 12), xp.float32), xp.zeros((6, 20), xp.float32)]
+    states = [
+        xp.asarray(rng.standard_normal((3, 25)).astype(np.float32)),
+        xp.asarray(rng.integers(0, 9, (3, 2)).astype(np.int32)),
+        xp.asarray(rng.standard_normal((3, 50)).astype(np.float32)),
+    ]
+    return pages, states
+
+
+def test_the_runs_cover_every_state_byte_once_and_stay_inside_their_rows() -> None:
+    pages, states = arrays()
+    layout = SnapshotLayout(pages, states)
+    t = layout.table
+    assert layout.pages == 3  # 308 bytes of states, 128 a page
+    for s, state in enumerate(states):
+        runs = t[t[:, 0] == s]
+        assert runs[:, 5].sum() == state[0].nbytes
+        assert list(runs[:, 1]) == list(np.cumsum([0, *runs[:-1, 5]]))  # end to end
+    row = np.array([p[0].nbytes for p in pages])
+    assert (t[:, 4] + t[:, 5] <= row[t[:, 3]]).all()
+    # no two runs share a byte of the snapshot
+    spans = sorted((page, part, at, at + n) for _, _, page, part, at, n in t.tolist())
+    for a, b in itertools.pairwise(spans):
+        assert a[:2] != b[:2] or a[3] <= b[2]
+
+
+def test_a_copy_keeps_and_restores_the_states_it_names_only() -> None:
+    pages, states = arrays()
+    layout = SnapshotLayout(pages, states)
+    before = [s.copy() for s in states]
+    snapshot = (5, 1, 3)
+    layout.copy(2, snapshot, restore=False)
+    untouched = [p[[0, 2, 4]].copy() for p in pages]
+    for s in states:
+        s[2] = 0
+    layout.copy(2, snapshot, restore=True, states={0, 2})
+    assert np.array_equal(states[0][2], before[0][2]) and np.array_equal(states[2][2], before[2][2])
+    assert not states[1][2].any()  # not named: still cleared
+    assert all(np.array_equal(s[:2], b[:2]) for s, b in zip(states, before, strict=True))
+    assert all(np.array_equal(p[[0, 2, 4]], u) for p, u in zip(pages, untouched, strict=True))
+
+
+def test_copy_ranges_moves_each_range_and_nothing_else() -> None:
+    src = np.arange(64, dtype=np.uint8)
+    dst = np.zeros(64, dtype=np.uint8)
+    base_s, base_d = src.ctypes.data, dst.ctypes.data
+    copy_ranges(
+        np.array([base_d + 1, base_d + 40]),
+        np.array([base_s + 10, base_s + 50]),
+        np.array([7, 3]),
+        device=False,
+    )
+    want = np.zeros(64, dtype=np.uint8)
+    want[1:8], want[40:43] = src[10:17], src[50:53]
+    assert np.array_equal(dst, want)
+
+
+def test_a_layout_refuses_arrays_that_are_not_contiguous() -> None:
+    pages, states = arrays()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        SnapshotLayout(pages, [states[0][:, ::2]])
