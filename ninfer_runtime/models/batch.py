@@ -101,6 +101,21 @@ class Batch:
     def rows(self) -> int:
         return self.lanes[-1].rows.stop if self.lanes else 0
 
+    @cached_property
+    def row_addresses(self) -> tuple[Array, Array, Array]:
+        """A prefill chunk's rows as (slots, positions, page table): each row's pool slot and
+        position (int32 [N] each, made on the device once a forward) and the pool's page
+        table, so every layer stores all lanes' rows in one call, as a decode step does."""
+        pool = self.lanes[0].state.pool
+        xp = pool.xp
+        slots = [xp.full(lane.tokens, lane.state.slot, dtype=xp.int32) for lane in self.lanes]
+        positions = [
+            xp.arange(lane.start, lane.start + lane.tokens, dtype=xp.int32) for lane in self.lanes
+        ]
+        if len(self.lanes) > 1:
+            return xp.concatenate(slots), xp.concatenate(positions), pool.page_table
+        return slots[0], positions[0], pool.page_table
+
     def each_lane(self, fn: Callable[[Lane], Array], xp: Any) -> Array:
         """``fn(lane)`` for every lane, stacked in row order (one lane's result as it is,
         without a copy)."""

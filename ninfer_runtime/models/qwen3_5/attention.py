@@ -106,16 +106,20 @@ class GatedAttention:
             o = self._op("decode", memory)(
                 q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
             )
-        else:  # a prefill chunk: each lane over its own pages
-            o = batch.each_lane(lambda lane: self._prefill(lane, q, k, v, memory, scale), be.xp)
+        else:  # a prefill chunk: every lane's rows stored at once, then each over its pages
+            self._store_rows(batch, k, v, memory)
+            o = batch.each_lane(lambda lane: self._prefill(lane, q, memory, scale), be.xp)
         return be.linear(mul_sigmoid(o.reshape(n, a.heads * a.head_dim), gate), self.output)
 
-    def _prefill(
-        self, lane: Lane, q: Array, k: Array, v: Array, memory: AttentionPages, scale: float
-    ) -> Array:
-        """Store the lane's keys and values, then attend over its pages."""
+    def _store_rows(self, batch: Batch, k: Array, v: Array, memory: AttentionPages) -> None:
+        """A prefill chunk's keys and values, every lane's, in one call (the decode step's
+        store, each row at its own slot and position)."""
+        slots, positions, page_table = batch.row_addresses
+        self._op("write", memory)(memory.k, memory.v, page_table, slots, positions, k, v)
+
+    def _prefill(self, lane: Lane, q: Array, memory: AttentionPages, scale: float) -> Array:
+        """The lane's queries over its pages (its keys and values stored)."""
         r = lane.rows
-        memory.write(lane.state, lane.start, k[r], v[r])
         return self._op("prefill", memory)(
             q[r],
             memory.k,

@@ -167,9 +167,8 @@ class IndexedAttention(GatedAttention):
                     r = slice(at, at + block)
                     o[r] = self._attend(q[r], iq[r], pages_of[r], d.positions[r], length, memory)
         else:
-            o = batch.each_lane(
-                lambda lane: self._lane(lane, batch, q, k, v, iq, ik, memory), be.xp
-            )
+            self._store_rows(batch, k, v, memory)
+            o = batch.each_lane(lambda lane: self._lane(lane, batch, q, iq, ik, memory), be.xp)
         return be.linear(mul_sigmoid(o.reshape(n, width), gate), self.output)
 
     def selects_all(self, position: int) -> bool:
@@ -203,17 +202,16 @@ class IndexedAttention(GatedAttention):
         lane: Any,
         batch: Batch,
         q: Array,
-        k: Array,
-        v: Array,
         iq: Array,
         ik: Array,
         memory: IndexedAttentionPages,
     ) -> Array:
+        """A prefill lane's queries (its keys and values stored): its index keys stored,
+        then over every token it sees, or the blocks its indexer selects."""
         r = lane.rows
         memory.write_index(lane.state, lane.start, ik[r], batch.cos[r], batch.sin[r])
         if self.selects_all(lane.start + lane.tokens - 1):
-            return self._prefill(lane, q, k, v, memory, self.a.head_dim**-0.5)
-        memory.write(lane.state, lane.start, k[r], v[r])
+            return self._prefill(lane, q, memory, self.a.head_dim**-0.5)
         length = lane.start + lane.tokens
         positions = np.arange(lane.start, length)
         return self._attend(q[r], iq[r], lane.state.page_ids, positions, length, memory)
