@@ -19,7 +19,8 @@ reads one prompt's chunk a step (the oldest's), as the engine did before packed 
 ``ninfer-bench run --kernel-trace``) and prints, for every step that read prompt rows, its
 kernels, their time, the span they took and the device's idle time in it (what the host
 made it wait), with its largest kernels and those launched most. ``--host-profile`` runs the
-replay under cProfile instead and prints the host's time by function.
+replay with its packed steps (more than one prompt read) under cProfile instead and prints the
+host's time by function in them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import pstats
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,15 +215,39 @@ def traced(replay: Replay) -> list[str]:
 
 
 def host_profiled(replay: Replay, functions: int = 40) -> list[str]:
-    """Run ``replay`` under cProfile: the host's time by function (own time first), where a
-    step whose device idles waits on the host."""
-    profiler = cProfile.Profile()
-    profiler.runcall(replay.run)
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
+    """Run ``replay`` with its packed steps (those that read more than one prompt) under
+    cProfile: the host's time by function there, where the device idles waiting on it."""
+    text, profiled = io.StringIO(), []
+    stats: pstats.Stats | None = None
+
+    @contextmanager
+    def window(label: str) -> Iterator[None]:
+        nonlocal stats
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            yield
+        finally:
+            profiler.disable()
+            step = replay.steps[int(label)]
+            if len(step.reads) > 1:
+                profiled.append(step)
+                if stats is None:
+                    stats = pstats.Stats(profiler, stream=text)
+                else:
+                    stats.add(profiler)
+
+    replay.run(window)
+    if stats is None:
+        return ["host time by function: no step read more than one prompt"]
     stats.sort_stats("tottime").print_stats(functions)
     stats.sort_stats("cumulative").print_stats(functions)
-    return ["host time by function (cProfile of the whole replay):", text.getvalue()]
+    wall = sum(step.seconds for step in profiled) * 1e3
+    head = (
+        f"host time by function in the {len(profiled)} packed steps "
+        f"({', '.join(str(step.index) for step in profiled)}; {wall:.1f} ms under cProfile):"
+    )
+    return [head, text.getvalue()]
 
 
 def system_words(engine: Engine, tokens: int) -> int:
@@ -300,7 +325,7 @@ def main() -> None:
     parser.add_argument(
         "--host-profile",
         action="store_true",
-        help="run the replay under cProfile and print the host's time by function",
+        help="profile the packed steps (several prompts read): the host's time by function",
     )
     args = parser.parse_args()
     engine = Engine(
