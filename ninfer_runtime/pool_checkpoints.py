@@ -52,10 +52,7 @@ class PoolCheckpoints:
     def save_states(self, states: Sequence[Array], slot: int, snapshot: tuple[int, ...]) -> None:
         """Slot ``slot``'s rows of some of the pool's state arrays (``state_parts``: one
         layer's, or part of one's) into their share of ``snapshot``."""
-        parts = self.state_parts()
-        chosen = {i for i, part in enumerate(parts) if any(part is s for s in states)}
-        if len(chosen) != len(states):
-            raise ValueError("save_states: a state array that is not this pool's")
+        chosen = self._snapshot_layout.state_indices(states)
         self._copy_snapshot(slot, snapshot, restore=False, states=chosen)
 
     def keep_marked(

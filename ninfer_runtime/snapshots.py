@@ -76,6 +76,9 @@ class SnapshotLayout:
                             page, part = page + 1, 0
         #: int64 [runs, 6]: one contiguous run a row (``COLUMNS``)
         self.table = np.array(runs, dtype=np.int64).reshape(-1, len(self.COLUMNS))
+        #: each state part's runs (rows of ``table``), and its index by the array's identity
+        self._runs = [self.table[self.table[:, 0] == i] for i in range(len(state_parts))]
+        self._index = {id(a): i for i, a in enumerate(state_parts)}
         self._state_base = np.array([_address(a) for a in state_parts], dtype=np.int64)
         self._state_row = np.array([_row_bytes(a) for a in state_parts], dtype=np.int64)
         self._page_base = np.array([_address(a) for a in page_parts], dtype=np.int64)
@@ -85,6 +88,13 @@ class SnapshotLayout:
     def pages(self) -> int:
         """Pages one snapshot takes (0: no page memory, or no states)."""
         return int(self.table[:, 2].max()) + 1 if len(self.table) else 0
+
+    def state_indices(self, arrays: Sequence[Array]) -> list[int]:
+        """The indices of state parts given as the arrays themselves (a layer's own)."""
+        try:
+            return [self._index[id(a)] for a in arrays]
+        except KeyError:
+            raise ValueError("save_states: a state array that is not this pool's") from None
 
     def copy(
         self,
@@ -98,7 +108,7 @@ class SnapshotLayout:
         ``states``: only those state parts (by index), else all."""
         t = self.table
         if states is not None:
-            t = t[np.isin(t[:, 0], np.fromiter(states, dtype=np.int64))]
+            t = np.concatenate([self._runs[i] for i in states] or [t[:0]])
         if not len(t):
             return
         state, state_at, page, part, page_at, size = t.T

@@ -76,3 +76,11 @@ def test_a_layout_refuses_arrays_that_are_not_contiguous() -> None:
     pages, states = arrays()
     with pytest.raises(ValueError, match="C-contiguous"):
         SnapshotLayout(pages, [states[0][:, ::2]])
+
+
+def test_states_are_named_by_their_arrays_and_a_foreign_one_is_refused() -> None:
+    pages, states = arrays()
+    layout = SnapshotLayout(pages, states)
+    assert layout.state_indices([states[2], states[0]]) == [2, 0]
+    with pytest.raises(ValueError, match="not this pool's"):
+        layout.state_indices([states[0].copy()])
