@@ -254,8 +254,9 @@ class ContextPool(PoolCheckpoints):
         row[:need] = pages
         self.page_table[slot] = self.xp.asarray(row)
         state = SequenceState(self, slot, pages, min(tokens, need * self.page_tokens))
-        state.reset()
-        if prefix is not None:
+        if prefix is None:
+            state.reset()
+        else:  # the snapshot holds every slot state: all of them are copied back, none zeroed
             self._resume(state, prefix)
         return state
 

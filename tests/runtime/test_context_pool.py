@@ -366,6 +366,28 @@ def test_snapshots_keep_the_states_in_pages_byte_for_byte() -> None:
     assert p.free_pages == 8 and p.snapshot_pages_used == 0
 
 
+def test_a_sequence_resumed_in_a_used_slot_gets_every_state_back() -> None:
+    """Opening from a checkpoint zeroes nothing first (the snapshot holds every slot state):
+    whatever the slot held before, the resumed states are the checkpoint's."""
+    p = ContextPool([KvSpec(2, 8), GdnSpec(2, 4, 4, 24, 4)], np, slots=1, pages=8, max_context=16)
+    gdn = p.layers[1]
+    a = p.open(8)
+    rng = np.random.default_rng(1)
+    gdn.recurrent[a.slot] = rng.standard_normal(gdn.recurrent[a.slot].shape)
+    gdn.conv[a.slot] = rng.standard_normal(gdn.conv[a.slot].shape)
+    want = gdn.recurrent[a.slot].copy(), gdn.conv[a.slot].copy()
+    a.length = 6
+    kept = p.keep(a)
+    gdn.recurrent[a.slot], gdn.conv[a.slot] = 7.0, -7.0  # the lane moved on, then ended
+    p.close(a)
+    b = p.open(10, prefix=kept)  # the one slot again
+    assert np.array_equal(gdn.recurrent[b.slot], want[0])
+    assert np.array_equal(gdn.conv[b.slot], want[1])
+    p.close(b)
+    c = p.open(4)
+    assert not gdn.recurrent[c.slot].any() and not gdn.conv[c.slot].any()  # fresh: zeroed
+
+
 def test_a_checkpoint_needs_free_pages_for_its_snapshot() -> None:
     p = pool(slots=1, pages=3)  # 416 bytes of states fit one 512-byte page
     a = p.open(12)  # all three pages
