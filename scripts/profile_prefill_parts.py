@@ -116,11 +116,13 @@ def _gdn_parts(be: Any, mixer: Any, tokens: int) -> None:
     mixed = cp.asarray(rng.standard_normal((tokens, c.conv_channels)), cp.float32)
     g = cp.asarray(-np.abs(rng.standard_normal((tokens, c.value_heads))) * 0.1, cp.float32)
     beta = cp.asarray(rng.random((tokens, c.value_heads)), cp.float32)
-    conv = cp.zeros((c.conv_channels, mixer.convolution.shape[0] - 1), cp.float32)
-    state = cp.zeros((c.value_heads, c.key_dim, c.value_dim), cp.float32)
+    conv = cp.zeros((1, c.conv_channels, mixer.convolution.shape[0] - 1), cp.float32)
+    state = cp.zeros((1, c.value_heads, c.key_dim, c.value_dim), cp.float32)
+    lane = ((0, tokens, 0),)
 
     def run() -> Any:
-        return mixer._op("prefill")(mixed, mixer.convolution, conv, g, beta, state, **mixer._dims)
+        op = mixer._op("prefill")
+        return op(mixed, mixer.convolution, conv, g, beta, state, lane, **mixer._dims)
 
     print(f"  gdn_prefill whole: {_ms(run):.3f} ms")
     for name, ms in _kernel_times(gdn_prefill, run).items():

@@ -1,10 +1,12 @@
 """How one forward call's rows are laid out: lanes stacked into one matrix.
 
 Projections and MLPs see all lanes' rows at once (one matrix product per weight). The mixers
-(attention over a cache, the Gated DeltaNet scan) need each lane's memory: a prefill chunk
-walks its lanes one by one, while a decode step (one token per lane) addresses every lane's
-memory at once through device index arrays (``DecodeIndex``), so the step runs without a
-host round trip and can be captured in a CUDA graph.
+(attention over a cache, the Gated DeltaNet scan) need each lane's memory: in a prefill chunk
+attention walks its lanes one by one (after storing every lane's keys and values at once) and
+a recurrent layer reads every lane's rows in one call (``each_round``), while a decode step
+(one token per lane) addresses every lane's memory at once through device index arrays
+(``DecodeIndex``), so the step runs without a host round trip and can be captured in a CUDA
+graph.
 """
 
 from __future__ import annotations
@@ -55,6 +57,21 @@ class Lane:
             pieces.append((slice(at, self.rows.start + mark.row), mark))
             at = self.rows.start + mark.row
         return [*pieces, (slice(at, self.rows.stop), None)]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """``rows`` of a lane, ending at ``mark`` (None: at the lane's end): one lane's share of
+    a round (``Batch.rounds``)."""
+
+    lane: Lane
+    rows: slice
+    mark: Mark | None
+
+    @property
+    def segment(self) -> tuple[int, int, int]:
+        """(first row, rows, slot): the piece as the delta_rule family's ``prefill`` takes it."""
+        return (self.rows.start, self.rows.stop - self.rows.start, self.lane.state.slot)
 
 
 @dataclass(frozen=True)
@@ -122,19 +139,48 @@ class Batch:
         outs = [fn(lane) for lane in self.lanes]
         return outs[0] if len(outs) == 1 else xp.concatenate(outs)
 
+    def rounds(self) -> list[list[Piece]]:
+        """The lanes' pieces (``Lane.segments``: each lane's rows cut at its marks) by
+        round: round r holds every lane's r-th piece. A lane's pieces run through its states
+        one after another, different lanes' independently, so a layer with slot states reads
+        a round's pieces together and saves the marks that end them before the next round."""
+        cut = [lane.segments() for lane in self.lanes]
+        return [
+            [Piece(lane, *pieces[r]) for lane, pieces in zip(self.lanes, cut, strict=True)
+             if r < len(pieces)]
+            for r in range(max((len(pieces) for pieces in cut), default=0))
+        ]  # fmt: skip
+
+    def each_round(self, fn: Callable[[list[Piece]], Array], states: Sequence[Array]) -> Array:
+        """``fn(pieces)`` for every round (``rounds``), each giving [N, ...] with its pieces'
+        rows written; the slot ``states`` the pieces advance saved at the marks that end
+        them after each round. -> the rows of every round (a single round's output as it
+        is). A layer with slot states reads a prefill chunk so."""
+        out = None
+        for pieces in self.rounds():
+            got = fn(pieces)
+            for piece in pieces:
+                if out is not None:
+                    out[piece.rows] = got[piece.rows]
+                if piece.mark is not None:
+                    piece.mark.save(states)
+            out = got if out is None else out
+        assert out is not None, "each_round: a batch without rows"
+        return out
+
     def each_piece(
         self, fn: Callable[[Lane, slice], Array], states: Sequence[Array], xp: Any
     ) -> Array:
-        """``fn(lane, rows)`` for every lane's pieces in order (``Lane.segments``: its rows
-        cut at its marks), the slot ``states`` it advances saved at each mark; stacked in
-        row order. A layer with slot states reads a prefill chunk so."""
+        """``fn(lane, rows)`` for every piece of every round (``each_round``), each one
+        lane's rows: for a layer whose op reads one lane at a time."""
 
-        def lane_rows(lane: Lane) -> Array:
-            outs = []
-            for rows, mark in lane.segments():
-                outs.append(fn(lane, rows))
-                if mark is not None:
-                    mark.save(states)
-            return outs[0] if len(outs) == 1 else xp.concatenate(outs)
+        def pieces_of(pieces: list[Piece]) -> Array:
+            out = None
+            for piece in pieces:
+                got = fn(piece.lane, piece.rows)
+                if out is None:
+                    out = xp.empty((self.rows, *got.shape[1:]), dtype=got.dtype)
+                out[piece.rows] = got
+            return out
 
-        return self.each_lane(lane_rows, xp)
+        return self.each_round(pieces_of, states)

@@ -112,11 +112,12 @@ def test_conv_heads_matches_the_reference(
     conv = A.silu(C.causal_conv(rows, kernel.astype(np.float64), want_state))
     want = C.split_heads(conv, hk, dk, 1, value_width)
 
-    got_state = cp.asarray(state)
+    got_state = cp.asarray(state)[None]  # slot 0 of one
     got = gdn_prefill.conv_heads(
         cp.asarray(wide)[:, first:],
         cp.asarray(kernel),
         got_state,
+        ((0, t, 0),),
         key_heads=hk,
         key_dim=dk,
         value_width=value_width,
@@ -125,7 +126,7 @@ def test_conv_heads_matches_the_reference(
         np.testing.assert_allclose(
             cp.asnumpy(x).reshape(ref.shape), ref, rtol=1e-5, atol=1e-6, err_msg=name
         )
-    np.testing.assert_array_equal(cp.asnumpy(got_state), want_state.astype(np.float32))
+    np.testing.assert_array_equal(cp.asnumpy(got_state[0]), want_state.astype(np.float32))
 
 
 def test_conv_heads_float4_and_one_a_thread_agree_to_the_bit() -> None:
@@ -144,7 +145,9 @@ def test_conv_heads_float4_and_one_a_thread_agree_to_the_bit() -> None:
     for first in (4, 1):
         wide = cp.zeros((t, channels + 8), cp.float32)
         wide[:, first : first + channels] = rows
-        got.append(gdn_prefill.conv_heads(wide[:, first:], kernel, state.copy(), **dims))
+        lane = ((0, t, 0),)
+        states = state[None].copy()
+        got.append(gdn_prefill.conv_heads(wide[:, first:], kernel, states, lane, **dims))
     for name, a, b in zip("qkv", *got, strict=True):
         np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b), err_msg=name)
 
@@ -170,10 +173,11 @@ def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:
         state = cp.asarray(rng.standard_normal((hv, dk, dv)) * 0.5, cp.float32)
         dims = {"key_heads": hk, "key_dim": dk, "value_heads": hv, "value_dim": dv}
         ref_conv, ref_state = conv.copy(), state.copy()
+        lane = ((0, t, 0),)
         got = delta_rule.resolved("prefill", "cuda", kernel, **dims)(
-            mixed, kernel, conv, g, beta, state, **dims
+            mixed, kernel, conv[None], g, beta, state[None], lane, **dims
         )
-        want = R.prefill(mixed, kernel, ref_conv, g, beta, ref_state, **dims)
+        want = R.prefill(mixed, kernel, ref_conv[None], g, beta, ref_state[None], lane, **dims)
         chosen = registry.resolve("delta_rule", "chunk", device="cuda", key_dim=dk, value_dim=dv)
         name = next(
             n for n, p in registry.providers("delta_rule")["chunk"].items() if p.load() is chosen
@@ -185,3 +189,46 @@ def test_the_backend_prefill_equals_the_reference_on_cupy(cuda_backend) -> None:
             np.testing.assert_allclose(
                 cp.asnumpy(x), cp.asnumpy(ref), rtol=max(rtol, 1e-4), atol=max(atol * scale, 1e-5)
             )
+
+
+def test_lanes_stacked_in_one_call_equal_each_lane_alone() -> None:
+    """The family's ``prefill`` on CUDA over several lanes' rows in one call (segments of
+    1 to 130 rows, around the 8-token tiles and the 64-token chunks, in slots out of order,
+    rows of no lane between them): each lane's rows, states and convolution states are
+    those of the lane prefilled alone, to the bit (the same launches' arithmetic per chunk)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(11)
+    hk, hv, dk, dv, taps = 2, 4, 128, 64, 4
+    dims = {"key_heads": hk, "key_dim": dk, "value_heads": hv, "value_dim": dv}
+    channels = 2 * hk * dk + hv * dv
+    lengths, slots, gap = (1, 63, 64, 65, 130, 7), (3, 0, 5, 1, 6, 2), 3
+    segments, at = [], 0
+    for count, slot in zip(lengths, slots, strict=True):
+        segments.append((at, count, slot))
+        at += count + gap
+    n = at
+    mixed = cp.asarray(rng.standard_normal((n, channels + 16)), cp.float32)[:, :channels]
+    kernel = cp.asarray(rng.standard_normal((taps, channels)) * 0.5, cp.float32)
+    g = cp.asarray(-np.abs(rng.standard_normal((n, hv))) * 0.3, cp.float32)
+    beta = cp.asarray(rng.random((n, hv)), cp.float32)
+    conv = cp.asarray(rng.standard_normal((8, channels, taps - 1)), cp.float32)
+    state = cp.asarray(rng.standard_normal((8, hv, dk, dv)) * 0.5, cp.float32)
+    prefill = delta_rule.resolved("prefill", "cuda", kernel, **dims)
+
+    together_conv, together_state = conv.copy(), state.copy()
+    together = prefill(mixed, kernel, together_conv, g, beta, together_state, segments, **dims)
+    for first, count, slot in segments:
+        rows = slice(first, first + count)
+        alone_conv, alone_state = conv[slot : slot + 1].copy(), state[slot : slot + 1].copy()
+        alone = prefill(
+            mixed[rows], kernel, alone_conv, g[rows], beta[rows], alone_state, ((0, count, 0),),
+            **dims,
+        )  # fmt: skip
+        np.testing.assert_array_equal(cp.asnumpy(together[rows]), cp.asnumpy(alone))
+        np.testing.assert_array_equal(cp.asnumpy(together_state[slot]), cp.asnumpy(alone_state[0]))
+        np.testing.assert_array_equal(cp.asnumpy(together_conv[slot]), cp.asnumpy(alone_conv[0]))
+    untouched = [s for s in range(8) if s not in slots]
+    np.testing.assert_array_equal(
+        cp.asnumpy(together_state[untouched]), cp.asnumpy(state[untouched])
+    )

@@ -52,6 +52,10 @@ F32, BF16 = 4, 2
 ROUTER_COPIES = 4
 
 
+#: lanes whose rows one prefill chunk is planned to pack (the engine's default lanes)
+PACKED_LANES = 8
+
+
 def prefill_workspace(
     config: Mapping[str, Any], rows: int, logit_rows: int, *, captured: bool = True
 ) -> int:
@@ -105,10 +109,12 @@ def _hyper_connections(config: Mapping[str, Any], rows: int) -> int:
 
 
 def _gdn(config: Mapping[str, Any], rows: int) -> int:
-    """A Gated DeltaNet layer inside its chunked delta rule (``gdn_prefill.gdn_chunk``): the
-    joined projections' output [q | k | v | z | b | a], the convolved q, k and v, g and beta,
-    and the kernel's buffers: out, u and vnew (value width), w (value heads x key dim), the
-    per-chunk ``qk`` ([CHUNK] a head) and ``starts`` (one state per chunk of CHUNK rows)."""
+    """A Gated DeltaNet layer inside its chunked delta rule (``gdn_prefill.gdn_chunk_rows``):
+    the joined projections' output [q | k | v | z | b | a], the convolved q, k and v, g and
+    beta, and the kernel's buffers: out (value width), and per chunk of CHUNK rows u and vnew
+    (value width), w (value heads x key dim), ``qk`` ([CHUNK] a head) and ``starts`` (one
+    state). Every lane of a packed chunk starts a chunk of its own: the chunks counted are
+    those of ``PACKED_LANES`` lanes sharing the rows."""
     value_heads = config.get("linear_num_value_heads") or config.get("linear_num_heads")
     if not value_heads:
         return 0
@@ -120,13 +126,20 @@ def _gdn(config: Mapping[str, Any], rows: int) -> int:
     per_row = (
         projections
         + 2 * key_width  # q, k
-        + 4 * value_width  # v, out, u, vnew
-        + value_heads * key_dim  # w
-        + value_heads * GDN_CHUNK  # qk
+        + 2 * value_width  # v, out
         + 4 * value_heads  # g, beta and their aligned copies
     )
-    starts = -(-rows // GDN_CHUNK) * value_heads * key_dim * value_dim
-    return _residual(config, rows) + (rows * per_row + starts) * F32
+    chunks = -(-rows // GDN_CHUNK) + PACKED_LANES - 1
+    per_chunk = (
+        GDN_CHUNK
+        * (
+            2 * value_width  # u, vnew
+            + value_heads * key_dim  # w
+            + value_heads * GDN_CHUNK  # qk
+        )
+        + value_heads * key_dim * value_dim
+    )  # starts
+    return _residual(config, rows) + (rows * per_row + chunks * per_chunk) * F32
 
 
 def _attention(config: Mapping[str, Any], rows: int) -> int:

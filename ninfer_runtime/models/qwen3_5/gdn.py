@@ -103,19 +103,19 @@ class GatedDeltaNet:
                 d.slots,
                 **self._dims,
             )
-        else:
-            o = batch.each_piece(
-                lambda lane, rows: self._op("prefill")(
-                    mixed[rows],
+        else:  # a prefill chunk: every lane's rows in one call (a call a round with marks)
+            o = batch.each_round(
+                lambda pieces: self._op("prefill")(
+                    mixed,
                     self.convolution,
-                    memory.conv[lane.state.slot],
-                    g[rows],
-                    beta[rows],
-                    memory.recurrent[lane.state.slot],
+                    memory.conv,
+                    g,
+                    beta,
+                    memory.recurrent,
+                    tuple(piece.segment for piece in pieces),
                     **self._dims,
                 ),
                 (memory.recurrent, memory.conv),
-                xp,
             )
 
         y = resolve("norm", "gated_rms_norm", device=be.name)(o, z, self.norm, self.eps)

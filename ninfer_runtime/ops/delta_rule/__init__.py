@@ -6,8 +6,9 @@ Ops (signatures as the reference's, ``reference.py``):
 * ``chunk``: ``(q, k, v, g, beta, state) -> out``: T tokens in the chunked form: q, k
   [T, Hk, dk] (l2-normalised, q already scaled), v [T, Hv, dv], log-decay g and write strength
   beta [T, Hv], state float32 updated in place; out [T, Hv, dv];
-* ``prefill``: one lane's T tokens from the projected [q | k | v] channels: the causal
-  convolution, SiLU, the q/k normalisation, then ``chunk``;
+* ``prefill``: the rows of one or more lanes stacked, from the projected [q | k | v]
+  channels, each lane a segment (first row, rows, slot) continuing its slot's states: the
+  causal convolution, SiLU, the q/k normalisation, then ``chunk``;
 * ``decode``: one token per lane, states addressed by slot;
 * ``verify`` / ``commit``: a speculative round's tokens from unchanged states (their inputs
   recorded), then the first accepted ones folded in;

@@ -1,10 +1,11 @@
 """Our kernels for the delta rule (``backends/cuda/kernels/gdn.cu`` and ``gdn_prefill.cu``):
 float32 states, compiled convolution widths and key head sizes; value head sizes a multiple of
-4 for the chunked form. Launches only: no synchronisation, so decode and verification can be
-captured in CUDA graphs."""
+4 for the chunked form (and so for a prefill, whose lanes share its launches). Launches only:
+no synchronisation, so decode and verification can be captured in CUDA graphs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import cupy as cp
@@ -12,7 +13,6 @@ import cupy as cp
 from ...backends.cuda import gdn, gdn_prefill
 from ...backends.cuda.gdn import CONV_TAPS, KEY_DIMS
 from ...backends.cuda.gdn_prefill import gdn_chunk as chunk
-from ..registry import resolve
 
 __all__ = [
     "accepts_chunk",
@@ -32,8 +32,10 @@ def accepts_chunk(*, device: str, key_dim: int, value_dim: int, **_: object) -> 
     return device == "cuda" and key_dim in KEY_DIMS and value_dim % 4 == 0
 
 
-def accepts_prefill(*, device: str, taps: int, **_: object) -> bool:
-    return device == "cuda" and taps in CONV_TAPS
+def accepts_prefill(*, device: str, taps: int, **key: Any) -> bool:
+    """The convolution's compiled widths and our chunk kernels' sizes (a prefill's lanes
+    run in their launches together)."""
+    return taps in CONV_TAPS and accepts_chunk(device=device, **key)
 
 
 def accepts_step(*, device: str, taps: int, key_dim: int, **_: object) -> bool:
@@ -41,17 +43,23 @@ def accepts_step(*, device: str, taps: int, key_dim: int, **_: object) -> bool:
 
 
 def prefill(
-    mixed: Array, kernel: Array, conv_state: Array, g: Array, beta: Array, state: Array, **dims: int
+    mixed: Array,
+    kernel: Array,
+    conv_states: Array,
+    g: Array,
+    beta: Array,
+    states: Array,
+    segments: Sequence[tuple[int, int, int]],
+    **dims: int,
 ) -> Array:
-    """The convolution, SiLU and q/k normalisation in one launch, then the chunked form from
-    the family's policy."""
+    """Every segment's convolution, SiLU and q/k normalisation in one launch, then the
+    chunked form in three, every segment's chunks in each."""
     hk, dk, hv, dv = (dims[n] for n in ("key_heads", "key_dim", "value_heads", "value_dim"))
+    segments = tuple(tuple(int(x) for x in seg) for seg in segments)
     q, k, v = gdn_prefill.conv_heads(
-        mixed, kernel, conv_state, key_heads=hk, key_dim=dk, value_width=hv * dv
+        mixed, kernel, conv_states, segments, key_heads=hk, key_dim=dk, value_width=hv * dv
     )
-    v = v.reshape(-1, hv, dv)
-    scan = resolve("delta_rule", "chunk", device="cuda", key_dim=dk, value_dim=dv)
-    return scan(q, k, v, g, beta, state)
+    return gdn_prefill.gdn_chunk_rows(q, k, v.reshape(-1, hv, dv), g, beta, states, segments)
 
 
 def decode(

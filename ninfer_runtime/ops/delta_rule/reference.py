@@ -7,6 +7,7 @@ variant, ``kda_reference.py``, shares both)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from ...models.functional import _xp, silu
@@ -195,24 +196,33 @@ def decode(
 def prefill(
     mixed: Array,
     kernel: Array,
-    conv_state: Array,
+    conv_states: Array,
     g: Array,
     beta: Array,
-    state: Array,
+    states: Array,
+    segments: Sequence[tuple[int, int, int]],
     *,
     key_heads: int,
     key_dim: int,
     value_heads: int,
     value_dim: int,
 ) -> Array:
-    """T tokens of one lane (notes 5.5): the causal convolution of mixed [T, C] = [q | k | v]
-    continuing conv_state [C, K-1], SiLU, q and k l2-normalised (q scaled by dk^-1/2), then
-    the delta rule from state [Hv, dk, dv] in the chunked form as the family resolves
-    ``chunk`` (one token: the recurrent form); g, beta [T, Hv]. Both states are updated.
-    -> [T, Hv, dv]."""
-    conv = silu(causal_conv(mixed, kernel, conv_state))
-    q, k, v = split_heads(conv, key_heads, key_dim, value_heads, value_dim)
-    return scan(step, "chunk", q, k, v, g, beta, state, key_dim=key_dim, value_dim=value_dim)
+    """The rows of one or more lanes stacked (notes 5.5): each segment (first row, rows,
+    slot) one lane's tokens, continuing its slot of conv_states [S, C, K-1] and states
+    [S, Hv, dk, dv] (both updated): the causal convolution of its rows of mixed [N, C] =
+    [q | k | v], SiLU, q and k l2-normalised (q scaled by dk^-1/2), then the delta rule in
+    the chunked form as the family resolves ``chunk`` (one token: the recurrent form); g,
+    beta [N, Hv]. -> [N, Hv, dv] (rows of no segment are zeros)."""
+    out = _xp(mixed).zeros((mixed.shape[0], value_heads, value_dim), dtype=states.dtype)
+    for first, count, slot in segments:
+        rows = slice(first, first + count)
+        conv = silu(causal_conv(mixed[rows], kernel, conv_states[slot]))
+        q, k, v = split_heads(conv, key_heads, key_dim, value_heads, value_dim)
+        out[rows] = scan(
+            step, "chunk", q, k, v, g[rows], beta[rows], states[slot], key_dim=key_dim,
+            value_dim=value_dim,
+        )  # fmt: skip
+    return out
 
 
 #: ``(mixed, kernel, conv_states, g, beta, states, slots, records, *, tokens, **dims)``: a

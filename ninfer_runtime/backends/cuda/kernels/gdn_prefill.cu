@@ -1,6 +1,7 @@
-// Gated DeltaNet prefill of one lane (ops/delta_rule/reference.py): the convolution and the split
-// into heads (gdn_prefill_conv, a block per 8 tokens and slice of channels), then the delta
-// rule in the chunked form (reference.py chunk), chunks of GC = 64 tokens, in three launches:
+// Gated DeltaNet prefill of one or more lanes' rows (ops/delta_rule/reference.py), each lane a
+// segment of consecutive rows with its own states (a slot of the state arrays): the convolution
+// and the split into heads (gdn_prefill_conv, a block per 8 tokens and slice of channels),
+// then the delta rule in the chunked form (reference.py chunk), chunks of GC = 64 tokens, in three launches:
 //
 //   gdn_chunk_prepare  (chunk, value head): everything that does not depend on the carried
 //       state. γ = cumsum(g) inside the chunk, D_ij = exp(γ_i - γ_j); A = β (k kᵀ) ⊙ D strictly
@@ -8,8 +9,8 @@
 //       cores in 3xTF32); then [u | w] from the unit lower-triangular system
 //       (I + A) [u | w] = [β v | β e^γ k], by forward substitution (each thread owns whole
 //       columns in registers, so the substitution needs no barrier).
-//   gdn_chunk_states   (32 state columns, value head): the chunks in order, the state S in
-//       registers. Writes the state each chunk starts from, v_new = u - w S, and then
+//   gdn_chunk_states   (32 state columns, value head, segment): the segment's chunks in order,
+//       from its slot's state, the state S in registers. Writes the state each chunk starts from, v_new = u - w S, and then
 //       S <- e^{γ_last} S + kᵀ (e^{γ_last - γ} ⊙ v_new), both products on tensor cores in
 //       3xTF32 (about float32), the next chunk's inputs copied in by cp.async meanwhile.
 //   gdn_chunk_output   (chunk, value head, 64 columns): out = e^γ ⊙ (q S) + QK v_new, on
@@ -17,11 +18,13 @@
 //
 // Layouts: q, k [T, Hk, DK] (value head h reads key head h / (Hv / Hk)), v [T, Hv, dv],
 // g, beta [T, Hv]; workspaces u [n, Hv, GC, dv], w [n, Hv, GC, DK], qk [n, Hv, GC, GC],
-// gam [n, Hv, GC], starts [n, Hv, DK, dv], vnew [n, Hv, GC, dv]; state [Hv, DK, dv].
-// Rows past T read as zero tokens (g = β = 0, k = 0: they neither decay nor write). Every
-// product (the preparation's k kᵀ and q kᵀ, the other two kernels' all) runs 3xTF32 on the
-// tensor cores (about float32); the forward substitution float32 on the CUDA cores; dv is a
-// multiple of 4 and every array 16-byte aligned.
+// gam [n, Hv, GC], starts [n, Hv, DK, dv], vnew [n, Hv, GC, dv]; states [slots, Hv, DK, dv].
+// Chunks never straddle two segments: `chunks` [n] holds each one's first row and row count,
+// `segments` each segment's chunks (first, end) and slot, so one launch serves every lane
+// of a packed prefill. A chunk's rows past its count read as zero tokens (g = β = 0, k = 0:
+// they neither decay nor write). Every product (the preparation's k kᵀ and q kᵀ, the other two
+// kernels' all) runs 3xTF32 on the tensor cores (about float32); the forward substitution
+// float32 on the CUDA cores; dv is a multiple of 4 and every array 16-byte aligned.
 // Built after gdn.cu (silu_f, warp_sum).
 
 // A gdn_prefill_conv block's tokens and threads (CONV_TOKENS and CONV_THREADS in
@@ -53,11 +56,11 @@ __device__ __forceinline__ void conv_store(float* p, const float (&x)[VEC]) {
   }
 }
 
-// Tokens t0 = GDN_CONV_TOKENS blockIdx.x onwards of the lane and the channels
-// [c0, c0 + slice) of [q | k | v], c0 = slice blockIdx.y (slice a multiple of key_dim, so no
-// key head straddles two blocks): the depthwise convolution of each token over the window of
-// K inputs ending at it (inputs before the lane's first token come from conv_state [C, K-1],
-// read only), SiLU, then q and k l2-normalised per key head (q also scaled by key_dim^-1/2)
+// The tile of rows tiles[blockIdx.x] = (first row t0, rows n <= GDN_CONV_TOKENS, its segment's
+// first row, its slot) and the channels [c0, c0 + slice) of [q | k | v], c0 = slice blockIdx.y
+// (slice a multiple of key_dim, so no key head straddles two blocks): the depthwise
+// convolution of each token over the window of K inputs ending at it (inputs before the
+// segment's first row come from its slot of conv_states [slots, C, K-1], read only), SiLU, then q and k l2-normalised per key head (q also scaled by key_dim^-1/2)
 // and everything written out by head. A thread takes VEC adjacent channels (VEC = 4: float4
 // loads and stores, every row and pointer 16-byte aligned) and loads their K taps and the
 // tile's GDN_CONV_TOKENS + K - 1 inputs once. mixed rows are row_stride floats apart (the
@@ -66,15 +69,18 @@ __device__ __forceinline__ void conv_store(float* p, const float (&x)[VEC]) {
 template <int K, int VEC>
 __global__ void __launch_bounds__(GDN_CONV_THREADS, 3)  // three blocks an SM: 85 registers
     gdn_prefill_conv(const float* __restrict__ mixed, long long row_stride,
-                     const float* __restrict__ kernel, const float* __restrict__ conv_state,
-                     int tokens, int key_heads, int key_dim, int value_width, int slice,
-                     float* __restrict__ q, float* __restrict__ k, float* __restrict__ v) {
+                     const float* __restrict__ kernel, const float* __restrict__ conv_states,
+                     const int4* __restrict__ tiles, int key_heads, int key_dim,
+                     int value_width, int slice, float* __restrict__ q, float* __restrict__ k,
+                     float* __restrict__ v) {
   constexpr int TT = GDN_CONV_TOKENS, W = TT + K - 1;
   extern __shared__ float4 smem4[];
   float* rows = reinterpret_cast<float*>(smem4);  // [TT][slice]
-  const int t0 = blockIdx.x * TT, n = min(TT, tokens - t0);
+  const int4 tile = tiles[blockIdx.x];
+  const int t0 = tile.x, n = tile.y, first = tile.z;
   const int key_width = key_heads * key_dim, qk_width = 2 * key_width;
   const int channels = qk_width + value_width;
+  const float* conv_state = conv_states + (long long)tile.w * channels * (K - 1);
   const int c0 = blockIdx.y * slice, c1 = min(c0 + slice, channels);
   for (int c = c0 + VEC * threadIdx.x; c < c1; c += VEC * blockDim.x) {
     float taps[K][VEC], x[W][VEC];
@@ -83,10 +89,11 @@ __global__ void __launch_bounds__(GDN_CONV_THREADS, 3)  // three blocks an SM: 8
 #pragma unroll
     for (int i = 0; i < W; ++i) {  // x[i]: input t0 - (K - 1) + i
       const int s = t0 - (K - 1) + i;
-      if (s < 0) {
+      if (s < first) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) x[i][e] = conv_state[(c + e) * (K - 1) + (K - 1) + s];
-      } else if (s < tokens) {
+        for (int e = 0; e < VEC; ++e)
+          x[i][e] = conv_state[(c + e) * (K - 1) + (K - 1) + (s - first)];
+      } else if (s < t0 + n) {
         conv_load<VEC>(mixed + s * row_stride + c, x[i]);
       } else {
 #pragma unroll
@@ -180,8 +187,9 @@ template <int DK>
 __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 128 registers
     gdn_chunk_prepare(const float* __restrict__ q, const float* __restrict__ k,
                       const float* __restrict__ v, const float* __restrict__ g,
-                      const float* __restrict__ beta, int tokens, int key_heads, int value_heads,
-                      int dv, float* __restrict__ u, float* __restrict__ w,
+                      const float* __restrict__ beta, const int2* __restrict__ chunks,
+                      int key_heads, int value_heads, int dv, float* __restrict__ u,
+                      float* __restrict__ w,
                       float* __restrict__ qk, float* __restrict__ gam) {
   using G = GdnChunk<DK>;
   extern __shared__ float4 smem4[];
@@ -194,7 +202,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 12
   float* qT = big + DK * G::TP;
   const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int hk = h / (value_heads / key_heads);
-  const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+  const int t0 = chunks[chunk].x, rows = chunks[chunk].y;
   const long long head = (long long)chunk * value_heads + h;
 
   if (tid < GC) {
@@ -314,8 +322,9 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 2)  // two blocks an SM: 12
 template <int DK>
 __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     gdn_chunk_states(const float* __restrict__ k, const float* __restrict__ u,
-                     const float* __restrict__ w, const float* __restrict__ gam, int tokens,
-                     int key_heads, int value_heads, int dv, float* __restrict__ state,
+                     const float* __restrict__ w, const float* __restrict__ gam,
+                     const int2* __restrict__ chunks, const int4* __restrict__ segments,
+                     int key_heads, int value_heads, int dv, float* __restrict__ states,
                      float* __restrict__ starts, float* __restrict__ vnew) {
   using G = GdnChunk<DK>;
   constexpr int GROUPS = G::SC / 4;  // float4 columns
@@ -331,8 +340,8 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
   const int h = blockIdx.y, c0 = blockIdx.x * G::SC, tid = threadIdx.x;
   const int warp = tid >> 5, g = (tid & 31) >> 2, tig = tid & 3;
   const int hk = h / (value_heads / key_heads);
-  const int chunks = (tokens + GC - 1) / GC;
-  float* st = state + (long long)h * DK * dv;
+  const int4 segment = segments[blockIdx.z];  // its chunks [x, y), its slot z
+  float* st = states + ((long long)segment.z * value_heads + h) * DK * dv;
   const bool holds = warp * PER_WARP < TILES;
 
   const auto copy_wu = [&](int chunk) {  // w, u and γ of a chunk
@@ -352,7 +361,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     cp_commit();
   };
   const auto copy_k = [&](int chunk) {  // k of a chunk (zeros past the last token)
-    const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+    const int t0 = chunks[chunk].x, rows = chunks[chunk].y;
 #pragma unroll
     for (int e = tid; e < GC * (DK / 4); e += GDN_CHUNK_THREADS) {
       const int i = e / (DK / 4), d = 4 * (e % (DK / 4));
@@ -374,9 +383,9 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
       const int col = c0 + s_col(j, e);
       s[j][e] = holds && col < dv ? st[(long long)s_row(j, e) * dv + col] : 0.0f;
     }
-  copy_wu(0);
-  copy_k(0);
-  for (int chunk = 0; chunk < chunks; ++chunk) {
+  copy_wu(segment.x);
+  copy_k(segment.x);
+  for (int chunk = segment.x; chunk < segment.y; ++chunk) {
     const long long head = (long long)chunk * value_heads + h;
     const float* gc = gs + (chunk & 1) * GC;
     if (holds) {
@@ -417,7 +426,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
         }
     }
     __syncthreads();  // w, u and the other γ buffer are free: the next chunk's come in
-    if (chunk + 1 < chunks) {
+    if (chunk + 1 < segment.y) {
       copy_wu(chunk + 1);
       cp_wait<1>();  // this chunk's k
     } else {
@@ -442,7 +451,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
       }
     }
     __syncthreads();  // k and vs are free
-    if (chunk + 1 < chunks) copy_k(chunk + 1);
+    if (chunk + 1 < segment.y) copy_k(chunk + 1);
   }
   if (holds) {
 #pragma unroll
@@ -459,8 +468,8 @@ template <int DK>
 __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
     gdn_chunk_output(const float* __restrict__ q, const float* __restrict__ qk,
                      const float* __restrict__ gam, const float* __restrict__ starts,
-                     const float* __restrict__ vnew, int tokens, int key_heads, int value_heads,
-                     int dv, float* __restrict__ out) {
+                     const float* __restrict__ vnew, const int2* __restrict__ chunks,
+                     int key_heads, int value_heads, int dv, float* __restrict__ out) {
   using G = GdnChunk<DK>;
   constexpr int GROUPS = G::OC / 4;
   extern __shared__ float4 smem4[];
@@ -471,7 +480,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
   float* vs = ds + GC * G::CP;    // [GC][OP] v_new
   const int chunk = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * G::OC, tid = threadIdx.x;
   const int hk = h / (value_heads / key_heads);
-  const int t0 = chunk * GC, rows = min(GC, tokens - t0);
+  const int t0 = chunks[chunk].x, rows = chunks[chunk].y;
   const long long head = (long long)chunk * value_heads + h;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
