@@ -4,9 +4,9 @@ The family's memory kind is ``memory.py``: keys and values in pages of the conte
 
 Ops (signatures as the reference's, ``reference.py``):
 
-* ``write``: ``(k_pages, v_pages, page_table, slots, positions, k, v)``: a decode step's keys
-  and values, one row per lane, stored at each row's position in the pools (rounded to the
-  pools' storage);
+* ``write``: ``(k_pages, v_pages, page_table, slots, positions, k, v)``: keys and values,
+  each row stored at its own slot's position in the pools (rounded to the pools' storage): a
+  decode step's, one row per lane, or a prefill chunk's, every lane's rows in one call;
 * ``decode``: ``(q, k_pages, v_pages, page_table, slots, positions, *, scale) -> out``: row i
   of q [N, Nq, D] attends over tokens ``0 .. positions[i]`` of slot ``slots[i]``;
 * ``prefill``: ``(q, k_pages, v_pages, pages, *, start, scale, precision) -> out``: one lane's
