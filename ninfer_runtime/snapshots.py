@@ -54,10 +54,9 @@ class SnapshotLayout:
     COLUMNS = ("state", "state_at", "page", "part", "page_at", "size")
 
     def __init__(self, page_parts: Sequence[Array], state_parts: Sequence[Array]):
-        for array in [*page_parts, *state_parts]:
-            if not array.flags.c_contiguous:
-                raise ValueError("SnapshotLayout: the pool's arrays must be C-contiguous")
         arrays = [*page_parts, *state_parts]
+        if not all(array.flags.c_contiguous for array in arrays):
+            raise ValueError("SnapshotLayout: the pool's arrays must be C-contiguous")
         #: CuPy memory (copied by a kernel), else host memory (numpy, or arrays over it)
         self.on_device = bool(arrays) and _device_pointer(arrays[0]) is not None
         page_rows = [_row_bytes(part) for part in page_parts]

@@ -129,16 +129,13 @@ def _gdn(config: Mapping[str, Any], rows: int) -> int:
         + 2 * value_width  # v, out
         + 4 * value_heads  # g, beta and their aligned copies
     )
+    chunk_row = (
+        2 * value_width  # u, vnew
+        + value_heads * key_dim  # w
+        + value_heads * GDN_CHUNK  # qk
+    )
+    per_chunk = GDN_CHUNK * chunk_row + value_heads * key_dim * value_dim  # and starts
     chunks = -(-rows // GDN_CHUNK) + PACKED_LANES - 1
-    per_chunk = (
-        GDN_CHUNK
-        * (
-            2 * value_width  # u, vnew
-            + value_heads * key_dim  # w
-            + value_heads * GDN_CHUNK  # qk
-        )
-        + value_heads * key_dim * value_dim
-    )  # starts
     return _residual(config, rows) + (rows * per_row + chunks * per_chunk) * F32
 
 
