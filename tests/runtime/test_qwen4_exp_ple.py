@@ -13,7 +13,12 @@ import pytest
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.models.batch import Batch, DecodeIndex, Lane
 from ninfer_runtime.models.qwen4_exp.memory import PleGdnSpec, PleState
-from ninfer_runtime.models.qwen4_exp.ple import PerLayerEmbedding, shifted
+from ninfer_runtime.models.qwen4_exp.ple import (
+    PerLayerEmbedding,
+    last_ngram_ids,
+    ngram_ids,
+    shifted,
+)
 from ninfer_runtime.ops.delta_rule.memory import GdnSpec
 
 from .qwen4_exp_modules import EOS, array, geometry, randomized, relative_error, tiny_config
@@ -84,6 +89,18 @@ def test_shift_reads_pad_across_end_of_text():
     history = np.array([EOS, EOS, 7, 3, EOS, 9, 4])
     assert shifted(history, 1, EOS).tolist() == [EOS, EOS, EOS, 7, 3, EOS, 9]
     assert shifted(history, 2, EOS).tolist() == [EOS, EOS, EOS, EOS, 7, EOS, EOS]
+
+
+def test_a_decode_steps_hash_is_the_last_position_of_the_whole_history(case):
+    """``last_ngram_ids`` (a decode step's, on the lanes' contexts) gives the rows
+    ``ngram_ids`` gives the last position of each history: end-of-text tokens at every
+    place in the window, and windows shorter than the n-gram."""
+    g, ple = case[0], case[1]
+    rng = np.random.default_rng(3)
+    for length in (1, 2, g.ple.ngram_size, g.ple.ngram_size + 2):
+        histories = rng.choice([EOS, 1, 5, 9, 20, 63], size=(40, length))
+        want = np.stack([ngram_ids(h, g.ple, ple.layer)[-1] for h in histories])
+        np.testing.assert_array_equal(last_ngram_ids(histories, g.ple, ple.layer), want)
 
 
 def test_a_decode_step_of_two_lanes_is_each_lane_alone(case):

@@ -9,13 +9,12 @@ embeddings on chosen GDN layers and the QSA token indexer on every attention lay
 
 Served on the backends in ``SERVED_BACKENDS``. The math is written on the backend's array
 module: on CUDA the products, norms, Gated DeltaNet, K/V writes and MoE run on the kernels
-Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing on the host).
-Its decode steps read slots and
-positions on the host, so on CUDA they run eagerly (never captured as CUDA graphs). There is no
-MTP block (transformers defines none for Qwen4Exp, so an artifact's ``mtp`` component is not
-run). PLE's n-gram tables are held whole
-or read row by row from the artifact (``ple_rows``: the model options ``ple_rows`` and
-``ple_cache_bytes``).
+Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing on the host
+for prompts, on the device for decode steps). Its decode steps read positions on the host
+(QSA's choice of path), so on CUDA they run eagerly (never captured as CUDA graphs). There is
+no MTP block (transformers defines none for Qwen4Exp, so an artifact's ``mtp`` component is
+not run). PLE's n-gram tables are held whole or read row by row from the artifact
+(``ple_rows``: the model options ``ple_rows`` and ``ple_cache_bytes``).
 """
 
 from __future__ import annotations

@@ -19,9 +19,11 @@ The convolution has ``ple_conv_kernel_size`` taps spaced ``ngram_size`` rows apa
 state is the last ``(taps - 1) · ngram_size`` inputs. Both states live in the layer's slot
 (``memory.PleGdnSlots``).
 
-On any backend the n-grams are hashed on the host (a few integer ops a row, and a streamed
-table's reader wants host row ids anyway): the ids and the n-gram context are copied down,
-the table rows gathered into backend arrays, and the rest runs on the backend's arrays.
+A prompt's n-grams are hashed on the host (a few integer ops a row; a streamed table's reader
+wants host row ids anyway): its ids and n-gram context are copied down, the table rows
+gathered into backend arrays, and the rest runs on the backend's arrays. A decode step's (one
+row a lane) are hashed on the backend's arrays from the lanes' contexts there
+(``last_ngram_ids``), so a resident table's step makes no host round trip.
 """
 
 from __future__ import annotations
@@ -74,6 +76,33 @@ def ngram_ids(history: Array, ple: Ple, layer: int) -> Array:
     blocks = []
     for order in range(2, ple.ngram_size + 1):
         mixed = mixed ^ (tokens[order - 1] * xp.int64(multipliers[order - 1]))
+        heads = slice((order - 2) * ple.heads_per_ngram, (order - 1) * ple.heads_per_ngram)
+        blocks.append(mixed[:, None] % sizes[heads] + offsets[heads])
+    return xp.concatenate(blocks, axis=1)
+
+
+def last_ngram_ids(history: Array, ple: Ple, layer: int) -> Array:
+    """The table rows of the last position of each row of ``history`` [N, L] (a lane's
+    n-gram context then its new id, on any array module) -> int64 [N, heads]: ``ngram_ids``
+    of that position, each shifted token the pad token where it or a token after it (before
+    the last) is one."""
+    xp = array_module(history)
+    history = history.astype(xp.int64)
+    pad, length = ple.pad_token, history.shape[1]
+    multipliers = ple.multipliers(layer)
+    sizes = xp.asarray(ple.head_vocab_sizes(layer), dtype=xp.int64)
+    offsets = xp.asarray(ple.head_offsets(layer), dtype=xp.int64)
+    mixed = history[:, -1] * xp.int64(multipliers[0])
+    blocked = xp.zeros(history.shape[0], dtype=bool)
+    blocks = []
+    for order in range(2, ple.ngram_size + 1):
+        shift = order - 1
+        if shift < length:
+            blocked = blocked | (history[:, length - 1 - shift] == pad)
+            token = xp.where(blocked, xp.int64(pad), history[:, length - 1 - shift])
+        else:  # before the history
+            token = xp.full(history.shape[0], pad, dtype=xp.int64)
+        mixed = mixed ^ (token * xp.int64(multipliers[shift]))
         heads = slice((order - 2) * ple.heads_per_ngram, (order - 1) * ple.heads_per_ngram)
         blocks.append(mixed[:, None] % sizes[heads] + offsets[heads])
     return xp.concatenate(blocks, axis=1)
@@ -134,6 +163,16 @@ class PerLayerEmbedding:
         lane by lane, and a decode step's (one row a lane) all lanes at once."""
         xp = self.backend.xp
         d = batch.decode
+        dilation = self.ple.conv_dilation
+        if d is not None and d.tokens == 1:  # every lane's one row, each lane's states its own
+            at = d.slots
+            history = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], 1)
+            e = self.embeddings(last_ngram_ids(history, self.ple, self.layer))
+            gated, inputs = self.gate(streams, e)
+            rows = inputs[:, None, :]
+            conv = dilated_conv(rows, self.convolution, memory.ple_conv[at], dilation)
+            self._advance(memory, at, ids[:, None], rows)
+            return gated + silu(conv[:, 0])
         if d is None:
             lanes = [(lane.rows, lane.state.slot, lane.marks) for lane in batch.lanes]
         else:
@@ -144,12 +183,6 @@ class PerLayerEmbedding:
         contexts = to_numpy(memory.ple_context)  # every slot's in one read, not one a lane
         row_ids = [self.row_ids(host_ids[rows], contexts[slot]) for rows, slot, _ in lanes]
         gated, inputs = self.gate(streams, self.embeddings(np.concatenate(row_ids)))
-        dilation = self.ple.conv_dilation
-        if d is not None and d.tokens == 1:  # every lane's one row, each lane's states its own
-            at, rows = xp.asarray(slots), inputs[:, None, :]
-            conv = dilated_conv(rows, self.convolution, memory.ple_conv[at], dilation)
-            self._advance(memory, at, ids[:, None], rows)
-            return gated + silu(conv[:, 0])
         convs = []
         for rows, slot, marks in lanes:
             conv = dilated_conv(inputs[rows], self.convolution, memory.ple_conv[slot], dilation)
@@ -170,12 +203,12 @@ class PerLayerEmbedding:
         return ngram_ids(history, self.ple, self.layer)[history.shape[0] - ids.shape[0] :]
 
     def embeddings(self, row_ids: Array) -> Array:
-        """The n-gram embeddings [T, E] of table rows [T, heads]: a resident table's rows
-        gathered by the backend, a streamed table's read through its cache (host rows, moved
-        to the backend once gathered)."""
+        """The n-gram embeddings [T, E] of table rows [T, heads] (host or backend ids): a
+        resident table's rows gathered by the backend, a streamed table's read through its
+        cache (host rows, moved to the backend once gathered)."""
         flat = row_ids.reshape(-1)
         if isinstance(self.table, StreamedRows):
-            e = self.backend.xp.asarray(self.table.gather(flat))
+            e = self.backend.xp.asarray(self.table.gather(to_numpy(flat)))
         else:
             e = self.backend.embedding(flat, self.table)
         return e.reshape(row_ids.shape[0], self.ple.embed_dim)
