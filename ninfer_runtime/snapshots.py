@@ -46,8 +46,8 @@ class SnapshotLayout:
     copy moves every run of the states it names in one call: on the device one launch,
     where a run at a time was a launch each (a 27B snapshot is ~300 runs).
 
-    The arrays must be C-contiguous and stay where they are for the layout's life (the
-    pool's own, allocated once)."""
+    The arrays must be C-contiguous; the layout holds them (it copies by their addresses),
+    so they are the pool's own, allocated once."""
 
     #: the table's columns: state part, byte in its row, snapshot page, page part, byte in
     #: its row, bytes
@@ -57,6 +57,8 @@ class SnapshotLayout:
         arrays = [*page_parts, *state_parts]
         if not all(array.flags.c_contiguous for array in arrays):
             raise ValueError("SnapshotLayout: the pool's arrays must be C-contiguous")
+        #: held, so that the addresses below stay theirs and the identities stay unique
+        self._arrays = arrays
         #: CuPy memory (copied by a kernel), else host memory (numpy, or arrays over it)
         self.on_device = bool(arrays) and _device_pointer(arrays[0]) is not None
         page_rows = [_row_bytes(part) for part in page_parts]

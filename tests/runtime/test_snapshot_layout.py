@@ -3,7 +3,9 @@ every run in one call (``copy_ranges``), on host arrays (the GPU file runs it on
 
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 
 import numpy as np
 import pytest
@@ -84,3 +86,15 @@ def test_states_are_named_by_their_arrays_and_a_foreign_one_is_refused() -> None
     assert layout.state_indices([states[2], states[0]]) == [2, 0]
     with pytest.raises(ValueError, match="not this pool's"):
         layout.state_indices([states[0].copy()])
+
+
+def test_a_layout_holds_its_arrays() -> None:
+    """It copies by address and names parts by identity, so it keeps its arrays alive:
+    dropped by everyone else, their memory and identities stay theirs."""
+    pages, states = arrays()
+    layout = SnapshotLayout(pages, states)
+    watched = [weakref.ref(a) for a in (*pages, *states)]
+    del pages, states
+    gc.collect()
+    assert all(ref() is not None for ref in watched)
+    assert layout.state_indices([watched[-1]()]) == [2]
