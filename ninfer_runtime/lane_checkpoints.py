@@ -10,7 +10,7 @@ this module knows what a checkpoint needs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -179,12 +179,19 @@ class MarkCapture:
         self.saved: set[int] = set()
 
     def save(self, states: Any) -> None:
-        self.pool.save_states(states, self.lane.state.slot, self.snapshot)
-        self.saved.update(id(s) for s in states)
+        save_captures([self], states)
 
     @property
     def complete(self) -> bool:
         return all(id(part) in self.saved for part in self.pool.state_parts())
+
+
+def save_captures(captures: Sequence[MarkCapture], states: Any) -> None:
+    """The ``states`` of several captures of one pool saved in one copy (a ``batch.Mark``'s
+    saver: a layer's round of marks)."""
+    captures[0].pool.save_states(states, [(c.lane.state.slot, c.snapshot) for c in captures])
+    for c in captures:
+        c.saved.update(id(s) for s in states)
 
 
 def resume_drafter(runner: ModelRunner, a: Lane, checkpoint: Checkpoint) -> None:

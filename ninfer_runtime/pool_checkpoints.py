@@ -49,11 +49,14 @@ class PoolCheckpoints:
         self.snapshot_pages_used += len(snapshot)
         return snapshot
 
-    def save_states(self, states: Sequence[Array], slot: int, snapshot: tuple[int, ...]) -> None:
-        """Slot ``slot``'s rows of some of the pool's state arrays (``state_parts``: one
-        layer's, or part of one's) into their share of ``snapshot``."""
+    def save_states(
+        self, states: Sequence[Array], targets: Sequence[tuple[int, tuple[int, ...]]]
+    ) -> None:
+        """For every (slot, snapshot) of ``targets``: slot ``slot``'s rows of some of the
+        pool's state arrays (``state_parts``: one layer's, or part of one's) into their share
+        of ``snapshot``, all in one copy."""
         chosen = self._snapshot_layout.state_indices(states)
-        self._copy_snapshot(slot, snapshot, restore=False, states=chosen)
+        self._snapshot_layout.copy(targets, restore=False, states=chosen)
 
     def keep_marked(
         self,
@@ -112,4 +115,4 @@ class PoolCheckpoints:
     ) -> None:
         """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back); ``states``:
         only those state parts."""
-        self._snapshot_layout.copy(slot, pages, restore=restore, states=states)
+        self._snapshot_layout.copy([(slot, pages)], restore=restore, states=states)

@@ -99,26 +99,29 @@ class SnapshotLayout:
 
     def copy(
         self,
-        slot: int,
-        pages: Sequence[int],
+        targets: Sequence[tuple[int, Sequence[int]]],
         *,
         restore: bool,
         states: Collection[int] | None = None,
     ) -> None:
-        """Slot ``slot``'s states into the snapshot ``pages`` (``restore``: back);
-        ``states``: only those state parts (by index), else all."""
+        """For every (slot, pages) of ``targets``: slot ``slot``'s states into the snapshot
+        ``pages`` (``restore``: back), all in one call; ``states``: only those state parts
+        (by index), else all."""
         t = self.table
         if states is not None:
             t = np.concatenate([self._runs[i] for i in states] or [t[:0]])
-        if not len(t):
+        if not len(t) or not targets:
             return
         state, state_at, page, part, page_at, size = t.T
-        in_state = self._state_base[state] + slot * self._state_row[state] + state_at
-        in_page = (
-            self._page_base[part] + np.asarray(pages, dtype=np.int64)[page] * self._page_row[part]
-        ) + page_at
-        src, dst = (in_page, in_state) if restore else (in_state, in_page)
-        copy_ranges(dst, src, size, device=self.on_device)
+        in_state, in_page = [], []
+        for slot, pages in targets:
+            in_state.append(self._state_base[state] + slot * self._state_row[state] + state_at)
+            at = np.asarray(pages, dtype=np.int64)[page]
+            in_page.append(self._page_base[part] + at * self._page_row[part] + page_at)
+        src, dst = np.concatenate(in_state), np.concatenate(in_page)
+        if restore:
+            src, dst = dst, src
+        copy_ranges(dst, src, np.tile(size, len(targets)), device=self.on_device)
 
 
 def copy_ranges(dst: np.ndarray, src: np.ndarray, size: np.ndarray, *, device: bool) -> None:

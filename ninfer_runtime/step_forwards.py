@@ -18,7 +18,7 @@ import numpy as np
 
 from .events import EventWriter
 from .images import placed_inputs
-from .lane_checkpoints import MarkCapture
+from .lane_checkpoints import MarkCapture, save_captures
 from .models import ForwardOutput
 from .models.batch import Mark
 from .prompt_logprobs import prompt_logprobs, score_chunk
@@ -106,7 +106,7 @@ class StepForwards:
         if not any(per_read):
             return [], None
         marks = [
-            [Mark(c.position - start, c.save) for c in lane]
+            [Mark(c.position - start, c, save_captures) for c in lane]
             for lane, (_, start, _) in zip(per_read, reads, strict=True)
         ]
         return [c for lane in per_read for c in lane], marks

@@ -25,12 +25,31 @@ Array = Any
 @dataclass(frozen=True)
 class Mark:
     """A checkpoint kept inside a prefill read, after the lane's first ``row`` rows: each
-    layer that keeps states in the lane's slot hands ``save`` the state arrays it advances
-    (the pool's slot-indexed parts) once it has read those rows and no more
-    (``Lane.segments``)."""
+    layer that keeps states in the lane's slot hands the state arrays it advances (the
+    pool's slot-indexed parts) to ``saver`` once it has read those rows and no more
+    (``Lane.segments``). ``saver(keys, states)`` saves them for every mark named by its
+    ``key`` at once, so a round's marks cost one call (``save_marks``)."""
 
     row: int
-    save: Callable[[Sequence[Any]], None]
+    key: Any
+    saver: Callable[[Sequence[Any], Sequence[Any]], None]
+
+    def save(self, states: Sequence[Any]) -> None:
+        """This mark's ``states`` saved."""
+        self.saver([self.key], states)
+
+
+def save_marks(marks: Sequence[Mark], states: Sequence[Any]) -> None:
+    """Every mark's ``states`` saved, the marks that share a saver in one call."""
+    groups: list[tuple[Callable[..., None], list[Any]]] = []
+    for mark in marks:
+        group = next((keys for saver, keys in groups if saver == mark.saver), None)
+        if group is None:
+            groups.append((mark.saver, [mark.key]))
+        else:
+            group.append(mark.key)
+    for saver, keys in groups:
+        saver(keys, states)
 
 
 @dataclass(frozen=True)
@@ -154,16 +173,15 @@ class Batch:
     def each_round(self, fn: Callable[[list[Piece]], Array], states: Sequence[Array]) -> Array:
         """``fn(pieces)`` for every round (``rounds``), each giving [N, ...] with its pieces'
         rows written; the slot ``states`` the pieces advance saved at the marks that end
-        them after each round. -> the rows of every round (a single round's output as it
-        is). A layer with slot states reads a prefill chunk so."""
+        them after each round, in one call (``save_marks``). -> the rows of every round (a
+        single round's output as it is). A layer with slot states reads a prefill chunk so."""
         out = None
         for pieces in self.rounds():
             got = fn(pieces)
-            for piece in pieces:
-                if out is not None:
+            if out is not None:
+                for piece in pieces:
                     out[piece.rows] = got[piece.rows]
-                if piece.mark is not None:
-                    piece.mark.save(states)
+            save_marks([piece.mark for piece in pieces if piece.mark is not None], states)
             out = got if out is None else out
         assert out is not None, "each_round: a batch without rows"
         return out

@@ -205,13 +205,13 @@ def test_a_snapshot_layout_on_the_device_equals_the_host_one() -> None:
     host = SnapshotLayout(host_pages, host_states)
     dev = SnapshotLayout(dev_pages, dev_states)
     for layout in (host, dev):
-        layout.copy(1, (4, 0, 2), restore=False)
+        layout.copy([(1, (4, 0, 2))], restore=False)
     assert all(np.array_equal(cp.asnumpy(d), h) for d, h in zip(dev_pages, host_pages, strict=True))
     for states in (host_states, dev_states):
         for s in states:
             s[0] = 0
     for layout in (host, dev):
-        layout.copy(0, (4, 0, 2), restore=True, states={1, 2})
+        layout.copy([(0, (4, 0, 2))], restore=True, states={1, 2})
     assert all(
         np.array_equal(cp.asnumpy(d), h) for d, h in zip(dev_states, host_states, strict=True)
     )

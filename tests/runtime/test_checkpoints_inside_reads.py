@@ -119,4 +119,5 @@ def test_a_model_that_keeps_none_inside_reads_refuses_marks(artifact):
     state = engine.pool.open(64)
     engine.runner.model.checkpoints_inside_reads = False
     with pytest.raises(EngineError, match="keeps no checkpoints inside a read"):
-        engine.runner.forward([np.arange(8)], [state], marks=[[Mark(4, lambda memory: None)]])
+        mark = Mark(4, None, lambda keys, states: None)
+        engine.runner.forward([np.arange(8)], [state], marks=[[mark]])

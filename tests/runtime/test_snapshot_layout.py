@@ -1,5 +1,6 @@
 """``SnapshotLayout``: where a sequence's slot states go in a snapshot's pages, and its copy of
-every run in one call (``copy_ranges``), on host arrays (the GPU file runs it on the device)."""
+every run in one call (``copy_ranges``), on host arrays (the GPU file runs it on the device);
+and a round's marks saved in one call (``batch.save_marks``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import weakref
 import numpy as np
 import pytest
 
+from ninfer_runtime.models.batch import Mark, save_marks
 from ninfer_runtime.snapshots import SnapshotLayout, copy_ranges
 
 
@@ -48,11 +50,11 @@ def test_a_copy_keeps_and_restores_the_states_it_names_only() -> None:
     layout = SnapshotLayout(pages, states)
     before = [s.copy() for s in states]
     snapshot = (5, 1, 3)
-    layout.copy(2, snapshot, restore=False)
+    layout.copy([(2, snapshot)], restore=False)
     untouched = [p[[0, 2, 4]].copy() for p in pages]
     for s in states:
         s[2] = 0
-    layout.copy(2, snapshot, restore=True, states={0, 2})
+    layout.copy([(2, snapshot)], restore=True, states={0, 2})
     assert np.array_equal(states[0][2], before[0][2]) and np.array_equal(states[2][2], before[2][2])
     assert not states[1][2].any()  # not named: still cleared
     assert all(np.array_equal(s[:2], b[:2]) for s, b in zip(states, before, strict=True))
@@ -98,3 +100,31 @@ def test_a_layout_holds_its_arrays() -> None:
     gc.collect()
     assert all(ref() is not None for ref in watched)
     assert layout.state_indices([watched[-1]()]) == [2]
+
+
+def test_several_targets_in_one_copy_equal_each_alone() -> None:
+    """A round's marks: two slots into two snapshots in one call leave the bytes of the two
+    calls one at a time."""
+    pages, states = arrays()
+    together = SnapshotLayout(pages, states)
+    together.copy([(0, (1, 2, 3)), (2, (5, 4, 0))], restore=False, states={0, 2})
+    alone_pages, alone_states = arrays()
+    alone = SnapshotLayout(alone_pages, alone_states)
+    for target in [(0, (1, 2, 3)), (2, (5, 4, 0))]:
+        alone.copy([target], restore=False, states={0, 2})
+    assert all(np.array_equal(a, b) for a, b in zip(pages, alone_pages, strict=True))
+    assert any(p.any() for p in pages)
+
+
+def test_marks_sharing_a_saver_are_saved_in_one_call() -> None:
+    calls = []
+
+    def first(keys, states):
+        calls.append(("first", list(keys), states))
+
+    def second(keys, states):
+        calls.append(("second", list(keys), states))
+
+    marks = [Mark(3, "a", first), Mark(5, "b", second), Mark(7, "c", first)]
+    save_marks(marks, ("s",))
+    assert calls == [("first", ["a", "c"], ("s",)), ("second", ["b"], ("s",))]
