@@ -31,14 +31,16 @@ class CompiledSteps:
         key: tuple[Any, ...],
         fn: Callable[..., Any],
         shapes: Sequence[tuple[int, ...]],
+        capture: bool = True,
     ) -> Any:
-        """``fn`` compiled once per ``key`` for ``pool`` (inputs of ``shapes``)."""
+        """``fn`` compiled once per ``key`` for ``pool`` (inputs of ``shapes``; ``capture``
+        False: never captured, the step reads the host)."""
         if pool is not self._pool:
             self._pool, self._steps = pool, {}
         step = self._steps.get(key)
         if step is None:
             self.model.rope_table(pool.max_context + 1)  # sized before any capture
-            step = self._steps[key] = self.model.backend.compile_step(fn, shapes)
+            step = self._steps[key] = self.model.backend.compile_step(fn, shapes, capture)
         return step
 
     def made(self) -> list[tuple[Any, ...]]:

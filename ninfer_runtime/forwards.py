@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,10 +83,12 @@ def decode(
         np.asarray([s.length for s in states], dtype=np.int32),
     ]
     deltas = np.asarray([s.rope_delta for s in states], dtype=np.int32)
+    variant = step_variant(model, "decode", inputs[2], 1)
     if deltas.any():  # a lane after a prompt with images: RoPE rows at index + delta
-        logits, h = _shifted_decode_step(model, steps, pool, n)(*inputs, inputs[2] + deltas)
+        step = _shifted_decode_step(model, steps, pool, n, variant)
+        logits, h = step(*inputs, inputs[2] + deltas)
     else:
-        logits, h = _decode_step(model, steps, pool, n)(*inputs)
+        logits, h = _decode_step(model, steps, pool, n, variant)(*inputs)
     for state in states:
         state.length += 1
     rows = [slice(i, i + 1) for i in range(len(lanes))]
@@ -104,15 +106,18 @@ def rows(
     def step_rows(ids: Array, slots: Array, lengths: Array) -> tuple[Array, Array]:
         xp = model.backend.xp
         positions = (lengths[:, None] + xp.arange(t, dtype=xp.int32)[None, :]).reshape(-1)
-        h = hidden_rows(model, pool, ids, xp.repeat(slots, t), positions, t)
+        h = hidden_rows(model, pool, ids, xp.repeat(slots, t), positions, t, variant=variant)
         model.commit(pool, slots, xp.full(n, t, dtype=xp.int32))
         return model.logits(h[t - 1 :: t] if last_only else h), h
 
-    step = steps.get(pool, ("rows", n, t, last_only), step_rows, [(n * t,), (n,), (n,)])
+    lengths = np.asarray([s.length for s in states], dtype=np.int32)
+    variant, capture = step_variant(model, "rows", lengths, t)
+    key = ("rows", n, t, last_only) + ((variant,) if variant is not None else ())
+    step = steps.get(pool, key, step_rows, [(n * t,), (n,), (n,)], capture)
     logits, h = step(
         np.concatenate(ids).astype(np.int32),
         np.asarray([s.slot for s in states], dtype=np.int32),
-        np.asarray([s.length for s in states], dtype=np.int32),
+        lengths,
     )
     for state in states:
         state.length += t
@@ -122,27 +127,59 @@ def rows(
     return ForwardOutput([logits[i * t : (i + 1) * t] for i in range(n)], hidden)
 
 
-def _decode_step(model: Model, steps: CompiledSteps, pool: ContextPool, lanes: int) -> Any:
-    """The decode step for ``lanes`` lanes of ``pool``, made once: the backend may
-    capture it (a CUDA graph per lane count) and replay it every token."""
+def step_variant(
+    model: Model, kind: str, lengths: np.ndarray, tokens: int
+) -> tuple[Hashable | None, bool]:
+    """What ``model`` chooses for a compiled step of ``kind`` whose lanes stand at
+    ``lengths`` and read ``tokens`` rows each (its optional ``step_variant``, told the
+    step's last position), and whether the step may be captured: (None, True) for a model
+    that chooses nothing."""
+    choose = getattr(model, "step_variant", None)
+    if choose is None:
+        return None, True
+    return choose(kind, int(lengths.max()) + tokens - 1)
+
+
+def _decode_step(
+    model: Model,
+    steps: CompiledSteps,
+    pool: ContextPool,
+    lanes: int,
+    variant: tuple[Hashable | None, bool] = (None, True),
+) -> Any:
+    """The decode step for ``lanes`` lanes of ``pool``, made once per ``variant`` (the
+    model's choice, and whether it may be captured): the backend may capture it (a CUDA
+    graph per lane count) and replay it every token."""
+    chosen, capture = variant
     return steps.get(
         pool,
-        ("decode", lanes),
-        lambda ids, slots, positions: _decode_rows(model, pool, ids, slots, positions),
+        ("decode", lanes) + ((chosen,) if chosen is not None else ()),
+        lambda ids, slots, positions: _decode_rows(
+            model, pool, ids, slots, positions, variant=chosen
+        ),
         [(lanes,)] * 3,
+        capture,
     )
 
 
-def _shifted_decode_step(model: Model, steps: CompiledSteps, pool: ContextPool, lanes: int) -> Any:
+def _shifted_decode_step(
+    model: Model,
+    steps: CompiledSteps,
+    pool: ContextPool,
+    lanes: int,
+    variant: tuple[Hashable | None, bool] = (None, True),
+) -> Any:
     """The decode step whose RoPE rows are read at a fourth input (each row's position
     plus its lane's ``rope_delta``) instead of at the rows' sequence indices."""
+    chosen, capture = variant
     return steps.get(
         pool,
-        ("decode_shifted", lanes),
+        ("decode_shifted", lanes) + ((chosen,) if chosen is not None else ()),
         lambda ids, slots, positions, rope_at: _decode_rows(
-            model, pool, ids, slots, positions, rope_at
+            model, pool, ids, slots, positions, rope_at, chosen
         ),
         [(lanes,)] * 4,
+        capture,
     )
 
 
@@ -153,9 +190,10 @@ def _decode_rows(
     slots: Array,
     positions: Array,
     rope_at: Array | None = None,
+    variant: Hashable | None = None,
 ) -> tuple[Array, Array]:
     """One token for each row, every index on the device: (logits, hidden) [N, ...]."""
-    h = hidden_rows(model, pool, ids, slots, positions, rope_at=rope_at)
+    h = hidden_rows(model, pool, ids, slots, positions, rope_at=rope_at, variant=variant)
     return model.logits(h), h
 
 
@@ -167,14 +205,16 @@ def hidden_rows(
     positions: Array,
     tokens: int = 1,
     rope_at: Array | None = None,
+    variant: Hashable | None = None,
 ) -> Array:
     """Hidden states of rows addressed by device (slot, position) indices, ``tokens``
     consecutive rows per lane; RoPE rows at ``rope_at`` when given, else at the
-    positions."""
+    positions; ``variant``: the model's choice for the step (``step_variant``)."""
     cos = sin = None
     table = model.rope_table(pool.max_context)
     if table is not None:
         at = positions if rope_at is None else rope_at
         cos, sin = table[0][at], table[1][at]
-    batch = Batch((), cos, sin, DecodeIndex(slots, positions, pool.page_table, tokens))
+    index = DecodeIndex(slots, positions, pool.page_table, tokens, variant)
+    batch = Batch((), cos, sin, index)
     return model.hidden_states(ids, batch, pool)

@@ -12,8 +12,8 @@
 Not emulated: the CUDA backend's own kernels (the op catalogue's ``nvrtc`` providers,
 ``ops/*/nvrtc.py``, ``backends/cuda``) are not run, their ``reference`` rows serve; of a
 kernel's arguments only host arrays are refused, not dtypes, layouts or contiguity; streams,
-synchronisation and captured graphs (decode steps run eagerly); the device sampler (the host
-samples, as with ``graphs=False`` and no sampler).
+synchronisation, and a captured graph's replay (a "captured" step runs again each call, under
+``capturing``'s refusals); the device sampler (the host samples, as with no sampler).
 """
 
 from __future__ import annotations
@@ -28,7 +28,13 @@ from ninfer_runtime import backends
 from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.ops import registry
 from ninfer_runtime.ops.registry import override
-from tests.strict_device import DeviceArray, refuse_host_arrays, refusing_implicit_copies, xp
+from tests.strict_device import (
+    DeviceArray,
+    capturing,
+    refuse_host_arrays,
+    refusing_implicit_copies,
+    xp,
+)
 
 __all__ = ["KERNEL_OPS", "StrictCudaBackend", "kernel_arguments_on_device", "strict_cuda"]
 
@@ -86,8 +92,29 @@ class StrictCudaBackend(CpuBackend):
 
     name = "cuda"
     xp = xp
-    graphs = False
+    #: decode steps are "captured" as the CUDA backend's are: from their second call on they
+    #: run under ``capturing`` (no copy from the host, no read back), unless a model said its
+    #: steps read the host (``decode_eagerly``) or a step is not to be captured
+    graphs = True
     prefill_precision = "float32"
+
+    def compile_step(self, fn: Any, shapes: Any, capture: bool = True) -> Any:
+        eager = super().compile_step(fn, shapes, capture)
+        if not (self.graphs and capture):
+            return eager
+        calls = {"n": 0}
+
+        def step(*host: Any) -> Any:
+            inputs = [xp.asarray(a) for a in host]  # copied in before the graph launches
+            calls["n"] += 1
+            if calls["n"] == 1:  # the first call runs eagerly, as GraphStep's does
+                out = fn(*inputs)
+            else:
+                with capturing():
+                    out = fn(*inputs)
+            return () if out is None else out
+
+        return step
 
     def prepare(self, artifact: Any, names: Iterable[str]) -> dict[str, Any]:
         weights = super().prepare(artifact, names)

@@ -92,7 +92,28 @@ class DeviceArray(np.ndarray):
 
     def get(self) -> np.ndarray:
         """The host copy (``cupy.ndarray.get``)."""
+        _refuse_in_capture(f"a read of a device array {self.shape} back to the host")
         return self.view(np.ndarray).copy()
+
+    def item(self, *args: Any) -> Any:
+        _refuse_in_capture("item() of a device array")
+        return super().item(*args)
+
+    def tolist(self) -> Any:
+        _refuse_in_capture("tolist() of a device array")
+        return super().tolist()
+
+    def __int__(self) -> int:
+        _refuse_in_capture("int() of a device array")
+        return int(self.view(np.ndarray))
+
+    def __float__(self) -> float:
+        _refuse_in_capture("float() of a device array")
+        return float(self.view(np.ndarray))
+
+    def __bool__(self) -> bool:
+        _refuse_in_capture("bool() of a device array")
+        return bool(self.view(np.ndarray))
 
     def __array_namespace__(self, api_version: str | None = None) -> ModuleType:
         return xp  # type: ignore[return-value]  # what arrays.array_module reads
@@ -160,9 +181,33 @@ class _StrictModule:
 xp: Any = _StrictModule(np)
 
 
+#: whether a step is being captured (``capturing``)
+_CAPTURE = {"on": False}
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """Within the block the device refuses what a CUDA graph's capture refuses: a copy from
+    host memory (``asarray`` and its kin given anything but a device array) and a read back
+    (``get``, ``item``, ``tolist``, ``int``, ``float`` or ``bool`` of a device array)."""
+    before = _CAPTURE["on"]
+    _CAPTURE["on"] = True
+    try:
+        yield
+    finally:
+        _CAPTURE["on"] = before
+
+
+def _refuse_in_capture(what: str) -> None:
+    if _CAPTURE["on"]:
+        raise RuntimeError(f"operation not permitted when stream is capturing: {what}")
+
+
 def _call(fn: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
     """``fn`` as the device function ``name``: host arrays refused unless it takes them, run
     on numpy, its arrays returned as device arrays."""
+    if name in TAKES_HOST and not (args and isinstance(args[0], DeviceArray)):
+        _refuse_in_capture(f"{name} of host data (a host->device copy)")
     if name not in TAKES_HOST:
         position, keyword = HOST_PARAMETERS.get(name, (-1, ""))
         checked_args = [a for i, a in enumerate(args) if i != position]

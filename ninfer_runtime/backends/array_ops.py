@@ -145,7 +145,7 @@ class ReferenceOps:
         """A sampler that picks tokens where the logits are (None: the host samples)."""
         return None
 
-    def compile_step(self, fn: Any, shapes: Any) -> Any:
+    def compile_step(self, fn: Any, shapes: Any, capture: bool = True) -> Any:
         """A step taking host index arrays; run eagerly (a GPU backend captures it)."""
         xp = self.xp
 

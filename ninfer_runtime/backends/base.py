@@ -120,11 +120,12 @@ class Backend(Protocol):
         ...
 
     def compile_step(
-        self, fn: Callable[..., Any], shapes: Sequence[tuple[int, ...]]
+        self, fn: Callable[..., Any], shapes: Sequence[tuple[int, ...]], capture: bool = True
     ) -> Callable[..., Any]:
         """Make ``fn(*inputs)`` (device int32 arrays of ``shapes``, returning device arrays)
         callable with host arrays. The CPU runs it as it is; the CUDA backend captures it
-        once into a CUDA graph and replays it (so ``fn`` must not synchronise)."""
+        once into a CUDA graph and replays it (so ``fn`` must not synchronise), unless
+        ``capture`` is False (a step that reads the host runs eagerly)."""
         ...
 
 

@@ -11,7 +11,7 @@ graph.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -108,6 +108,9 @@ class DecodeIndex:
     positions: Array
     page_table: Array
     tokens: int = 1
+    #: what the model chose for the step from the positions the host knows, made part of the
+    #: compiled step's key (``Model.step_variant``; None: the model chooses nothing)
+    variant: Hashable | None = None
 
     @property
     def lane_slots(self) -> Array:

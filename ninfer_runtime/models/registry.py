@@ -54,16 +54,20 @@ def model_factory(model_type: str) -> Factory:
     return factory
 
 
-def check_backend(model: str, backend: Backend, served: Sequence[str], host_reads: str) -> None:
+def check_backend(
+    model: str, backend: Backend, served: Sequence[str], host_reads: str | None
+) -> None:
     """Refuses in one line a backend ``model`` is not served on (``served``: those its path
     has run on); the model's steps read ``host_reads`` on the host, so they synchronise and
-    the backend runs them eagerly (never captured as CUDA graphs)."""
+    the backend runs them eagerly (never captured as CUDA graphs); None: the model says per
+    step (``step_variant``)."""
     if backend.name not in served:
         raise ModelError(
             f"{model} runs on the {' and '.join(served)} backend only so far (its "
             f"{backend.name} path has not yet run on a GPU): use --backend cpu"
         )
-    decode_eagerly(backend, f"{model}'s decode steps read {host_reads} on the host")
+    if host_reads is not None:
+        decode_eagerly(backend, f"{model}'s decode steps read {host_reads} on the host")
 
 
 def load_model(

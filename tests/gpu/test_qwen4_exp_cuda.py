@@ -3,10 +3,10 @@
 indexer on both attention layers, MoE, two hyper-connection streams).
 
 Qwen4Exp is served on the backends in ``qwen4_exp.model.SERVED_BACKENDS``; cuda joined them
-once this file had passed on a GPU (an H100). Decode steps run
-eagerly (the model turns a capturing backend's graphs off: PLE reads its lanes' slots and QSA
-each row's position on the host, so a step cannot be captured) and prefill products in
-float32 (``NINFER_CUDA_PREFILL=float32``), so the tokens compare one for one.
+once this file had passed on a GPU (an H100). A capturing backend captures a decode step
+within QSA's budget when the n-gram tables are resident (``Qwen4Exp.step_variant``: such a
+step reads nothing back), and runs the others eagerly; prefill products run in float32
+(``NINFER_CUDA_PREFILL=float32``), so the tokens compare one for one.
 
 * Logits: a prompt shorter and one longer than the indexer's budget, each prefilled in chunks,
   continued by a three-row step and decode steps (the short one crosses the budget while
@@ -73,8 +73,8 @@ def artifact(tmp_path_factory: pytest.TempPathFactory, tiny: Any) -> Path:
 
 @pytest.fixture(autouse=True)
 def float32_products(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Float32 products; engines' backends capture graphs by default, which the model turns
-    off."""
+    """Float32 products; engines' backends capture graphs by default (the model's decode
+    steps within QSA's budget, with resident tables)."""
     assert "cuda" in qwen4_exp_model.SERVED_BACKENDS
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
     monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
@@ -86,10 +86,36 @@ def cuda_backend(*, graphs: bool = False) -> Any:
     return CudaBackend(graphs=graphs, prefill_precision="float32", decode_precision="split")
 
 
-def test_a_backend_capturing_decode_graphs_runs_them_eagerly(artifact: Path) -> None:
-    backend = cuda_backend(graphs=True)
-    load_model(artifact, backend)
-    assert backend.graphs is False
+def test_decode_steps_within_the_budget_are_captured_and_equal_eager_ones(
+    artifact: Path, budget: int
+) -> None:
+    """A capturing backend keeps its graphs: one lane's decode steps within QSA's budget,
+    the n-gram tables resident, are captured once (the step's key names the path it takes)
+    and give the eager steps' logits."""
+    from ninfer_runtime.backends.cuda.graphs import GraphStep
+
+    vocab = load_model(artifact).config.vocab
+    ids = np.random.default_rng(3).integers(0, vocab, budget)
+    logits = {}
+    for graphs in (False, True):
+        model = load_model(artifact, cuda_backend(graphs=graphs), options={"ple_rows": "resident"})
+        assert model.backend.graphs is graphs
+        runner = ModelRunner(model)
+        state = runner.new_pool(lanes=1, max_context=64, page_tokens=16).open(64)
+        runner.prefill(ids[: budget // 2], state, chunk=7)
+        rows = [
+            to_numpy(runner.forward([ids[t : t + 1]], [state]).logits[0])
+            for t in range(budget // 2, budget - 2)
+        ]
+        logits[graphs] = np.concatenate(rows)
+        if graphs:
+            made = runner.steps._steps
+            assert [k for k, step in made.items() if isinstance(step, GraphStep)] == [
+                ("decode", 1, "all")
+            ]
+    error = float(np.abs(logits[True] - logits[False]).max() / np.abs(logits[False]).max())
+    REPORT.append(("qwen4_exp/captured decode", "max |logit diff| / max |logit|", f"{error:.2e}"))
+    assert error <= 1e-6
 
 
 def continued_rows(model: Any, ids: np.ndarray, prompt: int) -> np.ndarray:

@@ -100,7 +100,8 @@ def test_a_decode_steps_hash_is_the_last_position_of_the_whole_history(case):
     for length in (1, 2, g.ple.ngram_size, g.ple.ngram_size + 2):
         histories = rng.choice([EOS, 1, 5, 9, 20, 63], size=(40, length))
         want = np.stack([ngram_ids(h, g.ple, ple.layer)[-1] for h in histories])
-        np.testing.assert_array_equal(last_ngram_ids(histories, g.ple, ple.layer), want)
+        got = last_ngram_ids(histories, g.ple, ple.layer, ple.head_sizes, ple.head_offsets)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_a_decode_step_of_two_lanes_is_each_lane_alone(case):

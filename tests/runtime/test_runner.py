@@ -16,9 +16,9 @@ def test_a_decode_step_is_made_once_per_lane_count_and_pool(artifact_path, monke
     made = []
     compile_step = runner.backend.compile_step
 
-    def counted(fn, shapes):
+    def counted(fn, shapes, capture=True):
         made.append(shapes[0][0])  # every input is one int per lane
-        return compile_step(fn, shapes)
+        return compile_step(fn, shapes, capture)
 
     monkeypatch.setattr(runner.backend, "compile_step", counted)
     pool, other = (runner.new_pool(lanes=2, max_context=32) for _ in range(2))

@@ -97,8 +97,8 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         self._prefetch: Prefetch | None = None
 
     # ------------------------------------------------------------------- decode steps
-    def compile_step(self, fn: Any, shapes: Any) -> Any:
-        if not self.graphs:
+    def compile_step(self, fn: Any, shapes: Any, capture: bool = True) -> Any:
+        if not self.graphs or not capture:
             return super().compile_step(fn, shapes)
         return GraphStep(fn, shapes, self._stream, self._graph_pool)
 

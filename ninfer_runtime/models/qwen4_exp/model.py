@@ -10,11 +10,13 @@ embeddings on chosen GDN layers and the QSA token indexer on every attention lay
 Served on the backends in ``SERVED_BACKENDS``. The math is written on the backend's array
 module: on CUDA the products, norms, Gated DeltaNet, K/V writes and MoE run on the kernels
 Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing on the host
-for prompts, on the device for decode steps). Its decode steps read positions on the host
-(QSA's choice of path), so on CUDA they run eagerly (never captured as CUDA graphs). There is
-no MTP block (transformers defines none for Qwen4Exp, so an artifact's ``mtp`` component is
-not run). PLE's n-gram tables are held whole or read row by row from the artifact
-(``ple_rows``: the model options ``ple_rows`` and ``ple_cache_bytes``).
+for prompts, on the device for decode steps). A decode step reads positions on the host only
+past QSA's budget (each row attends over its own length), and streamed n-gram rows are read
+on the host: on CUDA a decode step within the budget with resident tables is captured as a
+CUDA graph, other steps run eagerly (``step_variant``). There is no MTP block (transformers
+defines none for Qwen4Exp, so an artifact's ``mtp`` component is not run). PLE's n-gram
+tables are held whole or read row by row from the artifact (``ple_rows``: the model options
+``ple_rows`` and ``ple_cache_bytes``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .hyper_connections import HyperConnection, expand
 from .layer import DecoderLayer
 from .memory import IndexedKvSpec, PleGdnSpec, PleState
 from .ple_rows import DEFAULT_CACHE_BYTES, StreamedTables, choose_mode, table_names
+from .qsa import ALL, SELECTED, selects_all
 
 Array = Any
 FINAL = "text/final_connection/"
@@ -64,8 +67,8 @@ class Qwen4ExpModel(WithoutMtp):
     ):
         """``expert_offload`` (an ``expert_offload.ExpertOffload``): the routed experts it
         plans into host memory are not prepared here; it splits each MoE block."""
-        # PLE reads its lanes' slots and QSA each row's position on the host
-        check_backend("Qwen4Exp", backend, SERVED_BACKENDS, "slots and positions")
+        # which steps read the host is said step by step (``step_variant``)
+        check_backend("Qwen4Exp", backend, SERVED_BACKENDS, None)
         self.config = g = read_config(artifact.components["text"].config)
         self.backend = backend
         names = self.parameter_names()
@@ -120,6 +123,20 @@ class Qwen4ExpModel(WithoutMtp):
             state = PleState(g.streams_width, rows, p.ngram_size - 1, p.pad_token)
             specs.append(PleGdnSpec(gdn, state))
         return specs, None
+
+    def step_variant(self, kind: str, last_position: int) -> tuple[str | None, bool]:
+        """A compiled step's path and whether it may be captured, from the last position
+        its rows reach (host-known): QSA selects every token up to its budget (``ALL``: the
+        plain causal ops, nothing read back) and past it reads each row's position on the
+        host (``SELECTED``); a decode step within the budget reads nothing back when the
+        n-gram tables are resident (streamed rows are read on the host, and a multi-row
+        step's PLE hashes on the host)."""
+        g = self.config
+        if g.indexer is None:
+            return None, kind == "decode" and self.ple_tables is None
+        within = selects_all(g.indexer, last_position)
+        variant = ALL if within else SELECTED
+        return variant, within and kind == "decode" and self.ple_tables is None
 
     # ------------------------------------------------------------------------ positions
     def rope(self, positions: np.ndarray) -> tuple[Array, Array]:

@@ -81,17 +81,16 @@ def ngram_ids(history: Array, ple: Ple, layer: int) -> Array:
     return xp.concatenate(blocks, axis=1)
 
 
-def last_ngram_ids(history: Array, ple: Ple, layer: int) -> Array:
+def last_ngram_ids(history: Array, ple: Ple, layer: int, sizes: Array, offsets: Array) -> Array:
     """The table rows of the last position of each row of ``history`` [N, L] (a lane's
     n-gram context then its new id, on any array module) -> int64 [N, heads]: ``ngram_ids``
     of that position, each shifted token the pad token where it or a token after it (before
-    the last) is one."""
+    the last) is one. ``sizes``, ``offsets``: the layer's head vocabulary sizes and offsets
+    (int64, on the history's array module: made once, so a captured step copies nothing)."""
     xp = array_module(history)
     history = history.astype(xp.int64)
     pad, length = ple.pad_token, history.shape[1]
     multipliers = ple.multipliers(layer)
-    sizes = xp.asarray(ple.head_vocab_sizes(layer), dtype=xp.int64)
-    offsets = xp.asarray(ple.head_offsets(layer), dtype=xp.int64)
     mixed = history[:, -1] * xp.int64(multipliers[0])
     blocked = xp.zeros(history.shape[0], dtype=bool)
     blocks = []
@@ -147,6 +146,10 @@ class PerLayerEmbedding:
             for name in ("key_norm", "query_norm", "convolution_norm")
         )
         self.convolution = backend.array(weights[p + "convolution"])  # [K, hc·H]
+        xp = backend.xp
+        #: the n-gram heads' vocabulary sizes and offsets, for a decode step's hash
+        self.head_sizes = xp.asarray(ple.head_vocab_sizes(layer), dtype=xp.int64)
+        self.head_offsets = xp.asarray(ple.head_offsets(layer), dtype=xp.int64)
 
     @staticmethod
     def parameter_names(prefix: str) -> list[str]:
@@ -167,8 +170,10 @@ class PerLayerEmbedding:
         if d is not None and d.tokens == 1:  # every lane's one row, each lane's states its own
             at = d.slots
             history = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], 1)
-            e = self.embeddings(last_ngram_ids(history, self.ple, self.layer))
-            gated, inputs = self.gate(streams, e)
+            table_rows = last_ngram_ids(
+                history, self.ple, self.layer, self.head_sizes, self.head_offsets
+            )
+            gated, inputs = self.gate(streams, self.embeddings(table_rows))
             rows = inputs[:, None, :]
             conv = dilated_conv(rows, self.convolution, memory.ple_conv[at], dilation)
             self._advance(memory, at, ids[:, None], rows)

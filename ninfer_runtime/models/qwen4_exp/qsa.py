@@ -22,9 +22,11 @@ While a query has at most ``block_topk`` complete blocks behind it, the selectio
 all and its tail: every visible token. Calls whose last query is still there (every prompt
 and context up to about the budget) take the attention family's plain causal ops, the same
 math without the indexer's scores; past it, the scores, the selection and the masked
-attention run on the backend's arrays. A decode or verification step reads its rows'
-positions on the host (to tell which, and past the budget because each row attends over its
-own length), so such a step synchronises and cannot be captured as a CUDA graph.
+attention run on the backend's arrays. A decode or verification step is told which by its
+variant (``Qwen4Exp.step_variant``: from the positions the host knows, part of the compiled
+step's key), so a step within the budget reads nothing back and may be captured as a CUDA
+graph; past it, each row attends over its own length, which the step reads on the host
+(it synchronises and runs eagerly).
 """
 
 from __future__ import annotations
@@ -111,6 +113,17 @@ def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float)
     return out.transpose(2, 0, 1, 3).reshape(t, nq, d)
 
 
+#: a step's variant (``Qwen4Exp.step_variant``) whose rows all select every token they see:
+#: the plain causal ops, no read of the positions; ``SELECTED``: the indexer's path
+ALL, SELECTED = "all", "selected"
+
+
+def selects_all(indexer: Any, position: int) -> bool:
+    """Whether a query at ``position`` (and so every earlier one) selects every token it
+    sees: no more complete blocks behind it than ``indexer`` keeps."""
+    return (position + 1) // indexer.compress_ratio <= indexer.block_topk
+
+
 class IndexedAttention(GatedAttention):
     """Qwen3.5's gated attention with the QSA indexer (``L indexer/…`` parameters)."""
 
@@ -153,14 +166,17 @@ class IndexedAttention(GatedAttention):
             at = (pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page)
             memory.index_k[at] = ik
             memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
-            positions = d.host_positions
-            if self.selects_all(max(positions)):
+            # the path from the step's variant (the positions the host knew), else read here
+            within = d.variant == ALL if d.variant is not None else None
+            if within is None:
+                within = self.selects_all(max(d.host_positions))
+            if within:
                 scale = self.a.head_dim**-0.5
                 o = self._op("decode", memory)(
                     q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
                 )
             else:  # the rows together, each over its own sequence, a block at a time
-                length = max(positions) + 1
+                length = max(d.host_positions) + 1
                 o = be.xp.empty(q.shape, be.xp.float32)
                 block = query_block(4 * length * self._token_floats(memory))
                 for at in range(0, n, block):
@@ -173,9 +189,8 @@ class IndexedAttention(GatedAttention):
 
     def selects_all(self, position: int) -> bool:
         """Whether the query at ``position`` (and so every earlier one) selects every token
-        it sees: no more complete blocks behind it than the indexer keeps."""
-        ix = self.indexer
-        return (position + 1) // ix.compress_ratio <= ix.block_topk
+        it sees (``selects_all``)."""
+        return selects_all(self.indexer, position)
 
     def project(self, x: Array, cos: Array, sin: Array) -> tuple[Array, ...]:
         """The layer input [N, H] -> q [N, Nq, D] and k, v [N, Nkv, D] (normed, rotated),
