@@ -112,7 +112,7 @@ def rows(
 
     lengths = np.asarray([s.length for s in states], dtype=np.int32)
     variant, capture = step_variant(model, "rows", lengths, t)
-    key = ("rows", n, t, last_only) + ((variant,) if variant is not None else ())
+    key = _key(("rows", n, t, last_only), variant)
     step = steps.get(pool, key, step_rows, [(n * t,), (n,), (n,)], capture)
     logits, h = step(
         np.concatenate(ids).astype(np.int32),
@@ -140,12 +140,17 @@ def step_variant(
     return choose(kind, int(lengths.max()) + tokens - 1)
 
 
+def _key(key: tuple[Any, ...], variant: Hashable | None) -> tuple[Any, ...]:
+    """A compiled step's key, with the model's variant where it chose one."""
+    return key if variant is None else (*key, variant)
+
+
 def _decode_step(
     model: Model,
     steps: CompiledSteps,
     pool: ContextPool,
     lanes: int,
-    variant: tuple[Hashable | None, bool] = (None, True),
+    variant: tuple[Hashable | None, bool],
 ) -> Any:
     """The decode step for ``lanes`` lanes of ``pool``, made once per ``variant`` (the
     model's choice, and whether it may be captured): the backend may capture it (a CUDA
@@ -153,7 +158,7 @@ def _decode_step(
     chosen, capture = variant
     return steps.get(
         pool,
-        ("decode", lanes) + ((chosen,) if chosen is not None else ()),
+        _key(("decode", lanes), chosen),
         lambda ids, slots, positions: _decode_rows(
             model, pool, ids, slots, positions, variant=chosen
         ),
@@ -167,14 +172,14 @@ def _shifted_decode_step(
     steps: CompiledSteps,
     pool: ContextPool,
     lanes: int,
-    variant: tuple[Hashable | None, bool] = (None, True),
+    variant: tuple[Hashable | None, bool],
 ) -> Any:
     """The decode step whose RoPE rows are read at a fourth input (each row's position
     plus its lane's ``rope_delta``) instead of at the rows' sequence indices."""
     chosen, capture = variant
     return steps.get(
         pool,
-        ("decode_shifted", lanes) + ((chosen,) if chosen is not None else ()),
+        _key(("decode_shifted", lanes), chosen),
         lambda ids, slots, positions, rope_at: _decode_rows(
             model, pool, ids, slots, positions, rope_at, chosen
         ),
