@@ -85,10 +85,10 @@ def decode(
     deltas = np.asarray([s.rope_delta for s in states], dtype=np.int32)
     variant = step_variant(model, "decode", inputs[2], 1)
     if deltas.any():  # a lane after a prompt with images: RoPE rows at index + delta
-        step = _shifted_decode_step(model, steps, pool, n, variant)
+        step = _decode_step(model, steps, pool, n, variant, shifted=True)
         logits, h = step(*inputs, inputs[2] + deltas)
     else:
-        logits, h = _decode_step(model, steps, pool, n, variant)(*inputs)
+        logits, h = _decode_step(model, steps, pool, n, variant, shifted=False)(*inputs)
     for state in states:
         state.length += 1
     rows = [slice(i, i + 1) for i in range(len(lanes))]
@@ -151,41 +151,21 @@ def _decode_step(
     pool: ContextPool,
     lanes: int,
     variant: tuple[Hashable | None, bool],
+    shifted: bool,
 ) -> Any:
     """The decode step for ``lanes`` lanes of ``pool``, made once per ``variant`` (the
     model's choice, and whether it may be captured): the backend may capture it (a CUDA
-    graph per lane count) and replay it every token."""
+    graph per lane count) and replay it every token. ``shifted``: its RoPE rows are read at
+    a fourth input (each row's position plus its lane's ``rope_delta``) instead of at the
+    rows' sequence indices."""
     chosen, capture = variant
-    return steps.get(
-        pool,
-        _key(("decode", lanes), chosen),
-        lambda ids, slots, positions: _decode_rows(
-            model, pool, ids, slots, positions, variant=chosen
-        ),
-        [(lanes,)] * 3,
-        capture,
-    )
 
+    def rows(ids: Array, slots: Array, positions: Array, *rope_at: Array) -> Any:
+        return _decode_rows(model, pool, ids, slots, positions, *rope_at, variant=chosen)
 
-def _shifted_decode_step(
-    model: Model,
-    steps: CompiledSteps,
-    pool: ContextPool,
-    lanes: int,
-    variant: tuple[Hashable | None, bool],
-) -> Any:
-    """The decode step whose RoPE rows are read at a fourth input (each row's position
-    plus its lane's ``rope_delta``) instead of at the rows' sequence indices."""
-    chosen, capture = variant
-    return steps.get(
-        pool,
-        _key(("decode_shifted", lanes), chosen),
-        lambda ids, slots, positions, rope_at: _decode_rows(
-            model, pool, ids, slots, positions, rope_at, chosen
-        ),
-        [(lanes,)] * 4,
-        capture,
-    )
+    kind = "decode_shifted" if shifted else "decode"
+    inputs = 4 if shifted else 3
+    return steps.get(pool, _key((kind, lanes), chosen), rows, [(lanes,)] * inputs, capture)
 
 
 def _decode_rows(
