@@ -26,7 +26,10 @@ never shows. Here the "device" is numpy too, but its arrays are ``DeviceArray``s
   through ``DeviceArray.get()`` (``to_numpy``). A numpy subclass cannot refuse numpy's C-level
   conversions, so this patches those four names on the ``numpy`` module: calls written
   ``np.asarray(...)`` are caught, ``from numpy import asarray`` and numpy's own internals are
-  not.
+  not;
+* ``capturing()``: within it what a CUDA graph's capture refuses raises (a copy from the host:
+  ``asarray`` and its kin given anything but a device array; a read back: ``get``, ``item``,
+  ``tolist``, ``int``, ``float``, ``bool``), as ``strict_cuda``'s captured steps run.
 
 Not emulated (a numpy subclass can't, or it is not worth inventing):
 
