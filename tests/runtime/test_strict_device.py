@@ -38,7 +38,7 @@ from tests.runtime.test_engine_images import request as image_request
 from tests.runtime.test_glm5_next_images import converted  # noqa: F401
 from tests.runtime.test_prefix_cache import _capacity, _concurrent
 from tests.strict_cuda import strict_cuda
-from tests.strict_device import DeviceArray, refusing_implicit_copies, xp
+from tests.strict_device import DeviceArray, capturing, refusing_implicit_copies, xp
 
 #: decode steps after the three-row step
 DECODE_STEPS = 3
@@ -66,6 +66,25 @@ def test_device_functions_and_operators_refuse_host_arrays() -> None:
         device[0] = host[0]  # a basic index takes device values and scalars only
     with refusing_implicit_copies(), pytest.raises(TypeError, match="Implicit conversion"):
         np.asarray(device)
+
+
+def test_a_capture_refuses_copies_from_the_host_and_reads_back() -> None:
+    device = xp.ones((2, 3), dtype=np.float32)
+    refused: list[Callable[[], Any]] = [
+        lambda: xp.asarray(np.ones(3)),
+        lambda: xp.asarray(5),
+        lambda: device.get(),
+        lambda: device.sum().item(),
+        lambda: device.tolist(),
+        lambda: int(device.sum()),
+        lambda: bool(device.any()),
+    ]
+    with capturing():
+        for call in refused:
+            with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+                call()
+        assert isinstance(xp.asarray(device) * 2 + device.sum(), DeviceArray)  # device work
+    assert device.get().sum() == 6  # outside the capture, reads are fine again
 
 
 def test_what_cupy_accepts_is_accepted() -> None:
