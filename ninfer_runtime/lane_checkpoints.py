@@ -169,7 +169,7 @@ class LaneCheckpoints:
 
 class MarkCapture:
     """A checkpoint of lane ``lane`` at ``position`` (``kind``), kept inside a prefill read:
-    the snapshot pages its layers fill as the forward passes it (``save``, the
+    the snapshot pages its layers fill as the forward passes it (``save_captures``, the
     ``batch.Mark``'s), made a checkpoint after the forward (``LaneCheckpoints.keep_marks``)
     only if every slot state array of the pool was filled."""
 
@@ -177,9 +177,6 @@ class MarkCapture:
         self.pool, self.lane, self.position, self.kind = pool, lane, position, kind
         self.snapshot = snapshot
         self.saved: set[int] = set()
-
-    def save(self, states: Any) -> None:
-        save_captures([self], states)
 
     @property
     def complete(self) -> bool:
