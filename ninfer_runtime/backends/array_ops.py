@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..kv_storage import gather_kv, load_kv, store_kv
-from ..models.functional import _xp, query_block, sigmoid, silu, silu_mul
+from ..models.functional import _xp, by_query_blocks, query_block, sigmoid, silu, silu_mul
 
 __all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
 
@@ -40,13 +40,9 @@ def attention(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float
     context length), each over the rows it may see."""
     t, nq, _ = q.shape
     block = query_block(2 * 4 * nq * (start + t))  # scores and probabilities
-    if t <= block:
-        return _causal(q, k_cache, v_cache, start, scale)
-    parts = [
-        _causal(q[at : at + block], k_cache, v_cache, start + at, scale)
-        for at in range(0, t, block)
-    ]
-    return _xp(q).concatenate(parts)
+    return by_query_blocks(
+        t, block, lambda rows: _causal(q[rows], k_cache, v_cache, start + rows.start, scale), _xp(q)
+    )
 
 
 def _causal(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float) -> Array:

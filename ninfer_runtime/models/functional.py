@@ -6,6 +6,7 @@ on whichever backend produced ``x`` without the model passing ``xp`` around.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -97,6 +98,14 @@ SCORE_BLOCK_BYTES = 256 << 20
 def query_block(per_query_bytes: int) -> int:
     """How many queries a block reads: their scores within ``SCORE_BLOCK_BYTES``."""
     return max(1, SCORE_BLOCK_BYTES // max(per_query_bytes, 1))
+
+
+def by_query_blocks(queries: int, block: int, fn: Callable[[slice], Array], xp: Any) -> Array:
+    """``fn(rows)`` for the queries ``0 .. queries - 1``, ``block`` of them at a time, stacked
+    in order (a single block's result as it is)."""
+    if queries <= block:
+        return fn(slice(0, queries))
+    return xp.concatenate([fn(slice(at, at + block)) for at in range(0, queries, block)])
 
 
 def top_k_ids(scores: Array, k: int) -> Array:

@@ -31,7 +31,7 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
-from ..functional import query_block, top_k_ids
+from ..functional import by_query_blocks, query_block, top_k_ids
 
 Array = Any
 LAYER_NORM_EPS = 1e-6  # transformers' indexer key norm
@@ -105,17 +105,17 @@ class TokenIndexer:
         positions = xp.asarray(positions)
         pools = records.shape[-2] // kp  # complete pools; the open one is never scored
         k = min(self.n.pools_selected, pools)
-        chosen = xp.full((positions.shape[0], k), -1, dtype=xp.int64)
         if not k:
-            return PoolChoice(chosen, positions, kp)
+            return PoolChoice(xp.full((positions.shape[0], 0), -1, xp.int64), positions, kp)
         own = records.ndim == 3
         keys = None if own else self._pool_keys(records)
         per_query = self.n.heads * pools + (records.shape[-2] * records.shape[-1] if own else 0)
-        block = query_block(4 * per_query)
-        for at in range(0, positions.shape[0], block):
-            rows = slice(at, at + block)
+
+        def best(rows: slice) -> Array:
             mixed = self._pool_keys(records[rows]) if own else keys
-            chosen[rows] = self._best(queries[rows], weights[rows], mixed, positions[rows], k)
+            return self._best(queries[rows], weights[rows], mixed, positions[rows], k)
+
+        chosen = by_query_blocks(positions.shape[0], query_block(4 * per_query), best, xp)
         return PoolChoice(chosen, positions, kp)
 
     def _pool_keys(self, records: Array) -> Array:

@@ -26,7 +26,7 @@ from ...backends import Backend, Weight
 from ...ops.attention.latent import LatentPages, LatentSpec
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import query_block
+from ..functional import by_query_blocks, query_block
 from .indexer import PoolChoice, TokenIndexer
 
 Array = Any
@@ -94,7 +94,7 @@ class LatentAttention:
     ) -> tuple[Array, list[PoolChoice]]:  # fmt: skip
         """A prefill chunk's attention, lane by lane: each lane's choice of tokens, and its
         queries attending a block at a time (each block's mask made from that choice)."""
-        xp, m = self.backend.xp, self.m
+        xp = self.backend.xp
         lanes = [(lane.rows, lane.state.page_ids, lane.start) for lane in batch.lanes]
         for rows, pages, start in lanes:  # every row stored before any row reads
             memory.write(pages, start, latent[rows], None if records is None else records[rows])
@@ -106,13 +106,7 @@ class LatentAttention:
             positions = xp.arange(start, start + count)
             choice = self._choice(i, queries, weights, rows, stored, positions, chosen)
             choices.append(choice)
-            tokens = latents.shape[0]
-            block = query_block(4 * m.heads * tokens)
-            for at in range(0, count, block):
-                part = slice(at, min(at + block, count))
-                into = slice(rows.start + part.start, rows.start + part.stop)
-                seen = choice.visible(part, tokens)
-                context[into] = self._attend(absorbed[into], latents, seen)
+            context[rows] = self._over(absorbed[rows], latents, choice)
         return context, choices
 
     def _step(
@@ -161,6 +155,17 @@ class LatentAttention:
         if chosen is None:
             raise ValueError("a shared attention layer needs the choice of the layer before")
         return chosen[i]
+
+    def _over(self, absorbed: Array, latents: Array, choice: PoolChoice) -> Array:
+        """One lane's queries over its latents, a block of queries at a time, each block's
+        mask made from the lane's ``choice``."""
+        tokens = latents.shape[0]
+        return by_query_blocks(
+            absorbed.shape[0],
+            query_block(4 * self.m.heads * tokens),
+            lambda part: self._attend(absorbed[part], latents, choice.visible(part, tokens)),
+            self.backend.xp,
+        )
 
     def _attend(self, absorbed: Array, latents: Array, seen: Array) -> Array:
         attend = resolve("attention", "latent", device=self.backend.name)

@@ -44,7 +44,7 @@ from ...backends.array_ops import softmax
 from ...kv_storage import gather_kv
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import mul_sigmoid, query_block, top_k_mask
+from ..functional import by_query_blocks, mul_sigmoid, query_block, top_k_mask
 from ..qwen3_5.attention import AttentionConfig, GatedAttention
 from .memory import IndexedAttentionPages, rope_halves, rope_rows
 
@@ -177,11 +177,12 @@ class IndexedAttention(GatedAttention):
                 )
             else:  # the rows together, each over its own sequence, a block at a time
                 length = max(d.host_positions) + 1
-                o = be.xp.empty(q.shape, be.xp.float32)
                 block = query_block(4 * length * self._token_floats(memory))
-                for at in range(0, n, block):
-                    r = slice(at, at + block)
-                    o[r] = self._attend(q[r], iq[r], pages_of[r], d.positions[r], length, memory)
+
+                def rows(r: slice) -> Array:
+                    return self._attend(q[r], iq[r], pages_of[r], d.positions[r], length, memory)
+
+                o = by_query_blocks(n, block, rows, be.xp)
         else:
             self._store_rows(batch, k, v, memory)
             o = batch.each_lane(lambda lane: self._lane(lane, batch, q, iq, ik, memory), be.xp)
@@ -256,14 +257,8 @@ class IndexedAttention(GatedAttention):
             visible = selection(iq[rows], mine(keys), positions[rows], length, self.indexer)
             return masked_attention(q[rows], mine(k), mine(v), visible, scale)
 
-        t = q.shape[0]
         block = query_block(4 * length * 2 * self.a.heads)  # scores and probabilities
-        if t <= block:
-            return attend(slice(0, t))
-        out = self.backend.xp.empty(q.shape, self.backend.xp.float32)
-        for at in range(0, t, block):
-            out[at : at + block] = attend(slice(at, at + block))
-        return out
+        return by_query_blocks(q.shape[0], block, attend, self.backend.xp)
 
     def _token_floats(self, memory: IndexedAttentionPages) -> int:
         """float32 values a row of a step reads per token of its sequence: its keys, values,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...backends.array_ops import softmax
-from ...models.functional import _xp, query_block
+from ...models.functional import _xp, by_query_blocks, query_block
 
 __all__ = ["accepts", "latent"]
 
@@ -29,17 +29,15 @@ def latent(q: Array, latents: Array, visible: Array, *, scale: float) -> Array:
     sequence (a step's lanes), query t seeing the tokens where ``visible[t]`` [T, S] (bool)
     is set (at least one each) -> [T, Nq, R] float32; the queries a block at a time
     (``query_block``)."""
-    xp = _xp(q)
     t, heads, _ = q.shape
     own = latents.ndim == 3
-    rows = query_block(4 * heads * latents.shape[-2])
-    if t <= rows:
-        return _rows(q, latents, visible, scale)
-    out = xp.empty(q.shape, xp.float32)
-    for at in range(0, t, rows):
-        part = slice(at, at + rows)
-        out[part] = _rows(q[part], latents[part] if own else latents, visible[part], scale)
-    return out
+    block = query_block(4 * heads * latents.shape[-2])
+    return by_query_blocks(
+        t,
+        block,
+        lambda rows: _rows(q[rows], latents[rows] if own else latents, visible[rows], scale),
+        _xp(q),
+    )
 
 
 def _rows(q: Array, latents: Array, visible: Array, scale: float) -> Array:
