@@ -199,10 +199,11 @@ def traced(replay: Replay) -> list[str]:
     for step in replay.steps:
         if not step.reads:
             continue
-        t = K.summarize(windows.get(str(step.index), []))
+        events = windows.get(str(step.index), [])
+        t = K.summarize(events)
         rows = sum(end - start for _, start, end in step.reads)
         top = ", ".join(f"{k.name} {k.ms:.1f}" for k in t.top[:4])
-        launched = Counter(K.short_name(name) for name, _, _ in windows.get(str(step.index), []))
+        launched = Counter(K.short_name(name) for name, _, _ in events)
         most = ", ".join(f"{name} x{count}" for name, count in launched.most_common(12))
         lines.append(
             f"  step {step.index} ({step.seconds * 1e3:.1f} ms traced, {rows} rows in "
