@@ -41,14 +41,10 @@ class Mark:
 
 def save_marks(marks: Sequence[Mark], states: Sequence[Any]) -> None:
     """Every mark's ``states`` saved, the marks that share a saver in one call."""
-    groups: list[tuple[Callable[..., None], list[Any]]] = []
+    groups: dict[Callable[..., None], list[Any]] = {}
     for mark in marks:
-        group = next((keys for saver, keys in groups if saver == mark.saver), None)
-        if group is None:
-            groups.append((mark.saver, [mark.key]))
-        else:
-            group.append(mark.key)
-    for saver, keys in groups:
+        groups.setdefault(mark.saver, []).append(mark.key)
+    for saver, keys in groups.items():
         saver(keys, states)
 
 
@@ -181,11 +177,12 @@ class Batch:
         out = None
         for pieces in self.rounds():
             got = fn(pieces)
-            if out is not None:
+            if out is None:
+                out = got
+            else:
                 for piece in pieces:
                     out[piece.rows] = got[piece.rows]
             save_marks([piece.mark for piece in pieces if piece.mark is not None], states)
-            out = got if out is None else out
         assert out is not None, "each_round: a batch without rows"
         return out
 
