@@ -1,6 +1,7 @@
 """The delta rule's chunked prefill (op family ``delta_rule``), each CUDA provider in one run.
 
     python benchmarks/delta_rule_bench.py [--tokens 64,256,1024,2048] [--json OUT.json]
+        [--prefill-only]
 
 Per model shape (the 27B's 16 key / 48 value heads, the 35B-A3B's 16 / 32, head size 128; and
 GLM5Next's KDA layers, 64 heads of 128 with a decay per key channel, op ``kda_chunk``) and
@@ -15,6 +16,14 @@ WY factors W and U, the intra-chunk outputs, and three state products) at the fp
 rate; and each provider's largest error against the float64 reference. ``per prefill``
 is the time of all the shape's linear-attention layers for a chunk (48 on the 27B, 30 on the
 35B-A3B, 34 on GLM5Next).
+
+Then the ``prefill`` op as the engine's recurrent layers call it (the [q | k | v] channels
+through the convolution and the delta rule, states in slots) on the GDN shapes, for one lane
+of 256 and 2,048 rows and for seven lanes of 131 rows in one call (the prefix cache's packed
+follower step), by each CUDA provider: eager as above, and by device time (``device_ms``: the
+calls queued behind a spinning kernel, so the device runs them back to back; what a call
+costs a chunk whose host is ahead, as the 27B's is) with the host's time to issue one; and
+the largest error against the reference in float64.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from pathlib import Path
 
 import cupy as cp
 import numpy as np
-from gpu_bench import copy_bandwidth, eager_ms
+from gpu_bench import copy_bandwidth, device_ms, eager_ms
 
 from ninfer_runtime.bench.measure import matmul_rate
 from ninfer_runtime.ops import registry
@@ -74,6 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="64,256,1024,2048")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--prefill-only", action="store_true", help="the prefill op's rows only")
     args = parser.parse_args()
     bandwidth, _ = copy_bandwidth()
     rate = matmul_rate(cp)
@@ -84,6 +94,13 @@ def main() -> None:
         f"{'shape':<8} {'T':>5} {'provider':<9} {'ms':>8} {'floor ms':>9} {'% floor':>8} "
         f"{'per prefill ms':>15} {'max rel err':>12}"
     )
+    rows = [] if args.prefill_only else chunk_rows(args.tokens, bandwidth, rate)
+    rows += prefill_rows()
+    if args.json:
+        args.json.write_text(json.dumps({"bandwidth": bandwidth, "rows": rows}, indent=2))
+
+
+def chunk_rows(tokens: str, bandwidth: float, rate: float) -> list[dict]:
     rows = []
     for shape, (op, hk, hv, dk, dv, layers) in SHAPES.items():
         table = registry.providers("delta_rule")[op]
@@ -91,7 +108,7 @@ def main() -> None:
             n for n in policy.TABLE[(op, "cuda")]
             if table[n].available() and (op == "kda_chunk" or n != "reference")
         ]  # fmt: skip
-        for t in (int(x) for x in args.tokens.split(",")):
+        for t in (int(x) for x in tokens.split(",")):
             host = inputs(op, t, hk, hv, dk, dv)
             want_state = host[5].astype(np.float64)
             want = ORACLE[op](*(a.astype(np.float64) for a in host[:5]), want_state)
@@ -111,8 +128,81 @@ def main() -> None:
                     f"{shape:<8} {t:>5} {name:<9} {ms:>8.3f} {floor:>9.3f} "
                     f"{100 * floor / ms:>7.1f}% {ms * layers:>15.2f} {err:>12.2e}"
                 )
-    if args.json:
-        args.json.write_text(json.dumps({"bandwidth": bandwidth, "rows": rows}, indent=2))
+    return rows
+
+
+#: prefill cases: (name, rows of each lane)
+PREFILL_CASES = (("1x256", (256,)), ("1x2048", (2048,)), ("7x131", (131,) * 7))
+
+
+def prefill_rows() -> list[dict]:
+    """The ``prefill`` op of the GDN shapes by each CUDA provider (eager, and device time)."""
+    print(
+        f"\nprefill: {'shape':<8} {'lanes':<7} {'provider':<9} {'eager ms':>9} {'device ms':>10} "
+        f"{'host ms':>8} {'per prefill device ms':>22} {'max rel err':>12}"
+    )
+    table = registry.providers("delta_rule")["prefill"]
+    names = [n for n in policy.TABLE[("prefill", "cuda")] if n != "reference"]
+    names = [n for n in names if table[n].available()]
+    rows = []
+    for shape, (op, hk, hv, dk, dv, layers) in SHAPES.items():
+        if op != "chunk":
+            continue
+        dims = {"key_heads": hk, "key_dim": dk, "value_heads": hv, "value_dim": dv}
+        for case, lengths in PREFILL_CASES:
+            host, segments = prefill_inputs(lengths, hk, hv, dk, dv)
+            want = _reference_prefill(host, segments, dims)
+            for name in names:
+                fn = table[name].load()
+                arrays = [cp.asarray(a) for a in host]
+                mixed, kernel, g, beta, conv, states = arrays
+                out = fn(mixed, kernel, conv.copy(), g, beta, states.copy(), segments, **dims)
+                got = np.concatenate([cp.asnumpy(out[a : a + n]) for a, n, _ in segments])
+                err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+                def call(fn=fn, arrays=arrays, segments=segments, dims=dims) -> None:
+                    mixed, kernel, g, beta, conv, states = arrays
+                    fn(mixed, kernel, conv, g, beta, states, segments, **dims)
+
+                eager = eager_ms(call)
+                device, issue = device_ms(call)
+                rows.append(
+                    {"shape": shape, "op": "prefill", "lanes": case, "provider": name,
+                     "eager_ms": eager, "device_ms": device, "host_ms": issue,
+                     "per_prefill_device_ms": device * layers, "max_rel_err": err}
+                )  # fmt: skip
+                print(
+                    f"prefill: {shape:<8} {case:<7} {name:<9} {eager:>9.3f} {device:>10.3f} "
+                    f"{issue:>8.3f} {device * layers:>22.2f} {err:>12.2e}"
+                )
+    return rows
+
+
+def prefill_inputs(
+    lengths: tuple[int, ...], hk: int, hv: int, dk: int, dv: int
+) -> tuple[tuple[np.ndarray, ...], tuple[tuple[int, int, int], ...]]:
+    """(mixed, kernel, g, beta, conv states, states) float32 and the segments: lane i's
+    rows stacked in order, in slot ``len(lengths) - 1 - i`` (slots out of row order)."""
+    rng = np.random.default_rng(sum(lengths))
+    n, channels, lanes = sum(lengths), 2 * hk * dk + hv * dv, len(lengths)
+    starts = np.cumsum((0, *lengths[:-1]))
+    segments = tuple((int(starts[i]), count, lanes - 1 - i) for i, count in enumerate(lengths))
+    host = (
+        rng.standard_normal((n, channels)),
+        rng.standard_normal((4, channels)) * 0.5,
+        -np.log1p(np.exp(rng.standard_normal((n, hv)))) * 0.3,
+        1 / (1 + np.exp(-rng.standard_normal((n, hv)))),
+        rng.standard_normal((lanes, channels, 3)),
+        rng.standard_normal((lanes, hv, dk, dv)) * 0.5,
+    )
+    return tuple(a.astype(np.float32) for a in host), segments
+
+
+def _reference_prefill(host: tuple[np.ndarray, ...], segments: tuple, dims: dict) -> np.ndarray:
+    """The segments' rows of the reference's prefill in float64, stacked in segment order."""
+    mixed, kernel, g, beta, conv, states = (a.astype(np.float64) for a in host)
+    out = R.prefill(mixed, kernel, conv, g, beta, states, segments, **dims)
+    return np.concatenate([out[a : a + n] for a, n, _ in segments])
 
 
 if __name__ == "__main__":

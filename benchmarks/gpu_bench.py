@@ -97,6 +97,36 @@ def eager_ms(fn, calls: int = 10, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
+_SPIN = cp.RawKernel(
+    r"""extern "C" __global__ void spin(long long cycles) {
+        long long began = clock64();
+        while (clock64() - began < cycles) {}
+    }""",
+    "spin",
+)
+
+
+def device_ms(fn, calls: int = 10, warmup: int = 3, ahead_ms: float = 200.0) -> tuple[float, float]:
+    """(device ms, host ms) a call of ``fn``: ``calls`` calls queued behind a kernel that
+    spins for ``ahead_ms``, so the device runs them back to back whatever the host's launch
+    time (what a call costs a prefill chunk whose host is ahead of its device), timed with
+    CUDA events; and the host's time to issue one. If the host takes longer than the spin to
+    issue them all (or a call synchronises), the device time includes its waits."""
+    for _ in range(warmup):
+        fn()
+    khz = cp.cuda.Device().attributes["ClockRate"]
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    _SPIN((1,), (1,), (np.int64(ahead_ms * khz),))
+    a.record()
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - began) * 1e3 / calls
+    b.record()
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) / calls, host
+
+
 def copy_bandwidth(nbytes: int = 2 << 30) -> tuple[float, dict[str, float]]:
     """Bytes read + written per second by the faster of two device-to-device copies of
     ``nbytes`` (cudaMemcpy and CuPy's copy kernel), each timed alone with CUDA events: a

@@ -3,6 +3,7 @@ tables its options add (speculative rounds, profiles, long prefill, ranks)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import click
@@ -24,6 +25,27 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
     if not values or min(values) < 1:
         raise click.BadParameter(f"expected comma-separated positive integers, got {text!r}")
     return values
+
+
+def _forced_providers(
+    ctx: click.Context, param: click.Parameter, specs: tuple[str, ...]
+) -> list[tuple[str, str, str]]:
+    """``FAMILY.OP=NAME`` each, checked against the op catalogue."""
+    from ..ops import registry
+
+    forced = []
+    for spec in specs:
+        where, _, name = spec.partition("=")
+        family, _, op = where.partition(".")
+        try:
+            known = registry.providers(family).get(op, {})
+        except LookupError:
+            known = None
+        if not (family and op and name) or known is None or name not in known:
+            choices = ", ".join(sorted(known)) if known else "FAMILY.OP=NAME of the op catalogue"
+            raise click.BadParameter(f"{spec!r}: expected {choices}")
+        forced.append((family, op, name))
+    return forced
 
 
 def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) -> list[int] | None:
@@ -116,6 +138,15 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     show_default=True,
     help="with --measure-acceptance: the most tokens of each answer",
 )
+@click.option(
+    "--provider",
+    "forced",
+    multiple=True,
+    metavar="FAMILY.OP=NAME",
+    callback=_forced_providers,
+    help="serve an op by this provider whatever its policy says (repeatable; e.g. "
+    "delta_rule.prefill=fla), to compare providers in the engine",
+)
 @load_options
 def run(
     artifact: str,
@@ -143,6 +174,7 @@ def run(
     vram_budget: str | None,
     ple_rows: str | None,
     expert_stream_decode: str | None,
+    forced: list[tuple[str, str, str]],
 ) -> None:
     """Decode and prefill rates of ARTIFACT beside their floors; with --spec mtp, speculative
     rounds against the plain step.
@@ -160,6 +192,7 @@ def run(
     from ninfer_format import Artifact, ArtifactError
 
     from ..errors import EngineError
+    from ..ops import registry
     from ..runner import ModelRunner
     from . import kernel_trace as K
     from . import layer_times as T
@@ -169,6 +202,11 @@ def run(
     from .kernel_profiler import trace_rows
 
     drafts = chosen_draft_tokens(spec, draft_tokens, measure_acceptance)
+    overrides = contextlib.ExitStack()
+    click.get_current_context().call_on_close(overrides.close)
+    for family, op, name in forced:
+        overrides.enter_context(registry.override(family, op, name))
+        click.echo(f"{family}.{op} served by {name} (--provider)")
     started = time.perf_counter()
     try:
         opened = Artifact.open(artifact)

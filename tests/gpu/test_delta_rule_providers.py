@@ -100,3 +100,70 @@ def test_kda_providers_match_the_reference(t: int, h: int, d: int) -> None:
             np.testing.assert_allclose(
                 x, ref, rtol=rtol, atol=atol * scale, err_msg=f"kda {name} {what}"
             )
+
+
+#: (lanes' rows, key heads, value heads, dk, dv): several lanes around the 64-token chunk
+#: with rows of no lane between them, and one lane of the 27B's heads
+PREFILL_CASES = [((1, 63, 65, 130), 2, 4, 128, 64), ((300,), 16, 48, 128, 128)]
+
+
+@pytest.mark.parametrize(("lengths", "hk", "hv", "dk", "dv"), PREFILL_CASES)
+def test_prefill_providers_match_the_reference(
+    lengths: tuple[int, ...], hk: int, hv: int, dk: int, dv: int
+) -> None:
+    """Each CUDA provider of ``prefill`` (the convolution and the delta rule over lanes'
+    segments, slots out of row order, a gap of 3 rows between lanes) against the reference
+    in float64 on the same float32 inputs, within ``PREFILL_TOLERANCE``: every lane's rows,
+    recurrent and convolution states; slots no segment names untouched."""
+    import cupy as cp
+
+    from ninfer_runtime.ops.delta_rule.reference import PREFILL_TOLERANCE
+
+    rng = np.random.default_rng(sum(lengths) + hv)
+    dims = {"key_heads": hk, "key_dim": dk, "value_heads": hv, "value_dim": dv}
+    channels, slots = 2 * hk * dk + hv * dv, len(lengths) + 2
+    segments, at = [], 2
+    for i, count in enumerate(lengths):
+        segments.append((at, count, slots - 1 - i))
+        at += count + 3
+    n = at
+    mixed = rng.standard_normal((n, channels)).astype(np.float32)
+    kernel = (rng.standard_normal((4, channels)) * 0.5).astype(np.float32)
+    g = (-np.log1p(np.exp(rng.standard_normal((n, hv)))) * 0.3).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.standard_normal((n, hv))))).astype(np.float32)
+    conv = rng.standard_normal((slots, channels, 3)).astype(np.float32)
+    state = (rng.standard_normal((slots, hv, dk, dv)) * 0.5).astype(np.float32)
+    want_conv, want_state = conv.astype(np.float64), state.astype(np.float64)
+    want = R.prefill(
+        *(a.astype(np.float64) for a in (mixed, kernel)), want_conv, g.astype(np.float64),
+        beta.astype(np.float64), want_state, segments, **dims,
+    )  # fmt: skip
+    table = registry.providers("delta_rule")["prefill"]
+    tried = 0
+    for name in (n for n in policy.TABLE[("prefill", "cuda")] if n != "reference"):
+        provider = table[name]
+        if not provider.available():
+            continue
+        tried += 1
+        got_conv, got_state = cp.asarray(conv), cp.asarray(state)
+        got = provider.load()(
+            cp.asarray(mixed), cp.asarray(kernel), got_conv, cp.asarray(g), cp.asarray(beta),
+            got_state, segments, **dims,
+        )  # fmt: skip
+        rtol, atol = PREFILL_TOLERANCE[name]
+        rows = np.concatenate([np.arange(a, a + c) for a, c, _ in segments])
+        named = [s for _, _, s in segments]
+        for what, x, ref in (
+            ("out", cp.asnumpy(got)[rows], want[rows]),
+            ("state", cp.asnumpy(got_state)[named], want_state[named]),
+            ("conv", cp.asnumpy(got_conv)[named], want_conv[named]),
+        ):
+            assert np.all(np.isfinite(x)), f"{name} {what}"
+            scale = float(np.abs(ref).max())
+            np.testing.assert_allclose(
+                x, ref, rtol=rtol, atol=atol * scale, err_msg=f"{name} {what}"
+            )
+        others = [s for s in range(slots) if s not in named]
+        np.testing.assert_array_equal(cp.asnumpy(got_state)[others], state[others])
+        np.testing.assert_array_equal(cp.asnumpy(got_conv)[others], conv[others])
+    assert tried >= 1

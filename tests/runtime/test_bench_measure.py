@@ -165,6 +165,39 @@ def test_bad_lane_list_is_a_usage_error(artifacts):
     assert result.exit_code == 2 and "comma-separated positive integers" in result.output
 
 
+def test_provider_forces_an_op_and_a_bad_one_is_a_usage_error(artifacts):
+    """``--provider FAMILY.OP=NAME`` serves the op by that provider for the run (said in the
+    output); an unknown provider or a malformed one is a usage error naming what it takes."""
+    from ninfer_runtime.ops import registry
+
+    seen = []
+    original = registry.override
+
+    def recording(family, op, name):
+        seen.append((family, op, name))
+        return original(family, op, name)
+
+    args = "--backend cpu --lanes 1 --contexts 8 --steps 1 --prefill 40 --chunk 16"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "override", recording)
+        result = CliRunner().invoke(
+            main,
+            ["run", str(artifacts["tiny_dense"]), *args.split(),
+             "--provider", "delta_rule.prefill=reference"],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "delta_rule.prefill served by reference (--provider)" in result.output
+    assert seen == [("delta_rule", "prefill", "reference")]
+    assert ("delta_rule", "prefill") not in registry._FORCED  # given back when the run ends
+    for bad, said in (
+        ("delta_rule.prefill=nope", "expected fla, nvrtc, reference"),
+        ("delta_rule", "expected FAMILY.OP=NAME"),
+        ("nofamily.op=x", "expected FAMILY.OP=NAME"),
+    ):
+        result = CliRunner().invoke(main, ["run", str(artifacts["tiny_dense"]), "--provider", bad])
+        assert result.exit_code == 2 and said in result.output, result.output
+
+
 #: a Python prelude that refuses the converter and torch, as on ``pip install ninfer[gpu]``
 WITHOUT_CONVERT = """
 import importlib.abc, sys

@@ -20,7 +20,8 @@ Providers: ``reference`` (the oracle; ``kda_reference`` for the KDA ops, both on
 convolution and split into heads and ``loops.py``'s scan, verification and commit loops, each
 around its own step), ``nvrtc`` (ours: ``kernels/gdn.cu``, ``kernels/gdn_prefill.cu``) and
 ``fla`` (flash-linear-attention's ``chunk_gated_delta_rule`` and ``chunk_kda``, pip
-``fla-core``, through DLPack views; ``chunk`` and ``kda_chunk``). Which
+``fla-core``, through DLPack views; ``chunk``, ``kda_chunk``, and ``prefill``: our
+convolution kernel, then every lane's rows in one variable-length call in bf16). Which
 serves an op is ``policy.TABLE``; the resolution key is the device, ``key_dim``,
 ``value_dim`` and the convolution's ``taps``.
 """
@@ -53,6 +54,7 @@ _PROVIDERS = {
     **{(op, "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)) for op in
        ("decode", "verify", "commit")},
     ("chunk", "fla"): ("fla", "accepts", ("cupy", "torch", "fla")),
+    ("prefill", "fla"): ("fla", "accepts_prefill", ("cupy", "torch", "fla")),
     **{(op, "reference"): ("kda_reference", "accepts", ()) for op in KDA_OPS},
     ("kda_chunk", "fla"): ("fla", "accepts", ("cupy", "torch", "fla")),
 }  # fmt: skip
