@@ -22,7 +22,9 @@
 # every expert fits (budget35.json, budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size
 # vision tower and times an image chat's first token (benchmarks/image_bench.py, 1024x1024,
 # image27.json). PREFILL_HOST=1 adds a cProfile of one 2,048-token prefill chunk of each shape
-# (prefill_host<shape>.txt: the host's issue time by function). FLASH=1 adds Qwen4Exp
+# (prefill_host<shape>.txt: the host's issue time by function). PREFILL_SWEEP="2048 4096"
+# adds the prefill at each of those chunk sizes with the delta rule's prefill by ours and by
+# fla (prefill_<shape>_<chunk>_<provider>.json). FLASH=1 adds Qwen4Exp
 # (qwen3_8_flash_next, 3 layers at full width, n-gram tables at 1/16 of their rows) with its
 # tables resident, then streamed (flash_*.json); GLM=1 adds GLM5Next (glm5next, 3 layers) with
 # --vram-budget 139GiB for the whole model (glm.json). OPS=1 times every CUDA provider of the op
@@ -101,6 +103,16 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --steps 4 --prefill 0 --long-prefill 131072 --kv-dtype bfloat16 --json "$OUT/long$name.json" \
       --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
   fi
+  # the prefill again at each chunk size of PREFILL_SWEEP (e.g. "2048 4096 8192"), with the
+  # delta rule's prefill by each of ours and fla's (prefill_<shape>_<chunk>_<provider>.json)
+  for chunk in ${PREFILL_SWEEP:-}; do
+    for provider in nvrtc fla; do
+      timeout 120 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1 --contexts 1024 \
+        --steps 4 --chunk "$chunk" --provider "delta_rule.prefill=$provider" \
+        --json "$OUT/prefill_${name}_${chunk}_$provider.json" --record "$OUT/records.md" \
+        ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -E "^prefill|served by|Error"
+    done
+  done
   if [ "${PREFILL_HOST:-0}" = 1 ]; then
     timeout 180 python3 scripts/profile_prefill_parts.py "$artifact" --chunk-once \
       --host-profile >"$OUT/prefill_host$name.txt" 2>&1
