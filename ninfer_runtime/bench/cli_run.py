@@ -3,7 +3,6 @@ tables its options add (speculative rounds, profiles, long prefill, ranks)."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import click
@@ -12,6 +11,7 @@ from ..state import KV_SETTINGS, resolve_kv_dtype
 from .cli_load import load_bench_model, load_options
 from .cli_outputs import output_options, write_rows
 from .cli_parallel import parallel_table
+from .cli_providers import force_providers, provider_option
 from .cli_spec import acceptance_table, chosen_draft_tokens, spec_tables
 from .offload_rates import OffloadReport
 from .ple_rates import PleReport
@@ -25,27 +25,6 @@ def _ints(ctx: click.Context | None, param: click.Parameter | None, text: str) -
     if not values or min(values) < 1:
         raise click.BadParameter(f"expected comma-separated positive integers, got {text!r}")
     return values
-
-
-def _forced_providers(
-    ctx: click.Context, param: click.Parameter, specs: tuple[str, ...]
-) -> list[tuple[str, str, str]]:
-    """``FAMILY.OP=NAME`` each, checked against the op catalogue."""
-    from ..ops import registry
-
-    forced = []
-    for spec in specs:
-        where, _, name = spec.partition("=")
-        family, _, op = where.partition(".")
-        try:
-            known = registry.providers(family).get(op, {})
-        except LookupError:
-            known = None
-        if not (family and op and name) or known is None or name not in known:
-            choices = ", ".join(sorted(known)) if known else "FAMILY.OP=NAME of the op catalogue"
-            raise click.BadParameter(f"{spec!r}: expected {choices}")
-        forced.append((family, op, name))
-    return forced
 
 
 def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) -> list[int] | None:
@@ -138,15 +117,7 @@ def _ints_or_none(ctx: click.Context, param: click.Parameter, text: str | None) 
     show_default=True,
     help="with --measure-acceptance: the most tokens of each answer",
 )
-@click.option(
-    "--provider",
-    "forced",
-    multiple=True,
-    metavar="FAMILY.OP=NAME",
-    callback=_forced_providers,
-    help="serve an op by this provider whatever its policy says (repeatable; e.g. "
-    "delta_rule.prefill=fla), to compare providers in the engine",
-)
+@provider_option
 @load_options
 def run(
     artifact: str,
@@ -192,7 +163,6 @@ def run(
     from ninfer_format import Artifact, ArtifactError
 
     from ..errors import EngineError
-    from ..ops import registry
     from ..runner import ModelRunner
     from . import kernel_trace as K
     from . import layer_times as T
@@ -202,11 +172,7 @@ def run(
     from .kernel_profiler import trace_rows
 
     drafts = chosen_draft_tokens(spec, draft_tokens, measure_acceptance)
-    overrides = contextlib.ExitStack()
-    click.get_current_context().call_on_close(overrides.close)
-    for family, op, name in forced:
-        overrides.enter_context(registry.override(family, op, name))
-        click.echo(f"{family}.{op} served by {name} (--provider)")
+    force_providers(forced)
     started = time.perf_counter()
     try:
         opened = Artifact.open(artifact)
