@@ -308,11 +308,12 @@ def run(
         rows += parallel_table(
             opened, backend, ranks, lanes, contexts, steps, plain, kv_dtype, expert_parallel
         )
+    said = ", ".join(f"{family}.{op}={name}" for family, op, name in forced)
     write_rows(
         rows,
         json_out,
         record,
         lambda: R.markdown(
-            rows, R.run_context(xp, artifact, kv_dtype, bandwidth, commit, products)
+            rows, R.run_context(xp, artifact, kv_dtype, bandwidth, commit, products, said)
         ),
     )

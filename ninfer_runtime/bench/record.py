@@ -36,6 +36,8 @@ class RunContext:
     copy_gbps: float
     #: the CUDA small-M products' precision (``NINFER_CUDA_DECODE``); "" for the CPU
     decode: str = ""
+    #: ops served by a provider forced with ``--provider`` (``family.op=name``, ...)
+    forced: str = ""
 
 
 def device_name(xp: Any) -> str:
@@ -72,9 +74,11 @@ def run_context(
     copy_bps: float,
     commit: str | None = None,
     decode: str = "",
+    forced: str = "",
 ) -> RunContext:
     """The context of a run that ends now; ``commit`` overrides ``source_commit()`` (for a
-    copy of the tree without its git history); ``decode``: the decode products' precision."""
+    copy of the tree without its git history); ``decode``: the decode products' precision;
+    ``forced``: the ops ``--provider`` forced."""
     now = dt.datetime.now(dt.UTC)
     return RunContext(
         date=now.strftime("%Y-%m-%d %H:%M UTC"),
@@ -84,6 +88,7 @@ def run_context(
         kv_dtype=kv_dtype,
         copy_gbps=copy_bps / 1e9,
         decode=decode,
+        forced=forced,
     )
 
 
@@ -94,6 +99,7 @@ def markdown(rows: list[dict[str, Any]], ctx: RunContext) -> str:
         "",
         f"{ctx.device}, commit {ctx.commit}, K/V {ctx.kv_dtype}, "
         + (f"decode products {ctx.decode}, " if ctx.decode else "")
+        + (f"ops forced {ctx.forced}, " if ctx.forced else "")
         + f"device-to-device copy {ctx.copy_gbps:.0f} GB/s (read + write).",
         "",
     ]

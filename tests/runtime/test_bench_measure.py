@@ -165,9 +165,10 @@ def test_bad_lane_list_is_a_usage_error(artifacts):
     assert result.exit_code == 2 and "comma-separated positive integers" in result.output
 
 
-def test_provider_forces_an_op_and_a_bad_one_is_a_usage_error(artifacts):
+def test_provider_forces_an_op_and_a_bad_one_is_a_usage_error(artifacts, tmp_path):
     """``--provider FAMILY.OP=NAME`` serves the op by that provider for the run (said in the
-    output); an unknown provider or a malformed one is a usage error naming what it takes."""
+    output and the record); an unknown provider or a malformed one is a usage error naming
+    what it takes."""
     from ninfer_runtime.ops import registry
 
     seen = []
@@ -183,10 +184,11 @@ def test_provider_forces_an_op_and_a_bad_one_is_a_usage_error(artifacts):
         result = CliRunner().invoke(
             main,
             ["run", str(artifacts["tiny_dense"]), *args.split(),
-             "--provider", "delta_rule.prefill=reference"],
+             "--provider", "delta_rule.prefill=reference", "--record", str(tmp_path / "p.md")],
         )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "delta_rule.prefill served by reference (--provider)" in result.output
+    assert "ops forced delta_rule.prefill=reference" in (tmp_path / "p.md").read_text()
     assert seen == [("delta_rule", "prefill", "reference")]
     assert ("delta_rule", "prefill") not in registry._FORCED  # given back when the run ends
     for bad, said in (
