@@ -10,6 +10,7 @@ layout (fla's default, key dimension first) and is written back in place."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from collections.abc import Callable, Sequence
@@ -95,6 +96,8 @@ def prefill(
     out = cp.empty((mixed.shape[0], hv, dv), dtype=cp.float32)
     if plan is None:
         return out
+    if not states.flags.c_contiguous:
+        raise ValueError("delta_rule.fla: the states must be C-contiguous (written in place)")
     q, k, v = gdn_prefill.conv_heads(
         mixed, kernel, conv_states, plan.segments, key_heads=hk, key_dim=dk, value_width=hv * dv
     )
@@ -103,9 +106,9 @@ def prefill(
     rows = slice(plan.first, plan.end)
     with on_cupy_stream(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fla guesses a head-first layout when T < heads
-        bounds = torch.from_numpy(plan.bounds)
+        place = (cp.cuda.Device().id, cp.cuda.get_current_stream().ptr)
+        bounds, bounds_cpu, starts, kept, written = _tables(place, plan.segments)
         held = view(states)
-        starts = view(cp.asarray(plan.gather))
         o, final = chunk_gated_delta_rule(
             *(view(a[rows]).to(torch.bfloat16)[None] for a in (q, k)),
             view(v[rows]).reshape(1, -1, hv, dv).to(torch.bfloat16),
@@ -114,13 +117,29 @@ def prefill(
             scale=1.0,
             initial_state=held.index_select(0, starts),
             output_final_state=True,
-            cu_seqlens=bounds.to(held.device),
-            cu_seqlens_cpu=bounds,
+            cu_seqlens=bounds,
+            cu_seqlens_cpu=bounds_cpu,
         )
-        kept = torch.from_numpy(plan.kept).to(held.device)
-        held.index_copy_(0, starts.index_select(0, kept), final.index_select(0, kept))
+        held.index_copy_(0, written, final.index_select(0, kept))
         view(out)[rows].copy_(o[0])
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def _tables(place: tuple[int, int], segments: tuple[tuple[int, int, int], ...]) -> tuple:
+    """The packed sequences' tables as torch tensors: (bounds on the device and on the
+    host, each sequence's state slot, the segments' sequences, their slots), uploaded once
+    and kept while the same segments come again (every recurrent layer of a forward: an
+    upload from pageable memory waits for the device, and fla keys what it derives from
+    ``cu_seqlens`` on the tensor's identity). ``place``: the device and stream, part of the
+    key, so a table is only read in the stream order of its upload."""
+    import torch
+
+    plan = Sequences(segments)
+    device = torch.device("cuda", place[0])
+    on = [torch.from_numpy(a).to(device) for a in (plan.bounds, plan.gather, plan.kept)]
+    written = torch.from_numpy(plan.gather[plan.kept]).to(device)
+    return on[0], torch.from_numpy(plan.bounds), on[1], on[2], written
 
 
 class Sequences:
