@@ -34,7 +34,8 @@
 # the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as in the
 # loop below). SHAPES picks the bench's shapes (default "qwen3_6_27b:27 qwen3_6_35b_a3b:35";
 # empty: none). TESTS picks the test files (default tests/gpu; TESTS_TIMEOUT their limit in
-# seconds, default 300); DECODE="--lanes 1 --contexts 1024" narrows the decode table; RUN=0 skips
+# seconds, default 300; TESTS_PART=k/n every n-th file from the k-th: the whole suite does not
+# fit one call on a fresh machine, so it runs as parts 1/3, 2/3 and 3/3); DECODE="--lanes 1 --contexts 1024" narrows the decode table; RUN=0 skips
 # it, for the shape's other benchmarks alone; TRACE=1 adds its kernel trace (kernels per step,
 # idle gaps); BF16_DECODE=1 runs the decode table again with NINFER_CUDA_DECODE=bf16
 # (bench<shape>_bf16.json). TP=2 adds the decode table over two GPUs beside one (on an
@@ -69,6 +70,10 @@ if [ "${SAVE_KCACHE:-0}" = 1 ]; then
   }
   save_kcache
   trap save_kcache EXIT  # again at the end, with the Triton kernels the run compiled
+fi
+if [ -n "${TESTS_PART:-}" ]; then  # k/n: every n-th test file from the k-th
+  TESTS=$(ls tests/gpu/test_*.py | awk -v k="${TESTS_PART%/*}" -v n="${TESTS_PART#*/}" \
+    'NR % n == k % n' | tr '\n' ' ')
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
