@@ -112,6 +112,26 @@ def test_router(n: int, e: int, k: int, ties: bool, cuda_backend: Any) -> None:
     np.testing.assert_allclose(cp.asnumpy(shares), share, rtol=2e-6, atol=1e-7)
 
 
+def test_router_with_nan_logits_chooses_experts_as_numpy_does(cuda_backend: Any) -> None:
+    """Rows whose logits hold NaN (a broken activation upstream): every chosen id is an
+    expert, as numpy's argsort places NaN after every value (its probabilities are then all
+    NaN: the first k experts), with NaN shares; the other rows are untouched. An id past the
+    experts would index the grouping kernels' tables out of bounds."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import route
+
+    rng = np.random.default_rng(5)
+    logits = (3 * rng.standard_normal((4, 300))).astype(np.float32)
+    logits[1, 7] = np.nan
+    logits[2, :] = np.nan
+    ids, shares = route(cp.asarray(logits), 8)
+    top, share = numpy_route(logits, 8)
+    assert np.array_equal(cp.asnumpy(ids), top)
+    assert cp.asnumpy(ids).max() < 300 and np.isnan(cp.asnumpy(shares)[1:3]).all()
+    np.testing.assert_allclose(cp.asnumpy(shares), share, rtol=2e-6, atol=1e-7)
+
+
 # ------------------------------------------------------------------------- expert-indexed GEMV
 GEMV_CASES = [
     # (format, experts, rows per expert, K, divisors of the stacked object)

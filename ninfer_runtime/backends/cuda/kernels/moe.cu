@@ -83,15 +83,19 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
   for (int t = 0; t < k; ++t) {
     float v = -1.f;  // probabilities are >= 0; taken experts are marked -1
     int i = 0x7FFFFFFF;
-    for (int e = threadIdx.x; e < E; e += MOE_ROUTER_THREADS)
-      if (moe_better(p[e], e, v, i)) {
-        v = p[e];
+    for (int e = threadIdx.x; e < E; e += MOE_ROUTER_THREADS) {
+      // a NaN ranks after every probability, as numpy's argsort places it: the choice is
+      // always an expert (NaN shares follow), never an index past the experts
+      const float pe = p[e] == p[e] ? p[e] : -0.5f;
+      if (moe_better(pe, e, v, i)) {
+        v = pe;
         i = e;
       }
+    }
     block_argmax(v, i);
     if (threadIdx.x == 0) {
       ids[row * k + t] = i;
-      picked[t] = v;
+      picked[t] = p[i];
       p[i] = -1.f;
     }
     __syncthreads();
