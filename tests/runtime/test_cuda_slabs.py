@@ -107,6 +107,24 @@ def test_fills_run_on_the_side_stream_ordered_against_the_products(fake_cupy: _L
             assert ("wait", "side", done) in ops[products[tag - 2] : d]
 
 
+def test_a_new_buffers_first_fill_waits_for_the_callers_queued_work(fake_cupy: _Log) -> None:
+    """A buffer made now may be memory CuPy's pool took back from arrays whose kernels are
+    still queued on the caller's stream: the side stream's first fill into each buffer waits
+    for an event the caller's stream recorded after everything queued before it."""
+    log = fake_cupy
+    slabs = SlabBuffers(64)
+    for tag in range(2):  # the two buffers' first fills
+        log.ops.append(("queued", "main", tag))  # the caller's earlier work
+        _fill(slabs, log, tag)
+    for tag in range(2):
+        queued = log.ops.index(("queued", "main", tag))
+        dequant = log.ops.index(("dequant", "side", tag))
+        recorded = [
+            op[2] for op in log.ops[queued:dequant] if op[0] == "record" and op[1] == "main"
+        ]
+        assert recorded and ("wait", "side", recorded[0]) in log.ops[queued:dequant]
+
+
 def test_events_are_made_once_and_each_waited_on_before_its_next_record(fake_cupy: _Log) -> None:
     """Four events serve any number of fills (two a buffer), and none is recorded anew before
     the wait that needs its last record has been queued."""

@@ -4,7 +4,9 @@ before it (compute-bound) still holds the tensor cores.
 
 Two buffers alternate: the side stream fills one once the product that last read it is
 done (an event the caller's stream records), and the caller's stream waits for the fill
-before its product. Under a CUDA graph capture everything runs on the capturing stream, in
+before its product. A buffer's first fill waits for everything the caller's stream had
+queued when it was made: CuPy's pool may give it blocks that stream's pending kernels still
+use. Under a CUDA graph capture everything runs on the capturing stream, in
 a third buffer that eager work never touches (a captured graph holds its address and may be
 replayed while eager slabs are in flight). Buffers are made once at full size and never
 replaced, for the same reason.
@@ -50,13 +52,22 @@ class SlabBuffers:
             dequantize(view)
             return view, None
         i, self._next = self._next, self._next ^ 1
-        view = self._view((f"eager{i}", np.dtype(dtype)), rows, columns, dtype)
+        key = (f"eager{i}", np.dtype(dtype))
+        fresh = key not in self._buffers
+        view = self._view(key, rows, columns, dtype)
         if self._side is None:
             self._side = cp.cuda.Stream(non_blocking=True)
             self._events = [
                 tuple(cp.cuda.Event(block=False, disable_timing=True) for _ in range(2))
                 for _ in range(2)
             ]
+        if fresh:
+            # the pool may hand a new buffer memory that kernels queued on this stream still
+            # use (freed arrays' blocks are reused in this stream's order, not the side
+            # stream's): its first fill waits for everything queued here so far
+            done = self._events[i][1]
+            done.record(stream)
+            self._free[i] = done
         if self._free[i] is not None:
             self._side.wait_event(self._free[i])
         ready = self._events[i][0]
