@@ -76,7 +76,8 @@ if [ -n "${TESTS_PART:-}" ]; then  # k/n: every n-th test file from the k-th
     'NR % n == k % n' | tr '\n' ' ')
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
+  # SIGINT at the limit: pytest stops and still prints its summary and slowest tests
+  timeout -s INT -k 30 ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
   grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
 fi
 if [ "${OPS:-0}" = 1 ]; then
