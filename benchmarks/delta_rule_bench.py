@@ -20,7 +20,7 @@ is the time of all the shape's linear-attention layers for a chunk (48 on the 27
 Then the ``prefill`` op as the engine's recurrent layers call it (the [q | k | v] channels
 through the convolution and the delta rule, states in slots) on the GDN shapes, for one lane
 of 256 and 2,048 rows and for seven lanes of 131 rows in one call (the prefix cache's packed
-follower step), by each CUDA provider: eager as above, and by device time (``device_ms``: the
+follower step), by each CUDA provider, in the policy or not: eager as above, and by device time (``device_ms``: the
 calls queued behind a spinning kernel, so the device runs them back to back; what a call
 costs a chunk whose host is ahead, as the 27B's is) with the host's time to issue one; and
 the largest error against the reference in float64.
@@ -141,9 +141,8 @@ def prefill_rows() -> list[dict]:
         f"\nprefill: {'shape':<8} {'lanes':<7} {'provider':<9} {'eager ms':>9} {'device ms':>10} "
         f"{'host ms':>8} {'per prefill device ms':>22} {'max rel err':>12}"
     )
-    table = registry.providers("delta_rule")["prefill"]
-    names = [n for n in policy.TABLE[("prefill", "cuda")] if n != "reference"]
-    names = [n for n in names if table[n].available()]
+    table = registry.providers("delta_rule")["prefill"]  # the policy's and those only forced
+    names = [n for n, p in table.items() if n != "reference" and p.available()]
     rows = []
     for shape, (op, hk, hv, dk, dv, layers) in SHAPES.items():
         if op != "chunk":

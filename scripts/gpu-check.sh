@@ -35,8 +35,9 @@
 # loop below). SHAPES picks the bench's shapes (default "qwen3_6_27b:27 qwen3_6_35b_a3b:35";
 # empty: none). TESTS picks the test files (default tests/gpu; TESTS_TIMEOUT their limit in
 # seconds, default 300; TESTS_PART=k/n every n-th file from the k-th: the whole suite does not
-# fit one call on a fresh machine, so it runs as parts 1/3, 2/3 and 3/3); DECODE="--lanes 1 --contexts 1024" narrows the decode table; RUN=0 skips
-# it, for the shape's other benchmarks alone; TRACE=1 adds its kernel trace (kernels per step,
+# fit one call on a fresh machine, so it runs as parts 1/3, 2/3 and 3/3);
+# DECODE="--lanes 1 --contexts 1024" narrows the decode table; RUN=0 skips it, for the
+# shape's other benchmarks alone; TRACE=1 adds its kernel trace (kernels per step,
 # idle gaps); BF16_DECODE=1 runs the decode table again with NINFER_CUDA_DECODE=bf16
 # (bench<shape>_bf16.json). TP=2 adds the decode table over two GPUs beside one (on an
 # nvidia-h200-x2 machine); EP=1 with it holds each routed expert whole on one rank

@@ -192,7 +192,6 @@ def copy_ranges(dst: Any, src: Any, size: Any) -> None:
     """``size[i]`` bytes from device address ``src[i]`` to ``dst[i]`` for every i (int64
     host arrays; ranges must not overlap), in one launch on the current stream (a launch per
     65,535 ranges)."""
-
     dst, src, size = (np.ascontiguousarray(a, dtype=np.int64) for a in (dst, src, size))
     if not (dst.shape == src.shape == size.shape and dst.ndim == 1):
         raise ValueError(f"copy_ranges: dst {dst.shape}, src {src.shape}, size {size.shape}")
