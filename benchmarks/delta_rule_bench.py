@@ -20,10 +20,10 @@ is the time of all the shape's linear-attention layers for a chunk (48 on the 27
 Then the ``prefill`` op as the engine's recurrent layers call it (the [q | k | v] channels
 through the convolution and the delta rule, states in slots) on the GDN shapes, for one lane
 of 256 and 2,048 rows and for seven lanes of 131 rows in one call (the prefix cache's packed
-follower step), by each CUDA provider, in the policy or not: eager as above, and by device time (``device_ms``: the
-calls queued behind a spinning kernel, so the device runs them back to back; what a call
-costs a chunk whose host is ahead, as the 27B's is) with the host's time to issue one; and
-the largest error against the reference in float64.
+follower step), by each CUDA provider, in the policy or not: eager as above, and by device
+time (``device_ms``: the calls queued behind a spinning kernel, so the device runs them back
+to back; what a call costs a chunk whose host is ahead, as the 27B's is) with the host's time
+to issue one; and the largest error against the reference in float64.
 """
 
 from __future__ import annotations
