@@ -129,17 +129,18 @@ def prefill(
 def _tables(place: tuple[int, int], segments: tuple[tuple[int, int, int], ...]) -> tuple:
     """The packed sequences' tables as torch tensors: (bounds on the device and on the
     host, each sequence's state slot, the segments' sequences, their slots), uploaded once
-    and kept while the same segments come again (every recurrent layer of a forward: an
-    upload from pageable memory waits for the device, and fla keys what it derives from
-    ``cu_seqlens`` on the tensor's identity). ``place``: the device and stream, part of the
-    key, so a table is only read in the stream order of its upload."""
+    (through pinned staging: ``uploads``) and kept while the same segments come again, as
+    every recurrent layer of a forward does (fla keys what it derives from ``cu_seqlens`` on
+    the tensor's identity). ``place``: the device and stream, part of the key, so a table is
+    only read in the stream order of its upload."""
     import torch
 
+    from ...backends.cuda.uploads import upload
+
     plan = Sequences(segments)
-    device = torch.device("cuda", place[0])
-    on = [torch.from_numpy(a).to(device) for a in (plan.bounds, plan.gather, plan.kept)]
-    written = torch.from_numpy(plan.gather[plan.kept]).to(device)
-    return on[0], torch.from_numpy(plan.bounds), on[1], on[2], written
+    tables = (plan.bounds, plan.gather, plan.kept, plan.gather[plan.kept])
+    bounds, starts, kept, written = (view(upload(a)) for a in tables)
+    return bounds, torch.from_numpy(plan.bounds), starts, kept, written
 
 
 class Sequences:
