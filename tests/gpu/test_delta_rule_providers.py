@@ -113,9 +113,9 @@ def test_prefill_providers_match_the_reference(
 ) -> None:
     """Each CUDA provider of ``prefill``, the policy's and those only forced (the
     convolution and the delta rule over lanes' segments, slots out of row order, a gap of 3
-    rows between lanes) against the reference
-    in float64 on the same float32 inputs, within ``PREFILL_TOLERANCE``: every lane's rows,
-    recurrent and convolution states; slots no segment names untouched."""
+    rows between lanes) against the reference in float64 on the same float32 inputs, within
+    ``PREFILL_TOLERANCE``: every lane's rows, recurrent and convolution states; slots no
+    segment names untouched."""
     import cupy as cp
 
     from ninfer_runtime.ops.delta_rule.reference import PREFILL_TOLERANCE
