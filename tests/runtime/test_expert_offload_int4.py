@@ -168,6 +168,38 @@ def test_the_policy_packs_beside_a_gpu_and_not_beside_the_cpu_backend():
     assert isinstance(registry.resolve("moe", "host_products", device="cuda")(), TorchInt4)
 
 
+def test_a_threads_core_count_holds_whatever_another_thread_set() -> None:
+    """A pool thread asks for 1 core, another thread then sets 2, and the first asks for 1
+    again: torch then reports 1 on it. (A new thread's first use of torch takes the count
+    the process set last, whatever it set itself before: a count remembered per thread
+    left it on the other thread's.)"""
+    import threading
+
+    import torch
+
+    kernel = TorchInt4()
+    before = torch.get_num_threads()
+    turn, seen = threading.Event(), []
+
+    def pool_thread() -> None:
+        kernel.use_threads(1)
+        turn.wait()
+        kernel.use_threads(1)
+        seen.append(torch.get_num_threads())
+
+    try:
+        worker = threading.Thread(target=pool_thread)
+        worker.start()
+        other = threading.Thread(target=kernel.use_threads, args=(2,))
+        other.start()
+        other.join()
+        turn.set()
+        worker.join()
+        assert seen == [1]
+    finally:
+        torch.set_num_threads(before)
+
+
 class CountingKernel:
     """A stand-in kernel that records the cores each expert's thread was given."""
 

@@ -26,7 +26,6 @@ and whole groups; a weight it cannot read stays with the reference (``pack`` ans
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,9 +91,6 @@ class TorchInt4:
 
     name = "torch_int4"
 
-    def __init__(self) -> None:
-        self._threads = threading.local()
-
     @staticmethod
     def pack(pieces: Sequence[Any], columns: np.ndarray | None) -> Int4Weight | None:
         """A weight stored as ``pieces`` (stored rows in order: ``format``, ``layout``,
@@ -136,11 +132,12 @@ class TorchInt4:
         return out.float().numpy()
 
     def use_threads(self, threads: int) -> None:
-        """The cores the calling thread's products may take (torch's count is per thread:
-        experts computed side by side share the cores out)."""
-        if getattr(self._threads, "count", None) != threads:
+        """The cores the calling thread's products may take. torch keeps a count per thread,
+        but a thread's first use of its parallel loops takes the count the process set last,
+        whatever the thread set before: so the count is asked of torch at every call, never
+        remembered (experts computed side by side share the cores out)."""
+        if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-            self._threads.count = threads
 
 
 _KERNEL = TorchInt4()
