@@ -17,7 +17,6 @@ import numpy as np
 
 from .compile import function, register_family
 from .gdn import CONV_TAPS, KEY_DIMS  # the decode kernels' sizes: one set for both
-from .uploads import upload
 
 FAMILY = "gdn_prefill"
 #: must match GC, GDN_CHUNK_THREADS and GdnChunk<DK>::SC / OC in the kernel
@@ -55,6 +54,8 @@ def _table(place: tuple[int, int], kind: str, segments: tuple[Segment, ...]) -> 
     ``tiles`` [n, 4] (a convolution block's first row, rows, its segment's first row, slot),
     ``chunks`` [n, 2] (a chunk's first row and rows), ``segments`` [s, 4] (a segment's
     first chunk, end chunk, slot, 0)."""
+    import cupy as cp
+
     rows = []
     if kind == "tiles":
         for first, count, slot in segments:
@@ -70,7 +71,7 @@ def _table(place: tuple[int, int], kind: str, segments: tuple[Segment, ...]) -> 
             end = chunk + -(-count // CHUNK)
             rows.append((chunk, end, slot, 0))
             chunk = end
-    return upload(np.array(rows, dtype=np.int32))
+    return cp.asarray(np.array(rows, dtype=np.int32))
 
 
 def _place() -> tuple[int, int]:

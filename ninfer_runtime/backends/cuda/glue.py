@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from .compile import function, register_family
-from .uploads import upload
 
 THREADS = 256  # GLUE_THREADS in kernels/glue.cu
 WARPS = THREADS // 32
@@ -192,12 +191,14 @@ def copy_ranges(dst: Any, src: Any, size: Any) -> None:
     """``size[i]`` bytes from device address ``src[i]`` to ``dst[i]`` for every i (int64
     host arrays; ranges must not overlap), in one launch on the current stream (a launch per
     65,535 ranges)."""
+    import cupy as cp
+
     dst, src, size = (np.ascontiguousarray(a, dtype=np.int64) for a in (dst, src, size))
     if not (dst.shape == src.shape == size.shape and dst.ndim == 1):
         raise ValueError(f"copy_ranges: dst {dst.shape}, src {src.shape}, size {size.shape}")
     for a in range(0, len(size), COPY_RANGES):
         part = slice(a, a + COPY_RANGES)
-        table = upload(np.stack([dst[part], src[part], size[part]]))  # one copy
+        table = cp.asarray(np.stack([dst[part], src[part], size[part]]))  # one upload
         wide = not ((dst[part] | src[part] | size[part]) & 15).any()
         words = int(size[part].max()) // (16 if wide else 1)
         blocks = max(1, min(COPY_BLOCKS, -(-words // THREADS)))

@@ -128,18 +128,18 @@ def prefill(
 @functools.lru_cache(maxsize=16)
 def _tables(place: tuple[int, int], segments: tuple[tuple[int, int, int], ...]) -> tuple:
     """The packed sequences' tables as torch tensors: (bounds on the device and on the
-    host, each sequence's state slot, the segments' sequences, their slots), uploaded once
-    (through pinned staging: ``uploads``) and kept while the same segments come again, as
-    every recurrent layer of a forward does (fla keys what it derives from ``cu_seqlens`` on
-    the tensor's identity). ``place``: the device and stream, part of the key, so a table is
-    only read in the stream order of its upload."""
+    host, each sequence's state slot, the segments' sequences, their slots), copied once and
+    kept while the same segments come again, as every recurrent layer of a forward does (fla
+    keys what it derives from ``cu_seqlens`` on the tensor's identity). Copied by CuPy and
+    viewed: torch's own copy from host memory waits for the stream to finish. ``place``: the
+    device and stream, part of the key, so a table is only read in the stream order of its
+    copy."""
+    import cupy as cp
     import torch
-
-    from ...backends.cuda.uploads import upload
 
     plan = Sequences(segments)
     tables = (plan.bounds, plan.gather, plan.kept, plan.gather[plan.kept])
-    bounds, starts, kept, written = (view(upload(a)) for a in tables)
+    bounds, starts, kept, written = (view(cp.asarray(a)) for a in tables)
     return bounds, torch.from_numpy(plan.bounds), starts, kept, written
 
 
