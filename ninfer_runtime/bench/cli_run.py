@@ -248,7 +248,10 @@ def run(
         rate = M.matmul_rate(xp)
         for report in beside:
             report.reset()
-        p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate, weights=weights)
+        try:
+            p = M.prefill_rate(runner, prefill, chunk=chunk, flop_rate=rate, weights=weights)
+        except EngineError as exc:  # the prompt read twice gave different logits
+            raise click.ClickException(str(exc)) from None
         rows.append({"kind": "prefill", **M.as_row(p), "matmul_flops": rate})
         click.echo(
             f"prefill {p.tokens} tokens (chunk {p.chunk}): {p.tokens_per_s:.0f} tok/s, "

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.base import to_numpy
+from ..errors import EngineError
 from ..runner import ModelRunner
 from ..state import store_kv
 from .costs import decode_step_bytes, prefill_flops
@@ -72,16 +74,37 @@ def prefill_rate(
     # met its library plans and memory, as in a server that has run a while; as a served
     # prompt, logits of the last row only
     warm = runner.new_state(tokens + 1)
-    runner.prefill(ids, warm, chunk=chunk, last_only=True)
+    first = runner.prefill(ids, warm, chunk=chunk, last_only=True).logits
     del warm
     state = runner.new_state(tokens + 1)
     sync(xp)
     start = time.perf_counter()
-    runner.prefill(ids, state, chunk=chunk, last_only=True)
+    again = runner.prefill(ids, state, chunk=chunk, last_only=True).logits
     sync(xp)
     seconds = time.perf_counter() - start
+    check_repeated(to_numpy(first), to_numpy(again), f"prefill of {tokens} tokens, chunk {chunk}")
     flops = prefill_flops(runner.model, tokens, weights=weights)
     return PrefillResult(tokens, chunk, tokens / seconds, seconds, flops, flops / flop_rate)
+
+
+#: how far the logits of a prompt read twice may differ, of their largest value (kernels
+#: that sum in a different order from run to run stay far below it)
+REPEAT_TOLERANCE = 1e-3
+
+
+def check_repeated(first: np.ndarray, again: np.ndarray, what: str) -> None:
+    """The timed run read the warm-up's prompt again: its logits must be finite and the
+    same, or the rate would time a broken computation (a race between streams, a read of
+    memory still being written) instead of saying so."""
+    if not np.isfinite(again).all():
+        raise EngineError(f"{what}: the logits are not finite (NaN or inf); not timed")
+    scale = max(float(np.abs(first).max()), 1e-30)
+    off = float(np.abs(again - first).max()) / scale
+    if off > REPEAT_TOLERANCE:
+        raise EngineError(
+            f"{what}: the same prompt gave logits {off:.1e} apart (of their largest value), "
+            f"more than {REPEAT_TOLERANCE:.0e}; not timed"
+        )
 
 
 def long_prefill(

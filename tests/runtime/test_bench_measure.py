@@ -235,3 +235,20 @@ def test_run_needs_neither_the_converter_nor_torch(artifacts):
     args = "--backend cpu --lanes 1 --contexts 8 --steps 1 --prefill 16 --chunk 8"
     ran = _bench_without_convert("run", str(artifacts["tiny_dense"]), *args.split())
     assert ran.returncode == 0 and "% floor" in ran.stdout, ran.stderr
+
+
+def test_a_prefill_that_does_not_repeat_itself_is_not_timed():
+    """The timed prefill reads the warm-up's prompt again: NaN logits, or logits further apart
+    than ``REPEAT_TOLERANCE`` of their largest value, end the run with one line saying so
+    rather than a rate; a difference within it (another summation order) passes."""
+    import numpy as np
+
+    from ninfer_runtime.bench.rates import REPEAT_TOLERANCE, check_repeated
+    from ninfer_runtime.errors import EngineError
+
+    first = np.array([[1.0, -4.0, 2.5]], dtype=np.float32)
+    check_repeated(first, first + 0.5 * REPEAT_TOLERANCE * 4.0, "prefill")
+    with pytest.raises(EngineError, match="not finite"):
+        check_repeated(first, np.array([[1.0, np.nan, 2.5]], dtype=np.float32), "prefill")
+    with pytest.raises(EngineError, match=r"prefill of 8 tokens.*apart"):
+        check_repeated(first, first * 1.01, "prefill of 8 tokens")
