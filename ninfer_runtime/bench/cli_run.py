@@ -213,10 +213,13 @@ def run(
         for n in lanes:
             for report in beside:
                 report.reset()
-            r = M.decode_rate(
-                runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype,
-                weights=weights,
-            )  # fmt: skip
+            try:
+                r = M.decode_rate(
+                    runner, n, context, steps=steps, floor_bw=bandwidth, kv_dtype=kv_dtype,
+                    weights=weights,
+                )  # fmt: skip
+            except EngineError as exc:  # a step's logits were NaN or inf
+                raise click.ClickException(str(exc)) from None
             plain[n, context] = r.step_ms
             rows.append({"kind": "decode", **M.as_row(r)})
             click.echo(

@@ -57,9 +57,14 @@ def decode_rate(
     sync(xp)
     start = time.perf_counter()
     for _ in range(steps):
-        runner.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
+        out = runner.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
     sync(xp)
     step = (time.perf_counter() - start) / steps
+    if steps and not all(np.isfinite(to_numpy(rows)).all() for rows in out.logits):
+        raise EngineError(
+            f"decode of {lanes} lane(s) at context {context}: the logits are not finite "
+            "(NaN or inf); not timed"
+        )
     moved = decode_step_bytes(model, lanes, context, kv_dtype, weights)
     return DecodeResult(lanes, context, lanes / step, 1e3 * step, moved, 1e3 * moved / floor_bw)
 
@@ -74,12 +79,12 @@ def prefill_rate(
     # met its library plans and memory, as in a server that has run a while; as a served
     # prompt, logits of the last row only
     warm = runner.new_state(tokens + 1)
-    first = runner.prefill(ids, warm, chunk=chunk, last_only=True).logits
+    first = runner.prefill(ids, warm, chunk=chunk, last_only=True).logits[0]
     del warm
     state = runner.new_state(tokens + 1)
     sync(xp)
     start = time.perf_counter()
-    again = runner.prefill(ids, state, chunk=chunk, last_only=True).logits
+    again = runner.prefill(ids, state, chunk=chunk, last_only=True).logits[0]
     sync(xp)
     seconds = time.perf_counter() - start
     check_repeated(to_numpy(first), to_numpy(again), f"prefill of {tokens} tokens, chunk {chunk}")

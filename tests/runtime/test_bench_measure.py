@@ -6,6 +6,7 @@ import itertools
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -252,3 +253,57 @@ def test_a_prefill_that_does_not_repeat_itself_is_not_timed():
         check_repeated(first, np.array([[1.0, np.nan, 2.5]], dtype=np.float32), "prefill")
     with pytest.raises(EngineError, match=r"prefill of 8 tokens.*apart"):
         check_repeated(first, first * 1.01, "prefill of 8 tokens")
+
+
+class _DeviceRows:
+    """A device array as CuPy's behaves: copied down by ``get()``, never read by numpy."""
+
+    def __init__(self, values: list[float]) -> None:
+        import numpy as np
+
+        self.values = np.array([values], dtype=np.float32)
+
+    def get(self) -> Any:
+        return self.values.copy()
+
+    def __array__(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("implicit conversion of a device array to numpy")
+
+
+def test_the_rates_read_device_logits_as_a_gpu_backend_gives_them(monkeypatch):
+    """``prefill_rate`` and ``decode_rate`` check the logits of device arrays (lists of
+    per-lane arrays that numpy cannot read): each lane's rows copied down, NaN refused."""
+    import types
+
+    import numpy as np
+
+    from ninfer_runtime.bench import rates
+    from ninfer_runtime.errors import EngineError
+    from ninfer_runtime.models import ForwardOutput
+
+    logits = [[0.5, -1.0]]
+
+    class Runner:
+        backend = types.SimpleNamespace(xp=np)
+        model = types.SimpleNamespace(config=types.SimpleNamespace(vocab=2))
+
+        def new_state(self, n: int) -> object:
+            return object()
+
+        def prefill(self, ids, state, *, chunk, last_only):
+            return ForwardOutput([_DeviceRows(logits[-1])], [])
+
+        def new_pool(self, **_: Any) -> Any:
+            return types.SimpleNamespace(open=lambda n: object(), advance=lambda s, n: None)
+
+        def forward(self, ids, states):
+            return ForwardOutput([_DeviceRows(logits[-1]) for _ in states], [])
+
+    monkeypatch.setattr(rates, "prefill_flops", lambda *a, **k: 1.0)
+    monkeypatch.setattr(rates, "fill_random", lambda *a: None)
+    monkeypatch.setattr(rates, "decode_step_bytes", lambda *a: 1)
+    rates.prefill_rate(Runner(), 4, chunk=2, flop_rate=1.0)
+    rates.decode_rate(Runner(), 2, 8, steps=2, warmup=1, floor_bw=1.0)
+    logits.append([np.nan, 1.0])
+    with pytest.raises(EngineError, match="not finite"):
+        rates.decode_rate(Runner(), 2, 8, steps=2, warmup=1, floor_bw=1.0)
