@@ -143,8 +143,8 @@ def test_prefill_providers_match_the_reference(
     tried = 0
     for name in (n for n in table if n != "reference"):  # in the policy or forced only
         provider = table[name]
-        if not provider.available():
-            continue
+        if not provider.available() or (name != "nvrtc" and len(lengths) == 1):
+            continue  # a library autotunes each new layout (seconds): the lanes' case only
         tried += 1
         got_conv, got_state = cp.asarray(conv), cp.asarray(state)
         got = provider.load()(
