@@ -17,6 +17,8 @@ from ninfer_runtime.ops.attention.memory import KvSpec
 from ninfer_runtime.runner import ModelRunner
 from ninfer_runtime.state import ContextPool
 
+from .kv_rows import store_rows
+
 PAGE = 4
 
 
@@ -63,7 +65,8 @@ def test_cpu_attention_pages_is_the_gathered_reference(
 
 def test_page_ids_are_the_sequences_row_of_the_page_table() -> None:
     """``SequenceState.page_ids`` names the sequence's pages in order, also after it grows,
-    and ``gather_kv`` reads what ``write`` stored through them."""
+    and ``gather_kv`` reads what the family's ``write`` stored through them (each row at
+    its slot and position, as a prefill chunk stores its rows)."""
     p = ContextPool([KvSpec(2, 8)], np, slots=2, pages=8, max_context=16, page_tokens=PAGE)
     p.open(6)  # so the next sequence's pages are not the first ones
     s = p.open(5)
@@ -73,8 +76,8 @@ def test_page_ids_are_the_sequences_row_of_the_page_table() -> None:
     assert list(s.page_ids[: len(s.pages)]) == s.pages and len(s.pages) == 3
     kv = p.layers[0]
     k = np.random.default_rng(1).standard_normal((11, 2, 8)).astype(np.float32)
-    kv.write(s, 0, k[:5], -k[:5])
-    kv.write(s, 5, k[5:], -k[5:])
+    store_rows(p, kv, s, 0, k[:5], -k[:5])
+    store_rows(p, kv, s, 5, k[5:], -k[5:])
     np.testing.assert_array_equal(gather_kv(kv.k, s.page_ids, 11), k)
     np.testing.assert_array_equal(gather_kv(kv.v, s.page_ids, 11), -k)
 

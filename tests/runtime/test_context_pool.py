@@ -20,6 +20,7 @@ from ninfer_runtime.ops.attention.memory import AttentionPages, KvSpec
 from ninfer_runtime.ops.delta_rule.memory import GdnSpec
 from ninfer_runtime.state import ContextPool, PoolFull, SequenceState
 
+from .kv_rows import store_rows
 from .test_engine import artifact  # noqa: F401  (module fixture: the bundled model converted)
 
 SPECS = [KvSpec(2, 8), GdnSpec(2, 4, 4, 24, 4)]
@@ -89,8 +90,8 @@ def test_attention_pages_round_trip_across_page_boundaries() -> None:
     s = p.open(14)
     kv = p.layers[0]
     k = np.random.default_rng(0).standard_normal((14, 2, 8)).astype(np.float32)
-    kv.write(s, 0, k[:6], -k[:6])
-    kv.write(s, 6, k[6:], -k[6:])
+    store_rows(p, kv, s, 0, k[:6], -k[:6])
+    store_rows(p, kv, s, 6, k[6:], -k[6:])
     keys, values = read(kv, s, 14)
     np.testing.assert_array_equal(keys, k)
     np.testing.assert_array_equal(values, -k)
@@ -222,7 +223,7 @@ def test_bf16_pages_store_rounded_values() -> None:
     assert p.layers[0].k.dtype == np.uint16 and p.page_bytes == 2 * 4 * 2 * 8 * 2
     s = p.open(9)
     k = np.random.default_rng(0).standard_normal((9, 2, 8)).astype(np.float32)
-    p.layers[0].write(s, 0, k, 2 * k)
+    store_rows(p, p.layers[0], s, 0, k, 2 * k)
     keys, values = read(p.layers[0], s, 9)
     assert keys.dtype == np.float32
     np.testing.assert_array_equal(keys, from_bf16_words(to_bf16_words(k)))
@@ -293,7 +294,7 @@ def test_fp8_pages_store_rounded_values() -> None:
     s = p.open(9)
     k = np.random.default_rng(0).standard_normal((9, 2, 8)).astype(np.float32)
     k[3, 1, :4] = [500.0, -1e4, 3e-3, -1e-4]  # saturated, subnormal, flushed to -0
-    p.layers[0].write(s, 0, k, 2 * k)
+    store_rows(p, p.layers[0], s, 0, k, 2 * k)
     keys, values = read(p.layers[0], s, 9)
     assert keys.dtype == np.float32
     np.testing.assert_array_equal(keys, e4m3fn_to_f32(f32_to_e4m3fn(k)))

@@ -10,13 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...kv_storage import kv_storage_dtype, kv_value_bytes, store_kv
+from ...kv_storage import kv_storage_dtype, kv_value_bytes
 from ...memory_kinds import PagedKind
-
-if TYPE_CHECKING:
-    from ...state import SequenceState
 
 Array = Any
 
@@ -30,12 +27,6 @@ class AttentionPages:
         dtype = kv_storage_dtype(kv_dtype)
         self.k = xp.zeros(shape, dtype)
         self.v = xp.zeros(shape, dtype)
-
-    def write(self, state: SequenceState, start: int, k: Array, v: Array) -> None:
-        """Keys/values of tokens ``start .. start + len(k) - 1`` of one sequence."""
-        page, row = state.addresses(start, k.shape[0])
-        self.k[page, row] = store_kv(k, self.k.dtype)
-        self.v[page, row] = store_kv(v, self.v.dtype)
 
     # ------------------------------------------------------------ the pool's interface
     def page_parts(self) -> Sequence[Array]:
