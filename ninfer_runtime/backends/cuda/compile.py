@@ -171,10 +171,11 @@ def _compile_cached(
     image, lowered = compile_nvrtc(nvrtc, source, names, arch)
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = image_path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(image)
-        tmp.replace(image_path)
-        names_path.write_text(json.dumps(lowered))
+        # names first, each through a rename: a process that sees the image sees whole names
+        for path, data in ((names_path, json.dumps(lowered).encode()), (image_path, image)):
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(data)
+            tmp.replace(path)
     except OSError as exc:  # a read-only home only costs recompilation
         log.debug("kernel cache not written: %s", exc)
     return image, lowered
