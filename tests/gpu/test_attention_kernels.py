@@ -266,11 +266,13 @@ def test_graph_capture_replays_with_new_positions(kv: str) -> None:
     encode, decode = STORAGE[kv]
     k_pool, v_pool = encode(k_pool), encode(v_pool)
     host = {"k_pool": k_pool, "v_pool": v_pool, "table": table, "slots": slots}
-    dev = {name: cp.asarray(a) for name, a in host.items()}
-    dev["pos"] = cp.zeros(n, cp.int32)
-    q_dev = cp.zeros((n, nq, d), cp.float32)
-    k_dev = cp.zeros((n, nkv, d), cp.float32)
-    v_dev = cp.zeros((n, nkv, d), cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:  # a non-blocking stream does not wait for uploads on the legacy one
+        dev = {name: cp.asarray(a) for name, a in host.items()}
+        dev["pos"] = cp.zeros(n, cp.int32)
+        q_dev = cp.zeros((n, nq, d), cp.float32)
+        k_dev = cp.zeros((n, nkv, d), cp.float32)
+        v_dev = cp.zeros((n, nkv, d), cp.float32)
 
     def step() -> Any:
         attention.kv_write(
@@ -280,7 +282,6 @@ def test_graph_capture_replays_with_new_positions(kv: str) -> None:
             q_dev, dev["k_pool"], dev["v_pool"], dev["table"], dev["slots"], dev["pos"], 0.07
         )
 
-    stream = cp.cuda.Stream(non_blocking=True)
     pool = cp.cuda.MemoryPool()  # the graph's own memory: its addresses stay valid
     with stream:
         step()  # compile and load the kernels outside the capture (it writes zeros at 0)

@@ -158,7 +158,6 @@ def test_seeded_lanes_do_not_depend_on_the_batch() -> None:
     import cupy as cp
 
     rng = np.random.default_rng(11)
-    logits = (rng.standard_normal((LANES, 5000)) * 2).astype(np.float32)
     params = [
         SamplingParams(temperature=0.9, top_p=0.95),
         SamplingParams(top_k=40),
@@ -169,6 +168,7 @@ def test_seeded_lanes_do_not_depend_on_the_batch() -> None:
         SamplingParams(top_p=0.5),
         SamplingParams(temperature=0.6, top_k=7),
     ]
+    logits = (rng.standard_normal((len(params), 5000)) * 2).astype(np.float32)
 
     def run(requests: list[int], counter: int) -> np.ndarray:
         sampler = S.DeviceSampler()
@@ -176,7 +176,7 @@ def test_seeded_lanes_do_not_depend_on_the_batch() -> None:
             sampler.set_lane(lane, params[r], seed=1000 + r, counter=counter)
         return cp.asnumpy(sampler.sample(cp.asarray(logits[requests])))
 
-    everyone = list(range(LANES))
+    everyone = list(range(len(params)))  # fewer than MAX_LANES: the rest stay unset
     first = run(everyone, 5)
     np.testing.assert_array_equal(run(everyone, 5), first)
     order = [5, 2, 7, 0, 3, 6, 1, 4]
