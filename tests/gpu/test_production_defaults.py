@@ -120,3 +120,26 @@ def test_sixty_four_requests_at_once_answer_as_the_cpu_answers_each(
     )
     assert most == lanes
     assert got == expected
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "tiny_q4"])
+def test_greedy_answers_with_every_prefill_on_the_bulk_provider_equal_the_cpu(
+    recipe: str, reference: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delta rule's bulk prefill row (fla's variable-length kernel) serves every prefill
+    call here, one lane's and 16 lanes' packed: the bundled model's answers stay the CPU's."""
+    from ninfer_runtime.engine import Engine
+    from ninfer_runtime.models.qwen3_5.gdn import GatedDeltaNet
+    from ninfer_runtime.ops import registry
+    from ninfer_runtime.ops.delta_rule import policy
+
+    path, want = reference(recipe)
+    monkeypatch.setattr(policy, "BULK_PREFILL", 1)
+    gpu = Engine(path, backend="cuda", max_context=256, max_lanes=16)
+    gdn = next(m.mixer for m in gpu.model.layers if isinstance(m.mixer, GatedDeltaNet))
+    bulk = policy.TABLE[("prefill", "cuda", "bulk")][0]
+    assert gdn._op("prefill", rows=1) is registry.providers("delta_rule")["prefill"][bulk].load()
+    assert answers(gpu) == want
+    got, most = run_together(gpu, [ask(QUESTIONS[i % len(QUESTIONS)]) for i in range(16)])
+    assert most == 16
+    assert got == [want[i % len(QUESTIONS)] for i in range(16)]

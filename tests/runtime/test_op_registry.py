@@ -57,7 +57,7 @@ FAMILIES = {
 def test_every_policy_row_names_registered_providers(family: str) -> None:
     table = registry.providers(family)
     rows, tolerance = FAMILIES[family]
-    for (op, _device), names in rows.items():
+    for (op, *_device_and_size), names in rows.items():
         assert names, (family, op)
         for name in names:
             assert name in table[op], f"{family}.{op}: {name} is not registered"
@@ -260,3 +260,16 @@ def test_linear_policy_names_registered_providers_and_puts_tiles_first() -> None
     assert linear_policy.choose("product", device="cpu") == ("reference",)
     with pytest.raises(LookupError, match="no policy row"):
         linear_policy.choose("product", device="tpu", code=0, m=1, weights=1)
+
+
+def test_a_bulk_prefill_takes_the_bulk_row_and_a_small_one_the_plain_row() -> None:
+    bulk, plain = policy.TABLE[("prefill", "cuda", "bulk")], policy.TABLE[("prefill", "cuda")]
+    assert bulk != plain
+    heads = 48
+    rows = -(-policy.BULK_PREFILL // heads)  # the fewest rows that make a bulk call
+    assert policy.size_class("prefill", rows, heads) == "bulk"
+    assert policy.size_class("prefill", rows - 1, heads) == ""
+    assert policy.size_class("decode", 1 << 20, heads) == ""  # only a prefill has a size
+    assert policy.choose("prefill", device="cuda", size="bulk") == bulk
+    assert policy.choose("prefill", device="cuda", size="") == plain
+    assert policy.choose("prefill", device="cpu", size="bulk") == ("reference",)

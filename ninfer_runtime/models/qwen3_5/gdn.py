@@ -105,7 +105,7 @@ class GatedDeltaNet:
             )
         else:  # a prefill chunk: every lane's rows in one call (a call a round with marks)
             o = batch.each_round(
-                lambda pieces: self._op("prefill")(
+                lambda pieces: self._op("prefill", rows=n)(
                     mixed,
                     self.convolution,
                     memory.conv,
@@ -134,9 +134,12 @@ class GatedDeltaNet:
             **self._dims,
         )
 
-    def _op(self, name: str) -> Any:
-        """The delta_rule family's ``name`` op for this layer, as its policy resolves it."""
-        return delta_rule.resolved(name, self.backend.name, self.convolution, **self._dims)
+    def _op(self, name: str, rows: int = 0) -> Any:
+        """The delta_rule family's ``name`` op for this layer and a call of ``rows`` rows, as
+        its policy resolves it."""
+        return delta_rule.resolved(
+            name, self.backend.name, self.convolution, rows=rows, **self._dims
+        )
 
     @property
     def _dims(self) -> dict[str, int]:

@@ -23,25 +23,38 @@ around its own step), ``nvrtc`` (ours: ``kernels/gdn.cu``, ``kernels/gdn_prefill
 ``fla-core``, through DLPack views; ``chunk``, ``kda_chunk``, and ``prefill``: our
 convolution kernel, then every lane's rows in one variable-length call in bf16). Which
 serves an op is ``policy.TABLE``; the resolution key is the device, ``key_dim``,
-``value_dim`` and the convolution's ``taps``.
+``value_dim``, the convolution's ``taps`` and a prefill call's size class (``policy.size_class``:
+rows x value heads).
 """
 
 from collections.abc import Callable
 from typing import Any
 
 from ..registry import Provider, family, register, resolve
-from .policy import KDA_OPS, choose
+from .policy import KDA_OPS, choose, size_class
 
 __all__ = ["resolved"]
 
 
 def resolved(
-    op: str, device: str, kernel: Any, *, key_dim: int, value_dim: int, **_: int
+    op: str,
+    device: str,
+    kernel: Any,
+    *,
+    key_dim: int,
+    value_dim: int,
+    rows: int = 0,
+    value_heads: int = 0,
+    **_: int,
 ) -> Callable[..., Any]:
-    """``op`` for a layer on ``device`` with this convolution kernel [K, C] and head sizes
-    (the other keywords, e.g. the layer's whole ``dims``, are ignored)."""
+    """``op`` for a layer on ``device`` with this convolution kernel [K, C] and head sizes,
+    for a call of ``rows`` rows (a prefill's size class; the other keywords, e.g. the rest of
+    the layer's ``dims``, are ignored)."""
     taps = int(kernel.shape[0])
-    return resolve("delta_rule", op, device=device, key_dim=key_dim, value_dim=value_dim, taps=taps)
+    size = size_class(op, rows, value_heads)
+    return resolve(
+        "delta_rule", op, device=device, key_dim=key_dim, value_dim=value_dim, taps=taps, size=size
+    )
 
 
 family("delta_rule", choose)
