@@ -37,7 +37,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_bench import AGENT_TOOLS, agent_conversations
+from serve.workload import AGENT_TOOLS, agent_conversations
 
 from ninfer_runtime.engine import (
     Engine,

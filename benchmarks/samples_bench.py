@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 import httpx
-from serve_bench import BenchError, metric, prompts, server_args, start_server, stop_server
+from serve.client import metric
+from serve.errors import BenchError
+from serve.server_process import server_args, start_server, stop_server
+from serve.workload import prompts
 
 COUNTERS = {
     "started": "ninfer_prompt_tokens_total",

@@ -16,7 +16,19 @@ from pathlib import Path
 import pytest
 
 import ninfer_runtime.engine as engine_module
-from tests.benchmarks import load_benchmark
+from tests.benchmarks import BENCHMARKS, load_benchmark
+
+# serve_bench.py's parts, the package beside it, found as when it runs (its folder on sys.path)
+sys.path.append(str(BENCHMARKS))
+from serve import runs
+from serve.engine_baseline import release_device_memory
+from serve.errors import BenchError
+from serve.report import agent_table
+from serve.run_info import device_name
+from serve.sample import Sample
+from serve.server_process import CUDA_CONTEXT_CAPACITY, server_args, server_command
+from serve.stats import Level, agent_stats
+from serve.workload import AGENT_TOOLS, agent_conversations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,8 +38,7 @@ def load_bench():
 
 
 def test_agent_conversations_resend_their_growing_history():
-    bench = load_bench()
-    conversations = bench.agent_conversations(clients=3, system_words=50, user_words=6, seed=1)
+    conversations = agent_conversations(clients=3, system_words=50, user_words=6, seed=1)
     sent = []
     for turn in range(3):
         for number, conversation in enumerate(conversations):
@@ -48,10 +59,9 @@ def test_agent_conversations_resend_their_growing_history():
 
 
 def test_agent_tools_are_function_schemas():
-    bench = load_bench()
-    names = [tool["function"]["name"] for tool in bench.AGENT_TOOLS]
+    names = [tool["function"]["name"] for tool in AGENT_TOOLS]
     assert len(names) == len(set(names)) >= 3
-    for tool in bench.AGENT_TOOLS:
+    for tool in AGENT_TOOLS:
         assert tool["type"] == "function"
         parameters = tool["function"]["parameters"]
         assert parameters["type"] == "object" and parameters["properties"]
@@ -78,7 +88,7 @@ def test_tokens_without_text_are_measured_and_the_baseline_runs_before_the_serve
     # the engines the benchmark builds (other tests of this process may hold engines of theirs)
     built: list[weakref.ref] = []
     engines_alive_at_server_start = []
-    start_server = bench.start_server
+    start_server = runs.start_server
 
     class TrackedEngine(engine_module.Engine):
         def __init__(self, *args, **kwargs):
@@ -91,7 +101,7 @@ def test_tokens_without_text_are_measured_and_the_baseline_runs_before_the_serve
         return start_server(*args, **kwargs)
 
     monkeypatch.setattr(engine_module, "Engine", TrackedEngine)
-    monkeypatch.setattr(bench, "start_server", checked_start)
+    monkeypatch.setattr(runs, "start_server", checked_start)
     report = tmp_path / "report.json"
     argv = ["serve_bench.py", "--model", str(model), "--concurrency", "2", "--num-prompts", "2"]
     argv += ["--input-words", "8", "--output-len", "4", "--engine-baseline"]
@@ -122,54 +132,49 @@ def test_tokens_without_text_are_measured_and_the_baseline_runs_before_the_serve
 
 
 def test_a_level_without_any_token_is_one_clear_error():
-    bench = load_bench()
-    failed = [bench.Sample(error="HTTP 400: model 'x' is not served") for _ in range(3)]
-    with pytest.raises(bench.BenchError, match=r"C=8, server: none of the 3 requests .*HTTP 400"):
-        bench.Level(8, failed, 1.0, "server").stats()
+    failed = [Sample(error="HTTP 400: model 'x' is not served") for _ in range(3)]
+    with pytest.raises(BenchError, match=r"C=8, server: none of the 3 requests .*HTTP 400"):
+        Level(8, failed, 1.0, "server").stats()
 
 
 def test_gpu_server_gets_its_lanes_the_cuda_backend_and_a_bounded_context_pool():
-    bench = load_bench()
     args = argparse.Namespace(backend="cuda", context_capacity=None, server_args=None)
-    command = bench.server_command(Path("27b.ninfer"), 8, 1024, None, bench.server_args(args))
+    command = server_command(Path("27b.ninfer"), 8, 1024, None, server_args(args))
     assert command[:3] == [sys.executable, "-m", "ninfer_serve"]
     flags = dict(zip(command[4::2], command[5::2], strict=True))
     assert flags["--backend"] == "cuda" and flags["--max-concurrency"] == "8"
-    assert flags["--context-capacity"] == bench.CUDA_CONTEXT_CAPACITY
+    assert flags["--context-capacity"] == CUDA_CONTEXT_CAPACITY
     # given flags win (they come last), and a CPU server keeps its default pool
     args.server_args = "--context-capacity 8GiB"
-    assert bench.server_args(args)[-2:] == ["--context-capacity", "8GiB"]
+    assert server_args(args)[-2:] == ["--context-capacity", "8GiB"]
     cpu = argparse.Namespace(backend="cpu", context_capacity=None, server_args=None)
-    assert "--context-capacity" not in bench.server_args(cpu)
+    assert "--context-capacity" not in server_args(cpu)
 
 
 def test_cuda_paths_without_an_engine_never_import_cupy():
     """Without an engine baseline the benchmark process needs no CuPy: the GPU's name comes
     from nvidia-smi, and releasing memory touches CuPy only where an engine imported it."""
-    bench = load_bench()
     assert "cupy" not in sys.modules
-    assert bench.release_device_memory("cuda") == ""
-    assert bench.device_name("cuda")  # a name, or "unknown GPU" on a machine without one
+    assert release_device_memory("cuda") == ""
+    assert device_name("cuda")  # a name, or "unknown GPU" on a machine without one
     assert "cupy" not in sys.modules
 
 
 def test_turn_one_after_the_first_client_leaves_out_the_fastest():
-    bench = load_bench()
-
     def sample(ttft: float, cached: int) -> object:
-        return bench.Sample(ttft=ttft, prompt_tokens=100, cached_tokens=cached, ok=True)
+        return Sample(ttft=ttft, prompt_tokens=100, cached_tokens=cached, ok=True)
 
     # the first client the server took reads the shared prefix; the others resume from it
     turn_one = [sample(1.1, 90), sample(0.9, 0), sample(1.0, 90)]
-    stats = bench.agent_stats([turn_one, [sample(0.2, 95)]], duration=3.0, preemptions=0)
+    stats = agent_stats([turn_one, [sample(0.2, 95)]], duration=3.0, preemptions=0)
     assert stats["first_turn"]["ttft_mean"] == pytest.approx(1000.0)
     assert stats["first_turn_followers"]["ttft_mean"] == pytest.approx(1050.0)
     assert stats["cached_share"] == pytest.approx(275 / 400)
-    table = bench.agent_table({"on": stats})
+    table = agent_table({"on": stats})
     assert "| on | 1000.0 / " in table and " | 1050.0 / " in table
     # a failed request has no TTFT: it is neither the first client nor a follower
-    failed = bench.Sample(prompt_tokens=100, error="HTTP 500: boom")
+    failed = Sample(prompt_tokens=100, error="HTTP 500: boom")
     for at in range(len(turn_one) + 1):
         with_failure = [*turn_one[:at], failed, *turn_one[at:]]
-        stats = bench.agent_stats([with_failure, [sample(0.2, 95)]], duration=3.0, preemptions=0)
+        stats = agent_stats([with_failure, [sample(0.2, 95)]], duration=3.0, preemptions=0)
         assert stats["first_turn_followers"]["ttft_mean"] == pytest.approx(1050.0), at
