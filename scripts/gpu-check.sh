@@ -34,9 +34,9 @@
 # the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as in the
 # loop below). SHAPES picks the bench's shapes (default "qwen3_6_27b:27 qwen3_6_35b_a3b:35";
 # empty: none). TESTS picks the test files (default tests/gpu; TESTS_TIMEOUT their limit in
-# seconds, default 300; TESTS_PART=k/n every n-th file from the k-th: the whole suite does not
-# fit one call on a fresh machine, so it runs as parts 1/3, 2/3 and 3/3; TESTS_WORKERS=4 runs
-# the files in 4 processes sharing the GPU, for the compilers' CPU time);
+# seconds, default 300; TESTS_PART=k/n every n-th file from the k-th; TESTS_WORKERS the
+# processes sharing the GPU that run the files, default 4, 0 for one: the compilers' CPU time
+# is most of the suite's, which took 311 s on an H100 in 4 with fla's kernels compiled cold);
 # DECODE="--lanes 1 --contexts 1024" narrows the decode table; RUN=0 skips it, for the
 # shape's other benchmarks alone; TRACE=1 adds its kernel trace (kernels per step,
 # idle gaps); BF16_DECODE=1 runs the decode table again with NINFER_CUDA_DECODE=bf16
@@ -79,7 +79,7 @@ if [ -n "${TESTS_PART:-}" ]; then  # k/n: every n-th test file from the k-th
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # SIGINT at the limit: pytest stops and still prints its summary and slowest tests
-  timeout -s INT -k 30 ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider ${TESTS_WORKERS:+-n $TESTS_WORKERS --dist loadfile} --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
+  timeout -s INT -k 30 ${TESTS_TIMEOUT:-300} python3 -m pytest -q ${TESTS:-tests/gpu} -p no:cacheprovider $([ "${TESTS_WORKERS:-4}" -gt 0 ] && echo "-n ${TESTS_WORKERS:-4} --dist loadfile") --tb=short --durations=20 >"$OUT/gpu-tests.txt" 2>&1
   grep -E "passed|failed|FAILED|^E " "$OUT/gpu-tests.txt" | tail -30
 fi
 if [ "${OPS:-0}" = 1 ]; then
