@@ -83,12 +83,10 @@ def decode(
         np.asarray([s.length for s in states], dtype=np.int32),
     ]
     deltas = np.asarray([s.rope_delta for s in states], dtype=np.int32)
-    variant = step_variant(model, "decode", inputs[2], 1)
-    if deltas.any():  # a lane after a prompt with images: RoPE rows at index + delta
-        step = _decode_step(model, steps, pool, n, variant, shifted=True)
-        logits, h = step(*inputs, inputs[2] + deltas)
-    else:
-        logits, h = _decode_step(model, steps, pool, n, variant, shifted=False)(*inputs)
+    variant, capture = step_variant(model, "decode", inputs[2], 1)
+    shifted = bool(deltas.any())  # a lane after a prompt with images: RoPE rows at index + delta
+    step = _decode_step(model, steps, pool, n, variant, capture, shifted)
+    logits, h = step(*inputs, inputs[2] + deltas) if shifted else step(*inputs)
     for state in states:
         state.length += 1
     rows = [slice(i, i + 1) for i in range(len(lanes))]
@@ -150,22 +148,22 @@ def _decode_step(
     steps: CompiledSteps,
     pool: ContextPool,
     lanes: int,
-    variant: tuple[Hashable | None, bool],
+    variant: Hashable | None,
+    capture: bool,
     shifted: bool,
 ) -> Any:
     """The decode step for ``lanes`` lanes of ``pool``, made once per ``variant`` (the
-    model's choice, and whether it may be captured): the backend may capture it (a CUDA
-    graph per lane count) and replay it every token. ``shifted``: its RoPE rows are read at
-    a fourth input (each row's position plus its lane's ``rope_delta``) instead of at the
+    model's choice; ``capture``: whether it may be captured): the backend may capture it (a
+    CUDA graph per lane count) and replay it every token. ``shifted``: its RoPE rows are read
+    at a fourth input (each row's position plus its lane's ``rope_delta``) instead of at the
     rows' sequence indices."""
-    chosen, capture = variant
 
     def rows(ids: Array, slots: Array, positions: Array, *rope_at: Array) -> Any:
-        return _decode_rows(model, pool, ids, slots, positions, *rope_at, variant=chosen)
+        return _decode_rows(model, pool, ids, slots, positions, *rope_at, variant=variant)
 
     kind = "decode_shifted" if shifted else "decode"
     inputs = 4 if shifted else 3
-    return steps.get(pool, _key((kind, lanes), chosen), rows, [(lanes,)] * inputs, capture)
+    return steps.get(pool, _key((kind, lanes), variant), rows, [(lanes,)] * inputs, capture)
 
 
 def _decode_rows(

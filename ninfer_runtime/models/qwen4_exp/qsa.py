@@ -167,8 +167,9 @@ class IndexedAttention(GatedAttention):
             memory.index_k[at] = ik
             memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
             # the path from the step's variant (the positions the host knew), else read here
-            within = d.variant == ALL if d.variant is not None else None
-            if within is None:
+            if d.variant is not None:
+                within = d.variant == ALL
+            else:
                 within = self.selects_all(max(d.host_positions))
             if within:
                 scale = self.a.head_dim**-0.5
