@@ -74,7 +74,9 @@ def chunk(
 def decode(
     model: Model, steps: CompiledSteps, lanes: list[Lane], ids: list[np.ndarray]
 ) -> ForwardOutput:
-    """One token in every lane, as the compiled decode step for that many lanes."""
+    """One token in every lane, as the compiled decode step for that many lanes (a model's
+    optional ``stage_decode(pool, ids, slots)`` first does what the step would read on the
+    host, so the step reads nothing back)."""
     states = [lane.state for lane in lanes]
     pool, n = states[0].pool, len(lanes)
     inputs = [
@@ -86,6 +88,9 @@ def decode(
     variant, capture = step_variant(model, "decode", inputs[2], 1)
     shifted = bool(deltas.any())  # a lane after a prompt with images: RoPE rows at index + delta
     step = _decode_step(model, steps, pool, n, variant, capture, shifted)
+    stage = getattr(model, "stage_decode", None)  # what a model reads on the host for the step
+    if stage is not None:
+        stage(pool, inputs[0], inputs[1])
     logits, h = step(*inputs, inputs[2] + deltas) if shifted else step(*inputs)
     for state in states:
         state.length += 1

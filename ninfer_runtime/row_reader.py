@@ -73,6 +73,9 @@ class RowReader:
         self.shape: tuple[int, int] = (shape[0], shape[1])
         self.codec = artifact.codec(obj.id)  # the object's size and alignment checked first
         self.planes = planes
+        #: per plane, (file index, file offset of its row 0) when all its rows lie in one
+        #: file of the set (a read's ranges then need no lookup), else None
+        self._plane_files = [self._in_one_file(obj.offset + p.offset, p, shape[0]) for p in planes]
         self.counters = RowCounters()
         self._files: dict[int, int] = {}
         self._opening = threading.Lock()
@@ -101,12 +104,18 @@ class RowReader:
         counts = np.diff(np.concatenate([starts, [rows.size]]))
         runs = list(zip(rows[starts].tolist(), counts.tolist(), starts.tolist(), strict=True))
         gathered, ranges = [], []
-        for plane in self.planes:
-            buffer = np.empty(rows.size * plane.row_bytes, dtype=np.uint8)
+        for plane, in_file in zip(self.planes, self._plane_files, strict=True):
+            size = plane.row_bytes
+            buffer = memoryview(np.empty(rows.size * size, dtype=np.uint8))
             for first, count, at in runs:
-                offset = self.object.offset + plane.offset + first * plane.row_bytes
-                ranges.append((buffer[at * plane.row_bytes :][: count * plane.row_bytes], offset))
-            gathered.append(buffer)
+                out = buffer[at * size : (at + count) * size]
+                if in_file is not None:  # the whole plane in one file: its offset by sum
+                    ranges.append((out, in_file[0], in_file[1] + first * size))
+                    continue
+                offset = self.object.offset + plane.offset + first * size
+                for index, at_file, dest, length in self.artifact.segments(offset, len(out)):
+                    ranges.append((out[dest : dest + length], index, at_file))
+            gathered.append(np.frombuffer(buffer, dtype=np.uint8))
         self._read_ranges(ranges)
         self.counters.bytes += sum(b.size for b in gathered)
         self.counters.rows += rows.size
@@ -115,48 +124,46 @@ class RowReader:
         data = rows_object(obj.format, obj.layout, self.shape[1], gathered, rows.size)
         return self.codec.decode(data, (rows.size, self.shape[1]))
 
-    def _read_ranges(self, ranges: list[tuple[np.ndarray, int]]) -> None:
-        """Each ``(out, offset)`` read: what the page cache holds here, the rest after it,
-        many at once from threads (``preadv`` releases the GIL), so a prefill's scattered
-        rows keep the disk's queue full rather than one deep."""
+    def _in_one_file(self, offset: int, plane: Any, rows: int) -> tuple[int, int] | None:
+        """(file index, file offset) of a plane's first byte at logical ``offset`` when its
+        ``rows`` rows lie in one file of the set, else None."""
+        segments = self.artifact.segments(offset, rows * plane.row_bytes)
+        return (segments[0][0], segments[0][1]) if len(segments) == 1 else None
+
+    def _read_ranges(self, ranges: list[tuple[memoryview, int, int]]) -> None:
+        """Each ``(out, file index, file offset)`` read: what the page cache holds here, the
+        rest after it, many at once from threads (``preadv`` releases the GIL), so a
+        prefill's scattered rows keep the disk's queue full rather than one deep."""
         if self._nowait:
             ranges = [r for r in ranges if not self._read_cached(*r)]
         if len(ranges) < PARALLEL_RANGES:
-            for out, offset in ranges:
-                self._read_into(out, offset)
+            for r in ranges:
+                self._read_into(*r)
             return
         share = -(-len(ranges) // READ_THREADS)
         parts = [ranges[i : i + share] for i in range(0, len(ranges), share)]
         for _ in _readers().map(lambda part: [self._read_into(*r) for r in part], parts):
             pass
 
-    def _read_cached(self, out: np.ndarray, offset: int) -> bool:
+    def _read_cached(self, out: memoryview, index: int, at: int) -> bool:
         """Whether the page cache held all of the range, now in ``out`` (False: some of it
         would wait for the disk; ``out`` is then read again whole)."""
-        for index, at, dest, size in self.artifact.segments(offset, out.size):
-            try:
-                got = os.preadv(
-                    self._file(index), [memoryview(out[dest : dest + size])], at, NOWAIT
-                )
-            except BlockingIOError:
-                return False
-            except OSError:  # a file system that does not offer it: read as before
-                self._nowait = False
-                return False
-            if got != size:
-                return False
-        return True
+        try:
+            return os.preadv(self._file(index), [out], at, NOWAIT) == len(out)
+        except BlockingIOError:
+            return False
+        except OSError:  # a file system that does not offer it: read as before
+            self._nowait = False
+            return False
 
-    def _read_into(self, out: np.ndarray, offset: int) -> None:
-        """The payload bytes at logical ``offset`` into ``out``, across files of the set."""
-        for index, at, dest, size in self.artifact.segments(offset, out.size):
-            view = memoryview(out[dest : dest + size])
-            while view.nbytes:
-                got = os.preadv(self._file(index), [view], at)
-                if got <= 0:
-                    path = self.artifact.files[index].path
-                    raise ModelError(f"{path}: ends inside parameter {self.name!r}")
-                view, at = view[got:], at + got
+    def _read_into(self, out: memoryview, index: int, at: int) -> None:
+        """``len(out)`` bytes of file ``index`` at file offset ``at`` into ``out``."""
+        while len(out):
+            got = os.preadv(self._file(index), [out], at)
+            if got <= 0:
+                path = self.artifact.files[index].path
+                raise ModelError(f"{path}: ends inside parameter {self.name!r}")
+            out, at = out[got:], at + got
 
     def _file(self, index: int) -> int:
         fd = self._files.get(index)

@@ -4,8 +4,8 @@ indexer on both attention layers, MoE, two hyper-connection streams).
 
 Qwen4Exp is served on the backends in ``qwen4_exp.model.SERVED_BACKENDS``; cuda joined them
 once this file had passed on a GPU (an H100). A capturing backend captures a decode step
-within QSA's budget when the n-gram tables are resident (``Qwen4Exp.step_variant``: such a
-step reads nothing back), and runs the others eagerly; prefill products run in float32
+within QSA's budget (``Qwen4Exp.step_variant``: such a step reads nothing back; streamed
+n-gram rows are read before it), and runs the others eagerly; prefill products run in float32
 (``NINFER_CUDA_PREFILL=float32``), so the tokens compare one for one.
 
 * Logits: a prompt shorter and one longer than the indexer's budget, each prefilled in chunks,
@@ -74,7 +74,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory, tiny: Any) -> Path:
 @pytest.fixture(autouse=True)
 def float32_products(monkeypatch: pytest.MonkeyPatch) -> None:
     """Float32 products; engines' backends capture graphs by default (the model's decode
-    steps within QSA's budget, with resident tables)."""
+    steps within QSA's budget)."""
     assert "cuda" in qwen4_exp_model.SERVED_BACKENDS
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
     monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
@@ -86,19 +86,20 @@ def cuda_backend(*, graphs: bool = False) -> Any:
     return CudaBackend(graphs=graphs, prefill_precision="float32", decode_precision="split")
 
 
+@pytest.mark.parametrize("ple_rows", ["resident", "streamed"])
 def test_decode_steps_within_the_budget_are_captured_and_equal_eager_ones(
-    artifact: Path, budget: int
+    artifact: Path, budget: int, ple_rows: str
 ) -> None:
     """A capturing backend keeps its graphs: one lane's decode steps within QSA's budget,
-    the n-gram tables resident, are captured once (the step's key names the path it takes)
-    and give the eager steps' logits."""
+    the n-gram tables resident or streamed (their rows read before each step), are captured
+    once (the step's key names the path it takes) and give the eager steps' logits."""
     from ninfer_runtime.backends.cuda.graphs import GraphStep
 
     vocab = load_model(artifact).config.vocab
     ids = np.random.default_rng(3).integers(0, vocab, budget)
     logits = {}
     for graphs in (False, True):
-        model = load_model(artifact, cuda_backend(graphs=graphs), options={"ple_rows": "resident"})
+        model = load_model(artifact, cuda_backend(graphs=graphs), options={"ple_rows": ple_rows})
         assert model.backend.graphs is graphs
         runner = ModelRunner(model)
         state = runner.new_pool(lanes=1, max_context=64, page_tokens=16).open(64)
@@ -114,7 +115,8 @@ def test_decode_steps_within_the_budget_are_captured_and_equal_eager_ones(
                 ("decode", 1, "all")
             ]
     error = float(np.abs(logits[True] - logits[False]).max() / np.abs(logits[False]).max())
-    REPORT.append(("qwen4_exp/captured decode", "max |logit diff| / max |logit|", f"{error:.2e}"))
+    case = f"qwen4_exp/captured decode, {ple_rows}"
+    REPORT.append((case, "max |logit diff| / max |logit|", f"{error:.2e}"))
     assert error <= 1e-6
 
 

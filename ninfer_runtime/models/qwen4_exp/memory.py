@@ -98,6 +98,17 @@ class PleGdnSlots(GdnSlots):
         self.ple_conv = xp.zeros((slots, p.conv_rows, p.channels), xp.float32)
         self.ple_context = xp.full((slots, p.context), p.pad_token, xp.int32)
         self.ple_record = PleRecord(p, slots, record_rows, xp) if record_rows > 1 else None
+        self._xp, self._staged = xp, None
+
+    def staged(self, width: int) -> Array:
+        """``[slots, width]`` float32: a decode step's n-gram embeddings, lane i's in row i,
+        which the host writes before the step when the tables are streamed (scratch, not a
+        state: never saved; made at the first step, outside any capture, so a captured step
+        reads it at one address)."""
+        if self._staged is None:
+            slots = self.ple_context.shape[0]
+            self._staged = self._xp.zeros((slots, width), self._xp.float32)
+        return self._staged
 
     def slot_parts(self) -> Sequence[Array]:
         return (*super().slot_parts(), self.ple_conv, self.ple_context)

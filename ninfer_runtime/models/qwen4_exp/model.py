@@ -10,13 +10,13 @@ embeddings on chosen GDN layers and the QSA token indexer on every attention lay
 Served on the backends in ``SERVED_BACKENDS``. The math is written on the backend's array
 module: on CUDA the products, norms, Gated DeltaNet, K/V writes and MoE run on the kernels
 Qwen3.5 uses, the connections, PLE and QSA as array math (PLE's n-gram hashing on the host
-for prompts, on the device for decode steps). A decode step reads positions on the host only
-past QSA's budget (each row attends over its own length), and streamed n-gram rows are read
-on the host: on CUDA a decode step within the budget with resident tables is captured as a
-CUDA graph, other steps run eagerly (``step_variant``). There is no MTP block (transformers
-defines none for Qwen4Exp, so an artifact's ``mtp`` component is not run). PLE's n-gram
-tables are held whole or read row by row from the artifact (``ple_rows``: the model options
-``ple_rows`` and ``ple_cache_bytes``).
+for prompts and, with streamed tables, before each decode step: ``stage_decode``; on the
+device in resident tables' decode steps). A decode step reads positions on the host only
+past QSA's budget (each row attends over its own length): on CUDA a decode step within the
+budget is captured as a CUDA graph, other steps run eagerly (``step_variant``). There is no
+MTP block (transformers defines none for Qwen4Exp, so an artifact's ``mtp`` component is not
+run). PLE's n-gram tables are held whole or read row by row from the artifact (``ple_rows``:
+the model options ``ple_rows`` and ``ple_cache_bytes``).
 """
 
 from __future__ import annotations
@@ -128,15 +128,24 @@ class Qwen4ExpModel(WithoutMtp):
         """A compiled step's path and whether it may be captured, from the last position
         its rows reach (host-known): QSA selects every token up to its budget (``ALL``: the
         plain causal ops, nothing read back) and past it reads each row's position on the
-        host (``SELECTED``); a decode step within the budget reads nothing back when the
-        n-gram tables are resident (streamed rows are read on the host, and a multi-row
-        step's PLE hashes on the host)."""
+        host (``SELECTED``); a decode step within the budget reads nothing back (streamed
+        n-gram rows are read before it, ``stage_decode``; a multi-row step's PLE hashes on
+        the host)."""
         g = self.config
         if g.indexer is None:
-            return None, kind == "decode" and self.ple_tables is None
+            return None, kind == "decode"
         within = selects_all(g.indexer, last_position)
-        variant = ALL if within else SELECTED
-        return variant, within and kind == "decode" and self.ple_tables is None
+        return (ALL if within else SELECTED), within and kind == "decode"
+
+    def stage_decode(self, pool: ContextPool, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Before a decode step of lanes in ``slots`` reading ``ids`` (host int32 [lanes]):
+        the streamed n-gram tables' rows of each PLE layer read where the step reads them
+        (``PerLayerEmbedding.stage``); nothing with resident tables."""
+        if self.ple_tables is None:
+            return
+        for layer, memory in zip(self.layers, pool.layers, strict=True):
+            if layer.ple is not None:
+                layer.ple.stage(memory, ids, slots)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------ positions
     def rope(self, positions: np.ndarray) -> tuple[Array, Array]:

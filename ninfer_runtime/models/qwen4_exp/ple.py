@@ -22,8 +22,10 @@ state is the last ``(taps - 1) · ngram_size`` inputs. Both states live in the l
 A prompt's n-grams are hashed on the host (a few integer ops a row; a streamed table's reader
 wants host row ids anyway): its ids and n-gram context are copied down, the table rows
 gathered into backend arrays, and the rest runs on the backend's arrays. A decode step's (one
-row a lane) are hashed on the backend's arrays from the lanes' contexts there
-(``last_ngram_ids``), so a resident table's step makes no host round trip.
+row a lane) are hashed from the lanes' contexts (``last_ngram_ids``): with a resident table
+on the backend's arrays inside the step; with a streamed one on the host before it
+(``stage``: the model's ``stage_decode``), its rows read and written where the step reads
+them. Either way the step itself reads nothing back, so it may be captured.
 """
 
 from __future__ import annotations
@@ -146,10 +148,11 @@ class PerLayerEmbedding:
             for name in ("key_norm", "query_norm", "convolution_norm")
         )
         self.convolution = backend.array(weights[p + "convolution"])  # [K, hc·H]
-        xp = backend.xp
-        #: the n-gram heads' vocabulary sizes and offsets, for a decode step's hash
-        self.head_sizes = xp.asarray(ple.head_vocab_sizes(layer), dtype=xp.int64)
-        self.head_offsets = xp.asarray(ple.head_offsets(layer), dtype=xp.int64)
+        #: the n-gram heads' vocabulary sizes and offsets, for a decode step's hash: on the
+        #: backend (a resident table's step hashes there) and on the host (a streamed one's)
+        sizes, offsets = ple.head_vocab_sizes(layer), ple.head_offsets(layer)
+        self.host_heads = (np.asarray(sizes, np.int64), np.asarray(offsets, np.int64))
+        self.head_sizes, self.head_offsets = (backend.xp.asarray(a) for a in self.host_heads)
 
     @staticmethod
     def parameter_names(prefix: str) -> list[str]:
@@ -169,11 +172,15 @@ class PerLayerEmbedding:
         dilation = self.ple.conv_dilation
         if d is not None and d.tokens == 1:  # every lane's one row, each lane's states its own
             at = d.slots
-            history = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], 1)
-            table_rows = last_ngram_ids(
-                history, self.ple, self.layer, self.head_sizes, self.head_offsets
-            )
-            gated, inputs = self.gate(streams, self.embeddings(table_rows))
+            if isinstance(self.table, StreamedRows):  # read before the step (``stage``)
+                e = memory.staged(self.ple.embed_dim)[: ids.shape[0]]
+            else:
+                history = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], 1)
+                table_rows = last_ngram_ids(
+                    history, self.ple, self.layer, self.head_sizes, self.head_offsets
+                )
+                e = self.embeddings(table_rows)
+            gated, inputs = self.gate(streams, e)
             rows = inputs[:, None, :]
             conv = dilated_conv(rows, self.convolution, memory.ple_conv[at], dilation)
             self._advance(memory, at, ids[:, None], rows)
@@ -200,6 +207,18 @@ class PerLayerEmbedding:
             else:
                 self._advance_through(memory, slot, ids[rows], inputs[rows], marks)
         return gated + silu(convs[0] if len(convs) == 1 else xp.concatenate(convs))
+
+    def stage(self, memory: PleGdnSlots, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Before a decode step whose lanes (slots ``slots``) read host ``ids``, with a
+        streamed table: each lane's n-gram rows (its context, then its new id) read through
+        the table's cache into row i of ``memory.staged`` for lane i, where the step reads
+        them."""
+        contexts = to_numpy(memory.ple_context)[slots]  # every slot's in one read
+        history = np.concatenate([contexts, ids[:, None].astype(np.int32)], axis=1)
+        table_rows = last_ngram_ids(history, self.ple, self.layer, *self.host_heads)
+        assert isinstance(self.table, StreamedRows)
+        e = self.table.gather(table_rows.reshape(-1)).reshape(ids.shape[0], self.ple.embed_dim)
+        memory.staged(self.ple.embed_dim)[: ids.shape[0]] = self.backend.xp.asarray(e)
 
     def row_ids(self, ids: Array, context: Array) -> np.ndarray:
         """The table rows [T, heads] of T consecutive ids after the n-gram ``context`` (either
