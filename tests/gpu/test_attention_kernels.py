@@ -141,6 +141,8 @@ def run_case(
         (128, 6, 2, 2),  # group 3
         (256, 24, 4, 8),  # Qwen3.5: group 6
         (256, 16, 2, 4),  # group 8
+        (256, 24, 2, 3),  # Qwen4Exp: group 12, two launches of 6
+        (64, 27, 3, 2),  # group 9: nine launches of 1
     ],
     ids=lambda x: str(x),
 )

@@ -14,6 +14,14 @@ def test_one_pair_takes_the_smallest_chunks_up_to_the_split_limit() -> None:
     assert attention.split_policy(20032) == (128, 157)
 
 
+@pytest.mark.parametrize("group", range(1, 41))
+def test_a_group_is_served_in_the_fewest_equal_shares_the_kernel_takes(group: int) -> None:
+    parts = attention.group_parts(group)
+    assert group % parts == 0 and group // parts <= attention.MAX_GROUP
+    assert all(group % p or group // p > attention.MAX_GROUP for p in range(1, parts))
+    assert attention.group_parts(12) == 2 and attention.group_parts(6) == 1  # Qwen4Exp, 3.5
+
+
 def test_many_lanes_take_longer_chunks() -> None:
     # 8 lanes x 4 kv heads at 16k: 32 pairs x 32 splits of 512 tokens (1,024 blocks)
     assert attention.split_policy(16384, 32) == (512, 32)

@@ -100,6 +100,12 @@ def _check_paged(
     return n, page, nkv, d
 
 
+def group_parts(group: int) -> int:
+    """The fewest equal shares of ``group`` query heads a kv head with at most ``MAX_GROUP``
+    heads each: the launches ``attention_decode`` makes for it."""
+    return next(p for p in range(1, group + 1) if group % p == 0 and group // p <= MAX_GROUP)
+
+
 def attention_decode(
     q: Any,
     k_pages: Any,
@@ -112,7 +118,10 @@ def attention_decode(
 ) -> Any:
     """q [N, Nq, D] float32: row i attends over tokens 0..positions[i] of slot ``slots[i]``
     (query head j reads kv head ``j // (Nq / Nkv)``) -> float32 [N, Nq, D], a new array.
-    ``chunk`` (tokens per split, a multiple of 64) overrides ``split_policy``."""
+    ``chunk`` (tokens per split, a multiple of 64) overrides ``split_policy``. A group of
+    more than ``MAX_GROUP`` query heads a kv head (the kernel keeps a group's queries and
+    accumulators in registers and shared memory) is served in equal shares of at most that
+    many, one launch each: Qwen4Exp's 12 as two of 6."""
     import cupy as cp
 
     n, page, nkv, d = _check_paged(k_pages, v_pages, page_table, slots, positions)
@@ -120,9 +129,21 @@ def attention_decode(
     if q.shape[0] != n or q.shape[2] != d:
         raise ValueError(f"q: shape {q.shape}, expected ({n}, Nq, {d})")
     nq = q.shape[1]
-    if nq % nkv or not 1 <= nq // nkv <= MAX_GROUP:
-        raise ValueError(f"q: {nq} heads over {nkv} kv heads: group must be 1..{MAX_GROUP}")
+    if nq % nkv or nq < nkv:
+        raise ValueError(f"q: {nq} heads over {nkv} kv heads: need a whole group of each")
     group = nq // nkv
+    parts = group_parts(group)
+    if parts > 1:  # query head h·group + g: share i takes every kv head's g of [i·s, (i+1)·s)
+        share = group // parts
+        by_share = q.reshape(n, nkv, parts, share, d)
+        rest = (k_pages, v_pages, page_table, slots, positions, scale, chunk)
+        outs = [
+            attention_decode(
+                cp.ascontiguousarray(by_share[:, :, i]).reshape(n, nkv * share, d), *rest
+            ).reshape(n, nkv, share, d)
+            for i in range(parts)
+        ]
+        return cp.stack(outs, axis=2).reshape(n, nq, d)
     out = cp.empty((n, nq, d), dtype=cp.float32)
     if n == 0:
         return out

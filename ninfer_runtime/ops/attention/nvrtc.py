@@ -26,9 +26,9 @@ def accepts_step(*, device: str, head_dim: int, storage: str, **_: object) -> bo
 
 
 def accepts_decode(*, group: int = 1, **key: Any) -> bool:
-    """Decode attention: as the stores, for the query heads a kv head's warps were compiled
-    for (1 .. ``MAX_GROUP``)."""
-    return accepts_step(**key) and 1 <= group <= attention.MAX_GROUP
+    """Decode attention: as the stores, any group of query heads a kv head (more than the
+    kernel's ``MAX_GROUP`` in equal shares, one launch each)."""
+    return accepts_step(**key) and group >= 1
 
 
 def accepts(*, device: str, head_dim: int, storage: str, **_: object) -> bool:
