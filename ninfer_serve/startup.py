@@ -82,6 +82,7 @@ def serve(model: Path, settings: Settings) -> int:
     from ninfer_runtime.engine import Engine
     from ninfer_runtime.errors import EngineError
     from ninfer_runtime.expert_offload import vram_budget_setting
+    from ninfer_runtime.warm_up import warm_up
 
     from .app import create_app
     from .connections import ConnectionGuard, protocol_for
@@ -133,7 +134,7 @@ def serve(model: Path, settings: Settings) -> int:
     holder: dict[str, Any] = {}
 
     def load() -> Engine:
-        return Engine(
+        engine = Engine(
             artifact,
             backend=engine_cfg.backend,
             max_context=engine_cfg.max_context,
@@ -157,6 +158,9 @@ def serve(model: Path, settings: Settings) -> int:
             vision=settings.vision_options(),
             model_options=engine_cfg.model_options(),
         )
+        if engine_cfg.backend == "cuda":  # library kernels' first calls, before any request
+            say(f"prefill path warmed up in {warm_up(engine):.1f} s")
+        return engine
 
     def on_loaded(engine: Engine | None, error: str | None) -> None:
         if engine is None:
