@@ -24,10 +24,18 @@ def answers(engine: Engine) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("chunk", [64, 1000])  # 1000: more than the context, cut to fit
-def test_warm_up_leaves_the_engine_as_it_found_it(bundled_bf16, chunk: int) -> None:
-    cold = Engine(bundled_bf16, max_context=256, prefill_chunk=chunk, prefix_cache=True)
-    warmed = Engine(bundled_bf16, max_context=256, prefill_chunk=chunk, prefix_cache=True)
+@pytest.mark.parametrize(
+    ("chunk", "context", "capacity"),
+    # 1000 tokens: cut to the context (256), or to the pool's two 256-token pages (2048)
+    [(64, 256, None), (1000, 256, None), (1000, 2048, "1.6MiB")],
+)
+def test_warm_up_leaves_the_engine_as_it_found_it(
+    bundled_bf16, chunk: int, context: int, capacity: str | None
+) -> None:
+    options = {"max_context": context, "prefill_chunk": chunk, "prefix_cache": True}
+    cold = Engine(bundled_bf16, context_capacity=capacity, **options)
+    warmed = Engine(bundled_bf16, context_capacity=capacity, **options)
+    assert warmed.pool.free_pages * warmed.pool.page_tokens < chunk or capacity is None
     slots, pages = warmed.pool.free_slots, warmed.pool.free_pages
     assert warm_up(warmed) > 0
     assert (warmed.pool.free_slots, warmed.pool.free_pages) == (slots, pages)
