@@ -128,6 +128,33 @@ def test_streamed_logits_equal_resident_logits(artifacts, table_format: str) -> 
         assert streamed.ple_tables.counters().bytes > 0
 
 
+def _decode_out_of_order(model, prompt: list[int]) -> np.ndarray:
+    """Three lanes given out of their slots' order, each prefilled, then decode steps of all
+    three: each step's logits."""
+    runner = ModelRunner(model)
+    pool = runner.new_pool(lanes=3, max_context=64, page_tokens=16)
+    opened = [pool.open(64) for _ in range(3)]
+    states = [opened[2], opened[0], opened[1]]
+    assert [s.slot for s in states] != sorted(s.slot for s in states)
+    for i, state in enumerate(states):
+        runner.prefill(np.asarray(prompt[i : i + 9]), state, chunk=5)
+    rows = []
+    for t in range(12, 18):
+        step = [np.asarray(prompt[t + i : t + i + 1]) for i in range(3)]
+        rows += runner.forward(step, states).logits
+    return np.concatenate(rows)
+
+
+def test_streamed_decode_steps_stage_each_lane_at_its_own_slot(artifacts) -> None:
+    """A streamed decode step's rows are staged lane by lane from each lane's slot (its
+    n-gram context), whatever the slots' order: the logits equal the resident tables'."""
+    resident = load_model(artifacts[NF4])
+    prompt = _prompt(resident, 40, seed=9)
+    streamed = load_model(artifacts[NF4], options=STREAMED)
+    expected = _decode_out_of_order(resident, prompt)
+    np.testing.assert_array_equal(_decode_out_of_order(streamed, prompt), expected)
+
+
 @pytest.mark.parametrize("table_format", ["bf16", NF4])
 def test_a_prompt_reads_the_bytes_of_its_distinct_rows(artifacts, table_format: str) -> None:
     model = load_model(artifacts[table_format], options=STREAMED)
