@@ -41,3 +41,22 @@ def test_warm_up_leaves_the_engine_as_it_found_it(
     assert (warmed.pool.free_slots, warmed.pool.free_pages) == (slots, pages)
     assert warmed.pool_bytes() == cold.pool_bytes()
     assert answers(warmed) == answers(cold)
+
+
+def test_warm_up_with_drafting_and_with_experts_in_host_memory(bundled_bf16, q4_moe, shares):
+    """The engines whose prefill does more (MTP's drafter rows; routed experts computed from
+    host memory under a budget that keeps none on the device) warm up and give the same
+    greedy answers as unwarmed ones."""
+    from ninfer_runtime.engine import SpecConfig
+    from tests.runtime.offload_runs import engine as offloaded
+
+    drafting = {"max_context": 256, "spec": SpecConfig(draft_tokens=2)}
+    cold, warmed = Engine(bundled_bf16, **drafting), Engine(bundled_bf16, **drafting)
+    warm_up(warmed)
+    assert answers(warmed) == answers(cold)
+    floor, _ = shares
+    cold, warmed = offloaded(q4_moe, floor), offloaded(q4_moe, floor)
+    slots = warmed.pool.free_slots
+    warm_up(warmed)
+    assert warmed.pool.free_slots == slots
+    assert answers(warmed) == answers(cold)
