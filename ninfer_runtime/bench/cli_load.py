@@ -69,10 +69,12 @@ def load_bench_model(
     if vram_budget is None:
         return load_model(opened, backend, options=options), None
     be = get_backend(backend)  # one instance: the budget's scaling asks its workspace
-    budget, note = _scaled_budget(opened, vram_budget, reduced, be, chunk)
+    budget, share, note = _scaled_budget(opened, vram_budget, reduced, be, chunk)
     if note:  # (the plan's summary below names the budget itself)
         click.echo(note)
-    offload = ExpertOffload.for_budget(budget, be, prefill_rows=chunk, stream_decode=stream_decode)
+    offload = ExpertOffload.for_budget(
+        budget, be, prefill_rows=chunk, stream_decode=stream_decode, resident_share=share
+    )
     model = load_model(opened, be, expert_offload=offload, options=options)
     assert offload is not None and offload.plan is not None
     click.echo(offload.plan.summary())
@@ -85,13 +87,16 @@ def _has_ple(opened: Any) -> bool:
 
 def _scaled_budget(
     opened: Any, given: str, reduced: Any, backend: Any, chunk: int
-) -> tuple[int, str]:
-    """The budget in bytes for this artifact, and for a reduced one a line saying how it was
-    scaled (empty otherwise). A reduced artifact gets its own weights other than routed
-    experts (n-gram tables aside: they stay on the host; the MTP block and proposal head
-    included, as the text model loads them), the device bytes a plan sets beside them
-    (``_set_aside``) and the share of its experts the whole model would keep within
-    ``given`` beside the same."""
+) -> tuple[int, float | None, str]:
+    """The budget in bytes for this artifact, the most of its routed experts' bytes it keeps
+    in device memory as a share (None: what the budget holds), and for a reduced artifact a
+    line saying how it was scaled (empty otherwise). A reduced artifact gets its own weights
+    other than routed experts (n-gram tables aside: they stay on the host; the MTP block and
+    proposal head included, as the text model loads them), the device bytes a plan sets
+    beside them (``_set_aside``) and the share of its experts the whole model would keep
+    within ``given`` beside the same; and that share as its most: its few layers' experts
+    would otherwise all fit beside the workspace of captured decode steps, which is smaller
+    than the prefill windows' room a plan with host experts sets aside."""
     from ..capacity import parse_size
     from ..expert_offload.plan import WeightSizes, stored_bytes
     from ..sizes import format_size
@@ -99,7 +104,7 @@ def _scaled_budget(
     whole_budget = parse_size(given, "vram budget")
     assert whole_budget is not None
     if reduced is None:
-        return whole_budget, ""
+        return whole_budget, None, ""
     names = [n for n in opened.bindings if not n.startswith("vision/") and "ngram_table" not in n]
     sizes = WeightSizes.measure(opened, names)
     whole = reduced["whole_bytes"]
@@ -113,17 +118,25 @@ def _scaled_budget(
     room = whole_budget - whole_other - aside(whole_budget)
     share = min(1.0, max(0.0, room / max(whole["experts"], 1)))
     if share == 1:  # every expert fits: the whole model's budget holds this artifact too
-        return whole_budget, (
-            f"--vram-budget {format_size(whole_budget)} keeps every routed expert of the whole "
-            "model in device memory, and of this artifact too"
+        return (
+            whole_budget,
+            None,
+            (
+                f"--vram-budget {format_size(whole_budget)} keeps every routed expert of the whole "
+                "model in device memory, and of this artifact too"
+            ),
         )
     budget = int(sizes.other + share * sizes.expert_total)
     for _ in range(8):  # the window's room grows with the budget, by 1/8 of it at most
         budget = int(sizes.other + aside(budget) + share * sizes.expert_total)
-    return budget, (
-        f"--vram-budget {format_size(whole_budget)} for the whole model keeps "
-        f"{100 * share:.1f}% of its routed experts in device memory beside its workspace; "
-        f"this artifact gets {format_size(budget)}, the same share of its own beside the same"
+    return (
+        budget,
+        share,
+        (
+            f"--vram-budget {format_size(whole_budget)} for the whole model keeps "
+            f"{100 * share:.1f}% of its routed experts in device memory beside its workspace; "
+            f"this artifact gets {format_size(budget)}, the same share of its own beside the same"
+        ),
     )
 
 

@@ -71,6 +71,11 @@ class LoadPlanning:
 
         return left_to_the_split
 
+    def most_resident(self, sizes: WeightSizes) -> int | None:
+        """The most bytes of routed experts to keep in device memory (``resident_share``)."""
+        share = self.resident_share
+        return None if share is None else int(share * sizes.expert_total)
+
     def _plan_stream_chunk(self, backend: Any) -> None:
         """The plan again for prefill calls of ``stream_chunk`` rows; where the budget
         cannot hold their workspace, the engine's chunk and its plan stay."""
@@ -103,4 +108,5 @@ class LoadPlanning:
             workspace=self.workspace,
             context=self._context,
             counts=self.priority,
+            most=self.most_resident(self._sizes),
         )

@@ -75,6 +75,7 @@ class ExpertOffload(LoadPlanning):
         prefill_rows: int = PREFILL_ROWS,
         stream_chunk: int = STREAM_CHUNK,
         stream_decode: str = STREAM_DECODE[0],
+        resident_share: float | None = None,
     ):
         """``counts``: a priority kept from earlier (layer -> hits per expert, e.g. a run's
         ``counters.counts()``), used instead of calibrating; ``workspace``: device bytes to
@@ -87,8 +88,12 @@ class ExpertOffload(LoadPlanning):
         its device bytes, planned as workspace (None: no cap, as the CPU's simulated device);
         ``stream_chunk``: the prefill rows planned instead of a smaller ``prefill_rows``
         where host experts stream (``plan_load``); ``stream_decode``: which decode calls
-        stream their host experts on a GPU (``stream_window.STREAM_DECODE``)."""
+        stream their host experts on a GPU (``stream_window.STREAM_DECODE``);
+        ``resident_share``: the most of the routed experts' bytes kept in device memory, as a
+        share (a benchmark's reduced artifact given the share the whole model keeps within
+        its budget: ``bench/cli_load.py``; None: what the budget holds)."""
         self.budget = budget
+        self.resident_share = resident_share
         self.calibrate = calibrate and counts is None
         self.priority = counts
         #: the token rows of the engine's prefill calls, as planned: its prefill chunk, or
@@ -128,11 +133,12 @@ class ExpertOffload(LoadPlanning):
         prefill_rows: int | None = None,
         stream_chunk: int | None = None,
         stream_decode: str | None = None,
+        resident_share: float | None = None,
     ) -> ExpertOffload | None:
         """The offload a ``--vram-budget`` asks for (None: no budget, all resident);
         ``stream_rows`` None: ``STREAM_ROWS``; ``prefill_rows``: the engine's prefill chunk
         (None: ``PREFILL_ROWS``); ``stream_chunk`` None: ``STREAM_CHUNK``; ``stream_decode``
-        None: ``STREAM_DECODE[0]``."""
+        None: ``STREAM_DECODE[0]``; ``resident_share`` as ``ExpertOffload`` takes it."""
         size = parse_size(budget, "vram budget")
         if size is None:
             return None
@@ -153,6 +159,7 @@ class ExpertOffload(LoadPlanning):
             prefill_rows=PREFILL_ROWS if prefill_rows is None else prefill_rows,
             stream_chunk=STREAM_CHUNK if stream_chunk is None else stream_chunk,
             stream_decode=STREAM_DECODE[0] if stream_decode is None else stream_decode,
+            resident_share=resident_share,
         )
 
     def attach(self, layers: Sequence[Any]) -> None:
@@ -240,7 +247,12 @@ class ExpertOffload(LoadPlanning):
         """Place the experts by ``counts``; ``hold``: and decoded copies for the hottest host
         experts by them."""
         plan = plan_residency(
-            sizes, self.budget, workspace=self.workspace, context=context, counts=counts
+            sizes,
+            self.budget,
+            workspace=self.workspace,
+            context=context,
+            counts=counts,
+            most=self.most_resident(sizes),
         )
         for block in self.blocks:
             block.place(plan.resident.get(block.layer, ()))

@@ -138,10 +138,12 @@ def plan_residency(
     workspace: int = 0,
     context: int = 0,
     counts: Mapping[int, Sequence[float]] | None = None,
+    most: int | None = None,
 ) -> OffloadPlan:
     """The routed experts that fit in ``budget`` beside the other weights, the workspace and
-    the context pool, chosen by ``counts`` (layer -> routing count per expert; None: equal);
-    ``VramBudgetError`` when even none fit."""
+    the context pool, chosen by ``counts`` (layer -> routing count per expert; None: equal),
+    at most ``most`` bytes of them (None: what the budget holds); ``VramBudgetError`` when
+    even none fit."""
     floor = sizes.other + workspace + context
     if budget < floor:
         whole = (  # a model without routed experts has nothing to place beyond the floor
@@ -155,7 +157,7 @@ def plan_residency(
             f"{format_size(workspace)}, context pool {format_size(context)}): the smallest "
             f"budget that works is {format_size(floor)} ({floor} bytes){whole}"
         )
-    room = budget - floor
+    room = budget - floor if most is None else min(budget - floor, most)
     candidates = []
     for layer, per in sizes.experts.items():
         layer_counts = (counts or {}).get(layer)

@@ -257,7 +257,7 @@ def test_a_reduced_artifacts_budget_sets_the_workspace_beside_both_shares(artifa
     workspace = 5 << 20
     given = whole_other + workspace + whole["experts"] // 2  # about half, beside the windows
     backend = PlannedGpu(workspace)
-    budget, note = _scaled_budget(opened, str(given), reduced, backend, 64)
+    budget, most, note = _scaled_budget(opened, str(given), reduced, backend, 64)
     assert backend.graphs and backend.asked_with_graphs == [False] * len(backend.asked_with_graphs)
     assert backend.asked_with_graphs
 
@@ -269,6 +269,10 @@ def test_a_reduced_artifacts_budget_sets_the_workspace_beside_both_shares(artifa
     want = sizes.other + workspace + windows(budget) + share * sizes.expert_total
     assert abs(budget - want) <= 2
     assert f"keeps {100 * share:.1f}% of its routed experts" in note
+    assert most is not None and abs(most - share) < 1e-9  # and keeps no more than that share
     # a budget that holds every expert beside the workspace is passed on as it is
     roomy = given + whole["experts"]
-    assert _scaled_budget(opened, str(roomy), reduced, PlannedGpu(workspace), 64)[0] == roomy
+    assert _scaled_budget(opened, str(roomy), reduced, PlannedGpu(workspace), 64)[:2] == (
+        roomy,
+        None,
+    )

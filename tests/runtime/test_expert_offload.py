@@ -61,6 +61,26 @@ def test_residency_leaves_logits_and_greedy_tokens(q4_moe, shares, reference, fr
     assert counters.device_total + counters.host_total == (len(PROMPT) + 6) * 2 * 4
 
 
+def test_a_resident_share_keeps_experts_on_the_host_under_a_budget_that_holds_all(
+    q4_moe, shares, reference
+):
+    """``resident_share`` (a benchmark's reduced artifact given the whole model's share)
+    keeps no more than that share of the experts' bytes resident, at load and when placed
+    again, whatever room the budget has; the numbers stay."""
+    from ninfer_runtime.expert_offload import ExpertOffload
+    from ninfer_runtime.models import load_model
+
+    floor, experts = shares
+    offload = ExpertOffload.for_budget(floor + 2 * experts, "cpu", resident_share=0.5)
+    model = load_model(q4_moe, CpuBackend(), expert_offload=offload)
+    assert offload.plan.resident_fraction == 0.5
+    assert offload.plan.resident_bytes <= experts // 2 < offload.plan.budget - floor
+    tokens, logits = greedy(ModelRunner(model), 6)
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logits, reference[1], rtol=0, atol=1e-4)
+    assert offload.replan().resident_fraction == 0.5
+
+
 def test_a_budget_below_the_floor_is_refused_before_loading(q4_moe, shares, monkeypatch):
     floor, _ = shares
     prepared: list[str] = []

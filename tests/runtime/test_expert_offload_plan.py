@@ -42,6 +42,12 @@ def test_without_counts_the_layers_fill_evenly():
     assert plan.resident_bytes == 600 and plan.host_bytes == 600
 
 
+def test_a_most_keeps_no_more_experts_resident_than_it_says():
+    plan = plan_residency(SIZES, 1000 + 1200, most=650)  # the budget holds all twelve
+    assert plan.resident == {0: (0, 1), 1: (0, 1), 2: (0, 1)} and plan.resident_bytes == 600
+    assert plan_residency(SIZES, 1000 + 350, most=650).resident_bytes == 300  # the budget's
+
+
 def test_counts_keep_the_most_chosen_experts_per_byte():
     counts = {0: [1, 9, 0, 5], 1: [2, 2, 2, 2], 2: [0, 0, 30, 0]}
     plan = plan_residency(SIZES, 1000 + 400, counts=counts)
