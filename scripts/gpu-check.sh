@@ -8,12 +8,12 @@
 # 1-8, K 1..5, spec27.json; about 3 more minutes, so with SKIP_TESTS=1 when one device call must
 # hold it all). LOGPROBS=1 adds what log-probabilities (top 5) cost a 27B decode step and prefill
 # (benchmarks/logprobs_bench.py, logprobs27.json), with the kernels of 16 scored and plain decode
-# steps. SERVE=1 adds the server on the 27B shape: n=4
-# samples of one prompt (samples27.json), the agent workload with the prefix cache on and off
-# (agent27.json), and its conversations on the engine alone, step by step
-# (benchmarks/agent_steps.py, agent_steps27.txt), and their first two turns under a kernel
-# trace (agent_trace27.txt: each prompt-reading step's kernels and idle time) and under cProfile
-# (agent_host27.txt: the host's time by function); about 7 minutes in all, so with SKIP_TESTS=1.
+# steps. SERVE=1 adds the server on the 27B shape: the agent workload with the prefix cache on
+# and off (agent27.json) and its first two turns on the engine alone under a kernel trace
+# (benchmarks/agent_steps.py, agent_trace27.txt: each prompt-reading step's kernels and idle
+# time), about 2.5 minutes; SERVE=full also n=4 samples of one prompt (samples27.json), the
+# conversations step by step (agent_steps27.txt) and under cProfile (agent_host27.txt: the
+# host's time by function), about 7 minutes in all, so with SKIP_TESTS=1.
 # OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with what the host computed,
 # read and streamed beside each row (offload35.json), its decode with every host expert streamed
 # instead (--expert-stream-decode all, offload35_streamed.json), the host's expert products by
@@ -135,27 +135,31 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     timeout 240 python3 benchmarks/logprobs_bench.py "$artifact" --top 5 --lanes 1 --trace 16 \
       --json "$OUT/logprobs$name.json" 2>&1 | grep -v upload | tee "$OUT/logprobs$name.txt"
   fi
-  if [ "$name" = 27 ] && [ "${SERVE:-0}" = 1 ]; then
-    timeout 200 python3 benchmarks/samples_bench.py --model "$artifact" --backend cuda --n 4 \
-      --json "$OUT/samples$name.json" 2>&1 | grep -v upload | tee "$OUT/samples$name.txt"
+  if [ "$name" = 27 ] && [ "${SERVE:-0}" != 0 ]; then
+    [ "$SERVE" = full ] && timeout 200 python3 benchmarks/samples_bench.py --model "$artifact" \
+      --backend cuda --n 4 --json "$OUT/samples$name.json" 2>&1 | grep -v upload \
+      | tee "$OUT/samples$name.txt"
     timeout 400 python3 benchmarks/serve_bench.py --workload agent --model "$artifact" \
       --backend cuda --system-tokens 4000 --clients 8 --turns 5 --output-len 32 \
       --json "$OUT/agent$name.json" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload \
-      | tee "$OUT/agent$name.txt"
-    # the same conversations on the engine alone, each step's wall time and reads (cache on)
-    timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
-      --system-tokens 4000 --clients 8 --turns 3 --output-len 32 --prefill-chunk 2048 \
-      --show c0t0,c1t0,c0t1 2>&1 | grep -v upload >"$OUT/agent_steps$name.txt"
-    tail -8 "$OUT/agent_steps$name.txt"
-    # its first two turns again under a kernel trace: each prompt-reading step's device work
+      | grep -v " INFO " | tee "$OUT/agent$name.txt"
+    # its first two turns on the engine alone under a kernel trace: each prompt-reading
+    # step's device work
     timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
       --system-tokens 4000 --clients 8 --turns 2 --output-len 32 --prefill-chunk 2048 \
       --trace 2>&1 | grep -v upload | grep -A40 "kernel trace" >"$OUT/agent_trace$name.txt"
     cat "$OUT/agent_trace$name.txt"
-    # and under cProfile: the host's time by function, where the packed steps idle the device
-    timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
-      --system-tokens 4000 --clients 8 --turns 2 --output-len 32 --prefill-chunk 2048 \
-      --host-profile 2>&1 | grep -v upload | grep -A200 "host time" >"$OUT/agent_host$name.txt"
+    if [ "$SERVE" = full ]; then
+      # the same conversations, each step's wall time and reads (cache on)
+      timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
+        --system-tokens 4000 --clients 8 --turns 3 --output-len 32 --prefill-chunk 2048 \
+        --show c0t0,c1t0,c0t1 2>&1 | grep -v upload >"$OUT/agent_steps$name.txt"
+      tail -8 "$OUT/agent_steps$name.txt"
+      # and under cProfile: the host's time by function, where the packed steps idle the device
+      timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
+        --system-tokens 4000 --clients 8 --turns 2 --output-len 32 --prefill-chunk 2048 \
+        --host-profile 2>&1 | grep -v upload | grep -A200 "host time" >"$OUT/agent_host$name.txt"
+    fi
   fi
   if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
