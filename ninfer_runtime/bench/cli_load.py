@@ -118,26 +118,20 @@ def _scaled_budget(
     room = whole_budget - whole_other - aside(whole_budget)
     share = min(1.0, max(0.0, room / max(whole["experts"], 1)))
     if share == 1:  # every expert fits: the whole model's budget holds this artifact too
-        return (
-            whole_budget,
-            None,
-            (
-                f"--vram-budget {format_size(whole_budget)} keeps every routed expert of the whole "
-                "model in device memory, and of this artifact too"
-            ),
+        note = (
+            f"--vram-budget {format_size(whole_budget)} keeps every routed expert of the whole "
+            "model in device memory, and of this artifact too"
         )
+        return whole_budget, None, note
     budget = int(sizes.other + share * sizes.expert_total)
     for _ in range(8):  # the window's room grows with the budget, by 1/8 of it at most
         budget = int(sizes.other + aside(budget) + share * sizes.expert_total)
-    return (
-        budget,
-        share,
-        (
-            f"--vram-budget {format_size(whole_budget)} for the whole model keeps "
-            f"{100 * share:.1f}% of its routed experts in device memory beside its workspace; "
-            f"this artifact gets {format_size(budget)}, the same share of its own beside the same"
-        ),
+    note = (
+        f"--vram-budget {format_size(whole_budget)} for the whole model keeps "
+        f"{100 * share:.1f}% of its routed experts in device memory beside its workspace; "
+        f"this artifact gets {format_size(budget)}, the same share of its own beside the same"
     )
+    return budget, share, note
 
 
 def _set_aside(opened: Any, backend: Any, chunk: int, experts: Any, budget: int) -> int:

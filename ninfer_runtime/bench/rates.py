@@ -60,11 +60,8 @@ def decode_rate(
         out = runner.forward([rng.integers(0, vocab, 1) for _ in range(lanes)], states)
     sync(xp)
     step = (time.perf_counter() - start) / steps
-    if steps and not all(np.isfinite(to_numpy(rows)).all() for rows in out.logits):
-        raise EngineError(
-            f"decode of {lanes} lane(s) at context {context}: the logits are not finite "
-            "(NaN or inf); not timed"
-        )
+    if steps:
+        check_finite(out.logits, f"decode of {lanes} lane(s) at context {context}")
     moved = decode_step_bytes(model, lanes, context, kv_dtype, weights)
     return DecodeResult(lanes, context, lanes / step, 1e3 * step, moved, 1e3 * moved / floor_bw)
 
@@ -97,12 +94,18 @@ def prefill_rate(
 REPEAT_TOLERANCE = 1e-3
 
 
+def check_finite(logits: Any, what: str) -> None:
+    """A timed run's logits (arrays on either device) must be finite, or it timed a broken
+    computation."""
+    if not all(np.isfinite(to_numpy(rows)).all() for rows in logits):
+        raise EngineError(f"{what}: the logits are not finite (NaN or inf); not timed")
+
+
 def check_repeated(first: np.ndarray, again: np.ndarray, what: str) -> None:
     """The timed run read the warm-up's prompt again: its logits must be finite and the
     same, or the rate would time a broken computation (a race between streams, a read of
     memory still being written) instead of saying so."""
-    if not np.isfinite(again).all():
-        raise EngineError(f"{what}: the logits are not finite (NaN or inf); not timed")
+    check_finite([again], what)
     scale = max(float(np.abs(first).max()), 1e-30)
     off = float(np.abs(again - first).max()) / scale
     if off > REPEAT_TOLERANCE:
