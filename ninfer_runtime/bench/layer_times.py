@@ -1,16 +1,17 @@
 """Per-layer decode time on a reduced artifact (``ninfer-bench synth --layers N``), and the whole
 model's step extrapolated from it by kind of layer (``architectures.extrapolate``).
 
-Each decoder layer is timed by wrapping it (the device drained around every call) in runs of
-their own (the first a warm-up), so the plain step's timing is undisturbed; the wrapper adds a
-little host time per call, which lands in the layers' share, not outside it. The whole model's
-bytes per step are extrapolated the same way: the kept layers' bytes by kind, times each kind's
+A layer's time is what leaving it out of the step saves: the plain step's time less that of
+the same step with the layer bypassed (it returns what its first call returned, and does no
+per-layer host work before the step). The step stays what it is otherwise (captured where the
+model's steps are, with every other layer's host work), so a captured step's layers are not
+charged the launches an eager call would pay, and an eager step's are. The whole model's bytes
+per step are extrapolated the same way: the kept layers' bytes by kind, times each kind's
 count.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,21 +21,21 @@ from .active_bytes import ActiveWeights, layer_context_bytes
 from .architectures import extrapolate
 
 
-class _TimedLayer:
-    """A decoder layer whose calls add their wall time to ``spent[index]``."""
+class _Bypassed:
+    """A decoder layer left out of the step: its first call runs the layer (the step's first,
+    eager, run) and every later call returns those outputs. It answers for the layer (its
+    weights, for the step's bytes) but has no work before the step (a Qwen4Exp layer's
+    streamed n-gram rows, read for the layers whose ``ple`` is set)."""
 
-    def __init__(self, layer: Any, index: int, xp: Any, spent: list[float], calls: list[int]):
-        self._layer, self._index, self._xp = layer, index, xp
-        self._spent, self._calls = spent, calls
+    ple = None
+
+    def __init__(self, layer: Any):
+        self._layer, self._outputs = layer, None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        M._sync(self._xp)
-        start = time.perf_counter()
-        out = self._layer(*args, **kwargs)
-        M._sync(self._xp)
-        self._spent[self._index] += time.perf_counter() - start
-        self._calls[self._index] += 1
-        return out
+        if self._outputs is None:
+            self._outputs = self._layer(*args, **kwargs)
+        return self._outputs
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._layer, name)
@@ -43,19 +44,23 @@ class _TimedLayer:
 def layer_ms(
     runner: ModelRunner, lanes: int, context: int, kv_dtype: str, steps: int
 ) -> list[float]:
-    """Mean ms per decode step of each decoder layer, at ``lanes`` lanes and ``context``."""
-    model, xp = runner.model, runner.backend.xp
+    """Mean ms per decode step of each decoder layer, at ``lanes`` lanes and ``context``: the
+    step's time less that of the step with the layer bypassed."""
+    model = runner.model
     layers = list(model.layers)
-    spent, calls = [0.0] * len(layers), [0] * len(layers)
-    model.layers = [_TimedLayer(layer, i, xp, spent, calls) for i, layer in enumerate(layers)]
-    try:
-        for _ in range(2):  # the first run warms what the wrapped calls meet; the second counts
-            spent[:], calls[:] = [0.0] * len(layers), [0] * len(layers)
-            runner = ModelRunner(model)
-            M.decode_rate(runner, lanes, context, steps=steps, floor_bw=1.0, kv_dtype=kv_dtype)
-    finally:
-        model.layers = layers
-    return [1e3 * s / max(c, 1) for s, c in zip(spent, calls, strict=True)]
+
+    def step_ms(bypassed: int | None) -> float:
+        model.layers = [_Bypassed(x) if i == bypassed else x for i, x in enumerate(layers)]
+        try:  # a fresh runner: its steps are made (and captured) with this list of layers
+            rate = M.decode_rate(
+                ModelRunner(model), lanes, context, steps=steps, floor_bw=1.0, kv_dtype=kv_dtype
+            )
+        finally:
+            model.layers = layers
+        return rate.step_ms
+
+    whole = step_ms(None)
+    return [whole - step_ms(i) for i in range(len(layers))]
 
 
 @dataclass

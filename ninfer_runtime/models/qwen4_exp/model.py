@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend
+from ...backends.base import to_numpy
 from ...errors import ModelError
 from ...memory_kinds import MemoryKind
 from ...ops.attention.memory import KvSpec
@@ -139,13 +140,24 @@ class Qwen4ExpModel(WithoutMtp):
 
     def stage_decode(self, pool: ContextPool, ids: np.ndarray, slots: np.ndarray) -> None:
         """Before a decode step of lanes in ``slots`` reading ``ids`` (host int32 [lanes]):
-        the streamed n-gram tables' rows of each PLE layer read where the step reads them
-        (``PerLayerEmbedding.stage``); nothing with resident tables."""
+        the streamed n-gram tables' rows of every PLE layer, hashed and read on the host and
+        moved in one upload into each layer's ``staged`` rows, where the step reads them;
+        nothing with resident tables. Every PLE layer keeps the same n-gram context (the
+        lane's last ids), so one read of it serves them all."""
         if self.ple_tables is None:
             return
-        for layer, memory in zip(self.layers, pool.layers, strict=True):
-            if layer.ple is not None:
-                layer.ple.stage(memory, ids, slots)  # type: ignore[arg-type]
+        pairs = [
+            (ple, memory)
+            for layer, memory in zip(self.layers, pool.layers, strict=True)
+            if (ple := getattr(layer, "ple", None)) is not None
+        ]
+        if not pairs:
+            return
+        contexts = to_numpy(pairs[0][1].ple_context)[slots]  # type: ignore[attr-defined]
+        history = np.concatenate([contexts, ids[:, None].astype(np.int32)], axis=1)
+        rows = self.backend.xp.asarray(np.stack([ple.staged_rows(history) for ple, _ in pairs]))
+        for (ple, memory), layer_rows in zip(pairs, rows, strict=True):
+            memory.staged(ple.ple.embed_dim)[: ids.shape[0]] = layer_rows  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------------ positions
     def rope(self, positions: np.ndarray) -> tuple[Array, Array]:

@@ -208,17 +208,14 @@ class PerLayerEmbedding:
                 self._advance_through(memory, slot, ids[rows], inputs[rows], marks)
         return gated + silu(convs[0] if len(convs) == 1 else xp.concatenate(convs))
 
-    def stage(self, memory: PleGdnSlots, ids: np.ndarray, slots: np.ndarray) -> None:
-        """Before a decode step whose lanes (slots ``slots``) read host ``ids``, with a
-        streamed table: each lane's n-gram rows (its context, then its new id) read through
-        the table's cache into row i of ``memory.staged`` for lane i, where the step reads
-        them."""
-        contexts = to_numpy(memory.ple_context)[slots]  # every slot's in one read
-        history = np.concatenate([contexts, ids[:, None].astype(np.int32)], axis=1)
+    def staged_rows(self, history: np.ndarray) -> np.ndarray:
+        """A streamed table's rows [N, E] (host) for a decode step: the n-gram rows of the
+        last position of each lane's ``history`` [N, L] (host: its n-gram context, then its
+        new id), read through the table's cache."""
         table_rows = last_ngram_ids(history, self.ple, self.layer, *self.host_heads)
         assert isinstance(self.table, StreamedRows)
-        e = self.table.gather(table_rows.reshape(-1)).reshape(ids.shape[0], self.ple.embed_dim)
-        memory.staged(self.ple.embed_dim)[: ids.shape[0]] = self.backend.xp.asarray(e)
+        rows = self.table.gather(table_rows.reshape(-1))
+        return rows.reshape(history.shape[0], self.ple.embed_dim)
 
     def row_ids(self, ids: Array, context: Array) -> np.ndarray:
         """The table rows [T, heads] of T consecutive ids after the n-gram ``context`` (either
