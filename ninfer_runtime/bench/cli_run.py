@@ -233,7 +233,8 @@ def run(
         click.echo(
             f"this artifact has {len(reduced['kept'])} of the model's "
             f"{sum(reduced['whole_kinds'].values())} layers: each kind's time is measured "
-            "(layers timed one by one), the whole model's step EXTRAPOLATED from them"
+            "(what the step saves with the layer bypassed), the whole model's step "
+            "EXTRAPOLATED from them"
         )
         for row in [r for r in rows if r["kind"] == "decode"]:
             decode = M.DecodeResult(**{k: row[k] for k in M.DecodeResult.__dataclass_fields__})

@@ -182,8 +182,8 @@ def _extrapolated_lines(rows: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         f"The table above is of an artifact with some of the model's {whole[0]['whole_layers']} "
-        "layers. Per layer, measured (layers timed one by one), and the whole model's step "
-        "EXTRAPOLATED from them:",
+        "layers. Per layer, measured (what the step saves with the layer bypassed), and the "
+        "whole model's step EXTRAPOLATED from them:",
         "",
         "| lanes | context | ms per layer, by kind | whole-model ms/step (extrapolated) | tok/s "
         "| GB/step | floor ms | % of floor |",
