@@ -87,3 +87,47 @@ def test_decode_of_any_group_is_ours(group: int) -> None:
     )
     # float32 sums in another order (split partials, online softmax): ~1e-5 of the scale
     assert np.abs(out - expected).max() <= 3e-5 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("storage", ["float32", "bf16"])
+@pytest.mark.parametrize(("nq", "nkv", "d"), [(24, 4, 256), (6, 2, 64)])
+def test_prefill_lanes_packed_matches_each_lane_by_the_reference(
+    nq: int, nkv: int, d: int, storage: str
+) -> None:
+    """``prefill_lanes`` as the policy resolves it on CUDA (``varlen``: one call for every
+    lane) against the reference lane by lane: lanes of 1 to 300 rows, a first chunk and
+    chunks after earlier context (one past a page's end), pages shuffled, within the
+    provider's tolerance of the largest value."""
+    import cupy as cp
+
+    from ninfer_runtime.ops.attention import resolved
+
+    rng = np.random.default_rng(nq + d)
+    #: (rows, start) of each lane, in row order
+    shapes = [(300, 0), (1, 700), (77, 256), (5, 1000), (130, 3)]
+    widest = max(-(-(t + s) // PAGE) for t, s in shapes)
+    count = widest * len(shapes)
+    table = rng.permutation(count).reshape(len(shapes), widest).astype(np.int32)
+    k = rng.standard_normal((count, PAGE, nkv, d)).astype(np.float32)
+    v = rng.standard_normal((count, PAGE, nkv, d)).astype(np.float32)
+    q = rng.standard_normal((sum(t for t, _ in shapes), nq, d)).astype(np.float32)
+    dtype = kv_storage_dtype({"float32": "float32", "bf16": "bfloat16"}[storage])
+    k_stored, v_stored = (np.asarray(store_kv(a, dtype)) for a in (k, v))
+    kr, vr = (np.asarray(load_kv(a), dtype=np.float64) for a in (k_stored, v_stored))
+    want, at = [], 0
+    for (t, start), pages in zip(shapes, table, strict=True):
+        rows = [a[pages].reshape(-1, nkv, d)[: start + t] for a in (kr, vr)]
+        want.append(attention(q[at : at + t].astype(np.float64), *rows, start, d**-0.5))
+        at += t
+    expected = np.concatenate(want)
+
+    k_dev, v_dev = cp.asarray(k_stored), cp.asarray(v_stored)
+    packed = resolved("prefill_lanes", "cuda", k_dev, precision="bf16", group=nq // nkv)
+    assert packed is registry.providers("attention")["prefill_lanes"]["varlen"].load()
+    lanes = [(t, s, cp.asarray(p)) for (t, s), p in zip(shapes, table, strict=True)]
+    one_lane = resolved("prefill", "cuda", k_dev, precision="bf16", group=nq // nkv)
+    got = packed(cp.asarray(q), k_dev, v_dev, lanes, scale=d**-0.5, precision="bf16",
+                 one_lane=one_lane)  # fmt: skip
+    _, atol = TOLERANCE["varlen"]
+    scale = float(np.abs(expected).max())
+    np.testing.assert_allclose(cp.asnumpy(got), expected, rtol=0, atol=atol * scale)

@@ -18,7 +18,7 @@ from ...backends import Backend, Weight
 from ...ops import attention
 from ...ops.attention.memory import AttentionPages
 from ...ops.registry import resolve
-from ..batch import Batch, Lane
+from ..batch import Batch
 from ..functional import mul_sigmoid
 from .config import AttentionConfig
 from .mrope import rope_streams
@@ -106,9 +106,9 @@ class GatedAttention:
             o = self._op("decode", memory)(
                 q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
             )
-        else:  # a prefill chunk: every lane's rows stored at once, then each over its pages
+        else:  # a prefill chunk: every lane's rows stored at once, then read over their pages
             self._store_rows(batch, k, v, memory)
-            o = batch.each_lane(lambda lane: self._prefill(lane, q, memory, scale), be.xp)
+            o = self._prefill(batch, q, memory, scale)
         return be.linear(mul_sigmoid(o.reshape(n, a.heads * a.head_dim), gate), self.output)
 
     def _store_rows(self, batch: Batch, k: Array, v: Array, memory: AttentionPages) -> None:
@@ -117,18 +117,22 @@ class GatedAttention:
         slots, positions, page_table = batch.row_addresses
         self._op("write", memory)(memory.k, memory.v, page_table, slots, positions, k, v)
 
-    def _prefill(self, lane: Lane, q: Array, memory: AttentionPages, scale: float) -> Array:
-        """The lane's queries over its pages (its keys and values stored)."""
-        r = lane.rows
-        return self._op("prefill", memory)(
-            q[r],
-            memory.k,
-            memory.v,
-            lane.state.page_ids,
-            start=lane.start,
-            scale=scale,
-            precision=self._precision,
-        )
+    def _prefill(self, batch: Batch, q: Array, memory: AttentionPages, scale: float) -> Array:
+        """The lanes' queries over their pages (their keys and values stored): one lane
+        through ``prefill``, several through ``prefill_lanes`` (one call where a provider
+        packs them)."""
+        one_lane = self._op("prefill", memory)
+        lanes = [(lane.tokens, lane.start, lane.state.page_ids) for lane in batch.lanes]
+        if len(lanes) == 1:
+            (lane,) = batch.lanes
+            return one_lane(
+                q[lane.rows], memory.k, memory.v, lane.state.page_ids, start=lane.start,
+                scale=scale, precision=self._precision,
+            )  # fmt: skip
+        return self._op("prefill_lanes", memory)(
+            q, memory.k, memory.v, lanes, scale=scale, precision=self._precision,
+            one_lane=one_lane,
+        )  # fmt: skip
 
     @property
     def _precision(self) -> str:

@@ -16,6 +16,11 @@ E4M3 bytes) at the lane's page ids ``pages``; query head h reads key/value head
 ``h // (Nq / Nkv)``; out [T, Nq, D] float32. ``precision`` is the backend's
 ``prefill_precision`` (``bf16``, ``tf32`` or ``float32``).
 
+* ``prefill_lanes``: ``(q, k_pages, v_pages, lanes, *, scale, precision, one_lane) -> out``:
+  ``prefill`` of several lanes at once: ``lanes`` are (tokens, start, pages) in the row order
+  of q [N, Nq, D] (their tokens sum to N); ``one_lane`` is the layer's resolved ``prefill``,
+  which a provider without a packed kernel calls lane by lane (``lanes.py``).
+
 * ``latent``: ``(q, latents, visible, *, scale) -> out``: multi-head latent attention over a
   lane's cached latents (``latent.py``: their memory kind), each query over the tokens its
   mask lets it see (``latent_reference.py``).
@@ -27,7 +32,9 @@ E4M3 bytes) at the lane's page ids ``pages``; query head h reads key/value head
 Providers: ``reference`` (the gathered rows attended as array math), ``nvrtc`` (ours:
 ``kernels/attention.cu`` and ``kernels/prefill_attention.cu``, the pages read in place, every
 precision) and ``sdpa`` (torch's fused scaled-dot-product attention on gathered bf16 K/V;
-``prefill`` in bf16 only; ``segment`` likewise, ``segment_sdpa.py``). Which serves an op is
+``prefill`` in bf16 only; ``segment`` likewise, ``segment_sdpa.py``), ``varlen`` (torch's
+variable-length flash attention: ``prefill_lanes`` in one call, bf16 only) and ``each``
+(``prefill_lanes`` lane by lane through ``one_lane``). Which serves an op is
 ``policy.TABLE``; the resolution key is the device, the prefill precision, the head size and
 the storage (``float32``, ``bf16``, ``e4m3``).
 """
@@ -76,6 +83,8 @@ _PROVIDERS = {
     ("decode", "nvrtc"): ("nvrtc", "accepts_decode", ("cupy",)),
     ("prefill", "nvrtc"): ("nvrtc", "accepts", ("cupy",)),
     ("prefill", "sdpa"): ("sdpa", "accepts", ("cupy", "torch")),
+    ("prefill_lanes", "each"): ("lanes", "accepts", ()),
+    ("prefill_lanes", "varlen"): ("varlen", "accepts", ("cupy", "torch")),
     ("latent", "reference"): ("latent_reference", "accepts", ()),
     ("segment", "reference"): ("segment_reference", "accepts", ()),
     ("segment", "sdpa"): ("segment_sdpa", "accepts", ("cupy", "torch")),

@@ -12,6 +12,10 @@ TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     # torch's fused attention first: 1.7-4x faster than ours in one run at every chunk start;
     # it declines the split-precision modes (tf32, float32), which ours serves
     ("prefill", "cuda"): ("sdpa", "nvrtc", "reference"),
+    ("prefill_lanes", "cpu"): ("each",),
+    # a packed step's lanes in one call a layer, where the lane-by-lane path makes a call
+    # and a gather a lane (the agent workload's follower step, docs/performance.md)
+    ("prefill_lanes", "cuda"): ("varlen", "each"),
     **{(op, "cpu"): ("reference",) for op in ("write", "decode")},
     **{(op, "cuda"): ("nvrtc", "reference") for op in ("write", "decode")},
     ("latent", "cpu"): ("reference",),

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..torch_interop import on_cupy_stream, view
 
-__all__ = ["accepts", "prefill"]
+__all__ = ["accepts", "as_bf16", "prefill"]
 
 Array = Any
 
@@ -38,6 +38,20 @@ def accepts(*, device: str, precision: str, head_dim: int, storage: str, **_: ob
     )
 
 
+def as_bf16(rows: Array, dtype: Any) -> Any:
+    """Stored K/V ``rows`` (CuPy, of the pool's ``dtype``) as a torch bf16 tensor: bf16 words
+    viewed, float32 and E4M3 values converted."""
+    import torch
+
+    x = view(rows)
+    kind = _STORAGE[np.dtype(dtype)]
+    if kind == "bf16":
+        x = x.view(torch.bfloat16)
+    elif kind == "e4m3":
+        x = x.view(torch.float8_e4m3fn)
+    return x.to(torch.bfloat16)
+
+
 def prefill(
     q: Array, k_pages: Array, v_pages: Array, pages: Array, *, start: int, scale: float, **_: Any
 ) -> Array:
@@ -54,13 +68,7 @@ def prefill(
 
     def keys(pool: Array) -> Any:
         rows = pool[used].reshape(-1, *pool.shape[2:])[:length]  # [S, Nkv, D], one gather
-        x = view(rows)
-        kind = _STORAGE[np.dtype(pool.dtype)]
-        if kind == "bf16":
-            x = x.view(torch.bfloat16)
-        elif kind == "e4m3":
-            x = x.view(torch.float8_e4m3fn)
-        return x.to(torch.bfloat16).transpose(0, 1)[None]  # [1, Nkv, S, D]
+        return as_bf16(rows, pool.dtype).transpose(0, 1)[None]  # [1, Nkv, S, D]
 
     with on_cupy_stream():
         query = view(q).to(torch.bfloat16).transpose(0, 1)[None]
