@@ -18,7 +18,7 @@ from ...backends import Backend, Weight
 from ...ops import attention
 from ...ops.attention.memory import AttentionPages
 from ...ops.registry import resolve
-from ..batch import Batch
+from ..batch import Batch, Lane
 from ..functional import mul_sigmoid
 from .config import AttentionConfig
 from .mrope import rope_streams
@@ -121,17 +121,19 @@ class GatedAttention:
         """The lanes' queries over their pages (their keys and values stored): one lane
         through ``prefill``, several through ``prefill_lanes`` (one call where a provider
         packs them)."""
-        one_lane = self._op("prefill", memory)
+        if len(batch.lanes) == 1:
+            return self._lane_prefill(batch.lanes[0], q, memory, scale)
         lanes = [(lane.tokens, lane.start, lane.state.page_ids) for lane in batch.lanes]
-        if len(lanes) == 1:
-            (lane,) = batch.lanes
-            return one_lane(
-                q[lane.rows], memory.k, memory.v, lane.state.page_ids, start=lane.start,
-                scale=scale, precision=self._precision,
-            )  # fmt: skip
         return self._op("prefill_lanes", memory)(
             q, memory.k, memory.v, lanes, scale=scale, precision=self._precision,
-            one_lane=one_lane,
+            one_lane=self._op("prefill", memory),
+        )  # fmt: skip
+
+    def _lane_prefill(self, lane: Lane, q: Array, memory: AttentionPages, scale: float) -> Array:
+        """One lane's queries over its pages (its keys and values stored)."""
+        return self._op("prefill", memory)(
+            q[lane.rows], memory.k, memory.v, lane.state.page_ids, start=lane.start,
+            scale=scale, precision=self._precision,
         )  # fmt: skip
 
     @property

@@ -228,7 +228,7 @@ class IndexedAttention(GatedAttention):
         r = lane.rows
         memory.write_index(lane.state, lane.start, ik[r], batch.cos[r], batch.sin[r])
         if self.selects_all(lane.start + lane.tokens - 1):
-            return self._prefill(lane, q, memory, self.a.head_dim**-0.5)
+            return self._lane_prefill(lane, q, memory, self.a.head_dim**-0.5)
         length = lane.start + lane.tokens
         positions = np.arange(lane.start, length)
         return self._attend(q[r], iq[r], lane.state.page_ids, positions, length, memory)
