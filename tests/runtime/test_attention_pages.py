@@ -63,6 +63,34 @@ def test_cpu_attention_pages_is_the_gathered_reference(
     np.testing.assert_array_equal(got, want)
 
 
+def test_prefill_lanes_on_the_cpu_is_each_lane_through_its_prefill() -> None:
+    """``prefill_lanes`` (several lanes of a packed step at once) on the CPU: lane i's rows of
+    q, in row order, through the layer's ``prefill`` with its own start and pages, stacked;
+    exactly the lanes read one by one."""
+    rng = np.random.default_rng(3)
+    nq, nkv, d = 4, 2, 8
+    shapes = [(5, 0), (1, 9), (3, 4)]  # (rows, start) of each lane
+    lanes, want, queries = [], [], []
+    prefill = None
+    for t, start in shapes:
+        k_pages, v_pages, pages = pool_with(rng, "float32", nkv, d, start + t)
+        q = rng.standard_normal((t, nq, d)).astype(np.float32)
+        prefill = attention.resolved("prefill", "cpu", k_pages, precision="float32")
+        want.append(prefill(q, k_pages, v_pages, pages, start=start, scale=0.35))
+        lanes.append((t, start, pages, k_pages, v_pages))
+        queries.append(q)
+    # one pool for every lane: each lane's pages moved to their own range of it
+    k_all = np.concatenate([k for *_, k, _ in lanes])
+    v_all = np.concatenate([v for *_, v in lanes])
+    offsets = np.cumsum([0] + [k.shape[0] for *_, k, _ in lanes])
+    packed = [(t, s, pages + o) for (t, s, pages, _, _), o in zip(lanes, offsets, strict=False)]
+    op = attention.resolved("prefill_lanes", "cpu", k_all, precision="float32")
+    assert op is registry.providers("attention")["prefill_lanes"]["each"].load()
+    got = op(np.concatenate(queries), k_all, v_all, packed, scale=0.35, precision="float32",
+             one_lane=prefill)  # fmt: skip
+    np.testing.assert_array_equal(got, np.concatenate(want))
+
+
 def test_page_ids_are_the_sequences_row_of_the_page_table() -> None:
     """``SequenceState.page_ids`` names the sequence's pages in order, also after it grows,
     and ``gather_kv`` reads what the family's ``write`` stored through them (each row at
