@@ -12,10 +12,9 @@ from ...backends.array_ops import kv_write as write
 
 __all__ = ["TOLERANCE", "accepts", "decode", "prefill", "write"]
 
-#: provider -> (rtol, atol as a fraction of the largest reference value) of ``prefill`` (and
-#: ``prefill_lanes``) in
-#: bf16 products against this oracle (scores to about 16 bits, P and V rounded to bf16: the
-#: bound tests/gpu/test_prefill_attention.py holds our kernel to)
+#: provider -> (rtol, atol as a fraction of the largest reference value) of ``prefill`` and
+#: ``prefill_lanes`` in bf16 products against this oracle (scores to about 16 bits, P and V
+#: rounded to bf16: the bound tests/gpu/test_prefill_attention.py holds our kernel to)
 TOLERANCE: dict[str, tuple[float, float]] = {
     "reference": (1e-5, 1e-6),
     "nvrtc": (0.0, 6e-3),

@@ -15,20 +15,16 @@ from typing import Any
 import numpy as np
 
 from ..torch_interop import on_cupy_stream, view
-from .sdpa import as_bf16
+from . import sdpa
 
 __all__ = ["accepts", "prefill_lanes"]
 
 Array = Any
 
 
-def accepts(*, device: str, precision: str, head_dim: int, storage: str, **_: object) -> bool:
-    if not (
-        device == "cuda"
-        and precision == "bf16"
-        and head_dim <= 256
-        and storage in ("float32", "bf16", "e4m3")
-    ):
+def accepts(**key: Any) -> bool:
+    """``sdpa``'s keys, where torch's flash kernel is available."""
+    if not sdpa.accepts(**key):
         return False
     import torch
 
@@ -73,7 +69,7 @@ def prefill_lanes(
 
         def packed(pool: Array) -> Any:
             flat = pool.reshape(-1, *pool.shape[2:])  # [pages x P, Nkv, D]
-            return as_bf16(flat[rows], pool.dtype)  # one gather: every lane's rows
+            return sdpa.as_bf16(flat[rows], pool.dtype)  # one gather: every lane's rows
 
         out = torch.ops.aten._flash_attention_forward(
             view(q).to(torch.bfloat16),
