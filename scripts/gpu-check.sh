@@ -26,7 +26,8 @@
 # adds the prefill at each of those chunk sizes with the delta rule's prefill by ours and by
 # fla (prefill_<shape>_<chunk>_<provider>.json). FLASH=1 adds Qwen4Exp
 # (qwen3_8_flash_next, 3 layers at full width, n-gram tables at 1/16 of their rows) with its
-# tables resident, then streamed (flash_*.json); GLM=1 adds GLM5Next (glm5next, 3 layers) with
+# tables resident, then streamed (flash_*.json; with TRACE=1 the resident step's kernels at
+# 1 lane too); GLM=1 adds GLM5Next (glm5next, 3 layers) with
 # --vram-budget 139GiB for the whole model (glm.json). OPS=1 times every CUDA provider of the op
 # families beside each other (benchmarks/delta_rule_bench.py, delta_rule.json;
 # prefill_attention_bench.py --library, attention_providers.txt). GGUF=1 adds the GGUF-block mixes
@@ -201,9 +202,13 @@ if [ "${FLASH:-0}" = 1 ]; then
     --formats qwen3_8_flash_next --layers 3 --ple-rows-scale 0.0625 -o "$artifact" --force \
     | tail -3
   for ple in resident streamed; do
+    # TRACE=1: the resident step's ops (ablation) and kernels at 1 lane, after its numbers
+    trace=
+    [ "$ple" = resident ] && [ -n "${TRACE:-}" ] && trace="--profile 1 --kernel-trace"
     timeout 240 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 \
-      --contexts 1024 --ple-rows $ple --json "$OUT/flash_$ple.json" --record "$OUT/records.md" \
-      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload >"$OUT/flash_$ple.txt"
+      --contexts 1024 --ple-rows $ple $trace --json "$OUT/flash_$ple.json" \
+      --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload \
+      >"$OUT/flash_$ple.txt"
     tail -15 "$OUT/flash_$ple.txt"
   done
   rm -f "$artifact"*
