@@ -22,6 +22,7 @@ per lane count as a CUDA graph (``graphs.py``). Attention over the paged K/V (``
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -91,6 +92,9 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         #: the moe family's device tables (``ops/moe/nvrtc.py``); the reference tells a new
         #: object at a freed one's address from it, and the entry goes with the weights
         self.expert_tables: dict[int, tuple[Any, Any]] = {}
+        #: id(experts) -> the ``moe_routed.RoutedTable`` of those experts, the last used last
+        #: (``ops/moe/nvrtc.routed_experts``: each checks it serves the experts it is asked for)
+        self.routed_tables: OrderedDict[int, Any] = OrderedDict()
         #: expert offload's streamed experts: their cuts in pinned host memory (no allowance
         #: until ``keep_streamed``) and the next layer's prefetch (made at its first use)
         self._streamed = PinnedCuts(0, lambda n: cupyx.empty_pinned((n,), dtype=np.uint8))

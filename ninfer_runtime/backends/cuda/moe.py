@@ -113,11 +113,11 @@ def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
     gu = cp.empty((pairs, 2 * inter), dtype=cp.float32)  # gate | up of every pair
     if table.fused:
         expert_gemv(
-            table.gate, ids, _padded(x, table.gate.planes), False, gu, 2 * inter, rows=2 * inter
+            table.gate, ids, padded(x, table.gate.planes), False, gu, 2 * inter, rows=2 * inter
         )
     else:
-        expert_gemv(table.gate, ids, _padded(x, table.gate.planes), False, gu, 2 * inter)
-        expert_gemv(table.up, ids, _padded(x, table.up.planes), False, gu[:, inter:], 2 * inter)
+        expert_gemv(table.gate, ids, padded(x, table.gate.planes), False, gu, 2 * inter)
+        expert_gemv(table.up, ids, padded(x, table.up.planes), False, gu[:, inter:], 2 * inter)
     h = silu_mul(gu, inter, inter, table.down.planes.x_width)
     y = cp.empty((pairs, hidden), dtype=cp.float32)
     expert_gemv(table.down, ids, h, True, y, hidden)
@@ -159,15 +159,15 @@ def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
         h = _hidden_rows(groups.rows, inter, width)
         kernels.small_gemm_groups(
             table.gate.base, table.gate.row0, groups.expert, table.gate.planes, inter,
-            _padded(xs, table.gate.planes), h, width, x_rows, groups.live, gated=True,
+            padded(xs, table.gate.planes), h, width, x_rows, groups.live, gated=True,
         )  # fmt: skip
     else:
         gu = cp.empty((groups.rows, 2 * inter), dtype=cp.float32)
         if table.fused:
-            project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, 2 * inter, x_rows)
+            project(table.gate, padded(xs, table.gate.planes), gu, 2 * inter, 2 * inter, x_rows)
         else:
-            project(table.gate, _padded(xs, table.gate.planes), gu, 2 * inter, None, x_rows)
-            project(table.up, _padded(xs, table.up.planes), gu[:, inter:], 2 * inter, None, x_rows)
+            project(table.gate, padded(xs, table.gate.planes), gu, 2 * inter, None, x_rows)
+            project(table.up, padded(xs, table.up.planes), gu[:, inter:], 2 * inter, None, x_rows)
         h = silu_mul(gu, inter, inter, width)
     # (zeros: the rows of pairs another rank's expert takes are never written)
     ys = (cp.empty if table.held is None else cp.zeros)((groups.rows, hidden), dtype=cp.float32)
@@ -220,7 +220,7 @@ def _shared_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
     width = down.planes.x_width
     h = _hidden_rows(count * size, si, width)
     kernels.small_gemm_groups(
-        gate_up.base, gate_up.row0, expert, gate_up.planes, si, _padded(x, gate_up.planes), h,
+        gate_up.base, gate_up.row0, expert, gate_up.planes, si, padded(x, gate_up.planes), h,
         width, x_rows, live, config=SHARED_GROUPS, gated=True,
     )  # fmt: skip
     out = cp.empty((count * size, table.hidden), dtype=cp.float32)
@@ -323,7 +323,7 @@ def _combine(
     return out
 
 
-def _padded(x: Any, p: F.Planes) -> Any:
+def padded(x: Any, p: F.Planes) -> Any:
     """x with ``p.x_width`` zero-padded columns, 16-byte aligned (x itself when it is)."""
     import cupy as cp
 

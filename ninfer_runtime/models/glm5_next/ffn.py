@@ -97,15 +97,12 @@ class GroupedMoe:
         )
 
     def __call__(self, x: Array) -> Array:
-        xp = array_module(x)
+        """The shared experts, then the routed ones it holds (expert offload adds the pairs
+        of those held in host memory) through the moe family's ``routed_experts``."""
         top, weights = self.route(x)
         out = self.shared(x)
-        for e in xp.unique(top).tolist():
-            expert = self.experts[e]
-            if expert is None:  # held in host memory: expert offload adds its pairs
-                continue
-            rows, k = xp.nonzero(top == e)
-            out[rows] += weights[rows, k][:, None] * expert(x[rows])
+        routed = resolve("moe", "routed_experts", device=self.backend.name)
+        routed(self.backend, x, top, weights, self.experts, out=out)
         return out
 
     # ------------------------------------------------ what expert offload's split reads

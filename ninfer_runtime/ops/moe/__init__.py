@@ -11,6 +11,10 @@ Ops (signatures as the reference's, ``reference.py``):
   probabilities [N, E] (lower index first among equals), renormalised over them;
 * ``grouped_route``: ``(logits, bias, *, groups, topk_groups, top_k, norm_topk_prob, scale)
   -> (top, weights)``: GLM5Next's sigmoid router, experts chosen inside the best groups;
+* ``routed_experts``: ``(backend, x, top, weights, experts, *, out)``: adds to ``out`` the
+  routed share of rows x for choices a block made itself (GLM5Next's grouped router): each
+  row's ``top`` [N, k] experts weighted by ``weights``, an expert None adding nothing, the
+  others gated MLPs whose SwiGLU may be clamped (``reference.routed_experts``);
 * ``host_products``: ``() -> kernel | None``: what expert offload's host experts multiply
   with: an object with ``pack(pieces, columns)`` (stored rows into its own layout, None
   where it cannot read them) and ``linear(x, packed)``; None: decode the stored codes at
@@ -18,7 +22,9 @@ Ops (signatures as the reference's, ``reference.py``):
 
 Providers: ``reference`` (array math, every op) and ``nvrtc`` (ours, ``block`` on CUDA:
 ``backends/cuda/moe.py``, the router and expert products on the device, capturable up to
-``nvrtc.MOE_DEVICE_ROWS`` rows, grouped by expert beyond) and ``torch_int4``
+``nvrtc.MOE_DEVICE_ROWS`` rows, grouped by expert beyond; ``routed_experts``: the expert
+GEMVs over a table of the layer's experts, no read back, up to ``MOE_DEVICE_ROWS`` rows) and
+``torch_int4``
 (``host_products``: torch's CPU int4 kernel on repacked q4 codes, ``host_int4.py``). Which
 serves an op is ``policy.TABLE``; the resolution key is the device (for ``host_products``,
 the engine's).
@@ -32,9 +38,10 @@ family("moe", choose)
 _PROVIDERS = {
     **{
         (op, "reference"): ("reference", ())
-        for op in ("block", "route", "grouped_route", "host_products")
+        for op in ("block", "route", "grouped_route", "routed_experts", "host_products")
     },
     ("block", "nvrtc"): ("nvrtc", ("cupy",)),
+    ("routed_experts", "nvrtc"): ("nvrtc", ("cupy",)),
     ("host_products", "torch_int4"): ("host_int4", ("torch",)),
 }
 for (_op, _name), (_module, _requires) in _PROVIDERS.items():

@@ -17,11 +17,12 @@ import numpy as np
 
 from ...backends.array_ops import sigmoid, softmax
 from ...backends.base import MoeWeights
-from ...backends.cuda import kernels
+from ...backends.cuda import kernels, moe_routed
 from ...backends.cuda import moe as moe_kernels
+from . import reference
 from .reference import expert, route
 
-__all__ = ["MOE_DEVICE_ROWS", "accepts", "block", "expert_table"]
+__all__ = ["MOE_DEVICE_ROWS", "accepts", "block", "expert_table", "routed_experts"]
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -30,6 +31,9 @@ Array = Any
 #: most rows ``block`` runs on the device (capturable) path: a speculative verification has
 #: up to 8 lanes x (5 drafts + 1) = 48
 MOE_DEVICE_ROWS = 64
+#: ``routed_experts``' tables kept (the last used): a layer's experts change as expert
+#: offload places and streams them, so tables of lists gone by must not pile up
+ROUTED_TABLES = 256
 
 
 def accepts(*, device: str, **_: object) -> bool:
@@ -87,3 +91,35 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
     sh = weights.shared
     score = sigmoid(backend.linear(x, weights.shared_score))
     return out + score * expert(backend, x, sh.gate, sh.up, sh.down)
+
+
+def routed_experts(
+    backend: Any, x: Array, top: Array, weights: Array, experts: Any, *, out: Array
+) -> None:
+    """``reference.routed_experts`` on the expert GEMVs (``moe_routed``) for up to
+    ``MOE_DEVICE_ROWS`` rows of experts a table can hold; more rows, or experts without an
+    expert GEMV, take the reference's loop."""
+    table = _routed_table(backend, experts) if 0 < x.shape[0] <= MOE_DEVICE_ROWS else None
+    if table is None:
+        reference.routed_experts(backend, x, top, weights, experts, out=out)
+        return
+    out += moe_routed.routed(x, table, top, weights)
+
+
+def _routed_table(backend: Any, experts: Any) -> Any:
+    """The ``RoutedTable`` of these experts (None: they have no expert GEMV), the last
+    ``ROUTED_TABLES`` built kept with the backend, each checked to serve the same experts."""
+    tables = backend.routed_tables
+    key = id(experts)
+    table = tables.get(key)
+    if table is None or not table.serves(experts):
+        try:
+            table = moe_routed.RoutedTable(experts)
+        except moe_kernels.ExpertTableError as exc:
+            log.info("routed experts without the expert GEMV (%s): the reference's loop", exc)
+            return None
+        tables[key] = table
+        while len(tables) > ROUTED_TABLES:
+            tables.popitem(last=False)
+    tables.move_to_end(key)
+    return table

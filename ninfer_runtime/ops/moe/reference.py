@@ -24,6 +24,7 @@ __all__ = [
     "grouped_route",
     "host_products",
     "route",
+    "routed_experts",
 ]
 
 Array = Any
@@ -94,6 +95,24 @@ def grouped_route(
 def expert(backend: Any, x: Array, gate: Any, up: Any, down: Any) -> Array:
     """One gated MLP on the device's products: ``down(silu(gate x) * up x)``."""
     return backend.linear(silu(backend.linear(x, gate)) * backend.linear(x, up), down)
+
+
+def routed_experts(
+    backend: Any, x: Array, top: Array, weights: Array, experts: Any, *, out: Array
+) -> None:
+    """Adds to ``out`` [N, H] the routed experts' share of rows x [N, H]: row n's chosen
+    experts ``top`` [N, k], each weighted by ``weights`` [N, k], each chosen expert called
+    once over its rows. An expert is None (held in host memory, or another rank's: it adds
+    nothing here) or a gated MLP: called on rows, it gives ``down(silu(min(gate x, L)) *
+    clamp(up x, -L, L))`` with its ``gate_up`` [2I, H] (gate rows, then up rows), ``down``
+    [H, I] and ``limit`` L (None: no clamp), which a device provider reads instead."""
+    xp = _xp(x)
+    for e in xp.unique(top).tolist():  # the chosen experts, read back
+        expert = experts[e]
+        if expert is None:
+            continue
+        rows, slot = xp.nonzero(top == e)
+        out[rows] += weights[rows, slot][:, None] * expert(x[rows])
 
 
 def host_products() -> None:
