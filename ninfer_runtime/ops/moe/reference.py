@@ -108,11 +108,11 @@ def routed_experts(
     [H, I] and ``limit`` L (None: no clamp), which a device provider reads instead."""
     xp = _xp(x)
     for e in xp.unique(top).tolist():  # the chosen experts, read back
-        expert = experts[e]
-        if expert is None:
+        mlp = experts[e]
+        if mlp is None:
             continue
         rows, slot = xp.nonzero(top == e)
-        out[rows] += weights[rows, slot][:, None] * expert(x[rows])
+        out[rows] += weights[rows, slot][:, None] * mlp(x[rows])
 
 
 def host_products() -> None:
