@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ...backends.array_ops import silu
+from ..array_ops import silu
 from .moe import padded
 from .moe_experts import ExpertTableError, Projection, _single_segment, expert_gemv
 

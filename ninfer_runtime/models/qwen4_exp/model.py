@@ -147,9 +147,9 @@ class Qwen4ExpModel(WithoutMtp):
         if self.ple_tables is None:
             return
         pairs = [
-            (ple, memory)
+            (layer.ple, memory)
             for layer, memory in zip(self.layers, pool.layers, strict=True)
-            if (ple := getattr(layer, "ple", None)) is not None
+            if layer.ple is not None
         ]
         if not pairs:
             return

@@ -24,8 +24,8 @@ wants host row ids anyway): its ids and n-gram context are copied down, the tabl
 gathered into backend arrays, and the rest runs on the backend's arrays. A decode step's (one
 row a lane) are hashed from the lanes' contexts (``last_ngram_ids``): with a resident table
 on the backend's arrays inside the step; with a streamed one on the host before it
-(``stage``: the model's ``stage_decode``), its rows read and written where the step reads
-them. Either way the step itself reads nothing back, so it may be captured.
+(``staged_rows``, for the model's ``stage_decode``), its rows read and written where the
+step reads them. Either way the step itself reads nothing back, so it may be captured.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class PerLayerEmbedding:
         dilation = self.ple.conv_dilation
         if d is not None and d.tokens == 1:  # every lane's one row, each lane's states its own
             at = d.slots
-            if isinstance(self.table, StreamedRows):  # read before the step (``stage``)
+            if isinstance(self.table, StreamedRows):  # read before the step (``stage_decode``)
                 e = memory.staged(self.ple.embed_dim)[: ids.shape[0]]
             else:
                 history = xp.concatenate([memory.ple_context[at], ids[:, None].astype(xp.int32)], 1)
