@@ -20,7 +20,9 @@ reads one prompt's chunk a step (the oldest's), as the engine did before packed 
 kernels, their time, the span they took and the device's idle time in it (what the host
 made it wait), with its largest kernels and those launched most. ``--host-profile`` runs the
 replay with its packed steps (more than one prompt read) under cProfile instead and prints the
-host's time by function in them.
+host's time by function in them. ``--provider FAMILY.OP=NAME`` serves an op by that provider
+whatever its policy says (as ``ninfer-bench run --provider``), to compare providers on one
+machine.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from serve.workload import AGENT_TOOLS, agent_conversations
 
+from ninfer_runtime.bench.cli_providers import parse_provider
 from ninfer_runtime.engine import (
     Engine,
     Event,
@@ -49,6 +52,7 @@ from ninfer_runtime.engine import (
 )
 from ninfer_runtime.frontend import SamplingParams
 from ninfer_runtime.frontend.parsers.events import TextDelta
+from ninfer_runtime.ops import registry
 from ninfer_serve.cache_boundaries import conversation_boundaries
 
 
@@ -328,7 +332,30 @@ def main() -> None:
         action="store_true",
         help="profile the packed steps (several prompts read): the host's time by function",
     )
+    parser.add_argument(
+        "--provider",
+        action="append",
+        default=[],
+        type=_provider,
+        metavar="FAMILY.OP=NAME",
+        help="serve an op by this provider whatever its policy says (repeatable)",
+    )
     args = parser.parse_args()
+    with ExitStack() as forced:
+        for family, op, name in args.provider:
+            forced.enter_context(registry.override(family, op, name))
+            print(f"{family}.{op} served by {name} (--provider)")
+        run(args)
+
+
+def _provider(spec: str) -> tuple[str, str, str]:
+    try:
+        return parse_provider(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> None:
     engine = Engine(
         args.model,
         backend=args.backend,

@@ -11,7 +11,8 @@
 # steps. SERVE=1 adds the server on the 27B shape: the agent workload with the prefix cache on
 # and off (agent27.json) and its first two turns on the engine alone under a kernel trace
 # (benchmarks/agent_steps.py, agent_trace27.txt: each prompt-reading step's kernels and idle
-# time), about 2.5 minutes; SERVE=full also n=4 samples of one prompt (samples27.json), the
+# time; agent_trace27_each.txt the same with a packed step's attention lane by lane), about
+# 3 minutes; SERVE=full also n=4 samples of one prompt (samples27.json), the
 # conversations step by step (agent_steps27.txt) and under cProfile (agent_host27.txt: the
 # host's time by function), about 7 minutes in all, so with SKIP_TESTS=1.
 # OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with what the host computed,
@@ -151,6 +152,12 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --system-tokens 4000 --clients 8 --turns 2 --output-len 32 --prefill-chunk 2048 \
       --trace 2>&1 | grep -v upload | grep -A40 "kernel trace" >"$OUT/agent_trace$name.txt"
     cat "$OUT/agent_trace$name.txt"
+    # the same with a packed step's attention lane by lane (sdpa a lane), in the same run
+    timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \
+      --system-tokens 4000 --clients 8 --turns 2 --output-len 32 --prefill-chunk 2048 \
+      --provider attention.prefill_lanes=each --trace 2>&1 | grep -v upload \
+      | grep -A40 "kernel trace" >"$OUT/agent_trace${name}_each.txt"
+    grep -E "^  step" "$OUT/agent_trace${name}_each.txt"
     if [ "$SERVE" = full ]; then
       # the same conversations, each step's wall time and reads (cache on)
       timeout 200 python3 benchmarks/agent_steps.py --model "$artifact" --backend cuda \

@@ -8,28 +8,34 @@ from typing import Any
 
 import click
 
-__all__ = ["force_providers", "provider_option"]
+__all__ = ["force_providers", "parse_provider", "provider_option"]
+
+
+def parse_provider(spec: str) -> tuple[str, str, str]:
+    """``FAMILY.OP=NAME`` -> (family, op, name), checked against the op catalogue
+    (ValueError saying what it takes)."""
+    from ..ops import registry
+
+    where, _, name = spec.partition("=")
+    family, _, op = where.partition(".")
+    try:
+        known = registry.providers(family).get(op, {})
+    except LookupError:
+        known = None
+    if not (family and op and name) or known is None or name not in known:
+        choices = ", ".join(sorted(known)) if known else "FAMILY.OP=NAME of the op catalogue"
+        raise ValueError(f"{spec!r}: expected {choices}")
+    return family, op, name
 
 
 def _forced(
     ctx: click.Context, param: click.Parameter, specs: tuple[str, ...]
 ) -> list[tuple[str, str, str]]:
     """``FAMILY.OP=NAME`` each, checked against the op catalogue."""
-    from ..ops import registry
-
-    forced = []
-    for spec in specs:
-        where, _, name = spec.partition("=")
-        family, _, op = where.partition(".")
-        try:
-            known = registry.providers(family).get(op, {})
-        except LookupError:
-            known = None
-        if not (family and op and name) or known is None or name not in known:
-            choices = ", ".join(sorted(known)) if known else "FAMILY.OP=NAME of the op catalogue"
-            raise click.BadParameter(f"{spec!r}: expected {choices}")
-        forced.append((family, op, name))
-    return forced
+    try:
+        return [parse_provider(spec) for spec in specs]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def provider_option(command: Any) -> Any:
