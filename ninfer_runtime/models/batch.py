@@ -151,6 +151,13 @@ class Batch:
             return xp.concatenate(slots), xp.concatenate(positions), pool.page_table
         return slots[0], positions[0], pool.page_table
 
+    @cached_property
+    def page_lanes(self) -> tuple[tuple[int, int, Any], ...]:
+        """Every lane as (tokens, start, page ids): the attention family's ``prefill_lanes``
+        takes them so. One tuple a forward, so a provider can keep what it derives from them
+        (``varlen``'s key rows) for every layer of the step."""
+        return tuple((lane.tokens, lane.start, lane.state.page_ids) for lane in self.lanes)
+
     def each_lane(self, fn: Callable[[Lane], Array], xp: Any) -> Array:
         """``fn(lane)`` for every lane, stacked in row order (one lane's result as it is,
         without a copy)."""

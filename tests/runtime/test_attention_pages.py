@@ -91,6 +91,35 @@ def test_prefill_lanes_on_the_cpu_is_each_lane_through_its_prefill() -> None:
     np.testing.assert_array_equal(got, np.concatenate(want))
 
 
+def test_varlen_packs_a_steps_lanes_once_for_every_layer(monkeypatch) -> None:
+    """``varlen`` derives its key rows and offsets from the step's lanes once: every layer
+    of a forward passes the same ``Batch.page_lanes`` tuple and gets the same packing; a new
+    step's tuple (even with equal lanes: its pages may have been reused) is packed anew."""
+    from ninfer_runtime.models.batch import Batch, Lane
+    from ninfer_runtime.ops.attention import varlen
+
+    made = []
+    monkeypatch.setattr(
+        varlen.Packing, "of", classmethod(lambda cls, lanes, p: made.append(p) or object())
+    )
+    monkeypatch.setattr(varlen, "_last", None)
+
+    class State:
+        page_ids = np.array([3, 1])
+
+    def batch() -> Batch:
+        lanes = (Lane(slice(0, 4), 0, State()), Lane(slice(4, 6), 9, State()))
+        return Batch(lanes, None, None)
+
+    step = batch()
+    assert step.page_lanes is step.page_lanes
+    assert [(t, s) for t, s, _ in step.page_lanes] == [(4, 0), (2, 9)]
+    first = varlen.packing(step.page_lanes, 16)
+    assert all(varlen.packing(step.page_lanes, 16) is first for _ in range(3)) and made == [16]
+    assert varlen.packing(batch().page_lanes, 16) is not first and made == [16, 16]
+    assert varlen.packing(step.page_lanes, 32) is not first  # another pool's page size
+
+
 def test_page_ids_are_the_sequences_row_of_the_page_table() -> None:
     """``SequenceState.page_ids`` names the sequence's pages in order, also after it grows,
     and ``gather_kv`` reads what the family's ``write`` stored through them (each row at

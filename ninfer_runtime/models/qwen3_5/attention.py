@@ -123,9 +123,8 @@ class GatedAttention:
         packs them)."""
         if len(batch.lanes) == 1:
             return self._lane_prefill(batch.lanes[0], q, memory, scale)
-        lanes = [(lane.tokens, lane.start, lane.state.page_ids) for lane in batch.lanes]
         return self._op("prefill_lanes", memory)(
-            q, memory.k, memory.v, lanes, scale=scale, precision=self._precision,
+            q, memory.k, memory.v, batch.page_lanes, scale=scale, precision=self._precision,
             one_lane=self._op("prefill", memory),
         )  # fmt: skip
 

@@ -10,6 +10,7 @@ accumulation: the production precision, so it declines the split-precision modes
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,49 @@ def key_rows(lanes: Sequence[tuple[int, int, Any]], page_tokens: int) -> Any:
     return table[where[0], where[1]].astype(cp.int64) * page_tokens + where[2]
 
 
+@dataclass(frozen=True)
+class Packing:
+    """What one step's lanes make of the packed call, the same in every attention layer:
+    the key rows to gather (``key_rows``), the cumulative query and key offsets (int32 on
+    the device) and the longest lane's queries and keys."""
+
+    rows: Any
+    cu_q: Any
+    cu_k: Any
+    max_q: int
+    max_k: int
+
+    @classmethod
+    def of(cls, lanes: Sequence[tuple[int, int, Any]], page_tokens: int) -> Packing:
+        import cupy as cp
+
+        tokens = np.array([t for t, _, _ in lanes], dtype=np.int64)
+        lengths = np.array([t + s for t, s, _ in lanes], dtype=np.int64)
+        cu_q, cu_k = (
+            cp.asarray(np.concatenate([[0], np.cumsum(a)]).astype(np.int32))
+            for a in (tokens, lengths)
+        )
+        rows = key_rows(lanes, page_tokens)
+        return cls(rows, cu_q, cu_k, int(tokens.max()), int(lengths.max()))
+
+
+#: the last step's lanes (the same tuple object for every layer of a forward:
+#: ``Batch.page_lanes``) and their packing, so its uploads are made once a step, not once a
+#: layer; one entry, read and replaced whole
+_last: tuple[Any, int, Packing] | None = None
+
+
+def packing(lanes: Sequence[tuple[int, int, Any]], page_tokens: int) -> Packing:
+    """``Packing.of(lanes, page_tokens)``, kept for the next call with the same lanes."""
+    global _last
+    last = _last
+    if last is not None and last[0] is lanes and last[1] == page_tokens:
+        return last[2]
+    made = Packing.of(lanes, page_tokens)
+    _last = (lanes, page_tokens, made)
+    return made
+
+
 def prefill_lanes(
     q: Array,
     k_pages: Array,
@@ -59,26 +103,21 @@ def prefill_lanes(
     import cupy as cp
     import torch
 
-    page_tokens = k_pages.shape[1]
-    rows = key_rows(lanes, page_tokens)
-    tokens = np.array([t for t, _, _ in lanes], dtype=np.int64)
-    lengths = np.array([t + s for t, s, _ in lanes], dtype=np.int64)
-    offsets = [np.concatenate([[0], np.cumsum(a)]).astype(np.int32) for a in (tokens, lengths)]
     with on_cupy_stream():
-        cu_q, cu_k = (view(cp.asarray(a)) for a in offsets)
+        pack = packing(lanes, k_pages.shape[1])
 
         def packed(pool: Array) -> Any:
             flat = pool.reshape(-1, *pool.shape[2:])  # [pages x P, Nkv, D]
-            return sdpa.as_bf16(flat[rows], pool.dtype)  # one gather: every lane's rows
+            return sdpa.as_bf16(flat[pack.rows], pool.dtype)  # one gather: every lane's rows
 
         out = torch.ops.aten._flash_attention_forward(
             view(q).to(torch.bfloat16),
             packed(k_pages),
             packed(v_pages),
-            cu_q,
-            cu_k,
-            int(tokens.max()),
-            int(lengths.max()),
+            view(pack.cu_q),
+            view(pack.cu_k),
+            pack.max_q,
+            pack.max_k,
             0.0,  # no dropout
             True,  # causal, aligned to each lane's last query
             False,
