@@ -40,6 +40,18 @@ def _log_decay(x: Array, bias: Array, scale: Array, xp: Any) -> Array:
     return scale * xp.logaddexp(0.0, x + bias)
 
 
+def _silu_of_quotient(x: Array, d: Array, xp: Any) -> Array:
+    return _silu(x / d, xp)
+
+
+def _twice_sigmoid_of_quotient(x: Array, d: Array, xp: Any) -> Array:
+    return 2.0 * _sigmoid(x / d, xp)
+
+
+def _add_product(a: Array, b: Array, c: Array, xp: Any) -> Array:
+    return a + b * c
+
+
 _FUSED: dict[tuple[str, Any], Any] = {}
 
 
@@ -78,6 +90,21 @@ def mul_sigmoid(x: Array, y: Array) -> Array:
 def log_decay(x: Array, bias: Array, scale: Array) -> Array:
     """``scale * softplus(x + bias)`` in one pass (Gated DeltaNet's log-decay g)."""
     return _elementwise(_log_decay, x, bias, scale)
+
+
+def silu_of_quotient(x: Array, d: Array) -> Array:
+    """``silu(x / d)`` in one pass (a hyper-connection's low-rank mixer)."""
+    return _elementwise(_silu_of_quotient, x, d)
+
+
+def twice_sigmoid_of_quotient(x: Array, d: Array) -> Array:
+    """``2 sigmoid(x / d)`` in one pass (a hyper-connection's inject weights)."""
+    return _elementwise(_twice_sigmoid_of_quotient, x, d)
+
+
+def add_product(a: Array, b: Array, c: Array) -> Array:
+    """``a + b * c`` in one pass, broadcast (a hyper-connection's inject into its streams)."""
+    return _elementwise(_add_product, a, b, c)
 
 
 def l2_normalize(x: Array, eps: float = 1e-6) -> Array:

@@ -23,7 +23,7 @@ from ninfer_format.binders.qwen4_exp_parts import HyperConnections
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...ops.registry import resolve
-from ..functional import sigmoid, silu
+from ..functional import add_product, mul_sigmoid, silu_of_quotient, twice_sigmoid_of_quotient
 
 Array = Any
 
@@ -59,8 +59,9 @@ def inject(streams: Array, block_out: Array, weights: Array) -> Array:
     """``streams`` [N, hc·H] plus the block's output [N, H] scaled per stream by ``weights``
     [N, hc]."""
     n, hc = weights.shape
-    added = weights[:, :, None] * block_out[:, None, :]
-    return streams + added.reshape(n, hc * block_out.shape[-1])
+    width = block_out.shape[-1]
+    added = add_product(streams.reshape(n, hc, width), weights[:, :, None], block_out[:, None, :])
+    return added.reshape(n, hc * width)
 
 
 class HyperConnection:
@@ -90,12 +91,13 @@ class HyperConnection:
     def __call__(self, streams: Array) -> tuple[Array, Array | None]:
         """Streams [N, hc·H] -> the block input [N, H] and the inject weights [N, hc] (None
         for the final connection)."""
-        be, hc = self.backend, self.streams
+        be = self.backend
+        hc = be.xp.float32(self.streams)  # float32 math in the fused kernels as on the host
         normed = self.norm(streams)
-        rank = silu(be.linear(normed, self.down) / hc)
-        mix = sigmoid(be.linear(rank, self.up))
+        rank = silu_of_quotient(be.linear(normed, self.down), hc)
+        mixed = mul_sigmoid(normed, be.linear(rank, self.up))
         n, width = normed.shape
-        x = (mix * normed).reshape(n, hc, width // hc).mean(axis=1)
+        x = mixed.reshape(n, self.streams, width // self.streams).mean(axis=1)
         if self.inject is None:
             return x, None
-        return x, 2.0 * sigmoid(be.linear(normed, self.inject) / hc)
+        return x, twice_sigmoid_of_quotient(be.linear(normed, self.inject), hc)
