@@ -1,5 +1,6 @@
 """Where a decode step's, a speculative round's or a prefill chunk's time goes, by ablation:
-timed whole, then with each backend op in turn replaced by an empty output of its shape."""
+timed whole, then with each backend op in turn replaced by an empty output of its shape (an
+op family's op only where the work used it)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ PROFILED_OPS: dict[str, Any] = {
         value_dim,
     ),
     "moe": lambda _backend, x, *_, **__: x.shape,
+    # GLM5Next's: Kimi Delta Attention's recurrence, latent attention, its routed experts
+    # (which add to the block's output in place)
+    "kda_decode": lambda mixed, *_, heads, head_dim, **__: (mixed.shape[0], heads, head_dim),
+    "latent_attention": lambda q, *_, **__: q.shape,
+    "routed_experts": lambda _backend, x, *_, **__: x.shape,
 }
 #: the ops of a prefill chunk's path (products, norms, RoPE, attention over the lane's cache,
 #: the GDN convolution and chunked scan, MoE)
@@ -119,6 +125,9 @@ FAMILY_OPS = {
     "gdn_verify": ("delta_rule", "verify"),
     "gdn_commit": ("delta_rule", "commit"),
     "moe": ("moe", "block"),
+    "kda_decode": ("delta_rule", "kda_decode"),
+    "latent_attention": ("attention", "latent"),
+    "routed_experts": ("moe", "routed_experts"),
     "rms_norm": ("norm", "rms_norm"),
     "gated_rms_norm": ("norm", "gated_rms_norm"),
 }
@@ -143,6 +152,9 @@ def _ablate(be: Any, ops: dict[str, Any], measure: Any, whole: str) -> dict[str,
             yield
 
     out = {whole: measure()}
+    # an op family's op the work never resolved (another architecture's) is not taken out
+    used = registry.resolved_ops()
+    ops = {n: shape for n, shape in ops.items() if n not in FAMILY_OPS or FAMILY_OPS[n] in used}
     for name in ops:
         with without([name]):
             out[name] = out[whole] - measure()

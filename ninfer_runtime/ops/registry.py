@@ -28,7 +28,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Provider", "family", "override", "patched", "providers", "register", "resolve"]
+__all__ = [
+    "Provider",
+    "family",
+    "override",
+    "patched",
+    "providers",
+    "register",
+    "resolve",
+    "resolved_ops",
+]
 
 log = logging.getLogger("ninfer.ops")
 
@@ -132,6 +141,12 @@ def _resolve(family_name: str, op: str, key: dict[str, Any]) -> Callable[..., An
             _RESOLVED[memo] = fn
             return fn
     raise LookupError(f"{family_name}.{op}: no provider of {names} takes {_shown(key)}")
+
+
+def resolved_ops() -> set[tuple[str, str]]:
+    """(family, op) of every op resolved since the memo was last cleared (an override or a
+    patch clears it): what the work run since then used."""
+    return {(family_name, op) for family_name, op, _ in _RESOLVED}
 
 
 def _forget() -> None:

@@ -73,7 +73,10 @@ def test_run_prints_a_table_and_writes_rows(artifacts, tmp_path):
         assert r["tokens_per_s"] == pytest.approx(r["lanes"] * 1e3 / r["step_ms"])
         assert r["percent_of_floor"] == pytest.approx(100 * r["floor_ms"] / r["step_ms"])
     profile = next(r for r in rows if r["kind"] == "profile")
-    assert set(M.PROFILED_OPS) <= set(profile) and profile["step"] > 0
+    # every op the Qwen3.5-MoE step runs, and no other architecture's (GLM5Next's)
+    glm = {"kda_decode", "latent_attention", "routed_experts"}
+    assert set(M.PROFILED_OPS) - glm <= set(profile) and not glm & set(profile)
+    assert profile["step"] > 0
 
 
 def test_profile_on_the_cpu_says_the_kernel_trace_is_unavailable(artifacts, tmp_path):
@@ -152,7 +155,8 @@ def test_long_prefill_by_part_and_the_prefill_profile(artifacts, tmp_path, geome
     per_token = [r["flops"] / (r["end"] - r["start"]) for r in (first, later)]
     assert per_token[1] > per_token[0]
     profile = next(r for r in rows if r["kind"] == "prefill profile")
-    assert set(M.PREFILL_OPS) <= set(profile) and profile["chunk"] > 0 and "rest" in profile
+    ops = set(M.PREFILL_OPS) - ({"moe"} if geometry == "tiny_dense" else set())  # what it runs
+    assert ops == set(M.PREFILL_OPS) & set(profile) and profile["chunk"] > 0 and "rest" in profile
     # the CPU backend computes as it issues: the host's time is about the chunk's
     assert 0.2 * profile["chunk"] < profile["host_issue"] < 5 * profile["chunk"]
     context = RunContext("2026-12-02", "cpu", "abc", "s.ninfer", "float32", 1.0)

@@ -4,6 +4,7 @@ model's), and a CPU run that prints per-layer times and the extrapolated whole-m
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -276,3 +277,16 @@ def test_a_reduced_artifacts_budget_sets_the_workspace_beside_both_shares(artifa
         roomy,
         None,
     )
+
+
+def test_glm5_next_profile_takes_out_its_own_ops(artifacts, tmp_path):
+    """``--profile``'s ablation of a GLM5Next step takes out its Kimi Delta Attention, latent
+    attention and routed experts, and not the ops it never runs (Gated DeltaNet's)."""
+    out = tmp_path / "rows.json"
+    args = ["run", str(artifacts["glm5_next"]), "--backend", "cpu", "--lanes", "1"]
+    args += ["--contexts", "16", "--steps", "2", "--prefill", "0", "--profile", "1"]
+    result = CliRunner().invoke(main, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    profile = next(r for r in json.loads(out.read_text()) if r["kind"] == "profile")
+    assert {"kda_decode", "latent_attention", "routed_experts", "linear", "rest"} <= set(profile)
+    assert "gdn_decode" not in profile and "attention_decode" not in profile
