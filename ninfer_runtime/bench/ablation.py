@@ -151,9 +151,8 @@ def _ablate(be: Any, ops: dict[str, Any], measure: Any, whole: str) -> dict[str,
                     stack.callback(delattr, be, name)
             yield
 
-    out = {whole: measure()}
-    # an op family's op the work never resolved (another architecture's) is not taken out
-    used = registry.resolved_ops()
+    with registry.recording() as used:  # an op family's op it never runs is not taken out
+        out = {whole: measure()}
     ops = {n: shape for n, shape in ops.items() if n not in FAMILY_OPS or FAMILY_OPS[n] in used}
     for name in ops:
         with without([name]):

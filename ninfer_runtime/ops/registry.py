@@ -34,9 +34,9 @@ __all__ = [
     "override",
     "patched",
     "providers",
+    "recording",
     "register",
     "resolve",
-    "resolved_ops",
 ]
 
 log = logging.getLogger("ninfer.ops")
@@ -82,6 +82,8 @@ _FAMILIES: dict[str, _Family] = {}
 _RESOLVED: dict[tuple[str, str, tuple[tuple[str, Any], ...]], Callable[..., Any]] = {}
 _FORCED: dict[tuple[str, str], str] = {}
 _PATCHED: dict[tuple[str, str], Callable[..., Any]] = {}
+#: the sets ``recording`` blocks gather resolved ops into
+_RECORDING: list[set[tuple[str, str]]] = []
 
 
 def family(name: str, policy: Callable[..., Sequence[str]]) -> None:
@@ -122,6 +124,8 @@ def resolve(family_name: str, op: str, /, **key: Any) -> Callable[..., Any]:
 
 def _resolve(family_name: str, op: str, key: dict[str, Any]) -> Callable[..., Any]:
     """The policy's walk (or the patched callable), each key walked and logged once."""
+    for seen in _RECORDING:
+        seen.add((family_name, op))
     if (family_name, op) in _PATCHED:
         return _PATCHED[(family_name, op)]
     memo = (family_name, op, tuple(sorted(key.items())))
@@ -143,10 +147,17 @@ def _resolve(family_name: str, op: str, key: dict[str, Any]) -> Callable[..., An
     raise LookupError(f"{family_name}.{op}: no provider of {names} takes {_shown(key)}")
 
 
-def resolved_ops() -> set[tuple[str, str]]:
-    """(family, op) of every op resolved since the memo was last cleared (an override or a
-    patch clears it): what the work run since then used."""
-    return {(family_name, op) for family_name, op, _ in _RESOLVED}
+@contextlib.contextmanager
+def recording() -> Iterator[set[tuple[str, str]]]:
+    """Within the block, the (family, op) of every op resolved, gathered into the set it
+    yields: the memo is dropped on entry, so each op the block uses is resolved in it."""
+    seen: set[tuple[str, str]] = set()
+    _forget()
+    _RECORDING.append(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDING.remove(seen)
 
 
 def _forget() -> None:

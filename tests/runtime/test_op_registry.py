@@ -205,6 +205,20 @@ def test_a_resolution_is_memoised_and_an_override_or_a_patch_takes_effect_at_onc
     assert registry.resolve("delta_rule", "chunk", **key) is first
 
 
+def test_recording_gathers_the_ops_resolved_within_it_memoised_or_not() -> None:
+    """``recording`` names every op its block resolves, even one memoised before it (the
+    memo is dropped on entry), and none resolved outside it."""
+    key = {"device": "cpu", "key_dim": 8, "value_dim": 8}
+    before = registry.resolve("delta_rule", "chunk", **key)  # memoised outside the block
+    registry.resolve("delta_rule", "decode", **key)
+    with registry.recording() as seen:
+        assert registry.resolve("delta_rule", "chunk", **key) is not None
+        registry.resolve("norm", "rms_norm", device="cpu")
+    registry.resolve("moe", "block", device="cpu")  # after the block
+    assert seen == {("delta_rule", "chunk"), ("norm", "rms_norm")}
+    assert registry.resolve("delta_rule", "chunk", **key) is before  # the same provider
+
+
 def test_unknown_names_are_one_clear_error() -> None:
     with pytest.raises(LookupError, match="no op family 'nope'"):
         registry.resolve("nope", "chunk", device="cpu")
