@@ -215,3 +215,25 @@ def test_a_snapshot_layout_on_the_device_equals_the_host_one() -> None:
     assert all(
         np.array_equal(cp.asnumpy(d), h) for d, h in zip(dev_states, host_states, strict=True)
     )
+
+
+@pytest.mark.parametrize(
+    ("shape", "iterations"), [((1, 4, 4), 20), ((300, 4, 4), 20), ((7, 2, 2), 1), ((3, 8, 8), 5)]
+)
+def test_sinkhorn_matches_the_reference(shape: tuple[int, ...], iterations: int) -> None:
+    """The norm family's ``sinkhorn`` in one launch (a thread a matrix) against the reference
+    in float64 on the same float32 logits, within the family's ``nvrtc`` tolerance; a matrix
+    wider than the kernel's is refused in one line."""
+    import cupy as cp
+
+    from ninfer_runtime.ops.norm import nvrtc, reference
+    from ninfer_runtime.ops.norm.reference import TOLERANCE
+
+    logits = (np.random.default_rng(shape[0]).standard_normal(shape) * 3).astype(np.float32)
+    got = cp.asnumpy(nvrtc.sinkhorn(cp.asarray(logits), iterations=iterations, eps=EPS))
+    want = reference.sinkhorn(logits.astype(np.float64), iterations=iterations, eps=EPS)
+    rtol, atol = TOLERANCE["nvrtc"]
+    assert got.shape == shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="sinkhorn"):
+        glue.sinkhorn(cp.zeros((1, 9, 9), cp.float32), 2, EPS)

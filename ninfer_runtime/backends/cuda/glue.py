@@ -1,6 +1,7 @@
 """Launchers for ``kernels/glue.cu``: RMSNorm (alone, after a residual add, or gated by silu
-as Gated DeltaNet's output norm), partial RoPE and the gated MLP's SiLU·up as bf16 words in one
-kernel each; and many small byte copies in one launch."""
+as Gated DeltaNet's output norm), partial RoPE, the gated MLP's SiLU·up as bf16 words and a
+hyper-connection's Sinkhorn-normalised mixing matrices in one kernel each; and many small byte
+copies in one launch."""
 
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ register_family(
         "rope_rows",
         "silu_mul_bf16_rows",
         "copy_ranges",
+        "sinkhorn_rows",
     ],
 )
+#: the largest n x n mixing matrix ``sinkhorn`` takes (GLUE_SINKHORN_MAX)
+SINKHORN_MAX = 8
 #: most blocks one range of ``copy_ranges`` takes (a snapshot's runs are page-sized: tens to
 #: hundreds of KB), and most ranges a launch takes (the grid's y limit)
 COPY_BLOCKS = 32
@@ -205,3 +209,23 @@ def copy_ranges(dst: Any, src: Any, size: Any) -> None:
         function("glue", "copy_ranges")(
             (blocks, table.shape[1]), (THREADS,), (table[0], table[1], table[2], np.int32(wide))
         )
+
+
+def sinkhorn(logits: Any, iterations: int, eps: float) -> Any:
+    """logits [..., n, n] -> softmax of each row plus ``eps``, then Sinkhorn's normalisation
+    (the norm family's ``sinkhorn``), float32, a thread a matrix."""
+    import cupy as cp
+
+    n = logits.shape[-1]
+    if logits.shape[-2] != n or not 0 < n <= SINKHORN_MAX:
+        raise ValueError(f"sinkhorn: logits {logits.shape}: expected [..., n, n], n <= 8")
+    logits = cp.ascontiguousarray(logits, dtype=cp.float32)
+    comb = cp.empty_like(logits)
+    count = logits.size // (n * n)
+    if count:
+        function("glue", "sinkhorn_rows")(
+            (-(-count // THREADS),),
+            (THREADS,),
+            (logits, comb, np.int32(count), np.int32(n), np.int32(iterations), np.float32(eps)),
+        )
+    return comb

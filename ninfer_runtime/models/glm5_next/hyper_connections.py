@@ -23,7 +23,7 @@ from ninfer_format.binders.glm5_next_parts import ManifoldHyperConnections
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
-from ...backends.array_ops import softmax
+from ...ops.registry import resolve
 from ..functional import sigmoid
 
 Array = Any
@@ -37,16 +37,6 @@ def expand(h: Array, streams: int) -> Array:
 def collapse(streams: Array) -> Array:
     """What the model's head reads: the streams' mean [N, H]."""
     return streams.mean(axis=1)
-
-
-def sinkhorn(comb: Array, iterations: int, eps: float) -> Array:
-    """[..., n, n] positive -> nearly doubly stochastic: a column normalisation, then
-    ``iterations - 1`` rounds of rows and columns (each sum offset by ``eps``)."""
-    comb = comb / (comb.sum(axis=-2, keepdims=True) + eps)
-    for _ in range(iterations - 1):
-        comb = comb / (comb.sum(axis=-1, keepdims=True) + eps)
-        comb = comb / (comb.sum(axis=-2, keepdims=True) + eps)
-    return comb
 
 
 class HyperConnection:
@@ -81,7 +71,8 @@ class HyperConnection:
         pre = sigmoid(m[:, :n] * s[0] + b[:n]) + hc.eps
         post = 2.0 * sigmoid(m[:, n : 2 * n] * s[1] + b[n : 2 * n])
         logits = (m[:, 2 * n :] * s[2] + b[2 * n :]).reshape(-1, n, n)
-        comb = sinkhorn(softmax(logits) + hc.eps, hc.sinkhorn_iters, hc.eps)
+        sinkhorn = resolve("norm", "sinkhorn", device=be.name)
+        comb = sinkhorn(logits, iterations=hc.sinkhorn_iters, eps=hc.eps)
         x = (pre[:, :, None] * streams).sum(axis=1)
         return x, post, comb
 

@@ -7,7 +7,9 @@
 * ``add_rms_norm``: ``(h, delta, w, eps, offset) -> (s, y)``: the residual add and the norm of
   its result in one op, ``s = h + delta``, the same values as the two apart;
 * ``gated_rms_norm``: ``(x, gate, w, eps) -> y``: Gated DeltaNet's output norm,
-  ``silu(gate) * rms_norm(x, w, eps, 0)`` over x [T, heads, d] (gate may be a strided view).
+  ``silu(gate) * rms_norm(x, w, eps, 0)`` over x [T, heads, d] (gate may be a strided view);
+* ``sinkhorn``: ``(logits, *, iterations, eps) -> comb``: GLM5Next's hyper-connection mixing,
+  the softmax of each row of [..., n, n] logits plus eps, made nearly doubly stochastic.
 
 Models resolve them on each call, keyed by the backend's device
 (``resolve("norm", "rms_norm", device=backend.name)``). Providers: ``reference`` (array math, either

@@ -7,12 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 #: the family's ops
-OPS = ("rms_norm", "add_rms_norm", "gated_rms_norm")
+OPS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "sinkhorn")
 
 #: (op, device) -> provider names, most preferred first
 TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     **{(op, "cpu"): ("reference",) for op in OPS},
     **{(op, "cuda"): ("nvrtc", "reference") for op in OPS},
+    # the reference first until ours has run on a GPU (tests/gpu/test_glue_kernels.py) and
+    # been measured (scripts/gpu-check.sh GLM=1 GLM_OURS=1)
+    ("sinkhorn", "cuda"): ("reference", "nvrtc"),
 }
 
 

@@ -1,13 +1,15 @@
 """The norm family's oracle, as array math (numpy or CuPy, float32): RMS norm with the weight's
-offset, the residual add fused before it, and Gated DeltaNet's output norm gated by silu."""
+offset, the residual add fused before it, Gated DeltaNet's output norm gated by silu, and the
+Sinkhorn normalisation of a hyper-connection's mixing matrices."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...backends.array_ops import softmax
 from ...models.functional import _xp, silu_mul
 
-__all__ = ["TOLERANCE", "accepts", "add_rms_norm", "gated_rms_norm", "rms_norm"]
+__all__ = ["TOLERANCE", "accepts", "add_rms_norm", "gated_rms_norm", "rms_norm", "sinkhorn"]
 
 Array = Any
 
@@ -39,3 +41,15 @@ def add_rms_norm(
 def gated_rms_norm(x: Array, gate: Array, w: Array, eps: float) -> Array:
     """``silu(gate) * rms_norm(x, w, eps, offset=0)`` over the last axis of x [T, heads, d]."""
     return silu_mul(gate, rms_norm(x, w, eps, 0.0))
+
+
+def sinkhorn(logits: Array, *, iterations: int, eps: float) -> Array:
+    """logits [..., n, n] -> the softmax of each row plus ``eps``, made nearly doubly
+    stochastic: the columns normalised, then ``iterations - 1`` rounds of the rows and the
+    columns, each sum offset by ``eps``."""
+    comb = softmax(logits) + eps
+    comb = comb / (comb.sum(axis=-2, keepdims=True) + eps)
+    for _ in range(iterations - 1):
+        comb = comb / (comb.sum(axis=-1, keepdims=True) + eps)
+        comb = comb / (comb.sum(axis=-2, keepdims=True) + eps)
+    return comb
