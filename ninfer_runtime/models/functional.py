@@ -52,6 +52,10 @@ def _add_product(a: Array, b: Array, c: Array, xp: Any) -> Array:
     return a + b * c
 
 
+def _sigmoid_affine(x: Array, scale: Array, bias: Array, mult: Array, add: Array, xp: Any) -> Array:
+    return mult * _sigmoid(x * scale + bias, xp) + add
+
+
 _FUSED: dict[tuple[str, Any], Any] = {}
 
 
@@ -105,6 +109,12 @@ def twice_sigmoid_of_quotient(x: Array, d: Array) -> Array:
 def add_product(a: Array, b: Array, c: Array) -> Array:
     """``a + b * c`` in one pass, broadcast (a hyper-connection's inject into its streams)."""
     return _elementwise(_add_product, a, b, c)
+
+
+def sigmoid_affine(x: Array, scale: Array, bias: Array, mult: Array, add: Array) -> Array:
+    """``mult * sigmoid(x * scale + bias) + add`` in one pass, broadcast (a manifold
+    hyper-connection's pre and post weights)."""
+    return _elementwise(_sigmoid_affine, x, scale, bias, mult, add)
 
 
 def l2_normalize(x: Array, eps: float = 1e-6) -> Array:

@@ -24,7 +24,7 @@ from ninfer_format.binders.glm5_next_parts import ManifoldHyperConnections
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...ops.registry import resolve
-from ..functional import sigmoid
+from ..functional import add_product, sigmoid_affine
 
 Array = Any
 
@@ -68,9 +68,10 @@ class HyperConnection:
         normed = flat / xp.sqrt(xp.mean(flat * flat, axis=-1, keepdims=True) + self.norm_eps)
         m = be.linear(normed, self.projection)  # [N, (2+n)·n]
         b, s = self.bias, self.scale
-        pre = sigmoid(m[:, :n] * s[0] + b[:n]) + hc.eps
-        post = 2.0 * sigmoid(m[:, n : 2 * n] * s[1] + b[n : 2 * n])
-        logits = (m[:, 2 * n :] * s[2] + b[2 * n :]).reshape(-1, n, n)
+        one, two = xp.float32(1), xp.float32(2)
+        pre = sigmoid_affine(m[:, :n], s[0], b[:n], one, xp.float32(hc.eps))
+        post = sigmoid_affine(m[:, n : 2 * n], s[1], b[n : 2 * n], two, xp.float32(0))
+        logits = add_product(b[2 * n :], m[:, 2 * n :], s[2]).reshape(-1, n, n)
         sinkhorn = resolve("norm", "sinkhorn", device=be.name)
         comb = sinkhorn(logits, iterations=hc.sinkhorn_iters, eps=hc.eps)
         x = (pre[:, :, None] * streams).sum(axis=1)
@@ -79,4 +80,4 @@ class HyperConnection:
     @staticmethod
     def merge(streams: Array, block_out: Array, post: Array, comb: Array) -> Array:
         """The streams after the block: ``post_i · out + Σ_j comb_ji · stream_j``."""
-        return post[:, :, None] * block_out[:, None, :] + comb.swapaxes(1, 2) @ streams
+        return add_product(comb.swapaxes(1, 2) @ streams, post[:, :, None], block_out[:, None, :])
