@@ -218,7 +218,8 @@ def sinkhorn(logits: Any, iterations: int, eps: float) -> Any:
 
     n = logits.shape[-1]
     if logits.shape[-2] != n or not 0 < n <= SINKHORN_MAX:
-        raise ValueError(f"sinkhorn: logits {logits.shape}: expected [..., n, n], n <= 8")
+        limit = f"n <= {SINKHORN_MAX}"
+        raise ValueError(f"sinkhorn: logits {logits.shape}: expected [..., n, n], {limit}")
     logits = cp.ascontiguousarray(logits, dtype=cp.float32)
     comb = cp.empty_like(logits)
     count = logits.size // (n * n)
