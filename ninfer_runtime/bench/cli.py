@@ -12,7 +12,17 @@ from .cli_run import run
 from .cli_synth import synth
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        from ..ops.registry import NoProvider
+
+        try:
+            return super().invoke(ctx)
+        except NoProvider as exc:  # e.g. --provider forced one that does not run here
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """ninfer benchmark tools."""
 

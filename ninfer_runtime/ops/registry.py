@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "NoProvider",
     "Provider",
     "family",
     "override",
@@ -40,6 +41,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("ninfer.ops")
+
+
+class NoProvider(LookupError):
+    """No provider the policy (or a forced choice) names serves the op for this key."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ def _resolve(family_name: str, op: str, key: dict[str, Any]) -> Callable[..., An
             log.info("%s.%s %s -> %s", family_name, op, _shown(key), name)
             _RESOLVED[memo] = fn
             return fn
-    raise LookupError(f"{family_name}.{op}: no provider of {names} takes {_shown(key)}")
+    raise NoProvider(f"{family_name}.{op}: no provider of {names} takes {_shown(key)}")
 
 
 @contextlib.contextmanager

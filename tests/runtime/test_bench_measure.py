@@ -203,6 +203,15 @@ def test_provider_forces_an_op_and_a_bad_one_is_a_usage_error(artifacts, tmp_pat
     ):
         result = CliRunner().invoke(main, ["run", str(artifacts["tiny_dense"]), "--provider", bad])
         assert result.exit_code == 2 and said in result.output, result.output
+    # a provider that does not run on this device: one line when the op is first asked for
+    result = CliRunner().invoke(
+        main,
+        ["run", str(artifacts["tiny_dense"]), *args.split(), "--provider", "norm.rms_norm=nvrtc"],
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.splitlines()[-1] == (
+        "Error: norm.rms_norm: no provider of ['nvrtc'] takes device=cpu"
+    )
 
 
 #: a Python prelude that refuses the converter and torch, as on ``pip install ninfer[gpu]``
