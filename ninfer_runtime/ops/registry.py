@@ -87,8 +87,6 @@ _FAMILIES: dict[str, _Family] = {}
 _RESOLVED: dict[tuple[str, str, tuple[tuple[str, Any], ...]], Callable[..., Any]] = {}
 _FORCED: dict[tuple[str, str], str] = {}
 _PATCHED: dict[tuple[str, str], Callable[..., Any]] = {}
-#: the sets ``recording`` blocks gather resolved ops into
-_RECORDING: list[set[tuple[str, str]]] = []
 
 
 def family(name: str, policy: Callable[..., Sequence[str]]) -> None:
@@ -129,8 +127,6 @@ def resolve(family_name: str, op: str, /, **key: Any) -> Callable[..., Any]:
 
 def _resolve(family_name: str, op: str, key: dict[str, Any]) -> Callable[..., Any]:
     """The policy's walk (or the patched callable), each key walked and logged once."""
-    for seen in _RECORDING:
-        seen.add((family_name, op))
     if (family_name, op) in _PATCHED:
         return _PATCHED[(family_name, op)]
     memo = (family_name, op, tuple(sorted(key.items())))
@@ -154,15 +150,15 @@ def _resolve(family_name: str, op: str, key: dict[str, Any]) -> Callable[..., An
 
 @contextlib.contextmanager
 def recording() -> Iterator[set[tuple[str, str]]]:
-    """Within the block, the (family, op) of every op resolved, gathered into the set it
-    yields: the memo is dropped on entry, so each op the block uses is resolved in it."""
+    """The (family, op) of every op the block resolves, in the set it yields once the block
+    ends: the memo is dropped on entry, so each op the block uses is resolved (and memoised)
+    in it. A patch or override inside the block drops the memo again: keep them out."""
     seen: set[tuple[str, str]] = set()
     _forget()
-    _RECORDING.append(seen)
     try:
         yield seen
     finally:
-        _RECORDING.remove(seen)
+        seen.update((family_name, op) for family_name, op, _ in _RESOLVED)
 
 
 def _forget() -> None:
