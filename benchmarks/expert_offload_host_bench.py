@@ -45,12 +45,10 @@ from ninfer_runtime.expert_offload.host_experts import (
     StoredRows,
     host_threads,
 )
-from ninfer_runtime.models.qwen3_5.mlp import SparseMoe
 
 LAYOUTS = {
     f: "row_split_k128_v1" for f in ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16")
 }
-MATH = SparseMoe.expert_math
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ def make_bank(
 
 def whole(weights: tuple[HostWeight, ...]) -> HostExpert:
     """An expert that decodes its whole matrices at every use (no blocks, no copy)."""
-    return HostExpert(*weights, math=MATH, by_blocks=False)
+    return HostExpert(*weights, by_blocks=False)
 
 
 def tokens_per_second(
@@ -167,10 +165,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for bank in BANKS:
         weights = make_bank(bank, args.format, down_format, rng)
-        blocks = [HostExpert(*w, math=MATH) for w in weights]
+        blocks = [HostExpert(*w) for w in weights]
         for e in blocks:  # cut now, as a first use would
             assert e.blocks is not None
-        held = [HostExpert(*w, math=MATH) for w in weights]
+        held = [HostExpert(*w) for w in weights]
         for e in held:
             e.hold(True)
         stored_bytes = blocks[0].nbytes * bank.top_k
@@ -182,7 +180,7 @@ def main() -> None:
         }
         hosts = dict.fromkeys(ways, host)
         if kernel is not None:
-            packed = [HostExpert(*w, math=MATH) for w in weights]
+            packed = [HostExpert(*w) for w in weights]
             packer = HostCompute(kernel=kernel)
             assert packer.pack(packed) == len(packed)
             packer.close()

@@ -3,8 +3,9 @@
 Two ways, as the moe family's ``host_products`` resolves for the engine's device:
 
 * a kernel (beside a GPU, ``torch_int4``): the expert's stored codes are repacked once, at
-  load, into the kernel's layout (``HostExpert.pack``), and its math runs on the kernel's
-  products, which read the codes inside the product;
+  load, into the kernel's layout (``HostExpert.pack``: gate and up as one weight, so a use is
+  two products, the block's ``gated`` between them), and the products read the codes inside
+  the product;
 * the reference (beside the CPU backend, and for weights a kernel cannot read): the expert
   holds its weights as stored (``stored_weights``); a use decodes one intermediate block at a
   time with the format's own codec to float32 and adds the block's share of the MoE block's
@@ -22,7 +23,6 @@ layout could not be cut (held as float32), and the load log says so.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.cpu import CpuBackend
+from ..models.functional import silu_mul
 from ..ops.moe.reference import expert
 from .stored_weights import (
     HostWeight,
@@ -58,17 +59,14 @@ log = logging.getLogger("ninfer.expert_offload")
 HOST_MATH = CpuBackend()
 
 
-#: the math of one routed expert on float32 weights: ``math(x, gate, up, down)`` (the MoE
-#: block's ``expert_math`` on the host's backend)
-ExpertMath = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-#: the MoE block's ``expert_math(backend, x, gate, up, down)``, for any backend's weights
-BlockMath = Callable[[Any, np.ndarray, Any, Any, Any], np.ndarray]
+#: the MoE block's ``gated(gate_x, up_x)``: the product joining an expert's gate and up rows
+Gated = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class HostExpert:
     """A routed expert held in host memory: its weights repacked for a kernel (``pack``), or
     as stored (cut into intermediate blocks at its first use, where the layout allows: about
-    10 ms a 2048 x 768 q4 expert, paid once, not at load), the block's math for one expert,
+    10 ms a 2048 x 768 q4 expert, paid once, not at load), the block's ``gated`` product,
     and, for the hottest reference experts within ``[engine] host_expert_cache``, a decoded
     float32 copy."""
 
@@ -77,17 +75,15 @@ class HostExpert:
         gate: HostWeight,
         up: HostWeight,
         down: HostWeight,
-        math: BlockMath = expert,
+        gated: Gated = silu_mul,
         *,
         by_blocks: bool = True,
     ):
-        """``math``: the block's ``expert_math``; ``by_blocks`` False: always decode whole
-        matrices (the benchmark's baseline)."""
-        self.block_math = math
-        #: the expert's math on the host's float32 products (the reference way)
-        self.math: ExpertMath = functools.partial(math, HOST_MATH)
-        #: the weights in a kernel's layout, and that kernel (``pack``)
-        self.packed: tuple[Any, Any, Any] | None = None
+        """``gated``: the block's product of gate and up rows; ``by_blocks`` False: always
+        decode whole matrices (the benchmark's baseline)."""
+        self.gated = gated
+        #: gate and up joined, and down, in a kernel's layout, and that kernel (``pack``)
+        self.packed: tuple[Any, Any] | None = None
         self.kernel: Any = None
         #: the whole weights, until (and unless) they are cut into blocks or packed
         self.whole: tuple[HostWeight, HostWeight, HostWeight] | None = (gate, up, down)
@@ -98,23 +94,30 @@ class HostExpert:
         self.held: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def load(cls, artifact: Any, prefix: str, math: BlockMath = expert) -> HostExpert:
+    def load(cls, artifact: Any, prefix: str, gated: Gated = silu_mul) -> HostExpert:
         """The expert whose weights are ``prefix`` + gate, up, down (a plain gated MLP
-        unless ``math`` says otherwise)."""
-        return cls(*(load_host_weight(artifact, prefix + w) for w in ("gate", "up", "down")), math)
+        unless ``gated`` says otherwise)."""
+        names = ("gate", "up", "down")
+        return cls(*(load_host_weight(artifact, prefix + w) for w in names), gated)
 
     def pack(self, kernel: Any) -> bool:
         """Repack the stored weights for ``kernel`` (a ``host_products`` kernel: ``pack``,
-        ``linear``), dropping the stored form; False, leaving the expert as it was, where
-        the kernel cannot read one of them (or they are cut already)."""
+        ``linear``), gate and up as one weight (gate rows, then up rows: one product where
+        there were two, which at a decode step's one row costs what one of them did),
+        dropping the stored form; False, leaving the expert as it was, where the kernel
+        cannot read them (or they are cut already)."""
         if self.packed is not None:
             return True
         if self.whole is None or any(w.values is not None for w in self.whole):
             return False
-        packed = [kernel.pack(w.pieces, w.columns) for w in self.whole]
-        if any(p is None for p in packed):
+        gate, up, down = self.whole
+        if gate.columns is not None or up.columns is not None:
+            return False  # input columns stored in another order: no kernel reads them
+        gate_up = kernel.pack([*gate.pieces, *up.pieces], None)
+        down_packed = kernel.pack(down.pieces, down.columns)
+        if gate_up is None or down_packed is None:
             return False
-        self.packed = (packed[0], packed[1], packed[2])
+        self.packed = (gate_up, down_packed)
         self.kernel = kernel
         self.whole, self._cut, self.held = None, True, None
         return True
@@ -185,7 +188,10 @@ class HostExpert:
         the held copy, else block by block from the stored codes
         (``benchmarks/expert_offload_host_bench.py`` measures each way)."""
         if self.packed is not None:
-            return self.block_math(self.kernel, x, *self.packed)
+            gate_up, down = self.packed
+            rows = self.kernel.linear(x, gate_up)
+            both = self.gated(rows[:, : self.inner], rows[:, self.inner :])
+            return self.kernel.linear(both, down)
         blocks = None if self.held is not None else self.blocks
         if blocks is None:
             return self.math(x, *self.weights())
@@ -194,6 +200,11 @@ class HostExpert:
             part = self.math(x, decode_stack(gate), decode_stack(up), decode_stack(down))
             out = part if out is None else out + part
         return out  # type: ignore[return-value]
+
+    def math(self, x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+        """The expert's math on float32 weights and the host's float32 products (the
+        reference way: a resident expert's on the CPU backend)."""
+        return expert(HOST_MATH, x, gate, up, down, self.gated)
 
 
 def host_threads() -> int:

@@ -20,9 +20,10 @@ GLM5Next) offers:
 * ``experts``: its routed experts, None where not held; assignable;
 * ``expert(prefix, weights)``: a routed expert from prepared weights (``prefix`` + gate, up,
   down), as the block holds it;
-* ``expert_math(backend, x, gate, up, down)``: one routed expert's math on any backend's
-  weights, which the host runs on ``HOST_MATH``'s float32 weights or on a ``host_products``
-  kernel's packed ones (``host_experts``).
+* ``gated(gate_x, up_x)``: a routed expert's product of its gate and up rows, which joins
+  them wherever its pairs are computed: ``moe.reference.expert`` on any backend's weights
+  (the host's float32 ones, a streamed window's on the device), or between a
+  ``host_products`` kernel's products (``host_experts``).
 
 The split prepares its resident experts itself, one expert a ``backend.prepare`` call
 (``prepare_experts``): on the CUDA backend each is then its own row window of the stored
@@ -63,7 +64,7 @@ class SplittableMoe(Protocol):
 
     def expert(self, prefix: str, weights: Mapping[str, Weight]) -> Any: ...
 
-    def expert_math(self, be: Any, x: Array, gate: Any, up: Any, down: Any) -> Array: ...
+    def gated(self, gate: Array, up: Array) -> Array: ...
 
     def __call__(self, x: Array) -> Array: ...
 
@@ -138,7 +139,7 @@ class SplitMoe:
         return len(self.resident)
 
     def _host_expert(self, e: int) -> HostExpert:
-        return HostExpert.load(self.artifact, expert_prefix(self.layer, e), self.inner.expert_math)
+        return HostExpert.load(self.artifact, expert_prefix(self.layer, e), self.inner.gated)
 
     def place(self, resident: Sequence[int]) -> None:
         """Make exactly ``resident`` the device's experts: the others back to host memory

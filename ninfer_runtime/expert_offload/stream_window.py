@@ -19,7 +19,7 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
 3. the first part runs inside the block's own call, put in place for that call, so the
    resident experts, the shared experts and the part's pairs are computed exactly as with
    all experts resident (bit for bit on the CPU when the window is one part); each further
-   part's pairs are computed with the block's ``expert_math`` on its prepared weights, each
+   part's pairs are computed with the block's ``gated`` product on its prepared weights, each
    weighted as the router gave it, and added in expert order.
 
 A call of few rows (a decode step) streams too on a GPU, as ``decode`` says
@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import EngineError
+from ..ops.moe.reference import expert
 from ..sizes import format_size
 from .settings import pinned_allowance
 from .split_moe import expert_names, expert_prefix, prepare_experts, release_weights
@@ -231,7 +232,7 @@ class ExpertStream:
             gate, up, down = (prepared[n] for n in expert_names(block.layer, e))
             share = xp.asarray(weights[rows, slot, None])
             at = xp.asarray(rows)
-            out[at] += share * block.inner.expert_math(backend, x[at], gate, up, down)
+            out[at] += share * expert(backend, x[at], gate, up, down, block.inner.gated)
         return out
 
     def _after(self, block: SplitMoe) -> SplitMoe | None:

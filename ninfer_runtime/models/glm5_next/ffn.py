@@ -110,7 +110,6 @@ class GroupedMoe:
         """The routed expert whose prepared weights are ``prefix`` + gate, up, down."""
         return ClampedMlp(prefix, self.limit, self.backend, weights)
 
-    def expert_math(self, be: Backend, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
-        """One routed expert on separate gate, up and down weights (``ClampedMlp``'s math)."""
-        product = clamped_silu_mul(be.linear(x, gate), be.linear(x, up), self.limit)
-        return be.linear(product, down)
+    def gated(self, gate: Array, up: Array) -> Array:
+        """A routed expert's product of its gate and up rows (``ClampedMlp``'s)."""
+        return clamped_silu_mul(gate, up, self.limit)

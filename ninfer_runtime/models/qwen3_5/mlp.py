@@ -14,7 +14,7 @@ from typing import Any
 from ...backends import Backend, ExpertWeights, MoeWeights, Weight
 from ...backends import array_ops as ops
 from ...ops.registry import resolve
-from ..functional import silu
+from ..functional import silu_mul
 from .config import MoeConfig
 
 Array = Any
@@ -42,7 +42,7 @@ class SparseMoe:
     experts this rank does not hold, under expert parallelism, as None; so too the experts
     not prepared at all, which expert offload holds in host memory,
     ``expert_offload.SplitMoe``, through ``route``, ``experts``, ``expert`` and
-    ``expert_math``)."""
+    ``gated``)."""
 
     def __init__(self, prefix: str, m: MoeConfig, backend: Backend, weights: Mapping[str, Weight]):
         p = prefix + "moe/"
@@ -95,6 +95,7 @@ class SparseMoe:
         )
 
     @staticmethod
-    def expert_math(be: Backend, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
-        """One routed expert, ``down(silu(gate x) * up x)``, as the ``block`` computes it."""
-        return be.linear(silu(be.linear(x, gate)) * be.linear(x, up), down)
+    def gated(gate: Array, up: Array) -> Array:
+        """A routed expert's product of its gate and up rows, ``silu(gate x) * up x``, as the
+        ``block`` computes it."""
+        return silu_mul(gate, up)

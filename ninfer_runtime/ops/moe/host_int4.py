@@ -124,10 +124,12 @@ class TorchInt4:
     @staticmethod
     def linear(x: np.ndarray, w: Int4Weight) -> np.ndarray:
         """``x @ w.T`` for rows x [n, columns], float32 in and out (bf16 into the kernel;
-        the rows given once a plane)."""
-        rows = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)
+        the rows given once a plane, side by side before the conversion: numpy joins a
+        decode step's row in a fraction of what torch's ``repeat`` takes)."""
+        x = np.asarray(x, dtype=np.float32)
         if w.planes > 1:
-            rows = rows.repeat(1, w.planes)
+            x = np.concatenate([x] * w.planes, axis=1)
+        rows = torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, w.packed, w.group, w.scales)
         return out.float().numpy()
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ...backends.array_ops import sigmoid, silu, softmax
+from ...backends.array_ops import sigmoid, softmax
 from ...backends.base import ExpertWeights, MoeWeights
-from ...models.functional import _xp
+from ...models.functional import _xp, silu_mul
 
 __all__ = [
     "ROUTING_EPS",
@@ -92,9 +92,10 @@ def grouped_route(
     return top, weights * scale
 
 
-def expert(backend: Any, x: Array, gate: Any, up: Any, down: Any) -> Array:
-    """One gated MLP on the device's products: ``down(silu(gate x) * up x)``."""
-    return backend.linear(silu(backend.linear(x, gate)) * backend.linear(x, up), down)
+def expert(backend: Any, x: Array, gate: Any, up: Any, down: Any, gated: Any = silu_mul) -> Array:
+    """One gated MLP on the device's products: ``down(gated(gate x, up x))``, by default
+    ``silu(gate x) * up x`` (a MoE block's ``gated`` says its own)."""
+    return backend.linear(gated(backend.linear(x, gate), backend.linear(x, up)), down)
 
 
 def routed_experts(
