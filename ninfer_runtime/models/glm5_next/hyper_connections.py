@@ -55,6 +55,10 @@ class HyperConnection:
         self.projection = weights[prefix + "projection"]
         self.bias = backend.array(weights[prefix + "bias"])
         self.scale = backend.array(weights[prefix + "scale"])
+        # the unweighted norm as the norm family's ``rms_norm`` with ``0 + 1`` for a weight
+        # (x · 1/rms, as transformers computes it; one launch on a device, not five)
+        width = self.projection.shape[1]
+        self.unit = backend.xp.zeros(width, backend.xp.float32)
 
     @staticmethod
     def parameter_names(prefix: str) -> list[str]:
@@ -64,8 +68,8 @@ class HyperConnection:
         """Streams [N, n, H] -> (the block input [N, H], post [N, n], comb [N, n, n])."""
         be, hc, n = self.backend, self.hyper, self.hyper.streams
         xp = array_module(streams)
-        flat = streams.reshape(streams.shape[0], -1)
-        normed = flat / xp.sqrt(xp.mean(flat * flat, axis=-1, keepdims=True) + self.norm_eps)
+        rms_norm = resolve("norm", "rms_norm", device=be.name)
+        normed = rms_norm(streams.reshape(streams.shape[0], -1), self.unit, self.norm_eps, 1.0)
         m = be.linear(normed, self.projection)  # [N, (2+n)·n]
         b, s = self.bias, self.scale
         one, two = xp.float32(1), xp.float32(2)
