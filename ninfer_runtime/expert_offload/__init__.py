@@ -4,10 +4,10 @@ offload"); prefill chunks, and on a GPU decode steps whose host experts the host
 kernel for, stream them through the device instead (``stream_window``)."""
 
 from .counters import ExpertCounters
-from .load_plan import HOST_ROUTING
 from .offload import NOT_SERVED, OFFLOAD_BACKENDS, ExpertOffload
 from .plan import OffloadPlan, VramBudgetError, WeightSizes, plan_residency
 from .settings import VRAM_BUDGET_ENV, host_cache_setting, vram_budget_setting
+from .split_moe import HOST_ROUTING
 from .stream_window import STREAM_ROWS, ExpertStream
 
 __all__ = [

@@ -3,8 +3,9 @@
 Every (token, slot) pair a router chooses is one hit of its expert, on the device when the
 expert is resident and on the host when it is not. The per-expert totals are also a
 priority: a later load can keep the experts this run chose most (``plan_residency``'s
-``counts``). Only the engine thread writes; a reader on another thread (a metrics scrape)
-reads plain numbers.
+``counts``). The engine's steps write (on a GPU, the host's share of a step records from the
+driver's callback thread while the engine thread waits for the step); a reader on another
+thread (a metrics scrape) reads plain numbers.
 """
 
 from __future__ import annotations

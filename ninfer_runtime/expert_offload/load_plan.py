@@ -23,11 +23,9 @@ from .plan import (
     plan_residency,
     routed_expert,
 )
+from .split_moe import HOST_ROUTING
 
 log = logging.getLogger("ninfer.expert_offload")
-
-#: why a backend capturing decode steps as CUDA graphs runs them eagerly with offload on
-HOST_ROUTING = "expert offload reads each MoE block's routing on the host every step"
 
 
 class LoadPlanning:
@@ -42,11 +40,13 @@ class LoadPlanning:
         On a backend that captures decode steps as CUDA graphs, the first plan counts the
         graphs' workspace: where every routed expert fits beside them, the offload steps
         aside (``aside``): nothing is left to the split, the steps stay captured, and the
-        model runs as it would without a budget. Otherwise decode steps turn eager (the
-        split reads routing on the host) and the plan is made again without the graphs;
-        where that plan leaves host experts to stream, it is made once more for prefill
-        calls of ``stream_chunk`` rows if the engine's are fewer (``prefill_rows`` then says
-        so, and the engine's prefill chunk follows). Returns which parameters to leave
+        model runs as it would without a budget. Otherwise, on a backend whose host nodes
+        keep the split's steps capturable (``host_node``), the steps stay captured (unless a
+        split block cannot use them: ``attach``); on one without, decode steps turn eager
+        (the split reads routing on the host). The plan is then made again with the prefill
+        window; where it leaves host experts to stream, once more for prefill calls of
+        ``stream_chunk`` rows if the engine's are fewer (``prefill_rows`` then says so, and
+        the engine's prefill chunk follows). Returns which parameters to leave
         unprepared: none aside, else every routed expert of the text layers (``attach``
         prepares the resident ones, one expert at a time).
         ``VramBudgetError`` here costs no loading."""
@@ -60,7 +60,8 @@ class LoadPlanning:
                 self.aside = True
                 log.info("every routed expert fits beside captured decode steps: no split")
                 return lambda name: False
-        decode_eagerly(model.backend, HOST_ROUTING)
+        if not hasattr(model.backend, "host_node"):
+            decode_eagerly(model.backend, HOST_ROUTING)
         self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
         self.plan = self._first_plan(model.backend, window=True)
         if self._streams() and self.stream_chunk > self.prefill_rows:

@@ -11,9 +11,10 @@ The engine drives it in four steps:
    (``backend_workspace``) and the pool's planned bytes (refusing a budget below what must
    be resident, before anything is loaded). Where every routed expert fits beside captured
    decode steps, the offload steps aside (``aside``: no split, the model runs as without a
-   budget); otherwise decode steps turn eager (the split reads each block's routing on the
-   host every step), the plan is made again without the graphs, and the model leaves every
-   routed expert of the text layers unprepared;
+   budget); otherwise decode steps turn eager where the split must read each block's routing
+   on the host every step (a backend without host nodes, or a block whose host experts the
+   host has no kernel for: ``split_moe``), the plan is made again with the prefill window,
+   and the model leaves every routed expert of the text layers unprepared;
 3. ``attach`` once the model's layers exist: each MoE block (``split_moe.SplittableMoe``)
    becomes a ``SplitMoe``, which prepares the plan's resident experts one expert at a time
    (each its own device window on CUDA) and holds the others in host memory;
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import decode_eagerly
 from ..capacity import parse_size
 from ..errors import EngineError
 from ..sizes import format_size
@@ -43,7 +45,7 @@ from .host_experts import HostCompute
 from .load_plan import LoadPlanning
 from .plan import OffloadPlan, WeightSizes, plan_residency
 from .settings import host_cache_setting
-from .split_moe import SplitMoe, SplittableMoe
+from .split_moe import HOST_ROUTING, SplitMoe, SplittableMoe
 from .stream_window import STREAM_CHUNK, STREAM_DECODE, STREAM_ROWS, ExpertStream
 
 log = logging.getLogger("ninfer.expert_offload")
@@ -190,6 +192,8 @@ class ExpertOffload(LoadPlanning):
             self._hold_hottest(self.priority)
         self.host.log_forms(self.blocks)
         self.stream.keep_pinned(self.blocks)
+        if self.blocks and not all(b.node_ready for b in self.blocks):
+            decode_eagerly(self.blocks[0].backend, HOST_ROUTING)
 
     # ------------------------------------------------------------------ once the pool exists
     def start(

@@ -32,6 +32,16 @@ one can leave the device alone. An expert that leaves (a placement sends it back
 memory, a streamed window ends) is handed to the backend's ``release`` where it has one
 (``release_weights``: the CUDA backend forgets its windows, so their memory goes with the
 weights; the CPU backend holds no cache and has none).
+
+On a backend with host nodes (``host_node``: CUDA), a call whose host pairs the host computes
+queues them as one step of the device's stream: the rows and the routing copied to the host,
+the host's pairs computed when the stream reaches them, the sum copied back, with no
+synchronisation, so a decode step through split blocks is still captured as a CUDA graph (the
+host's share a node of it). That holds for every call while the block's host experts all have
+the host's kernel and no call of few rows streams (``node_ready``); the offload runs decode
+steps eagerly where a block is not. A placement that changes the device's experts tells the
+backend (``forget_graphs``): captured steps read the old experts' tables, and are captured
+again.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..backends import Weight
+from ..backends import Weight, decode_eagerly
 from ..backends.base import to_numpy
 from .counters import ExpertCounters
 from .host_experts import HostCompute, HostExpert
@@ -51,6 +61,9 @@ if TYPE_CHECKING:
     from .stream_window import ExpertStream
 
 Array = Any
+
+#: why a backend capturing decode steps as CUDA graphs runs them eagerly with offload on
+HOST_ROUTING = "expert offload reads each MoE block's routing on the host every step"
 
 
 @runtime_checkable
@@ -133,6 +146,10 @@ class SplitMoe:
         self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
         host.pack(self.host_experts.values())
         self.resident = np.array([w is not None for w in held], dtype=bool)
+        make_node = getattr(self.backend, "host_node", None)
+        #: the host's share as a step of the device's stream (None: the backend has none)
+        self.node = None if make_node is None else make_node(self._host_part, _rows_shape)
+        self.node_ready = self._node_ready()
 
     @property
     def experts(self) -> int:
@@ -164,9 +181,26 @@ class SplitMoe:
         self.resident[:] = False
         self.resident[list(keep)] = True
         self.inner.experts = experts
+        self.node_ready = self._node_ready()
+        if not self.node_ready:
+            decode_eagerly(self.backend, HOST_ROUTING)
+        forget = getattr(self.backend, "forget_graphs", None)
+        if forget is not None:
+            forget()
+
+    def _node_ready(self) -> bool:
+        """Whether every call of few rows computes its host pairs on a host node: the backend
+        has them, and no such call streams (``ExpertStream.streams_none``)."""
+        return self.node is not None and (self.stream is None or self.stream.streams_none(self))
 
     def __call__(self, x: Array) -> Array:
         top, weights = self.inner.route(x)
+        rows = x.shape[0]
+        if self.node_ready and (self.stream is None or not self.stream.takes(rows)):
+            xp = self.backend.xp
+            assert self.node is not None
+            part = self.node(x.astype(xp.float32), top, weights.astype(xp.float32))
+            return self.inner(x) + part
         top, weights = to_numpy(top), np.asarray(to_numpy(weights), dtype=np.float32)
         if self.stream is not None and self.stream.takes(len(top)):
             return self.stream(self, x, top, weights)
@@ -176,10 +210,21 @@ class SplitMoe:
         # computes its experts while the host computes its own
         xh = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
         out = self.inner(x)
+        part = self._host_part(xh, top, weights)
+        return out if part is None else out + self.backend.xp.asarray(part)
+
+    def _host_part(self, x: np.ndarray, top: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
+        """The host's pairs of rows ``x`` routed to ``top`` with ``weights`` (None: it holds
+        none of the chosen experts), counted."""
         start = time.perf_counter()
-        part = self.host(xh, top, weights, self.host_experts)
+        part = self.host(x, top, weights, self.host_experts)
         waited = time.perf_counter() - start
         held = self.host_experts
         read = sum(held[e].nbytes for e in set(top.ravel().tolist()) if e in held)
         self.counters.record(self.layer, top, self.resident, waited, read)
-        return out if part is None else out + self.backend.xp.asarray(part)
+        return part
+
+
+def _rows_shape(x: tuple[int, ...], top: tuple[int, ...], weights: tuple[int, ...]) -> tuple:
+    """A host node's output: the shape of its rows ``x``."""
+    return x

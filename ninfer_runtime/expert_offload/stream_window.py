@@ -161,6 +161,14 @@ class ExpertStream:
         chosen = [held[e] for e in set(top.ravel().tolist()) if e in held]
         return any(self.decode == "all" or h.packed is None for h in chosen)
 
+    def streams_none(self, block: SplitMoe) -> bool:
+        """Whether no call of few rows of ``block`` streams, whatever it routes to (what
+        lets its host pairs be a step of the device's stream: ``SplitMoe.node_ready``)."""
+        if not self.spares_host_on(block.backend):
+            return True
+        held = block.host_experts.values()
+        return self.decode != "all" and all(h.packed is not None for h in held)
+
     def expert_bytes(self, block: SplitMoe, expert: int) -> int:
         """An expert's stored bytes (what a device copies), as the plan measured them."""
         return self.sizes[block.layer][expert]

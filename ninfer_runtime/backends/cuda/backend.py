@@ -39,6 +39,7 @@ from . import glue, kernels, prefill, sampling
 from .constants import device_constant
 from .expert_streaming import PinnedCuts, Prefetch
 from .graphs import GraphStep
+from .host_node import HostNode
 from .slabs import SlabBuffers
 from .traits import CudaTraits
 from .weight_kinds import DenseWeight, PackedWeight, Segment
@@ -88,6 +89,8 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
         self._graph_pool = cp.cuda.MemoryPool()
+        #: bumped when weights a captured step may read are replaced (``forget_graphs``)
+        self.graph_epoch = 0
         #: id(MoeWeights) -> (a weak reference to those weights, their ExpertTable or None),
         #: the moe family's device tables (``ops/moe/nvrtc.py``); the reference tells a new
         #: object at a freed one's address from it, and the entry goes with the weights
@@ -104,7 +107,21 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
     def compile_step(self, fn: Any, shapes: Any, capture: bool = True) -> Any:
         if not self.graphs or not capture:
             return super().compile_step(fn, shapes)
-        return GraphStep(fn, shapes, self._stream, self._graph_pool)
+        return GraphStep(fn, shapes, self._stream, self._graph_pool, self._graph_epoch)
+
+    def _graph_epoch(self) -> int | None:
+        """What a captured step checks before it replays (None: steps run eagerly now)."""
+        return self.graph_epoch if self.graphs else None
+
+    def forget_graphs(self) -> None:
+        """Captured steps address the weights they read when captured: after some are
+        replaced (expert offload placing its experts again), each step is captured afresh
+        at its next call."""
+        self.graph_epoch += 1
+
+    def host_node(self, fn: Any, output_shape: Any) -> HostNode:
+        """``fn`` on the host as one step of the device's stream, capturable (``HostNode``)."""
+        return HostNode(fn, output_shape)
 
     def device_sampler(self) -> Any:
         return sampling.DeviceSampler()

@@ -32,21 +32,28 @@ class GraphStep:
         shapes: Sequence[tuple[int, ...]],
         stream: Any,
         pool: Any,
+        epoch: Callable[[], int | None] = lambda: 0,
     ):
+        """``epoch``: the backend's count of replaced weights (``forget_graphs``); a step
+        captured at another count runs eagerly once more and is captured again; None: the
+        backend's steps run eagerly from now on (``decode_eagerly``)."""
         self.fn, self.shapes, self.stream, self.pool = fn, tuple(shapes), stream, pool
+        self.epoch = epoch
         self.inputs = [cp.zeros(shape, dtype=cp.int32) for shape in self.shapes]
         self.graph: Any = None
-        self.warm = False
+        self._warm_at: int | None = None  # the epoch of the last eager run
         self.outputs: tuple[Any, ...] = ()
 
     def __call__(self, *host: np.ndarray) -> tuple[Any, ...]:
         with self.stream:
             for buf, values in zip(self.inputs, host, strict=True):
                 buf.set(np.ascontiguousarray(values, dtype=np.int32), stream=self.stream)
-            if not self.warm:
-                # the first call runs eagerly: kernels compile and libraries set up outside
-                # any capture (a step updates recurrent states, so it must run exactly once)
-                self.warm = True
+            epoch = self.epoch()
+            if epoch is None or self._warm_at != epoch:
+                # the first call, and the first after weights it reads were replaced, runs
+                # eagerly: kernels compile, libraries and tables set up outside any capture
+                # (a step updates recurrent states, so it must run exactly once)
+                self._warm_at, self.graph, self.outputs = epoch, None, ()
                 return tuple(out.copy() for out in self._run())
             if self.graph is None:
                 self._capture()
