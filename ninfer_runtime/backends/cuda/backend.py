@@ -91,6 +91,7 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         self._graph_pool = cp.cuda.MemoryPool()
         #: bumped when weights a captured step may read are replaced (``forget_graphs``)
         self.graph_epoch = 0
+        self._host_nodes: list[HostNode] = []
         #: id(MoeWeights) -> (a weak reference to those weights, their ExpertTable or None),
         #: the moe family's device tables (``ops/moe/nvrtc.py``); the reference tells a new
         #: object at a freed one's address from it, and the entry goes with the weights
@@ -110,7 +111,11 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         return GraphStep(fn, shapes, self._stream, self._graph_pool, self._graph_epoch)
 
     def _graph_epoch(self) -> int | None:
-        """What a captured step checks before it replays (None: steps run eagerly now)."""
+        """What a captured step checks before it runs: the epoch (None: steps run eagerly
+        now), after raising what a host node's function raised in an earlier step (a
+        replayed node reports to no Python caller)."""
+        for node in self._host_nodes:
+            node.check()
         return self.graph_epoch if self.graphs else None
 
     def forget_graphs(self) -> None:
@@ -121,7 +126,9 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
 
     def host_node(self, fn: Any, output_shape: Any) -> HostNode:
         """``fn`` on the host as one step of the device's stream, capturable (``HostNode``)."""
-        return HostNode(fn, output_shape)
+        node = HostNode(fn, output_shape)
+        self._host_nodes.append(node)
+        return node
 
     def device_sampler(self) -> Any:
         return sampling.DeviceSampler()

@@ -8,7 +8,11 @@ host synchronisation, lanes addressed by device index arrays); this module owns 
   static device buffers that the host overwrites before each replay;
 * everything the step allocates comes from a memory pool of its own, which is never handed
   to anything else, so the addresses baked into the graph stay valid for its lifetime;
-* the outputs are the arrays the capture produced, copied out after each replay.
+* the outputs are the arrays the capture produced, copied out after each replay;
+* the backend's epoch (``forget_graphs``: weights a step read were replaced, as expert offload
+  placing its experts again) is checked before each replay: a step captured at another runs
+  eagerly once and is captured again; a host node's failure in an earlier replay is raised
+  there too (``host_node.py``).
 """
 
 from __future__ import annotations
