@@ -20,7 +20,8 @@
 # instead (--expert-stream-decode all, offload35_streamed.json), the host's expert products by
 # cores per expert (benchmarks/expert_offload_host_bench.py, offload_host.txt), a cProfile of its
 # budgeted prefill (offload_prefill.txt), then its decode with no budget and with 64GiB, which
-# every expert fits (budget35.json, budget35_64GiB.json). IMAGES=1 writes the 27B with a full-size
+# every expert fits (budget35.json, budget35_64GiB.json); OFFLOAD=decode the first run and the
+# host's products alone. IMAGES=1 writes the 27B with a full-size
 # vision tower and times an image chat's first token (benchmarks/image_bench.py, 1024x1024,
 # image27.json). PREFILL_HOST=1 adds a cProfile of one 2,048-token prefill chunk of each shape
 # (prefill_host<shape>.txt: the host's issue time by function). PREFILL_SWEEP="2048 4096"
@@ -171,10 +172,14 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
         --host-profile 2>&1 | grep -v upload | grep -A200 "host time" >"$OUT/agent_host$name.txt"
     fi
   fi
-  if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
+  if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" != 0 ]; then
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
       --steps 8 --vram-budget 8GiB --json "$OUT/offload$name.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+    timeout 120 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
+      --down-format q5_g64_fp16 --kernel-threads all,1,4 2>&1 | tee "$OUT/offload_host.txt"
+  fi
+  if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
     # decode with every host expert a step routes to streamed instead (the link against the
     # host's int4 products)
     timeout 200 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
@@ -187,8 +192,6 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       2>&1 | grep -E "prefill|tok/s" | head -5
     python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(40); s.sort_stats('cumulative').print_stats(40)" \
       /tmp/offload_prefill.prof >"$OUT/offload_prefill.txt" 2>&1
-    timeout 120 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
-      --down-format q5_g64_fp16 --kernel-threads all,1,4 2>&1 | tee "$OUT/offload_host.txt"
     # no budget, then a budget every expert fits (the bar: within 3%), one after the other
     for budget in "" "--vram-budget 64GiB"; do
       timeout 120 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 \
