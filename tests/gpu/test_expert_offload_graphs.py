@@ -1,10 +1,10 @@
 """Expert offload with decode steps captured as CUDA graphs: where every host expert has the
 host's int4 kernel, a split block queues its host pairs as a host node of the step
-(``SplitMoe.node``), so the steps stay captured under a budget. The tiny Qwen3.5 MoE model with
-some of its routed experts in host memory decodes, captured, the greedy tokens of the same budget with
-graphs off (the host node run eagerly) and logits within the int4 host kernel's stated
-tolerance of the all-resident engine's; a replan between steps makes the captured steps run
-once eagerly and capture again, and they still give those tokens."""
+(``SplitMoe.node``), so the steps stay captured under a budget. The tiny Qwen3.5 MoE model
+with some of its routed experts in host memory decodes, captured, the greedy tokens of the
+same budget with graphs off (the host node run eagerly) and logits within the int4 host
+kernel's stated tolerance of the all-resident engine's; a replan between steps makes the
+captured steps run once eagerly and capture again, and they still give those tokens."""
 
 from __future__ import annotations
 
