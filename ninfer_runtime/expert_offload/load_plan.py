@@ -41,7 +41,7 @@ class LoadPlanning:
         graphs' workspace: where every routed expert fits beside them, the offload steps
         aside (``aside``): nothing is left to the split, the steps stay captured, and the
         model runs as it would without a budget. Otherwise, on a backend whose host nodes
-        keep the split's steps capturable (``host_node``), the steps stay captured (unless a
+        keep the split's steps capturable (``host_nodes``), the steps stay captured (unless a
         split block cannot use them: ``attach``); on one without, decode steps turn eager
         (the split reads routing on the host). The plan is then made again with the prefill
         window; where it leaves host experts to stream, once more for prefill calls of
@@ -60,7 +60,7 @@ class LoadPlanning:
                 self.aside = True
                 log.info("every routed expert fits beside captured decode steps: no split")
                 return lambda name: False
-        if not hasattr(model.backend, "host_node"):
+        if not getattr(model.backend, "host_nodes", False):
             decode_eagerly(model.backend, HOST_ROUTING)
         self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
         self.plan = self._first_plan(model.backend, window=True)

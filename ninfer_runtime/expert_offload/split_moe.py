@@ -33,7 +33,8 @@ memory, a streamed window ends) is handed to the backend's ``release`` where it 
 (``release_weights``: the CUDA backend forgets its windows, so their memory goes with the
 weights; the CPU backend holds no cache and has none).
 
-On a backend with host nodes (``host_node``: CUDA), a call whose host pairs the host computes
+On a backend with host nodes (``host_nodes``, ``host_node``: CUDA with
+``NINFER_CUDA_HOST_NODES=1``), a call whose host pairs the host computes
 queues them as one step of the device's stream: the rows and the routing copied to the host,
 the host's pairs computed when the stream reaches them, the sum copied back, with no
 synchronisation, so a decode step through split blocks is still captured as a CUDA graph (the
@@ -146,9 +147,12 @@ class SplitMoe:
         self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
         host.pack(self.host_experts.values())
         self.resident = np.array([w is not None for w in held], dtype=bool)
-        make_node = getattr(self.backend, "host_node", None)
-        #: the host's share as a step of the device's stream (None: the backend has none)
-        self.node = None if make_node is None else make_node(self._host_part, _rows_shape)
+        #: the host's share as a step of the device's stream (None: the backend offers none)
+        self.node = (
+            self.backend.host_node(self._host_part, _rows_shape)
+            if getattr(self.backend, "host_nodes", False)
+            else None
+        )
         self.node_ready = self._node_ready()
 
     @property

@@ -37,6 +37,7 @@ def engine(path: Path, graphs: bool, budget: Any = None) -> Engine:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NINFER_CUDA_PREFILL", "float32")
         mp.setenv("NINFER_CUDA_GRAPHS", "1" if graphs else "0")
+        mp.setenv("NINFER_CUDA_HOST_NODES", "1")
         return Engine(path, backend="cuda", vram_budget=budget, max_context=CONTEXT, max_lanes=1)
 
 

@@ -22,7 +22,7 @@ class Nodes(CpuBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.graphs = True
+        self.graphs = self.host_nodes = True
         self.calls: list[tuple[tuple[int, ...], ...]] = []
         self.forgotten = 0
 

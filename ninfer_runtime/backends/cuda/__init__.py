@@ -44,7 +44,9 @@ def create_backend() -> Any:
     # picks the prefill products' precision (bf16 tensor cores by default; float32 for
     # debugging and token-for-token comparison with the CPU reference);
     # NINFER_CUDA_DECODE=bf16|split the small-M products' (bf16, the production precision,
-    # by default; split for token-for-token comparison with the CPU reference)
+    # by default; split for token-for-token comparison with the CPU reference);
+    # NINFER_CUDA_HOST_NODES=1 lets expert offload's host share be host nodes of captured
+    # steps (off until tests/gpu/test_expert_offload_graphs.py has passed on a GPU)
     try:
         decode = env_choice(DECODE_ENV, tuple(DECODE_PRODUCTS), "bf16")
         prefill = precision_from_env()
@@ -52,6 +54,7 @@ def create_backend() -> Any:
         raise EngineError(str(exc)) from None
     return CudaBackend(
         graphs=os.environ.get("NINFER_CUDA_GRAPHS", "1") != "0",
+        host_nodes=os.environ.get("NINFER_CUDA_HOST_NODES", "0") == "1",
         prefill_precision=prefill,
         decode_precision=decode,
     )

@@ -66,6 +66,7 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         self,
         *,
         graphs: bool = True,
+        host_nodes: bool = False,
         prefill_precision: str = "bf16",
         decode_precision: str = "bf16",
     ) -> None:
@@ -89,6 +90,8 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         # rest of the work uses) and allocate from a pool no other work touches
         self._stream = cp.cuda.Stream(non_blocking=False)
         self._graph_pool = cp.cuda.MemoryPool()
+        #: whether ``host_node`` is offered (expert offload's host share in captured steps)
+        self.host_nodes = host_nodes
         #: bumped when weights a captured step may read are replaced (``forget_graphs``)
         self.graph_epoch = 0
         self._host_nodes: list[HostNode] = []
