@@ -24,6 +24,12 @@ follower step), by each CUDA provider, in the policy or not: eager as above, and
 time (``device_ms``: the calls queued behind a spinning kernel, so the device runs them back
 to back; what a call costs a chunk whose host is ahead, as the 27B's is) with the host's time
 to issue one; and the largest error against the reference in float64.
+
+Then GLM5Next's KDA decode step (``kda_decode``: the convolution step, SiLU, the q/k
+normalisation and the delta rule with a decay a key channel, states by slot) at 1 and 8
+lanes by each provider in its policy row, eager and by device time as above, beside its floor
+(the states read and written, the inputs and output once, at the copy rate) and the step's
+share (times its 34 KDA layers).
 """
 
 from __future__ import annotations
@@ -96,6 +102,8 @@ def main() -> None:
     )
     rows = [] if args.prefill_only else chunk_rows(args.tokens, bandwidth, rate)
     rows += prefill_rows()
+    if not args.prefill_only:
+        rows += kda_decode_rows(bandwidth)
     if args.json:
         args.json.write_text(json.dumps({"bandwidth": bandwidth, "rows": rows}, indent=2))
 
@@ -174,6 +182,58 @@ def prefill_rows() -> list[dict]:
                     f"prefill: {shape:<8} {case:<7} {name:<9} {eager:>9.3f} {device:>10.3f} "
                     f"{issue:>8.3f} {device * layers:>22.2f} {err:>12.2e}"
                 )
+    return rows
+
+
+def kda_decode_rows(bandwidth: float) -> list[dict]:
+    """GLM5Next's ``kda_decode`` by each provider of its CUDA policy row, at 1 and 8 lanes."""
+    _, h, _, d, _, layers = SHAPES["glm5next"]
+    print(
+        f"\nkda_decode: {'lanes':>5} {'provider':<9} {'eager ms':>9} {'device ms':>10} "
+        f"{'floor ms':>9} {'per step device ms':>19} {'max rel err':>12}"
+    )
+    table = registry.providers("delta_rule")["kda_decode"]
+    dims, channels, rows = {"heads": h, "head_dim": d}, 3 * h * d, []
+    for lanes in (1, 8):
+        rng = np.random.default_rng(lanes)
+        host = (
+            rng.standard_normal((lanes, channels)),
+            rng.standard_normal((4, channels)) * 0.5,
+            rng.standard_normal((lanes, channels, 3)),
+            -5 / (1 + np.exp(3 - 2 * rng.standard_normal((lanes, h, d)))),
+            1 / (1 + np.exp(-rng.standard_normal((lanes, h)))),
+            rng.standard_normal((lanes, h, d, d)) * 0.5,
+        )
+        host = tuple(a.astype(np.float32) for a in host)
+        slots = np.arange(lanes, dtype=np.int32)
+        f64 = [a.astype(np.float64) for a in host]
+        want = KDA.kda_decode(*f64, slots, **dims)
+        moved = sum(a.nbytes for a in host) + host[5].nbytes + 4 * lanes * h * d
+        floor = moved / bandwidth * 1e3
+        for name in policy.TABLE[("kda_decode", "cuda")]:
+            if not table[name].available():
+                continue
+            fn = table[name].load()
+            arrays = [cp.asarray(a) for a in host] + [cp.asarray(slots)]
+            mixed, kernel, conv, g, beta, states, at = arrays
+            out = fn(mixed, kernel, conv.copy(), g, beta, states.copy(), at, **dims)
+            err = float(np.abs(cp.asnumpy(out) - want).max() / max(np.abs(want).max(), 1e-30))
+
+            def call(fn=fn, arrays=arrays) -> None:
+                mixed, kernel, conv, g, beta, states, at = arrays
+                fn(mixed, kernel, conv, g, beta, states, at, **dims)
+
+            eager = eager_ms(call)
+            device, _ = device_ms(call)
+            rows.append(
+                {"shape": "glm5next", "op": "kda_decode", "lanes": lanes, "provider": name,
+                 "eager_ms": eager, "device_ms": device, "floor_ms": floor,
+                 "per_step_device_ms": device * layers, "max_rel_err": err}
+            )  # fmt: skip
+            print(
+                f"kda_decode: {lanes:>5} {name:<9} {eager:>9.3f} {device:>10.3f} {floor:>9.4f} "
+                f"{device * layers:>19.2f} {err:>12.2e}"
+            )
     return rows
 
 

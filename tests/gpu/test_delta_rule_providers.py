@@ -102,6 +102,59 @@ def test_kda_providers_match_the_reference(t: int, h: int, d: int) -> None:
             )
 
 
+#: (lanes, heads, head size, taps): the tiny GLM5Next's KDA layer, several lanes of an awkward
+#: size, and GLM5Next's heads
+KDA_DECODE_CASES = [(1, 2, 32, 4), (3, 4, 64, 3), (8, 64, 128, 4)]
+
+
+@pytest.mark.parametrize(("n", "h", "d", "taps"), KDA_DECODE_CASES)
+def test_kda_decode_providers_match_the_reference(n: int, h: int, d: int, taps: int) -> None:
+    """Each CUDA provider of ``kda_decode`` (the convolution step, SiLU, the q/k normalisation
+    and the delta rule with one decay a key channel, states by slot) against the float64
+    oracle on the same float32 inputs: the output and both states, within the family's
+    stated tolerance; the slots not stepped stay as they were, to the bit."""
+    import cupy as cp
+
+    from ninfer_runtime.ops.delta_rule import kda_reference as KDA
+
+    rng = np.random.default_rng(n * 31 + h + d)
+    channels, pool = 3 * h * d, n + 2
+    mixed = rng.standard_normal((n, channels)).astype(np.float32)
+    kernel = (rng.standard_normal((taps, channels)) * 0.5).astype(np.float32)
+    conv = rng.standard_normal((pool, channels, taps - 1)).astype(np.float32)
+    g = (-5 / (1 + np.exp(3 - 2 * rng.standard_normal((n, h, d))))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.standard_normal((n, h))))).astype(np.float32)
+    states = (rng.standard_normal((pool, h, d, d)) * 0.5).astype(np.float32)
+    slots = rng.permutation(pool)[:n].astype(np.int32)
+    dims = {"heads": h, "head_dim": d}
+    want_conv, want_states = conv.astype(np.float64), states.astype(np.float64)
+    f64 = (a.astype(np.float64) for a in (mixed, kernel))
+    want = KDA.kda_decode(
+        *f64, want_conv, g.astype(np.float64), beta.astype(np.float64), want_states, slots, **dims
+    )
+    table = registry.providers("delta_rule")["kda_decode"]
+    for name in policy.TABLE[("kda_decode", "cuda")]:
+        got_conv, got_states = cp.asarray(conv), cp.asarray(states)
+        args = (cp.asarray(a) for a in (mixed, kernel))
+        got = table[name].load()(
+            *args, got_conv, cp.asarray(g), cp.asarray(beta), got_states, cp.asarray(slots), **dims
+        )
+        rtol, atol = TOLERANCE[name]
+        for what, x, ref in (
+            ("out", got, want),
+            ("conv states", got_conv, want_conv),
+            ("states", got_states, want_states),
+        ):
+            x = cp.asnumpy(x).astype(np.float64)
+            assert np.all(np.isfinite(x)), what
+            scale = float(np.abs(ref).max())
+            np.testing.assert_allclose(
+                x, ref, rtol=rtol, atol=atol * scale, err_msg=f"kda_decode {name} {what}"
+            )
+        untouched = np.setdiff1d(np.arange(pool), slots)
+        np.testing.assert_array_equal(cp.asnumpy(got_states)[untouched], states[untouched])
+
+
 #: (lanes' rows, key heads, value heads, dk, dv): several lanes around the 64-token chunk
 #: with rows of no lane between them, and one lane of the 27B's heads
 PREFILL_CASES = [((1, 63, 65, 130), 2, 4, 128, 64), ((300,), 16, 48, 128, 128)]

@@ -30,10 +30,14 @@ CONV_THREADS = 128
 register_family(
     "gdn",
     [f"{name}<{k}>" for name in ("conv_step", "conv_verify", "conv_commit") for k in CONV_TAPS]
-    + [f"{name}<{d}>" for name in ("gdn_step", "gdn_verify", "gdn_commit") for d in KEY_DIMS],
+    + [
+        f"{name}<{d}>"
+        for name in ("gdn_step", "kda_step", "gdn_verify", "gdn_commit")
+        for d in KEY_DIMS
+    ],
 )
 
-__all__ = ["conv_step", "gdn_commit", "gdn_step", "gdn_verify", "supported"]
+__all__ = ["conv_step", "gdn_commit", "gdn_step", "gdn_verify", "kda_step", "supported"]
 
 
 def supported(kernel: Any, key_dim: int) -> bool:
@@ -94,17 +98,45 @@ def gdn_step(
     output; q and k are l2-normalised here, q also scaled by dk**-0.5), g, beta [N, Hv],
     states [S, Hv, dk, dv] (updated in place at ``slots``), slots int32 [N] (distinct)
     -> o float32 [N, Hv, dv]. Value head h reads key head h // (Hv / Hk)."""
+    dims = (key_heads, key_dim, value_heads, value_dim)
+    return _step("gdn_step", qkv, g, (value_heads,), beta, states, slots, *dims)
+
+
+def kda_step(
+    qkv: Any, g: Any, beta: Any, states: Any, slots: Any, *, heads: int, head_dim: int
+) -> Any:
+    """``gdn_step`` with one log-decay a key channel (Kimi Delta Attention): g [N, H,
+    head_dim]; query, key and value heads alike (H of ``head_dim``) -> o float32 [N, H,
+    head_dim]."""
+    dims = (heads, head_dim, heads, head_dim)
+    return _step("kda_step", qkv, g, (heads, head_dim), beta, states, slots, *dims)
+
+
+def _step(
+    name: str,
+    qkv: Any,
+    g: Any,
+    g_shape: tuple[int, ...],
+    beta: Any,
+    states: Any,
+    slots: Any,
+    key_heads: int,
+    key_dim: int,
+    value_heads: int,
+    value_dim: int,
+) -> Any:
+    """One token a lane through kernel ``name`` (``gdn_step``, ``kda_step``), g [N, *g_shape]."""
     import cupy
 
     _check("qkv", qkv, np.float32, (None, _channels(key_heads, key_dim, value_heads, value_dim)))
     n = qkv.shape[0]
-    _check("g", g, np.float32, (n, value_heads))
+    _check("g", g, np.float32, (n, *g_shape))
     _check("beta", beta, np.float32, (n, value_heads))
     _check("states", states, np.float32, (None, value_heads, key_dim, value_dim))
     _check("slots", slots, np.int32, (n,))
     o = cupy.empty((n, value_heads, value_dim), dtype=cupy.float32)
     if n:
-        function("gdn", f"gdn_step<{key_dim}>")(
+        function("gdn", f"{name}<{key_dim}>")(
             _gdn_grid(value_heads, value_dim, n),
             _gdn_block(key_dim),
             (

@@ -18,7 +18,8 @@ Ops (signatures as the reference's, ``reference.py``):
 
 Providers: ``reference`` (the oracle; ``kda_reference`` for the KDA ops, both on ``conv.py``'s
 convolution and split into heads and ``loops.py``'s scan, verification and commit loops, each
-around its own step), ``nvrtc`` (ours: ``kernels/gdn.cu``, ``kernels/gdn_prefill.cu``) and
+around its own step), ``nvrtc`` (ours: ``kernels/gdn.cu``, ``kernels/gdn_prefill.cu``; of
+the KDA ops, ``kda_decode``) and
 ``fla`` (flash-linear-attention's ``chunk_gated_delta_rule`` and ``chunk_kda``, pip
 ``fla-core``, through DLPack views; ``chunk``, ``kda_chunk``, and ``prefill``: our
 convolution kernel, then every lane's rows in one variable-length call in bf16). Which
@@ -65,7 +66,7 @@ _PROVIDERS = {
     ("chunk", "nvrtc"): ("nvrtc", "accepts_chunk", ("cupy",)),
     ("prefill", "nvrtc"): ("nvrtc", "accepts_prefill", ("cupy",)),
     **{(op, "nvrtc"): ("nvrtc", "accepts_step", ("cupy",)) for op in
-       ("decode", "verify", "commit")},
+       ("decode", "verify", "commit", "kda_decode")},
     ("chunk", "fla"): ("fla", "accepts", ("cupy", "torch", "fla")),
     ("prefill", "fla"): ("fla", "accepts_prefill", ("cupy", "torch", "fla")),
     **{(op, "reference"): ("kda_reference", "accepts", ()) for op in KDA_OPS},

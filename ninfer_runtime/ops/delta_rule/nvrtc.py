@@ -1,4 +1,5 @@
-"""Our kernels for the delta rule (``backends/cuda/kernels/gdn.cu`` and ``gdn_prefill.cu``):
+"""Our kernels for the delta rule (``backends/cuda/kernels/gdn.cu`` and ``gdn_prefill.cu``;
+``kda_decode``, the per-channel-decay variant's decode step, on the same step kernel):
 float32 states, compiled convolution widths and key head sizes; value head sizes a multiple of
 4 for the chunked form (and so for a prefill, whose lanes share its launches). Launches only:
 no synchronisation, so decode and verification can be captured in CUDA graphs."""
@@ -21,6 +22,7 @@ __all__ = [
     "chunk",
     "commit",
     "decode",
+    "kda_decode",
     "prefill",
     "verify",
 ]
@@ -76,6 +78,25 @@ def decode(
     return gdn.gdn_step(
         conv, cp.ascontiguousarray(g), cp.ascontiguousarray(beta), states, slots, **dims
     )
+
+
+def kda_decode(
+    mixed: Array,
+    kernel: Array,
+    conv_states: Array,
+    g: Array,
+    beta: Array,
+    states: Array,
+    slots: Array,
+    *,
+    heads: int,
+    head_dim: int,
+) -> Array:
+    """``kda_reference.kda_decode`` in two launches: the convolution step with SiLU, then the
+    delta rule with one decay a key channel (``kda_step``)."""
+    conv = gdn.conv_step(cp.ascontiguousarray(mixed), kernel, conv_states, slots)
+    g, beta = cp.ascontiguousarray(g), cp.ascontiguousarray(beta)
+    return gdn.kda_step(conv, g, beta, states, slots, heads=heads, head_dim=head_dim)
 
 
 def verify(

@@ -28,7 +28,10 @@ TABLE: dict[tuple[str, ...], tuple[str, ...]] = {
     # against 22,203 at 2,048: below BULK_PREFILL its host cost is not paid back
     ("prefill", "cuda", "bulk"): ("fla", "nvrtc", "reference"),
     **{(op, "cpu"): ("reference",) for op in KDA_OPS},
-    **{(op, "cuda"): ("reference",) for op in KDA_OPS if op != "kda_chunk"},
+    **{(op, "cuda"): ("reference",) for op in KDA_OPS if op not in ("kda_chunk", "kda_decode")},
+    # the reference first until ours (``kda_step``, two launches where the array math takes
+    # dozens) has run on a GPU (tests/gpu/test_delta_rule_providers.py) and been measured
+    ("kda_decode", "cuda"): ("reference", "nvrtc"),
     # fla's chunk_kda first: in one run (H100, GLM5Next's shape) 1.03 / 0.94 ms a chunk of
     # 64 / 256 tokens against the reference's 2.07 / 7.78 on the device
     ("kda_chunk", "cuda"): ("fla", "reference"),

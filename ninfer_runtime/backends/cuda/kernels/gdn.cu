@@ -3,7 +3,8 @@
 //
 // conv_step: the depthwise causal convolution of the q|k|v channels, optionally followed by
 // SiLU. gdn_step: l2-normalise q and k, then the gated delta rule on a [dk, dv] state per
-// value head. Both match ninfer_runtime/ops/delta_rule/ (conv.conv_step, reference.step_slots).
+// value head; kda_step the same with one decay a key channel (Kimi Delta Attention). All match
+// ninfer_runtime/ops/delta_rule/ (conv.conv_step, reference.step_slots).
 //
 // Verification (the reference's verify / commit): conv_verify and gdn_verify run T
 // consecutive tokens per lane from the lanes' states without writing them, and record each
@@ -132,13 +133,15 @@ struct GdnTile {
 // (q and k of key head hk are l2-normalised here, q also scaled by DK^-1/2), g its log-decay
 // and beta its write strength for value head h. s is decayed and updated; the return value
 // is column j of the output (in every thread); STORE also writes s back to S as it goes
-// (gdn_step: the rows' stores overlap the output sum). Every thread of the block must call
-// it (it holds barriers); threads with j >= dv (inactive) take part with zeros.
-template <int DK, bool STORE = false>
+// (gdn_step: the rows' stores overlap the output sum). CHANNEL: one log-decay a key channel
+// (Kimi Delta Attention), the DK values at gc, instead of g. Every thread of the block must
+// call it (it holds barriers); threads with j >= dv (inactive) take part with zeros.
+template <int DK, bool STORE = false, bool CHANNEL = false>
 __device__ __forceinline__ float gdn_token(GdnTile<DK>& sh, float (&s)[GdnTile<DK>::ROWS],
                                            const float* __restrict__ row, float g, float beta,
                                            int key_heads, int hk, int h, int dv, int j,
-                                           bool active, float* __restrict__ S = nullptr) {
+                                           bool active, float* __restrict__ S = nullptr,
+                                           const float* __restrict__ gc = nullptr) {
   constexpr int WARPS = GdnTile<DK>::WARPS;
   constexpr int ROWS = GdnTile<DK>::ROWS;
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
@@ -165,13 +168,13 @@ __device__ __forceinline__ float gdn_token(GdnTile<DK>& sh, float (&s)[GdnTile<D
   }
   __syncthreads();
 
-  const float decay = expf(g);
+  const float decay = CHANNEL ? 0.0f : expf(g);
   const float* kw = sh.ks + w * ROWS;
   const float* qw = sh.qs + w * ROWS;
   float recalled = 0.0f;
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
-    s[i] *= decay;
+    s[i] *= CHANNEL ? expf(gc[w * ROWS + i]) : decay;
     recalled += s[i] * kw[i];
   }
   if (WARPS > 1) {
@@ -249,6 +252,31 @@ __global__ void __launch_bounds__(GdnTile<DK>::THREADS)
   const float* row = qkv + (long long)n * (2 * key_heads * DK + value_heads * dv);
   const float out =
       gdn_token<DK, true>(sh, s, row, g[nh], beta[nh], key_heads, hk, h, dv, j, active, S);
+  if (active && w == 0) o[(long long)nh * dv + j] = out;
+}
+
+// gdn_step with one log-decay a key channel (Kimi Delta Attention): g [N, Hv, DK] (query,
+// key and value heads alike in KDA; the kernel takes any grouping as gdn_step does).
+template <int DK>
+__global__ void __launch_bounds__(GdnTile<DK>::THREADS)
+    kda_step(const float* __restrict__ qkv, const float* __restrict__ g,
+             const float* __restrict__ beta, float* __restrict__ states,
+             const int* __restrict__ slots, int key_heads, int value_heads, int dv,
+             float* __restrict__ o) {
+  __shared__ GdnTile<DK> sh;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int j = blockIdx.x * GDN_COLS + lane;
+  const int h = blockIdx.y, n = blockIdx.z;
+  const int hk = h / (value_heads / key_heads);
+  const bool active = j < dv;
+  const int nh = n * value_heads + h;
+  float* S = states + gdn_tile_offset<DK>(slots[n], value_heads, h, dv, j);
+
+  float s[GdnTile<DK>::ROWS];
+  gdn_tile_load<DK>(s, S, dv, active);
+  const float* row = qkv + (long long)n * (2 * key_heads * DK + value_heads * dv);
+  const float out = gdn_token<DK, true, true>(sh, s, row, 0.0f, beta[nh], key_heads, hk, h, dv,
+                                              j, active, S, g + (long long)nh * DK);
   if (active && w == 0) o[(long long)nh * dv + j] = out;
 }
 
