@@ -229,14 +229,16 @@ __device__ __forceinline__ void gdn_tile_store(const float (&s)[GdnTile<DK>::ROW
   for (int i = 0; i < GdnTile<DK>::ROWS; ++i) S[(long long)i * dv] = s[i];
 }
 
-// qkv [N, 2*Hk*DK + Hv*dv] = [q | k | v]; g, beta [N, Hv]; states [S, Hv, DK, dv];
-// o [N, Hv, dv].
-template <int DK>
-__global__ void __launch_bounds__(GdnTile<DK>::THREADS)
-    gdn_step(const float* __restrict__ qkv, const float* __restrict__ g,
-             const float* __restrict__ beta, float* __restrict__ states,
-             const int* __restrict__ slots, int key_heads, int value_heads, int dv,
-             float* __restrict__ o) {
+// One token a lane on its state tile (gdn_step, kda_step): qkv [N, 2*Hk*DK + Hv*dv] =
+// [q | k | v]; beta [N, Hv]; g [N, Hv], or with CHANNEL [N, Hv, DK] (a decay a key channel);
+// states [S, Hv, DK, dv]; o [N, Hv, dv].
+template <int DK, bool CHANNEL>
+__device__ __forceinline__ void step_lanes(const float* __restrict__ qkv,
+                                           const float* __restrict__ g,
+                                           const float* __restrict__ beta,
+                                           float* __restrict__ states,
+                                           const int* __restrict__ slots, int key_heads,
+                                           int value_heads, int dv, float* __restrict__ o) {
   __shared__ GdnTile<DK> sh;
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   const int j = blockIdx.x * GDN_COLS + lane;
@@ -250,9 +252,19 @@ __global__ void __launch_bounds__(GdnTile<DK>::THREADS)
   float s[GdnTile<DK>::ROWS];
   gdn_tile_load<DK>(s, S, dv, active);
   const float* row = qkv + (long long)n * (2 * key_heads * DK + value_heads * dv);
-  const float out =
-      gdn_token<DK, true>(sh, s, row, g[nh], beta[nh], key_heads, hk, h, dv, j, active, S);
+  const float out = gdn_token<DK, true, CHANNEL>(
+      sh, s, row, CHANNEL ? 0.0f : g[nh], beta[nh], key_heads, hk, h, dv, j, active, S,
+      CHANNEL ? g + (long long)nh * DK : nullptr);
   if (active && w == 0) o[(long long)nh * dv + j] = out;
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GdnTile<DK>::THREADS)
+    gdn_step(const float* __restrict__ qkv, const float* __restrict__ g,
+             const float* __restrict__ beta, float* __restrict__ states,
+             const int* __restrict__ slots, int key_heads, int value_heads, int dv,
+             float* __restrict__ o) {
+  step_lanes<DK, false>(qkv, g, beta, states, slots, key_heads, value_heads, dv, o);
 }
 
 // gdn_step with one log-decay a key channel (Kimi Delta Attention): g [N, Hv, DK] (query,
@@ -263,21 +275,7 @@ __global__ void __launch_bounds__(GdnTile<DK>::THREADS)
              const float* __restrict__ beta, float* __restrict__ states,
              const int* __restrict__ slots, int key_heads, int value_heads, int dv,
              float* __restrict__ o) {
-  __shared__ GdnTile<DK> sh;
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-  const int j = blockIdx.x * GDN_COLS + lane;
-  const int h = blockIdx.y, n = blockIdx.z;
-  const int hk = h / (value_heads / key_heads);
-  const bool active = j < dv;
-  const int nh = n * value_heads + h;
-  float* S = states + gdn_tile_offset<DK>(slots[n], value_heads, h, dv, j);
-
-  float s[GdnTile<DK>::ROWS];
-  gdn_tile_load<DK>(s, S, dv, active);
-  const float* row = qkv + (long long)n * (2 * key_heads * DK + value_heads * dv);
-  const float out = gdn_token<DK, true, true>(sh, s, row, 0.0f, beta[nh], key_heads, hk, h, dv,
-                                              j, active, S, g + (long long)nh * DK);
-  if (active && w == 0) o[(long long)nh * dv + j] = out;
+  step_lanes<DK, true>(qkv, g, beta, states, slots, key_heads, value_heads, dv, o);
 }
 
 // gdn_step for T tokens per lane (rows n*T .. n*T+T-1 of qkv, g, beta and o are lane n's),
