@@ -1,5 +1,6 @@
 """Expert offload's host path: decode-step tokens/s of one MoE layer whose routed experts all
-live in host memory, for a tiny and a mid-sized synthetic expert bank, three ways:
+live in host memory, for a tiny and a mid-sized synthetic expert bank (``--rows``: the step's
+token rows, a lane each, each routed to its own top-k), three ways:
 
 * ``whole``: every use decodes the chosen experts' stored codes as whole matrices, then
   multiplies (the first host path);
@@ -12,7 +13,8 @@ live in host memory, for a tiny and a mid-sized synthetic expert bank, three way
   ``host_products`` provider ``torch_int4``, the host share beside a GPU): q4 codes as one
   4-bit plane, q5/q6/q8 as two, bf16 rows, codes read inside the product.
 
-Beside each, the host memory bandwidth floor: the bytes a token must read (stored codes for
+Beside each, the host memory bandwidth floor: the bytes a token must read (a step's distinct
+chosen experts, over its rows; stored codes for
 ``whole`` and ``blocks``, float32 weights for ``held``, the packed codes and scales for
 ``int4``) over the read bandwidth measured in the same run (one large array's maximum, in slices
 on every core). ``--kernel-threads`` times the ``int4`` way with each expert's products on
@@ -21,7 +23,7 @@ a time, the engine's split). The machine may be shared: each way runs ``--rounds
 the best round counts.
 
     python benchmarks/expert_offload_host_bench.py [--format q4_g64_fp16]
-        [--down-format q5_g64_fp16] [--kernel-threads all,1,4] [--steps 20]
+        [--down-format q5_g64_fp16] [--kernel-threads all,1,4] [--steps 20] [--rows 1,8]
 
 Copy the table with date, CPU and commit into docs/performance.md.
 """
@@ -94,15 +96,27 @@ def whole(weights: tuple[HostWeight, ...]) -> HostExpert:
     return HostExpert(*weights, by_blocks=False)
 
 
-def tokens_per_second(
-    host: HostCompute, experts: dict, bank: Bank, steps: int, rounds: int, seed: int
-) -> float:
-    """Decode steps of one token a second through the host path, the best of ``rounds``
-    (the machine is shared: the best round is the least disturbed)."""
+def step_routes(bank: Bank, rows: int, steps: int, seed: int) -> list[np.ndarray]:
+    """``steps`` steps' routing: each of ``rows`` rows its own ``top_k`` distinct experts."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, bank.hidden)).astype(np.float32)
-    tops = [rng.choice(bank.experts, bank.top_k, replace=False)[None, :] for _ in range(steps)]
-    share = np.full((1, bank.top_k), 1 / bank.top_k, dtype=np.float32)
+    pick = [rng.choice(bank.experts, bank.top_k, replace=False) for _ in range(rows * steps)]
+    return [np.stack(pick[i * rows : (i + 1) * rows]) for i in range(steps)]
+
+
+def distinct_per_row(tops: list[np.ndarray]) -> float:
+    """The experts a step reads, over its rows, averaged over the steps."""
+    return float(np.mean([len(np.unique(top)) / len(top) for top in tops]))
+
+
+def tokens_per_second(
+    host: HostCompute, experts: dict, bank: Bank, tops: list[np.ndarray], rounds: int
+) -> float:
+    """Decode steps routed as ``tops`` (rows x top-k each) through the host path, in tokens
+    a second, the best of ``rounds`` (the machine is shared: the best round is the least
+    disturbed)."""
+    rows = len(tops[0])
+    x = np.random.default_rng(rows).standard_normal((rows, bank.hidden)).astype(np.float32)
+    share = np.full((rows, bank.top_k), 1 / bank.top_k, dtype=np.float32)
     for top in tops:  # warm: the pool's threads, their kernel teams, the experts' pages
         host(x, top, share, experts)
     best = float("inf")
@@ -111,7 +125,7 @@ def tokens_per_second(
         for top in tops:
             host(x, top, share, experts)
         best = min(best, time.perf_counter() - start)
-    return steps / best
+    return rows * len(tops) / best
 
 
 def cpu_name() -> str:
@@ -147,6 +161,9 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=20, help="decode steps a round (mid bank)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a way; the best is shown")
+    parser.add_argument(
+        "--rows", default="1", help="token rows a step, comma-separated (8: eight lanes)"
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     down_format = args.down_format or args.format
@@ -161,8 +178,11 @@ def main() -> None:
     cpu = cpu_name()
     print(f"{cpu}, {host_threads()} threads, gate/up {args.format}, down {down_format}")
     print(f"read bandwidth {bandwidth / 1e9:.2f} GB/s on {host_threads()} threads")
-    print("| bank | H x I, E, top-k | way | tokens/s | bytes/token | floor tokens/s | of floor |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| bank | H x I, E, top-k | rows | way | tokens/s | bytes/token | floor tokens/s "
+        "| of floor |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for bank in BANKS:
         weights = make_bank(bank, args.format, down_format, rng)
         blocks = [HostExpert(*w) for w in weights]
@@ -171,12 +191,11 @@ def main() -> None:
         held = [HostExpert(*w) for w in weights]
         for e in held:
             e.hold(True)
-        stored_bytes = blocks[0].nbytes * bank.top_k
-        decoded_bytes = blocks[0].decoded_bytes * bank.top_k
+        # way -> (its experts, the bytes an expert's use reads)
         ways = {
-            "whole": (dict(enumerate(whole(w) for w in weights)), stored_bytes),
-            "blocks": (dict(enumerate(blocks)), stored_bytes),
-            "held": (dict(enumerate(held)), decoded_bytes),
+            "whole": (dict(enumerate(whole(w) for w in weights)), blocks[0].nbytes),
+            "blocks": (dict(enumerate(blocks)), blocks[0].nbytes),
+            "held": (dict(enumerate(held)), blocks[0].decoded_bytes),
         }
         hosts = dict.fromkeys(ways, host)
         if kernel is not None:
@@ -186,17 +205,21 @@ def main() -> None:
             packer.close()
             for split in splits:
                 way = f"int4 {split or 'all'}"
-                ways[way] = (dict(enumerate(packed)), packed[0].nbytes * bank.top_k)
+                ways[way] = (dict(enumerate(packed)), packed[0].nbytes)
                 hosts[way] = HostCompute(kernel=kernel, kernel_threads=split)
         steps = args.steps if bank.name != "tiny" else args.steps * 20
-        for way, (table, nbytes) in ways.items():
-            rate = tokens_per_second(hosts[way], table, bank, steps, args.rounds, seed=1)
-            floor = bandwidth / nbytes
-            print(
-                f"| {bank.name} | {bank.hidden} x {bank.inner}, {bank.experts}, {bank.top_k} "
-                f"| {way} | {rate:,.1f} | {nbytes / 1e6:.2f} MB | {floor:,.0f} | "
-                f"{rate / floor:.0%} |"
-            )
+        for rows in (int(r) for r in args.rows.split(",")):
+            tops = step_routes(bank, rows, steps, seed=1)
+            reads = distinct_per_row(tops)  # experts a token reads
+            for way, (table, expert_bytes) in ways.items():
+                rate = tokens_per_second(hosts[way], table, bank, tops, args.rounds)
+                nbytes = expert_bytes * reads
+                floor = bandwidth / nbytes
+                print(
+                    f"| {bank.name} | {bank.hidden} x {bank.inner}, {bank.experts}, "
+                    f"{bank.top_k} | {rows} | {way} | {rate:,.1f} | {nbytes / 1e6:.2f} MB | "
+                    f"{floor:,.0f} | {rate / floor:.0%} |"
+                )
         for pool in set(hosts.values()) - {host}:
             pool.close()
     host.close()

@@ -18,7 +18,7 @@
 # OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with what the host computed,
 # read and streamed beside each row (offload35.json), its decode with every host expert streamed
 # instead (--expert-stream-decode all, offload35_streamed.json), the host's expert products by
-# cores per expert (benchmarks/expert_offload_host_bench.py, offload_host.txt), a cProfile of its
+# cores per expert at one row and eight (benchmarks/expert_offload_host_bench.py, offload_host.txt), a cProfile of its
 # budgeted prefill (offload_prefill.txt), then its decode with no budget and with 64GiB, which
 # every expert fits (budget35.json, budget35_64GiB.json); OFFLOAD=decode the first run, its
 # decode again with NINFER_CUDA_HOST_NODES=1 (the host's share as host nodes of captured steps,
@@ -182,8 +182,9 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --lanes 1,8 --contexts 1024 --steps 8 --prefill 0 --vram-budget 8GiB \
       --json "$OUT/offload${name}_nodes.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
-    timeout 120 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
-      --down-format q5_g64_fp16 --kernel-threads all,1,4 2>&1 | tee "$OUT/offload_host.txt"
+    timeout 180 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
+      --down-format q5_g64_fp16 --kernel-threads all,1,4 --rows 1,8 2>&1 \
+      | tee "$OUT/offload_host.txt"
   fi
   if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then
     # decode with every host expert a step routes to streamed instead (the link against the
