@@ -18,8 +18,9 @@
 # OFFLOAD=1 adds the 35B-A3B with --vram-budget 8GiB, 1 and 8 lanes, with what the host computed,
 # read and streamed beside each row (offload35.json), its decode with every host expert streamed
 # instead (--expert-stream-decode all, offload35_streamed.json), the host's expert products by
-# cores per expert at one row and eight (benchmarks/expert_offload_host_bench.py, offload_host.txt), a cProfile of its
-# budgeted prefill (offload_prefill.txt), then its decode with no budget and with 64GiB, which
+# cores per expert at one row and eight (benchmarks/expert_offload_host_bench.py,
+# offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its decode
+# with no budget and with 64GiB, which
 # every expert fits (budget35.json, budget35_64GiB.json); OFFLOAD=decode the first run, its
 # decode again with NINFER_CUDA_HOST_NODES=1 (the host's share as host nodes of captured steps,
 # offload35_nodes.json) and the host's products alone; OFFLOAD=1 has the nodes' run too. IMAGES=1 writes the 27B with a full-size
