@@ -20,10 +20,10 @@
 # instead (--expert-stream-decode all, offload35_streamed.json), the host's expert products by
 # cores per expert at one row and eight (benchmarks/expert_offload_host_bench.py,
 # offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its decode
-# with no budget and with 64GiB, which
-# every expert fits (budget35.json, budget35_64GiB.json); OFFLOAD=decode the first run, its
-# decode again with NINFER_CUDA_HOST_NODES=1 (the host's share as host nodes of captured steps,
-# offload35_nodes.json) and the host's products alone; OFFLOAD=1 has the nodes' run too. IMAGES=1 writes the 27B with a full-size
+# with no budget and with 64GiB, which every expert fits (budget35.json, budget35_64GiB.json);
+# OFFLOAD=decode the first run, its decode again with NINFER_CUDA_HOST_NODES=1 (the host's
+# share as host nodes of captured steps, offload35_nodes.json) and the host's products alone;
+# OFFLOAD=1 has the nodes' run too. IMAGES=1 writes the 27B with a full-size
 # vision tower and times an image chat's first token (benchmarks/image_bench.py, 1024x1024,
 # image27.json). PREFILL_HOST=1 adds a cProfile of one 2,048-token prefill chunk of each shape
 # (prefill_host<shape>.txt: the host's issue time by function). PREFILL_SWEEP="2048 4096"
