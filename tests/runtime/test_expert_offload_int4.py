@@ -109,6 +109,13 @@ def test_what_the_kernel_cannot_read_stays_with_the_reference():
     before = expert(x)
     assert not expert.pack(host_products()) and expert.packed is None
     np.testing.assert_array_equal(expert(x), before)
+    # gate and up pack as one weight: formats that differ between them keep the stored form
+    down = stored("q4_g64_fp16", rng.standard_normal((128, 32)).astype(np.float32))
+    up = stored("q8_g32_fp16", q4)
+    expert = HostExpert(*(HostWeight((p,), None, None) for p in (gate, up, down)))
+    before = expert(x)
+    assert not expert.pack(host_products()) and expert.packed is None
+    np.testing.assert_array_equal(expert(x), before)
 
 
 def test_a_packed_expert_takes_no_decoded_copy_and_computes_on_the_kernel(q4_moe):
