@@ -66,8 +66,12 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
     ``MOE_DEVICE_ROWS`` rows (decode steps, speculative verifications) run
     ``moe.moe_decode`` (capturable) over chunks of at most ``MAX_GEMV_ROWS`` rows, more
     rows (prefill chunks) ``moe.moe_prefill``. Other experts: the top-k choice is read
-    back (N x E floats) and each selected expert runs once over its rows."""
+    back (N x E floats) and each selected expert runs once over its rows; none held here
+    (expert offload's host holds every routed expert of the layer): the shared expert alone,
+    as their pairs add nothing, with nothing read back (so a decode step stays capturable)."""
     n, step = x.shape[0], kernels.MAX_GEMV_ROWS
+    if all(ex is None for ex in weights.experts):
+        return _shared(backend, x, weights)
     table = expert_table(backend, weights) if n > 0 else None
     if table is not None and n > MOE_DEVICE_ROWS:
         return moe_kernels.moe_prefill(backend, x, table)
@@ -88,9 +92,14 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
         rows_d, slot_d = cp.asarray(rows), cp.asarray(slot)
         y = expert(backend, x[rows_d], ex.gate, ex.up, ex.down)
         out[rows_d] += share[rows_d, slot_d, None] * y
+    return out + _shared(backend, x, weights)
+
+
+def _shared(backend: Any, x: Array, weights: MoeWeights) -> Array:
+    """The shared expert scaled by its sigmoid score."""
     sh = weights.shared
     score = sigmoid(backend.linear(x, weights.shared_score))
-    return out + score * expert(backend, x, sh.gate, sh.up, sh.down)
+    return score * expert(backend, x, sh.gate, sh.up, sh.down)
 
 
 def routed_experts(
