@@ -112,6 +112,29 @@ def test_router(n: int, e: int, k: int, ties: bool, cuda_backend: Any) -> None:
     np.testing.assert_allclose(cp.asnumpy(shares), share, rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("n,e,k", [(1, 10, 3), (8, 256, 8), (3, 512, 10)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_route_provider_matches_the_reference(
+    n: int, e: int, k: int, ties: bool, cuda_backend: Any
+) -> None:
+    """The moe family's ``route`` on CUDA (``nvrtc``: the router kernel given log(probs), as
+    expert offload's split routes) against the reference on the same probabilities: the same
+    experts, ties to the lower index, and the renormalised shares to rounding."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.array_ops import softmax
+    from ninfer_runtime.ops import registry
+    from ninfer_runtime.ops.moe.reference import route as reference_route
+
+    rng = np.random.default_rng(e + k + ties)
+    logits = (rng.integers(0, 4, (n, e)) / 2) if ties else 3 * rng.standard_normal((n, e))
+    probs = softmax(logits.astype(np.float32))
+    top, share = reference_route(probs, k)
+    ids, shares = registry.providers("moe")["route"]["nvrtc"].load()(cp.asarray(probs), k)
+    assert np.array_equal(cp.asnumpy(ids), top)
+    np.testing.assert_allclose(cp.asnumpy(shares), share, rtol=2e-6, atol=1e-7)
+
+
 def test_router_with_nan_logits_chooses_experts_as_numpy_does(cuda_backend: Any) -> None:
     """Rows whose logits hold NaN (a broken activation upstream): every chosen id is an
     expert, as numpy's argsort places NaN after every value (its probabilities are then all

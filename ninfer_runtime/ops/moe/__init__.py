@@ -22,7 +22,8 @@ Ops (signatures as the reference's, ``reference.py``):
 
 Providers: ``reference`` (array math, every op) and ``nvrtc`` (ours, ``block`` on CUDA:
 ``backends/cuda/moe.py``, the router and expert products on the device, capturable up to
-``nvrtc.MOE_DEVICE_ROWS`` rows, grouped by expert beyond; ``routed_experts``: the expert
+``nvrtc.MOE_DEVICE_ROWS`` rows, grouped by expert beyond; ``route``: the block's router
+kernel, capturable, expert offload's split routing a step with it; ``routed_experts``: the expert
 GEMVs over a table of the layer's experts, no read back, up to ``MOE_DEVICE_ROWS`` rows) and
 ``torch_int4``
 (``host_products``: torch's CPU int4 kernel on repacked q4 codes, ``host_int4.py``). Which
@@ -41,6 +42,7 @@ _PROVIDERS = {
         for op in ("block", "route", "grouped_route", "routed_experts", "host_products")
     },
     ("block", "nvrtc"): ("nvrtc", ("cupy",)),
+    ("route", "nvrtc"): ("nvrtc", ("cupy",)),
     ("routed_experts", "nvrtc"): ("nvrtc", ("cupy",)),
     ("host_products", "torch_int4"): ("host_int4", ("torch",)),
 }

@@ -17,12 +17,12 @@ import numpy as np
 
 from ...backends.array_ops import sigmoid, softmax
 from ...backends.base import MoeWeights
-from ...backends.cuda import kernels, moe_routed
+from ...backends.cuda import kernels, moe_routed, moe_routing
 from ...backends.cuda import moe as moe_kernels
 from . import reference
-from .reference import expert, route
+from .reference import expert
 
-__all__ = ["MOE_DEVICE_ROWS", "accepts", "block", "expert_table", "routed_experts"]
+__all__ = ["MOE_DEVICE_ROWS", "accepts", "block", "expert_table", "route", "routed_experts"]
 
 log = logging.getLogger("ninfer.cuda")
 
@@ -81,7 +81,8 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
         ]
         return chunks[0] if len(chunks) == 1 else cp.concatenate(chunks)
     probs = softmax(backend.linear(x, weights.router))
-    top, share = route(cp.asnumpy(probs), weights.top_k)  # read back: the rows of each expert
+    # read back: the rows of each expert
+    top, share = reference.route(cp.asnumpy(probs), weights.top_k)
     share = cp.asarray(share)
     out = cp.zeros_like(x)
     for e in np.unique(top):
@@ -100,6 +101,17 @@ def _shared(backend: Any, x: Array, weights: MoeWeights) -> Array:
     sh = weights.shared
     score = sigmoid(backend.linear(x, weights.shared_score))
     return score * expert(backend, x, sh.gate, sh.up, sh.down)
+
+
+def route(probs: Array, top_k: int) -> tuple[Array, Array]:
+    """``reference.route`` on the block's router kernel (``moe_routing.route``: no sort, nothing
+    read back, so a step that routes here stays capturable; ids int32). The kernel takes
+    logits and applies the softmax itself: given log(probs), it recovers probs (they sum to
+    1), so the choice and the renormalised shares are the reference's to rounding, ties to
+    the lower index alike. Past the kernel's sizes: the reference's."""
+    if probs.shape[-1] > moe_routing.MAX_EXPERTS or not 0 < top_k <= moe_routing.MAX_TOP_K:
+        return reference.route(probs, top_k)
+    return moe_routing.route(cp.log(probs), top_k)
 
 
 def routed_experts(

@@ -1,7 +1,8 @@
 """THE table of the moe family: which provider serves an op on a device, most preferred
 first. On CUDA the block has one provider, ours (its decode, prefill and read-back paths are
-chosen inside it by rows and expert formats; it routes with its own kernel); the routers
-alone are the reference's; the host's expert products are torch's beside a GPU."""
+chosen inside it by rows and expert formats; it routes with its own kernel); the softmax
+router alone on that kernel too, GLM5Next's grouped router the reference's; the host's expert
+products are torch's beside a GPU."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from collections.abc import Sequence
 TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     ("block", "cpu"): ("reference",),
     ("block", "cuda"): ("nvrtc",),
-    # array math on either device (expert offload's split routes with it)
+    # expert offload's split routes with it: on CUDA the block's own router kernel (tested
+    # against the reference in tests/gpu/test_moe_kernels.py, and run in every captured MoE
+    # decode step), one launch where the reference's sort takes several, its choice the
+    # block's; the provider itself is not yet run on a GPU (tests/gpu/test_moe_kernels.py
+    # test_route_provider_matches_the_reference)
     ("route", "cpu"): ("reference",),
-    ("route", "cuda"): ("reference",),
+    ("route", "cuda"): ("nvrtc", "reference"),
     ("grouped_route", "cpu"): ("reference",),
     ("grouped_route", "cuda"): ("reference",),
     ("routed_experts", "cpu"): ("reference",),
