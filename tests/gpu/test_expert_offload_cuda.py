@@ -1,4 +1,5 @@
-"""Expert offload on the CUDA backend (``--vram-budget``; graphs off, which offload needs): the
+"""Expert offload on the CUDA backend (``--vram-budget``; graphs off, as offload runs without
+host nodes: test_expert_offload_graphs.py has them): the
 tiny Qwen3.5 MoE model with none, half or all of its routed experts resident on the device
 gives the all-resident CUDA engine's greedy tokens, and its logits within ``LOGIT_TOL``; a
 prompt chunk above ``STREAM_ROWS`` streams its host experts through the device, in one part or
