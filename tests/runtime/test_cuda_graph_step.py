@@ -47,15 +47,22 @@ class Buffer:
 
 @pytest.fixture
 def graphs(monkeypatch):
-    """``graphs.py`` imported against a stand-in ``cupy``."""
+    """``graphs.py`` imported against a stand-in ``cupy``; the real modules (on a machine
+    that has them) are back afterwards."""
+    import ninfer_runtime.backends.cuda as cuda_package
+
+    name = "ninfer_runtime.backends.cuda.graphs"
     stub = types.ModuleType("cupy")
     stub.zeros, stub.int32 = (lambda shape, dtype=None: Buffer(shape)), np.int32
     stub.cuda = types.SimpleNamespace(using_allocator=lambda malloc: contextlib.nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", stub)
-    monkeypatch.delitem(sys.modules, "ninfer_runtime.backends.cuda.graphs", raising=False)
-    module = importlib.import_module("ninfer_runtime.backends.cuda.graphs")
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delattr(cuda_package, "graphs", raising=False)
+    module = importlib.import_module(name)
     yield module
-    sys.modules.pop("ninfer_runtime.backends.cuda.graphs", None)
+    sys.modules.pop(name, None)
+    if getattr(cuda_package, "graphs", None) is module:
+        delattr(cuda_package, "graphs")
 
 
 class Out:
