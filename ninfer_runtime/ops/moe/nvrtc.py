@@ -70,8 +70,6 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
     (expert offload's host holds every routed expert of the layer): the shared expert alone,
     as their pairs add nothing, with nothing read back (so a decode step stays capturable)."""
     n, step = x.shape[0], kernels.MAX_GEMV_ROWS
-    if all(ex is None for ex in weights.experts):
-        return _shared(backend, x, weights)
     table = expert_table(backend, weights) if n > 0 else None
     if table is not None and n > MOE_DEVICE_ROWS:
         return moe_kernels.moe_prefill(backend, x, table)
@@ -80,6 +78,8 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
             moe_kernels.moe_decode(backend, x[a : a + step], table) for a in range(0, n, step)
         ]
         return chunks[0] if len(chunks) == 1 else cp.concatenate(chunks)
+    if all(ex is None for ex in weights.experts):  # (a table holds at least one)
+        return _shared(backend, x, weights)
     probs = softmax(backend.linear(x, weights.router))
     # read back: the rows of each expert
     top, share = reference.route(cp.asnumpy(probs), weights.top_k)
