@@ -149,6 +149,13 @@ def core_splits(text: str) -> list[int | None]:
     return splits
 
 
+def row_counts(text: str) -> list[int]:
+    """``--rows``: counts above 0, comma-separated."""
+    if not all(t.isdigit() and int(t) > 0 for t in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected row counts above 0, e.g. 1,8")
+    return [int(t) for t in text.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", default="q4_g64_fp16", choices=sorted(LAYOUTS))
@@ -162,7 +169,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="decode steps a round (mid bank)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a way; the best is shown")
     parser.add_argument(
-        "--rows", default="1", help="token rows a step, comma-separated (8: eight lanes)"
+        "--rows",
+        type=row_counts,
+        default="1",
+        help="token rows a step, comma-separated (8: eight lanes)",
     )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -208,7 +218,7 @@ def main() -> None:
                 ways[way] = (dict(enumerate(packed)), packed[0].nbytes)
                 hosts[way] = HostCompute(kernel=kernel, kernel_threads=split)
         steps = args.steps if bank.name != "tiny" else args.steps * 20
-        for rows in (int(r) for r in args.rows.split(",")):
+        for rows in args.rows:
             tops = step_routes(bank, rows, steps, seed=1)
             reads = distinct_per_row(tops)  # experts a token reads
             for way, (table, expert_bytes) in ways.items():
