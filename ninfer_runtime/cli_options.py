@@ -79,11 +79,12 @@ EXPERT_STREAM_CHUNK_HELP = (
 
 #: the help text of ``--expert-stream-decode``; its choices and default are
 #: ``stream_window.STREAM_DECODE``, written out as above
-EXPERT_STREAM_DECODE = ("auto", "all", "off")
+EXPERT_STREAM_DECODE = ("auto", "all", "off", "mapped")
 EXPERT_STREAM_DECODE_HELP = (
     "With --vram-budget on a GPU: which decode steps stream the host experts they route to "
     "through the device instead of computing them on the host: auto (those routed to an "
-    "expert the host has no kernel for, e.g. NVFP4), all, or off.  [default: auto]"
+    "expert the host has no kernel for, e.g. NVFP4), all, off, or mapped (the device reads "
+    "them in place from pinned host memory: no copy, no host work).  [default: auto]"
 )
 
 

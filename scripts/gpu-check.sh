@@ -22,7 +22,9 @@
 # offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its decode
 # with no budget and with 64GiB, which every expert fits (budget35.json, budget35_64GiB.json);
 # OFFLOAD=decode the first run, its decode again with NINFER_CUDA_HOST_NODES=1 (the host's
-# share as host nodes of captured steps, offload35_nodes.json) and the host's products alone;
+# share as host nodes of captured steps, offload35_nodes.json), with the device reading the
+# host experts in place (--expert-stream-decode mapped, offload35_mapped.json) and the host's
+# products alone;
 # OFFLOAD=1 has the nodes' run too. IMAGES=1 writes the 27B with a full-size
 # vision tower and times an image chat's first token (benchmarks/image_bench.py, 1024x1024,
 # image27.json). PREFILL_HOST=1 adds a cProfile of one 2,048-token prefill chunk of each shape
@@ -182,6 +184,11 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     NINFER_CUDA_HOST_NODES=1 timeout 200 python3 -m ninfer_runtime.bench.cli run "$artifact" \
       --lanes 1,8 --contexts 1024 --steps 8 --prefill 0 --vram-budget 8GiB \
       --json "$OUT/offload${name}_nodes.json" --record "$OUT/records.md" \
+      ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
+    # and with the device reading the host experts in place (pinned, over the link)
+    timeout 200 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 \
+      --contexts 1024 --steps 8 --prefill 0 --vram-budget 8GiB --expert-stream-decode mapped \
+      --json "$OUT/offload${name}_mapped.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     timeout 180 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
       --down-format q5_g64_fp16 --kernel-threads all,1,4 --rows 1,8 2>&1 \

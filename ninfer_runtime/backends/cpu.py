@@ -53,6 +53,12 @@ class CpuBackend(ops.ReferenceOps):
                 advance(1)
         return weights
 
+    def prepare_mapped(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
+        """Weights the "device" reads in place from host memory (expert offload's
+        ``mapped`` decode, as a GPU reads pinned host bytes): here host memory is the
+        device's, so they are the prepared weights."""
+        return self.prepare(artifact, names)
+
     def array(self, weight: Weight) -> Array:
         return weight
 

@@ -41,8 +41,9 @@ class LoadPlanning:
         graphs' workspace: where every routed expert fits beside them, the offload steps
         aside (``aside``): nothing is left to the split, the steps stay captured, and the
         model runs as it would without a budget. Otherwise, on a backend whose host nodes
-        keep the split's steps capturable (``host_nodes``), the steps stay captured (unless a
-        split block cannot use them: ``attach``); on one without, decode steps turn eager
+        keep the split's steps capturable (``host_nodes``), or where the device reads the
+        host experts in place (``ExpertStream.maps_on``), the steps stay captured (unless a
+        split block cannot: ``attach``); on one without, decode steps turn eager
         (the split reads routing on the host). The plan is then made again with the prefill
         window; where it leaves host experts to stream, once more for prefill calls of
         ``stream_chunk`` rows if the engine's are fewer (``prefill_rows`` then says so, and
@@ -60,7 +61,7 @@ class LoadPlanning:
                 self.aside = True
                 log.info("every routed expert fits beside captured decode steps: no split")
                 return lambda name: False
-        if not getattr(model.backend, "host_nodes", False):
+        if not (getattr(model.backend, "host_nodes", False) or self.stream.maps_on(model.backend)):
             decode_eagerly(model.backend, HOST_ROUTING)
         self.host.kernel = resolve("moe", "host_products", device=model.backend.name)()
         self.plan = self._first_plan(model.backend, window=True)

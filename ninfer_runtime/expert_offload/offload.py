@@ -13,7 +13,8 @@ The engine drives it in four steps:
    decode steps, the offload steps aside (``aside``: no split, the model runs as without a
    budget); otherwise decode steps turn eager where the split must read each block's routing
    on the host every step (a backend without host nodes, or a block whose host experts the
-   host has no kernel for: ``split_moe``), the plan is made again with the prefill window,
+   host has no kernel for: ``split_moe``; not where the device reads the host experts in
+   place, ``--expert-stream-decode mapped``), the plan is made again with the prefill window,
    and the model leaves every routed expert of the text layers unprepared;
 3. ``attach`` once the model's layers exist: each MoE block (``split_moe.SplittableMoe``)
    becomes a ``SplitMoe``, which prepares the plan's resident experts one expert at a time
@@ -192,7 +193,7 @@ class ExpertOffload(LoadPlanning):
             self._hold_hottest(self.priority)
         self.host.log_forms(self.blocks)
         self.stream.keep_pinned(self.blocks)
-        if self.blocks and not all(b.node_ready for b in self.blocks):
+        if self.blocks and not all(b.captures for b in self.blocks):
             decode_eagerly(self.blocks[0].backend, HOST_ROUTING)
 
     # ------------------------------------------------------------------ once the pool exists
@@ -267,9 +268,11 @@ class ExpertOffload(LoadPlanning):
         return plan
 
     def _hold_hottest(self, counts: Mapping[int, Sequence[float]] | None) -> None:
-        # where kernel-less host experts stream in every call (a GPU), no use reads a copy
+        # where kernel-less host experts stream in every call (a GPU), no use reads a copy,
+        # nor where the device reads a block's host experts in place
         spared = bool(self.blocks) and self.stream.spares_host_on(self.blocks[0].backend)
-        held = hold_by_layer(self.blocks, counts, 0 if spared else self.host_cache)
+        computing = [b for b in self.blocks if b.in_place is None]
+        held = hold_by_layer(computing, counts, 0 if spared else self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
 
     def host_bytes(self) -> int:

@@ -47,6 +47,8 @@ again.
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
     from .stream_window import ExpertStream
 
 Array = Any
+
+log = logging.getLogger("ninfer.expert_offload")
 
 #: why a backend capturing decode steps as CUDA graphs runs them eagerly with offload on
 HOST_ROUTING = "expert offload reads each MoE block's routing on the host every step"
@@ -145,8 +149,14 @@ class SplitMoe:
             held[e] = inner.expert(expert_prefix(layer, e), weights)
         inner.experts = held
         self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
-        host.pack(self.host_experts.values())
         self.resident = np.array([w is not None for w in held], dtype=bool)
+        #: the host experts' weights as the device reads them in place (``mapped`` decode)
+        self.mapped: dict[int, dict[str, Weight]] = {}
+        #: the block with every expert, the host's read in place (None: calls of few rows
+        #: compute the host's pairs on the host, or stream them)
+        self.in_place = self._read_in_place()
+        if self.in_place is None:
+            host.pack(self.host_experts.values())
         #: the host's share as a step of the device's stream (None: the backend offers none)
         self.node = (
             self.backend.host_node(self._host_part, _rows_shape)
@@ -169,28 +179,61 @@ class SplitMoe:
         keep = set(resident)
         experts = list(self.inner.experts)
         returning = []
+        self.in_place = None  # (it holds the leaving experts' weights: remade below)
         for e in range(self.experts):
             if e not in keep and experts[e] is not None:
                 self.host_experts[e] = self._host_expert(e)
                 returning.append(self.host_experts[e])
                 experts[e] = None
                 release_weights(self.backend, self.device.pop(e, {}).values())
-        self.host.pack(returning)
         self.inner.experts = list(experts)
         fresh = [e for e in sorted(keep) if experts[e] is None]
         for e, weights in prepare_experts(self.backend, self.artifact, self.layer, fresh).items():
             experts[e] = self.inner.expert(expert_prefix(self.layer, e), weights)
             self.device[e] = weights
             del self.host_experts[e]
+            self.mapped.pop(e, None)
         self.resident[:] = False
         self.resident[list(keep)] = True
         self.inner.experts = experts
+        self.in_place = self._read_in_place()
+        if self.in_place is None:
+            self.host.pack(returning)
         self.node_ready = self._node_ready()
-        if not self.node_ready:
+        if not self.captures:
             decode_eagerly(self.backend, HOST_ROUTING)
         forget = getattr(self.backend, "forget_graphs", None)
         if forget is not None:
             forget()
+
+    def _read_in_place(self) -> SplittableMoe | None:
+        """A copy of the block holding every expert, the host's as the device reads them in
+        place from pinned host memory (``prepare_mapped``), where the stream maps on this
+        backend (``ExpertStream.maps_on``); None where it does not, or where a host expert's
+        weights cannot be read so (said once in the log: that block computes on the host)."""
+        if self.stream is None or not self.stream.maps_on(self.backend):
+            return None
+        try:
+            for e in self.host_experts:
+                if e not in self.mapped:
+                    names = expert_names(self.layer, e)
+                    self.mapped[e] = self.backend.prepare_mapped(self.artifact, names)
+        except ValueError as err:  # (the backend's MappingError)
+            log.warning("layer %d: host experts computed on the host: %s", self.layer, err)
+            self.mapped.clear()
+            return None
+        experts = list(self.inner.experts)
+        for e, weights in self.mapped.items():
+            experts[e] = self.inner.expert(expert_prefix(self.layer, e), weights)
+        block = copy.copy(self.inner)
+        block.experts = experts
+        return block
+
+    @property
+    def captures(self) -> bool:
+        """Whether a decode step through this block can be captured as a CUDA graph: it
+        reads the host's experts in place, or computes them on a host node."""
+        return self.in_place is not None or self.node_ready
 
     def _node_ready(self) -> bool:
         """Whether every call of few rows computes its host pairs on a host node: the backend
@@ -198,8 +241,10 @@ class SplitMoe:
         return self.node is not None and (self.stream is None or self.stream.streams_none(self))
 
     def __call__(self, x: Array) -> Array:
-        top, weights = self.inner.route(x)
         rows = x.shape[0]
+        if self.in_place is not None and (self.stream is None or not self.stream.takes(rows)):
+            return self.in_place(x)
+        top, weights = self.inner.route(x)
         if self.node_ready and (self.stream is None or not self.stream.takes(rows)):
             xp = self.backend.xp
             assert self.node is not None

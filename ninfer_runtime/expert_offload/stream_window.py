@@ -28,7 +28,11 @@ host expert it routes to (such an expert is computed the reference way, its code
 every use, which takes the host far longer than the link takes to copy its stored bytes:
 NVFP4, which ``host_products`` has no kernel for); ``all``, whenever it routes to a host
 expert; ``off``, never. Such a call streams only the experts it routes to and prefetches
-nothing: the next step's choice is not known yet.
+nothing: the next step's choice is not known yet. ``mapped``: no call of few rows streams or
+computes on the host; the device reads the host experts it routes to in place, their stored
+bytes kept in pinned host memory (``maps_on``, ``SplitMoe.in_place``, the CUDA backend's
+``prepare_mapped``): every pair reads its expert over the link, with no copy, no host work
+and nothing read back, so decode steps are captured as without a budget.
 
 The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
 ``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``). On a GPU the window is part of
@@ -76,7 +80,7 @@ STREAM_ROWS = 32
 #: (the workspace grows with the rows, planned like the engine's own chunk)
 STREAM_CHUNK = 8192
 #: ``ExpertStream.decode``'s choices, the default first (see the module docstring)
-STREAM_DECODE = ("auto", "all", "off")
+STREAM_DECODE = ("auto", "all", "off", "mapped")
 #: a GPU's window, given none: this fraction of the budget (within one layer's routed experts
 #: and at least its largest expert), so a window costs resident experts in proportion
 WINDOW_SHARE = 1 / 16
@@ -147,8 +151,15 @@ class ExpertStream:
         """Whether calls of few rows on ``backend`` may stream their host experts: on a
         backend that streams on a second stream (a GPU), with streaming and ``decode`` on."""
         return (
-            self.rows is not None and self.decode != "off" and hasattr(backend, "prefetch_experts")
+            self.rows is not None
+            and self.decode in ("auto", "all")
+            and hasattr(backend, "prefetch_experts")
         )
+
+    def maps_on(self, backend: Any) -> bool:
+        """Whether calls of few rows on ``backend`` read the host experts in place
+        (``decode`` mapped, on a backend with ``prepare_mapped``)."""
+        return self.decode == "mapped" and hasattr(backend, "prepare_mapped")
 
     def spares_host(self, block: SplitMoe, top: np.ndarray) -> bool:
         """Whether a call of few rows (routed to ``top``) streams instead of computing on the

@@ -63,8 +63,9 @@ class EngineSettings(Table):
     expert_stream_chunk: int | None = Field(None, ge=1)
     #: With a ``vram_budget`` on a GPU: which decode steps stream the host experts they
     #: route to through the device (``--expert-stream-decode``): auto (those routed to an
-    #: expert the host has no kernel for), all, off. Unset: auto.
-    expert_stream_decode: Literal["auto", "all", "off"] | None = None
+    #: expert the host has no kernel for), all, off, mapped (the device reads them in place
+    #: from pinned host memory). Unset: auto.
+    expert_stream_decode: Literal["auto", "all", "off", "mapped"] | None = None
     #: How K/V are stored (``ninfer_runtime.kv_storage.KV_SETTINGS``): auto (the backend's
     #: choice: float32 on cpu, bfloat16 on cuda), float32 (exact), bfloat16 (half the memory
     #: and bandwidth) or fp8_e4m3 (a quarter; unscaled E4M3FN bytes).

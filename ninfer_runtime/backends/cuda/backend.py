@@ -40,6 +40,7 @@ from .constants import device_constant
 from .expert_streaming import PinnedCuts, Prefetch
 from .graphs import GraphStep
 from .host_node import HostNode
+from .mapped_weights import MappedWeights
 from .slabs import SlabBuffers
 from .traits import CudaTraits
 from .weight_kinds import DenseWeight, PackedWeight, Segment
@@ -55,6 +56,10 @@ TF32_TENSOR_OP_MATH = 3
 #: "split" (x as two halves where a kernel has them, ~16 bits: what the GPU tests compare
 #: token for token with the CPU reference on random models)
 DECODE_PRODUCTS = {"split": "product", "bf16": "product_bf16"}
+
+
+def _pinned(size: int) -> np.ndarray:
+    return cupyx.empty_pinned((size,), dtype=np.uint8)
 
 
 class CudaBackend(CudaTraits, ops.ReferenceOps):
@@ -104,8 +109,10 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         self.routed_tables: OrderedDict[int, Any] = OrderedDict()
         #: expert offload's streamed experts: their cuts in pinned host memory (no allowance
         #: until ``keep_streamed``) and the next layer's prefetch (made at its first use)
-        self._streamed = PinnedCuts(0, lambda n: cupyx.empty_pinned((n,), dtype=np.uint8))
+        self._streamed = PinnedCuts(0, _pinned)
         self._prefetch: Prefetch | None = None
+        #: expert offload's mapped experts: pinned host copies the device reads in place
+        self.mapped = MappedWeights(cp, _pinned)
 
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, shapes: Any, capture: bool = True) -> Any:
@@ -166,6 +173,16 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         """Let the row windows ``weights`` are built on go with them (expert offload's
         streamed experts and experts placed back in host memory: ``Residency.release``)."""
         self.residency.release(weights)
+
+    def prepare_mapped(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
+        """``prepare``, the weights then moved to pinned host memory, which the device reads
+        in place (``mapped_weights``; the device copy is released); ``MappingError`` for a
+        weight not held as stored rows."""
+        made = self.residency.prepare(artifact, names)
+        try:
+            return self.mapped.of(made)
+        finally:
+            self.residency.release(made.values())
 
     # ------------------------------------------------------------- streamed experts
     def keep_streamed(self, capacity: int) -> None:

@@ -1,0 +1,137 @@
+"""Expert offload's ``mapped`` decode on the CUDA backend: the host experts' stored bytes in
+pinned host memory, which the expert kernels read in place (``backends/cuda/
+mapped_weights.py``), so decode steps under a budget are captured as CUDA graphs with no host
+work. The tiny Qwen3.5 MoE model with none or some of its routed experts resident decodes,
+captured, the all-resident engine's greedy tokens, its logits within ``LOGIT_TOL`` (the same
+kernels on the same bytes); a prompt chunk above ``STREAM_ROWS`` still streams through the
+window; a replan maps the experts that come back and captures the steps again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_runtime.engine import Engine
+from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
+
+from .conftest import REPORT, requires_gpu
+
+pytestmark = requires_gpu
+
+PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
+LONG = np.random.default_rng(3).integers(0, 300, STREAM_ROWS + 48).astype(np.int64)
+CONTEXT, STEPS = 160, 8
+#: the mapped engine's logits against the all-resident one's, as a fraction of
+#: max(1, max|logit|): the same kernels read the same bytes, from host memory instead
+LOGIT_TOL = 1e-5
+#: cudaMemoryTypeHost: what the runtime says of a pinned host address
+HOST_MEMORY = 1
+
+
+def host(a: Any) -> np.ndarray:
+    import cupy as cp
+
+    return cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
+
+
+def engine(path: Path, budget: Any = None, decode: str = "mapped") -> Engine:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NINFER_CUDA_GRAPHS", "1")
+        return Engine(
+            path, backend="cuda", vram_budget=budget, max_context=CONTEXT, max_lanes=1,
+            expert_stream_decode=decode,
+        )  # fmt: skip
+
+
+def run(e: Engine, prompt: np.ndarray, chunk: int) -> tuple[list[int], np.ndarray]:
+    """``prompt`` in chunks of ``chunk``, then ``STEPS`` greedy steps: tokens and logits."""
+    runner = e.runner
+    state = runner.new_state(CONTEXT)
+    logits = host(runner.prefill(prompt, state, chunk=chunk, last_only=True).logits[0])[-1]
+    out, seen = [], [logits]
+    for _ in range(STEPS):
+        out.append(int(np.argmax(logits)))
+        logits = host(runner.forward([np.array([out[-1]])], [state]).logits[0])[-1]
+        seen.append(logits)
+    return out, np.stack(seen)
+
+
+def captured(e: Engine) -> list[Any]:
+    return [s for s in e.runner.steps._steps.values() if getattr(s, "graph", None) is not None]
+
+
+@pytest.fixture(scope="module")
+def tiny(gpu_artifact: Callable[[str, str], Path]) -> Path:
+    return gpu_artifact("tiny_q4", "moe")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny: Path) -> dict[str, tuple]:
+    e = engine(tiny)
+    assert e.expert_offload is None
+    return {"short": run(e, PROMPT, 8), "long": run(e, LONG, len(LONG))}
+
+
+def floor_and_experts(path: Path) -> tuple[int, int]:
+    plan = engine(path, "64GiB").expert_offload.plan
+    return plan.weights + plan.workspace + plan.context, plan.resident_bytes
+
+
+def close(case: str, want: tuple, got: tuple) -> None:
+    scale = max(1.0, float(np.abs(want[1]).max()))
+    err = float(np.abs(want[1] - got[1]).max())
+    REPORT.append((case, "logits max|Δ| against all resident", f"{err:.2e}"))
+    assert got[0] == want[0]
+    assert err < LOGIT_TOL * scale
+
+
+def in_host_memory(e: Engine) -> None:
+    """Every host expert's weights lie in pinned host memory, none in device memory."""
+    import cupy as cp
+
+    for block in e.expert_offload.blocks:
+        for weights in block.mapped.values():
+            for w in weights.values():
+                for seg in w.segments:
+                    ptr = seg.parent.data.data.ptr
+                    assert cp.cuda.runtime.pointerGetAttributes(ptr).type == HOST_MEMORY
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_captured_steps_read_host_experts_in_place(tiny, reference, share):
+    floor, experts = floor_and_experts(tiny)
+    e = engine(tiny, floor + int(share * experts))
+    offload = e.expert_offload
+    assert not offload.aside and offload.plan.resident_fraction < 1
+    assert all(b.captures and b.in_place is not None for b in offload.blocks)
+    assert e.runner.model.backend.graphs is True
+    in_host_memory(e)
+    offload.counters.reset()
+    got = run(e, PROMPT, 8)
+    assert captured(e), "no decode step was captured"
+    assert offload.counters.host_total == 0 and offload.counters.streamed_bytes == 0
+    close(f"offload/mapped-{offload.plan.resident_fraction:.0%} resident", reference["short"], got)
+    long = run(e, LONG, len(LONG))  # the chunk streams through the window; decode maps
+    assert offload.counters.streamed_bytes > 0 and offload.counters.host_total == 0
+    close("offload/mapped, a streamed chunk", reference["long"], long)
+
+
+def test_a_replan_maps_the_experts_that_come_back(tiny, reference):
+    floor, experts = floor_and_experts(tiny)
+    e = engine(tiny, floor + experts // 2)
+    run(e, PROMPT, 8)
+    offload = e.expert_offload
+    backend = e.runner.model.backend
+    epoch = backend.graph_epoch
+    offload.replan({b.layer: np.where(b.resident, 0, 1) for b in offload.blocks})
+    assert backend.graph_epoch > epoch
+    for block in offload.blocks:
+        assert set(block.mapped) == set(block.host_experts)
+    in_host_memory(e)
+    got = run(e, PROMPT, 8)
+    assert captured(e)
+    close("offload/mapped, replanned", reference["short"], got)
