@@ -192,6 +192,13 @@ class ExpertOffload(LoadPlanning):
         if not self.calibrate:  # with calibration, ``start`` holds copies by its counts
             self._hold_hottest(self.priority)
         self.host.log_forms(self.blocks)
+        mapped = [(b.layer, e) for b in self.blocks for e in b.mapped]
+        if mapped:
+            pinned = sum(self._sizes.experts[layer][e] for layer, e in mapped) if self._sizes else 0
+            log.info(
+                "%d host experts read in place by the device (%s pinned)",
+                len(mapped), format_size(pinned),
+            )  # fmt: skip
         self.stream.keep_pinned(self.blocks)
         if self.blocks and not all(b.captures for b in self.blocks):
             decode_eagerly(self.blocks[0].backend, HOST_ROUTING)

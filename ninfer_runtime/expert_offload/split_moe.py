@@ -148,15 +148,17 @@ class SplitMoe:
         for e, weights in self.device.items():
             held[e] = inner.expert(expert_prefix(layer, e), weights)
         inner.experts = held
-        self.host_experts = {e: self._host_expert(e) for e, w in enumerate(held) if w is None}
         self.resident = np.array([w is not None for w in held], dtype=bool)
         #: the host experts' weights as the device reads them in place (``mapped`` decode)
         self.mapped: dict[int, dict[str, Weight]] = {}
+        #: whether this block's host experts are read in place (none are then held for the
+        #: host's own products: ``host_experts`` stays empty)
+        self.maps = stream is not None and stream.maps_on(self.backend)
         #: the block with every expert, the host's read in place (None: calls of few rows
         #: compute the host's pairs on the host, or stream them)
         self.in_place = self._read_in_place()
-        if self.in_place is None:
-            host.pack(self.host_experts.values())
+        self.host_experts: dict[int, HostExpert] = {}
+        self._hold_on_host()
         #: the host's share as a step of the device's stream (None: the backend offers none)
         self.node = (
             self.backend.host_node(self._host_part, _rows_shape)
@@ -178,12 +180,9 @@ class SplitMoe:
         prepared on the backend."""
         keep = set(resident)
         experts = list(self.inner.experts)
-        returning = []
         self.in_place = None  # (it holds the leaving experts' weights: remade below)
         for e in range(self.experts):
             if e not in keep and experts[e] is not None:
-                self.host_experts[e] = self._host_expert(e)
-                returning.append(self.host_experts[e])
                 experts[e] = None
                 release_weights(self.backend, self.device.pop(e, {}).values())
         self.inner.experts = list(experts)
@@ -191,14 +190,13 @@ class SplitMoe:
         for e, weights in prepare_experts(self.backend, self.artifact, self.layer, fresh).items():
             experts[e] = self.inner.expert(expert_prefix(self.layer, e), weights)
             self.device[e] = weights
-            del self.host_experts[e]
+            self.host_experts.pop(e, None)
             self.mapped.pop(e, None)
         self.resident[:] = False
         self.resident[list(keep)] = True
         self.inner.experts = experts
         self.in_place = self._read_in_place()
-        if self.in_place is None:
-            self.host.pack(returning)
+        self._hold_on_host()
         self.node_ready = self._node_ready()
         if not self.captures:
             decode_eagerly(self.backend, HOST_ROUTING)
@@ -206,21 +204,36 @@ class SplitMoe:
         if forget is not None:
             forget()
 
+    @property
+    def on_host(self) -> set[int]:
+        """The experts held in host memory (not resident on the device)."""
+        return {int(e) for e in np.flatnonzero(~self.resident)}
+
+    def _hold_on_host(self) -> None:
+        """Where the host computes this block's host pairs (it reads none in place), hold
+        each host expert not held yet for it, packed for its kernel."""
+        if self.maps:
+            return
+        fresh = [e for e in sorted(self.on_host) if e not in self.host_experts]
+        for e in fresh:
+            self.host_experts[e] = self._host_expert(e)
+        self.host.pack([self.host_experts[e] for e in fresh])
+
     def _read_in_place(self) -> SplittableMoe | None:
         """A copy of the block holding every expert, the host's as the device reads them in
         place from pinned host memory (``prepare_mapped``), where the stream maps on this
-        backend (``ExpertStream.maps_on``); None where it does not, or where a host expert's
-        weights cannot be read so (said once in the log: that block computes on the host)."""
-        if self.stream is None or not self.stream.maps_on(self.backend):
+        backend (``maps``); None where it does not. A block whose host experts cannot be read
+        so says so in the log and computes them on the host from then on."""
+        if not self.maps:
             return None
         try:
-            for e in self.host_experts:
-                if e not in self.mapped:
-                    names = expert_names(self.layer, e)
-                    self.mapped[e] = self.backend.prepare_mapped(self.artifact, names)
+            for e in sorted(self.on_host - set(self.mapped)):
+                names = expert_names(self.layer, e)
+                self.mapped[e] = self.backend.prepare_mapped(self.artifact, names)
         except ValueError as err:  # (the backend's MappingError)
             log.warning("layer %d: host experts computed on the host: %s", self.layer, err)
             self.mapped.clear()
+            self.maps = False
             return None
         experts = list(self.inner.experts)
         for e, weights in self.mapped.items():

@@ -138,7 +138,7 @@ class ExpertStream:
         keep = getattr(blocks[0].backend, "keep_streamed", None) if blocks else None
         if keep is None or self.rows is None:
             return
-        stored = sum(self.sizes[b.layer][e] for b in blocks for e in b.host_experts)
+        stored = sum(self.sizes[b.layer][e] for b in blocks for e in b.on_host)
         allowance = min(stored, pinned_allowance())
         keep(allowance)
         log.info("streamed experts: up to %s kept in pinned host memory", format_size(allowance))
@@ -208,7 +208,8 @@ class ExpertStream:
         """The block's output on rows ``x`` with every pair computed on the device: ``top``
         and ``weights`` [N, k] are the block's routing (host copies); ``prefetch``: start
         the next layer's copies (a prefill chunk's), or not (a decode step's)."""
-        window = [int(e) for e in np.unique(top) if int(e) in block.host_experts]
+        on_host = block.on_host
+        window = [int(e) for e in np.unique(top) if int(e) in on_host]
         backend, inner, layer = block.backend, block.inner, block.layer
         out = None
         for part in self.parts(block, window) or [[]]:
@@ -271,7 +272,7 @@ class ExpertStream:
         groups: list[list[str]] = []
         if after is not None:
             hits = after.counters.counts()[after.layer]
-            order = sorted(after.host_experts, key=lambda e: (-hits[e], e))
+            order = sorted(after.on_host, key=lambda e: (-hits[e], e))
             first = (self.parts(after, order) or [[]])[0]
             groups = [expert_names(after.layer, e) for e in first]
         block.backend.prefetch_experts(block.artifact, groups)

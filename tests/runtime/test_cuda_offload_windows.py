@@ -224,3 +224,80 @@ def test_runs_split_where_kept_cuts_are_not_side_by_side() -> None:
     assert bytes(host[:10]) == b"\x01" * 10 and bytes(host[ALIGN:]) == b"\x02" * ALIGN
     assert bytes(tail) == b"\x04" * 7 and bytes(kept.get("c2")) == b"\x03" * (3 * ALIGN + 1)
     assert len(kept) == 4 and kept.used == ALIGN + ALIGN + 4 * ALIGN + ALIGN
+
+
+class MappedStandIn:
+    """What ``mapped_weights`` asks of CuPy, on numpy: a "device view" of pinned bytes is a
+    record of the host address it was given and what keeps the bytes alive."""
+
+    asnumpy = staticmethod(np.asarray)
+    uint8 = np.uint8
+
+    class cuda:
+        class Device:
+            id = 0
+
+        @staticmethod
+        def UnownedMemory(ptr, size, owner, device_id):
+            return SimpleNamespace(ptr=ptr, size=size, owner=owner, device_id=device_id)
+
+        @staticmethod
+        def MemoryPointer(memory, offset):
+            return SimpleNamespace(memory=memory, ptr=memory.ptr + offset)
+
+    @staticmethod
+    def ndarray(shape, dtype, memptr):
+        return SimpleNamespace(shape=shape, data=memptr)
+
+
+@pytest.mark.parametrize("recipe", ["tiny_q4", "tiny_nvfp4"])
+def test_mapped_experts_are_the_device_weights_on_pinned_bytes(
+    artifact_path, recipe, monkeypatch
+) -> None:
+    """``MappedWeights.of``: a prepared expert's weights on pinned copies of their windows,
+    the same planes and rows, one copy a window (gate and up packed in one stay one), at the
+    copies' host addresses; mapping it again copies nothing more, and a prefill window that
+    then streams the expert uploads the kept bytes, cutting nothing; a float32 copy cannot be
+    mapped."""
+    from ninfer_runtime.backends.cuda import weights as residency_module
+    from ninfer_runtime.backends.cuda.expert_streaming import PinnedCuts
+    from ninfer_runtime.backends.cuda.mapped_weights import MappedWeights, MappingError
+    from ninfer_runtime.backends.cuda.weights import DenseWeight
+
+    art = Artifact.open(artifact_path(recipe, "moe"))
+    names = expert_names(LAYER, 2)
+    kept = PinnedCuts(0, lambda n: np.empty(n, dtype=np.uint8))  # no allowance: pinned anyway
+    mapped = MappedWeights(MappedStandIn, kept)
+    residency = Residency(np)
+    prepared = residency.prepare(art, names)
+    got = mapped.of(prepared)
+    parents = {id(s.parent) for w in prepared.values() for s in w.segments}
+    assert len(kept) == len(parents) and kept.used > 0
+    for name, w in prepared.items():
+        on_host = got[name]
+        assert on_host.shape == w.shape
+        for seg, host_seg in zip(w.segments, on_host.segments, strict=True):
+            assert (host_seg.row0, host_seg.rows) == (seg.row0, seg.rows)
+            assert host_seg.parent.planes == seg.parent.planes
+            view = host_seg.parent.data
+            copy = kept.get(seg.parent.object_id)
+            assert view.data.ptr == copy.ctypes.data
+            assert np.shares_memory(view.data.memory.owner, copy)  # kept alive by the view
+            assert bytes(copy) == bytes(seg.parent.data)
+    assert len({id(s.parent) for w in got.values() for s in w.segments}) == len(parents)
+    used = kept.used
+    mapped.of(residency.prepare(art, names))
+    assert kept.used == used  # the same windows: nothing copied again
+
+    cut = residency_module.slice_object
+    calls: list[int] = []
+    monkeypatch.setattr(residency_module, "slice_object", lambda *a: calls.append(1) or cut(*a))
+    window = Residency(np)
+    with window.streaming(kept):
+        streamed = window.prepare(art, names)
+    assert not calls  # every window uploaded from the mapped copies
+    assert {n: bytes(w.segments[0].parent.data) for n, w in streamed.items()} == {
+        n: bytes(w.segments[0].parent.data) for n, w in prepared.items()
+    }
+    with pytest.raises(MappingError, match="float32 copy"):
+        mapped.of({"norm": DenseWeight(np.zeros(4, dtype=np.float32))})

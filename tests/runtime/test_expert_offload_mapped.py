@@ -64,9 +64,8 @@ def test_decode_reads_the_host_experts_in_place(q4_moe, shares, reference, fract
         held = [x is not None for x in block.inner.experts]
         assert held == list(block.resident)  # the block itself holds the resident ones
         assert all(x is not None for x in block.in_place.experts)  # its copy every one
-        assert set(block.mapped) == set(block.host_experts) and block.captures
-        # nothing decoded for the host's own way, nothing packed: the host computes none
-        assert all(x.held is None and x.packed is None for x in block.host_experts.values())
+        assert set(block.mapped) == block.on_host and block.captures
+        assert block.host_experts == {}  # nothing held for the host's own products
     offload.counters.reset()
     streamed = []
     tokens, logits = greedy(
@@ -116,8 +115,8 @@ def test_a_placement_remakes_the_block(q4_moe, shares, reference):
     after = {b.layer: set(np.flatnonzero(b.resident)) for b in offload.blocks}
     assert after != before
     for block in offload.blocks:
-        assert set(block.mapped) == set(block.host_experts)
-        assert set(block.host_experts).isdisjoint(after[block.layer])
+        assert set(block.mapped) == block.on_host and block.host_experts == {}
+        assert block.on_host.isdisjoint(after[block.layer])
         assert all(x is not None for x in block.in_place.experts)
     tokens, logits = greedy(e.runner, PROMPT, STEPS, 64)
     assert tokens == reference[0]
@@ -137,6 +136,7 @@ def test_a_block_the_device_cannot_map_computes_on_the_host(
         e = mapped_engine(q4_moe, floor)
     offload = e.expert_offload
     assert all(b.in_place is None and not b.mapped for b in offload.blocks)
+    assert all(set(b.host_experts) == b.on_host for b in offload.blocks)
     assert "host experts computed on the host" in caplog.text
     tokens, _ = greedy(e.runner, PROMPT, STEPS, 64)
     assert tokens == reference[0] and offload.counters.host_total > 0

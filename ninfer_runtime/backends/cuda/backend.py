@@ -58,10 +58,6 @@ TF32_TENSOR_OP_MATH = 3
 DECODE_PRODUCTS = {"split": "product", "bf16": "product_bf16"}
 
 
-def _pinned(size: int) -> np.ndarray:
-    return cupyx.empty_pinned((size,), dtype=np.uint8)
-
-
 class CudaBackend(CudaTraits, ops.ReferenceOps):
     """The CUDA backend (its name, lane limit and K/V default: ``CudaTraits``)."""
 
@@ -109,10 +105,11 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
         self.routed_tables: OrderedDict[int, Any] = OrderedDict()
         #: expert offload's streamed experts: their cuts in pinned host memory (no allowance
         #: until ``keep_streamed``) and the next layer's prefetch (made at its first use)
-        self._streamed = PinnedCuts(0, _pinned)
+        self._streamed = PinnedCuts(0, lambda n: cupyx.empty_pinned((n,), dtype=np.uint8))
         self._prefetch: Prefetch | None = None
-        #: expert offload's mapped experts: pinned host copies the device reads in place
-        self.mapped = MappedWeights(cp, _pinned)
+        #: expert offload's mapped experts: pinned host copies the device reads in place,
+        #: kept beside the streamed experts' (a window uploads a mapped expert from there)
+        self.mapped = MappedWeights(cp, self._streamed)
 
     # ------------------------------------------------------------------- decode steps
     def compile_step(self, fn: Any, shapes: Any, capture: bool = True) -> Any:

@@ -111,14 +111,17 @@ class PinnedCuts:
         block, offset, size = place
         return self._blocks[block][offset : offset + size]
 
-    def keep(self, key: str, data: bytes) -> np.ndarray:
-        """``data`` as the array to upload from: a kept copy while the allowance lasts."""
+    def keep(self, key: str, data: Any, pin: bool = False) -> np.ndarray:
+        """``data`` (bytes, or a uint8 array) as the array to upload from: a kept copy while
+        the allowance lasts; ``pin``: kept whatever the allowance (bytes the device reads in
+        place, ``mapped_weights``, which a prefill window then uploads from as well)."""
         host = np.frombuffer(data, dtype=np.uint8)
         size = aligned(host.size)
-        if self.used + size > self.capacity:
+        if not pin and self.used + size > self.capacity:
             return host
         if not self._blocks or self._end + size > self._blocks[-1].size:
-            self._blocks.append(self.empty(max(size, min(SLAB_BYTES, self.capacity - self.used))))
+            room = SLAB_BYTES if pin else min(SLAB_BYTES, self.capacity - self.used)
+            self._blocks.append(self.empty(max(size, room)))
             self._end = 0
         block, offset = len(self._blocks) - 1, self._end
         self._blocks[block][offset : offset + host.size] = host

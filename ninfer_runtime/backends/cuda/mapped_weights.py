@@ -6,17 +6,17 @@ memory from ``cudaHostAlloc`` is addressable by kernels at its host address: a k
 such a weight pulls its bytes over the host link as it reads them, with no copy issued and
 nothing for the host to do. ``MappedWeights.of`` turns weights prepared on the device into the
 same weights on pinned host bytes: the same planes, rows and segments, each parent's bytes
-copied once into pinned slabs (``expert_streaming.PinnedCuts``, by the parent's key, so an
-expert mapped again reuses its bytes). Every kernel that reads the device's weights by address
-(the expert tables' GEMVs and grouped products) reads these alike, and a step that reads them
-is captured as any other. What a use costs is the link: each pair reads its expert's stored
-bytes from host memory.
+copied once into pinned slabs (the backend's ``expert_streaming.PinnedCuts``, by the parent's
+key: an expert mapped again reuses its bytes, and a prefill window that streams the expert
+uploads them from there, cutting nothing). Every kernel that reads the device's weights by
+address (the expert tables' GEMVs and grouped products) reads these alike, and a step that
+reads them is captured as any other. What a use costs is the link: each pair reads its
+expert's stored bytes from host memory.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,15 +41,9 @@ def device_view(cp: Any, host: np.ndarray) -> Any:
 class MappedWeights:
     """Pinned host copies of prepared weights' parents, and the weights on them."""
 
-    def __init__(self, cp: Any, empty: Callable[[int], np.ndarray]):
-        """``empty(n)``: n pinned host bytes (a slab the copies are laid out in)."""
-        self.cp = cp
-        self.kept = PinnedCuts(sys.maxsize, empty)
-
-    @property
-    def nbytes(self) -> int:
-        """Pinned host bytes the mapped weights take."""
-        return self.kept.used
+    def __init__(self, cp: Any, kept: PinnedCuts):
+        """``kept``: where the copies are kept (pinned whatever its allowance)."""
+        self.cp, self.kept = cp, kept
 
     def of(self, weights: Mapping[str, Any]) -> dict[str, PackedWeight]:
         """``weights`` (name -> a ``PackedWeight`` prepared on the device) on pinned host
@@ -71,6 +65,6 @@ class MappedWeights:
         if id(parent) not in made:
             host = self.kept.get(parent.object_id)
             if host is None:
-                host = self.kept.keep(parent.object_id, parent.data.get())
+                host = self.kept.keep(parent.object_id, self.cp.asnumpy(parent.data), pin=True)
             made[id(parent)] = Parent(parent.object_id, device_view(self.cp, host), parent.planes)
         return made[id(parent)]
