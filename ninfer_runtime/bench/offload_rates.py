@@ -40,10 +40,18 @@ class OffloadShare:
     streamed_bytes: float  # a step
     host_floor_ms: float  # host_bytes over the host's read bandwidth
     upload_floor_ms: float | None  # streamed_bytes over the upload rate (None: no GPU)
+    #: whether the device read the host experts of calls of few rows in place (``mapped``:
+    #: those pairs are in no counter, as reading them would read the routing back)
+    mapped: bool = False
 
 
 def measured(
-    label: str, counters: Any, steps: int, read_bw: float, upload_bw: float | None
+    label: str,
+    counters: Any,
+    steps: int,
+    read_bw: float,
+    upload_bw: float | None,
+    mapped: bool = False,
 ) -> OffloadShare:
     """``counters`` (``ExpertCounters``) after ``steps`` steps since their reset."""
     pairs = counters.device_total + counters.host_total
@@ -58,6 +66,7 @@ def measured(
         streamed,
         1e3 * host_bytes / read_bw,
         1e3 * streamed / upload_bw if upload_bw else None,
+        mapped,
     )
 
 
@@ -65,11 +74,12 @@ def line(share: OffloadShare | dict[str, Any]) -> str:
     """One line for the terminal and the record (``share`` or its ``as_row``)."""
     r = share if isinstance(share, dict) else asdict(share)
     upload = f", floor {r['upload_floor_ms']:.3g} ms" if r["upload_floor_ms"] is not None else ""
+    mapped = "; decode pairs of host experts read in place, not counted" if r.get("mapped") else ""
     return (
         f"offload, {r['label']}: host pairs {r['host_pairs']:.0%}; host read "
         f"{r['host_bytes'] / 1e6:.3g} MB a step (floor {r['host_floor_ms']:.3g} ms), the "
         f"device waited {r['host_wait_ms']:.3g} ms; streamed "
-        f"{r['streamed_bytes'] / 1e6:.3g} MB a step{upload}"
+        f"{r['streamed_bytes'] / 1e6:.3g} MB a step{upload}{mapped}"
     )
 
 
@@ -144,7 +154,8 @@ class OffloadReport:
         """The rows of ``steps`` steps since ``reset``, each also said."""
         if self.offload is None:
             return []
-        share = measured(label, self.offload.counters, steps, self.read_bw, self.upload_bw)
+        mapped = any(b.in_place is not None for b in self.offload.blocks)
+        share = measured(label, self.offload.counters, steps, self.read_bw, self.upload_bw, mapped)
         click.echo(line(share))
         return [as_row(share)]
 

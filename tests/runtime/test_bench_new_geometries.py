@@ -184,6 +184,21 @@ def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts, tmp_pat
     assert decode[0].strip() + "." in record.read_text()
 
 
+def test_mapped_decode_says_its_pairs_are_not_counted(artifacts):
+    """``--expert-stream-decode mapped``: decode computes nothing on the host, and its line
+    says the pairs it read in place are in no counter."""
+    args = ["run", str(artifacts["glm5_next"]), "--backend", "cpu", "--lanes", "1"]
+    args += ["--contexts", "16", "--steps", "2", "--prefill", "0", "--vram-budget", "1MiB"]
+    result = CliRunner().invoke(main, [*args, "--expert-stream-decode", "mapped"])
+    assert result.exit_code == 0, result.output
+    assert re.search(
+        r"offload, 1 lane\(s\), context 16: host pairs 0%; host read 0 MB a step \(floor 0 "
+        r"ms\), the device waited 0 ms; streamed 0 MB a step; decode pairs of host experts "
+        r"read in place, not counted\n",
+        result.output,
+    ), result.output
+
+
 def test_ple_rows_resident_or_streamed_and_what_streaming_read(artifacts):
     """``--ple-rows`` picks where Qwen4Exp's n-gram tables are read from; streamed, each row
     says what a step looked up and read from the artifact; another model refuses it."""
