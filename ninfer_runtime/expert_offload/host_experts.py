@@ -239,7 +239,7 @@ class HostCompute:
         """Say how many of the split ``blocks``' host experts the kernel packed, and how many
         are held decoded (their layout could not be cut)."""
         experts = [e for b in blocks for e in b.host_experts.values()]
-        if self.kernel is not None:
+        if self.kernel is not None and experts:
             packed = sum(e.packed is not None for e in experts)
             log.info("%d host experts packed for %s", packed, self.kernel.name)
         decoded = sum(e.decoded for e in experts)

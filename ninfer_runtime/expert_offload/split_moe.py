@@ -43,6 +43,14 @@ the host's kernel and no call of few rows streams (``node_ready``); the offload 
 steps eagerly where a block is not. A placement that changes the device's experts tells the
 backend (``forget_graphs``): captured steps read the old experts' tables, and are captured
 again.
+
+Where the stream maps (``--expert-stream-decode mapped`` on a backend with
+``prepare_mapped``), the host computes nothing: each host expert is prepared as the device
+reads it in place from pinned host memory, and a call of few rows runs ``in_place``, a copy
+of the block holding every expert (the resident ones and those), so it is the block's own
+call, captured as without a budget; a prefill chunk still streams. Such a block holds no
+``HostExpert`` (``host_experts`` is empty; ``on_host`` says which experts are in host
+memory).
 """
 
 from __future__ import annotations
