@@ -50,11 +50,17 @@ class HostNode:
         stream = cp.cuda.get_current_stream()
         inputs = tuple(cp.ascontiguousarray(a) for a in inputs)
         bufs = self._buffers_for(inputs)
+        # the runtime's copies themselves: CuPy's own refuse a device-to-host copy while the
+        # stream is capturing, which a copy into pinned memory may be
+        runtime = cp.cuda.runtime
         for a, host in zip(inputs, bufs.inputs, strict=True):
-            a.get(stream=stream, out=host, blocking=False)
+            runtime.memcpyAsync(
+                host.ctypes.data, a.data.ptr, a.nbytes, runtime.memcpyDeviceToHost, stream.ptr
+            )
         stream.launch_host_func(self._run, bufs)
         out = cp.empty(bufs.output.shape, dtype=self.dtype)
-        out.set(bufs.output, stream=stream)
+        back = bufs.output.ctypes.data
+        runtime.memcpyAsync(out.data.ptr, back, out.nbytes, runtime.memcpyHostToDevice, stream.ptr)
         return out
 
     def check(self) -> None:
