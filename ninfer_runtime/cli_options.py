@@ -81,10 +81,10 @@ EXPERT_STREAM_CHUNK_HELP = (
 #: ``stream_window.STREAM_DECODE``, written out as above
 EXPERT_STREAM_DECODE = ("auto", "all", "off", "mapped")
 EXPERT_STREAM_DECODE_HELP = (
-    "With --vram-budget on a GPU: which decode steps stream the host experts they route to "
-    "through the device instead of computing them on the host: auto (those routed to an "
-    "expert the host has no kernel for, e.g. NVFP4), all, off, or mapped (the device reads "
-    "them in place from pinned host memory: no copy, no host work).  [default: auto]"
+    "With --vram-budget on a GPU: how decode steps compute the host experts they route to: "
+    "mapped (the device reads them in place from pinned host memory: no copy, no host "
+    "work), all (streamed through the device), off (on the host), or auto (mapped on a "
+    "GPU).  [default: auto]"
 )
 
 

@@ -21,10 +21,10 @@
 # cores per expert at one row and eight (benchmarks/expert_offload_host_bench.py,
 # offload_host.txt), a cProfile of its budgeted prefill (offload_prefill.txt), then its decode
 # with no budget and with 64GiB, which every expert fits (budget35.json, budget35_64GiB.json);
-# OFFLOAD=decode the first run, its decode again with NINFER_CUDA_HOST_NODES=1 (the host's
-# share as host nodes of captured steps, offload35_nodes.json), with the device reading the
-# host experts in place (--expert-stream-decode mapped, offload35_mapped.json) and the host's
-# products alone;
+# OFFLOAD=decode the first run (the default: decode reads the host experts in place), its
+# decode again with the host's products as host nodes of captured steps
+# (NINFER_CUDA_HOST_NODES=1 --expert-stream-decode off, offload35_nodes.json) and eagerly
+# (--expert-stream-decode off, offload35_host.json), and the host's products alone;
 # OFFLOAD=1 has the nodes' run too. IMAGES=1 writes the 27B with a full-size
 # vision tower and times an image chat's first token (benchmarks/image_bench.py, 1024x1024,
 # image27.json). PREFILL_HOST=1 adds a cProfile of one 2,048-token prefill chunk of each shape
@@ -180,15 +180,16 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
     timeout 300 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
       --steps 8 --vram-budget 8GiB --json "$OUT/offload$name.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
-    # the same decode with the host's share as host nodes of captured steps
+    # the host's products as host nodes of captured steps
     NINFER_CUDA_HOST_NODES=1 timeout 200 python3 -m ninfer_runtime.bench.cli run "$artifact" \
       --lanes 1,8 --contexts 1024 --steps 8 --prefill 0 --vram-budget 8GiB \
+      --expert-stream-decode off \
       --json "$OUT/offload${name}_nodes.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
-    # and with the device reading the host experts in place (pinned, over the link)
+    # and with the host's products (the default reads the host experts in place)
     timeout 200 python3 -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 \
-      --contexts 1024 --steps 8 --prefill 0 --vram-budget 8GiB --expert-stream-decode mapped \
-      --json "$OUT/offload${name}_mapped.json" --record "$OUT/records.md" \
+      --contexts 1024 --steps 8 --prefill 0 --vram-budget 8GiB --expert-stream-decode off \
+      --json "$OUT/offload${name}_host.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     timeout 180 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
       --down-format q5_g64_fp16 --kernel-threads all,1,4 --rows 1,8 2>&1 \

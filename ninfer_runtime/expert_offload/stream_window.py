@@ -22,17 +22,20 @@ offload is given another) therefore takes this path, for each MoE layer in turn:
    part's pairs are computed with the block's ``gated`` product on its prepared weights, each
    weighted as the router gave it, and added in expert order.
 
-A call of few rows (a decode step) streams too on a GPU, as ``decode`` says
-(``spares_host``; ``--expert-stream-decode``): ``auto``, where the host has no kernel for a
-host expert it routes to (such an expert is computed the reference way, its codes decoded at
-every use, which takes the host far longer than the link takes to copy its stored bytes:
-NVFP4, which ``host_products`` has no kernel for); ``all``, whenever it routes to a host
-expert; ``off``, never. Such a call streams only the experts it routes to and prefetches
-nothing: the next step's choice is not known yet. ``mapped``: no call of few rows streams or
-computes on the host; the device reads the host experts it routes to in place, their stored
-bytes kept in pinned host memory (``maps_on``, ``SplitMoe.in_place``, the CUDA backend's
+A call of few rows (a decode step) is computed on the host, or on a GPU as ``decode`` says
+(``--expert-stream-decode``). ``mapped``: no call of few rows streams or computes on the
+host; the device reads the host experts it routes to in place, their stored bytes kept in
+pinned host memory (``maps_on``, ``SplitMoe.in_place``, the CUDA backend's
 ``prepare_mapped``): every pair reads its expert over the link, with no copy, no host work
-and nothing read back, so decode steps are captured as without a budget.
+and nothing read back, so decode steps are captured as without a budget. ``auto`` (the
+default) is ``mapped`` on a GPU (an H100 decoded the 35B-A3B under 8 GiB at 69.9 tokens/s
+so, against 6.0 with the host's products: docs/performance.md). Otherwise the call streams
+(``spares_host``): with ``auto`` where the host has no kernel for a host expert it routes to
+(such an expert is computed the reference way, its codes decoded at every use, which takes
+the host far longer than the link takes to copy its stored bytes: NVFP4, which
+``host_products`` has no kernel for); with ``all`` whenever it routes to a host expert; with
+``off`` never. Such a call streams only the experts it routes to and prefetches nothing: the
+next step's choice is not known yet.
 
 The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
 ``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``). On a GPU the window is part of
@@ -157,9 +160,12 @@ class ExpertStream:
         )
 
     def maps_on(self, backend: Any) -> bool:
-        """Whether calls of few rows on ``backend`` read the host experts in place
-        (``decode`` mapped, on a backend with ``prepare_mapped``)."""
-        return self.decode == "mapped" and hasattr(backend, "prepare_mapped")
+        """Whether calls of few rows on ``backend`` read the host experts in place: on a
+        backend with ``prepare_mapped``, with ``decode`` mapped, or auto on a GPU (a backend
+        that streams on a second stream, as ``spares_host_on`` tells one)."""
+        gpu = hasattr(backend, "prefetch_experts")
+        wanted = self.decode == "mapped" or (self.decode == "auto" and gpu)
+        return wanted and hasattr(backend, "prepare_mapped")
 
     def spares_host(self, block: SplitMoe, top: np.ndarray) -> bool:
         """Whether a call of few rows (routed to ``top``) streams instead of computing on the

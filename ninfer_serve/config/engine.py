@@ -61,10 +61,10 @@ class EngineSettings(Table):
     #: With a ``vram_budget`` that leaves experts in host memory: prompt tokens per prefill
     #: step when more than ``prefill_chunk`` (``--expert-stream-chunk``). Unset: 8192.
     expert_stream_chunk: int | None = Field(None, ge=1)
-    #: With a ``vram_budget`` on a GPU: which decode steps stream the host experts they
-    #: route to through the device (``--expert-stream-decode``): auto (those routed to an
-    #: expert the host has no kernel for), all, off, mapped (the device reads them in place
-    #: from pinned host memory). Unset: auto.
+    #: With a ``vram_budget`` on a GPU: how decode steps compute the host experts they route
+    #: to (``--expert-stream-decode``): mapped (the device reads them in place from pinned
+    #: host memory), all (streamed through the device), off (on the host), auto (mapped on a
+    #: GPU). Unset: auto.
     expert_stream_decode: Literal["auto", "all", "off", "mapped"] | None = None
     #: How K/V are stored (``ninfer_runtime.kv_storage.KV_SETTINGS``): auto (the backend's
     #: choice: float32 on cpu, bfloat16 on cuda), float32 (exact), bfloat16 (half the memory

@@ -187,7 +187,7 @@ def test_host_experts_on_the_int4_kernel(artifacts, references, fraction):
     path = artifacts["tiny_q4"]
     floor, experts = shares(path)
     with registry.override("moe", "host_products", "torch_int4"):
-        e = engine(path, floor + int(fraction * experts))
+        e = engine(path, floor + int(fraction * experts), expert_stream_decode="off")
     offload = e.expert_offload
     packed = [x.packed is not None for b in offload.blocks for x in b.host_experts.values()]
     assert len(packed) == int((1 - fraction) * LAYERS * EXPERTS) and all(packed)
@@ -221,19 +221,18 @@ def test_a_long_chunk_streams_its_host_experts(artifacts, references, fraction, 
     assert offload.counters.host_total > 0  # decode's rows on the host path
 
 
-@pytest.mark.parametrize("decode", ["auto", "all"])
-def test_decode_streams_host_experts_the_host_would_decode(artifacts, references, decode):
-    """``expert_stream_decode``: ``auto`` streams the host experts no host kernel serves
-    (here all of them: the float32 reference decodes each use), ``all`` every host expert:
-    either way no pair is computed on the host, and the tokens and logits are the
-    all-resident engine's."""
+def test_decode_streams_every_host_expert_when_told(artifacts, references):
+    """``expert_stream_decode`` ``all``: every host expert a decode step routes to streams:
+    no pair is computed on the host, and the tokens and logits are the all-resident
+    engine's. (``auto``, the default, reads them in place on a GPU:
+    test_expert_offload_mapped.py.)"""
     path = artifacts["tiny_q4"]
     floor, experts = shares(path)
-    e = engine(path, floor + experts // 2, expert_stream_decode=decode)
+    e = engine(path, floor + experts // 2, expert_stream_decode="all")
     offload = e.expert_offload
     offload.counters.reset()
     got = run(e.runner, PROMPT, 8)
-    compare(f"offload/decode streamed ({decode})", references["tiny_q4"]["short"], got)
+    compare("offload/decode streamed (all)", references["tiny_q4"]["short"], got)
     counters = offload.counters
     assert counters.host_total == 0 and counters.streamed_bytes > 0
     assert counters.device_total == (len(PROMPT) + STEPS) * TOP_K * LAYERS
@@ -340,7 +339,9 @@ def test_graphs_stay_where_every_expert_fits_and_turn_off_where_one_cannot(artif
     assert roomy.runner.model.backend.graphs is True
     assert roomy.expert_offload.aside and roomy.expert_offload.blocks == []
     floor, _ = shares(path)  # (with the graphs' workspace: the aside plan's floor)
-    tight = engine(path, floor)
+    # the host's products read the routing (auto reads the experts in place, captured:
+    # test_expert_offload_mapped.py)
+    tight = engine(path, floor, expert_stream_decode="off")
     assert tight.runner.model.backend.graphs is False and not tight.expert_offload.aside
     assert engine(path).runner.model.backend.graphs is True  # no budget: captured
     monkeypatch.setattr(offload_module, "OFFLOAD_BACKENDS", ("cpu",))

@@ -39,7 +39,10 @@ def engine(path: Path, graphs: bool, budget: Any = None) -> Engine:
         mp.setenv("NINFER_CUDA_PREFILL", "float32")
         mp.setenv("NINFER_CUDA_GRAPHS", "1" if graphs else "0")
         mp.setenv("NINFER_CUDA_HOST_NODES", "1")
-        return Engine(path, backend="cuda", vram_budget=budget, max_context=CONTEXT, max_lanes=1)
+        return Engine(
+            path, backend="cuda", vram_budget=budget, max_context=CONTEXT, max_lanes=1,
+            expert_stream_decode="off",  # the host's products (auto reads them in place)
+        )  # fmt: skip
 
 
 def decode(e: Engine, steps: int = STEPS) -> tuple[list[int], np.ndarray]:

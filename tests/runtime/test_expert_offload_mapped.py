@@ -143,10 +143,20 @@ def test_a_block_the_device_cannot_map_computes_on_the_host(
 
 
 def test_the_mode_is_offered_where_the_backend_maps():
+    """``mapped`` wherever the backend has ``prepare_mapped``; ``auto`` (the default) on a
+    GPU, a backend that streams on a second stream: the CPU backend computes host pairs on
+    the host unless told, as the split's tests need."""
+
+    class Gpu(CpuBackend):
+        def prefetch_experts(self, artifact, groups):
+            pass
+
     stream = ExpertStream(decode="mapped")
     assert stream.maps_on(CpuBackend()) and not stream.spares_host_on(CpuBackend())
-    assert not ExpertStream(decode="off").maps_on(CpuBackend())
     assert not stream.maps_on(object())  # a backend without ``prepare_mapped``
+    auto = ExpertStream()
+    assert auto.decode == "auto" and auto.maps_on(Gpu()) and not auto.maps_on(CpuBackend())
+    assert not any(ExpertStream(decode=d).maps_on(Gpu()) for d in ("all", "off"))
 
 
 @pytest.fixture(scope="module")
