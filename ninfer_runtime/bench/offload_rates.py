@@ -6,7 +6,10 @@ of routed (token, expert) pairs the host computed, the host experts' bytes it re
 step, and the expert bytes streamed to the device a step (floor: over the rate pinned host
 memory copies to the device; none on the CPU backend, whose device is host memory). Both
 rates are measured in the same run (``probes``). Warm-up steps count with the timed ones, so
-a figure a step is over all of them.
+a figure a step is over all of them. Where decode reads host experts in place (``mapped``),
+the timed steps count nothing (their routing stays on the device): a census runs the row's
+first steps again eagerly, routing read back, and the row says the bytes they read over the
+link a step (one read a pair; floor: over the upload rate).
 
 Once every measurement is done, ``finish`` sets the device memory the run held against the
 plan: CuPy's pool (which keeps freed blocks, so its size is a high-water mark of the run's
@@ -21,6 +24,7 @@ estimate, context pool and resident experts.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +32,10 @@ import click
 
 from .pool_peak import PeakInUse
 from .probes import host_read_bandwidth, upload_bandwidth
+
+#: the decode steps a census counts (``OffloadReport.census``: the first of the timed row's
+#: steps, run again eagerly)
+CENSUS_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -40,9 +48,12 @@ class OffloadShare:
     streamed_bytes: float  # a step
     host_floor_ms: float  # host_bytes over the host's read bandwidth
     upload_floor_ms: float | None  # streamed_bytes over the upload rate (None: no GPU)
-    #: whether the device read the host experts of calls of few rows in place (``mapped``:
-    #: those pairs are in no counter, as reading them would read the routing back)
+    #: whether decode read host experts in place (``mapped``), the stored bytes it read so
+    #: a step (counted by a census of the same steps: ``OffloadReport.census``), and their
+    #: floor over the upload rate (None: no GPU)
     mapped: bool = False
+    mapped_bytes: float = 0.0
+    mapped_floor_ms: float | None = None
 
 
 def measured(
@@ -53,7 +64,8 @@ def measured(
     upload_bw: float | None,
     mapped: bool = False,
 ) -> OffloadShare:
-    """``counters`` (``ExpertCounters``) after ``steps`` steps since their reset."""
+    """``counters`` (``ExpertCounters``) after ``steps`` steps since their reset
+    (``mapped``: the device read host experts in place)."""
     pairs = counters.device_total + counters.host_total
     host_bytes = counters.host_bytes / steps
     streamed = counters.streamed_bytes / steps
@@ -67,6 +79,8 @@ def measured(
         1e3 * host_bytes / read_bw,
         1e3 * streamed / upload_bw if upload_bw else None,
         mapped,
+        counters.mapped_bytes / steps,
+        1e3 * counters.mapped_bytes / steps / upload_bw if upload_bw else None,
     )
 
 
@@ -74,7 +88,12 @@ def line(share: OffloadShare | dict[str, Any]) -> str:
     """One line for the terminal and the record (``share`` or its ``as_row``)."""
     r = share if isinstance(share, dict) else asdict(share)
     upload = f", floor {r['upload_floor_ms']:.3g} ms" if r["upload_floor_ms"] is not None else ""
-    mapped = "; decode pairs of host experts read in place, not counted" if r.get("mapped") else ""
+    mapped = ""
+    if r.get("mapped"):
+        floor = r["mapped_floor_ms"]
+        mapped = f"; read in place {r['mapped_bytes'] / 1e6:.3g} MB a step" + (
+            f", floor {floor:.3g} ms" if floor is not None else ""
+        )
     return (
         f"offload, {r['label']}: host pairs {r['host_pairs']:.0%}; host read "
         f"{r['host_bytes'] / 1e6:.3g} MB a step (floor {r['host_floor_ms']:.3g} ms), the "
@@ -93,6 +112,7 @@ class OffloadReport:
     def __init__(self, offload: Any, read_bw: float, upload_bw: float | None, xp: Any = None):
         self.offload, self.read_bw, self.upload_bw = offload, read_bw, upload_bw
         self.xp = xp
+        self._census_steps = 0
         #: the device pool's bytes in use and held once the model is loaded (None: no pool)
         self.loaded = _pool_bytes(xp)
         #: the most bytes in use from here on, where experts stay on the host
@@ -149,15 +169,46 @@ class OffloadReport:
     def reset(self) -> None:
         if self.offload is not None:
             self.offload.counters.reset()
+        self._census_steps = 0
+
+    def census(self, steps: int, run: Callable[[], Any]) -> None:
+        """Where decode read host experts in place (the timed steps count nothing: their
+        routing never leaves the device), count ``run``'s ``steps`` steps, the same steps
+        again, run eagerly with each block's routing read back (``SplitMoe.census``), for
+        the next ``read``."""
+        if not self._maps():
+            return
+        blocks = self.offload.blocks
+        backend = blocks[0].backend
+        graphs = getattr(backend, "graphs", None)
+        self.offload.counters.reset()
+        for b in blocks:
+            b.census = True
+        if graphs:
+            backend.graphs = False  # (captured steps then run eagerly)
+        try:
+            run()
+        finally:
+            for b in blocks:
+                b.census = False
+            if graphs is not None:
+                backend.graphs = graphs
+        self._census_steps = steps
 
     def read(self, label: str, steps: int) -> list[dict[str, Any]]:
-        """The rows of ``steps`` steps since ``reset``, each also said."""
+        """The rows of ``steps`` steps since ``reset`` (or of a ``census``'s), each also
+        said."""
         if self.offload is None:
             return []
-        mapped = any(b.in_place is not None for b in self.offload.blocks)
+        steps = self._census_steps or steps
+        mapped = self._maps()
         share = measured(label, self.offload.counters, steps, self.read_bw, self.upload_bw, mapped)
         click.echo(line(share))
         return [as_row(share)]
+
+    def _maps(self) -> bool:
+        """Whether decode reads some block's host experts in place."""
+        return self.offload is not None and any(b.in_place is not None for b in self.offload.blocks)
 
 
 def _splits(offload: Any) -> bool:

@@ -29,6 +29,10 @@ class ExpertCounters:
         #: bytes of host experts the host read computing its pairs (each chosen expert's
         #: form in host memory, once a call)
         self.host_bytes = 0
+        #: stored bytes the device read in place from host memory (``mapped`` decode, once a
+        #: pair), counted only while a census runs (``SplitMoe.census``: the routing is then
+        #: read back), so not among ``totals``
+        self.mapped_bytes = 0
 
     def record(
         self,
@@ -74,3 +78,4 @@ class ExpertCounters:
         self.host_wait_seconds = 0.0
         self.streamed_bytes = 0
         self.host_bytes = 0
+        self.mapped_bytes = 0

@@ -165,6 +165,9 @@ class SplitMoe:
         #: the block with every expert, the host's read in place (None: calls of few rows
         #: compute the host's pairs on the host, or stream them)
         self.in_place = self._read_in_place()
+        #: count the routing of calls read in place (a benchmark's census of what they read:
+        #: each call then reads its routing back, so steps must run eagerly meanwhile)
+        self.census = False
         self.host_experts: dict[int, HostExpert] = {}
         self._hold_on_host()
         #: the host's share as a step of the device's stream (None: the backend offers none)
@@ -264,6 +267,8 @@ class SplitMoe:
     def __call__(self, x: Array) -> Array:
         rows = x.shape[0]
         if self.in_place is not None and (self.stream is None or not self.stream.takes(rows)):
+            if self.census:
+                self._count_in_place(x)
             return self.in_place(x)
         top, weights = self.inner.route(x)
         if self.node_ready and (self.stream is None or not self.stream.takes(rows)):
@@ -282,6 +287,15 @@ class SplitMoe:
         out = self.inner(x)
         part = self._host_part(xh, top, weights)
         return out if part is None else out + self.backend.xp.asarray(part)
+
+    def _count_in_place(self, x: Array) -> None:
+        """A census of a call read in place: its pairs counted as the device's, and the
+        stored bytes its host experts' pairs read over the link (one read a pair)."""
+        assert self.stream is not None
+        top = np.asarray(to_numpy(self.inner.route(x)[0]))
+        self.counters.record(self.layer, top, np.ones_like(self.resident), 0.0)
+        on_host = [e for e in top.ravel().tolist() if not self.resident[e]]
+        self.counters.mapped_bytes += sum(self.stream.expert_bytes(self, e) for e in on_host)
 
     def _host_part(self, x: np.ndarray, top: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
         """The host's pairs of rows ``x`` routed to ``top`` with ``weights`` (None: it holds

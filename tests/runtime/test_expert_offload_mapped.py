@@ -181,3 +181,28 @@ def test_glm5_next_reads_its_host_experts_in_place(glm5_next):
     assert tokens == want[0]
     np.testing.assert_array_equal(logits, want[1])
     assert e.expert_offload.counters.host_total == 0
+
+
+def test_a_census_counts_the_pairs_read_in_place(q4_moe, shares):
+    """``SplitMoe.census`` (a benchmark's count of what mapped decode read): every pair of a
+    step counted as the device's, and each host expert's stored bytes once a pair."""
+    floor, _ = shares
+    e = mapped_engine(q4_moe, floor)
+    offload = e.expert_offload
+    sizes = {offload.stream.expert_bytes(b, x) for b in offload.blocks for x in b.on_host}
+    assert len(sizes) == 1  # the tiny model's experts are alike
+    state = e.runner.new_state(CONTEXT)
+    e.runner.prefill(PROMPT[:8], state, chunk=8, last_only=True)
+    offload.counters.reset()
+    for block in offload.blocks:
+        block.census = True
+    e.runner.forward([np.array([7])], [state])
+    pairs = len(offload.blocks) * 2  # one row, top-2 in each MoE layer
+    counters = offload.counters
+    assert counters.device_total == pairs and counters.host_total == 0
+    assert counters.mapped_bytes == pairs * sizes.pop()
+    for block in offload.blocks:
+        block.census = False
+    counters.reset()
+    e.runner.forward([np.array([9])], [state])
+    assert counters.device_total == 0 and counters.mapped_bytes == 0  # no census: no count
