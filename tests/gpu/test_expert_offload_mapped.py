@@ -144,3 +144,41 @@ def test_a_replan_maps_the_experts_that_come_back(tiny, reference):
     got = run(e, PROMPT, 8)
     assert captured(e)
     close("offload/mapped, replanned", reference["short"], got)
+
+
+@pytest.mark.parametrize("decode", ["auto", "off"])
+def test_mtp_rounds_keep_greedy_output_with_offload(tiny, decode):
+    """Speculative rounds under a budget that keeps a quarter of the experts, their host
+    experts read in place (``auto``) or computed on the host (``off``): the verification's
+    rows take the same path as decode's, and greedy output is plain decoding's under the same
+    budget."""
+    from ninfer_runtime.engine import GenerationRequest
+    from ninfer_runtime.frontend import SamplingParams
+    from ninfer_runtime.speculative import SpecConfig
+    from tests.runtime.test_engine_many_lanes import run_together
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [[7, 300, 12, 45, 9, 101], [77, 3, 250, 18, 64, 5, 11, 2, 90]]
+    requests = [GenerationRequest(prompt_ids=p, sampling=params) for p in prompts]
+
+    def quarter_resident(**kw: Any) -> Engine:
+        """An engine of these settings keeping a quarter of its routed experts (its own
+        context pool and the window's room in the floor: drafts take pages of their own)."""
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("NINFER_CUDA_GRAPHS", "1")
+            settings = dict(
+                backend="cuda", max_context=CONTEXT, max_lanes=2, expert_stream_decode=decode
+            )
+            plan = Engine(tiny, vram_budget="64GiB", **settings, **kw).expert_offload.plan
+            window = 2 * (plan.resident_bytes // LAYERS)
+            floor = plan.weights + plan.workspace + plan.context + window
+            return Engine(tiny, vram_budget=floor + plan.resident_bytes // 4, **settings, **kw)
+
+    plain = quarter_resident()
+    rounds = quarter_resident(spec=SpecConfig(draft_tokens=3))
+    assert rounds.expert_offload.plan.resident == plain.expert_offload.plan.resident
+    assert 0 < rounds.expert_offload.plan.resident_fraction < 1
+    assert all((b.in_place is not None) == (decode == "auto") for b in rounds.expert_offload.blocks)
+    assert run_together(rounds, requests)[0] == run_together(plain, requests)[0]
+    stats = rounds.spec_stats
+    assert stats.rounds > 0 and stats.drafted == stats.rounds * 3
