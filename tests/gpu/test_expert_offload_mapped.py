@@ -19,24 +19,20 @@ from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
 
 from .conftest import REPORT, requires_gpu
+from .test_expert_offload_cuda import run
+from .test_expert_offload_graphs import captured
 
 pytestmark = requires_gpu
 
 PROMPT = np.array([7, 300, 12, 45, 9, 101, 77, 3, 250, 18, 64, 5], dtype=np.int64)
 LONG = np.random.default_rng(3).integers(0, 300, STREAM_ROWS + 48).astype(np.int64)
-CONTEXT, STEPS = 160, 8
+CONTEXT = 160  # (as test_expert_offload_cuda's run reads its prompts)
 LAYERS = 4  # the tiny Qwen3.5 MoE model
 #: the mapped engine's logits against the all-resident one's, as a fraction of
 #: max(1, max|logit|): the same kernels read the same bytes, from host memory instead
 LOGIT_TOL = 1e-5
 #: cudaMemoryTypeHost: what the runtime says of a pinned host address
 HOST_MEMORY = 1
-
-
-def host(a: Any) -> np.ndarray:
-    import cupy as cp
-
-    return cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
 
 
 def engine(path: Path, budget: Any = None, decode: str = "mapped") -> Engine:
@@ -48,23 +44,6 @@ def engine(path: Path, budget: Any = None, decode: str = "mapped") -> Engine:
         )  # fmt: skip
 
 
-def run(e: Engine, prompt: np.ndarray, chunk: int) -> tuple[list[int], np.ndarray]:
-    """``prompt`` in chunks of ``chunk``, then ``STEPS`` greedy steps: tokens and logits."""
-    runner = e.runner
-    state = runner.new_state(CONTEXT)
-    logits = host(runner.prefill(prompt, state, chunk=chunk, last_only=True).logits[0])[-1]
-    out, seen = [], [logits]
-    for _ in range(STEPS):
-        out.append(int(np.argmax(logits)))
-        logits = host(runner.forward([np.array([out[-1]])], [state]).logits[0])[-1]
-        seen.append(logits)
-    return out, np.stack(seen)
-
-
-def captured(e: Engine) -> list[Any]:
-    return [s for s in e.runner.steps._steps.values() if getattr(s, "graph", None) is not None]
-
-
 @pytest.fixture(scope="module")
 def tiny(gpu_artifact: Callable[[str, str], Path]) -> Path:
     return gpu_artifact("tiny_q4", "moe")
@@ -74,7 +53,7 @@ def tiny(gpu_artifact: Callable[[str, str], Path]) -> Path:
 def reference(tiny: Path) -> dict[str, tuple]:
     e = engine(tiny)
     assert e.expert_offload is None
-    return {"short": run(e, PROMPT, 8), "long": run(e, LONG, len(LONG))}
+    return {"short": run(e.runner, PROMPT, 8), "long": run(e.runner, LONG, len(LONG))}
 
 
 def floor_and_experts(path: Path) -> tuple[int, int]:
@@ -119,11 +98,11 @@ def test_captured_steps_read_host_experts_in_place(tiny, reference, share):
     assert e.runner.model.backend.graphs is True
     in_host_memory(e)
     offload.counters.reset()
-    got = run(e, PROMPT, 8)
+    got = run(e.runner, PROMPT, 8)
     assert captured(e), "no decode step was captured"
     assert offload.counters.host_total == 0 and offload.counters.streamed_bytes == 0
     close(f"offload/mapped-{offload.plan.resident_fraction:.0%} resident", reference["short"], got)
-    long = run(e, LONG, len(LONG))  # the chunk streams through the window; decode maps
+    long = run(e.runner, LONG, len(LONG))  # the chunk streams through the window; decode maps
     assert offload.counters.streamed_bytes > 0 and offload.counters.host_total == 0
     close("offload/mapped, a streamed chunk", reference["long"], long)
 
@@ -131,7 +110,7 @@ def test_captured_steps_read_host_experts_in_place(tiny, reference, share):
 def test_a_replan_maps_the_experts_that_come_back(tiny, reference):
     floor, experts = floor_and_experts(tiny)
     e = engine(tiny, floor + experts // 4)
-    run(e, PROMPT, 8)
+    run(e.runner, PROMPT, 8)
     offload = e.expert_offload
     assert not offload.aside and 0 < offload.plan.resident_fraction < 1
     backend = e.runner.model.backend
@@ -141,7 +120,7 @@ def test_a_replan_maps_the_experts_that_come_back(tiny, reference):
     for block in offload.blocks:
         assert set(block.mapped) == block.on_host and block.host_experts == {}
     in_host_memory(e)
-    got = run(e, PROMPT, 8)
+    got = run(e.runner, PROMPT, 8)
     assert captured(e)
     close("offload/mapped, replanned", reference["short"], got)
 

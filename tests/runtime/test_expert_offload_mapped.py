@@ -19,6 +19,7 @@ from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS, ExpertStream
 from tests.runtime.offload_runs import CONTEXT, budget_shares, greedy
+from tests.runtime.test_expert_offload_stream import HostRows
 
 #: a prompt prefilled in one chunk of more rows than the threshold (the window's path)
 PROMPT = np.random.default_rng(5).integers(0, 300, STREAM_ROWS + 8).astype(np.int64)
@@ -34,17 +35,6 @@ def mapped_engine(path, budget) -> Engine:
         host_expert_cache="1GiB",
         expert_stream_decode="mapped",
     )
-
-
-class HostRows:
-    """Wraps the offload's host compute, keeping the token rows of each call it gets."""
-
-    def __init__(self, host):
-        self.host, self.rows = host, []
-
-    def __call__(self, x, *args):
-        self.rows.append(len(x))
-        return self.host(x, *args)
 
 
 @pytest.fixture(scope="module")
