@@ -33,6 +33,7 @@ from cupy_backends.cuda.libs import cublas
 
 from ...ops.linear import product_key
 from ...ops.registry import resolve
+from ...sizes import format_size
 from .. import array_ops as ops
 from ..base import Array, Weight
 from . import glue, kernels, prefill, sampling
@@ -40,7 +41,7 @@ from .constants import device_constant
 from .expert_streaming import PinnedCuts, Prefetch
 from .graphs import GraphStep
 from .host_node import HostNode
-from .mapped_weights import MappedWeights
+from .mapped_weights import MappedWeights, MappingError
 from .slabs import SlabBuffers
 from .traits import CudaTraits
 from .weight_kinds import DenseWeight, PackedWeight, Segment
@@ -174,10 +175,15 @@ class CudaBackend(CudaTraits, ops.ReferenceOps):
     def prepare_mapped(self, artifact: Any, names: Iterable[str]) -> dict[str, Weight]:
         """``prepare``, the weights then moved to pinned host memory, which the device reads
         in place (``mapped_weights``; the device copy is released); ``MappingError`` for a
-        weight not held as stored rows."""
+        weight not held as stored rows, or where host memory cannot be pinned for it."""
         made = self.residency.prepare(artifact, names)
         try:
             return self.mapped.of(made)
+        except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as err:
+            pinned = format_size(self.mapped.kept.used)
+            raise MappingError(
+                f"no more host memory could be pinned ({pinned} are): {err}"
+            ) from None
         finally:
             self.residency.release(made.values())
 
