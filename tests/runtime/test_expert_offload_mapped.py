@@ -196,3 +196,33 @@ def test_a_census_counts_the_pairs_read_in_place(q4_moe, shares):
     counters.reset()
     e.runner.forward([np.array([9])], [state])
     assert counters.device_total == 0 and counters.mapped_bytes == 0  # no census: no count
+
+
+def test_mtp_rounds_keep_greedy_output_reading_in_place(q4_moe):
+    """Speculative rounds with the host experts read in place: the verification's rows are a
+    call of few rows, so they read them in place too (nothing on the host), and greedy output
+    is plain decoding's under the same budget."""
+    from ninfer_runtime.engine import GenerationRequest
+    from ninfer_runtime.frontend import SamplingParams
+    from ninfer_runtime.speculative import SpecConfig
+    from tests.runtime.test_engine_many_lanes import run_together
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [[7, 300, 12, 45, 9, 101], [77, 3, 250, 18, 64, 5, 11, 2, 90]]
+    requests = [GenerationRequest(prompt_ids=p, sampling=params) for p in prompts]
+    settings = {"max_context": CONTEXT, "max_lanes": 2, "expert_stream_decode": "mapped"}
+
+    def half_resident(**kw):
+        plan = Engine(q4_moe, vram_budget="1GiB", **settings, **kw).expert_offload.plan
+        budget = plan.weights + plan.workspace + plan.context + plan.resident_bytes // 2
+        return Engine(q4_moe, vram_budget=budget, **settings, **kw)
+
+    plain = half_resident()
+    rounds = half_resident(spec=SpecConfig(draft_tokens=3))
+    assert 0 < rounds.expert_offload.plan.resident_fraction < 1
+    assert all(b.in_place is not None for b in rounds.expert_offload.blocks)
+    rounds.expert_offload.counters.reset()
+    want = run_together(Engine(q4_moe, **{**settings, "expert_stream_decode": None}), requests)
+    assert run_together(rounds, requests)[0] == run_together(plain, requests)[0] == want[0]
+    assert rounds.spec_stats.rounds > 0
+    assert rounds.expert_offload.counters.host_total == 0  # verification read in place too
