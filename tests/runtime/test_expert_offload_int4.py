@@ -222,24 +222,26 @@ class CountingKernel:
 
 
 @pytest.mark.parametrize(
-    ("threads", "kernel_threads", "chosen", "cores", "side"),
+    ("threads", "kernel_threads", "rows", "chosen", "cores", "side"),
     [
-        (16, None, 5, 16, 1),  # default: every core on one expert after another
-        (16, None, 32, 16, 1),
-        (16, 4, 8, 4, 4),  # 4 cores an expert, 4 experts side by side
-        (16, 16, 8, 16, 1),  # every core on one expert at a time
+        (16, None, 1, 5, 16, 1),  # default at one row: every core on one expert after another
+        (16, None, 1, 32, 16, 1),
+        (16, None, 8, 8, 4, 4),  # default at several rows: 4 cores an expert, 4 side by side
+        (2, None, 8, 8, 2, 1),  # (no more cores than the host has)
+        (16, 4, 1, 8, 4, 4),  # 4 cores an expert, 4 experts side by side
+        (16, 16, 8, 8, 16, 1),  # every core on one expert at a time
     ],
 )
 def test_how_the_host_gives_its_cores_to_the_chosen_experts(
-    threads, kernel_threads, chosen, cores, side
+    threads, kernel_threads, rows, chosen, cores, side
 ):
     kernel = CountingKernel()
     host = HostCompute(threads, kernel=kernel, kernel_threads=kernel_threads)
     try:
-        x = np.ones((1, 4), dtype=np.float32)
-        experts = {e: (lambda rows, e=e: rows * (e + 1)) for e in range(chosen)}
-        top = np.arange(chosen)[None, :]
-        share = np.full((1, chosen), 0.5, dtype=np.float32)
+        x = np.ones((rows, 4), dtype=np.float32)
+        experts = {e: (lambda r, e=e: r * (e + 1)) for e in range(chosen)}
+        top = np.arange(chosen)[None, :].repeat(rows, axis=0)  # every row to every expert
+        share = np.full((rows, chosen), 0.5, dtype=np.float32)
         out = host(x, top, share, experts)
     finally:
         host.close()
