@@ -46,7 +46,8 @@ def create_backend() -> Any:
     # NINFER_CUDA_DECODE=bf16|split the small-M products' (bf16, the production precision,
     # by default; split for token-for-token comparison with the CPU reference);
     # NINFER_CUDA_HOST_NODES=1 lets expert offload's host share be host nodes of captured
-    # steps (off until tests/gpu/test_expert_offload_graphs.py has passed on a GPU)
+    # steps (off by default: where the host computes its experts at all, --expert-stream-decode
+    # off; by default the device reads them in place)
     try:
         decode = env_choice(DECODE_ENV, tuple(DECODE_PRODUCTS), "bf16")
         prefill = precision_from_env()
