@@ -76,6 +76,11 @@ def inputs(op: str, t: int, hk: int, hv: int, dk: int, dv: int) -> tuple[np.ndar
     return tuple(a.astype(np.float32) for a in (q, k, v, g, beta, state))
 
 
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest difference over the largest value of the oracle's output."""
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
 def chunk_flops(t: int, hv: int, dk: int, dv: int, chunk: int = 64) -> int:
     """Multiply-adds x 2 of the chunked delta rule's products for ``t`` tokens: per chunk and
     value head K Kᵀ, Q Kᵀ and W (C² dk each), U and the intra-chunk output (C² dv each), and
@@ -126,7 +131,7 @@ def chunk_rows(tokens: str, bandwidth: float, rate: float) -> list[dict]:
                 fn = table[name].load()
                 arrays = [cp.asarray(a) for a in host]
                 out = fn(*arrays[:5], arrays[5].copy())
-                err = float(np.abs(cp.asnumpy(out) - want).max() / max(np.abs(want).max(), 1e-30))
+                err = rel_err(cp.asnumpy(out), want)
                 ms = eager_ms(lambda fn=fn, arrays=arrays: fn(*arrays))
                 rows.append(
                     {"shape": shape, "op": op, "tokens": t, "provider": name, "ms": ms,
@@ -165,7 +170,7 @@ def prefill_rows() -> list[dict]:
                 mixed, kernel, g, beta, conv, states = arrays
                 out = fn(mixed, kernel, conv.copy(), g, beta, states.copy(), segments, **dims)
                 got = np.concatenate([cp.asnumpy(out[a : a + n]) for a, n, _ in segments])
-                err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                err = rel_err(got, want)
 
                 def call(fn=fn, arrays=arrays, segments=segments, dims=dims) -> None:
                     mixed, kernel, g, beta, conv, states = arrays
@@ -217,7 +222,7 @@ def kda_decode_rows(bandwidth: float) -> list[dict]:
             arrays = [cp.asarray(a) for a in host] + [cp.asarray(slots)]
             mixed, kernel, conv, g, beta, states, at = arrays
             out = fn(mixed, kernel, conv.copy(), g, beta, states.copy(), at, **dims)
-            err = float(np.abs(cp.asnumpy(out) - want).max() / max(np.abs(want).max(), 1e-30))
+            err = rel_err(cp.asnumpy(out), want)
 
             def call(fn=fn, arrays=arrays) -> None:
                 mixed, kernel, conv, g, beta, states, at = arrays

@@ -208,7 +208,7 @@ class OffloadReport:
 
     def _maps(self) -> bool:
         """Whether decode reads some block's host experts in place."""
-        return self.offload is not None and any(b.in_place is not None for b in self.offload.blocks)
+        return self.offload is not None and any(b.maps for b in self.offload.blocks)
 
 
 def _splits(offload: Any) -> bool:

@@ -278,7 +278,7 @@ class ExpertOffload(LoadPlanning):
         # where kernel-less host experts stream in every call (a GPU), no use reads a copy,
         # nor where the device reads a block's host experts in place
         spared = bool(self.blocks) and self.stream.spares_host_on(self.blocks[0].backend)
-        computing = [b for b in self.blocks if b.in_place is None]
+        computing = [b for b in self.blocks if not b.maps]
         held = hold_by_layer(computing, counts, 0 if spared else self.host_cache)
         log.info("host expert cache: %s of decoded experts", format_size(held))
 

@@ -265,13 +265,13 @@ class SplitMoe:
         return self.node is not None and (self.stream is None or self.stream.streams_none(self))
 
     def __call__(self, x: Array) -> Array:
-        rows = x.shape[0]
-        if self.in_place is not None and (self.stream is None or not self.stream.takes(rows)):
+        few = self.stream is None or not self.stream.takes(x.shape[0])  # not a prefill chunk
+        if few and self.in_place is not None:
             if self.census:
                 self._count_in_place(x)
             return self.in_place(x)
         top, weights = self.inner.route(x)
-        if self.node_ready and (self.stream is None or not self.stream.takes(rows)):
+        if few and self.node_ready:
             xp = self.backend.xp
             assert self.node is not None
             part = self.node(x.astype(xp.float32), top, weights.astype(xp.float32))
