@@ -8,7 +8,10 @@ the routers are their op families' references (``ops/<family>/reference.py``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+import numpy as np
 
 from ..kv_storage import gather_kv, load_kv, store_kv
 from ..models.functional import _xp, by_query_blocks, query_block, sigmoid, silu, silu_mul
@@ -21,6 +24,24 @@ Array = Any
 def softmax(x: Array) -> Array:
     e = _xp(x).exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def count_pairs(hits: Array | None, top: Array) -> None:
+    """Adds each chosen (row, expert) pair of a router's ``top`` [N, k] to ``hits`` [E] int32
+    (None: uncounted), on the arrays' device with nothing read back, so a captured step
+    counts: on a GPU one launch of atomic adds, which reads no operand from the host."""
+    if hits is None:
+        return
+    xp = _xp(hits)
+    if xp is np:
+        np.add.at(hits, top.reshape(-1), 1)
+    else:
+        _pair_counter(xp)(top.reshape(-1), hits)
+
+
+@functools.cache
+def _pair_counter(xp: Any) -> Any:
+    return xp.ElementwiseKernel("T e", "raw int32 hits", "atomicAdd(&hits[e], 1)", "count_pairs")
 
 
 def rope(x: Array, cos: Array, sin: Array) -> Array:

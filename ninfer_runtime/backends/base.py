@@ -63,6 +63,9 @@ class MoeWeights:
     shared: ExpertWeights
     shared_score: Weight  # [1, H]
     top_k: int
+    #: None, or a device int32 array [E] the block adds each chosen (row, expert) pair to:
+    #: expert offload counts so the pairs of calls whose routing never leaves the device
+    hits: Any = None
 
 
 class Backend(Protocol):

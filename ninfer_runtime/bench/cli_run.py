@@ -13,7 +13,7 @@ from .cli_outputs import output_options, write_rows
 from .cli_parallel import parallel_table
 from .cli_providers import force_providers, provider_option
 from .cli_spec import acceptance_table, chosen_draft_tokens, spec_tables
-from .offload_rates import CENSUS_STEPS, OffloadReport
+from .offload_rates import OffloadReport
 from .ple_rates import PleReport
 
 
@@ -226,15 +226,6 @@ def run(
                 f"{n:>5} {context:>7} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} "
                 f"{r.bytes_per_step / 1e9:>8.2f} {r.floor_ms:>8.2f} {r.percent_of_floor:>6.1f}%"
             )
-            # decode that reads host experts in place counts nothing while timed: the same
-            # steps again, counted
-            offload_report.census(
-                CENSUS_STEPS,
-                lambda n=n, context=context: M.decode_rate(
-                    runner, n, context, steps=CENSUS_STEPS, warmup=0, floor_bw=bandwidth,
-                    kv_dtype=kv_dtype, weights=weights,
-                ),
-            )  # fmt: skip
             for report in beside:
                 rows += report.read(f"{n} lane(s), context {context}", steps + M.DECODE_WARMUP)
     if reduced is not None:

@@ -7,9 +7,8 @@ step, and the expert bytes streamed to the device a step (floor: over the rate p
 memory copies to the device; none on the CPU backend, whose device is host memory). Both
 rates are measured in the same run (``probes``). Warm-up steps count with the timed ones, so
 a figure a step is over all of them. Where decode reads host experts in place (``mapped``),
-the timed steps count nothing (their routing stays on the device): a census runs the row's
-first steps again eagerly, routing read back, and the row says the bytes they read over the
-link a step (one read a pair; floor: over the upload rate).
+the device counts its pairs (``ExpertCounters.on_device``), and the row says the bytes they
+read over the link a step (one read a pair; floor: over the upload rate).
 
 Once every measurement is done, ``finish`` sets the device memory the run held against the
 plan: CuPy's pool (which keeps freed blocks, so its size is a high-water mark of the run's
@@ -24,7 +23,6 @@ estimate, context pool and resident experts.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,10 +30,6 @@ import click
 
 from .pool_peak import PeakInUse
 from .probes import host_read_bandwidth, upload_bandwidth
-
-#: the decode steps a census counts (``OffloadReport.census``: the first of the timed row's
-#: steps, run again eagerly)
-CENSUS_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -49,8 +43,7 @@ class OffloadShare:
     host_floor_ms: float  # host_bytes over the host's read bandwidth
     upload_floor_ms: float | None  # streamed_bytes over the upload rate (None: no GPU)
     #: whether decode read host experts in place (``mapped``), the stored bytes it read so
-    #: a step (counted by a census of the same steps: ``OffloadReport.census``), and their
-    #: floor over the upload rate (None: no GPU)
+    #: a step, and their floor over the upload rate (None: no GPU)
     mapped: bool = False
     mapped_bytes: float = 0.0
     mapped_floor_ms: float | None = None
@@ -112,7 +105,6 @@ class OffloadReport:
     def __init__(self, offload: Any, read_bw: float, upload_bw: float | None, xp: Any = None):
         self.offload, self.read_bw, self.upload_bw = offload, read_bw, upload_bw
         self.xp = xp
-        self._census_steps = 0
         #: the device pool's bytes in use and held once the model is loaded (None: no pool)
         self.loaded = _pool_bytes(xp)
         #: the most bytes in use from here on, where experts stay on the host
@@ -169,38 +161,11 @@ class OffloadReport:
     def reset(self) -> None:
         if self.offload is not None:
             self.offload.counters.reset()
-        self._census_steps = 0
-
-    def census(self, steps: int, run: Callable[[], Any]) -> None:
-        """Where decode read host experts in place (the timed steps count nothing: their
-        routing never leaves the device), count ``run``'s ``steps`` steps, the same steps
-        again, run eagerly with each block's routing read back (``SplitMoe.census``), for
-        the next ``read``."""
-        if not self._maps():
-            return
-        blocks = self.offload.blocks
-        backend = blocks[0].backend
-        graphs = getattr(backend, "graphs", None)
-        self.offload.counters.reset()
-        for b in blocks:
-            b.census = True
-        if graphs:
-            backend.graphs = False  # (captured steps then run eagerly)
-        try:
-            run()
-        finally:
-            for b in blocks:
-                b.census = False
-            if graphs is not None:
-                backend.graphs = graphs
-        self._census_steps = steps
 
     def read(self, label: str, steps: int) -> list[dict[str, Any]]:
-        """The rows of ``steps`` steps since ``reset`` (or of a ``census``'s), each also
-        said."""
+        """The rows of ``steps`` steps since ``reset``, each also said."""
         if self.offload is None:
             return []
-        steps = self._census_steps or steps
         mapped = self._maps()
         share = measured(label, self.offload.counters, steps, self.read_bw, self.upload_bw, mapped)
         click.echo(line(share))

@@ -18,6 +18,7 @@ GLM5Next) offers:
 
 * ``route(x) -> (top [N, k], weights [N, k])``;
 * ``experts``: its routed experts, None where not held; assignable;
+* ``hits``: None, or a device array [E] its call adds each routed pair to; assignable;
 * ``expert(prefix, weights)``: a routed expert from prepared weights (``prefix`` + gate, up,
   down), as the block holds it;
 * ``gated(gate_x, up_x)``: a routed expert's product of its gate and up rows, which joins
@@ -85,6 +86,7 @@ class SplittableMoe(Protocol):
 
     backend: Any
     experts: Sequence[Any]
+    hits: Any  # None, or a device array [E] the block's call adds its routed pairs to
 
     def route(self, x: Array) -> tuple[Array, Array]: ...
 
@@ -165,9 +167,6 @@ class SplitMoe:
         #: the block with every expert, the host's read in place (None: calls of few rows
         #: compute the host's pairs on the host, or stream them)
         self.in_place = self._read_in_place()
-        #: count the routing of calls read in place (a benchmark's census of what they read:
-        #: each call then reads its routing back, so steps must run eagerly meanwhile)
-        self.census = False
         self.host_experts: dict[int, HostExpert] = {}
         self._hold_on_host()
         #: the host's share as a step of the device's stream (None: the backend offers none)
@@ -233,8 +232,9 @@ class SplitMoe:
     def _read_in_place(self) -> SplittableMoe | None:
         """A copy of the block holding every expert, the host's as the device reads them in
         place from pinned host memory (``prepare_mapped``), where the stream maps on this
-        backend (``maps``); None where it does not. A block whose host experts cannot be read
-        so says so in the log and computes them on the host from then on."""
+        backend (``maps``), counting its pairs on the device (``ExpertCounters.on_device``:
+        its routing never leaves it); None where it does not. A block whose host experts
+        cannot be read so says so in the log and computes them on the host from then on."""
         if not self.maps:
             return None
         try:
@@ -251,6 +251,12 @@ class SplitMoe:
             experts[e] = self.inner.expert(expert_prefix(self.layer, e), weights)
         block = copy.copy(self.inner)
         block.experts = experts
+        assert self.stream is not None  # (``maps``)
+        link = [
+            self.stream.expert_bytes(self, e) if e in self.mapped else 0
+            for e in range(self.experts)
+        ]
+        block.hits = self.counters.on_device(self.layer, self.backend.xp, np.array(link))
         return block
 
     @property
@@ -267,8 +273,6 @@ class SplitMoe:
     def __call__(self, x: Array) -> Array:
         few = self.stream is None or not self.stream.takes(x.shape[0])  # not a prefill chunk
         if few and self.in_place is not None:
-            if self.census:
-                self._count_in_place(x)
             return self.in_place(x)
         top, weights = self.inner.route(x)
         if few and self.node_ready:
@@ -287,15 +291,6 @@ class SplitMoe:
         out = self.inner(x)
         part = self._host_part(xh, top, weights)
         return out if part is None else out + self.backend.xp.asarray(part)
-
-    def _count_in_place(self, x: Array) -> None:
-        """A census of a call read in place: its pairs counted as the device's, and the
-        stored bytes its host experts' pairs read over the link (one read a pair)."""
-        assert self.stream is not None
-        top = np.asarray(to_numpy(self.inner.route(x)[0]))
-        self.counters.record(self.layer, top, np.ones_like(self.resident), 0.0)
-        on_host = [e for e in top.ravel().tolist() if not self.resident[e]]
-        self.counters.mapped_bytes += sum(self.stream.expert_bytes(self, e) for e in on_host)
 
     def _host_part(self, x: np.ndarray, top: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
         """The host's pairs of rows ``x`` routed to ``top`` with ``weights`` (None: it holds

@@ -102,17 +102,18 @@ class EngineSeries:
         }
 
         # MoE expert offload (--vram-budget; 0 without it): routed (token, expert) pairs
-        # computed by resident experts and by host ones, what the host's share made the
-        # device wait and the bytes it read, and experts streamed to the device for prefill
-        # (the GPU's window)
+        # the device computed and those the host did, what the host's share made the device
+        # wait and the bytes it read, experts streamed to the device for prefill (the GPU's
+        # window), and the bytes the device read in place from host memory (mapped decode)
         self.memory_events.update(
             (name, Counter(f"ninfer_{name}", text, registry=r))
             for name, text in (
-                ("expert_device_hits", "Routed expert pairs computed in device memory"),
+                ("expert_device_hits", "Routed expert pairs the device computed"),
                 ("expert_host_hits", "Routed expert pairs computed from host memory"),
                 ("expert_host_wait_seconds", "Seconds the device waited for host experts"),
                 ("expert_streamed_bytes", "Expert bytes streamed to the device for prefill"),
                 ("expert_host_bytes", "Expert bytes the host read computing its pairs"),
+                ("expert_mapped_bytes", "Expert bytes the device read in place from host memory"),
             )
         )
 

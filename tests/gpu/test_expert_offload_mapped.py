@@ -19,7 +19,7 @@ from ninfer_runtime.engine import Engine
 from ninfer_runtime.expert_offload.stream_window import STREAM_ROWS
 
 from .conftest import REPORT, requires_gpu
-from .test_expert_offload_cuda import run
+from .test_expert_offload_cuda import STEPS, TOP_K, run
 from .test_expert_offload_graphs import captured
 
 pytestmark = requires_gpu
@@ -100,7 +100,15 @@ def test_captured_steps_read_host_experts_in_place(tiny, reference, share):
     offload.counters.reset()
     got = run(e.runner, PROMPT, 8)
     assert captured(e), "no decode step was captured"
-    assert offload.counters.host_total == 0 and offload.counters.streamed_bytes == 0
+    counters = offload.counters
+    assert counters.host_total == 0 and counters.streamed_bytes == 0
+    # every pair counted on the device, captured steps' too; the host experts' read in place
+    pairs = (len(PROMPT) + STEPS) * TOP_K * LAYERS
+    assert counters.device_total == pairs
+    size = {offload.stream.expert_bytes(b, x) for b in offload.blocks for x in b.on_host}
+    assert len(size) == 1  # the tiny model's experts are alike
+    read = counters.mapped_bytes
+    assert read == pairs * size.pop() if share == 0 else 0 < read < pairs * size.pop()
     close(f"offload/mapped-{offload.plan.resident_fraction:.0%} resident", reference["short"], got)
     long = run(e.runner, LONG, len(LONG))  # the chunk streams through the window; decode maps
     assert offload.counters.streamed_bytes > 0 and offload.counters.host_total == 0

@@ -184,10 +184,10 @@ def test_vram_budget_keeps_the_whole_models_share_on_the_host(artifacts, tmp_pat
     assert decode[0].strip() + "." in record.read_text()
 
 
-def test_mapped_decode_counts_what_it_read_in_a_census(artifacts):
-    """``--expert-stream-decode mapped``: decode computes nothing on the host, and a census
-    of the same steps says the bytes the device read in place a step (the CPU backend has no
-    upload floor: none is said)."""
+def test_mapped_decode_says_what_it_read_in_place(artifacts):
+    """``--expert-stream-decode mapped``: decode computes nothing on the host, and the row
+    says the bytes the device read in place a step, counted on the device (the CPU backend
+    has no upload floor: none is said)."""
     args = ["run", str(artifacts["glm5_next"]), "--backend", "cpu", "--lanes", "1"]
     args += ["--contexts", "16", "--steps", "2", "--prefill", "0", "--vram-budget", "1MiB"]
     result = CliRunner().invoke(main, [*args, "--expert-stream-decode", "mapped"])

@@ -173,29 +173,41 @@ def test_glm5_next_reads_its_host_experts_in_place(glm5_next):
     assert e.expert_offload.counters.host_total == 0
 
 
-def test_a_census_counts_the_pairs_read_in_place(q4_moe, shares):
-    """``SplitMoe.census`` (a benchmark's count of what mapped decode read): every pair of a
-    step counted as the device's, and each host expert's stored bytes once a pair."""
-    floor, _ = shares
-    e = mapped_engine(q4_moe, floor)
+def test_the_device_counts_the_pairs_it_reads_in_place(q4_moe, shares):
+    """A call read in place routes on the device alone, so the block counts its pairs there
+    (``ExpertCounters.on_device``): every pair of a step is the device's hit, of the expert
+    the router chose (the host path's counts of the same step, expert by expert), and each
+    host expert's stored bytes are read once a pair; the totals say so (``/metrics``)."""
+    floor, experts = shares
+    e = mapped_engine(q4_moe, floor + experts // 2)
     offload = e.expert_offload
-    sizes = {offload.stream.expert_bytes(b, x) for b in offload.blocks for x in b.on_host}
-    assert len(sizes) == 1  # the tiny model's experts are alike
-    state = e.runner.new_state(CONTEXT)
-    e.runner.prefill(PROMPT[:8], state, chunk=8, last_only=True)
-    offload.counters.reset()
-    for block in offload.blocks:
-        block.census = True
-    e.runner.forward([np.array([7])], [state])
-    pairs = len(offload.blocks) * 2  # one row, top-2 in each MoE layer
+    assert 0 < offload.plan.resident_fraction < 1
+    host = Engine(
+        q4_moe, max_context=CONTEXT, max_lanes=1, vram_budget=floor + experts // 2,
+        expert_stream_decode="off",
+    )  # fmt: skip
+    size = {offload.stream.expert_bytes(b, x) for b in offload.blocks for x in b.on_host}
+    assert len(size) == 1  # the tiny model's experts are alike
+    counts = []
+    for engine in (e, host):
+        state = engine.runner.new_state(CONTEXT)
+        engine.runner.prefill(PROMPT[:8], state, chunk=8, last_only=True)
+        engine.expert_offload.counters.reset()
+        engine.runner.forward([np.array([7])], [state])
+        counts.append(engine.expert_offload.counters.counts())
     counters = offload.counters
+    pairs = len(offload.blocks) * 2  # one row, top-2 in each MoE layer
     assert counters.device_total == pairs and counters.host_total == 0
-    assert counters.mapped_bytes == pairs * sizes.pop()
-    for block in offload.blocks:
-        block.census = False
-    counters.reset()
+    for layer, hits in counts[0].items():
+        np.testing.assert_array_equal(hits, counts[1][layer])
+    on_host = sum(int(counts[0][b.layer][sorted(b.on_host)].sum()) for b in offload.blocks)
+    assert 0 < on_host < pairs
+    totals = counters.totals()
+    assert totals["expert_mapped_bytes"] == on_host * size.pop()
+    assert totals["expert_device_hits"] == pairs
+    state = e.runner.new_state(CONTEXT)
     e.runner.forward([np.array([9])], [state])
-    assert counters.device_total == 0 and counters.mapped_bytes == 0  # no census: no count
+    assert counters.device_total == 2 * pairs  # the next step's too, drained by the read
 
 
 def test_mtp_rounds_keep_greedy_output_reading_in_place(q4_moe):

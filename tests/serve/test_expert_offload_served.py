@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import httpx
+import numpy as np
 import pytest
 
 from ninfer_runtime.expert_offload import ExpertCounters
@@ -81,6 +82,11 @@ def test_expert_counters_reach_the_metrics_as_increments() -> None:
     }
     counters.host_hits[0][3] += 5
     assert gains.memory(engine) == {"expert_host_hits": 5}
+    # pairs read in place, counted on the "device" (numpy here), with their link bytes
+    on_device = counters.on_device(0, np, np.array([0, 100, 0, 100]))
+    on_device[[1, 3]] += [2, 1]
+    assert gains.memory(engine) == {"expert_device_hits": 3, "expert_mapped_bytes": 300}
+    assert not on_device.any()  # drained
     metrics = Metrics("m", backend="cpu", max_concurrency=1, max_context=64)
     metrics.memory(gained)
     page = metrics.render().decode()
@@ -125,3 +131,27 @@ def test_a_served_moe_model_splits_its_experts(moe_artifact) -> None:
         assert reply.status_code == 200, reply.text
         assert metric(server.url, "ninfer_expert_device_hits_total") > 0
         assert metric(server.url, "ninfer_expert_host_hits_total") > 0, server.log
+
+
+def test_a_served_moe_model_reads_its_host_experts_in_place(moe_artifact) -> None:
+    """``--expert-stream-decode mapped``: the host computes no pair, and /metrics counts the
+    pairs the device read in place and the bytes it read so."""
+    for server in start_server(
+        moe_artifact,
+        *("--vram-budget", "1.6MiB", "--context-capacity", "1MiB", "--max-concurrency", "1"),
+        *("--expert-stream-decode", "mapped"),
+    ):
+        reply = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={
+                "model": server.model,
+                "messages": [{"role": "user", "content": "Hello"}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        assert metric(server.url, "ninfer_expert_device_hits_total") > 0
+        assert metric(server.url, "ninfer_expert_mapped_bytes_total") > 0, server.log
+        assert metric(server.url, "ninfer_expert_host_hits_total") == 0

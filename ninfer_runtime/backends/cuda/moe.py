@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...arrays import array_module
+from ..array_ops import count_pairs
 from . import formats as F
 from . import kernels, prefill
 from .compile import function
@@ -64,10 +65,11 @@ MAX_GRID_Y = 65535
 SHARED_GROUPS = (8, 3, 4)
 
 
-def held_route(logits: Any, table: ExpertTable) -> tuple[Any, Any]:
+def held_route(logits: Any, table: ExpertTable, hits: Any = None) -> tuple[Any, Any]:
     """``route`` over the table's experts, the shares of pairs whose expert another rank
-    holds set to 0."""
+    holds set to 0; each chosen pair added to ``hits`` [E] int32 (None: uncounted)."""
     ids, shares = route(logits, table.top_k, table.experts)
+    count_pairs(hits, ids)
     if table.held is not None:
         shares *= table.held[ids]
     return ids, shares
@@ -96,9 +98,10 @@ def silu_mul(gu: Any, up: int, inter: int, width: int) -> Any:
     return h
 
 
-def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
+def moe_decode(backend: Any, x: Any, table: ExpertTable, hits: Any = None) -> Any:
     """The MoE block for ``N = x.shape[0] <= 8`` rows, ``[N, H]`` float32, with device-side
     routing only (no host synchronisation, no device -> host reads): safe to capture.
+    ``hits``: as ``held_route``'s.
     Launches: router | shared score, top-k, the experts' gate|up, silu * up, the experts'
     down, the shared expert's gate|up, silu * up and down, and the combine."""
     import cupy as cp
@@ -108,7 +111,7 @@ def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
     pairs = n * k
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     logits = backend.linear(x, table.router_score)  # [N, E + 1]: the score is the last column
-    ids, shares = held_route(logits, table)
+    ids, shares = held_route(logits, table, hits)
 
     gu = cp.empty((pairs, 2 * inter), dtype=cp.float32)  # gate | up of every pair
     if table.fused:
@@ -125,25 +128,28 @@ def moe_decode(backend: Any, x: Any, table: ExpertTable) -> Any:
     return _combine(x, table, logits, y, shares, _shared(backend, x, table))
 
 
-def moe_prefill(backend: Any, x: Any, table: ExpertTable) -> Any:
+def moe_prefill(backend: Any, x: Any, table: ExpertTable, hits: Any = None) -> Any:
     """The MoE block for any number of rows ``[N, H]`` float32, all on the device: routed,
     the ``N * k`` pairs grouped by expert (``PairGroups``), each projection one grouped
     launch over them all (``_grouped``), the outputs put back in pair order and combined as
-    in ``moe_decode``; passes of at most ``PREFILL_ROWS`` rows."""
+    in ``moe_decode``; passes of at most ``PREFILL_ROWS`` rows. ``hits``: as
+    ``held_route``'s."""
     import cupy as cp
 
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     step = max(1, min(PREFILL_ROWS, MAX_GRID_Y // table.top_k))
-    parts = [_prefill_rows(backend, x[a : a + step], table) for a in range(0, x.shape[0], step)]
+    parts = [
+        _prefill_rows(backend, x[a : a + step], table, hits) for a in range(0, x.shape[0], step)
+    ]
     return parts[0] if len(parts) == 1 else cp.concatenate(parts)
 
 
-def _prefill_rows(backend: Any, x: Any, table: ExpertTable) -> Any:
+def _prefill_rows(backend: Any, x: Any, table: ExpertTable, hits: Any) -> Any:
     import cupy as cp
 
     k, inter, hidden = table.top_k, table.intermediate, table.hidden
     logits = _router_logits(backend, x, table)
-    ids, shares = held_route(logits, table)
+    ids, shares = held_route(logits, table, hits)
     tensor_cores = _tensor_core_groups(table)
     size = TENSOR_GROUP_PAIRS if tensor_cores else GROUP_PAIRS
     groups = _held_groups(ids, table, size)

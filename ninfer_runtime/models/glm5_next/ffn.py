@@ -19,6 +19,7 @@ from ninfer_format.binders.qwen3_5_geometry import Moe
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
+from ...backends.array_ops import count_pairs
 from ...ops.registry import resolve
 from ..functional import silu_mul
 
@@ -73,6 +74,8 @@ class GroupedMoe:
             for e in range(moe.experts)
         ]
         self.shared = ClampedMlp(p + "shared/", limit, backend, weights)
+        #: a device array [E] each routed pair is added to (None: uncounted)
+        self.hits: Array | None = None
 
     @staticmethod
     def parameter_names(prefix: str, moe: Moe) -> list[str]:
@@ -100,6 +103,7 @@ class GroupedMoe:
         """The shared experts, then the routed ones it holds (expert offload adds the pairs
         of those held in host memory) through the moe family's ``routed_experts``."""
         top, weights = self.route(x)
+        count_pairs(self.hits, top)
         out = self.shared(x)
         routed = resolve("moe", "routed_experts", device=self.backend.name)
         routed(self.backend, x, top, weights, self.experts, out=out)

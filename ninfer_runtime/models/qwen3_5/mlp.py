@@ -41,8 +41,8 @@ class SparseMoe:
     provider can group tokens by expert; this class only assembles the block's weights (the
     experts this rank does not hold, under expert parallelism, as None; so too the experts
     not prepared at all, which expert offload holds in host memory,
-    ``expert_offload.SplitMoe``, through ``route``, ``experts``, ``expert`` and
-    ``gated``)."""
+    ``expert_offload.SplitMoe``, through ``route``, ``experts``, ``expert``, ``gated`` and
+    ``hits``)."""
 
     def __init__(self, prefix: str, m: MoeConfig, backend: Backend, weights: Mapping[str, Weight]):
         p = prefix + "moe/"
@@ -86,6 +86,15 @@ class SparseMoe:
     @experts.setter
     def experts(self, experts: Sequence[ExpertWeights | None]) -> None:
         self.weights = dataclasses.replace(self.weights, experts=list(experts))
+
+    @property
+    def hits(self) -> Array | None:
+        """A device array [E] each routed pair is added to (None: uncounted)."""
+        return self.weights.hits
+
+    @hits.setter
+    def hits(self, hits: Array | None) -> None:
+        self.weights = dataclasses.replace(self.weights, hits=hits)
 
     @staticmethod
     def expert(prefix: str, weights: Mapping[str, Weight]) -> ExpertWeights:

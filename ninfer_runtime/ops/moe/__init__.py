@@ -6,7 +6,9 @@ Ops (signatures as the reference's, ``reference.py``):
   on rows x [N, H] float32: softmax router over all experts, top-k renormalised, each chosen
   expert's gated MLP over its rows, plus the shared expert scaled by a sigmoid score; the
   products are the device's (``backend.linear``); an expert that is None (another rank's, or
-  one held in host memory by expert offload) adds nothing;
+  one held in host memory by expert offload) adds nothing; where ``weights.hits`` is an
+  array [E], each chosen (row, expert) pair is added to it on the device
+  (``array_ops.count_pairs``);
 * ``route``: ``(probs, top_k) -> (top, share)``: the softmax router's choice, top-k of the
   probabilities [N, E] (lower index first among equals), renormalised over them;
 * ``grouped_route``: ``(logits, bias, *, groups, topk_groups, top_k, norm_topk_prob, scale)

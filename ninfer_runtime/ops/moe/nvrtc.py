@@ -15,7 +15,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from ...backends.array_ops import sigmoid, softmax
+from ...backends.array_ops import count_pairs, sigmoid, softmax
 from ...backends.base import MoeWeights
 from ...backends.cuda import kernels, moe_routed, moe_routing
 from ...backends.cuda import moe as moe_kernels
@@ -69,13 +69,13 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
     back (N x E floats) and each selected expert runs once over its rows; none held here
     (expert offload's host holds every routed expert of the layer): the shared expert alone,
     as their pairs add nothing, with nothing read back (so a decode step stays capturable)."""
-    n, step = x.shape[0], kernels.MAX_GEMV_ROWS
+    n, step, hits = x.shape[0], kernels.MAX_GEMV_ROWS, weights.hits
     table = expert_table(backend, weights) if n > 0 else None
     if table is not None and n > MOE_DEVICE_ROWS:
-        return moe_kernels.moe_prefill(backend, x, table)
+        return moe_kernels.moe_prefill(backend, x, table, hits)
     if table is not None:
         chunks = [
-            moe_kernels.moe_decode(backend, x[a : a + step], table) for a in range(0, n, step)
+            moe_kernels.moe_decode(backend, x[a : a + step], table, hits) for a in range(0, n, step)
         ]
         return chunks[0] if len(chunks) == 1 else cp.concatenate(chunks)
     if all(ex is None for ex in weights.experts):  # (a table holds at least one)
@@ -83,6 +83,7 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
     probs = softmax(backend.linear(x, weights.router))
     # read back: the rows of each expert
     top, share = reference.route(cp.asnumpy(probs), weights.top_k)
+    count_pairs(hits, cp.asarray(top))
     share = cp.asarray(share)
     out = cp.zeros_like(x)
     for e in np.unique(top):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...backends.array_ops import sigmoid, softmax
+from ...backends.array_ops import count_pairs, sigmoid, softmax
 from ...backends.base import ExpertWeights, MoeWeights
 from ...models.functional import _xp, silu_mul
 
@@ -130,6 +130,7 @@ def block(backend: Any, x: Array, weights: MoeWeights) -> Array:
     adds nothing: its pairs are computed where it is held."""
     probs = softmax(backend.linear(x, weights.router))  # [N, E] over all experts
     top, share = route(probs, weights.top_k)
+    count_pairs(weights.hits, top)
     out = np.zeros_like(x)
     for e in np.unique(top):
         ex: ExpertWeights | None = weights.experts[int(e)]
