@@ -107,28 +107,33 @@ def moe_artifact(tmp_path_factory: pytest.TempPathFactory):
     return out
 
 
+BUDGET = ("--vram-budget", "1.6MiB", "--context-capacity", "1MiB", "--max-concurrency", "1")
+
+
+def say_hello(server) -> None:
+    """A short greedy chat, answered."""
+    reply = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={
+            "model": server.model,
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4,
+            "temperature": 0,
+        },
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+
+
 def test_a_served_moe_model_splits_its_experts(moe_artifact) -> None:
     """About half the experts fit (other weights 556 KiB + an 866 KiB pool, then 408 KiB of
     experts): both sides compute pairs, and /metrics counts them."""
-    for server in start_server(
-        moe_artifact,
-        *("--vram-budget", "1.6MiB", "--context-capacity", "1MiB", "--max-concurrency", "1"),
-    ):
+    for server in start_server(moe_artifact, *BUDGET):
         # log records pass through the app's logging queue: the plan's line may follow the
         # ready line by a moment
         wait_for(lambda server=server: "routed experts in device memory" in server.log)
         assert "8 of 16 routed experts in device memory" in server.log, server.log
-        reply = httpx.post(
-            f"{server.url}/v1/chat/completions",
-            json={
-                "model": server.model,
-                "messages": [{"role": "user", "content": "Hello"}],
-                "max_tokens": 4,
-                "temperature": 0,
-            },
-            timeout=60,
-        )
-        assert reply.status_code == 200, reply.text
+        say_hello(server)
         assert metric(server.url, "ninfer_expert_device_hits_total") > 0
         assert metric(server.url, "ninfer_expert_host_hits_total") > 0, server.log
 
@@ -136,22 +141,8 @@ def test_a_served_moe_model_splits_its_experts(moe_artifact) -> None:
 def test_a_served_moe_model_reads_its_host_experts_in_place(moe_artifact) -> None:
     """``--expert-stream-decode mapped``: the host computes no pair, and /metrics counts the
     pairs the device read in place and the bytes it read so."""
-    for server in start_server(
-        moe_artifact,
-        *("--vram-budget", "1.6MiB", "--context-capacity", "1MiB", "--max-concurrency", "1"),
-        *("--expert-stream-decode", "mapped"),
-    ):
-        reply = httpx.post(
-            f"{server.url}/v1/chat/completions",
-            json={
-                "model": server.model,
-                "messages": [{"role": "user", "content": "Hello"}],
-                "max_tokens": 4,
-                "temperature": 0,
-            },
-            timeout=60,
-        )
-        assert reply.status_code == 200, reply.text
+    for server in start_server(moe_artifact, *BUDGET, "--expert-stream-decode", "mapped"):
+        say_hello(server)
         assert metric(server.url, "ninfer_expert_device_hits_total") > 0
         assert metric(server.url, "ninfer_expert_mapped_bytes_total") > 0, server.log
         assert metric(server.url, "ninfer_expert_host_hits_total") == 0
