@@ -19,12 +19,11 @@ chosen experts, over its rows; stored codes for
 ``int4``) over the read bandwidth measured in the same run (one large array's maximum, in slices
 on every core). ``--kernel-threads`` times the ``int4`` way with each expert's products on
 that many cores, the pool running the rest side by side (``all``: every core on one expert at
-a time; ``auto``: the engine's split, ``host_experts.kernel_split``: every core at one row,
-``ROWS_SPLIT`` cores an expert at more). The machine may be shared: each way runs
-``--rounds`` times and the best round counts.
+a time, the engine's default). The machine may be shared: each way runs ``--rounds`` times
+and the best round counts.
 
     python benchmarks/expert_offload_host_bench.py [--format q4_g64_fp16]
-        [--down-format q5_g64_fp16] [--kernel-threads auto,all,1,4] [--steps 20] [--rows 1,8]
+        [--down-format q5_g64_fp16] [--kernel-threads all,1,4] [--steps 20] [--rows 1,8]
 
 Copy the table with date, CPU and commit into docs/performance.md.
 """
@@ -141,11 +140,11 @@ def cpu_name() -> str:
 
 
 def core_splits(text: str) -> list[str]:
-    """``--kernel-threads``: each entry ``auto`` (the engine's split), ``all`` (every core)
-    or a core count."""
+    """``--kernel-threads``: each entry ``all`` (every core, the engine's default) or a core
+    count."""
     for t in text.split(","):
-        if t not in ("auto", "all") and not (t.isdigit() and int(t) > 0):
-            raise argparse.ArgumentTypeError(f"{t!r}: expected auto, all or a core count above 0")
+        if t != "all" and not (t.isdigit() and int(t) > 0):
+            raise argparse.ArgumentTypeError(f"{t!r}: expected all or a core count above 0")
     return text.split(",")
 
 
@@ -163,8 +162,8 @@ def main() -> None:
     parser.add_argument(
         "--kernel-threads",
         type=core_splits,
-        default="auto",
-        help="int4 way: cores an expert, comma-separated: auto, all or counts",
+        default="all",
+        help="int4 way: cores an expert, comma-separated: all or counts",
     )
     parser.add_argument("--steps", type=int, default=20, help="decode steps a round (mid bank)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a way; the best is shown")
@@ -215,11 +214,9 @@ def main() -> None:
             packer.close()
             for split in splits:
                 way = f"int4 {split}"
-                cores = {"auto": None, "all": host_threads()}.get(split)
+                cores = host_threads() if split == "all" else int(split)
                 ways[way] = (dict(enumerate(packed)), packed[0].nbytes)
-                hosts[way] = HostCompute(
-                    kernel=kernel, kernel_threads=cores if split in ("auto", "all") else int(split)
-                )
+                hosts[way] = HostCompute(kernel=kernel, kernel_threads=cores)
         steps = args.steps if bank.name != "tiny" else args.steps * 20
         for rows in args.rows:
             tops = step_routes(bank, rows, steps, seed=1)

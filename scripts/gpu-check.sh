@@ -192,7 +192,7 @@ for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do
       --json "$OUT/offload${name}_host.json" --record "$OUT/records.md" \
       ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep -v upload
     timeout 180 python3 benchmarks/expert_offload_host_bench.py --steps 10 --rounds 2 \
-      --down-format q5_g64_fp16 --kernel-threads auto,all,1,4 --rows 1,8 2>&1 \
+      --down-format q5_g64_fp16 --kernel-threads all,1,4 --rows 1,8 2>&1 \
       | tee "$OUT/offload_host.txt"
   fi
   if [ "$name" = 35 ] && [ "${OFFLOAD:-0}" = 1 ]; then

@@ -215,20 +215,6 @@ def host_threads() -> int:
         return os.cpu_count() or 1
 
 
-#: the cores an expert's kernel products take in a call of several token rows (lanes), the
-#: pool running the others side by side
-ROWS_SPLIT = 4
-
-
-def kernel_split(rows: int, threads: int) -> int:
-    """The cores one expert's kernel products take in a call of ``rows`` token rows, by
-    default: one row reads each expert fastest with every core on it, the experts one after
-    another; several rows with ``ROWS_SPLIT`` cores an expert, experts side by side (on a GPU
-    machine's 16-thread host, 510 against 174 tokens/s at one row, 78 against 308 at eight:
-    docs/performance.md)."""
-    return threads if rows == 1 else min(ROWS_SPLIT, threads)
-
-
 class HostCompute:
     """The host's share of MoE blocks: the chosen experts it holds, on a thread pool."""
 
@@ -237,8 +223,9 @@ class HostCompute:
     ):
         """``kernel``: the ``host_products`` kernel host experts are packed for (None: the
         reference's decoding); ``kernel_threads``: the cores one expert's kernel products
-        take, the pool running ``threads // kernel_threads`` experts side by side (None: the
-        split measured fastest, ``kernel_split``)."""
+        take, the pool running ``threads // kernel_threads`` experts side by side (None:
+        every core on one expert after another, which the engine's steps measured fastest at
+        one lane and at eight: docs/performance.md)."""
         self.threads = threads or host_threads()
         self.kernel = kernel
         self.kernel_threads = kernel_threads
@@ -286,7 +273,7 @@ class HostCompute:
         if not chosen:
             return None
         # experts side by side: a kernel's take ``cores`` each, the reference's one a thread
-        cores = min(self.kernel_threads or kernel_split(len(x), self.threads), self.threads)
+        cores = min(self.kernel_threads or self.threads, self.threads)
         side = min(self.threads // cores if self.kernel is not None else self.threads, len(chosen))
 
         def some(group: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:

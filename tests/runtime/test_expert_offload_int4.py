@@ -224,10 +224,10 @@ class CountingKernel:
 @pytest.mark.parametrize(
     ("threads", "kernel_threads", "rows", "chosen", "cores", "side"),
     [
-        (16, None, 1, 5, 16, 1),  # default at one row: every core on one expert after another
+        (16, None, 1, 5, 16, 1),  # default: every core on one expert after another
         (16, None, 1, 32, 16, 1),
-        (16, None, 8, 8, 4, 4),  # default at several rows: 4 cores an expert, 4 side by side
-        (2, None, 8, 8, 2, 1),  # (no more cores than the host has)
+        (16, None, 8, 8, 16, 1),  # at several rows too
+        (2, 4, 8, 8, 2, 1),  # (no more cores than the host has)
         (16, 4, 1, 8, 4, 4),  # 4 cores an expert, 4 experts side by side
         (16, 16, 8, 8, 16, 1),  # every core on one expert at a time
     ],
