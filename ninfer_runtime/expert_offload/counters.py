@@ -94,7 +94,12 @@ class ExpertCounters:
     def counts(self) -> dict[int, np.ndarray]:
         """Per layer, each expert's hits wherever it ran: a residency priority."""
         self.drain()
-        return {layer: self.device_hits[layer] + self.host_hits[layer] for layer in self.host_hits}
+        return {layer: self.layer_counts(layer) for layer in self.host_hits}
+
+    def layer_counts(self, layer: int) -> np.ndarray:
+        """``layer``'s hits as last drained: a priority read inside a step, which must not
+        wait for the device (``drain`` does)."""
+        return self.device_hits[layer] + self.host_hits[layer]
 
     def totals(self) -> dict[str, float]:
         """The totals ``/metrics`` shows, by the server's counter names."""

@@ -277,7 +277,7 @@ class ExpertStream:
         after = self._after(block)
         groups: list[list[str]] = []
         if after is not None:
-            hits = after.counters.counts()[after.layer]
+            hits = after.counters.layer_counts(after.layer)
             order = sorted(after.on_host, key=lambda e: (-hits[e], e))
             first = (self.parts(after, order) or [[]])[0]
             groups = [expert_names(after.layer, e) for e in first]
