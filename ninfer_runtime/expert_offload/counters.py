@@ -4,13 +4,13 @@ Every (token, slot) pair a router chooses is one hit of its expert, on the devic
 expert is resident and on the host when it is not. The per-expert totals are also a
 priority: a later load can keep the experts this run chose most (``plan_residency``'s
 ``counts``). The engine's steps write (on a GPU, the host's share of a step records from the
-driver's callback thread while the engine thread waits for the step); a reader on another
-thread (a metrics scrape) reads plain numbers.
+driver's callback thread while the engine thread waits for the step).
 
 A block that reads its host experts in place (``mapped`` decode) has no routing on the host:
 it adds its pairs to a device array (``on_device``, the moe family's ``hits``), one array for
-every layer so ``drain`` reads them all back in one copy, which ``totals`` and ``counts`` do
-(on the engine's thread, between steps: the server reads the totals after every step).
+every layer so ``drain`` reads them all back in one copy, which the totals, ``counts`` and
+``reset`` do. So they are read on the engine's thread between steps (the server's readings
+are, after every step); ``layer_counts`` is what a step may read inside itself.
 """
 
 from __future__ import annotations
