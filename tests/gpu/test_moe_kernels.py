@@ -426,6 +426,46 @@ def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
             assert_close(out, cpu_moe(host, cpu_w))
 
 
+def test_the_block_counts_its_routed_pairs_where_asked(cuda_backend: Any) -> None:
+    """Weights with ``hits`` (expert offload's mapped decode): the block adds each routed pair
+    to them on the device, captured steps' too (replayed three times), and in prefill's
+    grouped path: expert by expert the counts the reference block gives on the CPU."""
+    import dataclasses
+
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_decode
+
+    gpu_w, cpu_w = random_moe("q8_g32_fp16", fused=True, seed=7)
+    gpu_w = dataclasses.replace(gpu_w, hits=cp.zeros(E, dtype=cp.int32))
+    cpu_w = dataclasses.replace(cpu_w, hits=np.zeros(E, dtype=np.int32))
+    rng = np.random.default_rng(8)
+    n = 8
+    table = ExpertTable(gpu_w, cuda_backend.join_rows)
+    s = cp.cuda.Stream(non_blocking=True)
+    pool = cp.cuda.MemoryPool()
+    x = cp.zeros((n, H), dtype=cp.float32)
+    with s, cp.cuda.using_allocator(pool.malloc):
+        moe_decode(cuda_backend, x, table, gpu_w.hits)  # compiles; fills the pool
+        gpu_w.hits.fill(0)
+        s.synchronize()
+        s.begin_capture()
+        try:
+            moe_decode(cuda_backend, x, table, gpu_w.hits)
+        finally:
+            graph = s.end_capture()
+        for _ in range(3):
+            host = rng.standard_normal((n, H)).astype(np.float32)
+            x.set(host, stream=s)
+            graph.launch(s)
+            s.synchronize()
+            cpu_moe(host, cpu_w)
+    long = rng.standard_normal((70, H)).astype(np.float32)  # past MOE_DEVICE_ROWS: grouped
+    assert_close(block(cuda_backend, cp.asarray(long), gpu_w), cpu_moe(long, cpu_w))
+    assert int(cpu_w.hits.sum()) == (3 * n + 70) * TOP_K
+    np.testing.assert_array_equal(gpu_w.hits.get(), cpu_w.hits)
+
+
 @pytest.mark.parametrize("fmt", ["q8_g32_fp16", "q4_g64_fp16"])
 def test_verification_sized_batches_run_on_the_device(fmt: str) -> None:
     """The moe family's CUDA ``block`` on 9..64 rows (a speculative verification) runs
