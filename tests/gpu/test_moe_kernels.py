@@ -395,35 +395,47 @@ def test_expert_table_rejects_unreadable_experts(cuda_backend: Any) -> None:
         ExpertTable(mixed, cuda_backend.join_rows)
 
 
+def captured_decode(backend: Any, table: Any, x: Any, hits: Any = None) -> tuple[Any, ...]:
+    """``moe_decode`` on ``x`` run eagerly once (it compiles and fills the pool), then
+    captured on a stream of its own: (the eager output, the graph, the graph's output, its
+    stream, the pool that holds the graph's addresses, never handed to anyone else)."""
+    import cupy as cp
+
+    from ninfer_runtime.backends.cuda.moe import moe_decode
+
+    cp.cuda.Stream.null.synchronize()  # x (and hits), made on the default stream, are ready
+    s = cp.cuda.Stream(non_blocking=True)
+    pool = cp.cuda.MemoryPool()
+    with s, cp.cuda.using_allocator(pool.malloc):
+        warm = moe_decode(backend, x, table, hits)
+        s.synchronize()
+        s.begin_capture()
+        try:
+            out = moe_decode(backend, x, table, hits)
+        finally:
+            graph = s.end_capture()
+    return warm, graph, out, s, pool
+
+
 def test_moe_decode_in_a_cuda_graph(cuda_backend: Any) -> None:
     import cupy as cp
 
-    from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_decode
+    from ninfer_runtime.backends.cuda.moe import ExpertTable
 
     gpu_w, cpu_w = random_moe("q8_g32_fp16", fused=True, seed=3)
     table = ExpertTable(gpu_w, cuda_backend.join_rows)
     n = 4
     rng = np.random.default_rng(4)
-    s = cp.cuda.Stream(non_blocking=True)
-    pool = cp.cuda.MemoryPool()  # the graph's addresses: never handed to anyone else
-    x = cp.zeros((n, H), dtype=cp.float32)
-    with s, cp.cuda.using_allocator(pool.malloc):
-        first = rng.standard_normal((n, H)).astype(np.float32)
-        x.set(first, stream=s)
-        warm = moe_decode(cuda_backend, x, table)  # compiles; fills the pool
+    first = rng.standard_normal((n, H)).astype(np.float32)
+    x = cp.asarray(first)
+    warm, graph, out, s, _pool = captured_decode(cuda_backend, table, x)
+    assert_close(warm, cpu_moe(first, cpu_w))
+    for _ in range(3):
+        host = rng.standard_normal((n, H)).astype(np.float32)
+        x.set(host, stream=s)
+        graph.launch(s)
         s.synchronize()
-        assert_close(warm, cpu_moe(first, cpu_w))
-        s.begin_capture()
-        try:
-            out = moe_decode(cuda_backend, x, table)
-        finally:
-            graph = s.end_capture()
-        for _ in range(3):
-            host = rng.standard_normal((n, H)).astype(np.float32)
-            x.set(host, stream=s)
-            graph.launch(s)
-            s.synchronize()
-            assert_close(out, cpu_moe(host, cpu_w))
+        assert_close(out, cpu_moe(host, cpu_w))
 
 
 def test_the_block_counts_its_routed_pairs_where_asked(cuda_backend: Any) -> None:
@@ -434,7 +446,7 @@ def test_the_block_counts_its_routed_pairs_where_asked(cuda_backend: Any) -> Non
 
     import cupy as cp
 
-    from ninfer_runtime.backends.cuda.moe import ExpertTable, moe_decode
+    from ninfer_runtime.backends.cuda.moe import ExpertTable
 
     gpu_w, cpu_w = random_moe("q8_g32_fp16", fused=True, seed=7)
     gpu_w = dataclasses.replace(gpu_w, hits=cp.zeros(E, dtype=cp.int32))
@@ -442,24 +454,15 @@ def test_the_block_counts_its_routed_pairs_where_asked(cuda_backend: Any) -> Non
     rng = np.random.default_rng(8)
     n = 8
     table = ExpertTable(gpu_w, cuda_backend.join_rows)
-    s = cp.cuda.Stream(non_blocking=True)
-    pool = cp.cuda.MemoryPool()
     x = cp.zeros((n, H), dtype=cp.float32)
-    with s, cp.cuda.using_allocator(pool.malloc):
-        moe_decode(cuda_backend, x, table, gpu_w.hits)  # compiles; fills the pool
-        gpu_w.hits.fill(0)
+    _warm, graph, _out, s, _pool = captured_decode(cuda_backend, table, x, gpu_w.hits)
+    gpu_w.hits.fill(0)  # (the eager run counted its rows)
+    for _ in range(3):
+        host = rng.standard_normal((n, H)).astype(np.float32)
+        x.set(host, stream=s)
+        graph.launch(s)
         s.synchronize()
-        s.begin_capture()
-        try:
-            moe_decode(cuda_backend, x, table, gpu_w.hits)
-        finally:
-            graph = s.end_capture()
-        for _ in range(3):
-            host = rng.standard_normal((n, H)).astype(np.float32)
-            x.set(host, stream=s)
-            graph.launch(s)
-            s.synchronize()
-            cpu_moe(host, cpu_w)
+        cpu_moe(host, cpu_w)
     long = rng.standard_normal((70, H)).astype(np.float32)  # past MOE_DEVICE_ROWS: grouped
     assert_close(block(cuda_backend, cp.asarray(long), gpu_w), cpu_moe(long, cpu_w))
     assert int(cpu_w.hits.sum()) == (3 * n + 70) * TOP_K
