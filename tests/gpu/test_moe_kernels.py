@@ -457,6 +457,7 @@ def test_the_block_counts_its_routed_pairs_where_asked(cuda_backend: Any) -> Non
     x = cp.zeros((n, H), dtype=cp.float32)
     _warm, graph, _out, s, _pool = captured_decode(cuda_backend, table, x, gpu_w.hits)
     gpu_w.hits.fill(0)  # (the eager run counted its rows)
+    cp.cuda.Stream.null.synchronize()  # (before the replays on the graph's own stream)
     for _ in range(3):
         host = rng.standard_normal((n, H)).astype(np.float32)
         x.set(host, stream=s)
