@@ -3,9 +3,9 @@ experts, no read back) against the reference's loop (an expert's products at a t
 sparse layers of the tiny GLM5Next artifact (bf16 experts, a clamped SwiGLU) on CUDA: 1, 3 and
 8 rows within the family's stated ``nvrtc`` tolerance; with every other expert held in host
 memory (None: its pairs add nothing, as the reference skips them); a table serves only the
-experts it was built from; and the whole model's decode with ``nvrtc`` forced (and with the
-connections' Sinkhorn on ours, the other op of GLM5Next's whose ``nvrtc`` is second in its
-policy row) gives logits within that tolerance of the policy's path."""
+experts it was built from; and the whole model's decode on the policy's providers (ours, for
+the routed experts and for the connections' Sinkhorn) gives logits within that tolerance of
+the same decode with the ``reference`` forced."""
 
 from __future__ import annotations
 
@@ -100,32 +100,34 @@ def test_a_table_serves_only_its_experts(glm5_next_artifact: Path) -> None:  # n
 
 
 @pytest.mark.parametrize("forced", [("moe", "routed_experts"), ("norm", "sinkhorn")])
-def test_decode_with_ours_forced_gives_the_policys_logits(
+def test_decode_on_ours_gives_the_references_logits(
     glm5_next_artifact: Path,  # noqa: F811
     forced: tuple[str, str],
 ) -> None:
-    """Six decode steps of the policy's greedy tokens, with our ``nvrtc`` provider of the op
-    forced and without (the routed experts; the connections' Sinkhorn, also ours and second
-    in its policy row): every step's logits within the moe family's ``nvrtc`` tolerance (the
-    same tokens fed to both, so a near-tie cannot part them)."""
+    """Six decode steps of the policy's greedy tokens, with the op on the policy's provider
+    (ours: the routed experts on the expert GEMVs; the connections' Sinkhorn in one launch)
+    and with the ``reference`` forced: every step's logits within the moe family's ``nvrtc``
+    tolerance (the same tokens fed to both, so a near-tie cannot part them)."""
     family, op = forced
+    policy = importlib.import_module(f"ninfer_runtime.ops.{family}.policy")
+    assert policy.choose(op, device="cuda")[0] == "nvrtc"  # the policy's choice is ours
     ids = np.random.default_rng(5).integers(0, VOCAB, 12)
     tokens: list[int] = []
     runs = {}
-    for on in (False, True):
+    for on_reference in (False, True):
         runner = ModelRunner(_cuda_model(glm5_next_artifact))
         state = runner.new_state(64)
         logits = [_host(runner.prefill(ids, state).logits[0])[-1]]
-        ours = registry.override(family, op, "nvrtc")
-        with ours if on else contextlib.nullcontext():
+        forced_reference = registry.override(family, op, "reference")
+        with forced_reference if on_reference else contextlib.nullcontext():
             for step in range(6):
-                if not on:
+                if not on_reference:
                     tokens.append(int(np.argmax(logits[-1])))
                 out = runner.forward([np.array([tokens[step]])], [state]).logits[0]
                 logits.append(_host(out)[-1])
-        runs[on] = logits
-    for plain, ours_logits in zip(runs[False], runs[True], strict=True):
-        _close(ours_logits, plain)
+        runs[on_reference] = logits
+    for ours, want in zip(runs[False], runs[True], strict=True):
+        _close(ours, want)
 
 
 def _host(a):  # type: ignore[no-untyped-def]

@@ -18,6 +18,7 @@ from tests.runtime.test_op_registry import FAMILIES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
 TICKED = re.compile(r"`([A-Za-z_0-9]+)`")
+CELL_EDGE = re.compile(r"(?<!\\)\|")  # a pipe, but not markdown's escaped one inside a cell
 
 
 def docs_rows(family: str) -> dict[tuple[str, str], list[list[str]]]:
@@ -26,7 +27,7 @@ def docs_rows(family: str) -> dict[tuple[str, str], list[list[str]]]:
     names = {name for by_name in registered.values() for name in by_name}
     rows: dict[tuple[str, str], list[list[str]]] = {}
     for line in DOCS.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip() for c in CELL_EDGE.split(line.strip().strip("|"))]
         if len(cells) < 4 or cells[0] != f"`{family}`":
             continue
         ops_cell, devices, providers = cells[1], cells[2], cells[3]

@@ -13,9 +13,6 @@ OPS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "sinkhorn")
 TABLE: dict[tuple[str, str], tuple[str, ...]] = {
     **{(op, "cpu"): ("reference",) for op in OPS},
     **{(op, "cuda"): ("nvrtc", "reference") for op in OPS},
-    # the reference first until ours has run on a GPU (tests/gpu/test_glue_kernels.py) and
-    # been measured (scripts/gpu-check.sh GLM=1 GLM_OURS=1)
-    ("sinkhorn", "cuda"): ("reference", "nvrtc"),
 }
 
 
