@@ -98,6 +98,30 @@ def test_logits_match_transformers(pair, t: int) -> None:
     assert np.abs(logits - ref).max() / np.abs(ref).max() < TOL
 
 
+def test_decode_across_a_token_bucket_matches_transformers(pair) -> None:
+    """Two lanes (6 and 250 tokens) decoded side by side through the 256-token bucket's edge:
+    a step reads its lanes' latents padded to ``mla.token_bucket`` of the furthest position
+    (the shorter lane's rows past its own never seen): each step's logits are transformers'
+    over the whole sequence so far."""
+    ours, hf = pair
+    rng = np.random.default_rng(3)
+    sequences = [list(rng.integers(0, ours.config.vocab, t)) for t in (6, 250)]
+    runner = ModelRunner(ours)
+    pool = runner.new_pool(lanes=2, max_context=320, page_tokens=16)
+    states = [pool.open(320) for _ in sequences]
+    last = [
+        runner.prefill(np.array(s), st).logits[0][-1]
+        for s, st in zip(sequences, states, strict=True)
+    ]
+    for _ in range(9):  # positions 250..258 on the long lane: buckets 256, then 512 (320 held)
+        for seq, row in zip(sequences, last, strict=True):
+            seq.append(int(np.argmax(row)))
+        last = [x[0] for x in runner.forward([np.array(s[-1:]) for s in sequences], states).logits]
+        for seq, row in zip(sequences, last, strict=True):
+            ref = hf_logits(hf, np.array(seq))[-1]
+            assert np.abs(row - ref).max() / np.abs(ref).max() < TOL
+
+
 def test_greedy_cli_equals_transformers_generate(converted, pair) -> None:
     checkpoint, artifact = converted
     _, hf = pair

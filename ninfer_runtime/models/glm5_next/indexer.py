@@ -52,12 +52,14 @@ class PoolChoice:
         xp, kp = array_module(self.positions), self.kpool
         pools, positions = self.pools[rows], self.positions[rows]
         t = positions.shape[0]
-        seen = xp.zeros((t, tokens), dtype=bool)
+        # column ``tokens`` takes the pools not kept (-1): no mask is indexed by a mask,
+        # which would read its count on the host
+        seen = xp.zeros((t, tokens + 1), dtype=bool)
         if pools.shape[1]:
-            kept = pools >= 0
-            columns = pools[:, :, None] * kp + xp.arange(kp)  # [t, k, kp]
-            query = xp.broadcast_to(xp.arange(t)[:, None, None], columns.shape)
-            seen[query[kept], columns[kept]] = True
+            columns = xp.minimum(pools[:, :, None] * kp + xp.arange(kp), tokens)  # [t, k, kp]
+            columns = xp.where(pools[:, :, None] >= 0, columns, tokens)
+            seen[xp.arange(t)[:, None, None], columns] = True
+        seen = seen[:, :tokens]
         token = xp.arange(tokens)[None, :]
         open_start = ((positions + 1) // kp * kp)[:, None]
         return seen | ((token >= open_start) & (token <= positions[:, None]))

@@ -31,6 +31,17 @@ from .indexer import PoolChoice, TokenIndexer
 
 Array = Any
 
+#: the fewest tokens a step's attention reads (``token_bucket``)
+FIRST_BUCKET = 256
+
+
+def token_bucket(last_position: int) -> int:
+    """How many tokens of its sequences a step whose rows reach ``last_position`` reads: the
+    power of two past it, at least ``FIRST_BUCKET``. Chosen on the host before the step (the
+    model's ``step_variant``), so a compiled step keeps one shape at every position inside
+    its bucket; the rows past a sequence's position are never seen."""
+    return max(FIRST_BUCKET, 1 << last_position.bit_length())
+
 
 def memory_spec(m: Mla, indexer: DsaIndexer | None) -> LatentSpec:
     """What an attention layer keeps a token: its latent, and its indexer record when it runs
@@ -116,14 +127,16 @@ class LatentAttention:
     ) -> tuple[Array, list[PoolChoice]]:  # fmt: skip
         """A decode or verification step's rows together, each over its own sequence (row
         i: the token at ``positions[i]`` of slot ``slots[i]``): every row stored, then the
-        sequences read padded to the longest (the rows past a sequence's length are never
-        seen), rows a block at a time."""
+        sequences read padded to the step's ``token_bucket`` (its variant; a step compiled
+        without one reads the positions on the host for it), at most the pages a slot has
+        (the rows past a sequence's length are never seen), rows a block at a time."""
         d = batch.decode
         assert d is not None
         xp, m, n = self.backend.xp, self.m, absorbed.shape[0]
         pages, positions = d.page_table[d.slots], d.positions.astype(xp.int64)
         memory.write_rows(pages, positions, latent, records)
-        tokens = max(d.host_positions) + 1  # the reference reads the positions on the host
+        bucket = d.variant if d.variant is not None else token_bucket(max(d.host_positions))
+        tokens = min(bucket, pages.shape[1] * memory.latent.shape[1])
         width = sum(part.shape[-1] for part in memory.page_parts())
         block = query_block(4 * tokens * (m.heads + width))
         context = xp.empty(absorbed.shape, xp.float32)

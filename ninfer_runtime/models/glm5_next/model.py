@@ -23,19 +23,22 @@ import numpy as np
 
 from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
 
-from ...backends import Backend
+from ...backends import Backend, decode_eagerly
 from ...errors import ModelError
+from ...lane_limits import MAX_LANES
 from ...memory_kinds import MemoryKind
 from ...ops.registry import resolve
 from ...parallel import Collective
 from ...state import ContextPool
 from ..base import WithoutMtp, prepare_parameters, require_parameters
 from ..batch import Batch
+from ..functional import RANKED_TOP_K
 from ..registry import check_backend, register_model
 from .config import read_config
 from .hyper_connections import collapse, expand
 from .kda import KimiDeltaAttention
 from .layer import DecoderLayer
+from .mla import token_bucket
 
 Array = Any
 GLOBALS = ("text/token_embedding", "text/output_head", "text/final_norm")
@@ -88,6 +91,16 @@ class Glm5NextModel(WithoutMtp):
     def rope_table(self, positions: int) -> tuple[Array, Array] | None:
         return None
 
+    # ------------------------------------------------------------------------ steps
+    def step_variant(self, kind: str, last_position: int) -> tuple[int, bool]:
+        """A compiled step's variant, the tokens its attention layers read (``token_bucket``
+        of the last position its rows reach, host-known), and whether it may be captured: a
+        decode step whose indexer ranks its pools rather than sorting them (``top_k_ids``)
+        at any lane count reads nothing on the host."""
+        bucket = token_bucket(last_position)
+        pools = bucket // self.config.indexer.kpool if self.config.indexer else 0
+        return bucket, kind == "decode" and MAX_LANES * pools * pools <= RANKED_TOP_K
+
     # ---------------------------------------------------------------------------- math
     def embed(self, ids: Array) -> Array:
         return self.backend.embedding(ids, self.token_embedding)
@@ -122,9 +135,9 @@ def load_glm5_next(
     expert_parallel: bool = False,
     expert_offload: Any = None,
 ) -> Glm5NextModel:
-    # the reference latent attention and indexer read each row's position and slot on the
-    # host, and the grouped MoE its chosen experts
-    check_backend("GLM5Next", backend, SERVED_BACKENDS, "positions")
+    check_backend("GLM5Next", backend, SERVED_BACKENDS, None)  # (steps say: step_variant)
+    # until a GPU has captured them against eager steps (tests/gpu/test_glm5_next_cuda.py)
+    decode_eagerly(backend, "GLM5Next's decode steps have not yet been captured on a GPU")
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
     return Glm5NextModel(artifact, backend, expert_offload)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...backends.array_ops import count_pairs, sigmoid, softmax
 from ...backends.base import ExpertWeights, MoeWeights
-from ...models.functional import _xp, silu_mul
+from ...models.functional import _xp, silu_mul, top_k_ids
 
 __all__ = [
     "ROUTING_EPS",
@@ -54,7 +54,7 @@ def route(probs: Array, top_k: int) -> tuple[Array, Array]:
     among equals) -> int [N, k], and their probabilities renormalised to sum 1 over them
     -> [N, k]. One function, so every part of a split block routes alike."""
     xp = _xp(probs)
-    top = xp.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    top = top_k_ids(probs, top_k)
     share = xp.take_along_axis(probs, top, axis=-1)
     return top, share / share.sum(axis=-1, keepdims=True)
 
@@ -73,23 +73,32 @@ def grouped_route(
 
     s = sigmoid(logits); c = s + bias chooses the ``topk_groups`` groups with the best sum of
     their two best c, then the top-k experts of c inside them; the weights are s of those
-    (renormalised to sum 1 if ``norm_topk_prob``) times ``scale``."""
+    (renormalised to sum 1 if ``norm_topk_prob``) times ``scale``. Nothing is sorted (a
+    sort synchronises CuPy with the host): the choices are ``top_k_ids``' ranks."""
     xp = _xp(logits)
     scores = sigmoid(logits)  # [N, E]
     choice = scores + bias
     n, per_group = logits.shape[0], logits.shape[1] // groups
-    grouped = xp.sort(choice.reshape(n, groups, per_group), axis=-1)
-    group_score = grouped[..., -2:].sum(axis=-1)  # each group's two best
-    best_groups = xp.argsort(-group_score, axis=-1, kind="stable")[:, :topk_groups]
+    group_score = _two_best(choice.reshape(n, groups, per_group))
+    best_groups = top_k_ids(group_score, topk_groups)
     allowed = xp.zeros((n, groups), dtype=bool)
     allowed[xp.arange(n)[:, None], best_groups] = True  # CuPy 13.0 lacks put_along_axis
     allowed = xp.repeat(allowed, per_group, axis=1)
     choice = xp.where(allowed, choice, xp.float32(-xp.inf))
-    top = xp.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
+    top = top_k_ids(choice, top_k)
     weights = xp.take_along_axis(scores, top, axis=-1)
     if norm_topk_prob:
         weights = weights / (weights.sum(axis=-1, keepdims=True) + ROUTING_EPS)
     return top, weights * scale
+
+
+def _two_best(values: Array) -> Array:
+    """The sum of the two largest values of each row [..., G] (a group's score), the largest
+    counted once: the second is the largest of the rest."""
+    xp = _xp(values)
+    best = values.max(axis=-1)
+    first = values.argmax(axis=-1)[..., None] == xp.arange(values.shape[-1])
+    return xp.where(first, xp.float32(-xp.inf), values).max(axis=-1) + best
 
 
 def expert(backend: Any, x: Array, gate: Any, up: Any, down: Any, gated: Any = silu_mul) -> Array:
