@@ -7,7 +7,8 @@ GLM5Next is served on the backends of ``models.glm5_next.model.SERVED_BACKENDS``
 these tests passed on an H100). On CUDA
 the model runs its reference ops (KDA, ``latent``, ``grouped_route``) as CuPy array math and
 its products through the backend, with decode steps run eagerly (the model turns a capturing
-backend's graphs off until its captured steps have run here: the last test below).
+backend's graphs off: its batched products are cuBLAS calls, which CuPy refuses inside a
+capture).
 
 * The runner: prompts shorter (6 tokens: every pool seen) and longer (37: the indexer keeps
   ``index_topk`` of them) than ``index_topk``, in one chunk and in chunks of 16, then greedy
@@ -233,43 +234,3 @@ def test_prefix_cache_and_preemption_keep_cold_cuda_streams(
     assert _concurrent(small, lanes, params) == _concurrent(roomy, lanes, params)
     assert small.preemptions > 0
 
-
-@on_gpu
-def test_captured_decode_steps_give_the_eager_steps_logits(glm5_next_artifact: Path) -> None:
-    """What GLM5Next's decode needs to be captured (the step reads a ``token_bucket`` of
-    tokens, chosen on the host as the step's variant; the indexer and the router rank their
-    scores instead of sorting them; the pools a query keeps become a mask with no read-back):
-    with graphs forced on after the model turned them off, two lanes (6 and 250 tokens)
-    decode 14 steps across the 256-token bucket's edge, each bucket's step captured, and
-    every step's logits are the eager backend's. When this passes, ``load_glm5_next`` stops
-    turning graphs off."""
-    from ninfer_runtime.backends.cuda.backend import CudaBackend
-    from ninfer_runtime.backends.cuda.graphs import GraphStep
-
-    rng = np.random.default_rng(9)
-    prompts = [rng.integers(0, VOCAB, t) for t in (6, 250)]
-    fed: list[list[int]] = []  # the eager run's greedy tokens, fed to the captured run too
-    runs, runners = {}, {}
-    for captured in (False, True):
-        backend = CudaBackend(graphs=False)
-        model = load_model(Artifact.open(glm5_next_artifact), backend)
-        runner = runners[captured] = ModelRunner(model)
-        backend.graphs = captured  # (the model turned graphs off at load)
-        pool = runner.new_pool(lanes=2, max_context=320, page_tokens=16)
-        states = [pool.open(320) for _ in prompts]
-        prefilled = zip(prompts, states, strict=True)
-        logits = [np.stack([host(runner.prefill(ids, s).logits[0])[-1] for ids, s in prefilled])]
-        for step in range(14):
-            if not captured:
-                fed.append([int(np.argmax(row)) for row in logits[-1]])
-            feed = [np.array([t]) for t in fed[step]]
-            logits.append(np.stack([host(x)[0] for x in runner.forward(feed, states).logits]))
-        runs[captured] = logits
-    made = runners[True].steps.made()
-    assert ("decode", 2, 256) in made and ("decode", 2, 512) in made, made
-    for key in made:
-        step = runners[True].steps._steps[key]
-        assert isinstance(step, GraphStep) and step.graph is not None, key
-    scale = max(1.0, float(np.abs(runs[False][0]).max()))
-    for eager, graph in zip(runs[False], runs[True], strict=True):
-        np.testing.assert_allclose(graph, eager, rtol=0, atol=1e-5 * scale)

@@ -25,14 +25,12 @@ from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
 
 from ...backends import Backend, decode_eagerly
 from ...errors import ModelError
-from ...lane_limits import MAX_LANES
 from ...memory_kinds import MemoryKind
 from ...ops.registry import resolve
 from ...parallel import Collective
 from ...state import ContextPool
 from ..base import WithoutMtp, prepare_parameters, require_parameters
 from ..batch import Batch
-from ..functional import RANKED_TOP_K
 from ..registry import check_backend, register_model
 from .config import read_config
 from .hyper_connections import collapse, expand
@@ -94,12 +92,11 @@ class Glm5NextModel(WithoutMtp):
     # ------------------------------------------------------------------------ steps
     def step_variant(self, kind: str, last_position: int) -> tuple[int, bool]:
         """A compiled step's variant, the tokens its attention layers read (``token_bucket``
-        of the last position its rows reach, host-known), and whether it may be captured: a
-        decode step whose indexer ranks its pools rather than sorting them (``top_k_ids``)
-        at any lane count reads nothing on the host."""
-        bucket = token_bucket(last_position)
-        pools = bucket // self.config.indexer.kpool if self.config.indexer else 0
-        return bucket, kind == "decode" and MAX_LANES * pools * pools <= RANKED_TOP_K
+        of the last position its rows reach, host-known), so no step reads its positions
+        back; and never captured: its batched products (the latent attention's, the
+        indexer's scores, the connections' mixing) are cuBLAS calls, which CuPy refuses
+        inside a capture."""
+        return token_bucket(last_position), False
 
     # ---------------------------------------------------------------------------- math
     def embed(self, ids: Array) -> Array:
@@ -135,9 +132,9 @@ def load_glm5_next(
     expert_parallel: bool = False,
     expert_offload: Any = None,
 ) -> Glm5NextModel:
-    check_backend("GLM5Next", backend, SERVED_BACKENDS, None)  # (steps say: step_variant)
-    # until a GPU has captured them against eager steps (tests/gpu/test_glm5_next_cuda.py)
-    decode_eagerly(backend, "GLM5Next's decode steps have not yet been captured on a GPU")
+    check_backend("GLM5Next", backend, SERVED_BACKENDS, None)
+    # (``step_variant``'s reason: a backend that would capture steps plans no graph pool)
+    decode_eagerly(backend, "GLM5Next's batched products are cuBLAS calls, uncapturable")
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
     return Glm5NextModel(artifact, backend, expert_offload)
