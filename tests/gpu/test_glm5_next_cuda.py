@@ -233,4 +233,3 @@ def test_prefix_cache_and_preemption_keep_cold_cuda_streams(
     assert small.pool.pages == 4
     assert _concurrent(small, lanes, params) == _concurrent(roomy, lanes, params)
     assert small.preemptions > 0
-
