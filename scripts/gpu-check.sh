@@ -35,8 +35,7 @@
 # tables resident, then streamed (flash_*.json; with TRACE=1 the resident step's kernels at
 # 1 lane too); GLM=1 adds GLM5Next (glm5next, 3 layers) with --vram-budget 139GiB for the
 # whole model (glm.json; with TRACE=1 its step's ops and kernels at 1 lane; GLM_OURS=1 its
-# decode again with the routed experts on our expert GEMVs and the connections' Sinkhorn on
-# ours, glm_ours.json). OPS=1 times every
+# decode again with the KDA decode step on ours, glm_ours.json). OPS=1 times every
 # CUDA provider of the op families beside each other (benchmarks/delta_rule_bench.py, delta_rule.json;
 # prefill_attention_bench.py --library, attention_providers.txt). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table of
@@ -250,11 +249,11 @@ if [ "${GLM:-0}" = 1 ]; then
   timeout 480 python3 -u -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
     --vram-budget 139GiB ${TRACE:+--profile 1 --kernel-trace} --json "$OUT/glm.json" \
     --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep --line-buffered -v upload | tee "$OUT/glm.txt"
-  # GLM_OURS=1: its decode again with the routed experts on our expert GEMVs and the
-  # connections' Sinkhorn in one kernel (ours, second in their policy rows until measured)
+  # GLM_OURS=1: its decode again with the KDA layers' decode step on ours (second in its
+  # policy row until measured; the routed experts and the Sinkhorn on ours lead theirs)
   [ "${GLM_OURS:-0}" = 1 ] && timeout 300 python3 -u -m ninfer_runtime.bench.cli run "$artifact" \
     --lanes 1,8 --contexts 1024 --prefill 0 --vram-budget 139GiB \
-    --provider moe.routed_experts=nvrtc --provider norm.sinkhorn=nvrtc --json "$OUT/glm_ours.json" --record "$OUT/records.md" \
+    --provider delta_rule.kda_decode=nvrtc --json "$OUT/glm_ours.json" --record "$OUT/records.md" \
     ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep --line-buffered -v upload | tee "$OUT/glm_ours.txt"
   rm -f "$artifact"*
 fi
