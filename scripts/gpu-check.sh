@@ -73,9 +73,10 @@ elif ls .kcache-carry/kcache.tar.gz.part-* >/dev/null 2>&1; then
 fi
 python3 scripts/warm_kernels.py
 if [ "${SAVE_KCACHE:-0}" = 1 ]; then
-  save_kcache() {
-    rm -f "$OUT"/kcache.tar.gz.part-*
-    tar czf - -C .kcache . | split -b 15M - "$OUT/kcache.tar.gz.part-" &&
+  save_kcache() {  # the pieces made aside, then swapped in: a call cut inside keeps the last
+    rm -rf /tmp/kcache-pieces && mkdir -p /tmp/kcache-pieces &&
+      tar czf - -C .kcache . | split -b 15M - /tmp/kcache-pieces/kcache.tar.gz.part- &&
+      rm -f "$OUT"/kcache.tar.gz.part-* && mv /tmp/kcache-pieces/* "$OUT"/ &&
       ls -l "$OUT"/kcache.tar.gz.part-*
   }
   save_kcache
