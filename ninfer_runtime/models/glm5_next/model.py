@@ -133,7 +133,7 @@ def load_glm5_next(
     expert_offload: Any = None,
 ) -> Glm5NextModel:
     check_backend("GLM5Next", backend, SERVED_BACKENDS, None)
-    # (``step_variant``'s reason: a backend that would capture steps plans no graph pool)
+    # never captured (``step_variant`` says why): a capturing backend plans no graph pool
     decode_eagerly(backend, "GLM5Next's batched products are cuBLAS calls, uncapturable")
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
