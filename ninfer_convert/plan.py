@@ -34,6 +34,9 @@ PACK_GROUPS: tuple[tuple[str, ...], ...] = (
     ("mlp/gate", "mlp/up"),
     ("moe/router", "moe/shared_score"),
     ("moe/shared/gate", "moe/shared/up"),
+    # a hyper-connection's low-rank mixer and inject weights read the same normed streams
+    ("mixer_connection/down", "mixer_connection/inject"),
+    ("ffn_connection/down", "ffn_connection/inject"),
 )
 VISION_PACK_GROUPS: tuple[tuple[str, ...], ...] = (
     ("attention/query", "attention/key", "attention/value"),

@@ -79,6 +79,21 @@ def _relative(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
 
+def test_each_connections_down_and_inject_are_one_object(converted) -> None:
+    """They read the same normed streams: the converter stores them as one object (down's
+    rows, then inject's), so a connection's two products are one (one launch on a GPU)."""
+    from ninfer_format import Artifact
+
+    with Artifact.open(converted["plain"][1]) as art:
+        connections = {
+            n.rsplit("/", 1)[0] for n in art.bindings if n.endswith("_connection/inject")
+        }
+        assert connections
+        for c in sorted(connections):
+            (down,), (inject,) = art.bindings[c + "/down"].parts, art.bindings[c + "/inject"].parts
+            assert down.object == inject.object and down.range[1] == inject.range[0], c
+
+
 @pytest.mark.parametrize("kind", ["ple", "plain"])
 @pytest.mark.parametrize("t", [BUDGET - 4, 3 * BUDGET])
 def test_logits_match_transformers(pairs, kind: str, t: int) -> None:

@@ -80,9 +80,14 @@ class HyperConnection:
     ):
         self.streams, self.backend = hyper.streams, backend
         self.norm = GroupNorm(backend, backend.array(weights[prefix + "norm"]), hyper.streams, eps)
-        self.down = weights[prefix + "down"]
+        down = weights[prefix + "down"]
+        self.rank, self.with_inject = down.shape[0], with_inject
+        # down | inject: one product of the normed streams (one launch where the artifact
+        # stores them as one object, as the converter packs them)
+        self.down_inject = (
+            backend.join_rows([down, weights[prefix + "inject"]]) if with_inject else down
+        )
         self.up = weights[prefix + "up"]
-        self.inject = weights[prefix + "inject"] if with_inject else None
 
     @staticmethod
     def parameter_names(prefix: str, *, with_inject: bool) -> list[str]:
@@ -94,10 +99,11 @@ class HyperConnection:
         be = self.backend
         hc = be.xp.float32(self.streams)  # float32 math in the fused kernels as on the host
         normed = self.norm(streams)
-        rank = silu_of_quotient(be.linear(normed, self.down), hc)
+        projected = be.linear(normed, self.down_inject)  # [N, rank (+ hc)]
+        rank = silu_of_quotient(projected[:, : self.rank], hc)
         mixed = mul_sigmoid(normed, be.linear(rank, self.up))
         n, width = normed.shape
         x = mixed.reshape(n, self.streams, width // self.streams).mean(axis=1)
-        if self.inject is None:
+        if not self.with_inject:
             return x, None
-        return x, twice_sigmoid_of_quotient(be.linear(normed, self.inject), hc)
+        return x, twice_sigmoid_of_quotient(projected[:, self.rank :], hc)
