@@ -44,8 +44,8 @@ def _silu_of_quotient(x: Array, d: Array, xp: Any) -> Array:
     return _silu(x / d, xp)
 
 
-def _twice_sigmoid_of_quotient(x: Array, d: Array, xp: Any) -> Array:
-    return 2.0 * _sigmoid(x / d, xp)
+def _add_twice_sigmoid_product(a: Array, z: Array, d: Array, c: Array, xp: Any) -> Array:
+    return a + (2.0 * _sigmoid(z / d, xp)) * c
 
 
 def _add_product(a: Array, b: Array, c: Array, xp: Any) -> Array:
@@ -101,9 +101,10 @@ def silu_of_quotient(x: Array, d: Array) -> Array:
     return _elementwise(_silu_of_quotient, x, d)
 
 
-def twice_sigmoid_of_quotient(x: Array, d: Array) -> Array:
-    """``2 sigmoid(x / d)`` in one pass (a hyper-connection's inject weights)."""
-    return _elementwise(_twice_sigmoid_of_quotient, x, d)
+def add_twice_sigmoid_product(a: Array, z: Array, d: Array, c: Array) -> Array:
+    """``a + 2 sigmoid(z / d) * c`` in one pass, broadcast (a hyper-connection's inject: its
+    weights from their logits z, times the block's output c, into the streams a)."""
+    return _elementwise(_add_twice_sigmoid_product, a, z, d, c)
 
 
 def add_product(a: Array, b: Array, c: Array) -> Array:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer_runtime.backends.cpu import CpuBackend
-from ninfer_runtime.models.qwen4_exp.hyper_connections import HyperConnection, expand, inject
+from ninfer_runtime.models.qwen4_exp.hyper_connections import HyperConnection, expand
 
 from .qwen4_exp_modules import array, geometry, randomized, relative_error, tiny_config
 
@@ -35,10 +35,11 @@ def test_connection_and_inject_match_transformers(torch_threads):
         mixed, _, weights = hf(streams)
         expected = streams + (block_out[:, None, :] * weights[:, :, None]).flatten(-2)
 
-    x, w = ours(array(streams))
+    x, logits = ours(array(streams))
     assert relative_error(x, array(mixed)) < 1e-5
-    assert relative_error(w, array(weights)) < 1e-5
-    after = inject(array(streams), array(block_out), w)
+    inject_weights = 2 / (1 + np.exp(-logits / g.hyper.streams))
+    assert relative_error(inject_weights, array(weights)) < 1e-5
+    after = ours.inject(array(streams), array(block_out), logits)
     assert relative_error(after, array(expected)) < 1e-5
 
 

@@ -23,7 +23,7 @@ from ninfer_format.binders.qwen4_exp_parts import HyperConnections
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...ops.registry import resolve
-from ..functional import add_product, mul_sigmoid, silu_of_quotient, twice_sigmoid_of_quotient
+from ..functional import add_twice_sigmoid_product, mul_sigmoid, silu_of_quotient
 
 Array = Any
 
@@ -53,15 +53,6 @@ class GroupNorm:
         rms_norm = resolve("norm", "rms_norm", device=self.backend.name)
         normed = rms_norm(x.reshape(n, self.groups, -1), self.unit, self.eps, offset=1.0)
         return (normed * self.scale).reshape(n, width)
-
-
-def inject(streams: Array, block_out: Array, weights: Array) -> Array:
-    """``streams`` [N, hc·H] plus the block's output [N, H] scaled per stream by ``weights``
-    [N, hc]."""
-    n, hc = weights.shape
-    width = block_out.shape[-1]
-    added = add_product(streams.reshape(n, hc, width), weights[:, :, None], block_out[:, None, :])
-    return added.reshape(n, hc * width)
 
 
 class HyperConnection:
@@ -94,8 +85,8 @@ class HyperConnection:
         return [prefix + s for s in ("norm", "down", "up", *(("inject",) * with_inject))]
 
     def __call__(self, streams: Array) -> tuple[Array, Array | None]:
-        """Streams [N, hc·H] -> the block input [N, H] and the inject weights [N, hc] (None
-        for the final connection)."""
+        """Streams [N, hc·H] -> the block input [N, H] and the inject weights' logits [N, hc]
+        (``inject`` makes the weights as it adds; None for the final connection)."""
         be = self.backend
         hc = be.xp.float32(self.streams)  # float32 math in the fused kernels as on the host
         normed = self.norm(streams)
@@ -104,6 +95,17 @@ class HyperConnection:
         mixed = mul_sigmoid(normed, be.linear(rank, self.up))
         n, width = normed.shape
         x = mixed.reshape(n, self.streams, width // self.streams).mean(axis=1)
-        if not self.with_inject:
-            return x, None
-        return x, twice_sigmoid_of_quotient(projected[:, self.rank :], hc)
+        return x, projected[:, self.rank :] if self.with_inject else None
+
+    def inject(self, streams: Array, block_out: Array, logits: Array) -> Array:
+        """``streams`` [N, hc·H] plus the block's output [N, H] scaled per stream by the
+        inject weights ``2 sigmoid(logits / hc)`` ([N, hc], this connection's call's)."""
+        n, hc = logits.shape
+        width = block_out.shape[-1]
+        added = add_twice_sigmoid_product(
+            streams.reshape(n, hc, width),
+            logits[:, :, None],
+            self.backend.xp.float32(hc),
+            block_out[:, None, :],
+        )
+        return added.reshape(n, hc * width)

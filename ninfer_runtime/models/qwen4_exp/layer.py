@@ -3,8 +3,8 @@ hyper-connection streams and injected back into them (``hyper_connections``); a 
 with per-layer embeddings first adds PLE to the streams.
 
     streams += ple(streams, ids)                       (PLE layers only)
-    x, w = mixer_connection(streams);  streams = streams + w ⊗ mixer(x)
-    x, w = ffn_connection(streams);    streams = streams + w ⊗ moe(x)
+    x, z = mixer_connection(streams);  streams = streams + 2σ(z / hc) ⊗ mixer(x)
+    x, z = ffn_connection(streams);    streams = streams + 2σ(z / hc) ⊗ moe(x)
 
 There is no input or post-attention norm: each connection norms the streams it reads.
 """
@@ -20,7 +20,7 @@ from ..batch import Batch
 from ..qwen3_5.gdn import GatedDeltaNet
 from ..qwen3_5.mlp import SparseMoe
 from .config import INDEXED_ATTENTION, Qwen4ExpGeometry, moe_config
-from .hyper_connections import HyperConnection, inject
+from .hyper_connections import HyperConnection
 from .ple import PerLayerEmbedding
 from .qsa import IndexedAttention
 
@@ -76,10 +76,11 @@ class DecoderLayer:
         """The streams [N, hc·H] of rows with token ids [N] -> the streams after this layer."""
         if self.ple is not None:
             streams = streams + self.ple(streams, ids, batch, memory)  # type: ignore[arg-type]
-        x, weights = self.mixer_connection(streams)
-        streams = inject(streams, self.mixer(x, batch, memory), weights)  # type: ignore[arg-type]
-        x, weights = self.ffn_connection(streams)
-        return inject(streams, self.ffn(x), weights)
+        x, logits = self.mixer_connection(streams)
+        out = self.mixer(x, batch, memory)  # type: ignore[arg-type]
+        streams = self.mixer_connection.inject(streams, out, logits)  # type: ignore[arg-type]
+        x, logits = self.ffn_connection(streams)
+        return self.ffn_connection.inject(streams, self.ffn(x), logits)  # type: ignore[arg-type]
 
     def commit(self, memory: LayerMemory, slots: Array, counts: Array) -> None:
         """After a multi-row step: fold each lane's first ``counts[i]`` rows into its
