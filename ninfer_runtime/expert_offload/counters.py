@@ -102,21 +102,22 @@ class ExpertCounters:
         return self.device_hits[layer] + self.host_hits[layer]
 
     def totals(self) -> dict[str, float]:
-        """The totals ``/metrics`` shows, by the server's counter names."""
+        """The totals ``/metrics`` shows, by the server's counter names (the device's counts
+        read back once)."""
         self.drain()
         return {
-            "expert_device_hits": self.device_total,
+            "expert_device_hits": _total(self.device_hits),
             "expert_host_hits": self.host_total,
             "expert_host_wait_seconds": self.host_wait_seconds,
             "expert_streamed_bytes": self.streamed_bytes,
             "expert_host_bytes": self.host_bytes,
-            "expert_mapped_bytes": self.mapped_bytes,
+            "expert_mapped_bytes": self._mapped_bytes,
         }
 
     @property
     def device_total(self) -> int:
         self.drain()
-        return int(sum(int(h.sum()) for h in self.device_hits.values()))
+        return _total(self.device_hits)
 
     @property
     def mapped_bytes(self) -> int:
@@ -125,7 +126,7 @@ class ExpertCounters:
 
     @property
     def host_total(self) -> int:
-        return int(sum(int(h.sum()) for h in self.host_hits.values()))
+        return _total(self.host_hits)
 
     def reset(self) -> None:
         self.drain()
@@ -135,3 +136,8 @@ class ExpertCounters:
         self.streamed_bytes = 0
         self.host_bytes = 0
         self._mapped_bytes = 0
+
+
+def _total(hits: Mapping[int, np.ndarray]) -> int:
+    """Every layer's hits summed."""
+    return int(sum(int(h.sum()) for h in hits.values()))

@@ -28,14 +28,13 @@ host; the device reads the host experts it routes to in place, their stored byte
 pinned host memory (``maps_on``, ``SplitMoe.in_place``, the CUDA backend's
 ``prepare_mapped``): every pair reads its expert over the link, with no copy, no host work
 and nothing read back, so decode steps are captured as without a budget. ``auto`` (the
-default) is ``mapped`` on a GPU (an H100 decoded the 35B-A3B under 8 GiB at 69.9 tokens/s
-so, against 6.0 with the host's products: docs/performance.md). Otherwise the call streams
-(``spares_host``): with ``auto`` where the host has no kernel for a host expert it routes to
-(such an expert is computed the reference way, its codes decoded at every use, which takes
-the host far longer than the link takes to copy its stored bytes: NVFP4, which
-``host_products`` has no kernel for); with ``all`` whenever it routes to a host expert; with
-``off`` never. Such a call streams only the experts it routes to and prefetches nothing: the
-next step's choice is not known yet.
+default) is ``mapped`` on a GPU (by far the fastest there: docs/performance.md). Otherwise
+the call streams (``spares_host``): with ``auto`` where the host has no kernel for a host
+expert it routes to (such an expert is computed the reference way, its codes decoded at
+every use, which takes the host far longer than the link takes to copy its stored bytes:
+NVFP4, which ``host_products`` has no kernel for); with ``all`` whenever it routes to a host
+expert; with ``off`` never. Such a call streams only the experts it routes to and
+prefetches nothing: the next step's choice is not known yet.
 
 The window's pairs count as device pairs (no host wait), and its experts' stored bytes as
 ``streamed_bytes`` (``ninfer_expert_streamed_bytes_total``). On a GPU the window is part of

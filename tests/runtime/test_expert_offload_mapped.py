@@ -210,6 +210,22 @@ def test_the_device_counts_the_pairs_it_reads_in_place(q4_moe, shares):
     assert counters.device_total == 2 * pairs  # the next step's too, drained by the read
 
 
+def test_the_totals_read_the_devices_counts_back_once(monkeypatch):
+    """``/metrics`` reads the totals after every step: one copy of the device's counts, not
+    one a total."""
+    from ninfer_runtime.expert_offload import counters as module
+
+    counters = module.ExpertCounters({0: 4, 1: 4})
+    first, second = (counters.on_device(i, np, np.full(4, 10)) for i in (0, 1))
+    first[1] += 2  # two pairs of expert 1 in layer 0, one of expert 3 in layer 1
+    second[3] += 1
+    reads = []
+    monkeypatch.setattr(module, "to_numpy", lambda a: reads.append(a) or np.asarray(a))
+    totals = counters.totals()
+    assert len(reads) == 1
+    assert totals["expert_device_hits"] == 3 and totals["expert_mapped_bytes"] == 30
+
+
 def test_mtp_rounds_keep_greedy_output_reading_in_place(q4_moe):
     """Speculative rounds with the host experts read in place: the verification's rows are a
     call of few rows, so they read them in place too (nothing on the host), and greedy output
