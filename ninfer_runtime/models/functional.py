@@ -146,26 +146,33 @@ def by_query_blocks(queries: int, block: int, fn: Callable[[slice], Array], xp: 
     return xp.concatenate([fn(slice(at, at + block)) for at in range(0, queries, block)])
 
 
-#: the most comparisons (rows x scores x scores) ``top_k_ids`` makes to rank the scores
-#: instead of sorting them: ranks are elementwise math and sums, which a CUDA graph captures,
-#: where CuPy's sort synchronises with the host (16 MiB of comparisons: GLM5Next's 288
-#: experts at 64 rows, its indexer's pools of 16 tokens at 8 rows up to about 23k tokens)
+#: the most comparisons (rows x scores x scores) ``top_k_ids`` makes on a device to rank the
+#: scores instead of sorting them: ranks are elementwise math and sums, where CuPy's sort
+#: synchronises with the host (16 MiB of comparisons: GLM5Next's 288 experts at 64 rows,
+#: its indexer's pools of 16 tokens at 8 rows up to about 23k tokens). numpy sorts: faster
+#: on the host, and the same choice.
 RANKED_TOP_K = 1 << 24
 
 
 def top_k_ids(scores: Array, k: int) -> Array:
     """Scores [T, B] -> int [T, min(k, B)]: each row's ``k`` highest, best first, a tie won
-    by the earlier index (as transformers' ``topk`` on the CPU keeps it). Up to
-    ``RANKED_TOP_K`` comparisons by rank: score i's rank is how many come before it (a
-    higher score, or an equal one at a lower index), and the i of rank r goes to column r;
-    past that, a stable sort (CuPy's sort is always stable, and its older releases take no
-    ``kind``)."""
+    by the earlier index (as transformers' ``topk`` on the CPU keeps it): on a device up to
+    ``RANKED_TOP_K`` comparisons by rank (``ranked_top_k_ids``), else a stable sort (CuPy's
+    sort is always stable, and its older releases take no ``kind``)."""
+    xp = _xp(scores)
+    rows, width = scores.shape
+    if xp is not np and rows * width * width <= RANKED_TOP_K:
+        return ranked_top_k_ids(scores, k)
+    stable = {"kind": "stable"} if xp is np else {}
+    return xp.argsort(-scores, axis=-1, **stable)[:, :k]
+
+
+def ranked_top_k_ids(scores: Array, k: int) -> Array:
+    """``top_k_ids`` by rank, nothing sorted: score i's rank is how many come before it (a
+    higher score, or an equal one at a lower index), and the i of rank r goes to column r."""
     xp = _xp(scores)
     rows, width = scores.shape
     k = min(k, width)
-    if rows * width * width > RANKED_TOP_K:
-        stable = {"kind": "stable"} if xp is np else {}
-        return xp.argsort(-scores, axis=-1, **stable)[:, :k]
     index = xp.arange(width)
     mine, other = scores[:, :, None], scores[:, None, :]
     earlier = index[None, :] < index[:, None]  # [i, j]: j < i

@@ -1,6 +1,7 @@
-"""``functional.top_k_ids`` ranks its scores up to ``RANKED_TOP_K`` comparisons (array math a
-CUDA graph captures) and sorts past that: either way a stable sort's choice, best first, a tie
-won by the earlier index, -inf scores last; and GLM5Next's grouped router, which chooses with
+"""``functional.top_k_ids`` ranks its scores on a device up to ``RANKED_TOP_K`` comparisons
+(``ranked_top_k_ids``: array math, no sort to synchronise with the host) and sorts otherwise:
+either way a stable sort's choice, best first, a tie won by the earlier index, -inf scores
+last; and GLM5Next's grouped router, which chooses with
 it and scores each group by its two best values without a sort, gives the choice a sort
 gives."""
 
@@ -9,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_runtime.models import functional
-from ninfer_runtime.models.functional import top_k_ids
+from ninfer_runtime.models.functional import ranked_top_k_ids, top_k_ids
 from ninfer_runtime.ops.moe.reference import grouped_route
 
 
@@ -22,16 +22,13 @@ def stable_top_k(scores: np.ndarray, k: int) -> np.ndarray:
     ("rows", "width", "k"), [(1, 5, 3), (8, 288, 8), (3, 40, 50), (5, 1000, 128)]
 )
 @pytest.mark.parametrize("ranked", [True, False], ids=["ranked", "sorted"])
-def test_top_k_ids_is_a_stable_sorts_choice(
-    rows: int, width: int, k: int, ranked: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if not ranked:
-        monkeypatch.setattr(functional, "RANKED_TOP_K", 0)
+def test_top_k_ids_is_a_stable_sorts_choice(rows: int, width: int, k: int, ranked: bool) -> None:
+    choose = ranked_top_k_ids if ranked else top_k_ids
     rng = np.random.default_rng(width)
     ties = rng.integers(-3, 4, (rows, width)).astype(np.float32)  # many equal scores
     ties[rng.random((rows, width)) < 0.2] = -np.inf  # and unseen ones
     for scores in (ties, rng.standard_normal((rows, width)).astype(np.float32)):
-        got = top_k_ids(scores, k)
+        got = choose(scores, k)
         assert got.shape == (rows, min(k, width))
         np.testing.assert_array_equal(got, stable_top_k(scores, k))
 

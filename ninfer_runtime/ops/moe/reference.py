@@ -73,8 +73,8 @@ def grouped_route(
 
     s = sigmoid(logits); c = s + bias chooses the ``topk_groups`` groups with the best sum of
     their two best c, then the top-k experts of c inside them; the weights are s of those
-    (renormalised to sum 1 if ``norm_topk_prob``) times ``scale``. Nothing is sorted (a
-    sort synchronises CuPy with the host): the choices are ``top_k_ids``' ranks."""
+    (renormalised to sum 1 if ``norm_topk_prob``) times ``scale``. Nothing is sorted on a
+    device (a sort synchronises CuPy with the host): the choices are ``top_k_ids``'."""
     xp = _xp(logits)
     scores = sigmoid(logits)  # [N, E]
     choice = scores + bias
