@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import array_module
+from ..functional import by_query_blocks, query_block, sigmoid, silu, silu_mul
 from ..kv_storage import gather_kv, load_kv, store_kv
-from ..models.functional import _xp, by_query_blocks, query_block, sigmoid, silu, silu_mul
 
 __all__ = ["sigmoid", "silu"]  # re-exported: backends use ops.sigmoid / ops.silu
 
@@ -22,7 +23,7 @@ Array = Any
 
 
 def softmax(x: Array) -> Array:
-    e = _xp(x).exp(x - x.max(axis=-1, keepdims=True))
+    e = array_module(x).exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -32,7 +33,7 @@ def count_pairs(hits: Array | None, top: Array) -> None:
     counts: on a GPU one launch of atomic adds, which reads no operand from the host."""
     if hits is None:
         return
-    xp = _xp(hits)
+    xp = array_module(hits)
     if xp is np:
         np.add.at(hits, top.reshape(-1), 1)
     else:
@@ -46,7 +47,7 @@ def _pair_counter(xp: Any) -> Any:
 
 def rope(x: Array, cos: Array, sin: Array) -> Array:
     """NeoX rotate-half on the first ``rd`` dims of each head; the rest pass through."""
-    xp = _xp(x)
+    xp = array_module(x)
     rd = cos.shape[-1]
     half = rd // 2
     rot, rest = x[..., :rd], x[..., rd:]
@@ -62,12 +63,15 @@ def attention(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float
     t, nq, _ = q.shape
     block = query_block(2 * 4 * nq * (start + t))  # scores and probabilities
     return by_query_blocks(
-        t, block, lambda rows: _causal(q[rows], k_cache, v_cache, start + rows.start, scale), _xp(q)
+        t,
+        block,
+        lambda rows: _causal(q[rows], k_cache, v_cache, start + rows.start, scale),
+        array_module(q),
     )
 
 
 def _causal(q: Array, k_cache: Array, v_cache: Array, start: int, scale: float) -> Array:
-    xp = _xp(q)
+    xp = array_module(q)
     t, nq, d = q.shape
     nkv = k_cache.shape[1]
     group = nq // nkv
@@ -129,7 +133,7 @@ def attention_decode(
     """q [N, Nq, D]: row i attends over tokens 0..positions[i] of the sequence in slot
     ``slots[i]``, whose keys/values sit in the pages ``page_table[slots[i]]`` of the pools
     [pages, P, Nkv, D]. GQA: query head j reads kv head ``j // (Nq / Nkv)``. -> [N, Nq, D]."""
-    xp = _xp(q)
+    xp = array_module(q)
     n, nq, d = q.shape
     p, nkv = k_pages.shape[1], k_pages.shape[2]
     group = nq // nkv

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.cpu import CpuBackend
-from ..models.functional import silu_mul
+from ..functional import silu_mul
 from ..ops.moe.reference import expert
 from .stored_weights import (
     HostWeight,

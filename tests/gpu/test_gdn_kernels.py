@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ninfer_runtime.backends.cuda import gdn
-from ninfer_runtime.models.functional import l2_normalize
+from ninfer_runtime.functional import l2_normalize
 from ninfer_runtime.ops.delta_rule import conv as C
 from ninfer_runtime.ops.delta_rule import reference as R
 

@@ -14,7 +14,7 @@ import pytest
 
 from ninfer_runtime.backends import array_ops as A
 from ninfer_runtime.backends.cuda import gdn_prefill
-from ninfer_runtime.models.functional import l2_normalize
+from ninfer_runtime.functional import l2_normalize
 from ninfer_runtime.ops import delta_rule
 from ninfer_runtime.ops.delta_rule import conv as C
 from ninfer_runtime.ops.delta_rule import reference as R

@@ -154,7 +154,7 @@ def test_silu_mul_bf16_matches_numpy(shape: tuple[int, int]) -> None:
     import cupy as cp
 
     from ninfer_format.numeric import bf16_to_f32, f32_to_bf16
-    from ninfer_runtime.models.functional import silu_mul
+    from ninfer_runtime.functional import silu_mul
 
     rng = np.random.default_rng(shape[1])
     gu = (rng.standard_normal(shape) * 4).astype(np.float32)

@@ -297,7 +297,7 @@ def test_gated_linear_is_the_product_of_silu_up(case: Any, bf16_backend: Any) ->
 
     from ninfer_runtime.backends.cuda import glue
     from ninfer_runtime.backends.cuda.weights import PackedWeight, Segment
-    from ninfer_runtime.models.functional import silu_mul
+    from ninfer_runtime.functional import silu_mul
 
     parent, _ = make_weight(case, seed=17)
     n, k = case[2]

@@ -167,7 +167,7 @@ def test_prefill_attends_through_the_lanes_pages(artifact_path) -> None:
 def test_the_reference_reads_its_queries_in_blocks_alike(monkeypatch) -> None:
     """Queries a few at a time (``query_block``), each over the rows it may see: the numbers
     of the whole read, row by row; a query alone attends as it does among the others."""
-    from ninfer_runtime.models import functional
+    from ninfer_runtime import functional
 
     rng = np.random.default_rng(5)
     t, start, nq, nkv, d = 23, 9, 4, 2, 8

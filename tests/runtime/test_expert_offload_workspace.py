@@ -142,7 +142,7 @@ def test_array_math_attentions_plan_a_block_of_scores():
     the dense layers narrow, the widest point is the attention's, one block more than a
     plain attention layer's."""
     from ninfer_runtime.backends.cuda.workspace import SCORE_BLOCK_COPIES
-    from ninfer_runtime.models.functional import SCORE_BLOCK_BYTES
+    from ninfer_runtime.functional import SCORE_BLOCK_BYTES
 
     plain = {
         "hidden_size": 1024, "num_hidden_layers": 2, "vocab_size": 1000,

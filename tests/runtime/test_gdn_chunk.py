@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime.models.functional import l2_normalize
+from ninfer_runtime.functional import l2_normalize
 from ninfer_runtime.ops.delta_rule import reference as R
 
 TOL = 2e-5

@@ -97,7 +97,7 @@ def test_a_step_reads_lanes_of_different_lengths_together(setup, monkeypatch, bl
     """Decode steps of two lanes, one past ``index_topk`` and one within it, and then a
     verification-shaped step of two rows of one lane: each row attends over its own
     sequence, as transformers does for that sequence alone."""
-    from ninfer_runtime.models import functional
+    from ninfer_runtime import functional
 
     model, g, full, shared = setup
     if block is not None:  # a block holds one row's scores
@@ -143,7 +143,7 @@ def test_a_step_reads_lanes_of_different_lengths_together(setup, monkeypatch, bl
 def test_latent_attention_reads_its_queries_in_blocks_alike(monkeypatch) -> None:
     """The latent op bounds its scores by reading the queries a block at a time
     (``query_block``): the same numbers as all at once, each query seeing only its own."""
-    from ninfer_runtime.models import functional
+    from ninfer_runtime import functional
     from ninfer_runtime.ops.attention import latent_reference as ref
 
     rng = np.random.default_rng(2)
@@ -166,8 +166,8 @@ def test_a_long_chunk_reads_its_queries_in_blocks_within_the_plan(setup, monkeyp
     stays within what ``--vram-budget`` plans for a latent layer (``latent_attention``)."""
     import tracemalloc
 
+    from ninfer_runtime import functional
     from ninfer_runtime.backends.cuda.workspace import latent_attention
-    from ninfer_runtime.models import functional
 
     model, g, full, shared = setup
     config = model.config.text_config.to_dict()

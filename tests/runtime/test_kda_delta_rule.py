@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer_runtime.models.functional import l2_normalize
+from ninfer_runtime.functional import l2_normalize
 from ninfer_runtime.ops import delta_rule
 from ninfer_runtime.ops.delta_rule.kda_reference import (
     KDA_CHUNK,

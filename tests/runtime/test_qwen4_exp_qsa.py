@@ -106,7 +106,7 @@ def test_a_chunk_past_the_budget_reads_its_queries_in_blocks(case, monkeypatch):
     the masks, scores and probabilities held at once shrink with the block."""
     import tracemalloc
 
-    from ninfer_runtime.models import functional
+    from ninfer_runtime import functional
 
     g, ours, rotary, x, reference = case
     expected, _ = reference(LONG)
@@ -154,7 +154,7 @@ def test_a_step_reads_lanes_of_different_lengths_together(case, monkeypatch, blo
     """Two lanes of different texts, 20 and 10 tokens read, decode in the same steps (rows
     past the budget and within it): each row attends over its own sequence, as it does
     decoding alone (transformers' output for the first text)."""
-    from ninfer_runtime.models import functional
+    from ninfer_runtime import functional
 
     g, ours, rotary, x, reference = case
     if block is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_runtime.models.functional import ranked_top_k_ids, top_k_ids
+from ninfer_runtime.functional import ranked_top_k_ids, top_k_ids
 from ninfer_runtime.ops.moe.reference import grouped_route
 
 

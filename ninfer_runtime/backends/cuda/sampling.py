@@ -16,13 +16,15 @@ the asked-for numbers cross to the host.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...frontend.sampling import SamplingParams
 from ...lane_limits import MAX_LANES
 from .compile import function, register_family
+
+if TYPE_CHECKING:  # the request's parameters, read here, never built
+    from ...frontend.sampling_params import SamplingParams
 
 __all__ = ["MAX_LANES", "MAX_SCORED_TOP", "THREADS", "DeviceSampler", "sample", "score", "supports"]
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...models import functional
+from ... import functional
 from .gdn_prefill import CHUNK as GDN_CHUNK
 from .moe import PREFILL_ROWS as MOE_PASS_ROWS
 from .moe_experts import GROUP_PAIRS, TENSOR_GROUP_PAIRS

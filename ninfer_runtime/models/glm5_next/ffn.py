@@ -20,8 +20,8 @@ from ninfer_format.binders.qwen3_5_geometry import Moe
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.array_ops import count_pairs
+from ...functional import silu_mul
 from ...ops.registry import resolve
-from ..functional import silu_mul
 
 Array = Any
 

@@ -23,8 +23,8 @@ from ninfer_format.binders.glm5_next_parts import ManifoldHyperConnections
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
+from ...functional import add_product, sigmoid_affine
 from ...ops.registry import resolve
-from ..functional import add_product, sigmoid_affine
 
 Array = Any
 

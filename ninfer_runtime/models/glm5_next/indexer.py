@@ -31,7 +31,7 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
-from ..functional import by_query_blocks, query_block, top_k_ids
+from ...functional import by_query_blocks, query_block, top_k_ids
 
 Array = Any
 LAYER_NORM_EPS = 1e-6  # transformers' indexer key norm

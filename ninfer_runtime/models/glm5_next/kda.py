@@ -23,11 +23,11 @@ from typing import Any
 from ninfer_format.binders.glm5_next_parts import Kda
 
 from ...backends import Backend, Weight
+from ...functional import mul_sigmoid, sigmoid
 from ...ops import delta_rule
 from ...ops.delta_rule.memory import GdnSlots, GdnSpec
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import mul_sigmoid, sigmoid
 
 Array = Any
 PARTS = (

@@ -23,10 +23,10 @@ from typing import Any
 from ninfer_format.binders.glm5_next_parts import DsaIndexer, Mla
 
 from ...backends import Backend, Weight
+from ...functional import by_query_blocks, query_block
 from ...ops.attention.latent import LatentPages, LatentSpec
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import by_query_blocks, query_block
 from .indexer import PoolChoice, TokenIndexer
 
 Array = Any

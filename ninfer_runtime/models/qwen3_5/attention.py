@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend, Weight
+from ...functional import mul_sigmoid
 from ...ops import attention
 from ...ops.attention.memory import AttentionPages
 from ...ops.registry import resolve
 from ..batch import Batch, Lane
-from ..functional import mul_sigmoid
 from .config import AttentionConfig
 from .mrope import rope_streams
 

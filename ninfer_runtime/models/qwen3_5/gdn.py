@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend, Weight
+from ...functional import log_decay, sigmoid
 from ...ops import delta_rule
 from ...ops.delta_rule.memory import GdnSlots
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import log_decay, sigmoid
 from .config import GdnConfig
 
 Array = Any

@@ -13,8 +13,8 @@ from typing import Any
 
 from ...backends import Backend, ExpertWeights, MoeWeights, Weight
 from ...backends import array_ops as ops
+from ...functional import silu_mul
 from ...ops.registry import resolve
-from ..functional import silu_mul
 from .config import MoeConfig
 
 Array = Any

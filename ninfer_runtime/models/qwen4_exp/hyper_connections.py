@@ -22,8 +22,8 @@ from ninfer_format.binders.qwen4_exp_parts import HyperConnections
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
+from ...functional import add_twice_sigmoid_product, mul_sigmoid, silu_of_quotient
 from ...ops.registry import resolve
-from ..functional import add_twice_sigmoid_product, mul_sigmoid, silu_of_quotient
 
 Array = Any
 

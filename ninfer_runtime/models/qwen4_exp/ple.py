@@ -40,9 +40,9 @@ from ninfer_format.binders.qwen4_exp_parts import Ple
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.base import to_numpy
+from ...functional import sigmoid, silu
 from ...row_cache import StreamedRows
 from ..batch import Batch
-from ..functional import sigmoid, silu
 from .hyper_connections import GroupNorm
 from .memory import PleGdnSlots
 

@@ -41,10 +41,10 @@ from ninfer_format.binders.qwen4_exp_parts import Indexer
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.array_ops import softmax
+from ...functional import by_query_blocks, mul_sigmoid, query_block, top_k_mask
 from ...kv_storage import gather_kv
 from ...ops.registry import resolve
 from ..batch import Batch
-from ..functional import by_query_blocks, mul_sigmoid, query_block, top_k_mask
 from ..qwen3_5.attention import AttentionConfig, GatedAttention
 from .memory import IndexedAttentionPages, rope_halves, rope_rows
 

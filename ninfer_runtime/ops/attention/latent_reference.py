@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...arrays import array_module
 from ...backends.array_ops import softmax
-from ...models.functional import _xp, by_query_blocks, query_block
+from ...functional import by_query_blocks, query_block
 
 __all__ = ["accepts", "latent"]
 
@@ -36,12 +37,12 @@ def latent(q: Array, latents: Array, visible: Array, *, scale: float) -> Array:
         t,
         block,
         lambda rows: _rows(q[rows], latents[rows] if own else latents, visible[rows], scale),
-        _xp(q),
+        array_module(q),
     )
 
 
 def _rows(q: Array, latents: Array, visible: Array, scale: float) -> Array:
-    xp = _xp(q)
+    xp = array_module(q)
     scores = (q @ latents.swapaxes(-1, -2)) * xp.float32(scale)  # [T, Nq, S]
     scores = xp.where(visible[:, None, :], scores, xp.float32(-xp.inf))
     return softmax(scores) @ latents

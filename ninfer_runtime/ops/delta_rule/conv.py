@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...models.functional import _xp, l2_normalize
+from ...arrays import array_module
+from ...functional import l2_normalize
 
 __all__ = ["causal_conv", "conv_step", "split_heads"]
 
@@ -16,7 +17,7 @@ Array = Any
 
 def causal_conv(x: Array, kernel: Array, state: Array) -> Array:
     """Depthwise causal convolution of x [T, C] with kernel [K, C]; state keeps the last K-1."""
-    xp = _xp(x)
+    xp = array_module(x)
     taps = kernel.shape[0]
     window = xp.concatenate([state.T, x], axis=0)  # [K-1+T, C]
     t = x.shape[0]
@@ -30,7 +31,7 @@ def causal_conv(x: Array, kernel: Array, state: Array) -> Array:
 def conv_step(x: Array, kernel: Array, conv_states: Array, slots: Array) -> Array:
     """One token of the depthwise causal convolution for each row: x [N, C], kernel [K, C],
     conv_states [S, C, K-1] (the last K-1 inputs of each slot, updated). No activation."""
-    xp = _xp(x)
+    xp = array_module(x)
     window = xp.concatenate([conv_states[slots], x[:, :, None]], axis=2)  # [N, C, K]
     conv_states[slots] = window[:, :, 1:]
     return (window * kernel.T[None]).sum(axis=2)

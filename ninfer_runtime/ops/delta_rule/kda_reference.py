@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ...models.functional import _xp, silu
+from ...arrays import array_module
+from ...functional import silu
 from .conv import causal_conv, conv_step, split_heads
 from .loops import commit_rows, scan, verify_rows
 from .reference import step_slots
@@ -52,7 +53,7 @@ def accepts(**_: object) -> bool:
 def kda_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
     """The recurrent form, token by token: q, k, v [T, H, d], g [T, H, dk], beta [T, H];
     state [H, dk, dv] updated in place. -> [T, H, dv]."""
-    xp = _xp(q)
+    xp = array_module(q)
     out = xp.empty(v.shape, dtype=v.dtype)
     for t in range(v.shape[0]):
         state *= xp.exp(g[t])[:, :, None]
@@ -65,7 +66,7 @@ def kda_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) 
 
 def kda_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
     """The chunked form of ``kda_step`` (same arguments, same result to rounding)."""
-    xp = _xp(q)
+    xp = array_module(q)
     q, k, v, g = (x.transpose(1, 0, 2) for x in (q, k, v, g))  # [H, T, ...]
     beta = beta.T
     out = xp.empty(v.shape, dtype=v.dtype)
@@ -84,7 +85,7 @@ def _one_chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array
     exp(γ_ic − γ_jc) (j < i): so δ = u − w S for u, w from one solve. Then
     o_i = (q_i ⊙ exp γ_i) S + Σ_{j<=i} (Σ_c q_ic k_jc exp(γ_ic − γ_jc)) δ_j and the state
     leaves as diag(exp γ_last) S + Σ_j (k_j ⊙ exp(γ_last − γ_j)) δ_jᵀ."""
-    xp = _xp(q)
+    xp = array_module(q)
     c, dv = v.shape[1], v.shape[2]
     gamma = xp.cumsum(g, axis=1)  # [H, C, dk]
     causal = xp.tri(c, c, 0, dtype=bool)[None, :, :, None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...models.functional import _xp
+from ...arrays import array_module
 from ..registry import resolve
 
 __all__ = ["commit_rows", "scan", "verify_rows"]
@@ -36,7 +36,7 @@ def scan(
     device."""
     if v.shape[0] == 1:
         return step(q, k, v, g, beta, state)
-    device = "cpu" if _xp(v).__name__ == "numpy" else "cuda"
+    device = "cpu" if array_module(v).__name__ == "numpy" else "cuda"
     chunk = resolve("delta_rule", chunk_op, device=device, key_dim=key_dim, value_dim=value_dim)
     return chunk(q, k, v, g, beta, state)
 
@@ -59,7 +59,7 @@ def verify_rows(
     the lanes' states **without changing them**: rows are lane-major (lane i is rows
     i*T .. i*T+T-1), ``slots`` [lanes] the lanes' slots. The rows' inputs (mixed, g, beta)
     are kept in ``records`` (the memory kind's ``GdnDrafts``) for ``commit_rows``."""
-    xp = _xp(mixed)
+    xp = array_module(mixed)
     lanes = slots.shape[0]
     per_lane = [x.reshape(lanes, tokens, *x.shape[1:]) for x in (mixed, g, beta)]
     for stored, x in zip((records.mixed, records.g, records.beta), per_lane, strict=True):
@@ -85,7 +85,7 @@ def commit_rows(
     states end exactly as decoding those tokens one at a time leaves them. Every recorded row
     runs for every lane and is kept where ``j < counts[i]``, so ``counts`` is never read on
     the host."""
-    xp = _xp(states)
+    xp = array_module(states)
     keep = xp.asarray(counts)[:, None] > xp.arange(records.mixed.shape[1])[None, :]
     conv, state, local = conv_states[slots], states[slots], xp.arange(slots.shape[0])  # copies
     for j in range(records.mixed.shape[1]):

@@ -10,7 +10,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ...models.functional import _xp, silu
+from ...arrays import array_module
+from ...functional import silu
 from .conv import causal_conv, conv_step, split_heads
 from .loops import commit_rows, scan, verify_rows
 
@@ -56,7 +57,7 @@ def heads_major(
     q: Array, k: Array, v: Array, g: Array, beta: Array
 ) -> tuple[Array, Array, Array, Array, Array]:
     """[T, heads, ...] -> [Hv, T, ...], key heads repeated so value head h reads h // r."""
-    xp = _xp(q)
+    xp = array_module(q)
     group = v.shape[1] // q.shape[1]
     q = xp.repeat(q, group, axis=1).transpose(1, 0, 2)
     k = xp.repeat(k, group, axis=1).transpose(1, 0, 2)
@@ -65,7 +66,7 @@ def heads_major(
 
 def step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
     """Recurrent form: decay, read what the memory holds for k, write the correction."""
-    xp = _xp(q)
+    xp = array_module(q)
     q, k, v, g, beta = heads_major(q, k, v, g, beta)
     out = xp.empty_like(v)
     for i in range(v.shape[1]):
@@ -85,7 +86,7 @@ def chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> 
     (batched over a chunk axis, one solve); what is left in sequence is one affine map of the
     state per chunk, S' = M S + N (two array ops). The outputs then follow for all chunks at
     once from the state each chunk started from."""
-    xp = _xp(q)
+    xp = array_module(q)
     q, k, v, g, beta = heads_major(q, k, v, g, beta)
     hv, t, dv = v.shape
     if t == 0:
@@ -110,7 +111,7 @@ def chunk(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> 
 def _chunked(x: Array, n: int, c: int) -> Array:
     """[Hv, T, ...] -> [n, Hv, C, ...], the last chunk padded with zeros (a zero token has
     g = 0, beta = 0, k = 0: it neither decays nor writes, and its outputs are dropped)."""
-    xp = _xp(x)
+    xp = array_module(x)
     hv, t = x.shape[:2]
     if n * c != t:
         padded = xp.zeros((hv, n * c, *x.shape[2:]), dtype=x.dtype)
@@ -126,7 +127,7 @@ def _chunk_terms(
     v [n, Hv, C, dv], g, beta [n, Hv, C]. Returns the state map S' = M S + N of each chunk
     (M [n, Hv, dk, dk], N [n, Hv, dk, dv]), u and w with v_new = u - w S, and the output
     terms q exp(γ) and (q kᵀ) ⊙ D with out = q exp(γ) S + ((q kᵀ) ⊙ D) v_new."""
-    xp = _xp(q)
+    xp = array_module(q)
     c, dk, dv = k.shape[-2], k.shape[-1], v.shape[-1]
     gamma = xp.cumsum(g, axis=-1)  # [n, Hv, C] cumulative log-decay inside each chunk
     causal = xp.tri(c, c, 0, dtype=bool)
@@ -163,7 +164,7 @@ def step_slots(
     (normalised), v [N, Hv, dv], beta [N, Hv], g [N, Hv] (one decay a head) or [N, Hv, dk]
     (one a key channel: KDA's ``kda_decode``); states [S, Hv, dk, dv] indexed by ``slots``
     (distinct), updated. -> [N, Hv, dv]."""
-    xp = _xp(q)
+    xp = array_module(q)
     group = v.shape[1] // q.shape[1]
     q, k = xp.repeat(q, group, axis=1), xp.repeat(k, group, axis=1)
     decay = xp.exp(g).reshape(*g.shape[:2], -1, 1)  # [N, Hv, 1 or dk, 1]
@@ -218,7 +219,7 @@ def prefill(
     [q | k | v], SiLU, q and k l2-normalised (q scaled by dk^-1/2), then the delta rule in
     the chunked form as the family resolves ``chunk`` (one token: the recurrent form); g,
     beta [N, Hv]. -> [N, Hv, dv] (rows of no segment are zeros)."""
-    out = _xp(mixed).zeros((mixed.shape[0], value_heads, value_dim), dtype=states.dtype)
+    out = array_module(mixed).zeros((mixed.shape[0], value_heads, value_dim), dtype=states.dtype)
     for first, count, slot in segments:
         rows = slice(first, first + count)
         conv = silu(causal_conv(mixed[rows], kernel, conv_states[slot]))

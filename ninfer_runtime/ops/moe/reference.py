@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from ...arrays import array_module
 from ...backends.array_ops import count_pairs, sigmoid, softmax
 from ...backends.base import ExpertWeights, MoeWeights
-from ...models.functional import _xp, silu_mul, top_k_ids
+from ...functional import silu_mul, top_k_ids
 
 __all__ = [
     "ROUTING_EPS",
@@ -53,7 +54,7 @@ def route(probs: Array, top_k: int) -> tuple[Array, Array]:
     """A router's choice: each row's ``top_k`` experts by probability (the lower index first
     among equals) -> int [N, k], and their probabilities renormalised to sum 1 over them
     -> [N, k]. One function, so every part of a split block routes alike."""
-    xp = _xp(probs)
+    xp = array_module(probs)
     top = top_k_ids(probs, top_k)
     share = xp.take_along_axis(probs, top, axis=-1)
     return top, share / share.sum(axis=-1, keepdims=True)
@@ -75,7 +76,7 @@ def grouped_route(
     their two best c, then the top-k experts of c inside them; the weights are s of those
     (renormalised to sum 1 if ``norm_topk_prob``) times ``scale``. Nothing is sorted on a
     device (a sort synchronises CuPy with the host): the choices are ``top_k_ids``'."""
-    xp = _xp(logits)
+    xp = array_module(logits)
     scores = sigmoid(logits)  # [N, E]
     choice = scores + bias
     n, per_group = logits.shape[0], logits.shape[1] // groups
@@ -95,7 +96,7 @@ def grouped_route(
 def _two_best(values: Array) -> Array:
     """The sum of the two largest values of each row [..., G] (a group's score), the largest
     counted once: the second is the largest of the rest."""
-    xp = _xp(values)
+    xp = array_module(values)
     best = values.max(axis=-1)
     first = values.argmax(axis=-1)[..., None] == xp.arange(values.shape[-1])
     return xp.where(first, xp.float32(-xp.inf), values).max(axis=-1) + best
@@ -116,7 +117,7 @@ def routed_experts(
     nothing here) or a gated MLP: called on rows, it gives ``down(silu(min(gate x, L)) *
     clamp(up x, -L, L))`` with its ``gate_up`` [2I, H] (gate rows, then up rows), ``down``
     [H, I] and ``limit`` L (None: no clamp), which a device provider reads instead."""
-    xp = _xp(x)
+    xp = array_module(x)
     for e in xp.unique(top).tolist():  # the chosen experts, read back
         mlp = experts[e]
         if mlp is None:

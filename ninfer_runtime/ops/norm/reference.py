@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...arrays import array_module
 from ...backends.array_ops import softmax
-from ...models.functional import _xp, silu_mul
+from ...functional import silu_mul
 
 __all__ = ["TOLERANCE", "accepts", "add_rms_norm", "gated_rms_norm", "rms_norm", "sinkhorn"]
 
@@ -25,7 +26,7 @@ def accepts(**_: object) -> bool:
 
 def rms_norm(x: Array, w: Array, eps: float, offset: float) -> Array:
     """``x / sqrt(mean(x²) + eps) * (w + offset)`` over the last axis."""
-    xp = _xp(x)
+    xp = array_module(x)
     inv = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + xp.float32(eps))
     return (x * inv) * (w + xp.float32(offset))
 

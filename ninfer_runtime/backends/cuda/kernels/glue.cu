@@ -36,7 +36,7 @@ __device__ __forceinline__ float warp_inv_rms(float sum, int d, float eps) {
   return 1.f / sqrtf(sum / (float)d + eps);
 }
 
-// silu(a) in the tanh form of the reference (models/functional.py), which never overflows.
+// silu(a) in the tanh form of the reference (ninfer_runtime/functional.py), which never overflows.
 __device__ __forceinline__ float glue_silu(float a) { return a * (0.5f * (1.f + tanhf(0.5f * a))); }
 
 // Whether float4 accesses may start at p: every row is then aligned too when d % 4 == 0 (a

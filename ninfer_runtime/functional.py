@@ -1,4 +1,6 @@
-"""Elementwise glue shared by model files, written once for any numpy-compatible module.
+"""Array math shared by the models, the op families' references and the backends (elementwise
+glue, top-k, query blocks), written once for any numpy-compatible module. It sits below all of
+them: it imports nothing of the runtime but ``arrays``.
 
 The array's own namespace is used (``x.__array_namespace__()``: numpy 2, CuPy), so these run
 on whichever backend produced ``x`` without the model passing ``xp`` around.
@@ -11,12 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import array_module
+from .arrays import array_module
 
 Array = Any
-
-
-_xp = array_module
 
 
 def _sigmoid(x: Array, xp: Any) -> Array:
@@ -62,7 +61,7 @@ _FUSED: dict[tuple[str, Any], Any] = {}
 def _elementwise(fn: Any, *xs: Array) -> Array:
     """``fn(*xs, xp)``; on a GPU array module compiled into one fused kernel (CuPy would
     launch one kernel per operator), with the same arithmetic."""
-    xp = _xp(xs[0])
+    xp = array_module(xs[0])
     fuse = getattr(xp, "fuse", None)
     if fuse is None:
         return fn(*xs, xp)
@@ -120,7 +119,7 @@ def sigmoid_affine(x: Array, scale: Array, bias: Array, mult: Array, add: Array)
 
 def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
     """``x / sqrt(sum(x²) + eps)`` over the last axis; the eps sits inside the root."""
-    xp = _xp(x)
+    xp = array_module(x)
     return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
@@ -159,7 +158,7 @@ def top_k_ids(scores: Array, k: int) -> Array:
     by the earlier index (as transformers' ``topk`` on the CPU keeps it): on a device up to
     ``RANKED_TOP_K`` comparisons by rank (``ranked_top_k_ids``), else a stable sort (CuPy's
     sort is always stable, and its older releases take no ``kind``)."""
-    xp = _xp(scores)
+    xp = array_module(scores)
     rows, width = scores.shape
     if xp is not np and rows * width * width <= RANKED_TOP_K:
         return ranked_top_k_ids(scores, k)
@@ -170,7 +169,7 @@ def top_k_ids(scores: Array, k: int) -> Array:
 def ranked_top_k_ids(scores: Array, k: int) -> Array:
     """``top_k_ids`` by rank, nothing sorted: score i's rank is how many come before it (a
     higher score, or an equal one at a lower index), and the i of rank r goes to column r."""
-    xp = _xp(scores)
+    xp = array_module(scores)
     rows, width = scores.shape
     k = min(k, width)
     index = xp.arange(width)
@@ -185,7 +184,7 @@ def ranked_top_k_ids(scores: Array, k: int) -> Array:
 def top_k_mask(scores: Array, k: int) -> Array:
     """Scores [T, B] -> bool [T, B]: True at each row's ``k`` highest (all of them when there
     are no more), ``top_k_ids``' choice."""
-    xp = _xp(scores)
+    xp = array_module(scores)
     best = top_k_ids(scores, k)
     chosen = xp.zeros(scores.shape, dtype=bool)
     chosen[xp.arange(scores.shape[0])[:, None], best] = True  # CuPy 13 has no put_along_axis
