@@ -37,7 +37,7 @@
 # whole model (glm.json; with TRACE=1 its step's ops and kernels at 1 lane; GLM_OURS=1 its
 # decode again with the KDA decode step on ours, glm_ours.json). OPS=1 times every
 # CUDA provider of the op families beside each other (benchmarks/delta_rule_bench.py, delta_rule.json;
-# prefill_attention_bench.py --library, attention_providers.txt). GGUF=1 adds the GGUF-block mixes
+# prefill_attention_bench.py --library, attention_providers.txt; matmul_bench.py, matmul.txt). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table of
 # the main GGUF types (gpubench_gguf.txt); GGUF_RUNS picks those mixes (geometry:mix, as in the
 # loop below). SHAPES picks the bench's shapes (default "qwen3_6_27b:27 qwen3_6_35b_a3b:35";
@@ -96,6 +96,8 @@ if [ "${OPS:-0}" = 1 ]; then
     | tee "$OUT/delta_rule.txt"
   timeout 240 python3 benchmarks/prefill_attention_bench.py --precisions bf16 --library 2>&1 \
     | tee "$OUT/attention_providers.txt"
+  timeout 120 python3 benchmarks/matmul_bench.py --json "$OUT/matmul.json" 2>&1 \
+    | tee "$OUT/matmul.txt"
 fi
 [ "${BENCH:-1}" = 1 ] || exit 0
 for shape in ${SHAPES-qwen3_6_27b:27 qwen3_6_35b_a3b:35}; do

@@ -6,7 +6,9 @@
   refuse host activations where ``backends/cuda/backend.py``'s do;
 * ``kernel_arguments_on_device()``: the ops the CUDA backend serves with kernels
   (``KERNEL_OPS``) refuse host array arguments, as a kernel launch does, where their
-  reference (advanced indexing) would take them;
+  reference (advanced indexing) would take them; in a captured step they run with the
+  capture's refusals lifted (a kernel reads nothing back, whatever its reference does here:
+  that the kernels are captured is the GPU tests' to show);
 * ``strict_cuda()``: the backend with both, and with ``refusing_implicit_copies``.
 
 Not emulated: the CUDA backend's own kernels (the op catalogue's ``nvrtc`` providers,
@@ -31,6 +33,7 @@ from ninfer_runtime.ops.registry import override
 from tests.strict_device import (
     DeviceArray,
     capturing,
+    launching_a_kernel,
     refuse_host_arrays,
     refusing_implicit_copies,
     xp,
@@ -48,6 +51,8 @@ KERNEL_OPS: dict[tuple[str, str], tuple[int, ...]] = {
     ("delta_rule", "commit"): (3, 5),
     **{("norm", op): () for op in ("rms_norm", "add_rms_norm", "gated_rms_norm")},
     ("moe", "block"): (),
+    ("moe", "routed_experts"): (),
+    ("norm", "sinkhorn"): (),
     ("sampling", "score"): (),
 }
 
@@ -68,7 +73,8 @@ def kernel_arguments_on_device() -> Iterator[None]:
         def kernel_op(*args: Any, **kwargs: Any) -> Any:
             launched = [a for i, a in enumerate(args) if i not in copied]
             refuse_host_arrays(f"kernel {family}.{op}", (launched, kwargs))
-            return fn(*args, **kwargs)
+            with launching_a_kernel():
+                return fn(*args, **kwargs)
 
         return kernel_op
 

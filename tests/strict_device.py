@@ -29,7 +29,8 @@ never shows. Here the "device" is numpy too, but its arrays are ``DeviceArray``s
   not;
 * ``capturing()``: within it what a CUDA graph's capture refuses raises (a copy from the host:
   ``asarray`` and its kin given anything but a device array; a read back: ``get``, ``item``,
-  ``tolist``, ``int``, ``float``, ``bool``), as ``strict_cuda``'s captured steps run.
+  ``tolist``, ``int``, ``float``, ``bool``), as ``strict_cuda``'s captured steps run, and
+  ``xp.cuda.get_current_stream().is_capturing()`` is true.
 
 Not emulated (a numpy subclass can't, or it is not worth inventing):
 
@@ -151,12 +152,30 @@ class DeviceArray(np.ndarray):
     dot = _device_method("dot")
 
 
+class _Stream:
+    """CuPy's current stream as far as the runtime asks it: capturing within ``capturing``."""
+
+    def is_capturing(self) -> bool:
+        return _CAPTURE["on"]
+
+
+class _Cuda:
+    """``xp.cuda``: CuPy's ``cupy.cuda`` as far as the runtime asks it."""
+
+    @staticmethod
+    def get_current_stream() -> _Stream:
+        return _Stream()
+
+
 class _StrictModule:
     """numpy's namespace whose functions are device functions (``_call``); types, constants
-    and dtypes pass through, submodules (``xp.linalg``) are strict too."""
+    and dtypes pass through, submodules (``xp.linalg``) are strict too; ``xp.cuda`` answers
+    whether a step is being captured."""
 
     def __init__(self, module: ModuleType) -> None:
         self._module = module
+        if module is np:
+            self.cuda = _Cuda()
         # not "numpy": code that tells the host module by name (ops/delta_rule/loops.py) must
         # see a device one, as it sees "cupy"
         self.__name__ = module.__name__.replace("numpy", "strict_device", 1)
@@ -195,6 +214,19 @@ def capturing() -> Iterator[None]:
     (``get``, ``item``, ``tolist``, ``int``, ``float`` or ``bool`` of a device array)."""
     before = _CAPTURE["on"]
     _CAPTURE["on"] = True
+    try:
+        yield
+    finally:
+        _CAPTURE["on"] = before
+
+
+@contextlib.contextmanager
+def launching_a_kernel() -> Iterator[None]:
+    """Within the block a kernel of the CUDA backend's runs (its reference in its place
+    here): a captured step records its launch, which reads nothing back, so the capture's
+    refusals are lifted."""
+    before = _CAPTURE["on"]
+    _CAPTURE["on"] = False
     try:
         yield
     finally:

@@ -5,16 +5,16 @@ DSA indexer and with the shared one, the grouped MoE and the hyper-connections.
 
 GLM5Next is served on the backends of ``models.glm5_next.model.SERVED_BACKENDS`` (cuda since
 these tests passed on an H100). On CUDA
-the model runs its reference ops (KDA, ``latent``, ``grouped_route``) as CuPy array math and
-its products through the backend, with decode steps run eagerly (the model turns a capturing
-backend's graphs off: its batched products are cuBLAS calls, which CuPy refuses inside a
-capture).
+the model runs its reference ops (KDA, ``latent``, ``grouped_route``) as CuPy array math, its
+products with weights through the backend and its products between arrays through the linear
+family's ``matmul`` (cuBLAS when eager; ours inside a capture, which cuBLAS cannot join), and
+its decode steps are captured as CUDA graphs from their second call.
 
 * The runner: prompts shorter (6 tokens: every pool seen) and longer (37: the indexer keeps
   ``index_topk`` of them) than ``index_topk``, in one chunk and in chunks of 16, then greedy
-  decoding of both lanes side by side: every logit within ``LOGIT_TOL`` of the CPU's and the
-  same greedy tokens (a step where the CPU's top two are within that bound is a tie: that lane
-  stops being compared).
+  decoding of both lanes side by side, its steps eager and captured: every logit within
+  ``LOGIT_TOL`` of the CPU's and the same greedy tokens (a step where the CPU's top two are
+  within that bound is a tie: that lane stops being compared).
 * The engine with float32 prefill products: greedy answers token for token the CPU engine's
   on short answers; with the prefix cache (resuming from checkpoints) and under preemption (a
   pool too small for its lanes) they equal the same backend's cold, unconstrained streams
@@ -23,7 +23,7 @@ capture).
 
 One test runs everywhere: a CPU backend that calls itself cuda resolves every op GLM5Next uses
 through the ``cuda`` rows of the op policies (reference providers, on numpy here) and gives
-the CPU backend's logits bit for bit, and a backend that captures steps stops capturing.
+the CPU backend's logits bit for bit, and a backend that captures steps keeps capturing.
 """
 
 from __future__ import annotations
@@ -87,13 +87,12 @@ def glm5_next_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def float32_products(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Float32 prefill products and split decode products, the reference's precision
-    (engines' CUDA backends capture graphs by default, which the model turns off)."""
+    """Float32 prefill products and split decode products, the reference's precision."""
     monkeypatch.setenv("NINFER_CUDA_PREFILL", "float32")
     monkeypatch.setenv("NINFER_CUDA_DECODE", "split")
 
 
-def test_cuda_rows_serve_every_op_and_captured_steps_run_eagerly(
+def test_cuda_rows_serve_every_op_and_steps_stay_capturable(
     float32_products: None, glm5_next_artifact: Path
 ) -> None:
     """Runs without a GPU: the ``cuda`` policy rows on numpy arrays (the reference providers;
@@ -110,7 +109,7 @@ def test_cuda_rows_serve_every_op_and_captured_steps_run_eagerly(
 
     captures = Captures()
     load_model(Artifact.open(glm5_next_artifact), captures)
-    assert captures.graphs is False
+    assert captures.graphs is True
     ids = np.random.default_rng(2).integers(0, VOCAB, 37)
     out = {}
     for name, backend in (("cpu", CpuBackend()), ("cuda", NamedCuda())):
@@ -126,15 +125,15 @@ def test_cuda_rows_serve_every_op_and_captured_steps_run_eagerly(
 
 
 @on_gpu
-@pytest.mark.parametrize("chunk", [512, 16])
+@pytest.mark.parametrize(("chunk", "graphs"), [(512, False), (16, False), (16, True)])
 def test_runner_logits_and_greedy_tokens_match_cpu(
-    chunk: int, float32_products: None, glm5_next_artifact: Path
+    chunk: int, graphs: bool, float32_products: None, glm5_next_artifact: Path
 ) -> None:
     from ninfer_runtime.backends.cuda.backend import CudaBackend
 
     backends = {
         "cpu": "cpu",
-        "cuda": CudaBackend(graphs=False, prefill_precision="float32", decode_precision="split"),
+        "cuda": CudaBackend(graphs=graphs, prefill_precision="float32", decode_precision="split"),
     }
     rng = np.random.default_rng(chunk)
     prompts = [rng.integers(0, VOCAB, t) for t in PROMPTS]
@@ -180,7 +179,7 @@ def test_runner_logits_and_greedy_tokens_match_cpu(
         for name, runner in runners.items():
             feed = [np.array([t]) for t in tokens[name]]
             last[name] = [host(x)[0] for x in runner.forward(feed, states[name]).logits]
-    case = f"glm5_next/chunk {chunk}"
+    case = f"glm5_next/chunk {chunk}{' captured' if graphs else ''}"
     REPORT.append((case, "logits max|Δ| (rel to max|logit|)", f"{err:.2e} ({err / scale:.1e})"))
     REPORT.append((case, "identical greedy tokens per lane", f"{same} of {STEPS + 1}"))
     assert err < bound, err

@@ -41,6 +41,10 @@ LINEAR_ROWS = {
         for m in (1, 2, 4, 8, 9, 64)
         for w in (1, 1 << 30)
     },
+    **{
+        ("matmul", f"{device} capturing={capturing}"): names
+        for (device, capturing), names in linear_policy.MATMUL.items()
+    },
 }
 #: family -> (its policy table, its providers' stated tolerances)
 FAMILIES = {
@@ -274,6 +278,39 @@ def test_linear_policy_names_registered_providers_and_puts_tiles_first() -> None
     assert linear_policy.choose("product", device="cpu") == ("reference",)
     with pytest.raises(LookupError, match="no policy row"):
         linear_policy.choose("product", device="tpu", code=0, m=1, weights=1)
+
+
+def test_a_product_of_arrays_is_ours_inside_a_capture_and_the_librarys_outside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ops.linear.matmul`` keys its resolution by the device and, on a GPU, whether the
+    stream is capturing (the strict device answers as CuPy's stream does); the policy puts
+    ours first only inside a capture, and the product is numpy's either way here."""
+    from ninfer_runtime.ops import linear
+    from tests.strict_device import DeviceArray, capturing
+
+    assert linear_policy.choose("matmul", device="cuda", capturing=True)[0] == "nvrtc"
+    assert linear_policy.choose("matmul", device="cuda")[0] == "reference"
+    assert linear_policy.choose("matmul", device="cpu") == ("reference",)
+    keys = []
+
+    def recorded(family: str, op: str, **key: object) -> object:
+        keys.append(key)
+        return registry.resolve(family, op, **key)
+
+    monkeypatch.setattr(linear, "resolve", recorded)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((5, 2))
+    np.testing.assert_array_equal(linear.matmul(a, b), a @ b)
+    device_a, device_b = a.view(DeviceArray), b.view(DeviceArray)
+    with capturing():
+        np.testing.assert_array_equal(np.asarray(linear.matmul(device_a, device_b)), a @ b)
+    np.testing.assert_array_equal(np.asarray(linear.matmul(device_a, device_b)), a @ b)
+    assert keys == [
+        {"device": "cpu", "capturing": False},
+        {"device": "cuda", "capturing": True},
+        {"device": "cuda", "capturing": False},
+    ]
 
 
 def test_a_bulk_prefill_takes_the_bulk_row_and_a_small_one_the_plain_row() -> None:

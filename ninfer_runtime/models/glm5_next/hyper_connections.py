@@ -24,6 +24,7 @@ from ninfer_format.binders.glm5_next_parts import ManifoldHyperConnections
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...functional import add_product, sigmoid_affine
+from ...ops.linear import matmul
 from ...ops.registry import resolve
 
 Array = Any
@@ -84,4 +85,5 @@ class HyperConnection:
     @staticmethod
     def merge(streams: Array, block_out: Array, post: Array, comb: Array) -> Array:
         """The streams after the block: ``post_i · out + Σ_j comb_ji · stream_j``."""
-        return add_product(comb.swapaxes(1, 2) @ streams, post[:, :, None], block_out[:, None, :])
+        mixed = matmul(comb.swapaxes(1, 2), streams)
+        return add_product(mixed, post[:, :, None], block_out[:, None, :])

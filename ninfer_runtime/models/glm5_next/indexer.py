@@ -32,6 +32,7 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...functional import by_query_blocks, query_block, top_k_ids
+from ...ops.linear import matmul
 
 Array = Any
 LAYER_NORM_EPS = 1e-6  # transformers' indexer key norm
@@ -139,7 +140,7 @@ class TokenIndexer:
         -1 past those it sees; ``keys`` [P, d], or [T, P, d] each query's own."""
         xp, kp, d = array_module(keys), self.n.kpool, self.n.head_dim
         pools = keys.shape[-2]
-        scores = queries @ keys.swapaxes(-1, -2)  # [T, n_i, P]
+        scores = matmul(queries, keys.swapaxes(-1, -2))  # [T, n_i, P]
         scores = xp.maximum(scores * xp.float32(d**-0.5), 0)
         index = (weights[:, :, None] * scores).sum(axis=1)  # [T, P]
         seen = (xp.arange(pools) * kp + kp - 1)[None, :] <= positions[:, None]

@@ -25,6 +25,7 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer, Mla
 from ...backends import Backend, Weight
 from ...functional import by_query_blocks, query_block
 from ...ops.attention.latent import LatentPages, LatentSpec
+from ...ops.linear import matmul
 from ...ops.registry import resolve
 from ..batch import Batch
 from .indexer import PoolChoice, TokenIndexer
@@ -83,19 +84,20 @@ class LatentAttention:
         """Rows x [N, H] -> (the layer's output [N, H], each query group's choice of
         tokens, which a following ``shared`` layer reuses as ``chosen``)."""
         be, m = self.backend, self.m
-        xp, n = be.xp, x.shape[0]
+        n = x.shape[0]
         down = be.linear(x, self.down)
         rms_norm = resolve("norm", "rms_norm", device=be.name)
         query_latent = rms_norm(down[:, : m.q_rank], self.query_norm, self.eps, offset=0.0)
         latent = rms_norm(down[:, m.q_rank :], self.kv_norm, self.eps, offset=0.0)
         q = be.linear(query_latent, self.query_up).reshape(n, m.heads, m.nope_dim)
-        absorbed = xp.einsum("nhd,hdr->nhr", q, self.key_up)
+        absorbed = matmul(q.swapaxes(0, 1), self.key_up).swapaxes(0, 1)  # [N, heads, rank]
         records = queries = weights = None
         if self.indexer is not None:
             records, queries, weights = self.indexer.project(x, query_latent)
         read = self._prompts if batch.decode is None else self._step
         context, choices = read(batch, memory, absorbed, latent, records, queries, weights, chosen)
-        o = xp.einsum("nhr,hvr->nhv", context, self.value_up).reshape(n, m.heads * m.value_dim)
+        o = matmul(context.swapaxes(0, 1), self.value_up.swapaxes(1, 2)).swapaxes(0, 1)
+        o = o.reshape(n, m.heads * m.value_dim)
         return be.linear(o, self.output), choices
 
     def _prompts(

@@ -23,7 +23,7 @@ import numpy as np
 
 from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
 
-from ...backends import Backend, decode_eagerly
+from ...backends import Backend
 from ...errors import ModelError
 from ...memory_kinds import MemoryKind
 from ...ops.registry import resolve
@@ -93,10 +93,9 @@ class Glm5NextModel(WithoutMtp):
     def step_variant(self, kind: str, last_position: int) -> tuple[int, bool]:
         """A compiled step's variant, the tokens its attention layers read (``token_bucket``
         of the last position its rows reach, host-known), so no step reads its positions
-        back; and never captured: its batched products (the latent attention's, the
-        indexer's scores, the connections' mixing) are cuBLAS calls, which CuPy refuses
-        inside a capture."""
-        return token_bucket(last_position), False
+        back; every step may be captured (its products between arrays are the linear
+        family's ``matmul``, ours inside a capture)."""
+        return token_bucket(last_position), True
 
     # ---------------------------------------------------------------------------- math
     def embed(self, ids: Array) -> Array:
@@ -133,8 +132,6 @@ def load_glm5_next(
     expert_offload: Any = None,
 ) -> Glm5NextModel:
     check_backend("GLM5Next", backend, SERVED_BACKENDS, None)
-    # never captured (``step_variant`` says why): a capturing backend plans no graph pool
-    decode_eagerly(backend, "GLM5Next's batched products are cuBLAS calls, uncapturable")
     if collective is not None and collective.world > 1:
         raise ModelError("GLM5Next has no tensor-parallel split yet: run it on one rank")
     return Glm5NextModel(artifact, backend, expert_offload)

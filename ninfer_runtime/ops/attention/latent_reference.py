@@ -15,6 +15,7 @@ from typing import Any
 from ...arrays import array_module
 from ...backends.array_ops import softmax
 from ...functional import by_query_blocks, query_block
+from ..linear import matmul
 
 __all__ = ["accepts", "latent"]
 
@@ -43,6 +44,6 @@ def latent(q: Array, latents: Array, visible: Array, *, scale: float) -> Array:
 
 def _rows(q: Array, latents: Array, visible: Array, scale: float) -> Array:
     xp = array_module(q)
-    scores = (q @ latents.swapaxes(-1, -2)) * xp.float32(scale)  # [T, Nq, S]
+    scores = matmul(q, latents.swapaxes(-1, -2)) * xp.float32(scale)  # [T, Nq, S]
     scores = xp.where(visible[:, None, :], scores, xp.float32(-xp.inf))
-    return softmax(scores) @ latents
+    return matmul(softmax(scores), latents)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ...arrays import array_module
 from ...functional import silu
+from ..linear import matmul
 from .conv import causal_conv, conv_step, split_heads
 from .loops import commit_rows, scan, verify_rows
 
@@ -169,11 +170,18 @@ def step_slots(
     q, k = xp.repeat(q, group, axis=1), xp.repeat(k, group, axis=1)
     decay = xp.exp(g).reshape(*g.shape[:2], -1, 1)  # [N, Hv, 1 or dk, 1]
     state = states[slots] * decay  # [N, Hv, dk, dv]
-    recalled = xp.einsum("nhkv,nhk->nhv", state, k)
-    delta = beta[:, :, None] * (v - recalled)
+    delta = beta[:, :, None] * (v - _read(state, k))
     state += k[:, :, :, None] * delta[:, :, None, :]
     states[slots] = state
-    return xp.einsum("nhkv,nhk->nhv", state, q)
+    return _read(state, q)
+
+
+def _read(state: Array, k: Array) -> Array:
+    """Each head's state [N, H, dk, dv] read by its key k [N, H, dk] -> [N, H, dv], as the
+    linear family's products (on a device: ones a captured step can hold)."""
+    n, h, dk, dv = state.shape
+    rows = matmul(k.reshape(n * h, 1, dk), state.reshape(n * h, dk, dv))
+    return rows.reshape(n, h, dv)
 
 
 def decode(

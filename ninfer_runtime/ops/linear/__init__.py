@@ -1,4 +1,4 @@
-"""Products of activations with packed (quantized) weights.
+"""Products of activations with packed (quantized) weights, and of two arrays.
 
 Op ``product``: ``(data, p, row0, rows, x, y, ldy) -> None``: ``y[m, r] = Σ_k x[m, k]
 W[row0 + r, k]`` for ``M = x.shape[0] <= 64`` activation rows (decode steps, speculative
@@ -12,9 +12,15 @@ bf16 (or fp16 where its fragments are fp16, each row scaled into range) with flo
 accumulation. ``tiles`` and ``tensor_cores`` do (half the mma work of ``product``, which
 carries x as two halves); ``gemv`` (float32 x on the SIMT cores) serves it as ``product``.
 
-Providers: ``reference`` (``reference.py``, the oracle: the object decoded by its format's
-codec, multiplied in float32 on the host; the CPU device's row) and, in ``nvrtc.py``, our
-kernels: ``tiles`` (tile-packed objects, eight rows a launch),
+Op ``matmul``: ``(a, b) -> a @ b``, numpy's ``matmul`` of two arrays ([(B,) M, K] and
+[(B,) K, N], float32): the products between activations (and small weight arrays) of the
+models' math, which callers reach through ``matmul`` here (the device and, on a GPU, whether
+a CUDA graph is being captured are its key). Providers: ``reference`` (the array's module:
+numpy, or cuBLAS through CuPy) and ``nvrtc`` (ours, ``backends/cuda/matmul.py``: capturable).
+
+Providers of ``product``: ``reference`` (``reference.py``, the oracle: the object decoded by
+its format's codec, multiplied in float32 on the host; the CPU device's row) and, in
+``nvrtc.py``, our kernels: ``tiles`` (tile-packed objects, eight rows a launch),
 ``tensor_cores`` (the small-M tensor-core kernel of row_split q4..q8, NVFP4, bf16 and the
 K-quant layouts) and ``gemv`` (the SIMT GEMV, every stored layout, eight rows a launch).
 ``policy.py`` orders them by format, activation rows and weight size (the measured crossover
@@ -24,10 +30,23 @@ is tile packed or has a tensor-core kernel, M and the product's weights (rows x 
 
 from typing import Any
 
-from ..registry import Provider, family, providers, register
+import numpy as np
+
+from ...arrays import array_module
+from ..registry import Provider, family, providers, register, resolve
 from .policy import OPS, choose
 
-__all__ = ["product_key", "served_by"]
+__all__ = ["matmul", "product_key", "served_by"]
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``a @ b`` of two arrays on their own device, by the policy's provider: on a GPU inside
+    a CUDA graph capture only a kernel the capture can record serves."""
+    xp = array_module(a)
+    if xp is np:
+        return resolve("linear", "matmul", device="cpu", capturing=False)(a, b)
+    capturing = bool(xp.cuda.get_current_stream().is_capturing())
+    return resolve("linear", "matmul", device="cuda", capturing=capturing)(a, b)
 
 
 def product_key(p: Any, rows: int, m: int, device: str = "cuda") -> dict[str, Any]:
@@ -68,6 +87,17 @@ for _op in OPS:
             module=f"{__name__}.reference",
             function="product",
             accepts="accepts",
+        )
+    )
+for _name, _requires in (("reference", ()), ("nvrtc", ("cupy",))):
+    register(
+        Provider(
+            family="linear",
+            op="matmul",
+            name=_name,
+            module=f"{__name__}.{_name}",
+            function="matmul",
+            requires=_requires,
         )
     )
 for (_op, _name), _function in _FUNCTIONS.items():

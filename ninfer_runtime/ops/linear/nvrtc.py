@@ -1,13 +1,14 @@
 """Our small-M product kernels as linear providers (launchers in ``backends/cuda/kernels.py``,
 the tensor-core kernel; ``gemv.py``, the SIMT GEMV, which ``kernels`` re-exports; and
 ``tile_products.py``). Each takes any M <= 64: the eight-row kernels run in launches of eight
-rows."""
+rows. ``matmul``, the product of two arrays: ``backends/cuda/matmul.py``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ...backends.cuda import kernels, tile_products
+from ...backends.cuda.matmul import matmul
 from .policy import MAX_GEMV_ROWS
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "accepts_tensor_cores",
     "accepts_tiles",
     "gemv",
+    "matmul",
     "tensor_cores",
     "tensor_cores_bf16",
     "tiles",

@@ -40,6 +40,16 @@ TENSOR_CORES_FROM: dict[int, tuple[tuple[int, int], ...]] = {
 #: a kernel has one), or rounded once (``product_bf16``, the production precision)
 OPS = ("product", "product_bf16")
 
+#: (device, capturing) -> the providers of ``matmul``, the product of two arrays: the
+#: reference's ``xp.matmul`` (cuBLAS on a device) wherever it can run; inside a CUDA graph
+#: capture, which a library's product cannot join, ours (one launch; its speed against
+#: cuBLAS not yet measured), the reference only where ours is not installed
+MATMUL: dict[tuple[str, bool], tuple[str, ...]] = {
+    ("cpu", False): ("reference",),
+    ("cuda", False): ("reference", "nvrtc"),
+    ("cuda", True): ("nvrtc", "reference"),
+}
+
 
 def tensor_cores_first(code: int, m: int, weights: int) -> bool:
     """Whether the tensor-core kernel beats the GEMV for M rows of ``weights`` weights of a
@@ -50,8 +60,17 @@ def tensor_cores_first(code: int, m: int, weights: int) -> bool:
 
 
 def choose(
-    op: str, *, device: str, code: int = 0, m: int = 0, weights: int = 0, **_: object
+    op: str,
+    *,
+    device: str,
+    code: int = 0,
+    m: int = 0,
+    weights: int = 0,
+    capturing: bool = False,
+    **_: object,
 ) -> Sequence[str]:
+    if op == "matmul" and (device, capturing) in MATMUL:
+        return MATMUL[(device, capturing)]
     if op in OPS and device == "cpu":  # the oracle, on host arrays
         return ("reference",)
     if op not in OPS or device != "cuda":

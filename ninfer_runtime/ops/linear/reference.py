@@ -12,9 +12,10 @@ import numpy as np
 
 from ninfer_format.codecs import codec_for
 
+from ...arrays import array_module
 from ...backends.cuda import formats as F
 
-__all__ = ["TOLERANCE", "accepts", "decoded", "product"]
+__all__ = ["TOLERANCE", "accepts", "decoded", "matmul", "product"]
 
 #: format code -> (format, layout) of every layout the kernels read in place
 _STORED = {code: stored for stored, code in F.PACKED.items()}
@@ -28,6 +29,8 @@ TOLERANCE: dict[str, float] = {
     "gemv": 2e-6,
     "tensor_cores": 1e-5,
     "tiles": 1e-5,
+    # ``matmul``'s: float32 products summed in float32 (fused multiply-adds in ours)
+    "nvrtc": 2e-6,
 }
 
 
@@ -53,3 +56,8 @@ def product(data: Any, p: F.Planes, row0: int, rows: int, x: Any, y: Any, ldy: i
         raise ValueError(f"linear.reference: y's rows are {y.strides[0]} bytes apart, not ldy")
     w = decoded(data, p)[row0 : row0 + rows]
     y[:, :rows] = np.asarray(x, dtype=np.float32)[:, : p.columns] @ w.T
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``a @ b`` of two arrays as their own module computes it (numpy; CuPy: cuBLAS)."""
+    return array_module(a).matmul(a, b)
