@@ -1,7 +1,9 @@
 """GLM5Next's latent attention and token indexer (``models/glm5_next/mla.py``, ``indexer.py``)
 against transformers' ``Glm5NextTextAttention`` with the same random weights (float32): a layer
 running its own indexer and the ``shared`` layer after it, for prompts within and past
-``index_topk``; then a prompt's tail as decode steps against the prompt at once."""
+``index_topk``; then a prompt's tail as decode steps against the prompt at once, with pages
+of whole pools and pages whose pools straddle them; the pool keys kept in the pages against
+keys made from the records at once, and a page's bytes against what the pages hold."""
 
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ def setup():
     return model, g, full, shared
 
 
-def pool_for(g, context: int) -> ContextPool:
+def pool_for(g, context: int, page_tokens: int = 4) -> ContextPool:
     specs = [memory_spec(g.mla, g.indexer), memory_spec(g.mla, None)]
-    return ContextPool(specs, np, slots=2, pages=2 * context // 4, max_context=context,
-                       page_tokens=4)  # fmt: skip
+    pages = 2 * -(-context // page_tokens)
+    return ContextPool(specs, np, slots=2, pages=pages, max_context=context,
+                       page_tokens=page_tokens)  # fmt: skip
 
 
 def reference(model, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,12 +73,13 @@ def test_a_prompt_matches_transformers(setup, t: int) -> None:
     assert rel(out1, ref1) < TOL and rel(out2, ref2) < TOL
 
 
-def test_decode_rows_continue_the_prompt(setup) -> None:
+@pytest.mark.parametrize("page_tokens", [4, 6])  # the tiny model's pools are 4 tokens
+def test_decode_rows_continue_the_prompt(setup, page_tokens: int) -> None:
     model, g, full, shared = setup
     t, head = 30, 22
     x = np.random.default_rng(9).standard_normal((t, g.hidden)).astype(np.float32)
     ref1, ref2, _ = reference(model, x)
-    pool = pool_for(g, 32)
+    pool = pool_for(g, 32, page_tokens)
     state = pool.open(t)
     batch = Batch((Lane(slice(0, head), 0, state),), None, None)
     out1, chosen = full(x[:head], batch, pool.layers[0], None)
@@ -92,16 +96,29 @@ def test_decode_rows_continue_the_prompt(setup) -> None:
     assert rel(np.concatenate(outs1), ref1) < TOL and rel(np.concatenate(outs2), ref2) < TOL
 
 
+@pytest.mark.parametrize("gathered", [True, False])  # chosen tokens gathered, or all masked
 @pytest.mark.parametrize("block", [None, 1])  # the step's rows at once, or one at a time
-def test_a_step_reads_lanes_of_different_lengths_together(setup, monkeypatch, block) -> None:
+def test_a_step_reads_lanes_of_different_lengths_together(
+    setup, monkeypatch, block, gathered: bool
+) -> None:
     """Decode steps of two lanes, one past ``index_topk`` and one within it, and then a
     verification-shaped step of two rows of one lane: each row attends over its own
-    sequence, as transformers does for that sequence alone."""
+    sequence, as transformers does for that sequence alone, whether it reads the tokens it
+    chose gathered (the tiny model's choice, 12 tokens against a 256-token bucket) or the
+    whole bucket under its mask."""
     from ninfer_runtime import functional
+    from ninfer_runtime.models.glm5_next import mla
 
     model, g, full, shared = setup
     if block is not None:  # a block holds one row's scores
         monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", 1)
+    policy, reads = mla.reads_chosen_tokens, []
+
+    def decides(selected: int, tokens: int) -> bool:
+        reads.append(policy(selected, tokens))
+        return gathered
+
+    monkeypatch.setattr(mla, "reads_chosen_tokens", decides)
     lengths, heads = (30, 14), (21, 6)
     xs = [np.random.default_rng(40 + t).standard_normal((t, g.hidden)).astype(np.float32)
           for t in lengths]  # fmt: skip
@@ -138,6 +155,35 @@ def test_a_step_reads_lanes_of_different_lengths_together(setup, monkeypatch, bl
         at[0] += len(rows)
     for (ref1, ref2), (outs1, outs2) in zip(refs, got, strict=True):
         assert rel(np.concatenate(outs1), ref1) < TOL and rel(np.concatenate(outs2), ref2) < TOL
+    assert reads and all(reads)  # the policy left alone gathers: 12 of 256 tokens
+
+
+@pytest.mark.parametrize("page_tokens", [4, 6, 7])
+def test_the_pages_keep_each_complete_pools_key(setup, page_tokens: int) -> None:
+    """After a prompt in two chunks and a decode step, every complete pool's key read from
+    the pages is the key made from its tokens' records at once; and a page's bytes are what
+    its arrays hold."""
+    _, g, full, _ = setup
+    kp, t = g.indexer.kpool, 23
+    x = np.random.default_rng(3).standard_normal((t + 1, g.hidden)).astype(np.float32)
+    pool = pool_for(g, 32, page_tokens)
+    memory, state = pool.layers[0], pool.open(t + 1)
+    for start, end in ((0, 9), (9, t)):  # a pool split across the chunks
+        lane = Lane(slice(0, end - start), start, state)
+        full(x[start:end], Batch((lane,), None, None), memory, None)
+    index = DecodeIndex(np.array([state.slot], np.int32), np.array([t], np.int32), pool.page_table)
+    full(x[t:], Batch((), None, None, index), memory, None)
+    tokens = np.arange(t + 1)
+    page, row = state.page_ids[tokens // page_tokens], tokens % page_tokens
+    records = memory.index[page, row]
+    complete = (t + 1) // kp
+    want = full.indexer._pool_keys(records[: complete * kp].reshape(complete, kp, -1))
+    keys = memory.read_pool_keys(state.page_ids, t + 1)
+    assert keys.shape == (complete, g.indexer.head_dim)
+    np.testing.assert_array_equal(keys, want)
+    spec = memory_spec(g.mla, g.indexer)
+    held = sum(part.nbytes for part in memory.page_parts())
+    assert held == pool.pages * spec.page_bytes(page_tokens, "float32")
 
 
 def test_latent_attention_reads_its_queries_in_blocks_alike(monkeypatch) -> None:

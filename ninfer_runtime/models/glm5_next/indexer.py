@@ -2,10 +2,13 @@
 to, chosen by whole pools of ``kpool`` tokens.
 
 Each token leaves a record: its index key ``LayerNorm(key x)`` [d] and its pool-gate scores
-``pool_gate x`` [d]. The complete pools of a sequence (tokens ``p·kpool .. p·kpool + kpool - 1``)
-are summarised per channel by a softmax over the pool's tokens:
+``pool_gate x`` [d]. The pools of a sequence (tokens ``p·kpool .. p·kpool + kpool - 1``) are
+summarised per channel by a softmax over the pool's tokens:
 
     pool_key_p = Σ_j softmax_j(gate_j + pool_position_j) ⊙ key_j
+
+made whenever a token of the pool is written (``update_pools``) and kept in the layer's pages
+(``LatentPages.pool_keys``), so a choice reads one key a pool instead of every token's record.
 
 and a query scores them with its own heads (q_i = query · its query latent, w = head_weights x):
 
@@ -32,6 +35,7 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...functional import by_query_blocks, query_block, top_k_ids
+from ...ops.attention.latent import LatentPages
 from ...ops.linear import matmul
 
 Array = Any
@@ -46,6 +50,26 @@ class PoolChoice:
     pools: Array
     positions: Array
     kpool: int
+
+    @property
+    def selected(self) -> int:
+        """Tokens a query may see at most: its kept pools' and the open pool's."""
+        return (self.pools.shape[1] + 1) * self.kpool
+
+    def chosen_tokens(self, rows: slice) -> tuple[Array, Array]:
+        """(token ids int [len(rows), selected], bool visible alike): each query's kept
+        pools' tokens, then its open pool's; a pool not kept (-1) and the open pool's
+        tokens past the query are not visible, and name token 0 (a row any sequence has)."""
+        xp, kp = array_module(self.positions), self.kpool
+        pools, positions = self.pools[rows], self.positions[rows]
+        t, offsets = positions.shape[0], xp.arange(kp)
+        kept = (pools[:, :, None] * kp + offsets).reshape(t, -1)
+        open_pool = ((positions + 1) // kp * kp)[:, None] + offsets
+        ids = xp.concatenate([kept, open_pool], axis=1)
+        seen = xp.concatenate(
+            [xp.repeat(pools >= 0, kp, axis=1), open_pool <= positions[:, None]], axis=1
+        )
+        return xp.where(seen, ids, 0), seen
 
     def visible(self, rows: slice, tokens: int) -> Array:
         """bool [len(rows), tokens]: which of the first ``tokens`` tokens the queries
@@ -96,40 +120,41 @@ class TokenIndexer:
         queries = be.linear(query_latent, self.query).reshape(-1, n.heads, d)
         return xp.concatenate([key, gate], axis=-1), queries, heads * n.heads**-0.5
 
-    def choose(
-        self, queries: Array, weights: Array, records: Array, positions: Array
-    ) -> PoolChoice:
+    def update_pools(self, memory: LatentPages, page_ids: Array, pools: Array) -> None:
+        """Makes again the keys of ``pools`` from their records in ``memory`` (after a write
+        to them): pools [K] of the sequence whose page-table row is ``page_ids``, or row i's
+        pool ``pools[i]`` of its own sequence (``page_ids`` [N, pages])."""
+        memory.write_pool_keys(
+            page_ids, pools, self._pool_keys(memory.pool_records(page_ids, pools))
+        )
+
+    def choose(self, queries: Array, weights: Array, keys: Array, positions: Array) -> PoolChoice:
         """The pools each query keeps: queries [T, n_i, d] and weights [T, n_i] of the
-        queries at ``positions`` [T] (ints, either device) over records [S, 2d] of their
-        sequence's first S tokens, or [T, S, 2d]: each query's own sequence (a step's lanes;
-        the rows past a sequence's length are never chosen); ``query_block`` queries at a
+        queries at ``positions`` [T] (ints, either device) over the keys [P, d] of their
+        sequence's first P pools, or [T, P, d]: each query's own sequence (a step's lanes;
+        the pools past a sequence's length are never chosen); ``query_block`` queries at a
         time."""
-        xp, kp = array_module(records), self.n.kpool
+        xp, kp = array_module(keys), self.n.kpool
         positions = xp.asarray(positions)
-        pools = records.shape[-2] // kp  # complete pools; the open one is never scored
+        pools = keys.shape[-2]  # the open pool among them is never chosen
         k = min(self.n.pools_selected, pools)
         if not k:
             return PoolChoice(xp.full((positions.shape[0], 0), -1, xp.int64), positions, kp)
-        own = records.ndim == 3
-        keys = None if own else self._pool_keys(records)
-        per_query = self.n.heads * pools + (records.shape[-2] * records.shape[-1] if own else 0)
+        own = keys.ndim == 3
+        per_query = self.n.heads * pools + (pools * keys.shape[-1] if own else 0)
 
         def best(rows: slice) -> Array:
-            mixed = self._pool_keys(records[rows]) if own else keys
-            return self._best(queries[rows], weights[rows], mixed, positions[rows], k)
+            mine = keys[rows] if own else keys
+            return self._best(queries[rows], weights[rows], mine, positions[rows], k)
 
         chosen = by_query_blocks(positions.shape[0], query_block(4 * per_query), best, xp)
         return PoolChoice(chosen, positions, kp)
 
     def _pool_keys(self, records: Array) -> Array:
-        """Each complete pool's key [..., P, d] of records [..., S, 2d]: its tokens' keys
+        """Pool keys [..., d] of their tokens' records [..., kpool, 2d]: the tokens' keys
         mixed by a softmax over the pool's tokens, per channel, of their gate scores and the
         pool positions'."""
-        xp = array_module(records)
-        kp, d = self.n.kpool, self.n.head_dim
-        *lead, tokens, _ = records.shape
-        pools = tokens // kp
-        records = records[..., : pools * kp, :].reshape(*lead, pools, kp, 2 * d)
+        xp, d = array_module(records), self.n.head_dim
         logits = records[..., d:] + self.pool_position
         share = xp.exp(logits - logits.max(axis=-2, keepdims=True))
         share /= share.sum(axis=-2, keepdims=True)

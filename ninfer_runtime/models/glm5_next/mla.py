@@ -44,10 +44,19 @@ def token_bucket(last_position: int) -> int:
     return max(FIRST_BUCKET, 1 << last_position.bit_length())
 
 
+def reads_chosen_tokens(selected: int, tokens: int) -> bool:
+    """Whether a step's rows attend over the ``selected`` tokens each chose (its kept pools'
+    and the open pool's), gathered from the pages, rather than over the step's ``tokens``
+    under a mask: when they are fewer (a long context's step)."""
+    return selected < tokens
+
+
 def memory_spec(m: Mla, indexer: DsaIndexer | None) -> LatentSpec:
     """What an attention layer keeps a token: its latent, and its indexer record when it runs
     an indexer of its own."""
-    return LatentSpec(m.kv_rank + m.rope_dim, indexer.head_dim if indexer else 0)
+    if indexer is None:
+        return LatentSpec(m.kv_rank + m.rope_dim)
+    return LatentSpec(m.kv_rank + m.rope_dim, indexer.head_dim, indexer.kpool)
 
 
 class LatentAttention:
@@ -111,13 +120,19 @@ class LatentAttention:
         lanes = [(lane.rows, lane.state.page_ids, lane.start) for lane in batch.lanes]
         for rows, pages, start in lanes:  # every row stored before any row reads
             memory.write(pages, start, latent[rows], None if records is None else records[rows])
+            if self.indexer is not None:  # the keys of the pools the rows are in
+                kp = self.indexer.n.kpool
+                touched = xp.arange(start // kp, (rows.stop - rows.start + start - 1) // kp + 1)
+                self.indexer.update_pools(memory, pages, touched)
         context = xp.empty(absorbed.shape, xp.float32)
         choices = []
         for i, (rows, pages, start) in enumerate(lanes):
             count = rows.stop - rows.start
-            latents, stored = memory.read(pages, start + count)
+            latents = memory.read(pages, start + count)
             positions = xp.arange(start, start + count)
-            choice = self._choice(i, queries, weights, rows, stored, positions, chosen)
+            choice = self._choice(
+                i, queries, weights, rows, memory, pages, positions, start + count, chosen
+            )
             choices.append(choice)
             context[rows] = self._over(absorbed[rows], latents, choice)
         return context, choices
@@ -129,29 +144,38 @@ class LatentAttention:
     ) -> tuple[Array, list[PoolChoice]]:  # fmt: skip
         """A decode or verification step's rows together, each over its own sequence (row
         i: the token at ``positions[i]`` of slot ``slots[i]``): every row stored, then the
-        sequences read padded to the step's ``token_bucket`` (its variant; a step compiled
-        without one reads the positions on the host for it), at most the pages a slot has
-        (the rows past a sequence's length are never seen), rows a block at a time."""
+        sequences' pools scored up to the step's ``token_bucket`` (its variant; a step
+        compiled without one reads the positions on the host for it), at most the pages a
+        slot has (the pools past a sequence's length are never chosen), rows a block at a
+        time; each row attends over the tokens it chose, gathered, where they are fewer than
+        the bucket's (``reads_chosen_tokens``), else over the bucket under their mask."""
         d = batch.decode
         assert d is not None
         xp, m, n = self.backend.xp, self.m, absorbed.shape[0]
         pages, positions = d.page_table[d.slots], d.positions.astype(xp.int64)
         memory.write_rows(pages, positions, latent, records)
+        if self.indexer is not None:  # each row's pool's key, from its records
+            self.indexer.update_pools(memory, pages, positions // self.indexer.n.kpool)
         bucket = d.variant if d.variant is not None else token_bucket(max(d.host_positions))
         tokens = min(bucket, pages.shape[1] * memory.latent.shape[1])
-        width = sum(part.shape[-1] for part in memory.page_parts())
+        # a row reads its tokens' latents and its pools' keys, and scores the tokens
+        width = memory.latent.shape[-1] + memory.pool_keys.shape[-1]
         block = query_block(4 * tokens * (m.heads + width))
         context = xp.empty(absorbed.shape, xp.float32)
         pools = []
         for at in range(0, n, block):
             rows = slice(at, at + block)
-            latents, stored = memory.read(pages[rows], tokens)
-            choice = self._choice(0, queries, weights, rows, stored, positions[rows], chosen)
+            choice = self._choice(
+                0, queries, weights, rows, memory, pages[rows], positions[rows], tokens, chosen
+            )
+            part = slice(None) if self.indexer is not None else rows
             if self.indexer is not None:
                 pools.append(choice.pools)
-                seen = choice.visible(slice(None), tokens)
+            if reads_chosen_tokens(choice.selected, tokens):
+                ids, seen = choice.chosen_tokens(part)
+                latents = memory.read_at(pages[rows], ids)
             else:
-                seen = choice.visible(rows, tokens)
+                latents, seen = memory.read(pages[rows], tokens), choice.visible(part, tokens)
             context[rows] = self._attend(absorbed[rows], latents, seen)
         if self.indexer is None:
             return context, list(chosen or ())
@@ -160,13 +184,16 @@ class LatentAttention:
 
     def _choice(
         self, i: int, queries: Array | None, weights: Array | None, rows: slice,
-        stored: Array, positions: Array, chosen: list[PoolChoice] | None,
+        memory: LatentPages, pages: Array, positions: Array, reach: int,
+        chosen: list[PoolChoice] | None,
     ) -> PoolChoice:  # fmt: skip
-        """Group ``i``'s choice of tokens for its ``rows``: its indexer's, or a ``shared``
-        layer's ``chosen`` (whole)."""
+        """Group ``i``'s choice of tokens for its ``rows`` (at ``positions``, their sequences'
+        page-table rows ``pages``): its indexer's over the keys of the pools within their
+        sequences' first ``reach`` tokens, or a ``shared`` layer's ``chosen`` (whole)."""
         if self.indexer is not None:
             assert queries is not None and weights is not None
-            return self.indexer.choose(queries[rows], weights[rows], stored, positions)
+            keys = memory.read_pool_keys(pages, reach)
+            return self.indexer.choose(queries[rows], weights[rows], keys, positions)
         if chosen is None:
             raise ValueError("a shared attention layer needs the choice of the layer before")
         return chosen[i]

@@ -5,8 +5,17 @@ A latent-attention layer keeps, per token, the normalised latent its keys and va
 from (``latent_dim`` = kv_rank + the rotated key part, 0 wide for a NoPE model) in the pool's
 K/V storage dtype, and, when the layer runs its own token indexer, the indexer's record of the
 token (``index_dim`` key channels and as many pool-gate channels, float32: the top-k choice
-reads them, so they are kept as computed). Token t of a sequence is row ``t % page_tokens`` of
-its page ``t // page_tokens``, as in ``memory.py``. Nothing is kept per slot.
+reads them, so they are kept as computed) and, per pool of ``pool_tokens`` tokens, the pool's
+key (``index_dim`` channels, float32) that the indexer makes from its tokens' records whenever
+one of them is written: a choice reads those keys, one a pool, not every token's record. Token
+t of a sequence is row ``t % page_tokens`` of its page ``t // page_tokens``, as in
+``memory.py``; pool p's key is kept in the page of its first token, at ``(p · pool_tokens %
+page_tokens) // pool_tokens`` (distinct for the pools starting in a page, whatever the page
+size). Nothing is kept per slot.
+
+A pool's key is right once the pool is complete: its last token's write made it from every
+record of the pool. Until then it may hold anything (a copied page's, a partial pool's), and
+nothing reads it: a query scores complete pools only.
 """
 
 from __future__ import annotations
@@ -25,13 +34,17 @@ Array = Any
 
 class LatentPages:
     """One latent-attention layer's pages: ``latent [pages, P, latent_dim]`` (K/V storage
-    dtype) and ``index [pages, P, 2 * index_dim]`` float32 (0 wide without an indexer)."""
+    dtype), ``index [pages, P, 2 * index_dim]`` float32 and ``pool_keys [pages,
+    ceil(P / pool_tokens), index_dim]`` float32 (both 0 wide without an indexer)."""
 
     def __init__(
         self, spec: LatentSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str
     ):
         self.latent = xp.zeros((pages, page_tokens, spec.latent_dim), kv_storage_dtype(kv_dtype))
         self.index = xp.zeros((pages, page_tokens, 2 * spec.index_dim), xp.float32)
+        self.pool_tokens = spec.pool_tokens
+        pools = spec.pools_a_page(page_tokens)
+        self.pool_keys = xp.zeros((pages, pools, spec.index_dim), xp.float32)
 
     def write(self, page_ids: Array, start: int, latent: Array, index: Array | None) -> None:
         """Tokens ``start .. start + len(latent) - 1`` of the sequence whose pages are
@@ -41,13 +54,45 @@ class LatentPages:
         if index is not None:
             self.index[page, row] = index
 
-    def read(self, page_ids: Array, length: int) -> tuple[Array, Array]:
-        """Tokens ``0 .. length - 1``: the latents [length, latent_dim] as float32 and the
-        indexer records [length, 2 * index_dim]. ``page_ids`` [pages] is one sequence's row
-        of the page table, or [N, pages] those of N sequences: then [N, length, ...] each
-        (rows past a sequence's own length hold whatever its pages do)."""
+    def read(self, page_ids: Array, length: int) -> Array:
+        """The latents of tokens ``0 .. length - 1`` [length, latent_dim] as float32.
+        ``page_ids`` [pages] is one sequence's row of the page table, or [N, pages] those of
+        N sequences: then [N, length, latent_dim] (rows past a sequence's own length hold
+        whatever its pages do)."""
         page, row = self._addresses(page_ids, 0, length)
-        return load_kv(self.latent[page, row]), self.index[page, row]
+        return load_kv(self.latent[page, row])
+
+    def read_at(self, page_ids: Array, tokens: Array) -> Array:
+        """The latents of row i's tokens ``tokens[i]`` [N, J] of its own sequence
+        (``page_ids`` [N, pages]) -> [N, J, latent_dim] float32."""
+        xp, p = array_module(self.latent), self.latent.shape[1]
+        page = page_ids[xp.arange(tokens.shape[0])[:, None], tokens // p]
+        return load_kv(self.latent[page, tokens % p])
+
+    def read_pool_keys(self, page_ids: Array, length: int) -> Array:
+        """The keys of the pools tokens ``0 .. length - 1`` complete [length // pool_tokens,
+        index_dim], of one sequence or of each of N (``page_ids`` as ``read`` takes)."""
+        pools = array_module(self.latent).arange(length // self.pool_tokens)
+        page, slot = self._pool_addresses(page_ids, pools)
+        return self.pool_keys[page, slot]
+
+    def pool_records(self, page_ids: Array, pools: Array) -> Array:
+        """The records of pools ``pools`` [K] of one sequence (``page_ids`` [pages]), or of
+        row i's pool ``pools[i]`` of its own sequence (``page_ids`` [N, pages], pools [N])
+        -> [K, pool_tokens, 2 * index_dim] (a pool's tokens past the last page: the last
+        page's rows, never part of a complete pool)."""
+        xp = array_module(self.latent)
+        p, tokens = self.latent.shape[1], pools[:, None] * self.pool_tokens
+        tokens = tokens + xp.arange(self.pool_tokens)  # [K, pool_tokens]
+        which = xp.minimum(tokens // p, page_ids.shape[-1] - 1)
+        if page_ids.ndim == 2:
+            return self.index[page_ids[xp.arange(pools.shape[0])[:, None], which], tokens % p]
+        return self.index[page_ids[which], tokens % p]
+
+    def write_pool_keys(self, page_ids: Array, pools: Array, keys: Array) -> None:
+        """Pool keys [K, index_dim] of ``pools``, addressed as ``pool_records`` reads."""
+        page, slot = self._pool_addresses(page_ids, pools, per_row=page_ids.ndim == 2)
+        self.pool_keys[page, slot] = keys
 
     def write_rows(
         self, page_ids: Array, positions: Array, latent: Array, index: Array | None
@@ -67,9 +112,22 @@ class LatentPages:
         positions = array_module(self.latent).arange(start, start + count)
         return page_ids[..., positions // p], positions % p
 
+    def _pool_addresses(
+        self, page_ids: Array, pools: Array, per_row: bool = False
+    ) -> tuple[Array, Array]:
+        """(page, slot) of each pool's key: pools [K] of every sequence of ``page_ids``
+        ([pages] or [N, pages] -> [K] or [N, K]); ``per_row``: ``page_ids`` [N, pages] and
+        pools [N], row i's pool of its own sequence ([N])."""
+        xp, p = array_module(self.latent), self.latent.shape[1]
+        first = pools * self.pool_tokens
+        slot = (first % p) // self.pool_tokens
+        if per_row:
+            return page_ids[xp.arange(pools.shape[0]), first // p], slot
+        return page_ids[..., first // p], slot
+
     # ------------------------------------------------------------ the pool's interface
     def page_parts(self) -> Sequence[Array]:
-        return (self.latent, self.index)
+        return (self.latent, self.index, self.pool_keys)
 
     def slot_parts(self) -> Sequence[Array]:
         return ()
@@ -78,20 +136,34 @@ class LatentPages:
         """Nothing to clear: rows past a sequence's length are overwritten, never read."""
 
     def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
+        """The first ``tokens`` rows, and every pool key of the page: a key of a pool the
+        copy leaves incomplete is made again by the write that completes it."""
         self.latent[dst, :tokens] = self.latent[src, :tokens]
         self.index[dst, :tokens] = self.index[src, :tokens]
+        self.pool_keys[dst] = self.pool_keys[src]
 
 
 @dataclass(frozen=True)
 class LatentSpec(PagedKind):
     """A latent-attention layer: ``latent_dim`` values a token, plus ``2 * index_dim``
-    float32 values when it runs an indexer (0: it reuses another layer's choice)."""
+    float32 values a token and ``index_dim`` a pool of ``pool_tokens`` when it runs an
+    indexer (``index_dim`` 0: it reuses another layer's choice)."""
 
     pages = LatentPages
 
     latent_dim: int
     index_dim: int = 0
+    pool_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.index_dim and self.pool_tokens < 1:
+            raise ValueError(f"a latent layer with an indexer needs pool_tokens >= 1, not {self}")
+
+    def pools_a_page(self, page_tokens: int) -> int:
+        """Pool keys a page keeps: one for each pool whose first token is in it."""
+        return -(-page_tokens // self.pool_tokens) if self.index_dim else 0
 
     def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
         latent = self.latent_dim * kv_value_bytes(kv_dtype)
-        return page_tokens * (latent + 4 * 2 * self.index_dim)
+        pool_keys = 4 * self.index_dim * self.pools_a_page(page_tokens)
+        return page_tokens * (latent + 4 * 2 * self.index_dim) + pool_keys
