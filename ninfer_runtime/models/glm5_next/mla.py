@@ -199,15 +199,24 @@ class LatentAttention:
         return chosen[i]
 
     def _over(self, absorbed: Array, latents: Array, choice: PoolChoice) -> Array:
-        """One lane's queries over its latents, a block of queries at a time, each block's
-        mask made from the lane's ``choice``."""
-        tokens = latents.shape[0]
-        return by_query_blocks(
-            absorbed.shape[0],
-            query_block(4 * self.m.heads * tokens),
-            lambda part: self._attend(absorbed[part], latents, choice.visible(part, tokens)),
-            self.backend.xp,
-        )
+        """One lane's queries over its latents, a block of queries at a time: each query
+        over the tokens it chose, gathered, where they are fewer than the lane's
+        (``reads_chosen_tokens``), else every query over all of them under its mask."""
+        tokens, heads = latents.shape[0], self.m.heads
+        if reads_chosen_tokens(choice.selected, tokens):
+            per_query = 4 * choice.selected * (heads + latents.shape[1])
+
+            def part(rows: slice) -> Array:
+                ids, seen = choice.chosen_tokens(rows)
+                return self._attend(absorbed[rows], latents[ids], seen)
+
+        else:
+            per_query = 4 * heads * tokens
+
+            def part(rows: slice) -> Array:
+                return self._attend(absorbed[rows], latents, choice.visible(rows, tokens))
+
+        return by_query_blocks(absorbed.shape[0], query_block(per_query), part, self.backend.xp)
 
     def _attend(self, absorbed: Array, latents: Array, seen: Array) -> Array:
         attend = resolve("attention", "latent", device=self.backend.name)
