@@ -160,10 +160,16 @@ def top_k_ids(scores: Array, k: int) -> Array:
     sort is always stable, and its older releases take no ``kind``)."""
     xp = array_module(scores)
     rows, width = scores.shape
-    if xp is not np and rows * width * width <= RANKED_TOP_K:
+    if xp is not np and rows <= ranked_rows(width):
         return ranked_top_k_ids(scores, k)
     stable = {"kind": "stable"} if xp is np else {}
     return xp.argsort(-scores, axis=-1, **stable)[:, :k]
+
+
+def ranked_rows(width: int) -> int:
+    """How many rows of ``width`` scores ``top_k_ids`` ranks in one call on a device (0: not
+    one row; it sorts, which a captured step cannot hold)."""
+    return RANKED_TOP_K // (width * width) if width else RANKED_TOP_K
 
 
 def ranked_top_k_ids(scores: Array, k: int) -> Array:

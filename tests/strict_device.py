@@ -29,7 +29,8 @@ never shows. Here the "device" is numpy too, but its arrays are ``DeviceArray``s
   not;
 * ``capturing()``: within it what a CUDA graph's capture refuses raises (a copy from the host:
   ``asarray`` and its kin given anything but a device array; a read back: ``get``, ``item``,
-  ``tolist``, ``int``, ``float``, ``bool``), as ``strict_cuda``'s captured steps run, and
+  ``tolist``, ``int``, ``float``, ``bool``; a function CuPy runs with a wait for the device:
+  ``SYNCHRONISING``, sorts and counts), as ``strict_cuda``'s captured steps run, and
   ``xp.cuda.get_current_stream().is_capturing()`` is true.
 
 Not emulated (a numpy subclass can't, or it is not worth inventing):
@@ -77,6 +78,9 @@ HOST_PARAMETERS: dict[str, tuple[int, str]] = {
     **{name: (0, "shape") for name in ("empty", "zeros", "ones", "full")},
     **{name: (0, "a") for name in ("empty_like", "zeros_like", "ones_like", "full_like")},
 }
+#: device functions CuPy runs with a wait for the device (a sort's library call, a count read
+#: back to size the result), which a CUDA graph's capture refuses
+SYNCHRONISING = frozenset({"argsort", "sort", "unique", "nonzero", "argwhere", "flatnonzero"})
 #: ufuncs to which CuPy hands a 0-d host operand as a Python scalar (numpy#12142)
 COMPARISONS = frozenset({"greater", "greater_equal", "less", "less_equal", "equal", "not_equal"})
 
@@ -243,6 +247,8 @@ def _call(fn: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
     on numpy, its arrays returned as device arrays."""
     if name in TAKES_HOST and not (args and isinstance(args[0], DeviceArray)):
         _refuse_in_capture(f"{name} of host data (a host->device copy)")
+    if name in SYNCHRONISING:
+        _refuse_in_capture(f"{name} (CuPy waits for the device)")
     if name not in TAKES_HOST:
         position, keyword = HOST_PARAMETERS.get(name, (-1, ""))
         checked_args = [a for i, a in enumerate(args) if i != position]

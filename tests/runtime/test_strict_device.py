@@ -68,7 +68,7 @@ def test_device_functions_and_operators_refuse_host_arrays() -> None:
         np.asarray(device)
 
 
-def test_a_capture_refuses_copies_from_the_host_and_reads_back() -> None:
+def test_a_capture_refuses_copies_from_the_host_reads_back_and_waits() -> None:
     device = xp.ones((2, 3), dtype=np.float32)
     refused: list[Callable[[], Any]] = [
         lambda: xp.asarray(np.ones(3)),
@@ -78,6 +78,10 @@ def test_a_capture_refuses_copies_from_the_host_and_reads_back() -> None:
         lambda: device.tolist(),
         lambda: int(device.sum()),
         lambda: bool(device.any()),
+        lambda: xp.argsort(device, axis=-1),  # CuPy's sort waits for the device
+        lambda: np.argsort(device, axis=-1),
+        lambda: xp.unique(device),
+        lambda: device.nonzero(),
     ]
     with capturing():
         for call in refused:
@@ -207,8 +211,19 @@ def glm5_next_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "tiny.ninfer"
 
 
-def test_glm5_next(glm5_next_artifact: Path) -> None:
-    """Past the DSA indexer's index_topk (8 tokens) in one lane, under it in the other."""
+@pytest.mark.parametrize("ranked", [None, 1000, 500], ids=["ranked", "row_by_row", "sorted"])
+def test_glm5_next(
+    glm5_next_artifact: Path, monkeypatch: pytest.MonkeyPatch, ranked: int | None
+) -> None:
+    """Past the DSA indexer's index_topk (8 tokens) in one lane, under it in the other; its
+    steps (24 pools a row: 576 comparisons to rank them) captured with the pools ranked a
+    step's rows at once, a row at a time (``RANKED_TOP_K`` 1000: the indexer splits its
+    rows), or run eagerly (500: a row's ranking does not fit, so the indexer sorts, which a
+    capture refuses)."""
+    from ninfer_runtime import functional
+
+    if ranked is not None:
+        monkeypatch.setattr(functional, "RANKED_TOP_K", ranked)
     assert_strict_equals_cpu(glm5_next_artifact, (37, 6))
 
 

@@ -25,6 +25,7 @@ from ninfer_format.binders.glm5_next_geometry import Glm5NextGeometry
 
 from ...backends import Backend
 from ...errors import ModelError
+from ...functional import ranked_rows
 from ...memory_kinds import MemoryKind
 from ...ops.registry import resolve
 from ...parallel import Collective
@@ -93,9 +94,12 @@ class Glm5NextModel(WithoutMtp):
     def step_variant(self, kind: str, last_position: int) -> tuple[int, bool]:
         """A compiled step's variant, the tokens its attention layers read (``token_bucket``
         of the last position its rows reach, host-known), so no step reads its positions
-        back; every step may be captured (its products between arrays are the linear
-        family's ``matmul``, ours inside a capture)."""
-        return token_bucket(last_position), True
+        back; and whether it may be captured: its products between arrays are the linear
+        family's ``matmul`` (ours inside a capture), and its indexer ranks a row's pools on
+        the device while a row's ranking fits (``functional.ranked_rows``; past that, about
+        64k tokens, it sorts, which waits for the device)."""
+        bucket, indexer = token_bucket(last_position), self.config.indexer
+        return bucket, indexer is None or ranked_rows(bucket // indexer.kpool) > 0
 
     # ---------------------------------------------------------------------------- math
     def embed(self, ids: Array) -> Array:
