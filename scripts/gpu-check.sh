@@ -34,8 +34,9 @@
 # (qwen3_8_flash_next, 3 layers at full width, n-gram tables at 1/16 of their rows) with its
 # tables resident, then streamed (flash_*.json; with TRACE=1 the resident step's kernels at
 # 1 lane too); GLM=1 adds GLM5Next (glm5next, 3 layers) with --vram-budget 139GiB for the
-# whole model (glm.json; with TRACE=1 its step's ops and kernels at 1 lane; GLM_OURS=1 its
-# decode again with the KDA decode step on ours, glm_ours.json). OPS=1 times every
+# whole model (glm.json; GLM_CONTEXTS its decode contexts, default 1024: 16384 too reads the
+# tokens each row chose, gathered; with TRACE=1 its step's ops and kernels at 1 lane; GLM_OURS=1
+# its decode again with the KDA decode step on ours, glm_ours.json). OPS=1 times every
 # CUDA provider of the op families beside each other (benchmarks/delta_rule_bench.py, delta_rule.json;
 # prefill_attention_bench.py --library, attention_providers.txt; matmul_bench.py, matmul.txt). GGUF=1 adds the GGUF-block mixes
 # (gguf_q4_k_m on both shapes, gguf_iq2_xxs on the 27B: benchgguf_*.json) and the kernel table of
@@ -249,7 +250,7 @@ if [ "${GLM:-0}" = 1 ]; then
     --layers 3 -o "$artifact" --force | tail -3
   # written as it goes: a run cut short by the call's limit still says how far it got; with
   # TRACE=1 the step's ops (ablation) and kernels at 1 lane too
-  timeout 480 python3 -u -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts 1024 \
+  timeout 480 python3 -u -m ninfer_runtime.bench.cli run "$artifact" --lanes 1,8 --contexts "${GLM_CONTEXTS:-1024}" \
     --vram-budget 139GiB ${TRACE:+--profile 1 --kernel-trace} --json "$OUT/glm.json" \
     --record "$OUT/records.md" ${COMMIT:+--commit "$COMMIT"} 2>&1 | grep --line-buffered -v upload | tee "$OUT/glm.txt"
   # GLM_OURS=1: its decode again with the KDA layers' decode step on ours (second in its

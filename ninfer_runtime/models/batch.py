@@ -20,6 +20,17 @@ from ..backends.base import to_numpy
 from ..state import SequenceState
 
 Array = Any
+#: the fewest tokens a step's attention reads over its sequences (``token_bucket``)
+FIRST_BUCKET = 256
+
+
+def token_bucket(last_position: int) -> int:
+    """How many tokens of its sequences a step whose rows reach ``last_position`` reads, for
+    attention that reads them whole or scores them all (a token indexer's): the power of two
+    past it, at least ``FIRST_BUCKET``. Chosen on the host before the step (the model's
+    ``step_variant``), so a compiled step keeps one shape at every position inside its
+    bucket; the rows past a sequence's position are never seen."""
+    return max(FIRST_BUCKET, 1 << last_position.bit_length())
 
 
 @dataclass(frozen=True)

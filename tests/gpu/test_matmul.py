@@ -31,6 +31,9 @@ CASES = [
     ((8, 64, 300), (8, 300, 512), False, False),  # and their mix of latents
     ((4, 4, 4), (4, 4, 4096), True, False),  # a hyper-connection's mixing of 4 streams
     ((2, 3, 0), (2, 0, 5), False, False),  # an empty depth: zeros
+    ((3, 2, 4, 16), (3, 2, 16, 33), False, True),  # two batch axes: lanes x key heads
+    ((2, 5, 7, 16), (2, 1, 16, 9), False, False),  # the inner batch broadcast
+    ((4, 1, 6, 8), (3, 8, 20), True, True),  # a 3-D b broadcast under a 4-D a
 ]
 
 
@@ -72,8 +75,10 @@ def test_bad_shapes_are_one_line_errors() -> None:
 
     with pytest.raises(ValueError, match=r"matmul: a \(2, 3\) and b \(4, 5\)"):
         nvrtc.matmul(cp.zeros((2, 3), cp.float32), cp.zeros((4, 5), cp.float32))
-    with pytest.raises(ValueError, match="batches of 2 and 3"):
+    with pytest.raises(ValueError, match=r"batches \(2,\) and \(3,\) do not broadcast"):
         nvrtc.matmul(cp.zeros((2, 1, 3), cp.float32), cp.zeros((3, 3, 5), cp.float32))
+    with pytest.raises(ValueError, match="at most two batch axes"):
+        nvrtc.matmul(cp.zeros((1, 1, 1, 2, 3), cp.float32), cp.zeros((3, 5), cp.float32))
 
 
 def test_captured_products_are_ours_and_replay_on_new_inputs() -> None:

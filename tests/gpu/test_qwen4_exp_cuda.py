@@ -4,8 +4,9 @@ indexer on both attention layers, MoE, two hyper-connection streams).
 
 Qwen4Exp is served on the backends in ``qwen4_exp.model.SERVED_BACKENDS``; cuda joined them
 once this file had passed on a GPU (an H100). A capturing backend captures a decode step
-within QSA's budget (``Qwen4Exp.step_variant``: such a step reads nothing back; streamed
-n-gram rows are read before it), and runs the others eagerly; prefill products run in float32
+within QSA's budget and past it (``Qwen4Exp.step_variant``: past it the step reads its token
+bucket; neither reads anything back, streamed n-gram rows being read before it; not yet run
+on a GPU past the budget), and runs multi-row steps eagerly; prefill products run in float32
 (``NINFER_CUDA_PREFILL=float32``), so the tokens compare one for one.
 
 * Logits: a prompt shorter and one longer than the indexer's budget, each prefilled in chunks,

@@ -100,7 +100,7 @@ def test_logits_match_transformers(pair, t: int) -> None:
 
 def test_decode_across_a_token_bucket_matches_transformers(pair) -> None:
     """Two lanes (6 and 250 tokens) decoded side by side through the 256-token bucket's edge:
-    a step reads its lanes' latents padded to ``mla.token_bucket`` of the furthest position
+    a step reads its lanes' latents padded to ``batch.token_bucket`` of the furthest position
     (the shorter lane's rows past its own never seen): each step's logits are transformers'
     over the whole sequence so far."""
     ours, hf = pair

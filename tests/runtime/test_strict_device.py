@@ -186,9 +186,9 @@ def qwen4_exp_artifact(qwen4_exp_ple: Path) -> Path:
 @pytest.mark.parametrize("ple_rows", ["resident", "streamed"])
 def test_qwen4_exp(qwen4_exp_artifact: Path, ple_rows: str, prompts: tuple[int, int]) -> None:
     """Past QSA's budget (16 tokens) in one lane, under it in the other (its decode steps
-    read positions back: run eagerly); or both lanes under it (with resident n-gram tables
-    the decode steps are captured: from their second call on nothing is copied in or read
-    back)."""
+    read the token bucket past the furthest position); or both lanes under it. With resident
+    n-gram tables the decode steps are captured either way: from their second call on
+    nothing is copied in or read back."""
     assert_strict_equals_cpu(qwen4_exp_artifact, prompts, ple_rows=ple_rows)
 
 

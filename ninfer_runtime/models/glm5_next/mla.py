@@ -27,21 +27,10 @@ from ...functional import by_query_blocks, query_block
 from ...ops.attention.latent import LatentPages, LatentSpec
 from ...ops.linear import matmul
 from ...ops.registry import resolve
-from ..batch import Batch
+from ..batch import Batch, token_bucket
 from .indexer import PoolChoice, TokenIndexer
 
 Array = Any
-
-#: the fewest tokens a step's attention reads (``token_bucket``)
-FIRST_BUCKET = 256
-
-
-def token_bucket(last_position: int) -> int:
-    """How many tokens of its sequences a step whose rows reach ``last_position`` reads: the
-    power of two past it, at least ``FIRST_BUCKET``. Chosen on the host before the step (the
-    model's ``step_variant``), so a compiled step keeps one shape at every position inside
-    its bucket; the rows past a sequence's position are never seen."""
-    return max(FIRST_BUCKET, 1 << last_position.bit_length())
 
 
 def reads_chosen_tokens(selected: int, tokens: int) -> bool:

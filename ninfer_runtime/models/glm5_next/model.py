@@ -31,13 +31,12 @@ from ...ops.registry import resolve
 from ...parallel import Collective
 from ...state import ContextPool
 from ..base import WithoutMtp, prepare_parameters, require_parameters
-from ..batch import Batch
+from ..batch import Batch, token_bucket
 from ..registry import check_backend, register_model
 from .config import read_config
 from .hyper_connections import collapse, expand
 from .kda import KimiDeltaAttention
 from .layer import DecoderLayer
-from .mla import token_bucket
 
 Array = Any
 GLOBALS = ("text/token_embedding", "text/output_head", "text/final_norm")

@@ -28,12 +28,13 @@ import numpy as np
 from ...backends import Backend
 from ...backends.base import to_numpy
 from ...errors import ModelError
+from ...functional import ranked_rows
 from ...memory_kinds import MemoryKind
 from ...ops.attention.memory import KvSpec
 from ...ops.delta_rule.memory import GdnSpec
 from ...state import ContextPool
 from ..base import WithoutMtp, prepare_parameters, require_parameters
-from ..batch import Batch
+from ..batch import Batch, token_bucket
 from ..qwen3_5.attention import Rotary
 from ..registry import check_backend
 from .config import INDEXED_ATTENTION, read_config
@@ -125,18 +126,23 @@ class Qwen4ExpModel(WithoutMtp):
             specs.append(PleGdnSpec(gdn, state))
         return specs, None
 
-    def step_variant(self, kind: str, last_position: int) -> tuple[str | None, bool]:
+    def step_variant(self, kind: str, last_position: int) -> tuple[Any, bool]:
         """A compiled step's path and whether it may be captured, from the last position
         its rows reach (host-known): QSA selects every token up to its budget (``ALL``: the
-        plain causal ops, nothing read back) and past it reads each row's position on the
-        host (``SELECTED``); a decode step within the budget reads nothing back (streamed
-        n-gram rows are read before it, ``stage_decode``; a multi-row step's PLE hashes on
-        the host)."""
-        g = self.config
+        plain causal ops) and past it scores the blocks of the tokens in the step's
+        ``token_bucket`` (``(SELECTED, bucket)``). A decode step reads nothing back
+        (streamed n-gram rows are read before it, ``stage_decode``; a multi-row step's PLE
+        hashes on the host), so it may be captured: past the budget while the indexer ranks
+        a row's blocks on the device (``functional.ranked_rows``; past that it sorts, which
+        waits for the device)."""
+        g, decode = self.config, kind == "decode"
         if g.indexer is None:
-            return None, kind == "decode"
-        within = selects_all(g.indexer, last_position)
-        return (ALL if within else SELECTED), within and kind == "decode"
+            return None, decode
+        if selects_all(g.indexer, last_position):
+            return ALL, decode
+        bucket = token_bucket(last_position)
+        ranked = ranked_rows(bucket // g.indexer.compress_ratio) > 0
+        return (SELECTED, bucket), decode and ranked
 
     def stage_decode(self, pool: ContextPool, ids: np.ndarray, slots: np.ndarray) -> None:
         """Before a decode step of lanes in ``slots`` reading ``ids`` (host int32 [lanes]):

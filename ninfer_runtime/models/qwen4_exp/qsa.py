@@ -22,11 +22,13 @@ While a query has at most ``block_topk`` complete blocks behind it, the selectio
 all and its tail: every visible token. Calls whose last query is still there (every prompt
 and context up to about the budget) take the attention family's plain causal ops, the same
 math without the indexer's scores; past it, the scores, the selection and the masked
-attention run on the backend's arrays. A decode or verification step is told which by its
-variant (``Qwen4Exp.step_variant``: from the positions the host knows, part of the compiled
-step's key), so a step within the budget reads nothing back and may be captured as a CUDA
-graph; past it, each row attends over its own length, which the step reads on the host
-(it synchronises and runs eagerly).
+attention run on the backend's arrays (their products the linear family's ``matmul``). A
+decode or verification step is told which by its variant (``Qwen4Exp.step_variant``: from
+the positions the host knows, part of the compiled step's key): past the budget each row
+reads its sequence's first ``token_bucket`` tokens (the rows past its position are never
+selected), so no step reads its positions back and a decode step may be captured as a CUDA
+graph; the indexer ranks a block of rows at a time no larger than a device ranks at once
+(``functional.ranked_rows``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from ninfer_format.binders.qwen4_exp_parts import Indexer
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.array_ops import softmax
-from ...functional import by_query_blocks, mul_sigmoid, query_block, top_k_mask
+from ...functional import by_query_blocks, mul_sigmoid, query_block, ranked_rows, top_k_mask
 from ...kv_storage import gather_kv
+from ...ops.linear import matmul
 from ...ops.registry import resolve
 from ..batch import Batch
 from ..qwen3_5.attention import AttentionConfig, GatedAttention
@@ -85,7 +88,7 @@ def selection(
     token = xp.arange(length)
     keep = token[None, :] >= (complete * r)[:, None]  # the tail (and the future, cut below)
     if blocks:  # (no block complete yet: the tail is everything, and no empty sort is asked)
-        scores = xp.maximum(queries @ keys.swapaxes(-1, -2), 0).sum(axis=1)  # [T, B]
+        scores = xp.maximum(matmul(queries, keys.swapaxes(-1, -2)), 0).sum(axis=1)  # [T, B]
         scores = scores / np.float32(np.sqrt(queries.shape[-1]))
         block = xp.arange(blocks)
         scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
@@ -102,14 +105,14 @@ def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float)
     nkv = k.shape[-2]
     if k.ndim == 4:  # each query over its own keys: [T, Nkv, group, D] against [T, Nkv, D, S]
         qg = q.reshape(t, nkv, nq // nkv, d)
-        scores = (qg @ k.transpose(0, 2, 3, 1)) * np.float32(scale)  # [T, Nkv, group, S]
+        scores = matmul(qg, k.transpose(0, 2, 3, 1)) * np.float32(scale)  # [T, Nkv, group, S]
         scores = xp.where(visible[:, None, None, :], scores, -xp.inf)
-        out = softmax(scores) @ v.transpose(0, 2, 1, 3)  # [T, Nkv, group, D]
+        out = matmul(softmax(scores), v.transpose(0, 2, 1, 3))  # [T, Nkv, group, D]
         return out.reshape(t, nq, d)
     qg = q.reshape(t, nkv, nq // nkv, d).transpose(1, 2, 0, 3)  # [Nkv, group, T, D]
-    scores = (qg @ k.transpose(1, 2, 0)[:, None]) * np.float32(scale)  # [Nkv, group, T, S]
+    scores = matmul(qg, k.transpose(1, 2, 0)[:, None]) * np.float32(scale)  # [Nkv, group, T, S]
     scores = xp.where(visible, scores, -xp.inf)
-    out = softmax(scores) @ v.transpose(1, 0, 2)[:, None]  # [Nkv, group, T, D]
+    out = matmul(softmax(scores), v.transpose(1, 0, 2)[:, None])  # [Nkv, group, T, D]
     return out.transpose(2, 0, 1, 3).reshape(t, nq, d)
 
 
@@ -166,7 +169,8 @@ class IndexedAttention(GatedAttention):
             at = (pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page)
             memory.index_k[at] = ik
             memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
-            # the path from the step's variant (the positions the host knew), else read here
+            # the path (and past the budget the tokens read) from the step's variant, from the
+            # positions the host knew; else from the positions read here
             if d.variant is not None:
                 within = d.variant == ALL
             else:
@@ -177,7 +181,10 @@ class IndexedAttention(GatedAttention):
                     q, memory.k, memory.v, d.page_table, d.slots, d.positions, scale=scale
                 )
             else:  # the rows together, each over its own sequence, a block at a time
-                length = max(d.host_positions) + 1
+                if d.variant is not None:  # (SELECTED, bucket), at most the pages a slot has
+                    length = min(d.variant[1], pages_of.shape[1] * per_page)
+                else:
+                    length = max(d.host_positions) + 1
                 block = query_block(4 * length * self._token_floats(memory))
 
                 def rows(r: slice) -> Array:
@@ -259,6 +266,7 @@ class IndexedAttention(GatedAttention):
             return masked_attention(q[rows], mine(k), mine(v), visible, scale)
 
         block = query_block(4 * length * 2 * self.a.heads)  # scores and probabilities
+        block = min(block, ranked_rows(length // ratio) or block)  # the blocks ranked at once
         return by_query_blocks(q.shape[0], block, attend, self.backend.xp)
 
     def _token_floats(self, memory: IndexedAttentionPages) -> int:

@@ -12,11 +12,12 @@ bf16 (or fp16 where its fragments are fp16, each row scaled into range) with flo
 accumulation. ``tiles`` and ``tensor_cores`` do (half the mma work of ``product``, which
 carries x as two halves); ``gemv`` (float32 x on the SIMT cores) serves it as ``product``.
 
-Op ``matmul``: ``(a, b) -> a @ b``, numpy's ``matmul`` of two arrays ([(B,) M, K] and
-[(B,) K, N], float32): the products between activations (and small weight arrays) of the
-models' math, which callers reach through ``matmul`` here (the device and, on a GPU, whether
-a CUDA graph is being captured are its key). Providers: ``reference`` (the array's module:
-numpy, or cuBLAS through CuPy) and ``nvrtc`` (ours, ``backends/cuda/matmul.py``: capturable).
+Op ``matmul``: ``(a, b) -> a @ b``, numpy's ``matmul`` of two arrays ([..., M, K] and
+[..., K, N], up to two batch axes broadcast, float32): the products between activations
+(and small weight arrays) of the models' math, which callers reach through ``matmul`` here
+(the device and, on a GPU, whether a CUDA graph is being captured are its key). Providers:
+``reference`` (the array's module: numpy, or cuBLAS through CuPy) and ``nvrtc`` (ours,
+``backends/cuda/matmul.py``: capturable).
 
 Providers of ``product``: ``reference`` (``reference.py``, the oracle: the object decoded by
 its format's codec, multiplied in float32 on the host; the CPU device's row) and, in

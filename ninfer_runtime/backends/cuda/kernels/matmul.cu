@@ -2,9 +2,9 @@
 // (and small weight arrays) that a captured decode step needs, where a library's product
 // cannot be recorded into a CUDA graph.
 //
-// A [batch, M, K] and B [batch, K, N] are read through element strides, so a transposed view
-// is a swap of strides and a batch stride of 0 broadcasts one matrix over the batch; C is
-// written contiguous [batch, M, N]. A block computes a (16 TM) x 64 tile of C, stepping K by
+// A [outer, inner, M, K] and B [outer, inner, K, N] are read through element strides, so a
+// transposed view is a swap of strides and a batch stride of 0 broadcasts one matrix over that
+// batch axis; C is written contiguous [outer, inner, M, N] (grid z runs over outer x inner). A block computes a (16 TM) x 64 tile of C, stepping K by
 // 16 with both operands' tiles staged in shared memory; each of its 256 threads keeps TM x 4
 // float32 accumulators (rows ty*TM .., columns tx + 16 j: a warp's reads of B's tile are
 // conflict-free and its writes of C coalesced). Each tile is loaded along whichever of its
@@ -18,16 +18,18 @@
 template <int TM>
 __global__ void __launch_bounds__(MATMUL_THREADS)
     matmul_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
-               int M, int N, int K, long long a_batch, long long a_row, long long a_col,
-               long long b_batch, long long b_row, long long b_col, int batch0) {
+               int M, int N, int K, long long a_outer, long long a_inner, long long a_row,
+               long long a_col, long long b_outer, long long b_inner, long long b_row,
+               long long b_col, int inner, int batch0) {
   constexpr int BM = 16 * TM;
   // +1: a column of either tile stored by consecutive threads lands in distinct banks
   __shared__ float as[MATMUL_BK][BM + 1];
   __shared__ float bs[MATMUL_BK][MATMUL_BN + 1];
   const long long batch = batch0 + (long long)blockIdx.z;
+  const long long outer = batch / inner, in = batch % inner;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * MATMUL_BN;
-  a += batch * a_batch;
-  b += batch * b_batch;
+  a += outer * a_outer + in * a_inner;
+  b += outer * b_outer + in * b_inner;
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
   float acc[TM][4];
 #pragma unroll
