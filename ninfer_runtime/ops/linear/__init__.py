@@ -73,43 +73,30 @@ def served_by(key: dict[str, Any]) -> str:
 
 
 family("linear", choose)
-#: (op, provider) -> its function
-_FUNCTIONS = {
-    **{(op, name): name for op in OPS for name in ("tiles", "tensor_cores", "gemv")},
-    ("product_bf16", "tiles"): "tiles_bf16",
-    ("product_bf16", "tensor_cores"): "tensor_cores_bf16",
-}
-for _op in OPS:
-    register(
-        Provider(
-            family="linear",
-            op=_op,
-            name="reference",
-            module=f"{__name__}.reference",
-            function="product",
-            accepts="accepts",
-        )
-    )
-for _name, _requires in (("reference", ()), ("nvrtc", ("cupy",))):
-    register(
-        Provider(
-            family="linear",
-            op="matmul",
-            name=_name,
-            module=f"{__name__}.{_name}",
-            function="matmul",
-            requires=_requires,
-        )
-    )
-for (_op, _name), _function in _FUNCTIONS.items():
+#: (op, provider) -> (module, function, its accepts function, libraries it needs)
+_PROVIDERS = {
+    **{(op, "reference"): ("reference", "product", "accepts", ()) for op in OPS},
+    **{
+        (op, name): ("nvrtc", name, f"accepts_{name}", ("cupy",))
+        for op in OPS
+        for name in ("tiles", "tensor_cores", "gemv")
+    },
+    ("product_bf16", "tiles"): ("nvrtc", "tiles_bf16", "accepts_tiles", ("cupy",)),
+    ("product_bf16", "tensor_cores"): (
+        "nvrtc", "tensor_cores_bf16", "accepts_tensor_cores", ("cupy",),
+    ),
+    ("matmul", "reference"): ("reference", "matmul", "", ()),
+    ("matmul", "nvrtc"): ("nvrtc", "matmul", "", ("cupy",)),
+}  # fmt: skip
+for (_op, _name), (_module, _function, _accepts, _requires) in _PROVIDERS.items():
     register(
         Provider(
             family="linear",
             op=_op,
             name=_name,
-            module=f"{__name__}.nvrtc",
+            module=f"{__name__}.{_module}",
             function=_function,
-            requires=("cupy",),
-            accepts=f"accepts_{_name}",
+            requires=_requires,
+            accepts=_accepts,
         )
     )
