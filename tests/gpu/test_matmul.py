@@ -83,9 +83,11 @@ def test_bad_shapes_are_one_line_errors() -> None:
 
 def test_captured_products_are_ours_and_replay_on_new_inputs() -> None:
     """Eager, ``ops.linear.matmul`` resolves to the reference (cuBLAS); inside a capture to
-    ours, which the graph then replays on whatever its inputs hold."""
+    ours (loaded before the capture, as a captured step's ``load_capture_only`` does), which
+    the graph then replays on whatever its inputs hold."""
     import cupy as cp
 
+    from ninfer_runtime.backends.cuda.compile import CAPTURE_ONLY, load_capture_only
     from ninfer_runtime.ops import registry
     from ninfer_runtime.ops.linear import matmul, nvrtc, reference
 
@@ -95,8 +97,10 @@ def test_captured_products_are_ours_and_replay_on_new_inputs() -> None:
     a = cp.asarray(rng.standard_normal((8, 64, 512)).astype(np.float32))
     b = cp.asarray(rng.standard_normal((8, 300, 512)).astype(np.float32))
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    assert "matmul" in CAPTURE_ONLY
     with stream:
-        matmul(a, b.swapaxes(1, 2))  # compiled and loaded outside the capture
+        matmul(a, b.swapaxes(1, 2))  # eager: cuBLAS
+        load_capture_only()
         stream.synchronize()
         with cp.cuda.using_allocator(pool.malloc):
             stream.begin_capture()

@@ -66,6 +66,9 @@ NEEDS: dict[str, tuple[str, ...]] = {}
 HEADERS: dict[str, tuple[str, ...]] = {}
 #: family -> a function giving source text generated at run time (tables from a library)
 PRELUDES: dict[str, Callable[[], str]] = {}
+#: families whose kernels only a captured step launches (a library serves the eager calls),
+#: so a step's eager first run never loads them: ``load_capture_only`` does, before a capture
+CAPTURE_ONLY: set[str] = set()
 _MODULES: dict[str, Module] = {}
 
 
@@ -76,6 +79,7 @@ def register_family(
     needs: Sequence[str] = (),
     headers: Sequence[str] = (),
     prelude: Callable[[], str] | None = None,
+    capture_only: bool = False,
 ) -> None:
     """Declare a family's kernels; launcher modules call this at import (without CuPy), so
     ``scripts/check_kernels.py`` can compile every family on a machine with no GPU."""
@@ -85,6 +89,8 @@ def register_family(
         HEADERS[family] = tuple(headers)
     if prelude is not None:
         PRELUDES[family] = prelude
+    if capture_only:
+        CAPTURE_ONLY.add(family)
     FAMILIES.setdefault(family, [])
     FAMILIES[family].extend(n for n in names if n not in FAMILIES[family])
 
@@ -103,6 +109,14 @@ def function(family: str, name: str, *, shared: int = 0) -> Any:
     if module is None:
         module = _MODULES[family] = Module(family, FAMILIES[family])
     return module.function(name, shared)
+
+
+def load_capture_only() -> None:
+    """Loads the families only captured steps launch (``capture_only``), so that no capture
+    compiles or loads a module inside it."""
+    for family in sorted(CAPTURE_ONLY):
+        if family not in _MODULES:
+            _MODULES[family] = Module(family, FAMILIES[family])
 
 
 def compile_all() -> list[str]:

@@ -24,6 +24,8 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
+from .compile import load_capture_only
+
 log = logging.getLogger("ninfer.cuda")
 
 
@@ -70,6 +72,7 @@ class GraphStep:
         return () if outputs is None else tuple(outputs)
 
     def _capture(self) -> None:
+        load_capture_only()  # kernels the eager run did not launch, loaded outside the capture
         self.stream.synchronize()
         with cp.cuda.using_allocator(self.pool.malloc):
             self.stream.begin_capture()

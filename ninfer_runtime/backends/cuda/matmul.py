@@ -17,7 +17,8 @@ FEW_ROWS = 16
 #: the most blocks a launch's batch axis (grid z) takes; longer batches take several launches
 GRID_Z = 65535
 
-register_family("matmul", ["matmul_f32<1>", "matmul_f32<4>"])
+# eager products are cuBLAS's: only a captured step launches these
+register_family("matmul", ["matmul_f32<1>", "matmul_f32<4>"], capture_only=True)
 
 
 def matmul(a: Any, b: Any) -> Any:
