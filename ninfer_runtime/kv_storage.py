@@ -132,3 +132,16 @@ def gather_kv(stored: Array, pages: Array, length: int) -> Array:
     positions = xp.arange(length)
     per_page = stored.shape[1]
     return load_kv(stored[pages[..., positions // per_page], positions % per_page])
+
+
+def gather_kv_at(stored: Array, pages: Array, tokens: Array) -> Array:
+    """Row i's tokens ``tokens[i]`` [T, J] from one pool array ``[pages, PAGE, ...]`` as
+    float32 [T, J, ...]: of one sequence (``pages`` its page ids) or each of its own
+    (``pages`` [T, pages], T sequences' rows of the page table)."""
+    per_page = stored.shape[1]
+    which = tokens // per_page
+    if pages.ndim == 2:
+        pages = pages[array_module(stored).arange(tokens.shape[0])[:, None], which]
+    else:
+        pages = pages[which]
+    return load_kv(stored[pages, tokens % per_page])

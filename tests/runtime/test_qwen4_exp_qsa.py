@@ -12,7 +12,12 @@ from ninfer_runtime.backends.cpu import CpuBackend
 from ninfer_runtime.models.batch import Batch, DecodeIndex, Lane
 from ninfer_runtime.models.qwen3_5.attention import Rotary
 from ninfer_runtime.models.qwen4_exp.memory import IndexedKvSpec
-from ninfer_runtime.models.qwen4_exp.qsa import IndexedAttention, block_keys, selection
+from ninfer_runtime.models.qwen4_exp.qsa import (
+    IndexedAttention,
+    block_keys,
+    chosen_tokens,
+    selection,
+)
 from ninfer_runtime.ops.attention.memory import KvSpec
 from ninfer_runtime.state import ContextPool
 
@@ -88,6 +93,25 @@ def test_selection_matches_the_indexer(case, t):
         assert (chosen.sum(axis=1) < np.arange(1, t + 1)).any()
     else:
         assert np.array_equal(chosen, np.tril(np.ones((t, t), bool)))
+
+
+@pytest.mark.parametrize("t", [6, 9, LONG])
+def test_chosen_tokens_are_the_selection(case, t):
+    """The choice as token ids (what a long context's attention gathers): each query's
+    visible ids are exactly the tokens ``selection`` marks, each once."""
+    g, ours, rotary, x, _ = case
+    cos, sin = rotary(np.arange(t))
+    _, _, _, _, iq, ik = ours.project(x[:t], cos, sin)
+    ix = g.indexer
+    keys = block_keys(ik, cos, sin, ix.compress_ratio, ours.index_key_norm, g.eps, ours.backend)
+    ids, visible = chosen_tokens(iq, keys, np.arange(t), ix)
+    r = ix.compress_ratio
+    assert ids.shape == visible.shape == (t, (min(ix.block_topk, t // r) + 1) * r)
+    marked = selection(iq, keys, np.arange(t), t, ix)
+    for row in range(t):
+        seen = ids[row][visible[row]]
+        assert len(set(seen.tolist())) == len(seen)
+        assert set(seen.tolist()) == set(np.flatnonzero(marked[row]).tolist()), row
 
 
 @pytest.mark.parametrize("t", [6, LONG])

@@ -43,8 +43,15 @@ from ninfer_format.binders.qwen4_exp_parts import Indexer
 from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...backends.array_ops import softmax
-from ...functional import by_query_blocks, mul_sigmoid, query_block, ranked_rows, top_k_mask
-from ...kv_storage import gather_kv
+from ...functional import (
+    by_query_blocks,
+    mul_sigmoid,
+    query_block,
+    ranked_rows,
+    top_k_ids,
+    top_k_mask,
+)
+from ...kv_storage import gather_kv, gather_kv_at
 from ...ops.linear import matmul
 from ...ops.registry import resolve
 from ..batch import Batch
@@ -95,6 +102,32 @@ def selection(
         chosen = top_k_mask(scores, indexer.block_topk) & (block[None, :] < complete[:, None])
         keep[:, : blocks * r] |= xp.repeat(chosen, r, axis=1)
     return keep & (token[None, :] <= xp.asarray(positions)[:, None])
+
+
+def chosen_tokens(
+    queries: Array, keys: Array, positions: Array, indexer: Indexer
+) -> tuple[Array, Array]:
+    """``selection``'s choice as each query's tokens: ids int [T, J] and bool visible [T, J]
+    (J = (``block_topk`` + 1) · ``compress_ratio``): its kept blocks' tokens, then its
+    tail's; a block not kept and the tail's tokens past the query are not visible, and name
+    token 0 (a row any sequence has)."""
+    xp, r = array_module(queries), indexer.compress_ratio
+    blocks = keys.shape[-2]
+    positions = xp.asarray(positions)
+    complete = (positions + 1) // r  # blocks complete at each query [T]
+    offsets = xp.arange(r)
+    ids = [(complete * r)[:, None] + offsets]  # the tail
+    seen = [ids[0] <= positions[:, None]]
+    if blocks:
+        scores = xp.maximum(matmul(queries, keys.swapaxes(-1, -2)), 0).sum(axis=1)  # [T, B]
+        scores = scores / np.float32(np.sqrt(queries.shape[-1]))
+        behind = xp.arange(blocks)[None, :] < complete[:, None]
+        best = top_k_ids(xp.where(behind, scores, -xp.inf), indexer.block_topk)
+        kept = xp.take_along_axis(behind, best, axis=1)  # fewer behind than kept: not all are
+        ids.insert(0, (best[:, :, None] * r + offsets).reshape(best.shape[0], -1))
+        seen.insert(0, xp.repeat(kept, r, axis=1))
+    visible = xp.concatenate(seen, axis=1)
+    return xp.where(visible, xp.concatenate(ids, axis=1), 0), visible
 
 
 def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:
@@ -250,22 +283,40 @@ class IndexedAttention(GatedAttention):
         memory: IndexedAttentionPages,
     ) -> Array:
         """Queries at ``positions`` of the sequence in ``pages`` (or of each query's own:
-        ``pages`` [T, pages]) over the tokens the indexer selects for each, the first
-        ``length`` tokens read; a block of queries at a time (``query_block``: their masks,
-        scores and probabilities bounded at any context length)."""
+        ``pages`` [T, pages]) over the tokens the indexer selects for each, the blocks of the
+        first ``length`` tokens scored; a block of queries at a time (``query_block``: their
+        masks, scores and probabilities bounded at any context length). Where a query's
+        choice is fewer tokens than ``length``, each attends over its chosen tokens'
+        keys and values, gathered from the pages; else all attend over the first ``length``
+        under their masks."""
         raw = gather_kv(memory.index_k, pages, length)
         cos, sin = rope_rows(gather_kv(memory.index_rope, pages, length))
-        ratio = self.indexer.compress_ratio
+        ix = self.indexer
+        ratio = ix.compress_ratio
         keys = block_keys(raw, cos, sin, ratio, self.index_key_norm, self.eps, self.backend)
-        k, v = gather_kv(memory.k, pages, length), gather_kv(memory.v, pages, length)
         scale, own = self.a.head_dim**-0.5, pages.ndim == 2
+        selected = (min(ix.block_topk, length // ratio) + 1) * ratio
+        if selected < length:
 
-        def attend(rows: slice) -> Array:
-            mine = (lambda a: a[rows]) if own else (lambda a: a)
-            visible = selection(iq[rows], mine(keys), positions[rows], length, self.indexer)
-            return masked_attention(q[rows], mine(k), mine(v), visible, scale)
+            def attend(rows: slice) -> Array:
+                mine = keys[rows] if own else keys
+                ids, visible = chosen_tokens(iq[rows], mine, positions[rows], ix)
+                where = pages[rows] if own else pages
+                k = gather_kv_at(memory.k, where, ids)
+                v = gather_kv_at(memory.v, where, ids)
+                return masked_attention(q[rows], k, v, visible, scale)
 
-        block = query_block(4 * length * 2 * self.a.heads)  # scores and probabilities
+            per_query = 4 * selected * (2 * self.a.heads + 2 * memory.k[0, 0].size)
+        else:
+            k, v = gather_kv(memory.k, pages, length), gather_kv(memory.v, pages, length)
+
+            def attend(rows: slice) -> Array:
+                mine = (lambda a: a[rows]) if own else (lambda a: a)
+                visible = selection(iq[rows], mine(keys), positions[rows], length, ix)
+                return masked_attention(q[rows], mine(k), mine(v), visible, scale)
+
+            per_query = 4 * length * 2 * self.a.heads  # scores and probabilities
+        block = query_block(per_query)
         block = min(block, ranked_rows(length // ratio) or block)  # the blocks ranked at once
         return by_query_blocks(q.shape[0], block, attend, self.backend.xp)
 

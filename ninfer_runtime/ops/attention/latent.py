@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from ...arrays import array_module
-from ...kv_storage import kv_storage_dtype, kv_value_bytes, load_kv, store_kv
+from ...kv_storage import gather_kv_at, kv_storage_dtype, kv_value_bytes, load_kv, store_kv
 from ...memory_kinds import PagedKind
 
 Array = Any
@@ -65,9 +65,7 @@ class LatentPages:
     def read_at(self, page_ids: Array, tokens: Array) -> Array:
         """The latents of row i's tokens ``tokens[i]`` [N, J] of its own sequence
         (``page_ids`` [N, pages]) -> [N, J, latent_dim] float32."""
-        xp, p = array_module(self.latent), self.latent.shape[1]
-        page = page_ids[xp.arange(tokens.shape[0])[:, None], tokens // p]
-        return load_kv(self.latent[page, tokens % p])
+        return gather_kv_at(self.latent, page_ids, tokens)
 
     def read_pool_keys(self, page_ids: Array, length: int) -> Array:
         """The keys of the pools tokens ``0 .. length - 1`` complete [length // pool_tokens,
