@@ -1,9 +1,10 @@
 """When a captured decode step (``backends/cuda/graphs.GraphStep``) runs eagerly, captures and
 replays, checked on any machine with a stand-in for CuPy's streams and graphs: the first call
-runs eagerly, the second captures and replays, later ones replay; a new epoch (the backend's
-``forget_graphs``) makes the next call eager and the one after capture again; an epoch of None
-(``decode_eagerly``) runs every call eagerly; and what the epoch raises (a host node's
-failure) stops the step before it runs. The GPU run: every captured-step test in tests/gpu."""
+runs eagerly, the second loads the kernels only captures launch, then captures and replays,
+later ones replay; a new epoch (the backend's ``forget_graphs``) makes the next call eager and
+the one after capture again; an epoch of None (``decode_eagerly``) runs every call eagerly;
+and what the epoch raises (a host node's failure) stops the step before it runs. The GPU run:
+every captured-step test in tests/gpu."""
 
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ class Out:
 
 def make_step(graphs, epoch):
     log: list[str] = []
+    # the kernels only captures launch, loaded before each capture begins (a fresh import)
+    graphs.load_capture_only = lambda: log.append("load")
 
     def fn(ids):
         log.append("run")
@@ -91,7 +94,7 @@ def calls(step, log, n: int) -> list[list[str]]:
     return out
 
 
-EAGER, CAPTURE, REPLAY = ["run"], ["begin", "run", "end", "replay"], ["replay"]
+EAGER, CAPTURE, REPLAY = ["run"], ["load", "begin", "run", "end", "replay"], ["replay"]
 
 
 def test_first_eager_then_captured_then_replayed(graphs):

@@ -180,7 +180,7 @@ def test_the_pages_keep_each_complete_pools_key(setup, page_tokens: int) -> None
     records = memory.index[page, row]
     complete = (t + 1) // kp
     want = full.indexer._pool_keys(records[: complete * kp].reshape(complete, kp, -1))
-    keys = memory.read_pool_keys(state.page_ids, t + 1)
+    keys = memory.pools.read(state.page_ids, t + 1)
     assert keys.shape == (complete, g.indexer.head_dim)
     np.testing.assert_array_equal(keys, want)
     spec = memory_spec(g.mla, g.indexer)

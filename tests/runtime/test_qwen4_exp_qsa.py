@@ -72,10 +72,42 @@ def case(torch_threads):
     return g, ours, rotary, array(x[0]), reference
 
 
-def _pool(g):
+def _pool(g, page_tokens: int = 8):
     a = g.attention
-    spec = IndexedKvSpec(KvSpec(a.kv_heads, a.head_dim), g.indexer.head_dim, a.rotary_dim)
-    return ContextPool([spec], np, slots=1, pages=8, max_context=64, page_tokens=8)
+    ix = g.indexer
+    spec = IndexedKvSpec(
+        KvSpec(a.kv_heads, a.head_dim), ix.head_dim, a.rotary_dim, ix.compress_ratio
+    )
+    pages = -(-64 // page_tokens)
+    return ContextPool([spec], np, slots=1, pages=pages, max_context=64, page_tokens=page_tokens)
+
+
+@pytest.mark.parametrize("page_tokens", [8, 6])  # whole blocks of 4 a page, or straddling
+def test_the_pages_keep_each_complete_blocks_key(case, page_tokens: int) -> None:
+    """After a prompt in two chunks (a block split across them) and two decode steps, every
+    complete block's key read from the pages is the key made from all the tokens at once;
+    and a page's bytes are what its arrays hold."""
+    g, ours, rotary, x, _ = case
+    t = 23
+    pool = _pool(g, page_tokens)
+    memory, state = pool.layers[0], pool.open(t + 2)
+    for start, end in ((0, 10), (10, t)):
+        cos, sin = rotary(np.arange(start, end))
+        lane = Lane(slice(0, end - start), start, state)
+        ours(x[start:end], Batch((lane,), cos, sin), memory)
+    for p in (t, t + 1):
+        cos, sin = rotary(np.array([p]))
+        step = DecodeIndex(np.array([state.slot], np.int32), np.array([p]), pool.page_table)
+        ours(x[p : p + 1], Batch((), cos, sin, step), memory)
+    cos, sin = rotary(np.arange(t + 2))
+    _, _, _, _, _, ik = ours.project(x[: t + 2], cos, sin)
+    ratio = g.indexer.compress_ratio
+    want = block_keys(ik, cos, sin, ratio, ours.index_key_norm, g.eps, ours.backend)
+    got = memory.blocks.read(state.page_ids, t + 2)
+    assert got.shape == want.shape == ((t + 2) // ratio, g.indexer.head_dim)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    held = sum(part.nbytes for part in memory.page_parts())
+    assert held == pool.pages * pool.specs[0].page_bytes(page_tokens, "float32")
 
 
 @pytest.mark.parametrize("t", [6, LONG])
@@ -185,7 +217,10 @@ def test_a_step_reads_lanes_of_different_lengths_together(case, monkeypatch, blo
         monkeypatch.setattr(functional, "SCORE_BLOCK_BYTES", 1)
     texts, starts = (x, x[::-1].copy()), (20, 10)
     a = g.attention
-    spec = IndexedKvSpec(KvSpec(a.kv_heads, a.head_dim), g.indexer.head_dim, a.rotary_dim)
+    ix = g.indexer
+    spec = IndexedKvSpec(
+        KvSpec(a.kv_heads, a.head_dim), ix.head_dim, a.rotary_dim, ix.compress_ratio
+    )
 
     def decode(lanes: list[int]) -> list[list[np.ndarray]]:
         """The given lanes read their starts, then decode together to LONG - starts[0]

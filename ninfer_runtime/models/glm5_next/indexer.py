@@ -8,7 +8,7 @@ summarised per channel by a softmax over the pool's tokens:
     pool_key_p = Σ_j softmax_j(gate_j + pool_position_j) ⊙ key_j
 
 made whenever a token of the pool is written (``update_pools``) and kept in the layer's pages
-(``LatentPages.pool_keys``), so a choice reads one key a pool instead of every token's record.
+(``LatentPages.pools``), so a choice reads one key a pool instead of every token's record.
 
 and a query scores them with its own heads (q_i = query · its query latent, w = head_weights x):
 
@@ -124,9 +124,8 @@ class TokenIndexer:
         """Makes again the keys of ``pools`` from their records in ``memory`` (after a write
         to them): pools [K] of the sequence whose page-table row is ``page_ids``, or row i's
         pool ``pools[i]`` of its own sequence (``page_ids`` [N, pages])."""
-        memory.write_pool_keys(
-            page_ids, pools, self._pool_keys(memory.pool_records(page_ids, pools))
-        )
+        assert memory.pools is not None
+        memory.pools.write(page_ids, pools, self._pool_keys(memory.pool_records(page_ids, pools)))
 
     def choose(self, queries: Array, weights: Array, keys: Array, positions: Array) -> PoolChoice:
         """The pools each query keeps: queries [T, n_i, d] and weights [T, n_i] of the

@@ -148,7 +148,7 @@ class LatentAttention:
         bucket = d.variant if d.variant is not None else token_bucket(max(d.host_positions))
         tokens = min(bucket, pages.shape[1] * memory.latent.shape[1])
         # a row reads its tokens' latents and its pools' keys, and scores the tokens
-        width = memory.latent.shape[-1] + memory.pool_keys.shape[-1]
+        width = memory.latent.shape[-1] + memory.index.shape[-1] // 2
         block = query_block(4 * tokens * (m.heads + width))
         context = xp.empty(absorbed.shape, xp.float32)
         pools = []
@@ -181,7 +181,8 @@ class LatentAttention:
         sequences' first ``reach`` tokens, or a ``shared`` layer's ``chosen`` (whole)."""
         if self.indexer is not None:
             assert queries is not None and weights is not None
-            keys = memory.read_pool_keys(pages, reach)
+            assert memory.pools is not None
+            keys = memory.pools.read(pages, reach)
             return self.indexer.choose(queries[rows], weights[rows], keys, positions)
         if chosen is None:
             raise ValueError("a shared attention layer needs the choice of the layer before")

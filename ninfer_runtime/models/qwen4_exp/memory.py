@@ -7,10 +7,12 @@ sequence, beside what Gated DeltaNet and attention already keep.
   (a fresh sequence reads as preceded by the pad token, transformers' EOS). Both are slot
   parts, so checkpoints, host copies and resumption carry them like the recurrent state.
 * An attention layer with the QSA indexer (``IndexedKvSpec``) keeps, per page, the raw index
-  key of every token ``[P, d]`` float32 beside its K/V: compressed blocks are averaged from
-  them when a query scores them; and each token's RoPE angles as cos and sin halves ``[P, rd]``
-  float32, since a block's key rotates at its first token's position, which after an image is
-  that token's M-RoPE position (three streams), not its index.
+  key of every token ``[P, d]`` float32 beside its K/V, and each token's RoPE angles as cos
+  and sin halves ``[P, rd]`` float32, since a block's key rotates at its first token's
+  position, which after an image is that token's M-RoPE position (three streams), not its
+  index; and each compressed block's key (``ops/attention/pooled_keys.py``: one a block of
+  ``compress_ratio`` tokens), which the layer makes from its tokens' whenever one of them is
+  written, so a query scores the blocks' keys without reading every token's.
 
 These live with the model because neither has an op family of its own yet; they move there
 when PLE and QSA get device kernels.
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ...arrays import array_module
 from ...memory_kinds import PagedKind
 from ...ops.attention.memory import AttentionPages, KvSpec
+from ...ops.attention.pooled_keys import PooledKeys, pools_a_page
 from ...ops.delta_rule.memory import GdnSlots, GdnSpec
 
 if TYPE_CHECKING:
@@ -121,9 +124,10 @@ class PleGdnSlots(GdnSlots):
 
 class IndexedAttentionPages(AttentionPages):
     """``AttentionPages`` plus ``index_k [pages, page_tokens, d]`` float32, the indexer's raw
-    key of every token (before its norm and RoPE, which apply to block means), and
+    key of every token (before its norm and RoPE, which apply to block means),
     ``index_rope [pages, page_tokens, rd]`` float32, the token's RoPE rows as halves: the
-    first ``rd / 2`` values of its cos row, then of its sin row (each row repeats its half)."""
+    first ``rd / 2`` values of its cos row, then of its sin row (each row repeats its half),
+    and ``blocks``, the compressed blocks' keys."""
 
     def __init__(
         self, spec: IndexedKvSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str
@@ -131,6 +135,7 @@ class IndexedAttentionPages(AttentionPages):
         super().__init__(spec.kv, pages, page_tokens, xp, kv_dtype)
         self.index_k = xp.zeros((pages, page_tokens, spec.index_dim), xp.float32)
         self.index_rope = xp.zeros((pages, page_tokens, spec.rotary_dim), xp.float32)
+        self.blocks = PooledKeys(pages, page_tokens, spec.compress_ratio, spec.index_dim, xp)
 
     def write_index(
         self, state: SequenceState, start: int, keys: Array, cos: Array, sin: Array
@@ -141,13 +146,21 @@ class IndexedAttentionPages(AttentionPages):
         self.index_k[page, row] = keys
         self.index_rope[page, row] = rope_halves(cos, sin)
 
+    def block_records(self, page_ids: Array, blocks: Array) -> tuple[Array, Array]:
+        """The raw index keys [K, ratio, d] and RoPE halves [K, ratio, rd] of the tokens of
+        ``blocks`` (as ``PooledKeys.tokens_of`` addresses them), which their keys are made
+        from."""
+        at = self.blocks.tokens_of(page_ids, blocks)
+        return self.index_k[at], self.index_rope[at]
+
     def page_parts(self) -> Sequence[Array]:
-        return (*super().page_parts(), self.index_k, self.index_rope)
+        return (*super().page_parts(), self.index_k, self.index_rope, self.blocks.keys)
 
     def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
         super().copy_tokens(src, dst, tokens)
         self.index_k[dst, :tokens] = self.index_k[src, :tokens]
         self.index_rope[dst, :tokens] = self.index_rope[src, :tokens]
+        self.blocks.copy(src, dst)
 
 
 def rope_halves(cos: Array, sin: Array) -> Array:
@@ -167,14 +180,17 @@ def rope_rows(halves: Array) -> tuple[Array, Array]:
 @dataclass(frozen=True)
 class IndexedKvSpec(PagedKind):
     """An attention layer with the QSA indexer: K/V as ``KvSpec``, plus per token one float32
-    index key of ``index_dim`` and its RoPE halves (``rotary_dim`` float32)."""
+    index key of ``index_dim`` and its RoPE halves (``rotary_dim`` float32), and per block of
+    ``compress_ratio`` tokens one float32 key of ``index_dim``."""
 
     pages = IndexedAttentionPages
 
     kv: KvSpec
     index_dim: int
     rotary_dim: int
+    compress_ratio: int
 
     def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
         extra = 4 * page_tokens * (self.index_dim + self.rotary_dim)
-        return self.kv.page_bytes(page_tokens, kv_dtype) + extra
+        blocks = 4 * self.index_dim * pools_a_page(page_tokens, self.compress_ratio)
+        return self.kv.page_bytes(page_tokens, kv_dtype) + extra + blocks

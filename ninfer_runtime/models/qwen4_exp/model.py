@@ -112,7 +112,10 @@ class Qwen4ExpModel(WithoutMtp):
             if kind == INDEXED_ATTENTION:
                 assert g.attention is not None and g.indexer is not None
                 kv = KvSpec(g.attention.kv_heads, g.attention.head_dim)
-                specs.append(IndexedKvSpec(kv, g.indexer.head_dim, g.attention.rotary_dim))
+                ix = g.indexer
+                specs.append(
+                    IndexedKvSpec(kv, ix.head_dim, g.attention.rotary_dim, ix.compress_ratio)
+                )
                 continue
             assert g.gdn is not None
             d = g.gdn

@@ -202,6 +202,7 @@ class IndexedAttention(GatedAttention):
             at = (pages_of[be.xp.arange(n), d.positions // per_page], d.positions % per_page)
             memory.index_k[at] = ik
             memory.index_rope[at] = rope_halves(batch.cos, batch.sin)
+            self._update_blocks(memory, pages_of, d.positions // self.indexer.compress_ratio)
             # the path (and past the budget the tokens read) from the step's variant, from the
             # positions the host knew; else from the positions read here
             if d.variant is not None:
@@ -265,13 +266,26 @@ class IndexedAttention(GatedAttention):
     ) -> Array:
         """A prefill lane's queries (its keys and values stored): its index keys stored,
         then over every token it sees, or the blocks its indexer selects."""
-        r = lane.rows
+        r, ratio = lane.rows, self.indexer.compress_ratio
         memory.write_index(lane.state, lane.start, ik[r], batch.cos[r], batch.sin[r])
+        last = lane.start + lane.tokens - 1
+        touched = self.backend.xp.arange(lane.start // ratio, last // ratio + 1)
+        self._update_blocks(memory, lane.state.page_ids, touched)
         if self.selects_all(lane.start + lane.tokens - 1):
             return self._lane_prefill(lane, q, memory, self.a.head_dim**-0.5)
         length = lane.start + lane.tokens
         positions = np.arange(lane.start, length)
         return self._attend(q[r], iq[r], lane.state.page_ids, positions, length, memory)
+
+    def _update_blocks(self, memory: IndexedAttentionPages, pages: Array, blocks: Array) -> None:
+        """Makes again the keys of ``blocks`` from their tokens' raw keys and RoPE rows (after
+        a write to them): blocks [K] of the sequence whose page-table row is ``pages``, or
+        row i's block ``blocks[i]`` of its own sequence (``pages`` [N, pages])."""
+        raw, halves = memory.block_records(pages, blocks)
+        cos, sin = rope_rows(halves)
+        ratio = self.indexer.compress_ratio
+        keys = block_keys(raw, cos, sin, ratio, self.index_key_norm, self.eps, self.backend)
+        memory.blocks.write(pages, blocks, keys[:, 0])
 
     def _attend(
         self,
@@ -289,11 +303,9 @@ class IndexedAttention(GatedAttention):
         choice is fewer tokens than ``length``, each attends over its chosen tokens'
         keys and values, gathered from the pages; else all attend over the first ``length``
         under their masks."""
-        raw = gather_kv(memory.index_k, pages, length)
-        cos, sin = rope_rows(gather_kv(memory.index_rope, pages, length))
         ix = self.indexer
         ratio = ix.compress_ratio
-        keys = block_keys(raw, cos, sin, ratio, self.index_key_norm, self.eps, self.backend)
+        keys = memory.blocks.read(pages, length)
         scale, own = self.a.head_dim**-0.5, pages.ndim == 2
         selected = (min(ix.block_topk, length // ratio) + 1) * ratio
         if selected < length:
@@ -321,7 +333,7 @@ class IndexedAttention(GatedAttention):
         return by_query_blocks(q.shape[0], block, attend, self.backend.xp)
 
     def _token_floats(self, memory: IndexedAttentionPages) -> int:
-        """float32 values a row of a step reads per token of its sequence: its keys, values,
-        index key and RoPE halves, and its scores and their probabilities."""
+        """float32 values a row of a step reads per token of its sequence at most: its keys
+        and values, its block's key (one a block), and its scores and their probabilities."""
         kv = 2 * self.a.kv_heads * self.a.head_dim
-        return kv + memory.index_k.shape[-1] + memory.index_rope.shape[-1] + 2 * self.a.heads
+        return kv + memory.index_k.shape[-1] // self.indexer.compress_ratio + 2 * self.a.heads

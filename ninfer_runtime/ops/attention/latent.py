@@ -6,16 +6,10 @@ from (``latent_dim`` = kv_rank + the rotated key part, 0 wide for a NoPE model) 
 K/V storage dtype, and, when the layer runs its own token indexer, the indexer's record of the
 token (``index_dim`` key channels and as many pool-gate channels, float32: the top-k choice
 reads them, so they are kept as computed) and, per pool of ``pool_tokens`` tokens, the pool's
-key (``index_dim`` channels, float32) that the indexer makes from its tokens' records whenever
-one of them is written: a choice reads those keys, one a pool, not every token's record. Token
-t of a sequence is row ``t % page_tokens`` of its page ``t // page_tokens``, as in
-``memory.py``; pool p's key is kept in the page of its first token, at ``(p · pool_tokens %
-page_tokens) // pool_tokens`` (distinct for the pools starting in a page, whatever the page
-size). Nothing is kept per slot.
-
-A pool's key is right once the pool is complete: its last token's write made it from every
-record of the pool. Until then it may hold anything (a copied page's, a partial pool's), and
-nothing reads it: a query scores complete pools only.
+key (``index_dim`` channels, float32, ``pooled_keys.py``) that the indexer makes from its
+tokens' records whenever one of them is written: a choice reads those keys, one a pool, not
+every token's record. Token t of a sequence is row ``t % page_tokens`` of its page
+``t // page_tokens``, as in ``memory.py``. Nothing is kept per slot.
 """
 
 from __future__ import annotations
@@ -28,23 +22,24 @@ from typing import Any
 from ...arrays import array_module
 from ...kv_storage import gather_kv_at, kv_storage_dtype, kv_value_bytes, load_kv, store_kv
 from ...memory_kinds import PagedKind
+from .pooled_keys import PooledKeys, pools_a_page
 
 Array = Any
 
 
 class LatentPages:
     """One latent-attention layer's pages: ``latent [pages, P, latent_dim]`` (K/V storage
-    dtype), ``index [pages, P, 2 * index_dim]`` float32 and ``pool_keys [pages,
-    ceil(P / pool_tokens), index_dim]`` float32 (both 0 wide without an indexer)."""
+    dtype), ``index [pages, P, 2 * index_dim]`` float32 (0 wide without an indexer) and, with
+    an indexer, ``pools``: its pools' keys."""
 
     def __init__(
         self, spec: LatentSpec, pages: int, page_tokens: int, xp: ModuleType, kv_dtype: str
     ):
         self.latent = xp.zeros((pages, page_tokens, spec.latent_dim), kv_storage_dtype(kv_dtype))
         self.index = xp.zeros((pages, page_tokens, 2 * spec.index_dim), xp.float32)
-        self.pool_tokens = spec.pool_tokens
-        pools = spec.pools_a_page(page_tokens)
-        self.pool_keys = xp.zeros((pages, pools, spec.index_dim), xp.float32)
+        self.pools: PooledKeys | None = None
+        if spec.index_dim:
+            self.pools = PooledKeys(pages, page_tokens, spec.pool_tokens, spec.index_dim, xp)
 
     def write(self, page_ids: Array, start: int, latent: Array, index: Array | None) -> None:
         """Tokens ``start .. start + len(latent) - 1`` of the sequence whose pages are
@@ -67,30 +62,11 @@ class LatentPages:
         (``page_ids`` [N, pages]) -> [N, J, latent_dim] float32."""
         return gather_kv_at(self.latent, page_ids, tokens)
 
-    def read_pool_keys(self, page_ids: Array, length: int) -> Array:
-        """The keys of the pools tokens ``0 .. length - 1`` complete [length // pool_tokens,
-        index_dim], of one sequence or of each of N (``page_ids`` as ``read`` takes)."""
-        pools = array_module(self.latent).arange(length // self.pool_tokens)
-        page, slot = self._pool_addresses(page_ids, pools)
-        return self.pool_keys[page, slot]
-
     def pool_records(self, page_ids: Array, pools: Array) -> Array:
-        """The records of pools ``pools`` [K] of one sequence (``page_ids`` [pages]), or of
-        row i's pool ``pools[i]`` of its own sequence (``page_ids`` [N, pages], pools [N])
-        -> [K, pool_tokens, 2 * index_dim] (a pool's tokens past the last page: the last
-        page's rows, never part of a complete pool)."""
-        xp = array_module(self.latent)
-        p, tokens = self.latent.shape[1], pools[:, None] * self.pool_tokens
-        tokens = tokens + xp.arange(self.pool_tokens)  # [K, pool_tokens]
-        which = xp.minimum(tokens // p, page_ids.shape[-1] - 1)
-        if page_ids.ndim == 2:
-            return self.index[page_ids[xp.arange(pools.shape[0])[:, None], which], tokens % p]
-        return self.index[page_ids[which], tokens % p]
-
-    def write_pool_keys(self, page_ids: Array, pools: Array, keys: Array) -> None:
-        """Pool keys [K, index_dim] of ``pools``, addressed as ``pool_records`` reads."""
-        page, slot = self._pool_addresses(page_ids, pools, per_row=page_ids.ndim == 2)
-        self.pool_keys[page, slot] = keys
+        """The indexer records [K, pool_tokens, 2 * index_dim] of ``pools`` (as
+        ``PooledKeys.tokens_of`` addresses them), which their keys are made from."""
+        assert self.pools is not None
+        return self.index[self.pools.tokens_of(page_ids, pools)]
 
     def write_rows(
         self, page_ids: Array, positions: Array, latent: Array, index: Array | None
@@ -110,22 +86,9 @@ class LatentPages:
         positions = array_module(self.latent).arange(start, start + count)
         return page_ids[..., positions // p], positions % p
 
-    def _pool_addresses(
-        self, page_ids: Array, pools: Array, per_row: bool = False
-    ) -> tuple[Array, Array]:
-        """(page, slot) of each pool's key: pools [K] of every sequence of ``page_ids``
-        ([pages] or [N, pages] -> [K] or [N, K]); ``per_row``: ``page_ids`` [N, pages] and
-        pools [N], row i's pool of its own sequence ([N])."""
-        xp, p = array_module(self.latent), self.latent.shape[1]
-        first = pools * self.pool_tokens
-        slot = (first % p) // self.pool_tokens
-        if per_row:
-            return page_ids[xp.arange(pools.shape[0]), first // p], slot
-        return page_ids[..., first // p], slot
-
     # ------------------------------------------------------------ the pool's interface
     def page_parts(self) -> Sequence[Array]:
-        return (self.latent, self.index, self.pool_keys)
+        return (self.latent, self.index, *(() if self.pools is None else (self.pools.keys,)))
 
     def slot_parts(self) -> Sequence[Array]:
         return ()
@@ -134,11 +97,11 @@ class LatentPages:
         """Nothing to clear: rows past a sequence's length are overwritten, never read."""
 
     def copy_tokens(self, src: int, dst: int, tokens: int) -> None:
-        """The first ``tokens`` rows, and every pool key of the page: a key of a pool the
-        copy leaves incomplete is made again by the write that completes it."""
+        """The first ``tokens`` rows, and every pool key of the page."""
         self.latent[dst, :tokens] = self.latent[src, :tokens]
         self.index[dst, :tokens] = self.index[src, :tokens]
-        self.pool_keys[dst] = self.pool_keys[src]
+        if self.pools is not None:
+            self.pools.copy(src, dst)
 
 
 @dataclass(frozen=True)
@@ -157,11 +120,7 @@ class LatentSpec(PagedKind):
         if self.index_dim and self.pool_tokens < 1:
             raise ValueError(f"a latent layer with an indexer needs pool_tokens >= 1, not {self}")
 
-    def pools_a_page(self, page_tokens: int) -> int:
-        """Pool keys a page keeps: one for each pool whose first token is in it."""
-        return -(-page_tokens // self.pool_tokens) if self.index_dim else 0
-
     def page_bytes(self, page_tokens: int, kv_dtype: str) -> int:
         latent = self.latent_dim * kv_value_bytes(kv_dtype)
-        pool_keys = 4 * self.index_dim * self.pools_a_page(page_tokens)
-        return page_tokens * (latent + 4 * 2 * self.index_dim) + pool_keys
+        pools = pools_a_page(page_tokens, self.pool_tokens) if self.index_dim else 0
+        return page_tokens * (latent + 4 * 2 * self.index_dim) + 4 * self.index_dim * pools
