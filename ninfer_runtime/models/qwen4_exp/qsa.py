@@ -79,6 +79,14 @@ def block_keys(
     return backend.rope(normed[:, None, :], cos, sin)[:, 0].reshape(*lead, blocks, d)
 
 
+def block_scores(queries: Array, keys: Array) -> Array:
+    """Each query's score of each block [T, B]: Σ over its heads of relu(q · key_b) / sqrt(d),
+    for queries [T, n, d] and block keys [B, d] (or [T, B, d]: each query's own)."""
+    xp = array_module(queries)
+    scores = xp.maximum(matmul(queries, keys.swapaxes(-1, -2)), 0).sum(axis=1)
+    return scores / np.float32(np.sqrt(queries.shape[-1]))
+
+
 def selection(
     queries: Array, keys: Array, positions: np.ndarray, length: int, indexer: Indexer
 ) -> Array:
@@ -95,8 +103,7 @@ def selection(
     token = xp.arange(length)
     keep = token[None, :] >= (complete * r)[:, None]  # the tail (and the future, cut below)
     if blocks:  # (no block complete yet: the tail is everything, and no empty sort is asked)
-        scores = xp.maximum(matmul(queries, keys.swapaxes(-1, -2)), 0).sum(axis=1)  # [T, B]
-        scores = scores / np.float32(np.sqrt(queries.shape[-1]))
+        scores = block_scores(queries, keys)
         block = xp.arange(blocks)
         scores = xp.where(block[None, :] < complete[:, None], scores, -xp.inf)
         chosen = top_k_mask(scores, indexer.block_topk) & (block[None, :] < complete[:, None])
@@ -119,8 +126,7 @@ def chosen_tokens(
     ids = [(complete * r)[:, None] + offsets]  # the tail
     seen = [ids[0] <= positions[:, None]]
     if blocks:
-        scores = xp.maximum(matmul(queries, keys.swapaxes(-1, -2)), 0).sum(axis=1)  # [T, B]
-        scores = scores / np.float32(np.sqrt(queries.shape[-1]))
+        scores = block_scores(queries, keys)
         behind = xp.arange(blocks)[None, :] < complete[:, None]
         best = top_k_ids(xp.where(behind, scores, -xp.inf), indexer.block_topk)
         kept = xp.take_along_axis(behind, best, axis=1)  # fewer behind than kept: not all are
@@ -271,7 +277,7 @@ class IndexedAttention(GatedAttention):
         last = lane.start + lane.tokens - 1
         touched = self.backend.xp.arange(lane.start // ratio, last // ratio + 1)
         self._update_blocks(memory, lane.state.page_ids, touched)
-        if self.selects_all(lane.start + lane.tokens - 1):
+        if self.selects_all(last):
             return self._lane_prefill(lane, q, memory, self.a.head_dim**-0.5)
         length = lane.start + lane.tokens
         positions = np.arange(lane.start, length)
