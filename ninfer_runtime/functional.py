@@ -147,9 +147,10 @@ def by_query_blocks(queries: int, block: int, fn: Callable[[slice], Array], xp: 
 
 #: the most comparisons (rows x scores x scores) ``top_k_ids`` makes on a device to rank the
 #: scores instead of sorting them: ranks are elementwise math and sums, where CuPy's sort
-#: synchronises with the host (16 MiB of comparisons: GLM5Next's 288 experts at 64 rows,
-#: its indexer's pools of 16 tokens at 8 rows up to about 23k tokens). numpy sorts: faster
-#: on the host, and the same choice.
+#: synchronises with the host (16 MiB of comparisons: GLM5Next's 288 experts at 64 rows;
+#: the token indexers take as few rows at once as rank, ``ranked_rows``: one row of
+#: GLM5Next's pools of 16 tokens up to 65,536 tokens). numpy sorts: faster on the host, and
+#: the same choice.
 RANKED_TOP_K = 1 << 24
 
 
