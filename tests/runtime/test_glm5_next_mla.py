@@ -3,7 +3,8 @@ against transformers' ``Glm5NextTextAttention`` with the same random weights (fl
 running its own indexer and the ``shared`` layer after it, for prompts within and past
 ``index_topk``; then a prompt's tail as decode steps against the prompt at once, with pages
 of whole pools and pages whose pools straddle them; the pool keys kept in the pages against
-keys made from the records at once, and a page's bytes against what the pages hold."""
+keys made from the records at once (after a resumption inside a pool too), and a page's
+bytes against what the pages hold."""
 
 from __future__ import annotations
 
@@ -186,6 +187,33 @@ def test_the_pages_keep_each_complete_pools_key(setup, page_tokens: int) -> None
     spec = memory_spec(g.mla, g.indexer)
     held = sum(part.nbytes for part in memory.page_parts())
     assert held == pool.pages * spec.page_bytes(page_tokens, "float32")
+
+
+def test_a_sequence_resumed_inside_a_pool_makes_the_pools_key_again(setup) -> None:
+    """A prefix cache's resumption inside a pool: B copies A's first 66 tokens (whole pages,
+    then the first rows of a page: pool 16, tokens 64..67, holds two of them and A's key)
+    and continues with tokens of its own; every complete pool's key of B is then the key
+    made from B's records at once, not A's."""
+    _, g, full, _ = setup
+    kp, shared, t, page_tokens = g.indexer.kpool, 66, 75, 6
+    rng = np.random.default_rng(4)
+    xa = rng.standard_normal((t, g.hidden)).astype(np.float32)
+    xb = np.concatenate([xa[:shared], rng.standard_normal((t - shared, g.hidden))])
+    xb = xb.astype(np.float32)
+    pool = pool_for(g, 80, page_tokens)
+    memory, a, b = pool.layers[0], pool.open(t), pool.open(t)
+    full(xa, Batch((Lane(slice(0, t), 0, a),), None, None), memory, None)
+    for i in range(-(-shared // page_tokens)):  # what the prefix cache's copy does
+        rows = min(page_tokens, shared - i * page_tokens)
+        memory.copy_tokens(int(a.page_ids[i]), int(b.page_ids[i]), rows)
+    lane = Lane(slice(0, t - shared), shared, b)
+    full(xb[shared:], Batch((lane,), None, None), memory, None)
+    tokens = np.arange(t)
+    records = memory.index[b.page_ids[tokens // page_tokens], tokens % page_tokens]
+    complete = t // kp
+    want = full.indexer._pool_keys(records[: complete * kp].reshape(complete, kp, -1))
+    np.testing.assert_array_equal(memory.pools.read(b.page_ids, t), want)
+    assert not np.array_equal(memory.pools.read(a.page_ids, t)[16], want[16])  # A's differs
 
 
 def test_latent_attention_reads_its_queries_in_blocks_alike(monkeypatch) -> None:
