@@ -19,6 +19,12 @@ def array_module(x: Any) -> ModuleType:
     return importlib.import_module(type(x).__module__.split(".")[0])
 
 
+def sync(xp: ModuleType) -> None:
+    """Wait for the work queued on ``xp``'s device (CuPy's; nothing to wait for on numpy)."""
+    if hasattr(xp, "cuda"):
+        xp.cuda.Device().synchronize()
+
+
 def host_copy(x: Any) -> Any:
     """A host (numpy) copy of ``x``; of a CuPy array, in pinned memory (the copy back to the
     device runs at full bus speed)."""

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import sync
 from ..ops import registry
 from ..runner import ModelRunner
-from .probes import sync
 from .rates import decode_rate
 from .spec_rates import spec_round_rate
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import sync
 from ..runner import ModelRunner
 from . import kernel_trace as K
-from .probes import sync
 from .rates import fill_random
 
 #: the host-side ranges' names begin with this (their device-side shadows are skipped too)

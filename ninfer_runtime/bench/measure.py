@@ -34,7 +34,6 @@ from .costs import (
     weight_bytes,
 )
 from .probes import COPY_BYTES, CPU_COPY_BYTES, copy_bandwidth, matmul_rate
-from .probes import sync as _sync  # the name layer_times drains the device with
 from .rates import DECODE_WARMUP, decode_rate, long_prefill, prefill_rate
 from .results import (
     ACCEPTANCE_RATES,
@@ -65,7 +64,6 @@ __all__ = [
     "PrefillResult",
     "PrefillSegment",
     "SpecResult",
-    "_sync",
     "as_row",
     "copy_bandwidth",
     "decode_rate",

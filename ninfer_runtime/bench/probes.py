@@ -15,15 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import sync
+
 #: bytes of the buffer the copy-bandwidth probe copies: well beyond the GPU's 50 MB L2, and
 #: beyond a CPU's last-level cache (a 2 GiB copy on the CPU took most of a tiny CPU run)
 COPY_BYTES = 2 << 30
 CPU_COPY_BYTES = 128 << 20
-
-
-def sync(xp: Any) -> None:
-    if hasattr(xp, "cuda"):
-        xp.cuda.Device().synchronize()
 
 
 def median_seconds(xp: Any, fn: Any, repeats: int = 5) -> float:

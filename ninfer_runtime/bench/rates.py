@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import sync
 from ..backends.base import to_numpy
 from ..errors import EngineError
 from ..runner import ModelRunner
 from ..state import store_kv
 from .costs import decode_step_bytes, prefill_flops
-from .probes import sync
 from .results import DecodeResult, PrefillResult, PrefillSegment
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import sync
 from ..models.batch import Batch, DecodeIndex
 from ..runner import ModelRunner
 from .costs import draft_step_bytes, round_bytes
-from .probes import median_seconds, sync
+from .probes import median_seconds
 from .rates import fill_random
 from .results import DraftStepResult, SpecResult
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..arrays import array_module, sync
 from ..errors import EngineError
 
 Array = Any
@@ -123,18 +124,11 @@ class ThreadRank:
     def _exchange(self, x: Array, combine: Callable[[list[Array]], Array]) -> Array:
         g = self.group
         g._parts[self.rank] = x
-        settle(x)  # written: the others read it
+        # ranks sharing a GPU as threads issue on streams of their own, which order nothing
+        # between them: each waits for its device around the exchange
+        sync(array_module(x))  # written: the others read it
         g._wait(self.rank)  # every rank's share is in
         out = combine(list(g._parts))
-        settle(out)  # read: its rank may free or overwrite each share
+        sync(array_module(out))  # read: its rank may free or overwrite each share
         g._wait(self.rank)  # every rank has read them: the slots may be reused
         return out
-
-
-def settle(x: Array) -> None:
-    """Wait for the device's queued work where ``x`` is a device array: ranks sharing a GPU
-    as threads issue on streams of their own, which order nothing between them."""
-    if type(x).__module__.startswith("cupy"):
-        import cupy
-
-        cupy.cuda.Device().synchronize()
