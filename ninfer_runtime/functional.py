@@ -145,30 +145,31 @@ def by_query_blocks(queries: int, block: int, fn: Callable[[slice], Array], xp: 
     return xp.concatenate([fn(slice(at, at + block)) for at in range(0, queries, block)])
 
 
-#: the most comparisons (rows x scores x scores) ``top_k_ids`` makes on a device to rank the
-#: scores instead of sorting them: ranks are elementwise math and sums, where CuPy's sort
-#: synchronises with the host (16 MiB of comparisons: GLM5Next's 288 experts at 64 rows;
-#: the token indexers take as few rows at once as rank, ``ranked_rows``: one row of
-#: GLM5Next's pools of 16 tokens up to 65,536 tokens). numpy sorts: faster on the host, and
-#: the same choice.
+#: the most comparisons (rows x scores x scores) one ranking of ``top_k_ids`` makes on a
+#: device instead of sorting: ranks are elementwise math and sums, where CuPy's sort
+#: synchronises with the host (16 MiB of comparisons: GLM5Next's 288 experts at 64 rows; more
+#: rows are ranked a share at a time, so only a row wider than it sorts: GLM5Next's pools of
+#: 16 tokens past 65,536 tokens). numpy sorts: faster on the host, and the same choice.
 RANKED_TOP_K = 1 << 24
 
 
 def top_k_ids(scores: Array, k: int) -> Array:
     """Scores [T, B] -> int [T, min(k, B)]: each row's ``k`` highest, best first, a tie won
-    by the earlier index (as transformers' ``topk`` on the CPU keeps it): on a device up to
-    ``RANKED_TOP_K`` comparisons by rank (``ranked_top_k_ids``), else a stable sort (CuPy's
-    sort is always stable, and its older releases take no ``kind``)."""
+    by the earlier index (as transformers' ``topk`` on the CPU keeps it): on a device by rank
+    (``ranked_top_k_ids``), ``ranked_rows`` rows at a time, where a row's ranking fits
+    ``RANKED_TOP_K``; else a stable sort (CuPy's sort is always stable, and its older
+    releases take no ``kind``)."""
     xp = array_module(scores)
     rows, width = scores.shape
-    if xp is not np and rows <= ranked_rows(width):
-        return ranked_top_k_ids(scores, k)
+    per_call = ranked_rows(width)
+    if xp is not np and per_call:
+        return by_query_blocks(rows, per_call, lambda part: ranked_top_k_ids(scores[part], k), xp)
     stable = {"kind": "stable"} if xp is np else {}
     return xp.argsort(-scores, axis=-1, **stable)[:, :k]
 
 
 def ranked_rows(width: int) -> int:
-    """How many rows of ``width`` scores ``top_k_ids`` ranks in one call on a device (0: not
+    """How many rows of ``width`` scores ``top_k_ids`` ranks at once on a device (0: not
     one row; it sorts, which a captured step cannot hold)."""
     return RANKED_TOP_K // (width * width) if width else RANKED_TOP_K
 

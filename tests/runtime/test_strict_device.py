@@ -217,9 +217,9 @@ def test_glm5_next(
 ) -> None:
     """Past the DSA indexer's index_topk (8 tokens) in one lane, under it in the other; its
     steps (24 pools a row: 576 comparisons to rank them) captured with the pools ranked a
-    step's rows at once, a row at a time (``RANKED_TOP_K`` 1000: the indexer splits its
-    rows), or run eagerly (500: a row's ranking does not fit, so the indexer sorts, which a
-    capture refuses)."""
+    step's rows at once, a row at a time (``RANKED_TOP_K`` 1000: ``top_k_ids`` ranks a
+    share of the rows a call), or run eagerly (500: a row's ranking does not fit, so the
+    indexer sorts, which a capture refuses)."""
     from ninfer_runtime import functional
 
     if ranked is not None:

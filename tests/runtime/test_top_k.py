@@ -1,7 +1,7 @@
-"""``functional.top_k_ids`` ranks its scores on a device up to ``RANKED_TOP_K`` comparisons
-(``ranked_top_k_ids``: array math, no sort to synchronise with the host) and sorts otherwise:
-either way a stable sort's choice, best first, a tie won by the earlier index, -inf scores
-last; and GLM5Next's grouped router, which chooses with
+"""``functional.top_k_ids`` ranks its scores on a device, as many rows at once as fit
+``RANKED_TOP_K`` comparisons (``ranked_top_k_ids``: array math, no sort to synchronise with
+the host), and sorts a row wider than that: either way a stable sort's choice, best first, a
+tie won by the earlier index, -inf scores last; and GLM5Next's grouped router, which chooses with
 it and scores each group by its two best values without a sort, gives the choice a sort
 gives."""
 
@@ -31,6 +31,32 @@ def test_top_k_ids_is_a_stable_sorts_choice(rows: int, width: int, k: int, ranke
         got = choose(scores, k)
         assert got.shape == (rows, min(k, width))
         np.testing.assert_array_equal(got, stable_top_k(scores, k))
+
+
+def test_a_device_ranks_its_rows_a_share_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a device (the strict one) 20 rows of 30 scores with room for 3 rows' ranking a
+    call: ranked in 7 calls, a stable sort's choice; with room for less than one row: the
+    sort (which the device waits for: refused inside a capture)."""
+    from ninfer_runtime import functional
+    from tests.strict_device import DeviceArray, capturing
+
+    rng = np.random.default_rng(3)
+    scores = rng.integers(-3, 4, (20, 30)).astype(np.float32)
+    ranked = []
+
+    def counted(part: np.ndarray, k: int) -> np.ndarray:
+        ranked.append(part.shape[0])
+        return ranked_top_k_ids(part, k)
+
+    monkeypatch.setattr(functional, "RANKED_TOP_K", 3 * 30 * 30)
+    monkeypatch.setattr(functional, "ranked_top_k_ids", counted)
+    with capturing():
+        got = top_k_ids(scores.view(DeviceArray), 5)
+    assert ranked == [3] * 6 + [2]
+    np.testing.assert_array_equal(np.asarray(got), stable_top_k(scores, 5))
+    monkeypatch.setattr(functional, "RANKED_TOP_K", 30 * 30 - 1)
+    with capturing(), pytest.raises(RuntimeError, match="argsort"):
+        top_k_ids(scores.view(DeviceArray), 5)
 
 
 def test_grouped_route_chooses_as_sorting_does() -> None:

@@ -34,7 +34,7 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer
 
 from ...arrays import array_module
 from ...backends import Backend, Weight
-from ...functional import by_query_blocks, query_block, ranked_rows, top_k_ids
+from ...functional import by_query_blocks, query_block, top_k_ids
 from ...ops.attention.latent import LatentPages
 from ...ops.linear import matmul
 
@@ -132,8 +132,7 @@ class TokenIndexer:
         queries at ``positions`` [T] (ints, either device) over the keys [P, d] of their
         sequence's first P pools, or [T, P, d]: each query's own sequence (a step's lanes;
         the pools past a sequence's length are never chosen); ``query_block`` queries at a
-        time, and no more than a device ranks at once (``ranked_rows``: a sort would wait
-        for the device)."""
+        time."""
         xp, kp = array_module(keys), self.n.kpool
         positions = xp.asarray(positions)
         pools = keys.shape[-2]  # the open pool among them is never chosen
@@ -147,9 +146,7 @@ class TokenIndexer:
             mine = keys[rows] if own else keys
             return self._best(queries[rows], weights[rows], mine, positions[rows], k)
 
-        block = query_block(4 * per_query)
-        block = min(block, ranked_rows(pools) or block)
-        chosen = by_query_blocks(positions.shape[0], block, best, xp)
+        chosen = by_query_blocks(positions.shape[0], query_block(4 * per_query), best, xp)
         return PoolChoice(chosen, positions, kp)
 
     def _pool_keys(self, records: Array) -> Array:

@@ -27,8 +27,7 @@ decode or verification step is told which by its variant (``Qwen4Exp.step_varian
 the positions the host knows, part of the compiled step's key): past the budget each row
 reads its sequence's first ``token_bucket`` tokens (the rows past its position are never
 selected), so no step reads its positions back and a decode step may be captured as a CUDA
-graph; the indexer ranks a block of rows at a time no larger than a device ranks at once
-(``functional.ranked_rows``).
+graph while a row's blocks rank on the device (``functional.ranked_rows``).
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ from ...functional import (
     by_query_blocks,
     mul_sigmoid,
     query_block,
-    ranked_rows,
     top_k_ids,
     top_k_mask,
 )
@@ -334,9 +332,7 @@ class IndexedAttention(GatedAttention):
                 return masked_attention(q[rows], mine(k), mine(v), visible, scale)
 
             per_query = 4 * length * 2 * self.a.heads  # scores and probabilities
-        block = query_block(per_query)
-        block = min(block, ranked_rows(length // ratio) or block)  # the blocks ranked at once
-        return by_query_blocks(q.shape[0], block, attend, self.backend.xp)
+        return by_query_blocks(q.shape[0], query_block(per_query), attend, self.backend.xp)
 
     def _token_floats(self, memory: IndexedAttentionPages) -> int:
         """float32 values a row of a step reads per token of its sequence at most: its keys
