@@ -36,6 +36,7 @@ from ...arrays import array_module
 from ...backends import Backend, Weight
 from ...functional import by_query_blocks, query_block, top_k_ids
 from ...ops.attention.latent import LatentPages
+from ...ops.attention.pooled_keys import chosen_tokens
 from ...ops.linear import matmul
 
 Array = Any
@@ -58,18 +59,10 @@ class PoolChoice:
 
     def chosen_tokens(self, rows: slice) -> tuple[Array, Array]:
         """(token ids int [len(rows), selected], bool visible alike): each query's kept
-        pools' tokens, then its open pool's; a pool not kept (-1) and the open pool's
-        tokens past the query are not visible, and name token 0 (a row any sequence has)."""
-        xp, kp = array_module(self.positions), self.kpool
-        pools, positions = self.pools[rows], self.positions[rows]
-        t, offsets = positions.shape[0], xp.arange(kp)
-        kept = (pools[:, :, None] * kp + offsets).reshape(t, -1)
-        open_pool = ((positions + 1) // kp * kp)[:, None] + offsets
-        ids = xp.concatenate([kept, open_pool], axis=1)
-        seen = xp.concatenate(
-            [xp.repeat(pools >= 0, kp, axis=1), open_pool <= positions[:, None]], axis=1
-        )
-        return xp.where(seen, ids, 0), seen
+        pools' tokens, then its open pool's (``pooled_keys.chosen_tokens``; a pool not kept
+        is -1)."""
+        pools = self.pools[rows]
+        return chosen_tokens(pools, pools >= 0, self.positions[rows], self.kpool)
 
     def visible(self, rows: slice, tokens: int) -> Array:
         """bool [len(rows), tokens]: which of the first ``tokens`` tokens the queries

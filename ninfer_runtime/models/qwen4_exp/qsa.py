@@ -50,6 +50,7 @@ from ...functional import (
     top_k_mask,
 )
 from ...kv_storage import gather_kv, gather_kv_at
+from ...ops.attention import pooled_keys
 from ...ops.linear import matmul
 from ...ops.registry import resolve
 from ..batch import Batch
@@ -114,24 +115,13 @@ def chosen_tokens(
 ) -> tuple[Array, Array]:
     """``selection``'s choice as each query's tokens: ids int [T, J] and bool visible [T, J]
     (J = (``block_topk`` + 1) · ``compress_ratio``): its kept blocks' tokens, then its
-    tail's; a block not kept and the tail's tokens past the query are not visible, and name
-    token 0 (a row any sequence has)."""
+    tail's (``pooled_keys.chosen_tokens``)."""
     xp, r = array_module(queries), indexer.compress_ratio
-    blocks = keys.shape[-2]
     positions = xp.asarray(positions)
-    complete = (positions + 1) // r  # blocks complete at each query [T]
-    offsets = xp.arange(r)
-    ids = [(complete * r)[:, None] + offsets]  # the tail
-    seen = [ids[0] <= positions[:, None]]
-    if blocks:
-        scores = block_scores(queries, keys)
-        behind = xp.arange(blocks)[None, :] < complete[:, None]
-        best = top_k_ids(xp.where(behind, scores, -xp.inf), indexer.block_topk)
-        kept = xp.take_along_axis(behind, best, axis=1)  # fewer behind than kept: not all are
-        ids.insert(0, (best[:, :, None] * r + offsets).reshape(best.shape[0], -1))
-        seen.insert(0, xp.repeat(kept, r, axis=1))
-    visible = xp.concatenate(seen, axis=1)
-    return xp.where(visible, xp.concatenate(ids, axis=1), 0), visible
+    behind = xp.arange(keys.shape[-2])[None, :] < ((positions + 1) // r)[:, None]  # complete
+    best = top_k_ids(xp.where(behind, block_scores(queries, keys), -xp.inf), indexer.block_topk)
+    kept = xp.take_along_axis(behind, best, axis=1)  # fewer behind than kept: not all are
+    return pooled_keys.chosen_tokens(best, kept, positions, r)
 
 
 def masked_attention(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:

@@ -20,6 +20,24 @@ from ...arrays import array_module
 Array = Any
 
 
+def chosen_tokens(
+    kept: Array, seen: Array, positions: Array, pool_tokens: int
+) -> tuple[Array, Array]:
+    """The tokens queries at ``positions`` [T] attend to, from the pools each kept [T, k]
+    (``seen`` [T, k]: which of them it sees) and its open pool (the tokens after its last
+    complete pool, up to itself) -> token ids int [T, (k + 1) · pool_tokens] and bool visible
+    alike; a token not visible names token 0 (a row any sequence has)."""
+    xp, t = array_module(positions), positions.shape[0]
+    offsets = xp.arange(pool_tokens)
+    ids = (kept[:, :, None] * pool_tokens + offsets).reshape(t, -1)
+    open_pool = ((positions + 1) // pool_tokens * pool_tokens)[:, None] + offsets
+    ids = xp.concatenate([ids, open_pool], axis=1)
+    visible = xp.concatenate(
+        [xp.repeat(seen, pool_tokens, axis=1), open_pool <= positions[:, None]], axis=1
+    )
+    return xp.where(visible, ids, 0), visible
+
+
 def pools_a_page(page_tokens: int, pool_tokens: int) -> int:
     """Pool keys a page keeps: one for each pool whose first token is in it."""
     return -(-page_tokens // pool_tokens)
