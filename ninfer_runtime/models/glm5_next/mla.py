@@ -25,19 +25,13 @@ from ninfer_format.binders.glm5_next_parts import DsaIndexer, Mla
 from ...backends import Backend, Weight
 from ...functional import by_query_blocks, query_block
 from ...ops.attention.latent import LatentPages, LatentSpec
+from ...ops.attention.pooled_keys import reads_chosen_tokens
 from ...ops.linear import matmul
 from ...ops.registry import resolve
 from ..batch import Batch, token_bucket
 from .indexer import PoolChoice, TokenIndexer
 
 Array = Any
-
-
-def reads_chosen_tokens(selected: int, tokens: int) -> bool:
-    """Whether a step's rows attend over the ``selected`` tokens each chose (its kept pools'
-    and the open pool's), gathered from the pages, rather than over the step's ``tokens``
-    under a mask: when they are fewer (a long context's step)."""
-    return selected < tokens
 
 
 def memory_spec(m: Mla, indexer: DsaIndexer | None) -> LatentSpec:

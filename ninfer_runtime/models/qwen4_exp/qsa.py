@@ -302,7 +302,7 @@ class IndexedAttention(GatedAttention):
         keys = memory.blocks.read(pages, length)
         scale, own = self.a.head_dim**-0.5, pages.ndim == 2
         selected = (min(ix.block_topk, length // ratio) + 1) * ratio
-        if selected < length:
+        if pooled_keys.reads_chosen_tokens(selected, length):
 
             def attend(rows: slice) -> Array:
                 mine = keys[rows] if own else keys

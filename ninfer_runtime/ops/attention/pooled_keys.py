@@ -20,6 +20,13 @@ from ...arrays import array_module
 Array = Any
 
 
+def reads_chosen_tokens(selected: int, tokens: int) -> bool:
+    """Whether queries attend over the ``selected`` tokens each chose (``chosen_tokens``),
+    gathered, rather than over all ``tokens`` they may see under a mask: when they are fewer
+    (a long context's)."""
+    return selected < tokens
+
+
 def chosen_tokens(
     kept: Array, seen: Array, positions: Array, pool_tokens: int
 ) -> tuple[Array, Array]:
